@@ -1,0 +1,86 @@
+//! The `saguin` binary: the clap tree and one module per subcommand. Thin:
+//! every command calls into the library.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod check_config;
+mod lock;
+mod migrate;
+mod serve;
+mod snapshot;
+mod sqlite;
+
+/// Exit codes, the same for every command (SAGUIN.md §2).
+pub mod exit {
+    /// Success; the file, configuration or lock is valid / free.
+    pub const OK: u8 = 0;
+    /// The answer is "no": a file failed verification, the configuration is
+    /// invalid, the lock is held.
+    pub const NO: u8 = 1;
+    /// Command-line usage error (also clap's own).
+    pub const USAGE: u8 = 2;
+    /// Could not do the work: I/O error, permission, source missing,
+    /// destination exists, lock held by a running broker.
+    pub const CANNOT: u8 = 3;
+}
+
+/// An MQTT broker whose data lives in durable channels, and the operator's
+/// toolkit for that data.
+#[derive(Parser, Debug)]
+#[command(name = "saguin", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Commands,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Commands {
+    /// Serve MQTT.
+    Serve(serve::Args),
+    /// Validate a configuration, and print it fully resolved.
+    CheckConfig(check_config::Args),
+    /// Inspect and verify snapshot files and directories.
+    #[command(subcommand)]
+    Snapshot(snapshot::Command),
+    /// Read and back up a sqlite provider's database.
+    #[command(subcommand)]
+    Sqlite(sqlite::Command),
+    /// Move a provider's data to another provider kind.
+    #[command(subcommand)]
+    Migrate(migrate::Command),
+    /// Tell whether a provider's lock is held, and by whom.
+    #[command(subcommand)]
+    Lock(lock::Command),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Commands::Serve(args) => serve::run(args),
+        Commands::CheckConfig(args) => check_config::run(args),
+        Commands::Snapshot(cmd) => snapshot::run(cmd),
+        Commands::Sqlite(cmd) => sqlite::run(cmd),
+        Commands::Migrate(cmd) => migrate::run(cmd),
+        Commands::Lock(cmd) => lock::run(cmd),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(err) if is_broken_pipe(&err) => ExitCode::from(exit::OK),
+        Err(err) => {
+            let _ = writeln!(std::io::stderr(), "saguin: {err:#}");
+            ExitCode::from(exit::CANNOT)
+        }
+    }
+}
+
+/// `saguin ... | head` closing the pipe early is not a failure.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

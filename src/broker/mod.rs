@@ -1,0 +1,3 @@
+//! The MQTT server.
+
+pub mod codec;

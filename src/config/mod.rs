@@ -1,0 +1,1 @@
+//! The configuration: YAML into typed, validated, resolved settings.

@@ -1,0 +1,1 @@
+//! The memory provider: stores in memory, one provider-wide byte counter.

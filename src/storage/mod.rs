@@ -1,0 +1,9 @@
+//! The storage layer: channels, their providers, snapshot directories and
+//! the lock. Specified by RFC 0004.
+
+pub mod contract;
+pub mod lock;
+pub mod memory;
+pub mod read;
+pub mod snapshot_dir;
+pub mod sqlite;

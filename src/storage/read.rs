@@ -1,0 +1,1 @@
+//! Bounded reading of a file from disk: file type checked with lstat first, size limit before reading.

@@ -1,0 +1,1 @@
+//! Snapshot directories: the manifest, one format 21 file per channel, writing and loading.

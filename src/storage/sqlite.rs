@@ -1,0 +1,1 @@
+//! The sqlite provider (schema version 20).
