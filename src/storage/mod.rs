@@ -6,4 +6,5 @@ pub mod lock;
 pub mod memory;
 pub mod read;
 pub mod snapshot_dir;
+pub mod snapshot_write;
 pub mod sqlite;

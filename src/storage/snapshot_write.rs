@@ -1,0 +1,1 @@
+//! Writing a snapshot directory at shutdown: copy under the lock, write after it, manifest first.
