@@ -1,3 +1,16 @@
 //! The MQTT server.
+//!
+//! ```text
+//! TCP or TLS connection (transport)
+//!   ├─ reader → codec FrameDecoder → adapter → broker event queue (bounded)
+//!   └─ writer ← bounded outbound queue ← broker state actions
+//!                                   │
+//!                       BrokerState (single writer: sessions,
+//!                       subscriptions, retained, auth decisions)
+//! ```
 
 pub mod codec;
+pub mod message;
+pub mod retained;
+pub mod session;
+pub mod topic;
