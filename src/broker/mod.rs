@@ -11,6 +11,8 @@
 
 pub mod codec;
 pub mod message;
+pub mod metrics;
 pub mod retained;
 pub mod session;
+pub mod state;
 pub mod topic;
