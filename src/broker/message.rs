@@ -1,29 +1,20 @@
 //! An application message as the broker routes it: shared by every delivery
 //! through an `Arc`, payload in `Bytes`, so fan-out never copies the payload.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use tokio::time::Instant;
 
-/// MQTT 5 publication properties forwarded unchanged to subscribers
-/// (topic alias and subscription identifiers are per connection/delivery and
-/// are not part of the message).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MessageProperties {
-    pub payload_format_indicator: Option<u8>,
-    /// Message expiry interval in seconds, as the publisher set it.
-    pub message_expiry_interval: Option<u32>,
-    pub content_type: Option<String>,
-    pub response_topic: Option<String>,
-    pub correlation_data: Option<Bytes>,
-    pub user_properties: Vec<(String, String)>,
-}
+use super::codec::{ByteStr, PublishProperties};
+
+/// MQTT 5 publication properties are forwarded unchanged: the codec's own
+/// type, with topic alias and subscription identifiers left empty (they are
+/// per connection / per delivery and set by the writer).
+pub type MessageProperties = PublishProperties;
 
 /// A publication accepted by the broker.
 #[derive(Debug, Clone)]
 pub struct Message {
-    pub topic: Arc<str>,
+    pub topic: ByteStr,
     pub payload: Bytes,
     pub qos: u8,
     pub retain: bool,

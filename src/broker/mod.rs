@@ -10,9 +10,12 @@
 //! ```
 
 pub mod codec;
+pub mod connection;
+pub mod logfmt;
 pub mod message;
 pub mod metrics;
 pub mod retained;
+pub mod server;
 pub mod session;
 pub mod state;
 pub mod topic;

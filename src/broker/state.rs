@@ -18,6 +18,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::codec::ByteStr;
 use super::message::{publish_packet_len, Message, MessageProperties};
 use super::metrics::{CloseReason, DropReason, Metrics};
 use super::retained::RetainedStore;
@@ -113,7 +114,7 @@ impl Authorizer for AllowAll {
 /// A Will as carried in CONNECT.
 #[derive(Debug, Clone)]
 pub struct WillRequest {
-    pub topic: Arc<str>,
+    pub topic: ByteStr,
     pub payload: Bytes,
     pub qos: u8,
     pub retain: bool,
@@ -146,7 +147,7 @@ pub struct InboundPublish {
     pub qos: u8,
     pub retain: bool,
     pub dup: bool,
-    pub topic: Arc<str>,
+    pub topic: ByteStr,
     pub payload: Bytes,
     pub properties: MessageProperties,
 }
