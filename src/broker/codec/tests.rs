@@ -1,0 +1,1 @@
+//! Codec tests: byte-exact examples, round trips, refusals, split points.
