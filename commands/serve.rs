@@ -2,6 +2,13 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
+use saguin::broker::logfmt::Logfmt;
+use saguin::broker::server;
+use saguin::config::{Config, ConfigError, LogFormat, LogLevel};
+
+use crate::exit;
+
 /// Serve MQTT on the configured listeners until SIGTERM or SIGINT.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -11,6 +18,103 @@ pub struct Args {
     pub config: Option<PathBuf>,
 }
 
-pub fn run(_args: Args) -> anyhow::Result<u8> {
-    anyhow::bail!("serve is not available in this build yet")
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    let config = match &args.config {
+        None => Config::embedded_default(),
+        Some(path) => match Config::load(path) {
+            Ok(config) => config,
+            Err(ConfigError::Invalid { origin, problems }) => {
+                let origin = origin
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "(embedded default)".into());
+                eprintln!(
+                    "saguin: configuration {origin} is invalid ({} problem(s)):",
+                    problems.len()
+                );
+                for problem in &problems {
+                    eprintln!("  {problem}");
+                }
+                return Ok(exit::NO);
+            }
+            Err(err) => return Err(err).context("load the configuration"),
+        },
+    };
+    init_logging(&config);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("saguin")
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> anyhow::Result<u8> {
+    let origin = config
+        .origin
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "embedded default".into());
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %origin, "starting");
+    if !config.keeps_anything() {
+        tracing::warn!("nothing is kept: retained messages, sessions and queued messages live in memory only and are lost when the broker stops");
+    }
+    for line in config.durability_summary() {
+        tracing::info!(detail = %line, "durability");
+    }
+    let server = match server::prepare(&config).await {
+        Ok(server) => server,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot start");
+            eprintln!("saguin: {err}");
+            return Ok(exit::CANNOT);
+        }
+    };
+    server::run(server, shutdown_signal()).await;
+    Ok(exit::OK)
+}
+
+/// SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!(signal = "SIGINT", "signal received"),
+        _ = term => tracing::info!(signal = "SIGTERM", "signal received"),
+    }
+}
+
+fn init_logging(config: &Config) {
+    let level = match config.log.level {
+        LogLevel::Error => "error",
+        LogLevel::Warn => "warn",
+        LogLevel::Info => "info",
+        LogLevel::Debug => "debug",
+        LogLevel::Trace => "trace",
+    };
+    // Payload-free by construction; RUST_LOG may narrow or widen it.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},rustls=warn")));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match config.log.format {
+        LogFormat::Logfmt => builder.event_format(Logfmt).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+    };
 }

@@ -109,7 +109,11 @@ pub async fn serve<S>(
             if err.reason_code() == ReasonCode::UnsupportedProtocolVersion {
                 // The client may speak an older version: answer in 3.1.1's
                 // CONNACK layout, which every version can read.
-                let ack = connack(ReasonCode::UnsupportedProtocolVersion, false, ConnAckProperties::default());
+                let ack = connack(
+                    ReasonCode::UnsupportedProtocolVersion,
+                    false,
+                    ConnAckProperties::default(),
+                );
                 write_once(&mut wr, &ack, ProtocolVersion::V311, &metrics).await;
             }
             metrics.disconnected(CloseReason::Malformed);
@@ -134,13 +138,21 @@ pub async fn serve<S>(
         Err(code) => {
             metrics.disconnected(CloseReason::ConnectRefused);
             tracing::info!(peer = %peer, client_id = %connect.client_id, reason = %format!("0x{:02X}", code.as_u8()), "connection refused");
-            write_once(&mut wr, &connack(code, false, ConnAckProperties::default()), version, &metrics).await;
+            write_once(
+                &mut wr,
+                &connack(code, false, ConnAckProperties::default()),
+                version,
+                &metrics,
+            )
+            .await;
             return;
         }
     };
 
     let request = connect_request(&connect, principal);
-    let client_max = request.maximum_packet_size.unwrap_or(codec::PROTOCOL_MAX_PACKET_SIZE);
+    let client_max = request
+        .maximum_packet_size
+        .unwrap_or(codec::PROTOCOL_MAX_PACKET_SIZE);
     let (outbound_tx, outbound_rx) = mpsc::channel(context.outbound_queue.max(16));
     let (kill_tx, mut kill_rx) = watch::channel(false);
     let writer = tokio::spawn(writer(
@@ -173,7 +185,8 @@ pub async fn serve<S>(
 
     let keep_alive = (connect.keep_alive > 0)
         .then(|| Duration::from_millis(u64::from(connect.keep_alive) * 1500));
-    let mut aliases: Vec<Option<ByteStr>> = vec![None; usize::from(context.topic_alias_maximum) + 1];
+    let mut aliases: Vec<Option<ByteStr>> =
+        vec![None; usize::from(context.topic_alias_maximum) + 1];
     let (close_reason, close_code, detail) = 'read: loop {
         let mut batch = Vec::new();
         let mut fatal = None;
@@ -239,7 +252,10 @@ pub async fn serve<S>(
     if !matches!(close_reason, CloseReason::Network) || !detail.is_empty() {
         tracing::debug!(peer = %peer, client_id = %client_id, reason = close_reason.label(), detail = %detail, "connection closing");
     }
-    if matches!(close_reason, CloseReason::Malformed | CloseReason::Protocol | CloseReason::PacketTooLarge) {
+    if matches!(
+        close_reason,
+        CloseReason::Malformed | CloseReason::Protocol | CloseReason::PacketTooLarge
+    ) {
         tracing::info!(peer = %peer, client_id = %client_id, reason = close_reason.label(), error = %detail, "connection closed");
     }
     let _ = events
@@ -252,7 +268,10 @@ pub async fn serve<S>(
     // The state drops the outbound queue's sender; the writer flushes what
     // is queued (a DISCONNECT with the reason, say) and ends.
     let mut writer = writer;
-    if tokio::time::timeout(WRITER_GRACE, &mut writer).await.is_err() {
+    if tokio::time::timeout(WRITER_GRACE, &mut writer)
+        .await
+        .is_err()
+    {
         writer.abort();
     }
 }
@@ -265,7 +284,12 @@ fn connack(reason: ReasonCode, session_present: bool, properties: ConnAckPropert
     })
 }
 
-async fn write_once<W: AsyncWrite + Unpin>(wr: &mut W, packet: &Packet, version: ProtocolVersion, metrics: &Metrics) {
+async fn write_once<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    packet: &Packet,
+    version: ProtocolVersion,
+    metrics: &Metrics,
+) {
     let mut buf = BytesMut::new();
     if codec::encode(packet, version, &mut buf).is_ok() {
         metrics.bytes_sent.fetch_add(buf.len() as u64, Relaxed);
@@ -279,7 +303,10 @@ async fn write_once<W: AsyncWrite + Unpin>(wr: &mut W, packet: &Packet, version:
 
 /// Who the client is: `Ok(None)` anonymous, `Ok(Some(user))` authenticated,
 /// `Err(reason)` refused. Passwords are compared, never logged.
-fn authenticate(context: &ConnectionContext, connect: &Connect) -> Result<Option<Arc<str>>, ReasonCode> {
+fn authenticate(
+    context: &ConnectionContext,
+    connect: &Connect,
+) -> Result<Option<Arc<str>>, ReasonCode> {
     if connect.properties.authentication_method.is_some() {
         return Err(ReasonCode::BadAuthenticationMethod);
     }
@@ -338,7 +365,11 @@ fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectReq
         keep_alive: connect.keep_alive,
         principal,
         will,
-        session_expiry: if v5 { props.session_expiry_interval.unwrap_or(0) } else { 0 },
+        session_expiry: if v5 {
+            props.session_expiry_interval.unwrap_or(0)
+        } else {
+            0
+        },
         receive_maximum: props.receive_maximum.unwrap_or(u16::MAX),
         maximum_packet_size: props.maximum_packet_size,
     }

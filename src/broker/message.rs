@@ -11,6 +11,10 @@ use super::codec::{ByteStr, PublishProperties};
 /// per connection / per delivery and set by the writer).
 pub type MessageProperties = PublishProperties;
 
+/// The message expiry interval has passed: the message is not delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expired;
+
 /// A publication accepted by the broker.
 #[derive(Debug, Clone)]
 pub struct Message {
@@ -24,16 +28,16 @@ pub struct Message {
 }
 
 impl Message {
-    /// Seconds of expiry left at `now`; `Some(0)`-or-less means expired and is
-    /// reported as `Err(())`. `Ok(None)` when the message never expires.
-    pub fn expiry_left(&self, now: Instant) -> Result<Option<u32>, ()> {
+    /// Seconds of expiry left at `now`: `Ok(None)` when the message never
+    /// expires, `Err(Expired)` when its interval has passed.
+    pub fn expiry_left(&self, now: Instant) -> Result<Option<u32>, Expired> {
         match self.properties.message_expiry_interval {
             None => Ok(None),
             Some(interval) => {
                 let elapsed = now.saturating_duration_since(self.received_at).as_secs();
                 let elapsed = u32::try_from(elapsed).unwrap_or(u32::MAX);
                 if elapsed >= interval {
-                    Err(())
+                    Err(Expired)
                 } else {
                     Ok(Some(interval - elapsed))
                 }

@@ -61,11 +61,13 @@ pub enum ServerError {
 
 /// Bind `bind` for listener `name`.
 pub async fn bind(name: &str, bind: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(bind).await.map_err(|source| ServerError::Bind {
-        name: name.to_owned(),
-        bind,
-        source,
-    })
+    TcpListener::bind(bind)
+        .await
+        .map_err(|source| ServerError::Bind {
+            name: name.to_owned(),
+            bind,
+            source,
+        })
 }
 
 /// Serve until `shutdown` completes, then close every connection cleanly
@@ -102,16 +104,26 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) {
         tokio::spawn(acceptor.run(notify_shutdown.subscribe()));
     }
     if let Some(listener) = metrics_listener {
-        tokio::spawn(serve_metrics(listener, metrics.clone(), notify_shutdown.subscribe()));
+        tokio::spawn(serve_metrics(
+            listener,
+            metrics.clone(),
+            notify_shutdown.subscribe(),
+        ));
     }
     drop(events_tx);
     drop(drain_tx);
 
     shutdown.await;
-    tracing::info!(connections = metrics.connections.load(Relaxed), "shutting down");
+    tracing::info!(
+        connections = metrics.connections.load(Relaxed),
+        "shutting down"
+    );
     let _ = notify_shutdown.send(());
     let _ = broker.await;
-    if tokio::time::timeout(DRAIN_TIMEOUT, drain_rx.recv()).await.is_err() {
+    if tokio::time::timeout(DRAIN_TIMEOUT, drain_rx.recv())
+        .await
+        .is_err()
+    {
         tracing::warn!("connections still open after the drain timeout; closing them");
     }
     tracing::info!("stopped");
@@ -210,8 +222,19 @@ impl Acceptor {
             let drain = self.drain.clone();
             let listener_name = self.listener.name.clone();
             tokio::spawn(async move {
-                serve_transport(stream, peer, tls, deadline, id, events, context, metrics.clone(), shutdown_rx, &listener_name)
-                    .await;
+                serve_transport(
+                    stream,
+                    peer,
+                    tls,
+                    deadline,
+                    id,
+                    events,
+                    context,
+                    metrics.clone(),
+                    shutdown_rx,
+                    &listener_name,
+                )
+                .await;
                 drop(permit);
                 drop(drain);
             });
@@ -234,27 +257,29 @@ async fn serve_transport(
 ) {
     match tls {
         None => connection::serve(stream, peer, id, deadline, events, context, shutdown).await,
-        Some(acceptor) => {
-            match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
-                Ok(Ok(tls_stream)) => {
-                    connection::serve(tls_stream, peer, id, deadline, events, context, shutdown).await
-                }
-                Ok(Err(err)) => {
-                    metrics.disconnected(CloseReason::Handshake);
-                    tracing::info!(listener, peer = %peer, error = %err, "TLS handshake failed");
-                }
-                Err(_) => {
-                    metrics.disconnected(CloseReason::Handshake);
-                    tracing::info!(listener, peer = %peer, "TLS handshake timed out");
-                }
+        Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+            Ok(Ok(tls_stream)) => {
+                connection::serve(tls_stream, peer, id, deadline, events, context, shutdown).await
             }
-        }
+            Ok(Err(err)) => {
+                metrics.disconnected(CloseReason::Handshake);
+                tracing::info!(listener, peer = %peer, error = %err, "TLS handshake failed");
+            }
+            Err(_) => {
+                metrics.disconnected(CloseReason::Handshake);
+                tracing::info!(listener, peer = %peer, "TLS handshake timed out");
+            }
+        },
     }
 }
 
 /// A minimal HTTP/1.1 responder: `GET /metrics` gets the Prometheus text,
 /// anything else 404; one request per connection.
-async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, mut shutdown: broadcast::Receiver<()>) {
+async fn serve_metrics(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    mut shutdown: broadcast::Receiver<()>,
+) {
     loop {
         let accepted = tokio::select! {
             _ = shutdown.recv() => return,
@@ -285,14 +310,19 @@ async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, mut shutdow
                 }
                 Ok::<_, std::io::Error>(())
             };
-            if !matches!(tokio::time::timeout(Duration::from_secs(5), read_head).await, Ok(Ok(()))) {
+            if !matches!(
+                tokio::time::timeout(Duration::from_secs(5), read_head).await,
+                Ok(Ok(()))
+            ) {
                 return;
             }
             let line = request.split(|&b| b == b'\r').next().unwrap_or_default();
             let mut parts = line.split(|&b| b == b' ');
             let method = parts.next().unwrap_or_default();
             let path = parts.next().unwrap_or_default();
-            let response = if method == b"GET" && (path == b"/metrics" || path.starts_with(b"/metrics?")) {
+            let response = if method == b"GET"
+                && (path == b"/metrics" || path.starts_with(b"/metrics?"))
+            {
                 let body = metrics.render();
                 format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -309,4 +339,129 @@ async fn serve_metrics(listener: TcpListener, metrics: Arc<Metrics>, mut shutdow
             let _ = stream.shutdown().await;
         });
     }
+}
+
+/// The ACL file as the state's [`Authorizer`](super::state::Authorizer).
+struct AclAuthorizer(Arc<crate::config::auth::AclFile>);
+
+impl super::state::Authorizer for AclAuthorizer {
+    fn is_active(&self) -> bool {
+        true
+    }
+    fn can_publish(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
+        self.0.allows(
+            principal,
+            client_id,
+            topic,
+            crate::config::auth::Access::Write,
+        )
+    }
+    fn can_subscribe(&self, principal: Option<&str>, client_id: &str, filter: &str) -> bool {
+        self.0.allows(
+            principal,
+            client_id,
+            filter,
+            crate::config::auth::Access::Read,
+        )
+    }
+    fn can_receive(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
+        self.0.allows(
+            principal,
+            client_id,
+            topic,
+            crate::config::auth::Access::Read,
+        )
+    }
+}
+
+/// The broker's limits from the configuration. The announced Maximum Packet
+/// Size is `max_message_size + max_header_bytes`: room for the largest
+/// payload and topic plus its properties and headers.
+pub fn limits_from(config: &crate::config::Config) -> super::state::Limits {
+    let l = &config.limits;
+    super::state::Limits {
+        max_session_expiry: u32::try_from(l.max_session_expiry.as_secs()).unwrap_or(u32::MAX),
+        receive_maximum: l.receive_maximum.max(1),
+        max_queued_messages: l.max_queued_messages as usize,
+        max_subscriptions_per_session: l.max_subscriptions_per_session as usize,
+        max_packet_size: u32::try_from(l.max_message_size.saturating_add(l.max_header_bytes))
+            .unwrap_or(u32::MAX)
+            .min(super::codec::PROTOCOL_MAX_PACKET_SIZE),
+        topic_alias_maximum: 64,
+    }
+}
+
+/// Bind every listener (and the metrics endpoint) of `config` and build the
+/// broker state, logging one `listening` line per listener with the address
+/// actually bound.
+pub async fn prepare(config: &crate::config::Config) -> Result<Server, ServerError> {
+    let metrics = Arc::new(Metrics::new());
+    let limits = limits_from(config);
+    let mut listeners = Vec::with_capacity(config.listeners.len());
+    for l in &config.listeners {
+        let listener = bind(&l.name, l.bind).await?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            name: l.name.clone(),
+            bind: l.bind,
+            source,
+        })?;
+        let tls = l
+            .tls
+            .as_ref()
+            .map(|t| TlsAcceptor::from(t.material.server_config.expose().clone()));
+        let transport = match &l.tls {
+            None => "tcp",
+            Some(t) if t.client_ca.is_some() => "mtls",
+            Some(_) => "tls",
+        };
+        tracing::info!(listener = %l.name, addr = %addr, transport, "listening");
+        listeners.push(BoundListener {
+            name: l.name.clone(),
+            listener,
+            tls,
+            handshake_timeout: l.handshake_timeout,
+        });
+    }
+    let metrics_listener = match config.metrics.bind {
+        Some(bind_addr) => {
+            let listener = bind("metrics", bind_addr).await?;
+            let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+                name: "metrics".into(),
+                bind: bind_addr,
+                source,
+            })?;
+            tracing::info!(listener = "metrics", addr = %addr, path = "/metrics", "listening");
+            Some(listener)
+        }
+        None => None,
+    };
+    let authorizer: Arc<dyn super::state::Authorizer> = match &config.auth.acl {
+        Some(acl) => Arc::new(AclAuthorizer(acl.clone())),
+        None => Arc::new(super::state::AllowAll),
+    };
+    let context = Arc::new(ConnectionContext {
+        max_packet_size: limits.max_packet_size,
+        topic_alias_maximum: limits.topic_alias_maximum,
+        allow_anonymous: config.auth.allow_anonymous,
+        passwords: config.auth.passwords.clone(),
+        metrics: metrics.clone(),
+        outbound_queue: limits
+            .max_queued_messages
+            .saturating_add(usize::from(limits.receive_maximum))
+            .max(1024),
+    });
+    let state = BrokerState::new(
+        limits,
+        metrics.clone(),
+        authorizer,
+        Box::new(super::retained::MemoryRetained::new()),
+    );
+    Ok(Server {
+        listeners,
+        metrics_listener,
+        state,
+        metrics,
+        max_connections: config.limits.max_connections as usize,
+        context,
+    })
 }

@@ -738,20 +738,18 @@ impl BrokerState {
                 &session.client_id,
                 &topic,
             );
-        if qos == 2 {
-            if allowed || !v5 {
-                // A denied 3.1.1 QoS 2 still completes the handshake: keep
-                // the id so a duplicate gets PUBREC and PUBREL gets PUBCOMP.
-                let session = self.sessions.get_mut(&key).expect("connected session");
-                session.inbound_qos2.insert(packet_id);
-                if v5 && session.inbound_qos2.len() > usize::from(self.limits.receive_maximum) {
-                    self.doom(
-                        connection,
-                        CloseReason::Protocol,
-                        reason::RECEIVE_MAXIMUM_EXCEEDED,
-                    );
-                    return;
-                }
+        if qos == 2 && (allowed || !v5) {
+            // A denied 3.1.1 QoS 2 still completes the handshake: keep the id
+            // so a duplicate gets PUBREC and PUBREL gets PUBCOMP.
+            let session = self.sessions.get_mut(&key).expect("connected session");
+            session.inbound_qos2.insert(packet_id);
+            if v5 && session.inbound_qos2.len() > usize::from(self.limits.receive_maximum) {
+                self.doom(
+                    connection,
+                    CloseReason::Protocol,
+                    reason::RECEIVE_MAXIMUM_EXCEEDED,
+                );
+                return;
             }
         }
         if allowed {
