@@ -133,7 +133,7 @@ pub async fn serve<S>(
     let version = connect.protocol;
     let v5 = version == ProtocolVersion::V5;
 
-    let principal = match authenticate(&context, &connect) {
+    let principal = match authenticate(&context, &connect).await {
         Ok(principal) => principal,
         Err(code) => {
             metrics.disconnected(CloseReason::ConnectRefused);
@@ -303,7 +303,7 @@ async fn write_once<W: AsyncWrite + Unpin>(
 
 /// Who the client is: `Ok(None)` anonymous, `Ok(Some(user))` authenticated,
 /// `Err(reason)` refused. Passwords are compared, never logged.
-fn authenticate(
+async fn authenticate(
     context: &ConnectionContext,
     connect: &Connect,
 ) -> Result<Option<Arc<str>>, ReasonCode> {
@@ -320,8 +320,14 @@ fn authenticate(
         }
         Some(user) => match &context.passwords {
             Some(passwords) => {
-                let password = connect.password.as_deref().unwrap_or_default();
-                if passwords.check(user, password) {
+                // PBKDF2 costs what the file's iteration count says: keep it
+                // off the runtime's worker threads.
+                let passwords = passwords.clone();
+                let (name, password) = (user.clone(), connect.password.clone().unwrap_or_default());
+                let ok = tokio::task::spawn_blocking(move || passwords.check(&name, &password))
+                    .await
+                    .unwrap_or(false);
+                if ok {
                     Ok(Some(user.as_str().into()))
                 } else {
                     Err(ReasonCode::BadUserNameOrPassword)
