@@ -96,11 +96,6 @@ impl Inflight {
     pub fn iter(&self) -> impl Iterator<Item = &InflightEntry> {
         self.entries.iter()
     }
-
-    /// Exchanges that still carry a message (PUBLISH not yet acknowledged).
-    pub fn carrying_messages(&self) -> usize {
-        self.entries.iter().filter(|e| e.queued.is_some()).count()
-    }
 }
 
 /// A subscription as the session holds it (the raw filter is the key).

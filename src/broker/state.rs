@@ -388,13 +388,22 @@ impl BrokerState {
         let Some(conn) = self.connections.get(&connection) else {
             return;
         };
-        if let Err(err) = conn.handle.outbound.try_send(packet) {
-            if let mpsc::error::TrySendError::Full(Outbound::Publish { .. }) = err {
-                self.metrics.dropped(DropReason::SlowConsumer);
+        match conn.handle.outbound.try_send(packet) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(packet)) => {
+                // A slow consumer: only this connection pays for it.
+                if matches!(packet, Outbound::Publish { .. }) {
+                    self.metrics.dropped(DropReason::SlowConsumer);
+                }
+                let _ = conn.handle.kill.send(true);
+                self.doomed
+                    .push((connection, CloseReason::SlowConsumer, None));
             }
-            let _ = conn.handle.kill.send(true);
-            self.doomed
-                .push((connection, CloseReason::SlowConsumer, None));
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                // The writer is gone (the socket failed); the reader's
+                // Closed event may still be on its way.
+                self.doomed.push((connection, CloseReason::Network, None));
+            }
         }
     }
 
@@ -879,7 +888,9 @@ impl BrokerState {
             .connections
             .get(&connection)
             .map_or(0, |c| c.receive_maximum);
-        if session.pending.is_empty() && session.inflight.carrying_messages() < window {
+        // Receive Maximum counts every exchange not yet finished by PUBACK,
+        // PUBCOMP or a PUBREC >= 0x80 (MQTT 5 3.3.4).
+        if session.pending.is_empty() && session.inflight.len() < window {
             self.start_exchange(key, connection, queued, now);
         } else {
             Self::enqueue(&self.metrics, &self.limits, session, queued);
@@ -990,7 +1001,7 @@ impl BrokerState {
                 .connections
                 .get(&connection)
                 .map_or(0, |c| c.receive_maximum);
-            if session.inflight.carrying_messages() >= window {
+            if session.inflight.len() >= window {
                 return;
             }
             let Some(queued) = session.pending.pop_front() else {
@@ -1392,5 +1403,226 @@ impl BrokerState {
         for session in self.sessions.values_mut() {
             session.pending_will = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::retained::MemoryRetained;
+
+    struct Client {
+        rx: mpsc::Receiver<Outbound>,
+        kill: watch::Receiver<bool>,
+    }
+
+    impl Client {
+        fn drain(&mut self) -> Vec<Outbound> {
+            let mut out = Vec::new();
+            while let Ok(o) = self.rx.try_recv() {
+                out.push(o);
+            }
+            out
+        }
+    }
+
+    fn state() -> BrokerState {
+        BrokerState::new(
+            Limits::default(),
+            Arc::new(Metrics::new()),
+            Arc::new(AllowAll),
+            Box::new(MemoryRetained::new()),
+        )
+    }
+
+    fn connect(
+        state: &mut BrokerState,
+        conn: u64,
+        id: &str,
+        clean: bool,
+        queue: usize,
+        now: Instant,
+    ) -> Client {
+        let (tx, rx) = mpsc::channel(queue);
+        let (kill_tx, kill) = watch::channel(false);
+        state.handle(
+            Event::Connect {
+                connection: conn,
+                request: Box::new(ConnectRequest {
+                    v5: true,
+                    client_id: id.into(),
+                    clean_start: clean,
+                    keep_alive: 60,
+                    principal: None,
+                    will: None,
+                    session_expiry: if clean { 0 } else { 300 },
+                    receive_maximum: 10,
+                    maximum_packet_size: None,
+                }),
+                handle: ConnectionHandle {
+                    outbound: tx,
+                    kill: kill_tx,
+                },
+            },
+            now,
+        );
+        Client { rx, kill }
+    }
+
+    fn packets(state: &mut BrokerState, conn: u64, packets: Vec<Inbound>, now: Instant) {
+        state.handle(
+            Event::Packets {
+                connection: conn,
+                packets,
+            },
+            now,
+        );
+    }
+
+    fn subscribe(filter: &str, qos: u8) -> Inbound {
+        Inbound::Subscribe {
+            packet_id: 1,
+            subscription_id: None,
+            filters: vec![(
+                filter.into(),
+                SubOptions {
+                    qos,
+                    no_local: false,
+                    retain_as_published: false,
+                    retain_handling: 0,
+                    subscription_id: None,
+                },
+            )],
+        }
+    }
+
+    fn publish(topic: &str, qos: u8, id: u16) -> Inbound {
+        Inbound::Publish(InboundPublish {
+            packet_id: id,
+            qos,
+            retain: false,
+            dup: false,
+            topic: ByteStr::from(topic),
+            payload: Bytes::from_static(b"p"),
+            properties: MessageProperties::default(),
+        })
+    }
+
+    #[test]
+    fn late_events_of_a_taken_over_generation_do_nothing() {
+        let now = Instant::now();
+        let mut s = state();
+        let mut old = connect(&mut s, 1, "c", false, 64, now);
+        packets(&mut s, 1, vec![subscribe("t", 1)], now);
+        let mut new = connect(&mut s, 2, "c", false, 64, now);
+        assert!(matches!(
+            old.drain().last(),
+            Some(Outbound::Disconnect { reason: 0x8E })
+        ));
+        assert!(matches!(
+            new.drain().first(),
+            Some(Outbound::ConnAck {
+                session_present: true,
+                ..
+            })
+        ));
+        // The old connection's late packets and close are ignored.
+        packets(
+            &mut s,
+            1,
+            vec![Inbound::Unsubscribe {
+                packet_id: 2,
+                filters: vec!["t".into()],
+            }],
+            now,
+        );
+        s.handle(
+            Event::Closed {
+                connection: 1,
+                reason: CloseReason::Network,
+                disconnect_reason: None,
+            },
+            now,
+        );
+        assert_eq!(s.connection_count(), 1);
+        let _pub = connect(&mut s, 3, "p", true, 64, now);
+        packets(&mut s, 3, vec![publish("t", 1, 1)], now);
+        assert!(new
+            .drain()
+            .iter()
+            .any(|o| matches!(o, Outbound::Publish { qos: 1, .. })));
+    }
+
+    #[test]
+    fn a_full_outbound_queue_disconnects_only_that_consumer() {
+        let now = Instant::now();
+        let mut s = state();
+        let mut slow = connect(&mut s, 1, "slow", true, 4, now);
+        packets(&mut s, 1, vec![subscribe("t", 0)], now);
+        let mut fast = connect(&mut s, 2, "fast", true, 1024, now);
+        packets(&mut s, 2, vec![subscribe("t", 0)], now);
+        let _p = connect(&mut s, 3, "p", true, 64, now);
+        packets(
+            &mut s,
+            3,
+            (0..10).map(|_| publish("t", 0, 0)).collect(),
+            now,
+        );
+        assert!(*slow.kill.borrow(), "the slow consumer is told to close");
+        assert!(!*fast.kill.borrow());
+        let delivered = fast
+            .drain()
+            .iter()
+            .filter(|o| matches!(o, Outbound::Publish { .. }))
+            .count();
+        assert_eq!(delivered, 10);
+        assert_eq!(s.connection_count(), 2);
+        let _ = slow.drain();
+    }
+
+    #[test]
+    fn offline_queue_is_bounded_and_replayed_in_order() {
+        let now = Instant::now();
+        let mut s = BrokerState::new(
+            Limits {
+                max_queued_messages: 3,
+                ..Limits::default()
+            },
+            Arc::new(Metrics::new()),
+            Arc::new(AllowAll),
+            Box::new(MemoryRetained::new()),
+        );
+        let _c = connect(&mut s, 1, "c", false, 64, now);
+        packets(&mut s, 1, vec![subscribe("t", 1)], now);
+        s.handle(
+            Event::Closed {
+                connection: 1,
+                reason: CloseReason::Network,
+                disconnect_reason: None,
+            },
+            now,
+        );
+        let _p = connect(&mut s, 2, "p", true, 64, now);
+        packets(
+            &mut s,
+            2,
+            (1..=5).map(|i| publish("t", 1, i)).collect(),
+            now,
+        );
+        let mut c = connect(&mut s, 3, "c", false, 64, now);
+        let out = c.drain();
+        let ids: Vec<u16> = out
+            .iter()
+            .filter_map(|o| match o {
+                Outbound::Publish {
+                    packet_id,
+                    dup: false,
+                    ..
+                } => Some(*packet_id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ids, vec![1, 2, 3], "three kept, two dropped and counted");
+        assert_eq!(s.metrics.dropped_count(DropReason::QueueFull), 2);
     }
 }
