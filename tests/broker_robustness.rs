@@ -193,3 +193,59 @@ fn metrics_endpoint_serves_prometheus_text() {
     stream.read_to_string(&mut body).unwrap();
     assert!(body.starts_with("HTTP/1.1 404"), "{body}");
 }
+
+#[tokio::test]
+async fn connection_cap_holds_newcomers_until_a_slot_frees() {
+    let broker = Broker::plain("auth:\n  allow_anonymous: true\nlimits:\n  max_connections: 2\n");
+    let mut a = Raw::tcp(broker.addr(), v4()).await;
+    a.connect("cap-a", ConnectOpts::clean()).await;
+    let mut b = Raw::tcp(broker.addr(), v5()).await;
+    b.connect("cap-b", ConnectOpts::clean()).await;
+    // The third waits in the kernel's backlog: not accepted, not answered.
+    let mut c = Raw::tcp(broker.addr(), v4()).await;
+    c.send_connect("cap-c", ConnectOpts::clean()).await;
+    c.expect_silence(std::time::Duration::from_millis(300))
+        .await;
+    a.disconnect().await;
+    match c.recv().await {
+        Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason, ReasonCode::Success),
+        other => panic!("expected CONNACK once a slot freed, got {other:?}"),
+    }
+    b.send(Packet::PingReq).await;
+    assert!(matches!(b.recv().await, Some(Packet::PingResp)));
+}
+
+#[test]
+fn json_logs_when_configured() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(
+        dir.path(),
+        "json.yaml",
+        b"listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\nlog:\n  format: json\n",
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("listening") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let line = rx.recv_timeout(WAIT);
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = line.expect("a listening line");
+    let value: serde_json::Value = serde_json::from_str(&line).expect("one JSON object per line");
+    assert_eq!(value["message"], "listening");
+    assert_eq!(value["listener"], "mqtt");
+    assert!(value["addr"].as_str().unwrap().starts_with("127.0.0.1:"));
+}

@@ -550,13 +550,19 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
             properties: AckProperties::default(),
         }),
         Outbound::PingResp => Packet::PingResp,
-        Outbound::Disconnect { reason } => {
+        Outbound::Disconnect {
+            reason,
+            reason_string,
+        } => {
             if !v5 {
                 return None;
             }
             Packet::Disconnect(Disconnect {
                 reason: reason_code(reason),
-                properties: DisconnectProperties::default(),
+                properties: DisconnectProperties {
+                    reason_string: reason_string.map(str::to_owned),
+                    ..DisconnectProperties::default()
+                },
             })
         }
     })

@@ -66,6 +66,23 @@ impl CloseReason {
         }
     }
 
+    /// The reason string sent with a server's DISCONNECT.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CloseReason::ClientDisconnect | CloseReason::ClientDisconnectWithWill => "disconnected",
+            CloseReason::Network => "connection lost",
+            CloseReason::KeepAlive => "nothing received within 1.5 times the keep alive",
+            CloseReason::Malformed => "malformed packet",
+            CloseReason::Protocol => "protocol error",
+            CloseReason::PacketTooLarge => "packet larger than the maximum packet size",
+            CloseReason::SlowConsumer => "outbound queue full",
+            CloseReason::TakenOver => "another connection took over the session",
+            CloseReason::Shutdown => "server shutting down",
+            CloseReason::ConnectRefused => "connect refused",
+            CloseReason::Handshake => "no CONNECT in time",
+        }
+    }
+
     /// Does the server publish the connection's Will when it ends this way?
     pub fn sends_will(self) -> bool {
         !matches!(

@@ -153,6 +153,29 @@ impl Session {
     }
 }
 
+/// Where persistent sessions live between broker runs. The broker state
+/// calls it where a durable provider must record something: a persistent
+/// session losing its connection and every persistent session at shutdown
+/// (`keep`), a session ending (`forget`); `restore` once at startup.
+pub trait SessionStore: Send {
+    /// Sessions kept by an earlier run (detached; their expiry restarts).
+    fn restore(&mut self) -> Vec<Session>;
+    fn keep(&mut self, session: &Session);
+    fn forget(&mut self, client_id: &str);
+}
+
+/// Sessions in memory only: nothing outlives the process.
+#[derive(Debug, Default)]
+pub struct MemorySessions;
+
+impl SessionStore for MemorySessions {
+    fn restore(&mut self) -> Vec<Session> {
+        Vec::new()
+    }
+    fn keep(&mut self, _session: &Session) {}
+    fn forget(&mut self, _client_id: &str) {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

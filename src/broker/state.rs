@@ -23,7 +23,8 @@ use super::message::{publish_packet_len, Message, MessageProperties};
 use super::metrics::{CloseReason, DropReason, Metrics};
 use super::retained::RetainedStore;
 use super::session::{
-    InflightEntry, InflightPhase, PendingWill, QueuedMessage, Session, SessionSubscription,
+    InflightEntry, InflightPhase, MemorySessions, PendingWill, QueuedMessage, Session,
+    SessionStore, SessionSubscription,
 };
 use super::topic::{
     self, merge_matches, Delivery, Match, SessionKey, SubOptions, SubscriptionIndex,
@@ -268,9 +269,11 @@ pub enum Outbound {
         reasons: Vec<u8>,
     },
     PingResp,
-    /// v5: send DISCONNECT with this reason, then close. 3.1.1: just close.
+    /// v5: send DISCONNECT with this reason (and reason string), then
+    /// close. 3.1.1: just close.
     Disconnect {
         reason: u8,
+        reason_string: Option<&'static str>,
     },
 }
 
@@ -295,6 +298,7 @@ pub struct BrokerState {
     metrics: Arc<Metrics>,
     authorizer: Arc<dyn Authorizer>,
     retained: Box<dyn RetainedStore>,
+    session_store: Box<dyn SessionStore>,
     index: SubscriptionIndex,
     sessions: HashMap<SessionKey, Session>,
     by_client_id: HashMap<Arc<str>, SessionKey>,
@@ -324,6 +328,7 @@ impl BrokerState {
             metrics,
             authorizer,
             retained,
+            session_store: Box::new(MemorySessions),
             index: SubscriptionIndex::new(),
             sessions: HashMap::new(),
             by_client_id: HashMap::new(),
@@ -337,6 +342,36 @@ impl BrokerState {
             shutting_down: false,
             version: format!("saguin {}", env!("CARGO_PKG_VERSION")),
         }
+    }
+
+    /// Keep persistent sessions in `store`, restoring what it holds: each
+    /// comes back detached, its expiry counted from `now`.
+    pub fn with_session_store(mut self, mut store: Box<dyn SessionStore>, now: Instant) -> Self {
+        for mut session in store.restore() {
+            if self.by_client_id.contains_key(&session.client_id) {
+                continue;
+            }
+            let key = self.next_session;
+            self.next_session += 1;
+            session.connection = None;
+            session.pending_will = None;
+            session.expires_at =
+                Some(now + Duration::from_secs(u64::from(session.expiry_interval)));
+            for sub in session.subscriptions.values() {
+                if !self
+                    .index
+                    .insert(sub.share_group.as_deref(), &sub.filter, key, sub.options)
+                {
+                    self.metrics.subscriptions.fetch_add(1, Relaxed);
+                }
+            }
+            self.by_client_id.insert(session.client_id.clone(), key);
+            self.sessions.insert(key, session);
+            self.detached.insert(key);
+            self.metrics.sessions.fetch_add(1, Relaxed);
+        }
+        self.session_store = store;
+        self
     }
 
     pub fn connection_count(&self) -> usize {
@@ -419,6 +454,7 @@ impl BrokerState {
         if self.shutting_down {
             let _ = handle.outbound.try_send(Outbound::Disconnect {
                 reason: reason::SERVER_SHUTTING_DOWN,
+                reason_string: Some(CloseReason::Shutdown.describe()),
             });
             return;
         }
@@ -1150,7 +1186,10 @@ impl BrokerState {
             Some(code) => conn
                 .handle
                 .outbound
-                .try_send(Outbound::Disconnect { reason: code })
+                .try_send(Outbound::Disconnect {
+                    reason: code,
+                    reason_string: Some(reason.describe()),
+                })
                 .is_ok(),
             // The writer finishes what is queued and closes when the queue's
             // sender (held only here) is dropped.
@@ -1207,6 +1246,7 @@ impl BrokerState {
             self.end_session(key, now);
         } else {
             session.expires_at = Some(now + Duration::from_secs(u64::from(expiry)));
+            self.session_store.keep(session);
             self.detached.insert(key);
         }
     }
@@ -1258,6 +1298,7 @@ impl BrokerState {
         };
         self.metrics.sessions.fetch_sub(1, Relaxed);
         self.detached.remove(&key);
+        self.session_store.forget(&session.client_id);
         if self.by_client_id.get(&session.client_id) == Some(&key) {
             self.by_client_id.remove(&session.client_id);
         }
@@ -1402,6 +1443,9 @@ impl BrokerState {
         }
         for session in self.sessions.values_mut() {
             session.pending_will = None;
+            if session.expiry_interval > 0 {
+                self.session_store.keep(session);
+            }
         }
     }
 }
@@ -1517,7 +1561,7 @@ mod tests {
         let mut new = connect(&mut s, 2, "c", false, 64, now);
         assert!(matches!(
             old.drain().last(),
-            Some(Outbound::Disconnect { reason: 0x8E })
+            Some(Outbound::Disconnect { reason: 0x8E, .. })
         ));
         assert!(matches!(
             new.drain().first(),

@@ -297,6 +297,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
     }
 
     pub async fn connect(&mut self, client_id: &str, opts: ConnectOpts) -> codec::ConnAck {
+        self.send_connect(client_id, opts).await;
+        match self.recv().await {
+            Some(Packet::ConnAck(ack)) => ack,
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+
+    /// Send CONNECT without waiting for the answer.
+    pub async fn send_connect(&mut self, client_id: &str, opts: ConnectOpts) {
         let will = opts
             .will
             .map(|(topic, payload, q, retain, delay)| LastWill {
@@ -325,10 +334,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
             properties,
         }))
         .await;
-        match self.recv().await {
-            Some(Packet::ConnAck(ack)) => ack,
-            other => panic!("expected CONNACK, got {other:?}"),
-        }
     }
 
     pub async fn subscribe(
