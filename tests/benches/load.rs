@@ -535,6 +535,12 @@ struct Row {
 
 #[tokio::main]
 async fn main() {
+    // `cargo test --all-targets` runs bench binaries without `--bench`:
+    // the load run belongs to `cargo bench` only.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("load: run with `cargo bench --bench load`");
+        return;
+    }
     let _ = epoch();
     let scale: f64 = std::env::var("SAGUIN_BENCH_SCALE")
         .ok()
