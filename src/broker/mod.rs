@@ -69,6 +69,7 @@
 //!   received/sent, subscriptions, retained count) is published every 10
 //!   seconds at QoS 0, and sent at once to a new `$SYS` subscription with
 //!   RETAIN=1; it is not stored as retained and does not count itself.
+//!   Clients may not publish to `$SYS/...` (answered like an ACL denial).
 //! - Retained messages and persistent sessions are in memory
 //!   ([`retained::MemoryRetained`], [`session::MemorySessions`]) until a
 //!   storage provider backs the two traits; startup says nothing is kept.

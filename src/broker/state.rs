@@ -777,12 +777,14 @@ impl BrokerState {
             );
             return;
         }
-        let allowed = !self.authorizer.is_active()
-            || self.authorizer.can_publish(
-                session.principal.as_deref(),
-                &session.client_id,
-                &topic,
-            );
+        // `$SYS/...` is the broker's own: clients are refused as by the ACL.
+        let allowed = !topic.starts_with("$SYS")
+            && (!self.authorizer.is_active()
+                || self.authorizer.can_publish(
+                    session.principal.as_deref(),
+                    &session.client_id,
+                    &topic,
+                ));
         if qos == 2 && (allowed || !v5) {
             // A denied 3.1.1 QoS 2 still completes the handshake: keep the id
             // so a duplicate gets PUBREC and PUBREL gets PUBCOMP.
