@@ -524,6 +524,30 @@ async fn v5_server_assigned_client_id_and_v4_empty_id() {
     );
 }
 
+/// Wait until the broker counts exactly `n` subscriptions (`$SYS`).
+async fn wait_subscriptions(probe: &mut Raw<tokio::net::TcpStream>, n: u64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut packet_id = 1;
+    loop {
+        // Each SUBSCRIBE to `$SYS` is answered with fresh values.
+        probe
+            .subscribe(packet_id, "$SYS/broker/subscriptions/count", 0)
+            .await;
+        let m = probe.next_publish(true).await;
+        let seen = String::from_utf8_lossy(&m.payload)
+            .parse::<u64>()
+            .unwrap_or(0);
+        if seen == n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "subscriptions stayed at {seen}, not {n}"
+        );
+        packet_id = packet_id % 1000 + 1;
+    }
+}
+
 #[tokio::test]
 async fn mosquitto_clients_pub_sub_every_qos() {
     if !have_mosquitto_clients("mosquitto_clients_pub_sub_every_qos") {
@@ -531,6 +555,9 @@ async fn mosquitto_clients_pub_sub_every_qos() {
     }
     let broker = Broker::anonymous();
     let port = broker.port().to_string();
+    // The probe's own `$SYS` subscription is the one always counted.
+    let mut probe = Raw::tcp(broker.addr(), v4()).await;
+    probe.connect("probe", ConnectOpts::clean()).await;
     for version in ["mqttv311", "mqttv5"] {
         for q in ["0", "1", "2"] {
             let topic = format!("mosq/{version}/{q}");
@@ -554,29 +581,7 @@ async fn mosquitto_clients_pub_sub_every_qos() {
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .unwrap();
-            // Wait until the subscription exists: a retained probe would
-            // linger, so poll the broker with a raw subscriber-count check.
-            let mut probe = Raw::tcp(broker.addr(), v4()).await;
-            probe
-                .connect(&format!("probe-{version}-{q}"), ConnectOpts::clean())
-                .await;
-            probe
-                .subscribe(1, "$SYS/broker/subscriptions/count", 0)
-                .await;
-            let mut seen = 0;
-            for _ in 0..100 {
-                let m = probe.next_publish(true).await;
-                seen = String::from_utf8_lossy(&m.payload)
-                    .parse::<u64>()
-                    .unwrap_or(0);
-                if seen >= 2 {
-                    break;
-                }
-                probe
-                    .subscribe(2, "$SYS/broker/subscriptions/count", 0)
-                    .await;
-            }
-            assert!(seen >= 2);
+            wait_subscriptions(&mut probe, 2).await;
             let status = std::process::Command::new("mosquitto_pub")
                 .args([
                     "-V",
@@ -599,7 +604,8 @@ async fn mosquitto_clients_pub_sub_every_qos() {
                 String::from_utf8_lossy(&out.stdout).trim(),
                 "hello from mosquitto_pub"
             );
-            probe.disconnect().await;
+            // The next round starts once this subscriber is gone.
+            wait_subscriptions(&mut probe, 1).await;
         }
     }
 }
