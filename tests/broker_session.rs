@@ -328,3 +328,57 @@ async fn qos2_method_b_duplicates_and_unknown_pubrel() {
     assert_eq!(&m.payload[..], b"once");
     s.expect_silence(Duration::from_millis(300)).await;
 }
+
+#[tokio::test]
+async fn session_expires_after_its_interval() {
+    let broker = Broker::anonymous();
+    let mut c = Raw::tcp(broker.addr(), v5()).await;
+    c.connect("exp", ConnectOpts::persistent(1)).await;
+    c.subscribe(1, "exp/t", 1).await;
+    c.disconnect().await;
+    // Expiry is the behaviour under test: wait it out.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let mut c = Raw::tcp(broker.addr(), v5()).await;
+    let ack = c.connect("exp", ConnectOpts::persistent(1)).await;
+    assert!(!ack.session_present, "expired after 1s");
+}
+
+#[tokio::test]
+async fn session_expiry_is_capped_and_reported() {
+    let broker =
+        Broker::plain("auth:\n  allow_anonymous: true\nlimits:\n  max_session_expiry: 1h\n");
+    let mut c = Raw::tcp(broker.addr(), v5()).await;
+    let ack = c.connect("cap", ConnectOpts::persistent(u32::MAX)).await;
+    assert_eq!(ack.properties.session_expiry_interval, Some(3600));
+}
+
+#[tokio::test]
+async fn unsubscribe_and_sys_is_not_for_clients() {
+    let broker = Broker::anonymous();
+    let mut c = Raw::tcp(broker.addr(), v5()).await;
+    c.connect("un", ConnectOpts::clean()).await;
+    c.subscribe(1, "un/t", 1).await;
+    c.send(Packet::Unsubscribe(saguin::broker::codec::Unsubscribe {
+        packet_id: 2,
+        filters: vec!["un/t".into(), "never".into()],
+        properties: Default::default(),
+    }))
+    .await;
+    match c.recv().await {
+        Some(Packet::UnsubAck(u)) => {
+            assert_eq!(
+                u.reasons,
+                vec![ReasonCode::Success, ReasonCode::NoSubscriptionExisted]
+            )
+        }
+        other => panic!("expected UNSUBACK, got {other:?}"),
+    }
+    c.publish("un/t", b"x", 1, false, 3).await;
+    assert!(matches!(c.recv().await, Some(Packet::PubAck(a)) if a.packet_id == 3));
+    c.expect_silence(Duration::from_millis(200)).await;
+    c.publish("$SYS/broker/uptime", b"forever", 1, false, 4)
+        .await;
+    assert!(
+        matches!(c.recv().await, Some(Packet::PubAck(a)) if a.reason == ReasonCode::NotAuthorized)
+    );
+}
