@@ -249,3 +249,18 @@ fn json_logs_when_configured() {
     assert_eq!(value["listener"], "mqtt");
     assert!(value["addr"].as_str().unwrap().starts_with("127.0.0.1:"));
 }
+
+#[tokio::test]
+async fn malformed_input_publishes_the_will() {
+    let broker = Broker::anonymous();
+    let mut w = Raw::tcp(broker.addr(), v4()).await;
+    w.connect("mw-watch", ConnectOpts::clean()).await;
+    w.subscribe(1, "mw/#", 0).await;
+    let mut c = Raw::tcp(broker.addr(), v5()).await;
+    let mut opts = ConnectOpts::clean();
+    opts.will = Some(("mw/c".into(), b"broken".to_vec(), 0, false, None));
+    c.connect("mw", opts).await;
+    c.send_bytes(&[0xF0, 0x01, 0xFF]).await;
+    let _ = c.expect_close().await;
+    assert_eq!(&w.next_publish(true).await.payload[..], b"broken");
+}
