@@ -553,7 +553,23 @@ async fn main() {
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
-    println!("saguin load benchmark: {cpus} CPU(s), payload {PAYLOAD} B, window {WINDOW}, MQTT 3.1.1 clients on the project codec");
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "saguin load benchmark: {cpus} CPU(s) {model}; load average {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!("payload {PAYLOAD} B, QoS 1/2 window {WINDOW} per publisher, MQTT 3.1.1 clients on the project codec; msg/s = messages received by all subscribers per second");
 
     let mut rows = Vec::new();
     let mut failed = false;
