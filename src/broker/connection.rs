@@ -131,7 +131,6 @@ pub async fn serve<S>(
         }
     };
     let version = connect.protocol;
-    let v5 = version == ProtocolVersion::V5;
 
     let principal = match authenticate(&context, &connect).await {
         Ok(principal) => principal,
@@ -192,7 +191,7 @@ pub async fn serve<S>(
         let mut fatal = None;
         loop {
             match decoder.decode(&mut buf) {
-                Ok(Some(packet)) => match adapt(packet, v5, &mut aliases) {
+                Ok(Some(packet)) => match adapt(packet, &mut aliases) {
                     Ok(Some(inbound)) => batch.push(inbound),
                     Ok(None) => {}
                     Err(code) => {
@@ -383,7 +382,7 @@ fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectReq
 
 /// The protocol adapter: a decoded packet into what the state needs, with
 /// topic aliases resolved. `Err(reason)` closes the connection.
-fn adapt(packet: Packet, v5: bool, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbound>, u8> {
+fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbound>, u8> {
     Ok(Some(match packet {
         Packet::Publish(publish) => {
             let Publish {
@@ -410,7 +409,6 @@ fn adapt(packet: Packet, v5: bool, aliases: &mut [Option<ByteStr>]) -> Result<Op
                 return Err(reason::PROTOCOL_ERROR);
             }
             properties.subscription_identifiers.clear();
-            let _ = v5;
             Inbound::Publish(InboundPublish {
                 packet_id,
                 qos: qos.as_u8(),
