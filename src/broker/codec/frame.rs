@@ -101,6 +101,17 @@ impl FrameDecoder {
         }
     }
 
+    /// A decoder for `role` in any state: `version` is `None` for a server
+    /// that has not read CONNECT yet, `Some` once the version is known (for
+    /// a connection whose CONNECT was read elsewhere).
+    pub fn new(role: Role, max_packet_size: u32, version: Option<ProtocolVersion>) -> FrameDecoder {
+        FrameDecoder {
+            max_packet_size,
+            role,
+            version,
+        }
+    }
+
     /// A decoder for the client side of a connection speaking `version`.
     pub fn client(max_packet_size: u32, version: ProtocolVersion) -> FrameDecoder {
         FrameDecoder {
