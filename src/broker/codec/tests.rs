@@ -368,6 +368,13 @@ fn incomplete_body_reserves_room_once_the_size_is_known() {
     assert_eq!(d.decode(&mut buf), Ok(None));
     assert_eq!(buf.len(), 10, "nothing consumed");
     assert!(buf.capacity() >= bytes.len());
+    // A claimed 2 MB frame under a 4 MB cap reserves a bounded step, not
+    // what the peer claims.
+    let mut d = server_after_connect(ProtocolVersion::V5);
+    d.max_packet_size = 4 << 20;
+    let mut buf = BytesMut::from(&[0x30u8, 0x80, 0x80, 0x80, 0x01, 0, 1, b't'][..]);
+    assert_eq!(d.decode(&mut buf), Ok(None));
+    assert!(buf.capacity() <= 128 * 1024, "{}", buf.capacity());
 }
 
 // ---------------------------------------------------------------------------
