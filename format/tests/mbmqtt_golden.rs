@@ -191,7 +191,7 @@ fn v1_golden_file_converts_to_the_v3_model() {
         .inflight
         .iter()
         .all(|i| i.phase == Phase::AwaitPuback && i.message.as_ref().unwrap().qos == 1));
-    assert_eq!(a.inflight[1].message.as_ref().unwrap().retain, true);
+    assert!(a.inflight[1].message.as_ref().unwrap().retain);
     assert_eq!(a.pending, vec![msg("legacy/c", b"3", false, 1)]);
     assert_eq!(s.retained[0].qos, 1);
     assert_eq!(s, model);
