@@ -162,6 +162,23 @@ pub fn lstat(path: &Path) -> Result<Metadata, ReadError> {
 /// Read the whole of the regular file at `path`, at most `max_bytes` long.
 /// See the module documentation for the order of checks.
 pub fn read_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>, ReadError> {
+    read_bounded_by_magic(path, max_bytes, |_| max_bytes)
+}
+
+/// How many leading bytes [`read_bounded_by_magic`] shows its limit
+/// function: enough for every magic saguin knows.
+pub const MAGIC_PROBE_LEN: usize = 8;
+
+/// [`read_bounded`] where the limit depends on what the file is: `ceiling`
+/// bounds every file before it is opened, then `limit_for` is shown the
+/// first [`MAGIC_PROBE_LEN`] bytes (fewer for a shorter file) and returns
+/// the limit for that kind, checked before the rest is read. So a legacy
+/// MBMQTT01 file is held to its own 64 MiB default without a 4 GiB read.
+pub fn read_bounded_by_magic(
+    path: &Path,
+    ceiling: u64,
+    limit_for: impl FnOnce(&[u8]) -> u64,
+) -> Result<Vec<u8>, ReadError> {
     let meta = lstat(path)?;
     if let Some(kind) = SpecialKind::of(&meta) {
         return Err(ReadError::NotRegularFile {
@@ -169,7 +186,7 @@ pub fn read_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>, ReadError> {
             kind,
         });
     }
-    check_size(path, meta.len(), max_bytes)?;
+    check_size(path, meta.len(), ceiling)?;
 
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -184,8 +201,30 @@ pub fn read_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>, ReadError> {
         });
     }
     let size = opened.len();
-    check_size(path, size, max_bytes)?;
-    read_exactly(&mut file, path, size)
+    check_size(path, size, ceiling)?;
+    let mut probe = Vec::with_capacity(MAGIC_PROBE_LEN);
+    (&mut file)
+        .take(MAGIC_PROBE_LEN as u64)
+        .read_to_end(&mut probe)
+        .map_err(|e| ReadError::from_io(path, e))?;
+    check_size(path, size, limit_for(&probe).min(ceiling))?;
+    let rest = read_exactly(&mut file, path, size.saturating_sub(probe.len() as u64)).map_err(
+        |e| match e {
+            ReadError::Changed { path, .. } => ReadError::Changed {
+                path,
+                what: format!("{size} bytes when opened, a different amount read"),
+            },
+            other => other,
+        },
+    )?;
+    if (probe.len() as u64) < size.min(MAGIC_PROBE_LEN as u64) {
+        return Err(ReadError::Changed {
+            path: path.to_path_buf(),
+            what: format!("{size} bytes when opened, {} read", probe.len()),
+        });
+    }
+    probe.extend_from_slice(&rest);
+    Ok(probe)
 }
 
 fn check_size(path: &Path, size: u64, limit: u64) -> Result<(), ReadError> {
