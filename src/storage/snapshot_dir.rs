@@ -85,6 +85,8 @@ impl ScanOptions {
 }
 
 /// Any snapshot file saguin reads, told apart by its magic.
+// One value per file read, never held in bulk: boxing buys nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum AnySnapshot {
     F21 { header: Header, file: SnapshotFile },
