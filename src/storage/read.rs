@@ -19,8 +19,6 @@ use std::io::{self, Read};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use thiserror::Error;
-
 /// Default ceiling for an MBMQTT01 `broker.snapshot` (64 MiB, the legacy
 /// broker's own default).
 pub const MBMQTT_DEFAULT_MAX_BYTES: u64 = saguin_format::mbmqtt::DEFAULT_MAX_BYTES;
@@ -84,25 +82,48 @@ impl fmt::Display for SpecialKind {
     }
 }
 
-/// Why a file could not be read. Each names the path.
-#[derive(Debug, Error)]
+/// Why a file could not be read. Each names the path; [`ReadError::reason`]
+/// is the same sentence without it.
+#[derive(Debug)]
 pub enum ReadError {
-    #[error("{}: no such file", .path.display())]
-    NotFound { path: PathBuf },
-    #[error("{}: permission denied", .path.display())]
-    PermissionDenied { path: PathBuf },
-    #[error("{}: is {kind}, not a regular file; it was not opened", .path.display())]
-    NotRegularFile { path: PathBuf, kind: SpecialKind },
-    #[error("{}: {size} bytes is over the {limit}-byte limit (raise it with --max-bytes)", .path.display())]
+    NotFound {
+        path: PathBuf,
+    },
+    PermissionDenied {
+        path: PathBuf,
+    },
+    NotRegularFile {
+        path: PathBuf,
+        kind: SpecialKind,
+    },
     TooLarge {
         path: PathBuf,
         size: u64,
         limit: u64,
     },
-    #[error("{}: changed while it was being read ({what})", .path.display())]
-    Changed { path: PathBuf, what: String },
-    #[error("{}: {source}", .path.display())]
-    Io { path: PathBuf, source: io::Error },
+    Changed {
+        path: PathBuf,
+        what: String,
+    },
+    Io {
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path().display(), self.reason())
+    }
+}
+
+impl std::error::Error for ReadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReadError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
 }
 
 impl ReadError {
@@ -114,6 +135,22 @@ impl ReadError {
             | ReadError::TooLarge { path, .. }
             | ReadError::Changed { path, .. }
             | ReadError::Io { path, .. } => path,
+        }
+    }
+
+    /// What went wrong, without the path.
+    pub fn reason(&self) -> String {
+        match self {
+            ReadError::NotFound { .. } => "no such file".into(),
+            ReadError::PermissionDenied { .. } => "permission denied".into(),
+            ReadError::NotRegularFile { kind, .. } => {
+                format!("is {kind}, not a regular file; it was not opened")
+            }
+            ReadError::TooLarge { size, limit, .. } => {
+                format!("{size} bytes is over the {limit}-byte limit (raise it with --max-bytes)")
+            }
+            ReadError::Changed { what, .. } => format!("changed while it was being read ({what})"),
+            ReadError::Io { source, .. } => source.to_string(),
         }
     }
 

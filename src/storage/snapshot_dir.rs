@@ -97,7 +97,8 @@ pub enum AnySnapshot {
 #[derive(Debug, thiserror::Error)]
 pub enum FileProblem {
     /// It could not be read, or is not a regular file, or is too large.
-    #[error(transparent)]
+    /// Shown without the path, which the caller names.
+    #[error("{}", .0.reason())]
     Read(#[from] ReadError),
     /// A format 21 file that does not decode or validate. `header` is what
     /// could still be read of it, for messages naming version and writer.
@@ -107,7 +108,7 @@ pub enum FileProblem {
         error: f21::DecodeError,
     },
     /// An MBMQTT01 file that does not decode.
-    #[error("MBMQTT01 {error}")]
+    #[error("MBMQTT01: {error}")]
     Mbmqtt { error: mbmqtt::DecodeError },
     #[error("empty file: not a snapshot (a format 21 file or an MBMQTT01 broker.snapshot)")]
     Empty,
