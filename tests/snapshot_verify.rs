@@ -104,12 +104,11 @@ fn good_fixtures() -> Vec<PathBuf> {
         for entry in walkdir::WalkDir::new(&f21).min_depth(1) {
             let entry = entry.unwrap();
             let p = entry.path();
-            if entry.file_type().is_dir() && p.join(MANIFEST_FILE).exists() {
-                out.push(p.to_path_buf());
-            } else if entry.file_type().is_file()
+            let is_snapshot_dir = entry.file_type().is_dir() && p.join(MANIFEST_FILE).exists();
+            let is_lone_file = entry.file_type().is_file()
                 && !p.parent().is_some_and(|d| d.join(MANIFEST_FILE).exists())
-                && std::fs::read(p).is_ok_and(|b| b.starts_with(&f21::MAGIC))
-            {
+                && std::fs::read(p).is_ok_and(|b| b.starts_with(&f21::MAGIC));
+            if is_snapshot_dir || is_lone_file {
                 out.push(p.to_path_buf());
             }
         }
