@@ -257,17 +257,21 @@ fn will() -> impl Strategy<Value = Will> {
         )
 }
 
-fn session_parts() -> impl Strategy<
-    Value = (
-        Option<String>,
-        u32,
-        i64,
-        Option<Will>,
-        Vec<(u8, bool, bool, u8, Option<u32>, u64)>,
-        Vec<(u64, bool, bool, bool)>,
-        u16,
-    ),
-> {
+/// qos, no_local, retain_as_published, retain_handling, id, log offset.
+type SubscriptionSeed = (u8, bool, bool, u8, Option<u32>, u64);
+/// log offset, QoS 2, awaiting PUBCOMP, handed over by a group.
+type InflightSeed = (u64, bool, bool, bool);
+type SessionSeed = (
+    Option<String>,
+    u32,
+    i64,
+    Option<Will>,
+    Vec<SubscriptionSeed>,
+    Vec<InflightSeed>,
+    u16,
+);
+
+fn session_parts() -> impl Strategy<Value = SessionSeed> {
     (
         proptest::option::of(text()),
         any::<u32>(),
