@@ -471,18 +471,19 @@ fn get_inflight(r: &mut Reader<'_>) -> Result<InflightEntry, DecodeError> {
     let packet_id = r.u16("packet_id")?;
     let qos = r.u8("qos")?;
     let phase_at = r.pos();
-    let phase =
-        match r.u8("phase")? {
-            PHASE_AWAITING_ACK => InflightPhase::AwaitingAck,
-            PHASE_AWAITING_COMP => InflightPhase::AwaitingComp,
-            other => return Err(DecodeError::corrupt(
+    let phase = match r.u8("phase")? {
+        PHASE_AWAITING_ACK => InflightPhase::AwaitingAck,
+        PHASE_AWAITING_COMP => InflightPhase::AwaitingComp,
+        other => {
+            return Err(DecodeError::corrupt(
                 "phase",
                 phase_at,
                 format!(
                     "phase byte is {other}, not 0 (awaiting PUBACK/PUBREC) or 1 (awaiting PUBCOMP)"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     let shared_group = if r.present("shared_group")? {
         Some(get_group_key(r).map_err(|e| e.within(&"shared_group"))?)
     } else {

@@ -252,7 +252,7 @@ fn validate_channel(c: &ChannelFile) -> Result<(), DecodeError> {
                 return err(
                     "items",
                     format!(
-                        "{} queue items on a {} channel, which keeps records",
+                        "{} queue items on a channel of kind {}, which keeps records",
                         c.items.len(),
                         c.kind
                     ),
@@ -261,7 +261,10 @@ fn validate_channel(c: &ChannelFile) -> Result<(), DecodeError> {
             if c.dead_letter.is_some() {
                 return err(
                     "dead_letter",
-                    format!("is present on a {} channel; only a queue has one", c.kind),
+                    format!(
+                        "is present on a channel of kind {}; only a queue has one",
+                        c.kind
+                    ),
                 );
             }
             check_records("records", &c.records, c.next, c.floor, false)?;
