@@ -108,12 +108,12 @@ pub enum FileProblem {
         error: f21::DecodeError,
     },
     /// An MBMQTT01 file that does not decode.
-    #[error("MBMQTT01: {error}")]
+    #[error("legacy MBMQTT01 broker.snapshot, not a saguin snapshot: {error}")]
     Mbmqtt { error: mbmqtt::DecodeError },
-    #[error("empty file: not a snapshot (a format 21 file or an MBMQTT01 broker.snapshot)")]
+    #[error("empty file: the file holds 0 bytes; not a saguin snapshot or an MBMQTT01 broker.snapshot")]
     Empty,
     /// Neither magic.
-    #[error("not a snapshot: wrong magic at offset 0: {found} is neither saguin format 21 ({f21}) nor MBMQTT01")]
+    #[error("not a saguin snapshot: wrong magic at offset 0: {found} is neither saguin format 21 ({f21}) nor MBMQTT01")]
     NotASnapshot { found: String, f21: String },
 }
 
