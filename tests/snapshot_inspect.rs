@@ -121,7 +121,10 @@ fn damaged_file_exits_1_and_names_the_problem() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(&format!("snapshot {}: legacy MBMQTT01 broker.snapshot, not a saguin snapshot: CRC mismatch", p.display())),
+        err.contains(&format!(
+            "snapshot {}: legacy MBMQTT01 broker.snapshot, not a saguin snapshot: CRC mismatch",
+            p.display()
+        )),
         "{err}"
     );
     let out = saguin(&["snapshot", "inspect", "--json", p.to_str().unwrap()]);

@@ -110,7 +110,9 @@ pub enum FileProblem {
     /// An MBMQTT01 file that does not decode.
     #[error("legacy MBMQTT01 broker.snapshot, not a saguin snapshot: {error}")]
     Mbmqtt { error: mbmqtt::DecodeError },
-    #[error("empty file: the file holds 0 bytes; not a saguin snapshot or an MBMQTT01 broker.snapshot")]
+    #[error(
+        "empty file: the file holds 0 bytes; not a saguin snapshot or an MBMQTT01 broker.snapshot"
+    )]
     Empty,
     /// Neither magic.
     #[error("not a saguin snapshot: wrong magic at offset 0: {found} is neither saguin format 21 ({f21}) nor MBMQTT01")]
