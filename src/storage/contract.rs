@@ -376,7 +376,8 @@ pub trait LatestStore: Send + Sync {
 
     /// Replaces the topic's value and returns it with its new offset. An
     /// empty payload deletes the topic (the MQTT rule), returning the
-    /// deletion's marker.
+    /// deletion's marker - or, when the topic held no value, the record
+    /// with offset 0: nothing changed and no offset was taken.
     fn set(&self, record: Record) -> Result<Record>;
 
     /// The topic's current value.

@@ -8,7 +8,7 @@ use saguin_format::model::{Record, UnixNanos};
 use super::slots::SlotLog;
 use super::{lock, read, write, Shared};
 use crate::storage::contract::{
-    AppendStore, Position, Reader, Removed, Result, StorageError, FIRST_OFFSET,
+    AppendStore, Position, Reader, ReaderScheme, Removed, Result, StorageError, FIRST_OFFSET,
 };
 
 #[derive(Debug)]
@@ -296,6 +296,16 @@ pub(crate) fn check_position(channel: &str, position: &Position, next: u64) -> R
                 "offset {} is outside 1..={next} (a position never leads the channel)",
                 position.offset
             ),
+        });
+    }
+    let expiry_ok = match position.reader.scheme() {
+        ReaderScheme::Mqtt => position.session_expiry.is_some(),
+        ReaderScheme::Bridge => position.session_expiry.is_none(),
+    };
+    if !expiry_ok {
+        return Err(StorageError::Invalid {
+            what: format!("channel {channel}: position of {}", position.reader),
+            detail: "an mqtt: reader states its session expiry interval and a bridge: reader states none".into(),
         });
     }
     Ok(())

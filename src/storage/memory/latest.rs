@@ -80,26 +80,7 @@ impl MemoryLatest {
         positions: Vec<Position>,
     ) -> Result<MemoryLatest> {
         let store = MemoryLatest::new(name, shared);
-        {
-            let mut st = write(&store.state);
-            st.next = next;
-            st.floor = floor;
-            for r in records {
-                if st.values.contains_key(&r.topic) {
-                    return Err(StorageError::Corrupt {
-                        what: format!("channel {name}"),
-                        detail: format!("topic {:?} holds two values", r.topic),
-                    });
-                }
-                st.bytes += r.accounted_size();
-                if r.payload.is_empty() {
-                    st.markers += 1;
-                }
-                st.by_offset.insert(r.offset, r.topic.clone());
-                st.values.insert(r.topic.clone(), Arc::new(r));
-            }
-            store.shared.budget.charge_relief(st.bytes);
-        }
+        store.fill(next, floor, records)?;
         {
             let mut pos = lock(&store.positions);
             for p in positions {
@@ -107,6 +88,39 @@ impl MemoryLatest {
             }
         }
         Ok(store)
+    }
+
+    /// Fills an empty store with validated stored values and charges their
+    /// bytes to the provider.
+    pub(crate) fn fill(&self, next: u64, floor: u64, records: Vec<Record>) -> Result<()> {
+        let mut st = write(&self.state);
+        if !st.values.is_empty() {
+            return Err(StorageError::Invalid {
+                what: format!("channel {}", self.name),
+                detail: "loaded into a store that already holds values".into(),
+            });
+        }
+        st.next = next;
+        st.floor = floor;
+        for r in records {
+            if st.values.contains_key(&r.topic) || st.by_offset.contains_key(&r.offset) {
+                return Err(StorageError::Corrupt {
+                    what: format!("channel {}", self.name),
+                    detail: format!(
+                        "topic {:?} at offset {} holds a second value",
+                        r.topic, r.offset
+                    ),
+                });
+            }
+            st.bytes += r.accounted_size();
+            if r.payload.is_empty() {
+                st.markers += 1;
+            }
+            st.by_offset.insert(r.offset, r.topic.clone());
+            st.values.insert(r.topic.clone(), Arc::new(r));
+        }
+        self.shared.budget.charge_relief(st.bytes);
+        Ok(())
     }
 
     pub fn copy_state(&self) -> LatestCopy {

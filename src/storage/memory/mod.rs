@@ -11,6 +11,7 @@
 mod append;
 mod budget;
 mod latest;
+mod load;
 mod queue;
 mod session;
 mod slots;
@@ -21,11 +22,21 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 
 use saguin_format::model::ChannelKind;
 
-pub use append::MemoryAppend;
+pub use append::{AppendCopy, MemoryAppend};
 pub use budget::Budget;
-pub use latest::MemoryLatest;
-pub use queue::MemoryQueue;
-pub use session::{MemoryBroadcast, MemoryHeld, MemorySessions};
+pub use latest::{LatestCopy, MemoryLatest};
+pub use load::{LoadError, LoadOptions, LoadProblem, LoadReport, LoadedChannel};
+pub use queue::{MemoryQueue, QueueCopy};
+pub use session::{BroadcastCopy, MemoryBroadcast, MemoryHeld, MemorySessions};
+
+/// One channel's state copied for a snapshot.
+#[derive(Clone, Debug)]
+pub enum MemChannelCopy {
+    Append(AppendCopy),
+    Latest(LatestCopy),
+    /// A queue with its dead-letter channel, copied together.
+    Queue(QueueCopy, AppendCopy),
+}
 
 use super::contract::{
     dead_letter_name, AppendStore, BroadcastLog, ChannelStore, HeldPublishStore, LatestStore,
@@ -152,6 +163,23 @@ impl MemoryProvider {
             .iter()
             .filter(|(_, c)| !matches!(c, MemChannel::Append(a) if a.is_dead_letter()))
             .map(|(n, c)| (n.clone(), c.clone()))
+            .collect()
+    }
+
+    /// Copies every channel's state, in name order, each under its own
+    /// lock: counters, positions and shared record handles, no record
+    /// copied (the first phase of a snapshot).
+    pub fn copy_channels(&self) -> Vec<MemChannelCopy> {
+        self.mem_channels()
+            .into_iter()
+            .map(|(_, c)| match c {
+                MemChannel::Append(a) => MemChannelCopy::Append(a.copy_state()),
+                MemChannel::Latest(l) => MemChannelCopy::Latest(l.copy_state()),
+                MemChannel::Queue(q) => {
+                    let (copy, dlq) = q.copy_with_dead_letter();
+                    MemChannelCopy::Queue(copy, dlq)
+                }
+            })
             .collect()
     }
 

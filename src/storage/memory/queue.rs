@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use saguin_format::model::{Record, UnixNanos, UserProperty};
 
-use super::append::MemoryAppend;
+use super::append::{AppendCopy, MemoryAppend};
 use super::{read, write, Shared};
 use crate::storage::contract::{
     format_time, AppendStore, ExpiredLease, Lease, QueueItem, QueueStore, Released, Removed,
@@ -148,8 +148,21 @@ impl MemoryQueue {
         &self.dead_letter
     }
 
+    /// Copies the queue and its dead-letter channel together, under the
+    /// queue's lock (taken before the dead-letter channel's, as the move
+    /// takes them), so a record being dead-lettered is in exactly one.
+    pub fn copy_with_dead_letter(&self) -> (QueueCopy, AppendCopy) {
+        let st = read(&self.state);
+        let dead_letter = self.dead_letter.copy_state();
+        (self.copy_locked(&st), dead_letter)
+    }
+
     pub fn copy_state(&self) -> QueueCopy {
         let st = read(&self.state);
+        self.copy_locked(&st)
+    }
+
+    fn copy_locked(&self, st: &QueueState) -> QueueCopy {
         QueueCopy {
             name: self.name.clone(),
             next: st.next,

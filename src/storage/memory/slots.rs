@@ -121,15 +121,6 @@ impl SlotLog {
             .collect()
     }
 
-    /// The record at `offset`, if held.
-    pub fn get(&self, offset: u64) -> Option<&Arc<Record>> {
-        let i = self.index_of(offset);
-        self.slots
-            .get(i)
-            .filter(|s| s.offset == offset)
-            .and_then(|s| s.record.as_ref())
-    }
-
     /// Every record held, shared rather than copied (what a snapshot takes
     /// under the lock).
     pub fn shared_records(&self) -> Vec<Arc<Record>> {
@@ -285,7 +276,6 @@ mod tests {
         let got: Vec<u64> = l.read_from(1, 3).iter().map(|r| r.offset).collect();
         assert_eq!(got, [1, 3, 5]);
         assert_eq!(l.read_from(2, 1)[0].offset, 3);
-        assert!(l.get(2).is_none());
         l.clear_at(1);
         assert_eq!(l.first_offset(), Some(3));
     }
