@@ -8,7 +8,8 @@ use saguin_format::model::{Record, UnixNanos};
 use super::slots::SlotLog;
 use super::{lock, read, write, Shared};
 use crate::storage::contract::{
-    AppendStore, Position, Reader, ReaderScheme, Removed, Result, StorageError, FIRST_OFFSET,
+    check_record, AppendStore, Position, Reader, ReaderScheme, Removed, Result, StorageError,
+    FIRST_OFFSET,
 };
 
 #[derive(Debug)]
@@ -132,6 +133,7 @@ impl MemoryAppend {
 
     fn append_inner(&self, mut record: Record, relief: bool) -> Result<Record> {
         self.shared.check_open()?;
+        check_record(&self.name, &record, false)?;
         let size = record.accounted_size();
         let mut st = write(&self.state);
         if !relief {

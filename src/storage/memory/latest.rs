@@ -10,8 +10,8 @@ use saguin_format::model::Record;
 use super::append::check_position;
 use super::{lock, read, write, Shared};
 use crate::storage::contract::{
-    topic_matches, LatestStore, Position, Reader, Removed, Result, StorageError, FIRST_OFFSET,
-    RETAINED_STORE_NAME,
+    check_record, topic_matches, LatestStore, Position, Reader, Removed, Result, StorageError,
+    FIRST_OFFSET, RETAINED_STORE_NAME,
 };
 
 #[derive(Debug)]
@@ -145,6 +145,7 @@ impl MemoryLatest {
     /// publish's release).
     pub(crate) fn set_inner(&self, mut record: Record, relief: bool) -> Result<Option<Record>> {
         self.shared.check_open()?;
+        check_record(&self.name, &record, false)?;
         let mut st = write(&self.state);
         let old = st.values.get(&record.topic).cloned();
         let deleting = record.payload.is_empty();
@@ -271,11 +272,22 @@ impl LatestStore for MemoryLatest {
     fn trim(&self, before: u64) -> Result<Removed> {
         self.shared.check_open()?;
         let mut st = write(&self.state);
+        // Values are never removed, and every value held is at or above the
+        // floor (a file holding one below it is refused), so the floor can
+        // rise no further than the oldest value. Markers are forgotten only
+        // below that bound: one forgotten above the floor would be a
+        // deletion a consumer is never told about (invariant 1).
+        let oldest_value = st
+            .by_offset
+            .iter()
+            .find(|(_, t)| st.values.get(*t).is_some_and(|r| !r.payload.is_empty()))
+            .map(|(o, _)| *o)
+            .unwrap_or(st.next);
+        let bound = before.min(oldest_value).min(st.next);
         let mut removed = Removed::default();
         let stale: Vec<(u64, String)> = st
             .by_offset
-            .range(..before)
-            .filter(|(_, t)| st.values.get(*t).is_some_and(|r| r.payload.is_empty()))
+            .range(..bound)
             .map(|(o, t)| (*o, t.clone()))
             .collect();
         for (offset, topic) in stale {
@@ -288,7 +300,7 @@ impl LatestStore for MemoryLatest {
                 removed.bytes += size;
             }
         }
-        st.floor = st.floor.max(before.min(st.next));
+        st.floor = st.floor.max(bound);
         self.shared.budget.give_back(removed.bytes);
         Ok(removed)
     }

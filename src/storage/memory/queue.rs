@@ -12,9 +12,9 @@ use saguin_format::model::{Record, UnixNanos, UserProperty};
 use super::append::{AppendCopy, MemoryAppend};
 use super::{read, write, Shared};
 use crate::storage::contract::{
-    format_time, AppendStore, ExpiredLease, Lease, QueueItem, QueueStore, Released, Removed,
-    Result, StorageError, FIRST_OFFSET, HEADER_ATTEMPTS, HEADER_DLQ_REASON, HEADER_FIRST_DELIVERED,
-    HEADER_LAST_DELIVERED,
+    check_record, format_time, AppendStore, ExpiredLease, Lease, QueueItem, QueueStore, Released,
+    Removed, Result, StorageError, FIRST_OFFSET, HEADER_ATTEMPTS, HEADER_DLQ_REASON,
+    HEADER_FIRST_DELIVERED, HEADER_LAST_DELIVERED,
 };
 
 /// Who holds an item now. Volatile.
@@ -193,6 +193,7 @@ impl MemoryQueue {
 
     pub(crate) fn enqueue_inner(&self, mut record: Record, relief: bool) -> Result<Record> {
         self.shared.check_open()?;
+        check_record(&self.name, &record, false)?;
         let size = record.accounted_size();
         let mut st = write(&self.state);
         if !relief {

@@ -10,8 +10,9 @@ use saguin_format::model::{Record, UnixNanos};
 use super::slots::SlotLog;
 use super::{lock, read, write, MemChannel, MemoryProvider, Shared};
 use crate::storage::contract::{
-    BroadcastLog, HeldPublish, HeldPublishStore, Removed, Result, SessionEntry, SessionStore,
-    ShareGroupEntry, ShareGroupKey, StorageError, BROADCAST_LOG_NAME, FIRST_OFFSET,
+    check_hold, check_record, BroadcastLog, HeldPublish, HeldPublishStore, Removed, Result,
+    SessionEntry, SessionStore, ShareGroupEntry, ShareGroupKey, StorageError, BROADCAST_LOG_NAME,
+    FIRST_OFFSET,
 };
 
 /// Persistent sessions in memory.
@@ -136,6 +137,7 @@ impl MemoryBroadcast {
 
     pub(crate) fn append_inner(&self, mut record: Record, relief: bool) -> Result<Record> {
         self.shared.check_open()?;
+        check_record(BROADCAST_LOG_NAME, &record, true)?;
         let size = record.accounted_size();
         let mut st = write(&self.state);
         if relief {
@@ -327,8 +329,11 @@ impl MemoryHeld {
 }
 
 impl HeldPublishStore for MemoryHeld {
-    fn hold(&self, held: HeldPublish) -> Result<()> {
+    fn hold(&self, mut held: HeldPublish) -> Result<()> {
         self.shared.check_open()?;
+        check_hold(&held)?;
+        // A held publish takes its offset at its release, never before.
+        held.record.offset = 0;
         let size = held.record.accounted_size();
         let key = (held.channel.clone(), held.client_id.clone(), held.packet_id);
         let mut map = lock(&self.held);
