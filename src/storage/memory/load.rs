@@ -700,3 +700,187 @@ fn session_entry(s: f21::Session) -> SessionEntry {
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::contract::{now_nanos, AppendStore, HeldPublishStore, Provider};
+    use crate::storage::memory::MemoryConfig;
+    use crate::storage::snapshot_write::{save_snapshot, SnapshotOptions};
+
+    fn provider() -> Arc<MemoryProvider> {
+        MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap()
+    }
+
+    fn options(channels: &[(&str, ChannelKind)]) -> LoadOptions {
+        LoadOptions {
+            channels: channels.iter().map(|(n, k)| (n.to_string(), *k)).collect(),
+            retained: false,
+            sessions: false,
+            now: now_nanos(),
+            max_session_expiry: 3600,
+        }
+    }
+
+    /// A directory holding channels `a` (append, 3 records, one hold) and
+    /// `b` (latest), written at moment `at`.
+    fn written(dir: &Path, at: UnixNanos) {
+        let p = provider();
+        let a = p.open_channel("a", ChannelKind::Append).unwrap();
+        for i in 0..3 {
+            a.as_append()
+                .unwrap()
+                .append(Record::new("a", format!("{i}")))
+                .unwrap();
+        }
+        p.open_channel("b", ChannelKind::Latest).unwrap();
+        let mut rec = Record::new("a", "held");
+        rec.qos = 2;
+        p.held_publishes()
+            .unwrap()
+            .hold(HeldPublish {
+                channel: "a".into(),
+                client_id: "c".into(),
+                packet_id: 7,
+                held_at: 5,
+                record: rec,
+            })
+            .unwrap();
+        let report = save_snapshot(&p, dir, &SnapshotOptions::default(), at);
+        assert!(report.is_complete(), "{:?}", report.failed);
+    }
+
+    #[test]
+    fn a_missing_directory_is_a_first_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provider();
+        let report = p
+            .load_snapshot_dir(
+                &dir.path().join("none"),
+                &options(&[("a", ChannelKind::Append)]),
+            )
+            .unwrap();
+        assert!(report.loaded.is_empty());
+    }
+
+    #[test]
+    fn every_damaged_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        written(dir.path(), 10);
+        for name in ["a.snapshot", "b.snapshot"] {
+            let path = dir.path().join(name);
+            let mut bytes = fs::read(&path).unwrap();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0x40;
+            fs::write(&path, bytes).unwrap();
+        }
+        let err = provider()
+            .load_snapshot_dir(
+                dir.path(),
+                &options(&[("a", ChannelKind::Append), ("b", ChannelKind::Latest)]),
+            )
+            .unwrap_err();
+        assert_eq!(err.problems.len(), 2, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("a.snapshot") && text.contains("b.snapshot"),
+            "{text}"
+        );
+        assert!(text.contains("checksum"), "{text}");
+    }
+
+    #[test]
+    fn a_kind_other_than_configured_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        written(dir.path(), 10);
+        let err = provider()
+            .load_snapshot_dir(dir.path(), &options(&[("a", ChannelKind::Queue)]))
+            .unwrap_err();
+        assert!(err.to_string().contains("configured as queue"), "{err}");
+    }
+
+    #[test]
+    fn a_file_of_another_channel_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        written(dir.path(), 10);
+        fs::copy(dir.path().join("a.snapshot"), dir.path().join("c.snapshot")).unwrap();
+        let err = provider()
+            .load_snapshot_dir(dir.path(), &options(&[("c", ChannelKind::Append)]))
+            .unwrap_err();
+        assert!(err.to_string().contains("holds channel \"a\""), "{err}");
+    }
+
+    #[test]
+    fn a_file_older_than_the_manifest_loses_its_holds_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        written(dir.path(), 10);
+        // A later shutdown whose channel write for `a` never landed: the
+        // manifest is newer than a's file.
+        let later = tempfile::tempdir().unwrap();
+        written(later.path(), 20);
+        fs::copy(
+            later.path().join(MANIFEST_FILE),
+            dir.path().join(MANIFEST_FILE),
+        )
+        .unwrap();
+        fs::write(dir.path().join("a.snapshot.tmp"), b"half").unwrap();
+        let p = provider();
+        let report = p
+            .load_snapshot_dir(dir.path(), &options(&[("a", ChannelKind::Append)]))
+            .unwrap();
+        assert_eq!(report.abandoned_holds, 1);
+        assert!(p.held().held().unwrap().is_empty());
+        assert!(
+            report.warnings.iter().any(|w| w.contains("is gone")),
+            "{:?}",
+            report.warnings
+        );
+        assert_eq!(report.leftover_temp_files, ["a.snapshot.tmp"]);
+        assert_eq!(report.ignored_files, ["b.snapshot"]);
+        let a = p.open_channel("a", ChannelKind::Append).unwrap();
+        assert_eq!(a.as_append().unwrap().record_count(), 3);
+        assert_eq!(p.bytes(), 3 * 2, "loaded records are charged");
+    }
+
+    #[test]
+    fn a_listed_file_that_is_gone_is_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        written(dir.path(), 10);
+        fs::remove_file(dir.path().join("b.snapshot")).unwrap();
+        let report = provider()
+            .load_snapshot_dir(
+                dir.path(),
+                &options(&[("a", ChannelKind::Append), ("b", ChannelKind::Latest)]),
+            )
+            .unwrap();
+        assert!(
+            report
+                .warnings
+                .iter()
+                .any(|w| w.contains("records are gone")),
+            "{:?}",
+            report.warnings
+        );
+    }
+
+    #[test]
+    fn sessions_without_their_log_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provider();
+        let options_w = SnapshotOptions {
+            sessions: true,
+            ..SnapshotOptions::default()
+        };
+        assert!(save_snapshot(&p, dir.path(), &options_w, 10).is_complete());
+        fs::remove_file(dir.path().join(BROADCAST_FILE)).unwrap();
+        let mut o = options(&[]);
+        o.sessions = true;
+        let err = provider().load_snapshot_dir(dir.path(), &o).unwrap_err();
+        assert!(err.to_string().contains("lost the log"), "{err}");
+    }
+}
