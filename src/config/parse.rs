@@ -315,7 +315,29 @@ fn file_path(ctx: &mut Ctx, path: &str, value: &Value) -> Option<PathBuf> {
         return None;
     }
     let p = PathBuf::from(&text);
-    Some(if p.is_absolute() { p } else { ctx.base.join(p) })
+    Some(fold(&if p.is_absolute() { p } else { ctx.base.join(p) }))
+}
+
+/// `.` removed and `..` folded into its parent, lexically: one spelling per
+/// path, so two configurations naming one file resolve to the same text.
+pub(crate) fn fold(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => match out.components().next_back() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                // `/..` is `/`.
+                Some(Component::RootDir) | Some(Component::Prefix(_)) => {}
+                _ => out.push(".."),
+            },
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
 }
 
 fn one_of<T: Copy>(ctx: &mut Ctx, path: &str, value: &Value, choices: &[(&str, T)]) -> Option<T> {
