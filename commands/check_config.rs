@@ -13,45 +13,11 @@ use saguin::config::{Config, ConfigError};
 use crate::exit;
 
 /// Validate a configuration, open every file it names but the databases, and
-/// optionally print the fully resolved configuration.
-///
-/// Every problem is reported on stderr with its YAML path, one a line:
-/// `config.yaml: channels[2].storage: no provider named "db2"`. The password
-/// file, the ACL file and every TLS certificate and key are opened and
-/// parsed; the databases and snapshot directories are not opened, and no
-/// address is bound, so it can check the configuration of a running broker.
-///
-/// Without --output, a summary goes to stdout: what each channel's
-/// durability is, what each provider's size bound came to (pages, reserve),
-/// and "this configuration keeps nothing" when so. With --output, the
-/// resolved configuration is the only thing on stdout, and the summary goes
-/// to stderr.
-///
-/// The resolved document: every default filled in; sizes in bytes;
-/// durations in humantime's normal form (150ms, 1h, 7days); relative paths
-/// resolved against the configuration file's directory; keys sorted;
-/// listeners, providers and channels sorted by name; absent optional values
-/// null. It holds configuration only: what the named files contain
-/// (private keys, password hashes, ACL rules) is never printed. The document
-/// loads back as a configuration.
-///
-/// Exit status: 0 valid; 1 invalid (each problem on stderr); 2 usage error;
-/// 3 the configuration file itself could not be read.
+/// optionally print the fully resolved configuration. The help text is in
+/// `AFTER_HELP` / `AFTER_LONG_HELP` because the subcommand's own summary
+/// line comes from the command tree.
 #[derive(clap::Args, Debug)]
-#[command(after_help = "\
-Examples:
-  Check a configuration before a restart:
-    saguin check-config --config /etc/saguin/saguin.yaml
-
-  Prove an active broker and its standby are configured alike:
-    diff <(ssh active saguin check-config --config /etc/saguin/saguin.yaml --output) \\
-         <(ssh standby saguin check-config --config /etc/saguin/saguin.yaml --output)
-
-  The resolved configuration as JSON, for a script:
-    saguin check-config --config saguin.yaml --output json | jq '.channels[].name'
-
-  What the broker runs without --config:
-    saguin check-config --output")]
+#[command(after_help = AFTER_HELP, after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
     /// The configuration file (YAML). Without it, the embedded default: one
     /// listener on 127.0.0.1:1883, anonymous, nothing kept.
@@ -74,6 +40,66 @@ pub enum OutputFormat {
     Yaml,
     Json,
 }
+
+const AFTER_HELP: &str = "\
+Exit status: 0 valid, 1 invalid, 2 usage error, 3 the file cannot be read.
+
+Examples:
+  saguin check-config --config /etc/saguin/saguin.yaml
+  saguin check-config --config saguin.yaml --output json
+  diff <(saguin check-config --config active.yaml --output) \\
+       <(saguin check-config --config standby.yaml --output)";
+
+const AFTER_LONG_HELP: &str = "\
+It runs the loader `saguin serve` runs, so a configuration it accepts is one \
+the broker accepts. Every problem is reported on stderr with its YAML path, \
+one a line, for example:
+
+  saguin.yaml: channels[2].storage: no provider named \"db2\" (providers: mem, db)
+
+The password file, the ACL file and every TLS certificate and key are opened \
+and parsed. The databases and snapshot directories are not opened and no \
+address is bound, so the configuration of a running broker can be checked.
+
+Without --output, a summary goes to stdout: what each channel's durability \
+is (memory: the last successful snapshot, or not kept without a \
+snapshot_dir; sqlite: every commit, less about one flush_interval on a power \
+cut), what each provider's max_bytes came to (pages of 4096 bytes, the \
+reserve of max_message_size + max_header_bytes, where publishes stop), and \
+\"this configuration keeps nothing\" when so. With --output the resolved \
+configuration is the only thing on stdout and the summary goes to stderr.
+
+The resolved document (YAML, or JSON with --output json): every default \
+filled in; sizes in bytes; durations in humantime's normal form (150ms, 1h, \
+7days); relative paths resolved against the configuration file's \
+directory; keys sorted; listeners, providers and channels sorted by name; \
+absent optional values null. It is configuration only: what the named \
+files hold (private keys, password hashes, ACL rules) is never printed. It \
+loads back as a configuration, and two equivalent configurations print the \
+same document, so a diff shows only real differences.
+
+Decisions: auth.allow_anonymous is true only in the embedded default and \
+false when a file omits it; a file that leaves it false must name a \
+password_file. A listener on port 0 gets a port from the system. A \
+provider no channel or broker store names is inert.
+
+Exit status: 0 valid; 1 invalid (each problem on stderr); 2 usage error; \
+3 the configuration file itself cannot be read.
+
+Examples:
+
+  Check a configuration before a restart:
+    saguin check-config --config /etc/saguin/saguin.yaml
+
+  Prove an active broker and its standby are configured alike:
+    diff <(saguin check-config --config active.yaml --output) \\
+         <(saguin check-config --config standby.yaml --output)
+
+  The resolved configuration as JSON, for a script:
+    saguin check-config --config saguin.yaml --output json
+
+  What the broker runs without --config:
+    saguin check-config --output";
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let origin = match &args.config {

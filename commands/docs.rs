@@ -48,16 +48,38 @@ pub fn generate() -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
     let mut cmd = crate::Cli::command().disable_help_subcommand(true);
     cmd.build();
     man_pages(&cmd, &mut files)?;
+    let completed = without_hidden(&crate::Cli::command());
     for (shell, name) in [
         (Shell::Bash, "saguin.bash"),
         (Shell::Zsh, "_saguin"),
         (Shell::Fish, "saguin.fish"),
     ] {
         let mut bytes = Vec::new();
-        clap_complete::generate(shell, &mut cmd.clone(), "saguin", &mut bytes);
+        clap_complete::generate(shell, &mut completed.clone(), "saguin", &mut bytes);
         files.insert(format!("completions/{name}"), bytes);
     }
     Ok(files)
+}
+
+/// The command tree without its hidden subcommands: the completion
+/// generators list hidden subcommands, and a user has no use for
+/// `generate-docs`.
+fn without_hidden(cmd: &clap::Command) -> clap::Command {
+    let mut out = clap::Command::new("saguin")
+        .version(env!("CARGO_PKG_VERSION"))
+        .propagate_version(true)
+        .subcommand_required(true)
+        .arg_required_else_help(true);
+    if let Some(about) = cmd.get_about() {
+        out = out.about(about.clone());
+    }
+    for arg in cmd.get_arguments() {
+        out = out.arg(arg.clone());
+    }
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        out = out.subcommand(sub.clone());
+    }
+    out
 }
 
 fn man_pages(cmd: &clap::Command, files: &mut BTreeMap<String, Vec<u8>>) -> anyhow::Result<()> {
