@@ -879,7 +879,12 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
         )?;
     }
     if let Some(d) = c.dead_letter.as_ref().filter(|d| !d.positions.is_empty()) {
-        writeln!(out, "positions of {}:\n{}", d.name, positions_table(&d.positions))?;
+        writeln!(
+            out,
+            "positions of {}:\n{}",
+            d.name,
+            positions_table(&d.positions)
+        )?;
     }
     if !c.held.is_empty() {
         let mut t = table();
