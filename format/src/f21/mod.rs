@@ -355,3 +355,6 @@ pub fn encode_with_writer(file: &SnapshotFile, writer: &str, written_at: i64) ->
     w.u32(crc);
     w.buf
 }
+
+#[cfg(test)]
+mod tests;
