@@ -3,7 +3,10 @@
 //! semantic pass). Prints a table; FORMAT.md §6 records the figures.
 //!
 //! `cargo bench -p saguin-format --bench f21` (release profile). Set
-//! `SAGUIN_BENCH_RECORDS` to change the record count.
+//! `SAGUIN_BENCH_RECORDS` to change the record count, and
+//! `SAGUIN_BENCH_WRITE=<path>` to only write the channel file there (a large
+//! input for `saguin snapshot verify`, or for profiling the decoder with
+//! `SAGUIN_BENCH_MEMORY_CHILD=<path>`, which only reads and decodes it).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -124,6 +127,11 @@ fn main() {
     let n = record_count();
     let file = SnapshotFile::Channel(channel(n));
     let bytes = f21::encode(&file, 1);
+    if let Ok(path) = std::env::var("SAGUIN_BENCH_WRITE") {
+        std::fs::write(&path, &bytes).expect("write the channel file");
+        println!("wrote {} bytes to {path}", bytes.len());
+        return;
+    }
     let size = bytes.len();
     let mb = size as f64 / 1e6;
 
