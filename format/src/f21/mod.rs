@@ -210,7 +210,7 @@ fn hex_bytes(bytes: &[u8]) -> String {
 /// them out of a shared buffer instead.
 pub fn decode(bytes: &[u8]) -> Result<(Header, SnapshotFile), DecodeError> {
     let (header, kind) = check_envelope(bytes)?;
-    let body_end = bytes.len() - TRAILER_LEN; // check_envelope: len >= MIN_FILE_LEN
+    let body_end = bytes.len().saturating_sub(TRAILER_LEN); // check_envelope: len >= MIN_FILE_LEN
     let mut r = wire::Reader::copying(bytes, HEADER_LEN, body_end);
     let file = decode_body(&mut r, kind)?;
     Ok((header, file))
@@ -223,7 +223,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, SnapshotFile), DecodeError> {
 /// should prefer [`decode`].
 pub fn decode_bytes(bytes: Bytes) -> Result<(Header, SnapshotFile), DecodeError> {
     let (header, kind) = check_envelope(&bytes)?;
-    let body_end = bytes.len() - TRAILER_LEN; // check_envelope: len >= MIN_FILE_LEN
+    let body_end = bytes.len().saturating_sub(TRAILER_LEN); // check_envelope: len >= MIN_FILE_LEN
     let mut r = wire::Reader::shared(&bytes, HEADER_LEN, body_end);
     let file = decode_body(&mut r, kind)?;
     Ok((header, file))
