@@ -120,14 +120,34 @@ impl Writer {
 /// Reads primitive encodings from `buf[pos..end]`, where `end` is the start
 /// of the checksum trailer.
 pub(crate) struct Reader<'a> {
-    buf: &'a Bytes,
+    buf: &'a [u8],
+    /// When the input is shared, byte strings are zero-copy slices of it;
+    /// otherwise each is copied into its own allocation, so no decoded
+    /// record keeps the whole file alive.
+    owner: Option<&'a Bytes>,
     pos: usize,
     end: usize,
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(buf: &'a Bytes, pos: usize, end: usize) -> Reader<'a> {
-        Reader { buf, pos, end }
+    /// A reader whose byte strings share `buf`'s allocation.
+    pub(crate) fn shared(buf: &'a Bytes, pos: usize, end: usize) -> Reader<'a> {
+        Reader {
+            buf,
+            owner: Some(buf),
+            pos,
+            end,
+        }
+    }
+
+    /// A reader whose byte strings are copied out of `buf`.
+    pub(crate) fn copying(buf: &'a [u8], pos: usize, end: usize) -> Reader<'a> {
+        Reader {
+            buf,
+            owner: None,
+            pos,
+            end,
+        }
     }
 
     /// The byte offset of the next read, for error messages.
@@ -233,7 +253,8 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A `u32`-length-prefixed byte string, sliced from the input without a copy.
+    /// A `u32`-length-prefixed byte string: a slice of a shared input, or a
+    /// copy of it.
     #[inline]
     pub(crate) fn bytes(&mut self, field: &str) -> Result<Bytes, DecodeError> {
         let len_at = self.pos;
@@ -250,15 +271,18 @@ impl<'a> Reader<'a> {
         }
         let start = self.pos;
         let stop = start + len; // cannot overflow: len <= end - pos
-        if self.buf.get(start..stop).is_none() {
+        let Some(slice) = self.buf.get(start..stop) else {
             return Err(DecodeError::corrupt(
                 field,
                 len_at,
                 "reaches past the end of the file",
             ));
-        }
+        };
         self.pos = stop;
-        Ok(self.buf.slice(start..stop))
+        Ok(match self.owner {
+            Some(owner) => owner.slice(start..stop),
+            None => Bytes::copy_from_slice(slice),
+        })
     }
 
     /// A `u32`-length-prefixed UTF-8 string.
