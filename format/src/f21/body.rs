@@ -85,6 +85,10 @@ pub(crate) fn put_props(w: &mut Writer, p: &PublishProps) {
 }
 
 fn get_props(r: &mut Reader<'_>) -> Result<PublishProps, DecodeError> {
+    // Most records carry no publish property: five zero tags.
+    if r.skip_zeros::<5>() {
+        return Ok(PublishProps::default());
+    }
     Ok(PublishProps {
         content_type: r.opt_str("content_type")?,
         response_topic: r.opt_str("response_topic")?,

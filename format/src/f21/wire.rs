@@ -253,13 +253,18 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A `u32`-length-prefixed byte string: a slice of a shared input, or a
-    /// copy of it.
+    /// A `u32` length and that many bytes: where they start, and the bytes.
+    /// One bounds check covers both the declared length and the input.
     #[inline]
-    pub(crate) fn bytes(&mut self, field: &str) -> Result<Bytes, DecodeError> {
+    fn length_prefixed(&mut self, field: &str) -> Result<(usize, &'a [u8]), DecodeError> {
         let len_at = self.pos;
         let len = self.u32(field)? as usize;
-        if len > self.remaining() {
+        let start = self.pos;
+        let slice = start
+            .checked_add(len)
+            .filter(|&stop| stop <= self.end)
+            .and_then(|stop| self.buf.get(start..stop));
+        let Some(slice) = slice else {
             return Err(DecodeError::corrupt(
                 field,
                 len_at,
@@ -268,19 +273,18 @@ impl<'a> Reader<'a> {
                     self.remaining()
                 ),
             ));
-        }
-        let start = self.pos;
-        let stop = start + len; // cannot overflow: len <= end - pos
-        let Some(slice) = self.buf.get(start..stop) else {
-            return Err(DecodeError::corrupt(
-                field,
-                len_at,
-                "reaches past the end of the file",
-            ));
         };
-        self.pos = stop;
+        self.pos = start + len; // in bounds: checked just above
+        Ok((start, slice))
+    }
+
+    /// A `u32`-length-prefixed byte string: a slice of a shared input, or a
+    /// copy of it.
+    #[inline]
+    pub(crate) fn bytes(&mut self, field: &str) -> Result<Bytes, DecodeError> {
+        let (start, slice) = self.length_prefixed(field)?;
         Ok(match self.owner {
-            Some(owner) => owner.slice(start..stop),
+            Some(owner) => owner.slice(start..start + slice.len()),
             None => Bytes::copy_from_slice(slice),
         })
     }
@@ -288,20 +292,7 @@ impl<'a> Reader<'a> {
     /// A `u32`-length-prefixed UTF-8 string.
     #[inline]
     pub(crate) fn str(&mut self, field: &str) -> Result<String, DecodeError> {
-        let len_at = self.pos;
-        let len = self.u32(field)? as usize;
-        if len > self.remaining() {
-            return Err(DecodeError::corrupt(
-                field,
-                len_at,
-                format!(
-                    "declared length {len} exceeds the {} bytes left before the checksum",
-                    self.remaining()
-                ),
-            ));
-        }
-        let start = self.pos;
-        let raw = self.take(len, field)?;
+        let (start, raw) = self.length_prefixed(field)?;
         match std::str::from_utf8(raw) {
             Ok(s) => Ok(s.to_owned()),
             Err(e) => Err(DecodeError::corrupt(
@@ -310,6 +301,22 @@ impl<'a> Reader<'a> {
                 "not valid UTF-8",
             )),
         }
+    }
+
+    /// True, consuming them, when the next `N` bytes are all zero: the
+    /// common "every optional field absent" run of presence tags.
+    #[inline]
+    pub(crate) fn skip_zeros<const N: usize>(&mut self) -> bool {
+        let all_zero = self
+            .pos
+            .checked_add(N)
+            .filter(|&stop| stop <= self.end)
+            .and_then(|stop| self.buf.get(self.pos..stop))
+            .is_some_and(|run| run.iter().all(|&b| b == 0));
+        if all_zero {
+            self.pos += N; // in bounds: checked just above
+        }
+        all_zero
     }
 
     #[inline]
