@@ -31,6 +31,8 @@ mod output;
 mod parse;
 mod secret;
 mod summary;
+#[cfg(test)]
+mod tests;
 mod tls;
 pub mod units;
 mod validate;
@@ -382,7 +384,21 @@ impl Config {
     /// Validate and resolve YAML text that came from `origin` (a path; its
     /// directory is where relative paths in the text resolve from).
     pub fn from_yaml_str(text: &str, origin: &Path) -> Result<Config, ConfigError> {
-        let base = origin.parent().map(Path::to_path_buf).unwrap_or_default();
+        // Relative paths resolve against the file's directory, made
+        // absolute so the broker, check-config and a diff of two resolved
+        // configurations all see the same path whatever the working
+        // directory was.
+        let dir = origin.parent().unwrap_or(Path::new(""));
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        let base = dir.canonicalize().unwrap_or_else(|_| {
+            std::env::current_dir()
+                .map(|cwd| parse::fold(&cwd.join(dir)))
+                .unwrap_or_else(|_| dir.to_path_buf())
+        });
         parse::parse(text, Some(origin.to_path_buf()), &base, false)
     }
 

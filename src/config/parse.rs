@@ -315,7 +315,29 @@ fn file_path(ctx: &mut Ctx, path: &str, value: &Value) -> Option<PathBuf> {
         return None;
     }
     let p = PathBuf::from(&text);
-    Some(if p.is_absolute() { p } else { ctx.base.join(p) })
+    Some(fold(&if p.is_absolute() { p } else { ctx.base.join(p) }))
+}
+
+/// `.` removed and `..` folded into its parent, lexically: one spelling per
+/// path, so two configurations naming one file resolve to the same text.
+pub(crate) fn fold(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => match out.components().next_back() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                // `/..` is `/`.
+                Some(Component::RootDir) | Some(Component::Prefix(_)) => {}
+                _ => out.push(".."),
+            },
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
 }
 
 fn one_of<T: Copy>(ctx: &mut Ctx, path: &str, value: &Value, choices: &[(&str, T)]) -> Option<T> {
@@ -391,9 +413,9 @@ pub(crate) fn parse(
         None => Vec::new(),
     };
     let auth = auth(&mut ctx, top.take("auth"), embedded);
-    let storage = match top.take("storage") {
+    let (storage, provider_names) = match top.take("storage") {
         Some((path, v)) => providers(&mut ctx, &path, v),
-        None => Vec::new(),
+        None => (Vec::new(), Vec::new()),
     };
     let channels = match top.take("channels") {
         Some((path, v)) => channels(&mut ctx, &path, v),
@@ -409,6 +431,7 @@ pub(crate) fn parse(
         listeners,
         auth,
         storage,
+        provider_names,
         channels,
         broker,
         limits,
@@ -445,10 +468,12 @@ fn listeners(ctx: &mut Ctx, path: &str, value: &Value) -> Vec<(usize, Listener)>
         let name = required(ctx, &mut f, "name", |ctx, p, v| name(ctx, p, v, "listener"));
         let bind = required(ctx, &mut f, "bind", socket_addr);
         let tls = f.take("tls").and_then(|(p, v)| tls(ctx, &p, v));
+        // A bad value is reported; the default stands in for it so the
+        // cross-checks still see this listener.
         let handshake_timeout = f
             .take("handshake_timeout")
-            .map(|(p, v)| positive_duration(ctx, &p, v))
-            .unwrap_or(Some(Duration::from_secs(10)));
+            .and_then(|(p, v)| positive_duration(ctx, &p, v))
+            .or(Some(Duration::from_secs(10)));
         f.finish(ctx, LISTENER_KEYS);
         if let (Some(name), Some(bind), Some(handshake_timeout)) = (name, bind, handshake_timeout) {
             out.push((
@@ -591,14 +616,19 @@ enum ProviderKind {
     Sqlite,
 }
 
-fn providers(ctx: &mut Ctx, path: &str, value: &Value) -> Vec<(usize, Provider)> {
+/// The providers that parsed, and the name of every provider item that has
+/// one (so a channel naming a provider refused for another reason is not
+/// also told the provider does not exist).
+fn providers(ctx: &mut Ctx, path: &str, value: &Value) -> (Vec<(usize, Provider)>, Vec<String>) {
     let mut out = Vec::new();
+    let mut seen_names = Vec::new();
     for (i, item) in sequence(ctx, path, value).iter().enumerate() {
         let path = index(path, i);
         let Some(mut f) = Fields::of(ctx, &path, item) else {
             continue;
         };
         let name = required(ctx, &mut f, "name", |ctx, p, v| name(ctx, p, v, "provider"));
+        seen_names.extend(name.clone());
         if name.as_deref() == Some("none") {
             ctx.problem(
                 &join(&path, "name"),
@@ -730,7 +760,7 @@ fn providers(ctx: &mut Ctx, path: &str, value: &Value) -> Vec<(usize, Provider)>
             out.push((i, p));
         }
     }
-    out
+    (out, seen_names)
 }
 
 const CHANNEL_KEYS: &[&str] = &[

@@ -14,6 +14,9 @@ pub(crate) struct Parsed {
     pub listeners: Vec<(usize, Listener)>,
     pub auth: Auth,
     pub storage: Vec<(usize, Provider)>,
+    /// Every provider name given, including providers refused for another
+    /// reason, for judging references to them.
+    pub provider_names: Vec<String>,
     pub channels: Vec<(usize, Channel)>,
     pub broker: Broker,
     pub limits: Limits,
@@ -41,7 +44,9 @@ fn reachability(ctx: &mut Ctx, parsed: &Parsed) {
         );
     }
     let auth = &parsed.auth;
-    if !auth.allow_anonymous {
+    // An auth section refused for its own reasons is already reported.
+    let auth_problems = ctx.problems.iter().any(|p| p.path.starts_with("auth"));
+    if !auth.allow_anonymous && !auth_problems {
         match (&auth.password_file, &auth.passwords) {
             (None, _) => ctx.problem(
                 "auth",
@@ -263,8 +268,6 @@ fn normalise(path: &Path) -> PathBuf {
 }
 
 fn channels(ctx: &mut Ctx, parsed: &Parsed) {
-    let providers: HashMap<&str, &Provider> =
-        parsed.storage.iter().map(|(_, p)| (p.name(), p)).collect();
     let mut names: HashMap<&str, usize> = HashMap::new();
     for (i, channel) in &parsed.channels {
         let path = format!("channels[{i}]");
@@ -282,7 +285,7 @@ fn channels(ctx: &mut Ctx, parsed: &Parsed) {
         } else {
             names.insert(&channel.name, *i);
         }
-        if !providers.contains_key(channel.storage.as_str()) {
+        if !parsed.provider_names.contains(&channel.storage) {
             ctx.problem(
                 &join(&path, "storage"),
                 format!(
@@ -333,11 +336,10 @@ fn channels(ctx: &mut Ctx, parsed: &Parsed) {
 }
 
 fn known_providers(parsed: &Parsed) -> String {
-    if parsed.storage.is_empty() {
+    if parsed.provider_names.is_empty() {
         " (no storage providers are configured)".to_string()
     } else {
-        let names: Vec<&str> = parsed.storage.iter().map(|(_, p)| p.name()).collect();
-        format!(" (providers: {})", names.join(", "))
+        format!(" (providers: {})", parsed.provider_names.join(", "))
     }
 }
 
@@ -347,7 +349,7 @@ fn broker(ctx: &mut Ctx, parsed: &Parsed) {
         ("session_storage", &parsed.broker.session_storage),
     ] {
         if let Some(name) = name {
-            if !parsed.storage.iter().any(|(_, p)| p.name() == name) {
+            if !parsed.provider_names.contains(name) {
                 ctx.problem(
                     &format!("broker.{key}"),
                     format!("no provider named {name:?}{}", known_providers(parsed)),
