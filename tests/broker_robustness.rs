@@ -264,3 +264,22 @@ async fn malformed_input_publishes_the_will() {
     let _ = c.expect_close().await;
     assert_eq!(&w.next_publish(true).await.payload[..], b"broken");
 }
+
+#[tokio::test]
+async fn unsupported_protocol_version_gets_connack_0x01() {
+    use tokio::io::AsyncReadExt;
+    let broker = Broker::anonymous();
+    let mut raw = tokio::net::TcpStream::connect(broker.addr()).await.unwrap();
+    // MQTT 3.1 CONNECT: protocol name "MQIsdp", level 3.
+    let mut connect = vec![0x10, 0x11, 0x00, 0x06];
+    connect.extend_from_slice(b"MQIsdp");
+    connect.extend_from_slice(&[0x03, 0x02, 0x00, 0x3C, 0x00, 0x03]);
+    connect.extend_from_slice(b"old");
+    raw.write_all(&connect).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, raw.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer, vec![0x20, 0x02, 0x00, 0x01]);
+}
