@@ -105,15 +105,19 @@ pub enum DropReason {
     Offline,
     /// The receiving connection was too slow and was closed.
     SlowConsumer,
+    /// An inbound QoS 2 hold not released by PUBREL within
+    /// `exactly_once.expires_after` (the message itself was routed).
+    ExactlyOnceExpired,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 5] = [
+    pub const ALL: [DropReason; 6] = [
         DropReason::QueueFull,
         DropReason::Expired,
         DropReason::TooLarge,
         DropReason::Offline,
         DropReason::SlowConsumer,
+        DropReason::ExactlyOnceExpired,
     ];
 
     pub fn label(self) -> &'static str {
@@ -123,6 +127,7 @@ impl DropReason {
             DropReason::TooLarge => "too_large",
             DropReason::Offline => "offline_qos0",
             DropReason::SlowConsumer => "slow_consumer",
+            DropReason::ExactlyOnceExpired => "exactly_once_expired",
         }
     }
 }

@@ -49,7 +49,9 @@
 //! - QoS 2 inbound by method B: the first PUBLISH routes, its id is kept
 //!   until PUBREL; a duplicate gets PUBREC only; an unknown PUBREL gets
 //!   PUBCOMP (0x92 on MQTT 5). A 5.0 client with more unreleased QoS 2 ids
-//!   than the Receive Maximum is disconnected with 0x93.
+//!   than the Receive Maximum is disconnected with 0x93. An id not released
+//!   within `broker.exactly_once.expires_after` is forgotten and counted
+//!   (`saguin_dropped_messages_total{reason="exactly_once_expired"}`).
 //! - ACL: a denied publish completes its handshake (MQTT 5: PUBACK/PUBREC
 //!   0x87; 3.1.1: the normal acknowledgement) and is not routed; a denied
 //!   subscription gets 0x87 (3.1.1: 0x80); every delivery is checked again

@@ -388,6 +388,7 @@ pub fn limits_from(config: &crate::config::Config) -> super::state::Limits {
             .unwrap_or(u32::MAX)
             .min(super::codec::PROTOCOL_MAX_PACKET_SIZE),
         topic_alias_maximum: 64,
+        exactly_once_expires_after: config.broker.exactly_once.expires_after,
     }
 }
 

@@ -2,7 +2,7 @@
 //! outbound inflight table, the offline pending FIFO and the inbound QoS 2
 //! identifiers (method B).
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use super::message::Message;
@@ -125,8 +125,9 @@ pub struct Session {
     pub inflight: Inflight,
     /// QoS 1/2 messages waiting for a connection or inflight room.
     pub pending: VecDeque<QueuedMessage>,
-    /// Inbound QoS 2 packet identifiers routed but not yet released (method B).
-    pub inbound_qos2: HashSet<u16>,
+    /// Inbound QoS 2 packet identifiers routed but not yet released (method
+    /// B), with when each arrived (holds expire after `exactly_once.expires_after`).
+    pub inbound_qos2: HashMap<u16, tokio::time::Instant>,
     /// Seconds the session outlives its connection (0: ends with it).
     pub expiry_interval: u32,
     /// The connection currently attached, if any.
@@ -144,7 +145,7 @@ impl Session {
             subscriptions: BTreeMap::new(),
             inflight: Inflight::default(),
             pending: VecDeque::new(),
-            inbound_qos2: HashSet::new(),
+            inbound_qos2: HashMap::new(),
             expiry_interval: 0,
             connection: None,
             expires_at: None,

@@ -68,6 +68,9 @@ pub struct Limits {
     pub max_packet_size: u32,
     /// Topic aliases a v5 client may use towards the broker.
     pub topic_alias_maximum: u16,
+    /// An inbound QoS 2 id not released by PUBREL within this is forgotten
+    /// and counted (`broker.exactly_once.expires_after`).
+    pub exactly_once_expires_after: Duration,
 }
 
 impl Default for Limits {
@@ -79,6 +82,7 @@ impl Default for Limits {
             max_subscriptions_per_session: 100,
             max_packet_size: 256 * 1024 + 8 * 1024,
             topic_alias_maximum: 32,
+            exactly_once_expires_after: Duration::from_secs(3600),
         }
     }
 }
@@ -314,6 +318,8 @@ pub struct BrokerState {
     scratch_deliveries: Vec<Delivery>,
     shutting_down: bool,
     version: String,
+    /// When unreleased inbound QoS 2 ids are next looked at.
+    next_exactly_once_sweep: Option<Instant>,
 }
 
 impl BrokerState {
@@ -341,6 +347,7 @@ impl BrokerState {
             scratch_deliveries: Vec::new(),
             shutting_down: false,
             version: format!("saguin {}", env!("CARGO_PKG_VERSION")),
+            next_exactly_once_sweep: None,
         }
     }
 
@@ -688,7 +695,7 @@ impl BrokerState {
             }
             Inbound::PubRel { packet_id } => {
                 let session = self.sessions.get_mut(&key).expect("connected session");
-                let code = if session.inbound_qos2.remove(&packet_id) {
+                let code = if session.inbound_qos2.remove(&packet_id).is_some() {
                     reason::SUCCESS
                 } else {
                     reason::PACKET_IDENTIFIER_NOT_FOUND
@@ -766,7 +773,7 @@ impl BrokerState {
             properties,
         } = publish;
         let session = self.sessions.get(&key).expect("connected session");
-        if qos == 2 && session.inbound_qos2.contains(&packet_id) {
+        if qos == 2 && session.inbound_qos2.contains_key(&packet_id) {
             // Method B: already routed; a duplicate only gets PUBREC.
             self.send(
                 connection,
@@ -789,7 +796,7 @@ impl BrokerState {
             // A denied 3.1.1 QoS 2 still completes the handshake: keep the id
             // so a duplicate gets PUBREC and PUBREL gets PUBCOMP.
             let session = self.sessions.get_mut(&key).expect("connected session");
-            session.inbound_qos2.insert(packet_id);
+            session.inbound_qos2.insert(packet_id, now);
             if v5 && session.inbound_qos2.len() > usize::from(self.limits.receive_maximum) {
                 self.doom(
                     connection,
@@ -1348,6 +1355,19 @@ impl BrokerState {
         for key in expired {
             self.end_session(key, now);
         }
+        // Unreleased QoS 2 holds: looked at once a minute at most.
+        if self.next_exactly_once_sweep.is_none_or(|at| at <= now) {
+            self.next_exactly_once_sweep = Some(now + Duration::from_secs(60));
+            if let Some(cutoff) = now.checked_sub(self.limits.exactly_once_expires_after) {
+                for session in self.sessions.values_mut() {
+                    let before = session.inbound_qos2.len();
+                    session.inbound_qos2.retain(|_, at| *at > cutoff);
+                    for _ in session.inbound_qos2.len()..before {
+                        self.metrics.dropped(DropReason::ExactlyOnceExpired);
+                    }
+                }
+            }
+        }
         self.close_doomed(now);
     }
 
@@ -1670,5 +1690,27 @@ mod tests {
             .collect();
         assert_eq!(ids, vec![1, 2, 3], "three kept, two dropped and counted");
         assert_eq!(s.metrics.dropped_count(DropReason::QueueFull), 2);
+    }
+
+    #[test]
+    fn unreleased_qos2_holds_expire_and_are_counted() {
+        let now = Instant::now();
+        let mut s = state();
+        let mut p = connect(&mut s, 1, "p", true, 64, now);
+        packets(&mut s, 1, vec![publish("t", 2, 5)], now);
+        s.tick(now + Duration::from_secs(10));
+        assert_eq!(s.metrics.dropped_count(DropReason::ExactlyOnceExpired), 0);
+        s.next_exactly_once_sweep = None;
+        s.tick(now + Duration::from_secs(3601));
+        assert_eq!(s.metrics.dropped_count(DropReason::ExactlyOnceExpired), 1);
+        // The id is free again: PUBREL for it is now unknown.
+        packets(&mut s, 1, vec![Inbound::PubRel { packet_id: 5 }], now);
+        assert!(p.drain().iter().any(|o| matches!(
+            o,
+            Outbound::PubComp {
+                packet_id: 5,
+                reason: 0x92
+            }
+        )));
     }
 }
