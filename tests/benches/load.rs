@@ -7,7 +7,8 @@
 //! every subscriber; a missing message fails the run.
 //!
 //! Environment: `SAGUIN_BENCH_SCALE` (default 1.0) scales message counts;
-//! `SAGUIN_BENCH_BROKERS` (default `saguin,mosquitto,rumqttd`) picks brokers.
+//! `SAGUIN_BENCH_BROKERS` (default `saguin,mosquitto,rumqttd`) picks brokers;
+//! `SAGUIN_BENCH_ONLY` runs only the tests whose name contains it.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -603,7 +604,11 @@ async fn main() {
                 Some(5_000.0),
             ));
         }
+        let only = std::env::var("SAGUIN_BENCH_ONLY").unwrap_or_default();
         for (i, (test, qos, pubs, subs, per_pub, rate)) in cases.into_iter().enumerate() {
+            if !test.contains(only.as_str()) {
+                continue;
+            }
             let tag = format!("{}-{i}", broker.name);
             let outcome = scenario(broker.addr, &tag, qos, pubs, subs, per_pub, rate).await;
             if let Some(e) = &outcome.error {
