@@ -3,10 +3,41 @@
 //! identifiers (method B).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use super::message::Message;
 use super::topic::SubOptions;
+
+/// A fast hasher for the integer keys the broker allocates (session keys,
+/// connection generations) and for packet identifiers (at most 65535 per
+/// session): a multiply-rotate mix instead of SipHash on the hot path.
+/// Strings a client chooses (client ids) keep the standard hasher.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+const ID_HASH_K: u64 = 0x517c_c1b7_2722_0a95;
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(ID_HASH_K);
+        }
+    }
+    fn write_u16(&mut self, n: u16) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(ID_HASH_K);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Maps and sets keyed by broker-allocated integers or packet ids.
+pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+pub type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
 
 /// Where an outbound QoS 1/2 exchange stands.
 #[derive(Debug, Clone)]
@@ -41,7 +72,7 @@ pub struct InflightEntry {
 #[derive(Debug, Default)]
 pub struct Inflight {
     entries: VecDeque<InflightEntry>,
-    ids: HashSet<u16>,
+    ids: IdSet<u16>,
     next_id: u16,
 }
 
@@ -127,7 +158,7 @@ pub struct Session {
     pub pending: VecDeque<QueuedMessage>,
     /// Inbound QoS 2 packet identifiers routed but not yet released (method
     /// B), with when each arrived (holds expire after `exactly_once.expires_after`).
-    pub inbound_qos2: HashMap<u16, tokio::time::Instant>,
+    pub inbound_qos2: IdMap<u16, tokio::time::Instant>,
     /// Seconds the session outlives its connection (0: ends with it).
     pub expiry_interval: u32,
     /// The connection currently attached, if any.
@@ -145,7 +176,7 @@ impl Session {
             subscriptions: BTreeMap::new(),
             inflight: Inflight::default(),
             pending: VecDeque::new(),
-            inbound_qos2: HashMap::new(),
+            inbound_qos2: IdMap::default(),
             expiry_interval: 0,
             connection: None,
             expires_at: None,

@@ -9,7 +9,7 @@
 //! from any other generation (a taken-over or already closed connection) is
 //! ignored.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +23,8 @@ use super::message::{publish_packet_len, Message, MessageProperties};
 use super::metrics::{CloseReason, DropReason, Metrics};
 use super::retained::RetainedStore;
 use super::session::{
-    InflightEntry, InflightPhase, MemorySessions, PendingWill, QueuedMessage, Session,
-    SessionStore, SessionSubscription,
+    IdMap, IdSet, InflightEntry, InflightPhase, MemorySessions, PendingWill, QueuedMessage,
+    Session, SessionStore, SessionSubscription,
 };
 use super::topic::{
     self, merge_matches, Delivery, Match, SessionKey, SubOptions, SubscriptionIndex,
@@ -304,11 +304,11 @@ pub struct BrokerState {
     retained: Box<dyn RetainedStore>,
     session_store: Box<dyn SessionStore>,
     index: SubscriptionIndex,
-    sessions: HashMap<SessionKey, Session>,
+    sessions: IdMap<SessionKey, Session>,
     by_client_id: HashMap<Arc<str>, SessionKey>,
-    connections: HashMap<u64, Connection>,
+    connections: IdMap<u64, Connection>,
     /// Sessions without a connection (timers for expiry and Will delay).
-    detached: HashSet<SessionKey>,
+    detached: IdSet<SessionKey>,
     next_session: SessionKey,
     next_assigned_id: u64,
     /// Connections to close once the current event is handled (closing one
@@ -336,10 +336,10 @@ impl BrokerState {
             retained,
             session_store: Box::new(MemorySessions),
             index: SubscriptionIndex::new(),
-            sessions: HashMap::new(),
+            sessions: IdMap::default(),
             by_client_id: HashMap::new(),
-            connections: HashMap::new(),
-            detached: HashSet::new(),
+            connections: IdMap::default(),
+            detached: IdSet::default(),
             next_session: 1,
             next_assigned_id: 1,
             doomed: Vec::new(),
@@ -848,7 +848,15 @@ impl BrokerState {
         if message.payload.is_empty() {
             self.retained.remove(&message.topic);
         } else {
-            self.retained.set(message.clone());
+            // Topic and payload are slices of the connection's read buffer;
+            // a retained message may live for months, so it gets its own
+            // bytes instead of pinning that buffer.
+            let own = Message {
+                topic: ByteStr::from(&*message.topic),
+                payload: Bytes::copy_from_slice(&message.payload),
+                ..Message::clone(message)
+            };
+            self.retained.set(Arc::new(own));
         }
         self.metrics
             .retained
