@@ -26,6 +26,9 @@ use super::state::{BrokerState, Event, SYS_INTERVAL};
 /// a decoded packet is never dropped, its reader just stops reading).
 pub const EVENT_QUEUE: usize = 1024;
 
+/// Metrics requests served at once.
+const METRICS_CONNECTIONS: usize = 16;
+
 /// How long shutdown waits for connections to finish writing their goodbyes.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -280,7 +283,16 @@ async fn serve_metrics(
     metrics: Arc<Metrics>,
     mut shutdown: broadcast::Receiver<()>,
 ) {
+    // A scrape endpoint needs few connections at once; a flood waits.
+    let limit = Arc::new(Semaphore::new(METRICS_CONNECTIONS));
     loop {
+        let permit = tokio::select! {
+            _ = shutdown.recv() => return,
+            permit = limit.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
         let accepted = tokio::select! {
             _ = shutdown.recv() => return,
             accepted = listener.accept() => accepted,
@@ -295,6 +307,7 @@ async fn serve_metrics(
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut request = Vec::with_capacity(512);
             let mut chunk = [0u8; 1024];
             let read_head = async {
