@@ -68,6 +68,21 @@ fn fmt(d: Duration) -> String {
     }
 }
 
+/// CPU time the whole process has used (every thread), so a figure taken
+/// on a machine busy with other work can be read beside the wall clock.
+fn cpu_now() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// One write of `len` bytes and an fsync: the floor a snapshot write is
 /// measured against.
 fn sequential_write(dir: &Path, len: usize) -> Duration {
@@ -100,8 +115,8 @@ fn main() {
     // --- one large channel: copy under the lock, write after it ---
     println!("\nsnapshot of one append channel, 128-byte payloads");
     println!(
-        "{:>10} | {:>12} | {:>12} | {:>12} | {:>14} | {:>6}",
-        "records", "copy (lock)", "write", "file bytes", "write+fsync", "ratio"
+        "{:>10} | {:>12} | {:>12} | {:>12} | {:>12} | {:>14} | {:>6}",
+        "records", "copy (lock)", "write", "write CPU", "file bytes", "write+fsync", "ratio"
     );
     let sizes: &[u64] = if quick {
         &[1_000, 10_000]
@@ -125,11 +140,14 @@ fn main() {
         });
         let dir = base.path().join(format!("one-{n}"));
         let mut file_bytes = 0;
+        let mut cpu_times = Vec::new();
         let write_time = median(runs, || {
             let copy = copy_provider(&p, &options, 1);
+            let cpu = cpu_now();
             let start = Instant::now();
             let report = write_snapshot(&dir, &copy, &options);
             let t = start.elapsed();
+            cpu_times.push(cpu_now().saturating_sub(cpu));
             assert!(report.is_complete(), "{:?}", report.failed);
             file_bytes = report
                 .written
@@ -139,43 +157,13 @@ fn main() {
             t
         });
         let seq = median(runs, || sequential_write(base.path(), file_bytes as usize));
-        if std::env::var_os("SAGUIN_BENCH_BREAKDOWN").is_some() {
-            let copy = copy_provider(&p, &options, 1);
-            let t0 = Instant::now();
-            let files: Vec<_> = copy
-                .channels
-                .iter()
-                .map(saguin::storage::snapshot_write::channel_file)
-                .collect();
-            let t1 = Instant::now();
-            let encoded: Vec<Vec<u8>> = files
-                .iter()
-                .map(|f| {
-                    saguin_format::f21::encode(
-                        &saguin_format::f21::SnapshotFile::Channel(f.clone()),
-                        1,
-                    )
-                })
-                .collect();
-            let t2 = Instant::now();
-            drop(files);
-            let t3 = Instant::now();
-            saguin::storage::snapshot_write::write_durable(base.path(), "probe", &encoded[0])
-                .expect("write");
-            let t4 = Instant::now();
-            println!(
-                "    convert {} encode(+clone) {} drop {} write+fsync {}",
-                fmt(t1 - t0),
-                fmt(t2 - t1),
-                fmt(t3 - t2),
-                fmt(t4 - t3)
-            );
-        }
+        cpu_times.sort();
         println!(
-            "{:>10} | {:>12} | {:>12} | {:>12} | {:>14} | {:>5.2}x",
+            "{:>10} | {:>12} | {:>12} | {:>12} | {:>12} | {:>14} | {:>5.2}x",
             n,
             fmt(copy_time),
             fmt(write_time),
+            fmt(cpu_times[cpu_times.len() / 2]),
             file_bytes,
             fmt(seq),
             write_time.as_secs_f64() / seq.as_secs_f64()
