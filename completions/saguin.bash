@@ -713,7 +713,7 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__snapshot__subcmd__inspect)
-            opts="-h -V --json --records --limit --channel --help --version"
+            opts="-h -V --json --records --limit --channel --max-bytes --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -727,6 +727,10 @@ _saguin() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --max-bytes)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -735,12 +739,16 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__snapshot__subcmd__verify)
-            opts="-h -V --json --quiet --help --version"
+            opts="-h -V --json --quiet --max-bytes --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --max-bytes)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;

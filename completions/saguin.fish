@@ -48,13 +48,15 @@ complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and not __fish_s
 complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and not __fish_seen_subcommand_from inspect verify help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -l limit -d 'At most this many records per channel' -r
 complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -l channel -d 'Only this channel' -r
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -l max-bytes -d 'Refuse a file larger than this (bytes, or with a KiB/MiB/GiB suffix). Default: 64 MiB for MBMQTT01, 4 GiB for format 21' -r
 complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -l json -d 'One JSON document on stdout'
 complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -l records -d 'List records'
-complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from verify" -l max-bytes -d 'Refuse a file larger than this (bytes, or with a KiB/MiB/GiB suffix). Default: 64 MiB for MBMQTT01, 4 GiB for format 21' -r
 complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from verify" -l json -d 'One JSON document on stdout'
 complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from verify" -l quiet -d 'Print nothing; the exit code answers'
-complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from verify" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from verify" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from verify" -s V -l version -d 'Print version'
 complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from help" -f -a "inspect" -d 'Show what a snapshot directory, format 21 file or MBMQTT01 file holds'
 complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from help" -f -a "verify" -d 'Decode and validate snapshot files as the broker does at startup'
