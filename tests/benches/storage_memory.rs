@@ -4,9 +4,39 @@
 //! to real storage (a tmpfs measures the page cache, where fsync does
 //! nothing). `SAGUIN_BENCH_QUICK=1` runs the small sizes only.
 //!
-//! Figures (FIGURES-BEGIN)
-//! (filled in from a run; see the table the binary prints)
-//! (FIGURES-END)
+//! Figures from one run (`cargo bench --bench storage_memory`): a KVM guest
+//! with 2 vCPUs of an AMD EPYC and 24 GB, ext4 on a virtio disk, Linux
+//! 6.18, rustc 1.95, shared with other builds throughout (load average
+//! 9-11 on 2 CPUs), so wall-clock CPU work reads 3-4x its idle figure; the
+//! "write CPU" column is the process's CPU time for the same write.
+//!
+//! One append channel, 128-byte payloads; the plain write+fsync of the same
+//! bytes alternates with the snapshot write in the same run:
+//!
+//! | records   | copy (under the lock) | write  | write CPU | file bytes  | write+fsync | ratio |
+//! |-----------|-----------------------|--------|-----------|-------------|-------------|-------|
+//! | 1,000     | 5.0us                 | 35.9ms | 1.6ms     | 219,104     | 8.0ms       | 4.50x |
+//! | 10,000    | 48.7us                | 39.1ms | 3.4ms     | 2,190,104   | 11.9ms      | 3.29x |
+//! | 100,000   | 1.5ms                 | 102ms  | 20.7ms    | 21,900,104  | 57.1ms      | 1.79x |
+//! | 1,000,000 | 32.6ms                | 615ms  | 196ms     | 219,000,104 | 306ms       | 2.01x |
+//!
+//! The small rows are four syncs (manifest, directory, channel file,
+//! directory) against one. A whole shutdown, 8 records a channel:
+//!
+//! | channels | shutdown | per channel |
+//! |----------|----------|-------------|
+//! | 10       | 51.5ms   | 5.2ms       |
+//! | 100      | 205ms    | 2.1ms       |
+//! | 1,000    | 988ms    | 0.99ms      |
+//! | 10,000   | 6.75s    | 0.67ms      |
+//!
+//! One record trimmed from the front of a long channel (amortised over
+//! batches, compaction of the dead prefix included): 10,000 records 192ns,
+//! 100,000 148ns, 800,000 278ns - flat in the length; the cost is freeing
+//! the record (its topic, client id, payload and handle), which is the point
+//! of clearing it. One retention pass with nothing to remove, by size / by
+//! age: 10 channels 90ns / 170ns, 100 591ns / 1.8us, 1,000 9.1us / 18.1us,
+//! 10,000 184us / 254us.
 
 use std::fs::OpenOptions;
 use std::hint::black_box;
