@@ -148,44 +148,51 @@ pub fn copy_provider(
     options: &SnapshotOptions,
     began_at: UnixNanos,
 ) -> ProviderCopy {
-    let held = provider.held();
-    let channels = provider
-        .copy_channels()
-        .into_iter()
-        .map(|c| match c {
-            MemChannelCopy::Append(copy) => ChannelCopy::Append {
-                held: held.held_for(&copy.name),
-                copy,
-            },
-            MemChannelCopy::Latest(copy) => ChannelCopy::Latest {
-                held: held.held_for(&copy.name),
-                copy,
-            },
-            MemChannelCopy::Queue(copy, dead_letter) => ChannelCopy::Queue {
-                held: held.held_for(&copy.name),
-                copy,
-                dead_letter,
-            },
-        })
-        .collect();
-    let retained = options
-        .retained
-        .then(|| provider.retained_store().copy_state());
-    let sessions = options.sessions.then(|| {
-        (
-            provider.session_store().sessions().unwrap_or_default(),
-            provider.broadcast().copy_state(),
-            held.held_for(BROADCAST_LOG_NAME),
-        )
-    });
-    ProviderCopy {
-        began_at,
-        channels,
-        retained,
-        sessions,
-    }
+    provider.held().with_holds(|holds| {
+        let held_for = |channel: &str| -> Vec<HeldPublish> {
+            holds
+                .iter()
+                .filter(|h| h.channel == channel)
+                .cloned()
+                .collect()
+        };
+        let channels = provider
+            .copy_channels()
+            .into_iter()
+            .map(|c| match c {
+                MemChannelCopy::Append(copy) => ChannelCopy::Append {
+                    held: held_for(&copy.name),
+                    copy,
+                },
+                MemChannelCopy::Latest(copy) => ChannelCopy::Latest {
+                    held: held_for(&copy.name),
+                    copy,
+                },
+                MemChannelCopy::Queue(copy, dead_letter) => ChannelCopy::Queue {
+                    held: held_for(&copy.name),
+                    copy,
+                    dead_letter,
+                },
+            })
+            .collect();
+        let retained = options
+            .retained
+            .then(|| provider.retained_store().copy_state());
+        let sessions = options.sessions.then(|| {
+            (
+                provider.session_store().sessions().unwrap_or_default(),
+                provider.broadcast().copy_state(),
+                held_for(BROADCAST_LOG_NAME),
+            )
+        });
+        ProviderCopy {
+            began_at,
+            channels,
+            retained,
+            sessions,
+        }
+    })
 }
-
 /// One file a snapshot wrote.
 #[derive(Clone, Debug)]
 pub struct WrittenFile {
@@ -312,9 +319,29 @@ pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions
     // 3. The broadcast log, durable, then the sessions that point into it.
     if let Some((sessions, log, held)) = &copy.sessions {
         let log_file = broadcast_file(log, held);
+        let session_file = sessions_file(sessions, &log.groups);
         let records = log_file.messages.len();
-        let bytes = f21::encode(&SnapshotFile::Broadcast(log_file), stamp);
-        let log_ok = match write_durable(dir, BROADCAST_FILE, &bytes).and_then(|()| sync_dir(dir)) {
+        // A pair the loader would refuse is not written over the last good
+        // one: a broker that cannot start is worse than one that starts
+        // from the previous shutdown's sessions, and the failure is named.
+        let loadable = f21::validate_pair(&session_file, &log_file)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                f21::validate(&SnapshotFile::Sessions(session_file.clone()))
+                    .map_err(|e| format!("{SESSIONS_FILE}: {e}"))
+            });
+        let log_file = SnapshotFile::Broadcast(log_file);
+        let loadable = loadable
+            .and_then(|()| f21::validate(&log_file).map_err(|e| format!("{BROADCAST_FILE}: {e}")));
+        let bytes = f21::encode(&log_file, stamp);
+        let written = match loadable {
+            Ok(()) => write_durable(dir, BROADCAST_FILE, &bytes).and_then(|()| sync_dir(dir)),
+            Err(e) => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the sessions and their log would not load, so neither was written: {e}"),
+            )),
+        };
+        let log_ok = match written {
             Ok(()) => {
                 report.written.push(WrittenFile {
                     file_name: BROADCAST_FILE.into(),
@@ -337,9 +364,8 @@ pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions
         // Sessions written over a log that did not land would point past
         // it; the last pair stays together instead.
         if log_ok {
-            let file = sessions_file(sessions, &log.groups);
-            let count = file.sessions.len();
-            let bytes = f21::encode(&SnapshotFile::Sessions(file), stamp);
+            let count = session_file.sessions.len();
+            let bytes = f21::encode(&SnapshotFile::Sessions(session_file), stamp);
             match write_durable(dir, SESSIONS_FILE, &bytes) {
                 Ok(()) => report.written.push(WrittenFile {
                     file_name: SESSIONS_FILE.into(),
@@ -1114,5 +1140,34 @@ mod tests {
             );
             f21::decode(&streamed).unwrap();
         }
+    }
+
+    #[test]
+    fn sessions_the_loader_would_refuse_are_not_written() {
+        use crate::storage::contract::{SessionEntry, SessionStore};
+        let p = provider();
+        let options = SnapshotOptions {
+            sessions: true,
+            ..SnapshotOptions::default()
+        };
+        let session = |window| SessionEntry {
+            client_id: "c".into(),
+            principal: None,
+            expiry_interval: 60,
+            detached_at: 0,
+            subscriptions: Vec::new(),
+            will: None,
+            window,
+            inflight: Vec::new(),
+        };
+        p.session_store().save(session(10)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        assert!(save_snapshot(&p, dir.path(), &options, 1).is_complete());
+        let before = fs::read(dir.path().join(SESSIONS_FILE)).unwrap();
+        p.session_store().save(session(0)).unwrap();
+        let report = save_snapshot(&p, dir.path(), &options, 2);
+        assert_eq!(report.failed.len(), 2, "{:?}", report.failed);
+        assert!(report.failed[0].to_string().contains("would not load"));
+        assert_eq!(fs::read(dir.path().join(SESSIONS_FILE)).unwrap(), before);
     }
 }

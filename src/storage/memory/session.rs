@@ -299,6 +299,16 @@ impl MemoryHeld {
             .collect()
     }
 
+    /// Runs `copy` with every hold in hand and the holds' lock held, so no
+    /// release can move a record between the holds and its channel while
+    /// the two are copied: a release takes this lock before the channel's,
+    /// and so does the copy.
+    pub fn with_holds<T>(&self, copy: impl FnOnce(&[HeldPublish]) -> T) -> T {
+        let map = lock(&self.held);
+        let holds: Vec<HeldPublish> = map.values().cloned().collect();
+        copy(&holds)
+    }
+
     fn write_released(&self, channel: &str, mut record: Record) -> Result<Record> {
         record.offset = 0;
         if channel == BROADCAST_LOG_NAME {
