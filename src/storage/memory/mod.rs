@@ -473,4 +473,28 @@ mod tests {
         drop(payload);
         assert!(copy.is_unique(), "a removed record is still held");
     }
+
+    #[test]
+    fn two_channels_racing_for_the_last_room_are_not_both_told_yes() {
+        // Room for exactly 100 records of 10 bytes below the reserve.
+        let p = bounded(1000 + 100, 100);
+        let stores: Vec<_> = ["a", "b"]
+            .iter()
+            .map(|n| p.open_channel(n, ChannelKind::Append).unwrap())
+            .collect();
+        let threads: Vec<_> = stores
+            .into_iter()
+            .map(|s| {
+                std::thread::spawn(move || {
+                    let a = s.as_append().unwrap();
+                    (0..100)
+                        .filter(|_| a.append(Record::new("x", vec![0; 9])).is_ok())
+                        .count()
+                })
+            })
+            .collect();
+        let stored: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(stored, 100);
+        assert_eq!(p.bytes(), 1000);
+    }
 }
