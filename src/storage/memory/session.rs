@@ -407,7 +407,7 @@ impl HeldPublishStore for MemoryHeld {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::contract::{AppendStore, LatestStore, Provider};
+    use crate::storage::contract::Provider;
     use crate::storage::memory::MemoryConfig;
     use saguin_format::model::ChannelKind;
 
