@@ -571,30 +571,41 @@ pub trait HeldPublishStore: Send + Sync {
 }
 
 /// How far a message on the wire to a session has got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum InflightPhase {
-    /// Sent, not yet answered (PUBACK or PUBREC owed).
-    Sent,
-    /// Answered with PUBREC; the PUBREL is what is owed (PUBCOMP awaited).
-    Received,
+    /// Sent and unanswered: a PUBACK (QoS 1) or PUBREC (QoS 2) is owed.
+    AwaitingAck,
+    /// QoS 2 answered with a PUBREC: the PUBREL was sent, a PUBCOMP is owed.
+    AwaitingComp,
+}
+
+/// A shared group is named by its group name and its topic filter
+/// (`$share/<group>/<filter>`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShareGroupKey {
+    pub group: String,
+    pub filter: String,
 }
 
 /// One message on the wire to a persistent session.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InflightEntry {
     /// The message's offset in the broadcast log.
-    pub offset: u64,
+    pub log_offset: u64,
+    /// Nonzero, unique within the session.
     pub packet_id: u16,
+    /// 1 or 2.
     pub qos: u8,
     pub phase: InflightPhase,
     /// The shared group that handed the message over, if one did.
-    pub share_group: Option<String>,
+    pub shared_group: Option<ShareGroupKey>,
 }
 
 /// One subscription of a persistent session, with every option its
 /// SUBSCRIBE carried.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubscriptionEntry {
+    /// The filter as subscribed (a `$share/<group>/` prefix included).
     pub filter: String,
     pub qos: u8,
     pub no_local: bool,
@@ -608,36 +619,44 @@ pub struct SubscriptionEntry {
 /// A session's Will message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WillEntry {
-    pub record: Record,
+    pub topic: String,
+    pub payload: bytes::Bytes,
+    pub qos: u8,
+    pub retain: bool,
+    /// Will Delay Interval, seconds.
     pub delay_interval: u32,
-    /// The name the client authenticated as, if any.
-    pub username: Option<String>,
+    pub props: saguin_format::model::PublishProps,
+    /// The Will's User Properties in the client's order.
+    pub user_properties: Vec<saguin_format::model::UserProperty>,
 }
 
 /// A persistent MQTT session as the provider keeps it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionEntry {
     pub client_id: String,
+    /// The name its client authenticated as, if it did.
+    pub principal: Option<String>,
     /// The Session Expiry Interval granted, after limits.max_session_expiry.
     pub expiry_interval: u32,
     /// When the client went away; 0 while connected.
-    pub disconnected_at: UnixNanos,
+    pub detached_at: UnixNanos,
     pub subscriptions: Vec<SubscriptionEntry>,
     pub will: Option<WillEntry>,
     /// The window the in-flight table was written under (Receive Maximum).
-    pub receive_maximum: u16,
+    pub window: u16,
+    /// The messages on the wire, in the order they were sent.
     pub inflight: Vec<InflightEntry>,
 }
 
 impl SessionEntry {
-    /// True when the session has expired by `now`: it is disconnected and
-    /// its interval (capped at `max_session_expiry`) has run out.
+    /// True when the session has expired by `now`: it is detached and its
+    /// interval (capped at `max_session_expiry`) has run out.
     pub fn expired_at(&self, now: UnixNanos, max_session_expiry: u32) -> bool {
-        if self.disconnected_at == 0 {
+        if self.detached_at == 0 {
             return false;
         }
         let interval = i64::from(self.expiry_interval.min(max_session_expiry));
-        self.disconnected_at
+        self.detached_at
             .saturating_add(interval.saturating_mul(1_000_000_000))
             <= now
     }
@@ -658,7 +677,7 @@ pub trait SessionStore: Send + Sync {
 /// member's ending returned to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShareGroupEntry {
-    pub group: String,
+    pub key: ShareGroupKey,
     pub cursor: u64,
     /// Offsets the group is owed again, ahead of its cursor.
     pub returned: Vec<u64>,
@@ -686,9 +705,9 @@ pub trait BroadcastLog: Send + Sync {
     /// Every session cursor, ordered by client id.
     fn cursors(&self) -> Result<Vec<(String, u64)>>;
 
-    fn share_group(&self, group: &str) -> Result<Option<ShareGroupEntry>>;
+    fn share_group(&self, key: &ShareGroupKey) -> Result<Option<ShareGroupEntry>>;
     fn save_share_group(&self, entry: ShareGroupEntry) -> Result<()>;
-    fn drop_share_group(&self, group: &str) -> Result<bool>;
+    fn drop_share_group(&self, key: &ShareGroupKey) -> Result<bool>;
     fn share_groups(&self) -> Result<Vec<ShareGroupEntry>>;
 }
 
