@@ -380,8 +380,8 @@ fn exclusive_owner_pid(path: &Path) -> io::Result<Option<u32>> {
     for (start, len) in [(RESERVED_BYTE, 1), (PENDING_BYTE + 2, SHARED_SIZE)] {
         // SAFETY: an all-zero `flock` is a valid value of the C struct.
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = libc::F_RDLCK as _;
-        fl.l_whence = libc::SEEK_SET as _;
+        fl.l_type = libc::F_RDLCK as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
         fl.l_start = start as _;
         fl.l_len = len as _;
         // SAFETY: the descriptor is open for the call and `fl` is a valid,
@@ -390,7 +390,7 @@ fn exclusive_owner_pid(path: &Path) -> io::Result<Option<u32>> {
         if rc == -1 {
             return Err(io::Error::last_os_error());
         }
-        if fl.l_type != libc::F_UNLCK as _ {
+        if fl.l_type != libc::F_UNLCK as libc::c_short {
             return Ok(Some(u32::try_from(fl.l_pid).unwrap_or(0)));
         }
     }
