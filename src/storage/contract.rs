@@ -376,15 +376,17 @@ pub trait LatestStore: Send + Sync {
 
     /// Replaces the topic's value and returns it with its new offset. An
     /// empty payload deletes the topic (the MQTT rule), returning the
-    /// deletion's marker.
+    /// deletion's marker - or, when the topic held no value, the record
+    /// with offset 0: nothing changed and no offset was taken.
     fn set(&self, record: Record) -> Result<Record>;
 
     /// The topic's current value.
     fn get(&self, topic: &str) -> Result<Option<Record>>;
 
-    /// Deletes the topic's value. Returns the deletion's marker - a record
-    /// with the topic, an empty payload and the offset the deletion took - or
-    /// `None` when the topic held nothing (no offset is taken).
+    /// Deletes the topic's value. Returns the deletion's marker -
+    /// `Record::new(topic, empty)` with the offset the deletion took and
+    /// nothing else set - or `None` when the topic held nothing (no offset
+    /// is taken).
     fn delete(&self, topic: &str) -> Result<Option<Record>>;
 
     /// Every current value whose topic matches the MQTT topic filter,
@@ -894,6 +896,59 @@ pub fn sweep_by_age(channels: &[(Arc<dyn AppendStore>, Retention)], now: UnixNan
         }
     }
     report
+}
+
+/// Refuses a record a snapshot or a database could not keep faithfully,
+/// before it is stored - rather than at the next start, when the file that
+/// holds it would be refused. `broadcast` admits the two broadcast-log
+/// fields. Both providers call it on every write path.
+pub fn check_record(channel: &str, record: &Record, broadcast: bool) -> Result<()> {
+    let invalid = |detail: String| StorageError::Invalid {
+        what: format!("channel {channel}: record on {:?}", record.topic),
+        detail,
+    };
+    if record.qos > 2 {
+        return Err(invalid(format!("QoS {} is not 0, 1 or 2", record.qos)));
+    }
+    if let Some(p) = record.props.payload_format_indicator {
+        if p > 1 {
+            return Err(invalid(format!(
+                "payload format indicator {p} is not 0 or 1"
+            )));
+        }
+    }
+    if !broadcast && (record.shared_copy || record.owed_to.is_some()) {
+        return Err(invalid(
+            "shared_copy and owed_to belong to the broadcast log only".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a hold the format could not keep: a client id, a nonzero packet
+/// identifier, and a QoS 2 record (only exactly-once publishes are held).
+pub fn check_hold(held: &HeldPublish) -> Result<()> {
+    let invalid = |detail: &str| StorageError::Invalid {
+        what: format!(
+            "channel {}: held publish {}/{}",
+            held.channel, held.client_id, held.packet_id
+        ),
+        detail: detail.to_owned(),
+    };
+    if held.client_id.is_empty() {
+        return Err(invalid("the client id is empty"));
+    }
+    if held.packet_id == 0 {
+        return Err(invalid("packet identifier 0 is never used"));
+    }
+    if held.record.qos != 2 {
+        return Err(invalid("only QoS 2 publishes are held"));
+    }
+    check_record(
+        &held.channel,
+        &held.record,
+        held.channel == BROADCAST_LOG_NAME,
+    )
 }
 
 /// The name of a queue's dead-letter channel.

@@ -1,1 +1,357 @@
-//! Format 21: saguin snapshot files (channel files, manifest, retained store, sessions, broadcast log).
+//! Format 21: saguin snapshot files (channel files, manifest, retained store,
+//! sessions, broadcast log). RFC 0004 "Memory, with a snapshot"; every byte
+//! is documented in `FORMAT.md` §2.
+//!
+//! ```text
+//!  offset  size  field
+//!       0     8  magic            MAGIC, never changes across versions
+//!       8     4  format version   u32 LE, 21
+//!      12     1  kind             FileKind byte (1..=5)
+//!      13    24  writer           the writing build's revision, UTF-8, NUL-padded
+//!      37     8  written at       i64 LE, unix nanoseconds
+//!      45     …  body             per kind (body.rs)
+//!   len-4     4  checksum         u32 LE, CRC32C of bytes 0..len-4
+//! ```
+//!
+//! The first five fields hold across every format version so a file of
+//! another version can still be named (version, writer, time). Decoding
+//! takes the whole file: nothing is trusted until the trailer matches.
+
+mod body;
+mod error;
+pub mod time;
+mod types;
+mod validate;
+mod wire;
+
+use bytes::Bytes;
+
+pub use error::DecodeError;
+pub use types::*;
+pub use validate::{validate, validate_pair};
+
+/// Bytes 0..8 of every saguin snapshot file, whatever its version. The
+/// leading 0x89 keeps a text file from matching and shows a transfer that
+/// stripped the high bit; the trailing newline shows line-ending mangling.
+pub const MAGIC: [u8; 8] = *b"\x89SAGUIN\n";
+/// The only format this build writes and reads.
+pub const FORMAT_VERSION: u32 = 21;
+/// Offset of the format version (u32).
+pub const VERSION_OFFSET: usize = 8;
+/// Offset of the kind byte.
+pub const KIND_OFFSET: usize = 12;
+/// Offset of the writer field.
+pub const WRITER_OFFSET: usize = 13;
+/// Width of the NUL-padded writer field.
+pub const WRITER_LEN: usize = 24;
+/// Offset of the written-at time (i64).
+pub const WRITTEN_AT_OFFSET: usize = 37;
+/// Where the body starts.
+pub const HEADER_LEN: usize = 45;
+/// The CRC32C trailer.
+pub const TRAILER_LEN: usize = 4;
+/// The smallest file that can be format 21.
+pub const MIN_FILE_LEN: usize = HEADER_LEN + TRAILER_LEN;
+
+/// The fields every version's header holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub format_version: u32,
+    /// The raw kind byte (see [`FileKind`]); raw so a file of another
+    /// version with kinds this build does not know can still be described.
+    pub kind: u8,
+    /// The revision of the build that wrote the file.
+    pub writer: String,
+    /// When the file was written, unix nanoseconds.
+    pub written_at: i64,
+}
+
+impl Header {
+    /// The kind, when this build knows the byte.
+    pub fn file_kind(&self) -> Option<FileKind> {
+        FileKind::from_byte(self.kind)
+    }
+}
+
+/// What a file is, from its kind byte; never from its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FileKind {
+    Channel,
+    Manifest,
+    Retained,
+    Sessions,
+    Broadcast,
+}
+
+impl FileKind {
+    pub const ALL: [FileKind; 5] = [
+        FileKind::Channel,
+        FileKind::Manifest,
+        FileKind::Retained,
+        FileKind::Sessions,
+        FileKind::Broadcast,
+    ];
+
+    /// The header's kind byte.
+    pub fn as_byte(self) -> u8 {
+        match self {
+            FileKind::Channel => 1,
+            FileKind::Manifest => 2,
+            FileKind::Retained => 3,
+            FileKind::Sessions => 4,
+            FileKind::Broadcast => 5,
+        }
+    }
+
+    pub fn from_byte(byte: u8) -> Option<FileKind> {
+        FileKind::ALL.into_iter().find(|k| k.as_byte() == byte)
+    }
+
+    /// A stable lower-case name, used in JSON output and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FileKind::Channel => "channel",
+            FileKind::Manifest => "manifest",
+            FileKind::Retained => "retained",
+            FileKind::Sessions => "sessions",
+            FileKind::Broadcast => "broadcast",
+        }
+    }
+}
+
+impl std::fmt::Display for FileKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One decoded format 21 file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotFile {
+    Channel(ChannelFile),
+    Manifest(Manifest),
+    Retained(RetainedFile),
+    Sessions(SessionsFile),
+    Broadcast(BroadcastFile),
+}
+
+impl SnapshotFile {
+    pub fn kind(&self) -> FileKind {
+        match self {
+            SnapshotFile::Channel(_) => FileKind::Channel,
+            SnapshotFile::Manifest(_) => FileKind::Manifest,
+            SnapshotFile::Retained(_) => FileKind::Retained,
+            SnapshotFile::Sessions(_) => FileKind::Sessions,
+            SnapshotFile::Broadcast(_) => FileKind::Broadcast,
+        }
+    }
+}
+
+/// Reads the version-independent header without checking the checksum, so
+/// a file of another version (or a damaged one) can still be named.
+pub fn read_header(bytes: &[u8]) -> Result<Header, DecodeError> {
+    let magic_len = bytes.len().min(MAGIC.len());
+    let prefix = bytes.get(..magic_len).unwrap_or_default();
+    if bytes.is_empty() {
+        return Err(DecodeError::Truncated {
+            len: 0,
+            needed: MIN_FILE_LEN,
+        });
+    }
+    if MAGIC.get(..magic_len) != Some(prefix) {
+        return Err(DecodeError::NotASnapshot {
+            found: hex_bytes(prefix),
+            expected: hex_bytes(&MAGIC),
+        });
+    }
+    let (Some(version), Some(&kind), Some(writer), Some(written_at)) = (
+        le_array::<4>(bytes, VERSION_OFFSET),
+        bytes.get(KIND_OFFSET),
+        bytes.get(WRITER_OFFSET..WRITER_OFFSET + WRITER_LEN),
+        le_array::<8>(bytes, WRITTEN_AT_OFFSET),
+    ) else {
+        return Err(DecodeError::Truncated {
+            len: bytes.len(),
+            needed: MIN_FILE_LEN,
+        });
+    };
+    let writer_end = writer.iter().position(|&b| b == 0).unwrap_or(WRITER_LEN);
+    let writer = String::from_utf8_lossy(writer.get(..writer_end).unwrap_or_default()).into_owned();
+    Ok(Header {
+        format_version: u32::from_le_bytes(version),
+        kind,
+        writer,
+        written_at: i64::from_le_bytes(written_at),
+    })
+}
+
+fn le_array<const N: usize>(bytes: &[u8], at: usize) -> Option<[u8; N]> {
+    bytes.get(at..at.checked_add(N)?)?.try_into().ok()
+}
+
+fn hex_bytes(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 3);
+    for (i, b) in bytes.iter().enumerate() {
+        if i > 0 {
+            s.push(' ');
+        }
+        s.push_str(&format!("{b:02x}"));
+    }
+    if s.is_empty() {
+        s.push_str("(none)");
+    }
+    s
+}
+
+/// Decodes and validates a whole file: header, checksum, body, and the
+/// semantic pass of RFC 0004 "Loading". Copies the input once; payloads
+/// are then slices of that copy. [`decode_bytes`] takes ownership instead.
+pub fn decode(bytes: &[u8]) -> Result<(Header, SnapshotFile), DecodeError> {
+    decode_bytes(Bytes::copy_from_slice(bytes))
+}
+
+/// [`decode`] without the copy: record payloads and correlation data are
+/// zero-copy slices of `bytes`, so the buffer lives as long as any of them.
+pub fn decode_bytes(bytes: Bytes) -> Result<(Header, SnapshotFile), DecodeError> {
+    let (header, kind) = check_envelope(&bytes)?;
+    let body_end = bytes.len() - TRAILER_LEN; // check_envelope: len >= MIN_FILE_LEN
+    let mut r = wire::Reader::new(&bytes, HEADER_LEN, body_end);
+    let file = match kind {
+        FileKind::Channel => SnapshotFile::Channel(body::get_channel(&mut r)?),
+        FileKind::Manifest => SnapshotFile::Manifest(body::get_manifest(&mut r)?),
+        FileKind::Retained => SnapshotFile::Retained(body::get_retained(&mut r)?),
+        FileKind::Sessions => SnapshotFile::Sessions(body::get_sessions(&mut r)?),
+        FileKind::Broadcast => SnapshotFile::Broadcast(body::get_broadcast(&mut r)?),
+    };
+    if r.remaining() != 0 {
+        return Err(DecodeError::TrailingBytes {
+            offset: r.pos(),
+            count: r.remaining(),
+        });
+    }
+    validate(&file)?;
+    Ok((header, file))
+}
+
+/// [`decode`], refusing a file of any kind but `expected`.
+pub fn decode_expecting(
+    bytes: &[u8],
+    expected: FileKind,
+) -> Result<(Header, SnapshotFile), DecodeError> {
+    let (header, file) = decode(bytes)?;
+    let found = file.kind();
+    if found != expected {
+        return Err(DecodeError::WrongKind { expected, found });
+    }
+    Ok((header, file))
+}
+
+/// Magic, version, length, checksum, kind byte and writer field, in the
+/// order that names the most specific finding: a foreign version is named
+/// before its checksum is judged, since another version may checksum
+/// differently.
+fn check_envelope(bytes: &[u8]) -> Result<(Header, FileKind), DecodeError> {
+    let header = read_header(bytes)?;
+    if header.format_version != FORMAT_VERSION {
+        return Err(DecodeError::OtherVersion {
+            version: header.format_version,
+            writer: header.writer,
+            written_at: header.written_at,
+        });
+    }
+    let Some(body_end) = bytes
+        .len()
+        .checked_sub(TRAILER_LEN)
+        .filter(|&end| end >= HEADER_LEN)
+    else {
+        return Err(DecodeError::Truncated {
+            len: bytes.len(),
+            needed: MIN_FILE_LEN,
+        });
+    };
+    let (Some(covered), Some(stored)) = (bytes.get(..body_end), le_array::<4>(bytes, body_end))
+    else {
+        return Err(DecodeError::Truncated {
+            len: bytes.len(),
+            needed: MIN_FILE_LEN,
+        });
+    };
+    let stored = u32::from_le_bytes(stored);
+    let computed = crc32c::crc32c(covered);
+    if stored != computed {
+        return Err(DecodeError::ChecksumMismatch {
+            offset: body_end,
+            stored,
+            computed,
+        });
+    }
+    let Some(kind) = header.file_kind() else {
+        return Err(DecodeError::UnknownKind { kind: header.kind });
+    };
+    check_writer_field(bytes)?;
+    Ok((header, kind))
+}
+
+/// A format 21 writer field is UTF-8 followed only by NUL padding.
+fn check_writer_field(bytes: &[u8]) -> Result<(), DecodeError> {
+    let field = bytes
+        .get(WRITER_OFFSET..WRITER_OFFSET + WRITER_LEN)
+        .unwrap_or_default();
+    let end = field.iter().position(|&b| b == 0).unwrap_or(WRITER_LEN);
+    let (text, padding) = field.split_at(end);
+    if let Err(e) = std::str::from_utf8(text) {
+        return Err(DecodeError::corrupt(
+            "header.writer",
+            WRITER_OFFSET + e.valid_up_to(),
+            "not valid UTF-8",
+        ));
+    }
+    if let Some(i) = padding.iter().position(|&b| b != 0) {
+        return Err(DecodeError::corrupt(
+            "header.writer",
+            WRITER_OFFSET + end + i,
+            "a non-NUL byte after the NUL padding began",
+        ));
+    }
+    Ok(())
+}
+
+/// Encodes `file` stamped with this build's revision ([`crate::REVISION`]).
+/// The encoder writes what it is given; [`validate`] is what says whether
+/// that is loadable.
+pub fn encode(file: &SnapshotFile, written_at: i64) -> Vec<u8> {
+    encode_with_writer(file, crate::REVISION, written_at)
+}
+
+/// [`encode`] with an explicit writer string (cut to 24 bytes at a
+/// character boundary), for fixtures and tests.
+pub fn encode_with_writer(file: &SnapshotFile, writer: &str, written_at: i64) -> Vec<u8> {
+    let hint = match file {
+        SnapshotFile::Channel(c) => body::channel_size_hint(c),
+        SnapshotFile::Retained(f) => body::records_size_hint(&f.records),
+        SnapshotFile::Broadcast(f) => body::records_size_hint(&f.messages),
+        SnapshotFile::Manifest(_) | SnapshotFile::Sessions(_) => 4096,
+    };
+    let mut w = wire::Writer::with_capacity(MIN_FILE_LEN + hint);
+    w.buf.extend_from_slice(&MAGIC);
+    w.u32(FORMAT_VERSION);
+    w.u8(file.kind().as_byte());
+    let mut cut = writer.len().min(WRITER_LEN);
+    while !writer.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut field = [0u8; WRITER_LEN];
+    field[..cut].copy_from_slice(&writer.as_bytes()[..cut]);
+    w.buf.extend_from_slice(&field);
+    w.i64(written_at);
+    match file {
+        SnapshotFile::Channel(c) => body::put_channel(&mut w, c),
+        SnapshotFile::Manifest(m) => body::put_manifest(&mut w, m),
+        SnapshotFile::Retained(f) => body::put_retained(&mut w, f),
+        SnapshotFile::Sessions(f) => body::put_sessions(&mut w, f),
+        SnapshotFile::Broadcast(f) => body::put_broadcast(&mut w, f),
+    }
+    let crc = crc32c::crc32c(&w.buf);
+    w.u32(crc);
+    w.buf
+}
