@@ -29,7 +29,7 @@ use rusqlite::Connection;
 use saguin_format::model::Record;
 
 use super::append::AppendChannel;
-use super::latest::LatestChannel;
+use super::latest::{LatestChannel, LatestEntry};
 use super::queue::QueueChannel;
 use super::row::Encoded;
 use super::schema::RECORD_COLUMNS;
@@ -60,7 +60,7 @@ impl Target {
 pub(crate) enum Job {
     Put(Target, Record),
     /// A latest channel's topic deleted.
-    Delete(Arc<LatestChannel>, String),
+    Delete(Arc<LatestChannel>, Record),
 }
 
 /// What a publish is answered with: the record as stored, or `None` for a
@@ -151,7 +151,7 @@ pub(crate) struct Pending {
     pub bytes: u64,
     pub count: u64,
     /// Latest channels: topic -> the size it now holds (None = deleted).
-    pub topics: HashMap<String, Option<u64>>,
+    pub topics: HashMap<String, Option<LatestEntry>>,
 }
 
 pub(crate) fn counters_of(target: &Target) -> Pending {
@@ -242,82 +242,118 @@ pub(crate) fn stage(
             pending.count += 1;
         }
         Target::Latest(channel) => {
-            let mut stmt = conn.prepare_cached(&format!(
-                "INSERT INTO latest_values (channel, offset, deleted, {RECORD_COLUMNS})
-                 VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
-                 ON CONFLICT (channel, topic) DO UPDATE SET offset = excluded.offset, deleted = 0,
-                     message_id = excluded.message_id, timestamp = excluded.timestamp,
-                     headers = excluded.headers, payload = excluded.payload, props = excluded.props,
-                     retain = excluded.retain, bridge = excluded.bridge, client_id = excluded.client_id,
-                     qos = excluded.qos, shared_copy = excluded.shared_copy, owed_to = excluded.owed_to,
-                     size = excluded.size"
-            ))?;
-            let p = encoded.params();
-            stmt.execute(rusqlite::params![
-                name,
-                record.offset,
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                p[4],
-                p[5],
-                p[6],
-                p[7],
-                p[8],
-                p[9],
-                p[10],
-                p[11],
-                p[12]
-            ])?;
-            let before = current_size(channel, pending, &record.topic);
+            upsert_latest(conn, name, &record, &encoded, false)?;
+            let before = current(channel, pending, &record.topic);
             match before {
-                Some(old) => pending.bytes = pending.bytes.saturating_sub(old),
+                Some(LatestEntry { size, marker }) => {
+                    pending.bytes = pending.bytes.saturating_sub(size);
+                    if marker {
+                        pending.count += 1;
+                    }
+                }
                 None => pending.count += 1,
             }
             pending.bytes += encoded.size;
-            pending
-                .topics
-                .insert(record.topic.clone(), Some(encoded.size));
+            pending.topics.insert(
+                record.topic.clone(),
+                Some(LatestEntry {
+                    size: encoded.size,
+                    marker: false,
+                }),
+            );
         }
     }
     pending.next += 1;
     Ok(record)
 }
 
-/// The size a latest topic holds as the batch sees it.
-fn current_size(channel: &LatestChannel, pending: &Pending, topic: &str) -> Option<u64> {
+/// A latest topic's row as the batch sees it: `None` when there is none.
+fn current(channel: &LatestChannel, pending: &Pending, topic: &str) -> Option<LatestEntry> {
     match pending.topics.get(topic) {
-        Some(size) => *size,
-        None => channel.topic_size(topic),
+        Some(entry) => *entry,
+        None => channel.entry(topic),
     }
 }
 
+fn upsert_latest(
+    conn: &Connection,
+    channel: &str,
+    record: &Record,
+    encoded: &Encoded<'_>,
+    deleted: bool,
+) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "INSERT INTO latest_values (channel, offset, deleted, {RECORD_COLUMNS})
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+         ON CONFLICT (channel, topic) DO UPDATE SET offset = excluded.offset, deleted = excluded.deleted,
+             message_id = excluded.message_id, timestamp = excluded.timestamp,
+             headers = excluded.headers, payload = excluded.payload, props = excluded.props,
+             retain = excluded.retain, bridge = excluded.bridge, client_id = excluded.client_id,
+             qos = excluded.qos, shared_copy = excluded.shared_copy, owed_to = excluded.owed_to,
+             size = excluded.size"
+    ))?;
+    let p = encoded.params();
+    stmt.execute(rusqlite::params![
+        channel,
+        record.offset,
+        deleted,
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        p[4],
+        p[5],
+        p[6],
+        p[7],
+        p[8],
+        p[9],
+        p[10],
+        p[11],
+        p[12]
+    ])?;
+    Ok(())
+}
+
 /// Deletes a latest topic inside the open transaction, taking an offset
-/// only when the topic held a value. The row stays as the deletion's marker
-/// so a resuming consumer learns of it.
+/// only when the topic holds a value. The deletion (the record with the
+/// empty payload, as the publisher sent it) stays as the topic's marker so
+/// a resuming consumer learns of it, and counts its size as the memory
+/// provider's does; the retained store keeps no markers.
 pub(crate) fn stage_delete(
     conn: &Connection,
     channel: &LatestChannel,
     pending: &mut Pending,
-    topic: &str,
+    record: Record,
 ) -> rusqlite::Result<Option<Record>> {
-    let Some(old) = current_size(channel, pending, topic) else {
+    let Some(LatestEntry {
+        size: old,
+        marker: false,
+    }) = current(channel, pending, &record.topic)
+    else {
         return Ok(None);
     };
-    let offset = pending.next;
-    conn.prepare_cached(
-        "UPDATE latest_values SET offset = ?3, deleted = 1, payload = X'', headers = NULL, props = NULL,
-             size = 0 WHERE channel = ?1 AND topic = ?2",
-    )?
-    .execute(rusqlite::params![channel.name_str(), topic, offset])?;
+    let mut record = record;
+    record.offset = pending.next;
     pending.bytes = pending.bytes.saturating_sub(old);
     pending.count = pending.count.saturating_sub(1);
-    pending.topics.insert(topic.to_string(), None);
+    if channel.keeps_markers() {
+        let encoded = Encoded::new(&record);
+        upsert_latest(conn, channel.name_str(), &record, &encoded, true)?;
+        pending.bytes += encoded.size;
+        pending.topics.insert(
+            record.topic.clone(),
+            Some(LatestEntry {
+                size: encoded.size,
+                marker: true,
+            }),
+        );
+    } else {
+        conn.prepare_cached("DELETE FROM latest_values WHERE channel = ?1 AND topic = ?2")?
+            .execute(rusqlite::params![channel.name_str(), record.topic])?;
+        pending.topics.insert(record.topic.clone(), None);
+    }
     pending.next += 1;
-    let mut marker = Record::new(topic, bytes::Bytes::new());
-    marker.offset = offset;
-    Ok(Some(marker))
+    Ok(Some(record))
 }
 
 /// Writes each touched channel's counter row once: next, and bytes where
@@ -394,7 +430,7 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
             });
         let size = match &job {
             Job::Put(_, r) => r.accounted_size(),
-            Job::Delete(..) => 0,
+            Job::Delete(_, r) => r.accounted_size(),
         };
         if let (Some(max), Job::Put(..)) = (max_bytes_of(&target), &job) {
             let held = touched[idx].1.bytes;
@@ -432,9 +468,9 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
                     let (t, pending) = &mut touched[idx];
                     Some(stage(conn, t, pending, record.clone())?)
                 }
-                Job::Delete(channel, topic) => {
+                Job::Delete(channel, record) => {
                     let idx = index_of[channel.name_str()];
-                    stage_delete(conn, channel, &mut touched[idx].1, topic)?
+                    stage_delete(conn, channel, &mut touched[idx].1, record.clone())?
                 }
             };
             stored.push(out);
@@ -445,6 +481,7 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
     match result {
         Ok(stored) => {
             publish_counters(touched);
+            shared.set_publishes_full(false);
             drop(writer);
             for ((ticket, _, _), record) in accepted.into_iter().zip(stored) {
                 outcomes.push((ticket, Ok(record)));
@@ -453,11 +490,14 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
         Err(e) => {
             // Property 1: nothing moved in memory, so every offset the batch
             // took is handed back by construction.
+            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+                shared.set_publishes_full(true);
+            }
             let conn = writer.conn();
             for (ticket, job, size) in accepted {
                 let context = match &job {
                     Job::Put(t, _) => format!("channel {}: storing a publish", t.name()),
-                    Job::Delete(c, topic) => format!("channel {}: deleting {topic}", c.name_str()),
+                    Job::Delete(c, r) => format!("channel {}: deleting {}", c.name_str(), r.topic),
                 };
                 outcomes.push((
                     ticket,

@@ -33,7 +33,15 @@ impl Held {
 }
 
 impl HeldPublishStore for Held {
-    fn hold(&self, held: HeldPublish) -> contract::Result<()> {
+    fn hold(&self, mut held: HeldPublish) -> contract::Result<()> {
+        contract::check_hold(&held)?;
+        // A held publish takes its offset at its release, never before.
+        held.record.offset = 0;
+        // The release is a relief write, so a hold is bounded like the
+        // publish it is: refused while publishes are, or a QoS 2 publisher
+        // could fill the reserve through the back door.
+        self.shared
+            .refuse_if_publishes_are(held.record.accounted_size())?;
         let encoded = Encoded::new(&held.record);
         let mut w = self.shared.writer()?;
         let result = w.txn(false, |conn| {
@@ -91,7 +99,7 @@ impl HeldPublishStore for Held {
             };
             let stored = match &target {
                 Target::Latest(latest) if record.payload.is_empty() => {
-                    batch::stage_delete(conn, latest, &mut pending[0].1, &record.topic)?
+                    batch::stage_delete(conn, latest, &mut pending[0].1, record.clone())?
                         .unwrap_or_else(|| Record::new(record.topic.clone(), bytes::Bytes::new()))
                 }
                 _ => batch::stage(conn, &target, &mut pending[0].1, record)?,

@@ -214,6 +214,8 @@ pub(crate) struct Shared {
     readers_free: Condvar,
     reader_count: usize,
     closed: AtomicBool,
+    /// See [`Shared::refuse_if_publishes_are`].
+    publishes_full: AtomicBool,
     pub counters: Arc<Counters>,
     pub bounds: Option<PageBounds>,
     pub page_size: u64,
@@ -526,8 +528,34 @@ impl Shared {
             .collect()
     }
 
-    /// Stores a position: a relief write (it may use the reserve).
-    pub fn save_position(&self, channel: &str, position: &Position) -> contract::Result<()> {
+    /// Stores a position: a relief write (it may use the reserve). A
+    /// position never leads the channel (`offset` within `1..=next`), an
+    /// `mqtt:` reader states its session expiry and a `bridge:` reader none.
+    pub fn save_position(
+        &self,
+        channel: &str,
+        position: &Position,
+        next: u64,
+    ) -> contract::Result<()> {
+        let invalid = |detail: String| StorageError::Invalid {
+            what: format!("channel {channel}: position of {}", position.reader),
+            detail,
+        };
+        if position.offset < contract::FIRST_OFFSET || position.offset > next {
+            return Err(invalid(format!(
+                "offset {} is outside 1..={next} (a position never leads the channel)",
+                position.offset
+            )));
+        }
+        let expiry_ok = match position.reader.scheme() {
+            contract::ReaderScheme::Mqtt => position.session_expiry.is_some(),
+            contract::ReaderScheme::Bridge => position.session_expiry.is_none(),
+        };
+        if !expiry_ok {
+            return Err(invalid(
+                "an mqtt: reader states its session expiry interval and a bridge: reader states none".into(),
+            ));
+        }
         let name = position.reader.to_string();
         let mut w = self.writer()?;
         w.txn(true, |conn| {
@@ -572,6 +600,28 @@ impl Shared {
                 &e,
             )
         })
+    }
+
+    /// Refuses a publish-class write (a hold) while publishes are refused
+    /// for want of room: set by a publish meeting SQLITE_FULL, cleared by
+    /// any commit that stored a publish or removed something.
+    pub fn refuse_if_publishes_are(&self, size: u64) -> contract::Result<()> {
+        if self.publishes_full.load(Ordering::Acquire) {
+            let used = self.provider_bytes();
+            let limit = self.bounds.map_or(0, |b| b.publish_pages * b.page_size);
+            return Err(StorageError::ProviderFull {
+                provider: self.name.clone(),
+                size,
+                used,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Publishes met the ceiling (or, `false`, room was found or made).
+    pub fn set_publishes_full(&self, full: bool) {
+        self.publishes_full.store(full, Ordering::Release);
     }
 
     fn provider_bytes(&self) -> u64 {
@@ -875,6 +925,7 @@ impl SqliteProvider {
             readers: Mutex::new(readers),
             readers_free: Condvar::new(),
             closed: AtomicBool::new(false),
+            publishes_full: AtomicBool::new(false),
             counters,
             bounds,
             page_size,

@@ -276,6 +276,7 @@ impl QueueStore for QueueChannel {
     }
 
     fn enqueue(&self, record: Record) -> contract::Result<Record> {
+        contract::check_record(&self.name, &record, false)?;
         let me = self.me.upgrade().ok_or_else(|| StorageError::Closed {
             provider: self.shared.name.clone(),
         })?;
@@ -459,6 +460,7 @@ impl QueueStore for QueueChannel {
                 v.held.remove(&offset);
                 v.by_id.remove(&delivery_id);
                 self.gone(size);
+                self.shared.set_publishes_full(false);
                 Ok(true)
             }
             Err(e) => Err(self.shared.write_error(
@@ -567,6 +569,7 @@ impl QueueStore for QueueChannel {
             Ok(doomed) => {
                 drop(w);
                 let mut removed = Removed::default();
+                self.shared.set_publishes_full(false);
                 for (offset, size) in doomed {
                     v.not_before.remove(&offset);
                     self.gone(size);
