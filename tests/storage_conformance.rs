@@ -154,6 +154,12 @@ pub struct SqliteHarness {
     provider: Arc<saguin::storage::sqlite::SqliteProvider>,
 }
 
+impl Default for SqliteHarness {
+    fn default() -> Self {
+        SqliteHarness::new()
+    }
+}
+
 impl SqliteHarness {
     pub fn new() -> SqliteHarness {
         let dir = tempfile::tempdir().expect("temporary directory");
