@@ -32,7 +32,7 @@ use super::append::AppendChannel;
 use super::latest::{LatestChannel, LatestEntry};
 use super::queue::QueueChannel;
 use super::row::Encoded;
-use super::schema::RECORD_COLUMNS;
+use super::schema::record_columns;
 use super::Shared;
 use crate::storage::contract::{self, StorageError};
 
@@ -176,73 +176,66 @@ fn max_bytes_of(target: &Target) -> Option<u64> {
     }
 }
 
+// Constant statement texts: the cache is keyed by the text, so building it
+// per call would cost an allocation and a hash of it on every publish.
+const SQL_INSERT_RECORD: &str = concat!(
+    "INSERT INTO records (channel, offset, ",
+    record_columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+);
+const SQL_INSERT_QUEUE_ITEM: &str = concat!(
+    "INSERT INTO queue_items (channel, offset, ",
+    record_columns!(),
+    ", attempts, first_delivered, last_delivered)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0, 0, 0)"
+);
+const SQL_UPSERT_LATEST: &str = concat!(
+    "INSERT INTO latest_values (channel, offset, deleted, ",
+    record_columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+     ON CONFLICT (channel, topic) DO UPDATE SET offset = excluded.offset, deleted = excluded.deleted,
+         message_id = excluded.message_id, timestamp = excluded.timestamp,
+         headers = excluded.headers, payload = excluded.payload, props = excluded.props,
+         retain = excluded.retain, bridge = excluded.bridge, client_id = excluded.client_id,
+         qos = excluded.qos, shared_copy = excluded.shared_copy, owed_to = excluded.owed_to,
+         size = excluded.size"
+);
+
 /// Writes one publish into the open transaction at the channel's pending
-/// next offset. Used by group commit and by a held publish's release.
+/// next offset, and returns that offset. Used by group commit, a held
+/// publish's release and the dead-letter move.
 pub(crate) fn stage(
     conn: &Connection,
     target: &Target,
     pending: &mut Pending,
-    record: Record,
-) -> rusqlite::Result<Record> {
-    let mut record = record;
-    record.offset = pending.next;
-    let encoded = Encoded::new(&record);
+    record: &Record,
+) -> rusqlite::Result<u64> {
+    let offset = pending.next;
+    let encoded = Encoded::new(record);
     let name = target.name();
     match target {
         Target::Append(_) => {
-            let mut stmt = conn.prepare_cached(&format!(
-                "INSERT INTO records (channel, offset, {RECORD_COLUMNS})
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
-            ))?;
+            let mut stmt = conn.prepare_cached(SQL_INSERT_RECORD)?;
             let p = encoded.params();
             stmt.execute(rusqlite::params![
-                name,
-                record.offset,
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                p[4],
-                p[5],
-                p[6],
-                p[7],
-                p[8],
-                p[9],
-                p[10],
-                p[11],
-                p[12]
+                name, offset, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
+                p[11], p[12]
             ])?;
             pending.bytes += encoded.size;
             pending.count += 1;
         }
         Target::Queue(_) => {
-            let mut stmt = conn.prepare_cached(&format!(
-                "INSERT INTO queue_items (channel, offset, {RECORD_COLUMNS}, attempts, first_delivered, last_delivered)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0, 0, 0)"
-            ))?;
+            let mut stmt = conn.prepare_cached(SQL_INSERT_QUEUE_ITEM)?;
             let p = encoded.params();
             stmt.execute(rusqlite::params![
-                name,
-                record.offset,
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                p[4],
-                p[5],
-                p[6],
-                p[7],
-                p[8],
-                p[9],
-                p[10],
-                p[11],
-                p[12]
+                name, offset, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
+                p[11], p[12]
             ])?;
             pending.bytes += encoded.size;
             pending.count += 1;
         }
         Target::Latest(channel) => {
-            upsert_latest(conn, name, &record, &encoded, false)?;
+            upsert_latest(conn, name, offset, &encoded, false)?;
             let before = current(channel, pending, &record.topic);
             match before {
                 Some(LatestEntry { size, marker }) => {
@@ -264,7 +257,7 @@ pub(crate) fn stage(
         }
     }
     pending.next += 1;
-    Ok(record)
+    Ok(offset)
 }
 
 /// A latest topic's row as the batch sees it: `None` when there is none.
@@ -278,38 +271,15 @@ fn current(channel: &LatestChannel, pending: &Pending, topic: &str) -> Option<La
 fn upsert_latest(
     conn: &Connection,
     channel: &str,
-    record: &Record,
+    offset: u64,
     encoded: &Encoded<'_>,
     deleted: bool,
 ) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "INSERT INTO latest_values (channel, offset, deleted, {RECORD_COLUMNS})
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
-         ON CONFLICT (channel, topic) DO UPDATE SET offset = excluded.offset, deleted = excluded.deleted,
-             message_id = excluded.message_id, timestamp = excluded.timestamp,
-             headers = excluded.headers, payload = excluded.payload, props = excluded.props,
-             retain = excluded.retain, bridge = excluded.bridge, client_id = excluded.client_id,
-             qos = excluded.qos, shared_copy = excluded.shared_copy, owed_to = excluded.owed_to,
-             size = excluded.size"
-    ))?;
+    let mut stmt = conn.prepare_cached(SQL_UPSERT_LATEST)?;
     let p = encoded.params();
     stmt.execute(rusqlite::params![
-        channel,
-        record.offset,
-        deleted,
-        p[0],
-        p[1],
-        p[2],
-        p[3],
-        p[4],
-        p[5],
-        p[6],
-        p[7],
-        p[8],
-        p[9],
-        p[10],
-        p[11],
-        p[12]
+        channel, offset, deleted, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9],
+        p[10], p[11], p[12]
     ])?;
     Ok(())
 }
@@ -323,8 +293,8 @@ pub(crate) fn stage_delete(
     conn: &Connection,
     channel: &LatestChannel,
     pending: &mut Pending,
-    record: Record,
-) -> rusqlite::Result<Option<Record>> {
+    record: &Record,
+) -> rusqlite::Result<Option<u64>> {
     let Some(LatestEntry {
         size: old,
         marker: false,
@@ -332,13 +302,12 @@ pub(crate) fn stage_delete(
     else {
         return Ok(None);
     };
-    let mut record = record;
-    record.offset = pending.next;
+    let offset = pending.next;
     pending.bytes = pending.bytes.saturating_sub(old);
     pending.count = pending.count.saturating_sub(1);
     if channel.keeps_markers() {
-        let encoded = Encoded::new(&record);
-        upsert_latest(conn, channel.name_str(), &record, &encoded, true)?;
+        let encoded = Encoded::new(record);
+        upsert_latest(conn, channel.name_str(), offset, &encoded, true)?;
         pending.bytes += encoded.size;
         pending.topics.insert(
             record.topic.clone(),
@@ -353,7 +322,7 @@ pub(crate) fn stage_delete(
         pending.topics.insert(record.topic.clone(), None);
     }
     pending.next += 1;
-    Ok(Some(record))
+    Ok(Some(offset))
 }
 
 /// Writes each touched channel's counter row once: next, and bytes where
@@ -415,19 +384,20 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
     // Property 3: a channel's own bound refuses one record, before the
     // transaction, counting what this batch already accepted for it.
     let mut touched: Vec<(Target, Pending)> = Vec::new();
-    let mut index_of: HashMap<String, usize> = HashMap::new();
     let mut accepted: Vec<(u64, Job, u64)> = Vec::with_capacity(batch.len());
     for Waiting { ticket, job } in batch {
         let target = match &job {
             Job::Put(t, _) => t.clone(),
             Job::Delete(c, _) => Target::Latest(Arc::clone(c)),
         };
-        let idx = *index_of
-            .entry(target.name().to_string())
-            .or_insert_with(|| {
+        // A batch touches few channels: a scan beats hashing every name.
+        let idx = match touched.iter().position(|(t, _)| t.name() == target.name()) {
+            Some(idx) => idx,
+            None => {
                 touched.push((target.clone(), counters_of(&target)));
                 touched.len() - 1
-            });
+            }
+        };
         let size = match &job {
             Job::Put(_, r) => r.accounted_size(),
             Job::Delete(_, r) => r.accounted_size(),
@@ -464,13 +434,19 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
         for (_, job, _) in &accepted {
             let out = match job {
                 Job::Put(target, record) => {
-                    let idx = index_of[target.name()];
-                    let (t, pending) = &mut touched[idx];
-                    Some(stage(conn, t, pending, record.clone())?)
+                    // Every accepted job's channel was entered in `touched`.
+                    let (t, pending) = touched
+                        .iter_mut()
+                        .find(|(t, _)| t.name() == target.name())
+                        .ok_or(rusqlite::Error::InvalidQuery)?;
+                    Some(stage(conn, t, pending, record)?)
                 }
                 Job::Delete(channel, record) => {
-                    let idx = index_of[channel.name_str()];
-                    stage_delete(conn, channel, &mut touched[idx].1, record.clone())?
+                    let (_, pending) = touched
+                        .iter_mut()
+                        .find(|(t, _)| t.name() == channel.name_str())
+                        .ok_or(rusqlite::Error::InvalidQuery)?;
+                    stage_delete(conn, channel, pending, record)?
                 }
             };
             stored.push(out);
@@ -483,8 +459,16 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
             publish_counters(touched);
             shared.set_publishes_full(false);
             drop(writer);
-            for ((ticket, _, _), record) in accepted.into_iter().zip(stored) {
-                outcomes.push((ticket, Ok(record)));
+            for ((ticket, job, _), offset) in accepted.into_iter().zip(stored) {
+                let answer = match (job, offset) {
+                    (Job::Put(_, mut record), Some(offset))
+                    | (Job::Delete(_, mut record), Some(offset)) => {
+                        record.offset = offset;
+                        Some(record)
+                    }
+                    (_, None) => None,
+                };
+                outcomes.push((ticket, Ok(answer)));
             }
         }
         Err(e) => {

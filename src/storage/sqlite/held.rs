@@ -97,13 +97,14 @@ impl HeldPublishStore for Held {
             let Some(record) = row else {
                 return Ok(None);
             };
-            let stored = match &target {
-                Target::Latest(latest) if record.payload.is_empty() => {
-                    batch::stage_delete(conn, latest, &mut pending[0].1, record.clone())?
-                        .unwrap_or_else(|| Record::new(record.topic.clone(), bytes::Bytes::new()))
+            let mut stored = record;
+            match &target {
+                Target::Latest(latest) if stored.payload.is_empty() => {
+                    stored.offset = batch::stage_delete(conn, latest, &mut pending[0].1, &stored)?
+                        .unwrap_or(0);
                 }
-                _ => batch::stage(conn, &target, &mut pending[0].1, record)?,
-            };
+                _ => stored.offset = batch::stage(conn, &target, &mut pending[0].1, &stored)?,
+            }
             conn.prepare_cached(
                 "DELETE FROM held_publishes WHERE channel = ?1 AND holder_client_id = ?2 AND packet_id = ?3",
             )?

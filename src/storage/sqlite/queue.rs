@@ -231,8 +231,8 @@ impl QueueChannel {
         let result = w.txn(true, |conn| {
             let mut dlq_offsets = Vec::with_capacity(moves.len());
             for (offset, record) in &moves {
-                let stored = batch::stage(conn, &target, &mut pending[0].1, record.clone())?;
-                dlq_offsets.push(stored.offset);
+                let stored = batch::stage(conn, &target, &mut pending[0].1, record)?;
+                dlq_offsets.push(stored);
                 conn.prepare_cached("DELETE FROM queue_items WHERE channel = ?1 AND offset = ?2")?
                     .execute(rusqlite::params![self.name, offset])?;
             }
