@@ -704,7 +704,7 @@ fn session_entry(s: f21::Session) -> SessionEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::contract::{now_nanos, AppendStore, HeldPublishStore, Provider};
+    use crate::storage::contract::{now_nanos, HeldPublishStore, Provider};
     use crate::storage::memory::MemoryConfig;
     use crate::storage::snapshot_write::{save_snapshot, SnapshotOptions};
 
