@@ -67,25 +67,47 @@ pub(crate) enum Job {
 /// deletion of a topic that held nothing (no offset taken).
 pub(crate) type Outcome = contract::Result<Option<Record>>;
 
+/// What a waiting publisher is told: lead the next batch, or its answer.
+enum Turn {
+    Waiting,
+    Lead,
+    Done(Outcome),
+}
+
+/// One publisher's place: it sleeps on its own condition variable, so a
+/// batch ending wakes exactly the publishers in it and the next leader,
+/// not every waiter.
+struct Slot {
+    turn: Mutex<Turn>,
+    woken: Condvar,
+}
+
+impl Slot {
+    fn tell(&self, turn: Turn) {
+        *self.turn.lock().unwrap_or_else(|e| e.into_inner()) = turn;
+        self.woken.notify_one();
+    }
+}
+
 struct Waiting {
-    ticket: u64,
+    slot: Arc<Slot>,
     job: Job,
 }
 
 #[derive(Default)]
 struct State {
     queue: VecDeque<Waiting>,
-    done: HashMap<u64, Outcome>,
-    /// The ticket whose caller leads the next batch.
-    leader: Option<u64>,
-    next_ticket: u64,
+    /// A batch is being collected or committed; its leader hands the next
+    /// one to the publisher at the front of the queue.
+    leading: bool,
 }
 
 pub(crate) struct Batcher {
     interval: Option<Duration>,
     max_records: usize,
     state: Mutex<State>,
-    changed: Condvar,
+    /// Wakes a leader waiting out the interval when company arrives.
+    arrived: Condvar,
 }
 
 impl Batcher {
@@ -94,54 +116,92 @@ impl Batcher {
             interval,
             max_records: max_records.max(1),
             state: Mutex::new(State::default()),
-            changed: Condvar::new(),
+            arrived: Condvar::new(),
         }
     }
 
     /// Stores one publish and returns when the transaction holding it has
     /// committed (or failed): invariant 18's "answered only after".
     pub fn submit(&self, shared: &Shared, job: Job) -> Outcome {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let ticket = st.next_ticket;
-        st.next_ticket += 1;
-        st.queue.push_back(Waiting { ticket, job });
-        if st.leader.is_none() {
-            st.leader = Some(ticket);
-        } else {
-            // A leader waiting out an interval counts its company.
-            self.changed.notify_all();
-        }
-        loop {
-            if let Some(outcome) = st.done.remove(&ticket) {
-                return outcome;
+        let slot = Arc::new(Slot {
+            turn: Mutex::new(Turn::Waiting),
+            woken: Condvar::new(),
+        });
+        {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.queue.push_back(Waiting {
+                slot: Arc::clone(&slot),
+                job,
+            });
+            if st.leading {
+                self.arrived.notify_one();
+            } else {
+                st.leading = true;
+                *slot.turn.lock().unwrap_or_else(|e| e.into_inner()) = Turn::Lead;
             }
-            if st.leader == Some(ticket) {
-                if let Some(interval) = self.interval {
-                    let opened = Instant::now();
-                    while st.queue.len() < self.max_records {
-                        let left = interval.saturating_sub(opened.elapsed());
-                        if left.is_zero() {
-                            break;
-                        }
-                        st = self
-                            .changed
-                            .wait_timeout(st, left)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
+        }
+        {
+            let mut turn = slot.turn.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                match std::mem::replace(&mut *turn, Turn::Waiting) {
+                    Turn::Done(outcome) => return outcome,
+                    Turn::Lead => break,
+                    Turn::Waiting => {
+                        turn = slot.woken.wait(turn).unwrap_or_else(|e| e.into_inner());
                     }
                 }
-                let take = st.queue.len().min(self.max_records);
-                let batch: Vec<Waiting> = st.queue.drain(..take).collect();
-                drop(st);
-                let outcomes = run_batch(shared, batch);
-                st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                st.done.extend(outcomes);
-                st.leader = st.queue.front().map(|w| w.ticket);
-                self.changed.notify_all();
-                continue;
             }
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
+        self.lead(shared, &slot)
+    }
+
+    /// Collects, commits and answers one batch - this publisher's own job is
+    /// at the front of the queue - then hands the lead on.
+    fn lead(&self, shared: &Shared, me: &Arc<Slot>) -> Outcome {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(interval) = self.interval {
+            // The leader waits for company holding nothing but this queue:
+            // the writer is free for reads meanwhile.
+            let opened = Instant::now();
+            while st.queue.len() < self.max_records {
+                let left = interval.saturating_sub(opened.elapsed());
+                if left.is_zero() {
+                    break;
+                }
+                st = self
+                    .arrived
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        let take = st.queue.len().min(self.max_records);
+        let batch: Vec<Waiting> = st.queue.drain(..take).collect();
+        drop(st);
+        let (slots, jobs): (Vec<Arc<Slot>>, Vec<Job>) =
+            batch.into_iter().map(|w| (w.slot, w.job)).unzip();
+        let outcomes = run_batch(shared, jobs);
+        let mut mine = None;
+        for (slot, outcome) in slots.into_iter().zip(outcomes) {
+            if Arc::ptr_eq(&slot, me) {
+                mine = Some(outcome);
+            } else {
+                slot.tell(Turn::Done(outcome));
+            }
+        }
+        {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            match st.queue.front() {
+                Some(next) => next.slot.tell(Turn::Lead),
+                None => st.leading = false,
+            }
+        }
+        mine.unwrap_or_else(|| {
+            Err(StorageError::Write {
+                context: format!("storage {}", shared.path.display()),
+                detail: "the publish was not in the batch its publisher led".into(),
+            })
+        })
     }
 }
 
@@ -363,20 +423,17 @@ pub(crate) fn publish_counters(touched: Vec<(Target, Pending)>) {
     }
 }
 
-fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
+fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
     let mut outcomes: Vec<(u64, Outcome)> = Vec::with_capacity(batch.len());
     let mut writer = match shared.writer() {
         Ok(w) => w,
         Err(_) => {
             return batch
-                .into_iter()
-                .map(|w| {
-                    (
-                        w.ticket,
-                        Err(StorageError::Closed {
-                            provider: shared.name.clone(),
-                        }),
-                    )
+                .iter()
+                .map(|_| {
+                    Err(StorageError::Closed {
+                        provider: shared.name.clone(),
+                    })
                 })
                 .collect()
         }
@@ -385,7 +442,7 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
     // transaction, counting what this batch already accepted for it.
     let mut touched: Vec<(Target, Pending)> = Vec::new();
     let mut accepted: Vec<(u64, Job, u64)> = Vec::with_capacity(batch.len());
-    for Waiting { ticket, job } in batch {
+    for (ticket, job) in (0u64..).zip(batch) {
         let target = match &job {
             Job::Put(t, _) => t.clone(),
             Job::Delete(c, _) => Target::Latest(Arc::clone(c)),
@@ -422,7 +479,7 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
         accepted.push((ticket, job, size));
     }
     if accepted.is_empty() {
-        return outcomes;
+        return in_order(outcomes);
     }
     // The pre-check borrowed the pending bytes; start the transaction from
     // the committed counters again.
@@ -490,5 +547,11 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
             }
         }
     }
-    outcomes
+    in_order(outcomes)
+}
+
+/// The answers in the order the publishes came in the batch.
+fn in_order(mut outcomes: Vec<(u64, Outcome)>) -> Vec<Outcome> {
+    outcomes.sort_by_key(|(index, _)| *index);
+    outcomes.into_iter().map(|(_, outcome)| outcome).collect()
 }
