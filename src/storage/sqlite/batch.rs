@@ -68,6 +68,7 @@ pub(crate) enum Job {
 pub(crate) type Outcome = contract::Result<Option<Record>>;
 
 /// What a waiting publisher is told: lead the next batch, or its answer.
+#[allow(clippy::large_enum_variant)] // one per publish, never boxed: the answer moves out once.
 enum Turn {
     Waiting,
     Lead,
