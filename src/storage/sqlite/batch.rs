@@ -515,6 +515,14 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
     match result {
         Ok(stored) => {
             publish_counters(touched);
+            shared
+                .counters
+                .publish_batches
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared
+                .counters
+                .batched_publishes
+                .fetch_add(stored.len() as u64, std::sync::atomic::Ordering::Relaxed);
             shared.set_publishes_full(false);
             drop(writer);
             for ((ticket, job, _), offset) in accepted.into_iter().zip(stored) {

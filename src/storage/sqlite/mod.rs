@@ -189,6 +189,9 @@ pub(crate) struct Counters {
     pub storage_errors: AtomicU64,
     /// WAL fsyncs performed.
     pub flushes: AtomicU64,
+    /// Publish transactions committed, and the publishes they held.
+    pub publish_batches: AtomicU64,
+    pub batched_publishes: AtomicU64,
 }
 
 /// The stores opened so far: asking twice gives back the first store.
@@ -1038,6 +1041,18 @@ impl SqliteProvider {
     /// How many WAL fsyncs the flusher has made.
     pub fn flushes(&self) -> u64 {
         self.shared.counters.flushes.load(Ordering::Relaxed)
+    }
+
+    /// Group commit so far: (publish transactions committed, publishes in
+    /// them). Their ratio is the mean batch.
+    pub fn group_commit_stats(&self) -> (u64, u64) {
+        (
+            self.shared.counters.publish_batches.load(Ordering::Relaxed),
+            self.shared
+                .counters
+                .batched_publishes
+                .load(Ordering::Relaxed),
+        )
     }
 
     /// The append store of `name` (opened like [`Provider::open_channel`]).
