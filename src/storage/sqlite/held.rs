@@ -26,6 +26,12 @@ const SQL_ONE: &str = concat!(
     " FROM held_publishes WHERE channel = ?1 AND holder_client_id = ?2 AND packet_id = ?3"
 );
 
+pub(crate) const SQL_ALL: &str = concat!(
+    "SELECT channel, holder_client_id, packet_id, held_at, ",
+    record_columns!(),
+    " FROM held_publishes ORDER BY channel, holder_client_id, packet_id"
+);
+
 impl Held {
     pub fn new(shared: Arc<Shared>) -> Held {
         Held { shared }
@@ -163,11 +169,7 @@ impl HeldPublishStore for Held {
         self.shared.read(
             || "reading held publishes".into(),
             |conn| {
-                let mut stmt = conn.prepare_cached(concat!(
-                    "SELECT channel, holder_client_id, packet_id, held_at, ",
-                    record_columns!(),
-                    " FROM held_publishes ORDER BY channel, holder_client_id, packet_id"
-                ))?;
+                let mut stmt = conn.prepare_cached(SQL_ALL)?;
                 let rows = stmt.query_map([], |r| {
                     Ok(HeldPublish {
                         channel: r.get(0)?,

@@ -130,6 +130,13 @@ pub enum SqliteOpenError {
     },
     #[error("storage {}: {detail}", path.display())]
     Settings { path: PathBuf, detail: String },
+    /// Recovery at open (the position sweep, reading the channels) failed.
+    #[error("storage {}: recovery at open: {source}", path.display())]
+    Recovery {
+        path: PathBuf,
+        #[source]
+        source: StorageError,
+    },
 }
 
 fn creator_text(by: &Option<String>, at: Option<i64>) -> String {
@@ -663,6 +670,7 @@ fn read_statements() -> Vec<String> {
     all.extend(latest::read_statements());
     all.extend(queue::read_statements());
     all.extend(session::read_statements());
+    all.push(held::SQL_ALL.to_string());
     all
 }
 
@@ -937,10 +945,12 @@ impl SqliteProvider {
             lock: Mutex::new(Some(guard)),
         });
         let provider = SqliteProvider { shared };
-        provider.recover().map_err(|e| SqliteOpenError::Settings {
-            path: path.clone(),
-            detail: e.to_string(),
-        })?;
+        provider
+            .recover()
+            .map_err(|source| SqliteOpenError::Recovery {
+                path: path.clone(),
+                source,
+            })?;
         Ok(provider)
     }
 
