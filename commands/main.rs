@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod check_config;
+mod docs;
 mod lock;
 mod migrate;
 mod serve;
@@ -54,6 +55,9 @@ pub enum Commands {
     /// Tell whether a provider's lock is held, and by whom.
     #[command(subcommand)]
     Lock(lock::Command),
+    /// Write the man pages and shell completions (for building the project).
+    #[command(hide = true)]
+    GenerateDocs(docs::Args),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +69,7 @@ fn main() -> ExitCode {
         Commands::Sqlite(cmd) => sqlite::run(cmd),
         Commands::Migrate(cmd) => migrate::run(cmd),
         Commands::Lock(cmd) => lock::run(cmd),
+        Commands::GenerateDocs(args) => docs::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

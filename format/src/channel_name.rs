@@ -153,8 +153,9 @@ mod tests {
     #[test]
     fn file_name_length_accounts_for_the_encoding_and_temp_suffix() {
         assert!(file_name_fits(&"a".repeat(128)));
-        // 80 dots become 240 bytes, plus ".snapshot" and ".tmp": too long.
-        assert!(!file_name_fits(&".".repeat(80)));
+        // 81 dots become 243 bytes, plus ".snapshot" and ".tmp": 256, too long.
+        assert!(!file_name_fits(&".".repeat(81)));
+        assert!(file_name_fits(&".".repeat(80)));
         let limit = MAX_FILE_NAME_LEN - SNAPSHOT_SUFFIX.len() - TEMP_SUFFIX.len();
         assert!(file_name_fits(&"a".repeat(limit)));
         assert!(!file_name_fits(&"a".repeat(limit + 1)));

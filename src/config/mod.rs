@@ -1,1 +1,640 @@
-//! The configuration: YAML into typed, validated, resolved settings.
+//! The configuration (SAGUIN.md §3, standing in for RFC 0002): one YAML file
+//! into typed, validated, resolved settings.
+//!
+//! [`Config::load`] is the only loader: `saguin serve` and
+//! `saguin check-config` both call it, so "check-config says OK, serve
+//! refuses" cannot happen (SAGUIN.md §6 item 2). Loading reads the YAML,
+//! fills every default, runs every cross-check, and opens and parses every
+//! file the configuration names except the databases: the password file, the
+//! ACL file, TLS certificates and keys. Every problem is collected, each with
+//! its YAML path (`channels[2].storage: no provider named "db2"`), rather
+//! than stopping at the first.
+//!
+//! Decisions this module makes where SAGUIN.md is silent (documented in
+//! `docs` of each field and in `man saguin-check-config`):
+//!
+//! - `auth.allow_anonymous` defaults to `true` only in the embedded default;
+//!   a configuration file that omits it gets `false`, and such a file must
+//!   then name a `password_file`, or no client could ever connect.
+//! - A listener `bind` with port 0 is accepted: the system picks a free port
+//!   (what tests and ephemeral deployments need); the broker reports it.
+//!   check-config never binds, because the broker it checks may be running.
+//! - Relative paths resolve against the directory of the configuration file.
+//! - A provider no channel, `retained_storage` or `session_storage` names is
+//!   inert (RFC 0004 "Moving a channel between providers"): valid, and said so
+//!   in the summary.
+//! - An absent `max_bytes` means no bound and no reserve.
+
+pub mod auth;
+mod names;
+mod output;
+mod parse;
+mod secret;
+mod summary;
+#[cfg(test)]
+mod tests;
+mod tls;
+pub mod units;
+mod validate;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use auth::{Access, AclFile, PasswordFile};
+pub use names::{
+    channel_file_name, check_channel_name, CHANNEL_NAME_MAX_BYTES, FILE_NAME_MAX_BYTES,
+};
+pub use secret::Secret;
+pub use tls::TlsMaterial;
+
+/// SQLite page size on a database saguin creates (RFC 0004 "Enforcing a size
+/// bound"): bounds are computed in these pages.
+pub const SQLITE_PAGE_SIZE: u64 = 4096;
+
+/// The largest configuration file read, so a wrong `--config` (a disk image,
+/// `/dev/zero`) is refused instead of read into memory.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// A fully resolved, validated configuration. Every default is filled in;
+/// every provider a channel or the broker names exists; every file named has
+/// been opened and parsed.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// MQTT listeners, in the order the file gives them.
+    pub listeners: Vec<Listener>,
+    pub auth: Auth,
+    /// Storage providers, in the order the file gives them (YAML key `storage`).
+    pub storage: Vec<Provider>,
+    /// Channels, in the order the file gives them.
+    pub channels: Vec<Channel>,
+    pub broker: Broker,
+    pub limits: Limits,
+    pub metrics: Metrics,
+    pub log: Log,
+    /// Where the configuration came from: the file, or `None` for the
+    /// embedded default.
+    pub origin: Option<PathBuf>,
+}
+
+/// One MQTT listener (`listeners[i]`).
+#[derive(Debug, Clone)]
+pub struct Listener {
+    /// Unique among listeners; used in logs and metrics.
+    pub name: String,
+    /// Address to listen on. Port 0 lets the system choose.
+    pub bind: SocketAddr,
+    /// TLS on this listener; `None` is plain TCP.
+    pub tls: Option<TlsSettings>,
+    /// Time a new connection has to finish its TLS handshake and send
+    /// CONNECT before it is closed. Default 10s.
+    pub handshake_timeout: Duration,
+}
+
+/// TLS settings of a listener (`listeners[i].tls`). The files have been read
+/// and parsed; `material` holds the result.
+#[derive(Debug, Clone)]
+pub struct TlsSettings {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1). The path is not a secret;
+    /// the key it holds is, and lives only in `material`.
+    pub key: PathBuf,
+    /// PEM CA certificates clients must present a certificate from (mTLS);
+    /// `None`: no client certificate is asked for.
+    pub client_ca: Option<PathBuf>,
+    /// What the files held, ready to serve with.
+    pub material: TlsMaterial,
+}
+
+/// `auth`.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    /// Whether a client without a username may connect. Default: `true` in
+    /// the embedded default only, `false` in a configuration file.
+    pub allow_anonymous: bool,
+    /// mosquitto_passwd-format password file.
+    pub password_file: Option<PathBuf>,
+    /// mosquitto acl_file-format ACL file. Absent: every client may read and
+    /// write every topic.
+    pub acl_file: Option<PathBuf>,
+    /// The parsed password file, present exactly when `password_file` is.
+    pub passwords: Option<Arc<PasswordFile>>,
+    /// The parsed ACL file, present exactly when `acl_file` is.
+    pub acl: Option<Arc<AclFile>>,
+}
+
+/// A storage provider (`storage[i]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Provider {
+    Memory(MemoryProvider),
+    Sqlite(SqliteProvider),
+}
+
+/// `kind: memory`: records in memory, written to a snapshot directory at
+/// shutdown when one is configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryProvider {
+    pub name: String,
+    /// Where snapshots are written at shutdown and read at startup. `None`:
+    /// nothing is kept across a restart.
+    pub snapshot_dir: Option<PathBuf>,
+    /// Bound on the bytes the provider's channels hold, reserve included
+    /// (RFC 0004 "The reserve"). `None`: unbounded.
+    pub max_bytes: Option<u64>,
+}
+
+/// `kind: sqlite`: one SQLite database in WAL mode, synchronous=NORMAL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteProvider {
+    pub name: String,
+    /// The database file.
+    pub file_path: PathBuf,
+    /// Bound on the database file, applied as `PRAGMA max_page_count` in
+    /// pages of [`SQLITE_PAGE_SIZE`]. `None`: SQLite's own limit.
+    pub max_bytes: Option<u64>,
+    /// How often the write-ahead log is fsynced when something was committed
+    /// since the last fsync. 10ms..=1s, default 150ms.
+    pub flush_interval: Duration,
+    /// `None`: a publish never waits for company (group commit only of the
+    /// publishes that arrive during a commit). A duration (<= 1s): a publish
+    /// transaction waits this long for more, or for `publish_commit_max_records`.
+    pub publish_commit_interval: Option<Duration>,
+    /// Most records in one publish transaction. Default 256.
+    pub publish_commit_max_records: u32,
+    /// Read-only connections beside the writer; 0 puts every read on the
+    /// writer. Default 4.
+    pub read_connections: u32,
+}
+
+/// What a provider's `max_bytes` came to (RFC 0004 "Enforcing a size bound",
+/// "The reserve"), computed by [`Provider::bound`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    /// The figure the operator wrote, in bytes.
+    pub max_bytes: u64,
+    /// The bound actually enforced: `max_bytes` for memory, rounded down to
+    /// whole pages for sqlite.
+    pub effective_bytes: u64,
+    /// sqlite only: `PRAGMA max_page_count` at full (relief) ceiling.
+    pub pages: Option<u64>,
+    /// Held back from publishes, carved out of the bound: one largest record
+    /// with its headers (rounded up to pages on sqlite).
+    pub reserve_bytes: u64,
+    /// Where publishes stop: `effective_bytes - reserve_bytes`.
+    pub publish_limit_bytes: u64,
+}
+
+/// A channel (`channels[i]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Channel {
+    /// The channel's name: the first topic level of its topics.
+    pub name: String,
+    /// Append, latest or queue, with a queue's settings.
+    pub kind: ChannelKindConfig,
+    /// The provider's name; guaranteed to name one of `Config::storage`.
+    pub storage: String,
+    /// Append channels: oldest records are removed past this many bytes.
+    pub retention_bytes: Option<u64>,
+    /// Append and latest channels: records older than this are removed.
+    pub retention_age: Option<Duration>,
+    /// Append and queue channels: publishes are refused (0x97) past this.
+    pub max_bytes: Option<u64>,
+}
+
+/// A channel's kind (`channels[i].kind`) and what only that kind has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChannelKindConfig {
+    Append,
+    Latest,
+    Queue(QueueSettings),
+}
+
+/// Settings only a queue channel has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSettings {
+    /// How long a worker holds a job before it counts as an attempt. Default 30s.
+    pub lease: Duration,
+    /// Attempts before the job moves to the dead-letter channel. Default 5.
+    pub max_attempts: u32,
+    /// Gap before attempt n+1 is `backoff[n-1]`; the last entry repeats; an
+    /// empty list retries at once. Default [1s, 5s, 30s].
+    pub backoff: Vec<Duration>,
+    /// Retention bound of the dead-letter channel `<name>.dlq`. `None`: unbounded.
+    pub dlq_retention_bytes: Option<u64>,
+}
+
+/// `broker`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broker {
+    /// Provider of the retained store. `None`: memory, not kept.
+    pub retained_storage: Option<String>,
+    /// Provider of persistent sessions and the broadcast log. `None`: memory,
+    /// not kept.
+    pub session_storage: Option<String>,
+    pub session: SessionSettings,
+    pub exactly_once: ExactlyOnce,
+}
+
+/// `broker.session`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSettings {
+    /// How often consumer positions are stored. Default 200ms.
+    pub ack_commit_interval: Duration,
+}
+
+/// `broker.exactly_once`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExactlyOnce {
+    /// An unreleased QoS 2 publish is dropped and counted after this. Default 1h.
+    pub expires_after: Duration,
+}
+
+/// `limits`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest PUBLISH payload+topic accepted, bytes. Default 256KiB.
+    pub max_message_size: u64,
+    /// Largest user properties and other headers of one message, bytes.
+    /// Default 8KiB.
+    pub max_header_bytes: u64,
+    /// Longest session expiry a client may ask for. Default 7d.
+    pub max_session_expiry: Duration,
+    /// Default 10000.
+    pub max_connections: u32,
+    /// MQTT 5 Receive Maximum the broker announces. Default 64.
+    pub receive_maximum: u16,
+    /// Per session, offline QoS 1/2 messages. Default 1000.
+    pub max_queued_messages: u32,
+    /// Default 100.
+    pub max_subscriptions_per_session: u32,
+}
+
+/// `metrics`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metrics {
+    /// Prometheus text format at `/metrics`; `None`: off.
+    pub bind: Option<SocketAddr>,
+}
+
+/// `log`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Log {
+    pub level: LogLevel,
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Logfmt,
+    Json,
+}
+
+/// One thing wrong with a configuration: where (a YAML path such as
+/// `channels[2].storage`, or `""` for the document) and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file itself could not be read (missing, permission, not a
+    /// regular file, too large). `check-config` exits 3.
+    #[error("configuration {path}: {reason}")]
+    Unreadable { path: PathBuf, reason: String },
+    /// The configuration was read and is invalid; every problem found.
+    /// `check-config` exits 1.
+    #[error("configuration {}: {} problem(s), the first: {}", origin_label(origin), problems.len(), problems.first().map(ToString::to_string).unwrap_or_default())]
+    Invalid {
+        origin: Option<PathBuf>,
+        problems: Vec<Problem>,
+    },
+}
+
+fn origin_label(origin: &Option<PathBuf>) -> String {
+    origin
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "(embedded default)".to_string())
+}
+
+impl ConfigError {
+    /// Every problem (empty for [`ConfigError::Unreadable`]).
+    pub fn problems(&self) -> &[Problem] {
+        match self {
+            ConfigError::Unreadable { .. } => &[],
+            ConfigError::Invalid { problems, .. } => problems,
+        }
+    }
+}
+
+/// The embedded default's YAML: one listener on 127.0.0.1:1883, anonymous,
+/// no channels, everything in memory, nothing kept (SAGUIN.md §2).
+pub const EMBEDDED_DEFAULT_YAML: &str = "\
+listeners:
+  - name: mqtt
+    bind: 127.0.0.1:1883
+auth:
+  allow_anonymous: true
+";
+
+impl Config {
+    /// Read, validate and resolve the configuration file at `path`, opening
+    /// every file it names except the databases.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        let bytes = read_config_file(path)?;
+        let text = String::from_utf8(bytes).map_err(|e| ConfigError::Invalid {
+            origin: Some(path.to_path_buf()),
+            problems: vec![Problem {
+                path: String::new(),
+                message: format!(
+                    "not UTF-8 text (invalid byte at offset {})",
+                    e.utf8_error().valid_up_to()
+                ),
+            }],
+        })?;
+        Config::from_yaml_str(&text, path)
+    }
+
+    /// Validate and resolve YAML text that came from `origin` (a path; its
+    /// directory is where relative paths in the text resolve from).
+    pub fn from_yaml_str(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        // Relative paths resolve against the file's directory, made
+        // absolute so the broker, check-config and a diff of two resolved
+        // configurations all see the same path whatever the working
+        // directory was.
+        let dir = origin.parent().unwrap_or(Path::new(""));
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        let base = dir.canonicalize().unwrap_or_else(|_| {
+            std::env::current_dir()
+                .map(|cwd| parse::fold(&cwd.join(dir)))
+                .unwrap_or_else(|_| dir.to_path_buf())
+        });
+        parse::parse(text, Some(origin.to_path_buf()), &base, false)
+    }
+
+    /// The configuration `saguin serve` runs without `--config`.
+    pub fn embedded_default() -> Config {
+        match parse::parse(EMBEDDED_DEFAULT_YAML, None, Path::new(""), true) {
+            Ok(config) => config,
+            // The text is a constant checked by a unit test; failing here
+            // is a build defect, not an input error.
+            Err(err) => panic!("the embedded default configuration is invalid: {err}"),
+        }
+    }
+
+    /// The provider called `name`.
+    pub fn provider(&self, name: &str) -> Option<&Provider> {
+        self.storage.iter().find(|p| p.name() == name)
+    }
+
+    /// The channel called `name`.
+    pub fn channel(&self, name: &str) -> Option<&Channel> {
+        self.channels.iter().find(|c| c.name == name)
+    }
+
+    /// The channels stored by provider `name`, in configuration order.
+    pub fn channels_of<'a>(&'a self, provider: &'a str) -> impl Iterator<Item = &'a Channel> + 'a {
+        self.channels.iter().filter(move |c| c.storage == provider)
+    }
+
+    /// The reserve a bounded provider holds back before rounding: one
+    /// largest record with its headers (RFC 0004 "The reserve").
+    pub fn reserve_bytes(&self) -> u64 {
+        self.limits
+            .max_message_size
+            .saturating_add(self.limits.max_header_bytes)
+    }
+
+    /// Whether a provider is named by no channel and neither broker store:
+    /// inert, nothing is created for it.
+    pub fn is_inert(&self, provider: &str) -> bool {
+        self.channels.iter().all(|c| c.storage != provider)
+            && self.broker.retained_storage.as_deref() != Some(provider)
+            && self.broker.session_storage.as_deref() != Some(provider)
+    }
+
+    /// Whether anything at all survives a restart: some channel or broker
+    /// store is on sqlite or on memory with a snapshot directory.
+    pub fn keeps_anything(&self) -> bool {
+        self.storage
+            .iter()
+            .any(|p| !self.is_inert(p.name()) && p.keeps_anything())
+    }
+
+    /// What each channel's durability is and what each size bound came to,
+    /// one sentence a line (SAGUIN.md §5; invariant 14). The broker states
+    /// these once at startup; check-config prints them.
+    pub fn durability_summary(&self) -> Vec<String> {
+        summary::durability_summary(self)
+    }
+
+    /// The fully resolved configuration as one document: every default
+    /// filled, sizes in bytes, durations in humantime form, keys sorted,
+    /// lists of named things sorted by name, secrets redacted by type. The
+    /// YAML or JSON rendering of it loads back to the same configuration.
+    pub fn resolved(&self) -> serde_json::Value {
+        output::resolved(self)
+    }
+}
+
+impl Provider {
+    pub fn name(&self) -> &str {
+        match self {
+            Provider::Memory(m) => &m.name,
+            Provider::Sqlite(s) => &s.name,
+        }
+    }
+
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Provider::Memory(_) => "memory",
+            Provider::Sqlite(_) => "sqlite",
+        }
+    }
+
+    pub fn max_bytes(&self) -> Option<u64> {
+        match self {
+            Provider::Memory(m) => m.max_bytes,
+            Provider::Sqlite(s) => s.max_bytes,
+        }
+    }
+
+    /// Whether what this provider holds survives a restart.
+    pub fn keeps_anything(&self) -> bool {
+        match self {
+            Provider::Memory(m) => m.snapshot_dir.is_some(),
+            Provider::Sqlite(_) => true,
+        }
+    }
+
+    /// What `max_bytes` comes to with `reserve` (= max_message_size +
+    /// max_header_bytes): pages and reserve on sqlite. `None` when unbounded.
+    pub fn bound(&self, reserve: u64) -> Option<Bound> {
+        match self {
+            Provider::Memory(m) => m.max_bytes.map(|max| Bound {
+                max_bytes: max,
+                effective_bytes: max,
+                pages: None,
+                reserve_bytes: reserve,
+                publish_limit_bytes: max.saturating_sub(reserve),
+            }),
+            Provider::Sqlite(s) => s.max_bytes.map(|max| {
+                let pages = max / SQLITE_PAGE_SIZE;
+                let effective = pages * SQLITE_PAGE_SIZE;
+                let reserve_pages = reserve.div_ceil(SQLITE_PAGE_SIZE);
+                let reserve_bytes = reserve_pages.saturating_mul(SQLITE_PAGE_SIZE);
+                Bound {
+                    max_bytes: max,
+                    effective_bytes: effective,
+                    pages: Some(pages),
+                    reserve_bytes,
+                    publish_limit_bytes: effective.saturating_sub(reserve_bytes),
+                }
+            }),
+        }
+    }
+}
+
+impl SqliteProvider {
+    /// `PRAGMA max_page_count` for publishes (reserve held back) and for
+    /// relief operations (the whole bound): `(publish, relief)`.
+    pub fn page_ceilings(&self, reserve: u64) -> Option<(u64, u64)> {
+        let pages = self.max_bytes? / SQLITE_PAGE_SIZE;
+        let reserve_pages = reserve.div_ceil(SQLITE_PAGE_SIZE);
+        Some((pages.saturating_sub(reserve_pages), pages))
+    }
+}
+
+impl Channel {
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            ChannelKindConfig::Append => "append",
+            ChannelKindConfig::Latest => "latest",
+            ChannelKindConfig::Queue(_) => "queue",
+        }
+    }
+
+    pub fn queue(&self) -> Option<&QueueSettings> {
+        match &self.kind {
+            ChannelKindConfig::Queue(q) => Some(q),
+            _ => None,
+        }
+    }
+
+    /// The dead-letter channel's name for a queue: `<name>.dlq`, on the same
+    /// provider and in the same file.
+    pub fn dlq_name(&self) -> Option<String> {
+        self.queue().map(|_| format!("{}.dlq", self.name))
+    }
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+impl LogFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Logfmt => "logfmt",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// Read the configuration file, refusing what is not a regular file or is
+/// larger than [`MAX_CONFIG_FILE_BYTES`] before reading it.
+fn read_config_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
+    use std::io::Read;
+    let unreadable = |reason: String| ConfigError::Unreadable {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let file = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| unreadable(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(unreadable("not a regular file".to_string()));
+    }
+    if meta.len() > MAX_CONFIG_FILE_BYTES {
+        return Err(unreadable(format!(
+            "{} bytes, larger than the {} bytes a configuration may be",
+            meta.len(),
+            MAX_CONFIG_FILE_BYTES
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| unreadable(e.to_string()))?;
+    Ok(bytes)
+}
+
+/// Read a file the configuration names, refusing what is not a regular file
+/// or is larger than `limit` before reading it. The error names the path and
+/// never the contents.
+pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file", path.display()));
+    }
+    if meta.len() > limit {
+        return Err(format!(
+            "{}: {} bytes, more than the {limit} bytes such a file may be",
+            path.display(),
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!(
+            "{}: more than the {limit} bytes such a file may be",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}

@@ -1,0 +1,122 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_saguin_global_optspecs
+    string join \n h/help V/version
+end
+
+function __fish_saguin_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_saguin_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_saguin_using_subcommand
+    set -l cmd (__fish_saguin_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c saguin -n "__fish_saguin_needs_command" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_needs_command" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_needs_command" -f -a "serve" -d 'Serve MQTT'
+complete -c saguin -n "__fish_saguin_needs_command" -f -a "check-config" -d 'Validate a configuration, and print it fully resolved'
+complete -c saguin -n "__fish_saguin_needs_command" -f -a "snapshot" -d 'Inspect and verify snapshot files and directories'
+complete -c saguin -n "__fish_saguin_needs_command" -f -a "sqlite" -d 'Read and back up a sqlite provider\'s database'
+complete -c saguin -n "__fish_saguin_needs_command" -f -a "migrate" -d 'Move a provider\'s data to another provider kind'
+complete -c saguin -n "__fish_saguin_needs_command" -f -a "lock" -d 'Tell whether a provider\'s lock is held, and by whom'
+complete -c saguin -n "__fish_saguin_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c saguin -n "__fish_saguin_using_subcommand serve" -l config -d 'The configuration file (YAML). Without it: one listener on 127.0.0.1:1883, anonymous, everything in memory, nothing kept' -r -F
+complete -c saguin -n "__fish_saguin_using_subcommand serve" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand serve" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand check-config" -l config -d 'The configuration file (YAML). Without it, the embedded default: one listener on 127.0.0.1:1883, anonymous, nothing kept' -r -F
+complete -c saguin -n "__fish_saguin_using_subcommand check-config" -l output -d 'Print the fully resolved configuration on stdout as one YAML (the default) or JSON document' -r -f -a "yaml\t''
+json\t''"
+complete -c saguin -n "__fish_saguin_using_subcommand check-config" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c saguin -n "__fish_saguin_using_subcommand check-config" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and not __fish_seen_subcommand_from inspect verify help" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and not __fish_seen_subcommand_from inspect verify help" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and not __fish_seen_subcommand_from inspect verify help" -f -a "inspect" -d 'Show what a snapshot directory, format 21 file or MBMQTT01 file holds'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and not __fish_seen_subcommand_from inspect verify help" -f -a "verify" -d 'Decode and validate snapshot files as the broker does at startup'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and not __fish_seen_subcommand_from inspect verify help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -l limit -d 'At most this many records per channel' -r
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -l channel -d 'Only this channel' -r
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -l max-bytes -d 'Refuse a file larger than this (bytes, or with a KiB/MiB/GiB suffix). Default: 64 MiB for MBMQTT01, 4 GiB for format 21' -r
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -l json -d 'One JSON document on stdout'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -l records -d 'List records'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from inspect" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from verify" -l max-bytes -d 'Refuse a file larger than this (bytes, or with a KiB/MiB/GiB suffix). Default: 64 MiB for MBMQTT01, 4 GiB for format 21' -r
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from verify" -l json -d 'One JSON document on stdout'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from verify" -l quiet -d 'Print nothing; the exit code answers'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from verify" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from verify" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from help" -f -a "inspect" -d 'Show what a snapshot directory, format 21 file or MBMQTT01 file holds'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from help" -f -a "verify" -d 'Decode and validate snapshot files as the broker does at startup'
+complete -c saguin -n "__fish_saguin_using_subcommand snapshot; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and not __fish_seen_subcommand_from dump backup help" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and not __fish_seen_subcommand_from dump backup help" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and not __fish_seen_subcommand_from dump backup help" -f -a "dump" -d 'Show what a sqlite provider\'s database holds (read-only)'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and not __fish_seen_subcommand_from dump backup help" -f -a "backup" -d 'Take an online, consistent, verified copy of a database'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and not __fish_seen_subcommand_from dump backup help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -l channel -d 'List this channel\'s records' -r
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -l from -d 'First offset to list' -r
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -l limit -d 'At most this many records' -r
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -l json -d 'One JSON document on stdout'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -l ndjson -d 'One JSON object per line on stdout'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from backup" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from backup" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from help" -f -a "dump" -d 'Show what a sqlite provider\'s database holds (read-only)'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from help" -f -a "backup" -d 'Take an online, consistent, verified copy of a database'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and not __fish_seen_subcommand_from to-sqlite to-snapshots from-mbmqtt help" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and not __fish_seen_subcommand_from to-sqlite to-snapshots from-mbmqtt help" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and not __fish_seen_subcommand_from to-sqlite to-snapshots from-mbmqtt help" -f -a "to-sqlite" -d 'Move a memory provider\'s snapshot directory into a new sqlite database'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and not __fish_seen_subcommand_from to-sqlite to-snapshots from-mbmqtt help" -f -a "to-snapshots" -d 'Move a sqlite database into a new snapshot directory'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and not __fish_seen_subcommand_from to-sqlite to-snapshots from-mbmqtt help" -f -a "from-mbmqtt" -d 'Import a legacy MBMQTT01 broker.snapshot'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and not __fish_seen_subcommand_from to-sqlite to-snapshots from-mbmqtt help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-sqlite" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-sqlite" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-snapshots" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-snapshots" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -l to-sqlite -r -F
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -l to-snapshots -r -F
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from help" -f -a "to-sqlite" -d 'Move a memory provider\'s snapshot directory into a new sqlite database'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from help" -f -a "to-snapshots" -d 'Move a sqlite database into a new snapshot directory'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from help" -f -a "from-mbmqtt" -d 'Import a legacy MBMQTT01 broker.snapshot'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c saguin -n "__fish_saguin_using_subcommand lock; and not __fish_seen_subcommand_from status help" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand lock; and not __fish_seen_subcommand_from status help" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand lock; and not __fish_seen_subcommand_from status help" -f -a "status" -d 'Free, held (by whom, since when), or left by a process that is gone'
+complete -c saguin -n "__fish_saguin_using_subcommand lock; and not __fish_seen_subcommand_from status help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c saguin -n "__fish_saguin_using_subcommand lock; and __fish_seen_subcommand_from status" -l json -d 'One JSON document on stdout'
+complete -c saguin -n "__fish_saguin_using_subcommand lock; and __fish_seen_subcommand_from status" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand lock; and __fish_seen_subcommand_from status" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand lock; and __fish_seen_subcommand_from help" -f -a "status" -d 'Free, held (by whom, since when), or left by a process that is gone'
+complete -c saguin -n "__fish_saguin_using_subcommand lock; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock help" -f -a "serve" -d 'Serve MQTT'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock help" -f -a "check-config" -d 'Validate a configuration, and print it fully resolved'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock help" -f -a "snapshot" -d 'Inspect and verify snapshot files and directories'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock help" -f -a "sqlite" -d 'Read and back up a sqlite provider\'s database'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock help" -f -a "migrate" -d 'Move a provider\'s data to another provider kind'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock help" -f -a "lock" -d 'Tell whether a provider\'s lock is held, and by whom'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and __fish_seen_subcommand_from snapshot" -f -a "inspect" -d 'Show what a snapshot directory, format 21 file or MBMQTT01 file holds'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and __fish_seen_subcommand_from snapshot" -f -a "verify" -d 'Decode and validate snapshot files as the broker does at startup'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and __fish_seen_subcommand_from sqlite" -f -a "dump" -d 'Show what a sqlite provider\'s database holds (read-only)'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and __fish_seen_subcommand_from sqlite" -f -a "backup" -d 'Take an online, consistent, verified copy of a database'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and __fish_seen_subcommand_from migrate" -f -a "to-sqlite" -d 'Move a memory provider\'s snapshot directory into a new sqlite database'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and __fish_seen_subcommand_from migrate" -f -a "to-snapshots" -d 'Move a sqlite database into a new snapshot directory'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and __fish_seen_subcommand_from migrate" -f -a "from-mbmqtt" -d 'Import a legacy MBMQTT01 broker.snapshot'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and __fish_seen_subcommand_from lock" -f -a "status" -d 'Free, held (by whom, since when), or left by a process that is gone'

@@ -1,0 +1,468 @@
+//! Encoding the packet model for either protocol version.
+//!
+//! Every encode first measures the packet (checking each field fits its
+//! encoding), so nothing is written for a packet that cannot be sent, and
+//! [`encoded_len`] is exactly the number of bytes [`encode`] writes.
+
+use bytes::{BufMut, BytesMut};
+
+use super::error::EncodeError;
+use super::packet::{Packet, PacketType, ProtocolVersion, QoS};
+use super::properties::{Measure, Write};
+use super::wire::{self, MAX_VARIABLE_BYTE_INTEGER};
+
+/// Size of a whole packet (fixed header included) with `body` bytes after
+/// the fixed header.
+fn total_len(body: usize) -> usize {
+    1 + wire::var_int_len(body) + body
+}
+
+/// Length of a property block including its length prefix, checking every
+/// field fits.
+fn props_len(packet: PacketType, visit: impl FnOnce(&mut Measure)) -> Result<usize, EncodeError> {
+    let mut m = Measure::default();
+    visit(&mut m);
+    if let Some((field, len)) = m.too_long {
+        return Err(EncodeError::FieldTooLong { packet, field, len });
+    }
+    if m.len > MAX_VARIABLE_BYTE_INTEGER as usize {
+        return Err(EncodeError::PacketTooLarge {
+            packet,
+            size: m.len as u64,
+            max: u64::from(MAX_VARIABLE_BYTE_INTEGER),
+        });
+    }
+    Ok(wire::var_int_len(m.len) + m.len)
+}
+
+/// A property struct walked by either sink: measured, then written.
+trait SinkObj {
+    fn measure(&self, m: &mut Measure);
+    fn write(&self, w: &mut Write<'_>);
+}
+
+macro_rules! sink_obj {
+    ($($t:ty),*) => {$(
+        impl SinkObj for $t {
+            fn measure(&self, m: &mut Measure) {
+                self.visit(m)
+            }
+            fn write(&self, w: &mut Write<'_>) {
+                self.visit(w)
+            }
+        }
+    )*};
+}
+
+sink_obj!(
+    super::properties::ConnectProperties,
+    super::properties::WillProperties,
+    super::properties::ConnAckProperties,
+    super::properties::PublishProperties,
+    super::properties::AckProperties,
+    super::properties::SubscribeProperties,
+    super::properties::UnsubscribeProperties,
+    super::properties::DisconnectProperties,
+    super::properties::AuthProperties
+);
+
+/// Writes a property block: its length, then the properties.
+fn put_props<P: SinkObj>(buf: &mut BytesMut, props: &P) {
+    let mut m = Measure::default();
+    props.measure(&mut m);
+    wire::put_var_int(buf, m.len);
+    props.write(&mut Write(buf));
+}
+
+fn str_len(packet: PacketType, field: &'static str, len: usize) -> Result<usize, EncodeError> {
+    wire::check_len(packet, field, len)?;
+    Ok(2 + len)
+}
+
+fn nonzero_id(packet: PacketType, id: u16) -> Result<(), EncodeError> {
+    if id == 0 {
+        return Err(EncodeError::ZeroPacketId { packet });
+    }
+    Ok(())
+}
+
+/// Whether a PUBACK-like packet, DISCONNECT or AUTH can use its short form.
+fn ack_props_empty(p: &super::properties::AckProperties) -> bool {
+    p.is_empty()
+}
+
+/// Length of the body (everything after the fixed header), validating the
+/// packet as it goes.
+fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeError> {
+    let kind = packet.packet_type();
+    let v5 = version == ProtocolVersion::V5;
+    let len = match packet {
+        Packet::Connect(c) => {
+            // protocol name "MQTT", level, flags, keep alive
+            let mut len = 6 + 1 + 1 + 2;
+            if v5 {
+                len += props_len(kind, |m| c.properties.visit(m))?;
+            }
+            len += str_len(kind, "client identifier", c.client_id.len())?;
+            if let Some(will) = &c.will {
+                if v5 {
+                    len += props_len(kind, |m| will.properties.visit(m))?;
+                }
+                len += str_len(kind, "will topic", will.topic.len())?;
+                len += str_len(kind, "will payload", will.payload.len())?;
+            }
+            if let Some(u) = &c.username {
+                len += str_len(kind, "user name", u.len())?;
+            }
+            if let Some(p) = &c.password {
+                len += str_len(kind, "password", p.len())?;
+            }
+            len
+        }
+        Packet::ConnAck(c) => {
+            if v5 {
+                2 + props_len(kind, |m| c.properties.visit(m))?
+            } else {
+                2
+            }
+        }
+        Packet::Publish(p) => {
+            let mut len = str_len(kind, "topic name", p.topic.len())?;
+            if p.qos != QoS::AtMostOnce {
+                nonzero_id(kind, p.packet_id)?;
+                len += 2;
+            }
+            if v5 {
+                len += props_len(kind, |m| p.properties.visit(m))?;
+            }
+            len + p.payload.len()
+        }
+        Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => {
+            nonzero_id(kind, a.packet_id)?;
+            if !v5 {
+                2
+            } else if ack_props_empty(&a.properties) {
+                if a.reason == super::reason::ReasonCode::Success {
+                    2
+                } else {
+                    3
+                }
+            } else {
+                3 + props_len(kind, |m| a.properties.visit(m))?
+            }
+        }
+        Packet::Subscribe(s) => {
+            nonzero_id(kind, s.packet_id)?;
+            let mut len = 2;
+            if v5 {
+                len += props_len(kind, |m| s.properties.visit(m))?;
+            }
+            for f in &s.filters {
+                len += str_len(kind, "topic filter", f.filter.len())? + 1;
+            }
+            len
+        }
+        Packet::SubAck(s) => {
+            nonzero_id(kind, s.packet_id)?;
+            let mut len = 2 + s.reasons.len();
+            if v5 {
+                len += props_len(kind, |m| s.properties.visit(m))?;
+            }
+            len
+        }
+        Packet::Unsubscribe(u) => {
+            nonzero_id(kind, u.packet_id)?;
+            let mut len = 2;
+            if v5 {
+                len += props_len(kind, |m| u.properties.visit(m))?;
+            }
+            for f in &u.filters {
+                len += str_len(kind, "topic filter", f.len())?;
+            }
+            len
+        }
+        Packet::UnsubAck(u) => {
+            nonzero_id(kind, u.packet_id)?;
+            if v5 {
+                2 + props_len(kind, |m| u.properties.visit(m))? + u.reasons.len()
+            } else {
+                2
+            }
+        }
+        Packet::PingReq | Packet::PingResp => 0,
+        Packet::Disconnect(d) => {
+            if !v5 {
+                0
+            } else if d.properties.is_empty() {
+                usize::from(d.reason != super::reason::ReasonCode::NORMAL_DISCONNECTION)
+            } else {
+                1 + props_len(kind, |m| d.properties.visit(m))?
+            }
+        }
+        Packet::Auth(a) => {
+            if !v5 {
+                return Err(EncodeError::NotInVersion {
+                    packet: kind,
+                    version,
+                });
+            }
+            if a.properties.is_empty() && a.reason == super::reason::ReasonCode::Success {
+                0
+            } else {
+                1 + props_len(kind, |m| a.properties.visit(m))?
+            }
+        }
+    };
+    if len > MAX_VARIABLE_BYTE_INTEGER as usize {
+        return Err(EncodeError::PacketTooLarge {
+            packet: kind,
+            size: total_len(len) as u64,
+            max: u64::from(MAX_VARIABLE_BYTE_INTEGER),
+        });
+    }
+    Ok(len)
+}
+
+/// The number of bytes [`encode`] writes for `packet`, fixed header
+/// included: compare it with the peer's Maximum Packet Size.
+pub fn encoded_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeError> {
+    Ok(total_len(body_len(packet, version)?))
+}
+
+fn first_byte(packet: &Packet) -> u8 {
+    let kind = packet.packet_type() as u8;
+    let flags = match packet {
+        Packet::Publish(p) => {
+            let dup = p.dup && p.qos != QoS::AtMostOnce;
+            (u8::from(dup) << 3) | (p.qos.as_u8() << 1) | u8::from(p.retain)
+        }
+        Packet::PubRel(_) | Packet::Subscribe(_) | Packet::Unsubscribe(_) => 0b0010,
+        _ => 0,
+    };
+    (kind << 4) | flags
+}
+
+/// Appends `packet` encoded for `version` to `buf`. Nothing is written when
+/// an error is returned.
+pub fn encode(
+    packet: &Packet,
+    version: ProtocolVersion,
+    buf: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    let body = body_len(packet, version)?;
+    buf.reserve(total_len(body));
+    let start = buf.len();
+    buf.put_u8(first_byte(packet));
+    wire::put_var_int(buf, body);
+    write_body(packet, version, buf);
+    debug_assert_eq!(buf.len() - start, total_len(body));
+    Ok(())
+}
+
+/// Encodes `packet` so that it is at most `max_packet_size` bytes (the
+/// peer's Maximum Packet Size). When it would be larger, the reason string
+/// and user properties of a CONNACK, PUBACK, PUBREC, PUBREL, PUBCOMP,
+/// SUBACK, UNSUBACK, DISCONNECT or AUTH are dropped, as the specification
+/// prescribes (MQTT-3.4.2-2 and its counterparts); a PUBLISH or anything
+/// still too large is refused with [`EncodeError::PacketTooLarge`] and the
+/// caller discards it (MQTT-3.1.2-25). Returns the bytes written.
+pub fn encode_within(
+    packet: &Packet,
+    version: ProtocolVersion,
+    max_packet_size: u32,
+    buf: &mut BytesMut,
+) -> Result<usize, EncodeError> {
+    let max = max_packet_size as usize;
+    let len = encoded_len(packet, version)?;
+    if len <= max {
+        encode(packet, version, buf)?;
+        return Ok(len);
+    }
+    let mut stripped = packet.clone();
+    let strippable = match &mut stripped {
+        Packet::ConnAck(c) => {
+            c.properties.strip_diagnostics();
+            true
+        }
+        Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => {
+            a.properties.strip_diagnostics();
+            true
+        }
+        Packet::SubAck(s) => {
+            s.properties.strip_diagnostics();
+            true
+        }
+        Packet::UnsubAck(u) => {
+            u.properties.strip_diagnostics();
+            true
+        }
+        Packet::Disconnect(d) => {
+            d.properties.strip_diagnostics();
+            true
+        }
+        Packet::Auth(a) => {
+            a.properties.strip_diagnostics();
+            true
+        }
+        _ => false,
+    };
+    let size = if strippable {
+        let len = encoded_len(&stripped, version)?;
+        if len <= max {
+            encode(&stripped, version, buf)?;
+            return Ok(len);
+        }
+        len
+    } else {
+        len
+    };
+    Err(EncodeError::PacketTooLarge {
+        packet: packet.packet_type(),
+        size: size as u64,
+        max: u64::from(max_packet_size),
+    })
+}
+
+fn write_body(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) {
+    let v5 = version == ProtocolVersion::V5;
+    match packet {
+        Packet::Connect(c) => {
+            wire::put_binary(buf, b"MQTT");
+            buf.put_u8(version.level());
+            let mut flags = 0u8;
+            if c.clean_start {
+                flags |= 0b0000_0010;
+            }
+            if let Some(will) = &c.will {
+                flags |= 0b0000_0100 | (will.qos.as_u8() << 3);
+                if will.retain {
+                    flags |= 0b0010_0000;
+                }
+            }
+            if c.password.is_some() {
+                flags |= 0b0100_0000;
+            }
+            if c.username.is_some() {
+                flags |= 0b1000_0000;
+            }
+            buf.put_u8(flags);
+            buf.put_u16(c.keep_alive);
+            if v5 {
+                put_props(buf, &c.properties);
+            }
+            wire::put_binary(buf, c.client_id.as_bytes());
+            if let Some(will) = &c.will {
+                if v5 {
+                    put_props(buf, &will.properties);
+                }
+                wire::put_binary(buf, will.topic.as_bytes());
+                wire::put_binary(buf, &will.payload);
+            }
+            if let Some(u) = &c.username {
+                wire::put_binary(buf, u.as_bytes());
+            }
+            if let Some(p) = &c.password {
+                wire::put_binary(buf, p);
+            }
+        }
+        Packet::ConnAck(c) => {
+            buf.put_u8(u8::from(c.session_present));
+            if v5 {
+                buf.put_u8(c.reason.as_u8());
+                put_props(buf, &c.properties);
+            } else {
+                buf.put_u8(c.reason.to_v311_connack());
+            }
+        }
+        Packet::Publish(p) => {
+            wire::put_binary(buf, p.topic.as_bytes());
+            if p.qos != QoS::AtMostOnce {
+                buf.put_u16(p.packet_id);
+            }
+            if v5 {
+                put_props(buf, &p.properties);
+            }
+            buf.put_slice(&p.payload);
+        }
+        Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => {
+            buf.put_u16(a.packet_id);
+            if v5 {
+                let empty = ack_props_empty(&a.properties);
+                if !empty || a.reason != super::reason::ReasonCode::Success {
+                    buf.put_u8(a.reason.as_u8());
+                }
+                if !empty {
+                    put_props(buf, &a.properties);
+                }
+            }
+        }
+        Packet::Subscribe(s) => {
+            buf.put_u16(s.packet_id);
+            if v5 {
+                put_props(buf, &s.properties);
+            }
+            for f in &s.filters {
+                wire::put_binary(buf, f.filter.as_bytes());
+                let o = &f.options;
+                let options = if v5 {
+                    o.qos.as_u8()
+                        | (u8::from(o.no_local) << 2)
+                        | (u8::from(o.retain_as_published) << 3)
+                        | ((o.retain_handling as u8) << 4)
+                } else {
+                    o.qos.as_u8()
+                };
+                buf.put_u8(options);
+            }
+        }
+        Packet::SubAck(s) => {
+            buf.put_u16(s.packet_id);
+            if v5 {
+                put_props(buf, &s.properties);
+                for r in &s.reasons {
+                    buf.put_u8(r.as_u8());
+                }
+            } else {
+                for r in &s.reasons {
+                    buf.put_u8(r.to_v311_suback());
+                }
+            }
+        }
+        Packet::Unsubscribe(u) => {
+            buf.put_u16(u.packet_id);
+            if v5 {
+                put_props(buf, &u.properties);
+            }
+            for f in &u.filters {
+                wire::put_binary(buf, f.as_bytes());
+            }
+        }
+        Packet::UnsubAck(u) => {
+            buf.put_u16(u.packet_id);
+            if v5 {
+                put_props(buf, &u.properties);
+                for r in &u.reasons {
+                    buf.put_u8(r.as_u8());
+                }
+            }
+        }
+        Packet::PingReq | Packet::PingResp => {}
+        Packet::Disconnect(d) => {
+            if v5 {
+                let empty = d.properties.is_empty();
+                if !empty || d.reason != super::reason::ReasonCode::NORMAL_DISCONNECTION {
+                    buf.put_u8(d.reason.as_u8());
+                }
+                if !empty {
+                    put_props(buf, &d.properties);
+                }
+            }
+        }
+        Packet::Auth(a) => {
+            if !a.properties.is_empty() || a.reason != super::reason::ReasonCode::Success {
+                buf.put_u8(a.reason.as_u8());
+                put_props(buf, &a.properties);
+            }
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Cross-checks: what no single key can be judged on alone.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Component, Path, PathBuf};
+
+use super::names::{check_channel_name, CHANNEL_NAME_MAX_BYTES};
+use super::parse::{join, Ctx};
+use super::*;
+
+/// What the parser produced, each item with its index in the file so a
+/// problem can name `channels[2]` even when an earlier item was refused.
+pub(crate) struct Parsed {
+    pub listeners: Vec<(usize, Listener)>,
+    pub auth: Auth,
+    pub storage: Vec<(usize, Provider)>,
+    /// Every provider name given, including providers refused for another
+    /// reason, for judging references to them.
+    pub provider_names: Vec<String>,
+    pub channels: Vec<(usize, Channel)>,
+    pub broker: Broker,
+    pub limits: Limits,
+    pub metrics: Metrics,
+    pub log: Log,
+}
+
+pub(crate) fn cross_check(ctx: &mut Ctx, parsed: &Parsed) {
+    reachability(ctx, parsed);
+    listeners(ctx, parsed);
+    providers(ctx, parsed);
+    channels(ctx, parsed);
+    broker(ctx, parsed);
+}
+
+/// A configuration nobody can connect to is refused with the reason.
+fn reachability(ctx: &mut Ctx, parsed: &Parsed) {
+    // Only when the section parsed without problems: a listener refused
+    // for its own reasons is already reported.
+    let listener_problems = ctx.problems.iter().any(|p| p.path.starts_with("listeners"));
+    if parsed.listeners.is_empty() && !listener_problems {
+        ctx.problem(
+            "listeners",
+            "no listener is configured; no client could connect",
+        );
+    }
+    let auth = &parsed.auth;
+    // An auth section refused for its own reasons is already reported.
+    let auth_problems = ctx.problems.iter().any(|p| p.path.starts_with("auth"));
+    if !auth.allow_anonymous && !auth_problems {
+        match (&auth.password_file, &auth.passwords) {
+            (None, _) => ctx.problem(
+                "auth",
+                "allow_anonymous is false (the default in a configuration file) and no password_file is set; no client could connect (set auth.allow_anonymous: true or name a password_file)",
+            ),
+            (Some(_), Some(passwords)) if passwords.is_empty() => ctx.problem(
+                "auth.password_file",
+                "holds no users and allow_anonymous is false; no client could connect",
+            ),
+            _ => {}
+        }
+    }
+}
+
+fn listeners(ctx: &mut Ctx, parsed: &Parsed) {
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    for (i, listener) in &parsed.listeners {
+        if let Some(first) = names.get(listener.name.as_str()) {
+            ctx.problem(
+                &format!("listeners[{i}].name"),
+                format!(
+                    "duplicate listener name {:?} (also listeners[{first}])",
+                    listener.name
+                ),
+            );
+        } else {
+            names.insert(&listener.name, *i);
+        }
+    }
+    for (n, (i, a)) in parsed.listeners.iter().enumerate() {
+        for (j, b) in parsed.listeners.iter().take(n) {
+            if binds_conflict(a.bind, b.bind) {
+                ctx.problem(
+                    &format!("listeners[{i}].bind"),
+                    format!(
+                        "{} cannot be bound beside listeners[{j}].bind {}: the same port on an overlapping address",
+                        a.bind, b.bind
+                    ),
+                );
+            }
+        }
+    }
+    if let Some(metrics) = parsed.metrics.bind {
+        for (i, listener) in &parsed.listeners {
+            if binds_conflict(metrics, listener.bind) {
+                ctx.problem(
+                    "metrics.bind",
+                    format!(
+                        "{metrics} cannot be bound beside listeners[{i}].bind {}: the same port on an overlapping address",
+                        listener.bind
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Two binds on one port conflict when their addresses are equal or either
+/// is unspecified (0.0.0.0 or [::], which on Linux covers both families by
+/// default). Port 0 never conflicts: each bind gets its own port.
+fn binds_conflict(a: SocketAddr, b: SocketAddr) -> bool {
+    if a.port() == 0 || a.port() != b.port() {
+        return false;
+    }
+    let (x, y) = (a.ip(), b.ip());
+    x == y || unspecified(x) || unspecified(y)
+}
+
+fn unspecified(ip: IpAddr) -> bool {
+    ip.is_unspecified()
+}
+
+fn providers(ctx: &mut Ctx, parsed: &Parsed) {
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    for (i, provider) in &parsed.storage {
+        if let Some(first) = names.get(provider.name()) {
+            ctx.problem(
+                &format!("storage[{i}].name"),
+                format!(
+                    "duplicate provider name {:?} (also storage[{first}])",
+                    provider.name()
+                ),
+            );
+        } else {
+            names.insert(provider.name(), *i);
+        }
+    }
+
+    // Two providers in one file or directory would each believe it is the
+    // only writer (and each take the same lock).
+    let mut places: Vec<(PathBuf, String, &'static str)> = Vec::new();
+    for (i, provider) in &parsed.storage {
+        let (key, place) = match provider {
+            Provider::Memory(m) => match &m.snapshot_dir {
+                Some(dir) => ("snapshot_dir", dir),
+                None => continue,
+            },
+            Provider::Sqlite(s) => ("file_path", &s.file_path),
+        };
+        let path = format!("storage[{i}].{key}");
+        let normal = normalise(place);
+        if let Some((_, other, other_key)) = places.iter().find(|(p, _, _)| *p == normal) {
+            ctx.problem(
+                &path,
+                format!(
+                    "{} is also {other} ({other_key}); two providers cannot share a {}",
+                    place.display(),
+                    if key == "file_path" && *other_key == "file_path" {
+                        "database"
+                    } else {
+                        "path"
+                    }
+                ),
+            );
+        } else {
+            places.push((normal, format!("storage[{i}]"), key));
+        }
+        match provider {
+            Provider::Sqlite(s) if s.file_path.is_dir() => ctx.problem(
+                &path,
+                format!(
+                    "{} is a directory; file_path names the database file",
+                    s.file_path.display()
+                ),
+            ),
+            Provider::Memory(m) => {
+                if let Some(dir) = &m.snapshot_dir {
+                    if dir.exists() && !dir.is_dir() {
+                        ctx.problem(
+                            &path,
+                            format!("{} exists and is not a directory", dir.display()),
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    let reserve = parsed
+        .limits
+        .max_message_size
+        .saturating_add(parsed.limits.max_header_bytes);
+    for (i, provider) in &parsed.storage {
+        let path = format!("storage[{i}].max_bytes");
+        let Some(bound) = provider.bound(reserve) else {
+            continue;
+        };
+        match provider {
+            Provider::Sqlite(_) => {
+                if bound.pages == Some(0) {
+                    ctx.problem(
+                        &path,
+                        format!(
+                            "{} bytes rounds down to 0 pages of {SQLITE_PAGE_SIZE} bytes (SQLite would read max_page_count = 0 as no bound at all)",
+                            bound.max_bytes
+                        ),
+                    );
+                } else if bound.effective_bytes < bound.reserve_bytes.saturating_mul(2) {
+                    ctx.problem(
+                        &path,
+                        format!(
+                            "{} bytes ({} pages of {SQLITE_PAGE_SIZE}) is below twice the reserve: the reserve is {} bytes (limits.max_message_size {} + limits.max_header_bytes {} = {reserve}, rounded up to {} pages), so max_bytes must be at least {} bytes",
+                            bound.max_bytes,
+                            bound.pages.unwrap_or(0),
+                            bound.reserve_bytes,
+                            parsed.limits.max_message_size,
+                            parsed.limits.max_header_bytes,
+                            bound.reserve_bytes / SQLITE_PAGE_SIZE,
+                            bound.reserve_bytes.saturating_mul(2)
+                        ),
+                    );
+                }
+            }
+            Provider::Memory(_) => {
+                if bound.effective_bytes < reserve.saturating_mul(2) {
+                    ctx.problem(
+                        &path,
+                        format!(
+                            "{} bytes is below twice the reserve: the reserve is {reserve} bytes (limits.max_message_size {} + limits.max_header_bytes {}), so max_bytes must be at least {} bytes",
+                            bound.max_bytes,
+                            parsed.limits.max_message_size,
+                            parsed.limits.max_header_bytes,
+                            reserve.saturating_mul(2)
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A path with `.` removed and `..` folded lexically, then resolved through
+/// the file system when it exists, so `a/./db` and `a/db` and a symlink to
+/// it are one place.
+fn normalise(path: &Path) -> PathBuf {
+    if let Ok(real) = path.canonicalize() {
+        return real;
+    }
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    // An absent file in an existing directory: resolve the directory.
+    if let (Some(parent), Some(file)) = (out.parent(), out.file_name()) {
+        if let Ok(real_parent) = parent.canonicalize() {
+            return real_parent.join(file);
+        }
+    }
+    out
+}
+
+fn channels(ctx: &mut Ctx, parsed: &Parsed) {
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    for (i, channel) in &parsed.channels {
+        let path = format!("channels[{i}]");
+        if let Err(reason) = check_channel_name(&channel.name) {
+            ctx.problem(&join(&path, "name"), reason);
+        }
+        if let Some(first) = names.get(channel.name.as_str()) {
+            ctx.problem(
+                &join(&path, "name"),
+                format!(
+                    "duplicate channel name {:?} (also channels[{first}])",
+                    channel.name
+                ),
+            );
+        } else {
+            names.insert(&channel.name, *i);
+        }
+        if !parsed.provider_names.contains(&channel.storage) {
+            ctx.problem(
+                &join(&path, "storage"),
+                format!(
+                    "no provider named {:?}{}",
+                    channel.storage,
+                    known_providers(parsed)
+                ),
+            );
+        }
+        if let (Some(retention), Some(max)) = (channel.retention_bytes, channel.max_bytes) {
+            if retention > max {
+                ctx.problem(
+                    &join(&path, "retention_bytes"),
+                    format!(
+                        "{retention} bytes is more than max_bytes {max}: the channel would refuse publishes before retention removed anything"
+                    ),
+                );
+            }
+        }
+    }
+    // Dead-letter channels: `<queue>.dlq` lives in the queue's provider and
+    // file, so a configured channel of that name would put it elsewhere (or
+    // give it a second kind).
+    for (i, channel) in &parsed.channels {
+        let Some(dlq) = channel.dlq_name() else {
+            continue;
+        };
+        let path = format!("channels[{i}].name");
+        if dlq.len() > CHANNEL_NAME_MAX_BYTES {
+            ctx.problem(
+                &path,
+                format!(
+                    "the dead-letter channel name {dlq:?} would be {} bytes; the limit is {CHANNEL_NAME_MAX_BYTES}",
+                    dlq.len()
+                ),
+            );
+        }
+        if let Some(j) = names.get(dlq.as_str()) {
+            ctx.problem(
+                &format!("channels[{j}].name"),
+                format!(
+                    "{dlq:?} is the dead-letter channel of queue {:?} (channels[{i}]); it is created beside the queue on provider {:?} and cannot be configured",
+                    channel.name, channel.storage
+                ),
+            );
+        }
+    }
+}
+
+fn known_providers(parsed: &Parsed) -> String {
+    if parsed.provider_names.is_empty() {
+        " (no storage providers are configured)".to_string()
+    } else {
+        format!(" (providers: {})", parsed.provider_names.join(", "))
+    }
+}
+
+fn broker(ctx: &mut Ctx, parsed: &Parsed) {
+    for (key, name) in [
+        ("retained_storage", &parsed.broker.retained_storage),
+        ("session_storage", &parsed.broker.session_storage),
+    ] {
+        if let Some(name) = name {
+            if !parsed.provider_names.contains(name) {
+                ctx.problem(
+                    &format!("broker.{key}"),
+                    format!("no provider named {name:?}{}", known_providers(parsed)),
+                );
+            }
+        }
+    }
+}
