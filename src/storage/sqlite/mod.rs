@@ -692,11 +692,13 @@ impl Flusher {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let wal_path = wal_path(path);
         let stop_seen = Arc::clone(&stop);
+        // Read here, not in the thread: a thread slow to start would
+        // otherwise count commits made meanwhile as already flushed.
+        let mut flushed = counters.commits.load(Ordering::Acquire);
         let thread = std::thread::Builder::new()
             .name(format!("sqlite-flush-{name}"))
             .spawn(move || {
                 let mut wal: Option<std::fs::File> = None;
-                let mut flushed = counters.commits.load(Ordering::Acquire);
                 let mut failing = false;
                 let (stopped, cv) = &*stop_seen;
                 let mut guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
