@@ -37,10 +37,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
 
 /// The file name of a snapshot directory's lock.
-pub const SNAPSHOT_DIR_LOCK_NAME: &str = "saguin.lock";
+pub const SNAPSHOT_DIR_LOCK_NAME: &str = saguin_format::channel_name::LOCK_FILE;
 
 /// The revision this build records as a lock holder and a database's creator.
-pub const BUILD_REVISION: &str = env!("CARGO_PKG_VERSION");
+pub const BUILD_REVISION: &str = saguin_format::REVISION;
 
 /// SQLite's unix VFS lock bytes (sqlite3.c `PENDING_BYTE` and neighbours):
 /// a writer holds a write lock on the reserved byte, and an exclusive holder
