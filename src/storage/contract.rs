@@ -1,1 +1,1066 @@
-//! The store contracts both providers implement (RFC 0004 "What a store is asked for").
+//! The store contracts both providers implement (RFC 0004 "What a store is
+//! asked for").
+//!
+//! The broker declares what it asks of an append channel, a latest channel
+//! and a queue, and does not care which provider answers. Every method that
+//! keeps or reads records returns a [`Result`]: a memory store never fails,
+//! but a record the broker was told was stored and was not must never be
+//! acknowledged, so the error is in the signature for both. The counters
+//! (`next`, `floor`, `bytes`, `depth`, `lowest_position`) return no error: a
+//! store is the only writer of its channel and holds them in memory, loaded
+//! from what is stored and advanced only from what has committed.
+//!
+//! Offsets start at 1. `next` is the offset the next record takes and `floor`
+//! the oldest offset that can still be read; both are stored, never derived
+//! from the surviving records (invariant 9), and only a removal raises the
+//! floor, in the same operation that removes.
+//!
+//! Every trait is object safe and `Send + Sync`, so the broker holds
+//! `Arc<dyn AppendStore>` and the conformance test drives either provider
+//! through one script.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use saguin_format::model::{ChannelKind, Record, UnixNanos};
+
+/// The reason code an MQTT 5 acknowledgement carries for a write the store
+/// refused because a bound was reached (Quota exceeded).
+pub const REASON_QUOTA_EXCEEDED: u8 = 0x97;
+/// The reason code for any other failed write (Implementation specific error).
+pub const REASON_WRITE_FAILED: u8 = 0x83;
+
+/// The header a dead-lettered record carries with the attempts made on it.
+pub const HEADER_ATTEMPTS: &str = "saguin-attempts";
+/// The header with the moment of the record's first delivery (RFC 3339, UTC).
+pub const HEADER_FIRST_DELIVERED: &str = "saguin-first-delivered";
+/// The header with the moment of the record's last delivery (RFC 3339, UTC).
+pub const HEADER_LAST_DELIVERED: &str = "saguin-last-delivered";
+/// The header saying why the record was dead-lettered.
+pub const HEADER_DLQ_REASON: &str = "saguin-dlq-reason";
+/// The suffix of a queue's dead-letter channel: `jobs` dead-letters into
+/// `jobs.dlq`, an append channel in the same provider.
+pub const DLQ_SUFFIX: &str = ".dlq";
+
+/// The first offset any channel assigns.
+pub const FIRST_OFFSET: u64 = 1;
+
+/// What a store can answer instead of doing what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The channel's own `max_bytes` would be crossed. MQTT 0x97.
+    #[error("channel {channel}: full: {held} bytes held, a record of {size} bytes would cross max_bytes {max_bytes}")]
+    ChannelFull {
+        channel: String,
+        held: u64,
+        size: u64,
+        max_bytes: u64,
+    },
+    /// The provider's bound would be crossed (on sqlite: SQLITE_FULL). MQTT 0x97.
+    #[error("provider {provider}: full: {size} more bytes do not fit ({used} of {limit} usable bytes in use)")]
+    ProviderFull {
+        provider: String,
+        size: u64,
+        used: u64,
+        limit: u64,
+    },
+    /// A write that did not happen for any reason other than a bound. MQTT 0x83.
+    #[error("{context}: write failed: {detail}")]
+    Write { context: String, detail: String },
+    /// A read below the floor: those records were removed (invariant 1).
+    #[error("channel {channel}: offset {offset} is below the floor {floor}; the records before the floor were removed")]
+    BelowFloor {
+        channel: String,
+        offset: u64,
+        floor: u64,
+    },
+    /// A read past the next offset: no record there has been written.
+    #[error("channel {channel}: offset {offset} is past the next offset {next}")]
+    PastNext {
+        channel: String,
+        offset: u64,
+        next: u64,
+    },
+    /// Stored state that contradicts itself or the format.
+    #[error("{what}: corrupt: {detail}")]
+    Corrupt { what: String, detail: String },
+    /// An I/O failure, with what was being done and to which path.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A channel opened as one kind that is stored as another.
+    #[error("channel {channel}: configured as {configured} but stored as {stored}")]
+    KindMismatch {
+        channel: String,
+        configured: ChannelKind,
+        stored: ChannelKind,
+    },
+    /// A reader name outside the `mqtt:` / `bridge:` schemes.
+    #[error("reader {input:?}: {reason}")]
+    InvalidReader { input: String, reason: &'static str },
+    /// An argument the contract does not admit (a position past `next`, a
+    /// queue offset that is not held, a bound of zero).
+    #[error("{what}: {detail}")]
+    Invalid { what: String, detail: String },
+    /// The provider was closed; nothing more is written to it.
+    #[error("provider {provider}: closed")]
+    Closed { provider: String },
+    /// A failure of the engine underneath (sqlite), with its own words.
+    #[error("{context}: {detail}")]
+    Backend { context: String, detail: String },
+}
+
+impl StorageError {
+    /// The MQTT 5 reason code a PUBACK/PUBREC answers this failure with:
+    /// 0x97 for a reached bound, 0x83 for anything else (RFC 0004 "The
+    /// reserve"; SAGUIN.md §4).
+    pub fn mqtt_reason_code(&self) -> u8 {
+        if self.is_full() {
+            REASON_QUOTA_EXCEEDED
+        } else {
+            REASON_WRITE_FAILED
+        }
+    }
+
+    /// True when a bound (channel or provider) refused the write.
+    pub fn is_full(&self) -> bool {
+        matches!(
+            self,
+            StorageError::ChannelFull { .. } | StorageError::ProviderFull { .. }
+        )
+    }
+
+    /// An I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> StorageError {
+        StorageError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// The result of every fallible store operation.
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+/// The scheme of a reader name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReaderScheme {
+    /// A durable consumer that is an MQTT session: `mqtt:<client id>`.
+    Mqtt,
+    /// An outbound bridge rule, holding a position with no session: `bridge:<name>`.
+    Bridge,
+}
+
+impl ReaderScheme {
+    pub fn prefix(self) -> &'static str {
+        match self {
+            ReaderScheme::Mqtt => "mqtt:",
+            ReaderScheme::Bridge => "bridge:",
+        }
+    }
+}
+
+/// A reader's name: a scheme and an identifier (RFC 0004 "A position lives
+/// with the records it points into"). The one rule for what goes into a
+/// snapshot and a database alike.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Reader {
+    scheme: ReaderScheme,
+    id: String,
+}
+
+/// The longest identifier a reader may have: an MQTT client id is a UTF-8
+/// string of at most 65,535 bytes.
+pub const MAX_READER_ID_BYTES: usize = 65_535;
+
+impl Reader {
+    /// A reader for an MQTT session's client id.
+    pub fn mqtt(client_id: &str) -> Result<Reader> {
+        Reader::new(ReaderScheme::Mqtt, client_id)
+    }
+
+    /// A reader for a bridge rule's name.
+    pub fn bridge(name: &str) -> Result<Reader> {
+        Reader::new(ReaderScheme::Bridge, name)
+    }
+
+    pub fn new(scheme: ReaderScheme, id: &str) -> Result<Reader> {
+        let invalid = |reason| StorageError::InvalidReader {
+            input: format!("{}{}", scheme.prefix(), id),
+            reason,
+        };
+        if id.is_empty() {
+            return Err(invalid("the identifier after the scheme is empty"));
+        }
+        if id.len() > MAX_READER_ID_BYTES {
+            return Err(invalid("the identifier is longer than 65535 bytes"));
+        }
+        if id.contains('\0') {
+            return Err(invalid("the identifier holds a NUL character"));
+        }
+        Ok(Reader {
+            scheme,
+            id: id.to_owned(),
+        })
+    }
+
+    /// Parses `mqtt:<client id>` or `bridge:<name>`.
+    pub fn parse(input: &str) -> Result<Reader> {
+        for scheme in [ReaderScheme::Mqtt, ReaderScheme::Bridge] {
+            if let Some(id) = input.strip_prefix(scheme.prefix()) {
+                return Reader::new(scheme, id);
+            }
+        }
+        Err(StorageError::InvalidReader {
+            input: input.to_owned(),
+            reason: "a reader is named mqtt:<client id> or bridge:<name>",
+        })
+    }
+
+    pub fn scheme(&self) -> ReaderScheme {
+        self.scheme
+    }
+
+    /// The client id or bridge name, without the scheme.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl fmt::Display for Reader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.scheme.prefix(), self.id)
+    }
+}
+
+impl std::str::FromStr for Reader {
+    type Err = StorageError;
+    fn from_str(s: &str) -> Result<Reader> {
+        Reader::parse(s)
+    }
+}
+
+/// A durable reader's place in one channel: a cursor, never a copy of the
+/// records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Position {
+    pub reader: Reader,
+    /// The offset the reader reads next: everything below it was delivered.
+    /// At most the channel's `next` (a stored position may lag, never lead).
+    pub offset: u64,
+    /// When the position was saved (the consumer went away, the ack interval
+    /// ran, or a snapshot was taken).
+    pub saved_at: UnixNanos,
+    /// The Session Expiry Interval in seconds the reader's session was
+    /// granted. `Some` for an `mqtt:` reader (0 = ends with the connection),
+    /// `None` for a `bridge:` reader, which has no session and never expires.
+    pub session_expiry: Option<u32>,
+}
+
+impl Position {
+    /// True when the reader's session would have expired by `now`, judged
+    /// against an interval no longer than `max_session_expiry` seconds
+    /// (limits.max_session_expiry bounds every row). Only `mqtt:` readers
+    /// expire: a bridge states no interval, and its zero would mean the
+    /// opposite of MQTT's zero.
+    pub fn expired_at(&self, now: UnixNanos, max_session_expiry: u32) -> bool {
+        if self.reader.scheme() != ReaderScheme::Mqtt {
+            return false;
+        }
+        let interval = self.session_expiry.unwrap_or(0).min(max_session_expiry);
+        let ends = self
+            .saved_at
+            .saturating_add(i64::from(interval).saturating_mul(1_000_000_000));
+        ends <= now
+    }
+}
+
+/// What a removal did: how many records went and how many bytes came back.
+/// Both are zero when nothing was removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    pub records: u64,
+    pub bytes: u64,
+}
+
+impl Removed {
+    pub fn add(&mut self, other: Removed) {
+        self.records += other.records;
+        self.bytes += other.bytes;
+    }
+}
+
+/// An append channel: a log whose records keep their offsets until
+/// retention removes them from the front.
+pub trait AppendStore: Send + Sync {
+    /// The channel's name.
+    fn name(&self) -> &str;
+
+    /// Stores `record` at the channel's next offset and returns it with the
+    /// offset set. Offsets are taken in commit order: a reader that sees an
+    /// offset sees every lower one that will ever exist (seed 004). Refused
+    /// with [`StorageError::ChannelFull`] or [`StorageError::ProviderFull`]
+    /// at a bound; a publish never takes the provider's reserve.
+    fn append(&self, record: Record) -> Result<Record>;
+
+    /// Every record from `offset` to the end. `offset < floor` is
+    /// [`StorageError::BelowFloor`]; `offset > next` is
+    /// [`StorageError::PastNext`]; `offset == next` is empty.
+    fn read_from(&self, offset: u64) -> Result<Vec<Record>>;
+
+    /// At most `max` records from `offset`, with the bounds of `read_from`.
+    fn read_from_n(&self, offset: u64, max: usize) -> Result<Vec<Record>>;
+
+    /// The offset the next record will take.
+    fn next(&self) -> u64;
+
+    /// The oldest offset that can still be read.
+    fn floor(&self) -> u64;
+
+    /// The bytes the channel's records count for ([`Record::accounted_size`]).
+    fn bytes(&self) -> u64;
+
+    /// How many records the channel holds.
+    fn record_count(&self) -> u64;
+
+    /// The lowest offset any stored position points at, or `next()` when no
+    /// reader holds one (nothing is owed to anybody).
+    fn lowest_position(&self) -> u64;
+
+    /// The earliest offset whose record's timestamp is at or after `at`,
+    /// looking at every candidate rather than bisecting (receipt times can
+    /// run backwards after a clock step). Records with timestamp 0 (unset)
+    /// never match. `None` when no record qualifies.
+    fn first_at_or_after(&self, at: UnixNanos) -> Result<Option<u64>>;
+
+    /// The channel's own bound; `None` is unbounded. Checked on append.
+    fn set_max_bytes(&self, max_bytes: Option<u64>);
+
+    /// The bound set by [`AppendStore::set_max_bytes`].
+    fn max_bytes(&self) -> Option<u64>;
+
+    /// Removes every record below `before`, then, when `max_bytes` is given,
+    /// the oldest records until the channel holds at most that many bytes.
+    /// Raises the floor and returns the bytes in the same operation. Does not
+    /// use the provider's reserve.
+    fn trim(&self, before: u64, max_bytes: Option<u64>) -> Result<Removed>;
+
+    /// Removes records from the oldest while their timestamp is set and
+    /// older than `cutoff`, stopping at the first that stays: a record with
+    /// timestamp 0 is never too old, and it stops the walk.
+    fn trim_older_than(&self, cutoff: UnixNanos) -> Result<Removed>;
+
+    /// The stored position of `reader` in this channel.
+    fn position(&self, reader: &Reader) -> Result<Option<Position>>;
+
+    /// Stores a position (relief: may use the reserve). A position past
+    /// `next` is [`StorageError::Invalid`].
+    fn save_position(&self, position: Position) -> Result<()>;
+
+    /// Removes a reader's position; true when there was one.
+    fn drop_position(&self, reader: &Reader) -> Result<bool>;
+
+    /// Every stored position, ordered by reader.
+    fn positions(&self) -> Result<Vec<Position>>;
+}
+
+/// A latest channel: one value per topic. Setting or deleting a topic takes
+/// the channel's next offset, so a consumer can tell which of two values is
+/// newer and what changed since its position.
+pub trait LatestStore: Send + Sync {
+    fn name(&self) -> &str;
+
+    /// Replaces the topic's value and returns it with its new offset. An
+    /// empty payload deletes the topic (the MQTT rule), returning the
+    /// deletion's marker - or, when the topic held no value, the record
+    /// with offset 0: nothing changed and no offset was taken.
+    fn set(&self, record: Record) -> Result<Record>;
+
+    /// The topic's current value.
+    fn get(&self, topic: &str) -> Result<Option<Record>>;
+
+    /// Deletes the topic's value. Returns the deletion's marker -
+    /// `Record::new(topic, empty)` with the offset the deletion took and
+    /// nothing else set - or `None` when the topic held nothing (no offset
+    /// is taken).
+    fn delete(&self, topic: &str) -> Result<Option<Record>>;
+
+    /// Every current value whose topic matches the MQTT topic filter,
+    /// ordered by offset.
+    fn match_filter(&self, filter: &str) -> Result<Vec<Record>>;
+
+    /// Every value set and every deletion at or after offset `since` whose
+    /// topic matches, ordered by offset; deletions are records with an empty
+    /// payload. `since < floor` is [`StorageError::BelowFloor`]: deletions
+    /// below the floor were forgotten, and the reader must start over.
+    fn match_with_deletions(&self, filter: &str, since: u64) -> Result<Vec<Record>>;
+
+    /// Forgets deletion markers below `before` and raises the floor to it.
+    /// Values are never removed by a trim.
+    fn trim(&self, before: u64) -> Result<Removed>;
+
+    fn next(&self) -> u64;
+    fn floor(&self) -> u64;
+    /// Bytes of the current values (a latest channel has no bound of its own;
+    /// on a memory provider the values count against the provider's).
+    fn bytes(&self) -> u64;
+    /// How many topics hold a value.
+    fn record_count(&self) -> u64;
+
+    fn position(&self, reader: &Reader) -> Result<Option<Position>>;
+    fn save_position(&self, position: Position) -> Result<()>;
+    fn drop_position(&self, reader: &Reader) -> Result<bool>;
+    fn positions(&self) -> Result<Vec<Position>>;
+}
+
+/// One unresolved queue record and what survives a restart about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueItem {
+    pub record: Record,
+    /// Deliveries made so far (a lease counts one).
+    pub attempts: u32,
+    /// 0 until first delivered.
+    pub first_delivered: UnixNanos,
+    /// 0 until first delivered.
+    pub last_delivered: UnixNanos,
+}
+
+/// A record leased to a worker. The delivery id and epoch are volatile
+/// (invariant 15): neither survives a restart nor means anything to a caller
+/// beyond "is this delivery still the current one".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub delivery_id: u64,
+    pub epoch: u64,
+    /// The attempt this delivery is, counting from 1.
+    pub attempts: u32,
+    pub offset: u64,
+    pub record: Record,
+}
+
+/// A lease whose deadline passed, as [`QueueStore::expired_leases`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpiredLease {
+    pub delivery_id: u64,
+    pub epoch: u64,
+    pub offset: u64,
+    pub holder: String,
+}
+
+/// What a release did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The record is available again from `not_before` (the backoff gap).
+    Retry { offset: u64, not_before: UnixNanos },
+    /// Its attempts were spent: it moved to the dead-letter channel at
+    /// `dlq_offset`.
+    DeadLettered { offset: u64, dlq_offset: u64 },
+    /// The delivery id is unknown or its epoch superseded: nothing changed.
+    Stale,
+}
+
+/// A queue channel: each record is handed to one worker. Its rows are
+/// unresolved records only; who holds one is in memory (invariant 15).
+pub trait QueueStore: Send + Sync {
+    fn name(&self) -> &str;
+
+    /// Stores a record at the queue's next offset, available at once.
+    fn enqueue(&self, record: Record) -> Result<Record>;
+
+    fn set_max_bytes(&self, max_bytes: Option<u64>);
+    fn max_bytes(&self) -> Option<u64>;
+
+    /// Bytes of the unresolved records.
+    fn bytes(&self) -> u64;
+
+    /// How many records are unresolved (held or not).
+    fn depth(&self) -> u64;
+
+    fn next(&self) -> u64;
+
+    /// The gaps before attempt 2, 3, ...; the last repeats (RFC 0003 "Backoff").
+    fn set_backoff(&self, gaps: Vec<Duration>);
+
+    /// Deliveries after which a failed record is dead-lettered (at least 1).
+    fn set_max_attempts(&self, max_attempts: u32);
+
+    /// Up to `max` records available at `now`, oldest first: not held, past
+    /// their backoff, attempts not spent. A read only.
+    fn offer(&self, max: usize, now: UnixNanos) -> Result<Vec<QueueItem>>;
+
+    /// Hands the record at `offset` to `holder` until `lease_until`, counting
+    /// an attempt (the one thing stored). Refused when the record is not
+    /// available.
+    fn lease(
+        &self,
+        offset: u64,
+        holder: &str,
+        lease_until: UnixNanos,
+        now: UnixNanos,
+    ) -> Result<Lease>;
+
+    /// The worker finished the record: it is removed. False when the
+    /// delivery is unknown or superseded (nothing changed).
+    fn resolve(&self, delivery_id: u64, epoch: u64) -> Result<bool>;
+
+    /// The delivery failed (a negative acknowledgement, an expired lease, the
+    /// worker went away). With attempts left the record is available again
+    /// after the backoff gap; with none it moves to the dead-letter channel
+    /// with the `saguin-*` headers, atomically, giving `reason`.
+    fn release(
+        &self,
+        delivery_id: u64,
+        epoch: u64,
+        now: UnixNanos,
+        reason: &str,
+    ) -> Result<Released>;
+
+    /// Leases whose deadline is at or before `now`. Reads memory only; the
+    /// caller releases each.
+    fn expired_leases(&self, now: UnixNanos) -> Vec<ExpiredLease>;
+
+    /// Removes records not held by a worker whose timestamp is set and older
+    /// than `cutoff`.
+    fn expire_older_than(&self, cutoff: UnixNanos) -> Result<Removed>;
+
+    /// Moves every record not held whose attempts are already spent (as a
+    /// restart finds them) to the dead-letter channel. Returns how many moved.
+    fn dead_letter_spent(&self, now: UnixNanos) -> Result<u64>;
+
+    /// The `<queue>.dlq` append channel records are dead-lettered into.
+    fn dead_letter(&self) -> Arc<dyn AppendStore>;
+
+    /// Every unresolved record, oldest first.
+    fn items(&self) -> Result<Vec<QueueItem>>;
+}
+
+/// An exactly-once publish held until its PUBREL: keyed by channel, client
+/// and packet identifier; the record carries no offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldPublish {
+    pub channel: String,
+    pub client_id: String,
+    pub packet_id: u16,
+    pub held_at: UnixNanos,
+    pub record: Record,
+}
+
+/// Exactly-once publishes held for their release, for every channel of one
+/// provider (and the broadcast log, under `$saguin/broadcast`).
+pub trait HeldPublishStore: Send + Sync {
+    /// Holds a publish. A second hold of the same key replaces the first (the
+    /// client re-sent its PUBLISH with DUP).
+    fn hold(&self, held: HeldPublish) -> Result<()>;
+
+    /// Releases a held publish into its channel at the channel's next
+    /// offset, in one operation with removing the hold (relief: may use the
+    /// reserve). `None` when nothing is held under the key.
+    fn release(&self, channel: &str, client_id: &str, packet_id: u16) -> Result<Option<Record>>;
+
+    /// Drops a hold without writing it; true when there was one.
+    fn drop_hold(&self, channel: &str, client_id: &str, packet_id: u16) -> Result<bool>;
+
+    /// Drops holds held before `cutoff` (broker.exactly_once.expires_after);
+    /// returns how many went.
+    fn expire_older_than(&self, cutoff: UnixNanos) -> Result<u64>;
+
+    /// Every hold, ordered by channel, client and packet identifier.
+    fn held(&self) -> Result<Vec<HeldPublish>>;
+}
+
+/// How far a message on the wire to a session has got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InflightPhase {
+    /// Sent and unanswered: a PUBACK (QoS 1) or PUBREC (QoS 2) is owed.
+    AwaitingAck,
+    /// QoS 2 answered with a PUBREC: the PUBREL was sent, a PUBCOMP is owed.
+    AwaitingComp,
+}
+
+/// A shared group is named by its group name and its topic filter
+/// (`$share/<group>/<filter>`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShareGroupKey {
+    pub group: String,
+    pub filter: String,
+}
+
+/// One message on the wire to a persistent session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InflightEntry {
+    /// The message's offset in the broadcast log.
+    pub log_offset: u64,
+    /// Nonzero, unique within the session.
+    pub packet_id: u16,
+    /// 1 or 2.
+    pub qos: u8,
+    pub phase: InflightPhase,
+    /// The shared group that handed the message over, if one did.
+    pub shared_group: Option<ShareGroupKey>,
+}
+
+/// One subscription of a persistent session, with every option its
+/// SUBSCRIBE carried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriptionEntry {
+    /// The filter as subscribed (a `$share/<group>/` prefix included).
+    pub filter: String,
+    pub qos: u8,
+    pub no_local: bool,
+    pub retain_as_published: bool,
+    pub retain_handling: u8,
+    pub subscription_id: Option<u32>,
+    /// The broadcast log's next offset when the subscription was made.
+    pub log_offset: u64,
+}
+
+/// A session's Will message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WillEntry {
+    pub topic: String,
+    pub payload: bytes::Bytes,
+    pub qos: u8,
+    pub retain: bool,
+    /// Will Delay Interval, seconds.
+    pub delay_interval: u32,
+    pub props: saguin_format::model::PublishProps,
+    /// The Will's User Properties in the client's order.
+    pub user_properties: Vec<saguin_format::model::UserProperty>,
+}
+
+/// A persistent MQTT session as the provider keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionEntry {
+    pub client_id: String,
+    /// The name its client authenticated as, if it did.
+    pub principal: Option<String>,
+    /// The Session Expiry Interval granted, after limits.max_session_expiry.
+    pub expiry_interval: u32,
+    /// When the client went away; 0 while connected.
+    pub detached_at: UnixNanos,
+    pub subscriptions: Vec<SubscriptionEntry>,
+    pub will: Option<WillEntry>,
+    /// The window the in-flight table was written under (Receive Maximum).
+    pub window: u16,
+    /// The messages on the wire, in the order they were sent.
+    pub inflight: Vec<InflightEntry>,
+}
+
+impl SessionEntry {
+    /// True when the session has expired by `now`: it is detached and its
+    /// interval (capped at `max_session_expiry`) has run out.
+    pub fn expired_at(&self, now: UnixNanos, max_session_expiry: u32) -> bool {
+        if self.detached_at == 0 {
+            return false;
+        }
+        let interval = i64::from(self.expiry_interval.min(max_session_expiry));
+        self.detached_at
+            .saturating_add(interval.saturating_mul(1_000_000_000))
+            <= now
+    }
+}
+
+/// Persistent sessions of one provider (broker.session_storage).
+pub trait SessionStore: Send + Sync {
+    /// Stores (creates or replaces) a session.
+    fn save(&self, session: SessionEntry) -> Result<()>;
+    fn get(&self, client_id: &str) -> Result<Option<SessionEntry>>;
+    /// Ends a session, taking its broadcast-log cursor with it.
+    fn remove(&self, client_id: &str) -> Result<bool>;
+    /// Every session, ordered by client id.
+    fn sessions(&self) -> Result<Vec<SessionEntry>>;
+}
+
+/// A shared group's place in the broadcast log, with the deliveries a
+/// member's ending returned to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShareGroupEntry {
+    pub key: ShareGroupKey,
+    pub cursor: u64,
+    /// Offsets the group is owed again, ahead of its cursor.
+    pub returned: Vec<u64>,
+}
+
+/// The broadcast log: what persistent sessions are owed, written once
+/// however many sessions are owed it. Messages leave it from the middle once
+/// nobody owes them, so it may have gaps; no offset is reused.
+pub trait BroadcastLog: Send + Sync {
+    fn append(&self, record: Record) -> Result<Record>;
+    /// At most `max` messages still held from `offset` (gaps skipped).
+    fn read_from_n(&self, offset: u64, max: usize) -> Result<Vec<Record>>;
+    /// Lets messages go that nobody owes any more; returns what was freed.
+    fn release(&self, offsets: &[u64]) -> Result<Removed>;
+    fn next(&self) -> u64;
+    /// The lowest offset still held (or `next` when the log is empty).
+    fn floor(&self) -> u64;
+    fn bytes(&self) -> u64;
+    fn record_count(&self) -> u64;
+
+    /// A session's cursor: the offset it reads next.
+    fn cursor(&self, client_id: &str) -> Result<Option<u64>>;
+    fn save_cursor(&self, client_id: &str, offset: u64) -> Result<()>;
+    fn drop_cursor(&self, client_id: &str) -> Result<bool>;
+    /// Every session cursor, ordered by client id.
+    fn cursors(&self) -> Result<Vec<(String, u64)>>;
+
+    fn share_group(&self, key: &ShareGroupKey) -> Result<Option<ShareGroupEntry>>;
+    fn save_share_group(&self, entry: ShareGroupEntry) -> Result<()>;
+    fn drop_share_group(&self, key: &ShareGroupKey) -> Result<bool>;
+    fn share_groups(&self) -> Result<Vec<ShareGroupEntry>>;
+}
+
+/// A channel's store, of whichever kind the channel is.
+#[derive(Clone)]
+pub enum ChannelStore {
+    Append(Arc<dyn AppendStore>),
+    Latest(Arc<dyn LatestStore>),
+    Queue(Arc<dyn QueueStore>),
+}
+
+impl ChannelStore {
+    pub fn kind(&self) -> ChannelKind {
+        match self {
+            ChannelStore::Append(_) => ChannelKind::Append,
+            ChannelStore::Latest(_) => ChannelKind::Latest,
+            ChannelStore::Queue(_) => ChannelKind::Queue,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            ChannelStore::Append(s) => s.name(),
+            ChannelStore::Latest(s) => s.name(),
+            ChannelStore::Queue(s) => s.name(),
+        }
+    }
+
+    pub fn as_append(&self) -> Option<&Arc<dyn AppendStore>> {
+        match self {
+            ChannelStore::Append(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_latest(&self) -> Option<&Arc<dyn LatestStore>> {
+        match self {
+            ChannelStore::Latest(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_queue(&self) -> Option<&Arc<dyn QueueStore>> {
+        match self {
+            ChannelStore::Queue(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for ChannelStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ChannelStore::{}({})", self.kind(), self.name())
+    }
+}
+
+/// Which implementation a provider is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderKind {
+    Memory,
+    Sqlite,
+}
+
+/// The name the retained store is kept under; it reaches a snapshot
+/// directory as `%24saguin%2Fretained.snapshot`, a name no channel produces.
+pub const RETAINED_STORE_NAME: &str = "$saguin/retained";
+/// The name the broadcast log is kept under.
+pub const BROADCAST_LOG_NAME: &str = "$saguin/broadcast";
+
+/// The size of a provider's reserve: one largest possible record with its
+/// headers (RFC 0004 "The reserve"). Not a configuration key of its own.
+pub fn reserve_for(max_message_size: u64, max_header_bytes: u64) -> u64 {
+    max_message_size.saturating_add(max_header_bytes)
+}
+
+/// A storage provider: the place a channel's records, counters and
+/// positions all live.
+pub trait Provider: Send + Sync {
+    /// The provider's configured name.
+    fn name(&self) -> &str;
+    fn kind(&self) -> ProviderKind;
+
+    /// The store of channel `name`, created empty (next = floor = 1) if the
+    /// provider holds none. Asking twice gives back the same store; asking
+    /// for a kind other than the stored one is
+    /// [`StorageError::KindMismatch`]. Opening a queue opens its `.dlq`
+    /// append channel too.
+    fn open_channel(&self, name: &str, kind: ChannelKind) -> Result<ChannelStore>;
+
+    /// The channels the provider holds, ordered by name, with their kinds.
+    fn channels(&self) -> Vec<(String, ChannelKind)>;
+
+    /// Bytes counted against the provider's bound.
+    fn bytes(&self) -> u64;
+    /// The provider's bound; `None` is unbounded.
+    fn max_bytes(&self) -> Option<u64>;
+    /// The part of `max_bytes` publishes may not take.
+    fn reserve(&self) -> u64;
+
+    /// The retained broadcast messages, when this provider keeps them.
+    fn retained(&self) -> Result<Arc<dyn LatestStore>>;
+    /// Persistent sessions, when this provider keeps them.
+    fn sessions(&self) -> Result<Arc<dyn SessionStore>>;
+    /// The broadcast log, kept with the sessions.
+    fn broadcast_log(&self) -> Result<Arc<dyn BroadcastLog>>;
+    /// Exactly-once publishes held for their release.
+    fn held_publishes(&self) -> Result<Arc<dyn HeldPublishStore>>;
+
+    /// Stops accepting writes and releases what the provider holds open.
+    /// Writes after close are [`StorageError::Closed`].
+    fn close(&self) -> Result<()>;
+}
+
+/// A channel's retention, as the ticker applies it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// retention_bytes; `None` keeps any size.
+    pub bytes: Option<u64>,
+    /// retention_age; `None` keeps any age.
+    pub age: Option<Duration>,
+}
+
+/// What one sweep removed, per channel that lost anything, and the channels
+/// whose removal failed (each named, the sweep carrying on).
+#[derive(Debug, Default)]
+pub struct SweepReport {
+    pub removed: Vec<(String, Removed)>,
+    pub failed: Vec<(String, StorageError)>,
+}
+
+impl SweepReport {
+    pub fn total(&self) -> Removed {
+        let mut total = Removed::default();
+        for (_, r) in &self.removed {
+            total.add(*r);
+        }
+        total
+    }
+}
+
+/// One pass of the size sweep over `channels`: a channel under its
+/// retention_bytes is settled from the byte count it keeps, reading nothing;
+/// one over it is trimmed from the oldest until it fits.
+pub fn sweep_by_size(channels: &[(Arc<dyn AppendStore>, Retention)]) -> SweepReport {
+    let mut report = SweepReport::default();
+    for (store, retention) in channels {
+        let Some(limit) = retention.bytes else {
+            continue;
+        };
+        if store.bytes() <= limit {
+            continue;
+        }
+        match store.trim(store.floor(), Some(limit)) {
+            Ok(removed) if removed.records > 0 => {
+                report.removed.push((store.name().to_owned(), removed))
+            }
+            Ok(_) => {}
+            Err(e) => report.failed.push((store.name().to_owned(), e)),
+        }
+    }
+    report
+}
+
+/// One pass of the age sweep at `now`: each channel with a retention_age is
+/// walked from its oldest record, stopping at the first that stays, so the
+/// sweep reads what it removes rather than what the channel holds.
+pub fn sweep_by_age(channels: &[(Arc<dyn AppendStore>, Retention)], now: UnixNanos) -> SweepReport {
+    let mut report = SweepReport::default();
+    for (store, retention) in channels {
+        let Some(age) = retention.age else {
+            continue;
+        };
+        let age_nanos = i64::try_from(age.as_nanos()).unwrap_or(i64::MAX);
+        let cutoff = now.saturating_sub(age_nanos);
+        if cutoff <= 0 {
+            continue;
+        }
+        match store.trim_older_than(cutoff) {
+            Ok(removed) if removed.records > 0 => {
+                report.removed.push((store.name().to_owned(), removed))
+            }
+            Ok(_) => {}
+            Err(e) => report.failed.push((store.name().to_owned(), e)),
+        }
+    }
+    report
+}
+
+/// Refuses a record a snapshot or a database could not keep faithfully,
+/// before it is stored - rather than at the next start, when the file that
+/// holds it would be refused. `broadcast` admits the two broadcast-log
+/// fields. Both providers call it on every write path.
+pub fn check_record(channel: &str, record: &Record, broadcast: bool) -> Result<()> {
+    let invalid = |detail: String| StorageError::Invalid {
+        what: format!("channel {channel}: record on {:?}", record.topic),
+        detail,
+    };
+    if record.qos > 2 {
+        return Err(invalid(format!("QoS {} is not 0, 1 or 2", record.qos)));
+    }
+    if let Some(p) = record.props.payload_format_indicator {
+        if p > 1 {
+            return Err(invalid(format!(
+                "payload format indicator {p} is not 0 or 1"
+            )));
+        }
+    }
+    if !broadcast && (record.shared_copy || record.owed_to.is_some()) {
+        return Err(invalid(
+            "shared_copy and owed_to belong to the broadcast log only".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a hold the format could not keep: a client id, a nonzero packet
+/// identifier, and a QoS 2 record (only exactly-once publishes are held).
+pub fn check_hold(held: &HeldPublish) -> Result<()> {
+    let invalid = |detail: &str| StorageError::Invalid {
+        what: format!(
+            "channel {}: held publish {}/{}",
+            held.channel, held.client_id, held.packet_id
+        ),
+        detail: detail.to_owned(),
+    };
+    if held.client_id.is_empty() {
+        return Err(invalid("the client id is empty"));
+    }
+    if held.packet_id == 0 {
+        return Err(invalid("packet identifier 0 is never used"));
+    }
+    if held.record.qos != 2 {
+        return Err(invalid("only QoS 2 publishes are held"));
+    }
+    check_record(
+        &held.channel,
+        &held.record,
+        held.channel == BROADCAST_LOG_NAME,
+    )
+}
+
+/// The name of a queue's dead-letter channel.
+pub fn dead_letter_name(queue: &str) -> String {
+    format!("{queue}{DLQ_SUFFIX}")
+}
+
+/// Nanoseconds since the Unix epoch, now. A clock before 1970 reads as 1 so
+/// that "now" is never the unset 0.
+pub fn now_nanos() -> UnixNanos {
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(_) => 1,
+    }
+}
+
+/// RFC 3339 (UTC, nanoseconds) of a Unix-nanosecond time, for headers; the
+/// unset 0 is the empty string rather than a date in 1970.
+pub fn format_time(at: UnixNanos) -> String {
+    if at <= 0 {
+        return String::new();
+    }
+    let t = std::time::UNIX_EPOCH + Duration::from_nanos(at as u64);
+    humantime::format_rfc3339_nanos(t).to_string()
+}
+
+/// True when `topic` matches the MQTT topic `filter` (`+` one level, `#` the
+/// rest, including the parent level). Topics starting with `$` are matched
+/// only by filters that name the `$` level.
+pub fn topic_matches(filter: &str, topic: &str) -> bool {
+    if topic.starts_with('$') && !filter.starts_with('$') {
+        return false;
+    }
+    let mut f = filter.split('/');
+    let mut t = topic.split('/');
+    loop {
+        match (f.next(), t.next()) {
+            (Some("#"), _) => return true,
+            (Some("+"), Some(_)) => {}
+            (Some(fl), Some(tl)) if fl == tl => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reader_names_parse_and_print() {
+        let r = Reader::parse("mqtt:dev-1").unwrap();
+        assert_eq!(r.scheme(), ReaderScheme::Mqtt);
+        assert_eq!(r.id(), "dev-1");
+        assert_eq!(r.to_string(), "mqtt:dev-1");
+        let b: Reader = "bridge:cloud:eu".parse().unwrap();
+        assert_eq!(b.scheme(), ReaderScheme::Bridge);
+        assert_eq!(b.id(), "cloud:eu");
+        for bad in ["", "mqtt:", "bridge:", "client-1", "http:x", "mqtt:a\0b"] {
+            assert!(Reader::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn reason_codes_separate_bounds_from_failures() {
+        let full = StorageError::ProviderFull {
+            provider: "mem".into(),
+            size: 1,
+            used: 1,
+            limit: 1,
+        };
+        assert_eq!(full.mqtt_reason_code(), 0x97);
+        let failed = StorageError::Write {
+            context: "x".into(),
+            detail: "y".into(),
+        };
+        assert_eq!(failed.mqtt_reason_code(), 0x83);
+    }
+
+    #[test]
+    fn only_session_readers_expire() {
+        let mut p = Position {
+            reader: Reader::bridge("b").unwrap(),
+            offset: 1,
+            saved_at: 1_000_000_000,
+            session_expiry: None,
+        };
+        assert!(!p.expired_at(i64::MAX, 3600));
+        p.reader = Reader::mqtt("c").unwrap();
+        p.session_expiry = Some(0);
+        assert!(
+            p.expired_at(1_000_000_000, 3600),
+            "zero ends with the connection"
+        );
+        p.session_expiry = Some(10);
+        assert!(!p.expired_at(5_000_000_000, 3600));
+        assert!(p.expired_at(11_000_000_000, 3600));
+        p.session_expiry = Some(u32::MAX);
+        assert!(
+            p.expired_at(3_602_000_000_000, 3600),
+            "capped by max_session_expiry"
+        );
+    }
+
+    #[test]
+    fn filters_match_topics() {
+        assert!(topic_matches("a/+/c", "a/b/c"));
+        assert!(topic_matches("a/#", "a"));
+        assert!(topic_matches("#", "a/b"));
+        assert!(!topic_matches("#", "$SYS/x"));
+        assert!(!topic_matches("a/+", "a/b/c"));
+        assert!(topic_matches("a/b", "a/b"));
+    }
+}

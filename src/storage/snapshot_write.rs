@@ -1,1 +1,724 @@
-//! Writing a snapshot directory at shutdown: copy under the lock, write after it, manifest first.
+//! Writing a memory provider's snapshot directory at a graceful shutdown
+//! (RFC 0004 "The order a shutdown writes in", "What a shutdown costs").
+//!
+//! Two phases. [`copy_provider`] runs under the broker's lock: it copies
+//! each store's counters and positions and takes shared handles on its
+//! records - no record is copied, so the lock is held for a walk of
+//! pointers. [`write_snapshot`] runs after the lock is given back: it
+//! encodes each file in format 21 and writes it.
+//!
+//! The order, and why each step is where it is:
+//!
+//! 1. The manifest first, made durable (file fsync, rename, directory
+//!    fsync) before any channel file is written. It records the moment the
+//!    shutdown began, so a channel file older than it did not finish.
+//! 2. Each channel file to `<name>.tmp` in the same directory (a rename is
+//!    atomic only within one filesystem), fsynced before the rename (so a
+//!    power cut cannot leave the new name over bytes still in the page
+//!    cache), renamed over its predecessor. A file that fails leaves the
+//!    last good one exactly as it was.
+//! 3. The broadcast log before the sessions file, durable, so a crash
+//!    between the two leaves a log at least as far on as the sessions.
+//! 4. The directory fsynced once more, so every rename is durable.
+//!
+//! Every file of one shutdown is stamped with the shutdown's moment as its
+//! written-at time, the same value the manifest holds: a loader compares
+//! the two for equality, and a file stamped earlier is one that shutdown did
+//! not rewrite, a file stamped later one whose shutdown's manifest never
+//! landed.
+//!
+//! Files are written a few at a time ([`SnapshotOptions::parallel_files`],
+//! 4 by default) so fifteen channels are not fifteen concurrent fsyncs on an
+//! edge box, and every failure is reported, not only the first. The
+//! directory is created 0700 and every file 0600: they hold whatever the
+//! applications published.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use saguin_format::channel_name::{
+    encode_file_name, temp_file_name, BROADCAST_FILE, MANIFEST_FILE, RETAINED_CHANNEL,
+    RETAINED_FILE, SESSIONS_FILE,
+};
+use saguin_format::f21::{
+    self, BroadcastFile, ChannelFile, DeadLetter, InflightEntry as FileInflight,
+    InflightPhase as FilePhase, Manifest, ManifestEntry, Position as FilePosition, RetainedFile,
+    Session as FileSession, SessionsFile, SharedGroup, SharedGroupKey, SnapshotFile,
+    Subscription as FileSubscription, Will as FileWill,
+};
+use saguin_format::model::{ChannelKind, Record, UnixNanos};
+
+use super::contract::{
+    HeldPublish, InflightPhase, Position, SessionEntry, SessionStore, ShareGroupEntry,
+    BROADCAST_LOG_NAME,
+};
+use super::memory::{
+    AppendCopy, BroadcastCopy, LatestCopy, MemChannelCopy, MemoryProvider, QueueCopy,
+};
+
+/// What a snapshot writes besides the channels, and how.
+#[derive(Clone, Debug)]
+pub struct SnapshotOptions {
+    /// Write the retained store's file (this provider is
+    /// broker.retained_storage).
+    pub retained: bool,
+    /// Write `saguin.broadcast` and `saguin.sessions` (this provider is
+    /// broker.session_storage).
+    pub sessions: bool,
+    /// How many files are written at once.
+    pub parallel_files: usize,
+}
+
+impl Default for SnapshotOptions {
+    fn default() -> Self {
+        SnapshotOptions {
+            retained: false,
+            sessions: false,
+            parallel_files: 4,
+        }
+    }
+}
+
+/// One channel's state as copied under the lock.
+#[derive(Clone, Debug)]
+pub enum ChannelCopy {
+    Append {
+        copy: AppendCopy,
+        held: Vec<HeldPublish>,
+    },
+    Latest {
+        copy: LatestCopy,
+        held: Vec<HeldPublish>,
+    },
+    Queue {
+        copy: QueueCopy,
+        dead_letter: AppendCopy,
+        held: Vec<HeldPublish>,
+    },
+}
+
+impl ChannelCopy {
+    pub fn name(&self) -> &str {
+        match self {
+            ChannelCopy::Append { copy, .. } => &copy.name,
+            ChannelCopy::Latest { copy, .. } => &copy.name,
+            ChannelCopy::Queue { copy, .. } => &copy.name,
+        }
+    }
+
+    pub fn kind(&self) -> ChannelKind {
+        match self {
+            ChannelCopy::Append { .. } => ChannelKind::Append,
+            ChannelCopy::Latest { .. } => ChannelKind::Latest,
+            ChannelCopy::Queue { .. } => ChannelKind::Queue,
+        }
+    }
+
+    /// Records (or items) the copy holds.
+    pub fn record_count(&self) -> usize {
+        match self {
+            ChannelCopy::Append { copy, .. } => copy.records.len(),
+            ChannelCopy::Latest { copy, .. } => copy.records.len(),
+            ChannelCopy::Queue {
+                copy, dead_letter, ..
+            } => copy.items.len() + dead_letter.records.len(),
+        }
+    }
+}
+
+/// Everything phase one copied: what phase two writes.
+#[derive(Clone, Debug)]
+pub struct ProviderCopy {
+    /// The moment the shutdown began; every file is stamped with it.
+    pub began_at: UnixNanos,
+    /// Channels in name order.
+    pub channels: Vec<ChannelCopy>,
+    pub retained: Option<LatestCopy>,
+    pub sessions: Option<(Vec<SessionEntry>, BroadcastCopy, Vec<HeldPublish>)>,
+}
+
+/// Phase one: copies the provider's state. Cheap - shared record handles,
+/// counters and positions - so it can run under the broker's lock.
+pub fn copy_provider(
+    provider: &MemoryProvider,
+    options: &SnapshotOptions,
+    began_at: UnixNanos,
+) -> ProviderCopy {
+    let held = provider.held();
+    let channels = provider
+        .copy_channels()
+        .into_iter()
+        .map(|c| match c {
+            MemChannelCopy::Append(copy) => ChannelCopy::Append {
+                held: held.held_for(&copy.name),
+                copy,
+            },
+            MemChannelCopy::Latest(copy) => ChannelCopy::Latest {
+                held: held.held_for(&copy.name),
+                copy,
+            },
+            MemChannelCopy::Queue(copy, dead_letter) => ChannelCopy::Queue {
+                held: held.held_for(&copy.name),
+                copy,
+                dead_letter,
+            },
+        })
+        .collect();
+    let retained = options
+        .retained
+        .then(|| provider.retained_store().copy_state());
+    let sessions = options.sessions.then(|| {
+        (
+            provider.session_store().sessions().unwrap_or_default(),
+            provider.broadcast().copy_state(),
+            held.held_for(BROADCAST_LOG_NAME),
+        )
+    });
+    ProviderCopy {
+        began_at,
+        channels,
+        retained,
+        sessions,
+    }
+}
+
+/// One file a snapshot wrote.
+#[derive(Clone, Debug)]
+pub struct WrittenFile {
+    pub file_name: String,
+    /// The channel (or store) it holds.
+    pub name: String,
+    pub bytes: u64,
+    pub records: usize,
+}
+
+/// One file a snapshot could not write; its last good version is untouched.
+#[derive(Debug)]
+pub struct FailedFile {
+    pub file_name: String,
+    pub name: String,
+    pub path: PathBuf,
+    pub error: std::io::Error,
+}
+
+impl std::fmt::Display for FailedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "snapshot {}: {} was not written, its last snapshot stands: {}",
+            self.path.display(),
+            self.name,
+            self.error
+        )
+    }
+}
+
+/// What a snapshot wrote and what it could not.
+#[derive(Debug, Default)]
+pub struct WriteReport {
+    pub written: Vec<WrittenFile>,
+    pub failed: Vec<FailedFile>,
+}
+
+impl WriteReport {
+    pub fn is_complete(&self) -> bool {
+        self.failed.is_empty()
+    }
+}
+
+/// Phase two: writes `copy` into `dir` (created 0700 if missing). Never
+/// stops at the first failure: every file that could not be written is in
+/// the report, and each leaves its predecessor whole.
+pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions) -> WriteReport {
+    let mut report = WriteReport::default();
+    if let Err(error) = create_dir(dir) {
+        report.failed.push(FailedFile {
+            file_name: String::new(),
+            name: "snapshot directory".into(),
+            path: dir.to_path_buf(),
+            error,
+        });
+        return report;
+    }
+    let stamp = copy.began_at;
+
+    // 1. The manifest, durable before any channel is written. When it
+    // cannot be written the channels are still written: a loader then finds
+    // them stamped after the old manifest and says the manifest did not
+    // finish, which loses nothing, where skipping them would lose them all.
+    let manifest = Manifest {
+        began_at: stamp,
+        channels: copy
+            .channels
+            .iter()
+            .map(|c| ManifestEntry {
+                channel: c.name().to_owned(),
+                file_name: encode_file_name(c.name()),
+                kind: c.kind(),
+            })
+            .collect(),
+        retained: copy.retained.is_some(),
+        sessions: copy.sessions.is_some(),
+        broadcast: copy.sessions.is_some(),
+    };
+    let manifest_bytes = f21::encode(&SnapshotFile::Manifest(manifest), stamp);
+    match write_durable(dir, MANIFEST_FILE, &manifest_bytes).and_then(|()| sync_dir(dir)) {
+        Ok(()) => report.written.push(WrittenFile {
+            file_name: MANIFEST_FILE.into(),
+            name: "manifest".into(),
+            bytes: manifest_bytes.len() as u64,
+            records: 0,
+        }),
+        Err(error) => report.failed.push(FailedFile {
+            file_name: MANIFEST_FILE.into(),
+            name: "manifest".into(),
+            path: dir.join(MANIFEST_FILE),
+            error,
+        }),
+    }
+    drop(manifest_bytes);
+
+    // 2. Channel files (and the retained store), a few at a time.
+    let jobs: Vec<Job<'_>> = copy
+        .channels
+        .iter()
+        .map(Job::Channel)
+        .chain(copy.retained.as_ref().map(Job::Retained))
+        .collect();
+    let results = Mutex::new(Vec::with_capacity(jobs.len()));
+    let cursor = AtomicUsize::new(0);
+    let workers = options.parallel_files.clamp(1, jobs.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = cursor.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                let outcome = job.write(dir, stamp);
+                super::memory::lock(&results).push(outcome);
+            });
+        }
+    });
+    for outcome in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        match outcome {
+            Ok(w) => report.written.push(w),
+            Err(f) => report.failed.push(f),
+        }
+    }
+
+    // 3. The broadcast log, durable, then the sessions that point into it.
+    if let Some((sessions, log, held)) = &copy.sessions {
+        let log_file = broadcast_file(log, held);
+        let records = log_file.messages.len();
+        let bytes = f21::encode(&SnapshotFile::Broadcast(log_file), stamp);
+        let log_ok = match write_durable(dir, BROADCAST_FILE, &bytes).and_then(|()| sync_dir(dir)) {
+            Ok(()) => {
+                report.written.push(WrittenFile {
+                    file_name: BROADCAST_FILE.into(),
+                    name: BROADCAST_LOG_NAME.into(),
+                    bytes: bytes.len() as u64,
+                    records,
+                });
+                true
+            }
+            Err(error) => {
+                report.failed.push(FailedFile {
+                    file_name: BROADCAST_FILE.into(),
+                    name: BROADCAST_LOG_NAME.into(),
+                    path: dir.join(BROADCAST_FILE),
+                    error,
+                });
+                false
+            }
+        };
+        // Sessions written over a log that did not land would point past
+        // it; the last pair stays together instead.
+        if log_ok {
+            let file = sessions_file(sessions, &log.groups);
+            let count = file.sessions.len();
+            let bytes = f21::encode(&SnapshotFile::Sessions(file), stamp);
+            match write_durable(dir, SESSIONS_FILE, &bytes) {
+                Ok(()) => report.written.push(WrittenFile {
+                    file_name: SESSIONS_FILE.into(),
+                    name: "sessions".into(),
+                    bytes: bytes.len() as u64,
+                    records: count,
+                }),
+                Err(error) => report.failed.push(FailedFile {
+                    file_name: SESSIONS_FILE.into(),
+                    name: "sessions".into(),
+                    path: dir.join(SESSIONS_FILE),
+                    error,
+                }),
+            }
+        } else {
+            report.failed.push(FailedFile {
+                file_name: SESSIONS_FILE.into(),
+                name: "sessions".into(),
+                path: dir.join(SESSIONS_FILE),
+                error: std::io::Error::other(
+                    "not written because the broadcast log it points into was not",
+                ),
+            });
+        }
+    }
+
+    // 4. Every rename above made durable.
+    if let Err(error) = sync_dir(dir) {
+        report.failed.push(FailedFile {
+            file_name: String::new(),
+            name: "snapshot directory".into(),
+            path: dir.to_path_buf(),
+            error,
+        });
+    }
+    report
+}
+
+/// Both phases back to back, for callers that hold no broker lock (tests,
+/// migration): copy, then write.
+pub fn save_snapshot(
+    provider: &MemoryProvider,
+    dir: &Path,
+    options: &SnapshotOptions,
+    began_at: UnixNanos,
+) -> WriteReport {
+    let copy = copy_provider(provider, options, began_at);
+    write_snapshot(dir, &copy, options)
+}
+
+enum Job<'a> {
+    Channel(&'a ChannelCopy),
+    Retained(&'a LatestCopy),
+}
+
+impl Job<'_> {
+    fn write(&self, dir: &Path, stamp: UnixNanos) -> Result<WrittenFile, FailedFile> {
+        let (name, file_name, file, records) = match self {
+            Job::Channel(c) => (
+                c.name().to_owned(),
+                encode_file_name(c.name()),
+                SnapshotFile::Channel(channel_file(c)),
+                c.record_count(),
+            ),
+            Job::Retained(r) => (
+                RETAINED_CHANNEL.to_owned(),
+                RETAINED_FILE.to_owned(),
+                SnapshotFile::Retained(RetainedFile {
+                    records: unshare(&r.records),
+                }),
+                r.records.len(),
+            ),
+        };
+        let bytes = f21::encode(&file, stamp);
+        drop(file);
+        match write_durable(dir, &file_name, &bytes) {
+            Ok(()) => Ok(WrittenFile {
+                file_name,
+                name,
+                bytes: bytes.len() as u64,
+                records,
+            }),
+            Err(error) => Err(FailedFile {
+                path: dir.join(&file_name),
+                file_name,
+                name,
+                error,
+            }),
+        }
+    }
+}
+
+fn unshare(records: &[Arc<Record>]) -> Vec<Record> {
+    records.iter().map(|r| (**r).clone()).collect()
+}
+
+fn file_positions(positions: &[Position]) -> Vec<FilePosition> {
+    positions
+        .iter()
+        .map(|p| FilePosition {
+            reader: p.reader.to_string(),
+            offset: p.offset,
+            saved_at: p.saved_at,
+            session_expiry: p.session_expiry,
+        })
+        .collect()
+}
+
+fn file_held(held: &[HeldPublish]) -> Vec<f21::HeldPublish> {
+    held.iter()
+        .map(|h| f21::HeldPublish {
+            client_id: h.client_id.clone(),
+            packet_id: h.packet_id,
+            held_at: h.held_at,
+            record: Record {
+                offset: 0,
+                ..h.record.clone()
+            },
+        })
+        .collect()
+}
+
+/// The format 21 channel file of a copy.
+pub fn channel_file(c: &ChannelCopy) -> ChannelFile {
+    match c {
+        ChannelCopy::Append { copy, held } => ChannelFile {
+            name: copy.name.clone(),
+            kind: ChannelKind::Append,
+            next: copy.next,
+            floor: copy.floor,
+            bytes: copy.bytes,
+            records: unshare(&copy.records),
+            items: Vec::new(),
+            positions: file_positions(&copy.positions),
+            held: file_held(held),
+            dead_letter: None,
+        },
+        ChannelCopy::Latest { copy, held } => ChannelFile {
+            name: copy.name.clone(),
+            kind: ChannelKind::Latest,
+            next: copy.next,
+            floor: copy.floor,
+            bytes: copy.bytes,
+            records: unshare(&copy.records),
+            items: Vec::new(),
+            positions: file_positions(&copy.positions),
+            held: file_held(held),
+            dead_letter: None,
+        },
+        ChannelCopy::Queue {
+            copy,
+            dead_letter,
+            held,
+        } => ChannelFile {
+            name: copy.name.clone(),
+            kind: ChannelKind::Queue,
+            next: copy.next,
+            floor: copy.floor,
+            bytes: copy.bytes,
+            records: Vec::new(),
+            items: copy
+                .items
+                .iter()
+                .map(|(record, attempts, first, last)| f21::QueueItem {
+                    record: (**record).clone(),
+                    attempts: *attempts,
+                    first_delivered: *first,
+                    last_delivered: *last,
+                })
+                .collect(),
+            positions: Vec::new(),
+            held: file_held(held),
+            dead_letter: Some(DeadLetter {
+                name: dead_letter.name.clone(),
+                next: dead_letter.next,
+                floor: dead_letter.floor,
+                bytes: dead_letter.bytes,
+                records: unshare(&dead_letter.records),
+                positions: file_positions(&dead_letter.positions),
+            }),
+        },
+    }
+}
+
+fn broadcast_file(log: &BroadcastCopy, held: &[HeldPublish]) -> BroadcastFile {
+    BroadcastFile {
+        next: log.next,
+        floor: log.floor,
+        bytes: log.bytes,
+        messages: unshare(&log.messages),
+        cursors: log
+            .cursors
+            .iter()
+            .map(|(client, offset)| FilePosition {
+                reader: format!("mqtt:{client}"),
+                offset: *offset,
+                saved_at: 0,
+                session_expiry: None,
+            })
+            .collect(),
+        held: file_held(held),
+    }
+}
+
+fn sessions_file(sessions: &[SessionEntry], groups: &[ShareGroupEntry]) -> SessionsFile {
+    SessionsFile {
+        sessions: sessions
+            .iter()
+            .map(|s| FileSession {
+                client_id: s.client_id.clone(),
+                principal: s.principal.clone(),
+                expiry_interval: s.expiry_interval,
+                detached_at: s.detached_at,
+                subscriptions: s
+                    .subscriptions
+                    .iter()
+                    .map(|x| FileSubscription {
+                        filter: x.filter.clone(),
+                        qos: x.qos,
+                        no_local: x.no_local,
+                        retain_as_published: x.retain_as_published,
+                        retain_handling: x.retain_handling,
+                        subscription_id: x.subscription_id,
+                        log_offset: x.log_offset,
+                    })
+                    .collect(),
+                will: s.will.as_ref().map(|w| FileWill {
+                    topic: w.topic.clone(),
+                    payload: w.payload.clone(),
+                    qos: w.qos,
+                    retain: w.retain,
+                    delay_interval: w.delay_interval,
+                    props: w.props.clone(),
+                    user_properties: w.user_properties.clone(),
+                }),
+                window: s.window,
+                inflight: s
+                    .inflight
+                    .iter()
+                    .map(|i| FileInflight {
+                        log_offset: i.log_offset,
+                        packet_id: i.packet_id,
+                        qos: i.qos,
+                        phase: match i.phase {
+                            InflightPhase::AwaitingAck => FilePhase::AwaitingAck,
+                            InflightPhase::AwaitingComp => FilePhase::AwaitingComp,
+                        },
+                        shared_group: i.shared_group.as_ref().map(|k| SharedGroupKey {
+                            group: k.group.clone(),
+                            filter: k.filter.clone(),
+                        }),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        shared_groups: groups
+            .iter()
+            .map(|g| SharedGroup {
+                key: SharedGroupKey {
+                    group: g.key.group.clone(),
+                    filter: g.key.filter.clone(),
+                },
+                cursor: g.cursor,
+                returned: g.returned.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// Creates the snapshot directory 0700 when it does not exist.
+pub fn create_dir(dir: &Path) -> std::io::Result<()> {
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(std::io::Error::other(format!(
+            "{} exists and is not a directory",
+            dir.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes `bytes` to `dir/name` crash-safely: a temporary name in the same
+/// directory, created 0600, written whole, fsynced, then renamed over the
+/// old file. The caller syncs the directory. On failure the temporary file
+/// is removed and the old file is untouched.
+pub fn write_durable(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(temp_file_name(name));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, dir.join(name))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// fsyncs a directory, making the renames in it durable.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+    use crate::storage::contract::Provider;
+    use crate::storage::memory::MemoryConfig;
+
+    fn provider() -> Arc<MemoryProvider> {
+        MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn writes_manifest_and_channel_files_with_private_modes() {
+        let p = provider();
+        let a = p.open_channel("a.b", ChannelKind::Append).unwrap();
+        a.as_append()
+            .unwrap()
+            .append(Record::new("a.b/x", "1"))
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dir.path().join("snap");
+        let report = save_snapshot(&p, &snap, &SnapshotOptions::default(), 42);
+        assert!(report.is_complete(), "{:?}", report.failed);
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&snap), 0o700);
+        assert_eq!(mode(&snap.join(MANIFEST_FILE)), 0o600);
+        let file = snap.join("a%2Eb.snapshot");
+        assert_eq!(mode(&file), 0o600);
+        let (header, decoded) = f21::decode(&fs::read(&file).unwrap()).unwrap();
+        assert_eq!(header.written_at, 42);
+        let SnapshotFile::Channel(c) = decoded else {
+            panic!("not a channel file")
+        };
+        assert_eq!((c.next, c.floor, c.records.len()), (2, 1, 1));
+        assert!(fs::read_dir(&snap).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".tmp")));
+    }
+
+    #[test]
+    fn every_failure_is_reported_and_old_files_stand() {
+        let p = provider();
+        for name in ["one", "two", "three"] {
+            p.open_channel(name, ChannelKind::Append).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let report = save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 1);
+        assert!(report.is_complete());
+        let before = fs::read(dir.path().join("two.snapshot")).unwrap();
+        // A directory squatting on each temporary name makes those writes fail.
+        fs::create_dir(dir.path().join("two.snapshot.tmp")).unwrap();
+        fs::create_dir(dir.path().join("three.snapshot.tmp")).unwrap();
+        let report = save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 2);
+        let mut failed: Vec<&str> = report.failed.iter().map(|f| f.name.as_str()).collect();
+        failed.sort();
+        assert_eq!(failed, ["three", "two"]);
+        assert_eq!(fs::read(dir.path().join("two.snapshot")).unwrap(), before);
+        assert!(report.written.iter().any(|w| w.name == "one"));
+    }
+}

@@ -1,1 +1,0 @@
-//! The memory provider: stores in memory, one provider-wide byte counter.

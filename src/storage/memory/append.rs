@@ -1,0 +1,314 @@
+//! An append channel in memory.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use saguin_format::model::{Record, UnixNanos};
+
+use super::slots::SlotLog;
+use super::{lock, read, write, Shared};
+use crate::storage::contract::{
+    check_record, AppendStore, Position, Reader, ReaderScheme, Removed, Result, StorageError,
+    FIRST_OFFSET,
+};
+
+#[derive(Debug)]
+struct AppendState {
+    log: SlotLog,
+    /// Stored, never derived (invariant 9).
+    next: u64,
+    /// Stored, raised only by a removal in the same operation.
+    floor: u64,
+    max_bytes: Option<u64>,
+}
+
+/// An append channel in memory: its records, its two counters, its byte
+/// count and its readers' positions.
+#[derive(Debug)]
+pub struct MemoryAppend {
+    name: String,
+    shared: Arc<Shared>,
+    /// A queue's `.dlq` channel: written in its queue's file.
+    dead_letter: bool,
+    state: RwLock<AppendState>,
+    positions: Mutex<BTreeMap<Reader, Position>>,
+}
+
+/// An append channel's state copied under its lock for a snapshot: the
+/// records are shared, not copied.
+#[derive(Clone, Debug)]
+pub struct AppendCopy {
+    pub name: String,
+    pub next: u64,
+    pub floor: u64,
+    pub bytes: u64,
+    pub records: Vec<Arc<Record>>,
+    pub positions: Vec<Position>,
+}
+
+impl MemoryAppend {
+    pub(crate) fn new(name: &str, shared: Arc<Shared>) -> MemoryAppend {
+        MemoryAppend::with_state(name, shared, false, FIRST_OFFSET, FIRST_OFFSET)
+    }
+
+    pub(crate) fn new_dead_letter(name: &str, shared: Arc<Shared>) -> MemoryAppend {
+        MemoryAppend::with_state(name, shared, true, FIRST_OFFSET, FIRST_OFFSET)
+    }
+
+    fn with_state(
+        name: &str,
+        shared: Arc<Shared>,
+        dead_letter: bool,
+        next: u64,
+        floor: u64,
+    ) -> MemoryAppend {
+        MemoryAppend {
+            name: name.to_owned(),
+            shared,
+            dead_letter,
+            state: RwLock::new(AppendState {
+                log: SlotLog::new(),
+                next,
+                floor,
+                max_bytes: None,
+            }),
+            positions: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// A store rebuilt from validated stored state. The records are charged
+    /// to the provider's counter whatever it holds: they are in memory
+    /// whether or not anything counted them.
+    pub(crate) fn restore(
+        name: &str,
+        shared: Arc<Shared>,
+        dead_letter: bool,
+        next: u64,
+        floor: u64,
+        records: Vec<Record>,
+        positions: Vec<Position>,
+    ) -> MemoryAppend {
+        let store = MemoryAppend::with_state(name, shared, dead_letter, next, floor);
+        {
+            let mut st = write(&store.state);
+            for r in records {
+                let size = r.accounted_size();
+                st.log.push(Arc::new(r), size);
+            }
+            store.shared.budget.charge_relief(st.log.bytes());
+        }
+        let mut pos = lock(&store.positions);
+        for p in positions {
+            pos.insert(p.reader.clone(), p);
+        }
+        drop(pos);
+        store
+    }
+
+    pub(crate) fn is_dead_letter(&self) -> bool {
+        self.dead_letter
+    }
+
+    /// Copies the channel's state under its lock (the first phase of a
+    /// snapshot): counters, shared record handles and positions.
+    pub fn copy_state(&self) -> AppendCopy {
+        let st = read(&self.state);
+        let positions = lock(&self.positions).values().cloned().collect();
+        AppendCopy {
+            name: self.name.clone(),
+            next: st.next,
+            floor: st.floor,
+            bytes: st.log.bytes(),
+            records: st.log.shared_records(),
+            positions,
+        }
+    }
+
+    /// Stores a record for a relief operation (the dead-letter move, a held
+    /// publish's release): the provider's counter is charged, not asked,
+    /// and the channel's own bound is not applied.
+    pub(crate) fn append_relief(&self, record: Record) -> Result<Record> {
+        self.append_inner(record, true)
+    }
+
+    fn append_inner(&self, mut record: Record, relief: bool) -> Result<Record> {
+        self.shared.check_open()?;
+        check_record(&self.name, &record, false)?;
+        let size = record.accounted_size();
+        let mut st = write(&self.state);
+        if !relief {
+            if let Some(max) = st.max_bytes {
+                if st.log.bytes().saturating_add(size) > max {
+                    return Err(StorageError::ChannelFull {
+                        channel: self.name.clone(),
+                        held: st.log.bytes(),
+                        size,
+                        max_bytes: max,
+                    });
+                }
+            }
+            self.shared.budget.charge_publish(size)?;
+        } else {
+            self.shared.budget.charge_relief(size);
+        }
+        // The offset is taken and the record made visible under one lock, so
+        // offsets become readable in the order they were assigned (seed 004).
+        record.offset = st.next;
+        st.next += 1;
+        let shared = Arc::new(record);
+        st.log.push(shared.clone(), size);
+        drop(st);
+        Ok(Arc::unwrap_or_clone(shared))
+    }
+
+    fn check_read(&self, st: &AppendState, offset: u64) -> Result<()> {
+        if offset < st.floor {
+            return Err(StorageError::BelowFloor {
+                channel: self.name.clone(),
+                offset,
+                floor: st.floor,
+            });
+        }
+        if offset > st.next {
+            return Err(StorageError::PastNext {
+                channel: self.name.clone(),
+                offset,
+                next: st.next,
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes from the front while `remove` says so, raising the floor and
+    /// giving the bytes back in the same operation.
+    fn remove_front(
+        &self,
+        st: &mut AppendState,
+        before: u64,
+        remove: impl FnMut(&Record, u64) -> bool,
+    ) -> Removed {
+        let out = st.log.remove_front_while(remove);
+        let mut floor = st.floor.max(before.min(st.next));
+        if let Some(past) = out.past_last {
+            floor = floor.max(past);
+        }
+        st.floor = floor;
+        self.shared.budget.give_back(out.bytes);
+        Removed {
+            records: out.records,
+            bytes: out.bytes,
+        }
+    }
+}
+
+impl AppendStore for MemoryAppend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn append(&self, record: Record) -> Result<Record> {
+        self.append_inner(record, false)
+    }
+
+    fn read_from(&self, offset: u64) -> Result<Vec<Record>> {
+        self.read_from_n(offset, usize::MAX)
+    }
+
+    fn read_from_n(&self, offset: u64, max: usize) -> Result<Vec<Record>> {
+        let st = read(&self.state);
+        self.check_read(&st, offset)?;
+        Ok(st.log.read_from(offset, max))
+    }
+
+    fn next(&self) -> u64 {
+        read(&self.state).next
+    }
+
+    fn floor(&self) -> u64 {
+        read(&self.state).floor
+    }
+
+    fn bytes(&self) -> u64 {
+        read(&self.state).log.bytes()
+    }
+
+    fn record_count(&self) -> u64 {
+        read(&self.state).log.live()
+    }
+
+    fn lowest_position(&self) -> u64 {
+        let lowest = lock(&self.positions).values().map(|p| p.offset).min();
+        lowest.unwrap_or_else(|| self.next())
+    }
+
+    fn first_at_or_after(&self, at: UnixNanos) -> Result<Option<u64>> {
+        Ok(read(&self.state).log.first_at_or_after(at))
+    }
+
+    fn set_max_bytes(&self, max_bytes: Option<u64>) {
+        write(&self.state).max_bytes = max_bytes;
+    }
+
+    fn max_bytes(&self) -> Option<u64> {
+        read(&self.state).max_bytes
+    }
+
+    fn trim(&self, before: u64, max_bytes: Option<u64>) -> Result<Removed> {
+        self.shared.check_open()?;
+        let mut st = write(&self.state);
+        let limit = max_bytes.unwrap_or(u64::MAX);
+        Ok(self.remove_front(&mut st, before, |r, held| r.offset < before || held > limit))
+    }
+
+    fn trim_older_than(&self, cutoff: UnixNanos) -> Result<Removed> {
+        self.shared.check_open()?;
+        let mut st = write(&self.state);
+        // A record with timestamp 0 is never too old, and it stops the walk.
+        Ok(self.remove_front(&mut st, 0, |r, _| r.timestamp != 0 && r.timestamp < cutoff))
+    }
+
+    fn position(&self, reader: &Reader) -> Result<Option<Position>> {
+        Ok(lock(&self.positions).get(reader).cloned())
+    }
+
+    fn save_position(&self, position: Position) -> Result<()> {
+        self.shared.check_open()?;
+        check_position(&self.name, &position, self.next())?;
+        lock(&self.positions).insert(position.reader.clone(), position);
+        Ok(())
+    }
+
+    fn drop_position(&self, reader: &Reader) -> Result<bool> {
+        self.shared.check_open()?;
+        Ok(lock(&self.positions).remove(reader).is_some())
+    }
+
+    fn positions(&self) -> Result<Vec<Position>> {
+        Ok(lock(&self.positions).values().cloned().collect())
+    }
+}
+
+/// A position is at least the first offset and never past `next` (a stored
+/// position may lag, never lead).
+pub(crate) fn check_position(channel: &str, position: &Position, next: u64) -> Result<()> {
+    if position.offset < FIRST_OFFSET || position.offset > next {
+        return Err(StorageError::Invalid {
+            what: format!("channel {channel}: position of {}", position.reader),
+            detail: format!(
+                "offset {} is outside 1..={next} (a position never leads the channel)",
+                position.offset
+            ),
+        });
+    }
+    let expiry_ok = match position.reader.scheme() {
+        ReaderScheme::Mqtt => position.session_expiry.is_some(),
+        ReaderScheme::Bridge => position.session_expiry.is_none(),
+    };
+    if !expiry_ok {
+        return Err(StorageError::Invalid {
+            what: format!("channel {channel}: position of {}", position.reader),
+            detail: "an mqtt: reader states its session expiry interval and a bridge: reader states none".into(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,344 @@
+//! A latest channel in memory: one value per topic, and a marker for each
+//! deletion so a resuming consumer learns what went (RFC 0003 "Latest
+//! channels"). The retained store is the same structure without markers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+use saguin_format::model::Record;
+
+use super::append::check_position;
+use super::{lock, read, write, Shared};
+use crate::storage::contract::{
+    check_record, topic_matches, LatestStore, Position, Reader, Removed, Result, StorageError,
+    FIRST_OFFSET, RETAINED_STORE_NAME,
+};
+
+#[derive(Debug)]
+struct LatestState {
+    /// The current value of each topic; an empty payload is a deletion
+    /// marker.
+    values: HashMap<String, Arc<Record>>,
+    /// Every value and marker by its offset, for reads in offset order.
+    by_offset: BTreeMap<u64, String>,
+    next: u64,
+    floor: u64,
+    /// Sum of `accounted_size` over values and markers.
+    bytes: u64,
+    markers: u64,
+}
+
+#[derive(Debug)]
+pub struct MemoryLatest {
+    name: String,
+    shared: Arc<Shared>,
+    /// Deletions leave a marker (a latest channel) or nothing (the retained
+    /// store, which no consumer resumes on).
+    keep_markers: bool,
+    state: RwLock<LatestState>,
+    positions: Mutex<BTreeMap<Reader, Position>>,
+}
+
+/// A latest channel's state copied under its lock for a snapshot.
+#[derive(Clone, Debug)]
+pub struct LatestCopy {
+    pub name: String,
+    pub next: u64,
+    pub floor: u64,
+    pub bytes: u64,
+    /// Values and deletion markers in offset order.
+    pub records: Vec<Arc<Record>>,
+    pub positions: Vec<Position>,
+}
+
+impl MemoryLatest {
+    pub(crate) fn new(name: &str, shared: Arc<Shared>) -> MemoryLatest {
+        MemoryLatest {
+            name: name.to_owned(),
+            shared,
+            keep_markers: name != RETAINED_STORE_NAME,
+            state: RwLock::new(LatestState {
+                values: HashMap::new(),
+                by_offset: BTreeMap::new(),
+                next: FIRST_OFFSET,
+                floor: FIRST_OFFSET,
+                bytes: 0,
+                markers: 0,
+            }),
+            positions: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// A store rebuilt from validated stored state (one record per topic,
+    /// offsets in `floor..next`), its bytes charged to the provider.
+    pub(crate) fn restore(
+        name: &str,
+        shared: Arc<Shared>,
+        next: u64,
+        floor: u64,
+        records: Vec<Record>,
+        positions: Vec<Position>,
+    ) -> Result<MemoryLatest> {
+        let store = MemoryLatest::new(name, shared);
+        store.fill(next, floor, records)?;
+        {
+            let mut pos = lock(&store.positions);
+            for p in positions {
+                pos.insert(p.reader.clone(), p);
+            }
+        }
+        Ok(store)
+    }
+
+    /// Fills an empty store with validated stored values and charges their
+    /// bytes to the provider.
+    pub(crate) fn fill(&self, next: u64, floor: u64, records: Vec<Record>) -> Result<()> {
+        let mut st = write(&self.state);
+        if !st.values.is_empty() {
+            return Err(StorageError::Invalid {
+                what: format!("channel {}", self.name),
+                detail: "loaded into a store that already holds values".into(),
+            });
+        }
+        st.next = next;
+        st.floor = floor;
+        for r in records {
+            if st.values.contains_key(&r.topic) || st.by_offset.contains_key(&r.offset) {
+                return Err(StorageError::Corrupt {
+                    what: format!("channel {}", self.name),
+                    detail: format!(
+                        "topic {:?} at offset {} holds a second value",
+                        r.topic, r.offset
+                    ),
+                });
+            }
+            st.bytes += r.accounted_size();
+            if r.payload.is_empty() {
+                st.markers += 1;
+            }
+            st.by_offset.insert(r.offset, r.topic.clone());
+            st.values.insert(r.topic.clone(), Arc::new(r));
+        }
+        self.shared.budget.charge_relief(st.bytes);
+        Ok(())
+    }
+
+    pub fn copy_state(&self) -> LatestCopy {
+        let st = read(&self.state);
+        let records = st
+            .by_offset
+            .values()
+            .filter_map(|t| st.values.get(t).cloned())
+            .collect();
+        LatestCopy {
+            name: self.name.clone(),
+            next: st.next,
+            floor: st.floor,
+            bytes: st.bytes,
+            records,
+            positions: lock(&self.positions).values().cloned().collect(),
+        }
+    }
+
+    /// Replaces (or, with an empty payload, deletes) a topic's value.
+    /// `relief` charges the provider rather than asking it (a held
+    /// publish's release).
+    pub(crate) fn set_inner(&self, mut record: Record, relief: bool) -> Result<Option<Record>> {
+        self.shared.check_open()?;
+        check_record(&self.name, &record, false)?;
+        let mut st = write(&self.state);
+        let old = st.values.get(&record.topic).cloned();
+        let deleting = record.payload.is_empty();
+        if deleting && old.as_ref().is_none_or(|o| o.payload.is_empty()) {
+            // Nothing to delete: no offset is taken.
+            return Ok(None);
+        }
+        let old_size = old.as_ref().map_or(0, |o| o.accounted_size());
+        let new_size = if deleting && !self.keep_markers {
+            0
+        } else {
+            record.accounted_size()
+        };
+        // The value being replaced is already in hand, so only the
+        // difference is charged (or given back).
+        if new_size > old_size {
+            if relief {
+                self.shared.budget.charge_relief(new_size - old_size);
+            } else {
+                self.shared.budget.charge_publish(new_size - old_size)?;
+            }
+        } else {
+            self.shared.budget.give_back(old_size - new_size);
+        }
+        st.bytes = st.bytes - old_size + new_size;
+        if let Some(o) = &old {
+            st.by_offset.remove(&o.offset);
+            if o.payload.is_empty() {
+                st.markers -= 1;
+            }
+        }
+        record.offset = st.next;
+        st.next += 1;
+        if deleting && !self.keep_markers {
+            st.values.remove(&record.topic);
+            // Nothing is left at the offset the deletion took, so the floor
+            // may pass it: reads never see it.
+            return Ok(Some(record));
+        }
+        if deleting {
+            st.markers += 1;
+        }
+        st.by_offset.insert(record.offset, record.topic.clone());
+        let shared = Arc::new(record);
+        st.values.insert(shared.topic.clone(), shared.clone());
+        drop(st);
+        Ok(Some(Arc::unwrap_or_clone(shared)))
+    }
+
+    fn check_since(&self, st: &LatestState, since: u64) -> Result<()> {
+        if since < st.floor {
+            return Err(StorageError::BelowFloor {
+                channel: self.name.clone(),
+                offset: since,
+                floor: st.floor,
+            });
+        }
+        if since > st.next {
+            return Err(StorageError::PastNext {
+                channel: self.name.clone(),
+                offset: since,
+                next: st.next,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl LatestStore for MemoryLatest {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn set(&self, record: Record) -> Result<Record> {
+        let topic = record.topic.clone();
+        match self.set_inner(record, false)? {
+            Some(r) => Ok(r),
+            // An empty payload for a topic with no value: nothing changed.
+            None => Ok(Record {
+                offset: 0,
+                ..Record::new(topic, bytes::Bytes::new())
+            }),
+        }
+    }
+
+    fn get(&self, topic: &str) -> Result<Option<Record>> {
+        let st = read(&self.state);
+        Ok(st
+            .values
+            .get(topic)
+            .filter(|r| !r.payload.is_empty())
+            .map(|r| (**r).clone()))
+    }
+
+    fn delete(&self, topic: &str) -> Result<Option<Record>> {
+        self.set_inner(Record::new(topic, bytes::Bytes::new()), false)
+    }
+
+    fn match_filter(&self, filter: &str) -> Result<Vec<Record>> {
+        let st = read(&self.state);
+        Ok(st
+            .by_offset
+            .values()
+            .filter(|t| topic_matches(filter, t))
+            .filter_map(|t| st.values.get(t))
+            .filter(|r| !r.payload.is_empty())
+            .map(|r| (**r).clone())
+            .collect())
+    }
+
+    fn match_with_deletions(&self, filter: &str, since: u64) -> Result<Vec<Record>> {
+        let st = read(&self.state);
+        self.check_since(&st, since)?;
+        Ok(st
+            .by_offset
+            .range(since..)
+            .map(|(_, t)| t)
+            .filter(|t| topic_matches(filter, t))
+            .filter_map(|t| st.values.get(t))
+            .map(|r| (**r).clone())
+            .collect())
+    }
+
+    fn trim(&self, before: u64) -> Result<Removed> {
+        self.shared.check_open()?;
+        let mut st = write(&self.state);
+        // Values are never removed, and every value held is at or above the
+        // floor (a file holding one below it is refused), so the floor can
+        // rise no further than the oldest value. Markers are forgotten only
+        // below that bound: one forgotten above the floor would be a
+        // deletion a consumer is never told about (invariant 1).
+        let oldest_value = st
+            .by_offset
+            .iter()
+            .find(|(_, t)| st.values.get(*t).is_some_and(|r| !r.payload.is_empty()))
+            .map(|(o, _)| *o)
+            .unwrap_or(st.next);
+        let bound = before.min(oldest_value).min(st.next);
+        let mut removed = Removed::default();
+        let stale: Vec<(u64, String)> = st
+            .by_offset
+            .range(..bound)
+            .map(|(o, t)| (*o, t.clone()))
+            .collect();
+        for (offset, topic) in stale {
+            st.by_offset.remove(&offset);
+            if let Some(r) = st.values.remove(&topic) {
+                let size = r.accounted_size();
+                st.bytes -= size;
+                st.markers -= 1;
+                removed.records += 1;
+                removed.bytes += size;
+            }
+        }
+        st.floor = st.floor.max(bound);
+        self.shared.budget.give_back(removed.bytes);
+        Ok(removed)
+    }
+
+    fn next(&self) -> u64 {
+        read(&self.state).next
+    }
+
+    fn floor(&self) -> u64 {
+        read(&self.state).floor
+    }
+
+    fn bytes(&self) -> u64 {
+        read(&self.state).bytes
+    }
+
+    fn record_count(&self) -> u64 {
+        let st = read(&self.state);
+        st.values.len() as u64 - st.markers
+    }
+
+    fn position(&self, reader: &Reader) -> Result<Option<Position>> {
+        Ok(lock(&self.positions).get(reader).cloned())
+    }
+
+    fn save_position(&self, position: Position) -> Result<()> {
+        self.shared.check_open()?;
+        check_position(&self.name, &position, self.next())?;
+        lock(&self.positions).insert(position.reader.clone(), position);
+        Ok(())
+    }
+
+    fn drop_position(&self, reader: &Reader) -> Result<bool> {
+        self.shared.check_open()?;
+        Ok(lock(&self.positions).remove(reader).is_some())
+    }
+
+    fn positions(&self) -> Result<Vec<Position>> {
+        Ok(lock(&self.positions).values().cloned().collect())
+    }
+}

@@ -1,0 +1,354 @@
+//! The memory provider: stores in memory behind fine-grained locks, one
+//! provider-wide byte counter, and a snapshot directory written at a
+//! graceful shutdown (RFC 0004 "Memory, with a snapshot").
+//!
+//! Locks: the provider's channel map is taken only to find or create a
+//! store. Each store has its own lock for records and counters and another
+//! for positions. A queue's lock is taken before its dead-letter channel's
+//! and nothing takes them in the other order, so the dead-letter move is
+//! atomic without a cycle to deadlock on.
+
+mod append;
+mod budget;
+mod latest;
+mod load;
+mod queue;
+mod session;
+mod slots;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use saguin_format::model::ChannelKind;
+
+pub use append::{AppendCopy, MemoryAppend};
+pub use budget::Budget;
+pub use latest::{LatestCopy, MemoryLatest};
+pub use load::{LoadError, LoadOptions, LoadProblem, LoadReport, LoadedChannel};
+pub use queue::{MemoryQueue, QueueCopy};
+pub use session::{BroadcastCopy, MemoryBroadcast, MemoryHeld, MemorySessions};
+
+/// One channel's state copied for a snapshot.
+#[derive(Clone, Debug)]
+pub enum MemChannelCopy {
+    Append(AppendCopy),
+    Latest(LatestCopy),
+    /// A queue with its dead-letter channel, copied together.
+    Queue(QueueCopy, AppendCopy),
+}
+
+use super::contract::{
+    dead_letter_name, AppendStore, BroadcastLog, ChannelStore, HeldPublishStore, LatestStore,
+    Provider, ProviderKind, Result, SessionStore, StorageError, BROADCAST_LOG_NAME,
+    RETAINED_STORE_NAME,
+};
+
+/// How a memory provider is configured.
+#[derive(Clone, Debug)]
+pub struct MemoryConfig {
+    /// The provider's name in the configuration.
+    pub name: String,
+    /// The provider's bound; `None` is unbounded.
+    pub max_bytes: Option<u64>,
+    /// One largest record with its headers (limits.max_message_size +
+    /// limits.max_header_bytes), held back from publishes.
+    pub reserve: u64,
+}
+
+/// One store of the provider, by kind.
+#[derive(Clone)]
+pub(crate) enum MemChannel {
+    Append(Arc<MemoryAppend>),
+    Latest(Arc<MemoryLatest>),
+    Queue(Arc<MemoryQueue>),
+}
+
+impl MemChannel {
+    fn kind(&self) -> ChannelKind {
+        match self {
+            MemChannel::Append(_) => ChannelKind::Append,
+            MemChannel::Latest(_) => ChannelKind::Latest,
+            MemChannel::Queue(_) => ChannelKind::Queue,
+        }
+    }
+
+    fn to_store(&self) -> ChannelStore {
+        match self {
+            MemChannel::Append(s) => ChannelStore::Append(s.clone()),
+            MemChannel::Latest(s) => ChannelStore::Latest(s.clone()),
+            MemChannel::Queue(s) => ChannelStore::Queue(s.clone()),
+        }
+    }
+}
+
+/// What every store of one provider shares: its name, its byte counter and
+/// whether it was closed.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub name: String,
+    pub budget: Budget,
+    pub closed: AtomicBool,
+}
+
+impl Shared {
+    /// Refuses a write once the provider was closed.
+    pub fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StorageError::Closed {
+                provider: self.name.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The memory provider.
+pub struct MemoryProvider {
+    shared: Arc<Shared>,
+    /// Channels by name, sorted (the snapshot writes them in this order).
+    channels: RwLock<BTreeMap<String, MemChannel>>,
+    retained: Arc<MemoryLatest>,
+    sessions: Arc<MemorySessions>,
+    broadcast: Arc<MemoryBroadcast>,
+    held: Arc<MemoryHeld>,
+}
+
+impl MemoryProvider {
+    /// A provider holding nothing. A bound below twice the reserve is
+    /// refused naming both numbers (RFC 0004 "The reserve").
+    pub fn new(config: MemoryConfig) -> Result<Arc<MemoryProvider>> {
+        if let Some(max) = config.max_bytes {
+            if max < config.reserve.saturating_mul(2) {
+                return Err(StorageError::Invalid {
+                    what: format!("provider {}: max_bytes", config.name),
+                    detail: format!(
+                        "{max} bytes is below twice the reserve of {} bytes (one largest record with its headers); give it at least {}",
+                        config.reserve,
+                        config.reserve.saturating_mul(2)
+                    ),
+                });
+            }
+        }
+        let shared = Arc::new(Shared {
+            name: config.name.clone(),
+            budget: Budget::new(config.name.clone(), config.max_bytes, config.reserve),
+            closed: AtomicBool::new(false),
+        });
+        let broadcast = Arc::new(MemoryBroadcast::new(shared.clone()));
+        let sessions = Arc::new(MemorySessions::new(shared.clone(), broadcast.clone()));
+        Ok(Arc::new_cyclic(|weak| MemoryProvider {
+            retained: Arc::new(MemoryLatest::new(RETAINED_STORE_NAME, shared.clone())),
+            held: Arc::new(MemoryHeld::new(shared.clone(), weak.clone())),
+            shared,
+            channels: RwLock::new(BTreeMap::new()),
+            sessions,
+            broadcast,
+        }))
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The provider's byte counter.
+    pub fn budget(&self) -> &Budget {
+        &self.shared.budget
+    }
+
+    /// The memory stores, by name, in name order (dead-letter channels are
+    /// reached through their queue).
+    pub(crate) fn mem_channels(&self) -> Vec<(String, MemChannel)> {
+        read(&self.channels)
+            .iter()
+            .filter(|(_, c)| !matches!(c, MemChannel::Append(a) if a.is_dead_letter()))
+            .map(|(n, c)| (n.clone(), c.clone()))
+            .collect()
+    }
+
+    /// Copies every channel's state, in name order, each under its own
+    /// lock: counters, positions and shared record handles, no record
+    /// copied (the first phase of a snapshot).
+    pub fn copy_channels(&self) -> Vec<MemChannelCopy> {
+        self.mem_channels()
+            .into_iter()
+            .map(|(_, c)| match c {
+                MemChannel::Append(a) => MemChannelCopy::Append(a.copy_state()),
+                MemChannel::Latest(l) => MemChannelCopy::Latest(l.copy_state()),
+                MemChannel::Queue(q) => {
+                    let (copy, dlq) = q.copy_with_dead_letter();
+                    MemChannelCopy::Queue(copy, dlq)
+                }
+            })
+            .collect()
+    }
+
+    pub(crate) fn mem_channel(&self, name: &str) -> Option<MemChannel> {
+        read(&self.channels).get(name).cloned()
+    }
+
+    pub fn retained_store(&self) -> &Arc<MemoryLatest> {
+        &self.retained
+    }
+
+    pub fn session_store(&self) -> &Arc<MemorySessions> {
+        &self.sessions
+    }
+
+    pub fn broadcast(&self) -> &Arc<MemoryBroadcast> {
+        &self.broadcast
+    }
+
+    pub fn held(&self) -> &Arc<MemoryHeld> {
+        &self.held
+    }
+
+    /// Installs a store built by a loader. Refused if the name is taken.
+    pub(crate) fn install(&self, name: &str, channel: MemChannel) -> Result<()> {
+        let mut map = write(&self.channels);
+        if map.contains_key(name) {
+            return Err(StorageError::Invalid {
+                what: format!("channel {name}"),
+                detail: "loaded twice".into(),
+            });
+        }
+        if let MemChannel::Queue(q) = &channel {
+            map.insert(
+                q.dead_letter_store().name().to_owned(),
+                MemChannel::Append(q.dead_letter_store().clone()),
+            );
+        }
+        map.insert(name.to_owned(), channel);
+        Ok(())
+    }
+
+    fn open_mem(&self, name: &str, kind: ChannelKind) -> Result<MemChannel> {
+        if let Some(existing) = read(&self.channels).get(name) {
+            return check_kind(name, kind, existing.clone());
+        }
+        if name == RETAINED_STORE_NAME || name == BROADCAST_LOG_NAME {
+            return Err(StorageError::Invalid {
+                what: format!("channel {name}"),
+                detail: "the name is reserved for the provider's own stores".into(),
+            });
+        }
+        let mut map = write(&self.channels);
+        // Another caller may have created it between the two locks.
+        if let Some(existing) = map.get(name) {
+            return check_kind(name, kind, existing.clone());
+        }
+        let channel = match kind {
+            ChannelKind::Append => {
+                MemChannel::Append(Arc::new(MemoryAppend::new(name, self.shared.clone())))
+            }
+            ChannelKind::Latest => {
+                MemChannel::Latest(Arc::new(MemoryLatest::new(name, self.shared.clone())))
+            }
+            ChannelKind::Queue => {
+                let dlq_name = dead_letter_name(name);
+                let dlq = match map.get(&dlq_name) {
+                    Some(MemChannel::Append(a)) => a.clone(),
+                    Some(other) => {
+                        return Err(StorageError::KindMismatch {
+                            channel: dlq_name,
+                            configured: ChannelKind::Append,
+                            stored: other.kind(),
+                        })
+                    }
+                    None => {
+                        let a = Arc::new(MemoryAppend::new_dead_letter(
+                            &dlq_name,
+                            self.shared.clone(),
+                        ));
+                        map.insert(dlq_name, MemChannel::Append(a.clone()));
+                        a
+                    }
+                };
+                MemChannel::Queue(Arc::new(MemoryQueue::new(name, self.shared.clone(), dlq)))
+            }
+        };
+        map.insert(name.to_owned(), channel.clone());
+        Ok(channel)
+    }
+}
+
+fn check_kind(name: &str, kind: ChannelKind, existing: MemChannel) -> Result<MemChannel> {
+    if existing.kind() != kind {
+        return Err(StorageError::KindMismatch {
+            channel: name.to_owned(),
+            configured: kind,
+            stored: existing.kind(),
+        });
+    }
+    Ok(existing)
+}
+
+impl Provider for MemoryProvider {
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Memory
+    }
+
+    fn open_channel(&self, name: &str, kind: ChannelKind) -> Result<ChannelStore> {
+        self.shared.check_open()?;
+        Ok(self.open_mem(name, kind)?.to_store())
+    }
+
+    fn channels(&self) -> Vec<(String, ChannelKind)> {
+        read(&self.channels)
+            .iter()
+            .map(|(n, c)| (n.clone(), c.kind()))
+            .collect()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.shared.budget.used()
+    }
+
+    fn max_bytes(&self) -> Option<u64> {
+        self.shared.budget.max()
+    }
+
+    fn reserve(&self) -> u64 {
+        self.shared.budget.reserve()
+    }
+
+    fn retained(&self) -> Result<Arc<dyn LatestStore>> {
+        Ok(self.retained.clone())
+    }
+
+    fn sessions(&self) -> Result<Arc<dyn SessionStore>> {
+        Ok(self.sessions.clone())
+    }
+
+    fn broadcast_log(&self) -> Result<Arc<dyn BroadcastLog>> {
+        Ok(self.broadcast.clone())
+    }
+
+    fn held_publishes(&self) -> Result<Arc<dyn HeldPublishStore>> {
+        Ok(self.held.clone())
+    }
+
+    fn close(&self) -> Result<()> {
+        self.shared.closed.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+// A lock poisoned by a panic elsewhere still guards consistent data: every
+// mutation here completes its bookkeeping before anything that can panic,
+// so the guard is taken back rather than turning one panic into many.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,534 @@
+//! A queue channel in memory. Its items are the unresolved records and what
+//! survives about each (attempts, first and last delivery); who holds one,
+//! under which delivery id, until when and at which epoch is volatile and
+//! never written anywhere (invariant 15).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use saguin_format::model::{Record, UnixNanos, UserProperty};
+
+use super::append::{AppendCopy, MemoryAppend};
+use super::{read, write, Shared};
+use crate::storage::contract::{
+    check_record, format_time, AppendStore, ExpiredLease, Lease, QueueItem, QueueStore, Released,
+    Removed, Result, StorageError, FIRST_OFFSET, HEADER_ATTEMPTS, HEADER_DLQ_REASON,
+    HEADER_FIRST_DELIVERED, HEADER_LAST_DELIVERED,
+};
+
+/// Who holds an item now. Volatile.
+#[derive(Clone, Debug)]
+struct Holding {
+    delivery_id: u64,
+    holder: String,
+    lease_until: UnixNanos,
+}
+
+#[derive(Clone, Debug)]
+struct Item {
+    record: Arc<Record>,
+    attempts: u32,
+    first_delivered: UnixNanos,
+    last_delivered: UnixNanos,
+    /// Not offered before this moment (the backoff gap). Volatile.
+    not_before: UnixNanos,
+    /// The per-record epoch: bumped by every lease, so a resolution by a
+    /// superseded delivery is refused. Volatile.
+    epoch: u64,
+    held: Option<Holding>,
+}
+
+impl Item {
+    fn to_queue_item(&self) -> QueueItem {
+        QueueItem {
+            record: (*self.record).clone(),
+            attempts: self.attempts,
+            first_delivered: self.first_delivered,
+            last_delivered: self.last_delivered,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct QueueState {
+    items: BTreeMap<u64, Item>,
+    /// Live deliveries: delivery id to offset.
+    deliveries: HashMap<u64, u64>,
+    next: u64,
+    /// Raised as the oldest items go; below it nothing is held.
+    floor: u64,
+    bytes: u64,
+    max_bytes: Option<u64>,
+    backoff: Vec<Duration>,
+    max_attempts: u32,
+    next_delivery_id: u64,
+}
+
+#[derive(Debug)]
+pub struct MemoryQueue {
+    name: String,
+    shared: Arc<Shared>,
+    dead_letter: Arc<MemoryAppend>,
+    state: RwLock<QueueState>,
+}
+
+/// A queue's state copied under its lock for a snapshot. Items carry what
+/// survives only: no holder, no delivery id, no lease, no epoch.
+#[derive(Clone, Debug)]
+pub struct QueueCopy {
+    pub name: String,
+    pub next: u64,
+    pub floor: u64,
+    pub bytes: u64,
+    pub items: Vec<(Arc<Record>, u32, UnixNanos, UnixNanos)>,
+}
+
+/// The default number of deliveries before a record is dead-lettered.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+
+impl MemoryQueue {
+    pub(crate) fn new(name: &str, shared: Arc<Shared>, dead_letter: Arc<MemoryAppend>) -> Self {
+        MemoryQueue {
+            name: name.to_owned(),
+            shared,
+            dead_letter,
+            state: RwLock::new(QueueState {
+                items: BTreeMap::new(),
+                deliveries: HashMap::new(),
+                next: FIRST_OFFSET,
+                floor: FIRST_OFFSET,
+                bytes: 0,
+                max_bytes: None,
+                backoff: Vec::new(),
+                max_attempts: DEFAULT_MAX_ATTEMPTS,
+                next_delivery_id: 1,
+            }),
+        }
+    }
+
+    /// A queue rebuilt from stored items. Every item comes back available
+    /// with no holder, no delivery id, no deadline and no epoch, whatever
+    /// the caller passes: that rule is enforced here, where the queue is
+    /// rebuilt, rather than in any decoder.
+    pub(crate) fn restore(
+        name: &str,
+        shared: Arc<Shared>,
+        dead_letter: Arc<MemoryAppend>,
+        next: u64,
+        floor: u64,
+        items: Vec<QueueItem>,
+    ) -> MemoryQueue {
+        let q = MemoryQueue::new(name, shared, dead_letter);
+        {
+            let mut st = write(&q.state);
+            st.next = next;
+            st.floor = floor;
+            for it in items {
+                st.bytes += it.record.accounted_size();
+                st.items.insert(
+                    it.record.offset,
+                    Item {
+                        record: Arc::new(it.record),
+                        attempts: it.attempts,
+                        first_delivered: it.first_delivered,
+                        last_delivered: it.last_delivered,
+                        not_before: 0,
+                        epoch: 0,
+                        held: None,
+                    },
+                );
+            }
+            q.shared.budget.charge_relief(st.bytes);
+        }
+        q
+    }
+
+    pub fn dead_letter_store(&self) -> &Arc<MemoryAppend> {
+        &self.dead_letter
+    }
+
+    /// Copies the queue and its dead-letter channel together, under the
+    /// queue's lock (taken before the dead-letter channel's, as the move
+    /// takes them), so a record being dead-lettered is in exactly one.
+    pub fn copy_with_dead_letter(&self) -> (QueueCopy, AppendCopy) {
+        let st = read(&self.state);
+        let dead_letter = self.dead_letter.copy_state();
+        (self.copy_locked(&st), dead_letter)
+    }
+
+    pub fn copy_state(&self) -> QueueCopy {
+        let st = read(&self.state);
+        self.copy_locked(&st)
+    }
+
+    fn copy_locked(&self, st: &QueueState) -> QueueCopy {
+        QueueCopy {
+            name: self.name.clone(),
+            next: st.next,
+            floor: st.floor,
+            bytes: st.bytes,
+            items: st
+                .items
+                .values()
+                .map(|i| {
+                    (
+                        i.record.clone(),
+                        i.attempts,
+                        i.first_delivered,
+                        i.last_delivered,
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Who holds the record at `offset` (for the broker's catalogue).
+    pub fn holder(&self, offset: u64) -> Option<String> {
+        read(&self.state)
+            .items
+            .get(&offset)
+            .and_then(|i| i.held.as_ref().map(|h| h.holder.clone()))
+    }
+
+    pub(crate) fn enqueue_inner(&self, mut record: Record, relief: bool) -> Result<Record> {
+        self.shared.check_open()?;
+        check_record(&self.name, &record, false)?;
+        let size = record.accounted_size();
+        let mut st = write(&self.state);
+        if !relief {
+            if let Some(max) = st.max_bytes {
+                if st.bytes.saturating_add(size) > max {
+                    return Err(StorageError::ChannelFull {
+                        channel: self.name.clone(),
+                        held: st.bytes,
+                        size,
+                        max_bytes: max,
+                    });
+                }
+            }
+            self.shared.budget.charge_publish(size)?;
+        } else {
+            self.shared.budget.charge_relief(size);
+        }
+        record.offset = st.next;
+        st.next += 1;
+        st.bytes += size;
+        let shared = Arc::new(record);
+        st.items.insert(
+            shared.offset,
+            Item {
+                record: shared.clone(),
+                attempts: 0,
+                first_delivered: 0,
+                last_delivered: 0,
+                not_before: 0,
+                epoch: 0,
+                held: None,
+            },
+        );
+        drop(st);
+        Ok(Arc::unwrap_or_clone(shared))
+    }
+
+    /// Removes an item whole, giving its bytes back and raising the floor
+    /// past it when it was the oldest.
+    fn remove_item(&self, st: &mut QueueState, offset: u64) -> Option<Item> {
+        let item = st.items.remove(&offset)?;
+        if let Some(h) = &item.held {
+            st.deliveries.remove(&h.delivery_id);
+        }
+        let size = item.record.accounted_size();
+        st.bytes = st.bytes.saturating_sub(size);
+        self.shared.budget.give_back(size);
+        st.floor = st
+            .items
+            .keys()
+            .next()
+            .copied()
+            .unwrap_or(st.next)
+            .max(st.floor);
+        Some(item)
+    }
+
+    /// Moves the item at `offset` to the dead-letter channel with its
+    /// headers, under the queue's lock (taken before the dead-letter
+    /// channel's, never after). If the append fails nothing changed: the
+    /// item stays with the attempts it had.
+    fn dead_letter_item(
+        &self,
+        st: &mut QueueState,
+        offset: u64,
+        now: UnixNanos,
+        reason: &str,
+    ) -> Result<u64> {
+        let Some(item) = st.items.get(&offset) else {
+            return Err(StorageError::Invalid {
+                what: format!("queue {}", self.name),
+                detail: format!("no record at offset {offset}"),
+            });
+        };
+        let mut record = (*item.record).clone();
+        record.offset = 0;
+        let last = if item.last_delivered != 0 {
+            item.last_delivered
+        } else {
+            now
+        };
+        for (name, value) in [
+            (HEADER_ATTEMPTS, item.attempts.to_string()),
+            (HEADER_FIRST_DELIVERED, format_time(item.first_delivered)),
+            (HEADER_LAST_DELIVERED, format_time(last)),
+            (HEADER_DLQ_REASON, reason.to_owned()),
+        ] {
+            record.user_properties.push(UserProperty {
+                name: name.to_owned(),
+                value,
+            });
+        }
+        let stored = self.dead_letter.append_relief(record)?;
+        self.remove_item(st, offset);
+        Ok(stored.offset)
+    }
+
+    fn gap_after(st: &QueueState, attempts: u32) -> Duration {
+        if st.backoff.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = (attempts.saturating_sub(1) as usize).min(st.backoff.len() - 1);
+        st.backoff.get(i).copied().unwrap_or(Duration::ZERO)
+    }
+}
+
+impl QueueStore for MemoryQueue {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn enqueue(&self, record: Record) -> Result<Record> {
+        self.enqueue_inner(record, false)
+    }
+
+    fn set_max_bytes(&self, max_bytes: Option<u64>) {
+        write(&self.state).max_bytes = max_bytes;
+    }
+
+    fn max_bytes(&self) -> Option<u64> {
+        read(&self.state).max_bytes
+    }
+
+    fn bytes(&self) -> u64 {
+        read(&self.state).bytes
+    }
+
+    fn depth(&self) -> u64 {
+        read(&self.state).items.len() as u64
+    }
+
+    fn next(&self) -> u64 {
+        read(&self.state).next
+    }
+
+    fn set_backoff(&self, gaps: Vec<Duration>) {
+        write(&self.state).backoff = gaps;
+    }
+
+    fn set_max_attempts(&self, max_attempts: u32) {
+        write(&self.state).max_attempts = max_attempts.max(1);
+    }
+
+    fn offer(&self, max: usize, now: UnixNanos) -> Result<Vec<QueueItem>> {
+        let st = read(&self.state);
+        Ok(st
+            .items
+            .values()
+            .filter(|i| i.held.is_none() && i.not_before <= now && i.attempts < st.max_attempts)
+            .take(max)
+            .map(Item::to_queue_item)
+            .collect())
+    }
+
+    fn lease(
+        &self,
+        offset: u64,
+        holder: &str,
+        lease_until: UnixNanos,
+        now: UnixNanos,
+    ) -> Result<Lease> {
+        self.shared.check_open()?;
+        let mut st = write(&self.state);
+        let delivery_id = st.next_delivery_id;
+        let max_attempts = st.max_attempts;
+        let unavailable = |why: &str| StorageError::Invalid {
+            what: format!("queue {}: lease of offset {offset}", self.name),
+            detail: why.to_owned(),
+        };
+        let Some(item) = st.items.get_mut(&offset) else {
+            return Err(unavailable("no unresolved record there"));
+        };
+        if let Some(h) = &item.held {
+            return Err(unavailable(&format!("held by {}", h.holder)));
+        }
+        if item.not_before > now {
+            return Err(unavailable("waiting out its backoff"));
+        }
+        if item.attempts >= max_attempts {
+            return Err(unavailable("its attempts are spent"));
+        }
+        item.attempts += 1;
+        if item.first_delivered == 0 {
+            item.first_delivered = now;
+        }
+        item.last_delivered = now;
+        item.epoch += 1;
+        item.held = Some(Holding {
+            delivery_id,
+            holder: holder.to_owned(),
+            lease_until,
+        });
+        let lease = Lease {
+            delivery_id,
+            epoch: item.epoch,
+            attempts: item.attempts,
+            offset,
+            record: (*item.record).clone(),
+        };
+        st.next_delivery_id += 1;
+        st.deliveries.insert(delivery_id, offset);
+        Ok(lease)
+    }
+
+    fn resolve(&self, delivery_id: u64, epoch: u64) -> Result<bool> {
+        let mut st = write(&self.state);
+        let Some(&offset) = st.deliveries.get(&delivery_id) else {
+            return Ok(false);
+        };
+        let current = st.items.get(&offset).is_some_and(|i| {
+            i.epoch == epoch
+                && i.held
+                    .as_ref()
+                    .is_some_and(|h| h.delivery_id == delivery_id)
+        });
+        if !current {
+            return Ok(false);
+        }
+        self.remove_item(&mut st, offset);
+        Ok(true)
+    }
+
+    fn release(
+        &self,
+        delivery_id: u64,
+        epoch: u64,
+        now: UnixNanos,
+        reason: &str,
+    ) -> Result<Released> {
+        let mut st = write(&self.state);
+        let Some(&offset) = st.deliveries.get(&delivery_id) else {
+            return Ok(Released::Stale);
+        };
+        let max_attempts = st.max_attempts;
+        let Some(item) = st.items.get(&offset) else {
+            st.deliveries.remove(&delivery_id);
+            return Ok(Released::Stale);
+        };
+        let current = item.epoch == epoch
+            && item
+                .held
+                .as_ref()
+                .is_some_and(|h| h.delivery_id == delivery_id);
+        if !current {
+            return Ok(Released::Stale);
+        }
+        let attempts = item.attempts;
+        if attempts >= max_attempts {
+            // On failure the record is still held, with the attempts it had.
+            let dlq_offset = self.dead_letter_item(&mut st, offset, now, reason)?;
+            return Ok(Released::DeadLettered { offset, dlq_offset });
+        }
+        let gap = MemoryQueue::gap_after(&st, attempts);
+        let not_before = now.saturating_add(i64::try_from(gap.as_nanos()).unwrap_or(i64::MAX));
+        st.deliveries.remove(&delivery_id);
+        if let Some(item) = st.items.get_mut(&offset) {
+            item.held = None;
+            item.not_before = not_before;
+        }
+        Ok(Released::Retry { offset, not_before })
+    }
+
+    fn expired_leases(&self, now: UnixNanos) -> Vec<ExpiredLease> {
+        let st = read(&self.state);
+        let mut out: Vec<ExpiredLease> = st
+            .deliveries
+            .iter()
+            .filter_map(|(&delivery_id, offset)| {
+                let item = st.items.get(offset)?;
+                let h = item.held.as_ref()?;
+                (h.lease_until <= now).then(|| ExpiredLease {
+                    delivery_id,
+                    epoch: item.epoch,
+                    offset: *offset,
+                    holder: h.holder.clone(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|e| e.offset);
+        out
+    }
+
+    fn expire_older_than(&self, cutoff: UnixNanos) -> Result<Removed> {
+        self.shared.check_open()?;
+        let mut st = write(&self.state);
+        let mut removed = Removed::default();
+        // Walk from the oldest; held items are skipped (their worker still
+        // has them), the first free one that stays ends the walk, and a
+        // record with timestamp 0 is never too old.
+        let mut doomed = Vec::new();
+        for (offset, item) in &st.items {
+            if item.held.is_some() {
+                continue;
+            }
+            let ts = item.record.timestamp;
+            if ts == 0 || ts >= cutoff {
+                break;
+            }
+            doomed.push(*offset);
+        }
+        for offset in doomed {
+            if let Some(item) = self.remove_item(&mut st, offset) {
+                removed.records += 1;
+                removed.bytes += item.record.accounted_size();
+            }
+        }
+        Ok(removed)
+    }
+
+    fn dead_letter_spent(&self, now: UnixNanos) -> Result<u64> {
+        self.shared.check_open()?;
+        let mut st = write(&self.state);
+        let spent: Vec<u64> = st
+            .items
+            .iter()
+            .filter(|(_, i)| i.held.is_none() && i.attempts >= st.max_attempts)
+            .map(|(o, _)| *o)
+            .collect();
+        let mut moved = 0;
+        for offset in spent {
+            self.dead_letter_item(&mut st, offset, now, "attempts spent before a restart")?;
+            moved += 1;
+        }
+        Ok(moved)
+    }
+
+    fn dead_letter(&self) -> Arc<dyn AppendStore> {
+        self.dead_letter.clone()
+    }
+
+    fn items(&self) -> Result<Vec<QueueItem>> {
+        Ok(read(&self.state)
+            .items
+            .values()
+            .map(Item::to_queue_item)
+            .collect())
+    }
+}

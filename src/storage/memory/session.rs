@@ -1,0 +1,395 @@
+//! What the broker keeps besides channels, in memory: persistent sessions,
+//! the broadcast log with each session's cursor and each shared group's,
+//! and the exactly-once publishes held for their release.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use saguin_format::model::{Record, UnixNanos};
+
+use super::slots::SlotLog;
+use super::{lock, read, write, MemChannel, MemoryProvider, Shared};
+use crate::storage::contract::{
+    check_hold, check_record, BroadcastLog, HeldPublish, HeldPublishStore, Removed, Result,
+    SessionEntry, SessionStore, ShareGroupEntry, ShareGroupKey, StorageError, BROADCAST_LOG_NAME,
+    FIRST_OFFSET,
+};
+
+/// Persistent sessions in memory.
+#[derive(Debug)]
+pub struct MemorySessions {
+    shared: Arc<Shared>,
+    broadcast: Arc<MemoryBroadcast>,
+    sessions: Mutex<BTreeMap<String, SessionEntry>>,
+}
+
+impl MemorySessions {
+    pub(crate) fn new(shared: Arc<Shared>, broadcast: Arc<MemoryBroadcast>) -> MemorySessions {
+        MemorySessions {
+            shared,
+            broadcast,
+            sessions: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl SessionStore for MemorySessions {
+    fn save(&self, session: SessionEntry) -> Result<()> {
+        self.shared.check_open()?;
+        lock(&self.sessions).insert(session.client_id.clone(), session);
+        Ok(())
+    }
+
+    fn get(&self, client_id: &str) -> Result<Option<SessionEntry>> {
+        Ok(lock(&self.sessions).get(client_id).cloned())
+    }
+
+    fn remove(&self, client_id: &str) -> Result<bool> {
+        self.shared.check_open()?;
+        let had = lock(&self.sessions).remove(client_id).is_some();
+        // A session's ending takes its cursor on the log with it.
+        lock(&self.broadcast.cursors).remove(client_id);
+        Ok(had)
+    }
+
+    fn sessions(&self) -> Result<Vec<SessionEntry>> {
+        Ok(lock(&self.sessions).values().cloned().collect())
+    }
+}
+
+#[derive(Debug)]
+struct LogState {
+    log: SlotLog,
+    next: u64,
+    floor: u64,
+}
+
+/// The broadcast log in memory.
+#[derive(Debug)]
+pub struct MemoryBroadcast {
+    shared: Arc<Shared>,
+    state: RwLock<LogState>,
+    cursors: Mutex<BTreeMap<String, u64>>,
+    groups: Mutex<BTreeMap<ShareGroupKey, ShareGroupEntry>>,
+}
+
+/// The broadcast log copied under its locks for a snapshot.
+#[derive(Clone, Debug)]
+pub struct BroadcastCopy {
+    pub next: u64,
+    pub floor: u64,
+    pub bytes: u64,
+    pub messages: Vec<Arc<Record>>,
+    pub cursors: Vec<(String, u64)>,
+    pub groups: Vec<ShareGroupEntry>,
+}
+
+impl MemoryBroadcast {
+    pub(crate) fn new(shared: Arc<Shared>) -> MemoryBroadcast {
+        MemoryBroadcast {
+            shared,
+            state: RwLock::new(LogState {
+                log: SlotLog::new(),
+                next: FIRST_OFFSET,
+                floor: FIRST_OFFSET,
+            }),
+            cursors: Mutex::new(BTreeMap::new()),
+            groups: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Replaces the log's contents with validated stored state.
+    pub(crate) fn restore(
+        &self,
+        next: u64,
+        floor: u64,
+        messages: Vec<Record>,
+        cursors: Vec<(String, u64)>,
+        groups: Vec<ShareGroupEntry>,
+    ) {
+        let mut st = write(&self.state);
+        st.next = next;
+        st.floor = floor;
+        for m in messages {
+            let size = m.accounted_size();
+            st.log.push(Arc::new(m), size);
+        }
+        self.shared.budget.charge_relief(st.log.bytes());
+        drop(st);
+        lock(&self.cursors).extend(cursors);
+        lock(&self.groups).extend(groups.into_iter().map(|g| (g.key.clone(), g)));
+    }
+
+    pub fn copy_state(&self) -> BroadcastCopy {
+        let st = read(&self.state);
+        BroadcastCopy {
+            next: st.next,
+            floor: st.floor,
+            bytes: st.log.bytes(),
+            messages: st.log.shared_records(),
+            cursors: lock(&self.cursors)
+                .iter()
+                .map(|(c, o)| (c.clone(), *o))
+                .collect(),
+            groups: lock(&self.groups).values().cloned().collect(),
+        }
+    }
+
+    pub(crate) fn append_inner(&self, mut record: Record, relief: bool) -> Result<Record> {
+        self.shared.check_open()?;
+        check_record(BROADCAST_LOG_NAME, &record, true)?;
+        let size = record.accounted_size();
+        let mut st = write(&self.state);
+        if relief {
+            self.shared.budget.charge_relief(size);
+        } else {
+            self.shared.budget.charge_publish(size)?;
+        }
+        record.offset = st.next;
+        st.next += 1;
+        let shared = Arc::new(record);
+        st.log.push(shared.clone(), size);
+        drop(st);
+        Ok(Arc::unwrap_or_clone(shared))
+    }
+}
+
+impl BroadcastLog for MemoryBroadcast {
+    fn append(&self, record: Record) -> Result<Record> {
+        self.append_inner(record, false)
+    }
+
+    fn read_from_n(&self, offset: u64, max: usize) -> Result<Vec<Record>> {
+        let st = read(&self.state);
+        if offset > st.next {
+            return Err(StorageError::PastNext {
+                channel: BROADCAST_LOG_NAME.to_owned(),
+                offset,
+                next: st.next,
+            });
+        }
+        // Below the floor nothing is owed to anybody any more: the read
+        // starts at what is still held.
+        Ok(st.log.read_from(offset.max(st.floor), max))
+    }
+
+    fn release(&self, offsets: &[u64]) -> Result<Removed> {
+        self.shared.check_open()?;
+        let mut st = write(&self.state);
+        let mut removed = Removed::default();
+        for &o in offsets {
+            if let Some(size) = st.log.clear_at(o) {
+                removed.records += 1;
+                removed.bytes += size;
+            }
+        }
+        st.floor = st.log.first_offset().unwrap_or(st.next).max(st.floor);
+        self.shared.budget.give_back(removed.bytes);
+        Ok(removed)
+    }
+
+    fn next(&self) -> u64 {
+        read(&self.state).next
+    }
+
+    fn floor(&self) -> u64 {
+        read(&self.state).floor
+    }
+
+    fn bytes(&self) -> u64 {
+        read(&self.state).log.bytes()
+    }
+
+    fn record_count(&self) -> u64 {
+        read(&self.state).log.live()
+    }
+
+    fn cursor(&self, client_id: &str) -> Result<Option<u64>> {
+        Ok(lock(&self.cursors).get(client_id).copied())
+    }
+
+    fn save_cursor(&self, client_id: &str, offset: u64) -> Result<()> {
+        self.shared.check_open()?;
+        let next = self.next();
+        if offset > next {
+            return Err(StorageError::Invalid {
+                what: format!("broadcast log: cursor of {client_id}"),
+                detail: format!("offset {offset} is past the next offset {next}"),
+            });
+        }
+        lock(&self.cursors).insert(client_id.to_owned(), offset);
+        Ok(())
+    }
+
+    fn drop_cursor(&self, client_id: &str) -> Result<bool> {
+        self.shared.check_open()?;
+        Ok(lock(&self.cursors).remove(client_id).is_some())
+    }
+
+    fn cursors(&self) -> Result<Vec<(String, u64)>> {
+        Ok(lock(&self.cursors)
+            .iter()
+            .map(|(c, o)| (c.clone(), *o))
+            .collect())
+    }
+
+    fn share_group(&self, key: &ShareGroupKey) -> Result<Option<ShareGroupEntry>> {
+        Ok(lock(&self.groups).get(key).cloned())
+    }
+
+    fn save_share_group(&self, entry: ShareGroupEntry) -> Result<()> {
+        self.shared.check_open()?;
+        lock(&self.groups).insert(entry.key.clone(), entry);
+        Ok(())
+    }
+
+    fn drop_share_group(&self, key: &ShareGroupKey) -> Result<bool> {
+        self.shared.check_open()?;
+        Ok(lock(&self.groups).remove(key).is_some())
+    }
+
+    fn share_groups(&self) -> Result<Vec<ShareGroupEntry>> {
+        Ok(lock(&self.groups).values().cloned().collect())
+    }
+}
+
+type HeldKey = (String, String, u16);
+
+/// Exactly-once publishes held for their release, for every channel of the
+/// provider. A hold counts against the provider's bound like the record it
+/// will become.
+pub struct MemoryHeld {
+    shared: Arc<Shared>,
+    provider: Weak<MemoryProvider>,
+    held: Mutex<BTreeMap<HeldKey, HeldPublish>>,
+}
+
+impl std::fmt::Debug for MemoryHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryHeld")
+            .field("held", &lock(&self.held).len())
+            .finish()
+    }
+}
+
+impl MemoryHeld {
+    pub(crate) fn new(shared: Arc<Shared>, provider: Weak<MemoryProvider>) -> MemoryHeld {
+        MemoryHeld {
+            shared,
+            provider,
+            held: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Puts back a hold read from a snapshot, charged without asking.
+    pub(crate) fn restore(&self, held: HeldPublish) {
+        self.shared
+            .budget
+            .charge_relief(held.record.accounted_size());
+        let key = (held.channel.clone(), held.client_id.clone(), held.packet_id);
+        lock(&self.held).insert(key, held);
+    }
+
+    /// The holds of one channel, for its snapshot file.
+    pub fn held_for(&self, channel: &str) -> Vec<HeldPublish> {
+        lock(&self.held)
+            .values()
+            .filter(|h| h.channel == channel)
+            .cloned()
+            .collect()
+    }
+
+    fn write_released(&self, channel: &str, mut record: Record) -> Result<Record> {
+        record.offset = 0;
+        if channel == BROADCAST_LOG_NAME {
+            let provider = self.provider()?;
+            return provider.broadcast().append_inner(record, true);
+        }
+        let provider = self.provider()?;
+        match provider.mem_channel(channel) {
+            Some(MemChannel::Append(a)) => a.append_relief(record),
+            Some(MemChannel::Queue(q)) => q.enqueue_inner(record, true),
+            Some(MemChannel::Latest(l)) => {
+                let topic = record.topic.clone();
+                Ok(l.set_inner(record, true)?
+                    .unwrap_or_else(|| Record::new(topic, bytes::Bytes::new())))
+            }
+            None => Err(StorageError::Invalid {
+                what: format!("held publish for channel {channel}"),
+                detail: "the provider holds no such channel".into(),
+            }),
+        }
+    }
+
+    fn provider(&self) -> Result<Arc<MemoryProvider>> {
+        self.provider.upgrade().ok_or_else(|| StorageError::Closed {
+            provider: self.shared.name.clone(),
+        })
+    }
+}
+
+impl HeldPublishStore for MemoryHeld {
+    fn hold(&self, mut held: HeldPublish) -> Result<()> {
+        self.shared.check_open()?;
+        check_hold(&held)?;
+        // A held publish takes its offset at its release, never before.
+        held.record.offset = 0;
+        let size = held.record.accounted_size();
+        let key = (held.channel.clone(), held.client_id.clone(), held.packet_id);
+        let mut map = lock(&self.held);
+        let old = map.get(&key).map_or(0, |h| h.record.accounted_size());
+        if size > old {
+            self.shared.budget.charge_publish(size - old)?;
+        } else {
+            self.shared.budget.give_back(old - size);
+        }
+        map.insert(key, held);
+        Ok(())
+    }
+
+    fn release(&self, channel: &str, client_id: &str, packet_id: u16) -> Result<Option<Record>> {
+        self.shared.check_open()?;
+        let key = (channel.to_owned(), client_id.to_owned(), packet_id);
+        // The hold's lock is kept across the write, so the record is written
+        // once and the hold goes with it: never both, never neither.
+        let mut map = lock(&self.held);
+        let Some(held) = map.get(&key) else {
+            return Ok(None);
+        };
+        let stored = self.write_released(channel, held.record.clone())?;
+        if let Some(h) = map.remove(&key) {
+            self.shared.budget.give_back(h.record.accounted_size());
+        }
+        Ok(Some(stored))
+    }
+
+    fn drop_hold(&self, channel: &str, client_id: &str, packet_id: u16) -> Result<bool> {
+        self.shared.check_open()?;
+        let key = (channel.to_owned(), client_id.to_owned(), packet_id);
+        let removed = lock(&self.held).remove(&key);
+        if let Some(h) = &removed {
+            self.shared.budget.give_back(h.record.accounted_size());
+        }
+        Ok(removed.is_some())
+    }
+
+    fn expire_older_than(&self, cutoff: UnixNanos) -> Result<u64> {
+        self.shared.check_open()?;
+        let mut map = lock(&self.held);
+        let before = map.len();
+        let mut freed = 0;
+        map.retain(|_, h| {
+            let keep = h.held_at == 0 || h.held_at >= cutoff;
+            if !keep {
+                freed += h.record.accounted_size();
+            }
+            keep
+        });
+        self.shared.budget.give_back(freed);
+        Ok((before - map.len()) as u64)
+    }
+
+    fn held(&self) -> Result<Vec<HeldPublish>> {
+        Ok(lock(&self.held).values().cloned().collect())
+    }
+}
