@@ -1,12 +1,64 @@
 //! `saguin snapshot inspect|verify`.
+//!
+//! Both read through `saguin::storage::snapshot_dir`, the code the memory
+//! provider loads with, so what `verify` calls OK is what `serve` loads.
 
-use std::path::PathBuf;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};
+use saguin::storage::read::{self, SpecialKind};
+use saguin::storage::snapshot_dir::{
+    self, AnySnapshot, DirReport, FileOutcome, FileProblem, FindingKind, ScanOptions, Severity,
+};
+use saguin_format::f21::{
+    time::format_unix_nanos, BroadcastFile, ChannelFile, Header, Manifest, Position, RetainedFile,
+    SessionsFile, SnapshotFile,
+};
+use saguin_format::mbmqtt;
+use saguin_format::model::Record;
+use serde_json::{json, Value};
+
+use crate::exit;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
     /// Show what a snapshot directory, format 21 file or MBMQTT01 file holds.
+    ///
+    /// The kind of PATH is told from its bytes (the magic), never its name.
+    /// Exit 0 when it was shown and is loadable, 1 when it is not a valid
+    /// snapshot (what could be read is still shown), 3 when it cannot be
+    /// read at all.
+    ///
+    /// `--json` prints one document:
+    /// `{"path", "type": "directory"|"f21"|"mbmqtt01"|null, "valid": bool,
+    /// "problem": null|{"code","message"}, "header": null|HEADER,
+    /// "contents": null|CONTENTS, "files": [FILE], "findings": [FINDING]}`.
+    /// HEADER is `{"format","kind","writer","written_at","written_at_unix_nanos"}`;
+    /// CONTENTS has a `"kind"` (`channel`, `manifest`, `retained`,
+    /// `sessions`, `broadcast`, `mbmqtt01`) and that kind's fields; records
+    /// (`{"offset","time","topic","qos","retain","client_id","bridge",
+    /// "payload_bytes","payload_text","payload_hex","user_properties",
+    /// "properties"}`) appear under `"records"` only with `--records`.
+    /// For a directory `files` lists `{"name","role","status","problem",
+    /// "header","contents"}` and `findings` lists `{"severity","code",
+    /// "file","message"}`; both are `[]` for a single file. Readers must
+    /// ignore fields they do not know.
     Inspect(InspectArgs),
     /// Decode and validate snapshot files as the broker does at startup.
+    ///
+    /// Prints `OK <path>` or `FAIL <path>: <problem>` per file (a directory:
+    /// every file in it, then its findings as `WARN`/`FAIL` lines), then a
+    /// summary line. Exit 0 when every file is valid, 1 when any is not
+    /// (a symlink, FIFO, device or directory where a file belongs is not a
+    /// valid snapshot), 3 when some file could not be read at all (missing,
+    /// permission, I/O), which takes precedence.
+    ///
+    /// `--json` prints one document: `{"results": [{"path","status":
+    /// "ok"|"fail"|"unreadable","format","kind","problem":null|{"code",
+    /// "message"}}], "findings": [{"path","severity","code","file",
+    /// "message"}], "summary": {"checked","ok","failed","unreadable",
+    /// "warnings"}, "exit_code"}`.
     Verify(VerifyArgs),
 }
 
@@ -26,6 +78,10 @@ pub struct InspectArgs {
     /// Only this channel.
     #[arg(long, value_name = "NAME")]
     pub channel: Option<String>,
+    /// Refuse a file larger than this (bytes, or with a KiB/MiB/GiB suffix).
+    /// Default: 64 MiB for MBMQTT01, 4 GiB for format 21.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_bytes: Option<u64>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -37,10 +93,1355 @@ pub struct VerifyArgs {
     #[arg(long)]
     pub json: bool,
     /// Print nothing; the exit code answers.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "json")]
     pub quiet: bool,
+    /// Refuse a file larger than this (bytes, or with a KiB/MiB/GiB suffix).
+    /// Default: 64 MiB for MBMQTT01, 4 GiB for format 21.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_bytes: Option<u64>,
 }
 
-pub fn run(_cmd: Command) -> anyhow::Result<u8> {
-    anyhow::bail!("snapshot is not available in this build yet")
+pub fn run(cmd: Command) -> anyhow::Result<u8> {
+    match cmd {
+        Command::Inspect(args) => inspect(args),
+        Command::Verify(args) => verify(args),
+    }
+}
+
+/// `123`, `64KiB`, `64MiB`, `4GiB` (also `K`, `M`, `G`, binary).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (e.g. 1048576, 64MiB)"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?}; use KiB, MiB or GiB")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+fn scan_options(max_bytes: Option<u64>) -> ScanOptions {
+    match max_bytes {
+        Some(max) => ScanOptions::with_max_bytes(max),
+        None => ScanOptions::default(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// verify
+
+/// What verifying one file came to.
+struct FileResult {
+    path: PathBuf,
+    format: Option<&'static str>,
+    kind: Option<&'static str>,
+    problem: Option<(&'static str, String)>,
+    unreadable: bool,
+}
+
+fn verify(args: VerifyArgs) -> anyhow::Result<u8> {
+    let opts = scan_options(args.max_bytes);
+    let show_lines = !args.quiet && !args.json;
+    let progress =
+        (!args.quiet && std::io::stderr().is_terminal() && args.paths.len() > 3).then(|| {
+            let bar = indicatif::ProgressBar::new(args.paths.len() as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {wide_msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar
+        });
+    let mut out = std::io::stdout().lock();
+    let mut results: Vec<FileResult> = Vec::new();
+    let mut findings: Vec<Value> = Vec::new();
+    let mut warnings = 0usize;
+    let mut dir_errors = 0usize;
+
+    for path in &args.paths {
+        if let Some(bar) = &progress {
+            bar.set_message(path.display().to_string());
+        }
+        let is_dir = read::lstat(path)
+            .ok()
+            .is_some_and(|m| SpecialKind::of(&m) == Some(SpecialKind::Directory));
+        let mut lines = Vec::new();
+        if is_dir {
+            match snapshot_dir::scan(path, &opts) {
+                Ok(report) => {
+                    for f in &report.files {
+                        let r = match &f.outcome {
+                            FileOutcome::Decoded { file, .. } => FileResult {
+                                path: f.path.clone(),
+                                format: Some("f21"),
+                                kind: Some(file.kind().as_str()),
+                                problem: None,
+                                unreadable: false,
+                            },
+                            FileOutcome::Failed(p) => failed(&f.path, p),
+                            FileOutcome::NotConfigured => continue,
+                        };
+                        lines.push(result_line(&r));
+                        results.push(r);
+                    }
+                    for finding in &report.findings {
+                        // File refusals already have their FAIL line.
+                        if matches!(finding, FindingKind::FileRefused { .. }) {
+                            continue;
+                        }
+                        match finding.severity() {
+                            Severity::Error => {
+                                dir_errors += 1;
+                                lines.push(format!("FAIL {}: {finding}", path.display()));
+                            }
+                            Severity::Warning => {
+                                warnings += 1;
+                                lines.push(format!("WARN {}: {finding}", path.display()));
+                            }
+                            // Files nobody asked for are in --json and
+                            // `inspect`; a verify line per stray file would
+                            // bury the answer.
+                            Severity::Info => {}
+                        }
+                        findings.push(finding_json(Some(path), finding));
+                    }
+                }
+                Err(e) => {
+                    let r = FileResult {
+                        path: path.clone(),
+                        format: None,
+                        kind: None,
+                        unreadable: e.is_unreadable(),
+                        problem: Some(("directory", scan_error_reason(&e))),
+                    };
+                    lines.push(result_line(&r));
+                    results.push(r);
+                }
+            }
+        } else {
+            let r = match snapshot_dir::read_snapshot_file(path, &opts, None) {
+                Ok(AnySnapshot::F21 { file, .. }) => FileResult {
+                    path: path.clone(),
+                    format: Some("f21"),
+                    kind: Some(file.kind().as_str()),
+                    problem: None,
+                    unreadable: false,
+                },
+                Ok(AnySnapshot::Mbmqtt(_)) => FileResult {
+                    path: path.clone(),
+                    format: Some("mbmqtt01"),
+                    kind: Some("broker-snapshot"),
+                    problem: None,
+                    unreadable: false,
+                },
+                Err(p) => failed(path, &p),
+            };
+            lines.push(result_line(&r));
+            results.push(r);
+        }
+        if show_lines {
+            match &progress {
+                Some(bar) => bar.suspend(|| write_lines(&mut out, &lines))?,
+                None => write_lines(&mut out, &lines)?,
+            }
+        }
+        if let Some(bar) = &progress {
+            bar.inc(1);
+        }
+    }
+    if let Some(bar) = &progress {
+        bar.finish_and_clear();
+    }
+
+    let unreadable = results.iter().filter(|r| r.unreadable).count();
+    let failed = results
+        .iter()
+        .filter(|r| r.problem.is_some() && !r.unreadable)
+        .count();
+    let ok = results.iter().filter(|r| r.problem.is_none()).count();
+    let code = if unreadable > 0 {
+        exit::CANNOT
+    } else if failed > 0 || dir_errors > 0 {
+        exit::NO
+    } else {
+        exit::OK
+    };
+    if args.json {
+        let doc = json!({
+            "results": results.iter().map(|r| json!({
+                "path": r.path.display().to_string(),
+                "status": if r.unreadable { "unreadable" } else if r.problem.is_some() { "fail" } else { "ok" },
+                "format": r.format,
+                "kind": r.kind,
+                "problem": r.problem.as_ref().map(|(code, message)| json!({"code": code, "message": message})),
+            })).collect::<Vec<_>>(),
+            "findings": findings,
+            "summary": {
+                "checked": results.len(),
+                "ok": ok,
+                "failed": failed,
+                "unreadable": unreadable,
+                "warnings": warnings,
+            },
+            "exit_code": code,
+        });
+        serde_json::to_writer_pretty(&mut out, &doc)?;
+        writeln!(out)?;
+    } else if !args.quiet {
+        let mut summary = format!(
+            "{} checked: {ok} ok, {failed} failed, {unreadable} unreadable",
+            plural(results.len(), "file")
+        );
+        if dir_errors > 0 {
+            summary.push_str(&format!(", {}", plural(dir_errors, "directory error")));
+        }
+        if warnings > 0 {
+            summary.push_str(&format!(", {}", plural(warnings, "warning")));
+        }
+        writeln!(out, "{summary}")?;
+    }
+    out.flush()?;
+    Ok(code)
+}
+
+fn failed(path: &Path, p: &FileProblem) -> FileResult {
+    let format = match p {
+        FileProblem::F21 { .. } => Some("f21"),
+        FileProblem::Mbmqtt { .. } => Some("mbmqtt01"),
+        _ => None,
+    };
+    FileResult {
+        path: path.to_path_buf(),
+        format,
+        kind: None,
+        unreadable: p.is_unreadable(),
+        problem: Some((p.code(), p.to_string())),
+    }
+}
+
+fn scan_error_reason(e: &snapshot_dir::ScanError) -> String {
+    match e {
+        snapshot_dir::ScanError::Read(r) => r.reason(),
+        snapshot_dir::ScanError::NotADirectory { kind, .. } => {
+            format!("is {kind}, not a snapshot directory")
+        }
+    }
+}
+
+fn result_line(r: &FileResult) -> String {
+    match &r.problem {
+        None => format!("OK {}", r.path.display()),
+        Some((_, message)) => format!("FAIL {}: {message}", r.path.display()),
+    }
+}
+
+fn write_lines(out: &mut impl Write, lines: &[String]) -> std::io::Result<()> {
+    for l in lines {
+        writeln!(out, "{l}")?;
+    }
+    Ok(())
+}
+
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+fn finding_json(dir: Option<&Path>, f: &FindingKind) -> Value {
+    let mut v = json!({
+        "severity": f.severity().as_str(),
+        "code": f.code(),
+        "file": f.file(),
+        "message": f.to_string(),
+    });
+    if let (Some(dir), Some(obj)) = (dir, v.as_object_mut()) {
+        obj.insert("path".into(), json!(dir.display().to_string()));
+    }
+    v
+}
+
+// ---------------------------------------------------------------------------
+// inspect
+
+/// What `--records`, `--limit` and `--channel` ask for.
+struct View {
+    records: bool,
+    limit: Option<u64>,
+    channel: Option<String>,
+}
+
+impl View {
+    fn take<'a, T>(&self, items: &'a [T]) -> &'a [T] {
+        match self.limit {
+            Some(n) => items.get(..(n as usize).min(items.len())).unwrap_or(items),
+            None => items,
+        }
+    }
+}
+
+fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
+    let opts = scan_options(args.max_bytes);
+    let view = View {
+        records: args.records,
+        limit: args.limit,
+        channel: args.channel.clone(),
+    };
+    let path = &args.path;
+    let meta = match read::lstat(path) {
+        Ok(m) => m,
+        Err(e) => {
+            return fail_inspect(&args, None, ("not-found", e.reason()), exit::CANNOT);
+        }
+    };
+    if SpecialKind::of(&meta) == Some(SpecialKind::Directory) {
+        return match snapshot_dir::scan(path, &opts) {
+            Ok(report) => inspect_dir(&args, &view, &report),
+            Err(e) => {
+                let code = if e.is_unreadable() {
+                    exit::CANNOT
+                } else {
+                    exit::NO
+                };
+                fail_inspect(&args, None, ("directory", scan_error_reason(&e)), code)
+            }
+        };
+    }
+    match snapshot_dir::read_snapshot_file(path, &opts, None) {
+        Ok(AnySnapshot::F21 { header, file }) => {
+            if let Some(name) = &view.channel {
+                if let SnapshotFile::Channel(c) = &file {
+                    if &c.name != name {
+                        anyhow::bail!(
+                            "snapshot {}: holds channel {:?}, not {name:?}",
+                            path.display(),
+                            c.name
+                        );
+                    }
+                }
+            }
+            if args.json {
+                print_json(&json!({
+                    "path": path.display().to_string(),
+                    "type": "f21",
+                    "valid": true,
+                    "problem": null,
+                    "header": header_json(&header),
+                    "contents": contents_json(&file, &view),
+                    "files": [],
+                    "findings": [],
+                }))?;
+            } else {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{}", path.display())?;
+                print_header(&mut out, &header)?;
+                print_contents(&mut out, &file, &view)?;
+            }
+            Ok(exit::OK)
+        }
+        Ok(AnySnapshot::Mbmqtt(snapshot)) => {
+            if args.json {
+                print_json(&json!({
+                    "path": path.display().to_string(),
+                    "type": "mbmqtt01",
+                    "valid": true,
+                    "problem": null,
+                    "header": {"format": "MBMQTT01", "version": snapshot.version_read},
+                    "contents": mbmqtt_json(&snapshot, &view),
+                    "files": [],
+                    "findings": [],
+                }))?;
+            } else {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{}", path.display())?;
+                print_mbmqtt(&mut out, &snapshot, &view)?;
+            }
+            Ok(exit::OK)
+        }
+        Err(p) => {
+            let header = match &p {
+                FileProblem::F21 { header, .. } => header.clone(),
+                _ => None,
+            };
+            let code = if p.is_unreadable() {
+                exit::CANNOT
+            } else {
+                exit::NO
+            };
+            fail_inspect(&args, header.as_ref(), (p.code(), p.to_string()), code)
+        }
+    }
+}
+
+/// A PATH that is not a valid snapshot: show what is known (the header of a
+/// file of another version), name the problem, exit `code`.
+fn fail_inspect(
+    args: &InspectArgs,
+    header: Option<&Header>,
+    (code_name, message): (&str, String),
+    code: u8,
+) -> anyhow::Result<u8> {
+    let path = &args.path;
+    if args.json {
+        print_json(&json!({
+            "path": path.display().to_string(),
+            "type": header.map(|_| "f21"),
+            "valid": false,
+            "problem": {"code": code_name, "message": message},
+            "header": header.map(header_json),
+            "contents": null,
+            "files": [],
+            "findings": [],
+        }))?;
+    } else if let Some(h) = header {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", path.display())?;
+        print_header(&mut out, h)?;
+    }
+    let mut err = std::io::stderr().lock();
+    writeln!(err, "saguin: snapshot {}: {message}", path.display())?;
+    Ok(code)
+}
+
+fn print_json(v: &Value) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn table() -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Disabled);
+    t
+}
+
+fn time_text(nanos: i64) -> String {
+    if nanos == 0 {
+        "-".into()
+    } else {
+        format_unix_nanos(nanos)
+    }
+}
+
+fn time_json(nanos: i64) -> Value {
+    if nanos == 0 {
+        Value::Null
+    } else {
+        json!(format_unix_nanos(nanos))
+    }
+}
+
+fn header_json(h: &Header) -> Value {
+    json!({
+        "format": h.format_version,
+        "kind": h.file_kind().map(|k| k.as_str()),
+        "kind_byte": h.kind,
+        "writer": h.writer,
+        "written_at": time_json(h.written_at),
+        "written_at_unix_nanos": h.written_at,
+    })
+}
+
+fn print_header(out: &mut impl Write, h: &Header) -> std::io::Result<()> {
+    let mut t = table();
+    t.set_header(vec!["format", "kind", "writer", "written at"]);
+    t.add_row(vec![
+        h.format_version.to_string(),
+        h.file_kind()
+            .map(|k| k.as_str().to_string())
+            .unwrap_or_else(|| format!("unknown ({})", h.kind)),
+        h.writer.clone(),
+        time_text(h.written_at),
+    ]);
+    writeln!(out, "{t}")
+}
+
+/// Payload as text when it is UTF-8 with nothing unprintable, else `None`.
+fn payload_text(payload: &[u8]) -> Option<&str> {
+    let s = std::str::from_utf8(payload).ok()?;
+    s.chars()
+        .all(|c| !c.is_control() || c == '\n' || c == '\t')
+        .then_some(s)
+}
+
+/// A short cell for a payload: text (quoted) or hex, cut at 64 characters.
+fn payload_cell(payload: &[u8]) -> String {
+    const MAX: usize = 64;
+    match payload_text(payload) {
+        Some(s) => {
+            let mut cut: String = s.chars().take(MAX).collect();
+            cut = cut.replace('\n', "\\n").replace('\t', "\\t");
+            if s.chars().count() > MAX {
+                format!("{cut:?}…")
+            } else {
+                format!("{cut:?}")
+            }
+        }
+        None => {
+            let shown = payload.get(..MAX / 2).unwrap_or(payload);
+            let mut h = format!("hex:{}", hex::encode(shown));
+            if shown.len() < payload.len() {
+                h.push('…');
+            }
+            h
+        }
+    }
+}
+
+fn props_cell(r: &Record) -> String {
+    let mut parts = Vec::new();
+    for p in &r.user_properties {
+        parts.push(format!("{}={}", p.name, p.value));
+    }
+    let props = &r.props;
+    if let Some(v) = &props.content_type {
+        parts.push(format!("content-type={v}"));
+    }
+    if let Some(v) = &props.response_topic {
+        parts.push(format!("response-topic={v}"));
+    }
+    if let Some(v) = &props.correlation_data {
+        parts.push(format!("correlation-data=hex:{}", hex::encode(v)));
+    }
+    if let Some(v) = props.payload_format_indicator {
+        parts.push(format!("payload-format={v}"));
+    }
+    if let Some(v) = props.message_expiry_interval {
+        parts.push(format!("expiry={v}s"));
+    }
+    parts.join(", ")
+}
+
+fn record_json(r: &Record) -> Value {
+    let props = &r.props;
+    json!({
+        "offset": r.offset,
+        "message_id": hex::encode(r.message_id),
+        "time": time_json(r.timestamp),
+        "time_unix_nanos": r.timestamp,
+        "topic": r.topic,
+        "qos": r.qos,
+        "retain": r.retain,
+        "client_id": r.client_id,
+        "bridge": r.bridge,
+        "shared_copy": r.shared_copy,
+        "owed_to": r.owed_to,
+        "payload_bytes": r.payload.len(),
+        "payload_text": payload_text(&r.payload),
+        "payload_hex": hex::encode(&r.payload),
+        "user_properties": r.user_properties.iter().map(|p| json!({"name": p.name, "value": p.value})).collect::<Vec<_>>(),
+        "properties": {
+            "content_type": props.content_type,
+            "response_topic": props.response_topic,
+            "correlation_data_hex": props.correlation_data.as_ref().map(hex::encode),
+            "payload_format_indicator": props.payload_format_indicator,
+            "message_expiry_interval": props.message_expiry_interval,
+        },
+    })
+}
+
+fn records_table(records: &[Record]) -> Table {
+    let mut t = table();
+    t.set_header(vec![
+        "offset",
+        "time",
+        "topic",
+        "qos",
+        "payload",
+        "properties",
+    ]);
+    for r in records {
+        t.add_row(vec![
+            r.offset.to_string(),
+            time_text(r.timestamp),
+            r.topic.clone(),
+            r.qos.to_string(),
+            payload_cell(&r.payload),
+            props_cell(r),
+        ]);
+    }
+    t
+}
+
+fn positions_json(ps: &[Position]) -> Vec<Value> {
+    ps.iter()
+        .map(|p| {
+            json!({
+                "reader": p.reader,
+                "offset": p.offset,
+                "saved_at": time_json(p.saved_at),
+                "session_expiry": p.session_expiry,
+            })
+        })
+        .collect()
+}
+
+fn positions_table(ps: &[Position]) -> Table {
+    let mut t = table();
+    t.set_header(vec!["reader", "position", "saved at", "session expiry"]);
+    for p in ps {
+        t.add_row(vec![
+            p.reader.clone(),
+            p.offset.to_string(),
+            time_text(p.saved_at),
+            p.session_expiry
+                .map(|s| format!("{s}s"))
+                .unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    t
+}
+
+fn contents_json(file: &SnapshotFile, view: &View) -> Value {
+    let with_records = |mut v: Value, records: &[Record]| {
+        if view.records {
+            if let Some(o) = v.as_object_mut() {
+                o.insert(
+                    "records".into(),
+                    Value::Array(view.take(records).iter().map(record_json).collect()),
+                );
+            }
+        }
+        v
+    };
+    match file {
+        SnapshotFile::Channel(c) => channel_json(c, view),
+        SnapshotFile::Manifest(m) => manifest_json(m),
+        SnapshotFile::Retained(r) => with_records(
+            json!({"kind": "retained", "record_count": r.records.len(),
+                   "topics": r.records.iter().map(|r| &r.topic).collect::<Vec<_>>()}),
+            &r.records,
+        ),
+        SnapshotFile::Sessions(s) => sessions_json(s),
+        SnapshotFile::Broadcast(b) => with_records(
+            json!({
+                "kind": "broadcast",
+                "next": b.next,
+                "floor": b.floor,
+                "bytes": b.bytes,
+                "record_count": b.messages.len(),
+                "cursors": positions_json(&b.cursors),
+                "held": b.held.iter().map(|h| json!({"client_id": h.client_id, "packet_id": h.packet_id, "held_at": time_json(h.held_at), "topic": h.record.topic})).collect::<Vec<_>>(),
+            }),
+            &b.messages,
+        ),
+    }
+}
+
+fn channel_json(c: &ChannelFile, view: &View) -> Value {
+    let mut v = json!({
+        "kind": "channel",
+        "channel": c.name,
+        "channel_kind": c.kind.as_str(),
+        "next": c.next,
+        "floor": c.floor,
+        "bytes": c.bytes,
+        "record_count": c.records.len(),
+        "item_count": c.items.len(),
+        "positions": positions_json(&c.positions),
+        "held": c.held.iter().map(|h| json!({"client_id": h.client_id, "packet_id": h.packet_id, "held_at": time_json(h.held_at), "topic": h.record.topic})).collect::<Vec<_>>(),
+        "dead_letter": c.dead_letter.as_ref().map(|d| json!({
+            "channel": d.name, "next": d.next, "floor": d.floor, "bytes": d.bytes,
+            "record_count": d.records.len(), "positions": positions_json(&d.positions),
+        })),
+    });
+    if view.records {
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "records".into(),
+                Value::Array(view.take(&c.records).iter().map(record_json).collect()),
+            );
+            o.insert(
+                "items".into(),
+                Value::Array(
+                    view.take(&c.items)
+                        .iter()
+                        .map(|i| {
+                            let mut r = record_json(&i.record);
+                            if let Some(o) = r.as_object_mut() {
+                                o.insert("attempts".into(), json!(i.attempts));
+                                o.insert("first_delivered".into(), time_json(i.first_delivered));
+                                o.insert("last_delivered".into(), time_json(i.last_delivered));
+                            }
+                            r
+                        })
+                        .collect(),
+                ),
+            );
+        }
+    }
+    v
+}
+
+fn manifest_json(m: &Manifest) -> Value {
+    json!({
+        "kind": "manifest",
+        "began_at": time_json(m.began_at),
+        "began_at_unix_nanos": m.began_at,
+        "channels": m.channels.iter().map(|e| json!({"channel": e.channel, "file": e.file_name, "channel_kind": e.kind.as_str()})).collect::<Vec<_>>(),
+        "retained": m.retained,
+        "sessions": m.sessions,
+        "broadcast": m.broadcast,
+    })
+}
+
+fn sessions_json(s: &SessionsFile) -> Value {
+    json!({
+        "kind": "sessions",
+        "sessions": s.sessions.iter().map(|s| json!({
+            "client_id": s.client_id,
+            "principal": s.principal,
+            "expiry_interval": s.expiry_interval,
+            "detached_at": time_json(s.detached_at),
+            "window": s.window,
+            "will": s.will.as_ref().map(|w| json!({"topic": w.topic, "qos": w.qos, "retain": w.retain, "delay_interval": w.delay_interval})),
+            "subscriptions": s.subscriptions.iter().map(|sub| json!({
+                "filter": sub.filter, "qos": sub.qos, "no_local": sub.no_local,
+                "retain_as_published": sub.retain_as_published, "retain_handling": sub.retain_handling,
+                "subscription_id": sub.subscription_id, "log_offset": sub.log_offset,
+            })).collect::<Vec<_>>(),
+            "inflight": s.inflight.iter().map(|e| json!({
+                "log_offset": e.log_offset, "packet_id": e.packet_id, "qos": e.qos,
+                "phase": e.phase.as_str(),
+                "shared_group": e.shared_group.as_ref().map(|g| json!({"group": g.group, "filter": g.filter})),
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "shared_groups": s.shared_groups.iter().map(|g| json!({
+            "group": g.key.group, "filter": g.key.filter, "cursor": g.cursor, "returned": g.returned,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn print_contents(out: &mut impl Write, file: &SnapshotFile, view: &View) -> std::io::Result<()> {
+    match file {
+        SnapshotFile::Channel(c) => print_channel(out, c, view),
+        SnapshotFile::Manifest(m) => print_manifest(out, m),
+        SnapshotFile::Retained(r) => print_retained(out, r, view),
+        SnapshotFile::Sessions(s) => print_sessions(out, s),
+        SnapshotFile::Broadcast(b) => print_broadcast(out, b, view),
+    }
+}
+
+fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io::Result<()> {
+    let mut t = table();
+    t.set_header(vec![
+        "channel",
+        "kind",
+        "next",
+        "floor",
+        "bytes",
+        "records",
+        "items",
+        "positions",
+        "held",
+    ]);
+    t.add_row(vec![
+        c.name.clone(),
+        c.kind.as_str().into(),
+        c.next.to_string(),
+        c.floor.to_string(),
+        c.bytes.to_string(),
+        c.records.len().to_string(),
+        c.items.len().to_string(),
+        c.positions.len().to_string(),
+        c.held.len().to_string(),
+    ]);
+    if let Some(d) = &c.dead_letter {
+        t.add_row(vec![
+            d.name.clone(),
+            "append (dead letters)".into(),
+            d.next.to_string(),
+            d.floor.to_string(),
+            d.bytes.to_string(),
+            d.records.len().to_string(),
+            "-".into(),
+            d.positions.len().to_string(),
+            "-".into(),
+        ]);
+    }
+    writeln!(out, "{t}")?;
+    if !c.positions.is_empty() {
+        writeln!(
+            out,
+            "positions of {}:\n{}",
+            c.name,
+            positions_table(&c.positions)
+        )?;
+    }
+    if !c.held.is_empty() {
+        let mut t = table();
+        t.set_header(vec!["client id", "packet id", "held at", "topic"]);
+        for h in &c.held {
+            t.add_row(vec![
+                h.client_id.clone(),
+                h.packet_id.to_string(),
+                time_text(h.held_at),
+                h.record.topic.clone(),
+            ]);
+        }
+        writeln!(out, "exactly-once publishes held:\n{t}")?;
+    }
+    if view.records {
+        if !c.records.is_empty() || c.items.is_empty() {
+            writeln!(
+                out,
+                "records of {}:\n{}",
+                c.name,
+                records_table(view.take(&c.records))
+            )?;
+        }
+        if !c.items.is_empty() {
+            let mut t = table();
+            t.set_header(vec![
+                "offset",
+                "time",
+                "topic",
+                "payload",
+                "attempts",
+                "last delivered",
+            ]);
+            for i in view.take(&c.items) {
+                t.add_row(vec![
+                    i.record.offset.to_string(),
+                    time_text(i.record.timestamp),
+                    i.record.topic.clone(),
+                    payload_cell(&i.record.payload),
+                    i.attempts.to_string(),
+                    time_text(i.last_delivered),
+                ]);
+            }
+            writeln!(out, "queue items of {}:\n{t}", c.name)?;
+        }
+        if let Some(d) = &c.dead_letter {
+            writeln!(
+                out,
+                "records of {}:\n{}",
+                d.name,
+                records_table(view.take(&d.records))
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn print_manifest(out: &mut impl Write, m: &Manifest) -> std::io::Result<()> {
+    writeln!(out, "shutdown began at {}", time_text(m.began_at))?;
+    let mut t = table();
+    t.set_header(vec!["channel", "file", "kind"]);
+    for e in &m.channels {
+        t.add_row(vec![
+            e.channel.clone(),
+            e.file_name.clone(),
+            e.kind.as_str().into(),
+        ]);
+    }
+    writeln!(out, "{t}")?;
+    writeln!(
+        out,
+        "also written: retained store {}, sessions {}, broadcast log {}",
+        yes_no(m.retained),
+        yes_no(m.sessions),
+        yes_no(m.broadcast)
+    )
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn print_retained(out: &mut impl Write, r: &RetainedFile, view: &View) -> std::io::Result<()> {
+    writeln!(out, "{} retained messages", r.records.len())?;
+    let mut t = table();
+    t.set_header(vec!["topic", "qos", "time", "payload"]);
+    let shown = if view.records {
+        view.take(&r.records)
+    } else {
+        &r.records[..]
+    };
+    for rec in shown {
+        t.add_row(vec![
+            rec.topic.clone(),
+            rec.qos.to_string(),
+            time_text(rec.timestamp),
+            payload_cell(&rec.payload),
+        ]);
+    }
+    writeln!(out, "{t}")
+}
+
+fn print_sessions(out: &mut impl Write, s: &SessionsFile) -> std::io::Result<()> {
+    let mut t = table();
+    t.set_header(vec![
+        "client id",
+        "principal",
+        "expiry",
+        "detached at",
+        "window",
+        "subscriptions",
+        "in flight",
+        "will",
+    ]);
+    for s in &s.sessions {
+        t.add_row(vec![
+            s.client_id.clone(),
+            s.principal.clone().unwrap_or_else(|| "-".into()),
+            format!("{}s", s.expiry_interval),
+            time_text(s.detached_at),
+            s.window.to_string(),
+            s.subscriptions.len().to_string(),
+            s.inflight.len().to_string(),
+            s.will
+                .as_ref()
+                .map(|w| w.topic.clone())
+                .unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    writeln!(out, "{} sessions\n{t}", s.sessions.len())?;
+    let mut t = table();
+    t.set_header(vec!["client id", "filter", "qos", "options", "log offset"]);
+    let mut any = false;
+    for s in &s.sessions {
+        for sub in &s.subscriptions {
+            any = true;
+            let mut opts = Vec::new();
+            if sub.no_local {
+                opts.push("no-local".to_string());
+            }
+            if sub.retain_as_published {
+                opts.push("retain-as-published".into());
+            }
+            opts.push(format!("retain-handling={}", sub.retain_handling));
+            if let Some(id) = sub.subscription_id {
+                opts.push(format!("id={id}"));
+            }
+            t.add_row(vec![
+                s.client_id.clone(),
+                sub.filter.clone(),
+                sub.qos.to_string(),
+                opts.join(", "),
+                sub.log_offset.to_string(),
+            ]);
+        }
+    }
+    if any {
+        writeln!(out, "subscriptions:\n{t}")?;
+    }
+    if !s.shared_groups.is_empty() {
+        let mut t = table();
+        t.set_header(vec!["group", "filter", "cursor", "returned"]);
+        for g in &s.shared_groups {
+            t.add_row(vec![
+                g.key.group.clone(),
+                g.key.filter.clone(),
+                g.cursor.to_string(),
+                g.returned.len().to_string(),
+            ]);
+        }
+        writeln!(out, "shared groups:\n{t}")?;
+    }
+    Ok(())
+}
+
+fn print_broadcast(out: &mut impl Write, b: &BroadcastFile, view: &View) -> std::io::Result<()> {
+    let mut t = table();
+    t.set_header(vec![
+        "log", "next", "floor", "bytes", "messages", "cursors", "held",
+    ]);
+    t.add_row(vec![
+        "broadcast".to_string(),
+        b.next.to_string(),
+        b.floor.to_string(),
+        b.bytes.to_string(),
+        b.messages.len().to_string(),
+        b.cursors.len().to_string(),
+        b.held.len().to_string(),
+    ]);
+    writeln!(out, "{t}")?;
+    if !b.cursors.is_empty() {
+        writeln!(out, "session cursors:\n{}", positions_table(&b.cursors))?;
+    }
+    if view.records {
+        writeln!(out, "messages:\n{}", records_table(view.take(&b.messages)))?;
+    }
+    Ok(())
+}
+
+// ---- MBMQTT01 ---------------------------------------------------------------
+
+fn detach_text(d: &mbmqtt::Detach) -> String {
+    match d {
+        mbmqtt::Detach::Unknown => "unknown".into(),
+        mbmqtt::Detach::Millis(ms) => match i64::try_from(*ms)
+            .ok()
+            .and_then(|ms| ms.checked_mul(1_000_000))
+        {
+            Some(0) => "0 (1970-01-01T00:00:00Z)".into(),
+            Some(n) => format_unix_nanos(n),
+            None => format!("{ms} ms"),
+        },
+    }
+}
+
+fn principal_text(p: &mbmqtt::Principal) -> String {
+    match p {
+        mbmqtt::Principal::Named(n) if n.is_empty() => "(empty)".into(),
+        mbmqtt::Principal::Named(n) => n.clone(),
+        mbmqtt::Principal::LegacyAnonymous => "legacy-anonymous".into(),
+    }
+}
+
+fn mbmqtt_message_json(m: &mbmqtt::Message) -> Value {
+    json!({
+        "topic": m.topic,
+        "qos": m.qos,
+        "retain": m.retain,
+        "payload_bytes": m.payload.len(),
+        "payload_text": payload_text(&m.payload),
+        "payload_hex": hex::encode(&m.payload),
+    })
+}
+
+fn mbmqtt_json(s: &mbmqtt::Snapshot, view: &View) -> Value {
+    json!({
+        "kind": "mbmqtt01",
+        "version": s.version_read,
+        "sessions": s.sessions.iter().map(|x| json!({
+            "client_id": x.client_id,
+            "principal": match &x.principal { mbmqtt::Principal::Named(n) => json!(n), mbmqtt::Principal::LegacyAnonymous => Value::Null },
+            "legacy_anonymous": x.principal == mbmqtt::Principal::LegacyAnonymous,
+            "detach_millis": match x.detach { mbmqtt::Detach::Millis(ms) => json!(ms), mbmqtt::Detach::Unknown => Value::Null },
+            "next_packet_id": x.next_packet_id,
+            "subscriptions": x.subscriptions.iter().map(|s| json!({"filter": s.filter, "qos": s.qos})).collect::<Vec<_>>(),
+            "inbound_qos2": x.inbound_qos2,
+            "inflight": view.take(&x.inflight).iter().map(|i| json!({
+                "packet_id": i.packet_id,
+                "phase": i.phase.as_str(),
+                "message": i.message.as_ref().map(mbmqtt_message_json),
+            })).collect::<Vec<_>>(),
+            "pending": view.take(&x.pending).iter().map(mbmqtt_message_json).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "retained": view.take(&s.retained).iter().map(|r| json!({
+            "topic": r.topic,
+            "qos": r.qos,
+            "payload_bytes": r.payload.len(),
+            "payload_text": payload_text(&r.payload),
+            "payload_hex": hex::encode(&r.payload),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "MBMQTT01 broker.snapshot, Disk V{}: {} sessions, {} retained messages",
+        s.version_read,
+        s.sessions.len(),
+        s.retained.len()
+    )?;
+    let mut t = table();
+    t.set_header(vec![
+        "client id",
+        "principal",
+        "detached at",
+        "next packet id",
+        "subscriptions",
+        "inbound QoS 2",
+        "in flight",
+        "pending",
+    ]);
+    for x in &s.sessions {
+        t.add_row(vec![
+            x.client_id.clone(),
+            principal_text(&x.principal),
+            detach_text(&x.detach),
+            x.next_packet_id.to_string(),
+            x.subscriptions.len().to_string(),
+            format!("{:?}", x.inbound_qos2),
+            x.inflight.len().to_string(),
+            x.pending.len().to_string(),
+        ]);
+    }
+    writeln!(out, "{t}")?;
+    let mut t = table();
+    t.set_header(vec!["client id", "filter", "qos"]);
+    for x in &s.sessions {
+        for sub in &x.subscriptions {
+            t.add_row(vec![
+                x.client_id.clone(),
+                sub.filter.clone(),
+                sub.qos.to_string(),
+            ]);
+        }
+    }
+    if s.sessions.iter().any(|x| !x.subscriptions.is_empty()) {
+        writeln!(out, "subscriptions:\n{t}")?;
+    }
+    if view.records {
+        let mut t = table();
+        t.set_header(vec![
+            "client id",
+            "where",
+            "packet id",
+            "topic",
+            "qos",
+            "retain",
+            "payload",
+        ]);
+        for x in &s.sessions {
+            for i in view.take(&x.inflight) {
+                let (topic, qos, retain, payload) = match &i.message {
+                    Some(m) => (
+                        m.topic.clone(),
+                        m.qos.to_string(),
+                        m.retain.to_string(),
+                        payload_cell(&m.payload),
+                    ),
+                    None => ("-".into(), "2".into(), "-".into(), "-".into()),
+                };
+                t.add_row(vec![
+                    x.client_id.clone(),
+                    format!("in flight, {}", i.phase.as_str()),
+                    i.packet_id.to_string(),
+                    topic,
+                    qos,
+                    retain,
+                    payload,
+                ]);
+            }
+            for m in view.take(&x.pending) {
+                t.add_row(vec![
+                    x.client_id.clone(),
+                    "pending".into(),
+                    "-".into(),
+                    m.topic.clone(),
+                    m.qos.to_string(),
+                    m.retain.to_string(),
+                    payload_cell(&m.payload),
+                ]);
+            }
+        }
+        writeln!(out, "messages:\n{t}")?;
+    }
+    let mut t = table();
+    t.set_header(vec!["retained topic", "qos", "payload"]);
+    for r in view.take(&s.retained) {
+        t.add_row(vec![
+            r.topic.clone(),
+            r.qos.to_string(),
+            payload_cell(&r.payload),
+        ]);
+    }
+    writeln!(out, "{t}")
+}
+
+// ---- directories ---------------------------------------------------------
+
+fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::Result<u8> {
+    let wanted = |f: &snapshot_dir::FileReport| match &view.channel {
+        None => true,
+        Some(name) => matches!(&f.role, snapshot_dir::Role::Channel(Some(c)) if c == name),
+    };
+    let code = if report.has_unreadable() {
+        exit::CANNOT
+    } else if report.is_loadable() {
+        exit::OK
+    } else {
+        exit::NO
+    };
+    if args.json {
+        let files: Vec<Value> = report
+            .files
+            .iter()
+            .filter(|f| wanted(f))
+            .map(|f| {
+                let (status, problem, header, contents) = match &f.outcome {
+                    FileOutcome::Decoded { header, file } => (
+                        "ok",
+                        Value::Null,
+                        header_json(header),
+                        contents_json(file, view),
+                    ),
+                    FileOutcome::Failed(p) => (
+                        if p.is_unreadable() {
+                            "unreadable"
+                        } else {
+                            "fail"
+                        },
+                        json!({"code": p.code(), "message": p.to_string()}),
+                        match p {
+                            FileProblem::F21 {
+                                header: Some(h), ..
+                            } => header_json(h),
+                            _ => Value::Null,
+                        },
+                        Value::Null,
+                    ),
+                    FileOutcome::NotConfigured => {
+                        ("not-read", Value::Null, Value::Null, Value::Null)
+                    }
+                };
+                json!({
+                    "name": f.name,
+                    "role": f.role.as_str(),
+                    "status": status,
+                    "problem": problem,
+                    "header": header,
+                    "contents": contents,
+                })
+            })
+            .collect();
+        print_json(&json!({
+            "path": report.dir.display().to_string(),
+            "type": "directory",
+            "valid": report.is_loadable(),
+            "problem": null,
+            "header": null,
+            "contents": null,
+            "manifest": report.manifest.as_ref().map(|(_, m)| manifest_json(m)),
+            "files": files,
+            "findings": report.findings.iter().map(|f| finding_json(None, f)).collect::<Vec<_>>(),
+        }))?;
+        return Ok(code);
+    }
+
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "snapshot directory {}", report.dir.display())?;
+    match &report.manifest {
+        Some((_, m)) => writeln!(
+            out,
+            "manifest: shutdown began at {}, {} channels listed",
+            time_text(m.began_at),
+            m.channels.len()
+        )?,
+        None => writeln!(out, "manifest: none usable")?,
+    }
+    let mut t = table();
+    t.set_header(vec![
+        "file",
+        "kind",
+        "status",
+        "written at",
+        "channel",
+        "next",
+        "floor",
+        "bytes",
+        "records",
+    ]);
+    for f in report.files.iter().filter(|f| wanted(f)) {
+        let mut row = vec![f.name.clone(), f.role.as_str().to_string()];
+        match &f.outcome {
+            FileOutcome::Decoded { header, file } => {
+                row.push("ok".into());
+                row.push(time_text(header.written_at));
+                match file {
+                    SnapshotFile::Channel(c) => row.extend([
+                        c.name.clone(),
+                        c.next.to_string(),
+                        c.floor.to_string(),
+                        c.bytes.to_string(),
+                        (c.records.len() + c.items.len()).to_string(),
+                    ]),
+                    SnapshotFile::Broadcast(b) => row.extend([
+                        "-".into(),
+                        b.next.to_string(),
+                        b.floor.to_string(),
+                        b.bytes.to_string(),
+                        b.messages.len().to_string(),
+                    ]),
+                    SnapshotFile::Retained(r) => row.extend([
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                        r.records.len().to_string(),
+                    ]),
+                    SnapshotFile::Sessions(s) => row.extend([
+                        format!("{} sessions", s.sessions.len()),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                    ]),
+                    SnapshotFile::Manifest(m) => row.extend([
+                        format!("{} listed", m.channels.len()),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                    ]),
+                }
+            }
+            FileOutcome::Failed(p) => {
+                row.push(
+                    if p.is_unreadable() {
+                        "unreadable"
+                    } else {
+                        "FAILED"
+                    }
+                    .into(),
+                );
+                row.extend(std::iter::repeat_n("-".to_string(), 6));
+            }
+            FileOutcome::NotConfigured => {
+                row.push("not read".into());
+                row.extend(std::iter::repeat_n("-".to_string(), 6));
+            }
+        }
+        t.add_row(row);
+    }
+    writeln!(out, "{t}")?;
+    for f in &report.findings {
+        if view.channel.is_some()
+            && f.file()
+                .is_some_and(|file| !report.files.iter().any(|r| r.name == file && wanted(r)))
+        {
+            continue;
+        }
+        let tag = match f.severity() {
+            Severity::Error => "FAIL",
+            Severity::Warning => "WARN",
+            Severity::Info => "INFO",
+        };
+        writeln!(out, "{tag} {}: {f}", report.dir.display())?;
+    }
+    // Details of every decoded file (the manifest's is above).
+    for f in report.files.iter().filter(|f| wanted(f)) {
+        if let FileOutcome::Decoded { file, .. } = &f.outcome {
+            if matches!(file, SnapshotFile::Manifest(_)) {
+                continue;
+            }
+            if matches!(file, SnapshotFile::Channel(_)) && !view.records {
+                // The summary row above says it all; positions are shown
+                // when there are any.
+                if let SnapshotFile::Channel(c) = file {
+                    if !c.positions.is_empty() {
+                        writeln!(
+                            out,
+                            "\npositions of {}:\n{}",
+                            c.name,
+                            positions_table(&c.positions)
+                        )?;
+                    }
+                }
+                continue;
+            }
+            writeln!(out, "\n{}:", f.name)?;
+            print_contents(&mut out, file, view)?;
+        }
+    }
+    Ok(code)
 }

@@ -1,1 +1,1164 @@
 //! Snapshot directories: the manifest, one format 21 file per channel, writing and loading.
+//!
+//! This is the read side, and the only one: the memory provider loads a
+//! directory through [`load`], and `saguin snapshot verify|inspect` look at
+//! it through [`scan`], which is the same code ([`load`] is [`scan`] plus
+//! "refuse on any error"). So "verify says OK, serve refuses" cannot happen
+//! (SAGUIN.md §6.2).
+//!
+//! What a directory may hold (names from [`saguin_format::channel_name`]):
+//!
+//! | name | what |
+//! | --- | --- |
+//! | `saguin.manifest` | the manifest, written first at every shutdown |
+//! | `<encoded channel>.snapshot` | one channel (a queue and its dead-letter channel share one) |
+//! | `%24saguin%2Fretained.snapshot` | the retained store |
+//! | `saguin.sessions`, `saguin.broadcast` | persistent sessions and the broadcast log, a pair |
+//! | `*.tmp` | a write that never finished: reported, never read |
+//! | `saguin.lock` | the provider's lock: not a snapshot, ignored |
+//!
+//! Findings are typed ([`Severity`]): an **error** means the broker does not
+//! start on this directory (a damaged, truncated or foreign-version file, a
+//! file whose name does not match the channel inside it, a sessions file
+//! without its broadcast log, an in-flight entry past the log's next
+//! offset); a **warning** is what the manifest and leftover temporary files
+//! tell the operator (RFC 0004 "Loading": the manifest's own failures are
+//! warnings); **info** is a file nobody asked for.
+//!
+//! The manifest's moment: a shutdown stamps every file it writes, the
+//! manifest included, with one "written at" equal to the manifest's
+//! `began_at`. A channel file stamped earlier was not rewritten by that
+//! shutdown (its write never landed, or the channel was not configured
+//! then): everything published to it after its own moment is gone. A file
+//! stamped later was written by a later shutdown whose manifest did not
+//! land: the channels finished and the manifest did not.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use saguin_format::channel_name::{
+    encode_file_name, BROADCAST_FILE, LOCK_FILE, MANIFEST_FILE, RETAINED_FILE, SESSIONS_FILE,
+    SNAPSHOT_SUFFIX, TEMP_SUFFIX,
+};
+use saguin_format::f21::{
+    self, time::format_unix_nanos, BroadcastFile, ChannelFile, FileKind, Header, Manifest,
+    RetainedFile, SessionsFile, SnapshotFile,
+};
+use saguin_format::mbmqtt;
+
+use super::read::{self, ReadError, SpecialKind, F21_DEFAULT_MAX_BYTES, MBMQTT_DEFAULT_MAX_BYTES};
+
+/// How a directory (or one file) is read.
+#[derive(Clone, Debug)]
+pub struct ScanOptions {
+    /// Ceiling for one format 21 file; [`F21_DEFAULT_MAX_BYTES`] by default.
+    pub max_bytes_f21: u64,
+    /// Ceiling for an MBMQTT01 file; [`MBMQTT_DEFAULT_MAX_BYTES`] by default.
+    pub max_bytes_mbmqtt: u64,
+    /// When set, only these channels' files are decoded; any other channel
+    /// file is reported as not configured and left unread (a channel the
+    /// configuration dropped is "a file nobody opens", RFC 0004). `None`
+    /// decodes every file, as `verify` does.
+    pub channels: Option<BTreeSet<String>>,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        ScanOptions {
+            max_bytes_f21: F21_DEFAULT_MAX_BYTES,
+            max_bytes_mbmqtt: MBMQTT_DEFAULT_MAX_BYTES,
+            channels: None,
+        }
+    }
+}
+
+impl ScanOptions {
+    /// One limit for every kind of file (`--max-bytes`).
+    pub fn with_max_bytes(max: u64) -> ScanOptions {
+        ScanOptions {
+            max_bytes_f21: max,
+            max_bytes_mbmqtt: max,
+            channels: None,
+        }
+    }
+}
+
+/// Any snapshot file saguin reads, told apart by its magic.
+// One value per file read, never held in bulk: boxing buys nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum AnySnapshot {
+    F21 { header: Header, file: SnapshotFile },
+    Mbmqtt(mbmqtt::Snapshot),
+}
+
+/// Why one file cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum FileProblem {
+    /// It could not be read, or is not a regular file, or is too large.
+    /// Shown without the path, which the caller names.
+    #[error("{}", .0.reason())]
+    Read(#[from] ReadError),
+    /// A format 21 file that does not decode or validate. `header` is what
+    /// could still be read of it, for messages naming version and writer.
+    #[error("{error}")]
+    F21 {
+        header: Option<Header>,
+        error: f21::DecodeError,
+    },
+    /// An MBMQTT01 file that does not decode.
+    #[error("MBMQTT01: {error}")]
+    Mbmqtt { error: mbmqtt::DecodeError },
+    #[error("empty file: not a snapshot (a format 21 file or an MBMQTT01 broker.snapshot)")]
+    Empty,
+    /// Neither magic.
+    #[error("not a snapshot: wrong magic at offset 0: {found} is neither saguin format 21 ({f21}) nor MBMQTT01")]
+    NotASnapshot { found: String, f21: String },
+}
+
+impl FileProblem {
+    /// True when the file could not be read at all (exit 3 rather than 1).
+    pub fn is_unreadable(&self) -> bool {
+        matches!(self, FileProblem::Read(e) if e.is_unreadable())
+    }
+
+    /// A short stable name for JSON output.
+    pub fn code(&self) -> &'static str {
+        match self {
+            FileProblem::Read(e) => e.code(),
+            FileProblem::F21 { error, .. } => error.code(),
+            FileProblem::Mbmqtt { error } => error.code(),
+            FileProblem::Empty => "empty",
+            FileProblem::NotASnapshot { .. } => "not-a-snapshot",
+        }
+    }
+}
+
+fn hex_spaced(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Which format the leading bytes belong to. A file shorter than a magic
+/// that is a prefix of one is that format's (and then refused as short by
+/// its decoder), so a cut file is called truncated rather than foreign.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Magic {
+    F21,
+    Mbmqtt,
+    Empty,
+    Unknown,
+}
+
+pub fn detect(bytes: &[u8]) -> Magic {
+    let n = bytes.len().min(8);
+    let prefix = bytes.get(..n).unwrap_or_default();
+    if bytes.is_empty() {
+        Magic::Empty
+    } else if f21::MAGIC.get(..n) == Some(prefix) {
+        Magic::F21
+    } else if mbmqtt::MAGIC.get(..n) == Some(prefix) {
+        Magic::Mbmqtt
+    } else {
+        Magic::Unknown
+    }
+}
+
+/// Read one file and decode it as whatever its bytes say it is, with the
+/// size limit of that kind. `expected` refuses a format 21 file of another
+/// kind (a channel file where `saguin.sessions` should be).
+pub fn read_snapshot_file(
+    path: &Path,
+    opts: &ScanOptions,
+    expected: Option<FileKind>,
+) -> Result<AnySnapshot, FileProblem> {
+    let ceiling = opts.max_bytes_f21.max(opts.max_bytes_mbmqtt);
+    let bytes = read::read_bounded_by_magic(path, ceiling, |probe| match detect(probe) {
+        Magic::Mbmqtt => opts.max_bytes_mbmqtt,
+        _ => opts.max_bytes_f21,
+    })?;
+    decode_snapshot_bytes(&bytes, expected)
+}
+
+/// Read one format 21 file of the `expected` kind: what a directory holds.
+pub fn read_f21_file(
+    path: &Path,
+    opts: &ScanOptions,
+    expected: FileKind,
+) -> Result<(Header, SnapshotFile), FileProblem> {
+    match read_snapshot_file(path, opts, Some(expected))? {
+        AnySnapshot::F21 { header, file } => Ok((header, file)),
+        // With `expected` set an MBMQTT01 file is refused while decoding.
+        AnySnapshot::Mbmqtt(_) => Err(FileProblem::F21 {
+            header: None,
+            error: f21::DecodeError::NotASnapshot {
+                found: "MBMQTT01".into(),
+                expected: hex_spaced(&f21::MAGIC),
+            },
+        }),
+    }
+}
+
+/// [`read_snapshot_file`] on bytes already in memory.
+pub fn decode_snapshot_bytes(
+    bytes: &[u8],
+    expected: Option<FileKind>,
+) -> Result<AnySnapshot, FileProblem> {
+    match detect(bytes) {
+        Magic::Empty => Err(FileProblem::Empty),
+        Magic::Unknown => Err(FileProblem::NotASnapshot {
+            found: hex_spaced(bytes.get(..8).unwrap_or(bytes)),
+            f21: hex_spaced(&f21::MAGIC),
+        }),
+        Magic::Mbmqtt => match expected {
+            Some(kind) => Err(FileProblem::F21 {
+                header: None,
+                error: f21::DecodeError::NotASnapshot {
+                    found: format!("MBMQTT01 (a legacy broker.snapshot, where a format 21 {kind} file belongs)"),
+                    expected: hex_spaced(&f21::MAGIC),
+                },
+            }),
+            None => mbmqtt::decode(bytes)
+                .map(AnySnapshot::Mbmqtt)
+                .map_err(|error| FileProblem::Mbmqtt { error }),
+        },
+        Magic::F21 => {
+            let decoded = match expected {
+                Some(kind) => f21::decode_expecting(bytes, kind),
+                None => f21::decode(bytes),
+            };
+            decoded
+                .map(|(header, file)| AnySnapshot::F21 { header, file })
+                .map_err(|error| FileProblem::F21 {
+                    header: f21::read_header(bytes).ok(),
+                    error,
+                })
+        }
+    }
+}
+
+/// What a file in the directory is, by its name (its contents must agree).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    Manifest,
+    /// A channel file; the channel its name decodes to, if it does.
+    Channel(Option<String>),
+    Retained,
+    Sessions,
+    Broadcast,
+}
+
+impl Role {
+    fn of(name: &str) -> Option<Role> {
+        match name {
+            MANIFEST_FILE => Some(Role::Manifest),
+            SESSIONS_FILE => Some(Role::Sessions),
+            BROADCAST_FILE => Some(Role::Broadcast),
+            RETAINED_FILE => Some(Role::Retained),
+            _ if name.ends_with(SNAPSHOT_SUFFIX) => Some(Role::Channel(
+                saguin_format::channel_name::decode_file_name(name),
+            )),
+            _ => None,
+        }
+    }
+
+    fn expected_kind(&self) -> FileKind {
+        match self {
+            Role::Manifest => FileKind::Manifest,
+            Role::Channel(_) => FileKind::Channel,
+            Role::Retained => FileKind::Retained,
+            Role::Sessions => FileKind::Sessions,
+            Role::Broadcast => FileKind::Broadcast,
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        self.expected_kind().as_str()
+    }
+}
+
+/// One snapshot file of the directory and what became of it.
+#[derive(Debug)]
+pub struct FileReport {
+    /// The file's name in the directory.
+    pub name: String,
+    pub path: PathBuf,
+    pub role: Role,
+    /// Decoded (header and contents), refused, or not read.
+    pub outcome: FileOutcome,
+}
+
+#[derive(Debug)]
+pub enum FileOutcome {
+    Decoded {
+        header: Header,
+        file: SnapshotFile,
+    },
+    Failed(FileProblem),
+    /// A channel the options did not ask for: left unread.
+    NotConfigured,
+}
+
+impl FileReport {
+    pub fn header(&self) -> Option<&Header> {
+        match &self.outcome {
+            FileOutcome::Decoded { header, .. } => Some(header),
+            _ => None,
+        }
+    }
+}
+
+/// How serious a finding is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// Not a problem: what the operator may want to know.
+    Info,
+    /// The broker starts; something was lost or left behind and is named.
+    Warning,
+    /// The broker does not start on this directory.
+    Error,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        }
+    }
+}
+
+/// A directory-level finding; file decode failures are in [`FileReport`]
+/// and repeated here as [`FindingKind::FileRefused`] so one list holds
+/// every problem.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FindingKind {
+    // ---- errors -------------------------------------------------------
+    /// A file did not read or decode (its [`FileReport`] has the problem).
+    FileRefused { file: String, problem: String },
+    /// A channel file whose name is not its channel's file name.
+    NameMismatch {
+        file: String,
+        channel: String,
+        expected_file: String,
+    },
+    /// `saguin.sessions` with no `saguin.broadcast` beside it: its log is lost.
+    SessionsWithoutBroadcast,
+    /// The sessions file and the broadcast log disagree (an in-flight entry
+    /// at or past the log's next offset, ...).
+    PairInvalid { problem: String },
+    // ---- warnings -----------------------------------------------------
+    /// No manifest: nothing says whether the last shutdown finished.
+    ManifestMissing,
+    /// The manifest could not be read or decoded (its own failure is a
+    /// warning: it holds no records).
+    ManifestUnreadable { problem: String },
+    /// A file the manifest listed is not there: that channel's records are gone.
+    ListedButMissing { file: String, what: String },
+    /// A file older than the manifest's moment: what was published after its own moment is gone.
+    WrittenBeforeManifest {
+        file: String,
+        written_at: i64,
+        manifest_at: i64,
+    },
+    /// A file newer than the manifest's moment: the files finished and the manifest did not.
+    WrittenAfterManifest {
+        file: String,
+        written_at: i64,
+        manifest_at: i64,
+    },
+    /// A temporary file a write left behind; never read, never promoted.
+    LeftoverTemp { file: String },
+    /// The directory holds no snapshot file at all.
+    NothingStored,
+    // ---- info ---------------------------------------------------------
+    /// A snapshot file the manifest did not ask for (a channel the
+    /// configuration dropped is the operator's own doing).
+    NotInManifest { file: String },
+    /// A channel file the configuration does not name: not read.
+    NotConfigured { file: String },
+    /// Something in the directory that is not a snapshot file.
+    Unrecognised { file: String, what: String },
+}
+
+impl FindingKind {
+    pub fn severity(&self) -> Severity {
+        use FindingKind::*;
+        match self {
+            FileRefused { .. }
+            | NameMismatch { .. }
+            | SessionsWithoutBroadcast
+            | PairInvalid { .. } => Severity::Error,
+            ManifestMissing
+            | ManifestUnreadable { .. }
+            | ListedButMissing { .. }
+            | WrittenBeforeManifest { .. }
+            | WrittenAfterManifest { .. }
+            | LeftoverTemp { .. }
+            | NothingStored => Severity::Warning,
+            NotInManifest { .. } | NotConfigured { .. } | Unrecognised { .. } => Severity::Info,
+        }
+    }
+
+    /// A short stable name for JSON output.
+    pub fn code(&self) -> &'static str {
+        use FindingKind::*;
+        match self {
+            FileRefused { .. } => "file-refused",
+            NameMismatch { .. } => "name-mismatch",
+            SessionsWithoutBroadcast => "sessions-without-broadcast",
+            PairInvalid { .. } => "sessions-broadcast-mismatch",
+            ManifestMissing => "manifest-missing",
+            ManifestUnreadable { .. } => "manifest-unreadable",
+            ListedButMissing { .. } => "listed-but-missing",
+            WrittenBeforeManifest { .. } => "written-before-manifest",
+            WrittenAfterManifest { .. } => "written-after-manifest",
+            LeftoverTemp { .. } => "leftover-temp",
+            NothingStored => "nothing-stored",
+            NotInManifest { .. } => "not-in-manifest",
+            NotConfigured { .. } => "not-configured",
+            Unrecognised { .. } => "unrecognised",
+        }
+    }
+
+    /// The file the finding is about, if it is about one.
+    pub fn file(&self) -> Option<&str> {
+        use FindingKind::*;
+        match self {
+            FileRefused { file, .. }
+            | NameMismatch { file, .. }
+            | ListedButMissing { file, .. }
+            | WrittenBeforeManifest { file, .. }
+            | WrittenAfterManifest { file, .. }
+            | LeftoverTemp { file }
+            | NotInManifest { file }
+            | NotConfigured { file }
+            | Unrecognised { file, .. } => Some(file),
+            SessionsWithoutBroadcast => Some(SESSIONS_FILE),
+            PairInvalid { .. } => Some(SESSIONS_FILE),
+            ManifestMissing | ManifestUnreadable { .. } => Some(MANIFEST_FILE),
+            NothingStored => None,
+        }
+    }
+}
+
+impl fmt::Display for FindingKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use FindingKind::*;
+        match self {
+            FileRefused { file, problem } => write!(f, "{file}: {problem}"),
+            NameMismatch {
+                file,
+                channel,
+                expected_file,
+            } => write!(
+                f,
+                "{file}: holds channel {channel:?}, whose file is {expected_file}; a file is loaded only under its own channel's name"
+            ),
+            SessionsWithoutBroadcast => write!(
+                f,
+                "{SESSIONS_FILE} has no {BROADCAST_FILE} beside it: the broadcast log its sessions point into is lost, and the broker does not start on it"
+            ),
+            PairInvalid { problem } => {
+                write!(f, "{SESSIONS_FILE} does not fit {BROADCAST_FILE}: {problem}")
+            }
+            ManifestMissing => write!(
+                f,
+                "{MANIFEST_FILE} is missing: nothing says whether the last shutdown wrote every file"
+            ),
+            ManifestUnreadable { problem } => write!(
+                f,
+                "{MANIFEST_FILE} cannot be used ({problem}); the files are loaded without it and nothing says whether the last shutdown finished"
+            ),
+            ListedButMissing { file, what } => write!(
+                f,
+                "{file}: listed by the manifest and not there: {what} records are gone"
+            ),
+            WrittenBeforeManifest {
+                file,
+                written_at,
+                manifest_at,
+            } => write!(
+                f,
+                "{file}: written at {}, before the shutdown the manifest records ({}): everything published to it after {} is gone",
+                format_unix_nanos(*written_at),
+                format_unix_nanos(*manifest_at),
+                format_unix_nanos(*written_at)
+            ),
+            WrittenAfterManifest {
+                file,
+                written_at,
+                manifest_at,
+            } => write!(
+                f,
+                "{file}: written at {}, after the manifest's moment ({}): a later shutdown finished its files and its manifest did not land",
+                format_unix_nanos(*written_at),
+                format_unix_nanos(*manifest_at)
+            ),
+            LeftoverTemp { file } => write!(
+                f,
+                "{file}: a temporary file a write left behind; it was never completed and is not read"
+            ),
+            NothingStored => write!(f, "the directory holds no snapshot file"),
+            NotInManifest { file } => write!(
+                f,
+                "{file}: not listed by the manifest (a channel the configuration dropped?)"
+            ),
+            NotConfigured { file } => write!(f, "{file}: not a configured channel; not read"),
+            Unrecognised { file, what } => write!(f, "{file}: {what}; ignored"),
+        }
+    }
+}
+
+/// Everything [`scan`] found in a directory.
+#[derive(Debug)]
+pub struct DirReport {
+    pub dir: PathBuf,
+    /// The manifest, when it decoded.
+    pub manifest: Option<(Header, Manifest)>,
+    /// Every snapshot file (manifest included), sorted by name.
+    pub files: Vec<FileReport>,
+    /// Every finding, errors first, then by file.
+    pub findings: Vec<FindingKind>,
+}
+
+impl DirReport {
+    /// True when the broker would load this directory (no error finding).
+    pub fn is_loadable(&self) -> bool {
+        self.errors().next().is_none()
+    }
+
+    pub fn errors(&self) -> impl Iterator<Item = &FindingKind> {
+        self.findings
+            .iter()
+            .filter(|f| f.severity() == Severity::Error)
+    }
+
+    /// True when some file could not be read at all (missing between
+    /// listing and reading, permission, I/O): exit 3 rather than 1.
+    pub fn has_unreadable(&self) -> bool {
+        self.files
+            .iter()
+            .any(|f| matches!(&f.outcome, FileOutcome::Failed(p) if p.is_unreadable()))
+    }
+}
+
+/// Why a directory could not be scanned at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("{}: is {kind}, not a snapshot directory", .path.display())]
+    NotADirectory { path: PathBuf, kind: &'static str },
+}
+
+impl ScanError {
+    pub fn is_unreadable(&self) -> bool {
+        match self {
+            ScanError::Read(e) => e.is_unreadable(),
+            ScanError::NotADirectory { .. } => false,
+        }
+    }
+}
+
+/// List `dir`, decode every snapshot file in it with the format 21
+/// decoder, and report per file and across files. See the module docs.
+pub fn scan(dir: &Path, opts: &ScanOptions) -> Result<DirReport, ScanError> {
+    let meta = read::lstat(dir)?;
+    match SpecialKind::of(&meta) {
+        Some(SpecialKind::Directory) => {}
+        Some(kind) => {
+            return Err(ScanError::NotADirectory {
+                path: dir.to_path_buf(),
+                kind: kind.as_str(),
+            })
+        }
+        None => {
+            return Err(ScanError::NotADirectory {
+                path: dir.to_path_buf(),
+                kind: "a regular file",
+            })
+        }
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| ReadError::from_io(dir, e))?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| ReadError::from_io(dir, e))?;
+        names.push(entry.file_name());
+    }
+    names.sort();
+
+    let mut files = Vec::new();
+    let mut findings = Vec::new();
+    for os_name in names {
+        let Some(name) = os_name.to_str().map(str::to_owned) else {
+            findings.push(FindingKind::Unrecognised {
+                file: os_name.to_string_lossy().into_owned(),
+                what: "a name that is not UTF-8, so no snapshot file".into(),
+            });
+            continue;
+        };
+        let path = dir.join(&name);
+        if name.ends_with(TEMP_SUFFIX) {
+            findings.push(FindingKind::LeftoverTemp { file: name });
+            continue;
+        }
+        if name == LOCK_FILE {
+            continue;
+        }
+        let Some(role) = Role::of(&name) else {
+            let what = match read::lstat(&path).ok().and_then(|m| SpecialKind::of(&m)) {
+                Some(kind) => format!("{kind}, not a snapshot file"),
+                None => "not a snapshot file name".into(),
+            };
+            findings.push(FindingKind::Unrecognised { file: name, what });
+            continue;
+        };
+        if let (Role::Channel(Some(channel)), Some(wanted)) = (&role, &opts.channels) {
+            if !wanted.contains(channel) {
+                findings.push(FindingKind::NotConfigured { file: name.clone() });
+                files.push(FileReport {
+                    name,
+                    path,
+                    role,
+                    outcome: FileOutcome::NotConfigured,
+                });
+                continue;
+            }
+        }
+        let outcome = match read_f21_file(&path, opts, role.expected_kind()) {
+            Ok((header, file)) => FileOutcome::Decoded { header, file },
+            Err(problem) => FileOutcome::Failed(problem),
+        };
+        files.push(FileReport {
+            name,
+            path,
+            role,
+            outcome,
+        });
+    }
+
+    // Per-file findings: refusals and channel names.
+    let mut manifest = None;
+    for f in &files {
+        match (&f.role, &f.outcome) {
+            (Role::Manifest, FileOutcome::Failed(p)) => {
+                findings.push(FindingKind::ManifestUnreadable {
+                    problem: p.to_string(),
+                })
+            }
+            (
+                Role::Manifest,
+                FileOutcome::Decoded {
+                    header,
+                    file: SnapshotFile::Manifest(m),
+                },
+            ) => manifest = Some((header.clone(), m.clone())),
+            (_, FileOutcome::Failed(p)) => findings.push(FindingKind::FileRefused {
+                file: f.name.clone(),
+                problem: p.to_string(),
+            }),
+            (
+                Role::Channel(_),
+                FileOutcome::Decoded {
+                    file: SnapshotFile::Channel(c),
+                    ..
+                },
+            ) => {
+                let expected_file = encode_file_name(&c.name);
+                if expected_file != f.name {
+                    findings.push(FindingKind::NameMismatch {
+                        file: f.name.clone(),
+                        channel: c.name.clone(),
+                        expected_file,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // The sessions file and its log.
+    let sessions = files.iter().find(|f| f.role == Role::Sessions);
+    let broadcast = files.iter().find(|f| f.role == Role::Broadcast);
+    match (sessions, broadcast) {
+        (Some(_), None) => findings.push(FindingKind::SessionsWithoutBroadcast),
+        (Some(s), Some(b)) => {
+            if let (
+                FileOutcome::Decoded {
+                    file: SnapshotFile::Sessions(s),
+                    ..
+                },
+                FileOutcome::Decoded {
+                    file: SnapshotFile::Broadcast(b),
+                    ..
+                },
+            ) = (&s.outcome, &b.outcome)
+            {
+                if let Err(e) = f21::validate_pair(s, b) {
+                    findings.push(FindingKind::PairInvalid {
+                        problem: e.to_string(),
+                    });
+                }
+            }
+        }
+        _ => {}
+    }
+
+    // The manifest's four cases.
+    let has_data = files.iter().any(|f| f.role != Role::Manifest);
+    match &manifest {
+        None if !files.iter().any(|f| f.role == Role::Manifest) && has_data => {
+            findings.push(FindingKind::ManifestMissing)
+        }
+        None => {}
+        Some((_, m)) => manifest_findings(m, &files, &mut findings),
+    }
+    if files.is_empty() {
+        findings.push(FindingKind::NothingStored);
+    }
+
+    findings.sort_by(|a, b| {
+        b.severity()
+            .cmp(&a.severity())
+            .then_with(|| a.file().cmp(&b.file()))
+    });
+    Ok(DirReport {
+        dir: dir.to_path_buf(),
+        manifest,
+        files,
+        findings,
+    })
+}
+
+fn manifest_findings(m: &Manifest, files: &[FileReport], findings: &mut Vec<FindingKind>) {
+    let present: BTreeMap<&str, &FileReport> = files.iter().map(|f| (f.name.as_str(), f)).collect();
+    let mut listed: Vec<(String, String)> = m
+        .channels
+        .iter()
+        .map(|e| (e.file_name.clone(), format!("channel {:?}'s", e.channel)))
+        .collect();
+    if m.retained {
+        listed.push((RETAINED_FILE.into(), "the retained store's".into()));
+    }
+    if m.sessions {
+        listed.push((SESSIONS_FILE.into(), "the persistent sessions'".into()));
+    }
+    if m.broadcast {
+        listed.push((BROADCAST_FILE.into(), "the broadcast log's".into()));
+    }
+    let listed_names: BTreeSet<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
+    for (file, what) in &listed {
+        if !present.contains_key(file.as_str()) {
+            findings.push(FindingKind::ListedButMissing {
+                file: file.clone(),
+                what: what.clone(),
+            });
+        }
+    }
+    for f in files {
+        if f.role == Role::Manifest {
+            continue;
+        }
+        if !listed_names.contains(f.name.as_str()) {
+            findings.push(FindingKind::NotInManifest {
+                file: f.name.clone(),
+            });
+            continue;
+        }
+        let Some(header) = f.header() else { continue };
+        if header.written_at < m.began_at {
+            findings.push(FindingKind::WrittenBeforeManifest {
+                file: f.name.clone(),
+                written_at: header.written_at,
+                manifest_at: m.began_at,
+            });
+        } else if header.written_at > m.began_at {
+            findings.push(FindingKind::WrittenAfterManifest {
+                file: f.name.clone(),
+                written_at: header.written_at,
+                manifest_at: m.began_at,
+            });
+        }
+    }
+}
+
+/// A directory the memory provider can load: every file decoded and
+/// validated, warnings kept for the startup log.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub manifest: Option<(Header, Manifest)>,
+    /// Channel name → its file. `stale` is true for a file written before
+    /// the manifest's moment: it is read for its records and not for its
+    /// holds (RFC 0004: each held publish is counted as abandoned).
+    pub channels: BTreeMap<String, LoadedChannel>,
+    pub retained: Option<RetainedFile>,
+    pub sessions: Option<SessionsFile>,
+    pub broadcast: Option<BroadcastFile>,
+    /// Warnings and info, to be logged once at startup.
+    pub findings: Vec<FindingKind>,
+}
+
+#[derive(Debug)]
+pub struct LoadedChannel {
+    pub header: Header,
+    pub file: ChannelFile,
+    pub stale: bool,
+}
+
+/// Why a directory does not load: its path and every error finding.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("snapshot {}: {error}", .dir.display())]
+    Scan { error: ScanError, dir: PathBuf },
+    #[error("snapshot {}: {}", .dir.display(), .errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
+    Refused {
+        dir: PathBuf,
+        errors: Vec<FindingKind>,
+    },
+}
+
+/// Scan `dir` and hand back its contents, or refuse it naming every error.
+/// The broker's memory provider loads through this, so it accepts exactly
+/// what `saguin snapshot verify` calls OK.
+pub fn load(dir: &Path, opts: &ScanOptions) -> Result<Loaded, LoadError> {
+    let report = scan(dir, opts).map_err(|error| LoadError::Scan {
+        error,
+        dir: dir.to_path_buf(),
+    })?;
+    if !report.is_loadable() {
+        return Err(LoadError::Refused {
+            dir: dir.to_path_buf(),
+            errors: report.errors().cloned().collect(),
+        });
+    }
+    let manifest_at = report.manifest.as_ref().map(|(_, m)| m.began_at);
+    let mut loaded = Loaded {
+        manifest: report.manifest,
+        findings: report
+            .findings
+            .into_iter()
+            .filter(|f| f.severity() != Severity::Error)
+            .collect(),
+        ..Loaded::default()
+    };
+    for f in report.files {
+        let FileOutcome::Decoded { header, file } = f.outcome else {
+            continue;
+        };
+        match file {
+            SnapshotFile::Channel(c) => {
+                let stale = manifest_at.is_some_and(|at| header.written_at < at);
+                loaded.channels.insert(
+                    c.name.clone(),
+                    LoadedChannel {
+                        header,
+                        file: c,
+                        stale,
+                    },
+                );
+            }
+            SnapshotFile::Retained(r) => loaded.retained = Some(r),
+            SnapshotFile::Sessions(s) => loaded.sessions = Some(s),
+            SnapshotFile::Broadcast(b) => loaded.broadcast = Some(b),
+            SnapshotFile::Manifest(_) => {}
+        }
+    }
+    Ok(loaded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use saguin_format::f21::{InflightEntry, InflightPhase, ManifestEntry, Session};
+    use saguin_format::model::ChannelKind;
+
+    const T: i64 = 1_767_225_600_000_000_000;
+
+    fn put(dir: &Path, name: &str, file: &SnapshotFile, at: i64) {
+        std::fs::write(
+            dir.join(name),
+            f21::encode_with_writer(file, "0123456789ab", at),
+        )
+        .unwrap();
+    }
+
+    fn manifest(channels: &[&str], sessions: bool) -> SnapshotFile {
+        SnapshotFile::Manifest(Manifest {
+            began_at: T,
+            channels: channels
+                .iter()
+                .map(|c| ManifestEntry {
+                    channel: (*c).into(),
+                    file_name: encode_file_name(c),
+                    kind: ChannelKind::Append,
+                })
+                .collect(),
+            retained: true,
+            sessions,
+            broadcast: sessions,
+        })
+    }
+
+    fn channel(name: &str) -> SnapshotFile {
+        SnapshotFile::Channel(ChannelFile::new(name, ChannelKind::Append))
+    }
+
+    /// A whole, consistent directory written by one shutdown.
+    fn good_dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        put(
+            d.path(),
+            MANIFEST_FILE,
+            &manifest(&["telemetry", "a.b"], true),
+            T,
+        );
+        put(d.path(), "telemetry.snapshot", &channel("telemetry"), T);
+        put(d.path(), "a%2Eb.snapshot", &channel("a.b"), T);
+        put(
+            d.path(),
+            RETAINED_FILE,
+            &SnapshotFile::Retained(RetainedFile::default()),
+            T,
+        );
+        put(
+            d.path(),
+            SESSIONS_FILE,
+            &SnapshotFile::Sessions(SessionsFile::default()),
+            T,
+        );
+        put(
+            d.path(),
+            BROADCAST_FILE,
+            &SnapshotFile::Broadcast(BroadcastFile::default()),
+            T,
+        );
+        d
+    }
+
+    fn codes(r: &DirReport) -> Vec<&'static str> {
+        r.findings.iter().map(FindingKind::code).collect()
+    }
+
+    #[test]
+    fn a_whole_directory_loads_with_nothing_to_say() {
+        let d = good_dir();
+        std::fs::write(d.path().join(LOCK_FILE), b"").unwrap();
+        let r = scan(d.path(), &ScanOptions::default()).unwrap();
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+        assert_eq!(r.files.len(), 6);
+        let loaded = load(d.path(), &ScanOptions::default()).unwrap();
+        assert_eq!(
+            loaded.channels.keys().collect::<Vec<_>>(),
+            vec!["a.b", "telemetry"]
+        );
+        assert!(loaded.channels.values().all(|c| !c.stale));
+        assert!(
+            loaded.retained.is_some() && loaded.sessions.is_some() && loaded.broadcast.is_some()
+        );
+    }
+
+    #[test]
+    fn the_manifests_four_cases_are_warnings_and_info() {
+        let d = good_dir();
+        // Listed and missing.
+        std::fs::remove_file(d.path().join("a%2Eb.snapshot")).unwrap();
+        // Written before the manifest's moment.
+        put(d.path(), "telemetry.snapshot", &channel("telemetry"), T - 1);
+        // Written after it.
+        put(
+            d.path(),
+            RETAINED_FILE,
+            &SnapshotFile::Retained(RetainedFile::default()),
+            T + 1,
+        );
+        // Nobody asked for it.
+        put(d.path(), "old.snapshot", &channel("old"), T);
+        // A write that never finished.
+        std::fs::write(d.path().join("telemetry.snapshot.tmp"), b"partial").unwrap();
+        std::fs::write(d.path().join("notes.txt"), b"x").unwrap();
+
+        let r = scan(d.path(), &ScanOptions::default()).unwrap();
+        assert!(r.is_loadable(), "{:?}", r.findings);
+        let mut c = codes(&r);
+        c.sort();
+        assert_eq!(
+            c,
+            vec![
+                "leftover-temp",
+                "listed-but-missing",
+                "not-in-manifest",
+                "unrecognised",
+                "written-after-manifest",
+                "written-before-manifest",
+            ]
+        );
+        let text: Vec<String> = r.findings.iter().map(ToString::to_string).collect();
+        assert!(text.iter().any(|t| t.contains("a%2Eb.snapshot: listed by the manifest and not there: channel \"a.b\"'s records are gone")), "{text:?}");
+        assert!(text
+            .iter()
+            .any(|t| t.contains("everything published to it after")));
+        let loaded = load(d.path(), &ScanOptions::default()).unwrap();
+        assert!(loaded.channels["telemetry"].stale);
+        assert!(!loaded.channels["old"].stale);
+    }
+
+    #[test]
+    fn no_manifest_is_a_warning() {
+        let d = good_dir();
+        std::fs::remove_file(d.path().join(MANIFEST_FILE)).unwrap();
+        let r = scan(d.path(), &ScanOptions::default()).unwrap();
+        assert!(r.is_loadable());
+        assert_eq!(codes(&r), vec!["manifest-missing"]);
+        // A damaged manifest is a warning too: it holds no records.
+        std::fs::write(d.path().join(MANIFEST_FILE), b"\x89SAGUIN\nxx").unwrap();
+        let r = scan(d.path(), &ScanOptions::default()).unwrap();
+        assert!(r.is_loadable());
+        assert_eq!(codes(&r), vec!["manifest-unreadable"]);
+    }
+
+    #[test]
+    fn sessions_without_broadcast_is_refused() {
+        let d = good_dir();
+        std::fs::remove_file(d.path().join(BROADCAST_FILE)).unwrap();
+        let r = scan(d.path(), &ScanOptions::default()).unwrap();
+        assert!(!r.is_loadable());
+        assert!(codes(&r).contains(&"sessions-without-broadcast"));
+        let err = load(d.path(), &ScanOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("saguin.sessions has no saguin.broadcast beside it"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn inflight_past_the_logs_next_is_refused() {
+        let d = good_dir();
+        let sessions = SessionsFile {
+            sessions: vec![Session {
+                client_id: "c".into(),
+                principal: None,
+                expiry_interval: 60,
+                detached_at: T,
+                subscriptions: vec![],
+                will: None,
+                window: 10,
+                inflight: vec![InflightEntry {
+                    log_offset: 5,
+                    packet_id: 1,
+                    qos: 1,
+                    phase: InflightPhase::AwaitingAck,
+                    shared_group: None,
+                }],
+            }],
+            shared_groups: vec![],
+        };
+        put(
+            d.path(),
+            SESSIONS_FILE,
+            &SnapshotFile::Sessions(sessions),
+            T,
+        );
+        let r = scan(d.path(), &ScanOptions::default()).unwrap();
+        assert_eq!(
+            codes(&r),
+            vec!["sessions-broadcast-mismatch"],
+            "{:?}",
+            r.findings
+        );
+        assert!(r.findings[0]
+            .to_string()
+            .contains("at or past the broadcast log's next offset 1"));
+    }
+
+    #[test]
+    fn file_name_must_match_the_channel_inside() {
+        let d = good_dir();
+        put(d.path(), "telemetry.snapshot", &channel("metrics"), T);
+        let r = scan(d.path(), &ScanOptions::default()).unwrap();
+        assert!(codes(&r).contains(&"name-mismatch"));
+        assert!(!r.is_loadable());
+    }
+
+    #[test]
+    fn damaged_and_foreign_files_are_errors_naming_the_file() {
+        let d = good_dir();
+        let mut bytes = std::fs::read(d.path().join("telemetry.snapshot")).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(d.path().join("telemetry.snapshot"), &bytes).unwrap();
+        // A sessions file holding a channel.
+        put(d.path(), SESSIONS_FILE, &channel("x"), T);
+        let r = scan(d.path(), &ScanOptions::default()).unwrap();
+        let errors: Vec<String> = r.errors().map(ToString::to_string).collect();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("telemetry.snapshot: checksum mismatch")),
+            "{errors:?}"
+        );
+        assert!(
+            errors.iter().any(|e| e
+                .starts_with("saguin.sessions: a channel file where a sessions file was expected")),
+            "{errors:?}"
+        );
+        // A FIFO named like a channel file is refused, never opened.
+        let fifo = d.path().join("pipe.snapshot");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let r = scan(d.path(), &ScanOptions::default()).unwrap();
+        assert!(r
+            .errors()
+            .any(|e| e.to_string().contains("pipe.snapshot: ")
+                && e.to_string().contains("is a FIFO")));
+    }
+
+    #[test]
+    fn only_configured_channels_are_read_when_asked() {
+        let d = good_dir();
+        std::fs::write(d.path().join("junk.snapshot"), b"not a snapshot").unwrap();
+        let opts = ScanOptions {
+            channels: Some(["telemetry".to_string(), "a.b".to_string()].into()),
+            ..ScanOptions::default()
+        };
+        let r = scan(d.path(), &opts).unwrap();
+        assert!(r.is_loadable(), "{:?}", r.findings);
+        assert!(codes(&r).contains(&"not-configured"));
+    }
+
+    #[test]
+    fn a_symlinked_or_missing_directory_is_refused() {
+        let d = good_dir();
+        let link = d.path().with_extension("link");
+        std::os::unix::fs::symlink(d.path(), &link).unwrap();
+        let err = scan(&link, &ScanOptions::default()).unwrap_err();
+        std::fs::remove_file(&link).unwrap();
+        assert!(matches!(
+            err,
+            ScanError::NotADirectory {
+                kind: "a symbolic link",
+                ..
+            }
+        ));
+        let err = scan(&d.path().join("nope"), &ScanOptions::default()).unwrap_err();
+        assert!(err.is_unreadable());
+    }
+
+    #[test]
+    fn kind_is_told_from_the_bytes() {
+        assert_eq!(detect(b""), Magic::Empty);
+        assert_eq!(detect(b"MBMQ"), Magic::Mbmqtt);
+        assert_eq!(detect(b"MBMQTT01rest"), Magic::Mbmqtt);
+        assert_eq!(detect(&f21::MAGIC), Magic::F21);
+        assert_eq!(detect(b"\x89SAG"), Magic::F21);
+        assert_eq!(detect(b"SQLite format 3"), Magic::Unknown);
+    }
+}

@@ -1,0 +1,363 @@
+//! `saguin snapshot inspect` as a process, human and JSON, on the MBMQTT01
+//! goldens and on format 21 files and directories written at test time.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use saguin_format::channel_name::{BROADCAST_FILE, MANIFEST_FILE, SESSIONS_FILE};
+use saguin_format::f21::{
+    self, BroadcastFile, ChannelFile, Manifest, ManifestEntry, Position, SessionsFile, SnapshotFile,
+};
+use saguin_format::model::{ChannelKind, Record, UserProperty};
+use serde_json::Value;
+
+const T: i64 = 1_767_225_600_000_000_000;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn saguin(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(args)
+        .timeout(Duration::from_secs(30))
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+fn fixture(name: &str) -> String {
+    root()
+        .join("fixtures/mbmqtt")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn mbmqtt_v3_human() {
+    let out = saguin(&["snapshot", "inspect", &fixture("broker-v3.snapshot")]);
+    assert_eq!(out.status.code(), Some(0));
+    let s = stdout(&out);
+    assert!(
+        s.contains("MBMQTT01 broker.snapshot, Disk V3: 2 sessions, 2 retained messages"),
+        "{s}"
+    );
+    assert!(s.contains("sensor-17") && s.contains("plant-a") && s.contains("2026-01-01T00:00:00Z"));
+    assert!(s.contains("[7, 9]"));
+    assert!(s.contains("cmd/sensor-17/#"));
+    assert!(s.contains("status/héllo"));
+    // Messages only with --records.
+    assert!(!s.contains("cmd/sensor-17/reboot"));
+    let out = saguin(&[
+        "snapshot",
+        "inspect",
+        "--records",
+        &fixture("broker-v3.snapshot"),
+    ]);
+    let s = stdout(&out);
+    assert!(
+        s.contains("cmd/sensor-17/reboot") && s.contains("\"now\""),
+        "{s}"
+    );
+    assert!(
+        s.contains("hex:000102ff"),
+        "binary payloads are shown as hex: {s}"
+    );
+    assert!(s.contains("await-pubcomp"));
+}
+
+#[test]
+fn mbmqtt_json_shows_the_conversions() {
+    let out = saguin(&[
+        "snapshot",
+        "inspect",
+        "--json",
+        &fixture("broker-v1.snapshot"),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let doc = json(&out);
+    assert_eq!(doc["type"], "mbmqtt01");
+    assert_eq!(doc["valid"], true);
+    assert_eq!(doc["header"]["version"], 1);
+    let s = &doc["contents"]["sessions"][0];
+    assert_eq!(s["client_id"], "legacy-1");
+    assert_eq!(s["principal"], Value::Null);
+    assert_eq!(s["legacy_anonymous"], true);
+    assert_eq!(s["detach_millis"], Value::Null);
+    assert_eq!(s["inbound_qos2"], serde_json::json!([]));
+    assert_eq!(s["inflight"][0]["phase"], "await-puback");
+    assert_eq!(s["inflight"][0]["message"]["qos"], 1);
+    assert_eq!(s["pending"][0]["payload_text"], "3");
+    assert_eq!(doc["files"], serde_json::json!([]));
+
+    let out = saguin(&[
+        "snapshot",
+        "inspect",
+        "--json",
+        &fixture("broker-v2.snapshot"),
+    ]);
+    let doc = json(&out);
+    let s = &doc["contents"]["sessions"][0];
+    assert_eq!(s["principal"], "utility");
+    assert_eq!(s["detach_millis"], 1_700_000_000_123u64);
+    assert_eq!(s["pending"][1]["qos"], 1);
+    assert_eq!(doc["contents"]["retained"][0]["topic"], "broadcast");
+}
+
+#[test]
+fn damaged_file_exits_1_and_names_the_problem() {
+    let p = root().join("fixtures/damaged/mbmqtt/crc-wrong.snapshot");
+    let out = saguin(&["snapshot", "inspect", p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("snapshot {}: MBMQTT01: CRC mismatch", p.display())),
+        "{err}"
+    );
+    let out = saguin(&["snapshot", "inspect", "--json", p.to_str().unwrap()]);
+    let doc = json(&out);
+    assert_eq!(doc["valid"], false);
+    assert_eq!(doc["problem"]["code"], "crc-mismatch");
+    let out = saguin(&["snapshot", "inspect", "/nonexistent/broker.snapshot"]);
+    assert_eq!(out.status.code(), Some(3));
+}
+
+fn telemetry() -> ChannelFile {
+    let mut c = ChannelFile::new("telemetry", ChannelKind::Append);
+    for i in 1..=3u64 {
+        let mut r = Record::new("telemetry/dev1/temp", format!("{}", 20 + i).into_bytes());
+        r.offset = i;
+        r.timestamp = T + i as i64 * 1_000_000_000;
+        r.qos = 1;
+        r.client_id = "dev1".into();
+        if i == 2 {
+            r.payload = vec![0u8, 159, 146, 150].into();
+            r.user_properties.push(UserProperty {
+                name: "unit".into(),
+                value: "C".into(),
+            });
+            r.props.content_type = Some("application/octet-stream".into());
+        }
+        c.bytes += r.accounted_size();
+        c.records.push(r);
+    }
+    c.next = 4;
+    c.positions.push(Position {
+        reader: "mqtt:dash".into(),
+        offset: 2,
+        saved_at: T,
+        session_expiry: Some(3600),
+    });
+    c
+}
+
+fn put(dir: &Path, name: &str, file: &SnapshotFile, at: i64) {
+    std::fs::write(
+        dir.join(name),
+        f21::encode_with_writer(file, "0123456789ab", at),
+    )
+    .unwrap();
+}
+
+#[test]
+fn format_21_channel_file_with_records() {
+    let d = tempfile::tempdir().unwrap();
+    put(
+        d.path(),
+        "telemetry.snapshot",
+        &SnapshotFile::Channel(telemetry()),
+        T,
+    );
+    let p = d.path().join("telemetry.snapshot");
+    let p = p.to_str().unwrap();
+
+    let out = saguin(&["snapshot", "inspect", "--records", "--limit", "2", p]);
+    assert_eq!(out.status.code(), Some(0));
+    let s = stdout(&out);
+    assert!(
+        s.contains("0123456789ab") && s.contains("2026-01-01T00:00:00Z"),
+        "{s}"
+    );
+    assert!(s.contains("telemetry") && s.contains("append"));
+    assert!(s.contains("mqtt:dash"));
+    assert!(s.contains("\"21\"") && s.contains("hex:009f9296"), "{s}");
+    assert!(s.contains("unit=C") && s.contains("content-type=application/octet-stream"));
+    // --limit 2: the third record is not listed.
+    assert!(!s.contains("\"23\""), "{s}");
+
+    let out = saguin(&["snapshot", "inspect", "--json", "--records", p]);
+    let doc = json(&out);
+    assert_eq!(doc["type"], "f21");
+    assert_eq!(doc["header"]["format"], 21);
+    assert_eq!(doc["header"]["kind"], "channel");
+    assert_eq!(doc["header"]["writer"], "0123456789ab");
+    assert_eq!(doc["header"]["written_at"], "2026-01-01T00:00:00Z");
+    let c = &doc["contents"];
+    assert_eq!(c["channel"], "telemetry");
+    assert_eq!(
+        (c["next"].as_u64(), c["floor"].as_u64()),
+        (Some(4), Some(1))
+    );
+    assert_eq!(c["records"].as_array().unwrap().len(), 3);
+    assert_eq!(c["records"][0]["payload_text"], "21");
+    assert_eq!(c["records"][1]["payload_text"], Value::Null);
+    assert_eq!(c["records"][1]["payload_hex"], "009f9296");
+    assert_eq!(c["records"][1]["user_properties"][0]["name"], "unit");
+    assert_eq!(c["records"][0]["time"], "2026-01-01T00:00:01Z");
+    assert_eq!(c["positions"][0]["reader"], "mqtt:dash");
+
+    // Without --records, no record list at all.
+    let doc = json(&saguin(&["snapshot", "inspect", "--json", p]));
+    assert!(doc["contents"].get("records").is_none());
+
+    // --channel naming another channel is refused.
+    let out = saguin(&["snapshot", "inspect", "--channel", "other", p]);
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn another_format_version_shows_its_header() {
+    let d = tempfile::tempdir().unwrap();
+    let mut bytes = f21::encode_with_writer(&SnapshotFile::Channel(telemetry()), "0123456789ab", T);
+    bytes[8..12].copy_from_slice(&20u32.to_le_bytes());
+    let p = d.path().join("telemetry.snapshot");
+    std::fs::write(&p, &bytes).unwrap();
+    let out = saguin(&["snapshot", "inspect", p.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("20"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!(
+        "snapshot {}: format 20 (written by saguin 0123456789ab at 2026-01-01T00:00:00Z); this build reads format 21",
+        p.display()
+    )), "{err}");
+    let doc = json(&saguin(&[
+        "snapshot",
+        "inspect",
+        "--json",
+        p.to_str().unwrap(),
+    ]));
+    assert_eq!(doc["header"]["format"], 20);
+    assert_eq!(doc["problem"]["code"], "other_version");
+}
+
+#[test]
+fn a_directory_with_manifest_findings() {
+    let d = tempfile::tempdir().unwrap();
+    let manifest = Manifest {
+        began_at: T,
+        channels: vec![
+            ManifestEntry {
+                channel: "telemetry".into(),
+                file_name: "telemetry.snapshot".into(),
+                kind: ChannelKind::Append,
+            },
+            ManifestEntry {
+                channel: "jobs".into(),
+                file_name: "jobs.snapshot".into(),
+                kind: ChannelKind::Queue,
+            },
+        ],
+        retained: false,
+        sessions: true,
+        broadcast: true,
+    };
+    put(
+        d.path(),
+        MANIFEST_FILE,
+        &SnapshotFile::Manifest(manifest),
+        T,
+    );
+    // Written by an earlier shutdown.
+    put(
+        d.path(),
+        "telemetry.snapshot",
+        &SnapshotFile::Channel(telemetry()),
+        T - 60_000_000_000,
+    );
+    put(
+        d.path(),
+        SESSIONS_FILE,
+        &SnapshotFile::Sessions(SessionsFile::default()),
+        T,
+    );
+    put(
+        d.path(),
+        BROADCAST_FILE,
+        &SnapshotFile::Broadcast(BroadcastFile::default()),
+        T,
+    );
+    std::fs::write(d.path().join("jobs.snapshot.tmp"), b"partial").unwrap();
+    let dir = d.path().to_str().unwrap();
+
+    let out = saguin(&["snapshot", "inspect", dir]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = stdout(&out);
+    assert!(
+        s.contains("manifest: shutdown began at 2026-01-01T00:00:00Z, 2 channels listed"),
+        "{s}"
+    );
+    assert!(
+        s.contains("WARN") && s.contains("jobs.snapshot: listed by the manifest and not there")
+    );
+    assert!(s.contains("telemetry.snapshot: written at 2025-12-31T23:59:00Z, before the shutdown"));
+    assert!(s.contains("jobs.snapshot.tmp: a temporary file"));
+
+    let out = saguin(&["snapshot", "inspect", "--json", dir]);
+    let doc = json(&out);
+    assert_eq!(doc["type"], "directory");
+    assert_eq!(doc["valid"], true);
+    assert_eq!(doc["manifest"]["channels"][1]["channel"], "jobs");
+    let codes: Vec<&str> = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap())
+        .collect();
+    for c in [
+        "listed-but-missing",
+        "written-before-manifest",
+        "leftover-temp",
+    ] {
+        assert!(codes.contains(&c), "{codes:?}");
+    }
+    let files = doc["files"].as_array().unwrap();
+    assert_eq!(files.len(), 4);
+    let telemetry = files
+        .iter()
+        .find(|f| f["name"] == "telemetry.snapshot")
+        .unwrap();
+    assert_eq!(telemetry["status"], "ok");
+    assert_eq!(telemetry["contents"]["record_count"], 3);
+
+    // --channel: only that channel's file.
+    let doc = json(&saguin(&[
+        "snapshot",
+        "inspect",
+        "--json",
+        "--channel",
+        "telemetry",
+        dir,
+    ]));
+    assert_eq!(doc["files"].as_array().unwrap().len(), 1);
+
+    // A refused directory: sessions without their log.
+    std::fs::remove_file(d.path().join(BROADCAST_FILE)).unwrap();
+    let out = saguin(&["snapshot", "inspect", dir]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("FAIL"));
+}
