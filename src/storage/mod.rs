@@ -8,3 +8,5 @@ pub mod read;
 pub mod snapshot_dir;
 pub mod snapshot_write;
 pub mod sqlite;
+pub mod backup;
+pub mod migrate;
