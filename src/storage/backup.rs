@@ -139,7 +139,8 @@ fn count_tables(conn: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
     TABLES
         .iter()
         .map(|t| {
-            let n: i64 = conn.query_row(&format!("SELECT count(*) FROM \"{t}\""), [], |r| r.get(0))?;
+            let n: i64 =
+                conn.query_row(&format!("SELECT count(*) FROM \"{t}\""), [], |r| r.get(0))?;
             Ok(((*t).to_owned(), n.max(0) as u64))
         })
         .collect()
@@ -179,7 +180,8 @@ fn copy_pages(
     // `Sync`); the backup object is finished before returning on every path.
     unsafe {
         let dest_db = dest.handle();
-        let backup = ffi::sqlite3_backup_init(dest_db, main.as_ptr(), source.handle(), main.as_ptr());
+        let backup =
+            ffi::sqlite3_backup_init(dest_db, main.as_ptr(), source.handle(), main.as_ptr());
         if backup.is_null() {
             return Err(errmsg(dest_db));
         }
@@ -224,7 +226,11 @@ unsafe fn errmsg(db: *mut ffi::sqlite3) -> String {
 
 /// Copies `db` to `dest` and proves the copy. `progress` is told (pages
 /// done, pages in all) as the copy advances.
-pub fn backup(db: &Path, dest: &Path, progress: &dyn Fn(u64, u64)) -> Result<BackupReport, BackupError> {
+pub fn backup(
+    db: &Path,
+    dest: &Path,
+    progress: &dyn Fn(u64, u64),
+) -> Result<BackupReport, BackupError> {
     let started = Instant::now();
     check_destination(dest)?;
     if let Err(e) = fs::symlink_metadata(db) {
@@ -307,17 +313,20 @@ fn copy_and_prove(
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(|e| tmp_err("opening the temporary copy", e))?;
-        let pages = copy_pages(source, &target, progress).map_err(|detail| BackupError::Sqlite {
-            path: db.to_path_buf(),
-            context: "copying pages",
-            source: rusqlite::Error::SqliteFailure(
-                ffi::Error::new(ffi::SQLITE_ERROR),
-                Some(detail),
-            ),
-        })?;
+        let pages =
+            copy_pages(source, &target, progress).map_err(|detail| BackupError::Sqlite {
+                path: db.to_path_buf(),
+                context: "copying pages",
+                source: rusqlite::Error::SqliteFailure(
+                    ffi::Error::new(ffi::SQLITE_ERROR),
+                    Some(detail),
+                ),
+            })?;
         // A copy is one file that stands alone: no write-ahead log beside it.
         target
-            .query_row("PRAGMA journal_mode = DELETE", [], |r| r.get::<_, String>(0))
+            .query_row("PRAGMA journal_mode = DELETE", [], |r| {
+                r.get::<_, String>(0)
+            })
             .map_err(|e| tmp_err("leaving WAL mode on the copy", e))?;
         let page_size: u64 = target
             .query_row("PRAGMA page_size", [], |r| r.get(0))

@@ -232,7 +232,10 @@ pub fn check_database_destination(db: &Path) -> Result<(), MigrateError> {
         if exists(&side) {
             return Err(MigrateError::DestinationExists {
                 path: db.to_path_buf(),
-                what: format!("{} exists beside it (a database's {suffix} belongs to it)", side.display()),
+                what: format!(
+                    "{} exists beside it (a database's {suffix} belongs to it)",
+                    side.display()
+                ),
             });
         }
     }
@@ -336,10 +339,14 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
                 },
             })?;
             Ok(SourceRead {
-                units: read.units.into_iter().map(|u| {
-                    let c = u.counts();
-                    (u, c)
-                }).collect(),
+                units: read
+                    .units
+                    .into_iter()
+                    .map(|u| {
+                        let c = u.counts();
+                        (u, c)
+                    })
+                    .collect(),
                 failures: read.failures,
                 warnings: read.warnings,
                 legacy: None,
@@ -367,17 +374,26 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
                 format!("database {}", db.display()),
                 &lock::lock_path_for_database(db),
             )?;
-            let conn = sqlite::open_read_only(db)?;
-            let sql_err = |source| MigrateError::Sqlite {
-                path: db.clone(),
-                context: "reading the database",
-                source,
-            };
-            // One read transaction: every unit is the same moment.
-            let tx = conn.unchecked_transaction().map_err(sql_err)?;
-            let (units, mut failures) = read_units(&tx).map_err(sql_err)?;
-            drop(tx);
-            drop(conn);
+            let sidecars_before: Vec<bool> = ["-wal", "-shm"]
+                .iter()
+                .map(|s| exists(&with_suffix(db, s)))
+                .collect();
+            let read = (|| {
+                let conn = sqlite::open_read_only(db)?;
+                let sql_err = |source| MigrateError::Sqlite {
+                    path: db.clone(),
+                    context: "reading the database",
+                    source,
+                };
+                // One read transaction: every unit is the same moment.
+                let tx = conn.unchecked_transaction().map_err(sql_err)?;
+                let units = read_units(&tx).map_err(sql_err)?;
+                drop(tx);
+                drop(conn);
+                Ok::<_, MigrateError>(units)
+            })();
+            remove_reader_sidecars(db, &sidecars_before);
+            let (units, mut failures) = read?;
             let mut checked = Vec::with_capacity(units.len());
             for u in units {
                 match u.validate() {
@@ -441,12 +457,27 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
     }
 }
 
+/// A read-only connection to a WAL database creates its `-wal` and `-shm`
+/// when they are absent (a stopped broker leaves neither) and cannot remove
+/// them. With the provider's lock held no broker has the file open, so the
+/// ones this read created - and only those, and the log only while empty -
+/// are removed again: the source directory is left as it was found, but for
+/// its lock file.
+fn remove_reader_sidecars(db: &Path, existed_before: &[bool]) {
+    let wal = with_suffix(db, "-wal");
+    let shm = with_suffix(db, "-shm");
+    let wal_created = !existed_before.first().copied().unwrap_or(true);
+    let shm_created = !existed_before.get(1).copied().unwrap_or(true);
+    let wal_empty = fs::symlink_metadata(&wal).map(|m| m.is_file() && m.len() == 0);
+    if wal_created && shm_created && matches!(wal_empty, Ok(true)) {
+        let _ = fs::remove_file(&wal);
+        let _ = fs::remove_file(&shm);
+    }
+}
+
 fn read_error(e: ReadError) -> MigrateError {
     match e {
-        ReadError::NotFound { path } => MigrateError::SourceMissing {
-            path,
-            what: "file",
-        },
+        ReadError::NotFound { path } => MigrateError::SourceMissing { path, what: "file" },
         other => MigrateError::SourceNotUsable {
             path: other.path().to_path_buf(),
             detail: other.reason(),
@@ -494,8 +525,12 @@ pub fn migrate(
                 destination: destination.path().to_path_buf(),
                 detail: match source {
                     Source::SnapshotDir(_) => "the directory holds no snapshot file".into(),
-                    Source::Sqlite(_) => "the database holds no channel, no retained message and no session".into(),
-                    Source::Mbmqtt { .. } => "the file holds no session and no retained message".into(),
+                    Source::Sqlite(_) => {
+                        "the database holds no channel, no retained message and no session".into()
+                    }
+                    Source::Mbmqtt { .. } => {
+                        "the file holds no session and no retained message".into()
+                    }
                 },
             });
         }
@@ -520,8 +555,12 @@ fn check_counts(unit: &Unit, expected: Counts, out: Counts) -> UnitReport {
         kind: unit.kind().to_owned(),
         counts_in: Some(expected),
         counts_out: Some(out),
-        error: (!differences.is_empty())
-            .then(|| format!("counts out differ from counts in: {}", differences.join(", "))),
+        error: (!differences.is_empty()).then(|| {
+            format!(
+                "counts out differ from counts in: {}",
+                differences.join(", ")
+            )
+        }),
     }
 }
 
@@ -609,7 +648,9 @@ fn to_sqlite(
     }
     progress.verifying();
     let finish = conn
-        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get::<_, i64>(0))
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            r.get::<_, i64>(0)
+        })
         .and_then(|busy| {
             if busy == 0 {
                 Ok(())
@@ -621,17 +662,41 @@ fn to_sqlite(
             }
         });
     if let Err(e) = finish {
-        report.failures.push(format!("{}: checkpointing the new database: {e}", db.display()));
+        report.failures.push(format!(
+            "{}: checkpointing the new database: {e}",
+            db.display()
+        ));
     }
     if let Err((_, e)) = conn.close() {
-        report.failures.push(format!("{}: closing the new database: {e}", db.display()));
+        report
+            .failures
+            .push(format!("{}: closing the new database: {e}", db.display()));
     }
-    let synced = fs::File::open(db).and_then(|f| f.sync_all()).and_then(|()| sync_parent(db));
+    let synced = fs::File::open(db)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| sync_parent(db));
     if let Err(e) = synced {
-        report.failures.push(format!("{}: making the new database durable: {e}", db.display()));
+        report.failures.push(format!(
+            "{}: making the new database durable: {e}",
+            db.display()
+        ));
     }
     // Counts out, read back from the file as it now stands on disk.
-    let counted = sqlite::open_read_only(db).map_err(|e| e.to_string()).and_then(|conn| {
+    // Read-write (and query_only) so that closing it, as the last
+    // connection, removes the -wal and -shm it opens: the new database is
+    // left as one file.
+    let counted = Connection::open_with_flags(
+        db,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .and_then(|conn| conn.execute_batch("PRAGMA query_only = 1").map(|()| conn))
+    .map_err(|e| {
+        format!(
+            "{}: opening the new database to count it: {e}",
+            db.display()
+        )
+    })
+    .and_then(|conn| {
         written
             .iter()
             .map(|(unit, expected)| {
@@ -720,7 +785,9 @@ fn to_snapshots(
     let (found, back_failures) = match back {
         Ok(b) => b,
         Err(e) => {
-            report.failures.push(format!("{}: reading back: {e}", dir.display()));
+            report
+                .failures
+                .push(format!("{}: reading back: {e}", dir.display()));
             Default::default()
         }
     };
@@ -742,14 +809,18 @@ fn to_snapshots(
         match found.get(unit.name()) {
             Some(back) => {
                 any_written = true;
-                report.units.push(check_counts(unit, *expected, back.counts()));
+                report
+                    .units
+                    .push(check_counts(unit, *expected, back.counts()));
             }
             None => {
                 let why = back_failures
                     .iter()
                     .find(|f| f.name == unit.name())
                     .map(|f| f.error.clone())
-                    .unwrap_or_else(|| "written, and not found when the directory was read back".into());
+                    .unwrap_or_else(|| {
+                        "written, and not found when the directory was read back".into()
+                    });
                 report.units.push(UnitReport {
                     name: unit.name().to_owned(),
                     kind: unit.kind().to_owned(),

@@ -81,7 +81,12 @@ pub fn import(snapshot: &mbmqtt::Snapshot, now: UnixNanos) -> Imported {
     let mut log = BroadcastFile::default();
     let mut sessions = Vec::with_capacity(snapshot.sessions.len());
     let mut next: u64 = 1;
-    let mut push = |log: &mut BroadcastFile, client: &str, topic: &str, payload: &[u8], qos: u8, retain: bool| {
+    let mut push = |log: &mut BroadcastFile,
+                    client: &str,
+                    topic: &str,
+                    payload: &[u8],
+                    qos: u8,
+                    retain: bool| {
         let offset = next;
         next += 1;
         let mut r = Record::new(topic, Bytes::copy_from_slice(payload));
@@ -106,7 +111,14 @@ pub fn import(snapshot: &mbmqtt::Snapshot, now: UnixNanos) -> Imported {
         for e in &s.inflight {
             let (offset, qos, phase) = match (&e.message, e.phase) {
                 (Some(m), phase) => (
-                    push(&mut log, &s.client_id, &m.topic, &m.payload, m.qos, m.retain),
+                    push(
+                        &mut log,
+                        &s.client_id,
+                        &m.topic,
+                        &m.payload,
+                        m.qos,
+                        m.retain,
+                    ),
                     m.qos,
                     if phase == Phase::AwaitPubcomp {
                         InflightPhase::AwaitingComp
@@ -130,7 +142,14 @@ pub fn import(snapshot: &mbmqtt::Snapshot, now: UnixNanos) -> Imported {
             });
         }
         for m in &s.pending {
-            let offset = push(&mut log, &s.client_id, &m.topic, &m.payload, m.qos, m.retain);
+            let offset = push(
+                &mut log,
+                &s.client_id,
+                &m.topic,
+                &m.payload,
+                m.qos,
+                m.retain,
+            );
             first.get_or_insert(offset);
         }
         cursors.push((s.client_id.clone(), first));
@@ -164,7 +183,8 @@ pub fn import(snapshot: &mbmqtt::Snapshot, now: UnixNanos) -> Imported {
                 })
                 .collect(),
             will: None,
-            window: IMPORTED_WINDOW.max(u16::try_from(inflight.len()).unwrap_or(u16::MAX)),
+            // Packet ids are unique and nonzero, so at most 65535 are in flight.
+            window: IMPORTED_WINDOW,
             inflight,
         });
     }

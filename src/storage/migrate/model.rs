@@ -86,7 +86,11 @@ impl Unit {
                 positions: log.cursors.len() as u64,
                 held: log.held.len() as u64,
                 sessions: sessions.sessions.len() as u64,
-                inflight: sessions.sessions.iter().map(|s| s.inflight.len() as u64).sum(),
+                inflight: sessions
+                    .sessions
+                    .iter()
+                    .map(|s| s.inflight.len() as u64)
+                    .sum(),
                 shared_groups: sessions.shared_groups.len() as u64,
                 ..Counts::default()
             },
@@ -159,8 +163,16 @@ impl Counts {
             ("records", self.records, out.records),
             ("queue items", self.queue_items, out.queue_items),
             ("dead letters", self.dead_letters, out.dead_letters),
-            ("dead-letter next", self.dead_letter_next, out.dead_letter_next),
-            ("dead-letter floor", self.dead_letter_floor, out.dead_letter_floor),
+            (
+                "dead-letter next",
+                self.dead_letter_next,
+                out.dead_letter_next,
+            ),
+            (
+                "dead-letter floor",
+                self.dead_letter_floor,
+                out.dead_letter_floor,
+            ),
             ("positions", self.positions, out.positions),
             ("held publishes", self.held, out.held),
             ("sessions", self.sessions, out.sessions),

@@ -22,7 +22,9 @@ use crate::storage::contract::{
 };
 use crate::storage::memory::{AppendCopy, BroadcastCopy, LatestCopy, QueueCopy};
 use crate::storage::snapshot_dir::{self, FileOutcome, Role, ScanOptions, Severity};
-use crate::storage::snapshot_write::{self, ChannelCopy, ProviderCopy, SnapshotOptions, WriteReport};
+use crate::storage::snapshot_write::{
+    self, ChannelCopy, ProviderCopy, SnapshotOptions, WriteReport,
+};
 
 /// What a snapshot directory holds, as units, with the files that were
 /// refused and the warnings (stale files, leftover temporary files).
@@ -45,7 +47,12 @@ pub fn read_dir(dir: &Path, opts: &ScanOptions) -> Result<DirUnits, snapshot_dir
         match finding.severity() {
             Severity::Error => {}
             _ => {
-                if finding.code() != "nothing-stored" {
+                // The lock this migration holds keeps a journal of its own
+                // beside it; that is not something the directory holds.
+                let own_lock = finding
+                    .file()
+                    .is_some_and(|f| f.starts_with(saguin_format::channel_name::LOCK_FILE));
+                if finding.code() != "nothing-stored" && !own_lock {
                     out.warnings.push(format!("{}: {finding}", dir.display()));
                 }
             }
@@ -53,7 +60,10 @@ pub fn read_dir(dir: &Path, opts: &ScanOptions) -> Result<DirUnits, snapshot_dir
     }
     // Cross-file errors that are not a single file's refusal.
     for finding in report.errors() {
-        if matches!(finding.code(), "sessions-without-broadcast" | "pair-invalid") {
+        if matches!(
+            finding.code(),
+            "sessions-without-broadcast" | "pair-invalid"
+        ) {
             failed_session_files.push(finding.to_string());
         }
     }
@@ -104,7 +114,9 @@ pub fn read_dir(dir: &Path, opts: &ScanOptions) -> Result<DirUnits, snapshot_dir
     }
     match (sessions, log, failed_session_files.is_empty()) {
         (Some(sessions), Some(log), true) => out.units.push(Unit::Sessions { sessions, log }),
-        (None, Some(log), true) if !log.messages.is_empty() || !log.cursors.is_empty() || !log.held.is_empty() => {
+        (None, Some(log), true)
+            if !log.messages.is_empty() || !log.cursors.is_empty() || !log.held.is_empty() =>
+        {
             out.units.push(Unit::Sessions {
                 sessions: Default::default(),
                 log,
@@ -153,7 +165,14 @@ fn holds(channel: &str, held: &[f21::HeldPublish]) -> Vec<HeldPublish> {
         .collect()
 }
 
-fn append_copy(name: &str, next: u64, floor: u64, bytes: u64, records: &[Record], pos: &[f21::Position]) -> Result<AppendCopy, String> {
+fn append_copy(
+    name: &str,
+    next: u64,
+    floor: u64,
+    bytes: u64,
+    records: &[Record],
+    pos: &[f21::Position],
+) -> Result<AppendCopy, String> {
     Ok(AppendCopy {
         name: name.to_owned(),
         next,
@@ -198,7 +217,14 @@ fn channel_copy(c: &ChannelFile) -> Result<ChannelCopy, String> {
                     items: c
                         .items
                         .iter()
-                        .map(|i| (Arc::new(i.record.clone()), i.attempts, i.first_delivered, i.last_delivered))
+                        .map(|i| {
+                            (
+                                Arc::new(i.record.clone()),
+                                i.attempts,
+                                i.first_delivered,
+                                i.last_delivered,
+                            )
+                        })
                         .collect(),
                 },
                 dead_letter,
@@ -259,7 +285,10 @@ fn session_entry(s: &f21::Session) -> SessionEntry {
 
 /// The shutdown writer's copy of every unit, stamped `began_at`. A unit that
 /// cannot be expressed (a reader name the store refuses) is a failure.
-pub fn provider_copy(units: &[Unit], began_at: UnixNanos) -> (ProviderCopy, SnapshotOptions, Vec<(String, String)>) {
+pub fn provider_copy(
+    units: &[Unit],
+    began_at: UnixNanos,
+) -> (ProviderCopy, SnapshotOptions, Vec<(String, String)>) {
     let mut copy = ProviderCopy {
         began_at,
         channels: Vec::new(),
@@ -294,7 +323,8 @@ pub fn provider_copy(units: &[Unit], began_at: UnixNanos) -> (ProviderCopy, Snap
                         .cursors
                         .iter()
                         .map(|p| {
-                            let client = p.reader.strip_prefix(f21::READER_MQTT).unwrap_or(&p.reader);
+                            let client =
+                                p.reader.strip_prefix(f21::READER_MQTT).unwrap_or(&p.reader);
                             (client.to_owned(), p.offset)
                         })
                         .collect(),
@@ -347,7 +377,9 @@ pub fn unit_of_written(name: &str) -> String {
 
 /// Reads the written directory back with the loader and hands back each
 /// unit found, by name: what the counts out are taken from.
-pub fn read_back(dir: &Path) -> Result<(BTreeMap<String, Unit>, Vec<ReadFailure>), snapshot_dir::ScanError> {
+pub fn read_back(
+    dir: &Path,
+) -> Result<(BTreeMap<String, Unit>, Vec<ReadFailure>), snapshot_dir::ScanError> {
     let read = read_dir(dir, &ScanOptions::default())?;
     let units = read
         .units

@@ -54,7 +54,8 @@ pub struct ChannelRow {
 }
 
 pub fn channel_rows(conn: &Connection) -> rusqlite::Result<Vec<ChannelRow>> {
-    let mut stmt = conn.prepare("SELECT name, kind, next, floor, bytes FROM channels ORDER BY name")?;
+    let mut stmt =
+        conn.prepare("SELECT name, kind, next, floor, bytes FROM channels ORDER BY name")?;
     let rows = stmt.query_map([], |r| {
         Ok(ChannelRow {
             name: r.get(0)?,
@@ -125,7 +126,8 @@ fn text(e: rusqlite::Error) -> String {
 }
 
 fn read_records(conn: &Connection, channel: &str) -> Result<Vec<Record>, String> {
-    let sql = format!("SELECT offset, {RECORD_COLUMNS} FROM records WHERE channel = ?1 ORDER BY offset");
+    let sql =
+        format!("SELECT offset, {RECORD_COLUMNS} FROM records WHERE channel = ?1 ORDER BY offset");
     let mut stmt = conn.prepare_cached(&sql).map_err(text)?;
     let rows = stmt
         .query_map([channel], |r| {
@@ -479,7 +481,13 @@ fn read_sessions(
         .prepare("SELECT group_name, filter, cursor FROM share_groups ORDER BY group_name, filter")
         .map_err(text)?;
     let groups = groups_stmt
-        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, u64>(2)?)))
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, u64>(2)?,
+            ))
+        })
         .map_err(text)?
         .collect::<rusqlite::Result<Vec<_>>>()
         .map_err(|e| format!("shared groups: {e}"))?;
@@ -504,7 +512,10 @@ fn read_sessions(
     let mut log = BroadcastFile::default();
     if let Some(row) = log_row {
         if row.kind != "append" {
-            return Err(format!("the broadcast log is stored as {}, not append", row.kind));
+            return Err(format!(
+                "the broadcast log is stored as {}, not append",
+                row.kind
+            ));
         }
         log.next = row.next;
         log.floor = row.floor;
@@ -538,8 +549,10 @@ fn insert_channel_row(
     floor: u64,
     bytes: u64,
 ) -> rusqlite::Result<()> {
-    tx.prepare_cached("INSERT INTO channels (name, kind, next, floor, bytes) VALUES (?1, ?2, ?3, ?4, ?5)")?
-        .execute(params![name, kind.as_str(), next, floor, bytes])?;
+    tx.prepare_cached(
+        "INSERT INTO channels (name, kind, next, floor, bytes) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![name, kind.as_str(), next, floor, bytes])?;
     Ok(())
 }
 
@@ -568,12 +581,22 @@ fn insert_records(
     Ok(bytes)
 }
 
-fn insert_positions(tx: &Connection, channel: &str, positions: &[Position]) -> rusqlite::Result<()> {
+fn insert_positions(
+    tx: &Connection,
+    channel: &str,
+    positions: &[Position],
+) -> rusqlite::Result<()> {
     let mut stmt = tx.prepare_cached(
         "INSERT INTO positions (channel, reader, offset, saved_at, session_expiry) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
     for p in positions {
-        stmt.execute(params![channel, p.reader, p.offset, p.saved_at, p.session_expiry])?;
+        stmt.execute(params![
+            channel,
+            p.reader,
+            p.offset,
+            p.saved_at,
+            p.session_expiry
+        ])?;
     }
     Ok(())
 }
@@ -688,7 +711,9 @@ fn insert_latest(
 /// the memory provider's loader numbers them.
 pub fn retained_offsets(records: &[Record]) -> Vec<Record> {
     let ordered = records.iter().all(|r| r.offset > 0)
-        && records.windows(2).all(|w| w.first().map(|a| a.offset) < w.get(1).map(|b| b.offset));
+        && records
+            .windows(2)
+            .all(|w| w.first().map(|a| a.offset) < w.get(1).map(|b| b.offset));
     records
         .iter()
         .enumerate()
@@ -763,8 +788,9 @@ fn write_sessions(
         }
     }
     tick(sessions.sessions.len() as u64);
-    let mut group_stmt =
-        tx.prepare_cached("INSERT INTO share_groups (group_name, filter, cursor) VALUES (?1, ?2, ?3)")?;
+    let mut group_stmt = tx.prepare_cached(
+        "INSERT INTO share_groups (group_name, filter, cursor) VALUES (?1, ?2, ?3)",
+    )?;
     let mut returned_stmt = tx.prepare_cached(
         "INSERT INTO share_returned (group_name, filter, log_offset) VALUES (?1, ?2, ?3)",
     )?;
@@ -811,11 +837,18 @@ pub fn count_unit(conn: &Connection, unit: &Unit) -> rusqlite::Result<Counts> {
             match c.kind {
                 ChannelKind::Append => n.records = count(conn, RECORDS, &[&name])?,
                 ChannelKind::Latest => {
-                    n.records = count(conn, "SELECT count(*) FROM latest_values WHERE channel = ?1", &[&name])?
+                    n.records = count(
+                        conn,
+                        "SELECT count(*) FROM latest_values WHERE channel = ?1",
+                        &[&name],
+                    )?
                 }
                 ChannelKind::Queue => {
-                    n.queue_items =
-                        count(conn, "SELECT count(*) FROM queue_items WHERE channel = ?1", &[&name])?;
+                    n.queue_items = count(
+                        conn,
+                        "SELECT count(*) FROM queue_items WHERE channel = ?1",
+                        &[&name],
+                    )?;
                     let dlq = dead_letter_name(name);
                     n.dead_letters = count(conn, RECORDS, &[&dlq])?;
                     n.positions += count(conn, POSITIONS, &[&dlq])?;
