@@ -43,7 +43,12 @@ fn snapshot_copy(into: &Path) -> PathBuf {
 fn database(into: &Path) -> PathBuf {
     let src = snapshot_copy(into);
     let db = into.join("saguin.db");
-    let out = saguin(&[os("migrate"), os("to-sqlite"), src.as_os_str(), db.as_os_str()]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-sqlite"),
+        src.as_os_str(),
+        db.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     db
 }
@@ -64,7 +69,9 @@ fn fingerprint(dir: &Path) -> BTreeMap<String, (Vec<u8>, SystemTime)> {
     std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap())
-        .filter(|e| !e.file_name().to_string_lossy().contains(".lock") && e.file_name() != "saguin.lock")
+        .filter(|e| {
+            !e.file_name().to_string_lossy().contains(".lock") && e.file_name() != "saguin.lock"
+        })
         .map(|e| {
             let meta = e.metadata().unwrap();
             (
@@ -89,9 +96,16 @@ fn config_is_refused_with_exit_2_and_a_reason() {
         os("saguin.yaml"),
     ]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("reads and writes only the paths it is given"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("reads and writes only the paths it is given"),
+        "{}",
+        stderr(&out)
+    );
     assert!(!db.exists());
-    for sub in [["to-snapshots", "x.db", "dir"], ["from-mbmqtt", "b.snapshot", "--to-sqlite"]] {
+    for sub in [
+        ["to-snapshots", "x.db", "dir"],
+        ["from-mbmqtt", "b.snapshot", "--to-sqlite"],
+    ] {
         let mut args: Vec<&std::ffi::OsStr> = vec![os("migrate")];
         args.extend(sub.iter().map(|s| os(s)));
         if sub[0] == "from-mbmqtt" {
@@ -108,7 +122,12 @@ fn an_existing_destination_or_sidecar_is_refused_with_exit_3() {
     let src = snapshot_copy(tmp.path());
     let db = tmp.path().join("taken.db");
     std::fs::write(&db, b"").unwrap();
-    let out = saguin(&[os("migrate"), os("to-sqlite"), src.as_os_str(), db.as_os_str()]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-sqlite"),
+        src.as_os_str(),
+        db.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(3));
     assert!(stderr(&out).contains("exists"), "{}", stderr(&out));
     assert_eq!(std::fs::read(&db).unwrap(), b"");
@@ -116,7 +135,12 @@ fn an_existing_destination_or_sidecar_is_refused_with_exit_3() {
     for side in ["-wal", "-shm", "-journal"] {
         let sidecar = tmp.path().join(format!("taken.db{side}"));
         std::fs::write(&sidecar, b"x").unwrap();
-        let out = saguin(&[os("migrate"), os("to-sqlite"), src.as_os_str(), db.as_os_str()]);
+        let out = saguin(&[
+            os("migrate"),
+            os("to-sqlite"),
+            src.as_os_str(),
+            db.as_os_str(),
+        ]);
         assert_eq!(out.status.code(), Some(3), "{side}");
         assert!(stderr(&out).contains(side), "{}", stderr(&out));
         assert!(!db.exists(), "{side}");
@@ -128,7 +152,12 @@ fn an_existing_destination_or_sidecar_is_refused_with_exit_3() {
         let dest = tmp.path().join(format!("dest-{name}"));
         std::fs::create_dir(&dest).unwrap();
         std::fs::write(dest.join(name), b"x").unwrap();
-        let out = saguin(&[os("migrate"), os("to-snapshots"), source_db.as_os_str(), dest.as_os_str()]);
+        let out = saguin(&[
+            os("migrate"),
+            os("to-snapshots"),
+            source_db.as_os_str(),
+            dest.as_os_str(),
+        ]);
         assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
         assert!(stderr(&out).contains(name), "{}", stderr(&out));
         assert_eq!(listing(&dest), vec![name.to_string()]);
@@ -136,7 +165,12 @@ fn an_existing_destination_or_sidecar_is_refused_with_exit_3() {
     // An empty directory is a destination.
     let empty = tmp.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    let out = saguin(&[os("migrate"), os("to-snapshots"), source_db.as_os_str(), empty.as_os_str()]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-snapshots"),
+        source_db.as_os_str(),
+        empty.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
 
@@ -157,9 +191,25 @@ fn a_missing_source_is_exit_3_and_creates_nothing() {
     let dir = tmp.path().join("out");
     let missing = tmp.path().join("nowhere");
     for args in [
-        vec![os("migrate"), os("to-sqlite"), missing.as_os_str(), db.as_os_str()],
-        vec![os("migrate"), os("to-snapshots"), missing.as_os_str(), dir.as_os_str()],
-        vec![os("migrate"), os("from-mbmqtt"), missing.as_os_str(), os("--to-sqlite"), db.as_os_str()],
+        vec![
+            os("migrate"),
+            os("to-sqlite"),
+            missing.as_os_str(),
+            db.as_os_str(),
+        ],
+        vec![
+            os("migrate"),
+            os("to-snapshots"),
+            missing.as_os_str(),
+            dir.as_os_str(),
+        ],
+        vec![
+            os("migrate"),
+            os("from-mbmqtt"),
+            missing.as_os_str(),
+            os("--to-sqlite"),
+            db.as_os_str(),
+        ],
     ] {
         let out = saguin(&args);
         assert_eq!(out.status.code(), Some(3), "{args:?}");
@@ -174,10 +224,18 @@ fn a_source_held_by_a_running_broker_is_exit_3_naming_the_holder() {
     let src = snapshot_copy(tmp.path());
     let guard = lock::acquire(&lock::lock_path_for_snapshot_dir(&src)).unwrap();
     let db = tmp.path().join("new.db");
-    let out = saguin(&[os("migrate"), os("to-sqlite"), src.as_os_str(), db.as_os_str()]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-sqlite"),
+        src.as_os_str(),
+        db.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(3));
     let err = stderr(&out);
-    assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", std::process::id())),
+        "{err}"
+    );
     assert!(err.contains("stop the broker"), "{err}");
     assert!(!db.exists());
     drop(guard);
@@ -185,7 +243,12 @@ fn a_source_held_by_a_running_broker_is_exit_3_naming_the_holder() {
     let sdb = database(&tmp.path().join("s").tap_mkdir());
     let guard = lock::acquire(&lock::lock_path_for_database(&sdb)).unwrap();
     let dest = tmp.path().join("snaps");
-    let out = saguin(&[os("migrate"), os("to-snapshots"), sdb.as_os_str(), dest.as_os_str()]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-snapshots"),
+        sdb.as_os_str(),
+        dest.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(3));
     assert!(stderr(&out).contains("held by"), "{}", stderr(&out));
     assert!(!dest.exists());
@@ -198,7 +261,12 @@ fn a_destination_held_by_a_running_broker_is_exit_3() {
     let src = snapshot_copy(tmp.path());
     let db = tmp.path().join("new.db");
     let guard = lock::acquire(&lock::lock_path_for_database(&db)).unwrap();
-    let out = saguin(&[os("migrate"), os("to-sqlite"), src.as_os_str(), db.as_os_str()]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-sqlite"),
+        src.as_os_str(),
+        db.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(3));
     assert!(stderr(&out).contains("held by"), "{}", stderr(&out));
     assert!(!db.exists());
@@ -211,20 +279,41 @@ fn nothing_to_migrate_is_exit_3_and_creates_nothing() {
     let empty = tmp.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     let db = tmp.path().join("new.db");
-    let out = saguin(&[os("migrate"), os("to-sqlite"), empty.as_os_str(), db.as_os_str()]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-sqlite"),
+        empty.as_os_str(),
+        db.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(3));
-    assert!(stderr(&out).contains("nothing to migrate"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nothing to migrate"),
+        "{}",
+        stderr(&out)
+    );
     assert!(!db.exists());
     assert!(!tmp.path().join("new.db.lock").exists());
 
     // A database without channels, sessions or retained messages.
     let bare = tmp.path().join("bare.db");
-    let p = saguin::storage::sqlite::SqliteProvider::open(saguin::storage::sqlite::SqliteOptions::new("db", &bare)).unwrap();
+    let p = saguin::storage::sqlite::SqliteProvider::open(
+        saguin::storage::sqlite::SqliteOptions::new("db", &bare),
+    )
+    .unwrap();
     drop(p);
     let dest = tmp.path().join("snaps");
-    let out = saguin(&[os("migrate"), os("to-snapshots"), bare.as_os_str(), dest.as_os_str()]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-snapshots"),
+        bare.as_os_str(),
+        dest.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("nothing to migrate"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nothing to migrate"),
+        "{}",
+        stderr(&out)
+    );
     assert!(!dest.exists());
 }
 
@@ -241,7 +330,12 @@ fn a_database_of_another_schema_version_is_refused_by_name() {
     .unwrap();
     drop(conn);
     let dest = tmp.path().join("snaps");
-    let out = saguin(&[os("migrate"), os("to-snapshots"), db.as_os_str(), dest.as_os_str()]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-snapshots"),
+        db.as_os_str(),
+        dest.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(3));
     let err = stderr(&out);
     assert!(
@@ -261,7 +355,13 @@ fn a_damaged_source_file_is_reported_and_the_rest_carried_with_exit_3() {
     bytes[last] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
     let db = tmp.path().join("new.db");
-    let out = saguin(&[os("migrate"), os("to-sqlite"), src.as_os_str(), db.as_os_str(), os("--json")]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-sqlite"),
+        src.as_os_str(),
+        db.as_os_str(),
+        os("--json"),
+    ]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let units = doc["units"].as_array().unwrap();
@@ -271,7 +371,9 @@ fn a_damaged_source_file_is_reported_and_the_rest_carried_with_exit_3() {
         .map(|u| u["name"].as_str().unwrap())
         .collect();
     assert_eq!(failed, ["state"]);
-    assert!(units.iter().any(|u| u["name"] == "telemetry" && u["error"].is_null()));
+    assert!(units
+        .iter()
+        .any(|u| u["name"] == "telemetry" && u["error"].is_null()));
     assert!(stderr(&out).contains("state.snapshot"), "{}", stderr(&out));
     assert!(db.exists());
 }
@@ -283,7 +385,12 @@ fn the_source_is_never_touched() {
     let before = fingerprint(&src);
     let names_before = listing(&src);
     let db = tmp.path().join("db").tap_mkdir().join("saguin.db");
-    let out = saguin(&[os("migrate"), os("to-sqlite"), src.as_os_str(), db.as_os_str()]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-sqlite"),
+        src.as_os_str(),
+        db.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(fingerprint(&src), before);
     let mut expected = names_before.clone();
@@ -296,7 +403,12 @@ fn the_source_is_never_touched() {
     let before = fingerprint(&db_dir);
     let names_before = listing(&db_dir);
     let dest = tmp.path().join("back");
-    let out = saguin(&[os("migrate"), os("to-snapshots"), db.as_os_str(), dest.as_os_str()]);
+    let out = saguin(&[
+        os("migrate"),
+        os("to-snapshots"),
+        db.as_os_str(),
+        dest.as_os_str(),
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(fingerprint(&db_dir), before);
     assert_eq!(listing(&db_dir), names_before);

@@ -221,11 +221,10 @@ fn read_channel(
             c.records = rows
                 .collect::<rusqlite::Result<Vec<_>>>()
                 .map_err(|e| format!("values: {e}"))?;
-            c.bytes = sum_sizes(
-                conn,
-                "SELECT coalesce(sum(size), 0) FROM latest_values WHERE channel = ?1 AND deleted = 0",
-                &row.name,
-            )?;
+            // A snapshot states what the memory provider counts: every
+            // value and deletion marker at its accounted size (the sqlite
+            // provider keeps no byte count for a latest channel).
+            c.bytes = c.records.iter().map(Record::accounted_size).sum();
             c.positions = read_positions(conn, &row.name)?;
         }
         ChannelKind::Queue => {
