@@ -96,7 +96,13 @@ fn decoded(dir: &Path) -> BTreeMap<String, SnapshotFile> {
 #[test]
 fn snapshots_to_sqlite_to_snapshots_gives_equal_content() {
     let tmp = tempfile::tempdir().unwrap();
-    let src = fixtures().join("f21/dir");
+    // A copy: the migration takes the source's lock, which creates its file.
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for e in std::fs::read_dir(fixtures().join("f21/dir")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), src.join(e.file_name())).unwrap();
+    }
     let db = tmp.path().join("saguin.db");
     let back = tmp.path().join("back");
     let out = ok(saguin(&[

@@ -395,7 +395,7 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
             remove_reader_sidecars(db, &sidecars_before);
             let (units, mut failures) = read?;
             let mut checked = Vec::with_capacity(units.len());
-            for u in units {
+            for mut u in units {
                 match u.validate() {
                     Ok(()) => {
                         let c = u.counts();
@@ -428,7 +428,7 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
             let imported = import_mbmqtt(&snapshot, now_nanos());
             let mut failures = Vec::new();
             let mut units = Vec::new();
-            for (u, c) in imported.units {
+            for (mut u, c) in imported.units {
                 match u.validate() {
                     Ok(()) => units.push((u, c)),
                     Err(error) => failures.push(ReadFailure {
@@ -541,18 +541,18 @@ pub fn migrate(
     progress.start(read.units.iter().map(|(u, _)| u.weight()).sum());
     match destination {
         Destination::Sqlite(db) => to_sqlite(db, &read.units, progress, &mut report)?,
-        Destination::SnapshotDir(dir) => to_snapshots(dir, &read.units, progress, &mut report)?,
+        Destination::SnapshotDir(dir) => to_snapshots(dir, read.units, progress, &mut report)?,
     }
     drop(read._lock);
     report.elapsed = started.elapsed();
     Ok(report)
 }
 
-fn check_counts(unit: &Unit, expected: Counts, out: Counts) -> UnitReport {
+fn check_counts(name: &str, kind: &str, expected: Counts, out: Counts) -> UnitReport {
     let differences = expected.differences(&out);
     UnitReport {
-        name: unit.name().to_owned(),
-        kind: unit.kind().to_owned(),
+        name: name.to_owned(),
+        kind: kind.to_owned(),
         counts_in: Some(expected),
         counts_out: Some(out),
         error: (!differences.is_empty()).then(|| {
@@ -701,7 +701,7 @@ fn to_sqlite(
             .iter()
             .map(|(unit, expected)| {
                 count_unit(&conn, unit)
-                    .map(|out| check_counts(unit, *expected, out))
+                    .map(|out| check_counts(unit.name(), unit.kind(), *expected, out))
                     .map_err(|e| format!("{}: counting {}: {e}", db.display(), unit.name()))
             })
             .collect::<Result<Vec<_>, String>>()
@@ -734,7 +734,7 @@ fn to_sqlite(
 
 fn to_snapshots(
     dir: &Path,
-    units: &[(Unit, Counts)],
+    units: Vec<(Unit, Counts)>,
     progress: &dyn Progress,
     report: &mut Report,
 ) -> Result<(), MigrateError> {
@@ -755,9 +755,14 @@ fn to_snapshots(
             return Err(e);
         }
     };
-    let all: Vec<Unit> = units.iter().map(|(u, _)| u.clone()).collect();
-    let (copy, options, refused) = snapshots::provider_copy(&all, now_nanos());
-    drop(all);
+    // The units move into the writer's copy (no record is copied); what is
+    // checked afterwards is kept aside.
+    let expected: Vec<(String, &'static str, Counts, u64)> = units
+        .iter()
+        .map(|(u, c)| (u.name().to_owned(), u.kind(), *c, u.weight()))
+        .collect();
+    let (copy, options, refused) =
+        snapshots::provider_copy(units.into_iter().map(|(u, _)| u).collect(), now_nanos());
     for (name, error) in &refused {
         report.units.push(UnitReport {
             name: name.clone(),
@@ -770,11 +775,11 @@ fn to_snapshots(
     progress.unit("snapshot files");
     let written = snapshots::write_dir(dir, &copy, &options);
     drop(copy);
-    progress.advance(units.iter().map(|(u, _)| u.weight()).sum());
+    progress.advance(expected.iter().map(|(_, _, _, w)| w).sum());
     let mut failed_units = std::collections::BTreeMap::new();
     for f in &written.failed {
         let unit = snapshots::unit_of_written(&f.name);
-        if units.iter().any(|(u, _)| u.name() == unit) {
+        if expected.iter().any(|(name, ..)| *name == unit) {
             failed_units.insert(unit, f.to_string());
         } else {
             report.failures.push(f.to_string());
@@ -792,42 +797,37 @@ fn to_snapshots(
         }
     };
     let mut any_written = false;
-    for (unit, expected) in units {
-        if refused.iter().any(|(n, _)| n == unit.name()) {
+    for (name, kind, counts_in, _) in &expected {
+        if refused.iter().any(|(n, _)| n == name) {
             continue;
         }
-        if let Some(error) = failed_units.get(unit.name()) {
-            report.units.push(UnitReport {
-                name: unit.name().to_owned(),
-                kind: unit.kind().to_owned(),
-                counts_in: Some(*expected),
-                counts_out: None,
-                error: Some(error.clone()),
-            });
+        let failed = |error: String| UnitReport {
+            name: name.clone(),
+            kind: (*kind).to_owned(),
+            counts_in: Some(*counts_in),
+            counts_out: None,
+            error: Some(error),
+        };
+        if let Some(error) = failed_units.get(name) {
+            report.units.push(failed(error.clone()));
             continue;
         }
-        match found.get(unit.name()) {
+        match found.get(name) {
             Some(back) => {
                 any_written = true;
                 report
                     .units
-                    .push(check_counts(unit, *expected, back.counts()));
+                    .push(check_counts(name, kind, *counts_in, back.counts()));
             }
             None => {
                 let why = back_failures
                     .iter()
-                    .find(|f| f.name == unit.name())
+                    .find(|f| f.name == *name)
                     .map(|f| f.error.clone())
                     .unwrap_or_else(|| {
                         "written, and not found when the directory was read back".into()
                     });
-                report.units.push(UnitReport {
-                    name: unit.name().to_owned(),
-                    kind: unit.kind().to_owned(),
-                    counts_in: Some(*expected),
-                    counts_out: None,
-                    error: Some(why),
-                });
+                report.units.push(failed(why));
             }
         }
     }

@@ -105,18 +105,44 @@ impl Unit {
 
     /// The same validation the snapshot loader runs on the file this unit
     /// becomes, so a unit the broker would refuse is refused before it is
-    /// written anywhere.
-    pub fn validate(&self) -> Result<(), String> {
+    /// written anywhere. The unit is lent to the validator, not copied.
+    pub fn validate(&mut self) -> Result<(), String> {
+        use saguin_format::f21::validate;
         match self {
-            Unit::Channel(c) => saguin_format::f21::validate(&SnapshotFile::Channel(c.clone()))
-                .map_err(|e| e.to_string()),
-            Unit::Retained(r) => saguin_format::f21::validate(&SnapshotFile::Retained(r.clone()))
-                .map_err(|e| e.to_string()),
+            Unit::Channel(c) => {
+                let file = SnapshotFile::Channel(std::mem::replace(
+                    c,
+                    ChannelFile::new(String::new(), ChannelKind::Append),
+                ));
+                let result = validate(&file).map_err(|e| e.to_string());
+                if let SnapshotFile::Channel(back) = file {
+                    *c = back;
+                }
+                result
+            }
+            Unit::Retained(r) => {
+                let file = SnapshotFile::Retained(std::mem::take(r));
+                let result = validate(&file).map_err(|e| e.to_string());
+                if let SnapshotFile::Retained(back) = file {
+                    *r = back;
+                }
+                result
+            }
             Unit::Sessions { sessions, log } => {
-                saguin_format::f21::validate(&SnapshotFile::Sessions(sessions.clone()))
-                    .map_err(|e| format!("{}: {e}", saguin_format::channel_name::SESSIONS_FILE))?;
-                saguin_format::f21::validate(&SnapshotFile::Broadcast(log.clone()))
-                    .map_err(|e| format!("{}: {e}", saguin_format::channel_name::BROADCAST_FILE))?;
+                let file = SnapshotFile::Sessions(std::mem::take(sessions));
+                let first = validate(&file)
+                    .map_err(|e| format!("{}: {e}", saguin_format::channel_name::SESSIONS_FILE));
+                if let SnapshotFile::Sessions(back) = file {
+                    *sessions = back;
+                }
+                first?;
+                let file = SnapshotFile::Broadcast(std::mem::take(log));
+                let second = validate(&file)
+                    .map_err(|e| format!("{}: {e}", saguin_format::channel_name::BROADCAST_FILE));
+                if let SnapshotFile::Broadcast(back) = file {
+                    *log = back;
+                }
+                second?;
                 saguin_format::f21::validate_pair(sessions, log).map_err(|e| e.to_string())
             }
         }

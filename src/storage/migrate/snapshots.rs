@@ -136,8 +136,9 @@ pub fn read_dir(dir: &Path, opts: &ScanOptions) -> Result<DirUnits, snapshot_dir
     Ok(out)
 }
 
-fn shared(records: &[Record]) -> Vec<Arc<Record>> {
-    records.iter().cloned().map(Arc::new).collect()
+/// Records moved behind the shared handles the writer takes, not copied.
+fn shared(records: Vec<Record>) -> Vec<Arc<Record>> {
+    records.into_iter().map(Arc::new).collect()
 }
 
 fn positions(channel: &str, list: &[f21::Position]) -> Result<Vec<Position>, String> {
@@ -170,7 +171,7 @@ fn append_copy(
     next: u64,
     floor: u64,
     bytes: u64,
-    records: &[Record],
+    records: Vec<Record>,
     pos: &[f21::Position],
 ) -> Result<AppendCopy, String> {
     Ok(AppendCopy {
@@ -184,11 +185,11 @@ fn append_copy(
 }
 
 /// The shutdown writer's copy of one channel unit.
-fn channel_copy(c: &ChannelFile) -> Result<ChannelCopy, String> {
+fn channel_copy(c: ChannelFile) -> Result<ChannelCopy, String> {
     let held = holds(&c.name, &c.held);
     Ok(match c.kind {
         ChannelKind::Append => ChannelCopy::Append {
-            copy: append_copy(&c.name, c.next, c.floor, c.bytes, &c.records, &c.positions)?,
+            copy: append_copy(&c.name, c.next, c.floor, c.bytes, c.records, &c.positions)?,
             held,
         },
         ChannelKind::Latest => ChannelCopy::Latest {
@@ -197,16 +198,16 @@ fn channel_copy(c: &ChannelFile) -> Result<ChannelCopy, String> {
                 next: c.next,
                 floor: c.floor,
                 bytes: c.bytes,
-                records: shared(&c.records),
+                records: shared(c.records),
                 positions: positions(&c.name, &c.positions)?,
             },
             held,
         },
         ChannelKind::Queue => {
             let dlq = dead_letter_name(&c.name);
-            let dead_letter = match &c.dead_letter {
-                Some(d) => append_copy(&dlq, d.next, d.floor, d.bytes, &d.records, &d.positions)?,
-                None => append_copy(&dlq, 1, 1, 0, &[], &[])?,
+            let dead_letter = match c.dead_letter {
+                Some(d) => append_copy(&dlq, d.next, d.floor, d.bytes, d.records, &d.positions)?,
+                None => append_copy(&dlq, 1, 1, 0, Vec::new(), &[])?,
             };
             ChannelCopy::Queue {
                 copy: QueueCopy {
@@ -216,10 +217,10 @@ fn channel_copy(c: &ChannelFile) -> Result<ChannelCopy, String> {
                     bytes: c.bytes,
                     items: c
                         .items
-                        .iter()
+                        .into_iter()
                         .map(|i| {
                             (
-                                Arc::new(i.record.clone()),
+                                Arc::new(i.record),
                                 i.attempts,
                                 i.first_delivered,
                                 i.last_delivered,
@@ -286,7 +287,7 @@ fn session_entry(s: &f21::Session) -> SessionEntry {
 /// The shutdown writer's copy of every unit, stamped `began_at`. A unit that
 /// cannot be expressed (a reader name the store refuses) is a failure.
 pub fn provider_copy(
-    units: &[Unit],
+    units: Vec<Unit>,
     began_at: UnixNanos,
 ) -> (ProviderCopy, SnapshotOptions, Vec<(String, String)>) {
     let mut copy = ProviderCopy {
@@ -298,10 +299,13 @@ pub fn provider_copy(
     let mut failures = Vec::new();
     for unit in units {
         match unit {
-            Unit::Channel(c) => match channel_copy(c) {
-                Ok(cc) => copy.channels.push(cc),
-                Err(e) => failures.push((c.name.clone(), e)),
-            },
+            Unit::Channel(c) => {
+                let name = c.name.clone();
+                match channel_copy(c) {
+                    Ok(cc) => copy.channels.push(cc),
+                    Err(e) => failures.push((name, e)),
+                }
+            }
             Unit::Retained(r) => {
                 let records = retained_offsets(&r.records);
                 copy.retained = Some(LatestCopy {
@@ -309,7 +313,7 @@ pub fn provider_copy(
                     next: records.last().map_or(1, |r| r.offset + 1),
                     floor: 1,
                     bytes: records.iter().map(Record::accounted_size).sum(),
-                    records: shared(&records),
+                    records: shared(records),
                     positions: Vec::new(),
                 })
             }
@@ -318,7 +322,7 @@ pub fn provider_copy(
                     next: log.next,
                     floor: log.floor,
                     bytes: log.bytes,
-                    messages: shared(&log.messages),
+                    messages: shared(log.messages),
                     cursors: log
                         .cursors
                         .iter()

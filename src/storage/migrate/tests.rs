@@ -97,11 +97,12 @@ fn an_mbmqtt_session_becomes_owed_messages_inflight_entries_and_a_cursor() {
     let now = 1_767_225_600_000_000_000;
     let imported = import_mbmqtt(&snapshot, now);
     assert_eq!(imported.legacy.inbound_qos2_dropped, 1);
-    let (Unit::Sessions { sessions, log }, expected) = &imported.units[0] else {
+    let mut units = imported.units;
+    assert!(units[0].0.validate().is_ok());
+    let (Unit::Sessions { sessions, log }, expected) = &units[0] else {
         panic!("sessions first")
     };
-    assert!(imported.units[0].0.validate().is_ok());
-    assert_eq!(imported.units[0].0.counts(), *expected);
+    assert_eq!(units[0].0.counts(), *expected);
     assert_eq!((log.next, log.floor, log.messages.len()), (4, 1, 3));
     assert!(log
         .messages
@@ -133,7 +134,7 @@ fn an_mbmqtt_session_becomes_owed_messages_inflight_entries_and_a_cursor() {
             .offset
     };
     assert_eq!((cursor("mqtt:old"), cursor("mqtt:idle")), (1, 4));
-    let (Unit::Retained(r), _) = &imported.units[1] else {
+    let (Unit::Retained(r), _) = &units[1] else {
         panic!("retained second")
     };
     assert_eq!(r.records[0].payload, Bytes::from_static(b"v"));
