@@ -588,11 +588,13 @@ fn create_database(db: &Path) -> Result<Connection, MigrateError> {
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| sql("opening the new database", e))?;
-    // The provider's settings: 4 KiB pages (set before WAL writes the
-    // header), WAL. synchronous=NORMAL is safe here: the file is
-    // checkpointed and fsynced before the migration reports anything.
+    // The provider's page size (set before anything is written). While the
+    // file is filled it keeps a rollback journal: a unit's transaction is
+    // still all or nothing, and pages new to the file are written once
+    // rather than to a write-ahead log and again at the checkpoint. It is
+    // put in WAL mode, as the provider keeps it, once every unit is in.
     conn.execute_batch(&format!(
-        "PRAGMA page_size = {PAGE_SIZE}; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA cache_size = -65536;"
+        "PRAGMA page_size = {PAGE_SIZE}; PRAGMA journal_mode = DELETE; PRAGMA synchronous = NORMAL; PRAGMA cache_size = -65536;"
     ))
     .map_err(|e| sql("setting up the new database", e))?;
     sqlite::schema::apply_or_check(&mut conn, db, WRITER_REVISION, now_nanos())?;
@@ -648,22 +650,20 @@ fn to_sqlite(
     }
     progress.verifying();
     let finish = conn
-        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .and_then(|busy| {
-            if busy == 0 {
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
+        .and_then(|mode| {
+            if mode.eq_ignore_ascii_case("wal") {
                 Ok(())
             } else {
                 Err(rusqlite::Error::SqliteFailure(
-                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
-                    Some("the checkpoint could not complete".into()),
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+                    Some(format!("the journal mode stayed {mode}")),
                 ))
             }
         });
     if let Err(e) = finish {
         report.failures.push(format!(
-            "{}: checkpointing the new database: {e}",
+            "{}: putting the new database in WAL mode: {e}",
             db.display()
         ));
     }
