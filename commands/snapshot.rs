@@ -878,6 +878,14 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
             positions_table(&c.positions)
         )?;
     }
+    if let Some(d) = c.dead_letter.as_ref().filter(|d| !d.positions.is_empty()) {
+        writeln!(
+            out,
+            "positions of {}:\n{}",
+            d.name,
+            positions_table(&d.positions)
+        )?;
+    }
     if !c.held.is_empty() {
         let mut t = table();
         t.set_header(vec!["client id", "packet id", "held at", "topic"]);

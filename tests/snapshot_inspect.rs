@@ -121,7 +121,10 @@ fn damaged_file_exits_1_and_names_the_problem() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(&format!("snapshot {}: MBMQTT01: CRC mismatch", p.display())),
+        err.contains(&format!(
+            "snapshot {}: legacy MBMQTT01 broker.snapshot, not a saguin snapshot: CRC mismatch",
+            p.display()
+        )),
         "{err}"
     );
     let out = saguin(&["snapshot", "inspect", "--json", p.to_str().unwrap()]);
@@ -360,4 +363,45 @@ fn a_directory_with_manifest_findings() {
     let out = saguin(&["snapshot", "inspect", dir]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("FAIL"));
+}
+
+#[test]
+fn every_format_21_fixture_inspects() {
+    let f21 = root().join("fixtures/f21");
+    if !f21.is_dir() {
+        return;
+    }
+    let mut paths = vec![f21.join("dir")];
+    for e in std::fs::read_dir(&f21).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            paths.push(p);
+        }
+    }
+    for p in paths {
+        let p = p.to_str().unwrap();
+        for extra in [
+            &[][..],
+            &["--records"][..],
+            &["--json"][..],
+            &["--json", "--records", "--limit", "1"][..],
+        ] {
+            let mut args = vec!["snapshot", "inspect", p];
+            args.extend_from_slice(extra);
+            let out = saguin(&args);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if extra.contains(&"--json") {
+                let doc = json(&out);
+                assert_eq!(doc["valid"], true);
+                assert!(doc["findings"].is_array() && doc["files"].is_array());
+            } else {
+                assert!(!out.stdout.is_empty());
+            }
+        }
+    }
 }

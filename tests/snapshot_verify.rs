@@ -231,6 +231,26 @@ fn size_limit_refuses_before_reading() {
 }
 
 #[test]
+fn mbmqtt_default_limit_is_64_mib() {
+    // A sparse file: its size is over the limit, and nothing is read.
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("broker.snapshot");
+    let f = std::fs::File::create(&p).unwrap();
+    std::io::Write::write_all(&mut &f, b"MBMQTT01").unwrap();
+    f.set_len(64 * 1024 * 1024 + 1).unwrap();
+    drop(f);
+    let out = verify(&p);
+    assert_eq!(code(&out), 1);
+    assert!(
+        text(&out)
+            .0
+            .contains("67108865 bytes is over the 67108864-byte limit"),
+        "{:?}",
+        text(&out)
+    );
+}
+
+#[test]
 fn quiet_and_json() {
     let good = root().join("fixtures/mbmqtt/broker-v1.snapshot");
     let bad = root().join("fixtures/damaged/mbmqtt/crc-wrong.snapshot");

@@ -771,6 +771,16 @@ pub fn conformance_script(mut harness: impl Harness) -> Vec<String> {
         "release 5, spent: {}",
         show(jobs.release(l5.delivery_id, l5.epoch, 1000, "worker gone"))
     ));
+    jobs.set_max_attempts(1);
+    say(format!(
+        "offer with attempts spent: {}",
+        offered(&*jobs, 1_000_000)
+    ));
+    say(format!(
+        "dead_letter_spent: {}",
+        show(jobs.dead_letter_spent(3000))
+    ));
+    say(format!("depth after: {}", jobs.depth()));
     say(format!(
         "dlq after restart: {}",
         recs(jobs.dead_letter().read_from(1))

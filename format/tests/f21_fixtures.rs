@@ -107,7 +107,7 @@ fn golden_directory_is_a_clean_shutdown() {
         };
         assert_eq!(channel.name, entry.channel);
         assert_eq!(channel.kind, entry.kind);
-        assert!(header.written_at >= manifest.began_at);
+        assert_eq!(header.written_at, manifest.began_at);
         assert_eq!(
             channel_name::decode_file_name(&entry.file_name).as_deref(),
             Some(entry.channel.as_str())

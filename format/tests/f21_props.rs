@@ -416,7 +416,9 @@ proptest! {
         prop_assert_eq!(header.writer, writer);
         prop_assert_eq!(header.written_at, written_at);
         prop_assert_eq!(header.kind, file.kind().as_byte());
-        prop_assert_eq!(decoded, file);
+        prop_assert_eq!(&decoded, &file);
+        let (_, shared) = decode_bytes(Bytes::from(bytes)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(shared, file);
     }
 
     #[test]

@@ -31,6 +31,8 @@ mod output;
 mod parse;
 mod secret;
 mod summary;
+#[cfg(test)]
+mod tests;
 mod tls;
 pub mod units;
 mod validate;

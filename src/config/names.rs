@@ -6,25 +6,15 @@ pub const CHANNEL_NAME_MAX_BYTES: usize = 128;
 
 /// Longest file name the snapshot directory may be asked to hold (the
 /// common `NAME_MAX` of Linux file systems).
-pub const FILE_NAME_MAX_BYTES: usize = 255;
-
-const SNAPSHOT_SUFFIX: &str = ".snapshot";
+pub const FILE_NAME_MAX_BYTES: usize = saguin_format::channel_name::MAX_FILE_NAME_LEN;
 
 /// The snapshot file name of a channel: every byte outside `[A-Za-z0-9_-]`
 /// percent-encoded as `%XX` (upper-case hex) - the dot and the percent sign
 /// included, so no name can come out as `.` or `..` and two names never
-/// share a file - then `.snapshot`.
+/// share a file - then `.snapshot`. The very encoder the snapshot writer
+/// uses, so the length checked here is the length written.
 pub fn channel_file_name(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + SNAPSHOT_SUFFIX.len());
-    for byte in name.bytes() {
-        if byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out.push_str(SNAPSHOT_SUFFIX);
-    out
+    saguin_format::channel_name::encode_file_name(name)
 }
 
 /// Check a channel name; the reason it is refused, if it is.

@@ -38,6 +38,31 @@ fn store_line(config: &Config, what: &str, provider: Option<&str>) -> String {
     }
 }
 
+/// A channel's own bounds, as a trailing clause (empty when it has none).
+fn channel_bounds(channel: &Channel) -> String {
+    let mut parts = Vec::new();
+    if let Some(bytes) = channel.retention_bytes {
+        parts.push(format!("oldest records removed past {bytes} bytes"));
+    }
+    if let Some(age) = channel.retention_age {
+        parts.push(format!(
+            "records older than {} removed",
+            format_duration(age)
+        ));
+    }
+    if let Some(bytes) = channel.max_bytes {
+        parts.push(format!("publishes refused past {bytes} bytes"));
+    }
+    if let Some(bytes) = channel.queue().and_then(|q| q.dlq_retention_bytes) {
+        parts.push(format!("dead letters removed past {bytes} bytes"));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", parts.join(", "))
+    }
+}
+
 pub(crate) fn durability_summary(config: &Config) -> Vec<String> {
     let mut lines = Vec::new();
     if !config.keeps_anything() {
@@ -54,12 +79,13 @@ pub(crate) fn durability_summary(config: &Config) -> Vec<String> {
             .map(|d| format!(", with its dead-letter channel {d}"))
             .unwrap_or_default();
         lines.push(format!(
-            "channel {} ({}{dlq}) on provider {} ({}): {}",
+            "channel {} ({}{dlq}) on provider {} ({}): {}{}",
             channel.name,
             channel.kind_name(),
             provider.name(),
             provider.kind_name(),
-            promise(provider)
+            promise(provider),
+            channel_bounds(channel)
         ));
     }
     lines.push(store_line(
@@ -90,7 +116,7 @@ pub(crate) fn durability_summary(config: &Config) -> Vec<String> {
             ),
             Some(bound) => match bound.pages {
                 Some(pages) => format!(
-                    "provider {} (sqlite): max_bytes {} = {pages} pages of {SQLITE_PAGE_SIZE} bytes ({} bytes); reserve {} bytes ({} pages: max_message_size {} + max_header_bytes {}, rounded up); publishes stop at {} bytes ({} pages)",
+                    "provider {} (sqlite): max_bytes {} = {pages} pages of {SQLITE_PAGE_SIZE} bytes ({} bytes); reserve {} bytes ({} pages: max_message_size {} + max_header_bytes {}, rounded up); publishes stop at {} bytes ({} pages); the bound is the database file's, and its -wal file grows beside it until a checkpoint",
                     provider.name(),
                     bound.max_bytes,
                     bound.effective_bytes,

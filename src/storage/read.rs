@@ -316,6 +316,32 @@ mod tests {
     }
 
     #[test]
+    fn the_limit_can_depend_on_the_magic() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"MBMQTT01 and more").unwrap();
+        let limit = |probe: &[u8]| if probe.starts_with(b"MBMQ") { 10 } else { 100 };
+        assert!(matches!(
+            read_bounded_by_magic(&p, 100, limit),
+            Err(ReadError::TooLarge {
+                size: 17,
+                limit: 10,
+                ..
+            })
+        ));
+        std::fs::write(&p, b"other bytes, 17..").unwrap();
+        assert_eq!(
+            read_bounded_by_magic(&p, 100, limit).unwrap(),
+            b"other bytes, 17.."
+        );
+        // Shorter than the probe.
+        std::fs::write(&p, b"abc").unwrap();
+        assert_eq!(read_bounded_by_magic(&p, 100, limit).unwrap(), b"abc");
+        std::fs::write(&p, b"").unwrap();
+        assert_eq!(read_bounded_by_magic(&p, 100, limit).unwrap(), b"");
+    }
+
+    #[test]
     fn refuses_special_files_without_opening_them() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");

@@ -1,10 +1,10 @@
 //! Snapshot directories: the manifest, one format 21 file per channel, writing and loading.
 //!
-//! This is the read side, and the only one: the memory provider loads a
-//! directory through [`load`], and `saguin snapshot verify|inspect` look at
-//! it through [`scan`], which is the same code ([`load`] is [`scan`] plus
-//! "refuse on any error"). So "verify says OK, serve refuses" cannot happen
-//! (SAGUIN.md §6.2).
+//! `saguin snapshot verify|inspect` look at a directory through [`scan`];
+//! [`load`] is [`scan`] plus "refuse on any error", for a loader. "Verify
+//! says OK, serve refuses" must not happen (SAGUIN.md §6.2): the memory
+//! provider's loader (`storage::memory::load`) is held to the same verdict
+//! on every kind of damage by `tests/snapshot_loader_agreement.rs`.
 //!
 //! What a directory may hold (names from [`saguin_format::channel_name`]):
 //!
@@ -108,12 +108,14 @@ pub enum FileProblem {
         error: f21::DecodeError,
     },
     /// An MBMQTT01 file that does not decode.
-    #[error("MBMQTT01: {error}")]
+    #[error("legacy MBMQTT01 broker.snapshot, not a saguin snapshot: {error}")]
     Mbmqtt { error: mbmqtt::DecodeError },
-    #[error("empty file: not a snapshot (a format 21 file or an MBMQTT01 broker.snapshot)")]
+    #[error(
+        "empty file: the file holds 0 bytes; not a saguin snapshot or an MBMQTT01 broker.snapshot"
+    )]
     Empty,
     /// Neither magic.
-    #[error("not a snapshot: wrong magic at offset 0: {found} is neither saguin format 21 ({f21}) nor MBMQTT01")]
+    #[error("not a saguin snapshot: wrong magic at offset 0: {found} is neither saguin format 21 ({f21}) nor MBMQTT01")]
     NotASnapshot { found: String, f21: String },
 }
 

@@ -85,6 +85,10 @@ pub(crate) fn put_props(w: &mut Writer, p: &PublishProps) {
 }
 
 fn get_props(r: &mut Reader<'_>) -> Result<PublishProps, DecodeError> {
+    // Most records carry no publish property: five zero tags.
+    if r.skip_zeros::<5>() {
+        return Ok(PublishProps::default());
+    }
     Ok(PublishProps {
         content_type: r.opt_str("content_type")?,
         response_topic: r.opt_str("response_topic")?,
@@ -111,13 +115,20 @@ fn get_user_properties(r: &mut Reader<'_>) -> Result<Vec<UserProperty>, DecodeEr
     })
 }
 
+/// The fixed-width start of a record: offset, message id, timestamp, qos,
+/// retain, shared_copy.
+const RECORD_FIXED: usize = 8 + 16 + 8 + 1 + 1 + 1;
+
 pub(crate) fn put_record(w: &mut Writer, rec: &Record) {
-    w.u64(rec.offset);
-    w.buf.extend_from_slice(&rec.message_id);
-    w.i64(rec.timestamp);
-    w.u8(rec.qos);
-    w.bool(rec.retain);
-    w.bool(rec.shared_copy);
+    // One copy for the fixed-width fields rather than six.
+    let mut fixed = [0u8; RECORD_FIXED];
+    fixed[0..8].copy_from_slice(&rec.offset.to_le_bytes());
+    fixed[8..24].copy_from_slice(&rec.message_id);
+    fixed[24..32].copy_from_slice(&rec.timestamp.to_le_bytes());
+    fixed[32] = rec.qos;
+    fixed[33] = u8::from(rec.retain);
+    fixed[34] = u8::from(rec.shared_copy);
+    w.buf.extend_from_slice(&fixed);
     w.str(&rec.topic);
     w.str(&rec.client_id);
     w.opt_str(rec.bridge.as_deref());
@@ -127,13 +138,30 @@ pub(crate) fn put_record(w: &mut Writer, rec: &Record) {
     w.bytes(&rec.payload);
 }
 
+fn flag(byte: u8, field: &str, at: usize) -> Result<bool, DecodeError> {
+    match byte {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(DecodeError::corrupt(
+            field,
+            at,
+            format!("boolean byte is {other}, not 0 or 1"),
+        )),
+    }
+}
+
 pub(crate) fn get_record(r: &mut Reader<'_>) -> Result<Record, DecodeError> {
-    let offset = r.u64("offset")?;
-    let message_id = r.fixed::<16>("message_id")?;
-    let timestamp = r.i64("timestamp")?;
-    let qos = r.u8("qos")?;
-    let retain = r.bool("retain")?;
-    let shared_copy = r.bool("shared_copy")?;
+    let at = r.pos();
+    let fixed = r.fixed::<RECORD_FIXED>("offset")?;
+    let (offset, rest) = fixed.split_at(8);
+    let (message_id, rest) = rest.split_at(16);
+    let (timestamp, flags) = rest.split_at(8);
+    let offset = u64::from_le_bytes(offset.try_into().unwrap_or_default());
+    let message_id: [u8; 16] = message_id.try_into().unwrap_or_default();
+    let timestamp = i64::from_le_bytes(timestamp.try_into().unwrap_or_default());
+    let [qos, retain, shared_copy] = <[u8; 3]>::try_from(flags).unwrap_or_default();
+    let retain = flag(retain, "retain", at + 33)?;
+    let shared_copy = flag(shared_copy, "shared_copy", at + 34)?;
     let topic = r.str("topic")?;
     let client_id = r.str("client_id")?;
     let bridge = r.opt_str("bridge")?;

@@ -77,35 +77,48 @@ fn check_props(props: &PublishProps) -> Result<(), DecodeError> {
 }
 
 /// Offsets strictly ascending, each in `[floor, next)`.
-fn check_log<'a>(
+fn check_log(
     field: &str,
-    offsets: impl Iterator<Item = u64> + 'a,
+    offsets: impl Iterator<Item = u64>,
     next: u64,
     floor: u64,
 ) -> Result<(), DecodeError> {
     let mut previous: Option<u64> = None;
     for (i, offset) in offsets.enumerate() {
-        if offset < floor {
-            return err(
-                format!("{field}[{i}].offset"),
-                format!("{offset} is below the floor {floor}"),
-            );
-        }
-        if offset >= next {
-            return err(
-                format!("{field}[{i}].offset"),
-                format!("{offset} is not below next {next}"),
-            );
-        }
-        if let Some(p) = previous {
-            if offset <= p {
-                return err(
-                    format!("{field}[{i}].offset"),
-                    format!("{offset} does not ascend from the previous offset {p}"),
-                );
-            }
-        }
+        check_offset(field, i, offset, previous, next, floor)?;
         previous = Some(offset);
+    }
+    Ok(())
+}
+
+#[inline]
+fn check_offset(
+    field: &str,
+    i: usize,
+    offset: u64,
+    previous: Option<u64>,
+    next: u64,
+    floor: u64,
+) -> Result<(), DecodeError> {
+    if offset < floor {
+        return err(
+            format!("{field}[{i}].offset"),
+            format!("{offset} is below the floor {floor}"),
+        );
+    }
+    if offset >= next {
+        return err(
+            format!("{field}[{i}].offset"),
+            format!("{offset} is not below next {next}"),
+        );
+    }
+    if let Some(p) = previous {
+        if offset <= p {
+            return err(
+                format!("{field}[{i}].offset"),
+                format!("{offset} does not ascend from the previous offset {p}"),
+            );
+        }
     }
     Ok(())
 }
@@ -117,8 +130,11 @@ fn check_records(
     floor: u64,
     broadcast: bool,
 ) -> Result<(), DecodeError> {
-    check_log(field, records.iter().map(|r| r.offset), next, floor)?;
+    // One pass: a million records are read once, not once per rule.
+    let mut previous: Option<u64> = None;
     for (i, rec) in records.iter().enumerate() {
+        check_offset(field, i, rec.offset, previous, next, floor)?;
+        previous = Some(rec.offset);
         check_record(rec, broadcast).map_err(|e| e.within(&format_args!("{field}[{i}]")))?;
     }
     Ok(())

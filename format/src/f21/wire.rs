@@ -120,14 +120,34 @@ impl Writer {
 /// Reads primitive encodings from `buf[pos..end]`, where `end` is the start
 /// of the checksum trailer.
 pub(crate) struct Reader<'a> {
-    buf: &'a Bytes,
+    buf: &'a [u8],
+    /// When the input is shared, byte strings are zero-copy slices of it;
+    /// otherwise each is copied into its own allocation, so no decoded
+    /// record keeps the whole file alive.
+    owner: Option<&'a Bytes>,
     pos: usize,
     end: usize,
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(buf: &'a Bytes, pos: usize, end: usize) -> Reader<'a> {
-        Reader { buf, pos, end }
+    /// A reader whose byte strings share `buf`'s allocation.
+    pub(crate) fn shared(buf: &'a Bytes, pos: usize, end: usize) -> Reader<'a> {
+        Reader {
+            buf,
+            owner: Some(buf),
+            pos,
+            end,
+        }
+    }
+
+    /// A reader whose byte strings are copied out of `buf`.
+    pub(crate) fn copying(buf: &'a [u8], pos: usize, end: usize) -> Reader<'a> {
+        Reader {
+            buf,
+            owner: None,
+            pos,
+            end,
+        }
     }
 
     /// The byte offset of the next read, for error messages.
@@ -233,12 +253,18 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A `u32`-length-prefixed byte string, sliced from the input without a copy.
+    /// A `u32` length and that many bytes: where they start, and the bytes.
+    /// One bounds check covers both the declared length and the input.
     #[inline]
-    pub(crate) fn bytes(&mut self, field: &str) -> Result<Bytes, DecodeError> {
+    fn length_prefixed(&mut self, field: &str) -> Result<(usize, &'a [u8]), DecodeError> {
         let len_at = self.pos;
         let len = self.u32(field)? as usize;
-        if len > self.remaining() {
+        let start = self.pos;
+        let slice = start
+            .checked_add(len)
+            .filter(|&stop| stop <= self.end)
+            .and_then(|stop| self.buf.get(start..stop));
+        let Some(slice) = slice else {
             return Err(DecodeError::corrupt(
                 field,
                 len_at,
@@ -247,37 +273,26 @@ impl<'a> Reader<'a> {
                     self.remaining()
                 ),
             ));
-        }
-        let start = self.pos;
-        let stop = start + len; // cannot overflow: len <= end - pos
-        if self.buf.get(start..stop).is_none() {
-            return Err(DecodeError::corrupt(
-                field,
-                len_at,
-                "reaches past the end of the file",
-            ));
-        }
-        self.pos = stop;
-        Ok(self.buf.slice(start..stop))
+        };
+        self.pos = start + len; // in bounds: checked just above
+        Ok((start, slice))
+    }
+
+    /// A `u32`-length-prefixed byte string: a slice of a shared input, or a
+    /// copy of it.
+    #[inline]
+    pub(crate) fn bytes(&mut self, field: &str) -> Result<Bytes, DecodeError> {
+        let (start, slice) = self.length_prefixed(field)?;
+        Ok(match self.owner {
+            Some(owner) => owner.slice(start..start + slice.len()),
+            None => Bytes::copy_from_slice(slice),
+        })
     }
 
     /// A `u32`-length-prefixed UTF-8 string.
     #[inline]
     pub(crate) fn str(&mut self, field: &str) -> Result<String, DecodeError> {
-        let len_at = self.pos;
-        let len = self.u32(field)? as usize;
-        if len > self.remaining() {
-            return Err(DecodeError::corrupt(
-                field,
-                len_at,
-                format!(
-                    "declared length {len} exceeds the {} bytes left before the checksum",
-                    self.remaining()
-                ),
-            ));
-        }
-        let start = self.pos;
-        let raw = self.take(len, field)?;
+        let (start, raw) = self.length_prefixed(field)?;
         match std::str::from_utf8(raw) {
             Ok(s) => Ok(s.to_owned()),
             Err(e) => Err(DecodeError::corrupt(
@@ -286,6 +301,22 @@ impl<'a> Reader<'a> {
                 "not valid UTF-8",
             )),
         }
+    }
+
+    /// True, consuming them, when the next `N` bytes are all zero: the
+    /// common "every optional field absent" run of presence tags.
+    #[inline]
+    pub(crate) fn skip_zeros<const N: usize>(&mut self) -> bool {
+        let all_zero = self
+            .pos
+            .checked_add(N)
+            .filter(|&stop| stop <= self.end)
+            .and_then(|stop| self.buf.get(self.pos..stop))
+            .is_some_and(|run| run.iter().all(|&b| b == 0));
+        if all_zero {
+            self.pos += N; // in bounds: checked just above
+        }
+        all_zero
     }
 
     #[inline]

@@ -434,7 +434,7 @@ pub fn single_fixtures() -> Vec<(&'static str, SnapshotFile, i64)> {
 }
 
 /// The complete snapshot directory `fixtures/f21/dir/`: a clean shutdown
-/// (manifest first, every file it lists written after it).
+/// (manifest first; every file of one shutdown is stamped with its moment).
 pub fn directory_fixture() -> Vec<(String, SnapshotFile, i64)> {
     use saguin_format::channel_name::*;
     vec![
@@ -446,32 +446,32 @@ pub fn directory_fixture() -> Vec<(String, SnapshotFile, i64)> {
         (
             encode_file_name("telemetry"),
             SnapshotFile::Channel(append_channel()),
-            WRITTEN_AT,
+            SHUTDOWN_AT,
         ),
         (
             encode_file_name("state"),
             SnapshotFile::Channel(latest_channel()),
-            WRITTEN_AT,
+            SHUTDOWN_AT,
         ),
         (
             encode_file_name("jobs"),
             SnapshotFile::Channel(queue_channel()),
-            WRITTEN_AT,
+            SHUTDOWN_AT,
         ),
         (
             RETAINED_FILE.into(),
             SnapshotFile::Retained(retained()),
-            WRITTEN_AT,
+            SHUTDOWN_AT,
         ),
         (
             BROADCAST_FILE.into(),
             SnapshotFile::Broadcast(broadcast()),
-            WRITTEN_AT,
+            SHUTDOWN_AT,
         ),
         (
             SESSIONS_FILE.into(),
             SnapshotFile::Sessions(sessions()),
-            WRITTEN_AT + 1_000_000,
+            SHUTDOWN_AT,
         ),
     ]
 }

@@ -9,6 +9,7 @@ use bytes::{BufMut, BytesMut};
 use super::error::EncodeError;
 use super::packet::{Packet, PacketType, ProtocolVersion, QoS};
 use super::properties::{Measure, Write};
+use super::reason::ReasonCode;
 use super::wire::{self, MAX_VARIABLE_BYTE_INTEGER};
 
 /// Size of a whole packet (fixed header included) with `body` bytes after
@@ -19,9 +20,9 @@ fn total_len(body: usize) -> usize {
 
 /// Length of a property block including its length prefix, checking every
 /// field fits.
-fn props_len(packet: PacketType, visit: impl FnOnce(&mut Measure)) -> Result<usize, EncodeError> {
+fn props_len<P: PropertyBlock>(packet: PacketType, props: &P) -> Result<usize, EncodeError> {
     let mut m = Measure::default();
-    visit(&mut m);
+    props.measure(&mut m);
     if let Some((field, len)) = m.too_long {
         return Err(EncodeError::FieldTooLong { packet, field, len });
     }
@@ -36,14 +37,14 @@ fn props_len(packet: PacketType, visit: impl FnOnce(&mut Measure)) -> Result<usi
 }
 
 /// A property struct walked by either sink: measured, then written.
-trait SinkObj {
+trait PropertyBlock {
     fn measure(&self, m: &mut Measure);
     fn write(&self, w: &mut Write<'_>);
 }
 
-macro_rules! sink_obj {
+macro_rules! property_block {
     ($($t:ty),*) => {$(
-        impl SinkObj for $t {
+        impl PropertyBlock for $t {
             fn measure(&self, m: &mut Measure) {
                 self.visit(m)
             }
@@ -54,7 +55,7 @@ macro_rules! sink_obj {
     )*};
 }
 
-sink_obj!(
+property_block!(
     super::properties::ConnectProperties,
     super::properties::WillProperties,
     super::properties::ConnAckProperties,
@@ -67,7 +68,7 @@ sink_obj!(
 );
 
 /// Writes a property block: its length, then the properties.
-fn put_props<P: SinkObj>(buf: &mut BytesMut, props: &P) {
+fn put_props<P: PropertyBlock>(buf: &mut BytesMut, props: &P) {
     let mut m = Measure::default();
     props.measure(&mut m);
     wire::put_var_int(buf, m.len);
@@ -86,11 +87,6 @@ fn nonzero_id(packet: PacketType, id: u16) -> Result<(), EncodeError> {
     Ok(())
 }
 
-/// Whether a PUBACK-like packet, DISCONNECT or AUTH can use its short form.
-fn ack_props_empty(p: &super::properties::AckProperties) -> bool {
-    p.is_empty()
-}
-
 /// Length of the body (everything after the fixed header), validating the
 /// packet as it goes.
 fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeError> {
@@ -101,12 +97,12 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
             // protocol name "MQTT", level, flags, keep alive
             let mut len = 6 + 1 + 1 + 2;
             if v5 {
-                len += props_len(kind, |m| c.properties.visit(m))?;
+                len += props_len(kind, &c.properties)?;
             }
             len += str_len(kind, "client identifier", c.client_id.len())?;
             if let Some(will) = &c.will {
                 if v5 {
-                    len += props_len(kind, |m| will.properties.visit(m))?;
+                    len += props_len(kind, &will.properties)?;
                 }
                 len += str_len(kind, "will topic", will.topic.len())?;
                 len += str_len(kind, "will payload", will.payload.len())?;
@@ -121,7 +117,7 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
         }
         Packet::ConnAck(c) => {
             if v5 {
-                2 + props_len(kind, |m| c.properties.visit(m))?
+                2 + props_len(kind, &c.properties)?
             } else {
                 2
             }
@@ -133,7 +129,7 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
                 len += 2;
             }
             if v5 {
-                len += props_len(kind, |m| p.properties.visit(m))?;
+                len += props_len(kind, &p.properties)?;
             }
             len + p.payload.len()
         }
@@ -141,21 +137,21 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
             nonzero_id(kind, a.packet_id)?;
             if !v5 {
                 2
-            } else if ack_props_empty(&a.properties) {
-                if a.reason == super::reason::ReasonCode::Success {
+            } else if a.properties.is_empty() {
+                if a.reason == ReasonCode::Success {
                     2
                 } else {
                     3
                 }
             } else {
-                3 + props_len(kind, |m| a.properties.visit(m))?
+                3 + props_len(kind, &a.properties)?
             }
         }
         Packet::Subscribe(s) => {
             nonzero_id(kind, s.packet_id)?;
             let mut len = 2;
             if v5 {
-                len += props_len(kind, |m| s.properties.visit(m))?;
+                len += props_len(kind, &s.properties)?;
             }
             for f in &s.filters {
                 len += str_len(kind, "topic filter", f.filter.len())? + 1;
@@ -166,7 +162,7 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
             nonzero_id(kind, s.packet_id)?;
             let mut len = 2 + s.reasons.len();
             if v5 {
-                len += props_len(kind, |m| s.properties.visit(m))?;
+                len += props_len(kind, &s.properties)?;
             }
             len
         }
@@ -174,7 +170,7 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
             nonzero_id(kind, u.packet_id)?;
             let mut len = 2;
             if v5 {
-                len += props_len(kind, |m| u.properties.visit(m))?;
+                len += props_len(kind, &u.properties)?;
             }
             for f in &u.filters {
                 len += str_len(kind, "topic filter", f.len())?;
@@ -184,7 +180,7 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
         Packet::UnsubAck(u) => {
             nonzero_id(kind, u.packet_id)?;
             if v5 {
-                2 + props_len(kind, |m| u.properties.visit(m))? + u.reasons.len()
+                2 + props_len(kind, &u.properties)? + u.reasons.len()
             } else {
                 2
             }
@@ -194,9 +190,9 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
             if !v5 {
                 0
             } else if d.properties.is_empty() {
-                usize::from(d.reason != super::reason::ReasonCode::NORMAL_DISCONNECTION)
+                usize::from(d.reason != ReasonCode::NORMAL_DISCONNECTION)
             } else {
-                1 + props_len(kind, |m| d.properties.visit(m))?
+                1 + props_len(kind, &d.properties)?
             }
         }
         Packet::Auth(a) => {
@@ -206,10 +202,10 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
                     version,
                 });
             }
-            if a.properties.is_empty() && a.reason == super::reason::ReasonCode::Success {
+            if a.properties.is_empty() && a.reason == ReasonCode::Success {
                 0
             } else {
-                1 + props_len(kind, |m| a.properties.visit(m))?
+                1 + props_len(kind, &a.properties)?
             }
         }
     };
@@ -387,8 +383,8 @@ fn write_body(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) {
         Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => {
             buf.put_u16(a.packet_id);
             if v5 {
-                let empty = ack_props_empty(&a.properties);
-                if !empty || a.reason != super::reason::ReasonCode::Success {
+                let empty = a.properties.is_empty();
+                if !empty || a.reason != ReasonCode::Success {
                     buf.put_u8(a.reason.as_u8());
                 }
                 if !empty {
@@ -450,7 +446,7 @@ fn write_body(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) {
         Packet::Disconnect(d) => {
             if v5 {
                 let empty = d.properties.is_empty();
-                if !empty || d.reason != super::reason::ReasonCode::NORMAL_DISCONNECTION {
+                if !empty || d.reason != ReasonCode::NORMAL_DISCONNECTION {
                     buf.put_u8(d.reason.as_u8());
                 }
                 if !empty {
@@ -459,7 +455,7 @@ fn write_body(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) {
             }
         }
         Packet::Auth(a) => {
-            if !a.properties.is_empty() || a.reason != super::reason::ReasonCode::Success {
+            if !a.properties.is_empty() || a.reason != ReasonCode::Success {
                 buf.put_u8(a.reason.as_u8());
                 put_props(buf, &a.properties);
             }

@@ -12,6 +12,13 @@ use super::reason::ReasonCode;
 /// connection (MQTT 5 §4.13): the broker answers with
 /// [`DecodeError::reason_code`] (CONNACK if no CONNACK was sent yet, else
 /// DISCONNECT; nothing on 3.1.1) and closes.
+///
+/// A refused CONNECT leaves the decoder's version unknown. For
+/// [`DecodeError::UnsupportedProtocolVersion`] and
+/// [`DecodeError::InvalidProtocolName`] the answer is a 3.1.1-format CONNACK
+/// with return code 0x01 (MQTT 3.1.1 MQTT-3.1.2-2; 3.1 clients read the same
+/// two bytes; MQTT 5 allows 0x84 but a client of another version could not
+/// read it); for any other refused CONNECT the server may simply close.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DecodeError {
     /// The remaining length's fourth byte still has its continuation bit set.

@@ -25,6 +25,10 @@ use super::wire::{parse_var_int, VarInt, MAX_VARIABLE_BYTE_INTEGER};
 /// bytes, 268,435,455 body bytes.
 pub const PROTOCOL_MAX_PACKET_SIZE: u32 = 1 + 4 + MAX_VARIABLE_BYTE_INTEGER;
 
+/// The most a decoder reserves beyond the bytes received while waiting for
+/// the rest of a frame.
+const MAX_RESERVE_AHEAD: usize = 64 * 1024;
+
 /// A fixed header that has passed every check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedHeader {
@@ -101,6 +105,17 @@ impl FrameDecoder {
         }
     }
 
+    /// A decoder for `role` in any state: `version` is `None` for a server
+    /// that has not read CONNECT yet, `Some` once the version is known (for
+    /// a connection whose CONNECT was read elsewhere).
+    pub fn new(role: Role, max_packet_size: u32, version: Option<ProtocolVersion>) -> FrameDecoder {
+        FrameDecoder {
+            max_packet_size,
+            role,
+            version,
+        }
+    }
+
     /// A decoder for the client side of a connection speaking `version`.
     pub fn client(max_packet_size: u32, version: ProtocolVersion) -> FrameDecoder {
         FrameDecoder {
@@ -127,8 +142,8 @@ impl FrameDecoder {
     }
 
     /// Takes the next complete packet off the front of `buf`. `Ok(None)`
-    /// means more bytes are needed (nothing is consumed; room for the
-    /// frame is reserved once its size has passed the cap). Any error is
+    /// means more bytes are needed (nothing is consumed; once the frame's
+    /// size has passed the cap, room for up to 64 KiB more is reserved). Any error is
     /// fatal to the connection; see [`DecodeError::reason_code`].
     pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Packet>, DecodeError> {
         let Some(header) = self.check_header(buf)? else {
@@ -136,7 +151,10 @@ impl FrameDecoder {
         };
         let frame_len = header.frame_len();
         if buf.len() < frame_len {
-            buf.reserve(frame_len - buf.len());
+            // Room for the rest of the frame, but never more than a bounded
+            // step ahead of the bytes that actually arrived: the length is
+            // the peer's claim, and only the cap has vouched for it.
+            buf.reserve((frame_len - buf.len()).min(MAX_RESERVE_AHEAD));
             return Ok(None);
         }
         let mut frame = buf.split_to(frame_len).freeze();

@@ -28,6 +28,8 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
+/// The buffer types of the API, re-exported so callers need no version match.
+pub use bytes::{Bytes, BytesMut};
 pub use decode::{check_first_byte, decode_body, Role};
 pub use encode::{encode, encode_within, encoded_len};
 pub use error::{DecodeError, EncodeError};

@@ -89,21 +89,23 @@ impl Reader {
     }
 
     pub(crate) fn u16(&mut self, field: &'static str) -> Result<u16, DecodeError> {
-        let bytes = self
+        let bytes: [u8; 2] = self
             .buf
             .get(self.pos..self.pos + 2)
+            .and_then(|b| b.try_into().ok())
             .ok_or_else(|| self.truncated(field))?;
-        let v = u16::from_be_bytes([bytes[0], bytes[1]]);
+        let v = u16::from_be_bytes(bytes);
         self.pos += 2;
         Ok(v)
     }
 
     pub(crate) fn u32(&mut self, field: &'static str) -> Result<u32, DecodeError> {
-        let bytes = self
+        let bytes: [u8; 4] = self
             .buf
             .get(self.pos..self.pos + 4)
+            .and_then(|b| b.try_into().ok())
             .ok_or_else(|| self.truncated(field))?;
-        let v = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        let v = u32::from_be_bytes(bytes);
         self.pos += 4;
         Ok(v)
     }
@@ -245,9 +247,9 @@ pub(crate) fn check_len(
 /// Writes a two-byte length and the bytes; the length was checked by
 /// [`check_len`] during validation before any byte is written.
 pub(crate) fn put_binary(buf: &mut BytesMut, bytes: &[u8]) {
-    let len = bytes.len().min(usize::from(u16::MAX));
-    buf.put_u16(len as u16);
-    buf.put_slice(&bytes[..len]);
+    let len = u16::try_from(bytes.len()).unwrap_or(u16::MAX);
+    buf.put_u16(len);
+    buf.put_slice(bytes.get(..usize::from(len)).unwrap_or_default());
 }
 
 #[cfg(test)]

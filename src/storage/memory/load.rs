@@ -13,7 +13,9 @@
 //!
 //! This reads the directory with the format 21 decoder directly; the
 //! directory scanner of `storage::snapshot_dir` reports on a directory for
-//! the operator's commands and applies the same rules.
+//! the operator's commands, and `tests/snapshot_loader_agreement.rs` holds
+//! the two to one verdict on every kind of damage ("verify says OK, serve
+//! refuses" must not happen).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

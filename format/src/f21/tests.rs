@@ -1,0 +1,137 @@
+//! Unit tests of the envelope: the header, the order of the checks, and the
+//! worked example in FORMAT.md §2.1.
+
+use super::*;
+
+const EXAMPLE_AT: i64 = 1_767_225_600_000_000_000;
+
+/// FORMAT.md §2.1's empty retained store, byte for byte.
+const EMPTY_RETAINED: [u8; 53] = [
+    0x89, 0x53, 0x41, 0x47, 0x55, 0x49, 0x4e, 0x0a, 0x15, 0x00, 0x00, 0x00, 0x03, 0x66, 0x69, 0x78,
+    0x74, 0x75, 0x72, 0x65, 0x30, 0x30, 0x30, 0x30, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xfa, 0xed, 0x51, 0x72, 0x86, 0x18, 0x00, 0x00, 0x00,
+    0x00, 0xa5, 0x57, 0x5e, 0x48,
+];
+
+#[test]
+fn the_documented_example_is_what_the_encoder_writes() {
+    let file = SnapshotFile::Retained(RetainedFile::default());
+    assert_eq!(
+        encode_with_writer(&file, "fixture0000", EXAMPLE_AT),
+        EMPTY_RETAINED
+    );
+    let (header, decoded) = decode(&EMPTY_RETAINED).expect("decodes");
+    assert_eq!(decoded, file);
+    assert_eq!(
+        header,
+        Header {
+            format_version: 21,
+            kind: 3,
+            writer: "fixture0000".into(),
+            written_at: EXAMPLE_AT
+        }
+    );
+}
+
+#[test]
+fn crc32c_is_castagnoli() {
+    assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+}
+
+#[test]
+fn the_writer_is_this_builds_revision() {
+    assert!(!crate::REVISION.is_empty());
+    assert!(crate::REVISION.len() <= WRITER_LEN);
+    let bytes = encode(&SnapshotFile::Retained(RetainedFile::default()), 5);
+    assert_eq!(read_header(&bytes).expect("header").writer, crate::REVISION);
+}
+
+#[test]
+fn a_long_writer_is_cut_at_a_character_boundary() {
+    let writer = "é".repeat(20); // 40 bytes
+    let bytes = encode_with_writer(&SnapshotFile::Retained(RetainedFile::default()), &writer, 1);
+    let (header, _) = decode(&bytes).expect("decodes");
+    assert_eq!(header.writer, "é".repeat(12));
+}
+
+#[test]
+fn short_inputs_are_told_apart() {
+    assert!(matches!(
+        decode(&[]),
+        Err(DecodeError::Truncated { len: 0, .. })
+    ));
+    assert!(matches!(
+        decode(&MAGIC[..3]),
+        Err(DecodeError::Truncated { len: 3, .. })
+    ));
+    assert!(matches!(
+        decode(b"MBM"),
+        Err(DecodeError::NotASnapshot { .. })
+    ));
+    assert!(matches!(
+        decode(&EMPTY_RETAINED[..44]),
+        Err(DecodeError::Truncated { len: 44, .. })
+    ));
+    assert!(matches!(
+        decode(&EMPTY_RETAINED[..48]),
+        Err(DecodeError::Truncated { len: 48, .. })
+    ));
+    assert!(matches!(
+        decode(&EMPTY_RETAINED[..52]),
+        Err(DecodeError::ChecksumMismatch { .. })
+    ));
+}
+
+#[test]
+fn another_version_is_named_even_when_short() {
+    let mut bytes = EMPTY_RETAINED[..45].to_vec();
+    bytes[8] = 22;
+    assert_eq!(
+        decode(&bytes),
+        Err(DecodeError::OtherVersion {
+            version: 22,
+            writer: "fixture0000".into(),
+            written_at: EXAMPLE_AT
+        })
+    );
+}
+
+#[test]
+fn the_writer_field_must_be_text_then_padding() {
+    let reseal = |mut b: Vec<u8>| {
+        let end = b.len() - 4;
+        let crc = crc32c::crc32c(&b[..end]);
+        b[end..].copy_from_slice(&crc.to_le_bytes());
+        b
+    };
+    let mut bytes = EMPTY_RETAINED.to_vec();
+    bytes[30] = b'x'; // after the NUL padding began
+    let e = decode(&reseal(bytes)).expect_err("refused");
+    assert_eq!(e.code(), "corrupt");
+    assert!(e.to_string().contains("header.writer at byte 30"), "{e}");
+    let mut bytes = EMPTY_RETAINED.to_vec();
+    bytes[13] = 0xff;
+    let e = decode(&reseal(bytes)).expect_err("refused");
+    assert!(e.to_string().contains("not valid UTF-8"), "{e}");
+}
+
+#[test]
+fn decode_expecting_checks_the_kind() {
+    assert!(decode_expecting(&EMPTY_RETAINED, FileKind::Retained).is_ok());
+    assert_eq!(
+        decode_expecting(&EMPTY_RETAINED, FileKind::Sessions),
+        Err(DecodeError::WrongKind {
+            expected: FileKind::Sessions,
+            found: FileKind::Retained
+        })
+    );
+}
+
+#[test]
+fn file_kinds_round_trip_through_their_byte() {
+    for kind in FileKind::ALL {
+        assert_eq!(FileKind::from_byte(kind.as_byte()), Some(kind));
+    }
+    assert_eq!(FileKind::from_byte(0), None);
+    assert_eq!(FileKind::from_byte(6), None);
+}

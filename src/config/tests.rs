@@ -1,0 +1,752 @@
+//! One test per rule and cross-check of the loader.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::*;
+
+/// A listener and anonymous access, so a snippet is about what it adds.
+const BASE: &str =
+    "listeners: [{name: mqtt, bind: \"127.0.0.1:1883\"}]\nauth: {allow_anonymous: true}\n";
+
+fn origin() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/config/good/inline.yaml")
+}
+
+fn load(yaml: &str) -> Result<Config, ConfigError> {
+    Config::from_yaml_str(yaml, &origin())
+}
+
+fn ok(yaml: &str) -> Config {
+    match load(yaml) {
+        Ok(c) => c,
+        Err(e) => panic!("refused: {:#?}", e.problems()),
+    }
+}
+
+fn with_base(extra: &str) -> String {
+    format!("{BASE}{extra}")
+}
+
+/// The problems as `path: message` lines.
+fn problems(yaml: &str) -> Vec<String> {
+    match load(yaml) {
+        Ok(_) => panic!("accepted:\n{yaml}"),
+        Err(e) => e.problems().iter().map(ToString::to_string).collect(),
+    }
+}
+
+/// Exactly one problem, at `path`, whose message contains `needle`.
+fn one_problem(yaml: &str, path: &str, needle: &str) {
+    let found = problems(yaml);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let line = &found[0];
+    if !path.is_empty() {
+        assert!(line.starts_with(&format!("{path}: ")), "{line}");
+    }
+    assert!(line.contains(needle), "{line}");
+}
+
+fn sqlite(name: &str, extra: &str) -> String {
+    format!("  - {{name: {name}, kind: sqlite, file_path: /srv/{name}.db{extra}}}\n")
+}
+
+#[test]
+fn the_embedded_default_is_one_anonymous_listener_that_keeps_nothing() {
+    let config = Config::embedded_default();
+    assert_eq!(config.listeners.len(), 1);
+    assert_eq!(config.listeners[0].bind.to_string(), "127.0.0.1:1883");
+    assert!(config.auth.allow_anonymous);
+    assert!(config.storage.is_empty() && config.channels.is_empty());
+    assert!(!config.keeps_anything());
+    assert!(config.origin.is_none());
+    assert!(config.durability_summary()[0].contains("keeps nothing"));
+}
+
+#[test]
+fn defaults_are_filled_in() {
+    let config = ok(&with_base(&format!(
+        "storage:\n{}channels:\n  - {{name: jobs, kind: queue, storage: db}}\n",
+        sqlite("db", "")
+    )));
+    let listener = &config.listeners[0];
+    assert_eq!(listener.handshake_timeout, Duration::from_secs(10));
+    assert!(listener.tls.is_none());
+    let Provider::Sqlite(db) = &config.storage[0] else {
+        panic!("not sqlite")
+    };
+    assert_eq!(db.flush_interval, Duration::from_millis(150));
+    assert_eq!(db.publish_commit_interval, None);
+    assert_eq!(db.publish_commit_max_records, 256);
+    assert_eq!(db.read_connections, 4);
+    assert_eq!(db.max_bytes, None);
+    let queue = config.channels[0].queue().expect("a queue");
+    assert_eq!(queue.lease, Duration::from_secs(30));
+    assert_eq!(queue.max_attempts, 5);
+    assert_eq!(queue.backoff, [1, 5, 30].map(Duration::from_secs).to_vec());
+    assert_eq!(queue.dlq_retention_bytes, None);
+    assert_eq!(config.channels[0].dlq_name().as_deref(), Some("jobs.dlq"));
+    assert_eq!(config.broker.retained_storage, None);
+    assert_eq!(
+        config.broker.session.ack_commit_interval,
+        Duration::from_millis(200)
+    );
+    assert_eq!(
+        config.broker.exactly_once.expires_after,
+        Duration::from_secs(3600)
+    );
+    assert_eq!(
+        config.limits,
+        Limits {
+            max_message_size: 262_144,
+            max_header_bytes: 8192,
+            max_session_expiry: Duration::from_secs(7 * 86_400),
+            max_connections: 10_000,
+            receive_maximum: 64,
+            max_queued_messages: 1000,
+            max_subscriptions_per_session: 100,
+        }
+    );
+    assert_eq!(config.metrics.bind, None);
+    assert_eq!(config.log.level, LogLevel::Info);
+    assert_eq!(config.log.format, LogFormat::Logfmt);
+    assert_eq!(config.reserve_bytes(), 270_336);
+}
+
+#[test]
+fn anonymous_access_is_off_by_default_in_a_file_and_then_needs_a_password_file() {
+    one_problem(
+        "listeners: [{name: mqtt, bind: \"127.0.0.1:1883\"}]\n",
+        "auth",
+        "no client could connect",
+    );
+    let config = ok("listeners: [{name: mqtt, bind: \"127.0.0.1:1883\"}]\nauth: {password_file: ../files/passwords}\n");
+    assert!(!config.auth.allow_anonymous);
+    let passwords = config.auth.passwords.as_ref().expect("parsed");
+    assert_eq!(passwords.len(), 2);
+    assert!(passwords.check("alice", b"alice-pw"));
+    assert!(!passwords.check("alice", b"bob-pw"));
+}
+
+#[test]
+fn the_acl_file_is_parsed_for_the_broker() {
+    let config = ok(&with_base("").replace(
+        "auth: {allow_anonymous: true}",
+        "auth: {allow_anonymous: true, acl_file: ../files/acl}",
+    ));
+    let acl = config.auth.acl.as_ref().expect("parsed");
+    assert!(acl.allows(Some("alice"), "c", "telemetry/x", Access::Write));
+    assert!(!acl.allows(Some("alice"), "c", "telemetry/secret", Access::Read));
+    assert!(acl.allows(None, "dev1", "devices/dev1/temp", Access::Write));
+    assert!(acl.allows(None, "c", "public/a", Access::Read));
+}
+
+#[test]
+fn tls_files_are_loaded_into_a_server_configuration() {
+    let config = ok(&with_base("").replace(
+        "bind: \"127.0.0.1:1883\"}",
+        "bind: \"127.0.0.1:8883\", tls: {cert: ../files/server.pem, key: ../files/server.key, client_ca: ../files/ca.pem}}",
+    ));
+    let tls = config.listeners[0].tls.as_ref().expect("tls");
+    assert_eq!(tls.material.chain_len, 1);
+    assert_eq!(tls.material.client_ca_len, 1);
+    assert!(tls.cert.is_absolute());
+    assert!(format!("{config:?}").contains("<redacted>"));
+}
+
+#[test]
+fn unknown_keys_are_errors_at_every_level() {
+    one_problem(
+        &with_base("limits: {foo: 1}\n"),
+        "limits.foo",
+        "unknown key",
+    );
+    one_problem(&with_base("colour: blue\n"), "colour", "unknown key");
+    one_problem(
+        &with_base("log: {level: info, colour: red}\n"),
+        "log.colour",
+        "unknown key",
+    );
+    one_problem(
+        &with_base("broker: {session: {x: 1}}\n"),
+        "broker.session.x",
+        "unknown key",
+    );
+    one_problem(
+        &with_base(&format!("storage:\n{}", sqlite("db", ", journal: wal"))),
+        "storage[0].journal",
+        "unknown key",
+    );
+}
+
+#[test]
+fn listener_rules() {
+    one_problem(
+        "listeners: [{name: a, bind: x}]\nauth: {allow_anonymous: true}\n",
+        "listeners[0].bind",
+        "invalid socket address \"x\"",
+    );
+    one_problem(
+        "listeners: [{name: a, bind: \"127.0.0.1:1\"}, {name: a, bind: \"127.0.0.1:2\"}]\nauth: {allow_anonymous: true}\n",
+        "listeners[1].name",
+        "duplicate listener name \"a\" (also listeners[0])",
+    );
+    one_problem(
+        "listeners: [{name: a, bind: \"[::]:1883\"}, {name: b, bind: \"127.0.0.1:1883\"}]\nauth: {allow_anonymous: true}\n",
+        "listeners[1].bind",
+        "overlapping address",
+    );
+    // Port 0: the system picks a free port for each; no conflict.
+    let config = ok("listeners: [{name: a, bind: \"127.0.0.1:0\"}, {name: b, bind: \"127.0.0.1:0\"}]\nauth: {allow_anonymous: true}\n");
+    assert_eq!(config.listeners[1].bind.port(), 0);
+    // Different addresses, one port: fine.
+    ok("listeners: [{name: a, bind: \"127.0.0.1:1883\"}, {name: b, bind: \"127.0.0.2:1883\"}]\nauth: {allow_anonymous: true}\n");
+    one_problem(
+        "auth: {allow_anonymous: true}\n",
+        "listeners",
+        "no listener is configured",
+    );
+    one_problem(
+        &with_base("metrics: {bind: \"0.0.0.0:1883\"}\n"),
+        "metrics.bind",
+        "listeners[0].bind",
+    );
+    let config = ok(&with_base("metrics: {bind: \"127.0.0.1:9464\"}\n"));
+    assert_eq!(config.metrics.bind.map(|a| a.port()), Some(9464));
+    one_problem(
+        &with_base("").replace("}]", ", handshake_timeout: 0s}]"),
+        "listeners[0].handshake_timeout",
+        "longer than zero",
+    );
+}
+
+#[test]
+fn a_channel_must_name_an_existing_provider() {
+    one_problem(
+        &with_base(&format!(
+            "storage:\n{}channels:\n  - {{name: a, kind: append, storage: db}}\n  - {{name: b, kind: append, storage: db}}\n  - {{name: c, kind: append, storage: db2}}\n",
+            sqlite("db", "")
+        )),
+        "channels[2].storage",
+        "no provider named \"db2\"",
+    );
+    one_problem(
+        &with_base("broker: {session_storage: db}\n"),
+        "broker.session_storage",
+        "no provider named \"db\"",
+    );
+    // `none` is the absence of a provider.
+    let config = ok(&with_base("broker: {retained_storage: none}\n"));
+    assert_eq!(config.broker.retained_storage, None);
+}
+
+#[test]
+fn sqlite_bounds_round_to_pages_and_keep_twice_the_reserve() {
+    let yaml = |max: &str| {
+        with_base(&format!(
+            "storage:\n{}",
+            sqlite("db", &format!(", max_bytes: {max}"))
+        ))
+    };
+    one_problem(
+        &yaml("4000"),
+        "storage[0].max_bytes",
+        "rounds down to 0 pages",
+    );
+    // Reserve: 262144 + 8192 = 270336 = 66 pages exactly; twice is 540672.
+    one_problem(
+        &yaml("540671"),
+        "storage[0].max_bytes",
+        "540671 bytes (131 pages of 4096) is below twice the reserve: the reserve is 270336 bytes",
+    );
+    let config = ok(&yaml("540672"));
+    let bound = config.storage[0]
+        .bound(config.reserve_bytes())
+        .expect("bounded");
+    assert_eq!(bound.pages, Some(132));
+    assert_eq!(bound.reserve_bytes, 270_336);
+    assert_eq!(bound.publish_limit_bytes, 270_336);
+    // A reserve that is not a whole number of pages rounds up.
+    let config = ok(&format!(
+        "{}limits: {{max_message_size: 1000, max_header_bytes: 100}}\n",
+        yaml("10MB")
+    ));
+    let Provider::Sqlite(db) = &config.storage[0] else {
+        panic!()
+    };
+    let bound = config.storage[0]
+        .bound(config.reserve_bytes())
+        .expect("bounded");
+    assert_eq!(bound.max_bytes, 10_000_000);
+    assert_eq!(bound.pages, Some(2441));
+    assert_eq!(bound.effective_bytes, 2441 * 4096);
+    assert_eq!(bound.reserve_bytes, 4096);
+    assert_eq!(db.page_ceilings(config.reserve_bytes()), Some((2440, 2441)));
+    // The reserve follows the limits: a bigger message size refuses the bound.
+    one_problem(
+        &format!("{}limits: {{max_message_size: 100MiB}}\n", yaml("128MiB")),
+        "storage[0].max_bytes",
+        "below twice the reserve",
+    );
+}
+
+#[test]
+fn memory_bounds_keep_twice_the_reserve() {
+    let yaml = |max: &str| {
+        with_base(&format!(
+            "storage:\n  - {{name: m, kind: memory, max_bytes: {max}}}\n"
+        ))
+    };
+    one_problem(
+        &yaml("540671"),
+        "storage[0].max_bytes",
+        "below twice the reserve",
+    );
+    let config = ok(&yaml("540672"));
+    let bound = config.storage[0]
+        .bound(config.reserve_bytes())
+        .expect("bounded");
+    assert_eq!(bound.pages, None);
+    assert_eq!(bound.publish_limit_bytes, 540_672 - 270_336);
+    assert_eq!(ok(&yaml("none")).storage[0].max_bytes(), None);
+}
+
+#[test]
+fn sqlite_intervals_are_bounded() {
+    let yaml = |extra: &str| with_base(&format!("storage:\n{}", sqlite("db", extra)));
+    one_problem(
+        &yaml(", flush_interval: 9ms"),
+        "storage[0].flush_interval",
+        "outside 10ms..=1s",
+    );
+    one_problem(
+        &yaml(", flush_interval: 1001ms"),
+        "storage[0].flush_interval",
+        "outside 10ms..=1s",
+    );
+    ok(&yaml(", flush_interval: 10ms"));
+    ok(&yaml(", flush_interval: 1s"));
+    one_problem(
+        &yaml(", publish_commit_interval: 1001ms"),
+        "storage[0].publish_commit_interval",
+        "longer than 1s",
+    );
+    let config = ok(&yaml(
+        ", publish_commit_interval: 1s, publish_commit_max_records: 64, read_connections: 0",
+    ));
+    let Provider::Sqlite(db) = &config.storage[0] else {
+        panic!()
+    };
+    assert_eq!(db.publish_commit_interval, Some(Duration::from_secs(1)));
+    assert_eq!(db.publish_commit_max_records, 64);
+    assert_eq!(db.read_connections, 0);
+    // Zero is written `none`.
+    let config = ok(&yaml(", publish_commit_interval: 0s"));
+    let Provider::Sqlite(db) = &config.storage[0] else {
+        panic!()
+    };
+    assert_eq!(db.publish_commit_interval, None);
+    one_problem(
+        &yaml(", publish_commit_max_records: 0"),
+        "storage[0].publish_commit_max_records",
+        "outside 1..=",
+    );
+    one_problem(
+        &yaml(", read_connections: 65"),
+        "storage[0].read_connections",
+        "outside 0..=64",
+    );
+}
+
+#[test]
+fn providers_do_not_share_names_or_places() {
+    one_problem(
+        &with_base(&format!(
+            "storage:\n{}{}",
+            sqlite("db", ""),
+            sqlite("db", "").replace("db.db", "other.db")
+        )),
+        "storage[1].name",
+        "duplicate provider name \"db\" (also storage[0])",
+    );
+    one_problem(
+        &with_base(&format!(
+            "storage:\n{}{}",
+            sqlite("a", ""),
+            sqlite("b", "").replace("b.db", "a.db")
+        )),
+        "storage[1].file_path",
+        "two providers cannot share a database",
+    );
+    one_problem(
+        &with_base("storage:\n  - {name: a, kind: memory, snapshot_dir: /srv/s}\n  - {name: b, kind: memory, snapshot_dir: /srv/./s}\n"),
+        "storage[1].snapshot_dir",
+        "is also storage[0]",
+    );
+    one_problem(
+        &with_base("storage:\n  - {name: a, kind: memory, snapshot_dir: /srv/s}\n  - {name: b, kind: sqlite, file_path: /srv/s}\n"),
+        "storage[1].file_path",
+        "is also storage[0]",
+    );
+    // A file_path that is a directory cannot be a database.
+    let dir = tempfile::tempdir().expect("temp dir");
+    one_problem(
+        &with_base(&format!(
+            "storage:\n  - {{name: a, kind: sqlite, file_path: {}}}\n",
+            dir.path().display()
+        )),
+        "storage[0].file_path",
+        "is a directory",
+    );
+}
+
+#[test]
+fn channel_name_rules() {
+    let yaml = |name: &str| {
+        with_base(&format!(
+            "storage:\n{}channels:\n  - {{name: '{name}', kind: append, storage: db}}\n",
+            sqlite("db", "")
+        ))
+    };
+    for (name, why) in [
+        (".", "cannot be a channel name"),
+        ("..", "cannot be a channel name"),
+        ("a/b", "one topic level"),
+        ("a+", "wildcard"),
+        ("#", "wildcard"),
+        ("$x", "starts with '$'"),
+    ] {
+        one_problem(&yaml(name), "channels[0].name", why);
+    }
+    one_problem(
+        &yaml(&"n".repeat(129)),
+        "channels[0].name",
+        "129 bytes; the limit is 128",
+    );
+    one_problem(
+        &yaml(&".".repeat(83)),
+        "channels[0].name",
+        "258-byte file name",
+    );
+    ok(&yaml(&"n".repeat(128)));
+    ok(&yaml("a.b"));
+    ok(&yaml("..."));
+}
+
+#[test]
+fn dead_letter_channels_stay_with_their_queue() {
+    let channels = |list: &str| {
+        with_base(&format!(
+            "storage:\n{}{}channels:\n{list}",
+            sqlite("db", ""),
+            sqlite("db2", "")
+        ))
+    };
+    one_problem(
+        &channels("  - {name: jobs, kind: queue, storage: db}\n  - {name: jobs.dlq, kind: append, storage: db2}\n"),
+        "channels[1].name",
+        "dead-letter channel of queue \"jobs\"",
+    );
+    one_problem(
+        &channels(&format!(
+            "  - {{name: {}, kind: queue, storage: db}}\n",
+            "q".repeat(125)
+        )),
+        "channels[0].name",
+        "would be 129 bytes",
+    );
+    one_problem(
+        &channels(
+            "  - {name: a, kind: append, storage: db}\n  - {name: a, kind: latest, storage: db2}\n",
+        ),
+        "channels[1].name",
+        "duplicate channel name \"a\" (also channels[0])",
+    );
+}
+
+#[test]
+fn keys_belong_to_their_channel_kind() {
+    let one = |channel: &str, path: &str, needle: &str| {
+        one_problem(
+            &with_base(&format!(
+                "storage:\n{}channels:\n  - {channel}\n",
+                sqlite("db", "")
+            )),
+            path,
+            needle,
+        )
+    };
+    one(
+        "{name: a, kind: append, storage: db, lease: 1s}",
+        "channels[0].lease",
+        "only a queue channel",
+    );
+    one(
+        "{name: a, kind: latest, storage: db, max_bytes: 1MiB}",
+        "channels[0].max_bytes",
+        "no max_bytes",
+    );
+    one(
+        "{name: a, kind: latest, storage: db, retention_bytes: 1MiB}",
+        "channels[0].retention_bytes",
+        "only an append channel",
+    );
+    one(
+        "{name: a, kind: queue, storage: db, retention_age: 1d}",
+        "channels[0].retention_age",
+        "no retention_age",
+    );
+    one(
+        "{name: a, kind: queue, storage: db, max_attempts: 0}",
+        "channels[0].max_attempts",
+        "outside 1..=1000",
+    );
+    one(
+        "{name: a, kind: queue, storage: db, lease: 0s}",
+        "channels[0].lease",
+        "longer than zero",
+    );
+    one(
+        "{name: a, kind: queue, storage: db, backoff: [1s, x]}",
+        "channels[0].backoff[1]",
+        "invalid duration",
+    );
+    one(
+        "{name: a, kind: append, storage: db, retention_bytes: 2GiB, max_bytes: 1GiB}",
+        "channels[0].retention_bytes",
+        "more than max_bytes",
+    );
+    one(
+        "{name: a, kind: fifo, storage: db}",
+        "channels[0].kind",
+        "not one of append, latest, queue",
+    );
+    let config = ok(&with_base(&format!(
+        "storage:\n{}channels:\n  - {{name: a, kind: queue, storage: db, backoff: [], max_bytes: 1MB, dlq_retention_bytes: 64MiB}}\n  - {{name: b, kind: latest, storage: db, retention_age: 30d}}\n",
+        sqlite("db", "")
+    )));
+    let queue = config.channels[0].queue().expect("queue");
+    assert!(queue.backoff.is_empty());
+    assert_eq!(queue.dlq_retention_bytes, Some(64 << 20));
+    assert_eq!(config.channels[0].max_bytes, Some(1_000_000));
+    assert_eq!(
+        config.channels[1].retention_age,
+        Some(Duration::from_secs(30 * 86_400))
+    );
+}
+
+#[test]
+fn limits_are_checked_against_mqtt() {
+    let one = |limits: &str, path: &str, needle: &str| {
+        one_problem(&with_base(&format!("limits: {{{limits}}}\n")), path, needle)
+    };
+    one(
+        "receive_maximum: 0",
+        "limits.receive_maximum",
+        "outside 1..=65535",
+    );
+    one(
+        "receive_maximum: 65536",
+        "limits.receive_maximum",
+        "outside 1..=65535",
+    );
+    one(
+        "max_message_size: 256MiB",
+        "limits.max_message_size",
+        "MQTT's largest packet",
+    );
+    one(
+        "max_session_expiry: 1500ms",
+        "limits.max_session_expiry",
+        "whole seconds",
+    );
+    one(
+        "max_session_expiry: 200years",
+        "limits.max_session_expiry",
+        "more than MQTT's",
+    );
+    one(
+        "max_connections: 0",
+        "limits.max_connections",
+        "outside 1..=",
+    );
+    one(
+        "max_subscriptions_per_session: 0",
+        "limits.max_subscriptions_per_session",
+        "outside 1..=",
+    );
+    let config = ok(&with_base(
+        "limits: {max_queued_messages: 0, max_message_size: 1MB, max_session_expiry: 1h}\n",
+    ));
+    assert_eq!(config.limits.max_queued_messages, 0);
+    assert_eq!(config.limits.max_message_size, 1_000_000);
+    assert_eq!(config.limits.max_session_expiry, Duration::from_secs(3600));
+}
+
+#[test]
+fn every_problem_is_reported_not_only_the_first() {
+    let found = problems(
+        "listeners: [{name: a, bind: x}]\nauth: {allow_anonymous: maybe}\nlimits: {foo: 1, receive_maximum: 0}\nlog: {level: loud}\n",
+    );
+    let paths: Vec<&str> = found
+        .iter()
+        .map(|l| l.split(':').next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "listeners[0].bind",
+            "auth.allow_anonymous",
+            "limits.receive_maximum",
+            "limits.foo",
+            "log.level"
+        ],
+        "{found:#?}"
+    );
+}
+
+#[test]
+fn yaml_errors_and_shapes_are_problems_too() {
+    let found = problems("listeners: [\n");
+    assert!(found[0].starts_with("not valid YAML"), "{found:?}");
+    one_problem("- a\n", "", "expected a mapping");
+    // An empty document is an empty configuration: no listener.
+    let found = problems("");
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found[0].starts_with("listeners: no listener is configured"));
+    assert!(found[1].starts_with("auth: allow_anonymous is false"));
+    // Anchors and merge keys work.
+    let config = ok("listeners:\n  - &first {name: a, bind: \"127.0.0.1:0\", handshake_timeout: 5s}\n  - {<<: *first, name: b}\nauth: {allow_anonymous: true}\n");
+    assert_eq!(config.listeners[1].name, "b");
+    assert_eq!(
+        config.listeners[1].handshake_timeout,
+        Duration::from_secs(5)
+    );
+}
+
+#[test]
+fn sizes_and_durations_accept_units_and_none() {
+    let config = ok(&with_base(&format!(
+        "storage:\n{}channels:\n  - {{name: t, kind: append, storage: db, retention_bytes: 1GB, retention_age: none, max_bytes: 2GiB}}\n",
+        sqlite("db", ", max_bytes: 4GiB, flush_interval: 1s")
+    )));
+    assert_eq!(config.storage[0].max_bytes(), Some(4 << 30));
+    assert_eq!(config.channels[0].retention_bytes, Some(1_000_000_000));
+    assert_eq!(config.channels[0].retention_age, None);
+    one_problem(
+        &with_base("broker: {session: {ack_commit_interval: 200}}\n"),
+        "broker.session.ack_commit_interval",
+        "give a unit",
+    );
+}
+
+#[test]
+fn durability_is_stated_per_channel_and_inert_providers_are_named() {
+    let config = ok(&with_base(&format!(
+        "storage:\n{}  - {{name: mem, kind: memory}}\n  - {{name: snap, kind: memory, snapshot_dir: /srv/snap, max_bytes: 1MiB}}\n{}channels:\n  - {{name: a, kind: append, storage: db}}\n  - {{name: b, kind: latest, storage: mem}}\n  - {{name: c, kind: queue, storage: snap}}\n",
+        sqlite("db", ", flush_interval: 50ms, max_bytes: 1GiB"),
+        sqlite("spare", "")
+    )));
+    let lines = config.durability_summary();
+    let text = lines.join("\n");
+    assert!(!text.contains("keeps nothing"), "{text}");
+    assert!(text.contains("channel a (append) on provider db (sqlite): every commit is kept (in /srv/db.db), less about one flush_interval (50ms) on a power cut"), "{text}");
+    assert!(
+        text.contains("channel b (latest) on provider mem (memory): not kept"),
+        "{text}"
+    );
+    assert!(text.contains("channel c (queue, with its dead-letter channel c.dlq) on provider snap (memory): kept as of the last successful snapshot"), "{text}");
+    assert!(text.contains("provider spare (sqlite): inert"), "{text}");
+    assert!(
+        text.contains("provider db (sqlite): max_bytes 1073741824 = 262144 pages of 4096 bytes"),
+        "{text}"
+    );
+    assert!(
+        text.contains("provider snap (memory): max_bytes 1048576 bytes; reserve 270336 bytes"),
+        "{text}"
+    );
+    assert!(
+        text.contains("provider mem (memory): no max_bytes"),
+        "{text}"
+    );
+    assert!(
+        text.contains("retained messages: memory, not kept"),
+        "{text}"
+    );
+    assert!(config.is_inert("spare") && !config.is_inert("db"));
+
+    // Only memory without snapshots: nothing is kept, and it is said first.
+    let config = ok(&with_base("storage:\n  - {name: mem, kind: memory}\nchannels:\n  - {name: a, kind: append, storage: mem}\n"));
+    assert!(config.durability_summary()[0].starts_with("this configuration keeps nothing"));
+    // An inert sqlite provider keeps nothing either.
+    let config = ok(&with_base(&format!("storage:\n{}", sqlite("db", ""))));
+    assert!(!config.keeps_anything());
+    // A broker store alone keeps something.
+    let config = ok(&with_base(&format!(
+        "storage:\n{}broker: {{session_storage: db}}\n",
+        sqlite("db", "")
+    )));
+    assert!(config.keeps_anything());
+}
+
+#[test]
+fn the_resolved_document_is_sorted_and_loads_back() {
+    let config = ok(&with_base(&format!(
+        "storage:\n{}  - {{name: a_mem, kind: memory}}\nchannels:\n  - {{name: z, kind: append, storage: db, retention_age: 90s}}\n  - {{name: b, kind: queue, storage: a_mem, backoff: [2s, 1s]}}\n",
+        sqlite("db", ", publish_commit_interval: 5ms")
+    )));
+    let doc = config.resolved();
+    assert_eq!(doc["storage"][0]["name"], "a_mem");
+    assert_eq!(doc["channels"][0]["name"], "b");
+    assert_eq!(
+        doc["channels"][0]["backoff"],
+        serde_json::json!(["2s", "1s"])
+    );
+    assert_eq!(doc["channels"][1]["retention_age"], "1m 30s");
+    assert_eq!(doc["storage"][1]["publish_commit_interval"], "5ms");
+    let keys: Vec<&String> = doc.as_object().expect("a map").keys().collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+    let text = serde_norway::to_string(&doc).expect("yaml");
+    let again = Config::from_yaml_str(&text, &origin()).expect("loads back");
+    assert_eq!(again.resolved(), doc);
+}
+
+#[test]
+fn relative_paths_resolve_against_the_file() {
+    let config = ok(&with_base(
+        "storage:\n  - {name: db, kind: sqlite, file_path: data/../data/./saguin.db}\n",
+    ));
+    let Provider::Sqlite(db) = &config.storage[0] else {
+        panic!()
+    };
+    let dir = origin()
+        .parent()
+        .expect("a directory")
+        .canonicalize()
+        .expect("exists");
+    assert_eq!(db.file_path, dir.join("data/saguin.db"));
+}
+
+#[test]
+fn load_reads_files_and_tells_unreadable_from_invalid() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, with_base("")).expect("write");
+    let config = Config::load(&path).expect("valid");
+    assert_eq!(config.origin.as_deref(), Some(path.as_path()));
+    assert!(matches!(
+        Config::load(dir.path().join("missing.yaml")),
+        Err(ConfigError::Unreadable { .. })
+    ));
+    assert!(matches!(
+        Config::load(dir.path()),
+        Err(ConfigError::Unreadable { .. })
+    ));
+    std::fs::write(&path, b"\xff").expect("write");
+    assert!(matches!(
+        Config::load(&path),
+        Err(ConfigError::Invalid { .. })
+    ));
+}

@@ -1,0 +1,323 @@
+//! `saguin check-config` as a process: exit codes, one stderr line per
+//! problem with its YAML path (the golden files in fixtures/config/bad), and
+//! `--output` that is deterministic, equal for equivalent configurations,
+//! and loads back.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn saguin(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(args)
+        .output()
+        .expect("run saguin")
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/config")
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 fixture path")
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited, not killed")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn every_bad_fixture_is_refused_with_exactly_its_expected_problems() {
+    let bad = fixtures().join("bad");
+    let files_dir = fixtures()
+        .join("files")
+        .canonicalize()
+        .expect("fixtures/config/files");
+    let mut checked = 0;
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(&bad)
+        .expect("read fixtures/config/bad")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    entries.sort();
+    for yaml in entries {
+        let expected_path = yaml.with_extension("expected");
+        let expected = std::fs::read_to_string(&expected_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()))
+            .replace("{files}", path_str(&files_dir));
+        let out = saguin(&["check-config", "--config", path_str(&yaml)]);
+        assert_eq!(code(&out), 1, "{}: {}", yaml.display(), stderr(&out));
+        assert!(
+            out.stdout.is_empty(),
+            "{}: stdout: {}",
+            yaml.display(),
+            stdout(&out)
+        );
+        let prefix = format!("{}: ", yaml.display());
+        let err = stderr(&out);
+        let mut lines: Vec<&str> = err.lines().collect();
+        let last = lines.pop().expect("a closing line");
+        assert!(
+            last.starts_with("saguin: ") && last.ends_with("the configuration is invalid"),
+            "{last}"
+        );
+        let problems: Vec<&str> = lines
+            .iter()
+            .map(|l| {
+                l.strip_prefix(&prefix)
+                    .unwrap_or_else(|| panic!("a problem line without the file name: {l}"))
+            })
+            .collect();
+        let expected: Vec<&str> = expected.lines().collect();
+        assert_eq!(problems, expected, "{}", yaml.display());
+        checked += 1;
+    }
+    assert!(checked >= 15, "only {checked} bad fixtures");
+}
+
+#[test]
+fn the_rfc_example_problem_line_names_its_yaml_path() {
+    let yaml = fixtures().join("bad/missing-provider.yaml");
+    let out = saguin(&["check-config", "--config", path_str(&yaml)]);
+    assert_eq!(code(&out), 1);
+    assert!(
+        stderr(&out).contains(r#"channels[2].storage: no provider named "db2""#),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn good_fixtures_are_valid_and_summarised() {
+    for name in ["full.yaml", "full-rewritten.yaml", "minimal.yaml"] {
+        let yaml = fixtures().join("good").join(name);
+        let out = saguin(&["check-config", "--config", path_str(&yaml)]);
+        assert_eq!(code(&out), 0, "{name}: {}", stderr(&out));
+        assert!(out.stderr.is_empty(), "{name}: {}", stderr(&out));
+        assert!(stdout(&out).contains(": valid"), "{}", stdout(&out));
+    }
+    let out = saguin(&[
+        "check-config",
+        "--config",
+        path_str(&fixtures().join("good/full.yaml")),
+    ]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("channel telemetry (append) on provider db (sqlite): every commit is kept"),
+        "{text}"
+    );
+    assert!(
+        text.contains("less about one flush_interval (150ms) on a power cut"),
+        "{text}"
+    );
+    assert!(text.contains("1048576 pages of 4096 bytes"), "{text}");
+    assert!(text.contains("reserve 270336 bytes (66 pages"), "{text}");
+    assert!(
+        text.contains(
+            "retained messages: provider mem (memory): kept as of the last successful snapshot"
+        ),
+        "{text}"
+    );
+
+    let out = saguin(&[
+        "check-config",
+        "--config",
+        path_str(&fixtures().join("good/minimal.yaml")),
+    ]);
+    assert!(
+        stdout(&out).contains("this configuration keeps nothing"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn output_is_one_document_on_stdout_with_the_summary_on_stderr() {
+    let yaml = fixtures().join("good/full.yaml");
+    let out = saguin(&[
+        "check-config",
+        "--config",
+        path_str(&yaml),
+        "--output",
+        "json",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
+    assert_eq!(doc["limits"]["max_message_size"], 262_144);
+    assert_eq!(doc["storage"][0]["name"], "db");
+    assert_eq!(doc["storage"][0]["max_bytes"], 4_294_967_296_u64);
+    assert_eq!(doc["storage"][0]["flush_interval"], "150ms");
+    assert_eq!(doc["storage"][0]["publish_commit_interval"], "none");
+    assert_eq!(doc["channels"][0]["name"], "devices");
+    let names: Vec<&str> = doc["channels"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|c| c["name"].as_str().expect("a name"))
+        .collect();
+    assert_eq!(names, ["devices", "jobs", "telemetry"], "sorted by name");
+    assert!(stderr(&out).contains("valid"));
+    assert!(stderr(&out).contains("channel jobs (queue, with its dead-letter channel jobs.dlq)"));
+
+    // Default format is YAML.
+    let out = saguin(&["check-config", "--config", path_str(&yaml), "--output"]);
+    assert_eq!(code(&out), 0);
+    let doc: serde_json::Value =
+        serde_norway::from_slice(&out.stdout).expect("stdout is one YAML document");
+    assert_eq!(doc["log"]["format"], "logfmt");
+}
+
+#[test]
+fn equivalent_configurations_print_identical_documents() {
+    let a = fixtures().join("good/full.yaml");
+    let b = fixtures().join("good/full-rewritten.yaml");
+    for format in ["yaml", "json"] {
+        let out_a = saguin(&["check-config", "--config", path_str(&a), "--output", format]);
+        let out_b = saguin(&["check-config", "--config", path_str(&b), "--output", format]);
+        let again = saguin(&["check-config", "--config", path_str(&a), "--output", format]);
+        assert_eq!(code(&out_a), 0, "{}", stderr(&out_a));
+        assert_eq!(code(&out_b), 0, "{}", stderr(&out_b));
+        assert_eq!(stdout(&out_a), stdout(&out_b), "{format}");
+        assert_eq!(
+            stdout(&out_a),
+            stdout(&again),
+            "{format}: not deterministic"
+        );
+    }
+}
+
+#[test]
+fn the_resolved_document_loads_back_to_itself() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for format in ["yaml", "json"] {
+        let first = saguin(&[
+            "check-config",
+            "--config",
+            path_str(&fixtures().join("good/full.yaml")),
+            "--output",
+            format,
+        ]);
+        assert_eq!(code(&first), 0);
+        let resolved = dir.path().join(format!("resolved.{format}"));
+        std::fs::write(&resolved, &first.stdout).expect("write the resolved document");
+        let second = saguin(&[
+            "check-config",
+            "--config",
+            path_str(&resolved),
+            "--output",
+            format,
+        ]);
+        assert_eq!(code(&second), 0, "{format}: {}", stderr(&second));
+        assert_eq!(stdout(&first), stdout(&second), "{format}");
+    }
+}
+
+#[test]
+fn output_redacts_what_the_named_files_hold() {
+    let yaml = fixtures().join("good/full.yaml");
+    let out = saguin(&[
+        "check-config",
+        "--config",
+        path_str(&yaml),
+        "--output",
+        "json",
+    ]);
+    let all = format!("{}{}", stdout(&out), stderr(&out));
+    let key = std::fs::read_to_string(fixtures().join("files/server.key")).expect("key");
+    let key_body: String = key.lines().nth(1).expect("a key line").to_string();
+    assert!(!all.contains(&key_body), "key material printed");
+    assert!(!all.contains("BEGIN"), "PEM printed");
+    let passwords = std::fs::read_to_string(fixtures().join("files/passwords")).expect("passwords");
+    for line in passwords.lines() {
+        let hash = line.rsplit('$').next().expect("a hash");
+        assert!(!all.contains(hash), "a password hash printed");
+    }
+    assert!(!all.contains("telemetry/secret"), "ACL contents printed");
+    // The paths are configuration and are printed.
+    assert!(stdout(&out).contains("files/server.key"));
+}
+
+#[test]
+fn the_embedded_default_is_valid_and_keeps_nothing() {
+    let out = saguin(&["check-config"]);
+    assert_eq!(code(&out), 0);
+    assert!(stdout(&out).contains("this configuration keeps nothing"));
+    let out = saguin(&["check-config", "--output", "json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(doc["listeners"][0]["bind"], "127.0.0.1:1883");
+    assert_eq!(doc["auth"]["allow_anonymous"], true);
+    assert_eq!(doc["channels"], serde_json::json!([]));
+    assert_eq!(doc["storage"], serde_json::json!([]));
+}
+
+#[test]
+fn a_file_that_cannot_be_read_exits_3() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("nope.yaml");
+    let out = saguin(&["check-config", "--config", path_str(&missing)]);
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert!(stderr(&out).contains("nope.yaml"), "{}", stderr(&out));
+    assert!(out.stdout.is_empty());
+
+    let out = saguin(&["check-config", "--config", path_str(dir.path())]);
+    assert_eq!(code(&out), 3);
+    assert!(
+        stderr(&out).contains("not a regular file"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_file_that_is_not_text_is_invalid_not_unreadable() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = dir.path().join("binary.yaml");
+    std::fs::write(&binary, b"listeners: \xff\xfe\n").expect("write");
+    let out = saguin(&["check-config", "--config", path_str(&binary)]);
+    assert_eq!(code(&out), 1);
+    assert!(
+        stderr(&out).contains("not UTF-8 text (invalid byte at offset 11)"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [
+        &["check-config", "--output", "xml"][..],
+        &["check-config", "--no-such-flag"][..],
+        &["check-config", "--config"][..],
+    ] {
+        let out = saguin(args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn relative_paths_resolve_against_the_configuration_file_not_the_working_directory() {
+    let yaml = fixtures().join("good/full.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .current_dir(std::env::temp_dir())
+        .args([
+            "check-config",
+            "--config",
+            path_str(&yaml),
+            "--output",
+            "json",
+        ])
+        .output()
+        .expect("run saguin");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let expected = fixtures().join("files/acl").canonicalize().expect("acl");
+    assert_eq!(doc["auth"]["acl_file"], path_str(&expected));
+}
