@@ -11,10 +11,9 @@ use crate::exit;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
+    // Exit 0: free (including a stale lock left by a process that is gone);
+    // 1: held; 3: cannot tell.
     /// Free, held (by whom, since when), or left by a process that is gone.
-    ///
-    /// Exit 0: free (including a stale lock left by a process that is gone);
-    /// 1: held; 3: cannot tell.
     Status {
         /// A database, a lock file, or a snapshot directory.
         path: PathBuf,

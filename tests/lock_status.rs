@@ -166,3 +166,22 @@ fn a_lock_that_cannot_be_read_is_cannot_tell() {
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing-here.db"));
 }
+
+#[test]
+fn a_running_sqlite_provider_holds_its_databases_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("saguin.db");
+    let provider = saguin::storage::sqlite::SqliteProvider::open(
+        saguin::storage::sqlite::SqliteOptions::new("db", &db),
+    )
+    .unwrap();
+    let out = status(&db, true);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let doc = json_of(&out);
+    assert_eq!(doc["state"], "held");
+    assert_eq!(doc["holder"]["pid"], std::process::id());
+    drop(provider);
+    let out = status(&db, true);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(json_of(&out)["state"], "free");
+}

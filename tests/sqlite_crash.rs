@@ -34,6 +34,17 @@ fn options(db: &Path) -> SqliteOptions {
     o
 }
 
+/// Odd rounds collect publishes with an interval, so a kill can land while
+/// a leader waits for company or commits a batch of several.
+fn child_options(db: &Path, round: u32) -> SqliteOptions {
+    let mut o = options(db);
+    if round % 2 == 1 {
+        o.publish_commit_interval = Some(Duration::from_millis(1));
+        o.publish_commit_max_records = 16;
+    }
+    o
+}
+
 /// The child's body. Without the environment variable (an ordinary test
 /// run) it has nothing to crash and returns.
 #[test]
@@ -42,7 +53,7 @@ fn crash_child_appends_until_killed() {
         return;
     };
     let round: u32 = std::env::var(ROUND_ENV).unwrap().parse().unwrap();
-    let provider = SqliteProvider::open(options(Path::new(&db))).unwrap();
+    let provider = SqliteProvider::open(child_options(Path::new(&db), round)).unwrap();
     let store: Arc<dyn AppendStore> = provider
         .open_channel(CHANNEL, ChannelKind::Append)
         .unwrap()

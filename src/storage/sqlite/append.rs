@@ -20,7 +20,7 @@ use super::schema::record_columns;
 use super::Shared;
 use crate::storage::contract::{self, AppendStore, Position, Reader, Removed, StorageError};
 
-const SQL_FLOOR: &str = "SELECT floor FROM channels WHERE name = ?1";
+const SQL_NEXT_FLOOR: &str = "SELECT next, floor FROM channels WHERE name = ?1";
 const SQL_READ: &str = concat!(
     "SELECT offset, ",
     record_columns!(),
@@ -33,7 +33,7 @@ const SQL_OLDEST_TIMESTAMP: &str =
 const SQL_COUNT: &str = "SELECT count(*) FROM records WHERE channel = ?1";
 
 pub(crate) const READ_STATEMENTS: [&str; 5] = [
-    SQL_FLOOR,
+    SQL_NEXT_FLOOR,
     SQL_READ,
     SQL_FIRST_AT_OR_AFTER,
     SQL_OLDEST_TIMESTAMP,
@@ -148,14 +148,17 @@ impl AppendChannel {
         &self,
         offset: u64,
         max: usize,
-    ) -> contract::Result<(u64, Vec<Record>)> {
+    ) -> contract::Result<(u64, u64, Vec<Record>)> {
         let limit = i64::try_from(max).unwrap_or(i64::MAX);
         self.shared.read(
             || format!("channel {}: reading from offset {offset}", self.name),
             |conn| {
-                let floor: u64 = conn
-                    .prepare_cached(SQL_FLOOR)?
-                    .query_row([&self.name], |r| r.get(0))?;
+                let (next, floor): (u64, u64) = conn
+                    .prepare_cached(SQL_NEXT_FLOOR)?
+                    .query_row([&self.name], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                if max == 0 || offset > next {
+                    return Ok((next, floor, Vec::new()));
+                }
                 let mut stmt = conn.prepare_cached(SQL_READ)?;
                 let rows = stmt.query_map(
                     rusqlite::params![self.name, offset.max(floor), limit],
@@ -164,7 +167,7 @@ impl AppendChannel {
                         record_at(r, 1, offset)
                     },
                 )?;
-                Ok((floor, rows.collect::<rusqlite::Result<Vec<_>>>()?))
+                Ok((next, floor, rows.collect::<rusqlite::Result<Vec<_>>>()?))
             },
         )
     }
@@ -218,6 +221,7 @@ impl AppendChannel {
         match result {
             Ok(Some((new_floor, remaining, records))) => {
                 self.removed(new_floor, remaining, records);
+                self.shared.set_publishes_full(false);
                 Ok(Removed {
                     records,
                     bytes: bytes - remaining,
@@ -273,6 +277,7 @@ impl AppendChannel {
         match result {
             Ok((floor, remaining, records, freed)) => {
                 self.removed(floor, remaining, records);
+                self.shared.set_publishes_full(false);
                 Ok(Removed {
                     records,
                     bytes: freed,
@@ -290,18 +295,6 @@ impl AppendChannel {
     pub(crate) fn is_gapped(&self) -> bool {
         self.gapped
     }
-
-    fn check_range(&self, offset: u64) -> contract::Result<()> {
-        let next = self.next_value();
-        if offset > next {
-            return Err(StorageError::PastNext {
-                channel: self.name.clone(),
-                offset,
-                next,
-            });
-        }
-        Ok(())
-    }
 }
 
 impl AppendStore for AppendChannel {
@@ -310,6 +303,7 @@ impl AppendStore for AppendChannel {
     }
 
     fn append(&self, record: Record) -> contract::Result<Record> {
+        contract::check_record(&self.name, &record, self.gapped)?;
         let target = self.target()?;
         match self
             .shared
@@ -329,16 +323,22 @@ impl AppendStore for AppendChannel {
     }
 
     fn read_from_n(&self, offset: u64, max: usize) -> contract::Result<Vec<Record>> {
-        self.check_range(offset)?;
-        if max == 0 {
-            return Ok(Vec::new());
-        }
-        let (floor, records) = self.read_rows(offset, max)?;
+        // The bounds come from the same read snapshot as the records: a
+        // commit that landed after the in-memory counters were read is
+        // still inside them.
+        let (next, floor, records) = self.read_rows(offset, max)?;
         if offset < floor && !self.gapped {
             return Err(StorageError::BelowFloor {
                 channel: self.name.clone(),
                 offset,
                 floor,
+            });
+        }
+        if offset > next {
+            return Err(StorageError::PastNext {
+                channel: self.name.clone(),
+                offset,
+                next,
             });
         }
         Ok(records)
@@ -429,14 +429,8 @@ impl AppendStore for AppendChannel {
     }
 
     fn save_position(&self, position: Position) -> contract::Result<()> {
-        let next = self.next_value();
-        if position.offset > next {
-            return Err(StorageError::Invalid {
-                what: format!("channel {}: position of {}", self.name, position.reader),
-                detail: format!("offset {} is past the next offset {next}", position.offset),
-            });
-        }
-        self.shared.save_position(&self.name, &position)?;
+        self.shared
+            .save_position(&self.name, &position, self.next_value())?;
         self.positions
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -29,10 +29,10 @@ use rusqlite::Connection;
 use saguin_format::model::Record;
 
 use super::append::AppendChannel;
-use super::latest::LatestChannel;
+use super::latest::{LatestChannel, LatestEntry};
 use super::queue::QueueChannel;
 use super::row::Encoded;
-use super::schema::RECORD_COLUMNS;
+use super::schema::record_columns;
 use super::Shared;
 use crate::storage::contract::{self, StorageError};
 
@@ -60,32 +60,55 @@ impl Target {
 pub(crate) enum Job {
     Put(Target, Record),
     /// A latest channel's topic deleted.
-    Delete(Arc<LatestChannel>, String),
+    Delete(Arc<LatestChannel>, Record),
 }
 
 /// What a publish is answered with: the record as stored, or `None` for a
 /// deletion of a topic that held nothing (no offset taken).
 pub(crate) type Outcome = contract::Result<Option<Record>>;
 
+/// What a waiting publisher is told: lead the next batch, or its answer.
+#[allow(clippy::large_enum_variant)] // one per publish, never boxed: the answer moves out once.
+enum Turn {
+    Waiting,
+    Lead,
+    Done(Outcome),
+}
+
+/// One publisher's place: it sleeps on its own condition variable, so a
+/// batch ending wakes exactly the publishers in it and the next leader,
+/// not every waiter.
+struct Slot {
+    turn: Mutex<Turn>,
+    woken: Condvar,
+}
+
+impl Slot {
+    fn tell(&self, turn: Turn) {
+        *self.turn.lock().unwrap_or_else(|e| e.into_inner()) = turn;
+        self.woken.notify_one();
+    }
+}
+
 struct Waiting {
-    ticket: u64,
+    slot: Arc<Slot>,
     job: Job,
 }
 
 #[derive(Default)]
 struct State {
     queue: VecDeque<Waiting>,
-    done: HashMap<u64, Outcome>,
-    /// The ticket whose caller leads the next batch.
-    leader: Option<u64>,
-    next_ticket: u64,
+    /// A batch is being collected or committed; its leader hands the next
+    /// one to the publisher at the front of the queue.
+    leading: bool,
 }
 
 pub(crate) struct Batcher {
     interval: Option<Duration>,
     max_records: usize,
     state: Mutex<State>,
-    changed: Condvar,
+    /// Wakes a leader waiting out the interval when company arrives.
+    arrived: Condvar,
 }
 
 impl Batcher {
@@ -94,54 +117,92 @@ impl Batcher {
             interval,
             max_records: max_records.max(1),
             state: Mutex::new(State::default()),
-            changed: Condvar::new(),
+            arrived: Condvar::new(),
         }
     }
 
     /// Stores one publish and returns when the transaction holding it has
     /// committed (or failed): invariant 18's "answered only after".
     pub fn submit(&self, shared: &Shared, job: Job) -> Outcome {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let ticket = st.next_ticket;
-        st.next_ticket += 1;
-        st.queue.push_back(Waiting { ticket, job });
-        if st.leader.is_none() {
-            st.leader = Some(ticket);
-        } else {
-            // A leader waiting out an interval counts its company.
-            self.changed.notify_all();
-        }
-        loop {
-            if let Some(outcome) = st.done.remove(&ticket) {
-                return outcome;
+        let slot = Arc::new(Slot {
+            turn: Mutex::new(Turn::Waiting),
+            woken: Condvar::new(),
+        });
+        {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.queue.push_back(Waiting {
+                slot: Arc::clone(&slot),
+                job,
+            });
+            if st.leading {
+                self.arrived.notify_one();
+            } else {
+                st.leading = true;
+                *slot.turn.lock().unwrap_or_else(|e| e.into_inner()) = Turn::Lead;
             }
-            if st.leader == Some(ticket) {
-                if let Some(interval) = self.interval {
-                    let opened = Instant::now();
-                    while st.queue.len() < self.max_records {
-                        let left = interval.saturating_sub(opened.elapsed());
-                        if left.is_zero() {
-                            break;
-                        }
-                        st = self
-                            .changed
-                            .wait_timeout(st, left)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
+        }
+        {
+            let mut turn = slot.turn.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                match std::mem::replace(&mut *turn, Turn::Waiting) {
+                    Turn::Done(outcome) => return outcome,
+                    Turn::Lead => break,
+                    Turn::Waiting => {
+                        turn = slot.woken.wait(turn).unwrap_or_else(|e| e.into_inner());
                     }
                 }
-                let take = st.queue.len().min(self.max_records);
-                let batch: Vec<Waiting> = st.queue.drain(..take).collect();
-                drop(st);
-                let outcomes = run_batch(shared, batch);
-                st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                st.done.extend(outcomes);
-                st.leader = st.queue.front().map(|w| w.ticket);
-                self.changed.notify_all();
-                continue;
             }
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
+        self.lead(shared, &slot)
+    }
+
+    /// Collects, commits and answers one batch - this publisher's own job is
+    /// at the front of the queue - then hands the lead on.
+    fn lead(&self, shared: &Shared, me: &Arc<Slot>) -> Outcome {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(interval) = self.interval {
+            // The leader waits for company holding nothing but this queue:
+            // the writer is free for reads meanwhile.
+            let opened = Instant::now();
+            while st.queue.len() < self.max_records {
+                let left = interval.saturating_sub(opened.elapsed());
+                if left.is_zero() {
+                    break;
+                }
+                st = self
+                    .arrived
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        let take = st.queue.len().min(self.max_records);
+        let batch: Vec<Waiting> = st.queue.drain(..take).collect();
+        drop(st);
+        let (slots, jobs): (Vec<Arc<Slot>>, Vec<Job>) =
+            batch.into_iter().map(|w| (w.slot, w.job)).unzip();
+        let outcomes = run_batch(shared, jobs);
+        let mut mine = None;
+        for (slot, outcome) in slots.into_iter().zip(outcomes) {
+            if Arc::ptr_eq(&slot, me) {
+                mine = Some(outcome);
+            } else {
+                slot.tell(Turn::Done(outcome));
+            }
+        }
+        {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            match st.queue.front() {
+                Some(next) => next.slot.tell(Turn::Lead),
+                None => st.leading = false,
+            }
+        }
+        mine.unwrap_or_else(|| {
+            Err(StorageError::Write {
+                context: format!("storage {}", shared.path.display()),
+                detail: "the publish was not in the batch its publisher led".into(),
+            })
+        })
     }
 }
 
@@ -151,7 +212,7 @@ pub(crate) struct Pending {
     pub bytes: u64,
     pub count: u64,
     /// Latest channels: topic -> the size it now holds (None = deleted).
-    pub topics: HashMap<String, Option<u64>>,
+    pub topics: HashMap<String, Option<LatestEntry>>,
 }
 
 pub(crate) fn counters_of(target: &Target) -> Pending {
@@ -176,148 +237,153 @@ fn max_bytes_of(target: &Target) -> Option<u64> {
     }
 }
 
+// Constant statement texts: the cache is keyed by the text, so building it
+// per call would cost an allocation and a hash of it on every publish.
+const SQL_INSERT_RECORD: &str = concat!(
+    "INSERT INTO records (channel, offset, ",
+    record_columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+);
+const SQL_INSERT_QUEUE_ITEM: &str = concat!(
+    "INSERT INTO queue_items (channel, offset, ",
+    record_columns!(),
+    ", attempts, first_delivered, last_delivered)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0, 0, 0)"
+);
+const SQL_UPSERT_LATEST: &str = concat!(
+    "INSERT INTO latest_values (channel, offset, deleted, ",
+    record_columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+     ON CONFLICT (channel, topic) DO UPDATE SET offset = excluded.offset, deleted = excluded.deleted,
+         message_id = excluded.message_id, timestamp = excluded.timestamp,
+         headers = excluded.headers, payload = excluded.payload, props = excluded.props,
+         retain = excluded.retain, bridge = excluded.bridge, client_id = excluded.client_id,
+         qos = excluded.qos, shared_copy = excluded.shared_copy, owed_to = excluded.owed_to,
+         size = excluded.size"
+);
+
 /// Writes one publish into the open transaction at the channel's pending
-/// next offset. Used by group commit and by a held publish's release.
+/// next offset, and returns that offset. Used by group commit, a held
+/// publish's release and the dead-letter move.
 pub(crate) fn stage(
     conn: &Connection,
     target: &Target,
     pending: &mut Pending,
-    record: Record,
-) -> rusqlite::Result<Record> {
-    let mut record = record;
-    record.offset = pending.next;
-    let encoded = Encoded::new(&record);
+    record: &Record,
+) -> rusqlite::Result<u64> {
+    let offset = pending.next;
+    let encoded = Encoded::new(record);
     let name = target.name();
     match target {
         Target::Append(_) => {
-            let mut stmt = conn.prepare_cached(&format!(
-                "INSERT INTO records (channel, offset, {RECORD_COLUMNS})
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
-            ))?;
+            let mut stmt = conn.prepare_cached(SQL_INSERT_RECORD)?;
             let p = encoded.params();
             stmt.execute(rusqlite::params![
-                name,
-                record.offset,
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                p[4],
-                p[5],
-                p[6],
-                p[7],
-                p[8],
-                p[9],
-                p[10],
-                p[11],
-                p[12]
+                name, offset, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
+                p[11], p[12]
             ])?;
             pending.bytes += encoded.size;
             pending.count += 1;
         }
         Target::Queue(_) => {
-            let mut stmt = conn.prepare_cached(&format!(
-                "INSERT INTO queue_items (channel, offset, {RECORD_COLUMNS}, attempts, first_delivered, last_delivered)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0, 0, 0)"
-            ))?;
+            let mut stmt = conn.prepare_cached(SQL_INSERT_QUEUE_ITEM)?;
             let p = encoded.params();
             stmt.execute(rusqlite::params![
-                name,
-                record.offset,
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                p[4],
-                p[5],
-                p[6],
-                p[7],
-                p[8],
-                p[9],
-                p[10],
-                p[11],
-                p[12]
+                name, offset, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
+                p[11], p[12]
             ])?;
             pending.bytes += encoded.size;
             pending.count += 1;
         }
         Target::Latest(channel) => {
-            let mut stmt = conn.prepare_cached(&format!(
-                "INSERT INTO latest_values (channel, offset, deleted, {RECORD_COLUMNS})
-                 VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
-                 ON CONFLICT (channel, topic) DO UPDATE SET offset = excluded.offset, deleted = 0,
-                     message_id = excluded.message_id, timestamp = excluded.timestamp,
-                     headers = excluded.headers, payload = excluded.payload, props = excluded.props,
-                     retain = excluded.retain, bridge = excluded.bridge, client_id = excluded.client_id,
-                     qos = excluded.qos, shared_copy = excluded.shared_copy, owed_to = excluded.owed_to,
-                     size = excluded.size"
-            ))?;
-            let p = encoded.params();
-            stmt.execute(rusqlite::params![
-                name,
-                record.offset,
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                p[4],
-                p[5],
-                p[6],
-                p[7],
-                p[8],
-                p[9],
-                p[10],
-                p[11],
-                p[12]
-            ])?;
-            let before = current_size(channel, pending, &record.topic);
+            upsert_latest(conn, name, offset, &encoded, false)?;
+            let before = current(channel, pending, &record.topic);
             match before {
-                Some(old) => pending.bytes = pending.bytes.saturating_sub(old),
+                Some(LatestEntry { size, marker }) => {
+                    pending.bytes = pending.bytes.saturating_sub(size);
+                    if marker {
+                        pending.count += 1;
+                    }
+                }
                 None => pending.count += 1,
             }
             pending.bytes += encoded.size;
-            pending
-                .topics
-                .insert(record.topic.clone(), Some(encoded.size));
+            pending.topics.insert(
+                record.topic.clone(),
+                Some(LatestEntry {
+                    size: encoded.size,
+                    marker: false,
+                }),
+            );
         }
     }
     pending.next += 1;
-    Ok(record)
+    Ok(offset)
 }
 
-/// The size a latest topic holds as the batch sees it.
-fn current_size(channel: &LatestChannel, pending: &Pending, topic: &str) -> Option<u64> {
+/// A latest topic's row as the batch sees it: `None` when there is none.
+fn current(channel: &LatestChannel, pending: &Pending, topic: &str) -> Option<LatestEntry> {
     match pending.topics.get(topic) {
-        Some(size) => *size,
-        None => channel.topic_size(topic),
+        Some(entry) => *entry,
+        None => channel.entry(topic),
     }
 }
 
+fn upsert_latest(
+    conn: &Connection,
+    channel: &str,
+    offset: u64,
+    encoded: &Encoded<'_>,
+    deleted: bool,
+) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached(SQL_UPSERT_LATEST)?;
+    let p = encoded.params();
+    stmt.execute(rusqlite::params![
+        channel, offset, deleted, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9],
+        p[10], p[11], p[12]
+    ])?;
+    Ok(())
+}
+
 /// Deletes a latest topic inside the open transaction, taking an offset
-/// only when the topic held a value. The row stays as the deletion's marker
-/// so a resuming consumer learns of it.
+/// only when the topic holds a value. The deletion (the record with the
+/// empty payload, as the publisher sent it) stays as the topic's marker so
+/// a resuming consumer learns of it, and counts its size as the memory
+/// provider's does; the retained store keeps no markers.
 pub(crate) fn stage_delete(
     conn: &Connection,
     channel: &LatestChannel,
     pending: &mut Pending,
-    topic: &str,
-) -> rusqlite::Result<Option<Record>> {
-    let Some(old) = current_size(channel, pending, topic) else {
+    record: &Record,
+) -> rusqlite::Result<Option<u64>> {
+    let Some(LatestEntry {
+        size: old,
+        marker: false,
+    }) = current(channel, pending, &record.topic)
+    else {
         return Ok(None);
     };
     let offset = pending.next;
-    conn.prepare_cached(
-        "UPDATE latest_values SET offset = ?3, deleted = 1, payload = X'', headers = NULL, props = NULL,
-             size = 0 WHERE channel = ?1 AND topic = ?2",
-    )?
-    .execute(rusqlite::params![channel.name_str(), topic, offset])?;
     pending.bytes = pending.bytes.saturating_sub(old);
     pending.count = pending.count.saturating_sub(1);
-    pending.topics.insert(topic.to_string(), None);
+    if channel.keeps_markers() {
+        let encoded = Encoded::new(record);
+        upsert_latest(conn, channel.name_str(), offset, &encoded, true)?;
+        pending.bytes += encoded.size;
+        pending.topics.insert(
+            record.topic.clone(),
+            Some(LatestEntry {
+                size: encoded.size,
+                marker: true,
+            }),
+        );
+    } else {
+        conn.prepare_cached("DELETE FROM latest_values WHERE channel = ?1 AND topic = ?2")?
+            .execute(rusqlite::params![channel.name_str(), record.topic])?;
+        pending.topics.insert(record.topic.clone(), None);
+    }
     pending.next += 1;
-    let mut marker = Record::new(topic, bytes::Bytes::new());
-    marker.offset = offset;
-    Ok(Some(marker))
+    Ok(Some(offset))
 }
 
 /// Writes each touched channel's counter row once: next, and bytes where
@@ -358,20 +424,17 @@ pub(crate) fn publish_counters(touched: Vec<(Target, Pending)>) {
     }
 }
 
-fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
+fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
     let mut outcomes: Vec<(u64, Outcome)> = Vec::with_capacity(batch.len());
     let mut writer = match shared.writer() {
         Ok(w) => w,
         Err(_) => {
             return batch
-                .into_iter()
-                .map(|w| {
-                    (
-                        w.ticket,
-                        Err(StorageError::Closed {
-                            provider: shared.name.clone(),
-                        }),
-                    )
+                .iter()
+                .map(|_| {
+                    Err(StorageError::Closed {
+                        provider: shared.name.clone(),
+                    })
                 })
                 .collect()
         }
@@ -379,22 +442,23 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
     // Property 3: a channel's own bound refuses one record, before the
     // transaction, counting what this batch already accepted for it.
     let mut touched: Vec<(Target, Pending)> = Vec::new();
-    let mut index_of: HashMap<String, usize> = HashMap::new();
     let mut accepted: Vec<(u64, Job, u64)> = Vec::with_capacity(batch.len());
-    for Waiting { ticket, job } in batch {
+    for (ticket, job) in (0u64..).zip(batch) {
         let target = match &job {
             Job::Put(t, _) => t.clone(),
             Job::Delete(c, _) => Target::Latest(Arc::clone(c)),
         };
-        let idx = *index_of
-            .entry(target.name().to_string())
-            .or_insert_with(|| {
+        // A batch touches few channels: a scan beats hashing every name.
+        let idx = match touched.iter().position(|(t, _)| t.name() == target.name()) {
+            Some(idx) => idx,
+            None => {
                 touched.push((target.clone(), counters_of(&target)));
                 touched.len() - 1
-            });
+            }
+        };
         let size = match &job {
             Job::Put(_, r) => r.accounted_size(),
-            Job::Delete(..) => 0,
+            Job::Delete(_, r) => r.accounted_size(),
         };
         if let (Some(max), Job::Put(..)) = (max_bytes_of(&target), &job) {
             let held = touched[idx].1.bytes;
@@ -416,7 +480,7 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
         accepted.push((ticket, job, size));
     }
     if accepted.is_empty() {
-        return outcomes;
+        return in_order(outcomes);
     }
     // The pre-check borrowed the pending bytes; start the transaction from
     // the committed counters again.
@@ -428,13 +492,19 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
         for (_, job, _) in &accepted {
             let out = match job {
                 Job::Put(target, record) => {
-                    let idx = index_of[target.name()];
-                    let (t, pending) = &mut touched[idx];
-                    Some(stage(conn, t, pending, record.clone())?)
+                    // Every accepted job's channel was entered in `touched`.
+                    let (t, pending) = touched
+                        .iter_mut()
+                        .find(|(t, _)| t.name() == target.name())
+                        .ok_or(rusqlite::Error::InvalidQuery)?;
+                    Some(stage(conn, t, pending, record)?)
                 }
-                Job::Delete(channel, topic) => {
-                    let idx = index_of[channel.name_str()];
-                    stage_delete(conn, channel, &mut touched[idx].1, topic)?
+                Job::Delete(channel, record) => {
+                    let (_, pending) = touched
+                        .iter_mut()
+                        .find(|(t, _)| t.name() == channel.name_str())
+                        .ok_or(rusqlite::Error::InvalidQuery)?;
+                    stage_delete(conn, channel, pending, record)?
                 }
             };
             stored.push(out);
@@ -445,19 +515,39 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
     match result {
         Ok(stored) => {
             publish_counters(touched);
+            shared
+                .counters
+                .publish_batches
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shared
+                .counters
+                .batched_publishes
+                .fetch_add(stored.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            shared.set_publishes_full(false);
             drop(writer);
-            for ((ticket, _, _), record) in accepted.into_iter().zip(stored) {
-                outcomes.push((ticket, Ok(record)));
+            for ((ticket, job, _), offset) in accepted.into_iter().zip(stored) {
+                let answer = match (job, offset) {
+                    (Job::Put(_, mut record), Some(offset))
+                    | (Job::Delete(_, mut record), Some(offset)) => {
+                        record.offset = offset;
+                        Some(record)
+                    }
+                    (_, None) => None,
+                };
+                outcomes.push((ticket, Ok(answer)));
             }
         }
         Err(e) => {
             // Property 1: nothing moved in memory, so every offset the batch
             // took is handed back by construction.
+            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+                shared.set_publishes_full(true);
+            }
             let conn = writer.conn();
             for (ticket, job, size) in accepted {
                 let context = match &job {
                     Job::Put(t, _) => format!("channel {}: storing a publish", t.name()),
-                    Job::Delete(c, topic) => format!("channel {}: deleting {topic}", c.name_str()),
+                    Job::Delete(c, r) => format!("channel {}: deleting {}", c.name_str(), r.topic),
                 };
                 outcomes.push((
                     ticket,
@@ -466,5 +556,11 @@ fn run_batch(shared: &Shared, batch: Vec<Waiting>) -> Vec<(u64, Outcome)> {
             }
         }
     }
-    outcomes
+    in_order(outcomes)
+}
+
+/// The answers in the order the publishes came in the batch.
+fn in_order(mut outcomes: Vec<(u64, Outcome)>) -> Vec<Outcome> {
+    outcomes.sort_by_key(|(index, _)| *index);
+    outcomes.into_iter().map(|(_, outcome)| outcome).collect()
 }

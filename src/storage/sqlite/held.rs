@@ -26,6 +26,12 @@ const SQL_ONE: &str = concat!(
     " FROM held_publishes WHERE channel = ?1 AND holder_client_id = ?2 AND packet_id = ?3"
 );
 
+pub(crate) const SQL_ALL: &str = concat!(
+    "SELECT channel, holder_client_id, packet_id, held_at, ",
+    record_columns!(),
+    " FROM held_publishes ORDER BY channel, holder_client_id, packet_id"
+);
+
 impl Held {
     pub fn new(shared: Arc<Shared>) -> Held {
         Held { shared }
@@ -33,7 +39,15 @@ impl Held {
 }
 
 impl HeldPublishStore for Held {
-    fn hold(&self, held: HeldPublish) -> contract::Result<()> {
+    fn hold(&self, mut held: HeldPublish) -> contract::Result<()> {
+        contract::check_hold(&held)?;
+        // A held publish takes its offset at its release, never before.
+        held.record.offset = 0;
+        // The release is a relief write, so a hold is bounded like the
+        // publish it is: refused while publishes are, or a QoS 2 publisher
+        // could fill the reserve through the back door.
+        self.shared
+            .refuse_if_publishes_are(held.record.accounted_size())?;
         let encoded = Encoded::new(&held.record);
         let mut w = self.shared.writer()?;
         let result = w.txn(false, |conn| {
@@ -89,13 +103,14 @@ impl HeldPublishStore for Held {
             let Some(record) = row else {
                 return Ok(None);
             };
-            let stored = match &target {
-                Target::Latest(latest) if record.payload.is_empty() => {
-                    batch::stage_delete(conn, latest, &mut pending[0].1, &record.topic)?
-                        .unwrap_or_else(|| Record::new(record.topic.clone(), bytes::Bytes::new()))
+            let mut stored = record;
+            match &target {
+                Target::Latest(latest) if stored.payload.is_empty() => {
+                    stored.offset = batch::stage_delete(conn, latest, &mut pending[0].1, &stored)?
+                        .unwrap_or(0);
                 }
-                _ => batch::stage(conn, &target, &mut pending[0].1, record)?,
-            };
+                _ => stored.offset = batch::stage(conn, &target, &mut pending[0].1, &stored)?,
+            }
             conn.prepare_cached(
                 "DELETE FROM held_publishes WHERE channel = ?1 AND holder_client_id = ?2 AND packet_id = ?3",
             )?
@@ -154,11 +169,7 @@ impl HeldPublishStore for Held {
         self.shared.read(
             || "reading held publishes".into(),
             |conn| {
-                let mut stmt = conn.prepare_cached(concat!(
-                    "SELECT channel, holder_client_id, packet_id, held_at, ",
-                    record_columns!(),
-                    " FROM held_publishes ORDER BY channel, holder_client_id, packet_id"
-                ))?;
+                let mut stmt = conn.prepare_cached(SQL_ALL)?;
                 let rows = stmt.query_map([], |r| {
                     Ok(HeldPublish {
                         channel: r.get(0)?,

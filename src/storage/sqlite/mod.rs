@@ -130,6 +130,13 @@ pub enum SqliteOpenError {
     },
     #[error("storage {}: {detail}", path.display())]
     Settings { path: PathBuf, detail: String },
+    /// Recovery at open (the position sweep, reading the channels) failed.
+    #[error("storage {}: recovery at open: {source}", path.display())]
+    Recovery {
+        path: PathBuf,
+        #[source]
+        source: StorageError,
+    },
 }
 
 fn creator_text(by: &Option<String>, at: Option<i64>) -> String {
@@ -189,6 +196,9 @@ pub(crate) struct Counters {
     pub storage_errors: AtomicU64,
     /// WAL fsyncs performed.
     pub flushes: AtomicU64,
+    /// Publish transactions committed, and the publishes they held.
+    pub publish_batches: AtomicU64,
+    pub batched_publishes: AtomicU64,
 }
 
 /// The stores opened so far: asking twice gives back the first store.
@@ -214,6 +224,8 @@ pub(crate) struct Shared {
     readers_free: Condvar,
     reader_count: usize,
     closed: AtomicBool,
+    /// See [`Shared::refuse_if_publishes_are`].
+    publishes_full: AtomicBool,
     pub counters: Arc<Counters>,
     pub bounds: Option<PageBounds>,
     pub page_size: u64,
@@ -526,8 +538,34 @@ impl Shared {
             .collect()
     }
 
-    /// Stores a position: a relief write (it may use the reserve).
-    pub fn save_position(&self, channel: &str, position: &Position) -> contract::Result<()> {
+    /// Stores a position: a relief write (it may use the reserve). A
+    /// position never leads the channel (`offset` within `1..=next`), an
+    /// `mqtt:` reader states its session expiry and a `bridge:` reader none.
+    pub fn save_position(
+        &self,
+        channel: &str,
+        position: &Position,
+        next: u64,
+    ) -> contract::Result<()> {
+        let invalid = |detail: String| StorageError::Invalid {
+            what: format!("channel {channel}: position of {}", position.reader),
+            detail,
+        };
+        if position.offset < contract::FIRST_OFFSET || position.offset > next {
+            return Err(invalid(format!(
+                "offset {} is outside 1..={next} (a position never leads the channel)",
+                position.offset
+            )));
+        }
+        let expiry_ok = match position.reader.scheme() {
+            contract::ReaderScheme::Mqtt => position.session_expiry.is_some(),
+            contract::ReaderScheme::Bridge => position.session_expiry.is_none(),
+        };
+        if !expiry_ok {
+            return Err(invalid(
+                "an mqtt: reader states its session expiry interval and a bridge: reader states none".into(),
+            ));
+        }
         let name = position.reader.to_string();
         let mut w = self.writer()?;
         w.txn(true, |conn| {
@@ -574,6 +612,28 @@ impl Shared {
         })
     }
 
+    /// Refuses a publish-class write (a hold) while publishes are refused
+    /// for want of room: set by a publish meeting SQLITE_FULL, cleared by
+    /// any commit that stored a publish or removed something.
+    pub fn refuse_if_publishes_are(&self, size: u64) -> contract::Result<()> {
+        if self.publishes_full.load(Ordering::Acquire) {
+            let used = self.provider_bytes();
+            let limit = self.bounds.map_or(0, |b| b.publish_pages * b.page_size);
+            return Err(StorageError::ProviderFull {
+                provider: self.name.clone(),
+                size,
+                used,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Publishes met the ceiling (or, `false`, room was found or made).
+    pub fn set_publishes_full(&self, full: bool) {
+        self.publishes_full.store(full, Ordering::Release);
+    }
+
     fn provider_bytes(&self) -> u64 {
         self.read(
             || "reading the page count".into(),
@@ -610,6 +670,7 @@ fn read_statements() -> Vec<String> {
     all.extend(latest::read_statements());
     all.extend(queue::read_statements());
     all.extend(session::read_statements());
+    all.push(held::SQL_ALL.to_string());
     all
 }
 
@@ -631,11 +692,13 @@ impl Flusher {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let wal_path = wal_path(path);
         let stop_seen = Arc::clone(&stop);
+        // Read here, not in the thread: a thread slow to start would
+        // otherwise count commits made meanwhile as already flushed.
+        let mut flushed = counters.commits.load(Ordering::Acquire);
         let thread = std::thread::Builder::new()
             .name(format!("sqlite-flush-{name}"))
             .spawn(move || {
                 let mut wal: Option<std::fs::File> = None;
-                let mut flushed = counters.commits.load(Ordering::Acquire);
                 let mut failing = false;
                 let (stopped, cv) = &*stop_seen;
                 let mut guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
@@ -875,6 +938,7 @@ impl SqliteProvider {
             readers: Mutex::new(readers),
             readers_free: Condvar::new(),
             closed: AtomicBool::new(false),
+            publishes_full: AtomicBool::new(false),
             counters,
             bounds,
             page_size,
@@ -883,10 +947,12 @@ impl SqliteProvider {
             lock: Mutex::new(Some(guard)),
         });
         let provider = SqliteProvider { shared };
-        provider.recover().map_err(|e| SqliteOpenError::Settings {
-            path: path.clone(),
-            detail: e.to_string(),
-        })?;
+        provider
+            .recover()
+            .map_err(|source| SqliteOpenError::Recovery {
+                path: path.clone(),
+                source,
+            })?;
         Ok(provider)
     }
 
@@ -987,6 +1053,18 @@ impl SqliteProvider {
     /// How many WAL fsyncs the flusher has made.
     pub fn flushes(&self) -> u64 {
         self.shared.counters.flushes.load(Ordering::Relaxed)
+    }
+
+    /// Group commit so far: (publish transactions committed, publishes in
+    /// them). Their ratio is the mean batch.
+    pub fn group_commit_stats(&self) -> (u64, u64) {
+        (
+            self.shared.counters.publish_batches.load(Ordering::Relaxed),
+            self.shared
+                .counters
+                .batched_publishes
+                .load(Ordering::Relaxed),
+        )
     }
 
     /// The append store of `name` (opened like [`Provider::open_channel`]).

@@ -231,8 +231,8 @@ impl QueueChannel {
         let result = w.txn(true, |conn| {
             let mut dlq_offsets = Vec::with_capacity(moves.len());
             for (offset, record) in &moves {
-                let stored = batch::stage(conn, &target, &mut pending[0].1, record.clone())?;
-                dlq_offsets.push(stored.offset);
+                let stored = batch::stage(conn, &target, &mut pending[0].1, record)?;
+                dlq_offsets.push(stored);
                 conn.prepare_cached("DELETE FROM queue_items WHERE channel = ?1 AND offset = ?2")?
                     .execute(rusqlite::params![self.name, offset])?;
             }
@@ -276,6 +276,7 @@ impl QueueStore for QueueChannel {
     }
 
     fn enqueue(&self, record: Record) -> contract::Result<Record> {
+        contract::check_record(&self.name, &record, false)?;
         let me = self.me.upgrade().ok_or_else(|| StorageError::Closed {
             provider: self.shared.name.clone(),
         })?;
@@ -459,6 +460,7 @@ impl QueueStore for QueueChannel {
                 v.held.remove(&offset);
                 v.by_id.remove(&delivery_id);
                 self.gone(size);
+                self.shared.set_publishes_full(false);
                 Ok(true)
             }
             Err(e) => Err(self.shared.write_error(
@@ -567,6 +569,7 @@ impl QueueStore for QueueChannel {
             Ok(doomed) => {
                 drop(w);
                 let mut removed = Removed::default();
+                self.shared.set_publishes_full(false);
                 for (offset, size) in doomed {
                     v.not_before.remove(&offset);
                     self.gone(size);
