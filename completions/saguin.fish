@@ -108,7 +108,7 @@ complete -c saguin -n "__fish_saguin_using_subcommand lock; and not __fish_seen_
 complete -c saguin -n "__fish_saguin_using_subcommand lock; and not __fish_seen_subcommand_from status help" -f -a "status" -d 'Free, held (by whom, since when), or left by a process that is gone'
 complete -c saguin -n "__fish_saguin_using_subcommand lock; and not __fish_seen_subcommand_from status help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c saguin -n "__fish_saguin_using_subcommand lock; and __fish_seen_subcommand_from status" -l json -d 'One JSON document on stdout'
-complete -c saguin -n "__fish_saguin_using_subcommand lock; and __fish_seen_subcommand_from status" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c saguin -n "__fish_saguin_using_subcommand lock; and __fish_seen_subcommand_from status" -s h -l help -d 'Print help'
 complete -c saguin -n "__fish_saguin_using_subcommand lock; and __fish_seen_subcommand_from status" -s V -l version -d 'Print version'
 complete -c saguin -n "__fish_saguin_using_subcommand lock; and __fish_seen_subcommand_from help" -f -a "status" -d 'Free, held (by whom, since when), or left by a process that is gone'
 complete -c saguin -n "__fish_saguin_using_subcommand lock; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
