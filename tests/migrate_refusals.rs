@@ -413,3 +413,92 @@ fn the_source_is_never_touched() {
     assert_eq!(fingerprint(&db_dir), before);
     assert_eq!(listing(&db_dir), names_before);
 }
+
+#[test]
+fn a_unit_that_cannot_be_written_is_listed_and_the_others_carried() {
+    use saguin_format::channel_name::{encode_file_name, MANIFEST_FILE};
+    use saguin_format::f21::{self, ChannelFile, Manifest, ManifestEntry, SnapshotFile};
+    use saguin_format::model::{ChannelKind, Record};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("snaps");
+    std::fs::create_dir(&src).unwrap();
+    let at = 1_767_225_600_000_000_000i64;
+    // A queue "x" carries its dead-letter channel "x.dlq"; an append channel
+    // of that very name cannot land beside it in one database.
+    let mut queue = ChannelFile::new("x", ChannelKind::Queue);
+    queue.dead_letter = Some(f21::DeadLetter {
+        name: "x.dlq".into(),
+        next: 1,
+        floor: 1,
+        bytes: 0,
+        records: Vec::new(),
+        positions: Vec::new(),
+    });
+    let clash = ChannelFile::new("x.dlq", ChannelKind::Append);
+    let mut fine = ChannelFile::new("ok", ChannelKind::Append);
+    let mut r = Record::new("ok/1", "v");
+    r.offset = 1;
+    fine.bytes = r.accounted_size();
+    fine.records.push(r);
+    fine.next = 2;
+    let files = [queue, clash, fine];
+    let manifest = Manifest {
+        began_at: at,
+        channels: files
+            .iter()
+            .map(|c| ManifestEntry {
+                channel: c.name.clone(),
+                file_name: encode_file_name(&c.name),
+                kind: c.kind,
+            })
+            .collect(),
+        retained: false,
+        sessions: false,
+        broadcast: false,
+    };
+    std::fs::write(
+        src.join(MANIFEST_FILE),
+        f21::encode(&SnapshotFile::Manifest(manifest), at),
+    )
+    .unwrap();
+    for c in files {
+        std::fs::write(
+            src.join(encode_file_name(&c.name)),
+            f21::encode(&SnapshotFile::Channel(c), at),
+        )
+        .unwrap();
+    }
+    let db = tmp.path().join("new.db");
+    let out = saguin(&[
+        os("migrate"),
+        os("to-sqlite"),
+        src.as_os_str(),
+        db.as_os_str(),
+        os("--json"),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let result = |name: &str| {
+        doc["units"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert!(result("ok")["error"].is_null());
+    assert_eq!(result("ok")["counts_out"]["records"], 1);
+    // Files go in name order: "x%2Edlq.snapshot" lands first, and the
+    // queue whose dead-letter channel would overwrite it is refused whole.
+    assert!(result("x.dlq")["error"].is_null());
+    let failed = result("x");
+    assert!(
+        failed["error"].as_str().unwrap().contains("not written"),
+        "{failed}"
+    );
+    assert!(failed["counts_out"].is_null());
+    assert!(stderr(&out).contains("queue x:"), "{}", stderr(&out));
+    assert_eq!(doc["complete"], false);
+}
