@@ -41,7 +41,8 @@ the durable consumers' positions, the persistent sessions, the queues' depths \
 and attempts, and the held exactly-once publishes. With --channel it lists that \
 channel's records from --from (default: its floor), at most --limit of them: \
 offset, time (RFC 3339), topic, payload (text when it is UTF-8, hex \
-otherwise), headers and publish properties.
+otherwise), headers and publish properties, with a progress bar on a \
+terminal while they are read.
 
 --json prints one JSON document; --ndjson prints one JSON object per line \
 (each overview row carries \"type\"; each record is one line). Readers ignore \
@@ -540,6 +541,28 @@ fn dump_channel(
             "SELECT offset, {RECORD_COLUMNS}, 0, attempts, first_delivered, last_delivered FROM queue_items WHERE channel = ?1 AND offset >= ?2 ORDER BY offset LIMIT ?3"
         ),
     };
+    // A bar on a terminal for a long listing; nothing when piped.
+    let bar = if std::io::stderr().is_terminal() {
+        let table_name = match kind.as_str() {
+            "append" => "records",
+            "latest" => "latest_values",
+            _ => "queue_items",
+        };
+        let total: u64 = conn.query_row(
+            &format!("SELECT count(*) FROM {table_name} WHERE channel = ?1 AND offset >= ?2"),
+            rusqlite::params![name, from],
+            |r| r.get(0),
+        )?;
+        let total = args.limit.map_or(total, |l| l.min(total));
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} records {elapsed}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     let mut stmt = conn.prepare(&sql)?;
     let mut rows = stmt.query(rusqlite::params![name, from, limit])?;
     let mut out = std::io::stdout().lock();
@@ -560,6 +583,7 @@ fn dump_channel(
         let first: Option<i64> = row.get(16)?;
         let last: Option<i64> = row.get(17)?;
         listed += 1;
+        bar.inc(1);
         let mut extra = Vec::new();
         if kind == "latest" {
             extra.push(("deleted", json!(deleted)));
@@ -606,6 +630,7 @@ fn dump_channel(
             }
         }
     }
+    bar.finish_and_clear();
     match output {
         Output::Json => {
             let doc = json!({
