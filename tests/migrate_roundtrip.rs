@@ -485,3 +485,29 @@ fn a_damaged_or_oversized_mbmqtt_file_creates_nothing() {
     );
     assert!(!db.exists());
 }
+
+#[test]
+fn rows_that_belong_to_no_channel_are_named_not_dropped_silently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("live.db");
+    provider_database(&db);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute(
+        "INSERT INTO positions (channel, reader, offset, saved_at, session_expiry) VALUES ('gone', 'bridge:b', 3, 0, NULL)",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let dest = tmp.path().join("snaps");
+    let out = ok(saguin(&[
+        os("migrate"),
+        os("to-snapshots"),
+        db.as_os_str(),
+        dest.as_os_str(),
+    ]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("1 positions of channel \"gone\", which the database holds no channel row for, are not carried"),
+        "{err}"
+    );
+}

@@ -388,12 +388,17 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
                 // One read transaction: every unit is the same moment.
                 let tx = conn.unchecked_transaction().map_err(sql_err)?;
                 let units = read_units(&tx).map_err(sql_err)?;
+                let orphans = sqlite_io::orphan_rows(&tx).map_err(sql_err)?;
                 drop(tx);
                 drop(conn);
-                Ok::<_, MigrateError>(units)
+                Ok::<_, MigrateError>((units, orphans))
             })();
             remove_reader_sidecars(db, &sidecars_before);
-            let (units, mut failures) = read?;
+            let ((units, mut failures), orphans) = read?;
+            let warnings: Vec<String> = orphans
+                .into_iter()
+                .map(|o| format!("{}: {o}", db.display()))
+                .collect();
             let mut checked = Vec::with_capacity(units.len());
             for mut u in units {
                 match u.validate() {
@@ -411,7 +416,7 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
             Ok(SourceRead {
                 units: checked,
                 failures,
-                warnings: Vec::new(),
+                warnings,
                 legacy: None,
                 _lock: Some(guard),
             })
@@ -628,8 +633,13 @@ fn to_sqlite(
     let mut conn = match create_database(db) {
         Ok(c) => c,
         Err(e) => {
+            // Nothing is left behind to lock the operator out of a retry.
             if !matches!(e, MigrateError::Io { .. }) {
                 remove_database(db);
+            }
+            drop(guard);
+            if !lock_existed {
+                let _ = fs::remove_file(&lock_path);
             }
             return Err(e);
         }

@@ -121,6 +121,30 @@ pub fn read_units(conn: &Connection) -> rusqlite::Result<(Vec<Unit>, Vec<ReadFai
     Ok((units, failures))
 }
 
+/// Rows that belong to no unit - positions or held publishes of a channel
+/// the database has no row for - named, so a migration can say what it
+/// does not carry rather than drop it silently.
+pub fn orphan_rows(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for (table, what) in [
+        ("positions", "positions"),
+        ("held_publishes", "held publishes"),
+    ] {
+        let mut stmt = conn.prepare(&format!(
+            "SELECT channel, count(*) FROM {table} WHERE channel NOT IN (SELECT name FROM channels)
+             GROUP BY channel ORDER BY channel"
+        ))?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (channel, n) = row?;
+            out.push(format!(
+                "{n} {what} of channel {channel:?}, which the database holds no channel row for, are not carried"
+            ));
+        }
+    }
+    Ok(out)
+}
+
 fn text(e: rusqlite::Error) -> String {
     e.to_string()
 }
