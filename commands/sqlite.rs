@@ -34,7 +34,9 @@ immutable=1: a running broker's commits since its last checkpoint are in the \
 write-ahead log, and this reader sees them. It is safe beside a running \
 broker and writes nothing. A database of another schema version is refused \
 with the same sentence the broker refuses it with; a missing file is never \
-created.
+created. Like any SQLite reader of a WAL database, it leaves an empty -wal \
+and -shm beside a database that had none (a stopped broker's): they are \
+SQLite's own, and the broker uses them as it finds them.
 
 Without --channel it shows the channels (kind, next, floor, bytes, records), \
 the durable consumers' positions, the persistent sessions, the queues' depths \
