@@ -288,8 +288,7 @@ impl MemoryProvider {
                 return Err(fail(vec![scan_problem(dir, &error)]))
             }
         };
-        self.restore_loaded(dir, loaded, options)
-            .map_err(|problems| fail(problems))
+        self.restore_loaded(dir, loaded, options).map_err(fail)
     }
 
     /// Turns a validated directory into this provider's stores.
@@ -822,6 +821,124 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("the broadcast log its sessions point into is lost"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_kind_mismatch_is_named_beside_a_damaged_file() {
+        let dir = tempfile::tempdir().unwrap();
+        written(dir.path(), 10);
+        let path = dir.path().join("b.snapshot");
+        let bytes = fs::read(&path).unwrap();
+        fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        let err = provider()
+            .load_snapshot_dir(
+                dir.path(),
+                &options(&[("a", ChannelKind::Latest), ("b", ChannelKind::Latest)]),
+            )
+            .unwrap_err();
+        assert_eq!(err.problems.len(), 2, "{err}");
+        assert_eq!(err.problems[0].path, path);
+        assert!(err.problems[0].detail.contains("checksum"), "{err}");
+        assert_eq!(err.problems[1].path, dir.path().join("a.snapshot"));
+        assert!(
+            err.problems[1]
+                .detail
+                .contains("configured as latest but its file holds a append channel"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn queue_items_come_back_available_and_expired_positions_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provider();
+        let q = p.open_channel("jobs", ChannelKind::Queue).unwrap();
+        let q = q.as_queue().unwrap();
+        q.enqueue(Record::new("jobs", "one")).unwrap();
+        q.enqueue(Record::new("jobs", "two")).unwrap();
+        let far = now_nanos() + 3_600_000_000_000;
+        q.lease(1, "worker-1", far, 5).unwrap();
+        let a = p.open_channel("a", ChannelKind::Append).unwrap();
+        let a = a.as_append().unwrap();
+        a.append(Record::new("a", "x")).unwrap();
+        for (client, expiry) in [("gone", 0), ("kept", 3600)] {
+            a.save_position(Position {
+                reader: Reader::mqtt(client).unwrap(),
+                offset: 1,
+                saved_at: now_nanos(),
+                session_expiry: Some(expiry),
+            })
+            .unwrap();
+        }
+        let bytes_before = p.bytes();
+        assert!(save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 10).is_complete());
+
+        let fresh = provider();
+        let report = fresh
+            .load_snapshot_dir(
+                dir.path(),
+                &options(&[("jobs", ChannelKind::Queue), ("a", ChannelKind::Append)]),
+            )
+            .unwrap();
+        assert_eq!(report.dropped_positions, 1);
+        assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+        assert_eq!(fresh.bytes(), bytes_before, "what is restored is charged");
+        let q = fresh.open_channel("jobs", ChannelKind::Queue).unwrap();
+        let q = q.as_queue().unwrap();
+        // The leased item has no holder now: both are offered at once, the
+        // first with its attempt counted.
+        let offered = q.offer(10, now_nanos()).unwrap();
+        assert_eq!(offered.len(), 2, "{offered:?}");
+        assert_eq!(offered[0].attempts, 1);
+        let lease = q.lease(1, "worker-2", far, now_nanos()).unwrap();
+        assert_eq!(lease.attempts, 2);
+        let a = fresh.open_channel("a", ChannelKind::Append).unwrap();
+        let readers: Vec<String> = a
+            .as_append()
+            .unwrap()
+            .positions()
+            .unwrap()
+            .into_iter()
+            .map(|p| p.reader.to_string())
+            .collect();
+        assert_eq!(readers, ["mqtt:kept"]);
+    }
+
+    #[test]
+    fn a_store_kept_elsewhere_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        written(dir.path(), 10);
+        fs::write(dir.path().join(SESSIONS_FILE), b"junk").unwrap();
+        fs::write(dir.path().join(RETAINED_FILE), b"junk").unwrap();
+        let report = provider()
+            .load_snapshot_dir(dir.path(), &options(&[("a", ChannelKind::Append)]))
+            .unwrap();
+        assert_eq!(
+            report.ignored_files,
+            [RETAINED_FILE, "b.snapshot", SESSIONS_FILE]
+        );
+        let mut o = options(&[("a", ChannelKind::Append)]);
+        o.sessions = true;
+        let err = provider().load_snapshot_dir(dir.path(), &o).unwrap_err();
+        // The damaged file, and the log it has lost (there is none here).
+        assert_eq!(err.problems.len(), 2, "{err}");
+        assert_eq!(err.problems[0].path, dir.path().join(SESSIONS_FILE));
+        assert!(err.problems[1].detail.contains("has no saguin.broadcast"));
+    }
+
+    #[test]
+    fn a_directory_that_is_a_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("snapshots");
+        fs::write(&file, b"x").unwrap();
+        let err = provider()
+            .load_snapshot_dir(&file, &options(&[]))
+            .unwrap_err();
+        assert_eq!(err.problems[0].path, file);
+        assert!(
+            err.problems[0].detail.contains("not a snapshot directory"),
             "{err}"
         );
     }
