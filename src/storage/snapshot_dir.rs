@@ -45,7 +45,7 @@ use saguin_format::channel_name::{
 };
 use saguin_format::f21::{
     self, time::format_unix_nanos, BroadcastFile, ChannelFile, FileKind, Header, Manifest,
-    RetainedFile, SessionsFile, SnapshotFile,
+    RetainedFile, SessionsFile, SnapshotFile, Tally,
 };
 use saguin_format::mbmqtt;
 
@@ -111,6 +111,21 @@ impl ScanOptions {
             sessions: true,
         }
     }
+}
+
+/// What a read keeps of a format 21 file's records. Either way the file
+/// goes through the one decoder with every check the loader runs
+/// ([`f21::decode_with`]); only what becomes of each record once checked
+/// differs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Records {
+    /// Every record is kept: what a loader and `inspect` need.
+    #[default]
+    Keep,
+    /// Each record is dropped once checked, so the decoded file's record
+    /// lists are empty and reading a file costs about its size in memory:
+    /// what `verify` needs.
+    Drop,
 }
 
 /// Any snapshot file saguin reads, told apart by its magic.
@@ -207,12 +222,52 @@ pub fn read_snapshot_file(
     opts: &ScanOptions,
     expected: Option<FileKind>,
 ) -> Result<AnySnapshot, FileProblem> {
+    read_snapshot_file_with(path, opts, expected, Records::Keep)
+}
+
+/// [`read_snapshot_file`] for a checker: every check runs, and each format
+/// 21 record is dropped once checked ([`Records::Drop`]), so a large
+/// channel file costs about its own size in memory. The verdict is the
+/// loader's.
+pub fn check_snapshot_file(path: &Path, opts: &ScanOptions) -> Result<AnySnapshot, FileProblem> {
+    read_snapshot_file_with(path, opts, None, Records::Drop)
+}
+
+/// [`read_snapshot_file`], keeping or dropping the records.
+pub fn read_snapshot_file_with(
+    path: &Path,
+    opts: &ScanOptions,
+    expected: Option<FileKind>,
+    records: Records,
+) -> Result<AnySnapshot, FileProblem> {
     let ceiling = opts.max_bytes_f21.max(opts.max_bytes_mbmqtt);
     let bytes = read::read_bounded_by_magic(path, ceiling, |probe| match detect(probe) {
         Magic::Mbmqtt => opts.max_bytes_mbmqtt,
         _ => opts.max_bytes_f21,
     })?;
-    decode_snapshot_bytes(&bytes, expected)
+    match (records, detect(&bytes)) {
+        (Records::Drop, Magic::F21) => decode_f21_dropping(bytes.into(), expected),
+        _ => decode_snapshot_bytes(&bytes, expected),
+    }
+}
+
+/// The format 21 arm of [`decode_snapshot_bytes`] with a [`Tally`] sink:
+/// the same decoder and checks, each record dropped once checked.
+fn decode_f21_dropping(
+    bytes: bytes::Bytes,
+    expected: Option<FileKind>,
+) -> Result<AnySnapshot, FileProblem> {
+    let mut tally = Tally::default();
+    let decoded = match expected {
+        Some(kind) => f21::decode_with_expecting(&bytes, kind, &mut tally),
+        None => f21::decode_with(&bytes, &mut tally),
+    };
+    decoded
+        .map(|(header, file)| AnySnapshot::F21 { header, file })
+        .map_err(|error| FileProblem::F21 {
+            header: f21::read_header(&bytes).ok(),
+            error,
+        })
 }
 
 /// Read one format 21 file of the `expected` kind: what a directory holds.
@@ -221,7 +276,17 @@ pub fn read_f21_file(
     opts: &ScanOptions,
     expected: FileKind,
 ) -> Result<(Header, SnapshotFile), FileProblem> {
-    match read_snapshot_file(path, opts, Some(expected))? {
+    read_f21_file_with(path, opts, expected, Records::Keep)
+}
+
+/// [`read_f21_file`], keeping or dropping the records.
+pub fn read_f21_file_with(
+    path: &Path,
+    opts: &ScanOptions,
+    expected: FileKind,
+    records: Records,
+) -> Result<(Header, SnapshotFile), FileProblem> {
+    match read_snapshot_file_with(path, opts, Some(expected), records)? {
         AnySnapshot::F21 { header, file } => Ok((header, file)),
         // With `expected` set an MBMQTT01 file is refused while decoding.
         AnySnapshot::Mbmqtt(_) => Err(FileProblem::F21 {
@@ -638,6 +703,20 @@ impl ScanError {
 /// List `dir`, decode every snapshot file in it with the format 21
 /// decoder, and report per file and across files. See the module docs.
 pub fn scan(dir: &Path, opts: &ScanOptions) -> Result<DirReport, ScanError> {
+    scan_with(dir, opts, Records::Keep)
+}
+
+/// [`scan`] for a checker (`saguin snapshot verify`): the same decoder, the
+/// same checks and the same findings, with each file's records dropped once
+/// checked ([`Records::Drop`]): the decoded channel, retained and broadcast
+/// files come back with empty record lists, and the peak memory is about
+/// the largest file's size rather than its records'.
+pub fn scan_checking(dir: &Path, opts: &ScanOptions) -> Result<DirReport, ScanError> {
+    scan_with(dir, opts, Records::Drop)
+}
+
+/// [`scan`], keeping or dropping the records.
+pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<DirReport, ScanError> {
     let meta = read::lstat(dir)?;
     match SpecialKind::of(&meta) {
         Some(SpecialKind::Directory) => {}
@@ -698,7 +777,7 @@ pub fn scan(dir: &Path, opts: &ScanOptions) -> Result<DirReport, ScanError> {
             });
             continue;
         }
-        let outcome = match read_f21_file(&path, opts, role.expected_kind()) {
+        let outcome = match read_f21_file_with(&path, opts, role.expected_kind(), records) {
             Ok((header, file)) => FileOutcome::Decoded { header, file },
             Err(problem) => FileOutcome::Failed(problem),
         };
