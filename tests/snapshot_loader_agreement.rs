@@ -348,6 +348,30 @@ fn special_files_oversize_files_and_the_manifest_cases_get_one_verdict() {
                 }
             })
         }),
+        (
+            "a dead-letter reader longer than a client id may be",
+            Refused,
+            |d| {
+                rewrite(d, "jobs.snapshot", |f| {
+                    if let SnapshotFile::Channel(c) = f {
+                        if let Some(dlq) = &mut c.dead_letter {
+                            dlq.positions[0].reader = format!("bridge:{}", "x".repeat(65_536));
+                        }
+                    }
+                })
+            },
+        ),
+        (
+            "a broadcast cursor whose reader holds a NUL",
+            Refused,
+            |d| {
+                rewrite(d, "saguin.broadcast", |f| {
+                    if let SnapshotFile::Broadcast(b) = f {
+                        b.cursors[0].reader = "mqtt:\0".into();
+                    }
+                })
+            },
+        ),
         ("a FIFO as a channel file", Refused, |d| {
             std::fs::remove_file(d.join("jobs.snapshot")).unwrap();
             mkfifo(&d.join("jobs.snapshot"));

@@ -263,6 +263,7 @@ fn decode_f21_dropping(
         None => f21::decode_with(&bytes, &mut tally),
     };
     decoded
+        .and_then(|(header, file)| check_readers(&file).map(|()| (header, file)))
         .map(|(header, file)| AnySnapshot::F21 { header, file })
         .map_err(|error| FileProblem::F21 {
             header: f21::read_header(&bytes).ok(),
