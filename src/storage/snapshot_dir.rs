@@ -4,7 +4,8 @@
 //! [`load`] is [`scan`] plus "refuse on any error", for a loader. "Verify
 //! says OK, serve refuses" must not happen (SAGUIN.md §6.2): the memory
 //! provider's loader (`storage::memory::load`) reads every byte through
-//! [`load`] and only builds stores from what it hands back, and
+//! [`scan`] and [`into_loaded`] (the two halves of [`load`]) and only
+//! builds stores from what they hand back, and
 //! `tests/snapshot_loader_agreement.rs` holds `saguin snapshot verify` and
 //! that loader to one verdict on every kind of damage.
 //!
