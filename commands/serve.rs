@@ -55,6 +55,21 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "embedded default".into());
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %origin, "starting");
+    let unserved = unserved_storage(&config);
+    if !unserved.is_empty() {
+        // Invariant 14: durability is stated only where it is provided. A
+        // broker that accepted these settings would announce a durability
+        // it does not deliver, so it refuses them by name instead.
+        for (path, what) in &unserved {
+            tracing::error!(path = %path, "{what}");
+        }
+        eprintln!(
+            "saguin: this build serves broadcast topics, with retained messages and sessions in memory; \
+             it does not yet keep channels, retained messages or sessions in a storage provider. \
+             Remove the settings above to serve without them."
+        );
+        return Ok(exit::CANNOT);
+    }
     if !config.keeps_anything() {
         tracing::warn!("nothing is kept: retained messages, sessions and queued messages live in memory only and are lost when the broker stops");
     }
@@ -71,6 +86,35 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
     };
     server::run(server, shutdown_signal()).await;
     Ok(exit::OK)
+}
+
+/// The settings that ask the broker to keep something in a storage
+/// provider, which this build does not do yet: each with its YAML path.
+fn unserved_storage(config: &Config) -> Vec<(String, &'static str)> {
+    let mut unserved: Vec<(String, &'static str)> = config
+        .channels
+        .iter()
+        .enumerate()
+        .map(|(i, channel)| {
+            (
+                format!("channels[{i}] ({})", channel.name),
+                "channels are not served by this build",
+            )
+        })
+        .collect();
+    if config.broker.retained_storage.is_some() {
+        unserved.push((
+            "broker.retained_storage".into(),
+            "retained messages are not kept in a provider by this build",
+        ));
+    }
+    if config.broker.session_storage.is_some() {
+        unserved.push((
+            "broker.session_storage".into(),
+            "persistent sessions are not kept in a provider by this build",
+        ));
+    }
+    unserved
 }
 
 /// SIGTERM or SIGINT.
