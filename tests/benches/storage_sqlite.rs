@@ -301,6 +301,13 @@ fn main() {
     let dir = tempfile::tempdir_in(&base).expect("bench directory");
     let dir = dir.path();
     let scale = |full: u64, small: u64| if quick { small } else { full };
+    // `cargo bench --bench storage_sqlite -- append group` runs only the
+    // sections named (append, group, trim, sweep); none named runs all.
+    let named: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wanted = |section: &str| named.is_empty() || named.iter().any(|n| n == section);
     eprintln!(
         "bench directory: {}{}",
         dir.display(),
@@ -311,109 +318,117 @@ fn main() {
     table.set_header(vec!["benchmark", "figure", "against", "ratio", "target"]);
 
     // 1. A single-row append per commit against a bare insert + commit.
-    let n = scale(20_000, 500);
-    let mut ours = Vec::new();
-    let mut bare = Vec::new();
-    let mut bare_counter = Vec::new();
-    for _ in 0..RUNS {
-        bare.push(bare_single_insert(dir, n, false));
-        bare_counter.push(bare_single_insert(dir, n, true));
-        ours.push(provider_single_append(dir, n));
+    if wanted("append") {
+        let n = scale(20_000, 500);
+        let mut ours = Vec::new();
+        let mut bare = Vec::new();
+        let mut bare_counter = Vec::new();
+        for _ in 0..RUNS {
+            bare.push(bare_single_insert(dir, n, false));
+            bare_counter.push(bare_single_insert(dir, n, true));
+            ours.push(provider_single_append(dir, n));
+        }
+        let ratio = median(&ours).as_secs_f64() / median(&bare).as_secs_f64();
+        table.add_row(vec![
+            format!("append, one per commit ({PAYLOAD} B payload)"),
+            format!("{} per commit", range(&ours)),
+            format!("bare insert + commit {}", range(&bare)),
+            format!("{ratio:.2}x"),
+            "<= 1.3x".into(),
+        ]);
+        let ratio = median(&ours).as_secs_f64() / median(&bare_counter).as_secs_f64();
+        table.add_row(vec![
+            "  the same, against the same SQL by hand".into(),
+            format!("{} per commit", range(&ours)),
+            format!("insert + counter row + commit {}", range(&bare_counter)),
+            format!("{ratio:.2}x"),
+            String::new(),
+        ]);
     }
-    let ratio = median(&ours).as_secs_f64() / median(&bare).as_secs_f64();
-    table.add_row(vec![
-        format!("append, one per commit ({PAYLOAD} B payload)"),
-        format!("{} per commit", range(&ours)),
-        format!("bare insert + commit {}", range(&bare)),
-        format!("{ratio:.2}x"),
-        "<= 1.3x".into(),
-    ]);
-    let ratio = median(&ours).as_secs_f64() / median(&bare_counter).as_secs_f64();
-    table.add_row(vec![
-        "  the same, against the same SQL by hand".into(),
-        format!("{} per commit", range(&ours)),
-        format!("insert + counter row + commit {}", range(&bare_counter)),
-        format!("{ratio:.2}x"),
-        String::new(),
-    ]);
 
     // 2. Group commit with 8 appenders against one transaction per append:
     // collecting without waiting (the default), and with an interval and a
     // batch size matched to the appenders.
-    let each = scale(4_000, 100);
-    let fmt_rate = |v: &[f64]| {
-        let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().cloned().fold(0.0, f64::max);
-        format!("{lo:.0}–{hi:.0}/s")
-    };
-    let mid = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let mut single = Vec::new();
-    let mut collected = Vec::new();
-    let mut waited = Vec::new();
-    for _ in 0..RUNS {
-        single.push(concurrent_rate(dir, 8, each, 1, None));
-        collected.push(concurrent_rate(dir, 8, each, 256, None));
-        waited.push(concurrent_rate(
-            dir,
-            8,
-            each,
-            8,
-            Some(Duration::from_millis(2)),
-        ));
-    }
-    for (label, rates) in [
-        ("8 appenders, group commit (interval none, 256)", &collected),
-        ("8 appenders, group commit (interval 2ms, 8)", &waited),
-    ] {
-        table.add_row(vec![
-            label.to_string(),
-            fmt_rate(rates),
-            format!("one txn per append {}", fmt_rate(&single)),
-            format!("{:.1}x", mid(rates) / mid(&single)),
-            ">= 5x".into(),
-        ]);
+    if wanted("group") {
+        let each = scale(4_000, 100);
+        let fmt_rate = |v: &[f64]| {
+            let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().cloned().fold(0.0, f64::max);
+            format!("{lo:.0}–{hi:.0}/s")
+        };
+        let mid = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let mut single = Vec::new();
+        let mut collected = Vec::new();
+        let mut waited = Vec::new();
+        for _ in 0..RUNS {
+            single.push(concurrent_rate(dir, 8, each, 1, None));
+            collected.push(concurrent_rate(dir, 8, each, 256, None));
+            waited.push(concurrent_rate(
+                dir,
+                8,
+                each,
+                8,
+                Some(Duration::from_millis(2)),
+            ));
+        }
+        for (label, rates) in [
+            ("8 appenders, group commit (interval none, 256)", &collected),
+            ("8 appenders, group commit (interval 2ms, 8)", &waited),
+        ] {
+            table.add_row(vec![
+                label.to_string(),
+                fmt_rate(rates),
+                format!("one txn per append {}", fmt_rate(&single)),
+                format!("{:.1}x", mid(rates) / mid(&single)),
+                ">= 5x".into(),
+            ]);
+        }
     }
 
     // 3. Trim on a long channel.
-    for held in [scale(10_000, 1_000), scale(100_000, 2_000)] {
-        let samples: Vec<Duration> = (0..RUNS)
-            .map(|_| trim_one(dir, held, scale(500, 50)))
-            .collect();
-        table.add_row(vec![
-            format!("trim one record, {held} held"),
-            range(&samples),
-            String::new(),
-            String::new(),
-            "flat in length".into(),
-        ]);
+    if wanted("trim") {
+        for held in [scale(10_000, 1_000), scale(100_000, 2_000)] {
+            let samples: Vec<Duration> = (0..RUNS)
+                .map(|_| trim_one(dir, held, scale(500, 50)))
+                .collect();
+            table.add_row(vec![
+                format!("trim one record, {held} held"),
+                range(&samples),
+                String::new(),
+                String::new(),
+                "flat in length".into(),
+            ]);
+        }
     }
 
     // 4. Retention sweeps against the channel count.
-    let counts: &[usize] = if quick {
-        &[10, 100]
-    } else {
-        &[10, 100, 1_000, 10_000]
-    };
-    for &channels in counts {
-        let (by_size, by_age) = sweeps(dir, channels);
-        table.add_row(vec![
-            format!("sweep by size, {channels} channels"),
-            range(&by_size),
-            String::new(),
-            String::new(),
-            "reads nothing".into(),
-        ]);
-        table.add_row(vec![
-            format!("sweep by age, {channels} channels"),
-            range(&by_age),
-            String::new(),
-            String::new(),
-            "one read a channel".into(),
-        ]);
+    if wanted("sweep") {
+        let counts: &[usize] = if quick {
+            &[10, 100]
+        } else {
+            &[10, 100, 1_000, 10_000]
+        };
+        for &channels in counts {
+            let (by_size, by_age) = sweeps(dir, channels);
+            table.add_row(vec![
+                format!("sweep by size, {channels} channels"),
+                range(&by_size),
+                String::new(),
+                String::new(),
+                "reads nothing".into(),
+            ]);
+            table.add_row(vec![
+                format!("sweep by age, {channels} channels"),
+                range(&by_age),
+                String::new(),
+                String::new(),
+                "one read a channel".into(),
+            ]);
+        }
     }
     println!("{table}");
 }
