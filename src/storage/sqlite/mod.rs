@@ -257,7 +257,8 @@ impl Writer<'_> {
         body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> rusqlite::Result<T> {
         let conn = self.conn();
-        conn.execute_batch("BEGIN IMMEDIATE")?;
+        // Prepared once and kept: parsing the text again costs every commit.
+        conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let ceiling = if relief { self.shared.bounds } else { None };
         let run = || -> rusqlite::Result<T> {
             if let Some(b) = ceiling {
@@ -267,7 +268,7 @@ impl Writer<'_> {
             if let Some(b) = ceiling {
                 set_max_page_count(conn, b.publish_pages)?;
             }
-            conn.execute_batch("COMMIT")?;
+            conn.prepare_cached("COMMIT")?.execute([])?;
             Ok(out)
         };
         match run() {

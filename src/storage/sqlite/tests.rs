@@ -199,10 +199,26 @@ fn trim_by_size_and_age_walk_from_the_oldest() {
 
 #[test]
 fn group_commit_hands_out_every_offset_once() {
+    group_commit_round(Some(Duration::from_millis(2)), 16);
+}
+
+/// Without an interval a leader leads on while publishes are queued (up to
+/// `LEAD_TURNS` batches); with a batch size of one every publish is its own
+/// transaction and the lead still moves on.
+#[test]
+fn group_commit_without_an_interval_hands_out_every_offset_once() {
+    group_commit_round(None, 256);
+    group_commit_round(None, 1);
+}
+
+/// Eight publishers over two channels, 100 publishes each: every offset is
+/// handed out once per channel, each publisher's offsets rise in the order
+/// it published, and every publish is counted in exactly one transaction.
+fn group_commit_round(interval: Option<Duration>, max_records: usize) {
     let dir = tempfile::tempdir().unwrap();
     let mut o = options(dir.path());
-    o.publish_commit_interval = Some(Duration::from_millis(2));
-    o.publish_commit_max_records = 16;
+    o.publish_commit_interval = interval;
+    o.publish_commit_max_records = max_records;
     let p = SqliteProvider::open(o).unwrap();
     let a = append(&p, "a");
     let b = append(&p, "b");
@@ -220,10 +236,11 @@ fn group_commit_hands_out_every_offset_once() {
             })
         })
         .collect();
-    let mut offsets: Vec<u64> = threads
-        .into_iter()
-        .flat_map(|t| t.join().unwrap())
-        .collect();
+    let per_thread: Vec<Vec<u64>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for mine in &per_thread {
+        assert!(mine.windows(2).all(|w| w[0] < w[1]), "{mine:?}");
+    }
+    let mut offsets: Vec<u64> = per_thread.into_iter().flatten().collect();
     offsets.sort_unstable();
     let mut expected: Vec<u64> = (1..=400).chain(1..=400).collect();
     expected.sort_unstable();
@@ -231,6 +248,12 @@ fn group_commit_hands_out_every_offset_once() {
     assert_eq!((a.next(), b.next()), (401, 401));
     let rows: Vec<u64> = a.read_from(1).unwrap().iter().map(|r| r.offset).collect();
     assert_eq!(rows, (1..=400).collect::<Vec<_>>());
+    let (batches, publishes) = p.group_commit_stats();
+    assert_eq!(publishes, 800);
+    assert!(batches >= 800u64.div_ceil(max_records as u64) && batches <= 800);
+    if max_records == 1 {
+        assert_eq!(batches, 800);
+    }
 }
 
 #[test]
