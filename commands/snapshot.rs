@@ -173,7 +173,9 @@ fn verify(args: VerifyArgs) -> anyhow::Result<u8> {
             .is_some_and(|m| SpecialKind::of(&m) == Some(SpecialKind::Directory));
         let mut lines = Vec::new();
         if is_dir {
-            match snapshot_dir::scan(path, &opts) {
+            // The checking scan runs the loader's decoder and checks but
+            // keeps no record: a verdict costs about the largest file's size.
+            match snapshot_dir::scan_checking(path, &opts) {
                 Ok(report) => {
                     for f in &report.files {
                         let r = match &f.outcome {
@@ -225,7 +227,7 @@ fn verify(args: VerifyArgs) -> anyhow::Result<u8> {
                 }
             }
         } else {
-            let r = match snapshot_dir::read_snapshot_file(path, &opts, None) {
+            let r = match snapshot_dir::check_snapshot_file(path, &opts) {
                 Ok(AnySnapshot::F21 { file, .. }) => FileResult {
                     path: path.clone(),
                     format: Some("f21"),

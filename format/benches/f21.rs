@@ -79,12 +79,23 @@ fn status_kib(field: &str) -> u64 {
 fn memory_child(path: &str) {
     let baseline = status_kib("VmRSS:");
     let raw = std::fs::read(path).expect("read the bench file");
-    let decoded = if std::env::var("SAGUIN_BENCH_MEMORY_MODE").is_ok_and(|m| m == "copy") {
-        let decoded = f21::decode(&raw).expect("the bench file decodes");
-        drop(raw);
-        decoded
-    } else {
-        f21::decode_bytes(Bytes::from(raw)).expect("the bench file decodes")
+    let mode = std::env::var("SAGUIN_BENCH_MEMORY_MODE").unwrap_or_default();
+    let decoded = match mode.as_str() {
+        "copy" => {
+            let decoded = f21::decode(&raw).expect("the bench file decodes");
+            drop(raw);
+            decoded
+        }
+        // What `saguin snapshot verify` does: the loader's decoder with a
+        // sink that drops each record once checked.
+        "tally" => {
+            let shared = Bytes::from(raw);
+            let mut tally = f21::Tally::default();
+            let decoded = f21::decode_with(&shared, &mut tally).expect("the bench file decodes");
+            black_box(tally);
+            decoded
+        }
+        _ => f21::decode_bytes(Bytes::from(raw)).expect("the bench file decodes"),
     };
     let peak = status_kib("VmHWM:");
     let after = status_kib("VmRSS:");
@@ -147,6 +158,11 @@ fn main() {
     let shared = Bytes::from(bytes.clone());
     let decoding = time(|| f21::decode_bytes(shared.clone()).expect("decodes"));
     let copying = time(|| f21::decode(&bytes).expect("decodes"));
+    let tallying = time(|| {
+        let mut tally = f21::Tally::default();
+        f21::decode_with(&shared, &mut tally).expect("decodes");
+        tally
+    });
     let crc = time(|| crc32c::crc32c(&bytes));
     drop(file);
 
@@ -176,6 +192,7 @@ fn main() {
     };
     let (shared_peak, shared_after) = measure("shared");
     let (copy_peak, copy_after) = measure("copy");
+    let (tally_peak, _) = measure("tally");
     let _ = std::fs::remove_dir_all(&dir);
 
     let row = |what: &str, (best, median, cpu): (Duration, Duration, Duration)| {
@@ -210,11 +227,13 @@ fn main() {
     row("encode", encoding);
     row("decode + validate (decode_bytes)", decoding);
     row("decode + validate (decode)", copying);
+    row("decode + validate (Tally, verify)", tallying);
     row("CRC32C alone", crc);
     let ratio = |b: u64| b as f64 / size as f64;
     println!(
         "decode memory, fresh process, file read then decoded: decode_bytes peak {:.1} MB ({:.2}x the file), {:.1} MB held after; \
-         decode peak {:.1} MB ({:.2}x), {:.1} MB ({:.2}x) held once the file buffer is dropped; size_of::<Record>() = {} bytes",
+         decode peak {:.1} MB ({:.2}x), {:.1} MB ({:.2}x) held once the file buffer is dropped; \
+         decode_with(Tally) (verify) peak {:.1} MB ({:.2}x); size_of::<Record>() = {} bytes",
         shared_peak as f64 / 1e6,
         ratio(shared_peak),
         shared_after as f64 / 1e6,
@@ -222,6 +241,8 @@ fn main() {
         ratio(copy_peak),
         copy_after as f64 / 1e6,
         ratio(copy_after),
+        tally_peak as f64 / 1e6,
+        ratio(tally_peak),
         std::mem::size_of::<Record>(),
     );
 }

@@ -18,7 +18,6 @@
 //! Only then is success reported. Any failure removes the temporary file and
 //! leaves nothing at the destination.
 
-use std::ffi::CStr;
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -168,59 +167,34 @@ fn remove_with_sidecars(path: &Path) {
 
 /// SQLite's online backup between two open connections, stepping
 /// [`PAGES_PER_STEP`] pages at a time and telling `progress` (pages done,
-/// pages in all) after each step.
+/// pages in all) after each step. A source that stays busy for longer than
+/// [`BUSY_PATIENCE`] fails the copy rather than hanging it.
 fn copy_pages(
     source: &Connection,
-    dest: &Connection,
+    dest: &mut Connection,
     progress: &dyn Fn(u64, u64),
 ) -> Result<u64, String> {
-    let main = c"main";
-    // SAFETY: both handles belong to connections that outlive this call and
-    // are used by no other thread meanwhile (rusqlite's `Connection` is not
-    // `Sync`); the backup object is finished before returning on every path.
-    unsafe {
-        let dest_db = dest.handle();
-        let backup =
-            ffi::sqlite3_backup_init(dest_db, main.as_ptr(), source.handle(), main.as_ptr());
-        if backup.is_null() {
-            return Err(errmsg(dest_db));
-        }
-        let mut busy_since: Option<Instant> = None;
-        let outcome = loop {
-            let rc = ffi::sqlite3_backup_step(backup, PAGES_PER_STEP);
-            let total = ffi::sqlite3_backup_pagecount(backup).max(0) as u64;
-            let left = ffi::sqlite3_backup_remaining(backup).max(0) as u64;
-            progress(total.saturating_sub(left), total);
-            match rc {
-                ffi::SQLITE_OK => busy_since = None,
-                ffi::SQLITE_DONE => break Ok(total),
-                ffi::SQLITE_BUSY | ffi::SQLITE_LOCKED => {
-                    let since = *busy_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > BUSY_PATIENCE {
-                        break Err(format!("the database stayed busy for {BUSY_PATIENCE:?}"));
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
+    use rusqlite::backup::{Backup, StepResult};
+    let backup = Backup::new(source, dest).map_err(|e| e.to_string())?;
+    let mut busy_since: Option<Instant> = None;
+    loop {
+        let step = backup.step(PAGES_PER_STEP).map_err(|e| e.to_string())?;
+        let p = backup.progress();
+        let total = p.pagecount.max(0) as u64;
+        let left = p.remaining.max(0) as u64;
+        progress(total.saturating_sub(left), total);
+        match step {
+            StepResult::Done => return Ok(total),
+            StepResult::More => busy_since = None,
+            // Busy, Locked, and any future variant: wait a little, bounded.
+            _ => {
+                let since = *busy_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > BUSY_PATIENCE {
+                    return Err(format!("the database stayed busy for {BUSY_PATIENCE:?}"));
                 }
-                _ => break Err(errmsg(dest_db)),
+                std::thread::sleep(Duration::from_millis(10));
             }
-        };
-        let rc = ffi::sqlite3_backup_finish(backup);
-        match outcome {
-            Ok(pages) if rc == ffi::SQLITE_OK => Ok(pages),
-            Ok(_) => Err(errmsg(dest_db)),
-            Err(e) => Err(e),
         }
-    }
-}
-
-/// # Safety
-/// `db` is an open connection handle.
-unsafe fn errmsg(db: *mut ffi::sqlite3) -> String {
-    let msg = ffi::sqlite3_errmsg(db);
-    if msg.is_null() {
-        "unknown SQLite error".into()
-    } else {
-        CStr::from_ptr(msg).to_string_lossy().into_owned()
     }
 }
 
@@ -308,13 +282,13 @@ fn copy_and_prove(
         .map_err(|e| src_err("opening a read transaction", e))?;
     let counted = count_tables(source).map_err(|e| src_err("counting rows", e));
     let copied = counted.and_then(|tables| {
-        let target = Connection::open_with_flags(
+        let mut target = Connection::open_with_flags(
             tmp,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(|e| tmp_err("opening the temporary copy", e))?;
         let pages =
-            copy_pages(source, &target, progress).map_err(|detail| BackupError::Sqlite {
+            copy_pages(source, &mut target, progress).map_err(|detail| BackupError::Sqlite {
                 path: db.to_path_buf(),
                 context: "copying pages",
                 source: rusqlite::Error::SqliteFailure(

@@ -239,29 +239,47 @@ pub fn read_bounded_by_magic(
     }
     let size = opened.len();
     check_size(path, size, ceiling)?;
-    let mut probe = Vec::with_capacity(MAGIC_PROBE_LEN);
-    (&mut file)
-        .take(MAGIC_PROBE_LEN as u64)
-        .read_to_end(&mut probe)
-        .map_err(|e| ReadError::from_io(path, e))?;
-    check_size(path, size, limit_for(&probe).min(ceiling))?;
-    let rest = read_exactly(&mut file, path, size.saturating_sub(probe.len() as u64)).map_err(
-        |e| match e {
-            ReadError::Changed { path, .. } => ReadError::Changed {
-                path,
-                what: format!("{size} bytes when opened, a different amount read"),
-            },
-            other => other,
-        },
-    )?;
-    if (probe.len() as u64) < size.min(MAGIC_PROBE_LEN as u64) {
+    let mut probe = [0u8; MAGIC_PROBE_LEN];
+    let probe_len = read_probe(&mut file, &mut probe).map_err(|e| ReadError::from_io(path, e))?;
+    let probe = probe.get(..probe_len).unwrap_or_default();
+    check_size(path, size, limit_for(probe).min(ceiling))?;
+    if (probe_len as u64) < size.min(MAGIC_PROBE_LEN as u64) {
         return Err(ReadError::Changed {
             path: path.to_path_buf(),
-            what: format!("{size} bytes when opened, {} read", probe.len()),
+            what: format!("{size} bytes when opened, {probe_len} read"),
         });
     }
-    probe.extend_from_slice(&rest);
-    Ok(probe)
+    // The whole file lands in one buffer sized once: no second copy and no
+    // growth, so reading a file costs its size in memory and nothing more.
+    let capacity = usize::try_from(size).map_err(|_| ReadError::TooLarge {
+        path: path.to_path_buf(),
+        size,
+        limit: usize::MAX as u64,
+    })?;
+    let mut buf = Vec::with_capacity(capacity);
+    buf.extend_from_slice(probe);
+    read_rest(&mut file, path, size, &mut buf).map_err(|e| match e {
+        ReadError::Changed { path, .. } => ReadError::Changed {
+            path,
+            what: format!("{size} bytes when opened, a different amount read"),
+        },
+        other => other,
+    })?;
+    Ok(buf)
+}
+
+/// Up to `probe.len()` leading bytes; fewer only at the end of the file.
+fn read_probe(file: &mut File, probe: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while let Some(rest) = probe.get_mut(filled..).filter(|r| !r.is_empty()) {
+        match file.read(rest) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 fn check_size(path: &Path, size: u64, limit: u64) -> Result<(), ReadError> {
@@ -275,16 +293,15 @@ fn check_size(path: &Path, size: u64, limit: u64) -> Result<(), ReadError> {
     Ok(())
 }
 
-fn read_exactly(file: &mut File, path: &Path, size: u64) -> Result<Vec<u8>, ReadError> {
-    let capacity = usize::try_from(size).map_err(|_| ReadError::TooLarge {
-        path: path.to_path_buf(),
-        size,
-        limit: usize::MAX as u64,
-    })?;
-    let mut buf = Vec::with_capacity(capacity);
-    // One byte past the size tells "grew since fstat" from "exactly right".
-    file.take(size.saturating_add(1))
-        .read_to_end(&mut buf)
+/// Reads the rest of a `size`-byte file onto `buf` (which holds what was
+/// read so far), refusing a file that grew or shrank since `fstat`.
+fn read_rest(file: &mut File, path: &Path, size: u64, buf: &mut Vec<u8>) -> Result<(), ReadError> {
+    let left = size.saturating_sub(buf.len() as u64);
+    // One byte past the size tells "grew since fstat" from "exactly right";
+    // with the buffer already at its capacity, std probes that byte on the
+    // stack rather than growing the buffer.
+    file.take(left.saturating_add(1))
+        .read_to_end(buf)
         .map_err(|e| ReadError::from_io(path, e))?;
     if buf.len() as u64 != size {
         return Err(ReadError::Changed {
@@ -292,7 +309,7 @@ fn read_exactly(file: &mut File, path: &Path, size: u64) -> Result<Vec<u8>, Read
             what: format!("{size} bytes when opened, {} read", buf.len()),
         });
     }
-    Ok(buf)
+    Ok(())
 }
 
 #[cfg(test)]

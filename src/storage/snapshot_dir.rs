@@ -3,8 +3,11 @@
 //! `saguin snapshot verify|inspect` look at a directory through [`scan`];
 //! [`load`] is [`scan`] plus "refuse on any error", for a loader. "Verify
 //! says OK, serve refuses" must not happen (SAGUIN.md §6.2): the memory
-//! provider's loader (`storage::memory::load`) is held to the same verdict
-//! on every kind of damage by `tests/snapshot_loader_agreement.rs`.
+//! provider's loader (`storage::memory::load`) reads every byte through
+//! [`scan`] and [`into_loaded`] (the two halves of [`load`]) and only
+//! builds stores from what they hand back, and
+//! `tests/snapshot_loader_agreement.rs` holds `saguin snapshot verify` and
+//! that loader to one verdict on every kind of damage.
 //!
 //! What a directory may hold (names from [`saguin_format::channel_name`]):
 //!
@@ -43,10 +46,11 @@ use saguin_format::channel_name::{
 };
 use saguin_format::f21::{
     self, time::format_unix_nanos, BroadcastFile, ChannelFile, FileKind, Header, Manifest,
-    RetainedFile, SessionsFile, SnapshotFile,
+    RetainedFile, SessionsFile, SnapshotFile, Tally,
 };
 use saguin_format::mbmqtt;
 
+use super::contract::{Reader, StorageError};
 use super::read::{self, ReadError, SpecialKind, F21_DEFAULT_MAX_BYTES, MBMQTT_DEFAULT_MAX_BYTES};
 
 /// How a directory (or one file) is read.
@@ -61,6 +65,13 @@ pub struct ScanOptions {
     /// configuration dropped is "a file nobody opens", RFC 0004). `None`
     /// decodes every file, as `verify` does.
     pub channels: Option<BTreeSet<String>>,
+    /// False when the provider does not keep the retained store: its file
+    /// is reported as not configured and left unread. True for `verify`.
+    pub retained: bool,
+    /// False when the provider does not keep the sessions: the sessions
+    /// file and the broadcast log are reported as not configured and left
+    /// unread. True for `verify`.
+    pub sessions: bool,
 }
 
 impl Default for ScanOptions {
@@ -69,19 +80,53 @@ impl Default for ScanOptions {
             max_bytes_f21: F21_DEFAULT_MAX_BYTES,
             max_bytes_mbmqtt: MBMQTT_DEFAULT_MAX_BYTES,
             channels: None,
+            retained: true,
+            sessions: true,
         }
     }
 }
 
 impl ScanOptions {
+    /// True when a file of this role is to be read: a channel file only for
+    /// a channel asked for (a name that decodes to no channel is nobody's),
+    /// the retained store and the sessions pair only when kept here.
+    fn asks_for(&self, role: &Role) -> bool {
+        match role {
+            Role::Manifest => true,
+            Role::Channel(channel) => match &self.channels {
+                None => true,
+                Some(wanted) => channel.as_ref().is_some_and(|c| wanted.contains(c)),
+            },
+            Role::Retained => self.retained,
+            Role::Sessions | Role::Broadcast => self.sessions,
+        }
+    }
+
     /// One limit for every kind of file (`--max-bytes`).
     pub fn with_max_bytes(max: u64) -> ScanOptions {
         ScanOptions {
             max_bytes_f21: max,
             max_bytes_mbmqtt: max,
             channels: None,
+            retained: true,
+            sessions: true,
         }
     }
+}
+
+/// What a read keeps of a format 21 file's records. Either way the file
+/// goes through the one decoder with every check the loader runs
+/// ([`f21::decode_with`]); only what becomes of each record once checked
+/// differs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Records {
+    /// Every record is kept: what a loader and `inspect` need.
+    #[default]
+    Keep,
+    /// Each record is dropped once checked, so the decoded file's record
+    /// lists are empty and reading a file costs about its size in memory:
+    /// what `verify` needs.
+    Drop,
 }
 
 /// Any snapshot file saguin reads, told apart by its magic.
@@ -178,12 +223,53 @@ pub fn read_snapshot_file(
     opts: &ScanOptions,
     expected: Option<FileKind>,
 ) -> Result<AnySnapshot, FileProblem> {
+    read_snapshot_file_with(path, opts, expected, Records::Keep)
+}
+
+/// [`read_snapshot_file`] for a checker: every check runs, and each format
+/// 21 record is dropped once checked ([`Records::Drop`]), so a large
+/// channel file costs about its own size in memory. The verdict is the
+/// loader's.
+pub fn check_snapshot_file(path: &Path, opts: &ScanOptions) -> Result<AnySnapshot, FileProblem> {
+    read_snapshot_file_with(path, opts, None, Records::Drop)
+}
+
+/// [`read_snapshot_file`], keeping or dropping the records.
+pub fn read_snapshot_file_with(
+    path: &Path,
+    opts: &ScanOptions,
+    expected: Option<FileKind>,
+    records: Records,
+) -> Result<AnySnapshot, FileProblem> {
     let ceiling = opts.max_bytes_f21.max(opts.max_bytes_mbmqtt);
     let bytes = read::read_bounded_by_magic(path, ceiling, |probe| match detect(probe) {
         Magic::Mbmqtt => opts.max_bytes_mbmqtt,
         _ => opts.max_bytes_f21,
     })?;
-    decode_snapshot_bytes(&bytes, expected)
+    match (records, detect(&bytes)) {
+        (Records::Drop, Magic::F21) => decode_f21_dropping(bytes.into(), expected),
+        _ => decode_snapshot_bytes(&bytes, expected),
+    }
+}
+
+/// The format 21 arm of [`decode_snapshot_bytes`] with a [`Tally`] sink:
+/// the same decoder and checks, each record dropped once checked.
+fn decode_f21_dropping(
+    bytes: bytes::Bytes,
+    expected: Option<FileKind>,
+) -> Result<AnySnapshot, FileProblem> {
+    let mut tally = Tally::default();
+    let decoded = match expected {
+        Some(kind) => f21::decode_with_expecting(&bytes, kind, &mut tally),
+        None => f21::decode_with(&bytes, &mut tally),
+    };
+    decoded
+        .and_then(|(header, file)| check_readers(&file).map(|()| (header, file)))
+        .map(|(header, file)| AnySnapshot::F21 { header, file })
+        .map_err(|error| FileProblem::F21 {
+            header: f21::read_header(&bytes).ok(),
+            error,
+        })
 }
 
 /// Read one format 21 file of the `expected` kind: what a directory holds.
@@ -192,7 +278,17 @@ pub fn read_f21_file(
     opts: &ScanOptions,
     expected: FileKind,
 ) -> Result<(Header, SnapshotFile), FileProblem> {
-    match read_snapshot_file(path, opts, Some(expected))? {
+    read_f21_file_with(path, opts, expected, Records::Keep)
+}
+
+/// [`read_f21_file`], keeping or dropping the records.
+pub fn read_f21_file_with(
+    path: &Path,
+    opts: &ScanOptions,
+    expected: FileKind,
+    records: Records,
+) -> Result<(Header, SnapshotFile), FileProblem> {
+    match read_snapshot_file_with(path, opts, Some(expected), records)? {
         AnySnapshot::F21 { header, file } => Ok((header, file)),
         // With `expected` set an MBMQTT01 file is refused while decoding.
         AnySnapshot::Mbmqtt(_) => Err(FileProblem::F21 {
@@ -234,6 +330,7 @@ pub fn decode_snapshot_bytes(
                 None => f21::decode(bytes),
             };
             decoded
+                .and_then(|(header, file)| check_readers(&file).map(|()| (header, file)))
                 .map(|(header, file)| AnySnapshot::F21 { header, file })
                 .map_err(|error| FileProblem::F21 {
                     header: f21::read_header(bytes).ok(),
@@ -241,6 +338,39 @@ pub fn decode_snapshot_bytes(
                 })
         }
     }
+}
+
+/// Every reader a file names must be one the stores accept
+/// ([`Reader::parse`]: no NUL, at most 65,535 bytes after the scheme),
+/// so that a file this calls valid is never refused by the loader that
+/// turns its positions into [`Reader`]s.
+pub fn check_readers(file: &SnapshotFile) -> Result<(), f21::DecodeError> {
+    let lists: Vec<(&str, &[f21::Position])> = match file {
+        SnapshotFile::Channel(c) => {
+            let mut lists = vec![("positions", c.positions.as_slice())];
+            if let Some(d) = &c.dead_letter {
+                lists.push(("dead_letter.positions", d.positions.as_slice()));
+            }
+            lists
+        }
+        SnapshotFile::Broadcast(b) => vec![("cursors", b.cursors.as_slice())],
+        _ => Vec::new(),
+    };
+    for (field, positions) in lists {
+        for (i, p) in positions.iter().enumerate() {
+            if let Err(e) = Reader::parse(&p.reader) {
+                let reason = match e {
+                    StorageError::InvalidReader { reason, .. } => reason.to_string(),
+                    other => other.to_string(),
+                };
+                return Err(f21::DecodeError::Invalid {
+                    field: format!("{field}[{i}].reader"),
+                    reason,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What a file in the directory is, by its name (its contents must agree).
@@ -301,7 +431,7 @@ pub enum FileOutcome {
         file: SnapshotFile,
     },
     Failed(FileProblem),
-    /// A channel the options did not ask for: left unread.
+    /// A file the options did not ask for: left unread.
     NotConfigured,
 }
 
@@ -382,7 +512,8 @@ pub enum FindingKind {
     /// A snapshot file the manifest did not ask for (a channel the
     /// configuration dropped is the operator's own doing).
     NotInManifest { file: String },
-    /// A channel file the configuration does not name: not read.
+    /// A file the configuration does not ask this provider for (another
+    /// channel, or the retained store or sessions kept elsewhere): not read.
     NotConfigured { file: String },
     /// Something in the directory that is not a snapshot file.
     Unrecognised { file: String, what: String },
@@ -511,7 +642,10 @@ impl fmt::Display for FindingKind {
                 f,
                 "{file}: not listed by the manifest (a channel the configuration dropped?)"
             ),
-            NotConfigured { file } => write!(f, "{file}: not a configured channel; not read"),
+            NotConfigured { file } => write!(
+                f,
+                "{file}: not a store the configuration keeps on this provider; not read"
+            ),
             Unrecognised { file, what } => write!(f, "{file}: {what}; ignored"),
         }
     }
@@ -571,6 +705,20 @@ impl ScanError {
 /// List `dir`, decode every snapshot file in it with the format 21
 /// decoder, and report per file and across files. See the module docs.
 pub fn scan(dir: &Path, opts: &ScanOptions) -> Result<DirReport, ScanError> {
+    scan_with(dir, opts, Records::Keep)
+}
+
+/// [`scan`] for a checker (`saguin snapshot verify`): the same decoder, the
+/// same checks and the same findings, with each file's records dropped once
+/// checked ([`Records::Drop`]): the decoded channel, retained and broadcast
+/// files come back with empty record lists, and the peak memory is about
+/// the largest file's size rather than its records'.
+pub fn scan_checking(dir: &Path, opts: &ScanOptions) -> Result<DirReport, ScanError> {
+    scan_with(dir, opts, Records::Drop)
+}
+
+/// [`scan`], keeping or dropping the records.
+pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<DirReport, ScanError> {
     let meta = read::lstat(dir)?;
     match SpecialKind::of(&meta) {
         Some(SpecialKind::Directory) => {}
@@ -621,19 +769,17 @@ pub fn scan(dir: &Path, opts: &ScanOptions) -> Result<DirReport, ScanError> {
             findings.push(FindingKind::Unrecognised { file: name, what });
             continue;
         };
-        if let (Role::Channel(Some(channel)), Some(wanted)) = (&role, &opts.channels) {
-            if !wanted.contains(channel) {
-                findings.push(FindingKind::NotConfigured { file: name.clone() });
-                files.push(FileReport {
-                    name,
-                    path,
-                    role,
-                    outcome: FileOutcome::NotConfigured,
-                });
-                continue;
-            }
+        if !opts.asks_for(&role) {
+            findings.push(FindingKind::NotConfigured { file: name.clone() });
+            files.push(FileReport {
+                name,
+                path,
+                role,
+                outcome: FileOutcome::NotConfigured,
+            });
+            continue;
         }
-        let outcome = match read_f21_file(&path, opts, role.expected_kind()) {
+        let outcome = match read_f21_file_with(&path, opts, role.expected_kind(), records) {
             Ok((header, file)) => FileOutcome::Decoded { header, file },
             Err(problem) => FileOutcome::Failed(problem),
         };
@@ -685,9 +831,13 @@ pub fn scan(dir: &Path, opts: &ScanOptions) -> Result<DirReport, ScanError> {
         }
     }
 
-    // The sessions file and its log.
-    let sessions = files.iter().find(|f| f.role == Role::Sessions);
-    let broadcast = files.iter().find(|f| f.role == Role::Broadcast);
+    // The sessions file and its log (unless the provider keeps no sessions).
+    let sessions = files
+        .iter()
+        .find(|f| f.role == Role::Sessions && opts.sessions);
+    let broadcast = files
+        .iter()
+        .find(|f| f.role == Role::Broadcast && opts.sessions);
     match (sessions, broadcast) {
         (Some(_), None) => findings.push(FindingKind::SessionsWithoutBroadcast),
         (Some(s), Some(b)) => {
@@ -802,6 +952,9 @@ pub struct Loaded {
     pub retained: Option<RetainedFile>,
     pub sessions: Option<SessionsFile>,
     pub broadcast: Option<BroadcastFile>,
+    /// The broadcast log was written before the manifest's moment: its
+    /// held publishes are counted as abandoned, as a stale channel's are.
+    pub broadcast_stale: bool,
     /// Warnings and info, to be logged once at startup.
     pub findings: Vec<FindingKind>,
 }
@@ -833,10 +986,18 @@ pub fn load(dir: &Path, opts: &ScanOptions) -> Result<Loaded, LoadError> {
         error,
         dir: dir.to_path_buf(),
     })?;
+    into_loaded(report)
+}
+
+/// The second half of [`load`], for a caller that looks at the scanned
+/// files before they are handed over (the memory provider names a file
+/// whose channel kind is not the configured one even when another file
+/// is damaged): refused naming every error, or the directory's contents.
+pub fn into_loaded(report: DirReport) -> Result<Loaded, LoadError> {
     if !report.is_loadable() {
         return Err(LoadError::Refused {
-            dir: dir.to_path_buf(),
             errors: report.errors().cloned().collect(),
+            dir: report.dir,
         });
     }
     let manifest_at = report.manifest.as_ref().map(|(_, m)| m.began_at);
@@ -867,7 +1028,10 @@ pub fn load(dir: &Path, opts: &ScanOptions) -> Result<Loaded, LoadError> {
             }
             SnapshotFile::Retained(r) => loaded.retained = Some(r),
             SnapshotFile::Sessions(s) => loaded.sessions = Some(s),
-            SnapshotFile::Broadcast(b) => loaded.broadcast = Some(b),
+            SnapshotFile::Broadcast(b) => {
+                loaded.broadcast_stale = manifest_at.is_some_and(|at| header.written_at < at);
+                loaded.broadcast = Some(b);
+            }
             SnapshotFile::Manifest(_) => {}
         }
     }

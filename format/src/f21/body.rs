@@ -4,7 +4,9 @@
 use bytes::Bytes;
 
 use super::error::DecodeError;
+use super::sink::{RecordList, RecordSink};
 use super::types::*;
+use super::validate::{ChannelChecks, ListCheck, ListRules, ListVerdict};
 use super::wire::{Reader, Writer};
 use crate::model::{ChannelKind, PublishProps, Record, UserProperty};
 
@@ -193,8 +195,23 @@ fn put_records(w: &mut Writer, records: &[Record]) {
     }
 }
 
-fn get_records(r: &mut Reader<'_>, field: &str) -> Result<Vec<Record>, DecodeError> {
-    get_list(r, field, MIN_RECORD, get_record)
+/// Decodes a record list, each record checked by `check` and handed to
+/// `sink`, which keeps it or drops it.
+fn get_records<S: RecordSink>(
+    r: &mut Reader<'_>,
+    field: &str,
+    list: RecordList,
+    check: &mut ListCheck,
+    sink: &mut S,
+) -> Result<Vec<Record>, DecodeError> {
+    let n = r.count(field, MIN_RECORD)?;
+    let mut kept = Vec::with_capacity(sink.capacity(n));
+    for i in 0..n {
+        let rec = get_record(r).map_err(|e| e.within(&format_args!("{field}[{i}]")))?;
+        check.record(&rec);
+        sink.record(list, rec, &mut kept);
+    }
+    Ok(kept)
 }
 
 // ---- channel parts -------------------------------------------------------
@@ -251,15 +268,28 @@ fn put_items(w: &mut Writer, items: &[QueueItem]) {
     }
 }
 
-fn get_items(r: &mut Reader<'_>) -> Result<Vec<QueueItem>, DecodeError> {
-    get_list(r, "items", MIN_ITEM, |r| {
-        Ok(QueueItem {
-            record: get_record(r).map_err(|e| e.within(&"record"))?,
-            attempts: r.u32("attempts")?,
-            first_delivered: r.i64("first_delivered")?,
-            last_delivered: r.i64("last_delivered")?,
-        })
+fn get_item(r: &mut Reader<'_>) -> Result<QueueItem, DecodeError> {
+    Ok(QueueItem {
+        record: get_record(r).map_err(|e| e.within(&"record"))?,
+        attempts: r.u32("attempts")?,
+        first_delivered: r.i64("first_delivered")?,
+        last_delivered: r.i64("last_delivered")?,
     })
+}
+
+fn get_items<S: RecordSink>(
+    r: &mut Reader<'_>,
+    check: &mut ListCheck,
+    sink: &mut S,
+) -> Result<Vec<QueueItem>, DecodeError> {
+    let n = r.count("items", MIN_ITEM)?;
+    let mut kept = Vec::with_capacity(sink.capacity(n));
+    for i in 0..n {
+        let item = get_item(r).map_err(|e| e.within(&format_args!("items[{i}]")))?;
+        check.item(&item);
+        sink.item(item, &mut kept);
+    }
+    Ok(kept)
 }
 
 /// An upper bound on a record's encoding, to size the output buffer once.
@@ -333,24 +363,48 @@ pub(crate) fn put_channel(w: &mut Writer, c: &ChannelFile) {
     }
 }
 
-pub(crate) fn get_channel(r: &mut Reader<'_>) -> Result<ChannelFile, DecodeError> {
+/// Decodes a channel body, streaming its record lists through `sink` and
+/// their checks; the verdicts go to `validate_channel`.
+pub(crate) fn get_channel<S: RecordSink>(
+    r: &mut Reader<'_>,
+    sink: &mut S,
+) -> Result<(ChannelFile, ChannelChecks), DecodeError> {
     let name = r.str("name")?;
     let kind = get_channel_kind(r, "kind")?;
     let next = r.u64("next")?;
     let floor = r.u64("floor")?;
     let bytes = r.u64("bytes")?;
-    let records = get_records(r, "records")?;
-    let items = get_items(r)?;
+    let mut checks = ChannelChecks {
+        records: ListCheck::new("records", ListRules::channel_records(kind, next, floor)),
+        items: ListCheck::new("items", ListRules::channel_items(kind, next, floor)),
+        dead_letter_records: None,
+    };
+    let records = get_records(
+        r,
+        "records",
+        RecordList::ChannelRecords,
+        &mut checks.records,
+        sink,
+    )?;
+    let items = get_items(r, &mut checks.items, sink)?;
     let positions = get_positions(r, "positions")?;
     let held = get_held(r)?;
     let dead_letter = if r.present("dead_letter")? {
-        let get = |r: &mut Reader<'_>| -> Result<DeadLetter, DecodeError> {
+        let mut get = |r: &mut Reader<'_>| -> Result<DeadLetter, DecodeError> {
+            let name = r.str("name")?;
+            let next = r.u64("next")?;
+            let floor = r.u64("floor")?;
+            let bytes = r.u64("bytes")?;
+            let check = checks.dead_letter_records.insert(ListCheck::new(
+                "dead_letter.records",
+                ListRules::dead_letter(next, floor),
+            ));
             Ok(DeadLetter {
-                name: r.str("name")?,
-                next: r.u64("next")?,
-                floor: r.u64("floor")?,
-                bytes: r.u64("bytes")?,
-                records: get_records(r, "records")?,
+                name,
+                next,
+                floor,
+                bytes,
+                records: get_records(r, "records", RecordList::DeadLetterRecords, check, sink)?,
                 positions: get_positions(r, "positions")?,
             })
         };
@@ -358,7 +412,7 @@ pub(crate) fn get_channel(r: &mut Reader<'_>) -> Result<ChannelFile, DecodeError
     } else {
         None
     };
-    Ok(ChannelFile {
+    let file = ChannelFile {
         name,
         kind,
         next,
@@ -369,7 +423,8 @@ pub(crate) fn get_channel(r: &mut Reader<'_>) -> Result<ChannelFile, DecodeError
         positions,
         held,
         dead_letter,
-    })
+    };
+    Ok((file, checks))
 }
 
 // ---- manifest ------------------------------------------------------------
@@ -414,10 +469,13 @@ pub(crate) fn put_retained(w: &mut Writer, f: &RetainedFile) {
     put_records(w, &f.records);
 }
 
-pub(crate) fn get_retained(r: &mut Reader<'_>) -> Result<RetainedFile, DecodeError> {
-    Ok(RetainedFile {
-        records: get_records(r, "records")?,
-    })
+pub(crate) fn get_retained<S: RecordSink>(
+    r: &mut Reader<'_>,
+    sink: &mut S,
+) -> Result<(RetainedFile, ListVerdict), DecodeError> {
+    let mut check = ListCheck::new("records", ListRules::Retained);
+    let records = get_records(r, "records", RecordList::Retained, &mut check, sink)?;
+    Ok((RetainedFile { records }, check.finish()))
 }
 
 // ---- sessions ------------------------------------------------------------
@@ -603,15 +661,30 @@ pub(crate) fn put_broadcast(w: &mut Writer, f: &BroadcastFile) {
     put_held(w, &f.held);
 }
 
-pub(crate) fn get_broadcast(r: &mut Reader<'_>) -> Result<BroadcastFile, DecodeError> {
-    Ok(BroadcastFile {
-        next: r.u64("next")?,
-        floor: r.u64("floor")?,
-        bytes: r.u64("bytes")?,
-        messages: get_records(r, "messages")?,
+pub(crate) fn get_broadcast<S: RecordSink>(
+    r: &mut Reader<'_>,
+    sink: &mut S,
+) -> Result<(BroadcastFile, ListVerdict), DecodeError> {
+    let next = r.u64("next")?;
+    let floor = r.u64("floor")?;
+    let bytes = r.u64("bytes")?;
+    let mut check = ListCheck::new("messages", ListRules::broadcast(next, floor));
+    let messages = get_records(
+        r,
+        "messages",
+        RecordList::BroadcastMessages,
+        &mut check,
+        sink,
+    )?;
+    let file = BroadcastFile {
+        next,
+        floor,
+        bytes,
+        messages,
         cursors: get_positions(r, "cursors")?,
         held: get_held(r)?,
-    })
+    };
+    Ok((file, check.finish()))
 }
 
 pub(crate) fn records_size_hint(records: &[Record]) -> usize {

@@ -19,6 +19,7 @@
 
 mod body;
 mod error;
+mod sink;
 pub mod time;
 mod types;
 mod validate;
@@ -27,7 +28,9 @@ mod wire;
 use bytes::Bytes;
 
 pub use error::DecodeError;
+pub use sink::{Collect, RecordList, RecordSink, Tally};
 pub use types::*;
+use validate::Lists;
 pub use validate::{validate, validate_pair};
 
 /// Bytes 0..8 of every saguin snapshot file, whatever its version. The
@@ -212,7 +215,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, SnapshotFile), DecodeError> {
     let (header, kind) = check_envelope(bytes)?;
     let body_end = bytes.len().saturating_sub(TRAILER_LEN); // check_envelope: len >= MIN_FILE_LEN
     let mut r = wire::Reader::copying(bytes, HEADER_LEN, body_end);
-    let file = decode_body(&mut r, kind)?;
+    let file = decode_body(&mut r, kind, &mut Collect)?;
     Ok((header, file))
 }
 
@@ -222,20 +225,71 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, SnapshotFile), DecodeError> {
 /// a caller that trims records one by one and counts their memory as freed
 /// should prefer [`decode`].
 pub fn decode_bytes(bytes: Bytes) -> Result<(Header, SnapshotFile), DecodeError> {
-    let (header, kind) = check_envelope(&bytes)?;
+    decode_with(&bytes, &mut Collect)
+}
+
+/// The one decoder, generic over what becomes of each record: header,
+/// checksum, body and every semantic rule, exactly as [`decode`] runs them,
+/// with each record of the file's record lists (and each queue item)
+/// handed to `sink` once decoded. With [`Collect`] this is
+/// [`decode_bytes`]; with [`Tally`] the returned file's record lists are
+/// empty and the peak memory is `bytes` plus a few words per list, which
+/// is how a checker reads a large file. Payloads a sink keeps are
+/// zero-copy slices of `bytes`.
+pub fn decode_with<S: RecordSink>(
+    bytes: &Bytes,
+    sink: &mut S,
+) -> Result<(Header, SnapshotFile), DecodeError> {
+    let (header, kind) = check_envelope(bytes)?;
     let body_end = bytes.len().saturating_sub(TRAILER_LEN); // check_envelope: len >= MIN_FILE_LEN
-    let mut r = wire::Reader::shared(&bytes, HEADER_LEN, body_end);
-    let file = decode_body(&mut r, kind)?;
+    let mut r = wire::Reader::shared(bytes, HEADER_LEN, body_end);
+    let file = decode_body(&mut r, kind, sink)?;
     Ok((header, file))
 }
 
-fn decode_body(r: &mut wire::Reader<'_>, kind: FileKind) -> Result<SnapshotFile, DecodeError> {
-    let file = match kind {
-        FileKind::Channel => SnapshotFile::Channel(body::get_channel(r)?),
-        FileKind::Manifest => SnapshotFile::Manifest(body::get_manifest(r)?),
-        FileKind::Retained => SnapshotFile::Retained(body::get_retained(r)?),
-        FileKind::Sessions => SnapshotFile::Sessions(body::get_sessions(r)?),
-        FileKind::Broadcast => SnapshotFile::Broadcast(body::get_broadcast(r)?),
+/// [`decode_with`], refusing a file of any kind but `expected` (after the
+/// file has decoded, as [`decode_expecting`] does).
+pub fn decode_with_expecting<S: RecordSink>(
+    bytes: &Bytes,
+    expected: FileKind,
+    sink: &mut S,
+) -> Result<(Header, SnapshotFile), DecodeError> {
+    let (header, file) = decode_with(bytes, sink)?;
+    check_kind(file.kind(), expected)?;
+    Ok((header, file))
+}
+
+fn check_kind(found: FileKind, expected: FileKind) -> Result<(), DecodeError> {
+    if found != expected {
+        return Err(DecodeError::WrongKind { expected, found });
+    }
+    Ok(())
+}
+
+fn decode_body<S: RecordSink>(
+    r: &mut wire::Reader<'_>,
+    kind: FileKind,
+    sink: &mut S,
+) -> Result<SnapshotFile, DecodeError> {
+    // Parse the whole body before judging it, so a structural fault
+    // anywhere is reported ahead of a semantic one (as the semantic pass
+    // over a decoded file would); the list checks ran while parsing and
+    // hold their verdicts until now.
+    let (file, lists) = match kind {
+        FileKind::Channel => {
+            let (c, checks) = body::get_channel(r, sink)?;
+            (SnapshotFile::Channel(c), Lists::Channel(checks.finish()))
+        }
+        FileKind::Manifest => (SnapshotFile::Manifest(body::get_manifest(r)?), Lists::None),
+        FileKind::Sessions => (SnapshotFile::Sessions(body::get_sessions(r)?), Lists::None),
+        FileKind::Retained => {
+            let (f, records) = body::get_retained(r, sink)?;
+            (SnapshotFile::Retained(f), Lists::One(records))
+        }
+        FileKind::Broadcast => {
+            let (b, messages) = body::get_broadcast(r, sink)?;
+            (SnapshotFile::Broadcast(b), Lists::One(messages))
+        }
     };
     if r.remaining() != 0 {
         return Err(DecodeError::TrailingBytes {
@@ -243,7 +297,7 @@ fn decode_body(r: &mut wire::Reader<'_>, kind: FileKind) -> Result<SnapshotFile,
             count: r.remaining(),
         });
     }
-    validate(&file)?;
+    validate::validate_decoded(&file, lists)?;
     Ok(file)
 }
 
@@ -253,10 +307,7 @@ pub fn decode_expecting(
     expected: FileKind,
 ) -> Result<(Header, SnapshotFile), DecodeError> {
     let (header, file) = decode(bytes)?;
-    let found = file.kind();
-    if found != expected {
-        return Err(DecodeError::WrongKind { expected, found });
-    }
+    check_kind(file.kind(), expected)?;
     Ok((header, file))
 }
 

@@ -19,11 +19,316 @@ pub const MAX_SUBSCRIPTION_ID: u32 = 268_435_455;
 /// runs it; a writer may run it before writing.
 pub fn validate(file: &SnapshotFile) -> Result<(), DecodeError> {
     match file {
-        SnapshotFile::Channel(c) => validate_channel(c),
+        SnapshotFile::Channel(c) => validate_channel(c, ChannelChecks::of(c).finish()),
         SnapshotFile::Manifest(m) => validate_manifest(m),
-        SnapshotFile::Retained(r) => validate_retained(r),
+        SnapshotFile::Retained(r) => {
+            let mut records = ListCheck::new("records", ListRules::Retained);
+            r.records.iter().for_each(|rec| records.record(rec));
+            validate_retained(records.finish())
+        }
         SnapshotFile::Sessions(s) => validate_sessions(s),
-        SnapshotFile::Broadcast(b) => validate_broadcast(b),
+        SnapshotFile::Broadcast(b) => {
+            let mut messages = ListCheck::new("messages", ListRules::broadcast(b.next, b.floor));
+            b.messages.iter().for_each(|rec| messages.record(rec));
+            validate_broadcast(b, messages.finish())
+        }
+    }
+}
+
+/// The verdicts of a decoded file's streamed lists.
+#[derive(Debug)]
+pub(crate) enum Lists {
+    Channel(ChannelVerdicts),
+    /// The retained store's records or the broadcast log's messages.
+    One(ListVerdict),
+    /// A manifest or sessions file: no streamed list.
+    None,
+}
+
+/// [`validate`] for a file the decoder streamed: its lists were checked
+/// while decoding (and may have been dropped by the sink).
+pub(crate) fn validate_decoded(file: &SnapshotFile, lists: Lists) -> Result<(), DecodeError> {
+    match (file, lists) {
+        (SnapshotFile::Channel(c), Lists::Channel(lists)) => validate_channel(c, lists),
+        (SnapshotFile::Retained(_), Lists::One(records)) => validate_retained(records),
+        (SnapshotFile::Broadcast(b), Lists::One(messages)) => validate_broadcast(b, messages),
+        (SnapshotFile::Manifest(m), _) => validate_manifest(m),
+        (SnapshotFile::Sessions(s), _) => validate_sessions(s),
+        // The decoder pairs each kind with its lists; should the two ever
+        // disagree, check the file as it is rather than accept it.
+        (file, _) => validate(file),
+    }
+}
+
+// ---- streamed lists ------------------------------------------------------
+//
+// The record lists (a channel's records and queue items, a dead-letter
+// channel's records, the retained store, the broadcast log's messages) are
+// checked one element at a time as the decoder produces them, so a caller
+// that keeps no record (`snapshot verify`) runs exactly the rules the loader
+// runs. A list's verdict is only given once the whole file has parsed and
+// the file-level rules before it in `validate_*` have passed: the finding
+// reported is the same whichever way the file was read.
+
+/// What a streamed list must satisfy, fixed by fields decoded before it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ListRules {
+    /// Records of a log (channel, dead-letter channel, broadcast log):
+    /// offsets strictly ascending in `[floor, next)` and each record's own
+    /// fields, in one pass; then, on a latest channel, one value per topic.
+    Log {
+        next: u64,
+        floor: u64,
+        broadcast: bool,
+        one_per_topic: bool,
+    },
+    /// The retained store: each record's fields and its topic unique, in one pass.
+    Retained,
+    /// Queue items: offsets as a log's, in a first pass; then each item's
+    /// record and delivery times.
+    Queue { next: u64, floor: u64 },
+    /// A list whose mere presence is refused by a file-level rule (records
+    /// on a queue, items on an append channel); only counted.
+    CountOnly,
+}
+
+impl ListRules {
+    pub(crate) fn broadcast(next: u64, floor: u64) -> ListRules {
+        ListRules::Log {
+            next,
+            floor,
+            broadcast: true,
+            one_per_topic: false,
+        }
+    }
+
+    /// The rules of a channel's `records` list.
+    pub(crate) fn channel_records(kind: ChannelKind, next: u64, floor: u64) -> ListRules {
+        match kind {
+            ChannelKind::Append | ChannelKind::Latest => ListRules::Log {
+                next,
+                floor,
+                broadcast: false,
+                one_per_topic: kind == ChannelKind::Latest,
+            },
+            ChannelKind::Queue => ListRules::CountOnly,
+        }
+    }
+
+    /// The rules of a channel's `items` list.
+    pub(crate) fn channel_items(kind: ChannelKind, next: u64, floor: u64) -> ListRules {
+        match kind {
+            ChannelKind::Queue => ListRules::Queue { next, floor },
+            ChannelKind::Append | ChannelKind::Latest => ListRules::CountOnly,
+        }
+    }
+
+    /// The rules of a dead-letter channel's records (the file-level rule
+    /// refusing a dead-letter channel outside a queue is checked first).
+    pub(crate) fn dead_letter(next: u64, floor: u64) -> ListRules {
+        ListRules::Log {
+            next,
+            floor,
+            broadcast: false,
+            one_per_topic: false,
+        }
+    }
+}
+
+/// The running state of one streamed list's checks: a few words and, for a
+/// latest channel or the retained store, the set of topics seen.
+#[derive(Debug)]
+pub(crate) struct ListCheck {
+    field: &'static str,
+    rules: ListRules,
+    count: usize,
+    previous: Option<u64>,
+    /// The first finding of the list's first pass.
+    first: Option<DecodeError>,
+    /// The first finding of its second pass, reported only when the first
+    /// pass found nothing (the order the rules are listed in FORMAT.md §2.9).
+    second: Option<DecodeError>,
+    topics: HashSet<String>,
+}
+
+/// A streamed list's element count and verdict.
+#[derive(Debug)]
+pub(crate) struct ListVerdict {
+    pub(crate) count: usize,
+    pub(crate) result: Result<(), DecodeError>,
+}
+
+impl ListCheck {
+    pub(crate) fn new(field: &'static str, rules: ListRules) -> ListCheck {
+        ListCheck {
+            field,
+            rules,
+            count: 0,
+            previous: None,
+            first: None,
+            second: None,
+            topics: HashSet::new(),
+        }
+    }
+
+    fn element(&self, i: usize) -> Element {
+        Element {
+            list: self.field,
+            index: i,
+        }
+    }
+
+    /// One record of a `Log`, `Retained` or `CountOnly` list.
+    #[inline]
+    pub(crate) fn record(&mut self, rec: &Record) {
+        let i = self.count;
+        self.count += 1;
+        if self.first.is_some() {
+            return; // the list's verdict is decided
+        }
+        match self.rules {
+            ListRules::Log {
+                next,
+                floor,
+                broadcast,
+                one_per_topic,
+            } => {
+                let checked = check_offset(self.field, i, rec.offset, self.previous, next, floor)
+                    .and_then(|()| {
+                        check_record(rec, broadcast).map_err(|e| e.within(&self.element(i)))
+                    });
+                self.previous = Some(rec.offset);
+                if let Err(e) = checked {
+                    self.first = Some(e);
+                    return;
+                }
+                if one_per_topic && self.second.is_none() && !self.topics.insert(rec.topic.clone())
+                {
+                    self.second = Some(DecodeError::invalid(
+                        format!("{}.topic", self.element(i)),
+                        format!(
+                            "{:?} has a second value on a latest channel, which keeps one per topic",
+                            rec.topic
+                        ),
+                    ));
+                }
+            }
+            ListRules::Retained => {
+                if let Err(e) = check_record(rec, false) {
+                    self.first = Some(e.within(&self.element(i)));
+                } else if !self.topics.insert(rec.topic.clone()) {
+                    self.first = Some(DecodeError::invalid(
+                        format!("{}.topic", self.element(i)),
+                        format!("{:?} has a second retained message", rec.topic),
+                    ));
+                }
+            }
+            ListRules::Queue { .. } | ListRules::CountOnly => {}
+        }
+    }
+
+    /// One queue item of a `Queue` or `CountOnly` list.
+    #[inline]
+    pub(crate) fn item(&mut self, item: &QueueItem) {
+        let i = self.count;
+        self.count += 1;
+        let ListRules::Queue { next, floor } = self.rules else {
+            return;
+        };
+        if self.first.is_some() {
+            return;
+        }
+        let offset = item.record.offset;
+        if let Err(e) = check_offset(self.field, i, offset, self.previous, next, floor) {
+            self.first = Some(e);
+            return;
+        }
+        self.previous = Some(offset);
+        if self.second.is_some() {
+            return;
+        }
+        if let Err(e) = check_record(&item.record, false) {
+            self.second = Some(e.within(&format_args!("{}.record", self.element(i))));
+        } else if item.first_delivered == 0 && item.last_delivered != 0 {
+            self.second = Some(DecodeError::invalid(
+                format!("{}.first_delivered", self.element(i)),
+                "is unset while last_delivered is set",
+            ));
+        }
+    }
+
+    pub(crate) fn finish(self) -> ListVerdict {
+        ListVerdict {
+            count: self.count,
+            result: match self.first.or(self.second) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            },
+        }
+    }
+}
+
+/// An element's field path, `records[17]`, formatted only when an error
+/// names it.
+#[derive(Clone, Copy)]
+struct Element {
+    list: &'static str,
+    index: usize,
+}
+
+impl std::fmt::Display for Element {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]", self.list, self.index)
+    }
+}
+
+/// The streamed lists of one channel file.
+#[derive(Debug)]
+pub(crate) struct ChannelChecks {
+    pub(crate) records: ListCheck,
+    pub(crate) items: ListCheck,
+    pub(crate) dead_letter_records: Option<ListCheck>,
+}
+
+/// Their verdicts.
+#[derive(Debug)]
+pub(crate) struct ChannelVerdicts {
+    records: ListVerdict,
+    items: ListVerdict,
+    dead_letter_records: Option<ListVerdict>,
+}
+
+impl ChannelChecks {
+    /// Runs the list checks over an already decoded channel.
+    fn of(c: &ChannelFile) -> ChannelChecks {
+        let mut records = ListCheck::new(
+            "records",
+            ListRules::channel_records(c.kind, c.next, c.floor),
+        );
+        c.records.iter().for_each(|rec| records.record(rec));
+        let mut items = ListCheck::new("items", ListRules::channel_items(c.kind, c.next, c.floor));
+        c.items.iter().for_each(|item| items.item(item));
+        let dead_letter_records = c.dead_letter.as_ref().map(|d| {
+            let mut check = ListCheck::new(
+                "dead_letter.records",
+                ListRules::dead_letter(d.next, d.floor),
+            );
+            d.records.iter().for_each(|rec| check.record(rec));
+            check
+        });
+        ChannelChecks {
+            records,
+            items,
+            dead_letter_records,
+        }
+    }
+
+    pub(crate) fn finish(self) -> ChannelVerdicts {
+        ChannelVerdicts {
+            records: self.records.finish(),
+            items: self.items.finish(),
+            dead_letter_records: self.dead_letter_records.map(ListCheck::finish),
+        }
     }
 }
 
@@ -76,21 +381,6 @@ fn check_props(props: &PublishProps) -> Result<(), DecodeError> {
     Ok(())
 }
 
-/// Offsets strictly ascending, each in `[floor, next)`.
-fn check_log(
-    field: &str,
-    offsets: impl Iterator<Item = u64>,
-    next: u64,
-    floor: u64,
-) -> Result<(), DecodeError> {
-    let mut previous: Option<u64> = None;
-    for (i, offset) in offsets.enumerate() {
-        check_offset(field, i, offset, previous, next, floor)?;
-        previous = Some(offset);
-    }
-    Ok(())
-}
-
 #[inline]
 fn check_offset(
     field: &str,
@@ -119,23 +409,6 @@ fn check_offset(
                 format!("{offset} does not ascend from the previous offset {p}"),
             );
         }
-    }
-    Ok(())
-}
-
-fn check_records(
-    field: &str,
-    records: &[Record],
-    next: u64,
-    floor: u64,
-    broadcast: bool,
-) -> Result<(), DecodeError> {
-    // One pass: a million records are read once, not once per rule.
-    let mut previous: Option<u64> = None;
-    for (i, rec) in records.iter().enumerate() {
-        check_offset(field, i, rec.offset, previous, next, floor)?;
-        previous = Some(rec.offset);
-        check_record(rec, broadcast).map_err(|e| e.within(&format_args!("{field}[{i}]")))?;
     }
     Ok(())
 }
@@ -257,20 +530,21 @@ fn check_held(field: &str, held: &[HeldPublish], broadcast: bool) -> Result<(), 
     Ok(())
 }
 
-fn validate_channel(c: &ChannelFile) -> Result<(), DecodeError> {
+/// A channel's file-level rules, with its streamed lists' verdicts given
+/// where their checks stand in the order of FORMAT.md §2.9.
+fn validate_channel(c: &ChannelFile, lists: ChannelVerdicts) -> Result<(), DecodeError> {
     if c.name.is_empty() {
         return err("name", "is empty");
     }
     check_counters("", c.next, c.floor)?;
     match c.kind {
         ChannelKind::Append | ChannelKind::Latest => {
-            if !c.items.is_empty() {
+            if lists.items.count != 0 {
                 return err(
                     "items",
                     format!(
                         "{} queue items on a channel of kind {}, which keeps records",
-                        c.items.len(),
-                        c.kind
+                        lists.items.count, c.kind
                     ),
                 );
             }
@@ -283,45 +557,19 @@ fn validate_channel(c: &ChannelFile) -> Result<(), DecodeError> {
                     ),
                 );
             }
-            check_records("records", &c.records, c.next, c.floor, false)?;
-            if c.kind == ChannelKind::Latest {
-                let mut topics = HashSet::with_capacity(c.records.len());
-                for (i, rec) in c.records.iter().enumerate() {
-                    if !topics.insert(rec.topic.as_str()) {
-                        return err(
-                            format!("records[{i}].topic"),
-                            format!(
-                                "{:?} has a second value on a latest channel, which keeps one per topic",
-                                rec.topic
-                            ),
-                        );
-                    }
-                }
-            }
+            lists.records.result?;
         }
         ChannelKind::Queue => {
-            if !c.records.is_empty() {
+            if lists.records.count != 0 {
                 return err(
                     "records",
-                    format!("{} records on a queue, which keeps items", c.records.len()),
+                    format!(
+                        "{} records on a queue, which keeps items",
+                        lists.records.count
+                    ),
                 );
             }
-            check_log(
-                "items",
-                c.items.iter().map(|i| i.record.offset),
-                c.next,
-                c.floor,
-            )?;
-            for (i, item) in c.items.iter().enumerate() {
-                check_record(&item.record, false)
-                    .map_err(|e| e.within(&format_args!("items[{i}].record")))?;
-                if item.first_delivered == 0 && item.last_delivered != 0 {
-                    return err(
-                        format!("items[{i}].first_delivered"),
-                        "is unset while last_delivered is set",
-                    );
-                }
-            }
+            lists.items.result?;
             if let Some(d) = &c.dead_letter {
                 let expected = DeadLetter::name_for(&c.name);
                 if d.name != expected {
@@ -331,7 +579,9 @@ fn validate_channel(c: &ChannelFile) -> Result<(), DecodeError> {
                     );
                 }
                 check_counters("dead_letter.", d.next, d.floor)?;
-                check_records("dead_letter.records", &d.records, d.next, d.floor, false)?;
+                if let Some(v) = lists.dead_letter_records {
+                    v.result?;
+                }
                 check_positions(
                     "dead_letter.positions",
                     &d.positions,
@@ -371,18 +621,8 @@ fn validate_manifest(m: &Manifest) -> Result<(), DecodeError> {
     Ok(())
 }
 
-fn validate_retained(f: &RetainedFile) -> Result<(), DecodeError> {
-    let mut topics = HashSet::with_capacity(f.records.len());
-    for (i, rec) in f.records.iter().enumerate() {
-        check_record(rec, false).map_err(|e| e.within(&format_args!("records[{i}]")))?;
-        if !topics.insert(rec.topic.as_str()) {
-            return err(
-                format!("records[{i}].topic"),
-                format!("{:?} has a second retained message", rec.topic),
-            );
-        }
-    }
-    Ok(())
+fn validate_retained(records: ListVerdict) -> Result<(), DecodeError> {
+    records.result
 }
 
 fn validate_sessions(f: &SessionsFile) -> Result<(), DecodeError> {
@@ -532,9 +772,9 @@ fn validate_session(s: &Session, groups: &HashSet<&SharedGroupKey>) -> Result<()
     Ok(())
 }
 
-fn validate_broadcast(f: &BroadcastFile) -> Result<(), DecodeError> {
+fn validate_broadcast(f: &BroadcastFile, messages: ListVerdict) -> Result<(), DecodeError> {
     check_counters("", f.next, f.floor)?;
-    check_records("messages", &f.messages, f.next, f.floor, true)?;
+    messages.result?;
     check_positions("cursors", &f.cursors, f.next, PositionsOf::BroadcastLog)?;
     check_held("held", &f.held, true)
 }

@@ -317,17 +317,20 @@ impl<'a> Reader<'a> {
 
     /// A message: topic, payload, retain, and in V3 a QoS of 1 or 2. Legacy
     /// messages carry no QoS byte and read as QoS 1.
-    fn message(&mut self, version: u16, path: &str) -> Result<Message, DecodeError> {
-        let topic = self.nonempty_string(|| format!("{path}.topic"))?;
-        let payload = self.bytes(|| format!("{path}.payload"))?.to_vec();
-        let retain = self.retain(|| format!("{path}.retain"))?;
+    ///
+    /// `path` names the message in errors; it is only formatted on the
+    /// error path, never per message read.
+    fn message(&mut self, version: u16, path: &dyn Fn() -> String) -> Result<Message, DecodeError> {
+        let topic = self.nonempty_string(|| format!("{}.topic", path()))?;
+        let payload = self.bytes(|| format!("{}.payload", path()))?.to_vec();
+        let retain = self.retain(|| format!("{}.retain", path()))?;
         let qos = if version == 3 {
             let at = self.at();
-            let qos = self.u8(|| format!("{path}.qos"))?;
+            let qos = self.u8(|| format!("{}.qos", path()))?;
             if !(1..=2).contains(&qos) {
                 return Err(DecodeError::QosOutOfRange {
                     at,
-                    field: format!("{path}.qos"),
+                    field: format!("{}.qos", path()),
                     qos,
                     version,
                     allowed: "1..=2",
@@ -407,26 +410,27 @@ impl<'a> Reader<'a> {
         let mut inflight = Vec::with_capacity(count.min(MAX_PREALLOCATE));
         let mut seen = HashSet::new();
         for j in 0..count {
-            let path = format!("sessions[{i}].inflight[{j}]");
-            let packet_id = self.packet_id(&mut seen, || format!("{path}.packet_id"))?;
+            let path = || format!("sessions[{i}].inflight[{j}]");
+            let message_path = || format!("{}.message", path());
+            let packet_id = self.packet_id(&mut seen, || format!("{}.packet_id", path()))?;
             if version == 3 {
                 let at = self.at();
-                let code = self.u8(|| format!("{path}.phase"))?;
+                let code = self.u8(|| format!("{}.phase", path()))?;
                 let phase = Phase::from_code(code).ok_or_else(|| DecodeError::UnknownPhase {
                     at,
-                    field: format!("{path}.phase"),
+                    field: format!("{}.phase", path()),
                     phase: code,
                 })?;
                 // The phase alone says whether a message follows: phase 3
                 // (await PUBCOMP) keeps no topic or payload.
                 let message = match phase.message_qos() {
                     Some(expected) => {
-                        let message = self.message(version, &format!("{path}.message"))?;
+                        let message = self.message(version, &message_path)?;
                         if message.qos != expected {
                             return Err(DecodeError::PhaseQosMismatch {
                                 // The QoS byte is the message's last.
                                 at: self.at().saturating_sub(1),
-                                field: format!("{path}.message.qos"),
+                                field: format!("{}.qos", message_path()),
                                 phase: code,
                                 qos: message.qos,
                             });
@@ -441,7 +445,7 @@ impl<'a> Reader<'a> {
                     message,
                 });
             } else {
-                let message = self.message(version, &format!("{path}.message"))?;
+                let message = self.message(version, &message_path)?;
                 inflight.push(Inflight {
                     packet_id,
                     phase: Phase::AwaitPuback,
@@ -458,7 +462,7 @@ impl<'a> Reader<'a> {
         let count = self.count(min_message, || format!("sessions[{i}].pending count"))?;
         let mut pending = Vec::with_capacity(count.min(MAX_PREALLOCATE));
         for j in 0..count {
-            pending.push(self.message(version, &format!("sessions[{i}].pending[{j}]"))?);
+            pending.push(self.message(version, &|| format!("sessions[{i}].pending[{j}]"))?);
         }
 
         Ok(Session {
