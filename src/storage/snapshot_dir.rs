@@ -1,7 +1,10 @@
 //! Snapshot directories: the manifest, one format 21 file per channel, writing and loading.
 //!
-//! `saguin snapshot verify|inspect` look at a directory through [`scan`];
-//! [`load`] is [`scan`] plus "refuse on any error", for a loader. "Verify
+//! `saguin snapshot inspect` looks at a directory through [`scan`] and
+//! `saguin snapshot verify` through [`scan_checking`], the same scan with
+//! each record dropped once the one decoder has checked it (so verifying a
+//! file costs about its size in memory); [`load`] is [`scan`] plus "refuse
+//! on any error", for a loader. "Verify
 //! says OK, serve refuses" must not happen (SAGUIN.md §6.2): the memory
 //! provider's loader (`storage::memory::load`) is held to the same verdict
 //! on every kind of damage by `tests/snapshot_loader_agreement.rs`.
