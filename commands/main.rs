@@ -28,10 +28,28 @@ pub mod exit {
     pub const CANNOT: u8 = 3;
 }
 
+/// The exit status every command shares, for `--help` and the man page.
+const EXIT_STATUS_HELP: &str = "\
+Exit status, the same for every command:
+  0  success; the file, configuration or lock is valid / free
+  1  the answer is \"no\": a file failed verification, the configuration is invalid, the lock is held
+  2  command-line usage error
+  3  could not do the work: I/O error, permission, source missing, destination exists,
+     lock held by a running broker
+
+Human output goes to stdout as tables and one line per problem; --json prints one JSON
+document on stdout (NDJSON where it streams), diagnostics on stderr. Readers of the JSON
+must ignore fields they do not know.";
+
 /// An MQTT broker whose data lives in durable channels, and the operator's
 /// toolkit for that data.
 #[derive(Parser, Debug)]
-#[command(name = "saguin", version, propagate_version = true)]
+#[command(
+    name = "saguin",
+    version,
+    propagate_version = true,
+    after_long_help = EXIT_STATUS_HELP
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Commands,

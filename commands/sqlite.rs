@@ -1,14 +1,94 @@
 //! `saguin sqlite dump|backup`.
 
-use std::path::PathBuf;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};
+use rusqlite::Connection;
+use saguin::storage::backup::{self, BackupError};
+use saguin::storage::sqlite::row::record_at;
+use saguin::storage::sqlite::schema::RECORD_COLUMNS;
+use saguin::storage::sqlite::{self as provider, SqliteOpenError};
+use saguin_format::f21::time::format_unix_nanos;
+use saguin_format::model::Record;
+use serde_json::{json, Value};
+
+use crate::exit;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
     /// Show what a sqlite provider's database holds (read-only).
+    #[command(long_about = DUMP_ABOUT, after_help = DUMP_EXAMPLES)]
     Dump(DumpArgs),
     /// Take an online, consistent, verified copy of a database.
+    #[command(long_about = BACKUP_ABOUT, after_help = BACKUP_EXAMPLES)]
     Backup(BackupArgs),
 }
+
+const DUMP_ABOUT: &str = "\
+Show what a sqlite provider's database holds, read-only.
+
+The database is opened with SQLITE_OPEN_READ_ONLY and query_only, never with \
+immutable=1: a running broker's commits since its last checkpoint are in the \
+write-ahead log, and this reader sees them. It is safe beside a running \
+broker and writes nothing. A database of another schema version is refused \
+with the same sentence the broker refuses it with; a missing file is never \
+created. Like any SQLite reader of a WAL database, it leaves an empty -wal \
+and -shm beside a database that had none (a stopped broker's): they are \
+SQLite's own, and the broker uses them as it finds them.
+
+Without --channel it shows the channels (kind, next, floor, bytes, records), \
+the durable consumers' positions, the persistent sessions, the queues' depths \
+and attempts, and the held exactly-once publishes. With --channel it lists that \
+channel's records from --from (default: its floor), at most --limit of them: \
+offset, time (RFC 3339), topic, payload (text when it is UTF-8, hex \
+otherwise), headers and publish properties, with a progress bar on a \
+terminal while they are read.
+
+--json prints one JSON document; --ndjson prints one JSON object per line \
+(each overview row carries \"type\"; each record is one line). Readers ignore \
+fields they do not know; empty lists are [].
+
+Exit status: 0 shown; 3 the database is missing, unreadable, of another \
+schema version, or holds no such channel; 2 usage.";
+
+const DUMP_EXAMPLES: &str = "\
+Examples:
+  saguin sqlite dump /var/lib/saguin/saguin.db
+  saguin sqlite dump /var/lib/saguin/saguin.db --json | jq '.channels[] | {name, next, floor}'
+  saguin sqlite dump /var/lib/saguin/saguin.db --channel telemetry --from 4500 --limit 20
+  saguin sqlite dump /var/lib/saguin/saguin.db --channel telemetry --ndjson | wc -l";
+
+const BACKUP_ABOUT: &str = "\
+Take an online, consistent, verified copy of a sqlite provider's database while \
+a broker writes to it.
+
+cp is not a backup of a running broker: the committed data is split between \
+the database and its write-ahead log, and two copies of a pair being written \
+are not one moment. This command uses SQLite's online backup from a read-only \
+connection holding one read transaction, so every page of the copy is from \
+one moment while the broker keeps committing. It writes to a temporary name \
+in DEST's directory (mode 0600), proves the copy - PRAGMA integrity_check \
+answers ok, the schema version is 20, and every table holds exactly the rows \
+the source held at the moment copied (counted inside that same read \
+transaction) - fsyncs it, moves it to DEST without replacing anything, and \
+fsyncs the directory. Only then does it report success. The copy is a single \
+file in rollback-journal mode; the broker opens it in WAL mode as usual.
+
+DEST, and DEST-wal, DEST-shm and DEST-journal, must not exist. A failure \
+removes the temporary file and leaves nothing at DEST. A progress bar is shown \
+when stderr is a terminal; a summary line (tables, rows, bytes, MB/s) is \
+printed either way.
+
+Exit status: 0 copied and proved; 1 the copy was made and did not prove \
+itself (removed); 3 could not copy (DEST or a sidecar exists, the source is \
+missing or of another schema version, I/O); 2 usage.";
+
+const BACKUP_EXAMPLES: &str = "\
+Examples:
+  saguin sqlite backup /var/lib/saguin/saguin.db /backups/saguin-$(date +%F).db
+  saguin sqlite backup /var/lib/saguin/saguin.db /mnt/usb/saguin.db && echo verified";
 
 #[derive(clap::Args, Debug)]
 pub struct DumpArgs {
@@ -22,11 +102,11 @@ pub struct DumpArgs {
     /// List this channel's records.
     #[arg(long, value_name = "NAME")]
     pub channel: Option<String>,
-    /// First offset to list.
-    #[arg(long, value_name = "OFFSET")]
+    /// First offset to list (default: the channel's floor).
+    #[arg(long, value_name = "OFFSET", requires = "channel")]
     pub from: Option<u64>,
     /// At most this many records.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", requires = "channel")]
     pub limit: Option<u64>,
 }
 
@@ -36,6 +116,603 @@ pub struct BackupArgs {
     pub dest: PathBuf,
 }
 
-pub fn run(_cmd: Command) -> anyhow::Result<u8> {
-    anyhow::bail!("sqlite is not available in this build yet")
+pub fn run(cmd: Command) -> anyhow::Result<u8> {
+    match cmd {
+        Command::Dump(args) => dump(&args),
+        Command::Backup(args) => run_backup(&args),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Human,
+    Json,
+    Ndjson,
+}
+
+fn table() -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Disabled);
+    t
+}
+
+fn time_text(nanos: i64) -> String {
+    if nanos == 0 {
+        "-".into()
+    } else {
+        format_unix_nanos(nanos)
+    }
+}
+
+fn time_json(nanos: i64) -> Value {
+    if nanos == 0 {
+        Value::Null
+    } else {
+        json!(format_unix_nanos(nanos))
+    }
+}
+
+fn open(db: &Path) -> Result<Connection, u8> {
+    match provider::open_read_only(db) {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            let line = match &e {
+                SqliteOpenError::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    format!("storage {}: no such database", db.display())
+                }
+                other => other.to_string(),
+            };
+            let _ = writeln!(std::io::stderr(), "saguin: {line}");
+            Err(exit::CANNOT)
+        }
+    }
+}
+
+struct ChannelRow {
+    name: String,
+    kind: String,
+    next: u64,
+    floor: u64,
+    bytes: u64,
+    records: u64,
+}
+
+fn channels(conn: &Connection) -> rusqlite::Result<Vec<ChannelRow>> {
+    let mut stmt = conn.prepare(
+        "SELECT c.name, c.kind, c.next, c.floor,
+           CASE c.kind WHEN 'append' THEN c.bytes
+             WHEN 'latest' THEN (SELECT coalesce(sum(size), 0) FROM latest_values v WHERE v.channel = c.name AND v.deleted = 0)
+             ELSE (SELECT coalesce(sum(size), 0) FROM queue_items q WHERE q.channel = c.name) END,
+           CASE c.kind WHEN 'append' THEN (SELECT count(*) FROM records r WHERE r.channel = c.name)
+             WHEN 'latest' THEN (SELECT count(*) FROM latest_values v WHERE v.channel = c.name AND v.deleted = 0)
+             ELSE (SELECT count(*) FROM queue_items q WHERE q.channel = c.name) END
+         FROM channels c ORDER BY c.name",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(ChannelRow {
+            name: r.get(0)?,
+            kind: r.get(1)?,
+            next: r.get(2)?,
+            floor: r.get(3)?,
+            bytes: r.get(4)?,
+            records: r.get(5)?,
+        })
+    })?;
+    rows.collect()
+}
+
+fn dump(args: &DumpArgs) -> anyhow::Result<u8> {
+    let output = if args.json {
+        Output::Json
+    } else if args.ndjson {
+        Output::Ndjson
+    } else {
+        Output::Human
+    };
+    let conn = match open(&args.db) {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    let what = || format!("sqlite dump {}", args.db.display());
+    // One read transaction: every table shown is one moment.
+    let tx = conn.unchecked_transaction().with_context(what)?;
+    let code = match &args.channel {
+        Some(name) => dump_channel(&tx, args, name, output).with_context(what)?,
+        None => dump_overview(&tx, &args.db, output).with_context(what)?,
+    };
+    drop(tx);
+    Ok(code)
+}
+
+fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result<u8> {
+    let (created_by, created_at) =
+        provider::schema::creator(conn).unwrap_or_else(|_| ("unknown".into(), 0));
+    let channels = channels(conn)?;
+    let mut stmt = conn.prepare(
+        "SELECT channel, reader, offset, saved_at, session_expiry FROM positions ORDER BY channel, reader",
+    )?;
+    let positions: Vec<(String, String, u64, i64, Option<u32>)> = stmt
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut stmt = conn.prepare(
+        "SELECT s.client_id, s.principal, s.expiry_interval, s.detached_at, json_array_length(s.subscriptions), s.window,
+            (SELECT count(*) FROM session_inflight i WHERE i.client_id = s.client_id),
+            (SELECT p.offset FROM positions p WHERE p.channel = '$saguin/broadcast' AND p.reader = 'mqtt:' || s.client_id)
+         FROM sessions s ORDER BY s.client_id",
+    )?;
+    #[allow(clippy::type_complexity)]
+    let sessions: Vec<(String, Option<String>, u32, i64, i64, u16, u64, Option<u64>)> = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut stmt = conn.prepare(
+        "SELECT c.name, count(q.offset), coalesce(sum(q.attempts > 0), 0), coalesce(max(q.attempts), 0),
+            coalesce(sum(q.attempts), 0), coalesce(min(nullif(q.first_delivered, 0)), 0)
+         FROM channels c LEFT JOIN queue_items q ON q.channel = c.name
+         WHERE c.kind = 'queue' GROUP BY c.name ORDER BY c.name",
+    )?;
+    let queues: Vec<(String, u64, u64, u64, u64, i64)> = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let held: u64 = conn.query_row("SELECT count(*) FROM held_publishes", [], |r| r.get(0))?;
+    let groups: u64 = conn.query_row("SELECT count(*) FROM share_groups", [], |r| r.get(0))?;
+
+    let channel_json = |c: &ChannelRow| json!({"name": c.name, "kind": c.kind, "next": c.next, "floor": c.floor, "bytes": c.bytes, "records": c.records});
+    let position_json = |p: &(String, String, u64, i64, Option<u32>)| json!({"channel": p.0, "reader": p.1, "offset": p.2, "saved_at": time_json(p.3), "session_expiry": p.4});
+    let session_json = |s: &(String, Option<String>, u32, i64, i64, u16, u64, Option<u64>)| {
+        json!({"client_id": s.0, "principal": s.1, "expiry_interval": s.2, "detached_at": time_json(s.3),
+               "subscriptions": s.4, "window": s.5, "inflight": s.6, "cursor": s.7})
+    };
+    let queue_json = |q: &(String, u64, u64, u64, u64, i64)| {
+        json!({"channel": q.0, "depth": q.1, "delivered": q.2, "max_attempts": q.3, "attempts": q.4,
+               "oldest_first_delivered": time_json(q.5)})
+    };
+    let mut out = std::io::stdout().lock();
+    match output {
+        Output::Json => {
+            let doc = json!({
+                "database": db.display().to_string(),
+                "schema_version": provider::SCHEMA_VERSION,
+                "created_by": created_by,
+                "created_at": time_json(created_at),
+                "channels": channels.iter().map(channel_json).collect::<Vec<_>>(),
+                "positions": positions.iter().map(position_json).collect::<Vec<_>>(),
+                "sessions": sessions.iter().map(session_json).collect::<Vec<_>>(),
+                "queues": queues.iter().map(queue_json).collect::<Vec<_>>(),
+                "held_publishes": held,
+                "share_groups": groups,
+            });
+            serde_json::to_writer_pretty(&mut out, &doc)?;
+            writeln!(out)?;
+        }
+        Output::Ndjson => {
+            let mut line = |kind: &str, mut v: Value| -> anyhow::Result<()> {
+                if let Value::Object(m) = &mut v {
+                    m.insert("type".into(), json!(kind));
+                }
+                serde_json::to_writer(&mut out, &v)?;
+                writeln!(out)?;
+                Ok(())
+            };
+            line(
+                "database",
+                json!({"database": db.display().to_string(), "schema_version": provider::SCHEMA_VERSION,
+                "created_by": created_by, "created_at": time_json(created_at), "held_publishes": held, "share_groups": groups}),
+            )?;
+            for c in &channels {
+                line("channel", channel_json(c))?;
+            }
+            for p in &positions {
+                line("position", position_json(p))?;
+            }
+            for s in &sessions {
+                line("session", session_json(s))?;
+            }
+            for q in &queues {
+                line("queue", queue_json(q))?;
+            }
+        }
+        Output::Human => {
+            writeln!(
+                out,
+                "{}: schema version {}, created by saguin {} at {}",
+                db.display(),
+                provider::SCHEMA_VERSION,
+                created_by,
+                time_text(created_at)
+            )?;
+            let mut t = table();
+            t.set_header(vec!["channel", "kind", "next", "floor", "bytes", "records"]);
+            for c in &channels {
+                t.add_row(vec![
+                    c.name.clone(),
+                    c.kind.clone(),
+                    c.next.to_string(),
+                    c.floor.to_string(),
+                    c.bytes.to_string(),
+                    c.records.to_string(),
+                ]);
+            }
+            writeln!(out, "{t}")?;
+            if !positions.is_empty() {
+                let mut t = table();
+                t.set_header(vec![
+                    "channel",
+                    "reader",
+                    "offset",
+                    "saved at",
+                    "session expiry",
+                ]);
+                for p in &positions {
+                    t.add_row(vec![
+                        p.0.clone(),
+                        p.1.clone(),
+                        p.2.to_string(),
+                        time_text(p.3),
+                        p.4.map_or("-".into(), |s| format!("{s}s")),
+                    ]);
+                }
+                writeln!(out, "{t}")?;
+            }
+            if !sessions.is_empty() {
+                let mut t = table();
+                t.set_header(vec![
+                    "session",
+                    "principal",
+                    "expiry",
+                    "detached at",
+                    "subscriptions",
+                    "in flight",
+                    "cursor",
+                ]);
+                for s in &sessions {
+                    t.add_row(vec![
+                        s.0.clone(),
+                        s.1.clone().unwrap_or_else(|| "-".into()),
+                        format!("{}s", s.2),
+                        if s.3 == 0 {
+                            "connected".into()
+                        } else {
+                            time_text(s.3)
+                        },
+                        s.4.to_string(),
+                        s.6.to_string(),
+                        s.7.map_or("-".into(), |c| c.to_string()),
+                    ]);
+                }
+                writeln!(out, "{t}")?;
+            }
+            if !queues.is_empty() {
+                let mut t = table();
+                t.set_header(vec![
+                    "queue",
+                    "depth",
+                    "delivered",
+                    "attempts",
+                    "max attempts",
+                    "oldest first delivery",
+                ]);
+                for q in &queues {
+                    t.add_row(vec![
+                        q.0.clone(),
+                        q.1.to_string(),
+                        q.2.to_string(),
+                        q.4.to_string(),
+                        q.3.to_string(),
+                        time_text(q.5),
+                    ]);
+                }
+                writeln!(out, "{t}")?;
+            }
+            writeln!(
+                out,
+                "{} channels, {} positions, {} sessions, {} queues, {} held publishes, {} shared groups",
+                channels.len(),
+                positions.len(),
+                sessions.len(),
+                queues.len(),
+                held,
+                groups
+            )?;
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// The payload as text when it is UTF-8 without control characters other
+/// than whitespace, hex otherwise; with which it is.
+fn payload_text(payload: &[u8]) -> (&'static str, String) {
+    match std::str::from_utf8(payload) {
+        Ok(s) if !s.chars().any(|c| c.is_control() && !c.is_whitespace()) => ("utf8", s.to_owned()),
+        _ => ("hex", hex::encode(payload)),
+    }
+}
+
+fn record_json(r: &Record, extra: &[(&str, Value)]) -> Value {
+    let (encoding, payload) = payload_text(&r.payload);
+    let props = &r.props;
+    let mut v = json!({
+        "offset": r.offset,
+        "time": time_json(r.timestamp),
+        "topic": r.topic,
+        "payload_encoding": encoding,
+        "payload": payload,
+        "headers": r.user_properties.iter().map(|p| json!([p.name, p.value])).collect::<Vec<_>>(),
+        "props": {
+            "content_type": props.content_type,
+            "response_topic": props.response_topic,
+            "correlation_data": props.correlation_data.as_ref().map(hex::encode),
+            "payload_format_indicator": props.payload_format_indicator,
+            "message_expiry_interval": props.message_expiry_interval,
+        },
+        "qos": r.qos,
+        "retain": r.retain,
+        "client_id": r.client_id,
+    });
+    if let Value::Object(m) = &mut v {
+        for (k, x) in extra {
+            m.insert((*k).to_owned(), x.clone());
+        }
+    }
+    v
+}
+
+fn props_text(r: &Record) -> String {
+    let p = &r.props;
+    let mut parts = Vec::new();
+    if let Some(v) = &p.content_type {
+        parts.push(format!("content-type={v}"));
+    }
+    if let Some(v) = &p.response_topic {
+        parts.push(format!("response-topic={v}"));
+    }
+    if let Some(v) = &p.correlation_data {
+        parts.push(format!("correlation-data={}", hex::encode(v)));
+    }
+    if let Some(v) = p.payload_format_indicator {
+        parts.push(format!("payload-format={v}"));
+    }
+    if let Some(v) = p.message_expiry_interval {
+        parts.push(format!("expiry={v}s"));
+    }
+    parts.join(" ")
+}
+
+fn dump_channel(
+    conn: &Connection,
+    args: &DumpArgs,
+    name: &str,
+    output: Output,
+) -> anyhow::Result<u8> {
+    let row: Option<(String, u64, u64)> = conn
+        .query_row(
+            "SELECT kind, next, floor FROM channels WHERE name = ?1",
+            [name],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .map(Some)
+        .or_else(|e| match e {
+            rusqlite::Error::QueryReturnedNoRows => Ok(None),
+            e => Err(e),
+        })?;
+    let Some((kind, next, floor)) = row else {
+        writeln!(
+            std::io::stderr(),
+            "saguin: storage {}: no channel named {name:?} (saguin sqlite dump {} lists them)",
+            args.db.display(),
+            args.db.display()
+        )?;
+        return Ok(exit::CANNOT);
+    };
+    let from = args.from.unwrap_or(floor);
+    let limit = args
+        .limit
+        .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+    let sql = match kind.as_str() {
+        "append" => format!(
+            "SELECT offset, {RECORD_COLUMNS}, 0, NULL, NULL, NULL FROM records WHERE channel = ?1 AND offset >= ?2 ORDER BY offset LIMIT ?3"
+        ),
+        "latest" => format!(
+            "SELECT offset, {RECORD_COLUMNS}, deleted, NULL, NULL, NULL FROM latest_values WHERE channel = ?1 AND offset >= ?2 ORDER BY offset LIMIT ?3"
+        ),
+        _ => format!(
+            "SELECT offset, {RECORD_COLUMNS}, 0, attempts, first_delivered, last_delivered FROM queue_items WHERE channel = ?1 AND offset >= ?2 ORDER BY offset LIMIT ?3"
+        ),
+    };
+    // A bar on a terminal for a long listing; nothing when piped.
+    let bar = if std::io::stderr().is_terminal() {
+        let table_name = match kind.as_str() {
+            "append" => "records",
+            "latest" => "latest_values",
+            _ => "queue_items",
+        };
+        let total: u64 = conn.query_row(
+            &format!("SELECT count(*) FROM {table_name} WHERE channel = ?1 AND offset >= ?2"),
+            rusqlite::params![name, from],
+            |r| r.get(0),
+        )?;
+        let total = args.limit.map_or(total, |l| l.min(total));
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} records {elapsed}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut stmt = conn.prepare(&sql)?;
+    let mut rows = stmt.query(rusqlite::params![name, from, limit])?;
+    let mut out = std::io::stdout().lock();
+    let mut json_records = Vec::new();
+    let mut t = table();
+    let queue = kind == "queue";
+    let mut header = vec!["offset", "time", "topic", "payload", "headers", "props"];
+    if queue {
+        header.extend(["attempts", "first delivered", "last delivered"]);
+    }
+    t.set_header(header);
+    let mut listed = 0u64;
+    while let Some(row) = rows.next()? {
+        let offset: u64 = row.get(0)?;
+        let record = record_at(row, 1, offset)?;
+        let deleted: bool = row.get(14)?;
+        let attempts: Option<u32> = row.get(15)?;
+        let first: Option<i64> = row.get(16)?;
+        let last: Option<i64> = row.get(17)?;
+        listed += 1;
+        bar.inc(1);
+        let mut extra = Vec::new();
+        if kind == "latest" {
+            extra.push(("deleted", json!(deleted)));
+        }
+        if queue {
+            extra.push(("attempts", json!(attempts)));
+            extra.push(("first_delivered", time_json(first.unwrap_or(0))));
+            extra.push(("last_delivered", time_json(last.unwrap_or(0))));
+        }
+        match output {
+            Output::Json => json_records.push(record_json(&record, &extra)),
+            Output::Ndjson => {
+                serde_json::to_writer(&mut out, &record_json(&record, &extra))?;
+                writeln!(out)?;
+            }
+            Output::Human => {
+                let (encoding, payload) = payload_text(&record.payload);
+                let payload = if deleted {
+                    "(deleted)".to_owned()
+                } else if encoding == "hex" {
+                    format!("0x{payload}")
+                } else {
+                    payload
+                };
+                let mut cells = vec![
+                    offset.to_string(),
+                    time_text(record.timestamp),
+                    record.topic.clone(),
+                    payload,
+                    record
+                        .user_properties
+                        .iter()
+                        .map(|p| format!("{}={}", p.name, p.value))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    props_text(&record),
+                ];
+                if queue {
+                    cells.push(attempts.unwrap_or(0).to_string());
+                    cells.push(time_text(first.unwrap_or(0)));
+                    cells.push(time_text(last.unwrap_or(0)));
+                }
+                t.add_row(cells);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    match output {
+        Output::Json => {
+            let doc = json!({
+                "database": args.db.display().to_string(),
+                "channel": name,
+                "kind": kind,
+                "next": next,
+                "floor": floor,
+                "from": from,
+                "records": json_records,
+            });
+            serde_json::to_writer_pretty(&mut out, &doc)?;
+            writeln!(out)?;
+        }
+        Output::Ndjson => {}
+        Output::Human => {
+            writeln!(out, "{t}")?;
+            writeln!(
+                out,
+                "channel {name} ({kind}): next {next}, floor {floor}; {listed} records listed from offset {from}"
+            )?;
+        }
+    }
+    Ok(exit::OK)
+}
+
+fn run_backup(args: &BackupArgs) -> anyhow::Result<u8> {
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} pages {elapsed} {wide_msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let progress = |done: u64, total: u64| {
+        if let Some(bar) = &bar {
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+    };
+    let result = backup::backup(&args.db, &args.dest, &progress);
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    match result {
+        Ok(report) => {
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "backup {} -> {}: verified (integrity_check ok, schema version {}, row counts equal to the source at the moment copied): {} tables, {} rows, {} bytes in {:.2}s ({:.1} MB/s)",
+                report.source.display(),
+                report.destination.display(),
+                report.schema_version,
+                report.tables.len(),
+                report.rows,
+                report.bytes,
+                report.elapsed.as_secs_f64(),
+                report.mb_per_s()
+            )?;
+            Ok(exit::OK)
+        }
+        Err(e) => {
+            let code = if e.is_verification() {
+                exit::NO
+            } else {
+                exit::CANNOT
+            };
+            let line = match &e {
+                BackupError::SourceOpen(SqliteOpenError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    format!("storage {}: no such database", args.db.display())
+                }
+                other => other.to_string(),
+            };
+            writeln!(std::io::stderr(), "saguin: sqlite backup: {line}")?;
+            Ok(code)
+        }
+    }
 }

@@ -505,7 +505,7 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__migrate__subcmd__from__subcmd__mbmqtt)
-            opts="-h -V --to-sqlite --to-snapshots --help --version"
+            opts="-h -V --to-sqlite --to-snapshots --max-bytes --json --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -516,6 +516,14 @@ _saguin() {
                     return 0
                     ;;
                 --to-snapshots)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-bytes)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --config)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -597,12 +605,16 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__migrate__subcmd__to__subcmd__snapshots)
-            opts="-h -V --help --version"
+            opts="-h -V --json --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -611,12 +623,16 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__migrate__subcmd__to__subcmd__sqlite)
-            opts="-h -V --help --version"
+            opts="-h -V --json --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;

@@ -67,13 +67,13 @@ complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and not __fish_see
 complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and not __fish_seen_subcommand_from dump backup help" -f -a "backup" -d 'Take an online, consistent, verified copy of a database'
 complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and not __fish_seen_subcommand_from dump backup help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -l channel -d 'List this channel\'s records' -r
-complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -l from -d 'First offset to list' -r
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -l from -d 'First offset to list (default: the channel\'s floor)' -r
 complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -l limit -d 'At most this many records' -r
 complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -l json -d 'One JSON document on stdout'
 complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -l ndjson -d 'One JSON object per line on stdout'
-complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from dump" -s V -l version -d 'Print version'
-complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from backup" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from backup" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from backup" -s V -l version -d 'Print version'
 complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from help" -f -a "dump" -d 'Show what a sqlite provider\'s database holds (read-only)'
 complete -c saguin -n "__fish_saguin_using_subcommand sqlite; and __fish_seen_subcommand_from help" -f -a "backup" -d 'Take an online, consistent, verified copy of a database'
@@ -84,13 +84,20 @@ complete -c saguin -n "__fish_saguin_using_subcommand migrate; and not __fish_se
 complete -c saguin -n "__fish_saguin_using_subcommand migrate; and not __fish_seen_subcommand_from to-sqlite to-snapshots from-mbmqtt help" -f -a "to-snapshots" -d 'Move a sqlite database into a new snapshot directory'
 complete -c saguin -n "__fish_saguin_using_subcommand migrate; and not __fish_seen_subcommand_from to-sqlite to-snapshots from-mbmqtt help" -f -a "from-mbmqtt" -d 'Import a legacy MBMQTT01 broker.snapshot'
 complete -c saguin -n "__fish_saguin_using_subcommand migrate; and not __fish_seen_subcommand_from to-sqlite to-snapshots from-mbmqtt help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-sqlite" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-sqlite" -l config -d 'Refused: a migration reads and writes only the paths it is given' -r -F
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-sqlite" -l json -d 'One JSON document on stdout (the report), diagnostics on stderr'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-sqlite" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-sqlite" -s V -l version -d 'Print version'
-complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-snapshots" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-snapshots" -l config -d 'Refused: a migration reads and writes only the paths it is given' -r -F
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-snapshots" -l json -d 'One JSON document on stdout (the report), diagnostics on stderr'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-snapshots" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from to-snapshots" -s V -l version -d 'Print version'
 complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -l to-sqlite -r -F
 complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -l to-snapshots -r -F
-complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -l max-bytes -d 'Refuse a broker.snapshot larger than this many bytes' -r
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -l config -d 'Refused: a migration reads and writes only the paths it is given' -r -F
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -l json -d 'One JSON document on stdout (the report), diagnostics on stderr'
+complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from from-mbmqtt" -s V -l version -d 'Print version'
 complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from help" -f -a "to-sqlite" -d 'Move a memory provider\'s snapshot directory into a new sqlite database'
 complete -c saguin -n "__fish_saguin_using_subcommand migrate; and __fish_seen_subcommand_from help" -f -a "to-snapshots" -d 'Move a sqlite database into a new snapshot directory'

@@ -1,3 +1,88 @@
-//! The MQTT server.
+//! The MQTT server (`saguin serve`): MQTT 3.1.1 and 5.0 over TCP and TLS.
+//!
+//! ```text
+//! TCP or TLS transport (server: semaphore permit, accept, handshake deadline)
+//!   ├─ reader → codec::FrameDecoder → connection::adapt → event queue (bounded)
+//!   └─ writer ← outbound queue (bounded) ← BrokerState
+//!                                    │
+//!                 state::BrokerState — the single writer: sessions,
+//!                 subscriptions (topic::SubscriptionIndex), retained
+//!                 (retained::RetainedStore), session::SessionStore,
+//!                 ACL decisions, $SYS, metrics
+//! ```
+//!
+//! - [`server`]: `prepare(config)` binds the listeners and builds the state;
+//!   `run(server, shutdown)` serves until `shutdown` completes. One tokio
+//!   runtime; a permit of the `max_connections` semaphore is taken before
+//!   each accept; accept errors are logged and backed off.
+//! - [`connection`]: one task per connection reading, one writing. The
+//!   reader decodes with the project's [`codec`], resolves topic aliases,
+//!   enforces keep alive, authenticates the CONNECT, and forwards the
+//!   packets of one read as one event (the event queue's backpressure stops
+//!   the reader; nothing decoded is dropped). The writer takes up to 256
+//!   queued packets per wakeup and writes them with one `write_all`.
+//! - [`state`]: deterministic, no sockets or clocks; events in, packets on
+//!   each connection's queue out. Every connection has a generation number;
+//!   events of a generation that is no longer attached do nothing. A full
+//!   outbound queue disconnects that client only. A PUBLISH is routed once:
+//!   one `Arc<Message>` whose payload is `Bytes`, shared by every delivery.
+//!
+//! Decisions where the specifications leave a choice:
+//!
+//! - An MQTT 3.1.1 session with clean session 0 lives `limits.max_session_expiry`
+//!   after its connection ends (MQTT 3.1.1 keeps it forever; a bound is kept
+//!   so abandoned client ids do not accumulate). MQTT 5 session expiry
+//!   intervals are capped at the same bound; a capped value is returned in
+//!   CONNACK.
+//! - The outbound inflight window of a 3.1.1 client is `limits.receive_maximum`
+//!   (what the broker asks of clients, applied in return); a 5.0 client's
+//!   own Receive Maximum is honoured. Messages beyond the window wait in the
+//!   session's queue, which holds at most `limits.max_queued_messages` QoS 1/2
+//!   messages, connected or not; more are dropped and counted. QoS 0 is not
+//!   queued for a session without a connection.
+//! - Maximum Packet Size announced and enforced on input:
+//!   `limits.max_message_size + limits.max_header_bytes`. A message larger
+//!   than a client's own Maximum Packet Size is dropped for that client and
+//!   counted, as if delivered (MQTT 5 3.1.2.25).
+//! - Topic Alias Maximum announced: 64 per connection. The broker does not
+//!   use aliases towards clients.
+//! - QoS 2 inbound by method B: the first PUBLISH routes, its id is kept
+//!   until PUBREL; a duplicate gets PUBREC only; an unknown PUBREL gets
+//!   PUBCOMP (0x92 on MQTT 5). A 5.0 client with more unreleased QoS 2 ids
+//!   than the Receive Maximum is disconnected with 0x93. An id not released
+//!   within `broker.exactly_once.expires_after` is forgotten and counted
+//!   (`saguin_dropped_messages_total{reason="exactly_once_expired"}`).
+//! - ACL: a denied publish completes its handshake (MQTT 5: PUBACK/PUBREC
+//!   0x87; 3.1.1: the normal acknowledgement) and is not routed; a denied
+//!   subscription gets 0x87 (3.1.1: 0x80); every delivery is checked again
+//!   against the topic. A user name without a password file is accepted
+//!   only where anonymous clients are, and then names the principal.
+//! - Will: published on keep-alive timeout, malformed input, protocol
+//!   error, network loss, a slow-consumer disconnect and DISCONNECT 0x04;
+//!   not on DISCONNECT with any other reason nor at server shutdown. With a
+//!   Will Delay Interval it waits for the earlier of the delay and the
+//!   session's end, and a new connection to the session cancels it. On
+//!   takeover the old connection's Will is published unless its delay is
+//!   running and the new connection resumes the session.
+//! - A session belongs to the principal that created it: a CONNECT with
+//!   the same client id from another principal (or anonymous) is refused
+//!   with "not authorized" and the session is untouched.
+//! - `$SYS/broker/...` (version, uptime, clients connected, messages
+//!   received/sent, subscriptions, retained count) is published every 10
+//!   seconds at QoS 0, and sent at once to a new `$SYS` subscription with
+//!   RETAIN=1; it is not stored as retained and does not count itself.
+//!   Clients may not publish to `$SYS/...` (answered like an ACL denial).
+//! - Retained messages and persistent sessions are in memory
+//!   ([`retained::MemoryRetained`], [`session::MemorySessions`]) until a
+//!   storage provider backs the two traits; startup says nothing is kept.
 
 pub mod codec;
+pub mod connection;
+pub mod logfmt;
+pub mod message;
+pub mod metrics;
+pub mod retained;
+pub mod server;
+pub mod session;
+pub mod state;
+pub mod topic;

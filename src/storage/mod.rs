@@ -1,9 +1,11 @@
 //! The storage layer: channels, their providers, snapshot directories and
 //! the lock. Specified by RFC 0004.
 
+pub mod backup;
 pub mod contract;
 pub mod lock;
 pub mod memory;
+pub mod migrate;
 pub mod read;
 pub mod snapshot_dir;
 pub mod snapshot_write;

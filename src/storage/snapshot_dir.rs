@@ -6,8 +6,11 @@
 //! file costs about its size in memory); [`load`] is [`scan`] plus "refuse
 //! on any error", for a loader. "Verify
 //! says OK, serve refuses" must not happen (SAGUIN.md §6.2): the memory
-//! provider's loader (`storage::memory::load`) is held to the same verdict
-//! on every kind of damage by `tests/snapshot_loader_agreement.rs`.
+//! provider's loader (`storage::memory::load`) reads every byte through
+//! [`scan`] and [`into_loaded`] (the two halves of [`load`]) and only
+//! builds stores from what they hand back, and
+//! `tests/snapshot_loader_agreement.rs` holds `saguin snapshot verify` and
+//! that loader to one verdict on every kind of damage.
 //!
 //! What a directory may hold (names from [`saguin_format::channel_name`]):
 //!
@@ -50,6 +53,7 @@ use saguin_format::f21::{
 };
 use saguin_format::mbmqtt;
 
+use super::contract::{Reader, StorageError};
 use super::read::{self, ReadError, SpecialKind, F21_DEFAULT_MAX_BYTES, MBMQTT_DEFAULT_MAX_BYTES};
 
 /// How a directory (or one file) is read.
@@ -64,6 +68,13 @@ pub struct ScanOptions {
     /// configuration dropped is "a file nobody opens", RFC 0004). `None`
     /// decodes every file, as `verify` does.
     pub channels: Option<BTreeSet<String>>,
+    /// False when the provider does not keep the retained store: its file
+    /// is reported as not configured and left unread. True for `verify`.
+    pub retained: bool,
+    /// False when the provider does not keep the sessions: the sessions
+    /// file and the broadcast log are reported as not configured and left
+    /// unread. True for `verify`.
+    pub sessions: bool,
 }
 
 impl Default for ScanOptions {
@@ -72,17 +83,36 @@ impl Default for ScanOptions {
             max_bytes_f21: F21_DEFAULT_MAX_BYTES,
             max_bytes_mbmqtt: MBMQTT_DEFAULT_MAX_BYTES,
             channels: None,
+            retained: true,
+            sessions: true,
         }
     }
 }
 
 impl ScanOptions {
+    /// True when a file of this role is to be read: a channel file only for
+    /// a channel asked for (a name that decodes to no channel is nobody's),
+    /// the retained store and the sessions pair only when kept here.
+    fn asks_for(&self, role: &Role) -> bool {
+        match role {
+            Role::Manifest => true,
+            Role::Channel(channel) => match &self.channels {
+                None => true,
+                Some(wanted) => channel.as_ref().is_some_and(|c| wanted.contains(c)),
+            },
+            Role::Retained => self.retained,
+            Role::Sessions | Role::Broadcast => self.sessions,
+        }
+    }
+
     /// One limit for every kind of file (`--max-bytes`).
     pub fn with_max_bytes(max: u64) -> ScanOptions {
         ScanOptions {
             max_bytes_f21: max,
             max_bytes_mbmqtt: max,
             channels: None,
+            retained: true,
+            sessions: true,
         }
     }
 }
@@ -237,6 +267,7 @@ fn decode_f21_dropping(
         None => f21::decode_with(&bytes, &mut tally),
     };
     decoded
+        .and_then(|(header, file)| check_readers(&file).map(|()| (header, file)))
         .map(|(header, file)| AnySnapshot::F21 { header, file })
         .map_err(|error| FileProblem::F21 {
             header: f21::read_header(&bytes).ok(),
@@ -302,6 +333,7 @@ pub fn decode_snapshot_bytes(
                 None => f21::decode(bytes),
             };
             decoded
+                .and_then(|(header, file)| check_readers(&file).map(|()| (header, file)))
                 .map(|(header, file)| AnySnapshot::F21 { header, file })
                 .map_err(|error| FileProblem::F21 {
                     header: f21::read_header(bytes).ok(),
@@ -309,6 +341,39 @@ pub fn decode_snapshot_bytes(
                 })
         }
     }
+}
+
+/// Every reader a file names must be one the stores accept
+/// ([`Reader::parse`]: no NUL, at most 65,535 bytes after the scheme),
+/// so that a file this calls valid is never refused by the loader that
+/// turns its positions into [`Reader`]s.
+pub fn check_readers(file: &SnapshotFile) -> Result<(), f21::DecodeError> {
+    let lists: Vec<(&str, &[f21::Position])> = match file {
+        SnapshotFile::Channel(c) => {
+            let mut lists = vec![("positions", c.positions.as_slice())];
+            if let Some(d) = &c.dead_letter {
+                lists.push(("dead_letter.positions", d.positions.as_slice()));
+            }
+            lists
+        }
+        SnapshotFile::Broadcast(b) => vec![("cursors", b.cursors.as_slice())],
+        _ => Vec::new(),
+    };
+    for (field, positions) in lists {
+        for (i, p) in positions.iter().enumerate() {
+            if let Err(e) = Reader::parse(&p.reader) {
+                let reason = match e {
+                    StorageError::InvalidReader { reason, .. } => reason.to_string(),
+                    other => other.to_string(),
+                };
+                return Err(f21::DecodeError::Invalid {
+                    field: format!("{field}[{i}].reader"),
+                    reason,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What a file in the directory is, by its name (its contents must agree).
@@ -369,7 +434,7 @@ pub enum FileOutcome {
         file: SnapshotFile,
     },
     Failed(FileProblem),
-    /// A channel the options did not ask for: left unread.
+    /// A file the options did not ask for: left unread.
     NotConfigured,
 }
 
@@ -450,7 +515,8 @@ pub enum FindingKind {
     /// A snapshot file the manifest did not ask for (a channel the
     /// configuration dropped is the operator's own doing).
     NotInManifest { file: String },
-    /// A channel file the configuration does not name: not read.
+    /// A file the configuration does not ask this provider for (another
+    /// channel, or the retained store or sessions kept elsewhere): not read.
     NotConfigured { file: String },
     /// Something in the directory that is not a snapshot file.
     Unrecognised { file: String, what: String },
@@ -579,7 +645,10 @@ impl fmt::Display for FindingKind {
                 f,
                 "{file}: not listed by the manifest (a channel the configuration dropped?)"
             ),
-            NotConfigured { file } => write!(f, "{file}: not a configured channel; not read"),
+            NotConfigured { file } => write!(
+                f,
+                "{file}: not a store the configuration keeps on this provider; not read"
+            ),
             Unrecognised { file, what } => write!(f, "{file}: {what}; ignored"),
         }
     }
@@ -703,17 +772,15 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
             findings.push(FindingKind::Unrecognised { file: name, what });
             continue;
         };
-        if let (Role::Channel(Some(channel)), Some(wanted)) = (&role, &opts.channels) {
-            if !wanted.contains(channel) {
-                findings.push(FindingKind::NotConfigured { file: name.clone() });
-                files.push(FileReport {
-                    name,
-                    path,
-                    role,
-                    outcome: FileOutcome::NotConfigured,
-                });
-                continue;
-            }
+        if !opts.asks_for(&role) {
+            findings.push(FindingKind::NotConfigured { file: name.clone() });
+            files.push(FileReport {
+                name,
+                path,
+                role,
+                outcome: FileOutcome::NotConfigured,
+            });
+            continue;
         }
         let outcome = match read_f21_file_with(&path, opts, role.expected_kind(), records) {
             Ok((header, file)) => FileOutcome::Decoded { header, file },
@@ -767,9 +834,13 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
         }
     }
 
-    // The sessions file and its log.
-    let sessions = files.iter().find(|f| f.role == Role::Sessions);
-    let broadcast = files.iter().find(|f| f.role == Role::Broadcast);
+    // The sessions file and its log (unless the provider keeps no sessions).
+    let sessions = files
+        .iter()
+        .find(|f| f.role == Role::Sessions && opts.sessions);
+    let broadcast = files
+        .iter()
+        .find(|f| f.role == Role::Broadcast && opts.sessions);
     match (sessions, broadcast) {
         (Some(_), None) => findings.push(FindingKind::SessionsWithoutBroadcast),
         (Some(s), Some(b)) => {
@@ -884,6 +955,9 @@ pub struct Loaded {
     pub retained: Option<RetainedFile>,
     pub sessions: Option<SessionsFile>,
     pub broadcast: Option<BroadcastFile>,
+    /// The broadcast log was written before the manifest's moment: its
+    /// held publishes are counted as abandoned, as a stale channel's are.
+    pub broadcast_stale: bool,
     /// Warnings and info, to be logged once at startup.
     pub findings: Vec<FindingKind>,
 }
@@ -915,10 +989,18 @@ pub fn load(dir: &Path, opts: &ScanOptions) -> Result<Loaded, LoadError> {
         error,
         dir: dir.to_path_buf(),
     })?;
+    into_loaded(report)
+}
+
+/// The second half of [`load`], for a caller that looks at the scanned
+/// files before they are handed over (the memory provider names a file
+/// whose channel kind is not the configured one even when another file
+/// is damaged): refused naming every error, or the directory's contents.
+pub fn into_loaded(report: DirReport) -> Result<Loaded, LoadError> {
     if !report.is_loadable() {
         return Err(LoadError::Refused {
-            dir: dir.to_path_buf(),
             errors: report.errors().cloned().collect(),
+            dir: report.dir,
         });
     }
     let manifest_at = report.manifest.as_ref().map(|(_, m)| m.began_at);
@@ -949,7 +1031,10 @@ pub fn load(dir: &Path, opts: &ScanOptions) -> Result<Loaded, LoadError> {
             }
             SnapshotFile::Retained(r) => loaded.retained = Some(r),
             SnapshotFile::Sessions(s) => loaded.sessions = Some(s),
-            SnapshotFile::Broadcast(b) => loaded.broadcast = Some(b),
+            SnapshotFile::Broadcast(b) => {
+                loaded.broadcast_stale = manifest_at.is_some_and(|at| header.written_at < at);
+                loaded.broadcast = Some(b);
+            }
             SnapshotFile::Manifest(_) => {}
         }
     }

@@ -148,44 +148,51 @@ pub fn copy_provider(
     options: &SnapshotOptions,
     began_at: UnixNanos,
 ) -> ProviderCopy {
-    let held = provider.held();
-    let channels = provider
-        .copy_channels()
-        .into_iter()
-        .map(|c| match c {
-            MemChannelCopy::Append(copy) => ChannelCopy::Append {
-                held: held.held_for(&copy.name),
-                copy,
-            },
-            MemChannelCopy::Latest(copy) => ChannelCopy::Latest {
-                held: held.held_for(&copy.name),
-                copy,
-            },
-            MemChannelCopy::Queue(copy, dead_letter) => ChannelCopy::Queue {
-                held: held.held_for(&copy.name),
-                copy,
-                dead_letter,
-            },
-        })
-        .collect();
-    let retained = options
-        .retained
-        .then(|| provider.retained_store().copy_state());
-    let sessions = options.sessions.then(|| {
-        (
-            provider.session_store().sessions().unwrap_or_default(),
-            provider.broadcast().copy_state(),
-            held.held_for(BROADCAST_LOG_NAME),
-        )
-    });
-    ProviderCopy {
-        began_at,
-        channels,
-        retained,
-        sessions,
-    }
+    provider.held().with_holds(|holds| {
+        let held_for = |channel: &str| -> Vec<HeldPublish> {
+            holds
+                .iter()
+                .filter(|h| h.channel == channel)
+                .cloned()
+                .collect()
+        };
+        let channels = provider
+            .copy_channels()
+            .into_iter()
+            .map(|c| match c {
+                MemChannelCopy::Append(copy) => ChannelCopy::Append {
+                    held: held_for(&copy.name),
+                    copy,
+                },
+                MemChannelCopy::Latest(copy) => ChannelCopy::Latest {
+                    held: held_for(&copy.name),
+                    copy,
+                },
+                MemChannelCopy::Queue(copy, dead_letter) => ChannelCopy::Queue {
+                    held: held_for(&copy.name),
+                    copy,
+                    dead_letter,
+                },
+            })
+            .collect();
+        let retained = options
+            .retained
+            .then(|| provider.retained_store().copy_state());
+        let sessions = options.sessions.then(|| {
+            (
+                provider.session_store().sessions().unwrap_or_default(),
+                provider.broadcast().copy_state(),
+                held_for(BROADCAST_LOG_NAME),
+            )
+        });
+        ProviderCopy {
+            began_at,
+            channels,
+            retained,
+            sessions,
+        }
+    })
 }
-
 /// One file a snapshot wrote.
 #[derive(Clone, Debug)]
 pub struct WrittenFile {
@@ -312,9 +319,29 @@ pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions
     // 3. The broadcast log, durable, then the sessions that point into it.
     if let Some((sessions, log, held)) = &copy.sessions {
         let log_file = broadcast_file(log, held);
+        let session_file = sessions_file(sessions, &log.groups);
         let records = log_file.messages.len();
-        let bytes = f21::encode(&SnapshotFile::Broadcast(log_file), stamp);
-        let log_ok = match write_durable(dir, BROADCAST_FILE, &bytes).and_then(|()| sync_dir(dir)) {
+        // A pair the loader would refuse is not written over the last good
+        // one: a broker that cannot start is worse than one that starts
+        // from the previous shutdown's sessions, and the failure is named.
+        let loadable = f21::validate_pair(&session_file, &log_file)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                f21::validate(&SnapshotFile::Sessions(session_file.clone()))
+                    .map_err(|e| format!("{SESSIONS_FILE}: {e}"))
+            });
+        let log_file = SnapshotFile::Broadcast(log_file);
+        let loadable = loadable
+            .and_then(|()| f21::validate(&log_file).map_err(|e| format!("{BROADCAST_FILE}: {e}")));
+        let bytes = f21::encode(&log_file, stamp);
+        let written = match loadable {
+            Ok(()) => write_durable(dir, BROADCAST_FILE, &bytes).and_then(|()| sync_dir(dir)),
+            Err(e) => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the sessions and their log would not load, so neither was written: {e}"),
+            )),
+        };
+        let log_ok = match written {
             Ok(()) => {
                 report.written.push(WrittenFile {
                     file_name: BROADCAST_FILE.into(),
@@ -337,9 +364,8 @@ pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions
         // Sessions written over a log that did not land would point past
         // it; the last pair stays together instead.
         if log_ok {
-            let file = sessions_file(sessions, &log.groups);
-            let count = file.sessions.len();
-            let bytes = f21::encode(&SnapshotFile::Sessions(file), stamp);
+            let count = session_file.sessions.len();
+            let bytes = f21::encode(&SnapshotFile::Sessions(session_file), stamp);
             match write_durable(dir, SESSIONS_FILE, &bytes) {
                 Ok(()) => report.written.push(WrittenFile {
                     file_name: SESSIONS_FILE.into(),
@@ -397,29 +423,41 @@ enum Job<'a> {
 
 impl Job<'_> {
     fn write(&self, dir: &Path, stamp: UnixNanos) -> Result<WrittenFile, FailedFile> {
-        let (name, file_name, file, records) = match self {
+        let (name, file_name, records) = match self {
             Job::Channel(c) => (
                 c.name().to_owned(),
                 encode_file_name(c.name()),
-                SnapshotFile::Channel(channel_file(c)),
                 c.record_count(),
             ),
             Job::Retained(r) => (
                 RETAINED_CHANNEL.to_owned(),
                 RETAINED_FILE.to_owned(),
-                SnapshotFile::Retained(RetainedFile {
-                    records: unshare(&r.records),
-                }),
                 r.records.len(),
             ),
         };
-        let bytes = f21::encode(&file, stamp);
-        drop(file);
-        match write_durable(dir, &file_name, &bytes) {
-            Ok(()) => Ok(WrittenFile {
+        let outcome = match self {
+            // A channel file is encoded straight from the shared records
+            // into the file: no copy of any record, no buffer the size of
+            // the file, and the kernel writes back the first pages while
+            // the last are still being encoded.
+            Job::Channel(c) => {
+                write_durable_with(dir, &file_name, |out| stream::write_channel(out, c, stamp))
+            }
+            Job::Retained(r) => {
+                let bytes = f21::encode(
+                    &SnapshotFile::Retained(RetainedFile {
+                        records: unshare(&r.records),
+                    }),
+                    stamp,
+                );
+                write_durable(dir, &file_name, &bytes).map(|()| bytes.len() as u64)
+            }
+        };
+        match outcome {
+            Ok(bytes) => Ok(WrittenFile {
                 file_name,
                 name,
-                bytes: bytes.len() as u64,
+                bytes,
                 records,
             }),
             Err(error) => Err(FailedFile {
@@ -630,6 +668,20 @@ pub fn create_dir(dir: &Path) -> std::io::Result<()> {
 /// old file. The caller syncs the directory. On failure the temporary file
 /// is removed and the old file is untouched.
 pub fn write_durable(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    write_durable_with(dir, name, |out| {
+        out.write_all(bytes)?;
+        Ok(bytes.len() as u64)
+    })
+    .map(|_| ())
+}
+
+/// [`write_durable`] with the contents produced by `fill`, which returns
+/// how many bytes it wrote.
+pub fn write_durable_with(
+    dir: &Path,
+    name: &str,
+    fill: impl FnOnce(&mut File) -> std::io::Result<u64>,
+) -> std::io::Result<u64> {
     let tmp = dir.join(temp_file_name(name));
     let result = (|| {
         let mut f = OpenOptions::new()
@@ -638,10 +690,11 @@ pub fn write_durable(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()
             .truncate(true)
             .mode(0o600)
             .open(&tmp)?;
-        f.write_all(bytes)?;
+        let written = fill(&mut f)?;
         f.sync_all()?;
         drop(f);
-        fs::rename(&tmp, dir.join(name))
+        fs::rename(&tmp, dir.join(name))?;
+        Ok(written)
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -652,6 +705,277 @@ pub fn write_durable(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()
 /// fsyncs a directory, making the renames in it durable.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// A format 21 channel file written straight from a [`ChannelCopy`]: the
+/// byte layout of `saguin_format::f21` (FORMAT.md §2), produced from
+/// borrowed records and checksummed as it goes. The test
+/// `streamed_files_are_the_codecs_bytes` holds it to the codec's own
+/// encoder byte for byte, for every channel kind.
+mod stream {
+    use std::io::{self, Write};
+
+    use saguin_format::f21::{FileKind, FORMAT_VERSION, MAGIC, WRITER_LEN};
+    use saguin_format::model::{ChannelKind, Record, UnixNanos};
+
+    use super::ChannelCopy;
+    use crate::storage::contract::{HeldPublish, Position};
+
+    /// Bytes gathered before each write and checksum update.
+    const CHUNK: usize = 256 * 1024;
+
+    struct Encoder<'w, W: Write> {
+        out: &'w mut W,
+        buf: Vec<u8>,
+        crc: u32,
+        written: u64,
+    }
+
+    impl<W: Write> Encoder<'_, W> {
+        fn flush_chunk(&mut self) -> io::Result<()> {
+            self.crc = crc32c::crc32c_append(self.crc, &self.buf);
+            self.out.write_all(&self.buf)?;
+            self.written += self.buf.len() as u64;
+            self.buf.clear();
+            Ok(())
+        }
+
+        fn maybe_flush(&mut self) -> io::Result<()> {
+            if self.buf.len() >= CHUNK {
+                self.flush_chunk()?;
+            }
+            Ok(())
+        }
+
+        fn finish(mut self) -> io::Result<u64> {
+            self.flush_chunk()?;
+            let crc = self.crc.to_le_bytes();
+            self.out.write_all(&crc)?;
+            Ok(self.written + crc.len() as u64)
+        }
+
+        fn u8(&mut self, v: u8) {
+            self.buf.push(v);
+        }
+        fn bool(&mut self, v: bool) {
+            self.buf.push(u8::from(v));
+        }
+        fn u16(&mut self, v: u16) {
+            self.buf.extend_from_slice(&v.to_le_bytes());
+        }
+        fn u32(&mut self, v: u32) {
+            self.buf.extend_from_slice(&v.to_le_bytes());
+        }
+        fn u64(&mut self, v: u64) {
+            self.buf.extend_from_slice(&v.to_le_bytes());
+        }
+        fn i64(&mut self, v: i64) {
+            self.buf.extend_from_slice(&v.to_le_bytes());
+        }
+        fn len(&mut self, n: usize) -> io::Result<()> {
+            let n = u32::try_from(n).map_err(|_| {
+                io::Error::other("a count or length does not fit the format's 32 bits")
+            })?;
+            self.u32(n);
+            Ok(())
+        }
+        fn bytes(&mut self, v: &[u8]) -> io::Result<()> {
+            self.len(v.len())?;
+            self.buf.extend_from_slice(v);
+            Ok(())
+        }
+        fn str(&mut self, v: &str) -> io::Result<()> {
+            self.bytes(v.as_bytes())
+        }
+        fn opt_str(&mut self, v: Option<&str>) -> io::Result<()> {
+            match v {
+                None => self.u8(0),
+                Some(s) => {
+                    self.u8(1);
+                    self.str(s)?;
+                }
+            }
+            Ok(())
+        }
+        fn opt_bytes(&mut self, v: Option<&[u8]>) -> io::Result<()> {
+            match v {
+                None => self.u8(0),
+                Some(s) => {
+                    self.u8(1);
+                    self.bytes(s)?;
+                }
+            }
+            Ok(())
+        }
+        fn opt_u8(&mut self, v: Option<u8>) {
+            match v {
+                None => self.u8(0),
+                Some(x) => {
+                    self.u8(1);
+                    self.u8(x);
+                }
+            }
+        }
+        fn opt_u32(&mut self, v: Option<u32>) {
+            match v {
+                None => self.u8(0),
+                Some(x) => {
+                    self.u8(1);
+                    self.u32(x);
+                }
+            }
+        }
+
+        fn record(&mut self, r: &Record, offset: u64) -> io::Result<()> {
+            self.u64(offset);
+            self.buf.extend_from_slice(&r.message_id);
+            self.i64(r.timestamp);
+            self.u8(r.qos);
+            self.bool(r.retain);
+            self.bool(r.shared_copy);
+            self.str(&r.topic)?;
+            self.str(&r.client_id)?;
+            self.opt_str(r.bridge.as_deref())?;
+            self.opt_str(r.owed_to.as_deref())?;
+            self.len(r.user_properties.len())?;
+            for p in &r.user_properties {
+                self.str(&p.name)?;
+                self.str(&p.value)?;
+            }
+            let p = &r.props;
+            self.opt_str(p.content_type.as_deref())?;
+            self.opt_str(p.response_topic.as_deref())?;
+            self.opt_bytes(p.correlation_data.as_deref())?;
+            self.opt_u8(p.payload_format_indicator);
+            self.opt_u32(p.message_expiry_interval);
+            self.bytes(&r.payload)?;
+            self.maybe_flush()
+        }
+
+        fn records<'r>(
+            &mut self,
+            count: usize,
+            records: impl Iterator<Item = &'r Record>,
+        ) -> io::Result<()> {
+            self.len(count)?;
+            for r in records {
+                self.record(r, r.offset)?;
+            }
+            Ok(())
+        }
+
+        fn positions(&mut self, positions: &[Position]) -> io::Result<()> {
+            self.len(positions.len())?;
+            for p in positions {
+                self.str(&p.reader.to_string())?;
+                self.u64(p.offset);
+                self.i64(p.saved_at);
+                self.opt_u32(p.session_expiry);
+            }
+            Ok(())
+        }
+
+        fn held(&mut self, held: &[HeldPublish]) -> io::Result<()> {
+            self.len(held.len())?;
+            for h in held {
+                self.str(&h.client_id)?;
+                self.u16(h.packet_id);
+                self.i64(h.held_at);
+                // A held publish takes its offset at its release.
+                self.record(&h.record, 0)?;
+            }
+            Ok(())
+        }
+    }
+
+    fn kind_byte(kind: ChannelKind) -> u8 {
+        match kind {
+            ChannelKind::Append => 0,
+            ChannelKind::Latest => 1,
+            ChannelKind::Queue => 2,
+        }
+    }
+
+    /// Writes `c` as a whole format 21 channel file, stamped `stamp`.
+    /// Returns the file's length.
+    pub fn write_channel<W: Write>(
+        out: &mut W,
+        c: &ChannelCopy,
+        stamp: UnixNanos,
+    ) -> io::Result<u64> {
+        let mut e = Encoder {
+            out,
+            buf: Vec::with_capacity(CHUNK + 64 * 1024),
+            crc: 0,
+            written: 0,
+        };
+        e.buf.extend_from_slice(&MAGIC);
+        e.u32(FORMAT_VERSION);
+        e.u8(FileKind::Channel.as_byte());
+        let writer = saguin_format::REVISION;
+        let mut cut = writer.len().min(WRITER_LEN);
+        while !writer.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut field = [0u8; WRITER_LEN];
+        field[..cut].copy_from_slice(&writer.as_bytes()[..cut]);
+        e.buf.extend_from_slice(&field);
+        e.i64(stamp);
+
+        let (name, next, floor, bytes) = match c {
+            ChannelCopy::Append { copy, .. } => (&copy.name, copy.next, copy.floor, copy.bytes),
+            ChannelCopy::Latest { copy, .. } => (&copy.name, copy.next, copy.floor, copy.bytes),
+            ChannelCopy::Queue { copy, .. } => (&copy.name, copy.next, copy.floor, copy.bytes),
+        };
+        e.str(name)?;
+        e.u8(kind_byte(c.kind()));
+        e.u64(next);
+        e.u64(floor);
+        e.u64(bytes);
+        match c {
+            ChannelCopy::Append { copy, held } => {
+                e.records(copy.records.len(), copy.records.iter().map(|r| &**r))?;
+                e.len(0)?; // items
+                e.positions(&copy.positions)?;
+                e.held(held)?;
+                e.u8(0); // no dead-letter channel
+            }
+            ChannelCopy::Latest { copy, held } => {
+                e.records(copy.records.len(), copy.records.iter().map(|r| &**r))?;
+                e.len(0)?;
+                e.positions(&copy.positions)?;
+                e.held(held)?;
+                e.u8(0);
+            }
+            ChannelCopy::Queue {
+                copy,
+                dead_letter,
+                held,
+            } => {
+                e.len(0)?; // records
+                e.len(copy.items.len())?;
+                for (record, attempts, first, last) in &copy.items {
+                    e.record(record, record.offset)?;
+                    e.u32(*attempts);
+                    e.i64(*first);
+                    e.i64(*last);
+                }
+                e.len(0)?; // positions: a queue has none
+                e.held(held)?;
+                e.u8(1);
+                e.str(&dead_letter.name)?;
+                e.u64(dead_letter.next);
+                e.u64(dead_letter.floor);
+                e.u64(dead_letter.bytes);
+                e.records(
+                    dead_letter.records.len(),
+                    dead_letter.records.iter().map(|r| &**r),
+                )?;
+                e.positions(&dead_letter.positions)?;
+            }
+        }
+        e.finish()
+    }
 }
 
 #[cfg(test)]
@@ -720,5 +1044,130 @@ mod tests {
         assert_eq!(failed, ["three", "two"]);
         assert_eq!(fs::read(dir.path().join("two.snapshot")).unwrap(), before);
         assert!(report.written.iter().any(|w| w.name == "one"));
+    }
+
+    #[test]
+    fn streamed_files_are_the_codecs_bytes() {
+        use crate::storage::contract::{HeldPublish, Position, Reader};
+        use saguin_format::model::{PublishProps, UserProperty};
+
+        let p = provider();
+        let full = |topic: &str, payload: &str, qos: u8| {
+            let mut r = Record::new(topic, payload.as_bytes().to_vec());
+            r.message_id = [3; 16];
+            r.timestamp = 1_234;
+            r.qos = qos;
+            r.retain = true;
+            r.client_id = "client".into();
+            r.bridge = Some("up".into());
+            r.user_properties = vec![
+                UserProperty {
+                    name: "k".into(),
+                    value: "v".into(),
+                },
+                UserProperty {
+                    name: "k".into(),
+                    value: "w".into(),
+                },
+            ];
+            r.props = PublishProps {
+                content_type: Some("text/plain".into()),
+                response_topic: Some("reply".into()),
+                correlation_data: Some(bytes::Bytes::from_static(b"\x00\x01")),
+                payload_format_indicator: Some(1),
+                message_expiry_interval: Some(60),
+            };
+            r
+        };
+        let a = p.open_channel("a", ChannelKind::Append).unwrap();
+        let a = a.as_append().unwrap();
+        for i in 0..5 {
+            a.append(full("a/x", &format!("{i}"), 1)).unwrap();
+        }
+        a.trim(3, None).unwrap();
+        a.save_position(Position {
+            reader: Reader::mqtt("c").unwrap(),
+            offset: 4,
+            saved_at: 9,
+            session_expiry: Some(30),
+        })
+        .unwrap();
+        a.save_position(Position {
+            reader: Reader::bridge("b").unwrap(),
+            offset: 3,
+            saved_at: 9,
+            session_expiry: None,
+        })
+        .unwrap();
+        p.held_publishes()
+            .unwrap()
+            .hold(HeldPublish {
+                channel: "a".into(),
+                client_id: "c".into(),
+                packet_id: 4,
+                held_at: 8,
+                record: full("a/q", "held", 2),
+            })
+            .unwrap();
+        let l = p.open_channel("l", ChannelKind::Latest).unwrap();
+        let l = l.as_latest().unwrap();
+        l.set(full("l/1", "one", 0)).unwrap();
+        l.set(full("l/2", "two", 0)).unwrap();
+        l.delete("l/1").unwrap();
+        let q = p.open_channel("q", ChannelKind::Queue).unwrap();
+        let q = q.as_queue().unwrap();
+        q.set_max_attempts(1);
+        for i in 0..3 {
+            q.enqueue(full("q", &format!("job{i}"), 1)).unwrap();
+        }
+        let lease = q.lease(2, "w", 10, 5).unwrap();
+        q.release(lease.delivery_id, lease.epoch, 6, "nack")
+            .unwrap();
+        q.lease(3, "w", 10, 7).unwrap();
+
+        let copy = copy_provider(&p, &SnapshotOptions::default(), 77);
+        assert_eq!(copy.channels.len(), 3);
+        for c in &copy.channels {
+            let mut streamed = Vec::new();
+            let len = stream::write_channel(&mut streamed, c, 77).unwrap();
+            assert_eq!(len, streamed.len() as u64);
+            let codec = f21::encode(&SnapshotFile::Channel(channel_file(c)), 77);
+            assert_eq!(
+                streamed,
+                codec,
+                "channel {} differs from the codec",
+                c.name()
+            );
+            f21::decode(&streamed).unwrap();
+        }
+    }
+
+    #[test]
+    fn sessions_the_loader_would_refuse_are_not_written() {
+        use crate::storage::contract::{SessionEntry, SessionStore};
+        let p = provider();
+        let options = SnapshotOptions {
+            sessions: true,
+            ..SnapshotOptions::default()
+        };
+        let session = |window| SessionEntry {
+            client_id: "c".into(),
+            principal: None,
+            expiry_interval: 60,
+            detached_at: 0,
+            subscriptions: Vec::new(),
+            will: None,
+            window,
+            inflight: Vec::new(),
+        };
+        p.session_store().save(session(10)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        assert!(save_snapshot(&p, dir.path(), &options, 1).is_complete());
+        let before = fs::read(dir.path().join(SESSIONS_FILE)).unwrap();
+        p.session_store().save(session(0)).unwrap();
+        let report = save_snapshot(&p, dir.path(), &options, 2);
+        assert_eq!(report.failed.len(), 2, "{:?}", report.failed);
+        assert!(report.failed[0].to_string().contains("would not load"));
+        assert_eq!(fs::read(dir.path().join(SESSIONS_FILE)).unwrap(), before);
     }
 }

@@ -180,13 +180,15 @@ impl MemoryAppend {
     }
 
     /// Removes from the front while `remove` says so, raising the floor and
-    /// giving the bytes back in the same operation.
+    /// giving the bytes back in the same operation, under the channel's
+    /// lock. The removed records are freed after the lock is let go.
     fn remove_front(
         &self,
-        st: &mut AppendState,
         before: u64,
         remove: impl FnMut(&Record, u64) -> bool,
-    ) -> Removed {
+    ) -> Result<Removed> {
+        self.shared.check_open()?;
+        let mut st = write(&self.state);
         let out = st.log.remove_front_while(remove);
         let mut floor = st.floor.max(before.min(st.next));
         if let Some(past) = out.past_last {
@@ -194,10 +196,12 @@ impl MemoryAppend {
         }
         st.floor = floor;
         self.shared.budget.give_back(out.bytes);
-        Removed {
+        drop(st);
+        drop(out.released);
+        Ok(Removed {
             records: out.records,
             bytes: out.bytes,
-        }
+        })
     }
 }
 
@@ -254,17 +258,13 @@ impl AppendStore for MemoryAppend {
     }
 
     fn trim(&self, before: u64, max_bytes: Option<u64>) -> Result<Removed> {
-        self.shared.check_open()?;
-        let mut st = write(&self.state);
         let limit = max_bytes.unwrap_or(u64::MAX);
-        Ok(self.remove_front(&mut st, before, |r, held| r.offset < before || held > limit))
+        self.remove_front(before, |r, held| r.offset < before || held > limit)
     }
 
     fn trim_older_than(&self, cutoff: UnixNanos) -> Result<Removed> {
-        self.shared.check_open()?;
-        let mut st = write(&self.state);
         // A record with timestamp 0 is never too old, and it stops the walk.
-        Ok(self.remove_front(&mut st, 0, |r, _| r.timestamp != 0 && r.timestamp < cutoff))
+        self.remove_front(0, |r, _| r.timestamp != 0 && r.timestamp < cutoff)
     }
 
     fn position(&self, reader: &Reader) -> Result<Option<Position>> {

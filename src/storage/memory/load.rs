@@ -1,37 +1,42 @@
 //! Loading a snapshot directory into a memory provider at startup (RFC 0004
 //! "Loading").
 //!
-//! A channel file that is damaged, truncated, of another format, of another
-//! channel or of another kind than the configuration names is fatal, and
-//! every such file is named, not only the first: an empty start is
-//! indistinguishable from a fresh install and destroys the evidence. The
-//! manifest's own findings are warnings - it holds no records. What decoding
-//! cannot know is decided here, where the stores are rebuilt: queue items
-//! come back available with no holder, holds in a file the last shutdown did
-//! not rewrite are counted as abandoned, and positions whose session expired
-//! while the broker was down are dropped.
+//! The checker is the loader (SAGUIN.md §6.2): every byte of the directory
+//! is read, and every decision about whether it can be loaded is made, by
+//! [`snapshot_dir::scan`] - the code `saguin snapshot verify` runs - with
+//! its bounded read (no symlink, FIFO or device is opened, no file past the
+//! size limit is read), its decode and semantic pass, its manifest cases,
+//! its leftover temporary files, its sessions/log pair check and its file
+//! name to channel name match. A directory it refuses is refused here with
+//! the same words, every file named, not only the first: an empty start is
+//! indistinguishable from a fresh install and destroys the evidence. Its
+//! warnings are the startup's warnings.
 //!
-//! This reads the directory with the format 21 decoder directly; the
-//! directory scanner of `storage::snapshot_dir` reports on a directory for
-//! the operator's commands and applies the same rules.
+//! What only the provider can know is decided here, where the stores are
+//! rebuilt from the validated files: a channel whose configured kind is not
+//! the one in its file is refused, queue items come back available with no
+//! holder, holds in a file older than the manifest are counted as
+//! abandoned, positions whose session expired while the broker was down
+//! are dropped, and everything restored is charged to the byte counter.
+//! `tests/snapshot_loader_agreement.rs` drives `saguin snapshot verify` and
+//! this loader over every damaged fixture and holds them to one verdict.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use saguin_format::channel_name::{
-    encode_file_name, BROADCAST_FILE, LOCK_FILE, MANIFEST_FILE, RETAINED_FILE, SESSIONS_FILE,
-    TEMP_SUFFIX,
-};
-use saguin_format::f21::{self, FileKind, Header, Manifest, SnapshotFile};
+use saguin_format::channel_name::{encode_file_name, RETAINED_FILE, SESSIONS_FILE};
+use saguin_format::f21::{self, BroadcastFile, SessionsFile, SnapshotFile};
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 use super::{MemChannel, MemoryAppend, MemoryLatest, MemoryProvider, MemoryQueue};
 use crate::storage::contract::{
-    dead_letter_name, format_time, HeldPublish, InflightEntry, InflightPhase, Position, Reader,
-    SessionEntry, SessionStore, ShareGroupEntry, ShareGroupKey, SubscriptionEntry, WillEntry,
-    BROADCAST_LOG_NAME,
+    dead_letter_name, HeldPublish, InflightEntry, InflightPhase, Position, Reader, SessionEntry,
+    SessionStore, ShareGroupEntry, ShareGroupKey, SubscriptionEntry, WillEntry, BROADCAST_LOG_NAME,
+};
+use crate::storage::read::ReadError;
+use crate::storage::snapshot_dir::{
+    self, DirReport, FileOutcome, FindingKind, Loaded, ScanError, ScanOptions, Severity,
 };
 
 /// What a load is asked to bring back.
@@ -48,6 +53,19 @@ pub struct LoadOptions {
     pub now: UnixNanos,
     /// limits.max_session_expiry, seconds: bounds every interval judged.
     pub max_session_expiry: u32,
+}
+
+impl LoadOptions {
+    /// How the directory is scanned: only the files this provider keeps
+    /// are read, with the default size limits `snapshot verify` uses.
+    fn scan_options(&self) -> ScanOptions {
+        ScanOptions {
+            channels: Some(self.channels.iter().map(|(n, _)| n.clone()).collect()),
+            retained: self.retained,
+            sessions: self.sessions,
+            ..ScanOptions::default()
+        }
+    }
 }
 
 /// One channel brought back.
@@ -67,15 +85,19 @@ pub struct LoadedChannel {
 #[derive(Clone, Debug, Default)]
 pub struct LoadReport {
     pub loaded: Vec<LoadedChannel>,
-    /// The manifest's findings and anything else the operator should read.
+    /// The directory's warnings, worded as `snapshot verify` words them,
+    /// and anything else the operator should read.
     pub warnings: Vec<String>,
+    /// Every warning and info finding of the directory scan, typed.
+    pub findings: Vec<FindingKind>,
     /// Positions dropped because their session expired while down.
     pub dropped_positions: u64,
     /// Exactly-once holds in files the last shutdown did not rewrite.
     pub abandoned_holds: u64,
     /// Sessions that expired while the broker was down.
     pub dropped_sessions: u64,
-    /// Snapshot files no configured channel asked for.
+    /// Files in the directory this provider was not asked for (and left
+    /// unread), and names that are no snapshot file at all.
     pub ignored_files: Vec<String>,
     /// Temporary files of writes that never finished.
     pub leftover_temp_files: Vec<String>,
@@ -86,6 +108,8 @@ pub struct LoadReport {
 /// One file that stops the start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoadProblem {
+    /// The file, or the directory for a finding across files (whose detail
+    /// then names the file, as `snapshot verify`'s line does).
     pub path: PathBuf,
     pub detail: String,
 }
@@ -112,71 +136,71 @@ fn join(problems: &[LoadProblem]) -> String {
         .join("; ")
 }
 
-/// A decoded file with where it came from.
-struct Read {
-    path: PathBuf,
-    header: Header,
-    file: SnapshotFile,
+/// A scan's error finding as the start's problem, worded as the `FAIL`
+/// line `snapshot verify` prints for it: a refused file under its own
+/// path, a finding across files under the directory's.
+fn problem_of(dir: &Path, finding: &FindingKind) -> LoadProblem {
+    match finding {
+        FindingKind::FileRefused { file, problem } => LoadProblem {
+            path: dir.join(file),
+            detail: problem.clone(),
+        },
+        other => LoadProblem {
+            path: dir.to_path_buf(),
+            detail: other.to_string(),
+        },
+    }
 }
 
-fn read_file(path: &Path, expected: FileKind) -> Result<Option<Read>, LoadProblem> {
-    let problem = |detail: String| LoadProblem {
-        path: path.to_path_buf(),
-        detail,
-    };
-    let meta = match fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(problem(format!("cannot be examined: {e}"))),
-    };
-    if !meta.file_type().is_file() {
-        return Err(problem(
-            "is not a regular file (a symlink, directory or device is never loaded)".into(),
-        ));
+/// A directory that could not be scanned at all.
+fn scan_problem(dir: &Path, error: &ScanError) -> LoadProblem {
+    match error {
+        ScanError::Read(e) => LoadProblem {
+            path: e.path().to_path_buf(),
+            detail: e.reason(),
+        },
+        ScanError::NotADirectory { .. } => LoadProblem {
+            path: dir.to_path_buf(),
+            detail: error
+                .to_string()
+                .strip_prefix(&format!("{}: ", dir.display()))
+                .map(str::to_owned)
+                .unwrap_or_else(|| error.to_string()),
+        },
     }
-    let bytes = fs::read(path).map_err(|e| problem(format!("cannot be read: {e}")))?;
-    let (header, file) = f21::decode_bytes(bytes.into()).map_err(|e| problem(e.to_string()))?;
-    if file.kind() != expected {
-        return Err(problem(format!(
-            "is a {} file where a {} file belongs",
-            file.kind(),
-            expected
-        )));
-    }
-    Ok(Some(Read {
-        path: path.to_path_buf(),
-        header,
-        file,
-    }))
 }
 
-/// How a file's stamp compares with the manifest's moment.
-fn staleness(
-    report: &mut LoadReport,
-    began_at: Option<UnixNanos>,
-    what: &str,
-    written_at: UnixNanos,
-) -> bool {
-    let Some(began) = began_at else {
-        return false;
-    };
-    if written_at < began {
-        report.warnings.push(format!(
-            "{what}: written at {}, before the last shutdown began at {}: everything published to it after {} is gone",
-            format_time(written_at),
-            format_time(began),
-            format_time(written_at)
-        ));
-        return true;
-    }
-    if written_at > began {
-        report.warnings.push(format!(
-            "{what}: written at {}, after the manifest's moment {}: the channels of a later shutdown finished and its manifest did not",
-            format_time(written_at),
-            format_time(began)
-        ));
-    }
-    false
+/// Each configured channel whose file decoded with another kind: the
+/// provider's own refusal (RFC 0004: append records are not put into a
+/// latest map, nor queue work into a log where nothing can acknowledge it).
+/// Judged on the scan before its verdict, so it is named beside any
+/// damaged file rather than after it is mended.
+fn kind_mismatches(report: &DirReport, options: &LoadOptions) -> Vec<LoadProblem> {
+    let configured: BTreeMap<&str, ChannelKind> = options
+        .channels
+        .iter()
+        .map(|(n, k)| (n.as_str(), *k))
+        .collect();
+    report
+        .files
+        .iter()
+        .filter_map(|f| match &f.outcome {
+            FileOutcome::Decoded {
+                file: SnapshotFile::Channel(c),
+                ..
+            } => {
+                let kind = *configured.get(c.name.as_str())?;
+                (kind != c.kind).then(|| LoadProblem {
+                    path: f.path.clone(),
+                    detail: format!(
+                        "channel {} is configured as {kind} but its file holds a {} channel; it is not loaded into the wrong shape",
+                        c.name, c.kind
+                    ),
+                })
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 fn parse_positions(
@@ -184,20 +208,15 @@ fn parse_positions(
     positions: Vec<f21::Position>,
     options: &LoadOptions,
     report: &mut LoadReport,
-    problems: &mut Vec<LoadProblem>,
-) -> Vec<Position> {
+) -> Result<Vec<Position>, LoadProblem> {
     let mut out = Vec::with_capacity(positions.len());
     for p in positions {
-        let reader = match Reader::parse(&p.reader) {
-            Ok(r) => r,
-            Err(e) => {
-                problems.push(LoadProblem {
-                    path: path.to_path_buf(),
-                    detail: e.to_string(),
-                });
-                continue;
-            }
-        };
+        // The scan refused every reader `Reader::parse` refuses
+        // (`snapshot_dir::check_readers`), so this is never taken.
+        let reader = Reader::parse(&p.reader).map_err(|e| LoadProblem {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
         let position = Position {
             reader,
             offset: p.offset,
@@ -212,7 +231,7 @@ fn parse_positions(
         }
         out.push(position);
     }
-    out
+    Ok(out)
 }
 
 fn holds(channel: &str, held: Vec<f21::HeldPublish>) -> Vec<HeldPublish> {
@@ -227,369 +246,283 @@ fn holds(channel: &str, held: Vec<f21::HeldPublish>) -> Vec<HeldPublish> {
         .collect()
 }
 
+/// One channel's store, built from its validated file, and its holds.
+struct Built {
+    channel: MemChannel,
+    holds: Vec<HeldPublish>,
+}
+
 impl MemoryProvider {
     /// Loads `dir` into this provider, which must hold no channel yet. A
     /// missing directory is a first start and loads nothing. Refused - with
-    /// every file named - when any file asked for cannot be loaded.
+    /// every file named, in the words of `saguin snapshot verify` - when the
+    /// directory is one verify refuses, or a file holds a channel of another
+    /// kind than the configured one.
     pub fn load_snapshot_dir(
         self: &Arc<Self>,
         dir: &Path,
         options: &LoadOptions,
     ) -> Result<LoadReport, LoadError> {
-        let mut report = LoadReport::default();
-        let mut problems = Vec::new();
         let fail = |problems: Vec<LoadProblem>| LoadError {
             dir: dir.to_path_buf(),
             problems,
         };
-        let listing = match fs::read_dir(dir) {
-            Ok(l) => l,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(report),
-            Err(e) => {
-                return Err(fail(vec![LoadProblem {
-                    path: dir.to_path_buf(),
-                    detail: format!("cannot be listed: {e}"),
-                }]))
+        let scanned = match snapshot_dir::scan(dir, &options.scan_options()) {
+            Ok(r) => r,
+            // Only the directory itself can be missing here (a file that
+            // vanishes after the listing is a refused file).
+            Err(ScanError::Read(ReadError::NotFound { .. })) => return Ok(LoadReport::default()),
+            Err(e) => return Err(fail(vec![scan_problem(dir, &e)])),
+        };
+        let mismatched = kind_mismatches(&scanned, options);
+        let loaded = match snapshot_dir::into_loaded(scanned) {
+            Ok(l) if mismatched.is_empty() => l,
+            Ok(_) => return Err(fail(mismatched)),
+            Err(snapshot_dir::LoadError::Refused { errors, .. }) => {
+                let mut problems: Vec<LoadProblem> =
+                    errors.iter().map(|e| problem_of(dir, e)).collect();
+                problems.extend(mismatched);
+                return Err(fail(problems));
+            }
+            Err(snapshot_dir::LoadError::Scan { error, .. }) => {
+                return Err(fail(vec![scan_problem(dir, &error)]))
             }
         };
-        let mut present = BTreeSet::new();
-        for entry in listing {
-            match entry {
-                Ok(e) => {
-                    present.insert(e.file_name().to_string_lossy().into_owned());
-                }
-                Err(e) => problems.push(LoadProblem {
-                    path: dir.to_path_buf(),
-                    detail: format!("cannot be listed: {e}"),
-                }),
-            }
-        }
+        self.restore_loaded(dir, loaded, options).map_err(fail)
+    }
 
-        // The manifest: its failures are warnings.
-        let manifest: Option<Manifest> = match read_file(
-            &dir.join(MANIFEST_FILE),
-            FileKind::Manifest,
-        ) {
-            Ok(Some(Read {
-                file: SnapshotFile::Manifest(m),
-                ..
-            })) => Some(m),
-            Ok(_) => {
-                if present.iter().any(|f| f.ends_with(".snapshot")) {
-                    report.warnings.push(format!(
-                        "{}: no manifest beside the channel files: whether the last shutdown finished cannot be told",
-                        dir.join(MANIFEST_FILE).display()
-                    ));
-                }
-                None
-            }
-            Err(p) => {
-                report.warnings.push(format!(
-                    "{p}; whether the last shutdown finished cannot be told"
-                ));
-                None
-            }
+    /// Turns a validated directory into this provider's stores.
+    fn restore_loaded(
+        self: &Arc<Self>,
+        dir: &Path,
+        loaded: Loaded,
+        options: &LoadOptions,
+    ) -> Result<LoadReport, Vec<LoadProblem>> {
+        let Loaded {
+            manifest,
+            mut channels,
+            retained,
+            sessions,
+            broadcast,
+            broadcast_stale,
+            findings,
+        } = loaded;
+        let mut report = LoadReport {
+            manifest_began_at: manifest.map(|(_, m)| m.began_at),
+            ..LoadReport::default()
         };
-        let began_at = manifest.as_ref().map(|m| m.began_at);
-        report.manifest_began_at = began_at;
-        let listed: BTreeMap<&str, ChannelKind> = manifest
-            .as_ref()
-            .map(|m| {
-                m.channels
-                    .iter()
-                    .map(|e| (e.channel.as_str(), e.kind))
-                    .collect()
-            })
-            .unwrap_or_default();
-
-        let mut wanted_files = BTreeSet::new();
-        let mut built: Vec<(String, MemChannel)> = Vec::new();
-        let mut restored_holds: Vec<HeldPublish> = Vec::new();
-        for (name, kind) in &options.channels {
-            let file_name = encode_file_name(name);
-            wanted_files.insert(file_name.clone());
-            let path = dir.join(&file_name);
-            let read = match read_file(&path, FileKind::Channel) {
-                Ok(Some(r)) => r,
-                Ok(None) => {
-                    if listed.contains_key(name.as_str()) {
-                        report.warnings.push(format!(
-                            "channel {name}: {} was listed by the last shutdown's manifest and is not there: that channel's records are gone",
-                            path.display()
-                        ));
-                    }
-                    continue;
-                }
-                Err(p) => {
-                    problems.push(p);
-                    continue;
-                }
-            };
-            let Read {
-                path,
-                header,
-                file: SnapshotFile::Channel(c),
-            } = read
-            else {
-                continue;
-            };
-            if &c.name != name {
-                problems.push(LoadProblem {
-                    path,
-                    detail: format!("holds channel {:?}, not {name:?}", c.name),
-                });
-                continue;
+        for f in &findings {
+            if f.severity() == Severity::Warning {
+                report.warnings.push(f.to_string());
             }
-            if c.kind != *kind {
-                problems.push(LoadProblem {
-                    path,
-                    detail: format!(
-                        "channel {name} is configured as {kind} but its file holds a {} channel; it is not loaded into the wrong shape",
-                        c.kind
-                    ),
-                });
-                continue;
-            }
-            let stale = staleness(
-                &mut report,
-                began_at,
-                &format!("channel {name}"),
-                header.written_at,
-            );
-            if stale {
-                // That shutdown's broker answered these releases without
-                // them: counted, not restored.
-                report.abandoned_holds += c.held.len() as u64;
-            } else {
-                restored_holds.extend(holds(name, c.held));
-            }
-            let positions =
-                parse_positions(&path, c.positions, options, &mut report, &mut problems);
-            let shared = self.shared().clone();
-            let records = match c.kind {
-                ChannelKind::Queue => c.items.len() as u64,
-                _ => c.records.len() as u64,
-            };
-            let channel = match c.kind {
-                ChannelKind::Append => MemChannel::Append(Arc::new(MemoryAppend::restore(
-                    name, shared, false, c.next, c.floor, c.records, positions,
-                ))),
-                ChannelKind::Latest => {
-                    match MemoryLatest::restore(name, shared, c.next, c.floor, c.records, positions)
-                    {
-                        Ok(l) => MemChannel::Latest(Arc::new(l)),
-                        Err(e) => {
-                            problems.push(LoadProblem {
-                                path,
-                                detail: e.to_string(),
-                            });
-                            continue;
-                        }
-                    }
+            match f {
+                FindingKind::LeftoverTemp { file } => report.leftover_temp_files.push(file.clone()),
+                FindingKind::NotConfigured { file } | FindingKind::Unrecognised { file, .. } => {
+                    report.ignored_files.push(file.clone())
                 }
-                ChannelKind::Queue => {
-                    let dlq_name = dead_letter_name(name);
-                    let dead_letter = match c.dead_letter {
-                        Some(d) => {
-                            let dlq_positions = parse_positions(
-                                &path,
-                                d.positions,
-                                options,
-                                &mut report,
-                                &mut problems,
-                            );
-                            MemoryAppend::restore(
-                                &dlq_name,
-                                shared.clone(),
-                                true,
-                                d.next,
-                                d.floor,
-                                d.records,
-                                dlq_positions,
-                            )
-                        }
-                        None => MemoryAppend::restore(
-                            &dlq_name,
-                            shared.clone(),
-                            true,
-                            1,
-                            1,
-                            Vec::new(),
-                            Vec::new(),
-                        ),
-                    };
-                    let items = c
-                        .items
-                        .into_iter()
-                        .map(|i| crate::storage::contract::QueueItem {
-                            record: i.record,
-                            attempts: i.attempts,
-                            first_delivered: i.first_delivered,
-                            last_delivered: i.last_delivered,
-                        })
-                        .collect();
-                    MemChannel::Queue(Arc::new(MemoryQueue::restore(
-                        name,
-                        shared,
-                        Arc::new(dead_letter),
-                        c.next,
-                        c.floor,
-                        items,
-                    )))
-                }
-            };
-            let bytes = match &channel {
-                MemChannel::Append(a) => crate::storage::contract::AppendStore::bytes(&**a),
-                MemChannel::Latest(l) => crate::storage::contract::LatestStore::bytes(&**l),
-                MemChannel::Queue(q) => crate::storage::contract::QueueStore::bytes(&**q),
-            };
-            if bytes != c.bytes {
-                report.warnings.push(format!(
-                    "channel {name}: the file states {} bytes and its records count for {bytes}; the records' count is used",
-                    c.bytes
-                ));
+                _ => {}
             }
-            report.loaded.push(LoadedChannel {
-                name: name.clone(),
-                kind: *kind,
-                next: c.next,
-                floor: c.floor,
-                records,
-                bytes,
-                written_at: header.written_at,
-            });
-            built.push((name.clone(), channel));
         }
+        report.findings = findings;
 
-        // The retained store.
-        if options.retained {
-            wanted_files.insert(RETAINED_FILE.to_owned());
-            match read_file(&dir.join(RETAINED_FILE), FileKind::Retained) {
-                Ok(Some(Read {
-                    file: SnapshotFile::Retained(r),
-                    header,
-                    path,
-                })) => {
-                    staleness(&mut report, began_at, "retained store", header.written_at);
-                    // The retained store's offsets only order its values;
-                    // they are numbered afresh in the file's order.
-                    let records: Vec<Record> = r
-                        .records
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, rec)| Record {
-                            offset: i as u64 + 1,
-                            ..rec
-                        })
-                        .collect();
-                    let next = records.len() as u64 + 1;
-                    if let Err(e) = self.retained_store().fill(next, 1, records) {
-                        problems.push(LoadProblem {
-                            path,
-                            detail: e.to_string(),
-                        });
-                    }
-                }
-                Ok(_) => {
-                    if manifest.as_ref().is_some_and(|m| m.retained) {
-                        report.warnings.push(format!(
-                            "retained store: {} was written by the last shutdown and is not there: the retained messages are gone",
-                            dir.join(RETAINED_FILE).display()
-                        ));
-                    }
-                }
+        let mut problems = Vec::new();
+        let mut built: Vec<(String, Built)> = Vec::new();
+        let wanted: BTreeSet<&str> = options.channels.iter().map(|(n, _)| n.as_str()).collect();
+        for name in wanted {
+            let Some(file) = channels.remove(name) else {
+                continue;
+            };
+            let path = dir.join(encode_file_name(name));
+            match self.build_channel(&path, file, options, &mut report) {
+                Ok(b) => built.push((name.to_owned(), b)),
                 Err(p) => problems.push(p),
             }
         }
-
-        // Sessions and the broadcast log, read together or not at all.
-        if options.sessions {
-            wanted_files.insert(SESSIONS_FILE.to_owned());
-            wanted_files.insert(BROADCAST_FILE.to_owned());
-            let sessions = read_file(&dir.join(SESSIONS_FILE), FileKind::Sessions);
-            let log = read_file(&dir.join(BROADCAST_FILE), FileKind::Broadcast);
-            match (sessions, log) {
-                (Err(a), Err(b)) => {
-                    problems.push(a);
-                    problems.push(b);
-                }
-                (Err(p), _) | (_, Err(p)) => problems.push(p),
-                (Ok(Some(_)), Ok(None)) => problems.push(LoadProblem {
-                    path: dir.join(BROADCAST_FILE),
-                    detail: format!(
-                        "is missing beside {SESSIONS_FILE}: the sessions have lost the log they point into"
-                    ),
-                }),
-                (Ok(sessions), Ok(Some(log))) => {
-                    if let Err(p) =
-                        self.restore_sessions(sessions, log, began_at, options, &mut report)
-                    {
-                        problems.push(p);
-                    }
-                }
-                (Ok(None), Ok(None)) => {}
-            }
-        }
-
-        for f in &present {
-            if f.ends_with(TEMP_SUFFIX) {
-                report.leftover_temp_files.push(f.clone());
-            } else if f != MANIFEST_FILE && f != LOCK_FILE && !wanted_files.contains(f) {
-                report.ignored_files.push(f.clone());
-            }
-        }
-        if !report.leftover_temp_files.is_empty() {
-            report.warnings.push(format!(
-                "{}: temporary files of writes that never finished: {}",
-                dir.display(),
-                report.leftover_temp_files.join(", ")
-            ));
-        }
-
         if !problems.is_empty() {
-            return Err(fail(problems));
+            return Err(problems);
         }
-        for (name, channel) in built {
-            if let Err(e) = self.install(&name, channel) {
-                problems.push(LoadProblem {
+
+        if options.retained {
+            if let Some(r) = retained {
+                // The retained store's offsets only order its values;
+                // they are numbered afresh in the file's order.
+                let records: Vec<Record> = r
+                    .records
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, rec)| Record {
+                        offset: i as u64 + 1,
+                        ..rec
+                    })
+                    .collect();
+                let next = records.len() as u64 + 1;
+                if let Err(e) = self.retained_store().fill(next, 1, records) {
+                    problems.push(LoadProblem {
+                        path: dir.join(RETAINED_FILE),
+                        detail: e.to_string(),
+                    });
+                }
+            }
+        }
+
+        // Sessions and the broadcast log, read together or not at all: the
+        // scan refused a sessions file without its log and a pair that does
+        // not fit; a log without a sessions file holds no session.
+        if options.sessions {
+            if let Some(log) = broadcast {
+                if let Err(p) = self.restore_sessions(
+                    dir,
+                    sessions.unwrap_or_default(),
+                    log,
+                    broadcast_stale,
+                    options,
+                    &mut report,
+                ) {
+                    problems.push(p);
+                }
+            }
+        }
+
+        let mut restored_holds = Vec::new();
+        for (name, b) in built {
+            match self.install(&name, b.channel) {
+                Ok(()) => restored_holds.extend(b.holds),
+                Err(e) => problems.push(LoadProblem {
                     path: dir.join(encode_file_name(&name)),
                     detail: e.to_string(),
-                });
+                }),
             }
         }
         for h in restored_holds {
             self.held().restore(h);
         }
         if !problems.is_empty() {
-            return Err(fail(problems));
+            return Err(problems);
         }
         Ok(report)
     }
 
+    /// One channel's store from its validated file, whose kind is the
+    /// configured one (checked before the scan's verdict).
+    fn build_channel(
+        &self,
+        path: &Path,
+        file: snapshot_dir::LoadedChannel,
+        options: &LoadOptions,
+        report: &mut LoadReport,
+    ) -> Result<Built, LoadProblem> {
+        let snapshot_dir::LoadedChannel {
+            header,
+            file: c,
+            stale,
+        } = file;
+        let name = c.name.as_str();
+        let holds = if stale {
+            // That shutdown's broker answered these releases without them:
+            // counted, not restored.
+            report.abandoned_holds += c.held.len() as u64;
+            Vec::new()
+        } else {
+            holds(name, c.held)
+        };
+        let positions = parse_positions(path, c.positions, options, report)?;
+        let shared = self.shared().clone();
+        let records = match c.kind {
+            ChannelKind::Queue => c.items.len() as u64,
+            _ => c.records.len() as u64,
+        };
+        let channel = match c.kind {
+            ChannelKind::Append => MemChannel::Append(Arc::new(MemoryAppend::restore(
+                name, shared, false, c.next, c.floor, c.records, positions,
+            ))),
+            ChannelKind::Latest => {
+                MemoryLatest::restore(name, shared, c.next, c.floor, c.records, positions)
+                    .map(|l| MemChannel::Latest(Arc::new(l)))
+                    .map_err(|e| LoadProblem {
+                        path: path.to_path_buf(),
+                        detail: e.to_string(),
+                    })?
+            }
+            ChannelKind::Queue => {
+                let dlq_name = dead_letter_name(name);
+                let dead_letter = match c.dead_letter {
+                    Some(d) => {
+                        let dlq_positions = parse_positions(path, d.positions, options, report)?;
+                        MemoryAppend::restore(
+                            &dlq_name,
+                            shared.clone(),
+                            true,
+                            d.next,
+                            d.floor,
+                            d.records,
+                            dlq_positions,
+                        )
+                    }
+                    None => MemoryAppend::restore(
+                        &dlq_name,
+                        shared.clone(),
+                        true,
+                        1,
+                        1,
+                        Vec::new(),
+                        Vec::new(),
+                    ),
+                };
+                // Every item comes back available: no epoch, no holder,
+                // no deadline, whatever the file holds (RFC 0004), which
+                // `MemoryQueue::restore` enforces for any caller.
+                let items = c
+                    .items
+                    .into_iter()
+                    .map(|i| crate::storage::contract::QueueItem {
+                        record: i.record,
+                        attempts: i.attempts,
+                        first_delivered: i.first_delivered,
+                        last_delivered: i.last_delivered,
+                    })
+                    .collect();
+                MemChannel::Queue(Arc::new(MemoryQueue::restore(
+                    name,
+                    shared,
+                    Arc::new(dead_letter),
+                    c.next,
+                    c.floor,
+                    items,
+                )))
+            }
+        };
+        let bytes = match &channel {
+            MemChannel::Append(a) => crate::storage::contract::AppendStore::bytes(&**a),
+            MemChannel::Latest(l) => crate::storage::contract::LatestStore::bytes(&**l),
+            MemChannel::Queue(q) => crate::storage::contract::QueueStore::bytes(&**q),
+        };
+        if bytes != c.bytes {
+            report.warnings.push(format!(
+                "channel {name}: the file states {} bytes and its records count for {bytes}; the records' count is used",
+                c.bytes
+            ));
+        }
+        report.loaded.push(LoadedChannel {
+            name: name.to_owned(),
+            kind: c.kind,
+            next: c.next,
+            floor: c.floor,
+            records,
+            bytes,
+            written_at: header.written_at,
+        });
+        Ok(Built { channel, holds })
+    }
+
     fn restore_sessions(
         &self,
-        sessions: Option<Read>,
-        log: Read,
-        began_at: Option<UnixNanos>,
+        dir: &Path,
+        sessions_file: SessionsFile,
+        log_file: BroadcastFile,
+        stale: bool,
         options: &LoadOptions,
         report: &mut LoadReport,
     ) -> Result<(), LoadProblem> {
-        let SnapshotFile::Broadcast(log_file) = log.file else {
-            return Ok(());
-        };
-        let (sessions_file, sessions_path) = match sessions {
-            Some(Read {
-                file: SnapshotFile::Sessions(s),
-                path,
-                ..
-            }) => (s, path),
-            _ => (f21::SessionsFile::default(), log.path.clone()),
-        };
-        f21::validate_pair(&sessions_file, &log_file).map_err(|e| LoadProblem {
-            path: sessions_path.clone(),
-            detail: format!("does not agree with {BROADCAST_FILE}: {e}"),
-        })?;
-        let stale = staleness(report, began_at, "broadcast log", log.header.written_at);
         let mut kept: BTreeMap<String, SessionEntry> = BTreeMap::new();
         for s in sessions_file.sessions {
             let entry = session_entry(s);
@@ -644,7 +577,7 @@ impl MemoryProvider {
         }
         for s in kept.into_values() {
             self.session_store().save(s).map_err(|e| LoadProblem {
-                path: sessions_path.clone(),
+                path: dir.join(SESSIONS_FILE),
                 detail: e.to_string(),
             })?;
         }
@@ -703,6 +636,10 @@ fn session_entry(s: f21::Session) -> SessionEntry {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
+    use saguin_format::channel_name::{BROADCAST_FILE, MANIFEST_FILE};
+
     use super::*;
     use crate::storage::contract::{now_nanos, HeldPublishStore, Provider};
     use crate::storage::memory::MemoryConfig;
@@ -881,6 +818,128 @@ mod tests {
         let mut o = options(&[]);
         o.sessions = true;
         let err = provider().load_snapshot_dir(dir.path(), &o).unwrap_err();
-        assert!(err.to_string().contains("lost the log"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("the broadcast log its sessions point into is lost"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_kind_mismatch_is_named_beside_a_damaged_file() {
+        let dir = tempfile::tempdir().unwrap();
+        written(dir.path(), 10);
+        let path = dir.path().join("b.snapshot");
+        let bytes = fs::read(&path).unwrap();
+        fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        let err = provider()
+            .load_snapshot_dir(
+                dir.path(),
+                &options(&[("a", ChannelKind::Latest), ("b", ChannelKind::Latest)]),
+            )
+            .unwrap_err();
+        assert_eq!(err.problems.len(), 2, "{err}");
+        assert_eq!(err.problems[0].path, path);
+        assert!(err.problems[0].detail.contains("checksum"), "{err}");
+        assert_eq!(err.problems[1].path, dir.path().join("a.snapshot"));
+        assert!(
+            err.problems[1]
+                .detail
+                .contains("configured as latest but its file holds a append channel"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn queue_items_come_back_available_and_expired_positions_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provider();
+        let q = p.open_channel("jobs", ChannelKind::Queue).unwrap();
+        let q = q.as_queue().unwrap();
+        q.enqueue(Record::new("jobs", "one")).unwrap();
+        q.enqueue(Record::new("jobs", "two")).unwrap();
+        let far = now_nanos() + 3_600_000_000_000;
+        q.lease(1, "worker-1", far, 5).unwrap();
+        let a = p.open_channel("a", ChannelKind::Append).unwrap();
+        let a = a.as_append().unwrap();
+        a.append(Record::new("a", "x")).unwrap();
+        for (client, expiry) in [("gone", 0), ("kept", 3600)] {
+            a.save_position(Position {
+                reader: Reader::mqtt(client).unwrap(),
+                offset: 1,
+                saved_at: now_nanos(),
+                session_expiry: Some(expiry),
+            })
+            .unwrap();
+        }
+        let bytes_before = p.bytes();
+        assert!(save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 10).is_complete());
+
+        let fresh = provider();
+        let report = fresh
+            .load_snapshot_dir(
+                dir.path(),
+                &options(&[("jobs", ChannelKind::Queue), ("a", ChannelKind::Append)]),
+            )
+            .unwrap();
+        assert_eq!(report.dropped_positions, 1);
+        assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+        assert_eq!(fresh.bytes(), bytes_before, "what is restored is charged");
+        let q = fresh.open_channel("jobs", ChannelKind::Queue).unwrap();
+        let q = q.as_queue().unwrap();
+        // The leased item has no holder now: both are offered at once, the
+        // first with its attempt counted.
+        let offered = q.offer(10, now_nanos()).unwrap();
+        assert_eq!(offered.len(), 2, "{offered:?}");
+        assert_eq!(offered[0].attempts, 1);
+        let lease = q.lease(1, "worker-2", far, now_nanos()).unwrap();
+        assert_eq!(lease.attempts, 2);
+        let a = fresh.open_channel("a", ChannelKind::Append).unwrap();
+        let readers: Vec<String> = a
+            .as_append()
+            .unwrap()
+            .positions()
+            .unwrap()
+            .into_iter()
+            .map(|p| p.reader.to_string())
+            .collect();
+        assert_eq!(readers, ["mqtt:kept"]);
+    }
+
+    #[test]
+    fn a_store_kept_elsewhere_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        written(dir.path(), 10);
+        fs::write(dir.path().join(SESSIONS_FILE), b"junk").unwrap();
+        fs::write(dir.path().join(RETAINED_FILE), b"junk").unwrap();
+        let report = provider()
+            .load_snapshot_dir(dir.path(), &options(&[("a", ChannelKind::Append)]))
+            .unwrap();
+        assert_eq!(
+            report.ignored_files,
+            [RETAINED_FILE, "b.snapshot", SESSIONS_FILE]
+        );
+        let mut o = options(&[("a", ChannelKind::Append)]);
+        o.sessions = true;
+        let err = provider().load_snapshot_dir(dir.path(), &o).unwrap_err();
+        // The damaged file, and the log it has lost (there is none here).
+        assert_eq!(err.problems.len(), 2, "{err}");
+        assert_eq!(err.problems[0].path, dir.path().join(SESSIONS_FILE));
+        assert!(err.problems[1].detail.contains("has no saguin.broadcast"));
+    }
+
+    #[test]
+    fn a_directory_that_is_a_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("snapshots");
+        fs::write(&file, b"x").unwrap();
+        let err = provider()
+            .load_snapshot_dir(&file, &options(&[]))
+            .unwrap_err();
+        assert_eq!(err.problems[0].path, file);
+        assert!(
+            err.problems[0].detail.contains("not a snapshot directory"),
+            "{err}"
+        );
     }
 }

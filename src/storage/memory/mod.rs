@@ -247,7 +247,15 @@ impl MemoryProvider {
             ChannelKind::Queue => {
                 let dlq_name = dead_letter_name(name);
                 let dlq = match map.get(&dlq_name) {
-                    Some(MemChannel::Append(a)) => a.clone(),
+                    Some(MemChannel::Append(a)) if a.is_dead_letter() => a.clone(),
+                    Some(MemChannel::Append(_)) => {
+                        return Err(StorageError::Invalid {
+                            what: format!("queue {name}"),
+                            detail: format!(
+                                "{dlq_name} is already an append channel of its own; a queue's dead-letter channel is kept with its queue"
+                            ),
+                        })
+                    }
                     Some(other) => {
                         return Err(StorageError::KindMismatch {
                             channel: dlq_name,
@@ -351,4 +359,142 @@ pub(crate) fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 
 pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use saguin_format::model::Record;
+
+    use super::*;
+    use crate::storage::contract::HeldPublish;
+
+    fn bounded(max: u64, reserve: u64) -> Arc<MemoryProvider> {
+        MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: Some(max),
+            reserve,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_bound_below_twice_the_reserve_is_refused_naming_both() {
+        let e = MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: Some(100),
+            reserve: 60,
+        })
+        .err()
+        .unwrap();
+        let text = e.to_string();
+        assert!(text.contains("100") && text.contains("60"), "{text}");
+    }
+
+    #[test]
+    fn channels_share_one_counter_and_removal_gives_bytes_back() {
+        let p = bounded(100, 20);
+        let a = p.open_channel("a", ChannelKind::Append).unwrap();
+        let b = p.open_channel("b", ChannelKind::Latest).unwrap();
+        let a = a.as_append().unwrap();
+        let b = b.as_latest().unwrap();
+        a.append(Record::new("a", vec![0; 39])).unwrap(); // 40 bytes
+        b.set(Record::new("b", vec![0; 39])).unwrap(); // 40 bytes
+        assert_eq!(p.bytes(), 80);
+        let e = a.append(Record::new("a", vec![0; 0])).unwrap_err();
+        assert!(e.is_full() && e.mqtt_reason_code() == 0x97, "{e}");
+        // Replacing a value charges only the difference.
+        b.set(Record::new("b", vec![0; 9])).unwrap();
+        assert_eq!(p.bytes(), 50);
+        a.trim(a.next(), None).unwrap();
+        assert_eq!(p.bytes(), 10);
+        assert_eq!(a.bytes(), 0);
+    }
+
+    #[test]
+    fn relief_goes_into_the_reserve_and_publishes_do_not() {
+        let p = bounded(1000, 400);
+        let q = p.open_channel("jobs", ChannelKind::Queue).unwrap();
+        let q = q.as_queue().unwrap();
+        q.set_max_attempts(1);
+        q.enqueue(Record::new("jobs", vec![0; 550])).unwrap(); // 554 bytes
+        assert!(q.enqueue(Record::new("jobs", vec![0; 50])).is_err());
+        let lease = q.lease(1, "w", 10, 1).unwrap();
+        // The dead-letter move adds headers: it is charged, never refused,
+        // and lands in the reserve, inside the operator's figure.
+        let moved = q
+            .release(lease.delivery_id, lease.epoch, 2, "nack")
+            .unwrap();
+        assert!(matches!(
+            moved,
+            crate::storage::contract::Released::DeadLettered { .. }
+        ));
+        assert!(p.bytes() > 600 && p.bytes() <= 1000, "{}", p.bytes());
+        assert_eq!(q.depth(), 0);
+    }
+
+    #[test]
+    fn a_closed_provider_refuses_writes() {
+        let p = bounded(1000, 10);
+        let a = p.open_channel("a", ChannelKind::Append).unwrap();
+        p.close().unwrap();
+        let e = a
+            .as_append()
+            .unwrap()
+            .append(Record::new("a", "x"))
+            .unwrap_err();
+        assert!(matches!(e, StorageError::Closed { .. }), "{e}");
+        assert!(p.open_channel("b", ChannelKind::Append).is_err());
+        let mut rec = Record::new("a", "x");
+        rec.qos = 2;
+        let hold = HeldPublish {
+            channel: "a".into(),
+            client_id: "c".into(),
+            packet_id: 1,
+            held_at: 1,
+            record: rec,
+        };
+        assert!(p.held_publishes().unwrap().hold(hold).is_err());
+    }
+
+    #[test]
+    fn removed_records_stop_being_reachable() {
+        let p = bounded(10_000, 10);
+        let a = p.open_channel("a", ChannelKind::Append).unwrap();
+        let a = a.as_append().unwrap();
+        let payload = bytes::Bytes::from(vec![1u8; 100]);
+        for _ in 0..10 {
+            a.append(Record::new("a", payload.clone())).unwrap();
+        }
+        assert_eq!(payload.len(), 100);
+        a.trim(11, None).unwrap();
+        // Every stored copy was cleared as it was removed: only the test's
+        // own handle on the bytes is left.
+        let copy = payload.clone();
+        drop(payload);
+        assert!(copy.is_unique(), "a removed record is still held");
+    }
+
+    #[test]
+    fn two_channels_racing_for_the_last_room_are_not_both_told_yes() {
+        // Room for exactly 100 records of 10 bytes below the reserve.
+        let p = bounded(1000 + 100, 100);
+        let stores: Vec<_> = ["a", "b"]
+            .iter()
+            .map(|n| p.open_channel(n, ChannelKind::Append).unwrap())
+            .collect();
+        let threads: Vec<_> = stores
+            .into_iter()
+            .map(|s| {
+                std::thread::spawn(move || {
+                    let a = s.as_append().unwrap();
+                    (0..100)
+                        .filter(|_| a.append(Record::new("x", vec![0; 9])).is_ok())
+                        .count()
+                })
+            })
+            .collect();
+        let stored: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(stored, 100);
+        assert_eq!(p.bytes(), 1000);
+    }
 }

@@ -299,6 +299,16 @@ impl MemoryHeld {
             .collect()
     }
 
+    /// Runs `copy` with every hold in hand and the holds' lock held, so no
+    /// release can move a record between the holds and its channel while
+    /// the two are copied: a release takes this lock before the channel's,
+    /// and so does the copy.
+    pub fn with_holds<T>(&self, copy: impl FnOnce(&[HeldPublish]) -> T) -> T {
+        let map = lock(&self.held);
+        let holds: Vec<HeldPublish> = map.values().cloned().collect();
+        copy(&holds)
+    }
+
     fn write_released(&self, channel: &str, mut record: Record) -> Result<Record> {
         record.offset = 0;
         if channel == BROADCAST_LOG_NAME {
@@ -391,5 +401,134 @@ impl HeldPublishStore for MemoryHeld {
 
     fn held(&self) -> Result<Vec<HeldPublish>> {
         Ok(lock(&self.held).values().cloned().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::contract::Provider;
+    use crate::storage::memory::MemoryConfig;
+    use saguin_format::model::ChannelKind;
+
+    fn provider() -> Arc<MemoryProvider> {
+        MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_broadcast_log_lets_go_from_the_middle_and_never_reuses_an_offset() {
+        let p = provider();
+        let log = p.broadcast_log().unwrap();
+        for i in 0..6 {
+            log.append(Record::new("b", format!("{i}"))).unwrap();
+        }
+        let freed = log.release(&[2, 4, 4, 99]).unwrap();
+        assert_eq!(freed.records, 2);
+        let offsets: Vec<u64> = log
+            .read_from_n(1, 10)
+            .unwrap()
+            .iter()
+            .map(|r| r.offset)
+            .collect();
+        assert_eq!(offsets, [1, 3, 5, 6]);
+        log.release(&[1, 3]).unwrap();
+        assert_eq!(log.floor(), 5, "the floor is the lowest offset still held");
+        assert_eq!(log.read_from_n(1, 10).unwrap()[0].offset, 5);
+        log.release(&[5, 6]).unwrap();
+        assert_eq!((log.floor(), log.next(), log.bytes()), (7, 7, 0));
+        assert_eq!(log.append(Record::new("b", "x")).unwrap().offset, 7);
+        assert!(
+            log.save_cursor("c", 9).is_err(),
+            "a cursor never leads the log"
+        );
+    }
+
+    #[test]
+    fn ending_a_session_takes_its_cursor() {
+        let p = provider();
+        let sessions = p.sessions().unwrap();
+        let log = p.broadcast_log().unwrap();
+        sessions
+            .save(SessionEntry {
+                client_id: "c".into(),
+                principal: None,
+                expiry_interval: 10,
+                detached_at: 0,
+                subscriptions: Vec::new(),
+                will: None,
+                window: 10,
+                inflight: Vec::new(),
+            })
+            .unwrap();
+        log.save_cursor("c", 1).unwrap();
+        assert!(sessions.remove("c").unwrap());
+        assert_eq!(log.cursor("c").unwrap(), None);
+    }
+
+    #[test]
+    fn a_release_writes_the_record_once_at_the_next_offset() {
+        let p = provider();
+        let latest = p.open_channel("l", ChannelKind::Latest).unwrap();
+        let latest = latest.as_latest().unwrap();
+        let log = p.open_channel("a", ChannelKind::Append).unwrap();
+        let log = log.as_append().unwrap();
+        log.append(Record::new("a", "first")).unwrap();
+        let held = p.held_publishes().unwrap();
+        for (channel, topic) in [("a", "a/x"), ("l", "l/x")] {
+            let mut r = Record::new(topic, "q2");
+            r.qos = 2;
+            r.offset = 42; // ignored: a hold carries no offset
+            held.hold(HeldPublish {
+                channel: channel.into(),
+                client_id: "c".into(),
+                packet_id: 3,
+                held_at: 1,
+                record: r,
+            })
+            .unwrap();
+        }
+        assert_eq!(held.held().unwrap()[0].record.offset, 0);
+        let bytes_held = p.bytes();
+        assert_eq!(held.release("a", "c", 3).unwrap().unwrap().offset, 2);
+        assert_eq!(held.release("l", "c", 3).unwrap().unwrap().offset, 1);
+        assert_eq!(
+            p.bytes(),
+            bytes_held,
+            "the hold's bytes moved to the channel"
+        );
+        assert_eq!(latest.get("l/x").unwrap().unwrap().payload, "q2");
+        assert!(held.release("a", "c", 3).unwrap().is_none());
+        assert_eq!(log.next(), 3);
+        let mut r = Record::new("x", "q2");
+        r.qos = 2;
+        held.hold(HeldPublish {
+            channel: "missing".into(),
+            client_id: "c".into(),
+            packet_id: 1,
+            held_at: 1,
+            record: r,
+        })
+        .unwrap();
+        assert!(held.release("missing", "c", 1).is_err());
+        assert_eq!(
+            held.held().unwrap().len(),
+            1,
+            "a failed release keeps the hold"
+        );
+    }
+
+    #[test]
+    fn the_retained_store_keeps_no_deletion_markers() {
+        let p = provider();
+        let retained = p.retained().unwrap();
+        retained.set(Record::new("r/1", "v")).unwrap();
+        retained.delete("r/1").unwrap();
+        assert_eq!(retained.bytes(), 0);
+        assert!(retained.match_with_deletions("#", 1).unwrap().is_empty());
     }
 }

@@ -40,12 +40,16 @@ pub(crate) struct SlotLog {
 }
 
 /// What a front removal took.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default)]
 pub(crate) struct FrontRemoval {
     pub records: u64,
     pub bytes: u64,
     /// The offset after the last record removed, when any was.
     pub past_last: Option<u64>,
+    /// The removed records' last handles, already out of the log: the
+    /// caller drops them once it has let go of the channel's lock, so
+    /// freeing a large removal does not stall a publisher.
+    pub released: Vec<Arc<Record>>,
 }
 
 impl SlotLog {
@@ -162,7 +166,9 @@ impl SlotLog {
                     }
                     let size = record.accounted_size();
                     out.past_last = Some(slot.offset + 1);
-                    slot.record = None;
+                    if let Some(r) = slot.record.take() {
+                        out.released.push(r);
+                    }
                     self.head += 1;
                     self.live -= 1;
                     self.bytes = self.bytes.saturating_sub(size);

@@ -1,0 +1,641 @@
+//! One client connection: the reader (bounded frame decoder → protocol
+//! adapter → broker event queue) and the writer (bounded outbound queue →
+//! encoder → batched socket writes). TCP and TLS go through the same code:
+//! anything `AsyncRead + AsyncWrite`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::time::Instant;
+
+use super::codec::{
+    self, AckProperties, ByteStr, ConnAck, ConnAckProperties, Connect, DecodeError, Disconnect,
+    DisconnectProperties, FrameDecoder, Packet, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
+    SubAck, UnsubAck,
+};
+use super::metrics::{CloseReason, Metrics};
+use super::state::{
+    reason, ConnectRequest, ConnectionHandle, Event, Inbound, InboundPublish, Outbound, WillRequest,
+};
+use super::topic::SubOptions;
+use crate::config::auth::PasswordFile;
+
+/// What every connection needs to know, shared.
+#[derive(Debug)]
+pub struct ConnectionContext {
+    /// The largest packet accepted (announced as Maximum Packet Size).
+    pub max_packet_size: u32,
+    /// Topic aliases a client may set (announced as Topic Alias Maximum).
+    pub topic_alias_maximum: u16,
+    pub allow_anonymous: bool,
+    pub passwords: Option<Arc<PasswordFile>>,
+    pub metrics: Arc<Metrics>,
+    /// Capacity of each connection's outbound queue; when full the client
+    /// is a slow consumer and is disconnected.
+    pub outbound_queue: usize,
+}
+
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 16 * 1024;
+/// Packets taken from the outbound queue per socket write.
+const WRITE_BATCH: usize = 256;
+/// How long a closing connection waits for its writer to flush.
+const WRITER_GRACE: Duration = Duration::from_secs(5);
+
+enum ReadFailure {
+    Io,
+    Eof,
+    Decode(DecodeError),
+}
+
+/// Read until one packet is decoded.
+async fn read_packet<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    decoder: &mut FrameDecoder,
+    metrics: &Metrics,
+) -> Result<Packet, ReadFailure> {
+    loop {
+        match decoder.decode(buf) {
+            Ok(Some(packet)) => return Ok(packet),
+            Ok(None) => {}
+            Err(err) => return Err(ReadFailure::Decode(err)),
+        }
+        buf.reserve(READ_CHUNK);
+        match rd.read_buf(buf).await {
+            Ok(0) => return Err(ReadFailure::Eof),
+            Ok(n) => {
+                metrics.bytes_received.fetch_add(n as u64, Relaxed);
+            }
+            Err(_) => return Err(ReadFailure::Io),
+        }
+    }
+}
+
+/// Serve one transport from its first byte to its close.
+pub async fn serve<S>(
+    stream: S,
+    peer: SocketAddr,
+    id: u64,
+    deadline: Instant,
+    events: mpsc::Sender<Event>,
+    context: Arc<ConnectionContext>,
+    mut shutdown: broadcast::Receiver<()>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let metrics = context.metrics.clone();
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let mut buf = BytesMut::with_capacity(4096);
+    let mut decoder = FrameDecoder::server(context.max_packet_size);
+
+    let first = tokio::select! {
+        _ = shutdown.recv() => return,
+        first = tokio::time::timeout_at(deadline, read_packet(&mut rd, &mut buf, &mut decoder, &metrics)) => first,
+    };
+    let connect = match first {
+        Ok(Ok(Packet::Connect(connect))) => connect,
+        Ok(Ok(other)) => {
+            metrics.disconnected(CloseReason::Protocol);
+            tracing::info!(peer = %peer, packet = %other.packet_type(), "connection closed: first packet is not CONNECT");
+            return;
+        }
+        Ok(Err(ReadFailure::Decode(err))) => {
+            if err.reason_code() == ReasonCode::UnsupportedProtocolVersion {
+                // The client may speak an older version: answer in 3.1.1's
+                // CONNACK layout, which every version can read.
+                let ack = connack(
+                    ReasonCode::UnsupportedProtocolVersion,
+                    false,
+                    ConnAckProperties::default(),
+                );
+                write_once(&mut wr, &ack, ProtocolVersion::V311, &metrics).await;
+            }
+            metrics.disconnected(CloseReason::Malformed);
+            tracing::info!(peer = %peer, error = %err, "connection closed: bad CONNECT");
+            return;
+        }
+        Ok(Err(_)) => {
+            metrics.disconnected(CloseReason::Handshake);
+            return;
+        }
+        Err(_) => {
+            metrics.disconnected(CloseReason::Handshake);
+            tracing::info!(peer = %peer, "connection closed: no CONNECT before the handshake timeout");
+            return;
+        }
+    };
+    let version = connect.protocol;
+
+    let principal = match authenticate(&context, &connect).await {
+        Ok(principal) => principal,
+        Err(code) => {
+            metrics.disconnected(CloseReason::ConnectRefused);
+            tracing::info!(peer = %peer, client_id = %connect.client_id, reason = %format!("0x{:02X}", code.as_u8()), "connection refused");
+            write_once(
+                &mut wr,
+                &connack(code, false, ConnAckProperties::default()),
+                version,
+                &metrics,
+            )
+            .await;
+            return;
+        }
+    };
+
+    let request = connect_request(&connect, principal);
+    let client_max = request
+        .maximum_packet_size
+        .unwrap_or(codec::PROTOCOL_MAX_PACKET_SIZE);
+    let (outbound_tx, outbound_rx) = mpsc::channel(context.outbound_queue.max(16));
+    let (kill_tx, mut kill_rx) = watch::channel(false);
+    let writer = tokio::spawn(writer(
+        wr,
+        outbound_rx,
+        kill_tx.clone(),
+        kill_tx.subscribe(),
+        version,
+        client_max,
+        metrics.clone(),
+    ));
+    let handle = ConnectionHandle {
+        outbound: outbound_tx,
+        kill: kill_tx,
+    };
+    let client_id = connect.client_id.clone();
+    tracing::debug!(peer = %peer, client_id = %client_id, protocol = %version, "connected");
+    if events
+        .send(Event::Connect {
+            connection: id,
+            request: Box::new(request),
+            handle,
+        })
+        .await
+        .is_err()
+    {
+        writer.abort();
+        return;
+    }
+
+    let keep_alive = (connect.keep_alive > 0)
+        .then(|| Duration::from_millis(u64::from(connect.keep_alive) * 1500));
+    let mut aliases: Vec<Option<ByteStr>> =
+        vec![None; usize::from(context.topic_alias_maximum) + 1];
+    let (close_reason, close_code, detail) = 'read: loop {
+        let mut batch = Vec::new();
+        let mut fatal = None;
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(packet)) => match adapt(packet, &mut aliases) {
+                    Ok(Some(inbound)) => batch.push(inbound),
+                    Ok(None) => {}
+                    Err(code) => {
+                        fatal = Some((CloseReason::Protocol, Some(code), String::new()));
+                        break;
+                    }
+                },
+                Ok(None) => break,
+                Err(err) => {
+                    let code = err.reason_code();
+                    let reason = match code {
+                        ReasonCode::PacketTooLarge => CloseReason::PacketTooLarge,
+                        ReasonCode::MalformedPacket => CloseReason::Malformed,
+                        _ => CloseReason::Protocol,
+                    };
+                    fatal = Some((reason, Some(code.as_u8()), err.to_string()));
+                    break;
+                }
+            }
+        }
+        if !batch.is_empty()
+            && events
+                .send(Event::Packets {
+                    connection: id,
+                    packets: batch,
+                })
+                .await
+                .is_err()
+        {
+            break 'read (CloseReason::Shutdown, None, String::new());
+        }
+        if let Some(fatal) = fatal {
+            break 'read fatal;
+        }
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(READ_CHUNK);
+        }
+        let read = async {
+            match keep_alive {
+                Some(limit) => tokio::time::timeout(limit, rd.read_buf(&mut buf)).await,
+                None => Ok(rd.read_buf(&mut buf).await),
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = kill_rx.changed() => break 'read (CloseReason::Network, None, String::new()),
+            read = read => match read {
+                Ok(Ok(0)) => break 'read (CloseReason::Network, None, "closed by peer".into()),
+                Ok(Ok(n)) => {
+                    metrics.bytes_received.fetch_add(n as u64, Relaxed);
+                }
+                Ok(Err(err)) => break 'read (CloseReason::Network, None, err.to_string()),
+                Err(_) => break 'read (CloseReason::KeepAlive, Some(ReasonCode::KeepAliveTimeout.as_u8()), String::new()),
+            },
+        }
+    };
+    if !matches!(close_reason, CloseReason::Network) || !detail.is_empty() {
+        tracing::debug!(peer = %peer, client_id = %client_id, reason = close_reason.label(), detail = %detail, "connection closing");
+    }
+    if matches!(
+        close_reason,
+        CloseReason::Malformed | CloseReason::Protocol | CloseReason::PacketTooLarge
+    ) {
+        tracing::info!(peer = %peer, client_id = %client_id, reason = close_reason.label(), error = %detail, "connection closed");
+    }
+    let _ = events
+        .send(Event::Closed {
+            connection: id,
+            reason: close_reason,
+            disconnect_reason: close_code,
+        })
+        .await;
+    // The state drops the outbound queue's sender; the writer flushes what
+    // is queued (a DISCONNECT with the reason, say) and ends.
+    let mut writer = writer;
+    if tokio::time::timeout(WRITER_GRACE, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
+}
+
+fn connack(reason: ReasonCode, session_present: bool, properties: ConnAckProperties) -> Packet {
+    Packet::ConnAck(ConnAck {
+        session_present,
+        reason,
+        properties,
+    })
+}
+
+async fn write_once<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    packet: &Packet,
+    version: ProtocolVersion,
+    metrics: &Metrics,
+) {
+    let mut buf = BytesMut::new();
+    if codec::encode(packet, version, &mut buf).is_ok() {
+        metrics.bytes_sent.fetch_add(buf.len() as u64, Relaxed);
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            wr.write_all(&buf).await?;
+            wr.shutdown().await
+        })
+        .await;
+    }
+}
+
+/// Who the client is: `Ok(None)` anonymous, `Ok(Some(user))` authenticated,
+/// `Err(reason)` refused. Passwords are compared, never logged.
+async fn authenticate(
+    context: &ConnectionContext,
+    connect: &Connect,
+) -> Result<Option<Arc<str>>, ReasonCode> {
+    if connect.properties.authentication_method.is_some() {
+        return Err(ReasonCode::BadAuthenticationMethod);
+    }
+    match &connect.username {
+        None => {
+            if context.allow_anonymous {
+                Ok(None)
+            } else {
+                Err(ReasonCode::NotAuthorized)
+            }
+        }
+        Some(user) => match &context.passwords {
+            Some(passwords) => {
+                // PBKDF2 costs what the file's iteration count says: keep it
+                // off the runtime's worker threads.
+                let passwords = passwords.clone();
+                let (name, password) = (user.clone(), connect.password.clone().unwrap_or_default());
+                let ok = tokio::task::spawn_blocking(move || passwords.check(&name, &password))
+                    .await
+                    .unwrap_or(false);
+                if ok {
+                    Ok(Some(user.as_str().into()))
+                } else {
+                    Err(ReasonCode::BadUserNameOrPassword)
+                }
+            }
+            // Without a password file a user name is only a label, and only
+            // where anonymous clients are welcome anyway.
+            None if context.allow_anonymous => Ok(Some(user.as_str().into())),
+            None => Err(ReasonCode::BadUserNameOrPassword),
+        },
+    }
+}
+
+fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectRequest {
+    let v5 = connect.protocol == ProtocolVersion::V5;
+    let props = &connect.properties;
+    let will = connect.will.as_ref().map(|will| {
+        let p = &will.properties;
+        WillRequest {
+            topic: will.topic.clone(),
+            payload: will.payload.clone(),
+            qos: will.qos.as_u8(),
+            retain: will.retain,
+            properties: codec::PublishProperties {
+                payload_format_indicator: p.payload_format_indicator,
+                message_expiry_interval: p.message_expiry_interval,
+                topic_alias: None,
+                response_topic: p.response_topic.clone().map(ByteStr::from),
+                correlation_data: p.correlation_data.clone(),
+                user_properties: p.user_properties.clone(),
+                subscription_identifiers: Vec::new(),
+                content_type: p.content_type.clone().map(ByteStr::from),
+            },
+            delay: p.will_delay_interval.unwrap_or(0),
+        }
+    });
+    ConnectRequest {
+        v5,
+        client_id: connect.client_id.clone(),
+        clean_start: connect.clean_start,
+        keep_alive: connect.keep_alive,
+        principal,
+        will,
+        session_expiry: if v5 {
+            props.session_expiry_interval.unwrap_or(0)
+        } else {
+            0
+        },
+        receive_maximum: props.receive_maximum.unwrap_or(u16::MAX),
+        maximum_packet_size: props.maximum_packet_size,
+    }
+}
+
+/// The protocol adapter: a decoded packet into what the state needs, with
+/// topic aliases resolved. `Err(reason)` closes the connection.
+fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbound>, u8> {
+    Ok(Some(match packet {
+        Packet::Publish(publish) => {
+            let Publish {
+                dup,
+                qos,
+                retain,
+                mut topic,
+                packet_id,
+                mut properties,
+                payload,
+            } = publish;
+            if let Some(alias) = properties.topic_alias.take() {
+                let slot = aliases
+                    .get_mut(usize::from(alias))
+                    .filter(|_| alias != 0)
+                    .ok_or(reason::TOPIC_ALIAS_INVALID)?;
+                if topic.is_empty() {
+                    topic = slot.clone().ok_or(reason::PROTOCOL_ERROR)?;
+                } else {
+                    *slot = Some(topic.clone());
+                }
+            }
+            if topic.is_empty() {
+                return Err(reason::PROTOCOL_ERROR);
+            }
+            properties.subscription_identifiers.clear();
+            Inbound::Publish(InboundPublish {
+                packet_id,
+                qos: qos.as_u8(),
+                retain,
+                dup,
+                topic,
+                payload,
+                properties,
+            })
+        }
+        Packet::PubAck(ack) => Inbound::PubAck {
+            packet_id: ack.packet_id,
+            reason: ack.reason.as_u8(),
+        },
+        Packet::PubRec(ack) => Inbound::PubRec {
+            packet_id: ack.packet_id,
+            reason: ack.reason.as_u8(),
+        },
+        Packet::PubRel(ack) => Inbound::PubRel {
+            packet_id: ack.packet_id,
+        },
+        Packet::PubComp(ack) => Inbound::PubComp {
+            packet_id: ack.packet_id,
+        },
+        Packet::Subscribe(subscribe) => Inbound::Subscribe {
+            packet_id: subscribe.packet_id,
+            subscription_id: subscribe.properties.subscription_identifier,
+            filters: subscribe
+                .filters
+                .into_iter()
+                .map(|f| {
+                    (
+                        f.filter,
+                        SubOptions {
+                            qos: f.options.qos.as_u8(),
+                            no_local: f.options.no_local,
+                            retain_as_published: f.options.retain_as_published,
+                            retain_handling: f.options.retain_handling as u8,
+                            subscription_id: None,
+                        },
+                    )
+                })
+                .collect(),
+        },
+        Packet::Unsubscribe(unsubscribe) => Inbound::Unsubscribe {
+            packet_id: unsubscribe.packet_id,
+            filters: unsubscribe.filters,
+        },
+        Packet::PingReq => Inbound::PingReq,
+        Packet::Disconnect(disconnect) => Inbound::Disconnect {
+            reason: disconnect.reason.as_u8(),
+            session_expiry: disconnect.properties.session_expiry_interval,
+        },
+        // Enhanced authentication is not offered, so AUTH is out of place;
+        // so is a second CONNECT or anything only a server sends.
+        _ => return Err(reason::PROTOCOL_ERROR),
+    }))
+}
+
+fn reason_code(code: u8) -> ReasonCode {
+    ReasonCode::from_u8(code).unwrap_or(ReasonCode::UnspecifiedError)
+}
+
+fn qos(value: u8) -> QoS {
+    QoS::from_u8(value).unwrap_or(QoS::AtMostOnce)
+}
+
+fn ack(packet_id: u16, code: u8) -> PubAck {
+    PubAck {
+        packet_id,
+        reason: reason_code(code),
+        properties: AckProperties::default(),
+    }
+}
+
+/// The packet for an outbound item; `None` for a 3.1.1 DISCONNECT.
+fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
+    Some(match out {
+        Outbound::ConnAck {
+            session_present,
+            reason: code,
+            assigned_client_id,
+            session_expiry,
+            receive_maximum,
+            maximum_packet_size,
+            topic_alias_maximum,
+        } => {
+            let properties = if code == reason::SUCCESS {
+                ConnAckProperties {
+                    session_expiry_interval: session_expiry,
+                    receive_maximum: Some(receive_maximum),
+                    maximum_packet_size: Some(maximum_packet_size),
+                    assigned_client_identifier: assigned_client_id.map(|id| id.to_string()),
+                    topic_alias_maximum: Some(topic_alias_maximum),
+                    ..ConnAckProperties::default()
+                }
+            } else {
+                ConnAckProperties::default()
+            };
+            connack(reason_code(code), session_present, properties)
+        }
+        Outbound::Publish {
+            packet_id,
+            qos: q,
+            retain,
+            dup,
+            message,
+            subscription_ids,
+            expiry,
+            sys: _,
+        } => {
+            let mut properties = message.properties.clone();
+            properties.message_expiry_interval = expiry;
+            properties.subscription_identifiers = subscription_ids;
+            Packet::Publish(Publish {
+                dup,
+                qos: qos(q),
+                retain,
+                topic: message.topic.clone(),
+                packet_id,
+                properties,
+                payload: message.payload.clone(),
+            })
+        }
+        Outbound::PubAck { packet_id, reason } => Packet::PubAck(ack(packet_id, reason)),
+        Outbound::PubRec { packet_id, reason } => Packet::PubRec(ack(packet_id, reason)),
+        Outbound::PubRel { packet_id, reason } => Packet::PubRel(ack(packet_id, reason)),
+        Outbound::PubComp { packet_id, reason } => Packet::PubComp(ack(packet_id, reason)),
+        Outbound::SubAck { packet_id, reasons } => Packet::SubAck(SubAck {
+            packet_id,
+            reasons: reasons.into_iter().map(reason_code).collect(),
+            properties: AckProperties::default(),
+        }),
+        Outbound::UnsubAck { packet_id, reasons } => Packet::UnsubAck(UnsubAck {
+            packet_id,
+            reasons: reasons.into_iter().map(reason_code).collect(),
+            properties: AckProperties::default(),
+        }),
+        Outbound::PingResp => Packet::PingResp,
+        Outbound::Disconnect {
+            reason,
+            reason_string,
+        } => {
+            if !v5 {
+                return None;
+            }
+            Packet::Disconnect(Disconnect {
+                reason: reason_code(reason),
+                properties: DisconnectProperties {
+                    reason_string: reason_string.map(str::to_owned),
+                    ..DisconnectProperties::default()
+                },
+            })
+        }
+    })
+}
+
+/// The writer: drains the outbound queue in batches, encodes, and writes
+/// each batch with one `write_all`. Ends when the state drops the queue's
+/// sender, after a DISCONNECT, on a write error or when killed; then closes
+/// the transport and tells the reader.
+async fn writer<W: AsyncWrite + Unpin>(
+    mut wr: W,
+    mut rx: mpsc::Receiver<Outbound>,
+    kill_tx: watch::Sender<bool>,
+    mut kill_rx: watch::Receiver<bool>,
+    version: ProtocolVersion,
+    client_max: u32,
+    metrics: Arc<Metrics>,
+) {
+    let v5 = version == ProtocolVersion::V5;
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    let mut killed = false;
+    'run: loop {
+        let received = tokio::select! {
+            biased;
+            _ = kill_rx.changed() => { killed = true; break 'run }
+            n = rx.recv_many(&mut batch, WRITE_BATCH) => n,
+        };
+        if received == 0 {
+            break;
+        }
+        let mut finished = false;
+        let mut publishes = 0u64;
+        for out in batch.drain(..) {
+            if finished {
+                continue;
+            }
+            let counted = matches!(out, Outbound::Publish { sys: false, .. });
+            if matches!(out, Outbound::Disconnect { .. }) {
+                finished = true;
+            }
+            let Some(packet) = to_packet(out, v5) else {
+                continue;
+            };
+            // Too large for the client: the state has already accounted for
+            // that, so this only guards against the estimate being off.
+            if codec::encode_within(&packet, version, client_max, &mut buf).is_ok() && counted {
+                publishes += 1;
+            }
+        }
+        let write = wr.write_all(&buf);
+        let written = tokio::select! {
+            biased;
+            _ = kill_rx.changed() => { killed = true; break 'run }
+            written = write => written,
+        };
+        if written.is_err() {
+            break;
+        }
+        metrics.bytes_sent.fetch_add(buf.len() as u64, Relaxed);
+        metrics.messages_sent.fetch_add(publishes, Relaxed);
+        buf.clear();
+        if buf.capacity() > 1024 * 1024 {
+            buf = BytesMut::with_capacity(16 * 1024);
+        }
+        if finished {
+            break;
+        }
+    }
+    if !killed {
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            let _ = wr.flush().await;
+            let _ = wr.shutdown().await;
+        })
+        .await;
+    }
+    let _ = kill_tx.send(true);
+}

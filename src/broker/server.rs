@@ -1,0 +1,481 @@
+//! The server: listeners, the connection cap, the broker task and shutdown.
+//!
+//! Shape (mini-redis): `run(listeners, shutdown)`; each accept loop takes a
+//! semaphore permit *before* accepting, so at most `max_connections`
+//! transports exist; one task per connection; on shutdown the listeners stop,
+//! the broker state says goodbye to every client, and `run` waits for every
+//! connection task to drain (bounded) before returning.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{broadcast, mpsc, Semaphore};
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+
+use super::connection::{self, ConnectionContext};
+use super::metrics::{CloseReason, Metrics};
+use super::state::{BrokerState, Event, SYS_INTERVAL};
+
+/// How many events the broker queue holds before readers wait (backpressure:
+/// a decoded packet is never dropped, its reader just stops reading).
+pub const EVENT_QUEUE: usize = 1024;
+
+/// Metrics requests served at once.
+const METRICS_CONNECTIONS: usize = 16;
+
+/// How long shutdown waits for connections to finish writing their goodbyes.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One bound listener, ready to accept.
+pub struct BoundListener {
+    pub name: String,
+    pub listener: TcpListener,
+    pub tls: Option<TlsAcceptor>,
+    /// Time to finish the TLS handshake and send CONNECT.
+    pub handshake_timeout: Duration,
+}
+
+/// Everything `run` needs.
+pub struct Server {
+    pub listeners: Vec<BoundListener>,
+    pub metrics_listener: Option<TcpListener>,
+    pub state: BrokerState,
+    pub metrics: Arc<Metrics>,
+    pub max_connections: usize,
+    pub context: Arc<ConnectionContext>,
+}
+
+/// Errors that stop the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("listener {name}: cannot bind {bind}: {source}")]
+    Bind {
+        name: String,
+        bind: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Bind `bind` for listener `name`.
+pub async fn bind(name: &str, bind: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(bind)
+        .await
+        .map_err(|source| ServerError::Bind {
+            name: name.to_owned(),
+            bind,
+            source,
+        })
+}
+
+/// Serve until `shutdown` completes, then close every connection cleanly
+/// (no Wills, DISCONNECT 0x8B to MQTT 5 clients) and return.
+pub async fn run(server: Server, shutdown: impl Future<Output = ()>) {
+    let Server {
+        listeners,
+        metrics_listener,
+        state,
+        metrics,
+        max_connections,
+        context,
+    } = server;
+    let (notify_shutdown, _) = broadcast::channel::<()>(1);
+    // Every task holds a clone; when all are dropped, the drain is complete.
+    let (drain_tx, mut drain_rx) = mpsc::channel::<()>(1);
+    let (events_tx, events_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
+    let limit = Arc::new(Semaphore::new(max_connections.max(1)));
+    let generation = Arc::new(AtomicU64::new(1));
+
+    let broker = tokio::spawn(broker_task(state, events_rx, notify_shutdown.subscribe()));
+
+    for listener in listeners {
+        let acceptor = Acceptor {
+            listener,
+            limit: limit.clone(),
+            events: events_tx.clone(),
+            context: context.clone(),
+            metrics: metrics.clone(),
+            generation: generation.clone(),
+            shutdown: notify_shutdown.clone(),
+            drain: drain_tx.clone(),
+        };
+        tokio::spawn(acceptor.run(notify_shutdown.subscribe()));
+    }
+    if let Some(listener) = metrics_listener {
+        tokio::spawn(serve_metrics(
+            listener,
+            metrics.clone(),
+            notify_shutdown.subscribe(),
+        ));
+    }
+    drop(events_tx);
+    drop(drain_tx);
+
+    shutdown.await;
+    tracing::info!(
+        connections = metrics.connections.load(Relaxed),
+        "shutting down"
+    );
+    let _ = notify_shutdown.send(());
+    let _ = broker.await;
+    if tokio::time::timeout(DRAIN_TIMEOUT, drain_rx.recv())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the drain timeout; closing them");
+    }
+    tracing::info!("stopped");
+}
+
+/// The single writer: applies events to the state in arrival order.
+async fn broker_task(
+    mut state: BrokerState,
+    mut events: mpsc::Receiver<Event>,
+    mut shutdown: broadcast::Receiver<()>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sys = tokio::time::interval_at(Instant::now() + SYS_INTERVAL, SYS_INTERVAL);
+    sys.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut batch = Vec::with_capacity(64);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.recv() => break,
+            received = events.recv_many(&mut batch, 64) => {
+                if received == 0 {
+                    break;
+                }
+                let now = Instant::now();
+                for event in batch.drain(..) {
+                    state.handle(event, now);
+                }
+            }
+            _ = tick.tick() => state.tick(Instant::now()),
+            _ = sys.tick() => state.publish_sys(Instant::now()),
+        }
+    }
+    state.shutdown();
+    // Connect events still queued are answered with DISCONNECT 0x8B.
+    events.close();
+    while let Ok(event) = events.try_recv() {
+        state.handle(event, Instant::now());
+    }
+}
+
+struct Acceptor {
+    listener: BoundListener,
+    limit: Arc<Semaphore>,
+    events: mpsc::Sender<Event>,
+    context: Arc<ConnectionContext>,
+    metrics: Arc<Metrics>,
+    generation: Arc<AtomicU64>,
+    shutdown: broadcast::Sender<()>,
+    drain: mpsc::Sender<()>,
+}
+
+impl Acceptor {
+    async fn run(self, mut shutdown: broadcast::Receiver<()>) {
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            // The permit first: at the cap, stop accepting (the kernel's
+            // backlog holds newcomers) instead of accepting and dropping.
+            let permit = tokio::select! {
+                _ = shutdown.recv() => return,
+                permit = self.limit.clone().acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
+            let accepted = tokio::select! {
+                _ = shutdown.recv() => return,
+                accepted = self.listener.listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(pair) => {
+                    backoff = Duration::from_millis(10);
+                    pair
+                }
+                Err(err) => {
+                    // Out of descriptors and the like: say so and back off,
+                    // rather than spin.
+                    tracing::error!(listener = %self.listener.name, error = %err, backoff_ms = backoff.as_millis() as u64, "accept failed");
+                    drop(permit);
+                    tokio::select! {
+                        _ = shutdown.recv() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let id = self.generation.fetch_add(1, Relaxed);
+            let tls = self.listener.tls.clone();
+            let deadline = Instant::now() + self.listener.handshake_timeout;
+            let events = self.events.clone();
+            let context = self.context.clone();
+            let metrics = self.metrics.clone();
+            let shutdown_rx = self.shutdown.subscribe();
+            let drain = self.drain.clone();
+            let listener_name = self.listener.name.clone();
+            tokio::spawn(async move {
+                serve_transport(
+                    stream,
+                    peer,
+                    tls,
+                    deadline,
+                    id,
+                    events,
+                    context,
+                    metrics.clone(),
+                    shutdown_rx,
+                    &listener_name,
+                )
+                .await;
+                drop(permit);
+                drop(drain);
+            });
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve_transport(
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    deadline: Instant,
+    id: u64,
+    events: mpsc::Sender<Event>,
+    context: Arc<ConnectionContext>,
+    metrics: Arc<Metrics>,
+    shutdown: broadcast::Receiver<()>,
+    listener: &str,
+) {
+    match tls {
+        None => connection::serve(stream, peer, id, deadline, events, context, shutdown).await,
+        Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+            Ok(Ok(tls_stream)) => {
+                connection::serve(tls_stream, peer, id, deadline, events, context, shutdown).await
+            }
+            Ok(Err(err)) => {
+                metrics.disconnected(CloseReason::Handshake);
+                tracing::info!(listener, peer = %peer, error = %err, "TLS handshake failed");
+            }
+            Err(_) => {
+                metrics.disconnected(CloseReason::Handshake);
+                tracing::info!(listener, peer = %peer, "TLS handshake timed out");
+            }
+        },
+    }
+}
+
+/// A minimal HTTP/1.1 responder: `GET /metrics` gets the Prometheus text,
+/// anything else 404; one request per connection.
+async fn serve_metrics(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    mut shutdown: broadcast::Receiver<()>,
+) {
+    // A scrape endpoint needs few connections at once; a flood waits.
+    let limit = Arc::new(Semaphore::new(METRICS_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.recv() => return,
+            permit = limit.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let accepted = tokio::select! {
+            _ = shutdown.recv() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (mut stream, _) = match accepted {
+            Ok(pair) => pair,
+            Err(err) => {
+                tracing::error!(listener = "metrics", error = %err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut request = Vec::with_capacity(512);
+            let mut chunk = [0u8; 1024];
+            let read_head = async {
+                loop {
+                    let n = stream.read(&mut chunk).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    request.extend_from_slice(&chunk[..n]);
+                    if request.windows(4).any(|w| w == b"\r\n\r\n") || request.len() > 8192 {
+                        break;
+                    }
+                }
+                Ok::<_, std::io::Error>(())
+            };
+            if !matches!(
+                tokio::time::timeout(Duration::from_secs(5), read_head).await,
+                Ok(Ok(()))
+            ) {
+                return;
+            }
+            let line = request.split(|&b| b == b'\r').next().unwrap_or_default();
+            let mut parts = line.split(|&b| b == b' ');
+            let method = parts.next().unwrap_or_default();
+            let path = parts.next().unwrap_or_default();
+            let response = if method == b"GET"
+                && (path == b"/metrics" || path.starts_with(b"/metrics?"))
+            {
+                let body = metrics.render();
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                let body = "not found; metrics are at /metrics\n";
+                format!(
+                    "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            };
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+/// The ACL file as the state's [`Authorizer`](super::state::Authorizer).
+struct AclAuthorizer(Arc<crate::config::auth::AclFile>);
+
+impl super::state::Authorizer for AclAuthorizer {
+    fn is_active(&self) -> bool {
+        true
+    }
+    fn can_publish(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
+        self.0.allows(
+            principal,
+            client_id,
+            topic,
+            crate::config::auth::Access::Write,
+        )
+    }
+    fn can_subscribe(&self, principal: Option<&str>, client_id: &str, filter: &str) -> bool {
+        self.0.allows(
+            principal,
+            client_id,
+            filter,
+            crate::config::auth::Access::Read,
+        )
+    }
+    fn can_receive(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
+        self.0.allows(
+            principal,
+            client_id,
+            topic,
+            crate::config::auth::Access::Read,
+        )
+    }
+}
+
+/// The broker's limits from the configuration. The announced Maximum Packet
+/// Size is `max_message_size + max_header_bytes`: room for the largest
+/// payload and topic plus its properties and headers.
+pub fn limits_from(config: &crate::config::Config) -> super::state::Limits {
+    let l = &config.limits;
+    super::state::Limits {
+        max_session_expiry: u32::try_from(l.max_session_expiry.as_secs()).unwrap_or(u32::MAX),
+        receive_maximum: l.receive_maximum.max(1),
+        max_queued_messages: l.max_queued_messages as usize,
+        max_subscriptions_per_session: l.max_subscriptions_per_session as usize,
+        max_packet_size: u32::try_from(l.max_message_size.saturating_add(l.max_header_bytes))
+            .unwrap_or(u32::MAX)
+            .min(super::codec::PROTOCOL_MAX_PACKET_SIZE),
+        topic_alias_maximum: 64,
+        exactly_once_expires_after: config.broker.exactly_once.expires_after,
+    }
+}
+
+/// Bind every listener (and the metrics endpoint) of `config` and build the
+/// broker state, logging one `listening` line per listener with the address
+/// actually bound.
+pub async fn prepare(config: &crate::config::Config) -> Result<Server, ServerError> {
+    let metrics = Arc::new(Metrics::new());
+    let limits = limits_from(config);
+    let mut listeners = Vec::with_capacity(config.listeners.len());
+    for l in &config.listeners {
+        let listener = bind(&l.name, l.bind).await?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            name: l.name.clone(),
+            bind: l.bind,
+            source,
+        })?;
+        let tls = l
+            .tls
+            .as_ref()
+            .map(|t| TlsAcceptor::from(t.material.server_config.expose().clone()));
+        let transport = match &l.tls {
+            None => "tcp",
+            Some(t) if t.client_ca.is_some() => "mtls",
+            Some(_) => "tls",
+        };
+        tracing::info!(listener = %l.name, addr = %addr, transport, "listening");
+        listeners.push(BoundListener {
+            name: l.name.clone(),
+            listener,
+            tls,
+            handshake_timeout: l.handshake_timeout,
+        });
+    }
+    let metrics_listener = match config.metrics.bind {
+        Some(bind_addr) => {
+            let listener = bind("metrics", bind_addr).await?;
+            let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+                name: "metrics".into(),
+                bind: bind_addr,
+                source,
+            })?;
+            tracing::info!(listener = "metrics", addr = %addr, path = "/metrics", "listening");
+            Some(listener)
+        }
+        None => None,
+    };
+    let authorizer: Arc<dyn super::state::Authorizer> = match &config.auth.acl {
+        Some(acl) => Arc::new(AclAuthorizer(acl.clone())),
+        None => Arc::new(super::state::AllowAll),
+    };
+    let context = Arc::new(ConnectionContext {
+        max_packet_size: limits.max_packet_size,
+        topic_alias_maximum: limits.topic_alias_maximum,
+        allow_anonymous: config.auth.allow_anonymous,
+        passwords: config.auth.passwords.clone(),
+        metrics: metrics.clone(),
+        outbound_queue: limits
+            .max_queued_messages
+            .saturating_add(usize::from(limits.receive_maximum))
+            .max(1024),
+    });
+    let state = BrokerState::new(
+        limits,
+        metrics.clone(),
+        authorizer,
+        Box::new(super::retained::MemoryRetained::new()),
+    );
+    Ok(Server {
+        listeners,
+        metrics_listener,
+        state,
+        metrics,
+        max_connections: config.limits.max_connections as usize,
+        context,
+    })
+}

@@ -1,0 +1,386 @@
+//! `saguin sqlite backup`: an online, consistent, verified copy of a sqlite
+//! provider's database, taken while a broker writes to it (RFC 0004 "Backing
+//! up and restoring", "Reading it while the broker runs").
+//!
+//! cp is not a backup of a WAL database, and VACUUM INTO does not fsync its
+//! output (SAGUIN.md §6.8). This copy is SQLite's online backup, read from a
+//! read-only connection (never `immutable=1`, which would ignore the
+//! write-ahead log) that holds one read transaction for the whole copy, so
+//! every page comes from one moment while the broker goes on committing.
+//! Inside that same transaction the source's row counts are taken: they are
+//! the counts of exactly the moment copied.
+//!
+//! The copy goes to a temporary name in the destination's directory, created
+//! 0600. It is then proved - `PRAGMA integrity_check` answers `ok`, the
+//! schema version is 20, every table holds the rows the source held at that
+//! moment - fsynced, linked to its final name (which fails rather than
+//! replacing anything that appeared meanwhile), and the directory fsynced.
+//! Only then is success reported. Any failure removes the temporary file and
+//! leaves nothing at the destination.
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rusqlite::{ffi, Connection, OpenFlags};
+
+use super::sqlite::schema::TABLES;
+use super::sqlite::{self, SqliteOpenError, SCHEMA_VERSION};
+
+/// Pages copied per step: small enough for a smooth progress bar, large
+/// enough that the per-step cost vanishes.
+const PAGES_PER_STEP: i32 = 1024;
+/// How long a busy or locked step is retried before the backup gives up.
+const BUSY_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The sidecars SQLite may keep beside a database.
+const SIDECARS: [&str; 3] = ["-wal", "-shm", "-journal"];
+
+/// Why a backup was not taken. Nothing is left at the destination.
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    #[error("{}: {what}; a backup never writes over anything", path.display())]
+    DestinationExists { path: PathBuf, what: String },
+    #[error("{}: no such database", path.display())]
+    SourceMissing { path: PathBuf },
+    #[error(transparent)]
+    SourceOpen(#[from] SqliteOpenError),
+    #[error("{}: {context}: {source}", path.display())]
+    Sqlite {
+        path: PathBuf,
+        context: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("{}: {context}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        context: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The copy was made and does not prove itself; it was removed.
+    #[error("{}: the copy does not verify: {detail}; it was removed", path.display())]
+    Verify { path: PathBuf, detail: String },
+}
+
+impl BackupError {
+    /// True when the copy was made and failed its proof (the answer is "no")
+    /// rather than the work not being possible.
+    pub fn is_verification(&self) -> bool {
+        matches!(self, BackupError::Verify { .. })
+    }
+}
+
+/// What a backup copied and proved.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BackupReport {
+    pub source: PathBuf,
+    pub destination: PathBuf,
+    /// Every table with its rows, at the moment copied (equal in both).
+    pub tables: Vec<(String, u64)>,
+    pub rows: u64,
+    /// Pages times page size of the copy.
+    pub bytes: u64,
+    pub pages: u64,
+    pub schema_version: i64,
+    /// `ok`.
+    pub integrity_check: String,
+    #[serde(skip)]
+    pub elapsed: Duration,
+}
+
+impl BackupReport {
+    /// Megabytes (10^6 bytes) a second.
+    pub fn mb_per_s(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 {
+            self.bytes as f64 / 1e6 / secs
+        } else {
+            0.0
+        }
+    }
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+fn exists(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok()
+}
+
+/// Refuses a destination that exists, or whose `-wal`, `-shm` or `-journal`
+/// does: SQLite would read any of them as part of the copy.
+pub fn check_destination(dest: &Path) -> Result<(), BackupError> {
+    if exists(dest) {
+        return Err(BackupError::DestinationExists {
+            path: dest.to_path_buf(),
+            what: "exists".into(),
+        });
+    }
+    for suffix in SIDECARS {
+        let side = with_suffix(dest, suffix);
+        if exists(&side) {
+            return Err(BackupError::DestinationExists {
+                path: dest.to_path_buf(),
+                what: format!("{} exists beside it", side.display()),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn count_tables(conn: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
+    TABLES
+        .iter()
+        .map(|t| {
+            let n: i64 =
+                conn.query_row(&format!("SELECT count(*) FROM \"{t}\""), [], |r| r.get(0))?;
+            Ok(((*t).to_owned(), n.max(0) as u64))
+        })
+        .collect()
+}
+
+/// The temporary name in `dest`'s directory.
+fn temp_path(dest: &Path) -> PathBuf {
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "backup".into());
+    let tmp = format!(".{name}.{}.backup.tmp", std::process::id());
+    match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.join(tmp),
+        _ => PathBuf::from(tmp),
+    }
+}
+
+fn remove_with_sidecars(path: &Path) {
+    let _ = fs::remove_file(path);
+    for suffix in SIDECARS {
+        let _ = fs::remove_file(with_suffix(path, suffix));
+    }
+}
+
+/// SQLite's online backup between two open connections, stepping
+/// [`PAGES_PER_STEP`] pages at a time and telling `progress` (pages done,
+/// pages in all) after each step. A source that stays busy for longer than
+/// [`BUSY_PATIENCE`] fails the copy rather than hanging it.
+fn copy_pages(
+    source: &Connection,
+    dest: &mut Connection,
+    progress: &dyn Fn(u64, u64),
+) -> Result<u64, String> {
+    use rusqlite::backup::{Backup, StepResult};
+    let backup = Backup::new(source, dest).map_err(|e| e.to_string())?;
+    let mut busy_since: Option<Instant> = None;
+    loop {
+        let step = backup.step(PAGES_PER_STEP).map_err(|e| e.to_string())?;
+        let p = backup.progress();
+        let total = p.pagecount.max(0) as u64;
+        let left = p.remaining.max(0) as u64;
+        progress(total.saturating_sub(left), total);
+        match step {
+            StepResult::Done => return Ok(total),
+            StepResult::More => busy_since = None,
+            // Busy, Locked, and any future variant: wait a little, bounded.
+            _ => {
+                let since = *busy_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > BUSY_PATIENCE {
+                    return Err(format!("the database stayed busy for {BUSY_PATIENCE:?}"));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// Copies `db` to `dest` and proves the copy. `progress` is told (pages
+/// done, pages in all) as the copy advances.
+pub fn backup(
+    db: &Path,
+    dest: &Path,
+    progress: &dyn Fn(u64, u64),
+) -> Result<BackupReport, BackupError> {
+    let started = Instant::now();
+    check_destination(dest)?;
+    if let Err(e) = fs::symlink_metadata(db) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            return Err(BackupError::SourceMissing {
+                path: db.to_path_buf(),
+            });
+        }
+    }
+    let source = sqlite::open_read_only(db)?;
+    let tmp = temp_path(dest);
+    check_destination(&tmp).map_err(|_| BackupError::DestinationExists {
+        path: dest.to_path_buf(),
+        what: format!("the temporary name {} is taken", tmp.display()),
+    })?;
+    let result = copy_and_prove(db, &source, &tmp, dest, progress);
+    drop(source);
+    match result {
+        Ok((tables, pages, page_size)) => {
+            let rows = tables.iter().map(|(_, n)| n).sum();
+            Ok(BackupReport {
+                source: db.to_path_buf(),
+                destination: dest.to_path_buf(),
+                tables,
+                rows,
+                bytes: pages * page_size,
+                pages,
+                schema_version: SCHEMA_VERSION,
+                integrity_check: "ok".into(),
+                elapsed: started.elapsed(),
+            })
+        }
+        Err(e) => {
+            remove_with_sidecars(&tmp);
+            Err(e)
+        }
+    }
+}
+
+type Copied = (Vec<(String, u64)>, u64, u64);
+
+fn copy_and_prove(
+    db: &Path,
+    source: &Connection,
+    tmp: &Path,
+    dest: &Path,
+    progress: &dyn Fn(u64, u64),
+) -> Result<Copied, BackupError> {
+    let src_err = |context, source| BackupError::Sqlite {
+        path: db.to_path_buf(),
+        context,
+        source,
+    };
+    let tmp_err = |context, source| BackupError::Sqlite {
+        path: tmp.to_path_buf(),
+        context,
+        source,
+    };
+    let io = |path: &Path, context, source| BackupError::Io {
+        path: path.to_path_buf(),
+        context,
+        source,
+    };
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(tmp)
+        .map_err(|e| io(tmp, "creating the temporary copy", e))?;
+
+    // One read transaction on the source for the counts and every page: the
+    // counts are those of the moment the copy holds.
+    source
+        .execute_batch("BEGIN DEFERRED")
+        .map_err(|e| src_err("opening a read transaction", e))?;
+    let counted = count_tables(source).map_err(|e| src_err("counting rows", e));
+    let copied = counted.and_then(|tables| {
+        let mut target = Connection::open_with_flags(
+            tmp,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| tmp_err("opening the temporary copy", e))?;
+        let pages =
+            copy_pages(source, &mut target, progress).map_err(|detail| BackupError::Sqlite {
+                path: db.to_path_buf(),
+                context: "copying pages",
+                source: rusqlite::Error::SqliteFailure(
+                    ffi::Error::new(ffi::SQLITE_ERROR),
+                    Some(detail),
+                ),
+            })?;
+        // A copy is one file that stands alone: no write-ahead log beside it.
+        target
+            .query_row("PRAGMA journal_mode = DELETE", [], |r| {
+                r.get::<_, String>(0)
+            })
+            .map_err(|e| tmp_err("leaving WAL mode on the copy", e))?;
+        let page_size: u64 = target
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .map_err(|e| tmp_err("reading the page size", e))?;
+        target
+            .close()
+            .map_err(|(_, e)| tmp_err("closing the temporary copy", e))?;
+        Ok((tables, pages, page_size))
+    });
+    let _ = source.execute_batch("COMMIT");
+    let (tables, pages, page_size) = copied?;
+
+    // The proof, from the file on disk through a fresh connection.
+    verify_copy(tmp, dest, &tables)?;
+
+    fs::File::open(tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io(tmp, "fsyncing the copy", e))?;
+    // A link fails where a rename would replace: nothing that appeared at
+    // the destination meanwhile is overwritten.
+    fs::hard_link(tmp, dest).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            BackupError::DestinationExists {
+                path: dest.to_path_buf(),
+                what: "appeared while the copy was made".into(),
+            }
+        } else {
+            io(dest, "moving the copy into place", e)
+        }
+    })?;
+    let _ = fs::remove_file(tmp);
+    let parent = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if let Err(e) = fs::File::open(&parent).and_then(|d| d.sync_all()) {
+        let _ = fs::remove_file(dest);
+        return Err(io(&parent, "fsyncing the destination directory", e));
+    }
+    Ok((tables, pages, page_size))
+}
+
+fn verify_copy(tmp: &Path, dest: &Path, expected: &[(String, u64)]) -> Result<(), BackupError> {
+    let fail = |detail: String| BackupError::Verify {
+        path: dest.to_path_buf(),
+        detail,
+    };
+    let conn = Connection::open_with_flags(
+        tmp,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| fail(format!("it cannot be opened: {e}")))?;
+    let mut stmt = conn
+        .prepare("PRAGMA integrity_check")
+        .map_err(|e| fail(format!("integrity_check: {e}")))?;
+    let lines: Vec<String> = stmt
+        .query_map([], |r| r.get(0))
+        .and_then(|rows| rows.collect())
+        .map_err(|e| fail(format!("integrity_check: {e}")))?;
+    drop(stmt);
+    if lines != ["ok"] {
+        return Err(fail(format!("integrity_check says {}", lines.join("; "))));
+    }
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| fail(format!("reading its schema version: {e}")))?;
+    if version != SCHEMA_VERSION {
+        return Err(fail(format!(
+            "schema version {version}, where the source states {SCHEMA_VERSION}"
+        )));
+    }
+    let counted = count_tables(&conn).map_err(|e| fail(format!("counting rows: {e}")))?;
+    let differences: Vec<String> = expected
+        .iter()
+        .zip(&counted)
+        .filter(|(a, b)| a != b)
+        .map(|((t, a), (_, b))| format!("{t}: {a} rows in the source, {b} in the copy"))
+        .collect();
+    if !differences.is_empty() {
+        return Err(fail(differences.join(", ")));
+    }
+    Ok(())
+}

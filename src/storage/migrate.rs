@@ -1,0 +1,865 @@
+//! Moving a provider's data to the other provider kind, and importing a
+//! legacy MBMQTT01 `broker.snapshot` (RFC 0004 "Moving the records with the
+//! channel"; `saguin migrate`).
+//!
+//! The rules, each enforced here rather than by the command line:
+//!
+//! - **The destination must not exist**, or be a directory holding no
+//!   snapshot and no manifest; a database's `-wal`, `-shm` and `-journal`
+//!   must not exist either (SAGUIN.md §6.6). Checked before anything is read.
+//! - **Both providers' locks are taken**: a source a running broker holds is
+//!   refused at once, naming the holder. Taking a lock creates its file
+//!   (`<db>.lock`, `<dir>/saguin.lock`) if absent: that is the one thing a
+//!   migration creates beside its source.
+//! - **The source is never touched**: a database is opened read-only (never
+//!   `immutable=1`), a directory is only read; even what a starting broker
+//!   would drop (expired positions) is left alone and carried.
+//! - **The source is validated first** with the loader's own decoder and
+//!   validation, and each unit (a channel, a queue with its dead-letter
+//!   channel, the retained store, the sessions with the broadcast log) is
+//!   checked before it is written.
+//! - **Nothing is created when there is nothing to migrate** (an empty
+//!   directory, a database without channels, sessions or retained messages):
+//!   an empty destination would satisfy "must not exist" and lock the
+//!   operator out of retrying that path. When no unit could be written at
+//!   all, what was created is removed again for the same reason.
+//! - **A failure is reported and the conversion carries on**, unit by unit,
+//!   so every unit that did not make it is named. A queue and its
+//!   dead-letter channel are one file and one transaction.
+//! - **Counts in and counts out** ([`Counts`]) are taken per unit - out from
+//!   the destination as written, read back - and a difference is a failure.
+
+mod mbmqtt_import;
+mod model;
+mod snapshots;
+mod sqlite_io;
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, OpenFlags};
+use saguin_format::channel_name::{
+    BROADCAST_FILE, LOCK_FILE, MANIFEST_FILE, SESSIONS_FILE, SNAPSHOT_SUFFIX,
+};
+
+pub use mbmqtt_import::{
+    import as import_mbmqtt, Imported, LegacyCounts, IMPORTED_SESSION_EXPIRY, IMPORTED_WINDOW,
+    PUBCOMP_OWED_TOPIC,
+};
+pub use model::{Counts, Unit, SESSIONS_UNIT};
+pub use sqlite_io::{count_unit, read_units, write_unit, ReadFailure};
+
+use super::contract::now_nanos;
+use super::lock::{self, LockError, LockGuard};
+use super::read::{self, ReadError};
+use super::snapshot_dir::{ScanError, ScanOptions};
+use super::sqlite::{self, SqliteOpenError, PAGE_SIZE, WRITER_REVISION};
+
+/// Where a migration reads.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A memory provider's snapshot directory.
+    SnapshotDir(PathBuf),
+    /// A sqlite provider's database.
+    Sqlite(PathBuf),
+    /// A legacy MBMQTT01 `broker.snapshot`, read up to `max_bytes`.
+    Mbmqtt { path: PathBuf, max_bytes: u64 },
+}
+
+impl Source {
+    pub fn path(&self) -> &Path {
+        match self {
+            Source::SnapshotDir(p) | Source::Sqlite(p) => p,
+            Source::Mbmqtt { path, .. } => path,
+        }
+    }
+}
+
+/// Where a migration writes.
+#[derive(Clone, Debug)]
+pub enum Destination {
+    Sqlite(PathBuf),
+    SnapshotDir(PathBuf),
+}
+
+impl Destination {
+    pub fn path(&self) -> &Path {
+        match self {
+            Destination::Sqlite(p) | Destination::SnapshotDir(p) => p,
+        }
+    }
+}
+
+/// Told how the work advances, for a progress bar. Every method has a
+/// default that does nothing.
+pub trait Progress: Sync {
+    /// The total records about to be written.
+    fn start(&self, _total: u64) {}
+    /// A unit is being written.
+    fn unit(&self, _name: &str) {}
+    /// `n` more records were written.
+    fn advance(&self, _n: u64) {}
+    /// Writing is over; the destination is being read back.
+    fn verifying(&self) {}
+}
+
+/// No progress shown.
+pub struct NoProgress;
+impl Progress for NoProgress {}
+
+/// What became of one unit.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct UnitReport {
+    pub name: String,
+    /// `append`, `latest`, `queue`, `retained` or `sessions`.
+    pub kind: String,
+    /// What the source held (`None` when the source's file was refused).
+    pub counts_in: Option<Counts>,
+    /// What the destination holds, read back (`None` when not written).
+    pub counts_out: Option<Counts>,
+    /// Why the unit failed; `None` when it was carried whole.
+    pub error: Option<String>,
+}
+
+impl UnitReport {
+    pub fn is_ok(&self) -> bool {
+        self.error.is_none()
+    }
+}
+
+/// What a migration did.
+#[derive(Debug, serde::Serialize)]
+pub struct Report {
+    pub source: PathBuf,
+    pub destination: PathBuf,
+    /// One per unit, in the order written.
+    pub units: Vec<UnitReport>,
+    /// Failures that belong to no one unit (the manifest, the directory).
+    pub failures: Vec<String>,
+    /// What the source's loader warned about (stale files, leftovers).
+    pub warnings: Vec<String>,
+    /// For an MBMQTT01 import: what the legacy file held.
+    pub legacy: Option<LegacyCounts>,
+    #[serde(skip)]
+    pub elapsed: Duration,
+    /// True when the destination was removed again because nothing in it
+    /// could be written.
+    pub destination_removed: bool,
+}
+
+impl Report {
+    pub fn is_complete(&self) -> bool {
+        self.failures.is_empty() && self.units.iter().all(UnitReport::is_ok)
+    }
+
+    /// Records (and queue items, dead letters, log messages) carried.
+    pub fn records_carried(&self) -> u64 {
+        self.units
+            .iter()
+            .filter(|u| u.is_ok())
+            .filter_map(|u| u.counts_out)
+            .map(|c| c.records + c.queue_items + c.dead_letters)
+            .sum()
+    }
+}
+
+/// Why a migration did not start. Each names the path; all mean "could not
+/// do the work" (exit 3).
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("{}: {what}; a migration writes only into a destination that does not exist (or an empty directory), so it never lands beside channels that are already there", path.display())]
+    DestinationExists { path: PathBuf, what: String },
+    #[error("{}: no such {what}", path.display())]
+    SourceMissing { path: PathBuf, what: &'static str },
+    #[error("{}: {detail}", path.display())]
+    SourceNotUsable { path: PathBuf, detail: String },
+    #[error("{what} is locked: {source}; stop the broker that holds it first")]
+    Locked {
+        what: String,
+        #[source]
+        source: LockError,
+    },
+    #[error("{}: nothing to migrate ({detail}); nothing was created at {}", path.display(), destination.display())]
+    NothingToMigrate {
+        path: PathBuf,
+        destination: PathBuf,
+        detail: String,
+    },
+    #[error(transparent)]
+    SourceOpen(#[from] SqliteOpenError),
+    #[error("{}: {context}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        context: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {context}: {source}", path.display())]
+    Sqlite {
+        path: PathBuf,
+        context: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+}
+
+/// The sidecars SQLite may keep beside a database.
+pub const SQLITE_SIDECARS: [&str; 3] = ["-wal", "-shm", "-journal"];
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+fn exists(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok()
+}
+
+/// Refuses a database destination that exists, or any of whose sidecars
+/// does (SAGUIN.md §6.6).
+pub fn check_database_destination(db: &Path) -> Result<(), MigrateError> {
+    if exists(db) {
+        return Err(MigrateError::DestinationExists {
+            path: db.to_path_buf(),
+            what: "exists".into(),
+        });
+    }
+    for suffix in SQLITE_SIDECARS {
+        let side = with_suffix(db, suffix);
+        if exists(&side) {
+            return Err(MigrateError::DestinationExists {
+                path: db.to_path_buf(),
+                what: format!(
+                    "{} exists beside it (a database's {suffix} belongs to it)",
+                    side.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a snapshot directory destination that is not a directory, or
+/// holds a snapshot file or a manifest.
+pub fn check_dir_destination(dir: &Path) -> Result<(), MigrateError> {
+    let meta = match fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(MigrateError::Io {
+                path: dir.to_path_buf(),
+                context: "looking at the destination",
+                source,
+            })
+        }
+    };
+    if !meta.is_dir() {
+        return Err(MigrateError::DestinationExists {
+            path: dir.to_path_buf(),
+            what: "exists and is not a directory".into(),
+        });
+    }
+    let entries = fs::read_dir(dir).map_err(|source| MigrateError::Io {
+        path: dir.to_path_buf(),
+        context: "listing the destination",
+        source,
+    })?;
+    for entry in entries {
+        let entry = entry.map_err(|source| MigrateError::Io {
+            path: dir.to_path_buf(),
+            context: "listing the destination",
+            source,
+        })?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(SNAPSHOT_SUFFIX)
+            || name == MANIFEST_FILE
+            || name == SESSIONS_FILE
+            || name == BROADCAST_FILE
+        {
+            return Err(MigrateError::DestinationExists {
+                path: dir.to_path_buf(),
+                what: format!("is a directory that already holds {name}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn take_lock(what: String, path: &Path) -> Result<LockGuard, MigrateError> {
+    lock::acquire(path).map_err(|source| MigrateError::Locked { what, source })
+}
+
+/// What the source held, read and validated, with its lock.
+struct SourceRead {
+    /// Each unit with the counts the destination must show.
+    units: Vec<(Unit, Counts)>,
+    failures: Vec<ReadFailure>,
+    warnings: Vec<String>,
+    legacy: Option<LegacyCounts>,
+    _lock: Option<LockGuard>,
+}
+
+fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
+    match source {
+        Source::SnapshotDir(dir) => {
+            match fs::symlink_metadata(dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(MigrateError::SourceNotUsable {
+                        path: dir.clone(),
+                        detail: "is not a snapshot directory".into(),
+                    })
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(MigrateError::SourceMissing {
+                        path: dir.clone(),
+                        what: "snapshot directory",
+                    })
+                }
+                Err(source) => {
+                    return Err(MigrateError::Io {
+                        path: dir.clone(),
+                        context: "looking at the source",
+                        source,
+                    })
+                }
+            }
+            let guard = take_lock(
+                format!("snapshot directory {}", dir.display()),
+                &lock::lock_path_for_snapshot_dir(dir),
+            )?;
+            let read = snapshots::read_dir(dir, &ScanOptions::default()).map_err(|e| match e {
+                ScanError::Read(r) => read_error(r),
+                other => MigrateError::SourceNotUsable {
+                    path: dir.clone(),
+                    detail: other.to_string(),
+                },
+            })?;
+            Ok(SourceRead {
+                units: read
+                    .units
+                    .into_iter()
+                    .map(|u| {
+                        let c = u.counts();
+                        (u, c)
+                    })
+                    .collect(),
+                failures: read.failures,
+                warnings: read.warnings,
+                legacy: None,
+                _lock: Some(guard),
+            })
+        }
+        Source::Sqlite(db) => {
+            match fs::symlink_metadata(db) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(MigrateError::SourceMissing {
+                        path: db.clone(),
+                        what: "database",
+                    })
+                }
+                Err(source) => {
+                    return Err(MigrateError::Io {
+                        path: db.clone(),
+                        context: "looking at the source",
+                        source,
+                    })
+                }
+            }
+            let guard = take_lock(
+                format!("database {}", db.display()),
+                &lock::lock_path_for_database(db),
+            )?;
+            let sidecars_before: Vec<bool> = ["-wal", "-shm"]
+                .iter()
+                .map(|s| exists(&with_suffix(db, s)))
+                .collect();
+            let read = (|| {
+                let conn = sqlite::open_read_only(db)?;
+                let sql_err = |source| MigrateError::Sqlite {
+                    path: db.clone(),
+                    context: "reading the database",
+                    source,
+                };
+                // One read transaction: every unit is the same moment.
+                let tx = conn.unchecked_transaction().map_err(sql_err)?;
+                let units = read_units(&tx).map_err(sql_err)?;
+                let orphans = sqlite_io::orphan_rows(&tx).map_err(sql_err)?;
+                drop(tx);
+                drop(conn);
+                Ok::<_, MigrateError>((units, orphans))
+            })();
+            remove_reader_sidecars(db, &sidecars_before);
+            let ((units, mut failures), orphans) = read?;
+            let warnings: Vec<String> = orphans
+                .into_iter()
+                .map(|o| format!("{}: {o}", db.display()))
+                .collect();
+            let mut checked = Vec::with_capacity(units.len());
+            for mut u in units {
+                match u.validate() {
+                    Ok(()) => {
+                        let c = u.counts();
+                        checked.push((u, c));
+                    }
+                    Err(error) => failures.push(ReadFailure {
+                        name: u.name().to_owned(),
+                        kind: u.kind(),
+                        error: format!("{}: {error}", db.display()),
+                    }),
+                }
+            }
+            Ok(SourceRead {
+                units: checked,
+                failures,
+                warnings,
+                legacy: None,
+                _lock: Some(guard),
+            })
+        }
+        Source::Mbmqtt { path, max_bytes } => {
+            let bytes = read::read_bounded(path, *max_bytes).map_err(read_error)?;
+            let snapshot = saguin_format::mbmqtt::decode(&bytes).map_err(|e| {
+                MigrateError::SourceNotUsable {
+                    path: path.clone(),
+                    detail: format!("MBMQTT01: {e}"),
+                }
+            })?;
+            drop(bytes);
+            let imported = import_mbmqtt(&snapshot, now_nanos());
+            let mut failures = Vec::new();
+            let mut units = Vec::new();
+            for (mut u, c) in imported.units {
+                match u.validate() {
+                    Ok(()) => units.push((u, c)),
+                    Err(error) => failures.push(ReadFailure {
+                        name: u.name().to_owned(),
+                        kind: u.kind(),
+                        error: format!("{}: as imported: {error}", path.display()),
+                    }),
+                }
+            }
+            let mut warnings = Vec::new();
+            if imported.legacy.inbound_qos2_dropped > 0 {
+                warnings.push(format!(
+                    "{}: {} inbound QoS 2 packet ids awaiting PUBREL are not carried: the format keeps no message to hold for them",
+                    path.display(),
+                    imported.legacy.inbound_qos2_dropped
+                ));
+            }
+            Ok(SourceRead {
+                units,
+                failures,
+                warnings,
+                legacy: Some(imported.legacy),
+                _lock: None,
+            })
+        }
+    }
+}
+
+/// A read-only connection to a WAL database creates its `-wal` and `-shm`
+/// when they are absent (a stopped broker leaves neither) and cannot remove
+/// them. With the provider's lock held no broker has the file open, so the
+/// ones this read created - and only those, and the log only while empty -
+/// are removed again: the source directory is left as it was found, but for
+/// its lock file.
+fn remove_reader_sidecars(db: &Path, existed_before: &[bool]) {
+    let wal = with_suffix(db, "-wal");
+    let shm = with_suffix(db, "-shm");
+    let wal_created = !existed_before.first().copied().unwrap_or(true);
+    let shm_created = !existed_before.get(1).copied().unwrap_or(true);
+    let wal_empty = fs::symlink_metadata(&wal).map(|m| m.is_file() && m.len() == 0);
+    if wal_created && shm_created && matches!(wal_empty, Ok(true)) {
+        let _ = fs::remove_file(&wal);
+        let _ = fs::remove_file(&shm);
+    }
+}
+
+fn read_error(e: ReadError) -> MigrateError {
+    match e {
+        ReadError::NotFound { path } => MigrateError::SourceMissing { path, what: "file" },
+        other => MigrateError::SourceNotUsable {
+            path: other.path().to_path_buf(),
+            detail: other.reason(),
+        },
+    }
+}
+
+/// Runs a migration from `source` into `destination`. `Err` when it could
+/// not start (nothing was created); otherwise the report says what became of
+/// every unit.
+pub fn migrate(
+    source: &Source,
+    destination: &Destination,
+    progress: &dyn Progress,
+) -> Result<Report, MigrateError> {
+    let started = Instant::now();
+    match destination {
+        Destination::Sqlite(db) => check_database_destination(db)?,
+        Destination::SnapshotDir(dir) => check_dir_destination(dir)?,
+    }
+    let read = read_source(source)?;
+    let mut report = Report {
+        source: source.path().to_path_buf(),
+        destination: destination.path().to_path_buf(),
+        units: Vec::new(),
+        failures: Vec::new(),
+        warnings: read.warnings,
+        legacy: read.legacy,
+        elapsed: Duration::ZERO,
+        destination_removed: false,
+    };
+    for f in &read.failures {
+        report.units.push(UnitReport {
+            name: f.name.clone(),
+            kind: f.kind.to_owned(),
+            counts_in: None,
+            counts_out: None,
+            error: Some(f.error.clone()),
+        });
+    }
+    if read.units.is_empty() {
+        if read.failures.is_empty() {
+            return Err(MigrateError::NothingToMigrate {
+                path: source.path().to_path_buf(),
+                destination: destination.path().to_path_buf(),
+                detail: match source {
+                    Source::SnapshotDir(_) => "the directory holds no snapshot file".into(),
+                    Source::Sqlite(_) => {
+                        "the database holds no channel, no retained message and no session".into()
+                    }
+                    Source::Mbmqtt { .. } => {
+                        "the file holds no session and no retained message".into()
+                    }
+                },
+            });
+        }
+        // Every unit was refused: nothing is created, every refusal named.
+        report.elapsed = started.elapsed();
+        return Ok(report);
+    }
+    progress.start(read.units.iter().map(|(u, _)| u.weight()).sum());
+    match destination {
+        Destination::Sqlite(db) => to_sqlite(db, &read.units, progress, &mut report)?,
+        Destination::SnapshotDir(dir) => to_snapshots(dir, read.units, progress, &mut report)?,
+    }
+    drop(read._lock);
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+fn check_counts(name: &str, kind: &str, expected: Counts, out: Counts) -> UnitReport {
+    let differences = expected.differences(&out);
+    UnitReport {
+        name: name.to_owned(),
+        kind: kind.to_owned(),
+        counts_in: Some(expected),
+        counts_out: Some(out),
+        error: (!differences.is_empty()).then(|| {
+            format!(
+                "counts out differ from counts in: {}",
+                differences.join(", ")
+            )
+        }),
+    }
+}
+
+/// Creates the database file 0600 (never over an existing one), then the
+/// schema with its version and meta row in one transaction.
+fn create_database(db: &Path) -> Result<Connection, MigrateError> {
+    let io = |context, source| MigrateError::Io {
+        path: db.to_path_buf(),
+        context,
+        source,
+    };
+    let sql = |context, source| MigrateError::Sqlite {
+        path: db.to_path_buf(),
+        context,
+        source,
+    };
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(db)
+        .map_err(|e| io("creating the database file", e))?;
+    let mut conn = Connection::open_with_flags(
+        db,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| sql("opening the new database", e))?;
+    // The provider's page size (set before anything is written). While the
+    // file is filled it keeps a rollback journal: a unit's transaction is
+    // still all or nothing, and pages new to the file are written once
+    // rather than to a write-ahead log and again at the checkpoint. It is
+    // put in WAL mode, as the provider keeps it, once every unit is in.
+    conn.execute_batch(&format!(
+        "PRAGMA page_size = {PAGE_SIZE}; PRAGMA journal_mode = DELETE; PRAGMA synchronous = NORMAL; PRAGMA cache_size = -65536;"
+    ))
+    .map_err(|e| sql("setting up the new database", e))?;
+    sqlite::schema::apply_or_check(&mut conn, db, WRITER_REVISION, now_nanos())?;
+    Ok(conn)
+}
+
+fn remove_database(db: &Path) {
+    let _ = fs::remove_file(db);
+    for suffix in SQLITE_SIDECARS {
+        let _ = fs::remove_file(with_suffix(db, suffix));
+    }
+}
+
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    fs::File::open(parent)?.sync_all()
+}
+
+fn to_sqlite(
+    db: &Path,
+    units: &[(Unit, Counts)],
+    progress: &dyn Progress,
+    report: &mut Report,
+) -> Result<(), MigrateError> {
+    let lock_path = lock::lock_path_for_database(db);
+    let lock_existed = exists(&lock_path);
+    let guard = take_lock(format!("database {}", db.display()), &lock_path)?;
+    let mut conn = match create_database(db) {
+        Ok(c) => c,
+        Err(e) => {
+            // Nothing is left behind to lock the operator out of a retry.
+            if !matches!(e, MigrateError::Io { .. }) {
+                remove_database(db);
+            }
+            drop(guard);
+            if !lock_existed {
+                let _ = fs::remove_file(&lock_path);
+            }
+            return Err(e);
+        }
+    };
+    let mut written = Vec::with_capacity(units.len());
+    for (unit, expected) in units {
+        progress.unit(unit.name());
+        match write_unit(&mut conn, unit, &|n| progress.advance(n)) {
+            Ok(()) => written.push((unit, *expected)),
+            Err(e) => report.units.push(UnitReport {
+                name: unit.name().to_owned(),
+                kind: unit.kind().to_owned(),
+                counts_in: Some(*expected),
+                counts_out: None,
+                error: Some(format!("{}: not written: {e}", db.display())),
+            }),
+        }
+    }
+    progress.verifying();
+    let finish = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
+        .and_then(|mode| {
+            if mode.eq_ignore_ascii_case("wal") {
+                Ok(())
+            } else {
+                Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+                    Some(format!("the journal mode stayed {mode}")),
+                ))
+            }
+        });
+    if let Err(e) = finish {
+        report.failures.push(format!(
+            "{}: putting the new database in WAL mode: {e}",
+            db.display()
+        ));
+    }
+    if let Err((_, e)) = conn.close() {
+        report
+            .failures
+            .push(format!("{}: closing the new database: {e}", db.display()));
+    }
+    let synced = fs::File::open(db)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| sync_parent(db));
+    if let Err(e) = synced {
+        report.failures.push(format!(
+            "{}: making the new database durable: {e}",
+            db.display()
+        ));
+    }
+    // Counts out, read back from the file as it now stands on disk.
+    // Read-write (and query_only) so that closing it, as the last
+    // connection, removes the -wal and -shm it opens: the new database is
+    // left as one file.
+    let counted = Connection::open_with_flags(
+        db,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .and_then(|conn| conn.execute_batch("PRAGMA query_only = 1").map(|()| conn))
+    .map_err(|e| {
+        format!(
+            "{}: opening the new database to count it: {e}",
+            db.display()
+        )
+    })
+    .and_then(|conn| {
+        written
+            .iter()
+            .map(|(unit, expected)| {
+                count_unit(&conn, unit)
+                    .map(|out| check_counts(unit.name(), unit.kind(), *expected, out))
+                    .map_err(|e| format!("{}: counting {}: {e}", db.display(), unit.name()))
+            })
+            .collect::<Result<Vec<_>, String>>()
+    });
+    match counted {
+        Ok(list) => report.units.extend(list),
+        Err(e) => {
+            report.failures.push(e);
+            for (unit, expected) in &written {
+                report.units.push(UnitReport {
+                    name: unit.name().to_owned(),
+                    kind: unit.kind().to_owned(),
+                    counts_in: Some(*expected),
+                    counts_out: None,
+                    error: Some("not counted out".into()),
+                });
+            }
+        }
+    }
+    if written.is_empty() {
+        remove_database(db);
+        report.destination_removed = true;
+        drop(guard);
+        if !lock_existed {
+            let _ = fs::remove_file(&lock_path);
+        }
+    }
+    Ok(())
+}
+
+fn to_snapshots(
+    dir: &Path,
+    units: Vec<(Unit, Counts)>,
+    progress: &dyn Progress,
+    report: &mut Report,
+) -> Result<(), MigrateError> {
+    let created = !exists(dir);
+    super::snapshot_write::create_dir(dir).map_err(|source| MigrateError::Io {
+        path: dir.to_path_buf(),
+        context: "creating the snapshot directory",
+        source,
+    })?;
+    let lock_path = lock::lock_path_for_snapshot_dir(dir);
+    let lock_existed = exists(&lock_path);
+    let guard = match take_lock(format!("snapshot directory {}", dir.display()), &lock_path) {
+        Ok(g) => g,
+        Err(e) => {
+            if created {
+                let _ = fs::remove_dir(dir);
+            }
+            return Err(e);
+        }
+    };
+    // The units move into the writer's copy (no record is copied); what is
+    // checked afterwards is kept aside.
+    let expected: Vec<(String, &'static str, Counts, u64)> = units
+        .iter()
+        .map(|(u, c)| (u.name().to_owned(), u.kind(), *c, u.weight()))
+        .collect();
+    let (copy, options, refused) =
+        snapshots::provider_copy(units.into_iter().map(|(u, _)| u).collect(), now_nanos());
+    for (name, error) in &refused {
+        report.units.push(UnitReport {
+            name: name.clone(),
+            kind: "channel".into(),
+            counts_in: None,
+            counts_out: None,
+            error: Some(error.clone()),
+        });
+    }
+    progress.unit("snapshot files");
+    let written = snapshots::write_dir(dir, &copy, &options);
+    drop(copy);
+    progress.advance(expected.iter().map(|(_, _, _, w)| w).sum());
+    let mut failed_units = std::collections::BTreeMap::new();
+    for f in &written.failed {
+        let unit = snapshots::unit_of_written(&f.name);
+        if expected.iter().any(|(name, ..)| *name == unit) {
+            failed_units.insert(unit, f.to_string());
+        } else {
+            report.failures.push(f.to_string());
+        }
+    }
+    progress.verifying();
+    let back = snapshots::read_back(dir);
+    let (found, back_failures) = match back {
+        Ok(b) => b,
+        Err(e) => {
+            report
+                .failures
+                .push(format!("{}: reading back: {e}", dir.display()));
+            Default::default()
+        }
+    };
+    let mut any_written = false;
+    for (name, kind, counts_in, _) in &expected {
+        if refused.iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        let failed = |error: String| UnitReport {
+            name: name.clone(),
+            kind: (*kind).to_owned(),
+            counts_in: Some(*counts_in),
+            counts_out: None,
+            error: Some(error),
+        };
+        if let Some(error) = failed_units.get(name) {
+            report.units.push(failed(error.clone()));
+            continue;
+        }
+        match found.get(name) {
+            Some(back) => {
+                any_written = true;
+                report
+                    .units
+                    .push(check_counts(name, kind, *counts_in, back.counts()));
+            }
+            None => {
+                let why = back_failures
+                    .iter()
+                    .find(|f| f.name == *name)
+                    .map(|f| f.error.clone())
+                    .unwrap_or_else(|| {
+                        "written, and not found when the directory was read back".into()
+                    });
+                report.units.push(failed(why));
+            }
+        }
+    }
+    if !any_written {
+        // Leave no half-made directory to lock the operator out of a retry.
+        for name in [MANIFEST_FILE.to_owned()]
+            .into_iter()
+            .chain(written.written.iter().map(|w| w.file_name.clone()))
+        {
+            let _ = fs::remove_file(dir.join(name));
+        }
+        drop(guard);
+        if !lock_existed {
+            let _ = fs::remove_file(dir.join(LOCK_FILE));
+        }
+        if created {
+            let _ = fs::remove_dir(dir);
+        }
+        report.destination_removed = true;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

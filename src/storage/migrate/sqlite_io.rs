@@ -1,0 +1,910 @@
+//! Units to and from a schema-20 database, with the rows the sqlite provider
+//! reads and writes (`src/storage/sqlite`), through a connection of the
+//! migration's own: the copy paths keep transactions of their own (RFC 0004
+//! "Group commit"), one per unit.
+//!
+//! The sessions' `subscriptions` and `will` JSON columns are encoded here as
+//! the provider encodes them; a test opens what this module wrote with the
+//! provider itself and compares, so the two cannot drift apart silently.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use rusqlite::{params, Connection, OptionalExtension, ToSql};
+use saguin_format::f21::{
+    BroadcastFile, ChannelFile, DeadLetter, HeldPublish, InflightEntry, InflightPhase, Position,
+    QueueItem, RetainedFile, Session, SessionsFile, SharedGroup, SharedGroupKey, Subscription,
+    Will,
+};
+use saguin_format::model::{ChannelKind, Record};
+
+use super::model::{Counts, Unit, LOG};
+use crate::storage::contract::{dead_letter_name, RETAINED_STORE_NAME};
+use crate::storage::sqlite::row::{
+    headers_from_json, headers_json, props_from_json, props_json, record_at, Encoded,
+};
+use crate::storage::sqlite::schema::RECORD_COLUMNS;
+
+/// A unit that could not be read, named.
+#[derive(Debug)]
+pub struct ReadFailure {
+    pub name: String,
+    pub kind: &'static str,
+    pub error: String,
+}
+
+fn channel_kind(text: &str) -> Option<ChannelKind> {
+    match text {
+        "append" => Some(ChannelKind::Append),
+        "latest" => Some(ChannelKind::Latest),
+        "queue" => Some(ChannelKind::Queue),
+        _ => None,
+    }
+}
+
+/// A `channels` row.
+#[derive(Clone, Debug)]
+pub struct ChannelRow {
+    pub name: String,
+    pub kind: String,
+    pub next: u64,
+    pub floor: u64,
+    pub bytes: u64,
+}
+
+pub fn channel_rows(conn: &Connection) -> rusqlite::Result<Vec<ChannelRow>> {
+    let mut stmt =
+        conn.prepare("SELECT name, kind, next, floor, bytes FROM channels ORDER BY name")?;
+    let rows = stmt.query_map([], |r| {
+        Ok(ChannelRow {
+            name: r.get(0)?,
+            kind: r.get(1)?,
+            next: r.get(2)?,
+            floor: r.get(3)?,
+            bytes: r.get(4)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Every unit the database holds, read inside the caller's read transaction
+/// so all of them are one moment. A unit whose rows do not decode is a
+/// failure of its own; the others are read regardless.
+pub fn read_units(conn: &Connection) -> rusqlite::Result<(Vec<Unit>, Vec<ReadFailure>)> {
+    let rows = channel_rows(conn)?;
+    let by_name: BTreeMap<&str, &ChannelRow> = rows.iter().map(|r| (r.name.as_str(), r)).collect();
+    let mut units = Vec::new();
+    let mut failures = Vec::new();
+    // The dead-letter channels travel inside their queues.
+    let dead_letters: BTreeSet<String> = rows
+        .iter()
+        .filter(|r| r.kind == "queue")
+        .map(|r| dead_letter_name(&r.name))
+        .filter(|d| by_name.contains_key(d.as_str()))
+        .collect();
+    for row in &rows {
+        if row.name.starts_with("$saguin/") || dead_letters.contains(&row.name) {
+            continue;
+        }
+        let kind = channel_kind(&row.kind).map_or("channel", ChannelKind::as_str);
+        match read_channel(conn, row, &by_name) {
+            Ok(c) => units.push(Unit::Channel(c)),
+            Err(error) => failures.push(ReadFailure {
+                name: row.name.clone(),
+                kind,
+                error,
+            }),
+        }
+    }
+    if let Some(row) = by_name.get(RETAINED_STORE_NAME) {
+        match read_retained(conn, row) {
+            Ok(r) => units.push(Unit::Retained(r)),
+            Err(error) => failures.push(ReadFailure {
+                name: RETAINED_STORE_NAME.into(),
+                kind: "retained",
+                error,
+            }),
+        }
+    }
+    let session_count: i64 = conn.query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))?;
+    if by_name.contains_key(LOG) || session_count > 0 {
+        match read_sessions(conn, by_name.get(LOG).copied()) {
+            Ok((sessions, log)) => units.push(Unit::Sessions { sessions, log }),
+            Err(error) => failures.push(ReadFailure {
+                name: super::model::SESSIONS_UNIT.into(),
+                kind: "sessions",
+                error,
+            }),
+        }
+    }
+    Ok((units, failures))
+}
+
+/// Rows that belong to no unit - positions or held publishes of a channel
+/// the database has no row for - named, so a migration can say what it
+/// does not carry rather than drop it silently.
+pub fn orphan_rows(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for (table, what) in [
+        ("positions", "positions"),
+        ("held_publishes", "held publishes"),
+    ] {
+        let mut stmt = conn.prepare(&format!(
+            "SELECT channel, count(*) FROM {table} WHERE channel NOT IN (SELECT name FROM channels)
+             GROUP BY channel ORDER BY channel"
+        ))?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (channel, n) = row?;
+            out.push(format!(
+                "{n} {what} of channel {channel:?}, which the database holds no channel row for, are not carried"
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn text(e: rusqlite::Error) -> String {
+    e.to_string()
+}
+
+fn read_records(conn: &Connection, channel: &str) -> Result<Vec<Record>, String> {
+    let sql =
+        format!("SELECT offset, {RECORD_COLUMNS} FROM records WHERE channel = ?1 ORDER BY offset");
+    let mut stmt = conn.prepare_cached(&sql).map_err(text)?;
+    let rows = stmt
+        .query_map([channel], |r| {
+            let offset: u64 = r.get(0)?;
+            record_at(r, 1, offset)
+        })
+        .map_err(text)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(|e| format!("records: {e}"))
+}
+
+fn sum_sizes(conn: &Connection, sql: &str, channel: &str) -> Result<u64, String> {
+    conn.query_row(sql, [channel], |r| r.get::<_, i64>(0))
+        .map(|n| n.max(0) as u64)
+        .map_err(text)
+}
+
+fn read_positions(conn: &Connection, channel: &str) -> Result<Vec<Position>, String> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT reader, offset, saved_at, session_expiry FROM positions WHERE channel = ?1 ORDER BY reader",
+        )
+        .map_err(text)?;
+    let rows = stmt
+        .query_map([channel], |r| {
+            Ok(Position {
+                reader: r.get(0)?,
+                offset: r.get(1)?,
+                saved_at: r.get(2)?,
+                session_expiry: r.get(3)?,
+            })
+        })
+        .map_err(text)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(|e| format!("positions: {e}"))
+}
+
+fn read_held(conn: &Connection, channel: &str) -> Result<Vec<HeldPublish>, String> {
+    let sql = format!(
+        "SELECT holder_client_id, packet_id, held_at, {RECORD_COLUMNS} FROM held_publishes
+         WHERE channel = ?1 ORDER BY holder_client_id, packet_id"
+    );
+    let mut stmt = conn.prepare_cached(&sql).map_err(text)?;
+    let rows = stmt
+        .query_map([channel], |r| {
+            Ok(HeldPublish {
+                client_id: r.get(0)?,
+                packet_id: r.get(1)?,
+                held_at: r.get(2)?,
+                record: record_at(r, 3, 0)?,
+            })
+        })
+        .map_err(text)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(|e| format!("held publishes: {e}"))
+}
+
+fn read_channel(
+    conn: &Connection,
+    row: &ChannelRow,
+    by_name: &BTreeMap<&str, &ChannelRow>,
+) -> Result<ChannelFile, String> {
+    let kind = channel_kind(&row.kind)
+        .ok_or_else(|| format!("kind {:?} is not append, latest or queue", row.kind))?;
+    let mut c = ChannelFile::new(row.name.clone(), kind);
+    c.next = row.next;
+    c.floor = row.floor;
+    c.held = read_held(conn, &row.name)?;
+    match kind {
+        ChannelKind::Append => {
+            c.bytes = row.bytes;
+            c.records = read_records(conn, &row.name)?;
+            c.positions = read_positions(conn, &row.name)?;
+        }
+        ChannelKind::Latest => {
+            let sql = format!(
+                "SELECT offset, {RECORD_COLUMNS}, deleted FROM latest_values WHERE channel = ?1 ORDER BY offset"
+            );
+            let mut stmt = conn.prepare_cached(&sql).map_err(text)?;
+            let rows = stmt
+                .query_map([&row.name], |r| {
+                    let offset: u64 = r.get(0)?;
+                    let mut record = record_at(r, 1, offset)?;
+                    let deleted: bool = r.get(14)?;
+                    if deleted {
+                        record.payload = Bytes::new();
+                    }
+                    Ok(record)
+                })
+                .map_err(text)?;
+            c.records = rows
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(|e| format!("values: {e}"))?;
+            // A snapshot states what the memory provider counts: every
+            // value and deletion marker at its accounted size (the sqlite
+            // provider keeps no byte count for a latest channel).
+            c.bytes = c.records.iter().map(Record::accounted_size).sum();
+            c.positions = read_positions(conn, &row.name)?;
+        }
+        ChannelKind::Queue => {
+            let sql = format!(
+                "SELECT offset, {RECORD_COLUMNS}, attempts, first_delivered, last_delivered
+                 FROM queue_items WHERE channel = ?1 ORDER BY offset"
+            );
+            let mut stmt = conn.prepare_cached(&sql).map_err(text)?;
+            let rows = stmt
+                .query_map([&row.name], |r| {
+                    let offset: u64 = r.get(0)?;
+                    Ok(QueueItem {
+                        record: record_at(r, 1, offset)?,
+                        attempts: r.get(14)?,
+                        first_delivered: r.get(15)?,
+                        last_delivered: r.get(16)?,
+                    })
+                })
+                .map_err(text)?;
+            c.items = rows
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map_err(|e| format!("queue items: {e}"))?;
+            c.bytes = sum_sizes(
+                conn,
+                "SELECT coalesce(sum(size), 0) FROM queue_items WHERE channel = ?1",
+                &row.name,
+            )?;
+            let dlq = dead_letter_name(&row.name);
+            let mut dead = DeadLetter {
+                name: dlq.clone(),
+                next: 1,
+                floor: 1,
+                bytes: 0,
+                records: Vec::new(),
+                positions: Vec::new(),
+            };
+            if let Some(d) = by_name.get(dlq.as_str()) {
+                if d.kind != "append" {
+                    return Err(format!(
+                        "its dead-letter channel {dlq} is stored as {}, not append",
+                        d.kind
+                    ));
+                }
+                dead.next = d.next;
+                dead.floor = d.floor;
+                dead.bytes = d.bytes;
+                dead.records = read_records(conn, &dlq).map_err(|e| format!("{dlq}: {e}"))?;
+                dead.positions = read_positions(conn, &dlq).map_err(|e| format!("{dlq}: {e}"))?;
+            }
+            c.dead_letter = Some(dead);
+        }
+    }
+    Ok(c)
+}
+
+fn read_retained(conn: &Connection, _row: &ChannelRow) -> Result<RetainedFile, String> {
+    let sql = format!(
+        "SELECT offset, {RECORD_COLUMNS} FROM latest_values WHERE channel = ?1 AND deleted = 0 ORDER BY offset"
+    );
+    let mut stmt = conn.prepare_cached(&sql).map_err(text)?;
+    let rows = stmt
+        .query_map([RETAINED_STORE_NAME], |r| {
+            let offset: u64 = r.get(0)?;
+            record_at(r, 1, offset)
+        })
+        .map_err(text)?;
+    Ok(RetainedFile {
+        records: rows
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| format!("retained messages: {e}"))?,
+    })
+}
+
+/// The `subscriptions` column's element, as the provider writes it.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubscriptionJson {
+    filter: String,
+    qos: u8,
+    no_local: bool,
+    retain_as_published: bool,
+    retain_handling: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    subscription_id: Option<u32>,
+    log_offset: u64,
+}
+
+/// The `will` column, as the provider writes it.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WillJson {
+    topic: String,
+    /// base64: a Will payload is arbitrary bytes.
+    payload: String,
+    qos: u8,
+    retain: bool,
+    delay_interval: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    props: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    user_properties: Option<serde_json::Value>,
+}
+
+fn subscriptions_json(subs: &[Subscription]) -> String {
+    let list: Vec<SubscriptionJson> = subs
+        .iter()
+        .map(|s| SubscriptionJson {
+            filter: s.filter.clone(),
+            qos: s.qos,
+            no_local: s.no_local,
+            retain_as_published: s.retain_as_published,
+            retain_handling: s.retain_handling,
+            subscription_id: s.subscription_id,
+            log_offset: s.log_offset,
+        })
+        .collect();
+    serde_json::to_string(&list).unwrap_or_else(|_| "[]".into())
+}
+
+fn will_json(will: &Will) -> String {
+    let json = WillJson {
+        topic: will.topic.clone(),
+        payload: base64::engine::general_purpose::STANDARD.encode(&will.payload),
+        qos: will.qos,
+        retain: will.retain,
+        delay_interval: will.delay_interval,
+        props: props_json(&will.props).and_then(|t| serde_json::from_str(&t).ok()),
+        user_properties: headers_json(&will.user_properties)
+            .and_then(|t| serde_json::from_str(&t).ok()),
+    };
+    serde_json::to_string(&json).unwrap_or_default()
+}
+
+fn will_from_json(text: &str) -> Result<Will, String> {
+    let json: WillJson =
+        serde_json::from_str(text).map_err(|e| format!("will is not the will object: {e}"))?;
+    let payload = base64::engine::general_purpose::STANDARD
+        .decode(json.payload.as_bytes())
+        .map_err(|e| format!("will.payload is not base64: {e}"))?;
+    let props = match json.props {
+        Some(v) => props_from_json(&v.to_string())?,
+        None => Default::default(),
+    };
+    let user_properties = match json.user_properties {
+        Some(v) => headers_from_json(&v.to_string())?,
+        None => Vec::new(),
+    };
+    Ok(Will {
+        topic: json.topic,
+        payload: Bytes::from(payload),
+        qos: json.qos,
+        retain: json.retain,
+        delay_interval: json.delay_interval,
+        props,
+        user_properties,
+    })
+}
+
+fn read_sessions(
+    conn: &Connection,
+    log_row: Option<&ChannelRow>,
+) -> Result<(SessionsFile, BroadcastFile), String> {
+    let mut stmt = conn
+        .prepare(
+            "SELECT client_id, principal, expiry_interval, detached_at, subscriptions, will, window
+             FROM sessions ORDER BY client_id",
+        )
+        .map_err(text)?;
+    let raw = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, u32>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, Option<String>>(5)?,
+                r.get::<_, u16>(6)?,
+            ))
+        })
+        .map_err(text)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(|e| format!("sessions: {e}"))?;
+    let mut inflight_stmt = conn
+        .prepare(
+            "SELECT log_offset, packet_id, qos, phase, share_group, share_filter
+             FROM session_inflight WHERE client_id = ?1 ORDER BY seq",
+        )
+        .map_err(text)?;
+    let mut sessions = Vec::with_capacity(raw.len());
+    for (client_id, principal, expiry_interval, detached_at, subs, will, window) in raw {
+        let subs: Vec<SubscriptionJson> = serde_json::from_str(&subs)
+            .map_err(|e| format!("session {client_id:?}: subscriptions: {e}"))?;
+        let will = match will {
+            Some(t) => Some(will_from_json(&t).map_err(|e| format!("session {client_id:?}: {e}"))?),
+            None => None,
+        };
+        let inflight = inflight_stmt
+            .query_map([&client_id], |r| {
+                let phase: String = r.get(3)?;
+                let group: Option<String> = r.get(4)?;
+                let filter: Option<String> = r.get(5)?;
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, phase, group, filter))
+            })
+            .map_err(text)?
+            .collect::<rusqlite::Result<Vec<(u64, u16, u8, String, Option<String>, Option<String>)>>>()
+            .map_err(|e| format!("session {client_id:?}: in-flight entries: {e}"))?;
+        let mut entries = Vec::with_capacity(inflight.len());
+        for (log_offset, packet_id, qos, phase, group, filter) in inflight {
+            let phase = match phase.as_str() {
+                "awaiting_ack" => InflightPhase::AwaitingAck,
+                "awaiting_comp" => InflightPhase::AwaitingComp,
+                other => {
+                    return Err(format!(
+                        "session {client_id:?}: in-flight phase {other:?} is neither awaiting_ack nor awaiting_comp"
+                    ))
+                }
+            };
+            entries.push(InflightEntry {
+                log_offset,
+                packet_id,
+                qos,
+                phase,
+                shared_group: match (group, filter) {
+                    (Some(group), Some(filter)) => Some(SharedGroupKey { group, filter }),
+                    _ => None,
+                },
+            });
+        }
+        sessions.push(Session {
+            client_id,
+            principal,
+            expiry_interval,
+            detached_at,
+            subscriptions: subs
+                .into_iter()
+                .map(|s| Subscription {
+                    filter: s.filter,
+                    qos: s.qos,
+                    no_local: s.no_local,
+                    retain_as_published: s.retain_as_published,
+                    retain_handling: s.retain_handling,
+                    subscription_id: s.subscription_id,
+                    log_offset: s.log_offset,
+                })
+                .collect(),
+            will,
+            window,
+            inflight: entries,
+        });
+    }
+    let mut groups_stmt = conn
+        .prepare("SELECT group_name, filter, cursor FROM share_groups ORDER BY group_name, filter")
+        .map_err(text)?;
+    let groups = groups_stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, u64>(2)?,
+            ))
+        })
+        .map_err(text)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(|e| format!("shared groups: {e}"))?;
+    let mut returned_stmt = conn
+        .prepare(
+            "SELECT log_offset FROM share_returned WHERE group_name = ?1 AND filter = ?2 ORDER BY log_offset",
+        )
+        .map_err(text)?;
+    let mut shared_groups = Vec::with_capacity(groups.len());
+    for (group, filter, cursor) in groups {
+        let returned = returned_stmt
+            .query_map(params![group, filter], |r| r.get::<_, u64>(0))
+            .map_err(text)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| format!("shared group {group:?}: returned deliveries: {e}"))?;
+        shared_groups.push(SharedGroup {
+            key: SharedGroupKey { group, filter },
+            cursor,
+            returned,
+        });
+    }
+    let mut log = BroadcastFile::default();
+    if let Some(row) = log_row {
+        if row.kind != "append" {
+            return Err(format!(
+                "the broadcast log is stored as {}, not append",
+                row.kind
+            ));
+        }
+        log.next = row.next;
+        log.floor = row.floor;
+        log.bytes = row.bytes;
+        log.messages = read_records(conn, LOG)?;
+        log.cursors = read_positions(conn, LOG)?;
+        log.held = read_held(conn, LOG)?;
+    }
+    Ok((
+        SessionsFile {
+            sessions,
+            shared_groups,
+        },
+        log,
+    ))
+}
+
+/// Record columns with the size overridden (a deletion marker counts 0, as
+/// the provider stores it).
+fn bind_record<'a>(encoded: &'a Encoded<'a>, size: &'a u64) -> [&'a dyn ToSql; 13] {
+    let mut p = encoded.params();
+    p[12] = size;
+    p
+}
+
+fn insert_channel_row(
+    tx: &Connection,
+    name: &str,
+    kind: ChannelKind,
+    next: u64,
+    floor: u64,
+    bytes: u64,
+) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO channels (name, kind, next, floor, bytes) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![name, kind.as_str(), next, floor, bytes])?;
+    Ok(())
+}
+
+fn insert_records(
+    tx: &Connection,
+    channel: &str,
+    records: &[Record],
+    tick: &dyn Fn(u64),
+) -> rusqlite::Result<u64> {
+    let sql = format!(
+        "INSERT INTO records (channel, offset, {RECORD_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+    );
+    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut bytes = 0u64;
+    for (i, r) in records.iter().enumerate() {
+        let e = Encoded::new(r);
+        bytes += e.size;
+        // Bound in place: the hot loop of a migration, one row per record.
+        stmt.raw_bind_parameter(1, channel)?;
+        stmt.raw_bind_parameter(2, r.offset)?;
+        for (n, value) in e.params().into_iter().enumerate() {
+            stmt.raw_bind_parameter(n + 3, value)?;
+        }
+        stmt.raw_execute()?;
+        if i % 4096 == 4095 {
+            tick(4096);
+        }
+    }
+    tick(records.len() as u64 % 4096);
+    Ok(bytes)
+}
+
+fn insert_positions(
+    tx: &Connection,
+    channel: &str,
+    positions: &[Position],
+) -> rusqlite::Result<()> {
+    let mut stmt = tx.prepare_cached(
+        "INSERT INTO positions (channel, reader, offset, saved_at, session_expiry) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for p in positions {
+        stmt.execute(params![
+            channel,
+            p.reader,
+            p.offset,
+            p.saved_at,
+            p.session_expiry
+        ])?;
+    }
+    Ok(())
+}
+
+fn insert_held(tx: &Connection, channel: &str, held: &[HeldPublish]) -> rusqlite::Result<()> {
+    let sql = format!(
+        "INSERT INTO held_publishes (channel, holder_client_id, packet_id, held_at, {RECORD_COLUMNS})
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+    );
+    let mut stmt = tx.prepare_cached(&sql)?;
+    for h in held {
+        let record = Record {
+            offset: 0,
+            ..h.record.clone()
+        };
+        let e = Encoded::new(&record);
+        let mut p: Vec<&dyn ToSql> = vec![&channel, &h.client_id, &h.packet_id, &h.held_at];
+        p.extend(e.params());
+        stmt.execute(&p[..])?;
+    }
+    Ok(())
+}
+
+/// Writes one unit in one transaction: all of it or none of it. `tick`
+/// is told how many records went in, for a progress bar.
+pub fn write_unit(conn: &mut Connection, unit: &Unit, tick: &dyn Fn(u64)) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    match unit {
+        Unit::Channel(c) => write_channel(&tx, c, tick)?,
+        Unit::Retained(r) => write_retained(&tx, r, tick)?,
+        Unit::Sessions { sessions, log } => write_sessions(&tx, sessions, log, tick)?,
+    }
+    tx.commit()
+}
+
+fn write_channel(tx: &Connection, c: &ChannelFile, tick: &dyn Fn(u64)) -> rusqlite::Result<()> {
+    match c.kind {
+        ChannelKind::Append => {
+            insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
+            let bytes = insert_records(tx, &c.name, &c.records, tick)?;
+            // The stored byte count is what the records count for, as the
+            // provider keeps it (a removal gives back exactly that).
+            tx.prepare_cached("UPDATE channels SET bytes = ?2 WHERE name = ?1")?
+                .execute(params![c.name, bytes])?;
+        }
+        ChannelKind::Latest => {
+            // A latest channel's bytes live in memory on this provider.
+            insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
+            insert_latest(tx, &c.name, &c.records, true, tick)?;
+        }
+        ChannelKind::Queue => {
+            insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
+            let sql = format!(
+                "INSERT INTO queue_items (channel, offset, {RECORD_COLUMNS}, attempts, first_delivered, last_delivered)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
+            );
+            let mut stmt = tx.prepare_cached(&sql)?;
+            for item in &c.items {
+                let e = Encoded::new(&item.record);
+                let mut p: Vec<&dyn ToSql> = vec![&c.name, &item.record.offset];
+                p.extend(e.params());
+                p.push(&item.attempts);
+                p.push(&item.first_delivered);
+                p.push(&item.last_delivered);
+                stmt.execute(&p[..])?;
+            }
+            tick(c.items.len() as u64);
+            // The dead-letter channel in the same transaction as its queue:
+            // a move between them is never recorded by half.
+            let dlq = dead_letter_name(&c.name);
+            let (next, floor, records, positions) = match &c.dead_letter {
+                Some(d) => (d.next, d.floor, &d.records[..], &d.positions[..]),
+                None => (1, 1, &[][..], &[][..]),
+            };
+            insert_channel_row(tx, &dlq, ChannelKind::Append, next, floor, 0)?;
+            let bytes = insert_records(tx, &dlq, records, tick)?;
+            tx.prepare_cached("UPDATE channels SET bytes = ?2 WHERE name = ?1")?
+                .execute(params![dlq, bytes])?;
+            insert_positions(tx, &dlq, positions)?;
+        }
+    }
+    insert_positions(tx, &c.name, &c.positions)?;
+    insert_held(tx, &c.name, &c.held)
+}
+
+fn insert_latest(
+    tx: &Connection,
+    channel: &str,
+    records: &[Record],
+    markers: bool,
+    tick: &dyn Fn(u64),
+) -> rusqlite::Result<()> {
+    let sql = format!(
+        "INSERT INTO latest_values (channel, offset, deleted, {RECORD_COLUMNS})
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+    );
+    let mut stmt = tx.prepare_cached(&sql)?;
+    for r in records {
+        let deleted = markers && r.payload.is_empty();
+        let e = Encoded::new(r);
+        let size = if deleted { 0 } else { e.size };
+        let mut p: Vec<&dyn ToSql> = vec![&channel, &r.offset, &deleted];
+        p.extend(bind_record(&e, &size));
+        stmt.execute(&p[..])?;
+    }
+    tick(records.len() as u64);
+    Ok(())
+}
+
+/// The retained store's offsets only order its values: kept when they do
+/// (nonzero, ascending), numbered afresh in file order when they do not, as
+/// the memory provider's loader numbers them.
+pub fn retained_offsets(records: &[Record]) -> Vec<Record> {
+    let ordered = records.iter().all(|r| r.offset > 0)
+        && records
+            .windows(2)
+            .all(|w| w.first().map(|a| a.offset) < w.get(1).map(|b| b.offset));
+    records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Record {
+            offset: if ordered { r.offset } else { i as u64 + 1 },
+            ..r.clone()
+        })
+        .collect()
+}
+
+fn write_retained(tx: &Connection, r: &RetainedFile, tick: &dyn Fn(u64)) -> rusqlite::Result<()> {
+    let records = retained_offsets(&r.records);
+    let next = records.last().map_or(1, |r| r.offset + 1);
+    insert_channel_row(tx, RETAINED_STORE_NAME, ChannelKind::Latest, next, 1, 0)?;
+    insert_latest(tx, RETAINED_STORE_NAME, &records, false, tick)
+}
+
+fn write_sessions(
+    tx: &Connection,
+    sessions: &SessionsFile,
+    log: &BroadcastFile,
+    tick: &dyn Fn(u64),
+) -> rusqlite::Result<()> {
+    insert_channel_row(tx, LOG, ChannelKind::Append, log.next, log.floor, 0)?;
+    let bytes = insert_records(tx, LOG, &log.messages, tick)?;
+    tx.prepare_cached("UPDATE channels SET bytes = ?2 WHERE name = ?1")?
+        .execute(params![LOG, bytes])?;
+    // Cursors carry no expiry: they live as long as their session.
+    let cursors: Vec<Position> = log
+        .cursors
+        .iter()
+        .map(|p| Position {
+            session_expiry: None,
+            ..p.clone()
+        })
+        .collect();
+    insert_positions(tx, LOG, &cursors)?;
+    insert_held(tx, LOG, &log.held)?;
+    let mut session_stmt = tx.prepare_cached(
+        "INSERT INTO sessions (client_id, principal, expiry_interval, detached_at, subscriptions, will, window)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let mut inflight_stmt = tx.prepare_cached(
+        "INSERT INTO session_inflight (client_id, seq, log_offset, packet_id, qos, phase, share_group, share_filter)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    for s in &sessions.sessions {
+        session_stmt.execute(params![
+            s.client_id,
+            s.principal,
+            s.expiry_interval,
+            s.detached_at,
+            subscriptions_json(&s.subscriptions),
+            s.will.as_ref().map(will_json),
+            s.window
+        ])?;
+        for (seq, e) in s.inflight.iter().enumerate() {
+            let phase = match e.phase {
+                InflightPhase::AwaitingAck => "awaiting_ack",
+                InflightPhase::AwaitingComp => "awaiting_comp",
+            };
+            inflight_stmt.execute(params![
+                s.client_id,
+                seq as i64,
+                e.log_offset,
+                e.packet_id,
+                e.qos,
+                phase,
+                e.shared_group.as_ref().map(|k| k.group.as_str()),
+                e.shared_group.as_ref().map(|k| k.filter.as_str()),
+            ])?;
+        }
+    }
+    tick(sessions.sessions.len() as u64);
+    let mut group_stmt = tx.prepare_cached(
+        "INSERT INTO share_groups (group_name, filter, cursor) VALUES (?1, ?2, ?3)",
+    )?;
+    let mut returned_stmt = tx.prepare_cached(
+        "INSERT INTO share_returned (group_name, filter, log_offset) VALUES (?1, ?2, ?3)",
+    )?;
+    for g in &sessions.shared_groups {
+        group_stmt.execute(params![g.key.group, g.key.filter, g.cursor])?;
+        for o in &g.returned {
+            returned_stmt.execute(params![g.key.group, g.key.filter, o])?;
+        }
+    }
+    Ok(())
+}
+
+fn count(conn: &Connection, sql: &str, args: &[&dyn ToSql]) -> rusqlite::Result<u64> {
+    conn.prepare_cached(sql)?
+        .query_row(args, |r| r.get::<_, i64>(0))
+        .map(|n| n.max(0) as u64)
+}
+
+fn counters(conn: &Connection, name: &str) -> rusqlite::Result<(u64, u64)> {
+    Ok(conn
+        .prepare_cached("SELECT next, floor FROM channels WHERE name = ?1")?
+        .query_row([name], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?
+        .unwrap_or((0, 0)))
+}
+
+/// What the database holds of `unit` (the same rules as [`Unit::counts`]),
+/// counted by SQL in the destination: the counts out.
+pub fn count_unit(conn: &Connection, unit: &Unit) -> rusqlite::Result<Counts> {
+    const RECORDS: &str = "SELECT count(*) FROM records WHERE channel = ?1";
+    const POSITIONS: &str = "SELECT count(*) FROM positions WHERE channel = ?1";
+    const HELD: &str = "SELECT count(*) FROM held_publishes WHERE channel = ?1";
+    Ok(match unit {
+        Unit::Channel(c) => {
+            let name = c.name.as_str();
+            let (next, floor) = counters(conn, name)?;
+            let mut n = Counts {
+                next,
+                floor,
+                positions: count(conn, POSITIONS, &[&name])?,
+                held: count(conn, HELD, &[&name])?,
+                ..Counts::default()
+            };
+            match c.kind {
+                ChannelKind::Append => n.records = count(conn, RECORDS, &[&name])?,
+                ChannelKind::Latest => {
+                    n.records = count(
+                        conn,
+                        "SELECT count(*) FROM latest_values WHERE channel = ?1",
+                        &[&name],
+                    )?
+                }
+                ChannelKind::Queue => {
+                    n.queue_items = count(
+                        conn,
+                        "SELECT count(*) FROM queue_items WHERE channel = ?1",
+                        &[&name],
+                    )?;
+                    let dlq = dead_letter_name(name);
+                    n.dead_letters = count(conn, RECORDS, &[&dlq])?;
+                    n.positions += count(conn, POSITIONS, &[&dlq])?;
+                    (n.dead_letter_next, n.dead_letter_floor) = counters(conn, &dlq)?;
+                }
+            }
+            n
+        }
+        Unit::Retained(_) => Counts {
+            records: count(
+                conn,
+                "SELECT count(*) FROM latest_values WHERE channel = ?1 AND deleted = 0",
+                &[&RETAINED_STORE_NAME],
+            )?,
+            ..Counts::default()
+        },
+        Unit::Sessions { .. } => {
+            let (next, floor) = counters(conn, LOG)?;
+            Counts {
+                next,
+                floor,
+                records: count(conn, RECORDS, &[&LOG])?,
+                positions: count(conn, POSITIONS, &[&LOG])?,
+                held: count(conn, HELD, &[&LOG])?,
+                sessions: count(conn, "SELECT count(*) FROM sessions", &[])?,
+                inflight: count(conn, "SELECT count(*) FROM session_inflight", &[])?,
+                shared_groups: count(conn, "SELECT count(*) FROM share_groups", &[])?,
+                ..Counts::default()
+            }
+        }
+    })
+}

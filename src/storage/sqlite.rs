@@ -1,1 +1,0 @@
-//! The sqlite provider (schema version 20).

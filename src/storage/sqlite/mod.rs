@@ -1,0 +1,1406 @@
+//! The sqlite provider (RFC 0004 "SQLite"): one database file per provider,
+//! schema version 20, WAL with `synchronous=NORMAL`, one writer connection,
+//! `read_connections` query-only readers, a flusher that fsyncs the
+//! write-ahead log every `flush_interval` when something committed, and
+//! group commit of publishes.
+//!
+//! Opening order is the RFC's: the lock (`<file_path>.lock`) is taken before
+//! the database is touched at all; the file is created 0600 before SQLite
+//! sees it; the schema is applied (new file) or its version checked
+//! (existing file, refused by name when it is not 20); positions of sessions
+//! that expired while the broker was down are dropped; then the readers and
+//! the flusher start. Closing stops the flusher, checkpoints with
+//! `wal_checkpoint(TRUNCATE)` (a failure is logged, not fatal), and lets the
+//! lock go last. Nothing here ever runs VACUUM.
+
+mod append;
+mod batch;
+mod broadcast;
+mod held;
+mod latest;
+mod queue;
+pub mod row;
+pub mod schema;
+mod session;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OpenFlags};
+use saguin_format::model::ChannelKind;
+
+use super::contract::{
+    self, BroadcastLog, ChannelStore, HeldPublishStore, LatestStore, Position, Provider,
+    ProviderKind, Reader, SessionStore, StorageError, BROADCAST_LOG_NAME, RETAINED_STORE_NAME,
+};
+use super::lock::{self, LockGuard};
+
+pub use append::AppendChannel;
+pub use latest::LatestChannel;
+pub use queue::QueueChannel;
+pub use schema::{PAGE_SIZE, SCHEMA_VERSION};
+
+/// The revision a database records as its creator.
+pub const WRITER_REVISION: &str = lock::BUILD_REVISION;
+
+/// The bounds RFC 0002 puts on `flush_interval`.
+pub const FLUSH_INTERVAL_MIN: Duration = Duration::from_millis(10);
+pub const FLUSH_INTERVAL_MAX: Duration = Duration::from_secs(1);
+/// The longest `publish_commit_interval` admitted: the wait is paid per
+/// connection, so a longer one is refused.
+pub const PUBLISH_COMMIT_INTERVAL_MAX: Duration = Duration::from_secs(1);
+
+/// A sqlite provider's settings (SAGUIN.md §3 `storage[].kind: sqlite`).
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    /// The provider's configured name, for errors and logs.
+    pub name: String,
+    pub file_path: PathBuf,
+    /// The page ceiling; `None` is unbounded.
+    pub max_bytes: Option<u64>,
+    /// One largest record with its headers
+    /// ([`contract::reserve_for`]`(max_message_size, max_header_bytes)`).
+    pub reserve: u64,
+    pub flush_interval: Duration,
+    /// `None` collects without waiting; a duration makes a batch wait for
+    /// company up to it.
+    pub publish_commit_interval: Option<Duration>,
+    pub publish_commit_max_records: usize,
+    /// 0 = every read on the writer.
+    pub read_connections: usize,
+    /// limits.max_session_expiry in seconds, bounding the position sweep.
+    pub max_session_expiry: u32,
+}
+
+impl SqliteOptions {
+    /// The defaults of SAGUIN.md §3.
+    pub fn new(name: impl Into<String>, file_path: impl Into<PathBuf>) -> SqliteOptions {
+        SqliteOptions {
+            name: name.into(),
+            file_path: file_path.into(),
+            max_bytes: None,
+            reserve: contract::reserve_for(256 * 1024, 8 * 1024),
+            flush_interval: Duration::from_millis(150),
+            publish_commit_interval: None,
+            publish_commit_max_records: 256,
+            read_connections: 4,
+            max_session_expiry: 7 * 24 * 3600,
+        }
+    }
+}
+
+/// Why a sqlite provider could not be opened. Each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum SqliteOpenError {
+    #[error(transparent)]
+    Locked(#[from] lock::LockError),
+    /// RFC 0004 "There is no in-place upgrade".
+    #[error("storage {}: schema version {version} ({}); this broker reads version {SCHEMA_VERSION}",
+        path.display(), creator_text(.created_by, *.created_at))]
+    SchemaVersion {
+        path: PathBuf,
+        version: i64,
+        created_by: Option<String>,
+        created_at: Option<i64>,
+    },
+    #[error("storage {}: holds tables but states no schema version; this broker reads version {SCHEMA_VERSION} and does not adopt a database it did not create", path.display())]
+    Unversioned { path: PathBuf },
+    #[error("storage {}: schema version {SCHEMA_VERSION} but the tables {tables} are missing; the file was damaged or edited", path.display())]
+    MissingTables { path: PathBuf, tables: String },
+    #[error("storage {}: {context}: {source}", path.display())]
+    Sqlite {
+        path: PathBuf,
+        context: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("storage {}: {context}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        context: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("storage {}: {detail}", path.display())]
+    Settings { path: PathBuf, detail: String },
+    /// Recovery at open (the position sweep, reading the channels) failed.
+    #[error("storage {}: recovery at open: {source}", path.display())]
+    Recovery {
+        path: PathBuf,
+        #[source]
+        source: StorageError,
+    },
+}
+
+fn creator_text(by: &Option<String>, at: Option<i64>) -> String {
+    match (by, at) {
+        (Some(by), Some(at)) => format!("created by saguin {by} at {}", lock::rfc3339(at)),
+        _ => "created by an unknown build: no meta row".to_string(),
+    }
+}
+
+/// What a bound came to, stated once at startup (RFC 0004: it is no longer
+/// quite the number the operator wrote).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageBounds {
+    pub page_size: u64,
+    /// Where publishes stop: `(max_bytes - reserve) / page_size`.
+    pub publish_pages: u64,
+    /// The ceiling relief transactions raise to: `max_bytes / page_size`.
+    pub relief_pages: u64,
+}
+
+impl PageBounds {
+    /// Refuses a bound that rounds to no pages (SQLite reads
+    /// `max_page_count = 0` as a query) or one below twice the reserve.
+    pub fn compute(max_bytes: u64, reserve: u64, page_size: u64) -> Result<PageBounds, String> {
+        let relief_pages = max_bytes / page_size;
+        if relief_pages == 0 {
+            return Err(format!(
+                "max_bytes {max_bytes} rounds down to 0 pages of {page_size} bytes"
+            ));
+        }
+        if max_bytes < reserve.saturating_mul(2) {
+            return Err(format!(
+                "max_bytes {max_bytes} is below twice the reserve of {reserve} bytes (max_message_size + max_header_bytes)"
+            ));
+        }
+        let publish_pages = (max_bytes - reserve) / page_size;
+        if publish_pages == 0 {
+            return Err(format!(
+                "max_bytes {max_bytes} less the reserve of {reserve} bytes rounds down to 0 pages of {page_size} bytes"
+            ));
+        }
+        Ok(PageBounds {
+            page_size,
+            publish_pages,
+            relief_pages,
+        })
+    }
+}
+
+/// The counters the flusher shares with the provider (it must not hold the
+/// provider itself alive).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    /// Bumped after every commit: the flusher syncs only when it moved.
+    pub commits: AtomicU64,
+    /// saguin_storage_errors_total{provider}: failed writes, reads and flushes.
+    pub storage_errors: AtomicU64,
+    /// WAL fsyncs performed.
+    pub flushes: AtomicU64,
+    /// Publish transactions committed, and the publishes they held.
+    pub publish_batches: AtomicU64,
+    pub batched_publishes: AtomicU64,
+}
+
+/// The stores opened so far: asking twice gives back the first store.
+#[derive(Default)]
+struct Registry {
+    kinds: BTreeMap<String, ChannelKind>,
+    appends: HashMap<String, Arc<AppendChannel>>,
+    latests: HashMap<String, Arc<LatestChannel>>,
+    queues: HashMap<String, Arc<QueueChannel>>,
+    sessions: Option<Arc<session::Sessions>>,
+    broadcast: Option<Arc<broadcast::Broadcast>>,
+    held: Option<Arc<held::Held>>,
+}
+
+/// What every store of one provider shares: the connections and counters.
+pub(crate) struct Shared {
+    pub name: String,
+    pub path: PathBuf,
+    pub options: SqliteOptions,
+    /// The one write connection; `None` once closed.
+    writer: Mutex<Option<Connection>>,
+    readers: Mutex<Vec<Connection>>,
+    readers_free: Condvar,
+    reader_count: usize,
+    closed: AtomicBool,
+    /// See [`Shared::refuse_if_publishes_are`].
+    publishes_full: AtomicBool,
+    pub counters: Arc<Counters>,
+    pub bounds: Option<PageBounds>,
+    pub page_size: u64,
+    pub batcher: batch::Batcher,
+    registry: Mutex<Registry>,
+    flusher: Mutex<Option<Flusher>>,
+    lock: Mutex<Option<LockGuard>>,
+}
+
+/// The write connection, held for one operation.
+pub(crate) struct Writer<'a> {
+    conn: MutexGuard<'a, Option<Connection>>,
+    shared: &'a Shared,
+}
+
+impl Writer<'_> {
+    pub fn conn(&self) -> &Connection {
+        // `Shared::writer` returns a `Writer` only while the connection exists.
+        self.conn.as_ref().expect("writer checked open")
+    }
+
+    /// Runs `body` in one `BEGIN IMMEDIATE` transaction and commits it. A
+    /// relief transaction raises the page ceiling to the reserve inside the
+    /// transaction and lowers it again on both paths (the pragma is
+    /// connection state, which a rollback does not undo).
+    pub fn txn<T>(
+        &mut self,
+        relief: bool,
+        body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T> {
+        let conn = self.conn();
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let ceiling = if relief { self.shared.bounds } else { None };
+        let run = || -> rusqlite::Result<T> {
+            if let Some(b) = ceiling {
+                set_max_page_count(conn, b.relief_pages)?;
+            }
+            let out = body(conn)?;
+            if let Some(b) = ceiling {
+                set_max_page_count(conn, b.publish_pages)?;
+            }
+            conn.execute_batch("COMMIT")?;
+            Ok(out)
+        };
+        match run() {
+            Ok(out) => {
+                self.shared.counters.commits.fetch_add(1, Ordering::Release);
+                Ok(out)
+            }
+            Err(e) => {
+                // SQLITE_FULL and I/O errors may already have ended the
+                // transaction; a ROLLBACK with none open is itself an error.
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                if let Some(b) = ceiling {
+                    let _ = set_max_page_count(conn, b.publish_pages);
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+fn set_max_page_count(conn: &Connection, pages: u64) -> rusqlite::Result<()> {
+    let _now: i64 = conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
+        r.get(0)
+    })?;
+    Ok(())
+}
+
+impl Shared {
+    /// The write connection, or `Closed`.
+    pub fn writer(&self) -> contract::Result<Writer<'_>> {
+        let conn = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if conn.is_none() {
+            return Err(StorageError::Closed {
+                provider: self.name.clone(),
+            });
+        }
+        Ok(Writer { conn, shared: self })
+    }
+
+    /// Runs `body` in one read transaction on a read connection (or on the
+    /// writer when there are none), so everything it reads is one snapshot
+    /// and it sees every commit that returned before it began.
+    pub fn read<T>(
+        &self,
+        context: impl FnOnce() -> String,
+        body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> contract::Result<T> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StorageError::Closed {
+                provider: self.name.clone(),
+            });
+        }
+        let in_txn = |conn: &Connection| -> rusqlite::Result<T> {
+            conn.execute_batch("BEGIN")?;
+            let out = body(conn);
+            let end = conn.execute_batch("COMMIT");
+            let out = out?;
+            end?;
+            Ok(out)
+        };
+        let result = if self.reader_count == 0 {
+            let w = self.writer()?;
+            in_txn(w.conn())
+        } else {
+            let conn = {
+                let mut pool = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(conn) = pool.pop() {
+                        break conn;
+                    }
+                    if self.closed.load(Ordering::Acquire) {
+                        return Err(StorageError::Closed {
+                            provider: self.name.clone(),
+                        });
+                    }
+                    pool = self
+                        .readers_free
+                        .wait(pool)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            let out = in_txn(&conn);
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            self.readers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(conn);
+            self.readers_free.notify_one();
+            out
+        };
+        result.map_err(|e| self.read_error(context(), e))
+    }
+
+    pub fn read_error(&self, context: String, e: rusqlite::Error) -> StorageError {
+        self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
+        match e {
+            rusqlite::Error::FromSqlConversionFailure(_, _, detail) => StorageError::Corrupt {
+                what: format!("storage {}: {context}", self.path.display()),
+                detail: detail.to_string(),
+            },
+            rusqlite::Error::IntegralValueOutOfRange(col, v) => StorageError::Corrupt {
+                what: format!("storage {}: {context}", self.path.display()),
+                detail: format!("column {col} holds {v}, out of range"),
+            },
+            e => StorageError::Backend {
+                context: format!("storage {}: {context}", self.path.display()),
+                detail: e.to_string(),
+            },
+        }
+    }
+
+    /// A failed write: SQLITE_FULL is the provider's bound (0x97), anything
+    /// else a failed write (0x83).
+    pub fn write_error(
+        &self,
+        conn: Option<&Connection>,
+        context: String,
+        size: u64,
+        e: &rusqlite::Error,
+    ) -> StorageError {
+        self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
+        if e.sqlite_error_code() == Some(ErrorCode::DiskFull) {
+            let used = conn
+                .and_then(|c| {
+                    c.query_row("PRAGMA page_count", [], |r| r.get::<_, u64>(0))
+                        .ok()
+                })
+                .map_or(0, |pages| pages * self.page_size);
+            let limit = self.bounds.map_or(0, |b| b.publish_pages * b.page_size);
+            return StorageError::ProviderFull {
+                provider: self.name.clone(),
+                size,
+                used,
+                limit,
+            };
+        }
+        if let rusqlite::Error::FromSqlConversionFailure(_, _, detail) = e {
+            return StorageError::Corrupt {
+                what: format!("storage {}: {context}", self.path.display()),
+                detail: detail.to_string(),
+            };
+        }
+        StorageError::Write {
+            context: format!("storage {}: {context}", self.path.display()),
+            detail: e.to_string(),
+        }
+    }
+
+    /// Creates the channel's row if absent (next = floor = 1) and returns
+    /// its stored kind and counters.
+    fn channel_row(
+        &self,
+        name: &str,
+        kind: ChannelKind,
+    ) -> contract::Result<(ChannelKind, u64, u64, u64)> {
+        let mut w = self.writer()?;
+        let out = w.txn(false, |conn| {
+            conn.execute(
+                "INSERT INTO channels (name, kind, next, floor, bytes) VALUES (?1, ?2, 1, 1, 0)
+                 ON CONFLICT (name) DO NOTHING",
+                rusqlite::params![name, kind.as_str()],
+            )?;
+            conn.query_row(
+                "SELECT kind, next, floor, bytes FROM channels WHERE name = ?1",
+                [name],
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, u64>(1)?,
+                        r.get::<_, u64>(2)?,
+                        r.get::<_, u64>(3)?,
+                    ))
+                },
+            )
+        });
+        let (stored, next, floor, bytes) = out.map_err(|e| {
+            self.write_error(Some(w.conn()), format!("opening channel {name}"), 0, &e)
+        })?;
+        let stored = parse_kind(&stored).ok_or_else(|| StorageError::Corrupt {
+            what: format!("storage {}: channel {name}", self.path.display()),
+            detail: format!("kind {stored:?} is not append, latest or queue"),
+        })?;
+        if floor > next || floor == 0 {
+            return Err(StorageError::Corrupt {
+                what: format!("storage {}: channel {name}", self.path.display()),
+                detail: format!("floor {floor} and next {next} contradict each other"),
+            });
+        }
+        Ok((stored, next, floor, bytes))
+    }
+
+    /// Every stored position of `channel`, by reader.
+    fn load_positions(&self, channel: &str) -> contract::Result<BTreeMap<String, u64>> {
+        self.read(
+            || format!("channel {channel}: reading positions"),
+            |conn| {
+                let mut stmt = conn.prepare_cached(SQL_POSITIONS_OFFSETS)?;
+                let rows = stmt.query_map([channel], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?))
+                })?;
+                rows.collect()
+            },
+        )
+    }
+
+    /// A channel's position of `reader`, read on a read connection.
+    pub fn position(&self, channel: &str, reader: &Reader) -> contract::Result<Option<Position>> {
+        let name = reader.to_string();
+        let row = self.read(
+            || format!("channel {channel}: reading the position of {name}"),
+            |conn| {
+                let mut stmt = conn.prepare_cached(SQL_POSITION)?;
+                let mut rows = stmt.query(rusqlite::params![channel, name])?;
+                match rows.next()? {
+                    Some(r) => Ok(Some((
+                        r.get::<_, u64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, Option<u32>>(2)?,
+                    ))),
+                    None => Ok(None),
+                }
+            },
+        )?;
+        Ok(row.map(|(offset, saved_at, session_expiry)| Position {
+            reader: reader.clone(),
+            offset,
+            saved_at,
+            session_expiry,
+        }))
+    }
+
+    pub fn positions(&self, channel: &str) -> contract::Result<Vec<Position>> {
+        let rows = self.read(
+            || format!("channel {channel}: reading positions"),
+            |conn| {
+                let mut stmt = conn.prepare_cached(SQL_POSITIONS)?;
+                let rows = stmt.query_map([channel], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, u64>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, Option<u32>>(3)?,
+                    ))
+                })?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()
+            },
+        )?;
+        rows.into_iter()
+            .map(|(reader, offset, saved_at, session_expiry)| {
+                let reader = Reader::parse(&reader).map_err(|e| StorageError::Corrupt {
+                    what: format!(
+                        "storage {}: channel {channel} positions",
+                        self.path.display()
+                    ),
+                    detail: e.to_string(),
+                })?;
+                Ok(Position {
+                    reader,
+                    offset,
+                    saved_at,
+                    session_expiry,
+                })
+            })
+            .collect()
+    }
+
+    /// Stores a position: a relief write (it may use the reserve). A
+    /// position never leads the channel (`offset` within `1..=next`), an
+    /// `mqtt:` reader states its session expiry and a `bridge:` reader none.
+    pub fn save_position(
+        &self,
+        channel: &str,
+        position: &Position,
+        next: u64,
+    ) -> contract::Result<()> {
+        let invalid = |detail: String| StorageError::Invalid {
+            what: format!("channel {channel}: position of {}", position.reader),
+            detail,
+        };
+        if position.offset < contract::FIRST_OFFSET || position.offset > next {
+            return Err(invalid(format!(
+                "offset {} is outside 1..={next} (a position never leads the channel)",
+                position.offset
+            )));
+        }
+        let expiry_ok = match position.reader.scheme() {
+            contract::ReaderScheme::Mqtt => position.session_expiry.is_some(),
+            contract::ReaderScheme::Bridge => position.session_expiry.is_none(),
+        };
+        if !expiry_ok {
+            return Err(invalid(
+                "an mqtt: reader states its session expiry interval and a bridge: reader states none".into(),
+            ));
+        }
+        let name = position.reader.to_string();
+        let mut w = self.writer()?;
+        w.txn(true, |conn| {
+            conn.prepare_cached(
+                "INSERT INTO positions (channel, reader, offset, saved_at, session_expiry)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (channel, reader) DO UPDATE SET offset = excluded.offset,
+                     saved_at = excluded.saved_at, session_expiry = excluded.session_expiry",
+            )?
+            .execute(rusqlite::params![
+                channel,
+                name,
+                position.offset,
+                position.saved_at,
+                position.session_expiry
+            ])
+        })
+        .map(|_| ())
+        .map_err(|e| {
+            self.write_error(
+                Some(w.conn()),
+                format!("channel {channel}: saving the position of {name}"),
+                0,
+                &e,
+            )
+        })
+    }
+
+    pub fn drop_position(&self, channel: &str, reader: &Reader) -> contract::Result<bool> {
+        let name = reader.to_string();
+        let mut w = self.writer()?;
+        w.txn(true, |conn| {
+            conn.prepare_cached("DELETE FROM positions WHERE channel = ?1 AND reader = ?2")?
+                .execute(rusqlite::params![channel, name])
+        })
+        .map(|n| n > 0)
+        .map_err(|e| {
+            self.write_error(
+                Some(w.conn()),
+                format!("channel {channel}: dropping the position of {name}"),
+                0,
+                &e,
+            )
+        })
+    }
+
+    /// Refuses a publish-class write (a hold) while publishes are refused
+    /// for want of room: set by a publish meeting SQLITE_FULL, cleared by
+    /// any commit that stored a publish or removed something.
+    pub fn refuse_if_publishes_are(&self, size: u64) -> contract::Result<()> {
+        if self.publishes_full.load(Ordering::Acquire) {
+            let used = self.provider_bytes();
+            let limit = self.bounds.map_or(0, |b| b.publish_pages * b.page_size);
+            return Err(StorageError::ProviderFull {
+                provider: self.name.clone(),
+                size,
+                used,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Publishes met the ceiling (or, `false`, room was found or made).
+    pub fn set_publishes_full(&self, full: bool) {
+        self.publishes_full.store(full, Ordering::Release);
+    }
+
+    fn provider_bytes(&self) -> u64 {
+        self.read(
+            || "reading the page count".into(),
+            |conn| conn.query_row("PRAGMA page_count", [], |r| r.get::<_, u64>(0)),
+        )
+        .map_or(0, |pages| pages * self.page_size)
+    }
+}
+
+pub(crate) fn parse_kind(kind: &str) -> Option<ChannelKind> {
+    match kind {
+        "append" => Some(ChannelKind::Append),
+        "latest" => Some(ChannelKind::Latest),
+        "queue" => Some(ChannelKind::Queue),
+        _ => None,
+    }
+}
+
+const SQL_POSITION: &str =
+    "SELECT offset, saved_at, session_expiry FROM positions WHERE channel = ?1 AND reader = ?2";
+const SQL_POSITIONS: &str =
+    "SELECT reader, offset, saved_at, session_expiry FROM positions WHERE channel = ?1 ORDER BY reader";
+const SQL_POSITIONS_OFFSETS: &str = "SELECT reader, offset FROM positions WHERE channel = ?1";
+
+/// Every statement a read connection runs, prepared when the provider opens
+/// so a read never parses SQL.
+fn read_statements() -> Vec<String> {
+    let mut all = vec![
+        SQL_POSITION.to_string(),
+        SQL_POSITIONS.to_string(),
+        SQL_POSITIONS_OFFSETS.to_string(),
+    ];
+    all.extend(append::READ_STATEMENTS.iter().map(|s| s.to_string()));
+    all.extend(latest::read_statements());
+    all.extend(queue::read_statements());
+    all.extend(session::read_statements());
+    all.push(held::SQL_ALL.to_string());
+    all
+}
+
+/// The WAL flusher: every `flush_interval`, fsync the write-ahead log when
+/// something committed since the last fsync (synchronous=NORMAL syncs only
+/// at checkpoints). An idle provider writes nothing.
+struct Flusher {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: JoinHandle<()>,
+}
+
+impl Flusher {
+    fn start(
+        name: String,
+        path: &Path,
+        interval: Duration,
+        counters: Arc<Counters>,
+    ) -> io::Result<Flusher> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let wal_path = wal_path(path);
+        let stop_seen = Arc::clone(&stop);
+        // Read here, not in the thread: a thread slow to start would
+        // otherwise count commits made meanwhile as already flushed.
+        let mut flushed = counters.commits.load(Ordering::Acquire);
+        let thread = std::thread::Builder::new()
+            .name(format!("sqlite-flush-{name}"))
+            .spawn(move || {
+                let mut wal: Option<std::fs::File> = None;
+                let mut failing = false;
+                let (stopped, cv) = &*stop_seen;
+                let mut guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    let (g, _) = cv
+                        .wait_timeout(guard, interval)
+                        .unwrap_or_else(|e| e.into_inner());
+                    guard = g;
+                    let stopping = *guard;
+                    let now = counters.commits.load(Ordering::Acquire);
+                    if now != flushed {
+                        match sync_wal(&wal_path, &mut wal) {
+                            Ok(()) => {
+                                flushed = now;
+                                counters.flushes.fetch_add(1, Ordering::Relaxed);
+                                if failing {
+                                    tracing::info!(provider = %name, "write-ahead log flush recovered");
+                                }
+                                failing = false;
+                            }
+                            Err(e) => {
+                                counters.storage_errors.fetch_add(1, Ordering::Relaxed);
+                                if !failing {
+                                    // The first of a streak: acknowledged commits
+                                    // may not be on the disk.
+                                    tracing::error!(provider = %name, wal = %wal_path.display(), error = %e,
+                                        "write-ahead log flush failed; acknowledged commits may not be durable");
+                                }
+                                failing = true;
+                                wal = None;
+                            }
+                        }
+                    }
+                    if stopping {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Flusher { stop, thread })
+    }
+
+    fn stop(self) {
+        let (stopped, cv) = &*self.stop;
+        *stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
+        let _ = self.thread.join();
+    }
+}
+
+fn wal_path(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push("-wal");
+    PathBuf::from(name)
+}
+
+/// fsync the write-ahead log. The descriptor is kept between flushes; SQLite
+/// places no locks on the `-wal` file, so holding it is harmless.
+fn sync_wal(path: &Path, wal: &mut Option<std::fs::File>) -> io::Result<()> {
+    if wal.is_none() {
+        match std::fs::File::open(path) {
+            Ok(f) => *wal = Some(f),
+            // No log yet: nothing committed through it to sync.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    match wal {
+        Some(f) => f.sync_data(),
+        None => Ok(()),
+    }
+}
+
+/// Pragmas every connection gets at open, before anything else runs.
+fn apply_connection_pragmas(conn: &Connection, query_only: bool) -> rusqlite::Result<()> {
+    conn.busy_timeout(Duration::from_secs(5))?;
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "journal_mode stayed {mode:?}; WAL is required"
+        )));
+    }
+    conn.execute_batch("PRAGMA synchronous = NORMAL")?;
+    if query_only {
+        conn.execute_batch("PRAGMA query_only = 1")?;
+    }
+    // Checkpoints stay automatic (every 1000 pages, on the writer), so the
+    // log stays bounded without a checkpoint thread of our own.
+    Ok(())
+}
+
+/// Creates the database file at 0600 if it does not exist, before SQLite
+/// sees it (SQLite would create it 0644 less the umask).
+fn create_private(path: &Path) -> io::Result<()> {
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A sqlite storage provider.
+pub struct SqliteProvider {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SqliteProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteProvider")
+            .field("name", &self.shared.name)
+            .field("path", &self.shared.path)
+            .finish()
+    }
+}
+
+impl SqliteProvider {
+    /// Opens (creating if absent) the provider's database: the lock first,
+    /// then the file, the schema or its version check, the position sweep,
+    /// the readers and the flusher.
+    pub fn open(options: SqliteOptions) -> Result<SqliteProvider, SqliteOpenError> {
+        let path = options.file_path.clone();
+        let settings = |detail: String| SqliteOpenError::Settings {
+            path: path.clone(),
+            detail,
+        };
+        if options.flush_interval < FLUSH_INTERVAL_MIN
+            || options.flush_interval > FLUSH_INTERVAL_MAX
+        {
+            return Err(settings(format!(
+                "flush_interval {:?} is outside 10ms..1s",
+                options.flush_interval
+            )));
+        }
+        if options
+            .publish_commit_interval
+            .is_some_and(|i| i > PUBLISH_COMMIT_INTERVAL_MAX)
+        {
+            return Err(settings("publish_commit_interval is longer than 1s".into()));
+        }
+        if options.publish_commit_max_records == 0 {
+            return Err(settings("publish_commit_max_records is 0".into()));
+        }
+        // Checked before the lock and the file: a refused bound creates nothing.
+        if let Some(max) = options.max_bytes {
+            PageBounds::compute(max, options.reserve, PAGE_SIZE).map_err(settings)?;
+        }
+
+        let guard = lock::acquire(&lock::lock_path_for_database(&path))?;
+        let io_err = |context, source| SqliteOpenError::Io {
+            path: path.clone(),
+            context,
+            source,
+        };
+        let sql_err = |context, source| SqliteOpenError::Sqlite {
+            path: path.clone(),
+            context,
+            source,
+        };
+        create_private(&path).map_err(|e| io_err("creating the database file", e))?;
+        let mut writer = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| sql_err("opening the database", e))?;
+        // The page size only takes on a file with no pages yet; it must be
+        // set before WAL mode writes the header.
+        let pages: u64 = writer
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .map_err(|e| sql_err("reading the database header", e))?;
+        if pages == 0 {
+            writer
+                .execute_batch(&format!("PRAGMA page_size = {PAGE_SIZE}"))
+                .map_err(|e| sql_err("setting the page size", e))?;
+        }
+        apply_connection_pragmas(&writer, false)
+            .map_err(|e| sql_err("setting WAL and synchronous=NORMAL", e))?;
+        schema::apply_or_check(&mut writer, &path, WRITER_REVISION, lock::unix_nanos_now())?;
+        // On a file made elsewhere the page size is read back, never assumed.
+        let page_size: u64 = writer
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .map_err(|e| sql_err("reading the page size", e))?;
+        let bounds = match options.max_bytes {
+            Some(max) => {
+                let b = PageBounds::compute(max, options.reserve, page_size).map_err(settings)?;
+                set_max_page_count(&writer, b.publish_pages)
+                    .map_err(|e| sql_err("setting max_page_count", e))?;
+                tracing::info!(provider = %options.name, file = %path.display(), max_bytes = max,
+                    page_size, publish_pages = b.publish_pages, reserve_bytes = options.reserve,
+                    publishes_stop_at = b.publish_pages * page_size, relief_ceiling = b.relief_pages * page_size,
+                    "sqlite provider bound");
+                Some(b)
+            }
+            None => None,
+        };
+        writer.set_prepared_statement_cache_capacity(64);
+
+        let mut readers = Vec::with_capacity(options.read_connections);
+        let statements = read_statements();
+        for _ in 0..options.read_connections {
+            let conn = Connection::open_with_flags(
+                &path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(|e| sql_err("opening a read connection", e))?;
+            apply_connection_pragmas(&conn, true)
+                .map_err(|e| sql_err("setting up a read connection", e))?;
+            conn.set_prepared_statement_cache_capacity(statements.len() + 8);
+            for sql in &statements {
+                conn.prepare_cached(sql)
+                    .map_err(|e| sql_err("preparing the read statements", e))?;
+            }
+            readers.push(conn);
+        }
+
+        let counters = Arc::new(Counters::default());
+        let flusher = Flusher::start(
+            options.name.clone(),
+            &path,
+            options.flush_interval,
+            Arc::clone(&counters),
+        )
+        .map_err(|e| io_err("starting the flusher", e))?;
+        let shared = Arc::new(Shared {
+            name: options.name.clone(),
+            path: path.clone(),
+            batcher: batch::Batcher::new(
+                options.publish_commit_interval,
+                options.publish_commit_max_records,
+            ),
+            options,
+            writer: Mutex::new(Some(writer)),
+            reader_count: readers.len(),
+            readers: Mutex::new(readers),
+            readers_free: Condvar::new(),
+            closed: AtomicBool::new(false),
+            publishes_full: AtomicBool::new(false),
+            counters,
+            bounds,
+            page_size,
+            registry: Mutex::new(Registry::default()),
+            flusher: Mutex::new(Some(flusher)),
+            lock: Mutex::new(Some(guard)),
+        });
+        let provider = SqliteProvider { shared };
+        provider
+            .recover()
+            .map_err(|source| SqliteOpenError::Recovery {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(provider)
+    }
+
+    /// Recovery at open: nothing about queue work (none of the delivery
+    /// state is stored), and the positions whose sessions expired while the
+    /// broker was down are dropped - unconditionally, clean shutdown or not.
+    /// Broadcast-log cursors are not judged by expiry: one goes when its
+    /// session is not held.
+    fn recover(&self) -> contract::Result<()> {
+        let shared = &self.shared;
+        let now = contract::now_nanos();
+        let max_expiry = shared.options.max_session_expiry;
+        let positions: Vec<(String, String, i64, Option<u32>)> = shared.read(
+            || "reading positions for the expiry sweep".into(),
+            |conn| {
+                let mut stmt = conn.prepare(
+                    "SELECT channel, reader, saved_at, session_expiry FROM positions WHERE reader LIKE 'mqtt:%' AND channel != ?1",
+                )?;
+                let rows = stmt.query_map([BROADCAST_LOG_NAME], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+                rows.collect()
+            },
+        )?;
+        let expired: Vec<(String, String)> = positions
+            .into_iter()
+            .filter(|(_, reader, saved_at, session_expiry)| {
+                Reader::parse(reader).is_ok_and(|reader| {
+                    Position {
+                        reader,
+                        offset: 0,
+                        saved_at: *saved_at,
+                        session_expiry: *session_expiry,
+                    }
+                    .expired_at(now, max_expiry)
+                })
+            })
+            .map(|(c, r, _, _)| (c, r))
+            .collect();
+        let mut w = shared.writer()?;
+        let dropped = w
+            .txn(true, |conn| {
+                let mut n = 0;
+                for (channel, reader) in &expired {
+                    n += conn.execute(
+                        "DELETE FROM positions WHERE channel = ?1 AND reader = ?2",
+                        rusqlite::params![channel, reader],
+                    )?;
+                }
+                n += conn.execute(
+                    "DELETE FROM positions WHERE channel = ?1 AND reader NOT IN
+                         (SELECT 'mqtt:' || client_id FROM sessions)",
+                    [BROADCAST_LOG_NAME],
+                )?;
+                Ok(n)
+            })
+            .map_err(|e| {
+                shared.write_error(Some(w.conn()), "dropping expired positions".into(), 0, &e)
+            })?;
+        let kinds: Vec<(String, String)> = {
+            let mut stmt = w
+                .conn()
+                .prepare("SELECT name, kind FROM channels ORDER BY name")
+                .map_err(|e| shared.read_error("listing channels".into(), e))?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>());
+            rows.map_err(|e| shared.read_error("listing channels".into(), e))?
+        };
+        drop(w);
+        let mut registry = shared.registry.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, kind) in kinds {
+            let kind = parse_kind(&kind).ok_or_else(|| StorageError::Corrupt {
+                what: format!("storage {}: channel {name}", shared.path.display()),
+                detail: format!("kind {kind:?} is not append, latest or queue"),
+            })?;
+            registry.kinds.insert(name, kind);
+        }
+        if dropped > 0 {
+            tracing::info!(provider = %shared.name, positions = dropped, "dropped the positions of expired sessions");
+        }
+        Ok(())
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// What the bound came to, if there is one.
+    pub fn bounds(&self) -> Option<PageBounds> {
+        self.shared.bounds
+    }
+
+    /// saguin_storage_errors_total{provider}.
+    pub fn storage_errors(&self) -> u64 {
+        self.shared.counters.storage_errors.load(Ordering::Relaxed)
+    }
+
+    /// How many WAL fsyncs the flusher has made.
+    pub fn flushes(&self) -> u64 {
+        self.shared.counters.flushes.load(Ordering::Relaxed)
+    }
+
+    /// Group commit so far: (publish transactions committed, publishes in
+    /// them). Their ratio is the mean batch.
+    pub fn group_commit_stats(&self) -> (u64, u64) {
+        (
+            self.shared.counters.publish_batches.load(Ordering::Relaxed),
+            self.shared
+                .counters
+                .batched_publishes
+                .load(Ordering::Relaxed),
+        )
+    }
+
+    /// The append store of `name` (opened like [`Provider::open_channel`]).
+    pub fn append_channel(&self, name: &str) -> contract::Result<Arc<AppendChannel>> {
+        let mut registry = self
+            .shared
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        self.append_locked(&mut registry, name)
+    }
+
+    fn check_kind(
+        &self,
+        registry: &Registry,
+        name: &str,
+        kind: ChannelKind,
+    ) -> contract::Result<()> {
+        match registry.kinds.get(name) {
+            Some(&stored) if stored != kind => Err(StorageError::KindMismatch {
+                channel: name.to_string(),
+                configured: kind,
+                stored,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn append_locked(
+        &self,
+        registry: &mut Registry,
+        name: &str,
+    ) -> contract::Result<Arc<AppendChannel>> {
+        if let Some(store) = registry.appends.get(name) {
+            return Ok(Arc::clone(store));
+        }
+        self.check_kind(registry, name, ChannelKind::Append)?;
+        let store = AppendChannel::open(Arc::clone(&self.shared), name, false)?;
+        registry.kinds.insert(name.to_string(), ChannelKind::Append);
+        registry
+            .appends
+            .insert(name.to_string(), Arc::clone(&store));
+        Ok(store)
+    }
+
+    fn latest_locked(
+        &self,
+        registry: &mut Registry,
+        name: &str,
+    ) -> contract::Result<Arc<LatestChannel>> {
+        if let Some(store) = registry.latests.get(name) {
+            return Ok(Arc::clone(store));
+        }
+        self.check_kind(registry, name, ChannelKind::Latest)?;
+        let store = LatestChannel::open(Arc::clone(&self.shared), name)?;
+        registry.kinds.insert(name.to_string(), ChannelKind::Latest);
+        registry
+            .latests
+            .insert(name.to_string(), Arc::clone(&store));
+        Ok(store)
+    }
+
+    fn queue_locked(
+        &self,
+        registry: &mut Registry,
+        name: &str,
+    ) -> contract::Result<Arc<QueueChannel>> {
+        if let Some(store) = registry.queues.get(name) {
+            return Ok(Arc::clone(store));
+        }
+        self.check_kind(registry, name, ChannelKind::Queue)?;
+        let dlq = self.append_locked(registry, &contract::dead_letter_name(name))?;
+        let store = QueueChannel::open(Arc::clone(&self.shared), name, dlq)?;
+        registry.kinds.insert(name.to_string(), ChannelKind::Queue);
+        registry.queues.insert(name.to_string(), Arc::clone(&store));
+        Ok(store)
+    }
+
+    /// Looks up an opened store by name, for a held publish's release.
+    pub(crate) fn target_of(shared: &Shared, channel: &str) -> Option<batch::Target> {
+        let registry = shared.registry.lock().unwrap_or_else(|e| e.into_inner());
+        if channel == BROADCAST_LOG_NAME {
+            return registry
+                .broadcast
+                .as_ref()
+                .map(|b| batch::Target::Append(b.log()));
+        }
+        if let Some(s) = registry.appends.get(channel) {
+            return Some(batch::Target::Append(Arc::clone(s)));
+        }
+        if let Some(s) = registry.latests.get(channel) {
+            return Some(batch::Target::Latest(Arc::clone(s)));
+        }
+        registry
+            .queues
+            .get(channel)
+            .map(|s| batch::Target::Queue(Arc::clone(s)))
+    }
+
+    fn close_inner(&self) -> contract::Result<()> {
+        let shared = &self.shared;
+        if shared.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        shared.readers_free.notify_all();
+        if let Some(flusher) = shared
+            .flusher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            flusher.stop();
+        }
+        // Waits for the batch in progress, if any: it holds the writer.
+        let writer = shared
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        shared
+            .readers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        if let Some(conn) = writer {
+            // What makes the main file a complete copy on its own. A failure
+            // is worth saying and not worth refusing to shut down over: the
+            // data is committed either way and the next open replays the log.
+            match conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                r.get::<_, i64>(0)
+            }) {
+                Ok(0) => {}
+                Ok(_) => tracing::error!(provider = %shared.name, file = %shared.path.display(),
+                    "checkpoint at close could not complete (a reader held the log); the next open replays it"),
+                Err(e) => {
+                    tracing::error!(provider = %shared.name, file = %shared.path.display(), error = %e,
+                    "checkpoint at close failed; the next open replays the log")
+                }
+            }
+            if let Err((_, e)) = conn.close() {
+                tracing::error!(provider = %shared.name, error = %e, "closing the database failed");
+            }
+        }
+        // Break the store <-> provider cycle, then let the lock go last.
+        *shared.registry.lock().unwrap_or_else(|e| e.into_inner()) = Registry::default();
+        shared.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
+        Ok(())
+    }
+}
+
+impl Drop for SqliteProvider {
+    fn drop(&mut self) {
+        let _ = self.close_inner();
+    }
+}
+
+impl Provider for SqliteProvider {
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    fn kind(&self) -> ProviderKind {
+        ProviderKind::Sqlite
+    }
+
+    fn open_channel(&self, name: &str, kind: ChannelKind) -> contract::Result<ChannelStore> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(StorageError::Closed {
+                provider: self.shared.name.clone(),
+            });
+        }
+        let mut registry = self
+            .shared
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        Ok(match kind {
+            ChannelKind::Append => ChannelStore::Append(self.append_locked(&mut registry, name)?),
+            ChannelKind::Latest => ChannelStore::Latest(self.latest_locked(&mut registry, name)?),
+            ChannelKind::Queue => ChannelStore::Queue(self.queue_locked(&mut registry, name)?),
+        })
+    }
+
+    fn channels(&self) -> Vec<(String, ChannelKind)> {
+        let registry = self
+            .shared
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        registry
+            .kinds
+            .iter()
+            .filter(|(name, _)| !name.starts_with("$saguin/"))
+            .map(|(name, kind)| (name.clone(), *kind))
+            .collect()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.shared.provider_bytes()
+    }
+
+    fn max_bytes(&self) -> Option<u64> {
+        self.shared.options.max_bytes
+    }
+
+    fn reserve(&self) -> u64 {
+        if self.shared.options.max_bytes.is_some() {
+            self.shared.options.reserve
+        } else {
+            0
+        }
+    }
+
+    fn retained(&self) -> contract::Result<Arc<dyn LatestStore>> {
+        let mut registry = self
+            .shared
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        Ok(self.latest_locked(&mut registry, RETAINED_STORE_NAME)?)
+    }
+
+    fn sessions(&self) -> contract::Result<Arc<dyn SessionStore>> {
+        let mut registry = self
+            .shared
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = &registry.sessions {
+            return Ok(Arc::clone(s) as Arc<dyn SessionStore>);
+        }
+        let s = Arc::new(session::Sessions::new(Arc::clone(&self.shared)));
+        registry.sessions = Some(Arc::clone(&s));
+        Ok(s)
+    }
+
+    fn broadcast_log(&self) -> contract::Result<Arc<dyn BroadcastLog>> {
+        let mut registry = self
+            .shared
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = &registry.broadcast {
+            return Ok(Arc::clone(b) as Arc<dyn BroadcastLog>);
+        }
+        self.check_kind(&registry, BROADCAST_LOG_NAME, ChannelKind::Append)?;
+        let log = AppendChannel::open(Arc::clone(&self.shared), BROADCAST_LOG_NAME, true)?;
+        registry
+            .kinds
+            .insert(BROADCAST_LOG_NAME.to_string(), ChannelKind::Append);
+        let b = Arc::new(broadcast::Broadcast::new(Arc::clone(&self.shared), log));
+        registry.broadcast = Some(Arc::clone(&b));
+        Ok(b)
+    }
+
+    fn held_publishes(&self) -> contract::Result<Arc<dyn HeldPublishStore>> {
+        let mut registry = self
+            .shared
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = &registry.held {
+            return Ok(Arc::clone(h) as Arc<dyn HeldPublishStore>);
+        }
+        let h = Arc::new(held::Held::new(Arc::clone(&self.shared)));
+        registry.held = Some(Arc::clone(&h));
+        Ok(h)
+    }
+
+    fn close(&self) -> contract::Result<()> {
+        self.close_inner()
+    }
+}
+
+/// Opens a provider's database read-only for tools (`saguin sqlite dump`,
+/// migrations): the same version check as the broker, never `immutable=1`
+/// (which ignores the write-ahead log and shows a running broker's file as
+/// empty or stale). The connection is `query_only` as well.
+pub fn open_read_only(path: &Path) -> Result<Connection, SqliteOpenError> {
+    let sql_err = |context, source| SqliteOpenError::Sqlite {
+        path: path.to_path_buf(),
+        context,
+        source,
+    };
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => {
+            return Err(SqliteOpenError::Io {
+                path: path.to_path_buf(),
+                context: "opening the database",
+                source: io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
+            })
+        }
+        Err(e) => {
+            return Err(SqliteOpenError::Io {
+                path: path.to_path_buf(),
+                context: "opening the database",
+                source: e,
+            })
+        }
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| sql_err("opening the database read-only", e))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| sql_err("setting the busy timeout", e))?;
+    conn.execute_batch("PRAGMA query_only = 1")
+        .map_err(|e| sql_err("setting query_only", e))?;
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| sql_err("reading the schema version", e))?;
+    if version != SCHEMA_VERSION {
+        let has_tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'table'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| sql_err("reading the schema", e))?;
+        if version == 0 && has_tables > 0 {
+            return Err(SqliteOpenError::Unversioned {
+                path: path.to_path_buf(),
+            });
+        }
+        let creator = schema::creator(&conn).ok();
+        return Err(SqliteOpenError::SchemaVersion {
+            path: path.to_path_buf(),
+            version,
+            created_by: creator.as_ref().map(|(by, _)| by.clone()),
+            created_at: creator.map(|(_, at)| at),
+        });
+    }
+    Ok(conn)
+}
+
+#[cfg(test)]
+mod tests;

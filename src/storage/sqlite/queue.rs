@@ -1,0 +1,638 @@
+//! A queue on sqlite: `queue_items` holds the unresolved records and what
+//! survives about each - attempts, first and last delivery. Who holds one,
+//! under which delivery id, until when and at which epoch lives in memory
+//! only (invariant 15), so `offer` is a bounded read, `expired_leases`
+//! touches no database, and `lease` is one UPDATE of the attempt count (the
+//! one thing a restart must know).
+//!
+//! The queue's byte total and depth are summed at open and kept in memory:
+//! its table is a bounded working set, and storing them would put a second
+//! statement on the resolution path.
+//!
+//! Epochs are minted from one counter rather than kept per record: an epoch
+//! is compared only after its delivery id was found, and the table of live
+//! deliveries is empty at every start.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension};
+use saguin_format::model::{ChannelKind, Record, UnixNanos, UserProperty};
+
+use super::append::AppendChannel;
+use super::batch::{self, Job, Target};
+use super::row::{record_at, size_at};
+use super::schema::record_columns;
+use super::Shared;
+use crate::storage::contract::{
+    self, format_time, AppendStore, ExpiredLease, Lease, QueueItem, QueueStore, Released, Removed,
+    StorageError, HEADER_ATTEMPTS, HEADER_DLQ_REASON, HEADER_FIRST_DELIVERED,
+    HEADER_LAST_DELIVERED,
+};
+
+/// The default number of deliveries before a record is dead-lettered (the
+/// memory provider's too).
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+
+const SQL_ITEMS: &str = concat!(
+    "SELECT offset, ",
+    record_columns!(),
+    ", attempts, first_delivered, last_delivered FROM queue_items WHERE channel = ?1 ORDER BY offset"
+);
+const SQL_TOTALS: &str =
+    "SELECT count(*), coalesce(sum(size), 0) FROM queue_items WHERE channel = ?1";
+
+pub(crate) fn read_statements() -> Vec<String> {
+    vec![SQL_ITEMS.to_string(), SQL_TOTALS.to_string()]
+}
+
+/// One record out with a worker. Volatile.
+struct Delivery {
+    delivery_id: u64,
+    epoch: u64,
+    holder: String,
+    until: UnixNanos,
+    attempts: u32,
+    first_delivered: UnixNanos,
+    last_delivered: UnixNanos,
+    size: u64,
+    record: Record,
+}
+
+#[derive(Default)]
+struct Volatile {
+    /// By offset.
+    held: HashMap<u64, Delivery>,
+    by_id: HashMap<u64, u64>,
+    /// Backoff: not offered before this moment. Forgotten at a restart,
+    /// like every other piece of delivery state.
+    not_before: HashMap<u64, UnixNanos>,
+    next_delivery_id: u64,
+    next_epoch: u64,
+    backoff: Vec<Duration>,
+}
+
+pub struct QueueChannel {
+    me: Weak<QueueChannel>,
+    shared: Arc<Shared>,
+    name: String,
+    dlq: Arc<AppendChannel>,
+    next: AtomicU64,
+    bytes: AtomicU64,
+    depth: AtomicU64,
+    max_bytes: AtomicU64,
+    max_attempts: AtomicU32,
+    volatile: Mutex<Volatile>,
+}
+
+const UNBOUNDED: u64 = u64::MAX;
+
+fn item_at(row: &rusqlite::Row<'_>) -> rusqlite::Result<(QueueItem, u64)> {
+    let offset: u64 = row.get(0)?;
+    let record = record_at(row, 1, offset)?;
+    let size = size_at(row, 1)?;
+    Ok((
+        QueueItem {
+            record,
+            attempts: row.get(14)?,
+            first_delivered: row.get(15)?,
+            last_delivered: row.get(16)?,
+        },
+        size,
+    ))
+}
+
+impl QueueChannel {
+    pub(crate) fn open(
+        shared: Arc<Shared>,
+        name: &str,
+        dlq: Arc<AppendChannel>,
+    ) -> contract::Result<Arc<QueueChannel>> {
+        let (stored, next, _, _) = shared.channel_row(name, ChannelKind::Queue)?;
+        if stored != ChannelKind::Queue {
+            return Err(StorageError::KindMismatch {
+                channel: name.to_string(),
+                configured: ChannelKind::Queue,
+                stored,
+            });
+        }
+        let (depth, bytes): (u64, u64) = shared.read(
+            || format!("queue {name}: summing its records"),
+            |conn| {
+                conn.prepare_cached(SQL_TOTALS)?
+                    .query_row([name], |r| Ok((r.get(0)?, r.get(1)?)))
+            },
+        )?;
+        Ok(Arc::new_cyclic(|me| QueueChannel {
+            me: me.clone(),
+            shared,
+            name: name.to_string(),
+            dlq,
+            next: AtomicU64::new(next),
+            bytes: AtomicU64::new(bytes),
+            depth: AtomicU64::new(depth),
+            max_bytes: AtomicU64::new(UNBOUNDED),
+            max_attempts: AtomicU32::new(DEFAULT_MAX_ATTEMPTS),
+            volatile: Mutex::new(Volatile {
+                next_delivery_id: 1,
+                next_epoch: 1,
+                ..Volatile::default()
+            }),
+        }))
+    }
+
+    pub(crate) fn name_str(&self) -> &str {
+        &self.name
+    }
+    pub(crate) fn next_value(&self) -> u64 {
+        self.next.load(Ordering::Acquire)
+    }
+    pub(crate) fn bytes_value(&self) -> u64 {
+        self.bytes.load(Ordering::Acquire)
+    }
+    pub(crate) fn count_value(&self) -> u64 {
+        self.depth.load(Ordering::Acquire)
+    }
+    pub(crate) fn max_bytes_value(&self) -> Option<u64> {
+        match self.max_bytes.load(Ordering::Acquire) {
+            UNBOUNDED => None,
+            max => Some(max),
+        }
+    }
+
+    pub(crate) fn committed(&self, next: u64, bytes: u64, depth: u64) {
+        self.bytes.store(bytes, Ordering::Release);
+        self.depth.store(depth, Ordering::Release);
+        self.next.store(next, Ordering::Release);
+    }
+
+    fn gone(&self, size: u64) {
+        self.bytes
+            .fetch_sub(size.min(self.bytes_value()), Ordering::AcqRel);
+        self.depth
+            .fetch_sub(1.min(self.count_value()), Ordering::AcqRel);
+    }
+
+    fn volatile(&self) -> std::sync::MutexGuard<'_, Volatile> {
+        self.volatile.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn gap_after(backoff: &[Duration], attempts: u32) -> Duration {
+        let Some(last) = backoff.len().checked_sub(1) else {
+            return Duration::ZERO;
+        };
+        let i = (attempts.saturating_sub(1) as usize).min(last);
+        backoff.get(i).copied().unwrap_or(Duration::ZERO)
+    }
+
+    /// The dead-letter copy of a record: the `saguin-*` headers say why.
+    fn dead_letter_record(
+        mut record: Record,
+        attempts: u32,
+        first: UnixNanos,
+        last: UnixNanos,
+        now: UnixNanos,
+        reason: &str,
+    ) -> Record {
+        record.offset = 0;
+        let last = if last != 0 { last } else { now };
+        for (name, value) in [
+            (HEADER_ATTEMPTS, attempts.to_string()),
+            (HEADER_FIRST_DELIVERED, format_time(first)),
+            (HEADER_LAST_DELIVERED, format_time(last)),
+            (HEADER_DLQ_REASON, reason.to_owned()),
+        ] {
+            record.user_properties.push(UserProperty {
+                name: name.to_owned(),
+                value,
+            });
+        }
+        record
+    }
+
+    /// Moves records to the dead-letter channel and removes them from the
+    /// queue in ONE relief transaction. On failure neither half happened and
+    /// the dead-letter offsets taken are handed back (the counters move only
+    /// after the commit). Returns each moved record's dlq offset.
+    fn move_to_dead_letter(&self, moves: Vec<(u64, Record)>) -> contract::Result<Vec<u64>> {
+        let target = self.dlq.target()?;
+        let mut w = self.shared.writer()?;
+        let mut pending = vec![(
+            target.clone(),
+            batch::Pending {
+                next: self.dlq.next_value(),
+                bytes: self.dlq.bytes_value(),
+                count: self.dlq.count_value(),
+                topics: HashMap::new(),
+            },
+        )];
+        let result = w.txn(true, |conn| {
+            let mut dlq_offsets = Vec::with_capacity(moves.len());
+            for (offset, record) in &moves {
+                let stored = batch::stage(conn, &target, &mut pending[0].1, record)?;
+                dlq_offsets.push(stored);
+                conn.prepare_cached("DELETE FROM queue_items WHERE channel = ?1 AND offset = ?2")?
+                    .execute(rusqlite::params![self.name, offset])?;
+            }
+            batch::write_counter_rows(conn, &pending)?;
+            Ok(dlq_offsets)
+        });
+        match result {
+            Ok(offsets) => {
+                batch::publish_counters(pending);
+                Ok(offsets)
+            }
+            Err(e) => Err(self.shared.write_error(
+                Some(w.conn()),
+                format!("queue {}: moving to {}", self.name, self.dlq.name_str()),
+                0,
+                &e,
+            )),
+        }
+    }
+
+    fn read_items(&self) -> contract::Result<Vec<(QueueItem, u64)>> {
+        self.shared.read(
+            || format!("queue {}: reading its records", self.name),
+            |conn| {
+                let mut stmt = conn.prepare_cached(SQL_ITEMS)?;
+                let rows = stmt.query_map([&self.name], item_at)?;
+                rows.collect()
+            },
+        )
+    }
+}
+
+fn delete_item(conn: &Connection, channel: &str, offset: u64) -> rusqlite::Result<usize> {
+    conn.prepare_cached("DELETE FROM queue_items WHERE channel = ?1 AND offset = ?2")?
+        .execute(rusqlite::params![channel, offset])
+}
+
+impl QueueStore for QueueChannel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn enqueue(&self, record: Record) -> contract::Result<Record> {
+        contract::check_record(&self.name, &record, false)?;
+        let me = self.me.upgrade().ok_or_else(|| StorageError::Closed {
+            provider: self.shared.name.clone(),
+        })?;
+        match self
+            .shared
+            .batcher
+            .submit(&self.shared, Job::Put(Target::Queue(me), record))?
+        {
+            Some(stored) => Ok(stored),
+            None => Err(StorageError::Write {
+                context: format!("queue {}", self.name),
+                detail: "the job was not stored".into(),
+            }),
+        }
+    }
+
+    fn set_max_bytes(&self, max_bytes: Option<u64>) {
+        self.max_bytes
+            .store(max_bytes.unwrap_or(UNBOUNDED), Ordering::Release);
+    }
+
+    fn max_bytes(&self) -> Option<u64> {
+        self.max_bytes_value()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes_value()
+    }
+
+    fn depth(&self) -> u64 {
+        self.count_value()
+    }
+
+    fn next(&self) -> u64 {
+        self.next_value()
+    }
+
+    fn set_backoff(&self, gaps: Vec<Duration>) {
+        self.volatile().backoff = gaps;
+    }
+
+    fn set_max_attempts(&self, max_attempts: u32) {
+        self.max_attempts
+            .store(max_attempts.max(1), Ordering::Release);
+    }
+
+    fn offer(&self, max: usize, now: UnixNanos) -> contract::Result<Vec<QueueItem>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        // Records out with a worker cannot be excluded by the query, so it
+        // reads on past them and they are skipped here.
+        let max_attempts = self.max_attempts.load(Ordering::Acquire);
+        let (held, not_before): (std::collections::HashSet<u64>, HashMap<u64, UnixNanos>) = {
+            let v = self.volatile();
+            (v.held.keys().copied().collect(), v.not_before.clone())
+        };
+        self.shared.read(
+            || format!("queue {}: offering", self.name),
+            |conn| {
+                let mut stmt = conn.prepare_cached(SQL_ITEMS)?;
+                let mut rows = stmt.query([&self.name])?;
+                let mut out = Vec::new();
+                while let Some(row) = rows.next()? {
+                    let offset: u64 = row.get(0)?;
+                    let attempts: u32 = row.get(14)?;
+                    if held.contains(&offset)
+                        || not_before.get(&offset).is_some_and(|&t| t > now)
+                        || attempts >= max_attempts
+                    {
+                        continue;
+                    }
+                    out.push(item_at(row)?.0);
+                    if out.len() >= max {
+                        break;
+                    }
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    fn lease(
+        &self,
+        offset: u64,
+        holder: &str,
+        lease_until: UnixNanos,
+        now: UnixNanos,
+    ) -> contract::Result<Lease> {
+        let max_attempts = self.max_attempts.load(Ordering::Acquire);
+        let unavailable = |why: String| StorageError::Invalid {
+            what: format!("queue {}: lease of offset {offset}", self.name),
+            detail: why,
+        };
+        let mut v = self.volatile();
+        if let Some(d) = v.held.get(&offset) {
+            return Err(unavailable(format!("held by {}", d.holder)));
+        }
+        if v.not_before.get(&offset).is_some_and(|&t| t > now) {
+            return Err(unavailable("waiting out its backoff".into()));
+        }
+        let mut w = self.shared.writer()?;
+        // The one write a lease makes: the attempt count. A relief write.
+        let row = w.txn(true, |conn| {
+            conn.prepare_cached(concat!(
+                "UPDATE queue_items SET attempts = attempts + 1,
+                     first_delivered = CASE WHEN first_delivered = 0 THEN ?3 ELSE first_delivered END,
+                     last_delivered = ?3
+                 WHERE channel = ?1 AND offset = ?2 AND attempts < ?4
+                 RETURNING offset, ",
+                record_columns!(),
+                ", attempts, first_delivered, last_delivered"
+            ))?
+            .query_row(rusqlite::params![self.name, offset, now, max_attempts], item_at)
+            .optional()
+        });
+        let (item, size) = match row {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                return Err(unavailable(
+                    "no unresolved record there, or its attempts are spent".into(),
+                ))
+            }
+            Err(e) => {
+                return Err(self.shared.write_error(
+                    Some(w.conn()),
+                    format!("queue {}: leasing offset {offset}", self.name),
+                    0,
+                    &e,
+                ))
+            }
+        };
+        drop(w);
+        let delivery_id = v.next_delivery_id;
+        v.next_delivery_id += 1;
+        let epoch = v.next_epoch;
+        v.next_epoch += 1;
+        v.not_before.remove(&offset);
+        v.by_id.insert(delivery_id, offset);
+        v.held.insert(
+            offset,
+            Delivery {
+                delivery_id,
+                epoch,
+                holder: holder.to_string(),
+                until: lease_until,
+                attempts: item.attempts,
+                first_delivered: item.first_delivered,
+                last_delivered: item.last_delivered,
+                size,
+                record: item.record.clone(),
+            },
+        );
+        Ok(Lease {
+            delivery_id,
+            epoch,
+            attempts: item.attempts,
+            offset,
+            record: item.record,
+        })
+    }
+
+    fn resolve(&self, delivery_id: u64, epoch: u64) -> contract::Result<bool> {
+        let mut v = self.volatile();
+        let Some(&offset) = v.by_id.get(&delivery_id) else {
+            return Ok(false);
+        };
+        let Some(d) = v.held.get(&offset) else {
+            v.by_id.remove(&delivery_id);
+            return Ok(false);
+        };
+        if d.epoch != epoch || d.delivery_id != delivery_id {
+            return Ok(false);
+        }
+        let size = d.size;
+        let mut w = self.shared.writer()?;
+        let result = w.txn(true, |conn| delete_item(conn, &self.name, offset));
+        match result {
+            Ok(_) => {
+                drop(w);
+                v.held.remove(&offset);
+                v.by_id.remove(&delivery_id);
+                self.gone(size);
+                self.shared.set_publishes_full(false);
+                Ok(true)
+            }
+            Err(e) => Err(self.shared.write_error(
+                Some(w.conn()),
+                format!("queue {}: resolving offset {offset}", self.name),
+                0,
+                &e,
+            )),
+        }
+    }
+
+    fn release(
+        &self,
+        delivery_id: u64,
+        epoch: u64,
+        now: UnixNanos,
+        reason: &str,
+    ) -> contract::Result<Released> {
+        let max_attempts = self.max_attempts.load(Ordering::Acquire);
+        let mut v = self.volatile();
+        let Some(&offset) = v.by_id.get(&delivery_id) else {
+            return Ok(Released::Stale);
+        };
+        let Some(d) = v.held.get(&offset) else {
+            v.by_id.remove(&delivery_id);
+            return Ok(Released::Stale);
+        };
+        if d.epoch != epoch || d.delivery_id != delivery_id {
+            return Ok(Released::Stale);
+        }
+        if d.attempts >= max_attempts {
+            let record = Self::dead_letter_record(
+                d.record.clone(),
+                d.attempts,
+                d.first_delivered,
+                d.last_delivered,
+                now,
+                reason,
+            );
+            let size = d.size;
+            // On failure the record is still held, with the attempts it had.
+            let dlq_offsets = self.move_to_dead_letter(vec![(offset, record)])?;
+            v.held.remove(&offset);
+            v.by_id.remove(&delivery_id);
+            self.gone(size);
+            let dlq_offset = dlq_offsets.first().copied().unwrap_or(0);
+            return Ok(Released::DeadLettered { offset, dlq_offset });
+        }
+        let gap = Self::gap_after(&v.backoff, d.attempts);
+        let not_before = now.saturating_add(i64::try_from(gap.as_nanos()).unwrap_or(i64::MAX));
+        v.held.remove(&offset);
+        v.by_id.remove(&delivery_id);
+        v.not_before.insert(offset, not_before);
+        Ok(Released::Retry { offset, not_before })
+    }
+
+    fn expired_leases(&self, now: UnixNanos) -> Vec<ExpiredLease> {
+        let v = self.volatile();
+        let mut out: Vec<ExpiredLease> = v
+            .held
+            .iter()
+            .filter(|(_, d)| d.until <= now)
+            .map(|(&offset, d)| ExpiredLease {
+                delivery_id: d.delivery_id,
+                epoch: d.epoch,
+                offset,
+                holder: d.holder.clone(),
+            })
+            .collect();
+        out.sort_by_key(|e| e.offset);
+        out
+    }
+
+    fn expire_older_than(&self, cutoff: UnixNanos) -> contract::Result<Removed> {
+        let mut v = self.volatile();
+        let mut w = self.shared.writer()?;
+        // Walk from the oldest: held records are skipped (a worker has them),
+        // the first free one that stays ends the walk, and a timestamp of 0
+        // is never too old.
+        let held: std::collections::HashSet<u64> = v.held.keys().copied().collect();
+        let result = w.txn(false, |conn| {
+            let mut doomed = Vec::new();
+            {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT offset, timestamp, size FROM queue_items WHERE channel = ?1 ORDER BY offset",
+                )?;
+                let mut rows = stmt.query([&self.name])?;
+                while let Some(row) = rows.next()? {
+                    let offset: u64 = row.get(0)?;
+                    if held.contains(&offset) {
+                        continue;
+                    }
+                    let ts: i64 = row.get(1)?;
+                    if ts == 0 || ts >= cutoff {
+                        break;
+                    }
+                    doomed.push((offset, row.get::<_, u64>(2)?));
+                }
+            }
+            for (offset, _) in &doomed {
+                delete_item(conn, &self.name, *offset)?;
+            }
+            Ok(doomed)
+        });
+        match result {
+            Ok(doomed) => {
+                drop(w);
+                let mut removed = Removed::default();
+                self.shared.set_publishes_full(false);
+                for (offset, size) in doomed {
+                    v.not_before.remove(&offset);
+                    self.gone(size);
+                    removed.records += 1;
+                    removed.bytes += size;
+                }
+                Ok(removed)
+            }
+            Err(e) => Err(self.shared.write_error(
+                Some(w.conn()),
+                format!("queue {}: expiring records", self.name),
+                0,
+                &e,
+            )),
+        }
+    }
+
+    fn dead_letter_spent(&self, now: UnixNanos) -> contract::Result<u64> {
+        let max_attempts = self.max_attempts.load(Ordering::Acquire);
+        let mut v = self.volatile();
+        let spent: Vec<(QueueItem, u64)> = self
+            .read_items()?
+            .into_iter()
+            .filter(|(item, _)| {
+                item.attempts >= max_attempts && !v.held.contains_key(&item.record.offset)
+            })
+            .collect();
+        if spent.is_empty() {
+            return Ok(0);
+        }
+        let moves: Vec<(u64, Record)> = spent
+            .iter()
+            .map(|(item, _)| {
+                (
+                    item.record.offset,
+                    Self::dead_letter_record(
+                        item.record.clone(),
+                        item.attempts,
+                        item.first_delivered,
+                        item.last_delivered,
+                        now,
+                        "attempts spent before a restart",
+                    ),
+                )
+            })
+            .collect();
+        let moved = self.move_to_dead_letter(moves)?;
+        for (item, size) in &spent {
+            v.not_before.remove(&item.record.offset);
+            self.gone(*size);
+        }
+        Ok(moved.len() as u64)
+    }
+
+    fn dead_letter(&self) -> Arc<dyn AppendStore> {
+        Arc::clone(&self.dlq) as Arc<dyn AppendStore>
+    }
+
+    fn items(&self) -> contract::Result<Vec<QueueItem>> {
+        Ok(self
+            .read_items()?
+            .into_iter()
+            .map(|(item, _)| item)
+            .collect())
+    }
+}

@@ -1,0 +1,213 @@
+//! A record to and from the columns of [`super::schema::RECORD_COLUMNS`].
+//!
+//! Headers are JSON text because a sqlite provider is one an operator opens
+//! with the `sqlite3` shell, and headers are where they look when a message
+//! did not arrive as expected. A record carrying none stores NULL.
+
+use base64::Engine as _;
+use bytes::Bytes;
+use rusqlite::types::Type;
+use rusqlite::{Row, ToSql};
+use saguin_format::model::{PublishProps, Record, UserProperty};
+
+/// The five publish properties as the `props` column's JSON object.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PropsJson {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    content_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    response_topic: Option<String>,
+    /// base64 (standard alphabet, padded): correlation data is arbitrary bytes.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    correlation_data: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    payload_format_indicator: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    message_expiry_interval: Option<u32>,
+}
+
+/// The `headers` column: `[[name, value], ...]` or NULL.
+pub fn headers_json(headers: &[UserProperty]) -> Option<String> {
+    if headers.is_empty() {
+        return None;
+    }
+    let pairs: Vec<[&str; 2]> = headers
+        .iter()
+        .map(|p| [p.name.as_str(), p.value.as_str()])
+        .collect();
+    serde_json::to_string(&pairs).ok()
+}
+
+pub fn headers_from_json(text: &str) -> Result<Vec<UserProperty>, String> {
+    let pairs: Vec<[String; 2]> = serde_json::from_str(text)
+        .map_err(|e| format!("headers are not a JSON array of [name, value] pairs: {e}"))?;
+    Ok(pairs
+        .into_iter()
+        .map(|[name, value]| UserProperty { name, value })
+        .collect())
+}
+
+/// The `props` column: one JSON object, or NULL when nothing is set.
+pub fn props_json(props: &PublishProps) -> Option<String> {
+    if props.is_empty() {
+        return None;
+    }
+    let json = PropsJson {
+        content_type: props.content_type.clone(),
+        response_topic: props.response_topic.clone(),
+        correlation_data: props
+            .correlation_data
+            .as_ref()
+            .map(|d| base64::engine::general_purpose::STANDARD.encode(d)),
+        payload_format_indicator: props.payload_format_indicator,
+        message_expiry_interval: props.message_expiry_interval,
+    };
+    serde_json::to_string(&json).ok()
+}
+
+pub fn props_from_json(text: &str) -> Result<PublishProps, String> {
+    let json: PropsJson = serde_json::from_str(text)
+        .map_err(|e| format!("props are not the publish-properties object: {e}"))?;
+    let correlation_data = match json.correlation_data {
+        Some(b64) => Some(Bytes::from(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| format!("props.correlation_data is not base64: {e}"))?,
+        )),
+        None => None,
+    };
+    Ok(PublishProps {
+        content_type: json.content_type,
+        response_topic: json.response_topic,
+        correlation_data,
+        payload_format_indicator: json.payload_format_indicator,
+        message_expiry_interval: json.message_expiry_interval,
+    })
+}
+
+/// A record ready to bind: the JSON columns encoded once.
+pub struct Encoded<'a> {
+    pub record: &'a Record,
+    payload: &'a [u8],
+    headers: Option<String>,
+    props: Option<String>,
+    /// [`Record::accounted_size`], the one size function.
+    pub size: u64,
+}
+
+impl<'a> Encoded<'a> {
+    pub fn new(record: &'a Record) -> Encoded<'a> {
+        Encoded {
+            record,
+            payload: &record.payload,
+            headers: headers_json(&record.user_properties),
+            props: props_json(&record.props),
+            size: record.accounted_size(),
+        }
+    }
+
+    /// The 13 values of `RECORD_COLUMNS`, in order.
+    pub fn params(&self) -> [&dyn ToSql; 13] {
+        let r = self.record;
+        [
+            &r.message_id as &dyn ToSql,
+            &r.topic,
+            &r.timestamp,
+            &self.headers,
+            &self.payload as &dyn ToSql,
+            &self.props,
+            &r.retain,
+            &r.bridge,
+            &r.client_id,
+            &r.qos,
+            &r.shared_copy,
+            &r.owed_to,
+            &self.size as &dyn ToSql,
+        ]
+    }
+}
+
+fn corrupt(column: usize, detail: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(column, Type::Text, detail.into())
+}
+
+/// The record in `RECORD_COLUMNS` starting at column `first`, given the
+/// offset it is stored at. Every column is checked, never assumed.
+pub fn record_at(row: &Row<'_>, first: usize, offset: u64) -> rusqlite::Result<Record> {
+    let id: Vec<u8> = row.get(first)?;
+    let message_id: [u8; 16] = id
+        .as_slice()
+        .try_into()
+        .map_err(|_| corrupt(first, format!("message_id is {} bytes, not 16", id.len())))?;
+    let headers: Option<String> = row.get(first + 3)?;
+    let user_properties = match headers {
+        Some(text) => headers_from_json(&text).map_err(|e| corrupt(first + 3, e))?,
+        None => Vec::new(),
+    };
+    let props: Option<String> = row.get(first + 5)?;
+    let props = match props {
+        Some(text) => props_from_json(&text).map_err(|e| corrupt(first + 5, e))?,
+        None => PublishProps::default(),
+    };
+    let payload: Vec<u8> = row.get(first + 4)?;
+    let qos: u8 = row.get(first + 9)?;
+    if qos > 2 {
+        return Err(corrupt(first + 9, format!("qos {qos} is not 0, 1 or 2")));
+    }
+    Ok(Record {
+        offset,
+        message_id,
+        topic: row.get(first + 1)?,
+        timestamp: row.get(first + 2)?,
+        user_properties,
+        payload: Bytes::from(payload),
+        props,
+        retain: row.get(first + 6)?,
+        bridge: row.get(first + 7)?,
+        client_id: row.get(first + 8)?,
+        qos,
+        shared_copy: row.get(first + 10)?,
+        owed_to: row.get(first + 11)?,
+    })
+}
+
+/// The stored size column (column `first + 12` of the record columns).
+pub fn size_at(row: &Row<'_>, first: usize) -> rusqlite::Result<u64> {
+    row.get(first + 12)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_keep_order_and_repeats_and_props_round_trip() {
+        let headers = vec![
+            UserProperty {
+                name: "a".into(),
+                value: "1".into(),
+            },
+            UserProperty {
+                name: "a".into(),
+                value: "2".into(),
+            },
+        ];
+        let text = headers_json(&headers).unwrap();
+        assert_eq!(text, r#"[["a","1"],["a","2"]]"#);
+        assert_eq!(headers_from_json(&text).unwrap(), headers);
+        assert_eq!(headers_json(&[]), None);
+
+        let props = PublishProps {
+            correlation_data: Some(Bytes::from_static(&[0, 255, 7])),
+            payload_format_indicator: Some(1),
+            ..Default::default()
+        };
+        let text = props_json(&props).unwrap();
+        assert!(text.contains("\"correlation_data\":\"AP8H\""), "{text}");
+        assert_eq!(props_from_json(&text).unwrap(), props);
+        assert_eq!(props_json(&PublishProps::default()), None);
+        assert!(props_from_json(r#"{"nonsense":1}"#).is_err());
+        assert!(headers_from_json("{}").is_err());
+    }
+}

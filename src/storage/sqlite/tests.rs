@@ -1,0 +1,672 @@
+//! Unit tests of the sqlite provider against real files.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use saguin_format::model::{Record, UserProperty};
+
+use super::*;
+use crate::storage::contract::{
+    AppendStore, HeldPublish, InflightEntry, InflightPhase, Released, SessionEntry,
+    ShareGroupEntry, ShareGroupKey, SubscriptionEntry, WillEntry,
+};
+
+fn options(dir: &Path) -> SqliteOptions {
+    let mut o = SqliteOptions::new("db", dir.join("saguin.db"));
+    o.read_connections = 2;
+    o
+}
+
+fn rec(topic: &str, payload: &str, ts: i64) -> Record {
+    let mut r = Record::new(topic, Bytes::from(payload.to_string()));
+    r.timestamp = ts;
+    r.client_id = "c1".into();
+    r.qos = 1;
+    r
+}
+
+fn append(p: &SqliteProvider, name: &str) -> Arc<dyn AppendStore> {
+    p.open_channel(name, ChannelKind::Append)
+        .unwrap()
+        .as_append()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn a_new_database_is_private_wal_and_schema_20() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let path = dir.path().join("saguin.db");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(dir.path().join("saguin.db.lock").exists());
+    // A second broker is refused at once, naming the lock.
+    let err = SqliteProvider::open(options(dir.path())).unwrap_err();
+    assert!(matches!(err, SqliteOpenError::Locked(_)), "{err}");
+    assert!(err.to_string().contains("saguin.db.lock"), "{err}");
+    p.close().unwrap();
+
+    let conn = open_read_only(&path).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let page: i64 = conn
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(page, 4096);
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND sql LIKE '%STRICT%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(tables, 11);
+    let (by, at) = schema::creator(&conn).unwrap();
+    assert_eq!(by, WRITER_REVISION);
+    assert!(at > 0);
+    // Closing checkpointed: the main file stands alone.
+    let wal = std::fs::metadata(dir.path().join("saguin.db-wal"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    assert_eq!(wal, 0);
+}
+
+#[test]
+fn another_schema_version_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("saguin.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE meta (id INTEGER PRIMARY KEY, schema_version INTEGER, created_by TEXT, created_at INTEGER);
+         INSERT INTO meta VALUES (1, 5, '0123456789ab', 1767225600000000000);
+         PRAGMA user_version = 5;",
+    )
+    .unwrap();
+    drop(conn);
+    let err = SqliteProvider::open(options(dir.path())).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "storage {}: schema version 5 (created by saguin 0123456789ab at 2026-01-01T00:00:00Z); this broker reads version 20",
+            path.display()
+        )
+    );
+    let err = open_read_only(&path).unwrap_err();
+    assert!(err.to_string().contains("schema version 5"), "{err}");
+
+    // Tables and no version: not adopted.
+    let path2 = dir.path().join("other.db");
+    Connection::open(&path2)
+        .unwrap()
+        .execute_batch("CREATE TABLE records (x INTEGER);")
+        .unwrap();
+    let err = SqliteProvider::open(SqliteOptions::new("db", &path2)).unwrap_err();
+    assert!(matches!(err, SqliteOpenError::Unversioned { .. }), "{err}");
+
+    // Not a database at all.
+    let path3 = dir.path().join("junk.db");
+    std::fs::write(&path3, vec![7u8; 8192]).unwrap();
+    let err = SqliteProvider::open(SqliteOptions::new("db", &path3)).unwrap_err();
+    assert!(err.to_string().contains("junk.db"), "{err}");
+}
+
+#[test]
+fn counters_are_stored_and_survive_emptying_and_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let p = SqliteProvider::open(options(dir.path())).unwrap();
+        let s = append(&p, "telemetry");
+        for i in 0..10 {
+            let mut r = rec("telemetry/a", &format!("v{i}"), 1000 + i);
+            r.user_properties.push(UserProperty {
+                name: "k".into(),
+                value: "v".into(),
+            });
+            r.props.correlation_data = Some(Bytes::from_static(&[1, 2, 3]));
+            let stored = s.append(r).unwrap();
+            assert_eq!(stored.offset, i as u64 + 1);
+        }
+        assert_eq!(s.next(), 11);
+        assert_eq!(s.record_count(), 10);
+        let all = s.read_from(1).unwrap();
+        assert_eq!(all.len(), 10);
+        assert_eq!(all[3].payload, Bytes::from("v3"));
+        assert_eq!(all[3].user_properties.len(), 1);
+        assert_eq!(
+            all[3].props.correlation_data.as_deref(),
+            Some(&[1u8, 2, 3][..])
+        );
+        let bytes = s.bytes();
+        assert_eq!(bytes, all.iter().map(Record::accounted_size).sum::<u64>());
+
+        let removed = s.trim(4, None).unwrap();
+        assert_eq!(removed.records, 3);
+        assert_eq!(s.floor(), 4);
+        assert!(matches!(
+            s.read_from(2),
+            Err(StorageError::BelowFloor { floor: 4, .. })
+        ));
+        assert!(matches!(
+            s.read_from(12),
+            Err(StorageError::PastNext { .. })
+        ));
+        assert!(s.read_from(11).unwrap().is_empty());
+        // Emptying the channel changes neither next nor (beyond the removal) floor.
+        let removed = s.trim(100, None).unwrap();
+        assert_eq!(removed.records, 7);
+        assert_eq!(
+            (s.next(), s.floor(), s.bytes(), s.record_count()),
+            (11, 11, 0, 0)
+        );
+        p.close().unwrap();
+    }
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let s = append(&p, "telemetry");
+    assert_eq!((s.next(), s.floor(), s.bytes()), (11, 11, 0));
+    assert_eq!(s.append(rec("telemetry/a", "x", 1)).unwrap().offset, 11);
+    // Kinds are fixed.
+    assert!(matches!(
+        p.open_channel("telemetry", ChannelKind::Queue),
+        Err(StorageError::KindMismatch { .. })
+    ));
+}
+
+#[test]
+fn trim_by_size_and_age_walk_from_the_oldest() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let s = append(&p, "t");
+    for (i, ts) in [10, 20, 0, 5, 40].into_iter().enumerate() {
+        s.append(rec("t", &format!("{i}23456789"), ts)).unwrap();
+    }
+    // 10 bytes each (topic 1 + payload 9).
+    assert_eq!(s.bytes(), 50);
+    // The unset timestamp stops the age walk.
+    let removed = s.trim_older_than(30).unwrap();
+    assert_eq!(removed.records, 2);
+    assert_eq!(s.floor(), 3);
+    // A clock step backwards: the earliest offset at or after, not the nearest.
+    assert_eq!(s.first_at_or_after(5).unwrap(), Some(4));
+    assert_eq!(s.first_at_or_after(41).unwrap(), None);
+    let removed = s.trim(0, Some(15)).unwrap();
+    assert_eq!((removed.records, removed.bytes), (2, 20));
+    assert_eq!((s.floor(), s.bytes(), s.record_count()), (5, 10, 1));
+}
+
+#[test]
+fn group_commit_hands_out_every_offset_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.publish_commit_interval = Some(Duration::from_millis(2));
+    o.publish_commit_max_records = 16;
+    let p = SqliteProvider::open(o).unwrap();
+    let a = append(&p, "a");
+    let b = append(&p, "b");
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let s = if t % 2 == 0 {
+                Arc::clone(&a)
+            } else {
+                Arc::clone(&b)
+            };
+            std::thread::spawn(move || {
+                (0..100)
+                    .map(|i| s.append(rec("x", &format!("{t}-{i}"), 1)).unwrap().offset)
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut offsets: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    offsets.sort_unstable();
+    let mut expected: Vec<u64> = (1..=400).chain(1..=400).collect();
+    expected.sort_unstable();
+    assert_eq!(offsets, expected);
+    assert_eq!((a.next(), b.next()), (401, 401));
+    let rows: Vec<u64> = a.read_from(1).unwrap().iter().map(|r| r.offset).collect();
+    assert_eq!(rows, (1..=400).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_refusal_is_one_records_and_a_full_provider_is_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.reserve = 64 * 1024;
+    o.max_bytes = Some(1024 * 1024);
+    let p = SqliteProvider::open(o).unwrap();
+    let bounds = p.bounds().unwrap();
+    assert_eq!(bounds.relief_pages, 256);
+    assert_eq!(bounds.publish_pages, 240);
+    let s = append(&p, "a");
+    s.set_max_bytes(Some(25));
+    s.append(rec("a", "123456789", 1)).unwrap();
+    s.append(rec("a", "123456789", 1)).unwrap();
+    let err = s.append(rec("a", "123456789", 1)).unwrap_err();
+    assert!(matches!(err, StorageError::ChannelFull { .. }), "{err}");
+    assert_eq!(err.mqtt_reason_code(), 0x97);
+    assert_eq!(s.next(), 3);
+    s.set_max_bytes(None);
+
+    // Fill the provider to its publish ceiling.
+    let big = "x".repeat(8000);
+    let mut full = None;
+    for _ in 0..200 {
+        match s.append(rec("a", &big, 1)) {
+            Ok(_) => {}
+            Err(e) => {
+                full = Some(e);
+                break;
+            }
+        }
+    }
+    let err = full.expect("the provider never filled");
+    assert!(matches!(err, StorageError::ProviderFull { .. }), "{err}");
+    assert_eq!(err.mqtt_reason_code(), 0x97);
+    let next = s.next();
+    // Nothing was skipped or reused: the failed publish handed its offset back.
+    assert_eq!(s.read_from(1).unwrap().last().unwrap().offset, next - 1);
+    // A relief write (a stored position) still goes through, in the reserve.
+    s.save_position(Position {
+        reader: Reader::mqtt("consumer").unwrap(),
+        offset: next,
+        saved_at: contract::now_nanos(),
+        session_expiry: Some(3600),
+    })
+    .unwrap();
+    // Retention frees pages and publishes resume.
+    s.trim(next - 5, None).unwrap();
+    s.append(rec("a", &big, 1)).unwrap();
+}
+
+#[test]
+fn bounds_that_round_to_nothing_or_below_twice_the_reserve_are_refused() {
+    assert!(PageBounds::compute(100, 0, 4096).is_err());
+    assert!(PageBounds::compute(1 << 20, 600 * 1024, 4096).is_err());
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.max_bytes = Some(1000);
+    o.reserve = 10;
+    let err = SqliteProvider::open(o).unwrap_err();
+    assert!(err.to_string().contains("0 pages"), "{err}");
+    assert!(
+        !dir.path().join("saguin.db").exists(),
+        "a refused bound creates nothing"
+    );
+}
+
+#[test]
+fn latest_values_deletions_and_their_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let l = p
+        .open_channel("devices", ChannelKind::Latest)
+        .unwrap()
+        .as_latest()
+        .unwrap()
+        .clone();
+    assert_eq!(l.set(rec("devices/a", "1", 1)).unwrap().offset, 1);
+    assert_eq!(l.set(rec("devices/b", "2", 1)).unwrap().offset, 2);
+    assert_eq!(l.set(rec("devices/a", "3", 1)).unwrap().offset, 3);
+    assert_eq!(l.record_count(), 2);
+    assert_eq!(l.bytes(), 20);
+    assert_eq!(
+        l.get("devices/a").unwrap().unwrap().payload,
+        Bytes::from("3")
+    );
+    let marker = l.delete("devices/b").unwrap().unwrap();
+    assert_eq!((marker.offset, marker.payload.len()), (4, 0));
+    assert!(l.delete("devices/zz").unwrap().is_none());
+    assert_eq!(l.next(), 5);
+    let all: Vec<(String, u64, usize)> = l
+        .match_with_deletions("devices/#", 1)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.topic, r.offset, r.payload.len()))
+        .collect();
+    assert_eq!(
+        all,
+        vec![("devices/a".into(), 3, 1), ("devices/b".into(), 4, 0)]
+    );
+    assert_eq!(l.match_filter("devices/+").unwrap().len(), 1);
+    l.trim(5).unwrap();
+    assert!(matches!(
+        l.match_with_deletions("#", 2),
+        Err(StorageError::BelowFloor { .. })
+    ));
+    assert_eq!(l.match_with_deletions("#", 5).unwrap().len(), 0);
+    assert_eq!(l.get("devices/a").unwrap().unwrap().offset, 3);
+    // An empty payload through set deletes.
+    // Markers count their size, as the memory provider's do.
+    let m = l.set(rec("devices/a", "", 1)).unwrap();
+    assert_eq!((m.offset, l.record_count(), l.bytes()), (5, 0, 18));
+}
+
+#[test]
+fn a_queue_leases_retries_and_dead_letters_in_one_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let p = SqliteProvider::open(options(dir.path())).unwrap();
+        let q = p
+            .open_channel("jobs", ChannelKind::Queue)
+            .unwrap()
+            .as_queue()
+            .unwrap()
+            .clone();
+        q.set_max_attempts(2);
+        q.set_backoff(vec![Duration::from_secs(1)]);
+        for i in 0..3 {
+            q.enqueue(rec("jobs", &format!("job{i}"), 100)).unwrap();
+        }
+        assert_eq!((q.depth(), q.next()), (3, 4));
+        let offer = q.offer(10, 1_000).unwrap();
+        assert_eq!(offer.len(), 3);
+        let lease = q.lease(1, "w1", 2_000, 1_000).unwrap();
+        assert_eq!(lease.attempts, 1);
+        assert!(q.lease(1, "w2", 2_000, 1_000).is_err(), "held");
+        assert_eq!(q.offer(10, 1_000).unwrap().len(), 2);
+        assert_eq!(q.expired_leases(2_000).len(), 1);
+        let r = q
+            .release(lease.delivery_id, lease.epoch, 1_500, "nack")
+            .unwrap();
+        assert_eq!(
+            r,
+            Released::Retry {
+                offset: 1,
+                not_before: 1_500 + 1_000_000_000
+            }
+        );
+        assert_eq!(
+            q.release(lease.delivery_id, lease.epoch, 1_500, "again")
+                .unwrap(),
+            Released::Stale
+        );
+        assert_eq!(q.offer(10, 2_000).unwrap().len(), 2, "backing off");
+        let lease = q.lease(1, "w1", 3_000_000_000, 2_000_000_000).unwrap();
+        assert_eq!(lease.attempts, 2);
+        match q
+            .release(
+                lease.delivery_id,
+                lease.epoch,
+                2_000_000_001,
+                "failed twice",
+            )
+            .unwrap()
+        {
+            Released::DeadLettered {
+                offset: 1,
+                dlq_offset: 1,
+            } => {}
+            other => panic!("{other:?}"),
+        }
+        let dlq = q.dead_letter();
+        let dead = dlq.read_from(1).unwrap();
+        assert_eq!(dead.len(), 1);
+        let names: Vec<&str> = dead[0]
+            .user_properties
+            .iter()
+            .map(|u| u.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "saguin-attempts",
+                "saguin-first-delivered",
+                "saguin-last-delivered",
+                "saguin-dlq-reason"
+            ]
+        );
+        assert_eq!(q.depth(), 2);
+        let lease = q.lease(2, "w1", 10, 5).unwrap();
+        assert!(q.resolve(lease.delivery_id, lease.epoch).unwrap());
+        assert!(!q.resolve(lease.delivery_id, lease.epoch).unwrap());
+        // One lease of offset 3 that the restart forgets: its attempt is kept.
+        q.lease(3, "w1", 10, 5).unwrap();
+        p.close().unwrap();
+    }
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let q = p
+        .open_channel("jobs", ChannelKind::Queue)
+        .unwrap()
+        .as_queue()
+        .unwrap()
+        .clone();
+    q.set_max_attempts(1);
+    let items = q.items().unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!((items[0].record.offset, items[0].attempts), (3, 1));
+    assert_eq!((q.depth(), q.next()), (1, 4));
+    assert_eq!(q.dead_letter_spent(100).unwrap(), 1);
+    assert_eq!(q.depth(), 0);
+    assert_eq!(q.dead_letter().next(), 3);
+}
+
+#[test]
+fn expired_session_positions_are_dropped_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let p = SqliteProvider::open(options(dir.path())).unwrap();
+        let s = append(&p, "t");
+        s.append(rec("t", "1", 1)).unwrap();
+        let save = |reader: Reader, saved_at, session_expiry| {
+            s.save_position(Position {
+                reader,
+                offset: 2,
+                saved_at,
+                session_expiry,
+            })
+            .unwrap()
+        };
+        let now = contract::now_nanos();
+        save(Reader::mqtt("zero").unwrap(), now, Some(0));
+        save(
+            Reader::mqtt("old").unwrap(),
+            now - 7_200_000_000_000,
+            Some(3600),
+        );
+        save(Reader::mqtt("fresh").unwrap(), now, Some(3600));
+        save(Reader::bridge("cloud").unwrap(), 1, None);
+        assert_eq!(s.lowest_position(), 2);
+        p.close().unwrap();
+    }
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let s = append(&p, "t");
+    let readers: Vec<String> = s
+        .positions()
+        .unwrap()
+        .iter()
+        .map(|p| p.reader.to_string())
+        .collect();
+    assert_eq!(readers, ["bridge:cloud", "mqtt:fresh"]);
+    assert!(s.drop_position(&Reader::bridge("cloud").unwrap()).unwrap());
+}
+
+#[test]
+fn held_publishes_release_into_their_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let s = append(&p, "t");
+    let held = p.held_publishes().unwrap();
+    held.hold(HeldPublish {
+        channel: "t".into(),
+        client_id: "c1".into(),
+        packet_id: 7,
+        held_at: 100,
+        record: Record {
+            qos: 2,
+            ..rec("t/x", "exactly once", 50)
+        },
+    })
+    .unwrap();
+    assert_eq!(held.held().unwrap().len(), 1);
+    assert_eq!(s.next(), 1, "a hold takes no offset");
+    let stored = held.release("t", "c1", 7).unwrap().unwrap();
+    assert_eq!(stored.offset, 1);
+    assert_eq!(s.next(), 2);
+    assert!(held.release("t", "c1", 7).unwrap().is_none());
+    assert_eq!(
+        s.read_from(1).unwrap()[0].payload,
+        Bytes::from("exactly once")
+    );
+    held.hold(HeldPublish {
+        channel: "t".into(),
+        client_id: "c1".into(),
+        packet_id: 8,
+        held_at: 100,
+        record: Record {
+            qos: 2,
+            ..rec("t/x", "late", 50)
+        },
+    })
+    .unwrap();
+    assert_eq!(held.expire_older_than(101).unwrap(), 1);
+}
+
+#[test]
+fn sessions_and_the_broadcast_log_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = SessionEntry {
+        client_id: "dev-1".into(),
+        principal: Some("alice".into()),
+        expiry_interval: 3600,
+        detached_at: 0,
+        subscriptions: vec![SubscriptionEntry {
+            filter: "$share/g/a/#".into(),
+            qos: 1,
+            no_local: true,
+            retain_as_published: false,
+            retain_handling: 2,
+            subscription_id: Some(9),
+            log_offset: 1,
+        }],
+        will: Some(WillEntry {
+            topic: "bye".into(),
+            payload: Bytes::from_static(&[0, 1, 2]),
+            qos: 1,
+            retain: true,
+            delay_interval: 5,
+            props: Default::default(),
+            user_properties: vec![UserProperty {
+                name: "a".into(),
+                value: "b".into(),
+            }],
+        }),
+        window: 2,
+        inflight: vec![InflightEntry {
+            log_offset: 2,
+            packet_id: 11,
+            qos: 2,
+            phase: InflightPhase::AwaitingComp,
+            shared_group: Some(ShareGroupKey {
+                group: "g".into(),
+                filter: "a/#".into(),
+            }),
+        }],
+    };
+    {
+        let p = SqliteProvider::open(options(dir.path())).unwrap();
+        let sessions = p.sessions().unwrap();
+        sessions.save(session.clone()).unwrap();
+        let log = p.broadcast_log().unwrap();
+        for i in 0..4 {
+            assert_eq!(
+                log.append(rec("b", &format!("{i}"), 1)).unwrap().offset,
+                i + 1
+            );
+        }
+        log.save_cursor("dev-1", 2).unwrap();
+        log.save_cursor("gone", 1).unwrap();
+        let freed = log.release(&[1, 3]).unwrap();
+        assert_eq!(freed.records, 2);
+        assert_eq!((log.floor(), log.record_count(), log.next()), (2, 2, 5));
+        let held: Vec<u64> = log
+            .read_from_n(1, 10)
+            .unwrap()
+            .iter()
+            .map(|r| r.offset)
+            .collect();
+        assert_eq!(held, [2, 4]);
+        log.save_share_group(ShareGroupEntry {
+            key: ShareGroupKey {
+                group: "g".into(),
+                filter: "a/#".into(),
+            },
+            cursor: 3,
+            returned: vec![2],
+        })
+        .unwrap();
+        p.close().unwrap();
+    }
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    assert_eq!(
+        p.sessions().unwrap().get("dev-1").unwrap().unwrap(),
+        session
+    );
+    let log = p.broadcast_log().unwrap();
+    assert_eq!((log.floor(), log.record_count(), log.next()), (2, 2, 5));
+    // The cursor of a session not held went at open.
+    assert_eq!(log.cursors().unwrap(), vec![("dev-1".to_string(), 2)]);
+    assert_eq!(log.share_groups().unwrap()[0].returned, vec![2]);
+    assert!(p.sessions().unwrap().remove("dev-1").unwrap());
+    assert_eq!(log.cursor("dev-1").unwrap(), None);
+}
+
+#[test]
+fn a_tool_reads_a_running_provider_through_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let s = append(&p, "t");
+    for _ in 0..5 {
+        s.append(rec("t", "x", 1)).unwrap();
+    }
+    let conn = open_read_only(&dir.path().join("saguin.db")).unwrap();
+    let n: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM records WHERE channel = 't'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 5);
+    assert!(
+        conn.execute("DELETE FROM records", []).is_err(),
+        "read-only"
+    );
+}
+
+#[test]
+fn the_flusher_syncs_after_a_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.flush_interval = Duration::from_millis(10);
+    let p = SqliteProvider::open(o).unwrap();
+    let s = append(&p, "t");
+    let before = p.flushes();
+    s.append(rec("t", "x", 1)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.flushes() == before {
+        assert!(Instant::now() < deadline, "no flush within 10s");
+        std::thread::yield_now();
+    }
+    assert_eq!(p.storage_errors(), 0);
+}
+
+#[test]
+fn a_closed_provider_refuses_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let s = append(&p, "t");
+    p.close().unwrap();
+    assert!(matches!(
+        s.append(rec("t", "x", 1)),
+        Err(StorageError::Closed { .. })
+    ));
+    // The lock went with it.
+    let again = SqliteProvider::open(options(dir.path())).unwrap();
+    drop(again);
+}

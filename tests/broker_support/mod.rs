@@ -1,0 +1,500 @@
+//! Shared by the broker integration tests: start the real `saguin serve` on
+//! 127.0.0.1 port 0 with a configuration in a temp dir, find its listeners in
+//! its log, and talk to it with raw MQTT (the project's codec), rumqttc or
+//! the Mosquitto command-line clients.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use saguin::broker::codec::{
+    self, ByteStr, Connect, ConnectProperties, FrameDecoder, LastWill, Packet, ProtocolVersion,
+    PubAck, Publish, PublishProperties, QoS, Subscribe, SubscribeFilter, SubscribeProperties,
+    SubscriptionOptions, WillProperties,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Every wait in these tests is bounded by this.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A running `saguin serve`.
+pub struct Broker {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub listeners: HashMap<String, SocketAddr>,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Broker {
+    /// Start with `yaml` as the configuration (bind addresses should be
+    /// `127.0.0.1:0`). Waits for a `listening` line per listener.
+    pub fn start(yaml: &str) -> Broker {
+        let dir = tempfile::tempdir().expect("temp dir");
+        Self::start_in(dir, yaml)
+    }
+
+    /// Like [`start`], in a directory already holding files the config names.
+    pub fn start_in(dir: tempfile::TempDir, yaml: &str) -> Broker {
+        let path = dir.path().join("saguin.yaml");
+        std::fs::write(&path, yaml).expect("write config");
+        let expected = yaml.matches("bind:").count();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_saguin"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn saguin");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("msg=\"listening\"") {
+                    let name = field(&line, "listener");
+                    let addr = field(&line, "addr");
+                    if let (Some(name), Some(addr)) = (name, addr) {
+                        let _ = tx.send((name, addr.parse::<SocketAddr>().expect("addr")));
+                    }
+                }
+                log2.lock().unwrap().push(line);
+            }
+        });
+        let mut listeners = HashMap::new();
+        while listeners.len() < expected {
+            match rx.recv_timeout(WAIT) {
+                Ok((name, addr)) => {
+                    listeners.insert(name, addr);
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("saguin did not start listening: {:#?}", log.lock().unwrap());
+                }
+            }
+        }
+        Broker {
+            child,
+            dir,
+            listeners,
+            log,
+        }
+    }
+
+    /// A plain configuration with one TCP listener `mqtt` and `extra` YAML.
+    pub fn plain(extra: &str) -> Broker {
+        Self::start(&format!(
+            "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\n{extra}"
+        ))
+    }
+
+    pub fn anonymous() -> Broker {
+        Self::plain("auth:\n  allow_anonymous: true\n")
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.listeners["mqtt"]
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr().port()
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// SIGTERM, then the exit code (bounded wait).
+    pub fn terminate(&mut self) -> Option<i32> {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `key=value` or `key="value"` from a logfmt line.
+pub fn field(line: &str, key: &str) -> Option<String> {
+    let start = line.find(&format!(" {key}="))? + key.len() + 2;
+    let rest = &line[start..];
+    if let Some(quoted) = rest.strip_prefix('"') {
+        Some(quoted[..quoted.find('"')?].to_owned())
+    } else {
+        Some(rest.split_whitespace().next()?.to_owned())
+    }
+}
+
+/// Are the Mosquitto command-line clients installed? When not, say so loudly.
+pub fn have_mosquitto_clients(test: &str) -> bool {
+    let ok = Command::new("mosquitto_pub")
+        .arg("--help")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !ok {
+        eprintln!("SKIP {test}: mosquitto_pub/mosquitto_sub not installed (apt-get install mosquitto-clients)");
+    }
+    ok
+}
+
+pub fn write_file(dir: &Path, name: &str, contents: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("write file");
+    path
+}
+
+/// A raw MQTT client over any transport, on the project's codec.
+pub struct Raw<S> {
+    pub stream: S,
+    pub version: ProtocolVersion,
+    rbuf: BytesMut,
+    decoder: FrameDecoder,
+}
+
+/// A Will: topic, payload, QoS, retain, delay interval.
+pub type WillSpec = (String, Vec<u8>, u8, bool, Option<u32>);
+
+/// Options for [`Raw::connect`].
+#[derive(Clone, Default)]
+pub struct ConnectOpts {
+    pub clean_start: bool,
+    pub keep_alive: u16,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub will: Option<WillSpec>,
+    pub properties: ConnectProperties,
+}
+
+impl ConnectOpts {
+    pub fn clean() -> Self {
+        ConnectOpts {
+            clean_start: true,
+            keep_alive: 60,
+            ..Default::default()
+        }
+    }
+    pub fn persistent(expiry: u32) -> Self {
+        let mut o = ConnectOpts {
+            clean_start: false,
+            keep_alive: 60,
+            ..Default::default()
+        };
+        o.properties.session_expiry_interval = Some(expiry);
+        o
+    }
+}
+
+pub fn v5() -> ProtocolVersion {
+    ProtocolVersion::V5
+}
+pub fn v4() -> ProtocolVersion {
+    ProtocolVersion::V311
+}
+
+pub fn qos(q: u8) -> QoS {
+    QoS::from_u8(q).unwrap()
+}
+
+impl Raw<TcpStream> {
+    pub async fn tcp(addr: SocketAddr, version: ProtocolVersion) -> Raw<TcpStream> {
+        let stream = tokio::time::timeout(WAIT, TcpStream::connect(addr))
+            .await
+            .expect("connect timeout")
+            .expect("connect");
+        Raw::new(stream, version)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
+    pub fn new(stream: S, version: ProtocolVersion) -> Raw<S> {
+        Raw {
+            stream,
+            version,
+            rbuf: BytesMut::new(),
+            decoder: FrameDecoder::client(16 * 1024 * 1024, version),
+        }
+    }
+
+    pub async fn send(&mut self, packet: Packet) {
+        let mut buf = BytesMut::new();
+        codec::encode(&packet, self.version, &mut buf).expect("encode");
+        self.send_bytes(&buf).await;
+    }
+
+    pub async fn send_bytes(&mut self, bytes: &[u8]) {
+        let _ = tokio::time::timeout(WAIT, self.stream.write_all(bytes)).await;
+    }
+
+    /// The next packet; None when the broker closed the connection.
+    pub async fn recv(&mut self) -> Option<Packet> {
+        self.recv_within(WAIT)
+            .await
+            .expect("no packet within the wait")
+    }
+
+    /// Err(()) on timeout, Ok(None) on close.
+    pub async fn recv_within(&mut self, wait: Duration) -> Result<Option<Packet>, ()> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match self.decoder.decode(&mut self.rbuf) {
+                Ok(Some(p)) => return Ok(Some(p)),
+                Ok(None) => {}
+                Err(e) => panic!("broker sent something undecodable: {e}"),
+            }
+            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf)).await {
+                Err(_) => return Err(()),
+                Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Expect the broker to close the connection (after any packets,
+    /// which are returned).
+    pub async fn expect_close(&mut self) -> Vec<Packet> {
+        let mut seen = Vec::new();
+        loop {
+            match self.recv_within(WAIT).await {
+                Ok(Some(p)) => seen.push(p),
+                Ok(None) => return seen,
+                Err(()) => panic!("connection not closed; got {seen:?}"),
+            }
+        }
+    }
+
+    /// Nothing arrives within `wait`.
+    pub async fn expect_silence(&mut self, wait: Duration) {
+        if let Ok(p) = self.recv_within(wait).await {
+            panic!("expected nothing, got {p:?}");
+        }
+    }
+
+    pub async fn connect(&mut self, client_id: &str, opts: ConnectOpts) -> codec::ConnAck {
+        self.send_connect(client_id, opts).await;
+        match self.recv().await {
+            Some(Packet::ConnAck(ack)) => ack,
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+
+    /// Send CONNECT without waiting for the answer.
+    pub async fn send_connect(&mut self, client_id: &str, opts: ConnectOpts) {
+        let will = opts
+            .will
+            .map(|(topic, payload, q, retain, delay)| LastWill {
+                topic: ByteStr::from(topic),
+                payload: Bytes::from(payload),
+                qos: qos(q),
+                retain,
+                properties: WillProperties {
+                    will_delay_interval: delay,
+                    ..Default::default()
+                },
+            });
+        let properties = if self.version == ProtocolVersion::V5 {
+            opts.properties
+        } else {
+            ConnectProperties::default()
+        };
+        self.send(Packet::Connect(Connect {
+            protocol: self.version,
+            clean_start: opts.clean_start,
+            keep_alive: opts.keep_alive,
+            client_id: client_id.to_owned(),
+            will,
+            username: opts.username,
+            password: opts.password.map(Bytes::from),
+            properties,
+        }))
+        .await;
+    }
+
+    pub async fn subscribe(
+        &mut self,
+        packet_id: u16,
+        filter: &str,
+        q: u8,
+    ) -> Vec<codec::ReasonCode> {
+        self.subscribe_with(
+            packet_id,
+            filter,
+            SubscriptionOptions {
+                qos: qos(q),
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+    }
+
+    pub async fn subscribe_with(
+        &mut self,
+        packet_id: u16,
+        filter: &str,
+        options: SubscriptionOptions,
+        subscription_id: Option<u32>,
+    ) -> Vec<codec::ReasonCode> {
+        self.send(Packet::Subscribe(Subscribe {
+            packet_id,
+            filters: vec![SubscribeFilter {
+                filter: filter.to_owned(),
+                options,
+            }],
+            properties: SubscribeProperties {
+                subscription_identifier: subscription_id,
+                ..Default::default()
+            },
+        }))
+        .await;
+        loop {
+            match self.recv().await {
+                Some(Packet::SubAck(ack)) => {
+                    assert_eq!(ack.packet_id, packet_id);
+                    return ack.reasons;
+                }
+                // Retained messages may not precede SUBACK, but QoS 0
+                // traffic from earlier subscriptions may.
+                Some(Packet::Publish(_)) => continue,
+                other => panic!("expected SUBACK, got {other:?}"),
+            }
+        }
+    }
+
+    pub async fn publish(
+        &mut self,
+        topic: &str,
+        payload: &[u8],
+        q: u8,
+        retain: bool,
+        packet_id: u16,
+    ) {
+        self.publish_props(
+            topic,
+            payload,
+            q,
+            retain,
+            packet_id,
+            PublishProperties::default(),
+        )
+        .await
+    }
+
+    pub async fn publish_props(
+        &mut self,
+        topic: &str,
+        payload: &[u8],
+        q: u8,
+        retain: bool,
+        packet_id: u16,
+        properties: PublishProperties,
+    ) {
+        self.send(Packet::Publish(Publish {
+            dup: false,
+            qos: qos(q),
+            retain,
+            topic: ByteStr::from(topic),
+            packet_id: if q == 0 { 0 } else { packet_id },
+            properties,
+            payload: Bytes::copy_from_slice(payload),
+        }))
+        .await;
+    }
+
+    /// Publish and complete the QoS handshake.
+    pub async fn publish_acked(
+        &mut self,
+        topic: &str,
+        payload: &[u8],
+        q: u8,
+        retain: bool,
+        packet_id: u16,
+    ) {
+        self.publish(topic, payload, q, retain, packet_id).await;
+        match q {
+            0 => {}
+            1 => match self.recv().await {
+                Some(Packet::PubAck(a)) => assert_eq!(a.packet_id, packet_id),
+                other => panic!("expected PUBACK, got {other:?}"),
+            },
+            _ => {
+                match self.recv().await {
+                    Some(Packet::PubRec(a)) => assert_eq!(a.packet_id, packet_id),
+                    other => panic!("expected PUBREC, got {other:?}"),
+                }
+                self.send(Packet::PubRel(PubAck::new(packet_id))).await;
+                match self.recv().await {
+                    Some(Packet::PubComp(a)) => assert_eq!(a.packet_id, packet_id),
+                    other => panic!("expected PUBCOMP, got {other:?}"),
+                }
+            }
+        }
+    }
+
+    /// The next PUBLISH (acknowledging it per its QoS when `ack`).
+    pub async fn next_publish(&mut self, ack: bool) -> Publish {
+        loop {
+            match self.recv().await {
+                Some(Packet::Publish(p)) => {
+                    if ack {
+                        self.ack_publish(&p).await;
+                    }
+                    return p;
+                }
+                Some(Packet::PubRel(r)) if ack => {
+                    self.send(Packet::PubComp(PubAck::new(r.packet_id))).await
+                }
+                other => panic!("expected PUBLISH, got {other:?}"),
+            }
+        }
+    }
+
+    pub async fn ack_publish(&mut self, p: &Publish) {
+        match p.qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self.send(Packet::PubAck(PubAck::new(p.packet_id))).await,
+            QoS::ExactlyOnce => {
+                self.send(Packet::PubRec(PubAck::new(p.packet_id))).await;
+                match self.recv().await {
+                    Some(Packet::PubRel(r)) => assert_eq!(r.packet_id, p.packet_id),
+                    other => panic!("expected PUBREL, got {other:?}"),
+                }
+                self.send(Packet::PubComp(PubAck::new(p.packet_id))).await;
+            }
+        }
+    }
+
+    pub async fn disconnect(mut self) {
+        self.send(Packet::Disconnect(codec::Disconnect::new(
+            codec::ReasonCode::Success,
+        )))
+        .await;
+        let _ = self.stream.shutdown().await;
+    }
+}

@@ -1,0 +1,214 @@
+//! `saguin sqlite dump` on databases on disk: the overview and a channel's
+//! records in human, JSON and NDJSON form; beside a provider that is open
+//! and writing; refusals.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use assert_cmd::Command;
+use bytes::Bytes;
+use saguin::storage::contract::{Position, Provider, Reader};
+use saguin::storage::sqlite::{SqliteOptions, SqliteProvider};
+use saguin_format::model::{ChannelKind, Record, UserProperty};
+use serde_json::Value;
+
+fn dump(db: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["sqlite", "dump"])
+        .arg(db)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A provider with an append channel (one binary payload), a latest channel
+/// and a queue, left open so its commits sit in the write-ahead log.
+fn provider(dir: &Path) -> (SqliteProvider, PathBuf) {
+    let db = dir.join("saguin.db");
+    let p = SqliteProvider::open(SqliteOptions::new("db", &db)).unwrap();
+    let t = p.open_channel("telemetry", ChannelKind::Append).unwrap();
+    let t = t.as_append().unwrap();
+    for i in 1..=10 {
+        let mut r = Record::new(
+            format!("telemetry/s{i}"),
+            Bytes::from(format!("reading {i}")),
+        );
+        r.timestamp = 1_767_225_600_000_000_000 + i;
+        r.user_properties.push(UserProperty {
+            name: "unit".into(),
+            value: "C".into(),
+        });
+        t.append(r).unwrap();
+    }
+    t.append(Record::new(
+        "telemetry/bin",
+        Bytes::from_static(&[0, 1, 0xfe, 0xff]),
+    ))
+    .unwrap();
+    t.save_position(Position {
+        reader: Reader::mqtt("dash").unwrap(),
+        offset: 4,
+        saved_at: saguin::storage::contract::now_nanos(),
+        session_expiry: Some(600),
+    })
+    .unwrap();
+    let l = p.open_channel("state", ChannelKind::Latest).unwrap();
+    l.as_latest()
+        .unwrap()
+        .set(Record::new("state/a", "on"))
+        .unwrap();
+    let q = p.open_channel("jobs", ChannelKind::Queue).unwrap();
+    let q = q.as_queue().unwrap();
+    q.enqueue(Record::new("jobs/1", "a")).unwrap();
+    q.enqueue(Record::new("jobs/2", "b")).unwrap();
+    q.lease(1, "w", i64::MAX, 1_767_225_600_000_000_000)
+        .unwrap();
+    (p, db)
+}
+
+#[test]
+fn the_overview_beside_a_running_provider_human_json_and_ndjson() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (p, db) = provider(tmp.path());
+
+    let out = dump(&db, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(s.contains("schema version 20"), "{s}");
+    for needle in [
+        "telemetry",
+        "append",
+        "state",
+        "latest",
+        "jobs",
+        "queue",
+        "jobs.dlq",
+        "mqtt:dash",
+        "600s",
+    ] {
+        assert!(s.contains(needle), "{needle} missing from\n{s}");
+    }
+
+    let out = dump(&db, &["--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let telemetry = doc["channels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "telemetry")
+        .unwrap();
+    assert_eq!(telemetry["next"], 12, "commits still in the WAL are seen");
+    assert_eq!(telemetry["records"], 11);
+    assert_eq!(doc["positions"][0]["reader"], "mqtt:dash");
+    assert_eq!(doc["sessions"], serde_json::json!([]));
+    let jobs = &doc["queues"][0];
+    assert_eq!(
+        (jobs["depth"].as_u64(), jobs["delivered"].as_u64()),
+        (Some(2), Some(1))
+    );
+
+    let out = dump(&db, &["--ndjson"]);
+    assert_eq!(out.status.code(), Some(0));
+    let lines: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["type"], "database");
+    assert_eq!(lines.iter().filter(|l| l["type"] == "channel").count(), 4);
+    assert_eq!(lines.iter().filter(|l| l["type"] == "queue").count(), 1);
+    drop(p);
+}
+
+#[test]
+fn a_channels_records_from_an_offset_with_a_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (p, db) = provider(tmp.path());
+
+    let out = dump(
+        &db,
+        &["--channel", "telemetry", "--from", "9", "--limit", "5"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(s.contains("reading 9") && s.contains("reading 10"), "{s}");
+    assert!(!s.contains("reading 8"), "{s}");
+    assert!(s.contains("0x0001feff"), "binary payloads in hex: {s}");
+    assert!(s.contains("unit=C"), "{s}");
+    assert!(s.contains("2026-01-01T00:00:00.000000009Z"), "{s}");
+    assert!(s.contains("3 records listed from offset 9"), "{s}");
+
+    let out = dump(&db, &["--channel", "telemetry", "--json", "--limit", "2"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["records"].as_array().unwrap().len(), 2);
+    assert_eq!(doc["records"][0]["offset"], 1);
+    assert_eq!(doc["records"][0]["payload"], "reading 1");
+    assert_eq!(doc["records"][0]["payload_encoding"], "utf8");
+    assert_eq!(
+        doc["records"][0]["headers"],
+        serde_json::json!([["unit", "C"]])
+    );
+
+    let out = dump(&db, &["--channel", "telemetry", "--ndjson", "--from", "11"]);
+    let lines: Vec<Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["payload_encoding"], "hex");
+    assert_eq!(lines[0]["payload"], "0001feff");
+
+    let out = dump(&db, &["--channel", "jobs", "--json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["records"][0]["attempts"], 1);
+    assert_eq!(doc["records"][1]["attempts"], 0);
+
+    let out = dump(&db, &["--channel", "nosuch"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(text(&out.stderr).contains("no channel named \"nosuch\""));
+    drop(p);
+}
+
+#[test]
+fn a_missing_database_is_exit_3_and_is_not_created() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("nowhere.db");
+    let out = dump(&db, &[]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out.stderr).contains("no such database"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!db.exists());
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn another_schema_version_is_refused_with_the_providers_own_sentence() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("old.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE meta (id INTEGER PRIMARY KEY, schema_version INTEGER, created_by TEXT, created_at INTEGER);
+         INSERT INTO meta VALUES (1, 5, '0123456789ab', 1767225600000000000);
+         PRAGMA user_version = 5;",
+    )
+    .unwrap();
+    drop(conn);
+    let provider_line = SqliteProvider::open(SqliteOptions::new("db", &db))
+        .unwrap_err()
+        .to_string();
+    let out = dump(&db, &["--json"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(out.stdout.is_empty());
+    assert_eq!(text(&out.stderr).trim(), format!("saguin: {provider_line}"));
+    assert!(
+        provider_line.contains("schema version 5"),
+        "{provider_line}"
+    );
+}
