@@ -2,6 +2,8 @@
 //!
 //! Both read through `saguin::storage::snapshot_dir`, the code the memory
 //! provider loads with, so what `verify` calls OK is what `serve` loads.
+//! `verify` uses its checking scan: the same decoder and checks, keeping no
+//! record, so its peak memory is about the largest file's size.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};

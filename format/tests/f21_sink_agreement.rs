@@ -112,3 +112,65 @@ fn validate_agrees_with_the_streamed_checks() {
         }
     }
 }
+
+/// A channel whose first record breaks a semantic rule (QoS 3) and whose
+/// last record's topic is not UTF-8: the structural fault is named,
+/// whichever sink reads it, though the semantic one comes first in the file.
+#[test]
+fn a_structural_fault_is_named_before_an_earlier_semantic_one() {
+    use saguin_format::f21::{ChannelFile, DecodeError};
+    use saguin_format::model::{ChannelKind, Record};
+
+    let mut c = ChannelFile::new("t", ChannelKind::Latest);
+    for (i, topic) in ["a/first", "a/dup", "a/dup", "zz/last"].iter().enumerate() {
+        let mut r = Record::new(*topic, &b"x"[..]);
+        r.offset = i as u64 + 1;
+        r.qos = if i == 0 { 3 } else { 1 };
+        c.records.push(r);
+    }
+    c.next = 5;
+    let mut raw = f21::encode(&SnapshotFile::Channel(c), 1);
+    let reseal = |raw: &mut Vec<u8>| {
+        let end = raw.len() - 4;
+        let crc = crc32c::crc32c(&raw[..end]);
+        raw[end..].copy_from_slice(&crc.to_le_bytes());
+    };
+    let decode_both = |raw: &[u8]| {
+        let copied = f21::decode(raw).map(|_| ());
+        let bytes = Bytes::copy_from_slice(raw);
+        let tallied = f21::decode_with(&bytes, &mut Tally::default()).map(|_| ());
+        assert_eq!(copied, tallied);
+        copied
+    };
+    // As written: QoS 3 in records[0] outranks the later duplicate topic.
+    match decode_both(&raw) {
+        Err(DecodeError::Invalid { field, .. }) => assert_eq!(field, "records[0].qos"),
+        other => panic!("{other:?}"),
+    }
+    // Without the QoS fault, the duplicate topic (the second pass) is named.
+    let qos_at = raw
+        .windows(7)
+        .position(|w| w == b"a/first")
+        .expect("first topic")
+        - 4
+        - 3;
+    assert_eq!(raw[qos_at], 3);
+    raw[qos_at] = 1;
+    reseal(&mut raw);
+    match decode_both(&raw) {
+        Err(DecodeError::Invalid { field, .. }) => assert_eq!(field, "records[2].topic"),
+        other => panic!("{other:?}"),
+    }
+    // Back to QoS 3, and the last topic made not UTF-8: corrupt wins.
+    raw[qos_at] = 3;
+    let last = raw
+        .windows(7)
+        .position(|w| w == b"zz/last")
+        .expect("last topic");
+    raw[last] = 0xff;
+    reseal(&mut raw);
+    match decode_both(&raw) {
+        Err(DecodeError::Corrupt { field, .. }) => assert_eq!(field, "records[3].topic"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -333,6 +333,22 @@ mod tests {
     }
 
     #[test]
+    fn a_file_is_read_into_one_buffer_of_its_size() {
+        // No growth and no second copy: the buffer's capacity is the file's
+        // size, so a large snapshot costs its size in memory once (and
+        // `Bytes::from` takes the buffer over without reallocating).
+        let dir = tempfile::tempdir().unwrap();
+        for len in [0usize, 3, 8, 9, 4096, 100_003] {
+            let p = dir.path().join(format!("f{len}"));
+            let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            std::fs::write(&p, &data).unwrap();
+            let read = read_bounded(&p, 1 << 20).unwrap();
+            assert_eq!(read, data);
+            assert_eq!(read.capacity(), len, "a {len}-byte file");
+        }
+    }
+
+    #[test]
     fn the_limit_can_depend_on_the_magic() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");

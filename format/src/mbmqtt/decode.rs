@@ -56,8 +56,8 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, DecodeError> {
     let mut client_ids = HashSet::new();
     for i in 0..count {
         let at = r.at();
-        let session = r.session(version, i)?;
-        if !client_ids.insert(session.client_id.clone()) {
+        let (session, client_id) = r.session(version, i)?;
+        if !client_ids.insert(client_id) {
             return Err(DecodeError::DuplicateClientId {
                 at,
                 field: format!("sessions[{i}].client_id"),
@@ -71,18 +71,18 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, DecodeError> {
     let mut topics = HashSet::new();
     for i in 0..count {
         let at = r.at();
-        let topic = r.nonempty_string(|| format!("retained[{i}].topic"))?;
+        let topic = r.nonempty_str(|| format!("retained[{i}].topic"))?;
         let payload = r.bytes(|| format!("retained[{i}].payload"))?.to_vec();
         let qos = r.qos(version, 2, || format!("retained[{i}].qos"))?;
-        if !topics.insert(topic.clone()) {
+        if !topics.insert(topic) {
             return Err(DecodeError::DuplicateRetainedTopic {
                 at,
                 field: format!("retained[{i}].topic"),
-                topic,
+                topic: topic.to_owned(),
             });
         }
         retained.push(RetainedMessage {
-            topic,
+            topic: topic.to_owned(),
             payload,
             qos,
         });
@@ -236,10 +236,16 @@ impl<'a> Reader<'a> {
     }
 
     fn string(&mut self, field: impl Fn() -> String) -> Result<String, DecodeError> {
+        self.str(field).map(str::to_owned)
+    }
+
+    /// A string borrowed from the input: what the duplicate checks hold, so
+    /// a set of client ids, filters or topics costs no copy of each.
+    fn str(&mut self, field: impl Fn() -> String) -> Result<&'a str, DecodeError> {
         let at = self.at();
         let raw = self.bytes(&field)?;
         match std::str::from_utf8(raw) {
-            Ok(s) => Ok(s.to_owned()),
+            Ok(s) => Ok(s),
             Err(e) => Err(DecodeError::InvalidUtf8 {
                 // The length prefix, then the first byte that is not UTF-8.
                 at: at + 4 + e.valid_up_to() as u64,
@@ -249,8 +255,12 @@ impl<'a> Reader<'a> {
     }
 
     fn nonempty_string(&mut self, field: impl Fn() -> String) -> Result<String, DecodeError> {
+        self.nonempty_str(field).map(str::to_owned)
+    }
+
+    fn nonempty_str(&mut self, field: impl Fn() -> String) -> Result<&'a str, DecodeError> {
         let at = self.at();
-        let s = self.string(&field)?;
+        let s = self.str(&field)?;
         if s.is_empty() {
             return Err(DecodeError::EmptyString { at, field: field() });
         }
@@ -348,8 +358,11 @@ impl<'a> Reader<'a> {
         })
     }
 
-    fn session(&mut self, version: u16, i: usize) -> Result<Session, DecodeError> {
-        let client_id = self.nonempty_string(|| format!("sessions[{i}].client_id"))?;
+    /// A session, and its client id borrowed from the input for the
+    /// caller's duplicate check.
+    fn session(&mut self, version: u16, i: usize) -> Result<(Session, &'a str), DecodeError> {
+        let client_id_ref = self.nonempty_str(|| format!("sessions[{i}].client_id"))?;
+        let client_id = client_id_ref.to_owned();
         let (principal, detach) = if version >= 2 {
             let principal = self.string(|| format!("sessions[{i}].principal"))?;
             let at = self.at();
@@ -373,18 +386,21 @@ impl<'a> Reader<'a> {
         for j in 0..count {
             let at = self.at();
             let filter =
-                self.nonempty_string(|| format!("sessions[{i}].subscriptions[{j}].filter"))?;
+                self.nonempty_str(|| format!("sessions[{i}].subscriptions[{j}].filter"))?;
             let qos = self.qos(version, 2, || {
                 format!("sessions[{i}].subscriptions[{j}].qos")
             })?;
-            if !filters.insert(filter.clone()) {
+            if !filters.insert(filter) {
                 return Err(DecodeError::DuplicateSubscription {
                     at,
                     field: format!("sessions[{i}].subscriptions[{j}].filter"),
-                    filter,
+                    filter: filter.to_owned(),
                 });
             }
-            subscriptions.push(Subscription { filter, qos });
+            subscriptions.push(Subscription {
+                filter: filter.to_owned(),
+                qos,
+            });
         }
 
         let mut inbound_qos2 = Vec::new();
@@ -465,7 +481,7 @@ impl<'a> Reader<'a> {
             pending.push(self.message(version, &|| format!("sessions[{i}].pending[{j}]"))?);
         }
 
-        Ok(Session {
+        let session = Session {
             client_id,
             principal,
             detach,
@@ -474,7 +490,8 @@ impl<'a> Reader<'a> {
             inbound_qos2,
             inflight,
             pending,
-        })
+        };
+        Ok((session, client_id_ref))
     }
 }
 
