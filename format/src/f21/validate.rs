@@ -354,6 +354,7 @@ fn check_counters(field_prefix: &str, next: u64, floor: u64) -> Result<(), Decod
 
 /// The fields every stored record must get right wherever it is kept.
 fn check_record(rec: &Record, broadcast: bool) -> Result<(), DecodeError> {
+    check_topic_name("topic", &rec.topic)?;
     if rec.qos > 2 {
         return err("qos", format!("{} is not 0, 1 or 2", rec.qos));
     }
@@ -365,6 +366,26 @@ fn check_record(rec: &Record, broadcast: bool) -> Result<(), DecodeError> {
         if rec.owed_to.is_some() {
             return err("owed_to", "is set outside the broadcast log");
         }
+    }
+    Ok(())
+}
+
+/// A topic a message was published to: MQTT's rules for a topic name
+/// (non-empty, no wildcard characters; UTF-8 and no NUL are the string
+/// rules already checked). A record that could never have been published
+/// is damage, and the legacy reader refuses it too.
+fn check_topic_name(field: &str, topic: &str) -> Result<(), DecodeError> {
+    if topic.is_empty() {
+        return err(field, "is empty; every message is published to a topic");
+    }
+    if topic.contains(['+', '#']) {
+        return err(
+            field,
+            format!("{topic:?} holds a wildcard, which a published topic never does"),
+        );
+    }
+    if topic.contains('\0') {
+        return err(field, format!("{topic:?} holds a NUL character"));
     }
     Ok(())
 }
@@ -717,6 +738,7 @@ fn validate_session(s: &Session, groups: &HashSet<&SharedGroupKey>) -> Result<()
         }
     }
     if let Some(w) = &s.will {
+        check_topic_name("will.topic", &w.topic)?;
         if w.qos > 2 {
             return err("will.qos", format!("{} is not 0, 1 or 2", w.qos));
         }
@@ -776,7 +798,9 @@ fn validate_broadcast(f: &BroadcastFile, messages: ListVerdict) -> Result<(), De
     check_counters("", f.next, f.floor)?;
     messages.result?;
     check_positions("cursors", &f.cursors, f.next, PositionsOf::BroadcastLog)?;
-    check_held("held", &f.held, true)
+    // A held publish is held as in a channel: it is not yet a log message,
+    // so it carries neither a shared copy's mark nor a session it is owed to.
+    check_held("held", &f.held, false)
 }
 
 /// The rules that need `saguin.sessions` and `saguin.broadcast` together
