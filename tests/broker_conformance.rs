@@ -252,6 +252,35 @@ async fn session_expiry_zero_ends_the_session_at_disconnect() {
     assert!(!ack.session_present);
 }
 
+/// MQTT 5 3.1.2.11.2 / MQTT-3.1.4-3 (Paho client_test5 session expiry): a
+/// session with expiry 0 ends when its connection is taken over, so the new
+/// connection (clean start 0) finds no session.
+#[tokio::test]
+async fn takeover_of_a_session_with_expiry_zero_finds_no_session() {
+    let broker = Broker::anonymous();
+    for version in [v5(), v4()] {
+        let mut first = Raw::tcp(broker.addr(), version).await;
+        let ack = first.connect("take0", ConnectOpts::clean()).await;
+        assert!(!ack.session_present);
+        first.subscribe(1, "take0", 1).await;
+        let mut second = Raw::tcp(broker.addr(), version).await;
+        let mut opts = ConnectOpts::clean();
+        opts.clean_start = false;
+        if version == v4() {
+            // 3.1.1 clean session 0 asks for a persistent session; the old
+            // clean session still ended with its connection.
+            opts.properties.session_expiry_interval = None;
+        }
+        let ack = second.connect("take0", opts).await;
+        assert!(!ack.session_present, "{version:?}");
+        expect_disconnect(&mut first, ReasonCode::SessionTakenOver).await;
+        disconnect_and_wait(second).await;
+        // Clean the 3.1.1 persistent session for the next round.
+        let cleaner = client(&broker, version, "take0").await;
+        disconnect_and_wait(cleaner).await;
+    }
+}
+
 /// MQTT 5 3.1.2.11.2: a non-zero Session Expiry Interval keeps the session.
 #[tokio::test]
 async fn session_expiry_interval_keeps_the_session() {
@@ -1028,4 +1057,50 @@ async fn packet_id_reuse_after_completion_and_qos2_duplicate() {
         assert_eq!(body(&sub.next_publish(true).await), expected);
     }
     sub.expect_silence(QUIET).await;
+}
+
+/// MQTT-3.9.3 (3.1.1: return code 0x80) / 5.0 3.9.3 (0x87 Not authorized):
+/// a subscription the ACL denies fails for that filter only; the others in
+/// the same SUBSCRIBE are granted (Paho client_test "subscribe failure"
+/// against a broker configured to deny `test/nosubscribe`).
+#[tokio::test]
+async fn acl_denied_subscription_fails_per_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    write_file(dir.path(), "acl", b"topic readwrite test/allowed\n");
+    let broker = Broker::start_in(
+        dir,
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n  acl_file: acl\n",
+    );
+    for (version, denied) in [
+        (v4(), ReasonCode::UnspecifiedError),
+        (v5(), ReasonCode::NotAuthorized),
+    ] {
+        let mut c = client(&broker, version, "acl-sub").await;
+        c.send(Packet::Subscribe(Subscribe {
+            packet_id: 3,
+            filters: vec![
+                SubscribeFilter {
+                    filter: "test/nosubscribe".into(),
+                    options: options(2),
+                },
+                SubscribeFilter {
+                    filter: "test/allowed".into(),
+                    options: options(1),
+                },
+            ],
+            properties: SubscribeProperties::default(),
+        }))
+        .await;
+        match c.recv().await {
+            Some(Packet::SubAck(ack)) => {
+                assert_eq!(
+                    ack.reasons,
+                    vec![denied, ReasonCode::GrantedQoS1],
+                    "{version:?}"
+                )
+            }
+            other => panic!("expected SUBACK, got {other:?}"),
+        }
+        disconnect_and_wait(c).await;
+    }
 }

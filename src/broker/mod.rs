@@ -64,6 +64,24 @@
 //!   session's end, and a new connection to the session cancels it. On
 //!   takeover the old connection's Will is published unless its delay is
 //!   running and the new connection resumes the session.
+//! - Takeover: a CONNECT with clean start 0 resumes the session of a
+//!   connected client only when that session outlives its connection
+//!   (expiry > 0, or 3.1.1 clean session 0); a session with expiry 0 ends
+//!   with the connection the takeover closes, so CONNACK says no session
+//!   is present (as Mosquitto does).
+//! - SUBSCRIBE: a filter that breaks the syntax of MQTT 4.7.1 (`#` not
+//!   last, a wildcard inside a level) or of a shared subscription
+//!   (`$share/{group}/{filter}`, MQTT-4.8.2-1/-2) makes the packet
+//!   malformed: DISCONNECT (0x81, 0x8F for the shared form) and close, as
+//!   Mosquitto does. A well-formed filter the broker refuses gets its own
+//!   reason code in SUBACK (0x87 from the ACL, 0x97 over the subscription
+//!   quota; 3.1.1: 0x80) and the other filters are still granted.
+//! - Overlapping subscriptions of one client get one copy of a message, at
+//!   the highest granted QoS, carrying the Subscription Identifiers of every
+//!   matching subscription (MQTT-3.3.4-4). Shared subscriptions
+//!   (`$share/...`) are also accepted from 3.1.1 clients.
+//! - Keep alive: the client's value is used as given (no Server Keep
+//!   Alive is sent); 0 turns the check off.
 //! - A session belongs to the principal that created it: a CONNECT with
 //!   the same client id from another principal (or anonymous) is refused
 //!   with "not authorized" and the session is untouched.

@@ -502,9 +502,13 @@ impl BrokerState {
 
         let mut session_present = false;
         if let Some(&key) = self.by_client_id.get(&client_id) {
-            let (owner_differs, old_connection) = {
+            let (owner_differs, old_connection, ends_with_connection) = {
                 let s = &self.sessions[&key];
-                (s.principal != request.principal, s.connection)
+                (
+                    s.principal != request.principal,
+                    s.connection,
+                    s.expiry_interval == 0,
+                )
             };
             if owner_differs {
                 self.metrics.disconnected(CloseReason::ConnectRefused);
@@ -528,7 +532,10 @@ impl BrokerState {
                     Some(reason::SESSION_TAKEN_OVER),
                 );
             }
-            if request.clean_start {
+            // A session with expiry 0 ends with its connection (MQTT 5
+            // 3.1.2.11.2; 3.1.1 clean session 1), and a takeover closes that
+            // connection: the new one starts afresh.
+            if request.clean_start || (old_connection.is_some() && ends_with_connection) {
                 self.end_session(key, now);
             } else {
                 session_present = true;
