@@ -743,7 +743,27 @@ async fn topic_alias_zero_or_above_maximum_is_0x94() {
     expect_disconnect(&mut c, ReasonCode::TopicAliasInvalid).await;
 }
 
-/// MQTT-3.3.4-? (5.0 3.3.2.1): an empty topic without a Topic Alias is a
+/// MQTT-3.3.2-7 (5.0 3.3.2.3.4, Paho client_test5 client topic alias):
+/// mappings do not survive the connection; an empty topic with an alias
+/// this connection never set is DISCONNECT 0x94.
+#[tokio::test]
+async fn topic_alias_not_mapped_on_this_connection_is_0x94() {
+    let broker = Broker::anonymous();
+    let alias = PublishProperties {
+        topic_alias: Some(1),
+        ..Default::default()
+    };
+    let mut c = client(&broker, v5(), "alias-unmapped").await;
+    c.publish_props("alias/u", b"set", 1, false, 1, alias.clone())
+        .await;
+    assert!(matches!(c.recv().await, Some(Packet::PubAck(_))));
+    disconnect_and_wait(c).await;
+    let mut c = client(&broker, v5(), "alias-unmapped").await;
+    c.publish_props("", b"use", 1, false, 2, alias).await;
+    expect_disconnect(&mut c, ReasonCode::TopicAliasInvalid).await;
+}
+
+/// MQTT-3.3.2-? (5.0 3.3.2.1, 3.3.4): an empty topic without a Topic Alias is a
 /// protocol error.
 #[tokio::test]
 async fn empty_topic_without_alias_is_a_protocol_error() {
@@ -906,6 +926,40 @@ async fn message_expiry_drops_expired_and_counts_down() {
     let remaining = got.properties.message_expiry_interval.expect("remaining");
     assert!((50..60).contains(&remaining), "{remaining}");
     sub.expect_silence(QUIET).await;
+}
+
+/// MQTT-3.3.2-6 with MQTT-4.4.0-1: a message resent on reconnect carries
+/// the expiry left, not the original interval.
+#[tokio::test]
+async fn redelivered_message_carries_remaining_expiry() {
+    let broker = Broker::anonymous();
+    let (mut sub, _) = persistent(&broker, v5(), "expiry-redo").await;
+    sub.subscribe(1, "mxr", 1).await;
+    let mut publisher = client(&broker, v5(), "expiry-redo-pub").await;
+    publisher
+        .publish_props(
+            "mxr",
+            b"x",
+            1,
+            false,
+            1,
+            PublishProperties {
+                message_expiry_interval: Some(60),
+                ..Default::default()
+            },
+        )
+        .await;
+    let first = sub.next_publish(false).await;
+    assert_eq!(first.properties.message_expiry_interval, Some(60));
+    drop(sub); // no PUBACK
+               // The lifetime is the behaviour under test: let a second pass.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (mut sub, present) = persistent(&broker, v5(), "expiry-redo").await;
+    assert!(present);
+    let again = sub.next_publish(true).await;
+    assert!(again.dup);
+    let remaining = again.properties.message_expiry_interval.expect("remaining");
+    assert!((50..60).contains(&remaining), "{remaining}");
 }
 
 // ---------------------------------------------------------------- subscription options

@@ -46,6 +46,12 @@
 //!   counted, as if delivered (MQTT 5 3.1.2.25).
 //! - Topic Alias Maximum announced: 64 per connection. The broker does not
 //!   use aliases towards clients.
+//! - An empty topic with a Topic Alias this connection has not mapped
+//!   is DISCONNECT 0x94, like an alias of 0 or above the maximum (Mosquitto
+//!   answers 0x82; MQTT 5 only says the mapping does not carry over).
+//! - A QoS 1/2 message resent on reconnect carries the expiry left; one
+//!   that expired while in flight is still resent (its delivery had
+//!   started, MQTT-4.4.0-1) with 0 left.
 //! - QoS 2 inbound by method B: the first PUBLISH routes, its id is kept
 //!   until PUBREL; a duplicate gets PUBREC only; an unknown PUBREL gets
 //!   PUBCOMP (0x92 on MQTT 5). A 5.0 client with more unreleased QoS 2 ids

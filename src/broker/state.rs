@@ -594,14 +594,17 @@ impl BrokerState {
             },
         );
         if session_present {
-            self.replay(connection, key);
+            self.replay(connection, key, now);
         }
         self.promote(key, now);
     }
 
     /// Resend every unfinished exchange in its original order: PUBLISH with
     /// DUP=1 and the same packet id, or PUBREL for those awaiting PUBCOMP.
-    fn replay(&mut self, connection: u64, key: SessionKey) {
+    /// A resent PUBLISH carries the expiry left at `now` (MQTT-3.3.2-6);
+    /// one whose lifetime ran out while in flight is still resent, as its
+    /// delivery had started (MQTT-4.4.0-1), with 0 left.
+    fn replay(&mut self, connection: u64, key: SessionKey, now: Instant) {
         let session = &self.sessions[&key];
         let packets: Vec<Outbound> = session
             .inflight
@@ -618,7 +621,7 @@ impl BrokerState {
                     dup: true,
                     message: q.message.clone(),
                     subscription_ids: q.subscription_ids.clone(),
-                    expiry: q.message.properties.message_expiry_interval,
+                    expiry: q.message.expiry_left(now).unwrap_or(Some(0)),
                     sys: false,
                 },
             })
