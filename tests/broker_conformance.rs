@@ -1158,3 +1158,156 @@ async fn acl_denied_subscription_fails_per_filter() {
         disconnect_and_wait(c).await;
     }
 }
+
+// ---------------------------------------------------------------- malformed control packets
+
+/// Send `bytes` after a successful CONNECT and expect the connection closed
+/// (MQTT 5: DISCONNECT with `code` first).
+async fn refused_after_connect(version: ProtocolVersion, bytes: &[u8], code: ReasonCode) {
+    let broker = Broker::anonymous();
+    let mut c = client(&broker, version, "malformed").await;
+    c.send_bytes(bytes).await;
+    expect_disconnect(&mut c, code).await;
+}
+
+/// MQTT-3.3.1-2: DUP must be 0 on a QoS 0 PUBLISH.
+#[tokio::test]
+async fn qos0_publish_with_dup_is_malformed() {
+    refused_after_connect(
+        v4(),
+        &[0x38, 0x04, 0, 1, b'a', b'x'],
+        ReasonCode::MalformedPacket,
+    )
+    .await;
+}
+
+/// MQTT-3.3.1-4: a PUBLISH with both QoS bits set is malformed.
+#[tokio::test]
+async fn publish_qos_3_is_malformed() {
+    refused_after_connect(
+        v5(),
+        &[0x36, 0x07, 0, 1, b'a', 0, 1, 0, b'x'],
+        ReasonCode::MalformedPacket,
+    )
+    .await;
+}
+
+/// MQTT-2.2.1-3 (5.0 MQTT-2.2.1-3): a QoS 1 PUBLISH needs a non-zero
+/// packet identifier.
+#[tokio::test]
+async fn qos1_publish_with_packet_id_zero_is_refused() {
+    let broker = Broker::anonymous();
+    let mut c = client(&broker, v5(), "pid0").await;
+    c.send_bytes(&[0x32, 0x07, 0, 1, b'a', 0, 0, 0, b'x']).await;
+    let seen = c.expect_close().await;
+    match seen.last() {
+        Some(Packet::Disconnect(d)) => assert!(
+            matches!(
+                d.reason,
+                ReasonCode::MalformedPacket | ReasonCode::ProtocolError
+            ),
+            "{d:?}"
+        ),
+        other => panic!("expected DISCONNECT, got {other:?}"),
+    }
+}
+
+/// MQTT-3.8.1-1: SUBSCRIBE's fixed header flags must be 0010.
+#[tokio::test]
+async fn subscribe_with_wrong_header_flags_is_malformed() {
+    refused_after_connect(
+        v4(),
+        &[0x80, 0x06, 0, 1, 0, 1, b'a', 0x00],
+        ReasonCode::MalformedPacket,
+    )
+    .await;
+}
+
+/// MQTT-3.8.3-3 (3.1.1; 5.0 MQTT-3.8.3-2): a SUBSCRIBE without a filter is
+/// a protocol violation.
+#[tokio::test]
+async fn subscribe_without_filters_is_refused() {
+    let broker = Broker::anonymous();
+    let mut c = client(&broker, v5(), "nofilter").await;
+    c.send_bytes(&[0x82, 0x03, 0, 1, 0]).await;
+    let seen = c.expect_close().await;
+    assert!(
+        !seen.iter().any(|p| matches!(p, Packet::SubAck(_))),
+        "{seen:?}"
+    );
+}
+
+/// MQTT-3.10.1-1: UNSUBSCRIBE's fixed header flags must be 0010.
+#[tokio::test]
+async fn unsubscribe_with_wrong_header_flags_is_malformed() {
+    refused_after_connect(
+        v4(),
+        &[0xA0, 0x05, 0, 1, 0, 1, b'a'],
+        ReasonCode::MalformedPacket,
+    )
+    .await;
+}
+
+/// MQTT-3.1.2-15 (3.1.1: MQTT-3.1.2-15): Will Retain without the Will Flag
+/// is malformed.
+#[tokio::test]
+async fn connect_will_retain_without_will_is_malformed() {
+    let broker = Broker::anonymous();
+    let mut c = Raw::tcp(broker.addr(), v4()).await;
+    c.send_bytes(&[
+        0x10, 0x0D, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x22, 0, 60, 0, 1, b'a',
+    ])
+    .await;
+    expect_closed_without_connack(&mut c).await;
+}
+
+/// MQTT-3.12.4-1: PINGREQ is answered with PINGRESP.
+#[tokio::test]
+async fn pingreq_is_answered_with_pingresp() {
+    let broker = Broker::anonymous();
+    for version in [v4(), v5()] {
+        let mut c = client(&broker, version, "ping").await;
+        c.send(Packet::PingReq).await;
+        assert!(matches!(c.recv().await, Some(Packet::PingResp)));
+    }
+}
+
+/// MQTT 5 3.8.2.1.2: a Subscription Identifier of 0 is a protocol error.
+#[tokio::test]
+async fn subscription_identifier_zero_is_refused() {
+    let broker = Broker::anonymous();
+    let mut c = client(&broker, v5(), "subid0").await;
+    // SUBSCRIBE id 1, properties: 0x0B (subscription identifier) = 0.
+    c.send_bytes(&[0x82, 0x09, 0, 1, 2, 0x0B, 0, 0, 1, b'a', 0x01])
+        .await;
+    let seen = c.expect_close().await;
+    match seen.last() {
+        Some(Packet::Disconnect(d)) => assert!(
+            matches!(
+                d.reason,
+                ReasonCode::MalformedPacket | ReasonCode::ProtocolError
+            ),
+            "{d:?}"
+        ),
+        other => panic!("expected DISCONNECT, got {other:?}"),
+    }
+}
+
+/// MQTT-3.3.1-? / 4.3: a retained message is sent to a new subscription at
+/// the minimum of its stored QoS and the granted QoS.
+#[tokio::test]
+async fn retained_message_delivered_at_minimum_qos() {
+    let broker = Broker::anonymous();
+    let mut publisher = client(&broker, v4(), "retqos-pub").await;
+    publisher
+        .publish_acked("retqos/2", b"two", 2, true, 1)
+        .await;
+    publisher
+        .publish_acked("retqos/0", b"zero", 0, true, 2)
+        .await;
+    let mut c = client(&broker, v4(), "retqos").await;
+    c.subscribe(1, "retqos/2", 1).await;
+    assert_eq!(c.next_publish(true).await.qos.as_u8(), 1);
+    c.subscribe(2, "retqos/0", 2).await;
+    assert_eq!(c.next_publish(true).await.qos.as_u8(), 0);
+}
