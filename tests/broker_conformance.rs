@@ -534,24 +534,48 @@ async fn syntactically_invalid_filter_is_malformed_v5() {
     expect_disconnect(&mut c, ReasonCode::MalformedPacket).await;
 }
 
-/// MQTT-4.8.2-1 / -2 (5.0): `$share/{ShareName}/{filter}` with no filter
-/// is not a valid Topic Filter: the SUBSCRIBE is refused with DISCONNECT
-/// 0x8F and the connection closes, like Mosquitto (a decision recorded in
-/// the broker's module documentation).
+/// MQTT-4.8.2-1 / -2 (5.0 3.9.3): `$share/{ShareName}` without a filter is
+/// a well-formed topic filter but no valid shared subscription: SUBACK 0x8F
+/// for that filter, the others in the packet granted, the connection kept.
 #[tokio::test]
-async fn shared_subscription_without_filter_is_refused_with_0x8f() {
+async fn invalid_shared_subscription_gets_0x8f_per_filter() {
     let broker = Broker::anonymous();
-    let mut c = client(&broker, v5(), "badshare").await;
-    c.send(Packet::Subscribe(Subscribe {
-        packet_id: 5,
-        filters: vec![SubscribeFilter {
-            filter: "$share/grp".into(),
-            options: options(1),
-        }],
-        properties: SubscribeProperties::default(),
-    }))
-    .await;
-    expect_disconnect(&mut c, ReasonCode::TopicFilterInvalid).await;
+    for (version, refused) in [
+        (v5(), ReasonCode::TopicFilterInvalid),
+        (v4(), ReasonCode::UnspecifiedError),
+    ] {
+        let mut c = client(&broker, version, "badshare").await;
+        c.send(Packet::Subscribe(Subscribe {
+            packet_id: 5,
+            filters: vec![
+                SubscribeFilter {
+                    filter: "ok/topic".into(),
+                    options: options(1),
+                },
+                SubscribeFilter {
+                    filter: "$share/grp".into(),
+                    options: options(1),
+                },
+                SubscribeFilter {
+                    filter: "$share//a".into(),
+                    options: options(1),
+                },
+            ],
+            properties: SubscribeProperties::default(),
+        }))
+        .await;
+        match c.recv().await {
+            Some(Packet::SubAck(ack)) => assert_eq!(
+                ack.reasons,
+                vec![ReasonCode::GrantedQoS1, refused, refused],
+                "{version:?}"
+            ),
+            other => panic!("expected SUBACK, got {other:?}"),
+        }
+        c.send(Packet::PingReq).await;
+        assert!(matches!(c.recv().await, Some(Packet::PingResp)));
+        disconnect_and_wait(c).await;
+    }
 }
 
 /// MQTT-3.10.4-5 / MQTT-3.11.3-1 (5.0): UNSUBACK has one reason per

@@ -76,12 +76,13 @@
 //!   with the connection the takeover closes, so CONNACK says no session
 //!   is present (as Mosquitto does).
 //! - SUBSCRIBE: a filter that breaks the syntax of MQTT 4.7.1 (`#` not
-//!   last, a wildcard inside a level) or of a shared subscription
-//!   (`$share/{group}/{filter}`, MQTT-4.8.2-1/-2) makes the packet
-//!   malformed: DISCONNECT (0x81, 0x8F for the shared form) and close, as
-//!   Mosquitto does. A well-formed filter the broker refuses gets its own
-//!   reason code in SUBACK (0x87 from the ACL, 0x97 over the subscription
-//!   quota; 3.1.1: 0x80) and the other filters are still granted.
+//!   last, a wildcard inside a level) makes the packet malformed:
+//!   DISCONNECT 0x81 and close, as Mosquitto does. A well-formed filter the
+//!   broker refuses gets its own reason code in SUBACK and the packet's
+//!   other filters are still granted: 0x8F for a `$share/` filter that is
+//!   no valid shared subscription (`$share/g`, `$share//a`, MQTT-4.8.2-1/-2;
+//!   Mosquitto takes it as an ordinary filter), 0x87 from the ACL, 0x97
+//!   over the subscription quota; 3.1.1 clients get 0x80 for each.
 //! - Overlapping subscriptions of one client get one copy of a message, at
 //!   the highest granted QoS, carrying the Subscription Identifiers of every
 //!   matching subscription (MQTT-3.3.4-4). Shared subscriptions

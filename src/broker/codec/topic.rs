@@ -77,6 +77,20 @@ pub fn validate_topic_filter(packet: PacketType, filter: &str) -> Result<(), Dec
     Ok(())
 }
 
+/// Like [`validate_topic_filter`], except that a `$share/` filter which is
+/// not a valid shared subscription but is a well-formed topic filter
+/// passes: the server refuses it for that filter only (SUBACK 0x8F, "the
+/// Topic Filter is correctly formed but is not allowed"), the packet's other
+/// filters still count.
+pub fn validate_topic_filter_syntax(packet: PacketType, filter: &str) -> Result<(), DecodeError> {
+    match validate_topic_filter(packet, filter) {
+        Err(DecodeError::InvalidSharedSubscription { .. }) if filter_problem(filter).is_none() => {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
 /// Splits a validated shared subscription `$share/{group}/{filter}` into
 /// group and filter; `None` for an ordinary filter.
 pub fn split_shared(filter: &str) -> Option<(&str, &str)> {
