@@ -807,6 +807,20 @@ async fn topic_name_with_wildcard_is_0x90() {
     expect_disconnect(&mut c, ReasonCode::TopicNameInvalid).await;
 }
 
+/// MQTT-3.3.2-14 (5.0): a Response Topic with a wildcard is a protocol
+/// error: DISCONNECT 0x82 (as Paho's interoperability tests expect).
+#[tokio::test]
+async fn response_topic_with_wildcard_is_a_protocol_error() {
+    let broker = Broker::anonymous();
+    let mut c = client(&broker, v5(), "resp-wild").await;
+    // PUBLISH QoS 0 "a", properties: response topic (0x08) "a/#", payload "x".
+    c.send_bytes(&[
+        0x30, 0x0B, 0, 1, b'a', 6, 0x08, 0, 3, b'a', b'/', b'#', b'x',
+    ])
+    .await;
+    expect_disconnect(&mut c, ReasonCode::ProtocolError).await;
+}
+
 // ---------------------------------------------------------------- sizes and flow control
 
 /// MQTT-3.1.2-24 (5.0 3.2.2.3.6): a packet above the announced Maximum

@@ -49,6 +49,9 @@
 //! - An empty topic with a Topic Alias this connection has not mapped
 //!   is DISCONNECT 0x94, like an alias of 0 or above the maximum (Mosquitto
 //!   answers 0x82; MQTT 5 only says the mapping does not carry over).
+//! - A PUBLISH topic name with a wildcard is DISCONNECT 0x90 (Mosquitto:
+//!   0x82); a Response Topic with a wildcard, a property rule rather than
+//!   the packet's topic, is a protocol error 0x82 (Mosquitto forwards it).
 //! - A QoS 1/2 message resent on reconnect carries the expiry left; one
 //!   that expired while in flight is still resent (its delivery had
 //!   started, MQTT-4.4.0-1) with 0 left.

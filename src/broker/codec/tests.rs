@@ -1184,9 +1184,9 @@ fn publish_refusals() {
     // A response topic with a wildcard.
     let e = refused(
         server_decode(V5, &frame(0x30, &cat(&[&topic, &[4, 0x08], &s(b"#")]))),
-        R::TopicNameInvalid,
+        R::ProtocolError,
     );
-    assert!(matches!(e, DecodeError::InvalidTopicName { .. }));
+    assert!(matches!(e, DecodeError::InvalidResponseTopic { .. }));
     // A subscription identifier too long for a variable byte integer.
     let e = refused(
         client_decode(

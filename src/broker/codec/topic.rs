@@ -25,6 +25,17 @@ pub fn validate_topic_name(packet: PacketType, topic: &str) -> Result<(), Decode
     })
 }
 
+/// A Response Topic (PUBLISH, Will properties): a valid topic name
+/// (MQTT-3.3.2-14), refused as a protocol error.
+pub fn validate_response_topic(packet: PacketType, topic: &str) -> Result<(), DecodeError> {
+    match validate_topic_name(packet, topic) {
+        Err(DecodeError::InvalidTopicName { topic, why, .. }) => {
+            Err(DecodeError::InvalidResponseTopic { packet, topic, why })
+        }
+        other => other,
+    }
+}
+
 /// Why a plain (non-shared) topic filter is malformed, if it is.
 fn filter_problem(filter: &str) -> Option<&'static str> {
     if filter.is_empty() {
