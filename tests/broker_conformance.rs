@@ -645,6 +645,25 @@ async fn will_sent_at_session_end_before_its_delay() {
     assert_eq!(body(&watcher.next_publish(true).await), b"late");
 }
 
+/// MQTT 5 3.1.3.2.2 with MQTT-3.1.4-3: a takeover ends a session with
+/// expiry 0, so the old connection's delayed Will is published then, even
+/// when the new connection asks to resume (clean start 0).
+#[tokio::test]
+async fn takeover_of_expiry_zero_session_publishes_delayed_will() {
+    let broker = Broker::anonymous();
+    let mut watcher = client(&broker, v5(), "tw-watch").await;
+    watcher.subscribe(1, "tw/#", 1).await;
+    let mut old = Raw::tcp(broker.addr(), v5()).await;
+    let mut opts = ConnectOpts::clean();
+    opts.will = Some(("tw/x".into(), b"gone".to_vec(), 1, false, Some(600)));
+    old.connect("tw", opts).await;
+    let mut new = Raw::tcp(broker.addr(), v5()).await;
+    let mut resume = ConnectOpts::clean();
+    resume.clean_start = false;
+    assert!(!new.connect("tw", resume).await.session_present);
+    assert_eq!(body(&watcher.next_publish(true).await), b"gone");
+}
+
 /// MQTT 5 3.1.3.2.2: with a session that outlives the connection, the Will
 /// is published after the Will Delay Interval, not before.
 #[tokio::test]

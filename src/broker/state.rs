@@ -520,7 +520,7 @@ impl BrokerState {
                 // delay is running and the session continues.
                 if let Some(conn) = self.connections.get_mut(&old) {
                     if let Some(will) = conn.will.take() {
-                        if will.delay == 0 || request.clean_start {
+                        if will.delay == 0 || request.clean_start || ends_with_connection {
                             let principal = self.sessions[&key].principal.clone();
                             self.publish_will(&will, principal.as_deref(), &client_id, now);
                         }
