@@ -292,6 +292,22 @@ async fn session_expiry_interval_keeps_the_session() {
     assert!(present);
 }
 
+/// MQTT 5 3.1.2.11.2 / MQTT-4.1.0-? : once the Session Expiry Interval has
+/// passed, the session is gone: a reconnect finds no session.
+#[tokio::test]
+async fn session_ends_after_its_expiry_interval() {
+    let broker = Broker::anonymous();
+    let mut c = Raw::tcp(broker.addr(), v5()).await;
+    c.connect("exp1", ConnectOpts::persistent(1)).await;
+    c.subscribe(1, "exp1", 1).await;
+    disconnect_and_wait(c).await;
+    // The interval is the behaviour under test.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut c = Raw::tcp(broker.addr(), v5()).await;
+    let ack = c.connect("exp1", ConnectOpts::persistent(1)).await;
+    assert!(!ack.session_present);
+}
+
 /// MQTT-3.14.2-2 (5.0 3.14.2.2.2): DISCONNECT may set the Session Expiry
 /// Interval to 0, ending the session.
 #[tokio::test]

@@ -500,6 +500,11 @@ impl BrokerState {
         };
         let expiry = wanted_expiry.min(self.limits.max_session_expiry);
 
+        // The timer may not have run yet: a Will whose delay passed, or a
+        // session whose expiry passed, is settled before this CONNECT sees it.
+        if let Some(&key) = self.by_client_id.get(&client_id) {
+            self.settle_due(key, now);
+        }
         let mut session_present = false;
         if let Some(&key) = self.by_client_id.get(&client_id) {
             let (owner_differs, old_connection, ends_with_connection) = {
@@ -1345,6 +1350,28 @@ impl BrokerState {
     }
 
     // ---- time -----------------------------------------------------------
+
+    /// What [`tick`](Self::tick) would do for one detached session at `now`:
+    /// publish its Will when the delay passed, end it when it expired.
+    fn settle_due(&mut self, key: SessionKey, now: Instant) {
+        if !self.detached.contains(&key) {
+            return;
+        }
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        let will = session
+            .pending_will
+            .take_if(|w| w.publish_at <= now)
+            .map(|w| w.message);
+        let expired = session.expires_at.is_some_and(|at| at <= now);
+        if let Some(will) = will {
+            self.publish_message(will, now);
+        }
+        if expired {
+            self.end_session(key, now);
+        }
+    }
 
     /// Publish Wills whose delay passed and end sessions that expired.
     pub fn tick(&mut self, now: Instant) {
