@@ -1384,3 +1384,55 @@ async fn retained_message_delivered_at_minimum_qos() {
     c.subscribe(2, "retqos/0", 2).await;
     assert_eq!(c.next_publish(true).await.qos.as_u8(), 0);
 }
+
+/// MQTT 5 3.1.2.9: unlike 3.1.1, a password without a user name is
+/// allowed; the default broker accepts the client.
+#[tokio::test]
+async fn connect_password_without_user_name_is_allowed_v5() {
+    let broker = Broker::anonymous();
+    let mut c = Raw::tcp(broker.addr(), v5()).await;
+    c.send_bytes(&[
+        0x10, 0x11, 0, 4, b'M', b'Q', b'T', b'T', 5, 0x42, 0, 60, 0, 0, 1, b'a', 0, 1, b'p',
+    ])
+    .await;
+    match c.recv().await {
+        Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason, ReasonCode::Success),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+}
+
+/// MQTT-3.2.2-21 / -22 (5.0 3.2.2.3.14): the broker keeps the client's
+/// Keep Alive as asked (even the maximum), so CONNACK carries no Server
+/// Keep Alive; the connection stays up under PINGREQ.
+#[tokio::test]
+async fn keep_alive_is_not_capped_so_no_server_keep_alive() {
+    let broker = Broker::anonymous();
+    for keep_alive in [0u16, 65535] {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        let mut opts = ConnectOpts::clean();
+        opts.keep_alive = keep_alive;
+        let ack = c.connect("ka-nocap", opts).await;
+        assert_eq!(ack.reason, ReasonCode::Success);
+        assert_eq!(ack.properties.server_keep_alive, None);
+        c.send(Packet::PingReq).await;
+        assert!(matches!(c.recv().await, Some(Packet::PingResp)));
+        disconnect_and_wait(c).await;
+    }
+}
+
+/// MQTT-3.1.2-1 (5.0 3.1.2.1): a CONNECT with another protocol name is not
+/// accepted: no successful CONNACK, the connection closes.
+#[tokio::test]
+async fn connect_with_wrong_protocol_name_is_refused() {
+    let broker = Broker::anonymous();
+    let mut c = Raw::tcp(broker.addr(), v4()).await;
+    c.send_bytes(&[0x10, 0x0A, 0, 2, b'h', b'j', 4, 0x02, 0, 60, 0, 0])
+        .await;
+    let seen = c.expect_close().await;
+    assert!(
+        !seen
+            .iter()
+            .any(|p| matches!(p, Packet::ConnAck(a) if a.reason == ReasonCode::Success)),
+        "{seen:?}"
+    );
+}
