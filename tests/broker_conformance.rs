@@ -292,7 +292,7 @@ async fn session_expiry_interval_keeps_the_session() {
     assert!(present);
 }
 
-/// MQTT 5 3.1.2.11.2 / MQTT-4.1.0-? : once the Session Expiry Interval has
+/// MQTT 5 3.1.2.11.2 (MQTT-3.1.2-23): once the Session Expiry Interval has
 /// passed, the session is gone: a reconnect finds no session.
 #[tokio::test]
 async fn session_ends_after_its_expiry_interval() {
@@ -822,7 +822,7 @@ async fn topic_alias_not_mapped_on_this_connection_is_0x94() {
     expect_disconnect(&mut c, ReasonCode::TopicAliasInvalid).await;
 }
 
-/// MQTT-3.3.2-? (5.0 3.3.2.1, 3.3.4): an empty topic without a Topic Alias is a
+/// MQTT 5 3.3.2.1 / 3.3.4: an empty topic without a Topic Alias is a
 /// protocol error.
 #[tokio::test]
 async fn empty_topic_without_alias_is_a_protocol_error() {
@@ -1366,7 +1366,7 @@ async fn subscription_identifier_zero_is_refused() {
     }
 }
 
-/// MQTT-3.3.1-? / 4.3: a retained message is sent to a new subscription at
+/// MQTT-3.8.4-8 / 4.3: a retained message is sent to a new subscription at
 /// the minimum of its stored QoS and the granted QoS.
 #[tokio::test]
 async fn retained_message_delivered_at_minimum_qos() {
