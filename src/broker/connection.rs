@@ -400,7 +400,9 @@ fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbou
                     .filter(|_| alias != 0)
                     .ok_or(reason::TOPIC_ALIAS_INVALID)?;
                 if topic.is_empty() {
-                    topic = slot.clone().ok_or(reason::PROTOCOL_ERROR)?;
+                    // An alias this connection never mapped is as invalid
+                    // as one out of range (MQTT 5 3.3.2.3.4).
+                    topic = slot.clone().ok_or(reason::TOPIC_ALIAS_INVALID)?;
                 } else {
                     *slot = Some(topic.clone());
                 }

@@ -46,6 +46,15 @@
 //!   counted, as if delivered (MQTT 5 3.1.2.25).
 //! - Topic Alias Maximum announced: 64 per connection. The broker does not
 //!   use aliases towards clients.
+//! - An empty topic with a Topic Alias this connection has not mapped
+//!   is DISCONNECT 0x94, like an alias of 0 or above the maximum (Mosquitto
+//!   answers 0x82; MQTT 5 only says the mapping does not carry over).
+//! - A PUBLISH topic name with a wildcard is DISCONNECT 0x90 (Mosquitto:
+//!   0x82); a Response Topic with a wildcard, a property rule rather than
+//!   the packet's topic, is a protocol error 0x82 (Mosquitto forwards it).
+//! - A QoS 1/2 message resent on reconnect carries the expiry left; one
+//!   that expired while in flight is still resent (its delivery had
+//!   started, MQTT-4.4.0-1) with 0 left.
 //! - QoS 2 inbound by method B: the first PUBLISH routes, its id is kept
 //!   until PUBREL; a duplicate gets PUBREC only; an unknown PUBREL gets
 //!   PUBCOMP (0x92 on MQTT 5). A 5.0 client with more unreleased QoS 2 ids
@@ -64,6 +73,25 @@
 //!   session's end, and a new connection to the session cancels it. On
 //!   takeover the old connection's Will is published unless its delay is
 //!   running and the new connection resumes the session.
+//! - Takeover: a CONNECT with clean start 0 resumes the session of a
+//!   connected client only when that session outlives its connection
+//!   (expiry > 0, or 3.1.1 clean session 0); a session with expiry 0 ends
+//!   with the connection the takeover closes, so CONNACK says no session
+//!   is present (as Mosquitto does).
+//! - SUBSCRIBE: a filter that breaks the syntax of MQTT 4.7.1 (`#` not
+//!   last, a wildcard inside a level) makes the packet malformed:
+//!   DISCONNECT 0x81 and close, as Mosquitto does. A well-formed filter the
+//!   broker refuses gets its own reason code in SUBACK and the packet's
+//!   other filters are still granted: 0x8F for a `$share/` filter that is
+//!   no valid shared subscription (`$share/g`, `$share//a`, MQTT-4.8.2-1/-2;
+//!   Mosquitto takes it as an ordinary filter), 0x87 from the ACL, 0x97
+//!   over the subscription quota; 3.1.1 clients get 0x80 for each.
+//! - Overlapping subscriptions of one client get one copy of a message, at
+//!   the highest granted QoS, carrying the Subscription Identifiers of every
+//!   matching subscription (MQTT-3.3.4-4). Shared subscriptions
+//!   (`$share/...`) are also accepted from 3.1.1 clients.
+//! - Keep alive: the client's value is used as given (no Server Keep
+//!   Alive is sent); 0 turns the check off.
 //! - A session belongs to the principal that created it: a CONNECT with
 //!   the same client id from another principal (or anonymous) is refused
 //!   with "not authorized" and the session is untouched.

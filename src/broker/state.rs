@@ -500,11 +500,20 @@ impl BrokerState {
         };
         let expiry = wanted_expiry.min(self.limits.max_session_expiry);
 
+        // The timer may not have run yet: a Will whose delay passed, or a
+        // session whose expiry passed, is settled before this CONNECT sees it.
+        if let Some(&key) = self.by_client_id.get(&client_id) {
+            self.settle_due(key, now);
+        }
         let mut session_present = false;
         if let Some(&key) = self.by_client_id.get(&client_id) {
-            let (owner_differs, old_connection) = {
+            let (owner_differs, old_connection, ends_with_connection) = {
                 let s = &self.sessions[&key];
-                (s.principal != request.principal, s.connection)
+                (
+                    s.principal != request.principal,
+                    s.connection,
+                    s.expiry_interval == 0,
+                )
             };
             if owner_differs {
                 self.metrics.disconnected(CloseReason::ConnectRefused);
@@ -516,7 +525,7 @@ impl BrokerState {
                 // delay is running and the session continues.
                 if let Some(conn) = self.connections.get_mut(&old) {
                     if let Some(will) = conn.will.take() {
-                        if will.delay == 0 || request.clean_start {
+                        if will.delay == 0 || request.clean_start || ends_with_connection {
                             let principal = self.sessions[&key].principal.clone();
                             self.publish_will(&will, principal.as_deref(), &client_id, now);
                         }
@@ -528,7 +537,10 @@ impl BrokerState {
                     Some(reason::SESSION_TAKEN_OVER),
                 );
             }
-            if request.clean_start {
+            // A session with expiry 0 ends with its connection (MQTT 5
+            // 3.1.2.11.2; 3.1.1 clean session 1), and a takeover closes that
+            // connection: the new one starts afresh.
+            if request.clean_start || (old_connection.is_some() && ends_with_connection) {
                 self.end_session(key, now);
             } else {
                 session_present = true;
@@ -587,14 +599,17 @@ impl BrokerState {
             },
         );
         if session_present {
-            self.replay(connection, key);
+            self.replay(connection, key, now);
         }
         self.promote(key, now);
     }
 
     /// Resend every unfinished exchange in its original order: PUBLISH with
     /// DUP=1 and the same packet id, or PUBREL for those awaiting PUBCOMP.
-    fn replay(&mut self, connection: u64, key: SessionKey) {
+    /// A resent PUBLISH carries the expiry left at `now` (MQTT-3.3.2-6);
+    /// one whose lifetime ran out while in flight is still resent, as its
+    /// delivery had started (MQTT-4.4.0-1), with 0 left.
+    fn replay(&mut self, connection: u64, key: SessionKey, now: Instant) {
         let session = &self.sessions[&key];
         let packets: Vec<Outbound> = session
             .inflight
@@ -611,7 +626,7 @@ impl BrokerState {
                     dup: true,
                     message: q.message.clone(),
                     subscription_ids: q.subscription_ids.clone(),
-                    expiry: q.message.properties.message_expiry_interval,
+                    expiry: q.message.expiry_left(now).unwrap_or(Some(0)),
                     sys: false,
                 },
             })
@@ -1335,6 +1350,28 @@ impl BrokerState {
     }
 
     // ---- time -----------------------------------------------------------
+
+    /// What [`tick`](Self::tick) would do for one detached session at `now`:
+    /// publish its Will when the delay passed, end it when it expired.
+    fn settle_due(&mut self, key: SessionKey, now: Instant) {
+        if !self.detached.contains(&key) {
+            return;
+        }
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        let will = session
+            .pending_will
+            .take_if(|w| w.publish_at <= now)
+            .map(|w| w.message);
+        let expired = session.expires_at.is_some_and(|at| at <= now);
+        if let Some(will) = will {
+            self.publish_message(will, now);
+        }
+        if expired {
+            self.end_session(key, now);
+        }
+    }
 
     /// Publish Wills whose delay passed and end sessions that expired.
     pub fn tick(&mut self, now: Instant) {

@@ -15,7 +15,7 @@ use super::properties::{
     PublishProperties, SubscribeProperties, UnsubscribeProperties, WillProperties,
 };
 use super::reason::ReasonCode;
-use super::topic::{split_shared, validate_topic_filter, validate_topic_name};
+use super::topic::{split_shared, validate_topic_filter_syntax, validate_topic_name};
 use super::wire::Reader;
 
 /// Which side of the connection is decoding: a server refuses packets only
@@ -384,7 +384,7 @@ fn subscribe(r: &mut Reader, v5: bool) -> Result<Subscribe, DecodeError> {
                 filter: filter.clone(),
             })?;
         let no_local = options & NO_LOCAL != 0;
-        validate_topic_filter(r.packet, &filter)?;
+        validate_topic_filter_syntax(r.packet, &filter)?;
         if no_local && split_shared(&filter).is_some() {
             return Err(DecodeError::SharedSubscriptionNoLocal { filter });
         }
@@ -448,7 +448,7 @@ fn unsubscribe(r: &mut Reader, v5: bool) -> Result<Unsubscribe, DecodeError> {
     let mut filters = Vec::new();
     while !r.is_empty() {
         let filter = r.string("topic filter")?;
-        validate_topic_filter(r.packet, &filter)?;
+        validate_topic_filter_syntax(r.packet, &filter)?;
         filters.push(filter);
     }
     if filters.is_empty() {

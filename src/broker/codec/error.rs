@@ -143,6 +143,16 @@ pub enum DecodeError {
         why: &'static str,
     },
 
+    /// A Response Topic that is no valid topic name: empty or with a
+    /// wildcard (MQTT-3.3.2-14). A protocol error, not "Topic Name
+    /// invalid", which is about the PUBLISH's own topic.
+    #[error("{packet}: response topic {topic:?} is invalid: {why}")]
+    InvalidResponseTopic {
+        packet: PacketType,
+        topic: String,
+        why: &'static str,
+    },
+
     /// Zero-length topic and no topic alias (MQTT 5 §3.3.2.1); on 3.1.1 a
     /// topic must always be at least one character (MQTT-4.7.3-1).
     #[error("PUBLISH: empty topic name without a topic alias")]
@@ -259,6 +269,7 @@ impl DecodeError {
             | DupWithQoS0
             | ZeroPacketId { .. }
             | EmptyTopic
+            | InvalidResponseTopic { .. }
             | SharedSubscriptionNoLocal { .. }
             | NoTopicFilters { .. }
             | InvalidRetainHandling { .. }

@@ -594,7 +594,7 @@ impl WillProperties {
                 id::CONTENT_TYPE => out.content_type = Some(v.into_string()),
                 id::RESPONSE_TOPIC => {
                     let topic = byte_str(v);
-                    super::topic::validate_topic_name(packet, &topic)?;
+                    super::topic::validate_response_topic(packet, &topic)?;
                     out.response_topic = Some(topic.as_str().to_owned());
                 }
                 id::CORRELATION_DATA => out.correlation_data = Some(binary(v)),
@@ -721,7 +721,7 @@ impl PublishProperties {
                 id::TOPIC_ALIAS => out.topic_alias = Some(two(v)),
                 id::RESPONSE_TOPIC => {
                     let topic = byte_str(v);
-                    super::topic::validate_topic_name(packet, &topic)?;
+                    super::topic::validate_response_topic(packet, &topic)?;
                     out.response_topic = Some(topic);
                 }
                 id::CORRELATION_DATA => out.correlation_data = Some(binary(v)),

@@ -25,6 +25,17 @@ pub fn validate_topic_name(packet: PacketType, topic: &str) -> Result<(), Decode
     })
 }
 
+/// A Response Topic (PUBLISH, Will properties): a valid topic name
+/// (MQTT-3.3.2-14), refused as a protocol error.
+pub fn validate_response_topic(packet: PacketType, topic: &str) -> Result<(), DecodeError> {
+    match validate_topic_name(packet, topic) {
+        Err(DecodeError::InvalidTopicName { topic, why, .. }) => {
+            Err(DecodeError::InvalidResponseTopic { packet, topic, why })
+        }
+        other => other,
+    }
+}
+
 /// Why a plain (non-shared) topic filter is malformed, if it is.
 fn filter_problem(filter: &str) -> Option<&'static str> {
     if filter.is_empty() {
@@ -75,6 +86,20 @@ pub fn validate_topic_filter(packet: PacketType, filter: &str) -> Result<(), Dec
         });
     }
     Ok(())
+}
+
+/// Like [`validate_topic_filter`], except that a `$share/` filter which is
+/// not a valid shared subscription but is a well-formed topic filter
+/// passes: the server refuses it for that filter only (SUBACK 0x8F, "the
+/// Topic Filter is correctly formed but is not allowed"), the packet's other
+/// filters still count.
+pub fn validate_topic_filter_syntax(packet: PacketType, filter: &str) -> Result<(), DecodeError> {
+    match validate_topic_filter(packet, filter) {
+        Err(DecodeError::InvalidSharedSubscription { .. }) if filter_problem(filter).is_none() => {
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 /// Splits a validated shared subscription `$share/{group}/{filter}` into
