@@ -12,6 +12,11 @@ fn text() -> impl Strategy<Value = String> {
     prop_oneof!["[a-z0-9/+#]{0,12}", "\\PC{0,6}", Just(String::new()),]
 }
 
+/// A topic a message can be published to: nonempty, no `+` or `#`.
+fn topic() -> impl Strategy<Value = String> {
+    prop_oneof!["[a-z0-9/]{1,12}", "[^+#\\x00]{1,6}"]
+}
+
 fn nonempty_text() -> impl Strategy<Value = String> {
     "[a-zA-Z0-9é_-]{1,10}"
 }
@@ -50,7 +55,7 @@ fn record() -> impl Strategy<Value = Record> {
     (
         (
             any::<[u8; 16]>(),
-            text(),
+            topic(),
             any::<i64>(),
             user_properties(),
             payload(),
@@ -226,7 +231,7 @@ fn retained() -> impl Strategy<Value = RetainedFile> {
             .into_iter()
             .enumerate()
             .map(|(i, (mut r, offset))| {
-                r.topic = format!("{}#{i}", r.topic);
+                r.topic = format!("{}~{i}", r.topic);
                 r.offset = offset;
                 r
             })
@@ -236,7 +241,7 @@ fn retained() -> impl Strategy<Value = RetainedFile> {
 
 fn will() -> impl Strategy<Value = Will> {
     (
-        text(),
+        topic(),
         payload(),
         0u8..=2,
         any::<bool>(),
