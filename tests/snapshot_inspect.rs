@@ -250,7 +250,7 @@ fn another_format_version_shows_its_header() {
         p.to_str().unwrap(),
     ]));
     assert_eq!(doc["header"]["format"], 20);
-    assert_eq!(doc["problem"]["code"], "other_version");
+    assert_eq!(doc["problem"]["code"], "other-version");
 }
 
 #[test]
