@@ -14,11 +14,11 @@ use saguin::storage::snapshot_dir::{
     self, AnySnapshot, DirReport, FileOutcome, FileProblem, FindingKind, ScanOptions, Severity,
 };
 use saguin_format::f21::{
-    time::format_unix_nanos, BroadcastFile, ChannelFile, Header, Manifest, Position, RetainedFile,
-    SessionsFile, SnapshotFile,
+    time::format_unix_nanos, BroadcastFile, ChannelFile, Header, HeldPublish, Manifest, Position,
+    RetainedFile, SessionsFile, SnapshotFile, Will,
 };
 use saguin_format::mbmqtt;
-use saguin_format::model::Record;
+use saguin_format::model::{PublishProps, Record, UserProperty};
 use serde_json::{json, Value};
 
 use crate::exit;
@@ -39,9 +39,16 @@ pub enum Command {
     /// HEADER is `{"format","kind","writer","written_at","written_at_unix_nanos"}`;
     /// CONTENTS has a `"kind"` (`channel`, `manifest`, `retained`,
     /// `sessions`, `broadcast`, `mbmqtt01`) and that kind's fields; records
-    /// (`{"offset","time","topic","qos","retain","client_id","bridge",
+    /// (RECORD: `{"offset","time","topic","qos","retain","client_id","bridge",
     /// "payload_bytes","payload_text","payload_hex","user_properties",
-    /// "properties"}`) appear under `"records"` only with `--records`.
+    /// "properties"}`) appear under `"records"` only with `--records`, a
+    /// channel's dead letters under `"dead_letter"."records"` likewise.
+    /// Each held exactly-once publish (`"held"`) is `{"client_id",
+    /// "packet_id","held_at","topic","record": RECORD}`; a session's
+    /// `"will"` is `{"topic","qos","retain","delay_interval",
+    /// "payload_bytes","payload_text","payload_hex","user_properties",
+    /// "properties"}`. Problem and finding codes are kebab-case
+    /// (`checksum-mismatch`, `not-a-snapshot`, `crc-mismatch`).
     /// For a directory `files` lists `{"name","role","status","problem",
     /// "header","contents"}` and `findings` lists `{"severity","code",
     /// "file","message"}`; both are `[]` for a single file. Readers must
@@ -602,12 +609,11 @@ fn payload_cell(payload: &[u8]) -> String {
     }
 }
 
-fn props_cell(r: &Record) -> String {
+fn props_cell(user_properties: &[UserProperty], props: &PublishProps) -> String {
     let mut parts = Vec::new();
-    for p in &r.user_properties {
+    for p in user_properties {
         parts.push(format!("{}={}", p.name, p.value));
     }
-    let props = &r.props;
     if let Some(v) = &props.content_type {
         parts.push(format!("content-type={v}"));
     }
@@ -627,8 +633,7 @@ fn props_cell(r: &Record) -> String {
 }
 
 fn record_json(r: &Record) -> Value {
-    let props = &r.props;
-    json!({
+    let mut v = json!({
         "offset": r.offset,
         "message_id": hex::encode(r.message_id),
         "time": time_json(r.timestamp),
@@ -640,18 +645,65 @@ fn record_json(r: &Record) -> Value {
         "bridge": r.bridge,
         "shared_copy": r.shared_copy,
         "owed_to": r.owed_to,
-        "payload_bytes": r.payload.len(),
-        "payload_text": payload_text(&r.payload),
-        "payload_hex": hex::encode(&r.payload),
-        "user_properties": r.user_properties.iter().map(|p| json!({"name": p.name, "value": p.value})).collect::<Vec<_>>(),
-        "properties": {
-            "content_type": props.content_type,
-            "response_topic": props.response_topic,
-            "correlation_data_hex": props.correlation_data.as_ref().map(hex::encode),
-            "payload_format_indicator": props.payload_format_indicator,
-            "message_expiry_interval": props.message_expiry_interval,
-        },
+    });
+    extend_message_json(&mut v, &r.payload, &r.props, &r.user_properties);
+    v
+}
+
+/// Add a message's payload (text when it is UTF-8, always hex), its
+/// properties and its user properties to the object `v`: the one shape a
+/// record, a held publish and a Will share, so a reader parses them alike.
+fn extend_message_json(
+    v: &mut Value,
+    payload: &[u8],
+    props: &PublishProps,
+    user_properties: &[UserProperty],
+) {
+    if let Some(o) = v.as_object_mut() {
+        o.insert("payload_bytes".into(), json!(payload.len()));
+        o.insert("payload_text".into(), json!(payload_text(payload)));
+        o.insert("payload_hex".into(), json!(hex::encode(payload)));
+        o.insert(
+            "user_properties".into(),
+            Value::Array(
+                user_properties
+                    .iter()
+                    .map(|p| json!({"name": p.name, "value": p.value}))
+                    .collect(),
+            ),
+        );
+        o.insert(
+            "properties".into(),
+            json!({
+                "content_type": props.content_type,
+                "response_topic": props.response_topic,
+                "correlation_data_hex": props.correlation_data.as_ref().map(hex::encode),
+                "payload_format_indicator": props.payload_format_indicator,
+                "message_expiry_interval": props.message_expiry_interval,
+            }),
+        );
+    }
+}
+
+fn held_json(h: &HeldPublish) -> Value {
+    json!({
+        "client_id": h.client_id,
+        "packet_id": h.packet_id,
+        "held_at": time_json(h.held_at),
+        "topic": h.record.topic,
+        "record": record_json(&h.record),
     })
+}
+
+fn will_json(w: &Will) -> Value {
+    let mut v = json!({
+        "topic": w.topic,
+        "qos": w.qos,
+        "retain": w.retain,
+        "delay_interval": w.delay_interval,
+    });
+    extend_message_json(&mut v, &w.payload, &w.props, &w.user_properties);
+    v
 }
 
 fn records_table(records: &[Record]) -> Table {
@@ -671,7 +723,7 @@ fn records_table(records: &[Record]) -> Table {
             r.topic.clone(),
             r.qos.to_string(),
             payload_cell(&r.payload),
-            props_cell(r),
+            props_cell(&r.user_properties, &r.props),
         ]);
     }
     t
@@ -735,7 +787,7 @@ fn contents_json(file: &SnapshotFile, view: &View) -> Value {
                 "bytes": b.bytes,
                 "record_count": b.messages.len(),
                 "cursors": positions_json(&b.cursors),
-                "held": b.held.iter().map(|h| json!({"client_id": h.client_id, "packet_id": h.packet_id, "held_at": time_json(h.held_at), "topic": h.record.topic})).collect::<Vec<_>>(),
+                "held": b.held.iter().map(held_json).collect::<Vec<_>>(),
             }),
             &b.messages,
         ),
@@ -753,13 +805,21 @@ fn channel_json(c: &ChannelFile, view: &View) -> Value {
         "record_count": c.records.len(),
         "item_count": c.items.len(),
         "positions": positions_json(&c.positions),
-        "held": c.held.iter().map(|h| json!({"client_id": h.client_id, "packet_id": h.packet_id, "held_at": time_json(h.held_at), "topic": h.record.topic})).collect::<Vec<_>>(),
+        "held": c.held.iter().map(held_json).collect::<Vec<_>>(),
         "dead_letter": c.dead_letter.as_ref().map(|d| json!({
             "channel": d.name, "next": d.next, "floor": d.floor, "bytes": d.bytes,
             "record_count": d.records.len(), "positions": positions_json(&d.positions),
         })),
     });
     if view.records {
+        if let Some(d) = v.get_mut("dead_letter").and_then(Value::as_object_mut) {
+            if let Some(dl) = &c.dead_letter {
+                d.insert(
+                    "records".into(),
+                    Value::Array(view.take(&dl.records).iter().map(record_json).collect()),
+                );
+            }
+        }
         if let Some(o) = v.as_object_mut() {
             o.insert(
                 "records".into(),
@@ -808,7 +868,7 @@ fn sessions_json(s: &SessionsFile) -> Value {
             "expiry_interval": s.expiry_interval,
             "detached_at": time_json(s.detached_at),
             "window": s.window,
-            "will": s.will.as_ref().map(|w| json!({"topic": w.topic, "qos": w.qos, "retain": w.retain, "delay_interval": w.delay_interval})),
+            "will": s.will.as_ref().map(will_json),
             "subscriptions": s.subscriptions.iter().map(|sub| json!({
                 "filter": sub.filter, "qos": sub.qos, "no_local": sub.no_local,
                 "retain_as_published": sub.retain_as_published, "retain_handling": sub.retain_handling,
@@ -831,7 +891,7 @@ fn print_contents(out: &mut impl Write, file: &SnapshotFile, view: &View) -> std
         SnapshotFile::Channel(c) => print_channel(out, c, view),
         SnapshotFile::Manifest(m) => print_manifest(out, m),
         SnapshotFile::Retained(r) => print_retained(out, r, view),
-        SnapshotFile::Sessions(s) => print_sessions(out, s),
+        SnapshotFile::Sessions(s) => print_sessions(out, s, view),
         SnapshotFile::Broadcast(b) => print_broadcast(out, b, view),
     }
 }
@@ -890,19 +950,7 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
             positions_table(&d.positions)
         )?;
     }
-    if !c.held.is_empty() {
-        let mut t = table();
-        t.set_header(vec!["client id", "packet id", "held at", "topic"]);
-        for h in &c.held {
-            t.add_row(vec![
-                h.client_id.clone(),
-                h.packet_id.to_string(),
-                time_text(h.held_at),
-                h.record.topic.clone(),
-            ]);
-        }
-        writeln!(out, "exactly-once publishes held:\n{t}")?;
-    }
+    print_held(out, &c.held, view)?;
     if view.records {
         if !c.records.is_empty() || c.items.is_empty() {
             writeln!(
@@ -944,6 +992,38 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
         }
     }
     Ok(())
+}
+
+/// The exactly-once publishes held before their PUBREL; with `--records`
+/// each shows its whole message (payload and properties) too.
+fn print_held(out: &mut impl Write, held: &[HeldPublish], view: &View) -> std::io::Result<()> {
+    if held.is_empty() {
+        return Ok(());
+    }
+    let mut t = table();
+    let mut header = vec!["client id", "packet id", "held at", "topic"];
+    if view.records {
+        header.extend(["qos", "retain", "payload", "properties"]);
+    }
+    t.set_header(header);
+    for h in held {
+        let mut row = vec![
+            h.client_id.clone(),
+            h.packet_id.to_string(),
+            time_text(h.held_at),
+            h.record.topic.clone(),
+        ];
+        if view.records {
+            row.extend([
+                h.record.qos.to_string(),
+                h.record.retain.to_string(),
+                payload_cell(&h.record.payload),
+                props_cell(&h.record.user_properties, &h.record.props),
+            ]);
+        }
+        t.add_row(row);
+    }
+    writeln!(out, "exactly-once publishes held:\n{t}")
 }
 
 fn print_manifest(out: &mut impl Write, m: &Manifest) -> std::io::Result<()> {
@@ -995,7 +1075,7 @@ fn print_retained(out: &mut impl Write, r: &RetainedFile, view: &View) -> std::i
     writeln!(out, "{t}")
 }
 
-fn print_sessions(out: &mut impl Write, s: &SessionsFile) -> std::io::Result<()> {
+fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::io::Result<()> {
     let mut t = table();
     t.set_header(vec![
         "client id",
@@ -1052,6 +1132,34 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile) -> std::io::Result<()>
     if any {
         writeln!(out, "subscriptions:\n{t}")?;
     }
+    if view.records && s.sessions.iter().any(|s| s.will.is_some()) {
+        let mut t = table();
+        t.set_header(vec![
+            "client id",
+            "topic",
+            "qos",
+            "retain",
+            "delay",
+            "payload",
+            "properties",
+        ]);
+        for (client_id, w) in s
+            .sessions
+            .iter()
+            .filter_map(|s| s.will.as_ref().map(|w| (&s.client_id, w)))
+        {
+            t.add_row(vec![
+                client_id.clone(),
+                w.topic.clone(),
+                w.qos.to_string(),
+                w.retain.to_string(),
+                format!("{}s", w.delay_interval),
+                payload_cell(&w.payload),
+                props_cell(&w.user_properties, &w.props),
+            ]);
+        }
+        writeln!(out, "wills:\n{t}")?;
+    }
     if !s.shared_groups.is_empty() {
         let mut t = table();
         t.set_header(vec!["group", "filter", "cursor", "returned"]);
@@ -1086,6 +1194,7 @@ fn print_broadcast(out: &mut impl Write, b: &BroadcastFile, view: &View) -> std:
     if !b.cursors.is_empty() {
         writeln!(out, "session cursors:\n{}", positions_table(&b.cursors))?;
     }
+    print_held(out, &b.held, view)?;
     if view.records {
         writeln!(out, "messages:\n{}", records_table(view.take(&b.messages)))?;
     }

@@ -250,7 +250,7 @@ fn another_format_version_shows_its_header() {
         p.to_str().unwrap(),
     ]));
     assert_eq!(doc["header"]["format"], 20);
-    assert_eq!(doc["problem"]["code"], "other_version");
+    assert_eq!(doc["problem"]["code"], "other-version");
 }
 
 #[test]
@@ -404,4 +404,181 @@ fn every_format_21_fixture_inspects() {
             }
         }
     }
+}
+
+fn f21_fixture(name: &str) -> String {
+    root().join("fixtures/f21").join(name).display().to_string()
+}
+
+/// A message object (a record, or a Will) carries its whole payload and
+/// every property, in the one shape channel records use.
+fn assert_full_message(m: &Value, what: &str) {
+    for key in [
+        "topic",
+        "qos",
+        "retain",
+        "payload_bytes",
+        "payload_text",
+        "payload_hex",
+        "user_properties",
+        "properties",
+    ] {
+        assert!(m.get(key).is_some(), "{what} lacks {key}: {m}");
+    }
+    for key in [
+        "content_type",
+        "response_topic",
+        "correlation_data_hex",
+        "payload_format_indicator",
+        "message_expiry_interval",
+    ] {
+        assert!(
+            m["properties"].get(key).is_some(),
+            "{what} lacks properties.{key}: {m}"
+        );
+    }
+    assert!(m["user_properties"].is_array(), "{what}: {m}");
+}
+
+fn assert_full_record(r: &Value, what: &str) {
+    assert_full_message(r, what);
+    for key in ["offset", "time", "client_id", "message_id"] {
+        assert!(r.get(key).is_some(), "{what} lacks {key}: {r}");
+    }
+}
+
+#[test]
+fn dead_letters_show_in_full_with_records() {
+    let p = f21_fixture("queue.snapshot");
+    let doc = json(&saguin(&["snapshot", "inspect", "--json", "--records", &p]));
+    let dlq = &doc["contents"]["dead_letter"];
+    assert_eq!(dlq["channel"], "jobs.dlq");
+    assert_eq!(dlq["record_count"], 1);
+    let records = dlq["records"].as_array().expect("dead letter records");
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_full_record(r, "dead letter");
+    assert_eq!(r["offset"], 2);
+    assert_eq!(r["payload_text"], "img-0");
+    assert_eq!(r["payload_hex"], "696d672d30");
+    assert_eq!(r["client_id"], "sensor-7");
+    assert_eq!(r["bridge"], "uplink");
+    assert_eq!(r["properties"]["content_type"], "application/json");
+
+    // Without --records only the count, as for the channel's own records.
+    let doc = json(&saguin(&["snapshot", "inspect", "--json", &p]));
+    assert!(doc["contents"]["dead_letter"].get("records").is_none());
+    assert_eq!(doc["contents"]["dead_letter"]["record_count"], 1);
+
+    let out = saguin(&["snapshot", "inspect", "--records", &p]);
+    let s = stdout(&out);
+    assert!(
+        s.contains("records of jobs.dlq") && s.contains("img-0"),
+        "{s}"
+    );
+}
+
+#[test]
+fn held_publishes_show_their_whole_message() {
+    for (file, client, packet_id, topic) in [
+        ("queue.snapshot", "worker-launcher", 65535, "jobs/encode"),
+        ("append.snapshot", "sensor-7", 17, "telemetry/sensor-7/temp"),
+        ("saguin.broadcast", "dashboard", 3, "alerts/door/critical"),
+    ] {
+        let p = f21_fixture(file);
+        let doc = json(&saguin(&["snapshot", "inspect", "--json", "--records", &p]));
+        let held = doc["contents"]["held"].as_array().expect("held");
+        let h = &held[0];
+        assert_eq!(h["client_id"], client, "{file}");
+        assert_eq!(h["packet_id"], packet_id, "{file}");
+        assert_eq!(h["topic"], topic, "{file}");
+        assert!(h["held_at"].is_string(), "{file}");
+        let r = &h["record"];
+        assert_full_record(r, file);
+        assert_eq!(r["topic"], topic);
+        assert_eq!(r["qos"], 2);
+        assert_eq!(r["retain"], true);
+        assert_eq!(r["payload_text"], "held until PUBREL");
+        assert_eq!(r["properties"]["response_topic"], "replies/sensor-7");
+        assert_eq!(r["properties"]["correlation_data_hex"], "000102feff");
+        assert_eq!(r["properties"]["message_expiry_interval"], 3600);
+        assert_eq!(
+            r["user_properties"][1],
+            serde_json::json!({"name": "unit", "value": "°C"})
+        );
+
+        let s = stdout(&saguin(&["snapshot", "inspect", "--records", &p]));
+        assert!(s.contains("exactly-once publishes held"), "{file}: {s}");
+        assert!(s.contains("held until PUBREL"), "{file}: {s}");
+        assert!(s.contains("response-topic=replies/sensor-7"), "{file}: {s}");
+    }
+}
+
+#[test]
+fn wills_show_payload_and_properties() {
+    let p = f21_fixture("saguin.sessions");
+    let doc = json(&saguin(&["snapshot", "inspect", "--json", "--records", &p]));
+    let will = doc["contents"]["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|s| s["will"].as_object())
+        .map(|w| Value::Object(w.clone()))
+        .expect("a session with a Will");
+    assert_full_message(&will, "will");
+    assert_eq!(will["topic"], "clients/dashboard/gone");
+    assert_eq!(will["delay_interval"], 30);
+    assert_eq!(will["payload_text"], "dashboard went away");
+    assert_eq!(will["properties"]["content_type"], "text/plain");
+    assert_eq!(
+        will["properties"]["correlation_data_hex"],
+        "77696c6c2d636f7272"
+    );
+    assert_eq!(will["properties"]["message_expiry_interval"], 600);
+    assert_eq!(
+        will["user_properties"],
+        serde_json::json!([{"name": "reason", "value": "lost"}, {"name": "reason", "value": "timeout"}])
+    );
+
+    let s = stdout(&saguin(&["snapshot", "inspect", "--records", &p]));
+    assert!(
+        s.contains("wills:") && s.contains("dashboard went away"),
+        "{s}"
+    );
+    assert!(s.contains("reason=lost, reason=timeout"), "{s}");
+}
+
+/// Every code a JSON reader sees is kebab-case, whichever format or check
+/// named it.
+#[test]
+fn every_problem_code_is_kebab_case() {
+    let mut paths = Vec::new();
+    for dir in ["fixtures/damaged/f21", "fixtures/damaged/mbmqtt"] {
+        for e in std::fs::read_dir(root().join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "snapshot") {
+                paths.push(p.display().to_string());
+            }
+        }
+    }
+    let mut args = vec!["snapshot", "verify", "--json"];
+    args.extend(paths.iter().map(String::as_str));
+    let doc = json(&saguin(&args));
+    let results = doc["results"].as_array().unwrap();
+    assert!(results.len() > 10);
+    let mut seen = 0;
+    for r in results {
+        if let Some(code) = r["problem"]["code"].as_str() {
+            seen += 1;
+            assert!(
+                !code.is_empty()
+                    && code
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{code:?} for {}",
+                r["path"]
+            );
+        }
+    }
+    assert!(seen > 10, "{doc}");
 }

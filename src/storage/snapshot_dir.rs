@@ -22,7 +22,7 @@
 //! | `%24saguin%2Fretained.snapshot` | the retained store |
 //! | `saguin.sessions`, `saguin.broadcast` | persistent sessions and the broadcast log, a pair |
 //! | `*.tmp` | a write that never finished: reported, never read |
-//! | `saguin.lock` | the provider's lock: not a snapshot, ignored |
+//! | `saguin.lock` (and its `-journal`, `-wal`, `-shm`) | the provider's lock and the sidecars SQLite leaves beside it: not snapshots, ignored |
 //!
 //! Findings are typed ([`Severity`]): an **error** means the broker does not
 //! start on this directory (a damaged, truncated or foreign-version file, a
@@ -184,6 +184,14 @@ impl FileProblem {
             FileProblem::NotASnapshot { .. } => "not-a-snapshot",
         }
     }
+}
+
+/// The lock database and the sidecar files SQLite keeps beside it while the
+/// lock is held (a rollback journal, or a write-ahead log and its index):
+/// the provider's, never snapshot files, so a scan passes them silently.
+fn is_lock_file(name: &str) -> bool {
+    name.strip_prefix(LOCK_FILE)
+        .is_some_and(|rest| matches!(rest, "" | "-journal" | "-wal" | "-shm"))
 }
 
 fn hex_spaced(bytes: &[u8]) -> String {
@@ -762,7 +770,7 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
             findings.push(FindingKind::LeftoverTemp { file: name });
             continue;
         }
-        if name == LOCK_FILE {
+        if is_lock_file(&name) {
             continue;
         }
         let Some(role) = Role::of(&name) else {
@@ -1131,6 +1139,20 @@ mod tests {
         assert!(
             loaded.retained.is_some() && loaded.sessions.is_some() && loaded.broadcast.is_some()
         );
+    }
+
+    #[test]
+    fn the_lock_and_its_sqlite_sidecars_are_passed_silently() {
+        let d = good_dir();
+        for suffix in ["", "-journal", "-wal", "-shm"] {
+            std::fs::write(d.path().join(format!("{LOCK_FILE}{suffix}")), b"x").unwrap();
+        }
+        // A name that merely starts like the lock's is still reported.
+        std::fs::write(d.path().join(format!("{LOCK_FILE}-old")), b"x").unwrap();
+        let r = scan(d.path(), &ScanOptions::default()).unwrap();
+        assert_eq!(codes(&r), vec!["unrecognised"], "{:?}", r.findings);
+        assert_eq!(r.findings[0].file(), Some("saguin.lock-old"));
+        assert_eq!(r.files.len(), 6);
     }
 
     #[test]

@@ -103,13 +103,13 @@ impl DecodeError {
     pub fn code(&self) -> &'static str {
         match self {
             DecodeError::Truncated { .. } => "truncated",
-            DecodeError::ChecksumMismatch { .. } => "checksum_mismatch",
-            DecodeError::NotASnapshot { .. } => "not_a_snapshot",
-            DecodeError::OtherVersion { .. } => "other_version",
-            DecodeError::UnknownKind { .. } => "unknown_kind",
-            DecodeError::WrongKind { .. } => "wrong_kind",
+            DecodeError::ChecksumMismatch { .. } => "checksum-mismatch",
+            DecodeError::NotASnapshot { .. } => "not-a-snapshot",
+            DecodeError::OtherVersion { .. } => "other-version",
+            DecodeError::UnknownKind { .. } => "unknown-kind",
+            DecodeError::WrongKind { .. } => "wrong-kind",
             DecodeError::Corrupt { .. } => "corrupt",
-            DecodeError::TrailingBytes { .. } => "trailing_bytes",
+            DecodeError::TrailingBytes { .. } => "trailing-bytes",
             DecodeError::Invalid { .. } => "invalid",
         }
     }
