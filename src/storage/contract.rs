@@ -604,33 +604,14 @@ pub struct InflightEntry {
 }
 
 /// One subscription of a persistent session, with every option its
-/// SUBSCRIBE carried.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SubscriptionEntry {
-    /// The filter as subscribed (a `$share/<group>/` prefix included).
-    pub filter: String,
-    pub qos: u8,
-    pub no_local: bool,
-    pub retain_as_published: bool,
-    pub retain_handling: u8,
-    pub subscription_id: Option<u32>,
-    /// The broadcast log's next offset when the subscription was made.
-    pub log_offset: u64,
-}
+/// SUBSCRIBE carried and the broadcast log's next offset when it was made.
+/// The very type a format 21 sessions file holds, so a provider, the
+/// snapshot writer and the migrations share one shape and one encoding.
+pub type SubscriptionEntry = saguin_format::f21::Subscription;
 
-/// A session's Will message.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WillEntry {
-    pub topic: String,
-    pub payload: bytes::Bytes,
-    pub qos: u8,
-    pub retain: bool,
-    /// Will Delay Interval, seconds.
-    pub delay_interval: u32,
-    pub props: saguin_format::model::PublishProps,
-    /// The Will's User Properties in the client's order.
-    pub user_properties: Vec<saguin_format::model::UserProperty>,
-}
+/// A session's Will message, with its User Properties in the client's
+/// order; the format 21 type itself, as [`SubscriptionEntry`] is.
+pub type WillEntry = saguin_format::f21::Will;
 
 /// A persistent MQTT session as the provider keeps it.
 #[derive(Clone, Debug, PartialEq, Eq)]

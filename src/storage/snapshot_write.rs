@@ -48,7 +48,6 @@ use saguin_format::f21::{
     self, BroadcastFile, ChannelFile, DeadLetter, InflightEntry as FileInflight,
     InflightPhase as FilePhase, Manifest, ManifestEntry, Position as FilePosition, RetainedFile,
     Session as FileSession, SessionsFile, SharedGroup, SharedGroupKey, SnapshotFile,
-    Subscription as FileSubscription, Will as FileWill,
 };
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
@@ -591,28 +590,8 @@ fn sessions_file(sessions: &[SessionEntry], groups: &[ShareGroupEntry]) -> Sessi
                 principal: s.principal.clone(),
                 expiry_interval: s.expiry_interval,
                 detached_at: s.detached_at,
-                subscriptions: s
-                    .subscriptions
-                    .iter()
-                    .map(|x| FileSubscription {
-                        filter: x.filter.clone(),
-                        qos: x.qos,
-                        no_local: x.no_local,
-                        retain_as_published: x.retain_as_published,
-                        retain_handling: x.retain_handling,
-                        subscription_id: x.subscription_id,
-                        log_offset: x.log_offset,
-                    })
-                    .collect(),
-                will: s.will.as_ref().map(|w| FileWill {
-                    topic: w.topic.clone(),
-                    payload: w.payload.clone(),
-                    qos: w.qos,
-                    retain: w.retain,
-                    delay_interval: w.delay_interval,
-                    props: w.props.clone(),
-                    user_properties: w.user_properties.clone(),
-                }),
+                subscriptions: s.subscriptions.clone(),
+                will: s.will.clone(),
                 window: s.window,
                 inflight: s
                     .inflight

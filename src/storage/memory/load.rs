@@ -32,7 +32,7 @@ use saguin_format::model::{ChannelKind, Record, UnixNanos};
 use super::{MemChannel, MemoryAppend, MemoryLatest, MemoryProvider, MemoryQueue};
 use crate::storage::contract::{
     dead_letter_name, HeldPublish, InflightEntry, InflightPhase, Position, Reader, SessionEntry,
-    SessionStore, ShareGroupEntry, ShareGroupKey, SubscriptionEntry, WillEntry, BROADCAST_LOG_NAME,
+    SessionStore, ShareGroupEntry, ShareGroupKey, BROADCAST_LOG_NAME,
 };
 use crate::storage::read::ReadError;
 use crate::storage::snapshot_dir::{
@@ -591,28 +591,8 @@ fn session_entry(s: f21::Session) -> SessionEntry {
         principal: s.principal,
         expiry_interval: s.expiry_interval,
         detached_at: s.detached_at,
-        subscriptions: s
-            .subscriptions
-            .into_iter()
-            .map(|x| SubscriptionEntry {
-                filter: x.filter,
-                qos: x.qos,
-                no_local: x.no_local,
-                retain_as_published: x.retain_as_published,
-                retain_handling: x.retain_handling,
-                subscription_id: x.subscription_id,
-                log_offset: x.log_offset,
-            })
-            .collect(),
-        will: s.will.map(|w| WillEntry {
-            topic: w.topic,
-            payload: w.payload,
-            qos: w.qos,
-            retain: w.retain,
-            delay_interval: w.delay_interval,
-            props: w.props,
-            user_properties: w.user_properties,
-        }),
+        subscriptions: s.subscriptions,
+        will: s.will,
         window: s.window,
         inflight: s
             .inflight

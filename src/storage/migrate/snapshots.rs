@@ -17,8 +17,7 @@ use super::model::{Unit, SESSIONS_UNIT};
 use super::sqlite_io::{retained_offsets, ReadFailure};
 use crate::storage::contract::{
     dead_letter_name, HeldPublish, InflightEntry, InflightPhase, Position, Reader, SessionEntry,
-    ShareGroupEntry, ShareGroupKey, SubscriptionEntry, WillEntry, BROADCAST_LOG_NAME,
-    RETAINED_STORE_NAME,
+    ShareGroupEntry, ShareGroupKey, BROADCAST_LOG_NAME, RETAINED_STORE_NAME,
 };
 use crate::storage::memory::{AppendCopy, BroadcastCopy, LatestCopy, QueueCopy};
 use crate::storage::snapshot_dir::{self, FileOutcome, Role, ScanOptions, Severity};
@@ -241,28 +240,8 @@ fn session_entry(s: &f21::Session) -> SessionEntry {
         principal: s.principal.clone(),
         expiry_interval: s.expiry_interval,
         detached_at: s.detached_at,
-        subscriptions: s
-            .subscriptions
-            .iter()
-            .map(|x| SubscriptionEntry {
-                filter: x.filter.clone(),
-                qos: x.qos,
-                no_local: x.no_local,
-                retain_as_published: x.retain_as_published,
-                retain_handling: x.retain_handling,
-                subscription_id: x.subscription_id,
-                log_offset: x.log_offset,
-            })
-            .collect(),
-        will: s.will.as_ref().map(|w| WillEntry {
-            topic: w.topic.clone(),
-            payload: w.payload.clone(),
-            qos: w.qos,
-            retain: w.retain,
-            delay_interval: w.delay_interval,
-            props: w.props.clone(),
-            user_properties: w.user_properties.clone(),
-        }),
+        subscriptions: s.subscriptions.clone(),
+        will: s.will.clone(),
         window: s.window,
         inflight: s
             .inflight

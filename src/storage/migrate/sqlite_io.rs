@@ -9,22 +9,21 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use base64::Engine as _;
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
 use saguin_format::f21::{
     BroadcastFile, ChannelFile, DeadLetter, HeldPublish, InflightEntry, InflightPhase, Position,
-    QueueItem, RetainedFile, Session, SessionsFile, SharedGroup, SharedGroupKey, Subscription,
-    Will,
+    QueueItem, RetainedFile, Session, SessionsFile, SharedGroup, SharedGroupKey,
 };
 use saguin_format::model::{ChannelKind, Record};
 
 use super::model::{Counts, Unit, LOG};
 use crate::storage::contract::{dead_letter_name, RETAINED_STORE_NAME};
-use crate::storage::sqlite::row::{
-    headers_from_json, headers_json, props_from_json, props_json, record_at, Encoded,
-};
+use crate::storage::sqlite::row::{record_at, Encoded};
 use crate::storage::sqlite::schema::RECORD_COLUMNS;
+use crate::storage::sqlite::session::{
+    subscriptions_from_json, subscriptions_json, will_from_json, will_json,
+};
 
 /// A unit that could not be read, named.
 #[derive(Debug)]
@@ -322,91 +321,6 @@ fn read_retained(conn: &Connection, _row: &ChannelRow) -> Result<RetainedFile, S
     })
 }
 
-/// The `subscriptions` column's element, as the provider writes it.
-#[derive(serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SubscriptionJson {
-    filter: String,
-    qos: u8,
-    no_local: bool,
-    retain_as_published: bool,
-    retain_handling: u8,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    subscription_id: Option<u32>,
-    log_offset: u64,
-}
-
-/// The `will` column, as the provider writes it.
-#[derive(serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WillJson {
-    topic: String,
-    /// base64: a Will payload is arbitrary bytes.
-    payload: String,
-    qos: u8,
-    retain: bool,
-    delay_interval: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    props: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    user_properties: Option<serde_json::Value>,
-}
-
-fn subscriptions_json(subs: &[Subscription]) -> String {
-    let list: Vec<SubscriptionJson> = subs
-        .iter()
-        .map(|s| SubscriptionJson {
-            filter: s.filter.clone(),
-            qos: s.qos,
-            no_local: s.no_local,
-            retain_as_published: s.retain_as_published,
-            retain_handling: s.retain_handling,
-            subscription_id: s.subscription_id,
-            log_offset: s.log_offset,
-        })
-        .collect();
-    serde_json::to_string(&list).unwrap_or_else(|_| "[]".into())
-}
-
-fn will_json(will: &Will) -> String {
-    let json = WillJson {
-        topic: will.topic.clone(),
-        payload: base64::engine::general_purpose::STANDARD.encode(&will.payload),
-        qos: will.qos,
-        retain: will.retain,
-        delay_interval: will.delay_interval,
-        props: props_json(&will.props).and_then(|t| serde_json::from_str(&t).ok()),
-        user_properties: headers_json(&will.user_properties)
-            .and_then(|t| serde_json::from_str(&t).ok()),
-    };
-    serde_json::to_string(&json).unwrap_or_default()
-}
-
-fn will_from_json(text: &str) -> Result<Will, String> {
-    let json: WillJson =
-        serde_json::from_str(text).map_err(|e| format!("will is not the will object: {e}"))?;
-    let payload = base64::engine::general_purpose::STANDARD
-        .decode(json.payload.as_bytes())
-        .map_err(|e| format!("will.payload is not base64: {e}"))?;
-    let props = match json.props {
-        Some(v) => props_from_json(&v.to_string())?,
-        None => Default::default(),
-    };
-    let user_properties = match json.user_properties {
-        Some(v) => headers_from_json(&v.to_string())?,
-        None => Vec::new(),
-    };
-    Ok(Will {
-        topic: json.topic,
-        payload: Bytes::from(payload),
-        qos: json.qos,
-        retain: json.retain,
-        delay_interval: json.delay_interval,
-        props,
-        user_properties,
-    })
-}
-
 fn read_sessions(
     conn: &Connection,
     log_row: Option<&ChannelRow>,
@@ -440,7 +354,7 @@ fn read_sessions(
         .map_err(text)?;
     let mut sessions = Vec::with_capacity(raw.len());
     for (client_id, principal, expiry_interval, detached_at, subs, will, window) in raw {
-        let subs: Vec<SubscriptionJson> = serde_json::from_str(&subs)
+        let subscriptions = subscriptions_from_json(&subs)
             .map_err(|e| format!("session {client_id:?}: subscriptions: {e}"))?;
         let will = match will {
             Some(t) => Some(will_from_json(&t).map_err(|e| format!("session {client_id:?}: {e}"))?),
@@ -483,18 +397,7 @@ fn read_sessions(
             principal,
             expiry_interval,
             detached_at,
-            subscriptions: subs
-                .into_iter()
-                .map(|s| Subscription {
-                    filter: s.filter,
-                    qos: s.qos,
-                    no_local: s.no_local,
-                    retain_as_published: s.retain_as_published,
-                    retain_handling: s.retain_handling,
-                    subscription_id: s.subscription_id,
-                    log_offset: s.log_offset,
-                })
-                .collect(),
+            subscriptions,
             will,
             window,
             inflight: entries,

@@ -21,7 +21,7 @@ mod latest;
 mod queue;
 pub mod row;
 pub mod schema;
-mod session;
+pub(crate) mod session;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;

@@ -59,7 +59,9 @@ struct WillJson {
     user_properties: Option<serde_json::Value>,
 }
 
-fn subscriptions_json(subs: &[SubscriptionEntry]) -> String {
+/// The `subscriptions` column: one JSON array, every option the SUBSCRIBE
+/// carried. The migrations write and read the column through this too.
+pub(crate) fn subscriptions_json(subs: &[SubscriptionEntry]) -> String {
     let list: Vec<SubscriptionJson> = subs
         .iter()
         .map(|s| SubscriptionJson {
@@ -75,7 +77,8 @@ fn subscriptions_json(subs: &[SubscriptionEntry]) -> String {
     serde_json::to_string(&list).unwrap_or_else(|_| "[]".into())
 }
 
-fn will_json(will: &WillEntry) -> String {
+/// The `will` column: one JSON object, the payload base64.
+pub(crate) fn will_json(will: &WillEntry) -> String {
     let json = WillJson {
         topic: will.topic.clone(),
         payload: base64::engine::general_purpose::STANDARD.encode(&will.payload),
@@ -89,7 +92,25 @@ fn will_json(will: &WillEntry) -> String {
     serde_json::to_string(&json).unwrap_or_default()
 }
 
-fn will_from_json(text: &str) -> Result<WillEntry, String> {
+/// The `subscriptions` column read back.
+pub(crate) fn subscriptions_from_json(text: &str) -> Result<Vec<SubscriptionEntry>, String> {
+    let list: Vec<SubscriptionJson> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    Ok(list
+        .into_iter()
+        .map(|s| SubscriptionEntry {
+            filter: s.filter,
+            qos: s.qos,
+            no_local: s.no_local,
+            retain_as_published: s.retain_as_published,
+            retain_handling: s.retain_handling,
+            subscription_id: s.subscription_id,
+            log_offset: s.log_offset,
+        })
+        .collect())
+}
+
+/// The `will` column read back.
+pub(crate) fn will_from_json(text: &str) -> Result<WillEntry, String> {
     let json: WillJson =
         serde_json::from_str(text).map_err(|e| format!("will is not the will object: {e}"))?;
     let payload = base64::engine::general_purpose::STANDARD
@@ -121,7 +142,7 @@ fn corrupt(column: usize, detail: String) -> rusqlite::Error {
 fn session_at(conn: &Connection, row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionEntry> {
     let client_id: String = row.get(0)?;
     let subs_text: String = row.get(4)?;
-    let subs: Vec<SubscriptionJson> = serde_json::from_str(&subs_text)
+    let subscriptions = subscriptions_from_json(&subs_text)
         .map_err(|e| corrupt(4, format!("subscriptions of {client_id}: {e}")))?;
     let will: Option<String> = row.get(5)?;
     let will = match will {
@@ -157,18 +178,7 @@ fn session_at(conn: &Connection, row: &rusqlite::Row<'_>) -> rusqlite::Result<Se
         principal: row.get(1)?,
         expiry_interval: row.get(2)?,
         detached_at: row.get(3)?,
-        subscriptions: subs
-            .into_iter()
-            .map(|s| SubscriptionEntry {
-                filter: s.filter,
-                qos: s.qos,
-                no_local: s.no_local,
-                retain_as_published: s.retain_as_published,
-                retain_handling: s.retain_handling,
-                subscription_id: s.subscription_id,
-                log_offset: s.log_offset,
-            })
-            .collect(),
+        subscriptions,
         will,
         window: row.get(6)?,
         inflight,
