@@ -572,36 +572,15 @@ pub trait HeldPublishStore: Send + Sync {
     fn held(&self) -> Result<Vec<HeldPublish>>;
 }
 
-/// How far a message on the wire to a session has got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum InflightPhase {
-    /// Sent and unanswered: a PUBACK (QoS 1) or PUBREC (QoS 2) is owed.
-    AwaitingAck,
-    /// QoS 2 answered with a PUBREC: the PUBREL was sent, a PUBCOMP is owed.
-    AwaitingComp,
-}
+/// How far a message on the wire to a session has got (format 21's type).
+pub type InflightPhase = saguin_format::f21::InflightPhase;
 
-/// A shared group is named by its group name and its topic filter
-/// (`$share/<group>/<filter>`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ShareGroupKey {
-    pub group: String,
-    pub filter: String,
-}
+/// A shared group, named by its group name and its topic filter
+/// (`$share/<group>/<filter>`); format 21's type.
+pub type ShareGroupKey = saguin_format::f21::SharedGroupKey;
 
-/// One message on the wire to a persistent session.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InflightEntry {
-    /// The message's offset in the broadcast log.
-    pub log_offset: u64,
-    /// Nonzero, unique within the session.
-    pub packet_id: u16,
-    /// 1 or 2.
-    pub qos: u8,
-    pub phase: InflightPhase,
-    /// The shared group that handed the message over, if one did.
-    pub shared_group: Option<ShareGroupKey>,
-}
+/// One message on the wire to a persistent session; format 21's type.
+pub type InflightEntry = saguin_format::f21::InflightEntry;
 
 /// One subscription of a persistent session, with every option its
 /// SUBSCRIBE carried and the broadcast log's next offset when it was made.
@@ -613,36 +592,22 @@ pub type SubscriptionEntry = saguin_format::f21::Subscription;
 /// order; the format 21 type itself, as [`SubscriptionEntry`] is.
 pub type WillEntry = saguin_format::f21::Will;
 
-/// A persistent MQTT session as the provider keeps it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SessionEntry {
-    pub client_id: String,
-    /// The name its client authenticated as, if it did.
-    pub principal: Option<String>,
-    /// The Session Expiry Interval granted, after limits.max_session_expiry.
-    pub expiry_interval: u32,
-    /// When the client went away; 0 while connected.
-    pub detached_at: UnixNanos,
-    pub subscriptions: Vec<SubscriptionEntry>,
-    pub will: Option<WillEntry>,
-    /// The window the in-flight table was written under (Receive Maximum).
-    pub window: u16,
-    /// The messages on the wire, in the order they were sent.
-    pub inflight: Vec<InflightEntry>,
-}
+/// A persistent MQTT session as the provider keeps it: the very type a
+/// format 21 sessions file holds, so the providers, the snapshot writer and
+/// the migrations need no conversions between them.
+pub type SessionEntry = saguin_format::f21::Session;
 
-impl SessionEntry {
-    /// True when the session has expired by `now`: it is detached and its
-    /// interval (capped at `max_session_expiry`) has run out.
-    pub fn expired_at(&self, now: UnixNanos, max_session_expiry: u32) -> bool {
-        if self.detached_at == 0 {
-            return false;
-        }
-        let interval = i64::from(self.expiry_interval.min(max_session_expiry));
-        self.detached_at
-            .saturating_add(interval.saturating_mul(1_000_000_000))
-            <= now
+/// True when `session` has expired by `now`: it is detached and its
+/// interval (capped at `max_session_expiry`) has run out.
+pub fn session_expired_at(session: &SessionEntry, now: UnixNanos, max_session_expiry: u32) -> bool {
+    if session.detached_at == 0 {
+        return false;
     }
+    let interval = i64::from(session.expiry_interval.min(max_session_expiry));
+    session
+        .detached_at
+        .saturating_add(interval.saturating_mul(1_000_000_000))
+        <= now
 }
 
 /// Persistent sessions of one provider (broker.session_storage).

@@ -45,15 +45,13 @@ use saguin_format::channel_name::{
     RETAINED_FILE, SESSIONS_FILE,
 };
 use saguin_format::f21::{
-    self, BroadcastFile, ChannelFile, DeadLetter, InflightEntry as FileInflight,
-    InflightPhase as FilePhase, Manifest, ManifestEntry, Position as FilePosition, RetainedFile,
-    Session as FileSession, SessionsFile, SharedGroup, SharedGroupKey, SnapshotFile,
+    self, BroadcastFile, ChannelFile, DeadLetter, Manifest, ManifestEntry,
+    Position as FilePosition, RetainedFile, SessionsFile, SharedGroup, SnapshotFile,
 };
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 use super::contract::{
-    HeldPublish, InflightPhase, Position, SessionEntry, SessionStore, ShareGroupEntry,
-    BROADCAST_LOG_NAME,
+    HeldPublish, Position, SessionEntry, SessionStore, ShareGroupEntry, BROADCAST_LOG_NAME,
 };
 use super::memory::{
     AppendCopy, BroadcastCopy, LatestCopy, MemChannelCopy, MemoryProvider, QueueCopy,
@@ -583,42 +581,11 @@ fn broadcast_file(log: &BroadcastCopy, held: &[HeldPublish]) -> BroadcastFile {
 
 fn sessions_file(sessions: &[SessionEntry], groups: &[ShareGroupEntry]) -> SessionsFile {
     SessionsFile {
-        sessions: sessions
-            .iter()
-            .map(|s| FileSession {
-                client_id: s.client_id.clone(),
-                principal: s.principal.clone(),
-                expiry_interval: s.expiry_interval,
-                detached_at: s.detached_at,
-                subscriptions: s.subscriptions.clone(),
-                will: s.will.clone(),
-                window: s.window,
-                inflight: s
-                    .inflight
-                    .iter()
-                    .map(|i| FileInflight {
-                        log_offset: i.log_offset,
-                        packet_id: i.packet_id,
-                        qos: i.qos,
-                        phase: match i.phase {
-                            InflightPhase::AwaitingAck => FilePhase::AwaitingAck,
-                            InflightPhase::AwaitingComp => FilePhase::AwaitingComp,
-                        },
-                        shared_group: i.shared_group.as_ref().map(|k| SharedGroupKey {
-                            group: k.group.clone(),
-                            filter: k.filter.clone(),
-                        }),
-                    })
-                    .collect(),
-            })
-            .collect(),
+        sessions: sessions.to_vec(),
         shared_groups: groups
             .iter()
             .map(|g| SharedGroup {
-                key: SharedGroupKey {
-                    group: g.key.group.clone(),
-                    filter: g.key.filter.clone(),
-                },
+                key: g.key.clone(),
                 cursor: g.cursor,
                 returned: g.returned.clone(),
             })

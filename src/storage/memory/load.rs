@@ -31,8 +31,8 @@ use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 use super::{MemChannel, MemoryAppend, MemoryLatest, MemoryProvider, MemoryQueue};
 use crate::storage::contract::{
-    dead_letter_name, HeldPublish, InflightEntry, InflightPhase, Position, Reader, SessionEntry,
-    SessionStore, ShareGroupEntry, ShareGroupKey, BROADCAST_LOG_NAME,
+    dead_letter_name, HeldPublish, Position, Reader, SessionEntry, SessionStore, ShareGroupEntry,
+    ShareGroupKey, BROADCAST_LOG_NAME,
 };
 use crate::storage::read::ReadError;
 use crate::storage::snapshot_dir::{
@@ -525,8 +525,12 @@ impl MemoryProvider {
     ) -> Result<(), LoadProblem> {
         let mut kept: BTreeMap<String, SessionEntry> = BTreeMap::new();
         for s in sessions_file.sessions {
-            let entry = session_entry(s);
-            if entry.expired_at(options.now, options.max_session_expiry) {
+            let entry = s;
+            if crate::storage::contract::session_expired_at(
+                &entry,
+                options.now,
+                options.max_session_expiry,
+            ) {
                 report.dropped_sessions += 1;
                 continue;
             }
@@ -582,35 +586,6 @@ impl MemoryProvider {
             })?;
         }
         Ok(())
-    }
-}
-
-fn session_entry(s: f21::Session) -> SessionEntry {
-    SessionEntry {
-        client_id: s.client_id,
-        principal: s.principal,
-        expiry_interval: s.expiry_interval,
-        detached_at: s.detached_at,
-        subscriptions: s.subscriptions,
-        will: s.will,
-        window: s.window,
-        inflight: s
-            .inflight
-            .into_iter()
-            .map(|i| InflightEntry {
-                log_offset: i.log_offset,
-                packet_id: i.packet_id,
-                qos: i.qos,
-                phase: match i.phase {
-                    f21::InflightPhase::AwaitingAck => InflightPhase::AwaitingAck,
-                    f21::InflightPhase::AwaitingComp => InflightPhase::AwaitingComp,
-                },
-                shared_group: i.shared_group.map(|k| ShareGroupKey {
-                    group: k.group,
-                    filter: k.filter,
-                }),
-            })
-            .collect(),
     }
 }
 

@@ -16,8 +16,8 @@ use saguin_format::model::{ChannelKind, Record, UnixNanos};
 use super::model::{Unit, SESSIONS_UNIT};
 use super::sqlite_io::{retained_offsets, ReadFailure};
 use crate::storage::contract::{
-    dead_letter_name, HeldPublish, InflightEntry, InflightPhase, Position, Reader, SessionEntry,
-    ShareGroupEntry, ShareGroupKey, BROADCAST_LOG_NAME, RETAINED_STORE_NAME,
+    dead_letter_name, HeldPublish, Position, Reader, ShareGroupEntry, ShareGroupKey,
+    BROADCAST_LOG_NAME, RETAINED_STORE_NAME,
 };
 use crate::storage::memory::{AppendCopy, BroadcastCopy, LatestCopy, QueueCopy};
 use crate::storage::snapshot_dir::{self, FileOutcome, Role, ScanOptions, Severity};
@@ -234,35 +234,6 @@ fn channel_copy(c: ChannelFile) -> Result<ChannelCopy, String> {
     })
 }
 
-fn session_entry(s: &f21::Session) -> SessionEntry {
-    SessionEntry {
-        client_id: s.client_id.clone(),
-        principal: s.principal.clone(),
-        expiry_interval: s.expiry_interval,
-        detached_at: s.detached_at,
-        subscriptions: s.subscriptions.clone(),
-        will: s.will.clone(),
-        window: s.window,
-        inflight: s
-            .inflight
-            .iter()
-            .map(|i| InflightEntry {
-                log_offset: i.log_offset,
-                packet_id: i.packet_id,
-                qos: i.qos,
-                phase: match i.phase {
-                    f21::InflightPhase::AwaitingAck => InflightPhase::AwaitingAck,
-                    f21::InflightPhase::AwaitingComp => InflightPhase::AwaitingComp,
-                },
-                shared_group: i.shared_group.as_ref().map(|k| ShareGroupKey {
-                    group: k.group.clone(),
-                    filter: k.filter.clone(),
-                }),
-            })
-            .collect(),
-    }
-}
-
 /// The shutdown writer's copy of every unit, stamped `began_at`. A unit that
 /// cannot be expressed (a reader name the store refuses) is a failure.
 pub fn provider_copy(
@@ -325,7 +296,7 @@ pub fn provider_copy(
                         .collect(),
                 };
                 copy.sessions = Some((
-                    sessions.sessions.iter().map(session_entry).collect(),
+                    sessions.sessions.clone(),
                     log_copy,
                     holds(BROADCAST_LOG_NAME, &log.held),
                 ));
