@@ -35,7 +35,7 @@ const PAGES_PER_STEP: i32 = 1024;
 const BUSY_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The sidecars SQLite may keep beside a database.
-const SIDECARS: [&str; 3] = ["-wal", "-shm", "-journal"];
+use crate::storage::sqlite::{occupied_destination, sidecar_path, SIDECARS};
 
 /// Why a backup was not taken. Nothing is left at the destination.
 #[derive(Debug, thiserror::Error)]
@@ -103,35 +103,16 @@ impl BackupReport {
     }
 }
 
-fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
-fn exists(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok()
-}
-
 /// Refuses a destination that exists, or whose `-wal`, `-shm` or `-journal`
 /// does: SQLite would read any of them as part of the copy.
 pub fn check_destination(dest: &Path) -> Result<(), BackupError> {
-    if exists(dest) {
-        return Err(BackupError::DestinationExists {
+    match occupied_destination(dest) {
+        Some(what) => Err(BackupError::DestinationExists {
             path: dest.to_path_buf(),
-            what: "exists".into(),
-        });
+            what,
+        }),
+        None => Ok(()),
     }
-    for suffix in SIDECARS {
-        let side = with_suffix(dest, suffix);
-        if exists(&side) {
-            return Err(BackupError::DestinationExists {
-                path: dest.to_path_buf(),
-                what: format!("{} exists beside it", side.display()),
-            });
-        }
-    }
-    Ok(())
 }
 
 fn count_tables(conn: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
@@ -161,7 +142,7 @@ fn temp_path(dest: &Path) -> PathBuf {
 fn remove_with_sidecars(path: &Path) {
     let _ = fs::remove_file(path);
     for suffix in SIDECARS {
-        let _ = fs::remove_file(with_suffix(path, suffix));
+        let _ = fs::remove_file(sidecar_path(path, suffix));
     }
 }
 

@@ -206,13 +206,9 @@ pub enum MigrateError {
 }
 
 /// The sidecars SQLite may keep beside a database.
-pub const SQLITE_SIDECARS: [&str; 3] = ["-wal", "-shm", "-journal"];
+pub use crate::storage::sqlite::SIDECARS as SQLITE_SIDECARS;
 
-fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
+use crate::storage::sqlite::sidecar_path as with_suffix;
 
 fn exists(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok()
@@ -221,25 +217,13 @@ fn exists(path: &Path) -> bool {
 /// Refuses a database destination that exists, or any of whose sidecars
 /// does (SAGUIN.md §6.6).
 pub fn check_database_destination(db: &Path) -> Result<(), MigrateError> {
-    if exists(db) {
-        return Err(MigrateError::DestinationExists {
+    match crate::storage::sqlite::occupied_destination(db) {
+        Some(what) => Err(MigrateError::DestinationExists {
             path: db.to_path_buf(),
-            what: "exists".into(),
-        });
+            what,
+        }),
+        None => Ok(()),
     }
-    for suffix in SQLITE_SIDECARS {
-        let side = with_suffix(db, suffix);
-        if exists(&side) {
-            return Err(MigrateError::DestinationExists {
-                path: db.to_path_buf(),
-                what: format!(
-                    "{} exists beside it (a database's {suffix} belongs to it)",
-                    side.display()
-                ),
-            });
-        }
-    }
-    Ok(())
 }
 
 /// Refuses a snapshot directory destination that is not a directory, or

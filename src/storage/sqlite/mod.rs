@@ -1340,6 +1340,36 @@ impl Provider for SqliteProvider {
     }
 }
 
+/// The files SQLite may keep beside a database; each belongs to it, so a
+/// copy written next to a stale one would be read together with it.
+pub const SIDECARS: [&str; 3] = ["-wal", "-shm", "-journal"];
+
+/// `db` with `suffix` appended to its file name (`saguin.db` → `saguin.db-wal`).
+pub fn sidecar_path(db: &Path, suffix: &str) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// What already stands where a new database is to be written — the file
+/// itself, or one of its sidecars — as a phrase naming it; `None` when the
+/// place is free (SAGUIN.md §6.6: the overwrite guard covers the sidecars).
+pub fn occupied_destination(db: &Path) -> Option<String> {
+    let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+    if exists(db) {
+        return Some("exists".into());
+    }
+    SIDECARS.iter().find_map(|suffix| {
+        let side = sidecar_path(db, suffix);
+        exists(&side).then(|| {
+            format!(
+                "{} exists beside it (a database's {suffix} belongs to it)",
+                side.display()
+            )
+        })
+    })
+}
+
 /// Opens a provider's database read-only for tools (`saguin sqlite dump`,
 /// migrations): the same version check as the broker, never `immutable=1`
 /// (which ignores the write-ahead log and shows a running broker's file as
