@@ -10,6 +10,7 @@ mod check_config;
 mod docs;
 mod lock;
 mod migrate;
+mod output;
 mod serve;
 mod snapshot;
 mod sqlite;

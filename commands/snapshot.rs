@@ -8,7 +8,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};
+use comfy_table::Table;
 use saguin::storage::read::{self, SpecialKind};
 use saguin::storage::snapshot_dir::{
     self, AnySnapshot, DirReport, FileOutcome, FileProblem, FindingKind, ScanOptions, Severity,
@@ -22,6 +22,7 @@ use saguin_format::model::{PublishProps, Record, UserProperty};
 use serde_json::{json, Value};
 
 use crate::exit;
+use crate::output::{table, time_json, time_text};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -527,29 +528,6 @@ fn print_json(v: &Value) -> anyhow::Result<()> {
     serde_json::to_writer_pretty(&mut out, v)?;
     writeln!(out)?;
     Ok(())
-}
-
-fn table() -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED)
-        .set_content_arrangement(ContentArrangement::Disabled);
-    t
-}
-
-fn time_text(nanos: i64) -> String {
-    if nanos == 0 {
-        "-".into()
-    } else {
-        format_unix_nanos(nanos)
-    }
-}
-
-fn time_json(nanos: i64) -> Value {
-    if nanos == 0 {
-        Value::Null
-    } else {
-        json!(format_unix_nanos(nanos))
-    }
 }
 
 fn header_json(h: &Header) -> Value {

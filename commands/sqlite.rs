@@ -4,17 +4,16 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use comfy_table::{presets::UTF8_FULL_CONDENSED, ContentArrangement, Table};
 use rusqlite::Connection;
 use saguin::storage::backup::{self, BackupError};
 use saguin::storage::sqlite::row::record_at;
 use saguin::storage::sqlite::schema::RECORD_COLUMNS;
 use saguin::storage::sqlite::{self as provider, SqliteOpenError};
-use saguin_format::f21::time::format_unix_nanos;
 use saguin_format::model::Record;
 use serde_json::{json, Value};
 
 use crate::exit;
+use crate::output::{table, time_json, time_text};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -128,29 +127,6 @@ enum Output {
     Human,
     Json,
     Ndjson,
-}
-
-fn table() -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED)
-        .set_content_arrangement(ContentArrangement::Disabled);
-    t
-}
-
-fn time_text(nanos: i64) -> String {
-    if nanos == 0 {
-        "-".into()
-    } else {
-        format_unix_nanos(nanos)
-    }
-}
-
-fn time_json(nanos: i64) -> Value {
-    if nanos == 0 {
-        Value::Null
-    } else {
-        json!(format_unix_nanos(nanos))
-    }
 }
 
 fn open(db: &Path) -> Result<Connection, u8> {
