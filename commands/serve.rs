@@ -76,7 +76,23 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
     for line in config.durability_summary() {
         tracing::info!(detail = %line, "durability");
     }
-    let server = match server::prepare(&config).await {
+    let memory =
+        |name: &str| -> anyhow::Result<std::sync::Arc<dyn saguin::storage::contract::Provider>> {
+            let provider = saguin::storage::memory::MemoryProvider::new(
+                saguin::storage::memory::MemoryConfig {
+                    name: name.to_owned(),
+                    max_bytes: None,
+                    reserve: saguin::storage::contract::reserve_for(
+                        config.limits.max_message_size,
+                        config.limits.max_header_bytes,
+                    ),
+                },
+            )?;
+            Ok(provider)
+        };
+    let sessions = memory("sessions (memory, not kept)")?;
+    let retained = memory("retained (memory, not kept)")?;
+    let server = match server::prepare(&config, sessions, retained).await {
         Ok(server) => server,
         Err(err) => {
             tracing::error!(error = %err, "cannot start");
@@ -84,7 +100,10 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
             return Ok(exit::CANNOT);
         }
     };
-    server::run(server, shutdown_signal()).await;
+    if let Err(err) = server::run(server, shutdown_signal()).await {
+        eprintln!("saguin: {err}");
+        return Ok(exit::CANNOT);
+    }
     Ok(exit::OK)
 }
 

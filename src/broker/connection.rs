@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -152,8 +153,11 @@ pub async fn serve<S>(
     let client_max = request
         .maximum_packet_size
         .unwrap_or(codec::PROTOCOL_MAX_PACKET_SIZE);
-    let (outbound_tx, outbound_rx) = mpsc::channel(context.outbound_queue.max(16));
+    let (outbound_tx, outbound_rx) = mpsc::unbounded_channel();
     let (kill_tx, mut kill_rx) = watch::channel(false);
+    let (pause_tx, mut pause_rx) = watch::channel(false);
+    let queued = Arc::new(AtomicUsize::new(0));
+    let want_drained = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn(writer(
         wr,
         outbound_rx,
@@ -162,10 +166,20 @@ pub async fn serve<S>(
         version,
         client_max,
         metrics.clone(),
+        WriterFlow {
+            id,
+            queued: queued.clone(),
+            want_drained: want_drained.clone(),
+            low_water: (context.outbound_queue / 2).max(1),
+            events: events.clone(),
+        },
     ));
     let handle = ConnectionHandle {
         outbound: outbound_tx,
+        queued,
         kill: kill_tx,
+        pause: pause_tx,
+        want_drained,
     };
     let client_id = connect.client_id.clone();
     tracing::debug!(peer = %peer, client_id = %client_id, protocol = %version, "connected");
@@ -225,6 +239,17 @@ pub async fn serve<S>(
         }
         if let Some(fatal) = fatal {
             break 'read fatal;
+        }
+        // Paused by the state (the client does not read what it is sent,
+        // or its packets wait behind a write): its bytes wait in the socket.
+        while *pause_rx.borrow_and_update() {
+            tokio::select! {
+                biased;
+                _ = kill_rx.changed() => break 'read (CloseReason::Network, None, String::new()),
+                changed = pause_rx.changed() => if changed.is_err() {
+                    break 'read (CloseReason::Shutdown, None, String::new());
+                },
+            }
         }
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(READ_CHUNK);
@@ -572,14 +597,26 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
 /// each batch with one `write_all`. Ends when the state drops the queue's
 /// sender, after a DISCONNECT, on a write error or when killed; then closes
 /// the transport and tells the reader.
+/// What the writer shares with the state about its queue.
+struct WriterFlow {
+    id: u64,
+    queued: Arc<AtomicUsize>,
+    want_drained: Arc<AtomicBool>,
+    /// Below this many queued packets the state is told the writer caught up.
+    low_water: usize,
+    events: mpsc::Sender<Event>,
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn writer<W: AsyncWrite + Unpin>(
     mut wr: W,
-    mut rx: mpsc::Receiver<Outbound>,
+    mut rx: mpsc::UnboundedReceiver<Outbound>,
     kill_tx: watch::Sender<bool>,
     mut kill_rx: watch::Receiver<bool>,
     version: ProtocolVersion,
     client_max: u32,
     metrics: Arc<Metrics>,
+    flow: WriterFlow,
 ) {
     let v5 = version == ProtocolVersion::V5;
     let mut buf = BytesMut::with_capacity(16 * 1024);
@@ -627,6 +664,17 @@ async fn writer<W: AsyncWrite + Unpin>(
         buf.clear();
         if buf.capacity() > 1024 * 1024 {
             buf = BytesMut::with_capacity(16 * 1024);
+        }
+        let left = flow.queued.fetch_sub(received, Relaxed) - received;
+        if left < flow.low_water && flow.want_drained.swap(false, Relaxed) {
+            // The state waits for this queue to drain (a paused reader,
+            // retained messages still owed): say it did.
+            let _ = flow
+                .events
+                .send(Event::Drained {
+                    connection: flow.id,
+                })
+                .await;
         }
         if finished {
             break;

@@ -31,10 +31,13 @@ pub enum CloseReason {
     ConnectRefused,
     /// No CONNECT in time, or a TLS handshake that failed or timed out.
     Handshake,
+    /// A write the client's packet caused failed, and an MQTT 3.1.1 client
+    /// has no reason code to be told so with.
+    Storage,
 }
 
 impl CloseReason {
-    pub const ALL: [CloseReason; 12] = [
+    pub const ALL: [CloseReason; 13] = [
         CloseReason::ClientDisconnect,
         CloseReason::ClientDisconnectWithWill,
         CloseReason::Network,
@@ -47,6 +50,7 @@ impl CloseReason {
         CloseReason::Shutdown,
         CloseReason::ConnectRefused,
         CloseReason::Handshake,
+        CloseReason::Storage,
     ];
 
     pub fn label(self) -> &'static str {
@@ -63,6 +67,7 @@ impl CloseReason {
             CloseReason::Shutdown => "server_shutting_down",
             CloseReason::ConnectRefused => "connect_refused",
             CloseReason::Handshake => "handshake",
+            CloseReason::Storage => "storage_failure",
         }
     }
 
@@ -80,6 +85,7 @@ impl CloseReason {
             CloseReason::Shutdown => "server shutting down",
             CloseReason::ConnectRefused => "connect refused",
             CloseReason::Handshake => "no CONNECT in time",
+            CloseReason::Storage => "the broker could not store what the packet asked for",
         }
     }
 
@@ -108,16 +114,20 @@ pub enum DropReason {
     /// An inbound QoS 2 hold not released by PUBREL within
     /// `exactly_once.expires_after` (the message itself was routed).
     ExactlyOnceExpired,
+    /// A QoS 0 publish whose retained value or log entry could not be
+    /// stored (QoS 1/2 publishers are told with a reason code instead).
+    StorageFailed,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 6] = [
+    pub const ALL: [DropReason; 7] = [
         DropReason::QueueFull,
         DropReason::Expired,
         DropReason::TooLarge,
         DropReason::Offline,
         DropReason::SlowConsumer,
         DropReason::ExactlyOnceExpired,
+        DropReason::StorageFailed,
     ];
 
     pub fn label(self) -> &'static str {
@@ -128,6 +138,7 @@ impl DropReason {
             DropReason::Offline => "offline_qos0",
             DropReason::SlowConsumer => "slow_consumer",
             DropReason::ExactlyOnceExpired => "exactly_once_expired",
+            DropReason::StorageFailed => "storage_failed",
         }
     }
 }
@@ -145,6 +156,8 @@ pub struct Metrics {
     pub bytes_sent: AtomicU64,
     dropped: [AtomicU64; DropReason::ALL.len()],
     disconnects: [AtomicU64; CloseReason::ALL.len()],
+    /// Failed storage writes by provider name (`saguin_storage_errors_total`).
+    storage_errors: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
     pub started: std::time::Instant,
 }
 
@@ -167,6 +180,7 @@ impl Metrics {
             bytes_sent: AtomicU64::new(0),
             dropped: Default::default(),
             disconnects: Default::default(),
+            storage_errors: Default::default(),
             started: std::time::Instant::now(),
         }
     }
@@ -185,6 +199,34 @@ impl Metrics {
 
     pub fn disconnect_count(&self, reason: CloseReason) -> u64 {
         self.disconnects[reason as usize].load(Relaxed)
+    }
+
+    /// A write to `provider` failed.
+    pub fn storage_error(&self, provider: &str) {
+        let mut errors = self
+            .storage_errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *errors.entry(provider.to_owned()).or_default() += 1;
+    }
+
+    /// Failed writes to `provider` so far.
+    pub fn storage_error_count(&self, provider: &str) -> u64 {
+        let errors = self
+            .storage_errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        errors.get(provider).copied().unwrap_or(0)
+    }
+
+    /// Names a provider so its error counter is rendered (as 0) before it
+    /// ever fails.
+    pub fn register_provider(&self, provider: &str) {
+        let mut errors = self
+            .storage_errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        errors.entry(provider.to_owned()).or_default();
     }
 
     /// The Prometheus text exposition of every metric.
@@ -267,6 +309,20 @@ impl Metrics {
                 reason.label(),
                 self.disconnect_count(reason)
             );
+        }
+        let _ = writeln!(out, "# HELP saguin_storage_errors_total Storage writes that failed, by provider.\n# TYPE saguin_storage_errors_total counter");
+        {
+            let errors = self
+                .storage_errors
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (provider, count) in errors.iter() {
+                let _ = writeln!(
+                    out,
+                    "saguin_storage_errors_total{{provider=\"{}\"}} {count}",
+                    provider.replace('\\', "\\\\").replace('"', "\\\"")
+                );
+            }
         }
         counter(
             &mut out,

@@ -20,7 +20,8 @@ use tokio_rustls::TlsAcceptor;
 
 use super::connection::{self, ConnectionContext};
 use super::metrics::{CloseReason, Metrics};
-use super::state::{BrokerState, Event, SYS_INTERVAL};
+use super::persister::{PersisterGone, Persisters};
+use super::state::{BrokerState, Event, Intent, SYS_INTERVAL};
 
 /// How many events the broker queue holds before readers wait (backpressure:
 /// a decoded packet is never dropped, its reader just stops reading).
@@ -49,6 +50,11 @@ pub struct Server {
     pub metrics: Arc<Metrics>,
     pub max_connections: usize,
     pub context: Arc<ConnectionContext>,
+    pub persisters: Persisters,
+    pub commits: mpsc::UnboundedReceiver<Event>,
+    /// `broker.session.ack_commit_interval`: how often acknowledgements,
+    /// in-flight tables and cursors are written.
+    pub flush_interval: Duration,
 }
 
 /// Errors that stop the server.
@@ -60,6 +66,15 @@ pub enum ServerError {
         bind: SocketAddr,
         source: std::io::Error,
     },
+    #[error("provider {provider}: {source}")]
+    Storage {
+        provider: String,
+        source: crate::storage::contract::StorageError,
+    },
+    /// The broker task ended while serving (a panic): nothing is served
+    /// any more, so the process must exit and be restarted.
+    #[error("the broker task stopped: {0}")]
+    BrokerFailed(String),
 }
 
 /// Bind `bind` for listener `name`.
@@ -74,8 +89,10 @@ pub async fn bind(name: &str, bind: SocketAddr) -> Result<TcpListener, ServerErr
 }
 
 /// Serve until `shutdown` completes, then close every connection cleanly
-/// (no Wills, DISCONNECT 0x8B to MQTT 5 clients) and return.
-pub async fn run(server: Server, shutdown: impl Future<Output = ()>) {
+/// (no Wills, DISCONNECT 0x8B to MQTT 5 clients), write what the state
+/// still owes its providers and return. An error when the broker task
+/// failed while serving.
+pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
     let Server {
         listeners,
         metrics_listener,
@@ -83,6 +100,9 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) {
         metrics,
         max_connections,
         context,
+        persisters,
+        commits,
+        flush_interval,
     } = server;
     let (notify_shutdown, _) = broadcast::channel::<()>(1);
     // Every task holds a clone; when all are dropped, the drain is complete.
@@ -91,7 +111,14 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) {
     let limit = Arc::new(Semaphore::new(max_connections.max(1)));
     let generation = Arc::new(AtomicU64::new(1));
 
-    let broker = tokio::spawn(broker_task(state, events_rx, notify_shutdown.subscribe()));
+    let mut broker = tokio::spawn(broker_task(
+        state,
+        events_rx,
+        commits,
+        persisters,
+        flush_interval,
+        notify_shutdown.subscribe(),
+    ));
 
     for listener in listeners {
         let acceptor = Acceptor {
@@ -116,13 +143,35 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) {
     drop(events_tx);
     drop(drain_tx);
 
-    shutdown.await;
+    let failed = tokio::select! {
+        _ = shutdown => None,
+        ended = &mut broker => Some(match ended {
+            Ok(Ok(())) => "it returned".to_owned(),
+            Ok(Err(gone)) => gone.to_string(),
+            Err(e) if e.is_panic() => format!("it panicked: {}", panic_text(e.into_panic())),
+            Err(e) => e.to_string(),
+        }),
+    };
+    if let Some(why) = failed {
+        tracing::error!(reason = %why, "the broker task stopped while serving; exiting so a supervisor can restart the broker");
+        let _ = notify_shutdown.send(());
+        return Err(ServerError::BrokerFailed(why));
+    }
     tracing::info!(
         connections = metrics.connections.load(Relaxed),
         "shutting down"
     );
     let _ = notify_shutdown.send(());
-    let _ = broker.await;
+    match broker.await {
+        Ok(Ok(())) => {}
+        Ok(Err(gone)) => return Err(ServerError::BrokerFailed(gone.to_string())),
+        Err(e) if e.is_panic() => {
+            let why = panic_text(e.into_panic());
+            tracing::error!(reason = %why, "the broker task panicked during shutdown");
+            return Err(ServerError::BrokerFailed(why));
+        }
+        Err(e) => return Err(ServerError::BrokerFailed(e.to_string())),
+    }
     if tokio::time::timeout(DRAIN_TIMEOUT, drain_rx.recv())
         .await
         .is_err()
@@ -130,23 +179,61 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) {
         tracing::warn!("connections still open after the drain timeout; closing them");
     }
     tracing::info!("stopped");
+    Ok(())
 }
 
-/// The single writer: applies events to the state in arrival order.
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// Hand every intent the state emitted to its persister; answers of inline
+/// persisters go straight back into the state (which may emit more).
+async fn dispatch(
+    state: &mut BrokerState,
+    persisters: &mut Persisters,
+    intents: &mut Vec<Intent>,
+) -> Result<(), PersisterGone> {
+    loop {
+        state.take_intents(intents);
+        if intents.is_empty() {
+            return Ok(());
+        }
+        for intent in intents.drain(..) {
+            if let Some(answer) = persisters.submit(intent).await? {
+                state.handle(answer, Instant::now());
+            }
+        }
+    }
+}
+
+/// The single writer: applies events to the state in arrival order, and
+/// hands what it must store to the persisters.
 async fn broker_task(
     mut state: BrokerState,
     mut events: mpsc::Receiver<Event>,
+    mut commits: mpsc::UnboundedReceiver<Event>,
+    mut persisters: Persisters,
+    flush_interval: Duration,
     mut shutdown: broadcast::Receiver<()>,
-) {
+) -> Result<(), PersisterGone> {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sys = tokio::time::interval_at(Instant::now() + SYS_INTERVAL, SYS_INTERVAL);
     sys.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut flush = tokio::time::interval(flush_interval.max(Duration::from_millis(1)));
+    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut batch = Vec::with_capacity(64);
+    let mut intents = Vec::new();
     loop {
         tokio::select! {
             biased;
             _ = shutdown.recv() => break,
+            // Answers first: they release acknowledgements clients wait on.
+            Some(committed) = commits.recv() => state.handle(committed, Instant::now()),
             received = events.recv_many(&mut batch, 64) => {
                 if received == 0 {
                     break;
@@ -157,15 +244,28 @@ async fn broker_task(
                 }
             }
             _ = tick.tick() => state.tick(Instant::now()),
+            _ = flush.tick() => state.flush(Instant::now()),
             _ = sys.tick() => state.publish_sys(Instant::now()),
         }
+        dispatch(&mut state, &mut persisters, &mut intents).await?;
     }
-    state.shutdown();
+    state.shutdown(Instant::now());
     // Connect events still queued are answered with DISCONNECT 0x8B.
     events.close();
     while let Ok(event) = events.try_recv() {
         state.handle(event, Instant::now());
     }
+    dispatch(&mut state, &mut persisters, &mut intents).await?;
+    // Every write the state made is answered before the providers close.
+    while state.writes_outstanding() > 0 {
+        match commits.recv().await {
+            Some(committed) => state.handle(committed, Instant::now()),
+            None => break,
+        }
+        dispatch(&mut state, &mut persisters, &mut intents).await?;
+    }
+    persisters.stop();
+    Ok(())
 }
 
 struct Acceptor {
@@ -402,15 +502,69 @@ pub fn limits_from(config: &crate::config::Config) -> super::state::Limits {
             .min(super::codec::PROTOCOL_MAX_PACKET_SIZE),
         topic_alias_maximum: 64,
         exactly_once_expires_after: config.broker.exactly_once.expires_after,
+        max_sessions: l.max_sessions as usize,
+        max_retained: l.max_retained as usize,
+        // Room for a full window and the largest queue of every session
+        // before QoS 0 to a client that does not read is dropped.
+        outbound_queue: (l.max_queued_messages as usize)
+            .saturating_add(usize::from(l.receive_maximum))
+            .max(1024),
     }
 }
 
-/// Bind every listener (and the metrics endpoint) of `config` and build the
-/// broker state, logging one `listening` line per listener with the address
-/// actually bound.
-pub async fn prepare(config: &crate::config::Config) -> Result<Server, ServerError> {
+/// Build the broker state from what `sessions` and `retained` hold, start
+/// their persisters, then bind every listener (and the metrics endpoint) of
+/// `config`, logging one `listening` line per listener with the address
+/// actually bound. The providers are opened, locked and recovered by the
+/// caller before this; nothing listens until the state is restored.
+pub async fn prepare(
+    config: &crate::config::Config,
+    sessions: Arc<dyn crate::storage::contract::Provider>,
+    retained: Arc<dyn crate::storage::contract::Provider>,
+) -> Result<Server, ServerError> {
     let metrics = Arc::new(Metrics::new());
     let limits = limits_from(config);
+    let authorizer: Arc<dyn super::state::Authorizer> = match &config.auth.acl {
+        Some(acl) => Arc::new(AclAuthorizer(acl.clone())),
+        None => Arc::new(super::state::AllowAll),
+    };
+    let started = std::time::Instant::now();
+    let restored = {
+        let (from_sessions, from_retained) = (sessions.clone(), retained.clone());
+        tokio::task::spawn_blocking(move || {
+            super::persister::read_restored(&*from_sessions, &*from_retained)
+        })
+        .await
+        .map_err(|e| ServerError::BrokerFailed(e.to_string()))?
+        .map_err(|source| ServerError::Storage {
+            provider: sessions.name().to_owned(),
+            source,
+        })?
+    };
+    let now = Instant::now();
+    let mut state = BrokerState::new(
+        limits.clone(),
+        metrics.clone(),
+        authorizer,
+        (now, super::state::unix_now()),
+    );
+    let summary = state.restore(restored, now);
+    tracing::info!(
+        retained = summary.retained,
+        sessions = summary.sessions,
+        expired_sessions = summary.expired_sessions,
+        inflight = summary.inflight,
+        queued = summary.queued,
+        exactly_once_holds = summary.holds,
+        ms = started.elapsed().as_millis() as u64,
+        "state restored"
+    );
+    let (commits_tx, commits) = mpsc::unbounded_channel();
+    let persisters = Persisters::start(&*sessions, &*retained, metrics.clone(), commits_tx)
+        .map_err(|source| ServerError::Storage {
+            provider: sessions.name().to_owned(),
+            source,
+        })?;
     let mut listeners = Vec::with_capacity(config.listeners.len());
     for l in &config.listeners {
         let listener = bind(&l.name, l.bind).await?;
@@ -449,27 +603,14 @@ pub async fn prepare(config: &crate::config::Config) -> Result<Server, ServerErr
         }
         None => None,
     };
-    let authorizer: Arc<dyn super::state::Authorizer> = match &config.auth.acl {
-        Some(acl) => Arc::new(AclAuthorizer(acl.clone())),
-        None => Arc::new(super::state::AllowAll),
-    };
     let context = Arc::new(ConnectionContext {
         max_packet_size: limits.max_packet_size,
         topic_alias_maximum: limits.topic_alias_maximum,
         allow_anonymous: config.auth.allow_anonymous,
         passwords: config.auth.passwords.clone(),
         metrics: metrics.clone(),
-        outbound_queue: limits
-            .max_queued_messages
-            .saturating_add(usize::from(limits.receive_maximum))
-            .max(1024),
+        outbound_queue: limits.outbound_queue,
     });
-    let state = BrokerState::new(
-        limits,
-        metrics.clone(),
-        authorizer,
-        Box::new(super::retained::MemoryRetained::new()),
-    );
     Ok(Server {
         listeners,
         metrics_listener,
@@ -477,5 +618,8 @@ pub async fn prepare(config: &crate::config::Config) -> Result<Server, ServerErr
         metrics,
         max_connections: config.limits.max_connections as usize,
         context,
+        persisters,
+        commits,
+        flush_interval: config.broker.session.ack_commit_interval,
     })
 }

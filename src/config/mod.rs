@@ -270,6 +270,12 @@ pub struct Limits {
     pub max_queued_messages: u32,
     /// Default 100.
     pub max_subscriptions_per_session: u32,
+    /// Persistent sessions kept; a CONNECT that would start one more is
+    /// refused (CONNACK 0x97). Default 100000.
+    pub max_sessions: u32,
+    /// Retained topics; a retained publish to a new topic beyond it is
+    /// refused (0x97), replacing or deleting one is not. Default 100000.
+    pub max_retained: u32,
 }
 
 /// `metrics`.

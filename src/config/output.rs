@@ -60,6 +60,8 @@ pub(crate) fn resolved(config: &Config) -> Value {
             "receive_maximum": config.limits.receive_maximum,
             "max_queued_messages": config.limits.max_queued_messages,
             "max_subscriptions_per_session": config.limits.max_subscriptions_per_session,
+            "max_sessions": config.limits.max_sessions,
+            "max_retained": config.limits.max_retained,
         },
         "metrics": {
             "bind": config.metrics.bind.map(|a| a.to_string()),

@@ -997,6 +997,8 @@ const LIMITS_KEYS: &[&str] = &[
     "receive_maximum",
     "max_queued_messages",
     "max_subscriptions_per_session",
+    "max_sessions",
+    "max_retained",
 ];
 
 /// MQTT's largest packet: the Remaining Length's maximum, 268,435,455.
@@ -1011,6 +1013,8 @@ fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
         receive_maximum: 64,
         max_queued_messages: 1000,
         max_subscriptions_per_session: 100,
+        max_sessions: 100_000,
+        max_retained: 100_000,
     };
     let Some((path, value)) = section else {
         return limits;
@@ -1077,6 +1081,12 @@ fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
     }
     if let Some(n) = int(ctx, "max_subscriptions_per_session", 1, u64::from(u32::MAX)) {
         limits.max_subscriptions_per_session = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    if let Some(n) = int(ctx, "max_sessions", 1, u64::from(u32::MAX)) {
+        limits.max_sessions = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    if let Some(n) = int(ctx, "max_retained", 1, u64::from(u32::MAX)) {
+        limits.max_retained = u32::try_from(n).unwrap_or(u32::MAX);
     }
     f.finish(ctx, LIMITS_KEYS);
     limits

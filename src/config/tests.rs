@@ -105,6 +105,8 @@ fn defaults_are_filled_in() {
             receive_maximum: 64,
             max_queued_messages: 1000,
             max_subscriptions_per_session: 100,
+            max_sessions: 100_000,
+            max_retained: 100_000,
         }
     );
     assert_eq!(config.metrics.bind, None);

@@ -1,27 +1,13 @@
-//! The retained-message store. The broker talks to it through
-//! [`RetainedStore`] so a storage provider can back it; [`MemoryRetained`]
-//! keeps it in memory (lost on exit).
+//! The retained messages as the state routes from them: a trie by topic
+//! level. It is the in-memory side of the retained store the configured
+//! provider keeps (`broker.retained_storage`): loaded from it at startup,
+//! changed only after the provider committed the change, so a SUBSCRIBE
+//! matches without a read from storage and never holds the event loop.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::message::Message;
-
-/// Where retained messages live.
-pub trait RetainedStore: Send {
-    /// Keep `message` as the retained message of its topic (replacing any).
-    fn set(&mut self, message: Arc<Message>);
-    /// Forget the retained message of `topic`. Returns true if there was one.
-    fn remove(&mut self, topic: &str) -> bool;
-    /// Append every retained message whose topic matches `filter` (a valid,
-    /// non-shared filter) to `out`, in topic byte order.
-    fn matching(&self, filter: &str, out: &mut Vec<Arc<Message>>);
-    /// How many retained messages there are.
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+use crate::broker::message::Message;
 
 #[derive(Debug, Default)]
 struct Node {
@@ -29,21 +15,32 @@ struct Node {
     value: Option<Arc<Message>>,
 }
 
-/// Retained messages in a trie by topic level, in memory.
+/// Retained messages in a trie by topic level.
 #[derive(Debug, Default)]
-pub struct MemoryRetained {
+pub struct RetainedIndex {
     root: Node,
     count: usize,
 }
 
-impl MemoryRetained {
+impl RetainedIndex {
     pub fn new() -> Self {
         Self::default()
     }
-}
 
-impl RetainedStore for MemoryRetained {
-    fn set(&mut self, message: Arc<Message>) {
+    /// Is a retained message held for `topic`?
+    pub fn contains(&self, topic: &str) -> bool {
+        let mut node = &self.root;
+        for level in topic.split('/') {
+            match node.children.get(level) {
+                Some(child) => node = child,
+                None => return false,
+            }
+        }
+        node.value.is_some()
+    }
+
+    /// Keep `message` as the retained message of its topic (replacing any).
+    pub fn set(&mut self, message: Arc<Message>) {
         let mut node = &mut self.root;
         for level in message.topic.split('/') {
             node = node.children.entry(level.into()).or_default();
@@ -53,7 +50,8 @@ impl RetainedStore for MemoryRetained {
         }
     }
 
-    fn remove(&mut self, topic: &str) -> bool {
+    /// Forget the retained message of `topic`. Returns true if there was one.
+    pub fn remove(&mut self, topic: &str) -> bool {
         fn remove_in(node: &mut Node, levels: &[&str]) -> bool {
             match levels.split_first() {
                 None => node.value.take().is_some(),
@@ -77,7 +75,9 @@ impl RetainedStore for MemoryRetained {
         removed
     }
 
-    fn matching(&self, filter: &str, out: &mut Vec<Arc<Message>>) {
+    /// Append every retained message whose topic matches `filter` (a valid,
+    /// non-shared filter) to `out`, in topic byte order.
+    pub fn matching(&self, filter: &str, out: &mut Vec<Arc<Message>>) {
         fn all(node: &Node, out: &mut Vec<Arc<Message>>) {
             out.extend(node.value.iter().cloned());
             for child in node.children.values() {
@@ -125,8 +125,12 @@ impl RetainedStore for MemoryRetained {
         walk(&self.root, &levels, true, out);
     }
 
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
     }
 }
 
@@ -148,7 +152,7 @@ mod tests {
         })
     }
 
-    fn topics(store: &MemoryRetained, filter: &str) -> Vec<String> {
+    fn topics(store: &RetainedIndex, filter: &str) -> Vec<String> {
         let mut out = Vec::new();
         store.matching(filter, &mut out);
         out.iter().map(|m| m.topic.to_string()).collect()
@@ -156,7 +160,7 @@ mod tests {
 
     #[test]
     fn set_match_remove() {
-        let mut store = MemoryRetained::new();
+        let mut store = RetainedIndex::new();
         for t in ["a", "a/b", "a/b/c", "a/x", "$SYS/v", "b"] {
             store.set(msg(t));
         }
@@ -167,6 +171,7 @@ mod tests {
         assert_eq!(topics(&store, "#"), vec!["a", "a/b", "a/b/c", "a/x", "b"]);
         assert_eq!(topics(&store, "+"), vec!["a", "b"]);
         assert_eq!(topics(&store, "$SYS/#"), vec!["$SYS/v"]);
+        assert!(store.contains("a/b") && !store.contains("a/b/x") && !store.contains("c"));
         assert!(store.remove("a/b"));
         assert!(!store.remove("a/b"));
         assert_eq!(topics(&store, "a/#"), vec!["a", "a/b/c", "a/x"]);

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
-use super::message::Message;
-use super::topic::SubOptions;
+use crate::broker::message::Message;
+use crate::broker::topic::SubOptions;
 
 /// A fast hasher for the integer keys the broker allocates (session keys,
 /// connection generations) and for packet identifiers (at most 65535 per
@@ -57,12 +57,20 @@ pub struct QueuedMessage {
     pub qos: u8,
     pub retain: bool,
     pub subscription_ids: Vec<u32>,
+    /// Its offset in the broadcast log, when a persistent session is owed
+    /// it there (the session holds one reference to that entry).
+    pub log_offset: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
 pub struct InflightEntry {
     pub packet_id: u16,
     pub phase: InflightPhase,
+    /// 1 or 2.
+    pub qos: u8,
+    /// Its offset in the broadcast log (persistent sessions only); kept
+    /// after PUBREC so the stored in-flight table still names it.
+    pub log_offset: Option<u64>,
     /// None once PUBREC released it.
     pub queued: Option<QueuedMessage>,
 }
@@ -135,6 +143,9 @@ pub struct SessionSubscription {
     pub share_group: Option<String>,
     pub filter: String,
     pub options: SubOptions,
+    /// The broadcast log's next offset when it was made: a message logged
+    /// below it was not owed through this subscription.
+    pub log_offset: u64,
 }
 
 /// A Will waiting for its delay to pass.
@@ -142,6 +153,8 @@ pub struct SessionSubscription {
 pub struct PendingWill {
     pub message: Arc<Message>,
     pub publish_at: tokio::time::Instant,
+    /// The Will as its CONNECT carried it, for the stored session.
+    pub will: super::WillRequest,
 }
 
 /// One MQTT session: lives across connections when persistent.
@@ -161,11 +174,22 @@ pub struct Session {
     pub inbound_qos2: IdMap<u16, tokio::time::Instant>,
     /// Seconds the session outlives its connection (0: ends with it).
     pub expiry_interval: u32,
-    /// The connection currently attached, if any.
+    /// The connection currently attached, if any (set once its CONNACK
+    /// went out).
     pub connection: Option<u64>,
+    /// A connection whose CONNACK waits for the session's write.
+    pub connecting: Option<u64>,
     /// When a detached session expires.
     pub expires_at: Option<tokio::time::Instant>,
     pub pending_will: Option<PendingWill>,
+    /// The session provider holds a record of this session (it is
+    /// persistent and its first write was issued): changes are written.
+    pub stored: bool,
+    /// Its in-flight table or cursor changed since it was last written.
+    pub dirty: bool,
+    /// The Receive Maximum of its last connection: the window its in-flight
+    /// table is written under.
+    pub window: u16,
 }
 
 impl Session {
@@ -179,33 +203,14 @@ impl Session {
             inbound_qos2: IdMap::default(),
             expiry_interval: 0,
             connection: None,
+            connecting: None,
             expires_at: None,
             pending_will: None,
+            stored: false,
+            dirty: false,
+            window: 1,
         }
     }
-}
-
-/// Where persistent sessions live between broker runs. The broker state
-/// calls it where a durable provider must record something: a persistent
-/// session losing its connection and every persistent session at shutdown
-/// (`keep`), a session ending (`forget`); `restore` once at startup.
-pub trait SessionStore: Send {
-    /// Sessions kept by an earlier run (detached; their expiry restarts).
-    fn restore(&mut self) -> Vec<Session>;
-    fn keep(&mut self, session: &Session);
-    fn forget(&mut self, client_id: &str);
-}
-
-/// Sessions in memory only: nothing outlives the process.
-#[derive(Debug, Default)]
-pub struct MemorySessions;
-
-impl SessionStore for MemorySessions {
-    fn restore(&mut self) -> Vec<Session> {
-        Vec::new()
-    }
-    fn keep(&mut self, _session: &Session) {}
-    fn forget(&mut self, _client_id: &str) {}
 }
 
 #[cfg(test)]
@@ -220,6 +225,8 @@ mod tests {
         inflight.push(InflightEntry {
             packet_id: a,
             phase: InflightPhase::AwaitPuback,
+            qos: 1,
+            log_offset: None,
             queued: None,
         });
         inflight.next_id = 0;

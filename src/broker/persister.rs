@@ -1,0 +1,285 @@
+//! The persisters: where the state's [`Intent`]s are written, one per role
+//! (`broker.session_storage`, `broker.retained_storage`).
+//!
+//! A memory provider's writes cost a lock and a copy, so they run inline in
+//! the broker task and are answered before it reads the next event. A
+//! sqlite provider's writes are transactions with disk I/O behind them, so
+//! they run on a dedicated thread fed by a bounded queue, answered as
+//! [`Event::Committed`]. When that queue is full the broker task waits for
+//! room before it reads another client event: clients stop being read
+//! rather than their writes being buffered without bound. The thread takes
+//! whatever has queued up (up to [`BATCH`] intents) each time it wakes, so
+//! a burst costs one wake-up, not one per write.
+//!
+//! A failed write is counted in `saguin_storage_errors_total{provider}`;
+//! the first failure of a streak is logged at ERROR, and the state answers
+//! the client the write was for.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::metrics::Metrics;
+use super::state::{Event, Intent, Restored, Role, StorageFailure, Write, Written};
+use crate::storage::contract::{
+    BroadcastLog, HeldPublishStore, LatestStore, Provider, ProviderKind, SessionStore,
+    StorageError, BROADCAST_LOG_NAME,
+};
+
+/// Intents a sqlite persister takes at once.
+pub const BATCH: usize = 64;
+/// Intents queued for a sqlite persister before the broker waits.
+pub const QUEUE: usize = 4096;
+
+/// The stores one role writes to.
+#[derive(Clone)]
+struct Stores {
+    provider: String,
+    sessions: Arc<dyn SessionStore>,
+    log: Arc<dyn BroadcastLog>,
+    held: Arc<dyn HeldPublishStore>,
+    retained: Arc<dyn LatestStore>,
+}
+
+impl Stores {
+    fn of(provider: &dyn Provider) -> Result<Stores, StorageError> {
+        Ok(Stores {
+            provider: provider.name().to_owned(),
+            sessions: provider.sessions()?,
+            log: provider.broadcast_log()?,
+            held: provider.held_publishes()?,
+            retained: provider.retained()?,
+        })
+    }
+
+    fn apply(&self, write: Write) -> Result<Written, StorageError> {
+        match write {
+            Write::SaveSession(entry) => self.sessions.save(entry).map(|()| Written::Done),
+            Write::RemoveSession(client_id) => {
+                self.sessions.remove(&client_id).map(|_| Written::Done)
+            }
+            Write::SaveCursor { client_id, offset } => self
+                .log
+                .save_cursor(&client_id, offset)
+                .map(|()| Written::Done),
+            Write::AppendLog(record) => {
+                self.log.append(record).map(|r| Written::Appended(r.offset))
+            }
+            Write::ReleaseLog(offsets) => self.log.release(&offsets).map(|_| Written::Done),
+            Write::SetRetained(record) => self.retained.set(record).map(|_| Written::Done),
+            Write::DeleteRetained(topic) => self.retained.delete(&topic).map(|_| Written::Done),
+            Write::Hold(held) => self.held.hold(held).map(|()| Written::Done),
+            Write::DropHold {
+                client_id,
+                packet_id,
+            } => self
+                .held
+                .drop_hold(BROADCAST_LOG_NAME, &client_id, packet_id)
+                .map(|_| Written::Done),
+        }
+    }
+
+    /// Every write of `intent` in order; the first failure answers it.
+    fn run(&self, intent: Intent) -> Result<Vec<Written>, StorageError> {
+        intent.writes.into_iter().map(|w| self.apply(w)).collect()
+    }
+}
+
+/// Counts failures and logs the first of each streak.
+struct Failures {
+    metrics: Arc<Metrics>,
+    provider: String,
+    streak: u64,
+}
+
+impl Failures {
+    fn answer(
+        &mut self,
+        result: Result<Vec<Written>, StorageError>,
+    ) -> Result<Vec<Written>, StorageFailure> {
+        match result {
+            Ok(written) => {
+                if self.streak > 0 {
+                    tracing::info!(provider = %self.provider, failed = self.streak, "storage writes succeed again");
+                    self.streak = 0;
+                }
+                Ok(written)
+            }
+            Err(err) => {
+                self.metrics.storage_error(&self.provider);
+                if self.streak == 0 {
+                    tracing::error!(provider = %self.provider, error = %err, "storage write failed; clients are answered with the failure and nothing is acknowledged that is not stored");
+                }
+                self.streak += 1;
+                Err(StorageFailure {
+                    full: err.is_full(),
+                    message: err.to_string(),
+                })
+            }
+        }
+    }
+}
+
+enum Kind {
+    Inline(Stores, Failures),
+    Thread {
+        queue: mpsc::Sender<Intent>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    },
+}
+
+/// One role's persister.
+pub struct Persister {
+    kind: Kind,
+}
+
+/// The persister thread stopped (it panicked): the broker cannot store
+/// anything more and must stop.
+#[derive(Debug, thiserror::Error)]
+#[error("the persister of provider {0} stopped")]
+pub struct PersisterGone(pub String);
+
+impl Persister {
+    /// A persister for `provider`, answering on `commits`.
+    pub fn start(
+        provider: &dyn Provider,
+        metrics: Arc<Metrics>,
+        commits: mpsc::UnboundedSender<Event>,
+    ) -> Result<Persister, StorageError> {
+        let stores = Stores::of(provider)?;
+        metrics.register_provider(&stores.provider);
+        let failures = Failures {
+            metrics,
+            provider: stores.provider.clone(),
+            streak: 0,
+        };
+        if provider.kind() == ProviderKind::Memory {
+            return Ok(Persister {
+                kind: Kind::Inline(stores, failures),
+            });
+        }
+        let (queue, mut intents) = mpsc::channel::<Intent>(QUEUE);
+        let name = format!("saguin-persist-{}", stores.provider);
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                let mut failures = failures;
+                let mut batch = Vec::with_capacity(BATCH);
+                while intents.blocking_recv_many(&mut batch, BATCH) > 0 {
+                    for intent in batch.drain(..) {
+                        let ticket = intent.ticket;
+                        let result = failures.answer(stores.run(intent));
+                        if commits.send(Event::Committed { ticket, result }).is_err() {
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| StorageError::io("starting the persister thread", e))?;
+        Ok(Persister {
+            kind: Kind::Thread {
+                queue,
+                thread: Some(thread),
+            },
+        })
+    }
+
+    /// Write `intent`: inline ones are answered in the returned event,
+    /// threaded ones later on the commit channel. Waits while the thread's
+    /// queue is full (backpressure).
+    pub async fn submit(&mut self, intent: Intent) -> Result<Option<Event>, PersisterGone> {
+        match &mut self.kind {
+            Kind::Inline(stores, failures) => {
+                let ticket = intent.ticket;
+                let result = failures.answer(stores.run(intent));
+                Ok(Some(Event::Committed { ticket, result }))
+            }
+            Kind::Thread { queue, .. } => queue
+                .send(intent)
+                .await
+                .map(|()| None)
+                .map_err(|_| PersisterGone(String::new())),
+        }
+    }
+
+    /// Stop taking intents and wait for the thread to finish what it has.
+    pub fn stop(mut self) {
+        if let Kind::Thread { queue, thread } = &mut self.kind {
+            let (closed, _) = mpsc::channel(1);
+            drop(std::mem::replace(queue, closed));
+            if let Some(thread) = thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// One persister per role (two roles naming one provider share a provider,
+/// and each role's writes keep their order).
+pub struct Persisters {
+    roles: [Persister; 2],
+}
+
+impl Persisters {
+    pub fn start(
+        sessions: &dyn Provider,
+        retained: &dyn Provider,
+        metrics: Arc<Metrics>,
+        commits: mpsc::UnboundedSender<Event>,
+    ) -> Result<Persisters, StorageError> {
+        Ok(Persisters {
+            roles: [
+                Persister::start(sessions, metrics.clone(), commits.clone())?,
+                Persister::start(retained, metrics, commits)?,
+            ],
+        })
+    }
+
+    pub async fn submit(&mut self, intent: Intent) -> Result<Option<Event>, PersisterGone> {
+        let role = intent.role;
+        self.roles[role as usize].submit(intent).await
+    }
+
+    pub fn stop(self) {
+        let [sessions, retained] = self.roles;
+        sessions.stop();
+        retained.stop();
+    }
+}
+
+/// Messages read from the broadcast log at once at startup.
+const RESTORE_CHUNK: usize = 4096;
+
+/// Read what the state is rebuilt from (blocking; before listening).
+pub fn read_restored(
+    sessions: &dyn Provider,
+    retained: &dyn Provider,
+) -> Result<Restored, StorageError> {
+    let log = sessions.broadcast_log()?;
+    let mut messages = Vec::new();
+    let mut from = log.floor();
+    loop {
+        let chunk = log.read_from_n(from, RESTORE_CHUNK)?;
+        let Some(last) = chunk.last() else {
+            break;
+        };
+        from = last.offset + 1;
+        messages.extend(chunk);
+    }
+    Ok(Restored {
+        retained: retained.retained()?.match_filter("#")?,
+        sessions: sessions.sessions()?.sessions()?,
+        cursors: log.cursors()?,
+        log_next: log.next(),
+        log: messages,
+        held: sessions.held_publishes()?.held()?,
+    })
+}
+
+/// Which role a provider plays, for logs.
+pub fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Sessions => "sessions",
+        Role::Retained => "retained",
+    }
+}

@@ -1,0 +1,331 @@
+//! Ending connections and sessions: the Will (with its delay), a
+//! persistent session recorded as detached, a session's end, the timers
+//! (Will delays, expiry, unreleased QoS 2 holds) and server shutdown.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::persist::{Role, Write};
+use super::session::PendingWill;
+use super::{reason, BrokerState, Connection, Outbound, WillRequest};
+use crate::broker::message::Message;
+use crate::broker::metrics::{CloseReason, DropReason};
+use crate::broker::topic::SessionKey;
+
+impl BrokerState {
+    /// Drop the connection from the state and tell its tasks to finish: send
+    /// DISCONNECT `code` first. A disconnect the broker decides is logged
+    /// with its reason.
+    pub(super) fn detach_connection(
+        &mut self,
+        connection: u64,
+        reason: CloseReason,
+        code: Option<u8>,
+    ) -> Option<Connection> {
+        let conn = self.connections.remove(&connection)?;
+        self.metrics.connections.fetch_sub(1, Relaxed);
+        self.metrics.disconnected(reason);
+        if conn.dropped_qos0 > 0 {
+            tracing::info!(client_id = %conn.client_id, dropped = conn.dropped_qos0, "QoS 0 messages were dropped for this client while it did not read");
+        }
+        if code.is_some() || matches!(reason, CloseReason::Storage) {
+            tracing::info!(
+                client_id = %conn.client_id,
+                reason = reason.label(),
+                code = %code.map(|c| format!("0x{c:02X}")).unwrap_or_else(|| "none (MQTT 3.1.1)".into()),
+                "disconnecting client"
+            );
+        }
+        if let Some(code) = code {
+            let _ = conn.handle.outbound.send(Outbound::Disconnect {
+                reason: code,
+                reason_string: Some(reason.describe()),
+            });
+        }
+        // The writer finishes what is queued and closes when the queue's
+        // sender (held only here) is dropped; a paused reader is let go.
+        let _ = conn.handle.pause.send(false);
+        if let Some(session) = self.sessions.get_mut(&conn.session) {
+            if session.connection == Some(connection) {
+                session.connection = None;
+            }
+            if session.connecting == Some(connection) {
+                session.connecting = None;
+            }
+        }
+        Some(conn)
+    }
+
+    /// End `connection` for `reason`: Will handling, then the session either
+    /// ends or waits for its expiry (recorded as detached when stored).
+    pub(super) fn close(
+        &mut self,
+        connection: u64,
+        reason: CloseReason,
+        code: Option<u8>,
+        now: Instant,
+    ) {
+        let Some(mut conn) = self.detach_connection(connection, reason, code) else {
+            return;
+        };
+        let key = conn.session;
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        let will = conn
+            .will
+            .take()
+            .filter(|_| reason.sends_will() && !self.shutting_down);
+        let expiry = session.expiry_interval;
+        if let Some(will) = will {
+            if will.delay == 0 || expiry == 0 {
+                let principal = session.principal.clone();
+                let client_id = session.client_id.clone();
+                self.publish_will(&will, principal.as_deref(), &client_id, now);
+            } else {
+                let message = Self::will_message(&will, now);
+                let delay = will.delay.min(expiry);
+                let session = self.sessions.get_mut(&key).expect("checked above");
+                session.pending_will = Some(PendingWill {
+                    message,
+                    publish_at: now + Duration::from_secs(u64::from(delay)),
+                    will,
+                });
+            }
+        }
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        if session.connection.is_some() || session.connecting.is_some() {
+            return;
+        }
+        if expiry == 0 {
+            self.end_session(key, now);
+        } else {
+            session.expires_at = Some(now + Duration::from_secs(u64::from(expiry)));
+            let stored = session.stored;
+            self.detached.insert(key);
+            if stored {
+                // Recorded as detached, with its Will and its place in the log.
+                self.stage_session(key, now);
+                self.seal_background();
+            }
+        }
+    }
+
+    pub(super) fn will_message(will: &WillRequest, now: Instant) -> Arc<Message> {
+        Arc::new(Message {
+            topic: will.topic.clone(),
+            payload: will.payload.clone(),
+            qos: will.qos,
+            retain: will.retain,
+            properties: will.properties.clone(),
+            received_at: now,
+        })
+    }
+
+    pub(super) fn publish_will(
+        &mut self,
+        will: &WillRequest,
+        principal: Option<&str>,
+        client_id: &str,
+        now: Instant,
+    ) {
+        if self.shutting_down {
+            return;
+        }
+        if self.authorizer.is_active()
+            && !self
+                .authorizer
+                .can_publish(principal, client_id, &will.topic)
+        {
+            return;
+        }
+        let message = Self::will_message(will, now);
+        self.publish_message(message, client_id, now);
+    }
+
+    /// Forget a session: its subscriptions, queues, stored record and any
+    /// pending Will (published now, as the session ends before its delay).
+    pub(super) fn end_session(&mut self, key: SessionKey, now: Instant) {
+        let Some(session) = self.sessions.remove(&key) else {
+            return;
+        };
+        self.metrics.sessions.fetch_sub(1, Relaxed);
+        self.detached.remove(&key);
+        if self.by_client_id.get(&session.client_id) == Some(&key) {
+            self.by_client_id.remove(&session.client_id);
+        }
+        for sub in session.subscriptions.values() {
+            if self
+                .index
+                .remove(sub.share_group.as_deref(), &sub.filter, key)
+            {
+                self.metrics.subscriptions.fetch_sub(1, Relaxed);
+            }
+        }
+        let held = session
+            .inflight
+            .iter()
+            .filter_map(|e| e.log_offset)
+            .chain(session.pending.iter().filter_map(|q| q.log_offset))
+            .collect::<Vec<_>>();
+        for offset in held {
+            self.unhold_log(None, offset);
+        }
+        if session.stored {
+            let client_id = session.client_id.to_string();
+            let mut holds: Vec<u16> = session.inbound_qos2.keys().copied().collect();
+            holds.sort_unstable();
+            for packet_id in holds {
+                self.stage(
+                    Role::Sessions,
+                    Write::DropHold {
+                        client_id: client_id.clone(),
+                        packet_id,
+                    },
+                );
+            }
+            self.stage(Role::Sessions, Write::RemoveSession(client_id));
+        }
+        if let Some(will) = session.pending_will {
+            if !self.shutting_down {
+                self.publish_message(will.message, &session.client_id, now);
+            }
+        }
+    }
+
+    // ---- time -----------------------------------------------------------
+
+    /// What [`tick`](Self::tick) would do for one detached session at `now`:
+    /// publish its Will when the delay passed, end it when it expired.
+    pub(super) fn settle_due(&mut self, key: SessionKey, now: Instant) {
+        if !self.detached.contains(&key) {
+            return;
+        }
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        let will = session
+            .pending_will
+            .take_if(|w| w.publish_at <= now)
+            .map(|w| w.message);
+        let expired = session.expires_at.is_some_and(|at| at <= now);
+        let client_id = session.client_id.clone();
+        let stored = session.stored;
+        if let Some(will) = will {
+            self.publish_message(will, &client_id, now);
+            if stored && !expired {
+                self.stage_session(key, now);
+            }
+        }
+        if expired {
+            self.end_session(key, now);
+        }
+    }
+
+    /// Publish Wills whose delay passed and end sessions that expired.
+    pub fn tick(&mut self, now: Instant) {
+        let mut wills = Vec::new();
+        let mut expired = Vec::new();
+        for &key in &self.detached {
+            let Some(session) = self.sessions.get_mut(&key) else {
+                continue;
+            };
+            if session
+                .pending_will
+                .as_ref()
+                .is_some_and(|w| w.publish_at <= now)
+            {
+                let will = session.pending_will.take().expect("checked").message;
+                wills.push((key, session.client_id.clone(), will));
+            }
+            if session.expires_at.is_some_and(|at| at <= now) {
+                expired.push(key);
+            }
+        }
+        wills.sort_by(|a, b| a.2.topic.cmp(&b.2.topic));
+        for (key, client_id, will) in wills {
+            self.publish_message(will, &client_id, now);
+            if self.sessions.get(&key).is_some_and(|s| s.stored) && !expired.contains(&key) {
+                // Its record no longer carries the Will.
+                self.stage_session(key, now);
+            }
+        }
+        expired.sort_unstable();
+        for key in expired {
+            self.end_session(key, now);
+        }
+        // Unreleased QoS 2 holds: looked at once a minute at most.
+        if self.next_exactly_once_sweep.is_none_or(|at| at <= now) {
+            self.next_exactly_once_sweep = Some(now + Duration::from_secs(60));
+            if let Some(cutoff) = now.checked_sub(self.limits.exactly_once_expires_after) {
+                let mut dropped = Vec::new();
+                for session in self.sessions.values_mut() {
+                    let mut gone: Vec<u16> = session
+                        .inbound_qos2
+                        .iter()
+                        .filter(|(_, at)| **at <= cutoff)
+                        .map(|(id, _)| *id)
+                        .collect();
+                    gone.sort_unstable();
+                    for id in &gone {
+                        session.inbound_qos2.remove(id);
+                        self.metrics.dropped(DropReason::ExactlyOnceExpired);
+                    }
+                    if session.stored {
+                        for id in gone {
+                            dropped.push((session.client_id.to_string(), id));
+                        }
+                    }
+                }
+                for (client_id, packet_id) in dropped {
+                    self.stage(
+                        Role::Sessions,
+                        Write::DropHold {
+                            client_id,
+                            packet_id,
+                        },
+                    );
+                }
+            }
+        }
+        self.seal_background();
+        self.close_doomed(now);
+    }
+
+    /// Server shutdown: no Will is published; every v5 client gets
+    /// DISCONNECT 0x8B; every connection is told to close; every stored
+    /// session is written as detached with its place in the log, and the
+    /// log lets go of what nobody holds.
+    pub fn shutdown(&mut self, now: Instant) {
+        self.shutting_down = true;
+        let mut connections: Vec<u64> = self.connections.keys().copied().collect();
+        connections.sort_unstable();
+        for connection in connections {
+            if let Some(mut conn) = self.detach_connection(
+                connection,
+                CloseReason::Shutdown,
+                Some(reason::SERVER_SHUTTING_DOWN),
+            ) {
+                conn.will = None;
+            }
+        }
+        let mut stored: Vec<SessionKey> = Vec::new();
+        for (key, session) in self.sessions.iter_mut() {
+            session.pending_will = None;
+            if session.stored && session.expiry_interval > 0 {
+                stored.push(*key);
+            }
+        }
+        stored.sort_unstable();
+        for key in stored {
+            self.stage_session(key, now);
+        }
+        self.flush(now);
+        self.seal_background();
+    }
+}

@@ -1,0 +1,315 @@
+//! CONNECT: client identifiers, session ownership, takeover, a session
+//! begun or resumed (and stored before its CONNACK), and the resend of
+//! unfinished exchanges on resume.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::persist::{Parked, Role, StorageFailure, Write};
+use super::session::{InflightPhase, Session};
+use super::{reason, BrokerState, ConnectRequest, Connection, ConnectionHandle, Outbound};
+use crate::broker::metrics::CloseReason;
+use crate::broker::topic::SessionKey;
+
+impl BrokerState {
+    pub(super) fn on_connect(
+        &mut self,
+        connection: u64,
+        request: ConnectRequest,
+        handle: ConnectionHandle,
+        now: Instant,
+    ) {
+        if self.shutting_down {
+            let _ = handle.outbound.send(Outbound::Disconnect {
+                reason: reason::SERVER_SHUTTING_DOWN,
+                reason_string: Some(CloseReason::Shutdown.describe()),
+            });
+            return;
+        }
+        let refuse = |handle: &ConnectionHandle, code: u8, client_id: &str, why: &str| {
+            tracing::info!(client_id, reason = %format!("0x{code:02X}"), "connection refused: {why}");
+            let _ = handle.outbound.send(Outbound::ConnAck {
+                session_present: false,
+                reason: code,
+                assigned_client_id: None,
+                session_expiry: None,
+                receive_maximum: 0,
+                maximum_packet_size: 0,
+                topic_alias_maximum: 0,
+            });
+        };
+        let mut assigned = None;
+        let client_id: Arc<str> = if request.client_id.is_empty() {
+            if !request.v5 && !request.clean_start {
+                self.metrics.disconnected(CloseReason::ConnectRefused);
+                refuse(
+                    &handle,
+                    reason::CLIENT_IDENTIFIER_NOT_VALID,
+                    "",
+                    "an empty client id needs clean session 1",
+                );
+                return;
+            }
+            let id: Arc<str> = format!("saguin-{}-{}", self.next_assigned_id, connection).into();
+            self.next_assigned_id += 1;
+            assigned = Some(id.clone());
+            id
+        } else {
+            request.client_id.as_str().into()
+        };
+        // 3.1.1 clean session 0 keeps the session as long as the broker allows.
+        let wanted_expiry = if request.v5 {
+            request.session_expiry
+        } else if request.clean_start {
+            0
+        } else {
+            u32::MAX
+        };
+        let expiry = wanted_expiry.min(self.limits.max_session_expiry);
+
+        // The timer may not have run yet: a Will whose delay passed, or a
+        // session whose expiry passed, is settled before this CONNECT sees it.
+        if let Some(&key) = self.by_client_id.get(&client_id) {
+            self.settle_due(key, now);
+        }
+        let mut session_present = false;
+        if let Some(&key) = self.by_client_id.get(&client_id) {
+            let (owner_differs, old_connection, ends_with_connection) = {
+                let s = &self.sessions[&key];
+                (
+                    s.principal != request.principal,
+                    s.connection.or(s.connecting),
+                    s.expiry_interval == 0,
+                )
+            };
+            if owner_differs {
+                self.metrics.disconnected(CloseReason::ConnectRefused);
+                refuse(
+                    &handle,
+                    reason::NOT_AUTHORIZED,
+                    &client_id,
+                    "the session belongs to another principal",
+                );
+                return;
+            }
+            if let Some(old) = old_connection {
+                // Takeover: the old connection's Will goes now unless its
+                // delay is running and the session continues.
+                if let Some(conn) = self.connections.get_mut(&old) {
+                    if let Some(will) = conn.will.take() {
+                        if will.delay == 0 || request.clean_start || ends_with_connection {
+                            let principal = self.sessions[&key].principal.clone();
+                            self.publish_will(&will, principal.as_deref(), &client_id, now);
+                        }
+                    }
+                }
+                self.detach_connection(
+                    old,
+                    CloseReason::TakenOver,
+                    Some(reason::SESSION_TAKEN_OVER),
+                );
+            }
+            // A session with expiry 0 ends with its connection (MQTT 5
+            // 3.1.2.11.2; 3.1.1 clean session 1), and a takeover closes that
+            // connection: the new one starts afresh.
+            if request.clean_start || (old_connection.is_some() && ends_with_connection) {
+                self.end_session(key, now);
+            } else {
+                session_present = true;
+            }
+        }
+        if !session_present && expiry > 0 && self.stored_sessions() >= self.limits.max_sessions {
+            self.metrics.disconnected(CloseReason::ConnectRefused);
+            tracing::warn!(
+                client_id = %client_id,
+                max_sessions = self.limits.max_sessions,
+                "connection refused: limits.max_sessions persistent sessions are kept already"
+            );
+            // What ending an old session staged still has to be written.
+            self.seal_background();
+            refuse(
+                &handle,
+                reason::QUOTA_EXCEEDED,
+                &client_id,
+                "limits.max_sessions reached",
+            );
+            return;
+        }
+
+        let key = if session_present {
+            self.by_client_id[&client_id]
+        } else {
+            let key = self.next_session;
+            self.next_session += 1;
+            self.sessions.insert(
+                key,
+                Session::new(client_id.clone(), request.principal.clone()),
+            );
+            self.by_client_id.insert(client_id.clone(), key);
+            self.metrics.sessions.fetch_add(1, Relaxed);
+            key
+        };
+        self.detached.remove(&key);
+        let receive_maximum = if request.v5 {
+            usize::from(request.receive_maximum.max(1))
+        } else {
+            usize::from(self.limits.receive_maximum.max(1))
+        };
+        let was_stored = {
+            let session = self.sessions.get_mut(&key).expect("inserted above");
+            session.connecting = Some(connection);
+            session.expiry_interval = expiry;
+            session.expires_at = None;
+            session.window = u16::try_from(receive_maximum).unwrap_or(u16::MAX);
+            // A new connection before the Will delay passed cancels the Will.
+            session.pending_will = None;
+            let was = session.stored;
+            session.stored = expiry > 0;
+            was
+        };
+        self.connections.insert(
+            connection,
+            Connection {
+                handle,
+                session: key,
+                client_id: client_id.clone(),
+                v5: request.v5,
+                receive_maximum,
+                maximum_packet_size: request.maximum_packet_size,
+                will: request.will,
+                parked: None,
+                backlog: VecDeque::new(),
+                dropped_qos0: 0,
+                retained_backlog: VecDeque::new(),
+            },
+        );
+        self.metrics.connections.fetch_add(1, Relaxed);
+        if expiry > 0 {
+            // Session begun or resumed: stored before the CONNACK says so.
+            self.stage_session(key, now);
+        } else if was_stored {
+            // A stored session resumed with expiry 0 now ends with this
+            // connection: nothing of it outlives the broker any more.
+            self.stage(Role::Sessions, Write::RemoveSession(client_id.to_string()));
+        }
+        let ack = Outbound::ConnAck {
+            session_present,
+            reason: reason::SUCCESS,
+            assigned_client_id: assigned,
+            session_expiry: (request.v5 && expiry != wanted_expiry).then_some(expiry),
+            receive_maximum: self.limits.receive_maximum,
+            maximum_packet_size: self.limits.max_packet_size,
+            topic_alias_maximum: self.limits.topic_alias_maximum,
+        };
+        let parked = Parked::ConnAck {
+            connection,
+            key,
+            ack,
+            replay: session_present,
+        };
+        self.park_or_answer(connection, parked, now);
+    }
+
+    /// Persistent sessions the provider holds (or is about to).
+    fn stored_sessions(&self) -> usize {
+        self.sessions.values().filter(|s| s.stored).count()
+    }
+
+    /// The session write of a CONNECT was answered.
+    pub(super) fn answer_connect(
+        &mut self,
+        connection: u64,
+        key: SessionKey,
+        ack: Outbound,
+        replay: bool,
+        failure: Option<StorageFailure>,
+        now: Instant,
+    ) {
+        let current = self
+            .sessions
+            .get(&key)
+            .is_some_and(|s| s.connecting == Some(connection));
+        if !current || !self.connections.contains_key(&connection) {
+            // Taken over or closed while its session was being written.
+            return;
+        }
+        if let Some(failure) = failure {
+            let conn = &self.connections[&connection];
+            tracing::warn!(client_id = %conn.client_id, error = %failure.message, "connection refused: its session could not be stored");
+            if conn.v5 {
+                if let Outbound::ConnAck {
+                    assigned_client_id, ..
+                } = ack
+                {
+                    self.send(
+                        connection,
+                        Outbound::ConnAck {
+                            session_present: false,
+                            reason: failure.reason_code(),
+                            assigned_client_id,
+                            session_expiry: None,
+                            receive_maximum: 0,
+                            maximum_packet_size: 0,
+                            topic_alias_maximum: 0,
+                        },
+                    );
+                }
+            }
+            // Nothing of a session that could not be stored stays in memory
+            // either: it ends with this connection, without its Will.
+            if let Some(conn) = self.connections.get_mut(&connection) {
+                conn.will = None;
+            }
+            if let Some(session) = self.sessions.get_mut(&key) {
+                session.expiry_interval = 0;
+                session.stored = false;
+            }
+            self.doomed.push((connection, CloseReason::Storage, None));
+            return;
+        }
+        if let Some(session) = self.sessions.get_mut(&key) {
+            session.connecting = None;
+            session.connection = Some(connection);
+        }
+        self.send(connection, ack);
+        if replay {
+            self.replay(connection, key, now);
+        }
+        self.promote(key, now);
+    }
+
+    /// Resend every unfinished exchange in its original order: PUBLISH with
+    /// DUP=1 and the same packet id, or PUBREL for those awaiting PUBCOMP.
+    /// A resent PUBLISH carries the expiry left at `now` (MQTT-3.3.2-6);
+    /// one whose lifetime ran out while in flight is still resent, as its
+    /// delivery had started (MQTT-4.4.0-1), with 0 left.
+    fn replay(&mut self, connection: u64, key: SessionKey, now: Instant) {
+        let session = &self.sessions[&key];
+        let packets: Vec<Outbound> = session
+            .inflight
+            .iter()
+            .map(|entry| match (&entry.phase, &entry.queued) {
+                (InflightPhase::AwaitPubcomp, _) | (_, None) => Outbound::PubRel {
+                    packet_id: entry.packet_id,
+                    reason: reason::SUCCESS,
+                },
+                (_, Some(q)) => Outbound::Publish {
+                    packet_id: entry.packet_id,
+                    qos: q.qos,
+                    retain: q.retain,
+                    dup: true,
+                    message: q.message.clone(),
+                    subscription_ids: q.subscription_ids.clone(),
+                    expiry: q.message.expiry_left(now).unwrap_or(Some(0)),
+                    sys: false,
+                },
+            })
+            .collect();
+        for packet in packets {
+            self.send(connection, packet);
+        }
+    }
+}

@@ -1,0 +1,638 @@
+//! The broker state: every session, subscription and retained message, owned
+//! by one task (single writer). It holds no sockets, tasks, clocks or
+//! storage: it consumes [`Event`]s stamped with a time and answers by
+//! queueing [`Outbound`] packets on each connection's bounded queue and by
+//! emitting [`Intent`]s, the writes its storage providers must commit.
+//! Tests drive it directly with events and read those queues.
+//!
+//! Connections are named by a generation number allocated once per accepted
+//! transport. A session remembers the generation attached to it; an event
+//! from any other generation (a taken-over or already closed connection) is
+//! ignored.
+//!
+//! **Acknowledged only after commit** (invariant 18). A packet whose
+//! handling writes something (a persistent session begun or changed, a
+//! retained value, a QoS 2 hold, a message persistent sessions are owed in
+//! the broadcast log) emits an [`Intent`] with a ticket and parks what it
+//! owes the client - the CONNACK, SUBACK, PUBACK, PUBREC, PUBCOMP and the
+//! fan-out of a publish - until [`Event::Committed`] for that ticket
+//! arrives. While a connection has a packet parked, the packets it sends
+//! after it wait behind it, so one client's packets are answered in the
+//! order they were sent. A failed write answers MQTT 5 with 0x83 (0x97 when
+//! the provider is full) and closes an MQTT 3.1.1 connection without the
+//! acknowledgement. Packets that write nothing (QoS 0/1 to clean sessions,
+//! acknowledgements of clean sessions) take no detour at all.
+//!
+//! The modules, by job: [`connect`] (CONNECT, takeover, resume),
+//! [`publish`] (inbound PUBLISH, the QoS flows, routing and delivery
+//! windows), [`subscribe`] (SUBSCRIBE, UNSUBSCRIBE, retained on subscribe),
+//! [`close`] (connection end, Will, session end, timers, shutdown), [`sys`]
+//! (`$SYS`), [`persist`] (intents out, commits in, the broadcast log's
+//! references and the periodic flush) and [`restore`] (the state rebuilt
+//! from what the providers hold).
+
+mod close;
+mod connect;
+mod persist;
+mod publish;
+mod restore;
+pub mod retained;
+pub mod session;
+mod subscribe;
+mod sys;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use saguin_format::model::UnixNanos;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::codec::ByteStr;
+use super::message::MessageProperties;
+use super::metrics::{CloseReason, DropReason, Metrics};
+use super::topic::{Delivery, Match, SessionKey, SubOptions, SubscriptionIndex};
+use retained::RetainedIndex;
+use session::{IdMap, IdSet, Session};
+
+pub use persist::{unix_now, Intent, Role, StorageFailure, Write, Written};
+pub use restore::{RestoreSummary, Restored};
+
+/// MQTT 5 reason codes the state machine answers with (3.1.1 connections get
+/// the equivalent return code or nothing; the writer maps them).
+pub mod reason {
+    pub const SUCCESS: u8 = 0x00;
+    pub const DISCONNECT_WITH_WILL: u8 = 0x04;
+    pub const NO_SUBSCRIPTION_EXISTED: u8 = 0x11;
+    pub const UNSPECIFIED: u8 = 0x80;
+    pub const IMPLEMENTATION_SPECIFIC: u8 = 0x83;
+    pub const PROTOCOL_ERROR: u8 = 0x82;
+    pub const CLIENT_IDENTIFIER_NOT_VALID: u8 = 0x85;
+    pub const BAD_USER_NAME_OR_PASSWORD: u8 = 0x86;
+    pub const NOT_AUTHORIZED: u8 = 0x87;
+    pub const SERVER_SHUTTING_DOWN: u8 = 0x8B;
+    pub const SESSION_TAKEN_OVER: u8 = 0x8E;
+    pub const TOPIC_FILTER_INVALID: u8 = 0x8F;
+    pub const TOPIC_NAME_INVALID: u8 = 0x90;
+    pub const PACKET_IDENTIFIER_NOT_FOUND: u8 = 0x92;
+    pub const RECEIVE_MAXIMUM_EXCEEDED: u8 = 0x93;
+    pub const TOPIC_ALIAS_INVALID: u8 = 0x94;
+    pub const PACKET_TOO_LARGE: u8 = 0x95;
+    pub const QUOTA_EXCEEDED: u8 = 0x97;
+    pub const SHARED_SUBSCRIPTIONS_NOT_SUPPORTED: u8 = 0x9E;
+}
+
+/// The broker's bounds, from `limits` in the configuration.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Cap on any session's expiry interval, seconds; also the expiry of a
+    /// 3.1.1 session with clean session 0.
+    pub max_session_expiry: u32,
+    /// Announced to v5 clients; the outbound inflight window of 3.1.1 clients.
+    pub receive_maximum: u16,
+    /// Per session, QoS 1/2 messages waiting (offline or beyond the inflight window).
+    pub max_queued_messages: usize,
+    pub max_subscriptions_per_session: usize,
+    /// Persistent sessions kept; a CONNECT that would start one more is
+    /// refused with 0x97.
+    pub max_sessions: usize,
+    /// Retained topics; a retained publish to a new topic beyond it is
+    /// refused with 0x97 (replacing or deleting one is not).
+    pub max_retained: usize,
+    /// Largest packet accepted (announced as Maximum Packet Size).
+    pub max_packet_size: u32,
+    /// Topic aliases a v5 client may use towards the broker.
+    pub topic_alias_maximum: u16,
+    /// An inbound QoS 2 id not released by PUBREL within this is forgotten
+    /// and counted (`broker.exactly_once.expires_after`).
+    pub exactly_once_expires_after: Duration,
+    /// Outbound packets a connection's writer may have queued before QoS 0
+    /// deliveries to it are dropped (and counted) and its reader paused.
+    pub outbound_queue: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_session_expiry: 7 * 24 * 3600,
+            receive_maximum: 64,
+            max_queued_messages: 1000,
+            max_subscriptions_per_session: 100,
+            max_sessions: 100_000,
+            max_retained: 100_000,
+            max_packet_size: 256 * 1024 + 8 * 1024,
+            topic_alias_maximum: 32,
+            exactly_once_expires_after: Duration::from_secs(3600),
+            outbound_queue: 2048,
+        }
+    }
+}
+
+/// Authorisation decisions (the ACL). Principals are authenticated before
+/// the state sees a connection.
+pub trait Authorizer: Send + Sync {
+    /// Does the ACL say anything at all? (When not, every check is skipped.)
+    fn is_active(&self) -> bool;
+    fn can_publish(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool;
+    fn can_subscribe(&self, principal: Option<&str>, client_id: &str, filter: &str) -> bool;
+    fn can_receive(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool;
+}
+
+/// Every client may do everything.
+#[derive(Debug, Default)]
+pub struct AllowAll;
+
+impl Authorizer for AllowAll {
+    fn is_active(&self) -> bool {
+        false
+    }
+    fn can_publish(&self, _: Option<&str>, _: &str, _: &str) -> bool {
+        true
+    }
+    fn can_subscribe(&self, _: Option<&str>, _: &str, _: &str) -> bool {
+        true
+    }
+    fn can_receive(&self, _: Option<&str>, _: &str, _: &str) -> bool {
+        true
+    }
+}
+
+/// A Will as carried in CONNECT.
+#[derive(Debug, Clone)]
+pub struct WillRequest {
+    pub topic: ByteStr,
+    pub payload: Bytes,
+    pub qos: u8,
+    pub retain: bool,
+    pub properties: MessageProperties,
+    /// Will Delay Interval, seconds (0 for 3.1.1).
+    pub delay: u32,
+}
+
+/// An authenticated CONNECT.
+#[derive(Debug, Clone)]
+pub struct ConnectRequest {
+    pub v5: bool,
+    pub client_id: String,
+    pub clean_start: bool,
+    pub keep_alive: u16,
+    pub principal: Option<Arc<str>>,
+    pub will: Option<WillRequest>,
+    /// Session Expiry Interval asked for (v5; 0 when absent).
+    pub session_expiry: u32,
+    /// The client's Receive Maximum (65535 when absent).
+    pub receive_maximum: u16,
+    /// The client's Maximum Packet Size (None: no limit beyond the protocol's).
+    pub maximum_packet_size: Option<u32>,
+}
+
+/// A PUBLISH from a client, topic alias already resolved.
+#[derive(Debug, Clone)]
+pub struct InboundPublish {
+    pub packet_id: u16,
+    pub qos: u8,
+    pub retain: bool,
+    pub dup: bool,
+    pub topic: ByteStr,
+    pub payload: Bytes,
+    pub properties: MessageProperties,
+}
+
+/// A packet from a connected client, as the state needs it.
+#[derive(Debug, Clone)]
+pub enum Inbound {
+    Publish(InboundPublish),
+    PubAck {
+        packet_id: u16,
+        reason: u8,
+    },
+    PubRec {
+        packet_id: u16,
+        reason: u8,
+    },
+    PubRel {
+        packet_id: u16,
+    },
+    PubComp {
+        packet_id: u16,
+    },
+    Subscribe {
+        packet_id: u16,
+        subscription_id: Option<u32>,
+        filters: Vec<(String, SubOptions)>,
+    },
+    Unsubscribe {
+        packet_id: u16,
+        filters: Vec<String>,
+    },
+    PingReq,
+    Disconnect {
+        reason: u8,
+        session_expiry: Option<u32>,
+    },
+}
+
+/// How a connection's queue, flow control and close signal look to the
+/// state.
+#[derive(Debug, Clone)]
+pub struct ConnectionHandle {
+    pub outbound: mpsc::UnboundedSender<Outbound>,
+    /// Packets queued for the writer and not yet written; the writer
+    /// decrements it as it writes.
+    pub queued: Arc<std::sync::atomic::AtomicUsize>,
+    /// Set to true to make the connection's tasks drop the transport now.
+    pub kill: watch::Sender<bool>,
+    /// Set to true to make the reader stop reading until it is false again
+    /// (the client's own packets wait in the socket: backpressure).
+    pub pause: watch::Sender<bool>,
+    /// Set to true by the state when it waits for this connection's queue to
+    /// drain; the writer then sends [`Event::Drained`] once it is below half.
+    pub want_drained: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Something for the broker state to act on.
+#[derive(Debug)]
+pub enum Event {
+    /// A transport sent a valid, authenticated CONNECT.
+    Connect {
+        connection: u64,
+        request: Box<ConnectRequest>,
+        handle: ConnectionHandle,
+    },
+    /// Packets read from one connection, in order.
+    Packets {
+        connection: u64,
+        packets: Vec<Inbound>,
+    },
+    /// The connection ended (or must end) for `reason`; `disconnect_reason`
+    /// is the v5 DISCONNECT reason to send first, if any.
+    Closed {
+        connection: u64,
+        reason: CloseReason,
+        disconnect_reason: Option<u8>,
+    },
+    /// A connection's writer caught up after the state asked it to say so.
+    Drained { connection: u64 },
+    /// A provider committed (or failed) the intent with this ticket.
+    Committed {
+        ticket: u64,
+        result: Result<Vec<Written>, StorageFailure>,
+    },
+}
+
+/// A packet the state asks a connection's writer to send.
+#[derive(Debug, Clone)]
+pub enum Outbound {
+    ConnAck {
+        session_present: bool,
+        /// v5 reason; the writer maps it to a 3.1.1 return code.
+        reason: u8,
+        assigned_client_id: Option<Arc<str>>,
+        /// Set when the broker granted a different session expiry.
+        session_expiry: Option<u32>,
+        receive_maximum: u16,
+        maximum_packet_size: u32,
+        topic_alias_maximum: u16,
+    },
+    Publish {
+        packet_id: u16,
+        qos: u8,
+        retain: bool,
+        dup: bool,
+        message: Arc<super::message::Message>,
+        subscription_ids: Vec<u32>,
+        /// Message expiry left, to forward instead of the original interval.
+        expiry: Option<u32>,
+        /// A `$SYS` statistic: not counted as a message sent.
+        sys: bool,
+    },
+    PubAck {
+        packet_id: u16,
+        reason: u8,
+    },
+    PubRec {
+        packet_id: u16,
+        reason: u8,
+    },
+    PubRel {
+        packet_id: u16,
+        reason: u8,
+    },
+    PubComp {
+        packet_id: u16,
+        reason: u8,
+    },
+    SubAck {
+        packet_id: u16,
+        reasons: Vec<u8>,
+    },
+    UnsubAck {
+        packet_id: u16,
+        reasons: Vec<u8>,
+    },
+    PingResp,
+    /// v5: send DISCONNECT with this reason (and reason string), then
+    /// close. 3.1.1: just close.
+    Disconnect {
+        reason: u8,
+        reason_string: Option<&'static str>,
+    },
+}
+
+/// What a connection read and the state has not handled yet, because an
+/// earlier packet of the same connection is waiting for a commit.
+#[derive(Debug)]
+enum Deferred {
+    Packet(Inbound),
+    Closed {
+        reason: CloseReason,
+        code: Option<u8>,
+    },
+}
+
+/// Packets a connection may have waiting behind a parked one before its
+/// reader is paused.
+const BACKLOG_PAUSE: usize = 256;
+
+/// A connected client as the state sees it.
+#[derive(Debug)]
+struct Connection {
+    handle: ConnectionHandle,
+    session: SessionKey,
+    client_id: Arc<str>,
+    v5: bool,
+    /// The client's Receive Maximum: its outbound inflight window.
+    receive_maximum: usize,
+    maximum_packet_size: Option<u32>,
+    will: Option<WillRequest>,
+    /// A packet of this connection waits for this ticket's commit; what it
+    /// read after that waits in `backlog`.
+    parked: Option<u64>,
+    backlog: VecDeque<Deferred>,
+    /// QoS 0 deliveries dropped because the client was not reading.
+    dropped_qos0: u64,
+    /// Retained messages a SUBSCRIBE still owes, sent as the writer drains.
+    retained_backlog: VecDeque<RetainedDue>,
+}
+
+/// A retained message owed to a subscription, waiting for room.
+#[derive(Debug)]
+struct RetainedDue {
+    message: Arc<super::message::Message>,
+    qos: u8,
+    subscription_ids: Vec<u32>,
+    sys: bool,
+}
+
+/// What the `$SYS/broker/#` topics report, and how often.
+pub const SYS_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The single-writer broker state.
+pub struct BrokerState {
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    authorizer: Arc<dyn Authorizer>,
+    retained: RetainedIndex,
+    index: SubscriptionIndex,
+    sessions: IdMap<SessionKey, Session>,
+    by_client_id: HashMap<Arc<str>, SessionKey>,
+    connections: IdMap<u64, Connection>,
+    /// Sessions without a connection (timers for expiry and Will delay).
+    detached: IdSet<SessionKey>,
+    next_session: SessionKey,
+    next_assigned_id: u64,
+    /// Connections to close once the current event is handled (closing one
+    /// may publish a Will, which must not happen in the middle of a fan-out).
+    doomed: Vec<(u64, CloseReason, Option<u8>)>,
+    scratch_matches: Vec<Match>,
+    scratch_deliveries: Vec<Delivery>,
+    shutting_down: bool,
+    version: String,
+    /// When unreleased inbound QoS 2 ids are next looked at.
+    next_exactly_once_sweep: Option<Instant>,
+    /// The wall clock at `clock_base.0`: stored times are derived from the
+    /// injected monotonic time, so the state stays deterministic.
+    clock_base: (Instant, UnixNanos),
+    /// Everything about writes: intents waiting to be taken, parked
+    /// answers, the broadcast log's references.
+    persist: persist::Persistence,
+}
+
+impl BrokerState {
+    pub fn new(
+        limits: Limits,
+        metrics: Arc<Metrics>,
+        authorizer: Arc<dyn Authorizer>,
+        clock_base: (Instant, UnixNanos),
+    ) -> Self {
+        Self {
+            limits,
+            metrics,
+            authorizer,
+            retained: RetainedIndex::new(),
+            index: SubscriptionIndex::new(),
+            sessions: IdMap::default(),
+            by_client_id: HashMap::new(),
+            connections: IdMap::default(),
+            detached: IdSet::default(),
+            next_session: 1,
+            next_assigned_id: 1,
+            doomed: Vec::new(),
+            scratch_matches: Vec::new(),
+            scratch_deliveries: Vec::new(),
+            shutting_down: false,
+            version: format!("saguin {}", env!("CARGO_PKG_VERSION")),
+            next_exactly_once_sweep: None,
+            clock_base,
+            persist: persist::Persistence::default(),
+        }
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.connections.len()
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Unix nanoseconds at `now`, from the injected clock.
+    fn unix_at(&self, now: Instant) -> UnixNanos {
+        let (base, unix) = self.clock_base;
+        match now.checked_duration_since(base) {
+            Some(d) => unix.saturating_add(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
+            None => unix.saturating_sub(
+                i64::try_from(base.duration_since(now).as_nanos()).unwrap_or(i64::MAX),
+            ),
+        }
+    }
+
+    /// Handle one event, then close whatever it doomed.
+    pub fn handle(&mut self, event: Event, now: Instant) {
+        match event {
+            Event::Connect {
+                connection,
+                request,
+                handle,
+            } => self.on_connect(connection, *request, handle, now),
+            Event::Packets {
+                connection,
+                packets,
+            } => {
+                for packet in packets {
+                    self.on_deferrable(connection, Deferred::Packet(packet), now);
+                    if !self.doomed.is_empty() {
+                        self.close_doomed(now);
+                    }
+                }
+            }
+            Event::Closed {
+                connection,
+                reason,
+                disconnect_reason,
+            } => self.on_deferrable(
+                connection,
+                Deferred::Closed {
+                    reason,
+                    code: disconnect_reason,
+                },
+                now,
+            ),
+            Event::Drained { connection } => self.on_drained(connection, now),
+            Event::Committed { ticket, result } => self.on_committed(ticket, result, now),
+        }
+        self.close_doomed(now);
+        // Whatever closing staged (a detached session recorded, a session
+        // ended) is written too.
+        if self.has_staged() {
+            self.seal_background();
+        }
+    }
+
+    /// A packet or close of `connection`: handled now, or queued behind the
+    /// packet of the same connection that waits for a commit.
+    fn on_deferrable(&mut self, connection: u64, item: Deferred, now: Instant) {
+        let Some(conn) = self.connections.get_mut(&connection) else {
+            return;
+        };
+        if conn.parked.is_some() {
+            conn.backlog.push_back(item);
+            if conn.backlog.len() == BACKLOG_PAUSE {
+                let _ = conn.handle.pause.send(true);
+            }
+            return;
+        }
+        self.handle_deferred(connection, item, now);
+    }
+
+    fn handle_deferred(&mut self, connection: u64, item: Deferred, now: Instant) {
+        match item {
+            Deferred::Packet(packet) => self.on_packet(connection, packet, now),
+            Deferred::Closed { reason, code } => self.close(connection, reason, code, now),
+        }
+    }
+
+    /// The parked packet of `connection` was answered: handle what waited
+    /// behind it, until one parks again.
+    fn resume_backlog(&mut self, connection: u64, now: Instant) {
+        loop {
+            let Some(conn) = self.connections.get_mut(&connection) else {
+                return;
+            };
+            if conn.parked.is_some() {
+                return;
+            }
+            let Some(item) = conn.backlog.pop_front() else {
+                let _ = conn.handle.pause.send(false);
+                return;
+            };
+            self.handle_deferred(connection, item, now);
+            if !self.doomed.is_empty() {
+                self.close_doomed(now);
+            }
+        }
+    }
+
+    fn close_doomed(&mut self, now: Instant) {
+        while let Some((connection, reason, code)) = self.doomed.pop() {
+            self.close(connection, reason, code, now);
+        }
+    }
+
+    /// Queue `packet` for `connection`'s writer. Acknowledgements and QoS
+    /// 1/2 deliveries (bounded by the client's window) are always queued;
+    /// a client that does not read its acknowledgements has its reader
+    /// paused until the writer catches up, never its connection cut.
+    fn send(&mut self, connection: u64, packet: Outbound) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some(conn) = self.connections.get_mut(&connection) else {
+            return;
+        };
+        let queued = conn.handle.queued.fetch_add(1, Relaxed) + 1;
+        if conn.handle.outbound.send(packet).is_err() {
+            conn.handle.queued.fetch_sub(1, Relaxed);
+            // The writer is gone (the socket failed); the reader's
+            // Closed event may still be on its way.
+            self.doomed.push((connection, CloseReason::Network, None));
+            return;
+        }
+        if queued >= self.limits.outbound_queue {
+            // Stop reading from a client that does not read what it is
+            // sent; the writer says when it has caught up.
+            let _ = conn.handle.pause.send(true);
+            conn.handle.want_drained.store(true, Relaxed);
+        }
+    }
+
+    /// May a QoS 0 delivery (or a retained message on subscribe) be queued
+    /// for `connection` now?
+    fn has_room(&self, connection: u64) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.connections
+            .get(&connection)
+            .is_some_and(|c| c.handle.queued.load(Relaxed) < self.limits.outbound_queue)
+    }
+
+    /// A QoS 0 message to a client that is not reading is dropped and
+    /// counted, per client and overall (as Mosquitto does).
+    fn drop_qos0(&mut self, connection: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.metrics.dropped(DropReason::SlowConsumer);
+        if let Some(conn) = self.connections.get_mut(&connection) {
+            conn.dropped_qos0 += 1;
+            conn.handle.want_drained.store(true, Relaxed);
+        }
+    }
+
+    fn on_drained(&mut self, connection: u64, now: Instant) {
+        let Some(conn) = self.connections.get(&connection) else {
+            return;
+        };
+        if conn.parked.is_none() && conn.backlog.len() < BACKLOG_PAUSE {
+            let _ = conn.handle.pause.send(false);
+        }
+        self.send_retained_backlog(connection, now);
+    }
+
+    fn doom(&mut self, connection: u64, reason: CloseReason, code: u8) {
+        self.doomed.push((connection, reason, Some(code)));
+    }
+
+    /// Every stored session's client id and a summary, for tests and logs.
+    pub fn retained_count(&self) -> usize {
+        self.retained.len()
+    }
+
+    /// The persistent sessions held, by client id (ordered).
+    pub fn persistent_sessions(&self) -> BTreeMap<String, usize> {
+        self.sessions
+            .values()
+            .filter(|s| s.stored)
+            .map(|s| (s.client_id.to_string(), s.subscriptions.len()))
+            .collect()
+    }
+}

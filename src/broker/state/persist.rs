@@ -1,0 +1,792 @@
+//! Writes: what the state asks its providers to store, and what it does
+//! once they have.
+//!
+//! The state never calls storage. A handler that must persist stages
+//! [`Write`]s for a [`Role`] and seals them with what it owes the client
+//! (a [`Parked`] answer); sealing turns each role's writes into an
+//! [`Intent`] with a ticket, which the server hands to that role's
+//! persister. [`Event::Committed`](super::Event::Committed) with the ticket
+//! releases the answer. A sealed group waits for every ticket it made (a
+//! retained publish to a topic persistent sessions are owed writes to two
+//! roles) and is answered with the first failure, if any.
+//!
+//! The broadcast log: a QoS 1/2 message owed to at least one persistent
+//! session is appended once, however many sessions are owed it, and each
+//! persistent session holding it (queued or in flight) holds one
+//! reference. An entry nobody references any more is released from the log
+//! with the others released meanwhile, on the next flush. A session's
+//! cursor is the lowest offset it still holds (or the log's next offset
+//! when it holds none), so a stored cursor never passes what the session is
+//! still owed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use saguin_format::model::{PublishProps, Record, UnixNanos, UserProperty};
+use tokio::time::Instant;
+
+use super::session::{IdMap, IdSet, InflightPhase};
+use super::{reason, BrokerState, Outbound, WillRequest};
+use crate::broker::codec::{ByteStr, PayloadFormat};
+use crate::broker::message::{Message, MessageProperties};
+use crate::broker::metrics::{CloseReason, DropReason};
+use crate::broker::topic::{Delivery, SessionKey};
+use crate::storage::contract::{
+    HeldPublish, InflightEntry as StoredInflight, InflightPhase as StoredPhase, SessionEntry,
+    ShareGroupKey, SubscriptionEntry, WillEntry, BROADCAST_LOG_NAME,
+};
+
+/// Which provider a write goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `broker.session_storage`: sessions, the broadcast log, broadcast
+    /// QoS 2 holds.
+    Sessions = 0,
+    /// `broker.retained_storage`: the retained store.
+    Retained = 1,
+}
+
+/// One write for a provider.
+#[derive(Debug, Clone)]
+pub enum Write {
+    /// A persistent session's record: begun, changed or detached.
+    SaveSession(SessionEntry),
+    /// A session ended; its broadcast-log cursor goes with it.
+    RemoveSession(String),
+    SaveCursor {
+        client_id: String,
+        offset: u64,
+    },
+    /// A message persistent sessions are owed; answered with its offset.
+    AppendLog(Record),
+    ReleaseLog(Vec<u64>),
+    SetRetained(Record),
+    DeleteRetained(String),
+    /// A broadcast QoS 2 publish held until its PUBREL.
+    Hold(HeldPublish),
+    DropHold {
+        client_id: String,
+        packet_id: u16,
+    },
+}
+
+/// What a write came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    Done,
+    /// The offset an [`Write::AppendLog`] took.
+    Appended(u64),
+}
+
+/// Writes for one provider, answered together with one ticket.
+#[derive(Debug)]
+pub struct Intent {
+    pub ticket: u64,
+    pub role: Role,
+    pub writes: Vec<Write>,
+}
+
+/// Why an intent did not commit.
+#[derive(Debug, Clone)]
+pub struct StorageFailure {
+    /// The provider (or channel) was at its bound: 0x97, not 0x83.
+    pub full: bool,
+    pub message: String,
+}
+
+impl StorageFailure {
+    /// The MQTT 5 reason code a client is answered with.
+    pub fn reason_code(&self) -> u8 {
+        if self.full {
+            reason::QUOTA_EXCEEDED
+        } else {
+            reason::IMPLEMENTATION_SPECIFIC
+        }
+    }
+}
+
+/// What a sealed group owes once its writes committed.
+#[derive(Debug)]
+pub(super) enum Parked {
+    /// Nobody waits (a disconnect recorded, a session ended, a flush).
+    Background,
+    /// A flush of these sessions' in-flight tables and cursors; marked
+    /// dirty again if it fails, so the next flush retries.
+    Flush(Vec<Arc<str>>),
+    ConnAck {
+        connection: u64,
+        key: SessionKey,
+        ack: Outbound,
+        replay: bool,
+    },
+    SubAck {
+        connection: u64,
+        key: SessionKey,
+        packet_id: u16,
+        reasons: Vec<u8>,
+        /// Filters whose retained messages are sent after the SUBACK.
+        retained_for: Vec<(String, crate::broker::topic::SubOptions)>,
+        /// The subscriptions as they were, to put back if the write fails.
+        undo: Vec<(String, Option<super::session::SessionSubscription>)>,
+    },
+    UnsubAck {
+        connection: u64,
+        key: SessionKey,
+        packet_id: u16,
+        reasons: Vec<u8>,
+        undo: Vec<(String, super::session::SessionSubscription)>,
+    },
+    /// A publish routed once its retained value, hold or log entry is
+    /// stored; `ack` is what its publisher is owed (if anything).
+    Publish(Box<ParkedPublish>),
+    PubComp {
+        connection: u64,
+        packet_id: u16,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct ParkedPublish {
+    pub connection: Option<u64>,
+    pub packet_id: u16,
+    pub qos: u8,
+    pub message: Arc<Message>,
+    pub publisher: Option<SessionKey>,
+    /// The matched deliveries, computed when the publish arrived.
+    pub deliveries: Vec<Delivery>,
+    /// Whether a log entry was asked for (its offset comes with the commit).
+    pub logged: bool,
+    /// The retained index changes at commit: set (true) or delete.
+    pub retain_change: Option<bool>,
+    /// The v5 reason the publisher is answered with on success.
+    pub code: u8,
+}
+
+#[derive(Debug)]
+struct Wait {
+    remaining: usize,
+    failure: Option<StorageFailure>,
+    appended: Option<u64>,
+    parked: Parked,
+}
+
+/// The state's bookkeeping of writes.
+#[derive(Debug)]
+pub(super) struct Persistence {
+    next_ticket: u64,
+    next_wait: u64,
+    staged: [Vec<Write>; 2],
+    intents: Vec<Intent>,
+    tickets: IdMap<u64, u64>,
+    waits: IdMap<u64, Wait>,
+    /// Persistent sessions holding each broadcast-log entry.
+    log_refs: BTreeMap<u64, u32>,
+    /// Entries nobody holds any more, released at the next flush.
+    releasable: Vec<u64>,
+    /// The log's next offset, as far as commits have told.
+    pub log_next: u64,
+    /// Sessions whose in-flight table or cursor changed since written.
+    dirty: IdSet<SessionKey>,
+    next_message_id: u64,
+}
+
+impl Default for Persistence {
+    fn default() -> Self {
+        Self {
+            next_ticket: 1,
+            next_wait: 1,
+            staged: [Vec::new(), Vec::new()],
+            intents: Vec::new(),
+            tickets: IdMap::default(),
+            waits: IdMap::default(),
+            log_refs: BTreeMap::new(),
+            releasable: Vec::new(),
+            log_next: 1,
+            dirty: IdSet::default(),
+            next_message_id: 1,
+        }
+    }
+}
+
+/// Released log entries written at once rather than at the next flush.
+const RELEASE_AT: usize = 500;
+
+impl BrokerState {
+    /// Writes the providers must commit, in the order they were made; the
+    /// server hands each to its role's persister.
+    pub fn take_intents(&mut self, out: &mut Vec<Intent>) {
+        out.append(&mut self.persist.intents);
+    }
+
+    /// Intents issued and not answered yet (shutdown waits for none).
+    pub fn writes_outstanding(&self) -> usize {
+        self.persist.tickets.len()
+    }
+
+    pub(super) fn stage(&mut self, role: Role, write: Write) {
+        self.persist.staged[role as usize].push(write);
+    }
+
+    pub(super) fn has_staged(&self) -> bool {
+        self.persist.staged.iter().any(|w| !w.is_empty())
+    }
+
+    /// Turn what was staged into intents answered by `parked`. Returns the
+    /// wait's first ticket, or `None` when nothing was staged (the caller
+    /// answers at once).
+    pub(super) fn seal(&mut self, parked: Parked) -> Option<u64> {
+        if !self.has_staged() {
+            return None;
+        }
+        let wait = self.persist.next_wait;
+        self.persist.next_wait += 1;
+        let mut first = None;
+        let mut remaining = 0;
+        for role in [Role::Retained, Role::Sessions] {
+            let writes = std::mem::take(&mut self.persist.staged[role as usize]);
+            if writes.is_empty() {
+                continue;
+            }
+            let ticket = self.persist.next_ticket;
+            self.persist.next_ticket += 1;
+            first.get_or_insert(ticket);
+            remaining += 1;
+            self.persist.tickets.insert(ticket, wait);
+            self.persist.intents.push(Intent {
+                ticket,
+                role,
+                writes,
+            });
+        }
+        self.persist.waits.insert(
+            wait,
+            Wait {
+                remaining,
+                failure: None,
+                appended: None,
+                parked,
+            },
+        );
+        first
+    }
+
+    /// Seal with `parked` and make `connection` wait for the commit; when
+    /// nothing was staged, `parked` is answered at once instead.
+    pub(super) fn park_or_answer(&mut self, connection: u64, parked: Parked, now: Instant) {
+        if !self.has_staged() {
+            self.answer(parked, None, None, now, false);
+            return;
+        }
+        if let Some(ticket) = self.seal(parked) {
+            if let Some(conn) = self.connections.get_mut(&connection) {
+                conn.parked = Some(ticket);
+            }
+        }
+    }
+
+    /// Seal with `parked` (a publish without a connection waiting, such as a
+    /// Will), or answer it at once when nothing was staged.
+    pub(super) fn seal_or_answer(&mut self, parked: Parked, now: Instant) {
+        if !self.has_staged() {
+            self.answer(parked, None, None, now, false);
+            return;
+        }
+        self.seal(parked);
+    }
+
+    /// Write what nobody waits for.
+    pub(super) fn seal_background(&mut self) {
+        self.seal(Parked::Background);
+    }
+
+    pub(super) fn on_committed(
+        &mut self,
+        ticket: u64,
+        result: Result<Vec<Written>, super::StorageFailure>,
+        now: Instant,
+    ) {
+        let Some(wait_id) = self.persist.tickets.remove(&ticket) else {
+            return;
+        };
+        let Some(wait) = self.persist.waits.get_mut(&wait_id) else {
+            return;
+        };
+        wait.remaining -= 1;
+        match result {
+            Ok(written) => {
+                for w in written {
+                    if let Written::Appended(offset) = w {
+                        wait.appended = Some(offset);
+                        self.persist.log_next = self.persist.log_next.max(offset + 1);
+                    }
+                }
+            }
+            Err(failure) => {
+                wait.failure.get_or_insert(failure);
+            }
+        }
+        if wait.remaining > 0 {
+            return;
+        }
+        let wait = self
+            .persist
+            .waits
+            .remove(&wait_id)
+            .expect("looked up above");
+        self.answer(wait.parked, wait.failure, wait.appended, now, true);
+    }
+
+    /// Release what a sealed group owed, now that its writes are answered;
+    /// `resume`: then handle what its connection read meanwhile.
+    fn answer(
+        &mut self,
+        parked: Parked,
+        failure: Option<StorageFailure>,
+        appended: Option<u64>,
+        now: Instant,
+        resume: bool,
+    ) {
+        let connection = match &parked {
+            Parked::ConnAck { connection, .. }
+            | Parked::SubAck { connection, .. }
+            | Parked::UnsubAck { connection, .. }
+            | Parked::PubComp { connection, .. } => Some(*connection),
+            Parked::Publish(p) => p.connection,
+            Parked::Background | Parked::Flush(_) => None,
+        };
+        if resume {
+            if let Some(c) = connection {
+                if let Some(conn) = self.connections.get_mut(&c) {
+                    conn.parked = None;
+                }
+            }
+        }
+        match parked {
+            Parked::Background => {}
+            Parked::Flush(clients) => {
+                if failure.is_some() {
+                    for client in clients {
+                        if let Some(&key) = self.by_client_id.get(&client) {
+                            self.persist.dirty.insert(key);
+                        }
+                    }
+                }
+            }
+            Parked::ConnAck {
+                connection,
+                key,
+                ack,
+                replay,
+            } => self.answer_connect(connection, key, ack, replay, failure, now),
+            Parked::SubAck {
+                connection,
+                key,
+                packet_id,
+                reasons,
+                retained_for,
+                undo,
+            } => match failure {
+                None => {
+                    self.send(connection, Outbound::SubAck { packet_id, reasons });
+                    self.deliver_retained(connection, key, retained_for, now);
+                }
+                Some(failure) => {
+                    self.undo_subscriptions(key, undo);
+                    let code = failure.reason_code();
+                    let reasons = reasons
+                        .into_iter()
+                        .map(|r| if r < 0x80 { code } else { r })
+                        .collect();
+                    self.refuse_or_answer(connection, Outbound::SubAck { packet_id, reasons });
+                }
+            },
+            Parked::UnsubAck {
+                connection,
+                key,
+                packet_id,
+                reasons,
+                undo,
+            } => match failure {
+                None => self.send(connection, Outbound::UnsubAck { packet_id, reasons }),
+                Some(failure) => {
+                    for (raw, sub) in undo {
+                        self.resubscribe(key, raw, sub);
+                    }
+                    let code = failure.reason_code();
+                    let reasons = reasons
+                        .into_iter()
+                        .map(|r| if r < 0x80 { code } else { r })
+                        .collect();
+                    self.refuse_or_answer(connection, Outbound::UnsubAck { packet_id, reasons });
+                }
+            },
+            Parked::Publish(p) => self.answer_publish(*p, failure, appended, now),
+            Parked::PubComp {
+                connection,
+                packet_id,
+            } => {
+                let packet = Outbound::PubComp {
+                    packet_id,
+                    reason: failure
+                        .as_ref()
+                        .map_or(reason::SUCCESS, StorageFailure::reason_code),
+                };
+                if failure.is_some() {
+                    self.refuse_or_answer(connection, packet);
+                } else {
+                    self.send(connection, packet);
+                }
+            }
+        }
+        if resume {
+            if let Some(c) = connection {
+                self.resume_backlog(c, now);
+            }
+        }
+    }
+
+    /// A failed write's answer: MQTT 5 gets the packet with its reason
+    /// code; MQTT 3.1.1 has no code to carry it and is disconnected.
+    pub(super) fn refuse_or_answer(&mut self, connection: u64, packet: Outbound) {
+        let Some(conn) = self.connections.get(&connection) else {
+            return;
+        };
+        if conn.v5 {
+            self.send(connection, packet);
+        } else {
+            tracing::warn!(client_id = %conn.client_id, "disconnecting an MQTT 3.1.1 client: a write its packet caused failed, and 3.1.1 has no reason code to say so");
+            self.doomed.push((connection, CloseReason::Storage, None));
+        }
+    }
+
+    // ---- the broadcast log ----------------------------------------------
+
+    /// Does a delivery to `key` need the message in the broadcast log?
+    pub(super) fn owed_durably(&self, key: SessionKey, qos: u8) -> bool {
+        qos > 0 && self.sessions.get(&key).is_some_and(|s| s.stored)
+    }
+
+    /// A persistent session now holds log entry `offset`.
+    pub(super) fn hold_log(&mut self, key: SessionKey, offset: u64) {
+        *self.persist.log_refs.entry(offset).or_default() += 1;
+        self.persist.dirty.insert(key);
+    }
+
+    /// A persistent session let go of log entry `offset` (acknowledged,
+    /// dropped, or its session ended).
+    pub(super) fn unhold_log(&mut self, key: Option<SessionKey>, offset: u64) {
+        if let Some(key) = key {
+            self.persist.dirty.insert(key);
+        }
+        let Some(count) = self.persist.log_refs.get_mut(&offset) else {
+            return;
+        };
+        *count -= 1;
+        if *count == 0 {
+            self.persist.log_refs.remove(&offset);
+            self.persist.releasable.push(offset);
+            if self.persist.releasable.len() >= RELEASE_AT {
+                let offsets = std::mem::take(&mut self.persist.releasable);
+                self.stage(Role::Sessions, Write::ReleaseLog(offsets));
+                self.seal_background();
+            }
+        }
+    }
+
+    /// An entry appended that no session ended up holding.
+    pub(super) fn release_unheld(&mut self, offset: u64) {
+        if !self.persist.log_refs.contains_key(&offset) {
+            self.persist.releasable.push(offset);
+        }
+    }
+
+    pub(super) fn persist_clear_dirty(&mut self) {
+        self.persist.dirty.clear();
+    }
+
+    pub(super) fn mark_dirty(&mut self, key: SessionKey) {
+        self.persist.dirty.insert(key);
+    }
+
+    /// The session's cursor: the lowest log offset it still holds, or the
+    /// log's next offset.
+    fn cursor_of(&self, key: SessionKey) -> u64 {
+        let Some(session) = self.sessions.get(&key) else {
+            return self.persist.log_next;
+        };
+        let inflight = session.inflight.iter().filter_map(|e| e.log_offset);
+        let pending = session.pending.iter().filter_map(|q| q.log_offset);
+        inflight
+            .chain(pending)
+            .min()
+            .unwrap_or(self.persist.log_next)
+    }
+
+    /// Write every changed session's in-flight table and cursor, and let go
+    /// of the log entries nobody holds (`broker.session.ack_commit_interval`,
+    /// at a disconnect and before shutdown).
+    pub fn flush(&mut self, now: Instant) {
+        let mut dirty: Vec<SessionKey> = self.persist.dirty.drain().collect();
+        dirty.sort_unstable();
+        let mut clients = Vec::new();
+        for key in dirty {
+            let Some(session) = self.sessions.get(&key) else {
+                continue;
+            };
+            if !session.stored {
+                continue;
+            }
+            clients.push(session.client_id.clone());
+            let entry = self.session_entry(key, now);
+            let cursor = self.cursor_of(key);
+            let client_id = entry.client_id.clone();
+            self.stage(Role::Sessions, Write::SaveSession(entry));
+            self.stage(
+                Role::Sessions,
+                Write::SaveCursor {
+                    client_id,
+                    offset: cursor,
+                },
+            );
+        }
+        if !self.persist.releasable.is_empty() {
+            let offsets = std::mem::take(&mut self.persist.releasable);
+            self.stage(Role::Sessions, Write::ReleaseLog(offsets));
+        }
+        self.seal(Parked::Flush(clients));
+    }
+
+    /// Write one session now (a disconnect, a subscription change): its
+    /// record and its cursor.
+    pub(super) fn stage_session(&mut self, key: SessionKey, now: Instant) {
+        let entry = self.session_entry(key, now);
+        let cursor = self.cursor_of(key);
+        let client_id = entry.client_id.clone();
+        self.persist.dirty.remove(&key);
+        self.stage(Role::Sessions, Write::SaveSession(entry));
+        self.stage(
+            Role::Sessions,
+            Write::SaveCursor {
+                client_id,
+                offset: cursor,
+            },
+        );
+    }
+
+    /// The stored form of session `key` at `now`.
+    pub(super) fn session_entry(&self, key: SessionKey, now: Instant) -> SessionEntry {
+        let session = &self.sessions[&key];
+        let attached = session.connection.or(session.connecting);
+        let connection = attached.and_then(|c| self.connections.get(&c));
+        let will = match (connection, &session.pending_will) {
+            (Some(conn), _) => conn.will.as_ref().map(will_entry),
+            (None, Some(pending)) => Some(will_entry(&pending.will)),
+            (None, None) => None,
+        };
+        let subscriptions = session
+            .subscriptions
+            .iter()
+            .map(|(raw, sub)| SubscriptionEntry {
+                filter: raw.clone(),
+                qos: sub.options.qos,
+                no_local: sub.options.no_local,
+                retain_as_published: sub.options.retain_as_published,
+                retain_handling: sub.options.retain_handling,
+                subscription_id: sub.options.subscription_id,
+                log_offset: sub.log_offset.min(self.persist.log_next),
+            })
+            .collect();
+        let inflight = session
+            .inflight
+            .iter()
+            .filter_map(|e| {
+                Some(StoredInflight {
+                    log_offset: e.log_offset?,
+                    packet_id: e.packet_id,
+                    qos: e.qos,
+                    phase: match e.phase {
+                        InflightPhase::AwaitPubcomp => StoredPhase::AwaitingComp,
+                        _ => StoredPhase::AwaitingAck,
+                    },
+                    shared_group: None::<ShareGroupKey>,
+                })
+            })
+            .collect();
+        SessionEntry {
+            client_id: session.client_id.to_string(),
+            principal: session.principal.as_deref().map(str::to_owned),
+            expiry_interval: session.expiry_interval,
+            detached_at: if attached.is_some() {
+                0
+            } else {
+                self.unix_at(now).max(1)
+            },
+            subscriptions,
+            will,
+            window: session.window.max(1),
+            inflight,
+        }
+    }
+
+    // ---- records ---------------------------------------------------------
+
+    /// The stored form of `message`, published by `client_id` at `now`.
+    pub(super) fn record_of(&mut self, message: &Message, client_id: &str, now: Instant) -> Record {
+        let id = self.persist.next_message_id;
+        self.persist.next_message_id += 1;
+        let mut message_id = [0u8; 16];
+        message_id[..8].copy_from_slice(&self.clock_base.1.to_be_bytes());
+        message_id[8..].copy_from_slice(&id.to_be_bytes());
+        let p = &message.properties;
+        Record {
+            offset: 0,
+            message_id,
+            topic: message.topic.to_string(),
+            timestamp: self.unix_at(message.received_at.min(now)).max(1),
+            user_properties: p
+                .user_properties
+                .iter()
+                .map(|(name, value)| UserProperty {
+                    name: name.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            payload: message.payload.clone(),
+            props: PublishProps {
+                content_type: p.content_type.as_deref().map(str::to_owned),
+                response_topic: p.response_topic.as_deref().map(str::to_owned),
+                correlation_data: p.correlation_data.clone(),
+                payload_format_indicator: p.payload_format_indicator.map(|f| f as u8),
+                message_expiry_interval: p.message_expiry_interval,
+            },
+            retain: message.retain,
+            bridge: None,
+            client_id: client_id.to_owned(),
+            qos: message.qos,
+            shared_copy: false,
+            owed_to: None,
+        }
+    }
+
+    /// A stored record as a message again: its expiry counts from when it
+    /// was received, as far as the wall clock says.
+    pub(super) fn message_of(&self, record: &Record, now: Instant) -> Message {
+        let age = self.unix_at(now).saturating_sub(record.timestamp).max(0);
+        let received_at = now
+            .checked_sub(std::time::Duration::from_nanos(age as u64))
+            .unwrap_or(now);
+        message_from_record(record, received_at)
+    }
+
+    /// Counted when a write fails for a QoS 0 publish nobody can be told.
+    pub(super) fn count_storage_drop(&self) {
+        self.metrics.dropped(DropReason::StorageFailed);
+    }
+
+    /// A QoS 2 hold for the broadcast log.
+    pub(super) fn held_publish(
+        &mut self,
+        client_id: &str,
+        packet_id: u16,
+        message: &Message,
+        now: Instant,
+    ) -> HeldPublish {
+        let record = self.record_of(message, client_id, now);
+        HeldPublish {
+            channel: BROADCAST_LOG_NAME.to_owned(),
+            client_id: client_id.to_owned(),
+            packet_id,
+            held_at: self.unix_at(now).max(1),
+            record,
+        }
+    }
+
+    /// Queue entries a session holds in the log, oldest first: for tests.
+    #[cfg(test)]
+    pub(super) fn log_references(&self) -> Vec<(u64, u32)> {
+        self.persist
+            .log_refs
+            .iter()
+            .map(|(o, c)| (*o, *c))
+            .collect()
+    }
+}
+
+/// A Will as the session provider keeps it.
+pub(super) fn will_entry(will: &WillRequest) -> WillEntry {
+    let p = &will.properties;
+    WillEntry {
+        topic: will.topic.to_string(),
+        payload: will.payload.clone(),
+        qos: will.qos,
+        retain: will.retain,
+        delay_interval: will.delay,
+        props: PublishProps {
+            content_type: p.content_type.as_deref().map(str::to_owned),
+            response_topic: p.response_topic.as_deref().map(str::to_owned),
+            correlation_data: p.correlation_data.clone(),
+            payload_format_indicator: p.payload_format_indicator.map(|f| f as u8),
+            message_expiry_interval: p.message_expiry_interval,
+        },
+        user_properties: p
+            .user_properties
+            .iter()
+            .map(|(name, value)| UserProperty {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// A stored Will as the state carries it.
+pub(super) fn will_request(will: &WillEntry) -> WillRequest {
+    WillRequest {
+        topic: ByteStr::from(will.topic.as_str()),
+        payload: will.payload.clone(),
+        qos: will.qos,
+        retain: will.retain,
+        properties: properties_of(&will.props, &will.user_properties),
+        delay: will.delay_interval,
+    }
+}
+
+fn properties_of(props: &PublishProps, user: &[UserProperty]) -> MessageProperties {
+    MessageProperties {
+        payload_format_indicator: props.payload_format_indicator.map(|f| {
+            if f == 1 {
+                PayloadFormat::Utf8
+            } else {
+                PayloadFormat::Unspecified
+            }
+        }),
+        message_expiry_interval: props.message_expiry_interval,
+        topic_alias: None,
+        response_topic: props.response_topic.as_deref().map(ByteStr::from),
+        correlation_data: props.correlation_data.clone(),
+        user_properties: user
+            .iter()
+            .map(|p| (p.name.clone(), p.value.clone()))
+            .collect(),
+        subscription_identifiers: Vec::new(),
+        content_type: props.content_type.as_deref().map(ByteStr::from),
+    }
+}
+
+/// A stored record as a routable message received at `received_at`.
+pub(super) fn message_from_record(record: &Record, received_at: Instant) -> Message {
+    Message {
+        topic: ByteStr::from(record.topic.as_str()),
+        payload: Bytes::clone(&record.payload),
+        qos: record.qos,
+        retain: record.retain,
+        properties: properties_of(&record.props, &record.user_properties),
+        received_at,
+    }
+}
+
+/// Unix nanoseconds now, from the system clock.
+pub fn unix_now() -> UnixNanos {
+    crate::storage::contract::now_nanos()
+}

@@ -1,0 +1,719 @@
+//! Inbound PUBLISH and the QoS flows (PUBACK, PUBREC, PUBREL, PUBCOMP),
+//! routing, and the delivery windows: each session's in-flight table is
+//! bounded by its client's Receive Maximum, the rest waits in its queue.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::persist::{Parked, ParkedPublish, Role, StorageFailure, Write};
+use super::session::{InflightEntry, InflightPhase, QueuedMessage};
+use super::{reason, BrokerState, Inbound, InboundPublish, Outbound};
+use crate::broker::codec::ByteStr;
+use crate::broker::message::{publish_packet_len, Message};
+use crate::broker::metrics::{CloseReason, DropReason};
+use crate::broker::topic::{merge_matches, Delivery, SessionKey};
+
+impl BrokerState {
+    pub(super) fn on_packet(&mut self, connection: u64, packet: Inbound, now: Instant) {
+        let Some(conn) = self.connections.get(&connection) else {
+            return;
+        };
+        let key = conn.session;
+        let v5 = conn.v5;
+        match packet {
+            Inbound::Publish(publish) => self.on_publish(connection, key, v5, publish, now),
+            Inbound::PubAck { packet_id, .. } => {
+                let session = self.sessions.get_mut(&key).expect("connected session");
+                if matches!(
+                    session.inflight.get_mut(packet_id).map(|e| &e.phase),
+                    Some(InflightPhase::AwaitPuback)
+                ) {
+                    self.finish_exchange(key, packet_id);
+                    self.promote(key, now);
+                }
+            }
+            Inbound::PubRec {
+                packet_id,
+                reason: code,
+            } => {
+                let session = self.sessions.get_mut(&key).expect("connected session");
+                match session.inflight.get_mut(packet_id) {
+                    Some(entry) if matches!(entry.phase, InflightPhase::AwaitPubrec) => {
+                        if code >= 0x80 {
+                            // v5: the receiver refused it; the exchange ends here.
+                            self.finish_exchange(key, packet_id);
+                            self.promote(key, now);
+                        } else {
+                            entry.phase = InflightPhase::AwaitPubcomp;
+                            entry.queued = None;
+                            let logged = entry.log_offset.is_some();
+                            if logged {
+                                self.mark_dirty(key);
+                            }
+                            self.send(
+                                connection,
+                                Outbound::PubRel {
+                                    packet_id,
+                                    reason: reason::SUCCESS,
+                                },
+                            );
+                        }
+                    }
+                    Some(entry) if matches!(entry.phase, InflightPhase::AwaitPubcomp) => {
+                        self.send(
+                            connection,
+                            Outbound::PubRel {
+                                packet_id,
+                                reason: reason::SUCCESS,
+                            },
+                        );
+                    }
+                    Some(_) => self.doom(connection, CloseReason::Protocol, reason::PROTOCOL_ERROR),
+                    None => self.send(
+                        connection,
+                        Outbound::PubRel {
+                            packet_id,
+                            reason: reason::PACKET_IDENTIFIER_NOT_FOUND,
+                        },
+                    ),
+                }
+            }
+            Inbound::PubComp { packet_id } => {
+                let session = self.sessions.get_mut(&key).expect("connected session");
+                if matches!(
+                    session.inflight.get_mut(packet_id).map(|e| &e.phase),
+                    Some(InflightPhase::AwaitPubcomp)
+                ) {
+                    self.finish_exchange(key, packet_id);
+                    self.promote(key, now);
+                }
+            }
+            Inbound::PubRel { packet_id } => {
+                let session = self.sessions.get_mut(&key).expect("connected session");
+                let known = session.inbound_qos2.remove(&packet_id).is_some();
+                if known && session.stored {
+                    // The hold goes before the PUBCOMP says the exchange is
+                    // over: a hold left behind would swallow the id's next use.
+                    let client_id = session.client_id.to_string();
+                    self.stage(
+                        Role::Sessions,
+                        Write::DropHold {
+                            client_id,
+                            packet_id,
+                        },
+                    );
+                }
+                if known {
+                    self.park_or_answer(
+                        connection,
+                        Parked::PubComp {
+                            connection,
+                            packet_id,
+                        },
+                        now,
+                    );
+                } else {
+                    self.send(
+                        connection,
+                        Outbound::PubComp {
+                            packet_id,
+                            reason: reason::PACKET_IDENTIFIER_NOT_FOUND,
+                        },
+                    );
+                }
+            }
+            Inbound::Subscribe {
+                packet_id,
+                subscription_id,
+                filters,
+            } => self.on_subscribe(connection, key, packet_id, subscription_id, filters, now),
+            Inbound::Unsubscribe { packet_id, filters } => {
+                self.on_unsubscribe(connection, key, packet_id, filters, now)
+            }
+            Inbound::PingReq => self.send(connection, Outbound::PingResp),
+            Inbound::Disconnect {
+                reason: code,
+                session_expiry,
+            } => {
+                if let Some(asked) = session_expiry {
+                    let session = self.sessions.get_mut(&key).expect("connected session");
+                    if session.expiry_interval == 0 && asked != 0 {
+                        // MQTT 5 3.14.2.2.2: a session that was to end with
+                        // the connection cannot be made to outlive it here.
+                        self.doom(connection, CloseReason::Protocol, reason::PROTOCOL_ERROR);
+                        return;
+                    }
+                    session.expiry_interval = asked.min(self.limits.max_session_expiry);
+                }
+                let close_reason = if code == reason::DISCONNECT_WITH_WILL {
+                    CloseReason::ClientDisconnectWithWill
+                } else {
+                    CloseReason::ClientDisconnect
+                };
+                self.close(connection, close_reason, None, now);
+            }
+        }
+    }
+
+    /// An exchange ended (PUBACK, PUBCOMP, a refusing PUBREC): its log
+    /// entry is no longer held by this session.
+    fn finish_exchange(&mut self, key: SessionKey, packet_id: u16) {
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        if let Some(entry) = session.inflight.remove(packet_id) {
+            if let Some(offset) = entry.log_offset {
+                self.unhold_log(Some(key), offset);
+            }
+        }
+    }
+
+    fn on_publish(
+        &mut self,
+        connection: u64,
+        key: SessionKey,
+        v5: bool,
+        publish: InboundPublish,
+        now: Instant,
+    ) {
+        self.metrics.messages_received.fetch_add(1, Relaxed);
+        let InboundPublish {
+            packet_id,
+            qos,
+            retain,
+            dup: _,
+            topic,
+            payload,
+            properties,
+        } = publish;
+        let session = self.sessions.get(&key).expect("connected session");
+        if qos == 2 && session.inbound_qos2.contains_key(&packet_id) {
+            // Method B: already routed; a duplicate only gets PUBREC.
+            self.send(
+                connection,
+                Outbound::PubRec {
+                    packet_id,
+                    reason: reason::SUCCESS,
+                },
+            );
+            return;
+        }
+        // `$SYS/...` is the broker's own: clients are refused as by the ACL.
+        let allowed = !topic.starts_with("$SYS")
+            && (!self.authorizer.is_active()
+                || self.authorizer.can_publish(
+                    session.principal.as_deref(),
+                    &session.client_id,
+                    &topic,
+                ));
+        let client_id = session.client_id.clone();
+        let stored_session = session.stored;
+        // A retained publish to a new topic past limits.max_retained is
+        // refused: no client grows the broker without bound.
+        let over_retained = allowed
+            && retain
+            && !payload.is_empty()
+            && self.retained.len() >= self.limits.max_retained
+            && !self.retained.contains(&topic);
+        if over_retained {
+            tracing::warn!(client_id = %client_id, max_retained = self.limits.max_retained, "retained publish refused: limits.max_retained topics are retained already");
+            self.refuse_publish(connection, qos, packet_id, reason::QUOTA_EXCEEDED);
+            return;
+        }
+        let message = Arc::new(Message {
+            topic,
+            payload,
+            qos,
+            retain,
+            properties,
+            received_at: now,
+        });
+        if qos == 2 && (allowed || !v5) {
+            // A denied 3.1.1 QoS 2 still completes the handshake: keep the id
+            // so a duplicate gets PUBREC and PUBREL gets PUBCOMP.
+            let session = self.sessions.get_mut(&key).expect("connected session");
+            session.inbound_qos2.insert(packet_id, now);
+            if v5 && session.inbound_qos2.len() > usize::from(self.limits.receive_maximum) {
+                self.doom(
+                    connection,
+                    CloseReason::Protocol,
+                    reason::RECEIVE_MAXIMUM_EXCEEDED,
+                );
+                return;
+            }
+            if stored_session {
+                // The hold is stored before PUBREC: a restart between the
+                // two must still know the id was routed.
+                let held = self.held_publish(&client_id, packet_id, &message, now);
+                self.stage(Role::Sessions, Write::Hold(held));
+            }
+        }
+        if !allowed {
+            let code = reason::NOT_AUTHORIZED;
+            let parked = Parked::Publish(Box::new(ParkedPublish {
+                connection: Some(connection),
+                packet_id,
+                qos,
+                message,
+                publisher: Some(key),
+                deliveries: Vec::new(),
+                logged: false,
+                retain_change: None,
+                code,
+            }));
+            self.park_or_answer(connection, parked, now);
+            return;
+        }
+        let parts = self.stage_publish(message, Some(key), &client_id, now);
+        let publish = ParkedPublish {
+            connection: Some(connection),
+            packet_id,
+            qos,
+            message: parts.message,
+            publisher: Some(key),
+            deliveries: parts.deliveries,
+            logged: parts.logged,
+            retain_change: parts.retain_change,
+            code: reason::SUCCESS,
+        };
+        if self.has_staged() {
+            self.park_or_answer(connection, Parked::Publish(Box::new(publish)), now);
+        } else {
+            // Nothing to store: routed and answered at once.
+            self.answer_publish(publish, None, None, now);
+        }
+    }
+
+    /// A publish refused before anything was written.
+    fn refuse_publish(&mut self, connection: u64, qos: u8, packet_id: u16, code: u8) {
+        match qos {
+            1 => self.refuse_or_answer(
+                connection,
+                Outbound::PubAck {
+                    packet_id,
+                    reason: code,
+                },
+            ),
+            2 => self.refuse_or_answer(
+                connection,
+                Outbound::PubRec {
+                    packet_id,
+                    reason: code,
+                },
+            ),
+            _ => self.metrics.dropped(DropReason::QueueFull),
+        }
+    }
+
+    /// Stage what a publish writes: its retained value and, when a
+    /// persistent session is owed it at QoS 1/2, one broadcast log entry.
+    fn stage_publish(
+        &mut self,
+        message: Arc<Message>,
+        publisher: Option<SessionKey>,
+        client_id: &str,
+        now: Instant,
+    ) -> ParkedPublishParts {
+        let retain_change = message.retain.then(|| !message.payload.is_empty());
+        match retain_change {
+            Some(true) => {
+                let record = self.record_of(&message, client_id, now);
+                self.stage(Role::Retained, Write::SetRetained(record));
+            }
+            Some(false) => self.stage(
+                Role::Retained,
+                Write::DeleteRetained(message.topic.to_string()),
+            ),
+            None => {}
+        }
+        let deliveries = self.deliveries_of(&message, publisher);
+        let logged = message.qos > 0
+            && deliveries
+                .iter()
+                .any(|d| self.owed_durably(d.session, d.qos.min(message.qos)));
+        if logged {
+            let record = self.record_of(&message, client_id, now);
+            self.stage(Role::Sessions, Write::AppendLog(record));
+        }
+        ParkedPublishParts {
+            message,
+            deliveries,
+            logged,
+            retain_change,
+        }
+    }
+
+    /// A publish (from a client, or a Will) whose writes were answered.
+    pub(super) fn answer_publish(
+        &mut self,
+        p: ParkedPublish,
+        failure: Option<StorageFailure>,
+        appended: Option<u64>,
+        now: Instant,
+    ) {
+        if let Some(failure) = failure {
+            if let Some(offset) = appended {
+                self.release_unheld(offset);
+            }
+            if let (Some(connection), Some(key)) = (p.connection, p.publisher) {
+                if p.qos == 2 {
+                    if let Some(session) = self.sessions.get_mut(&key) {
+                        session.inbound_qos2.remove(&p.packet_id);
+                    }
+                }
+                let code = failure.reason_code();
+                match p.qos {
+                    1 => self.refuse_or_answer(
+                        connection,
+                        Outbound::PubAck {
+                            packet_id: p.packet_id,
+                            reason: code,
+                        },
+                    ),
+                    2 => self.refuse_or_answer(
+                        connection,
+                        Outbound::PubRec {
+                            packet_id: p.packet_id,
+                            reason: code,
+                        },
+                    ),
+                    _ => self.count_storage_drop(),
+                }
+            } else {
+                self.count_storage_drop();
+            }
+            return;
+        }
+        match p.retain_change {
+            Some(true) => {
+                // Topic and payload are slices of the connection's read
+                // buffer; a retained message may live for months, so it
+                // gets its own bytes instead of pinning that buffer.
+                let own = Message {
+                    topic: ByteStr::from(&*p.message.topic),
+                    payload: Bytes::copy_from_slice(&p.message.payload),
+                    ..Message::clone(&p.message)
+                };
+                self.retained.set(Arc::new(own));
+            }
+            Some(false) => {
+                self.retained.remove(&p.message.topic);
+            }
+            None => {}
+        }
+        if p.retain_change.is_some() {
+            self.metrics
+                .retained
+                .store(self.retained.len() as i64, Relaxed);
+        }
+        if p.code == reason::SUCCESS {
+            let offset = if p.logged { appended } else { None };
+            self.fan_out(&p.message, p.deliveries, offset, now);
+        }
+        if let Some(connection) = p.connection {
+            match p.qos {
+                1 => self.send(
+                    connection,
+                    Outbound::PubAck {
+                        packet_id: p.packet_id,
+                        reason: p.code,
+                    },
+                ),
+                2 => self.send(
+                    connection,
+                    Outbound::PubRec {
+                        packet_id: p.packet_id,
+                        reason: p.code,
+                    },
+                ),
+                _ => {}
+            }
+        }
+    }
+
+    /// Publish a message the broker itself originates (a Will): stored
+    /// like a client's, routed once stored.
+    pub(super) fn publish_message(&mut self, message: Arc<Message>, client_id: &str, now: Instant) {
+        let qos = message.qos;
+        let parts = self.stage_publish(message, None, client_id, now);
+        self.seal_or_answer(
+            Parked::Publish(Box::new(ParkedPublish {
+                connection: None,
+                packet_id: 0,
+                qos,
+                message: parts.message,
+                publisher: None,
+                deliveries: parts.deliveries,
+                logged: parts.logged,
+                retain_change: parts.retain_change,
+                code: reason::SUCCESS,
+            })),
+            now,
+        );
+    }
+
+    // ---- routing ------------------------------------------------------
+
+    /// Every session `message` goes to: one delivery per session, at the
+    /// highest matching QoS.
+    fn deliveries_of(&mut self, message: &Message, publisher: Option<SessionKey>) -> Vec<Delivery> {
+        let mut matches = std::mem::take(&mut self.scratch_matches);
+        let mut deliveries = std::mem::take(&mut self.scratch_deliveries);
+        {
+            let sessions = &self.sessions;
+            self.index.matches(
+                &message.topic,
+                &|k| sessions.get(&k).is_some_and(|s| s.connection.is_some()),
+                &mut matches,
+            );
+        }
+        merge_matches(&mut matches, publisher, &mut deliveries);
+        self.scratch_matches = matches;
+        deliveries
+    }
+
+    /// Hand `message` to each of `deliveries`, the payload shared by `Arc`;
+    /// persistent sessions owed it at QoS 1/2 hold its log entry `offset`.
+    fn fan_out(
+        &mut self,
+        message: &Arc<Message>,
+        mut deliveries: Vec<Delivery>,
+        offset: Option<u64>,
+        now: Instant,
+    ) {
+        for d in deliveries.drain(..) {
+            let retain = d.retain_as_published && message.retain;
+            let qos = d.qos.min(message.qos);
+            let log_offset = offset.filter(|_| self.owed_durably(d.session, qos));
+            self.deliver(
+                d.session,
+                message.clone(),
+                qos,
+                retain,
+                d.subscription_ids,
+                false,
+                log_offset,
+                now,
+            );
+        }
+        if self.scratch_deliveries.capacity() < deliveries.capacity() {
+            // Kept for the next publish: routing allocates nothing.
+            self.scratch_deliveries = deliveries;
+        }
+        if let Some(offset) = offset {
+            self.release_unheld(offset);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn deliver(
+        &mut self,
+        key: SessionKey,
+        message: Arc<Message>,
+        qos: u8,
+        retain: bool,
+        subscription_ids: Vec<u32>,
+        sys: bool,
+        log_offset: Option<u64>,
+        now: Instant,
+    ) {
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        if self.authorizer.is_active()
+            && !self.authorizer.can_receive(
+                session.principal.as_deref(),
+                &session.client_id,
+                &message.topic,
+            )
+        {
+            return;
+        }
+        let queued = QueuedMessage {
+            message,
+            qos,
+            retain,
+            subscription_ids,
+            log_offset,
+        };
+        if let Some(offset) = log_offset {
+            self.hold_log(key, offset);
+        }
+        let session = self.sessions.get_mut(&key).expect("looked up above");
+        let Some(connection) = session.connection else {
+            if qos > 0 && session.expiry_interval > 0 {
+                self.enqueue(key, queued);
+            } else {
+                self.metrics.dropped(DropReason::Offline);
+            }
+            return;
+        };
+        if qos == 0 {
+            if self.has_room(connection) {
+                self.transmit(connection, queued, 0, sys, now);
+            } else {
+                self.drop_qos0(connection);
+            }
+            return;
+        }
+        let window = self
+            .connections
+            .get(&connection)
+            .map_or(0, |c| c.receive_maximum);
+        // Receive Maximum counts every exchange not yet finished by PUBACK,
+        // PUBCOMP or a PUBREC >= 0x80 (MQTT 5 3.3.4).
+        if session.pending.is_empty() && session.inflight.len() < window {
+            self.start_exchange(key, connection, queued, now);
+        } else {
+            self.enqueue(key, queued);
+        }
+    }
+
+    /// Queue a QoS 1/2 message for a session (offline, or its window
+    /// full), up to `limits.max_queued_messages`; more are dropped and
+    /// counted.
+    fn enqueue(&mut self, key: SessionKey, queued: QueuedMessage) {
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        if session.pending.len() >= self.limits.max_queued_messages {
+            self.metrics.dropped(DropReason::QueueFull);
+            if let Some(offset) = queued.log_offset {
+                self.unhold_log(Some(key), offset);
+            }
+        } else {
+            session.pending.push_back(queued);
+        }
+    }
+
+    /// Put a QoS 1/2 message in flight (or drop it, as if delivered, when it
+    /// expired or is too large for the client).
+    pub(super) fn start_exchange(
+        &mut self,
+        key: SessionKey,
+        connection: u64,
+        queued: QueuedMessage,
+        now: Instant,
+    ) {
+        if !self.fits(connection, &queued, now) {
+            if let Some(offset) = queued.log_offset {
+                self.unhold_log(Some(key), offset);
+            }
+            return;
+        }
+        let session = self.sessions.get_mut(&key).expect("caller checked");
+        let Some(packet_id) = session.inflight.allocate_id() else {
+            self.enqueue(key, queued);
+            return;
+        };
+        let qos = queued.qos;
+        let log_offset = queued.log_offset;
+        session.inflight.push(InflightEntry {
+            packet_id,
+            phase: if qos == 1 {
+                InflightPhase::AwaitPuback
+            } else {
+                InflightPhase::AwaitPubrec
+            },
+            qos,
+            log_offset,
+            queued: Some(queued.clone()),
+        });
+        if log_offset.is_some() {
+            self.mark_dirty(key);
+        }
+        self.transmit(connection, queued, packet_id, false, now);
+    }
+
+    /// Is the message still alive, and within the client's maximum packet
+    /// size? Counts the drop when not.
+    fn fits(&self, connection: u64, queued: &QueuedMessage, now: Instant) -> bool {
+        if queued.message.expiry_left(now).is_err() {
+            self.metrics.dropped(DropReason::Expired);
+            return false;
+        }
+        if let Some(conn) = self.connections.get(&connection) {
+            if let Some(max) = conn.maximum_packet_size {
+                let len = publish_packet_len(
+                    &queued.message,
+                    queued.qos,
+                    conn.v5,
+                    &queued.subscription_ids,
+                );
+                if len > max as usize {
+                    self.metrics.dropped(DropReason::TooLarge);
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    pub(super) fn transmit(
+        &mut self,
+        connection: u64,
+        queued: QueuedMessage,
+        packet_id: u16,
+        sys: bool,
+        now: Instant,
+    ) {
+        if packet_id == 0 && !self.fits(connection, &queued, now) {
+            return;
+        }
+        let Ok(expiry) = queued.message.expiry_left(now) else {
+            return;
+        };
+        self.send(
+            connection,
+            Outbound::Publish {
+                packet_id,
+                qos: queued.qos,
+                retain: queued.retain,
+                dup: false,
+                message: queued.message,
+                subscription_ids: queued.subscription_ids,
+                expiry,
+                sys,
+            },
+        );
+    }
+
+    /// Move pending messages into flight while the client's window allows,
+    /// then whatever retained messages a SUBSCRIBE still owes.
+    pub(super) fn promote(&mut self, key: SessionKey, now: Instant) {
+        loop {
+            let Some(session) = self.sessions.get_mut(&key) else {
+                return;
+            };
+            let Some(connection) = session.connection else {
+                return;
+            };
+            let window = self
+                .connections
+                .get(&connection)
+                .map_or(0, |c| c.receive_maximum);
+            if session.inflight.len() >= window {
+                return;
+            }
+            let Some(queued) = session.pending.pop_front() else {
+                self.send_retained_backlog(connection, now);
+                return;
+            };
+            self.start_exchange(key, connection, queued, now);
+            if self.doomed.iter().any(|(c, _, _)| *c == connection) {
+                return;
+            }
+        }
+    }
+}
+
+/// What staging a publish decided.
+pub(super) struct ParkedPublishParts {
+    pub message: Arc<Message>,
+    pub deliveries: Vec<Delivery>,
+    pub logged: bool,
+    pub retain_change: Option<bool>,
+}

@@ -1,0 +1,295 @@
+//! The state rebuilt from what its providers hold, once at startup before
+//! anything listens: retained messages, persistent sessions (detached,
+//! their expiry counted on from when they went away), their subscriptions,
+//! their in-flight exchanges (same packet identifiers, resent with DUP on
+//! resume; a QoS 2 exchange past PUBREC owes its PUBREL), the messages the
+//! broadcast log holds for them from their cursor on, and the QoS 2 ids
+//! their clients had not released. The reading is done by the caller
+//! ([`Restored`] is plain data), so the state stays free of I/O.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::persist::{will_request, Role, Write};
+use super::session::{
+    InflightEntry, InflightPhase, PendingWill, QueuedMessage, Session, SessionSubscription,
+};
+use super::BrokerState;
+use crate::broker::message::Message;
+use crate::broker::topic::{self, SubOptions};
+use crate::storage::contract::{
+    session_expired_at, HeldPublish, InflightPhase as StoredPhase, SessionEntry, BROADCAST_LOG_NAME,
+};
+use saguin_format::model::Record;
+
+/// What the providers hold, read at startup.
+#[derive(Debug, Default)]
+pub struct Restored {
+    pub retained: Vec<Record>,
+    pub sessions: Vec<SessionEntry>,
+    /// Each session's cursor on the broadcast log.
+    pub cursors: Vec<(String, u64)>,
+    /// Every message the broadcast log holds, ascending.
+    pub log: Vec<Record>,
+    pub log_next: u64,
+    /// Exactly-once holds of the session provider (every channel's; only
+    /// the broadcast log's are the state's).
+    pub held: Vec<HeldPublish>,
+}
+
+/// What restoring came to, for the startup log.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RestoreSummary {
+    pub retained: usize,
+    pub sessions: usize,
+    pub expired_sessions: usize,
+    pub inflight: usize,
+    pub queued: usize,
+    pub holds: usize,
+}
+
+impl BrokerState {
+    /// Rebuild from `restored` at `now`. Sessions that expired while the
+    /// broker was down, and holds of sessions no longer held, are removed
+    /// from the provider (as writes, like any other).
+    pub fn restore(&mut self, restored: Restored, now: Instant) -> RestoreSummary {
+        let mut summary = RestoreSummary::default();
+        let unix_now = self.unix_at(now);
+        for record in &restored.retained {
+            let message = self.message_of(record, now);
+            self.retained.set(Arc::new(message));
+        }
+        summary.retained = self.retained.len();
+        self.metrics
+            .retained
+            .store(self.retained.len() as i64, Relaxed);
+        self.persist.log_next = restored.log_next.max(1);
+        let log: BTreeMap<u64, (Arc<Message>, &Record)> = restored
+            .log
+            .iter()
+            .filter(|r| !r.shared_copy)
+            .map(|r| (r.offset, (Arc::new(self.message_of(r, now)), r)))
+            .collect();
+        let cursors: HashMap<&str, u64> = restored
+            .cursors
+            .iter()
+            .map(|(c, o)| (c.as_str(), *o))
+            .collect();
+        for entry in &restored.sessions {
+            if self.by_client_id.contains_key(entry.client_id.as_str()) {
+                continue;
+            }
+            if session_expired_at(entry, unix_now, self.limits.max_session_expiry)
+                || entry.expiry_interval == 0
+            {
+                summary.expired_sessions += 1;
+                self.stage(
+                    Role::Sessions,
+                    Write::RemoveSession(entry.client_id.clone()),
+                );
+                continue;
+            }
+            let key = self.next_session;
+            self.next_session += 1;
+            let client_id: Arc<str> = entry.client_id.as_str().into();
+            let mut session =
+                Session::new(client_id.clone(), entry.principal.as_deref().map(Arc::from));
+            session.stored = true;
+            session.window = entry.window.max(1);
+            session.expiry_interval = entry.expiry_interval.min(self.limits.max_session_expiry);
+            // A session connected when the broker stopped went away then.
+            let detached_at = if entry.detached_at == 0 {
+                unix_now
+            } else {
+                entry.detached_at
+            };
+            let left = |secs: u32| {
+                let end = detached_at.saturating_add(i64::from(secs).saturating_mul(1_000_000_000));
+                now + Duration::from_nanos(end.saturating_sub(unix_now).max(0) as u64)
+            };
+            session.expires_at = Some(left(session.expiry_interval));
+            if let Some(will) = &entry.will {
+                let will = will_request(will);
+                let delay = will.delay.min(session.expiry_interval);
+                session.pending_will = Some(PendingWill {
+                    message: Self::will_message(&will, now),
+                    publish_at: left(delay),
+                    will,
+                });
+            }
+            for sub in &entry.subscriptions {
+                let Ok(parsed) = topic::parse_filter(&sub.filter) else {
+                    continue;
+                };
+                let options = SubOptions {
+                    qos: sub.qos,
+                    no_local: sub.no_local,
+                    retain_as_published: sub.retain_as_published,
+                    retain_handling: sub.retain_handling,
+                    subscription_id: sub.subscription_id,
+                };
+                if !self
+                    .index
+                    .insert(parsed.share_group, parsed.filter, key, options)
+                {
+                    self.metrics.subscriptions.fetch_add(1, Relaxed);
+                }
+                session.subscriptions.insert(
+                    sub.filter.clone(),
+                    SessionSubscription {
+                        share_group: parsed.share_group.map(str::to_owned),
+                        filter: parsed.filter.to_owned(),
+                        options,
+                        log_offset: sub.log_offset,
+                    },
+                );
+            }
+            let mut in_flight = Vec::new();
+            for e in &entry.inflight {
+                let Some((message, _)) = log.get(&e.log_offset) else {
+                    continue;
+                };
+                let phase = match (e.phase, e.qos) {
+                    (StoredPhase::AwaitingComp, _) => InflightPhase::AwaitPubcomp,
+                    (StoredPhase::AwaitingAck, 1) => InflightPhase::AwaitPuback,
+                    (StoredPhase::AwaitingAck, _) => InflightPhase::AwaitPubrec,
+                };
+                let queued =
+                    (!matches!(phase, InflightPhase::AwaitPubcomp)).then(|| QueuedMessage {
+                        message: message.clone(),
+                        qos: e.qos,
+                        retain: false,
+                        subscription_ids: Vec::new(),
+                        log_offset: Some(e.log_offset),
+                    });
+                session.inflight.push(InflightEntry {
+                    packet_id: e.packet_id,
+                    phase,
+                    qos: e.qos,
+                    log_offset: Some(e.log_offset),
+                    queued,
+                });
+                in_flight.push(e.log_offset);
+            }
+            let cursor = cursors
+                .get(entry.client_id.as_str())
+                .copied()
+                .unwrap_or(self.persist.log_next);
+            let mut queued = Vec::new();
+            for (&offset, (message, record)) in log.range(cursor..) {
+                if queued.len() >= self.limits.max_queued_messages {
+                    break;
+                }
+                if in_flight.contains(&offset) {
+                    continue;
+                }
+                if record
+                    .owed_to
+                    .as_deref()
+                    .is_some_and(|o| o != entry.client_id)
+                {
+                    continue;
+                }
+                if let Some(q) = owed(&session, offset, message, record) {
+                    queued.push(q);
+                }
+            }
+            summary.inflight += in_flight.len();
+            summary.queued += queued.len();
+            session.pending.extend(queued);
+            self.by_client_id.insert(client_id, key);
+            self.sessions.insert(key, session);
+            self.detached.insert(key);
+            self.metrics.sessions.fetch_add(1, Relaxed);
+            summary.sessions += 1;
+            let offsets: Vec<u64> = {
+                let s = &self.sessions[&key];
+                s.inflight
+                    .iter()
+                    .filter_map(|e| e.log_offset)
+                    .chain(s.pending.iter().filter_map(|q| q.log_offset))
+                    .collect()
+            };
+            for offset in offsets {
+                self.hold_log(key, offset);
+            }
+        }
+        for held in &restored.held {
+            if held.channel != BROADCAST_LOG_NAME {
+                continue;
+            }
+            let key = self.by_client_id.get(held.client_id.as_str()).copied();
+            match key {
+                Some(key) => {
+                    let age = unix_now.saturating_sub(held.held_at).max(0);
+                    let at = now
+                        .checked_sub(Duration::from_nanos(age as u64))
+                        .unwrap_or(now);
+                    if let Some(session) = self.sessions.get_mut(&key) {
+                        session.inbound_qos2.insert(held.packet_id, at);
+                        summary.holds += 1;
+                    }
+                }
+                None => self.stage(
+                    Role::Sessions,
+                    Write::DropHold {
+                        client_id: held.client_id.clone(),
+                        packet_id: held.packet_id,
+                    },
+                ),
+            }
+        }
+        for &offset in log.keys() {
+            self.release_unheld(offset);
+        }
+        // What was read is what is stored: nothing to write back but the
+        // removals staged above.
+        self.persist_clear_dirty();
+        self.seal_background();
+        summary
+    }
+}
+
+/// The queue entry a restored session is owed for log message `offset`,
+/// if any of its subscriptions (made at or before it) matches.
+fn owed(
+    session: &Session,
+    offset: u64,
+    message: &Arc<Message>,
+    record: &Record,
+) -> Option<QueuedMessage> {
+    let mut best: Option<(u8, bool)> = None;
+    let mut ids = Vec::new();
+    for sub in session.subscriptions.values() {
+        if sub.share_group.is_some() || offset < sub.log_offset {
+            continue;
+        }
+        if sub.options.no_local && record.client_id == *session.client_id {
+            continue;
+        }
+        if !topic::filter_matches(&sub.filter, &record.topic) {
+            continue;
+        }
+        let qos = sub.options.qos.min(record.qos);
+        let rap = sub.options.retain_as_published;
+        best = Some(match best {
+            Some((q, r)) => (q.max(qos), r || rap),
+            None => (qos, rap),
+        });
+        if let Some(id) = sub.options.subscription_id {
+            ids.push(id);
+        }
+    }
+    let (qos, rap) = best?;
+    (qos > 0).then(|| QueuedMessage {
+        message: message.clone(),
+        qos,
+        retain: rap && record.retain,
+        subscription_ids: ids,
+        log_offset: Some(offset),
+    })
+}

@@ -1,0 +1,285 @@
+//! SUBSCRIBE and UNSUBSCRIBE (stored before they are acknowledged, for a
+//! persistent session), and the retained messages a subscription is owed,
+//! sent paced by the client's window and its writer.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use tokio::time::Instant;
+
+use super::persist::Parked;
+use super::session::{QueuedMessage, SessionSubscription};
+use super::{reason, BrokerState, RetainedDue};
+use crate::broker::metrics::CloseReason;
+use crate::broker::topic::{self, SessionKey, SubOptions};
+
+impl BrokerState {
+    pub(super) fn on_subscribe(
+        &mut self,
+        connection: u64,
+        key: SessionKey,
+        packet_id: u16,
+        subscription_id: Option<u32>,
+        filters: Vec<(String, SubOptions)>,
+        now: Instant,
+    ) {
+        let mut reasons = Vec::with_capacity(filters.len());
+        let mut retained_for: Vec<(String, SubOptions)> = Vec::new();
+        let mut undo = Vec::new();
+        for (raw, mut options) in filters {
+            options.subscription_id = subscription_id;
+            let parsed = match topic::parse_filter(&raw) {
+                Ok(p) => p,
+                Err(_) => {
+                    reasons.push(reason::TOPIC_FILTER_INVALID);
+                    continue;
+                }
+            };
+            if parsed.share_group.is_some() && options.no_local {
+                // MQTT 5 3.8.3.1: No Local on a shared subscription.
+                self.undo_subscriptions(key, undo);
+                self.doom(connection, CloseReason::Protocol, reason::PROTOCOL_ERROR);
+                return;
+            }
+            let log_next = self.persist.log_next;
+            let session = self.sessions.get_mut(&key).expect("connected session");
+            if self.authorizer.is_active()
+                && !self.authorizer.can_subscribe(
+                    session.principal.as_deref(),
+                    &session.client_id,
+                    parsed.filter,
+                )
+            {
+                reasons.push(reason::NOT_AUTHORIZED);
+                continue;
+            }
+            let existed = session.subscriptions.contains_key(&raw);
+            if !existed && session.subscriptions.len() >= self.limits.max_subscriptions_per_session
+            {
+                reasons.push(reason::QUOTA_EXCEEDED);
+                continue;
+            }
+            let previous = session.subscriptions.insert(
+                raw.clone(),
+                SessionSubscription {
+                    share_group: parsed.share_group.map(str::to_owned),
+                    filter: parsed.filter.to_owned(),
+                    options,
+                    log_offset: log_next,
+                },
+            );
+            undo.push((raw.clone(), previous));
+            let replaced = self
+                .index
+                .insert(parsed.share_group, parsed.filter, key, options);
+            if !replaced {
+                self.metrics.subscriptions.fetch_add(1, Relaxed);
+            }
+            reasons.push(options.qos);
+            let wants_retained = match options.retain_handling {
+                0 => true,
+                1 => !existed,
+                _ => false,
+            };
+            if wants_retained && parsed.share_group.is_none() {
+                retained_for.push((parsed.filter.to_owned(), options));
+            }
+        }
+        if self.sessions[&key].stored && !undo.is_empty() {
+            self.stage_session(key, now);
+        }
+        self.park_or_answer(
+            connection,
+            Parked::SubAck {
+                connection,
+                key,
+                packet_id,
+                reasons,
+                retained_for,
+                undo,
+            },
+            now,
+        );
+    }
+
+    pub(super) fn on_unsubscribe(
+        &mut self,
+        connection: u64,
+        key: SessionKey,
+        packet_id: u16,
+        filters: Vec<String>,
+        now: Instant,
+    ) {
+        let mut reasons = Vec::with_capacity(filters.len());
+        let mut undo = Vec::new();
+        for raw in filters {
+            match self.unsubscribe(key, &raw) {
+                Some(sub) => {
+                    undo.push((raw, sub));
+                    reasons.push(reason::SUCCESS);
+                }
+                None => reasons.push(reason::NO_SUBSCRIPTION_EXISTED),
+            }
+        }
+        if self.sessions[&key].stored && !undo.is_empty() {
+            self.stage_session(key, now);
+        }
+        self.park_or_answer(
+            connection,
+            Parked::UnsubAck {
+                connection,
+                key,
+                packet_id,
+                reasons,
+                undo,
+            },
+            now,
+        );
+    }
+
+    /// Remove subscription `raw` of session `key`; what it was, if any.
+    fn unsubscribe(&mut self, key: SessionKey, raw: &str) -> Option<SessionSubscription> {
+        let session = self.sessions.get_mut(&key)?;
+        let sub = session.subscriptions.remove(raw)?;
+        if self
+            .index
+            .remove(sub.share_group.as_deref(), &sub.filter, key)
+        {
+            self.metrics.subscriptions.fetch_sub(1, Relaxed);
+        }
+        Some(sub)
+    }
+
+    /// Put subscription `raw` back as it was before a write that failed.
+    pub(super) fn resubscribe(&mut self, key: SessionKey, raw: String, sub: SessionSubscription) {
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        if !self
+            .index
+            .insert(sub.share_group.as_deref(), &sub.filter, key, sub.options)
+        {
+            self.metrics.subscriptions.fetch_add(1, Relaxed);
+        }
+        session.subscriptions.insert(raw, sub);
+    }
+
+    /// Undo a SUBSCRIBE whose write failed: each filter as it was before.
+    pub(super) fn undo_subscriptions(
+        &mut self,
+        key: SessionKey,
+        undo: Vec<(String, Option<SessionSubscription>)>,
+    ) {
+        for (raw, previous) in undo.into_iter().rev() {
+            self.unsubscribe(key, &raw);
+            if let Some(previous) = previous {
+                self.resubscribe(key, raw, previous);
+            }
+        }
+    }
+
+    /// Queue the retained messages of `retained_for` (and `$SYS` values)
+    /// for `connection` and send what its window and writer take now.
+    pub(super) fn deliver_retained(
+        &mut self,
+        connection: u64,
+        key: SessionKey,
+        retained_for: Vec<(String, SubOptions)>,
+        now: Instant,
+    ) {
+        if retained_for.is_empty() {
+            return;
+        }
+        let mut found = Vec::new();
+        let mut due = Vec::new();
+        for (filter, options) in retained_for {
+            found.clear();
+            self.retained.matching(&filter, &mut found);
+            let subscription_ids: Vec<u32> = options.subscription_id.into_iter().collect();
+            for message in found.drain(..) {
+                due.push(RetainedDue {
+                    qos: options.qos.min(message.qos),
+                    message,
+                    subscription_ids: subscription_ids.clone(),
+                    sys: false,
+                });
+            }
+            if filter.starts_with("$SYS") {
+                for message in self.sys_messages(now) {
+                    if topic::filter_matches(&filter, &message.topic) {
+                        due.push(RetainedDue {
+                            qos: 0,
+                            message,
+                            subscription_ids: subscription_ids.clone(),
+                            sys: true,
+                        });
+                    }
+                }
+            }
+        }
+        let session = &self.sessions[&key];
+        let principal = session.principal.clone();
+        let client_id = session.client_id.clone();
+        if self.authorizer.is_active() {
+            due.retain(|d| {
+                self.authorizer
+                    .can_receive(principal.as_deref(), &client_id, &d.message.topic)
+            });
+        }
+        let Some(conn) = self.connections.get_mut(&connection) else {
+            return;
+        };
+        conn.retained_backlog.extend(due);
+        self.send_retained_backlog(connection, now);
+    }
+
+    /// Send owed retained messages while there is room: QoS 0 while the
+    /// writer keeps up, QoS 1/2 within the client's window. The rest waits
+    /// for the writer to drain or an acknowledgement; none is dropped as an
+    /// overflow.
+    pub(super) fn send_retained_backlog(&mut self, connection: u64, now: Instant) {
+        loop {
+            let Some(conn) = self.connections.get(&connection) else {
+                return;
+            };
+            let key = conn.session;
+            let window = conn.receive_maximum;
+            let Some(front) = conn.retained_backlog.front() else {
+                return;
+            };
+            if front.qos == 0 {
+                if !self.has_room(connection) {
+                    self.connections[&connection]
+                        .handle
+                        .want_drained
+                        .store(true, Relaxed);
+                    return;
+                }
+            } else {
+                let session = &self.sessions[&key];
+                if !session.pending.is_empty() || session.inflight.len() >= window {
+                    return;
+                }
+            }
+            let due = self
+                .connections
+                .get_mut(&connection)
+                .and_then(|c| c.retained_backlog.pop_front())
+                .expect("front checked above");
+            let queued = QueuedMessage {
+                message: due.message,
+                qos: due.qos,
+                retain: true,
+                subscription_ids: due.subscription_ids,
+                log_offset: None,
+            };
+            if queued.qos == 0 {
+                self.transmit(connection, queued, 0, due.sys, now);
+            } else {
+                self.start_exchange(key, connection, queued, now);
+            }
+            if self.doomed.iter().any(|(c, _, _)| *c == connection) {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,643 @@
+//! State tests: events in, packets and intents out, commits fed by hand on
+//! an injected clock.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::*;
+use crate::broker::codec::ByteStr;
+use crate::broker::message::MessageProperties;
+use crate::broker::metrics::{CloseReason, DropReason, Metrics};
+use crate::broker::topic::SubOptions;
+
+struct Client {
+    rx: mpsc::UnboundedReceiver<Outbound>,
+    kill: watch::Receiver<bool>,
+    pause: watch::Receiver<bool>,
+}
+
+impl Client {
+    fn drain(&mut self) -> Vec<Outbound> {
+        let mut out = Vec::new();
+        while let Ok(o) = self.rx.try_recv() {
+            out.push(o);
+        }
+        out
+    }
+}
+
+/// A stand-in for the persisters: answers every intent, assigning log
+/// offsets as a provider would, or failing when told to.
+#[derive(Default)]
+struct FakeStore {
+    next_offset: u64,
+    writes: Vec<Write>,
+}
+
+impl FakeStore {
+    /// Answer everything the state asked for, in order.
+    fn commit_all(&mut self, s: &mut BrokerState, now: Instant) {
+        loop {
+            let mut intents = Vec::new();
+            s.take_intents(&mut intents);
+            if intents.is_empty() {
+                return;
+            }
+            for intent in intents {
+                let written = self.apply(&intent);
+                s.handle(
+                    Event::Committed {
+                        ticket: intent.ticket,
+                        result: Ok(written),
+                    },
+                    now,
+                );
+            }
+        }
+    }
+
+    fn apply(&mut self, intent: &Intent) -> Vec<Written> {
+        intent
+            .writes
+            .iter()
+            .map(|w| {
+                self.writes.push(w.clone());
+                match w {
+                    Write::AppendLog(_) => {
+                        self.next_offset += 1;
+                        Written::Appended(self.next_offset)
+                    }
+                    _ => Written::Done,
+                }
+            })
+            .collect()
+    }
+
+    /// Fail everything the state asked for.
+    fn fail_all(&mut self, s: &mut BrokerState, now: Instant, full: bool) {
+        let mut intents = Vec::new();
+        s.take_intents(&mut intents);
+        for intent in intents {
+            s.handle(
+                Event::Committed {
+                    ticket: intent.ticket,
+                    result: Err(StorageFailure {
+                        full,
+                        message: "injected".into(),
+                    }),
+                },
+                now,
+            );
+        }
+    }
+}
+
+fn state_with(limits: Limits) -> BrokerState {
+    BrokerState::new(
+        limits,
+        Arc::new(Metrics::new()),
+        Arc::new(AllowAll),
+        (Instant::now(), 1_700_000_000_000_000_000),
+    )
+}
+
+fn state() -> BrokerState {
+    state_with(Limits::default())
+}
+
+fn connect_with(
+    state: &mut BrokerState,
+    conn: u64,
+    id: &str,
+    clean: bool,
+    v5: bool,
+    now: Instant,
+) -> Client {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (kill_tx, kill) = watch::channel(false);
+    let (pause_tx, pause) = watch::channel(false);
+    state.handle(
+        Event::Connect {
+            connection: conn,
+            request: Box::new(ConnectRequest {
+                v5,
+                client_id: id.into(),
+                clean_start: clean,
+                keep_alive: 60,
+                principal: None,
+                will: None,
+                session_expiry: if clean { 0 } else { 300 },
+                receive_maximum: 10,
+                maximum_packet_size: None,
+            }),
+            handle: ConnectionHandle {
+                outbound: tx,
+                queued: Arc::new(AtomicUsize::new(0)),
+                kill: kill_tx,
+                pause: pause_tx,
+                want_drained: Arc::new(AtomicBool::new(false)),
+            },
+        },
+        now,
+    );
+    Client { rx, kill, pause }
+}
+
+fn connect(state: &mut BrokerState, conn: u64, id: &str, clean: bool, now: Instant) -> Client {
+    connect_with(state, conn, id, clean, true, now)
+}
+
+fn packets(state: &mut BrokerState, conn: u64, packets: Vec<Inbound>, now: Instant) {
+    state.handle(
+        Event::Packets {
+            connection: conn,
+            packets,
+        },
+        now,
+    );
+}
+
+fn subscribe(filter: &str, qos: u8) -> Inbound {
+    Inbound::Subscribe {
+        packet_id: 1,
+        subscription_id: None,
+        filters: vec![(
+            filter.into(),
+            SubOptions {
+                qos,
+                no_local: false,
+                retain_as_published: false,
+                retain_handling: 0,
+                subscription_id: None,
+            },
+        )],
+    }
+}
+
+fn publish(topic: &str, qos: u8, id: u16) -> Inbound {
+    publish_retained(topic, qos, id, false)
+}
+
+fn publish_retained(topic: &str, qos: u8, id: u16, retain: bool) -> Inbound {
+    Inbound::Publish(InboundPublish {
+        packet_id: id,
+        qos,
+        retain,
+        dup: false,
+        topic: ByteStr::from(topic),
+        payload: Bytes::from_static(b"p"),
+        properties: MessageProperties::default(),
+    })
+}
+
+fn closed(state: &mut BrokerState, conn: u64, now: Instant) {
+    state.handle(
+        Event::Closed {
+            connection: conn,
+            reason: CloseReason::Network,
+            disconnect_reason: None,
+        },
+        now,
+    );
+}
+
+fn publish_ids(out: &[Outbound]) -> Vec<u16> {
+    out.iter()
+        .filter_map(|o| match o {
+            Outbound::Publish {
+                packet_id,
+                dup: false,
+                ..
+            } => Some(*packet_id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn late_events_of_a_taken_over_generation_do_nothing() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut old = connect(&mut s, 1, "c", false, now);
+    packets(&mut s, 1, vec![subscribe("t", 1)], now);
+    store.commit_all(&mut s, now);
+    let mut new = connect(&mut s, 2, "c", false, now);
+    store.commit_all(&mut s, now);
+    assert!(matches!(
+        old.drain().last(),
+        Some(Outbound::Disconnect { reason: 0x8E, .. })
+    ));
+    assert!(matches!(
+        new.drain().first(),
+        Some(Outbound::ConnAck {
+            session_present: true,
+            ..
+        })
+    ));
+    // The old connection's late packets and close are ignored.
+    packets(
+        &mut s,
+        1,
+        vec![Inbound::Unsubscribe {
+            packet_id: 2,
+            filters: vec!["t".into()],
+        }],
+        now,
+    );
+    closed(&mut s, 1, now);
+    assert_eq!(s.connection_count(), 1);
+    let _pub = connect(&mut s, 3, "p", true, now);
+    packets(&mut s, 3, vec![publish("t", 1, 1)], now);
+    store.commit_all(&mut s, now);
+    assert!(new
+        .drain()
+        .iter()
+        .any(|o| matches!(o, Outbound::Publish { qos: 1, .. })));
+}
+
+#[test]
+fn qos0_to_a_client_that_does_not_read_is_dropped_and_counted_not_cut() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        outbound_queue: 4,
+        ..Limits::default()
+    });
+    let mut slow = connect(&mut s, 1, "slow", true, now);
+    packets(&mut s, 1, vec![subscribe("t", 0)], now);
+    let mut fast = connect(&mut s, 2, "fast", true, now);
+    packets(&mut s, 2, vec![subscribe("t", 0)], now);
+    // The fast one reads as it goes.
+    let mut delivered = 0;
+    let _ = fast.drain();
+    let _p = connect(&mut s, 3, "p", true, now);
+    for _ in 0..10 {
+        packets(&mut s, 3, vec![publish("t", 0, 0)], now);
+        let out = fast.drain();
+        delivered += out.len();
+        fast_written(&s, 2, out.len());
+    }
+    assert_eq!(delivered, 10);
+    assert!(!*slow.kill.borrow(), "a slow QoS 0 consumer is not cut");
+    assert_eq!(s.connection_count(), 3);
+    // slow got CONNACK + SUBACK + 2 publishes before its queue was full.
+    let slow_out = slow.drain();
+    assert_eq!(publish_ids(&slow_out).len(), 2);
+    assert_eq!(s.metrics.dropped_count(DropReason::SlowConsumer), 8);
+}
+
+/// What a writer does after writing `n` packets of `conn`.
+fn fast_written(s: &BrokerState, conn: u64, n: usize) {
+    let c = &s.connections[&conn];
+    c.handle
+        .queued
+        .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[test]
+fn acknowledgements_a_client_does_not_read_pause_its_reader() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        outbound_queue: 8,
+        ..Limits::default()
+    });
+    let mut p = connect(&mut s, 1, "p", true, now);
+    packets(
+        &mut s,
+        1,
+        (1..=20).map(|i| publish("t", 1, i)).collect(),
+        now,
+    );
+    assert!(!*p.kill.borrow(), "never cut for its own acknowledgements");
+    assert!(*p.pause.borrow(), "its reader is paused instead");
+    let acks = p
+        .drain()
+        .iter()
+        .filter(|o| matches!(o, Outbound::PubAck { .. }))
+        .count();
+    assert_eq!(acks, 20, "every acknowledgement is kept");
+    fast_written(&s, 1, 21);
+    s.handle(Event::Drained { connection: 1 }, now);
+    assert!(!*p.pause.borrow(), "drained: reading again");
+}
+
+#[test]
+fn offline_queue_is_bounded_and_replayed_in_order() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_queued_messages: 3,
+        ..Limits::default()
+    });
+    let mut store = FakeStore::default();
+    let _c = connect(&mut s, 1, "c", false, now);
+    packets(&mut s, 1, vec![subscribe("t", 1)], now);
+    store.commit_all(&mut s, now);
+    closed(&mut s, 1, now);
+    let _p = connect(&mut s, 2, "p", true, now);
+    packets(
+        &mut s,
+        2,
+        (1..=5).map(|i| publish("t", 1, i)).collect(),
+        now,
+    );
+    store.commit_all(&mut s, now);
+    let mut c = connect(&mut s, 3, "c", false, now);
+    store.commit_all(&mut s, now);
+    let out = c.drain();
+    assert_eq!(
+        publish_ids(&out),
+        vec![1, 2, 3],
+        "three kept, two dropped and counted"
+    );
+    assert_eq!(s.metrics.dropped_count(DropReason::QueueFull), 2);
+}
+
+#[test]
+fn unreleased_qos2_holds_expire_and_are_counted() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut p = connect(&mut s, 1, "p", true, now);
+    packets(&mut s, 1, vec![publish("t", 2, 5)], now);
+    s.tick(now + Duration::from_secs(10));
+    assert_eq!(s.metrics.dropped_count(DropReason::ExactlyOnceExpired), 0);
+    s.next_exactly_once_sweep = None;
+    s.tick(now + Duration::from_secs(3601));
+    assert_eq!(s.metrics.dropped_count(DropReason::ExactlyOnceExpired), 1);
+    // The id is free again: PUBREL for it is now unknown.
+    packets(&mut s, 1, vec![Inbound::PubRel { packet_id: 5 }], now);
+    assert!(p.drain().iter().any(|o| matches!(
+        o,
+        Outbound::PubComp {
+            packet_id: 5,
+            reason: 0x92
+        }
+    )));
+}
+
+#[test]
+fn no_connack_before_the_persistent_session_is_committed() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut c = connect(&mut s, 1, "c", false, now);
+    assert!(c.drain().is_empty(), "nothing before the commit");
+    // Packets sent meanwhile wait behind the CONNACK.
+    packets(&mut s, 1, vec![Inbound::PingReq], now);
+    assert!(c.drain().is_empty());
+    store.commit_all(&mut s, now);
+    let out = c.drain();
+    assert!(matches!(out[0], Outbound::ConnAck { reason: 0, .. }));
+    assert!(matches!(out[1], Outbound::PingResp));
+    assert!(
+        matches!(store.writes[0], Write::SaveSession(ref e) if e.client_id == "c" && e.detached_at == 0)
+    );
+}
+
+#[test]
+fn a_failed_session_write_refuses_v5_with_its_reason_and_cuts_v311() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut v5 = connect_with(&mut s, 1, "a", false, true, now);
+    store.fail_all(&mut s, now, true);
+    assert!(matches!(
+        v5.drain().first(),
+        Some(Outbound::ConnAck { reason: 0x97, .. })
+    ));
+    let mut v3 = connect_with(&mut s, 2, "b", false, false, now);
+    store.fail_all(&mut s, now, false);
+    assert!(
+        v3.drain().is_empty(),
+        "3.1.1: no acknowledgement, the connection is closed"
+    );
+    assert_eq!(s.connection_count(), 0);
+    assert_eq!(s.session_count(), 0, "nothing unstored is kept");
+}
+
+#[test]
+fn acknowledgements_wait_for_their_commit_and_keep_their_order() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut c = connect(&mut s, 1, "c", true, now);
+    let _ = c.drain();
+    // A retained publish is stored before its PUBACK; the QoS 1 publish
+    // after it, which stores nothing, still waits behind it.
+    packets(
+        &mut s,
+        1,
+        vec![publish_retained("r", 1, 1, true), publish("x", 1, 2)],
+        now,
+    );
+    assert!(c.drain().is_empty());
+    store.commit_all(&mut s, now);
+    let ids: Vec<u16> = c
+        .drain()
+        .iter()
+        .filter_map(|o| match o {
+            Outbound::PubAck { packet_id, .. } => Some(*packet_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, vec![1, 2]);
+    assert_eq!(s.retained_count(), 1);
+}
+
+#[test]
+fn a_failed_retained_write_answers_its_reason_and_changes_nothing() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut c = connect(&mut s, 1, "c", true, now);
+    let _ = c.drain();
+    packets(&mut s, 1, vec![publish_retained("r", 1, 7, true)], now);
+    store.fail_all(&mut s, now, false);
+    assert!(matches!(
+        c.drain().first(),
+        Some(Outbound::PubAck {
+            packet_id: 7,
+            reason: 0x83
+        })
+    ));
+    assert_eq!(s.retained_count(), 0);
+}
+
+#[test]
+fn retained_topics_are_capped() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_retained: 2,
+        ..Limits::default()
+    });
+    let mut store = FakeStore::default();
+    let mut c = connect(&mut s, 1, "c", true, now);
+    for (i, t) in ["a", "b", "c", "a"].iter().enumerate() {
+        packets(
+            &mut s,
+            1,
+            vec![publish_retained(t, 1, i as u16 + 1, true)],
+            now,
+        );
+        store.commit_all(&mut s, now);
+    }
+    let codes: Vec<u8> = c
+        .drain()
+        .iter()
+        .filter_map(|o| match o {
+            Outbound::PubAck { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        vec![0, 0, 0x97, 0],
+        "a new topic past the cap is refused, a replacement is not"
+    );
+}
+
+#[test]
+fn offline_messages_live_once_in_the_broadcast_log_and_leave_it_when_acknowledged() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    for (conn, id) in [(1, "a"), (2, "b")] {
+        let _ = connect(&mut s, conn, id, false, now);
+        packets(&mut s, conn, vec![subscribe("t", 1)], now);
+        store.commit_all(&mut s, now);
+        closed(&mut s, conn, now);
+    }
+    store.commit_all(&mut s, now);
+    let _p = connect(&mut s, 3, "p", true, now);
+    packets(&mut s, 3, vec![publish("t", 1, 1)], now);
+    store.commit_all(&mut s, now);
+    let appended = store
+        .writes
+        .iter()
+        .filter(|w| matches!(w, Write::AppendLog(_)))
+        .count();
+    assert_eq!(
+        appended, 1,
+        "one log entry however many sessions are owed it"
+    );
+    assert_eq!(s.log_references(), vec![(1, 2)]);
+    for (conn, id) in [(4, "a"), (5, "b")] {
+        let mut c = connect(&mut s, conn, id, false, now);
+        store.commit_all(&mut s, now);
+        let out = c.drain();
+        let packet_id = publish_ids(&out)[0];
+        packets(
+            &mut s,
+            conn,
+            vec![Inbound::PubAck {
+                packet_id,
+                reason: 0,
+            }],
+            now,
+        );
+    }
+    assert!(s.log_references().is_empty());
+    s.flush(now);
+    store.commit_all(&mut s, now);
+    assert!(store
+        .writes
+        .iter()
+        .any(|w| matches!(w, Write::ReleaseLog(o) if o == &vec![1])));
+}
+
+#[test]
+fn a_restored_session_resends_its_inflight_with_dup_and_owes_pubrel() {
+    use crate::storage::contract::{
+        InflightEntry as StoredInflight, InflightPhase as StoredPhase, SessionEntry,
+        SubscriptionEntry,
+    };
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let record = |offset: u64, qos: u8| saguin_format::model::Record {
+        offset,
+        qos,
+        timestamp: 1_700_000_000_000_000_000,
+        ..saguin_format::model::Record::new("t", Bytes::from_static(b"m"))
+    };
+    let summary = s.restore(
+        Restored {
+            retained: vec![record(0, 0)],
+            sessions: vec![SessionEntry {
+                client_id: "c".into(),
+                principal: None,
+                expiry_interval: 300,
+                detached_at: 1_700_000_000_000_000_000,
+                subscriptions: vec![SubscriptionEntry {
+                    filter: "t".into(),
+                    qos: 2,
+                    no_local: false,
+                    retain_as_published: false,
+                    retain_handling: 0,
+                    subscription_id: None,
+                    log_offset: 1,
+                }],
+                will: None,
+                window: 10,
+                inflight: vec![
+                    StoredInflight {
+                        log_offset: 1,
+                        packet_id: 7,
+                        qos: 1,
+                        phase: StoredPhase::AwaitingAck,
+                        shared_group: None,
+                    },
+                    StoredInflight {
+                        log_offset: 2,
+                        packet_id: 8,
+                        qos: 2,
+                        phase: StoredPhase::AwaitingComp,
+                        shared_group: None,
+                    },
+                ],
+            }],
+            cursors: vec![("c".into(), 1)],
+            log: vec![record(1, 1), record(2, 2), record(3, 2)],
+            log_next: 4,
+            held: Vec::new(),
+        },
+        now,
+    );
+    assert_eq!(
+        (summary.sessions, summary.inflight, summary.queued),
+        (1, 2, 1)
+    );
+    store.commit_all(&mut s, now);
+    let mut c = connect(&mut s, 1, "c", false, now);
+    store.commit_all(&mut s, now);
+    let out = c.drain();
+    assert!(matches!(
+        out[0],
+        Outbound::ConnAck {
+            session_present: true,
+            ..
+        }
+    ));
+    assert!(matches!(
+        out[1],
+        Outbound::Publish {
+            packet_id: 7,
+            dup: true,
+            ..
+        }
+    ));
+    assert!(matches!(out[2], Outbound::PubRel { packet_id: 8, .. }));
+    // The message the log held past the in-flight ones is delivered new.
+    assert!(matches!(
+        out[3],
+        Outbound::Publish {
+            qos: 2,
+            dup: false,
+            ..
+        }
+    ));
+}
