@@ -113,6 +113,21 @@ impl Broker {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// The first log line `matches` accepts, waiting (bounded) for the
+    /// broker to write it: log lines reach the test through a pipe.
+    pub fn wait_log(&self, matches: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            if let Some(line) = self.log.lock().unwrap().iter().find(|l| matches(l)) {
+                return line.clone();
+            }
+            if std::time::Instant::now() > deadline {
+                panic!("no such log line within {WAIT:?}:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// SIGTERM, then the exit code (bounded wait).
     pub fn terminate(&mut self) -> Option<i32> {
         unsafe {
