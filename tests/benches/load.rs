@@ -51,6 +51,11 @@ struct Conn {
 
 impl Conn {
     async fn connect(addr: SocketAddr, client_id: &str) -> Result<Conn, Error> {
+        Self::connect_with(addr, client_id, true).await
+    }
+
+    /// `clean`: false makes a persistent session (MQTT 3.1.1 clean session 0).
+    async fn connect_with(addr: SocketAddr, client_id: &str, clean: bool) -> Result<Conn, Error> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         let mut conn = Conn {
@@ -61,7 +66,7 @@ impl Conn {
         };
         conn.push(&Packet::Connect(Connect {
             protocol: V,
-            clean_start: true,
+            clean_start: clean,
             keep_alive: 120,
             client_id: client_id.to_owned(),
             will: None,
@@ -224,8 +229,9 @@ async fn subscriber(
     qos: u8,
     expected: u64,
     ready: tokio::sync::mpsc::Sender<()>,
+    clean: bool,
 ) -> Result<Vec<u64>, Error> {
-    let mut conn = Conn::connect(addr, &id).await?;
+    let mut conn = Conn::connect_with(addr, &id, clean).await?;
     conn.push(&Packet::Subscribe(Subscribe {
         packet_id: 1,
         filters: vec![SubscribeFilter {
@@ -290,6 +296,7 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)] as f64 / 1000.0
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn scenario(
     addr: SocketAddr,
     tag: &str,
@@ -298,6 +305,7 @@ async fn scenario(
     subs: usize,
     per_pub: u64,
     rate: Option<f64>,
+    clean_subscribers: bool,
 ) -> Outcome {
     let topic = format!("bench/{tag}");
     let expected = per_pub * pubs as u64;
@@ -311,6 +319,7 @@ async fn scenario(
             qos,
             expected,
             ready_tx.clone(),
+            clean_subscribers,
         )));
     }
     drop(ready_tx);
@@ -398,15 +407,43 @@ async fn wait_port(addr: SocketAddr) -> bool {
     false
 }
 
-async fn start_saguin(dir: &Path) -> Result<Broker, Error> {
-    let config = dir.join("saguin.yaml");
+/// How a saguin under test keeps its sessions (`broker.session_storage`).
+#[derive(Clone, Copy)]
+enum Sessions {
+    /// None configured: a memory provider without a snapshot directory.
+    Unkept,
+    /// A memory provider with a snapshot directory.
+    Memory,
+    Sqlite,
+}
+
+async fn start_saguin(
+    dir: &Path,
+    name: &'static str,
+    bin: &Path,
+    sessions: Sessions,
+) -> Result<Broker, Error> {
+    let data = dir.join(name);
+    std::fs::create_dir_all(&data)?;
+    let config = data.join("saguin.yaml");
+    let storage = match sessions {
+        Sessions::Unkept => String::new(),
+        Sessions::Memory => format!(
+            "storage:\n  - name: mem\n    kind: memory\n    snapshot_dir: {}\nbroker:\n  session_storage: mem\n",
+            data.join("snapshots").display()
+        ),
+        Sessions::Sqlite => format!(
+            "storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\nbroker:\n  session_storage: db\n",
+            data.join("saguin.db").display()
+        ),
+    };
     std::fs::write(
         &config,
         format!(
-            "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\nlimits:\n  max_queued_messages: 1000000\n  receive_maximum: {WINDOW}\nlog:\n  level: warn\n"
+            "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\nlimits:\n  max_queued_messages: 1000000\n  receive_maximum: {WINDOW}\nlog:\n  level: warn\n{storage}"
         ),
     )?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_saguin"))
+    let mut child = Command::new(bin)
         .arg("serve")
         .arg("--config")
         .arg(&config)
@@ -432,11 +469,7 @@ async fn start_saguin(dir: &Path) -> Result<Broker, Error> {
     })
     .await??;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(Broker {
-        name: "saguin",
-        addr,
-        child,
-    })
+    Ok(Broker { name, addr, child })
 }
 
 async fn start_mosquitto(dir: &Path) -> Result<Broker, Error> {

@@ -1,0 +1,201 @@
+//! What a provider promises survives a restart, through the wire: retained
+//! messages, a persistent session with its subscriptions, QoS 1 and 2
+//! messages queued for it offline and others in flight - same packet
+//! identifiers, DUP on resend, a QoS 2 exchange past PUBREC owing its
+//! PUBREL. A memory provider with a snapshot directory keeps them across
+//! SIGTERM; a sqlite provider across kill -9.
+
+mod broker_support;
+
+use std::path::Path;
+
+use broker_support::*;
+use saguin::broker::codec::{Packet, PubAck, QoS};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn memory_config(dir: &Path) -> String {
+    format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         storage:\n  - name: mem\n    kind: memory\n    snapshot_dir: {}\n\
+         broker:\n  retained_storage: mem\n  session_storage: mem\n",
+        dir.join("snapshots").display()
+    )
+}
+
+fn sqlite_config(dir: &Path) -> String {
+    format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n\
+         broker:\n  retained_storage: db\n  session_storage: db\n  session:\n    ack_commit_interval: 20ms\n",
+        dir.join("saguin.db").display()
+    )
+}
+
+/// Restart on the same directory and configuration.
+fn restart(broker: Broker, yaml: &str) -> Broker {
+    let Broker { child, dir, .. } = broker;
+    drop(child);
+    Broker::start_in(dir, yaml)
+}
+
+/// What the subscriber holds before the stop: packet ids of t/1 (QoS 1,
+/// unacknowledged), t/2 (QoS 2, PUBREC sent, PUBCOMP owed) and t/3 (QoS 1,
+/// unacknowledged); t/4 and t/5 wait behind the full window, t/6 was
+/// published while it was away.
+struct Before {
+    t1: u16,
+    t2: u16,
+    t3: u16,
+}
+
+async fn prepare(broker: &Broker) -> Before {
+    let mut p = Raw::tcp(broker.addr(), v5()).await;
+    p.connect("pub", ConnectOpts::clean()).await;
+    p.publish_acked("r/1", b"one", 1, true, 1).await;
+    p.publish_acked("r/2", b"two", 1, true, 2).await;
+
+    let mut s = Raw::tcp(broker.addr(), v5()).await;
+    let mut opts = ConnectOpts::persistent(3600);
+    opts.properties.receive_maximum = Some(3);
+    let ack = s.connect("sub", opts).await;
+    assert!(!ack.session_present);
+    s.subscribe(1, "t/#", 2).await;
+
+    p.publish_acked("t/1", b"1", 1, false, 3).await;
+    p.publish_acked("t/2", b"2", 2, false, 4).await;
+    p.publish_acked("t/3", b"3", 1, false, 5).await;
+    let m1 = s.next_publish(false).await;
+    let m2 = s.next_publish(false).await;
+    let m3 = s.next_publish(false).await;
+    assert_eq!(
+        (&*m1.topic, &*m2.topic, &*m3.topic),
+        ("t/1", "t/2", "t/3")
+    );
+    assert_eq!(m2.qos, QoS::ExactlyOnce);
+    s.send(Packet::PubRec(PubAck::new(m2.packet_id))).await;
+    match s.recv().await {
+        Some(Packet::PubRel(r)) => assert_eq!(r.packet_id, m2.packet_id),
+        other => panic!("expected PUBREL, got {other:?}"),
+    }
+    p.publish_acked("t/4", b"4", 1, false, 6).await;
+    p.publish_acked("t/5", b"5", 2, false, 7).await;
+    // The window is full: nothing more arrives (a ping answers first).
+    s.send(Packet::PingReq).await;
+    assert!(matches!(s.recv().await, Some(Packet::PingResp)));
+    drop(s);
+    p.publish_acked("t/6", b"6", 1, false, 8).await;
+    p.disconnect().await;
+    Before {
+        t1: m1.packet_id,
+        t2: m2.packet_id,
+        t3: m3.packet_id,
+    }
+}
+
+async fn check(broker: &Broker, before: Before) {
+    let mut s = Raw::tcp(broker.addr(), v5()).await;
+    let mut opts = ConnectOpts::persistent(3600);
+    opts.properties.receive_maximum = Some(3);
+    let ack = s.connect("sub", opts).await;
+    assert!(ack.session_present, "the session came back");
+    match s.recv().await {
+        Some(Packet::Publish(p)) => {
+            assert_eq!((&*p.topic, p.packet_id, p.dup), ("t/1", before.t1, true));
+            assert_eq!(&p.payload[..], b"1");
+            s.send(Packet::PubAck(PubAck::new(p.packet_id))).await;
+        }
+        other => panic!("expected t/1 again, got {other:?}"),
+    }
+    match s.recv().await {
+        Some(Packet::PubRel(r)) => {
+            assert_eq!(r.packet_id, before.t2, "the QoS 2 exchange owes its PUBREL");
+            s.send(Packet::PubComp(PubAck::new(r.packet_id))).await;
+        }
+        other => panic!("expected PUBREL, got {other:?}"),
+    }
+    match s.recv().await {
+        Some(Packet::Publish(p)) => {
+            assert_eq!((&*p.topic, p.packet_id, p.dup), ("t/3", before.t3, true));
+            s.send(Packet::PubAck(PubAck::new(p.packet_id))).await;
+        }
+        other => panic!("expected t/3 again, got {other:?}"),
+    }
+    let mut rest = Vec::new();
+    for _ in 0..3 {
+        let p = s.next_publish(true).await;
+        assert!(!p.dup);
+        rest.push((p.topic.to_string(), p.qos));
+    }
+    assert_eq!(
+        rest,
+        vec![
+            ("t/4".to_owned(), QoS::AtLeastOnce),
+            ("t/5".to_owned(), QoS::ExactlyOnce),
+            ("t/6".to_owned(), QoS::AtLeastOnce)
+        ]
+    );
+    s.send(Packet::PingReq).await;
+    assert!(matches!(s.recv().await, Some(Packet::PingResp)));
+
+    let mut r = Raw::tcp(broker.addr(), v5()).await;
+    r.connect("reader", ConnectOpts::clean()).await;
+    r.subscribe(1, "r/#", 1).await;
+    let mut retained = vec![r.next_publish(true).await, r.next_publish(true).await];
+    retained.sort_by(|a, b| a.topic.cmp(&b.topic));
+    assert_eq!(&*retained[0].topic, "r/1");
+    assert_eq!(&retained[0].payload[..], b"one");
+    assert_eq!(&*retained[1].topic, "r/2");
+    assert!(retained.iter().all(|m| m.retain));
+}
+
+#[test]
+fn a_memory_provider_keeps_sessions_and_retained_messages_across_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = memory_config(dir.path());
+    let mut broker = Broker::start_in(dir, &yaml);
+    let before = runtime().block_on(prepare(&broker));
+    assert_eq!(broker.terminate(), Some(0));
+    let broker = restart(broker, &yaml);
+    runtime().block_on(check(&broker, before));
+}
+
+/// In-flight rows of `client` in the database, read beside the broker.
+fn inflight_rows(db: &Path, client: &str) -> i64 {
+    let conn = rusqlite::Connection::open_with_flags(
+        db,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    conn.query_row(
+        "SELECT count(*) FROM session_inflight WHERE client_id = ?1",
+        [client],
+        |r| r.get(0),
+    )
+    .unwrap_or(0)
+}
+
+#[test]
+fn a_sqlite_provider_keeps_sessions_and_retained_messages_across_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = sqlite_config(dir.path());
+    let db = dir.path().join("saguin.db");
+    let mut broker = Broker::start_in(dir, &yaml);
+    let before = runtime().block_on(prepare(&broker));
+    // Every PUBACKed publish is stored already; the in-flight table is
+    // written within ack_commit_interval: wait until it is, then kill.
+    let deadline = std::time::Instant::now() + WAIT;
+    while inflight_rows(&db, "sub") < 3 {
+        assert!(std::time::Instant::now() < deadline, "in-flight table never written");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    broker.child.kill().unwrap();
+    broker.child.wait().unwrap();
+    let broker = restart(broker, &yaml);
+    runtime().block_on(check(&broker, before));
+}
