@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use saguin::broker::logfmt::Logfmt;
+use saguin::broker::providers::{Providers, ShutdownStatus};
 use saguin::broker::server;
 use saguin::config::{Config, ConfigError, LogFormat, LogLevel};
 
@@ -64,34 +65,94 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
             tracing::error!(path = %path, "{what}");
         }
         eprintln!(
-            "saguin: this build serves broadcast topics, with retained messages and sessions in memory; \
-             it does not yet keep channels, retained messages or sessions in a storage provider. \
+            "saguin: this build serves broadcast topics, with retained messages and sessions kept \
+             by broker.retained_storage and broker.session_storage; it does not yet serve channels. \
              Remove the settings above to serve without them."
         );
         return Ok(exit::CANNOT);
     }
+    let providers = match open_providers(&config) {
+        Ok(providers) => providers,
+        Err(code) => return Ok(code),
+    };
     if !config.keeps_anything() {
         tracing::warn!("nothing is kept: retained messages, sessions and queued messages live in memory only and are lost when the broker stops");
     }
     for line in config.durability_summary() {
         tracing::info!(detail = %line, "durability");
     }
+    providers.log_startup();
     let server = match server::prepare(&config).await {
         Ok(server) => server,
         Err(err) => {
             tracing::error!(error = %err, "cannot start");
             eprintln!("saguin: {err}");
+            // Nothing was served, so nothing changed: the providers close
+            // and let their locks go without rewriting a snapshot.
+            drop(providers);
             return Ok(exit::CANNOT);
         }
     };
-    server::run(server, shutdown_signal()).await;
-    Ok(exit::OK)
+    let status = ShutdownStatus::default();
+    server::run(server, first_signal_then_watch(status.clone())).await;
+    if close_providers(providers, &status) {
+        Ok(exit::OK)
+    } else {
+        Ok(exit::CANNOT)
+    }
 }
 
-/// The settings that ask the broker to keep something in a storage
-/// provider, which this build does not do yet: each with its YAML path.
+/// Opens, locks and recovers the providers (blocking, before any listener
+/// is bound), or says why not: the exit code is then the answer.
+fn open_providers(config: &Config) -> Result<Providers, u8> {
+    tokio::task::block_in_place(|| Providers::open(config)).map_err(|err| {
+        tracing::error!(error = %err, "cannot start");
+        eprintln!("saguin: {err}");
+        exit::CANNOT
+    })
+}
+
+/// Writes the snapshots, closes the providers and lets their locks go
+/// (blocking). True when everything was written.
+fn close_providers(providers: Providers, status: &ShutdownStatus) -> bool {
+    let report = tokio::task::block_in_place(|| providers.close(status));
+    for failure in &report.failures {
+        eprintln!("saguin: {failure}");
+    }
+    report.is_complete()
+}
+
+/// The first SIGTERM or SIGINT; from then on every further one is answered
+/// with what the shutdown is still doing, so an operator waiting on a long
+/// snapshot write can see it is not stuck.
+async fn first_signal_then_watch(status: ShutdownStatus) {
+    shutdown_signal().await;
+    status.set("stopping the broker: closing connections and handing state to the providers");
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                return;
+            };
+            loop {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                tracing::warn!(still = %status.get(), "shutting down; still writing");
+            }
+        }
+    });
+}
+
+/// The settings that ask the broker for something this build does not
+/// serve yet: each with its YAML path.
 fn unserved_storage(config: &Config) -> Vec<(String, &'static str)> {
-    let mut unserved: Vec<(String, &'static str)> = config
+    config
         .channels
         .iter()
         .enumerate()
@@ -101,20 +162,7 @@ fn unserved_storage(config: &Config) -> Vec<(String, &'static str)> {
                 "channels are not served by this build",
             )
         })
-        .collect();
-    if config.broker.retained_storage.is_some() {
-        unserved.push((
-            "broker.retained_storage".into(),
-            "retained messages are not kept in a provider by this build",
-        ));
-    }
-    if config.broker.session_storage.is_some() {
-        unserved.push((
-            "broker.session_storage".into(),
-            "persistent sessions are not kept in a provider by this build",
-        ));
-    }
-    unserved
+        .collect()
 }
 
 /// SIGTERM or SIGINT.

@@ -109,6 +109,7 @@ pub mod connection;
 pub mod logfmt;
 pub mod message;
 pub mod metrics;
+pub mod providers;
 pub mod retained;
 pub mod server;
 pub mod session;
