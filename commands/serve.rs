@@ -7,6 +7,7 @@ use saguin::broker::logfmt::Logfmt;
 use saguin::broker::providers::{Providers, ShutdownStatus};
 use saguin::broker::server;
 use saguin::config::{Config, ConfigError, LogFormat, LogLevel};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::exit;
 
@@ -56,6 +57,7 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "embedded default".into());
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %origin, "starting");
+    let signals = Signals::install().context("install the SIGTERM and SIGINT handlers")?;
     let unserved = unserved_storage(&config);
     if !unserved.is_empty() {
         // Invariant 14: durability is stated only where it is provided. A
@@ -65,8 +67,8 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
             tracing::error!(path = %path, "{what}");
         }
         eprintln!(
-            "saguin: this build serves broadcast topics, with retained messages and sessions kept \
-             by broker.retained_storage and broker.session_storage; it does not yet serve channels. \
+            "saguin: this build serves broadcast topics, keeping retained messages and sessions \
+             in the providers the broker section names; it does not yet serve channels. \
              Remove the settings above to serve without them."
         );
         return Ok(exit::CANNOT);
@@ -94,7 +96,7 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         }
     };
     let status = ShutdownStatus::default();
-    server::run(server, first_signal_then_watch(status.clone())).await;
+    server::run(server, first_signal_then_watch(signals, status.clone())).await;
     if close_providers(providers, &status) {
         Ok(exit::OK)
     } else {
@@ -122,29 +124,42 @@ fn close_providers(providers: Providers, status: &ShutdownStatus) -> bool {
     report.is_complete()
 }
 
+/// SIGTERM and SIGINT, caught from before the first listener is bound: a
+/// signal that arrives while the broker is starting is a request to stop
+/// gracefully, never the default disposition killing it mid-start.
+struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next SIGTERM or SIGINT, by name.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
 /// The first SIGTERM or SIGINT; from then on every further one is answered
 /// with what the shutdown is still doing, so an operator waiting on a long
 /// snapshot write can see it is not stuck.
-async fn first_signal_then_watch(status: ShutdownStatus) {
-    shutdown_signal().await;
+async fn first_signal_then_watch(mut signals: Signals, status: ShutdownStatus) {
+    let name = signals.next().await;
+    tracing::info!(signal = name, "signal received");
     status.set("stopping the broker: closing connections and handing state to the providers");
     tokio::spawn(async move {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut int)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::interrupt()),
-            ) else {
-                return;
-            };
-            loop {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-                tracing::warn!(still = %status.get(), "shutting down; still writing");
-            }
+        loop {
+            let name = signals.next().await;
+            tracing::warn!(signal = name, still = %status.get(), "shutting down; still writing");
         }
     });
 }
@@ -163,28 +178,6 @@ fn unserved_storage(config: &Config) -> Vec<(String, &'static str)> {
             )
         })
         .collect()
-}
-
-/// SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => tracing::info!(signal = "SIGINT", "signal received"),
-        _ = term => tracing::info!(signal = "SIGTERM", "signal received"),
-    }
 }
 
 fn init_logging(config: &Config) {

@@ -621,3 +621,150 @@ impl WriteObserver for StatusObserver<'_> {
         self.update(&writing);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path, storage: &str, broker: &str) -> Config {
+        let text = format!(
+            "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\n\
+             auth:\n  allow_anonymous: true\n\
+             storage:\n{storage}broker:\n{broker}"
+        );
+        Config::from_yaml_str(&text, &dir.join("saguin.yaml")).expect("valid configuration")
+    }
+
+    fn memory(dir: &Path) -> String {
+        format!(
+            "  - name: mem\n    kind: memory\n    snapshot_dir: {}\n",
+            dir.join("snap").display()
+        )
+    }
+
+    fn same(a: &Arc<dyn Provider>, b: &Arc<dyn Provider>) -> bool {
+        std::ptr::eq(Arc::as_ptr(a).cast::<()>(), Arc::as_ptr(b).cast::<()>())
+    }
+
+    #[test]
+    fn a_provider_named_by_both_roles_is_opened_once() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(
+            d.path(),
+            &memory(d.path()),
+            "  retained_storage: mem\n  session_storage: mem\n",
+        );
+        let p = Providers::open(&c).unwrap();
+        assert_eq!(p.opened.len(), 1);
+        assert!(same(&p.retained(), &p.sessions()));
+        assert_eq!(p.retained().name(), "mem");
+        assert!(p.close(&ShutdownStatus::default()).is_complete());
+    }
+
+    #[test]
+    fn a_role_no_provider_is_named_for_is_kept_by_the_built_in_memory_provider() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(d.path(), &memory(d.path()), "  retained_storage: mem\n");
+        let p = Providers::open(&c).unwrap();
+        assert_eq!(p.retained().name(), "mem");
+        assert_eq!(p.sessions().name(), BUILT_IN_NAME);
+        assert!(!same(&p.retained(), &p.sessions()));
+        let status = ShutdownStatus::default();
+        let report = p.close(&status);
+        assert!(report.is_complete(), "{:?}", report.failures);
+        // Only what `mem` keeps is written: the manifest and the retained
+        // store, no sessions pair.
+        let files: Vec<&str> = report
+            .written
+            .iter()
+            .map(|(p, w)| {
+                assert_eq!(p, "mem");
+                w.file_name.as_str()
+            })
+            .collect();
+        assert_eq!(files, ["saguin.manifest", "%24saguin%2Fretained.snapshot"]);
+        assert!(!d.path().join("snap/saguin.sessions").exists());
+        assert_eq!(status.get(), "every storage provider closed");
+    }
+
+    #[test]
+    fn nothing_named_uses_one_built_in_provider_and_writes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(d.path(), &memory(d.path()), "");
+        let p = Providers::open(&c).unwrap();
+        assert_eq!(p.opened.len(), 1);
+        assert!(same(&p.retained(), &p.sessions()));
+        assert_eq!(p.retained().name(), BUILT_IN_NAME);
+        // `mem` is named by nothing: it is not opened, its directory not made.
+        assert!(!d.path().join("snap").exists());
+        let report = p.close(&ShutdownStatus::default());
+        assert!(report.is_complete() && report.written.is_empty());
+    }
+
+    #[test]
+    fn a_held_provider_is_refused_naming_it_its_lock_and_its_holder() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(d.path(), &memory(d.path()), "  session_storage: mem\n");
+        let first = Providers::open(&c).unwrap();
+        let err = Providers::open(&c).err().expect("refused");
+        assert!(matches!(err, StartupError::Held { .. }), "{err}");
+        let text = err.to_string();
+        let lock = d.path().join("snap").join("saguin.lock");
+        assert!(text.contains("storage provider mem"), "{text}");
+        assert!(text.contains(&lock.display().to_string()), "{text}");
+        assert!(
+            text.contains(&format!("pid {}", std::process::id())),
+            "{text}"
+        );
+        drop(first.close(&ShutdownStatus::default()));
+        // Let go at close: it can be taken again.
+        let again = Providers::open(&c).unwrap();
+        assert!(again.close(&ShutdownStatus::default()).is_complete());
+    }
+
+    #[test]
+    fn a_snapshot_that_cannot_be_written_makes_the_report_incomplete_naming_it() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(d.path(), &memory(d.path()), "  session_storage: mem\n");
+        let p = Providers::open(&c).unwrap();
+        let snap = d.path().join("snap");
+        std::fs::rename(&snap, d.path().join("moved")).unwrap();
+        std::fs::write(&snap, b"x").unwrap();
+        let report = p.close(&ShutdownStatus::default());
+        assert!(!report.is_complete());
+        assert!(
+            report
+                .failures
+                .iter()
+                .any(|f| f.contains(&snap.display().to_string())),
+            "{:?}",
+            report.failures
+        );
+    }
+
+    #[test]
+    fn the_status_names_every_file_still_being_written() {
+        let status = ShutdownStatus::default();
+        let observer = StatusObserver {
+            status: &status,
+            prefix: "storage provider mem: snapshot /s".into(),
+            writing: Mutex::new(BTreeSet::new()),
+        };
+        observer.started("b.snapshot");
+        observer.started("a.snapshot");
+        assert_eq!(
+            status.get(),
+            "storage provider mem: snapshot /s: writing a.snapshot, b.snapshot"
+        );
+        observer.finished("a.snapshot");
+        assert_eq!(
+            status.get(),
+            "storage provider mem: snapshot /s: writing b.snapshot"
+        );
+        observer.finished("b.snapshot");
+        assert_eq!(
+            status.get(),
+            "storage provider mem: snapshot /s: between files"
+        );
+    }
+}

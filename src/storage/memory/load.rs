@@ -650,6 +650,17 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_file_limit_follows_the_bound_above_its_floor() {
+        assert_eq!(LoadOptions::file_limit_for(None), F21_DEFAULT_MAX_BYTES);
+        assert_eq!(LoadOptions::file_limit_for(Some(1 << 20)), FILE_LIMIT_FLOOR);
+        assert_eq!(
+            LoadOptions::file_limit_for(Some(256 << 20)),
+            (256 * FILE_LIMIT_BOUND_FACTOR) << 20
+        );
+        assert_eq!(LoadOptions::file_limit_for(Some(u64::MAX)), u64::MAX);
+    }
+
     /// A directory holding channels `a` (append, 3 records, one hold) and
     /// `b` (latest), written at moment `at`.
     fn written(dir: &Path, at: UnixNanos) {
