@@ -13,12 +13,43 @@ use crate::exit;
 
 /// Serve MQTT on the configured listeners until SIGTERM or SIGINT.
 #[derive(clap::Args, Debug)]
+#[command(after_help = AFTER_HELP, after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
     /// The configuration file (YAML). Without it: one listener on
     /// 127.0.0.1:1883, anonymous, everything in memory, nothing kept.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 }
+
+const AFTER_HELP: &str = "\
+Exit status: 0 stopped by SIGTERM or SIGINT with everything written, 1 the \
+configuration is invalid, 2 usage error, 3 the broker could not start or a \
+snapshot file could not be written at the stop.
+
+Examples:
+  saguin serve
+  saguin serve --config /etc/saguin/saguin.yaml";
+
+const AFTER_LONG_HELP: &str = "\
+Startup: every storage provider broker.retained_storage or \
+broker.session_storage names is locked (a provider another live broker \
+holds is refused at once, naming the provider, the lock file and its \
+holder's pid, host and start), opened and recovered before any listener is \
+bound. A memory provider loads its snapshot_dir with the checks `saguin \
+snapshot verify` makes, each file held to eight times the provider's \
+max_bytes (at least 64 MiB; 4 GiB when unbounded); sqlite checks its schema \
+version and drops the positions of sessions that expired while it was \
+down. A damaged, truncated or foreign-version file stops the start naming \
+it, and nothing is bound. What each provider keeps, its durability and \
+what its bound came to are logged once. Channels are not served yet: a \
+configuration with channels is refused by YAML path.
+
+Stopping: at SIGTERM or SIGINT the broker stops accepting, then writes each \
+memory provider's snapshot_dir (the manifest first; each file to a \
+temporary name, fsynced and renamed; the directory fsynced; a few files at \
+a time), checkpoints and closes each sqlite provider, and lets every lock \
+go, logging each file written and each failure by name and the total time. \
+A further signal meanwhile logs what is still being written.";
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let config = match &args.config {
