@@ -393,3 +393,69 @@ fn a_snapshot_that_cannot_be_written_is_named_and_the_exit_is_not_zero() {
     );
     assert!(log.contains("storage closed with failures"), "log: {log}");
 }
+
+fn lines_with(broker: &Broker, words: &str) -> Vec<String> {
+    broker
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains(words))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn a_second_signal_during_a_long_stop_says_what_is_still_being_written() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let snap = data.path().join("snap");
+    std::fs::create_dir(&snap).unwrap();
+    // The manifest is written to saguin.manifest.tmp first; a FIFO there
+    // holds the stop inside that write until this test reads it.
+    let fifo = snap.join("saguin.manifest.tmp");
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo touches nothing else.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let mut broker = Broker::start(&config(0, &memory_provider(&snap, ""), BOTH_ON_MEM));
+    let pid = broker.child.id() as i32;
+    let sigterm = || {
+        // SAFETY: signalling the child this test started.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    };
+    sigterm();
+    let deadline = std::time::Instant::now() + WAIT;
+    // Signals that arrive together are delivered as one, so the second is
+    // sent again until the broker answers it naming the manifest.
+    let said = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no answer to a second signal: {}",
+            broker.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        sigterm();
+        if let Some(last) = lines_with(&broker, "still writing").pop() {
+            if last.contains("writing saguin.manifest") {
+                break last;
+            }
+        }
+    };
+    assert!(said.contains("storage provider mem"), "{said}");
+    // Let the write through: the bytes go into the pipe, whose fsync fails,
+    // so the manifest is a named failure and the stop exits 3 after
+    // writing the rest.
+    let mut reader = std::fs::File::open(&fifo).unwrap();
+    let mut sink = Vec::new();
+    std::io::Read::read_to_end(&mut reader, &mut sink).unwrap();
+    assert!(!sink.is_empty());
+    assert_eq!(broker.terminate(), Some(3), "{}", broker.log_text());
+    let log = broker.log_text();
+    assert!(
+        log.contains(&format!(
+            "snapshot {}",
+            snap.join("saguin.manifest").display()
+        )),
+        "{log}"
+    );
+    assert!(snap.join(RETAINED_FILE).is_file(), "{log}");
+}
