@@ -4,19 +4,52 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use saguin::broker::logfmt::Logfmt;
+use saguin::broker::providers::{Providers, ShutdownStatus};
 use saguin::broker::server;
 use saguin::config::{Config, ConfigError, LogFormat, LogLevel};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::exit;
 
 /// Serve MQTT on the configured listeners until SIGTERM or SIGINT.
 #[derive(clap::Args, Debug)]
+#[command(after_help = AFTER_HELP, after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
     /// The configuration file (YAML). Without it: one listener on
     /// 127.0.0.1:1883, anonymous, everything in memory, nothing kept.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 }
+
+const AFTER_HELP: &str = "\
+Exit status: 0 stopped by SIGTERM or SIGINT with everything written, 1 the \
+configuration is invalid, 2 usage error, 3 the broker could not start or a \
+snapshot file could not be written at the stop.
+
+Examples:
+  saguin serve
+  saguin serve --config /etc/saguin/saguin.yaml";
+
+const AFTER_LONG_HELP: &str = "\
+Startup: every storage provider broker.retained_storage or \
+broker.session_storage names is locked (a provider another live broker \
+holds is refused at once, naming the provider, the lock file and its \
+holder's pid, host and start), opened and recovered before any listener is \
+bound. A memory provider loads its snapshot_dir with the checks `saguin \
+snapshot verify` makes, each file held to eight times the provider's \
+max_bytes (at least 64 MiB; 4 GiB when unbounded); sqlite checks its schema \
+version and drops the positions of sessions that expired while it was \
+down. A damaged, truncated or foreign-version file stops the start naming \
+it, and nothing is bound. What each provider keeps, its durability and \
+what its bound came to are logged once. Channels are not served yet: a \
+configuration with channels is refused by YAML path.
+
+Stopping: at SIGTERM or SIGINT the broker stops accepting, then writes each \
+memory provider's snapshot_dir (the manifest first; each file to a \
+temporary name, fsynced and renamed; the directory fsynced; a few files at \
+a time), checkpoints and closes each sqlite provider, and lets every lock \
+go, logging each file written and each failure by name and the total time. \
+A further signal meanwhile logs what is still being written.";
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let config = match &args.config {
@@ -55,6 +88,7 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "embedded default".into());
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %origin, "starting");
+    let signals = Signals::install().context("install the SIGTERM and SIGINT handlers")?;
     let unserved = unserved_storage(&config);
     if !unserved.is_empty() {
         // Invariant 14: durability is stated only where it is provided. A
@@ -64,53 +98,113 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
             tracing::error!(path = %path, "{what}");
         }
         eprintln!(
-            "saguin: this build serves broadcast topics, with retained messages and sessions in memory; \
-             it does not yet keep channels, retained messages or sessions in a storage provider. \
+            "saguin: this build serves broadcast topics, keeping retained messages and sessions \
+             in the providers the broker section names; it does not yet serve channels. \
              Remove the settings above to serve without them."
         );
         return Ok(exit::CANNOT);
     }
+    let providers = match open_providers(&config) {
+        Ok(providers) => providers,
+        Err(code) => return Ok(code),
+    };
     if !config.keeps_anything() {
         tracing::warn!("nothing is kept: retained messages, sessions and queued messages live in memory only and are lost when the broker stops");
     }
     for line in config.durability_summary() {
         tracing::info!(detail = %line, "durability");
     }
-    let memory =
-        |name: &str| -> anyhow::Result<std::sync::Arc<dyn saguin::storage::contract::Provider>> {
-            let provider = saguin::storage::memory::MemoryProvider::new(
-                saguin::storage::memory::MemoryConfig {
-                    name: name.to_owned(),
-                    max_bytes: None,
-                    reserve: saguin::storage::contract::reserve_for(
-                        config.limits.max_message_size,
-                        config.limits.max_header_bytes,
-                    ),
-                },
-            )?;
-            Ok(provider)
-        };
-    let sessions = memory("sessions (memory, not kept)")?;
-    let retained = memory("retained (memory, not kept)")?;
-    let server = match server::prepare(&config, sessions, retained).await {
+    providers.log_startup();
+    let server = match server::prepare(&config, providers.sessions(), providers.retained()).await {
         Ok(server) => server,
         Err(err) => {
             tracing::error!(error = %err, "cannot start");
             eprintln!("saguin: {err}");
+            // Nothing was served, so nothing changed: the providers close
+            // and let their locks go without rewriting a snapshot.
+            drop(providers);
             return Ok(exit::CANNOT);
         }
     };
-    if let Err(err) = server::run(server, shutdown_signal()).await {
+    let status = ShutdownStatus::default();
+    let served = server::run(server, first_signal_then_watch(signals, status.clone())).await;
+    if let Err(err) = &served {
         eprintln!("saguin: {err}");
-        return Ok(exit::CANNOT);
     }
-    Ok(exit::OK)
+    // Even after a failure while serving, what the providers hold is what
+    // clients were told is stored: write it out and let the locks go.
+    let closed = close_providers(providers, &status);
+    if closed && served.is_ok() {
+        Ok(exit::OK)
+    } else {
+        Ok(exit::CANNOT)
+    }
 }
 
-/// The settings that ask the broker to keep something in a storage
-/// provider, which this build does not do yet: each with its YAML path.
+/// Opens, locks and recovers the providers (blocking, before any listener
+/// is bound), or says why not: the exit code is then the answer.
+fn open_providers(config: &Config) -> Result<Providers, u8> {
+    tokio::task::block_in_place(|| Providers::open(config)).map_err(|err| {
+        tracing::error!(error = %err, "cannot start");
+        eprintln!("saguin: {err}");
+        exit::CANNOT
+    })
+}
+
+/// Writes the snapshots, closes the providers and lets their locks go
+/// (blocking). True when everything was written.
+fn close_providers(providers: Providers, status: &ShutdownStatus) -> bool {
+    let report = tokio::task::block_in_place(|| providers.close(status));
+    for failure in &report.failures {
+        eprintln!("saguin: {failure}");
+    }
+    report.is_complete()
+}
+
+/// SIGTERM and SIGINT, caught from before the first listener is bound: a
+/// signal that arrives while the broker is starting is a request to stop
+/// gracefully, never the default disposition killing it mid-start.
+struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next SIGTERM or SIGINT, by name.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+/// The first SIGTERM or SIGINT; from then on every further one is answered
+/// with what the shutdown is still doing, so an operator waiting on a long
+/// snapshot write can see it is not stuck.
+async fn first_signal_then_watch(mut signals: Signals, status: ShutdownStatus) {
+    let name = signals.next().await;
+    tracing::info!(signal = name, "signal received");
+    status.set("stopping the broker: closing connections and handing state to the providers");
+    tokio::spawn(async move {
+        loop {
+            let name = signals.next().await;
+            tracing::warn!(signal = name, still = %status.get(), "shutting down; still writing");
+        }
+    });
+}
+
+/// The settings that ask the broker for something this build does not
+/// serve yet: each with its YAML path.
 fn unserved_storage(config: &Config) -> Vec<(String, &'static str)> {
-    let mut unserved: Vec<(String, &'static str)> = config
+    config
         .channels
         .iter()
         .enumerate()
@@ -120,42 +214,7 @@ fn unserved_storage(config: &Config) -> Vec<(String, &'static str)> {
                 "channels are not served by this build",
             )
         })
-        .collect();
-    if config.broker.retained_storage.is_some() {
-        unserved.push((
-            "broker.retained_storage".into(),
-            "retained messages are not kept in a provider by this build",
-        ));
-    }
-    if config.broker.session_storage.is_some() {
-        unserved.push((
-            "broker.session_storage".into(),
-            "persistent sessions are not kept in a provider by this build",
-        ));
-    }
-    unserved
-}
-
-/// SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => tracing::info!(signal = "SIGINT", "signal received"),
-        _ = term => tracing::info!(signal = "SIGTERM", "signal received"),
-    }
+        .collect()
 }
 
 fn init_logging(config: &Config) {

@@ -34,7 +34,7 @@ complete -c saguin -n "__fish_saguin_needs_command" -f -a "migrate" -d 'Move a p
 complete -c saguin -n "__fish_saguin_needs_command" -f -a "lock" -d 'Tell whether a provider\'s lock is held, and by whom'
 complete -c saguin -n "__fish_saguin_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c saguin -n "__fish_saguin_using_subcommand serve" -l config -d 'The configuration file (YAML). Without it: one listener on 127.0.0.1:1883, anonymous, everything in memory, nothing kept' -r -F
-complete -c saguin -n "__fish_saguin_using_subcommand serve" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand serve" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand serve" -s V -l version -d 'Print version'
 complete -c saguin -n "__fish_saguin_using_subcommand check-config" -l config -d 'The configuration file (YAML). Without it, the embedded default: one listener on 127.0.0.1:1883, anonymous, nothing kept' -r -F
 complete -c saguin -n "__fish_saguin_using_subcommand check-config" -l output -d 'Print the fully resolved configuration on stdout as one YAML (the default) or JSON document' -r -f -a "yaml\t''

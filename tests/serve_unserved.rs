@@ -1,11 +1,12 @@
-//! `saguin serve` refuses settings that ask it to keep something in a
-//! storage provider it does not yet keep there, naming each one, rather than
-//! announcing a durability it would not deliver (invariant 14).
+//! `saguin serve` refuses channels, which it does not serve yet, naming
+//! each by YAML path, rather than announcing a durability it would not
+//! deliver (invariant 14). Retained messages and sessions in a provider
+//! are served: naming a provider for them is no reason to refuse.
 
 use std::process::Command;
 
 #[test]
-fn channels_and_stored_broker_state_are_refused_by_name() {
+fn channels_are_refused_by_name_and_stored_broker_state_is_not() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("saguin.yaml");
     std::fs::write(
@@ -33,12 +34,16 @@ fn channels_and_stored_broker_state_are_refused_by_name() {
         "stderr: {stderr}"
     );
     assert!(
-        stderr.contains("broker.session_storage"),
-        "stderr: {stderr}"
+        !stderr.contains("broker.session_storage"),
+        "session_storage is served, not refused; stderr: {stderr}"
     );
     assert!(!stderr.contains("listening"), "stderr: {stderr}");
     assert!(
         !dir.path().join("saguin.db").exists(),
         "nothing is created for a refused configuration"
+    );
+    assert!(
+        !dir.path().join("saguin.db.lock").exists(),
+        "no provider is opened for a refused configuration"
     );
 }

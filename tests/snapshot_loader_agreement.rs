@@ -109,6 +109,7 @@ fn load(dir: &Path) -> Result<LoadReport, BTreeSet<(String, String)>> {
         sessions: true,
         now: BEGAN_AT + 2_000_000_000,
         max_session_expiry: 7 * 86_400,
+        max_file_bytes: F21_DEFAULT_MAX_BYTES,
     };
     provider.load_snapshot_dir(dir, &options).map_err(|e| {
         e.problems
@@ -442,6 +443,7 @@ fn a_file_of_a_store_the_provider_does_not_keep_is_not_read() {
                 sessions: false,
                 now: BEGAN_AT,
                 max_session_expiry: 7 * 86_400,
+                max_file_bytes: F21_DEFAULT_MAX_BYTES,
             },
         )
         .unwrap();

@@ -96,6 +96,7 @@ impl Harness for MemoryHarness {
                     sessions: true,
                     now: now_nanos(),
                     max_session_expiry: 7 * 24 * 3600,
+                    max_file_bytes: saguin::storage::read::F21_DEFAULT_MAX_BYTES,
                 },
             )
             .expect("load");

@@ -11,6 +11,9 @@
 //!                 ACL decisions, $SYS, metrics
 //! ```
 //!
+//! - [`providers`]: the storage providers the broker stores are kept in,
+//!   locked, opened and recovered before `prepare`, written (memory
+//!   snapshots) and closed after `run`.
 //! - [`server`]: `prepare(config)` binds the listeners and builds the state;
 //!   `run(server, shutdown)` serves until `shutdown` completes. One tokio
 //!   runtime; a permit of the `max_connections` semaphore is taken before
@@ -110,6 +113,7 @@ pub mod logfmt;
 pub mod message;
 pub mod metrics;
 pub mod persister;
+pub mod providers;
 pub mod server;
 pub mod state;
 pub mod topic;

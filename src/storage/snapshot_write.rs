@@ -234,10 +234,36 @@ impl WriteReport {
     }
 }
 
+/// Told as each file of a snapshot starts and stops being written (from
+/// the writing threads), so a long shutdown can say what it is still
+/// writing.
+pub trait WriteObserver: Sync {
+    fn started(&self, file_name: &str);
+    fn finished(&self, file_name: &str);
+}
+
+/// Nobody to tell.
+struct Unobserved;
+
+impl WriteObserver for Unobserved {
+    fn started(&self, _: &str) {}
+    fn finished(&self, _: &str) {}
+}
+
 /// Phase two: writes `copy` into `dir` (created 0700 if missing). Never
 /// stops at the first failure: every file that could not be written is in
 /// the report, and each leaves its predecessor whole.
 pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions) -> WriteReport {
+    write_snapshot_observed(dir, copy, options, &Unobserved)
+}
+
+/// [`write_snapshot`], telling `observer` as each file starts and ends.
+pub fn write_snapshot_observed(
+    dir: &Path,
+    copy: &ProviderCopy,
+    options: &SnapshotOptions,
+    observer: &dyn WriteObserver,
+) -> WriteReport {
     let mut report = WriteReport::default();
     if let Err(error) = create_dir(dir) {
         report.failed.push(FailedFile {
@@ -270,7 +296,11 @@ pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions
         broadcast: copy.sessions.is_some(),
     };
     let manifest_bytes = f21::encode(&SnapshotFile::Manifest(manifest), stamp);
-    match write_durable(dir, MANIFEST_FILE, &manifest_bytes).and_then(|()| sync_dir(dir)) {
+    observer.started(MANIFEST_FILE);
+    let manifest_written =
+        write_durable(dir, MANIFEST_FILE, &manifest_bytes).and_then(|()| sync_dir(dir));
+    observer.finished(MANIFEST_FILE);
+    match manifest_written {
         Ok(()) => report.written.push(WrittenFile {
             file_name: MANIFEST_FILE.into(),
             name: "manifest".into(),
@@ -301,7 +331,10 @@ pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions
             scope.spawn(|| loop {
                 let i = cursor.fetch_add(1, Ordering::Relaxed);
                 let Some(job) = jobs.get(i) else { break };
+                let file_name = job.file_name();
+                observer.started(&file_name);
                 let outcome = job.write(dir, stamp);
+                observer.finished(&file_name);
                 super::memory::lock(&results).push(outcome);
             });
         }
@@ -332,7 +365,13 @@ pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions
             .and_then(|()| f21::validate(&log_file).map_err(|e| format!("{BROADCAST_FILE}: {e}")));
         let bytes = f21::encode(&log_file, stamp);
         let written = match loadable {
-            Ok(()) => write_durable(dir, BROADCAST_FILE, &bytes).and_then(|()| sync_dir(dir)),
+            Ok(()) => {
+                observer.started(BROADCAST_FILE);
+                let written =
+                    write_durable(dir, BROADCAST_FILE, &bytes).and_then(|()| sync_dir(dir));
+                observer.finished(BROADCAST_FILE);
+                written
+            }
             Err(e) => Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!("the sessions and their log would not load, so neither was written: {e}"),
@@ -363,7 +402,10 @@ pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions
         if log_ok {
             let count = session_file.sessions.len();
             let bytes = f21::encode(&SnapshotFile::Sessions(session_file), stamp);
-            match write_durable(dir, SESSIONS_FILE, &bytes) {
+            observer.started(SESSIONS_FILE);
+            let written = write_durable(dir, SESSIONS_FILE, &bytes);
+            observer.finished(SESSIONS_FILE);
+            match written {
                 Ok(()) => report.written.push(WrittenFile {
                     file_name: SESSIONS_FILE.into(),
                     name: "sessions".into(),
@@ -419,6 +461,13 @@ enum Job<'a> {
 }
 
 impl Job<'_> {
+    fn file_name(&self) -> String {
+        match self {
+            Job::Channel(c) => encode_file_name(c.name()),
+            Job::Retained(_) => RETAINED_FILE.to_owned(),
+        }
+    }
+
     fn write(&self, dir: &Path, stamp: UnixNanos) -> Result<WrittenFile, FailedFile> {
         let (name, file_name, records) = match self {
             Job::Channel(c) => (

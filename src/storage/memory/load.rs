@@ -34,7 +34,7 @@ use crate::storage::contract::{
     dead_letter_name, HeldPublish, Position, Reader, SessionEntry, SessionStore, ShareGroupEntry,
     ShareGroupKey, BROADCAST_LOG_NAME,
 };
-use crate::storage::read::ReadError;
+use crate::storage::read::{ReadError, F21_DEFAULT_MAX_BYTES};
 use crate::storage::snapshot_dir::{
     self, DirReport, FileOutcome, FindingKind, Loaded, ScanError, ScanOptions, Severity,
 };
@@ -53,16 +53,46 @@ pub struct LoadOptions {
     pub now: UnixNanos,
     /// limits.max_session_expiry, seconds: bounds every interval judged.
     pub max_session_expiry: u32,
+    /// The largest format 21 file read, checked before a byte of it is:
+    /// [`LoadOptions::file_limit_for`] the provider's bound.
+    pub max_file_bytes: u64,
 }
 
+/// How many times its bound one file of a bounded provider may be.
+pub const FILE_LIMIT_BOUND_FACTOR: u64 = 8;
+
+/// The least file limit of a bounded provider, however small its bound.
+pub const FILE_LIMIT_FLOOR: u64 = 64 * 1024 * 1024;
+
 impl LoadOptions {
+    /// The per-file size limit of a provider whose bound is `max_bytes`.
+    ///
+    /// A file is read whole before it is decoded, so this is what a start
+    /// may allocate for one file. The bound counts each record's topic,
+    /// payload and properties; the file adds per record its fixed fields
+    /// (57 bytes) and the publishing client id, and holds the sessions,
+    /// which the bound does not count. So a provider's file is a small
+    /// multiple of its bound: [`FILE_LIMIT_BOUND_FACTOR`] times it, never
+    /// below [`FILE_LIMIT_FLOOR`] (room for the sessions of a small
+    /// provider). An unbounded provider gives nothing to derive a limit
+    /// from and keeps the 4 GiB default `snapshot verify` uses.
+    pub fn file_limit_for(max_bytes: Option<u64>) -> u64 {
+        match max_bytes {
+            Some(max) => max
+                .saturating_mul(FILE_LIMIT_BOUND_FACTOR)
+                .max(FILE_LIMIT_FLOOR),
+            None => F21_DEFAULT_MAX_BYTES,
+        }
+    }
+
     /// How the directory is scanned: only the files this provider keeps
-    /// are read, with the default size limits `snapshot verify` uses.
+    /// are read, each held to [`LoadOptions::max_file_bytes`].
     fn scan_options(&self) -> ScanOptions {
         ScanOptions {
             channels: Some(self.channels.iter().map(|(n, _)| n.clone()).collect()),
             retained: self.retained,
             sessions: self.sessions,
+            max_bytes_f21: self.max_file_bytes,
             ..ScanOptions::default()
         }
     }
@@ -616,7 +646,19 @@ mod tests {
             sessions: false,
             now: now_nanos(),
             max_session_expiry: 3600,
+            max_file_bytes: F21_DEFAULT_MAX_BYTES,
         }
+    }
+
+    #[test]
+    fn the_file_limit_follows_the_bound_above_its_floor() {
+        assert_eq!(LoadOptions::file_limit_for(None), F21_DEFAULT_MAX_BYTES);
+        assert_eq!(LoadOptions::file_limit_for(Some(1 << 20)), FILE_LIMIT_FLOOR);
+        assert_eq!(
+            LoadOptions::file_limit_for(Some(256 << 20)),
+            (256 * FILE_LIMIT_BOUND_FACTOR) << 20
+        );
+        assert_eq!(LoadOptions::file_limit_for(Some(u64::MAX)), u64::MAX);
     }
 
     /// A directory holding channels `a` (append, 3 records, one hold) and

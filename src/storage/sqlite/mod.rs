@@ -877,6 +877,8 @@ impl SqliteProvider {
             writer
                 .execute_batch(&format!("PRAGMA page_size = {PAGE_SIZE}"))
                 .map_err(|e| sql_err("setting the page size", e))?;
+        } else {
+            schema::refuse_foreign(&writer, &path)?;
         }
         apply_connection_pragmas(&writer, false)
             .map_err(|e| sql_err("setting WAL and synchronous=NORMAL", e))?;

@@ -177,14 +177,11 @@ fn has_tables(conn: &Connection) -> rusqlite::Result<bool> {
     Ok(n > 0)
 }
 
-/// Create the schema on an empty database, or check an existing one states
-/// version 20. `created_by` and `created_at` go into the meta row.
-pub fn apply_or_check(
-    conn: &mut Connection,
-    path: &Path,
-    created_by: &str,
-    created_at: i64,
-) -> Result<(), SqliteOpenError> {
+/// Refuses, by reading only, a database of another schema version or one
+/// holding tables it states no version for. Run before anything is set on
+/// the file (WAL mode rewrites the header): a refused database is left
+/// byte for byte as it was found, the evidence of what it is.
+pub fn refuse_foreign(conn: &Connection, path: &Path) -> Result<i64, SqliteOpenError> {
     let sqlite_err = |source| SqliteOpenError::Sqlite {
         path: path.to_path_buf(),
         context: "reading the schema version",
@@ -194,7 +191,7 @@ pub fn apply_or_check(
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(sqlite_err)?;
     if version == SCHEMA_VERSION {
-        return check_tables(conn, path);
+        return Ok(version);
     }
     if version != 0 {
         return Err(refusal(conn, path, version));
@@ -203,6 +200,20 @@ pub fn apply_or_check(
         return Err(SqliteOpenError::Unversioned {
             path: path.to_path_buf(),
         });
+    }
+    Ok(version)
+}
+
+/// Create the schema on an empty database, or check an existing one states
+/// version 20. `created_by` and `created_at` go into the meta row.
+pub fn apply_or_check(
+    conn: &mut Connection,
+    path: &Path,
+    created_by: &str,
+    created_at: i64,
+) -> Result<(), SqliteOpenError> {
+    if refuse_foreign(conn, path)? == SCHEMA_VERSION {
+        return check_tables(conn, path);
     }
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)

@@ -1,0 +1,770 @@
+//! The storage providers the broker keeps its state in, from startup to a
+//! graceful stop (RFC 0004 "One broker at a time: the lock", "Loading",
+//! "The order a shutdown writes in").
+//!
+//! [`Providers::open`] runs before any listener is bound, for every
+//! provider `broker.retained_storage` or `broker.session_storage` names, in
+//! configuration order, each opened once whatever it keeps:
+//!
+//! 1. The lock, before anything of the provider is touched: a provider
+//!    another live process holds is refused at once, naming the provider,
+//!    the lock and its holder. A memory provider's snapshot directory is
+//!    created (0700) for its lock to live in; a sqlite provider's
+//!    `SqliteProvider::open` takes `<file_path>.lock` first thing.
+//! 2. Open and recover. sqlite: the schema created or its version checked,
+//!    the positions of expired sessions dropped. Memory: the snapshot
+//!    directory loaded by the scan `saguin snapshot verify` runs, each file
+//!    held to a size limit derived from the provider's bound
+//!    ([`LoadOptions::file_limit_for`]); the directory's findings become
+//!    startup warnings.
+//!
+//! A damaged, truncated or foreign-version file stops the start naming the
+//! file: an empty start is indistinguishable from a fresh install and
+//! destroys the evidence. A role no provider is named for is kept by a
+//! built-in memory provider with no snapshot directory: nothing is kept,
+//! and `serve` says so.
+//!
+//! [`Providers::close`] is the last thing a graceful stop does, after the
+//! broker has handed everything to its providers: each memory provider
+//! with a snapshot directory is written (manifest first; each file to a
+//! temporary name, fsynced, renamed; the directory fsynced; a few files at
+//! a time), each sqlite provider checkpointed (TRUNCATE) and closed, and
+//! every lock let go. Every file written and every failure is logged by
+//! name, and the [`ShutdownStatus`] says what is being written while it is.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::config::{self, Config};
+use crate::storage::contract::{self, LatestStore, Provider, SessionStore, StorageError};
+use crate::storage::lock::{self, LockError, LockGuard};
+use crate::storage::memory::{LoadError, LoadOptions, MemoryConfig, MemoryProvider};
+use crate::storage::snapshot_write::{self, SnapshotOptions, WriteObserver, WrittenFile};
+use crate::storage::sqlite::{SqliteOpenError, SqliteOptions, SqliteProvider};
+
+/// The name the built-in memory provider goes by: in parentheses, so it
+/// cannot be taken for a configured provider's.
+pub const BUILT_IN_NAME: &str = "(built-in memory)";
+
+/// How many files of one snapshot are written at once.
+const PARALLEL_FILES: usize = 4;
+
+/// Why the broker cannot start on its providers. Each names the provider
+/// and the file, directory or lock; `serve` exits 3 with it.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// Another live process holds the provider's lock.
+    #[error("storage provider {provider}: {source}; one broker at a time may use a provider")]
+    Held {
+        provider: String,
+        #[source]
+        source: Box<LockError>,
+    },
+    /// The lock could not be taken for another reason.
+    #[error("storage provider {provider}: {source}")]
+    Lock {
+        provider: String,
+        #[source]
+        source: Box<LockError>,
+    },
+    /// The snapshot directory could not be created or is no directory.
+    #[error("storage provider {provider}: snapshot directory {}: {source}", .dir.display())]
+    SnapshotDir {
+        provider: String,
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The snapshot directory holds a file that cannot be loaded.
+    #[error("storage provider {provider}: {source}")]
+    Snapshot {
+        provider: String,
+        #[source]
+        source: Box<LoadError>,
+    },
+    /// The sqlite database could not be opened, checked or recovered.
+    #[error("storage provider {provider}: {source}")]
+    Sqlite {
+        provider: String,
+        #[source]
+        source: Box<SqliteOpenError>,
+    },
+    /// The provider refused its settings (a bound below twice the reserve).
+    #[error("storage provider {provider}: {source}")]
+    Settings {
+        provider: String,
+        #[source]
+        source: StorageError,
+    },
+    /// A broker store names a provider the configuration does not hold
+    /// (the configuration loader refuses this; kept so it is never a panic).
+    #[error("{key} names the storage provider {provider:?}, which is not configured")]
+    Unknown { key: &'static str, provider: String },
+}
+
+/// What one provider is for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Roles {
+    retained: bool,
+    sessions: bool,
+}
+
+impl Roles {
+    fn describe(self) -> &'static str {
+        match (self.retained, self.sessions) {
+            (true, true) => "retained messages, sessions and the broadcast log",
+            (true, false) => "retained messages",
+            (false, true) => "sessions and the broadcast log",
+            (false, false) => "nothing",
+        }
+    }
+}
+
+enum Backend {
+    Memory {
+        provider: Arc<MemoryProvider>,
+        /// With the lock held inside it, for as long as the provider is open.
+        snapshot: Option<(PathBuf, Box<LockGuard>)>,
+    },
+    Sqlite {
+        provider: Arc<SqliteProvider>,
+        flush_interval: Duration,
+    },
+}
+
+struct Opened {
+    name: String,
+    roles: Roles,
+    backend: Backend,
+}
+
+impl Opened {
+    fn provider(&self) -> Arc<dyn Provider> {
+        match &self.backend {
+            Backend::Memory { provider, .. } => provider.clone(),
+            Backend::Sqlite { provider, .. } => provider.clone(),
+        }
+    }
+}
+
+/// Every storage provider the broker uses, opened, locked and recovered.
+pub struct Providers {
+    opened: Vec<Opened>,
+    /// Indexes into `opened`.
+    retained: usize,
+    sessions: usize,
+}
+
+impl Providers {
+    /// Blocking: opens, locks and recovers every provider a broker store
+    /// names (see the module documentation), or says why it cannot.
+    pub fn open(config: &Config) -> Result<Providers, StartupError> {
+        let retained_name = config.broker.retained_storage.as_deref();
+        let session_name = config.broker.session_storage.as_deref();
+        for (key, name) in [
+            ("broker.retained_storage", retained_name),
+            ("broker.session_storage", session_name),
+        ] {
+            if let Some(name) = name {
+                if config.provider(name).is_none() {
+                    return Err(StartupError::Unknown {
+                        key,
+                        provider: name.to_owned(),
+                    });
+                }
+            }
+        }
+        let mut opened = Vec::new();
+        // Configuration order, each provider once whatever it keeps.
+        for provider in &config.storage {
+            let roles = Roles {
+                retained: retained_name == Some(provider.name()),
+                sessions: session_name == Some(provider.name()),
+            };
+            if roles == Roles::default() {
+                continue;
+            }
+            opened.push(open_one(config, provider, roles)?);
+        }
+        let missing = Roles {
+            retained: retained_name.is_none(),
+            sessions: session_name.is_none(),
+        };
+        if missing != Roles::default() {
+            let provider = MemoryProvider::new(MemoryConfig {
+                name: BUILT_IN_NAME.to_owned(),
+                max_bytes: None,
+                reserve: config.reserve_bytes(),
+            })
+            .map_err(|source| StartupError::Settings {
+                provider: BUILT_IN_NAME.to_owned(),
+                source,
+            })?;
+            opened.push(Opened {
+                name: BUILT_IN_NAME.to_owned(),
+                roles: missing,
+                backend: Backend::Memory {
+                    provider,
+                    snapshot: None,
+                },
+            });
+        }
+        let index_of = |wanted: fn(&Roles) -> bool| {
+            opened
+                .iter()
+                .position(|o| wanted(&o.roles))
+                .unwrap_or_default()
+        };
+        let retained = index_of(|r| r.retained);
+        let sessions = index_of(|r| r.sessions);
+        Ok(Providers {
+            opened,
+            retained,
+            sessions,
+        })
+    }
+
+    /// The provider keeping retained messages.
+    pub fn retained(&self) -> Arc<dyn Provider> {
+        self.opened[self.retained].provider()
+    }
+
+    /// The provider keeping sessions, the broadcast log and the broadcast
+    /// QoS 2 holds.
+    pub fn sessions(&self) -> Arc<dyn Provider> {
+        self.opened[self.sessions].provider()
+    }
+
+    /// One line per provider: what it keeps, its durability and what its
+    /// bound came to.
+    pub fn log_startup(&self) {
+        for o in &self.opened {
+            let provider = o.provider();
+            let keeps = o.roles.describe();
+            match &o.backend {
+                Backend::Memory { snapshot, .. } => {
+                    let durability = match snapshot {
+                        Some((dir, _)) => format!(
+                            "as of the last graceful stop: written to {} when the broker stops, lost since then on a crash or power cut",
+                            dir.display()
+                        ),
+                        None => "nothing: lost when the broker stops".to_owned(),
+                    };
+                    let bound = match provider.max_bytes() {
+                        Some(max) => format!(
+                            "{max} bytes, of which {} held back as the reserve",
+                            provider.reserve()
+                        ),
+                        None => "unbounded".to_owned(),
+                    };
+                    tracing::info!(provider = %o.name, kind = "memory", keeps, durability = %durability,
+                        bound = %bound, held_bytes = provider.bytes(), "storage provider");
+                }
+                Backend::Sqlite {
+                    provider: sqlite,
+                    flush_interval,
+                } => {
+                    let durability = format!(
+                        "every commit to {}, less about the last flush_interval ({}) on a power cut",
+                        sqlite.path().display(),
+                        humantime::format_duration(*flush_interval)
+                    );
+                    let bound = match sqlite.bounds() {
+                        Some(b) => format!(
+                            "{} pages of {} bytes ({} bytes), publishes stop at {} pages, {} bytes held back as the reserve",
+                            b.relief_pages,
+                            b.page_size,
+                            b.relief_pages.saturating_mul(b.page_size),
+                            b.publish_pages,
+                            provider.reserve()
+                        ),
+                        None => "unbounded (SQLite's own limit)".to_owned(),
+                    };
+                    tracing::info!(provider = %o.name, kind = "sqlite", keeps, durability = %durability,
+                        bound = %bound, "storage provider");
+                }
+            }
+        }
+    }
+
+    /// Blocking graceful close, after the broker has handed everything to
+    /// its providers: snapshots written, sqlite checkpointed and closed,
+    /// every lock let go, each step logged. `status` names what is being
+    /// written while it is.
+    pub fn close(self, status: &ShutdownStatus) -> ShutdownReport {
+        let started = Instant::now();
+        let mut report = ShutdownReport::default();
+        for o in self.opened {
+            let Opened {
+                name,
+                roles,
+                backend,
+            } = o;
+            match backend {
+                Backend::Memory { provider, snapshot } => {
+                    if let Some((dir, guard)) = snapshot {
+                        write_memory(&name, &provider, roles, &dir, status, &mut report);
+                        close_provider(&name, provider.as_ref(), status, &mut report);
+                        drop(guard);
+                    } else {
+                        close_provider(&name, provider.as_ref(), status, &mut report);
+                    }
+                }
+                Backend::Sqlite { provider, .. } => {
+                    status.set(format!(
+                        "storage provider {name}: checkpointing and closing {}",
+                        provider.path().display()
+                    ));
+                    close_provider(&name, provider.as_ref(), status, &mut report);
+                }
+            }
+        }
+        report.elapsed = started.elapsed();
+        status.set("every storage provider closed");
+        let bytes: u64 = report.written.iter().map(|(_, w)| w.bytes).sum();
+        if report.is_complete() {
+            tracing::info!(
+                files = report.written.len(),
+                bytes,
+                elapsed_ms = report.elapsed.as_millis() as u64,
+                "storage closed"
+            );
+        } else {
+            tracing::error!(
+                files = report.written.len(),
+                bytes,
+                failed = report.failures.len(),
+                elapsed_ms = report.elapsed.as_millis() as u64,
+                "storage closed with failures"
+            );
+        }
+        report
+    }
+}
+
+/// Lock, open and recover one configured provider.
+fn open_one(
+    config: &Config,
+    provider: &config::Provider,
+    roles: Roles,
+) -> Result<Opened, StartupError> {
+    let name = provider.name().to_owned();
+    let max_session_expiry =
+        u32::try_from(config.limits.max_session_expiry.as_secs()).unwrap_or(u32::MAX);
+    let backend = match provider {
+        config::Provider::Memory(m) => {
+            // A directory that is not there yet is a first start: it is
+            // created for the lock, and there is nothing in it to load.
+            let first_start = m.snapshot_dir.as_deref().is_some_and(|dir| {
+                std::fs::symlink_metadata(dir)
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            });
+            let snapshot = match &m.snapshot_dir {
+                Some(dir) => Some((dir.clone(), Box::new(lock_snapshot_dir(&name, dir)?))),
+                None => None,
+            };
+            let memory = MemoryProvider::new(MemoryConfig {
+                name: name.clone(),
+                max_bytes: m.max_bytes,
+                reserve: config.reserve_bytes(),
+            })
+            .map_err(|source| StartupError::Settings {
+                provider: name.clone(),
+                source,
+            })?;
+            match &snapshot {
+                Some((dir, _)) if first_start => {
+                    tracing::info!(provider = %name, dir = %dir.display(), "first start: the snapshot directory was created, nothing to load");
+                }
+                Some((dir, _)) => {
+                    let options = LoadOptions {
+                        channels: Vec::new(),
+                        retained: roles.retained,
+                        sessions: roles.sessions,
+                        now: contract::now_nanos(),
+                        max_session_expiry,
+                        max_file_bytes: LoadOptions::file_limit_for(m.max_bytes),
+                    };
+                    load_memory(&name, &memory, dir, &options)?;
+                }
+                None => {}
+            }
+            Backend::Memory {
+                provider: memory,
+                snapshot,
+            }
+        }
+        config::Provider::Sqlite(s) => {
+            let options = SqliteOptions {
+                name: name.clone(),
+                file_path: s.file_path.clone(),
+                max_bytes: s.max_bytes,
+                reserve: config.reserve_bytes(),
+                flush_interval: s.flush_interval,
+                publish_commit_interval: s.publish_commit_interval,
+                publish_commit_max_records: s.publish_commit_max_records as usize,
+                read_connections: s.read_connections as usize,
+                max_session_expiry,
+            };
+            let sqlite = SqliteProvider::open(options).map_err(|e| match e {
+                SqliteOpenError::Locked(source) => lock_error(&name, source),
+                source => StartupError::Sqlite {
+                    provider: name.clone(),
+                    source: Box::new(source),
+                },
+            })?;
+            Backend::Sqlite {
+                provider: Arc::new(sqlite),
+                flush_interval: s.flush_interval,
+            }
+        }
+    };
+    Ok(Opened {
+        name,
+        roles,
+        backend,
+    })
+}
+
+fn lock_error(provider: &str, source: LockError) -> StartupError {
+    let provider = provider.to_owned();
+    let source = Box::new(source);
+    match *source {
+        LockError::Held { .. } => StartupError::Held { provider, source },
+        _ => StartupError::Lock { provider, source },
+    }
+}
+
+/// The directory (created 0700 on a first start, so its lock has a place)
+/// and its lock, before any file in it is read.
+fn lock_snapshot_dir(provider: &str, dir: &Path) -> Result<LockGuard, StartupError> {
+    snapshot_write::create_dir(dir).map_err(|source| StartupError::SnapshotDir {
+        provider: provider.to_owned(),
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    lock::acquire(&lock::lock_path_for_snapshot_dir(dir)).map_err(|e| lock_error(provider, e))
+}
+
+/// Loads a snapshot directory, its findings logged as warnings.
+fn load_memory(
+    name: &str,
+    memory: &Arc<MemoryProvider>,
+    dir: &Path,
+    options: &LoadOptions,
+) -> Result<(), StartupError> {
+    let report =
+        memory
+            .load_snapshot_dir(dir, options)
+            .map_err(|source| StartupError::Snapshot {
+                provider: name.to_owned(),
+                source: Box::new(source),
+            })?;
+    for warning in &report.warnings {
+        tracing::warn!(provider = %name, dir = %dir.display(), "{warning}");
+    }
+    for file in &report.ignored_files {
+        tracing::info!(provider = %name, dir = %dir.display(), file = %file,
+            "not a file this provider keeps; left alone");
+    }
+    let sessions = if options.sessions {
+        memory
+            .session_store()
+            .sessions()
+            .map(|s| s.len())
+            .unwrap_or_default()
+    } else {
+        0
+    };
+    tracing::info!(
+        provider = %name,
+        dir = %dir.display(),
+        manifest = report.manifest_began_at.map(lock::rfc3339).unwrap_or_else(|| "none".into()),
+        retained = memory.retained_store().record_count(),
+        sessions,
+        dropped_sessions = report.dropped_sessions,
+        dropped_positions = report.dropped_positions,
+        abandoned_holds = report.abandoned_holds,
+        held_bytes = memory.bytes(),
+        "snapshot loaded"
+    );
+    Ok(())
+}
+
+/// Copies and writes one memory provider's snapshot directory.
+fn write_memory(
+    name: &str,
+    memory: &MemoryProvider,
+    roles: Roles,
+    dir: &Path,
+    status: &ShutdownStatus,
+    report: &mut ShutdownReport,
+) {
+    let options = SnapshotOptions {
+        retained: roles.retained,
+        sessions: roles.sessions,
+        parallel_files: PARALLEL_FILES,
+    };
+    let started = Instant::now();
+    status.set(format!(
+        "storage provider {name}: copying its state for the snapshot in {}",
+        dir.display()
+    ));
+    let copy = snapshot_write::copy_provider(memory, &options, contract::now_nanos());
+    let observer = StatusObserver {
+        status,
+        prefix: format!("storage provider {name}: snapshot {}", dir.display()),
+        writing: Mutex::new(BTreeSet::new()),
+    };
+    let written = snapshot_write::write_snapshot_observed(dir, &copy, &options, &observer);
+    drop(copy);
+    for w in &written.written {
+        tracing::info!(provider = %name, dir = %dir.display(), file = %w.file_name, bytes = w.bytes,
+            records = w.records, "snapshot file written");
+    }
+    for f in &written.failed {
+        tracing::error!(provider = %name, path = %f.path.display(), error = %f.error, "{f}");
+        report
+            .failures
+            .push(format!("storage provider {name}: {f}"));
+    }
+    tracing::info!(provider = %name, dir = %dir.display(), files = written.written.len(),
+        bytes = written.written.iter().map(|w| w.bytes).sum::<u64>(),
+        failed = written.failed.len(), elapsed_ms = started.elapsed().as_millis() as u64,
+        "snapshot written");
+    report
+        .written
+        .extend(written.written.into_iter().map(|w| (name.to_owned(), w)));
+}
+
+/// Closes one provider, a failure reported by name.
+fn close_provider(
+    name: &str,
+    provider: &dyn Provider,
+    status: &ShutdownStatus,
+    report: &mut ShutdownReport,
+) {
+    status.set(format!("storage provider {name}: closing"));
+    match provider.close() {
+        Ok(()) => tracing::info!(provider = %name, "storage provider closed"),
+        Err(e) => {
+            tracing::error!(provider = %name, error = %e, "closing the storage provider failed");
+            report
+                .failures
+                .push(format!("storage provider {name}: closing: {e}"));
+        }
+    }
+}
+
+/// What a graceful close wrote and what it could not.
+#[derive(Debug, Default)]
+pub struct ShutdownReport {
+    /// Every file written, with its provider.
+    pub written: Vec<(String, WrittenFile)>,
+    /// Every failure, naming the provider and the file.
+    pub failures: Vec<String>,
+    /// How long the close took.
+    pub elapsed: Duration,
+}
+
+impl ShutdownReport {
+    /// False when any file or any close failed.
+    pub fn is_complete(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// What a shutdown is doing right now, for a second signal to report.
+#[derive(Clone, Debug, Default)]
+pub struct ShutdownStatus(Arc<Mutex<String>>);
+
+impl ShutdownStatus {
+    pub fn set(&self, what: impl Into<String>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = what.into();
+    }
+
+    pub fn get(&self) -> String {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Keeps `status` naming the files of one snapshot still being written.
+struct StatusObserver<'a> {
+    status: &'a ShutdownStatus,
+    prefix: String,
+    writing: Mutex<BTreeSet<String>>,
+}
+
+impl StatusObserver<'_> {
+    fn update(&self, writing: &BTreeSet<String>) {
+        let files: Vec<&str> = writing.iter().map(String::as_str).collect();
+        self.status.set(if files.is_empty() {
+            format!("{}: between files", self.prefix)
+        } else {
+            format!("{}: writing {}", self.prefix, files.join(", "))
+        });
+    }
+}
+
+impl WriteObserver for StatusObserver<'_> {
+    fn started(&self, file_name: &str) {
+        let mut writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        writing.insert(file_name.to_owned());
+        self.update(&writing);
+    }
+
+    fn finished(&self, file_name: &str) {
+        let mut writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        writing.remove(file_name);
+        self.update(&writing);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path, storage: &str, broker: &str) -> Config {
+        let text = format!(
+            "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\n\
+             auth:\n  allow_anonymous: true\n\
+             storage:\n{storage}broker:\n{broker}"
+        );
+        Config::from_yaml_str(&text, &dir.join("saguin.yaml")).expect("valid configuration")
+    }
+
+    fn memory(dir: &Path) -> String {
+        format!(
+            "  - name: mem\n    kind: memory\n    snapshot_dir: {}\n",
+            dir.join("snap").display()
+        )
+    }
+
+    fn same(a: &Arc<dyn Provider>, b: &Arc<dyn Provider>) -> bool {
+        std::ptr::eq(Arc::as_ptr(a).cast::<()>(), Arc::as_ptr(b).cast::<()>())
+    }
+
+    #[test]
+    fn a_provider_named_by_both_roles_is_opened_once() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(
+            d.path(),
+            &memory(d.path()),
+            "  retained_storage: mem\n  session_storage: mem\n",
+        );
+        let p = Providers::open(&c).unwrap();
+        assert_eq!(p.opened.len(), 1);
+        assert!(same(&p.retained(), &p.sessions()));
+        assert_eq!(p.retained().name(), "mem");
+        assert!(p.close(&ShutdownStatus::default()).is_complete());
+    }
+
+    #[test]
+    fn a_role_no_provider_is_named_for_is_kept_by_the_built_in_memory_provider() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(d.path(), &memory(d.path()), "  retained_storage: mem\n");
+        let p = Providers::open(&c).unwrap();
+        assert_eq!(p.retained().name(), "mem");
+        assert_eq!(p.sessions().name(), BUILT_IN_NAME);
+        assert!(!same(&p.retained(), &p.sessions()));
+        let status = ShutdownStatus::default();
+        let report = p.close(&status);
+        assert!(report.is_complete(), "{:?}", report.failures);
+        // Only what `mem` keeps is written: the manifest and the retained
+        // store, no sessions pair.
+        let files: Vec<&str> = report
+            .written
+            .iter()
+            .map(|(p, w)| {
+                assert_eq!(p, "mem");
+                w.file_name.as_str()
+            })
+            .collect();
+        assert_eq!(files, ["saguin.manifest", "%24saguin%2Fretained.snapshot"]);
+        assert!(!d.path().join("snap/saguin.sessions").exists());
+        assert_eq!(status.get(), "every storage provider closed");
+    }
+
+    #[test]
+    fn nothing_named_uses_one_built_in_provider_and_writes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(d.path(), &memory(d.path()), "");
+        let p = Providers::open(&c).unwrap();
+        assert_eq!(p.opened.len(), 1);
+        assert!(same(&p.retained(), &p.sessions()));
+        assert_eq!(p.retained().name(), BUILT_IN_NAME);
+        // `mem` is named by nothing: it is not opened, its directory not made.
+        assert!(!d.path().join("snap").exists());
+        let report = p.close(&ShutdownStatus::default());
+        assert!(report.is_complete() && report.written.is_empty());
+    }
+
+    #[test]
+    fn a_held_provider_is_refused_naming_it_its_lock_and_its_holder() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(d.path(), &memory(d.path()), "  session_storage: mem\n");
+        let first = Providers::open(&c).unwrap();
+        let err = Providers::open(&c).err().expect("refused");
+        assert!(matches!(err, StartupError::Held { .. }), "{err}");
+        let text = err.to_string();
+        let lock = d.path().join("snap").join("saguin.lock");
+        assert!(text.contains("storage provider mem"), "{text}");
+        assert!(text.contains(&lock.display().to_string()), "{text}");
+        assert!(
+            text.contains(&format!("pid {}", std::process::id())),
+            "{text}"
+        );
+        drop(first.close(&ShutdownStatus::default()));
+        // Let go at close: it can be taken again.
+        let again = Providers::open(&c).unwrap();
+        assert!(again.close(&ShutdownStatus::default()).is_complete());
+    }
+
+    #[test]
+    fn a_snapshot_that_cannot_be_written_makes_the_report_incomplete_naming_it() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config(d.path(), &memory(d.path()), "  session_storage: mem\n");
+        let p = Providers::open(&c).unwrap();
+        let snap = d.path().join("snap");
+        std::fs::rename(&snap, d.path().join("moved")).unwrap();
+        std::fs::write(&snap, b"x").unwrap();
+        let report = p.close(&ShutdownStatus::default());
+        assert!(!report.is_complete());
+        assert!(
+            report
+                .failures
+                .iter()
+                .any(|f| f.contains(&snap.display().to_string())),
+            "{:?}",
+            report.failures
+        );
+    }
+
+    #[test]
+    fn the_status_names_every_file_still_being_written() {
+        let status = ShutdownStatus::default();
+        let observer = StatusObserver {
+            status: &status,
+            prefix: "storage provider mem: snapshot /s".into(),
+            writing: Mutex::new(BTreeSet::new()),
+        };
+        observer.started("b.snapshot");
+        observer.started("a.snapshot");
+        assert_eq!(
+            status.get(),
+            "storage provider mem: snapshot /s: writing a.snapshot, b.snapshot"
+        );
+        observer.finished("a.snapshot");
+        assert_eq!(
+            status.get(),
+            "storage provider mem: snapshot /s: writing b.snapshot"
+        );
+        observer.finished("b.snapshot");
+        assert_eq!(
+            status.get(),
+            "storage provider mem: snapshot /s: between files"
+        );
+    }
+}
