@@ -353,10 +353,11 @@ fn a_graceful_stop_writes_the_snapshot_verify_accepts_and_a_restart_loads_it() {
             .all(|c| had.as_array().unwrap().contains(c)),
         "sessions {kept} not among {had}"
     );
-    assert_eq!(
-        by_name(&written, "saguin.broadcast")["records"],
-        by_name(&before, "saguin.broadcast")["records"]
-    );
+    // The broker lets go of log messages no session it holds is owed; it
+    // invents none.
+    let logged = by_name(&written, "saguin.broadcast")["records"].as_u64();
+    let was = by_name(&before, "saguin.broadcast")["records"].as_u64();
+    assert!(logged <= was, "broadcast records {logged:?}, before {was:?}");
 
     // The restart loads what was written, with nothing to warn about, and
     // writes it back unchanged.

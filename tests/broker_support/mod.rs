@@ -43,6 +43,8 @@ impl Broker {
     /// Like [`start`], in a directory already holding files the config names.
     pub fn start_in(dir: tempfile::TempDir, yaml: &str) -> Broker {
         let path = dir.path().join("saguin.yaml");
+        let yaml = with_session_storage(yaml, dir.path());
+        let yaml = yaml.as_str();
         std::fs::write(&path, yaml).expect("write config");
         let expected = yaml.matches("bind:").count();
         let mut child = Command::new(env!("CARGO_BIN_EXE_saguin"))
@@ -128,6 +130,14 @@ impl Broker {
         }
     }
 
+    /// Start a new broker on this one's directory (this one must have
+    /// stopped, or is killed now).
+    pub fn restart(mut self, yaml: &str) -> Broker {
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"));
+        drop(self);
+        Broker::start_in(dir, yaml)
+    }
+
     /// SIGTERM, then the exit code (bounded wait).
     pub fn terminate(&mut self) -> Option<i32> {
         unsafe {
@@ -145,6 +155,29 @@ impl Broker {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// A test target named `*_on_sqlite` (Cargo.toml builds the conformance
+/// and session tests a second time under such names), or
+/// `SAGUIN_TEST_SESSION_STORAGE=sqlite`, runs the same tests with sessions
+/// and retained messages kept in a sqlite provider - for configurations
+/// that name no storage of their own - so every behaviour is checked on
+/// both.
+fn with_session_storage(yaml: &str, dir: &Path) -> String {
+    let by_target = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().contains("_on_sqlite")))
+        .unwrap_or(false);
+    let wanted = by_target
+        || std::env::var("SAGUIN_TEST_SESSION_STORAGE").is_ok_and(|v| v == "sqlite");
+    if !wanted || yaml.contains("storage:") || yaml.contains("\nbroker:") {
+        return yaml.to_owned();
+    }
+    format!(
+        "{yaml}{}storage:\n  - name: sessions\n    kind: sqlite\n    file_path: {}\nbroker:\n  session_storage: sessions\n  retained_storage: sessions\n",
+        if yaml.ends_with('\n') { "" } else { "\n" },
+        dir.join("sessions.db").display()
+    )
 }
 
 impl Drop for Broker {
