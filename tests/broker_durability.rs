@@ -66,10 +66,7 @@ async fn prepare(broker: &Broker) -> Before {
     let m1 = s.next_publish(false).await;
     let m2 = s.next_publish(false).await;
     let m3 = s.next_publish(false).await;
-    assert_eq!(
-        (&*m1.topic, &*m2.topic, &*m3.topic),
-        ("t/1", "t/2", "t/3")
-    );
+    assert_eq!((&*m1.topic, &*m2.topic, &*m3.topic), ("t/1", "t/2", "t/3"));
     assert_eq!(m2.qos, QoS::ExactlyOnce);
     s.send(Packet::PubRec(PubAck::new(m2.packet_id))).await;
     match s.recv().await {
@@ -175,11 +172,9 @@ fn a_memory_provider_keeps_sessions_and_retained_messages_across_sigterm() {
 
 /// In-flight rows of `client` in the database, read beside the broker.
 fn inflight_rows(db: &Path, client: &str) -> i64 {
-    let conn = rusqlite::Connection::open_with_flags(
-        db,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .unwrap();
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
     conn.query_row(
         "SELECT count(*) FROM session_inflight WHERE client_id = ?1",
         [client],
@@ -199,7 +194,10 @@ fn a_sqlite_provider_keeps_sessions_and_retained_messages_across_kill_9() {
     // written within ack_commit_interval: wait until it is, then kill.
     let deadline = std::time::Instant::now() + WAIT;
     while inflight_rows(&db, "sub") < 3 {
-        assert!(std::time::Instant::now() < deadline, "in-flight table never written");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "in-flight table never written"
+        );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     broker.child.kill().unwrap();

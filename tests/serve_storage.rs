@@ -357,7 +357,10 @@ fn a_graceful_stop_writes_the_snapshot_verify_accepts_and_a_restart_loads_it() {
     // invents none.
     let logged = by_name(&written, "saguin.broadcast")["records"].as_u64();
     let was = by_name(&before, "saguin.broadcast")["records"].as_u64();
-    assert!(logged <= was, "broadcast records {logged:?}, before {was:?}");
+    assert!(
+        logged <= was,
+        "broadcast records {logged:?}, before {was:?}"
+    );
 
     // The restart loads what was written, with nothing to warn about, and
     // writes it back unchanged.

@@ -34,6 +34,7 @@ pub const QUEUE: usize = 4096;
 /// The stores one role writes to.
 #[derive(Clone)]
 struct Stores {
+    handle: Arc<dyn Provider>,
     provider: String,
     sessions: Arc<dyn SessionStore>,
     log: Arc<dyn BroadcastLog>,
@@ -42,13 +43,14 @@ struct Stores {
 }
 
 impl Stores {
-    fn of(provider: &dyn Provider) -> Result<Stores, StorageError> {
+    fn of(provider: Arc<dyn Provider>) -> Result<Stores, StorageError> {
         Ok(Stores {
             provider: provider.name().to_owned(),
             sessions: provider.sessions()?,
             log: provider.broadcast_log()?,
             held: provider.held_publishes()?,
             retained: provider.retained()?,
+            handle: provider,
         })
     }
 
@@ -82,6 +84,128 @@ impl Stores {
     /// Every write of `intent` in order; the first failure answers it.
     fn run(&self, intent: Intent) -> Result<Vec<Written>, StorageError> {
         intent.writes.into_iter().map(|w| self.apply(w)).collect()
+    }
+
+    /// Several intents, in order, sharing transactions: a run of session
+    /// writes (of any number of intents) is one transaction, a run of log
+    /// appends one group commit. A write of an intent an earlier write of
+    /// which failed is not made. When a write of a shared session
+    /// transaction fails, nothing of it is kept and each of its writes is
+    /// made again alone, so each gets the answer it would have had alone.
+    fn run_together(&self, intents: Vec<Intent>) -> Vec<(u64, Result<Vec<Written>, StorageError>)> {
+        let mut failed: Vec<Option<StorageError>> = intents.iter().map(|_| None).collect();
+        let mut written: Vec<Vec<Written>> = intents.iter().map(|_| Vec::new()).collect();
+        let tickets: Vec<u64> = intents.iter().map(|i| i.ticket).collect();
+        let mut flat: Vec<(usize, Write)> = Vec::new();
+        for (i, intent) in intents.into_iter().enumerate() {
+            flat.extend(intent.writes.into_iter().map(|w| (i, w)));
+        }
+        let mut rest = flat.into_iter().peekable();
+        while let Some((i, first)) = rest.next() {
+            let kind = Run::of(&first);
+            let mut run = vec![(i, first)];
+            while let Some((_, next)) = rest.peek() {
+                if kind == Run::Single || Run::of(next) != kind {
+                    break;
+                }
+                run.push(rest.next().expect("peeked"));
+            }
+            run.retain(|(i, _)| failed[*i].is_none());
+            let answers = match kind {
+                Run::Session if run.len() > 1 => self.sessions_together(&run),
+                Run::Append if run.len() > 1 => {
+                    let records = run
+                        .iter()
+                        .map(|(_, w)| match w {
+                            Write::AppendLog(r) => r.clone(),
+                            _ => unreachable!("an append run holds appends only"),
+                        })
+                        .collect();
+                    self.log
+                        .append_batch(records)
+                        .into_iter()
+                        .map(|r| r.map(|r| Written::Appended(r.offset)))
+                        .collect()
+                }
+                _ => run.iter().map(|(_, w)| self.apply(w.clone())).collect(),
+            };
+            for ((i, _), answer) in run.into_iter().zip(answers) {
+                match answer {
+                    Ok(w) if failed[i].is_none() => written[i].push(w),
+                    Ok(_) => {}
+                    Err(e) => {
+                        failed[i].get_or_insert(e);
+                    }
+                }
+            }
+        }
+        tickets
+            .into_iter()
+            .zip(failed.into_iter().zip(written))
+            .map(|(t, (f, w))| (t, f.map_or(Ok(w), Err)))
+            .collect()
+    }
+
+    /// Session writes in one transaction; alone each when one fails.
+    fn sessions_together(&self, run: &[(usize, Write)]) -> Vec<Result<Written, StorageError>> {
+        let mut answers = Vec::with_capacity(run.len());
+        let together = self.handle.session_writes_together(&mut || {
+            for (_, w) in run {
+                match self.apply(w.clone()) {
+                    Ok(done) => answers.push(Ok(done)),
+                    Err(e) => {
+                        answers.push(Err(e));
+                        return false;
+                    }
+                }
+            }
+            true
+        });
+        if matches!(together, Ok(true)) {
+            return answers;
+        }
+        // Nothing of the shared transaction was kept: each alone.
+        let mut failed_intents = Vec::new();
+        run.iter()
+            .map(|(i, w)| {
+                if failed_intents.contains(i) {
+                    return Err(StorageError::Write {
+                        context: format!("provider {}", self.provider),
+                        detail: "not made: an earlier write of the same packet failed".into(),
+                    });
+                }
+                let answer = self.apply(w.clone());
+                if answer.is_err() {
+                    failed_intents.push(*i);
+                }
+                answer
+            })
+            .collect()
+    }
+}
+
+/// How a write may share a transaction with its neighbours.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Run {
+    /// Moves no counter: any number share one transaction.
+    Session,
+    /// A broadcast log append: group-committed with its neighbours.
+    Append,
+    /// Everything else, alone.
+    Single,
+}
+
+impl Run {
+    fn of(write: &Write) -> Run {
+        match write {
+            Write::SaveSession(_)
+            | Write::RemoveSession(_)
+            | Write::SaveCursor { .. }
+            | Write::Hold(_)
+            | Write::DropHold { .. } => Run::Session,
+            Write::AppendLog(_) => Run::Append,
+            Write::ReleaseLog(_) | Write::SetRetained(_) | Write::DeleteRetained(_) => Run::Single,
+        }
     }
 }
 
@@ -142,10 +266,11 @@ pub struct PersisterGone(pub String);
 impl Persister {
     /// A persister for `provider`, answering on `commits`.
     pub fn start(
-        provider: &dyn Provider,
+        provider: Arc<dyn Provider>,
         metrics: Arc<Metrics>,
         commits: mpsc::UnboundedSender<Event>,
     ) -> Result<Persister, StorageError> {
+        let kind = provider.kind();
         let stores = Stores::of(provider)?;
         metrics.register_provider(&stores.provider);
         let failures = Failures {
@@ -153,7 +278,7 @@ impl Persister {
             provider: stores.provider.clone(),
             streak: 0,
         };
-        if provider.kind() == ProviderKind::Memory {
+        if kind == ProviderKind::Memory {
             return Ok(Persister {
                 kind: Kind::Inline(stores, failures),
             });
@@ -166,9 +291,8 @@ impl Persister {
                 let mut failures = failures;
                 let mut batch = Vec::with_capacity(BATCH);
                 while intents.blocking_recv_many(&mut batch, BATCH) > 0 {
-                    for intent in batch.drain(..) {
-                        let ticket = intent.ticket;
-                        let result = failures.answer(stores.run(intent));
+                    for (ticket, result) in stores.run_together(std::mem::take(&mut batch)) {
+                        let result = failures.answer(result);
                         if commits.send(Event::Committed { ticket, result }).is_err() {
                             return;
                         }
@@ -222,8 +346,8 @@ pub struct Persisters {
 
 impl Persisters {
     pub fn start(
-        sessions: &dyn Provider,
-        retained: &dyn Provider,
+        sessions: Arc<dyn Provider>,
+        retained: Arc<dyn Provider>,
         metrics: Arc<Metrics>,
         commits: mpsc::UnboundedSender<Event>,
     ) -> Result<Persisters, StorageError> {

@@ -560,7 +560,7 @@ pub async fn prepare(
         "state restored"
     );
     let (commits_tx, commits) = mpsc::unbounded_channel();
-    let persisters = Persisters::start(&*sessions, &*retained, metrics.clone(), commits_tx)
+    let persisters = Persisters::start(sessions.clone(), retained.clone(), metrics.clone(), commits_tx)
         .map_err(|source| ServerError::Storage {
             provider: sessions.name().to_owned(),
             source,

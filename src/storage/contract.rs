@@ -636,6 +636,11 @@ pub struct ShareGroupEntry {
 /// nobody owes them, so it may have gaps; no offset is reused.
 pub trait BroadcastLog: Send + Sync {
     fn append(&self, record: Record) -> Result<Record>;
+    /// Appends several messages in order, sharing transactions where the
+    /// provider has them; one answer per message.
+    fn append_batch(&self, records: Vec<Record>) -> Vec<Result<Record>> {
+        records.into_iter().map(|r| self.append(r)).collect()
+    }
     /// At most `max` messages still held from `offset` (gaps skipped).
     fn read_from_n(&self, offset: u64, max: usize) -> Result<Vec<Record>>;
     /// Lets messages go that nobody owes any more; returns what was freed.
@@ -763,6 +768,19 @@ pub trait Provider: Send + Sync {
     fn broadcast_log(&self) -> Result<Arc<dyn BroadcastLog>>;
     /// Exactly-once publishes held for their release.
     fn held_publishes(&self) -> Result<Arc<dyn HeldPublishStore>>;
+
+    /// Runs `body` - session writes only (sessions saved or removed,
+    /// broadcast-log cursors, exactly-once holds made or dropped: writes
+    /// that move no counter) - in one transaction where the provider has
+    /// them. `body` returns false when one of its writes failed; then
+    /// nothing of it is kept, and the answer is `Ok(false)`. `Ok(true)`:
+    /// every write committed. An error: the commit itself failed and
+    /// nothing is kept. A provider without transactions runs `body` as it
+    /// is (each write kept as it returned) and answers `Ok(true)`.
+    fn session_writes_together(&self, body: &mut dyn FnMut() -> bool) -> Result<bool> {
+        body();
+        Ok(true)
+    }
 
     /// Stops accepting writes and releases what the provider holds open.
     /// Writes after close are [`StorageError::Closed`].

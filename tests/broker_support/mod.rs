@@ -166,10 +166,13 @@ impl Broker {
 fn with_session_storage(yaml: &str, dir: &Path) -> String {
     let by_target = std::env::current_exe()
         .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().contains("_on_sqlite")))
+        .and_then(|p| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().contains("_on_sqlite"))
+        })
         .unwrap_or(false);
-    let wanted = by_target
-        || std::env::var("SAGUIN_TEST_SESSION_STORAGE").is_ok_and(|v| v == "sqlite");
+    let wanted =
+        by_target || std::env::var("SAGUIN_TEST_SESSION_STORAGE").is_ok_and(|v| v == "sqlite");
     if !wanted || yaml.contains("storage:") || yaml.contains("\nbroker:") {
         return yaml.to_owned();
     }

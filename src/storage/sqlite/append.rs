@@ -132,6 +132,49 @@ impl AppendChannel {
             .fetch_sub(records.min(self.count_value()), Ordering::AcqRel);
     }
 
+    /// Several appends, in order, sharing transactions (group commit).
+    pub(crate) fn append_many(&self, records: Vec<Record>) -> Vec<contract::Result<Record>> {
+        let target = match self.target() {
+            Ok(t) => t,
+            Err(_) => {
+                return records
+                    .iter()
+                    .map(|_| {
+                        Err(StorageError::Closed {
+                            provider: self.shared.name.clone(),
+                        })
+                    })
+                    .collect()
+            }
+        };
+        let mut answers: Vec<Option<contract::Result<Record>>> = Vec::with_capacity(records.len());
+        let mut jobs = Vec::with_capacity(records.len());
+        for record in records {
+            match contract::check_record(&self.name, &record, self.gapped) {
+                Ok(()) => {
+                    answers.push(None);
+                    jobs.push(Job::Put(target.clone(), record));
+                }
+                Err(e) => answers.push(Some(Err(e))),
+            }
+        }
+        let mut stored = self.shared.batcher.submit_many(&self.shared, jobs).into_iter();
+        answers
+            .into_iter()
+            .map(|a| match a {
+                Some(refused) => refused,
+                None => match stored.next() {
+                    Some(Ok(Some(record))) => Ok(record),
+                    Some(Ok(None)) | None => Err(StorageError::Write {
+                        context: format!("channel {}", self.name),
+                        detail: "the append stored nothing".into(),
+                    }),
+                    Some(Err(e)) => Err(e),
+                },
+            })
+            .collect()
+    }
+
     pub(crate) fn target(&self) -> contract::Result<Target> {
         self.me
             .upgrade()

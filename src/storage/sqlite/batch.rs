@@ -172,6 +172,56 @@ impl Batcher {
         self.lead(shared, &slot)
     }
 
+    /// Stores several publishes of one caller, in order, sharing
+    /// transactions with each other (and with other publishers): one
+    /// answer per job, each returned after the commit holding it.
+    pub fn submit_many(&self, shared: &Shared, jobs: Vec<Job>) -> Vec<Outcome> {
+        let slots: Vec<Arc<Slot>> = jobs
+            .iter()
+            .map(|_| {
+                Arc::new(Slot {
+                    turn: Mutex::new(Turn::Waiting),
+                    woken: Condvar::new(),
+                })
+            })
+            .collect();
+        {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            for (slot, job) in slots.iter().zip(jobs) {
+                st.queue.push_back(Waiting {
+                    slot: Arc::clone(slot),
+                    job,
+                });
+            }
+            if st.leading {
+                if self.interval.is_some() && st.queue.len() >= self.max_records {
+                    self.arrived.notify_one();
+                }
+            } else if let Some(first) = slots.first() {
+                st.leading = true;
+                *first.turn.lock().unwrap_or_else(|e| e.into_inner()) = Turn::Lead;
+            }
+        }
+        slots
+            .iter()
+            .map(|slot| {
+                let mut turn = slot.turn.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    match std::mem::replace(&mut *turn, Turn::Waiting) {
+                        Turn::Done(outcome) => return outcome,
+                        Turn::Lead => {
+                            drop(turn);
+                            return self.lead(shared, slot);
+                        }
+                        Turn::Waiting => {
+                            turn = slot.woken.wait(turn).unwrap_or_else(|e| e.into_inner());
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// Collects, commits and answers batches - this publisher's own job is
     /// at the front of the queue when it starts - then hands the lead on.
     ///

@@ -73,6 +73,10 @@ impl BroadcastLog for Broadcast {
         self.log.append(record)
     }
 
+    fn append_batch(&self, records: Vec<Record>) -> Vec<contract::Result<Record>> {
+        self.log.append_many(records)
+    }
+
     fn read_from_n(&self, offset: u64, max: usize) -> contract::Result<Vec<Record>> {
         if max == 0 {
             return Ok(Vec::new());

@@ -233,6 +233,10 @@ pub(crate) struct Shared {
     registry: Mutex<Registry>,
     flusher: Mutex<Option<Flusher>>,
     lock: Mutex<Option<LockGuard>>,
+    /// The thread whose writes share one open transaction
+    /// ([`Shared::together`]); the writer waits for it to end on any other.
+    scope: Mutex<Option<std::thread::ThreadId>>,
+    scope_ended: Condvar,
 }
 
 /// The write connection, held for one operation.
@@ -257,6 +261,9 @@ impl Writer<'_> {
         body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> rusqlite::Result<T> {
         let conn = self.conn();
+        if self.shared.in_scope() {
+            return self.savepoint(relief, body);
+        }
         // Prepared once and kept: parsing the text again costs every commit.
         conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let ceiling = if relief { self.shared.bounds } else { None };
@@ -291,6 +298,43 @@ impl Writer<'_> {
     }
 }
 
+impl Writer<'_> {
+    /// One write inside the transaction [`Shared::together`] holds open:
+    /// a savepoint, released into that transaction or rolled back alone.
+    fn savepoint<T>(
+        &mut self,
+        relief: bool,
+        body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T> {
+        let conn = self.conn();
+        conn.prepare_cached("SAVEPOINT write")?.execute([])?;
+        let ceiling = if relief { self.shared.bounds } else { None };
+        let run = || -> rusqlite::Result<T> {
+            if let Some(b) = ceiling {
+                set_max_page_count(conn, b.relief_pages)?;
+            }
+            let out = body(conn)?;
+            if let Some(b) = ceiling {
+                set_max_page_count(conn, b.publish_pages)?;
+            }
+            conn.prepare_cached("RELEASE write")?.execute([])?;
+            Ok(out)
+        };
+        let out = run();
+        if out.is_err() {
+            // SQLite may have ended the whole transaction (SQLITE_FULL, I/O):
+            // then there is no savepoint to go back to.
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK TO write; RELEASE write");
+            }
+            if let Some(b) = ceiling {
+                let _ = set_max_page_count(conn, b.publish_pages);
+            }
+        }
+        out
+    }
+}
+
 fn set_max_page_count(conn: &Connection, pages: u64) -> rusqlite::Result<()> {
     let _now: i64 = conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
         r.get(0)
@@ -299,9 +343,94 @@ fn set_max_page_count(conn: &Connection, pages: u64) -> rusqlite::Result<()> {
 }
 
 impl Shared {
-    /// The write connection, or `Closed`.
+    /// Is this thread's write inside a transaction [`Shared::together`]
+    /// holds open?
+    fn in_scope(&self) -> bool {
+        *self.scope.lock().unwrap_or_else(|e| e.into_inner()) == Some(std::thread::current().id())
+    }
+
+    /// Runs `body`'s writes (made on this thread through this provider's
+    /// stores) in one transaction: each is a savepoint in it. Writes of
+    /// other threads wait until it ends. Only writes that move no counter
+    /// in memory may be made in it (see
+    /// [`Provider::session_writes_together`](contract::Provider::session_writes_together)):
+    /// a rollback could not move a counter back.
+    fn together(&self, body: &mut dyn FnMut() -> bool) -> contract::Result<bool> {
+        let me = std::thread::current().id();
+        {
+            let mut scope = self.scope.lock().unwrap_or_else(|e| e.into_inner());
+            while scope.is_some_and(|t| t != me) {
+                scope = self.scope_ended.wait(scope).unwrap_or_else(|e| e.into_inner());
+            }
+            if scope.is_some() {
+                // Already inside one: the writes join it.
+                drop(scope);
+                return Ok(body());
+            }
+            *scope = Some(me);
+        }
+        let end_scope = || {
+            *self.scope.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            self.scope_ended.notify_all();
+        };
+        let begun = self.writer().and_then(|w| {
+            w.conn()
+                .prepare_cached("BEGIN IMMEDIATE")
+                .and_then(|mut s| s.execute([]))
+                .map(|_| ())
+                .map_err(|e| self.write_error(Some(w.conn()), "beginning a transaction".into(), 0, &e))
+        });
+        if let Err(e) = begun {
+            end_scope();
+            return Err(e);
+        }
+        let kept = body();
+        let ended = self.writer().and_then(|w| {
+            let conn = w.conn();
+            if conn.is_autocommit() {
+                // A failed write ended the transaction already.
+                return Ok(false);
+            }
+            if !kept {
+                let _ = conn.execute_batch("ROLLBACK");
+                return Ok(false);
+            }
+            match conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([])) {
+                Ok(_) => {
+                    self.counters.commits.fetch_add(1, Ordering::Release);
+                    Ok(true)
+                }
+                Err(e) => {
+                    if !conn.is_autocommit() {
+                        let _ = conn.execute_batch("ROLLBACK");
+                    }
+                    Err(self.write_error(Some(conn), "committing session writes".into(), 0, &e))
+                }
+            }
+        });
+        end_scope();
+        ended
+    }
+
+    /// The write connection, or `Closed`. Waits while another thread's
+    /// writes share a transaction ([`Shared::together`]).
     pub fn writer(&self) -> contract::Result<Writer<'_>> {
-        let conn = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let me = std::thread::current().id();
+        let conn = loop {
+            {
+                let mut scope = self.scope.lock().unwrap_or_else(|e| e.into_inner());
+                while scope.is_some_and(|t| t != me) {
+                    scope = self.scope_ended.wait(scope).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            let conn = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            // Another thread may have opened its shared transaction between
+            // the look above and taking the connection: wait for it again.
+            let scope = *self.scope.lock().unwrap_or_else(|e| e.into_inner());
+            if scope.is_none_or(|t| t == me) {
+                break conn;
+            }
+        };
         if conn.is_none() {
             return Err(StorageError::Closed {
                 provider: self.name.clone(),
@@ -937,6 +1066,8 @@ impl SqliteProvider {
             ),
             options,
             writer: Mutex::new(Some(writer)),
+            scope: Mutex::new(None),
+            scope_ended: Condvar::new(),
             reader_count: readers.len(),
             readers: Mutex::new(readers),
             readers_free: Condvar::new(),
@@ -1335,6 +1466,10 @@ impl Provider for SqliteProvider {
         let h = Arc::new(held::Held::new(Arc::clone(&self.shared)));
         registry.held = Some(Arc::clone(&h));
         Ok(h)
+    }
+
+    fn session_writes_together(&self, body: &mut dyn FnMut() -> bool) -> contract::Result<bool> {
+        self.shared.together(body)
     }
 
     fn close(&self) -> contract::Result<()> {
