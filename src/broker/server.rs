@@ -560,11 +560,16 @@ pub async fn prepare(
         "state restored"
     );
     let (commits_tx, commits) = mpsc::unbounded_channel();
-    let persisters = Persisters::start(sessions.clone(), retained.clone(), metrics.clone(), commits_tx)
-        .map_err(|source| ServerError::Storage {
-            provider: sessions.name().to_owned(),
-            source,
-        })?;
+    let persisters = Persisters::start(
+        sessions.clone(),
+        retained.clone(),
+        metrics.clone(),
+        commits_tx,
+    )
+    .map_err(|source| ServerError::Storage {
+        provider: sessions.name().to_owned(),
+        source,
+    })?;
     let mut listeners = Vec::with_capacity(config.listeners.len());
     for l in &config.listeners {
         let listener = bind(&l.name, l.bind).await?;

@@ -25,7 +25,9 @@ impl BrokerState {
         reason: CloseReason,
         code: Option<u8>,
     ) -> Option<Connection> {
-        let conn = self.connections.remove(&connection)?;
+        let mut conn = self.connections.remove(&connection)?;
+        let answers = std::mem::take(&mut conn.answers);
+        self.orphan_answers(answers);
         self.metrics.connections.fetch_sub(1, Relaxed);
         self.metrics.disconnected(reason);
         if conn.dropped_qos0 > 0 {

@@ -15,10 +15,13 @@
 //! retained value, a QoS 2 hold, a message persistent sessions are owed in
 //! the broadcast log) emits an [`Intent`] with a ticket and parks what it
 //! owes the client - the CONNACK, SUBACK, PUBACK, PUBREC, PUBCOMP and the
-//! fan-out of a publish - until [`Event::Committed`] for that ticket
-//! arrives. While a connection has a packet parked, the packets it sends
-//! after it wait behind it, so one client's packets are answered in the
-//! order they were sent. A failed write answers MQTT 5 with 0x83 (0x97 when
+//! fan-out of a publish - in the connection's queue of answers until
+//! [`Event::Committed`] for that ticket arrives. Packets are handled as they
+//! arrive (a publisher's next publish need not wait for the previous one's
+//! commit: their writes share transactions), and answers leave the queue
+//! only from its front, so one client's packets are answered, and its
+//! publishes fanned out, in the order they were sent. A failed write
+//! answers MQTT 5 with 0x83 (0x97 when
 //! the provider is full) and closes an MQTT 3.1.1 connection without the
 //! acknowledgement. Packets that write nothing (QoS 0/1 to clean sessions,
 //! acknowledgements of clean sessions) take no detour at all.
@@ -343,20 +346,21 @@ pub enum Outbound {
     },
 }
 
-/// What a connection read and the state has not handled yet, because an
-/// earlier packet of the same connection is waiting for a commit.
-#[derive(Debug)]
-enum Deferred {
-    Packet(Inbound),
-    Closed {
-        reason: CloseReason,
-        code: Option<u8>,
-    },
-}
+/// Answers a connection may have queued before its reader is paused (the
+/// client's packets wait in its socket until the commits catch up).
+const ANSWERS_PAUSE: usize = 1024;
 
-/// Packets a connection may have waiting behind a parked one before its
-/// reader is paused.
-const BACKLOG_PAUSE: usize = 256;
+/// One answer a connection is owed, in the order its packets came.
+#[derive(Debug)]
+struct Answer {
+    id: u64,
+    /// The wait whose commit it needs; `None` once answered (or when it
+    /// needed none and only waits for those before it).
+    wait: Option<u64>,
+    failure: Option<StorageFailure>,
+    appended: Option<u64>,
+    parked: persist::Parked,
+}
 
 /// A connected client as the state sees it.
 #[derive(Debug)]
@@ -369,10 +373,10 @@ struct Connection {
     receive_maximum: usize,
     maximum_packet_size: Option<u32>,
     will: Option<WillRequest>,
-    /// A packet of this connection waits for this ticket's commit; what it
-    /// read after that waits in `backlog`.
-    parked: Option<u64>,
-    backlog: VecDeque<Deferred>,
+    /// What its packets are owed, in order; each waits for its own commit
+    /// and for those before it.
+    answers: VecDeque<Answer>,
+    next_answer: u64,
     /// QoS 0 deliveries dropped because the client was not reading.
     dropped_qos0: u64,
     /// Retained messages a SUBSCRIBE still owes, sent as the writer drains.
@@ -484,7 +488,10 @@ impl BrokerState {
                 packets,
             } => {
                 for packet in packets {
-                    self.on_deferrable(connection, Deferred::Packet(packet), now);
+                    if !self.connections.contains_key(&connection) {
+                        break;
+                    }
+                    self.on_packet(connection, packet, now);
                     if !self.doomed.is_empty() {
                         self.close_doomed(now);
                     }
@@ -494,18 +501,21 @@ impl BrokerState {
                 connection,
                 reason,
                 disconnect_reason,
-            } => self.on_deferrable(
-                connection,
-                Deferred::Closed {
+            } => {
+                // A close waits behind the answers owed before it, so what
+                // the client sent before it went away is still answered.
+                let parked = persist::Parked::Close {
+                    connection,
                     reason,
                     code: disconnect_reason,
-                },
-                now,
-            ),
+                };
+                self.park_or_answer(connection, parked, now);
+            }
             Event::Drained { connection } => self.on_drained(connection, now),
             Event::Committed { ticket, result } => self.on_committed(ticket, result, now),
         }
         self.close_doomed(now);
+        self.run_orphans(now);
         // Whatever closing staged (a detached session recorded, a session
         // ended) is written too.
         if self.has_staged() {
@@ -513,48 +523,14 @@ impl BrokerState {
         }
     }
 
-    /// A packet or close of `connection`: handled now, or queued behind the
-    /// packet of the same connection that waits for a commit.
-    fn on_deferrable(&mut self, connection: u64, item: Deferred, now: Instant) {
-        let Some(conn) = self.connections.get_mut(&connection) else {
-            return;
-        };
-        if conn.parked.is_some() {
-            conn.backlog.push_back(item);
-            if conn.backlog.len() == BACKLOG_PAUSE {
-                let _ = conn.handle.pause.send(true);
-            }
-            return;
-        }
-        self.handle_deferred(connection, item, now);
-    }
-
-    fn handle_deferred(&mut self, connection: u64, item: Deferred, now: Instant) {
-        match item {
-            Deferred::Packet(packet) => self.on_packet(connection, packet, now),
-            Deferred::Closed { reason, code } => self.close(connection, reason, code, now),
-        }
-    }
-
-    /// The parked packet of `connection` was answered: handle what waited
-    /// behind it, until one parks again.
-    fn resume_backlog(&mut self, connection: u64, now: Instant) {
-        loop {
-            let Some(conn) = self.connections.get_mut(&connection) else {
-                return;
-            };
-            if conn.parked.is_some() {
-                return;
-            }
-            let Some(item) = conn.backlog.pop_front() else {
-                let _ = conn.handle.pause.send(false);
-                return;
-            };
-            self.handle_deferred(connection, item, now);
-            if !self.doomed.is_empty() {
-                self.close_doomed(now);
-            }
-        }
+    /// Must an answer for `connection` wait (something was staged for it,
+    /// or answers before it are still waiting)?
+    fn must_queue(&self, connection: u64) -> bool {
+        self.has_staged()
+            || self
+                .connections
+                .get(&connection)
+                .is_some_and(|c| !c.answers.is_empty())
     }
 
     fn close_doomed(&mut self, now: Instant) {
@@ -612,7 +588,7 @@ impl BrokerState {
         let Some(conn) = self.connections.get(&connection) else {
             return;
         };
-        if conn.parked.is_none() && conn.backlog.len() < BACKLOG_PAUSE {
+        if conn.answers.len() < ANSWERS_PAUSE {
             let _ = conn.handle.pause.send(false);
         }
         self.send_retained_backlog(connection, now);

@@ -19,7 +19,7 @@
 //! when it holds none), so a stored cursor never passes what the session is
 //! still owed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -144,6 +144,18 @@ pub(super) enum Parked {
         connection: u64,
         packet_id: u16,
     },
+    /// A packet for a client that needed no write but waits behind those
+    /// that did.
+    Reply {
+        connection: u64,
+        packet: Outbound,
+    },
+    /// The connection's close, after every answer owed before it.
+    Close {
+        connection: u64,
+        reason: CloseReason,
+        code: Option<u8>,
+    },
 }
 
 #[derive(Debug)]
@@ -168,7 +180,16 @@ struct Wait {
     remaining: usize,
     failure: Option<StorageFailure>,
     appended: Option<u64>,
-    parked: Parked,
+    place: Place,
+}
+
+/// Where a wait's answer is released.
+#[derive(Debug)]
+enum Place {
+    /// In a connection's queue of answers, behind those before it.
+    Queued { connection: u64, answer: u64 },
+    /// On its own: nobody's packet waits (or its connection went away).
+    Alone(Parked),
 }
 
 /// The state's bookkeeping of writes.
@@ -188,6 +209,9 @@ pub(super) struct Persistence {
     pub log_next: u64,
     /// Sessions whose in-flight table or cursor changed since written.
     dirty: IdSet<SessionKey>,
+    /// Answers of connections that went away, ready to be released (their
+    /// publishes are still routed; their acknowledgements go nowhere).
+    orphans: Vec<(Parked, Option<StorageFailure>, Option<u64>)>,
     next_message_id: u64,
 }
 
@@ -204,6 +228,7 @@ impl Default for Persistence {
             releasable: Vec::new(),
             log_next: 1,
             dirty: IdSet::default(),
+            orphans: Vec::new(),
             next_message_id: 1,
         }
     }
@@ -232,16 +257,14 @@ impl BrokerState {
         self.persist.staged.iter().any(|w| !w.is_empty())
     }
 
-    /// Turn what was staged into intents answered by `parked`. Returns the
-    /// wait's first ticket, or `None` when nothing was staged (the caller
-    /// answers at once).
-    pub(super) fn seal(&mut self, parked: Parked) -> Option<u64> {
+    /// Turn what was staged into intents answered at `place`. Returns the
+    /// wait's id, or `None` when nothing was staged.
+    fn seal_at(&mut self, place: Place) -> Option<u64> {
         if !self.has_staged() {
             return None;
         }
         let wait = self.persist.next_wait;
         self.persist.next_wait += 1;
-        let mut first = None;
         let mut remaining = 0;
         for role in [Role::Retained, Role::Sessions] {
             let writes = std::mem::take(&mut self.persist.staged[role as usize]);
@@ -250,7 +273,6 @@ impl BrokerState {
             }
             let ticket = self.persist.next_ticket;
             self.persist.next_ticket += 1;
-            first.get_or_insert(ticket);
             remaining += 1;
             self.persist.tickets.insert(ticket, wait);
             self.persist.intents.push(Intent {
@@ -265,23 +287,71 @@ impl BrokerState {
                 remaining,
                 failure: None,
                 appended: None,
-                parked,
+                place,
             },
         );
-        first
+        Some(wait)
     }
 
-    /// Seal with `parked` and make `connection` wait for the commit; when
-    /// nothing was staged, `parked` is answered at once instead.
+    /// Seal what was staged, answered by `parked` on its own.
+    pub(super) fn seal(&mut self, parked: Parked) -> Option<u64> {
+        self.seal_at(Place::Alone(parked))
+    }
+
+    /// Queue `parked` as `connection`'s next answer: released once what was
+    /// staged for it has committed and every answer before it is released.
+    /// With nothing staged and nothing before it, it is answered at once.
     pub(super) fn park_or_answer(&mut self, connection: u64, parked: Parked, now: Instant) {
-        if !self.has_staged() {
-            self.answer(parked, None, None, now, false);
-            return;
-        }
-        if let Some(ticket) = self.seal(parked) {
-            if let Some(conn) = self.connections.get_mut(&connection) {
-                conn.parked = Some(ticket);
+        let queued = self
+            .connections
+            .get(&connection)
+            .map(|c| !c.answers.is_empty());
+        let staged = self.has_staged();
+        match queued {
+            None => {
+                // The connection is gone: only what the packet wrote
+                // remains to be answered, on its own.
+                if staged {
+                    self.seal(parked);
+                } else {
+                    self.answer(parked, None, None, now);
+                }
+                return;
             }
+            Some(false) if !staged => {
+                self.answer(parked, None, None, now);
+                return;
+            }
+            Some(_) => {}
+        }
+        let id = {
+            let conn = self
+                .connections
+                .get_mut(&connection)
+                .expect("looked up above");
+            conn.next_answer += 1;
+            conn.next_answer
+        };
+        let wait = self.seal_at(Place::Queued {
+            connection,
+            answer: id,
+        });
+        let conn = self
+            .connections
+            .get_mut(&connection)
+            .expect("looked up above");
+        conn.answers.push_back(super::Answer {
+            id,
+            wait,
+            failure: None,
+            appended: None,
+            parked,
+        });
+        if conn.answers.len() == super::ANSWERS_PAUSE {
+            let _ = conn.handle.pause.send(true);
+        }
+        if wait.is_none() {
+            self.release_answers(connection, now);
         }
     }
 
@@ -289,7 +359,7 @@ impl BrokerState {
     /// Will), or answer it at once when nothing was staged.
     pub(super) fn seal_or_answer(&mut self, parked: Parked, now: Instant) {
         if !self.has_staged() {
-            self.answer(parked, None, None, now, false);
+            self.answer(parked, None, None, now);
             return;
         }
         self.seal(parked);
@@ -334,36 +404,80 @@ impl BrokerState {
             .waits
             .remove(&wait_id)
             .expect("looked up above");
-        self.answer(wait.parked, wait.failure, wait.appended, now, true);
+        match wait.place {
+            Place::Alone(parked) => self.answer(parked, wait.failure, wait.appended, now),
+            Place::Queued { connection, answer } => {
+                let Some(conn) = self.connections.get_mut(&connection) else {
+                    return;
+                };
+                if let Some(a) = conn.answers.iter_mut().find(|a| a.id == answer) {
+                    a.wait = None;
+                    a.failure = wait.failure;
+                    a.appended = wait.appended;
+                }
+                self.release_answers(connection, now);
+            }
+        }
     }
 
-    /// Release what a sealed group owed, now that its writes are answered;
-    /// `resume`: then handle what its connection read meanwhile.
+    /// Release `connection`'s answers from the front while they are ready.
+    fn release_answers(&mut self, connection: u64, now: Instant) {
+        loop {
+            let Some(conn) = self.connections.get_mut(&connection) else {
+                return;
+            };
+            if conn.answers.front().is_none_or(|a| a.wait.is_some()) {
+                if conn.answers.len() < super::ANSWERS_PAUSE / 2 && self.has_room(connection) {
+                    let _ = self.connections[&connection].handle.pause.send(false);
+                }
+                return;
+            }
+            let a = conn.answers.pop_front().expect("front checked");
+            self.answer(a.parked, a.failure, a.appended, now);
+        }
+    }
+
+    /// A connection went away with answers still queued: each is answered
+    /// on its own once its commit arrives (its publishes are still routed),
+    /// those ready now at the end of the current event.
+    pub(super) fn orphan_answers(&mut self, answers: VecDeque<super::Answer>) {
+        for a in answers {
+            match a.wait {
+                Some(wait) => {
+                    if let Some(w) = self.persist.waits.get_mut(&wait) {
+                        w.place = Place::Alone(a.parked);
+                    }
+                }
+                None => self.persist.orphans.push((a.parked, a.failure, a.appended)),
+            }
+        }
+    }
+
+    pub(super) fn run_orphans(&mut self, now: Instant) {
+        while !self.persist.orphans.is_empty() {
+            let orphans = std::mem::take(&mut self.persist.orphans);
+            for (parked, failure, appended) in orphans {
+                self.answer(parked, failure, appended, now);
+            }
+        }
+    }
+
+    /// Release what a sealed group owed, now that its writes are answered.
     fn answer(
         &mut self,
         parked: Parked,
         failure: Option<StorageFailure>,
         appended: Option<u64>,
         now: Instant,
-        resume: bool,
     ) {
-        let connection = match &parked {
-            Parked::ConnAck { connection, .. }
-            | Parked::SubAck { connection, .. }
-            | Parked::UnsubAck { connection, .. }
-            | Parked::PubComp { connection, .. } => Some(*connection),
-            Parked::Publish(p) => p.connection,
-            Parked::Background | Parked::Flush(_) => None,
-        };
-        if resume {
-            if let Some(c) = connection {
-                if let Some(conn) = self.connections.get_mut(&c) {
-                    conn.parked = None;
-                }
-            }
-        }
         match parked {
             Parked::Background => {}
+            Parked::Reply { connection, packet } => self.send(connection, packet),
+            Parked::Close {
+                connection,
+                reason,
+                code,
+            } => self.close(connection, reason, code, now),
             Parked::Flush(clients) => {
                 if failure.is_some() {
                     for client in clients {
@@ -437,11 +551,6 @@ impl BrokerState {
                 } else {
                     self.send(connection, packet);
                 }
-            }
-        }
-        if resume {
-            if let Some(c) = connection {
-                self.resume_backlog(c, now);
             }
         }
     }

@@ -53,31 +53,34 @@ impl BrokerState {
                             if logged {
                                 self.mark_dirty(key);
                             }
-                            self.send(
+                            self.reply(
                                 connection,
                                 Outbound::PubRel {
                                     packet_id,
                                     reason: reason::SUCCESS,
                                 },
+                                now,
                             );
                         }
                     }
                     Some(entry) if matches!(entry.phase, InflightPhase::AwaitPubcomp) => {
-                        self.send(
+                        self.reply(
                             connection,
                             Outbound::PubRel {
                                 packet_id,
                                 reason: reason::SUCCESS,
                             },
+                            now,
                         );
                     }
                     Some(_) => self.doom(connection, CloseReason::Protocol, reason::PROTOCOL_ERROR),
-                    None => self.send(
+                    None => self.reply(
                         connection,
                         Outbound::PubRel {
                             packet_id,
                             reason: reason::PACKET_IDENTIFIER_NOT_FOUND,
                         },
+                        now,
                     ),
                 }
             }
@@ -116,12 +119,13 @@ impl BrokerState {
                         now,
                     );
                 } else {
-                    self.send(
+                    self.reply(
                         connection,
                         Outbound::PubComp {
                             packet_id,
                             reason: reason::PACKET_IDENTIFIER_NOT_FOUND,
                         },
+                        now,
                     );
                 }
             }
@@ -133,7 +137,7 @@ impl BrokerState {
             Inbound::Unsubscribe { packet_id, filters } => {
                 self.on_unsubscribe(connection, key, packet_id, filters, now)
             }
-            Inbound::PingReq => self.send(connection, Outbound::PingResp),
+            Inbound::PingReq => self.reply(connection, Outbound::PingResp, now),
             Inbound::Disconnect {
                 reason: code,
                 session_expiry,
@@ -155,6 +159,16 @@ impl BrokerState {
                 };
                 self.close(connection, close_reason, None, now);
             }
+        }
+    }
+
+    /// Answer a packet that writes nothing: at once, or behind the answers
+    /// its connection still waits for (a CONNACK above all).
+    fn reply(&mut self, connection: u64, packet: Outbound, now: Instant) {
+        if self.must_queue(connection) {
+            self.park_or_answer(connection, Parked::Reply { connection, packet }, now);
+        } else {
+            self.send(connection, packet);
         }
     }
 
@@ -192,12 +206,13 @@ impl BrokerState {
         let session = self.sessions.get(&key).expect("connected session");
         if qos == 2 && session.inbound_qos2.contains_key(&packet_id) {
             // Method B: already routed; a duplicate only gets PUBREC.
-            self.send(
+            self.reply(
                 connection,
                 Outbound::PubRec {
                     packet_id,
                     reason: reason::SUCCESS,
                 },
+                now,
             );
             return;
         }
@@ -279,7 +294,7 @@ impl BrokerState {
             retain_change: parts.retain_change,
             code: reason::SUCCESS,
         };
-        if self.has_staged() {
+        if self.must_queue(connection) {
             self.park_or_answer(connection, Parked::Publish(Box::new(publish)), now);
         } else {
             // Nothing to store: routed and answered at once.

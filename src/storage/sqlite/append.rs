@@ -158,7 +158,11 @@ impl AppendChannel {
                 Err(e) => answers.push(Some(Err(e))),
             }
         }
-        let mut stored = self.shared.batcher.submit_many(&self.shared, jobs).into_iter();
+        let mut stored = self
+            .shared
+            .batcher
+            .submit_many(&self.shared, jobs)
+            .into_iter();
         answers
             .into_iter()
             .map(|a| match a {

@@ -360,7 +360,10 @@ impl Shared {
         {
             let mut scope = self.scope.lock().unwrap_or_else(|e| e.into_inner());
             while scope.is_some_and(|t| t != me) {
-                scope = self.scope_ended.wait(scope).unwrap_or_else(|e| e.into_inner());
+                scope = self
+                    .scope_ended
+                    .wait(scope)
+                    .unwrap_or_else(|e| e.into_inner());
             }
             if scope.is_some() {
                 // Already inside one: the writes join it.
@@ -378,7 +381,9 @@ impl Shared {
                 .prepare_cached("BEGIN IMMEDIATE")
                 .and_then(|mut s| s.execute([]))
                 .map(|_| ())
-                .map_err(|e| self.write_error(Some(w.conn()), "beginning a transaction".into(), 0, &e))
+                .map_err(|e| {
+                    self.write_error(Some(w.conn()), "beginning a transaction".into(), 0, &e)
+                })
         });
         if let Err(e) = begun {
             end_scope();
@@ -395,7 +400,10 @@ impl Shared {
                 let _ = conn.execute_batch("ROLLBACK");
                 return Ok(false);
             }
-            match conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([])) {
+            match conn
+                .prepare_cached("COMMIT")
+                .and_then(|mut s| s.execute([]))
+            {
                 Ok(_) => {
                     self.counters.commits.fetch_add(1, Ordering::Release);
                     Ok(true)
@@ -420,7 +428,10 @@ impl Shared {
             {
                 let mut scope = self.scope.lock().unwrap_or_else(|e| e.into_inner());
                 while scope.is_some_and(|t| t != me) {
-                    scope = self.scope_ended.wait(scope).unwrap_or_else(|e| e.into_inner());
+                    scope = self
+                        .scope_ended
+                        .wait(scope)
+                        .unwrap_or_else(|e| e.into_inner());
                 }
             }
             let conn = self.writer.lock().unwrap_or_else(|e| e.into_inner());
