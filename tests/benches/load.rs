@@ -472,17 +472,31 @@ async fn start_saguin(
     Ok(Broker { name, addr, child })
 }
 
-async fn start_mosquitto(dir: &Path) -> Result<Broker, Error> {
+async fn start_mosquitto(dir: &Path, persist: bool) -> Result<Broker, Error> {
     let bin = PathBuf::from("/usr/sbin/mosquitto");
     if !bin.exists() {
         return Err("/usr/sbin/mosquitto not installed (apt-get install mosquitto)".into());
     }
     let port = free_port();
-    let config = dir.join("mosquitto.conf");
+    let data = dir.join(if persist {
+        "mosquitto-persist"
+    } else {
+        "mosquitto"
+    });
+    std::fs::create_dir_all(&data)?;
+    let config = data.join("mosquitto.conf");
+    let persistence = if persist {
+        format!(
+            "persistence true\npersistence_location {}/\n",
+            data.display()
+        )
+    } else {
+        "persistence false\n".to_owned()
+    };
     std::fs::write(
         &config,
         format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 1000000\nmax_inflight_messages {WINDOW}\nmax_queued_bytes 0\npersistence false\nlog_dest none\n"
+            "listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 1000000\nmax_inflight_messages {WINDOW}\nmax_queued_bytes 0\n{persistence}log_dest none\n"
         ),
     )?;
     let child = Command::new(bin)
@@ -497,7 +511,11 @@ async fn start_mosquitto(dir: &Path) -> Result<Broker, Error> {
         return Err("mosquitto did not start listening".into());
     }
     Ok(Broker {
-        name: "mosquitto",
+        name: if persist {
+            "mosquitto-persist"
+        } else {
+            "mosquitto"
+        },
         addr,
         child,
     })
@@ -608,9 +626,34 @@ async fn main() {
     let mut rows = Vec::new();
     let mut failed = false;
     for name in wanted.split(',').map(str::trim) {
+        // SAGUIN_BENCH_BIN runs another binary (or a profiler wrapping one).
+        let this_bin = std::env::var_os("SAGUIN_BENCH_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_saguin")));
+        let this = this_bin.as_path();
         let started = match name {
-            "saguin" => start_saguin(dir.path()).await,
-            "mosquitto" => start_mosquitto(dir.path()).await,
+            "saguin" => start_saguin(dir.path(), "saguin", this, Sessions::Unkept).await,
+            "saguin-memory" => {
+                start_saguin(dir.path(), "saguin-memory", this, Sessions::Memory).await
+            }
+            "saguin-sqlite" => {
+                start_saguin(dir.path(), "saguin-sqlite", this, Sessions::Sqlite).await
+            }
+            // An earlier build, for a side-by-side comparison in one run.
+            "saguin-baseline" => match std::env::var_os("SAGUIN_BENCH_BASELINE") {
+                Some(bin) => {
+                    start_saguin(
+                        dir.path(),
+                        "saguin-baseline",
+                        Path::new(&bin),
+                        Sessions::Unkept,
+                    )
+                    .await
+                }
+                None => Err("set SAGUIN_BENCH_BASELINE to an earlier saguin binary".into()),
+            },
+            "mosquitto" => start_mosquitto(dir.path(), false).await,
+            "mosquitto-persist" => start_mosquitto(dir.path(), true).await,
             "rumqttd" => start_rumqttd(dir.path()).await,
             other => Err(format!("unknown broker {other}").into()),
         };
@@ -621,13 +664,46 @@ async fn main() {
                 continue;
             }
         };
-        // (name, qos, pubs, subs, messages per publisher, rate)
-        let mut cases: Vec<(String, u8, usize, usize, u64, Option<f64>)> = Vec::new();
+        // (name, qos, pubs, subs, messages per publisher, rate, clean subscribers)
+        type Case = (String, u8, usize, usize, u64, Option<f64>, bool);
+        let mut cases: Vec<Case> = Vec::new();
         for qos in [0u8, 1, 2] {
-            cases.push((format!("q{qos} 1pub->1sub"), qos, 1, 1, n(50_000.0), None));
-            cases.push((format!("q{qos} 4pub->1sub"), qos, 4, 1, n(25_000.0), None));
-            cases.push((format!("q{qos} 8pub->1sub"), qos, 8, 1, n(12_500.0), None));
-            cases.push((format!("q{qos} 1pub->50sub"), qos, 1, 50, n(2_000.0), None));
+            cases.push((
+                format!("q{qos} 1pub->1sub"),
+                qos,
+                1,
+                1,
+                n(50_000.0),
+                None,
+                true,
+            ));
+            cases.push((
+                format!("q{qos} 4pub->1sub"),
+                qos,
+                4,
+                1,
+                n(25_000.0),
+                None,
+                true,
+            ));
+            cases.push((
+                format!("q{qos} 8pub->1sub"),
+                qos,
+                8,
+                1,
+                n(12_500.0),
+                None,
+                true,
+            ));
+            cases.push((
+                format!("q{qos} 1pub->50sub"),
+                qos,
+                1,
+                50,
+                n(2_000.0),
+                None,
+                true,
+            ));
             cases.push((
                 format!("q{qos} latency@5k/s"),
                 qos,
@@ -635,15 +711,27 @@ async fn main() {
                 1,
                 n(10_000.0),
                 Some(5_000.0),
+                true,
             ));
         }
+        // Persistent sessions (clean session 0): what the session provider
+        // costs a fan-out.
+        cases.push((
+            "q1 1pub->50sub persistent".into(),
+            1,
+            1,
+            50,
+            n(2_000.0),
+            None,
+            false,
+        ));
         let only = std::env::var("SAGUIN_BENCH_ONLY").unwrap_or_default();
-        for (i, (test, qos, pubs, subs, per_pub, rate)) in cases.into_iter().enumerate() {
+        for (i, (test, qos, pubs, subs, per_pub, rate, clean)) in cases.into_iter().enumerate() {
             if !test.contains(only.as_str()) {
                 continue;
             }
             let tag = format!("{}-{i}", broker.name);
-            let outcome = scenario(broker.addr, &tag, qos, pubs, subs, per_pub, rate).await;
+            let outcome = scenario(broker.addr, &tag, qos, pubs, subs, per_pub, rate, clean).await;
             if let Some(e) = &outcome.error {
                 eprintln!("FAIL {} {test}: {e}", broker.name);
                 failed = true;
