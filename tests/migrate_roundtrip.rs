@@ -487,7 +487,7 @@ fn a_damaged_or_oversized_mbmqtt_file_creates_nothing() {
 }
 
 #[test]
-fn rows_that_belong_to_no_channel_are_named_not_dropped_silently() {
+fn rows_that_belong_to_no_channel_refuse_the_source_by_name() {
     let tmp = tempfile::tempdir().unwrap();
     let db = tmp.path().join("live.db");
     provider_database(&db);
@@ -499,15 +499,19 @@ fn rows_that_belong_to_no_channel_are_named_not_dropped_silently() {
     .unwrap();
     drop(conn);
     let dest = tmp.path().join("snaps");
-    let out = ok(saguin(&[
+    let out = saguin(&[
         os("migrate"),
         os("to-snapshots"),
         db.as_os_str(),
         dest.as_os_str(),
-    ]));
+    ]);
+    assert_eq!(out.status.code(), Some(3));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("1 positions of channel \"gone\", which the database holds no channel row for, are not carried"),
+        err.contains(
+            "positions: channel \"gone\": 1 positions of a channel that has no channels row"
+        ),
         "{err}"
     );
+    assert!(!dest.exists());
 }
