@@ -4,9 +4,14 @@
 //!
 //! The rules, each enforced here rather than by the command line:
 //!
-//! - **The destination must not exist**, or be a directory holding no
-//!   snapshot and no manifest; a database's `-wal`, `-shm` and `-journal`
-//!   must not exist either (SAGUIN.md §6.6). Checked before anything is read.
+//! - **The destination must not exist**, or be an empty directory; a
+//!   database's `-wal`, `-shm` and `-journal` must not exist either
+//!   (SAGUIN.md §6.6), and its parent directory must. Checked before
+//!   anything is read.
+//! - **It is built beside itself**, under [`staging_path`], and linked (a
+//!   database) or renamed (a directory) into place only once read back,
+//!   verified and counted; neither replaces anything. A migration stopped
+//!   half way leaves nothing at the destination to block a retry.
 //! - **Both providers' locks are taken**: a source a running broker holds is
 //!   refused at once, naming the holder. Taking a lock creates its file
 //!   (`<db>.lock`, `<dir>/saguin.lock`) if absent: that is the one thing a
@@ -14,16 +19,17 @@
 //! - **The source is never touched**: a database is opened read-only (never
 //!   `immutable=1`), a directory is only read; even what a starting broker
 //!   would drop (expired positions) is left alone and carried.
-//! - **The source is validated first** with the loader's own decoder and
-//!   validation, and each unit (a channel, a queue with its dead-letter
-//!   channel, the retained store, the sessions with the broadcast log) is
-//!   checked before it is written.
+//! - **The checker is the migrator**: the source is verified first, whole -
+//!   a directory by `snapshot verify`'s checks and verdicts, a database by
+//!   `sqlite verify`'s ([`sqlite::verify`]) and then by the loader's own
+//!   validation of each unit - and a source that fails is refused with every
+//!   finding named, before anything is created.
 //! - **Nothing is created when there is nothing to migrate** (an empty
 //!   directory, a database without channels, sessions or retained messages):
 //!   an empty destination would satisfy "must not exist" and lock the
 //!   operator out of retrying that path. When no unit could be written at
 //!   all, what was created is removed again for the same reason.
-//! - **A failure is reported and the conversion carries on**, unit by unit,
+//! - **A write failure is reported and the conversion carries on**, unit by unit,
 //!   so every unit that did not make it is named. A queue and its
 //!   dead-letter channel are one file and one transaction.
 //! - **Counts in and counts out** ([`Counts`]) are taken per unit - out from
