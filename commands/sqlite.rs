@@ -60,7 +60,8 @@ there is one; at most 1000 are listed and the rest counted. --json prints one \
 document: {\"path\", \"ok\", \"integrity_check\", \"schema_version\", \
 \"checked\": {\"channels\", \"records\", \"positions\", \"sessions\", \"inflight\", \
 \"shared_groups\"}, \"findings\": [{\"code\", \"table\", \"channel\", \"offset\", \
-\"detail\"}], \"findings_omitted\", \"exit_code\"}. --quiet prints nothing; the \
+\"detail\"}] (channel and offset null where there is none), \"findings_omitted\", \
+\"exit_code\"}. --quiet prints nothing; the \
 exit status answers. saguin migrate and saguin sqlite backup run these same \
 checks on what they read and write.
 

@@ -48,9 +48,9 @@ pub struct Finding {
     /// A kebab-case code a script can match.
     pub code: &'static str,
     pub table: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// `null` in JSON where the finding is about no one channel.
     pub channel: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// `null` in JSON where the finding is about no one offset.
     pub offset: Option<u64>,
     pub detail: String,
 }
