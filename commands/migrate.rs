@@ -66,9 +66,15 @@ The rules it enforces (RFC 0004 \"Moving the records with the channel\"):
   - --config is refused (exit 2): a migration reads and writes only the paths \
 it is given, so it works on a copy, on another machine, on a directory from a \
 backup, and for an operator whose configuration has drifted.
-  - The destination must not exist, or must be a directory holding no snapshot \
-and no manifest; for a database, DB-wal, DB-shm and DB-journal must not exist \
-either.
+  - The destination must not exist, or must be an empty directory; for a \
+database, DB-wal, DB-shm and DB-journal must not exist either. Its parent \
+directory must exist: a migration creates nothing but the destination.
+  - The destination is built under a temporary name beside it \
+(.NAME.PID.migrate.tmp) and moved into place - a database linked, a \
+directory renamed, neither replacing anything - only once it has been read \
+back, verified and counted. A migration stopped half way (a SIGTERM, a power \
+cut) leaves nothing at the destination, so a retry is never blocked; what \
+it leaves under the temporary name may be removed.
   - The broker must be stopped: both providers' locks are taken (DB.lock, \
 DIR/saguin.lock), and a lock a running broker holds is refused at once, \
 naming the holder. Taking a lock creates its file if absent: that is the one \
@@ -76,12 +82,19 @@ thing created beside the source.
   - The source is never touched: a database is opened read-only (never \
 immutable=1), a directory only read. Even the expired positions a starting \
 broker would drop are carried, unchanged.
-  - The source is validated first with the loader the broker uses; a file or \
-rows it would refuse are reported by name.
+  - The source is verified first, whole, and a source that fails is refused \
+(exit 3) with every finding named and nothing created: a directory by the \
+checks and verdicts of saguin snapshot verify (pair checks included; a \
+listed file that is missing is a refusal), a database by those of saguin \
+sqlite verify (integrity_check, schema, and the row invariants: no holes, no \
+offset at or past next, bytes equal to the records' sizes, no rows of a \
+channel without its channels row, every queue's dead-letter row, in-flight \
+entries of a session that exists) and then by the loader's own validation \
+of every unit.
   - Nothing is created when there is nothing to migrate (exit 3, \"nothing to \
 migrate\"), and a destination none of whose units could be written is removed \
 again, so the path stays open for a retry.
-  - A failure is reported and the migration carries on, one unit at a time (a \
+  - A failure to write is reported and the migration carries on, one unit at a time (a \
 channel, a queue with its dead-letter channel in one transaction, the retained \
 store, the sessions with the broadcast log), listing every unit that did not \
 make it.
@@ -89,21 +102,27 @@ make it.
 What is carried: next and floor as they stand, every record at the offset it \
 already has, deletion markers of latest channels, every queue record with its \
 attempt count and first and last delivery times, the dead-letter channel, \
-every consumer position, held exactly-once publishes, the retained store, the \
+every consumer position (a queue's included) with the time it was saved, \
+held exactly-once publishes, the retained store, the \
 persistent sessions with their subscriptions, Wills and in-flight tables, the \
-broadcast log with its cursors, shared groups and returned deliveries.
+broadcast log with its cursors and their times, shared groups and their \
+returned deliveries in the order returned.
 
 Counts in and counts out (next, floor, records, queue items, dead letters, \
-positions, held publishes, sessions, in-flight entries, shared groups) are \
-printed per unit; the counts out are read back from the destination as \
+positions - a queue's own and its dead-letter channel's, or the broadcast \
+log's cursors - held publishes, sessions, in-flight entries, shared groups, \
+returned deliveries) are printed per unit (the last two in --json); from a \
+database the counts in are taken by SQL from its rows, so a row the reading \
+missed fails the unit; the counts out are read back from the destination as \
 written, and a difference is a failure. A progress bar is shown when stderr \
 is a terminal; a summary line is printed either way. --json prints the report \
 as one JSON document.
 
 Exit status: 0 every unit carried and counted equal; 3 something could not \
-be done (a destination or sidecar exists, the source is missing, locked by a \
-running broker, refused, or holds nothing to migrate; a unit failed or its \
-counts differ - every one is listed); 2 usage, including --config."
+be done (a destination or sidecar exists or its parent does not, the source \
+is missing, locked by a running broker, does not verify, or holds nothing to \
+migrate; a unit failed or its counts differ - every one is listed); 2 usage, \
+including --config."
     };
 }
 const TO_SQLITE_ABOUT: &str = concat!(

@@ -12,6 +12,7 @@ use comfy_table::Table;
 use saguin::storage::read::{self, SpecialKind};
 use saguin::storage::snapshot_dir::{
     self, AnySnapshot, DirReport, FileOutcome, FileProblem, FindingKind, ScanOptions, Severity,
+    Verdict,
 };
 use saguin_format::f21::{
     time::format_unix_nanos, BroadcastFile, ChannelFile, Header, HeldPublish, Manifest, Position,
@@ -64,10 +65,29 @@ pub enum Command {
     /// valid snapshot), 3 when some file could not be read at all (missing,
     /// permission, I/O), which takes precedence.
     ///
+    /// A directory's findings and their verdicts. FAIL (exit 1):
+    /// `file-refused` (a file does not decode or validate),
+    /// `name-mismatch` (a channel file under another channel's name),
+    /// `sessions-without-broadcast`, `sessions-broadcast-mismatch` (the
+    /// sessions do not fit the log), `listed-but-missing` (the manifest
+    /// lists a file that is not there: its records are gone),
+    /// `written-before-manifest` (a listed file older than the shutdown:
+    /// what was published after its moment is gone), `nothing-stored` (no
+    /// channel, retained, sessions or broadcast file: nothing to verify).
+    /// WARN (exit 0): `manifest-missing`, `manifest-unreadable` (the
+    /// manifest file itself also FAILs), `written-after-manifest` (a later
+    /// shutdown finished its files and not its manifest; nothing is lost),
+    /// `leftover-temp` (an unfinished write, never read). Not printed, in
+    /// `--json` only: `not-in-manifest`, `not-configured`, `unrecognised`.
+    /// A broker starts on a directory with `listed-but-missing` or
+    /// `written-before-manifest` findings (its loader warns); verify
+    /// answers no, because records are gone. The same verdicts decide what
+    /// `saguin migrate` refuses to read.
+    ///
     /// `--json` prints one document: `{"results": [{"path","status":
     /// "ok"|"fail"|"unreadable","format","kind","problem":null|{"code",
-    /// "message"}}], "findings": [{"path","severity","code","file",
-    /// "message"}], "summary": {"checked","ok","failed","unreadable",
+    /// "message"}}], "findings": [{"path","severity","verdict","code",
+    /// "file","message"}], "summary": {"checked","ok","failed","unreadable",
     /// "warnings"}, "exit_code"}`.
     Verify(VerifyArgs),
 }
@@ -207,19 +227,19 @@ fn verify(args: VerifyArgs) -> anyhow::Result<u8> {
                         if matches!(finding, FindingKind::FileRefused { .. }) {
                             continue;
                         }
-                        match finding.severity() {
-                            Severity::Error => {
+                        match finding.verdict() {
+                            Verdict::Fail => {
                                 dir_errors += 1;
                                 lines.push(format!("FAIL {}: {finding}", path.display()));
                             }
-                            Severity::Warning => {
+                            Verdict::Warn => {
                                 warnings += 1;
                                 lines.push(format!("WARN {}: {finding}", path.display()));
                             }
                             // Files nobody asked for are in --json and
                             // `inspect`; a verify line per stray file would
                             // bury the answer.
-                            Severity::Info => {}
+                            Verdict::Info => {}
                         }
                         findings.push(finding_json(Some(path), finding));
                     }
@@ -371,6 +391,7 @@ fn plural(n: usize, what: &str) -> String {
 fn finding_json(dir: Option<&Path>, f: &FindingKind) -> Value {
     let mut v = json!({
         "severity": f.severity().as_str(),
+        "verdict": f.verdict().as_str(),
         "code": f.code(),
         "file": f.file(),
         "message": f.to_string(),

@@ -1,4 +1,4 @@
-//! `saguin sqlite dump|backup`.
+//! `saguin sqlite dump|backup|verify`.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -23,6 +23,66 @@ pub enum Command {
     /// Take an online, consistent, verified copy of a database.
     #[command(long_about = BACKUP_ABOUT, after_help = BACKUP_EXAMPLES)]
     Backup(BackupArgs),
+    /// Check a database's pages and the invariants its rows keep (read-only).
+    #[command(long_about = VERIFY_ABOUT, after_help = VERIFY_EXAMPLES)]
+    Verify(VerifyArgs),
+}
+
+const VERIFY_ABOUT: &str = "\
+Check a sqlite provider's database, read-only: the counterpart of snapshot verify.
+
+Opened as sqlite dump opens it (read-only, query_only, never immutable=1, \
+never created), and every check runs in one read transaction, so it is safe \
+beside a running broker and sees one moment of it. The checks:
+
+  - PRAGMA integrity_check answers ok;
+  - the schema version is 20 and every table and the meta row are there;
+  - per channel: floor within 1..=next; every record, value and queue item \
+at an offset below next (one at or past next would be issued again) and not \
+below the floor;
+  - append channels and dead-letter channels: records contiguous in \
+[floor, next) - a channel is removed from the front only, so a hole is what a \
+stray DELETE makes; the broadcast log alone may have gaps;
+  - append channels: bytes equal to the sum of the records' sizes, counted by \
+the function the stores count by (Record::accounted_size), and each record \
+row's stored size equal to its record's;
+  - positions not past their channel's next; held publishes with a holder \
+and a packet id 1..=65535; rows of a channel that has no channels row;
+  - every queue has its append dead-letter channel <queue>.dlq;
+  - sessions: subscriptions and Will decode; every broadcast-log cursor of \
+a session that exists; in-flight entries within the \
+session's window, of a session that exists, below the broadcast log's next, \
+of a shared group that exists; shared groups' cursors not past next, \
+returned deliveries below it.
+
+Each finding is one line naming the table, the channel and the offset where \
+there is one; at most 1000 are listed and the rest counted. --json prints one \
+document: {\"path\", \"ok\", \"integrity_check\", \"schema_version\", \
+\"checked\": {\"channels\", \"records\", \"positions\", \"sessions\", \"inflight\", \
+\"shared_groups\"}, \"findings\": [{\"code\", \"table\", \"channel\", \"offset\", \
+\"detail\"}] (channel and offset null where there is none), \"findings_omitted\", \
+\"exit_code\"}. --quiet prints nothing; the \
+exit status answers. saguin migrate and saguin sqlite backup run these same \
+checks on what they read and write.
+
+Exit status: 0 every check passed; 1 a check failed (each finding listed); 3 \
+the database is missing or cannot be opened; 2 usage.";
+
+const VERIFY_EXAMPLES: &str = "\
+Examples:
+  saguin sqlite verify /var/lib/saguin/saguin.db
+  saguin sqlite backup /var/lib/saguin/saguin.db /backups/s.db && saguin sqlite verify --quiet /backups/s.db
+  saguin sqlite verify /var/lib/saguin/saguin.db --json | jq '.findings[] | select(.code == \"hole\")'";
+
+#[derive(clap::Args, Debug)]
+pub struct VerifyArgs {
+    pub db: PathBuf,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Print nothing; the exit code answers.
+    #[arg(long, conflicts_with = "json")]
+    pub quiet: bool,
 }
 
 const DUMP_ABOUT: &str = "\
@@ -69,8 +129,9 @@ are not one moment. This command uses SQLite's online backup from a read-only \
 connection holding one read transaction, so every page of the copy is from \
 one moment while the broker keeps committing. It writes to a temporary name \
 in DEST's directory (mode 0600), proves the copy - PRAGMA integrity_check \
-answers ok, the schema version is 20, and every table holds exactly the rows \
-the source held at the moment copied (counted inside that same read \
+answers ok, the schema version is 20, the row invariants sqlite verify checks \
+hold, and every table holds exactly the rows the source held at the moment \
+copied (counted inside that same read \
 transaction) - fsyncs it, moves it to DEST without replacing anything, and \
 fsyncs the directory. Only then does it report success. The copy is a single \
 file in rollback-journal mode; the broker opens it in WAL mode as usual.
@@ -119,7 +180,60 @@ pub fn run(cmd: Command) -> anyhow::Result<u8> {
     match cmd {
         Command::Dump(args) => dump(&args),
         Command::Backup(args) => run_backup(&args),
+        Command::Verify(args) => run_verify(&args),
     }
+}
+
+fn run_verify(args: &VerifyArgs) -> anyhow::Result<u8> {
+    let conn = match open(&args.db) {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    let what = || format!("sqlite verify {}", args.db.display());
+    let tx = conn.unchecked_transaction().with_context(what)?;
+    let v = provider::verify::verify(&tx);
+    drop(tx);
+    let code = if v.is_ok() { exit::OK } else { exit::NO };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let mut doc = serde_json::to_value(&v)?;
+        if let Value::Object(m) = &mut doc {
+            m.insert("path".into(), json!(args.db.display().to_string()));
+            m.insert("ok".into(), json!(v.is_ok()));
+            m.insert("exit_code".into(), json!(code));
+        }
+        serde_json::to_writer_pretty(&mut out, &doc)?;
+        writeln!(out)?;
+    } else if !args.quiet {
+        for line in v.lines() {
+            writeln!(out, "FAIL {}: {line}", args.db.display())?;
+        }
+        let c = &v.checked;
+        let findings = v.findings.len() as u64 + v.findings_omitted;
+        writeln!(
+            out,
+            "{} {}: integrity_check {}, schema version {}, {} channels, {} records, {} positions, {} sessions, {} in-flight entries, {} shared groups checked: {}",
+            if v.is_ok() { "OK" } else { "FAIL" },
+            args.db.display(),
+            if v.integrity_check == "ok" { "ok" } else { "failed" },
+            v.schema_version.map_or("unreadable".to_owned(), |n| n.to_string()),
+            c.channels,
+            c.records,
+            c.positions,
+            c.sessions,
+            c.inflight,
+            c.shared_groups,
+            if findings == 0 {
+                "no findings".to_owned()
+            } else if findings == 1 {
+                "1 finding".to_owned()
+            } else {
+                format!("{findings} findings")
+            }
+        )?;
+    }
+    out.flush()?;
+    Ok(code)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

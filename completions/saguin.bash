@@ -82,6 +82,9 @@ _saguin() {
             saguin__subcmd__help__subcmd__sqlite,dump)
                 cmd="saguin__subcmd__help__subcmd__sqlite__subcmd__dump"
                 ;;
+            saguin__subcmd__help__subcmd__sqlite,verify)
+                cmd="saguin__subcmd__help__subcmd__sqlite__subcmd__verify"
+                ;;
             saguin__subcmd__lock,help)
                 cmd="saguin__subcmd__lock__subcmd__help"
                 ;;
@@ -145,6 +148,9 @@ _saguin() {
             saguin__subcmd__sqlite,help)
                 cmd="saguin__subcmd__sqlite__subcmd__help"
                 ;;
+            saguin__subcmd__sqlite,verify)
+                cmd="saguin__subcmd__sqlite__subcmd__verify"
+                ;;
             saguin__subcmd__sqlite__subcmd__help,backup)
                 cmd="saguin__subcmd__sqlite__subcmd__help__subcmd__backup"
                 ;;
@@ -153,6 +159,9 @@ _saguin() {
                 ;;
             saguin__subcmd__sqlite__subcmd__help,help)
                 cmd="saguin__subcmd__sqlite__subcmd__help__subcmd__help"
+                ;;
+            saguin__subcmd__sqlite__subcmd__help,verify)
+                cmd="saguin__subcmd__sqlite__subcmd__help__subcmd__verify"
                 ;;
             *)
                 ;;
@@ -379,7 +388,7 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__help__subcmd__sqlite)
-            opts="dump backup"
+            opts="dump backup verify"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -407,6 +416,20 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__help__subcmd__sqlite__subcmd__dump)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__help__subcmd__sqlite__subcmd__verify)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -773,7 +796,7 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__sqlite)
-            opts="-h -V --help --version dump backup help"
+            opts="-h -V --help --version dump backup verify help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -827,7 +850,7 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__sqlite__subcmd__help)
-            opts="dump backup help"
+            opts="dump backup verify help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -871,6 +894,34 @@ _saguin() {
         saguin__subcmd__sqlite__subcmd__help__subcmd__help)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__sqlite__subcmd__help__subcmd__verify)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__sqlite__subcmd__verify)
+            opts="-h -V --json --quiet --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

@@ -346,7 +346,7 @@ fn a_database_of_another_schema_version_is_refused_by_name() {
 }
 
 #[test]
-fn a_damaged_source_file_is_reported_and_the_rest_carried_with_exit_3() {
+fn a_damaged_source_file_refuses_the_whole_source_by_name_and_creates_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let src = snapshot_copy(tmp.path());
     let path = src.join("state.snapshot");
@@ -360,22 +360,14 @@ fn a_damaged_source_file_is_reported_and_the_rest_carried_with_exit_3() {
         os("to-sqlite"),
         src.as_os_str(),
         db.as_os_str(),
-        os("--json"),
     ]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let units = doc["units"].as_array().unwrap();
-    let failed: Vec<&str> = units
-        .iter()
-        .filter(|u| !u["error"].is_null())
-        .map(|u| u["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(failed, ["state"]);
-    assert!(units
-        .iter()
-        .any(|u| u["name"] == "telemetry" && u["error"].is_null()));
-    assert!(stderr(&out).contains("state.snapshot"), "{}", stderr(&out));
-    assert!(db.exists());
+    let err = stderr(&out);
+    assert!(err.contains("does not verify"), "{err}");
+    assert!(err.contains("state.snapshot"), "{err}");
+    assert!(err.contains("checksum mismatch"), "{err}");
+    assert!(!db.exists());
+    assert_eq!(listing(tmp.path()), ["snapshots"]);
 }
 
 #[test]

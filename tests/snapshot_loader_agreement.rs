@@ -52,6 +52,8 @@ struct Verified {
     /// path, findings across files under the directory's.
     failures: BTreeSet<(String, String)>,
     warnings: BTreeSet<String>,
+    /// The warnings (the broker's view) whose verdict is FAIL: records gone.
+    losses: BTreeSet<String>,
 }
 
 fn verify(dir: &Path) -> Verified {
@@ -74,7 +76,11 @@ fn verify(dir: &Path) -> Verified {
         }
     }
     let mut warnings = BTreeSet::new();
+    let mut losses = BTreeSet::new();
     for f in doc["findings"].as_array().unwrap() {
+        if f["severity"] == "warning" && f["verdict"] == "fail" {
+            losses.insert(text(&f["message"]));
+        }
         match f["severity"].as_str() {
             Some("error") => {
                 failures.insert((text(&f["path"]), text(&f["message"])));
@@ -91,6 +97,7 @@ fn verify(dir: &Path) -> Verified {
         exit,
         failures,
         warnings,
+        losses,
     }
 }
 
@@ -128,6 +135,10 @@ enum Verdict {
     Refused,
     /// The manifest is damaged: verify fails it, the load warns of it.
     ManifestWarning,
+    /// The manifest says records are gone: the load warns of it and
+    /// serves what is left; verify answers no (exit 1) with the same
+    /// sentence, because a copy that lost records is not one to keep.
+    LoadsWithLoss,
 }
 
 /// Runs one case; returns every way the two disagree (empty when they do
@@ -187,6 +198,21 @@ fn judge(name: &str, dir: &Path, expected: Verdict) -> Vec<String> {
                 wrong.push(format!(
                     "{name}: verify warns {:#?}\nthe load warns {load_warnings:#?}",
                     v.warnings
+                ));
+            }
+        }
+        (Ok(report), Verdict::LoadsWithLoss) => {
+            let load_warnings: BTreeSet<String> = report.warnings.iter().cloned().collect();
+            if v.exit != 1 || !v.failures.is_empty() || v.losses.is_empty() {
+                wrong.push(format!(
+                    "{name}: verify must exit 1 on the loss alone; it exits {} naming {:#?} and the losses {:#?}",
+                    v.exit, v.failures, v.losses
+                ));
+            }
+            if !v.losses.is_subset(&load_warnings) || load_warnings != v.warnings {
+                wrong.push(format!(
+                    "{name}: verify warns {:#?} (losses {:#?})\nthe load warns {load_warnings:#?}",
+                    v.warnings, v.losses
                 ));
             }
         }
@@ -266,7 +292,7 @@ fn special_files_oversize_files_and_the_manifest_cases_get_one_verdict() {
     use Verdict::*;
     let cases: Vec<(&str, Verdict, Mutation)> = vec![
         ("as written", Loads, |_| {}),
-        ("a listed channel file missing", Loads, |d| {
+        ("a listed channel file missing", LoadsWithLoss, |d| {
             std::fs::remove_file(d.join("state.snapshot")).unwrap()
         }),
         ("a leftover temporary file", Loads, |d| {
@@ -277,7 +303,7 @@ fn special_files_oversize_files_and_the_manifest_cases_get_one_verdict() {
         }),
         (
             "a channel written before the manifest's moment",
-            Loads,
+            LoadsWithLoss,
             |d| {
                 let p = d.join("jobs.snapshot");
                 let (_, file) = f21::decode(&std::fs::read(&p).unwrap()).unwrap();

@@ -12,8 +12,9 @@
 //!
 //! The copy goes to a temporary name in the destination's directory, created
 //! 0600. It is then proved - `PRAGMA integrity_check` answers `ok`, the
-//! schema version is 20, every table holds the rows the source held at that
-//! moment - fsynced, linked to its final name (which fails rather than
+//! schema version is 20, the row invariants of `saguin sqlite verify` hold
+//! ([`super::sqlite::verify`]), every table holds the rows the source held at
+//! that moment - fsynced, linked to its final name (which fails rather than
 //! replacing anything that appeared meanwhile), and the directory fsynced.
 //! Only then is success reported. Any failure removes the temporary file and
 //! leaves nothing at the destination.
@@ -352,6 +353,12 @@ fn verify_copy(tmp: &Path, dest: &Path, expected: &[(String, u64)]) -> Result<()
         return Err(fail(format!(
             "schema version {version}, where the source states {SCHEMA_VERSION}"
         )));
+    }
+    // The invariants `saguin sqlite verify` checks: a copy of a database
+    // whose rows contradict each other is not a backup to keep.
+    let verification = sqlite::verify::verify(&conn);
+    if !verification.is_ok() {
+        return Err(fail(verification.lines().join("; ")));
     }
     let counted = count_tables(&conn).map_err(|e| fail(format!("counting rows: {e}")))?;
     let differences: Vec<String> = expected

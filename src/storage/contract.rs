@@ -175,7 +175,7 @@ pub struct Reader {
 
 /// The longest identifier a reader may have: an MQTT client id is a UTF-8
 /// string of at most 65,535 bytes.
-pub const MAX_READER_ID_BYTES: usize = 65_535;
+pub const MAX_READER_ID_BYTES: usize = saguin_format::f21::MAX_IDENTIFIER_BYTES;
 
 impl Reader {
     /// A reader for an MQTT session's client id.
@@ -196,10 +196,11 @@ impl Reader {
         if id.is_empty() {
             return Err(invalid("the identifier after the scheme is empty"));
         }
+        // The identifier rule every file field follows (FORMAT.md §2.9).
         if id.len() > MAX_READER_ID_BYTES {
             return Err(invalid("the identifier is longer than 65535 bytes"));
         }
-        if id.contains('\0') {
+        if saguin_format::f21::check_identifier("reader", id).is_err() {
             return Err(invalid("the identifier holds a NUL character"));
         }
         Ok(Reader {

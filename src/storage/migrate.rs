@@ -4,9 +4,14 @@
 //!
 //! The rules, each enforced here rather than by the command line:
 //!
-//! - **The destination must not exist**, or be a directory holding no
-//!   snapshot and no manifest; a database's `-wal`, `-shm` and `-journal`
-//!   must not exist either (SAGUIN.md §6.6). Checked before anything is read.
+//! - **The destination must not exist**, or be an empty directory; a
+//!   database's `-wal`, `-shm` and `-journal` must not exist either
+//!   (SAGUIN.md §6.6), and its parent directory must. Checked before
+//!   anything is read.
+//! - **It is built beside itself**, under [`staging_path`], and linked (a
+//!   database) or renamed (a directory) into place only once read back,
+//!   verified and counted; neither replaces anything. A migration stopped
+//!   half way leaves nothing at the destination to block a retry.
 //! - **Both providers' locks are taken**: a source a running broker holds is
 //!   refused at once, naming the holder. Taking a lock creates its file
 //!   (`<db>.lock`, `<dir>/saguin.lock`) if absent: that is the one thing a
@@ -14,16 +19,17 @@
 //! - **The source is never touched**: a database is opened read-only (never
 //!   `immutable=1`), a directory is only read; even what a starting broker
 //!   would drop (expired positions) is left alone and carried.
-//! - **The source is validated first** with the loader's own decoder and
-//!   validation, and each unit (a channel, a queue with its dead-letter
-//!   channel, the retained store, the sessions with the broadcast log) is
-//!   checked before it is written.
+//! - **The checker is the migrator**: the source is verified first, whole -
+//!   a directory by `snapshot verify`'s checks and verdicts, a database by
+//!   `sqlite verify`'s ([`sqlite::verify`]) and then by the loader's own
+//!   validation of each unit - and a source that fails is refused with every
+//!   finding named, before anything is created.
 //! - **Nothing is created when there is nothing to migrate** (an empty
 //!   directory, a database without channels, sessions or retained messages):
 //!   an empty destination would satisfy "must not exist" and lock the
 //!   operator out of retrying that path. When no unit could be written at
 //!   all, what was created is removed again for the same reason.
-//! - **A failure is reported and the conversion carries on**, unit by unit,
+//! - **A write failure is reported and the conversion carries on**, unit by unit,
 //!   so every unit that did not make it is named. A queue and its
 //!   dead-letter channel are one file and one transaction.
 //! - **Counts in and counts out** ([`Counts`]) are taken per unit - out from
@@ -35,14 +41,11 @@ mod snapshots;
 mod sqlite_io;
 
 use std::fs::{self, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
-use saguin_format::channel_name::{
-    BROADCAST_FILE, LOCK_FILE, MANIFEST_FILE, SESSIONS_FILE, SNAPSHOT_SUFFIX,
-};
 
 pub use mbmqtt_import::{
     import as import_mbmqtt, Imported, LegacyCounts, IMPORTED_SESSION_EXPIRY, IMPORTED_WINDOW,
@@ -181,6 +184,13 @@ pub enum MigrateError {
         #[source]
         source: LockError,
     },
+    #[error("{}: the parent directory {} does not exist; a migration creates only the destination itself", path.display(), parent.display())]
+    DestinationParentMissing { path: PathBuf, parent: PathBuf },
+    #[error("{}: refused, nothing was created: the source does not verify ({} finding{}):\n  {}", path.display(), findings.len(), if findings.len() == 1 { "" } else { "s" }, findings.join("\n  "))]
+    SourceRefused {
+        path: PathBuf,
+        findings: Vec<String>,
+    },
     #[error("{}: nothing to migrate ({detail}); nothing was created at {}", path.display(), destination.display())]
     NothingToMigrate {
         path: PathBuf,
@@ -227,7 +237,7 @@ pub fn check_database_destination(db: &Path) -> Result<(), MigrateError> {
 }
 
 /// Refuses a snapshot directory destination that is not a directory, or
-/// holds a snapshot file or a manifest.
+/// is a directory that holds anything.
 pub fn check_dir_destination(dir: &Path) -> Result<(), MigrateError> {
     let meta = match fs::symlink_metadata(dir) {
         Ok(m) => m,
@@ -251,25 +261,24 @@ pub fn check_dir_destination(dir: &Path) -> Result<(), MigrateError> {
         context: "listing the destination",
         source,
     })?;
-    for entry in entries {
-        let entry = entry.map_err(|source| MigrateError::Io {
+    // The new directory is renamed over this one, which replaces only an
+    // empty directory: anything in it (a lock file included) is refused
+    // here by name rather than at the end.
+    match entries.into_iter().next() {
+        None => Ok(()),
+        Some(Err(source)) => Err(MigrateError::Io {
             path: dir.to_path_buf(),
             context: "listing the destination",
             source,
-        })?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.ends_with(SNAPSHOT_SUFFIX)
-            || name == MANIFEST_FILE
-            || name == SESSIONS_FILE
-            || name == BROADCAST_FILE
-        {
-            return Err(MigrateError::DestinationExists {
-                path: dir.to_path_buf(),
-                what: format!("is a directory that already holds {name}"),
-            });
-        }
+        }),
+        Some(Ok(entry)) => Err(MigrateError::DestinationExists {
+            path: dir.to_path_buf(),
+            what: format!(
+                "is a directory that is not empty (it holds {})",
+                entry.file_name().to_string_lossy()
+            ),
+        }),
     }
-    Ok(())
 }
 
 fn take_lock(what: String, path: &Path) -> Result<LockGuard, MigrateError> {
@@ -322,6 +331,14 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
                     detail: other.to_string(),
                 },
             })?;
+            // The checker is the migrator: a directory `snapshot verify`
+            // answers no for is not read from at all.
+            if !read.refusals.is_empty() {
+                return Err(MigrateError::SourceRefused {
+                    path: dir.clone(),
+                    findings: read.refusals,
+                });
+            }
             Ok(SourceRead {
                 units: read
                     .units
@@ -369,27 +386,41 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
                     context: "reading the database",
                     source,
                 };
-                // One read transaction: every unit is the same moment.
+                // One read transaction: the verification, every unit and
+                // its counts are the same moment.
                 let tx = conn.unchecked_transaction().map_err(sql_err)?;
-                let units = read_units(&tx).map_err(sql_err)?;
-                let orphans = sqlite_io::orphan_rows(&tx).map_err(sql_err)?;
+                let verification = sqlite::verify::verify(&tx);
+                if !verification.is_ok() {
+                    return Err(MigrateError::SourceRefused {
+                        path: db.clone(),
+                        findings: verification.lines(),
+                    });
+                }
+                let (units, failures) = read_units(&tx).map_err(sql_err)?;
+                let mut counted = Vec::with_capacity(units.len());
+                for u in units {
+                    let c = count_unit(&tx, &u).map_err(sql_err)?;
+                    counted.push((u, c));
+                }
                 drop(tx);
                 drop(conn);
-                Ok::<_, MigrateError>((units, orphans))
+                Ok::<_, MigrateError>((counted, failures))
             })();
             remove_reader_sidecars(db, &sidecars_before);
-            let ((units, mut failures), orphans) = read?;
-            let warnings: Vec<String> = orphans
-                .into_iter()
-                .map(|o| format!("{}: {o}", db.display()))
-                .collect();
+            let (units, mut failures) = read?;
             let mut checked = Vec::with_capacity(units.len());
-            for mut u in units {
-                match u.validate() {
-                    Ok(()) => {
-                        let c = u.counts();
-                        checked.push((u, c));
-                    }
+            for (mut u, rows) in units {
+                let read_whole = rows.differences(&u.counts());
+                let verdict = if read_whole.is_empty() {
+                    u.validate()
+                } else {
+                    Err(format!(
+                        "the rows read differ from the rows the database holds: {}",
+                        read_whole.join(", ")
+                    ))
+                };
+                match verdict {
+                    Ok(()) => checked.push((u, rows)),
                     Err(error) => failures.push(ReadFailure {
                         name: u.name().to_owned(),
                         kind: u.kind(),
@@ -397,10 +428,20 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
                     }),
                 }
             }
+            // A unit the broker's loader would refuse fails the source.
+            if !failures.is_empty() {
+                return Err(MigrateError::SourceRefused {
+                    path: db.clone(),
+                    findings: failures
+                        .into_iter()
+                        .map(|f| format!("{} {}: {}", f.kind, f.name, f.error))
+                        .collect(),
+                });
+            }
             Ok(SourceRead {
                 units: checked,
                 failures,
-                warnings,
+                warnings: Vec::new(),
                 legacy: None,
                 _lock: Some(guard),
             })
@@ -483,6 +524,7 @@ pub fn migrate(
     progress: &dyn Progress,
 ) -> Result<Report, MigrateError> {
     let started = Instant::now();
+    check_parent(destination.path())?;
     match destination {
         Destination::Sqlite(db) => check_database_destination(db)?,
         Destination::SnapshotDir(dir) => check_dir_destination(dir)?,
@@ -605,6 +647,50 @@ fn sync_parent(path: &Path) -> std::io::Result<()> {
     fs::File::open(parent)?.sync_all()
 }
 
+/// The directory `path` is in (`.` for a bare name).
+fn parent_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Refuses a destination whose parent directory does not exist: a typo in
+/// the path should not become a new directory tree.
+fn check_parent(dest: &Path) -> Result<(), MigrateError> {
+    let parent = parent_of(dest);
+    match fs::metadata(&parent) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(MigrateError::DestinationParentMissing {
+            path: dest.to_path_buf(),
+            parent,
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(MigrateError::DestinationParentMissing {
+                path: dest.to_path_buf(),
+                parent,
+            })
+        }
+        Err(source) => Err(MigrateError::Io {
+            path: parent,
+            context: "looking at the destination's directory",
+            source,
+        }),
+    }
+}
+
+/// The temporary name a destination is built under, beside it (a rename
+/// is atomic only within one file system): `.<name>.<pid>.migrate.tmp`.
+/// A migration stopped before the end leaves only this behind, which
+/// blocks nothing: the destination itself never existed.
+pub fn staging_path(dest: &Path) -> PathBuf {
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "migrate".into());
+    parent_of(dest).join(format!(".{name}.{}.migrate.tmp", std::process::id()))
+}
+
 fn to_sqlite(
     db: &Path,
     units: &[(Unit, Counts)],
@@ -614,17 +700,27 @@ fn to_sqlite(
     let lock_path = lock::lock_path_for_database(db);
     let lock_existed = exists(&lock_path);
     let guard = take_lock(format!("database {}", db.display()), &lock_path)?;
-    let mut conn = match create_database(db) {
+    let release = |guard: LockGuard| {
+        drop(guard);
+        if !lock_existed {
+            let _ = fs::remove_file(&lock_path);
+        }
+    };
+    // Built under a temporary name and linked into place only once counted:
+    // a migration stopped half way leaves nothing at DB to be mistaken for
+    // a database or to block a retry.
+    let staged = staging_path(db);
+    if let Err(e) = check_database_destination(&staged) {
+        release(guard);
+        return Err(e);
+    }
+    let mut conn = match create_database(&staged) {
         Ok(c) => c,
         Err(e) => {
-            // Nothing is left behind to lock the operator out of a retry.
             if !matches!(e, MigrateError::Io { .. }) {
-                remove_database(db);
+                remove_database(&staged);
             }
-            drop(guard);
-            if !lock_existed {
-                let _ = fs::remove_file(&lock_path);
-            }
+            release(guard);
             return Err(e);
         }
     };
@@ -666,21 +762,12 @@ fn to_sqlite(
             .failures
             .push(format!("{}: closing the new database: {e}", db.display()));
     }
-    let synced = fs::File::open(db)
-        .and_then(|f| f.sync_all())
-        .and_then(|()| sync_parent(db));
-    if let Err(e) = synced {
-        report.failures.push(format!(
-            "{}: making the new database durable: {e}",
-            db.display()
-        ));
-    }
     // Counts out, read back from the file as it now stands on disk.
     // Read-write (and query_only) so that closing it, as the last
     // connection, removes the -wal and -shm it opens: the new database is
     // left as one file.
     let counted = Connection::open_with_flags(
-        db,
+        &staged,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .and_then(|conn| conn.execute_batch("PRAGMA query_only = 1").map(|()| conn))
@@ -691,6 +778,15 @@ fn to_sqlite(
         )
     })
     .and_then(|conn| {
+        // The destination passes the checks its source passed.
+        let verification = sqlite::verify::verify(&conn);
+        if !verification.is_ok() {
+            return Err(format!(
+                "{}: the new database does not verify: {}",
+                db.display(),
+                verification.lines().join("; ")
+            ));
+        }
         written
             .iter()
             .map(|(unit, expected)| {
@@ -700,6 +796,7 @@ fn to_sqlite(
             })
             .collect::<Result<Vec<_>, String>>()
     });
+    let proven = counted.is_ok();
     match counted {
         Ok(list) => report.units.extend(list),
         Err(e) => {
@@ -715,12 +812,43 @@ fn to_sqlite(
             }
         }
     }
-    if written.is_empty() {
-        remove_database(db);
+    if written.is_empty() || !proven {
+        remove_database(&staged);
         report.destination_removed = true;
-        drop(guard);
-        if !lock_existed {
-            let _ = fs::remove_file(&lock_path);
+        release(guard);
+        return Ok(());
+    }
+    let placed = fs::File::open(&staged)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("{}: making the new database durable: {e}", db.display()))
+        // A link fails where a rename would replace: nothing that appeared
+        // at DB meanwhile is overwritten.
+        .and_then(|()| {
+            fs::hard_link(&staged, db).map_err(|e| {
+                format!(
+                    "{}: moving the new database into place from {}: {e}",
+                    db.display(),
+                    staged.display()
+                )
+            })
+        })
+        .and_then(|()| {
+            let _ = fs::remove_file(&staged);
+            sync_parent(db).map_err(|e| {
+                format!(
+                    "{}: making the new database's name durable: {e}",
+                    db.display()
+                )
+            })
+        });
+    match placed {
+        // The lock file stays beside the new database, as a broker's would.
+        Ok(()) => drop(guard),
+        Err(e) => {
+            report.failures.push(e);
+            remove_database(&staged);
+            report.destination_removed = !exists(db);
+            release(guard);
         }
     }
     Ok(())
@@ -732,22 +860,21 @@ fn to_snapshots(
     progress: &dyn Progress,
     report: &mut Report,
 ) -> Result<(), MigrateError> {
-    let created = !exists(dir);
-    super::snapshot_write::create_dir(dir).map_err(|source| MigrateError::Io {
-        path: dir.to_path_buf(),
-        context: "creating the snapshot directory",
-        source,
-    })?;
-    let lock_path = lock::lock_path_for_snapshot_dir(dir);
-    let lock_existed = exists(&lock_path);
-    let guard = match take_lock(format!("snapshot directory {}", dir.display()), &lock_path) {
-        Ok(g) => g,
-        Err(e) => {
-            if created {
-                let _ = fs::remove_dir(dir);
-            }
-            return Err(e);
-        }
+    // Built under a temporary name beside DIR and renamed into place once
+    // read back and counted. The rename is the guard against a broker
+    // starting on DIR meanwhile: it fails rather than replace a directory
+    // that holds anything, and a broker's lock file is something.
+    let staged = staging_path(dir);
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&staged)
+        .map_err(|source| MigrateError::Io {
+            path: staged.clone(),
+            context: "creating the temporary snapshot directory",
+            source,
+        })?;
+    let remove_staged = || {
+        let _ = fs::remove_dir_all(&staged);
     };
     // The units move into the writer's copy (no record is copied); what is
     // checked afterwards is kept aside.
@@ -767,7 +894,7 @@ fn to_snapshots(
         });
     }
     progress.unit("snapshot files");
-    let written = snapshots::write_dir(dir, &copy, &options);
+    let written = snapshots::write_dir(&staged, &copy, &options);
     drop(copy);
     progress.advance(expected.iter().map(|(_, _, _, w)| w).sum());
     let mut failed_units = std::collections::BTreeMap::new();
@@ -780,9 +907,19 @@ fn to_snapshots(
         }
     }
     progress.verifying();
-    let back = snapshots::read_back(dir);
-    let (found, back_failures) = match back {
-        Ok(b) => b,
+    let (found, back_failures) = match snapshots::read_dir(&staged, &ScanOptions::default()) {
+        Ok(back) => {
+            // The destination passes the checks its source passed.
+            report
+                .failures
+                .extend(back.refusals.iter().map(|r| format!("reading back: {r}")));
+            let units: std::collections::BTreeMap<String, Unit> = back
+                .units
+                .into_iter()
+                .map(|u| (u.name().to_owned(), u))
+                .collect();
+            (units, back.failures)
+        }
         Err(e) => {
             report
                 .failures
@@ -826,20 +963,31 @@ fn to_snapshots(
         }
     }
     if !any_written {
-        // Leave no half-made directory to lock the operator out of a retry.
-        for name in [MANIFEST_FILE.to_owned()]
-            .into_iter()
-            .chain(written.written.iter().map(|w| w.file_name.clone()))
-        {
-            let _ = fs::remove_file(dir.join(name));
-        }
-        drop(guard);
-        if !lock_existed {
-            let _ = fs::remove_file(dir.join(LOCK_FILE));
-        }
-        if created {
-            let _ = fs::remove_dir(dir);
-        }
+        remove_staged();
+        report.destination_removed = true;
+        return Ok(());
+    }
+    // Over an empty directory a rename replaces it; over anything else it
+    // fails, and nothing is replaced.
+    let placed = fs::rename(&staged, dir)
+        .map_err(|e| {
+            format!(
+                "{}: moving the new directory into place from {}: {e}",
+                dir.display(),
+                staged.display()
+            )
+        })
+        .and_then(|()| {
+            sync_parent(dir).map_err(|e| {
+                format!(
+                    "{}: making the new directory's name durable: {e}",
+                    dir.display()
+                )
+            })
+        });
+    if let Err(e) = placed {
+        report.failures.push(e);
+        remove_staged();
         report.destination_removed = true;
     }
     Ok(())

@@ -477,6 +477,27 @@ impl Severity {
     }
 }
 
+/// What verification answers for a finding ([`FindingKind::verdict`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The directory fails verification (`FAIL`, exit 1).
+    Fail,
+    /// Named, and the directory still verifies (`WARN`).
+    Warn,
+    /// Only in `--json` and `inspect`.
+    Info,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Fail => "fail",
+            Verdict::Warn => "warn",
+            Verdict::Info => "info",
+        }
+    }
+}
+
 /// A directory-level finding; file decode failures are in [`FileReport`]
 /// and repeated here as [`FindingKind::FileRefused`] so one list holds
 /// every problem.
@@ -518,7 +539,7 @@ pub enum FindingKind {
     },
     /// A temporary file a write left behind; never read, never promoted.
     LeftoverTemp { file: String },
-    /// The directory holds no snapshot file at all.
+    /// The directory holds no snapshot file at all, or only a manifest.
     NothingStored,
     // ---- info ---------------------------------------------------------
     /// A snapshot file the manifest did not ask for (a channel the
@@ -547,6 +568,30 @@ impl FindingKind {
             | LeftoverTemp { .. }
             | NothingStored => Severity::Warning,
             NotInManifest { .. } | NotConfigured { .. } | Unrecognised { .. } => Severity::Info,
+        }
+    }
+
+    /// What `saguin snapshot verify` answers for this finding, and so what a
+    /// migration, which verifies its source first, refuses. Stricter than
+    /// [`severity`](Self::severity), the broker's view: a broker starts on a
+    /// directory whose manifest says records are gone (it warns, and serves
+    /// what is left), but a backup script asking "is this copy good" must be
+    /// told no. A directory with nothing in it to verify is a "no" too.
+    pub fn verdict(&self) -> Verdict {
+        use FindingKind::*;
+        match self {
+            FileRefused { .. }
+            | NameMismatch { .. }
+            | SessionsWithoutBroadcast
+            | PairInvalid { .. }
+            | ListedButMissing { .. }
+            | WrittenBeforeManifest { .. }
+            | NothingStored => Verdict::Fail,
+            ManifestMissing
+            | ManifestUnreadable { .. }
+            | WrittenAfterManifest { .. }
+            | LeftoverTemp { .. } => Verdict::Warn,
+            NotInManifest { .. } | NotConfigured { .. } | Unrecognised { .. } => Verdict::Info,
         }
     }
 
@@ -649,7 +694,10 @@ impl fmt::Display for FindingKind {
                 f,
                 "{file}: a temporary file a write left behind; it was never completed and is not read"
             ),
-            NothingStored => write!(f, "the directory holds no snapshot file"),
+            NothingStored => write!(
+                f,
+                "the directory holds no channel, retained-store, sessions or broadcast file: nothing in it to verify or keep"
+            ),
             NotInManifest { file } => write!(
                 f,
                 "{file}: not listed by the manifest (a channel the configuration dropped?)"
@@ -685,6 +733,13 @@ impl DirReport {
         self.findings
             .iter()
             .filter(|f| f.severity() == Severity::Error)
+    }
+
+    /// The findings that fail verification ([`Verdict::Fail`]).
+    pub fn verification_failures(&self) -> impl Iterator<Item = &FindingKind> {
+        self.findings
+            .iter()
+            .filter(|f| f.verdict() == Verdict::Fail)
     }
 
     /// True when some file could not be read at all (missing between
@@ -883,7 +938,8 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
         None => {}
         Some((_, m)) => manifest_findings(m, &files, &mut findings),
     }
-    if files.is_empty() {
+    // A manifest alone holds no record: there is nothing to keep.
+    if !has_data {
         findings.push(FindingKind::NothingStored);
     }
 

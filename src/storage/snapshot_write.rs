@@ -93,6 +93,9 @@ pub enum ChannelCopy {
     },
     Queue {
         copy: QueueCopy,
+        /// Durable consumers' positions in the queue itself: the memory
+        /// provider keeps none; a migration carries what its source holds.
+        positions: Vec<Position>,
         dead_letter: AppendCopy,
         held: Vec<HeldPublish>,
     },
@@ -167,6 +170,7 @@ pub fn copy_provider(
                 },
                 MemChannelCopy::Queue(copy, dead_letter) => ChannelCopy::Queue {
                     held: held_for(&copy.name),
+                    positions: Vec::new(),
                     copy,
                     dead_letter,
                 },
@@ -575,6 +579,7 @@ pub fn channel_file(c: &ChannelCopy) -> ChannelFile {
         },
         ChannelCopy::Queue {
             copy,
+            positions,
             dead_letter,
             held,
         } => ChannelFile {
@@ -594,7 +599,7 @@ pub fn channel_file(c: &ChannelCopy) -> ChannelFile {
                     last_delivered: *last,
                 })
                 .collect(),
-            positions: Vec::new(),
+            positions: file_positions(positions),
             held: file_held(held),
             dead_letter: Some(DeadLetter {
                 name: dead_letter.name.clone(),
@@ -617,10 +622,10 @@ fn broadcast_file(log: &BroadcastCopy, held: &[HeldPublish]) -> BroadcastFile {
         cursors: log
             .cursors
             .iter()
-            .map(|(client, offset)| FilePosition {
+            .map(|(client, offset, saved_at)| FilePosition {
                 reader: format!("mqtt:{client}"),
                 offset: *offset,
-                saved_at: 0,
+                saved_at: *saved_at,
                 session_expiry: None,
             })
             .collect(),
@@ -1016,6 +1021,7 @@ mod stream {
             }
             ChannelCopy::Queue {
                 copy,
+                positions,
                 dead_letter,
                 held,
             } => {
@@ -1027,7 +1033,7 @@ mod stream {
                     e.i64(*first);
                     e.i64(*last);
                 }
-                e.len(0)?; // positions: a queue has none
+                e.positions(positions)?;
                 e.held(held)?;
                 e.u8(1);
                 e.str(&dead_letter.name)?;

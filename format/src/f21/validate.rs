@@ -193,10 +193,16 @@ impl ListCheck {
                 broadcast,
                 one_per_topic,
             } => {
-                let checked = check_offset(self.field, i, rec.offset, self.previous, next, floor)
-                    .and_then(|()| {
-                        check_record(rec, broadcast).map_err(|e| e.within(&self.element(i)))
-                    });
+                let checked = check_offset(
+                    format_args!("{}[{i}].offset", self.field),
+                    rec.offset,
+                    self.previous,
+                    next,
+                    floor,
+                )
+                .and_then(|()| {
+                    check_record(rec, broadcast).map_err(|e| e.within(&self.element(i)))
+                });
                 self.previous = Some(rec.offset);
                 if let Err(e) = checked {
                     self.first = Some(e);
@@ -239,7 +245,10 @@ impl ListCheck {
             return;
         }
         let offset = item.record.offset;
-        if let Err(e) = check_offset(self.field, i, offset, self.previous, next, floor) {
+        // An item's offset is its record's: the path names the field where
+        // it is stored, as every other field of the item's record is named.
+        let path = format_args!("{}[{i}].record.offset", self.field);
+        if let Err(e) = check_offset(path, offset, self.previous, next, floor) {
             self.first = Some(e);
             return;
         }
@@ -355,6 +364,7 @@ fn check_counters(field_prefix: &str, next: u64, floor: u64) -> Result<(), Decod
 /// The fields every stored record must get right wherever it is kept.
 fn check_record(rec: &Record, broadcast: bool) -> Result<(), DecodeError> {
     check_topic_name("topic", &rec.topic)?;
+    check_identifier("client_id", &rec.client_id)?;
     if rec.qos > 2 {
         return err("qos", format!("{} is not 0, 1 or 2", rec.qos));
     }
@@ -366,6 +376,34 @@ fn check_record(rec: &Record, broadcast: bool) -> Result<(), DecodeError> {
         if rec.owed_to.is_some() {
             return err("owed_to", "is set outside the broadcast log");
         }
+    }
+    Ok(())
+}
+
+/// The longest identifier: an MQTT UTF-8 string's 65,535 bytes.
+pub const MAX_IDENTIFIER_BYTES: usize = 65_535;
+
+/// The one rule for an identifier wherever a file holds one - a session's,
+/// a held publish's or a record's client id, a position's reader id, a
+/// shared group's name: at most 65,535 bytes and no NUL. An MQTT UTF-8
+/// string can hold neither more nor a U+0000 (MQTT-1.5.4-2), so an
+/// identifier that does came from damage, not from a client. (Whether it
+/// may be empty is each field's own rule.)
+pub fn check_identifier(field: &str, id: &str) -> Result<(), DecodeError> {
+    if id.len() > MAX_IDENTIFIER_BYTES {
+        return err(
+            field,
+            format!(
+                "is {} bytes, longer than the {MAX_IDENTIFIER_BYTES} an MQTT string can hold",
+                id.len()
+            ),
+        );
+    }
+    if id.contains('\0') {
+        return err(
+            field,
+            format!("{id:?} holds a NUL character, which an MQTT string never does"),
+        );
     }
     Ok(())
 }
@@ -404,8 +442,7 @@ fn check_props(props: &PublishProps) -> Result<(), DecodeError> {
 
 #[inline]
 fn check_offset(
-    field: &str,
-    i: usize,
+    path: std::fmt::Arguments<'_>,
     offset: u64,
     previous: Option<u64>,
     next: u64,
@@ -413,20 +450,20 @@ fn check_offset(
 ) -> Result<(), DecodeError> {
     if offset < floor {
         return err(
-            format!("{field}[{i}].offset"),
+            path.to_string(),
             format!("{offset} is below the floor {floor}"),
         );
     }
     if offset >= next {
         return err(
-            format!("{field}[{i}].offset"),
+            path.to_string(),
             format!("{offset} is not below next {next}"),
         );
     }
     if let Some(p) = previous {
         if offset <= p {
             return err(
-                format!("{field}[{i}].offset"),
+                path.to_string(),
                 format!("{offset} does not ascend from the previous offset {p}"),
             );
         }
@@ -471,6 +508,7 @@ fn check_positions(
                 format!("{:?} names no reader after its scheme", p.reader),
             );
         }
+        check_identifier(&format!("{}.reader", at()), id)?;
         if !readers.insert(p.reader.as_str()) {
             return err(
                 format!("{}.reader", at()),
@@ -521,6 +559,7 @@ fn check_held(field: &str, held: &[HeldPublish], broadcast: bool) -> Result<(), 
         if h.client_id.is_empty() {
             return err(format!("{}.client_id", at()), "is empty");
         }
+        check_identifier(&format!("{}.client_id", at()), &h.client_id)?;
         if h.packet_id == 0 {
             return err(format!("{}.packet_id", at()), "is 0, which MQTT never uses");
         }
@@ -655,6 +694,7 @@ fn validate_sessions(f: &SessionsFile) -> Result<(), DecodeError> {
                 "has an empty group name or filter",
             );
         }
+        check_identifier(&format!("shared_groups[{i}].key.group"), &g.key.group)?;
         if !groups.insert(&g.key) {
             return err(
                 format!("shared_groups[{i}]"),
@@ -679,6 +719,7 @@ fn validate_sessions(f: &SessionsFile) -> Result<(), DecodeError> {
         if s.client_id.is_empty() {
             return err(format!("sessions[{i}].client_id"), "is empty");
         }
+        check_identifier(&format!("sessions[{i}].client_id"), &s.client_id)?;
         if !clients.insert(s.client_id.as_str()) {
             return err(
                 format!("sessions[{i}].client_id"),

@@ -80,7 +80,10 @@ pub struct BroadcastCopy {
     pub floor: u64,
     pub bytes: u64,
     pub messages: Vec<Arc<Record>>,
-    pub cursors: Vec<(String, u64)>,
+    /// Each session's cursor: client id, offset, and when it was saved
+    /// (`0` from this store, which keeps no time for a cursor; a migration
+    /// carries the time its source holds).
+    pub cursors: Vec<(String, u64, i64)>,
     pub groups: Vec<ShareGroupEntry>,
 }
 
@@ -129,7 +132,7 @@ impl MemoryBroadcast {
             messages: st.log.shared_records(),
             cursors: lock(&self.cursors)
                 .iter()
-                .map(|(c, o)| (c.clone(), *o))
+                .map(|(c, o)| (c.clone(), *o, 0))
                 .collect(),
             groups: lock(&self.groups).values().cloned().collect(),
         }

@@ -92,6 +92,11 @@ impl Unit {
                     .map(|s| s.inflight.len() as u64)
                     .sum(),
                 shared_groups: sessions.shared_groups.len() as u64,
+                returned: sessions
+                    .shared_groups
+                    .iter()
+                    .map(|g| g.returned.len() as u64)
+                    .sum(),
                 ..Counts::default()
             },
         }
@@ -162,8 +167,13 @@ impl Unit {
 /// - `positions`: durable consumer positions (a queue's are its dead-letter
 ///   channel's), or the sessions' broadcast-log cursors;
 /// - `held`: exactly-once publishes held for their PUBREL;
-/// - `sessions`, `inflight`, `shared_groups`: persistent sessions, their
-///   in-flight entries, and shared groups' cursors.
+/// - `sessions`, `inflight`, `shared_groups`, `returned`: persistent
+///   sessions, their in-flight entries, shared groups' cursors, and the
+///   deliveries returned to the groups.
+///
+/// From a database the counts in are taken by SQL from the source's rows,
+/// not from what was read of them, so a row the reading misses fails the
+/// unit rather than vanishing from both sides.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counts {
     pub next: u64,
@@ -178,6 +188,7 @@ pub struct Counts {
     pub sessions: u64,
     pub inflight: u64,
     pub shared_groups: u64,
+    pub returned: u64,
 }
 
 impl Counts {
@@ -204,6 +215,7 @@ impl Counts {
             ("sessions", self.sessions, out.sessions),
             ("in-flight entries", self.inflight, out.inflight),
             ("shared groups", self.shared_groups, out.shared_groups),
+            ("returned deliveries", self.returned, out.returned),
         ];
         pairs
             .iter()

@@ -5,7 +5,6 @@
 //! first, each file to a temporary name, fsynced, renamed, the directory
 //! fsynced; 0700 and 0600).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -20,7 +19,7 @@ use crate::storage::contract::{
     BROADCAST_LOG_NAME, RETAINED_STORE_NAME,
 };
 use crate::storage::memory::{AppendCopy, BroadcastCopy, LatestCopy, QueueCopy};
-use crate::storage::snapshot_dir::{self, FileOutcome, Role, ScanOptions, Severity};
+use crate::storage::snapshot_dir::{self, FileOutcome, FindingKind, Role, ScanOptions, Severity};
 use crate::storage::snapshot_write::{
     self, ChannelCopy, ProviderCopy, SnapshotOptions, WriteReport,
 };
@@ -32,13 +31,24 @@ pub struct DirUnits {
     pub units: Vec<Unit>,
     pub failures: Vec<ReadFailure>,
     pub warnings: Vec<String>,
+    /// Every finding for which `snapshot verify` answers no (but for an
+    /// empty directory, which is "nothing to migrate"), named: a source
+    /// with any is refused whole.
+    pub refusals: Vec<String>,
 }
 
 /// Reads every file of `dir` with the loader's decoder. A refused file is
 /// a failure of its unit (named); the others are read regardless.
 pub fn read_dir(dir: &Path, opts: &ScanOptions) -> Result<DirUnits, snapshot_dir::ScanError> {
     let report = snapshot_dir::scan(dir, opts)?;
-    let mut out = DirUnits::default();
+    let mut out = DirUnits {
+        refusals: report
+            .verification_failures()
+            .filter(|f| !matches!(f, FindingKind::NothingStored))
+            .map(|f| format!("{}: {f}", dir.display()))
+            .collect(),
+        ..DirUnits::default()
+    };
     let mut sessions = None;
     let mut log = None;
     let mut failed_session_files = Vec::new();
@@ -209,6 +219,7 @@ fn channel_copy(c: ChannelFile) -> Result<ChannelCopy, String> {
                 None => append_copy(&dlq, 1, 1, 0, Vec::new(), &[])?,
             };
             ChannelCopy::Queue {
+                positions: positions(&c.name, &c.positions)?,
                 copy: QueueCopy {
                     name: c.name.clone(),
                     next: c.next,
@@ -279,7 +290,7 @@ pub fn provider_copy(
                         .map(|p| {
                             let client =
                                 p.reader.strip_prefix(f21::READER_MQTT).unwrap_or(&p.reader);
-                            (client.to_owned(), p.offset)
+                            (client.to_owned(), p.offset, p.saved_at)
                         })
                         .collect(),
                     groups: sessions
@@ -327,18 +338,4 @@ pub fn unit_of_written(name: &str) -> String {
     } else {
         name.to_owned()
     }
-}
-
-/// Reads the written directory back with the loader and hands back each
-/// unit found, by name: what the counts out are taken from.
-pub fn read_back(
-    dir: &Path,
-) -> Result<(BTreeMap<String, Unit>, Vec<ReadFailure>), snapshot_dir::ScanError> {
-    let read = read_dir(dir, &ScanOptions::default())?;
-    let units = read
-        .units
-        .into_iter()
-        .map(|u| (u.name().to_owned(), u))
-        .collect();
-    Ok((units, read.failures))
 }

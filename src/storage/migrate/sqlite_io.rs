@@ -120,30 +120,6 @@ pub fn read_units(conn: &Connection) -> rusqlite::Result<(Vec<Unit>, Vec<ReadFai
     Ok((units, failures))
 }
 
-/// Rows that belong to no unit - positions or held publishes of a channel
-/// the database has no row for - named, so a migration can say what it
-/// does not carry rather than drop it silently.
-pub fn orphan_rows(conn: &Connection) -> rusqlite::Result<Vec<String>> {
-    let mut out = Vec::new();
-    for (table, what) in [
-        ("positions", "positions"),
-        ("held_publishes", "held publishes"),
-    ] {
-        let mut stmt = conn.prepare(&format!(
-            "SELECT channel, count(*) FROM {table} WHERE channel NOT IN (SELECT name FROM channels)
-             GROUP BY channel ORDER BY channel"
-        ))?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-        for row in rows {
-            let (channel, n) = row?;
-            out.push(format!(
-                "{n} {what} of channel {channel:?}, which the database holds no channel row for, are not carried"
-            ));
-        }
-    }
-    Ok(out)
-}
-
 fn text(e: rusqlite::Error) -> String {
     e.to_string()
 }
@@ -251,6 +227,7 @@ fn read_channel(
             c.positions = read_positions(conn, &row.name)?;
         }
         ChannelKind::Queue => {
+            c.positions = read_positions(conn, &row.name)?;
             let sql = format!(
                 "SELECT offset, {RECORD_COLUMNS}, attempts, first_delivered, last_delivered
                  FROM queue_items WHERE channel = ?1 ORDER BY offset"
@@ -419,7 +396,7 @@ fn read_sessions(
         .map_err(|e| format!("shared groups: {e}"))?;
     let mut returned_stmt = conn
         .prepare(
-            "SELECT log_offset FROM share_returned WHERE group_name = ?1 AND filter = ?2 ORDER BY log_offset",
+            "SELECT log_offset FROM share_returned WHERE group_name = ?1 AND filter = ?2 ORDER BY rowid",
         )
         .map_err(text)?;
     let mut shared_groups = Vec::with_capacity(groups.len());
@@ -748,7 +725,8 @@ fn counters(conn: &Connection, name: &str) -> rusqlite::Result<(u64, u64)> {
 }
 
 /// What the database holds of `unit` (the same rules as [`Unit::counts`]),
-/// counted by SQL in the destination: the counts out.
+/// counted by SQL: the counts in from a source database, the counts out
+/// from a destination one.
 pub fn count_unit(conn: &Connection, unit: &Unit) -> rusqlite::Result<Counts> {
     const RECORDS: &str = "SELECT count(*) FROM records WHERE channel = ?1";
     const POSITIONS: &str = "SELECT count(*) FROM positions WHERE channel = ?1";
@@ -806,6 +784,7 @@ pub fn count_unit(conn: &Connection, unit: &Unit) -> rusqlite::Result<Counts> {
                 sessions: count(conn, "SELECT count(*) FROM sessions", &[])?,
                 inflight: count(conn, "SELECT count(*) FROM session_inflight", &[])?,
                 shared_groups: count(conn, "SELECT count(*) FROM share_groups", &[])?,
+                returned: count(conn, "SELECT count(*) FROM share_returned", &[])?,
                 ..Counts::default()
             }
         }

@@ -61,7 +61,7 @@ impl Broadcast {
 
     fn returned_of(conn: &rusqlite::Connection, key: &ShareGroupKey) -> rusqlite::Result<Vec<u64>> {
         let mut stmt = conn.prepare_cached(
-            "SELECT log_offset FROM share_returned WHERE group_name = ?1 AND filter = ?2 ORDER BY log_offset",
+            "SELECT log_offset FROM share_returned WHERE group_name = ?1 AND filter = ?2 ORDER BY rowid",
         )?;
         let rows = stmt.query_map(rusqlite::params![key.group, key.filter], |r| r.get(0))?;
         rows.collect()
@@ -233,8 +233,12 @@ impl BroadcastLog for Broadcast {
                 let mut insert = conn.prepare_cached(
                     "INSERT INTO share_returned (group_name, filter, log_offset) VALUES (?1, ?2, ?3)",
                 )?;
-                let returned: std::collections::BTreeSet<u64> = entry.returned.iter().copied().collect();
-                for offset in &returned {
+                // Inserted in the order returned, which is the order they are
+                // owed again: the table keeps no sequence column, so reads
+                // take insertion (rowid) order, and the rows of a group are
+                // always rewritten whole.
+                let mut seen = std::collections::BTreeSet::new();
+                for offset in entry.returned.iter().filter(|o| seen.insert(**o)) {
                     insert.execute(rusqlite::params![entry.key.group, entry.key.filter, offset])?;
                 }
                 Ok(())

@@ -22,6 +22,7 @@ mod queue;
 pub mod row;
 pub mod schema;
 pub(crate) mod session;
+pub mod verify;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
