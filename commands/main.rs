@@ -100,11 +100,20 @@ fn main() -> ExitCode {
     }
 }
 
-/// `saguin ... | head` closing the pipe early is not a failure.
+/// `saguin ... | head` closing the pipe early is not a failure. The write
+/// error reaches here as an `io::Error`, or inside a `serde_json::Error`
+/// (JSON written straight to stdout), whose source chain skips the
+/// `io::Error` itself, so both are asked.
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|cause| {
-        cause
+        let kind = cause
             .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            .map(std::io::Error::kind)
+            .or_else(|| {
+                cause
+                    .downcast_ref::<serde_json::Error>()
+                    .and_then(serde_json::Error::io_error_kind)
+            });
+        kind == Some(std::io::ErrorKind::BrokenPipe)
     })
 }

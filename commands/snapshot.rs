@@ -88,9 +88,10 @@ pub struct InspectArgs {
     /// Only this channel.
     #[arg(long, value_name = "NAME")]
     pub channel: Option<String>,
-    /// Refuse a file larger than this (bytes, or with a KiB/MiB/GiB suffix).
-    /// Default: 64 MiB for MBMQTT01, 4 GiB for format 21.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    /// Refuse a file larger than this: bytes, or a size with a unit as in
+    /// the configuration (10MiB binary, 10MB decimal). Default: 64MiB for
+    /// MBMQTT01, 4GiB for format 21.
+    #[arg(long, value_name = "SIZE", value_parser = saguin::config::units::parse_size)]
     pub max_bytes: Option<u64>,
 }
 
@@ -105,9 +106,10 @@ pub struct VerifyArgs {
     /// Print nothing; the exit code answers.
     #[arg(long, conflicts_with = "json")]
     pub quiet: bool,
-    /// Refuse a file larger than this (bytes, or with a KiB/MiB/GiB suffix).
-    /// Default: 64 MiB for MBMQTT01, 4 GiB for format 21.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    /// Refuse a file larger than this: bytes, or a size with a unit as in
+    /// the configuration (10MiB binary, 10MB decimal). Default: 64MiB for
+    /// MBMQTT01, 4GiB for format 21.
+    #[arg(long, value_name = "SIZE", value_parser = saguin::config::units::parse_size)]
     pub max_bytes: Option<u64>,
 }
 
@@ -116,25 +118,6 @@ pub fn run(cmd: Command) -> anyhow::Result<u8> {
         Command::Inspect(args) => inspect(args),
         Command::Verify(args) => verify(args),
     }
-}
-
-/// `123`, `64KiB`, `64MiB`, `4GiB` (also `K`, `M`, `G`, binary).
-fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (e.g. 1048576, 64MiB)"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        other => return Err(format!("unknown size unit {other:?}; use KiB, MiB or GiB")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 fn scan_options(max_bytes: Option<u64>) -> ScanOptions {

@@ -641,13 +641,17 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__serve)
-            opts="-h -V --config --help --version"
+            opts="-h -V --config --bind --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --bind)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -99,6 +99,9 @@ impl StoredHash {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PasswordFile {
     entries: Secret<HashMap<String, StoredHash>>,
+    /// SHA-256 of the file's bytes, hex: printed by `check-config --output`
+    /// so two deployments' files can be compared without showing them.
+    sha256: String,
 }
 
 impl PasswordFile {
@@ -160,10 +163,16 @@ impl PasswordFile {
         if problems.is_empty() {
             Ok(PasswordFile {
                 entries: Secret::new(entries),
+                sha256: super::sha256_hex(text.as_bytes()),
             })
         } else {
             Err(problems)
         }
+    }
+
+    /// SHA-256 of the file's bytes, lowercase hex.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
     }
 
     /// How many users the file holds.
@@ -331,6 +340,8 @@ struct AclRules {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AclFile {
     rules: Secret<AclRules>,
+    /// SHA-256 of the file's bytes, hex (see [`PasswordFile`]).
+    sha256: String,
 }
 
 impl AclFile {
@@ -404,10 +415,16 @@ impl AclFile {
         if problems.is_empty() {
             Ok(AclFile {
                 rules: Secret::new(rules),
+                sha256: super::sha256_hex(text.as_bytes()),
             })
         } else {
             Err(problems)
         }
+    }
+
+    /// SHA-256 of the file's bytes, lowercase hex.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
     }
 
     /// Number of rules (`topic` and `pattern` lines).
