@@ -11,6 +11,7 @@ mod docs;
 mod lock;
 mod migrate;
 mod output;
+mod passwd;
 mod serve;
 mod snapshot;
 mod sqlite;
@@ -74,6 +75,8 @@ pub enum Commands {
     /// Tell whether a provider's lock is held, and by whom.
     #[command(subcommand)]
     Lock(lock::Command),
+    /// Add, change or delete a user in a password file (mosquitto_passwd's format).
+    Passwd(passwd::Args),
     /// Write the man pages and shell completions (for building the project).
     #[command(hide = true)]
     GenerateDocs(docs::Args),
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
         Commands::Sqlite(cmd) => sqlite::run(cmd),
         Commands::Migrate(cmd) => migrate::run(cmd),
         Commands::Lock(cmd) => lock::run(cmd),
+        Commands::Passwd(args) => passwd::run(args),
         Commands::GenerateDocs(args) => docs::run(args),
     };
     match result {
