@@ -22,7 +22,7 @@ use saguin_format::model::{PublishProps, Record, UserProperty};
 use serde_json::{json, Value};
 
 use crate::exit;
-use crate::output::{table, time_json, time_text};
+use crate::output::{cell, escaped, table, time_json, time_text};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -532,7 +532,7 @@ fn print_header(out: &mut impl Write, h: &Header) -> std::io::Result<()> {
         h.file_kind()
             .map(|k| k.as_str().to_string())
             .unwrap_or_else(|| format!("unknown ({})", h.kind)),
-        h.writer.clone(),
+        cell(&h.writer),
         time_text(h.written_at),
     ]);
     writeln!(out, "{t}")
@@ -573,13 +573,13 @@ fn payload_cell(payload: &[u8]) -> String {
 fn props_cell(user_properties: &[UserProperty], props: &PublishProps) -> String {
     let mut parts = Vec::new();
     for p in user_properties {
-        parts.push(format!("{}={}", p.name, p.value));
+        parts.push(format!("{}={}", escaped(&p.name), escaped(&p.value)));
     }
     if let Some(v) = &props.content_type {
-        parts.push(format!("content-type={v}"));
+        parts.push(format!("content-type={}", escaped(v)));
     }
     if let Some(v) = &props.response_topic {
-        parts.push(format!("response-topic={v}"));
+        parts.push(format!("response-topic={}", escaped(v)));
     }
     if let Some(v) = &props.correlation_data {
         parts.push(format!("correlation-data=hex:{}", hex::encode(v)));
@@ -681,7 +681,7 @@ fn records_table(records: &[Record]) -> Table {
         t.add_row(vec![
             r.offset.to_string(),
             time_text(r.timestamp),
-            r.topic.clone(),
+            cell(&r.topic),
             r.qos.to_string(),
             payload_cell(&r.payload),
             props_cell(&r.user_properties, &r.props),
@@ -708,7 +708,7 @@ fn positions_table(ps: &[Position]) -> Table {
     t.set_header(vec!["reader", "position", "saved at", "session expiry"]);
     for p in ps {
         t.add_row(vec![
-            p.reader.clone(),
+            cell(&p.reader),
             p.offset.to_string(),
             time_text(p.saved_at),
             p.session_expiry
@@ -935,7 +935,7 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
                 t.add_row(vec![
                     i.record.offset.to_string(),
                     time_text(i.record.timestamp),
-                    i.record.topic.clone(),
+                    cell(&i.record.topic),
                     payload_cell(&i.record.payload),
                     i.attempts.to_string(),
                     time_text(i.last_delivered),
@@ -969,10 +969,10 @@ fn print_held(out: &mut impl Write, held: &[HeldPublish], view: &View) -> std::i
     t.set_header(header);
     for h in held {
         let mut row = vec![
-            h.client_id.clone(),
+            cell(&h.client_id),
             h.packet_id.to_string(),
             time_text(h.held_at),
-            h.record.topic.clone(),
+            cell(&h.record.topic),
         ];
         if view.records {
             row.extend([
@@ -1027,7 +1027,7 @@ fn print_retained(out: &mut impl Write, r: &RetainedFile, view: &View) -> std::i
     };
     for rec in shown {
         t.add_row(vec![
-            rec.topic.clone(),
+            cell(&rec.topic),
             rec.qos.to_string(),
             time_text(rec.timestamp),
             payload_cell(&rec.payload),
@@ -1050,8 +1050,8 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
     ]);
     for s in &s.sessions {
         t.add_row(vec![
-            s.client_id.clone(),
-            s.principal.clone().unwrap_or_else(|| "-".into()),
+            cell(&s.client_id),
+            s.principal.as_deref().map_or_else(|| "-".into(), cell),
             format!("{}s", s.expiry_interval),
             time_text(s.detached_at),
             s.window.to_string(),
@@ -1059,7 +1059,7 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
             s.inflight.len().to_string(),
             s.will
                 .as_ref()
-                .map(|w| w.topic.clone())
+                .map(|w| cell(&w.topic))
                 .unwrap_or_else(|| "-".into()),
         ]);
     }
@@ -1082,8 +1082,8 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
                 opts.push(format!("id={id}"));
             }
             t.add_row(vec![
-                s.client_id.clone(),
-                sub.filter.clone(),
+                cell(&s.client_id),
+                cell(&sub.filter),
                 sub.qos.to_string(),
                 opts.join(", "),
                 sub.log_offset.to_string(),
@@ -1110,8 +1110,8 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
             .filter_map(|s| s.will.as_ref().map(|w| (&s.client_id, w)))
         {
             t.add_row(vec![
-                client_id.clone(),
-                w.topic.clone(),
+                cell(client_id),
+                cell(&w.topic),
                 w.qos.to_string(),
                 w.retain.to_string(),
                 format!("{}s", w.delay_interval),
@@ -1126,8 +1126,8 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
         t.set_header(vec!["group", "filter", "cursor", "returned"]);
         for g in &s.shared_groups {
             t.add_row(vec![
-                g.key.group.clone(),
-                g.key.filter.clone(),
+                cell(&g.key.group),
+                cell(&g.key.filter),
                 g.cursor.to_string(),
                 g.returned.len().to_string(),
             ]);
@@ -1247,8 +1247,8 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
     ]);
     for x in &s.sessions {
         t.add_row(vec![
-            x.client_id.clone(),
-            principal_text(&x.principal),
+            cell(&x.client_id),
+            cell(&principal_text(&x.principal)),
             detach_text(&x.detach),
             x.next_packet_id.to_string(),
             x.subscriptions.len().to_string(),
@@ -1263,8 +1263,8 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
     for x in &s.sessions {
         for sub in &x.subscriptions {
             t.add_row(vec![
-                x.client_id.clone(),
-                sub.filter.clone(),
+                cell(&x.client_id),
+                cell(&sub.filter),
                 sub.qos.to_string(),
             ]);
         }
@@ -1287,7 +1287,7 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
             for i in view.take(&x.inflight) {
                 let (topic, qos, retain, payload) = match &i.message {
                     Some(m) => (
-                        m.topic.clone(),
+                        cell(&m.topic),
                         m.qos.to_string(),
                         m.retain.to_string(),
                         payload_cell(&m.payload),
@@ -1295,7 +1295,7 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
                     None => ("-".into(), "2".into(), "-".into(), "-".into()),
                 };
                 t.add_row(vec![
-                    x.client_id.clone(),
+                    cell(&x.client_id),
                     format!("in flight, {}", i.phase.as_str()),
                     i.packet_id.to_string(),
                     topic,
@@ -1306,10 +1306,10 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
             }
             for m in view.take(&x.pending) {
                 t.add_row(vec![
-                    x.client_id.clone(),
+                    cell(&x.client_id),
                     "pending".into(),
                     "-".into(),
-                    m.topic.clone(),
+                    cell(&m.topic),
                     m.qos.to_string(),
                     m.retain.to_string(),
                     payload_cell(&m.payload),
@@ -1322,7 +1322,7 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
     t.set_header(vec!["retained topic", "qos", "payload"]);
     for r in view.take(&s.retained) {
         t.add_row(vec![
-            r.topic.clone(),
+            cell(&r.topic),
             r.qos.to_string(),
             payload_cell(&r.payload),
         ]);
@@ -1424,7 +1424,7 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
         "records",
     ]);
     for f in report.files.iter().filter(|f| wanted(f)) {
-        let mut row = vec![f.name.clone(), f.role.as_str().to_string()];
+        let mut row = vec![cell(&f.name), f.role.as_str().to_string()];
         match &f.outcome {
             FileOutcome::Decoded { header, file } => {
                 row.push("ok".into());

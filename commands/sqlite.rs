@@ -13,7 +13,7 @@ use saguin_format::model::Record;
 use serde_json::{json, Value};
 
 use crate::exit;
-use crate::output::{table, time_json, time_text};
+use crate::output::{cell, escaped, table, time_json, time_text};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -346,7 +346,7 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
                 for p in &positions {
                     t.add_row(vec![
                         p.0.clone(),
-                        p.1.clone(),
+                        cell(&p.1),
                         p.2.to_string(),
                         time_text(p.3),
                         p.4.map_or("-".into(), |s| format!("{s}s")),
@@ -367,8 +367,8 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
                 ]);
                 for s in &sessions {
                     t.add_row(vec![
-                        s.0.clone(),
-                        s.1.clone().unwrap_or_else(|| "-".into()),
+                        cell(&s.0),
+                        s.1.as_deref().map_or_else(|| "-".into(), cell),
                         format!("{}s", s.2),
                         if s.3 == 0 {
                             "connected".into()
@@ -461,10 +461,10 @@ fn props_text(r: &Record) -> String {
     let p = &r.props;
     let mut parts = Vec::new();
     if let Some(v) = &p.content_type {
-        parts.push(format!("content-type={v}"));
+        parts.push(format!("content-type={}", escaped(v)));
     }
     if let Some(v) = &p.response_topic {
-        parts.push(format!("response-topic={v}"));
+        parts.push(format!("response-topic={}", escaped(v)));
     }
     if let Some(v) = &p.correlation_data {
         parts.push(format!("correlation-data={}", hex::encode(v)));
@@ -584,17 +584,17 @@ fn dump_channel(
                 } else if encoding == "hex" {
                     format!("0x{payload}")
                 } else {
-                    payload
+                    cell(&payload)
                 };
                 let mut cells = vec![
                     offset.to_string(),
                     time_text(record.timestamp),
-                    record.topic.clone(),
+                    cell(&record.topic),
                     payload,
                     record
                         .user_properties
                         .iter()
-                        .map(|p| format!("{}={}", p.name, p.value))
+                        .map(|p| format!("{}={}", escaped(&p.name), escaped(&p.value)))
                         .collect::<Vec<_>>()
                         .join(" "),
                     props_text(&record),

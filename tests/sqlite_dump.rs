@@ -212,3 +212,72 @@ fn another_schema_version_is_refused_with_the_providers_own_sentence() {
         "{provider_line}"
     );
 }
+
+/// Item 16: human output shows client-supplied text (topics, user
+/// properties, readers, payloads) with control characters escaped, so an
+/// ESC sequence cannot rewrite the operator's terminal; JSON carries the
+/// text exactly.
+#[test]
+fn control_characters_are_escaped_in_human_output_and_exact_in_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("saguin.db");
+    let p = SqliteProvider::open(SqliteOptions::new("db", &db)).unwrap();
+    let t = p.open_channel("telemetry", ChannelKind::Append).unwrap();
+    let t = t.as_append().unwrap();
+    let topic = "telemetry/\u{1b}[2J\u{1b}[H";
+    let mut r = Record::new(topic, Bytes::from("ok\u{1b}]0;pwned\u{7}"));
+    r.user_properties.push(UserProperty {
+        name: "unit\r".into(),
+        value: "\u{9b}31m".into(),
+    });
+    t.append(r).unwrap();
+    if let Ok(reader) = Reader::mqtt("dash\u{1b}[2J") {
+        t.save_position(Position {
+            reader,
+            offset: 1,
+            saved_at: 1_767_225_600_000_000_000,
+            session_expiry: Some(60),
+        })
+        .unwrap();
+    }
+    drop(p);
+
+    for args in [&[][..], &["--channel", "telemetry"][..]] {
+        let out = dump(&db, args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let shown = text(&out.stdout);
+        assert!(
+            !shown.chars().any(|c| c.is_control() && c != '\n'),
+            "{args:?}: a raw control character reached the terminal:\n{shown:?}"
+        );
+        if !args.is_empty() {
+            assert!(shown.contains(r"telemetry/\u{1b}[2J\u{1b}[H"), "{shown}");
+            assert!(shown.contains(r"unit\r=\u{9b}31m"), "{shown}");
+        }
+    }
+    let out = dump(&db, &["--channel", "telemetry", "--json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["records"][0]["topic"], topic);
+    assert_eq!(doc["records"][0]["headers"][0][1], "\u{9b}31m");
+
+    // The same through a snapshot directory and `snapshot inspect`.
+    let dir = tmp.path().join("snapshots");
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["migrate", "to-snapshots"])
+        .arg(&db)
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["snapshot", "inspect", "--records"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let shown = text(&out.stdout);
+    assert!(
+        !shown.chars().any(|c| c.is_control() && c != '\n'),
+        "snapshot inspect: a raw control character reached the terminal:\n{shown:?}"
+    );
+    assert!(shown.contains(r"\u{1b}[2J"), "{shown}");
+}
