@@ -31,7 +31,15 @@ pub enum Command {
     /// The kind of PATH is told from its bytes (the magic), never its name.
     /// Exit 0 when it was shown and is loadable, 1 when it is not a valid
     /// snapshot (what could be read is still shown), 3 when it cannot be
-    /// read at all.
+    /// read at all, or when --channel names a channel no file holds.
+    ///
+    /// The human output is a summary that fits a screen: each list
+    /// (retained messages, sessions, subscriptions, positions, cursors,
+    /// held publishes, shared groups) shows its first 10 rows and a line
+    /// saying how many it left out. --records lists every row (at most
+    /// --limit per list) and every record. Client ids, topics and user
+    /// properties are shown with control characters escaped (`\u{1b}`);
+    /// --json carries them exactly.
     ///
     /// `--json` prints one document:
     /// `{"path", "type": "directory"|"f21"|"mbmqtt01"|null, "valid": bool,
@@ -374,12 +382,43 @@ struct View {
     channel: Option<String>,
 }
 
+/// Rows of each list the summary shows without `--records`, so the
+/// summary of a store of 100,000 retained messages or sessions fits a
+/// screen; `--records` lists every row (at most `--limit`).
+const SUMMARY_ROWS: usize = 10;
+
 impl View {
     fn take<'a, T>(&self, items: &'a [T]) -> &'a [T] {
         match self.limit {
-            Some(n) => items.get(..(n as usize).min(items.len())).unwrap_or(items),
+            Some(n) => items
+                .get(..usize::try_from(n).unwrap_or(usize::MAX).min(items.len()))
+                .unwrap_or(items),
             None => items,
         }
+    }
+
+    /// The rows of a list a human table shows: every one (up to `--limit`)
+    /// with `--records`, the first [`SUMMARY_ROWS`] without; and how many
+    /// are left out.
+    fn rows<'a, T>(&self, items: &'a [T]) -> (&'a [T], usize) {
+        let shown = if self.records {
+            self.take(items)
+        } else {
+            items.get(..SUMMARY_ROWS.min(items.len())).unwrap_or(items)
+        };
+        (shown, items.len() - shown.len())
+    }
+}
+
+/// The line under a table that left rows out, naming how many.
+fn more_rows(out: &mut impl Write, hidden: usize, what: &str, view: &View) -> std::io::Result<()> {
+    if hidden == 0 {
+        return Ok(());
+    }
+    if view.records {
+        writeln!(out, "... {hidden} more {what} (past --limit)")
+    } else {
+        writeln!(out, "... {hidden} more {what} (--records lists them all)")
     }
 }
 
@@ -703,6 +742,17 @@ fn positions_json(ps: &[Position]) -> Vec<Value> {
         .collect()
 }
 
+fn print_positions(
+    out: &mut impl Write,
+    title: &str,
+    ps: &[Position],
+    view: &View,
+) -> std::io::Result<()> {
+    let (shown, hidden) = view.rows(ps);
+    writeln!(out, "{title}:\n{}", positions_table(shown))?;
+    more_rows(out, hidden, "positions", view)
+}
+
 fn positions_table(ps: &[Position]) -> Table {
     let mut t = table();
     t.set_header(vec!["reader", "position", "saved at", "session expiry"]);
@@ -896,20 +946,10 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
     }
     writeln!(out, "{t}")?;
     if !c.positions.is_empty() {
-        writeln!(
-            out,
-            "positions of {}:\n{}",
-            c.name,
-            positions_table(&c.positions)
-        )?;
+        print_positions(out, &format!("positions of {}", c.name), &c.positions, view)?;
     }
     if let Some(d) = c.dead_letter.as_ref().filter(|d| !d.positions.is_empty()) {
-        writeln!(
-            out,
-            "positions of {}:\n{}",
-            d.name,
-            positions_table(&d.positions)
-        )?;
+        print_positions(out, &format!("positions of {}", d.name), &d.positions, view)?;
     }
     print_held(out, &c.held, view)?;
     if view.records {
@@ -967,7 +1007,8 @@ fn print_held(out: &mut impl Write, held: &[HeldPublish], view: &View) -> std::i
         header.extend(["qos", "retain", "payload", "properties"]);
     }
     t.set_header(header);
-    for h in held {
+    let (shown, hidden) = view.rows(held);
+    for h in shown {
         let mut row = vec![
             cell(&h.client_id),
             h.packet_id.to_string(),
@@ -984,7 +1025,8 @@ fn print_held(out: &mut impl Write, held: &[HeldPublish], view: &View) -> std::i
         }
         t.add_row(row);
     }
-    writeln!(out, "exactly-once publishes held:\n{t}")
+    writeln!(out, "exactly-once publishes held:\n{t}")?;
+    more_rows(out, hidden, "held publishes", view)
 }
 
 fn print_manifest(out: &mut impl Write, m: &Manifest) -> std::io::Result<()> {
@@ -1020,11 +1062,7 @@ fn print_retained(out: &mut impl Write, r: &RetainedFile, view: &View) -> std::i
     writeln!(out, "{} retained messages", r.records.len())?;
     let mut t = table();
     t.set_header(vec!["topic", "qos", "time", "payload"]);
-    let shown = if view.records {
-        view.take(&r.records)
-    } else {
-        &r.records[..]
-    };
+    let (shown, hidden) = view.rows(&r.records);
     for rec in shown {
         t.add_row(vec![
             cell(&rec.topic),
@@ -1033,7 +1071,8 @@ fn print_retained(out: &mut impl Write, r: &RetainedFile, view: &View) -> std::i
             payload_cell(&rec.payload),
         ]);
     }
-    writeln!(out, "{t}")
+    writeln!(out, "{t}")?;
+    more_rows(out, hidden, "retained messages", view)
 }
 
 fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::io::Result<()> {
@@ -1048,7 +1087,8 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
         "in flight",
         "will",
     ]);
-    for s in &s.sessions {
+    let (sessions, hidden_sessions) = view.rows(&s.sessions);
+    for s in sessions {
         t.add_row(vec![
             cell(&s.client_id),
             s.principal.as_deref().map_or_else(|| "-".into(), cell),
@@ -1064,12 +1104,18 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
         ]);
     }
     writeln!(out, "{} sessions\n{t}", s.sessions.len())?;
+    more_rows(out, hidden_sessions, "sessions", view)?;
     let mut t = table();
     t.set_header(vec!["client id", "filter", "qos", "options", "log offset"]);
-    let mut any = false;
-    for s in &s.sessions {
-        for sub in &s.subscriptions {
-            any = true;
+    let subscriptions: Vec<_> = s
+        .sessions
+        .iter()
+        .flat_map(|s| s.subscriptions.iter().map(move |sub| (s, sub)))
+        .collect();
+    let (shown_subscriptions, hidden_subscriptions) = view.rows(&subscriptions);
+    let any = !subscriptions.is_empty();
+    for (s, sub) in shown_subscriptions {
+        {
             let mut opts = Vec::new();
             if sub.no_local {
                 opts.push("no-local".to_string());
@@ -1092,6 +1138,7 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
     }
     if any {
         writeln!(out, "subscriptions:\n{t}")?;
+        more_rows(out, hidden_subscriptions, "subscriptions", view)?;
     }
     if view.records && s.sessions.iter().any(|s| s.will.is_some()) {
         let mut t = table();
@@ -1124,7 +1171,8 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
     if !s.shared_groups.is_empty() {
         let mut t = table();
         t.set_header(vec!["group", "filter", "cursor", "returned"]);
-        for g in &s.shared_groups {
+        let (groups, hidden_groups) = view.rows(&s.shared_groups);
+        for g in groups {
             t.add_row(vec![
                 cell(&g.key.group),
                 cell(&g.key.filter),
@@ -1133,6 +1181,7 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
             ]);
         }
         writeln!(out, "shared groups:\n{t}")?;
+        more_rows(out, hidden_groups, "shared groups", view)?;
     }
     Ok(())
 }
@@ -1153,7 +1202,7 @@ fn print_broadcast(out: &mut impl Write, b: &BroadcastFile, view: &View) -> std:
     ]);
     writeln!(out, "{t}")?;
     if !b.cursors.is_empty() {
-        writeln!(out, "session cursors:\n{}", positions_table(&b.cursors))?;
+        print_positions(out, "session cursors", &b.cursors, view)?;
     }
     print_held(out, &b.held, view)?;
     if view.records {
@@ -1245,7 +1294,8 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
         "in flight",
         "pending",
     ]);
-    for x in &s.sessions {
+    let (sessions, hidden_sessions) = view.rows(&s.sessions);
+    for x in sessions {
         t.add_row(vec![
             cell(&x.client_id),
             cell(&principal_text(&x.principal)),
@@ -1258,19 +1308,25 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
         ]);
     }
     writeln!(out, "{t}")?;
+    more_rows(out, hidden_sessions, "sessions", view)?;
     let mut t = table();
     t.set_header(vec!["client id", "filter", "qos"]);
-    for x in &s.sessions {
-        for sub in &x.subscriptions {
-            t.add_row(vec![
-                cell(&x.client_id),
-                cell(&sub.filter),
-                sub.qos.to_string(),
-            ]);
-        }
+    let subscriptions: Vec<_> = s
+        .sessions
+        .iter()
+        .flat_map(|x| x.subscriptions.iter().map(move |sub| (x, sub)))
+        .collect();
+    let (shown, hidden) = view.rows(&subscriptions);
+    for (x, sub) in shown {
+        t.add_row(vec![
+            cell(&x.client_id),
+            cell(&sub.filter),
+            sub.qos.to_string(),
+        ]);
     }
-    if s.sessions.iter().any(|x| !x.subscriptions.is_empty()) {
+    if !subscriptions.is_empty() {
         writeln!(out, "subscriptions:\n{t}")?;
+        more_rows(out, hidden, "subscriptions", view)?;
     }
     if view.records {
         let mut t = table();
@@ -1320,14 +1376,16 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
     }
     let mut t = table();
     t.set_header(vec!["retained topic", "qos", "payload"]);
-    for r in view.take(&s.retained) {
+    let (retained, hidden) = view.rows(&s.retained);
+    for r in retained {
         t.add_row(vec![
             cell(&r.topic),
             r.qos.to_string(),
             payload_cell(&r.payload),
         ]);
     }
-    writeln!(out, "{t}")
+    writeln!(out, "{t}")?;
+    more_rows(out, hidden, "retained messages", view)
 }
 
 // ---- directories ---------------------------------------------------------
@@ -1337,6 +1395,17 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
         None => true,
         Some(name) => matches!(&f.role, snapshot_dir::Role::Channel(Some(c)) if c == name),
     };
+    if let Some(name) = &view.channel {
+        if !report.files.iter().any(wanted) {
+            writeln!(
+                std::io::stderr(),
+                "saguin: snapshot {}: no channel named {name:?} (saguin snapshot inspect {} lists them)",
+                report.dir.display(),
+                report.dir.display()
+            )?;
+            return Ok(exit::CANNOT);
+        }
+    }
     let code = if report.has_unreadable() {
         exit::CANNOT
     } else if report.is_loadable() {
@@ -1511,11 +1580,12 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
                 // when there are any.
                 if let SnapshotFile::Channel(c) = file {
                     if !c.positions.is_empty() {
-                        writeln!(
-                            out,
-                            "\npositions of {}:\n{}",
-                            c.name,
-                            positions_table(&c.positions)
+                        writeln!(out)?;
+                        print_positions(
+                            &mut out,
+                            &format!("positions of {}", c.name),
+                            &c.positions,
+                            view,
                         )?;
                     }
                 }
