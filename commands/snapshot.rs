@@ -15,14 +15,16 @@ use saguin::storage::snapshot_dir::{
 };
 use saguin_format::f21::{
     time::format_unix_nanos, BroadcastFile, ChannelFile, Header, HeldPublish, Manifest, Position,
-    RetainedFile, SessionsFile, SnapshotFile, Will,
+    RetainedFile, SessionsFile, SnapshotFile,
 };
 use saguin_format::mbmqtt;
 use saguin_format::model::{PublishProps, Record, UserProperty};
 use serde_json::{json, Value};
 
 use crate::exit;
-use crate::output::{cell, escaped, table, time_json, time_text};
+use crate::output::{
+    cell, escaped, extend_message_json, payload_text, session_json, table, time_json, time_text,
+};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -577,14 +579,6 @@ fn print_header(out: &mut impl Write, h: &Header) -> std::io::Result<()> {
     writeln!(out, "{t}")
 }
 
-/// Payload as text when it is UTF-8 with nothing unprintable, else `None`.
-fn payload_text(payload: &[u8]) -> Option<&str> {
-    let s = std::str::from_utf8(payload).ok()?;
-    s.chars()
-        .all(|c| !c.is_control() || c == '\n' || c == '\t')
-        .then_some(s)
-}
-
 /// A short cell for a payload: text (quoted) or hex, cut at 64 characters.
 fn payload_cell(payload: &[u8]) -> String {
     const MAX: usize = 64;
@@ -650,41 +644,6 @@ fn record_json(r: &Record) -> Value {
     v
 }
 
-/// Add a message's payload (text when it is UTF-8, always hex), its
-/// properties and its user properties to the object `v`: the one shape a
-/// record, a held publish and a Will share, so a reader parses them alike.
-fn extend_message_json(
-    v: &mut Value,
-    payload: &[u8],
-    props: &PublishProps,
-    user_properties: &[UserProperty],
-) {
-    if let Some(o) = v.as_object_mut() {
-        o.insert("payload_bytes".into(), json!(payload.len()));
-        o.insert("payload_text".into(), json!(payload_text(payload)));
-        o.insert("payload_hex".into(), json!(hex::encode(payload)));
-        o.insert(
-            "user_properties".into(),
-            Value::Array(
-                user_properties
-                    .iter()
-                    .map(|p| json!({"name": p.name, "value": p.value}))
-                    .collect(),
-            ),
-        );
-        o.insert(
-            "properties".into(),
-            json!({
-                "content_type": props.content_type,
-                "response_topic": props.response_topic,
-                "correlation_data_hex": props.correlation_data.as_ref().map(hex::encode),
-                "payload_format_indicator": props.payload_format_indicator,
-                "message_expiry_interval": props.message_expiry_interval,
-            }),
-        );
-    }
-}
-
 fn held_json(h: &HeldPublish) -> Value {
     json!({
         "client_id": h.client_id,
@@ -693,17 +652,6 @@ fn held_json(h: &HeldPublish) -> Value {
         "topic": h.record.topic,
         "record": record_json(&h.record),
     })
-}
-
-fn will_json(w: &Will) -> Value {
-    let mut v = json!({
-        "topic": w.topic,
-        "qos": w.qos,
-        "retain": w.retain,
-        "delay_interval": w.delay_interval,
-    });
-    extend_message_json(&mut v, &w.payload, &w.props, &w.user_properties);
-    v
 }
 
 fn records_table(records: &[Record]) -> Table {
@@ -873,24 +821,7 @@ fn manifest_json(m: &Manifest) -> Value {
 fn sessions_json(s: &SessionsFile) -> Value {
     json!({
         "kind": "sessions",
-        "sessions": s.sessions.iter().map(|s| json!({
-            "client_id": s.client_id,
-            "principal": s.principal,
-            "expiry_interval": s.expiry_interval,
-            "detached_at": time_json(s.detached_at),
-            "window": s.window,
-            "will": s.will.as_ref().map(will_json),
-            "subscriptions": s.subscriptions.iter().map(|sub| json!({
-                "filter": sub.filter, "qos": sub.qos, "no_local": sub.no_local,
-                "retain_as_published": sub.retain_as_published, "retain_handling": sub.retain_handling,
-                "subscription_id": sub.subscription_id, "log_offset": sub.log_offset,
-            })).collect::<Vec<_>>(),
-            "inflight": s.inflight.iter().map(|e| json!({
-                "log_offset": e.log_offset, "packet_id": e.packet_id, "qos": e.qos,
-                "phase": e.phase.as_str(),
-                "shared_group": e.shared_group.as_ref().map(|g| json!({"group": g.group, "filter": g.filter})),
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
+        "sessions": s.sessions.iter().map(session_json).collect::<Vec<_>>(),
         "shared_groups": s.shared_groups.iter().map(|g| json!({
             "group": g.key.group, "filter": g.key.filter, "cursor": g.cursor, "returned": g.returned,
         })).collect::<Vec<_>>(),

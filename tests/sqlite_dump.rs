@@ -281,3 +281,137 @@ fn control_characters_are_escaped_in_human_output_and_exact_in_json() {
     );
     assert!(shown.contains(r"\u{1b}[2J"), "{shown}");
 }
+
+/// Item 18: `--json` without `--channel` carries everything the overview
+/// counts, in full: each session's subscriptions with their options, its
+/// in-flight entries and Will, every held publish and every shared group.
+#[test]
+fn the_json_overview_carries_sessions_held_publishes_and_groups_in_full() {
+    use saguin::storage::contract::{
+        HeldPublish, InflightEntry, InflightPhase, SessionEntry, ShareGroupEntry, ShareGroupKey,
+        SubscriptionEntry, WillEntry,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("saguin.db");
+    let p = SqliteProvider::open(SqliteOptions::new("db", &db)).unwrap();
+    let log = p.broadcast_log().unwrap();
+    for i in 1..=3 {
+        log.append(Record::new(format!("news/{i}"), "x")).unwrap();
+    }
+    let group = ShareGroupKey {
+        group: "workers".into(),
+        filter: "jobs/#".into(),
+    };
+    p.sessions()
+        .unwrap()
+        .save(SessionEntry {
+            client_id: "dev-1".into(),
+            principal: Some("alice".into()),
+            expiry_interval: 3600,
+            detached_at: 1_767_225_600_000_000_000,
+            subscriptions: vec![SubscriptionEntry {
+                filter: "cmd/dev-1/#".into(),
+                qos: 2,
+                no_local: true,
+                retain_as_published: true,
+                retain_handling: 1,
+                subscription_id: Some(7),
+                log_offset: 1,
+            }],
+            will: Some(WillEntry {
+                topic: "status/dev-1".into(),
+                payload: Bytes::from("offline"),
+                qos: 1,
+                retain: true,
+                delay_interval: 30,
+                props: Default::default(),
+                user_properties: vec![UserProperty {
+                    name: "why".into(),
+                    value: "gone".into(),
+                }],
+            }),
+            window: 16,
+            inflight: vec![InflightEntry {
+                log_offset: 2,
+                packet_id: 11,
+                qos: 2,
+                phase: InflightPhase::AwaitingComp,
+                shared_group: Some(group.clone()),
+            }],
+        })
+        .unwrap();
+    p.held_publishes()
+        .unwrap()
+        .hold(HeldPublish {
+            channel: "$saguin/broadcast".into(),
+            client_id: "dev-1".into(),
+            packet_id: 5,
+            held_at: 1_767_225_600_000_000_000,
+            record: {
+                let mut r = Record::new("news/held", "pending");
+                r.qos = 2;
+                r
+            },
+        })
+        .unwrap();
+    log.save_share_group(ShareGroupEntry {
+        key: group,
+        cursor: 3,
+        returned: vec![2, 1],
+    })
+    .unwrap();
+    drop(log);
+    drop(p);
+
+    let out = dump(&db, &["--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &doc["sessions"][0];
+    assert_eq!(s["subscriptions"], 1, "the summary's count stays");
+    let sub = &s["subscription_list"][0];
+    assert_eq!(
+        (
+            &sub["filter"],
+            &sub["qos"],
+            &sub["no_local"],
+            &sub["retain_as_published"],
+            &sub["retain_handling"],
+            &sub["subscription_id"]
+        ),
+        (
+            &Value::from("cmd/dev-1/#"),
+            &Value::from(2),
+            &Value::from(true),
+            &Value::from(true),
+            &Value::from(1),
+            &Value::from(7)
+        )
+    );
+    let inflight = &s["inflight_list"][0];
+    assert_eq!(inflight["packet_id"], 11);
+    assert_eq!(inflight["phase"], "awaiting PUBCOMP");
+    assert_eq!(inflight["shared_group"]["group"], "workers");
+    assert_eq!(s["will"]["topic"], "status/dev-1");
+    assert_eq!(s["will"]["payload_text"], "offline");
+    assert_eq!(s["will"]["delay_interval"], 30);
+    assert_eq!(s["will"]["user_properties"][0]["value"], "gone");
+    assert_eq!(doc["held_publishes"], 1);
+    let held = &doc["held_publish_list"][0];
+    assert_eq!(held["client_id"], "dev-1");
+    assert_eq!(held["packet_id"], 5);
+    assert_eq!(held["topic"], "news/held");
+    assert_eq!(held["payload_text"], "pending");
+    assert_eq!(doc["share_groups"], 1);
+    let g = &doc["share_group_list"][0];
+    assert_eq!(g["cursor"], 3);
+    assert_eq!(g["filter"], "jobs/#");
+    assert_eq!(g["returned"].as_array().map(Vec::len), Some(2));
+
+    let out = dump(&db, &["--ndjson"]);
+    let kinds: Vec<String> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["type"].to_string())
+        .collect();
+    assert!(kinds.contains(&"\"held_publish\"".to_string()), "{kinds:?}");
+    assert!(kinds.contains(&"\"share_group\"".to_string()), "{kinds:?}");
+}
