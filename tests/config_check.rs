@@ -483,3 +483,44 @@ fn check_config_of_a_large_configuration_is_linear() {
         }
     }
 }
+
+/// Item 13: the configuration reference is a generated man page listing
+/// every key, and the commented example it shows is a configuration the
+/// loader accepts.
+#[test]
+fn the_configuration_reference_and_its_example() {
+    let example = fixtures().join("example.yaml");
+    let out = saguin(&["check-config", "--config", path_str(&example)]);
+    // Valid; its channels are what `serve` refuses (and nothing else).
+    assert_eq!(code(&out), UNSERVED, "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .lines()
+            .all(|l| l.contains("`saguin serve` refuses")),
+        "{}",
+        stderr(&out)
+    );
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("man/saguin-config.5"))
+            .expect("man/saguin-config.5");
+    for key in [
+        "listeners[].tls.client_ca",
+        "storage[].publish_commit_interval",
+        "channels[].dlq_retention_bytes",
+        "broker.exactly_once.expires_after",
+        "limits.max_sessions",
+        "limits.max_retained",
+        "limits.max_keep_alive",
+        "log.format",
+    ] {
+        assert!(
+            page.contains(&key.replace('-', "\\-")),
+            "{key} not in the reference"
+        );
+    }
+    assert!(page.contains("Default: 150ms."), "defaults are listed");
+    assert!(
+        page.contains("handshake_timeout: 10s"),
+        "the example is shown"
+    );
+}

@@ -1,5 +1,7 @@
-//! The configuration (SAGUIN.md §3, standing in for RFC 0002): one YAML file
-//! into typed, validated, resolved settings.
+//! The configuration: one YAML file into typed, validated, resolved
+//! settings. Every key is documented in [`reference`] (rendered as the
+//! `saguin-config(5)` man page, `man/saguin-config.5`); a commented example
+//! is `fixtures/config/example.yaml`.
 //!
 //! [`Config::load`] is the only loader: `saguin serve` and
 //! `saguin check-config` both call it, so "check-config says OK, serve
@@ -29,6 +31,7 @@ pub mod auth;
 mod names;
 mod output;
 mod parse;
+pub mod reference;
 mod secret;
 mod summary;
 #[cfg(test)]
