@@ -479,13 +479,16 @@ fn held_publishes(conn: &Connection) -> rusqlite::Result<Vec<Value>> {
     rows.collect()
 }
 
-/// Every shared subscription group's cursor and returned deliveries.
+/// Every shared subscription group's cursor and returned deliveries, the
+/// returned ones in the order the provider reads them back
+/// (`src/storage/sqlite/broadcast.rs`, by log offset): the dump shows what a
+/// broker would load.
 fn share_groups(conn: &Connection) -> rusqlite::Result<Vec<Value>> {
     let mut stmt = conn.prepare(
         "SELECT g.group_name, g.filter, g.cursor,
             (SELECT json_group_array(log_offset) FROM
                (SELECT log_offset FROM share_returned r
-                WHERE r.group_name = g.group_name AND r.filter = g.filter ORDER BY rowid))
+                WHERE r.group_name = g.group_name AND r.filter = g.filter ORDER BY log_offset))
          FROM share_groups g ORDER BY g.group_name, g.filter",
     )?;
     let rows = stmt.query_map([], |r| {
