@@ -383,7 +383,7 @@ fn client_hello_with_ip_sni(ip: &str) -> Vec<u8> {
     record
 }
 
-/// Item 23: a TLS client that names the broker by IP address in SNI is not
+/// A TLS client that names the broker by IP address in SNI is not
 /// a WARN line per connection.
 #[tokio::test]
 async fn tls_client_connecting_by_ip_logs_no_warning_per_connection() {

@@ -186,7 +186,7 @@ fn a_running_sqlite_provider_holds_its_databases_lock() {
     assert_eq!(json_of(&out)["state"], "free");
 }
 
-/// Item 22: a lock its holder let go of cleanly is "free (last released by
+/// A lock its holder let go of cleanly is "free (last released by
 /// pid N at T)", even once that process is gone; only a holder that died
 /// holding it leaves a stale lock.
 #[test]

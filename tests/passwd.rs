@@ -40,7 +40,6 @@ fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).expect("stat").permissions().mode() & 0o777
 }
 
-/// Item 12.
 #[test]
 fn saguin_passwd_writes_the_format_the_broker_reads() {
     let dir = tempfile::tempdir().expect("tempdir");

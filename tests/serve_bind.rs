@@ -9,7 +9,6 @@ use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(10);
 
-/// Item 25.
 #[test]
 fn serve_bind_moves_the_embedded_default_off_1883() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_saguin"))

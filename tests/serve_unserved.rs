@@ -40,7 +40,7 @@ fn channels_and_stored_broker_state_are_refused_by_name() {
     );
 }
 
-/// Item 14: check-config calls a configuration valid only when serve runs
+/// Check-config calls a configuration valid only when serve runs
 /// it; one function decides for both.
 #[test]
 fn check_config_agrees_with_serve() {

@@ -583,7 +583,7 @@ fn every_problem_code_is_kebab_case() {
     assert!(seen > 10, "{doc}");
 }
 
-/// Item 17: without `--records` the summary of a directory holding 5,000
+/// Without `--records` the summary of a directory holding 5,000
 /// retained messages and 500 positions fits a screen, naming what it left
 /// out; `--records` lists every row; `--channel nosuch` is exit 3.
 #[test]

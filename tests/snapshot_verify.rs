@@ -434,7 +434,7 @@ fn many_files_in_one_run() {
     )));
 }
 
-/// Item 21: one size syntax everywhere, the configuration's: plain bytes,
+/// One size syntax everywhere, the configuration's: plain bytes,
 /// binary (`1MiB`) and decimal (`1MB`) units, the same parser.
 #[test]
 fn one_size_syntax_everywhere() {

@@ -213,7 +213,7 @@ fn another_schema_version_is_refused_with_the_providers_own_sentence() {
     );
 }
 
-/// Item 16: human output shows client-supplied text (topics, user
+/// Human output shows client-supplied text (topics, user
 /// properties, readers, payloads) with control characters escaped, so an
 /// ESC sequence cannot rewrite the operator's terminal; JSON carries the
 /// text exactly.
@@ -282,7 +282,7 @@ fn control_characters_are_escaped_in_human_output_and_exact_in_json() {
     assert!(shown.contains(r"\u{1b}[2J"), "{shown}");
 }
 
-/// Item 18: `--json` without `--channel` carries everything the overview
+/// `--json` without `--channel` carries everything the overview
 /// counts, in full: each session's subscriptions with their options, its
 /// in-flight entries and Will, every held publish and every shared group.
 #[test]
