@@ -3,6 +3,7 @@
 //! It runs the very loader `saguin serve` runs ([`Config::load`]), so a
 //! configuration this command accepts is one the broker accepts.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -133,6 +134,16 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     };
 
     let summary = config.durability_summary();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let warnings = config.warnings(now);
+    let unserved = config.unserved();
+    let verdict = if unserved.is_empty() {
+        "valid"
+    } else {
+        "valid, but `saguin serve` refuses it (below)"
+    };
     match args.output {
         Some(format) => {
             let document = config.resolved();
@@ -150,14 +161,14 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             out.write_all(text.as_bytes())?;
             out.flush()?;
             let mut err = std::io::stderr().lock();
-            writeln!(err, "{origin}: valid")?;
+            writeln!(err, "{origin}: {verdict}")?;
             for line in &summary {
                 writeln!(err, "{line}")?;
             }
         }
         None => {
             let mut out = std::io::stdout().lock();
-            writeln!(out, "{origin}: valid")?;
+            writeln!(out, "{origin}: {verdict}")?;
             if !config.storage.is_empty() {
                 writeln!(out, "{}", providers_table(&config))?;
             }
@@ -167,7 +178,24 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             out.flush()?;
         }
     }
-    Ok(exit::OK)
+    let mut err = std::io::stderr().lock();
+    for warning in &warnings {
+        writeln!(err, "{origin}: warning: {warning}")?;
+    }
+    if unserved.is_empty() {
+        return Ok(exit::OK);
+    }
+    for item in &unserved {
+        writeln!(err, "{origin}: {item}")?;
+    }
+    writeln!(
+        err,
+        "saguin: {origin}: {} setting{} `saguin serve` refuses; remove {} to serve this configuration",
+        unserved.len(),
+        if unserved.len() == 1 { "" } else { "s" },
+        if unserved.len() == 1 { "it" } else { "them" }
+    )?;
+    Ok(exit::NO)
 }
 
 fn providers_table(config: &Config) -> Table {
@@ -182,12 +210,23 @@ fn providers_table(config: &Config) -> Table {
         "publishes stop at",
     ]);
     let reserve = config.reserve_bytes();
+    // Channels grouped by provider once, so a large configuration is
+    // tabled in linear time.
+    let mut by_provider: HashMap<&str, Vec<&str>> = HashMap::new();
+    for channel in &config.channels {
+        by_provider
+            .entry(channel.storage.as_str())
+            .or_default()
+            .push(channel.name.as_str());
+    }
     for provider in &config.storage {
-        let channels: Vec<&str> = config
-            .channels_of(provider.name())
-            .map(|c| c.name.as_str())
-            .collect();
-        let channels = if config.is_inert(provider.name()) {
+        let channels = by_provider
+            .get(provider.name())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let named_by_broker = config.broker.retained_storage.as_deref() == Some(provider.name())
+            || config.broker.session_storage.as_deref() == Some(provider.name());
+        let channels = if channels.is_empty() && !named_by_broker {
             "(inert)".to_string()
         } else if channels.is_empty() {
             "-".to_string()

@@ -48,6 +48,10 @@ pub fn generate() -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
     let mut cmd = crate::Cli::command().disable_help_subcommand(true);
     cmd.build();
     man_pages(&cmd, &mut files)?;
+    files.insert(
+        "man/saguin-config.5".to_string(),
+        config_reference().into_bytes(),
+    );
     let completed = without_hidden(&crate::Cli::command());
     for (shell, name) in [
         (Shell::Bash, "saguin.bash"),
@@ -106,7 +110,7 @@ fn remove_stale(dir: &Path, files: &BTreeMap<String, Vec<u8>>) -> anyhow::Result
             continue;
         };
         let generated_kind = match dir_name {
-            "man" => name.starts_with("saguin") && name.ends_with(".1"),
+            "man" => name.starts_with("saguin") && (name.ends_with(".1") || name.ends_with(".5")),
             _ => name.starts_with("saguin.") || name == "_saguin",
         };
         if generated_kind && !files.contains_key(&format!("{dir_name}/{name}")) {
@@ -115,4 +119,71 @@ fn remove_stale(dir: &Path, files: &BTreeMap<String, Vec<u8>>) -> anyhow::Result
         }
     }
     Ok(())
+}
+
+/// The commented example configuration, shown in the reference.
+const EXAMPLE_CONFIG: &str = include_str!("../fixtures/config/example.yaml");
+
+/// `saguin-config(5)`: every configuration key, from the library's
+/// reference list, and the example configuration.
+fn config_reference() -> String {
+    let mut page = String::new();
+    page.push_str(&format!(
+        ".TH saguin-config 5 \"saguin {}\"\n",
+        env!("CARGO_PKG_VERSION")
+    ));
+    page.push_str(".SH NAME\nsaguin\\-config \\- the saguin configuration file\n");
+    page.push_str(".SH DESCRIPTION\n");
+    for paragraph in [
+        "One YAML file, read by saguin serve --config FILE and checked by saguin check-config --config FILE, which run the same loader. Unknown keys are errors. Every problem is reported with its YAML path, for example channels[2].storage: no provider named \"db2\".",
+        "Sizes are a whole number of bytes (1000) or a whole number and a unit: B, KB, MB, GB, TB are powers of 1000, KiB, MiB, GiB, TiB powers of 1024 (10MB is 10000000 bytes, 10MiB 10485760); fractions are refused. The same syntax is read by every --max-bytes option.",
+        "Durations are humantime: 150ms, 30s, 5m, 1h, 7d, 1h 30m; a bare number is refused.",
+        "Relative paths resolve against the configuration file's directory. Files the configuration names (password file, ACL file, certificates, keys) are opened and parsed at load time; the databases and snapshot directories are not.",
+        "In the list below, [] marks the items of a list (listeners[].bind is the bind of each listener).",
+    ] {
+        page.push_str(".PP\n");
+        page.push_str(&roff_text(paragraph));
+        page.push('\n');
+    }
+    page.push_str(".SH KEYS\n");
+    for key in saguin::config::reference::keys() {
+        page.push_str(&format!(
+            ".TP\n\\fB{}\\fR ({})\n",
+            roff_text(key.path),
+            roff_text(key.kind)
+        ));
+        page.push_str(&roff_text(key.meaning));
+        page.push('\n');
+        match key.default.strip_prefix("required") {
+            Some(rest) => page.push_str(&format!(".br\nRequired{}.\n", roff_text(rest))),
+            None if !key.default.is_empty() => {
+                page.push_str(&format!(".br\nDefault: {}.\n", roff_text(&key.default)))
+            }
+            None => {}
+        }
+        if !key.bounds.is_empty() {
+            page.push_str(&format!(".br\nAccepted: {}.\n", roff_text(&key.bounds)));
+        }
+    }
+    page.push_str(".SH EXAMPLE\n.nf\n");
+    for line in EXAMPLE_CONFIG.lines() {
+        page.push_str(&roff_text(line));
+        page.push('\n');
+    }
+    page.push_str(".fi\n");
+    page.push_str(
+        ".SH SEE ALSO\nsaguin\\-check\\-config(1), saguin\\-serve(1), saguin\\-passwd(1)\n",
+    );
+    page
+}
+
+/// Text made safe as roff: backslashes and hyphens escaped, and a line
+/// that would start with a control character (`.` or `\'`) guarded.
+fn roff_text(text: &str) -> String {
+    let escaped = text.replace('\\', "\\e").replace('-', "\\-");
+    if escaped.starts_with('.') || escaped.starts_with('\'') {
+        format!("\\&{escaped}")
+    } else {
+        escaped
+    }
 }

@@ -13,7 +13,14 @@ use crate::exit;
 pub enum Command {
     // Exit 0: free (including a stale lock left by a process that is gone);
     // 1: held; 3: cannot tell.
-    /// Free, held (by whom, since when), or left by a process that is gone.
+    /// Free, held (by whom, since when), or stale: left by a process that
+    /// died holding it.
+    ///
+    /// A holder that lets the lock go cleanly records when, and the lock is
+    /// then "free (last released by pid N on HOST at T)". A lock whose
+    /// holder is gone from this host without having recorded a release is
+    /// "stale": that process crashed or was killed. Both are free to take.
+    /// Exit 0 free or stale, 1 held, 3 cannot tell.
     Status {
         /// A database, a lock file, or a snapshot directory.
         path: PathBuf,
@@ -66,6 +73,9 @@ struct HolderDoc {
     since: String,
     since_unix_ns: i64,
     revision: String,
+    /// When the holder let the lock go cleanly; null while held and when it
+    /// died holding it.
+    released: Option<String>,
 }
 
 impl From<&Holder> for HolderDoc {
@@ -76,6 +86,8 @@ impl From<&Holder> for HolderDoc {
             since: h.since_rfc3339(),
             since_unix_ns: h.since_unix_ns,
             revision: h.revision.clone(),
+            released: (h.released_unix_ns != 0)
+                .then(|| saguin_format::f21::time::format_unix_nanos(h.released_unix_ns)),
         }
     }
 }
@@ -105,6 +117,12 @@ fn status(path: &Path, json: bool) -> anyhow::Result<u8> {
             None,
             exit::OK,
             match last_holder {
+                Some(h) if h.released_unix_ns != 0 => format!(
+                    "free (last released by pid {} on {} at {})",
+                    h.pid,
+                    h.host,
+                    saguin_format::f21::time::format_unix_nanos(h.released_unix_ns)
+                ),
                 Some(h) => format!("free (last held by {h})"),
                 None => "free".to_string(),
             },
@@ -115,7 +133,7 @@ fn status(path: &Path, json: bool) -> anyhow::Result<u8> {
             None,
             exit::OK,
             format!(
-                "free: stale lock left by pid {} on {}, which is no longer running (since {})",
+                "free: stale lock left by pid {} on {}, which died holding it (held since {})",
                 last_holder.pid,
                 last_holder.host,
                 last_holder.since_rfc3339()

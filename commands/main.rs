@@ -11,6 +11,7 @@ mod docs;
 mod lock;
 mod migrate;
 mod output;
+mod passwd;
 mod serve;
 mod snapshot;
 mod sqlite;
@@ -74,6 +75,8 @@ pub enum Commands {
     /// Tell whether a provider's lock is held, and by whom.
     #[command(subcommand)]
     Lock(lock::Command),
+    /// Add, change or delete a user in a password file (mosquitto_passwd's format).
+    Passwd(passwd::Args),
     /// Write the man pages and shell completions (for building the project).
     #[command(hide = true)]
     GenerateDocs(docs::Args),
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
         Commands::Sqlite(cmd) => sqlite::run(cmd),
         Commands::Migrate(cmd) => migrate::run(cmd),
         Commands::Lock(cmd) => lock::run(cmd),
+        Commands::Passwd(args) => passwd::run(args),
         Commands::GenerateDocs(args) => docs::run(args),
     };
     match result {
@@ -100,11 +104,20 @@ fn main() -> ExitCode {
     }
 }
 
-/// `saguin ... | head` closing the pipe early is not a failure.
+/// `saguin ... | head` closing the pipe early is not a failure. The write
+/// error reaches here as an `io::Error`, or inside a `serde_json::Error`
+/// (JSON written straight to stdout), whose source chain skips the
+/// `io::Error` itself, so both are asked.
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|cause| {
-        cause
+        let kind = cause
             .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            .map(std::io::Error::kind)
+            .or_else(|| {
+                cause
+                    .downcast_ref::<serde_json::Error>()
+                    .and_then(serde_json::Error::io_error_kind)
+            });
+        kind == Some(std::io::ErrorKind::BrokenPipe)
     })
 }

@@ -40,8 +40,9 @@ pub enum Command {
         to_sqlite: Option<PathBuf>,
         #[arg(long, value_name = "DIR")]
         to_snapshots: Option<PathBuf>,
-        /// Refuse a broker.snapshot larger than this many bytes.
-        #[arg(long, value_name = "N", default_value_t = MBMQTT_DEFAULT_MAX_BYTES)]
+        /// Refuse a broker.snapshot larger than this: bytes, or a size with a
+        /// unit as in the configuration (10MiB binary, 10MB decimal).
+        #[arg(long, value_name = "SIZE", default_value_t = MBMQTT_DEFAULT_MAX_BYTES, value_parser = saguin::config::units::parse_size)]
         max_bytes: u64,
         #[command(flatten)]
         common: Common,

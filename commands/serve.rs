@@ -1,5 +1,6 @@
 //! `saguin serve`: run the broker.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -19,6 +20,12 @@ pub struct Args {
     /// 127.0.0.1:1883, anonymous, everything in memory, nothing kept.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Serve the embedded default on this address (IP:PORT, e.g.
+    /// 0.0.0.0:1884; port 0 lets the system choose) instead of
+    /// 127.0.0.1:1883. Only without --config: a configuration file names
+    /// its own listeners, and the flag is refused rather than merged.
+    #[arg(long, value_name = "ADDR", conflicts_with = "config")]
+    pub bind: Option<SocketAddr>,
 }
 
 const AFTER_HELP: &str = "\
@@ -53,7 +60,10 @@ A further signal meanwhile logs what is still being written.";
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let config = match &args.config {
-        None => Config::embedded_default(),
+        None => match args.bind {
+            Some(bind) => Config::embedded_default_on(bind),
+            None => Config::embedded_default(),
+        },
         Some(path) => match Config::load(path) {
             Ok(config) => config,
             Err(ConfigError::Invalid { origin, problems }) => {
@@ -89,13 +99,13 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         .unwrap_or_else(|| "embedded default".into());
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %origin, "starting");
     let signals = Signals::install().context("install the SIGTERM and SIGINT handlers")?;
-    let unserved = unserved_storage(&config);
+    let unserved = config.unserved();
     if !unserved.is_empty() {
         // Invariant 14: durability is stated only where it is provided. A
         // broker that accepted these settings would announce a durability
         // it does not deliver, so it refuses them by name instead.
-        for (path, what) in &unserved {
-            tracing::error!(path = %path, "{what}");
+        for item in &unserved {
+            tracing::error!(path = %item.path, "{}", item.reason);
         }
         eprintln!(
             "saguin: this build serves broadcast topics, keeping retained messages and sessions \
@@ -201,22 +211,6 @@ async fn first_signal_then_watch(mut signals: Signals, status: ShutdownStatus) {
     });
 }
 
-/// The settings that ask the broker for something this build does not
-/// serve yet: each with its YAML path.
-fn unserved_storage(config: &Config) -> Vec<(String, &'static str)> {
-    config
-        .channels
-        .iter()
-        .enumerate()
-        .map(|(i, channel)| {
-            (
-                format!("channels[{i}] ({})", channel.name),
-                "channels are not served by this build",
-            )
-        })
-        .collect()
-}
-
 fn init_logging(config: &Config) {
     let level = match config.log.level {
         LogLevel::Error => "error",
@@ -226,8 +220,14 @@ fn init_logging(config: &Config) {
         LogLevel::Trace => "trace",
     };
     // Payload-free by construction; RUST_LOG may narrow or widen it.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},rustls=warn")));
+    // rustls warns from its message parser, once per connection, about an
+    // IP address in a ClientHello's SNI (OpenSSL clients connecting by IP
+    // send one); the handshake goes on without it, so that is not news.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!(
+            "{level},rustls=warn,rustls::msgs::handshake=error"
+        ))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

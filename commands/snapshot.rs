@@ -16,14 +16,16 @@ use saguin::storage::snapshot_dir::{
 };
 use saguin_format::f21::{
     time::format_unix_nanos, BroadcastFile, ChannelFile, Header, HeldPublish, Manifest, Position,
-    RetainedFile, SessionsFile, SnapshotFile, Will,
+    RetainedFile, SessionsFile, SnapshotFile,
 };
 use saguin_format::mbmqtt;
 use saguin_format::model::{PublishProps, Record, UserProperty};
 use serde_json::{json, Value};
 
 use crate::exit;
-use crate::output::{table, time_json, time_text};
+use crate::output::{
+    cell, escaped, extend_message_json, payload_text, session_json, table, time_json, time_text,
+};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -32,7 +34,15 @@ pub enum Command {
     /// The kind of PATH is told from its bytes (the magic), never its name.
     /// Exit 0 when it was shown and is loadable, 1 when it is not a valid
     /// snapshot (what could be read is still shown), 3 when it cannot be
-    /// read at all.
+    /// read at all, or when --channel names a channel no file holds.
+    ///
+    /// The human output is a summary that fits a screen: each list
+    /// (retained messages, sessions, subscriptions, positions, cursors,
+    /// held publishes, shared groups) shows its first 10 rows and a line
+    /// saying how many it left out. --records lists every row (at most
+    /// --limit per list) and every record. Client ids, topics and user
+    /// properties are shown with control characters escaped (`\u{1b}`);
+    /// --json carries them exactly.
     ///
     /// `--json` prints one document:
     /// `{"path", "type": "directory"|"f21"|"mbmqtt01"|null, "valid": bool,
@@ -108,9 +118,10 @@ pub struct InspectArgs {
     /// Only this channel.
     #[arg(long, value_name = "NAME")]
     pub channel: Option<String>,
-    /// Refuse a file larger than this (bytes, or with a KiB/MiB/GiB suffix).
-    /// Default: 64 MiB for MBMQTT01, 4 GiB for format 21.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    /// Refuse a file larger than this: bytes, or a size with a unit as in
+    /// the configuration (10MiB binary, 10MB decimal). Default: 64MiB for
+    /// MBMQTT01, 4GiB for format 21.
+    #[arg(long, value_name = "SIZE", value_parser = saguin::config::units::parse_size)]
     pub max_bytes: Option<u64>,
 }
 
@@ -125,9 +136,10 @@ pub struct VerifyArgs {
     /// Print nothing; the exit code answers.
     #[arg(long, conflicts_with = "json")]
     pub quiet: bool,
-    /// Refuse a file larger than this (bytes, or with a KiB/MiB/GiB suffix).
-    /// Default: 64 MiB for MBMQTT01, 4 GiB for format 21.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    /// Refuse a file larger than this: bytes, or a size with a unit as in
+    /// the configuration (10MiB binary, 10MB decimal). Default: 64MiB for
+    /// MBMQTT01, 4GiB for format 21.
+    #[arg(long, value_name = "SIZE", value_parser = saguin::config::units::parse_size)]
     pub max_bytes: Option<u64>,
 }
 
@@ -136,25 +148,6 @@ pub fn run(cmd: Command) -> anyhow::Result<u8> {
         Command::Inspect(args) => inspect(args),
         Command::Verify(args) => verify(args),
     }
-}
-
-/// `123`, `64KiB`, `64MiB`, `4GiB` (also `K`, `M`, `G`, binary).
-fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (e.g. 1048576, 64MiB)"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        other => return Err(format!("unknown size unit {other:?}; use KiB, MiB or GiB")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 fn scan_options(max_bytes: Option<u64>) -> ScanOptions {
@@ -412,12 +405,43 @@ struct View {
     channel: Option<String>,
 }
 
+/// Rows of each list the summary shows without `--records`, so the
+/// summary of a store of 100,000 retained messages or sessions fits a
+/// screen; `--records` lists every row (at most `--limit`).
+const SUMMARY_ROWS: usize = 10;
+
 impl View {
     fn take<'a, T>(&self, items: &'a [T]) -> &'a [T] {
         match self.limit {
-            Some(n) => items.get(..(n as usize).min(items.len())).unwrap_or(items),
+            Some(n) => items
+                .get(..usize::try_from(n).unwrap_or(usize::MAX).min(items.len()))
+                .unwrap_or(items),
             None => items,
         }
+    }
+
+    /// The rows of a list a human table shows: every one (up to `--limit`)
+    /// with `--records`, the first [`SUMMARY_ROWS`] without; and how many
+    /// are left out.
+    fn rows<'a, T>(&self, items: &'a [T]) -> (&'a [T], usize) {
+        let shown = if self.records {
+            self.take(items)
+        } else {
+            items.get(..SUMMARY_ROWS.min(items.len())).unwrap_or(items)
+        };
+        (shown, items.len() - shown.len())
+    }
+}
+
+/// The line under a table that left rows out, naming how many.
+fn more_rows(out: &mut impl Write, hidden: usize, what: &str, view: &View) -> std::io::Result<()> {
+    if hidden == 0 {
+        return Ok(());
+    }
+    if view.records {
+        writeln!(out, "... {hidden} more {what} (past --limit)")
+    } else {
+        writeln!(out, "... {hidden} more {what} (--records lists them all)")
     }
 }
 
@@ -570,18 +594,10 @@ fn print_header(out: &mut impl Write, h: &Header) -> std::io::Result<()> {
         h.file_kind()
             .map(|k| k.as_str().to_string())
             .unwrap_or_else(|| format!("unknown ({})", h.kind)),
-        h.writer.clone(),
+        cell(&h.writer),
         time_text(h.written_at),
     ]);
     writeln!(out, "{t}")
-}
-
-/// Payload as text when it is UTF-8 with nothing unprintable, else `None`.
-fn payload_text(payload: &[u8]) -> Option<&str> {
-    let s = std::str::from_utf8(payload).ok()?;
-    s.chars()
-        .all(|c| !c.is_control() || c == '\n' || c == '\t')
-        .then_some(s)
 }
 
 /// A short cell for a payload: text (quoted) or hex, cut at 64 characters.
@@ -611,13 +627,13 @@ fn payload_cell(payload: &[u8]) -> String {
 fn props_cell(user_properties: &[UserProperty], props: &PublishProps) -> String {
     let mut parts = Vec::new();
     for p in user_properties {
-        parts.push(format!("{}={}", p.name, p.value));
+        parts.push(format!("{}={}", escaped(&p.name), escaped(&p.value)));
     }
     if let Some(v) = &props.content_type {
-        parts.push(format!("content-type={v}"));
+        parts.push(format!("content-type={}", escaped(v)));
     }
     if let Some(v) = &props.response_topic {
-        parts.push(format!("response-topic={v}"));
+        parts.push(format!("response-topic={}", escaped(v)));
     }
     if let Some(v) = &props.correlation_data {
         parts.push(format!("correlation-data=hex:{}", hex::encode(v)));
@@ -649,41 +665,6 @@ fn record_json(r: &Record) -> Value {
     v
 }
 
-/// Add a message's payload (text when it is UTF-8, always hex), its
-/// properties and its user properties to the object `v`: the one shape a
-/// record, a held publish and a Will share, so a reader parses them alike.
-fn extend_message_json(
-    v: &mut Value,
-    payload: &[u8],
-    props: &PublishProps,
-    user_properties: &[UserProperty],
-) {
-    if let Some(o) = v.as_object_mut() {
-        o.insert("payload_bytes".into(), json!(payload.len()));
-        o.insert("payload_text".into(), json!(payload_text(payload)));
-        o.insert("payload_hex".into(), json!(hex::encode(payload)));
-        o.insert(
-            "user_properties".into(),
-            Value::Array(
-                user_properties
-                    .iter()
-                    .map(|p| json!({"name": p.name, "value": p.value}))
-                    .collect(),
-            ),
-        );
-        o.insert(
-            "properties".into(),
-            json!({
-                "content_type": props.content_type,
-                "response_topic": props.response_topic,
-                "correlation_data_hex": props.correlation_data.as_ref().map(hex::encode),
-                "payload_format_indicator": props.payload_format_indicator,
-                "message_expiry_interval": props.message_expiry_interval,
-            }),
-        );
-    }
-}
-
 fn held_json(h: &HeldPublish) -> Value {
     json!({
         "client_id": h.client_id,
@@ -692,17 +673,6 @@ fn held_json(h: &HeldPublish) -> Value {
         "topic": h.record.topic,
         "record": record_json(&h.record),
     })
-}
-
-fn will_json(w: &Will) -> Value {
-    let mut v = json!({
-        "topic": w.topic,
-        "qos": w.qos,
-        "retain": w.retain,
-        "delay_interval": w.delay_interval,
-    });
-    extend_message_json(&mut v, &w.payload, &w.props, &w.user_properties);
-    v
 }
 
 fn records_table(records: &[Record]) -> Table {
@@ -719,7 +689,7 @@ fn records_table(records: &[Record]) -> Table {
         t.add_row(vec![
             r.offset.to_string(),
             time_text(r.timestamp),
-            r.topic.clone(),
+            cell(&r.topic),
             r.qos.to_string(),
             payload_cell(&r.payload),
             props_cell(&r.user_properties, &r.props),
@@ -741,12 +711,23 @@ fn positions_json(ps: &[Position]) -> Vec<Value> {
         .collect()
 }
 
+fn print_positions(
+    out: &mut impl Write,
+    title: &str,
+    ps: &[Position],
+    view: &View,
+) -> std::io::Result<()> {
+    let (shown, hidden) = view.rows(ps);
+    writeln!(out, "{title}:\n{}", positions_table(shown))?;
+    more_rows(out, hidden, "positions", view)
+}
+
 fn positions_table(ps: &[Position]) -> Table {
     let mut t = table();
     t.set_header(vec!["reader", "position", "saved at", "session expiry"]);
     for p in ps {
         t.add_row(vec![
-            p.reader.clone(),
+            cell(&p.reader),
             p.offset.to_string(),
             time_text(p.saved_at),
             p.session_expiry
@@ -861,24 +842,7 @@ fn manifest_json(m: &Manifest) -> Value {
 fn sessions_json(s: &SessionsFile) -> Value {
     json!({
         "kind": "sessions",
-        "sessions": s.sessions.iter().map(|s| json!({
-            "client_id": s.client_id,
-            "principal": s.principal,
-            "expiry_interval": s.expiry_interval,
-            "detached_at": time_json(s.detached_at),
-            "window": s.window,
-            "will": s.will.as_ref().map(will_json),
-            "subscriptions": s.subscriptions.iter().map(|sub| json!({
-                "filter": sub.filter, "qos": sub.qos, "no_local": sub.no_local,
-                "retain_as_published": sub.retain_as_published, "retain_handling": sub.retain_handling,
-                "subscription_id": sub.subscription_id, "log_offset": sub.log_offset,
-            })).collect::<Vec<_>>(),
-            "inflight": s.inflight.iter().map(|e| json!({
-                "log_offset": e.log_offset, "packet_id": e.packet_id, "qos": e.qos,
-                "phase": e.phase.as_str(),
-                "shared_group": e.shared_group.as_ref().map(|g| json!({"group": g.group, "filter": g.filter})),
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
+        "sessions": s.sessions.iter().map(session_json).collect::<Vec<_>>(),
         "shared_groups": s.shared_groups.iter().map(|g| json!({
             "group": g.key.group, "filter": g.key.filter, "cursor": g.cursor, "returned": g.returned,
         })).collect::<Vec<_>>(),
@@ -934,20 +898,10 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
     }
     writeln!(out, "{t}")?;
     if !c.positions.is_empty() {
-        writeln!(
-            out,
-            "positions of {}:\n{}",
-            c.name,
-            positions_table(&c.positions)
-        )?;
+        print_positions(out, &format!("positions of {}", c.name), &c.positions, view)?;
     }
     if let Some(d) = c.dead_letter.as_ref().filter(|d| !d.positions.is_empty()) {
-        writeln!(
-            out,
-            "positions of {}:\n{}",
-            d.name,
-            positions_table(&d.positions)
-        )?;
+        print_positions(out, &format!("positions of {}", d.name), &d.positions, view)?;
     }
     print_held(out, &c.held, view)?;
     if view.records {
@@ -973,7 +927,7 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
                 t.add_row(vec![
                     i.record.offset.to_string(),
                     time_text(i.record.timestamp),
-                    i.record.topic.clone(),
+                    cell(&i.record.topic),
                     payload_cell(&i.record.payload),
                     i.attempts.to_string(),
                     time_text(i.last_delivered),
@@ -1005,12 +959,13 @@ fn print_held(out: &mut impl Write, held: &[HeldPublish], view: &View) -> std::i
         header.extend(["qos", "retain", "payload", "properties"]);
     }
     t.set_header(header);
-    for h in held {
+    let (shown, hidden) = view.rows(held);
+    for h in shown {
         let mut row = vec![
-            h.client_id.clone(),
+            cell(&h.client_id),
             h.packet_id.to_string(),
             time_text(h.held_at),
-            h.record.topic.clone(),
+            cell(&h.record.topic),
         ];
         if view.records {
             row.extend([
@@ -1022,7 +977,8 @@ fn print_held(out: &mut impl Write, held: &[HeldPublish], view: &View) -> std::i
         }
         t.add_row(row);
     }
-    writeln!(out, "exactly-once publishes held:\n{t}")
+    writeln!(out, "exactly-once publishes held:\n{t}")?;
+    more_rows(out, hidden, "held publishes", view)
 }
 
 fn print_manifest(out: &mut impl Write, m: &Manifest) -> std::io::Result<()> {
@@ -1058,20 +1014,17 @@ fn print_retained(out: &mut impl Write, r: &RetainedFile, view: &View) -> std::i
     writeln!(out, "{} retained messages", r.records.len())?;
     let mut t = table();
     t.set_header(vec!["topic", "qos", "time", "payload"]);
-    let shown = if view.records {
-        view.take(&r.records)
-    } else {
-        &r.records[..]
-    };
+    let (shown, hidden) = view.rows(&r.records);
     for rec in shown {
         t.add_row(vec![
-            rec.topic.clone(),
+            cell(&rec.topic),
             rec.qos.to_string(),
             time_text(rec.timestamp),
             payload_cell(&rec.payload),
         ]);
     }
-    writeln!(out, "{t}")
+    writeln!(out, "{t}")?;
+    more_rows(out, hidden, "retained messages", view)
 }
 
 fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::io::Result<()> {
@@ -1086,10 +1039,11 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
         "in flight",
         "will",
     ]);
-    for s in &s.sessions {
+    let (sessions, hidden_sessions) = view.rows(&s.sessions);
+    for s in sessions {
         t.add_row(vec![
-            s.client_id.clone(),
-            s.principal.clone().unwrap_or_else(|| "-".into()),
+            cell(&s.client_id),
+            s.principal.as_deref().map_or_else(|| "-".into(), cell),
             format!("{}s", s.expiry_interval),
             time_text(s.detached_at),
             s.window.to_string(),
@@ -1097,17 +1051,23 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
             s.inflight.len().to_string(),
             s.will
                 .as_ref()
-                .map(|w| w.topic.clone())
+                .map(|w| cell(&w.topic))
                 .unwrap_or_else(|| "-".into()),
         ]);
     }
     writeln!(out, "{} sessions\n{t}", s.sessions.len())?;
+    more_rows(out, hidden_sessions, "sessions", view)?;
     let mut t = table();
     t.set_header(vec!["client id", "filter", "qos", "options", "log offset"]);
-    let mut any = false;
-    for s in &s.sessions {
-        for sub in &s.subscriptions {
-            any = true;
+    let subscriptions: Vec<_> = s
+        .sessions
+        .iter()
+        .flat_map(|s| s.subscriptions.iter().map(move |sub| (s, sub)))
+        .collect();
+    let (shown_subscriptions, hidden_subscriptions) = view.rows(&subscriptions);
+    let any = !subscriptions.is_empty();
+    for (s, sub) in shown_subscriptions {
+        {
             let mut opts = Vec::new();
             if sub.no_local {
                 opts.push("no-local".to_string());
@@ -1120,8 +1080,8 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
                 opts.push(format!("id={id}"));
             }
             t.add_row(vec![
-                s.client_id.clone(),
-                sub.filter.clone(),
+                cell(&s.client_id),
+                cell(&sub.filter),
                 sub.qos.to_string(),
                 opts.join(", "),
                 sub.log_offset.to_string(),
@@ -1130,6 +1090,7 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
     }
     if any {
         writeln!(out, "subscriptions:\n{t}")?;
+        more_rows(out, hidden_subscriptions, "subscriptions", view)?;
     }
     if view.records && s.sessions.iter().any(|s| s.will.is_some()) {
         let mut t = table();
@@ -1148,8 +1109,8 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
             .filter_map(|s| s.will.as_ref().map(|w| (&s.client_id, w)))
         {
             t.add_row(vec![
-                client_id.clone(),
-                w.topic.clone(),
+                cell(client_id),
+                cell(&w.topic),
                 w.qos.to_string(),
                 w.retain.to_string(),
                 format!("{}s", w.delay_interval),
@@ -1162,15 +1123,17 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
     if !s.shared_groups.is_empty() {
         let mut t = table();
         t.set_header(vec!["group", "filter", "cursor", "returned"]);
-        for g in &s.shared_groups {
+        let (groups, hidden_groups) = view.rows(&s.shared_groups);
+        for g in groups {
             t.add_row(vec![
-                g.key.group.clone(),
-                g.key.filter.clone(),
+                cell(&g.key.group),
+                cell(&g.key.filter),
                 g.cursor.to_string(),
                 g.returned.len().to_string(),
             ]);
         }
         writeln!(out, "shared groups:\n{t}")?;
+        more_rows(out, hidden_groups, "shared groups", view)?;
     }
     Ok(())
 }
@@ -1191,7 +1154,7 @@ fn print_broadcast(out: &mut impl Write, b: &BroadcastFile, view: &View) -> std:
     ]);
     writeln!(out, "{t}")?;
     if !b.cursors.is_empty() {
-        writeln!(out, "session cursors:\n{}", positions_table(&b.cursors))?;
+        print_positions(out, "session cursors", &b.cursors, view)?;
     }
     print_held(out, &b.held, view)?;
     if view.records {
@@ -1283,10 +1246,11 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
         "in flight",
         "pending",
     ]);
-    for x in &s.sessions {
+    let (sessions, hidden_sessions) = view.rows(&s.sessions);
+    for x in sessions {
         t.add_row(vec![
-            x.client_id.clone(),
-            principal_text(&x.principal),
+            cell(&x.client_id),
+            cell(&principal_text(&x.principal)),
             detach_text(&x.detach),
             x.next_packet_id.to_string(),
             x.subscriptions.len().to_string(),
@@ -1296,19 +1260,25 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
         ]);
     }
     writeln!(out, "{t}")?;
+    more_rows(out, hidden_sessions, "sessions", view)?;
     let mut t = table();
     t.set_header(vec!["client id", "filter", "qos"]);
-    for x in &s.sessions {
-        for sub in &x.subscriptions {
-            t.add_row(vec![
-                x.client_id.clone(),
-                sub.filter.clone(),
-                sub.qos.to_string(),
-            ]);
-        }
+    let subscriptions: Vec<_> = s
+        .sessions
+        .iter()
+        .flat_map(|x| x.subscriptions.iter().map(move |sub| (x, sub)))
+        .collect();
+    let (shown, hidden) = view.rows(&subscriptions);
+    for (x, sub) in shown {
+        t.add_row(vec![
+            cell(&x.client_id),
+            cell(&sub.filter),
+            sub.qos.to_string(),
+        ]);
     }
-    if s.sessions.iter().any(|x| !x.subscriptions.is_empty()) {
+    if !subscriptions.is_empty() {
         writeln!(out, "subscriptions:\n{t}")?;
+        more_rows(out, hidden, "subscriptions", view)?;
     }
     if view.records {
         let mut t = table();
@@ -1325,7 +1295,7 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
             for i in view.take(&x.inflight) {
                 let (topic, qos, retain, payload) = match &i.message {
                     Some(m) => (
-                        m.topic.clone(),
+                        cell(&m.topic),
                         m.qos.to_string(),
                         m.retain.to_string(),
                         payload_cell(&m.payload),
@@ -1333,7 +1303,7 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
                     None => ("-".into(), "2".into(), "-".into(), "-".into()),
                 };
                 t.add_row(vec![
-                    x.client_id.clone(),
+                    cell(&x.client_id),
                     format!("in flight, {}", i.phase.as_str()),
                     i.packet_id.to_string(),
                     topic,
@@ -1344,10 +1314,10 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
             }
             for m in view.take(&x.pending) {
                 t.add_row(vec![
-                    x.client_id.clone(),
+                    cell(&x.client_id),
                     "pending".into(),
                     "-".into(),
-                    m.topic.clone(),
+                    cell(&m.topic),
                     m.qos.to_string(),
                     m.retain.to_string(),
                     payload_cell(&m.payload),
@@ -1358,14 +1328,16 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
     }
     let mut t = table();
     t.set_header(vec!["retained topic", "qos", "payload"]);
-    for r in view.take(&s.retained) {
+    let (retained, hidden) = view.rows(&s.retained);
+    for r in retained {
         t.add_row(vec![
-            r.topic.clone(),
+            cell(&r.topic),
             r.qos.to_string(),
             payload_cell(&r.payload),
         ]);
     }
-    writeln!(out, "{t}")
+    writeln!(out, "{t}")?;
+    more_rows(out, hidden, "retained messages", view)
 }
 
 // ---- directories ---------------------------------------------------------
@@ -1375,6 +1347,17 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
         None => true,
         Some(name) => matches!(&f.role, snapshot_dir::Role::Channel(Some(c)) if c == name),
     };
+    if let Some(name) = &view.channel {
+        if !report.files.iter().any(wanted) {
+            writeln!(
+                std::io::stderr(),
+                "saguin: snapshot {}: no channel named {name:?} (saguin snapshot inspect {} lists them)",
+                report.dir.display(),
+                report.dir.display()
+            )?;
+            return Ok(exit::CANNOT);
+        }
+    }
     let code = if report.has_unreadable() {
         exit::CANNOT
     } else if report.is_loadable() {
@@ -1462,7 +1445,7 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
         "records",
     ]);
     for f in report.files.iter().filter(|f| wanted(f)) {
-        let mut row = vec![f.name.clone(), f.role.as_str().to_string()];
+        let mut row = vec![cell(&f.name), f.role.as_str().to_string()];
         match &f.outcome {
             FileOutcome::Decoded { header, file } => {
                 row.push("ok".into());
@@ -1549,11 +1532,12 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
                 // when there are any.
                 if let SnapshotFile::Channel(c) = file {
                     if !c.positions.is_empty() {
-                        writeln!(
-                            out,
-                            "\npositions of {}:\n{}",
-                            c.name,
-                            positions_table(&c.positions)
+                        writeln!(out)?;
+                        print_positions(
+                            &mut out,
+                            &format!("positions of {}", c.name),
+                            &c.positions,
+                            view,
                         )?;
                     }
                 }

@@ -13,7 +13,9 @@ use saguin_format::model::Record;
 use serde_json::{json, Value};
 
 use crate::exit;
-use crate::output::{table, time_json, time_text};
+use crate::output::{
+    cell, escaped, extend_message_json, session_json, table, time_json, time_text,
+};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -107,7 +109,14 @@ terminal while they are read.
 
 --json prints one JSON document; --ndjson prints one JSON object per line \
 (each overview row carries \"type\"; each record is one line). Readers ignore \
-fields they do not know; empty lists are [].
+fields they do not know; empty lists are []. The human overview is a summary; \
+the JSON overview carries everything it counts, in full: each session's \
+subscriptions with their options (\"subscription_list\"), its in-flight \
+entries (\"inflight_list\") and its Will (\"will\", payload and properties) \
+beside the counts, every held exactly-once publish (\"held_publish_list\", \
+NDJSON type held_publish) and every shared group with its cursor and returned \
+deliveries (\"share_group_list\", NDJSON type share_group). Sessions, \
+subscriptions and Wills are shaped as in `saguin snapshot inspect --json`.
 
 Exit status: 0 shown; 3 the database is missing, unreadable, of another \
 schema version, or holds no such channel; 2 usage.";
@@ -370,12 +379,25 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
         .collect::<rusqlite::Result<_>>()?;
     let held: u64 = conn.query_row("SELECT count(*) FROM held_publishes", [], |r| r.get(0))?;
     let groups: u64 = conn.query_row("SELECT count(*) FROM share_groups", [], |r| r.get(0))?;
+    // In full for the JSON forms, decoded as the provider decodes them.
+    let full_sessions: std::collections::HashMap<String, Value> = provider::read_sessions(conn)?
+        .iter()
+        .map(|s| (s.client_id.clone(), session_json(s)))
+        .collect();
+    let held_list = held_publishes(conn)?;
+    let group_list = share_groups(conn)?;
 
     let channel_json = |c: &ChannelRow| json!({"name": c.name, "kind": c.kind, "next": c.next, "floor": c.floor, "bytes": c.bytes, "records": c.records});
     let position_json = |p: &(String, String, u64, i64, Option<u32>)| json!({"channel": p.0, "reader": p.1, "offset": p.2, "saved_at": time_json(p.3), "session_expiry": p.4});
+    // The summary's counts, then the session in full: `subscription_list`,
+    // `inflight_list` and `will` (the shape `snapshot inspect` prints).
     let session_json = |s: &(String, Option<String>, u32, i64, i64, u16, u64, Option<u64>)| {
+        let full = full_sessions.get(&s.0);
         json!({"client_id": s.0, "principal": s.1, "expiry_interval": s.2, "detached_at": time_json(s.3),
-               "subscriptions": s.4, "window": s.5, "inflight": s.6, "cursor": s.7})
+               "subscriptions": s.4, "window": s.5, "inflight": s.6, "cursor": s.7,
+               "subscription_list": full.map_or(json!([]), |f| f["subscriptions"].clone()),
+               "inflight_list": full.map_or(json!([]), |f| f["inflight"].clone()),
+               "will": full.map_or(Value::Null, |f| f["will"].clone())})
     };
     let queue_json = |q: &(String, u64, u64, u64, u64, i64)| {
         json!({"channel": q.0, "depth": q.1, "delivered": q.2, "max_attempts": q.3, "attempts": q.4,
@@ -395,6 +417,8 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
                 "queues": queues.iter().map(queue_json).collect::<Vec<_>>(),
                 "held_publishes": held,
                 "share_groups": groups,
+                "held_publish_list": held_list,
+                "share_group_list": group_list,
             });
             serde_json::to_writer_pretty(&mut out, &doc)?;
             writeln!(out)?;
@@ -424,6 +448,12 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
             }
             for q in &queues {
                 line("queue", queue_json(q))?;
+            }
+            for h in &held_list {
+                line("held_publish", h.clone())?;
+            }
+            for g in &group_list {
+                line("share_group", g.clone())?;
             }
         }
         Output::Human => {
@@ -460,7 +490,7 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
                 for p in &positions {
                     t.add_row(vec![
                         p.0.clone(),
-                        p.1.clone(),
+                        cell(&p.1),
                         p.2.to_string(),
                         time_text(p.3),
                         p.4.map_or("-".into(), |s| format!("{s}s")),
@@ -481,8 +511,8 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
                 ]);
                 for s in &sessions {
                     t.add_row(vec![
-                        s.0.clone(),
-                        s.1.clone().unwrap_or_else(|| "-".into()),
+                        cell(&s.0),
+                        s.1.as_deref().map_or_else(|| "-".into(), cell),
                         format!("{}s", s.2),
                         if s.3 == 0 {
                             "connected".into()
@@ -533,6 +563,61 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
     Ok(exit::OK)
 }
 
+/// Every held exactly-once publish in full: channel, holder, packet id, when
+/// it was held, and its whole message.
+fn held_publishes(conn: &Connection) -> rusqlite::Result<Vec<Value>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT channel, holder_client_id, packet_id, held_at, {RECORD_COLUMNS} FROM held_publishes
+         ORDER BY channel, holder_client_id, packet_id"
+    ))?;
+    let rows = stmt.query_map([], |r| {
+        let record = record_at(r, 4, 0)?;
+        let mut v = json!({
+            "channel": r.get::<_, String>(0)?,
+            "client_id": r.get::<_, String>(1)?,
+            "packet_id": r.get::<_, u16>(2)?,
+            "held_at": time_json(r.get(3)?),
+            "topic": record.topic,
+            "qos": record.qos,
+            "retain": record.retain,
+            "time": time_json(record.timestamp),
+        });
+        extend_message_json(
+            &mut v,
+            &record.payload,
+            &record.props,
+            &record.user_properties,
+        );
+        Ok(v)
+    })?;
+    rows.collect()
+}
+
+/// Every shared subscription group's cursor and returned deliveries, the
+/// returned ones in the order the provider reads them back
+/// (`src/storage/sqlite/broadcast.rs`, by log offset): the dump shows what a
+/// broker would load.
+fn share_groups(conn: &Connection) -> rusqlite::Result<Vec<Value>> {
+    let mut stmt = conn.prepare(
+        "SELECT g.group_name, g.filter, g.cursor,
+            (SELECT json_group_array(log_offset) FROM
+               (SELECT log_offset FROM share_returned r
+                WHERE r.group_name = g.group_name AND r.filter = g.filter ORDER BY log_offset))
+         FROM share_groups g ORDER BY g.group_name, g.filter",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        let returned: String = r.get(3)?;
+        let returned: Value = serde_json::from_str(&returned).unwrap_or_else(|_| json!([]));
+        Ok(json!({
+            "group": r.get::<_, String>(0)?,
+            "filter": r.get::<_, String>(1)?,
+            "cursor": r.get::<_, u64>(2)?,
+            "returned": returned,
+        }))
+    })?;
+    rows.collect()
+}
+
 /// The payload as text when it is UTF-8 without control characters other
 /// than whitespace, hex otherwise; with which it is.
 fn payload_text(payload: &[u8]) -> (&'static str, String) {
@@ -575,10 +660,10 @@ fn props_text(r: &Record) -> String {
     let p = &r.props;
     let mut parts = Vec::new();
     if let Some(v) = &p.content_type {
-        parts.push(format!("content-type={v}"));
+        parts.push(format!("content-type={}", escaped(v)));
     }
     if let Some(v) = &p.response_topic {
-        parts.push(format!("response-topic={v}"));
+        parts.push(format!("response-topic={}", escaped(v)));
     }
     if let Some(v) = &p.correlation_data {
         parts.push(format!("correlation-data={}", hex::encode(v)));
@@ -698,17 +783,17 @@ fn dump_channel(
                 } else if encoding == "hex" {
                     format!("0x{payload}")
                 } else {
-                    payload
+                    cell(&payload)
                 };
                 let mut cells = vec![
                     offset.to_string(),
                     time_text(record.timestamp),
-                    record.topic.clone(),
+                    cell(&record.topic),
                     payload,
                     record
                         .user_properties
                         .iter()
-                        .map(|p| format!("{}={}", p.name, p.value))
+                        .map(|p| format!("{}={}", escaped(&p.name), escaped(&p.value)))
                         .collect::<Vec<_>>()
                         .join(" "),
                     props_text(&record),

@@ -28,6 +28,9 @@ _saguin() {
             saguin,migrate)
                 cmd="saguin__subcmd__migrate"
                 ;;
+            saguin,passwd)
+                cmd="saguin__subcmd__passwd"
+                ;;
             saguin,serve)
                 cmd="saguin__subcmd__serve"
                 ;;
@@ -48,6 +51,9 @@ _saguin() {
                 ;;
             saguin__subcmd__help,migrate)
                 cmd="saguin__subcmd__help__subcmd__migrate"
+                ;;
+            saguin__subcmd__help,passwd)
+                cmd="saguin__subcmd__help__subcmd__passwd"
                 ;;
             saguin__subcmd__help,serve)
                 cmd="saguin__subcmd__help__subcmd__serve"
@@ -170,7 +176,7 @@ _saguin() {
 
     case "${cmd}" in
         saguin)
-            opts="-h -V --help --version serve check-config snapshot sqlite migrate lock help"
+            opts="-h -V --help --version serve check-config snapshot sqlite migrate lock passwd help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -206,7 +212,7 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__help)
-            opts="serve check-config snapshot sqlite migrate lock help"
+            opts="serve check-config snapshot sqlite migrate lock passwd help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -320,6 +326,20 @@ _saguin() {
         saguin__subcmd__help__subcmd__migrate__subcmd__to__subcmd__sqlite)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__help__subcmd__passwd)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -663,14 +683,40 @@ _saguin() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        saguin__subcmd__passwd)
+            opts="-b -D -U -I -h -V --iterations --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --iterations)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -I)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         saguin__subcmd__serve)
-            opts="-h -V --config --help --version"
+            opts="-h -V --config --bind --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --bind)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

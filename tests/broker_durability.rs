@@ -151,7 +151,7 @@ async fn check(broker: &Broker, before: Before) {
     let mut r = Raw::tcp(broker.addr(), v5()).await;
     r.connect("reader", ConnectOpts::clean()).await;
     r.subscribe(1, "r/#", 1).await;
-    let mut retained = vec![r.next_publish(true).await, r.next_publish(true).await];
+    let mut retained = [r.next_publish(true).await, r.next_publish(true).await];
     retained.sort_by(|a, b| a.topic.cmp(&b.topic));
     assert_eq!(&*retained[0].topic, "r/1");
     assert_eq!(&retained[0].payload[..], b"one");

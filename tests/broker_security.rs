@@ -352,3 +352,65 @@ async fn mosquitto_clients_with_password() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A TLS ClientHello naming the server by IP address in its SNI extension,
+/// as OpenSSL-based clients (`mosquitto_pub -h 127.0.0.1 --cafile ...`)
+/// send it; RFC 6066 allows only host names there.
+fn client_hello_with_ip_sni(ip: &str) -> Vec<u8> {
+    let mut sni = vec![0x00];
+    sni.extend((ip.len() as u16).to_be_bytes());
+    sni.extend(ip.as_bytes());
+    let mut sni_list = (sni.len() as u16).to_be_bytes().to_vec();
+    sni_list.extend(sni);
+    let mut extensions = vec![0x00, 0x00];
+    extensions.extend((sni_list.len() as u16).to_be_bytes());
+    extensions.extend(sni_list);
+    // supported_versions: TLS 1.3.
+    extensions.extend([0x00, 0x2b, 0x00, 0x03, 0x02, 0x03, 0x04]);
+    let mut body = vec![0x03, 0x03];
+    body.extend([7u8; 32]);
+    body.push(0); // no session id
+    body.extend([0x00, 0x02, 0x13, 0x01]); // TLS_AES_128_GCM_SHA256
+    body.extend([0x01, 0x00]); // null compression
+    body.extend((extensions.len() as u16).to_be_bytes());
+    body.extend(extensions);
+    let mut handshake = vec![0x01];
+    handshake.extend(&(body.len() as u32).to_be_bytes()[1..]);
+    handshake.extend(body);
+    let mut record = vec![0x16, 0x03, 0x01];
+    record.extend((handshake.len() as u16).to_be_bytes());
+    record.extend(handshake);
+    record
+}
+
+/// A TLS client that names the broker by IP address in SNI is not
+/// a WARN line per connection.
+#[tokio::test]
+async fn tls_client_connecting_by_ip_logs_no_warning_per_connection() {
+    let pki = Pki::new();
+    let mut broker = tls_broker(&pki, false);
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(broker.listeners["mqtts"]).await.unwrap();
+        stream
+            .write_all(&client_hello_with_ip_sni("127.0.0.1"))
+            .await
+            .unwrap();
+        // The broker has parsed the hello once it answers or hangs up.
+        let mut buf = [0u8; 512];
+        let _ = tokio::time::timeout(WAIT, stream.read(&mut buf)).await;
+    }
+    assert_eq!(broker.terminate(), Some(0));
+    // stderr is one ordered stream: once the shutdown's line is read, every
+    // line about the connections before it has been read too.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !broker.log_text().contains("signal received") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = broker.log_text();
+    assert!(log.contains("signal received"), "{log}");
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("level=WARN") && l.contains("rustls")),
+        "a WARN for a client naming the broker by IP:\n{log}"
+    );
+}

@@ -185,3 +185,31 @@ fn a_running_sqlite_provider_holds_its_databases_lock() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(json_of(&out)["state"], "free");
 }
+
+/// A lock its holder let go of cleanly is "free (last released by
+/// pid N at T)", even once that process is gone; only a holder that died
+/// holding it leaves a stale lock.
+#[test]
+fn a_cleanly_released_lock_is_free_with_its_release_not_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let lock_path = dir.path().join("saguin.db.lock");
+    drop(lock::acquire(&lock_path).unwrap());
+    // The releasing process has since exited: a pid above Linux's largest
+    // pid_max (2^22) stands for it.
+    let conn = rusqlite::Connection::open(&lock_path).unwrap();
+    conn.execute("UPDATE holder SET pid = 2147483000", [])
+        .unwrap();
+    drop(conn);
+
+    let out = status(&lock_path, false);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("free (last released by pid 2147483000 on "),
+        "{text}"
+    );
+    assert!(!text.contains("stale"), "{text}");
+    let doc = json_of(&status(&lock_path, true));
+    assert_eq!(doc["state"], "free");
+    assert!(doc["holder"]["released"].is_string(), "{doc}");
+}

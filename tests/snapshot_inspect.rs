@@ -582,3 +582,75 @@ fn every_problem_code_is_kebab_case() {
     }
     assert!(seen > 10, "{doc}");
 }
+
+/// Without `--records` the summary of a directory holding 5,000
+/// retained messages and 500 positions fits a screen, naming what it left
+/// out; `--records` lists every row; `--channel nosuch` is exit 3.
+#[test]
+fn snapshot_inspect_summary_fits_a_screen_and_names_a_missing_channel() {
+    let d = tempfile::tempdir().unwrap();
+    let mut retained = saguin_format::f21::RetainedFile::default();
+    for i in 0..5000u64 {
+        let mut r = Record::new(format!("status/device-{i:05}"), b"online".to_vec());
+        r.timestamp = T;
+        retained.records.push(r);
+    }
+    let mut channel = telemetry();
+    for i in 0..500 {
+        channel.positions.push(Position {
+            reader: format!("mqtt:consumer-{i:03}"),
+            offset: 1,
+            saved_at: T,
+            session_expiry: Some(60),
+        });
+    }
+    put(
+        d.path(),
+        saguin_format::channel_name::RETAINED_FILE,
+        &SnapshotFile::Retained(retained),
+        T,
+    );
+    put(
+        d.path(),
+        "telemetry.snapshot",
+        &SnapshotFile::Channel(channel),
+        T,
+    );
+    let dir = d.path().display().to_string();
+
+    let out = saguin(&["snapshot", "inspect", &dir]);
+    let s = stdout(&out);
+    assert!(s.lines().count() < 120, "{} lines:\n{s}", s.lines().count());
+    assert!(s.contains("status/device-00000"), "{s}");
+    assert!(!s.contains("status/device-04999"), "{s}");
+    assert!(
+        s.contains("4990 more retained messages (--records lists them all)"),
+        "{s}"
+    );
+    assert!(
+        s.contains("491 more positions (--records lists them all)"),
+        "{s}"
+    );
+
+    let out = saguin(&["snapshot", "inspect", "--records", &dir]);
+    let s = stdout(&out);
+    assert!(
+        s.contains("status/device-04999"),
+        "--records lists every row"
+    );
+    assert!(s.contains("mqtt:consumer-499"));
+    assert!(!s.contains("more retained messages"), "{s}");
+
+    let out = saguin(&["snapshot", "inspect", "--channel", "nosuch", &dir]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no channel named \"nosuch\""), "{err}");
+    assert!(out.stdout.is_empty());
+    let out = saguin(&["snapshot", "inspect", "--channel", "telemetry", &dir]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

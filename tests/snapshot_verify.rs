@@ -433,3 +433,59 @@ fn many_files_in_one_run() {
         "{n} files checked: 0 ok, {n} failed, 0 unreadable"
     )));
 }
+
+/// One size syntax everywhere, the configuration's: plain bytes,
+/// binary (`1MiB`) and decimal (`1MB`) units, the same parser.
+#[test]
+fn one_size_syntax_everywhere() {
+    let v3 = root().join("fixtures/mbmqtt/broker-v3.snapshot");
+    let size = std::fs::metadata(&v3).unwrap().len();
+    assert!(size < 1000, "the fixture is small");
+    for (limit, expected) in [
+        ("1MB", 0),
+        ("1kB", 0),
+        ("1 KiB", 0),
+        ("100B", 1),
+        ("1K", 2),
+        ("1.5MB", 2),
+    ] {
+        let out = saguin(&[
+            "snapshot",
+            "verify",
+            "--max-bytes",
+            limit,
+            v3.to_str().unwrap(),
+        ]);
+        assert_eq!(code(&out), expected, "verify --max-bytes {limit}");
+        let out = saguin(&[
+            "snapshot",
+            "inspect",
+            "--max-bytes",
+            limit,
+            v3.to_str().unwrap(),
+        ]);
+        assert_eq!(code(&out), expected, "inspect --max-bytes {limit}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("imported");
+    let out = saguin(&[
+        "migrate",
+        "from-mbmqtt",
+        v3.to_str().unwrap(),
+        "--to-snapshots",
+        dest.to_str().unwrap(),
+        "--max-bytes",
+        "100B",
+    ]);
+    assert_eq!(code(&out), 3, "{}", text(&out).1);
+    let out = saguin(&[
+        "migrate",
+        "from-mbmqtt",
+        v3.to_str().unwrap(),
+        "--to-snapshots",
+        dest.to_str().unwrap(),
+        "--max-bytes",
+        "1MB",
+    ]);
+    assert_eq!(code(&out), 0, "{}", text(&out).1);
+}

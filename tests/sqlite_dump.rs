@@ -212,3 +212,206 @@ fn another_schema_version_is_refused_with_the_providers_own_sentence() {
         "{provider_line}"
     );
 }
+
+/// Human output shows client-supplied text (topics, user
+/// properties, readers, payloads) with control characters escaped, so an
+/// ESC sequence cannot rewrite the operator's terminal; JSON carries the
+/// text exactly.
+#[test]
+fn control_characters_are_escaped_in_human_output_and_exact_in_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("saguin.db");
+    let p = SqliteProvider::open(SqliteOptions::new("db", &db)).unwrap();
+    let t = p.open_channel("telemetry", ChannelKind::Append).unwrap();
+    let t = t.as_append().unwrap();
+    let topic = "telemetry/\u{1b}[2J\u{1b}[H";
+    let mut r = Record::new(topic, Bytes::from("ok\u{1b}]0;pwned\u{7}"));
+    r.user_properties.push(UserProperty {
+        name: "unit\r".into(),
+        value: "\u{9b}31m".into(),
+    });
+    t.append(r).unwrap();
+    if let Ok(reader) = Reader::mqtt("dash\u{1b}[2J") {
+        t.save_position(Position {
+            reader,
+            offset: 1,
+            saved_at: 1_767_225_600_000_000_000,
+            session_expiry: Some(60),
+        })
+        .unwrap();
+    }
+    drop(p);
+
+    for args in [&[][..], &["--channel", "telemetry"][..]] {
+        let out = dump(&db, args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let shown = text(&out.stdout);
+        assert!(
+            !shown.chars().any(|c| c.is_control() && c != '\n'),
+            "{args:?}: a raw control character reached the terminal:\n{shown:?}"
+        );
+        if !args.is_empty() {
+            assert!(shown.contains(r"telemetry/\u{1b}[2J\u{1b}[H"), "{shown}");
+            assert!(shown.contains(r"unit\r=\u{9b}31m"), "{shown}");
+        }
+    }
+    let out = dump(&db, &["--channel", "telemetry", "--json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["records"][0]["topic"], topic);
+    assert_eq!(doc["records"][0]["headers"][0][1], "\u{9b}31m");
+
+    // The same through a snapshot directory and `snapshot inspect`.
+    let dir = tmp.path().join("snapshots");
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["migrate", "to-snapshots"])
+        .arg(&db)
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["snapshot", "inspect", "--records"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let shown = text(&out.stdout);
+    assert!(
+        !shown.chars().any(|c| c.is_control() && c != '\n'),
+        "snapshot inspect: a raw control character reached the terminal:\n{shown:?}"
+    );
+    assert!(shown.contains(r"\u{1b}[2J"), "{shown}");
+}
+
+/// `--json` without `--channel` carries everything the overview
+/// counts, in full: each session's subscriptions with their options, its
+/// in-flight entries and Will, every held publish and every shared group.
+#[test]
+fn the_json_overview_carries_sessions_held_publishes_and_groups_in_full() {
+    use saguin::storage::contract::{
+        HeldPublish, InflightEntry, InflightPhase, SessionEntry, ShareGroupEntry, ShareGroupKey,
+        SubscriptionEntry, WillEntry,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("saguin.db");
+    let p = SqliteProvider::open(SqliteOptions::new("db", &db)).unwrap();
+    let log = p.broadcast_log().unwrap();
+    for i in 1..=3 {
+        log.append(Record::new(format!("news/{i}"), "x")).unwrap();
+    }
+    let group = ShareGroupKey {
+        group: "workers".into(),
+        filter: "jobs/#".into(),
+    };
+    p.sessions()
+        .unwrap()
+        .save(SessionEntry {
+            client_id: "dev-1".into(),
+            principal: Some("alice".into()),
+            expiry_interval: 3600,
+            detached_at: 1_767_225_600_000_000_000,
+            subscriptions: vec![SubscriptionEntry {
+                filter: "cmd/dev-1/#".into(),
+                qos: 2,
+                no_local: true,
+                retain_as_published: true,
+                retain_handling: 1,
+                subscription_id: Some(7),
+                log_offset: 1,
+            }],
+            will: Some(WillEntry {
+                topic: "status/dev-1".into(),
+                payload: Bytes::from("offline"),
+                qos: 1,
+                retain: true,
+                delay_interval: 30,
+                props: Default::default(),
+                user_properties: vec![UserProperty {
+                    name: "why".into(),
+                    value: "gone".into(),
+                }],
+            }),
+            window: 16,
+            inflight: vec![InflightEntry {
+                log_offset: 2,
+                packet_id: 11,
+                qos: 2,
+                phase: InflightPhase::AwaitingComp,
+                shared_group: Some(group.clone()),
+            }],
+        })
+        .unwrap();
+    p.held_publishes()
+        .unwrap()
+        .hold(HeldPublish {
+            channel: "$saguin/broadcast".into(),
+            client_id: "dev-1".into(),
+            packet_id: 5,
+            held_at: 1_767_225_600_000_000_000,
+            record: {
+                let mut r = Record::new("news/held", "pending");
+                r.qos = 2;
+                r
+            },
+        })
+        .unwrap();
+    log.save_share_group(ShareGroupEntry {
+        key: group,
+        cursor: 3,
+        returned: vec![2, 1],
+    })
+    .unwrap();
+    drop(log);
+    drop(p);
+
+    let out = dump(&db, &["--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &doc["sessions"][0];
+    assert_eq!(s["subscriptions"], 1, "the summary's count stays");
+    let sub = &s["subscription_list"][0];
+    assert_eq!(
+        (
+            &sub["filter"],
+            &sub["qos"],
+            &sub["no_local"],
+            &sub["retain_as_published"],
+            &sub["retain_handling"],
+            &sub["subscription_id"]
+        ),
+        (
+            &Value::from("cmd/dev-1/#"),
+            &Value::from(2),
+            &Value::from(true),
+            &Value::from(true),
+            &Value::from(1),
+            &Value::from(7)
+        )
+    );
+    let inflight = &s["inflight_list"][0];
+    assert_eq!(inflight["packet_id"], 11);
+    assert_eq!(inflight["phase"], "awaiting PUBCOMP");
+    assert_eq!(inflight["shared_group"]["group"], "workers");
+    assert_eq!(s["will"]["topic"], "status/dev-1");
+    assert_eq!(s["will"]["payload_text"], "offline");
+    assert_eq!(s["will"]["delay_interval"], 30);
+    assert_eq!(s["will"]["user_properties"][0]["value"], "gone");
+    assert_eq!(doc["held_publishes"], 1);
+    let held = &doc["held_publish_list"][0];
+    assert_eq!(held["client_id"], "dev-1");
+    assert_eq!(held["packet_id"], 5);
+    assert_eq!(held["topic"], "news/held");
+    assert_eq!(held["payload_text"], "pending");
+    assert_eq!(doc["share_groups"], 1);
+    let g = &doc["share_group_list"][0];
+    assert_eq!(g["cursor"], 3);
+    assert_eq!(g["filter"], "jobs/#");
+    assert_eq!(g["returned"].as_array().map(Vec::len), Some(2));
+
+    let out = dump(&db, &["--ndjson"]);
+    let kinds: Vec<String> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["type"].to_string())
+        .collect();
+    assert!(kinds.contains(&"\"held_publish\"".to_string()), "{kinds:?}");
+    assert!(kinds.contains(&"\"share_group\"".to_string()), "{kinds:?}");
+}

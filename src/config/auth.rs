@@ -99,6 +99,9 @@ impl StoredHash {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PasswordFile {
     entries: Secret<HashMap<String, StoredHash>>,
+    /// SHA-256 of the file's bytes, hex: printed by `check-config --output`
+    /// so two deployments' files can be compared without showing them.
+    sha256: String,
 }
 
 impl PasswordFile {
@@ -160,10 +163,16 @@ impl PasswordFile {
         if problems.is_empty() {
             Ok(PasswordFile {
                 entries: Secret::new(entries),
+                sha256: super::sha256_hex(text.as_bytes()),
             })
         } else {
             Err(problems)
         }
+    }
+
+    /// SHA-256 of the file's bytes, lowercase hex.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
     }
 
     /// How many users the file holds.
@@ -197,6 +206,45 @@ impl PasswordFile {
             }
         }
     }
+}
+
+/// mosquitto_passwd's default PBKDF2 iteration count, and the salt length
+/// it writes: what `saguin passwd` writes unless told otherwise.
+pub const DEFAULT_PBKDF2_ITERATIONS: u32 = 101;
+const SALT_LEN: usize = 12;
+
+/// Hash `password` into the `$7$iterations$salt$hash` field of a
+/// mosquitto_passwd line (PBKDF2-HMAC-SHA512, a fresh 12-byte random salt,
+/// standard base64), which [`PasswordFile`] reads.
+pub fn hash_password(password: &[u8], iterations: u32) -> Result<String, String> {
+    if !(1..=MAX_PBKDF2_ITERATIONS).contains(&iterations) {
+        return Err(format!(
+            "iteration count {iterations} is outside 1..={MAX_PBKDF2_ITERATIONS}"
+        ));
+    }
+    let mut salt = [0u8; SALT_LEN];
+    rustls::crypto::ring::default_provider()
+        .secure_random
+        .fill(&mut salt)
+        .map_err(|_| "the system's random number generator failed".to_string())?;
+    let stored = StoredHash {
+        scheme: HashScheme::Pbkdf2Sha512 { iterations },
+        salt: salt.to_vec(),
+        hash: vec![0; SHA512_LEN],
+    };
+    let hash = stored.derive(password);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    Ok(format!(
+        "$7${iterations}${}${}",
+        b64.encode(salt),
+        b64.encode(hash)
+    ))
+}
+
+/// Whether the hash field of a password file line is one this file format
+/// reads (`$7$` or `$6$`, well formed); a plain-text password is not.
+pub fn is_hashed(field: &str) -> bool {
+    parse_hash(field).is_ok()
 }
 
 fn parse_hash(field: &str) -> Result<StoredHash, String> {
@@ -331,6 +379,8 @@ struct AclRules {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AclFile {
     rules: Secret<AclRules>,
+    /// SHA-256 of the file's bytes, hex (see [`PasswordFile`]).
+    sha256: String,
 }
 
 impl AclFile {
@@ -404,10 +454,16 @@ impl AclFile {
         if problems.is_empty() {
             Ok(AclFile {
                 rules: Secret::new(rules),
+                sha256: super::sha256_hex(text.as_bytes()),
             })
         } else {
             Err(problems)
         }
+    }
+
+    /// SHA-256 of the file's bytes, lowercase hex.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
     }
 
     /// Number of rules (`topic` and `pattern` lines).
@@ -582,6 +638,20 @@ mod tests {
             b64.encode(salt),
             b64.encode(out)
         )
+    }
+
+    #[test]
+    fn hash_password_writes_lines_the_file_reads() {
+        let field = hash_password(b"s3cret", 101).unwrap();
+        assert!(field.starts_with("$7$101$"), "{field}");
+        let again = hash_password(b"s3cret", 101).unwrap();
+        assert_ne!(field, again, "a fresh salt each time");
+        let file = PasswordFile::parse(&format!("alice:{field}\nbob:{again}\n")).unwrap();
+        assert!(file.check("alice", b"s3cret"));
+        assert!(!file.check("alice", b"S3cret"));
+        assert!(is_hashed(&field));
+        assert!(!is_hashed("s3cret"));
+        assert!(hash_password(b"x", 0).is_err());
     }
 
     #[test]

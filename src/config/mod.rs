@@ -1,5 +1,7 @@
-//! The configuration (SAGUIN.md §3, standing in for RFC 0002): one YAML file
-//! into typed, validated, resolved settings.
+//! The configuration: one YAML file into typed, validated, resolved
+//! settings. Every key is documented in [`reference`] (rendered as the
+//! `saguin-config(5)` man page, `man/saguin-config.5`); a commented example
+//! is `fixtures/config/example.yaml`.
 //!
 //! [`Config::load`] is the only loader: `saguin serve` and
 //! `saguin check-config` both call it, so "check-config says OK, serve
@@ -29,12 +31,14 @@ pub mod auth;
 mod names;
 mod output;
 mod parse;
+pub mod reference;
 mod secret;
 mod summary;
 #[cfg(test)]
 mod tests;
 mod tls;
 pub mod units;
+mod unserved;
 mod validate;
 
 use std::fmt;
@@ -49,6 +53,7 @@ pub use names::{
 };
 pub use secret::Secret;
 pub use tls::TlsMaterial;
+pub use unserved::Unserved;
 
 /// SQLite page size on a database saguin creates (RFC 0004 "Enforcing a size
 /// bound"): bounds are computed in these pages.
@@ -418,6 +423,16 @@ impl Config {
         }
     }
 
+    /// The embedded default with its one listener on `bind` instead of
+    /// 127.0.0.1:1883 (`saguin serve --bind`).
+    pub fn embedded_default_on(bind: SocketAddr) -> Config {
+        let mut config = Config::embedded_default();
+        for listener in &mut config.listeners {
+            listener.bind = bind;
+        }
+        config
+    }
+
     /// The provider called `name`.
     pub fn provider(&self, name: &str) -> Option<&Provider> {
         self.storage.iter().find(|p| p.name() == name)
@@ -452,9 +467,22 @@ impl Config {
     /// Whether anything at all survives a restart: some channel or broker
     /// store is on sqlite or on memory with a snapshot directory.
     pub fn keeps_anything(&self) -> bool {
+        let used = self.used_providers();
         self.storage
             .iter()
-            .any(|p| !self.is_inert(p.name()) && p.keeps_anything())
+            .any(|p| used.contains(p.name()) && p.keeps_anything())
+    }
+
+    /// The names of the providers some channel or broker store names (the
+    /// ones that are not inert), collected once so a large configuration
+    /// is judged in linear time.
+    pub(crate) fn used_providers(&self) -> std::collections::HashSet<&str> {
+        self.channels
+            .iter()
+            .map(|c| c.storage.as_str())
+            .chain(self.broker.retained_storage.as_deref())
+            .chain(self.broker.session_storage.as_deref())
+            .collect()
     }
 
     /// What each channel's durability is and what each size bound came to,
@@ -470,6 +498,65 @@ impl Config {
     /// YAML or JSON rendering of it loads back to the same configuration.
     pub fn resolved(&self) -> serde_json::Value {
         output::resolved(self)
+    }
+
+    /// What is valid but worth an operator's attention, each with its YAML
+    /// path: a listener certificate that has expired or is not valid yet at
+    /// `now` (Unix seconds). Clients will refuse such a certificate; the
+    /// broker still serves it, so it is a warning, not a problem.
+    pub fn warnings(&self, now: i64) -> Vec<Problem> {
+        let mut out = Vec::new();
+        for (i, listener) in self.listeners.iter().enumerate() {
+            let Some(tls) = &listener.tls else { continue };
+            for (n, validity) in tls.material.cert_validity.iter().enumerate() {
+                let Some(v) = validity else { continue };
+                let state = if now > v.not_after {
+                    "expired"
+                } else if now < v.not_before {
+                    "is not valid yet"
+                } else {
+                    continue;
+                };
+                out.push(Problem {
+                    path: format!("listeners[{i}].tls.cert"),
+                    message: format!(
+                        "{}: certificate {} of the chain {state}: valid from {} until {}",
+                        tls.cert.display(),
+                        n + 1,
+                        unix_seconds_text(v.not_before),
+                        unix_seconds_text(v.not_after)
+                    ),
+                });
+            }
+        }
+        out
+    }
+
+    /// Every file the configuration names and has read (password file, ACL
+    /// file, certificates, keys), with the SHA-256 of its bytes as read.
+    pub fn file_digests(&self) -> std::collections::BTreeMap<PathBuf, String> {
+        let mut out = std::collections::BTreeMap::new();
+        if let (Some(path), Some(file)) = (&self.auth.password_file, &self.auth.passwords) {
+            out.insert(path.clone(), file.sha256().to_string());
+        }
+        if let (Some(path), Some(file)) = (&self.auth.acl_file, &self.auth.acl) {
+            out.insert(path.clone(), file.sha256().to_string());
+        }
+        for tls in self.listeners.iter().filter_map(|l| l.tls.as_ref()) {
+            out.insert(tls.cert.clone(), tls.material.cert_sha256.clone());
+            out.insert(tls.key.clone(), tls.material.key_sha256.clone());
+            if let (Some(path), Some(digest)) = (&tls.client_ca, &tls.material.client_ca_sha256) {
+                out.insert(path.clone(), digest.clone());
+            }
+        }
+        out
+    }
+
+    /// What this configuration asks for that `saguin serve` refuses, each
+    /// with its YAML path; empty when serve runs it. `check-config` reports
+    /// the same list, so the two cannot disagree.
+    pub fn unserved(&self) -> Vec<Unserved> {
+        unserved::unserved(self)
     }
 }
 
@@ -615,6 +702,22 @@ fn read_config_file(path: &Path) -> Result<Vec<u8>, ConfigError> {
 /// Read a file the configuration names, refusing what is not a regular file
 /// or is larger than `limit` before reading it. The error names the path and
 /// never the contents.
+/// Unix seconds as RFC 3339 (`2026-01-01T00:00:00Z`).
+fn unix_seconds_text(seconds: i64) -> String {
+    match u64::try_from(seconds) {
+        Ok(s) => humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(s))
+            .to_string(),
+        Err(_) => format!("{seconds} (Unix seconds)"),
+    }
+}
+
+/// SHA-256 of `bytes` as lowercase hex: the digest of a named file that
+/// `check-config --output` prints in place of its content.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
+
 pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let file =

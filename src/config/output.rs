@@ -9,6 +9,10 @@
 //!   resolved against the configuration file's directory;
 //! - keys sorted; listeners, providers and channels sorted by name (their
 //!   order in the file means nothing); a queue's backoff keeps its order;
+//! - `file_sha256`: for every file the configuration names and read, the
+//!   SHA-256 of its bytes, by path, so a diff shows differing password, ACL
+//!   or certificate files without showing them; recomputed on every load
+//!   (a `file_sha256` in an input document is informational and ignored);
 //! - configuration only: what the named files hold - private keys, password
 //!   hashes, ACL rules - is never part of it. Those are held in
 //!   [`Secret`](super::Secret)s, which render as `<redacted>` in every
@@ -70,6 +74,11 @@ pub(crate) fn resolved(config: &Config) -> Value {
             "level": config.log.level.as_str(),
             "format": config.log.format.as_str(),
         },
+        "file_sha256": config
+            .file_digests()
+            .into_iter()
+            .map(|(p, digest)| (path(&p), Value::String(digest)))
+            .collect::<Map<String, Value>>(),
     });
     sorted(document)
 }

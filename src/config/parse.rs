@@ -371,6 +371,7 @@ const TOP_KEYS: &[&str] = &[
     "limits",
     "metrics",
     "log",
+    "file_sha256",
 ];
 
 /// Parse, resolve and validate. `embedded` selects the embedded default's
@@ -425,6 +426,7 @@ pub(crate) fn parse(
     let limits = limits(&mut ctx, top.take("limits"));
     let metrics = metrics(&mut ctx, top.take("metrics"));
     let log = log(&mut ctx, top.take("log"));
+    file_sha256(&mut ctx, top.take("file_sha256"));
     top.finish(&mut ctx, TOP_KEYS);
 
     let parsed = validate::Parsed {
@@ -1090,6 +1092,27 @@ fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
     }
     f.finish(ctx, LIMITS_KEYS);
     limits
+}
+
+/// `file_sha256`, which `check-config --output` writes so the resolved
+/// document loads back: digests of the named files, by path. They are
+/// recomputed from the files on every load, so an input's are only checked
+/// for shape and otherwise ignored.
+fn file_sha256(ctx: &mut Ctx, section: Option<(String, &Value)>) {
+    let Some((path, value)) = section else {
+        return;
+    };
+    let Some(f) = Fields::of(ctx, &path, value) else {
+        return;
+    };
+    for (key, v) in &f.entries {
+        let digest = v
+            .as_str()
+            .filter(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()));
+        if digest.is_none() {
+            ctx.problem(&join(&path, key), "expected a SHA-256 as 64 hex digits");
+        }
+    }
 }
 
 fn metrics(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Metrics {

@@ -70,8 +70,11 @@ pub(crate) fn durability_summary(config: &Config) -> Vec<String> {
             "this configuration keeps nothing: every channel, retained message and session is lost at every restart".to_string(),
         );
     }
+    let providers: std::collections::HashMap<&str, &Provider> =
+        config.storage.iter().map(|p| (p.name(), p)).collect();
+    let used = config.used_providers();
     for channel in &config.channels {
-        let Some(provider) = config.provider(&channel.storage) else {
+        let Some(provider) = providers.get(channel.storage.as_str()) else {
             continue;
         };
         let dlq = channel
@@ -100,7 +103,7 @@ pub(crate) fn durability_summary(config: &Config) -> Vec<String> {
     ));
     let reserve = config.reserve_bytes();
     for provider in &config.storage {
-        if config.is_inert(provider.name()) {
+        if !used.contains(provider.name()) {
             lines.push(format!(
                 "provider {} ({}): inert: no channel or broker store names it; nothing is opened or created for it",
                 provider.name(),

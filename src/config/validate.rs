@@ -1,6 +1,6 @@
 //! Cross-checks: what no single key can be judged on alone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Component, Path, PathBuf};
 
@@ -76,17 +76,42 @@ fn listeners(ctx: &mut Ctx, parsed: &Parsed) {
             names.insert(&listener.name, *i);
         }
     }
-    for (n, (i, a)) in parsed.listeners.iter().enumerate() {
-        for (j, b) in parsed.listeners.iter().take(n) {
-            if binds_conflict(a.bind, b.bind) {
-                ctx.problem(
-                    &format!("listeners[{i}].bind"),
-                    format!(
-                        "{} cannot be bound beside listeners[{j}].bind {}: the same port on an overlapping address",
-                        a.bind, b.bind
-                    ),
-                );
-            }
+    // Each listener against the ones before it, through indexes by port
+    // and by exact address, so a configuration of many listeners is
+    // checked in linear time; the first earlier listener it conflicts with
+    // is named.
+    let mut first_on_port: HashMap<u16, (usize, SocketAddr)> = HashMap::new();
+    let mut first_unspecified_on_port: HashMap<u16, (usize, SocketAddr)> = HashMap::new();
+    let mut first_at: HashMap<(IpAddr, u16), (usize, SocketAddr)> = HashMap::new();
+    for (i, a) in &parsed.listeners {
+        let port = a.bind.port();
+        if port == 0 {
+            continue;
+        }
+        let same_address = first_at.get(&(a.bind.ip(), port)).copied();
+        let conflict = if unspecified(a.bind.ip()) {
+            first_on_port.get(&port).copied()
+        } else {
+            [same_address, first_unspecified_on_port.get(&port).copied()]
+                .into_iter()
+                .flatten()
+                .min_by_key(|(j, _)| *j)
+        };
+        if let Some((j, b)) = conflict {
+            ctx.problem(
+                &format!("listeners[{i}].bind"),
+                format!(
+                    "{} cannot be bound beside listeners[{j}].bind {b}: the same port on an overlapping address",
+                    a.bind
+                ),
+            );
+        }
+        first_on_port.entry(port).or_insert((*i, a.bind));
+        first_at.entry((a.bind.ip(), port)).or_insert((*i, a.bind));
+        if unspecified(a.bind.ip()) {
+            first_unspecified_on_port
+                .entry(port)
+                .or_insert((*i, a.bind));
         }
     }
     if let Some(metrics) = parsed.metrics.bind {
@@ -137,7 +162,7 @@ fn providers(ctx: &mut Ctx, parsed: &Parsed) {
 
     // Two providers in one file or directory would each believe it is the
     // only writer (and each take the same lock).
-    let mut places: Vec<(PathBuf, String, &'static str)> = Vec::new();
+    let mut places: HashMap<PathBuf, (String, &'static str)> = HashMap::new();
     for (i, provider) in &parsed.storage {
         let (key, place) = match provider {
             Provider::Memory(m) => match &m.snapshot_dir {
@@ -148,7 +173,7 @@ fn providers(ctx: &mut Ctx, parsed: &Parsed) {
         };
         let path = format!("storage[{i}].{key}");
         let normal = normalise(place);
-        if let Some((_, other, other_key)) = places.iter().find(|(p, _, _)| *p == normal) {
+        if let Some((other, other_key)) = places.get(&normal) {
             ctx.problem(
                 &path,
                 format!(
@@ -162,7 +187,7 @@ fn providers(ctx: &mut Ctx, parsed: &Parsed) {
                 ),
             );
         } else {
-            places.push((normal, format!("storage[{i}]"), key));
+            places.insert(normal, (format!("storage[{i}]"), key));
         }
         match provider {
             Provider::Sqlite(s) if s.file_path.is_dir() => ctx.problem(
@@ -269,6 +294,7 @@ fn normalise(path: &Path) -> PathBuf {
 
 fn channels(ctx: &mut Ctx, parsed: &Parsed) {
     let mut names: HashMap<&str, usize> = HashMap::new();
+    let provider_names: HashSet<&str> = parsed.provider_names.iter().map(String::as_str).collect();
     for (i, channel) in &parsed.channels {
         let path = format!("channels[{i}]");
         if let Err(reason) = check_channel_name(&channel.name) {
@@ -285,7 +311,7 @@ fn channels(ctx: &mut Ctx, parsed: &Parsed) {
         } else {
             names.insert(&channel.name, *i);
         }
-        if !parsed.provider_names.contains(&channel.storage) {
+        if !provider_names.contains(channel.storage.as_str()) {
             ctx.problem(
                 &join(&path, "storage"),
                 format!(

@@ -63,6 +63,11 @@ pub struct Holder {
     pub since_unix_ns: i64,
     /// The saguin revision the holder runs.
     pub revision: String,
+    /// When the holder let the lock go cleanly, unix nanoseconds; 0 while
+    /// held, and after a holder that died holding it (that is what tells a
+    /// stale lock from a released one). 0 rather than an `Option` keeps
+    /// `LockError` small, and matches how every other time is unset.
+    pub released_unix_ns: i64,
 }
 
 impl Holder {
@@ -72,6 +77,7 @@ impl Holder {
             host: this_host(),
             since_unix_ns: unix_nanos_now(),
             revision: BUILD_REVISION.to_string(),
+            released_unix_ns: 0,
         }
     }
 
@@ -100,8 +106,8 @@ pub enum LockError {
     #[error("lock {}: held by {}", path.display(), holder_text(.holder, *.holder_pid))]
     Held {
         path: PathBuf,
-        /// The holder row, when it could be read.
-        holder: Option<Holder>,
+        /// The holder row, when it could be read (boxed: errors stay small).
+        holder: Option<Box<Holder>>,
         /// The pid the operating system names as the lock's owner, when the
         /// row could not be read.
         holder_pid: Option<u32>,
@@ -120,7 +126,7 @@ pub enum LockError {
     },
 }
 
-fn holder_text(holder: &Option<Holder>, pid: Option<u32>) -> String {
+fn holder_text(holder: &Option<Box<Holder>>, pid: Option<u32>) -> String {
     match (holder, pid) {
         (Some(h), _) => h.to_string(),
         (None, Some(pid)) => format!("pid {pid} (its holder row cannot be read)"),
@@ -163,6 +169,13 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        // Record the clean release while still holding the lock, so `lock
+        // status` can tell it from a holder that died. A failed write only
+        // makes a released lock look stale, which errs on the safe side.
+        let _ = self._conn.execute(
+            "UPDATE holder SET released_unix_ns = ?1 WHERE id = 1",
+            [unix_nanos_now()],
+        );
         registry()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -200,7 +213,7 @@ pub fn acquire(path: &Path) -> Result<LockGuard, LockError> {
     if let Some(holder) = held.get(&key) {
         return Err(LockError::Held {
             path: path.to_path_buf(),
-            holder: Some(holder.clone()),
+            holder: Some(Box::new(holder.clone())),
             holder_pid: None,
         });
     }
@@ -219,7 +232,7 @@ pub fn acquire(path: &Path) -> Result<LockGuard, LockError> {
             drop(held);
             Err(LockError::Held {
                 path: path.to_path_buf(),
-                holder: read_holder_unlocked(path).ok().flatten(),
+                holder: read_holder_unlocked(path).ok().flatten().map(Box::new),
                 holder_pid: exclusive_owner_pid(path).ok().flatten(),
             })
         }
@@ -248,14 +261,16 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<Connection> {
                  pid INTEGER NOT NULL,
                  host TEXT NOT NULL,
                  since_unix_ns INTEGER NOT NULL,
-                 revision TEXT NOT NULL
+                 revision TEXT NOT NULL,
+                 released_unix_ns INTEGER
              ) STRICT",
         )
+        .and_then(|()| add_released_column(&conn))
         .and_then(|()| {
             // The unconditional write: it is what takes the exclusive lock.
             conn.execute(
-                "INSERT OR REPLACE INTO holder (id, pid, host, since_unix_ns, revision)
-                 VALUES (1, ?1, ?2, ?3, ?4)",
+                "INSERT OR REPLACE INTO holder (id, pid, host, since_unix_ns, revision, released_unix_ns)
+                 VALUES (1, ?1, ?2, ?3, ?4, NULL)",
                 rusqlite::params![
                     holder.pid,
                     holder.host,
@@ -286,6 +301,25 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<Connection> {
     }
 }
 
+/// Whether the holder table has the `released_unix_ns` column (lock files
+/// written before it was added do not).
+fn has_released_column(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT count(*) FROM pragma_table_info('holder') WHERE name = 'released_unix_ns'",
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n > 0)
+}
+
+/// Give a lock file written before `released_unix_ns` existed the column.
+fn add_released_column(conn: &Connection) -> rusqlite::Result<()> {
+    if !has_released_column(conn)? {
+        conn.execute_batch("ALTER TABLE holder ADD COLUMN released_unix_ns INTEGER")?;
+    }
+    Ok(())
+}
+
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
@@ -300,7 +334,8 @@ pub enum LockState {
     /// the last holder, when there is one (its process may still be alive
     /// and simply no longer holding it, or be on another host).
     Free { last_holder: Option<Holder> },
-    /// Free, and the recorded holder's process is gone from this host.
+    /// Free, and the recorded holder's process died holding it: it is gone
+    /// from this host and never recorded a release.
     Stale { last_holder: Holder },
     /// Held by a live process. `holder` when its row could be read, else the
     /// pid the operating system names as the owner of the lock, if any.
@@ -362,7 +397,11 @@ pub fn probe(path: &Path) -> Result<LockState, LockError> {
                 Err(_) => None,
             };
             match row {
-                Some(h) if h.host == this_host() && !process_alive(h.pid) => {
+                Some(h)
+                    if h.released_unix_ns == 0
+                        && h.host == this_host()
+                        && !process_alive(h.pid) =>
+                {
                     Ok(LockState::Stale { last_holder: h })
                 }
                 last_holder => Ok(LockState::Free { last_holder }),
@@ -418,18 +457,20 @@ fn read_holder_unlocked(path: &Path) -> rusqlite::Result<Option<Holder>> {
     if has_table.is_none() {
         return Ok(None);
     }
-    conn.query_row(
-        "SELECT pid, host, since_unix_ns, revision FROM holder WHERE id = 1",
-        [],
-        |r| {
-            Ok(Holder {
-                pid: r.get(0)?,
-                host: r.get(1)?,
-                since_unix_ns: r.get(2)?,
-                revision: r.get(3)?,
-            })
-        },
-    )
+    let sql = if has_released_column(&conn)? {
+        "SELECT pid, host, since_unix_ns, revision, released_unix_ns FROM holder WHERE id = 1"
+    } else {
+        "SELECT pid, host, since_unix_ns, revision, NULL FROM holder WHERE id = 1"
+    };
+    conn.query_row(sql, [], |r| {
+        Ok(Holder {
+            pid: r.get(0)?,
+            host: r.get(1)?,
+            since_unix_ns: r.get(2)?,
+            revision: r.get(3)?,
+            released_unix_ns: r.get::<_, Option<i64>>(4)?.unwrap_or(0),
+        })
+    })
     .optional()
 }
 

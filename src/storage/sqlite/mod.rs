@@ -47,6 +47,7 @@ pub use append::AppendChannel;
 pub use latest::LatestChannel;
 pub use queue::QueueChannel;
 pub use schema::{PAGE_SIZE, SCHEMA_VERSION};
+pub use session::read_sessions;
 
 /// The revision a database records as its creator.
 pub const WRITER_REVISION: &str = lock::BUILD_REVISION;

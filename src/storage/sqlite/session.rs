@@ -186,6 +186,15 @@ fn session_at(conn: &Connection, row: &rusqlite::Row<'_>) -> rusqlite::Result<Se
     })
 }
 
+/// Every persistent session in the database behind `conn`, decoded as the
+/// provider decodes them (subscriptions, Will, in-flight entries), ordered
+/// by client id: for readers outside a provider, such as `sqlite dump`.
+pub fn read_sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionEntry>> {
+    let mut stmt = conn.prepare(SQL_SESSIONS)?;
+    let rows = stmt.query_map([], |r| session_at(conn, r))?;
+    rows.collect()
+}
+
 pub(crate) struct Sessions {
     shared: Arc<Shared>,
 }

@@ -1,0 +1,178 @@
+//! The configuration reference: every key with its type, default, bounds
+//! and meaning, rendered as the `saguin-config(5)` man page by
+//! `saguin generate-docs`. Bounds come from the parser's own constants, so
+//! the page cannot drift from what is enforced; a unit test fails when the
+//! resolved document (every key, defaults filled in) has a key this list
+//! does not document.
+
+use super::auth::MAX_PBKDF2_ITERATIONS;
+use super::parse::{
+    FLUSH_INTERVAL_MAX, FLUSH_INTERVAL_MIN, MAX_ATTEMPTS_MAX, MQTT_MAX_PACKET,
+    PUBLISH_COMMIT_INTERVAL_MAX, READ_CONNECTIONS_MAX,
+};
+use super::units::format_duration;
+use super::CHANNEL_NAME_MAX_BYTES;
+
+/// One configuration key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyDoc {
+    /// YAML path; `[]` marks a list's items (`listeners[].bind`).
+    pub path: &'static str,
+    /// What the value is written as.
+    pub kind: &'static str,
+    /// The default, or "required" / "none".
+    pub default: String,
+    /// What is accepted, beyond the type.
+    pub bounds: String,
+    /// What it is for, in one sentence.
+    pub meaning: &'static str,
+}
+
+fn key(
+    path: &'static str,
+    kind: &'static str,
+    default: impl Into<String>,
+    bounds: impl Into<String>,
+    meaning: &'static str,
+) -> KeyDoc {
+    KeyDoc {
+        path,
+        kind,
+        default: default.into(),
+        bounds: bounds.into(),
+        meaning,
+    }
+}
+
+const SIZE: &str = "size";
+const DURATION: &str = "duration";
+const PATH: &str = "path";
+
+/// Every key, in the order the reference lists them.
+pub fn keys() -> Vec<KeyDoc> {
+    let flush = format!(
+        "{}..={}",
+        format_duration(FLUSH_INTERVAL_MIN),
+        format_duration(FLUSH_INTERVAL_MAX)
+    );
+    vec![
+        key("listeners", "list", "required", "at least one", "The MQTT listeners."),
+        key("listeners[].name", "string", "required", "unique among listeners", "Names the listener in logs and metrics."),
+        key("listeners[].bind", "IP:PORT", "required", "port 0: the system picks one (logged at startup); two listeners may not share a port on overlapping addresses", "Where the listener accepts connections."),
+        key("listeners[].tls", "mapping", "none (plain TCP)", "", "TLS on this listener; the files are read and checked at load time."),
+        key("listeners[].tls.cert", PATH, "required with tls", "PEM certificate chain, leaf first; an expired or not-yet-valid certificate is a check-config warning", "The server certificate."),
+        key("listeners[].tls.key", PATH, "required with tls", "PEM, exactly one PKCS#8, PKCS#1 or SEC1 key matching cert", "The server's private key (never printed)."),
+        key("listeners[].tls.client_ca", PATH, "none", "PEM CA certificates", "Clients must present a certificate from one of these (mutual TLS)."),
+        key("listeners[].handshake_timeout", DURATION, "10s", "above 0", "Time a new connection has to finish TLS and send CONNECT."),
+        key("auth", "mapping", "", "", "Who may connect."),
+        key("auth.allow_anonymous", "bool", "false (true in the embedded default)", "false requires a password_file with at least one user", "Whether a client without a username may connect."),
+        key("auth.password_file", PATH, "none", format!("mosquitto_passwd format, $7$ (PBKDF2-SHA512, at most {MAX_PBKDF2_ITERATIONS} iterations) or $6$; written by saguin passwd"), "The users and their password hashes."),
+        key("auth.acl_file", PATH, "none (everyone may read and write every topic)", "mosquitto acl_file syntax: user, topic, pattern lines", "Which topics each user may read and write."),
+        key("storage", "list", "none", "", "Storage providers, each named by channels and broker stores."),
+        key("storage[].name", "string", "required", "unique among providers", "Names the provider for channels[].storage and the broker stores."),
+        key("storage[].kind", "memory | sqlite", "required", "", "Where the provider keeps its data."),
+        key("storage[].snapshot_dir", PATH, "none (nothing kept across a restart)", "memory only; a directory, not shared with another provider", "Where a memory provider writes its snapshot at shutdown and reads it at startup."),
+        key("storage[].file_path", PATH, "required for sqlite", "sqlite only; not a directory, not shared with another provider", "The sqlite database file (WAL mode)."),
+        key("storage[].max_bytes", SIZE, "none (no bound, no reserve)", "sqlite: in 4096-byte pages, refused if it rounds to 0 pages or below twice the reserve (limits.max_message_size + limits.max_header_bytes)", "Bound on the bytes the provider holds, the reserve included."),
+        key("storage[].flush_interval", DURATION, "150ms", flush.clone(), "sqlite: how often the write-ahead log is fsynced after a commit."),
+        key("storage[].publish_commit_interval", "none | duration", "none", format!("at most {}", format_duration(PUBLISH_COMMIT_INTERVAL_MAX)), "sqlite: how long a publish transaction waits for company (group commit)."),
+        key("storage[].publish_commit_max_records", "integer", "256", "1..=4294967295", "sqlite: most records in one publish transaction."),
+        key("storage[].read_connections", "integer", "4", format!("0..={READ_CONNECTIONS_MAX}"), "sqlite: read-only connections beside the writer; 0 puts every read on the writer."),
+        key("channels", "list", "none", "", "Durable channels; a topic whose first level is a channel's name belongs to it."),
+        key("channels[].name", "string", "required", format!("one topic level, at most {CHANNEL_NAME_MAX_BYTES} bytes, not . or .., no / + # or NUL, not starting with $; unique; not another queue's NAME.dlq"), "The channel's name: the first level of its topics."),
+        key("channels[].kind", "append | latest | queue", "required", "", "A log, one value per topic, or work handed to one worker."),
+        key("channels[].storage", "string", "required", "the name of a storage provider", "The provider that keeps the channel."),
+        key("channels[].retention_bytes", SIZE, "none", "append only; not above max_bytes", "Oldest records are removed past this many bytes."),
+        key("channels[].retention_age", DURATION, "none", "append and latest", "Records older than this are removed."),
+        key("channels[].max_bytes", SIZE, "none", "append and queue", "Publishes are refused past this many bytes (0x97)."),
+        key("channels[].lease", DURATION, "30s", "queue only; above 0", "How long a worker holds a job before it is retried."),
+        key("channels[].max_attempts", "integer", "5", format!("queue only; 1..={MAX_ATTEMPTS_MAX}"), "Deliveries before a job moves to the dead-letter channel NAME.dlq."),
+        key("channels[].backoff", "list of durations", "[1s, 5s, 30s]", "queue only", "The gap before attempt n+1; the last gap repeats."),
+        key("channels[].dlq_retention_bytes", SIZE, "none", "queue only", "Retention bound of the dead-letter channel NAME.dlq (same provider)."),
+        key("broker", "mapping", "", "", "Broker-wide stores and timings."),
+        key("broker.retained_storage", "string", "none (memory, not kept)", "the name of a storage provider", "The provider of the retained store."),
+        key("broker.session_storage", "string", "none (memory, not kept)", "the name of a storage provider", "The provider of persistent sessions and the broadcast log."),
+        key("broker.session.ack_commit_interval", DURATION, "200ms", "above 0", "How often durable consumers' positions are stored."),
+        key("broker.exactly_once.expires_after", DURATION, "1h", "above 0", "An unreleased QoS 2 publish is dropped and counted after this."),
+        key("limits", "mapping", "", "", "Bounds on what clients may ask for."),
+        key("limits.max_message_size", SIZE, "256KiB", format!("1..={MQTT_MAX_PACKET} bytes (MQTT's largest packet)"), "Largest PUBLISH accepted, payload and topic."),
+        key("limits.max_header_bytes", SIZE, "8KiB", format!("at most {MQTT_MAX_PACKET} bytes"), "Largest user properties and other headers of one message."),
+        key("limits.max_session_expiry", DURATION, "7d", "whole seconds, at most 4294967295 s", "Longest session expiry a client may ask for."),
+        key("limits.max_connections", "integer", "10000", "1..=4294967295", "Most client connections open at once."),
+        key("limits.receive_maximum", "integer", "64", "1..=65535", "The MQTT 5 Receive Maximum the broker announces."),
+        key("limits.max_queued_messages", "integer", "1000", "0..=4294967295", "Per session, offline QoS 1/2 messages kept."),
+        key("limits.max_subscriptions_per_session", "integer", "100", "1..=4294967295", "Subscriptions one session may hold."),
+        key("limits.max_sessions", "integer", "100000", "0..=4294967295", "Persistent sessions kept; a new one beyond is refused (CONNACK 0x97)."),
+        key("limits.max_retained", "integer", "100000", "0..=4294967295", "Retained topics kept; a new one beyond is refused (0x97), replacing one is not."),
+        key("limits.max_keep_alive", "integer (seconds)", "0 (the client's value)", "0..=65535 (MQTT's Keep Alive is 16 bits)", "Otherwise the cap on keep alive, sent as Server Keep Alive."),
+        key("metrics.bind", "IP:PORT", "none (off)", "not a listener's port on an overlapping address", "Prometheus text format at /metrics."),
+        key("log.level", "error | warn | info | debug | trace", "info", "RUST_LOG overrides it", "Least severe log line written."),
+        key("log.format", "logfmt | json", "logfmt", "", "How log lines are written (on stderr)."),
+        key("file_sha256", "mapping of path to hex", "", "check-config --output only; ignored on load", "The SHA-256 of every file the configuration names, as read."),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// Every key path of a resolved document, lists written as `[]`.
+    fn paths(prefix: &str, value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    if prefix == "file_sha256" {
+                        continue;
+                    }
+                    out.push(path.clone());
+                    paths(&path, v, out);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for item in items {
+                    if item.is_object() {
+                        paths(&format!("{prefix}[]"), item, out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_key_of_the_resolved_configuration_is_documented() {
+        let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/config/example.yaml");
+        let config = Config::load(fixture).expect("the example configuration loads");
+        let mut found = Vec::new();
+        paths("", &config.resolved(), &mut found);
+        let documented: Vec<&str> = keys().iter().map(|k| k.path).collect();
+        let missing: Vec<&String> = found
+            .iter()
+            .filter(|p| !documented.contains(&p.as_str()))
+            .filter(|p| {
+                // Sections: documented through their keys.
+                !documented.iter().any(|d| d.starts_with(&format!("{p}.")))
+            })
+            .collect();
+        assert!(missing.is_empty(), "undocumented keys: {missing:?}");
+    }
+
+    #[test]
+    fn every_key_is_listed_once_with_a_meaning() {
+        let all = keys();
+        for (i, k) in all.iter().enumerate() {
+            assert!(!k.meaning.is_empty(), "{}", k.path);
+            assert!(
+                all.iter().skip(i + 1).all(|other| other.path != k.path),
+                "{} twice",
+                k.path
+            );
+        }
+    }
+}
