@@ -57,7 +57,7 @@ use tokio::time::Instant;
 
 use super::codec::ByteStr;
 use super::message::MessageProperties;
-use super::metrics::{CloseReason, DropReason, Metrics};
+use super::metrics::{CloseReason, Metrics};
 use super::topic::{Delivery, Match, SessionKey, SubOptions, SubscriptionIndex};
 use retained::RetainedIndex;
 use session::{IdMap, IdSet, Session};
@@ -571,17 +571,6 @@ impl BrokerState {
         self.connections
             .get(&connection)
             .is_some_and(|c| c.handle.queued.load(Relaxed) < self.limits.outbound_queue)
-    }
-
-    /// A QoS 0 message to a client that is not reading is dropped and
-    /// counted, per client and overall (as Mosquitto does).
-    fn drop_qos0(&mut self, connection: u64) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.metrics.dropped(DropReason::SlowConsumer);
-        if let Some(conn) = self.connections.get_mut(&connection) {
-            conn.dropped_qos0 += 1;
-            conn.handle.want_drained.store(true, Relaxed);
-        }
     }
 
     fn on_drained(&mut self, connection: u64, now: Instant) {

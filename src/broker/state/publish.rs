@@ -567,11 +567,7 @@ impl BrokerState {
             return;
         };
         if qos == 0 {
-            if self.has_room(connection) {
-                self.transmit(connection, queued, 0, sys, now);
-            } else {
-                self.drop_qos0(connection);
-            }
+            self.transmit_qos0(connection, queued, sys, now);
             return;
         }
         let window = self
@@ -694,6 +690,50 @@ impl BrokerState {
                 sys,
             },
         );
+    }
+
+    /// A QoS 0 delivery: sent when alive, within the client's maximum
+    /// packet size and its writer keeping up; otherwise dropped and counted.
+    /// One look-up of the connection: this is the fan-out's hot path.
+    fn transmit_qos0(&mut self, connection: u64, queued: QueuedMessage, sys: bool, now: Instant) {
+        let limit = self.limits.outbound_queue;
+        let Some(conn) = self.connections.get_mut(&connection) else {
+            return;
+        };
+        let Ok(expiry) = queued.message.expiry_left(now) else {
+            self.metrics.dropped(DropReason::Expired);
+            return;
+        };
+        if let Some(max) = conn.maximum_packet_size {
+            let len = publish_packet_len(&queued.message, 0, conn.v5, &queued.subscription_ids);
+            if len > max as usize {
+                self.metrics.dropped(DropReason::TooLarge);
+                return;
+            }
+        }
+        if conn.handle.queued.load(Relaxed) >= limit {
+            // The client is not reading what it is sent (as Mosquitto does,
+            // QoS 0 to it is dropped and counted, per client and overall).
+            self.metrics.dropped(DropReason::SlowConsumer);
+            conn.dropped_qos0 += 1;
+            conn.handle.want_drained.store(true, Relaxed);
+            return;
+        }
+        conn.handle.queued.fetch_add(1, Relaxed);
+        let packet = Outbound::Publish {
+            packet_id: 0,
+            qos: 0,
+            retain: queued.retain,
+            dup: false,
+            message: queued.message,
+            subscription_ids: queued.subscription_ids,
+            expiry,
+            sys,
+        };
+        if conn.handle.outbound.send(packet).is_err() {
+            conn.handle.queued.fetch_sub(1, Relaxed);
+            self.doomed.push((connection, CloseReason::Network, None));
+        }
     }
 
     /// Move pending messages into flight while the client's window allows,
