@@ -1,34 +1,38 @@
-//! The MQTT server (`saguin serve`): MQTT 3.1.1 and 5.0 over TCP and TLS.
+//! The MQTT server (`saguin serve`): MQTT 3.1.1 and 5.0 over TCP and TLS,
+//! on the storage layer.
 //!
 //! ```text
 //! TCP or TLS transport (server: semaphore permit, accept, handshake deadline)
 //!   ├─ reader → codec::FrameDecoder → connection::adapt → event queue (bounded)
-//!   └─ writer ← outbound queue (bounded) ← BrokerState
-//!                                    │
-//!                 state::BrokerState — the single writer: sessions,
-//!                 subscriptions (topic::SubscriptionIndex), retained
-//!                 (retained::RetainedStore), session::SessionStore,
-//!                 ACL decisions, $SYS, metrics
+//!   └─ writer ← outbound queue (counted) ← BrokerState
+//!                                    │  ▲
+//!                         intents    ▼  │ Committed{ticket}
+//!                 persister::Persisters - one per role: inline for a memory
+//!                 provider, a thread for sqlite - writing through the
+//!                 providers' stores (storage::contract)
 //! ```
 //!
-//! - [`providers`]: the storage providers the broker stores are kept in,
-//!   locked, opened and recovered before `prepare`, written (memory
-//!   snapshots) and closed after `run`.
-//! - [`server`]: `prepare(config)` binds the listeners and builds the state;
-//!   `run(server, shutdown)` serves until `shutdown` completes. One tokio
-//!   runtime; a permit of the `max_connections` semaphore is taken before
-//!   each accept; accept errors are logged and backed off.
+//! - [`providers`]: every provider the broker names is locked, opened and
+//!   recovered before anything listens; at a graceful stop the memory
+//!   providers' snapshot directories are written, sqlite checkpointed, the
+//!   locks let go.
+//! - [`server`]: `prepare(config, sessions, retained)` rebuilds the state
+//!   from the providers ([`persister::read_restored`]), starts the
+//!   persisters, then binds the listeners; `run(server, shutdown)` serves
+//!   until `shutdown` completes, and returns an error when the broker task
+//!   failed (the process then exits non-zero). One tokio runtime; a permit
+//!   of the `max_connections` semaphore is taken before each accept.
 //! - [`connection`]: one task per connection reading, one writing. The
 //!   reader decodes with the project's [`codec`], resolves topic aliases,
 //!   enforces keep alive, authenticates the CONNECT, and forwards the
-//!   packets of one read as one event (the event queue's backpressure stops
-//!   the reader; nothing decoded is dropped). The writer takes up to 256
-//!   queued packets per wakeup and writes them with one `write_all`.
-//! - [`state`]: deterministic, no sockets or clocks; events in, packets on
-//!   each connection's queue out. Every connection has a generation number;
-//!   events of a generation that is no longer attached do nothing. A full
-//!   outbound queue disconnects that client only. A PUBLISH is routed once:
-//!   one `Arc<Message>` whose payload is `Bytes`, shared by every delivery.
+//!   packets of one read as one event; it stops reading while the state has
+//!   paused it. The writer takes up to 256 queued packets per wakeup, writes
+//!   them with one `write_all` and counts them off the queue.
+//! - [`state`]: deterministic, no sockets, clocks or storage; events in,
+//!   packets and intents out (see its module documentation for the order of
+//!   answers and commits).
+//! - [`persister`]: writes the state's intents, answers with
+//!   `Event::Committed`, counts and logs failures.
 //!
 //! Decisions where the specifications leave a choice:
 //!
@@ -70,7 +74,7 @@
 //!   against the topic. A user name without a password file is accepted
 //!   only where anonymous clients are, and then names the principal.
 //! - Will: published on keep-alive timeout, malformed input, protocol
-//!   error, network loss, a slow-consumer disconnect and DISCONNECT 0x04;
+//!   error, network loss, a failed session write and DISCONNECT 0x04;
 //!   not on DISCONNECT with any other reason nor at server shutdown. With a
 //!   Will Delay Interval it waits for the earlier of the delay and the
 //!   session's end, and a new connection to the session cancels it. On
@@ -103,9 +107,30 @@
 //!   seconds at QoS 0, and sent at once to a new `$SYS` subscription with
 //!   RETAIN=1; it is not stored as retained and does not count itself.
 //!   Clients may not publish to `$SYS/...` (answered like an ACL denial).
-//! - Retained messages and persistent sessions are in memory
-//!   ([`retained::MemoryRetained`], [`session::MemorySessions`]) until a
-//!   storage provider backs the two traits; startup says nothing is kept.
+//! - Storage: a packet's acknowledgement waits for the write it caused;
+//!   the packets a connection sends after it are handled at once (their
+//!   writes share the next transactions) but answered in order, so a
+//!   client sees its answers, and subscribers its publishes, in the order
+//!   it sent them. A CONNACK that waits makes the session's messages wait in
+//!   its queue: nothing is sent before the CONNACK.
+//! - An MQTT 3.1.1 client whose packet caused a failed write is
+//!   disconnected without the acknowledgement (it has no reason code); an
+//!   MQTT 5 client gets 0x83, or 0x97 when the provider or channel is full.
+//! - A session connected when the broker stopped comes back detached, its
+//!   expiry counted from the restart; its Will, when it had one and the
+//!   stop was not graceful, is published after the Will delay unless the
+//!   client reconnects first (a graceful stop suppresses Wills and stores
+//!   none).
+//! - A persistent session's broadcast-log cursor is the lowest log offset
+//!   it still holds: an out-of-order acknowledgement behind an unfinished
+//!   exchange does not move it, so after a crash that message can be sent
+//!   again (at least once). In-flight tables are written every
+//!   `ack_commit_interval`: an exchange started after the last write is
+//!   sent again as a new delivery after a crash.
+//! - QoS 0 to a client whose writer has `limits.max_queued_messages +
+//!   limits.receive_maximum` (at least 1,024) packets queued is dropped and
+//!   counted; acknowledgements and QoS 1/2 deliveries are never dropped:
+//!   the client's reader is paused until its writer catches up.
 
 pub mod codec;
 pub mod connection;

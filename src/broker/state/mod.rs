@@ -26,12 +26,12 @@
 //! acknowledgement. Packets that write nothing (QoS 0/1 to clean sessions,
 //! acknowledgements of clean sessions) take no detour at all.
 //!
-//! The modules, by job: [`connect`] (CONNECT, takeover, resume),
-//! [`publish`] (inbound PUBLISH, the QoS flows, routing and delivery
-//! windows), [`subscribe`] (SUBSCRIBE, UNSUBSCRIBE, retained on subscribe),
-//! [`close`] (connection end, Will, session end, timers, shutdown), [`sys`]
-//! (`$SYS`), [`persist`] (intents out, commits in, the broadcast log's
-//! references and the periodic flush) and [`restore`] (the state rebuilt
+//! The modules, by job: `connect` (CONNECT, takeover, resume),
+//! `publish` (inbound PUBLISH, the QoS flows, routing and delivery
+//! windows), `subscribe` (SUBSCRIBE, UNSUBSCRIBE, retained on subscribe),
+//! `close` (connection end, Will, session end, timers, shutdown), `sys`
+//! (`$SYS`), `persist` (intents out, commits in, the broadcast log's
+//! references and the periodic flush) and `restore` (the state rebuilt
 //! from what the providers hold).
 
 mod close;
