@@ -192,7 +192,11 @@ async fn fill(addr: SocketAddr, retained: usize, sessions: usize) -> Result<(), 
                 for _ in chunk {
                     match conn.next().await? {
                         Packet::PubAck(_) => {}
-                        other => return Err::<(), Error>(format!("expected PUBACK, got {other:?}").into()),
+                        other => {
+                            return Err::<(), Error>(
+                                format!("expected PUBACK, got {other:?}").into(),
+                            )
+                        }
                     }
                 }
             }
@@ -222,7 +226,9 @@ async fn fill(addr: SocketAddr, retained: usize, sessions: usize) -> Result<(), 
                 .await?;
                 match conn.next().await? {
                     Packet::SubAck(_) => {}
-                    other => return Err::<(), Error>(format!("expected SUBACK, got {other:?}").into()),
+                    other => {
+                        return Err::<(), Error>(format!("expected SUBACK, got {other:?}").into())
+                    }
                 }
                 conn.send(&Packet::Disconnect(codec::Disconnect::new(
                     codec::ReasonCode::Success,

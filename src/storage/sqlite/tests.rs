@@ -693,3 +693,107 @@ fn a_closed_provider_refuses_writes() {
     let again = SqliteProvider::open(options(dir.path())).unwrap();
     drop(again);
 }
+
+fn plain_session(client_id: &str, window: u16, inflight: usize) -> SessionEntry {
+    SessionEntry {
+        client_id: client_id.into(),
+        principal: None,
+        expiry_interval: 60,
+        detached_at: 0,
+        subscriptions: Vec::new(),
+        will: None,
+        window,
+        inflight: (0..inflight)
+            .map(|i| InflightEntry {
+                log_offset: 1,
+                packet_id: i as u16 + 1,
+                qos: 1,
+                phase: InflightPhase::AwaitingAck,
+                shared_group: None,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn session_writes_together_commit_as_one_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let sessions = p.sessions().unwrap();
+    let before = p.shared.counters.commits.load(Ordering::Acquire);
+    let kept = p
+        .session_writes_together(&mut || {
+            (0..5).all(|i| sessions.save(plain_session(&format!("s{i}"), 1, 0)).is_ok())
+        })
+        .unwrap();
+    assert!(kept);
+    assert_eq!(
+        p.shared.counters.commits.load(Ordering::Acquire) - before,
+        1,
+        "five writes, one commit"
+    );
+    assert_eq!(sessions.sessions().unwrap().len(), 5);
+}
+
+#[test]
+fn a_failed_write_keeps_nothing_of_the_shared_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let sessions = p.sessions().unwrap();
+    let kept = p
+        .session_writes_together(&mut || {
+            sessions.save(plain_session("a", 1, 0)).is_ok()
+                // Refused: more in flight than its window.
+                && sessions.save(plain_session("b", 1, 2)).is_ok()
+        })
+        .unwrap();
+    assert!(!kept);
+    assert!(
+        sessions.sessions().unwrap().is_empty(),
+        "the write before the failure is not kept either"
+    );
+}
+
+#[test]
+fn another_threads_write_waits_for_the_shared_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Arc::new(SqliteProvider::open(options(dir.path())).unwrap());
+    let sessions = p.sessions().unwrap();
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let other = {
+        let p = p.clone();
+        std::thread::spawn(move || {
+            started_rx.recv().unwrap();
+            // Made while the transaction is open: committed on its own,
+            // after it, never inside it.
+            p.sessions()
+                .unwrap()
+                .save(plain_session("other", 1, 0))
+                .unwrap();
+        })
+    };
+    let kept = p
+        .session_writes_together(&mut || {
+            let ok = sessions.save(plain_session("mine", 1, 0)).is_ok();
+            started_tx.send(()).unwrap();
+            // Give the other thread every chance to get in; it must wait.
+            let _ = release_rx.recv_timeout(Duration::from_millis(50));
+            false
+        })
+        .unwrap();
+    drop(release_tx);
+    other.join().unwrap();
+    assert!(!kept);
+    let ids: Vec<String> = sessions
+        .sessions()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.client_id)
+        .collect();
+    assert_eq!(
+        ids,
+        vec!["other".to_string()],
+        "the rollback took only this thread's write"
+    );
+}

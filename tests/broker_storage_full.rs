@@ -1,0 +1,96 @@
+//! A provider at its bound refuses with 0x97 (MQTT 3.1.1: a disconnect
+//! without the acknowledgement), and nothing acknowledged is missing after
+//! a restart.
+
+mod broker_support;
+
+use std::path::Path;
+
+use broker_support::*;
+use saguin::broker::codec::{Packet, ReasonCode};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A memory provider of 8 KiB keeping retained messages; the reserve (one
+/// largest record: 1 KiB + 1 KiB of headers) is held back from publishes.
+fn config(dir: &Path) -> String {
+    format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         limits:\n  max_message_size: 1KiB\n  max_header_bytes: 1KiB\n\
+         storage:\n  - name: small\n    kind: memory\n    snapshot_dir: {}\n    max_bytes: 8KiB\n\
+         broker:\n  retained_storage: small\n",
+        dir.join("snapshots").display()
+    )
+}
+
+#[test]
+fn a_full_provider_refuses_with_0x97_and_keeps_what_it_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = config(dir.path());
+    let mut broker = Broker::start_in(dir, &yaml);
+    let payload = vec![b'v'; 500];
+    let acknowledged = runtime().block_on(async {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("filler", ConnectOpts::clean()).await;
+        let mut acknowledged = Vec::new();
+        let mut refused = 0;
+        for i in 1..=40u16 {
+            let topic = format!("r/{i}");
+            c.publish(&topic, &payload, 1, true, i).await;
+            match c.recv().await {
+                Some(Packet::PubAck(a)) if a.reason == ReasonCode::Success => {
+                    acknowledged.push(topic)
+                }
+                Some(Packet::PubAck(a)) => {
+                    assert_eq!(a.reason, ReasonCode::QuotaExceeded, "full is 0x97");
+                    refused += 1;
+                }
+                other => panic!("expected PUBACK, got {other:?}"),
+            }
+        }
+        assert!(
+            !acknowledged.is_empty() && refused > 0,
+            "{} kept, {refused} refused",
+            acknowledged.len()
+        );
+        // Still connected: a full provider is no reason to cut a client.
+        c.send(Packet::PingReq).await;
+        assert!(matches!(c.recv().await, Some(Packet::PingResp)));
+
+        // MQTT 3.1.1 has no reason code: disconnected, no PUBACK.
+        let mut old = Raw::tcp(broker.addr(), v4()).await;
+        old.connect("old", ConnectOpts::clean()).await;
+        old.publish("r/one-more", &payload, 1, true, 1).await;
+        let seen = old.expect_close().await;
+        assert!(
+            !seen.iter().any(|p| matches!(p, Packet::PubAck(_))),
+            "{seen:?}"
+        );
+        acknowledged
+    });
+    broker.wait_log(|l| l.contains("level=ERROR") && l.contains("storage write failed"));
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+    let broker = broker.restart(&yaml);
+    runtime().block_on(async {
+        let mut r = Raw::tcp(broker.addr(), v5()).await;
+        r.connect("reader", ConnectOpts::clean()).await;
+        r.subscribe(1, "r/#", 0).await;
+        let mut topics = Vec::new();
+        while topics.len() < acknowledged.len() {
+            let p = r.next_publish(false).await;
+            topics.push(p.topic.to_string());
+        }
+        // Nothing more than what was acknowledged: a ping answers next.
+        r.send(Packet::PingReq).await;
+        assert!(matches!(r.recv().await, Some(Packet::PingResp)));
+        topics.sort();
+        let mut want = acknowledged.clone();
+        want.sort();
+        assert_eq!(topics, want, "exactly the acknowledged retained messages");
+    });
+}
