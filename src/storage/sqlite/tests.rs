@@ -775,7 +775,7 @@ fn another_threads_write_waits_for_the_shared_transaction() {
     };
     let kept = p
         .session_writes_together(&mut || {
-            let ok = sessions.save(plain_session("mine", 1, 0)).is_ok();
+            sessions.save(plain_session("mine", 1, 0)).unwrap();
             started_tx.send(()).unwrap();
             // Give the other thread every chance to get in; it must wait.
             let _ = release_rx.recv_timeout(Duration::from_millis(50));
