@@ -32,7 +32,7 @@ fn sqlite_config(dir: &Path) -> String {
     format!(
         "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
          storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n\
-         broker:\n  retained_storage: db\n  session_storage: db\n  session:\n    ack_commit_interval: 20ms\n",
+         broker:\n  retained_storage: db\n  session_storage: db\n",
         dir.join("saguin.db").display()
     )
 }
@@ -45,6 +45,26 @@ struct Before {
     t1: u16,
     t2: u16,
     t3: u16,
+}
+
+/// DISCONNECT, then wait for the broker to close the connection: by then
+/// it has handled the disconnect and queued the session's write.
+async fn leave(c: &mut Raw<tokio::net::TcpStream>) {
+    c.send(Packet::Disconnect(saguin::broker::codec::Disconnect::new(
+        saguin::broker::codec::ReasonCode::Success,
+    )))
+    .await;
+    c.expect_close().await;
+}
+
+/// A new persistent session's CONNACK comes after its own write commits,
+/// and the session provider commits in order: every session write queued
+/// before it is stored once this returns.
+async fn fence(broker: &Broker) {
+    let mut f = Raw::tcp(broker.addr(), v5()).await;
+    let id = format!("fence-{}", std::process::id());
+    f.connect(&id, ConnectOpts::persistent(1)).await;
+    leave(&mut f).await;
 }
 
 async fn prepare(broker: &Broker) -> Before {
@@ -78,9 +98,10 @@ async fn prepare(broker: &Broker) -> Before {
     // The window is full: nothing more arrives (a ping answers first).
     s.send(Packet::PingReq).await;
     assert!(matches!(s.recv().await, Some(Packet::PingResp)));
-    drop(s);
+    leave(&mut s).await;
     p.publish_acked("t/6", b"6", 1, false, 8).await;
     p.disconnect().await;
+    fence(broker).await;
     Before {
         t1: m1.packet_id,
         t2: m2.packet_id,
@@ -183,25 +204,117 @@ fn inflight_rows(db: &Path, client: &str) -> i64 {
     .unwrap_or(0)
 }
 
+/// Whether `client`'s session is recorded as gone away.
+fn detached_in_db(db: &Path, client: &str) -> bool {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    conn.query_row(
+        "SELECT detached_at FROM sessions WHERE client_id = ?1",
+        [client],
+        |r| r.get::<_, i64>(0),
+    )
+    .is_ok_and(|at| at != 0)
+}
+
 #[test]
 fn a_sqlite_provider_keeps_sessions_and_retained_messages_across_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let yaml = sqlite_config(dir.path());
     let db = dir.path().join("saguin.db");
     let mut broker = Broker::start_in(dir, &yaml);
+    // Every PUBACKed publish is stored when acknowledged; the subscriber's
+    // in-flight table is written when it goes, and `prepare` ends with a
+    // fence behind that write.
     let before = runtime().block_on(prepare(&broker));
-    // Every PUBACKed publish is stored already; the in-flight table is
-    // written within ack_commit_interval: wait until it is, then kill.
-    let deadline = std::time::Instant::now() + WAIT;
-    while inflight_rows(&db, "sub") < 3 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "in-flight table never written"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    assert_eq!(inflight_rows(&db, "sub"), 3);
     broker.child.kill().unwrap();
     broker.child.wait().unwrap();
     let broker = broker.restart(&yaml);
     runtime().block_on(check(&broker, before));
+}
+
+/// A persistent publisher's QoS 2 exchange, PUBREC received, survives the
+/// restart: its PUBREL is answered as known (0x00, not 0x92) and the
+/// message was routed once.
+async fn qos2_publisher_before(broker: &Broker) {
+    let mut sub = Raw::tcp(broker.addr(), v5()).await;
+    sub.connect("watcher", ConnectOpts::persistent(3600)).await;
+    sub.subscribe(1, "q2/#", 2).await;
+    let mut p = Raw::tcp(broker.addr(), v5()).await;
+    p.connect("q2pub", ConnectOpts::persistent(3600)).await;
+    p.publish("q2/once", b"x", 2, false, 42).await;
+    match p.recv().await {
+        Some(Packet::PubRec(r)) => assert_eq!(r.packet_id, 42),
+        other => panic!("expected PUBREC, got {other:?}"),
+    }
+    let m = sub.next_publish(true).await;
+    assert_eq!(&*m.topic, "q2/once");
+    leave(&mut p).await;
+    leave(&mut sub).await;
+    fence(broker).await;
+}
+
+async fn qos2_publisher_after(broker: &Broker) {
+    let mut p = Raw::tcp(broker.addr(), v5()).await;
+    let ack = p.connect("q2pub", ConnectOpts::persistent(3600)).await;
+    assert!(ack.session_present);
+    // The client resends its PUBLISH (DUP): a PUBREC, not a second routing.
+    p.send(Packet::Publish(saguin::broker::codec::Publish {
+        dup: true,
+        qos: QoS::ExactlyOnce,
+        retain: false,
+        topic: "q2/once".into(),
+        packet_id: 42,
+        properties: Default::default(),
+        payload: bytes::Bytes::from_static(b"x"),
+    }))
+    .await;
+    match p.recv().await {
+        Some(Packet::PubRec(r)) => assert_eq!(r.packet_id, 42),
+        other => panic!("expected PUBREC, got {other:?}"),
+    }
+    p.send(Packet::PubRel(PubAck::new(42))).await;
+    match p.recv().await {
+        Some(Packet::PubComp(c)) => {
+            assert_eq!(c.packet_id, 42);
+            assert_eq!(
+                c.reason,
+                saguin::broker::codec::ReasonCode::Success,
+                "the hold came back"
+            );
+        }
+        other => panic!("expected PUBCOMP, got {other:?}"),
+    }
+    let mut sub = Raw::tcp(broker.addr(), v5()).await;
+    let ack = sub.connect("watcher", ConnectOpts::persistent(3600)).await;
+    assert!(ack.session_present);
+    // Delivered once before the restart: nothing owed now.
+    sub.send(Packet::PingReq).await;
+    assert!(matches!(sub.recv().await, Some(Packet::PingResp)));
+}
+
+#[test]
+fn a_qos2_hold_survives_sigterm_on_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = memory_config(dir.path());
+    let mut broker = Broker::start_in(dir, &yaml);
+    runtime().block_on(qos2_publisher_before(&broker));
+    assert_eq!(broker.terminate(), Some(0));
+    let broker = broker.restart(&yaml);
+    runtime().block_on(qos2_publisher_after(&broker));
+}
+
+#[test]
+fn a_qos2_hold_survives_kill_9_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = sqlite_config(dir.path());
+    let db = dir.path().join("saguin.db");
+    let mut broker = Broker::start_in(dir, &yaml);
+    runtime().block_on(qos2_publisher_before(&broker));
+    assert!(detached_in_db(&db, "watcher"));
+    broker.child.kill().unwrap();
+    broker.child.wait().unwrap();
+    let broker = broker.restart(&yaml);
+    runtime().block_on(qos2_publisher_after(&broker));
 }

@@ -641,3 +641,33 @@ fn a_restored_session_resends_its_inflight_with_dup_and_owes_pubrel() {
         }
     ));
 }
+
+#[test]
+fn persistent_sessions_past_the_cap_are_refused_with_0x97() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_sessions: 2,
+        ..Limits::default()
+    });
+    let mut store = FakeStore::default();
+    let mut codes = Vec::new();
+    for (conn, id) in [(1, "a"), (2, "b"), (3, "c")] {
+        let mut c = connect(&mut s, conn, id, false, now);
+        store.commit_all(&mut s, now);
+        if let Some(Outbound::ConnAck { reason, .. }) = c.drain().first() {
+            codes.push(*reason);
+        }
+    }
+    // A clean session is not kept, so the cap does not apply to it.
+    let mut clean = connect(&mut s, 4, "d", true, now);
+    if let Some(Outbound::ConnAck { reason, .. }) = clean.drain().first() {
+        codes.push(*reason);
+    }
+    // Resuming a kept session is not a new one.
+    let mut again = connect(&mut s, 5, "a", false, now);
+    store.commit_all(&mut s, now);
+    if let Some(Outbound::ConnAck { reason, .. }) = again.drain().first() {
+        codes.push(*reason);
+    }
+    assert_eq!(codes, vec![0, 0, 0x97, 0, 0]);
+}
