@@ -30,6 +30,8 @@ pub struct Broker {
     pub dir: tempfile::TempDir,
     pub listeners: HashMap<String, SocketAddr>,
     pub log: Arc<Mutex<Vec<String>>>,
+    /// Notified on every new log line.
+    pub logged: Arc<std::sync::Condvar>,
 }
 
 impl Broker {
@@ -57,6 +59,8 @@ impl Broker {
             .expect("spawn saguin");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(Vec::new()));
+        let logged = Arc::new(std::sync::Condvar::new());
+        let logged2 = logged.clone();
         let (tx, rx) = mpsc::channel();
         let log2 = log.clone();
         std::thread::spawn(move || {
@@ -70,6 +74,7 @@ impl Broker {
                     }
                 }
                 log2.lock().unwrap().push(line);
+                logged2.notify_all();
             }
         });
         let mut listeners = HashMap::new();
@@ -89,6 +94,7 @@ impl Broker {
             dir,
             listeners,
             log,
+            logged,
         }
     }
 
@@ -119,14 +125,16 @@ impl Broker {
     /// broker to write it: log lines reach the test through a pipe.
     pub fn wait_log(&self, matches: impl Fn(&str) -> bool) -> String {
         let deadline = std::time::Instant::now() + WAIT;
+        let mut log = self.log.lock().unwrap();
         loop {
-            if let Some(line) = self.log.lock().unwrap().iter().find(|l| matches(l)) {
+            if let Some(line) = log.iter().find(|l| matches(l)) {
                 return line.clone();
             }
-            if std::time::Instant::now() > deadline {
-                panic!("no such log line within {WAIT:?}:\n{}", self.log_text());
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                panic!("no such log line within {WAIT:?}:\n{}", log.join("\n"));
             }
-            std::thread::sleep(Duration::from_millis(10));
+            log = self.logged.wait_timeout(log, left).unwrap().0;
         }
     }
 
