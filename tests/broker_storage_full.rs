@@ -94,3 +94,97 @@ fn a_full_provider_refuses_with_0x97_and_keeps_what_it_acknowledged() {
         assert_eq!(topics, want, "exactly the acknowledged retained messages");
     });
 }
+
+/// A sqlite provider whose file cannot grow (the process's file size limit
+/// is reached: writes fail with EFBIG, an I/O error, not a full provider).
+fn sqlite_config(dir: &Path) -> String {
+    format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n\
+         broker:\n  retained_storage: db\n",
+        dir.join("saguin.db").display()
+    )
+}
+
+#[test]
+fn an_unwritable_provider_answers_0x83_and_keeps_what_it_acknowledged() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = sqlite_config(dir.path());
+    let broker = Broker::start_with(dir, &yaml, |command| {
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                // Past 1 MiB a file write fails (EFBIG) instead of the
+                // process being killed by SIGXFSZ.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let limit = libc::rlimit {
+                    rlim_cur: 1 << 20,
+                    rlim_max: 1 << 20,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    });
+    let payload = vec![b'v'; 64 * 1024];
+    let acknowledged = runtime().block_on(async {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("filler", ConnectOpts::clean()).await;
+        let mut acknowledged = Vec::new();
+        let mut failed = 0;
+        for i in 1..=40u16 {
+            let topic = format!("big/{i}");
+            c.publish(&topic, &payload, 1, true, i).await;
+            match c.recv().await {
+                Some(Packet::PubAck(a)) if a.reason == ReasonCode::Success => {
+                    acknowledged.push(topic)
+                }
+                Some(Packet::PubAck(a)) => {
+                    assert_eq!(
+                        a.reason,
+                        ReasonCode::ImplementationSpecificError,
+                        "an I/O failure is 0x83"
+                    );
+                    failed += 1;
+                }
+                other => panic!("expected PUBACK, got {other:?}"),
+            }
+        }
+        assert!(failed > 0, "the file limit was never reached");
+        let mut old = Raw::tcp(broker.addr(), v4()).await;
+        old.connect("old", ConnectOpts::clean()).await;
+        old.publish("big/one-more", &payload, 1, true, 1).await;
+        let seen = old.expect_close().await;
+        assert!(
+            !seen.iter().any(|p| matches!(p, Packet::PubAck(_))),
+            "{seen:?}"
+        );
+        acknowledged
+    });
+    let text = broker.wait_log(|l| l.contains("storage write failed"));
+    assert!(
+        text.contains("level=ERROR") && text.contains("provider=db"),
+        "{text}"
+    );
+    // Killed, and restarted without the limit: every acknowledged retained
+    // message is there.
+    let broker = broker.restart(&yaml);
+    runtime().block_on(async {
+        let mut r = Raw::tcp(broker.addr(), v5()).await;
+        r.connect("reader", ConnectOpts::clean()).await;
+        r.subscribe(1, "big/#", 0).await;
+        let mut topics = Vec::new();
+        while topics.len() < acknowledged.len() {
+            topics.push(r.next_publish(false).await.topic.to_string());
+        }
+        r.send(Packet::PingReq).await;
+        assert!(matches!(r.recv().await, Some(Packet::PingResp)));
+        topics.sort();
+        let mut want = acknowledged.clone();
+        want.sort();
+        assert_eq!(topics, want);
+    });
+}

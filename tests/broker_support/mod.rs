@@ -44,19 +44,30 @@ impl Broker {
 
     /// Like [`start`], in a directory already holding files the config names.
     pub fn start_in(dir: tempfile::TempDir, yaml: &str) -> Broker {
+        Self::start_with(dir, yaml, |_| {})
+    }
+
+    /// Like [`start_in`], with `adjust` applied to the command first (for
+    /// a test that limits the process).
+    pub fn start_with(
+        dir: tempfile::TempDir,
+        yaml: &str,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Broker {
         let path = dir.path().join("saguin.yaml");
         let yaml = with_session_storage(yaml, dir.path());
         let yaml = yaml.as_str();
         std::fs::write(&path, yaml).expect("write config");
         let expected = yaml.matches("bind:").count();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_saguin"));
+        command
             .arg("serve")
             .arg("--config")
             .arg(&path)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn saguin");
+            .stderr(Stdio::piped());
+        adjust(&mut command);
+        let mut child = command.spawn().expect("spawn saguin");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(Vec::new()));
         let logged = Arc::new(std::sync::Condvar::new());
