@@ -35,6 +35,10 @@ pub const QUEUE: usize = 4096;
 #[derive(Clone)]
 struct Stores {
     handle: Arc<dyn Provider>,
+    /// Every write in a transaction of its own: what the reconnect-storm
+    /// benchmark compares the shared transactions against
+    /// (`SAGUIN_SESSION_WRITES_ALONE` set in the environment).
+    alone: bool,
     provider: String,
     sessions: Arc<dyn SessionStore>,
     log: Arc<dyn BroadcastLog>,
@@ -51,6 +55,7 @@ impl Stores {
             held: provider.held_publishes()?,
             retained: provider.retained()?,
             handle: provider,
+            alone: std::env::var_os("SAGUIN_SESSION_WRITES_ALONE").is_some(),
         })
     }
 
@@ -102,7 +107,7 @@ impl Stores {
         }
         let mut rest = flat.into_iter().peekable();
         while let Some((i, first)) = rest.next() {
-            let kind = Run::of(&first);
+            let kind = if self.alone { Run::Single } else { Run::of(&first) };
             let mut run = vec![(i, first)];
             while let Some((_, next)) = rest.peek() {
                 if kind == Run::Single || Run::of(next) != kind {

@@ -7,137 +7,19 @@
 //! 1.0) scales both counts. Every retained message and session is counted
 //! after the restart; a missing one fails the run.
 
+mod bench_support;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use bench_support::{start, stop, Conn, Error, V};
 use bytes::{Bytes, BytesMut};
 use saguin::broker::codec::{
-    self, Connect, ConnectProperties, FrameDecoder, Packet, ProtocolVersion, Publish,
-    PublishProperties, QoS, Subscribe, SubscribeFilter, SubscribeProperties, SubscriptionOptions,
+    self, Packet, Publish, PublishProperties, QoS, Subscribe, SubscribeFilter,
+    SubscribeProperties, SubscriptionOptions,
 };
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
-const V: ProtocolVersion = ProtocolVersion::V311;
-
-struct Conn {
-    stream: TcpStream,
-    rbuf: BytesMut,
-    decoder: FrameDecoder,
-}
-
-impl Conn {
-    async fn connect(addr: SocketAddr, id: &str, clean: bool) -> Result<(Conn, bool), Error> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let mut conn = Conn {
-            stream,
-            rbuf: BytesMut::with_capacity(64 * 1024),
-            decoder: FrameDecoder::client(256 * 1024 * 1024, V),
-        };
-        conn.send(&Packet::Connect(Connect {
-            protocol: V,
-            clean_start: clean,
-            keep_alive: 120,
-            client_id: id.to_owned(),
-            will: None,
-            username: None,
-            password: None,
-            properties: ConnectProperties::default(),
-        }))
-        .await?;
-        match conn.next().await? {
-            Packet::ConnAck(ack) if !ack.reason.is_error() => {
-                let present = ack.session_present;
-                Ok((conn, present))
-            }
-            other => Err(format!("{id}: unexpected {other:?}").into()),
-        }
-    }
-
-    async fn send(&mut self, packet: &Packet) -> Result<(), Error> {
-        let mut buf = BytesMut::new();
-        codec::encode(packet, V, &mut buf)?;
-        self.stream.write_all(&buf).await?;
-        Ok(())
-    }
-
-    async fn next(&mut self) -> Result<Packet, Error> {
-        loop {
-            if let Some(p) = self.decoder.decode(&mut self.rbuf)? {
-                return Ok(p);
-            }
-            self.rbuf.reserve(32 * 1024);
-            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
-                return Err("closed by the broker".into());
-            }
-        }
-    }
-}
-
-struct Broker {
-    child: Child,
-    addr: SocketAddr,
-    /// Exec to the `listening` line.
-    started_in: Duration,
-}
-
-async fn start(config: &Path) -> Result<Broker, Error> {
-    let began = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_saguin"))
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
-    let stderr = child.stderr.take().ok_or("no stderr")?;
-    let mut lines = BufReader::new(stderr).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(120), async {
-        while let Some(line) = lines.next_line().await? {
-            if line.contains("msg=\"listening\"") && line.contains("listener=mqtt") {
-                if let Some(addr) = line
-                    .split_whitespace()
-                    .find_map(|kv| kv.strip_prefix("addr="))
-                {
-                    return Ok::<SocketAddr, Error>(addr.parse()?);
-                }
-            }
-            if line.contains("level=ERROR") {
-                return Err(line.into());
-            }
-        }
-        Err("saguin exited before listening".into())
-    })
-    .await??;
-    let started_in = began.elapsed();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(Broker {
-        child,
-        addr,
-        started_in,
-    })
-}
-
-/// SIGTERM and the time to exit.
-async fn stop(mut broker: Broker) -> Result<Duration, Error> {
-    let pid = broker.child.id().ok_or("no pid")? as i32;
-    let began = Instant::now();
-    // SAFETY: kill(2) on our own child.
-    unsafe {
-        libc::kill(pid, libc::SIGTERM);
-    }
-    let status = tokio::time::timeout(Duration::from_secs(300), broker.child.wait()).await??;
-    if !status.success() {
-        return Err(format!("graceful stop exited {status}").into());
-    }
-    Ok(began.elapsed())
-}
+use tokio::io::AsyncWriteExt;
 
 fn config(dir: &Path, provider: &str) -> Result<PathBuf, Error> {
     let storage = match provider {
@@ -206,42 +88,7 @@ async fn fill(addr: SocketAddr, retained: usize, sessions: usize) -> Result<(), 
     for t in tasks {
         t.await??;
     }
-    let mut tasks = Vec::new();
-    const CONNECTORS: usize = 16;
-    for c in 0..CONNECTORS {
-        tasks.push(tokio::spawn(async move {
-            for s in (0..sessions).filter(|s| s % CONNECTORS == c) {
-                let (mut conn, _) = Conn::connect(addr, &format!("session-{s}"), false).await?;
-                conn.send(&Packet::Subscribe(Subscribe {
-                    packet_id: 1,
-                    filters: vec![SubscribeFilter {
-                        filter: format!("cmd/{s}/#"),
-                        options: SubscriptionOptions {
-                            qos: QoS::AtLeastOnce,
-                            ..SubscriptionOptions::default()
-                        },
-                    }],
-                    properties: SubscribeProperties::default(),
-                }))
-                .await?;
-                match conn.next().await? {
-                    Packet::SubAck(_) => {}
-                    other => {
-                        return Err::<(), Error>(format!("expected SUBACK, got {other:?}").into())
-                    }
-                }
-                conn.send(&Packet::Disconnect(codec::Disconnect::new(
-                    codec::ReasonCode::Success,
-                )))
-                .await?;
-            }
-            Ok(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(())
+    bench_support::make_sessions(addr, sessions).await
 }
 
 /// Count what came back: every retained message through one `#`

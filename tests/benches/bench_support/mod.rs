@@ -1,0 +1,218 @@
+//! What the restart and reconnect-storm benchmarks share: a raw MQTT 3.1.1
+//! client on the project's codec, and starting and stopping the real
+//! `saguin serve` on a configuration.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use saguin::broker::codec::{
+    self, Connect, ConnectProperties, FrameDecoder, Packet, ProtocolVersion, QoS, Subscribe,
+    SubscribeFilter, SubscribeProperties, SubscriptionOptions,
+};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+pub const V: ProtocolVersion = ProtocolVersion::V311;
+
+pub struct Conn {
+    pub stream: TcpStream,
+    rbuf: BytesMut,
+    decoder: FrameDecoder,
+}
+
+impl Conn {
+    pub async fn connect(addr: SocketAddr, id: &str, clean: bool) -> Result<(Conn, bool), Error> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let mut conn = Conn {
+            stream,
+            rbuf: BytesMut::with_capacity(64 * 1024),
+            decoder: FrameDecoder::client(256 * 1024 * 1024, V),
+        };
+        conn.send(&Packet::Connect(Connect {
+            protocol: V,
+            clean_start: clean,
+            keep_alive: 120,
+            client_id: id.to_owned(),
+            will: None,
+            username: None,
+            password: None,
+            properties: ConnectProperties::default(),
+        }))
+        .await?;
+        match conn.next().await? {
+            Packet::ConnAck(ack) if !ack.reason.is_error() => {
+                let present = ack.session_present;
+                Ok((conn, present))
+            }
+            other => Err(format!("{id}: unexpected {other:?}").into()),
+        }
+    }
+
+    /// A reader of the packets the broker sends, and the socket's write half.
+    pub fn into_split(self) -> (ConnReader, tokio::net::tcp::OwnedWriteHalf) {
+        let (rd, wr) = self.stream.into_split();
+        (
+            ConnReader {
+                rd,
+                rbuf: self.rbuf,
+                decoder: self.decoder,
+            },
+            wr,
+        )
+    }
+
+    pub async fn send(&mut self, packet: &Packet) -> Result<(), Error> {
+        let mut buf = BytesMut::new();
+        codec::encode(packet, V, &mut buf)?;
+        self.stream.write_all(&buf).await?;
+        Ok(())
+    }
+
+    pub async fn next(&mut self) -> Result<Packet, Error> {
+        loop {
+            if let Some(p) = self.decoder.decode(&mut self.rbuf)? {
+                return Ok(p);
+            }
+            self.rbuf.reserve(32 * 1024);
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                return Err("closed by the broker".into());
+            }
+        }
+    }
+}
+
+pub struct Broker {
+    pub child: Child,
+    pub addr: SocketAddr,
+    /// Exec to the `listening` line.
+    pub started_in: Duration,
+}
+
+pub async fn start(config: &Path) -> Result<Broker, Error> {
+    start_with_env(config, &[]).await
+}
+
+/// [`start`] with `env` set for the broker process.
+pub async fn start_with_env(config: &Path, env: &[(&str, &str)]) -> Result<Broker, Error> {
+    let began = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .envs(env.iter().copied())
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(line) = lines.next_line().await? {
+            if line.contains("msg=\"listening\"") && line.contains("listener=mqtt") {
+                if let Some(addr) = line
+                    .split_whitespace()
+                    .find_map(|kv| kv.strip_prefix("addr="))
+                {
+                    return Ok::<SocketAddr, Error>(addr.parse()?);
+                }
+            }
+            if line.contains("level=ERROR") {
+                return Err(line.into());
+            }
+        }
+        Err("saguin exited before listening".into())
+    })
+    .await??;
+    let started_in = began.elapsed();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(Broker {
+        child,
+        addr,
+        started_in,
+    })
+}
+
+/// SIGTERM and the time to exit.
+pub async fn stop(mut broker: Broker) -> Result<Duration, Error> {
+    let pid = broker.child.id().ok_or("no pid")? as i32;
+    let began = Instant::now();
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(300), broker.child.wait()).await??;
+    if !status.success() {
+        return Err(format!("graceful stop exited {status}").into());
+    }
+    Ok(began.elapsed())
+}
+
+
+/// `sessions` persistent sessions `session-N`, each subscribed to
+/// `cmd/N/#` at QoS 1, then disconnected; 16 connections at a time.
+pub async fn make_sessions(addr: SocketAddr, sessions: usize) -> Result<(), Error> {
+    const CONNECTORS: usize = 16;
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTORS {
+        tasks.push(tokio::spawn(async move {
+            for s in (0..sessions).filter(|s| s % CONNECTORS == c) {
+                let (mut conn, _) = Conn::connect(addr, &format!("session-{s}"), false).await?;
+                conn.send(&Packet::Subscribe(Subscribe {
+                    packet_id: 1,
+                    filters: vec![SubscribeFilter {
+                        filter: format!("cmd/{s}/#"),
+                        options: SubscriptionOptions {
+                            qos: QoS::AtLeastOnce,
+                            ..SubscriptionOptions::default()
+                        },
+                    }],
+                    properties: SubscribeProperties::default(),
+                }))
+                .await?;
+                match conn.next().await? {
+                    Packet::SubAck(_) => {}
+                    other => {
+                        return Err::<(), Error>(format!("expected SUBACK, got {other:?}").into())
+                    }
+                }
+                conn.send(&Packet::Disconnect(codec::Disconnect::new(
+                    codec::ReasonCode::Success,
+                )))
+                .await?;
+            }
+            Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+/// The read half of a [`Conn`].
+pub struct ConnReader {
+    rd: tokio::net::tcp::OwnedReadHalf,
+    rbuf: BytesMut,
+    decoder: FrameDecoder,
+}
+
+impl ConnReader {
+    pub async fn next(&mut self) -> Result<Packet, Error> {
+        loop {
+            if let Some(p) = self.decoder.decode(&mut self.rbuf)? {
+                return Ok(p);
+            }
+            self.rbuf.reserve(32 * 1024);
+            if self.rd.read_buf(&mut self.rbuf).await? == 0 {
+                return Err("closed by the broker".into());
+            }
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Reconnect storm: 10,000 persistent sessions (one subscription each)
+//! reconnect at once to a broker keeping sessions on sqlite, while 10
+//! publishers send 2,000 QoS 1 messages a second in total to one durable
+//! subscriber (RFC 0004's storm, scaled to this machine).
+//!
+//! `cargo bench --bench storm` (release). Reports the storm's total time
+//! (first CONNECT to last CONNACK), the worst CONNACK, the PUBACK median
+//! and p99 during the storm, and whether the subscriber got every message.
+//! The run is made twice: with the persister's shared transactions, and
+//! with each session write in a transaction of its own
+//! (`SAGUIN_SESSION_WRITES_ALONE`), to show what the grouping buys.
+//! `SAGUIN_BENCH_SCALE` scales the session count.
+
+mod bench_support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bench_support::{make_sessions, stop, Conn, Error, V};
+use bytes::{Bytes, BytesMut};
+use saguin::broker::codec::{
+    self, Packet, PubAck, Publish, PublishProperties, QoS, Subscribe, SubscribeFilter,
+    SubscribeProperties, SubscriptionOptions,
+};
+use tokio::io::AsyncWriteExt;
+
+const PUBLISHERS: usize = 10;
+const RATE_PER_PUBLISHER: u64 = 200;
+
+fn config(dir: &Path) -> Result<PathBuf, Error> {
+    let path = dir.join("saguin.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+             limits:\n  max_connections: 20000\n  max_sessions: 1000000\nlog:\n  level: info\n\
+             storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n\
+             broker:\n  session_storage: db\n",
+            dir.join("saguin.db").display()
+        ),
+    )?;
+    Ok(path)
+}
+
+/// The durable subscriber: acknowledges everything, counts what arrives.
+async fn subscriber(addr: SocketAddr, received: Arc<AtomicU64>, done: Arc<AtomicBool>) -> Result<(), Error> {
+    let (mut conn, _) = Conn::connect(addr, "storm-subscriber", false).await?;
+    conn.send(&Packet::Subscribe(Subscribe {
+        packet_id: 1,
+        filters: vec![SubscribeFilter {
+            filter: "feed/#".into(),
+            options: SubscriptionOptions {
+                qos: QoS::AtLeastOnce,
+                ..SubscriptionOptions::default()
+            },
+        }],
+        properties: SubscribeProperties::default(),
+    }))
+    .await?;
+    while !done.load(Ordering::Acquire) {
+        let next = tokio::time::timeout(Duration::from_millis(500), conn.next()).await;
+        match next {
+            Err(_) => continue,
+            Ok(packet) => match packet? {
+                Packet::Publish(p) => {
+                    received.fetch_add(1, Ordering::AcqRel);
+                    conn.send(&Packet::PubAck(PubAck::new(p.packet_id))).await?;
+                }
+                Packet::SubAck(_) => {}
+                other => return Err(format!("subscriber got {other:?}").into()),
+            },
+        }
+    }
+    Ok(())
+}
+
+/// A paced publisher: returns (sent at, PUBACK latency) pairs.
+async fn publisher(addr: SocketAddr, id: usize, until: Instant, epoch: Instant) -> Result<Vec<(Duration, Duration)>, Error> {
+    let (conn, _) = Conn::connect(addr, &format!("storm-pub-{id}"), true).await?;
+    let (mut rd, mut wr) = conn.into_split();
+    let sent_at: Arc<std::sync::Mutex<std::collections::HashMap<u16, Instant>>> = Default::default();
+    let sent = sent_at.clone();
+    let writer = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / RATE_PER_PUBLISHER));
+        let mut packet_id: u16 = 0;
+        let mut count = 0u64;
+        while Instant::now() < until {
+            tick.tick().await;
+            packet_id = packet_id.wrapping_add(1).max(1);
+            let mut buf = BytesMut::new();
+            codec::encode(
+                &Packet::Publish(Publish {
+                    dup: false,
+                    qos: QoS::AtLeastOnce,
+                    retain: false,
+                    topic: format!("feed/{id}").into(),
+                    packet_id,
+                    properties: PublishProperties::default(),
+                    payload: Bytes::from_static(b"reading"),
+                }),
+                V,
+                &mut buf,
+            )?;
+            sent.lock().unwrap().insert(packet_id, Instant::now());
+            wr.write_all(&buf).await?;
+            count += 1;
+        }
+        Ok::<u64, Error>(count)
+    });
+    let mut latencies = Vec::new();
+    loop {
+        let packet = tokio::time::timeout(Duration::from_secs(30), rd.next()).await;
+        match packet {
+            Ok(Ok(Packet::PubAck(a))) => {
+                let now = Instant::now();
+                if let Some(at) = sent_at.lock().unwrap().remove(&a.packet_id) {
+                    latencies.push((at - epoch, now - at));
+                }
+            }
+            Ok(Ok(other)) => return Err(format!("publisher got {other:?}").into()),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err("a PUBACK took over 30 s".into()),
+        }
+        if writer.is_finished() && sent_at.lock().unwrap().is_empty() {
+            break;
+        }
+    }
+    let count = writer.await??;
+    if latencies.len() as u64 != count {
+        return Err(format!("{} of {count} publishes acknowledged", latencies.len()).into());
+    }
+    Ok(latencies)
+}
+
+struct Storm {
+    total: Duration,
+    worst_connack: Duration,
+    puback_p50: Duration,
+    puback_p99: Duration,
+    published: usize,
+    received: u64,
+}
+
+async fn storm(sessions: usize, alone: bool) -> Result<Storm, Error> {
+    let dir = tempfile::tempdir()?;
+    let path = config(dir.path())?;
+    let broker = if alone {
+        bench_support::start_with_env(&path, &[("SAGUIN_SESSION_WRITES_ALONE", "1")]).await?
+    } else {
+        bench_support::start_with_env(&path, &[]).await?
+    };
+    let addr = broker.addr;
+    make_sessions(addr, sessions).await?;
+    let received = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let sub = tokio::spawn(subscriber(addr, received.clone(), done.clone()));
+    let epoch = Instant::now();
+    // The subscriber settles for a second before the storm.
+    tokio::time::sleep_until((epoch + Duration::from_secs(1)).into()).await;
+    let begun = Instant::now();
+    let mut connects = Vec::with_capacity(sessions);
+    for s in 0..sessions {
+        connects.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let (conn, present) = Conn::connect(addr, &format!("session-{s}"), false).await?;
+            if !present {
+                return Err::<_, Error>(format!("session-{s} lost its session").into());
+            }
+            Ok((t.elapsed(), Instant::now(), conn))
+        }));
+    }
+    // Publishers are started with the storm and paced for two seconds.
+    let mut worst = Duration::ZERO;
+    let mut last = begun;
+    let mut held = Vec::with_capacity(sessions);
+    let estimate = begun + Duration::from_secs(2);
+    let pubs: Vec<_> = (0..PUBLISHERS)
+        .map(|p| tokio::spawn(publisher(addr, p, estimate, epoch)))
+        .collect();
+    for c in connects {
+        let (waited, at, conn) = c.await??;
+        worst = worst.max(waited);
+        last = last.max(at);
+        held.push(conn);
+    }
+    let total = last - begun;
+    let mut latencies = Vec::new();
+    for p in pubs {
+        latencies.extend(p.await??);
+    }
+    let published = latencies.len();
+    // Wait for the subscriber to have everything (bounded).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while received.load(Ordering::Acquire) < published as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    done.store(true, Ordering::Release);
+    let _ = sub.await;
+    drop(held);
+    let mut during: Vec<Duration> = latencies
+        .iter()
+        .filter(|(at, _)| epoch + *at >= begun && epoch + *at <= last)
+        .map(|(_, l)| *l)
+        .collect();
+    during.sort_unstable();
+    let pick = |q: f64| {
+        during
+            .get(((during.len().max(1) - 1) as f64 * q).round() as usize)
+            .copied()
+            .unwrap_or_default()
+    };
+    stop(broker).await?;
+    Ok(Storm {
+        total,
+        worst_connack: worst,
+        puback_p50: pick(0.5),
+        puback_p99: pick(0.99),
+        published,
+        received: received.load(Ordering::Acquire),
+    })
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("storm: run with `cargo bench --bench storm`");
+        return;
+    }
+    let scale: f64 = std::env::var("SAGUIN_BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let sessions = ((10_000.0 * scale) as usize).max(10);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "saguin reconnect storm: {sessions} persistent sessions, {PUBLISHERS} publishers at {} QoS 1 msg/s in total; load average {}",
+        PUBLISHERS as u64 * RATE_PER_PUBLISHER,
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::ASCII_MARKDOWN);
+    table.set_header([
+        "session writes",
+        "storm",
+        "worst CONNACK",
+        "PUBACK p50",
+        "PUBACK p99",
+        "received / published",
+    ]);
+    let mut failed = false;
+    for (name, alone) in [("shared transactions", false), ("one transaction each", true)] {
+        match storm(sessions, alone).await {
+            Ok(s) => {
+                table.add_row([
+                    name.to_string(),
+                    format!("{:.2} s", s.total.as_secs_f64()),
+                    format!("{:.2} s", s.worst_connack.as_secs_f64()),
+                    format!("{:.2} ms", s.puback_p50.as_secs_f64() * 1000.0),
+                    format!("{:.2} ms", s.puback_p99.as_secs_f64() * 1000.0),
+                    format!("{} / {}", s.received, s.published),
+                ]);
+                if s.received < s.published as u64 {
+                    failed = true;
+                }
+            }
+            Err(e) => {
+                println!("FAIL {name}: {e}");
+                failed = true;
+            }
+        }
+    }
+    println!("{table}");
+    if failed {
+        std::process::exit(1);
+    }
+}
