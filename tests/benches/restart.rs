@@ -16,8 +16,8 @@ use std::time::Duration;
 use bench_support::{start, stop, Conn, Error, V};
 use bytes::{Bytes, BytesMut};
 use saguin::broker::codec::{
-    self, Packet, Publish, PublishProperties, QoS, Subscribe, SubscribeFilter,
-    SubscribeProperties, SubscriptionOptions,
+    self, Packet, Publish, PublishProperties, QoS, Subscribe, SubscribeFilter, SubscribeProperties,
+    SubscriptionOptions,
 };
 use tokio::io::AsyncWriteExt;
 

@@ -46,7 +46,11 @@ fn config(dir: &Path) -> Result<PathBuf, Error> {
 }
 
 /// The durable subscriber: acknowledges everything, counts what arrives.
-async fn subscriber(addr: SocketAddr, received: Arc<AtomicU64>, done: Arc<AtomicBool>) -> Result<(), Error> {
+async fn subscriber(
+    addr: SocketAddr,
+    received: Arc<AtomicU64>,
+    done: Arc<AtomicBool>,
+) -> Result<(), Error> {
     let (mut conn, _) = Conn::connect(addr, "storm-subscriber", false).await?;
     conn.send(&Packet::Subscribe(Subscribe {
         packet_id: 1,
@@ -78,10 +82,16 @@ async fn subscriber(addr: SocketAddr, received: Arc<AtomicU64>, done: Arc<Atomic
 }
 
 /// A paced publisher: returns (sent at, PUBACK latency) pairs.
-async fn publisher(addr: SocketAddr, id: usize, until: Instant, epoch: Instant) -> Result<Vec<(Duration, Duration)>, Error> {
+async fn publisher(
+    addr: SocketAddr,
+    id: usize,
+    until: Instant,
+    epoch: Instant,
+) -> Result<Vec<(Duration, Duration)>, Error> {
     let (conn, _) = Conn::connect(addr, &format!("storm-pub-{id}"), true).await?;
     let (mut rd, mut wr) = conn.into_split();
-    let sent_at: Arc<std::sync::Mutex<std::collections::HashMap<u16, Instant>>> = Default::default();
+    let sent_at: Arc<std::sync::Mutex<std::collections::HashMap<u16, Instant>>> =
+        Default::default();
     let sent = sent_at.clone();
     let writer = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / RATE_PER_PUBLISHER));
@@ -251,7 +261,10 @@ async fn main() {
         "received / published",
     ]);
     let mut failed = false;
-    for (name, alone) in [("shared transactions", false), ("one transaction each", true)] {
+    for (name, alone) in [
+        ("shared transactions", false),
+        ("one transaction each", true),
+    ] {
         match storm(sessions, alone).await {
             Ok(s) => {
                 table.add_row([

@@ -62,7 +62,7 @@ use super::topic::{Delivery, Match, SessionKey, SubOptions, SubscriptionIndex};
 use retained::RetainedIndex;
 use session::{IdMap, IdSet, Session};
 
-pub use persist::{unix_now, Intent, Role, StorageFailure, Write, Written};
+pub use persist::{unix_now, Class, Intent, Role, StorageFailure, Write, Written};
 pub use restore::{RestoreSummary, Restored};
 
 /// MQTT 5 reason codes the state machine answers with (3.1.1 connections get

@@ -84,7 +84,50 @@ pub enum Written {
 pub struct Intent {
     pub ticket: u64,
     pub role: Role,
+    /// What kind of write it is, for the order a provider serves them in
+    /// (RFC 0004 "Group commit": publishes and session writes take turns,
+    /// writes a client waits on first).
+    pub class: Class,
     pub writes: Vec<Write>,
+}
+
+/// The kinds of write a persister takes turns between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// A record appended, a retained value replaced: the publish path.
+    Publish,
+    /// A session write a client's packet waits on (a session begun, a
+    /// subscription stored, a QoS 2 publish held or let go).
+    Answering,
+    /// A departed client's write: a disconnect recorded, a session ended.
+    Departed,
+    /// A connected session's background write: its in-flight table and
+    /// cursor, log entries let go.
+    Connected,
+}
+
+impl Write {
+    /// Is this write on the publish path (rather than a session write)?
+    pub fn is_publish(&self) -> bool {
+        matches!(
+            self,
+            Write::AppendLog(_) | Write::SetRetained(_) | Write::DeleteRetained(_)
+        )
+    }
+
+    /// The client id the write is for, if it is one client's.
+    pub fn client(&self) -> Option<&str> {
+        match self {
+            Write::SaveSession(e) => Some(&e.client_id),
+            Write::RemoveSession(c) | Write::SaveCursor { client_id: c, .. } => Some(c),
+            Write::Hold(h) => Some(&h.client_id),
+            Write::DropHold { client_id, .. } => Some(client_id),
+            Write::AppendLog(_)
+            | Write::ReleaseLog(_)
+            | Write::SetRetained(_)
+            | Write::DeleteRetained(_) => None,
+        }
+    }
 }
 
 /// Why an intent did not commit.
@@ -263,6 +306,13 @@ impl BrokerState {
         if !self.has_staged() {
             return None;
         }
+        let session_class = match &place {
+            Place::Alone(Parked::Background) | Place::Alone(Parked::Close { .. }) => {
+                Class::Departed
+            }
+            Place::Alone(Parked::Flush(_)) => Class::Connected,
+            Place::Queued { .. } | Place::Alone(_) => Class::Answering,
+        };
         let wait = self.persist.next_wait;
         self.persist.next_wait += 1;
         let mut remaining = 0;
@@ -271,15 +321,25 @@ impl BrokerState {
             if writes.is_empty() {
                 continue;
             }
-            let ticket = self.persist.next_ticket;
-            self.persist.next_ticket += 1;
-            remaining += 1;
-            self.persist.tickets.insert(ticket, wait);
-            self.persist.intents.push(Intent {
-                ticket,
-                role,
-                writes,
-            });
+            // A packet's publish writes and its session writes go in
+            // intents of their own: a provider groups each with its kind.
+            let (publish, session): (Vec<Write>, Vec<Write>) =
+                writes.into_iter().partition(Write::is_publish);
+            for (class, writes) in [(Class::Publish, publish), (session_class, session)] {
+                if writes.is_empty() {
+                    continue;
+                }
+                let ticket = self.persist.next_ticket;
+                self.persist.next_ticket += 1;
+                remaining += 1;
+                self.persist.tickets.insert(ticket, wait);
+                self.persist.intents.push(Intent {
+                    ticket,
+                    role,
+                    class,
+                    writes,
+                });
+            }
         }
         self.persist.waits.insert(
             wait,
@@ -638,7 +698,6 @@ impl BrokerState {
     pub fn flush(&mut self, now: Instant) {
         let mut dirty: Vec<SessionKey> = self.persist.dirty.drain().collect();
         dirty.sort_unstable();
-        let mut clients = Vec::new();
         for key in dirty {
             let Some(session) = self.sessions.get(&key) else {
                 continue;
@@ -646,24 +705,17 @@ impl BrokerState {
             if !session.stored {
                 continue;
             }
-            clients.push(session.client_id.clone());
-            let entry = self.session_entry(key, now);
-            let cursor = self.cursor_of(key);
-            let client_id = entry.client_id.clone();
-            self.stage(Role::Sessions, Write::SaveSession(entry));
-            self.stage(
-                Role::Sessions,
-                Write::SaveCursor {
-                    client_id,
-                    offset: cursor,
-                },
-            );
+            // One intent per session: a provider serving a storm can give
+            // way between them.
+            let client = session.client_id.clone();
+            self.stage_session(key, now);
+            self.seal(Parked::Flush(vec![client]));
         }
         if !self.persist.releasable.is_empty() {
             let offsets = std::mem::take(&mut self.persist.releasable);
             self.stage(Role::Sessions, Write::ReleaseLog(offsets));
+            self.seal(Parked::Flush(Vec::new()));
         }
-        self.seal(Parked::Flush(clients));
     }
 
     /// Write one session now (a disconnect, a subscription change): its

@@ -154,7 +154,6 @@ pub async fn stop(mut broker: Broker) -> Result<Duration, Error> {
     Ok(began.elapsed())
 }
 
-
 /// `sessions` persistent sessions `session-N`, each subscribed to
 /// `cmd/N/#` at QoS 1, then disconnected; 16 connections at a time.
 pub async fn make_sessions(addr: SocketAddr, sessions: usize) -> Result<(), Error> {

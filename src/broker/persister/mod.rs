@@ -8,26 +8,30 @@
 //! [`Event::Committed`]. When that queue is full the broker task waits for
 //! room before it reads another client event: clients stop being read
 //! rather than their writes being buffered without bound. The thread takes
-//! whatever has queued up (up to [`BATCH`] intents) each time it wakes, so
-//! a burst costs one wake-up, not one per write.
+//! whatever has queued up each time it wakes and serves it in turns
+//! (`turns`): publishes group-committed, session writes of several packets
+//! in one transaction, the writes a client waits on first.
 //!
 //! A failed write is counted in `saguin_storage_errors_total{provider}`;
 //! the first failure of a streak is logged at ERROR, and the state answers
 //! the client the write was for.
 
+mod turns;
+
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::mpsc;
+use turns::{Turns, GIVE_WAY_AFTER};
 
 use super::metrics::Metrics;
-use super::state::{Event, Intent, Restored, Role, StorageFailure, Write, Written};
+use super::state::{Class, Event, Intent, Restored, Role, StorageFailure, Write, Written};
 use crate::storage::contract::{
     BroadcastLog, HeldPublishStore, LatestStore, Provider, ProviderKind, SessionStore,
     StorageError, BROADCAST_LOG_NAME,
 };
 
-/// Intents a sqlite persister takes at once.
-pub const BATCH: usize = 64;
 /// Intents queued for a sqlite persister before the broker waits.
 pub const QUEUE: usize = 4096;
 
@@ -107,7 +111,11 @@ impl Stores {
         }
         let mut rest = flat.into_iter().peekable();
         while let Some((i, first)) = rest.next() {
-            let kind = if self.alone { Run::Single } else { Run::of(&first) };
+            let kind = if self.alone {
+                Run::Single
+            } else {
+                Run::of(&first)
+            };
             let mut run = vec![(i, first)];
             while let Some((_, next)) = rest.peek() {
                 if kind == Run::Single || Run::of(next) != kind {
@@ -148,6 +156,60 @@ impl Stores {
             .into_iter()
             .zip(failed.into_iter().zip(written))
             .map(|(t, (f, w))| (t, f.map_or(Ok(w), Err)))
+            .collect()
+    }
+
+    /// A session group in one transaction, giving way after each packet's
+    /// writes when a publish has arrived or [`GIVE_WAY_AFTER`] has passed:
+    /// what it ran commits, the rest goes back to `turns` at the front.
+    /// When a write fails, nothing of the transaction is kept and each
+    /// packet's writes it ran are made again alone.
+    fn run_session_group(
+        &self,
+        group: Vec<Intent>,
+        queue: &mut mpsc::Receiver<Intent>,
+        turns: &mut Turns,
+    ) -> Vec<(u64, Result<Vec<Written>, StorageError>)> {
+        if self.alone {
+            return self.run_together(group);
+        }
+        let started = Instant::now();
+        let mut rest: VecDeque<Intent> = group.into();
+        let mut ran: Vec<Intent> = Vec::new();
+        let mut answers: Vec<(u64, Result<Vec<Written>, StorageError>)> = Vec::new();
+        let together = self.handle.session_writes_together(&mut || {
+            while let Some(intent) = rest.pop_front() {
+                let result: Result<Vec<Written>, StorageError> = intent
+                    .writes
+                    .iter()
+                    .map(|w| self.apply(w.clone()))
+                    .collect();
+                let failed = result.is_err();
+                answers.push((intent.ticket, result));
+                ran.push(intent);
+                if failed {
+                    return false;
+                }
+                let mut publish_arrived = false;
+                while let Ok(arrived) = queue.try_recv() {
+                    publish_arrived |= arrived.class == Class::Publish;
+                    turns.push(arrived);
+                }
+                if publish_arrived || turns.publish_waiting() || started.elapsed() >= GIVE_WAY_AFTER
+                {
+                    return true;
+                }
+            }
+            true
+        });
+        turns.give_back(rest.into_iter().collect());
+        if matches!(together, Ok(true)) {
+            return answers;
+        }
+        // Nothing of the shared transaction was kept: each packet's writes
+        // again, alone, with the answer they would have had alone.
+        ran.into_iter()
+            .map(|intent| (intent.ticket, self.run(intent)))
             .collect()
     }
 
@@ -294,9 +356,33 @@ impl Persister {
             .name(name)
             .spawn(move || {
                 let mut failures = failures;
-                let mut batch = Vec::with_capacity(BATCH);
-                while intents.blocking_recv_many(&mut batch, BATCH) > 0 {
-                    for (ticket, result) in stores.run_together(std::mem::take(&mut batch)) {
+                let mut turns = Turns::default();
+                let mut open = true;
+                loop {
+                    if turns.is_empty() {
+                        if !open {
+                            return;
+                        }
+                        match intents.blocking_recv() {
+                            Some(intent) => turns.push(intent),
+                            None => return,
+                        }
+                    }
+                    while let Ok(intent) = intents.try_recv() {
+                        turns.push(intent);
+                    }
+                    if intents.is_closed() && intents.is_empty() {
+                        open = false;
+                    }
+                    let Some(group) = turns.next() else {
+                        continue;
+                    };
+                    let answers = if group.first().is_some_and(|i| i.class == Class::Publish) {
+                        stores.run_together(group)
+                    } else {
+                        stores.run_session_group(group, &mut intents, &mut turns)
+                    };
+                    for (ticket, result) in answers {
                         let result = failures.answer(result);
                         if commits.send(Event::Committed { ticket, result }).is_err() {
                             return;
