@@ -85,7 +85,7 @@ async fn subscriber(
 async fn publisher(
     addr: SocketAddr,
     id: usize,
-    until: Instant,
+    stop: Arc<AtomicBool>,
     epoch: Instant,
 ) -> Result<Vec<(Duration, Duration)>, Error> {
     let (conn, _) = Conn::connect(addr, &format!("storm-pub-{id}"), true).await?;
@@ -97,7 +97,7 @@ async fn publisher(
         let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / RATE_PER_PUBLISHER));
         let mut packet_id: u16 = 0;
         let mut count = 0u64;
-        while Instant::now() < until {
+        while !stop.load(Ordering::Acquire) {
             tick.tick().await;
             packet_id = packet_id.wrapping_add(1).max(1);
             let mut buf = BytesMut::new();
@@ -168,28 +168,29 @@ async fn storm(sessions: usize, alone: bool) -> Result<Storm, Error> {
     let done = Arc::new(AtomicBool::new(false));
     let sub = tokio::spawn(subscriber(addr, received.clone(), done.clone()));
     let epoch = Instant::now();
-    // The subscriber settles for a second before the storm.
+    // The publishers run from a second before the storm to a second after.
+    let stop_publishing = Arc::new(AtomicBool::new(false));
+    let pubs: Vec<_> = (0..PUBLISHERS)
+        .map(|p| tokio::spawn(publisher(addr, p, stop_publishing.clone(), epoch)))
+        .collect();
     tokio::time::sleep_until((epoch + Duration::from_secs(1)).into()).await;
     let begun = Instant::now();
     let mut connects = Vec::with_capacity(sessions);
     for s in 0..sessions {
         connects.push(tokio::spawn(async move {
             let t = Instant::now();
-            let (conn, present) = Conn::connect(addr, &format!("session-{s}"), false).await?;
+            let (conn, present) = Conn::connect(addr, &format!("session-{s}"), false)
+                .await
+                .map_err(|e| format!("session-{s} connecting: {e}"))?;
             if !present {
                 return Err::<_, Error>(format!("session-{s} lost its session").into());
             }
             Ok((t.elapsed(), Instant::now(), conn))
         }));
     }
-    // Publishers are started with the storm and paced for two seconds.
     let mut worst = Duration::ZERO;
     let mut last = begun;
     let mut held = Vec::with_capacity(sessions);
-    let estimate = begun + Duration::from_secs(2);
-    let pubs: Vec<_> = (0..PUBLISHERS)
-        .map(|p| tokio::spawn(publisher(addr, p, estimate, epoch)))
-        .collect();
     for c in connects {
         let (waited, at, conn) = c.await??;
         worst = worst.max(waited);
@@ -197,9 +198,11 @@ async fn storm(sessions: usize, alone: bool) -> Result<Storm, Error> {
         held.push(conn);
     }
     let total = last - begun;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop_publishing.store(true, Ordering::Release);
     let mut latencies = Vec::new();
     for p in pubs {
-        latencies.extend(p.await??);
+        latencies.extend(p.await?.map_err(|e| format!("publisher: {e}"))?);
     }
     let published = latencies.len();
     // Wait for the subscriber to have everything (bounded).
