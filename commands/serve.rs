@@ -3,8 +3,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use saguin::broker::logfmt::Logfmt;
+use saguin::broker::notify::{Notifier, Watchdog};
 use saguin::broker::providers::{Providers, ShutdownStatus};
 use saguin::broker::server;
 use saguin::config::{Config, ConfigError, LogFormat, LogLevel};
@@ -99,6 +102,7 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         .unwrap_or_else(|| "embedded default".into());
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %origin, "starting");
     let signals = Signals::install().context("install the SIGTERM and SIGINT handlers")?;
+    let supervisor = supervisor_from_env();
     let unserved = config.unserved();
     if !unserved.is_empty() {
         // Invariant 14: durability is stated only where it is provided. A
@@ -114,6 +118,10 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         );
         return Ok(exit::CANNOT);
     }
+    tell(
+        &supervisor,
+        "locking, opening and recovering the storage providers",
+    );
     let providers = match open_providers(&config) {
         Ok(providers) => providers,
         Err(code) => return Ok(code),
@@ -125,21 +133,50 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         tracing::info!(detail = %line, "durability");
     }
     providers.log_startup();
-    let server = match server::prepare(&config, providers.sessions(), providers.retained()).await {
-        Ok(server) => server,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot start");
-            eprintln!("saguin: {err}");
-            // Nothing was served, so nothing changed: the providers close
-            // and let their locks go without rewriting a snapshot.
-            drop(providers);
-            return Ok(exit::CANNOT);
+    tell(
+        &supervisor,
+        "restoring the broker state and binding the listeners",
+    );
+    let mut server =
+        match server::prepare(&config, providers.sessions(), providers.retained()).await {
+            Ok(server) => server,
+            Err(err) => {
+                tracing::error!(error = %err, "cannot start");
+                eprintln!("saguin: {err}");
+                // Nothing was served, so nothing changed: the providers close
+                // and let their locks go without rewriting a snapshot.
+                drop(providers);
+                return Ok(exit::CANNOT);
+            }
+        };
+    if let Some(supervisor) = &supervisor {
+        server.watchdog = match Watchdog::from_env(supervisor.clone()) {
+            Ok(watchdog) => watchdog,
+            Err(err) => {
+                tracing::warn!(error = %err, "the supervisor's watchdog is not kept");
+                None
+            }
+        };
+        if let Some(watchdog) = &server.watchdog {
+            tracing::info!(
+                every_ms = watchdog.interval().as_millis() as u64,
+                "pinging the supervisor's watchdog from the broker task"
+            );
         }
-    };
-    let status = ShutdownStatus::default();
-    let served = server::run(server, first_signal_then_watch(signals, status.clone())).await;
+        // Every provider is recovered and every listener bound: only now.
+        supervisor.ready(&format!(
+            "serving on {} listener(s)",
+            server.listeners.len()
+        ));
+    }
+    let status = ShutdownStatus::reporting_to(supervisor.clone());
+    let shutdown = first_signal_then_watch(signals, status.clone(), supervisor.clone());
+    let served = server::run(server, shutdown).await;
     if let Err(err) = &served {
         eprintln!("saguin: {err}");
+        if let Some(supervisor) = &supervisor {
+            supervisor.stopping(&format!("stopping after a failure: {err}"));
+        }
     }
     // Even after a failure while serving, what the providers hold is what
     // clients were told is stored: write it out and let the locks go.
@@ -148,6 +185,33 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         Ok(exit::OK)
     } else {
         Ok(exit::CANNOT)
+    }
+}
+
+/// The supervisor `NOTIFY_SOCKET` names, if any. One that cannot be used
+/// is logged and the broker serves without it (the supervisor then acts on
+/// the READY=1 it never gets).
+fn supervisor_from_env() -> Option<Arc<Notifier>> {
+    match Notifier::from_env() {
+        Ok(Some(notifier)) => {
+            tracing::info!(
+                socket = %std::env::var(saguin::broker::notify::NOTIFY_SOCKET).unwrap_or_default(),
+                "notifying the supervisor"
+            );
+            Some(notifier)
+        }
+        Ok(None) => None,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot notify the supervisor");
+            None
+        }
+    }
+}
+
+/// A STATUS= line for the supervisor, where there is one.
+fn tell(supervisor: &Option<Arc<Notifier>>, status: &str) {
+    if let Some(supervisor) = supervisor {
+        supervisor.status(status);
     }
 }
 
@@ -199,9 +263,16 @@ impl Signals {
 /// The first SIGTERM or SIGINT; from then on every further one is answered
 /// with what the shutdown is still doing, so an operator waiting on a long
 /// snapshot write can see it is not stuck.
-async fn first_signal_then_watch(mut signals: Signals, status: ShutdownStatus) {
+async fn first_signal_then_watch(
+    mut signals: Signals,
+    status: ShutdownStatus,
+    supervisor: Option<Arc<Notifier>>,
+) {
     let name = signals.next().await;
     tracing::info!(signal = name, "signal received");
+    if let Some(supervisor) = &supervisor {
+        supervisor.stopping(&format!("{name} received: stopping"));
+    }
     status.set("stopping the broker: closing connections and handing state to the providers");
     tokio::spawn(async move {
         loop {

@@ -112,6 +112,7 @@ pub mod connection;
 pub mod logfmt;
 pub mod message;
 pub mod metrics;
+pub mod notify;
 pub mod persister;
 pub mod providers;
 pub mod server;

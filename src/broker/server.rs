@@ -55,6 +55,9 @@ pub struct Server {
     /// `broker.session.ack_commit_interval`: how often acknowledgements,
     /// in-flight tables and cursors are written.
     pub flush_interval: Duration,
+    /// The supervisor's watchdog, pinged from the broker task's own loop
+    /// (set by `serve` when `WATCHDOG_USEC` asks for it).
+    pub watchdog: Option<super::notify::Watchdog>,
 }
 
 /// Errors that stop the server.
@@ -103,6 +106,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         persisters,
         commits,
         flush_interval,
+        watchdog,
     } = server;
     let (notify_shutdown, _) = broadcast::channel::<()>(1);
     // Every task holds a clone; when all are dropped, the drain is complete.
@@ -118,6 +122,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         persisters,
         flush_interval,
         notify_shutdown.subscribe(),
+        watchdog,
     ));
 
     for listener in listeners {
@@ -219,6 +224,7 @@ async fn broker_task(
     mut persisters: Persisters,
     flush_interval: Duration,
     mut shutdown: broadcast::Receiver<()>,
+    mut watchdog: Option<super::notify::Watchdog>,
 ) -> Result<(), PersisterGone> {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -246,8 +252,13 @@ async fn broker_task(
             _ = tick.tick() => state.tick(Instant::now()),
             _ = flush.tick() => state.flush(Instant::now()),
             _ = sys.tick() => state.publish_sys(Instant::now()),
+            _ = super::notify::ping_due(&watchdog) => {}
         }
         dispatch(&mut state, &mut persisters, &mut intents).await?;
+        // After every turn, busy or idle: a wedged loop stops the pings.
+        if let Some(watchdog) = &mut watchdog {
+            watchdog.ping_if_due(Instant::now());
+        }
     }
     state.shutdown(Instant::now());
     // Connect events still queued are answered with DISCONNECT 0x8B.
@@ -626,5 +637,6 @@ pub async fn prepare(
         persisters,
         commits,
         flush_interval: config.broker.session.ack_commit_interval,
+        watchdog: None,
     })
 }
