@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use saguin::broker::auth_files::AuthFiles;
 use saguin::broker::logfmt::Logfmt;
 use saguin::broker::notify::{Notifier, Watchdog};
 use saguin::broker::providers::{Providers, ShutdownStatus};
@@ -15,7 +16,8 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::exit;
 
-/// Serve MQTT on the configured listeners until SIGTERM or SIGINT.
+/// Serve MQTT on the configured listeners until SIGTERM or SIGINT; SIGHUP
+/// reloads the password and ACL files.
 #[derive(clap::Args, Debug)]
 #[command(after_help = AFTER_HELP, after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
@@ -59,7 +61,27 @@ memory provider's snapshot_dir (the manifest first; each file to a \
 temporary name, fsynced and renamed; the directory fsynced; a few files at \
 a time), checkpoints and closes each sqlite provider, and lets every lock \
 go, logging each file written and each failure by name and the total time. \
-A further signal meanwhile logs what is still being written.";
+A further signal meanwhile logs what is still being written.
+
+Reloading: at SIGHUP (systemctl reload) the files auth.password_file and \
+auth.acl_file name are read again, as Mosquitto does, and put in force \
+together: the next CONNECT is checked against the new password file, and \
+every publish, subscription and delivery after it against the new ACL; \
+clients already connected stay connected. A file that cannot be read or \
+parsed (or a password file left without users where allow_anonymous is \
+false) keeps both files in force as they were, and each problem is logged \
+by file and line. No other key is re-read: listeners, TLS material, \
+storage and limits change only with a restart. Without either file a \
+SIGHUP is logged and changes nothing.
+
+Under systemd: with NOTIFY_SOCKET set, serve sends STATUS= lines while it \
+starts and stops (the files still being written), READY=1 once every \
+provider is recovered and every listener bound, STOPPING=1 at the first \
+SIGTERM or SIGINT, and, when WATCHDOG_USEC is set, WATCHDOG=1 every half \
+of it from the broker's own loop, so a wedged broker is restarted. \
+NOTIFY_SOCKET is a socket path or, starting with '@', an abstract socket \
+name; one that cannot be used is logged and the broker serves without \
+it. A hardened unit file is fixtures/systemd/saguin.service.";
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let config = match &args.config {
@@ -102,6 +124,9 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         .unwrap_or_else(|| "embedded default".into());
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %origin, "starting");
     let signals = Signals::install().context("install the SIGTERM and SIGINT handlers")?;
+    // Caught from the start: a SIGHUP while starting is answered once the
+    // broker serves, never by the default disposition killing it.
+    let hangup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
     let supervisor = supervisor_from_env();
     let unserved = config.unserved();
     if !unserved.is_empty() {
@@ -169,6 +194,7 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
             server.listeners.len()
         ));
     }
+    tokio::spawn(reload_at_hangup(hangup, server.auth.clone()));
     let status = ShutdownStatus::reporting_to(supervisor.clone());
     let shutdown = first_signal_then_watch(signals, status.clone(), supervisor.clone());
     let served = server::run(server, shutdown).await;
@@ -280,6 +306,52 @@ async fn first_signal_then_watch(
             tracing::warn!(signal = name, still = %status.get(), "shutting down; still writing");
         }
     });
+}
+
+/// At each SIGHUP, re-read the password and ACL files the configuration
+/// names and put them in force together; a file that cannot be read or
+/// parsed keeps the ones in force, and the log says why. No other key is
+/// re-read.
+async fn reload_at_hangup(mut hangup: Signal, auth: AuthFiles) {
+    while hangup.recv().await.is_some() {
+        if auth.is_empty() {
+            tracing::info!(
+                signal = "SIGHUP",
+                "signal received; no password_file or acl_file is configured, so there is nothing to reload (other settings need a restart)"
+            );
+            continue;
+        }
+        tracing::info!(
+            signal = "SIGHUP",
+            "signal received; reloading the password and ACL files"
+        );
+        let files = auth.clone();
+        match tokio::task::spawn_blocking(move || files.reload()).await {
+            Ok(Ok(reloaded)) => {
+                for (kind, file) in [
+                    ("password_file", &reloaded.passwords),
+                    ("acl_file", &reloaded.acl),
+                ] {
+                    if let Some(file) = file {
+                        tracing::info!(key = kind, file = %file.path.display(), entries = file.entries,
+                            sha256 = %file.sha256, changed = file.changed, "reloaded");
+                    }
+                }
+            }
+            Ok(Err(problems)) => {
+                for problem in &problems {
+                    tracing::error!(problem = %problem, "cannot reload");
+                }
+                tracing::error!(
+                    problems = problems.len(),
+                    "reload refused; the password and ACL files loaded before stay in force"
+                );
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "reload failed; the files loaded before stay in force")
+            }
+        }
+    }
 }
 
 fn init_logging(config: &Config) {

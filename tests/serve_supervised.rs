@@ -310,3 +310,122 @@ fn a_broker_that_cannot_bind_its_listener_never_says_ready() {
     );
     drop(held);
 }
+
+/// A CONNECT (MQTT 3.1.1, clean session) as `user`; the CONNACK's return
+/// code (0 accepted, 4 bad user name or password).
+fn connect_as(addr: std::net::SocketAddr, user: &str, password: &str) -> u8 {
+    use std::io::{Read, Write};
+    let mut body = Vec::new();
+    body.extend_from_slice(&[0, 4, b'M', b'Q', b'T', b'T', 4, 0b1100_0010, 0, 30]);
+    for field in ["reload-test", user, password] {
+        body.extend_from_slice(&u16::try_from(field.len()).unwrap().to_be_bytes());
+        body.extend_from_slice(field.as_bytes());
+    }
+    let mut packet = vec![0x10, u8::try_from(body.len()).expect("a short CONNECT")];
+    packet.extend_from_slice(&body);
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("read timeout");
+    stream.write_all(&packet).expect("send CONNECT");
+    let mut connack = [0u8; 4];
+    stream.read_exact(&mut connack).expect("a CONNACK");
+    assert_eq!(connack[..2], [0x20, 2], "not a CONNACK: {connack:?}");
+    connack[3]
+}
+
+fn password_line(user: &str, password: &str) -> String {
+    let hash = saguin::config::auth::hash_password(password.as_bytes(), 101).expect("hash");
+    format!("{user}:{hash}\n")
+}
+
+#[test]
+fn sighup_reloads_the_password_file_and_a_broken_one_keeps_the_old() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let passwords = dir.path().join("passwords");
+    std::fs::write(&passwords, password_line("alice", "wonderland")).expect("write");
+    std::fs::write(dir.path().join("acl"), "topic readwrite #\n").expect("write");
+    let config = dir.path().join("saguin.yaml");
+    std::fs::write(
+        &config,
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\n\
+         auth:\n  allow_anonymous: false\n  password_file: passwords\n  acl_file: acl\n",
+    )
+    .expect("write the configuration");
+    let mut served = Served::start(dir.path(), &config, &[], Some(Stdio::piped()));
+    let stderr = served.child.as_mut().and_then(|c| c.stderr.take());
+    let lines = lines_of(stderr.expect("stderr"));
+    let mut log = Vec::new();
+    let listening = line_until(&lines, &mut log, |l| listening_addr(l).is_some());
+    let addr = listening_addr(&listening).expect("an address");
+    assert_eq!(connect_as(addr, "alice", "wonderland"), 0);
+    assert_eq!(
+        connect_as(addr, "bob", "builder"),
+        4,
+        "bob before he is added"
+    );
+
+    // bob is added; after SIGHUP he logs in.
+    let mut both = password_line("alice", "wonderland");
+    both.push_str(&password_line("bob", "builder"));
+    std::fs::write(&passwords, &both).expect("write");
+    served.signal(libc::SIGHUP);
+    let reloaded = line_until(&lines, &mut log, |l| {
+        l.contains("msg=\"reloaded\"") && l.contains("key=password_file")
+    });
+    assert!(
+        reloaded.contains("entries=2") && reloaded.contains("changed=true"),
+        "{reloaded}"
+    );
+    line_until(&lines, &mut log, |l| {
+        l.contains("msg=\"reloaded\"") && l.contains("key=acl_file")
+    });
+    assert_eq!(
+        connect_as(addr, "bob", "builder"),
+        0,
+        "bob after the reload"
+    );
+
+    // A broken file: refused by name and line, the old one stays in force.
+    std::fs::write(&passwords, "carol\n").expect("write");
+    served.signal(libc::SIGHUP);
+    let refused = line_until(&lines, &mut log, |l| l.contains("reload refused"));
+    assert!(refused.contains("level=ERROR"), "{refused}");
+    let problem = log
+        .iter()
+        .find(|l| l.contains("cannot reload"))
+        .unwrap_or_else(|| panic!("no problem line; log:\n{}", log.join("\n")));
+    assert!(
+        problem.contains(&passwords.display().to_string()) && problem.contains("line 1"),
+        "{problem}"
+    );
+    assert_eq!(
+        connect_as(addr, "bob", "builder"),
+        0,
+        "the old file in force"
+    );
+    assert_eq!(connect_as(addr, "carol", "x"), 4);
+
+    served.signal(libc::SIGTERM);
+    assert_eq!(served.wait_exit(), Some(0), "{}", log.join("\n"));
+}
+
+#[test]
+fn sighup_without_auth_files_is_logged_and_the_broker_serves_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("saguin.yaml");
+    std::fs::write(
+        &config,
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n",
+    )
+    .expect("write the configuration");
+    let mut served = Served::start(dir.path(), &config, &[], Some(Stdio::piped()));
+    let stderr = served.child.as_mut().and_then(|c| c.stderr.take());
+    let lines = lines_of(stderr.expect("stderr"));
+    let mut log = Vec::new();
+    let listening = line_until(&lines, &mut log, |l| listening_addr(l).is_some());
+    let addr = listening_addr(&listening).expect("an address");
+    served.signal(libc::SIGHUP);
+    line_until(&lines, &mut log, |l| l.contains("nothing to reload"));
+    assert_eq!(connect_as(addr, "anyone", "x"), 0, "still serving");
+    served.signal(libc::SIGTERM);
+    assert_eq!(served.wait_exit(), Some(0), "{}", log.join("\n"));
+}

@@ -58,6 +58,8 @@ pub struct Server {
     /// The supervisor's watchdog, pinged from the broker task's own loop
     /// (set by `serve` when `WATCHDOG_USEC` asks for it).
     pub watchdog: Option<super::notify::Watchdog>,
+    /// The password and ACL files in force, for a reload to replace.
+    pub auth: super::auth_files::AuthFiles,
 }
 
 /// Errors that stop the server.
@@ -107,6 +109,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         commits,
         flush_interval,
         watchdog,
+        auth: _,
     } = server;
     let (notify_shutdown, _) = broadcast::channel::<()>(1);
     // Every task holds a clone; when all are dropped, the drain is complete.
@@ -465,15 +468,15 @@ async fn serve_metrics(
     }
 }
 
-/// The ACL file as the state's [`Authorizer`](super::state::Authorizer).
-struct AclAuthorizer(Arc<crate::config::auth::AclFile>);
+/// The ACL file in force as the state's [`Authorizer`](super::state::Authorizer).
+struct AclAuthorizer(Arc<super::auth_files::Reloadable<crate::config::auth::AclFile>>);
 
 impl super::state::Authorizer for AclAuthorizer {
     fn is_active(&self) -> bool {
         true
     }
     fn can_publish(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
-        self.0.allows(
+        self.0.current().allows(
             principal,
             client_id,
             topic,
@@ -481,7 +484,7 @@ impl super::state::Authorizer for AclAuthorizer {
         )
     }
     fn can_subscribe(&self, principal: Option<&str>, client_id: &str, filter: &str) -> bool {
-        self.0.allows(
+        self.0.current().allows(
             principal,
             client_id,
             filter,
@@ -489,7 +492,7 @@ impl super::state::Authorizer for AclAuthorizer {
         )
     }
     fn can_receive(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
-        self.0.allows(
+        self.0.current().allows(
             principal,
             client_id,
             topic,
@@ -535,8 +538,9 @@ pub async fn prepare(
 ) -> Result<Server, ServerError> {
     let metrics = Arc::new(Metrics::new());
     let limits = limits_from(config);
-    let authorizer: Arc<dyn super::state::Authorizer> = match &config.auth.acl {
-        Some(acl) => Arc::new(AclAuthorizer(acl.clone())),
+    let auth = super::auth_files::AuthFiles::from_config(&config.auth);
+    let authorizer: Arc<dyn super::state::Authorizer> = match &auth.acl {
+        Some(acl) => Arc::new(AclAuthorizer(acl.served.clone())),
         None => Arc::new(super::state::AllowAll),
     };
     let started = std::time::Instant::now();
@@ -623,7 +627,7 @@ pub async fn prepare(
         max_packet_size: limits.max_packet_size,
         topic_alias_maximum: limits.topic_alias_maximum,
         allow_anonymous: config.auth.allow_anonymous,
-        passwords: config.auth.passwords.clone(),
+        passwords: auth.passwords.as_ref().map(|f| f.served.clone()),
         metrics: metrics.clone(),
         outbound_queue: limits.outbound_queue,
     });
@@ -638,5 +642,6 @@ pub async fn prepare(
         commits,
         flush_interval: config.broker.session.ack_commit_interval,
         watchdog: None,
+        auth,
     })
 }
