@@ -17,7 +17,9 @@
 //! - `WATCHDOG=1` every half of `WATCHDOG_USEC` when that is set (and
 //!   `WATCHDOG_PID`, if set, is this process), sent by the broker task from
 //!   its own loop: a broker task that stops turning stops the pings, and
-//!   systemd restarts the service.
+//!   systemd restarts the service. The pings end with that loop at
+//!   shutdown, after `STOPPING=1`: from then on the stop timeout
+//!   (`TimeoutStopSec=`) is what bounds the broker, not the watchdog.
 //!
 //! Datagrams are sent without blocking: a supervisor that is not reading
 //! never stalls the broker. A notification that cannot be sent is logged and
