@@ -3,8 +3,12 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
 use anyhow::Context;
+use saguin::broker::auth_files::AuthFiles;
 use saguin::broker::logfmt::Logfmt;
+use saguin::broker::notify::{Notifier, Watchdog};
 use saguin::broker::providers::{Providers, ShutdownStatus};
 use saguin::broker::server;
 use saguin::config::{Config, ConfigError, LogFormat, LogLevel};
@@ -12,7 +16,8 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::exit;
 
-/// Serve MQTT on the configured listeners until SIGTERM or SIGINT.
+/// Serve MQTT on the configured listeners until SIGTERM or SIGINT; SIGHUP
+/// reloads the password and ACL files.
 #[derive(clap::Args, Debug)]
 #[command(after_help = AFTER_HELP, after_long_help = AFTER_LONG_HELP)]
 pub struct Args {
@@ -56,7 +61,27 @@ memory provider's snapshot_dir (the manifest first; each file to a \
 temporary name, fsynced and renamed; the directory fsynced; a few files at \
 a time), checkpoints and closes each sqlite provider, and lets every lock \
 go, logging each file written and each failure by name and the total time. \
-A further signal meanwhile logs what is still being written.";
+A further signal meanwhile logs what is still being written.
+
+Reloading: at SIGHUP (systemctl reload) the files auth.password_file and \
+auth.acl_file name are read again, as Mosquitto does, and put in force \
+together: the next CONNECT is checked against the new password file, and \
+every publish, subscription and delivery after it against the new ACL; \
+clients already connected stay connected. A file that cannot be read or \
+parsed (or a password file left without users where allow_anonymous is \
+false) keeps both files in force as they were, and each problem is logged \
+by file and line. No other key is re-read: listeners, TLS material, \
+storage and limits change only with a restart. Without either file a \
+SIGHUP is logged and changes nothing.
+
+Under systemd: with NOTIFY_SOCKET set, serve sends STATUS= lines while it \
+starts and stops (the files still being written), READY=1 once every \
+provider is recovered and every listener bound, STOPPING=1 at the first \
+SIGTERM or SIGINT, and, when WATCHDOG_USEC is set, WATCHDOG=1 every half \
+of it from the broker's own loop, so a wedged broker is restarted. \
+NOTIFY_SOCKET is a socket path or, starting with '@', an abstract socket \
+name; one that cannot be used is logged and the broker serves without \
+it. A hardened unit file is fixtures/systemd/saguin.service.";
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let config = match &args.config {
@@ -99,6 +124,10 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         .unwrap_or_else(|| "embedded default".into());
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %origin, "starting");
     let signals = Signals::install().context("install the SIGTERM and SIGINT handlers")?;
+    // Caught from the start: a SIGHUP while starting is answered once the
+    // broker serves, never by the default disposition killing it.
+    let hangup = signal(SignalKind::hangup()).context("install the SIGHUP handler")?;
+    let supervisor = supervisor_from_env();
     let unserved = config.unserved();
     if !unserved.is_empty() {
         // Invariant 14: durability is stated only where it is provided. A
@@ -114,6 +143,10 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         );
         return Ok(exit::CANNOT);
     }
+    tell(
+        &supervisor,
+        "locking, opening and recovering the storage providers",
+    );
     let providers = match open_providers(&config) {
         Ok(providers) => providers,
         Err(code) => return Ok(code),
@@ -125,21 +158,51 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         tracing::info!(detail = %line, "durability");
     }
     providers.log_startup();
-    let server = match server::prepare(&config, providers.sessions(), providers.retained()).await {
-        Ok(server) => server,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot start");
-            eprintln!("saguin: {err}");
-            // Nothing was served, so nothing changed: the providers close
-            // and let their locks go without rewriting a snapshot.
-            drop(providers);
-            return Ok(exit::CANNOT);
+    tell(
+        &supervisor,
+        "restoring the broker state and binding the listeners",
+    );
+    let mut server =
+        match server::prepare(&config, providers.sessions(), providers.retained()).await {
+            Ok(server) => server,
+            Err(err) => {
+                tracing::error!(error = %err, "cannot start");
+                eprintln!("saguin: {err}");
+                // Nothing was served, so nothing changed: the providers close
+                // and let their locks go without rewriting a snapshot.
+                drop(providers);
+                return Ok(exit::CANNOT);
+            }
+        };
+    if let Some(supervisor) = &supervisor {
+        server.watchdog = match Watchdog::from_env(supervisor.clone()) {
+            Ok(watchdog) => watchdog,
+            Err(err) => {
+                tracing::warn!(error = %err, "the supervisor's watchdog is not kept");
+                None
+            }
+        };
+        if let Some(watchdog) = &server.watchdog {
+            tracing::info!(
+                every_ms = watchdog.interval().as_millis() as u64,
+                "pinging the supervisor's watchdog from the broker task"
+            );
         }
-    };
-    let status = ShutdownStatus::default();
-    let served = server::run(server, first_signal_then_watch(signals, status.clone())).await;
+        // Every provider is recovered and every listener bound: only now.
+        supervisor.ready(&format!(
+            "serving on {} listener(s)",
+            server.listeners.len()
+        ));
+    }
+    tokio::spawn(reload_at_hangup(hangup, server.auth.clone()));
+    let status = ShutdownStatus::reporting_to(supervisor.clone());
+    let shutdown = first_signal_then_watch(signals, status.clone(), supervisor.clone());
+    let served = server::run(server, shutdown).await;
     if let Err(err) = &served {
         eprintln!("saguin: {err}");
+        if let Some(supervisor) = &supervisor {
+            supervisor.stopping(&format!("stopping after a failure: {err}"));
+        }
     }
     // Even after a failure while serving, what the providers hold is what
     // clients were told is stored: write it out and let the locks go.
@@ -148,6 +211,33 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         Ok(exit::OK)
     } else {
         Ok(exit::CANNOT)
+    }
+}
+
+/// The supervisor `NOTIFY_SOCKET` names, if any. One that cannot be used
+/// is logged and the broker serves without it (the supervisor then acts on
+/// the READY=1 it never gets).
+fn supervisor_from_env() -> Option<Arc<Notifier>> {
+    match Notifier::from_env() {
+        Ok(Some(notifier)) => {
+            tracing::info!(
+                socket = %std::env::var(saguin::broker::notify::NOTIFY_SOCKET).unwrap_or_default(),
+                "notifying the supervisor"
+            );
+            Some(notifier)
+        }
+        Ok(None) => None,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot notify the supervisor");
+            None
+        }
+    }
+}
+
+/// A STATUS= line for the supervisor, where there is one.
+fn tell(supervisor: &Option<Arc<Notifier>>, status: &str) {
+    if let Some(supervisor) = supervisor {
+        supervisor.status(status);
     }
 }
 
@@ -199,9 +289,16 @@ impl Signals {
 /// The first SIGTERM or SIGINT; from then on every further one is answered
 /// with what the shutdown is still doing, so an operator waiting on a long
 /// snapshot write can see it is not stuck.
-async fn first_signal_then_watch(mut signals: Signals, status: ShutdownStatus) {
+async fn first_signal_then_watch(
+    mut signals: Signals,
+    status: ShutdownStatus,
+    supervisor: Option<Arc<Notifier>>,
+) {
     let name = signals.next().await;
     tracing::info!(signal = name, "signal received");
+    if let Some(supervisor) = &supervisor {
+        supervisor.stopping(&format!("{name} received: stopping"));
+    }
     status.set("stopping the broker: closing connections and handing state to the providers");
     tokio::spawn(async move {
         loop {
@@ -209,6 +306,52 @@ async fn first_signal_then_watch(mut signals: Signals, status: ShutdownStatus) {
             tracing::warn!(signal = name, still = %status.get(), "shutting down; still writing");
         }
     });
+}
+
+/// At each SIGHUP, re-read the password and ACL files the configuration
+/// names and put them in force together; a file that cannot be read or
+/// parsed keeps the ones in force, and the log says why. No other key is
+/// re-read.
+async fn reload_at_hangup(mut hangup: Signal, auth: AuthFiles) {
+    while hangup.recv().await.is_some() {
+        if auth.is_empty() {
+            tracing::info!(
+                signal = "SIGHUP",
+                "signal received; no password_file or acl_file is configured, so there is nothing to reload (other settings need a restart)"
+            );
+            continue;
+        }
+        tracing::info!(
+            signal = "SIGHUP",
+            "signal received; reloading the password and ACL files"
+        );
+        let files = auth.clone();
+        match tokio::task::spawn_blocking(move || files.reload()).await {
+            Ok(Ok(reloaded)) => {
+                for (kind, file) in [
+                    ("password_file", &reloaded.passwords),
+                    ("acl_file", &reloaded.acl),
+                ] {
+                    if let Some(file) = file {
+                        tracing::info!(key = kind, file = %file.path.display(), entries = file.entries,
+                            sha256 = %file.sha256, changed = file.changed, "reloaded");
+                    }
+                }
+            }
+            Ok(Err(problems)) => {
+                for problem in &problems {
+                    tracing::error!(problem = %problem, "cannot reload");
+                }
+                tracing::error!(
+                    problems = problems.len(),
+                    "reload refused; the password and ACL files loaded before stay in force"
+                );
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "reload failed; the files loaded before stay in force")
+            }
+        }
+    }
 }
 
 fn init_logging(config: &Config) {

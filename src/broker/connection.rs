@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
+use super::auth_files::Reloadable;
 use super::codec::{
     self, AckProperties, ByteStr, ConnAck, ConnAckProperties, Connect, DecodeError, Disconnect,
     DisconnectProperties, FrameDecoder, Packet, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
@@ -34,7 +35,8 @@ pub struct ConnectionContext {
     /// Topic aliases a client may set (announced as Topic Alias Maximum).
     pub topic_alias_maximum: u16,
     pub allow_anonymous: bool,
-    pub passwords: Option<Arc<PasswordFile>>,
+    /// The password file in force (a reload may replace it).
+    pub passwords: Option<Arc<Reloadable<PasswordFile>>>,
     pub metrics: Arc<Metrics>,
     /// Capacity of each connection's outbound queue; when full the client
     /// is a slow consumer and is disconnected.
@@ -346,7 +348,7 @@ async fn authenticate(
             Some(passwords) => {
                 // PBKDF2 costs what the file's iteration count says: keep it
                 // off the runtime's worker threads.
-                let passwords = passwords.clone();
+                let passwords = passwords.current();
                 let (name, password) = (user.clone(), connect.password.clone().unwrap_or_default());
                 let ok = tokio::task::spawn_blocking(move || passwords.check(&name, &password))
                     .await

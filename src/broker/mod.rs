@@ -132,11 +132,13 @@
 //!   counted; acknowledgements and QoS 1/2 deliveries are never dropped:
 //!   the client's reader is paused until its writer catches up.
 
+pub mod auth_files;
 pub mod codec;
 pub mod connection;
 pub mod logfmt;
 pub mod message;
 pub mod metrics;
+pub mod notify;
 pub mod persister;
 pub mod providers;
 pub mod server;

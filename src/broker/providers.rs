@@ -576,17 +576,41 @@ impl ShutdownReport {
     }
 }
 
-/// What a shutdown is doing right now, for a second signal to report.
+/// What a shutdown is doing right now, for a second signal to report and,
+/// under a notify supervisor, sent to it as `STATUS=` at every change.
 #[derive(Clone, Debug, Default)]
-pub struct ShutdownStatus(Arc<Mutex<String>>);
+pub struct ShutdownStatus {
+    current: Arc<Mutex<String>>,
+    supervisor: Option<Arc<super::notify::Notifier>>,
+}
 
 impl ShutdownStatus {
+    /// A status whose every change is also sent to `supervisor`.
+    pub fn reporting_to(supervisor: Option<Arc<super::notify::Notifier>>) -> ShutdownStatus {
+        ShutdownStatus {
+            current: Arc::default(),
+            supervisor,
+        }
+    }
+
     pub fn set(&self, what: impl Into<String>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = what.into();
+        let what = what.into();
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if *current == what {
+            return;
+        }
+        // Sent under the lock, so the supervisor sees changes in order.
+        if let Some(supervisor) = &self.supervisor {
+            supervisor.status(&what);
+        }
+        *current = what;
     }
 
     pub fn get(&self) -> String {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

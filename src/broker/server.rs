@@ -55,6 +55,11 @@ pub struct Server {
     /// `broker.session.ack_commit_interval`: how often acknowledgements,
     /// in-flight tables and cursors are written.
     pub flush_interval: Duration,
+    /// The supervisor's watchdog, pinged from the broker task's own loop
+    /// (set by `serve` when `WATCHDOG_USEC` asks for it).
+    pub watchdog: Option<super::notify::Watchdog>,
+    /// The password and ACL files in force, for a reload to replace.
+    pub auth: super::auth_files::AuthFiles,
 }
 
 /// Errors that stop the server.
@@ -103,6 +108,8 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         persisters,
         commits,
         flush_interval,
+        watchdog,
+        auth: _,
     } = server;
     let (notify_shutdown, _) = broadcast::channel::<()>(1);
     // Every task holds a clone; when all are dropped, the drain is complete.
@@ -118,6 +125,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         persisters,
         flush_interval,
         notify_shutdown.subscribe(),
+        watchdog,
     ));
 
     for listener in listeners {
@@ -219,6 +227,7 @@ async fn broker_task(
     mut persisters: Persisters,
     flush_interval: Duration,
     mut shutdown: broadcast::Receiver<()>,
+    mut watchdog: Option<super::notify::Watchdog>,
 ) -> Result<(), PersisterGone> {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -246,8 +255,13 @@ async fn broker_task(
             _ = tick.tick() => state.tick(Instant::now()),
             _ = flush.tick() => state.flush(Instant::now()),
             _ = sys.tick() => state.publish_sys(Instant::now()),
+            _ = super::notify::ping_due(&watchdog) => {}
         }
         dispatch(&mut state, &mut persisters, &mut intents).await?;
+        // After every turn, busy or idle: a wedged loop stops the pings.
+        if let Some(watchdog) = &mut watchdog {
+            watchdog.ping_if_due(Instant::now());
+        }
     }
     state.shutdown(Instant::now());
     // Connect events still queued are answered with DISCONNECT 0x8B.
@@ -454,15 +468,15 @@ async fn serve_metrics(
     }
 }
 
-/// The ACL file as the state's [`Authorizer`](super::state::Authorizer).
-struct AclAuthorizer(Arc<crate::config::auth::AclFile>);
+/// The ACL file in force as the state's [`Authorizer`](super::state::Authorizer).
+struct AclAuthorizer(Arc<super::auth_files::Reloadable<crate::config::auth::AclFile>>);
 
 impl super::state::Authorizer for AclAuthorizer {
     fn is_active(&self) -> bool {
         true
     }
     fn can_publish(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
-        self.0.allows(
+        self.0.current().allows(
             principal,
             client_id,
             topic,
@@ -470,7 +484,7 @@ impl super::state::Authorizer for AclAuthorizer {
         )
     }
     fn can_subscribe(&self, principal: Option<&str>, client_id: &str, filter: &str) -> bool {
-        self.0.allows(
+        self.0.current().allows(
             principal,
             client_id,
             filter,
@@ -478,7 +492,7 @@ impl super::state::Authorizer for AclAuthorizer {
         )
     }
     fn can_receive(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
-        self.0.allows(
+        self.0.current().allows(
             principal,
             client_id,
             topic,
@@ -524,8 +538,9 @@ pub async fn prepare(
 ) -> Result<Server, ServerError> {
     let metrics = Arc::new(Metrics::new());
     let limits = limits_from(config);
-    let authorizer: Arc<dyn super::state::Authorizer> = match &config.auth.acl {
-        Some(acl) => Arc::new(AclAuthorizer(acl.clone())),
+    let auth = super::auth_files::AuthFiles::from_config(&config.auth);
+    let authorizer: Arc<dyn super::state::Authorizer> = match &auth.acl {
+        Some(acl) => Arc::new(AclAuthorizer(acl.served.clone())),
         None => Arc::new(super::state::AllowAll),
     };
     let started = std::time::Instant::now();
@@ -612,7 +627,7 @@ pub async fn prepare(
         max_packet_size: limits.max_packet_size,
         topic_alias_maximum: limits.topic_alias_maximum,
         allow_anonymous: config.auth.allow_anonymous,
-        passwords: config.auth.passwords.clone(),
+        passwords: auth.passwords.as_ref().map(|f| f.served.clone()),
         metrics: metrics.clone(),
         outbound_queue: limits.outbound_queue,
     });
@@ -626,5 +641,7 @@ pub async fn prepare(
         persisters,
         commits,
         flush_interval: config.broker.session.ack_commit_interval,
+        watchdog: None,
+        auth,
     })
 }

@@ -50,6 +50,11 @@ use super::secret::Secret;
 /// Largest password or ACL file read.
 const MAX_AUTH_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
+/// Why a password file without users is refused where anonymous clients
+/// are not welcome (at startup and at a reload).
+pub const EMPTY_PASSWORD_FILE: &str =
+    "holds no users and allow_anonymous is false; no client could connect";
+
 /// Iterations above this are refused: a CONNECT pays them.
 pub const MAX_PBKDF2_ITERATIONS: u32 = 10_000_000;
 

@@ -54,7 +54,7 @@ fn reachability(ctx: &mut Ctx, parsed: &Parsed) {
             ),
             (Some(_), Some(passwords)) if passwords.is_empty() => ctx.problem(
                 "auth.password_file",
-                "holds no users and allow_anonymous is false; no client could connect",
+                super::auth::EMPTY_PASSWORD_FILE,
             ),
             _ => {}
         }
