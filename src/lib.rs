@@ -9,6 +9,7 @@
 pub mod broker;
 pub mod config;
 pub mod storage;
+pub mod topic;
 
 /// The build's own revision, as recorded in every file it writes.
 pub use saguin_format::model;

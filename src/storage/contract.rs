@@ -940,26 +940,6 @@ pub fn format_time(at: UnixNanos) -> String {
     humantime::format_rfc3339_nanos(t).to_string()
 }
 
-/// True when `topic` matches the MQTT topic `filter` (`+` one level, `#` the
-/// rest, including the parent level). Topics starting with `$` are matched
-/// only by filters that name the `$` level.
-pub fn topic_matches(filter: &str, topic: &str) -> bool {
-    if topic.starts_with('$') && !filter.starts_with('$') {
-        return false;
-    }
-    let mut f = filter.split('/');
-    let mut t = topic.split('/');
-    loop {
-        match (f.next(), t.next()) {
-            (Some("#"), _) => return true,
-            (Some("+"), Some(_)) => {}
-            (Some(fl), Some(tl)) if fl == tl => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1017,15 +997,5 @@ mod tests {
             p.expired_at(3_602_000_000_000, 3600),
             "capped by max_session_expiry"
         );
-    }
-
-    #[test]
-    fn filters_match_topics() {
-        assert!(topic_matches("a/+/c", "a/b/c"));
-        assert!(topic_matches("a/#", "a"));
-        assert!(topic_matches("#", "a/b"));
-        assert!(!topic_matches("#", "$SYS/x"));
-        assert!(!topic_matches("a/+", "a/b/c"));
-        assert!(topic_matches("a/b", "a/b"));
     }
 }

@@ -10,9 +10,10 @@ use saguin_format::model::Record;
 use super::append::check_position;
 use super::{lock, read, write, Shared};
 use crate::storage::contract::{
-    check_record, topic_matches, LatestStore, Position, Reader, Removed, Result, StorageError,
-    FIRST_OFFSET, RETAINED_STORE_NAME,
+    check_record, LatestStore, Position, Reader, Removed, Result, StorageError, FIRST_OFFSET,
+    RETAINED_STORE_NAME,
 };
+use crate::topic::filter_matches;
 
 #[derive(Debug)]
 struct LatestState {
@@ -249,7 +250,7 @@ impl LatestStore for MemoryLatest {
         Ok(st
             .by_offset
             .values()
-            .filter(|t| topic_matches(filter, t))
+            .filter(|t| filter_matches(filter, t))
             .filter_map(|t| st.values.get(t))
             .filter(|r| !r.payload.is_empty())
             .map(|r| (**r).clone())
@@ -263,7 +264,7 @@ impl LatestStore for MemoryLatest {
             .by_offset
             .range(since..)
             .map(|(_, t)| t)
-            .filter(|t| topic_matches(filter, t))
+            .filter(|t| filter_matches(filter, t))
             .filter_map(|t| st.values.get(t))
             .map(|r| (**r).clone())
             .collect())
