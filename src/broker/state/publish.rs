@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use super::persist::{Parked, ParkedPublish, Role, StorageFailure, Write};
 use super::session::{InflightEntry, InflightPhase, QueuedMessage};
 use super::{reason, BrokerState, Inbound, InboundPublish, Outbound};
-use crate::broker::codec::ByteStr;
-use crate::broker::message::{publish_packet_len, Message};
+use crate::broker::codec::{self, ByteStr, ProtocolVersion, PublishParts, QoS};
+use crate::broker::message::Message;
 use crate::broker::metrics::{CloseReason, DropReason};
 use crate::broker::topic::{merge_matches, Delivery, SessionKey};
 
@@ -652,12 +652,23 @@ impl BrokerState {
         }
         if let Some(conn) = self.connections.get(&connection) {
             if let Some(max) = conn.maximum_packet_size {
-                let len = publish_packet_len(
-                    &queued.message,
-                    queued.qos,
-                    conn.v5,
-                    &queued.subscription_ids,
-                );
+                // The message's properties are what the writer sends, but
+                // for the subscription identifiers of this delivery (and
+                // the expiry left, of the same size).
+                let parts = PublishParts {
+                    qos: QoS::from_u8(queued.qos).unwrap_or(QoS::ExactlyOnce),
+                    topic_len: queued.message.topic.len(),
+                    properties: &queued.message.properties,
+                    subscription_ids: &queued.subscription_ids,
+                    payload_len: queued.message.payload.len(),
+                };
+                let version = if conn.v5 {
+                    ProtocolVersion::V5
+                } else {
+                    ProtocolVersion::V311
+                };
+                // A packet the encoder refuses cannot be sent either.
+                let len = codec::publish_len(&parts, version).unwrap_or(usize::MAX);
                 if len > max as usize {
                     self.metrics.dropped(DropReason::TooLarge);
                     return false;
