@@ -6,7 +6,6 @@
 
 mod broker_support;
 
-
 use broker_support::*;
 use bytes::Bytes;
 use saguin::broker::codec::{
@@ -17,7 +16,6 @@ use saguin::broker::codec::{
 use tokio::net::TcpStream;
 
 type Client = Raw<TcpStream>;
-
 
 async fn client(broker: &Broker, version: ProtocolVersion, id: &str) -> Client {
     let mut c = Raw::tcp(broker.addr(), version).await;

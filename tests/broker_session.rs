@@ -5,7 +5,6 @@
 
 mod broker_support;
 
-
 use broker_support::*;
 use saguin::broker::codec::{Packet, PubAck, ReasonCode};
 

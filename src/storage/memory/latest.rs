@@ -1,6 +1,5 @@
 //! A latest channel in memory: one value per topic, and a marker for each
-//! deletion so a resuming consumer learns what went (RFC 0003 "Latest
-//! channels"). The retained store is the same structure without markers.
+//! deletion so a resuming consumer learns what went. The retained store is the same structure without markers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};

@@ -4,7 +4,7 @@
 //! it took, so a consumer resuming from a position learns of it; a trim
 //! forgets markers below the floor it raises.
 //!
-//! RFC 0004 gives a latest channel no stored byte counter (a replacement
+//! A latest channel has no stored byte counter (a replacement
 //! would need a point read on the publish path to feed it). The contract
 //! still asks for `bytes` and `record_count`, so the size of every row
 //! (values and markers, as the memory provider counts them) is read once at
