@@ -875,10 +875,18 @@ async fn server_respects_client_receive_maximum() {
             .await;
     }
     let first = c.next_publish(false).await;
-    let _second = c.next_publish(false).await;
+    let second = c.next_publish(false).await;
     c.expect_nothing().await;
     c.ack_publish(&first).await;
-    assert_eq!(body(&c.next_publish(false).await), &[2]);
+    let third = c.next_publish(false).await;
+    c.ack_publish(&second).await;
+    c.ack_publish(&third).await;
+    let fourth = c.next_publish(true).await;
+    assert_eq!(
+        [&first, &second, &third, &fourth].map(|p| body(p).to_vec()),
+        [[0], [1], [2], [3]].map(|b| b.to_vec()),
+        "in order, never more than two unacknowledged"
+    );
 }
 
 /// MQTT-3.3.4-7 / 5.0 4.9: more unacknowledged QoS 2 PUBLISHes from a

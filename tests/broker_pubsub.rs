@@ -310,28 +310,6 @@ async fn retain_handling_and_retain_as_published() {
 }
 
 #[tokio::test]
-async fn overlapping_subscriptions_one_delivery_highest_qos_all_ids() {
-    let broker = Broker::anonymous();
-    let mut s = Raw::tcp(broker.addr(), v5()).await;
-    s.connect("ov-sub", ConnectOpts::clean()).await;
-    let o = |q| SubscriptionOptions {
-        qos: qos(q),
-        ..Default::default()
-    };
-    s.subscribe_with(1, "ov/+", o(0), Some(7)).await;
-    s.subscribe_with(2, "ov/#", o(2), Some(9)).await;
-    let mut p = Raw::tcp(broker.addr(), v5()).await;
-    p.connect("ov-pub", ConnectOpts::clean()).await;
-    p.publish_acked("ov/x", b"once", 2, false, 1).await;
-    let m = s.next_publish(true).await;
-    assert_eq!(m.qos as u8, 2);
-    let mut ids = m.properties.subscription_identifiers.clone();
-    ids.sort();
-    assert_eq!(ids, vec![7, 9]);
-    s.expect_nothing().await;
-}
-
-#[tokio::test]
 async fn no_local_and_user_properties_and_response_fields_forwarded() {
     let broker = Broker::anonymous();
     let mut c = Raw::tcp(broker.addr(), v5()).await;
@@ -369,32 +347,6 @@ async fn no_local_and_user_properties_and_response_fields_forwarded() {
     assert_eq!(m.properties.response_topic, props.response_topic);
     assert_eq!(m.properties.correlation_data, props.correlation_data);
     assert_eq!(m.properties.content_type, props.content_type);
-}
-
-#[tokio::test]
-async fn shared_subscription_round_robin() {
-    let broker = Broker::anonymous();
-    let mut a = Raw::tcp(broker.addr(), v5()).await;
-    a.connect("sh-a", ConnectOpts::clean()).await;
-    a.subscribe(1, "$share/g/sh/t", 0).await;
-    let mut b = Raw::tcp(broker.addr(), v5()).await;
-    b.connect("sh-b", ConnectOpts::clean()).await;
-    b.subscribe(1, "$share/g/sh/t", 0).await;
-    let mut p = Raw::tcp(broker.addr(), v4()).await;
-    p.connect("sh-p", ConnectOpts::clean()).await;
-    for i in 0..4u8 {
-        p.publish_acked("sh/t", &[i], 1, false, u16::from(i) + 1)
-            .await;
-    }
-    let mut got = Vec::new();
-    for _ in 0..2 {
-        got.push(a.next_publish(true).await.payload[0]);
-        got.push(b.next_publish(true).await.payload[0]);
-    }
-    got.sort();
-    assert_eq!(got, vec![0, 1, 2, 3], "each message to exactly one member");
-    a.expect_nothing().await;
-    b.expect_nothing().await;
 }
 
 #[tokio::test]

@@ -216,53 +216,6 @@ async fn keep_alive_timeout_closes_and_sends_will() {
 // src/broker/connection.rs.
 
 #[tokio::test]
-async fn receive_maximum_limits_outbound_inflight() {
-    let broker = Broker::anonymous();
-    let mut s = Raw::tcp(broker.addr(), v5()).await;
-    let mut opts = ConnectOpts::clean();
-    opts.properties.receive_maximum = Some(2);
-    s.connect("rm", opts).await;
-    s.subscribe(1, "rm/t", 1).await;
-    let mut p = Raw::tcp(broker.addr(), v5()).await;
-    p.connect("rm-pub", ConnectOpts::clean()).await;
-    for i in 0..4u16 {
-        p.publish_acked("rm/t", &[i as u8], 1, false, i + 1).await;
-    }
-    let a = s.next_publish(false).await;
-    let b = s.next_publish(false).await;
-    s.expect_nothing().await;
-    s.ack_publish(&a).await;
-    let c = s.next_publish(false).await;
-    s.ack_publish(&b).await;
-    s.ack_publish(&c).await;
-    let d = s.next_publish(true).await;
-    assert_eq!(
-        [a.payload[0], b.payload[0], c.payload[0], d.payload[0]],
-        [0, 1, 2, 3]
-    );
-}
-
-#[tokio::test]
-async fn maximum_packet_size_of_the_client_is_honoured() {
-    let broker = Broker::anonymous();
-    let mut s = Raw::tcp(broker.addr(), v5()).await;
-    let mut opts = ConnectOpts::clean();
-    opts.properties.maximum_packet_size = Some(64);
-    s.connect("mps", opts).await;
-    s.subscribe(1, "mps/t", 1).await;
-    let mut p = Raw::tcp(broker.addr(), v5()).await;
-    p.connect("mps-pub", ConnectOpts::clean()).await;
-    p.publish_acked("mps/t", &[7u8; 200], 1, false, 1).await;
-    p.publish_acked("mps/t", b"small", 1, false, 2).await;
-    let m = s.next_publish(true).await;
-    assert_eq!(
-        &m.payload[..],
-        b"small",
-        "the large one is dropped for this client only"
-    );
-}
-
-#[tokio::test]
 async fn qos2_method_b_duplicates_and_unknown_pubrel() {
     let broker = Broker::anonymous();
     let mut s = Raw::tcp(broker.addr(), v4()).await;
