@@ -16,7 +16,7 @@ mod serve;
 mod snapshot;
 mod sqlite;
 
-/// Exit codes, the same for every command (SAGUIN.md §2).
+/// Exit codes, the same for every command (the README's table).
 pub mod exit {
     /// Success; the file, configuration or lock is valid / free.
     pub const OK: u8 = 0;

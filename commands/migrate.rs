@@ -62,7 +62,7 @@ pub struct Common {
 macro_rules! rules {
     () => {
         "\
-The rules it enforces (RFC 0004 \"Moving the records with the channel\"):
+The rules it enforces:
 
   - --config is refused (exit 2): a migration reads and writes only the paths \
 it is given, so it works on a copy, on another machine, on a directory from a \
@@ -174,7 +174,7 @@ Import a legacy MBMQTT01 broker.snapshot (Disk V1, V2 or V3) into a new sqlite \
 database (--to-sqlite) or a new snapshot directory (--to-snapshots).
 
 The file is read only if it is a regular file no larger than --max-bytes \
-(64 MiB by default), then decoded and validated whole (SAGUIN.md §7) before \
+(64 MiB by default), then decoded and validated whole (FORMAT.md §5) before \
 anything is created. Persistent sessions and retained messages are carried as \
 saguin keeps them:
 

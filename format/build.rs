@@ -1,6 +1,5 @@
-//! Stamps the build's revision into `SAGUIN_REVISION` (RFC 0004: "The
-//! writer is the build's own revision, read from the binary rather than
-//! written down"). From a git checkout it is the 12-digit abbreviated
+//! Stamps the build's revision into `SAGUIN_REVISION` : the writer recorded in every file is the build's own
+//! revision, read from the binary rather than written down. From a git checkout it is the 12-digit abbreviated
 //! commit; outside one, `v` and the crate version.
 
 use std::path::{Path, PathBuf};

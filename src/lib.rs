@@ -2,13 +2,22 @@
 //! operator's toolkit for that data.
 //!
 //! - [`storage`]: the one storage layer (memory and sqlite providers,
-//!   snapshot directories, the lock), used by the broker and every command.
+//!   snapshot directories, the lock), used by every command, and by the
+//!   broker for the retained messages and sessions of the providers
+//!   `broker.retained_storage` and `broker.session_storage` name; durable
+//!   channels are not served over MQTT yet.
 //! - [`broker`]: the MQTT server.
 //! - [`config`]: the YAML configuration, validated and resolved.
+//! - [`topic`]: MQTT topic name and filter rules, for the broker and storage.
+//!
+//! The invariants comments cite by number are listed in `format/FORMAT.md`
+//! §7.
 
 pub mod broker;
 pub mod config;
 pub mod storage;
+pub mod topic;
 
-/// The build's own revision, as recorded in every file it writes.
+/// The record and channel model every format and store shares (from
+/// `saguin-format`).
 pub use saguin_format::model;

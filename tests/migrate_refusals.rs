@@ -1,4 +1,4 @@
-//! `saguin migrate` refusals, each with the exit code of SAGUIN.md §2, and
+//! `saguin migrate` refusals, each with its documented exit code, and
 //! what must not happen on a refusal: nothing created, the source untouched.
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! Files written by an implementation independent of saguin's encoders —
 //! format 21 from `format/FORMAT.md` §1–4 alone, MBMQTT01 V1–V3 from
-//! SAGUIN.md §7 and the legacy format's own description — kept in
+//! `format/FORMAT.md` §5 and the legacy format's own description — kept in
 //! `fixtures/independent/` so the documents and the binary stay in step:
 //! `snapshot verify` accepts every valid file, `inspect --json` shows exactly
 //! the values that writer put in (its `expected.json`), and each file of

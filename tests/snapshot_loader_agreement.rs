@@ -1,4 +1,4 @@
-//! "Verify says OK, serve refuses" must be impossible (SAGUIN.md §6.2): the
+//! "Verify says OK, serve refuses" must be impossible: the
 //! memory provider loads its snapshot directory through the scan
 //! `saguin snapshot verify` runs, and this holds the two to one verdict.
 //! Every case is the golden directory (`fixtures/f21/dir`) with one thing
@@ -11,7 +11,7 @@
 //!
 //! One difference is by design: a damaged manifest is a file that fails
 //! verification (verify exits 1 naming it) while the broker starts on the
-//! directory with that same problem as a warning - RFC 0004 "Loading": the
+//! directory with that same problem as a warning: the
 //! manifest holds no records, and refusing to start over it would be the
 //! worst trade in the design.
 
@@ -446,7 +446,7 @@ fn a_file_of_a_store_the_provider_does_not_keep_is_not_read() {
     // Verify reads every file; a provider reads only what it keeps, so a
     // damaged file of a channel the configuration dropped, or of a
     // retained store or sessions kept on another provider, does not stop
-    // it (RFC 0004: "a file nobody asked for - nothing").
+    // it ("a file nobody asked for - nothing").
     let d = tempfile::tempdir().unwrap();
     copy_golden(d.path());
     for name in ["saguin.sessions", "%24saguin%2Fretained.snapshot"] {

@@ -25,6 +25,8 @@ use saguin_format::model::Record;
 
 const CHILD_ENV: &str = "SAGUIN_CRASH_CHILD";
 const ROUND_ENV: &str = "SAGUIN_CRASH_ROUND";
+/// Set to a seed the test printed to replay that run's kill points.
+const SEED_ENV: &str = "SAGUIN_CRASH_SEED";
 const CHANNEL: &str = "telemetry";
 
 fn options(db: &Path) -> SqliteOptions {
@@ -82,8 +84,9 @@ fn crash_child_appends_until_killed() {
     }
 }
 
-/// A small deterministic generator seeded from the clock: the kill points
-/// differ between runs, and the seed is printed so a failure can be replayed.
+/// A small deterministic generator seeded from the clock, or from
+/// `SAGUIN_CRASH_SEED`: the kill points differ between runs, and the seed
+/// is printed so a failure can be replayed.
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> u64 {
@@ -99,11 +102,18 @@ impl Lcg {
 fn every_reported_commit_survives_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("crash.db");
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("crash test seed {seed}");
+    let seed = match std::env::var(SEED_ENV) {
+        Ok(text) => text
+            .trim()
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("{SEED_ENV}={text:?} is not an unsigned integer")),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    };
+    // Printed first, so a failure's captured output starts with it.
+    eprintln!("crash test seed {seed} (replay: {SEED_ENV}={seed} cargo test --test sqlite_crash)");
     let mut rng = Lcg(seed);
     let deadline = Instant::now() + Duration::from_secs(90);
     // offset -> payload, across every round: a reused offset would show up

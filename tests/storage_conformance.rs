@@ -1,4 +1,4 @@
-//! The storage conformance test (RFC 0004 "What a store is asked for"): one
+//! The storage conformance test: one
 //! script drives a provider through every contract and records every
 //! answer - offsets assigned, records returned, counters, the refusal below
 //! the floor, bounds and quota errors, retention, positions, a queue through
@@ -191,7 +191,7 @@ impl Harness for SqliteHarness {
         self.provider = sqlite(&self.dir.path().join("saguin.db"), None, 0);
     }
 
-    /// A sqlite bound is the file's (RFC 0004), and an empty schema-20 file
+    /// A sqlite bound is the file's, and an empty schema-20 file
     /// is already larger than the script's bound; so the bound given is
     /// what the empty file takes plus the script's figure - the same room
     /// for records as the memory provider gets.

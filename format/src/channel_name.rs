@@ -1,5 +1,4 @@
-//! Channel names to file names and back (RFC 0004 "One file per channel,
-//! and the manifest"), and the fixed names of a snapshot directory.
+//! Channel names to file names and back (`FORMAT.md` §3), and the fixed names of a snapshot directory.
 //!
 //! A channel name is not a file name: `a.b` is a legal channel and `.` and
 //! `..` are two directories. Every byte outside `[A-Za-z0-9_-]` is written

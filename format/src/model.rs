@@ -3,8 +3,7 @@
 
 use bytes::Bytes;
 
-/// Unix time in nanoseconds. `0` means "not set" in every format (RFC 0004
-/// "A record on disk"): a zero timestamp is never read as a date.
+/// Unix time in nanoseconds. `0` means "not set" in every format: a zero timestamp is never read as a date.
 pub type UnixNanos = i64;
 
 /// The kind of a channel, fixed for its whole life (a file of another kind
@@ -115,8 +114,7 @@ impl Record {
     }
 
     /// The size a record counts for against `retention_bytes`, `max_bytes`
-    /// and a provider's bound. One function for both providers (RFC 0004
-    /// "Removing a record"): topic, payload, every User Property name and
+    /// and a provider's bound. One function for both providers: topic, payload, every User Property name and
     /// value, and the publish properties' contents. Never computed in SQL.
     pub fn accounted_size(&self) -> u64 {
         let props = &self.props;

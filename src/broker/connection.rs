@@ -691,3 +691,118 @@ async fn writer<W: AsyncWrite + Unpin>(
     }
     let _ = kill_tx.send(true);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection served over an in-memory pipe, with the test as the
+    /// broker's state: it reads the events and holds the handle.
+    struct Served {
+        client: tokio::io::DuplexStream,
+        events: mpsc::Receiver<Event>,
+        _shutdown: broadcast::Sender<()>,
+        _handle: Option<ConnectionHandle>,
+    }
+
+    impl Served {
+        async fn connect(keep_alive: u16) -> Served {
+            let (client, server) = tokio::io::duplex(64 * 1024);
+            let (events_tx, events) = mpsc::channel(16);
+            let (shutdown, shutdown_rx) = broadcast::channel(1);
+            let context = Arc::new(ConnectionContext {
+                max_packet_size: 1 << 20,
+                topic_alias_maximum: 0,
+                allow_anonymous: true,
+                passwords: None,
+                metrics: Arc::new(Metrics::new()),
+                outbound_queue: 16,
+            });
+            tokio::spawn(serve(
+                server,
+                "127.0.0.1:1".parse().unwrap(),
+                1,
+                Instant::now() + Duration::from_secs(60),
+                events_tx,
+                context,
+                shutdown_rx,
+            ));
+            let mut served = Served {
+                client,
+                events,
+                _shutdown: shutdown,
+                _handle: None,
+            };
+            served
+                .send(Packet::Connect(Connect {
+                    protocol: ProtocolVersion::V311,
+                    clean_start: true,
+                    keep_alive,
+                    client_id: "ka".into(),
+                    will: None,
+                    username: None,
+                    password: None,
+                    properties: Default::default(),
+                }))
+                .await;
+            match served.events.recv().await {
+                Some(Event::Connect { handle, .. }) => served._handle = Some(handle),
+                _ => panic!("expected the Connect event"),
+            }
+            served
+        }
+
+        async fn send(&mut self, packet: Packet) {
+            let mut buf = BytesMut::new();
+            codec::encode(&packet, ProtocolVersion::V311, &mut buf).unwrap();
+            self.client.write_all(&buf).await.unwrap();
+        }
+
+        /// The next event that is not a batch of packets, and when (on the
+        /// paused clock) it came.
+        async fn closed(&mut self) -> (CloseReason, Instant) {
+            loop {
+                match self.events.recv().await {
+                    Some(Event::Closed { reason, .. }) => return (reason, Instant::now()),
+                    Some(Event::Packets { .. }) => continue,
+                    _ => panic!("expected the Closed event"),
+                }
+            }
+        }
+    }
+
+    // The clock is paused: it moves only by `advance`, or, when every task
+    // waits, straight to the next timer. So the instant a Closed event
+    // arrives is the instant the reader's keep alive timer fired.
+
+    /// MQTT-3.1.2-24: no packet within 1.5 x Keep Alive closes the
+    /// connection, exactly then.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_client_is_closed_at_one_and_a_half_times_keep_alive() {
+        let mut c = Served::connect(2).await;
+        let connected = Instant::now();
+        let (reason, at) = c.closed().await;
+        assert!(matches!(reason, CloseReason::KeepAlive));
+        assert_eq!(at - connected, Duration::from_secs(3));
+    }
+
+    /// Any packet (here PINGREQ) restarts the keep alive period.
+    #[tokio::test(start_paused = true)]
+    async fn each_packet_restarts_the_keep_alive_period() {
+        let mut c = Served::connect(1).await;
+        for _ in 0..3 {
+            tokio::time::advance(Duration::from_millis(1400)).await;
+            c.send(Packet::PingReq).await;
+            match c.events.recv().await {
+                Some(Event::Packets { packets, .. }) => {
+                    assert!(matches!(packets[..], [Inbound::PingReq]))
+                }
+                _ => panic!("expected the PINGREQ"),
+            }
+        }
+        let last_ping = Instant::now();
+        let (reason, at) = c.closed().await;
+        assert!(matches!(reason, CloseReason::KeepAlive));
+        assert_eq!(at - last_ping, Duration::from_millis(1500));
+    }
+}

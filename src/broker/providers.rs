@@ -1,6 +1,6 @@
 //! The storage providers the broker keeps its state in, from startup to a
-//! graceful stop (RFC 0004 "One broker at a time: the lock", "Loading",
-//! "The order a shutdown writes in").
+//! graceful stop
+//! (the README's "What is kept, and what is promised").
 //!
 //! [`Providers::open`] runs before any listener is bound, for every
 //! provider `broker.retained_storage` or `broker.session_storage` names, in

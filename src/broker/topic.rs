@@ -1,4 +1,5 @@
-//! Topic names, topic filters and the subscription index.
+//! The subscription index: which sessions a published topic reaches. The
+//! topic rules it follows (validity, matching) are [`crate::topic`]'s.
 //!
 //! The index is a trie keyed by topic level. Matching walks the levels of a
 //! published topic once, following the literal child, the `+` child and the
@@ -13,111 +14,6 @@ use std::collections::BTreeMap;
 
 /// The key the broker gives a session; the index stores only these.
 pub type SessionKey = u64;
-
-/// Why a topic name or filter was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TopicError {
-    #[error("empty")]
-    Empty,
-    #[error("contains NUL")]
-    Nul,
-    #[error("a topic name cannot contain + or #")]
-    WildcardInName,
-    #[error("# must be the whole last level")]
-    BadMultiLevel,
-    #[error("+ must be a whole level")]
-    BadSingleLevel,
-    #[error("shared subscription needs $share/GROUP/FILTER with a non-empty group without + or #")]
-    BadShare,
-    #[error("longer than 65535 bytes")]
-    TooLong,
-}
-
-/// Check a topic name a client publishes to.
-pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
-    if name.is_empty() {
-        return Err(TopicError::Empty);
-    }
-    if name.len() > 65535 {
-        return Err(TopicError::TooLong);
-    }
-    if name.contains('\0') {
-        return Err(TopicError::Nul);
-    }
-    if name.contains(['+', '#']) {
-        return Err(TopicError::WildcardInName);
-    }
-    Ok(())
-}
-
-/// Check a (non-shared) topic filter.
-pub fn validate_filter(filter: &str) -> Result<(), TopicError> {
-    if filter.is_empty() {
-        return Err(TopicError::Empty);
-    }
-    if filter.len() > 65535 {
-        return Err(TopicError::TooLong);
-    }
-    if filter.contains('\0') {
-        return Err(TopicError::Nul);
-    }
-    let mut levels = filter.split('/').peekable();
-    while let Some(level) = levels.next() {
-        if level.contains('#') && (level != "#" || levels.peek().is_some()) {
-            return Err(TopicError::BadMultiLevel);
-        }
-        if level.contains('+') && level != "+" {
-            return Err(TopicError::BadSingleLevel);
-        }
-    }
-    Ok(())
-}
-
-/// A subscription filter as the client wrote it, split into its share group
-/// (if any) and the filter proper.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParsedFilter<'a> {
-    pub share_group: Option<&'a str>,
-    pub filter: &'a str,
-}
-
-/// Parse and validate a SUBSCRIBE/UNSUBSCRIBE filter, `$share/G/f` included.
-pub fn parse_filter(raw: &str) -> Result<ParsedFilter<'_>, TopicError> {
-    if let Some(rest) = raw.strip_prefix("$share/") {
-        let (group, filter) = rest.split_once('/').ok_or(TopicError::BadShare)?;
-        if group.is_empty() || group.contains(['+', '#']) || filter.is_empty() {
-            return Err(TopicError::BadShare);
-        }
-        validate_filter(filter)?;
-        return Ok(ParsedFilter {
-            share_group: Some(group),
-            filter,
-        });
-    }
-    validate_filter(raw)?;
-    Ok(ParsedFilter {
-        share_group: None,
-        filter: raw,
-    })
-}
-
-/// Does `filter` (already valid, not shared) match topic `name`?
-pub fn filter_matches(filter: &str, name: &str) -> bool {
-    if name.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
-        return false;
-    }
-    let mut f = filter.split('/');
-    let mut n = name.split('/');
-    loop {
-        match (f.next(), n.next()) {
-            (Some("#"), _) => return true,
-            (Some("+"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
 
 /// The options a session subscribed with (MQTT 5 subscription options; a
 /// 3.1.1 subscription has only the QoS).
@@ -402,41 +298,6 @@ mod tests {
     }
 
     #[test]
-    fn validation() {
-        assert!(validate_topic_name("a/b").is_ok());
-        assert!(validate_topic_name("a/+").is_err());
-        assert!(validate_topic_name("").is_err());
-        assert!(validate_filter("a/#").is_ok());
-        assert!(validate_filter("#").is_ok());
-        assert!(validate_filter("+/+/c").is_ok());
-        assert!(validate_filter("a/#/b").is_err());
-        assert!(validate_filter("a#").is_err());
-        assert!(validate_filter("a/b+").is_err());
-        assert_eq!(
-            parse_filter("$share/g/a/+").unwrap(),
-            ParsedFilter {
-                share_group: Some("g"),
-                filter: "a/+"
-            }
-        );
-        assert!(parse_filter("$share//a").is_err());
-        assert!(parse_filter("$share/g").is_err());
-        assert!(parse_filter("$share/g+/a").is_err());
-    }
-
-    #[test]
-    fn filter_matching_rules() {
-        assert!(filter_matches("a/#", "a"));
-        assert!(filter_matches("a/#", "a/b/c"));
-        assert!(filter_matches("a/+/c", "a/b/c"));
-        assert!(!filter_matches("a/+", "a/b/c"));
-        assert!(filter_matches("+/+", "/x"));
-        assert!(!filter_matches("#", "$SYS/broker"));
-        assert!(!filter_matches("+/broker", "$SYS/broker"));
-        assert!(filter_matches("$SYS/#", "$SYS/broker"));
-    }
-
-    #[test]
     fn index_matches_wildcards_and_dollar() {
         let mut index = SubscriptionIndex::new();
         index.insert(None, "a/b", 1, opts(0));
@@ -489,5 +350,43 @@ mod tests {
         assert_eq!(d[0].session, 1);
         assert_eq!(d[0].qos, 2);
         assert_eq!(d[0].subscription_ids, vec![7, 9]);
+    }
+
+    fn level() -> impl proptest::strategy::Strategy<Value = &'static str> {
+        proptest::sample::select(vec!["a", "b", "", "$s"])
+    }
+
+    proptest::proptest! {
+        /// The trie walk reaches exactly the sessions whose filter
+        /// `crate::topic::filter_matches` says matches.
+        #[test]
+        fn index_agrees_with_the_topic_rule(
+            filters in proptest::collection::vec(
+                (proptest::collection::vec(proptest::prop_oneof![level(), proptest::strategy::Just("+")], 0..4), proptest::bool::ANY),
+                1..12,
+            ),
+            names in proptest::collection::vec(proptest::collection::vec(level(), 1..5), 1..8),
+        ) {
+            let filters: Vec<String> = filters
+                .into_iter()
+                .map(|(mut levels, hash)| {
+                    if hash || levels.is_empty() {
+                        levels.push("#");
+                    }
+                    levels.join("/")
+                })
+                .collect();
+            let mut index = SubscriptionIndex::new();
+            for (i, f) in filters.iter().enumerate() {
+                index.insert(None, f, i as SessionKey, opts(0));
+            }
+            for name in names.iter().map(|l| l.join("/")).filter(|n| !n.is_empty()) {
+                let expected: Vec<SessionKey> = (0..filters.len())
+                    .filter(|&i| crate::topic::filter_matches(&filters[i], &name))
+                    .map(|i| i as SessionKey)
+                    .collect();
+                proptest::prop_assert_eq!(sessions(&mut index, &name), expected, "{}", name);
+            }
+        }
     }
 }

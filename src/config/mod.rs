@@ -5,14 +5,14 @@
 //!
 //! [`Config::load`] is the only loader: `saguin serve` and
 //! `saguin check-config` both call it, so "check-config says OK, serve
-//! refuses" cannot happen (SAGUIN.md §6 item 2). Loading reads the YAML,
+//! refuses" cannot happen. Loading reads the YAML,
 //! fills every default, runs every cross-check, and opens and parses every
 //! file the configuration names except the databases: the password file, the
 //! ACL file, TLS certificates and keys. Every problem is collected, each with
 //! its YAML path (`channels[2].storage: no provider named "db2"`), rather
 //! than stopping at the first.
 //!
-//! Decisions this module makes where SAGUIN.md is silent (documented in
+//! Decisions this module makes where MQTT and the storage rules leave a choice (documented in
 //! `docs` of each field and in `man saguin-check-config`):
 //!
 //! - `auth.allow_anonymous` defaults to `true` only in the embedded default;
@@ -23,7 +23,7 @@
 //!   check-config never binds, because the broker it checks may be running.
 //! - Relative paths resolve against the directory of the configuration file.
 //! - A provider no channel, `retained_storage` or `session_storage` names is
-//!   inert (RFC 0004 "Moving a channel between providers"): valid, and said so
+//!   inert: valid, and said so
 //!   in the summary.
 //! - An absent `max_bytes` means no bound and no reserve.
 
@@ -55,8 +55,7 @@ pub use secret::Secret;
 pub use tls::TlsMaterial;
 pub use unserved::Unserved;
 
-/// SQLite page size on a database saguin creates (RFC 0004 "Enforcing a size
-/// bound"): bounds are computed in these pages.
+/// SQLite page size on a database saguin creates: bounds are computed in these pages.
 pub const SQLITE_PAGE_SIZE: u64 = 4096;
 
 /// The largest configuration file read, so a wrong `--config` (a disk image,
@@ -146,8 +145,7 @@ pub struct MemoryProvider {
     /// Where snapshots are written at shutdown and read at startup. `None`:
     /// nothing is kept across a restart.
     pub snapshot_dir: Option<PathBuf>,
-    /// Bound on the bytes the provider's channels hold, reserve included
-    /// (RFC 0004 "The reserve"). `None`: unbounded.
+    /// Bound on the bytes the provider's channels hold, reserve included. `None`: unbounded.
     pub max_bytes: Option<u64>,
 }
 
@@ -174,8 +172,7 @@ pub struct SqliteProvider {
     pub read_connections: u32,
 }
 
-/// What a provider's `max_bytes` came to (RFC 0004 "Enforcing a size bound",
-/// "The reserve"), computed by [`Provider::bound`].
+/// What a provider's `max_bytes` came to, computed by [`Provider::bound`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bound {
     /// The figure the operator wrote, in bytes.
@@ -364,7 +361,7 @@ impl ConfigError {
 }
 
 /// The embedded default's YAML: one listener on 127.0.0.1:1883, anonymous,
-/// no channels, everything in memory, nothing kept (SAGUIN.md §2).
+/// no channels, everything in memory, nothing kept.
 pub const EMBEDDED_DEFAULT_YAML: &str = "\
 listeners:
   - name: mqtt
@@ -449,7 +446,7 @@ impl Config {
     }
 
     /// The reserve a bounded provider holds back before rounding: one
-    /// largest record with its headers (RFC 0004 "The reserve").
+    /// largest record with its headers.
     pub fn reserve_bytes(&self) -> u64 {
         self.limits
             .max_message_size
@@ -486,7 +483,7 @@ impl Config {
     }
 
     /// What each channel's durability is and what each size bound came to,
-    /// one sentence a line (SAGUIN.md §5; invariant 14). The broker states
+    /// one sentence a line (invariant 14). The broker states
     /// these once at startup; check-config prints them.
     pub fn durability_summary(&self) -> Vec<String> {
         summary::durability_summary(self)

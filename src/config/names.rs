@@ -1,5 +1,5 @@
-//! Channel name rules (SAGUIN.md §3) and the file name a channel is stored
-//! under (RFC 0004 "One file per channel, and the manifest").
+//! Channel name rules and the file name a channel is stored under
+//! (`format/FORMAT.md` §3).
 
 /// Longest channel name, in bytes.
 pub const CHANNEL_NAME_MAX_BYTES: usize = 128;

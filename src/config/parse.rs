@@ -604,7 +604,7 @@ const SQLITE_ONLY: &[&str] = &[
     "read_connections",
 ];
 
-/// Bounds from RFC 0004 "WAL, and synchronous=NORMAL" and "Group commit".
+/// Bounds of the sqlite flush and group commit intervals.
 pub(crate) const FLUSH_INTERVAL_MIN: Duration = Duration::from_millis(10);
 pub(crate) const FLUSH_INTERVAL_MAX: Duration = Duration::from_secs(1);
 pub(crate) const PUBLISH_COMMIT_INTERVAL_MAX: Duration = Duration::from_secs(1);

@@ -1,4 +1,4 @@
-//! Secrets redacted by type (SAGUIN.md §6 item 9).
+//! Secrets redacted by type.
 //!
 //! Whatever is a secret - private key bytes, password hashes and salts, the
 //! rules of an ACL file - is held in a [`Secret`], whose `Debug`, `Display`

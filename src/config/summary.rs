@@ -1,5 +1,5 @@
 //! What a configuration keeps and what its bounds came to, in sentences
-//! (SAGUIN.md §5; invariant 14: durability is exactly the provider's
+//! (invariant 14: durability is exactly the provider's
 //! promise, stated where it is claimed).
 
 use super::units::format_duration;

@@ -1,9 +1,8 @@
 //! `saguin sqlite backup`: an online, consistent, verified copy of a sqlite
-//! provider's database, taken while a broker writes to it (RFC 0004 "Backing
-//! up and restoring", "Reading it while the broker runs").
+//! provider's database, taken while a broker writes to it.
 //!
 //! cp is not a backup of a WAL database, and VACUUM INTO does not fsync its
-//! output (SAGUIN.md §6.8). This copy is SQLite's online backup, read from a
+//! output. This copy is SQLite's online backup, read from a
 //! read-only connection (never `immutable=1`, which would ignore the
 //! write-ahead log) that holds one read transaction for the whole copy, so
 //! every page comes from one moment while the broker goes on committing.

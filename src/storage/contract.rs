@@ -1,5 +1,4 @@
-//! The store contracts both providers implement (RFC 0004 "What a store is
-//! asked for").
+//! The store contracts both providers implement.
 //!
 //! The broker declares what it asks of an append channel, a latest channel
 //! and a queue, and does not care which provider answers. Every method that
@@ -116,8 +115,7 @@ pub enum StorageError {
 
 impl StorageError {
     /// The MQTT 5 reason code a PUBACK/PUBREC answers this failure with:
-    /// 0x97 for a reached bound, 0x83 for anything else (RFC 0004 "The
-    /// reserve"; SAGUIN.md §4).
+    /// 0x97 for a reached bound, 0x83 for anything else.
     pub fn mqtt_reason_code(&self) -> u8 {
         if self.is_full() {
             REASON_QUOTA_EXCEEDED
@@ -164,8 +162,7 @@ impl ReaderScheme {
     }
 }
 
-/// A reader's name: a scheme and an identifier (RFC 0004 "A position lives
-/// with the records it points into"). The one rule for what goes into a
+/// A reader's name: a scheme and an identifier. The one rule for what goes into a
 /// snapshot and a database alike.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Reader {
@@ -483,7 +480,7 @@ pub trait QueueStore: Send + Sync {
 
     fn next(&self) -> u64;
 
-    /// The gaps before attempt 2, 3, ...; the last repeats (RFC 0003 "Backoff").
+    /// The gaps before attempt 2, 3, ...; the last repeats.
     fn set_backoff(&self, gaps: Vec<Duration>);
 
     /// Deliveries after which a failed record is dead-lettered (at least 1).
@@ -732,7 +729,7 @@ pub const RETAINED_STORE_NAME: &str = "$saguin/retained";
 pub const BROADCAST_LOG_NAME: &str = "$saguin/broadcast";
 
 /// The size of a provider's reserve: one largest possible record with its
-/// headers (RFC 0004 "The reserve"). Not a configuration key of its own.
+/// headers. Not a configuration key of its own.
 pub fn reserve_for(max_message_size: u64, max_header_bytes: u64) -> u64 {
     max_message_size.saturating_add(max_header_bytes)
 }
@@ -940,26 +937,6 @@ pub fn format_time(at: UnixNanos) -> String {
     humantime::format_rfc3339_nanos(t).to_string()
 }
 
-/// True when `topic` matches the MQTT topic `filter` (`+` one level, `#` the
-/// rest, including the parent level). Topics starting with `$` are matched
-/// only by filters that name the `$` level.
-pub fn topic_matches(filter: &str, topic: &str) -> bool {
-    if topic.starts_with('$') && !filter.starts_with('$') {
-        return false;
-    }
-    let mut f = filter.split('/');
-    let mut t = topic.split('/');
-    loop {
-        match (f.next(), t.next()) {
-            (Some("#"), _) => return true,
-            (Some("+"), Some(_)) => {}
-            (Some(fl), Some(tl)) if fl == tl => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1017,15 +994,5 @@ mod tests {
             p.expired_at(3_602_000_000_000, 3600),
             "capped by max_session_expiry"
         );
-    }
-
-    #[test]
-    fn filters_match_topics() {
-        assert!(topic_matches("a/+/c", "a/b/c"));
-        assert!(topic_matches("a/#", "a"));
-        assert!(topic_matches("#", "a/b"));
-        assert!(!topic_matches("#", "$SYS/x"));
-        assert!(!topic_matches("a/+", "a/b/c"));
-        assert!(topic_matches("a/b", "a/b"));
     }
 }

@@ -1,5 +1,4 @@
-//! The lock: one broker at a time per provider (RFC 0004 "One broker at a
-//! time: the lock").
+//! The lock: one broker at a time per provider.
 //!
 //! The lock is a tiny SQLite database of its own beside what it guards
 //! (`<file_path>.lock` for a sqlite provider, `saguin.lock` inside a snapshot

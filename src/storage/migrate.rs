@@ -1,12 +1,10 @@
 //! Moving a provider's data to the other provider kind, and importing a
-//! legacy MBMQTT01 `broker.snapshot` (RFC 0004 "Moving the records with the
-//! channel"; `saguin migrate`).
+//! legacy MBMQTT01 `broker.snapshot` (`saguin migrate`, `man saguin-migrate`).
 //!
 //! The rules, each enforced here rather than by the command line:
 //!
 //! - **The destination must not exist**, or be an empty directory; a
-//!   database's `-wal`, `-shm` and `-journal` must not exist either
-//!   (SAGUIN.md §6.6), and its parent directory must. Checked before
+//!   database's `-wal`, `-shm` and `-journal` must not exist either, and its parent directory must. Checked before
 //!   anything is read.
 //! - **It is built beside itself**, under [`staging_path`], and linked (a
 //!   database) or renamed (a directory) into place only once read back,
@@ -225,7 +223,7 @@ fn exists(path: &Path) -> bool {
 }
 
 /// Refuses a database destination that exists, or any of whose sidecars
-/// does (SAGUIN.md §6.6).
+/// does.
 pub fn check_database_destination(db: &Path) -> Result<(), MigrateError> {
     match crate::storage::sqlite::occupied_destination(db) {
         Some(what) => Err(MigrateError::DestinationExists {

@@ -1,5 +1,6 @@
 //! The storage layer: channels, their providers, snapshot directories and
-//! the lock. Specified by RFC 0004.
+//! the lock. The file formats are specified
+//! in `format/FORMAT.md`, the durability promises in the README.
 
 pub mod backup;
 pub mod contract;

@@ -5,7 +5,7 @@
 //! each record dropped once the one decoder has checked it (so verifying a
 //! file costs about its size in memory); [`load`] is [`scan`] plus "refuse
 //! on any error", for a loader. "Verify says OK, serve refuses" must not
-//! happen (SAGUIN.md §6.2): both scans run one decoder and one set of
+//! happen: both scans run one decoder and one set of
 //! checks ([`saguin_format::f21::decode_with`]), the memory
 //! provider's loader (`storage::memory::load`) reads every byte through
 //! [`scan`] and [`into_loaded`] (the two halves of [`load`]) and only
@@ -29,7 +29,7 @@
 //! file whose name does not match the channel inside it, a sessions file
 //! without its broadcast log, an in-flight entry past the log's next
 //! offset); a **warning** is what the manifest and leftover temporary files
-//! tell the operator (RFC 0004 "Loading": the manifest's own failures are
+//! tell the operator (the manifest's own failures are
 //! warnings); **info** is a file nobody asked for.
 //!
 //! The manifest's moment: a shutdown stamps every file it writes, the
@@ -66,7 +66,7 @@ pub struct ScanOptions {
     pub max_bytes_mbmqtt: u64,
     /// When set, only these channels' files are decoded; any other channel
     /// file is reported as not configured and left unread (a channel the
-    /// configuration dropped is "a file nobody opens", RFC 0004). `None`
+    /// configuration dropped is "a file nobody opens"). `None`
     /// decodes every file, as `verify` does.
     pub channels: Option<BTreeSet<String>>,
     /// False when the provider does not keep the retained store: its file
@@ -1015,7 +1015,7 @@ pub struct Loaded {
     pub manifest: Option<(Header, Manifest)>,
     /// Channel name → its file. `stale` is true for a file written before
     /// the manifest's moment: it is read for its records and not for its
-    /// holds (RFC 0004: each held publish is counted as abandoned).
+    /// holds (each held publish is counted as abandoned).
     pub channels: BTreeMap<String, LoadedChannel>,
     pub retained: Option<RetainedFile>,
     pub sessions: Option<SessionsFile>,

@@ -1,5 +1,5 @@
 //! Writing a memory provider's snapshot directory at a graceful shutdown
-//! (RFC 0004 "The order a shutdown writes in", "What a shutdown costs").
+//! (`format/FORMAT.md` §4).
 //!
 //! Two phases. [`copy_provider`] runs under the broker's lock: it copies
 //! each store's counters and positions and takes shared handles on its

@@ -1,6 +1,5 @@
-//! Memory provider figures (RFC 0004 "What a shutdown costs", "Many channels
-//! rather than one large one", "Removing a record", "What the retention
-//! sweep costs"). Run with `cargo bench --bench storage_memory`; set TMPDIR
+//! Memory provider figures: a shutdown's cost, many channels rather than
+//! one large one, removing a record, the retention sweep. Run with `cargo bench --bench storage_memory`; set TMPDIR
 //! to real storage (a tmpfs measures the page cache, where fsync does
 //! nothing). `SAGUIN_BENCH_QUICK=1` runs the small sizes only.
 //!

@@ -137,7 +137,7 @@ fn provider_single_append(dir: &Path, n: u64) -> Cost {
 
 /// A bare rusqlite insert + commit of the same row into a table keyed the
 /// same way, WAL + synchronous=NORMAL. With `counter_row`, the transaction
-/// also updates a counter row the way the store must (RFC 0004: next and
+/// also updates a counter row the way the store must (invariant 9: next and
 /// bytes are stored, never derived) - the part of the difference that is
 /// the schema's rather than the store's.
 fn bare_single_insert(dir: &Path, n: u64, counter_row: bool) -> Cost {

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -30,8 +30,8 @@ pub struct Broker {
     pub dir: tempfile::TempDir,
     pub listeners: HashMap<String, SocketAddr>,
     pub log: Arc<Mutex<Vec<String>>>,
-    /// Notified on every new log line.
-    pub logged: Arc<std::sync::Condvar>,
+    /// Notified after each line is added to `log`.
+    logged: Arc<Condvar>,
 }
 
 impl Broker {
@@ -70,10 +70,10 @@ impl Broker {
         let mut child = command.spawn().expect("spawn saguin");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(Vec::new()));
-        let logged = Arc::new(std::sync::Condvar::new());
-        let logged2 = logged.clone();
         let (tx, rx) = mpsc::channel();
         let log2 = log.clone();
+        let logged = Arc::new(Condvar::new());
+        let logged2 = logged.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
@@ -135,18 +135,17 @@ impl Broker {
     /// The first log line `matches` accepts, waiting (bounded) for the
     /// broker to write it: log lines reach the test through a pipe.
     pub fn wait_log(&self, matches: impl Fn(&str) -> bool) -> String {
-        let deadline = std::time::Instant::now() + WAIT;
-        let mut log = self.log.lock().unwrap();
-        loop {
-            if let Some(line) = log.iter().find(|l| matches(l)) {
-                return line.clone();
-            }
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                panic!("no such log line within {WAIT:?}:\n{}", log.join("\n"));
-            }
-            log = self.logged.wait_timeout(log, left).unwrap().0;
+        let (log, timeout) = self
+            .logged
+            .wait_timeout_while(self.log.lock().unwrap(), WAIT, |log| {
+                !log.iter().any(|l| matches(l))
+            })
+            .unwrap();
+        if timeout.timed_out() {
+            drop(log);
+            panic!("no such log line within {WAIT:?}:\n{}", self.log_text());
         }
+        log.iter().find(|l| matches(l)).expect("found").clone()
     }
 
     /// Start a new broker on this one's directory (this one must have
@@ -300,6 +299,21 @@ impl Raw<TcpStream> {
             .expect("connect");
         Raw::new(stream, version)
     }
+    /// Nothing has arrived so far, checked without waiting: for a peer
+    /// that cannot answer a ping (a connection not yet accepted).
+    pub fn expect_nothing_yet(&mut self) {
+        match self.stream.try_read_buf(&mut self.rbuf) {
+            Ok(0) => panic!("expected nothing, the connection closed"),
+            Ok(_) => panic!("expected nothing, got {:?}", self.rbuf),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("expected nothing, got {e}"),
+        }
+        assert!(
+            self.rbuf.is_empty(),
+            "expected nothing, got {:?}",
+            self.rbuf
+        );
+    }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
@@ -359,11 +373,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
         }
     }
 
-    /// Nothing arrives within `wait`.
-    pub async fn expect_silence(&mut self, wait: Duration) {
-        if let Ok(p) = self.recv_within(wait).await {
-            panic!("expected nothing, got {p:?}");
+    /// Sends PINGREQ and returns what arrives before its PINGRESP. The
+    /// broker's one state answers events in order and queues a client's
+    /// packets in order, so everything it queued for this client before it
+    /// read the PINGREQ has then arrived: a barrier, not a wait.
+    pub async fn round_trip(&mut self) -> Vec<Packet> {
+        self.send(Packet::PingReq).await;
+        let mut before = Vec::new();
+        loop {
+            match self.recv().await {
+                Some(Packet::PingResp) => return before,
+                Some(p) => before.push(p),
+                None => panic!("closed before PINGRESP; got {before:?}"),
+            }
         }
+    }
+
+    /// Nothing is on its way to this client: a ping round trip brings
+    /// nothing before its PINGRESP. The event that would have sent
+    /// something must have been handled first (a publisher's PUBACK or
+    /// PUBCOMP, or the publisher's own [`round_trip`](Self::round_trip)).
+    pub async fn expect_nothing(&mut self) {
+        let before = self.round_trip().await;
+        assert!(before.is_empty(), "expected nothing, got {before:?}");
     }
 
     pub async fn connect(&mut self, client_id: &str, opts: ConnectOpts) -> codec::ConnAck {

@@ -53,7 +53,7 @@ pub enum DecodeError {
     TrailingBytes { offset: usize, count: usize },
 
     /// The bytes decode but say something that cannot be true
-    /// (RFC 0004 "Loading": the pass a checksum cannot cover).
+    /// (the pass a checksum cannot cover, `FORMAT.md` §2.9).
     #[error("invalid {field}: {reason}")]
     Invalid { field: String, reason: String },
 }

@@ -1,5 +1,5 @@
 //! Format 21: saguin snapshot files (channel files, manifest, retained store,
-//! sessions, broadcast log). RFC 0004 "Memory, with a snapshot"; every byte
+//! sessions, broadcast log). Every byte
 //! is documented in `FORMAT.md` §2.
 //!
 //! ```text
@@ -207,7 +207,7 @@ fn hex_bytes(bytes: &[u8]) -> String {
 }
 
 /// Decodes and validates a whole file: header, checksum, body, and the
-/// semantic pass of RFC 0004 "Loading". Payloads and correlation data are
+/// semantic pass (`FORMAT.md` §2.9). Payloads and correlation data are
 /// copied out one by one, so nothing decoded keeps `bytes` alive and a
 /// record removed later gives its memory back. [`decode_bytes`] slices
 /// them out of a shared buffer instead.

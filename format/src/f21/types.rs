@@ -73,8 +73,7 @@ impl DeadLetter {
 }
 
 /// An unresolved queue record. Who holds it, under which Delivery ID and
-/// until when are deliberately not stored (RFC 0004 "A queue row is an
-/// unresolved record"): every item comes back available.
+/// until when are deliberately not stored (invariant 15, `FORMAT.md` §7): every item comes back available.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueItem {
     pub record: Record,

@@ -1,4 +1,4 @@
-//! The semantic pass (RFC 0004 "Loading"): what a checksum cannot cover.
+//! The semantic pass (`FORMAT.md` §2.9): what a checksum cannot cover.
 //! A checksum proves the bytes are the ones written, not that the writer
 //! was right; an out-of-order record would hide every record behind it
 //! from a reader that stops at the first offset past what it asked for.
@@ -845,7 +845,7 @@ fn validate_broadcast(f: &BroadcastFile, messages: ListVerdict) -> Result<(), De
 }
 
 /// The rules that need `saguin.sessions` and `saguin.broadcast` together
-/// (RFC 0004: "one at or past the log's next offset ... is refused"): every
+/// (one at or past the log's next offset is refused): every
 /// in-flight entry, subscription mark, group cursor and returned delivery
 /// points into the log, none at or past its next offset (a cursor or
 /// subscription mark may equal it: it names the next message to come).

@@ -8,7 +8,8 @@ use bytes::{BufMut, BytesMut};
 
 use super::error::EncodeError;
 use super::packet::{Packet, PacketType, ProtocolVersion, QoS};
-use super::properties::{Measure, Write};
+use super::properties::id::SUBSCRIPTION_IDENTIFIER;
+use super::properties::{Measure, PublishProperties, Sink, Write};
 use super::reason::ReasonCode;
 use super::wire::{self, MAX_VARIABLE_BYTE_INTEGER};
 
@@ -23,6 +24,10 @@ fn total_len(body: usize) -> usize {
 fn props_len<P: PropertyBlock>(packet: PacketType, props: &P) -> Result<usize, EncodeError> {
     let mut m = Measure::default();
     props.measure(&mut m);
+    measured_props_len(packet, m)
+}
+
+fn measured_props_len(packet: PacketType, m: Measure) -> Result<usize, EncodeError> {
     if let Some((field, len)) = m.too_long {
         return Err(EncodeError::FieldTooLong { packet, field, len });
     }
@@ -123,15 +128,17 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
             }
         }
         Packet::Publish(p) => {
-            let mut len = str_len(kind, "topic name", p.topic.len())?;
             if p.qos != QoS::AtMostOnce {
                 nonzero_id(kind, p.packet_id)?;
-                len += 2;
             }
-            if v5 {
-                len += props_len(kind, &p.properties)?;
-            }
-            len + p.payload.len()
+            let parts = PublishParts {
+                qos: p.qos,
+                topic_len: p.topic.len(),
+                properties: &p.properties,
+                subscription_ids: &[],
+                payload_len: p.payload.len(),
+            };
+            publish_body_len(&parts, version)?
         }
         Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => {
             nonzero_id(kind, a.packet_id)?;
@@ -209,14 +216,62 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
             }
         }
     };
+    check_body_len(kind, len)
+}
+
+fn check_body_len(packet: PacketType, len: usize) -> Result<usize, EncodeError> {
     if len > MAX_VARIABLE_BYTE_INTEGER as usize {
         return Err(EncodeError::PacketTooLarge {
-            packet: kind,
+            packet,
             size: total_len(len) as u64,
             max: u64::from(MAX_VARIABLE_BYTE_INTEGER),
         });
     }
     Ok(len)
+}
+
+/// What decides the size of a PUBLISH, borrowed from wherever the parts
+/// live: the broker measures a delivery before it builds the packet.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishParts<'a> {
+    pub qos: QoS,
+    pub topic_len: usize,
+    /// Sent as they are, except that `subscription_ids` are added to their
+    /// subscription identifiers.
+    pub properties: &'a PublishProperties,
+    pub subscription_ids: &'a [u32],
+    pub payload_len: usize,
+}
+
+fn publish_body_len(
+    parts: &PublishParts<'_>,
+    version: ProtocolVersion,
+) -> Result<usize, EncodeError> {
+    let kind = PacketType::Publish;
+    let mut len = str_len(kind, "topic name", parts.topic_len)?;
+    if parts.qos != QoS::AtMostOnce {
+        len += 2;
+    }
+    if version == ProtocolVersion::V5 {
+        let mut m = Measure::default();
+        parts.properties.measure(&mut m);
+        for &sub_id in parts.subscription_ids {
+            m.var(SUBSCRIPTION_IDENTIFIER, Some(sub_id));
+        }
+        len += measured_props_len(kind, m)?;
+    }
+    Ok(len + parts.payload_len)
+}
+
+/// The number of bytes [`encode`] writes for the PUBLISH `parts` describe,
+/// fixed header included, without building it: [`encoded_len`] of that
+/// packet.
+pub fn publish_len(
+    parts: &PublishParts<'_>,
+    version: ProtocolVersion,
+) -> Result<usize, EncodeError> {
+    let body = check_body_len(PacketType::Publish, publish_body_len(parts, version)?)?;
+    Ok(total_len(body))
 }
 
 /// The number of bytes [`encode`] writes for `packet`, fixed header

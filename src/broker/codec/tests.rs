@@ -1993,6 +1993,30 @@ mod generated {
             round_trip(&packet, V4);
         }
 
+        /// `publish_len` measures from borrowed parts what `encode` writes
+        /// for the packet built from them, the delivery's subscription
+        /// identifiers added to the message's own.
+        #[test]
+        fn publish_len_is_the_written_length(
+            (v5, publish) in any::<bool>().prop_flat_map(|v5| (Just(v5), publish(v5, true))),
+            split in any::<prop::sample::Index>(),
+        ) {
+            let version = if v5 { V5 } else { V4 };
+            let mut message = publish.clone();
+            let ids = std::mem::take(&mut message.properties.subscription_identifiers);
+            let (own, delivery) = ids.split_at(split.index(ids.len() + 1));
+            message.properties.subscription_identifiers = own.to_vec();
+            let parts = crate::broker::codec::PublishParts {
+                qos: message.qos,
+                topic_len: message.topic.len(),
+                properties: &message.properties,
+                subscription_ids: delivery,
+                payload_len: message.payload.len(),
+            };
+            let written = enc(&Packet::Publish(publish), version);
+            prop_assert_eq!(crate::broker::codec::publish_len(&parts, version), Ok(written.len()));
+        }
+
         #[test]
         fn connects_round_trip(packet in connect(true)) {
             round_trip(&Packet::Connect(packet), V5);

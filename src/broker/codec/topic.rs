@@ -1,91 +1,52 @@
-//! Topic name and topic filter syntax (MQTT 5 §4.7, shared subscriptions
-//! §4.8.2). Shared by both protocol versions.
+//! The codec's errors for topic names and filters (MQTT 5 §4.7, shared
+//! subscriptions §4.8.2; both protocol versions). The rules themselves are
+//! [`crate::topic`]'s; this module says which packet error each refusal is.
 
 use super::error::DecodeError;
 use super::packet::PacketType;
+use crate::topic;
 
-/// The prefix that makes a filter a shared subscription.
-pub const SHARE_PREFIX: &str = "$share/";
+pub use crate::topic::split_shared;
 
-/// A topic name (what PUBLISH and Will carry): at least one character, no
-/// wildcard (MQTT-3.3.2-2, MQTT-4.7.3-1). Empty names are refused by the
-/// caller where an alias may stand in.
-pub fn validate_topic_name(packet: PacketType, topic: &str) -> Result<(), DecodeError> {
-    let why = if topic.is_empty() {
-        "it is empty"
-    } else if topic.contains(['+', '#']) {
-        "a topic name may not contain the wildcards + or #"
-    } else {
-        return Ok(());
-    };
-    Err(DecodeError::InvalidTopicName {
+/// A topic name (what PUBLISH and Will carry). Empty names are refused by
+/// the caller where an alias may stand in.
+pub fn validate_topic_name(packet: PacketType, name: &str) -> Result<(), DecodeError> {
+    topic::validate_topic_name(name).map_err(|e| DecodeError::InvalidTopicName {
         packet,
-        topic: topic.to_owned(),
-        why,
+        topic: name.to_owned(),
+        why: e.why(),
     })
 }
 
 /// A Response Topic (PUBLISH, Will properties): a valid topic name
 /// (MQTT-3.3.2-14), refused as a protocol error.
-pub fn validate_response_topic(packet: PacketType, topic: &str) -> Result<(), DecodeError> {
-    match validate_topic_name(packet, topic) {
-        Err(DecodeError::InvalidTopicName { topic, why, .. }) => {
-            Err(DecodeError::InvalidResponseTopic { packet, topic, why })
-        }
-        other => other,
-    }
+pub fn validate_response_topic(packet: PacketType, name: &str) -> Result<(), DecodeError> {
+    topic::validate_topic_name(name).map_err(|e| DecodeError::InvalidResponseTopic {
+        packet,
+        topic: name.to_owned(),
+        why: e.why(),
+    })
 }
 
-/// Why a plain (non-shared) topic filter is malformed, if it is.
-fn filter_problem(filter: &str) -> Option<&'static str> {
-    if filter.is_empty() {
-        return Some("it is empty");
-    }
-    let mut levels = filter.split('/').peekable();
-    while let Some(level) = levels.next() {
-        if level.contains('#') && (level != "#" || levels.peek().is_some()) {
-            return Some("# must be a whole level and the last one");
-        }
-        if level.contains('+') && level != "+" {
-            return Some("+ must be a whole level");
-        }
-    }
-    None
-}
-
-/// A topic filter (SUBSCRIBE, UNSUBSCRIBE): wildcards well placed
-/// (MQTT-4.7.1-1, -4.7.1-2) and, for `$share/{group}/{filter}`, a
-/// non-empty group without wildcards or `/` followed by a valid filter
-/// (MQTT-4.8.2-1, -4.8.2-2).
+/// A topic filter (SUBSCRIBE, UNSUBSCRIBE), `$share/{group}/{filter}`
+/// included: a `$share/` filter that is not a valid shared subscription is
+/// an invalid shared subscription, whatever part of it is wrong.
 pub fn validate_topic_filter(packet: PacketType, filter: &str) -> Result<(), DecodeError> {
-    if let Some(rest) = filter.strip_prefix(SHARE_PREFIX) {
-        let shared = |why| DecodeError::InvalidSharedSubscription {
-            packet,
-            filter: filter.to_owned(),
-            why,
-        };
-        let Some((group, inner)) = rest.split_once('/') else {
-            return Err(shared("no topic filter after the share name"));
-        };
-        if group.is_empty() {
-            return Err(shared("the share name is empty"));
+    topic::parse_filter(filter).map(|_| ()).map_err(|e| {
+        if filter.starts_with(topic::SHARE_PREFIX) {
+            DecodeError::InvalidSharedSubscription {
+                packet,
+                filter: filter.to_owned(),
+                why: e.why(),
+            }
+        } else {
+            DecodeError::InvalidTopicFilter {
+                packet,
+                filter: filter.to_owned(),
+                why: e.why(),
+            }
         }
-        if group.contains(['+', '#']) {
-            return Err(shared("the share name may not contain + or #"));
-        }
-        if let Some(why) = filter_problem(inner) {
-            return Err(shared(why));
-        }
-        return Ok(());
-    }
-    if let Some(why) = filter_problem(filter) {
-        return Err(DecodeError::InvalidTopicFilter {
-            packet,
-            filter: filter.to_owned(),
-            why,
-        });
-    }
-    Ok(())
+    })
 }
 
 /// Like [`validate_topic_filter`], except that a `$share/` filter which is
@@ -95,17 +56,13 @@ pub fn validate_topic_filter(packet: PacketType, filter: &str) -> Result<(), Dec
 /// filters still count.
 pub fn validate_topic_filter_syntax(packet: PacketType, filter: &str) -> Result<(), DecodeError> {
     match validate_topic_filter(packet, filter) {
-        Err(DecodeError::InvalidSharedSubscription { .. }) if filter_problem(filter).is_none() => {
+        Err(DecodeError::InvalidSharedSubscription { .. })
+            if topic::validate_filter(filter).is_ok() =>
+        {
             Ok(())
         }
         other => other,
     }
-}
-
-/// Splits a validated shared subscription `$share/{group}/{filter}` into
-/// group and filter; `None` for an ordinary filter.
-pub fn split_shared(filter: &str) -> Option<(&str, &str)> {
-    filter.strip_prefix(SHARE_PREFIX)?.split_once('/')
 }
 
 #[cfg(test)]

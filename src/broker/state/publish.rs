@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use super::persist::{Parked, ParkedPublish, Role, StorageFailure, Write};
 use super::session::{InflightEntry, InflightPhase, QueuedMessage};
 use super::{reason, BrokerState, Inbound, InboundPublish, Outbound};
-use crate::broker::codec::ByteStr;
-use crate::broker::message::{publish_packet_len, Message};
+use crate::broker::codec::{self, ByteStr, ProtocolVersion, PublishParts, QoS};
+use crate::broker::message::Message;
 use crate::broker::metrics::{CloseReason, DropReason};
 use crate::broker::topic::{merge_matches, Delivery, SessionKey};
 
@@ -648,12 +648,7 @@ impl BrokerState {
         }
         if let Some(conn) = self.connections.get(&connection) {
             if let Some(max) = conn.maximum_packet_size {
-                let len = publish_packet_len(
-                    &queued.message,
-                    queued.qos,
-                    conn.v5,
-                    &queued.subscription_ids,
-                );
+                let len = delivery_len(queued, conn.v5);
                 if len > max as usize {
                     self.metrics.dropped(DropReason::TooLarge);
                     return false;
@@ -705,7 +700,7 @@ impl BrokerState {
             return;
         };
         if let Some(max) = conn.maximum_packet_size {
-            let len = publish_packet_len(&queued.message, 0, conn.v5, &queued.subscription_ids);
+            let len = delivery_len(&queued, conn.v5);
             if len > max as usize {
                 self.metrics.dropped(DropReason::TooLarge);
                 return;
@@ -771,4 +766,24 @@ pub(super) struct ParkedPublishParts {
     pub deliveries: Vec<Delivery>,
     pub logged: bool,
     pub retain_change: Option<bool>,
+}
+
+/// The bytes `queued` takes on the wire to a client: the message's
+/// properties as the writer sends them, with this delivery's subscription
+/// identifiers (the expiry left is of the same size as the interval).
+fn delivery_len(queued: &QueuedMessage, v5: bool) -> usize {
+    let parts = PublishParts {
+        qos: QoS::from_u8(queued.qos).unwrap_or(QoS::ExactlyOnce),
+        topic_len: queued.message.topic.len(),
+        properties: &queued.message.properties,
+        subscription_ids: &queued.subscription_ids,
+        payload_len: queued.message.payload.len(),
+    };
+    let version = if v5 {
+        ProtocolVersion::V5
+    } else {
+        ProtocolVersion::V311
+    };
+    // A packet the encoder refuses cannot be sent either.
+    codec::publish_len(&parts, version).unwrap_or(usize::MAX)
 }

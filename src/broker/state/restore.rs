@@ -20,10 +20,11 @@ use super::session::{
 };
 use super::BrokerState;
 use crate::broker::message::Message;
-use crate::broker::topic::{self, SubOptions};
+use crate::broker::topic::SubOptions;
 use crate::storage::contract::{
     session_expired_at, HeldPublish, InflightPhase as StoredPhase, SessionEntry, BROADCAST_LOG_NAME,
 };
+use crate::topic;
 use saguin_format::model::Record;
 
 /// What the providers hold, read at startup.

@@ -10,7 +10,8 @@ use super::persist::Parked;
 use super::session::{QueuedMessage, SessionSubscription};
 use super::{reason, BrokerState, RetainedDue};
 use crate::broker::metrics::CloseReason;
-use crate::broker::topic::{self, SessionKey, SubOptions};
+use crate::broker::topic::{SessionKey, SubOptions};
+use crate::topic;
 
 impl BrokerState {
     pub(super) fn on_subscribe(

@@ -118,23 +118,34 @@ fn connect_with(
     v5: bool,
     now: Instant,
 ) -> Client {
+    let mut request = request(id, clean, if clean { 0 } else { 300 });
+    request.v5 = v5;
+    connect_as(state, conn, request, now)
+}
+
+/// A v5 CONNECT without a Will.
+fn request(id: &str, clean: bool, session_expiry: u32) -> ConnectRequest {
+    ConnectRequest {
+        v5: true,
+        client_id: id.into(),
+        clean_start: clean,
+        keep_alive: 60,
+        principal: None,
+        will: None,
+        session_expiry,
+        receive_maximum: 10,
+        maximum_packet_size: None,
+    }
+}
+
+fn connect_as(state: &mut BrokerState, conn: u64, request: ConnectRequest, now: Instant) -> Client {
     let (tx, rx) = mpsc::unbounded_channel();
     let (kill_tx, kill) = watch::channel(false);
     let (pause_tx, pause) = watch::channel(false);
     state.handle(
         Event::Connect {
             connection: conn,
-            request: Box::new(ConnectRequest {
-                v5,
-                client_id: id.into(),
-                clean_start: clean,
-                keep_alive: 60,
-                principal: None,
-                will: None,
-                session_expiry: if clean { 0 } else { 300 },
-                receive_maximum: 10,
-                maximum_packet_size: None,
-            }),
+            request: Box::new(request),
             handle: ConnectionHandle {
                 outbound: tx,
                 queued: Arc::new(AtomicUsize::new(0)),
@@ -670,4 +681,203 @@ fn persistent_sessions_past_the_cap_are_refused_with_0x97() {
         codes.push(*reason);
     }
     assert_eq!(codes, vec![0, 0, 0x97, 0, 0]);
+}
+
+/// Whether the CONNACK among `out` says a session was present.
+fn session_present(out: &[Outbound]) -> bool {
+    match out.iter().find(|o| matches!(o, Outbound::ConnAck { .. })) {
+        Some(Outbound::ConnAck {
+            session_present,
+            reason: 0,
+            ..
+        }) => *session_present,
+        other => panic!("expected a successful CONNACK, got {other:?}"),
+    }
+}
+
+/// Payloads of the PUBLISHes among `out`, with the expiry each forwards.
+fn published(out: &[Outbound]) -> Vec<(Bytes, Option<u32>)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Outbound::Publish {
+                message, expiry, ..
+            } => Some((message.payload.clone(), *expiry)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn expiring_publish(topic: &str, payload: &'static [u8], id: u16, seconds: u32) -> Inbound {
+    Inbound::Publish(InboundPublish {
+        packet_id: id,
+        qos: 1,
+        retain: false,
+        dup: false,
+        topic: ByteStr::from(topic),
+        payload: Bytes::from_static(payload),
+        properties: MessageProperties {
+            message_expiry_interval: Some(seconds),
+            ..MessageProperties::default()
+        },
+    })
+}
+
+/// MQTT 5 3.1.2.11.2 (MQTT-3.1.2-23): a detached session lives its Session
+/// Expiry Interval, and not a moment longer.
+#[test]
+fn a_session_ends_when_its_expiry_interval_passes_not_before() {
+    let t0 = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let _c = connect_as(&mut s, 1, request("c", false, 1), t0);
+    packets(&mut s, 1, vec![subscribe("t", 1)], t0);
+    store.commit_all(&mut s, t0);
+    closed(&mut s, 1, t0);
+    store.commit_all(&mut s, t0);
+    let almost = t0 + Duration::from_millis(999);
+    s.tick(almost);
+    store.commit_all(&mut s, almost);
+    let mut c = connect_as(&mut s, 2, request("c", false, 1), almost);
+    store.commit_all(&mut s, almost);
+    assert!(
+        session_present(&c.drain()),
+        "kept until the interval passes"
+    );
+    closed(&mut s, 2, almost);
+    store.commit_all(&mut s, almost);
+    let after = almost + Duration::from_secs(1);
+    s.tick(after);
+    store.commit_all(&mut s, after);
+    let mut c = connect_as(&mut s, 3, request("c", false, 1), after);
+    store.commit_all(&mut s, after);
+    assert!(!session_present(&c.drain()), "ended once it passed");
+}
+
+/// MQTT 5 3.1.3.2.2: the Will of a session that outlives its connection
+/// is published once the Will Delay Interval has passed, not before; a
+/// reconnect within the delay cancels it.
+#[test]
+fn a_will_waits_for_its_delay_and_a_reconnect_cancels_it() {
+    let t0 = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut watcher = connect(&mut s, 1, "watcher", true, t0);
+    packets(&mut s, 1, vec![subscribe("will/#", 1)], t0);
+    store.commit_all(&mut s, t0);
+    watcher.drain();
+    let with_will = |id: &str, delay: u32| {
+        let mut r = request(id, false, 60);
+        r.will = Some(WillRequest {
+            topic: ByteStr::from(format!("will/{id}")),
+            payload: Bytes::from_static(b"gone"),
+            qos: 1,
+            retain: false,
+            properties: MessageProperties::default(),
+            delay,
+        });
+        r
+    };
+    let _late = connect_as(&mut s, 2, with_will("late", 1), t0);
+    let _never = connect_as(&mut s, 3, with_will("never", 2), t0);
+    store.commit_all(&mut s, t0);
+    closed(&mut s, 2, t0);
+    closed(&mut s, 3, t0);
+    store.commit_all(&mut s, t0);
+
+    let almost = t0 + Duration::from_millis(999);
+    s.tick(almost);
+    store.commit_all(&mut s, almost);
+    assert_eq!(published(&watcher.drain()), vec![], "not before the delay");
+
+    // "never" comes back within its delay: its Will is cancelled.
+    let mut back = connect_as(&mut s, 4, request("never", false, 60), almost);
+    store.commit_all(&mut s, almost);
+    assert!(session_present(&back.drain()));
+
+    let after = t0 + Duration::from_secs(1);
+    s.tick(after);
+    store.commit_all(&mut s, after);
+    let out = watcher.drain();
+    assert_eq!(published(&out), vec![(Bytes::from_static(b"gone"), None)]);
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Outbound::Publish { message, .. } if &*message.topic == "will/late"
+    )));
+
+    let much_later = t0 + Duration::from_secs(30);
+    s.tick(much_later);
+    store.commit_all(&mut s, much_later);
+    assert_eq!(
+        published(&watcher.drain()),
+        vec![],
+        "the cancelled Will never comes"
+    );
+}
+
+/// MQTT-3.3.2-5 / -6: a message queued for an offline session is dropped
+/// once its Message Expiry Interval has passed; one still alive forwards
+/// the time it has left.
+#[test]
+fn a_queued_message_expires_and_the_rest_carry_the_time_left() {
+    let t0 = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let _c = connect(&mut s, 1, "sub", false, t0);
+    packets(&mut s, 1, vec![subscribe("mx/#", 1)], t0);
+    store.commit_all(&mut s, t0);
+    closed(&mut s, 1, t0);
+    store.commit_all(&mut s, t0);
+    let _p = connect(&mut s, 2, "pub", true, t0);
+    packets(
+        &mut s,
+        2,
+        vec![
+            expiring_publish("mx/short", b"short", 1, 1),
+            expiring_publish("mx/long", b"long", 2, 60),
+        ],
+        t0,
+    );
+    store.commit_all(&mut s, t0);
+    let later = t0 + Duration::from_millis(2100);
+    let mut c = connect(&mut s, 3, "sub", false, later);
+    store.commit_all(&mut s, later);
+    let out = c.drain();
+    assert!(session_present(&out));
+    assert_eq!(
+        published(&out),
+        vec![(Bytes::from_static(b"long"), Some(58))],
+        "the short one expired; the long one lost two whole seconds"
+    );
+    assert_eq!(s.metrics.dropped_count(DropReason::Expired), 1);
+}
+
+/// MQTT-3.3.2-6 with MQTT-4.4.0-1: a message resent on reconnect carries
+/// the expiry left, not the original interval.
+#[test]
+fn a_resent_message_carries_the_expiry_left() {
+    let t0 = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut c = connect(&mut s, 1, "sub", false, t0);
+    packets(&mut s, 1, vec![subscribe("mxr", 1)], t0);
+    store.commit_all(&mut s, t0);
+    c.drain();
+    let _p = connect(&mut s, 2, "pub", true, t0);
+    packets(&mut s, 2, vec![expiring_publish("mxr", b"x", 1, 60)], t0);
+    store.commit_all(&mut s, t0);
+    assert_eq!(
+        published(&c.drain()),
+        vec![(Bytes::from_static(b"x"), Some(60))]
+    );
+    // Not acknowledged: the connection ends with the message in flight.
+    closed(&mut s, 1, t0);
+    store.commit_all(&mut s, t0);
+    let later = t0 + Duration::from_millis(1100);
+    let mut c = connect(&mut s, 3, "sub", false, later);
+    store.commit_all(&mut s, later);
+    let out = c.drain();
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Outbound::Publish { dup: true, .. })));
+    assert_eq!(published(&out), vec![(Bytes::from_static(b"x"), Some(59))]);
 }

@@ -1,5 +1,4 @@
-//! The memory provider's bound: one counter shared by its channels (RFC 0004
-//! "Enforcing a size bound", "The reserve").
+//! The memory provider's bound: one counter shared by its channels.
 //!
 //! Reserving and checking are one compare-and-swap, so two channels cannot
 //! both be told yes for the last of the room. A publish may use the bound

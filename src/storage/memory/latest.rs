@@ -1,6 +1,5 @@
 //! A latest channel in memory: one value per topic, and a marker for each
-//! deletion so a resuming consumer learns what went (RFC 0003 "Latest
-//! channels"). The retained store is the same structure without markers.
+//! deletion so a resuming consumer learns what went. The retained store is the same structure without markers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
@@ -10,9 +9,10 @@ use saguin_format::model::Record;
 use super::append::check_position;
 use super::{lock, read, write, Shared};
 use crate::storage::contract::{
-    check_record, topic_matches, LatestStore, Position, Reader, Removed, Result, StorageError,
-    FIRST_OFFSET, RETAINED_STORE_NAME,
+    check_record, LatestStore, Position, Reader, Removed, Result, StorageError, FIRST_OFFSET,
+    RETAINED_STORE_NAME,
 };
+use crate::topic::filter_matches;
 
 #[derive(Debug)]
 struct LatestState {
@@ -249,7 +249,7 @@ impl LatestStore for MemoryLatest {
         Ok(st
             .by_offset
             .values()
-            .filter(|t| topic_matches(filter, t))
+            .filter(|t| filter_matches(filter, t))
             .filter_map(|t| st.values.get(t))
             .filter(|r| !r.payload.is_empty())
             .map(|r| (**r).clone())
@@ -263,7 +263,7 @@ impl LatestStore for MemoryLatest {
             .by_offset
             .range(since..)
             .map(|(_, t)| t)
-            .filter(|t| topic_matches(filter, t))
+            .filter(|t| filter_matches(filter, t))
             .filter_map(|t| st.values.get(t))
             .map(|r| (**r).clone())
             .collect())

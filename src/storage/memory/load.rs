@@ -1,7 +1,6 @@
-//! Loading a snapshot directory into a memory provider at startup (RFC 0004
-//! "Loading").
+//! Loading a snapshot directory into a memory provider at startup.
 //!
-//! The checker is the loader (SAGUIN.md §6.2): every byte of the directory
+//! The checker is the loader: every byte of the directory
 //! is read, and every decision about whether it can be loaded is made, by
 //! [`snapshot_dir::scan`] - the code `saguin snapshot verify` runs - with
 //! its bounded read (no symlink, FIFO or device is opened, no file past the
@@ -201,7 +200,7 @@ fn scan_problem(dir: &Path, error: &ScanError) -> LoadProblem {
 }
 
 /// Each configured channel whose file decoded with another kind: the
-/// provider's own refusal (RFC 0004: append records are not put into a
+/// provider's own refusal (append records are not put into a
 /// latest map, nor queue work into a log where nothing can acknowledge it).
 /// Judged on the scan before its verdict, so it is named beside any
 /// damaged file rather than after it is mended.
@@ -499,7 +498,7 @@ impl MemoryProvider {
                     ),
                 };
                 // Every item comes back available: no epoch, no holder,
-                // no deadline, whatever the file holds (RFC 0004), which
+                // no deadline, whatever the file holds, which
                 // `MemoryQueue::restore` enforces for any caller.
                 let items = c
                     .items

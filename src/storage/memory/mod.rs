@@ -1,6 +1,6 @@
 //! The memory provider: stores in memory behind fine-grained locks, one
 //! provider-wide byte counter, and a snapshot directory written at a
-//! graceful shutdown (RFC 0004 "Memory, with a snapshot").
+//! graceful shutdown (`format/FORMAT.md` §4).
 //!
 //! Locks: the provider's channel map is taken only to find or create a
 //! store. Each store has its own lock for records and counters and another
@@ -116,7 +116,7 @@ pub struct MemoryProvider {
 
 impl MemoryProvider {
     /// A provider holding nothing. A bound below twice the reserve is
-    /// refused naming both numbers (RFC 0004 "The reserve").
+    /// refused naming both numbers.
     pub fn new(config: MemoryConfig) -> Result<Arc<MemoryProvider>> {
         if let Some(max) = config.max_bytes {
             if max < config.reserve.saturating_mul(2) {

@@ -1,5 +1,4 @@
-//! A log of records in memory that removes from the front without shuffling
-//! (RFC 0004 "Removing a record").
+//! A log of records in memory that removes from the front without shuffling.
 //!
 //! Slots hold the record's offset and the record itself. A removed record is
 //! cleared where it stands - its payload stops being reachable at the moment

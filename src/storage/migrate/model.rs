@@ -155,8 +155,7 @@ impl Unit {
 }
 
 /// What a unit holds, counted the same way on both sides of a migration and
-/// compared: a migration whose counts out differ from its counts in failed
-/// (SAGUIN.md §6.5).
+/// compared: a migration whose counts out differ from its counts in failed.
 ///
 /// - `next`, `floor`: the channel's counters (the broadcast log's for
 ///   sessions; 0 for the retained store, whose offsets only order values);

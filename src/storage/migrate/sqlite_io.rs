@@ -1,7 +1,6 @@
 //! Units to and from a schema-20 database, with the rows the sqlite provider
 //! reads and writes (`src/storage/sqlite`), through a connection of the
-//! migration's own: the copy paths keep transactions of their own (RFC 0004
-//! "Group commit"), one per unit.
+//! migration's own: the copy paths keep transactions of their own, one per unit.
 //!
 //! The sessions' `subscriptions` and `will` JSON columns are encoded here as
 //! the provider encodes them; a test opens what this module wrote with the

@@ -1,5 +1,4 @@
-//! Group commit (RFC 0004 "Group commit: one transaction, several
-//! publishes").
+//! Group commit: one transaction, several publishes.
 //!
 //! A publish that finds no transaction committing leads one of its own at
 //! once; the publishes that arrive while it commits are stored together in

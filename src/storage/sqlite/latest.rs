@@ -4,7 +4,7 @@
 //! it took, so a consumer resuming from a position learns of it; a trim
 //! forgets markers below the floor it raises.
 //!
-//! RFC 0004 gives a latest channel no stored byte counter (a replacement
+//! A latest channel has no stored byte counter (a replacement
 //! would need a point read on the publish path to feed it). The contract
 //! still asks for `bytes` and `record_count`, so the size of every row
 //! (values and markers, as the memory provider counts them) is read once at
@@ -23,8 +23,9 @@ use super::row::record_at;
 use super::schema::record_columns;
 use super::Shared;
 use crate::storage::contract::{
-    self, topic_matches, LatestStore, Position, Reader, Removed, StorageError, RETAINED_STORE_NAME,
+    self, LatestStore, Position, Reader, Removed, StorageError, RETAINED_STORE_NAME,
 };
+use crate::topic::filter_matches;
 
 const SQL_GET: &str = concat!(
     "SELECT offset, ",
@@ -235,7 +236,7 @@ impl LatestStore for LatestChannel {
                 let mut out = Vec::new();
                 while let Some(r) = rows.next()? {
                     let topic: String = r.get(2)?;
-                    if topic_matches(filter, &topic) {
+                    if filter_matches(filter, &topic) {
                         out.push(record_at(r, 1, r.get(0)?)?);
                     }
                 }
@@ -256,7 +257,7 @@ impl LatestStore for LatestChannel {
                 let mut out = Vec::new();
                 while let Some(r) = rows.next()? {
                     let topic: String = r.get(2)?;
-                    if topic_matches(filter, &topic) {
+                    if filter_matches(filter, &topic) {
                         // A marker row is the deletion as it was published.
                         out.push(record_at(r, 1, r.get(0)?)?);
                     }

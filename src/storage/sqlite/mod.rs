@@ -1,4 +1,4 @@
-//! The sqlite provider (RFC 0004 "SQLite"): one database file per provider,
+//! The sqlite provider: one database file per provider,
 //! schema version 20, WAL with `synchronous=NORMAL`, one writer connection,
 //! `read_connections` query-only readers, a flusher that fsyncs the
 //! write-ahead log every `flush_interval` when something committed, and
@@ -59,7 +59,7 @@ pub const FLUSH_INTERVAL_MAX: Duration = Duration::from_secs(1);
 /// connection, so a longer one is refused.
 pub const PUBLISH_COMMIT_INTERVAL_MAX: Duration = Duration::from_secs(1);
 
-/// A sqlite provider's settings (SAGUIN.md §3 `storage[].kind: sqlite`).
+/// A sqlite provider's settings (`storage[].kind: sqlite`).
 #[derive(Clone, Debug)]
 pub struct SqliteOptions {
     /// The provider's configured name, for errors and logs.
@@ -82,7 +82,7 @@ pub struct SqliteOptions {
 }
 
 impl SqliteOptions {
-    /// The defaults of SAGUIN.md §3.
+    /// The defaults a configuration gets for the keys it leaves out.
     pub fn new(name: impl Into<String>, file_path: impl Into<PathBuf>) -> SqliteOptions {
         SqliteOptions {
             name: name.into(),
@@ -103,7 +103,7 @@ impl SqliteOptions {
 pub enum SqliteOpenError {
     #[error(transparent)]
     Locked(#[from] lock::LockError),
-    /// RFC 0004 "There is no in-place upgrade".
+    /// There is no in-place upgrade.
     #[error("storage {}: schema version {version} ({}); this broker reads version {SCHEMA_VERSION}",
         path.display(), creator_text(.created_by, *.created_at))]
     SchemaVersion {
@@ -148,8 +148,7 @@ fn creator_text(by: &Option<String>, at: Option<i64>) -> String {
     }
 }
 
-/// What a bound came to, stated once at startup (RFC 0004: it is no longer
-/// quite the number the operator wrote).
+/// What a bound came to, stated once at startup (it is no longer quite the number the operator wrote).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageBounds {
     pub page_size: u64,
@@ -1503,7 +1502,7 @@ pub fn sidecar_path(db: &Path, suffix: &str) -> PathBuf {
 
 /// What already stands where a new database is to be written — the file
 /// itself, or one of its sidecars — as a phrase naming it; `None` when the
-/// place is free (SAGUIN.md §6.6: the overwrite guard covers the sidecars).
+/// place is free (the overwrite guard covers the sidecars).
 pub fn occupied_destination(db: &Path) -> Option<String> {
     let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
     if exists(db) {

@@ -1,4 +1,4 @@
-//! The schema (RFC 0004 "The schema"): eleven STRICT tables at
+//! The schema: eleven STRICT tables at
 //! `user_version` 20, created in one transaction with the version and the
 //! meta row, so a file can never hold one without the other.
 //!
@@ -32,8 +32,7 @@ use super::SqliteOpenError;
 /// The one schema version this build reads and writes.
 pub const SCHEMA_VERSION: i64 = 20;
 
-/// The page size pinned on a database saguin creates (RFC 0004 "Enforcing a
-/// size bound"): a bound in pages rounds the same on every machine.
+/// The page size pinned on a database saguin creates: a bound in pages rounds the same on every machine.
 pub const PAGE_SIZE: u64 = 4096;
 
 /// The record columns shared by `records`, `latest_values`, `queue_items`

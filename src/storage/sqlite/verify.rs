@@ -1,7 +1,7 @@
 //! The checks `saguin sqlite verify` runs, and that `migrate` and `sqlite
 //! backup` run before trusting a database: `PRAGMA integrity_check`, the
-//! schema version and tables, then the invariants RFC 0004 promises of the
-//! rows themselves.
+//! schema version and tables, then the invariants (`format/FORMAT.md` §7) the
+//! rows themselves keep.
 //!
 //! A page-level check proves the b-trees are whole, not that the rows
 //! agree with each other: a stray `DELETE`, a flipped bit in an integer or a
