@@ -805,22 +805,9 @@ impl BrokerState {
             message_id,
             topic: message.topic.to_string(),
             timestamp: self.unix_at(message.received_at.min(now)).max(1),
-            user_properties: p
-                .user_properties
-                .iter()
-                .map(|(name, value)| UserProperty {
-                    name: name.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
+            user_properties: user_properties_of(p),
             payload: message.payload.clone(),
-            props: PublishProps {
-                content_type: p.content_type.as_deref().map(str::to_owned),
-                response_topic: p.response_topic.as_deref().map(str::to_owned),
-                correlation_data: p.correlation_data.clone(),
-                payload_format_indicator: p.payload_format_indicator.map(|f| f as u8),
-                message_expiry_interval: p.message_expiry_interval,
-            },
+            props: publish_props_of(p),
             retain: message.retain,
             bridge: None,
             client_id: client_id.to_owned(),
@@ -883,22 +870,31 @@ pub(super) fn will_entry(will: &WillRequest) -> WillEntry {
         qos: will.qos,
         retain: will.retain,
         delay_interval: will.delay,
-        props: PublishProps {
-            content_type: p.content_type.as_deref().map(str::to_owned),
-            response_topic: p.response_topic.as_deref().map(str::to_owned),
-            correlation_data: p.correlation_data.clone(),
-            payload_format_indicator: p.payload_format_indicator.map(|f| f as u8),
-            message_expiry_interval: p.message_expiry_interval,
-        },
-        user_properties: p
-            .user_properties
-            .iter()
-            .map(|(name, value)| UserProperty {
-                name: name.clone(),
-                value: value.clone(),
-            })
-            .collect(),
+        props: publish_props_of(p),
+        user_properties: user_properties_of(p),
     }
+}
+
+/// The five publish properties a record keeps, from a message's.
+fn publish_props_of(p: &MessageProperties) -> PublishProps {
+    PublishProps {
+        content_type: p.content_type.as_deref().map(str::to_owned),
+        response_topic: p.response_topic.as_deref().map(str::to_owned),
+        correlation_data: p.correlation_data.clone(),
+        payload_format_indicator: p.payload_format_indicator.map(|f| f as u8),
+        message_expiry_interval: p.message_expiry_interval,
+    }
+}
+
+/// A message's User Properties as a record keeps them, in order.
+fn user_properties_of(p: &MessageProperties) -> Vec<UserProperty> {
+    p.user_properties
+        .iter()
+        .map(|(name, value)| UserProperty {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .collect()
 }
 
 /// A stored Will as the state carries it.

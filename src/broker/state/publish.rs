@@ -474,7 +474,11 @@ impl BrokerState {
 
     /// Every session `message` goes to: one delivery per session, at the
     /// highest matching QoS.
-    fn deliveries_of(&mut self, message: &Message, publisher: Option<SessionKey>) -> Vec<Delivery> {
+    pub(super) fn deliveries_of(
+        &mut self,
+        message: &Message,
+        publisher: Option<SessionKey>,
+    ) -> Vec<Delivery> {
         let mut matches = std::mem::take(&mut self.scratch_matches);
         let mut deliveries = std::mem::take(&mut self.scratch_deliveries);
         {

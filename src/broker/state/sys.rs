@@ -61,17 +61,7 @@ impl BrokerState {
     /// delivered only to matching subscriptions the ACL allows.
     pub fn publish_sys(&mut self, now: Instant) {
         for message in self.sys_messages(now) {
-            let mut matches = std::mem::take(&mut self.scratch_matches);
-            let mut deliveries = std::mem::take(&mut self.scratch_deliveries);
-            {
-                let sessions = &self.sessions;
-                self.index.matches(
-                    &message.topic,
-                    &|k| sessions.get(&k).is_some_and(|s| s.connection.is_some()),
-                    &mut matches,
-                );
-            }
-            crate::broker::topic::merge_matches(&mut matches, None, &mut deliveries);
+            let mut deliveries = self.deliveries_of(&message, None);
             for d in deliveries.drain(..) {
                 self.deliver(
                     d.session,
@@ -84,7 +74,6 @@ impl BrokerState {
                     now,
                 );
             }
-            self.scratch_matches = matches;
             self.scratch_deliveries = deliveries;
         }
         self.close_doomed(now);
