@@ -9,12 +9,12 @@ use saguin::storage::backup::{self, BackupError};
 use saguin::storage::sqlite::row::record_at;
 use saguin::storage::sqlite::schema::RECORD_COLUMNS;
 use saguin::storage::sqlite::{self as provider, SqliteOpenError};
-use saguin_format::model::Record;
 use serde_json::{json, Value};
 
 use crate::exit;
 use crate::output::{
-    cell, escaped, extend_message_json, session_json, table, time_json, time_text,
+    cell, extend_message_json, payload_cell, props_cell, session_json, table, time_json, time_text,
+    RecordJson,
 };
 
 #[derive(clap::Subcommand, Debug)]
@@ -103,9 +103,17 @@ Without --channel it shows the channels (kind, next, floor, bytes, records), \
 the durable consumers' positions, the persistent sessions, the queues' depths \
 and attempts, and the held exactly-once publishes. With --channel it lists that \
 channel's records from --from (default: its floor), at most --limit of them: \
-offset, time (RFC 3339), topic, payload (text when it is UTF-8, hex \
-otherwise), headers and publish properties, with a progress bar on a \
-terminal while they are read.
+offset, time (RFC 3339), topic, payload (quoted text when it is printable \
+UTF-8, hex: otherwise, as snapshot inspect shows it), user properties and \
+publish properties, with a progress bar on a terminal while they are read. \
+In --json and --ndjson each record is RECORD, the one shape \
+`saguin snapshot inspect --json` prints a record in (see \
+saguin-snapshot-inspect(1)): {\"offset\", \"message_id\", \"time\", \
+\"time_unix_nanos\", \"topic\", \"qos\", \"retain\", \"client_id\", \"bridge\", \
+\"shared_copy\", \"owed_to\", \"payload_bytes\", \"payload_text\", \
+\"payload_hex\", \"user_properties\", \"properties\"}, with \"deleted\" for a \
+latest channel's rows and \"attempts\", \"first_delivered\", \
+\"last_delivered\" for a queue's.
 
 --json prints one JSON document; --ndjson prints one JSON object per line \
 (each overview row carries \"type\"; each record is one line). Readers ignore \
@@ -618,65 +626,6 @@ fn share_groups(conn: &Connection) -> rusqlite::Result<Vec<Value>> {
     rows.collect()
 }
 
-/// The payload as text when it is UTF-8 without control characters other
-/// than whitespace, hex otherwise; with which it is.
-fn payload_text(payload: &[u8]) -> (&'static str, String) {
-    match std::str::from_utf8(payload) {
-        Ok(s) if !s.chars().any(|c| c.is_control() && !c.is_whitespace()) => ("utf8", s.to_owned()),
-        _ => ("hex", hex::encode(payload)),
-    }
-}
-
-fn record_json(r: &Record, extra: &[(&str, Value)]) -> Value {
-    let (encoding, payload) = payload_text(&r.payload);
-    let props = &r.props;
-    let mut v = json!({
-        "offset": r.offset,
-        "time": time_json(r.timestamp),
-        "topic": r.topic,
-        "payload_encoding": encoding,
-        "payload": payload,
-        "headers": r.user_properties.iter().map(|p| json!([p.name, p.value])).collect::<Vec<_>>(),
-        "props": {
-            "content_type": props.content_type,
-            "response_topic": props.response_topic,
-            "correlation_data": props.correlation_data.as_ref().map(hex::encode),
-            "payload_format_indicator": props.payload_format_indicator,
-            "message_expiry_interval": props.message_expiry_interval,
-        },
-        "qos": r.qos,
-        "retain": r.retain,
-        "client_id": r.client_id,
-    });
-    if let Value::Object(m) = &mut v {
-        for (k, x) in extra {
-            m.insert((*k).to_owned(), x.clone());
-        }
-    }
-    v
-}
-
-fn props_text(r: &Record) -> String {
-    let p = &r.props;
-    let mut parts = Vec::new();
-    if let Some(v) = &p.content_type {
-        parts.push(format!("content-type={}", escaped(v)));
-    }
-    if let Some(v) = &p.response_topic {
-        parts.push(format!("response-topic={}", escaped(v)));
-    }
-    if let Some(v) = &p.correlation_data {
-        parts.push(format!("correlation-data={}", hex::encode(v)));
-    }
-    if let Some(v) = p.payload_format_indicator {
-        parts.push(format!("payload-format={v}"));
-    }
-    if let Some(v) = p.message_expiry_interval {
-        parts.push(format!("expiry={v}s"));
-    }
-    parts.join(" ")
-}
-
 fn dump_channel(
     conn: &Connection,
     args: &DumpArgs,
@@ -746,7 +695,7 @@ fn dump_channel(
     let mut json_records = Vec::new();
     let mut t = table();
     let queue = kind == "queue";
-    let mut header = vec!["offset", "time", "topic", "payload", "headers", "props"];
+    let mut header = vec!["offset", "time", "topic", "payload", "properties"];
     if queue {
         header.extend(["attempts", "first delivered", "last delivered"]);
     }
@@ -761,42 +710,35 @@ fn dump_channel(
         let last: Option<i64> = row.get(17)?;
         listed += 1;
         bar.inc(1);
-        let mut extra = Vec::new();
-        if kind == "latest" {
-            extra.push(("deleted", json!(deleted)));
-        }
-        if queue {
-            extra.push(("attempts", json!(attempts)));
-            extra.push(("first_delivered", time_json(first.unwrap_or(0))));
-            extra.push(("last_delivered", time_json(last.unwrap_or(0))));
-        }
+        let json = || {
+            let shown = RecordJson::new(&record);
+            match kind.as_str() {
+                "latest" => shown.latest_row(deleted),
+                "queue" => {
+                    shown.queue_item(attempts.unwrap_or(0), first.unwrap_or(0), last.unwrap_or(0))
+                }
+                _ => shown,
+            }
+            .to_value()
+        };
         match output {
-            Output::Json => json_records.push(record_json(&record, &extra)),
+            Output::Json => json_records.push(json()),
             Output::Ndjson => {
-                serde_json::to_writer(&mut out, &record_json(&record, &extra))?;
+                serde_json::to_writer(&mut out, &json())?;
                 writeln!(out)?;
             }
             Output::Human => {
-                let (encoding, payload) = payload_text(&record.payload);
                 let payload = if deleted {
                     "(deleted)".to_owned()
-                } else if encoding == "hex" {
-                    format!("0x{payload}")
                 } else {
-                    cell(&payload)
+                    payload_cell(&record.payload)
                 };
                 let mut cells = vec![
                     offset.to_string(),
                     time_text(record.timestamp),
                     cell(&record.topic),
                     payload,
-                    record
-                        .user_properties
-                        .iter()
-                        .map(|p| format!("{}={}", escaped(&p.name), escaped(&p.value)))
-                        .collect::<Vec<_>>()
-                        .join(" "),
-                    props_text(&record),
+                    props_cell(&record.user_properties, &record.props),
                 ];
                 if queue {
                     cells.push(attempts.unwrap_or(0).to_string());
