@@ -16,6 +16,7 @@
 mod append;
 mod batch;
 mod broadcast;
+mod channel;
 mod held;
 mod latest;
 mod queue;
@@ -44,6 +45,7 @@ use super::contract::{
 use super::lock::{self, LockGuard};
 
 pub use append::AppendChannel;
+use channel::Target;
 pub use latest::LatestChannel;
 pub use queue::QueueChannel;
 pub use schema::{PAGE_SIZE, SCHEMA_VERSION};
@@ -564,12 +566,8 @@ impl Shared {
     }
 
     /// Creates the channel's row if absent (next = floor = 1) and returns
-    /// its stored kind and counters.
-    fn channel_row(
-        &self,
-        name: &str,
-        kind: ChannelKind,
-    ) -> contract::Result<(ChannelKind, u64, u64, u64)> {
+    /// its counters (next, floor, bytes), refusing a row of another kind.
+    fn channel_row(&self, name: &str, kind: ChannelKind) -> contract::Result<(u64, u64, u64)> {
         let mut w = self.writer()?;
         let out = w.txn(false, |conn| {
             conn.execute(
@@ -603,7 +601,14 @@ impl Shared {
                 detail: format!("floor {floor} and next {next} contradict each other"),
             });
         }
-        Ok((stored, next, floor, bytes))
+        if stored != kind {
+            return Err(StorageError::KindMismatch {
+                channel: name.to_string(),
+                configured: kind,
+                stored,
+            });
+        }
+        Ok((next, floor, bytes))
     }
 
     /// Every stored position of `channel`, by reader.
@@ -1291,24 +1296,21 @@ impl SqliteProvider {
     }
 
     /// Looks up an opened store by name, for a held publish's release.
-    pub(crate) fn target_of(shared: &Shared, channel: &str) -> Option<batch::Target> {
+    pub(crate) fn target_of(shared: &Shared, channel: &str) -> Option<Target> {
         let registry = shared.registry.lock().unwrap_or_else(|e| e.into_inner());
         if channel == BROADCAST_LOG_NAME {
-            return registry
-                .broadcast
-                .as_ref()
-                .map(|b| batch::Target::Append(b.log()));
+            return registry.broadcast.as_ref().map(|b| b.log() as Target);
         }
         if let Some(s) = registry.appends.get(channel) {
-            return Some(batch::Target::Append(Arc::clone(s)));
+            return Some(Arc::clone(s) as Target);
         }
         if let Some(s) = registry.latests.get(channel) {
-            return Some(batch::Target::Latest(Arc::clone(s)));
+            return Some(Arc::clone(s) as Target);
         }
         registry
             .queues
             .get(channel)
-            .map(|s| batch::Target::Queue(Arc::clone(s)))
+            .map(|s| Arc::clone(s) as Target)
     }
 
     fn close_inner(&self) -> contract::Result<()> {
