@@ -10,11 +10,10 @@
 
 use std::sync::{Arc, Weak};
 
-use rusqlite::Connection;
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 use super::batch::Job;
-use super::channel::{insert_row, ChannelCounters, Pending, Positions, Staged, Target};
+use super::channel::{ChannelCounters, Positions, RowPerRecord, Target};
 use super::row::record_at;
 use super::schema::record_columns;
 use super::Shared;
@@ -62,7 +61,7 @@ impl AppendChannel {
         name: &str,
         gapped: bool,
     ) -> contract::Result<Arc<AppendChannel>> {
-        let (next, floor, bytes) = shared.channel_row(name, ChannelKind::Append)?;
+        let row @ (next, floor, _) = shared.channel_row(name, ChannelKind::Append)?;
         let count = if gapped {
             shared.read(
                 || format!("channel {name}: counting records"),
@@ -80,7 +79,7 @@ impl AppendChannel {
             shared,
             name: name.to_string(),
             gapped,
-            counters: ChannelCounters::new(next, floor, bytes, count, true),
+            counters: ChannelCounters::new(name, row, count, true),
             positions,
         }))
     }
@@ -445,21 +444,9 @@ impl AppendStore for AppendChannel {
     }
 }
 
-impl Staged for AppendChannel {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn counters(&self) -> &ChannelCounters {
+impl RowPerRecord for AppendChannel {
+    const INSERT_ROW: &'static str = SQL_INSERT;
+    fn row_counters(&self) -> &ChannelCounters {
         &self.counters
-    }
-
-    fn stage(
-        &self,
-        conn: &Connection,
-        pending: &mut Pending,
-        record: &Record,
-    ) -> rusqlite::Result<Option<u64>> {
-        insert_row(conn, SQL_INSERT, &self.name, pending, record)
     }
 }

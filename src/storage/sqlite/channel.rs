@@ -18,8 +18,11 @@ use crate::storage::contract::{self, Position, Reader};
 /// into the open transaction, then - after the commit - move the counters
 /// in memory to what committed.
 pub(crate) trait Staged: Send + Sync {
-    fn name(&self) -> &str;
     fn counters(&self) -> &ChannelCounters;
+
+    fn name(&self) -> &str {
+        self.counters().name()
+    }
 
     /// Writes one publish into the open transaction at `pending.next` and
     /// returns the offset it took; `None` when it took none (a latest
@@ -41,6 +44,29 @@ pub(crate) trait Staged: Send + Sync {
     /// nothing reads a counter between the commit and this.
     fn committed(&self, pending: Pending) {
         self.counters().committed(&pending);
+    }
+}
+
+/// A channel whose every record is a row of its own (append, queue): it
+/// stages a publish by inserting that row with `INSERT_ROW`.
+pub(crate) trait RowPerRecord: Send + Sync {
+    /// Binds channel, offset and the record columns, in that order.
+    const INSERT_ROW: &'static str;
+    fn row_counters(&self) -> &ChannelCounters;
+}
+
+impl<T: RowPerRecord> Staged for T {
+    fn counters(&self) -> &ChannelCounters {
+        self.row_counters()
+    }
+
+    fn stage(
+        &self,
+        conn: &Connection,
+        pending: &mut Pending,
+        record: &Record,
+    ) -> rusqlite::Result<Option<u64>> {
+        insert_row(conn, T::INSERT_ROW, self.name(), pending, record)
     }
 }
 
@@ -85,6 +111,8 @@ const UNBOUNDED: u64 = u64::MAX;
 /// channel, loaded at open and moved only by the writer after a commit:
 /// never derived from the rows (invariant 9).
 pub(crate) struct ChannelCounters {
+    /// The channel's name, the key of its `channels` row.
+    name: String,
     next: AtomicU64,
     floor: AtomicU64,
     bytes: AtomicU64,
@@ -96,8 +124,14 @@ pub(crate) struct ChannelCounters {
 }
 
 impl ChannelCounters {
-    pub fn new(next: u64, floor: u64, bytes: u64, count: u64, bytes_in_row: bool) -> Self {
+    pub fn new(
+        name: &str,
+        (next, floor, bytes): (u64, u64, u64),
+        count: u64,
+        bytes_in_row: bool,
+    ) -> Self {
         ChannelCounters {
+            name: name.to_string(),
             next: AtomicU64::new(next),
             floor: AtomicU64::new(floor),
             bytes: AtomicU64::new(bytes),
@@ -107,6 +141,9 @@ impl ChannelCounters {
         }
     }
 
+    pub fn name(&self) -> &str {
+        &self.name
+    }
     pub fn next(&self) -> u64 {
         self.next.load(Ordering::Acquire)
     }
@@ -151,12 +188,8 @@ impl ChannelCounters {
 
     /// The counter row's update inside the open transaction: `next`, and
     /// `bytes` where the row keeps them.
-    pub fn write_row(
-        &self,
-        conn: &Connection,
-        name: &str,
-        pending: &Pending,
-    ) -> rusqlite::Result<()> {
+    pub fn write_row(&self, conn: &Connection, pending: &Pending) -> rusqlite::Result<()> {
+        let name = &self.name;
         if self.bytes_in_row {
             conn.prepare_cached("UPDATE channels SET next = ?2, bytes = ?3 WHERE name = ?1")?
                 .execute(rusqlite::params![name, pending.next, pending.bytes])?;
@@ -171,7 +204,7 @@ impl ChannelCounters {
 /// Inserts `record` as a new row at `pending.next` with the statement
 /// `sql` (bound: channel, offset, the record columns) and counts it: the
 /// stage of a channel whose every record is a row of its own.
-pub(crate) fn insert_row(
+fn insert_row(
     conn: &Connection,
     sql: &'static str,
     name: &str,
@@ -197,7 +230,7 @@ pub(crate) fn write_counter_rows(
     touched: &[(Target, Pending)],
 ) -> rusqlite::Result<()> {
     for (target, pending) in touched {
-        target.counters().write_row(conn, target.name(), pending)?;
+        target.counters().write_row(conn, pending)?;
     }
     Ok(())
 }

@@ -106,7 +106,7 @@ impl LatestChannel {
             me: me.clone(),
             shared,
             name: name.to_string(),
-            counters: ChannelCounters::new(next, floor, bytes, count, false),
+            counters: ChannelCounters::new(name, (next, floor, bytes), count, false),
             topics: Mutex::new(topics),
             keep_markers: name != RETAINED_STORE_NAME,
             positions,
@@ -224,10 +224,6 @@ impl LatestChannel {
 }
 
 impl Staged for LatestChannel {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
     fn counters(&self) -> &ChannelCounters {
         &self.counters
     }

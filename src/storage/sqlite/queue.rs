@@ -24,7 +24,7 @@ use saguin_format::model::{ChannelKind, Record, UnixNanos, UserProperty};
 use super::append::AppendChannel;
 use super::batch::Job;
 use super::channel::{
-    insert_row, publish_counters, write_counter_rows, ChannelCounters, Pending, Staged, Target,
+    publish_counters, write_counter_rows, ChannelCounters, Pending, RowPerRecord, Target,
 };
 use super::row::{record_at, size_at};
 use super::schema::record_columns;
@@ -128,7 +128,7 @@ impl QueueChannel {
             shared,
             name: name.to_string(),
             dlq,
-            counters: ChannelCounters::new(next, floor, bytes, depth, false),
+            counters: ChannelCounters::new(name, (next, floor, bytes), depth, false),
             max_attempts: AtomicU32::new(DEFAULT_MAX_ATTEMPTS),
             volatile: Mutex::new(Volatile {
                 next_delivery_id: 1,
@@ -600,21 +600,9 @@ impl QueueStore for QueueChannel {
     }
 }
 
-impl Staged for QueueChannel {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn counters(&self) -> &ChannelCounters {
+impl RowPerRecord for QueueChannel {
+    const INSERT_ROW: &'static str = SQL_INSERT;
+    fn row_counters(&self) -> &ChannelCounters {
         &self.counters
-    }
-
-    fn stage(
-        &self,
-        conn: &Connection,
-        pending: &mut Pending,
-        record: &Record,
-    ) -> rusqlite::Result<Option<u64>> {
-        insert_row(conn, SQL_INSERT, &self.name, pending, record)
     }
 }
