@@ -23,6 +23,7 @@ mod queue;
 pub mod row;
 pub mod schema;
 pub(crate) mod session;
+pub mod units;
 pub mod verify;
 
 use std::collections::{BTreeMap, HashMap};
