@@ -18,6 +18,7 @@ mod batch;
 mod broadcast;
 mod channel;
 mod held;
+pub mod inspect;
 mod latest;
 mod queue;
 pub mod row;
