@@ -697,25 +697,7 @@ impl Shared {
         position: &Position,
         next: u64,
     ) -> contract::Result<()> {
-        let invalid = |detail: String| StorageError::Invalid {
-            what: format!("channel {channel}: position of {}", position.reader),
-            detail,
-        };
-        if position.offset < contract::FIRST_OFFSET || position.offset > next {
-            return Err(invalid(format!(
-                "offset {} is outside 1..={next} (a position never leads the channel)",
-                position.offset
-            )));
-        }
-        let expiry_ok = match position.reader.scheme() {
-            contract::ReaderScheme::Mqtt => position.session_expiry.is_some(),
-            contract::ReaderScheme::Bridge => position.session_expiry.is_none(),
-        };
-        if !expiry_ok {
-            return Err(invalid(
-                "an mqtt: reader states its session expiry interval and a bridge: reader states none".into(),
-            ));
-        }
+        contract::check_position(channel, position, next)?;
         let name = position.reader.to_string();
         let mut w = self.writer()?;
         w.txn(true, |conn| {
