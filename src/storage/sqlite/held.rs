@@ -161,21 +161,7 @@ impl HeldPublishStore for Held {
     }
 
     fn held(&self) -> contract::Result<Vec<HeldPublish>> {
-        self.shared.read(
-            || "reading held publishes".into(),
-            |conn| {
-                let mut stmt = conn.prepare_cached(SQL_ALL)?;
-                let rows = stmt.query_map([], |r| {
-                    Ok(HeldPublish {
-                        channel: r.get(0)?,
-                        client_id: r.get(1)?,
-                        packet_id: r.get(2)?,
-                        held_at: r.get(3)?,
-                        record: record_at(r, 4, 0)?,
-                    })
-                })?;
-                rows.collect()
-            },
-        )
+        self.shared
+            .read(|| "reading held publishes".into(), super::inspect::all_held)
     }
 }

@@ -150,9 +150,10 @@ pub fn queue_summaries(conn: &Connection) -> rusqlite::Result<Vec<QueueSummary>>
     rows.collect()
 }
 
-/// Every held exactly-once publish, by channel, holder and packet id.
+/// Every held exactly-once publish, by channel, holder and packet id (the
+/// held-publish store's `held` too).
 pub fn all_held(conn: &Connection) -> rusqlite::Result<Vec<HeldPublish>> {
-    let mut stmt = conn.prepare(SQL_ALL_HELD)?;
+    let mut stmt = conn.prepare_cached(SQL_ALL_HELD)?;
     let rows = stmt.query_map([], |r| {
         Ok(HeldPublish {
             channel: r.get(0)?,

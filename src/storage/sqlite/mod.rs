@@ -273,18 +273,7 @@ impl Writer<'_> {
         // Prepared once and kept: parsing the text again costs every commit.
         conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let ceiling = if relief { self.shared.bounds } else { None };
-        let run = || -> rusqlite::Result<T> {
-            if let Some(b) = ceiling {
-                set_max_page_count(conn, b.relief_pages)?;
-            }
-            let out = body(conn)?;
-            if let Some(b) = ceiling {
-                set_max_page_count(conn, b.publish_pages)?;
-            }
-            conn.prepare_cached("COMMIT")?.execute([])?;
-            Ok(out)
-        };
-        match run() {
+        match run_bounded(conn, ceiling, "COMMIT", body) {
             Ok(out) => {
                 self.shared.counters.commits.fetch_add(1, Ordering::Release);
                 Ok(out)
@@ -315,18 +304,7 @@ impl Writer<'_> {
         let conn = self.conn();
         conn.prepare_cached("SAVEPOINT write")?.execute([])?;
         let ceiling = if relief { self.shared.bounds } else { None };
-        let run = || -> rusqlite::Result<T> {
-            if let Some(b) = ceiling {
-                set_max_page_count(conn, b.relief_pages)?;
-            }
-            let out = body(conn)?;
-            if let Some(b) = ceiling {
-                set_max_page_count(conn, b.publish_pages)?;
-            }
-            conn.prepare_cached("RELEASE write")?.execute([])?;
-            Ok(out)
-        };
-        let out = run();
+        let out = run_bounded(conn, ceiling, "RELEASE write", body);
         if out.is_err() {
             // SQLite may have ended the whole transaction (SQLITE_FULL, I/O):
             // then there is no savepoint to go back to.
@@ -339,6 +317,27 @@ impl Writer<'_> {
         }
         out
     }
+}
+
+/// Runs `body` in the transaction or savepoint open on `conn` and ends it
+/// with `end`: a relief write (`ceiling` set) may grow the file into the
+/// reserve while it runs, and the publish ceiling is back before it ends.
+/// On an error the caller rolls back and restores the ceiling.
+fn run_bounded<T>(
+    conn: &Connection,
+    ceiling: Option<PageBounds>,
+    end: &str,
+    body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    if let Some(b) = ceiling {
+        set_max_page_count(conn, b.relief_pages)?;
+    }
+    let out = body(conn)?;
+    if let Some(b) = ceiling {
+        set_max_page_count(conn, b.publish_pages)?;
+    }
+    conn.prepare_cached(end)?.execute([])?;
+    Ok(out)
 }
 
 fn set_max_page_count(conn: &Connection, pages: u64) -> rusqlite::Result<()> {
@@ -1229,21 +1228,39 @@ impl SqliteProvider {
         }
     }
 
+    /// The store of `name` in `stores`, opened with `open` and registered
+    /// under `kind` the first time it is asked for.
+    fn registered<T>(
+        &self,
+        registry: &mut Registry,
+        name: &str,
+        kind: ChannelKind,
+        stores: fn(&mut Registry) -> &mut HashMap<String, Arc<T>>,
+        open: impl FnOnce(&mut Registry) -> contract::Result<Arc<T>>,
+    ) -> contract::Result<Arc<T>> {
+        if let Some(store) = stores(registry).get(name) {
+            return Ok(Arc::clone(store));
+        }
+        self.check_kind(registry, name, kind)?;
+        let store = open(registry)?;
+        registry.kinds.insert(name.to_string(), kind);
+        stores(registry).insert(name.to_string(), Arc::clone(&store));
+        Ok(store)
+    }
+
     fn append_locked(
         &self,
         registry: &mut Registry,
         name: &str,
     ) -> contract::Result<Arc<AppendChannel>> {
-        if let Some(store) = registry.appends.get(name) {
-            return Ok(Arc::clone(store));
-        }
-        self.check_kind(registry, name, ChannelKind::Append)?;
-        let store = AppendChannel::open(Arc::clone(&self.shared), name, false)?;
-        registry.kinds.insert(name.to_string(), ChannelKind::Append);
-        registry
-            .appends
-            .insert(name.to_string(), Arc::clone(&store));
-        Ok(store)
+        let shared = Arc::clone(&self.shared);
+        self.registered(
+            registry,
+            name,
+            ChannelKind::Append,
+            |r| &mut r.appends,
+            |_| AppendChannel::open(shared, name, false),
+        )
     }
 
     fn latest_locked(
@@ -1251,16 +1268,14 @@ impl SqliteProvider {
         registry: &mut Registry,
         name: &str,
     ) -> contract::Result<Arc<LatestChannel>> {
-        if let Some(store) = registry.latests.get(name) {
-            return Ok(Arc::clone(store));
-        }
-        self.check_kind(registry, name, ChannelKind::Latest)?;
-        let store = LatestChannel::open(Arc::clone(&self.shared), name)?;
-        registry.kinds.insert(name.to_string(), ChannelKind::Latest);
-        registry
-            .latests
-            .insert(name.to_string(), Arc::clone(&store));
-        Ok(store)
+        let shared = Arc::clone(&self.shared);
+        self.registered(
+            registry,
+            name,
+            ChannelKind::Latest,
+            |r| &mut r.latests,
+            |_| LatestChannel::open(shared, name),
+        )
     }
 
     fn queue_locked(
@@ -1268,15 +1283,17 @@ impl SqliteProvider {
         registry: &mut Registry,
         name: &str,
     ) -> contract::Result<Arc<QueueChannel>> {
-        if let Some(store) = registry.queues.get(name) {
-            return Ok(Arc::clone(store));
-        }
-        self.check_kind(registry, name, ChannelKind::Queue)?;
-        let dlq = self.append_locked(registry, &contract::dead_letter_name(name))?;
-        let store = QueueChannel::open(Arc::clone(&self.shared), name, dlq)?;
-        registry.kinds.insert(name.to_string(), ChannelKind::Queue);
-        registry.queues.insert(name.to_string(), Arc::clone(&store));
-        Ok(store)
+        let shared = Arc::clone(&self.shared);
+        self.registered(
+            registry,
+            name,
+            ChannelKind::Queue,
+            |r| &mut r.queues,
+            |registry| {
+                let dlq = self.append_locked(registry, &contract::dead_letter_name(name))?;
+                QueueChannel::open(shared, name, dlq)
+            },
+        )
     }
 
     /// Looks up an opened store by name, for a held publish's release.
