@@ -15,7 +15,7 @@
 //!
 //! This module is the one that knows the schema: the stores (`append`,
 //! `latest`, `queue`, `session`, `held`, `broadcast`), the group commit
-//! (`batch`, which sees a channel only as [`channel::Staged`]), and the
+//! (`batch`, which sees a channel only as `channel::Staged`), and the
 //! typed reads and writes the tools need - `inspect` for `sqlite dump`,
 //! `units` for the migrations, `verify`, and `schema::row_counts` for a
 //! backup - so no module outside it names a table.
