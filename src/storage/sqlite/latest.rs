@@ -160,14 +160,7 @@ impl LatestChannel {
             }
             None => pending.count += 1,
         }
-        pending.bytes += encoded.size;
-        pending.topics.insert(
-            record.topic.clone(),
-            Some(LatestEntry {
-                size: encoded.size,
-                marker: false,
-            }),
-        );
+        holds(pending, &record.topic, encoded.size, false);
         pending.next += 1;
         Ok(offset)
     }
@@ -196,14 +189,7 @@ impl LatestChannel {
         if self.keep_markers {
             let encoded = Encoded::new(record);
             self.upsert(conn, offset, &encoded, true)?;
-            pending.bytes += encoded.size;
-            pending.topics.insert(
-                record.topic.clone(),
-                Some(LatestEntry {
-                    size: encoded.size,
-                    marker: true,
-                }),
-            );
+            holds(pending, &record.topic, encoded.size, true);
         } else {
             conn.prepare_cached("DELETE FROM latest_values WHERE channel = ?1 AND topic = ?2")?
                 .execute(rusqlite::params![self.name, record.topic])?;
@@ -221,6 +207,15 @@ impl LatestChannel {
                 provider: self.shared.name.clone(),
             })
     }
+}
+
+/// The topic's row now holds `size` bytes, a value or (`marker`) a
+/// deletion's marker, as the transaction moves the counters.
+fn holds(pending: &mut Pending, topic: &str, size: u64, marker: bool) {
+    pending.bytes += size;
+    pending
+        .topics
+        .insert(topic.to_string(), Some(LatestEntry { size, marker }));
 }
 
 impl Staged for LatestChannel {
