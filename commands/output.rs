@@ -312,6 +312,59 @@ pub fn cell(text: &str) -> String {
 mod tests {
     use super::*;
 
+    /// RECORD has the keys its documentation lists, a latest row adds
+    /// `deleted` and a queue item its deliveries, and nothing else.
+    #[test]
+    fn a_record_has_the_documented_keys() {
+        let mut r = Record::new("t/1", bytes::Bytes::from_static(&[0, 0xff]));
+        r.timestamp = 1_000_000_000;
+        let keys = |v: Value| -> Vec<String> {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        let mut record = vec![
+            "offset",
+            "message_id",
+            "time",
+            "time_unix_nanos",
+            "topic",
+            "qos",
+            "retain",
+            "client_id",
+            "bridge",
+            "shared_copy",
+            "owed_to",
+            "payload_bytes",
+            "payload_text",
+            "payload_hex",
+            "user_properties",
+            "properties",
+        ];
+        record.sort();
+        assert_eq!(keys(RecordJson::new(&r).to_value()), record);
+        let mut latest = record.clone();
+        latest.push("deleted");
+        latest.sort();
+        assert_eq!(
+            keys(RecordJson::new(&r).latest_row(true).to_value()),
+            latest
+        );
+        let mut item = record.clone();
+        item.extend(["attempts", "first_delivered", "last_delivered"]);
+        item.sort();
+        let v = RecordJson::new(&r).queue_item(2, 5, 0).to_value();
+        assert_eq!(v["attempts"], 2);
+        assert_eq!(v["last_delivered"], Value::Null);
+        assert_eq!(keys(v), item);
+        let v = RecordJson::new(&r).to_value();
+        assert_eq!(v["payload_text"], Value::Null);
+        assert_eq!(v["payload_hex"], "00ff");
+        assert_eq!(v["time"], "1970-01-01T00:00:01Z");
+        assert_eq!(payload_cell(&r.payload), "hex:00ff");
+        assert_eq!(payload_cell(b"21.5"), "\"21.5\"");
+    }
+
     #[test]
     fn control_characters_are_escaped_and_plain_text_is_borrowed() {
         assert!(matches!(escaped("sensors/17/temp"), Cow::Borrowed(_)));
