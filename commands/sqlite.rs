@@ -105,8 +105,8 @@ the durable consumers' positions, the persistent sessions, the queues' depths \
 and attempts, and the held exactly-once publishes. With --channel it lists that \
 channel's records from --from (default: its floor), at most --limit of them: \
 offset, time (RFC 3339), topic, payload (quoted text when it is printable \
-UTF-8, hex: otherwise, as snapshot inspect shows it), user properties and \
-publish properties, with a progress bar on a terminal while they are read. \
+UTF-8, hex: otherwise, cut at 64 characters as snapshot inspect shows it; \
+the JSON forms carry it whole), user properties and publish properties, with a progress bar on a terminal while they are read. \
 In --json and --ndjson each record is RECORD, the one shape \
 `saguin snapshot inspect --json` prints a record in (see \
 saguin-snapshot-inspect(1)): {\"offset\", \"message_id\", \"time\", \
