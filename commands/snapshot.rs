@@ -19,12 +19,13 @@ use saguin_format::f21::{
     RetainedFile, SessionsFile, SnapshotFile,
 };
 use saguin_format::mbmqtt;
-use saguin_format::model::{PublishProps, Record, UserProperty};
+use saguin_format::model::Record;
 use serde_json::{json, Value};
 
 use crate::exit;
 use crate::output::{
-    cell, escaped, extend_message_json, payload_text, session_json, table, time_json, time_text,
+    cell, payload_cell, payload_text, props_cell, session_json, table, time_json, time_text,
+    RecordJson,
 };
 
 #[derive(clap::Subcommand, Debug)]
@@ -51,10 +52,17 @@ pub enum Command {
     /// HEADER is `{"format","kind","writer","written_at","written_at_unix_nanos"}`;
     /// CONTENTS has a `"kind"` (`channel`, `manifest`, `retained`,
     /// `sessions`, `broadcast`, `mbmqtt01`) and that kind's fields; records
-    /// (RECORD: `{"offset","time","topic","qos","retain","client_id","bridge",
+    /// (RECORD: `{"offset","message_id","time","time_unix_nanos","topic",
+    /// "qos","retain","client_id","bridge","shared_copy","owed_to",
     /// "payload_bytes","payload_text","payload_hex","user_properties",
-    /// "properties"}`) appear under `"records"` only with `--records`, a
-    /// channel's dead letters under `"dead_letter"."records"` likewise.
+    /// "properties"}`, the shape `saguin sqlite dump` prints a record in;
+    /// `payload_text` is null unless the payload is printable UTF-8,
+    /// `properties` is `{"content_type","response_topic",
+    /// "correlation_data_hex","payload_format_indicator",
+    /// "message_expiry_interval"}`, a queue's items add `"attempts",
+    /// "first_delivered","last_delivered"`) appear under `"records"` (a
+    /// queue's under `"items"`) only with `--records`, a channel's dead
+    /// letters under `"dead_letter"."records"` likewise.
     /// Each held exactly-once publish (`"held"`) is `{"client_id",
     /// "packet_id","held_at","topic","record": RECORD}`; a session's
     /// `"will"` is `{"topic","qos","retain","delay_interval",
@@ -600,69 +608,9 @@ fn print_header(out: &mut impl Write, h: &Header) -> std::io::Result<()> {
     writeln!(out, "{t}")
 }
 
-/// A short cell for a payload: text (quoted) or hex, cut at 64 characters.
-fn payload_cell(payload: &[u8]) -> String {
-    const MAX: usize = 64;
-    match payload_text(payload) {
-        Some(s) => {
-            let mut cut: String = s.chars().take(MAX).collect();
-            cut = cut.replace('\n', "\\n").replace('\t', "\\t");
-            if s.chars().count() > MAX {
-                format!("{cut:?}…")
-            } else {
-                format!("{cut:?}")
-            }
-        }
-        None => {
-            let shown = payload.get(..MAX / 2).unwrap_or(payload);
-            let mut h = format!("hex:{}", hex::encode(shown));
-            if shown.len() < payload.len() {
-                h.push('…');
-            }
-            h
-        }
-    }
-}
-
-fn props_cell(user_properties: &[UserProperty], props: &PublishProps) -> String {
-    let mut parts = Vec::new();
-    for p in user_properties {
-        parts.push(format!("{}={}", escaped(&p.name), escaped(&p.value)));
-    }
-    if let Some(v) = &props.content_type {
-        parts.push(format!("content-type={}", escaped(v)));
-    }
-    if let Some(v) = &props.response_topic {
-        parts.push(format!("response-topic={}", escaped(v)));
-    }
-    if let Some(v) = &props.correlation_data {
-        parts.push(format!("correlation-data=hex:{}", hex::encode(v)));
-    }
-    if let Some(v) = props.payload_format_indicator {
-        parts.push(format!("payload-format={v}"));
-    }
-    if let Some(v) = props.message_expiry_interval {
-        parts.push(format!("expiry={v}s"));
-    }
-    parts.join(", ")
-}
-
+/// A record as RECORD ([`RecordJson`]).
 fn record_json(r: &Record) -> Value {
-    let mut v = json!({
-        "offset": r.offset,
-        "message_id": hex::encode(r.message_id),
-        "time": time_json(r.timestamp),
-        "time_unix_nanos": r.timestamp,
-        "topic": r.topic,
-        "qos": r.qos,
-        "retain": r.retain,
-        "client_id": r.client_id,
-        "bridge": r.bridge,
-        "shared_copy": r.shared_copy,
-        "owed_to": r.owed_to,
-    });
-    extend_message_json(&mut v, &r.payload, &r.props, &r.user_properties);
-    v
+    RecordJson::new(r).to_value()
 }
 
 fn held_json(h: &HeldPublish) -> Value {
@@ -811,13 +759,9 @@ fn channel_json(c: &ChannelFile, view: &View) -> Value {
                     view.take(&c.items)
                         .iter()
                         .map(|i| {
-                            let mut r = record_json(&i.record);
-                            if let Some(o) = r.as_object_mut() {
-                                o.insert("attempts".into(), json!(i.attempts));
-                                o.insert("first_delivered".into(), time_json(i.first_delivered));
-                                o.insert("last_delivered".into(), time_json(i.last_delivered));
-                            }
-                            r
+                            RecordJson::new(&i.record)
+                                .queue_item(i.attempts, i.first_delivered, i.last_delivered)
+                                .to_value()
                         })
                         .collect(),
                 ),

@@ -6,15 +6,16 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use rusqlite::Connection;
 use saguin::storage::backup::{self, BackupError};
-use saguin::storage::sqlite::row::record_at;
-use saguin::storage::sqlite::schema::RECORD_COLUMNS;
+use saguin::storage::contract::HeldPublish;
+use saguin::storage::sqlite::inspect;
 use saguin::storage::sqlite::{self as provider, SqliteOpenError};
-use saguin_format::model::Record;
+use saguin_format::model::ChannelKind;
 use serde_json::{json, Value};
 
 use crate::exit;
 use crate::output::{
-    cell, escaped, extend_message_json, session_json, table, time_json, time_text,
+    cell, extend_message_json, payload_cell, props_cell, session_json, table, time_json, time_text,
+    RecordJson,
 };
 
 #[derive(clap::Subcommand, Debug)]
@@ -103,9 +104,17 @@ Without --channel it shows the channels (kind, next, floor, bytes, records), \
 the durable consumers' positions, the persistent sessions, the queues' depths \
 and attempts, and the held exactly-once publishes. With --channel it lists that \
 channel's records from --from (default: its floor), at most --limit of them: \
-offset, time (RFC 3339), topic, payload (text when it is UTF-8, hex \
-otherwise), headers and publish properties, with a progress bar on a \
-terminal while they are read.
+offset, time (RFC 3339), topic, payload (quoted text when it is printable \
+UTF-8, hex: otherwise, cut at 64 characters as snapshot inspect shows it; \
+the JSON forms carry it whole), user properties and publish properties, with a progress bar on a terminal while they are read. \
+In --json and --ndjson each record is RECORD, the one shape \
+`saguin snapshot inspect --json` prints a record in (see \
+saguin-snapshot-inspect(1)): {\"offset\", \"message_id\", \"time\", \
+\"time_unix_nanos\", \"topic\", \"qos\", \"retain\", \"client_id\", \"bridge\", \
+\"shared_copy\", \"owed_to\", \"payload_bytes\", \"payload_text\", \
+\"payload_hex\", \"user_properties\", \"properties\"}, with \"deleted\" for a \
+latest channel's rows and \"attempts\", \"first_delivered\", \
+\"last_delivered\" for a queue's.
 
 --json prints one JSON document; --ndjson prints one JSON object per line \
 (each overview row carries \"type\"; each record is one line). Readers ignore \
@@ -270,39 +279,6 @@ fn open(db: &Path) -> Result<Connection, u8> {
     }
 }
 
-struct ChannelRow {
-    name: String,
-    kind: String,
-    next: u64,
-    floor: u64,
-    bytes: u64,
-    records: u64,
-}
-
-fn channels(conn: &Connection) -> rusqlite::Result<Vec<ChannelRow>> {
-    let mut stmt = conn.prepare(
-        "SELECT c.name, c.kind, c.next, c.floor,
-           CASE c.kind WHEN 'append' THEN c.bytes
-             WHEN 'latest' THEN (SELECT coalesce(sum(size), 0) FROM latest_values v WHERE v.channel = c.name AND v.deleted = 0)
-             ELSE (SELECT coalesce(sum(size), 0) FROM queue_items q WHERE q.channel = c.name) END,
-           CASE c.kind WHEN 'append' THEN (SELECT count(*) FROM records r WHERE r.channel = c.name)
-             WHEN 'latest' THEN (SELECT count(*) FROM latest_values v WHERE v.channel = c.name AND v.deleted = 0)
-             ELSE (SELECT count(*) FROM queue_items q WHERE q.channel = c.name) END
-         FROM channels c ORDER BY c.name",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        Ok(ChannelRow {
-            name: r.get(0)?,
-            kind: r.get(1)?,
-            next: r.get(2)?,
-            floor: r.get(3)?,
-            bytes: r.get(4)?,
-            records: r.get(5)?,
-        })
-    })?;
-    rows.collect()
-}
-
 fn dump(args: &DumpArgs) -> anyhow::Result<u8> {
     let output = if args.json {
         Output::Json
@@ -329,79 +305,38 @@ fn dump(args: &DumpArgs) -> anyhow::Result<u8> {
 fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result<u8> {
     let (created_by, created_at) =
         provider::schema::creator(conn).unwrap_or_else(|_| ("unknown".into(), 0));
-    let channels = channels(conn)?;
-    let mut stmt = conn.prepare(
-        "SELECT channel, reader, offset, saved_at, session_expiry FROM positions ORDER BY channel, reader",
-    )?;
-    let positions: Vec<(String, String, u64, i64, Option<u32>)> = stmt
-        .query_map([], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
-    let mut stmt = conn.prepare(
-        "SELECT s.client_id, s.principal, s.expiry_interval, s.detached_at, json_array_length(s.subscriptions), s.window,
-            (SELECT count(*) FROM session_inflight i WHERE i.client_id = s.client_id),
-            (SELECT p.offset FROM positions p WHERE p.channel = '$saguin/broadcast' AND p.reader = 'mqtt:' || s.client_id)
-         FROM sessions s ORDER BY s.client_id",
-    )?;
-    #[allow(clippy::type_complexity)]
-    let sessions: Vec<(String, Option<String>, u32, i64, i64, u16, u64, Option<u64>)> = stmt
-        .query_map([], |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-                r.get(6)?,
-                r.get(7)?,
-            ))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
-    let mut stmt = conn.prepare(
-        "SELECT c.name, count(q.offset), coalesce(sum(q.attempts > 0), 0), coalesce(max(q.attempts), 0),
-            coalesce(sum(q.attempts), 0), coalesce(min(nullif(q.first_delivered, 0)), 0)
-         FROM channels c LEFT JOIN queue_items q ON q.channel = c.name
-         WHERE c.kind = 'queue' GROUP BY c.name ORDER BY c.name",
-    )?;
-    let queues: Vec<(String, u64, u64, u64, u64, i64)> = stmt
-        .query_map([], |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-            ))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
-    let held: u64 = conn.query_row("SELECT count(*) FROM held_publishes", [], |r| r.get(0))?;
-    let groups: u64 = conn.query_row("SELECT count(*) FROM share_groups", [], |r| r.get(0))?;
+    let channels = inspect::channel_summaries(conn)?;
+    let positions = inspect::all_positions(conn)?;
+    let sessions = inspect::session_summaries(conn)?;
+    let queues = inspect::queue_summaries(conn)?;
     // In full for the JSON forms, decoded as the provider decodes them.
     let full_sessions: std::collections::HashMap<String, Value> = provider::read_sessions(conn)?
         .iter()
         .map(|s| (s.client_id.clone(), session_json(s)))
         .collect();
-    let held_list = held_publishes(conn)?;
-    let group_list = share_groups(conn)?;
+    let held_list: Vec<Value> = inspect::all_held(conn)?.iter().map(held_json).collect();
+    let group_list: Vec<Value> = inspect::share_groups(conn)?
+        .iter()
+        .map(|g| json!({"group": g.group, "filter": g.filter, "cursor": g.cursor, "returned": g.returned}))
+        .collect();
+    let held = held_list.len();
+    let groups = group_list.len();
 
-    let channel_json = |c: &ChannelRow| json!({"name": c.name, "kind": c.kind, "next": c.next, "floor": c.floor, "bytes": c.bytes, "records": c.records});
-    let position_json = |p: &(String, String, u64, i64, Option<u32>)| json!({"channel": p.0, "reader": p.1, "offset": p.2, "saved_at": time_json(p.3), "session_expiry": p.4});
+    let channel_json = |c: &inspect::ChannelSummary| json!({"name": c.name, "kind": c.kind, "next": c.next, "floor": c.floor, "bytes": c.bytes, "records": c.records});
+    let position_json = |p: &inspect::StoredPosition| json!({"channel": p.channel, "reader": p.reader, "offset": p.offset, "saved_at": time_json(p.saved_at), "session_expiry": p.session_expiry});
     // The summary's counts, then the session in full: `subscription_list`,
     // `inflight_list` and `will` (the shape `snapshot inspect` prints).
-    let session_json = |s: &(String, Option<String>, u32, i64, i64, u16, u64, Option<u64>)| {
-        let full = full_sessions.get(&s.0);
-        json!({"client_id": s.0, "principal": s.1, "expiry_interval": s.2, "detached_at": time_json(s.3),
-               "subscriptions": s.4, "window": s.5, "inflight": s.6, "cursor": s.7,
+    let session_json = |s: &inspect::SessionSummary| {
+        let full = full_sessions.get(&s.client_id);
+        json!({"client_id": s.client_id, "principal": s.principal, "expiry_interval": s.expiry_interval, "detached_at": time_json(s.detached_at),
+               "subscriptions": s.subscriptions, "window": s.window, "inflight": s.inflight, "cursor": s.cursor,
                "subscription_list": full.map_or(json!([]), |f| f["subscriptions"].clone()),
                "inflight_list": full.map_or(json!([]), |f| f["inflight"].clone()),
                "will": full.map_or(Value::Null, |f| f["will"].clone())})
     };
-    let queue_json = |q: &(String, u64, u64, u64, u64, i64)| {
-        json!({"channel": q.0, "depth": q.1, "delivered": q.2, "max_attempts": q.3, "attempts": q.4,
-               "oldest_first_delivered": time_json(q.5)})
+    let queue_json = |q: &inspect::QueueSummary| {
+        json!({"channel": q.channel, "depth": q.depth, "delivered": q.delivered, "max_attempts": q.max_attempts, "attempts": q.attempts,
+               "oldest_first_delivered": time_json(q.oldest_first_delivered)})
     };
     let mut out = std::io::stdout().lock();
     match output {
@@ -489,11 +424,11 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
                 ]);
                 for p in &positions {
                     t.add_row(vec![
-                        p.0.clone(),
-                        cell(&p.1),
-                        p.2.to_string(),
-                        time_text(p.3),
-                        p.4.map_or("-".into(), |s| format!("{s}s")),
+                        p.channel.clone(),
+                        cell(&p.reader),
+                        p.offset.to_string(),
+                        time_text(p.saved_at),
+                        p.session_expiry.map_or("-".into(), |s| format!("{s}s")),
                     ]);
                 }
                 writeln!(out, "{t}")?;
@@ -511,17 +446,17 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
                 ]);
                 for s in &sessions {
                     t.add_row(vec![
-                        cell(&s.0),
-                        s.1.as_deref().map_or_else(|| "-".into(), cell),
-                        format!("{}s", s.2),
-                        if s.3 == 0 {
+                        cell(&s.client_id),
+                        s.principal.as_deref().map_or_else(|| "-".into(), cell),
+                        format!("{}s", s.expiry_interval),
+                        if s.detached_at == 0 {
                             "connected".into()
                         } else {
-                            time_text(s.3)
+                            time_text(s.detached_at)
                         },
-                        s.4.to_string(),
-                        s.6.to_string(),
-                        s.7.map_or("-".into(), |c| c.to_string()),
+                        s.subscriptions.to_string(),
+                        s.inflight.to_string(),
+                        s.cursor.map_or("-".into(), |c| c.to_string()),
                     ]);
                 }
                 writeln!(out, "{t}")?;
@@ -538,12 +473,12 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
                 ]);
                 for q in &queues {
                     t.add_row(vec![
-                        q.0.clone(),
-                        q.1.to_string(),
-                        q.2.to_string(),
-                        q.4.to_string(),
-                        q.3.to_string(),
-                        time_text(q.5),
+                        q.channel.clone(),
+                        q.depth.to_string(),
+                        q.delivered.to_string(),
+                        q.attempts.to_string(),
+                        q.max_attempts.to_string(),
+                        time_text(q.oldest_first_delivered),
                     ]);
                 }
                 writeln!(out, "{t}")?;
@@ -563,118 +498,22 @@ fn dump_overview(conn: &Connection, db: &Path, output: Output) -> anyhow::Result
     Ok(exit::OK)
 }
 
-/// Every held exactly-once publish in full: channel, holder, packet id, when
+/// A held exactly-once publish in full: channel, holder, packet id, when
 /// it was held, and its whole message.
-fn held_publishes(conn: &Connection) -> rusqlite::Result<Vec<Value>> {
-    let mut stmt = conn.prepare(&format!(
-        "SELECT channel, holder_client_id, packet_id, held_at, {RECORD_COLUMNS} FROM held_publishes
-         ORDER BY channel, holder_client_id, packet_id"
-    ))?;
-    let rows = stmt.query_map([], |r| {
-        let record = record_at(r, 4, 0)?;
-        let mut v = json!({
-            "channel": r.get::<_, String>(0)?,
-            "client_id": r.get::<_, String>(1)?,
-            "packet_id": r.get::<_, u16>(2)?,
-            "held_at": time_json(r.get(3)?),
-            "topic": record.topic,
-            "qos": record.qos,
-            "retain": record.retain,
-            "time": time_json(record.timestamp),
-        });
-        extend_message_json(
-            &mut v,
-            &record.payload,
-            &record.props,
-            &record.user_properties,
-        );
-        Ok(v)
-    })?;
-    rows.collect()
-}
-
-/// Every shared subscription group's cursor and returned deliveries, the
-/// returned ones in the order the provider reads them back
-/// (`src/storage/sqlite/broadcast.rs`, by log offset): the dump shows what a
-/// broker would load.
-fn share_groups(conn: &Connection) -> rusqlite::Result<Vec<Value>> {
-    let mut stmt = conn.prepare(
-        "SELECT g.group_name, g.filter, g.cursor,
-            (SELECT json_group_array(log_offset) FROM
-               (SELECT log_offset FROM share_returned r
-                WHERE r.group_name = g.group_name AND r.filter = g.filter ORDER BY log_offset))
-         FROM share_groups g ORDER BY g.group_name, g.filter",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        let returned: String = r.get(3)?;
-        let returned: Value = serde_json::from_str(&returned).unwrap_or_else(|_| json!([]));
-        Ok(json!({
-            "group": r.get::<_, String>(0)?,
-            "filter": r.get::<_, String>(1)?,
-            "cursor": r.get::<_, u64>(2)?,
-            "returned": returned,
-        }))
-    })?;
-    rows.collect()
-}
-
-/// The payload as text when it is UTF-8 without control characters other
-/// than whitespace, hex otherwise; with which it is.
-fn payload_text(payload: &[u8]) -> (&'static str, String) {
-    match std::str::from_utf8(payload) {
-        Ok(s) if !s.chars().any(|c| c.is_control() && !c.is_whitespace()) => ("utf8", s.to_owned()),
-        _ => ("hex", hex::encode(payload)),
-    }
-}
-
-fn record_json(r: &Record, extra: &[(&str, Value)]) -> Value {
-    let (encoding, payload) = payload_text(&r.payload);
-    let props = &r.props;
+fn held_json(h: &HeldPublish) -> Value {
+    let r = &h.record;
     let mut v = json!({
-        "offset": r.offset,
-        "time": time_json(r.timestamp),
+        "channel": h.channel,
+        "client_id": h.client_id,
+        "packet_id": h.packet_id,
+        "held_at": time_json(h.held_at),
         "topic": r.topic,
-        "payload_encoding": encoding,
-        "payload": payload,
-        "headers": r.user_properties.iter().map(|p| json!([p.name, p.value])).collect::<Vec<_>>(),
-        "props": {
-            "content_type": props.content_type,
-            "response_topic": props.response_topic,
-            "correlation_data": props.correlation_data.as_ref().map(hex::encode),
-            "payload_format_indicator": props.payload_format_indicator,
-            "message_expiry_interval": props.message_expiry_interval,
-        },
         "qos": r.qos,
         "retain": r.retain,
-        "client_id": r.client_id,
+        "time": time_json(r.timestamp),
     });
-    if let Value::Object(m) = &mut v {
-        for (k, x) in extra {
-            m.insert((*k).to_owned(), x.clone());
-        }
-    }
+    extend_message_json(&mut v, &r.payload, &r.props, &r.user_properties);
     v
-}
-
-fn props_text(r: &Record) -> String {
-    let p = &r.props;
-    let mut parts = Vec::new();
-    if let Some(v) = &p.content_type {
-        parts.push(format!("content-type={}", escaped(v)));
-    }
-    if let Some(v) = &p.response_topic {
-        parts.push(format!("response-topic={}", escaped(v)));
-    }
-    if let Some(v) = &p.correlation_data {
-        parts.push(format!("correlation-data={}", hex::encode(v)));
-    }
-    if let Some(v) = p.payload_format_indicator {
-        parts.push(format!("payload-format={v}"));
-    }
-    if let Some(v) = p.message_expiry_interval {
-        parts.push(format!("expiry={v}s"));
-    }
-    parts.join(" ")
 }
 
 fn dump_channel(
@@ -683,18 +522,7 @@ fn dump_channel(
     name: &str,
     output: Output,
 ) -> anyhow::Result<u8> {
-    let row: Option<(String, u64, u64)> = conn
-        .query_row(
-            "SELECT kind, next, floor FROM channels WHERE name = ?1",
-            [name],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .map(Some)
-        .or_else(|e| match e {
-            rusqlite::Error::QueryReturnedNoRows => Ok(None),
-            e => Err(e),
-        })?;
-    let Some((kind, next, floor)) = row else {
+    let Some(head) = inspect::channel_head(conn, name)? else {
         writeln!(
             std::io::stderr(),
             "saguin: storage {}: no channel named {name:?} (saguin sqlite dump {} lists them)",
@@ -703,33 +531,11 @@ fn dump_channel(
         )?;
         return Ok(exit::CANNOT);
     };
+    let (kind, next, floor) = (head.kind, head.next, head.floor);
     let from = args.from.unwrap_or(floor);
-    let limit = args
-        .limit
-        .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
-    let sql = match kind.as_str() {
-        "append" => format!(
-            "SELECT offset, {RECORD_COLUMNS}, 0, NULL, NULL, NULL FROM records WHERE channel = ?1 AND offset >= ?2 ORDER BY offset LIMIT ?3"
-        ),
-        "latest" => format!(
-            "SELECT offset, {RECORD_COLUMNS}, deleted, NULL, NULL, NULL FROM latest_values WHERE channel = ?1 AND offset >= ?2 ORDER BY offset LIMIT ?3"
-        ),
-        _ => format!(
-            "SELECT offset, {RECORD_COLUMNS}, 0, attempts, first_delivered, last_delivered FROM queue_items WHERE channel = ?1 AND offset >= ?2 ORDER BY offset LIMIT ?3"
-        ),
-    };
     // A bar on a terminal for a long listing; nothing when piped.
     let bar = if std::io::stderr().is_terminal() {
-        let table_name = match kind.as_str() {
-            "append" => "records",
-            "latest" => "latest_values",
-            _ => "queue_items",
-        };
-        let total: u64 = conn.query_row(
-            &format!("SELECT count(*) FROM {table_name} WHERE channel = ?1 AND offset >= ?2"),
-            rusqlite::params![name, from],
-            |r| r.get(0),
-        )?;
+        let total = inspect::count_from(conn, name, kind, from)?;
         let total = args.limit.map_or(total, |l| l.min(total));
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
@@ -740,73 +546,60 @@ fn dump_channel(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let mut stmt = conn.prepare(&sql)?;
-    let mut rows = stmt.query(rusqlite::params![name, from, limit])?;
     let mut out = std::io::stdout().lock();
     let mut json_records = Vec::new();
     let mut t = table();
-    let queue = kind == "queue";
-    let mut header = vec!["offset", "time", "topic", "payload", "headers", "props"];
+    let queue = kind == ChannelKind::Queue;
+    let mut header = vec!["offset", "time", "topic", "payload", "properties"];
     if queue {
         header.extend(["attempts", "first delivered", "last delivered"]);
     }
     t.set_header(header);
     let mut listed = 0u64;
-    while let Some(row) = rows.next()? {
-        let offset: u64 = row.get(0)?;
-        let record = record_at(row, 1, offset)?;
-        let deleted: bool = row.get(14)?;
-        let attempts: Option<u32> = row.get(15)?;
-        let first: Option<i64> = row.get(16)?;
-        let last: Option<i64> = row.get(17)?;
+    inspect::records_from(conn, name, kind, from, args.limit, |row| {
+        let record = &row.record;
         listed += 1;
         bar.inc(1);
-        let mut extra = Vec::new();
-        if kind == "latest" {
-            extra.push(("deleted", json!(deleted)));
-        }
-        if queue {
-            extra.push(("attempts", json!(attempts)));
-            extra.push(("first_delivered", time_json(first.unwrap_or(0))));
-            extra.push(("last_delivered", time_json(last.unwrap_or(0))));
-        }
+        let (attempts, first, last) = row.delivery.unwrap_or((0, 0, 0));
+        let json = || {
+            let shown = RecordJson::new(record);
+            match kind {
+                ChannelKind::Latest => shown.latest_row(row.deleted),
+                ChannelKind::Queue => shown.queue_item(attempts, first, last),
+                ChannelKind::Append => shown,
+            }
+            .to_value()
+        };
         match output {
-            Output::Json => json_records.push(record_json(&record, &extra)),
+            Output::Json => json_records.push(json()),
             Output::Ndjson => {
-                serde_json::to_writer(&mut out, &record_json(&record, &extra))?;
+                serde_json::to_writer(&mut out, &json())?;
                 writeln!(out)?;
             }
             Output::Human => {
-                let (encoding, payload) = payload_text(&record.payload);
-                let payload = if deleted {
+                let payload = if row.deleted {
                     "(deleted)".to_owned()
-                } else if encoding == "hex" {
-                    format!("0x{payload}")
                 } else {
-                    cell(&payload)
+                    payload_cell(&record.payload)
                 };
                 let mut cells = vec![
-                    offset.to_string(),
+                    record.offset.to_string(),
                     time_text(record.timestamp),
                     cell(&record.topic),
                     payload,
-                    record
-                        .user_properties
-                        .iter()
-                        .map(|p| format!("{}={}", escaped(&p.name), escaped(&p.value)))
-                        .collect::<Vec<_>>()
-                        .join(" "),
-                    props_text(&record),
+                    props_cell(&record.user_properties, &record.props),
                 ];
                 if queue {
-                    cells.push(attempts.unwrap_or(0).to_string());
-                    cells.push(time_text(first.unwrap_or(0)));
-                    cells.push(time_text(last.unwrap_or(0)));
+                    cells.push(attempts.to_string());
+                    cells.push(time_text(first));
+                    cells.push(time_text(last));
                 }
                 t.add_row(cells);
             }
         }
-    }
+        Ok::<(), anyhow::Error>(())
+    })?;
+    let kind = kind.as_str();
     bar.finish_and_clear();
     match output {
         Output::Json => {

@@ -137,7 +137,7 @@ fn a_channels_records_from_an_offset_with_a_limit() {
     let s = text(&out.stdout);
     assert!(s.contains("reading 9") && s.contains("reading 10"), "{s}");
     assert!(!s.contains("reading 8"), "{s}");
-    assert!(s.contains("0x0001feff"), "binary payloads in hex: {s}");
+    assert!(s.contains("hex:0001feff"), "binary payloads in hex: {s}");
     assert!(s.contains("unit=C"), "{s}");
     assert!(s.contains("2026-01-01T00:00:00.000000009Z"), "{s}");
     assert!(s.contains("3 records listed from offset 9"), "{s}");
@@ -146,11 +146,11 @@ fn a_channels_records_from_an_offset_with_a_limit() {
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["records"].as_array().unwrap().len(), 2);
     assert_eq!(doc["records"][0]["offset"], 1);
-    assert_eq!(doc["records"][0]["payload"], "reading 1");
-    assert_eq!(doc["records"][0]["payload_encoding"], "utf8");
+    assert_eq!(doc["records"][0]["payload_text"], "reading 1");
+    assert_eq!(doc["records"][0]["payload_hex"], hex::encode("reading 1"));
     assert_eq!(
-        doc["records"][0]["headers"],
-        serde_json::json!([["unit", "C"]])
+        doc["records"][0]["user_properties"],
+        serde_json::json!([{"name": "unit", "value": "C"}])
     );
 
     let out = dump(&db, &["--channel", "telemetry", "--ndjson", "--from", "11"]);
@@ -159,8 +159,8 @@ fn a_channels_records_from_an_offset_with_a_limit() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(lines.len(), 1);
-    assert_eq!(lines[0]["payload_encoding"], "hex");
-    assert_eq!(lines[0]["payload"], "0001feff");
+    assert_eq!(lines[0]["payload_text"], Value::Null);
+    assert_eq!(lines[0]["payload_hex"], "0001feff");
 
     let out = dump(&db, &["--channel", "jobs", "--json"]);
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -258,7 +258,10 @@ fn control_characters_are_escaped_in_human_output_and_exact_in_json() {
     let out = dump(&db, &["--channel", "telemetry", "--json"]);
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["records"][0]["topic"], topic);
-    assert_eq!(doc["records"][0]["headers"][0][1], "\u{9b}31m");
+    assert_eq!(
+        doc["records"][0]["user_properties"][0]["value"],
+        "\u{9b}31m"
+    );
 
     // The same through a snapshot directory and `snapshot inspect`.
     let dir = tmp.path().join("snapshots");

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{ffi, Connection, OpenFlags};
 
-use super::sqlite::schema::TABLES;
+use super::sqlite::schema::row_counts;
 use super::sqlite::{self, SqliteOpenError, SCHEMA_VERSION};
 
 /// Pages copied per step: small enough for a smooth progress bar, large
@@ -113,17 +113,6 @@ pub fn check_destination(dest: &Path) -> Result<(), BackupError> {
         }),
         None => Ok(()),
     }
-}
-
-fn count_tables(conn: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
-    TABLES
-        .iter()
-        .map(|t| {
-            let n: i64 =
-                conn.query_row(&format!("SELECT count(*) FROM \"{t}\""), [], |r| r.get(0))?;
-            Ok(((*t).to_owned(), n.max(0) as u64))
-        })
-        .collect()
 }
 
 /// The temporary name in `dest`'s directory.
@@ -261,7 +250,7 @@ fn copy_and_prove(
     source
         .execute_batch("BEGIN DEFERRED")
         .map_err(|e| src_err("opening a read transaction", e))?;
-    let counted = count_tables(source).map_err(|e| src_err("counting rows", e));
+    let counted = row_counts(source).map_err(|e| src_err("counting rows", e));
     let copied = counted.and_then(|tables| {
         let mut target = Connection::open_with_flags(
             tmp,
@@ -359,7 +348,7 @@ fn verify_copy(tmp: &Path, dest: &Path, expected: &[(String, u64)]) -> Result<()
     if !verification.is_ok() {
         return Err(fail(verification.lines().join("; ")));
     }
-    let counted = count_tables(&conn).map_err(|e| fail(format!("counting rows: {e}")))?;
+    let counted = row_counts(&conn).map_err(|e| fail(format!("counting rows: {e}")))?;
     let differences: Vec<String> = expected
         .iter()
         .zip(&counted)

@@ -937,6 +937,32 @@ pub fn format_time(at: UnixNanos) -> String {
     humantime::format_rfc3339_nanos(t).to_string()
 }
 
+/// A position is at least the first offset and never past `next` (a stored
+/// position may lag, never lead); an `mqtt:` reader states its session
+/// expiry and a `bridge:` reader none. Both providers check by this.
+pub fn check_position(channel: &str, position: &Position, next: u64) -> Result<()> {
+    if position.offset < FIRST_OFFSET || position.offset > next {
+        return Err(StorageError::Invalid {
+            what: format!("channel {channel}: position of {}", position.reader),
+            detail: format!(
+                "offset {} is outside 1..={next} (a position never leads the channel)",
+                position.offset
+            ),
+        });
+    }
+    let expiry_ok = match position.reader.scheme() {
+        ReaderScheme::Mqtt => position.session_expiry.is_some(),
+        ReaderScheme::Bridge => position.session_expiry.is_none(),
+    };
+    if !expiry_ok {
+        return Err(StorageError::Invalid {
+            what: format!("channel {channel}: position of {}", position.reader),
+            detail: "an mqtt: reader states its session expiry interval and a bridge: reader states none".into(),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

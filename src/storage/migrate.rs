@@ -34,9 +34,8 @@
 //!   the destination as written, read back - and a difference is a failure.
 
 mod mbmqtt_import;
-mod model;
+pub(crate) mod model;
 mod snapshots;
-mod sqlite_io;
 
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -45,12 +44,12 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OpenFlags};
 
+pub use crate::storage::sqlite::units::{count_unit, read_units, write_unit, ReadFailure};
 pub use mbmqtt_import::{
     import as import_mbmqtt, Imported, LegacyCounts, IMPORTED_SESSION_EXPIRY, IMPORTED_WINDOW,
     PUBCOMP_OWED_TOPIC,
 };
 pub use model::{Counts, Unit, SESSIONS_UNIT};
-pub use sqlite_io::{count_unit, read_units, write_unit, ReadFailure};
 
 use super::contract::now_nanos;
 use super::lock::{self, LockError, LockGuard};

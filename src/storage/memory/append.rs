@@ -1,15 +1,14 @@
 //! An append channel in memory.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use saguin_format::model::{Record, UnixNanos};
 
+use super::positions::PositionBook;
 use super::slots::SlotLog;
-use super::{lock, read, write, Shared};
+use super::{admit, read, write, Shared};
 use crate::storage::contract::{
-    check_record, AppendStore, Position, Reader, ReaderScheme, Removed, Result, StorageError,
-    FIRST_OFFSET,
+    check_record, AppendStore, Position, Reader, Removed, Result, StorageError, FIRST_OFFSET,
 };
 
 #[derive(Debug)]
@@ -31,7 +30,7 @@ pub struct MemoryAppend {
     /// A queue's `.dlq` channel: written in its queue's file.
     dead_letter: bool,
     state: RwLock<AppendState>,
-    positions: Mutex<BTreeMap<Reader, Position>>,
+    positions: PositionBook,
 }
 
 /// An append channel's state copied under its lock for a snapshot: the
@@ -72,7 +71,7 @@ impl MemoryAppend {
                 floor,
                 max_bytes: None,
             }),
-            positions: Mutex::new(BTreeMap::new()),
+            positions: PositionBook::default(),
         }
     }
 
@@ -97,12 +96,10 @@ impl MemoryAppend {
             }
             store.shared.budget.charge_relief(st.log.bytes());
         }
-        let mut pos = lock(&store.positions);
-        for p in positions {
-            pos.insert(p.reader.clone(), p);
+        MemoryAppend {
+            positions: PositionBook::restored(positions),
+            ..store
         }
-        drop(pos);
-        store
     }
 
     pub(crate) fn is_dead_letter(&self) -> bool {
@@ -113,7 +110,7 @@ impl MemoryAppend {
     /// snapshot): counters, shared record handles and positions.
     pub fn copy_state(&self) -> AppendCopy {
         let st = read(&self.state);
-        let positions = lock(&self.positions).values().cloned().collect();
+        let positions = self.positions.copy();
         AppendCopy {
             name: self.name.clone(),
             next: st.next,
@@ -136,21 +133,14 @@ impl MemoryAppend {
         check_record(&self.name, &record, false)?;
         let size = record.accounted_size();
         let mut st = write(&self.state);
-        if !relief {
-            if let Some(max) = st.max_bytes {
-                if st.log.bytes().saturating_add(size) > max {
-                    return Err(StorageError::ChannelFull {
-                        channel: self.name.clone(),
-                        held: st.log.bytes(),
-                        size,
-                        max_bytes: max,
-                    });
-                }
-            }
-            self.shared.budget.charge_publish(size)?;
-        } else {
-            self.shared.budget.charge_relief(size);
-        }
+        admit(
+            &self.shared,
+            &self.name,
+            st.log.bytes(),
+            st.max_bytes,
+            size,
+            relief,
+        )?;
         // The offset is taken and the record made visible under one lock, so
         // offsets become readable in the order they were assigned (seed 004).
         record.offset = st.next;
@@ -241,7 +231,7 @@ impl AppendStore for MemoryAppend {
     }
 
     fn lowest_position(&self) -> u64 {
-        let lowest = lock(&self.positions).values().map(|p| p.offset).min();
+        let lowest = self.positions.lowest();
         lowest.unwrap_or_else(|| self.next())
     }
 
@@ -268,47 +258,19 @@ impl AppendStore for MemoryAppend {
     }
 
     fn position(&self, reader: &Reader) -> Result<Option<Position>> {
-        Ok(lock(&self.positions).get(reader).cloned())
+        self.positions.get(reader)
     }
 
     fn save_position(&self, position: Position) -> Result<()> {
-        self.shared.check_open()?;
-        check_position(&self.name, &position, self.next())?;
-        lock(&self.positions).insert(position.reader.clone(), position);
-        Ok(())
+        self.positions
+            .save(&self.shared, &self.name, position, self.next())
     }
 
     fn drop_position(&self, reader: &Reader) -> Result<bool> {
-        self.shared.check_open()?;
-        Ok(lock(&self.positions).remove(reader).is_some())
+        self.positions.drop_reader(&self.shared, reader)
     }
 
     fn positions(&self) -> Result<Vec<Position>> {
-        Ok(lock(&self.positions).values().cloned().collect())
+        self.positions.all()
     }
-}
-
-/// A position is at least the first offset and never past `next` (a stored
-/// position may lag, never lead).
-pub(crate) fn check_position(channel: &str, position: &Position, next: u64) -> Result<()> {
-    if position.offset < FIRST_OFFSET || position.offset > next {
-        return Err(StorageError::Invalid {
-            what: format!("channel {channel}: position of {}", position.reader),
-            detail: format!(
-                "offset {} is outside 1..={next} (a position never leads the channel)",
-                position.offset
-            ),
-        });
-    }
-    let expiry_ok = match position.reader.scheme() {
-        ReaderScheme::Mqtt => position.session_expiry.is_some(),
-        ReaderScheme::Bridge => position.session_expiry.is_none(),
-    };
-    if !expiry_ok {
-        return Err(StorageError::Invalid {
-            what: format!("channel {channel}: position of {}", position.reader),
-            detail: "an mqtt: reader states its session expiry interval and a bridge: reader states none".into(),
-        });
-    }
-    Ok(())
 }

@@ -2,12 +2,12 @@
 //! deletion so a resuming consumer learns what went. The retained store is the same structure without markers.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use saguin_format::model::Record;
 
-use super::append::check_position;
-use super::{lock, read, write, Shared};
+use super::positions::PositionBook;
+use super::{read, write, Shared};
 use crate::storage::contract::{
     check_record, LatestStore, Position, Reader, Removed, Result, StorageError, FIRST_OFFSET,
     RETAINED_STORE_NAME,
@@ -36,7 +36,7 @@ pub struct MemoryLatest {
     /// store, which no consumer resumes on).
     keep_markers: bool,
     state: RwLock<LatestState>,
-    positions: Mutex<BTreeMap<Reader, Position>>,
+    positions: PositionBook,
 }
 
 /// A latest channel's state copied under its lock for a snapshot.
@@ -65,7 +65,7 @@ impl MemoryLatest {
                 bytes: 0,
                 markers: 0,
             }),
-            positions: Mutex::new(BTreeMap::new()),
+            positions: PositionBook::default(),
         }
     }
 
@@ -81,13 +81,10 @@ impl MemoryLatest {
     ) -> Result<MemoryLatest> {
         let store = MemoryLatest::new(name, shared);
         store.fill(next, floor, records)?;
-        {
-            let mut pos = lock(&store.positions);
-            for p in positions {
-                pos.insert(p.reader.clone(), p);
-            }
-        }
-        Ok(store)
+        Ok(MemoryLatest {
+            positions: PositionBook::restored(positions),
+            ..store
+        })
     }
 
     /// Fills an empty store with validated stored values and charges their
@@ -136,7 +133,7 @@ impl MemoryLatest {
             floor: st.floor,
             bytes: st.bytes,
             records,
-            positions: lock(&self.positions).values().cloned().collect(),
+            positions: self.positions.copy(),
         }
     }
 
@@ -323,22 +320,19 @@ impl LatestStore for MemoryLatest {
     }
 
     fn position(&self, reader: &Reader) -> Result<Option<Position>> {
-        Ok(lock(&self.positions).get(reader).cloned())
+        self.positions.get(reader)
     }
 
     fn save_position(&self, position: Position) -> Result<()> {
-        self.shared.check_open()?;
-        check_position(&self.name, &position, self.next())?;
-        lock(&self.positions).insert(position.reader.clone(), position);
-        Ok(())
+        self.positions
+            .save(&self.shared, &self.name, position, self.next())
     }
 
     fn drop_position(&self, reader: &Reader) -> Result<bool> {
-        self.shared.check_open()?;
-        Ok(lock(&self.positions).remove(reader).is_some())
+        self.positions.drop_reader(&self.shared, reader)
     }
 
     fn positions(&self) -> Result<Vec<Position>> {
-        Ok(lock(&self.positions).values().cloned().collect())
+        self.positions.all()
     }
 }

@@ -12,6 +12,7 @@ mod append;
 mod budget;
 mod latest;
 mod load;
+mod positions;
 mod queue;
 mod session;
 mod slots;
@@ -80,6 +81,36 @@ impl MemChannel {
             MemChannel::Queue(s) => ChannelStore::Queue(s.clone()),
         }
     }
+}
+
+/// Admits a record of `size` bytes to channel `channel`, which holds
+/// `held` under its own bound `max_bytes`: a publish must fit that bound
+/// and is asked of the provider's budget; a relief write (a dead-letter
+/// move, a held publish's release) is charged, not asked, and no channel
+/// bound applies to it.
+pub(crate) fn admit(
+    shared: &Shared,
+    channel: &str,
+    held: u64,
+    max_bytes: Option<u64>,
+    size: u64,
+    relief: bool,
+) -> Result<()> {
+    if relief {
+        shared.budget.charge_relief(size);
+        return Ok(());
+    }
+    if let Some(max) = max_bytes {
+        if held.saturating_add(size) > max {
+            return Err(StorageError::ChannelFull {
+                channel: channel.to_string(),
+                held,
+                size,
+                max_bytes: max,
+            });
+        }
+    }
+    shared.budget.charge_publish(size)
 }
 
 /// What every store of one provider shares: its name, its byte counter and

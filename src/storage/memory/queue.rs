@@ -10,7 +10,7 @@ use std::time::Duration;
 use saguin_format::model::{Record, UnixNanos, UserProperty};
 
 use super::append::{AppendCopy, MemoryAppend};
-use super::{read, write, Shared};
+use super::{admit, read, write, Shared};
 use crate::storage::contract::{
     check_record, format_time, AppendStore, ExpiredLease, Lease, QueueItem, QueueStore, Released,
     Removed, Result, StorageError, FIRST_OFFSET, HEADER_ATTEMPTS, HEADER_DLQ_REASON,
@@ -196,21 +196,14 @@ impl MemoryQueue {
         check_record(&self.name, &record, false)?;
         let size = record.accounted_size();
         let mut st = write(&self.state);
-        if !relief {
-            if let Some(max) = st.max_bytes {
-                if st.bytes.saturating_add(size) > max {
-                    return Err(StorageError::ChannelFull {
-                        channel: self.name.clone(),
-                        held: st.bytes,
-                        size,
-                        max_bytes: max,
-                    });
-                }
-            }
-            self.shared.budget.charge_publish(size)?;
-        } else {
-            self.shared.budget.charge_relief(size);
-        }
+        admit(
+            &self.shared,
+            &self.name,
+            st.bytes,
+            st.max_bytes,
+            size,
+            relief,
+        )?;
         record.offset = st.next;
         st.next += 1;
         st.bytes += size;

@@ -13,7 +13,6 @@ use saguin_format::f21::{self, ChannelFile, SnapshotFile};
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 use super::model::{Unit, SESSIONS_UNIT};
-use super::sqlite_io::{retained_offsets, ReadFailure};
 use crate::storage::contract::{
     dead_letter_name, HeldPublish, Position, Reader, ShareGroupEntry, ShareGroupKey,
     BROADCAST_LOG_NAME, RETAINED_STORE_NAME,
@@ -23,6 +22,7 @@ use crate::storage::snapshot_dir::{self, FileOutcome, FindingKind, Role, ScanOpt
 use crate::storage::snapshot_write::{
     self, ChannelCopy, ProviderCopy, SnapshotOptions, WriteReport,
 };
+use crate::storage::sqlite::units::{retained_offsets, ReadFailure};
 
 /// What a snapshot directory holds, as units, with the files that were
 /// refused and the warnings (stale files, leftover temporary files).

@@ -31,11 +31,11 @@ fn retained_offsets_are_kept_when_they_order_and_renumbered_when_not() {
     let mut b = Record::new("b", "2");
     a.offset = 3;
     b.offset = 9;
-    let kept = sqlite_io::retained_offsets(&[a.clone(), b.clone()]);
+    let kept = crate::storage::sqlite::units::retained_offsets(&[a.clone(), b.clone()]);
     assert_eq!((kept[0].offset, kept[1].offset), (3, 9));
     a.offset = 0;
     b.offset = 0;
-    let fresh = sqlite_io::retained_offsets(&[a, b]);
+    let fresh = crate::storage::sqlite::units::retained_offsets(&[a, b]);
     assert_eq!((fresh[0].offset, fresh[1].offset), (1, 2));
 }
 

@@ -8,13 +8,12 @@
 //! the broadcast log, which lets messages go from the middle, counts its
 //! rows instead (`gapped`).
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
-use super::batch::{Job, Target};
+use super::batch::Job;
+use super::channel::{ChannelCounters, Positions, RowPerRecord, Target};
 use super::row::record_at;
 use super::schema::record_columns;
 use super::Shared;
@@ -40,8 +39,11 @@ pub(crate) const READ_STATEMENTS: [&str; 5] = [
     SQL_COUNT,
 ];
 
-/// No bound: `u64::MAX` in the atomic.
-const UNBOUNDED: u64 = u64::MAX;
+const SQL_INSERT: &str = concat!(
+    "INSERT INTO records (channel, offset, ",
+    record_columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+);
 
 pub struct AppendChannel {
     me: Weak<AppendChannel>,
@@ -49,13 +51,8 @@ pub struct AppendChannel {
     name: String,
     /// The broadcast log: messages leave from the middle, so rows are counted.
     gapped: bool,
-    next: AtomicU64,
-    floor: AtomicU64,
-    bytes: AtomicU64,
-    count: AtomicU64,
-    max_bytes: AtomicU64,
-    /// Every stored position's offset, by reader, for `lowest_position`.
-    positions: Mutex<BTreeMap<String, u64>>,
+    counters: ChannelCounters,
+    positions: Positions,
 }
 
 impl AppendChannel {
@@ -64,14 +61,7 @@ impl AppendChannel {
         name: &str,
         gapped: bool,
     ) -> contract::Result<Arc<AppendChannel>> {
-        let (stored, next, floor, bytes) = shared.channel_row(name, ChannelKind::Append)?;
-        if stored != ChannelKind::Append {
-            return Err(StorageError::KindMismatch {
-                channel: name.to_string(),
-                configured: ChannelKind::Append,
-                stored,
-            });
-        }
+        let row @ (next, floor, _) = shared.channel_row(name, ChannelKind::Append)?;
         let count = if gapped {
             shared.read(
                 || format!("channel {name}: counting records"),
@@ -83,53 +73,20 @@ impl AppendChannel {
         } else {
             next - floor
         };
-        let positions = shared.load_positions(name)?;
+        let positions = Positions::load(Arc::clone(&shared), name)?;
         Ok(Arc::new_cyclic(|me| AppendChannel {
             me: me.clone(),
             shared,
             name: name.to_string(),
             gapped,
-            next: AtomicU64::new(next),
-            floor: AtomicU64::new(floor),
-            bytes: AtomicU64::new(bytes),
-            count: AtomicU64::new(count),
-            max_bytes: AtomicU64::new(UNBOUNDED),
-            positions: Mutex::new(positions),
+            counters: ChannelCounters::new(name, row, count, true),
+            positions,
         }))
     }
 
-    pub(crate) fn name_str(&self) -> &str {
-        &self.name
-    }
-    pub(crate) fn next_value(&self) -> u64 {
-        self.next.load(Ordering::Acquire)
-    }
-    pub(crate) fn bytes_value(&self) -> u64 {
-        self.bytes.load(Ordering::Acquire)
-    }
-    pub(crate) fn count_value(&self) -> u64 {
-        self.count.load(Ordering::Acquire)
-    }
-    pub(crate) fn max_bytes_value(&self) -> Option<u64> {
-        match self.max_bytes.load(Ordering::Acquire) {
-            UNBOUNDED => None,
-            max => Some(max),
-        }
-    }
-
-    /// The counters after a commit that appended; called with the writer held.
-    pub(crate) fn committed(&self, next: u64, bytes: u64, count: u64) {
-        self.bytes.store(bytes, Ordering::Release);
-        self.count.store(count, Ordering::Release);
-        // Last: a reader that sees `next` sees everything below it.
-        self.next.store(next, Ordering::Release);
-    }
-
-    fn removed(&self, floor: u64, bytes: u64, records: u64) {
-        self.floor.store(floor, Ordering::Release);
-        self.bytes.store(bytes, Ordering::Release);
-        self.count
-            .fetch_sub(records.min(self.count_value()), Ordering::AcqRel);
+    fn removed(&self, floor: u64, records: u64, bytes: u64) {
+        self.counters.removed(records, bytes);
+        self.counters.set_floor(floor);
     }
 
     /// Several appends, in order, sharing transactions (group commit).
@@ -153,7 +110,10 @@ impl AppendChannel {
             match contract::check_record(&self.name, &record, self.gapped) {
                 Ok(()) => {
                     answers.push(None);
-                    jobs.push(Job::Put(target.clone(), record));
+                    jobs.push(Job {
+                        target: Arc::clone(&target),
+                        record,
+                    });
                 }
                 Err(e) => answers.push(Some(Err(e))),
             }
@@ -182,7 +142,7 @@ impl AppendChannel {
     pub(crate) fn target(&self) -> contract::Result<Target> {
         self.me
             .upgrade()
-            .map(Target::Append)
+            .map(|me| me as Target)
             .ok_or_else(|| StorageError::Closed {
                 provider: self.shared.name.clone(),
             })
@@ -229,9 +189,9 @@ impl AppendChannel {
         mut goes: impl FnMut(u64, i64, u64, u64) -> bool,
     ) -> contract::Result<Removed> {
         let mut w = self.shared.writer()?;
-        let floor = self.floor.load(Ordering::Acquire);
-        let next = self.next_value();
-        let bytes = self.bytes_value();
+        let floor = self.counters.floor();
+        let next = self.counters.next();
+        let bytes = self.counters.bytes();
         let before = before.min(next);
         let result = w.txn(false, |conn| {
             let mut new_floor = floor;
@@ -267,7 +227,7 @@ impl AppendChannel {
         });
         match result {
             Ok(Some((new_floor, remaining, records))) => {
-                self.removed(new_floor, remaining, records);
+                self.removed(new_floor, records, bytes - remaining);
                 self.shared.set_publishes_full(false);
                 Ok(Removed {
                     records,
@@ -291,8 +251,8 @@ impl AppendChannel {
             return Ok(Removed::default());
         }
         let mut w = self.shared.writer()?;
-        let bytes = self.bytes_value();
-        let next = self.next_value();
+        let bytes = self.counters.bytes();
+        let next = self.counters.next();
         let result = w.txn(false, |conn| {
             let mut freed = 0u64;
             let mut records = 0u64;
@@ -319,11 +279,11 @@ impl AppendChannel {
             let remaining = bytes.saturating_sub(freed);
             conn.prepare_cached("UPDATE channels SET floor = ?2, bytes = ?3 WHERE name = ?1")?
                 .execute(rusqlite::params![self.name, floor, remaining])?;
-            Ok((floor, remaining, records, freed))
+            Ok((floor, records, freed))
         });
         match result {
-            Ok((floor, remaining, records, freed)) => {
-                self.removed(floor, remaining, records);
+            Ok((floor, records, freed)) => {
+                self.removed(floor, records, freed);
                 self.shared.set_publishes_full(false);
                 Ok(Removed {
                     records,
@@ -355,7 +315,7 @@ impl AppendStore for AppendChannel {
         match self
             .shared
             .batcher
-            .submit(&self.shared, Job::Put(target, record))?
+            .submit(&self.shared, Job { target, record })?
         {
             Some(stored) => Ok(stored),
             None => Err(StorageError::Write {
@@ -392,34 +352,31 @@ impl AppendStore for AppendChannel {
     }
 
     fn next(&self) -> u64 {
-        self.next_value()
+        self.counters.next()
     }
 
     fn floor(&self) -> u64 {
-        self.floor.load(Ordering::Acquire)
+        self.counters.floor()
     }
 
     fn bytes(&self) -> u64 {
-        self.bytes_value()
+        self.counters.bytes()
     }
 
     fn record_count(&self) -> u64 {
-        self.count_value()
+        self.counters.count()
     }
 
     fn lowest_position(&self) -> u64 {
-        let positions = self.positions.lock().unwrap_or_else(|e| e.into_inner());
-        positions
-            .values()
-            .copied()
-            .min()
-            .unwrap_or_else(|| self.next_value())
+        self.positions
+            .lowest()
+            .unwrap_or_else(|| self.counters.next())
     }
 
     fn first_at_or_after(&self, at: UnixNanos) -> contract::Result<Option<u64>> {
         // Every candidate is looked at (no bisecting): receipt times can run
         // backwards after a clock step.
-        let floor = self.floor.load(Ordering::Acquire);
+        let floor = self.counters.floor();
         self.shared.read(
             || format!("channel {}: seeking by time", self.name),
             |conn| {
@@ -432,17 +389,16 @@ impl AppendStore for AppendChannel {
     }
 
     fn set_max_bytes(&self, max_bytes: Option<u64>) {
-        self.max_bytes
-            .store(max_bytes.unwrap_or(UNBOUNDED), Ordering::Release);
+        self.counters.set_max_bytes(max_bytes);
     }
 
     fn max_bytes(&self) -> Option<u64> {
-        self.max_bytes_value()
+        self.counters.max_bytes()
     }
 
     fn trim(&self, before: u64, max_bytes: Option<u64>) -> contract::Result<Removed> {
         let over = |remaining: u64| max_bytes.is_some_and(|max| remaining > max);
-        if before <= self.floor() && !over(self.bytes_value()) {
+        if before <= self.floor() && !over(self.counters.bytes()) {
             return Ok(Removed::default());
         }
         self.remove_front(before, |_, _, _, remaining| over(remaining))
@@ -472,29 +428,25 @@ impl AppendStore for AppendChannel {
     }
 
     fn position(&self, reader: &Reader) -> contract::Result<Option<Position>> {
-        self.shared.position(&self.name, reader)
+        self.positions.get(reader)
     }
 
     fn save_position(&self, position: Position) -> contract::Result<()> {
-        self.shared
-            .save_position(&self.name, &position, self.next_value())?;
-        self.positions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(position.reader.to_string(), position.offset);
-        Ok(())
+        self.positions.save(position, self.counters.next())
     }
 
     fn drop_position(&self, reader: &Reader) -> contract::Result<bool> {
-        let dropped = self.shared.drop_position(&self.name, reader)?;
-        self.positions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&reader.to_string());
-        Ok(dropped)
+        self.positions.drop_reader(reader)
     }
 
     fn positions(&self) -> contract::Result<Vec<Position>> {
-        self.shared.positions(&self.name)
+        self.positions.all()
+    }
+}
+
+impl RowPerRecord for AppendChannel {
+    const INSERT_ROW: &'static str = SQL_INSERT;
+    fn row_counters(&self) -> &ChannelCounters {
+        &self.counters
     }
 }

@@ -22,46 +22,21 @@
 //!    being full or the file unwritable, and each publish in the batch is
 //!    answered with what it would have been answered alone.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use rusqlite::Connection;
 use saguin_format::model::Record;
 
-use super::append::AppendChannel;
-use super::latest::{LatestChannel, LatestEntry};
-use super::queue::QueueChannel;
-use super::row::Encoded;
-use super::schema::record_columns;
+use super::channel::{publish_counters, write_counter_rows, Pending, Target};
 use super::Shared;
 use crate::storage::contract::{self, StorageError};
 
-/// Where a publish goes.
-#[derive(Clone)]
-pub(crate) enum Target {
-    Append(Arc<AppendChannel>),
-    Latest(Arc<LatestChannel>),
-    Queue(Arc<QueueChannel>),
-}
-
-impl Target {
-    fn name(&self) -> &str {
-        match self {
-            Target::Append(c) => c.name_str(),
-            Target::Latest(c) => c.name_str(),
-            Target::Queue(c) => c.name_str(),
-        }
-    }
-}
-
-/// One publish path: a record appended, a value replaced (or deleted), a
-/// job enqueued.
-#[allow(clippy::large_enum_variant)] // Put is the common case; boxing it would cost an allocation per publish.
-pub(crate) enum Job {
-    Put(Target, Record),
-    /// A latest channel's topic deleted.
-    Delete(Arc<LatestChannel>, Record),
+/// One publish: a record appended, a value replaced (or deleted: an empty
+/// payload on a latest channel), a job enqueued.
+pub(crate) struct Job {
+    pub target: Target,
+    pub record: Record,
 }
 
 /// What a publish is answered with: the record as stored, or `None` for a
@@ -287,224 +262,6 @@ impl Batcher {
     }
 }
 
-/// A channel's counters as the batch moves them, before they are committed.
-pub(crate) struct Pending {
-    pub next: u64,
-    pub bytes: u64,
-    pub count: u64,
-    /// Latest channels: topic -> the size it now holds (None = deleted).
-    pub topics: HashMap<String, Option<LatestEntry>>,
-}
-
-pub(crate) fn counters_of(target: &Target) -> Pending {
-    let (next, bytes, count) = match target {
-        Target::Append(c) => (c.next_value(), c.bytes_value(), c.count_value()),
-        Target::Latest(c) => (c.next_value(), c.bytes_value(), c.count_value()),
-        Target::Queue(c) => (c.next_value(), c.bytes_value(), c.count_value()),
-    };
-    Pending {
-        next,
-        bytes,
-        count,
-        topics: HashMap::new(),
-    }
-}
-
-fn max_bytes_of(target: &Target) -> Option<u64> {
-    match target {
-        Target::Append(c) => c.max_bytes_value(),
-        Target::Queue(c) => c.max_bytes_value(),
-        Target::Latest(_) => None,
-    }
-}
-
-// Constant statement texts: the cache is keyed by the text, so building it
-// per call would cost an allocation and a hash of it on every publish.
-const SQL_INSERT_RECORD: &str = concat!(
-    "INSERT INTO records (channel, offset, ",
-    record_columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
-);
-const SQL_INSERT_QUEUE_ITEM: &str = concat!(
-    "INSERT INTO queue_items (channel, offset, ",
-    record_columns!(),
-    ", attempts, first_delivered, last_delivered)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0, 0, 0)"
-);
-const SQL_UPSERT_LATEST: &str = concat!(
-    "INSERT INTO latest_values (channel, offset, deleted, ",
-    record_columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
-     ON CONFLICT (channel, topic) DO UPDATE SET offset = excluded.offset, deleted = excluded.deleted,
-         message_id = excluded.message_id, timestamp = excluded.timestamp,
-         headers = excluded.headers, payload = excluded.payload, props = excluded.props,
-         retain = excluded.retain, bridge = excluded.bridge, client_id = excluded.client_id,
-         qos = excluded.qos, shared_copy = excluded.shared_copy, owed_to = excluded.owed_to,
-         size = excluded.size"
-);
-
-/// Writes one publish into the open transaction at the channel's pending
-/// next offset, and returns that offset. Used by group commit, a held
-/// publish's release and the dead-letter move.
-pub(crate) fn stage(
-    conn: &Connection,
-    target: &Target,
-    pending: &mut Pending,
-    record: &Record,
-) -> rusqlite::Result<u64> {
-    let offset = pending.next;
-    let encoded = Encoded::new(record);
-    let name = target.name();
-    match target {
-        Target::Append(_) => {
-            let mut stmt = conn.prepare_cached(SQL_INSERT_RECORD)?;
-            let p = encoded.params();
-            stmt.execute(rusqlite::params![
-                name, offset, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
-                p[11], p[12]
-            ])?;
-            pending.bytes += encoded.size;
-            pending.count += 1;
-        }
-        Target::Queue(_) => {
-            let mut stmt = conn.prepare_cached(SQL_INSERT_QUEUE_ITEM)?;
-            let p = encoded.params();
-            stmt.execute(rusqlite::params![
-                name, offset, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
-                p[11], p[12]
-            ])?;
-            pending.bytes += encoded.size;
-            pending.count += 1;
-        }
-        Target::Latest(channel) => {
-            upsert_latest(conn, name, offset, &encoded, false)?;
-            let before = current(channel, pending, &record.topic);
-            match before {
-                Some(LatestEntry { size, marker }) => {
-                    pending.bytes = pending.bytes.saturating_sub(size);
-                    if marker {
-                        pending.count += 1;
-                    }
-                }
-                None => pending.count += 1,
-            }
-            pending.bytes += encoded.size;
-            pending.topics.insert(
-                record.topic.clone(),
-                Some(LatestEntry {
-                    size: encoded.size,
-                    marker: false,
-                }),
-            );
-        }
-    }
-    pending.next += 1;
-    Ok(offset)
-}
-
-/// A latest topic's row as the batch sees it: `None` when there is none.
-fn current(channel: &LatestChannel, pending: &Pending, topic: &str) -> Option<LatestEntry> {
-    match pending.topics.get(topic) {
-        Some(entry) => *entry,
-        None => channel.entry(topic),
-    }
-}
-
-fn upsert_latest(
-    conn: &Connection,
-    channel: &str,
-    offset: u64,
-    encoded: &Encoded<'_>,
-    deleted: bool,
-) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare_cached(SQL_UPSERT_LATEST)?;
-    let p = encoded.params();
-    stmt.execute(rusqlite::params![
-        channel, offset, deleted, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9],
-        p[10], p[11], p[12]
-    ])?;
-    Ok(())
-}
-
-/// Deletes a latest topic inside the open transaction, taking an offset
-/// only when the topic holds a value. The deletion (the record with the
-/// empty payload, as the publisher sent it) stays as the topic's marker so
-/// a resuming consumer learns of it, and counts its size as the memory
-/// provider's does; the retained store keeps no markers.
-pub(crate) fn stage_delete(
-    conn: &Connection,
-    channel: &LatestChannel,
-    pending: &mut Pending,
-    record: &Record,
-) -> rusqlite::Result<Option<u64>> {
-    let Some(LatestEntry {
-        size: old,
-        marker: false,
-    }) = current(channel, pending, &record.topic)
-    else {
-        return Ok(None);
-    };
-    let offset = pending.next;
-    pending.bytes = pending.bytes.saturating_sub(old);
-    pending.count = pending.count.saturating_sub(1);
-    if channel.keeps_markers() {
-        let encoded = Encoded::new(record);
-        upsert_latest(conn, channel.name_str(), offset, &encoded, true)?;
-        pending.bytes += encoded.size;
-        pending.topics.insert(
-            record.topic.clone(),
-            Some(LatestEntry {
-                size: encoded.size,
-                marker: true,
-            }),
-        );
-    } else {
-        conn.prepare_cached("DELETE FROM latest_values WHERE channel = ?1 AND topic = ?2")?
-            .execute(rusqlite::params![channel.name_str(), record.topic])?;
-        pending.topics.insert(record.topic.clone(), None);
-    }
-    pending.next += 1;
-    Ok(Some(offset))
-}
-
-/// Writes each touched channel's counter row once: next, and bytes where
-/// the channel stores them (an append channel; a latest channel and a queue
-/// keep theirs in memory).
-pub(crate) fn write_counter_rows(
-    conn: &Connection,
-    touched: &[(Target, Pending)],
-) -> rusqlite::Result<()> {
-    for (target, pending) in touched {
-        match target {
-            Target::Append(_) => conn
-                .prepare_cached("UPDATE channels SET next = ?2, bytes = ?3 WHERE name = ?1")?
-                .execute(rusqlite::params![
-                    target.name(),
-                    pending.next,
-                    pending.bytes
-                ])?,
-            Target::Latest(_) | Target::Queue(_) => conn
-                .prepare_cached("UPDATE channels SET next = ?2 WHERE name = ?1")?
-                .execute(rusqlite::params![target.name(), pending.next])?,
-        };
-    }
-    Ok(())
-}
-
-/// Moves the in-memory counters to what committed. Called with the writer
-/// still held, so nothing reads a counter between the commit and this.
-pub(crate) fn publish_counters(touched: Vec<(Target, Pending)>) {
-    for (target, pending) in touched {
-        match target {
-            Target::Append(c) => c.committed(pending.next, pending.bytes, pending.count),
-            Target::Queue(c) => c.committed(pending.next, pending.bytes, pending.count),
-            Target::Latest(c) => {
-                c.committed(pending.next, pending.bytes, pending.count, pending.topics)
-            }
-        }
-    }
-}
-
 fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
     let mut outcomes: Vec<(u64, Outcome)> = Vec::with_capacity(batch.len());
     let mut writer = match shared.writer() {
@@ -525,29 +282,23 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
     let mut touched: Vec<(Target, Pending)> = Vec::new();
     let mut accepted: Vec<(u64, Job, u64)> = Vec::with_capacity(batch.len());
     for (ticket, job) in (0u64..).zip(batch) {
-        let target = match &job {
-            Job::Put(t, _) => t.clone(),
-            Job::Delete(c, _) => Target::Latest(Arc::clone(c)),
-        };
+        let name = job.target.name();
         // A batch touches few channels: a scan beats hashing every name.
-        let idx = match touched.iter().position(|(t, _)| t.name() == target.name()) {
+        let idx = match touched.iter().position(|(t, _)| t.name() == name) {
             Some(idx) => idx,
             None => {
-                touched.push((target.clone(), counters_of(&target)));
+                touched.push((Arc::clone(&job.target), Pending::of(&*job.target)));
                 touched.len() - 1
             }
         };
-        let size = match &job {
-            Job::Put(_, r) => r.accounted_size(),
-            Job::Delete(_, r) => r.accounted_size(),
-        };
-        if let (Some(max), Job::Put(..)) = (max_bytes_of(&target), &job) {
+        let size = job.record.accounted_size();
+        if let Some(max) = job.target.counters().max_bytes() {
             let held = touched[idx].1.bytes;
             if held.saturating_add(size) > max {
                 outcomes.push((
                     ticket,
                     Err(StorageError::ChannelFull {
-                        channel: target.name().to_string(),
+                        channel: name.to_string(),
                         held,
                         size,
                         max_bytes: max,
@@ -566,29 +317,17 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
     // The pre-check borrowed the pending bytes; start the transaction from
     // the committed counters again.
     for (target, pending) in touched.iter_mut() {
-        *pending = counters_of(target);
+        *pending = Pending::of(&**target);
     }
     let result = writer.txn(false, |conn| {
         let mut stored = Vec::with_capacity(accepted.len());
         for (_, job, _) in &accepted {
-            let out = match job {
-                Job::Put(target, record) => {
-                    // Every accepted job's channel was entered in `touched`.
-                    let (t, pending) = touched
-                        .iter_mut()
-                        .find(|(t, _)| t.name() == target.name())
-                        .ok_or(rusqlite::Error::InvalidQuery)?;
-                    Some(stage(conn, t, pending, record)?)
-                }
-                Job::Delete(channel, record) => {
-                    let (_, pending) = touched
-                        .iter_mut()
-                        .find(|(t, _)| t.name() == channel.name_str())
-                        .ok_or(rusqlite::Error::InvalidQuery)?;
-                    stage_delete(conn, channel, pending, record)?
-                }
-            };
-            stored.push(out);
+            // Every accepted job's channel was entered in `touched`.
+            let (t, pending) = touched
+                .iter_mut()
+                .find(|(t, _)| t.name() == job.target.name())
+                .ok_or(rusqlite::Error::InvalidQuery)?;
+            stored.push(t.stage(conn, pending, &job.record)?);
         }
         write_counter_rows(conn, &touched)?;
         Ok(stored)
@@ -607,14 +346,11 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
             shared.set_publishes_full(false);
             drop(writer);
             for ((ticket, job, _), offset) in accepted.into_iter().zip(stored) {
-                let answer = match (job, offset) {
-                    (Job::Put(_, mut record), Some(offset))
-                    | (Job::Delete(_, mut record), Some(offset)) => {
-                        record.offset = offset;
-                        Some(record)
-                    }
-                    (_, None) => None,
-                };
+                let answer = offset.map(|offset| {
+                    let mut record = job.record;
+                    record.offset = offset;
+                    record
+                });
                 outcomes.push((ticket, Ok(answer)));
             }
         }
@@ -626,10 +362,7 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
             }
             let conn = writer.conn();
             for (ticket, job, size) in accepted {
-                let context = match &job {
-                    Job::Put(t, _) => format!("channel {}: storing a publish", t.name()),
-                    Job::Delete(c, r) => format!("channel {}: deleting {}", c.name_str(), r.topic),
-                };
+                let context = job.target.describe(&job.record);
                 outcomes.push((
                     ticket,
                     Err(shared.write_error(Some(conn), context, size, &e)),

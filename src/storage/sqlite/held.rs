@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rusqlite::OptionalExtension;
 use saguin_format::model::{Record, UnixNanos};
 
-use super::batch::{self, Target};
+use super::channel::{publish_counters, write_counter_rows, Pending};
 use super::row::{record_at, Encoded};
 use super::schema::record_columns;
 use super::{Shared, SqliteProvider};
@@ -94,33 +94,28 @@ impl HeldPublishStore for Held {
             }
         })?;
         let mut w = self.shared.writer()?;
-        let mut pending = vec![(target.clone(), batch::counters_of(&target))];
+        let mut pending = vec![(Arc::clone(&target), Pending::of(&*target))];
         let result = w.txn(true, |conn| {
             let row = conn
                 .prepare_cached(SQL_ONE)?
                 .query_row(rusqlite::params![channel, client_id, packet_id], |r| record_at(r, 1, 0))
                 .optional()?;
-            let Some(record) = row else {
+            let Some(mut stored) = row else {
                 return Ok(None);
             };
-            let mut stored = record;
-            match &target {
-                Target::Latest(latest) if stored.payload.is_empty() => {
-                    stored.offset = batch::stage_delete(conn, latest, &mut pending[0].1, &stored)?
-                        .unwrap_or(0);
-                }
-                _ => stored.offset = batch::stage(conn, &target, &mut pending[0].1, &stored)?,
-            }
+            // A latest channel's empty payload deletes, taking no offset
+            // when the topic held nothing (offset 0).
+            stored.offset = target.stage(conn, &mut pending[0].1, &stored)?.unwrap_or(0);
             conn.prepare_cached(
                 "DELETE FROM held_publishes WHERE channel = ?1 AND holder_client_id = ?2 AND packet_id = ?3",
             )?
             .execute(rusqlite::params![channel, client_id, packet_id])?;
-            batch::write_counter_rows(conn, &pending)?;
+            write_counter_rows(conn, &pending)?;
             Ok(Some(stored))
         });
         match result {
             Ok(Some(stored)) => {
-                batch::publish_counters(pending);
+                publish_counters(pending);
                 Ok(Some(stored))
             }
             Ok(None) => Ok(None),
@@ -166,21 +161,7 @@ impl HeldPublishStore for Held {
     }
 
     fn held(&self) -> contract::Result<Vec<HeldPublish>> {
-        self.shared.read(
-            || "reading held publishes".into(),
-            |conn| {
-                let mut stmt = conn.prepare_cached(SQL_ALL)?;
-                let rows = stmt.query_map([], |r| {
-                    Ok(HeldPublish {
-                        channel: r.get(0)?,
-                        client_id: r.get(1)?,
-                        packet_id: r.get(2)?,
-                        held_at: r.get(3)?,
-                        record: record_at(r, 4, 0)?,
-                    })
-                })?;
-                rows.collect()
-            },
-        )
+        self.shared
+            .read(|| "reading held publishes".into(), super::inspect::all_held)
     }
 }

@@ -13,13 +13,14 @@
 //! no markers: a deletion there removes the row.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use rusqlite::Connection;
 use saguin_format::model::{ChannelKind, Record};
 
-use super::batch::{Job, Target};
-use super::row::record_at;
+use super::batch::Job;
+use super::channel::{ChannelCounters, LatestEntry, Pending, Positions, Staged, Target};
+use super::row::{record_at, Encoded};
 use super::schema::record_columns;
 use super::Shared;
 use crate::storage::contract::{
@@ -60,40 +61,33 @@ pub(crate) fn read_statements() -> Vec<String> {
     .collect()
 }
 
-/// What the writer knows of a topic's row without reading it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct LatestEntry {
-    /// `Record::accounted_size` of the value or marker.
-    pub size: u64,
-    /// A deletion's marker rather than a value.
-    pub marker: bool,
-}
+const SQL_UPSERT: &str = concat!(
+    "INSERT INTO latest_values (channel, offset, deleted, ",
+    record_columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+     ON CONFLICT (channel, topic) DO UPDATE SET offset = excluded.offset, deleted = excluded.deleted,
+         message_id = excluded.message_id, timestamp = excluded.timestamp,
+         headers = excluded.headers, payload = excluded.payload, props = excluded.props,
+         retain = excluded.retain, bridge = excluded.bridge, client_id = excluded.client_id,
+         qos = excluded.qos, shared_copy = excluded.shared_copy, owed_to = excluded.owed_to,
+         size = excluded.size"
+);
 
 pub struct LatestChannel {
     me: Weak<LatestChannel>,
     shared: Arc<Shared>,
     name: String,
-    next: AtomicU64,
-    floor: AtomicU64,
-    bytes: AtomicU64,
-    /// Topics holding a value (markers excluded).
-    count: AtomicU64,
+    /// `count` is the topics holding a value (markers excluded).
+    counters: ChannelCounters,
     /// Every row: topic -> its size and whether it is a marker.
     topics: Mutex<HashMap<String, LatestEntry>>,
     keep_markers: bool,
-    positions: Mutex<HashMap<String, u64>>,
+    positions: Positions,
 }
 
 impl LatestChannel {
     pub(crate) fn open(shared: Arc<Shared>, name: &str) -> contract::Result<Arc<LatestChannel>> {
-        let (stored, next, floor, _) = shared.channel_row(name, ChannelKind::Latest)?;
-        if stored != ChannelKind::Latest {
-            return Err(StorageError::KindMismatch {
-                channel: name.to_string(),
-                configured: ChannelKind::Latest,
-                stored,
-            });
-        }
+        let (next, floor, _) = shared.channel_row(name, ChannelKind::Latest)?;
         let rows: Vec<(String, u64, bool)> = shared.read(
             || format!("channel {name}: reading value sizes"),
             |conn| {
@@ -108,69 +102,160 @@ impl LatestChannel {
             .into_iter()
             .map(|(topic, size, marker)| (topic, LatestEntry { size, marker }))
             .collect();
-        let positions = shared.load_positions(name)?.into_iter().collect();
+        let positions = Positions::load(Arc::clone(&shared), name)?;
         Ok(Arc::new_cyclic(|me| LatestChannel {
             me: me.clone(),
             shared,
             name: name.to_string(),
-            next: AtomicU64::new(next),
-            floor: AtomicU64::new(floor),
-            bytes: AtomicU64::new(bytes),
-            count: AtomicU64::new(count),
+            counters: ChannelCounters::new(name, (next, floor, bytes), count, false),
             topics: Mutex::new(topics),
             keep_markers: name != RETAINED_STORE_NAME,
-            positions: Mutex::new(positions),
+            positions,
         }))
     }
 
-    pub(crate) fn name_str(&self) -> &str {
-        &self.name
-    }
-    pub(crate) fn next_value(&self) -> u64 {
-        self.next.load(Ordering::Acquire)
-    }
-    pub(crate) fn bytes_value(&self) -> u64 {
-        self.bytes.load(Ordering::Acquire)
-    }
-    pub(crate) fn count_value(&self) -> u64 {
-        self.count.load(Ordering::Acquire)
-    }
-    pub(crate) fn entry(&self, topic: &str) -> Option<LatestEntry> {
-        self.topics
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(topic)
-            .copied()
-    }
-    pub(crate) fn keeps_markers(&self) -> bool {
-        self.keep_markers
+    /// A topic's row as a transaction sees it: `None` when there is none.
+    fn current(&self, pending: &Pending, topic: &str) -> Option<LatestEntry> {
+        match pending.topics.get(topic) {
+            Some(entry) => *entry,
+            None => self
+                .topics
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(topic)
+                .copied(),
+        }
     }
 
-    pub(crate) fn committed(
+    fn upsert(
         &self,
-        next: u64,
-        bytes: u64,
-        count: u64,
-        changed: HashMap<String, Option<LatestEntry>>,
-    ) {
+        conn: &Connection,
+        offset: u64,
+        encoded: &Encoded<'_>,
+        deleted: bool,
+    ) -> rusqlite::Result<()> {
+        let p = encoded.params();
+        conn.prepare_cached(SQL_UPSERT)?.execute(rusqlite::params![
+            self.name, offset, deleted, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9],
+            p[10], p[11], p[12]
+        ])?;
+        Ok(())
+    }
+
+    /// Replaces a topic's value inside the open transaction.
+    fn stage_value(
+        &self,
+        conn: &Connection,
+        pending: &mut Pending,
+        record: &Record,
+    ) -> rusqlite::Result<u64> {
+        let offset = pending.next;
+        let encoded = Encoded::new(record);
+        self.upsert(conn, offset, &encoded, false)?;
+        match self.current(pending, &record.topic) {
+            Some(LatestEntry { size, marker }) => {
+                pending.bytes = pending.bytes.saturating_sub(size);
+                if marker {
+                    pending.count += 1;
+                }
+            }
+            None => pending.count += 1,
+        }
+        holds(pending, &record.topic, encoded.size, false);
+        pending.next += 1;
+        Ok(offset)
+    }
+
+    /// Deletes a topic inside the open transaction, taking an offset only
+    /// when the topic holds a value. The deletion (the record with the
+    /// empty payload, as the publisher sent it) stays as the topic's marker
+    /// so a resuming consumer learns of it, and counts its size as the
+    /// memory provider's does; the retained store keeps no markers.
+    fn stage_delete(
+        &self,
+        conn: &Connection,
+        pending: &mut Pending,
+        record: &Record,
+    ) -> rusqlite::Result<Option<u64>> {
+        let Some(LatestEntry {
+            size: old,
+            marker: false,
+        }) = self.current(pending, &record.topic)
+        else {
+            return Ok(None);
+        };
+        let offset = pending.next;
+        pending.bytes = pending.bytes.saturating_sub(old);
+        pending.count = pending.count.saturating_sub(1);
+        if self.keep_markers {
+            let encoded = Encoded::new(record);
+            self.upsert(conn, offset, &encoded, true)?;
+            holds(pending, &record.topic, encoded.size, true);
+        } else {
+            conn.prepare_cached("DELETE FROM latest_values WHERE channel = ?1 AND topic = ?2")?
+                .execute(rusqlite::params![self.name, record.topic])?;
+            pending.topics.insert(record.topic.clone(), None);
+        }
+        pending.next += 1;
+        Ok(Some(offset))
+    }
+
+    fn target(&self) -> contract::Result<Target> {
+        self.me
+            .upgrade()
+            .map(|me| me as Target)
+            .ok_or_else(|| StorageError::Closed {
+                provider: self.shared.name.clone(),
+            })
+    }
+}
+
+/// The topic's row now holds `size` bytes, a value or (`marker`) a
+/// deletion's marker, as the transaction moves the counters.
+fn holds(pending: &mut Pending, topic: &str, size: u64, marker: bool) {
+    pending.bytes += size;
+    pending
+        .topics
+        .insert(topic.to_string(), Some(LatestEntry { size, marker }));
+}
+
+impl Staged for LatestChannel {
+    fn counters(&self) -> &ChannelCounters {
+        &self.counters
+    }
+
+    fn stage(
+        &self,
+        conn: &Connection,
+        pending: &mut Pending,
+        record: &Record,
+    ) -> rusqlite::Result<Option<u64>> {
+        if record.payload.is_empty() {
+            self.stage_delete(conn, pending, record)
+        } else {
+            self.stage_value(conn, pending, record).map(Some)
+        }
+    }
+
+    fn describe(&self, record: &Record) -> String {
+        if record.payload.is_empty() {
+            format!("channel {}: deleting {}", self.name, record.topic)
+        } else {
+            format!("channel {}: storing a publish", self.name)
+        }
+    }
+
+    fn committed(&self, pending: Pending) {
         {
             let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
-            for (topic, entry) in changed {
+            for (topic, entry) in &pending.topics {
                 match entry {
-                    Some(entry) => topics.insert(topic, entry),
-                    None => topics.remove(&topic),
+                    Some(entry) => topics.insert(topic.clone(), *entry),
+                    None => topics.remove(topic),
                 };
             }
         }
-        self.bytes.store(bytes, Ordering::Release);
-        self.count.store(count, Ordering::Release);
-        self.next.store(next, Ordering::Release);
-    }
-
-    fn target(&self) -> contract::Result<Arc<LatestChannel>> {
-        self.me.upgrade().ok_or_else(|| StorageError::Closed {
-            provider: self.shared.name.clone(),
-        })
+        self.counters.committed(&pending);
     }
 }
 
@@ -181,23 +266,18 @@ impl LatestStore for LatestChannel {
 
     fn set(&self, record: Record) -> contract::Result<Record> {
         contract::check_record(&self.name, &record, false)?;
-        let me = self.target()?;
-        if record.payload.is_empty() {
-            // The MQTT rule: an empty payload deletes. A topic that held
-            // nothing takes no offset; the answer says so with offset 0.
-            let topic = record.topic.clone();
-            return Ok(self
-                .shared
-                .batcher
-                .submit(&self.shared, Job::Delete(me, record))?
-                .unwrap_or_else(|| Record::new(topic, bytes::Bytes::new())));
-        }
+        let target = self.target()?;
+        // The MQTT rule: an empty payload deletes. A topic that held
+        // nothing takes no offset; the answer says so with offset 0.
+        let deletes = record.payload.is_empty();
+        let topic = record.topic.clone();
         match self
             .shared
             .batcher
-            .submit(&self.shared, Job::Put(Target::Latest(me), record))?
+            .submit(&self.shared, Job { target, record })?
         {
             Some(stored) => Ok(stored),
+            None if deletes => Ok(Record::new(topic, bytes::Bytes::new())),
             None => Err(StorageError::Write {
                 context: format!("channel {}", self.name),
                 detail: "the value was not stored".into(),
@@ -220,11 +300,11 @@ impl LatestStore for LatestChannel {
     }
 
     fn delete(&self, topic: &str) -> contract::Result<Option<Record>> {
-        let me = self.target()?;
-        self.shared.batcher.submit(
-            &self.shared,
-            Job::Delete(me, Record::new(topic, bytes::Bytes::new())),
-        )
+        let target = self.target()?;
+        let record = Record::new(topic, bytes::Bytes::new());
+        self.shared
+            .batcher
+            .submit(&self.shared, Job { target, record })
     }
 
     fn match_filter(&self, filter: &str) -> contract::Result<Vec<Record>> {
@@ -284,8 +364,8 @@ impl LatestStore for LatestChannel {
 
     fn trim(&self, before: u64) -> contract::Result<Removed> {
         let mut w = self.shared.writer()?;
-        let floor = self.floor.load(Ordering::Acquire);
-        let before = before.min(self.next_value());
+        let floor = self.counters.floor();
+        let before = before.min(self.counters.next());
         if before <= floor {
             return Ok(Removed::default());
         }
@@ -329,9 +409,9 @@ impl LatestStore for LatestChannel {
                         removed.bytes += size;
                     }
                 }
-                self.bytes
-                    .fetch_sub(removed.bytes.min(self.bytes_value()), Ordering::AcqRel);
-                self.floor.store(bound, Ordering::Release);
+                // Markers hold no value, so the value count stays.
+                self.counters.removed(0, removed.bytes);
+                self.counters.set_floor(bound);
                 self.shared.set_publishes_full(false);
                 Ok(removed)
             }
@@ -345,45 +425,34 @@ impl LatestStore for LatestChannel {
     }
 
     fn next(&self) -> u64 {
-        self.next_value()
+        self.counters.next()
     }
 
     fn floor(&self) -> u64 {
-        self.floor.load(Ordering::Acquire)
+        self.counters.floor()
     }
 
     fn bytes(&self) -> u64 {
-        self.bytes_value()
+        self.counters.bytes()
     }
 
     fn record_count(&self) -> u64 {
-        self.count_value()
+        self.counters.count()
     }
 
     fn position(&self, reader: &Reader) -> contract::Result<Option<Position>> {
-        self.shared.position(&self.name, reader)
+        self.positions.get(reader)
     }
 
     fn save_position(&self, position: Position) -> contract::Result<()> {
-        self.shared
-            .save_position(&self.name, &position, self.next_value())?;
-        self.positions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(position.reader.to_string(), position.offset);
-        Ok(())
+        self.positions.save(position, self.counters.next())
     }
 
     fn drop_position(&self, reader: &Reader) -> contract::Result<bool> {
-        let dropped = self.shared.drop_position(&self.name, reader)?;
-        self.positions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&reader.to_string());
-        Ok(dropped)
+        self.positions.drop_reader(reader)
     }
 
     fn positions(&self) -> contract::Result<Vec<Position>> {
-        self.shared.positions(&self.name)
+        self.positions.all()
     }
 }

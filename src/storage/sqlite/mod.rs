@@ -12,16 +12,26 @@
 //! the flusher start. Closing stops the flusher, checkpoints with
 //! `wal_checkpoint(TRUNCATE)` (a failure is logged, not fatal), and lets the
 //! lock go last. Nothing here ever runs VACUUM.
+//!
+//! This module is the one that knows the schema: the stores (`append`,
+//! `latest`, `queue`, `session`, `held`, `broadcast`), the group commit
+//! (`batch`, which sees a channel only as `channel::Staged`), and the
+//! typed reads and writes the tools need - `inspect` for `sqlite dump`,
+//! `units` for the migrations, `verify`, and `schema::row_counts` for a
+//! backup - so no module outside it names a table.
 
 mod append;
 mod batch;
 mod broadcast;
+mod channel;
 mod held;
+pub mod inspect;
 mod latest;
 mod queue;
 pub mod row;
 pub mod schema;
 pub(crate) mod session;
+pub mod units;
 pub mod verify;
 
 use std::collections::{BTreeMap, HashMap};
@@ -44,6 +54,7 @@ use super::contract::{
 use super::lock::{self, LockGuard};
 
 pub use append::AppendChannel;
+use channel::Target;
 pub use latest::LatestChannel;
 pub use queue::QueueChannel;
 pub use schema::{PAGE_SIZE, SCHEMA_VERSION};
@@ -268,18 +279,7 @@ impl Writer<'_> {
         // Prepared once and kept: parsing the text again costs every commit.
         conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let ceiling = if relief { self.shared.bounds } else { None };
-        let run = || -> rusqlite::Result<T> {
-            if let Some(b) = ceiling {
-                set_max_page_count(conn, b.relief_pages)?;
-            }
-            let out = body(conn)?;
-            if let Some(b) = ceiling {
-                set_max_page_count(conn, b.publish_pages)?;
-            }
-            conn.prepare_cached("COMMIT")?.execute([])?;
-            Ok(out)
-        };
-        match run() {
+        match run_bounded(conn, ceiling, "COMMIT", body) {
             Ok(out) => {
                 self.shared.counters.commits.fetch_add(1, Ordering::Release);
                 Ok(out)
@@ -310,18 +310,7 @@ impl Writer<'_> {
         let conn = self.conn();
         conn.prepare_cached("SAVEPOINT write")?.execute([])?;
         let ceiling = if relief { self.shared.bounds } else { None };
-        let run = || -> rusqlite::Result<T> {
-            if let Some(b) = ceiling {
-                set_max_page_count(conn, b.relief_pages)?;
-            }
-            let out = body(conn)?;
-            if let Some(b) = ceiling {
-                set_max_page_count(conn, b.publish_pages)?;
-            }
-            conn.prepare_cached("RELEASE write")?.execute([])?;
-            Ok(out)
-        };
-        let out = run();
+        let out = run_bounded(conn, ceiling, "RELEASE write", body);
         if out.is_err() {
             // SQLite may have ended the whole transaction (SQLITE_FULL, I/O):
             // then there is no savepoint to go back to.
@@ -334,6 +323,27 @@ impl Writer<'_> {
         }
         out
     }
+}
+
+/// Runs `body` in the transaction or savepoint open on `conn` and ends it
+/// with `end`: a relief write (`ceiling` set) may grow the file into the
+/// reserve while it runs, and the publish ceiling is back before it ends.
+/// On an error the caller rolls back and restores the ceiling.
+fn run_bounded<T>(
+    conn: &Connection,
+    ceiling: Option<PageBounds>,
+    end: &str,
+    body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    if let Some(b) = ceiling {
+        set_max_page_count(conn, b.relief_pages)?;
+    }
+    let out = body(conn)?;
+    if let Some(b) = ceiling {
+        set_max_page_count(conn, b.publish_pages)?;
+    }
+    conn.prepare_cached(end)?.execute([])?;
+    Ok(out)
 }
 
 fn set_max_page_count(conn: &Connection, pages: u64) -> rusqlite::Result<()> {
@@ -563,12 +573,8 @@ impl Shared {
     }
 
     /// Creates the channel's row if absent (next = floor = 1) and returns
-    /// its stored kind and counters.
-    fn channel_row(
-        &self,
-        name: &str,
-        kind: ChannelKind,
-    ) -> contract::Result<(ChannelKind, u64, u64, u64)> {
+    /// its counters (next, floor, bytes), refusing a row of another kind.
+    fn channel_row(&self, name: &str, kind: ChannelKind) -> contract::Result<(u64, u64, u64)> {
         let mut w = self.writer()?;
         let out = w.txn(false, |conn| {
             conn.execute(
@@ -602,7 +608,14 @@ impl Shared {
                 detail: format!("floor {floor} and next {next} contradict each other"),
             });
         }
-        Ok((stored, next, floor, bytes))
+        if stored != kind {
+            return Err(StorageError::KindMismatch {
+                channel: name.to_string(),
+                configured: kind,
+                stored,
+            });
+        }
+        Ok((next, floor, bytes))
     }
 
     /// Every stored position of `channel`, by reader.
@@ -689,25 +702,7 @@ impl Shared {
         position: &Position,
         next: u64,
     ) -> contract::Result<()> {
-        let invalid = |detail: String| StorageError::Invalid {
-            what: format!("channel {channel}: position of {}", position.reader),
-            detail,
-        };
-        if position.offset < contract::FIRST_OFFSET || position.offset > next {
-            return Err(invalid(format!(
-                "offset {} is outside 1..={next} (a position never leads the channel)",
-                position.offset
-            )));
-        }
-        let expiry_ok = match position.reader.scheme() {
-            contract::ReaderScheme::Mqtt => position.session_expiry.is_some(),
-            contract::ReaderScheme::Bridge => position.session_expiry.is_none(),
-        };
-        if !expiry_ok {
-            return Err(invalid(
-                "an mqtt: reader states its session expiry interval and a bridge: reader states none".into(),
-            ));
-        }
+        contract::check_position(channel, position, next)?;
         let name = position.reader.to_string();
         let mut w = self.writer()?;
         w.txn(true, |conn| {
@@ -1239,21 +1234,39 @@ impl SqliteProvider {
         }
     }
 
+    /// The store of `name` in `stores`, opened with `open` and registered
+    /// under `kind` the first time it is asked for.
+    fn registered<T>(
+        &self,
+        registry: &mut Registry,
+        name: &str,
+        kind: ChannelKind,
+        stores: fn(&mut Registry) -> &mut HashMap<String, Arc<T>>,
+        open: impl FnOnce(&mut Registry) -> contract::Result<Arc<T>>,
+    ) -> contract::Result<Arc<T>> {
+        if let Some(store) = stores(registry).get(name) {
+            return Ok(Arc::clone(store));
+        }
+        self.check_kind(registry, name, kind)?;
+        let store = open(registry)?;
+        registry.kinds.insert(name.to_string(), kind);
+        stores(registry).insert(name.to_string(), Arc::clone(&store));
+        Ok(store)
+    }
+
     fn append_locked(
         &self,
         registry: &mut Registry,
         name: &str,
     ) -> contract::Result<Arc<AppendChannel>> {
-        if let Some(store) = registry.appends.get(name) {
-            return Ok(Arc::clone(store));
-        }
-        self.check_kind(registry, name, ChannelKind::Append)?;
-        let store = AppendChannel::open(Arc::clone(&self.shared), name, false)?;
-        registry.kinds.insert(name.to_string(), ChannelKind::Append);
-        registry
-            .appends
-            .insert(name.to_string(), Arc::clone(&store));
-        Ok(store)
+        let shared = Arc::clone(&self.shared);
+        self.registered(
+            registry,
+            name,
+            ChannelKind::Append,
+            |r| &mut r.appends,
+            |_| AppendChannel::open(shared, name, false),
+        )
     }
 
     fn latest_locked(
@@ -1261,16 +1274,14 @@ impl SqliteProvider {
         registry: &mut Registry,
         name: &str,
     ) -> contract::Result<Arc<LatestChannel>> {
-        if let Some(store) = registry.latests.get(name) {
-            return Ok(Arc::clone(store));
-        }
-        self.check_kind(registry, name, ChannelKind::Latest)?;
-        let store = LatestChannel::open(Arc::clone(&self.shared), name)?;
-        registry.kinds.insert(name.to_string(), ChannelKind::Latest);
-        registry
-            .latests
-            .insert(name.to_string(), Arc::clone(&store));
-        Ok(store)
+        let shared = Arc::clone(&self.shared);
+        self.registered(
+            registry,
+            name,
+            ChannelKind::Latest,
+            |r| &mut r.latests,
+            |_| LatestChannel::open(shared, name),
+        )
     }
 
     fn queue_locked(
@@ -1278,36 +1289,35 @@ impl SqliteProvider {
         registry: &mut Registry,
         name: &str,
     ) -> contract::Result<Arc<QueueChannel>> {
-        if let Some(store) = registry.queues.get(name) {
-            return Ok(Arc::clone(store));
-        }
-        self.check_kind(registry, name, ChannelKind::Queue)?;
-        let dlq = self.append_locked(registry, &contract::dead_letter_name(name))?;
-        let store = QueueChannel::open(Arc::clone(&self.shared), name, dlq)?;
-        registry.kinds.insert(name.to_string(), ChannelKind::Queue);
-        registry.queues.insert(name.to_string(), Arc::clone(&store));
-        Ok(store)
+        let shared = Arc::clone(&self.shared);
+        self.registered(
+            registry,
+            name,
+            ChannelKind::Queue,
+            |r| &mut r.queues,
+            |registry| {
+                let dlq = self.append_locked(registry, &contract::dead_letter_name(name))?;
+                QueueChannel::open(shared, name, dlq)
+            },
+        )
     }
 
     /// Looks up an opened store by name, for a held publish's release.
-    pub(crate) fn target_of(shared: &Shared, channel: &str) -> Option<batch::Target> {
+    pub(crate) fn target_of(shared: &Shared, channel: &str) -> Option<Target> {
         let registry = shared.registry.lock().unwrap_or_else(|e| e.into_inner());
         if channel == BROADCAST_LOG_NAME {
-            return registry
-                .broadcast
-                .as_ref()
-                .map(|b| batch::Target::Append(b.log()));
+            return registry.broadcast.as_ref().map(|b| b.log() as Target);
         }
         if let Some(s) = registry.appends.get(channel) {
-            return Some(batch::Target::Append(Arc::clone(s)));
+            return Some(Arc::clone(s) as Target);
         }
         if let Some(s) = registry.latests.get(channel) {
-            return Some(batch::Target::Latest(Arc::clone(s)));
+            return Some(Arc::clone(s) as Target);
         }
         registry
             .queues
             .get(channel)
-            .map(|s| batch::Target::Queue(Arc::clone(s)))
+            .map(|s| Arc::clone(s) as Target)
     }
 
     fn close_inner(&self) -> contract::Result<()> {

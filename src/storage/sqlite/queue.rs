@@ -14,7 +14,7 @@
 //! deliveries is empty at every start.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -22,7 +22,10 @@ use rusqlite::{Connection, OptionalExtension};
 use saguin_format::model::{ChannelKind, Record, UnixNanos, UserProperty};
 
 use super::append::AppendChannel;
-use super::batch::{self, Job, Target};
+use super::batch::Job;
+use super::channel::{
+    publish_counters, write_counter_rows, ChannelCounters, Pending, RowPerRecord, Target,
+};
 use super::row::{record_at, size_at};
 use super::schema::record_columns;
 use super::Shared;
@@ -40,6 +43,12 @@ const SQL_ITEMS: &str = concat!(
     "SELECT offset, ",
     record_columns!(),
     ", attempts, first_delivered, last_delivered FROM queue_items WHERE channel = ?1 ORDER BY offset"
+);
+const SQL_INSERT: &str = concat!(
+    "INSERT INTO queue_items (channel, offset, ",
+    record_columns!(),
+    ", attempts, first_delivered, last_delivered)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0, 0, 0)"
 );
 const SQL_TOTALS: &str =
     "SELECT count(*), coalesce(sum(size), 0) FROM queue_items WHERE channel = ?1";
@@ -79,15 +88,11 @@ pub struct QueueChannel {
     shared: Arc<Shared>,
     name: String,
     dlq: Arc<AppendChannel>,
-    next: AtomicU64,
-    bytes: AtomicU64,
-    depth: AtomicU64,
-    max_bytes: AtomicU64,
+    /// `count` is the depth; a queue has no floor.
+    counters: ChannelCounters,
     max_attempts: AtomicU32,
     volatile: Mutex<Volatile>,
 }
-
-const UNBOUNDED: u64 = u64::MAX;
 
 fn item_at(row: &rusqlite::Row<'_>) -> rusqlite::Result<(QueueItem, u64)> {
     let offset: u64 = row.get(0)?;
@@ -110,14 +115,7 @@ impl QueueChannel {
         name: &str,
         dlq: Arc<AppendChannel>,
     ) -> contract::Result<Arc<QueueChannel>> {
-        let (stored, next, _, _) = shared.channel_row(name, ChannelKind::Queue)?;
-        if stored != ChannelKind::Queue {
-            return Err(StorageError::KindMismatch {
-                channel: name.to_string(),
-                configured: ChannelKind::Queue,
-                stored,
-            });
-        }
+        let (next, floor, _) = shared.channel_row(name, ChannelKind::Queue)?;
         let (depth, bytes): (u64, u64) = shared.read(
             || format!("queue {name}: summing its records"),
             |conn| {
@@ -130,10 +128,7 @@ impl QueueChannel {
             shared,
             name: name.to_string(),
             dlq,
-            next: AtomicU64::new(next),
-            bytes: AtomicU64::new(bytes),
-            depth: AtomicU64::new(depth),
-            max_bytes: AtomicU64::new(UNBOUNDED),
+            counters: ChannelCounters::new(name, (next, floor, bytes), depth, false),
             max_attempts: AtomicU32::new(DEFAULT_MAX_ATTEMPTS),
             volatile: Mutex::new(Volatile {
                 next_delivery_id: 1,
@@ -143,36 +138,8 @@ impl QueueChannel {
         }))
     }
 
-    pub(crate) fn name_str(&self) -> &str {
-        &self.name
-    }
-    pub(crate) fn next_value(&self) -> u64 {
-        self.next.load(Ordering::Acquire)
-    }
-    pub(crate) fn bytes_value(&self) -> u64 {
-        self.bytes.load(Ordering::Acquire)
-    }
-    pub(crate) fn count_value(&self) -> u64 {
-        self.depth.load(Ordering::Acquire)
-    }
-    pub(crate) fn max_bytes_value(&self) -> Option<u64> {
-        match self.max_bytes.load(Ordering::Acquire) {
-            UNBOUNDED => None,
-            max => Some(max),
-        }
-    }
-
-    pub(crate) fn committed(&self, next: u64, bytes: u64, depth: u64) {
-        self.bytes.store(bytes, Ordering::Release);
-        self.depth.store(depth, Ordering::Release);
-        self.next.store(next, Ordering::Release);
-    }
-
     fn gone(&self, size: u64) {
-        self.bytes
-            .fetch_sub(size.min(self.bytes_value()), Ordering::AcqRel);
-        self.depth
-            .fetch_sub(1.min(self.count_value()), Ordering::AcqRel);
+        self.counters.removed(1, size);
     }
 
     fn volatile(&self) -> std::sync::MutexGuard<'_, Volatile> {
@@ -219,34 +186,27 @@ impl QueueChannel {
     fn move_to_dead_letter(&self, moves: Vec<(u64, Record)>) -> contract::Result<Vec<u64>> {
         let target = self.dlq.target()?;
         let mut w = self.shared.writer()?;
-        let mut pending = vec![(
-            target.clone(),
-            batch::Pending {
-                next: self.dlq.next_value(),
-                bytes: self.dlq.bytes_value(),
-                count: self.dlq.count_value(),
-                topics: HashMap::new(),
-            },
-        )];
+        let mut pending = vec![(Arc::clone(&target), Pending::of(&*target))];
         let result = w.txn(true, |conn| {
             let mut dlq_offsets = Vec::with_capacity(moves.len());
             for (offset, record) in &moves {
-                let stored = batch::stage(conn, &target, &mut pending[0].1, record)?;
+                let stored = target
+                    .stage(conn, &mut pending[0].1, record)?
+                    .ok_or(rusqlite::Error::InvalidQuery)?;
                 dlq_offsets.push(stored);
-                conn.prepare_cached("DELETE FROM queue_items WHERE channel = ?1 AND offset = ?2")?
-                    .execute(rusqlite::params![self.name, offset])?;
+                delete_item(conn, &self.name, *offset)?;
             }
-            batch::write_counter_rows(conn, &pending)?;
+            write_counter_rows(conn, &pending)?;
             Ok(dlq_offsets)
         });
         match result {
             Ok(offsets) => {
-                batch::publish_counters(pending);
+                publish_counters(pending);
                 Ok(offsets)
             }
             Err(e) => Err(self.shared.write_error(
                 Some(w.conn()),
-                format!("queue {}: moving to {}", self.name, self.dlq.name_str()),
+                format!("queue {}: moving to {}", self.name, target.name()),
                 0,
                 &e,
             )),
@@ -277,13 +237,17 @@ impl QueueStore for QueueChannel {
 
     fn enqueue(&self, record: Record) -> contract::Result<Record> {
         contract::check_record(&self.name, &record, false)?;
-        let me = self.me.upgrade().ok_or_else(|| StorageError::Closed {
-            provider: self.shared.name.clone(),
-        })?;
+        let target =
+            self.me
+                .upgrade()
+                .map(|me| me as Target)
+                .ok_or_else(|| StorageError::Closed {
+                    provider: self.shared.name.clone(),
+                })?;
         match self
             .shared
             .batcher
-            .submit(&self.shared, Job::Put(Target::Queue(me), record))?
+            .submit(&self.shared, Job { target, record })?
         {
             Some(stored) => Ok(stored),
             None => Err(StorageError::Write {
@@ -294,24 +258,23 @@ impl QueueStore for QueueChannel {
     }
 
     fn set_max_bytes(&self, max_bytes: Option<u64>) {
-        self.max_bytes
-            .store(max_bytes.unwrap_or(UNBOUNDED), Ordering::Release);
+        self.counters.set_max_bytes(max_bytes);
     }
 
     fn max_bytes(&self) -> Option<u64> {
-        self.max_bytes_value()
+        self.counters.max_bytes()
     }
 
     fn bytes(&self) -> u64 {
-        self.bytes_value()
+        self.counters.bytes()
     }
 
     fn depth(&self) -> u64 {
-        self.count_value()
+        self.counters.count()
     }
 
     fn next(&self) -> u64 {
-        self.next_value()
+        self.counters.next()
     }
 
     fn set_backoff(&self, gaps: Vec<Duration>) {
@@ -634,5 +597,12 @@ impl QueueStore for QueueChannel {
             .into_iter()
             .map(|(item, _)| item)
             .collect())
+    }
+}
+
+impl RowPerRecord for QueueChannel {
+    const INSERT_ROW: &'static str = SQL_INSERT;
+    fn row_counters(&self) -> &ChannelCounters {
+        &self.counters
     }
 }

@@ -297,3 +297,16 @@ pub fn creator(conn: &Connection) -> rusqlite::Result<(String, i64)> {
         |r| Ok((r.get(0)?, r.get(1)?)),
     )
 }
+
+/// Every table's row count, in [`TABLES`] order: what a backup compares
+/// between its source and its copy.
+pub fn row_counts(conn: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
+    TABLES
+        .iter()
+        .map(|t| {
+            let n: i64 =
+                conn.query_row(&format!("SELECT count(*) FROM \"{t}\""), [], |r| r.get(0))?;
+            Ok(((*t).to_owned(), n.max(0) as u64))
+        })
+        .collect()
+}

@@ -195,6 +195,53 @@ pub fn read_sessions(conn: &Connection) -> rusqlite::Result<Vec<SessionEntry>> {
     rows.collect()
 }
 
+/// Writes one session - its row and its in-flight entries, replacing
+/// whatever was stored under its client id - inside the open transaction:
+/// the session store's save, and a migration's copy.
+pub(crate) fn write_session(conn: &Connection, session: &SessionEntry) -> rusqlite::Result<()> {
+    let subs = subscriptions_json(&session.subscriptions);
+    let will = session.will.as_ref().map(will_json);
+    conn.prepare_cached(
+        "INSERT INTO sessions (client_id, principal, expiry_interval, detached_at, subscriptions, will, window)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (client_id) DO UPDATE SET principal = excluded.principal,
+             expiry_interval = excluded.expiry_interval, detached_at = excluded.detached_at,
+             subscriptions = excluded.subscriptions, will = excluded.will, window = excluded.window",
+    )?
+    .execute(rusqlite::params![
+        session.client_id,
+        session.principal,
+        session.expiry_interval,
+        session.detached_at,
+        subs,
+        will,
+        session.window
+    ])?;
+    conn.prepare_cached("DELETE FROM session_inflight WHERE client_id = ?1")?
+        .execute([&session.client_id])?;
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO session_inflight (client_id, seq, log_offset, packet_id, qos, phase, share_group, share_filter)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    for (seq, e) in session.inflight.iter().enumerate() {
+        let phase = match e.phase {
+            InflightPhase::AwaitingAck => "awaiting_ack",
+            InflightPhase::AwaitingComp => "awaiting_comp",
+        };
+        insert.execute(rusqlite::params![
+            session.client_id,
+            seq as i64,
+            e.log_offset,
+            e.packet_id,
+            e.qos,
+            phase,
+            e.shared_group.as_ref().map(|k| k.group.as_str()),
+            e.shared_group.as_ref().map(|k| k.filter.as_str()),
+        ])?;
+    }
+    Ok(())
+}
+
 pub(crate) struct Sessions {
     shared: Arc<Shared>,
 }
@@ -217,50 +264,8 @@ impl SessionStore for Sessions {
                 ),
             });
         }
-        let subs = subscriptions_json(&session.subscriptions);
-        let will = session.will.as_ref().map(will_json);
         let mut w = self.shared.writer()?;
-        let result = w.txn(true, |conn| {
-            conn.prepare_cached(
-                "INSERT INTO sessions (client_id, principal, expiry_interval, detached_at, subscriptions, will, window)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT (client_id) DO UPDATE SET principal = excluded.principal,
-                     expiry_interval = excluded.expiry_interval, detached_at = excluded.detached_at,
-                     subscriptions = excluded.subscriptions, will = excluded.will, window = excluded.window",
-            )?
-            .execute(rusqlite::params![
-                session.client_id,
-                session.principal,
-                session.expiry_interval,
-                session.detached_at,
-                subs,
-                will,
-                session.window
-            ])?;
-            conn.prepare_cached("DELETE FROM session_inflight WHERE client_id = ?1")?
-                .execute([&session.client_id])?;
-            let mut insert = conn.prepare_cached(
-                "INSERT INTO session_inflight (client_id, seq, log_offset, packet_id, qos, phase, share_group, share_filter)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?;
-            for (seq, e) in session.inflight.iter().enumerate() {
-                let phase = match e.phase {
-                    InflightPhase::AwaitingAck => "awaiting_ack",
-                    InflightPhase::AwaitingComp => "awaiting_comp",
-                };
-                insert.execute(rusqlite::params![
-                    session.client_id,
-                    seq as i64,
-                    e.log_offset,
-                    e.packet_id,
-                    e.qos,
-                    phase,
-                    e.shared_group.as_ref().map(|k| k.group.as_str()),
-                    e.shared_group.as_ref().map(|k| k.filter.as_str()),
-                ])?;
-            }
-            Ok(())
-        });
+        let result = w.txn(true, |conn| write_session(conn, &session));
         result.map_err(|e| {
             self.shared.write_error(
                 Some(w.conn()),

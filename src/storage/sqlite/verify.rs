@@ -30,6 +30,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::units::ChannelRow;
 use rusqlite::{Connection, OptionalExtension};
 use saguin_format::model::Record;
 
@@ -269,32 +270,11 @@ fn schema(conn: &Connection, v: &mut Verification) -> bool {
     whole
 }
 
-struct ChannelRow {
-    name: String,
-    kind: String,
-    next: u64,
-    floor: u64,
-    bytes: u64,
-}
-
 fn channel_rows(conn: &Connection) -> rusqlite::Result<BTreeMap<String, ChannelRow>> {
-    let mut stmt =
-        conn.prepare("SELECT name, kind, next, floor, bytes FROM channels ORDER BY name")?;
-    let rows = stmt.query_map([], |r| {
-        Ok(ChannelRow {
-            name: r.get(0)?,
-            kind: r.get(1)?,
-            next: r.get(2)?,
-            floor: r.get(3)?,
-            bytes: r.get(4)?,
-        })
-    })?;
-    let mut out = BTreeMap::new();
-    for row in rows {
-        let row = row?;
-        out.insert(row.name.clone(), row);
-    }
-    Ok(out)
+    Ok(super::units::channel_rows(conn)?
+        .into_iter()
+        .map(|row| (row.name.clone(), row))
+        .collect())
 }
 
 fn check_channel(

@@ -1,28 +1,27 @@
-//! Units to and from a schema-20 database, with the rows the sqlite provider
-//! reads and writes (`src/storage/sqlite`), through a connection of the
-//! migration's own: the copy paths keep transactions of their own, one per unit.
+//! A migration's units to and from a schema-20 database, with the rows the
+//! provider's stores read and write, through a connection of the
+//! migration's own: the copy paths keep transactions of their own, one per
+//! unit.
 //!
-//! The sessions' `subscriptions` and `will` JSON columns are encoded here as
-//! the provider encodes them; a test opens what this module wrote with the
-//! provider itself and compares, so the two cannot drift apart silently.
+//! Sessions are written and read by the session store's own functions
+//! (`session.rs`), so the `subscriptions` and `will` columns have one
+//! encoding.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
 use saguin_format::f21::{
-    BroadcastFile, ChannelFile, DeadLetter, HeldPublish, InflightEntry, InflightPhase, Position,
-    QueueItem, RetainedFile, Session, SessionsFile, SharedGroup, SharedGroupKey,
+    BroadcastFile, ChannelFile, DeadLetter, HeldPublish, Position, QueueItem, RetainedFile,
+    SessionsFile, SharedGroup, SharedGroupKey,
 };
 use saguin_format::model::{ChannelKind, Record};
 
-use super::model::{Counts, Unit, LOG};
+use super::row::{record_at, Encoded};
+use super::schema::RECORD_COLUMNS;
+use super::session::{read_sessions as read_session_rows, write_session};
 use crate::storage::contract::{dead_letter_name, RETAINED_STORE_NAME};
-use crate::storage::sqlite::row::{record_at, Encoded};
-use crate::storage::sqlite::schema::RECORD_COLUMNS;
-use crate::storage::sqlite::session::{
-    subscriptions_from_json, subscriptions_json, will_from_json, will_json,
-};
+use crate::storage::migrate::model::{Counts, Unit, LOG};
 
 /// A unit that could not be read, named.
 #[derive(Debug)]
@@ -33,12 +32,7 @@ pub struct ReadFailure {
 }
 
 fn channel_kind(text: &str) -> Option<ChannelKind> {
-    match text {
-        "append" => Some(ChannelKind::Append),
-        "latest" => Some(ChannelKind::Latest),
-        "queue" => Some(ChannelKind::Queue),
-        _ => None,
-    }
+    super::parse_kind(text)
 }
 
 /// A `channels` row.
@@ -110,7 +104,7 @@ pub fn read_units(conn: &Connection) -> rusqlite::Result<(Vec<Unit>, Vec<ReadFai
         match read_sessions(conn, by_name.get(LOG).copied()) {
             Ok((sessions, log)) => units.push(Unit::Sessions { sessions, log }),
             Err(error) => failures.push(ReadFailure {
-                name: super::model::SESSIONS_UNIT.into(),
+                name: crate::storage::migrate::model::SESSIONS_UNIT.into(),
                 kind: "sessions",
                 error,
             }),
@@ -301,84 +295,7 @@ fn read_sessions(
     conn: &Connection,
     log_row: Option<&ChannelRow>,
 ) -> Result<(SessionsFile, BroadcastFile), String> {
-    let mut stmt = conn
-        .prepare(
-            "SELECT client_id, principal, expiry_interval, detached_at, subscriptions, will, window
-             FROM sessions ORDER BY client_id",
-        )
-        .map_err(text)?;
-    let raw = stmt
-        .query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, Option<String>>(1)?,
-                r.get::<_, u32>(2)?,
-                r.get::<_, i64>(3)?,
-                r.get::<_, String>(4)?,
-                r.get::<_, Option<String>>(5)?,
-                r.get::<_, u16>(6)?,
-            ))
-        })
-        .map_err(text)?
-        .collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(|e| format!("sessions: {e}"))?;
-    let mut inflight_stmt = conn
-        .prepare(
-            "SELECT log_offset, packet_id, qos, phase, share_group, share_filter
-             FROM session_inflight WHERE client_id = ?1 ORDER BY seq",
-        )
-        .map_err(text)?;
-    let mut sessions = Vec::with_capacity(raw.len());
-    for (client_id, principal, expiry_interval, detached_at, subs, will, window) in raw {
-        let subscriptions = subscriptions_from_json(&subs)
-            .map_err(|e| format!("session {client_id:?}: subscriptions: {e}"))?;
-        let will = match will {
-            Some(t) => Some(will_from_json(&t).map_err(|e| format!("session {client_id:?}: {e}"))?),
-            None => None,
-        };
-        let inflight = inflight_stmt
-            .query_map([&client_id], |r| {
-                let phase: String = r.get(3)?;
-                let group: Option<String> = r.get(4)?;
-                let filter: Option<String> = r.get(5)?;
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, phase, group, filter))
-            })
-            .map_err(text)?
-            .collect::<rusqlite::Result<Vec<(u64, u16, u8, String, Option<String>, Option<String>)>>>()
-            .map_err(|e| format!("session {client_id:?}: in-flight entries: {e}"))?;
-        let mut entries = Vec::with_capacity(inflight.len());
-        for (log_offset, packet_id, qos, phase, group, filter) in inflight {
-            let phase = match phase.as_str() {
-                "awaiting_ack" => InflightPhase::AwaitingAck,
-                "awaiting_comp" => InflightPhase::AwaitingComp,
-                other => {
-                    return Err(format!(
-                        "session {client_id:?}: in-flight phase {other:?} is neither awaiting_ack nor awaiting_comp"
-                    ))
-                }
-            };
-            entries.push(InflightEntry {
-                log_offset,
-                packet_id,
-                qos,
-                phase,
-                shared_group: match (group, filter) {
-                    (Some(group), Some(filter)) => Some(SharedGroupKey { group, filter }),
-                    _ => None,
-                },
-            });
-        }
-        sessions.push(Session {
-            client_id,
-            principal,
-            expiry_interval,
-            detached_at,
-            subscriptions,
-            will,
-            window,
-            inflight: entries,
-        });
-    }
+    let sessions = read_session_rows(conn).map_err(|e| format!("sessions: {e}"))?;
     let mut groups_stmt = conn
         .prepare("SELECT group_name, filter, cursor FROM share_groups ORDER BY group_name, filter")
         .map_err(text)?;
@@ -658,40 +575,8 @@ fn write_sessions(
         .collect();
     insert_positions(tx, LOG, &cursors)?;
     insert_held(tx, LOG, &log.held)?;
-    let mut session_stmt = tx.prepare_cached(
-        "INSERT INTO sessions (client_id, principal, expiry_interval, detached_at, subscriptions, will, window)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?;
-    let mut inflight_stmt = tx.prepare_cached(
-        "INSERT INTO session_inflight (client_id, seq, log_offset, packet_id, qos, phase, share_group, share_filter)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )?;
     for s in &sessions.sessions {
-        session_stmt.execute(params![
-            s.client_id,
-            s.principal,
-            s.expiry_interval,
-            s.detached_at,
-            subscriptions_json(&s.subscriptions),
-            s.will.as_ref().map(will_json),
-            s.window
-        ])?;
-        for (seq, e) in s.inflight.iter().enumerate() {
-            let phase = match e.phase {
-                InflightPhase::AwaitingAck => "awaiting_ack",
-                InflightPhase::AwaitingComp => "awaiting_comp",
-            };
-            inflight_stmt.execute(params![
-                s.client_id,
-                seq as i64,
-                e.log_offset,
-                e.packet_id,
-                e.qos,
-                phase,
-                e.shared_group.as_ref().map(|k| k.group.as_str()),
-                e.shared_group.as_ref().map(|k| k.filter.as_str()),
-            ])?;
-        }
+        write_session(tx, s)?;
     }
     tick(sessions.sessions.len() as u64);
     let mut group_stmt = tx.prepare_cached(
