@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
+use super::alias::{AliasUse, OutboundAliases};
 use super::codec::{
     self, AckProperties, ByteStr, ConnAck, ConnAckProperties, Connect, DecodeError, Disconnect,
     DisconnectProperties, FrameDecoder, Packet, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
@@ -21,7 +22,8 @@ use super::codec::{
 };
 use super::metrics::{CloseReason, Metrics};
 use super::state::{
-    reason, ConnectRequest, ConnectionHandle, Event, Inbound, InboundPublish, Outbound, WillRequest,
+    reason, ConnectRequest, ConnectionHandle, Event, Inbound, InboundPublish, KeepAlive, Outbound,
+    WillRequest,
 };
 use super::topic::SubOptions;
 use crate::config::auth::PasswordFile;
@@ -39,6 +41,11 @@ pub struct ConnectionContext {
     /// Capacity of each connection's outbound queue; when full the client
     /// is a slow consumer and is disconnected.
     pub outbound_queue: usize,
+    /// `limits.max_keep_alive` (0: the client's own keep alive).
+    pub max_keep_alive: u16,
+    /// `broker.topic_aliases`: outbound topic aliases towards MQTT 5
+    /// clients that announce a Topic Alias Maximum.
+    pub topic_aliases: bool,
 }
 
 /// Bytes asked of the socket per read.
@@ -47,6 +54,13 @@ const READ_CHUNK: usize = 16 * 1024;
 const WRITE_BATCH: usize = 256;
 /// How long a closing connection waits for its writer to flush.
 const WRITER_GRACE: Duration = Duration::from_secs(5);
+/// After the broker's last packet (a DISCONNECT or a refusing CONNACK) and
+/// the shutdown of the write side, the client's bytes are read and dropped
+/// for at most this long and this many bytes before the socket closes:
+/// closing with unread input makes the kernel answer with a reset, which
+/// can reach the client before it has read the reason code.
+const LINGER_TIME: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1024 * 1024;
 
 enum ReadFailure {
     Io,
@@ -78,7 +92,17 @@ async fn read_packet<R: AsyncRead + Unpin>(
     }
 }
 
+/// Whether an accepted transport is served or only told why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Serve,
+    /// Over `limits.max_connections`: its CONNECT is answered CONNACK 0x97
+    /// (3.1.1: return code 3, server unavailable) and the connection closed.
+    OverLimit,
+}
+
 /// Serve one transport from its first byte to its close.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve<S>(
     stream: S,
     peer: SocketAddr,
@@ -87,6 +111,7 @@ pub async fn serve<S>(
     events: mpsc::Sender<Event>,
     context: Arc<ConnectionContext>,
     mut shutdown: broadcast::Receiver<()>,
+    admission: Admission,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -116,6 +141,7 @@ pub async fn serve<S>(
                     ConnAckProperties::default(),
                 );
                 write_once(&mut wr, &ack, ProtocolVersion::V311, &metrics).await;
+                linger(&mut rd).await;
             }
             metrics.disconnected(CloseReason::Malformed);
             tracing::info!(peer = %peer, error = %err, "connection closed: bad CONNECT");
@@ -132,12 +158,36 @@ pub async fn serve<S>(
         }
     };
     let version = connect.protocol;
+    if admission == Admission::OverLimit {
+        metrics.disconnected(CloseReason::ConnectRefused);
+        tracing::warn!(
+            peer = %peer,
+            client_id = %connect.client_id,
+            principal = connect.username.as_deref().unwrap_or("(anonymous)"),
+            reason = "0x97",
+            "connection refused: limits.max_connections reached"
+        );
+        let ack = connack(
+            ReasonCode::QuotaExceeded,
+            false,
+            ConnAckProperties::default(),
+        );
+        write_once(&mut wr, &ack, version, &metrics).await;
+        linger(&mut rd).await;
+        return;
+    }
 
     let principal = match authenticate(&context, &connect).await {
         Ok(principal) => principal,
         Err(code) => {
             metrics.disconnected(CloseReason::ConnectRefused);
-            tracing::info!(peer = %peer, client_id = %connect.client_id, reason = %format!("0x{:02X}", code.as_u8()), "connection refused");
+            tracing::info!(
+                peer = %peer,
+                client_id = %connect.client_id,
+                principal = connect.username.as_deref().unwrap_or("(anonymous)"),
+                reason = %format!("0x{:02X}", code.as_u8()),
+                "connection refused: authentication failed"
+            );
             write_once(
                 &mut wr,
                 &connack(code, false, ConnAckProperties::default()),
@@ -145,6 +195,7 @@ pub async fn serve<S>(
                 &metrics,
             )
             .await;
+            linger(&mut rd).await;
             return;
         }
     };
@@ -153,6 +204,12 @@ pub async fn serve<S>(
     let client_max = request
         .maximum_packet_size
         .unwrap_or(codec::PROTOCOL_MAX_PACKET_SIZE);
+    // This connection's own table: a reconnect starts with none.
+    let aliases = if context.topic_aliases && version == ProtocolVersion::V5 {
+        OutboundAliases::new(connect.properties.topic_alias_maximum.unwrap_or(0))
+    } else {
+        None
+    };
     let (outbound_tx, outbound_rx) = mpsc::unbounded_channel();
     let (kill_tx, mut kill_rx) = watch::channel(false);
     let (pause_tx, mut pause_rx) = watch::channel(false);
@@ -165,6 +222,7 @@ pub async fn serve<S>(
         kill_tx.subscribe(),
         version,
         client_max,
+        aliases,
         metrics.clone(),
         WriterFlow {
             id,
@@ -196,8 +254,18 @@ pub async fn serve<S>(
         return;
     }
 
-    let keep_alive = (connect.keep_alive > 0)
-        .then(|| Duration::from_millis(u64::from(connect.keep_alive) * 1500));
+    // Held to what the state grants (and tells the client in CONNACK); a
+    // refused 3.1.1 client is closed by the state before it matters.
+    let held = match KeepAlive::grant(
+        context.max_keep_alive,
+        version == ProtocolVersion::V5,
+        connect.keep_alive,
+    ) {
+        KeepAlive::Held { seconds, .. } => seconds,
+        KeepAlive::Refused => connect.keep_alive,
+    };
+    // One and a half times the keep alive without a packet (MQTT-3.1.2-24).
+    let keep_alive = (held > 0).then(|| Duration::from_millis(u64::from(held) * 1500));
     let mut aliases: Vec<Option<ByteStr>> =
         vec![None; usize::from(context.topic_alias_maximum) + 1];
     let (close_reason, close_code, detail) = 'read: loop {
@@ -292,12 +360,38 @@ pub async fn serve<S>(
     // The state drops the outbound queue's sender; the writer flushes what
     // is queued (a DISCONNECT with the reason, say) and ends.
     let mut writer = writer;
-    if tokio::time::timeout(WRITER_GRACE, &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
+    match tokio::time::timeout(WRITER_GRACE, &mut writer).await {
+        Ok(Ok(Farewell::Said)) => linger(&mut rd).await,
+        Ok(_) => {}
+        Err(_) => writer.abort(),
     }
+}
+
+/// What the writer's last act was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Farewell {
+    /// A DISCONNECT or a refusing CONNACK was written and the write side
+    /// shut down: the reason is on its way and must not be overtaken by a
+    /// reset.
+    Said,
+    /// Closed without a last word (3.1.1, a write error, killed).
+    Silent,
+}
+
+/// Read and drop what the client still sends, bounded by [`LINGER_TIME`]
+/// and [`LINGER_BYTES`], until it closes its side.
+async fn linger<R: AsyncRead + Unpin>(rd: &mut R) {
+    let mut scratch = vec![0u8; 8 * 1024];
+    let mut left = LINGER_BYTES;
+    let _ = tokio::time::timeout(LINGER_TIME, async {
+        while left > 0 {
+            match rd.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 fn connack(reason: ReasonCode, session_present: bool, properties: ConnAckProperties) -> Packet {
@@ -402,6 +496,7 @@ fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectReq
         },
         receive_maximum: props.receive_maximum.unwrap_or(u16::MAX),
         maximum_packet_size: props.maximum_packet_size,
+        request_response_information: v5 && props.request_response_information == Some(true),
     }
 }
 
@@ -522,6 +617,8 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
             receive_maximum,
             maximum_packet_size,
             topic_alias_maximum,
+            server_keep_alive,
+            response_information,
         } => {
             let properties = if code == reason::SUCCESS {
                 ConnAckProperties {
@@ -530,6 +627,8 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
                     maximum_packet_size: Some(maximum_packet_size),
                     assigned_client_identifier: assigned_client_id.map(|id| id.to_string()),
                     topic_alias_maximum: Some(topic_alias_maximum),
+                    server_keep_alive,
+                    response_information: response_information.map(|r| r.to_string()),
                     ..ConnAckProperties::default()
                 }
             } else {
@@ -615,13 +714,15 @@ async fn writer<W: AsyncWrite + Unpin>(
     mut kill_rx: watch::Receiver<bool>,
     version: ProtocolVersion,
     client_max: u32,
+    mut aliases: Option<OutboundAliases>,
     metrics: Arc<Metrics>,
     flow: WriterFlow,
-) {
+) -> Farewell {
     let v5 = version == ProtocolVersion::V5;
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     let mut killed = false;
+    let mut farewell = Farewell::Silent;
     'run: loop {
         let received = tokio::select! {
             biased;
@@ -632,22 +733,47 @@ async fn writer<W: AsyncWrite + Unpin>(
             break;
         }
         let mut finished = false;
+        let mut said = false;
         let mut publishes = 0u64;
         for out in batch.drain(..) {
             if finished {
                 continue;
             }
             let counted = matches!(out, Outbound::Publish { sys: false, .. });
-            if matches!(out, Outbound::Disconnect { .. }) {
-                finished = true;
-            }
-            let Some(packet) = to_packet(out, v5) else {
+            let last_word = match &out {
+                Outbound::Disconnect { .. } => true,
+                Outbound::ConnAck { reason, .. } => *reason >= 0x80,
+                _ => false,
+            };
+            finished |= last_word;
+            let Some(mut packet) = to_packet(out, v5) else {
                 continue;
+            };
+            said |= last_word;
+            let assigned = match (&mut packet, aliases.as_mut()) {
+                (Packet::Publish(publish), Some(table)) => match table.alias_for(&publish.topic) {
+                    AliasUse::Reuse(alias) => {
+                        publish.properties.topic_alias = Some(alias);
+                        publish.topic = ByteStr::default();
+                        None
+                    }
+                    AliasUse::Assign(alias) => {
+                        publish.properties.topic_alias = Some(alias);
+                        Some(publish.topic.clone())
+                    }
+                },
+                _ => None,
             };
             // Too large for the client: the state has already accounted for
             // that, so this only guards against the estimate being off.
-            if codec::encode_within(&packet, version, client_max, &mut buf).is_ok() && counted {
-                publishes += 1;
+            match codec::encode_within(&packet, version, client_max, &mut buf) {
+                Ok(_) => publishes += u64::from(counted),
+                Err(_) => {
+                    // Not sent, so the client never learnt this alias.
+                    if let (Some(topic), Some(table)) = (assigned, aliases.as_mut()) {
+                        table.forget(&topic);
+                    }
+                }
             }
         }
         let write = wr.write_all(&buf);
@@ -658,6 +784,9 @@ async fn writer<W: AsyncWrite + Unpin>(
         };
         if written.is_err() {
             break;
+        }
+        if said {
+            farewell = Farewell::Said;
         }
         metrics.bytes_sent.fetch_add(buf.len() as u64, Relaxed);
         metrics.messages_sent.fetch_add(publishes, Relaxed);
@@ -686,6 +815,9 @@ async fn writer<W: AsyncWrite + Unpin>(
             let _ = wr.shutdown().await;
         })
         .await;
+    } else {
+        farewell = Farewell::Silent;
     }
     let _ = kill_tx.send(true);
+    farewell
 }

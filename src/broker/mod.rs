@@ -107,6 +107,7 @@
 //!   ([`retained::MemoryRetained`], [`session::MemorySessions`]) until a
 //!   storage provider backs the two traits; startup says nothing is kept.
 
+pub mod alias;
 pub mod codec;
 pub mod connection;
 pub mod logfmt;

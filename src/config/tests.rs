@@ -107,6 +107,7 @@ fn defaults_are_filled_in() {
             max_subscriptions_per_session: 100,
             max_sessions: 100_000,
             max_retained: 100_000,
+            max_keep_alive: 0,
         }
     );
     assert_eq!(config.metrics.bind, None);

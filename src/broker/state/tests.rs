@@ -134,6 +134,7 @@ fn connect_with(
                 session_expiry: if clean { 0 } else { 300 },
                 receive_maximum: 10,
                 maximum_packet_size: None,
+                request_response_information: false,
             }),
             handle: ConnectionHandle {
                 outbound: tx,
