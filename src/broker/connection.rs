@@ -56,11 +56,13 @@ const WRITE_BATCH: usize = 256;
 const WRITER_GRACE: Duration = Duration::from_secs(5);
 /// After the broker's last packet (a DISCONNECT or a refusing CONNACK) and
 /// the shutdown of the write side, the client's bytes are read and dropped
-/// for at most this long and this many bytes before the socket closes:
-/// closing with unread input makes the kernel answer with a reset, which
-/// can reach the client before it has read the reason code.
+/// before the socket closes: closing with unread input makes the kernel
+/// send a reset, which discards what it has not sent yet and, at the
+/// client, what the client has not read yet - the reason code among it.
+/// The linger ends when the client closes its side (it read the reason),
+/// after [`LINGER_TIME`], or after [`LINGER_BYTES`].
 const LINGER_TIME: Duration = Duration::from_secs(1);
-const LINGER_BYTES: usize = 1024 * 1024;
+const LINGER_BYTES: usize = 16 * 1024 * 1024;
 
 enum ReadFailure {
     Io,
@@ -378,16 +380,16 @@ enum Farewell {
     Silent,
 }
 
-/// Read and drop what the client still sends, bounded by [`LINGER_TIME`]
-/// and [`LINGER_BYTES`], until it closes its side.
+/// Read and drop what the client still sends until it closes its side,
+/// [`LINGER_TIME`] passes, or [`LINGER_BYTES`] were dropped.
 async fn linger<R: AsyncRead + Unpin>(rd: &mut R) {
-    let mut scratch = vec![0u8; 8 * 1024];
-    let mut left = LINGER_BYTES;
+    let mut scratch = vec![0u8; 16 * 1024];
+    let mut dropped = 0usize;
     let _ = tokio::time::timeout(LINGER_TIME, async {
-        while left > 0 {
+        while dropped < LINGER_BYTES {
             match rd.read(&mut scratch).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => left = left.saturating_sub(n),
+                Ok(0) | Err(_) => return,
+                Ok(n) => dropped += n,
             }
         }
     })
@@ -794,7 +796,12 @@ async fn writer<W: AsyncWrite + Unpin>(
         if buf.capacity() > 1024 * 1024 {
             buf = BytesMut::with_capacity(16 * 1024);
         }
-        let left = flow.queued.fetch_sub(received, Relaxed) - received;
+        // Every packet queued is counted before it is sent; saturating all
+        // the same, as an underflow here would kill the writer.
+        let left = flow
+            .queued
+            .fetch_sub(received, Relaxed)
+            .saturating_sub(received);
         if left < flow.low_water && flow.want_drained.swap(false, Relaxed) {
             // The state waits for this queue to drain (a paused reader,
             // retained messages still owed): say it did.

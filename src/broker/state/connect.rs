@@ -25,6 +25,7 @@ impl BrokerState {
         now: Instant,
     ) {
         if self.shutting_down {
+            handle.queued.fetch_add(1, Relaxed);
             let _ = handle.outbound.send(Outbound::Disconnect {
                 reason: reason::SERVER_SHUTTING_DOWN,
                 reason_string: Some(CloseReason::Shutdown.describe()),
@@ -39,6 +40,7 @@ impl BrokerState {
                 reason = %format!("0x{code:02X}"),
                 "connection refused: {why}"
             );
+            handle.queued.fetch_add(1, Relaxed);
             let _ = handle.outbound.send(Outbound::refusing_connack(code));
         };
         let keep_alive =
