@@ -292,11 +292,13 @@ async fn a_client_still_writing_reads_session_taken_over() {
     for run in 0..RUNS {
         let id = format!("taken-{run}");
         let stream = connected(&broker, &id, ConnectOpts::clean()).await;
-        let old = tokio::spawn(read_goodbye_while_writing(stream, v5(), pings()));
         let mut new = Raw::tcp(broker.addr(), v5()).await;
         let ack = new.connect(&id, ConnectOpts::clean()).await;
         assert_eq!(ack.reason, ReasonCode::Success);
-        let goodbye = old.await.expect("reader");
+        // The old client only now starts writing, and reads only after
+        // 256 KiB more: its DISCONNECT waits in its socket meanwhile.
+        let goodbye =
+            read_goodbye_while_writing_lagging(stream, v5(), pings(), None, 256 * 1024).await;
         assert_eq!(
             goodbye.map(|d| d.reason),
             Some(ReasonCode::SessionTakenOver),

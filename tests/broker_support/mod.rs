@@ -574,20 +574,43 @@ pub struct WriteGate {
 pub async fn read_goodbye_while_writing_after(
     stream: TcpStream,
     version: ProtocolVersion,
-    mut chunk: impl FnMut() -> Vec<u8> + Send + 'static,
+    chunk: impl FnMut() -> Vec<u8> + Send + 'static,
     gate: Option<WriteGate>,
 ) -> Option<codec::Disconnect> {
+    read_goodbye_while_writing_lagging(stream, version, chunk, gate, 0).await
+}
+
+/// [`read_goodbye_while_writing_after`] by a client slow to read: it reads
+/// nothing until it has written `lag` bytes (or its writes fail), so a
+/// broker that closes at once after its DISCONNECT - a reset, with the
+/// client's input unread - loses the reason before the client reads it.
+pub async fn read_goodbye_while_writing_lagging(
+    stream: TcpStream,
+    version: ProtocolVersion,
+    mut chunk: impl FnMut() -> Vec<u8> + Send + 'static,
+    gate: Option<WriteGate>,
+    lag: usize,
+) -> Option<codec::Disconnect> {
     let (mut rd, mut wr) = stream.into_split();
+    let (lagged_tx, lagged) = tokio::sync::oneshot::channel::<()>();
     let writing = tokio::spawn(async move {
+        let mut lagged_tx = Some(lagged_tx);
+        let mut written = 0usize;
         let mut gate = gate;
         if let Some(g) = gate.as_mut() {
             let _ = g.start.wait_for(|open| *open).await;
         }
         loop {
+            if written >= lag {
+                if let Some(tx) = lagged_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
             let bytes = chunk();
             if wr.write_all(&bytes).await.is_err() {
                 return;
             }
+            written += bytes.len();
             if let Some(g) = gate.take() {
                 let _ = g.writing.send(());
             }
@@ -596,6 +619,8 @@ pub async fn read_goodbye_while_writing_after(
             tokio::task::yield_now().await;
         }
     });
+    // Sent once the lag is written; dropped if the writes fail first.
+    let _ = tokio::time::timeout(WAIT, lagged).await;
     let mut decoder = FrameDecoder::client(16 * 1024 * 1024, version);
     let mut buf = BytesMut::new();
     // Bounded by the whole test's waits: many of these may run at once.
