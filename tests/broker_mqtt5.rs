@@ -392,11 +392,11 @@ async fn refused_connects_are_logged_with_client_principal_and_reason() {
     let lines = [
         format!(
             "alice:{}",
-            saguin::config::auth::hash_password(b"alice-pw", 101).unwrap()
+            saguin::broker::auth::hash_password(b"alice-pw", 101).unwrap()
         ),
         format!(
             "bob:{}",
-            saguin::config::auth::hash_password(b"bob-pw", 101).unwrap()
+            saguin::broker::auth::hash_password(b"bob-pw", 101).unwrap()
         ),
     ]
     .join("\n");

@@ -444,9 +444,11 @@ async fn authenticate(
                 // off the runtime's worker threads.
                 let passwords = passwords.clone();
                 let (name, password) = (user.clone(), connect.password.clone().unwrap_or_default());
-                let ok = tokio::task::spawn_blocking(move || passwords.check(&name, &password))
-                    .await
-                    .unwrap_or(false);
+                let ok = tokio::task::spawn_blocking(move || {
+                    super::auth::check_password(&passwords, &name, &password)
+                })
+                .await
+                .unwrap_or(false);
                 if ok {
                     Ok(Some(user.as_str().into()))
                 } else {

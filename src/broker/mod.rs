@@ -138,6 +138,7 @@
 //!   storage provider backs the two traits; startup says nothing is kept.
 
 pub mod alias;
+pub mod auth;
 pub mod codec;
 pub mod connection;
 pub mod logfmt;

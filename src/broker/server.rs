@@ -499,39 +499,6 @@ async fn serve_metrics(
     }
 }
 
-/// The ACL file as the state's [`Authorizer`](super::state::Authorizer).
-struct AclAuthorizer(Arc<crate::config::auth::AclFile>);
-
-impl super::state::Authorizer for AclAuthorizer {
-    fn is_active(&self) -> bool {
-        true
-    }
-    fn can_publish(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
-        self.0.allows(
-            principal,
-            client_id,
-            topic,
-            crate::config::auth::Access::Write,
-        )
-    }
-    fn can_subscribe(&self, principal: Option<&str>, client_id: &str, filter: &str) -> bool {
-        self.0.allows(
-            principal,
-            client_id,
-            filter,
-            crate::config::auth::Access::Read,
-        )
-    }
-    fn can_receive(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
-        self.0.allows(
-            principal,
-            client_id,
-            topic,
-            crate::config::auth::Access::Read,
-        )
-    }
-}
-
 /// The broker's limits from the configuration. The announced Maximum Packet
 /// Size is `max_message_size + max_header_bytes`: room for the largest
 /// payload and topic plus its properties and headers.
@@ -571,7 +538,7 @@ pub async fn prepare(
     let metrics = Arc::new(Metrics::new());
     let limits = limits_from(config);
     let authorizer: Arc<dyn super::state::Authorizer> = match &config.auth.acl {
-        Some(acl) => Arc::new(AclAuthorizer(acl.clone())),
+        Some(acl) => Arc::new(super::auth::AclAuthorizer(acl.clone())),
         None => Arc::new(super::state::AllowAll),
     };
     let started = std::time::Instant::now();

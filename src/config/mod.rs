@@ -47,7 +47,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use auth::{Access, AclFile, PasswordFile};
+pub use auth::{AclFile, PasswordFile};
 pub use names::{
     channel_file_name, check_channel_name, CHANNEL_NAME_MAX_BYTES, FILE_NAME_MAX_BYTES,
 };
