@@ -459,3 +459,149 @@ async fn response_information_is_given_when_asked_for() {
     let ack = quiet.connect("quiet", ConnectOpts::clean()).await;
     assert_eq!(ack.properties.response_information, None);
 }
+
+// --------------------------------------------- enhanced authentication (SCRAM)
+
+/// RFC 5802's client, computed here from the password.
+mod scram_client {
+    use base64::Engine as _;
+    use pbkdf2::hmac::{Hmac, Mac};
+    use sha2::{Digest, Sha512};
+
+    fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
+        let mut mac = Hmac::<Sha512>::new_from_slice(key).unwrap();
+        mac.update(data);
+        mac.finalize().into_bytes().to_vec()
+    }
+
+    /// client-final for `server_first`, and the server-final expected.
+    pub fn last(password: &str, client_first_bare: &str, server_first: &str) -> (String, String) {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let (mut nonce, mut salt, mut iterations) = ("", Vec::new(), 0);
+        for field in server_first.split(',') {
+            match field.split_at(2) {
+                ("r=", v) => nonce = v,
+                ("s=", v) => salt = b64.decode(v).unwrap(),
+                ("i=", v) => iterations = v.parse().unwrap(),
+                _ => {}
+            }
+        }
+        let mut salted = [0u8; 64];
+        pbkdf2::pbkdf2_hmac::<Sha512>(password.as_bytes(), &salt, iterations, &mut salted);
+        let without_proof = format!("c={},r={nonce}", b64.encode("n,,"));
+        let auth_message = format!("{client_first_bare},{server_first},{without_proof}");
+        let client_key = hmac(&salted, b"Client Key");
+        let signature = hmac(&Sha512::digest(&client_key), auth_message.as_bytes());
+        let proof: Vec<u8> = client_key
+            .iter()
+            .zip(&signature)
+            .map(|(a, b)| a ^ b)
+            .collect();
+        let server_key = hmac(&salted, b"Server Key");
+        let expected = format!(
+            "v={}",
+            b64.encode(hmac(&server_key, auth_message.as_bytes()))
+        );
+        (format!("{without_proof},p={}", b64.encode(proof)), expected)
+    }
+}
+
+fn password_broker() -> Broker {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let line = format!(
+        "alice:{}\n",
+        saguin::broker::auth::hash_password(b"wonder land", 101).unwrap()
+    );
+    write_file(dir.path(), "passwords", line.as_bytes());
+    Broker::start_in(
+        dir,
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: false\n  password_file: passwords\nlog:\n  level: debug\n",
+    )
+}
+
+/// Run SCRAM-SHA-512 as `alice` with `password`: the CONNACK, and the
+/// server-final message a right password must produce.
+async fn scram_connect(
+    broker: &Broker,
+    client_id: &str,
+    password: &str,
+) -> (codec::ConnAck, String) {
+    let mut c = Raw::tcp(broker.addr(), v5()).await;
+    let bare = "n=alice,r=fyko+d2lbbFgONRv9qkxdawL";
+    let mut opts = ConnectOpts::clean();
+    opts.properties.authentication_method = Some("SCRAM-SHA-512".into());
+    opts.properties.authentication_data = Some(Bytes::from(format!("n,,{bare}")));
+    c.send_connect(client_id, opts).await;
+    let server_first = match c.recv().await {
+        Some(Packet::Auth(auth)) => {
+            assert_eq!(auth.reason, ReasonCode::ContinueAuthentication);
+            assert_eq!(
+                auth.properties.authentication_method.as_deref(),
+                Some("SCRAM-SHA-512")
+            );
+            String::from_utf8(auth.properties.authentication_data.unwrap().to_vec()).unwrap()
+        }
+        other => panic!("expected AUTH, got {other:?}"),
+    };
+    let (last, expected) = scram_client::last(password, bare, &server_first);
+    c.send(Packet::Auth(codec::Auth {
+        reason: ReasonCode::ContinueAuthentication,
+        properties: codec::AuthProperties {
+            authentication_method: Some("SCRAM-SHA-512".into()),
+            authentication_data: Some(Bytes::from(last)),
+            ..Default::default()
+        },
+    }))
+    .await;
+    match c.recv().await {
+        Some(Packet::ConnAck(ack)) => (ack, expected),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+}
+
+/// MQTT 5 4.12: SCRAM-SHA-512 against a password-file `$7$` entry succeeds,
+/// and the CONNACK carries the server's signature.
+#[tokio::test]
+async fn a_scram_exchange_against_a_password_file_user_succeeds() {
+    let broker = password_broker();
+    let (ack, expected) = scram_connect(&broker, "scram-ok", "wonder land").await;
+    assert_eq!(ack.reason, ReasonCode::Success);
+    assert_eq!(
+        ack.properties.authentication_method.as_deref(),
+        Some("SCRAM-SHA-512")
+    );
+    assert_eq!(
+        ack.properties.authentication_data.as_deref(),
+        Some(expected.as_bytes())
+    );
+}
+
+/// A wrong password fails with 0x86, and neither the password nor the
+/// proof appears in the log.
+#[tokio::test]
+async fn a_scram_exchange_with_a_wrong_password_fails_0x86_and_logs_no_secret() {
+    let broker = password_broker();
+    let (ack, _) = scram_connect(&broker, "scram-bad", "wonderland").await;
+    assert_eq!(ack.reason, ReasonCode::BadUserNameOrPassword);
+    broker.wait_log(|l| l.contains("connection refused") && l.contains("scram-bad"));
+    let log = broker.log_text();
+    assert!(
+        !log.contains("wonderland") && !log.contains("wonder land"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("p=") && !log.contains("v="),
+        "no proof or signature: {log}"
+    );
+}
+
+/// An Authentication Method other than SCRAM-SHA-512 is still 0x8C.
+#[tokio::test]
+async fn an_unknown_authentication_method_is_0x8c() {
+    let broker = password_broker();
+    let mut c = Raw::tcp(broker.addr(), v5()).await;
+    let mut opts = ConnectOpts::clean();
+    opts.properties.authentication_method = Some("SCRAM-SHA-256".into());
+    let ack = c.connect("other-method", opts).await;
+    assert_eq!(ack.reason, ReasonCode::BadAuthenticationMethod);
+}

@@ -15,6 +15,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
 use super::alias::{AliasUse, OutboundAliases};
+use super::auth::scram;
 use super::codec::{
     self, AckProperties, ByteStr, ConnAck, ConnAckProperties, Connect, DecodeError, Disconnect,
     DisconnectProperties, FrameDecoder, Packet, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
@@ -179,7 +180,48 @@ pub async fn serve<S>(
         return;
     }
 
-    let principal = match authenticate(&context, &connect).await {
+    let scram = version == ProtocolVersion::V5
+        && connect.properties.authentication_method.as_deref() == Some(scram::SCRAM_SHA_512);
+    let mut authentication = None;
+    let authenticated = match &context.passwords {
+        Some(passwords) if scram => {
+            let exchange = tokio::time::timeout_at(
+                deadline,
+                scram_exchange(
+                    &mut rd,
+                    &mut wr,
+                    &mut buf,
+                    &mut decoder,
+                    &connect,
+                    passwords,
+                    &metrics,
+                ),
+            )
+            .await
+            .unwrap_or(Err((
+                ReasonCode::NotAuthorized,
+                "no AUTH before the handshake timeout",
+            )));
+            match exchange {
+                Ok((user, server_final)) => {
+                    authentication = Some((scram::SCRAM_SHA_512, server_final));
+                    Ok(Some(user))
+                }
+                Err((code, why)) => {
+                    tracing::info!(
+                        peer = %peer,
+                        client_id = %connect.client_id,
+                        method = scram::SCRAM_SHA_512,
+                        reason = %format!("0x{:02X}", code.as_u8()),
+                        "connection refused: enhanced authentication failed: {why}"
+                    );
+                    Err(code)
+                }
+            }
+        }
+        _ => authenticate(&context, &connect).await,
+    };
+    let principal = match authenticated {
         Ok(principal) => principal,
         Err(code) => {
             metrics.disconnected(CloseReason::ConnectRefused);
@@ -202,7 +244,8 @@ pub async fn serve<S>(
         }
     };
 
-    let request = connect_request(&connect, principal);
+    let mut request = connect_request(&connect, principal);
+    request.authentication = authentication;
     let client_max = request
         .maximum_packet_size
         .unwrap_or(codec::PROTOCOL_MAX_PACKET_SIZE);
@@ -421,6 +464,90 @@ async fn write_once<W: AsyncWrite + Unpin>(
     }
 }
 
+/// SCRAM-SHA-512 over AUTH (MQTT 5 4.12): the CONNECT's Authentication
+/// Data is client-first, AUTH 0x18 answers server-first, the client's AUTH
+/// 0x18 brings client-final. `Ok((user, server-final))` for the CONNACK;
+/// `Err((reason, why))` refuses the CONNECT. Proofs are checked, never
+/// logged.
+async fn scram_exchange<R, W>(
+    rd: &mut R,
+    wr: &mut W,
+    buf: &mut BytesMut,
+    decoder: &mut FrameDecoder,
+    connect: &Connect,
+    passwords: &PasswordFile,
+    metrics: &Metrics,
+) -> Result<(Arc<str>, bytes::Bytes), (ReasonCode, &'static str)>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let client_first = connect
+        .properties
+        .authentication_data
+        .clone()
+        .unwrap_or_default();
+    let nonce =
+        scram::server_nonce().map_err(|_| (ReasonCode::UnspecifiedError, "no random nonce"))?;
+    let (server, server_first) = scram::ScramServer::start(passwords, &client_first, &nonce)
+        .map_err(|_| {
+            (
+                ReasonCode::MalformedPacket,
+                "a malformed client-first message",
+            )
+        })?;
+    let challenge = Packet::Auth(codec::Auth {
+        reason: ReasonCode::ContinueAuthentication,
+        properties: codec::AuthProperties {
+            authentication_method: Some(scram::SCRAM_SHA_512.to_owned()),
+            authentication_data: Some(server_first.into()),
+            ..codec::AuthProperties::default()
+        },
+    });
+    let mut out = BytesMut::new();
+    codec::encode(&challenge, ProtocolVersion::V5, &mut out).map_err(|_| {
+        (
+            ReasonCode::UnspecifiedError,
+            "the challenge could not be encoded",
+        )
+    })?;
+    wr.write_all(&out).await.map_err(|_| {
+        (
+            ReasonCode::UnspecifiedError,
+            "the challenge could not be sent",
+        )
+    })?;
+    metrics.bytes_sent.fetch_add(out.len() as u64, Relaxed);
+    let answer = match read_packet(rd, buf, decoder, metrics).await {
+        Ok(Packet::Auth(auth))
+            if auth.reason == ReasonCode::ContinueAuthentication
+                && auth.properties.authentication_method.as_deref()
+                    == Some(scram::SCRAM_SHA_512) =>
+        {
+            auth.properties.authentication_data.unwrap_or_default()
+        }
+        Ok(_) => {
+            return Err((
+                ReasonCode::ProtocolError,
+                "the answer is not AUTH 0x18 SCRAM-SHA-512",
+            ))
+        }
+        Err(_) => return Err((ReasonCode::ProtocolError, "no answer to the challenge")),
+    };
+    let user: Arc<str> = server.user().into();
+    match server.finish(&answer) {
+        Ok(server_final) => Ok((user, server_final.into())),
+        Err(scram::ScramError::BadProof) => Err((
+            ReasonCode::BadUserNameOrPassword,
+            "the proof does not match",
+        )),
+        Err(scram::ScramError::Malformed(_)) => Err((
+            ReasonCode::MalformedPacket,
+            "a malformed client-final message",
+        )),
+    }
+}
+
 /// Who the client is: `Ok(None)` anonymous, `Ok(Some(user))` authenticated,
 /// `Err(reason)` refused. Passwords are compared, never logged.
 async fn authenticate(
@@ -501,6 +628,7 @@ fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectReq
         receive_maximum: props.receive_maximum.unwrap_or(u16::MAX),
         maximum_packet_size: props.maximum_packet_size,
         request_response_information: v5 && props.request_response_information == Some(true),
+        authentication: None,
     }
 }
 
@@ -623,6 +751,7 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
             topic_alias_maximum,
             server_keep_alive,
             response_information,
+            authentication,
         } => {
             let properties = if code == reason::SUCCESS {
                 ConnAckProperties {
@@ -633,6 +762,10 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
                     topic_alias_maximum: Some(topic_alias_maximum),
                     server_keep_alive,
                     response_information: response_information.map(|r| r.to_string()),
+                    authentication_method: authentication
+                        .as_ref()
+                        .map(|(method, _)| (*method).to_owned()),
+                    authentication_data: authentication.map(|(_, data)| data),
                     ..ConnAckProperties::default()
                 }
             } else {

@@ -7,6 +7,7 @@
 
 pub mod acl;
 pub mod password;
+pub mod scram;
 
 pub use acl::{Access, AclAuthorizer};
 pub use password::{check_password, hash_password};

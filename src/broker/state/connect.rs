@@ -228,6 +228,7 @@ impl BrokerState {
             // topic (grant `response/%c/#`).
             response_information: (request.v5 && request.request_response_information)
                 .then(|| format!("response/{client_id}/").into()),
+            authentication: request.authentication.clone(),
         };
         let parked = Parked::ConnAck {
             connection,

@@ -232,6 +232,9 @@ pub struct ConnectRequest {
     pub maximum_packet_size: Option<u32>,
     /// MQTT 5 Request Response Information = 1.
     pub request_response_information: bool,
+    /// Enhanced authentication that succeeded: the method and the data the
+    /// CONNACK carries (SCRAM's server-final message).
+    pub authentication: Option<(&'static str, Bytes)>,
 }
 
 /// A PUBLISH from a client, topic alias already resolved.
@@ -346,6 +349,8 @@ pub enum Outbound {
         server_keep_alive: Option<u16>,
         /// Response Information, when the client asked for it.
         response_information: Option<Arc<str>>,
+        /// Authentication Method and Data of a completed exchange.
+        authentication: Option<(&'static str, Bytes)>,
     },
     Publish {
         packet_id: u16,
@@ -405,6 +410,7 @@ impl Outbound {
             topic_alias_maximum: 0,
             server_keep_alive: None,
             response_information: None,
+            authentication: None,
         }
     }
 }

@@ -135,6 +135,7 @@ fn connect_with(
                 receive_maximum: 10,
                 maximum_packet_size: None,
                 request_response_information: false,
+                authentication: None,
             }),
             handle: ConnectionHandle {
                 outbound: tx,
