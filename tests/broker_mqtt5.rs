@@ -526,8 +526,19 @@ async fn scram_connect(
     client_id: &str,
     password: &str,
 ) -> (codec::ConnAck, String) {
+    let (_, ack, expected) = scram_connected(broker, client_id, password).await;
+    (ack, expected)
+}
+
+const CLIENT_FIRST_BARE: &str = "n=alice,r=fyko+d2lbbFgONRv9qkxdawL";
+
+async fn scram_connected(
+    broker: &Broker,
+    client_id: &str,
+    password: &str,
+) -> (Client, codec::ConnAck, String) {
     let mut c = Raw::tcp(broker.addr(), v5()).await;
-    let bare = "n=alice,r=fyko+d2lbbFgONRv9qkxdawL";
+    let bare = CLIENT_FIRST_BARE;
     let mut opts = ConnectOpts::clean();
     opts.properties.authentication_method = Some("SCRAM-SHA-512".into());
     opts.properties.authentication_data = Some(Bytes::from(format!("n,,{bare}")));
@@ -554,8 +565,89 @@ async fn scram_connect(
     }))
     .await;
     match c.recv().await {
-        Some(Packet::ConnAck(ack)) => (ack, expected),
+        Some(Packet::ConnAck(ack)) => (c, ack, expected),
         other => panic!("expected CONNACK, got {other:?}"),
+    }
+}
+
+fn auth(reason: ReasonCode, data: String) -> Packet {
+    Packet::Auth(codec::Auth {
+        reason,
+        properties: codec::AuthProperties {
+            authentication_method: Some("SCRAM-SHA-512".into()),
+            authentication_data: Some(Bytes::from(data)),
+            ..Default::default()
+        },
+    })
+}
+
+/// Re-authenticate on `c` (MQTT 5 4.12.1): AUTH 0x19, the challenge, the
+/// proof; returns what the broker answers it with, and the server-final
+/// message a right password produces.
+async fn reauthenticate(c: &mut Client, password: &str) -> (Option<Packet>, String) {
+    c.send(auth(
+        ReasonCode::ReAuthenticate,
+        format!("n,,{CLIENT_FIRST_BARE}"),
+    ))
+    .await;
+    let server_first = match c.recv().await {
+        Some(Packet::Auth(a)) if a.reason == ReasonCode::ContinueAuthentication => {
+            String::from_utf8(a.properties.authentication_data.unwrap().to_vec()).unwrap()
+        }
+        other => panic!("expected AUTH 0x18, got {other:?}"),
+    };
+    let (last, expected) = scram_client::last(password, CLIENT_FIRST_BARE, &server_first);
+    c.send(auth(ReasonCode::ContinueAuthentication, last)).await;
+    (c.recv().await, expected)
+}
+
+/// MQTT 5 4.12.1: a SCRAM client re-authenticates on its live connection
+/// (AUTH 0x00 with the server signature, the connection still serving); a
+/// wrong password on re-authentication is DISCONNECT 0x87 (0x86 is not a
+/// DISCONNECT reason).
+#[tokio::test]
+async fn a_scram_client_re_authenticates_on_its_connection() {
+    let broker = password_broker();
+    let (mut c, ack, _) = scram_connected(&broker, "reauth", "wonder land").await;
+    assert_eq!(ack.reason, ReasonCode::Success);
+    for _ in 0..2 {
+        let (answer, expected) = reauthenticate(&mut c, "wonder land").await;
+        match answer {
+            Some(Packet::Auth(a)) => {
+                assert_eq!(a.reason, ReasonCode::Success);
+                assert_eq!(
+                    a.properties.authentication_data.as_deref(),
+                    Some(expected.as_bytes())
+                );
+            }
+            other => panic!("expected AUTH 0x00, got {other:?}"),
+        }
+        c.send(Packet::PingReq).await;
+        assert_eq!(c.recv().await, Some(Packet::PingResp), "still serving");
+    }
+    let (answer, _) = reauthenticate(&mut c, "wrong").await;
+    match answer {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason, ReasonCode::NotAuthorized),
+        other => panic!("expected DISCONNECT 0x87, got {other:?}"),
+    }
+    assert!(!broker.log_text().contains("wonder land"));
+}
+
+/// AUTH on a connection whose CONNECT named no Authentication Method is a
+/// protocol error: DISCONNECT 0x82.
+#[tokio::test]
+async fn auth_without_enhanced_authentication_is_a_protocol_error() {
+    let broker = Broker::anonymous();
+    let mut c = Raw::tcp(broker.addr(), v5()).await;
+    assert_eq!(
+        c.connect("plain", ConnectOpts::clean()).await.reason,
+        ReasonCode::Success
+    );
+    c.send(auth(ReasonCode::ReAuthenticate, "n,,n=alice,r=x".into()))
+        .await;
+    match c.expect_close().await.last() {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason, ReasonCode::ProtocolError),
+        other => panic!("expected DISCONNECT 0x82, got {other:?}"),
     }
 }
 

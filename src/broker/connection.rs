@@ -244,6 +244,10 @@ pub async fn serve<S>(
         }
     };
 
+    let reauth_as = authentication
+        .is_some()
+        .then(|| principal.clone())
+        .flatten();
     let mut request = connect_request(&connect, principal);
     request.authentication = authentication;
     let client_max = request
@@ -277,6 +281,9 @@ pub async fn serve<S>(
             events: events.clone(),
         },
     ));
+    // Re-authentication answers leave through the same queue; a weak
+    // sender, so the state alone still decides when the queue ends.
+    let reauth_out = (outbound_tx.downgrade(), queued.clone());
     let handle = ConnectionHandle {
         outbound: outbound_tx,
         queued,
@@ -313,11 +320,31 @@ pub async fn serve<S>(
     let keep_alive = (held > 0).then(|| Duration::from_millis(u64::from(held) * 1500));
     let mut aliases: Vec<Option<ByteStr>> =
         vec![None; usize::from(context.topic_alias_maximum) + 1];
+    let mut reauth = Reauthentication {
+        user: reauth_as,
+        passwords: context.passwords.clone(),
+        pending: None,
+    };
     let (close_reason, close_code, detail) = 'read: loop {
         let mut batch = Vec::new();
         let mut fatal = None;
         loop {
             match decoder.decode(&mut buf) {
+                Ok(Some(Packet::Auth(auth))) => match reauth.step(auth) {
+                    Ok(reply) => {
+                        if let Some(out) = reauth_out.0.upgrade() {
+                            reauth_out.1.fetch_add(1, Relaxed);
+                            if out.send(reply).is_err() {
+                                reauth_out.1.fetch_sub(1, Relaxed);
+                            }
+                        }
+                    }
+                    Err(code) => {
+                        tracing::info!(peer = %peer, client_id = %client_id, reason = %format!("0x{code:02X}"), "re-authentication failed");
+                        fatal = Some((CloseReason::Protocol, Some(code), String::new()));
+                        break;
+                    }
+                },
                 Ok(Some(packet)) => match adapt(packet, &mut aliases) {
                     Ok(Some(inbound)) => batch.push(inbound),
                     Ok(None) => {}
@@ -461,6 +488,58 @@ async fn write_once<W: AsyncWrite + Unpin>(
             wr.shutdown().await
         })
         .await;
+    }
+}
+
+/// Re-authentication on a live connection (MQTT 5 4.12.1): only for a
+/// connection that authenticated with SCRAM-SHA-512, as the same user.
+struct Reauthentication {
+    /// The SCRAM user of the CONNECT; `None`: no enhanced authentication.
+    user: Option<Arc<str>>,
+    passwords: Option<Arc<PasswordFile>>,
+    pending: Option<scram::ScramServer>,
+}
+
+impl Reauthentication {
+    /// The AUTH to send for `auth`, or the DISCONNECT reason.
+    fn step(&mut self, auth: codec::Auth) -> Result<Outbound, u8> {
+        let (Some(user), Some(passwords)) = (&self.user, &self.passwords) else {
+            // AUTH without enhanced authentication in CONNECT (MQTT-4.12.0-6).
+            return Err(reason::PROTOCOL_ERROR);
+        };
+        if auth.properties.authentication_method.as_deref() != Some(scram::SCRAM_SHA_512) {
+            return Err(reason::PROTOCOL_ERROR);
+        }
+        let data = auth.properties.authentication_data.unwrap_or_default();
+        match (auth.reason, self.pending.take()) {
+            (ReasonCode::ReAuthenticate, None) => {
+                let nonce = scram::server_nonce().map_err(|_| reason::UNSPECIFIED)?;
+                let (server, server_first) = scram::ScramServer::start(passwords, &data, &nonce)
+                    .map_err(|_| reason::PROTOCOL_ERROR)?;
+                self.pending = Some(server);
+                Ok(Outbound::Auth {
+                    reason: ReasonCode::ContinueAuthentication.as_u8(),
+                    method: scram::SCRAM_SHA_512,
+                    data: server_first.into(),
+                })
+            }
+            (ReasonCode::ContinueAuthentication, Some(server)) => {
+                if server.user() != &**user {
+                    return Err(reason::NOT_AUTHORIZED);
+                }
+                match server.finish(&data) {
+                    Ok(server_final) => Ok(Outbound::Auth {
+                        reason: reason::SUCCESS,
+                        method: scram::SCRAM_SHA_512,
+                        data: server_final.into(),
+                    }),
+                    // 0x86 is no DISCONNECT reason: "not authorized" is.
+                    Err(scram::ScramError::BadProof) => Err(reason::NOT_AUTHORIZED),
+                    Err(scram::ScramError::Malformed(_)) => Err(reason::PROTOCOL_ERROR),
+                }
+            }
+            _ => Err(reason::PROTOCOL_ERROR),
+        }
     }
 }
 
@@ -716,8 +795,8 @@ fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbou
             reason: disconnect.reason.as_u8(),
             session_expiry: disconnect.properties.session_expiry_interval,
         },
-        // Enhanced authentication is not offered, so AUTH is out of place;
-        // so is a second CONNECT or anything only a server sends.
+        // AUTH is taken by the reader before this (re-authentication); a
+        // second CONNECT or anything only a server sends is out of place.
         _ => return Err(reason::PROTOCOL_ERROR),
     }))
 }
@@ -811,6 +890,18 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
             properties: AckProperties::default(),
         }),
         Outbound::PingResp => Packet::PingResp,
+        Outbound::Auth {
+            reason,
+            method,
+            data,
+        } => Packet::Auth(codec::Auth {
+            reason: reason_code(reason),
+            properties: codec::AuthProperties {
+                authentication_method: Some(method.to_owned()),
+                authentication_data: Some(data),
+                ..codec::AuthProperties::default()
+            },
+        }),
         Outbound::Disconnect {
             reason,
             reason_string,

@@ -20,7 +20,8 @@
 //!   each accept; accept errors are logged and backed off.
 //! - [`connection`]: one task per connection reading, one writing. The
 //!   reader decodes with the project's [`codec`], resolves topic aliases,
-//!   enforces keep alive, authenticates the CONNECT, and forwards the
+//!   enforces keep alive, authenticates the CONNECT (and re-authenticates,
+//!   [`auth`] deciding), and forwards the
 //!   packets of one read as one event (the event queue's backpressure stops
 //!   the reader; nothing decoded is dropped). The writer takes up to 256
 //!   queued packets per wakeup and writes them with one `write_all`.
@@ -123,8 +124,17 @@
 //! - Request Response Information = 1 is answered with Response
 //!   Information `response/<client id>/`, a basis for response topics; the
 //!   ACL applies to it as to any topic (grant `response/%c/#`).
-//! - Enhanced authentication (an Authentication Method in CONNECT, AUTH) is
-//!   not offered: CONNACK 0x8C.
+//! - Enhanced authentication: `SCRAM-SHA-512` only ([`auth::scram`]), on
+//!   the password file's `$7$` entries, whose PBKDF2-SHA512 hash is SCRAM's
+//!   SaltedPassword; SCRAM-SHA-256 would need a SHA-256 derivation the file
+//!   does not hold, so it and every other method get CONNACK 0x8C. A wrong
+//!   proof, an unknown user or a `$6$` entry is CONNACK 0x86; no channel
+//!   binding. The exchange runs within the listener's handshake timeout.
+//!   Re-authentication (AUTH 0x19) is accepted on a SCRAM connection for
+//!   the same user, other packets flowing meanwhile; a failed one is
+//!   DISCONNECT 0x87 (0x86 is not a DISCONNECT reason). AUTH on a
+//!   connection without enhanced authentication is DISCONNECT 0x82.
+//!   Neither passwords nor proofs nor signatures are logged.
 //! - A session belongs to the principal that created it: a CONNECT with
 //!   the same client id from another principal (or anonymous) is refused
 //!   with "not authorized" and the session is untouched.

@@ -389,6 +389,13 @@ pub enum Outbound {
         reasons: Vec<u8>,
     },
     PingResp,
+    /// AUTH of a re-authentication (the connection's reader sends these
+    /// itself): 0x18 with the server-first message, 0x00 with server-final.
+    Auth {
+        reason: u8,
+        method: &'static str,
+        data: Bytes,
+    },
     /// v5: send DISCONNECT with this reason (and reason string), then
     /// close. 3.1.1: just close.
     Disconnect {
