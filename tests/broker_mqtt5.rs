@@ -361,7 +361,7 @@ async fn clients_still_writing_read_server_shutting_down() {
 
 /// Over `limits.max_connections` a CONNECT is answered, not left in the
 /// listen queue: CONNACK 0x97 (3.1.1: return code 3), then the close; the
-/// log names the client.
+/// log names the client. A freed slot is taken by the next newcomer.
 #[tokio::test]
 async fn over_max_connections_is_answered_0x97_and_closed() {
     let broker = Broker::plain("auth:\n  allow_anonymous: true\nlimits:\n  max_connections: 1\n");
@@ -382,6 +382,19 @@ async fn over_max_connections_is_answered_0x97_and_closed() {
     let line = broker.wait_log(|l| l.contains("limits.max_connections reached"));
     assert!(line.contains("client_id=extra"), "{line}");
     assert!(line.contains("0x97"), "{line}");
+    // The slot frees when the first connection has ended: each try until
+    // then is answered 0x97 at once; none waits in the listen queue.
+    first.disconnect().await;
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let mut again = Raw::tcp(broker.addr(), v5()).await;
+        let ack = again.connect("again", ConnectOpts::clean()).await;
+        if ack.reason == ReasonCode::Success {
+            break;
+        }
+        assert_eq!(ack.reason, ReasonCode::QuotaExceeded);
+        assert!(std::time::Instant::now() < deadline, "the slot never freed");
+    }
 }
 
 /// A refused CONNECT is logged with the client id, the principal and the
