@@ -132,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     }
     let (text, report, check) = match &edit {
         Edit::Set { user, password } => {
-            let field = auth::hash_password(password.as_bytes(), args.iterations)
+            let field = saguin::broker::auth::hash_password(password.as_bytes(), args.iterations)
                 .map_err(anyhow::Error::msg)?;
             let (text, replaced) = set_user(&existing, user, &field);
             let verb = if replaced { "changed" } else { "added" };
@@ -181,9 +181,13 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let proved = PasswordFile::parse(&text)
         .map_err(|p| anyhow::anyhow!("the new file does not read back ({} problems)", p.len()))
         .and_then(|parsed| match check {
-            Some((user, password)) if !parsed.check(user, password.as_bytes()) => Err(
-                anyhow::anyhow!("the new file does not accept the password just set"),
-            ),
+            Some((user, password))
+                if !saguin::broker::auth::check_password(&parsed, user, password.as_bytes()) =>
+            {
+                Err(anyhow::anyhow!(
+                    "the new file does not accept the password just set"
+                ))
+            }
             _ => Ok(()),
         });
     proved.with_context(|| format!("passwd {}", file.display()))?;
@@ -348,7 +352,8 @@ fn upgrade(text: &str, iterations: u32) -> Result<(String, usize), (usize, Strin
         } else if rest.is_empty() {
             return Err((i + 1, format!("user {user:?} has an empty password")));
         } else {
-            let field = auth::hash_password(rest.as_bytes(), iterations).map_err(|m| (i + 1, m))?;
+            let field = saguin::broker::auth::hash_password(rest.as_bytes(), iterations)
+                .map_err(|m| (i + 1, m))?;
             out.push_str(&format!("{user}:{field}"));
             hashed += 1;
         }

@@ -59,9 +59,19 @@ fn saguin_passwd_writes_the_format_the_broker_reads() {
     assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
     assert!(!all_output(&out).contains("builder"), "password shown");
     let loaded = PasswordFile::load(&file).expect("the broker's reader reads it");
-    assert!(loaded.check("alice", b"wonder land"));
-    assert!(loaded.check("bob", b"builder"));
-    assert!(!loaded.check("bob", b"builder\n"));
+    assert!(saguin::broker::auth::check_password(
+        &loaded,
+        "alice",
+        b"wonder land"
+    ));
+    assert!(saguin::broker::auth::check_password(
+        &loaded, "bob", b"builder"
+    ));
+    assert!(!saguin::broker::auth::check_password(
+        &loaded,
+        "bob",
+        b"builder\n"
+    ));
 
     // Changing a password keeps the other lines, comments and order.
     let mut text = std::fs::read_to_string(&file).expect("read");
@@ -78,8 +88,14 @@ fn saguin_passwd_writes_the_format_the_broker_reads() {
     assert!(lines[1].starts_with("alice:$7$1000$"), "{after}");
     assert_eq!(lines[2], text.lines().nth(2).expect("bob's line"));
     let loaded = PasswordFile::load(&file).expect("reads");
-    assert!(loaded.check("alice", b"new one"));
-    assert!(!loaded.check("alice", b"wonder land"));
+    assert!(saguin::broker::auth::check_password(
+        &loaded, "alice", b"new one"
+    ));
+    assert!(!saguin::broker::auth::check_password(
+        &loaded,
+        "alice",
+        b"wonder land"
+    ));
 
     // -D deletes; a user who is not there is named, nothing changes.
     let out = passwd(&["-D", f, "bob"], None);
@@ -114,7 +130,7 @@ fn saguin_passwd_upgrades_a_plain_text_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("passwords");
     let f = file.to_str().expect("utf-8");
-    let hashed = saguin::config::auth::hash_password(b"kept", 101).expect("hash");
+    let hashed = saguin::broker::auth::hash_password(b"kept", 101).expect("hash");
     std::fs::write(
         &file,
         format!("# plain\nalice:secret one\ncarol:{hashed}\n"),
@@ -138,8 +154,14 @@ fn saguin_passwd_upgrades_a_plain_text_file() {
         "hashed lines kept"
     );
     let loaded = PasswordFile::load(&file).expect("reads");
-    assert!(loaded.check("alice", b"secret one"));
-    assert!(loaded.check("carol", b"kept"));
+    assert!(saguin::broker::auth::check_password(
+        &loaded,
+        "alice",
+        b"secret one"
+    ));
+    assert!(saguin::broker::auth::check_password(
+        &loaded, "carol", b"kept"
+    ));
     assert_eq!(mode(&file), 0o600);
 }
 

@@ -333,7 +333,7 @@ fn connect_as(addr: std::net::SocketAddr, user: &str, password: &str) -> u8 {
 }
 
 fn password_line(user: &str, password: &str) -> String {
-    let hash = saguin::config::auth::hash_password(password.as_bytes(), 101).expect("hash");
+    let hash = saguin::broker::auth::hash_password(password.as_bytes(), 101).expect("hash");
     format!("{user}:{hash}\n")
 }
 

@@ -167,7 +167,7 @@ mod tests {
     use super::*;
 
     fn alice() -> String {
-        let hash = crate::config::auth::hash_password(b"wonderland", 101).unwrap();
+        let hash = crate::broker::auth::hash_password(b"wonderland", 101).unwrap();
         format!("alice:{hash}\n")
     }
 
@@ -208,9 +208,13 @@ mod tests {
         );
         let after = in_force(&files);
         assert!(!Arc::ptr_eq(&before.1, &after.1));
-        assert!(after
-            .1
-            .allows(None, "c", "b/x", crate::config::auth::Access::Write));
+        assert!(crate::broker::auth::acl::allows(
+            &after.1,
+            None,
+            "c",
+            "b/x",
+            crate::broker::auth::Access::Write
+        ));
     }
 
     #[test]

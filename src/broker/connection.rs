@@ -14,6 +14,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
+use super::alias::{AliasUse, OutboundAliases};
+use super::auth::scram;
 use super::auth_files::Reloadable;
 use super::codec::{
     self, AckProperties, ByteStr, ConnAck, ConnAckProperties, Connect, DecodeError, Disconnect,
@@ -22,7 +24,8 @@ use super::codec::{
 };
 use super::metrics::{CloseReason, Metrics};
 use super::state::{
-    reason, ConnectRequest, ConnectionHandle, Event, Inbound, InboundPublish, Outbound, WillRequest,
+    reason, ConnectRequest, ConnectionHandle, Event, Inbound, InboundPublish, KeepAlive, Outbound,
+    WillRequest,
 };
 use super::topic::SubOptions;
 use crate::config::auth::PasswordFile;
@@ -38,9 +41,14 @@ pub struct ConnectionContext {
     /// The password file in force (a reload may replace it).
     pub passwords: Option<Arc<Reloadable<PasswordFile>>>,
     pub metrics: Arc<Metrics>,
-    /// Capacity of each connection's outbound queue; when full the client
-    /// is a slow consumer and is disconnected.
+    /// Packets a connection's writer may have queued before the state
+    /// pauses its reader and drops QoS 0 to it.
     pub outbound_queue: usize,
+    /// `limits.max_keep_alive` (0: the client's own keep alive).
+    pub max_keep_alive: u16,
+    /// `broker.topic_aliases`: outbound topic aliases towards MQTT 5
+    /// clients that announce a Topic Alias Maximum.
+    pub topic_aliases: bool,
 }
 
 /// Bytes asked of the socket per read.
@@ -49,6 +57,15 @@ const READ_CHUNK: usize = 16 * 1024;
 const WRITE_BATCH: usize = 256;
 /// How long a closing connection waits for its writer to flush.
 const WRITER_GRACE: Duration = Duration::from_secs(5);
+/// After the broker's last packet (a DISCONNECT or a refusing CONNACK) and
+/// the shutdown of the write side, the client's bytes are read and dropped
+/// before the socket closes: closing with unread input makes the kernel
+/// send a reset, which discards what it has not sent yet and, at the
+/// client, what the client has not read yet - the reason code among it.
+/// The linger ends when the client closes its side (it read the reason),
+/// after [`LINGER_TIME`], or after [`LINGER_BYTES`].
+const LINGER_TIME: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 16 * 1024 * 1024;
 
 enum ReadFailure {
     Io,
@@ -80,7 +97,17 @@ async fn read_packet<R: AsyncRead + Unpin>(
     }
 }
 
+/// Whether an accepted transport is served or only told why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Serve,
+    /// Over `limits.max_connections`: its CONNECT is answered CONNACK 0x97
+    /// (3.1.1: return code 3, server unavailable) and the connection closed.
+    OverLimit,
+}
+
 /// Serve one transport from its first byte to its close.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve<S>(
     stream: S,
     peer: SocketAddr,
@@ -89,6 +116,7 @@ pub async fn serve<S>(
     events: mpsc::Sender<Event>,
     context: Arc<ConnectionContext>,
     mut shutdown: broadcast::Receiver<()>,
+    admission: Admission,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -118,6 +146,7 @@ pub async fn serve<S>(
                     ConnAckProperties::default(),
                 );
                 write_once(&mut wr, &ack, ProtocolVersion::V311, &metrics).await;
+                linger(&mut rd).await;
             }
             metrics.disconnected(CloseReason::Malformed);
             tracing::info!(peer = %peer, error = %err, "connection closed: bad CONNECT");
@@ -134,12 +163,77 @@ pub async fn serve<S>(
         }
     };
     let version = connect.protocol;
+    if admission == Admission::OverLimit {
+        metrics.disconnected(CloseReason::ConnectRefused);
+        tracing::warn!(
+            peer = %peer,
+            client_id = %connect.client_id,
+            principal = connect.username.as_deref().unwrap_or("(anonymous)"),
+            reason = "0x97",
+            "connection refused: limits.max_connections reached"
+        );
+        let ack = connack(
+            ReasonCode::QuotaExceeded,
+            false,
+            ConnAckProperties::default(),
+        );
+        write_once(&mut wr, &ack, version, &metrics).await;
+        linger(&mut rd).await;
+        return;
+    }
 
-    let principal = match authenticate(&context, &connect).await {
+    let scram = version == ProtocolVersion::V5
+        && connect.properties.authentication_method.as_deref() == Some(scram::SCRAM_SHA_512);
+    let mut authentication = None;
+    let authenticated = match &context.passwords {
+        Some(passwords) if scram => {
+            let exchange = tokio::time::timeout_at(
+                deadline,
+                scram_exchange(
+                    &mut rd,
+                    &mut wr,
+                    &mut buf,
+                    &mut decoder,
+                    &connect,
+                    &passwords.current(),
+                    &metrics,
+                ),
+            )
+            .await
+            .unwrap_or(Err((
+                ReasonCode::NotAuthorized,
+                "no AUTH before the handshake timeout",
+            )));
+            match exchange {
+                Ok((user, server_final)) => {
+                    authentication = Some((scram::SCRAM_SHA_512, server_final));
+                    Ok(Some(user))
+                }
+                Err((code, why)) => {
+                    tracing::info!(
+                        peer = %peer,
+                        client_id = %connect.client_id,
+                        method = scram::SCRAM_SHA_512,
+                        reason = %format!("0x{:02X}", code.as_u8()),
+                        "connection refused: enhanced authentication failed: {why}"
+                    );
+                    Err(code)
+                }
+            }
+        }
+        _ => authenticate(&context, &connect).await,
+    };
+    let principal = match authenticated {
         Ok(principal) => principal,
         Err(code) => {
             metrics.disconnected(CloseReason::ConnectRefused);
-            tracing::info!(peer = %peer, client_id = %connect.client_id, reason = %format!("0x{:02X}", code.as_u8()), "connection refused");
+            tracing::info!(
+                peer = %peer,
+                client_id = %connect.client_id,
+                principal = connect.username.as_deref().unwrap_or("(anonymous)"),
+                reason = %format!("0x{:02X}", code.as_u8()),
+                "connection refused: authentication failed"
+            );
             write_once(
                 &mut wr,
                 &connack(code, false, ConnAckProperties::default()),
@@ -147,14 +241,26 @@ pub async fn serve<S>(
                 &metrics,
             )
             .await;
+            linger(&mut rd).await;
             return;
         }
     };
 
-    let request = connect_request(&connect, principal);
+    let reauth_as = authentication
+        .is_some()
+        .then(|| principal.clone())
+        .flatten();
+    let mut request = connect_request(&connect, principal);
+    request.authentication = authentication;
     let client_max = request
         .maximum_packet_size
         .unwrap_or(codec::PROTOCOL_MAX_PACKET_SIZE);
+    // This connection's own table: a reconnect starts with none.
+    let aliases = if context.topic_aliases && version == ProtocolVersion::V5 {
+        OutboundAliases::new(connect.properties.topic_alias_maximum.unwrap_or(0))
+    } else {
+        None
+    };
     let (outbound_tx, outbound_rx) = mpsc::unbounded_channel();
     let (kill_tx, mut kill_rx) = watch::channel(false);
     let (pause_tx, mut pause_rx) = watch::channel(false);
@@ -167,6 +273,7 @@ pub async fn serve<S>(
         kill_tx.subscribe(),
         version,
         client_max,
+        aliases,
         metrics.clone(),
         WriterFlow {
             id,
@@ -176,6 +283,9 @@ pub async fn serve<S>(
             events: events.clone(),
         },
     ));
+    // Re-authentication answers leave through the same queue; a weak
+    // sender, so the state alone still decides when the queue ends.
+    let reauth_out = (outbound_tx.downgrade(), queued.clone());
     let handle = ConnectionHandle {
         outbound: outbound_tx,
         queued,
@@ -198,15 +308,45 @@ pub async fn serve<S>(
         return;
     }
 
-    let keep_alive = (connect.keep_alive > 0)
-        .then(|| Duration::from_millis(u64::from(connect.keep_alive) * 1500));
+    // Held to what the state grants (and tells the client in CONNACK); a
+    // refused 3.1.1 client is closed by the state before it matters.
+    let held = match KeepAlive::grant(
+        context.max_keep_alive,
+        version == ProtocolVersion::V5,
+        connect.keep_alive,
+    ) {
+        KeepAlive::Held { seconds, .. } => seconds,
+        KeepAlive::Refused => connect.keep_alive,
+    };
+    // One and a half times the keep alive without a packet (MQTT-3.1.2-24).
+    let keep_alive = (held > 0).then(|| Duration::from_millis(u64::from(held) * 1500));
     let mut aliases: Vec<Option<ByteStr>> =
         vec![None; usize::from(context.topic_alias_maximum) + 1];
+    let mut reauth = Reauthentication {
+        user: reauth_as,
+        passwords: context.passwords.as_ref().map(|p| p.current()),
+        pending: None,
+    };
     let (close_reason, close_code, detail) = 'read: loop {
         let mut batch = Vec::new();
         let mut fatal = None;
         loop {
             match decoder.decode(&mut buf) {
+                Ok(Some(Packet::Auth(auth))) => match reauth.step(auth) {
+                    Ok(reply) => {
+                        if let Some(out) = reauth_out.0.upgrade() {
+                            reauth_out.1.fetch_add(1, Relaxed);
+                            if out.send(reply).is_err() {
+                                reauth_out.1.fetch_sub(1, Relaxed);
+                            }
+                        }
+                    }
+                    Err(code) => {
+                        tracing::info!(peer = %peer, client_id = %client_id, reason = %format!("0x{code:02X}"), "re-authentication failed");
+                        fatal = Some((CloseReason::Protocol, Some(code), String::new()));
+                        break;
+                    }
+                },
                 Ok(Some(packet)) => match adapt(packet, &mut aliases) {
                     Ok(Some(inbound)) => batch.push(inbound),
                     Ok(None) => {}
@@ -294,12 +434,38 @@ pub async fn serve<S>(
     // The state drops the outbound queue's sender; the writer flushes what
     // is queued (a DISCONNECT with the reason, say) and ends.
     let mut writer = writer;
-    if tokio::time::timeout(WRITER_GRACE, &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
+    match tokio::time::timeout(WRITER_GRACE, &mut writer).await {
+        Ok(Ok(Farewell::Said)) => linger(&mut rd).await,
+        Ok(_) => {}
+        Err(_) => writer.abort(),
     }
+}
+
+/// What the writer's last act was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Farewell {
+    /// A DISCONNECT or a refusing CONNACK was written and the write side
+    /// shut down: the reason is on its way and must not be overtaken by a
+    /// reset.
+    Said,
+    /// Closed without a last word (3.1.1, a write error, killed).
+    Silent,
+}
+
+/// Read and drop what the client still sends until it closes its side,
+/// [`LINGER_TIME`] passes, or [`LINGER_BYTES`] were dropped.
+async fn linger<R: AsyncRead + Unpin>(rd: &mut R) {
+    let mut scratch = vec![0u8; 16 * 1024];
+    let mut dropped = 0usize;
+    let _ = tokio::time::timeout(LINGER_TIME, async {
+        while dropped < LINGER_BYTES {
+            match rd.read(&mut scratch).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => dropped += n,
+            }
+        }
+    })
+    .await;
 }
 
 fn connack(reason: ReasonCode, session_present: bool, properties: ConnAckProperties) -> Packet {
@@ -327,6 +493,142 @@ async fn write_once<W: AsyncWrite + Unpin>(
     }
 }
 
+/// Re-authentication on a live connection (MQTT 5 4.12.1): only for a
+/// connection that authenticated with SCRAM-SHA-512, as the same user.
+struct Reauthentication {
+    /// The SCRAM user of the CONNECT; `None`: no enhanced authentication.
+    user: Option<Arc<str>>,
+    passwords: Option<Arc<PasswordFile>>,
+    pending: Option<scram::ScramServer>,
+}
+
+impl Reauthentication {
+    /// The AUTH to send for `auth`, or the DISCONNECT reason.
+    fn step(&mut self, auth: codec::Auth) -> Result<Outbound, u8> {
+        let (Some(user), Some(passwords)) = (&self.user, &self.passwords) else {
+            // AUTH without enhanced authentication in CONNECT (MQTT-4.12.0-6).
+            return Err(reason::PROTOCOL_ERROR);
+        };
+        if auth.properties.authentication_method.as_deref() != Some(scram::SCRAM_SHA_512) {
+            return Err(reason::PROTOCOL_ERROR);
+        }
+        let data = auth.properties.authentication_data.unwrap_or_default();
+        match (auth.reason, self.pending.take()) {
+            (ReasonCode::ReAuthenticate, None) => {
+                let nonce = scram::server_nonce().map_err(|_| reason::UNSPECIFIED)?;
+                let (server, server_first) = scram::ScramServer::start(passwords, &data, &nonce)
+                    .map_err(|_| reason::PROTOCOL_ERROR)?;
+                self.pending = Some(server);
+                Ok(Outbound::Auth {
+                    reason: ReasonCode::ContinueAuthentication.as_u8(),
+                    method: scram::SCRAM_SHA_512,
+                    data: server_first.into(),
+                })
+            }
+            (ReasonCode::ContinueAuthentication, Some(server)) => {
+                if server.user() != &**user {
+                    return Err(reason::NOT_AUTHORIZED);
+                }
+                match server.finish(&data) {
+                    Ok(server_final) => Ok(Outbound::Auth {
+                        reason: reason::SUCCESS,
+                        method: scram::SCRAM_SHA_512,
+                        data: server_final.into(),
+                    }),
+                    // 0x86 is no DISCONNECT reason: "not authorized" is.
+                    Err(scram::ScramError::BadProof) => Err(reason::NOT_AUTHORIZED),
+                    Err(scram::ScramError::Malformed(_)) => Err(reason::PROTOCOL_ERROR),
+                }
+            }
+            _ => Err(reason::PROTOCOL_ERROR),
+        }
+    }
+}
+
+/// SCRAM-SHA-512 over AUTH (MQTT 5 4.12): the CONNECT's Authentication
+/// Data is client-first, AUTH 0x18 answers server-first, the client's AUTH
+/// 0x18 brings client-final. `Ok((user, server-final))` for the CONNACK;
+/// `Err((reason, why))` refuses the CONNECT. Proofs are checked, never
+/// logged.
+async fn scram_exchange<R, W>(
+    rd: &mut R,
+    wr: &mut W,
+    buf: &mut BytesMut,
+    decoder: &mut FrameDecoder,
+    connect: &Connect,
+    passwords: &PasswordFile,
+    metrics: &Metrics,
+) -> Result<(Arc<str>, bytes::Bytes), (ReasonCode, &'static str)>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let client_first = connect
+        .properties
+        .authentication_data
+        .clone()
+        .unwrap_or_default();
+    let nonce =
+        scram::server_nonce().map_err(|_| (ReasonCode::UnspecifiedError, "no random nonce"))?;
+    let (server, server_first) = scram::ScramServer::start(passwords, &client_first, &nonce)
+        .map_err(|_| {
+            (
+                ReasonCode::MalformedPacket,
+                "a malformed client-first message",
+            )
+        })?;
+    let challenge = Packet::Auth(codec::Auth {
+        reason: ReasonCode::ContinueAuthentication,
+        properties: codec::AuthProperties {
+            authentication_method: Some(scram::SCRAM_SHA_512.to_owned()),
+            authentication_data: Some(server_first.into()),
+            ..codec::AuthProperties::default()
+        },
+    });
+    let mut out = BytesMut::new();
+    codec::encode(&challenge, ProtocolVersion::V5, &mut out).map_err(|_| {
+        (
+            ReasonCode::UnspecifiedError,
+            "the challenge could not be encoded",
+        )
+    })?;
+    wr.write_all(&out).await.map_err(|_| {
+        (
+            ReasonCode::UnspecifiedError,
+            "the challenge could not be sent",
+        )
+    })?;
+    metrics.bytes_sent.fetch_add(out.len() as u64, Relaxed);
+    let answer = match read_packet(rd, buf, decoder, metrics).await {
+        Ok(Packet::Auth(auth))
+            if auth.reason == ReasonCode::ContinueAuthentication
+                && auth.properties.authentication_method.as_deref()
+                    == Some(scram::SCRAM_SHA_512) =>
+        {
+            auth.properties.authentication_data.unwrap_or_default()
+        }
+        Ok(_) => {
+            return Err((
+                ReasonCode::ProtocolError,
+                "the answer is not AUTH 0x18 SCRAM-SHA-512",
+            ))
+        }
+        Err(_) => return Err((ReasonCode::ProtocolError, "no answer to the challenge")),
+    };
+    let user: Arc<str> = server.user().into();
+    match server.finish(&answer) {
+        Ok(server_final) => Ok((user, server_final.into())),
+        Err(scram::ScramError::BadProof) => Err((
+            ReasonCode::BadUserNameOrPassword,
+            "the proof does not match",
+        )),
+        Err(scram::ScramError::Malformed(_)) => Err((
+            ReasonCode::MalformedPacket,
+            "a malformed client-final message",
+        )),
+    }
+}
+
 /// Who the client is: `Ok(None)` anonymous, `Ok(Some(user))` authenticated,
 /// `Err(reason)` refused. Passwords are compared, never logged.
 async fn authenticate(
@@ -350,9 +652,11 @@ async fn authenticate(
                 // off the runtime's worker threads.
                 let passwords = passwords.current();
                 let (name, password) = (user.clone(), connect.password.clone().unwrap_or_default());
-                let ok = tokio::task::spawn_blocking(move || passwords.check(&name, &password))
-                    .await
-                    .unwrap_or(false);
+                let ok = tokio::task::spawn_blocking(move || {
+                    super::auth::check_password(&passwords, &name, &password)
+                })
+                .await
+                .unwrap_or(false);
                 if ok {
                     Ok(Some(user.as_str().into()))
                 } else {
@@ -404,6 +708,8 @@ fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectReq
         },
         receive_maximum: props.receive_maximum.unwrap_or(u16::MAX),
         maximum_packet_size: props.maximum_packet_size,
+        request_response_information: v5 && props.request_response_information == Some(true),
+        authentication: None,
     }
 }
 
@@ -491,8 +797,8 @@ fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbou
             reason: disconnect.reason.as_u8(),
             session_expiry: disconnect.properties.session_expiry_interval,
         },
-        // Enhanced authentication is not offered, so AUTH is out of place;
-        // so is a second CONNECT or anything only a server sends.
+        // AUTH is taken by the reader before this (re-authentication); a
+        // second CONNECT or anything only a server sends is out of place.
         _ => return Err(reason::PROTOCOL_ERROR),
     }))
 }
@@ -524,6 +830,9 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
             receive_maximum,
             maximum_packet_size,
             topic_alias_maximum,
+            server_keep_alive,
+            response_information,
+            authentication,
         } => {
             let properties = if code == reason::SUCCESS {
                 ConnAckProperties {
@@ -532,6 +841,12 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
                     maximum_packet_size: Some(maximum_packet_size),
                     assigned_client_identifier: assigned_client_id.map(|id| id.to_string()),
                     topic_alias_maximum: Some(topic_alias_maximum),
+                    server_keep_alive,
+                    response_information: response_information.map(|r| r.to_string()),
+                    authentication_method: authentication
+                        .as_ref()
+                        .map(|(method, _)| (*method).to_owned()),
+                    authentication_data: authentication.map(|(_, data)| data),
                     ..ConnAckProperties::default()
                 }
             } else {
@@ -577,6 +892,18 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
             properties: AckProperties::default(),
         }),
         Outbound::PingResp => Packet::PingResp,
+        Outbound::Auth {
+            reason,
+            method,
+            data,
+        } => Packet::Auth(codec::Auth {
+            reason: reason_code(reason),
+            properties: codec::AuthProperties {
+                authentication_method: Some(method.to_owned()),
+                authentication_data: Some(data),
+                ..codec::AuthProperties::default()
+            },
+        }),
         Outbound::Disconnect {
             reason,
             reason_string,
@@ -617,13 +944,15 @@ async fn writer<W: AsyncWrite + Unpin>(
     mut kill_rx: watch::Receiver<bool>,
     version: ProtocolVersion,
     client_max: u32,
+    mut aliases: Option<OutboundAliases>,
     metrics: Arc<Metrics>,
     flow: WriterFlow,
-) {
+) -> Farewell {
     let v5 = version == ProtocolVersion::V5;
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     let mut killed = false;
+    let mut farewell = Farewell::Silent;
     'run: loop {
         let received = tokio::select! {
             biased;
@@ -634,22 +963,47 @@ async fn writer<W: AsyncWrite + Unpin>(
             break;
         }
         let mut finished = false;
+        let mut said = false;
         let mut publishes = 0u64;
         for out in batch.drain(..) {
             if finished {
                 continue;
             }
             let counted = matches!(out, Outbound::Publish { sys: false, .. });
-            if matches!(out, Outbound::Disconnect { .. }) {
-                finished = true;
-            }
-            let Some(packet) = to_packet(out, v5) else {
+            let last_word = match &out {
+                Outbound::Disconnect { .. } => true,
+                Outbound::ConnAck { reason, .. } => *reason >= 0x80,
+                _ => false,
+            };
+            finished |= last_word;
+            let Some(mut packet) = to_packet(out, v5) else {
                 continue;
+            };
+            said |= last_word;
+            let assigned = match (&mut packet, aliases.as_mut()) {
+                (Packet::Publish(publish), Some(table)) => match table.alias_for(&publish.topic) {
+                    AliasUse::Reuse(alias) => {
+                        publish.properties.topic_alias = Some(alias);
+                        publish.topic = ByteStr::default();
+                        None
+                    }
+                    AliasUse::Assign(alias) => {
+                        publish.properties.topic_alias = Some(alias);
+                        Some(publish.topic.clone())
+                    }
+                },
+                _ => None,
             };
             // Too large for the client: the state has already accounted for
             // that, so this only guards against the estimate being off.
-            if codec::encode_within(&packet, version, client_max, &mut buf).is_ok() && counted {
-                publishes += 1;
+            match codec::encode_within(&packet, version, client_max, &mut buf) {
+                Ok(_) => publishes += u64::from(counted),
+                Err(_) => {
+                    // Not sent, so the client never learnt this alias.
+                    if let (Some(topic), Some(table)) = (assigned, aliases.as_mut()) {
+                        table.forget(&topic);
+                    }
+                }
             }
         }
         let write = wr.write_all(&buf);
@@ -661,13 +1015,21 @@ async fn writer<W: AsyncWrite + Unpin>(
         if written.is_err() {
             break;
         }
+        if said {
+            farewell = Farewell::Said;
+        }
         metrics.bytes_sent.fetch_add(buf.len() as u64, Relaxed);
         metrics.messages_sent.fetch_add(publishes, Relaxed);
         buf.clear();
         if buf.capacity() > 1024 * 1024 {
             buf = BytesMut::with_capacity(16 * 1024);
         }
-        let left = flow.queued.fetch_sub(received, Relaxed) - received;
+        // Every packet queued is counted before it is sent; saturating all
+        // the same, as an underflow here would kill the writer.
+        let left = flow
+            .queued
+            .fetch_sub(received, Relaxed)
+            .saturating_sub(received);
         if left < flow.low_water && flow.want_drained.swap(false, Relaxed) {
             // The state waits for this queue to drain (a paused reader,
             // retained messages still owed): say it did.
@@ -688,8 +1050,11 @@ async fn writer<W: AsyncWrite + Unpin>(
             let _ = wr.shutdown().await;
         })
         .await;
+    } else {
+        farewell = Farewell::Silent;
     }
     let _ = kill_tx.send(true);
+    farewell
 }
 
 #[cfg(test)]
@@ -717,6 +1082,8 @@ mod tests {
                 passwords: None,
                 metrics: Arc::new(Metrics::new()),
                 outbound_queue: 16,
+                max_keep_alive: 0,
+                topic_aliases: false,
             });
             tokio::spawn(serve(
                 server,
@@ -726,6 +1093,7 @@ mod tests {
                 events_tx,
                 context,
                 shutdown_rx,
+                Admission::Serve,
             ));
             let mut served = Served {
                 client,

@@ -24,7 +24,8 @@
 //!   of the `max_connections` semaphore is taken before each accept.
 //! - [`connection`]: one task per connection reading, one writing. The
 //!   reader decodes with the project's [`codec`], resolves topic aliases,
-//!   enforces keep alive, authenticates the CONNECT, and forwards the
+//!   enforces keep alive, authenticates the CONNECT (and re-authenticates,
+//!   [`auth`] deciding), and forwards the
 //!   packets of one read as one event; it stops reading while the state has
 //!   paused it. The writer takes up to 256 queued packets per wakeup, writes
 //!   them with one `write_all` and counts them off the queue.
@@ -51,8 +52,15 @@
 //!   `limits.max_message_size + limits.max_header_bytes`. A message larger
 //!   than a client's own Maximum Packet Size is dropped for that client and
 //!   counted, as if delivered (MQTT 5 3.1.2.25).
-//! - Topic Alias Maximum announced: 64 per connection. The broker does not
-//!   use aliases towards clients.
+//! - Topic Alias Maximum announced: 64 per connection. Towards an MQTT 5
+//!   client that announces a Topic Alias Maximum the writer ([`alias`])
+//!   gives each topic an alias the first time it sends it (it cannot know
+//!   which topics repeat), sends the alias alone afterwards, and when all
+//!   the client's aliases are taken gives the least recently sent topic's
+//!   alias to the new one; a new connection starts with no aliases.
+//!   `broker.topic_aliases: false` turns this off. A PUBLISH that would
+//!   assign an alias but does not fit the client's Maximum Packet Size is
+//!   dropped as before and its alias forgotten.
 //! - An empty topic with a Topic Alias this connection has not mapped
 //!   is DISCONNECT 0x94, like an alias of 0 or above the maximum (Mosquitto
 //!   answers 0x82; MQTT 5 only says the mapping does not carry over).
@@ -97,8 +105,40 @@
 //!   the highest granted QoS, carrying the Subscription Identifiers of every
 //!   matching subscription (MQTT-3.3.4-4). Shared subscriptions
 //!   (`$share/...`) are also accepted from 3.1.1 clients.
-//! - Keep alive: the client's value is used as given (no Server Keep
-//!   Alive is sent); 0 turns the check off.
+//! - Keep alive: the client's value is used as given, 0 turning the check
+//!   off, unless `limits.max_keep_alive` is set: an MQTT 5 client asking for
+//!   more, or for 0, is told the cap as Server Keep Alive and held to it
+//!   (closed, 0x8D, after one and a half times it without a packet); an
+//!   MQTT 3.1.1 client, which cannot be told, is refused with return code 2
+//!   (as Mosquitto does). One function, `state::KeepAlive::grant`, decides
+//!   for the CONNACK and for the reader.
+//! - The last word is delivered: after a DISCONNECT the broker sends (0x8B
+//!   shutdown, 0x8E takeover, 0x93, 0x8D, protocol errors, ...) or a
+//!   refusing CONNACK, the write side is shut down and what the client
+//!   still sends is read and dropped until it closes, for at most 1 s or
+//!   16 MiB, before the socket is closed: a close with unread input is a
+//!   reset, which can discard the reason before the client reads it.
+//! - Over `limits.max_connections` a connection is still accepted (up to
+//!   32 such at once; beyond, newcomers wait in the listen queue), its
+//!   CONNECT answered CONNACK 0x97 (3.1.1: return code 3, server
+//!   unavailable) and logged with client id and user name, and closed.
+//! - Every refused CONNECT is logged at info with client id, principal (the
+//!   user name given; `(anonymous)` without) and reason code; never a
+//!   password.
+//! - Request Response Information = 1 is answered with Response
+//!   Information `response/<client id>/`, a basis for response topics; the
+//!   ACL applies to it as to any topic (grant `response/%c/#`).
+//! - Enhanced authentication: `SCRAM-SHA-512` only ([`auth::scram`]), on
+//!   the password file's `$7$` entries, whose PBKDF2-SHA512 hash is SCRAM's
+//!   SaltedPassword; SCRAM-SHA-256 would need a SHA-256 derivation the file
+//!   does not hold, so it and every other method get CONNACK 0x8C. A wrong
+//!   proof, an unknown user or a `$6$` entry is CONNACK 0x86; no channel
+//!   binding. The exchange runs within the listener's handshake timeout.
+//!   Re-authentication (AUTH 0x19) is accepted on a SCRAM connection for
+//!   the same user, other packets flowing meanwhile; a failed one is
+//!   DISCONNECT 0x87 (0x86 is not a DISCONNECT reason). AUTH on a
+//!   connection without enhanced authentication is DISCONNECT 0x82.
+//!   Neither passwords nor proofs nor signatures are logged.
 //! - A session belongs to the principal that created it: a CONNECT with
 //!   the same client id from another principal (or anonymous) is refused
 //!   with "not authorized" and the session is untouched.
@@ -132,6 +172,8 @@
 //!   counted; acknowledgements and QoS 1/2 deliveries are never dropped:
 //!   the client's reader is paused until its writer catches up.
 
+pub mod alias;
+pub mod auth;
 pub mod auth_files;
 pub mod codec;
 pub mod connection;

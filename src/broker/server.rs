@@ -27,6 +27,11 @@ use super::state::{BrokerState, Event, Intent, SYS_INTERVAL};
 /// a decoded packet is never dropped, its reader just stops reading).
 pub const EVENT_QUEUE: usize = 1024;
 
+/// Connections accepted over `limits.max_connections` at once, only to be
+/// answered CONNACK 0x97 (3.1.1: return code 3) and closed; beyond these,
+/// newcomers wait in the kernel's backlog.
+const OVER_LIMIT_REFUSALS: usize = 32;
+
 /// Metrics requests served at once.
 const METRICS_CONNECTIONS: usize = 16;
 
@@ -116,6 +121,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
     let (drain_tx, mut drain_rx) = mpsc::channel::<()>(1);
     let (events_tx, events_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
     let limit = Arc::new(Semaphore::new(max_connections.max(1)));
+    let refusals = Arc::new(Semaphore::new(OVER_LIMIT_REFUSALS));
     let generation = Arc::new(AtomicU64::new(1));
 
     let mut broker = tokio::spawn(broker_task(
@@ -132,6 +138,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         let acceptor = Acceptor {
             listener,
             limit: limit.clone(),
+            refusals: refusals.clone(),
             events: events_tx.clone(),
             context: context.clone(),
             metrics: metrics.clone(),
@@ -282,9 +289,17 @@ async fn broker_task(
     Ok(())
 }
 
+/// What an accepted connection holds until it ends.
+enum Slot {
+    Serve(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit),
+    Refuse(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit),
+}
+
 struct Acceptor {
     listener: BoundListener,
     limit: Arc<Semaphore>,
+    /// Room for connections over the limit that are answered and closed.
+    refusals: Arc<Semaphore>,
     events: mpsc::Sender<Event>,
     context: Arc<ConnectionContext>,
     metrics: Arc<Metrics>,
@@ -297,12 +312,18 @@ impl Acceptor {
     async fn run(self, mut shutdown: broadcast::Receiver<()>) {
         let mut backoff = Duration::from_millis(10);
         loop {
-            // The permit first: at the cap, stop accepting (the kernel's
-            // backlog holds newcomers) instead of accepting and dropping.
+            // A permit first: a connection's, or at the cap one of the few
+            // for refusing newcomers with a CONNACK saying why (instead of
+            // leaving them in the backlog until their own timeout).
             let permit = tokio::select! {
+                biased;
                 _ = shutdown.recv() => return,
                 permit = self.limit.clone().acquire_owned() => match permit {
-                    Ok(p) => p,
+                    Ok(p) => Slot::Serve(p),
+                    Err(_) => return,
+                },
+                permit = self.refusals.clone().acquire_owned() => match permit {
+                    Ok(p) => Slot::Refuse(p),
                     Err(_) => return,
                 },
             };
@@ -329,6 +350,15 @@ impl Acceptor {
                 }
             };
             let _ = stream.set_nodelay(true);
+            // A connection may have ended while this one waited in accept.
+            let permit = match permit {
+                Slot::Refuse(p) => match self.limit.clone().try_acquire_owned() {
+                    Ok(serve) => Slot::Serve(serve),
+                    Err(_) => Slot::Refuse(p),
+                },
+                serve => serve,
+            };
+            let over_limit = matches!(permit, Slot::Refuse(_));
             let id = self.generation.fetch_add(1, Relaxed);
             let tls = self.listener.tls.clone();
             let deadline = Instant::now() + self.listener.handshake_timeout;
@@ -350,6 +380,7 @@ impl Acceptor {
                     metrics.clone(),
                     shutdown_rx,
                     &listener_name,
+                    over_limit,
                 )
                 .await;
                 drop(permit);
@@ -371,12 +402,26 @@ async fn serve_transport(
     metrics: Arc<Metrics>,
     shutdown: broadcast::Receiver<()>,
     listener: &str,
+    over_limit: bool,
 ) {
+    let admission = if over_limit {
+        connection::Admission::OverLimit
+    } else {
+        connection::Admission::Serve
+    };
     match tls {
-        None => connection::serve(stream, peer, id, deadline, events, context, shutdown).await,
+        None => {
+            connection::serve(
+                stream, peer, id, deadline, events, context, shutdown, admission,
+            )
+            .await
+        }
         Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
             Ok(Ok(tls_stream)) => {
-                connection::serve(tls_stream, peer, id, deadline, events, context, shutdown).await
+                connection::serve(
+                    tls_stream, peer, id, deadline, events, context, shutdown, admission,
+                )
+                .await
             }
             Ok(Err(err)) => {
                 metrics.disconnected(CloseReason::Handshake);
@@ -468,39 +513,6 @@ async fn serve_metrics(
     }
 }
 
-/// The ACL file in force as the state's [`Authorizer`](super::state::Authorizer).
-struct AclAuthorizer(Arc<super::auth_files::Reloadable<crate::config::auth::AclFile>>);
-
-impl super::state::Authorizer for AclAuthorizer {
-    fn is_active(&self) -> bool {
-        true
-    }
-    fn can_publish(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
-        self.0.current().allows(
-            principal,
-            client_id,
-            topic,
-            crate::config::auth::Access::Write,
-        )
-    }
-    fn can_subscribe(&self, principal: Option<&str>, client_id: &str, filter: &str) -> bool {
-        self.0.current().allows(
-            principal,
-            client_id,
-            filter,
-            crate::config::auth::Access::Read,
-        )
-    }
-    fn can_receive(&self, principal: Option<&str>, client_id: &str, topic: &str) -> bool {
-        self.0.current().allows(
-            principal,
-            client_id,
-            topic,
-            crate::config::auth::Access::Read,
-        )
-    }
-}
-
 /// The broker's limits from the configuration. The announced Maximum Packet
 /// Size is `max_message_size + max_header_bytes`: room for the largest
 /// payload and topic plus its properties and headers.
@@ -523,6 +535,7 @@ pub fn limits_from(config: &crate::config::Config) -> super::state::Limits {
         outbound_queue: (l.max_queued_messages as usize)
             .saturating_add(usize::from(l.receive_maximum))
             .max(1024),
+        max_keep_alive: l.max_keep_alive,
     }
 }
 
@@ -540,7 +553,7 @@ pub async fn prepare(
     let limits = limits_from(config);
     let auth = super::auth_files::AuthFiles::from_config(&config.auth);
     let authorizer: Arc<dyn super::state::Authorizer> = match &auth.acl {
-        Some(acl) => Arc::new(AclAuthorizer(acl.served.clone())),
+        Some(acl) => Arc::new(super::auth::AclAuthorizer(acl.served.clone())),
         None => Arc::new(super::state::AllowAll),
     };
     let started = std::time::Instant::now();
@@ -630,6 +643,8 @@ pub async fn prepare(
         passwords: auth.passwords.as_ref().map(|f| f.served.clone()),
         metrics: metrics.clone(),
         outbound_queue: limits.outbound_queue,
+        max_keep_alive: limits.max_keep_alive,
+        topic_aliases: config.broker.topic_aliases,
     });
     Ok(Server {
         listeners,

@@ -1,5 +1,7 @@
-//! The password file and the ACL file, parsed once here for both the broker
-//! and `check-config`.
+//! The password file and the ACL file, parsed and validated once here for
+//! both the broker and `check-config`. What they decide - whether a
+//! password is right, whether the ACL allows an access - is the broker's:
+//! [`crate::broker::auth`].
 //!
 //! **Password file**: mosquitto_passwd's format, one `user:hash` a line.
 //! Read: `$7$ITERATIONS$SALT$HASH` (PBKDF2-HMAC-SHA512, salt and hash in
@@ -43,10 +45,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use base64::Engine as _;
-use sha2::{Digest, Sha512};
 
 use super::secret::Secret;
-use crate::topic::{filter_covers, validate_filter};
+use crate::topic::validate_filter;
 
 /// Largest password or ACL file read.
 const MAX_AUTH_FILE_BYTES: u64 = 16 * 1024 * 1024;
@@ -59,7 +60,7 @@ pub const EMPTY_PASSWORD_FILE: &str =
 /// Iterations above this are refused: a CONNECT pays them.
 pub const MAX_PBKDF2_ITERATIONS: u32 = 10_000_000;
 
-const SHA512_LEN: usize = 64;
+pub(crate) const SHA512_LEN: usize = 64;
 
 /// A problem in a password or ACL file: the 1-based line and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,36 +70,19 @@ pub struct LineProblem {
 }
 
 #[derive(Clone, PartialEq, Eq)]
-enum HashScheme {
+pub(crate) enum HashScheme {
     /// `$7$`: PBKDF2-HMAC-SHA512.
     Pbkdf2Sha512 { iterations: u32 },
     /// `$6$`: SHA-512(password ‖ salt).
     Sha512,
 }
 
+/// One user's stored hash, as the file gives it.
 #[derive(Clone, PartialEq, Eq)]
-struct StoredHash {
-    scheme: HashScheme,
-    salt: Vec<u8>,
-    hash: Vec<u8>,
-}
-
-impl StoredHash {
-    fn derive(&self, password: &[u8]) -> Vec<u8> {
-        match self.scheme {
-            HashScheme::Pbkdf2Sha512 { iterations } => {
-                let mut out = vec![0u8; self.hash.len()];
-                pbkdf2::pbkdf2_hmac::<Sha512>(password, &self.salt, iterations, &mut out);
-                out
-            }
-            HashScheme::Sha512 => {
-                let mut hasher = Sha512::new();
-                hasher.update(password);
-                hasher.update(&self.salt);
-                hasher.finalize().to_vec()
-            }
-        }
-    }
+pub(crate) struct StoredHash {
+    pub(crate) scheme: HashScheme,
+    pub(crate) salt: Vec<u8>,
+    pub(crate) hash: Vec<u8>,
 }
 
 /// A parsed password file.
@@ -195,57 +179,16 @@ impl PasswordFile {
         self.entries.expose().contains_key(user)
     }
 
-    /// Whether `password` is `user`'s. The hash comparison takes the same
-    /// time wherever the first difference is, and an unknown user costs a
-    /// derivation too, so timing tells neither.
-    pub fn check(&self, user: &str, password: &[u8]) -> bool {
-        match self.entries.expose().get(user) {
-            Some(stored) => constant_time_eq(&stored.derive(password), &stored.hash),
-            None => {
-                let dummy = StoredHash {
-                    scheme: HashScheme::Pbkdf2Sha512 { iterations: 101 },
-                    salt: vec![0; 12],
-                    hash: vec![0; SHA512_LEN],
-                };
-                let _ = constant_time_eq(&dummy.derive(password), &dummy.hash);
-                false
-            }
-        }
+    /// `user`'s stored hash, for the broker's password checks.
+    pub(crate) fn stored(&self, user: &str) -> Option<&StoredHash> {
+        self.entries.expose().get(user)
     }
 }
 
 /// mosquitto_passwd's default PBKDF2 iteration count, and the salt length
 /// it writes: what `saguin passwd` writes unless told otherwise.
 pub const DEFAULT_PBKDF2_ITERATIONS: u32 = 101;
-const SALT_LEN: usize = 12;
-
-/// Hash `password` into the `$7$iterations$salt$hash` field of a
-/// mosquitto_passwd line (PBKDF2-HMAC-SHA512, a fresh 12-byte random salt,
-/// standard base64), which [`PasswordFile`] reads.
-pub fn hash_password(password: &[u8], iterations: u32) -> Result<String, String> {
-    if !(1..=MAX_PBKDF2_ITERATIONS).contains(&iterations) {
-        return Err(format!(
-            "iteration count {iterations} is outside 1..={MAX_PBKDF2_ITERATIONS}"
-        ));
-    }
-    let mut salt = [0u8; SALT_LEN];
-    rustls::crypto::ring::default_provider()
-        .secure_random
-        .fill(&mut salt)
-        .map_err(|_| "the system's random number generator failed".to_string())?;
-    let stored = StoredHash {
-        scheme: HashScheme::Pbkdf2Sha512 { iterations },
-        salt: salt.to_vec(),
-        hash: vec![0; SHA512_LEN],
-    };
-    let hash = stored.derive(password);
-    let b64 = base64::engine::general_purpose::STANDARD;
-    Ok(format!(
-        "$7${iterations}${}${}",
-        b64.encode(salt),
-        b64.encode(hash)
-    ))
-}
+pub(crate) const SALT_LEN: usize = 12;
 
 /// Whether the hash field of a password file line is one this file format
 /// reads (`$7$` or `$6$`, well formed); a plain-text password is not.
@@ -326,59 +269,28 @@ fn decode_hash(text: &str) -> Result<Vec<u8>, String> {
     Ok(hash)
 }
 
-/// Compare without an early exit, so the time taken does not say how many
-/// leading bytes matched.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut diff = 0u8;
-    for (x, y) in a.iter().zip(b) {
-        diff |= std::hint::black_box(x ^ y);
-    }
-    std::hint::black_box(diff) == 0
-}
-
-/// What a client asks to do with a topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Subscribe to it / receive it.
-    Read,
-    /// Publish to it.
-    Write,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Grant {
+pub(crate) enum Grant {
     Read,
     Write,
     ReadWrite,
     Deny,
 }
 
-impl Grant {
-    fn grants(self, access: Access) -> bool {
-        matches!(
-            (self, access),
-            (Grant::ReadWrite, _) | (Grant::Read, Access::Read) | (Grant::Write, Access::Write)
-        )
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Rule {
-    grant: Grant,
-    filter: String,
+pub(crate) struct Rule {
+    pub(crate) grant: Grant,
+    pub(crate) filter: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct AclRules {
+pub(crate) struct AclRules {
     /// `topic` lines before the first `user` line.
-    everyone: Vec<Rule>,
+    pub(crate) everyone: Vec<Rule>,
     /// `topic` lines after `user NAME`.
-    users: HashMap<String, Vec<Rule>>,
+    pub(crate) users: HashMap<String, Vec<Rule>>,
     /// `pattern` lines, wherever they are.
-    patterns: Vec<Rule>,
+    pub(crate) patterns: Vec<Rule>,
 }
 
 /// A parsed ACL file.
@@ -472,52 +384,17 @@ impl AclFile {
         &self.sha256
     }
 
+    /// The rules, for the broker's decisions.
+    pub(crate) fn rules(&self) -> &AclRules {
+        self.rules.expose()
+    }
+
     /// Number of rules (`topic` and `pattern` lines).
     pub fn rule_count(&self) -> usize {
         let rules = self.rules.expose();
         rules.everyone.len()
             + rules.patterns.len()
             + rules.users.values().map(Vec::len).sum::<usize>()
-    }
-
-    /// Whether the client (`user` `None` when anonymous) may `access`
-    /// `topic`. `topic` is a topic name for a publish or a delivery, or the
-    /// filter of a SUBSCRIBE: a filter is allowed when a grant covers all of
-    /// it and no deny covers it; each message delivered through it should
-    /// be checked again by topic name.
-    pub fn allows(&self, user: Option<&str>, client_id: &str, topic: &str, access: Access) -> bool {
-        let rules = self.rules.expose();
-        let user_rules = user
-            .and_then(|u| rules.users.get(u))
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        let mut granted = false;
-        for rule in rules.everyone.iter().chain(user_rules) {
-            if filter_covers(&rule.filter, topic) {
-                if rule.grant == Grant::Deny {
-                    return false;
-                }
-                granted |= rule.grant.grants(access);
-            }
-        }
-        for rule in &rules.patterns {
-            match substitute(&rule.filter, user, client_id) {
-                Substituted::Filter(filter) => {
-                    if filter_covers(&filter, topic) {
-                        if rule.grant == Grant::Deny {
-                            return false;
-                        }
-                        granted |= rule.grant.grants(access);
-                    }
-                }
-                // An anonymous client has no %u: the pattern is not about it.
-                Substituted::NotApplicable => {}
-                // Fail closed: a deny that a crafted id could dodge denies.
-                Substituted::Unsafe if rule.grant == Grant::Deny => return false,
-                Substituted::Unsafe => {}
-            }
-        }
-        granted
     }
 }
 
@@ -550,39 +427,10 @@ fn parse_rule(rest: &str) -> Result<Rule, String> {
     })
 }
 
-enum Substituted {
-    Filter(String),
-    /// `%u` for an anonymous client.
-    NotApplicable,
-    /// A value containing `/`, `+` or `#` would change the filter's shape.
-    Unsafe,
-}
-
-/// `%u` and `%c` replaced.
-fn substitute(filter: &str, user: Option<&str>, client_id: &str) -> Substituted {
-    let unsafe_value = |v: &str| v.contains(['/', '+', '#']);
-    let mut out = filter.to_string();
-    if filter.contains("%u") {
-        let Some(user) = user else {
-            return Substituted::NotApplicable;
-        };
-        if unsafe_value(user) {
-            return Substituted::Unsafe;
-        }
-        out = out.replace("%u", user);
-    }
-    if filter.contains("%c") {
-        if unsafe_value(client_id) {
-            return Substituted::Unsafe;
-        }
-        out = out.replace("%c", client_id);
-    }
-    Substituted::Filter(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::Sha512;
 
     /// `mosquitto_passwd`-compatible $7$ line for `password`.
     fn pbkdf2_line(user: &str, password: &str, iterations: u32) -> String {
@@ -595,57 +443,6 @@ mod tests {
             b64.encode(salt),
             b64.encode(out)
         )
-    }
-
-    #[test]
-    fn hash_password_writes_lines_the_file_reads() {
-        let field = hash_password(b"s3cret", 101).unwrap();
-        assert!(field.starts_with("$7$101$"), "{field}");
-        let again = hash_password(b"s3cret", 101).unwrap();
-        assert_ne!(field, again, "a fresh salt each time");
-        let file = PasswordFile::parse(&format!("alice:{field}\nbob:{again}\n")).unwrap();
-        assert!(file.check("alice", b"s3cret"));
-        assert!(!file.check("alice", b"S3cret"));
-        assert!(is_hashed(&field));
-        assert!(!is_hashed("s3cret"));
-        assert!(hash_password(b"x", 0).is_err());
-    }
-
-    #[test]
-    fn pbkdf2_and_sha512_lines_check_passwords() {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let salt = b"saltsaltsalt";
-        let mut hasher = Sha512::new();
-        hasher.update(b"pw6");
-        hasher.update(salt);
-        let sha6 = format!(
-            "bob:$6${}${}",
-            b64.encode(salt),
-            b64.encode(hasher.finalize())
-        );
-        let text = format!(
-            "# users\n{}\n\n{sha6}\r\n",
-            pbkdf2_line("alice", "s3cret", 101)
-        );
-        let file = PasswordFile::parse(&text).unwrap();
-        assert_eq!(file.len(), 2);
-        assert!(file.check("alice", b"s3cret"));
-        assert!(!file.check("alice", b"s3cret "));
-        assert!(!file.check("alice", b""));
-        assert!(file.check("bob", b"pw6"));
-        assert!(!file.check("bob", b"s3cret"));
-        assert!(!file.check("carol", b"s3cret"));
-        assert!(file.contains("alice") && !file.contains("carol"));
-    }
-
-    #[test]
-    fn a_known_mosquitto_passwd_line_verifies() {
-        // User "test", password "test", 101 iterations, the hash computed
-        // independently by `openssl kdf -keylen 64 -kdfopt digest:SHA512 ... PBKDF2`.
-        let line = "test:$7$101$B8rkFZb0JoDNgUeA$wX5cM7WJH3I6E0vK5HwtsCBOT+JrcEnBzvqRkxBq4/fGNlFh9XrFMRZF/aKX7gVrdZXj486o+9AsXuzfa80GWw==";
-        let file = PasswordFile::parse(line).unwrap();
-        assert!(file.check("test", b"test"));
-        assert!(!file.check("test", b"Test"));
     }
 
     #[test]
@@ -688,56 +485,6 @@ mod tests {
         );
     }
 
-    const ACL: &str = "\
-# everyone
-topic read public/#
-topic deny public/private
-
-user alice
-topic readwrite alice/#
-topic write shared/in
-topic deny alice/secret
-
-user bob
-topic bob/+/x
-
-pattern write devices/%c/out
-pattern read users/%u/#
-";
-
-    #[test]
-    fn acl_rules_apply_to_the_right_clients() {
-        let acl = AclFile::parse(ACL).unwrap();
-        assert_eq!(acl.rule_count(), 8);
-        use Access::*;
-        // Lines before any user apply to everyone, anonymous included.
-        assert!(acl.allows(None, "c1", "public/news", Read));
-        assert!(acl.allows(Some("bob"), "c1", "public/news", Read));
-        assert!(!acl.allows(None, "c1", "public/news", Write));
-        assert!(!acl.allows(Some("alice"), "c1", "public/private", Read));
-        // User sections.
-        assert!(acl.allows(Some("alice"), "c1", "alice/a/b", Write));
-        assert!(acl.allows(Some("alice"), "c1", "alice", Read));
-        assert!(!acl.allows(Some("alice"), "c1", "alice/secret", Read));
-        assert!(acl.allows(Some("alice"), "c1", "shared/in", Write));
-        assert!(!acl.allows(Some("alice"), "c1", "shared/in", Read));
-        assert!(!acl.allows(Some("bob"), "c1", "alice/a", Read));
-        assert!(acl.allows(Some("bob"), "c1", "bob/q/x", Write));
-        assert!(!acl.allows(Some("bob"), "c1", "bob/q/y", Write));
-        // Patterns apply to everyone, substituted.
-        assert!(acl.allows(None, "dev7", "devices/dev7/out", Write));
-        assert!(!acl.allows(None, "dev7", "devices/dev8/out", Write));
-        assert!(acl.allows(Some("carol"), "x", "users/carol/inbox", Read));
-        assert!(!acl.allows(None, "x", "users/carol/inbox", Read));
-        // A client id that would widen a pattern does not match it.
-        assert!(!acl.allows(None, "+", "devices/anything/out", Write));
-        assert!(!acl.allows(None, "a/b", "devices/a/b/out", Write));
-        // Subscription filters: covered or not.
-        assert!(acl.allows(None, "c", "public/+", Read));
-        assert!(!acl.allows(None, "c", "#", Read));
-        assert!(!acl.allows(Some("alice"), "c", "alice/secret", Read));
-    }
-
     #[test]
     fn bad_acl_lines_are_reported_by_number() {
         let text = "topic read a/#\nuser\nsubscribe x\ntopic rw a b\ntopic read a/#/b\ntopic read\npattern write a+\n";
@@ -748,19 +495,5 @@ pattern read users/%u/#
         assert!(problems[3].message.contains("'#' must be"));
         assert!(problems[4].message.contains("no topic filter"));
         assert!(problems[5].message.contains("'+' must be"));
-    }
-
-    #[test]
-    fn a_deny_pattern_that_cannot_be_evaluated_denies() {
-        use Access::*;
-        let acl = AclFile::parse("topic readwrite #\npattern deny private/%c/#\n").unwrap();
-        assert!(acl.allows(Some("alice"), "c", "public/x", Read));
-        assert!(!acl.allows(Some("alice"), "c", "private/c/x", Read));
-        // A client id with a wildcard cannot be substituted safely: denied.
-        assert!(!acl.allows(Some("alice"), "c/#", "public/x", Read));
-        // %u for an anonymous client: the pattern is not about it.
-        let acl = AclFile::parse("topic readwrite #\npattern deny private/%u/#\n").unwrap();
-        assert!(acl.allows(None, "c", "private/alice/x", Read));
-        assert!(!acl.allows(Some("alice"), "c", "private/alice/x", Read));
     }
 }

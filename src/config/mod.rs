@@ -47,7 +47,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use auth::{Access, AclFile, PasswordFile};
+pub use auth::{AclFile, PasswordFile};
 pub use names::{
     channel_file_name, check_channel_name, CHANNEL_NAME_MAX_BYTES, FILE_NAME_MAX_BYTES,
 };
@@ -238,6 +238,9 @@ pub struct Broker {
     pub session_storage: Option<String>,
     pub session: SessionSettings,
     pub exactly_once: ExactlyOnce,
+    /// Outbound MQTT 5 topic aliases, per connection, for clients that
+    /// announce a Topic Alias Maximum. Default true.
+    pub topic_aliases: bool,
 }
 
 /// `broker.session`.
@@ -278,6 +281,9 @@ pub struct Limits {
     /// Retained topics; a retained publish to a new topic beyond it is
     /// refused (0x97), replacing or deleting one is not. Default 100000.
     pub max_retained: u32,
+    /// Cap on keep alive, seconds, sent to MQTT 5 clients as Server Keep
+    /// Alive; 0: the client's own value is used. Default 0.
+    pub max_keep_alive: u16,
 }
 
 /// `metrics`.

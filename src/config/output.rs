@@ -55,6 +55,7 @@ pub(crate) fn resolved(config: &Config) -> Value {
             "exactly_once": {
                 "expires_after": duration(config.broker.exactly_once.expires_after),
             },
+            "topic_aliases": config.broker.topic_aliases,
         },
         "limits": {
             "max_message_size": config.limits.max_message_size,
@@ -66,6 +67,7 @@ pub(crate) fn resolved(config: &Config) -> Value {
             "max_subscriptions_per_session": config.limits.max_subscriptions_per_session,
             "max_sessions": config.limits.max_sessions,
             "max_retained": config.limits.max_retained,
+            "max_keep_alive": config.limits.max_keep_alive,
         },
         "metrics": {
             "bind": config.metrics.bind.map(|a| a.to_string()),

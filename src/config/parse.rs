@@ -939,6 +939,7 @@ const BROKER_KEYS: &[&str] = &[
     "session_storage",
     "session",
     "exactly_once",
+    "topic_aliases",
 ];
 
 fn broker(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Broker {
@@ -951,6 +952,7 @@ fn broker(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Broker {
         exactly_once: ExactlyOnce {
             expires_after: Duration::from_secs(3600),
         },
+        topic_aliases: true,
     };
     let Some((path, value)) = section else {
         return broker;
@@ -987,6 +989,12 @@ fn broker(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Broker {
             s.finish(ctx, &["expires_after"]);
         }
     }
+    if let Some(on) = f
+        .take("topic_aliases")
+        .and_then(|(p, v)| boolean(ctx, &p, v))
+    {
+        broker.topic_aliases = on;
+    }
     f.finish(ctx, BROKER_KEYS);
     broker
 }
@@ -1001,6 +1009,7 @@ const LIMITS_KEYS: &[&str] = &[
     "max_subscriptions_per_session",
     "max_sessions",
     "max_retained",
+    "max_keep_alive",
 ];
 
 /// MQTT's largest packet: the Remaining Length's maximum, 268,435,455.
@@ -1017,6 +1026,7 @@ fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
         max_subscriptions_per_session: 100,
         max_sessions: 100_000,
         max_retained: 100_000,
+        max_keep_alive: 0,
     };
     let Some((path, value)) = section else {
         return limits;
@@ -1089,6 +1099,9 @@ fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
     }
     if let Some(n) = int(ctx, "max_retained", 1, u64::from(u32::MAX)) {
         limits.max_retained = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    if let Some(n) = int(ctx, "max_keep_alive", 0, 65_535) {
+        limits.max_keep_alive = u16::try_from(n).unwrap_or(u16::MAX);
     }
     f.finish(ctx, LIMITS_KEYS);
     limits

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::*;
+use crate::broker::auth::Access;
 
 /// A listener and anonymous access, so a snippet is about what it adds.
 const BASE: &str =
@@ -107,6 +108,7 @@ fn defaults_are_filled_in() {
             max_subscriptions_per_session: 100,
             max_sessions: 100_000,
             max_retained: 100_000,
+            max_keep_alive: 0,
         }
     );
     assert_eq!(config.metrics.bind, None);
@@ -126,8 +128,14 @@ fn anonymous_access_is_off_by_default_in_a_file_and_then_needs_a_password_file()
     assert!(!config.auth.allow_anonymous);
     let passwords = config.auth.passwords.as_ref().expect("parsed");
     assert_eq!(passwords.len(), 2);
-    assert!(passwords.check("alice", b"alice-pw"));
-    assert!(!passwords.check("alice", b"bob-pw"));
+    assert!(crate::broker::auth::check_password(
+        passwords,
+        "alice",
+        b"alice-pw"
+    ));
+    assert!(!crate::broker::auth::check_password(
+        passwords, "alice", b"bob-pw"
+    ));
 }
 
 #[test]
@@ -137,10 +145,34 @@ fn the_acl_file_is_parsed_for_the_broker() {
         "auth: {allow_anonymous: true, acl_file: ../files/acl}",
     ));
     let acl = config.auth.acl.as_ref().expect("parsed");
-    assert!(acl.allows(Some("alice"), "c", "telemetry/x", Access::Write));
-    assert!(!acl.allows(Some("alice"), "c", "telemetry/secret", Access::Read));
-    assert!(acl.allows(None, "dev1", "devices/dev1/temp", Access::Write));
-    assert!(acl.allows(None, "c", "public/a", Access::Read));
+    assert!(crate::broker::auth::acl::allows(
+        acl,
+        Some("alice"),
+        "c",
+        "telemetry/x",
+        Access::Write
+    ));
+    assert!(!crate::broker::auth::acl::allows(
+        acl,
+        Some("alice"),
+        "c",
+        "telemetry/secret",
+        Access::Read
+    ));
+    assert!(crate::broker::auth::acl::allows(
+        acl,
+        None,
+        "dev1",
+        "devices/dev1/temp",
+        Access::Write
+    ));
+    assert!(crate::broker::auth::acl::allows(
+        acl,
+        None,
+        "c",
+        "public/a",
+        Access::Read
+    ));
 }
 
 #[test]

@@ -600,3 +600,111 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
         let _ = self.stream.shutdown().await;
     }
 }
+
+/// A client that never stops writing: `chunk` is written over and over
+/// while what the broker sends is read. Returns the DISCONNECT the broker
+/// sent, or `None` if the connection ended (or broke) without one. The
+/// writing stops once reading ends; write errors (a broken pipe once the
+/// broker has closed) are ignored, as a client busy writing would.
+pub async fn read_goodbye_while_writing(
+    stream: TcpStream,
+    version: ProtocolVersion,
+    chunk: impl FnMut() -> Vec<u8> + Send + 'static,
+) -> Option<codec::Disconnect> {
+    read_goodbye_while_writing_after(stream, version, chunk, None).await
+}
+
+/// When many writers start together: each waits for `start` to be true and
+/// says on `writing` once its first chunk is written.
+pub struct WriteGate {
+    pub start: tokio::sync::watch::Receiver<bool>,
+    pub writing: tokio::sync::mpsc::UnboundedSender<()>,
+}
+
+/// [`read_goodbye_while_writing`], the writing held back by `gate`.
+pub async fn read_goodbye_while_writing_after(
+    stream: TcpStream,
+    version: ProtocolVersion,
+    chunk: impl FnMut() -> Vec<u8> + Send + 'static,
+    gate: Option<WriteGate>,
+) -> Option<codec::Disconnect> {
+    read_goodbye_while_writing_lagging(stream, version, chunk, gate, 0).await
+}
+
+/// [`read_goodbye_while_writing_after`] by a client slow to read: it reads
+/// nothing until it has written `lag` bytes (or its writes fail), so a
+/// broker that closes at once after its DISCONNECT - a reset, with the
+/// client's input unread - loses the reason before the client reads it.
+pub async fn read_goodbye_while_writing_lagging(
+    stream: TcpStream,
+    version: ProtocolVersion,
+    mut chunk: impl FnMut() -> Vec<u8> + Send + 'static,
+    gate: Option<WriteGate>,
+    lag: usize,
+) -> Option<codec::Disconnect> {
+    let (mut rd, mut wr) = stream.into_split();
+    let (lagged_tx, lagged) = tokio::sync::oneshot::channel::<()>();
+    let writing = tokio::spawn(async move {
+        let mut lagged_tx = Some(lagged_tx);
+        let mut written = 0usize;
+        let mut gate = gate;
+        if let Some(g) = gate.as_mut() {
+            let _ = g.start.wait_for(|open| *open).await;
+        }
+        loop {
+            if written >= lag {
+                if let Some(tx) = lagged_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+            let bytes = chunk();
+            if wr.write_all(&bytes).await.is_err() {
+                return;
+            }
+            written += bytes.len();
+            if let Some(g) = gate.take() {
+                let _ = g.writing.send(());
+            }
+            // Still writing without pause, but leaving the test's reader
+            // (and its other writers) their turn on the runtime.
+            tokio::task::yield_now().await;
+        }
+    });
+    // Sent once the lag is written; dropped if the writes fail first.
+    let _ = tokio::time::timeout(WAIT, lagged).await;
+    let mut decoder = FrameDecoder::client(16 * 1024 * 1024, version);
+    let mut buf = BytesMut::new();
+    // Bounded by the whole test's waits: many of these may run at once.
+    let goodbye = tokio::time::timeout(WAIT * 3, async {
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(Packet::Disconnect(d))) => return Some(d),
+                Ok(Some(_)) => continue,
+                Ok(None) => {}
+                Err(e) => panic!("broker sent something undecodable: {e}"),
+            }
+            match rd.read_buf(&mut buf).await {
+                Ok(0) => {
+                    eprintln!("DEBUG eof");
+                    return None;
+                }
+                Err(e) => {
+                    eprintln!("DEBUG err {e}");
+                    return None;
+                }
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("neither a DISCONNECT nor a close within the wait");
+    writing.abort();
+    goodbye
+}
+
+/// The encoded bytes of `packet`, as they travel.
+pub fn wire_bytes(packet: &Packet, version: ProtocolVersion) -> Vec<u8> {
+    let mut buf = BytesMut::new();
+    codec::encode(packet, version, &mut buf).expect("encode");
+    buf.to_vec()
+}

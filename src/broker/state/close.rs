@@ -42,6 +42,8 @@ impl BrokerState {
             );
         }
         if let Some(code) = code {
+            // Counted like every queued packet: the writer subtracts it.
+            conn.handle.queued.fetch_add(1, Relaxed);
             let _ = conn.handle.outbound.send(Outbound::Disconnect {
                 reason: code,
                 reason_string: Some(reason.describe()),

@@ -10,7 +10,9 @@ use tokio::time::Instant;
 
 use super::persist::{Parked, Role, StorageFailure, Write};
 use super::session::{InflightPhase, Session};
-use super::{reason, BrokerState, ConnectRequest, Connection, ConnectionHandle, Outbound};
+use super::{
+    reason, BrokerState, ConnectRequest, Connection, ConnectionHandle, KeepAlive, Outbound,
+};
 use crate::broker::metrics::CloseReason;
 use crate::broker::topic::SessionKey;
 
@@ -23,24 +25,36 @@ impl BrokerState {
         now: Instant,
     ) {
         if self.shutting_down {
+            handle.queued.fetch_add(1, Relaxed);
             let _ = handle.outbound.send(Outbound::Disconnect {
                 reason: reason::SERVER_SHUTTING_DOWN,
                 reason_string: Some(CloseReason::Shutdown.describe()),
             });
             return;
         }
+        let principal = request.principal.clone();
         let refuse = |handle: &ConnectionHandle, code: u8, client_id: &str, why: &str| {
-            tracing::info!(client_id, reason = %format!("0x{code:02X}"), "connection refused: {why}");
-            let _ = handle.outbound.send(Outbound::ConnAck {
-                session_present: false,
-                reason: code,
-                assigned_client_id: None,
-                session_expiry: None,
-                receive_maximum: 0,
-                maximum_packet_size: 0,
-                topic_alias_maximum: 0,
-            });
+            tracing::info!(
+                client_id,
+                principal = principal.as_deref().unwrap_or("(anonymous)"),
+                reason = %format!("0x{code:02X}"),
+                "connection refused: {why}"
+            );
+            handle.queued.fetch_add(1, Relaxed);
+            let _ = handle.outbound.send(Outbound::refusing_connack(code));
         };
+        let keep_alive =
+            KeepAlive::grant(self.limits.max_keep_alive, request.v5, request.keep_alive);
+        if keep_alive == KeepAlive::Refused {
+            self.metrics.disconnected(CloseReason::ConnectRefused);
+            refuse(
+                &handle,
+                reason::CLIENT_IDENTIFIER_NOT_VALID,
+                &request.client_id,
+                "MQTT 3.1.1 keep alive above limits.max_keep_alive (or 0)",
+            );
+            return;
+        }
         let mut assigned = None;
         let client_id: Arc<str> = if request.client_id.is_empty() {
             if !request.v5 && !request.clean_start {
@@ -203,6 +217,18 @@ impl BrokerState {
             receive_maximum: self.limits.receive_maximum,
             maximum_packet_size: self.limits.max_packet_size,
             topic_alias_maximum: self.limits.topic_alias_maximum,
+            server_keep_alive: match keep_alive {
+                KeepAlive::Held {
+                    seconds,
+                    server_keep_alive: true,
+                } => Some(seconds),
+                _ => None,
+            },
+            // A basis for response topics; the ACL applies to it as to any
+            // topic (grant `response/%c/#`).
+            response_information: (request.v5 && request.request_response_information)
+                .then(|| format!("response/{client_id}/").into()),
+            authentication: request.authentication.clone(),
         };
         let parked = Parked::ConnAck {
             connection,
@@ -244,18 +270,15 @@ impl BrokerState {
                     assigned_client_id, ..
                 } = ack
                 {
-                    self.send(
-                        connection,
-                        Outbound::ConnAck {
-                            session_present: false,
-                            reason: failure.reason_code(),
-                            assigned_client_id,
-                            session_expiry: None,
-                            receive_maximum: 0,
-                            maximum_packet_size: 0,
-                            topic_alias_maximum: 0,
-                        },
-                    );
+                    let mut refusal = Outbound::refusing_connack(failure.reason_code());
+                    if let Outbound::ConnAck {
+                        assigned_client_id: assigned,
+                        ..
+                    } = &mut refusal
+                    {
+                        *assigned = assigned_client_id;
+                    }
+                    self.send(connection, refusal);
                 }
             }
             // Nothing of a session that could not be stored stays in memory

@@ -116,6 +116,44 @@ pub struct Limits {
     /// Outbound packets a connection's writer may have queued before QoS 0
     /// deliveries to it are dropped (and counted) and its reader paused.
     pub outbound_queue: usize,
+    /// Cap on keep alive, seconds (`limits.max_keep_alive`); 0: none.
+    pub max_keep_alive: u16,
+}
+
+/// The keep alive a connection is held to, from what its CONNECT asked
+/// and `limits.max_keep_alive`. The reader enforces it; the CONNACK tells
+/// an MQTT 5 client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeepAlive {
+    /// Seconds (0: no check), and whether CONNACK must say so as Server
+    /// Keep Alive because it differs from what the client asked.
+    Held {
+        seconds: u16,
+        server_keep_alive: bool,
+    },
+    /// A 3.1.1 client asked for more than the cap (or for none): 3.1.1
+    /// cannot be told another value, so it is refused (return code 2, as
+    /// Mosquitto does).
+    Refused,
+}
+
+impl KeepAlive {
+    pub fn grant(max_keep_alive: u16, v5: bool, asked: u16) -> KeepAlive {
+        if max_keep_alive == 0 || (asked != 0 && asked <= max_keep_alive) {
+            return KeepAlive::Held {
+                seconds: asked,
+                server_keep_alive: false,
+            };
+        }
+        if v5 {
+            KeepAlive::Held {
+                seconds: max_keep_alive,
+                server_keep_alive: true,
+            }
+        } else {
+            KeepAlive::Refused
+        }
+    }
 }
 
 impl Default for Limits {
@@ -131,6 +169,7 @@ impl Default for Limits {
             topic_alias_maximum: 32,
             exactly_once_expires_after: Duration::from_secs(3600),
             outbound_queue: 2048,
+            max_keep_alive: 0,
         }
     }
 }
@@ -191,6 +230,11 @@ pub struct ConnectRequest {
     pub receive_maximum: u16,
     /// The client's Maximum Packet Size (None: no limit beyond the protocol's).
     pub maximum_packet_size: Option<u32>,
+    /// MQTT 5 Request Response Information = 1.
+    pub request_response_information: bool,
+    /// Enhanced authentication that succeeded: the method and the data the
+    /// CONNACK carries (SCRAM's server-final message).
+    pub authentication: Option<(&'static str, Bytes)>,
 }
 
 /// A PUBLISH from a client, topic alias already resolved.
@@ -300,6 +344,13 @@ pub enum Outbound {
         receive_maximum: u16,
         maximum_packet_size: u32,
         topic_alias_maximum: u16,
+        /// Server Keep Alive, when the broker holds the client to another
+        /// keep alive than it asked for.
+        server_keep_alive: Option<u16>,
+        /// Response Information, when the client asked for it.
+        response_information: Option<Arc<str>>,
+        /// Authentication Method and Data of a completed exchange.
+        authentication: Option<(&'static str, Bytes)>,
     },
     Publish {
         packet_id: u16,
@@ -338,12 +389,37 @@ pub enum Outbound {
         reasons: Vec<u8>,
     },
     PingResp,
+    /// AUTH of a re-authentication (the connection's reader sends these
+    /// itself): 0x18 with the server-first message, 0x00 with server-final.
+    Auth {
+        reason: u8,
+        method: &'static str,
+        data: Bytes,
+    },
     /// v5: send DISCONNECT with this reason (and reason string), then
     /// close. 3.1.1: just close.
     Disconnect {
         reason: u8,
         reason_string: Option<&'static str>,
     },
+}
+
+impl Outbound {
+    /// A CONNACK refusing the connection with `reason`.
+    pub fn refusing_connack(reason: u8) -> Outbound {
+        Outbound::ConnAck {
+            session_present: false,
+            reason,
+            assigned_client_id: None,
+            session_expiry: None,
+            receive_maximum: 0,
+            maximum_packet_size: 0,
+            topic_alias_maximum: 0,
+            server_keep_alive: None,
+            response_information: None,
+            authentication: None,
+        }
+    }
 }
 
 /// Answers a connection may have queued before its reader is paused (the

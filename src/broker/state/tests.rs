@@ -135,6 +135,8 @@ fn request(id: &str, clean: bool, session_expiry: u32) -> ConnectRequest {
         session_expiry,
         receive_maximum: 10,
         maximum_packet_size: None,
+        request_response_information: false,
+        authentication: None,
     }
 }
 
