@@ -194,29 +194,6 @@ fn metrics_endpoint_serves_prometheus_text() {
     assert!(body.starts_with("HTTP/1.1 404"), "{body}");
 }
 
-#[tokio::test]
-async fn connection_cap_holds_newcomers_until_a_slot_frees() {
-    let broker = Broker::plain("auth:\n  allow_anonymous: true\nlimits:\n  max_connections: 2\n");
-    let mut a = Raw::tcp(broker.addr(), v4()).await;
-    a.connect("cap-a", ConnectOpts::clean()).await;
-    let mut b = Raw::tcp(broker.addr(), v5()).await;
-    b.connect("cap-b", ConnectOpts::clean()).await;
-    // The third waits in the kernel's backlog: not accepted, not answered.
-    let mut c = Raw::tcp(broker.addr(), v4()).await;
-    c.send_connect("cap-c", ConnectOpts::clean()).await;
-    // A round trip on another connection lets the broker act on the
-    // third's bytes if it were (wrongly) serving it.
-    b.round_trip().await;
-    c.expect_nothing_yet();
-    a.disconnect().await;
-    match c.recv().await {
-        Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason, ReasonCode::Success),
-        other => panic!("expected CONNACK once a slot freed, got {other:?}"),
-    }
-    b.send(Packet::PingReq).await;
-    assert!(matches!(b.recv().await, Some(Packet::PingResp)));
-}
-
 #[test]
 fn json_logs_when_configured() {
     use std::io::BufRead;
