@@ -698,6 +698,7 @@ impl BrokerState {
     pub fn flush(&mut self, now: Instant) {
         let mut dirty: Vec<SessionKey> = self.persist.dirty.drain().collect();
         dirty.sort_unstable();
+        let mut clients = Vec::new();
         for key in dirty {
             let Some(session) = self.sessions.get(&key) else {
                 continue;
@@ -705,17 +706,17 @@ impl BrokerState {
             if !session.stored {
                 continue;
             }
-            // One intent per session: a provider serving a storm can give
-            // way between them.
-            let client = session.client_id.clone();
+            clients.push(session.client_id.clone());
             self.stage_session(key, now);
-            self.seal(Parked::Flush(vec![client]));
         }
         if !self.persist.releasable.is_empty() {
             let offsets = std::mem::take(&mut self.persist.releasable);
             self.stage(Role::Sessions, Write::ReleaseLog(offsets));
-            self.seal(Parked::Flush(Vec::new()));
         }
+        // One intent, one transaction: a flush rewrites every changed
+        // in-flight table, and split per session it would pay a commit per
+        // session between the publishes it takes turns with.
+        self.seal(Parked::Flush(clients));
     }
 
     /// Write one session now (a disconnect, a subscription change): its
