@@ -35,7 +35,9 @@ async fn reconnect_all(broker: &Broker) -> Vec<Raw<tokio::net::TcpStream>> {
         .map(|i| {
             tokio::spawn(async move {
                 let mut c = Raw::tcp(addr, v5()).await;
-                let ack = c.connect(&format!("storm-{i}"), ConnectOpts::persistent(3600)).await;
+                let ack = c
+                    .connect(&format!("storm-{i}"), ConnectOpts::persistent(3600))
+                    .await;
                 assert!(ack.session_present, "storm-{i} lost its session");
                 c
             })
