@@ -558,6 +558,15 @@ impl BrokerState {
             subscription_ids,
             log_offset,
         };
+        if qos == 0 {
+            // The fan-out's hot path: no log entry, one look-up each of the
+            // session (above) and the connection.
+            match session.connection {
+                Some(connection) => self.transmit_qos0(connection, queued, sys, now),
+                None => self.metrics.dropped(DropReason::Offline),
+            }
+            return;
+        }
         if let Some(offset) = log_offset {
             self.hold_log(key, offset);
         }
@@ -570,10 +579,6 @@ impl BrokerState {
             }
             return;
         };
-        if qos == 0 {
-            self.transmit_qos0(connection, queued, sys, now);
-            return;
-        }
         let window = self
             .connections
             .get(&connection)
@@ -710,15 +715,15 @@ impl BrokerState {
                 return;
             }
         }
-        if conn.handle.queued.load(Relaxed) >= limit {
+        if conn.handle.queued.fetch_add(1, Relaxed) >= limit {
             // The client is not reading what it is sent (as Mosquitto does,
             // QoS 0 to it is dropped and counted, per client and overall).
+            conn.handle.queued.fetch_sub(1, Relaxed);
             self.metrics.dropped(DropReason::SlowConsumer);
             conn.dropped_qos0 += 1;
             conn.handle.want_drained.store(true, Relaxed);
             return;
         }
-        conn.handle.queued.fetch_add(1, Relaxed);
         let packet = Outbound::Publish {
             packet_id: 0,
             qos: 0,
