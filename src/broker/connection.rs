@@ -24,7 +24,7 @@ use super::codec::{
 };
 use super::metrics::{CloseReason, Metrics};
 use super::state::{
-    reason, ConnectRequest, ConnectionHandle, Event, Inbound, InboundPublish, KeepAlive, Outbound,
+    ConnectRequest, ConnectionHandle, Event, Inbound, InboundPublish, KeepAlive, Outbound,
     WillRequest,
 };
 use super::topic::SubOptions;
@@ -342,7 +342,7 @@ pub async fn serve<S>(
                         }
                     }
                     Err(code) => {
-                        tracing::info!(peer = %peer, client_id = %client_id, reason = %format!("0x{code:02X}"), "re-authentication failed");
+                        tracing::info!(peer = %peer, client_id = %client_id, reason = %format!("0x{:02X}", code.as_u8()), "re-authentication failed");
                         fatal = Some((CloseReason::Protocol, Some(code), String::new()));
                         break;
                     }
@@ -363,7 +363,7 @@ pub async fn serve<S>(
                         ReasonCode::MalformedPacket => CloseReason::Malformed,
                         _ => CloseReason::Protocol,
                     };
-                    fatal = Some((reason, Some(code.as_u8()), err.to_string()));
+                    fatal = Some((reason, Some(code), err.to_string()));
                     break;
                 }
             }
@@ -411,7 +411,7 @@ pub async fn serve<S>(
                     metrics.bytes_received.fetch_add(n as u64, Relaxed);
                 }
                 Ok(Err(err)) => break 'read (CloseReason::Network, None, err.to_string()),
-                Err(_) => break 'read (CloseReason::KeepAlive, Some(ReasonCode::KeepAliveTimeout.as_u8()), String::new()),
+                Err(_) => break 'read (CloseReason::KeepAlive, Some(ReasonCode::KeepAliveTimeout), String::new()),
             },
         }
     };
@@ -504,43 +504,43 @@ struct Reauthentication {
 
 impl Reauthentication {
     /// The AUTH to send for `auth`, or the DISCONNECT reason.
-    fn step(&mut self, auth: codec::Auth) -> Result<Outbound, u8> {
+    fn step(&mut self, auth: codec::Auth) -> Result<Outbound, ReasonCode> {
         let (Some(user), Some(passwords)) = (&self.user, &self.passwords) else {
             // AUTH without enhanced authentication in CONNECT (MQTT-4.12.0-6).
-            return Err(reason::PROTOCOL_ERROR);
+            return Err(ReasonCode::ProtocolError);
         };
         if auth.properties.authentication_method.as_deref() != Some(scram::SCRAM_SHA_512) {
-            return Err(reason::PROTOCOL_ERROR);
+            return Err(ReasonCode::ProtocolError);
         }
         let data = auth.properties.authentication_data.unwrap_or_default();
         match (auth.reason, self.pending.take()) {
             (ReasonCode::ReAuthenticate, None) => {
-                let nonce = scram::server_nonce().map_err(|_| reason::UNSPECIFIED)?;
+                let nonce = scram::server_nonce().map_err(|_| ReasonCode::UnspecifiedError)?;
                 let (server, server_first) = scram::ScramServer::start(passwords, &data, &nonce)
-                    .map_err(|_| reason::PROTOCOL_ERROR)?;
+                    .map_err(|_| ReasonCode::ProtocolError)?;
                 self.pending = Some(server);
                 Ok(Outbound::Auth {
-                    reason: ReasonCode::ContinueAuthentication.as_u8(),
+                    reason: ReasonCode::ContinueAuthentication,
                     method: scram::SCRAM_SHA_512,
                     data: server_first.into(),
                 })
             }
             (ReasonCode::ContinueAuthentication, Some(server)) => {
                 if server.user() != &**user {
-                    return Err(reason::NOT_AUTHORIZED);
+                    return Err(ReasonCode::NotAuthorized);
                 }
                 match server.finish(&data) {
                     Ok(server_final) => Ok(Outbound::Auth {
-                        reason: reason::SUCCESS,
+                        reason: ReasonCode::Success,
                         method: scram::SCRAM_SHA_512,
                         data: server_final.into(),
                     }),
                     // 0x86 is no DISCONNECT reason: "not authorized" is.
-                    Err(scram::ScramError::BadProof) => Err(reason::NOT_AUTHORIZED),
-                    Err(scram::ScramError::Malformed(_)) => Err(reason::PROTOCOL_ERROR),
+                    Err(scram::ScramError::BadProof) => Err(ReasonCode::NotAuthorized),
+                    Err(scram::ScramError::Malformed(_)) => Err(ReasonCode::ProtocolError),
                 }
             }
-            _ => Err(reason::PROTOCOL_ERROR),
+            _ => Err(ReasonCode::ProtocolError),
         }
     }
 }
@@ -715,7 +715,7 @@ fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectReq
 
 /// The protocol adapter: a decoded packet into what the state needs, with
 /// topic aliases resolved. `Err(reason)` closes the connection.
-fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbound>, u8> {
+fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbound>, ReasonCode> {
     Ok(Some(match packet {
         Packet::Publish(publish) => {
             let Publish {
@@ -731,17 +731,17 @@ fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbou
                 let slot = aliases
                     .get_mut(usize::from(alias))
                     .filter(|_| alias != 0)
-                    .ok_or(reason::TOPIC_ALIAS_INVALID)?;
+                    .ok_or(ReasonCode::TopicAliasInvalid)?;
                 if topic.is_empty() {
                     // An alias this connection never mapped is as invalid
                     // as one out of range (MQTT 5 3.3.2.3.4).
-                    topic = slot.clone().ok_or(reason::TOPIC_ALIAS_INVALID)?;
+                    topic = slot.clone().ok_or(ReasonCode::TopicAliasInvalid)?;
                 } else {
                     *slot = Some(topic.clone());
                 }
             }
             if topic.is_empty() {
-                return Err(reason::PROTOCOL_ERROR);
+                return Err(ReasonCode::ProtocolError);
             }
             properties.subscription_identifiers.clear();
             Inbound::Publish(InboundPublish {
@@ -756,11 +756,11 @@ fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbou
         }
         Packet::PubAck(ack) => Inbound::PubAck {
             packet_id: ack.packet_id,
-            reason: ack.reason.as_u8(),
+            reason: ack.reason,
         },
         Packet::PubRec(ack) => Inbound::PubRec {
             packet_id: ack.packet_id,
-            reason: ack.reason.as_u8(),
+            reason: ack.reason,
         },
         Packet::PubRel(ack) => Inbound::PubRel {
             packet_id: ack.packet_id,
@@ -794,27 +794,23 @@ fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbou
         },
         Packet::PingReq => Inbound::PingReq,
         Packet::Disconnect(disconnect) => Inbound::Disconnect {
-            reason: disconnect.reason.as_u8(),
+            reason: disconnect.reason,
             session_expiry: disconnect.properties.session_expiry_interval,
         },
         // AUTH is taken by the reader before this (re-authentication); a
         // second CONNECT or anything only a server sends is out of place.
-        _ => return Err(reason::PROTOCOL_ERROR),
+        _ => return Err(ReasonCode::ProtocolError),
     }))
-}
-
-fn reason_code(code: u8) -> ReasonCode {
-    ReasonCode::from_u8(code).unwrap_or(ReasonCode::UnspecifiedError)
 }
 
 fn qos(value: u8) -> QoS {
     QoS::from_u8(value).unwrap_or(QoS::AtMostOnce)
 }
 
-fn ack(packet_id: u16, code: u8) -> PubAck {
+fn ack(packet_id: u16, code: ReasonCode) -> PubAck {
     PubAck {
         packet_id,
-        reason: reason_code(code),
+        reason: code,
         properties: AckProperties::default(),
     }
 }
@@ -834,7 +830,7 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
             response_information,
             authentication,
         } => {
-            let properties = if code == reason::SUCCESS {
+            let properties = if code == ReasonCode::Success {
                 ConnAckProperties {
                     session_expiry_interval: session_expiry,
                     receive_maximum: Some(receive_maximum),
@@ -852,7 +848,7 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
             } else {
                 ConnAckProperties::default()
             };
-            connack(reason_code(code), session_present, properties)
+            connack(code, session_present, properties)
         }
         Outbound::Publish {
             packet_id,
@@ -883,12 +879,12 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
         Outbound::PubComp { packet_id, reason } => Packet::PubComp(ack(packet_id, reason)),
         Outbound::SubAck { packet_id, reasons } => Packet::SubAck(SubAck {
             packet_id,
-            reasons: reasons.into_iter().map(reason_code).collect(),
+            reasons,
             properties: AckProperties::default(),
         }),
         Outbound::UnsubAck { packet_id, reasons } => Packet::UnsubAck(UnsubAck {
             packet_id,
-            reasons: reasons.into_iter().map(reason_code).collect(),
+            reasons,
             properties: AckProperties::default(),
         }),
         Outbound::PingResp => Packet::PingResp,
@@ -897,7 +893,7 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
             method,
             data,
         } => Packet::Auth(codec::Auth {
-            reason: reason_code(reason),
+            reason,
             properties: codec::AuthProperties {
                 authentication_method: Some(method.to_owned()),
                 authentication_data: Some(data),
@@ -912,7 +908,7 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
                 return None;
             }
             Packet::Disconnect(Disconnect {
-                reason: reason_code(reason),
+                reason,
                 properties: DisconnectProperties {
                     reason_string: reason_string.map(str::to_owned),
                     ..DisconnectProperties::default()
@@ -972,7 +968,7 @@ async fn writer<W: AsyncWrite + Unpin>(
             let counted = matches!(out, Outbound::Publish { sys: false, .. });
             let last_word = match &out {
                 Outbound::Disconnect { .. } => true,
-                Outbound::ConnAck { reason, .. } => *reason >= 0x80,
+                Outbound::ConnAck { reason, .. } => reason.is_error(),
                 _ => false,
             };
             finished |= last_word;

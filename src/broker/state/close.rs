@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::persist::{Role, Write};
 use super::session::PendingWill;
-use super::{reason, BrokerState, Connection, Outbound, WillRequest};
+use super::{BrokerState, Connection, Outbound, ReasonCode, WillRequest};
 use crate::broker::message::Message;
 use crate::broker::metrics::{CloseReason, DropReason};
 use crate::broker::topic::SessionKey;
@@ -23,7 +23,7 @@ impl BrokerState {
         &mut self,
         connection: u64,
         reason: CloseReason,
-        code: Option<u8>,
+        code: Option<ReasonCode>,
     ) -> Option<Connection> {
         let mut conn = self.connections.remove(&connection)?;
         let answers = std::mem::take(&mut conn.answers);
@@ -37,7 +37,7 @@ impl BrokerState {
             tracing::info!(
                 client_id = %conn.client_id,
                 reason = reason.label(),
-                code = %code.map(|c| format!("0x{c:02X}")).unwrap_or_else(|| "none (MQTT 3.1.1)".into()),
+                code = %code.map(|c| format!("0x{:02X}", c.as_u8())).unwrap_or_else(|| "none (MQTT 3.1.1)".into()),
                 "disconnecting client"
             );
         }
@@ -69,7 +69,7 @@ impl BrokerState {
         &mut self,
         connection: u64,
         reason: CloseReason,
-        code: Option<u8>,
+        code: Option<ReasonCode>,
         now: Instant,
     ) {
         let Some(mut conn) = self.detach_connection(connection, reason, code) else {
@@ -313,7 +313,7 @@ impl BrokerState {
             if let Some(mut conn) = self.detach_connection(
                 connection,
                 CloseReason::Shutdown,
-                Some(reason::SERVER_SHUTTING_DOWN),
+                Some(ReasonCode::ServerShuttingDown),
             ) {
                 conn.will = None;
             }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::persist::{Parked, Role, StorageFailure, Write};
 use super::session::{InflightPhase, Session};
 use super::{
-    reason, BrokerState, ConnectRequest, Connection, ConnectionHandle, KeepAlive, Outbound,
+    BrokerState, ConnectRequest, Connection, ConnectionHandle, KeepAlive, Outbound, ReasonCode,
 };
 use crate::broker::metrics::CloseReason;
 use crate::broker::topic::SessionKey;
@@ -27,17 +27,17 @@ impl BrokerState {
         if self.shutting_down {
             handle.queued.fetch_add(1, Relaxed);
             let _ = handle.outbound.send(Outbound::Disconnect {
-                reason: reason::SERVER_SHUTTING_DOWN,
+                reason: ReasonCode::ServerShuttingDown,
                 reason_string: Some(CloseReason::Shutdown.describe()),
             });
             return;
         }
         let principal = request.principal.clone();
-        let refuse = |handle: &ConnectionHandle, code: u8, client_id: &str, why: &str| {
+        let refuse = |handle: &ConnectionHandle, code: ReasonCode, client_id: &str, why: &str| {
             tracing::info!(
                 client_id,
                 principal = principal.as_deref().unwrap_or("(anonymous)"),
-                reason = %format!("0x{code:02X}"),
+                reason = %format!("0x{:02X}", code.as_u8()),
                 "connection refused: {why}"
             );
             handle.queued.fetch_add(1, Relaxed);
@@ -49,7 +49,7 @@ impl BrokerState {
             self.metrics.disconnected(CloseReason::ConnectRefused);
             refuse(
                 &handle,
-                reason::CLIENT_IDENTIFIER_NOT_VALID,
+                ReasonCode::ClientIdentifierNotValid,
                 &request.client_id,
                 "MQTT 3.1.1 keep alive above limits.max_keep_alive (or 0)",
             );
@@ -61,7 +61,7 @@ impl BrokerState {
                 self.metrics.disconnected(CloseReason::ConnectRefused);
                 refuse(
                     &handle,
-                    reason::CLIENT_IDENTIFIER_NOT_VALID,
+                    ReasonCode::ClientIdentifierNotValid,
                     "",
                     "an empty client id needs clean session 1",
                 );
@@ -103,7 +103,7 @@ impl BrokerState {
                 self.metrics.disconnected(CloseReason::ConnectRefused);
                 refuse(
                     &handle,
-                    reason::NOT_AUTHORIZED,
+                    ReasonCode::NotAuthorized,
                     &client_id,
                     "the session belongs to another principal",
                 );
@@ -123,7 +123,7 @@ impl BrokerState {
                 self.detach_connection(
                     old,
                     CloseReason::TakenOver,
-                    Some(reason::SESSION_TAKEN_OVER),
+                    Some(ReasonCode::SessionTakenOver),
                 );
             }
             // A session with expiry 0 ends with its connection (MQTT 5
@@ -146,7 +146,7 @@ impl BrokerState {
             self.seal_background();
             refuse(
                 &handle,
-                reason::QUOTA_EXCEEDED,
+                ReasonCode::QuotaExceeded,
                 &client_id,
                 "limits.max_sessions reached",
             );
@@ -211,7 +211,7 @@ impl BrokerState {
         }
         let ack = Outbound::ConnAck {
             session_present,
-            reason: reason::SUCCESS,
+            reason: ReasonCode::Success,
             assigned_client_id: assigned,
             session_expiry: (request.v5 && expiry != wanted_expiry).then_some(expiry),
             receive_maximum: self.limits.receive_maximum,
@@ -317,7 +317,7 @@ impl BrokerState {
             .map(|entry| match (&entry.phase, &entry.queued) {
                 (InflightPhase::AwaitPubcomp, _) | (_, None) => Outbound::PubRel {
                     packet_id: entry.packet_id,
-                    reason: reason::SUCCESS,
+                    reason: ReasonCode::Success,
                 },
                 (_, Some(q)) => Outbound::Publish {
                     packet_id: entry.packet_id,

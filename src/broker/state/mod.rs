@@ -65,29 +65,10 @@ use session::{IdMap, IdSet, Session};
 pub use persist::{unix_now, Class, Intent, Role, StorageFailure, Write, Written};
 pub use restore::{RestoreSummary, Restored};
 
-/// MQTT 5 reason codes the state machine answers with (3.1.1 connections get
-/// the equivalent return code or nothing; the writer maps them).
-pub mod reason {
-    pub const SUCCESS: u8 = 0x00;
-    pub const DISCONNECT_WITH_WILL: u8 = 0x04;
-    pub const NO_SUBSCRIPTION_EXISTED: u8 = 0x11;
-    pub const UNSPECIFIED: u8 = 0x80;
-    pub const IMPLEMENTATION_SPECIFIC: u8 = 0x83;
-    pub const PROTOCOL_ERROR: u8 = 0x82;
-    pub const CLIENT_IDENTIFIER_NOT_VALID: u8 = 0x85;
-    pub const BAD_USER_NAME_OR_PASSWORD: u8 = 0x86;
-    pub const NOT_AUTHORIZED: u8 = 0x87;
-    pub const SERVER_SHUTTING_DOWN: u8 = 0x8B;
-    pub const SESSION_TAKEN_OVER: u8 = 0x8E;
-    pub const TOPIC_FILTER_INVALID: u8 = 0x8F;
-    pub const TOPIC_NAME_INVALID: u8 = 0x90;
-    pub const PACKET_IDENTIFIER_NOT_FOUND: u8 = 0x92;
-    pub const RECEIVE_MAXIMUM_EXCEEDED: u8 = 0x93;
-    pub const TOPIC_ALIAS_INVALID: u8 = 0x94;
-    pub const PACKET_TOO_LARGE: u8 = 0x95;
-    pub const QUOTA_EXCEEDED: u8 = 0x97;
-    pub const SHARED_SUBSCRIPTIONS_NOT_SUPPORTED: u8 = 0x9E;
-}
+/// The reason codes the state answers with: the codec's own type (MQTT
+/// 3.1.1 connections get the equivalent return code or nothing; the writer
+/// maps them).
+pub use super::codec::ReasonCode;
 
 /// The broker's bounds, from `limits` in the configuration.
 #[derive(Debug, Clone)]
@@ -255,11 +236,11 @@ pub enum Inbound {
     Publish(InboundPublish),
     PubAck {
         packet_id: u16,
-        reason: u8,
+        reason: ReasonCode,
     },
     PubRec {
         packet_id: u16,
-        reason: u8,
+        reason: ReasonCode,
     },
     PubRel {
         packet_id: u16,
@@ -278,7 +259,7 @@ pub enum Inbound {
     },
     PingReq,
     Disconnect {
-        reason: u8,
+        reason: ReasonCode,
         session_expiry: Option<u32>,
     },
 }
@@ -320,7 +301,7 @@ pub enum Event {
     Closed {
         connection: u64,
         reason: CloseReason,
-        disconnect_reason: Option<u8>,
+        disconnect_reason: Option<ReasonCode>,
     },
     /// A connection's writer caught up after the state asked it to say so.
     Drained { connection: u64 },
@@ -337,7 +318,7 @@ pub enum Outbound {
     ConnAck {
         session_present: bool,
         /// v5 reason; the writer maps it to a 3.1.1 return code.
-        reason: u8,
+        reason: ReasonCode,
         assigned_client_id: Option<Arc<str>>,
         /// Set when the broker granted a different session expiry.
         session_expiry: Option<u32>,
@@ -366,47 +347,47 @@ pub enum Outbound {
     },
     PubAck {
         packet_id: u16,
-        reason: u8,
+        reason: ReasonCode,
     },
     PubRec {
         packet_id: u16,
-        reason: u8,
+        reason: ReasonCode,
     },
     PubRel {
         packet_id: u16,
-        reason: u8,
+        reason: ReasonCode,
     },
     PubComp {
         packet_id: u16,
-        reason: u8,
+        reason: ReasonCode,
     },
     SubAck {
         packet_id: u16,
-        reasons: Vec<u8>,
+        reasons: Vec<ReasonCode>,
     },
     UnsubAck {
         packet_id: u16,
-        reasons: Vec<u8>,
+        reasons: Vec<ReasonCode>,
     },
     PingResp,
     /// AUTH of a re-authentication (the connection's reader sends these
     /// itself): 0x18 with the server-first message, 0x00 with server-final.
     Auth {
-        reason: u8,
+        reason: ReasonCode,
         method: &'static str,
         data: Bytes,
     },
     /// v5: send DISCONNECT with this reason (and reason string), then
     /// close. 3.1.1: just close.
     Disconnect {
-        reason: u8,
+        reason: ReasonCode,
         reason_string: Option<&'static str>,
     },
 }
 
 impl Outbound {
     /// A CONNACK refusing the connection with `reason`.
-    pub fn refusing_connack(reason: u8) -> Outbound {
+    pub fn refusing_connack(reason: ReasonCode) -> Outbound {
         Outbound::ConnAck {
             session_present: false,
             reason,
@@ -487,7 +468,7 @@ pub struct BrokerState {
     next_assigned_id: u64,
     /// Connections to close once the current event is handled (closing one
     /// may publish a Will, which must not happen in the middle of a fan-out).
-    doomed: Vec<(u64, CloseReason, Option<u8>)>,
+    doomed: Vec<(u64, CloseReason, Option<ReasonCode>)>,
     scratch_matches: Vec<Match>,
     scratch_deliveries: Vec<Delivery>,
     shutting_down: bool,
@@ -659,7 +640,7 @@ impl BrokerState {
         self.send_retained_backlog(connection, now);
     }
 
-    fn doom(&mut self, connection: u64, reason: CloseReason, code: u8) {
+    fn doom(&mut self, connection: u64, reason: CloseReason, code: ReasonCode) {
         self.doomed.push((connection, reason, Some(code)));
     }
 

@@ -27,7 +27,7 @@ use saguin_format::model::{PublishProps, Record, UnixNanos, UserProperty};
 use tokio::time::Instant;
 
 use super::session::{IdMap, IdSet, InflightPhase};
-use super::{reason, BrokerState, Outbound, WillRequest};
+use super::{BrokerState, Outbound, ReasonCode, WillRequest};
 use crate::broker::codec::{ByteStr, PayloadFormat};
 use crate::broker::message::{Message, MessageProperties};
 use crate::broker::metrics::{CloseReason, DropReason};
@@ -140,11 +140,11 @@ pub struct StorageFailure {
 
 impl StorageFailure {
     /// The MQTT 5 reason code a client is answered with.
-    pub fn reason_code(&self) -> u8 {
+    pub fn reason_code(&self) -> ReasonCode {
         if self.full {
-            reason::QUOTA_EXCEEDED
+            ReasonCode::QuotaExceeded
         } else {
-            reason::IMPLEMENTATION_SPECIFIC
+            ReasonCode::ImplementationSpecificError
         }
     }
 }
@@ -167,7 +167,7 @@ pub(super) enum Parked {
         connection: u64,
         key: SessionKey,
         packet_id: u16,
-        reasons: Vec<u8>,
+        reasons: Vec<ReasonCode>,
         /// Filters whose retained messages are sent after the SUBACK.
         retained_for: Vec<(String, crate::broker::topic::SubOptions)>,
         /// The subscriptions as they were, to put back if the write fails.
@@ -177,7 +177,7 @@ pub(super) enum Parked {
         connection: u64,
         key: SessionKey,
         packet_id: u16,
-        reasons: Vec<u8>,
+        reasons: Vec<ReasonCode>,
         undo: Vec<(String, super::session::SessionSubscription)>,
     },
     /// A publish routed once its retained value, hold or log entry is
@@ -197,7 +197,7 @@ pub(super) enum Parked {
     Close {
         connection: u64,
         reason: CloseReason,
-        code: Option<u8>,
+        code: Option<ReasonCode>,
     },
 }
 
@@ -215,7 +215,7 @@ pub(super) struct ParkedPublish {
     /// The retained index changes at commit: set (true) or delete.
     pub retain_change: Option<bool>,
     /// The v5 reason the publisher is answered with on success.
-    pub code: u8,
+    pub code: ReasonCode,
 }
 
 #[derive(Debug)]
@@ -570,7 +570,7 @@ impl BrokerState {
                     let code = failure.reason_code();
                     let reasons = reasons
                         .into_iter()
-                        .map(|r| if r < 0x80 { code } else { r })
+                        .map(|r| if r.is_error() { r } else { code })
                         .collect();
                     self.refuse_or_answer(connection, Outbound::SubAck { packet_id, reasons });
                 }
@@ -590,7 +590,7 @@ impl BrokerState {
                     let code = failure.reason_code();
                     let reasons = reasons
                         .into_iter()
-                        .map(|r| if r < 0x80 { code } else { r })
+                        .map(|r| if r.is_error() { r } else { code })
                         .collect();
                     self.refuse_or_answer(connection, Outbound::UnsubAck { packet_id, reasons });
                 }
@@ -604,7 +604,7 @@ impl BrokerState {
                     packet_id,
                     reason: failure
                         .as_ref()
-                        .map_or(reason::SUCCESS, StorageFailure::reason_code),
+                        .map_or(ReasonCode::Success, StorageFailure::reason_code),
                 };
                 if failure.is_some() {
                     self.refuse_or_answer(connection, packet);

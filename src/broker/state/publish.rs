@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::persist::{Parked, ParkedPublish, Role, StorageFailure, Write};
 use super::session::{InflightEntry, InflightPhase, QueuedMessage};
-use super::{reason, BrokerState, Inbound, InboundPublish, Outbound};
+use super::{BrokerState, Inbound, InboundPublish, Outbound, ReasonCode};
 use crate::broker::codec::{self, ByteStr, ProtocolVersion, PublishParts, QoS};
 use crate::broker::message::Message;
 use crate::broker::metrics::{CloseReason, DropReason};
@@ -42,7 +42,7 @@ impl BrokerState {
                 let session = self.sessions.get_mut(&key).expect("connected session");
                 match session.inflight.get_mut(packet_id) {
                     Some(entry) if matches!(entry.phase, InflightPhase::AwaitPubrec) => {
-                        if code >= 0x80 {
+                        if code.is_error() {
                             // v5: the receiver refused it; the exchange ends here.
                             self.finish_exchange(key, packet_id);
                             self.promote(key, now);
@@ -57,7 +57,7 @@ impl BrokerState {
                                 connection,
                                 Outbound::PubRel {
                                     packet_id,
-                                    reason: reason::SUCCESS,
+                                    reason: ReasonCode::Success,
                                 },
                                 now,
                             );
@@ -68,17 +68,19 @@ impl BrokerState {
                             connection,
                             Outbound::PubRel {
                                 packet_id,
-                                reason: reason::SUCCESS,
+                                reason: ReasonCode::Success,
                             },
                             now,
                         );
                     }
-                    Some(_) => self.doom(connection, CloseReason::Protocol, reason::PROTOCOL_ERROR),
+                    Some(_) => {
+                        self.doom(connection, CloseReason::Protocol, ReasonCode::ProtocolError)
+                    }
                     None => self.reply(
                         connection,
                         Outbound::PubRel {
                             packet_id,
-                            reason: reason::PACKET_IDENTIFIER_NOT_FOUND,
+                            reason: ReasonCode::PacketIdentifierNotFound,
                         },
                         now,
                     ),
@@ -123,7 +125,7 @@ impl BrokerState {
                         connection,
                         Outbound::PubComp {
                             packet_id,
-                            reason: reason::PACKET_IDENTIFIER_NOT_FOUND,
+                            reason: ReasonCode::PacketIdentifierNotFound,
                         },
                         now,
                     );
@@ -147,12 +149,12 @@ impl BrokerState {
                     if session.expiry_interval == 0 && asked != 0 {
                         // MQTT 5 3.14.2.2.2: a session that was to end with
                         // the connection cannot be made to outlive it here.
-                        self.doom(connection, CloseReason::Protocol, reason::PROTOCOL_ERROR);
+                        self.doom(connection, CloseReason::Protocol, ReasonCode::ProtocolError);
                         return;
                     }
                     session.expiry_interval = asked.min(self.limits.max_session_expiry);
                 }
-                let close_reason = if code == reason::DISCONNECT_WITH_WILL {
+                let close_reason = if code == ReasonCode::DisconnectWithWillMessage {
                     CloseReason::ClientDisconnectWithWill
                 } else {
                     CloseReason::ClientDisconnect
@@ -210,7 +212,7 @@ impl BrokerState {
                 connection,
                 Outbound::PubRec {
                     packet_id,
-                    reason: reason::SUCCESS,
+                    reason: ReasonCode::Success,
                 },
                 now,
             );
@@ -235,7 +237,7 @@ impl BrokerState {
             && !self.retained.contains(&topic);
         if over_retained {
             tracing::warn!(client_id = %client_id, max_retained = self.limits.max_retained, "retained publish refused: limits.max_retained topics are retained already");
-            self.refuse_publish(connection, qos, packet_id, reason::QUOTA_EXCEEDED);
+            self.refuse_publish(connection, qos, packet_id, ReasonCode::QuotaExceeded);
             return;
         }
         let message = Arc::new(Message {
@@ -255,7 +257,7 @@ impl BrokerState {
                 self.doom(
                     connection,
                     CloseReason::Protocol,
-                    reason::RECEIVE_MAXIMUM_EXCEEDED,
+                    ReasonCode::ReceiveMaximumExceeded,
                 );
                 return;
             }
@@ -267,7 +269,7 @@ impl BrokerState {
             }
         }
         if !allowed {
-            let code = reason::NOT_AUTHORIZED;
+            let code = ReasonCode::NotAuthorized;
             let parked = Parked::Publish(Box::new(ParkedPublish {
                 connection: Some(connection),
                 packet_id,
@@ -292,7 +294,7 @@ impl BrokerState {
             deliveries: parts.deliveries,
             logged: parts.logged,
             retain_change: parts.retain_change,
-            code: reason::SUCCESS,
+            code: ReasonCode::Success,
         };
         if self.must_queue(connection) {
             self.park_or_answer(connection, Parked::Publish(Box::new(publish)), now);
@@ -303,7 +305,7 @@ impl BrokerState {
     }
 
     /// A publish refused before anything was written.
-    fn refuse_publish(&mut self, connection: u64, qos: u8, packet_id: u16, code: u8) {
+    fn refuse_publish(&mut self, connection: u64, qos: u8, packet_id: u16, code: ReasonCode) {
         match qos {
             1 => self.refuse_or_answer(
                 connection,
@@ -424,7 +426,7 @@ impl BrokerState {
                 .retained
                 .store(self.retained.len() as i64, Relaxed);
         }
-        if p.code == reason::SUCCESS {
+        if p.code == ReasonCode::Success {
             let offset = if p.logged { appended } else { None };
             self.fan_out(&p.message, p.deliveries, offset, now);
         }
@@ -464,7 +466,7 @@ impl BrokerState {
                 deliveries: parts.deliveries,
                 logged: parts.logged,
                 retain_change: parts.retain_change,
-                code: reason::SUCCESS,
+                code: ReasonCode::Success,
             })),
             now,
         );

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::persist::Parked;
 use super::session::{QueuedMessage, SessionSubscription};
-use super::{reason, BrokerState, RetainedDue};
+use super::{BrokerState, ReasonCode, RetainedDue};
 use crate::broker::metrics::CloseReason;
 use crate::broker::topic::{SessionKey, SubOptions};
 use crate::topic;
@@ -31,14 +31,14 @@ impl BrokerState {
             let parsed = match topic::parse_filter(&raw) {
                 Ok(p) => p,
                 Err(_) => {
-                    reasons.push(reason::TOPIC_FILTER_INVALID);
+                    reasons.push(ReasonCode::TopicFilterInvalid);
                     continue;
                 }
             };
             if parsed.share_group.is_some() && options.no_local {
                 // MQTT 5 3.8.3.1: No Local on a shared subscription.
                 self.undo_subscriptions(key, undo);
-                self.doom(connection, CloseReason::Protocol, reason::PROTOCOL_ERROR);
+                self.doom(connection, CloseReason::Protocol, ReasonCode::ProtocolError);
                 return;
             }
             let log_next = self.persist.log_next;
@@ -50,13 +50,13 @@ impl BrokerState {
                     parsed.filter,
                 )
             {
-                reasons.push(reason::NOT_AUTHORIZED);
+                reasons.push(ReasonCode::NotAuthorized);
                 continue;
             }
             let existed = session.subscriptions.contains_key(&raw);
             if !existed && session.subscriptions.len() >= self.limits.max_subscriptions_per_session
             {
-                reasons.push(reason::QUOTA_EXCEEDED);
+                reasons.push(ReasonCode::QuotaExceeded);
                 continue;
             }
             let previous = session.subscriptions.insert(
@@ -75,7 +75,7 @@ impl BrokerState {
             if !replaced {
                 self.metrics.subscriptions.fetch_add(1, Relaxed);
             }
-            reasons.push(options.qos);
+            reasons.push(ReasonCode::from_u8(options.qos).unwrap_or(ReasonCode::UnspecifiedError));
             let wants_retained = match options.retain_handling {
                 0 => true,
                 1 => !existed,
@@ -116,9 +116,9 @@ impl BrokerState {
             match self.unsubscribe(key, &raw) {
                 Some(sub) => {
                     undo.push((raw, sub));
-                    reasons.push(reason::SUCCESS);
+                    reasons.push(ReasonCode::Success);
                 }
-                None => reasons.push(reason::NO_SUBSCRIPTION_EXISTED),
+                None => reasons.push(ReasonCode::NoSubscriptionExisted),
             }
         }
         if self.sessions[&key].stored && !undo.is_empty() {

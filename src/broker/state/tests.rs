@@ -244,7 +244,10 @@ fn late_events_of_a_taken_over_generation_do_nothing() {
     store.commit_all(&mut s, now);
     assert!(matches!(
         old.drain().last(),
-        Some(Outbound::Disconnect { reason: 0x8E, .. })
+        Some(Outbound::Disconnect {
+            reason: ReasonCode::SessionTakenOver,
+            ..
+        })
     ));
     assert!(matches!(
         new.drain().first(),
@@ -387,7 +390,7 @@ fn unreleased_qos2_holds_expire_and_are_counted() {
         o,
         Outbound::PubComp {
             packet_id: 5,
-            reason: 0x92
+            reason: ReasonCode::PacketIdentifierNotFound
         }
     )));
 }
@@ -404,7 +407,13 @@ fn no_connack_before_the_persistent_session_is_committed() {
     assert!(c.drain().is_empty());
     store.commit_all(&mut s, now);
     let out = c.drain();
-    assert!(matches!(out[0], Outbound::ConnAck { reason: 0, .. }));
+    assert!(matches!(
+        out[0],
+        Outbound::ConnAck {
+            reason: ReasonCode::Success,
+            ..
+        }
+    ));
     assert!(matches!(out[1], Outbound::PingResp));
     assert!(
         matches!(store.writes[0], Write::SaveSession(ref e) if e.client_id == "c" && e.detached_at == 0)
@@ -420,7 +429,10 @@ fn a_failed_session_write_refuses_v5_with_its_reason_and_cuts_v311() {
     store.fail_all(&mut s, now, true);
     assert!(matches!(
         v5.drain().first(),
-        Some(Outbound::ConnAck { reason: 0x97, .. })
+        Some(Outbound::ConnAck {
+            reason: ReasonCode::QuotaExceeded,
+            ..
+        })
     ));
     let mut v3 = connect_with(&mut s, 2, "b", false, false, now);
     store.fail_all(&mut s, now, false);
@@ -474,7 +486,7 @@ fn a_failed_retained_write_answers_its_reason_and_changes_nothing() {
         c.drain().first(),
         Some(Outbound::PubAck {
             packet_id: 7,
-            reason: 0x83
+            reason: ReasonCode::ImplementationSpecificError
         })
     ));
     assert_eq!(s.retained_count(), 0);
@@ -498,7 +510,7 @@ fn retained_topics_are_capped() {
         );
         store.commit_all(&mut s, now);
     }
-    let codes: Vec<u8> = c
+    let codes: Vec<ReasonCode> = c
         .drain()
         .iter()
         .filter_map(|o| match o {
@@ -508,7 +520,12 @@ fn retained_topics_are_capped() {
         .collect();
     assert_eq!(
         codes,
-        vec![0, 0, 0x97, 0],
+        vec![
+            ReasonCode::Success,
+            ReasonCode::Success,
+            ReasonCode::QuotaExceeded,
+            ReasonCode::Success
+        ],
         "a new topic past the cap is refused, a replacement is not"
     );
 }
@@ -548,7 +565,7 @@ fn offline_messages_live_once_in_the_broadcast_log_and_leave_it_when_acknowledge
             conn,
             vec![Inbound::PubAck {
                 packet_id,
-                reason: 0,
+                reason: ReasonCode::Success,
             }],
             now,
         );
@@ -682,7 +699,16 @@ fn persistent_sessions_past_the_cap_are_refused_with_0x97() {
     if let Some(Outbound::ConnAck { reason, .. }) = again.drain().first() {
         codes.push(*reason);
     }
-    assert_eq!(codes, vec![0, 0, 0x97, 0, 0]);
+    assert_eq!(
+        codes,
+        vec![
+            ReasonCode::Success,
+            ReasonCode::Success,
+            ReasonCode::QuotaExceeded,
+            ReasonCode::Success,
+            ReasonCode::Success
+        ]
+    );
 }
 
 /// Whether the CONNACK among `out` says a session was present.
@@ -690,7 +716,7 @@ fn session_present(out: &[Outbound]) -> bool {
     match out.iter().find(|o| matches!(o, Outbound::ConnAck { .. })) {
         Some(Outbound::ConnAck {
             session_present,
-            reason: 0,
+            reason: ReasonCode::Success,
             ..
         }) => *session_present,
         other => panic!("expected a successful CONNACK, got {other:?}"),
