@@ -24,7 +24,10 @@ impl BrokerState {
         let key = conn.session;
         let v5 = conn.v5;
         match packet {
-            Inbound::Publish(publish) => self.on_publish(connection, key, v5, publish, now),
+            Inbound::Publish(publish) => {
+                let answers_pending = !conn.answers.is_empty();
+                self.on_publish(connection, key, v5, answers_pending, publish, now)
+            }
             Inbound::PubAck { packet_id, .. } => {
                 let session = self.sessions.get_mut(&key).expect("connected session");
                 if matches!(
@@ -192,6 +195,9 @@ impl BrokerState {
         connection: u64,
         key: SessionKey,
         v5: bool,
+        // Answers of this connection still wait for a commit: this one
+        // waits behind them.
+        answers_pending: bool,
         publish: InboundPublish,
         now: Instant,
     ) {
@@ -226,7 +232,6 @@ impl BrokerState {
                     &session.client_id,
                     &topic,
                 ));
-        let client_id = session.client_id.clone();
         let stored_session = session.stored;
         // A retained publish to a new topic past limits.max_retained is
         // refused: no client grows the broker without bound.
@@ -236,7 +241,7 @@ impl BrokerState {
             && self.retained.len() >= self.limits.max_retained
             && !self.retained.contains(&topic);
         if over_retained {
-            tracing::warn!(client_id = %client_id, max_retained = self.limits.max_retained, "retained publish refused: limits.max_retained topics are retained already");
+            tracing::warn!(client_id = %session.client_id, max_retained = self.limits.max_retained, "retained publish refused: limits.max_retained topics are retained already");
             self.refuse_publish(connection, qos, packet_id, ReasonCode::QuotaExceeded);
             return;
         }
@@ -264,6 +269,7 @@ impl BrokerState {
             if stored_session {
                 // The hold is stored before PUBREC: a restart between the
                 // two must still know the id was routed.
+                let client_id = self.sessions[&key].client_id.clone();
                 let held = self.held_publish(&client_id, packet_id, &message, now);
                 self.stage(Role::Sessions, Write::Hold(held));
             }
@@ -284,7 +290,7 @@ impl BrokerState {
             self.park_or_answer(connection, parked, now);
             return;
         }
-        let parts = self.stage_publish(message, Some(key), &client_id, now);
+        let parts = self.stage_publish(message, Some(key), "", now);
         let publish = ParkedPublish {
             connection: Some(connection),
             packet_id,
@@ -296,7 +302,7 @@ impl BrokerState {
             retain_change: parts.retain_change,
             code: ReasonCode::Success,
         };
-        if self.must_queue(connection) {
+        if answers_pending || self.has_staged() {
             self.park_or_answer(connection, Parked::Publish(Box::new(publish)), now);
         } else {
             // Nothing to store: routed and answered at once.
@@ -327,6 +333,8 @@ impl BrokerState {
 
     /// Stage what a publish writes: its retained value and, when a
     /// persistent session is owed it at QoS 1/2, one broadcast log entry.
+    /// `client_id` names the publisher when `publisher` is `None` (a Will);
+    /// a client's publish looks its id up only when a record is written.
     fn stage_publish(
         &mut self,
         message: Arc<Message>,
@@ -334,10 +342,16 @@ impl BrokerState {
         client_id: &str,
         now: Instant,
     ) -> ParkedPublishParts {
+        let publisher_id = |this: &Self| -> Arc<str> {
+            publisher
+                .and_then(|k| this.sessions.get(&k))
+                .map_or_else(|| Arc::from(client_id), |s| s.client_id.clone())
+        };
         let retain_change = message.retain.then(|| !message.payload.is_empty());
         match retain_change {
             Some(true) => {
-                let record = self.record_of(&message, client_id, now);
+                let id = publisher_id(self);
+                let record = self.record_of(&message, &id, now);
                 self.stage(Role::Retained, Write::SetRetained(record));
             }
             Some(false) => self.stage(
@@ -352,7 +366,8 @@ impl BrokerState {
                 .iter()
                 .any(|d| self.owed_durably(d.session, d.qos.min(message.qos)));
         if logged {
-            let record = self.record_of(&message, client_id, now);
+            let id = publisher_id(self);
+            let record = self.record_of(&message, &id, now);
             self.stage(Role::Sessions, Write::AppendLog(record));
         }
         ParkedPublishParts {
