@@ -709,6 +709,41 @@ fn staging_entries(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Files created in a directory, as the kernel reports them (inotify): a
+/// test waits on the event instead of polling the directory.
+struct CreatedIn(std::os::fd::OwnedFd);
+
+impl CreatedIn {
+    fn watch(dir: &Path) -> CreatedIn {
+        use std::os::fd::FromRawFd;
+        let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: plain syscalls on a descriptor this value owns.
+        unsafe {
+            let fd = libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK);
+            assert!(fd >= 0, "inotify_init1");
+            assert!(libc::inotify_add_watch(fd, path.as_ptr(), libc::IN_CREATE) >= 0);
+            CreatedIn(std::os::fd::OwnedFd::from_raw_fd(fd))
+        }
+    }
+
+    /// Until something was created (or `most` passed), then drain.
+    fn wait(&self, most: std::time::Duration) {
+        use std::os::fd::AsRawFd;
+        let mut poll = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(most.as_millis()).unwrap_or(i32::MAX);
+        let mut buf = [0u8; 4096];
+        // SAFETY: one pollfd, and a read into a buffer of its stated size.
+        unsafe {
+            libc::poll(&mut poll, 1, ms);
+            while libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) > 0 {}
+        }
+    }
+}
+
 /// A directory large enough that a migration of it is still writing when
 /// its temporary file is first seen.
 fn big_dir(dir: &Path) {
@@ -726,6 +761,8 @@ fn item8_a_migration_stopped_half_way_leaves_nothing_at_the_destination() {
     let out_dir = tmp.path().join("out");
     std::fs::create_dir(&out_dir).unwrap();
     let db = out_dir.join("s.db");
+    // Watched before the migration starts, so its creation is not missed.
+    let created = CreatedIn::watch(&out_dir);
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_saguin"))
         .args(["migrate", "to-sqlite"])
         .arg(&src)
@@ -741,9 +778,9 @@ fn item8_a_migration_stopped_half_way_leaves_nothing_at_the_destination() {
             child.try_wait().unwrap().is_none(),
             "the migration ended before its temporary file was seen"
         );
-        assert!(std::time::Instant::now() < deadline, "no temporary file");
-        // Polling for the file, not timing the migration.
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(!left.is_zero(), "no temporary file");
+        created.wait(left);
     }
     // SIGTERM, as a supervisor stops it.
     let pid = child.id() as i32;

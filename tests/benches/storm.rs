@@ -15,7 +15,7 @@ mod bench_support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,7 @@ use saguin::broker::codec::{
     SubscribeProperties, SubscriptionOptions,
 };
 use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, watch, Notify};
 
 const PUBLISHERS: usize = 10;
 const RATE_PER_PUBLISHER: u64 = 200;
@@ -45,11 +46,12 @@ fn config(dir: &Path) -> Result<PathBuf, Error> {
     Ok(path)
 }
 
-/// The durable subscriber: acknowledges everything, counts what arrives.
+/// The durable subscriber: acknowledges everything, counts what arrives
+/// on `received`, until `done` is notified.
 async fn subscriber(
     addr: SocketAddr,
-    received: Arc<AtomicU64>,
-    done: Arc<AtomicBool>,
+    received: watch::Sender<u64>,
+    done: Arc<Notify>,
 ) -> Result<(), Error> {
     let (mut conn, _) = Conn::connect(addr, "storm-subscriber", false).await?;
     conn.send(&Packet::Subscribe(Subscribe {
@@ -64,21 +66,20 @@ async fn subscriber(
         properties: SubscribeProperties::default(),
     }))
     .await?;
-    while !done.load(Ordering::Acquire) {
-        let next = tokio::time::timeout(Duration::from_millis(500), conn.next()).await;
-        match next {
-            Err(_) => continue,
-            Ok(packet) => match packet? {
-                Packet::Publish(p) => {
-                    received.fetch_add(1, Ordering::AcqRel);
-                    conn.send(&Packet::PubAck(PubAck::new(p.packet_id))).await?;
-                }
-                Packet::SubAck(_) => {}
-                other => return Err(format!("subscriber got {other:?}").into()),
-            },
+    loop {
+        let packet = tokio::select! {
+            _ = done.notified() => return Ok(()),
+            packet = conn.next() => packet?,
+        };
+        match packet {
+            Packet::Publish(p) => {
+                received.send_modify(|n| *n += 1);
+                conn.send(&Packet::PubAck(PubAck::new(p.packet_id))).await?;
+            }
+            Packet::SubAck(_) => {}
+            other => return Err(format!("subscriber got {other:?}").into()),
         }
     }
-    Ok(())
 }
 
 /// A paced publisher: returns (sent at, PUBACK latency) pairs.
@@ -87,6 +88,7 @@ async fn publisher(
     id: usize,
     stop: Arc<AtomicBool>,
     epoch: Instant,
+    acknowledged_once: mpsc::Sender<()>,
 ) -> Result<Vec<(Duration, Duration)>, Error> {
     let (conn, _) = Conn::connect(addr, &format!("storm-pub-{id}"), true).await?;
     let (mut rd, mut wr) = conn.into_split();
@@ -129,6 +131,9 @@ async fn publisher(
                 if let Some(at) = sent_at.lock().unwrap().remove(&a.packet_id) {
                     latencies.push((at - epoch, now - at));
                 }
+                if latencies.len() == 1 {
+                    let _ = acknowledged_once.send(()).await;
+                }
             }
             Ok(Ok(other)) => return Err(format!("publisher got {other:?}").into()),
             Ok(Err(e)) => return Err(e),
@@ -164,16 +169,31 @@ async fn storm(sessions: usize, alone: bool) -> Result<Storm, Error> {
     };
     let addr = broker.addr;
     make_sessions(addr, sessions).await?;
-    let received = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let sub = tokio::spawn(subscriber(addr, received.clone(), done.clone()));
+    let (received, mut counted) = watch::channel(0u64);
+    let done = Arc::new(Notify::new());
+    let sub = tokio::spawn(subscriber(addr, received, done.clone()));
     let epoch = Instant::now();
-    // The publishers run from a second before the storm to a second after.
+    // The publishers run from before the storm (each has had a PUBACK) to
+    // its last CONNACK.
     let stop_publishing = Arc::new(AtomicBool::new(false));
+    let (ready_tx, mut ready) = mpsc::channel(PUBLISHERS);
     let pubs: Vec<_> = (0..PUBLISHERS)
-        .map(|p| tokio::spawn(publisher(addr, p, stop_publishing.clone(), epoch)))
+        .map(|p| {
+            tokio::spawn(publisher(
+                addr,
+                p,
+                stop_publishing.clone(),
+                epoch,
+                ready_tx.clone(),
+            ))
+        })
         .collect();
-    tokio::time::sleep_until((epoch + Duration::from_secs(1)).into()).await;
+    drop(ready_tx);
+    for _ in 0..PUBLISHERS {
+        tokio::time::timeout(Duration::from_secs(30), ready.recv())
+            .await?
+            .ok_or("a publisher stopped before its first PUBACK")?;
+    }
     let begun = Instant::now();
     let mut connects = Vec::with_capacity(sessions);
     for s in 0..sessions {
@@ -198,20 +218,22 @@ async fn storm(sessions: usize, alone: bool) -> Result<Storm, Error> {
         held.push(conn);
     }
     let total = last - begun;
-    tokio::time::sleep(Duration::from_secs(1)).await;
     stop_publishing.store(true, Ordering::Release);
     let mut latencies = Vec::new();
     for p in pubs {
         latencies.extend(p.await?.map_err(|e| format!("publisher: {e}"))?);
     }
     let published = latencies.len();
-    // Wait for the subscriber to have everything (bounded).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while received.load(Ordering::Acquire) < published as u64 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    done.store(true, Ordering::Release);
-    let _ = sub.await;
+    // Wait for the subscriber to have everything (bounded): short of it
+    // after a minute, the report shows what it got.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(60),
+        counted.wait_for(|n| *n >= published as u64),
+    )
+    .await;
+    let received = *counted.borrow();
+    done.notify_one();
+    sub.await?.map_err(|e| format!("subscriber: {e}"))?;
     drop(held);
     let mut during: Vec<Duration> = latencies
         .iter()
@@ -232,7 +254,7 @@ async fn storm(sessions: usize, alone: bool) -> Result<Storm, Error> {
         puback_p50: pick(0.5),
         puback_p99: pick(0.99),
         published,
-        received: received.load(Ordering::Acquire),
+        received,
     })
 }
 

@@ -135,17 +135,26 @@ impl Broker {
     /// The first log line `matches` accepts, waiting (bounded) for the
     /// broker to write it: log lines reach the test through a pipe.
     pub fn wait_log(&self, matches: impl Fn(&str) -> bool) -> String {
+        self.wait_log_count(matches, 1).remove(0)
+    }
+
+    /// Every log line `matches` accepts, once there are at least `count`
+    /// (bounded wait).
+    pub fn wait_log_count(&self, matches: impl Fn(&str) -> bool, count: usize) -> Vec<String> {
         let (log, timeout) = self
             .logged
             .wait_timeout_while(self.log.lock().unwrap(), WAIT, |log| {
-                !log.iter().any(|l| matches(l))
+                log.iter().filter(|l| matches(l)).count() < count
             })
             .unwrap();
         if timeout.timed_out() {
             drop(log);
-            panic!("no such log line within {WAIT:?}:\n{}", self.log_text());
+            panic!(
+                "fewer than {count} such log lines within {WAIT:?}:\n{}",
+                self.log_text()
+            );
         }
-        log.iter().find(|l| matches(l)).expect("found").clone()
+        log.iter().filter(|l| matches(l)).cloned().collect()
     }
 
     /// Start a new broker on this one's directory (this one must have
