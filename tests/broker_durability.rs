@@ -318,3 +318,27 @@ fn a_qos2_hold_survives_kill_9_on_sqlite() {
     let broker = broker.restart(&yaml);
     runtime().block_on(qos2_publisher_after(&broker));
 }
+
+/// A retained message on a topic starting with `$` (not `$SYS`, which is
+/// the broker's) comes back too: `#` alone would not have reached it.
+#[test]
+fn a_dollar_topics_retained_message_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = memory_config(dir.path());
+    let mut broker = Broker::start_in(dir, &yaml);
+    runtime().block_on(async {
+        let mut p = Raw::tcp(broker.addr(), v5()).await;
+        p.connect("pub", ConnectOpts::clean()).await;
+        p.publish_acked("$site/state", b"up", 1, true, 1).await;
+    });
+    assert_eq!(broker.terminate(), Some(0));
+    let broker = broker.restart(&yaml);
+    runtime().block_on(async {
+        let mut r = Raw::tcp(broker.addr(), v5()).await;
+        r.connect("reader", ConnectOpts::clean()).await;
+        r.subscribe(1, "$site/#", 1).await;
+        let m = r.next_publish(true).await;
+        assert_eq!((&*m.topic, &m.payload[..]), ("$site/state", &b"up"[..]));
+        assert!(m.retain);
+    });
+}

@@ -391,6 +391,10 @@ pub trait LatestStore: Send + Sync {
     /// ordered by offset.
     fn match_filter(&self, filter: &str) -> Result<Vec<Record>>;
 
+    /// Every current value, whatever its topic (`#` leaves out topics that
+    /// start with `$`), ordered by offset.
+    fn values(&self) -> Result<Vec<Record>>;
+
     /// Every value set and every deletion at or after offset `since` whose
     /// topic matches, ordered by offset; deletions are records with an empty
     /// payload. `since < floor` is [`StorageError::BelowFloor`]: deletions

@@ -482,7 +482,8 @@ pub fn read_restored(
         messages.extend(chunk);
     }
     Ok(Restored {
-        retained: retained.retained()?.match_filter("#")?,
+        // Every value: `#` would leave the `$` topics behind.
+        retained: retained.retained()?.values()?,
         sessions: sessions.sessions()?.sessions()?,
         cursors: log.cursors()?,
         log_next: log.next(),

@@ -211,6 +211,21 @@ impl MemoryLatest {
     }
 }
 
+impl MemoryLatest {
+    /// The current values (deletions left out) whose topic `keep` accepts,
+    /// ordered by offset.
+    fn live(&self, keep: impl Fn(&str) -> bool) -> Vec<Record> {
+        let st = read(&self.state);
+        st.by_offset
+            .values()
+            .filter(|t| keep(t))
+            .filter_map(|t| st.values.get(t))
+            .filter(|r| !r.payload.is_empty())
+            .map(|r| (**r).clone())
+            .collect()
+    }
+}
+
 impl LatestStore for MemoryLatest {
     fn name(&self) -> &str {
         &self.name
@@ -242,15 +257,11 @@ impl LatestStore for MemoryLatest {
     }
 
     fn match_filter(&self, filter: &str) -> Result<Vec<Record>> {
-        let st = read(&self.state);
-        Ok(st
-            .by_offset
-            .values()
-            .filter(|t| filter_matches(filter, t))
-            .filter_map(|t| st.values.get(t))
-            .filter(|r| !r.payload.is_empty())
-            .map(|r| (**r).clone())
-            .collect())
+        Ok(self.live(|t| filter_matches(filter, t)))
+    }
+
+    fn values(&self) -> Result<Vec<Record>> {
+        Ok(self.live(|_| true))
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> Result<Vec<Record>> {

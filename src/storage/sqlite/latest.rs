@@ -259,6 +259,28 @@ impl Staged for LatestChannel {
     }
 }
 
+impl LatestChannel {
+    /// The current values (deletions left out) whose topic `keep` accepts,
+    /// ordered by offset; `what` names them in an error.
+    fn live(&self, what: &str, keep: impl Fn(&str) -> bool) -> contract::Result<Vec<Record>> {
+        self.shared.read(
+            || format!("channel {}: matching {what}", self.name),
+            |conn| {
+                let mut stmt = conn.prepare_cached(SQL_LIVE)?;
+                let mut rows = stmt.query([&self.name])?;
+                let mut out = Vec::new();
+                while let Some(r) = rows.next()? {
+                    let topic: String = r.get(2)?;
+                    if keep(&topic) {
+                        out.push(record_at(r, 1, r.get(0)?)?);
+                    }
+                }
+                Ok(out)
+            },
+        )
+    }
+}
+
 impl LatestStore for LatestChannel {
     fn name(&self) -> &str {
         &self.name
@@ -308,21 +330,11 @@ impl LatestStore for LatestChannel {
     }
 
     fn match_filter(&self, filter: &str) -> contract::Result<Vec<Record>> {
-        self.shared.read(
-            || format!("channel {}: matching {filter}", self.name),
-            |conn| {
-                let mut stmt = conn.prepare_cached(SQL_LIVE)?;
-                let mut rows = stmt.query([&self.name])?;
-                let mut out = Vec::new();
-                while let Some(r) = rows.next()? {
-                    let topic: String = r.get(2)?;
-                    if filter_matches(filter, &topic) {
-                        out.push(record_at(r, 1, r.get(0)?)?);
-                    }
-                }
-                Ok(out)
-            },
-        )
+        self.live(filter, |topic| filter_matches(filter, topic))
+    }
+
+    fn values(&self) -> contract::Result<Vec<Record>> {
+        self.live("every topic", |_| true)
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> contract::Result<Vec<Record>> {
