@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use turns::{Turns, GIVE_WAY_AFTER};
 
 use super::metrics::Metrics;
-use super::state::{Class, Event, Intent, Restored, Role, StorageFailure, Write, Written};
+use super::state::{Class, Event, Intent, Restored, StorageFailure, Write, Written};
 use crate::storage::contract::{
     BroadcastLog, HeldPublishStore, LatestStore, Provider, ProviderKind, SessionStore,
     StorageError, BROADCAST_LOG_NAME,
@@ -490,12 +490,4 @@ pub fn read_restored(
         log: messages,
         held: sessions.held_publishes()?.held()?,
     })
-}
-
-/// Which role a provider plays, for logs.
-pub fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::Sessions => "sessions",
-        Role::Retained => "retained",
-    }
 }

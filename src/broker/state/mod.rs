@@ -46,7 +46,7 @@ mod sys;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -644,17 +644,8 @@ impl BrokerState {
         self.doomed.push((connection, reason, Some(code)));
     }
 
-    /// Every stored session's client id and a summary, for tests and logs.
+    /// Retained topics held.
     pub fn retained_count(&self) -> usize {
         self.retained.len()
-    }
-
-    /// The persistent sessions held, by client id (ordered).
-    pub fn persistent_sessions(&self) -> BTreeMap<String, usize> {
-        self.sessions
-            .values()
-            .filter(|s| s.stored)
-            .map(|s| (s.client_id.to_string(), s.subscriptions.len()))
-            .collect()
     }
 }

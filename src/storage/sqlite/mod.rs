@@ -383,10 +383,16 @@ impl Shared {
             }
             *scope = Some(me);
         }
-        let end_scope = || {
-            *self.scope.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            self.scope_ended.notify_all();
-        };
+        // The scope ends however this returns (a panicking body too), so
+        // no other thread's writes wait for ever.
+        struct EndScope<'a>(&'a Shared);
+        impl Drop for EndScope<'_> {
+            fn drop(&mut self) {
+                *self.0.scope.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                self.0.scope_ended.notify_all();
+            }
+        }
+        let _end_scope = EndScope(self);
         let begun = self.writer().and_then(|w| {
             w.conn()
                 .prepare_cached("BEGIN IMMEDIATE")
@@ -396,10 +402,7 @@ impl Shared {
                     self.write_error(Some(w.conn()), "beginning a transaction".into(), 0, &e)
                 })
         });
-        if let Err(e) = begun {
-            end_scope();
-            return Err(e);
-        }
+        begun?;
         let kept = body();
         let ended = self.writer().and_then(|w| {
             let conn = w.conn();
@@ -427,7 +430,6 @@ impl Shared {
                 }
             }
         });
-        end_scope();
         ended
     }
 
