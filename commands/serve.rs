@@ -163,7 +163,13 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         "restoring the broker state and binding the listeners",
     );
     let mut server =
-        match server::prepare(&config, providers.sessions(), providers.retained()).await {
+        match server::prepare(
+        &config,
+        providers.sessions(),
+        providers.retained(),
+        providers.channels(),
+    )
+    .await {
             Ok(server) => server,
             Err(err) => {
                 tracing::error!(error = %err, "cannot start");

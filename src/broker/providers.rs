@@ -149,6 +149,17 @@ impl Opened {
     }
 }
 
+/// An append channel the broker serves: its store, opened and recovered
+/// in its provider before anything listens, and its retention.
+#[derive(Clone)]
+pub struct ServedChannel {
+    pub name: Arc<str>,
+    /// The provider holding the channel (its persister writes the records).
+    pub provider: Arc<dyn Provider>,
+    pub store: Arc<dyn contract::AppendStore>,
+    pub retention: contract::Retention,
+}
+
 /// Every storage provider the broker uses, opened, locked and recovered.
 pub struct Providers {
     opened: Vec<Opened>,
@@ -229,6 +240,11 @@ impl Providers {
     /// The provider keeping retained messages.
     pub fn retained(&self) -> Arc<dyn Provider> {
         self.opened[self.retained].provider()
+    }
+
+    /// Every append channel the configuration names, in configuration order.
+    pub fn channels(&self) -> Vec<ServedChannel> {
+        Vec::new()
     }
 
     /// The provider keeping sessions, the broadcast log and the broadcast

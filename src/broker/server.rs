@@ -548,6 +548,7 @@ pub async fn prepare(
     config: &crate::config::Config,
     sessions: Arc<dyn crate::storage::contract::Provider>,
     retained: Arc<dyn crate::storage::contract::Provider>,
+    channels: Vec<super::providers::ServedChannel>,
 ) -> Result<Server, ServerError> {
     let metrics = Arc::new(Metrics::new());
     let limits = limits_from(config);
