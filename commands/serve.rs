@@ -162,24 +162,24 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         &supervisor,
         "restoring the broker state and binding the listeners",
     );
-    let mut server =
-        match server::prepare(
+    let mut server = match server::prepare(
         &config,
         providers.sessions(),
         providers.retained(),
         providers.channels(),
     )
-    .await {
-            Ok(server) => server,
-            Err(err) => {
-                tracing::error!(error = %err, "cannot start");
-                eprintln!("saguin: {err}");
-                // Nothing was served, so nothing changed: the providers close
-                // and let their locks go without rewriting a snapshot.
-                drop(providers);
-                return Ok(exit::CANNOT);
-            }
-        };
+    .await
+    {
+        Ok(server) => server,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot start");
+            eprintln!("saguin: {err}");
+            // Nothing was served, so nothing changed: the providers close
+            // and let their locks go without rewriting a snapshot.
+            drop(providers);
+            return Ok(exit::CANNOT);
+        }
+    };
     if let Some(supervisor) = &supervisor {
         server.watchdog = match Watchdog::from_env(supervisor.clone()) {
             Ok(watchdog) => watchdog,

@@ -771,6 +771,7 @@ fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbou
         Packet::Subscribe(subscribe) => Inbound::Subscribe {
             packet_id: subscribe.packet_id,
             subscription_id: subscribe.properties.subscription_identifier,
+            user_properties: subscribe.properties.user_properties,
             filters: subscribe
                 .filters
                 .into_iter()

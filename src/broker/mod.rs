@@ -183,6 +183,7 @@ pub mod metrics;
 pub mod notify;
 pub mod persister;
 pub mod providers;
+pub mod reader;
 pub mod server;
 pub mod state;
 pub mod topic;

@@ -56,6 +56,9 @@ pub struct Server {
     pub max_connections: usize,
     pub context: Arc<ConnectionContext>,
     pub persisters: Persisters,
+    /// Reads of channel records for consumers.
+    pub readers: super::reader::Readers,
+    /// Answers of the persisters and readers.
     pub commits: mpsc::UnboundedReceiver<Event>,
     /// `broker.session.ack_commit_interval`: how often acknowledgements,
     /// in-flight tables and cursors are written.
@@ -111,6 +114,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         max_connections,
         context,
         persisters,
+        readers,
         commits,
         flush_interval,
         watchdog,
@@ -128,7 +132,10 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         state,
         events_rx,
         commits,
-        persisters,
+        Storage {
+            persisters,
+            readers,
+        },
         flush_interval,
         notify_shutdown.subscribe(),
         watchdog,
@@ -205,20 +212,34 @@ fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
-/// Hand every intent the state emitted to its persister; answers of inline
-/// persisters go straight back into the state (which may emit more).
+/// Where the state's intents are written and its reads made.
+struct Storage {
+    persisters: Persisters,
+    readers: super::reader::Readers,
+}
+
+/// Hand every intent the state emitted to its persister and every read to
+/// its reader; answers of inline ones go straight back into the state
+/// (which may emit more).
 async fn dispatch(
     state: &mut BrokerState,
-    persisters: &mut Persisters,
+    storage: &mut Storage,
     intents: &mut Vec<Intent>,
+    reads: &mut Vec<super::state::ChannelRead>,
 ) -> Result<(), PersisterGone> {
     loop {
         state.take_intents(intents);
-        if intents.is_empty() {
+        state.take_reads(reads);
+        if intents.is_empty() && reads.is_empty() {
             return Ok(());
         }
         for intent in intents.drain(..) {
-            if let Some(answer) = persisters.submit(intent).await? {
+            if let Some(answer) = storage.persisters.submit(intent).await? {
+                state.handle(answer, Instant::now());
+            }
+        }
+        for read in reads.drain(..) {
+            if let Some(answer) = storage.readers.submit(read) {
                 state.handle(answer, Instant::now());
             }
         }
@@ -231,7 +252,7 @@ async fn broker_task(
     mut state: BrokerState,
     mut events: mpsc::Receiver<Event>,
     mut commits: mpsc::UnboundedReceiver<Event>,
-    mut persisters: Persisters,
+    mut storage: Storage,
     flush_interval: Duration,
     mut shutdown: broadcast::Receiver<()>,
     mut watchdog: Option<super::notify::Watchdog>,
@@ -244,6 +265,7 @@ async fn broker_task(
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut batch = Vec::with_capacity(64);
     let mut intents = Vec::new();
+    let mut reads = Vec::new();
     loop {
         tokio::select! {
             biased;
@@ -264,7 +286,7 @@ async fn broker_task(
             _ = sys.tick() => state.publish_sys(Instant::now()),
             _ = super::notify::ping_due(&watchdog) => {}
         }
-        dispatch(&mut state, &mut persisters, &mut intents).await?;
+        dispatch(&mut state, &mut storage, &mut intents, &mut reads).await?;
         // After every turn, busy or idle: a wedged loop stops the pings.
         if let Some(watchdog) = &mut watchdog {
             watchdog.ping_if_due(Instant::now());
@@ -276,16 +298,16 @@ async fn broker_task(
     while let Ok(event) = events.try_recv() {
         state.handle(event, Instant::now());
     }
-    dispatch(&mut state, &mut persisters, &mut intents).await?;
+    dispatch(&mut state, &mut storage, &mut intents, &mut reads).await?;
     // Every write the state made is answered before the providers close.
     while state.writes_outstanding() > 0 {
         match commits.recv().await {
             Some(committed) => state.handle(committed, Instant::now()),
             None => break,
         }
-        dispatch(&mut state, &mut persisters, &mut intents).await?;
+        dispatch(&mut state, &mut storage, &mut intents, &mut reads).await?;
     }
-    persisters.stop();
+    storage.persisters.stop();
     Ok(())
 }
 
@@ -560,8 +582,9 @@ pub async fn prepare(
     let started = std::time::Instant::now();
     let restored = {
         let (from_sessions, from_retained) = (sessions.clone(), retained.clone());
+        let from_channels = channels.clone();
         tokio::task::spawn_blocking(move || {
-            super::persister::read_restored(&*from_sessions, &*from_retained)
+            super::persister::read_restored(&*from_sessions, &*from_retained, &from_channels)
         })
         .await
         .map_err(|e| ServerError::BrokerFailed(e.to_string()))?
@@ -589,9 +612,14 @@ pub async fn prepare(
         "state restored"
     );
     let (commits_tx, commits) = mpsc::unbounded_channel();
+    for channel in &channels {
+        metrics.register_channel(&channel.name, channel.store.clone());
+    }
+    let readers = super::reader::Readers::new(&channels, metrics.clone(), commits_tx.clone());
     let persisters = Persisters::start(
         sessions.clone(),
         retained.clone(),
+        &channels,
         metrics.clone(),
         commits_tx,
     )
@@ -655,6 +683,7 @@ pub async fn prepare(
         max_connections: config.limits.max_connections as usize,
         context,
         persisters,
+        readers,
         commits,
         flush_interval: config.broker.session.ack_commit_interval,
         watchdog: None,

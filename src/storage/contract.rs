@@ -305,6 +305,13 @@ pub trait AppendStore: Send + Sync {
     /// at a bound; a publish never takes the provider's reserve.
     fn append(&self, record: Record) -> Result<Record>;
 
+    /// Appends several records in order, sharing transactions where the
+    /// provider has them (group commit); one answer per record, each what
+    /// [`AppendStore::append`] would have answered.
+    fn append_batch(&self, records: Vec<Record>) -> Vec<Result<Record>> {
+        records.into_iter().map(|r| self.append(r)).collect()
+    }
+
     /// Every record from `offset` to the end. `offset < floor` is
     /// [`StorageError::BelowFloor`]; `offset > next` is
     /// [`StorageError::PastNext`]; `offset == next` is empty.

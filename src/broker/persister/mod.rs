@@ -26,16 +26,21 @@ use tokio::sync::mpsc;
 use turns::{Turns, GIVE_WAY_AFTER};
 
 use super::metrics::Metrics;
-use super::state::{Class, Event, Intent, Restored, StorageFailure, Write, Written};
+use super::providers::ServedChannel;
+use super::state::{
+    Class, Event, Intent, Restored, RestoredChannel, StorageFailure, Write, Written,
+};
 use crate::storage::contract::{
-    BroadcastLog, HeldPublishStore, LatestStore, Provider, ProviderKind, SessionStore,
+    AppendStore, BroadcastLog, HeldPublishStore, LatestStore, Provider, ProviderKind, SessionStore,
     StorageError, BROADCAST_LOG_NAME,
 };
+use saguin_format::model::Record;
 
 /// Intents queued for a sqlite persister before the broker waits.
 pub const QUEUE: usize = 4096;
 
-/// The stores one role writes to.
+/// The stores one role writes to. A channel's persister holds its
+/// channel and its provider's holds; the others the stores of their role.
 #[derive(Clone)]
 struct Stores {
     handle: Arc<dyn Provider>,
@@ -44,41 +49,97 @@ struct Stores {
     /// (`SAGUIN_SESSION_WRITES_ALONE` set in the environment).
     alone: bool,
     provider: String,
-    sessions: Arc<dyn SessionStore>,
-    log: Arc<dyn BroadcastLog>,
+    sessions: Option<Arc<dyn SessionStore>>,
+    log: Option<Arc<dyn BroadcastLog>>,
     held: Arc<dyn HeldPublishStore>,
-    retained: Arc<dyn LatestStore>,
+    retained: Option<Arc<dyn LatestStore>>,
+    /// The channel's index among those served, and its store.
+    channel: Option<(u16, Arc<dyn AppendStore>)>,
+}
+
+/// What a persister writes.
+pub enum Keeps {
+    Sessions,
+    Retained,
+    /// The append channel of this index.
+    Channel(u16, Arc<dyn AppendStore>),
 }
 
 impl Stores {
-    fn of(provider: Arc<dyn Provider>) -> Result<Stores, StorageError> {
+    fn of(provider: Arc<dyn Provider>, keeps: Keeps) -> Result<Stores, StorageError> {
+        let (sessions, log, retained, channel) = match keeps {
+            Keeps::Sessions => (
+                Some(provider.sessions()?),
+                Some(provider.broadcast_log()?),
+                None,
+                None,
+            ),
+            Keeps::Retained => (None, None, Some(provider.retained()?), None),
+            Keeps::Channel(index, store) => (None, None, None, Some((index, store))),
+        };
         Ok(Stores {
             provider: provider.name().to_owned(),
-            sessions: provider.sessions()?,
-            log: provider.broadcast_log()?,
+            sessions,
+            log,
             held: provider.held_publishes()?,
-            retained: provider.retained()?,
+            retained,
+            channel,
             handle: provider,
             alone: std::env::var_os("SAGUIN_SESSION_WRITES_ALONE").is_some(),
         })
     }
 
+    /// A store this persister does not hold was asked for: a write sent to
+    /// the wrong role, refused rather than written somewhere else.
+    fn missing(&self, what: &str) -> StorageError {
+        StorageError::Invalid {
+            what: format!("provider {}", self.provider),
+            detail: format!("its persister does not keep {what}"),
+        }
+    }
+
+    fn sessions(&self) -> Result<&Arc<dyn SessionStore>, StorageError> {
+        self.sessions
+            .as_ref()
+            .ok_or_else(|| self.missing("sessions"))
+    }
+
+    fn log(&self) -> Result<&Arc<dyn BroadcastLog>, StorageError> {
+        self.log
+            .as_ref()
+            .ok_or_else(|| self.missing("the broadcast log"))
+    }
+
+    fn retained(&self) -> Result<&Arc<dyn LatestStore>, StorageError> {
+        self.retained
+            .as_ref()
+            .ok_or_else(|| self.missing("retained messages"))
+    }
+
+    fn channel(&self) -> Result<(u16, &Arc<dyn AppendStore>), StorageError> {
+        self.channel
+            .as_ref()
+            .map(|(i, c)| (*i, c))
+            .ok_or_else(|| self.missing("a channel"))
+    }
+
     fn apply(&self, write: Write) -> Result<Written, StorageError> {
         match write {
-            Write::SaveSession(entry) => self.sessions.save(entry).map(|()| Written::Done),
+            Write::SaveSession(entry) => self.sessions()?.save(entry).map(|()| Written::Done),
             Write::RemoveSession(client_id) => {
-                self.sessions.remove(&client_id).map(|_| Written::Done)
+                self.sessions()?.remove(&client_id).map(|_| Written::Done)
             }
             Write::SaveCursor { client_id, offset } => self
-                .log
+                .log()?
                 .save_cursor(&client_id, offset)
                 .map(|()| Written::Done),
-            Write::AppendLog(record) => {
-                self.log.append(record).map(|r| Written::Appended(r.offset))
-            }
-            Write::ReleaseLog(offsets) => self.log.release(&offsets).map(|_| Written::Done),
-            Write::SetRetained(record) => self.retained.set(record).map(|_| Written::Done),
-            Write::DeleteRetained(topic) => self.retained.delete(&topic).map(|_| Written::Done),
+            Write::AppendLog(record) => self
+                .log()?
+                .append(record)
+                .map(|r| Written::Appended(r.offset)),
+            Write::ReleaseLog(offsets) => self.log()?.release(&offsets).map(|_| Written::Done),
+            Write::SetRetained(record) => self.retained()?.set(record).map(|_| Written::Done),
+            Write::DeleteRetained(topic) => self.retained()?.delete(&topic).map(|_| Written::Done),
             Write::Hold(held) => self.held.hold(held).map(|()| Written::Done),
             Write::DropHold {
                 client_id,
@@ -86,6 +147,43 @@ impl Stores {
             } => self
                 .held
                 .drop_hold(BROADCAST_LOG_NAME, &client_id, packet_id)
+                .map(|_| Written::Done),
+            Write::Append(record) => {
+                let (index, channel) = self.channel()?;
+                channel
+                    .append(record)
+                    .map(|r| Written::Stored(index, Box::new(r)))
+            }
+            Write::Release {
+                client_id,
+                packet_id,
+            } => {
+                let (index, channel) = self.channel()?;
+                Ok(
+                    match self.held.release(channel.name(), &client_id, packet_id)? {
+                        Some(record) => Written::Stored(index, Box::new(record)),
+                        None => Written::Done,
+                    },
+                )
+            }
+            Write::DropChannelHold {
+                client_id,
+                packet_id,
+            } => {
+                let (_, channel) = self.channel()?;
+                self.held
+                    .drop_hold(channel.name(), &client_id, packet_id)
+                    .map(|_| Written::Done)
+            }
+            Write::SavePosition(position) => self
+                .channel()?
+                .1
+                .save_position(position)
+                .map(|()| Written::Done),
+            Write::DropPosition(reader) => self
+                .channel()?
+                .1
+                .drop_position(&reader)
                 .map(|_| Written::Done),
         }
     }
@@ -126,20 +224,7 @@ impl Stores {
             run.retain(|(i, _)| failed[*i].is_none());
             let answers = match kind {
                 Run::Session if run.len() > 1 => self.sessions_together(&run),
-                Run::Append if run.len() > 1 => {
-                    let records = run
-                        .iter()
-                        .map(|(_, w)| match w {
-                            Write::AppendLog(r) => r.clone(),
-                            _ => unreachable!("an append run holds appends only"),
-                        })
-                        .collect();
-                    self.log
-                        .append_batch(records)
-                        .into_iter()
-                        .map(|r| r.map(|r| Written::Appended(r.offset)))
-                        .collect()
-                }
+                Run::Append | Run::ChannelAppend if run.len() > 1 => self.append_run(&run),
                 _ => run.iter().map(|(_, w)| self.apply(w.clone())).collect(),
             };
             for ((i, _), answer) in run.into_iter().zip(answers) {
@@ -213,6 +298,47 @@ impl Stores {
             .collect()
     }
 
+    /// A run of appends (to the broadcast log, or to this persister's
+    /// channel) as one group commit.
+    fn append_run(&self, run: &[(usize, Write)]) -> Vec<Result<Written, StorageError>> {
+        let records: Vec<Record> = run
+            .iter()
+            .filter_map(|(_, w)| match w {
+                Write::AppendLog(r) | Write::Append(r) => Some(r.clone()),
+                _ => None,
+            })
+            .collect();
+        let to_channel = matches!(run.first(), Some((_, Write::Append(_))));
+        let answers = if to_channel {
+            self.channel().map(|(index, channel)| {
+                channel
+                    .append_batch(records)
+                    .into_iter()
+                    .map(|r| r.map(|r| Written::Stored(index, Box::new(r))))
+                    .collect::<Vec<_>>()
+            })
+        } else {
+            self.log().map(|log| {
+                log.append_batch(records)
+                    .into_iter()
+                    .map(|r| r.map(|r| Written::Appended(r.offset)))
+                    .collect::<Vec<_>>()
+            })
+        };
+        match answers {
+            Ok(answers) => answers,
+            Err(e) => run
+                .iter()
+                .map(|_| {
+                    Err(StorageError::Write {
+                        context: format!("provider {}", self.provider),
+                        detail: e.to_string(),
+                    })
+                })
+                .collect(),
+        }
+    }
+
     /// Session writes in one transaction; alone each when one fails.
     fn sessions_together(&self, run: &[(usize, Write)]) -> Vec<Result<Written, StorageError>> {
         let mut answers = Vec::with_capacity(run.len());
@@ -258,6 +384,8 @@ enum Run {
     Session,
     /// A broadcast log append: group-committed with its neighbours.
     Append,
+    /// A channel append: group-committed with its neighbours.
+    ChannelAppend,
     /// Everything else, alone.
     Single,
 }
@@ -269,9 +397,16 @@ impl Run {
             | Write::RemoveSession(_)
             | Write::SaveCursor { .. }
             | Write::Hold(_)
-            | Write::DropHold { .. } => Run::Session,
+            | Write::DropHold { .. }
+            | Write::DropChannelHold { .. }
+            | Write::SavePosition(_)
+            | Write::DropPosition(_) => Run::Session,
             Write::AppendLog(_) => Run::Append,
-            Write::ReleaseLog(_) | Write::SetRetained(_) | Write::DeleteRetained(_) => Run::Single,
+            Write::Append(_) => Run::ChannelAppend,
+            Write::ReleaseLog(_)
+            | Write::SetRetained(_)
+            | Write::DeleteRetained(_)
+            | Write::Release { .. } => Run::Single,
         }
     }
 }
@@ -334,11 +469,12 @@ impl Persister {
     /// A persister for `provider`, answering on `commits`.
     pub fn start(
         provider: Arc<dyn Provider>,
+        keeps: Keeps,
         metrics: Arc<Metrics>,
         commits: mpsc::UnboundedSender<Event>,
     ) -> Result<Persister, StorageError> {
         let kind = provider.kind();
-        let stores = Stores::of(provider)?;
+        let stores = Stores::of(provider, keeps)?;
         metrics.register_provider(&stores.provider);
         let failures = Failures {
             metrics,
@@ -351,7 +487,10 @@ impl Persister {
             });
         }
         let (queue, mut intents) = mpsc::channel::<Intent>(QUEUE);
-        let name = format!("saguin-persist-{}", stores.provider);
+        let name = match &stores.channel {
+            Some((_, channel)) => format!("saguin-persist-{}", channel.name()),
+            None => format!("saguin-persist-{}", stores.provider),
+        };
         let thread = std::thread::Builder::new()
             .name(name)
             .spawn(move || {
@@ -430,35 +569,51 @@ impl Persister {
 }
 
 /// One persister per role (two roles naming one provider share a provider,
-/// and each role's writes keep their order).
+/// and each role's writes keep their order): sessions, retained, then one
+/// per append channel, by [`Role::index`](super::state::Role::index).
 pub struct Persisters {
-    roles: [Persister; 2],
+    roles: Vec<Persister>,
 }
 
 impl Persisters {
     pub fn start(
         sessions: Arc<dyn Provider>,
         retained: Arc<dyn Provider>,
+        channels: &[ServedChannel],
         metrics: Arc<Metrics>,
         commits: mpsc::UnboundedSender<Event>,
     ) -> Result<Persisters, StorageError> {
-        Ok(Persisters {
-            roles: [
-                Persister::start(sessions, metrics.clone(), commits.clone())?,
-                Persister::start(retained, metrics, commits)?,
-            ],
-        })
+        let mut roles = vec![
+            Persister::start(sessions, Keeps::Sessions, metrics.clone(), commits.clone())?,
+            Persister::start(retained, Keeps::Retained, metrics.clone(), commits.clone())?,
+        ];
+        for (index, channel) in channels.iter().enumerate() {
+            let index = u16::try_from(index).map_err(|_| StorageError::Invalid {
+                what: "channels".into(),
+                detail: "more than 65535 channels".into(),
+            })?;
+            roles.push(Persister::start(
+                channel.provider.clone(),
+                Keeps::Channel(index, channel.store.clone()),
+                metrics.clone(),
+                commits.clone(),
+            )?);
+        }
+        Ok(Persisters { roles })
     }
 
     pub async fn submit(&mut self, intent: Intent) -> Result<Option<Event>, PersisterGone> {
-        let role = intent.role;
-        self.roles[role as usize].submit(intent).await
+        let index = intent.role.index();
+        match self.roles.get_mut(index) {
+            Some(persister) => persister.submit(intent).await,
+            None => Err(PersisterGone(format!("role {index}"))),
+        }
     }
 
     pub fn stop(self) {
-        let [sessions, retained] = self.roles;
-        sessions.stop();
-        retained.stop();
+        for persister in self.roles {
+            persister.stop();
+        }
     }
 }
 
@@ -469,7 +624,24 @@ const RESTORE_CHUNK: usize = 4096;
 pub fn read_restored(
     sessions: &dyn Provider,
     retained: &dyn Provider,
+    channels: &[ServedChannel],
 ) -> Result<Restored, StorageError> {
+    let mut restored_channels = Vec::with_capacity(channels.len());
+    for channel in channels {
+        let holds = channel
+            .provider
+            .held_publishes()?
+            .held()?
+            .into_iter()
+            .filter(|h| h.channel == *channel.name)
+            .collect();
+        restored_channels.push(RestoredChannel {
+            name: channel.name.clone(),
+            next: channel.store.next(),
+            positions: channel.store.positions()?,
+            holds,
+        });
+    }
     let log = sessions.broadcast_log()?;
     let mut messages = Vec::new();
     let mut from = log.floor();
@@ -489,5 +661,6 @@ pub fn read_restored(
         log_next: log.next(),
         log: messages,
         held: sessions.held_publishes()?.held()?,
+        channels: restored_channels,
     })
 }

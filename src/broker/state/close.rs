@@ -158,6 +158,10 @@ impl BrokerState {
         let Some(session) = self.sessions.remove(&key) else {
             return;
         };
+        for channel in &mut self.channels {
+            channel.consumers.retain(|k| *k != key);
+        }
+        self.end_consumers(&session);
         self.metrics.sessions.fetch_sub(1, Relaxed);
         self.detached.remove(&key);
         if self.by_client_id.get(&session.client_id) == Some(&key) {
@@ -182,7 +186,12 @@ impl BrokerState {
         }
         if session.stored {
             let client_id = session.client_id.to_string();
-            let mut holds: Vec<u16> = session.inbound_qos2.keys().copied().collect();
+            let mut holds: Vec<u16> = session
+                .inbound_qos2
+                .keys()
+                .filter(|id| !session.channel_holds.contains_key(id))
+                .copied()
+                .collect();
             holds.sort_unstable();
             for packet_id in holds {
                 self.stage(
@@ -263,6 +272,8 @@ impl BrokerState {
         for key in expired {
             self.end_session(key, now);
         }
+        self.pump_stalled(now);
+        self.run_pumps();
         // Unreleased QoS 2 holds: looked at once a minute at most.
         if self.next_exactly_once_sweep.is_none_or(|at| at <= now) {
             self.next_exactly_once_sweep = Some(now + Duration::from_secs(60));
@@ -280,20 +291,28 @@ impl BrokerState {
                         session.inbound_qos2.remove(id);
                         self.metrics.dropped(DropReason::ExactlyOnceExpired);
                     }
-                    if session.stored {
-                        for id in gone {
-                            dropped.push((session.client_id.to_string(), id));
+                    for id in gone {
+                        let client_id = session.client_id.to_string();
+                        match session.channel_holds.remove(&id) {
+                            Some(channel) => dropped.push((Role::Channel(channel), client_id, id)),
+                            None if session.stored => dropped.push((Role::Sessions, client_id, id)),
+                            None => {}
                         }
                     }
                 }
-                for (client_id, packet_id) in dropped {
-                    self.stage(
-                        Role::Sessions,
+                for (role, client_id, packet_id) in dropped {
+                    let write = if role == Role::Sessions {
                         Write::DropHold {
                             client_id,
                             packet_id,
-                        },
-                    );
+                        }
+                    } else {
+                        Write::DropChannelHold {
+                            client_id,
+                            packet_id,
+                        }
+                    };
+                    self.stage(role, write);
                 }
             }
         }

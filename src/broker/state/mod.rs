@@ -34,6 +34,7 @@
 //! references and the periodic flush) and `restore` (the state rebuilt
 //! from what the providers hold).
 
+mod channel;
 mod close;
 mod connect;
 mod persist;
@@ -62,6 +63,10 @@ use super::topic::{Delivery, Match, SessionKey, SubOptions, SubscriptionIndex};
 use retained::RetainedIndex;
 use session::{IdMap, IdSet, Session};
 
+pub use channel::{
+    parse_from, ChannelRead, ReadWindow, RestoredChannel, Seek, FROM_PROPERTY, GAP_PROPERTY,
+    OFFSET_PROPERTY,
+};
 pub use persist::{unix_now, Class, Intent, Role, StorageFailure, Write, Written};
 pub use restore::{RestoreSummary, Restored};
 
@@ -251,6 +256,8 @@ pub enum Inbound {
     Subscribe {
         packet_id: u16,
         subscription_id: Option<u32>,
+        /// The SUBSCRIBE's User Properties (`saguin-from` among them).
+        user_properties: Vec<(String, String)>,
         filters: Vec<(String, SubOptions)>,
     },
     Unsubscribe {
@@ -309,6 +316,11 @@ pub enum Event {
     Committed {
         ticket: u64,
         result: Result<Vec<Written>, StorageFailure>,
+    },
+    /// A read of channel records asked for with this ticket came back.
+    ChannelRead {
+        ticket: u64,
+        result: Result<ReadWindow, StorageFailure>,
     },
 }
 
@@ -481,6 +493,15 @@ pub struct BrokerState {
     /// Everything about writes: intents waiting to be taken, parked
     /// answers, the broadcast log's references.
     persist: persist::Persistence,
+    /// The append channels served, by index (`Role::Channel`).
+    channels: Vec<channel::Channel>,
+    /// Reads of channel records asked for and not yet taken by the server.
+    reads: Vec<ChannelRead>,
+    /// Reads out: ticket to the session, channel and consumer generation.
+    channel_reads: IdMap<u64, (SessionKey, u16, u64)>,
+    next_read: u64,
+    /// Consumers to let catch up once the current event is handled.
+    pumps_due: Vec<(SessionKey, u16)>,
 }
 
 impl BrokerState {
@@ -510,6 +531,11 @@ impl BrokerState {
             next_exactly_once_sweep: None,
             clock_base,
             persist: persist::Persistence::default(),
+            channels: Vec::new(),
+            reads: Vec::new(),
+            channel_reads: IdMap::default(),
+            next_read: 1,
+            pumps_due: Vec::new(),
         }
     }
 
@@ -570,9 +596,11 @@ impl BrokerState {
             }
             Event::Drained { connection } => self.on_drained(connection, now),
             Event::Committed { ticket, result } => self.on_committed(ticket, result, now),
+            Event::ChannelRead { ticket, result } => self.on_channel_read(ticket, result, now),
         }
         self.close_doomed(now);
         self.run_orphans(now);
+        self.run_pumps();
         // Whatever closing staged (a detached session recorded, a session
         // ended) is written too.
         if self.has_staged() {
@@ -637,7 +665,9 @@ impl BrokerState {
         if conn.answers.len() < ANSWERS_PAUSE {
             let _ = conn.handle.pause.send(false);
         }
+        let key = conn.session;
         self.send_retained_backlog(connection, now);
+        self.pump_all(key, now);
     }
 
     fn doom(&mut self, connection: u64, reason: CloseReason, code: ReasonCode) {

@@ -42,9 +42,32 @@ use crate::storage::contract::{
 pub enum Role {
     /// `broker.session_storage`: sessions, the broadcast log, broadcast
     /// QoS 2 holds.
-    Sessions = 0,
+    Sessions,
     /// `broker.retained_storage`: the retained store.
-    Retained = 1,
+    Retained,
+    /// The append channel of this index (in configuration order): its
+    /// records, holds and positions, in the channel's provider.
+    Channel(u16),
+}
+
+impl Role {
+    /// The role's place among the persisters: sessions, retained, then
+    /// each channel.
+    pub fn index(self) -> usize {
+        match self {
+            Role::Sessions => 0,
+            Role::Retained => 1,
+            Role::Channel(i) => 2 + usize::from(i),
+        }
+    }
+
+    fn of_index(index: usize) -> Role {
+        match index {
+            0 => Role::Sessions,
+            1 => Role::Retained,
+            i => Role::Channel(u16::try_from(i - 2).unwrap_or(u16::MAX)),
+        }
+    }
 }
 
 /// One write for a provider.
@@ -63,12 +86,28 @@ pub enum Write {
     ReleaseLog(Vec<u64>),
     SetRetained(Record),
     DeleteRetained(String),
-    /// A broadcast QoS 2 publish held until its PUBREL.
+    /// A QoS 2 publish held until its PUBREL (in the broadcast log, or
+    /// in the channel its record names).
     Hold(HeldPublish),
     DropHold {
         client_id: String,
         packet_id: u16,
     },
+    /// A record appended to the role's channel; answered with the record.
+    Append(Record),
+    /// A held QoS 2 publish written at the channel's next offset (PUBREL);
+    /// answered with the record.
+    Release {
+        client_id: String,
+        packet_id: u16,
+    },
+    /// A channel hold let go without its record (expired, session ended).
+    DropChannelHold {
+        client_id: String,
+        packet_id: u16,
+    },
+    SavePosition(crate::storage::contract::Position),
+    DropPosition(crate::storage::contract::Reader),
 }
 
 /// What a write came to.
@@ -77,6 +116,8 @@ pub enum Written {
     Done,
     /// The offset an [`Write::AppendLog`] took.
     Appended(u64),
+    /// A record stored in the channel of this index, with its offset.
+    Stored(u16, Box<Record>),
 }
 
 /// Writes for one provider, answered together with one ticket.
@@ -111,7 +152,11 @@ impl Write {
     pub fn is_publish(&self) -> bool {
         matches!(
             self,
-            Write::AppendLog(_) | Write::SetRetained(_) | Write::DeleteRetained(_)
+            Write::AppendLog(_)
+                | Write::SetRetained(_)
+                | Write::DeleteRetained(_)
+                | Write::Append(_)
+                | Write::Release { .. }
         )
     }
 
@@ -121,8 +166,13 @@ impl Write {
             Write::SaveSession(e) => Some(&e.client_id),
             Write::RemoveSession(c) | Write::SaveCursor { client_id: c, .. } => Some(c),
             Write::Hold(h) => Some(&h.client_id),
-            Write::DropHold { client_id, .. } => Some(client_id),
-            Write::AppendLog(_)
+            Write::DropHold { client_id, .. }
+            | Write::Release { client_id, .. }
+            | Write::DropChannelHold { client_id, .. } => Some(client_id),
+            Write::SavePosition(p) => Some(p.reader.id()),
+            Write::DropPosition(r) => Some(r.id()),
+            Write::Append(_)
+            | Write::AppendLog(_)
             | Write::ReleaseLog(_)
             | Write::SetRetained(_)
             | Write::DeleteRetained(_) => None,
@@ -172,6 +222,8 @@ pub(super) enum Parked {
         retained_for: Vec<(String, crate::broker::topic::SubOptions)>,
         /// The subscriptions as they were, to put back if the write fails.
         undo: Vec<(String, Option<super::session::SessionSubscription>)>,
+        /// Channels it subscribed to, where their consumers start.
+        consumers: Vec<super::channel::ConsumerStart>,
     },
     UnsubAck {
         connection: u64,
@@ -179,6 +231,8 @@ pub(super) enum Parked {
         packet_id: u16,
         reasons: Vec<ReasonCode>,
         undo: Vec<(String, super::session::SessionSubscription)>,
+        /// Channels it unsubscribed from.
+        channels: Vec<u16>,
     },
     /// A publish routed once its retained value, hold or log entry is
     /// stored; `ack` is what its publisher is owed (if anything).
@@ -240,7 +294,8 @@ enum Place {
 pub(super) struct Persistence {
     next_ticket: u64,
     next_wait: u64,
-    staged: [Vec<Write>; 2],
+    /// By [`Role::index`].
+    staged: Vec<Vec<Write>>,
     intents: Vec<Intent>,
     tickets: IdMap<u64, u64>,
     waits: IdMap<u64, Wait>,
@@ -263,7 +318,7 @@ impl Default for Persistence {
         Self {
             next_ticket: 1,
             next_wait: 1,
-            staged: [Vec::new(), Vec::new()],
+            staged: vec![Vec::new(), Vec::new()],
             intents: Vec::new(),
             tickets: IdMap::default(),
             waits: IdMap::default(),
@@ -293,7 +348,11 @@ impl BrokerState {
     }
 
     pub(super) fn stage(&mut self, role: Role, write: Write) {
-        self.persist.staged[role as usize].push(write);
+        let index = role.index();
+        if self.persist.staged.len() <= index {
+            self.persist.staged.resize_with(index + 1, Vec::new);
+        }
+        self.persist.staged[index].push(write);
     }
 
     pub(super) fn has_staged(&self) -> bool {
@@ -316,8 +375,14 @@ impl BrokerState {
         let wait = self.persist.next_wait;
         self.persist.next_wait += 1;
         let mut remaining = 0;
-        for role in [Role::Retained, Role::Sessions] {
-            let writes = std::mem::take(&mut self.persist.staged[role as usize]);
+        // Retained first, then sessions, then channels: the order a
+        // packet's writes are issued in.
+        let mut order: Vec<usize> = (0..self.persist.staged.len()).collect();
+        let last = order.len() - 1;
+        order.swap(0, last.min(1));
+        for index in order {
+            let role = Role::of_index(index);
+            let writes = std::mem::take(&mut self.persist.staged[index]);
             if writes.is_empty() {
                 continue;
             }
@@ -439,22 +504,37 @@ impl BrokerState {
         let Some(wait_id) = self.persist.tickets.remove(&ticket) else {
             return;
         };
+        let mut appended = None;
+        let failure = match result {
+            Ok(written) => {
+                for w in written {
+                    match w {
+                        Written::Appended(offset) => {
+                            appended = Some(offset);
+                            self.persist.log_next = self.persist.log_next.max(offset + 1);
+                        }
+                        // Consumers get a record as soon as it is
+                        // committed, in commit order, whatever its
+                        // publisher still waits for.
+                        Written::Stored(channel, record) => {
+                            self.channel_committed(channel, *record, now)
+                        }
+                        Written::Done => {}
+                    }
+                }
+                None
+            }
+            Err(failure) => Some(failure),
+        };
         let Some(wait) = self.persist.waits.get_mut(&wait_id) else {
             return;
         };
         wait.remaining -= 1;
-        match result {
-            Ok(written) => {
-                for w in written {
-                    if let Written::Appended(offset) = w {
-                        wait.appended = Some(offset);
-                        self.persist.log_next = self.persist.log_next.max(offset + 1);
-                    }
-                }
-            }
-            Err(failure) => {
-                wait.failure.get_or_insert(failure);
-            }
+        if appended.is_some() {
+            wait.appended = appended;
+        }
+        if let Some(failure) = failure {
+            wait.failure.get_or_insert(failure);
         }
         if wait.remaining > 0 {
             return;
@@ -560,10 +640,16 @@ impl BrokerState {
                 reasons,
                 retained_for,
                 undo,
+                consumers,
             } => match failure {
                 None => {
                     self.send(connection, Outbound::SubAck { packet_id, reasons });
                     self.deliver_retained(connection, key, retained_for, now);
+                    for start in consumers {
+                        if self.sessions.contains_key(&key) {
+                            self.refresh_consumer(key, start.channel, start.seek, None, now);
+                        }
+                    }
                 }
                 Some(failure) => {
                     self.undo_subscriptions(key, undo);
@@ -581,8 +667,16 @@ impl BrokerState {
                 packet_id,
                 reasons,
                 undo,
+                channels,
             } => match failure {
-                None => self.send(connection, Outbound::UnsubAck { packet_id, reasons }),
+                None => {
+                    self.send(connection, Outbound::UnsubAck { packet_id, reasons });
+                    for channel in channels {
+                        if self.sessions.contains_key(&key) {
+                            self.refresh_consumer(key, channel, None, None, now);
+                        }
+                    }
+                }
                 Some(failure) => {
                     for (raw, sub) in undo {
                         self.resubscribe(key, raw, sub);
@@ -713,6 +807,7 @@ impl BrokerState {
             let offsets = std::mem::take(&mut self.persist.releasable);
             self.stage(Role::Sessions, Write::ReleaseLog(offsets));
         }
+        self.stage_all_positions(now);
         // One intent, one transaction: a flush rewrites every changed
         // in-flight table, and split per session it would pay a commit per
         // session between the publishes it takes turns with.
@@ -734,6 +829,7 @@ impl BrokerState {
                 offset: cursor,
             },
         );
+        self.stage_positions(key, now);
     }
 
     /// The stored form of session `key` at `now`.

@@ -102,7 +102,19 @@ impl BrokerState {
             Inbound::PubRel { packet_id } => {
                 let session = self.sessions.get_mut(&key).expect("connected session");
                 let known = session.inbound_qos2.remove(&packet_id).is_some();
-                if known && session.stored {
+                let channel = session.channel_holds.remove(&packet_id);
+                if let (true, Some(channel)) = (known, channel) {
+                    // The held record takes its offset now, and the
+                    // PUBCOMP waits until it has.
+                    let client_id = session.client_id.to_string();
+                    self.stage(
+                        Role::Channel(channel),
+                        Write::Release {
+                            client_id,
+                            packet_id,
+                        },
+                    );
+                } else if known && session.stored {
                     // The hold goes before the PUBCOMP says the exchange is
                     // over: a hold left behind would swallow the id's next use.
                     let client_id = session.client_id.to_string();
@@ -137,8 +149,17 @@ impl BrokerState {
             Inbound::Subscribe {
                 packet_id,
                 subscription_id,
+                user_properties,
                 filters,
-            } => self.on_subscribe(connection, key, packet_id, subscription_id, filters, now),
+            } => self.on_subscribe(
+                connection,
+                key,
+                packet_id,
+                subscription_id,
+                &user_properties,
+                filters,
+                now,
+            ),
             Inbound::Unsubscribe { packet_id, filters } => {
                 self.on_unsubscribe(connection, key, packet_id, filters, now)
             }
@@ -186,6 +207,9 @@ impl BrokerState {
         if let Some(entry) = session.inflight.remove(packet_id) {
             if let Some(offset) = entry.log_offset {
                 self.unhold_log(Some(key), offset);
+            }
+            if let Some((channel, offset)) = entry.channel {
+                self.channel_acknowledged(key, channel, offset);
             }
         }
     }
@@ -253,6 +277,24 @@ impl BrokerState {
             properties,
             received_at: now,
         });
+        if allowed {
+            if let Some(channel) = self.channel_of(&message.topic) {
+                self.stage_channel_publish(key, channel, packet_id, &message, now);
+                let parked = Parked::Publish(Box::new(ParkedPublish {
+                    connection: Some(connection),
+                    packet_id,
+                    qos,
+                    message,
+                    publisher: Some(key),
+                    deliveries: Vec::new(),
+                    logged: false,
+                    retain_change: None,
+                    code: ReasonCode::Success,
+                }));
+                self.park_or_answer(connection, parked, now);
+                return;
+            }
+        }
         if qos == 2 && (allowed || !v5) {
             // A denied 3.1.1 QoS 2 still completes the handshake: keep the id
             // so a duplicate gets PUBREC and PUBREL gets PUBCOMP.
@@ -394,6 +436,7 @@ impl BrokerState {
                 if p.qos == 2 {
                     if let Some(session) = self.sessions.get_mut(&key) {
                         session.inbound_qos2.remove(&p.packet_id);
+                        session.channel_holds.remove(&p.packet_id);
                     }
                 }
                 let code = failure.reason_code();
@@ -658,6 +701,7 @@ impl BrokerState {
             qos,
             log_offset,
             queued: Some(queued.clone()),
+            channel: None,
         });
         if log_offset.is_some() {
             self.mark_dirty(key);
@@ -776,6 +820,7 @@ impl BrokerState {
             }
             let Some(queued) = session.pending.pop_front() else {
                 self.send_retained_backlog(connection, now);
+                self.pump_all(key, now);
                 return;
             };
             self.start_exchange(key, connection, queued, now);

@@ -38,8 +38,10 @@ pub struct Restored {
     pub log: Vec<Record>,
     pub log_next: u64,
     /// Exactly-once holds of the session provider (every channel's; only
-    /// the broadcast log's are the state's).
+    /// the broadcast log's are taken from here).
     pub held: Vec<HeldPublish>,
+    /// The append channels served, in configuration order.
+    pub channels: Vec<super::channel::RestoredChannel>,
 }
 
 /// What restoring came to, for the startup log.
@@ -57,7 +59,7 @@ impl BrokerState {
     /// Rebuild from `restored` at `now`. Sessions that expired while the
     /// broker was down, and holds of sessions no longer held, are removed
     /// from the provider (as writes, like any other).
-    pub fn restore(&mut self, restored: Restored, now: Instant) -> RestoreSummary {
+    pub fn restore(&mut self, mut restored: Restored, now: Instant) -> RestoreSummary {
         let mut summary = RestoreSummary::default();
         let unix_now = self.unix_at(now);
         for record in &restored.retained {
@@ -173,6 +175,7 @@ impl BrokerState {
                     qos: e.qos,
                     log_offset: Some(e.log_offset),
                     queued,
+                    channel: None,
                 });
                 in_flight.push(e.log_offset);
             }
@@ -247,6 +250,9 @@ impl BrokerState {
         for &offset in log.keys() {
             self.release_unheld(offset);
         }
+        drop(log);
+        let channels = std::mem::take(&mut restored.channels);
+        self.restore_channels(channels, now);
         // What was read is what is stored: nothing to write back but the
         // removals staged above.
         self.persist_clear_dirty();

@@ -73,6 +73,10 @@ pub struct InflightEntry {
     pub log_offset: Option<u64>,
     /// None once PUBREC released it.
     pub queued: Option<QueuedMessage>,
+    /// A channel record delivered to a consumer: the channel's index and
+    /// the record's offset. Never stored with the session: a consumer
+    /// resumes from its position, which this exchange holds back.
+    pub channel: Option<(u16, u64)>,
 }
 
 /// Outbound exchanges in the order they were started: replayed in that order
@@ -190,6 +194,11 @@ pub struct Session {
     /// The Receive Maximum of its last connection: the window its in-flight
     /// table is written under.
     pub window: u16,
+    /// Its places in the append channels it consumes.
+    pub consumers: Vec<super::channel::Consumer>,
+    /// Inbound QoS 2 publishes held in a channel until their PUBREL: the
+    /// packet id and the channel's index (their times are in `inbound_qos2`).
+    pub channel_holds: IdMap<u16, u16>,
 }
 
 impl Session {
@@ -209,6 +218,8 @@ impl Session {
             stored: false,
             dirty: false,
             window: 1,
+            consumers: Vec::new(),
+            channel_holds: IdMap::default(),
         }
     }
 }
@@ -228,6 +239,7 @@ mod tests {
             qos: 1,
             log_offset: None,
             queued: None,
+            channel: None,
         });
         inflight.next_id = 0;
         assert_eq!(inflight.allocate_id(), Some(2));

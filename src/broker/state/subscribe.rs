@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use tokio::time::Instant;
 
+use super::channel::ConsumerStart;
 use super::persist::Parked;
 use super::session::{QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, RetainedDue};
@@ -14,18 +15,22 @@ use crate::broker::topic::{SessionKey, SubOptions};
 use crate::topic;
 
 impl BrokerState {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn on_subscribe(
         &mut self,
         connection: u64,
         key: SessionKey,
         packet_id: u16,
         subscription_id: Option<u32>,
+        user_properties: &[(String, String)],
         filters: Vec<(String, SubOptions)>,
         now: Instant,
     ) {
         let mut reasons = Vec::with_capacity(filters.len());
         let mut retained_for: Vec<(String, SubOptions)> = Vec::new();
         let mut undo = Vec::new();
+        let mut consumers: Vec<ConsumerStart> = Vec::new();
+        let seek = Self::seek_of(user_properties);
         for (raw, mut options) in filters {
             options.subscription_id = subscription_id;
             let parsed = match topic::parse_filter(&raw) {
@@ -35,6 +40,29 @@ impl BrokerState {
                     continue;
                 }
             };
+            let channel = self.channel_of(parsed.filter);
+            if let Some(channel) = channel {
+                if let Some(refusal) = Self::channel_filter_refusal(parsed.share_group) {
+                    reasons.push(refusal);
+                    continue;
+                }
+                match &seek {
+                    Ok(seek) => {
+                        if !consumers.iter().any(|c| c.channel == channel) {
+                            consumers.push(ConsumerStart {
+                                channel,
+                                seek: *seek,
+                            });
+                        }
+                    }
+                    Err(why) => {
+                        let client_id = &self.sessions[&key].client_id;
+                        tracing::warn!(client_id = %client_id, filter = %raw, error = %why, "subscription to a channel refused");
+                        reasons.push(ReasonCode::ImplementationSpecificError);
+                        continue;
+                    }
+                }
+            }
             if parsed.share_group.is_some() && options.no_local {
                 // MQTT 5 3.8.3.1: No Local on a shared subscription.
                 self.undo_subscriptions(key, undo);
@@ -81,7 +109,7 @@ impl BrokerState {
                 1 => !existed,
                 _ => false,
             };
-            if wants_retained && parsed.share_group.is_none() {
+            if wants_retained && parsed.share_group.is_none() && channel.is_none() {
                 retained_for.push((parsed.filter.to_owned(), options));
             }
         }
@@ -97,6 +125,7 @@ impl BrokerState {
                 reasons,
                 retained_for,
                 undo,
+                consumers,
             },
             now,
         );
@@ -112,9 +141,13 @@ impl BrokerState {
     ) {
         let mut reasons = Vec::with_capacity(filters.len());
         let mut undo = Vec::new();
+        let mut channels = Vec::new();
         for raw in filters {
             match self.unsubscribe(key, &raw) {
                 Some(sub) => {
+                    if let Some(channel) = self.channel_of(&sub.filter) {
+                        channels.push(channel);
+                    }
                     undo.push((raw, sub));
                     reasons.push(ReasonCode::Success);
                 }
@@ -132,6 +165,7 @@ impl BrokerState {
                 packet_id,
                 reasons,
                 undo,
+                channels,
             },
             now,
         );

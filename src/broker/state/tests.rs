@@ -37,6 +37,10 @@ impl Client {
 struct FakeStore {
     next_offset: u64,
     writes: Vec<Write>,
+    /// The records of channel 0, offsets from 1.
+    channel: Vec<saguin_format::model::Record>,
+    /// Channel 0's holds by client id and packet id.
+    holds: std::collections::HashMap<(String, u16), saguin_format::model::Record>,
 }
 
 impl FakeStore {
@@ -72,10 +76,66 @@ impl FakeStore {
                         self.next_offset += 1;
                         Written::Appended(self.next_offset)
                     }
+                    Write::Append(record) => self.store_in_channel(record.clone()),
+                    Write::Hold(held)
+                        if held.channel != crate::storage::contract::BROADCAST_LOG_NAME =>
+                    {
+                        self.holds.insert(
+                            (held.client_id.clone(), held.packet_id),
+                            held.record.clone(),
+                        );
+                        Written::Done
+                    }
+                    Write::Release {
+                        client_id,
+                        packet_id,
+                    } => match self.holds.remove(&(client_id.clone(), *packet_id)) {
+                        Some(record) => self.store_in_channel(record),
+                        None => Written::Done,
+                    },
                     _ => Written::Done,
                 }
             })
             .collect()
+    }
+
+    fn store_in_channel(&mut self, mut record: saguin_format::model::Record) -> Written {
+        record.offset = self.channel.len() as u64 + 1;
+        self.channel.push(record.clone());
+        Written::Stored(0, Box::new(record))
+    }
+
+    /// Answer every read the state asked for from channel 0, whose records
+    /// below `floor` are gone.
+    fn answer_reads(&mut self, s: &mut BrokerState, floor: u64, now: Instant) -> usize {
+        let mut reads = Vec::new();
+        s.take_reads(&mut reads);
+        let count = reads.len();
+        for read in reads {
+            let Seek::Offset(from) = read.from else {
+                panic!("only offsets are sought here");
+            };
+            let start = from.max(floor);
+            let records = self
+                .channel
+                .iter()
+                .filter(|r| r.offset >= start)
+                .take(read.max)
+                .cloned()
+                .collect();
+            s.handle(
+                Event::ChannelRead {
+                    ticket: read.ticket,
+                    result: Ok(ReadWindow {
+                        start,
+                        floor: (start > from).then_some(start),
+                        records,
+                    }),
+                },
+                now,
+            );
+        }
+        count
     }
 
     /// Fail everything the state asked for.
@@ -179,6 +239,7 @@ fn subscribe(filter: &str, qos: u8) -> Inbound {
     Inbound::Subscribe {
         packet_id: 1,
         subscription_id: None,
+        user_properties: Vec::new(),
         filters: vec![(
             filter.into(),
             SubOptions {
@@ -634,6 +695,7 @@ fn a_restored_session_resends_its_inflight_with_dup_and_owes_pubrel() {
             log: vec![record(1, 1), record(2, 2), record(3, 2)],
             log_next: 4,
             held: Vec::new(),
+            channels: Vec::new(),
         },
         now,
     );
@@ -908,4 +970,242 @@ fn a_resent_message_carries_the_expiry_left() {
         .iter()
         .any(|o| matches!(o, Outbound::Publish { dup: true, .. })));
     assert_eq!(published(&out), vec![(Bytes::from_static(b"x"), Some(59))]);
+}
+
+// ---- append channels ------------------------------------------------------
+
+/// A state serving one append channel, `telemetry`, with `next` as given.
+fn channel_state(limits: Limits, next: u64) -> BrokerState {
+    let mut s = state_with(limits);
+    s.restore(
+        Restored {
+            channels: vec![RestoredChannel {
+                name: "telemetry".into(),
+                next,
+                positions: Vec::new(),
+                holds: Vec::new(),
+            }],
+            ..Restored::default()
+        },
+        Instant::now(),
+    );
+    let mut none = Vec::new();
+    s.take_intents(&mut none);
+    s
+}
+
+/// The offsets (and gaps) of the channel records in `out`, in order.
+fn channel_deliveries(out: &[Outbound]) -> Vec<(u64, Option<String>)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Outbound::Publish { message, .. } => {
+                let props = &message.properties.user_properties;
+                let offset = props
+                    .iter()
+                    .find(|(k, _)| k == OFFSET_PROPERTY)?
+                    .1
+                    .parse()
+                    .ok()?;
+                let gap = props
+                    .iter()
+                    .find(|(k, _)| k == GAP_PROPERTY)
+                    .map(|(_, v)| v.clone());
+                Some((offset, gap))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn puback_ids(out: &[Outbound]) -> Vec<u16> {
+    out.iter()
+        .filter_map(|o| match o {
+            Outbound::PubAck { packet_id, reason } if *reason == ReasonCode::Success => {
+                Some(*packet_id)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_channel_publish_is_answered_after_its_commit_and_handed_to_a_caught_up_consumer() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut consumer = connect(&mut s, 1, "reader", true, now);
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    store.commit_all(&mut s, now);
+    consumer.drain();
+    publisher.drain();
+    packets(&mut s, 2, vec![publish("telemetry/a", 1, 7)], now);
+    // Nothing before the commit: no PUBACK, no delivery.
+    assert!(puback_ids(&publisher.drain()).is_empty());
+    assert!(consumer.drain().is_empty());
+    store.commit_all(&mut s, now);
+    assert_eq!(puback_ids(&publisher.drain()), vec![7]);
+    assert_eq!(channel_deliveries(&consumer.drain()), vec![(1, None)]);
+    // The record in hand: no read was needed.
+    let mut reads = Vec::new();
+    s.take_reads(&mut reads);
+    assert!(reads.is_empty());
+    // A broadcast subscriber of `#` gets nothing of the channel.
+    assert_eq!(store.channel.len(), 1);
+}
+
+#[test]
+fn a_consumer_behind_its_window_reads_from_the_store_in_order_without_a_hole() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    // Receive Maximum 10 (see `request`).
+    let mut consumer = connect(&mut s, 1, "reader", false, now);
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    store.commit_all(&mut s, now);
+    consumer.drain();
+    let burst: Vec<Inbound> = (1..=25).map(|i| publish("telemetry/a", 1, i)).collect();
+    packets(&mut s, 2, burst, now);
+    store.commit_all(&mut s, now);
+    assert_eq!(puback_ids(&publisher.drain()).len(), 25);
+    let mut out = consumer.drain();
+    let mut got: Vec<u64> = channel_deliveries(&out)
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect();
+    assert_eq!(got, (1..=10).collect::<Vec<u64>>());
+    // Acknowledging frees the window: the rest is read, not queued. The
+    // last window is left unacknowledged.
+    while got.len() < 25 {
+        let acks: Vec<Inbound> = publish_ids(&out)
+            .into_iter()
+            .map(|packet_id| Inbound::PubAck {
+                packet_id,
+                reason: ReasonCode::Success,
+            })
+            .collect();
+        packets(&mut s, 1, acks, now);
+        assert_eq!(store.answer_reads(&mut s, 1, now), 1, "one read per window");
+        out = consumer.drain();
+        got.extend(channel_deliveries(&out).into_iter().map(|(o, _)| o));
+    }
+    assert_eq!(got, (1..=25).collect::<Vec<u64>>());
+    // The stored position passes only what was acknowledged: 1..=20.
+    s.flush(now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    let saved: Vec<u64> = intents
+        .iter()
+        .flat_map(|i| i.writes.iter())
+        .filter_map(|w| match w {
+            Write::SavePosition(p) => Some(p.offset),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(saved, vec![21]);
+}
+
+#[test]
+fn records_removed_before_a_consumer_got_them_are_announced_as_a_gap() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    let burst: Vec<Inbound> = (1..=8).map(|i| publish("telemetry/a", 1, i)).collect();
+    packets(&mut s, 2, burst, now);
+    store.commit_all(&mut s, now);
+    publisher.drain();
+    let mut consumer = connect(&mut s, 1, "reader", true, now);
+    let mut from_two = subscribe("telemetry/#", 1);
+    if let Inbound::Subscribe {
+        user_properties, ..
+    } = &mut from_two
+    {
+        user_properties.push((FROM_PROPERTY.into(), "2".into()));
+    }
+    packets(&mut s, 1, vec![from_two], now);
+    store.commit_all(&mut s, now);
+    // Retention removed 1..=5: the floor is 6.
+    store.answer_reads(&mut s, 6, now);
+    let got = channel_deliveries(&consumer.drain());
+    assert_eq!(got[0], (6, Some("2-5".to_owned())));
+    assert_eq!(got[1], (7, None));
+    assert_eq!(got[2], (8, None));
+    assert_eq!(got.len(), 3);
+}
+
+#[test]
+fn a_qos2_publish_into_a_channel_is_held_until_its_release_and_stored_once() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut consumer = connect(&mut s, 1, "reader", true, now);
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 2)], now);
+    store.commit_all(&mut s, now);
+    consumer.drain();
+    publisher.drain();
+    packets(&mut s, 2, vec![publish("telemetry/a", 2, 9)], now);
+    store.commit_all(&mut s, now);
+    let out = publisher.drain();
+    assert!(matches!(
+        out.as_slice(),
+        [Outbound::PubRec {
+            packet_id: 9,
+            reason: ReasonCode::Success
+        }]
+    ));
+    assert!(store.channel.is_empty(), "held without an offset");
+    // A duplicate before the release makes no second record.
+    packets(&mut s, 2, vec![publish("telemetry/a", 2, 9)], now);
+    store.commit_all(&mut s, now);
+    publisher.drain();
+    packets(&mut s, 2, vec![Inbound::PubRel { packet_id: 9 }], now);
+    assert!(publisher.drain().is_empty(), "PUBCOMP waits for the write");
+    store.commit_all(&mut s, now);
+    assert!(matches!(
+        publisher.drain().as_slice(),
+        [Outbound::PubComp {
+            packet_id: 9,
+            reason: ReasonCode::Success
+        }]
+    ));
+    assert_eq!(store.channel.len(), 1);
+    assert_eq!(channel_deliveries(&consumer.drain()), vec![(1, None)]);
+}
+
+#[test]
+fn a_failed_channel_write_answers_its_reason_and_delivers_nothing() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut consumer = connect(&mut s, 1, "reader", true, now);
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    store.commit_all(&mut s, now);
+    consumer.drain();
+    publisher.drain();
+    packets(&mut s, 2, vec![publish("telemetry/a", 1, 3)], now);
+    store.fail_all(&mut s, now, true);
+    assert!(matches!(
+        publisher.drain().as_slice(),
+        [Outbound::PubAck {
+            packet_id: 3,
+            reason: ReasonCode::QuotaExceeded
+        }]
+    ));
+    assert!(consumer.drain().is_empty());
+}
+
+#[test]
+fn saguin_from_takes_earliest_an_offset_or_a_time() {
+    assert_eq!(parse_from("earliest"), Ok(Seek::Earliest));
+    assert_eq!(parse_from("42"), Ok(Seek::Offset(42)));
+    assert_eq!(parse_from("0"), Ok(Seek::Offset(1)));
+    assert_eq!(
+        parse_from("2026-12-01T10:00:00Z"),
+        Ok(Seek::Time(1_796_119_200_000_000_000))
+    );
+    assert!(parse_from("yesterday").is_err());
 }

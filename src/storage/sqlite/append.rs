@@ -329,6 +329,10 @@ impl AppendStore for AppendChannel {
         self.read_from_n(offset, usize::MAX)
     }
 
+    fn append_batch(&self, records: Vec<Record>) -> Vec<contract::Result<Record>> {
+        self.append_many(records)
+    }
+
     fn read_from_n(&self, offset: u64, max: usize) -> contract::Result<Vec<Record>> {
         // The bounds come from the same read snapshot as the records: a
         // commit that landed after the in-memory counters were read is

@@ -1,0 +1,228 @@
+//! Reads of channel records for consumers, off the broker task.
+//!
+//! The state asks for a window of records ([`ChannelRead`]) when a
+//! consumer is behind; the answer comes back as
+//! [`Event::ChannelRead`]. A memory channel's read is a lock and a copy,
+//! so it is answered inline, like its writes. A sqlite channel's read runs
+//! on the blocking pool against the provider's read connections (one read
+//! transaction each: the floor and the records from one snapshot), so a
+//! slow read holds back that consumer alone - no publisher, no other
+//! consumer and not the broker task.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::metrics::Metrics;
+use super::providers::ServedChannel;
+use super::state::{ChannelRead, Event, ReadWindow, Seek, StorageFailure};
+use crate::storage::contract::{AppendStore, ProviderKind, StorageError};
+
+/// Times a read moves up to a floor that rose under it before it gives up
+/// (retention removing records as fast as a consumer reads them).
+const FLOOR_RETRIES: usize = 8;
+
+/// One window of `store` from `from`, at most `max` records. A seek below
+/// the floor starts at the floor and says so (the gap); `Earliest` and a
+/// time start at what is held and report none.
+pub fn read_window(
+    store: &dyn AppendStore,
+    from: Seek,
+    max: usize,
+) -> Result<ReadWindow, StorageError> {
+    let (mut at, asked) = match from {
+        Seek::Offset(offset) => (offset, true),
+        Seek::Earliest => (store.floor(), false),
+        Seek::Time(time) => match store.first_at_or_after(time)? {
+            Some(offset) => (offset, false),
+            None => (store.next(), false),
+        },
+    };
+    let mut floor = None;
+    for _ in 0..FLOOR_RETRIES {
+        match store.read_from_n(at, max) {
+            Ok(records) => {
+                return Ok(ReadWindow {
+                    start: at,
+                    floor,
+                    records,
+                })
+            }
+            Err(StorageError::BelowFloor { floor: raised, .. }) => {
+                if asked {
+                    floor = Some(raised);
+                }
+                at = raised;
+            }
+            Err(StorageError::PastNext { .. }) => {
+                return Ok(ReadWindow {
+                    start: at,
+                    floor,
+                    records: Vec::new(),
+                })
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StorageError::Backend {
+        context: format!("channel {}: reading from offset {at}", store.name()),
+        detail: "retention kept removing the records being read".into(),
+    })
+}
+
+struct Source {
+    store: Arc<dyn AppendStore>,
+    provider: String,
+    inline: bool,
+}
+
+/// The readers of every served channel, by the channel's index.
+pub struct Readers {
+    sources: Vec<Source>,
+    answers: mpsc::UnboundedSender<Event>,
+    metrics: Arc<Metrics>,
+}
+
+impl Readers {
+    pub fn new(
+        channels: &[ServedChannel],
+        metrics: Arc<Metrics>,
+        answers: mpsc::UnboundedSender<Event>,
+    ) -> Readers {
+        Readers {
+            sources: channels
+                .iter()
+                .map(|c| Source {
+                    store: c.store.clone(),
+                    provider: c.provider.name().to_owned(),
+                    inline: c.provider.kind() == ProviderKind::Memory,
+                })
+                .collect(),
+            answers,
+            metrics,
+        }
+    }
+
+    /// Make `read`: an inline channel's answer is returned, the others
+    /// arrive later on the answer channel.
+    pub fn submit(&self, read: ChannelRead) -> Option<Event> {
+        let ticket = read.ticket;
+        let Some(source) = self.sources.get(usize::from(read.channel)) else {
+            return Some(Event::ChannelRead {
+                ticket,
+                result: Err(StorageFailure {
+                    full: false,
+                    message: format!("no channel of index {}", read.channel),
+                }),
+            });
+        };
+        if source.inline {
+            let result = read_window(&*source.store, read.from, read.max);
+            return Some(Event::ChannelRead {
+                ticket,
+                result: self.failure(&source.provider, result),
+            });
+        }
+        let store = source.store.clone();
+        let provider = source.provider.clone();
+        let answers = self.answers.clone();
+        let metrics = self.metrics.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = read_window(&*store, read.from, read.max);
+            let result = failure(&metrics, &provider, result);
+            let _ = answers.send(Event::ChannelRead { ticket, result });
+        });
+        None
+    }
+
+    fn failure(
+        &self,
+        provider: &str,
+        result: Result<ReadWindow, StorageError>,
+    ) -> Result<ReadWindow, StorageFailure> {
+        failure(&self.metrics, provider, result)
+    }
+}
+
+/// A failed read is counted against its provider like a failed write.
+fn failure(
+    metrics: &Metrics,
+    provider: &str,
+    result: Result<ReadWindow, StorageError>,
+) -> Result<ReadWindow, StorageFailure> {
+    result.map_err(|e| {
+        metrics.storage_error(provider);
+        StorageFailure {
+            full: false,
+            message: e.to_string(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::contract::Provider;
+    use crate::storage::memory::{MemoryConfig, MemoryProvider};
+    use saguin_format::model::{ChannelKind, Record};
+
+    fn channel() -> Arc<dyn AppendStore> {
+        let provider = MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap();
+        let store = provider
+            .open_channel("telemetry", ChannelKind::Append)
+            .unwrap();
+        store.as_append().unwrap().clone()
+    }
+
+    fn record(at: i64) -> Record {
+        let mut r = Record::new("telemetry/a", vec![1u8; 8]);
+        r.timestamp = at;
+        r
+    }
+
+    #[test]
+    fn a_seek_below_the_floor_reports_the_floor() {
+        let store = channel();
+        for t in 1..=10 {
+            store.append(record(t)).unwrap();
+        }
+        store.trim(6, None).unwrap();
+        let w = read_window(&*store, Seek::Offset(2), 3).unwrap();
+        assert_eq!(w.start, 6);
+        assert_eq!(w.floor, Some(6));
+        let offsets: Vec<u64> = w.records.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, vec![6, 7, 8]);
+        // The oldest held is no gap.
+        let w = read_window(&*store, Seek::Earliest, 100).unwrap();
+        assert_eq!((w.start, w.floor, w.records.len()), (6, None, 5));
+    }
+
+    #[test]
+    fn a_time_seek_looks_at_every_record() {
+        let store = channel();
+        // The receipt clock stepped back after the third record.
+        for t in [100, 200, 300, 150, 400] {
+            store.append(record(t)).unwrap();
+        }
+        let w = read_window(&*store, Seek::Time(250), 10).unwrap();
+        assert_eq!(w.start, 3);
+        assert_eq!(w.floor, None);
+        let w = read_window(&*store, Seek::Time(500), 10).unwrap();
+        assert_eq!((w.start, w.records.len()), (6, 0));
+    }
+
+    #[test]
+    fn a_seek_at_next_is_an_empty_window() {
+        let store = channel();
+        store.append(record(1)).unwrap();
+        let w = read_window(&*store, Seek::Offset(2), 10).unwrap();
+        assert_eq!((w.start, w.floor, w.records.len()), (2, None, 0));
+        let w = read_window(&*store, Seek::Offset(9), 10).unwrap();
+        assert!(w.records.is_empty());
+    }
+}

@@ -1,0 +1,825 @@
+//! Append channels: publishes stored as records, and consumers reading
+//! them at their own pace.
+//!
+//! A PUBLISH whose topic's first level names an append channel becomes a
+//! record at the channel's next offset, written by the channel's
+//! persister; its PUBACK waits for the commit (a QoS 2 publish is held in
+//! the channel, without an offset, until its PUBREL). A SUBSCRIBE whose
+//! filter's first level is a channel's name makes the session a
+//! *consumer* of it, reader `mqtt:<client id>`.
+//!
+//! A consumer is a number, not a queue: `next`, the offset it looks at
+//! next, and the offsets it was sent and has not acknowledged. A commit
+//! hands its record straight to every consumer that is caught up and has
+//! room (the record in hand, no read); a consumer behind, or one whose
+//! window was full, reads a window of records from the store, bounded by
+//! its room, on the provider's read connections
+//! ([`ChannelRead`] out, [`Event::ChannelRead`](super::Event::ChannelRead)
+//! in), so a consumer a week behind costs one stored number and its reads
+//! hold back nobody else. Offsets are taken in commit order and commits
+//! reach the state in that order, so a consumer handed offset `n` has
+//! been handed, or skipped by its filters, every offset below it.
+//!
+//! Its position - the lowest offset it was sent and has not acknowledged,
+//! or `next` - is written every `broker.session.ack_commit_interval`, when
+//! the consumer goes away and at shutdown: a stored position may lag and
+//! never leads. Records removed by retention before the consumer got them
+//! are announced on its next delivery as `saguin-gap: FROM-TO` and counted
+//! (invariant 1).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::persist::{message_from_record, Role, Write};
+use super::session::{InflightEntry, InflightPhase, QueuedMessage, SessionSubscription};
+use super::{BrokerState, ReasonCode};
+use crate::broker::message::Message;
+use crate::broker::metrics::DropReason;
+use crate::broker::topic::SessionKey;
+use crate::storage::contract::{Position, Reader};
+use crate::topic;
+use saguin_format::model::{Record, UnixNanos};
+
+/// The user property every delivery of a channel record carries: its offset.
+pub const OFFSET_PROPERTY: &str = "saguin-offset";
+/// The user property telling a consumer which offsets retention removed
+/// before it got them: `FROM-TO`, both inclusive.
+pub const GAP_PROPERTY: &str = "saguin-gap";
+/// The SUBSCRIBE user property choosing where a consumer without a
+/// position starts: `earliest`, an offset, or an RFC 3339 time.
+pub const FROM_PROPERTY: &str = "saguin-from";
+
+/// Most records one read asks for.
+const READ_MAX: usize = 256;
+
+/// An append channel as the state routes to it.
+#[derive(Debug)]
+pub(super) struct Channel {
+    pub name: Arc<str>,
+    /// The offset the next record takes, as far as commits have told.
+    pub next: u64,
+    /// Sessions consuming it, connected or not.
+    pub consumers: Vec<SessionKey>,
+}
+
+/// What the state knows of a channel when it starts.
+#[derive(Debug, Clone)]
+pub struct RestoredChannel {
+    pub name: Arc<str>,
+    pub next: u64,
+    /// Every stored position.
+    pub positions: Vec<Position>,
+    /// Exactly-once publishes held in this channel for their release.
+    pub holds: Vec<crate::storage::contract::HeldPublish>,
+}
+
+/// Where a read of a channel starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seek {
+    /// At this offset; a removed one is reported as a gap.
+    Offset(u64),
+    /// At the oldest record still held.
+    Earliest,
+    /// At the earliest record received at or after this time (or at `next`
+    /// when none was).
+    Time(UnixNanos),
+}
+
+/// A read of records for one consumer, done off the broker task.
+#[derive(Debug, Clone)]
+pub struct ChannelRead {
+    pub ticket: u64,
+    pub channel: u16,
+    pub from: Seek,
+    pub max: usize,
+}
+
+/// What a read found.
+#[derive(Debug, Clone, Default)]
+pub struct ReadWindow {
+    /// The offset the window begins at (the seek resolved).
+    pub start: u64,
+    /// Set when `start` had to move up past removed records: the floor it
+    /// moved to (the records from the asked offset below it are gone).
+    pub floor: Option<u64>,
+    pub records: Vec<Record>,
+}
+
+/// One of a consumer's subscriptions on its channel.
+#[derive(Debug, Clone)]
+pub(super) struct ConsumerFilter {
+    pub filter: String,
+    pub qos: u8,
+    pub no_local: bool,
+    pub retain_as_published: bool,
+    pub subscription_id: Option<u32>,
+}
+
+/// A session's place in one channel.
+#[derive(Debug)]
+pub struct Consumer {
+    pub(super) channel: u16,
+    /// Tells a read's answer from one for an earlier consumer of the same
+    /// session and channel.
+    generation: u64,
+    filters: Vec<ConsumerFilter>,
+    /// The offset looked at next: everything below was sent or skipped.
+    next: u64,
+    /// Offsets sent at QoS 1/2 and not acknowledged yet.
+    unacked: BTreeSet<u64>,
+    /// A read is out for it.
+    reading: bool,
+    /// Where it starts, when that takes a read to find (earliest, a time).
+    seek: Option<Seek>,
+    /// Offsets removed before it got them, announced on its next delivery.
+    gap: Option<(u64, u64)>,
+    /// The position last written.
+    stored: Option<u64>,
+}
+
+impl Consumer {
+    /// What may be stored: it never passes an unacknowledged record.
+    fn position(&self) -> u64 {
+        self.unacked.first().copied().unwrap_or(self.next)
+    }
+}
+
+/// A SUBSCRIBE's filters on channels, to start once its SUBACK is sent.
+#[derive(Debug, Clone)]
+pub(super) struct ConsumerStart {
+    pub channel: u16,
+    /// `saguin-from`, when the SUBSCRIBE carried one.
+    pub seek: Option<Seek>,
+}
+
+/// `saguin-from`'s value as a seek, or why it is none.
+pub fn parse_from(value: &str) -> Result<Seek, String> {
+    let value = value.trim();
+    if value.eq_ignore_ascii_case("earliest") {
+        return Ok(Seek::Earliest);
+    }
+    if let Ok(offset) = value.parse::<u64>() {
+        return Ok(Seek::Offset(
+            offset.max(crate::storage::contract::FIRST_OFFSET),
+        ));
+    }
+    match humantime::parse_rfc3339_weak(value) {
+        Ok(time) => {
+            let nanos = time
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_err(|_| format!("{FROM_PROPERTY} {value:?}: a time before 1970"))?
+                .as_nanos();
+            Ok(Seek::Time(i64::try_from(nanos).unwrap_or(i64::MAX)))
+        }
+        Err(_) => Err(format!(
+            "{FROM_PROPERTY} {value:?}: neither `earliest`, an offset nor an RFC 3339 time"
+        )),
+    }
+}
+
+impl BrokerState {
+    /// The append channel `topic` (a name or filter) belongs to: its first
+    /// level names one.
+    pub(super) fn channel_of(&self, topic: &str) -> Option<u16> {
+        if self.channels.is_empty() {
+            return None;
+        }
+        let first = topic.split('/').next().unwrap_or(topic);
+        self.channels
+            .iter()
+            .position(|c| &*c.name == first)
+            .map(|i| i as u16)
+    }
+
+    /// Stage a publish into channel `channel`: appended (QoS 0/1) or held
+    /// until its PUBREL (QoS 2). Its answer waits for the commit.
+    pub(super) fn stage_channel_publish(
+        &mut self,
+        key: SessionKey,
+        channel: u16,
+        packet_id: u16,
+        message: &Message,
+        now: Instant,
+    ) {
+        let client_id = self.sessions[&key].client_id.clone();
+        let record = self.record_of(message, &client_id, now);
+        if message.qos == 2 {
+            let held = crate::storage::contract::HeldPublish {
+                channel: self.channels[channel as usize].name.to_string(),
+                client_id: client_id.to_string(),
+                packet_id,
+                held_at: self.unix_at(now).max(1),
+                record,
+            };
+            let session = self.sessions.get_mut(&key).expect("connected session");
+            session.inbound_qos2.insert(packet_id, now);
+            session.channel_holds.insert(packet_id, channel);
+            self.stage(Role::Channel(channel), Write::Hold(held));
+        } else {
+            self.stage(Role::Channel(channel), Write::Append(record));
+        }
+    }
+
+    /// A record of `channel` committed at its offset: handed to every
+    /// consumer that is caught up and has room, the others read it later.
+    pub(super) fn channel_committed(&mut self, channel: u16, record: Record, now: Instant) {
+        let Some(state) = self.channels.get_mut(channel as usize) else {
+            return;
+        };
+        state.next = state.next.max(record.offset + 1);
+        if state.consumers.is_empty() {
+            return;
+        }
+        let consumers = state.consumers.clone();
+        let message = Arc::new(self.consumer_message(&record, None, now));
+        for key in consumers {
+            let Some(index) = self.consumer_index(key, channel) else {
+                continue;
+            };
+            let caught_up = {
+                let c = &self.sessions[&key].consumers[index];
+                c.next == record.offset && !c.reading && c.seek.is_none() && c.gap.is_none()
+            };
+            if caught_up {
+                self.offer(key, index, &record, Some(&message), now);
+            } else {
+                self.pump(key, index, now);
+            }
+        }
+    }
+
+    fn consumer_index(&self, key: SessionKey, channel: u16) -> Option<usize> {
+        self.sessions
+            .get(&key)?
+            .consumers
+            .iter()
+            .position(|c| c.channel == channel)
+    }
+
+    /// A record as a consumer receives it: the publisher's properties, then
+    /// `saguin-offset` (and `saguin-gap` when it has one to announce).
+    fn consumer_message(&self, record: &Record, gap: Option<(u64, u64)>, now: Instant) -> Message {
+        let age = self.unix_at(now).saturating_sub(record.timestamp).max(0);
+        let received_at = now
+            .checked_sub(std::time::Duration::from_nanos(age as u64))
+            .unwrap_or(now);
+        let mut message = message_from_record(record, received_at);
+        message
+            .properties
+            .user_properties
+            .push((OFFSET_PROPERTY.to_owned(), record.offset.to_string()));
+        if let Some((from, to)) = gap {
+            message
+                .properties
+                .user_properties
+                .push((GAP_PROPERTY.to_owned(), format!("{from}-{to}")));
+        }
+        message
+    }
+
+    /// Offer `record` (at the consumer's `next`) to consumer `index` of
+    /// `key`: sent when a filter matches and there is room, skipped when
+    /// none matches. False when there was no room (it stays at `next`).
+    fn offer(
+        &mut self,
+        key: SessionKey,
+        index: usize,
+        record: &Record,
+        prepared: Option<&Arc<Message>>,
+        now: Instant,
+    ) -> bool {
+        let Some(session) = self.sessions.get(&key) else {
+            return false;
+        };
+        let Some(connection) = session.connection else {
+            return false;
+        };
+        let consumer = &session.consumers[index];
+        let mut best: Option<&ConsumerFilter> = None;
+        for f in &consumer.filters {
+            if f.no_local && record.client_id == *session.client_id {
+                continue;
+            }
+            if topic::filter_matches(&f.filter, &record.topic) && best.is_none_or(|b| f.qos > b.qos)
+            {
+                best = Some(f);
+            }
+        }
+        let Some(filter) = best else {
+            self.sessions.get_mut(&key).expect("looked up").consumers[index].next =
+                record.offset + 1;
+            return true;
+        };
+        let qos = filter.qos.min(record.qos);
+        let retain = filter.retain_as_published && record.retain;
+        let subscription_ids: Vec<u32> = consumer
+            .filters
+            .iter()
+            .filter(|f| topic::filter_matches(&f.filter, &record.topic))
+            .filter_map(|f| f.subscription_id)
+            .collect();
+        let gap = consumer.gap;
+        let window = self
+            .connections
+            .get(&connection)
+            .map_or(0, |c| c.receive_maximum);
+        let has_room = if qos == 0 {
+            self.has_room(connection)
+        } else {
+            session.inflight.len() < window && self.has_room(connection)
+        };
+        if !has_room {
+            return false;
+        }
+        let message = match (prepared, gap) {
+            (Some(m), None) => m.clone(),
+            _ => Arc::new(self.consumer_message(record, gap, now)),
+        };
+        let queued = QueuedMessage {
+            message,
+            qos,
+            retain,
+            subscription_ids,
+            log_offset: None,
+        };
+        let offset = record.offset;
+        let session = self.sessions.get_mut(&key).expect("looked up");
+        let consumer = &mut session.consumers[index];
+        consumer.gap = None;
+        consumer.next = offset + 1;
+        if queued.message.expiry_left(now).is_err() {
+            self.metrics.dropped(DropReason::Expired);
+            return true;
+        }
+        if qos == 0 {
+            self.transmit(connection, queued, 0, false, now);
+            return true;
+        }
+        let Some(packet_id) = session.inflight.allocate_id() else {
+            consumer.next = offset;
+            return false;
+        };
+        consumer.unacked.insert(offset);
+        let channel = consumer.channel;
+        session.inflight.push(InflightEntry {
+            packet_id,
+            phase: if qos == 1 {
+                InflightPhase::AwaitPuback
+            } else {
+                InflightPhase::AwaitPubrec
+            },
+            qos,
+            log_offset: None,
+            queued: Some(queued.clone()),
+            channel: Some((channel, offset)),
+        });
+        self.transmit(connection, queued, packet_id, false, now);
+        true
+    }
+
+    /// Let consumer `index` of `key` catch up once the current event is
+    /// handled (every acknowledgement of a read has made its room by then,
+    /// so one read fills the window).
+    pub(super) fn pump(&mut self, key: SessionKey, index: usize, _now: Instant) {
+        if let Some(consumer) = self.sessions.get(&key).and_then(|s| s.consumers.get(index)) {
+            self.pumps_due.push((key, consumer.channel));
+        }
+    }
+
+    /// The reads the event just handled made due.
+    pub(super) fn run_pumps(&mut self) {
+        if self.pumps_due.is_empty() {
+            return;
+        }
+        let mut due = std::mem::take(&mut self.pumps_due);
+        due.sort_unstable();
+        due.dedup();
+        for (key, channel) in due {
+            if let Some(index) = self.consumer_index(key, channel) {
+                self.read_for(key, index);
+            }
+        }
+    }
+
+    /// A read from consumer `index`'s `next` when it is behind, connected,
+    /// has room and has no read out.
+    fn read_for(&mut self, key: SessionKey, index: usize) {
+        let Some(session) = self.sessions.get(&key) else {
+            return;
+        };
+        let Some(connection) = session.connection else {
+            return;
+        };
+        let Some(consumer) = session.consumers.get(index) else {
+            return;
+        };
+        if consumer.reading {
+            return;
+        }
+        let channel = consumer.channel;
+        let behind = consumer.seek.is_some()
+            || consumer.gap.is_some()
+            || consumer.next < self.channels[channel as usize].next;
+        if !behind {
+            return;
+        }
+        let window = self
+            .connections
+            .get(&connection)
+            .map_or(0, |c| c.receive_maximum);
+        let wants_acks = consumer.filters.iter().any(|f| f.qos > 0);
+        let room = if wants_acks {
+            window.saturating_sub(session.inflight.len())
+        } else {
+            READ_MAX
+        };
+        if room == 0 || !self.has_room(connection) {
+            return;
+        }
+        let from = consumer.seek.unwrap_or(Seek::Offset(consumer.next));
+        let ticket = self.next_read;
+        self.next_read += 1;
+        let generation = consumer.generation;
+        self.sessions.get_mut(&key).expect("looked up").consumers[index].reading = true;
+        self.channel_reads
+            .insert(ticket, (key, channel, generation));
+        self.reads.push(ChannelRead {
+            ticket,
+            channel,
+            from,
+            max: room.clamp(1, READ_MAX),
+        });
+    }
+
+    /// Every consumer of session `key` catches up as far as its room allows.
+    pub(super) fn pump_all(&mut self, key: SessionKey, now: Instant) {
+        let count = self.sessions.get(&key).map_or(0, |s| s.consumers.len());
+        for index in 0..count {
+            self.pump(key, index, now);
+        }
+    }
+
+    /// Reads of channel records the server must make, in the order asked.
+    pub fn take_reads(&mut self, out: &mut Vec<ChannelRead>) {
+        out.append(&mut self.reads);
+    }
+
+    /// A read came back: its records go to the consumer in order, as far as
+    /// its room allows; what did not fit is read again later.
+    pub(super) fn on_channel_read(
+        &mut self,
+        ticket: u64,
+        result: Result<ReadWindow, super::StorageFailure>,
+        now: Instant,
+    ) {
+        let Some((key, channel, generation)) = self.channel_reads.remove(&ticket) else {
+            return;
+        };
+        let Some(index) = self.consumer_index(key, channel) else {
+            return;
+        };
+        let channel_name = self.channels[channel as usize].name.clone();
+        let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
+        if consumer.generation != generation {
+            return;
+        }
+        consumer.reading = false;
+        let window = match result {
+            Ok(window) => window,
+            Err(failure) => {
+                // Tried again at the next tick: a consumer is never moved
+                // past records it could not read.
+                tracing::warn!(channel = %channel_name, error = %failure.message, "reading records for a consumer failed; it is tried again");
+                return;
+            }
+        };
+        if consumer.seek.take().is_some() {
+            consumer.next = window.start;
+        }
+        if let Some(floor) = window.floor {
+            if floor > consumer.next {
+                consumer.gap = Some((consumer.next, floor - 1));
+                consumer.next = floor;
+                self.metrics.consumer_gap(&channel_name);
+            }
+        }
+        let progressed = !window.records.is_empty();
+        for record in &window.records {
+            let next = self.sessions[&key].consumers[index].next;
+            if record.offset < next {
+                continue;
+            }
+            if !self.offer(key, index, record, None, now) {
+                break;
+            }
+        }
+        if progressed {
+            self.pump(key, index, now);
+        }
+    }
+
+    /// Consumers that fell behind with nothing to wake them (a failed
+    /// read) try again; called from the tick.
+    pub(super) fn pump_stalled(&mut self, now: Instant) {
+        let mut keys: Vec<SessionKey> = self
+            .channels
+            .iter()
+            .flat_map(|c| c.consumers.iter().copied())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        for key in keys {
+            self.pump_all(key, now);
+        }
+    }
+
+    /// A channel delivery's exchange ended: the record no longer holds the
+    /// consumer's position back.
+    pub(super) fn channel_acknowledged(&mut self, key: SessionKey, channel: u16, offset: u64) {
+        if let Some(index) = self.consumer_index(key, channel) {
+            let session = self.sessions.get_mut(&key).expect("indexed");
+            session.consumers[index].unacked.remove(&offset);
+        }
+    }
+
+    /// The session's subscriptions on `channel`, as its consumer matches
+    /// records against them.
+    fn filters_on(&self, key: SessionKey, channel: u16) -> Vec<ConsumerFilter> {
+        let name = &self.channels[channel as usize].name;
+        self.sessions[&key]
+            .subscriptions
+            .values()
+            .filter(|s| s.share_group.is_none() && first_level(&s.filter) == &**name)
+            .map(|s: &SessionSubscription| ConsumerFilter {
+                filter: s.filter.clone(),
+                qos: s.options.qos,
+                no_local: s.options.no_local,
+                retain_as_published: s.options.retain_as_published,
+                subscription_id: s.options.subscription_id,
+            })
+            .collect()
+    }
+
+    /// Make (or refresh) session `key`'s consumer of `channel` after its
+    /// subscriptions there changed. A new consumer starts at `start`
+    /// (its stored position at startup), else at `seek`, else at `next`;
+    /// an existing one moves only when `seek` is given. One with no
+    /// subscription left there goes, with its position.
+    pub(super) fn refresh_consumer(
+        &mut self,
+        key: SessionKey,
+        channel: u16,
+        seek: Option<Seek>,
+        start: Option<u64>,
+        now: Instant,
+    ) {
+        let filters = self.filters_on(key, channel);
+        let next = self.channels[channel as usize].next;
+        let generation = self.next_read;
+        self.next_read += 1;
+        let index = self.consumer_index(key, channel);
+        let session = self.sessions.get_mut(&key).expect("known session");
+        match index {
+            Some(i) if filters.is_empty() => {
+                session.consumers.remove(i);
+                self.channels[channel as usize]
+                    .consumers
+                    .retain(|k| *k != key);
+                self.drop_position(key, channel);
+                return;
+            }
+            None if filters.is_empty() => return,
+            Some(i) => {
+                let consumer = &mut session.consumers[i];
+                consumer.filters = filters;
+                if let Some(seek) = seek {
+                    consumer.generation = generation;
+                    consumer.reading = false;
+                    consumer.gap = None;
+                    consumer.unacked.clear();
+                    set_start(consumer, seek);
+                }
+            }
+            None => {
+                let mut consumer = Consumer {
+                    channel,
+                    generation,
+                    filters,
+                    next: start.unwrap_or(next),
+                    unacked: BTreeSet::new(),
+                    reading: false,
+                    seek: None,
+                    gap: None,
+                    stored: start,
+                };
+                if let (None, Some(seek)) = (start, seek) {
+                    set_start(&mut consumer, seek);
+                }
+                session.consumers.push(consumer);
+                self.channels[channel as usize].consumers.push(key);
+            }
+        }
+        if let Some(i) = self.consumer_index(key, channel) {
+            self.pump(key, i, now);
+        }
+    }
+
+    /// Stage the position of every consumer of `key` that moved since it
+    /// was last written. Only sessions that outlive their connection keep
+    /// one: a position of a session ending with its connection would be
+    /// dropped with it.
+    pub(super) fn stage_positions(&mut self, key: SessionKey, now: Instant) {
+        let saved_at = self.unix_at(now).max(1);
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        if session.expiry_interval == 0 {
+            return;
+        }
+        let Ok(reader) = Reader::mqtt(&session.client_id) else {
+            return;
+        };
+        let expiry = session.expiry_interval;
+        let mut writes = Vec::new();
+        for consumer in &mut session.consumers {
+            if consumer.seek.is_some() {
+                continue;
+            }
+            let offset = consumer.position();
+            if consumer.stored == Some(offset) {
+                continue;
+            }
+            consumer.stored = Some(offset);
+            writes.push((
+                consumer.channel,
+                Write::SavePosition(Position {
+                    reader: reader.clone(),
+                    offset,
+                    saved_at,
+                    session_expiry: Some(expiry),
+                }),
+            ));
+        }
+        for (channel, write) in writes {
+            self.stage(Role::Channel(channel), write);
+        }
+    }
+
+    /// Stage every changed position (the flush), and publish each channel's
+    /// largest consumer lag.
+    pub(super) fn stage_all_positions(&mut self, now: Instant) {
+        let mut keys: Vec<SessionKey> = self
+            .channels
+            .iter()
+            .flat_map(|c| c.consumers.iter().copied())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        for key in keys {
+            self.stage_positions(key, now);
+        }
+        for (i, channel) in self.channels.iter().enumerate() {
+            let lag = channel
+                .consumers
+                .iter()
+                .filter_map(|k| self.sessions.get(k))
+                .filter_map(|s| s.consumers.iter().find(|c| c.channel == i as u16))
+                .map(|c| channel.next.saturating_sub(c.position()))
+                .max()
+                .unwrap_or(0);
+            self.metrics.set_consumer_lag(&channel.name, lag);
+        }
+    }
+
+    fn drop_position(&mut self, key: SessionKey, channel: u16) {
+        let Some(session) = self.sessions.get(&key) else {
+            return;
+        };
+        if let Ok(reader) = Reader::mqtt(&session.client_id) {
+            self.stage(Role::Channel(channel), Write::DropPosition(reader));
+        }
+    }
+
+    /// A session ends (already out of every channel's consumer list): its
+    /// positions go, and its unreleased QoS 2 publishes into channels are
+    /// let go.
+    pub(super) fn end_consumers(&mut self, session: &super::session::Session) {
+        if let Ok(reader) = Reader::mqtt(&session.client_id) {
+            for consumer in &session.consumers {
+                self.stage(
+                    Role::Channel(consumer.channel),
+                    Write::DropPosition(reader.clone()),
+                );
+            }
+        }
+        let mut holds: Vec<(u16, u16)> = session
+            .channel_holds
+            .iter()
+            .map(|(p, c)| (*p, *c))
+            .collect();
+        holds.sort_unstable();
+        for (packet_id, channel) in holds {
+            self.stage(
+                Role::Channel(channel),
+                Write::DropChannelHold {
+                    client_id: session.client_id.to_string(),
+                    packet_id,
+                },
+            );
+        }
+    }
+
+    /// A SUBSCRIBE's `saguin-from`, for the filters of it on channels.
+    pub(super) fn seek_of(user_properties: &[(String, String)]) -> Result<Option<Seek>, String> {
+        match user_properties.iter().find(|(k, _)| k == FROM_PROPERTY) {
+            Some((_, v)) => parse_from(v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The reason a SUBSCRIBE's filter on a channel is refused with, if any.
+    pub(super) fn channel_filter_refusal(share_group: Option<&str>) -> Option<ReasonCode> {
+        // One group cursor per shared group over a channel is not built:
+        // refused, rather than delivering each record to every member.
+        share_group.map(|_| ReasonCode::SharedSubscriptionsNotSupported)
+    }
+
+    /// Restore channels and the consumers of restored sessions; positions
+    /// and holds nobody owns any more are dropped.
+    pub(super) fn restore_channels(&mut self, restored: Vec<RestoredChannel>, now: Instant) {
+        self.channels = restored
+            .iter()
+            .map(|c| Channel {
+                name: c.name.clone(),
+                next: c.next.max(1),
+                consumers: Vec::new(),
+            })
+            .collect();
+        for (i, channel) in restored.into_iter().enumerate() {
+            let i = i as u16;
+            for position in channel.positions {
+                let key = self.by_client_id.get(position.reader.id()).copied();
+                let owned = key.is_some_and(|k| !self.filters_on(k, i).is_empty())
+                    && position.reader.scheme() == crate::storage::contract::ReaderScheme::Mqtt;
+                match key {
+                    Some(key) if owned => {
+                        let start = position.offset.min(self.channels[i as usize].next);
+                        self.refresh_consumer(key, i, None, Some(start), now);
+                    }
+                    _ if position.reader.scheme()
+                        == crate::storage::contract::ReaderScheme::Mqtt =>
+                    {
+                        self.stage(Role::Channel(i), Write::DropPosition(position.reader));
+                    }
+                    _ => {}
+                }
+            }
+            // Sessions consuming the channel with no position stored yet
+            // start at its next offset.
+            let keys: Vec<SessionKey> = self.sessions.keys().copied().collect();
+            for key in keys {
+                if self.consumer_index(key, i).is_none() && !self.filters_on(key, i).is_empty() {
+                    self.refresh_consumer(key, i, None, None, now);
+                }
+            }
+            for hold in channel.holds {
+                match self.by_client_id.get(hold.client_id.as_str()).copied() {
+                    Some(key) => {
+                        let session = self.sessions.get_mut(&key).expect("indexed");
+                        session.inbound_qos2.insert(hold.packet_id, now);
+                        session.channel_holds.insert(hold.packet_id, i);
+                    }
+                    None => self.stage(
+                        Role::Channel(i),
+                        Write::DropChannelHold {
+                            client_id: hold.client_id,
+                            packet_id: hold.packet_id,
+                        },
+                    ),
+                }
+            }
+        }
+    }
+
+    /// Channels served, for tests and the startup log.
+    pub fn channel_count(&self) -> usize {
+        self.channels.len()
+    }
+}
+
+fn set_start(consumer: &mut Consumer, seek: Seek) {
+    match seek {
+        Seek::Offset(offset) => {
+            consumer.next = offset;
+            consumer.seek = None;
+        }
+        other => consumer.seek = Some(other),
+    }
+}
+
+/// A topic's or filter's first level.
+fn first_level(topic: &str) -> &str {
+    topic.split('/').next().unwrap_or(topic)
+}
