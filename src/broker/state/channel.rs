@@ -250,6 +250,16 @@ impl BrokerState {
         }
     }
 
+    /// Ask `connection`'s writer to say when it has caught up, so a
+    /// consumer waiting for room there is let go on.
+    fn want_drained(&self, connection: u64) {
+        if let Some(conn) = self.connections.get(&connection) {
+            conn.handle
+                .want_drained
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     fn consumer_index(&self, key: SessionKey, channel: u16) -> Option<usize> {
         self.sessions
             .get(&key)?
@@ -331,6 +341,7 @@ impl BrokerState {
             session.inflight.len() < window && self.has_room(connection)
         };
         if !has_room {
+            self.want_drained(connection);
             return false;
         }
         let message = match (prepared, gap) {
@@ -435,7 +446,11 @@ impl BrokerState {
         } else {
             READ_MAX
         };
-        if room == 0 || !self.has_room(connection) {
+        if room == 0 {
+            return;
+        }
+        if !self.has_room(connection) {
+            self.want_drained(connection);
             return;
         }
         let from = consumer.seek.unwrap_or(Seek::Offset(consumer.next));
@@ -707,7 +722,8 @@ impl BrokerState {
     /// let go.
     pub(super) fn end_consumers(&mut self, session: &super::session::Session) {
         if let Ok(reader) = Reader::mqtt(&session.client_id) {
-            for consumer in &session.consumers {
+            // Only a position that was written needs removing.
+            for consumer in session.consumers.iter().filter(|c| c.stored.is_some()) {
                 self.stage(
                     Role::Channel(consumer.channel),
                     Write::DropPosition(reader.clone()),

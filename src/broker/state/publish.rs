@@ -512,6 +512,24 @@ impl BrokerState {
     /// Publish a message the broker itself originates (a Will): stored
     /// like a client's, routed once stored.
     pub(super) fn publish_message(&mut self, message: Arc<Message>, client_id: &str, now: Instant) {
+        if let Some(channel) = self.channel_of(&message.topic) {
+            // A Will into a channel is a record like any other; nobody
+            // waits for its answer, and a failure is counted.
+            let record = self.record_of(&message, client_id, now);
+            self.stage(Role::Channel(channel), Write::Append(record));
+            self.seal(Parked::Publish(Box::new(ParkedPublish {
+                connection: None,
+                packet_id: 0,
+                qos: 0,
+                message,
+                publisher: None,
+                deliveries: Vec::new(),
+                logged: false,
+                retain_change: None,
+                code: ReasonCode::Success,
+            })));
+            return;
+        }
         let qos = message.qos;
         let parts = self.stage_publish(message, None, client_id, now);
         self.seal_or_answer(
