@@ -171,6 +171,59 @@
 //!   limits.receive_maximum` (at least 1,024) packets queued is dropped and
 //!   counted; acknowledgements and QoS 1/2 deliveries are never dropped:
 //!   the client's reader is paused until its writer catches up.
+//!
+//! Append channels ([`state`]'s `channel` module, [`reader`]):
+//!
+//! - A topic whose first level names an append channel is that channel's:
+//!   a PUBLISH to it is a record (broker receipt time, User Properties in
+//!   the publisher's order, the five publish properties, retain flag,
+//!   client id, QoS) and never a broadcast: `#` subscribers do not get it
+//!   and its retain flag is kept in the record, not in the retained
+//!   store. A Will whose topic is a channel's is appended like a publish.
+//! - A consumer is a session with a subscription whose filter's first
+//!   level is the channel's name (reader `mqtt:<client id>`); several such
+//!   filters of one session share one place in the channel, and a record
+//!   goes at the highest QoS of the filters it matches, with their
+//!   Subscription Identifiers. No Local skips the consumer's own records.
+//!   A record matching none of its filters is passed over.
+//! - Delivered records carry the User Property `saguin-offset` (decimal)
+//!   after the publisher's own; an MQTT 3.1.1 consumer, which has no
+//!   properties, gets the message as published. Its QoS is the lower of
+//!   the record's and the subscription's; a QoS 0 consumer is never cut
+//!   or dropped for being slow: it is sent what its writer takes and
+//!   resumes as it drains (a log does not shed a reader's records).
+//! - `saguin-from` on SUBSCRIBE (MQTT 5 User Property) applies to every
+//!   channel filter of that packet: `earliest` is the oldest record held
+//!   (no gap is reported for what retention removed before it), a decimal
+//!   offset (0 is read as 1; below the floor, the records missed are
+//!   reported as a gap), an RFC 3339 time (the earliest record received at
+//!   or after it, every candidate looked at, since the receipt clock can
+//!   step back; none: `next`). It moves a consumer that exists already;
+//!   without it an existing consumer keeps its place and a new one starts
+//!   at `next`. A value that is none of these refuses the filter with 0x83
+//!   (logged with the value).
+//! - A shared subscription over a channel (`$share/G/telemetry/#`) is
+//!   refused with 0x9E (Shared Subscriptions not supported): one group
+//!   cursor is not built yet, and delivering every record to every member
+//!   would break the promise of a shared subscription.
+//! - Positions are kept for sessions that outlive their connection
+//!   (expiry > 0): written every `ack_commit_interval`, when the client
+//!   goes away and at shutdown, as the lowest offset sent and not
+//!   acknowledged (QoS 1/2) or the next one. A session that ends takes its
+//!   positions with it; a session with expiry 0 never writes one, and a
+//!   consumer of one starts at `next` (or `saguin-from`) each time. After a
+//!   restart a consumer resumes from its stored position; one whose
+//!   session is gone has its position dropped.
+//! - A consumer's reads are windows of at most its free Receive Maximum
+//!   (256 for a QoS 0 consumer) from its `next`; a failed read is logged,
+//!   counted in `saguin_storage_errors_total`, and tried again at the next
+//!   tick (500 ms), never skipped.
+//! - A QoS 2 publish into a channel is held (no offset) in the channel's
+//!   provider before PUBREC, whatever the publisher's session, and written
+//!   at the next offset with the hold's removal in one transaction before
+//!   PUBCOMP; a hold not released within `broker.exactly_once.expires_after`
+//!   is dropped and counted, and one whose session is gone at startup is
+//!   dropped.
 
 pub mod alias;
 pub mod auth;
