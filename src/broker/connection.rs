@@ -710,6 +710,7 @@ fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectReq
         maximum_packet_size: props.maximum_packet_size,
         request_response_information: v5 && props.request_response_information == Some(true),
         authentication: None,
+        bridge: None,
     }
 }
 

@@ -204,7 +204,8 @@ impl BrokerState {
         now: Instant,
     ) {
         let client_id = self.sessions[&key].client_id.clone();
-        let record = self.record_of(message, &client_id, now);
+        let mut record = self.record_of(message, &client_id, now);
+        record.bridge = self.sessions[&key].bridge.as_deref().map(str::to_owned);
         if message.qos == 2 {
             let held = crate::storage::contract::HeldPublish {
                 channel: self.channels[channel as usize].name.to_string(),
@@ -308,8 +309,10 @@ impl BrokerState {
         };
         let consumer = &session.consumers[index];
         let mut best: Option<&ConsumerFilter> = None;
+        // One hop: a bridge is not handed what arrived over a bridge.
+        let looped = session.bridge.is_some() && record.bridge.is_some();
         for f in &consumer.filters {
-            if f.no_local && record.client_id == *session.client_id {
+            if looped || (f.no_local && record.client_id == *session.client_id) {
                 continue;
             }
             if topic::filter_matches(&f.filter, &record.topic) && best.is_none_or(|b| f.qos > b.qos)
@@ -618,6 +621,12 @@ impl BrokerState {
                 }
             }
             None => {
+                let start = start.or_else(|| {
+                    let bridge = session.bridge.as_deref()?;
+                    self.bridge_positions
+                        .get(&(channel, bridge.to_owned()))
+                        .copied()
+                });
                 let mut consumer = Consumer {
                     channel,
                     generation,
@@ -650,13 +659,15 @@ impl BrokerState {
         let Some(session) = self.sessions.get_mut(&key) else {
             return;
         };
-        if session.expiry_interval == 0 {
-            return;
-        }
-        let Ok(reader) = Reader::mqtt(&session.client_id) else {
+        let expiry = match &session.bridge {
+            // A bridge holds a position with no session: it never expires.
+            Some(_) => None,
+            None if session.expiry_interval == 0 => return,
+            None => Some(session.expiry_interval),
+        };
+        let Some(reader) = reader_of(session) else {
             return;
         };
-        let expiry = session.expiry_interval;
         let mut writes = Vec::new();
         for consumer in &mut session.consumers {
             if consumer.seek.is_some() {
@@ -673,7 +684,7 @@ impl BrokerState {
                     reader: reader.clone(),
                     offset,
                     saved_at,
-                    session_expiry: Some(expiry),
+                    session_expiry: expiry,
                 }),
             ));
         }
@@ -712,7 +723,7 @@ impl BrokerState {
         let Some(session) = self.sessions.get(&key) else {
             return;
         };
-        if let Ok(reader) = Reader::mqtt(&session.client_id) {
+        if let Some(reader) = reader_of(session) {
             self.stage(Role::Channel(channel), Write::DropPosition(reader));
         }
     }
@@ -720,15 +731,37 @@ impl BrokerState {
     /// A session ends (already out of every channel's consumer list): its
     /// positions go, and its unreleased QoS 2 publishes into channels are
     /// let go.
-    pub(super) fn end_consumers(&mut self, session: &super::session::Session) {
-        if let Ok(reader) = Reader::mqtt(&session.client_id) {
-            // Only a position that was written needs removing.
-            for consumer in session.consumers.iter().filter(|c| c.stored.is_some()) {
-                self.stage(
-                    Role::Channel(consumer.channel),
-                    Write::DropPosition(reader.clone()),
-                );
+    pub(super) fn end_consumers(&mut self, session: &super::session::Session, now: Instant) {
+        match (reader_of(session), &session.bridge) {
+            // A bridge's place outlives its session (the remote went away):
+            // kept, to resume from when the bridge connects again.
+            (Some(reader), Some(bridge)) => {
+                let saved_at = self.unix_at(now).max(1);
+                for consumer in &session.consumers {
+                    let offset = consumer.position();
+                    self.bridge_positions
+                        .insert((consumer.channel, bridge.to_string()), offset);
+                    self.stage(
+                        Role::Channel(consumer.channel),
+                        Write::SavePosition(Position {
+                            reader: reader.clone(),
+                            offset,
+                            saved_at,
+                            session_expiry: None,
+                        }),
+                    );
+                }
             }
+            (Some(reader), None) => {
+                // Only a position that was written needs removing.
+                for consumer in session.consumers.iter().filter(|c| c.stored.is_some()) {
+                    self.stage(
+                        Role::Channel(consumer.channel),
+                        Write::DropPosition(reader.clone()),
+                    );
+                }
+            }
+            (None, _) => {}
         }
         let mut holds: Vec<(u16, u16)> = session
             .channel_holds
@@ -789,7 +822,11 @@ impl BrokerState {
                     {
                         self.stage(Role::Channel(i), Write::DropPosition(position.reader));
                     }
-                    _ => {}
+                    // A bridge resumes from it when it connects.
+                    _ => {
+                        self.bridge_positions
+                            .insert((i, position.reader.id().to_owned()), position.offset);
+                    }
                 }
             }
             // Sessions consuming the channel with no position stored yet
@@ -832,6 +869,14 @@ fn set_start(consumer: &mut Consumer, seek: Seek) {
             consumer.seek = None;
         }
         other => consumer.seek = Some(other),
+    }
+}
+
+/// The reader a session's places in channels are stored under.
+fn reader_of(session: &super::session::Session) -> Option<Reader> {
+    match &session.bridge {
+        Some(bridge) => Reader::bridge(bridge).ok(),
+        None => Reader::mqtt(&session.client_id).ok(),
     }
 }
 

@@ -161,7 +161,7 @@ impl BrokerState {
         for channel in &mut self.channels {
             channel.consumers.retain(|k| *k != key);
         }
-        self.end_consumers(&session);
+        self.end_consumers(&session, now);
         self.metrics.sessions.fetch_sub(1, Relaxed);
         self.detached.remove(&key);
         if self.by_client_id.get(&session.client_id) == Some(&key) {

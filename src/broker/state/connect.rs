@@ -175,6 +175,7 @@ impl BrokerState {
         let was_stored = {
             let session = self.sessions.get_mut(&key).expect("inserted above");
             session.connecting = Some(connection);
+            session.bridge = request.bridge.clone();
             session.expiry_interval = expiry;
             session.expires_at = None;
             session.window = u16::try_from(receive_maximum).unwrap_or(u16::MAX);

@@ -221,6 +221,11 @@ pub struct ConnectRequest {
     /// Enhanced authentication that succeeded: the method and the data the
     /// CONNACK carries (SCRAM's server-final message).
     pub authentication: Option<(&'static str, Bytes)>,
+    /// Set when the connection is a bridge's, made inside the broker (never
+    /// from the wire): the records it publishes carry the bridge's name, its
+    /// places in channels are the reader `bridge:<name>`, and it is not
+    /// handed records that arrived over a bridge (one hop).
+    pub bridge: Option<Arc<str>>,
 }
 
 /// A PUBLISH from a client, topic alias already resolved.
@@ -502,6 +507,9 @@ pub struct BrokerState {
     next_read: u64,
     /// Consumers to let catch up once the current event is handled.
     pumps_due: Vec<(SessionKey, u16)>,
+    /// Where each bridge's reader stands in each channel, by channel index
+    /// and bridge name, while its session is away.
+    bridge_positions: HashMap<(u16, String), u64>,
 }
 
 impl BrokerState {
@@ -536,6 +544,7 @@ impl BrokerState {
             channel_reads: IdMap::default(),
             next_read: 1,
             pumps_due: Vec::new(),
+            bridge_positions: HashMap::new(),
         }
     }
 

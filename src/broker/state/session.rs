@@ -196,6 +196,8 @@ pub struct Session {
     pub window: u16,
     /// Its places in the append channels it consumes.
     pub consumers: Vec<super::channel::Consumer>,
+    /// The bridge whose session this is (see `ConnectRequest::bridge`).
+    pub bridge: Option<Arc<str>>,
     /// Inbound QoS 2 publishes held in a channel until their PUBREL: the
     /// packet id and the channel's index (their times are in `inbound_qos2`).
     pub channel_holds: IdMap<u16, u16>,
@@ -219,6 +221,7 @@ impl Session {
             dirty: false,
             window: 1,
             consumers: Vec::new(),
+            bridge: None,
             channel_holds: IdMap::default(),
         }
     }

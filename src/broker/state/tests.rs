@@ -197,6 +197,7 @@ fn request(id: &str, clean: bool, session_expiry: u32) -> ConnectRequest {
         maximum_packet_size: None,
         request_response_information: false,
         authentication: None,
+        bridge: None,
     }
 }
 
@@ -1208,4 +1209,64 @@ fn saguin_from_takes_earliest_an_offset_or_a_time() {
         Ok(Seek::Time(1_796_119_200_000_000_000))
     );
     assert!(parse_from("yesterday").is_err());
+}
+
+#[test]
+fn a_bridge_skips_what_arrived_over_a_bridge_and_keeps_its_place_past_its_session() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut bridge_request = request("bridge:cloud", true, 0);
+    bridge_request.bridge = Some("cloud".into());
+    let mut bridge = connect_as(&mut s, 1, bridge_request.clone(), now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    let mut inbound_request = request("bridge:edge", true, 0);
+    inbound_request.bridge = Some("edge".into());
+    let mut inbound = connect_as(&mut s, 2, inbound_request, now);
+    let mut local = connect(&mut s, 3, "sensor", true, now);
+    store.commit_all(&mut s, now);
+    bridge.drain();
+    inbound.drain();
+    local.drain();
+    packets(&mut s, 2, vec![publish("telemetry/from-remote", 1, 1)], now);
+    packets(&mut s, 3, vec![publish("telemetry/local", 1, 1)], now);
+    store.commit_all(&mut s, now);
+    assert_eq!(store.channel[0].bridge.as_deref(), Some("edge"));
+    assert_eq!(store.channel[1].bridge, None);
+    // Only the local record goes out again.
+    let out = bridge.drain();
+    assert_eq!(channel_deliveries(&out), vec![(2, None)]);
+    let acks = publish_ids(&out)
+        .into_iter()
+        .map(|packet_id| Inbound::PubAck {
+            packet_id,
+            reason: ReasonCode::Success,
+        })
+        .collect();
+    packets(&mut s, 1, acks, now);
+    closed(&mut s, 1, now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    let saved: Vec<(String, u64, Option<u32>)> = intents
+        .iter()
+        .flat_map(|i| i.writes.iter())
+        .filter_map(|w| match w {
+            Write::SavePosition(p) => Some((p.reader.to_string(), p.offset, p.session_expiry)),
+            Write::DropPosition(r) => panic!("the bridge's place was dropped: {r}"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(saved, vec![("bridge:cloud".to_owned(), 3, None)]);
+    // Connecting again, it resumes there rather than at the end.
+    packets(&mut s, 3, vec![publish("telemetry/local", 1, 2)], now);
+    let mut sink = FakeStore {
+        channel: store.channel.clone(),
+        ..FakeStore::default()
+    };
+    sink.commit_all(&mut s, now);
+    let mut bridge = connect_as(&mut s, 4, bridge_request, now);
+    packets(&mut s, 4, vec![subscribe("telemetry/#", 1)], now);
+    sink.commit_all(&mut s, now);
+    sink.answer_reads(&mut s, 1, now);
+    assert_eq!(channel_deliveries(&bridge.drain()), vec![(3, None)]);
 }
