@@ -202,10 +202,14 @@
 //!   without it an existing consumer keeps its place and a new one starts
 //!   at `next`. A value that is none of these refuses the filter with 0x83
 //!   (logged with the value).
-//! - A shared subscription over a channel (`$share/G/telemetry/#`) is
-//!   refused with 0x9E (Shared Subscriptions not supported): one group
-//!   cursor is not built yet, and delivering every record to every member
-//!   would break the promise of a shared subscription.
+//! - A shared subscription over a channel (`$share/G/telemetry/#`) is one
+//!   group with one place in the channel: each record matching its filter
+//!   goes to one member, in turn among those connected with room; with
+//!   none, the group waits at that record. A member whose session ends
+//!   returns what it held and the group hands out again from the lowest
+//!   offset returned (at least once). The group's position is stored as
+//!   the reader `mqtt:$share/G/<filter>`, kept `limits.max_session_expiry`
+//!   after it was last saved.
 //! - Positions are kept for sessions that outlive their connection
 //!   (expiry > 0): written every `ack_commit_interval`, when the client
 //!   goes away and at shutdown, as the lowest offset sent and not

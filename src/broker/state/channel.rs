@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use super::persist::{message_from_record, Role, Write};
 use super::session::{InflightEntry, InflightPhase, QueuedMessage, SessionSubscription};
-use super::{BrokerState, ReasonCode};
+use super::BrokerState;
 use crate::broker::message::Message;
 use crate::broker::metrics::DropReason;
 use crate::broker::topic::SessionKey;
@@ -152,6 +152,8 @@ pub(super) struct ConsumerStart {
     pub channel: u16,
     /// `saguin-from`, when the SUBSCRIBE carried one.
     pub seek: Option<Seek>,
+    /// A shared subscription: its raw filter and its filter.
+    pub group: Option<(String, String)>,
 }
 
 /// `saguin-from`'s value as a seek, or why it is none.
@@ -230,6 +232,10 @@ impl BrokerState {
             return;
         };
         state.next = state.next.max(record.offset + 1);
+        self.groups_committed(channel, &record, now);
+        let Some(state) = self.channels.get(channel as usize) else {
+            return;
+        };
         if state.consumers.is_empty() {
             return;
         }
@@ -271,7 +277,12 @@ impl BrokerState {
 
     /// A record as a consumer receives it: the publisher's properties, then
     /// `saguin-offset` (and `saguin-gap` when it has one to announce).
-    fn consumer_message(&self, record: &Record, gap: Option<(u64, u64)>, now: Instant) -> Message {
+    pub(super) fn consumer_message(
+        &self,
+        record: &Record,
+        gap: Option<(u64, u64)>,
+        now: Instant,
+    ) -> Message {
         let age = self.unix_at(now).saturating_sub(record.timestamp).max(0);
         let received_at = now
             .checked_sub(std::time::Duration::from_nanos(age as u64))
@@ -404,6 +415,7 @@ impl BrokerState {
 
     /// The reads the event just handled made due.
     pub(super) fn run_pumps(&mut self) {
+        self.run_group_reads();
         if self.pumps_due.is_empty() {
             return;
         }
@@ -473,6 +485,11 @@ impl BrokerState {
 
     /// Every consumer of session `key` catches up as far as its room allows.
     pub(super) fn pump_all(&mut self, key: SessionKey, now: Instant) {
+        for (index, group) in self.groups.iter().enumerate() {
+            if group.has_member(key) {
+                self.groups_due.push(index);
+            }
+        }
         let count = self.sessions.get(&key).map_or(0, |s| s.consumers.len());
         for index in 0..count {
             self.pump(key, index, now);
@@ -492,6 +509,9 @@ impl BrokerState {
         result: Result<ReadWindow, super::StorageFailure>,
         now: Instant,
     ) {
+        if self.on_group_read(ticket, &result, now) {
+            return;
+        }
         let Some((key, channel, generation)) = self.channel_reads.remove(&ticket) else {
             return;
         };
@@ -556,6 +576,9 @@ impl BrokerState {
     /// A channel delivery's exchange ended: the record no longer holds the
     /// consumer's position back.
     pub(super) fn channel_acknowledged(&mut self, key: SessionKey, channel: u16, offset: u64) {
+        if self.group_acknowledged(key, channel, offset) {
+            return;
+        }
         if let Some(index) = self.consumer_index(key, channel) {
             let session = self.sessions.get_mut(&key).expect("indexed");
             session.consumers[index].unacked.remove(&offset);
@@ -706,6 +729,7 @@ impl BrokerState {
         for key in keys {
             self.stage_positions(key, now);
         }
+        self.stage_group_positions(now);
         for (i, channel) in self.channels.iter().enumerate() {
             let lag = channel
                 .consumers
@@ -788,13 +812,6 @@ impl BrokerState {
         }
     }
 
-    /// The reason a SUBSCRIBE's filter on a channel is refused with, if any.
-    pub(super) fn channel_filter_refusal(share_group: Option<&str>) -> Option<ReasonCode> {
-        // One group cursor per shared group over a channel is not built:
-        // refused, rather than delivering each record to every member.
-        share_group.map(|_| ReasonCode::SharedSubscriptionsNotSupported)
-    }
-
     /// Restore channels and the consumers of restored sessions; positions
     /// and holds nobody owns any more are dropped.
     pub(super) fn restore_channels(&mut self, restored: Vec<RestoredChannel>, now: Instant) {
@@ -817,6 +834,14 @@ impl BrokerState {
                         let start = position.offset.min(self.channels[i as usize].next);
                         self.refresh_consumer(key, i, None, Some(start), now);
                     }
+                    // A shared group's place, for when a member joins.
+                    _ if position.reader.scheme()
+                        == crate::storage::contract::ReaderScheme::Mqtt
+                        && position.reader.id().starts_with("$share/") =>
+                    {
+                        self.group_positions
+                            .insert((i, position.reader.id().to_owned()), position.offset);
+                    }
                     _ if position.reader.scheme()
                         == crate::storage::contract::ReaderScheme::Mqtt =>
                     {
@@ -836,6 +861,22 @@ impl BrokerState {
                 if self.consumer_index(key, i).is_none() && !self.filters_on(key, i).is_empty() {
                     self.refresh_consumer(key, i, None, None, now);
                 }
+            }
+            // Members of shared groups over the channel rejoin them.
+            let mut members: Vec<(SessionKey, String, String)> = self
+                .sessions
+                .iter()
+                .flat_map(|(k, s)| {
+                    s.subscriptions
+                        .iter()
+                        .filter(|(_, sub)| sub.share_group.is_some())
+                        .map(move |(raw, sub)| (*k, raw.clone(), sub.filter.clone()))
+                })
+                .filter(|(_, _, filter)| first_level(filter) == &*channel.name)
+                .collect();
+            members.sort();
+            for (key, raw, filter) in members {
+                self.join_group(key, i, &raw, &filter, None);
             }
             for hold in channel.holds {
                 match self.by_client_id.get(hold.client_id.as_str()).copied() {

@@ -155,6 +155,9 @@ impl BrokerState {
     /// Forget a session: its subscriptions, queues, stored record and any
     /// pending Will (published now, as the session ends before its delay).
     pub(super) fn end_session(&mut self, key: SessionKey, now: Instant) {
+        for raw in self.groups_of(key) {
+            self.leave_group(key, &raw);
+        }
         let Some(session) = self.sessions.remove(&key) else {
             return;
         };

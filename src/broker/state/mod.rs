@@ -35,6 +35,7 @@
 //! from what the providers hold).
 
 mod channel;
+mod channel_share;
 mod close;
 mod connect;
 mod persist;
@@ -510,6 +511,15 @@ pub struct BrokerState {
     /// Where each bridge's reader stands in each channel, by channel index
     /// and bridge name, while its session is away.
     bridge_positions: HashMap<(u16, String), u64>,
+    /// Shared groups over channels.
+    groups: Vec<channel_share::ChannelGroup>,
+    /// Groups to let read on once the current event is handled.
+    groups_due: Vec<usize>,
+    /// Reads out for groups: ticket to the group, its generation, and
+    /// whether the read resolves where the group starts.
+    group_reads: IdMap<u64, (usize, u64, bool)>,
+    /// Stored places of groups nobody has joined yet since the start.
+    group_positions: HashMap<(u16, String), u64>,
 }
 
 impl BrokerState {
@@ -545,6 +555,10 @@ impl BrokerState {
             next_read: 1,
             pumps_due: Vec::new(),
             bridge_positions: HashMap::new(),
+            groups: Vec::new(),
+            groups_due: Vec::new(),
+            group_reads: IdMap::default(),
+            group_positions: HashMap::new(),
         }
     }
 

@@ -231,8 +231,8 @@ pub(super) enum Parked {
         packet_id: u16,
         reasons: Vec<ReasonCode>,
         undo: Vec<(String, super::session::SessionSubscription)>,
-        /// Channels it unsubscribed from.
-        channels: Vec<u16>,
+        /// Channels it unsubscribed from, with the raw filter.
+        channels: Vec<(u16, String)>,
     },
     /// A publish routed once its retained value, hold or log entry is
     /// stored; `ack` is what its publisher is owed (if anything).
@@ -646,8 +646,16 @@ impl BrokerState {
                     self.send(connection, Outbound::SubAck { packet_id, reasons });
                     self.deliver_retained(connection, key, retained_for, now);
                     for start in consumers {
-                        if self.sessions.contains_key(&key) {
-                            self.refresh_consumer(key, start.channel, start.seek, None, now);
+                        if !self.sessions.contains_key(&key) {
+                            break;
+                        }
+                        match &start.group {
+                            Some((raw, filter)) => {
+                                self.join_group(key, start.channel, raw, filter, start.seek)
+                            }
+                            None => {
+                                self.refresh_consumer(key, start.channel, start.seek, None, now)
+                            }
                         }
                     }
                 }
@@ -671,8 +679,13 @@ impl BrokerState {
             } => match failure {
                 None => {
                     self.send(connection, Outbound::UnsubAck { packet_id, reasons });
-                    for channel in channels {
-                        if self.sessions.contains_key(&key) {
+                    for (channel, raw) in channels {
+                        if !self.sessions.contains_key(&key) {
+                            break;
+                        }
+                        if crate::topic::split_shared(&raw).is_some() {
+                            self.leave_group(key, &raw);
+                        } else {
                             self.refresh_consumer(key, channel, None, None, now);
                         }
                     }

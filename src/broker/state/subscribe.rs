@@ -42,16 +42,16 @@ impl BrokerState {
             };
             let channel = self.channel_of(parsed.filter);
             if let Some(channel) = channel {
-                if let Some(refusal) = Self::channel_filter_refusal(parsed.share_group) {
-                    reasons.push(refusal);
-                    continue;
-                }
                 match &seek {
                     Ok(seek) => {
-                        if !consumers.iter().any(|c| c.channel == channel) {
+                        let group = parsed
+                            .share_group
+                            .map(|_| (raw.clone(), parsed.filter.to_owned()));
+                        if group.is_some() || !consumers.iter().any(|c| c.channel == channel) {
                             consumers.push(ConsumerStart {
                                 channel,
                                 seek: *seek,
+                                group,
                             });
                         }
                     }
@@ -146,7 +146,7 @@ impl BrokerState {
             match self.unsubscribe(key, &raw) {
                 Some(sub) => {
                     if let Some(channel) = self.channel_of(&sub.filter) {
-                        channels.push(channel);
+                        channels.push((channel, raw.clone()));
                     }
                     undo.push((raw, sub));
                     reasons.push(ReasonCode::Success);

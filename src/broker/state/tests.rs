@@ -1270,3 +1270,55 @@ fn a_bridge_skips_what_arrived_over_a_bridge_and_keeps_its_place_past_its_sessio
     sink.answer_reads(&mut s, 1, now);
     assert_eq!(channel_deliveries(&bridge.drain()), vec![(3, None)]);
 }
+
+#[test]
+fn a_shared_group_over_a_channel_hands_each_record_to_one_member_and_takes_back_a_leavers() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut a = connect(&mut s, 1, "worker-a", true, now);
+    let mut b = connect(&mut s, 2, "worker-b", true, now);
+    let mut publisher = connect(&mut s, 3, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("$share/g/telemetry/#", 1)], now);
+    packets(&mut s, 2, vec![subscribe("$share/g/telemetry/#", 1)], now);
+    store.commit_all(&mut s, now);
+    a.drain();
+    b.drain();
+    let burst: Vec<Inbound> = (1..=6).map(|i| publish("telemetry/a", 1, i)).collect();
+    packets(&mut s, 3, burst, now);
+    store.commit_all(&mut s, now);
+    publisher.drain();
+    let got_a: Vec<u64> = channel_deliveries(&a.drain())
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect();
+    let got_b: Vec<u64> = channel_deliveries(&b.drain())
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect();
+    let mut all: Vec<u64> = got_a.iter().chain(&got_b).copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, (1..=6).collect::<Vec<u64>>(), "each record once");
+    assert_eq!(got_a.len(), 3);
+    // `a` goes away without acknowledging: its records go to `b`.
+    s.handle(
+        Event::Closed {
+            connection: 1,
+            reason: CloseReason::Network,
+            disconnect_reason: None,
+        },
+        now,
+    );
+    store.commit_all(&mut s, now);
+    store.answer_reads(&mut s, 1, now);
+    let again: Vec<u64> = channel_deliveries(&b.drain())
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect();
+    for offset in &got_a {
+        assert!(
+            again.contains(offset),
+            "{offset} returned to the group: {again:?}"
+        );
+    }
+}

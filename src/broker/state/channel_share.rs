@@ -1,0 +1,417 @@
+//! Shared subscriptions over an append channel (`$share/G/telemetry/#`):
+//! one group, one place in the channel, each record to one member.
+//!
+//! The group is keyed by its raw filter, as MQTT keys a shared
+//! subscription. It has one `next` and the offsets it handed out and has
+//! not had acknowledged, each with the member holding it. A record
+//! matching the group's filter goes to the next member, in turn, that is
+//! connected and has room; when none has, the group waits at that record
+//! (and reads it again later), so a record is never skipped for want of a
+//! member. A member whose session ends returns what it held: the group
+//! moves back to the lowest offset returned and hands out again from
+//! there (at least once: records after it still out with other members
+//! may come twice). The group's position - the lowest offset out, or
+//! `next` - is stored under the reader `mqtt:<raw filter>` (a name no MQTT
+//! client id of a session consuming alone takes, as it starts with
+//! `$share/`), every `ack_commit_interval` and at shutdown; it is kept for
+//! `limits.max_session_expiry` after the last member went away.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::channel::{ChannelRead, ReadWindow, Seek};
+use super::persist::{Role, Write};
+use super::session::{InflightEntry, InflightPhase, QueuedMessage};
+use super::BrokerState;
+use crate::broker::metrics::DropReason;
+use crate::broker::topic::SessionKey;
+use crate::storage::contract::{Position, Reader};
+use crate::topic;
+use saguin_format::model::Record;
+
+/// Most records one read of a group asks for.
+const GROUP_READ_MAX: usize = 256;
+
+/// A shared group over one channel.
+#[derive(Debug)]
+pub(super) struct ChannelGroup {
+    pub channel: u16,
+    /// `$share/G/<filter>`: the group's name and its reader's id.
+    pub raw: String,
+    filter: String,
+    members: Vec<SessionKey>,
+    /// Whose turn is next.
+    turn: usize,
+    next: u64,
+    /// Offsets out with a member, not acknowledged yet.
+    out: BTreeMap<u64, SessionKey>,
+    reading: bool,
+    generation: u64,
+    /// A gap to announce on the next delivery.
+    gap: Option<(u64, u64)>,
+    stored: Option<u64>,
+}
+
+impl ChannelGroup {
+    pub fn has_member(&self, key: SessionKey) -> bool {
+        self.members.contains(&key)
+    }
+
+    fn position(&self) -> u64 {
+        self.out.keys().next().copied().unwrap_or(self.next)
+    }
+}
+
+impl BrokerState {
+    fn group_index(&self, raw: &str) -> Option<usize> {
+        self.groups.iter().position(|g| g.raw == raw)
+    }
+
+    /// Session `key` joined the shared group `raw` over `channel` (its
+    /// SUBACK is sent). A new group starts at its stored position, else
+    /// at `seek`, else at `next`.
+    pub(super) fn join_group(
+        &mut self,
+        key: SessionKey,
+        channel: u16,
+        raw: &str,
+        filter: &str,
+        seek: Option<Seek>,
+    ) {
+        let index = match self.group_index(raw) {
+            Some(i) => i,
+            None => {
+                let stored = self.group_positions.remove(&(channel, raw.to_owned()));
+                let next = self.channels[channel as usize].next;
+                let generation = self.next_read;
+                self.next_read += 1;
+                let mut group = ChannelGroup {
+                    channel,
+                    raw: raw.to_owned(),
+                    filter: filter.to_owned(),
+                    members: Vec::new(),
+                    turn: 0,
+                    next: stored.unwrap_or(next),
+                    out: BTreeMap::new(),
+                    reading: false,
+                    generation,
+                    gap: None,
+                    stored,
+                };
+                if stored.is_none() {
+                    if let Some(Seek::Offset(offset)) = seek {
+                        group.next = offset;
+                    }
+                }
+                self.groups.push(group);
+                let index = self.groups.len() - 1;
+                if stored.is_none() && matches!(seek, Some(Seek::Earliest | Seek::Time(_))) {
+                    self.read_group(index, seek);
+                }
+                index
+            }
+        };
+        let group = &mut self.groups[index];
+        if !group.members.contains(&key) {
+            group.members.push(key);
+        }
+        self.groups_due.push(index);
+    }
+
+    /// Session `key` left group `raw` (unsubscribed, or its session ended):
+    /// what it held goes back to the group.
+    pub(super) fn leave_group(&mut self, key: SessionKey, raw: &str) {
+        let Some(index) = self.group_index(raw) else {
+            return;
+        };
+        let group = &mut self.groups[index];
+        group.members.retain(|k| *k != key);
+        let returned: Vec<u64> = group
+            .out
+            .iter()
+            .filter(|(_, k)| **k == key)
+            .map(|(o, _)| *o)
+            .collect();
+        for offset in &returned {
+            group.out.remove(offset);
+        }
+        if let Some(&lowest) = returned.first() {
+            group.next = group.next.min(lowest);
+            // Answers of reads made before the return are for the old place.
+            group.generation = self.next_read;
+            self.next_read += 1;
+            group.reading = false;
+        }
+        self.groups_due.push(index);
+    }
+
+    /// Every group session `key` belongs to, by raw filter.
+    pub(super) fn groups_of(&self, key: SessionKey) -> Vec<String> {
+        self.groups
+            .iter()
+            .filter(|g| g.members.contains(&key))
+            .map(|g| g.raw.clone())
+            .collect()
+    }
+
+    /// A committed record of `channel`: to each caught-up group's next
+    /// member with room; the others catch up by reading.
+    pub(super) fn groups_committed(&mut self, channel: u16, record: &Record, now: Instant) {
+        for index in 0..self.groups.len() {
+            let group = &self.groups[index];
+            if group.channel != channel {
+                continue;
+            }
+            if group.next == record.offset && !group.reading && group.gap.is_none() {
+                self.offer_to_group(index, record, now);
+            } else {
+                self.groups_due.push(index);
+            }
+        }
+    }
+
+    /// Hand `record` (at the group's `next`) to a member: true when it was
+    /// sent or passed over, false when no member had room.
+    fn offer_to_group(&mut self, index: usize, record: &Record, now: Instant) -> bool {
+        let group = &self.groups[index];
+        if !topic::filter_matches(&group.filter, &record.topic) {
+            self.groups[index].next = record.offset + 1;
+            return true;
+        }
+        let members = group.members.len();
+        let turn = group.turn;
+        for step in 0..members {
+            let at = (turn + step) % members;
+            let key = self.groups[index].members[at];
+            if self.send_to_member(index, key, record, now) {
+                let group = &mut self.groups[index];
+                group.turn = (at + 1) % members.max(1);
+                group.next = record.offset + 1;
+                group.gap = None;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Send a group's record to member `key` when it is connected and has
+    /// room.
+    fn send_to_member(
+        &mut self,
+        index: usize,
+        key: SessionKey,
+        record: &Record,
+        now: Instant,
+    ) -> bool {
+        let group = &self.groups[index];
+        let raw = group.raw.clone();
+        let channel = group.channel;
+        let gap = group.gap;
+        let Some(session) = self.sessions.get(&key) else {
+            return false;
+        };
+        let Some(connection) = session.connection else {
+            return false;
+        };
+        let Some(sub) = session.subscriptions.get(&raw) else {
+            return false;
+        };
+        let qos = sub.options.qos.min(record.qos);
+        let subscription_ids: Vec<u32> = sub.options.subscription_id.into_iter().collect();
+        let window = self
+            .connections
+            .get(&connection)
+            .map_or(0, |c| c.receive_maximum);
+        let room = if qos == 0 {
+            self.has_room(connection)
+        } else {
+            session.inflight.len() < window && self.has_room(connection)
+        };
+        if !room {
+            return false;
+        }
+        let message = Arc::new(self.consumer_message(record, gap, now));
+        if message.expiry_left(now).is_err() {
+            self.metrics.dropped(DropReason::Expired);
+            return true;
+        }
+        let queued = QueuedMessage {
+            message,
+            qos,
+            retain: false,
+            subscription_ids,
+            log_offset: None,
+        };
+        if qos == 0 {
+            self.transmit(connection, queued, 0, false, now);
+            return true;
+        }
+        let session = self.sessions.get_mut(&key).expect("looked up");
+        let Some(packet_id) = session.inflight.allocate_id() else {
+            return false;
+        };
+        session.inflight.push(InflightEntry {
+            packet_id,
+            phase: if qos == 1 {
+                InflightPhase::AwaitPuback
+            } else {
+                InflightPhase::AwaitPubrec
+            },
+            qos,
+            log_offset: None,
+            queued: Some(queued.clone()),
+            channel: Some((channel, record.offset)),
+        });
+        self.groups[index].out.insert(record.offset, key);
+        self.transmit(connection, queued, packet_id, false, now);
+        true
+    }
+
+    /// An exchange of `key` over `channel` ended: true when it was a
+    /// group's delivery (then the group lets it go).
+    pub(super) fn group_acknowledged(
+        &mut self,
+        key: SessionKey,
+        channel: u16,
+        offset: u64,
+    ) -> bool {
+        for group in &mut self.groups {
+            if group.channel == channel && group.out.get(&offset) == Some(&key) {
+                group.out.remove(&offset);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Groups whose members made room, or that fell behind, read on.
+    pub(super) fn run_group_reads(&mut self) {
+        let mut due = std::mem::take(&mut self.groups_due);
+        due.sort_unstable();
+        due.dedup();
+        for index in due {
+            self.read_group(index, None);
+        }
+    }
+
+    /// A read for group `index` from its `next` (or `seek`), when it is
+    /// behind and a member has room.
+    fn read_group(&mut self, index: usize, seek: Option<Seek>) {
+        let Some(group) = self.groups.get(index) else {
+            return;
+        };
+        if group.reading {
+            return;
+        }
+        let channel = group.channel;
+        if seek.is_none()
+            && group.next >= self.channels[channel as usize].next
+            && group.gap.is_none()
+        {
+            return;
+        }
+        let room: usize = group
+            .members
+            .iter()
+            .filter_map(|k| {
+                let session = self.sessions.get(k)?;
+                let connection = session.connection?;
+                let window = self.connections.get(&connection)?.receive_maximum;
+                self.has_room(connection)
+                    .then(|| window.saturating_sub(session.inflight.len()))
+            })
+            .sum();
+        if room == 0 && seek.is_none() {
+            return;
+        }
+        let ticket = self.next_read;
+        self.next_read += 1;
+        let generation = group.generation;
+        let from = seek.unwrap_or(Seek::Offset(group.next));
+        self.groups[index].reading = true;
+        self.group_reads
+            .insert(ticket, (index, generation, seek.is_some()));
+        self.reads.push(ChannelRead {
+            ticket,
+            channel,
+            from,
+            max: room.clamp(1, GROUP_READ_MAX),
+        });
+    }
+
+    /// A group's read came back (`None`: the ticket was not a group's).
+    pub(super) fn on_group_read(
+        &mut self,
+        ticket: u64,
+        result: &Result<ReadWindow, super::StorageFailure>,
+        now: Instant,
+    ) -> bool {
+        let Some((index, generation, seeking)) = self.group_reads.remove(&ticket) else {
+            return false;
+        };
+        let Some(group) = self.groups.get_mut(index) else {
+            return true;
+        };
+        if group.generation != generation {
+            return true;
+        }
+        group.reading = false;
+        let Ok(window) = result else {
+            return true;
+        };
+        if seeking {
+            group.next = window.start;
+        }
+        if let Some(floor) = window.floor {
+            if floor > group.next {
+                group.gap = Some((group.next, floor - 1));
+                group.next = floor;
+                let name = self.channels[group.channel as usize].name.clone();
+                self.metrics.consumer_gap(&name);
+            }
+        }
+        for record in &window.records {
+            if record.offset < self.groups[index].next {
+                continue;
+            }
+            if !self.offer_to_group(index, record, now) {
+                break;
+            }
+        }
+        if !window.records.is_empty() {
+            self.groups_due.push(index);
+        }
+        true
+    }
+
+    /// Stage every group position that moved.
+    pub(super) fn stage_group_positions(&mut self, now: Instant) {
+        let saved_at = self.unix_at(now).max(1);
+        let expiry = self.limits.max_session_expiry;
+        let mut writes = Vec::new();
+        for group in &mut self.groups {
+            let offset = group.position();
+            if group.stored == Some(offset) {
+                continue;
+            }
+            let Ok(reader) = Reader::mqtt(&group.raw) else {
+                continue;
+            };
+            group.stored = Some(offset);
+            writes.push((
+                group.channel,
+                Write::SavePosition(Position {
+                    reader,
+                    offset,
+                    saved_at,
+                    session_expiry: Some(expiry),
+                }),
+            ));
+        }
+        for (channel, write) in writes {
+            self.stage(Role::Channel(channel), write);
+        }
+    }
+}
