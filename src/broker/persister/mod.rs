@@ -245,20 +245,24 @@ impl Stores {
     }
 
     /// A session group in one transaction, giving way after each packet's
-    /// writes when a publish has arrived or [`GIVE_WAY_AFTER`] has passed:
-    /// what it ran commits, the rest goes back to `turns` at the front.
-    /// When a write fails, nothing of the transaction is kept and each
-    /// packet's writes it ran are made again alone.
+    /// writes when a publish has arrived (`arrivals` takes what queued up
+    /// into `turns` and says whether a publish came) or [`GIVE_WAY_AFTER`]
+    /// has passed (`elapsed`): what it ran commits, the rest goes back to
+    /// `turns` at the front. When a write fails, nothing of the
+    /// transaction is kept and the writes run again: all but the failed
+    /// packet's together once, then the failed one alone, with the answer
+    /// it would have had alone. Two shared attempts at most: a second
+    /// failure makes each packet's writes run alone.
     fn run_session_group(
         &self,
         group: Vec<Intent>,
-        queue: &mut mpsc::Receiver<Intent>,
         turns: &mut Turns,
+        mut arrivals: impl FnMut(&mut Turns) -> bool,
+        elapsed: impl Fn() -> std::time::Duration,
     ) -> Vec<(u64, Result<Vec<Written>, StorageError>)> {
         if self.alone {
             return self.run_together(group);
         }
-        let started = Instant::now();
         let mut rest: VecDeque<Intent> = group.into();
         let mut ran: Vec<Intent> = Vec::new();
         let mut answers: Vec<(u64, Result<Vec<Written>, StorageError>)> = Vec::new();
@@ -275,25 +279,61 @@ impl Stores {
                 if failed {
                     return false;
                 }
-                let mut publish_arrived = false;
-                while let Ok(arrived) = queue.try_recv() {
-                    publish_arrived |= arrived.class == Class::Publish;
-                    turns.push(arrived);
-                }
-                if publish_arrived || turns.publish_waiting() || started.elapsed() >= GIVE_WAY_AFTER
-                {
+                let publish_arrived = arrivals(turns);
+                if publish_arrived || turns.publish_waiting() || elapsed() >= GIVE_WAY_AFTER {
                     return true;
                 }
             }
             true
         });
         turns.give_back(rest.into_iter().collect());
+        match together {
+            Ok(true) => answers,
+            Ok(false) => {
+                // The packet whose write failed is the last one run.
+                let failed = ran.pop().expect("a failed write was run");
+                let mut answers = self.second_attempt(ran);
+                answers.push((failed.ticket, self.run(failed)));
+                answers
+            }
+            // The commit itself failed: nothing to single out.
+            Err(_) => ran
+                .into_iter()
+                .map(|intent| (intent.ticket, self.run(intent)))
+                .collect(),
+        }
+    }
+
+    /// The second and last shared attempt of a session group that failed:
+    /// `intents` together, or each alone when one fails again.
+    fn second_attempt(
+        &self,
+        intents: Vec<Intent>,
+    ) -> Vec<(u64, Result<Vec<Written>, StorageError>)> {
+        if intents.is_empty() {
+            return Vec::new();
+        }
+        let mut answers = Vec::with_capacity(intents.len());
+        let together = self.handle.session_writes_together(&mut || {
+            for intent in &intents {
+                let result: Result<Vec<Written>, StorageError> = intent
+                    .writes
+                    .iter()
+                    .map(|w| self.apply(w.clone()))
+                    .collect();
+                let failed = result.is_err();
+                answers.push((intent.ticket, result));
+                if failed {
+                    return false;
+                }
+            }
+            true
+        });
         if matches!(together, Ok(true)) {
             return answers;
         }
-        // Nothing of the shared transaction was kept: each packet's writes
-        // again, alone, with the answer they would have had alone.
-        ran.into_iter()
+        intents
+            .into_iter()
             .map(|intent| (intent.ticket, self.run(intent)))
             .collect()
     }
@@ -519,7 +559,20 @@ impl Persister {
                     let answers = if group.first().is_some_and(|i| i.class == Class::Publish) {
                         stores.run_together(group)
                     } else {
-                        stores.run_session_group(group, &mut intents, &mut turns)
+                        let started = Instant::now();
+                        stores.run_session_group(
+                            group,
+                            &mut turns,
+                            |turns| {
+                                let mut publish_arrived = false;
+                                while let Ok(arrived) = intents.try_recv() {
+                                    publish_arrived |= arrived.class == Class::Publish;
+                                    turns.push(arrived);
+                                }
+                                publish_arrived
+                            },
+                            || started.elapsed(),
+                        )
                     };
                     for (ticket, result) in answers {
                         let result = failures.answer(result);
@@ -663,4 +716,208 @@ pub fn read_restored(
         held: sessions.held_publishes()?.held()?,
         channels: restored_channels,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::storage::contract::{ChannelStore, Position, Reader};
+    use crate::storage::sqlite::{SqliteOptions, SqliteProvider};
+    use saguin_format::model::ChannelKind;
+
+    /// A sqlite provider that counts its shared transactions.
+    struct Counting {
+        inner: Arc<SqliteProvider>,
+        shared: AtomicUsize,
+    }
+
+    impl Provider for Counting {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+        fn kind(&self) -> ProviderKind {
+            self.inner.kind()
+        }
+        fn open_channel(
+            &self,
+            name: &str,
+            kind: ChannelKind,
+        ) -> Result<ChannelStore, StorageError> {
+            self.inner.open_channel(name, kind)
+        }
+        fn channels(&self) -> Vec<(String, ChannelKind)> {
+            self.inner.channels()
+        }
+        fn bytes(&self) -> u64 {
+            self.inner.bytes()
+        }
+        fn max_bytes(&self) -> Option<u64> {
+            self.inner.max_bytes()
+        }
+        fn reserve(&self) -> u64 {
+            self.inner.reserve()
+        }
+        fn retained(&self) -> Result<Arc<dyn LatestStore>, StorageError> {
+            self.inner.retained()
+        }
+        fn sessions(&self) -> Result<Arc<dyn SessionStore>, StorageError> {
+            self.inner.sessions()
+        }
+        fn broadcast_log(&self) -> Result<Arc<dyn BroadcastLog>, StorageError> {
+            self.inner.broadcast_log()
+        }
+        fn held_publishes(&self) -> Result<Arc<dyn HeldPublishStore>, StorageError> {
+            self.inner.held_publishes()
+        }
+        fn session_writes_together(
+            &self,
+            body: &mut dyn FnMut() -> bool,
+        ) -> Result<bool, StorageError> {
+            self.shared.fetch_add(1, Ordering::Relaxed);
+            self.inner.session_writes_together(body)
+        }
+        fn close(&self) -> Result<(), StorageError> {
+            self.inner.close()
+        }
+    }
+
+    /// A channel persister's stores on a fresh sqlite database, with one
+    /// record in the channel (so positions 1 and 2 are valid, 3 on are not).
+    fn stores(dir: &std::path::Path) -> (Stores, Arc<Counting>) {
+        let inner = Arc::new(
+            SqliteProvider::open(SqliteOptions::new("db", dir.join("saguin.db"))).unwrap(),
+        );
+        let channel = inner
+            .open_channel("telemetry", ChannelKind::Append)
+            .unwrap()
+            .as_append()
+            .unwrap()
+            .clone();
+        channel
+            .append(Record::new("telemetry/a", bytes::Bytes::from_static(b"x")))
+            .unwrap();
+        let counting = Arc::new(Counting {
+            inner,
+            shared: AtomicUsize::new(0),
+        });
+        let mut stores = Stores::of(counting.clone(), Keeps::Channel(0, channel)).unwrap();
+        stores.alone = false;
+        (stores, counting)
+    }
+
+    fn position(ticket: u64, reader: &str, offset: u64) -> Intent {
+        Intent {
+            ticket,
+            role: crate::broker::state::Role::Channel(0),
+            class: Class::Connected,
+            writes: vec![Write::SavePosition(Position {
+                reader: Reader::mqtt(reader).unwrap(),
+                offset,
+                saved_at: 1,
+                session_expiry: Some(60),
+            })],
+        }
+    }
+
+    fn stored(stores: &Stores) -> Vec<(String, u64)> {
+        let (_, channel) = stores.channel().unwrap();
+        channel
+            .positions()
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.reader.id().to_owned(), p.offset))
+            .collect()
+    }
+
+    #[test]
+    fn a_failed_write_is_singled_out_in_at_most_two_shared_attempts() {
+        let dir = tempfile::tempdir().unwrap();
+        let (stores, counting) = stores(dir.path());
+        let mut turns = Turns::default();
+        // The second packet's position is past the channel's next: refused.
+        let group = vec![
+            position(1, "a", 1),
+            position(2, "b", 9),
+            position(3, "c", 2),
+        ];
+        let answers = stores.run_session_group(group, &mut turns, |_| false, || Duration::ZERO);
+        let outcome: Vec<(u64, bool)> = answers.iter().map(|(t, r)| (*t, r.is_ok())).collect();
+        // The first shared attempt stopped at the failure; the one after it
+        // waits in `turns`, the one before it was kept in the second.
+        assert_eq!(outcome, vec![(1, true), (2, false)]);
+        assert_eq!(counting.shared.load(Ordering::Relaxed), 2);
+        assert_eq!(stored(&stores), vec![("a".to_owned(), 1)]);
+        let rest = turns.next().unwrap();
+        assert_eq!(rest.iter().map(|i| i.ticket).collect::<Vec<_>>(), vec![3]);
+    }
+
+    #[test]
+    fn a_session_group_gives_way_after_the_time_allowed_on_a_fake_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (stores, _) = stores(dir.path());
+        let mut turns = Turns::default();
+        let clock = std::cell::Cell::new(Duration::ZERO);
+        let group = vec![
+            position(1, "a", 1),
+            position(2, "b", 1),
+            position(3, "c", 1),
+        ];
+        let answers = stores.run_session_group(
+            group,
+            &mut turns,
+            |_| {
+                // Each packet's writes take 3 ms.
+                clock.set(clock.get() + Duration::from_millis(3));
+                false
+            },
+            || clock.get(),
+        );
+        // 3 ms after the first: on; 6 ms after the second: past the 5 ms.
+        assert_eq!(answers.len(), 2);
+        assert_eq!(stored(&stores).len(), 2);
+        let rest = turns.next().unwrap();
+        assert_eq!(rest.iter().map(|i| i.ticket).collect::<Vec<_>>(), vec![3]);
+    }
+
+    #[test]
+    fn a_session_group_gives_way_to_a_publish_that_arrived() {
+        let dir = tempfile::tempdir().unwrap();
+        let (stores, _) = stores(dir.path());
+        let mut turns = Turns::default();
+        turns.push(position(1, "a", 1));
+        turns.push(position(2, "b", 1));
+        let group = turns.next().unwrap();
+        assert_eq!(group.len(), 2);
+        let mut arrived = false;
+        let answers = stores.run_session_group(
+            group,
+            &mut turns,
+            |turns| {
+                if !arrived {
+                    arrived = true;
+                    turns.push(Intent {
+                        ticket: 9,
+                        role: crate::broker::state::Role::Channel(0),
+                        class: Class::Publish,
+                        writes: vec![Write::Append(Record::new(
+                            "telemetry/b",
+                            bytes::Bytes::from_static(b"y"),
+                        ))],
+                    });
+                    return true;
+                }
+                false
+            },
+            || Duration::ZERO,
+        );
+        assert_eq!(answers.len(), 1);
+        // The publish goes first, then the packet that gave way.
+        let next: Vec<u64> = turns.next().unwrap().iter().map(|i| i.ticket).collect();
+        assert_eq!(next, vec![9]);
+        let next: Vec<u64> = turns.next().unwrap().iter().map(|i| i.ticket).collect();
+        assert_eq!(next, vec![2]);
+    }
 }
