@@ -10,7 +10,7 @@ use saguin::broker::auth_files::AuthFiles;
 use saguin::broker::logfmt::Logfmt;
 use saguin::broker::notify::{Notifier, Watchdog};
 use saguin::broker::providers::{Providers, ShutdownStatus};
-use saguin::broker::server;
+use saguin::broker::{retention, server};
 use saguin::config::{Config, ConfigError, LogFormat, LogLevel};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -43,21 +43,41 @@ Examples:
   saguin serve --config /etc/saguin/saguin.yaml";
 
 const AFTER_LONG_HELP: &str = "\
-Startup: every storage provider broker.retained_storage or \
+What is served: broadcast topics, with retained messages and sessions kept \
+in the providers broker.retained_storage and broker.session_storage name, \
+and append channels, each in the provider its storage names. Latest and \
+queue channels are not served by this build: a configuration with one is \
+refused before anything is opened, naming each by YAML path \
+(channels[1] (devices)), and `saguin check-config` reports the same \
+channels and exits 1.
+
+Startup: every storage provider a channel, broker.retained_storage or \
 broker.session_storage names is locked (a provider another live broker \
 holds is refused at once, naming the provider, the lock file and its \
 holder's pid, host and start), opened and recovered before any listener is \
 bound. A memory provider loads its snapshot_dir with the checks `saguin \
 snapshot verify` makes, each file held to eight times the provider's \
 max_bytes (at least 64 MiB; 4 GiB when unbounded); sqlite checks its schema \
-version and drops the positions of sessions that expired while it was \
-down. A damaged, truncated or foreign-version file stops the start naming \
-it, and nothing is bound. What each provider keeps, its durability and \
-what its bound came to are logged once. Channels are not served yet: a \
-configuration with channels is refused by YAML path.
+version. Both drop the positions of consumers whose session expired while \
+the broker was down, logging how many per channel. Then each append channel \
+is opened in its provider (one stored there as another kind stops the \
+start, naming the channel and the provider) and its max_bytes set. A \
+damaged, truncated or foreign-version file stops the start naming it, and \
+nothing is bound. What each provider keeps, its durability and what its \
+bound came to are logged once, then one `channel` line per channel: its \
+provider and durability, records, next, floor, bytes, max_bytes, \
+retention_bytes and retention_age.
 
-Stopping: at SIGTERM or SIGINT the broker stops accepting, then writes each \
-memory provider's snapshot_dir (the manifest first; each file to a \
+Retention: while serving, the channels with a retention_bytes are swept \
+every second (a channel under its bound is settled from the byte count it \
+keeps, reading nothing) and those with a retention_age every tenth of the \
+shortest retention_age, never more often than every second; a record with \
+no timestamp is never too old. Each sweep removes from the oldest record \
+and raises the channel's floor in the same write.
+
+Stopping: at SIGTERM or SIGINT the broker stops accepting and retention \
+stops, then writes each memory provider's snapshot_dir (its channels with \
+their positions, the manifest first; each file to a \
 temporary name, fsynced and renamed; the directory fsynced; a few files at \
 a time), checkpoints and closes each sqlite provider, and lets every lock \
 go, logging each file written and each failure by name and the total time. \
@@ -137,9 +157,9 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
             tracing::error!(path = %item.path, "{}", item.reason);
         }
         eprintln!(
-            "saguin: this build serves broadcast topics, keeping retained messages and sessions \
-             in the providers the broker section names; it does not yet serve channels. \
-             Remove the settings above to serve without them."
+            "saguin: this build serves broadcast topics and append channels; it does not serve \
+             latest or queue channels. Remove the channels above, or make them append channels, \
+             to serve this configuration."
         );
         return Ok(exit::CANNOT);
     }
@@ -152,7 +172,7 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         Err(code) => return Ok(code),
     };
     if !config.keeps_anything() {
-        tracing::warn!("nothing is kept: retained messages, sessions and queued messages live in memory only and are lost when the broker stops");
+        tracing::warn!("nothing is kept: channels, retained messages, sessions and queued messages live in memory only and are lost when the broker stops");
     }
     for line in config.durability_summary() {
         tracing::info!(detail = %line, "durability");
@@ -180,6 +200,7 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
             return Ok(exit::CANNOT);
         }
     };
+    let retention = retention::spawn(providers.channels(), server.metrics.clone());
     if let Some(supervisor) = &supervisor {
         server.watchdog = match Watchdog::from_env(supervisor.clone()) {
             Ok(watchdog) => watchdog,
@@ -204,6 +225,9 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
     let status = ShutdownStatus::reporting_to(supervisor.clone());
     let shutdown = first_signal_then_watch(signals, status.clone(), supervisor.clone());
     let served = server::run(server, shutdown).await;
+    // No sweep may write into a provider that is closing: the one running
+    // finishes, and no other starts.
+    retention.stop().await;
     if let Err(err) = &served {
         eprintln!("saguin: {err}");
         if let Some(supervisor) = &supervisor {

@@ -3,9 +3,10 @@
 //!
 //! - [`storage`]: the one storage layer (memory and sqlite providers,
 //!   snapshot directories, the lock), used by every command, and by the
-//!   broker for the retained messages and sessions of the providers
-//!   `broker.retained_storage` and `broker.session_storage` name; durable
-//!   channels are not served over MQTT yet.
+//!   broker for its append channels and for the retained messages and
+//!   sessions of the providers `broker.retained_storage` and
+//!   `broker.session_storage` name; latest and queue channels are not
+//!   served over MQTT yet.
 //! - [`broker`]: the MQTT server.
 //! - [`config`]: the YAML configuration, validated and resolved.
 //! - [`topic`]: MQTT topic name and filter rules, for the broker and storage.

@@ -21,9 +21,23 @@ fn path_str(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 fixture path")
 }
 
-/// check-config's answer for the full fixtures: valid, but they configure
-/// channels, which `saguin serve` refuses.
+/// check-config's answer for the full fixtures: valid, but besides an
+/// append channel they configure a latest and a queue channel, which
+/// `saguin serve` refuses.
 const UNSERVED: i32 = 1;
+
+/// The channels of `stderr` check-config says serve refuses, by YAML path.
+fn refused_paths(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("latest and queue channels are not served by this build"))
+        .filter_map(|l| {
+            let start = l.find("channels[")?;
+            let end = start + l[start..].find("): ")? + 1;
+            Some(l[start..end].to_owned())
+        })
+        .collect()
+}
 
 fn code(out: &Output) -> i32 {
     out.status.code().expect("exited, not killed")
@@ -100,16 +114,31 @@ fn the_rfc_example_problem_line_names_its_yaml_path() {
 
 #[test]
 fn good_fixtures_are_valid_and_summarised() {
-    // The full fixtures configure channels, which `serve` refuses (see
-    // `check_config_agrees_with_serve`); everything else about them is valid.
-    for (name, expected) in [
-        ("full.yaml", 1),
-        ("full-rewritten.yaml", 1),
-        ("minimal.yaml", 0),
+    // The full fixtures configure a latest and a queue channel, which
+    // `serve` refuses by path (see `check_config_agrees_with_serve`), and
+    // an append channel, which it serves; everything else about them is
+    // valid.
+    for (name, expected, refused) in [
+        (
+            "full.yaml",
+            UNSERVED,
+            &["channels[1] (devices)", "channels[2] (jobs)"][..],
+        ),
+        (
+            "full-rewritten.yaml",
+            UNSERVED,
+            &["channels[0] (jobs)", "channels[1] (devices)"][..],
+        ),
+        ("minimal.yaml", 0, &[][..]),
     ] {
         let yaml = fixtures().join("good").join(name);
         let out = saguin(&["check-config", "--config", path_str(&yaml)]);
         assert_eq!(code(&out), expected, "{name}: {}", stderr(&out));
+        assert_eq!(refused_paths(&stderr(&out)), refused, "{name}");
+        assert!(
+            !stderr(&out).contains("(telemetry)"),
+            "the append channel is served"
+        );
         assert!(
             stderr(&out)
                 .lines()
@@ -491,8 +520,13 @@ fn check_config_of_a_large_configuration_is_linear() {
 fn the_configuration_reference_and_its_example() {
     let example = fixtures().join("example.yaml");
     let out = saguin(&["check-config", "--config", path_str(&example)]);
-    // Valid; its channels are what `serve` refuses (and nothing else).
+    // Valid; its latest and queue channels are what `serve` refuses (and
+    // nothing else).
     assert_eq!(code(&out), UNSERVED, "{}", stderr(&out));
+    assert_eq!(
+        refused_paths(&stderr(&out)),
+        ["channels[1] (devices)", "channels[2] (jobs)"]
+    );
     assert!(
         stderr(&out)
             .lines()
@@ -522,5 +556,44 @@ fn the_configuration_reference_and_its_example() {
     assert!(
         page.contains("handshake_timeout: 10s"),
         "the example is shown"
+    );
+}
+
+/// Append channels are served, so a configuration of them alone is valid
+/// with nothing refused, whichever provider holds them.
+#[test]
+fn append_channels_alone_are_valid_and_nothing_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = dir.path().join("saguin.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\n\
+             auth:\n  allow_anonymous: true\n\
+             storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n\
+             \x20 - name: mem\n    kind: memory\n\
+             channels:\n  - name: telemetry\n    kind: append\n    storage: db\n    retention_bytes: 1GiB\n    retention_age: 7d\n\
+             \x20 - name: logs\n    kind: append\n    storage: mem\n",
+            dir.path().join("saguin.db").display()
+        ),
+    )
+    .expect("write config");
+    for output in [&[][..], &["--output"][..], &["--output", "json"][..]] {
+        let mut args = vec!["check-config", "--config", path_str(&yaml)];
+        args.extend_from_slice(output);
+        let out = saguin(&args);
+        assert_eq!(code(&out), 0, "{output:?}: {}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("refuses"),
+            "{output:?}: {}",
+            stderr(&out)
+        );
+    }
+    let out = saguin(&["check-config", "--config", path_str(&yaml)]);
+    assert!(stdout(&out).contains(": valid\n"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("channel logs (append) on provider mem (memory): not kept"),
+        "{}",
+        stdout(&out)
     );
 }

@@ -1,8 +1,12 @@
 //! Process-local counters, shared by the broker state and connection tasks,
 //! rendered in Prometheus text format.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::storage::contract::AppendStore;
 
 /// Why a connection ended (a label of `saguin_disconnects_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,8 +161,78 @@ pub struct Metrics {
     dropped: [AtomicU64; DropReason::ALL.len()],
     disconnects: [AtomicU64; CloseReason::ALL.len()],
     /// Failed storage writes by provider name (`saguin_storage_errors_total`).
-    storage_errors: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    storage_errors: Mutex<BTreeMap<String, u64>>,
+    /// The append channels' series, by channel name.
+    channels: Mutex<BTreeMap<String, ChannelSeries>>,
     pub started: std::time::Instant,
+}
+
+/// What is rendered for one channel: its store's counters, read at each
+/// scrape, and what the broker reports about its consumers.
+#[derive(Clone, Default)]
+struct ChannelSeries {
+    /// Set by [`Metrics::register_channel`]; a channel only reported on
+    /// (a gap, a lag) before it was registered has none yet.
+    store: Option<Arc<dyn AppendStore>>,
+    /// `saguin_consumer_gap_total`.
+    gaps: u64,
+    /// `saguin_consumer_lag`.
+    lag: u64,
+}
+
+impl std::fmt::Debug for ChannelSeries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChannelSeries")
+            .field("store", &self.store.as_ref().map(|s| s.name().to_owned()))
+            .field("gaps", &self.gaps)
+            .field("lag", &self.lag)
+            .finish()
+    }
+}
+
+/// A channel's counters as read for one scrape.
+struct ChannelSample {
+    name: String,
+    counters: Option<[u64; 4]>,
+    gaps: u64,
+    lag: u64,
+}
+
+/// The per-channel gauges read from the store, in the order of
+/// [`ChannelSample::counters`].
+const CHANNEL_GAUGES: [(&str, &str); 4] = [
+    ("saguin_channel_records", "Records an append channel holds."),
+    (
+        "saguin_channel_bytes",
+        "Bytes an append channel's records count for (what retention_bytes and max_bytes bound).",
+    ),
+    (
+        "saguin_channel_next",
+        "The offset an append channel's next record takes.",
+    ),
+    (
+        "saguin_channel_floor",
+        "The oldest offset of an append channel that can still be read; retention raises it.",
+    ),
+];
+
+/// A label value as the Prometheus text format requires: backslash,
+/// double quote and line feed escaped.
+fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Default for Metrics {
@@ -181,6 +255,7 @@ impl Metrics {
             dropped: Default::default(),
             disconnects: Default::default(),
             storage_errors: Default::default(),
+            channels: Default::default(),
             started: std::time::Instant::now(),
         }
     }
@@ -203,47 +278,80 @@ impl Metrics {
 
     /// A write to `provider` failed.
     pub fn storage_error(&self, provider: &str) {
-        let mut errors = self
-            .storage_errors
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *errors.entry(provider.to_owned()).or_default() += 1;
+        *lock(&self.storage_errors)
+            .entry(provider.to_owned())
+            .or_default() += 1;
     }
 
     /// Failed writes to `provider` so far.
     pub fn storage_error_count(&self, provider: &str) -> u64 {
-        let errors = self
-            .storage_errors
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        errors.get(provider).copied().unwrap_or(0)
+        lock(&self.storage_errors)
+            .get(provider)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Names a provider so its error counter is rendered (as 0) before it
     /// ever fails.
     pub fn register_provider(&self, provider: &str) {
-        let mut errors = self
-            .storage_errors
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        errors.entry(provider.to_owned()).or_default();
+        lock(&self.storage_errors)
+            .entry(provider.to_owned())
+            .or_default();
     }
 
     /// Names an append channel whose counters (`saguin_channel_records`,
-    /// `_bytes`, `_next`, `_floor`) are read from its store at each scrape.
-    pub fn register_channel(
-        &self,
-        _name: &str,
-        _store: std::sync::Arc<dyn crate::storage::contract::AppendStore>,
-    ) {
+    /// `_bytes`, `_next`, `_floor`) are read from its store at each scrape,
+    /// and whose `saguin_consumer_gap_total` and `saguin_consumer_lag` are
+    /// rendered (as 0) from now on. Registering a name again replaces its
+    /// store and keeps its counts.
+    pub fn register_channel(&self, name: &str, store: Arc<dyn AppendStore>) {
+        lock(&self.channels)
+            .entry(name.to_owned())
+            .or_default()
+            .store = Some(store);
     }
 
     /// A consumer of `channel` was told of a gap (`saguin_consumer_gap_total`).
-    pub fn consumer_gap(&self, _channel: &str) {}
+    pub fn consumer_gap(&self, channel: &str) {
+        lock(&self.channels)
+            .entry(channel.to_owned())
+            .or_default()
+            .gaps += 1;
+    }
+
+    /// Gaps consumers of `channel` were told of so far.
+    pub fn consumer_gap_count(&self, channel: &str) -> u64 {
+        lock(&self.channels).get(channel).map_or(0, |c| c.gaps)
+    }
 
     /// The most records any consumer of `channel` is behind
     /// (`saguin_consumer_lag`).
-    pub fn set_consumer_lag(&self, _channel: &str, _lag: u64) {}
+    pub fn set_consumer_lag(&self, channel: &str, lag: u64) {
+        lock(&self.channels)
+            .entry(channel.to_owned())
+            .or_default()
+            .lag = lag;
+    }
+
+    /// Every channel's series, the stores read outside the lock so a
+    /// scrape never holds a publisher's report up behind a store.
+    fn channel_samples(&self) -> Vec<ChannelSample> {
+        let series: Vec<(String, ChannelSeries)> = lock(&self.channels)
+            .iter()
+            .map(|(name, c)| (name.clone(), c.clone()))
+            .collect();
+        series
+            .into_iter()
+            .map(|(name, c)| ChannelSample {
+                name: escape_label(&name),
+                counters: c
+                    .store
+                    .map(|s| [s.record_count(), s.bytes(), s.next(), s.floor()]),
+                gaps: c.gaps,
+                lag: c.lag,
+            })
+            .collect()
+    }
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
@@ -327,18 +435,37 @@ impl Metrics {
             );
         }
         let _ = writeln!(out, "# HELP saguin_storage_errors_total Storage writes that failed, by provider.\n# TYPE saguin_storage_errors_total counter");
-        {
-            let errors = self
-                .storage_errors
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            for (provider, count) in errors.iter() {
-                let _ = writeln!(
-                    out,
-                    "saguin_storage_errors_total{{provider=\"{}\"}} {count}",
-                    provider.replace('\\', "\\\\").replace('"', "\\\"")
-                );
+        for (provider, count) in lock(&self.storage_errors).iter() {
+            let _ = writeln!(
+                out,
+                "saguin_storage_errors_total{{provider=\"{}\"}} {count}",
+                escape_label(provider)
+            );
+        }
+        let channels = self.channel_samples();
+        for (i, (name, help)) in CHANNEL_GAUGES.iter().enumerate() {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for c in &channels {
+                if let Some(counters) = c.counters {
+                    let _ = writeln!(out, "{name}{{channel=\"{}\"}} {}", c.name, counters[i]);
+                }
             }
+        }
+        let _ = writeln!(out, "# HELP saguin_consumer_gap_total Gaps consumers of a channel were told of: records retention removed before they were delivered.\n# TYPE saguin_consumer_gap_total counter");
+        for c in &channels {
+            let _ = writeln!(
+                out,
+                "saguin_consumer_gap_total{{channel=\"{}\"}} {}",
+                c.name, c.gaps
+            );
+        }
+        let _ = writeln!(out, "# HELP saguin_consumer_lag The most records any consumer of a channel is behind its next offset.\n# TYPE saguin_consumer_lag gauge");
+        for c in &channels {
+            let _ = writeln!(
+                out,
+                "saguin_consumer_lag{{channel=\"{}\"}} {}",
+                c.name, c.lag
+            );
         }
         counter(
             &mut out,
@@ -347,5 +474,192 @@ impl Metrics {
             self.started.elapsed().as_secs(),
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::contract::Provider;
+    use crate::storage::memory::{MemoryConfig, MemoryProvider};
+    use saguin_format::model::{ChannelKind, Record};
+
+    fn append(provider: &MemoryProvider, name: &str) -> Arc<dyn AppendStore> {
+        provider
+            .open_channel(name, ChannelKind::Append)
+            .expect("open")
+            .as_append()
+            .expect("append")
+            .clone()
+    }
+
+    /// The lines of `text` that are samples of `family` (not HELP/TYPE).
+    fn samples<'a>(text: &'a str, family: &str) -> Vec<&'a str> {
+        text.lines()
+            .filter(|l| {
+                l.starts_with(&format!("{family}{{")) || l.starts_with(&format!("{family} "))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_registered_channel_is_rendered_from_its_store_at_each_scrape() {
+        let provider = MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap();
+        let store = append(&provider, "telemetry");
+        let metrics = Metrics::new();
+        metrics.register_channel("telemetry", store.clone());
+        let text = metrics.render();
+        for (family, kind) in [
+            ("saguin_channel_records", "gauge"),
+            ("saguin_channel_bytes", "gauge"),
+            ("saguin_channel_next", "gauge"),
+            ("saguin_channel_floor", "gauge"),
+            ("saguin_consumer_gap_total", "counter"),
+            ("saguin_consumer_lag", "gauge"),
+        ] {
+            assert!(
+                text.contains(&format!("# HELP {family} ")),
+                "{family}: {text}"
+            );
+            assert!(
+                text.contains(&format!("# TYPE {family} {kind}\n")),
+                "{family}: {text}"
+            );
+        }
+        assert_eq!(
+            samples(&text, "saguin_channel_records"),
+            ["saguin_channel_records{channel=\"telemetry\"} 0"]
+        );
+        assert_eq!(
+            samples(&text, "saguin_channel_next"),
+            ["saguin_channel_next{channel=\"telemetry\"} 1"]
+        );
+        assert_eq!(
+            samples(&text, "saguin_consumer_gap_total"),
+            ["saguin_consumer_gap_total{channel=\"telemetry\"} 0"]
+        );
+        assert_eq!(
+            samples(&text, "saguin_consumer_lag"),
+            ["saguin_consumer_lag{channel=\"telemetry\"} 0"]
+        );
+
+        for i in 0..3 {
+            store
+                .append(Record::new("telemetry", format!("r{i}")))
+                .unwrap();
+        }
+        store.trim(2, None).unwrap();
+        metrics.consumer_gap("telemetry");
+        metrics.consumer_gap("telemetry");
+        metrics.set_consumer_lag("telemetry", 7);
+        metrics.set_consumer_lag("telemetry", 2);
+        let text = metrics.render();
+        assert_eq!(
+            samples(&text, "saguin_channel_records"),
+            ["saguin_channel_records{channel=\"telemetry\"} 2"]
+        );
+        assert_eq!(
+            samples(&text, "saguin_channel_bytes"),
+            [format!(
+                "saguin_channel_bytes{{channel=\"telemetry\"}} {}",
+                store.bytes()
+            )]
+        );
+        assert_eq!(
+            samples(&text, "saguin_channel_next"),
+            ["saguin_channel_next{channel=\"telemetry\"} 4"]
+        );
+        assert_eq!(
+            samples(&text, "saguin_channel_floor"),
+            ["saguin_channel_floor{channel=\"telemetry\"} 2"]
+        );
+        assert_eq!(
+            samples(&text, "saguin_consumer_gap_total"),
+            ["saguin_consumer_gap_total{channel=\"telemetry\"} 2"]
+        );
+        assert_eq!(
+            samples(&text, "saguin_consumer_lag"),
+            ["saguin_consumer_lag{channel=\"telemetry\"} 2"],
+            "a gauge: the last value set"
+        );
+        assert_eq!(metrics.consumer_gap_count("telemetry"), 2);
+    }
+
+    #[test]
+    fn channels_render_in_name_order_and_only_registered_ones_have_store_gauges() {
+        let provider = MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap();
+        let metrics = Metrics::new();
+        metrics.register_channel("b", append(&provider, "b"));
+        metrics.register_channel("a", append(&provider, "a"));
+        // Reported on before any registration: counted, no store to read.
+        metrics.consumer_gap("unregistered");
+        let text = metrics.render();
+        assert_eq!(
+            samples(&text, "saguin_channel_floor"),
+            [
+                "saguin_channel_floor{channel=\"a\"} 1",
+                "saguin_channel_floor{channel=\"b\"} 1"
+            ]
+        );
+        assert_eq!(
+            samples(&text, "saguin_consumer_gap_total"),
+            [
+                "saguin_consumer_gap_total{channel=\"a\"} 0",
+                "saguin_consumer_gap_total{channel=\"b\"} 0",
+                "saguin_consumer_gap_total{channel=\"unregistered\"} 1",
+            ]
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped_as_the_text_format_requires() {
+        assert_eq!(escape_label("plain"), "plain");
+        assert_eq!(escape_label(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(escape_label("line\nfeed"), "line\\nfeed");
+        let provider = MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap();
+        let metrics = Metrics::new();
+        let name = "q\"uo\\te\nd";
+        metrics.register_channel(name, append(&provider, name));
+        metrics.storage_error("db\"2");
+        let text = metrics.render();
+        assert!(
+            text.contains("saguin_channel_next{channel=\"q\\\"uo\\\\te\\nd\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("saguin_storage_errors_total{provider=\"db\\\"2\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .all(|l| l.starts_with('#') || l.starts_with("saguin_")),
+            "no sample spans two lines: {text}"
+        );
+    }
+
+    #[test]
+    fn without_channels_the_families_are_described_and_empty() {
+        let text = Metrics::new().render();
+        assert!(
+            text.contains("# TYPE saguin_channel_records gauge\n"),
+            "{text}"
+        );
+        assert!(samples(&text, "saguin_channel_records").is_empty());
+        assert!(samples(&text, "saguin_consumer_gap_total").is_empty());
     }
 }

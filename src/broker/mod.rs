@@ -16,6 +16,10 @@
 //!   recovered before anything listens; at a graceful stop the memory
 //!   providers' snapshot directories are written, sqlite checkpointed, the
 //!   locks let go.
+//! - [`retention`]: one task sweeping the append channels by
+//!   `retention_bytes` every second and by `retention_age` every tenth of
+//!   the shortest one (at least a second), on the blocking pool, one sweep
+//!   at a time; stopped before the providers close.
 //! - [`server`]: `prepare(config, sessions, retained)` rebuilds the state
 //!   from the providers ([`persister::read_restored`]), starts the
 //!   persisters, then binds the listeners; `run(server, shutdown)` serves
@@ -241,6 +245,7 @@ pub mod notify;
 pub mod persister;
 pub mod providers;
 pub mod reader;
+pub mod retention;
 pub mod server;
 pub mod state;
 pub mod topic;

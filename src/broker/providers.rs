@@ -3,8 +3,9 @@
 //! (the README's "What is kept, and what is promised").
 //!
 //! [`Providers::open`] runs before any listener is bound, for every
-//! provider `broker.retained_storage` or `broker.session_storage` names, in
-//! configuration order, each opened once whatever it keeps:
+//! provider a channel, `broker.retained_storage` or
+//! `broker.session_storage` names, in configuration order, each opened once
+//! whatever it keeps:
 //!
 //! 1. The lock, before anything of the provider is touched: a provider
 //!    another live process holds is refused at once, naming the provider,
@@ -15,29 +16,39 @@
 //!    the positions of expired sessions dropped. Memory: the snapshot
 //!    directory loaded by the scan `saguin snapshot verify` runs, each file
 //!    held to a size limit derived from the provider's bound
-//!    ([`LoadOptions::file_limit_for`]); the directory's findings become
-//!    startup warnings.
+//!    ([`LoadOptions::file_limit_for`]), the positions of expired sessions
+//!    dropped as each channel's file is read; the directory's findings
+//!    become startup warnings.
+//! 3. Then every append channel, in configuration order: its store opened
+//!    in its provider as an append channel (one stored as another kind
+//!    stops the start, naming both), its `max_bytes` set, and kept with its
+//!    retention as a [`ServedChannel`].
 //!
 //! A damaged, truncated or foreign-version file stops the start naming the
 //! file: an empty start is indistinguishable from a fresh install and
 //! destroys the evidence. A role no provider is named for is kept by a
 //! built-in memory provider with no snapshot directory: nothing is kept,
-//! and `serve` says so.
+//! and `serve` says so. Latest and queue channels never get here:
+//! `serve` refuses them first ([`Config::unserved`]).
 //!
 //! [`Providers::close`] is the last thing a graceful stop does, after the
 //! broker has handed everything to its providers: each memory provider
-//! with a snapshot directory is written (manifest first; each file to a
-//! temporary name, fsynced, renamed; the directory fsynced; a few files at
-//! a time), each sqlite provider checkpointed (TRUNCATE) and closed, and
-//! every lock let go. Every file written and every failure is logged by
-//! name, and the [`ShutdownStatus`] says what is being written while it is.
+//! with a snapshot directory is written - its channels with their positions
+//! and exactly-once holds, the retained store, the sessions - (manifest
+//! first; each file to a temporary name, fsynced, renamed; the directory
+//! fsynced; a few files at a time), each sqlite provider checkpointed
+//! (TRUNCATE) and closed, and every lock let go. Every file written and
+//! every failure is logged by name, and the [`ShutdownStatus`] says what is
+//! being written while it is.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::config::{self, Config};
+use saguin_format::model::ChannelKind;
+
+use crate::config::{self, units::format_duration, ChannelKindConfig, Config};
 use crate::storage::contract::{self, LatestStore, Provider, SessionStore, StorageError};
 use crate::storage::lock::{self, LockError, LockGuard};
 use crate::storage::memory::{LoadError, LoadOptions, MemoryConfig, MemoryProvider};
@@ -98,26 +109,55 @@ pub enum StartupError {
         #[source]
         source: StorageError,
     },
-    /// A broker store names a provider the configuration does not hold
-    /// (the configuration loader refuses this; kept so it is never a panic).
+    /// A channel's store could not be opened in its provider: it is stored
+    /// there as another kind, or the provider failed.
+    #[error("storage provider {provider}: channel {channel} cannot be served: {source}")]
+    Channel {
+        channel: String,
+        provider: String,
+        #[source]
+        source: StorageError,
+    },
+    /// A channel or broker store names a provider the configuration does
+    /// not hold (the configuration loader refuses this; kept so it is never
+    /// a panic).
     #[error("{key} names the storage provider {provider:?}, which is not configured")]
-    Unknown { key: &'static str, provider: String },
+    Unknown { key: String, provider: String },
 }
 
 /// What one provider is for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Roles {
     retained: bool,
     sessions: bool,
+    /// The append channels it holds, in configuration order.
+    channels: Vec<Arc<str>>,
 }
 
 impl Roles {
-    fn describe(self) -> &'static str {
+    fn is_empty(&self) -> bool {
+        *self == Roles::default()
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
         match (self.retained, self.sessions) {
-            (true, true) => "retained messages, sessions and the broadcast log",
-            (true, false) => "retained messages",
-            (false, true) => "sessions and the broadcast log",
-            (false, false) => "nothing",
+            (true, true) => {
+                parts.push("retained messages, sessions and the broadcast log".to_owned())
+            }
+            (true, false) => parts.push("retained messages".to_owned()),
+            (false, true) => parts.push("sessions and the broadcast log".to_owned()),
+            (false, false) => {}
+        }
+        match self.channels.as_slice() {
+            [] => {}
+            [one] => parts.push(format!("channel {one}")),
+            many => parts.push(format!("channels {}", many.join(", "))),
+        }
+        if parts.is_empty() {
+            "nothing".to_owned()
+        } else {
+            parts.join("; ")
         }
     }
 }
@@ -147,6 +187,36 @@ impl Opened {
             Backend::Sqlite { provider, .. } => provider.clone(),
         }
     }
+
+    /// What the provider promises to keep, in the words every startup line
+    /// about it uses (invariant 14: stated where it is claimed).
+    fn durability(&self) -> String {
+        match &self.backend {
+            Backend::Memory {
+                snapshot: Some((dir, _)),
+                ..
+            } => format!(
+                "as of the last graceful stop: written to {} when the broker stops, lost since then on a crash or power cut",
+                dir.display()
+            ),
+            Backend::Memory { snapshot: None, .. } => {
+                "nothing: lost when the broker stops".to_owned()
+            }
+            Backend::Sqlite {
+                provider,
+                flush_interval,
+            } => format!(
+                "every commit to {}, less about the last flush_interval ({}) on a power cut",
+                provider.path().display(),
+                humantime::format_duration(*flush_interval)
+            ),
+        }
+    }
+
+    /// True for a memory provider with no snapshot directory.
+    fn keeps_nothing(&self) -> bool {
+        matches!(self.backend, Backend::Memory { snapshot: None, .. })
+    }
 }
 
 /// An append channel the broker serves: its store, opened and recovered
@@ -166,18 +236,30 @@ pub struct Providers {
     /// Indexes into `opened`.
     retained: usize,
     sessions: usize,
+    /// Every append channel, in configuration order.
+    channels: Vec<ServedChannel>,
 }
 
 impl Providers {
-    /// Blocking: opens, locks and recovers every provider a broker store
-    /// names (see the module documentation), or says why it cannot.
+    /// Blocking: opens, locks and recovers every provider a channel or a
+    /// broker store names, then opens every append channel (see the module
+    /// documentation), or says why it cannot.
     pub fn open(config: &Config) -> Result<Providers, StartupError> {
         let retained_name = config.broker.retained_storage.as_deref();
         let session_name = config.broker.session_storage.as_deref();
-        for (key, name) in [
-            ("broker.retained_storage", retained_name),
-            ("broker.session_storage", session_name),
-        ] {
+        let named = [
+            ("broker.retained_storage".to_owned(), retained_name),
+            ("broker.session_storage".to_owned(), session_name),
+        ]
+        .into_iter()
+        .chain(
+            config
+                .channels
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (format!("channels[{i}].storage"), Some(c.storage.as_str()))),
+        );
+        for (key, name) in named {
             if let Some(name) = name {
                 if config.provider(name).is_none() {
                     return Err(StartupError::Unknown {
@@ -187,23 +269,42 @@ impl Providers {
                 }
             }
         }
+        // Grouped once, so a configuration of many channels opens in
+        // linear time.
+        let mut channels_of: HashMap<&str, Vec<&config::Channel>> = HashMap::new();
+        for channel in &config.channels {
+            channels_of
+                .entry(channel.storage.as_str())
+                .or_default()
+                .push(channel);
+        }
         let mut opened = Vec::new();
         // Configuration order, each provider once whatever it keeps.
         for provider in &config.storage {
+            let configured = channels_of
+                .get(provider.name())
+                .map(Vec::as_slice)
+                .unwrap_or_default();
             let roles = Roles {
                 retained: retained_name == Some(provider.name()),
                 sessions: session_name == Some(provider.name()),
+                channels: configured
+                    .iter()
+                    .filter(|c| matches!(c.kind, ChannelKindConfig::Append))
+                    .map(|c| Arc::from(c.name.as_str()))
+                    .collect(),
             };
-            if roles == Roles::default() {
+            if roles.is_empty() && configured.is_empty() {
                 continue;
             }
-            opened.push(open_one(config, provider, roles)?);
+            opened.push(open_one(config, provider, roles, configured)?);
         }
         let missing = Roles {
             retained: retained_name.is_none(),
             sessions: session_name.is_none(),
+            channels: Vec::new(),
         };
-        if missing != Roles::default() {
+        if !missing.is_empty() {
             let provider = MemoryProvider::new(MemoryConfig {
                 name: BUILT_IN_NAME.to_owned(),
                 max_bytes: None,
@@ -222,6 +323,7 @@ impl Providers {
                 },
             });
         }
+        let channels = open_channels(config, &opened)?;
         let index_of = |wanted: fn(&Roles) -> bool| {
             opened
                 .iter()
@@ -234,6 +336,7 @@ impl Providers {
             opened,
             retained,
             sessions,
+            channels,
         })
     }
 
@@ -244,7 +347,7 @@ impl Providers {
 
     /// Every append channel the configuration names, in configuration order.
     pub fn channels(&self) -> Vec<ServedChannel> {
-        Vec::new()
+        self.channels.clone()
     }
 
     /// The provider keeping sessions, the broadcast log and the broadcast
@@ -254,20 +357,16 @@ impl Providers {
     }
 
     /// One line per provider: what it keeps, its durability and what its
-    /// bound came to.
+    /// bound came to; a warning for each memory provider with no snapshot
+    /// directory that holds channels; then one line per channel: what it
+    /// holds, its durability (its provider's), its bound and retention.
     pub fn log_startup(&self) {
         for o in &self.opened {
             let provider = o.provider();
             let keeps = o.roles.describe();
+            let durability = o.durability();
             match &o.backend {
-                Backend::Memory { snapshot, .. } => {
-                    let durability = match snapshot {
-                        Some((dir, _)) => format!(
-                            "as of the last graceful stop: written to {} when the broker stops, lost since then on a crash or power cut",
-                            dir.display()
-                        ),
-                        None => "nothing: lost when the broker stops".to_owned(),
-                    };
+                Backend::Memory { .. } => {
                     let bound = match provider.max_bytes() {
                         Some(max) => format!(
                             "{max} bytes, of which {} held back as the reserve",
@@ -275,18 +374,16 @@ impl Providers {
                         ),
                         None => "unbounded".to_owned(),
                     };
-                    tracing::info!(provider = %o.name, kind = "memory", keeps, durability = %durability,
+                    tracing::info!(provider = %o.name, kind = "memory", keeps = %keeps, durability = %durability,
                         bound = %bound, held_bytes = provider.bytes(), "storage provider");
+                    if o.keeps_nothing() && !o.roles.channels.is_empty() {
+                        tracing::warn!(provider = %o.name, channels = %o.roles.channels.join(","),
+                            "keeps nothing: a memory provider with no snapshot_dir; its channels' records and positions are lost when the broker stops");
+                    }
                 }
                 Backend::Sqlite {
-                    provider: sqlite,
-                    flush_interval,
+                    provider: sqlite, ..
                 } => {
-                    let durability = format!(
-                        "every commit to {}, less about the last flush_interval ({}) on a power cut",
-                        sqlite.path().display(),
-                        humantime::format_duration(*flush_interval)
-                    );
                     let bound = match sqlite.bounds() {
                         Some(b) => format!(
                             "{} pages of {} bytes ({} bytes), publishes stop at {} pages, {} bytes held back as the reserve",
@@ -298,10 +395,34 @@ impl Providers {
                         ),
                         None => "unbounded (SQLite's own limit)".to_owned(),
                     };
-                    tracing::info!(provider = %o.name, kind = "sqlite", keeps, durability = %durability,
+                    tracing::info!(provider = %o.name, kind = "sqlite", keeps = %keeps, durability = %durability,
                         bound = %bound, "storage provider");
                 }
             }
+        }
+        for channel in &self.channels {
+            let Some(o) = self
+                .opened
+                .iter()
+                .find(|o| o.name == channel.provider.name())
+            else {
+                continue;
+            };
+            let store = &channel.store;
+            tracing::info!(
+                channel = %channel.name,
+                kind = "append",
+                provider = %o.name,
+                durability = %o.durability(),
+                records = store.record_count(),
+                next = store.next(),
+                floor = store.floor(),
+                bytes = store.bytes(),
+                max_bytes = %or_none(store.max_bytes()),
+                retention_bytes = %or_none(channel.retention.bytes),
+                retention_age = %channel.retention.age.map(format_duration).unwrap_or_else(|| "none".to_owned()),
+                "channel"
+            );
         }
     }
 
@@ -321,7 +442,7 @@ impl Providers {
             match backend {
                 Backend::Memory { provider, snapshot } => {
                     if let Some((dir, guard)) = snapshot {
-                        write_memory(&name, &provider, roles, &dir, status, &mut report);
+                        write_memory(&name, &provider, &roles, &dir, status, &mut report);
                         close_provider(&name, provider.as_ref(), status, &mut report);
                         drop(guard);
                     } else {
@@ -361,10 +482,14 @@ impl Providers {
 }
 
 /// Lock, open and recover one configured provider.
+/// `channels` are the configured channels it holds, of every kind: their
+/// files are loaded as the kind the configuration gives (another kind in
+/// a file stops the start).
 fn open_one(
     config: &Config,
     provider: &config::Provider,
     roles: Roles,
+    channels: &[&config::Channel],
 ) -> Result<Opened, StartupError> {
     let name = provider.name().to_owned();
     let max_session_expiry =
@@ -396,7 +521,10 @@ fn open_one(
                 }
                 Some((dir, _)) => {
                     let options = LoadOptions {
-                        channels: Vec::new(),
+                        channels: channels
+                            .iter()
+                            .map(|c| (c.name.clone(), channel_kind(&c.kind)))
+                            .collect(),
                         retained: roles.retained,
                         sessions: roles.sessions,
                         now: contract::now_nanos(),
@@ -444,6 +572,65 @@ fn open_one(
     })
 }
 
+/// Opens every append channel of `config` in the provider it names, in
+/// configuration order, its own bound set.
+fn open_channels(config: &Config, opened: &[Opened]) -> Result<Vec<ServedChannel>, StartupError> {
+    let by_name: HashMap<&str, &Opened> = opened.iter().map(|o| (o.name.as_str(), o)).collect();
+    let mut served = Vec::new();
+    for (i, channel) in config.channels.iter().enumerate() {
+        if !matches!(channel.kind, ChannelKindConfig::Append) {
+            continue;
+        }
+        let Some(o) = by_name.get(channel.storage.as_str()) else {
+            return Err(StartupError::Unknown {
+                key: format!("channels[{i}].storage"),
+                provider: channel.storage.clone(),
+            });
+        };
+        let provider = o.provider();
+        let failed = |source| StartupError::Channel {
+            channel: channel.name.clone(),
+            provider: o.name.clone(),
+            source,
+        };
+        let store = provider
+            .open_channel(&channel.name, ChannelKind::Append)
+            .map_err(failed)?;
+        let Some(store) = store.as_append().cloned() else {
+            return Err(failed(StorageError::KindMismatch {
+                channel: channel.name.clone(),
+                configured: ChannelKind::Append,
+                stored: store.kind(),
+            }));
+        };
+        store.set_max_bytes(channel.max_bytes);
+        served.push(ServedChannel {
+            name: Arc::from(channel.name.as_str()),
+            provider,
+            store,
+            retention: contract::Retention {
+                bytes: channel.retention_bytes,
+                age: channel.retention_age,
+            },
+        });
+    }
+    Ok(served)
+}
+
+/// A configured channel kind as the stores name it.
+fn channel_kind(kind: &ChannelKindConfig) -> ChannelKind {
+    match kind {
+        ChannelKindConfig::Append => ChannelKind::Append,
+        ChannelKindConfig::Latest => ChannelKind::Latest,
+        ChannelKindConfig::Queue(_) => ChannelKind::Queue,
+    }
+}
+
+/// A bound for a log line: the number, or `none`.
+fn or_none(value: Option<u64>) -> String {
+    value.map_or_else(|| "none".to_owned(), |v| v.to_string())
+}
+
 fn lock_error(provider: &str, source: LockError) -> StartupError {
     let provider = provider.to_owned();
     let source = Box::new(source);
@@ -485,6 +672,10 @@ fn load_memory(
         tracing::info!(provider = %name, dir = %dir.display(), file = %file,
             "not a file this provider keeps; left alone");
     }
+    for channel in report.loaded.iter().filter(|c| c.dropped_positions > 0) {
+        tracing::info!(provider = %name, channel = %channel.name, positions = channel.dropped_positions,
+            "dropped the positions of expired sessions");
+    }
     let sessions = if options.sessions {
         memory
             .session_store()
@@ -513,7 +704,7 @@ fn load_memory(
 fn write_memory(
     name: &str,
     memory: &MemoryProvider,
-    roles: Roles,
+    roles: &Roles,
     dir: &Path,
     status: &ShutdownStatus,
     report: &mut ShutdownReport,
@@ -665,6 +856,8 @@ impl WriteObserver for StatusObserver<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::contract::{Position, Reader};
+    use saguin_format::model::Record;
 
     fn config(dir: &Path, storage: &str, broker: &str) -> Config {
         let text = format!(
@@ -673,6 +866,250 @@ mod tests {
              storage:\n{storage}broker:\n{broker}"
         );
         Config::from_yaml_str(&text, &dir.join("saguin.yaml")).expect("valid configuration")
+    }
+
+    fn config_with_channels(dir: &Path, storage: &str, channels: &str, broker: &str) -> Config {
+        let text = format!(
+            "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\n\
+             auth:\n  allow_anonymous: true\n\
+             storage:\n{storage}channels:\n{channels}broker:\n{broker}"
+        );
+        Config::from_yaml_str(&text, &dir.join("saguin.yaml")).expect("valid configuration")
+    }
+
+    fn sqlite(dir: &Path) -> String {
+        format!(
+            "  - name: db\n    kind: sqlite\n    file_path: {}\n",
+            dir.join("saguin.db").display()
+        )
+    }
+
+    fn record(channel: &str, payload: &str) -> Record {
+        Record {
+            timestamp: contract::now_nanos(),
+            qos: 1,
+            ..Record::new(channel, payload.to_owned())
+        }
+    }
+
+    fn position(client: &str, offset: u64, saved_at: i64, expiry: u32) -> Position {
+        Position {
+            reader: Reader::mqtt(client).unwrap(),
+            offset,
+            saved_at,
+            session_expiry: Some(expiry),
+        }
+    }
+
+    #[test]
+    fn every_append_channel_is_opened_in_configuration_order_with_its_bounds() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config_with_channels(
+            d.path(),
+            &format!("{}{}", memory(d.path()), sqlite(d.path())),
+            "  - {name: zeta, kind: append, storage: db, max_bytes: 1MiB, retention_bytes: 64KiB, retention_age: 1h}\n\
+             \x20 - {name: alpha, kind: append, storage: mem}\n\
+             \x20 - {name: beta, kind: append, storage: db}\n",
+            "  session_storage: db\n",
+        );
+        let p = Providers::open(&c).unwrap();
+        // mem is named by a channel only, and opened for it: its lock is held.
+        assert!(d.path().join("snap/saguin.lock").exists());
+        let names: Vec<&str> = p.opened.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["mem", "db", BUILT_IN_NAME]);
+        assert_eq!(p.opened[0].roles.describe(), "channel alpha");
+        assert_eq!(
+            p.opened[1].roles.describe(),
+            "sessions and the broadcast log; channels zeta, beta"
+        );
+        let channels = p.channels();
+        let order: Vec<(&str, &str)> = channels
+            .iter()
+            .map(|c| (&*c.name, c.provider.name()))
+            .collect();
+        assert_eq!(order, [("zeta", "db"), ("alpha", "mem"), ("beta", "db")]);
+        assert_eq!(channels[0].store.max_bytes(), Some(1024 * 1024));
+        assert_eq!(
+            channels[0].retention,
+            contract::Retention {
+                bytes: Some(64 * 1024),
+                age: Some(Duration::from_secs(3600)),
+            }
+        );
+        assert_eq!(channels[1].store.max_bytes(), None);
+        assert_eq!(channels[1].retention, contract::Retention::default());
+        assert!(same(&channels[0].provider, &p.sessions()));
+        assert!(p.close(&ShutdownStatus::default()).is_complete());
+    }
+
+    #[test]
+    fn a_channel_stored_as_another_kind_stops_the_start_naming_it_and_its_provider() {
+        let d = tempfile::tempdir().unwrap();
+        let db =
+            SqliteProvider::open(SqliteOptions::new("db", d.path().join("saguin.db"))).unwrap();
+        db.open_channel("devices", ChannelKind::Latest).unwrap();
+        db.close().unwrap();
+        drop(db);
+        let c = config_with_channels(
+            d.path(),
+            &sqlite(d.path()),
+            "  - {name: devices, kind: append, storage: db}\n",
+            "",
+        );
+        let err = Providers::open(&c).err().expect("refused");
+        assert!(matches!(err, StartupError::Channel { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("storage provider db"), "{text}");
+        assert!(text.contains("channel devices"), "{text}");
+        assert!(
+            text.contains("configured as append but stored as latest"),
+            "{text}"
+        );
+        // Nothing is held on the way out: the provider can be opened again.
+        SqliteProvider::open(SqliteOptions::new("db", d.path().join("saguin.db")))
+            .unwrap()
+            .close()
+            .unwrap();
+    }
+
+    #[test]
+    fn a_memory_channel_is_written_at_close_with_its_positions_and_holds_and_comes_back() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config_with_channels(
+            d.path(),
+            &memory(d.path()),
+            "  - {name: telemetry, kind: append, storage: mem}\n",
+            "",
+        );
+        let p = Providers::open(&c).unwrap();
+        let channel = p.channels().remove(0);
+        for payload in ["one", "two", "three"] {
+            channel.store.append(record("telemetry", payload)).unwrap();
+        }
+        let now = contract::now_nanos();
+        channel
+            .store
+            .save_position(position("kept", 2, now, 3600))
+            .unwrap();
+        // Saved two hours ago with a one-hour session: expired while down.
+        let two_hours = 2 * 3600 * 1_000_000_000;
+        channel
+            .store
+            .save_position(position("gone", 1, now - two_hours, 3600))
+            .unwrap();
+        let held = contract::HeldPublish {
+            channel: "telemetry".into(),
+            client_id: "producer".into(),
+            packet_id: 7,
+            held_at: now,
+            record: Record {
+                qos: 2,
+                client_id: "producer".into(),
+                ..record("telemetry", "held")
+            },
+        };
+        channel
+            .provider
+            .held_publishes()
+            .unwrap()
+            .hold(held.clone())
+            .unwrap();
+        drop(channel);
+        let report = p.close(&ShutdownStatus::default());
+        assert!(report.is_complete(), "{:?}", report.failures);
+        let files: Vec<&str> = report
+            .written
+            .iter()
+            .map(|(_, w)| w.file_name.as_str())
+            .collect();
+        assert_eq!(
+            files,
+            ["saguin.manifest", "telemetry.snapshot"],
+            "the manifest first"
+        );
+
+        let again = Providers::open(&c).unwrap();
+        let channel = again.channels().remove(0);
+        assert_eq!(
+            (
+                channel.store.record_count(),
+                channel.store.next(),
+                channel.store.floor()
+            ),
+            (3, 4, 1)
+        );
+        let readers: Vec<String> = channel
+            .store
+            .positions()
+            .unwrap()
+            .iter()
+            .map(|p| p.reader.to_string())
+            .collect();
+        assert_eq!(
+            readers,
+            ["mqtt:kept"],
+            "the expired session's position was dropped at open"
+        );
+        assert_eq!(
+            channel.provider.held_publishes().unwrap().held().unwrap(),
+            [held]
+        );
+        assert!(again.close(&ShutdownStatus::default()).is_complete());
+    }
+
+    #[test]
+    fn a_sqlite_provider_holding_only_channels_is_checkpointed_at_close() {
+        let d = tempfile::tempdir().unwrap();
+        let c = config_with_channels(
+            d.path(),
+            &sqlite(d.path()),
+            "  - {name: telemetry, kind: append, storage: db}\n",
+            "",
+        );
+        let p = Providers::open(&c).unwrap();
+        assert_eq!(p.opened[0].roles.describe(), "channel telemetry");
+        let channel = p.channels().remove(0);
+        for i in 0..50 {
+            channel
+                .store
+                .append(record("telemetry", &format!("r{i}")))
+                .unwrap();
+        }
+        drop(channel);
+        let wal = d.path().join("saguin.db-wal");
+        assert!(
+            wal.metadata().is_ok_and(|m| m.len() > 0),
+            "the log holds the commits"
+        );
+        assert!(p.close(&ShutdownStatus::default()).is_complete());
+        assert!(
+            wal.metadata().map_or(true, |m| m.len() == 0),
+            "checkpointed into the database at close"
+        );
+        let db =
+            SqliteProvider::open(SqliteOptions::new("db", d.path().join("saguin.db"))).unwrap();
+        let store = db.open_channel("telemetry", ChannelKind::Append).unwrap();
+        assert_eq!(store.as_append().unwrap().next(), 51);
+        db.close().unwrap();
+    }
+
+    #[test]
+    fn roles_say_which_channels_a_provider_holds() {
+        let roles = |retained, sessions, channels: &[&str]| Roles {
+            retained,
+            sessions,
+            channels: channels.iter().map(|c| Arc::from(*c)).collect(),
+        };
+        assert_eq!(roles(false, false, &[]).describe(), "nothing");
+        assert_eq!(
+            roles(true, true, &[]).describe(),
+            "retained messages, sessions and the broadcast log"
+        );
+        assert_eq!(
+            roles(true, false, &["a"]).describe(),
+            "retained messages; channel a"
+        );
+        assert_eq!(roles(false, false, &["a", "b"]).describe(), "channels a, b");
     }
 
     fn memory(dir: &Path) -> String {

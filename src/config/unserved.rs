@@ -2,19 +2,19 @@
 //! yet. One list, so `check-config` and `serve` agree by construction:
 //! check-config reports each entry and answers "no"; serve refuses to start.
 //!
-//! Channels are not served by this build: a broker that accepted them would
-//! announce a durability it does not deliver (invariant 14), so every
-//! channel, of every kind, is listed by its YAML path.
+//! Append channels are served. Latest and queue channels are not: a broker
+//! that accepted them would announce a durability it does not deliver
+//! (invariant 14), so each is listed by its YAML path.
 
 use std::fmt;
 
-use super::Config;
+use super::{ChannelKindConfig, Config};
 
 /// One setting `serve` refuses, with its YAML path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unserved {
     /// The YAML path, with the item's name where it has one
-    /// (`channels[0] (telemetry)`).
+    /// (`channels[1] (devices)`).
     pub path: String,
     /// Why, as a sentence fragment an operator can act on.
     pub reason: &'static str,
@@ -31,10 +31,12 @@ pub(crate) fn unserved(config: &Config) -> Vec<Unserved> {
         .channels
         .iter()
         .enumerate()
+        .filter(|(_, channel)| !matches!(channel.kind, ChannelKindConfig::Append))
         .map(|(i, channel)| Unserved {
             path: format!("channels[{i}] ({})", channel.name),
             reason:
-                "channels are not served by this build; `saguin serve` refuses this configuration",
+                "latest and queue channels are not served by this build (append channels are); \
+                     `saguin serve` refuses this configuration",
         })
         .collect()
 }

@@ -108,6 +108,9 @@ pub struct LoadedChannel {
     pub records: u64,
     pub bytes: u64,
     pub written_at: UnixNanos,
+    /// Positions in it (or its dead-letter channel) dropped because their
+    /// session expired while the broker was down.
+    pub dropped_positions: u64,
 }
 
 /// What a load did, for the startup log.
@@ -454,6 +457,7 @@ impl MemoryProvider {
         } else {
             holds(name, c.held)
         };
+        let dropped_before = report.dropped_positions;
         let positions = parse_positions(path, c.positions, options, report)?;
         let shared = self.shared().clone();
         let records = match c.kind {
@@ -539,6 +543,7 @@ impl MemoryProvider {
             records,
             bytes,
             written_at: header.written_at,
+            dropped_positions: report.dropped_positions - dropped_before,
         });
         Ok(Built { channel, holds })
     }
@@ -879,6 +884,12 @@ mod tests {
             )
             .unwrap();
         assert_eq!(report.dropped_positions, 1);
+        let dropped: Vec<(&str, u64)> = report
+            .loaded
+            .iter()
+            .map(|c| (c.name.as_str(), c.dropped_positions))
+            .collect();
+        assert_eq!(dropped, [("a", 1), ("jobs", 0)], "counted per channel");
         assert!(report.warnings.is_empty(), "{:?}", report.warnings);
         assert_eq!(fresh.bytes(), bytes_before, "what is restored is charged");
         let q = fresh.open_channel("jobs", ChannelKind::Queue).unwrap();

@@ -1134,21 +1134,21 @@ impl SqliteProvider {
             .map(|(c, r, _, _)| (c, r))
             .collect();
         let mut w = shared.writer()?;
-        let dropped = w
+        let (dropped, dropped_cursors) = w
             .txn(true, |conn| {
-                let mut n = 0;
+                let mut dropped: BTreeMap<&str, usize> = BTreeMap::new();
                 for (channel, reader) in &expired {
-                    n += conn.execute(
+                    *dropped.entry(channel).or_default() += conn.execute(
                         "DELETE FROM positions WHERE channel = ?1 AND reader = ?2",
                         rusqlite::params![channel, reader],
                     )?;
                 }
-                n += conn.execute(
+                let cursors = conn.execute(
                     "DELETE FROM positions WHERE channel = ?1 AND reader NOT IN
                          (SELECT 'mqtt:' || client_id FROM sessions)",
                     [BROADCAST_LOG_NAME],
                 )?;
-                Ok(n)
+                Ok((dropped, cursors))
             })
             .map_err(|e| {
                 shared.write_error(Some(w.conn()), "dropping expired positions".into(), 0, &e)
@@ -1172,8 +1172,11 @@ impl SqliteProvider {
             })?;
             registry.kinds.insert(name, kind);
         }
-        if dropped > 0 {
-            tracing::info!(provider = %shared.name, positions = dropped, "dropped the positions of expired sessions");
+        for (channel, positions) in dropped.into_iter().filter(|(_, n)| *n > 0) {
+            tracing::info!(provider = %shared.name, channel, positions, "dropped the positions of expired sessions");
+        }
+        if dropped_cursors > 0 {
+            tracing::info!(provider = %shared.name, cursors = dropped_cursors, "dropped the broadcast-log cursors of sessions no longer held");
         }
         Ok(())
     }

@@ -1,0 +1,423 @@
+//! Retention: the task that removes from the front of each append channel
+//! what its `retention_bytes` and `retention_age` no longer keep (RFC 0004
+//! "Removing a record" and "What the retention sweep costs").
+//!
+//! - By size every [`SIZE_SWEEP_PERIOD`] (one second), over the channels
+//!   with a `retention_bytes`. A channel under its bound is settled from
+//!   the byte count it already keeps, reading nothing, which is what lets
+//!   the period be one second at any channel count
+//!   ([`contract::sweep_by_size`]).
+//! - By age every tenth of the shortest `retention_age` any channel
+//!   configures, never more often than every [`MIN_AGE_SWEEP_PERIOD`]
+//!   ([`age_sweep_period`]): a record turns old with nothing written to its
+//!   channel, so this sweep has to look, and on sqlite that is a read per
+//!   channel. The cutoff is now - retention_age; a record with no timestamp
+//!   (0) is never too old and stops the walk ([`contract::sweep_by_age`]).
+//!
+//! The first pass of each runs as soon as the task starts, so a channel
+//! that came back over its bound is trimmed before the first period ends.
+//! Sweeps run on the blocking pool (a sqlite removal is a transaction on
+//! the provider's writer), one at a time: the next waits for the last to
+//! finish, and a late tick is delayed rather than caught up in a burst.
+//! Each removal raises the channel's floor in the same operation (the
+//! stores do that) and is logged at DEBUG; a sweep a channel's store
+//! refused is logged at WARN, counted in
+//! `saguin_storage_errors_total{provider}` and tried again at the next
+//! tick. Retention does not use the provider's reserve: a delete frees
+//! room rather than needing it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use saguin_format::model::UnixNanos;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::{Interval, MissedTickBehavior};
+
+use super::metrics::Metrics;
+use super::providers::ServedChannel;
+use crate::config::units::format_duration;
+use crate::storage::contract::{self, AppendStore, Retention, SweepReport};
+
+/// How often the channels with a `retention_bytes` are swept.
+pub const SIZE_SWEEP_PERIOD: Duration = Duration::from_secs(1);
+
+/// The age sweep never runs more often than this, however short the
+/// shortest `retention_age`.
+pub const MIN_AGE_SWEEP_PERIOD: Duration = Duration::from_secs(1);
+
+/// The age sweep's period for channels retaining `ages`: a tenth of the
+/// shortest, at least [`MIN_AGE_SWEEP_PERIOD`]. `None` without any.
+pub fn age_sweep_period(ages: impl IntoIterator<Item = Duration>) -> Option<Duration> {
+    ages.into_iter()
+        .min()
+        .map(|shortest| (shortest / 10).max(MIN_AGE_SWEEP_PERIOD))
+}
+
+/// The running retention task. [`RetentionTask::stop`] before the
+/// providers close, so no sweep writes into a closed provider; dropped
+/// instead, the task is aborted.
+pub struct RetentionTask {
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl RetentionTask {
+    /// Stops the task, waiting for a sweep that is running to finish.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            if let Err(err) = task.await {
+                tracing::error!(error = %err, "the retention task failed");
+            }
+        }
+    }
+}
+
+impl Drop for RetentionTask {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// Starts retention over `channels` (those with neither bound are left
+/// alone), on the current tokio runtime.
+pub fn spawn(channels: Vec<ServedChannel>, metrics: Arc<Metrics>) -> RetentionTask {
+    let sweeper = Arc::new(Sweeper::new(channels, metrics));
+    let age_period = age_sweep_period(sweeper.by_age.iter().filter_map(|(_, r)| r.age));
+    if sweeper.by_size.is_empty() && age_period.is_none() {
+        return RetentionTask {
+            stop: None,
+            task: None,
+        };
+    }
+    tracing::info!(
+        by_size = sweeper.by_size.len(),
+        size_every = %format_duration(SIZE_SWEEP_PERIOD),
+        by_age = sweeper.by_age.len(),
+        age_every = %age_period.map(format_duration).unwrap_or_else(|| "never".to_owned()),
+        "retention"
+    );
+    let (stop, stopped) = oneshot::channel();
+    let task = tokio::spawn(run(sweeper, age_period, stopped));
+    RetentionTask {
+        stop: Some(stop),
+        task: Some(task),
+    }
+}
+
+/// Which of the two sweeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sweep {
+    Size,
+    Age,
+}
+
+impl Sweep {
+    fn label(self) -> &'static str {
+        match self {
+            Sweep::Size => "size",
+            Sweep::Age => "age",
+        }
+    }
+}
+
+async fn run(
+    sweeper: Arc<Sweeper>,
+    age_period: Option<Duration>,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    let mut by_size = (!sweeper.by_size.is_empty()).then(|| ticker(SIZE_SWEEP_PERIOD));
+    let mut by_age = age_period.map(ticker);
+    // The first tick of each completes at once: the first passes run
+    // before the task ever looks at its stop signal.
+    if let Some(ticks) = &mut by_size {
+        ticks.tick().await;
+        sweep(&sweeper, Sweep::Size).await;
+    }
+    if let Some(ticks) = &mut by_age {
+        ticks.tick().await;
+        sweep(&sweeper, Sweep::Age).await;
+    }
+    loop {
+        let which = tokio::select! {
+            // Stop first: with sweeps slower than their period a tick is
+            // always ready, and the stop must still be seen.
+            biased;
+            _ = &mut stopped => break,
+            () = next_tick(&mut by_size) => Sweep::Size,
+            () = next_tick(&mut by_age) => Sweep::Age,
+        };
+        sweep(&sweeper, which).await;
+    }
+}
+
+fn ticker(period: Duration) -> Interval {
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    ticks
+}
+
+async fn next_tick(ticks: &mut Option<Interval>) {
+    match ticks {
+        Some(ticks) => {
+            ticks.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// One sweep on the blocking pool, awaited, so the next cannot overlap it.
+async fn sweep(sweeper: &Arc<Sweeper>, which: Sweep) {
+    let sweeper = sweeper.clone();
+    let swept =
+        tokio::task::spawn_blocking(move || sweeper.sweep(which, contract::now_nanos())).await;
+    if let Err(err) = swept {
+        tracing::error!(sweep = which.label(), error = %err, "the retention sweep failed");
+    }
+}
+
+/// The channels under retention, split by bound, and what a report needs
+/// to name a channel's provider and floor.
+struct Sweeper {
+    by_size: Vec<(Arc<dyn AppendStore>, Retention)>,
+    by_age: Vec<(Arc<dyn AppendStore>, Retention)>,
+    /// Channel name → its provider's name and store.
+    channels: HashMap<Arc<str>, (String, Arc<dyn AppendStore>)>,
+    metrics: Arc<Metrics>,
+}
+
+impl Sweeper {
+    fn new(served: Vec<ServedChannel>, metrics: Arc<Metrics>) -> Sweeper {
+        let mut sweeper = Sweeper {
+            by_size: Vec::new(),
+            by_age: Vec::new(),
+            channels: HashMap::new(),
+            metrics,
+        };
+        for channel in served {
+            let entry = (channel.store.clone(), channel.retention.clone());
+            if channel.retention.bytes.is_some() {
+                sweeper.by_size.push(entry.clone());
+            }
+            if channel.retention.age.is_some() {
+                sweeper.by_age.push(entry);
+            }
+            sweeper.channels.insert(
+                channel.name,
+                (channel.provider.name().to_owned(), channel.store),
+            );
+        }
+        sweeper
+    }
+
+    /// One pass of `which` at `now` (blocking), every removal and failure
+    /// reported.
+    fn sweep(&self, which: Sweep, now: UnixNanos) -> SweepReport {
+        let report = match which {
+            Sweep::Size => contract::sweep_by_size(&self.by_size),
+            Sweep::Age => contract::sweep_by_age(&self.by_age, now),
+        };
+        for (channel, removed) in &report.removed {
+            let floor = self.channels.get(channel.as_str()).map(|(_, s)| s.floor());
+            tracing::debug!(channel = %channel, sweep = which.label(), records = removed.records,
+                bytes = removed.bytes, floor, "retention removed records");
+        }
+        for (channel, error) in &report.failed {
+            let provider = self
+                .channels
+                .get(channel.as_str())
+                .map_or("", |(provider, _)| provider.as_str());
+            tracing::warn!(channel = %channel, provider = %provider, sweep = which.label(), error = %error,
+                "the retention sweep failed; it runs again at the next tick");
+            self.metrics.storage_error(provider);
+        }
+        report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::contract::Provider;
+    use crate::storage::memory::{MemoryConfig, MemoryProvider};
+    use saguin_format::model::{ChannelKind, Record};
+
+    const SECOND: i64 = 1_000_000_000;
+
+    fn provider() -> Arc<MemoryProvider> {
+        MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .expect("a memory provider")
+    }
+
+    fn served(provider: &Arc<MemoryProvider>, name: &str, retention: Retention) -> ServedChannel {
+        let store = provider
+            .open_channel(name, ChannelKind::Append)
+            .expect("open")
+            .as_append()
+            .expect("append")
+            .clone();
+        ServedChannel {
+            name: Arc::from(name),
+            provider: provider.clone(),
+            store,
+            retention,
+        }
+    }
+
+    fn record(channel: &str, payload: &str, timestamp: i64) -> Record {
+        Record {
+            timestamp,
+            ..Record::new(channel, payload.to_owned())
+        }
+    }
+
+    #[test]
+    fn the_age_sweep_runs_every_tenth_of_the_shortest_retention_never_under_a_second() {
+        let s = Duration::from_secs;
+        assert_eq!(age_sweep_period([]), None);
+        assert_eq!(age_sweep_period([s(3600), s(7 * 86400)]), Some(s(360)));
+        assert_eq!(age_sweep_period([s(10)]), Some(s(1)));
+        assert_eq!(
+            age_sweep_period([s(3), s(3600)]),
+            Some(MIN_AGE_SWEEP_PERIOD)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_channel_over_retention_bytes_is_trimmed_to_fit_and_its_floor_rises() {
+        let p = provider();
+        let bounded = served(&p, "telemetry", Retention::default());
+        for i in 0..10 {
+            bounded
+                .store
+                .append(record("telemetry", &format!("payload {i:02}"), 0))
+                .unwrap();
+        }
+        let one = bounded.store.bytes() / 10;
+        let limit = one * 4;
+        let bounded = ServedChannel {
+            retention: Retention {
+                bytes: Some(limit),
+                age: None,
+            },
+            ..bounded
+        };
+        let unbounded = served(&p, "other", Retention::default());
+        unbounded.store.append(record("other", "x", 0)).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let task = spawn(vec![bounded.clone(), unbounded.clone()], metrics.clone());
+        task.stop().await;
+        let store = &bounded.store;
+        assert!(store.bytes() <= limit, "{} > {limit}", store.bytes());
+        assert_eq!(store.record_count(), 4);
+        assert_eq!(store.floor(), 7, "the floor rose over the six removed");
+        assert_eq!(store.next(), 11, "next is untouched");
+        assert_eq!(
+            store.read_from(7).unwrap()[0].payload.as_ref(),
+            b"payload 06"
+        );
+        assert_eq!(
+            unbounded.store.record_count(),
+            1,
+            "no bound, nothing removed"
+        );
+        assert_eq!(metrics.storage_error_count("mem"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_record_with_timestamp_0_is_never_removed_by_age() {
+        let p = provider();
+        let channel = served(
+            &p,
+            "telemetry",
+            Retention {
+                bytes: None,
+                age: Some(Duration::from_secs(60)),
+            },
+        );
+        let now = contract::now_nanos();
+        // Two ancient records, one with no timestamp, then an old one
+        // behind it that the walk does not reach.
+        for (payload, at) in [
+            ("ancient", SECOND),
+            ("unset", 0),
+            ("old", now - 3600 * SECOND),
+            ("new", now),
+        ] {
+            channel
+                .store
+                .append(record("telemetry", payload, at))
+                .unwrap();
+        }
+        let task = spawn(vec![channel.clone()], Arc::new(Metrics::new()));
+        task.stop().await;
+        let kept: Vec<Vec<u8>> = channel
+            .store
+            .read_from(channel.store.floor())
+            .unwrap()
+            .iter()
+            .map(|r| r.payload.to_vec())
+            .collect();
+        assert_eq!(kept, [b"unset".to_vec(), b"old".to_vec(), b"new".to_vec()]);
+        assert_eq!(channel.store.floor(), 2);
+
+        // Alone, an unset timestamp stays at any age.
+        let alone = served(
+            &p,
+            "unset",
+            Retention {
+                bytes: None,
+                age: Some(Duration::from_secs(1)),
+            },
+        );
+        alone.store.append(record("unset", "x", 0)).unwrap();
+        let sweeper = Sweeper::new(vec![alone.clone()], Arc::new(Metrics::new()));
+        let report = sweeper.sweep(Sweep::Age, i64::MAX);
+        assert!(report.removed.is_empty() && report.failed.is_empty());
+        assert_eq!(alone.store.record_count(), 1);
+    }
+
+    #[test]
+    fn a_refused_sweep_names_the_channel_and_counts_against_its_provider() {
+        let p = provider();
+        let channel = served(
+            &p,
+            "telemetry",
+            Retention {
+                bytes: Some(1),
+                age: None,
+            },
+        );
+        channel
+            .store
+            .append(record("telemetry", "too big", 0))
+            .unwrap();
+        p.close().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let sweeper = Sweeper::new(vec![channel.clone()], metrics.clone());
+        let report = sweeper.sweep(Sweep::Size, contract::now_nanos());
+        assert_eq!(report.failed.len(), 1);
+        assert_eq!(report.failed[0].0, "telemetry");
+        assert_eq!(metrics.storage_error_count("mem"), 1);
+        assert_eq!(channel.store.record_count(), 1, "nothing went");
+    }
+
+    #[tokio::test]
+    async fn without_any_bound_there_is_nothing_to_run() {
+        let p = provider();
+        let channel = served(&p, "telemetry", Retention::default());
+        let task = spawn(vec![channel], Arc::new(Metrics::new()));
+        assert!(task.task.is_none());
+        task.stop().await;
+    }
+}
