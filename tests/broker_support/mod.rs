@@ -717,3 +717,64 @@ pub fn wire_bytes(packet: &Packet, version: ProtocolVersion) -> Vec<u8> {
     codec::encode(packet, version, &mut buf).expect("encode");
     buf.to_vec()
 }
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
+    /// SUBSCRIBE to one filter carrying `user_properties` (MQTT 5), and the
+    /// SUBACK's reasons.
+    pub async fn subscribe_with_user_properties(
+        &mut self,
+        packet_id: u16,
+        filter: &str,
+        q: u8,
+        user_properties: &[(&str, &str)],
+    ) -> Vec<codec::ReasonCode> {
+        self.send(Packet::Subscribe(Subscribe {
+            packet_id,
+            filters: vec![SubscribeFilter {
+                filter: filter.to_owned(),
+                options: SubscriptionOptions {
+                    qos: qos(q),
+                    ..Default::default()
+                },
+            }],
+            properties: SubscribeProperties {
+                subscription_identifier: None,
+                user_properties: user_properties
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            },
+        }))
+        .await;
+        match self.recv().await {
+            Some(Packet::SubAck(ack)) => {
+                assert_eq!(ack.packet_id, packet_id);
+                ack.reasons
+            }
+            other => panic!("expected SUBACK, got {other:?}"),
+        }
+    }
+}
+
+/// Prometheus text from the broker's `metrics` listener (the configuration
+/// needs `metrics: {bind: 127.0.0.1:0}`).
+pub fn metrics_text(broker: &Broker) -> String {
+    use std::io::{Read, Write};
+    let addr = broker.listeners["metrics"];
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to metrics");
+    s.set_read_timeout(Some(WAIT)).expect("read timeout");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("request metrics");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body
+}
+
+/// The value of one sample - its name with its labels, as exposed, such as
+/// `saguin_channel_next{channel="telemetry"}` - or `None` when absent.
+pub fn metric_sample(text: &str, sample: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
