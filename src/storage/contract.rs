@@ -292,6 +292,26 @@ impl Removed {
     }
 }
 
+/// Would a record of `size` bytes fit under `store`'s own bound? What a
+/// QoS 2 publish held for the channel is checked against when it is held:
+/// its release, which writes it, is a relief write and checks no bound, so
+/// the hold is where a full channel says so.
+pub fn check_channel_room(store: &dyn AppendStore, size: u64) -> Result<()> {
+    let Some(max_bytes) = store.max_bytes() else {
+        return Ok(());
+    };
+    let held = store.bytes();
+    if held.saturating_add(size) > max_bytes {
+        return Err(StorageError::ChannelFull {
+            channel: store.name().to_owned(),
+            held,
+            size,
+            max_bytes,
+        });
+    }
+    Ok(())
+}
+
 /// An append channel: a log whose records keep their offsets until
 /// retention removes them from the front.
 pub trait AppendStore: Send + Sync {

@@ -31,8 +31,8 @@ use super::state::{
     Class, Event, Intent, Restored, RestoredChannel, StorageFailure, Write, Written,
 };
 use crate::storage::contract::{
-    AppendStore, BroadcastLog, HeldPublishStore, LatestStore, Provider, ProviderKind, SessionStore,
-    StorageError, BROADCAST_LOG_NAME,
+    self, AppendStore, BroadcastLog, HeldPublishStore, LatestStore, Provider, ProviderKind,
+    SessionStore, StorageError, BROADCAST_LOG_NAME,
 };
 use saguin_format::model::Record;
 
@@ -140,7 +140,12 @@ impl Stores {
             Write::ReleaseLog(offsets) => self.log()?.release(&offsets).map(|_| Written::Done),
             Write::SetRetained(record) => self.retained()?.set(record).map(|_| Written::Done),
             Write::DeleteRetained(topic) => self.retained()?.delete(&topic).map(|_| Written::Done),
-            Write::Hold(held) => self.held.hold(held).map(|()| Written::Done),
+            Write::Hold(held) => {
+                if let Some((_, channel)) = &self.channel {
+                    contract::check_channel_room(&**channel, held.record.accounted_size())?;
+                }
+                self.held.hold(held).map(|()| Written::Done)
+            }
             Write::DropHold {
                 client_id,
                 packet_id,

@@ -696,7 +696,11 @@ impl BrokerState {
             if consumer.seek.is_some() {
                 continue;
             }
-            let offset = consumer.position();
+            // A consumer told to start past the end waits there; what is
+            // stored is never past the channel's next offset.
+            let offset = consumer
+                .position()
+                .min(self.channels[consumer.channel as usize].next);
             if consumer.stored == Some(offset) {
                 continue;
             }
@@ -762,7 +766,9 @@ impl BrokerState {
             (Some(reader), Some(bridge)) => {
                 let saved_at = self.unix_at(now).max(1);
                 for consumer in &session.consumers {
-                    let offset = consumer.position();
+                    let offset = consumer
+                        .position()
+                        .min(self.channels[consumer.channel as usize].next);
                     self.bridge_positions
                         .insert((consumer.channel, bridge.to_string()), offset);
                     self.stage(

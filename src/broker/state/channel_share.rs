@@ -392,7 +392,9 @@ impl BrokerState {
         let expiry = self.limits.max_session_expiry;
         let mut writes = Vec::new();
         for group in &mut self.groups {
-            let offset = group.position();
+            let offset = group
+                .position()
+                .min(self.channels[group.channel as usize].next);
             if group.stored == Some(offset) {
                 continue;
             }
