@@ -264,7 +264,8 @@ pub async fn serve<S>(
     let (outbound_tx, outbound_rx) = mpsc::unbounded_channel();
     let (kill_tx, mut kill_rx) = watch::channel(false);
     let (pause_tx, mut pause_rx) = watch::channel(false);
-    let queued = Arc::new(AtomicUsize::new(0));
+    let written = Arc::new(AtomicUsize::new(0));
+    let foreign = Arc::new(AtomicUsize::new(0));
     let want_drained = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn(writer(
         wr,
@@ -277,7 +278,7 @@ pub async fn serve<S>(
         metrics.clone(),
         WriterFlow {
             id,
-            queued: queued.clone(),
+            written: written.clone(),
             want_drained: want_drained.clone(),
             low_water: (context.outbound_queue / 2).max(1),
             events: events.clone(),
@@ -285,10 +286,11 @@ pub async fn serve<S>(
     ));
     // Re-authentication answers leave through the same queue; a weak
     // sender, so the state alone still decides when the queue ends.
-    let reauth_out = (outbound_tx.downgrade(), queued.clone());
+    let reauth_out = (outbound_tx.downgrade(), foreign.clone());
     let handle = ConnectionHandle {
         outbound: outbound_tx,
-        queued,
+        written,
+        foreign,
         kill: kill_tx,
         pause: pause_tx,
         want_drained,
@@ -335,9 +337,8 @@ pub async fn serve<S>(
                 Ok(Some(Packet::Auth(auth))) => match reauth.step(auth) {
                     Ok(reply) => {
                         if let Some(out) = reauth_out.0.upgrade() {
-                            reauth_out.1.fetch_add(1, Relaxed);
-                            if out.send(reply).is_err() {
-                                reauth_out.1.fetch_sub(1, Relaxed);
+                            if out.send(reply).is_ok() {
+                                reauth_out.1.fetch_add(1, Relaxed);
                             }
                         }
                     }
@@ -927,7 +928,8 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
 /// What the writer shares with the state about its queue.
 struct WriterFlow {
     id: u64,
-    queued: Arc<AtomicUsize>,
+    /// Packets taken from the queue so far (only the writer adds to it).
+    written: Arc<AtomicUsize>,
     want_drained: Arc<AtomicBool>,
     /// Below this many queued packets the state is told the writer caught up.
     low_water: usize,
@@ -1022,12 +1024,8 @@ async fn writer<W: AsyncWrite + Unpin>(
         if buf.capacity() > 1024 * 1024 {
             buf = BytesMut::with_capacity(16 * 1024);
         }
-        // Every packet queued is counted before it is sent; saturating all
-        // the same, as an underflow here would kill the writer.
-        let left = flow
-            .queued
-            .fetch_sub(received, Relaxed)
-            .saturating_sub(received);
+        flow.written.fetch_add(received, Relaxed);
+        let left = rx.len();
         if left < flow.low_water && flow.want_drained.swap(false, Relaxed) {
             // The state waits for this queue to drain (a paused reader,
             // retained messages still owed): say it did.

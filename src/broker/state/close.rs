@@ -42,8 +42,7 @@ impl BrokerState {
             );
         }
         if let Some(code) = code {
-            // Counted like every queued packet: the writer subtracts it.
-            conn.handle.queued.fetch_add(1, Relaxed);
+            // The connection's last packet: nothing waits behind it.
             let _ = conn.handle.outbound.send(Outbound::Disconnect {
                 reason: code,
                 reason_string: Some(reason.describe()),

@@ -25,7 +25,6 @@ impl BrokerState {
         now: Instant,
     ) {
         if self.shutting_down {
-            handle.queued.fetch_add(1, Relaxed);
             let _ = handle.outbound.send(Outbound::Disconnect {
                 reason: ReasonCode::ServerShuttingDown,
                 reason_string: Some(CloseReason::Shutdown.describe()),
@@ -40,7 +39,6 @@ impl BrokerState {
                 reason = %format!("0x{:02X}", code.as_u8()),
                 "connection refused: {why}"
             );
-            handle.queued.fetch_add(1, Relaxed);
             let _ = handle.outbound.send(Outbound::refusing_connack(code));
         };
         let keep_alive =
@@ -198,6 +196,7 @@ impl BrokerState {
                 answers: VecDeque::new(),
                 next_answer: 0,
                 dropped_qos0: 0,
+                sent: 0,
                 retained_backlog: VecDeque::new(),
             },
         );

@@ -282,9 +282,14 @@ pub enum Inbound {
 #[derive(Debug, Clone)]
 pub struct ConnectionHandle {
     pub outbound: mpsc::UnboundedSender<Outbound>,
-    /// Packets queued for the writer and not yet written; the writer
-    /// decrements it as it writes.
-    pub queued: Arc<std::sync::atomic::AtomicUsize>,
+    /// Packets the connection's writer has taken from `outbound` so far;
+    /// only the writer adds to it. What waits for the writer is what the
+    /// state sent, plus `foreign`, less this: the state's hot path reads
+    /// it and writes nothing shared.
+    pub written: Arc<std::sync::atomic::AtomicUsize>,
+    /// Packets the connection's own reader put on `outbound`
+    /// (re-authentication answers).
+    pub foreign: Arc<std::sync::atomic::AtomicUsize>,
     /// Set to true to make the connection's tasks drop the transport now.
     pub kill: watch::Sender<bool>,
     /// Set to true to make the reader stop reading until it is false again
@@ -454,8 +459,19 @@ struct Connection {
     next_answer: u64,
     /// QoS 0 deliveries dropped because the client was not reading.
     dropped_qos0: u64,
+    /// Packets the state put on the connection's outbound queue.
+    sent: usize,
     /// Retained messages a SUBSCRIBE still owes, sent as the writer drains.
     retained_backlog: VecDeque<RetainedDue>,
+}
+
+impl Connection {
+    /// Packets on the outbound queue the writer has not taken yet.
+    fn waiting(&self) -> usize {
+        use std::sync::atomic::Ordering::Relaxed;
+        let foreign = self.handle.foreign.load(Relaxed);
+        (self.sent + foreign).saturating_sub(self.handle.written.load(Relaxed))
+    }
 }
 
 /// A retained message owed to a subscription, waiting for room.
@@ -656,15 +672,14 @@ impl BrokerState {
         let Some(conn) = self.connections.get_mut(&connection) else {
             return;
         };
-        let queued = conn.handle.queued.fetch_add(1, Relaxed) + 1;
         if conn.handle.outbound.send(packet).is_err() {
-            conn.handle.queued.fetch_sub(1, Relaxed);
             // The writer is gone (the socket failed); the reader's
             // Closed event may still be on its way.
             self.doomed.push((connection, CloseReason::Network, None));
             return;
         }
-        if queued >= self.limits.outbound_queue {
+        conn.sent += 1;
+        if conn.waiting() >= self.limits.outbound_queue {
             // Stop reading from a client that does not read what it is
             // sent; the writer says when it has caught up.
             let _ = conn.handle.pause.send(true);
@@ -675,10 +690,9 @@ impl BrokerState {
     /// May a QoS 0 delivery (or a retained message on subscribe) be queued
     /// for `connection` now?
     fn has_room(&self, connection: u64) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
         self.connections
             .get(&connection)
-            .is_some_and(|c| c.handle.queued.load(Relaxed) < self.limits.outbound_queue)
+            .is_some_and(|c| c.waiting() < self.limits.outbound_queue)
     }
 
     fn on_drained(&mut self, connection: u64, now: Instant) {

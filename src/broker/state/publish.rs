@@ -794,10 +794,9 @@ impl BrokerState {
                 return;
             }
         }
-        if conn.handle.queued.fetch_add(1, Relaxed) >= limit {
+        if conn.waiting() >= limit {
             // The client is not reading what it is sent (as Mosquitto does,
             // QoS 0 to it is dropped and counted, per client and overall).
-            conn.handle.queued.fetch_sub(1, Relaxed);
             self.metrics.dropped(DropReason::SlowConsumer);
             conn.dropped_qos0 += 1;
             conn.handle.want_drained.store(true, Relaxed);
@@ -814,9 +813,10 @@ impl BrokerState {
             sys,
         };
         if conn.handle.outbound.send(packet).is_err() {
-            conn.handle.queued.fetch_sub(1, Relaxed);
             self.doomed.push((connection, CloseReason::Network, None));
+            return;
         }
+        conn.sent += 1;
     }
 
     /// Move pending messages into flight while the client's window allows,

@@ -211,7 +211,8 @@ fn connect_as(state: &mut BrokerState, conn: u64, request: ConnectRequest, now: 
             request: Box::new(request),
             handle: ConnectionHandle {
                 outbound: tx,
-                queued: Arc::new(AtomicUsize::new(0)),
+                written: Arc::new(AtomicUsize::new(0)),
+                foreign: Arc::new(AtomicUsize::new(0)),
                 kill: kill_tx,
                 pause: pause_tx,
                 want_drained: Arc::new(AtomicBool::new(false)),
@@ -373,8 +374,8 @@ fn qos0_to_a_client_that_does_not_read_is_dropped_and_counted_not_cut() {
 fn fast_written(s: &BrokerState, conn: u64, n: usize) {
     let c = &s.connections[&conn];
     c.handle
-        .queued
-        .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+        .written
+        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[test]
