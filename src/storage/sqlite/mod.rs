@@ -813,9 +813,18 @@ fn read_statements() -> Vec<String> {
     all
 }
 
+/// How often, at most, the flusher checkpoints the write-ahead log into
+/// the database while commits keep coming.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
 /// The WAL flusher: every `flush_interval`, fsync the write-ahead log when
 /// something committed since the last fsync (synchronous=NORMAL syncs only
-/// at checkpoints). An idle provider writes nothing.
+/// at checkpoints); and at most every [`CHECKPOINT_EVERY`], when something
+/// committed since, a passive checkpoint on a connection of its own. The
+/// writer never checkpoints (`wal_autocheckpoint = 0`): a checkpoint's
+/// fsyncs there would stall every commit behind it - a publisher's PUBACK
+/// waited up to 300 ms for one on this machine's disk. An idle provider
+/// writes nothing.
 struct Flusher {
     stop: Arc<(Mutex<bool>, Condvar)>,
     thread: JoinHandle<()>,
@@ -827,6 +836,7 @@ impl Flusher {
         path: &Path,
         interval: Duration,
         counters: Arc<Counters>,
+        checkpointer: Connection,
     ) -> io::Result<Flusher> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let wal_path = wal_path(path);
@@ -839,6 +849,9 @@ impl Flusher {
             .spawn(move || {
                 let mut wal: Option<std::fs::File> = None;
                 let mut failing = false;
+                let mut checkpointed = flushed;
+                let mut last_checkpoint = std::time::Instant::now();
+                let mut checkpoint_failing = false;
                 let (stopped, cv) = &*stop_seen;
                 let mut guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
@@ -868,6 +881,29 @@ impl Flusher {
                                 }
                                 failing = true;
                                 wal = None;
+                            }
+                        }
+                    }
+                    if !stopping
+                        && now != checkpointed
+                        && last_checkpoint.elapsed() >= CHECKPOINT_EVERY
+                    {
+                        last_checkpoint = std::time::Instant::now();
+                        // PASSIVE: copies what no reader still needs and
+                        // never waits for the writer or a reader.
+                        match checkpointer.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                            r.get::<_, i64>(0)
+                        }) {
+                            Ok(_) => {
+                                checkpointed = now;
+                                checkpoint_failing = false;
+                            }
+                            Err(e) => {
+                                if !checkpoint_failing {
+                                    tracing::warn!(provider = %name, error = %e,
+                                        "checkpointing the write-ahead log failed; the log grows until one succeeds");
+                                }
+                                checkpoint_failing = true;
                             }
                         }
                     }
@@ -923,8 +959,6 @@ fn apply_connection_pragmas(conn: &Connection, query_only: bool) -> rusqlite::Re
     if query_only {
         conn.execute_batch("PRAGMA query_only = 1")?;
     }
-    // Checkpoints stay automatic (every 1000 pages, on the writer), so the
-    // log stays bounded without a checkpoint thread of our own.
     Ok(())
 }
 
@@ -1020,6 +1054,10 @@ impl SqliteProvider {
         }
         apply_connection_pragmas(&writer, false)
             .map_err(|e| sql_err("setting WAL and synchronous=NORMAL", e))?;
+        // The flusher checkpoints, on a connection of its own.
+        writer
+            .execute_batch("PRAGMA wal_autocheckpoint = 0")
+            .map_err(|e| sql_err("turning off checkpoints on the writer", e))?;
         schema::apply_or_check(&mut writer, &path, WRITER_REVISION, lock::unix_nanos_now())?;
         // On a file made elsewhere the page size is read back, never assumed.
         let page_size: u64 = writer
@@ -1058,12 +1096,20 @@ impl SqliteProvider {
             readers.push(conn);
         }
 
+        let checkpointer = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| sql_err("opening the checkpoint connection", e))?;
+        apply_connection_pragmas(&checkpointer, false)
+            .map_err(|e| sql_err("setting up the checkpoint connection", e))?;
         let counters = Arc::new(Counters::default());
         let flusher = Flusher::start(
             options.name.clone(),
             &path,
             options.flush_interval,
             Arc::clone(&counters),
+            checkpointer,
         )
         .map_err(|e| io_err("starting the flusher", e))?;
         let shared = Arc::new(Shared {
