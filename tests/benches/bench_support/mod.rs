@@ -215,3 +215,21 @@ impl ConnReader {
         }
     }
 }
+
+impl Conn {
+    /// The next packet already read, without waiting on the socket: what
+    /// lets a client answer a burst of packets with one write.
+    pub fn try_next(&mut self) -> Result<Option<Packet>, Error> {
+        Ok(self.decoder.decode(&mut self.rbuf)?)
+    }
+
+    /// Writes `packets` in one write.
+    pub async fn send_all(&mut self, packets: &[Packet]) -> Result<(), Error> {
+        let mut buf = BytesMut::new();
+        for packet in packets {
+            codec::encode(packet, V, &mut buf)?;
+        }
+        self.stream.write_all(&buf).await?;
+        Ok(())
+    }
+}
