@@ -43,8 +43,8 @@ pub enum OutputFormat {
 }
 
 const AFTER_HELP: &str = "\
-Exit status: 0 valid, 1 invalid or refused by `saguin serve` (a latest or \
-queue channel), 2 usage error, 3 the file cannot be read.
+Exit status: 0 valid, 1 invalid or refused by `saguin serve`, 2 usage \
+error, 3 the file cannot be read.
 
 Examples:
   saguin check-config --config /etc/saguin/saguin.yaml
@@ -60,10 +60,9 @@ one a line, for example:
   saguin.yaml: channels[2].storage: no provider named \"db2\" (providers: mem, db)
 
 A valid configuration `saguin serve` would still refuse answers 1 as well, \
-each setting named by YAML path on stderr: this build serves append \
-channels, not latest or queue channels, for example:
-
-  saguin.yaml: channels[1] (devices): latest and queue channels are not served by this build (append channels are); `saguin serve` refuses this configuration
+each setting named by YAML path on stderr. This build serves every setting \
+it accepts - channels of all three kinds among them - so that list is \
+empty.
 
 The password file, the ACL file and every TLS certificate and key are opened \
 and parsed. The databases and snapshot directories are not opened and no \
@@ -91,9 +90,9 @@ false when a file omits it; a file that leaves it false must name a \
 password_file. A listener on port 0 gets a port from the system. A \
 provider no channel or broker store names is inert.
 
-Exit status: 0 valid; 1 invalid, or a latest or queue channel `saguin \
-serve` refuses (each problem on stderr); 2 usage error; 3 the \
-configuration file itself cannot be read.
+Exit status: 0 valid; 1 invalid, or a setting `saguin serve` refuses \
+(each problem on stderr); 2 usage error; 3 the configuration file itself \
+cannot be read.
 
 Examples:
 

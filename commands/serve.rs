@@ -45,11 +45,11 @@ Examples:
 const AFTER_LONG_HELP: &str = "\
 What is served: broadcast topics, with retained messages and sessions kept \
 in the providers broker.retained_storage and broker.session_storage name, \
-and append channels, each in the provider its storage names. Latest and \
-queue channels are not served by this build: a configuration with one is \
-refused before anything is opened, naming each by YAML path \
-(channels[1] (devices)), and `saguin check-config` reports the same \
-channels and exits 1.
+and channels of every kind - append, latest and queue (with its \
+dead-letter channel <queue>.dlq) - each in the provider its storage names. \
+A setting this build accepts but does not serve would be refused before \
+anything is opened, naming it by YAML path, and `saguin check-config` \
+reports the same settings and exits 1; this build has none.
 
 Startup: every storage provider a channel, broker.retained_storage or \
 broker.session_storage names is locked (a provider another live broker \
@@ -157,9 +157,8 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
             tracing::error!(path = %item.path, "{}", item.reason);
         }
         eprintln!(
-            "saguin: this build serves broadcast topics and append channels; it does not serve \
-             latest or queue channels. Remove the channels above, or make them append channels, \
-             to serve this configuration."
+            "saguin: this build does not serve the settings above; remove them to serve this \
+             configuration."
         );
         return Ok(exit::CANNOT);
     }

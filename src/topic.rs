@@ -167,6 +167,39 @@ pub fn filter_matches(filter: &str, name: &str) -> bool {
     }
 }
 
+/// The levels of a valid, non-shared `filter` before its first wildcard,
+/// as one string (`devices/site-7/#` gives `devices/site-7`): every topic
+/// name it matches starts with it, so a store keeping topics in order
+/// reads the range beginning there rather than every topic.
+pub fn literal_prefix(filter: &str) -> &str {
+    let mut end = 0;
+    for (i, level) in filter.split('/').enumerate() {
+        if level == "+" || level == "#" {
+            break;
+        }
+        end += level.len() + usize::from(i > 0);
+    }
+    &filter[..end]
+}
+
+/// The least string greater than every string starting with `prefix`
+/// (in byte order, which is code point order for UTF-8), or `None` when
+/// there is none: the exclusive end of a prefix's range.
+pub fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let mut code = u32::from(last) + 1;
+        if (0xD800..0xE000).contains(&code) {
+            code = 0xE000;
+        }
+        if let Some(next) = char::from_u32(code) {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 /// Is every topic name that `topic` (a name, or a valid filter) can match
 /// matched by `filter`? For a name this is [`filter_matches`]; for a
 /// filter it is what an ACL grant must do to allow a SUBSCRIBE.
@@ -198,6 +231,26 @@ pub fn filter_covers(filter: &str, topic: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_filter_prefix_bounds_every_topic_it_matches() {
+        assert_eq!(literal_prefix("devices/site-7/#"), "devices/site-7");
+        assert_eq!(literal_prefix("devices/+/temp"), "devices");
+        assert_eq!(literal_prefix("devices/a"), "devices/a");
+        assert_eq!(literal_prefix("#"), "");
+        assert_eq!(literal_prefix("+/x"), "");
+        assert_eq!(
+            prefix_end("devices/site-7").as_deref(),
+            Some("devices/site-8")
+        );
+        assert_eq!(prefix_end("a\u{D7FF}").as_deref(), Some("a\u{E000}"));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end(""), None);
+        for topic in ["devices/site-7", "devices/site-7/a", "devices/site-70/a"] {
+            assert!(topic.starts_with(literal_prefix("devices/site-7/#")));
+            assert!(*topic < *prefix_end("devices/site-7").unwrap());
+        }
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -21,16 +21,15 @@ fn path_str(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 fixture path")
 }
 
-/// check-config's answer for the full fixtures: valid, but besides an
-/// append channel they configure a latest and a queue channel, which
-/// `saguin serve` refuses.
-const UNSERVED: i32 = 1;
+/// check-config's answer for the full fixtures: valid, and served - their
+/// append, latest and queue channels among it.
+const SERVED: i32 = 0;
 
 /// The channels of `stderr` check-config says serve refuses, by YAML path.
 fn refused_paths(stderr: &str) -> Vec<String> {
     stderr
         .lines()
-        .filter(|l| l.contains("latest and queue channels are not served by this build"))
+        .filter(|l| l.contains("`saguin serve` refuses"))
         .filter_map(|l| {
             let start = l.find("channels[")?;
             let end = start + l[start..].find("): ")? + 1;
@@ -114,21 +113,11 @@ fn the_rfc_example_problem_line_names_its_yaml_path() {
 
 #[test]
 fn good_fixtures_are_valid_and_summarised() {
-    // The full fixtures configure a latest and a queue channel, which
-    // `serve` refuses by path (see `check_config_agrees_with_serve`), and
-    // an append channel, which it serves; everything else about them is
-    // valid.
+    // The full fixtures configure an append, a latest and a queue
+    // channel, all served: nothing is refused.
     for (name, expected, refused) in [
-        (
-            "full.yaml",
-            UNSERVED,
-            &["channels[1] (devices)", "channels[2] (jobs)"][..],
-        ),
-        (
-            "full-rewritten.yaml",
-            UNSERVED,
-            &["channels[0] (jobs)", "channels[1] (devices)"][..],
-        ),
+        ("full.yaml", SERVED, &[][..] as &[&str]),
+        ("full-rewritten.yaml", SERVED, &[][..]),
         ("minimal.yaml", 0, &[][..]),
     ] {
         let yaml = fixtures().join("good").join(name);
@@ -193,7 +182,7 @@ fn output_is_one_document_on_stdout_with_the_summary_on_stderr() {
         "--output",
         "json",
     ]);
-    assert_eq!(code(&out), UNSERVED, "{}", stderr(&out));
+    assert_eq!(code(&out), SERVED, "{}", stderr(&out));
     let doc: serde_json::Value =
         serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
     assert_eq!(doc["limits"]["max_message_size"], 262_144);
@@ -214,7 +203,7 @@ fn output_is_one_document_on_stdout_with_the_summary_on_stderr() {
 
     // Default format is YAML.
     let out = saguin(&["check-config", "--config", path_str(&yaml), "--output"]);
-    assert_eq!(code(&out), UNSERVED);
+    assert_eq!(code(&out), SERVED);
     let doc: serde_json::Value =
         serde_norway::from_slice(&out.stdout).expect("stdout is one YAML document");
     assert_eq!(doc["log"]["format"], "logfmt");
@@ -228,8 +217,8 @@ fn equivalent_configurations_print_identical_documents() {
         let out_a = saguin(&["check-config", "--config", path_str(&a), "--output", format]);
         let out_b = saguin(&["check-config", "--config", path_str(&b), "--output", format]);
         let again = saguin(&["check-config", "--config", path_str(&a), "--output", format]);
-        assert_eq!(code(&out_a), UNSERVED, "{}", stderr(&out_a));
-        assert_eq!(code(&out_b), UNSERVED, "{}", stderr(&out_b));
+        assert_eq!(code(&out_a), SERVED, "{}", stderr(&out_a));
+        assert_eq!(code(&out_b), SERVED, "{}", stderr(&out_b));
         assert_eq!(stdout(&out_a), stdout(&out_b), "{format}");
         assert_eq!(
             stdout(&out_a),
@@ -250,7 +239,7 @@ fn the_resolved_document_loads_back_to_itself() {
             "--output",
             format,
         ]);
-        assert_eq!(code(&first), UNSERVED);
+        assert_eq!(code(&first), SERVED);
         let resolved = dir.path().join(format!("resolved.{format}"));
         std::fs::write(&resolved, &first.stdout).expect("write the resolved document");
         let second = saguin(&[
@@ -260,7 +249,7 @@ fn the_resolved_document_loads_back_to_itself() {
             "--output",
             format,
         ]);
-        assert_eq!(code(&second), UNSERVED, "{format}: {}", stderr(&second));
+        assert_eq!(code(&second), SERVED, "{format}: {}", stderr(&second));
         assert_eq!(stdout(&first), stdout(&second), "{format}");
     }
 }
@@ -361,7 +350,7 @@ fn relative_paths_resolve_against_the_configuration_file_not_the_working_directo
         ])
         .output()
         .expect("run saguin");
-    assert_eq!(code(&out), UNSERVED, "{}", stderr(&out));
+    assert_eq!(code(&out), SERVED, "{}", stderr(&out));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let expected = fixtures().join("files/acl").canonicalize().expect("acl");
     assert_eq!(doc["auth"]["acl_file"], path_str(&expected));
@@ -520,13 +509,9 @@ fn check_config_of_a_large_configuration_is_linear() {
 fn the_configuration_reference_and_its_example() {
     let example = fixtures().join("example.yaml");
     let out = saguin(&["check-config", "--config", path_str(&example)]);
-    // Valid; its latest and queue channels are what `serve` refuses (and
-    // nothing else).
-    assert_eq!(code(&out), UNSERVED, "{}", stderr(&out));
-    assert_eq!(
-        refused_paths(&stderr(&out)),
-        ["channels[1] (devices)", "channels[2] (jobs)"]
-    );
+    // Valid, and served whole.
+    assert_eq!(code(&out), SERVED, "{}", stderr(&out));
+    assert!(refused_paths(&stderr(&out)).is_empty());
     assert!(
         stderr(&out)
             .lines()

@@ -1,10 +1,9 @@
 //! What `saguin serve` serves and what it refuses, as a process. Append
 //! channels are served: each opened in its provider before anything
 //! listens, stated once at startup, swept by retention, and written or
-//! checkpointed at the stop. Latest and queue channels are refused by YAML
-//! path rather than announced with a durability the broker would not
-//! deliver (invariant 14); `check-config` reports the same settings and
-//! exits 1, so a configuration check-config accepts is one serve serves.
+//! checkpointed at the stop. Latest and queue channels (with a queue's
+//! dead-letter channel) are served too, so a configuration check-config
+//! accepts is one serve serves.
 
 mod broker_support;
 
@@ -127,111 +126,62 @@ fn line<'a>(lines: &'a [String], msg: &str, channel: &str) -> Option<(usize, &'a
 }
 
 #[test]
-fn latest_and_queue_channels_are_refused_by_path_before_anything_is_opened() {
+fn channels_of_every_kind_are_served_and_stated_once_at_startup() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = write_config(
-        dir.path(),
-        &format!(
-            "{}broker:\n  session_storage: db\n",
-            sqlite_config(
-                dir.path(),
-                "  - name: telemetry\n    kind: append\n    storage: db\n\
-                 \x20 - name: devices\n    kind: latest\n    storage: db\n\
-                 \x20 - name: jobs\n    kind: queue\n    storage: db\n",
-            )
-        ),
+    let yaml = format!(
+        "{}broker:\n  session_storage: db\n",
+        sqlite_config(
+            dir.path(),
+            "  - name: telemetry\n    kind: append\n    storage: db\n\
+             \x20 - name: devices\n    kind: latest\n    storage: db\n\
+             \x20 - name: jobs\n    kind: queue\n    storage: db\n    dlq_retention_bytes: 1MiB\n",
+        )
     );
-    let out = saguin(&["serve"], &config);
-    let stderr = stderr(&out);
-    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
-    let refused: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.contains("latest and queue channels are not served by this build"))
-        .collect();
-    assert_eq!(refused.len(), 2, "{stderr}");
-    assert!(
-        refused[0].contains("path=\"channels[1] (devices)\""),
-        "{stderr}"
+    let config = write_config(dir.path(), &yaml);
+    let out = saguin(&["check-config"], &config);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("refuses"), "{}", stderr(&out));
+    let mut broker = Broker::start_in(dir, &yaml);
+    let lines = startup_log(&broker);
+    for (channel, kind) in [
+        ("telemetry", "append"),
+        ("devices", "latest"),
+        ("jobs", "queue"),
+        ("jobs.dlq", "append"),
+    ] {
+        let (_, l) = line(&lines, "channel", channel)
+            .unwrap_or_else(|| panic!("no channel line for {channel}: {lines:#?}"));
+        assert_eq!(field(l, "kind").as_deref(), Some(kind), "{l}");
+    }
+    let (_, dlq) = line(&lines, "channel", "jobs.dlq").expect("the dead-letter channel");
+    assert_eq!(
+        field(dlq, "retention_bytes").as_deref(),
+        Some("1048576"),
+        "{dlq}"
     );
-    assert!(
-        refused[1].contains("path=\"channels[2] (jobs)\""),
-        "{stderr}"
-    );
-    assert!(
-        stderr.contains("it does not serve latest or queue channels"),
-        "{stderr}"
-    );
-    assert!(
-        !stderr.contains("channels[0]"),
-        "the append channel is served, not refused: {stderr}"
-    );
-    assert!(
-        !stderr.contains("broker.session_storage"),
-        "session_storage is served, not refused; stderr: {stderr}"
-    );
-    assert!(!stderr.contains("listening"), "stderr: {stderr}");
-    assert!(
-        !dir.path().join("saguin.db").exists(),
-        "nothing is created for a refused configuration"
-    );
-    assert!(
-        !dir.path().join("saguin.db.lock").exists(),
-        "no provider is opened for a refused configuration"
-    );
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
 }
 
 /// Check-config calls a configuration valid only when serve serves it; one
-/// function decides for both.
+/// function decides for both, and it refuses nothing this build accepts.
 #[test]
 fn check_config_agrees_with_serve() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let refused = write_config(
-        dir.path(),
-        &sqlite_config(
-            dir.path(),
-            "  - name: telemetry\n    kind: append\n    storage: db\n\
-             \x20 - name: jobs\n    kind: queue\n    storage: db\n\
-             \x20 - name: devices\n    kind: latest\n    storage: db\n",
-        ),
-    );
-    for output in [&[][..], &["--output"][..], &["--output", "json"][..]] {
-        let args: Vec<&str> = ["check-config"].iter().chain(output).copied().collect();
-        let out = saguin(&args, &refused);
-        let text = stderr(&out);
-        assert_eq!(out.status.code(), Some(1), "{output:?}: {text}");
-        for needle in [
-            "channels[1] (jobs): latest and queue channels are not served",
-            "channels[2] (devices): latest and queue channels are not served",
-            "2 settings `saguin serve` refuses",
-        ] {
-            assert!(
-                text.contains(needle),
-                "{output:?}: {needle} missing: {text}"
-            );
-        }
-        assert!(!text.contains("channels[0]"), "{output:?}: {text}");
-    }
-    let serve = saguin(&["serve"], &refused);
-    let text = stderr(&serve);
-    assert_eq!(serve.status.code(), Some(3), "{text}");
-    assert!(text.contains("channels[1] (jobs)"), "{text}");
-    assert!(text.contains("channels[2] (devices)"), "{text}");
-
-    // Append channels alone: valid, and served.
     let served = tempfile::tempdir().expect("tempdir");
     let yaml = sqlite_config(
         served.path(),
-        "  - name: telemetry\n    kind: append\n    storage: db\n",
+        "  - name: telemetry\n    kind: append\n    storage: db\n\
+         \x20 - name: jobs\n    kind: queue\n    storage: db\n\
+         \x20 - name: devices\n    kind: latest\n    storage: db\n",
     );
     let config = write_config(served.path(), &yaml);
-    for output in [&[][..], &["--output"][..]] {
+    for output in [&[][..], &["--output"][..], &["--output", "json"][..]] {
         let args: Vec<&str> = ["check-config"].iter().chain(output).copied().collect();
         let out = saguin(&args, &config);
         assert_eq!(out.status.code(), Some(0), "{output:?}: {}", stderr(&out));
         assert!(!stderr(&out).contains("refuses"), "{}", stderr(&out));
     }
     let mut broker = Broker::start_in(served, &yaml);
-    broker.wait_log(|l| l.contains("msg=\"channel\"") && l.contains("channel=telemetry"));
+    broker.wait_log(|l| l.contains("msg=\"channel\"") && l.contains("channel=jobs"));
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
 }
 

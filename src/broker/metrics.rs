@@ -164,6 +164,8 @@ pub struct Metrics {
     storage_errors: Mutex<BTreeMap<String, u64>>,
     /// The append channels' series, by channel name.
     channels: Mutex<BTreeMap<String, ChannelSeries>>,
+    /// The queue channels' series, by channel name.
+    queues: Mutex<BTreeMap<String, QueueSeries>>,
     pub started: std::time::Instant,
 }
 
@@ -256,6 +258,7 @@ impl Metrics {
             disconnects: Default::default(),
             storage_errors: Default::default(),
             channels: Default::default(),
+            queues: Default::default(),
             started: std::time::Instant::now(),
         }
     }
@@ -467,6 +470,7 @@ impl Metrics {
                 c.name, c.lag
             );
         }
+        self.render_queues(&mut out);
         counter(
             &mut out,
             "saguin_uptime_seconds",
@@ -661,5 +665,142 @@ mod tests {
         );
         assert!(samples(&text, "saguin_channel_records").is_empty());
         assert!(samples(&text, "saguin_consumer_gap_total").is_empty());
+    }
+}
+
+/// What is rendered for one queue: its depth, read from the store at each
+/// scrape, and what the broker counts of its deliveries.
+#[derive(Clone, Default)]
+struct QueueSeries {
+    store: Option<std::sync::Arc<dyn crate::storage::contract::QueueStore>>,
+    in_flight: u64,
+    attempts: u64,
+    lease_expired: u64,
+    dead_lettered: u64,
+}
+
+/// One queue family: its name, type, help and how a series yields it.
+type QueueFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&QueueSeries) -> Option<u64>,
+);
+
+impl std::fmt::Debug for QueueSeries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueSeries")
+            .field("in_flight", &self.in_flight)
+            .field("attempts", &self.attempts)
+            .field("dead_lettered", &self.dead_lettered)
+            .finish()
+    }
+}
+
+impl Metrics {
+    fn queue_series(&self, channel: &str, change: impl FnOnce(&mut QueueSeries)) {
+        let mut queues = self
+            .queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        change(queues.entry(channel.to_owned()).or_default());
+    }
+
+    /// Names a queue whose depth (`saguin_queue_depth`) is read from its
+    /// store at each scrape; its counters are rendered (as 0) from now on.
+    pub fn register_queue(
+        &self,
+        channel: &str,
+        store: std::sync::Arc<dyn crate::storage::contract::QueueStore>,
+    ) {
+        self.queue_series(channel, |q| q.store = Some(store));
+    }
+
+    /// Records of `channel` out with a worker now (`saguin_queue_in_flight`).
+    pub fn set_queue_in_flight(&self, channel: &str, count: u64) {
+        self.queue_series(channel, |q| q.in_flight = count);
+    }
+
+    /// A record of `channel` was leased: one attempt (`saguin_queue_attempts_total`).
+    pub fn queue_attempt(&self, channel: &str) {
+        self.queue_series(channel, |q| q.attempts += 1);
+    }
+
+    /// A lease of `channel` ran out (`saguin_queue_lease_expired_total`).
+    pub fn queue_lease_expired(&self, channel: &str) {
+        self.queue_series(channel, |q| q.lease_expired += 1);
+    }
+
+    /// A record of `channel` moved to its dead-letter channel
+    /// (`saguin_queue_dead_lettered_total`).
+    pub fn queue_dead_lettered(&self, channel: &str) {
+        self.queue_series(channel, |q| q.dead_lettered += 1);
+    }
+
+    /// Dead-lettered records of `channel` so far.
+    pub fn queue_dead_lettered_count(&self, channel: &str) -> u64 {
+        self.queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(channel)
+            .map_or(0, |q| q.dead_lettered)
+    }
+
+    fn render_queues(&self, out: &mut String) {
+        // Copied out, so the stores are read outside the lock.
+        let series: Vec<(String, QueueSeries)> = self
+            .queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(n, q)| {
+                (
+                    n.replace('\\', "\\\\")
+                        .replace('"', "\\\"")
+                        .replace('\n', "\\n"),
+                    q.clone(),
+                )
+            })
+            .collect();
+        let families: [QueueFamily; 5] = [
+            (
+                "saguin_queue_depth",
+                "gauge",
+                "Unresolved records a queue holds, out with a worker or not.",
+                |q| q.store.as_ref().map(|s| s.depth()),
+            ),
+            (
+                "saguin_queue_in_flight",
+                "gauge",
+                "Records of a queue out with a worker now.",
+                |q| Some(q.in_flight),
+            ),
+            (
+                "saguin_queue_attempts_total",
+                "counter",
+                "Deliveries of a queue's records to workers, each an attempt.",
+                |q| Some(q.attempts),
+            ),
+            (
+                "saguin_queue_lease_expired_total",
+                "counter",
+                "Deliveries of a queue whose lease ran out before the worker answered.",
+                |q| Some(q.lease_expired),
+            ),
+            (
+                "saguin_queue_dead_lettered_total",
+                "counter",
+                "Records of a queue moved to its dead-letter channel.",
+                |q| Some(q.dead_lettered),
+            ),
+        ];
+        for (name, kind, help, value) in families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (channel, q) in &series {
+                if let Some(v) = value(q) {
+                    let _ = writeln!(out, "{name}{{channel=\"{channel}\"}} {v}");
+                }
+            }
+        }
     }
 }

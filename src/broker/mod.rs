@@ -232,6 +232,77 @@
 //!   PUBCOMP; a hold not released within `broker.exactly_once.expires_after`
 //!   is dropped and counted, and one whose session is gone at startup is
 //!   dropped.
+//!
+//! Latest channels ([`state`]'s `latest` module, [`reader`]):
+//!
+//! - A PUBLISH to a latest channel's topic replaces that topic's value and
+//!   is answered after the commit, as an append is (0x97 at a bound, 0x83
+//!   on a failed write); an empty payload deletes the value, and deleting
+//!   a topic that holds none changes nothing and is delivered to nobody.
+//!   Each set and deletion takes the channel's next offset.
+//! - A consumer is a session subscribed under the channel's name, reader
+//!   `mqtt:<client id>`, with a place in the channel's offsets as an append
+//!   consumer has. A consumer with no place yet (none in memory, none
+//!   stored) is first sent the current values under the SUBSCRIBE's
+//!   filters as retained messages are: RETAIN set, Retain Handling
+//!   honoured (0: sent; 1: sent when the subscription is new; 2: never),
+//!   paced by its window, each carrying `saguin-offset`. Its changes start
+//!   at the `next` the SUBSCRIBE found and wait until those values are
+//!   sent, so a value that changed while they were read comes after them
+//!   (possibly twice), never before an older one.
+//! - A consumer with a place - its persistent session in memory, or its
+//!   stored position after a restart - resumes with what changed since:
+//!   each topic's latest change at or after the position, deletions as
+//!   PUBLISHes with an empty payload, RETAIN clear, then live changes. A
+//!   later SUBSCRIBE of the same session moves nothing and sends no values.
+//!   A position below the channel's floor (deletions forgotten by a trim)
+//!   resumes from the floor with `saguin-gap`.
+//! - The current values of a filter are read from the range of topics that
+//!   begin with its literal prefix (the levels before its first wildcard:
+//!   `devices/site-7` for `devices/site-7/#`), in topic order in both
+//!   providers, never every topic of the channel; `devices/+/temp` reads
+//!   the whole channel. Resuming reads the changes after the position.
+//!
+//! Queue channels ([`state`]'s `queue` module):
+//!
+//! - A PUBLISH to a queue's topic enqueues a record, answered after the
+//!   commit. A SUBSCRIBE under the queue's name (shared or not: a queue is
+//!   already one group) makes the session a worker. A record goes to one
+//!   connected worker whose filter matches its topic and whose Receive
+//!   Maximum has room, the workers taking turns; the oldest available
+//!   records first. It is delivered at QoS 1 whatever the subscription's
+//!   QoS, with `saguin-offset` and `saguin-attempts` (this delivery's
+//!   attempt, from 1).
+//! - Each delivery is a lease written (the attempt counted) before the
+//!   PUBLISH is sent; the lease ends `lease` after on the broker's clock,
+//!   looked at every tick (500 ms). PUBACK below 0x80 resolves the record
+//!   (removed in one transaction); 0x80 or above, the lease running out,
+//!   or the worker's connection ending releases it: available again after
+//!   the `backoff` gap of that attempt, or, on its `max_attempts`th
+//!   attempt, moved to `<queue>.dlq` in one transaction with
+//!   `saguin-attempts`, `saguin-first-delivered`, `saguin-last-delivered`
+//!   (RFC 3339) and `saguin-dlq-reason`. A worker's answer to a delivery
+//!   whose lease ran out does nothing; its packet identifier stays in use
+//!   until it answers. A persistent worker's deliveries are released when
+//!   its connection ends and not sent again on resume.
+//! - A resolution or release that fails (the provider full, the file
+//!   unwritable) is tried again at the next tick; the record stays held,
+//!   never handed to a second worker meanwhile, and a failed dead-letter
+//!   move leaves it in the queue with its attempts and the dead-letter
+//!   channel without a hole. A failed lease offers the record again.
+//! - Who holds what is never stored (invariant 15). At startup every
+//!   unresolved record is available with its attempts and delivery times;
+//!   one whose attempts were spent before the stop is moved to the
+//!   dead-letter channel then (`saguin-dlq-reason`: attempts spent before
+//!   a restart) rather than delivered again.
+//! - The dead-letter channel is served as an append channel of its own,
+//!   bounded by `dlq_retention_bytes`; its records are read on its own
+//!   topics (`jobs/email` arrives as `jobs.dlq/email`), so `jobs.dlq/#`
+//!   consumes it like any append channel.
+//! - Metrics: `saguin_queue_depth{channel}` (read from the store),
+//!   `saguin_queue_in_flight`, `saguin_queue_attempts_total`,
+//!   `saguin_queue_lease_expired_total` and
+//!   `saguin_queue_dead_lettered_total`.
 
 pub mod alias;
 pub mod auth;

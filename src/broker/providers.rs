@@ -219,15 +219,19 @@ impl Opened {
     }
 }
 
-/// An append channel the broker serves: its store, opened and recovered
-/// in its provider before anything listens, and its retention.
+/// A channel the broker serves: its store, of whichever kind, opened and
+/// recovered in its provider before anything listens, and its retention.
+/// A queue's dead-letter channel `<queue>.dlq` is served as an append
+/// channel of its own, so it is consumed like any other.
 #[derive(Clone)]
 pub struct ServedChannel {
     pub name: Arc<str>,
     /// The provider holding the channel (its persister writes the records).
     pub provider: Arc<dyn Provider>,
-    pub store: Arc<dyn contract::AppendStore>,
+    pub store: contract::ChannelStore,
     pub retention: contract::Retention,
+    /// A queue's settings (its lease above all; the store has the rest).
+    pub queue: Option<config::QueueSettings>,
 }
 
 /// Every storage provider the broker uses, opened, locked and recovered.
@@ -290,7 +294,6 @@ impl Providers {
                 sessions: session_name == Some(provider.name()),
                 channels: configured
                     .iter()
-                    .filter(|c| matches!(c.kind, ChannelKindConfig::Append))
                     .map(|c| Arc::from(c.name.as_str()))
                     .collect(),
             };
@@ -408,21 +411,50 @@ impl Providers {
             else {
                 continue;
             };
-            let store = &channel.store;
-            tracing::info!(
-                channel = %channel.name,
-                kind = "append",
-                provider = %o.name,
-                durability = %o.durability(),
-                records = store.record_count(),
-                next = store.next(),
-                floor = store.floor(),
-                bytes = store.bytes(),
-                max_bytes = %or_none(store.max_bytes()),
-                retention_bytes = %or_none(channel.retention.bytes),
-                retention_age = %channel.retention.age.map(format_duration).unwrap_or_else(|| "none".to_owned()),
-                "channel"
-            );
+            match &channel.store {
+                contract::ChannelStore::Append(store) => tracing::info!(
+                    channel = %channel.name,
+                    kind = "append",
+                    provider = %o.name,
+                    durability = %o.durability(),
+                    records = store.record_count(),
+                    next = store.next(),
+                    floor = store.floor(),
+                    bytes = store.bytes(),
+                    max_bytes = %or_none(store.max_bytes()),
+                    retention_bytes = %or_none(channel.retention.bytes),
+                    retention_age = %channel.retention.age.map(format_duration).unwrap_or_else(|| "none".to_owned()),
+                    "channel"
+                ),
+                contract::ChannelStore::Latest(store) => tracing::info!(
+                    channel = %channel.name,
+                    kind = "latest",
+                    provider = %o.name,
+                    durability = %o.durability(),
+                    topics = store.record_count(),
+                    next = store.next(),
+                    floor = store.floor(),
+                    bytes = store.bytes(),
+                    "channel"
+                ),
+                contract::ChannelStore::Queue(store) => {
+                    let settings = channel.queue.as_ref();
+                    tracing::info!(
+                        channel = %channel.name,
+                        kind = "queue",
+                        provider = %o.name,
+                        durability = %o.durability(),
+                        depth = store.depth(),
+                        next = store.next(),
+                        bytes = store.bytes(),
+                        max_bytes = %or_none(store.max_bytes()),
+                        lease = %settings.map(|q| format_duration(q.lease)).unwrap_or_default(),
+                        max_attempts = settings.map_or(0, |q| q.max_attempts),
+                        dead_letter = %store.dead_letter().name(),
+                        "channel"
+                    )
+                }
+            }
         }
     }
 
@@ -578,9 +610,6 @@ fn open_channels(config: &Config, opened: &[Opened]) -> Result<Vec<ServedChannel
     let by_name: HashMap<&str, &Opened> = opened.iter().map(|o| (o.name.as_str(), o)).collect();
     let mut served = Vec::new();
     for (i, channel) in config.channels.iter().enumerate() {
-        if !matches!(channel.kind, ChannelKindConfig::Append) {
-            continue;
-        }
         let Some(o) = by_name.get(channel.storage.as_str()) else {
             return Err(StartupError::Unknown {
                 key: format!("channels[{i}].storage"),
@@ -593,26 +622,53 @@ fn open_channels(config: &Config, opened: &[Opened]) -> Result<Vec<ServedChannel
             provider: o.name.clone(),
             source,
         };
-        let store = provider
-            .open_channel(&channel.name, ChannelKind::Append)
-            .map_err(failed)?;
-        let Some(store) = store.as_append().cloned() else {
+        let kind = channel_kind(&channel.kind);
+        let store = provider.open_channel(&channel.name, kind).map_err(failed)?;
+        if store.kind() != kind {
             return Err(failed(StorageError::KindMismatch {
                 channel: channel.name.clone(),
-                configured: ChannelKind::Append,
+                configured: kind,
                 stored: store.kind(),
             }));
+        }
+        let retention = contract::Retention {
+            bytes: channel.retention_bytes,
+            age: channel.retention_age,
         };
-        store.set_max_bytes(channel.max_bytes);
+        let queue = channel.queue().cloned();
+        match &store {
+            contract::ChannelStore::Append(s) => s.set_max_bytes(channel.max_bytes),
+            contract::ChannelStore::Latest(_) => {}
+            contract::ChannelStore::Queue(q) => {
+                q.set_max_bytes(channel.max_bytes);
+                if let Some(settings) = &queue {
+                    q.set_backoff(settings.backoff.clone());
+                    q.set_max_attempts(settings.max_attempts);
+                }
+            }
+        }
+        let dead_letter = store.as_queue().map(|q| q.dead_letter());
         served.push(ServedChannel {
             name: Arc::from(channel.name.as_str()),
-            provider,
+            provider: provider.clone(),
             store,
-            retention: contract::Retention {
-                bytes: channel.retention_bytes,
-                age: channel.retention_age,
-            },
+            retention,
+            queue: queue.clone(),
         });
+        // The dead-letter channel: an append channel of its own, bounded
+        // by dlq_retention_bytes.
+        if let Some(dead_letter) = dead_letter {
+            served.push(ServedChannel {
+                name: Arc::from(dead_letter.name()),
+                provider,
+                store: contract::ChannelStore::Append(dead_letter),
+                retention: contract::Retention {
+                    bytes: queue.and_then(|q| q.dlq_retention_bytes),
+                    age: None,
+                },
+                queue: None,
+            });
+        }
     }
     Ok(served)
 }
@@ -928,7 +984,10 @@ mod tests {
             .map(|c| (&*c.name, c.provider.name()))
             .collect();
         assert_eq!(order, [("zeta", "db"), ("alpha", "mem"), ("beta", "db")]);
-        assert_eq!(channels[0].store.max_bytes(), Some(1024 * 1024));
+        assert_eq!(
+            channels[0].store.as_append().expect("append").max_bytes(),
+            Some(1024 * 1024)
+        );
         assert_eq!(
             channels[0].retention,
             contract::Retention {
@@ -936,7 +995,10 @@ mod tests {
                 age: Some(Duration::from_secs(3600)),
             }
         );
-        assert_eq!(channels[1].store.max_bytes(), None);
+        assert_eq!(
+            channels[1].store.as_append().expect("append").max_bytes(),
+            None
+        );
         assert_eq!(channels[1].retention, contract::Retention::default());
         assert!(same(&channels[0].provider, &p.sessions()));
         assert!(p.close(&ShutdownStatus::default()).is_complete());
@@ -984,17 +1046,26 @@ mod tests {
         let p = Providers::open(&c).unwrap();
         let channel = p.channels().remove(0);
         for payload in ["one", "two", "three"] {
-            channel.store.append(record("telemetry", payload)).unwrap();
+            channel
+                .store
+                .as_append()
+                .expect("append")
+                .append(record("telemetry", payload))
+                .unwrap();
         }
         let now = contract::now_nanos();
         channel
             .store
+            .as_append()
+            .expect("append")
             .save_position(position("kept", 2, now, 3600))
             .unwrap();
         // Saved two hours ago with a one-hour session: expired while down.
         let two_hours = 2 * 3600 * 1_000_000_000;
         channel
             .store
+            .as_append()
+            .expect("append")
             .save_position(position("gone", 1, now - two_hours, 3600))
             .unwrap();
         let held = contract::HeldPublish {
@@ -1032,14 +1103,16 @@ mod tests {
         let channel = again.channels().remove(0);
         assert_eq!(
             (
-                channel.store.record_count(),
-                channel.store.next(),
-                channel.store.floor()
+                channel.store.as_append().expect("append").record_count(),
+                channel.store.as_append().expect("append").next(),
+                channel.store.as_append().expect("append").floor()
             ),
             (3, 4, 1)
         );
         let readers: Vec<String> = channel
             .store
+            .as_append()
+            .expect("append")
             .positions()
             .unwrap()
             .iter()
@@ -1072,6 +1145,8 @@ mod tests {
         for i in 0..50 {
             channel
                 .store
+                .as_append()
+                .expect("append")
                 .append(record("telemetry", &format!("r{i}")))
                 .unwrap();
         }

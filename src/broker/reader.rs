@@ -8,6 +8,13 @@
 //! transaction each: the floor and the records from one snapshot), so a
 //! slow read holds back that consumer alone - no publisher, no other
 //! consumer and not the broker task.
+//!
+//! A latest channel is read two ways: its current values under a
+//! consumer's filters ([`Seek::Current`], each filter narrowed by the
+//! store to the topics under its literal prefix), and what changed since
+//! an offset, deletions as empty payloads. A queue is read for the records
+//! available at the state's moment ([`Seek::Time`]): a read only, the
+//! lease that follows is a write.
 
 use std::sync::Arc;
 
@@ -16,7 +23,9 @@ use tokio::sync::mpsc;
 use super::metrics::Metrics;
 use super::providers::ServedChannel;
 use super::state::{ChannelRead, Event, ReadWindow, Seek, StorageFailure};
-use crate::storage::contract::{AppendStore, ProviderKind, StorageError};
+use crate::storage::contract::{
+    AppendStore, ChannelStore, LatestStore, ProviderKind, QueueStore, StorageError,
+};
 
 /// Times a read moves up to a floor that rose under it before it gives up
 /// (retention removing records as fast as a consumer reads them).
@@ -37,16 +46,24 @@ pub fn read_window(
             Some(offset) => (offset, false),
             None => (store.next(), false),
         },
+        Seek::Current => {
+            return Err(StorageError::Invalid {
+                what: format!("channel {}", store.name()),
+                detail: "an append channel has no current values".into(),
+            })
+        }
     };
     let mut floor = None;
     for _ in 0..FLOOR_RETRIES {
         match store.read_from_n(at, max) {
-            Ok(records) => {
+            Ok(mut records) => {
+                on_channel_topics(store.name(), &mut records);
                 return Ok(ReadWindow {
                     start: at,
                     floor,
                     records,
-                })
+                    next: None,
+                });
             }
             Err(StorageError::BelowFloor { floor: raised, .. }) => {
                 if asked {
@@ -59,6 +76,7 @@ pub fn read_window(
                     start: at,
                     floor,
                     records: Vec::new(),
+                    next: None,
                 })
             }
             Err(e) => return Err(e),
@@ -70,8 +88,119 @@ pub fn read_window(
     })
 }
 
+/// Records a queue moved into its dead-letter channel keep the queue's
+/// topic (`jobs/email`); they are read on the dead-letter channel's own
+/// (`jobs.dlq/email`), so its consumers' filters match them.
+fn on_channel_topics(channel: &str, records: &mut [saguin_format::model::Record]) {
+    for record in records {
+        let (first, rest) = match record.topic.split_once('/') {
+            Some((first, rest)) => (first, Some(rest)),
+            None => (record.topic.as_str(), None),
+        };
+        if first != channel {
+            record.topic = match rest {
+                Some(rest) => format!("{channel}/{rest}"),
+                None => channel.to_owned(),
+            };
+        }
+    }
+}
+
+/// A latest channel read: the current values under `filters`
+/// ([`Seek::Current`]), or at most `max` changes from an offset,
+/// deletions as empty payloads. A window that holds every change says up
+/// to where (`next`), so a consumer passes offsets later values replaced.
+pub fn read_latest(
+    store: &dyn LatestStore,
+    from: Seek,
+    filters: &[String],
+    max: usize,
+) -> Result<ReadWindow, StorageError> {
+    match from {
+        Seek::Current => {
+            let start = store.next();
+            let mut records = Vec::new();
+            for filter in filters {
+                records.extend(store.match_filter(filter)?);
+            }
+            records.sort_by_key(|r| r.offset);
+            records.dedup_by_key(|r| r.offset);
+            Ok(ReadWindow {
+                start,
+                floor: None,
+                records,
+                next: None,
+            })
+        }
+        Seek::Offset(since) => {
+            let whole = format!("{}/#", store.name());
+            let next = store.next();
+            let (start, floor, mut records) = match store.match_with_deletions(&whole, since) {
+                Ok(records) => (since, None, records),
+                // Deletions below the floor were forgotten: what is held
+                // from there is read, and the consumer told of the gap.
+                Err(StorageError::BelowFloor { floor, .. }) => (
+                    floor,
+                    Some(floor),
+                    store.match_with_deletions(&whole, floor)?,
+                ),
+                Err(StorageError::PastNext { .. }) => (since, None, Vec::new()),
+                Err(e) => return Err(e),
+            };
+            let complete = records.len() <= max;
+            records.truncate(max);
+            let last = records.last().map_or(0, |r| r.offset + 1);
+            Ok(ReadWindow {
+                start,
+                floor,
+                records,
+                next: complete.then_some(next.max(last)),
+            })
+        }
+        other => Err(StorageError::Invalid {
+            what: format!("channel {}", store.name()),
+            detail: format!("a latest channel is not read from {other:?}"),
+        }),
+    }
+}
+
+/// The records of `store` available at the moment `from` names
+/// ([`Seek::Time`]), at most `max`, oldest first.
+pub fn read_queue(
+    store: &dyn QueueStore,
+    from: Seek,
+    max: usize,
+) -> Result<ReadWindow, StorageError> {
+    let Seek::Time(now) = from else {
+        return Err(StorageError::Invalid {
+            what: format!("queue {}", store.name()),
+            detail: format!("a queue is offered at a moment, not from {from:?}"),
+        });
+    };
+    let records = store
+        .offer(max, now)?
+        .into_iter()
+        .map(|item| item.record)
+        .collect();
+    Ok(ReadWindow {
+        start: 0,
+        floor: None,
+        records,
+        next: None,
+    })
+}
+
+/// One read of whichever kind of channel `store` is.
+fn read_any(store: &ChannelStore, read: &ChannelRead) -> Result<ReadWindow, StorageError> {
+    match store {
+        ChannelStore::Append(s) => read_window(&**s, read.from, read.max),
+        ChannelStore::Latest(s) => read_latest(&**s, read.from, &read.filters, read.max),
+        ChannelStore::Queue(s) => read_queue(&**s, read.from, read.max),
+    }
+}
+
 struct Source {
-    store: Arc<dyn AppendStore>,
+    store: ChannelStore,
     provider: String,
     inline: bool,
 }
@@ -117,7 +246,7 @@ impl Readers {
             });
         };
         if source.inline {
-            let result = read_window(&*source.store, read.from, read.max);
+            let result = read_any(&source.store, &read);
             return Some(Event::ChannelRead {
                 ticket,
                 result: self.failure(&source.provider, result),
@@ -128,7 +257,7 @@ impl Readers {
         let answers = self.answers.clone();
         let metrics = self.metrics.clone();
         tokio::task::spawn_blocking(move || {
-            let result = read_window(&*store, read.from, read.max);
+            let result = read_any(&store, &read);
             let result = failure(&metrics, &provider, result);
             let _ = answers.send(Event::ChannelRead { ticket, result });
         });

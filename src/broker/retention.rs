@@ -201,17 +201,22 @@ impl Sweeper {
             metrics,
         };
         for channel in served {
-            let entry = (channel.store.clone(), channel.retention.clone());
+            // Retention removes records of append channels (a queue's
+            // dead-letter channel among them); a latest channel keeps every
+            // value and a queue every unresolved record.
+            let Some(store) = channel.store.as_append().cloned() else {
+                continue;
+            };
+            let entry = (store.clone(), channel.retention.clone());
             if channel.retention.bytes.is_some() {
                 sweeper.by_size.push(entry.clone());
             }
             if channel.retention.age.is_some() {
                 sweeper.by_age.push(entry);
             }
-            sweeper.channels.insert(
-                channel.name,
-                (channel.provider.name().to_owned(), channel.store),
-            );
+            sweeper
+                .channels
+                .insert(channel.name, (channel.provider.name().to_owned(), store));
         }
         sweeper
     }
@@ -262,15 +267,13 @@ mod tests {
     fn served(provider: &Arc<MemoryProvider>, name: &str, retention: Retention) -> ServedChannel {
         let store = provider
             .open_channel(name, ChannelKind::Append)
-            .expect("open")
-            .as_append()
-            .expect("append")
-            .clone();
+            .expect("open");
         ServedChannel {
             name: Arc::from(name),
             provider: provider.clone(),
             store,
             retention,
+            queue: None,
         }
     }
 
@@ -300,10 +303,12 @@ mod tests {
         for i in 0..10 {
             bounded
                 .store
+                .as_append()
+                .expect("append")
                 .append(record("telemetry", &format!("payload {i:02}"), 0))
                 .unwrap();
         }
-        let one = bounded.store.bytes() / 10;
+        let one = bounded.store.as_append().expect("append").bytes() / 10;
         let limit = one * 4;
         let bounded = ServedChannel {
             retention: Retention {
@@ -313,11 +318,16 @@ mod tests {
             ..bounded
         };
         let unbounded = served(&p, "other", Retention::default());
-        unbounded.store.append(record("other", "x", 0)).unwrap();
+        unbounded
+            .store
+            .as_append()
+            .expect("append")
+            .append(record("other", "x", 0))
+            .unwrap();
         let metrics = Arc::new(Metrics::new());
         let task = spawn(vec![bounded.clone(), unbounded.clone()], metrics.clone());
         task.stop().await;
-        let store = &bounded.store;
+        let store = &bounded.store.as_append().expect("append");
         assert!(store.bytes() <= limit, "{} > {limit}", store.bytes());
         assert_eq!(store.record_count(), 4);
         assert_eq!(store.floor(), 7, "the floor rose over the six removed");
@@ -327,7 +337,7 @@ mod tests {
             b"payload 06"
         );
         assert_eq!(
-            unbounded.store.record_count(),
+            unbounded.store.as_append().expect("append").record_count(),
             1,
             "no bound, nothing removed"
         );
@@ -356,6 +366,8 @@ mod tests {
         ] {
             channel
                 .store
+                .as_append()
+                .expect("append")
                 .append(record("telemetry", payload, at))
                 .unwrap();
         }
@@ -363,13 +375,15 @@ mod tests {
         task.stop().await;
         let kept: Vec<Vec<u8>> = channel
             .store
-            .read_from(channel.store.floor())
+            .as_append()
+            .expect("append")
+            .read_from(channel.store.as_append().expect("append").floor())
             .unwrap()
             .iter()
             .map(|r| r.payload.to_vec())
             .collect();
         assert_eq!(kept, [b"unset".to_vec(), b"old".to_vec(), b"new".to_vec()]);
-        assert_eq!(channel.store.floor(), 2);
+        assert_eq!(channel.store.as_append().expect("append").floor(), 2);
 
         // Alone, an unset timestamp stays at any age.
         let alone = served(
@@ -380,11 +394,16 @@ mod tests {
                 age: Some(Duration::from_secs(1)),
             },
         );
-        alone.store.append(record("unset", "x", 0)).unwrap();
+        alone
+            .store
+            .as_append()
+            .expect("append")
+            .append(record("unset", "x", 0))
+            .unwrap();
         let sweeper = Sweeper::new(vec![alone.clone()], Arc::new(Metrics::new()));
         let report = sweeper.sweep(Sweep::Age, i64::MAX);
         assert!(report.removed.is_empty() && report.failed.is_empty());
-        assert_eq!(alone.store.record_count(), 1);
+        assert_eq!(alone.store.as_append().expect("append").record_count(), 1);
     }
 
     #[test]
@@ -400,6 +419,8 @@ mod tests {
         );
         channel
             .store
+            .as_append()
+            .expect("append")
             .append(record("telemetry", "too big", 0))
             .unwrap();
         p.close().unwrap();
@@ -409,7 +430,11 @@ mod tests {
         assert_eq!(report.failed.len(), 1);
         assert_eq!(report.failed[0].0, "telemetry");
         assert_eq!(metrics.storage_error_count("mem"), 1);
-        assert_eq!(channel.store.record_count(), 1, "nothing went");
+        assert_eq!(
+            channel.store.as_append().expect("append").record_count(),
+            1,
+            "nothing went"
+        );
     }
 
     #[tokio::test]

@@ -613,7 +613,15 @@ pub async fn prepare(
     );
     let (commits_tx, commits) = mpsc::unbounded_channel();
     for channel in &channels {
-        metrics.register_channel(&channel.name, channel.store.clone());
+        match &channel.store {
+            crate::storage::contract::ChannelStore::Append(store) => {
+                metrics.register_channel(&channel.name, store.clone())
+            }
+            crate::storage::contract::ChannelStore::Queue(store) => {
+                metrics.register_queue(&channel.name, store.clone())
+            }
+            crate::storage::contract::ChannelStore::Latest(_) => {}
+        }
     }
     let readers = super::reader::Readers::new(&channels, metrics.clone(), commits_tx.clone());
     let persisters = Persisters::start(

@@ -480,6 +480,16 @@ pub struct ExpiredLease {
     pub holder: String,
 }
 
+/// One lease asked of [`QueueStore::lease_many`]: the arguments of
+/// [`QueueStore::lease`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRequest {
+    pub offset: u64,
+    pub holder: String,
+    pub lease_until: UnixNanos,
+    pub now: UnixNanos,
+}
+
 /// What a release did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Released {
@@ -531,6 +541,17 @@ pub trait QueueStore: Send + Sync {
         lease_until: UnixNanos,
         now: UnixNanos,
     ) -> Result<Lease>;
+
+    /// Several leases, in order, sharing one transaction where the provider
+    /// has them; one answer each, what [`QueueStore::lease`] would have
+    /// answered. A failure of the shared transaction fails every lease in
+    /// it, and none of them holds its record.
+    fn lease_many(&self, asked: Vec<LeaseRequest>) -> Vec<Result<Lease>> {
+        asked
+            .into_iter()
+            .map(|a| self.lease(a.offset, &a.holder, a.lease_until, a.now))
+            .collect()
+    }
 
     /// The worker finished the record: it is removed. False when the
     /// delivery is unknown or superseded (nothing changed).

@@ -28,11 +28,11 @@ use turns::{Turns, GIVE_WAY_AFTER};
 use super::metrics::Metrics;
 use super::providers::ServedChannel;
 use super::state::{
-    Class, Event, Intent, Restored, RestoredChannel, StorageFailure, Write, Written,
+    Class, Event, Intent, QueueSetup, Restored, RestoredChannel, StorageFailure, Write, Written,
 };
 use crate::storage::contract::{
-    self, AppendStore, BroadcastLog, HeldPublishStore, LatestStore, Provider, ProviderKind,
-    SessionStore, StorageError, BROADCAST_LOG_NAME,
+    self, AppendStore, BroadcastLog, ChannelStore, HeldPublishStore, LatestStore, LeaseRequest,
+    Provider, ProviderKind, QueueStore, SessionStore, StorageError, BROADCAST_LOG_NAME,
 };
 use saguin_format::model::Record;
 
@@ -54,15 +54,15 @@ struct Stores {
     held: Arc<dyn HeldPublishStore>,
     retained: Option<Arc<dyn LatestStore>>,
     /// The channel's index among those served, and its store.
-    channel: Option<(u16, Arc<dyn AppendStore>)>,
+    channel: Option<(u16, ChannelStore)>,
 }
 
 /// What a persister writes.
 pub enum Keeps {
     Sessions,
     Retained,
-    /// The append channel of this index.
-    Channel(u16, Arc<dyn AppendStore>),
+    /// The channel of this index, of whichever kind.
+    Channel(u16, ChannelStore),
 }
 
 impl Stores {
@@ -116,11 +116,57 @@ impl Stores {
             .ok_or_else(|| self.missing("retained messages"))
     }
 
-    fn channel(&self) -> Result<(u16, &Arc<dyn AppendStore>), StorageError> {
+    fn channel(&self) -> Result<(u16, &ChannelStore), StorageError> {
         self.channel
             .as_ref()
             .map(|(i, c)| (*i, c))
             .ok_or_else(|| self.missing("a channel"))
+    }
+
+    fn queue(&self) -> Result<(u16, &Arc<dyn QueueStore>), StorageError> {
+        let (index, store) = self.channel()?;
+        store
+            .as_queue()
+            .map(|q| (index, q))
+            .ok_or_else(|| self.missing("a queue"))
+    }
+
+    /// A record into this persister's channel: appended, set as its
+    /// topic's value (an empty payload deletes), or enqueued.
+    fn store_record(&self, record: Record) -> Result<Written, StorageError> {
+        let (index, channel) = self.channel()?;
+        let stored = match channel {
+            ChannelStore::Append(s) => s.append(record)?,
+            ChannelStore::Latest(s) => s.set(record)?,
+            ChannelStore::Queue(s) => s.enqueue(record)?,
+        };
+        Ok(Written::Stored(index, Box::new(stored)))
+    }
+
+    fn save_position(
+        &self,
+        position: crate::storage::contract::Position,
+    ) -> Result<(), StorageError> {
+        match self.channel()?.1 {
+            ChannelStore::Append(s) => s.save_position(position),
+            ChannelStore::Latest(s) => s.save_position(position),
+            ChannelStore::Queue(_) => {
+                Err(self.missing("positions (a queue has workers, not readers)"))
+            }
+        }
+    }
+
+    fn drop_position(
+        &self,
+        reader: &crate::storage::contract::Reader,
+    ) -> Result<bool, StorageError> {
+        match self.channel()?.1 {
+            ChannelStore::Append(s) => s.drop_position(reader),
+            ChannelStore::Latest(s) => s.drop_position(reader),
+            ChannelStore::Queue(_) => {
+                Err(self.missing("positions (a queue has workers, not readers)"))
+            }
+        }
     }
 
     fn apply(&self, write: Write) -> Result<Written, StorageError> {
@@ -153,12 +199,7 @@ impl Stores {
                 .held
                 .drop_hold(BROADCAST_LOG_NAME, &client_id, packet_id)
                 .map(|_| Written::Done),
-            Write::Append(record) => {
-                let (index, channel) = self.channel()?;
-                channel
-                    .append(record)
-                    .map(|r| Written::Stored(index, Box::new(r)))
-            }
+            Write::Append(record) => self.store_record(record),
             Write::Release {
                 client_id,
                 packet_id,
@@ -180,16 +221,36 @@ impl Stores {
                     .drop_hold(channel.name(), &client_id, packet_id)
                     .map(|_| Written::Done)
             }
-            Write::SavePosition(position) => self
-                .channel()?
-                .1
-                .save_position(position)
-                .map(|()| Written::Done),
-            Write::DropPosition(reader) => self
-                .channel()?
-                .1
-                .drop_position(&reader)
-                .map(|_| Written::Done),
+            Write::SavePosition(position) => self.save_position(position).map(|()| Written::Done),
+            Write::DropPosition(reader) => self.drop_position(&reader).map(|_| Written::Done),
+            Write::Lease {
+                offset,
+                holder,
+                lease_until,
+                now,
+            } => {
+                let (index, queue) = self.queue()?;
+                queue
+                    .lease(offset, &holder, lease_until, now)
+                    .map(|lease| Written::Leased(index, Box::new(lease)))
+            }
+            Write::Resolve { delivery_id, epoch } => {
+                let (index, queue) = self.queue()?;
+                queue
+                    .resolve(delivery_id, epoch)
+                    .map(|done| Written::Resolved(index, delivery_id, done))
+            }
+            Write::ReleaseLease {
+                delivery_id,
+                epoch,
+                now,
+                reason,
+            } => {
+                let (index, queue) = self.queue()?;
+                queue
+                    .release(delivery_id, epoch, now, &reason)
+                    .map(|released| Written::Released(index, delivery_id, released))
+            }
         }
     }
 
@@ -230,6 +291,7 @@ impl Stores {
             let answers = match kind {
                 Run::Session if run.len() > 1 => self.sessions_together(&run),
                 Run::Append | Run::ChannelAppend if run.len() > 1 => self.append_run(&run),
+                Run::Lease if run.len() > 1 => self.lease_run(&run),
                 _ => run.iter().map(|(_, w)| self.apply(w.clone())).collect(),
             };
             for ((i, _), answer) in run.into_iter().zip(answers) {
@@ -355,12 +417,15 @@ impl Stores {
             .collect();
         let to_channel = matches!(run.first(), Some((_, Write::Append(_))));
         let answers = if to_channel {
-            self.channel().map(|(index, channel)| {
-                channel
+            self.channel().map(|(index, channel)| match channel {
+                ChannelStore::Append(s) => s
                     .append_batch(records)
                     .into_iter()
                     .map(|r| r.map(|r| Written::Stored(index, Box::new(r))))
-                    .collect::<Vec<_>>()
+                    .collect::<Vec<_>>(),
+                // A value replaced and a job enqueued are collected by the
+                // provider itself.
+                _ => records.into_iter().map(|r| self.store_record(r)).collect(),
             })
         } else {
             self.log().map(|log| {
@@ -381,6 +446,46 @@ impl Stores {
                     })
                 })
                 .collect(),
+        }
+    }
+
+    /// A run of leases of this persister's queue in one transaction: the
+    /// records of one offer handed out with one commit.
+    fn lease_run(&self, run: &[(usize, Write)]) -> Vec<Result<Written, StorageError>> {
+        let asked: Vec<LeaseRequest> = run
+            .iter()
+            .filter_map(|(_, w)| match w {
+                Write::Lease {
+                    offset,
+                    holder,
+                    lease_until,
+                    now,
+                } => Some(LeaseRequest {
+                    offset: *offset,
+                    holder: holder.clone(),
+                    lease_until: *lease_until,
+                    now: *now,
+                }),
+                _ => None,
+            })
+            .collect();
+        match self.queue() {
+            Ok((index, queue)) => queue
+                .lease_many(asked)
+                .into_iter()
+                .map(|r| r.map(|lease| Written::Leased(index, Box::new(lease))))
+                .collect(),
+            Err(e) => {
+                let detail = e.to_string();
+                run.iter()
+                    .map(|_| {
+                        Err(StorageError::Write {
+                            context: format!("provider {}", self.provider),
+                            detail: detail.clone(),
+                        })
+                    })
+                    .collect()
+            }
         }
     }
 
@@ -431,6 +536,8 @@ enum Run {
     Append,
     /// A channel append: group-committed with its neighbours.
     ChannelAppend,
+    /// A queue lease: the leases of one offer share a transaction.
+    Lease,
     /// Everything else, alone.
     Single,
 }
@@ -448,10 +555,13 @@ impl Run {
             | Write::DropPosition(_) => Run::Session,
             Write::AppendLog(_) => Run::Append,
             Write::Append(_) => Run::ChannelAppend,
+            Write::Lease { .. } => Run::Lease,
             Write::ReleaseLog(_)
             | Write::SetRetained(_)
             | Write::DeleteRetained(_)
-            | Write::Release { .. } => Run::Single,
+            | Write::Release { .. }
+            | Write::Resolve { .. }
+            | Write::ReleaseLease { .. } => Run::Single,
         }
     }
 }
@@ -693,10 +803,35 @@ pub fn read_restored(
             .into_iter()
             .filter(|h| h.channel == *channel.name)
             .collect();
+        let (next, positions) = match &channel.store {
+            ChannelStore::Append(s) => (s.next(), s.positions()?),
+            ChannelStore::Latest(s) => (s.next(), s.positions()?),
+            ChannelStore::Queue(s) => {
+                // Attempts spent before the stop are dead-lettered now,
+                // rather than starting over (invariant 15).
+                let moved = s.dead_letter_spent(crate::storage::contract::now_nanos())?;
+                if moved > 0 {
+                    tracing::info!(channel = %channel.name, moved, "records whose attempts were spent before the restart moved to the dead-letter channel");
+                }
+                (s.next(), Vec::new())
+            }
+        };
+        let queue = channel.queue.as_ref().map(|settings| {
+            let dead_letter = crate::storage::contract::dead_letter_name(&channel.name);
+            QueueSetup {
+                lease: settings.lease,
+                dead_letter: channels
+                    .iter()
+                    .position(|c| *c.name == *dead_letter)
+                    .and_then(|i| u16::try_from(i).ok()),
+            }
+        });
         restored_channels.push(RestoredChannel {
             name: channel.name.clone(),
-            next: channel.store.next(),
-            positions: channel.store.positions()?,
+            kind: channel.store.kind(),
+            next,
+            queue,
+            positions,
             holds,
         });
     }
@@ -808,7 +943,11 @@ mod tests {
             inner,
             shared: AtomicUsize::new(0),
         });
-        let mut stores = Stores::of(counting.clone(), Keeps::Channel(0, channel)).unwrap();
+        let mut stores = Stores::of(
+            counting.clone(),
+            Keeps::Channel(0, ChannelStore::Append(channel)),
+        )
+        .unwrap();
         stores.alone = false;
         (stores, counting)
     }
@@ -830,6 +969,8 @@ mod tests {
     fn stored(stores: &Stores) -> Vec<(String, u64)> {
         let (_, channel) = stores.channel().unwrap();
         channel
+            .as_append()
+            .unwrap()
             .positions()
             .unwrap()
             .into_iter()

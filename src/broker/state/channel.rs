@@ -40,7 +40,7 @@ use crate::broker::metrics::DropReason;
 use crate::broker::topic::SessionKey;
 use crate::storage::contract::{Position, Reader};
 use crate::topic;
-use saguin_format::model::{Record, UnixNanos};
+use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 /// The user property every delivery of a channel record carries: its offset.
 pub const OFFSET_PROPERTY: &str = "saguin-offset";
@@ -54,10 +54,12 @@ pub const FROM_PROPERTY: &str = "saguin-from";
 /// Most records one read asks for.
 const READ_MAX: usize = 256;
 
-/// An append channel as the state routes to it.
+/// A channel as the state routes to it: append, latest or queue (whose
+/// workers are in [`super::queue`]).
 #[derive(Debug)]
 pub(super) struct Channel {
     pub name: Arc<str>,
+    pub kind: ChannelKind,
     /// The offset the next record takes, as far as commits have told.
     pub next: u64,
     /// Sessions consuming it, connected or not.
@@ -68,7 +70,10 @@ pub(super) struct Channel {
 #[derive(Debug, Clone)]
 pub struct RestoredChannel {
     pub name: Arc<str>,
+    pub kind: ChannelKind,
     pub next: u64,
+    /// A queue's lease and the index of its dead-letter channel.
+    pub queue: Option<super::queue::QueueSetup>,
     /// Every stored position.
     pub positions: Vec<Position>,
     /// Exactly-once publishes held in this channel for their release.
@@ -83,8 +88,10 @@ pub enum Seek {
     /// At the oldest record still held.
     Earliest,
     /// At the earliest record received at or after this time (or at `next`
-    /// when none was).
+    /// when none was). Of a queue: the records available at this moment.
     Time(UnixNanos),
+    /// A latest channel's current values under the read's filters.
+    Current,
 }
 
 /// A read of records for one consumer, done off the broker task.
@@ -94,6 +101,8 @@ pub struct ChannelRead {
     pub channel: u16,
     pub from: Seek,
     pub max: usize,
+    /// The filters a latest channel's current values are read under.
+    pub filters: Vec<String>,
 }
 
 /// What a read found.
@@ -105,6 +114,10 @@ pub struct ReadWindow {
     /// moved to (the records from the asked offset below it are gone).
     pub floor: Option<u64>,
     pub records: Vec<Record>,
+    /// Set when the window holds every change below it (a latest
+    /// channel's, whose later values replace earlier offsets): a consumer
+    /// handed all of it looks at this offset next.
+    pub next: Option<u64>,
 }
 
 /// One of a consumer's subscriptions on its channel.
@@ -123,14 +136,14 @@ pub struct Consumer {
     pub(super) channel: u16,
     /// Tells a read's answer from one for an earlier consumer of the same
     /// session and channel.
-    generation: u64,
-    filters: Vec<ConsumerFilter>,
+    pub(super) generation: u64,
+    pub(super) filters: Vec<ConsumerFilter>,
     /// The offset looked at next: everything below was sent or skipped.
-    next: u64,
+    pub(super) next: u64,
     /// Offsets sent at QoS 1/2 and not acknowledged yet.
     unacked: BTreeSet<u64>,
     /// A read is out for it.
-    reading: bool,
+    pub(super) reading: bool,
     /// Where it starts, when that takes a read to find (earliest, a time).
     seek: Option<Seek>,
     /// Offsets removed before it got them, announced on its next delivery.
@@ -228,10 +241,18 @@ impl BrokerState {
     /// A record of `channel` committed at its offset: handed to every
     /// consumer that is caught up and has room, the others read it later.
     pub(super) fn channel_committed(&mut self, channel: u16, record: Record, now: Instant) {
+        // A deletion of a topic that held nothing took no offset.
+        if record.offset == 0 {
+            return;
+        }
         let Some(state) = self.channels.get_mut(channel as usize) else {
             return;
         };
         state.next = state.next.max(record.offset + 1);
+        if state.kind == ChannelKind::Queue {
+            self.queue_committed(channel, now);
+            return;
+        }
         self.groups_committed(channel, &record, now);
         let Some(state) = self.channels.get(channel as usize) else {
             return;
@@ -267,7 +288,7 @@ impl BrokerState {
         }
     }
 
-    fn consumer_index(&self, key: SessionKey, channel: u16) -> Option<usize> {
+    pub(super) fn consumer_index(&self, key: SessionKey, channel: u16) -> Option<usize> {
         self.sessions
             .get(&key)?
             .consumers
@@ -353,7 +374,7 @@ impl BrokerState {
             self.has_room(connection)
         } else {
             session.inflight.len() < window && self.has_room(connection)
-        };
+        } && (!self.is_latest(consumer.channel) || self.values_sent(connection));
         if !has_room {
             self.want_drained(connection);
             return false;
@@ -480,11 +501,13 @@ impl BrokerState {
             channel,
             from,
             max: room.clamp(1, READ_MAX),
+            filters: Vec::new(),
         });
     }
 
     /// Every consumer of session `key` catches up as far as its room allows.
     pub(super) fn pump_all(&mut self, key: SessionKey, now: Instant) {
+        self.worker_room(key);
         for (index, group) in self.groups.iter().enumerate() {
             if group.has_member(key) {
                 self.groups_due.push(index);
@@ -509,7 +532,10 @@ impl BrokerState {
         result: Result<ReadWindow, super::StorageFailure>,
         now: Instant,
     ) {
-        if self.on_group_read(ticket, &result, now) {
+        if self.on_group_read(ticket, &result, now)
+            || self.on_values_read(ticket, &result, now)
+            || self.on_offer_read(ticket, &result, now)
+        {
             return;
         }
         let Some((key, channel, generation)) = self.channel_reads.remove(&ticket) else {
@@ -544,14 +570,20 @@ impl BrokerState {
             }
         }
         let progressed = !window.records.is_empty();
+        let mut whole = true;
         for record in &window.records {
             let next = self.sessions[&key].consumers[index].next;
             if record.offset < next {
                 continue;
             }
             if !self.offer(key, index, record, None, now) {
+                whole = false;
                 break;
             }
+        }
+        if let (true, Some(end)) = (whole, window.next) {
+            let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
+            consumer.next = consumer.next.max(end);
         }
         if progressed {
             self.pump(key, index, now);
@@ -587,7 +619,7 @@ impl BrokerState {
 
     /// The session's subscriptions on `channel`, as its consumer matches
     /// records against them.
-    fn filters_on(&self, key: SessionKey, channel: u16) -> Vec<ConsumerFilter> {
+    pub(super) fn filters_on(&self, key: SessionKey, channel: u16) -> Vec<ConsumerFilter> {
         let name = &self.channels[channel as usize].name;
         self.sessions[&key]
             .subscriptions
@@ -616,6 +648,10 @@ impl BrokerState {
         start: Option<u64>,
         now: Instant,
     ) {
+        if self.is_queue(channel) {
+            self.refresh_worker(key, channel, now);
+            return;
+        }
         let filters = self.filters_on(key, channel);
         let next = self.channels[channel as usize].next;
         let generation = self.next_read;
@@ -825,10 +861,12 @@ impl BrokerState {
             .iter()
             .map(|c| Channel {
                 name: c.name.clone(),
+                kind: c.kind,
                 next: c.next.max(1),
                 consumers: Vec::new(),
             })
             .collect();
+        self.restore_queues(&restored);
         for (i, channel) in restored.into_iter().enumerate() {
             let i = i as u16;
             for position in channel.positions {
@@ -878,6 +916,8 @@ impl BrokerState {
                         .filter(|(_, sub)| sub.share_group.is_some())
                         .map(move |(raw, sub)| (*k, raw.clone(), sub.filter.clone()))
                 })
+                // A queue's shared workers are workers like any other.
+                .filter(|_| channel.kind != ChannelKind::Queue)
                 .filter(|(_, _, filter)| first_level(filter) == &*channel.name)
                 .collect();
             members.sort();
@@ -928,6 +968,6 @@ fn reader_of(session: &super::session::Session) -> Option<Reader> {
 }
 
 /// A topic's or filter's first level.
-fn first_level(topic: &str) -> &str {
+pub(super) fn first_level(topic: &str) -> &str {
     topic.split('/').next().unwrap_or(topic)
 }

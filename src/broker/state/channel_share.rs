@@ -338,6 +338,7 @@ impl BrokerState {
             channel,
             from,
             max: room.clamp(1, GROUP_READ_MAX),
+            filters: Vec::new(),
         });
     }
 

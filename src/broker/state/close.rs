@@ -75,6 +75,7 @@ impl BrokerState {
             return;
         };
         let key = conn.session;
+        self.worker_gone(key);
         let Some(session) = self.sessions.get_mut(&key) else {
             return;
         };
@@ -154,6 +155,7 @@ impl BrokerState {
     /// Forget a session: its subscriptions, queues, stored record and any
     /// pending Will (published now, as the session ends before its delay).
     pub(super) fn end_session(&mut self, key: SessionKey, now: Instant) {
+        self.forget_worker(key);
         for raw in self.groups_of(key) {
             self.leave_group(key, &raw);
         }
@@ -276,6 +278,7 @@ impl BrokerState {
         }
         self.pump_stalled(now);
         self.run_pumps();
+        self.tick_queues(now);
         // Unreleased QoS 2 holds: looked at once a minute at most.
         if self.next_exactly_once_sweep.is_none_or(|at| at <= now) {
             self.next_exactly_once_sweep = Some(now + Duration::from_secs(60));

@@ -38,8 +38,10 @@ mod channel;
 mod channel_share;
 mod close;
 mod connect;
+mod latest;
 mod persist;
 mod publish;
+mod queue;
 mod restore;
 pub mod retained;
 pub mod session;
@@ -69,6 +71,7 @@ pub use channel::{
     OFFSET_PROPERTY,
 };
 pub use persist::{unix_now, Class, Intent, Role, StorageFailure, Write, Written};
+pub use queue::QueueSetup;
 pub use restore::{RestoreSummary, Restored};
 
 /// The reason codes the state answers with: the codec's own type (MQTT
@@ -536,6 +539,16 @@ pub struct BrokerState {
     group_reads: IdMap<u64, (usize, u64, bool)>,
     /// Stored places of groups nobody has joined yet since the start.
     group_positions: HashMap<(u16, String), u64>,
+    /// The queues' volatile halves, by channel index.
+    queues: std::collections::BTreeMap<u16, queue::Queue>,
+    /// Queues to offer once the current event is handled.
+    queues_due: Vec<u16>,
+    /// Offers out: ticket to the queue's channel index.
+    offer_reads: IdMap<u64, u16>,
+    /// Reads of a latest channel's current values out, by ticket.
+    values_reads: IdMap<u64, latest::ValuesRead>,
+    /// Queue writes the current event made, each sealed on its own.
+    queue_writes: Vec<(u16, persist::Write, queue::QueueWrite)>,
 }
 
 impl BrokerState {
@@ -575,6 +588,11 @@ impl BrokerState {
             groups_due: Vec::new(),
             group_reads: IdMap::default(),
             group_positions: HashMap::new(),
+            queues: std::collections::BTreeMap::new(),
+            queues_due: Vec::new(),
+            offer_reads: IdMap::default(),
+            values_reads: IdMap::default(),
+            queue_writes: Vec::new(),
         }
     }
 
@@ -640,11 +658,13 @@ impl BrokerState {
         self.close_doomed(now);
         self.run_orphans(now);
         self.run_pumps();
+        self.run_queue_pumps(now);
         // Whatever closing staged (a detached session recorded, a session
         // ended) is written too.
         if self.has_staged() {
             self.seal_background();
         }
+        self.seal_queue_writes(now);
     }
 
     /// Must an answer for `connection` wait (something was staged for it,

@@ -108,6 +108,27 @@ pub enum Write {
     },
     SavePosition(crate::storage::contract::Position),
     DropPosition(crate::storage::contract::Reader),
+    /// The queue record at `offset` handed to `holder` until `lease_until`
+    /// (an attempt counted, the one thing stored); answered with the lease.
+    Lease {
+        offset: u64,
+        holder: String,
+        lease_until: UnixNanos,
+        now: UnixNanos,
+    },
+    /// A worker finished a delivery: its record is removed.
+    Resolve {
+        delivery_id: u64,
+        epoch: u64,
+    },
+    /// A delivery failed: its record is available again after the backoff
+    /// gap, or moves to the dead-letter channel with its attempts spent.
+    ReleaseLease {
+        delivery_id: u64,
+        epoch: u64,
+        now: UnixNanos,
+        reason: String,
+    },
 }
 
 /// What a write came to.
@@ -118,6 +139,12 @@ pub enum Written {
     Appended(u64),
     /// A record stored in the channel of this index, with its offset.
     Stored(u16, Box<Record>),
+    /// A queue record leased, in the queue of this index.
+    Leased(u16, Box<crate::storage::contract::Lease>),
+    /// A delivery resolved (false: it was superseded, nothing changed).
+    Resolved(u16, u64, bool),
+    /// What releasing a delivery did.
+    Released(u16, u64, crate::storage::contract::Released),
 }
 
 /// Writes for one provider, answered together with one ticket.
@@ -157,6 +184,11 @@ impl Write {
                 | Write::DeleteRetained(_)
                 | Write::Append(_)
                 | Write::Release { .. }
+                // A queue's writes keep transactions of their own (RFC 0004
+                // "Group commit"), never inside a group of session writes.
+                | Write::Lease { .. }
+                | Write::Resolve { .. }
+                | Write::ReleaseLease { .. }
         )
     }
 
@@ -175,7 +207,10 @@ impl Write {
             | Write::AppendLog(_)
             | Write::ReleaseLog(_)
             | Write::SetRetained(_)
-            | Write::DeleteRetained(_) => None,
+            | Write::DeleteRetained(_)
+            | Write::Lease { .. }
+            | Write::Resolve { .. }
+            | Write::ReleaseLease { .. } => None,
         }
     }
 }
@@ -247,6 +282,8 @@ pub(super) enum Parked {
         connection: u64,
         packet: Outbound,
     },
+    /// A queue write: what becomes of its delivery when it fails.
+    Queue(super::queue::QueueWrite),
     /// The connection's close, after every answer owed before it.
     Close {
         connection: u64,
@@ -519,6 +556,13 @@ impl BrokerState {
                         Written::Stored(channel, record) => {
                             self.channel_committed(channel, *record, now)
                         }
+                        Written::Leased(channel, lease) => self.leased(channel, *lease, now),
+                        Written::Resolved(channel, delivery, _) => {
+                            self.resolved(channel, delivery, now)
+                        }
+                        Written::Released(channel, delivery, released) => {
+                            self.released(channel, delivery, released, now)
+                        }
                         Written::Done => {}
                     }
                 }
@@ -612,6 +656,11 @@ impl BrokerState {
     ) {
         match parked {
             Parked::Background => {}
+            Parked::Queue(write) => {
+                if let Some(failure) = failure {
+                    self.queue_write_failed(write, failure, now);
+                }
+            }
             Parked::Reply { connection, packet } => self.send(connection, packet),
             Parked::Close {
                 connection,
@@ -644,10 +693,16 @@ impl BrokerState {
             } => match failure {
                 None => {
                     self.send(connection, Outbound::SubAck { packet_id, reasons });
+                    let fresh = self.fresh_latest_consumers(key, &consumers);
+                    let values_for = retained_for.clone();
                     self.deliver_retained(connection, key, retained_for, now);
                     for start in consumers {
                         if !self.sessions.contains_key(&key) {
                             break;
+                        }
+                        if self.is_queue(start.channel) {
+                            self.refresh_worker(key, start.channel, now);
+                            continue;
                         }
                         match &start.group {
                             Some((raw, filter)) => {
@@ -658,6 +713,7 @@ impl BrokerState {
                             }
                         }
                     }
+                    self.latest_values(connection, key, &fresh, &values_for);
                 }
                 Some(failure) => {
                     self.undo_subscriptions(key, undo);
@@ -683,7 +739,9 @@ impl BrokerState {
                         if !self.sessions.contains_key(&key) {
                             break;
                         }
-                        if crate::topic::split_shared(&raw).is_some() {
+                        if self.is_queue(channel) {
+                            self.refresh_worker(key, channel, now);
+                        } else if crate::topic::split_shared(&raw).is_some() {
                             self.leave_group(key, &raw);
                         } else {
                             self.refresh_consumer(key, channel, None, None, now);

@@ -28,12 +28,17 @@ impl BrokerState {
                 let answers_pending = !conn.answers.is_empty();
                 self.on_publish(connection, key, v5, answers_pending, publish, now)
             }
-            Inbound::PubAck { packet_id, .. } => {
+            Inbound::PubAck { packet_id, reason } => {
                 let session = self.sessions.get_mut(&key).expect("connected session");
-                if matches!(
-                    session.inflight.get_mut(packet_id).map(|e| &e.phase),
-                    Some(InflightPhase::AwaitPuback)
-                ) {
+                let acked = match session.inflight.get_mut(packet_id) {
+                    Some(e) if matches!(e.phase, InflightPhase::AwaitPuback) => Some(e.channel),
+                    _ => None,
+                };
+                if let Some(channel) = acked {
+                    // A queue's delivery is resolved or released by it.
+                    if let Some((channel, offset)) = channel.filter(|(c, _)| self.is_queue(*c)) {
+                        self.queue_acked(key, channel, offset, packet_id, reason);
+                    }
                     self.finish_exchange(key, packet_id);
                     self.promote(key, now);
                 }

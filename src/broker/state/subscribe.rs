@@ -109,7 +109,9 @@ impl BrokerState {
                 1 => !existed,
                 _ => false,
             };
-            if wants_retained && parsed.share_group.is_none() && channel.is_none() {
+            // A latest channel's current values come as retained messages do.
+            let values = channel.is_none_or(|c| self.is_latest(c));
+            if wants_retained && parsed.share_group.is_none() && values {
                 retained_for.push((parsed.filter.to_owned(), options));
             }
         }

@@ -1,7 +1,7 @@
 //! A latest channel in memory: one value per topic, and a marker for each
 //! deletion so a resuming consumer learns what went. The retained store is the same structure without markers.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use saguin_format::model::Record;
@@ -12,13 +12,14 @@ use crate::storage::contract::{
     check_record, LatestStore, Position, Reader, Removed, Result, StorageError, FIRST_OFFSET,
     RETAINED_STORE_NAME,
 };
-use crate::topic::filter_matches;
+use crate::topic::{filter_matches, literal_prefix};
 
 #[derive(Debug)]
 struct LatestState {
     /// The current value of each topic; an empty payload is a deletion
-    /// marker.
-    values: HashMap<String, Arc<Record>>,
+    /// marker. Kept in topic order, so a filter reads only the topics under
+    /// its literal prefix.
+    values: BTreeMap<String, Arc<Record>>,
     /// Every value and marker by its offset, for reads in offset order.
     by_offset: BTreeMap<u64, String>,
     next: u64,
@@ -58,7 +59,7 @@ impl MemoryLatest {
             shared,
             keep_markers: name != RETAINED_STORE_NAME,
             state: RwLock::new(LatestState {
-                values: HashMap::new(),
+                values: BTreeMap::new(),
                 by_offset: BTreeMap::new(),
                 next: FIRST_OFFSET,
                 floor: FIRST_OFFSET,
@@ -257,7 +258,20 @@ impl LatestStore for MemoryLatest {
     }
 
     fn match_filter(&self, filter: &str) -> Result<Vec<Record>> {
-        Ok(self.live(|t| filter_matches(filter, t)))
+        let prefix = literal_prefix(filter);
+        let st = read(&self.state);
+        let mut out: Vec<Record> = st
+            .values
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(t, _)| t.starts_with(prefix))
+            .filter(|(t, r)| !r.payload.is_empty() && filter_matches(filter, t))
+            .map(|(_, r)| (**r).clone())
+            .collect();
+        out.sort_by_key(|r| r.offset);
+        Ok(out)
     }
 
     fn values(&self) -> Result<Vec<Record>> {

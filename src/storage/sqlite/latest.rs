@@ -26,7 +26,7 @@ use super::Shared;
 use crate::storage::contract::{
     self, LatestStore, Position, Reader, Removed, StorageError, RETAINED_STORE_NAME,
 };
-use crate::topic::filter_matches;
+use crate::topic::{filter_matches, literal_prefix, prefix_end};
 
 const SQL_GET: &str = concat!(
     "SELECT offset, ",
@@ -37,6 +37,18 @@ const SQL_LIVE: &str = concat!(
     "SELECT offset, ",
     record_columns!(),
     " FROM latest_values WHERE channel = ?1 AND deleted = 0 ORDER BY offset"
+);
+/// The values under a filter's literal prefix: a range of the
+/// (channel, topic) key rather than every row of the channel.
+const SQL_LIVE_FROM: &str = concat!(
+    "SELECT offset, ",
+    record_columns!(),
+    " FROM latest_values WHERE channel = ?1 AND deleted = 0 AND topic >= ?2"
+);
+const SQL_LIVE_RANGE: &str = concat!(
+    "SELECT offset, ",
+    record_columns!(),
+    " FROM latest_values WHERE channel = ?1 AND deleted = 0 AND topic >= ?2 AND topic < ?3"
 );
 const SQL_SINCE: &str = concat!(
     "SELECT offset, ",
@@ -51,6 +63,8 @@ pub(crate) fn read_statements() -> Vec<String> {
     [
         SQL_GET,
         SQL_LIVE,
+        SQL_LIVE_FROM,
+        SQL_LIVE_RANGE,
         SQL_SINCE,
         SQL_FLOOR,
         SQL_SIZES,
@@ -330,7 +344,34 @@ impl LatestStore for LatestChannel {
     }
 
     fn match_filter(&self, filter: &str) -> contract::Result<Vec<Record>> {
-        self.live(filter, |topic| filter_matches(filter, topic))
+        let prefix = literal_prefix(filter);
+        let end = prefix_end(prefix);
+        let mut out = self.shared.read(
+            || format!("channel {}: matching {filter}", self.name),
+            |conn| {
+                let mut stmt;
+                let mut rows = match &end {
+                    Some(end) => {
+                        stmt = conn.prepare_cached(SQL_LIVE_RANGE)?;
+                        stmt.query(rusqlite::params![self.name, prefix, end])?
+                    }
+                    None => {
+                        stmt = conn.prepare_cached(SQL_LIVE_FROM)?;
+                        stmt.query(rusqlite::params![self.name, prefix])?
+                    }
+                };
+                let mut out = Vec::new();
+                while let Some(r) = rows.next()? {
+                    let topic: String = r.get(2)?;
+                    if filter_matches(filter, &topic) {
+                        out.push(record_at(r, 1, r.get(0)?)?);
+                    }
+                }
+                Ok(out)
+            },
+        )?;
+        out.sort_by_key(|r| r.offset);
+        Ok(out)
     }
 
     fn values(&self) -> contract::Result<Vec<Record>> {

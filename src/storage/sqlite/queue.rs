@@ -30,8 +30,8 @@ use super::row::{record_at, size_at};
 use super::schema::record_columns;
 use super::Shared;
 use crate::storage::contract::{
-    self, format_time, AppendStore, ExpiredLease, Lease, QueueItem, QueueStore, Released, Removed,
-    StorageError, HEADER_ATTEMPTS, HEADER_DLQ_REASON, HEADER_FIRST_DELIVERED,
+    self, format_time, AppendStore, ExpiredLease, Lease, LeaseRequest, QueueItem, QueueStore,
+    Released, Removed, StorageError, HEADER_ATTEMPTS, HEADER_DLQ_REASON, HEADER_FIRST_DELIVERED,
     HEADER_LAST_DELIVERED,
 };
 
@@ -144,6 +144,43 @@ impl QueueChannel {
 
     fn volatile(&self) -> std::sync::MutexGuard<'_, Volatile> {
         self.volatile.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A lease that committed, as the volatile half records it.
+    fn held_now(
+        &self,
+        v: &mut Volatile,
+        asked: &LeaseRequest,
+        item: QueueItem,
+        size: u64,
+    ) -> Lease {
+        let delivery_id = v.next_delivery_id;
+        v.next_delivery_id += 1;
+        let epoch = v.next_epoch;
+        v.next_epoch += 1;
+        v.not_before.remove(&asked.offset);
+        v.by_id.insert(delivery_id, asked.offset);
+        v.held.insert(
+            asked.offset,
+            Delivery {
+                delivery_id,
+                epoch,
+                holder: asked.holder.clone(),
+                until: asked.lease_until,
+                attempts: item.attempts,
+                first_delivered: item.first_delivered,
+                last_delivered: item.last_delivered,
+                size,
+                record: item.record.clone(),
+            },
+        );
+        Lease {
+            delivery_id,
+            epoch,
+            attempts: item.attempts,
+            offset: asked.offset,
+            record: item.record,
+        }
     }
 
     fn gap_after(backoff: &[Duration], attempts: u32) -> Duration {
@@ -329,77 +366,112 @@ impl QueueStore for QueueChannel {
         lease_until: UnixNanos,
         now: UnixNanos,
     ) -> contract::Result<Lease> {
+        let asked = LeaseRequest {
+            offset,
+            holder: holder.to_owned(),
+            lease_until,
+            now,
+        };
+        self.lease_many(vec![asked]).pop().unwrap_or_else(|| {
+            Err(StorageError::Invalid {
+                what: format!("queue {}: lease of offset {offset}", self.name),
+                detail: "no answer".into(),
+            })
+        })
+    }
+
+    fn lease_many(&self, asked: Vec<LeaseRequest>) -> Vec<contract::Result<Lease>> {
         let max_attempts = self.max_attempts.load(Ordering::Acquire);
-        let unavailable = |why: String| StorageError::Invalid {
+        let unavailable = |offset: u64, why: String| StorageError::Invalid {
             what: format!("queue {}: lease of offset {offset}", self.name),
             detail: why,
         };
         let mut v = self.volatile();
-        if let Some(d) = v.held.get(&offset) {
-            return Err(unavailable(format!("held by {}", d.holder)));
-        }
-        if v.not_before.get(&offset).is_some_and(|&t| t > now) {
-            return Err(unavailable("waiting out its backoff".into()));
-        }
-        let mut w = self.shared.writer()?;
-        // The one write a lease makes: the attempt count. A relief write.
-        let row = w.txn(true, |conn| {
-            conn.prepare_cached(concat!(
-                "UPDATE queue_items SET attempts = attempts + 1,
-                     first_delivered = CASE WHEN first_delivered = 0 THEN ?3 ELSE first_delivered END,
-                     last_delivered = ?3
-                 WHERE channel = ?1 AND offset = ?2 AND attempts < ?4
-                 RETURNING offset, ",
-                record_columns!(),
-                ", attempts, first_delivered, last_delivered"
-            ))?
-            .query_row(rusqlite::params![self.name, offset, now, max_attempts], item_at)
-            .optional()
-        });
-        let (item, size) = match row {
-            Ok(Some(found)) => found,
-            Ok(None) => {
-                return Err(unavailable(
-                    "no unresolved record there, or its attempts are spent".into(),
-                ))
+        let mut answers: Vec<Option<contract::Result<Lease>>> = Vec::with_capacity(asked.len());
+        let mut todo = Vec::new();
+        for (i, a) in asked.iter().enumerate() {
+            if let Some(d) = v.held.get(&a.offset) {
+                answers.push(Some(Err(unavailable(
+                    a.offset,
+                    format!("held by {}", d.holder),
+                ))));
+            } else if v.not_before.get(&a.offset).is_some_and(|&t| t > a.now) {
+                answers.push(Some(Err(unavailable(
+                    a.offset,
+                    "waiting out its backoff".into(),
+                ))));
+            } else {
+                answers.push(None);
+                todo.push(i);
             }
-            Err(e) => {
-                return Err(self.shared.write_error(
-                    Some(w.conn()),
-                    format!("queue {}: leasing offset {offset}", self.name),
-                    0,
-                    &e,
-                ))
+        }
+        if !todo.is_empty() {
+            let mut w = match self.shared.writer() {
+                Ok(w) => w,
+                Err(e) => {
+                    let detail = e.to_string();
+                    for &i in &todo {
+                        answers[i] = Some(Err(StorageError::Write {
+                            context: format!(
+                                "queue {}: leasing offset {}",
+                                self.name, asked[i].offset
+                            ),
+                            detail: detail.clone(),
+                        }));
+                    }
+                    return answers.into_iter().flatten().collect();
+                }
+            };
+            // The one write a lease makes: the attempt count. A relief
+            // write; the leases of one call share the transaction.
+            let rows = w.txn(true, |conn| {
+                let mut stmt = conn.prepare_cached(concat!(
+                    "UPDATE queue_items SET attempts = attempts + 1,
+                         first_delivered = CASE WHEN first_delivered = 0 THEN ?3 ELSE first_delivered END,
+                         last_delivered = ?3
+                     WHERE channel = ?1 AND offset = ?2 AND attempts < ?4
+                     RETURNING offset, ",
+                    record_columns!(),
+                    ", attempts, first_delivered, last_delivered"
+                ))?;
+                todo.iter()
+                    .map(|&i| {
+                        let a = &asked[i];
+                        stmt.query_row(
+                            rusqlite::params![self.name, a.offset, a.now, max_attempts],
+                            item_at,
+                        )
+                        .optional()
+                    })
+                    .collect::<rusqlite::Result<Vec<_>>>()
+            });
+            match rows {
+                Ok(rows) => {
+                    drop(w);
+                    for (&i, row) in todo.iter().zip(rows) {
+                        let a = &asked[i];
+                        answers[i] = Some(match row {
+                            Some((item, size)) => Ok(self.held_now(&mut v, a, item, size)),
+                            None => Err(unavailable(
+                                a.offset,
+                                "no unresolved record there, or its attempts are spent".into(),
+                            )),
+                        });
+                    }
+                }
+                Err(e) => {
+                    for &i in &todo {
+                        answers[i] = Some(Err(self.shared.write_error(
+                            Some(w.conn()),
+                            format!("queue {}: leasing offset {}", self.name, asked[i].offset),
+                            0,
+                            &e,
+                        )));
+                    }
+                }
             }
-        };
-        drop(w);
-        let delivery_id = v.next_delivery_id;
-        v.next_delivery_id += 1;
-        let epoch = v.next_epoch;
-        v.next_epoch += 1;
-        v.not_before.remove(&offset);
-        v.by_id.insert(delivery_id, offset);
-        v.held.insert(
-            offset,
-            Delivery {
-                delivery_id,
-                epoch,
-                holder: holder.to_string(),
-                until: lease_until,
-                attempts: item.attempts,
-                first_delivered: item.first_delivered,
-                last_delivered: item.last_delivered,
-                size,
-                record: item.record.clone(),
-            },
-        );
-        Ok(Lease {
-            delivery_id,
-            epoch,
-            attempts: item.attempts,
-            offset,
-            record: item.record,
-        })
+        }
+        answers.into_iter().flatten().collect()
     }
 
     fn resolve(&self, delivery_id: u64, epoch: u64) -> contract::Result<bool> {

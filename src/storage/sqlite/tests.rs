@@ -797,3 +797,47 @@ fn another_threads_write_waits_for_the_shared_transaction() {
         "the rollback took only this thread's write"
     );
 }
+
+#[test]
+fn leases_share_one_transaction_and_each_is_answered_as_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let q = p
+        .open_channel("jobs", ChannelKind::Queue)
+        .unwrap()
+        .as_queue()
+        .unwrap()
+        .clone();
+    for i in 0..3 {
+        q.enqueue(rec("jobs", &format!("job{i}"), 100)).unwrap();
+    }
+    q.lease(2, "w0", 5_000, 1_000).unwrap();
+    let ask = |offset: u64| crate::storage::contract::LeaseRequest {
+        offset,
+        holder: format!("w{offset}"),
+        lease_until: 5_000,
+        now: 1_000,
+    };
+    let commits = p
+        .shared
+        .counters
+        .commits
+        .load(std::sync::atomic::Ordering::Acquire);
+    let answers = q.lease_many(vec![ask(1), ask(2), ask(3), ask(9)]);
+    assert_eq!(
+        p.shared
+            .counters
+            .commits
+            .load(std::sync::atomic::Ordering::Acquire),
+        commits + 1,
+        "one transaction"
+    );
+    assert_eq!(answers.len(), 4);
+    assert_eq!(answers[0].as_ref().unwrap().offset, 1);
+    assert!(answers[1].is_err(), "held already");
+    assert_eq!(answers[2].as_ref().unwrap().attempts, 1);
+    assert!(answers[3].is_err(), "no record there");
+    let attempts: Vec<u32> = q.items().unwrap().iter().map(|i| i.attempts).collect();
+    assert_eq!(attempts, vec![1, 1, 1]);
+    assert!(q.offer(10, 1_000).unwrap().is_empty(), "every record held");
+}

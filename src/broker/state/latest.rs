@@ -1,0 +1,192 @@
+//! Latest channels: one value per topic, and consumers that get the
+//! current values first and the changes after.
+//!
+//! A PUBLISH to a latest channel's topic replaces that topic's value (an
+//! empty payload deletes it), through the channel's persister like an
+//! append, and is answered after the commit. Every set and every deletion
+//! takes the channel's next offset, so a latest consumer is an append
+//! consumer over those offsets ([`super::channel`]): caught up, it is
+//! handed each change as it commits; behind, it reads what changed since
+//! its `next`, deletions as empty payloads, each topic's latest change
+//! only.
+//!
+//! A new consumer - no place in memory and none stored - is first sent the
+//! current values under its filters, with RETAIN set, as Retain Handling
+//! says (0: on every such SUBSCRIBE, 1: when the subscription is new, 2:
+//! never): read off the broker task, queued behind the connection's
+//! retained messages and sent as its window allows. Its change stream
+//! starts at the channel's `next` as the SUBSCRIBE found it and waits
+//! until the values are sent, so a change that committed while they were
+//! read comes after them, never before an older value. A consumer with a
+//! place (a persistent session, a stored position after a restart)
+//! resumes from it with the changes only.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::channel::{ChannelRead, ConsumerStart, ReadWindow, Seek};
+use super::{BrokerState, RetainedDue, StorageFailure};
+use crate::broker::topic::{SessionKey, SubOptions};
+use crate::topic;
+use saguin_format::model::ChannelKind;
+
+/// A read of current values out: for whom, and under which filters.
+#[derive(Debug)]
+pub(super) struct ValuesRead {
+    key: SessionKey,
+    channel: u16,
+    generation: u64,
+    filters: Vec<(String, SubOptions)>,
+}
+
+impl BrokerState {
+    pub(super) fn is_latest(&self, channel: u16) -> bool {
+        self.channels
+            .get(channel as usize)
+            .is_some_and(|c| c.kind == ChannelKind::Latest)
+    }
+
+    /// The latest channels of `consumers` session `key` has no consumer of
+    /// yet: those owe it their current values.
+    pub(super) fn fresh_latest_consumers(
+        &self,
+        key: SessionKey,
+        consumers: &[ConsumerStart],
+    ) -> Vec<u16> {
+        consumers
+            .iter()
+            .filter(|s| s.group.is_none() && self.is_latest(s.channel))
+            .filter(|s| self.consumer_index(key, s.channel).is_none())
+            .map(|s| s.channel)
+            .collect()
+    }
+
+    /// Ask for the current values a SUBSCRIBE owes: for each of `fresh`,
+    /// under its filters Retain Handling asked values for.
+    pub(super) fn latest_values(
+        &mut self,
+        connection: u64,
+        key: SessionKey,
+        fresh: &[u16],
+        wanted: &[(String, SubOptions)],
+    ) {
+        if !self.connections.contains_key(&connection) {
+            return;
+        }
+        for &channel in fresh {
+            let filters: Vec<(String, SubOptions)> = wanted
+                .iter()
+                .filter(|(f, _)| self.channel_of(f) == Some(channel))
+                .cloned()
+                .collect();
+            if filters.is_empty() {
+                continue;
+            }
+            let Some(index) = self.consumer_index(key, channel) else {
+                continue;
+            };
+            let session = self.sessions.get_mut(&key).expect("indexed");
+            let consumer = &mut session.consumers[index];
+            // Its changes wait for the values (see the module documentation).
+            consumer.reading = true;
+            let generation = consumer.generation;
+            let ticket = self.next_read;
+            self.next_read += 1;
+            self.reads.push(ChannelRead {
+                ticket,
+                channel,
+                from: Seek::Current,
+                max: usize::MAX,
+                filters: filters.iter().map(|(f, _)| f.clone()).collect(),
+            });
+            self.values_reads.insert(
+                ticket,
+                ValuesRead {
+                    key,
+                    channel,
+                    generation,
+                    filters,
+                },
+            );
+        }
+    }
+
+    /// A read of current values came back: queued as retained messages,
+    /// then the consumer's changes go on. False when the ticket is not one.
+    pub(super) fn on_values_read(
+        &mut self,
+        ticket: u64,
+        result: &Result<ReadWindow, StorageFailure>,
+        now: Instant,
+    ) -> bool {
+        let Some(read) = self.values_reads.remove(&ticket) else {
+            return false;
+        };
+        let Some(index) = self.consumer_index(read.key, read.channel) else {
+            return true;
+        };
+        let consumer = &mut self.sessions.get_mut(&read.key).expect("indexed").consumers[index];
+        if consumer.generation != read.generation {
+            return true;
+        }
+        consumer.reading = false;
+        let window = match result {
+            Ok(window) => window,
+            Err(failure) => {
+                // The changes still come; only the values are not sent.
+                tracing::warn!(channel = %self.channels[read.channel as usize].name, error = %failure.message, "reading a latest channel's current values failed; the consumer gets its changes only");
+                self.pump(read.key, index, now);
+                return true;
+            }
+        };
+        let session = &self.sessions[&read.key];
+        let (principal, client_id) = (session.principal.clone(), session.client_id.clone());
+        let mut due = Vec::new();
+        for record in &window.records {
+            if self.authorizer.is_active()
+                && !self
+                    .authorizer
+                    .can_receive(principal.as_deref(), &client_id, &record.topic)
+            {
+                continue;
+            }
+            let matching = read
+                .filters
+                .iter()
+                .filter(|(f, _)| topic::filter_matches(f, &record.topic));
+            let mut qos = None;
+            let mut subscription_ids = Vec::new();
+            for (_, options) in matching {
+                qos = qos.max(Some(options.qos));
+                subscription_ids.extend(options.subscription_id);
+            }
+            let Some(qos) = qos else {
+                continue;
+            };
+            due.push(RetainedDue {
+                message: Arc::new(self.consumer_message(record, None, now)),
+                qos: qos.min(record.qos),
+                subscription_ids,
+                sys: false,
+            });
+        }
+        let Some(connection) = self.sessions[&read.key].connection else {
+            return true;
+        };
+        if let Some(conn) = self.connections.get_mut(&connection) {
+            conn.retained_backlog.extend(due);
+        }
+        self.send_retained_backlog(connection, now);
+        self.pump(read.key, index, now);
+        true
+    }
+
+    /// Have the current values owed on `connection` all been sent? A latest
+    /// consumer's changes wait until they have.
+    pub(super) fn values_sent(&self, connection: u64) -> bool {
+        self.connections
+            .get(&connection)
+            .is_none_or(|c| c.retained_backlog.is_empty())
+    }
+}

@@ -1,0 +1,568 @@
+//! Latest and queue channels through the real binary: values, replacement
+//! and deletion, a durable consumer resuming with exactly what changed
+//! (across kill -9 on sqlite and SIGTERM on memory); workers that never
+//! hold one job together, an expired lease counted, refused jobs
+//! dead-lettered with their headers, and attempts that survive kill -9.
+
+mod broker_support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::path::Path;
+
+use broker_support::*;
+use bytes::Bytes;
+use saguin::broker::codec::{
+    self, Packet, PubAck, Publish, ReasonCode, RetainHandling, SubscriptionOptions,
+};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn sqlite_yaml(dir: &Path, channels: &str) -> String {
+    format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\nmetrics:\n  bind: 127.0.0.1:0\n\
+         storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n\
+         channels:\n{channels}broker:\n  session_storage: db\n",
+        dir.join("saguin.db").display()
+    )
+}
+
+fn memory_yaml(dir: &Path, channels: &str) -> String {
+    format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\nmetrics:\n  bind: 127.0.0.1:0\n\
+         storage:\n  - name: db\n    kind: memory\n    snapshot_dir: {}\n\
+         channels:\n{channels}broker:\n  session_storage: db\n",
+        dir.join("snapshots").display()
+    )
+}
+
+const DEVICES: &str = "  - name: devices\n    kind: latest\n    storage: db\n";
+
+/// Prometheus text from the broker's metrics listener.
+fn scrape(broker: &Broker) -> String {
+    let mut s = std::net::TcpStream::connect(broker.listeners["metrics"]).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body
+}
+
+fn metric(text: &str, line_start: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Scrapes until `line_start` reads `want`: a count the broker reaches
+/// once its commits are in, waited for with a bounded number of scrapes.
+fn wait_metric(broker: &Broker, line_start: &str, want: u64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let text = scrape(broker);
+        if metric(&text, line_start) == Some(want) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{line_start} never reached {want}: {text}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+fn user_property(p: &Publish, name: &str) -> Option<String> {
+    p.properties
+        .user_properties
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
+}
+
+async fn worker_connect(
+    addr: std::net::SocketAddr,
+    id: &str,
+    window: u16,
+) -> Raw<tokio::net::TcpStream> {
+    let mut c = Raw::tcp(addr, v5()).await;
+    let mut opts = ConnectOpts::clean();
+    opts.properties.receive_maximum = Some(window);
+    c.connect(id, opts).await;
+    c
+}
+
+async fn puback_with(c: &mut Raw<tokio::net::TcpStream>, packet_id: u16, reason: ReasonCode) {
+    let mut ack = PubAck::new(packet_id);
+    ack.reason = reason;
+    c.send(Packet::PubAck(ack)).await;
+}
+
+// ---- latest ---------------------------------------------------------------
+
+/// Values, replacement and deletion; then a durable consumer away while 5
+/// topics change and 2 are deleted gets exactly those 7 changes on resume,
+/// across the stop `stop` makes.
+fn a_durable_latest_consumer_gets_exactly_what_changed(
+    yaml: impl Fn(&Path) -> String,
+    stop: impl Fn(&mut Broker),
+    sqlite: bool,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("saguin.db");
+    let yaml = yaml(dir.path());
+    let mut broker = Broker::start_in(dir, &yaml);
+    let rt = runtime();
+    rt.block_on(async {
+        let mut publisher = Raw::tcp(broker.addr(), v5()).await;
+        publisher.connect("publisher", ConnectOpts::clean()).await;
+        for i in 1..=10u16 {
+            let topic = format!("devices/site-7/d{i}");
+            publisher.publish_acked(&topic, b"v1", 1, false, i).await;
+        }
+        // Replaced and deleted before anybody subscribes.
+        publisher
+            .publish_acked("devices/site-7/d1", b"v2", 1, false, 11)
+            .await;
+        publisher
+            .publish_acked("devices/site-7/gone", b"x", 1, false, 12)
+            .await;
+        publisher
+            .publish_acked("devices/site-7/gone", b"", 1, false, 13)
+            .await;
+
+        let mut consumer = Raw::tcp(broker.addr(), v5()).await;
+        consumer
+            .connect("durable", ConnectOpts::persistent(3600))
+            .await;
+        consumer.subscribe(1, "devices/site-7/#", 1).await;
+        let mut values = BTreeMap::new();
+        for _ in 0..10 {
+            let p = consumer.next_publish(true).await;
+            assert!(p.retain, "a current value carries RETAIN: {p:?}");
+            values.insert(p.topic.to_string(), p.payload.clone());
+        }
+        consumer.expect_nothing().await;
+        assert_eq!(values.len(), 10);
+        assert_eq!(values["devices/site-7/d1"], Bytes::from_static(b"v2"));
+        assert!(!values.contains_key("devices/site-7/gone"));
+        // A live change arrives as a change.
+        publisher
+            .publish_acked("devices/site-7/d10", b"v2", 1, false, 14)
+            .await;
+        let p = consumer.next_publish(true).await;
+        assert_eq!((p.topic.as_ref(), p.retain), ("devices/site-7/d10", false));
+        consumer.disconnect().await;
+    });
+    if sqlite {
+        // The position is written as the consumer goes; kill -9 comes after.
+        wait_position(&db, "devices", "mqtt:durable");
+    }
+    rt.block_on(async {
+        let mut publisher = Raw::tcp(broker.addr(), v5()).await;
+        publisher.connect("publisher", ConnectOpts::clean()).await;
+        for i in 1..=5u16 {
+            let topic = format!("devices/site-7/d{i}");
+            publisher.publish_acked(&topic, b"v3", 1, false, i).await;
+        }
+        publisher
+            .publish_acked("devices/site-7/d6", b"", 1, false, 6)
+            .await;
+        publisher
+            .publish_acked("devices/site-7/d7", b"", 1, false, 7)
+            .await;
+        // Another site's change is not the consumer's.
+        publisher
+            .publish_acked("devices/site-8/d1", b"v1", 1, false, 8)
+            .await;
+    });
+    stop(&mut broker);
+    let broker = broker.restart(&yaml);
+    rt.block_on(async {
+        let mut consumer = Raw::tcp(broker.addr(), v5()).await;
+        let ack = consumer
+            .connect("durable", ConnectOpts::persistent(3600))
+            .await;
+        assert!(ack.session_present);
+        let mut changes = Vec::new();
+        for _ in 0..7 {
+            let p = consumer.next_publish(true).await;
+            assert!(!p.retain, "a change, not a current value: {p:?}");
+            changes.push((p.topic.to_string(), p.payload.clone()));
+        }
+        consumer.expect_nothing().await;
+        changes.sort();
+        let mut want: Vec<(String, Bytes)> = (1..=5)
+            .map(|i| (format!("devices/site-7/d{i}"), Bytes::from_static(b"v3")))
+            .collect();
+        want.push(("devices/site-7/d6".into(), Bytes::new()));
+        want.push(("devices/site-7/d7".into(), Bytes::new()));
+        assert_eq!(
+            changes, want,
+            "exactly the 7 changes, deletions as empty payloads"
+        );
+        // A new subscriber gets the values as they are now.
+        let mut fresh = Raw::tcp(broker.addr(), v5()).await;
+        fresh.connect("fresh", ConnectOpts::clean()).await;
+        fresh.subscribe(1, "devices/site-7/#", 0).await;
+        let mut now = BTreeMap::new();
+        for _ in 0..8 {
+            let p = fresh.next_publish(false).await;
+            now.insert(p.topic.to_string(), p.payload.clone());
+        }
+        fresh.expect_nothing().await;
+        assert_eq!(now["devices/site-7/d1"], Bytes::from_static(b"v3"));
+        assert_eq!(now["devices/site-7/d10"], Bytes::from_static(b"v2"));
+        assert!(!now.contains_key("devices/site-7/d6"));
+    });
+}
+
+/// Waits (bounded) until the sqlite file holds a position for `reader`.
+fn wait_position(db: &Path, channel: &str, reader: &str) {
+    let deadline = std::time::Instant::now() + WAIT;
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    loop {
+        let found: Option<i64> = conn
+            .query_row(
+                "SELECT offset FROM positions WHERE channel = ?1 AND reader = ?2",
+                [channel, reader],
+                |r| r.get(0),
+            )
+            .ok();
+        if found.is_some() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no position for {reader} in {channel}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn latest_on_sqlite_values_deletions_and_a_resume_across_kill_9() {
+    a_durable_latest_consumer_gets_exactly_what_changed(
+        |d| sqlite_yaml(d, DEVICES),
+        |b| {
+            b.child.kill().unwrap();
+            b.child.wait().unwrap();
+        },
+        true,
+    );
+}
+
+#[test]
+fn latest_on_memory_values_deletions_and_a_resume_across_sigterm() {
+    a_durable_latest_consumer_gets_exactly_what_changed(
+        |d| memory_yaml(d, DEVICES),
+        |b| assert_eq!(b.terminate(), Some(0)),
+        false,
+    );
+}
+
+#[test]
+fn retain_handling_2_sends_no_current_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = memory_yaml(dir.path(), DEVICES);
+    let broker = Broker::start_in(dir, &yaml);
+    runtime().block_on(async {
+        let mut publisher = Raw::tcp(broker.addr(), v5()).await;
+        publisher.connect("publisher", ConnectOpts::clean()).await;
+        publisher
+            .publish_acked("devices/a", b"1", 1, false, 1)
+            .await;
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("c", ConnectOpts::clean()).await;
+        c.subscribe_with(
+            1,
+            "devices/#",
+            SubscriptionOptions {
+                qos: qos(1),
+                retain_handling: RetainHandling::DoNotSend,
+                ..Default::default()
+            },
+            None,
+        )
+        .await;
+        c.expect_nothing().await;
+        publisher
+            .publish_acked("devices/a", b"2", 1, false, 2)
+            .await;
+        let p = c.next_publish(true).await;
+        assert_eq!(p.payload, Bytes::from_static(b"2"));
+    });
+}
+
+// ---- queues ---------------------------------------------------------------
+
+fn jobs(lease: &str, max_attempts: u32, backoff: &str) -> String {
+    format!(
+        "  - name: jobs\n    kind: queue\n    storage: db\n    lease: {lease}\n    max_attempts: {max_attempts}\n    backoff: {backoff}\n"
+    )
+}
+
+/// What a worker saw: (worker, offset, payload), and whether it answered.
+type Seen = (usize, u64, Bytes, bool);
+
+#[test]
+fn a_thousand_jobs_four_workers_each_resolved_once_and_an_expired_lease_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = sqlite_yaml(dir.path(), &jobs("1s", 5, "[100ms]"));
+    let broker = Broker::start_in(dir, &yaml);
+    let addr = broker.addr();
+    const JOBS: usize = 1000;
+    let seen: Vec<Seen> = runtime().block_on(async move {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Seen>();
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let mut tasks = Vec::new();
+        for w in 0..4usize {
+            let tx = tx.clone();
+            let mut stop = stop.clone();
+            let mut c = worker_connect(addr, &format!("worker-{w}"), 8).await;
+            c.subscribe(1, "jobs/#", 1).await;
+            tasks.push(tokio::spawn(async move {
+                // Worker 0 keeps its first job and never answers it: its
+                // lease runs out and another worker gets it.
+                let mut stalled = w != 0;
+                loop {
+                    tokio::select! {
+                        _ = stop.changed() => return,
+                        packet = c.recv_within(WAIT) => {
+                            let Ok(Some(Packet::Publish(p))) = packet else { return };
+                            let offset: u64 = user_property(&p, "saguin-offset").unwrap().parse().unwrap();
+                            let answer = stalled;
+                            stalled = true;
+                            if answer {
+                                c.send(Packet::PubAck(PubAck::new(p.packet_id))).await;
+                            }
+                            let _ = tx.send((w, offset, p.payload.clone(), answer));
+                        }
+                    }
+                }
+            }));
+        }
+        let mut producer = Raw::tcp(addr, v5()).await;
+        producer.connect("producer", ConnectOpts::clean()).await;
+        for i in 0..JOBS {
+            producer
+                .publish(&format!("jobs/j{i}"), format!("{i:0>124}").as_bytes(), 1, false, (i % 60000 + 1) as u16)
+                .await;
+        }
+        let mut acked = 0;
+        while acked < JOBS {
+            match producer.recv().await {
+                Some(Packet::PubAck(a)) => {
+                    assert_eq!(a.reason, ReasonCode::Success);
+                    acked += 1;
+                }
+                other => panic!("expected PUBACK, got {other:?}"),
+            }
+        }
+        let mut seen = Vec::new();
+        let mut resolved: HashMap<Bytes, usize> = HashMap::new();
+        while resolved.len() < JOBS {
+            let s = tokio::time::timeout(WAIT, rx.recv())
+                .await
+                .expect("every job handed out within the wait")
+                .expect("workers running");
+            if s.3 {
+                *resolved.entry(s.2.clone()).or_default() += 1;
+            }
+            seen.push(s);
+        }
+        let _ = stop_tx.send(true);
+        for t in tasks {
+            let _ = t.await;
+        }
+        seen
+    });
+    // Every job resolved exactly once; the one whose lease expired was
+    // delivered twice, first to worker 0, and nothing else was.
+    let mut by_offset: BTreeMap<u64, Vec<(usize, bool)>> = BTreeMap::new();
+    for (w, offset, _, answered) in &seen {
+        by_offset.entry(*offset).or_default().push((*w, *answered));
+    }
+    assert_eq!(by_offset.len(), JOBS);
+    let twice: Vec<_> = by_offset.iter().filter(|(_, v)| v.len() > 1).collect();
+    assert_eq!(
+        twice.len(),
+        1,
+        "only the expired lease was delivered again: {twice:?}"
+    );
+    let (_, deliveries) = twice[0];
+    assert_eq!(deliveries.len(), 2);
+    assert_eq!(
+        deliveries[0],
+        (0, false),
+        "first to the stalled worker, unanswered"
+    );
+    assert!(deliveries[1].1, "then resolved by another");
+    for (offset, v) in &by_offset {
+        assert_eq!(
+            v.iter().filter(|(_, a)| *a).count(),
+            1,
+            "offset {offset} resolved once"
+        );
+    }
+    let workers: std::collections::BTreeSet<usize> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(workers.len(), 4, "spread across the workers");
+    wait_metric(&broker, "saguin_queue_depth{channel=\"jobs\"}", 0);
+    let text = scrape(&broker);
+    assert_eq!(
+        metric(&text, "saguin_queue_lease_expired_total{channel=\"jobs\"}"),
+        Some(1)
+    );
+    assert_eq!(
+        metric(&text, "saguin_queue_attempts_total{channel=\"jobs\"}"),
+        Some(JOBS as u64 + 1)
+    );
+}
+
+/// The dead-letter consumer's next record, with its four headers checked.
+async fn dead_lettered(
+    c: &mut Raw<tokio::net::TcpStream>,
+    attempts: &str,
+    reason: &str,
+) -> Publish {
+    let p = c.next_publish(true).await;
+    assert!(p.topic.starts_with("jobs.dlq/"), "{p:?}");
+    assert_eq!(
+        user_property(&p, "saguin-attempts").as_deref(),
+        Some(attempts)
+    );
+    for header in ["saguin-first-delivered", "saguin-last-delivered"] {
+        let at = user_property(&p, header).unwrap_or_default();
+        assert!(humantime::parse_rfc3339(&at).is_ok(), "{header}: {at:?}");
+    }
+    let why = user_property(&p, "saguin-dlq-reason").unwrap_or_default();
+    assert!(why.contains(reason), "saguin-dlq-reason {why:?}");
+    p
+}
+
+#[test]
+fn refused_jobs_are_dead_lettered_with_their_headers_and_attempts_survive_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = sqlite_yaml(dir.path(), &jobs("30s", 3, "[100ms]"));
+    let mut broker = Broker::start_in(dir, &yaml);
+    let rt = runtime();
+    // The worker stays connected until the broker is killed: its going
+    // away would release the job first.
+    let worker = rt.block_on(async {
+        let mut producer = Raw::tcp(broker.addr(), v5()).await;
+        producer.connect("producer", ConnectOpts::clean()).await;
+        producer
+            .publish_acked("jobs/a", b"job-a", 1, false, 1)
+            .await;
+        let mut w = worker_connect(broker.addr(), "w", 4).await;
+        w.subscribe(1, "jobs/#", 1).await;
+        // Two attempts refused with 0x80; the third delivered, then the
+        // broker is killed before it is answered.
+        for attempt in ["1", "2", "3"] {
+            let p = w.next_publish(false).await;
+            assert_eq!(p.payload, Bytes::from_static(b"job-a"));
+            assert_eq!(
+                user_property(&p, "saguin-attempts").as_deref(),
+                Some(attempt)
+            );
+            if attempt != "3" {
+                puback_with(&mut w, p.packet_id, ReasonCode::UnspecifiedError).await;
+            }
+        }
+        w
+    });
+    broker.child.kill().unwrap();
+    broker.child.wait().unwrap();
+    drop(worker);
+    let broker = broker.restart(&yaml);
+    rt.block_on(async {
+        let mut dlq = Raw::tcp(broker.addr(), v5()).await;
+        dlq.connect("dlq", ConnectOpts::clean()).await;
+        dlq.send(Packet::Subscribe(codec::Subscribe {
+            packet_id: 1,
+            filters: vec![codec::SubscribeFilter {
+                filter: "jobs.dlq/#".into(),
+                options: SubscriptionOptions {
+                    qos: qos(1),
+                    ..Default::default()
+                },
+            }],
+            properties: codec::SubscribeProperties {
+                user_properties: vec![("saguin-from".into(), "earliest".into())],
+                ..Default::default()
+            },
+        }))
+        .await;
+        match dlq.recv().await {
+            Some(Packet::SubAck(_)) => {}
+            other => panic!("expected SUBACK, got {other:?}"),
+        }
+        // Its attempts were spent before the restart: dead-lettered at
+        // start, not delivered a fourth time.
+        let p = dead_lettered(&mut dlq, "3", "restart").await;
+        assert_eq!(p.payload, Bytes::from_static(b"job-a"));
+        assert_eq!(user_property(&p, "saguin-offset").as_deref(), Some("1"));
+
+        let mut producer = Raw::tcp(broker.addr(), v5()).await;
+        producer.connect("producer", ConnectOpts::clean()).await;
+        producer
+            .publish_acked("jobs/b", b"job-b", 1, false, 1)
+            .await;
+        let mut w = worker_connect(broker.addr(), "w", 4).await;
+        w.subscribe(1, "jobs/#", 1).await;
+        for _ in 0..3 {
+            let p = w.next_publish(false).await;
+            assert_eq!(p.payload, Bytes::from_static(b"job-b"));
+            puback_with(&mut w, p.packet_id, ReasonCode::UnspecifiedError).await;
+        }
+        let p = dead_lettered(&mut dlq, "3", "0x80").await;
+        assert_eq!(p.payload, Bytes::from_static(b"job-b"));
+        assert_eq!(
+            user_property(&p, "saguin-offset").as_deref(),
+            Some("2"),
+            "no hole"
+        );
+        w.expect_nothing().await;
+    });
+    wait_metric(&broker, "saguin_queue_depth{channel=\"jobs\"}", 0);
+    assert_eq!(
+        metric(
+            &scrape(&broker),
+            "saguin_queue_dead_lettered_total{channel=\"jobs\"}"
+        ),
+        Some(1)
+    );
+}
+
+#[test]
+fn a_worker_going_away_counts_an_attempt_and_another_worker_gets_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = memory_yaml(dir.path(), &jobs("30s", 5, "[100ms]"));
+    let broker = Broker::start_in(dir, &yaml);
+    runtime().block_on(async {
+        let mut producer = Raw::tcp(broker.addr(), v5()).await;
+        producer.connect("producer", ConnectOpts::clean()).await;
+        let mut first = worker_connect(broker.addr(), "first", 4).await;
+        first.subscribe(1, "jobs/#", 1).await;
+        producer.publish_acked("jobs/x", b"job", 1, false, 1).await;
+        let p = first.next_publish(false).await;
+        assert_eq!(user_property(&p, "saguin-attempts").as_deref(), Some("1"));
+        let mut second = worker_connect(broker.addr(), "second", 4).await;
+        second.subscribe(1, "jobs/#", 1).await;
+        second.expect_nothing().await;
+        drop(first);
+        let p = second.next_publish(true).await;
+        assert_eq!(p.payload, Bytes::from_static(b"job"));
+        assert_eq!(user_property(&p, "saguin-attempts").as_deref(), Some("2"));
+    });
+    wait_metric(&broker, "saguin_queue_depth{channel=\"jobs\"}", 0);
+}
