@@ -31,8 +31,8 @@ use super::state::{
     Class, Event, Intent, QueueSetup, Restored, RestoredChannel, StorageFailure, Write, Written,
 };
 use crate::storage::contract::{
-    self, AppendStore, BroadcastLog, ChannelStore, HeldPublishStore, LatestStore, LeaseRequest,
-    Provider, ProviderKind, QueueStore, SessionStore, StorageError, BROADCAST_LOG_NAME,
+    self, BroadcastLog, ChannelStore, HeldPublishStore, LatestStore, LeaseRequest, Provider,
+    ProviderKind, QueueStore, SessionStore, StorageError, BROADCAST_LOG_NAME,
 };
 use saguin_format::model::Record;
 
@@ -187,8 +187,23 @@ impl Stores {
             Write::SetRetained(record) => self.retained()?.set(record).map(|_| Written::Done),
             Write::DeleteRetained(topic) => self.retained()?.delete(&topic).map(|_| Written::Done),
             Write::Hold(held) => {
-                if let Some((_, channel)) = &self.channel {
-                    contract::check_channel_room(&**channel, held.record.accounted_size())?;
+                let size = held.record.accounted_size();
+                match self.channel.as_ref().map(|(_, c)| c) {
+                    Some(ChannelStore::Append(s)) => contract::check_channel_room(&**s, size)?,
+                    Some(ChannelStore::Queue(q)) => {
+                        if let Some(max_bytes) = q.max_bytes() {
+                            if q.bytes().saturating_add(size) > max_bytes {
+                                return Err(StorageError::ChannelFull {
+                                    channel: q.name().to_owned(),
+                                    held: q.bytes(),
+                                    size,
+                                    max_bytes,
+                                });
+                            }
+                        }
+                    }
+                    // A latest channel has no bound of its own.
+                    Some(ChannelStore::Latest(_)) | None => {}
                 }
                 self.held.hold(held).map(|()| Written::Done)
             }
