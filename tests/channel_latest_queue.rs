@@ -566,3 +566,46 @@ fn a_worker_going_away_counts_an_attempt_and_another_worker_gets_the_job() {
     });
     wait_metric(&broker, "saguin_queue_depth{channel=\"jobs\"}", 0);
 }
+
+#[test]
+fn a_memory_queue_keeps_its_jobs_and_their_attempts_across_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    // A backoff longer than the test: the refused job waits it out until
+    // the restart forgets it (delivery state is volatile).
+    let yaml = memory_yaml(dir.path(), &jobs("30s", 5, "[1h]"));
+    let mut broker = Broker::start_in(dir, &yaml);
+    let rt = runtime();
+    rt.block_on(async {
+        let mut producer = Raw::tcp(broker.addr(), v5()).await;
+        producer.connect("producer", ConnectOpts::clean()).await;
+        producer
+            .publish_acked("jobs/a", b"job-a", 1, false, 1)
+            .await;
+        producer
+            .publish_acked("jobs/b", b"job-b", 1, false, 2)
+            .await;
+        let mut w = worker_connect(broker.addr(), "w", 1).await;
+        w.subscribe(1, "jobs/#", 1).await;
+        let p = w.next_publish(false).await;
+        assert_eq!(p.payload, Bytes::from_static(b"job-a"));
+        puback_with(&mut w, p.packet_id, ReasonCode::UnspecifiedError).await;
+        let p = w.next_publish(true).await;
+        assert_eq!(p.payload, Bytes::from_static(b"job-b"));
+        w.expect_nothing().await;
+    });
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+    let broker = broker.restart(&yaml);
+    rt.block_on(async {
+        let mut w = worker_connect(broker.addr(), "w", 4).await;
+        w.subscribe(1, "jobs/#", 1).await;
+        let p = w.next_publish(true).await;
+        assert_eq!(p.payload, Bytes::from_static(b"job-a"));
+        assert_eq!(
+            user_property(&p, "saguin-attempts").as_deref(),
+            Some("2"),
+            "its attempt came back with it"
+        );
+        w.expect_nothing().await;
+    });
+    wait_metric(&broker, "saguin_queue_depth{channel=\"jobs\"}", 0);
+}
