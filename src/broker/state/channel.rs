@@ -33,7 +33,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::persist::{message_from_record, Role, Write};
-use super::session::{InflightEntry, InflightPhase, QueuedMessage, SessionSubscription};
+use super::session::{InflightEntry, QueuedMessage, SessionSubscription};
 use super::BrokerState;
 use crate::broker::message::Message;
 use crate::broker::metrics::DropReason;
@@ -409,18 +409,11 @@ impl BrokerState {
         };
         consumer.unacked.insert(offset);
         let channel = consumer.channel;
-        session.inflight.push(InflightEntry {
+        session.inflight.push(InflightEntry::sent(
             packet_id,
-            phase: if qos == 1 {
-                InflightPhase::AwaitPuback
-            } else {
-                InflightPhase::AwaitPubrec
-            },
-            qos,
-            log_offset: None,
-            queued: Some(queued.clone()),
-            channel: Some((channel, offset)),
-        });
+            queued.clone(),
+            Some((channel, offset)),
+        ));
         self.transmit(connection, queued, packet_id, false, now);
         true
     }
@@ -590,9 +583,8 @@ impl BrokerState {
         }
     }
 
-    /// Consumers that fell behind with nothing to wake them (a failed
-    /// read) try again; called from the tick.
-    pub(super) fn pump_stalled(&mut self, now: Instant) {
+    /// Every session consuming a channel, each once, in key order.
+    fn consumer_sessions(&self) -> Vec<SessionKey> {
         let mut keys: Vec<SessionKey> = self
             .channels
             .iter()
@@ -600,6 +592,13 @@ impl BrokerState {
             .collect();
         keys.sort_unstable();
         keys.dedup();
+        keys
+    }
+
+    /// Consumers that fell behind with nothing to wake them (a failed
+    /// read) try again; called from the tick.
+    pub(super) fn pump_stalled(&mut self, now: Instant) {
+        let keys = self.consumer_sessions();
         for key in keys {
             self.pump_all(key, now);
         }
@@ -759,13 +758,7 @@ impl BrokerState {
     /// Stage every changed position (the flush), and publish each channel's
     /// largest consumer lag.
     pub(super) fn stage_all_positions(&mut self, now: Instant) {
-        let mut keys: Vec<SessionKey> = self
-            .channels
-            .iter()
-            .flat_map(|c| c.consumers.iter().copied())
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
+        let keys = self.consumer_sessions();
         for key in keys {
             self.stage_positions(key, now);
         }

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::channel::{ChannelRead, ReadWindow, Seek};
 use super::persist::{Role, Write};
-use super::session::{InflightEntry, InflightPhase, QueuedMessage};
+use super::session::{InflightEntry, QueuedMessage};
 use super::BrokerState;
 use crate::broker::metrics::DropReason;
 use crate::broker::topic::SessionKey;
@@ -252,18 +252,11 @@ impl BrokerState {
         let Some(packet_id) = session.inflight.allocate_id() else {
             return false;
         };
-        session.inflight.push(InflightEntry {
+        session.inflight.push(InflightEntry::sent(
             packet_id,
-            phase: if qos == 1 {
-                InflightPhase::AwaitPuback
-            } else {
-                InflightPhase::AwaitPubrec
-            },
-            qos,
-            log_offset: None,
-            queued: Some(queued.clone()),
-            channel: Some((channel, record.offset)),
-        });
+            queued.clone(),
+            Some((channel, record.offset)),
+        ));
         self.groups[index].out.insert(record.offset, key);
         self.transmit(connection, queued, packet_id, false, now);
         true

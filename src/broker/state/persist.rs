@@ -309,6 +309,30 @@ pub(super) struct ParkedPublish {
     pub code: ReasonCode,
 }
 
+impl ParkedPublish {
+    /// A client's publish its broadcast subscribers are not handed (one
+    /// into a channel, or one the ACL refused): only answered, with `code`.
+    pub fn unrouted(
+        connection: u64,
+        publisher: SessionKey,
+        packet_id: u16,
+        message: Arc<Message>,
+        code: ReasonCode,
+    ) -> Parked {
+        Parked::Publish(Box::new(ParkedPublish {
+            connection: Some(connection),
+            packet_id,
+            qos: message.qos,
+            message,
+            publisher: Some(publisher),
+            deliveries: Vec::new(),
+            logged: false,
+            retain_change: None,
+            code,
+        }))
+    }
+}
+
 #[derive(Debug)]
 struct Wait {
     remaining: usize,

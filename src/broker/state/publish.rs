@@ -285,17 +285,13 @@ impl BrokerState {
         if allowed {
             if let Some(channel) = self.channel_of(&message.topic) {
                 self.stage_channel_publish(key, channel, packet_id, &message, now);
-                let parked = Parked::Publish(Box::new(ParkedPublish {
-                    connection: Some(connection),
+                let parked = ParkedPublish::unrouted(
+                    connection,
+                    key,
                     packet_id,
-                    qos,
                     message,
-                    publisher: Some(key),
-                    deliveries: Vec::new(),
-                    logged: false,
-                    retain_change: None,
-                    code: ReasonCode::Success,
-                }));
+                    ReasonCode::Success,
+                );
                 self.park_or_answer(connection, parked, now);
                 return;
             }
@@ -322,18 +318,13 @@ impl BrokerState {
             }
         }
         if !allowed {
-            let code = ReasonCode::NotAuthorized;
-            let parked = Parked::Publish(Box::new(ParkedPublish {
-                connection: Some(connection),
+            let parked = ParkedPublish::unrouted(
+                connection,
+                key,
                 packet_id,
-                qos,
                 message,
-                publisher: Some(key),
-                deliveries: Vec::new(),
-                logged: false,
-                retain_change: None,
-                code,
-            }));
+                ReasonCode::NotAuthorized,
+            );
             self.park_or_answer(connection, parked, now);
             return;
         }
@@ -712,20 +703,10 @@ impl BrokerState {
             self.enqueue(key, queued);
             return;
         };
-        let qos = queued.qos;
         let log_offset = queued.log_offset;
-        session.inflight.push(InflightEntry {
-            packet_id,
-            phase: if qos == 1 {
-                InflightPhase::AwaitPuback
-            } else {
-                InflightPhase::AwaitPubrec
-            },
-            qos,
-            log_offset,
-            queued: Some(queued.clone()),
-            channel: None,
-        });
+        session
+            .inflight
+            .push(InflightEntry::sent(packet_id, queued.clone(), None));
         if log_offset.is_some() {
             self.mark_dirty(key);
         }

@@ -79,6 +79,24 @@ pub struct InflightEntry {
     pub channel: Option<(u16, u64)>,
 }
 
+impl InflightEntry {
+    /// A QoS 1/2 delivery just sent: waiting for its PUBACK or PUBREC.
+    pub fn sent(packet_id: u16, queued: QueuedMessage, channel: Option<(u16, u64)>) -> Self {
+        InflightEntry {
+            packet_id,
+            phase: if queued.qos == 1 {
+                InflightPhase::AwaitPuback
+            } else {
+                InflightPhase::AwaitPubrec
+            },
+            qos: queued.qos,
+            log_offset: queued.log_offset,
+            queued: Some(queued),
+            channel,
+        }
+    }
+}
+
 /// Outbound exchanges in the order they were started: replayed in that order
 /// on resume.
 #[derive(Debug, Default)]
