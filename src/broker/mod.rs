@@ -307,6 +307,7 @@
 pub mod alias;
 pub mod auth;
 pub mod auth_files;
+pub mod bridge;
 pub mod codec;
 pub mod connection;
 pub mod logfmt;
