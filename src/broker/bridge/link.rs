@@ -597,10 +597,6 @@ impl Link {
             let Some((seq, mut send)) = self.pending.pop_front() else {
                 break;
             };
-            if !remote.fits(&Packet::Publish(send.publish.clone())) {
-                self.skipped_sends.push(send);
-                continue;
-            }
             // A resend keeps its packet id (the remote's session may hold
             // it); resends leave first, so no fresh send has taken it.
             let fresh = send.publish.packet_id == 0;
@@ -613,12 +609,17 @@ impl Link {
                 };
                 send.publish.packet_id = id;
             }
+            let packet = Packet::Publish(send.publish.clone());
+            if !remote.fits(&packet) {
+                self.skipped_sends.push(send);
+                continue;
+            }
             if fresh {
                 self.metrics.sent.fetch_add(1, Relaxed);
             } else {
                 self.metrics.resent.fetch_add(1, Relaxed);
             }
-            remote.queue(&Packet::Publish(send.publish.clone()));
+            remote.queue(&packet);
             send.sent_at = Some(Instant::now());
             self.by_remote_id.insert(send.publish.packet_id, seq);
             self.inflight.insert(seq, send);
