@@ -119,6 +119,23 @@ impl Mosquitto {
         self.log.0.lock().unwrap().join("\n")
     }
 
+    /// Wait (bounded) for a log line `matches` accepts.
+    pub fn wait_log(&self, matches: impl Fn(&str) -> bool) {
+        let (lines, timeout) = self
+            .log
+            .1
+            .wait_timeout_while(self.log.0.lock().unwrap(), WAIT * 3, |l| {
+                !l.iter().any(|l| matches(l))
+            })
+            .unwrap();
+        drop(lines);
+        assert!(
+            !timeout.timed_out(),
+            "mosquitto never logged it:\n{}",
+            self.log_text()
+        );
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
