@@ -8,55 +8,10 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bridge_support::{have_mosquitto, saguin_yaml, Mosquitto, Rng};
-use broker_support::{v4, v5, Broker, ConnectOpts, Raw};
-use saguin::broker::codec::{
-    Packet, PubAck, QoS, Subscribe, SubscribeFilter, SubscribeProperties, SubscriptionOptions,
-};
+use bridge_support::{have_mosquitto, read_channel, saguin_yaml, Mosquitto, Rng};
+use broker_support::{v4, Broker, ConnectOpts, Raw};
 
 const PUBLISHERS: usize = 4;
-
-/// Every record of `channel` from the earliest, as `(topic, payload)`,
-/// until `done` holds (bounded).
-pub async fn read_channel(
-    addr: SocketAddr,
-    filter: &str,
-    within: Duration,
-    done: impl Fn(&[(String, Vec<u8>)]) -> bool,
-) -> Vec<(String, Vec<u8>)> {
-    let mut c = Raw::tcp(addr, v5()).await;
-    c.connect("reader", ConnectOpts::clean()).await;
-    c.send(Packet::Subscribe(Subscribe {
-        packet_id: 1,
-        filters: vec![SubscribeFilter {
-            filter: filter.to_owned(),
-            options: SubscriptionOptions {
-                qos: QoS::AtLeastOnce,
-                ..SubscriptionOptions::default()
-            },
-        }],
-        properties: SubscribeProperties {
-            subscription_identifier: None,
-            user_properties: vec![("saguin-from".into(), "earliest".into())],
-        },
-    }))
-    .await;
-    let mut seen = Vec::new();
-    let read = async {
-        while !done(&seen) {
-            match c.recv_within(within).await {
-                Ok(Some(Packet::Publish(p))) => {
-                    seen.push((p.topic.to_string(), p.payload.to_vec()));
-                    c.send(Packet::PubAck(PubAck::new(p.packet_id))).await;
-                }
-                Ok(Some(_)) => {}
-                _ => break,
-            }
-        }
-    };
-    let _ = tokio::time::timeout(within, read).await;
-    seen
-}
 
 async fn publish_to_remote(remote: SocketAddr, p: usize, seqs: std::ops::Range<u32>) {
     let mut c = Raw::tcp(remote, v4()).await;

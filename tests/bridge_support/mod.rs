@@ -11,12 +11,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use saguin::broker::codec::{Packet, PubAck, QoS, SubscriptionOptions};
+use saguin::broker::codec::{
+    Packet, PubAck, QoS, Subscribe, SubscribeFilter, SubscribeProperties, SubscriptionOptions,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::broker_support::{ConnectOpts, Raw, WAIT};
+use crate::broker_support::{v5, ConnectOpts, Raw, WAIT};
 
 pub const MOSQUITTO: &str = "/usr/sbin/mosquitto";
 
@@ -375,4 +377,46 @@ pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures")
         .join(name)
+}
+
+/// Every record of `channel` from the earliest, as `(topic, payload)`,
+/// until `done` holds (bounded).
+pub async fn read_channel(
+    addr: SocketAddr,
+    filter: &str,
+    within: Duration,
+    done: impl Fn(&[(String, Vec<u8>)]) -> bool,
+) -> Vec<(String, Vec<u8>)> {
+    let mut c = Raw::tcp(addr, v5()).await;
+    c.connect("reader", ConnectOpts::clean()).await;
+    c.send(Packet::Subscribe(Subscribe {
+        packet_id: 1,
+        filters: vec![SubscribeFilter {
+            filter: filter.to_owned(),
+            options: SubscriptionOptions {
+                qos: QoS::AtLeastOnce,
+                ..SubscriptionOptions::default()
+            },
+        }],
+        properties: SubscribeProperties {
+            subscription_identifier: None,
+            user_properties: vec![("saguin-from".into(), "earliest".into())],
+        },
+    }))
+    .await;
+    let mut seen = Vec::new();
+    let read = async {
+        while !done(&seen) {
+            match c.recv_within(within).await {
+                Ok(Some(Packet::Publish(p))) => {
+                    seen.push((p.topic.to_string(), p.payload.to_vec()));
+                    c.send(Packet::PubAck(PubAck::new(p.packet_id))).await;
+                }
+                Ok(Some(_)) => {}
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(within, read).await;
+    seen
 }

@@ -519,6 +519,14 @@ impl Link {
         };
         let rule = &self.bridge.out[rule_index];
         let user = &message.properties.user_properties;
+        // One hop across brokers too: a record another saguin's bridge
+        // sent here carries `saguin-channel` from that bridge (MQTT 5),
+        // and going out again would start a loop between the two.
+        if user.iter().any(|(k, _)| k == CHANNEL_PROPERTY) {
+            self.metrics.skipped("looped");
+            self.ack_local(local_id, qos).await;
+            return;
+        }
         let offset = user
             .iter()
             .find(|(k, _)| k == OFFSET_PROPERTY)
