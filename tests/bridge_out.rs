@@ -147,12 +147,33 @@ async fn out_through_crashes(protocol: &str, test: &str) {
         }
     }
     let total = rounds * per_round;
-    collector
-        .wait_until(TRANSFER, |seen| {
+    let complete = collector
+        .try_wait_until(TRANSFER, |seen| {
             let distinct: HashSet<(usize, u32)> = seen.iter().map(|(_, p)| parse(p)).collect();
             distinct.len() == PUBLISHERS * total as usize
         })
         .await;
+    if !complete {
+        let distinct: HashSet<(usize, u32)> = collector
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, p)| parse(p))
+            .collect();
+        let missing: Vec<(usize, u32)> = (0..PUBLISHERS)
+            .flat_map(|p| (0..total).map(move |s| (p, s)))
+            .filter(|r| !distinct.contains(r))
+            .collect();
+        let log = saguin.log_text();
+        let tail: Vec<&str> = log.lines().filter(|l| l.contains("bridge")).collect();
+        panic!(
+            "{} records missing at the remote, the first {:?}; the bridge's log:\n{}",
+            missing.len(),
+            &missing[..missing.len().min(20)],
+            tail[tail.len().saturating_sub(40)..].join("\n")
+        );
+    }
     check_complete_and_ordered(&collector.seen.lock().unwrap(), total);
     // Stopped gracefully, the bridge's position is the channel's end: a
     // restart finds nothing left to send.

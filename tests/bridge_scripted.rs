@@ -241,3 +241,83 @@ async fn a_record_too_large_for_the_remote_is_skipped_with_its_offset_and_a_refu
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_removed_by_retention_before_they_went_out_are_announced_as_a_gap() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = yaml(
+        dir.path(),
+        listener.local_addr().unwrap(),
+        "    max_inflight: 1\n",
+    )
+    .replace(
+        "{ name: telemetry, kind: append, storage: db }",
+        "{ name: telemetry, kind: append, storage: db, retention_bytes: 4KiB }",
+    )
+    .replace("log: { level: info }", "")
+        + "log: { level: debug }\n";
+    let saguin = Broker::start_in(dir, &config);
+    let (mut peer, _) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
+    publish(&saguin, "telemetry/d", b"first").await;
+    let first = peer.next_publish().await;
+    // While the first waits for its PUBACK, retention removes what follows.
+    for _ in 0..20 {
+        publish(&saguin, "telemetry/d", &[b'x'; 1000]).await;
+    }
+    saguin.wait_log(|l| l.contains("retention removed records"));
+    peer.send(Packet::PubAck(PubAck::new(first.packet_id)))
+        .await;
+    let next = peer.next_publish().await;
+    let gap = next
+        .properties
+        .user_properties
+        .iter()
+        .find(|(k, _)| k == "saguin-gap")
+        .map(|(_, v)| v.clone())
+        .expect("the first send after the gap carries saguin-gap");
+    let line = saguin.wait_log(|l| l.contains("msg=\"bridge gap\""));
+    let (from, to) = gap.split_once('-').unwrap();
+    assert!(
+        line.contains(&format!("from={from}")) && line.contains(&format!("to={to}")),
+        "{line}"
+    );
+    assert_eq!(from, "2");
+    let removed: u64 = to.parse::<u64>().unwrap() - 1;
+    let metrics = scrape(&saguin).await;
+    assert!(
+        metrics.contains(&format!(
+            "saguin_bridge_gap_records_total{{bridge=\"cloud\"}} {removed}"
+        )),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_position_of_a_bridge_no_longer_configured_is_dropped_at_startup() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = yaml(
+        dir.path(),
+        listener.local_addr().unwrap(),
+        "    max_inflight: 1\n",
+    );
+    let mut saguin = Broker::start_in(dir, &config);
+    let (mut peer, _) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
+    publish(&saguin, "telemetry/d", b"one").await;
+    let sent = peer.next_publish().await;
+    peer.send(Packet::PubAck(PubAck::new(sent.packet_id))).await;
+    // With a window of one, the second goes out only once the state took
+    // the first's acknowledgement.
+    publish(&saguin, "telemetry/d", b"two").await;
+    assert_eq!(&peer.next_publish().await.payload[..], b"two");
+    // A graceful stop stores the position.
+    assert_eq!(saguin.terminate(), Some(0));
+    let without = config[..config.find("bridges:").unwrap()].to_owned();
+    let saguin = saguin.restart(&without);
+    let line = saguin.wait_log(|l| l.contains("its bridge is no longer configured"));
+    assert!(
+        line.contains("reader=bridge:cloud") && line.contains("offset=2"),
+        "{line}"
+    );
+}

@@ -312,6 +312,19 @@ impl Collector {
         Collector { seen, count }
     }
 
+    /// Wait (bounded by `within`) until `done` holds for what was seen;
+    /// false when it did not in time.
+    pub async fn try_wait_until(
+        &mut self,
+        within: Duration,
+        done: impl Fn(&[(String, Vec<u8>)]) -> bool,
+    ) -> bool {
+        let seen = self.seen.clone();
+        tokio::time::timeout(within, self.count.wait_for(|_| done(&seen.lock().unwrap())))
+            .await
+            .is_ok()
+    }
+
     /// Wait (bounded by `within`) until `done` holds for what was seen.
     pub async fn wait_until(
         &mut self,

@@ -108,6 +108,8 @@ pub(super) struct Link {
     skipped_sends: Vec<OutSend>,
     /// Per `out` rule: the offset after the last one acknowledged.
     acked_next: Vec<Option<u64>>,
+    /// Packets for the state, sent as one event at the end of the turn.
+    to_local: Vec<Inbound>,
     // In.
     inbound: HashMap<u16, InEntry>,
     by_local_id: HashMap<u16, u16>,
@@ -149,6 +151,7 @@ impl Link {
             blocked: VecDeque::new(),
             skipped_sends: Vec::new(),
             acked_next: stored,
+            to_local: Vec::new(),
             inbound: HashMap::new(),
             by_local_id: HashMap::new(),
             next_local_id: 1,
@@ -183,6 +186,17 @@ impl Link {
                     Ok(packet) => {
                         self.last_received = Instant::now();
                         self.on_remote(packet).await;
+                        // Whatever else already arrived, in the same turn:
+                        // its acknowledgements reach the state as one event.
+                        while let Some(next) = self.remote.as_mut().and_then(Remote::decoded) {
+                            match next {
+                                Ok(packet) => self.on_remote(packet).await,
+                                Err(why) => {
+                                    self.remote_lost(&why);
+                                    break;
+                                }
+                            }
+                        }
                     }
                     Err(why) => self.remote_lost(&why),
                 },
@@ -190,6 +204,8 @@ impl Link {
             }
             self.flush().await;
         }
+        // The acknowledgements of this last turn move the position too.
+        self.flush().await;
         self.metrics.connected.store(0, Relaxed);
         if let Some(remote) = self.remote.take() {
             remote.close().await;
@@ -395,6 +411,7 @@ impl Link {
         // Every exchange named the old connection's packet ids: the state
         // sends the records again from its position, and the remote sends
         // again what it was not answered once it is reconnected.
+        self.to_local.clear();
         self.pending.clear();
         self.inflight.clear();
         self.by_remote_id.clear();
@@ -442,7 +459,17 @@ impl Link {
         }
     }
 
+    /// Hand the state what this turn owes it, then write what the remote
+    /// is owed.
     async fn flush(&mut self) {
+        if !self.to_local.is_empty() {
+            let packets = std::mem::take(&mut self.to_local);
+            if let Some(local) = &self.local {
+                if let Err(gone) = local.send(packets).await {
+                    self.local_lost(gone).await;
+                }
+            }
+        }
         let Some(remote) = self.remote.as_mut() else {
             return;
         };
@@ -648,14 +675,11 @@ impl Link {
         if qos == 0 {
             return;
         }
-        if let Some(local) = &self.local {
-            let ack = Inbound::PubAck {
+        if self.local.is_some() {
+            self.to_local.push(Inbound::PubAck {
                 packet_id: local_id,
                 reason: ReasonCode::Success,
-            };
-            if let Err(gone) = local.send(vec![ack]).await {
-                self.local_lost(gone).await;
-            }
+            });
         }
     }
 
@@ -877,10 +901,8 @@ impl Link {
     }
 
     async fn publish_local(&mut self, publish: InboundPublish) {
-        if let Some(local) = &self.local {
-            if let Err(gone) = local.send(vec![Inbound::Publish(publish)]).await {
-                self.local_lost(gone).await;
-            }
+        if self.local.is_some() {
+            self.to_local.push(Inbound::Publish(publish));
         }
     }
 

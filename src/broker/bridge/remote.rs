@@ -193,6 +193,15 @@ impl Remote {
         }
     }
 
+    /// A packet already complete in the buffer, without reading.
+    pub fn decoded(&mut self) -> Option<Result<Packet, String>> {
+        match self.decoder.decode(&mut self.buf) {
+            Ok(Some(packet)) => Some(Ok(packet)),
+            Ok(None) => None,
+            Err(e) => Some(Err(format!("malformed input: {e}"))),
+        }
+    }
+
     /// Queue `packet` for the next [`flush`](Self::flush). False when it
     /// exceeds the remote's Maximum Packet Size (nothing is queued).
     pub fn queue(&mut self, packet: &Packet) -> bool {
