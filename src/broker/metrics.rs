@@ -166,6 +166,8 @@ pub struct Metrics {
     channels: Mutex<BTreeMap<String, ChannelSeries>>,
     /// The queue channels' series, by channel name.
     queues: Mutex<BTreeMap<String, QueueSeries>>,
+    /// Each configured bridge's counters, by name (`saguin_bridge_*`).
+    bridges: Mutex<BTreeMap<String, Arc<BridgeMetrics>>>,
     pub started: std::time::Instant,
 }
 
@@ -259,6 +261,7 @@ impl Metrics {
             storage_errors: Default::default(),
             channels: Default::default(),
             queues: Default::default(),
+            bridges: Default::default(),
             started: std::time::Instant::now(),
         }
     }
@@ -315,6 +318,16 @@ impl Metrics {
     }
 
     /// A consumer of `channel` was told of a gap (`saguin_consumer_gap_total`).
+    /// The counters of bridge `name`, registered (and rendered from then
+    /// on) at its first call.
+    pub fn bridge(&self, name: &str) -> std::sync::Arc<BridgeMetrics> {
+        let mut bridges = self
+            .bridges
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        bridges.entry(name.to_owned()).or_default().clone()
+    }
+
     pub fn consumer_gap(&self, channel: &str) {
         lock(&self.channels)
             .entry(channel.to_owned())
@@ -471,6 +484,7 @@ impl Metrics {
             );
         }
         self.render_queues(&mut out);
+        self.render_bridges(&mut out);
         counter(
             &mut out,
             "saguin_uptime_seconds",
@@ -802,5 +816,220 @@ impl Metrics {
                 }
             }
         }
+    }
+}
+
+/// One bridge's counters and gauges, shared by its task and the renderer.
+#[derive(Debug, Default)]
+pub struct BridgeMetrics {
+    /// 1 while the remote connection is up.
+    pub connected: AtomicI64,
+    /// Sends towards the remote not yet acknowledged.
+    pub inflight: AtomicI64,
+    /// PUBLISHes sent to the remote (resends not included).
+    pub sent: AtomicU64,
+    /// Sends the remote acknowledged with a reason below 0x80.
+    pub acked: AtomicU64,
+    /// Sends repeated: after a reconnect, an ack timeout or a refusal.
+    pub resent: AtomicU64,
+    /// PUBLISHes received from the remote.
+    pub received: AtomicU64,
+    /// Records removed by retention before the bridge sent them.
+    pub gap_records: AtomicU64,
+    /// Refusals by the remote (a PUBACK reason, a CONNACK reason, a Maximum
+    /// QoS below the rule's), by reason label.
+    refused: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// What was not forwarded, by reason (too large for the remote, no
+    /// rule for a topic).
+    skipped: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Connection attempts by result (`ok`, `failed`, `refused`).
+    connects: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Per channel forwarded: records behind and the age of the oldest
+    /// record not yet acknowledged, seconds.
+    lag: std::sync::Mutex<std::collections::BTreeMap<String, (u64, f64)>>,
+}
+
+impl BridgeMetrics {
+    pub fn refused(&self, reason: &str) {
+        let mut m = self
+            .refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *m.entry(reason.to_owned()).or_default() += 1;
+    }
+
+    pub fn skipped(&self, reason: &'static str) {
+        let mut m = self
+            .skipped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *m.entry(reason).or_default() += 1;
+    }
+
+    pub fn skipped_count(&self, reason: &str) -> u64 {
+        let m = self
+            .skipped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.get(reason).copied().unwrap_or(0)
+    }
+
+    pub fn connect_attempt(&self, result: &'static str) {
+        let mut m = self
+            .connects
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *m.entry(result).or_default() += 1;
+    }
+
+    pub fn set_lag(&self, channel: &str, records: u64, seconds: f64) {
+        let mut m = self
+            .lag
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.insert(channel.to_owned(), (records, seconds));
+    }
+}
+
+fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+impl Metrics {
+    fn render_bridges(&self, out: &mut String) {
+        let bridges: Vec<(String, std::sync::Arc<BridgeMetrics>)> = {
+            let b = self
+                .bridges
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            b.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        if bridges.is_empty() {
+            return;
+        }
+        type Pick = fn(&BridgeMetrics) -> i64;
+        let gauges: [(&str, &str, Pick); 2] = [
+            (
+                "saguin_bridge_connected",
+                "1 while the bridge's remote connection is up.",
+                |b| b.connected.load(Relaxed),
+            ),
+            (
+                "saguin_bridge_inflight",
+                "Sends towards the remote not yet acknowledged.",
+                |b| b.inflight.load(Relaxed),
+            ),
+        ];
+        for (name, help, pick) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (bridge, m) in &bridges {
+                let _ = writeln!(out, "{name}{{bridge=\"{}\"}} {}", label(bridge), pick(m));
+            }
+        }
+        type Count = fn(&BridgeMetrics) -> u64;
+        let counters: [(&str, &str, Count); 5] = [
+            (
+                "saguin_bridge_sent_total",
+                "PUBLISHes a bridge sent to its remote (resends excluded).",
+                |b| b.sent.load(Relaxed),
+            ),
+            (
+                "saguin_bridge_acked_total",
+                "Sends the remote acknowledged with a reason below 0x80.",
+                |b| b.acked.load(Relaxed),
+            ),
+            (
+                "saguin_bridge_resent_total",
+                "Sends repeated after a reconnect, an ack timeout or a refusal.",
+                |b| b.resent.load(Relaxed),
+            ),
+            (
+                "saguin_bridge_received_total",
+                "PUBLISHes a bridge received from its remote.",
+                |b| b.received.load(Relaxed),
+            ),
+            (
+                "saguin_bridge_gap_records_total",
+                "Records retention removed before the bridge sent them.",
+                |b| b.gap_records.load(Relaxed),
+            ),
+        ];
+        for (name, help, pick) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (bridge, m) in &bridges {
+                let _ = writeln!(out, "{name}{{bridge=\"{}\"}} {}", label(bridge), pick(m));
+            }
+        }
+        let _ = writeln!(out, "# HELP saguin_bridge_refused_total Refusals by a bridge's remote, by reason.\n# TYPE saguin_bridge_refused_total counter");
+        for (bridge, m) in &bridges {
+            for (reason, n) in m
+                .refused
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+            {
+                let _ = writeln!(
+                    out,
+                    "saguin_bridge_refused_total{{bridge=\"{}\",reason=\"{}\"}} {n}",
+                    label(bridge),
+                    label(reason)
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP saguin_bridge_skipped_total Messages a bridge did not forward, by reason.\n# TYPE saguin_bridge_skipped_total counter");
+        for (bridge, m) in &bridges {
+            for (reason, n) in m
+                .skipped
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+            {
+                let _ = writeln!(
+                    out,
+                    "saguin_bridge_skipped_total{{bridge=\"{}\",reason=\"{reason}\"}} {n}",
+                    label(bridge)
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP saguin_bridge_connects_total A bridge's connection attempts, by result.\n# TYPE saguin_bridge_connects_total counter");
+        for (bridge, m) in &bridges {
+            for (result, n) in m
+                .connects
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+            {
+                let _ = writeln!(
+                    out,
+                    "saguin_bridge_connects_total{{bridge=\"{}\",result=\"{result}\"}} {n}",
+                    label(bridge)
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP saguin_bridge_lag_records Records of a channel the bridge's remote has not acknowledged.\n# TYPE saguin_bridge_lag_records gauge");
+        let mut seconds = String::new();
+        for (bridge, m) in &bridges {
+            for (channel, (records, age)) in m
+                .lag
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+            {
+                let _ = writeln!(
+                    out,
+                    "saguin_bridge_lag_records{{bridge=\"{}\",channel=\"{}\"}} {records}",
+                    label(bridge),
+                    label(channel)
+                );
+                let _ = writeln!(
+                    seconds,
+                    "saguin_bridge_lag_seconds{{bridge=\"{}\",channel=\"{}\"}} {age:.3}",
+                    label(bridge),
+                    label(channel)
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP saguin_bridge_lag_seconds Age of the oldest record the bridge's remote has not acknowledged.\n# TYPE saguin_bridge_lag_seconds gauge");
+        out.push_str(&seconds);
     }
 }

@@ -303,10 +303,44 @@
 //!   `saguin_queue_in_flight`, `saguin_queue_attempts_total`,
 //!   `saguin_queue_lease_expired_total` and
 //!   `saguin_queue_dead_lettered_total`.
+//!
+//! Bridges ([`bridge`]):
+//!
+//! - A bridge's connection to the state is made inside the process (client
+//!   id and principal `bridge:<name>`, MQTT 5, clean, Receive Maximum =
+//!   `max_inflight` capped by the remote's); the ACL, when there is one,
+//!   applies to that principal.
+//! - Remote down: the local connection stays and is simply not
+//!   acknowledged, so the state's window fills and it stops sending; what
+//!   the bridge holds is bounded by that window, the backlog is the
+//!   channel. The sends in flight go again, DUP set and under the same
+//!   packet ids, on the next connection.
+//! - A delivery of a record published at QoS 0 is forwarded at QoS 0 (the
+//!   delivery's QoS is the lower of the record's and the rule's), sent
+//!   when the link is up and counted as skipped (`offline_qos0`) when not.
+//! - The remote session is kept (clean start 0, MQTT 5 Session Expiry
+//!   `session_expiry`) so `in` subscriptions and what they queue survive
+//!   the link; `in` filters are subscribed again on each connection with
+//!   Retain Handling 1 (MQTT 5), so a kept subscription does not resend
+//!   retained messages.
+//! - Inbound QoS 2 is written as a QoS 1 record before PUBREC and PUBREL
+//!   answered at once: the bridge's session ends with its connection, and
+//!   a held publish of such a session is dropped at a restart.
+//! - A PUBACK >= 0x80 from the remote holds the position; the record is
+//!   sent again after `reconnect.base` under a new packet id, so it may
+//!   arrive after records sent later on the same topic.
+//! - Addresses: without `round_robin` every reconnect starts at the first
+//!   address (the primary) and tries the others in order; with it, each
+//!   starts at the one after the last that connected. Between failed
+//!   rounds: `reconnect.base` doubling up to `reconnect.cap`, each wait
+//!   drawn between half and all of it.
+//! - Loops between two saguins: a record carrying `saguin-channel` (put
+//!   there by another saguin's outbound bridge, MQTT 5) is not sent out.
 
 pub mod alias;
 pub mod auth;
 pub mod auth_files;
+pub mod bridge;
 pub mod codec;
 pub mod connection;
 pub mod logfmt;

@@ -234,6 +234,44 @@ pub struct ServedChannel {
     pub queue: Option<config::QueueSettings>,
 }
 
+/// Drop, and log, every `bridge:` position whose bridge the configuration
+/// no longer names (RFC 0004: a reader with no session exists because a
+/// line of configuration names it, and stops existing when that line goes).
+/// Blocking; before the state is restored from the channels.
+pub fn drop_removed_bridge_positions(
+    channels: &[ServedChannel],
+    configured: &[&str],
+) -> Result<usize, StorageError> {
+    let mut dropped = 0;
+    for channel in channels {
+        // Queues hold no positions.
+        let positions = match &channel.store {
+            contract::ChannelStore::Append(s) => s.positions()?,
+            contract::ChannelStore::Latest(s) => s.positions()?,
+            contract::ChannelStore::Queue(_) => continue,
+        };
+        for position in positions {
+            let reader = &position.reader;
+            if reader.scheme() != contract::ReaderScheme::Bridge
+                || configured.contains(&reader.id())
+            {
+                continue;
+            }
+            let dropped_here = match &channel.store {
+                contract::ChannelStore::Append(s) => s.drop_position(reader)?,
+                contract::ChannelStore::Latest(s) => s.drop_position(reader)?,
+                contract::ChannelStore::Queue(_) => false,
+            };
+            if dropped_here {
+                dropped += 1;
+                tracing::info!(channel = %channel.name, reader = %reader, offset = position.offset,
+                    "position dropped: its bridge is no longer configured");
+            }
+        }
+    }
+    Ok(dropped)
+}
+
 /// Every storage provider the broker uses, opened, locked and recovered.
 pub struct Providers {
     opened: Vec<Opened>,

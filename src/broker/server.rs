@@ -68,6 +68,12 @@ pub struct Server {
     pub watchdog: Option<super::notify::Watchdog>,
     /// The password and ACL files in force, for a reload to replace.
     pub auth: super::auth_files::AuthFiles,
+    /// The bridges to run, and the stores of the channels served (their
+    /// lag gauges read `next` there).
+    pub bridges: Vec<crate::config::bridge::Bridge>,
+    pub bridge_channels: std::collections::HashMap<String, crate::storage::contract::ChannelStore>,
+    /// `Limits::outbound_queue`, for the bridges' in-process connections.
+    pub outbound_queue: usize,
 }
 
 /// Errors that stop the server.
@@ -119,6 +125,9 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         flush_interval,
         watchdog,
         auth: _,
+        bridges,
+        bridge_channels,
+        outbound_queue,
     } = server;
     let (notify_shutdown, _) = broadcast::channel::<()>(1);
     // Every task holds a clone; when all are dropped, the drain is complete.
@@ -162,6 +171,14 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
             notify_shutdown.subscribe(),
         ));
     }
+    let bridges = super::bridge::Bridges::start(
+        &bridges,
+        events_tx.clone(),
+        generation.clone(),
+        metrics.clone(),
+        bridge_channels,
+        outbound_queue,
+    );
     drop(events_tx);
     drop(drain_tx);
 
@@ -183,6 +200,9 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         connections = metrics.connections.load(Relaxed),
         "shutting down"
     );
+    // The bridges first: each closes its connection to the state, which
+    // stages its positions before the state's own shutdown writes them.
+    bridges.stop().await;
     let _ = notify_shutdown.send(());
     match broker.await {
         Ok(Ok(())) => {}
@@ -580,6 +600,20 @@ pub async fn prepare(
         None => Arc::new(super::state::AllowAll),
     };
     let started = std::time::Instant::now();
+    {
+        let configured: Vec<String> = config.bridges.iter().map(|b| b.name.clone()).collect();
+        let served = channels.clone();
+        tokio::task::spawn_blocking(move || {
+            let names: Vec<&str> = configured.iter().map(String::as_str).collect();
+            super::providers::drop_removed_bridge_positions(&served, &names)
+        })
+        .await
+        .map_err(|e| ServerError::BrokerFailed(e.to_string()))?
+        .map_err(|source| ServerError::Storage {
+            provider: sessions.name().to_owned(),
+            source,
+        })?;
+    }
     let restored = {
         let (from_sessions, from_retained) = (sessions.clone(), retained.clone());
         let from_channels = channels.clone();
@@ -696,5 +730,11 @@ pub async fn prepare(
         flush_interval: config.broker.session.ack_commit_interval,
         watchdog: None,
         auth,
+        bridges: config.bridges.clone(),
+        bridge_channels: channels
+            .iter()
+            .map(|c| (c.name.to_string(), c.store.clone()))
+            .collect(),
+        outbound_queue: limits.outbound_queue,
     })
 }

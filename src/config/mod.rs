@@ -28,6 +28,7 @@
 //! - An absent `max_bytes` means no bound and no reserve.
 
 pub mod auth;
+pub mod bridge;
 mod names;
 mod output;
 mod parse;
@@ -78,6 +79,8 @@ pub struct Config {
     pub limits: Limits,
     pub metrics: Metrics,
     pub log: Log,
+    /// Bridges into other brokers, in the order the file gives them.
+    pub bridges: Vec<bridge::Bridge>,
     /// Where the configuration came from: the file, or `None` for the
     /// embedded default.
     pub origin: Option<PathBuf>,
@@ -549,6 +552,14 @@ impl Config {
             out.insert(tls.cert.clone(), tls.material.cert_sha256.clone());
             out.insert(tls.key.clone(), tls.material.key_sha256.clone());
             if let (Some(path), Some(digest)) = (&tls.client_ca, &tls.material.client_ca_sha256) {
+                out.insert(path.clone(), digest.clone());
+            }
+        }
+        for bridge in &self.bridges {
+            if let (Some(path), Some(digest)) = (&bridge.password_file, &bridge.password_sha256) {
+                out.insert(path.clone(), digest.clone());
+            }
+            for (path, digest) in bridge.tls.iter().flat_map(|t| t.digests.iter()) {
                 out.insert(path.clone(), digest.clone());
             }
         }

@@ -36,6 +36,8 @@ pub(crate) fn resolved(config: &Config) -> Value {
     storage.sort_by(|a, b| a.name().cmp(b.name()));
     let mut channels: Vec<&Channel> = config.channels.iter().collect();
     channels.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut bridges: Vec<&bridge::Bridge> = config.bridges.iter().collect();
+    bridges.sort_by(|a, b| a.name.cmp(&b.name));
 
     let document = json!({
         "listeners": listeners.iter().map(|l| listener(l)).collect::<Vec<_>>(),
@@ -76,6 +78,7 @@ pub(crate) fn resolved(config: &Config) -> Value {
             "level": config.log.level.as_str(),
             "format": config.log.format.as_str(),
         },
+        "bridges": bridges.iter().map(|b| bridge(b)).collect::<Vec<_>>(),
         "file_sha256": config
             .file_digests()
             .into_iter()
@@ -153,6 +156,48 @@ fn channel(c: &Channel) -> Value {
         }
     }
     out
+}
+
+/// A bridge's rules keep their order (the first matching `in` rule maps a
+/// topic); the password is never part of it, its file's digest is.
+fn bridge(b: &bridge::Bridge) -> Value {
+    json!({
+        "name": b.name,
+        "address": b.addresses,
+        "round_robin": b.round_robin,
+        "protocol": b.protocol.as_str(),
+        "client_id": b.client_id,
+        "username": b.username,
+        "password_file": opt_path(b.password_file.as_deref()),
+        "tls": b.tls.as_ref().map(|t| json!({
+            "ca": path(&t.ca),
+            "cert": opt_path(t.cert.as_deref()),
+            "key": opt_path(t.key.as_deref()),
+            "server_name": t.server_name,
+        })),
+        "keepalive": duration(b.keepalive),
+        "session_expiry": duration(b.session_expiry),
+        "try_private": b.try_private,
+        "reconnect": {
+            "base": duration(b.reconnect.base),
+            "cap": duration(b.reconnect.cap),
+        },
+        "max_inflight": b.max_inflight,
+        "ack_timeout": duration(b.ack_timeout),
+        "out": b.out.iter().map(|o| json!({
+            "channel": o.channel,
+            "remote_prefix": o.remote_prefix,
+            "qos": o.qos,
+            "retain": o.retain.as_str(),
+            "from": o.from.as_str(),
+        })).collect::<Vec<_>>(),
+        "in": b.inbound.iter().map(|i| json!({
+            "filter": i.filter,
+            "remote_prefix": i.remote_prefix,
+            "local_prefix": i.local_prefix,
+            "qos": i.qos,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 fn duration(d: Duration) -> String {

@@ -37,14 +37,14 @@ pub(crate) fn join(path: &str, key: &str) -> String {
     }
 }
 
-fn index(path: &str, i: usize) -> String {
+pub(super) fn index(path: &str, i: usize) -> String {
     format!("{path}[{i}]")
 }
 
 /// The keys of one YAML mapping, taken one by one; whatever is left at the
 /// end is an unknown key.
-struct Fields<'a> {
-    path: String,
+pub(super) struct Fields<'a> {
+    pub(super) path: String,
     entries: BTreeMap<String, &'a Value>,
     order: Vec<String>,
 }
@@ -52,7 +52,7 @@ struct Fields<'a> {
 impl<'a> Fields<'a> {
     /// `value` as a mapping, or a problem. A null (an empty section) is an
     /// empty mapping.
-    fn of(ctx: &mut Ctx, path: &str, value: &'a Value) -> Option<Fields<'a>> {
+    pub(super) fn of(ctx: &mut Ctx, path: &str, value: &'a Value) -> Option<Fields<'a>> {
         let mut fields = Fields {
             path: path.to_string(),
             entries: BTreeMap::new(),
@@ -86,7 +86,7 @@ impl<'a> Fields<'a> {
     }
 
     /// The value of `key`, if present and not null.
-    fn take(&mut self, key: &str) -> Option<(String, &'a Value)> {
+    pub(super) fn take(&mut self, key: &str) -> Option<(String, &'a Value)> {
         let value = self.entries.remove(key)?;
         let path = join(&self.path, key);
         match value {
@@ -96,7 +96,7 @@ impl<'a> Fields<'a> {
     }
 
     /// Report every key not taken. `known` lists the keys this mapping takes.
-    fn finish(self, ctx: &mut Ctx, known: &[&str]) {
+    pub(super) fn finish(self, ctx: &mut Ctx, known: &[&str]) {
         for key in self.order {
             if self.entries.contains_key(&key) {
                 ctx.problem(
@@ -117,7 +117,7 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn describe(value: &Value) -> String {
+pub(super) fn describe(value: &Value) -> String {
     match value {
         Value::Null => "nothing".to_string(),
         Value::Bool(b) => format!("the boolean {b}"),
@@ -129,7 +129,7 @@ fn describe(value: &Value) -> String {
     }
 }
 
-fn string(ctx: &mut Ctx, path: &str, value: &Value) -> Option<String> {
+pub(super) fn string(ctx: &mut Ctx, path: &str, value: &Value) -> Option<String> {
     match value {
         Value::String(s) => Some(s.clone()),
         // A YAML scalar like `7` or `true` used as a name is written back
@@ -146,7 +146,7 @@ fn string(ctx: &mut Ctx, path: &str, value: &Value) -> Option<String> {
     }
 }
 
-fn name(ctx: &mut Ctx, path: &str, value: &Value, what: &str) -> Option<String> {
+pub(super) fn name(ctx: &mut Ctx, path: &str, value: &Value, what: &str) -> Option<String> {
     let name = string(ctx, path, value)?;
     if name.is_empty() {
         ctx.problem(path, format!("a {what} name cannot be empty"));
@@ -202,7 +202,7 @@ fn optional_size(ctx: &mut Ctx, path: &str, value: &Value) -> Option<u64> {
     size(ctx, path, value)
 }
 
-fn duration(ctx: &mut Ctx, path: &str, value: &Value) -> Option<Duration> {
+pub(super) fn duration(ctx: &mut Ctx, path: &str, value: &Value) -> Option<Duration> {
     match value {
         Value::String(s) => match parse_duration(s) {
             Ok(d) => Some(d),
@@ -231,7 +231,7 @@ fn duration(ctx: &mut Ctx, path: &str, value: &Value) -> Option<Duration> {
     }
 }
 
-fn positive_duration(ctx: &mut Ctx, path: &str, value: &Value) -> Option<Duration> {
+pub(super) fn positive_duration(ctx: &mut Ctx, path: &str, value: &Value) -> Option<Duration> {
     let d = duration(ctx, path, value)?;
     if d.is_zero() {
         ctx.problem(path, "must be longer than zero");
@@ -240,7 +240,7 @@ fn positive_duration(ctx: &mut Ctx, path: &str, value: &Value) -> Option<Duratio
     Some(d)
 }
 
-fn boolean(ctx: &mut Ctx, path: &str, value: &Value) -> Option<bool> {
+pub(super) fn boolean(ctx: &mut Ctx, path: &str, value: &Value) -> Option<bool> {
     match value {
         Value::Bool(b) => Some(*b),
         other => {
@@ -253,7 +253,7 @@ fn boolean(ctx: &mut Ctx, path: &str, value: &Value) -> Option<bool> {
     }
 }
 
-fn integer(ctx: &mut Ctx, path: &str, value: &Value, min: u64, max: u64) -> Option<u64> {
+pub(super) fn integer(ctx: &mut Ctx, path: &str, value: &Value, min: u64, max: u64) -> Option<u64> {
     let n = match value {
         Value::Number(n) => n.as_u64(),
         Value::String(s) => s.trim().parse::<u64>().ok(),
@@ -304,7 +304,7 @@ fn socket_addr(ctx: &mut Ctx, path: &str, value: &Value) -> Option<SocketAddr> {
     }
 }
 
-fn file_path(ctx: &mut Ctx, path: &str, value: &Value) -> Option<PathBuf> {
+pub(super) fn file_path(ctx: &mut Ctx, path: &str, value: &Value) -> Option<PathBuf> {
     let text = string(ctx, path, value)?;
     if text.is_empty() {
         ctx.problem(path, "a path cannot be empty");
@@ -340,7 +340,12 @@ pub(crate) fn fold(path: &Path) -> PathBuf {
     out
 }
 
-fn one_of<T: Copy>(ctx: &mut Ctx, path: &str, value: &Value, choices: &[(&str, T)]) -> Option<T> {
+pub(super) fn one_of<T: Copy>(
+    ctx: &mut Ctx,
+    path: &str,
+    value: &Value,
+    choices: &[(&str, T)],
+) -> Option<T> {
     let text = string(ctx, path, value)?;
     match choices.iter().find(|(n, _)| *n == text) {
         Some((_, v)) => Some(*v),
@@ -352,7 +357,7 @@ fn one_of<T: Copy>(ctx: &mut Ctx, path: &str, value: &Value, choices: &[(&str, T
     }
 }
 
-fn sequence<'a>(ctx: &mut Ctx, path: &str, value: &'a Value) -> &'a [Value] {
+pub(super) fn sequence<'a>(ctx: &mut Ctx, path: &str, value: &'a Value) -> &'a [Value] {
     match value {
         Value::Sequence(items) => items,
         other => {
@@ -371,6 +376,7 @@ const TOP_KEYS: &[&str] = &[
     "limits",
     "metrics",
     "log",
+    "bridges",
     "file_sha256",
 ];
 
@@ -426,6 +432,10 @@ pub(crate) fn parse(
     let limits = limits(&mut ctx, top.take("limits"));
     let metrics = metrics(&mut ctx, top.take("metrics"));
     let log = log(&mut ctx, top.take("log"));
+    let bridges = match top.take("bridges") {
+        Some((path, v)) => bridge::bridges(&mut ctx, &path, v),
+        None => Vec::new(),
+    };
     file_sha256(&mut ctx, top.take("file_sha256"));
     top.finish(&mut ctx, TOP_KEYS);
 
@@ -439,6 +449,7 @@ pub(crate) fn parse(
         limits,
         metrics,
         log,
+        bridges,
     };
     validate::cross_check(&mut ctx, &parsed);
     if !ctx.problems.is_empty() {
@@ -453,6 +464,7 @@ pub(crate) fn parse(
         limits: parsed.limits,
         metrics: parsed.metrics,
         log: parsed.log,
+        bridges: parsed.bridges.into_iter().map(|(_, b)| b).collect(),
         origin,
     })
 }
@@ -493,7 +505,7 @@ fn listeners(ctx: &mut Ctx, path: &str, value: &Value) -> Vec<(usize, Listener)>
 }
 
 /// A required key: a problem when absent.
-fn required<T>(
+pub(super) fn required<T>(
     ctx: &mut Ctx,
     f: &mut Fields<'_>,
     key: &str,

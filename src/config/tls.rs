@@ -192,7 +192,7 @@ pub(crate) fn load(
     }
 }
 
-fn read_certs(
+pub(super) fn read_certs(
     path: &Path,
     digest: &mut Option<String>,
 ) -> Result<Vec<CertificateDer<'static>>, String> {
@@ -220,7 +220,10 @@ fn read_certs(
     Ok(certs)
 }
 
-fn read_key(path: &Path, digest: &mut Option<String>) -> Result<PrivateKeyDer<'static>, String> {
+pub(super) fn read_key(
+    path: &Path,
+    digest: &mut Option<String>,
+) -> Result<PrivateKeyDer<'static>, String> {
     let bytes = super::read_bounded(path, MAX_PEM_BYTES)?;
     *digest = Some(super::sha256_hex(&bytes));
     let mut keys = 0usize;

@@ -22,6 +22,7 @@ pub(crate) struct Parsed {
     pub limits: Limits,
     pub metrics: Metrics,
     pub log: Log,
+    pub bridges: Vec<(usize, bridge::Bridge)>,
 }
 
 pub(crate) fn cross_check(ctx: &mut Ctx, parsed: &Parsed) {
@@ -30,6 +31,7 @@ pub(crate) fn cross_check(ctx: &mut Ctx, parsed: &Parsed) {
     providers(ctx, parsed);
     channels(ctx, parsed);
     broker(ctx, parsed);
+    bridge::cross_check(ctx, &parsed.bridges, &parsed.channels);
 }
 
 /// A configuration nobody can connect to is refused with the reason.

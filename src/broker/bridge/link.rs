@@ -1,0 +1,982 @@
+//! One bridge at work: its local connection and its remote one, joined.
+//!
+//! **Out.** The local connection consumes each `out` channel; every
+//! delivery the state hands it is sent to the remote under the rule's
+//! prefix, and the delivery is acknowledged to the state only when the
+//! remote acknowledged the send (reason < 0x80), so the state's position -
+//! the lowest delivery not acknowledged - passes a record only once it and
+//! everything before it reached the remote. Deliveries wait here for the
+//! remote's window; what is here is bounded by the local Receive Maximum,
+//! since the state sends no more than that unacknowledged.
+//!
+//! **Remote down.** The local connection stays: nothing is acknowledged,
+//! the state's window fills and it stops sending, so what the bridge holds
+//! stays bounded by the window while the channel is the backlog. The sends
+//! in flight are sent again, DUP set, on the next connection. (Closing the
+//! local side instead would bring the same records back from the stored
+//! position, but would also throw away the inbound exchanges that still
+//! wait for their commit.)
+//!
+//! **In.** A remote PUBLISH is published on the local connection under the
+//! rule's mapping, and acknowledged to the remote (PUBACK, or PUBREC for
+//! QoS 2) only after the state acknowledged the local publish, which it
+//! does after the record committed. A refusal (0x97, a full channel) is not
+//! passed on: the remote keeps the message and it is published here again
+//! after the reconnect backoff's base.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::local::{Consume, Local, LocalGone};
+use super::remote::{Backoff, ConnectFailure, Remote};
+use super::{Shared, CHANNEL_PROPERTY};
+use crate::broker::codec::{
+    Packet, PubAck, Publish, QoS, ReasonCode, RetainHandling, Subscribe, SubscribeFilter,
+    SubscribeProperties, SubscriptionOptions,
+};
+use crate::broker::metrics::BridgeMetrics;
+use crate::broker::state::{Inbound, InboundPublish, Outbound, GAP_PROPERTY, OFFSET_PROPERTY};
+use crate::config::bridge::{Bridge, RetainMode};
+
+/// How often timers (keep alive, ack timeout, retries, lag) are looked at.
+const TICK: Duration = Duration::from_millis(100);
+/// How often the lag gauges are computed.
+const LAG_EVERY: Duration = Duration::from_secs(1);
+/// Wait before the local connection is made again after the broker closed it.
+const LOCAL_RETRY: Duration = Duration::from_secs(1);
+
+/// A delivery of the state on its way to the remote.
+struct OutSend {
+    /// The state's packet id (0 for QoS 0).
+    local_id: u16,
+    /// Index of the `out` rule.
+    rule: usize,
+    offset: Option<u64>,
+    publish: Publish,
+    /// When the state accepted the record (for the lag in seconds).
+    received_at: Instant,
+    sent_at: Option<Instant>,
+}
+
+/// A remote PUBLISH on its way into a channel.
+struct InEntry {
+    local_id: u16,
+    /// The QoS the remote sent it at (1 or 2): what the remote is owed.
+    remote_qos: u8,
+    publish: InboundPublish,
+    stage: InStage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InStage {
+    /// Published locally, the state's acknowledgement awaited.
+    Local,
+    /// Committed: the remote is owed PUBACK (QoS 1, when the link was
+    /// down) or waits to send PUBREL (QoS 2).
+    Stored,
+    /// Refused locally; published again at this time.
+    Refused(Instant),
+}
+
+pub(super) struct Link {
+    bridge: Arc<Bridge>,
+    shared: Arc<Shared>,
+    metrics: Arc<BridgeMetrics>,
+    stop: watch::Receiver<bool>,
+    local: Option<Local>,
+    local_retry_at: Instant,
+    remote: Option<Remote>,
+    reconnect_at: Instant,
+    backoff: Backoff,
+    /// Where the next connection attempt starts in `addresses`.
+    next_address: usize,
+    /// The remote's window: `max_inflight` capped by its Receive Maximum.
+    window: usize,
+    // Out.
+    seq: u64,
+    pending: VecDeque<(u64, OutSend)>,
+    inflight: BTreeMap<u64, OutSend>,
+    by_remote_id: HashMap<u16, u64>,
+    next_remote_id: u16,
+    blocked: VecDeque<(Instant, OutSend)>,
+    /// Deliveries too large for the remote, to acknowledge to the state.
+    skipped_sends: Vec<OutSend>,
+    /// Per `out` rule: the offset after the last one acknowledged.
+    acked_next: Vec<Option<u64>>,
+    /// Packets for the state, sent as one event at the end of the turn.
+    to_local: Vec<Inbound>,
+    // In.
+    inbound: HashMap<u16, InEntry>,
+    by_local_id: HashMap<u16, u16>,
+    next_local_id: u16,
+    last_sent: Instant,
+    last_received: Instant,
+    next_lag: Instant,
+}
+
+impl Link {
+    pub fn new(
+        bridge: Arc<Bridge>,
+        shared: Arc<Shared>,
+        stop: watch::Receiver<bool>,
+        stored: Vec<Option<u64>>,
+    ) -> Link {
+        let metrics = shared.metrics.bridge(&bridge.name);
+        let seed = bridge.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        }) ^ u64::from(std::process::id());
+        let now = Instant::now();
+        Link {
+            backoff: Backoff::new(bridge.reconnect.base, bridge.reconnect.cap, seed),
+            window: usize::from(bridge.max_inflight),
+            bridge,
+            shared,
+            metrics,
+            stop,
+            local: None,
+            local_retry_at: now,
+            remote: None,
+            reconnect_at: now,
+            next_address: 0,
+            seq: 0,
+            pending: VecDeque::new(),
+            inflight: BTreeMap::new(),
+            by_remote_id: HashMap::new(),
+            next_remote_id: 1,
+            blocked: VecDeque::new(),
+            skipped_sends: Vec::new(),
+            acked_next: stored,
+            to_local: Vec::new(),
+            inbound: HashMap::new(),
+            by_local_id: HashMap::new(),
+            next_local_id: 1,
+            last_sent: now,
+            last_received: now,
+            next_lag: now,
+        }
+    }
+
+    pub async fn run(mut self) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if *self.stop.borrow() {
+                break;
+            }
+            // A paused local side (the state's answers pile up) stops the
+            // remote being read; the tick looks again.
+            let paused = self.local.as_ref().is_some_and(|l| *l.pause.borrow());
+            tokio::select! {
+                biased;
+                _ = self.stop.changed() => break,
+                answers = recv_local(&mut self.local) => match answers {
+                    Ok(answers) => {
+                        for answer in answers {
+                            self.on_local(answer).await;
+                        }
+                    }
+                    Err(gone) => self.local_lost(gone).await,
+                },
+                packet = recv_remote(&mut self.remote), if !paused && self.local.is_some() => match packet {
+                    Ok(packet) => {
+                        self.last_received = Instant::now();
+                        self.on_remote(packet).await;
+                        // Whatever else already arrived, in the same turn:
+                        // its acknowledgements reach the state as one event.
+                        while let Some(next) = self.remote.as_mut().and_then(Remote::decoded) {
+                            match next {
+                                Ok(packet) => self.on_remote(packet).await,
+                                Err(why) => {
+                                    self.remote_lost(&why);
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Err(why) => self.remote_lost(&why),
+                },
+                _ = tick.tick() => self.on_tick().await,
+            }
+            self.flush().await;
+        }
+        // The acknowledgements of this last turn move the position too.
+        self.flush().await;
+        self.metrics.connected.store(0, Relaxed);
+        if let Some(remote) = self.remote.take() {
+            remote.close().await;
+        }
+        if let Some(local) = self.local.take() {
+            local.close().await;
+        }
+    }
+
+    // ---- connections ----
+
+    async fn on_tick(&mut self) {
+        let now = Instant::now();
+        if self.remote.is_none() && now >= self.reconnect_at {
+            self.connect_remote().await;
+        }
+        if self.local.is_none() && self.remote.is_some() && now >= self.local_retry_at {
+            self.connect_local().await;
+        }
+        self.check_remote(now);
+        self.retry_blocked(now);
+        self.retry_inbound(now).await;
+        self.pump();
+        self.ack_skipped().await;
+        if now >= self.next_lag {
+            self.next_lag = now + LAG_EVERY;
+            self.publish_lag(now);
+        }
+    }
+
+    async fn connect_remote(&mut self) {
+        let addresses = &self.bridge.addresses;
+        let start = if self.bridge.round_robin {
+            self.next_address
+        } else {
+            0
+        };
+        for k in 0..addresses.len() {
+            let i = (start + k) % addresses.len();
+            let address = addresses[i].clone();
+            let mut stop = self.stop.clone();
+            let attempt = tokio::select! {
+                _ = stop.changed() => return,
+                attempt = Remote::connect(&self.bridge, &address) => attempt,
+            };
+            match attempt {
+                Ok(remote) => {
+                    self.next_address = i + 1;
+                    if let Some(refusal) = self.refusal(&remote) {
+                        self.metrics.connect_attempt("refused");
+                        self.metrics.refused("maximum_qos");
+                        tracing::error!(bridge = %self.bridge.name, address = %address, reason = %refusal, "bridge refused the remote");
+                        remote.close().await;
+                        continue;
+                    }
+                    self.metrics.connect_attempt("ok");
+                    self.connected(remote);
+                    return;
+                }
+                Err(ConnectFailure::Refused(code)) => {
+                    self.metrics.connect_attempt("refused");
+                    self.metrics
+                        .refused(&format!("connack_0x{:02X}", code.as_u8()));
+                    tracing::warn!(bridge = %self.bridge.name, address = %address, reason = %format!("0x{:02X}", code.as_u8()), "bridge connection refused by the remote");
+                }
+                Err(ConnectFailure::Failed(why)) => {
+                    self.metrics.connect_attempt("failed");
+                    tracing::warn!(bridge = %self.bridge.name, address = %address, error = %why, "bridge cannot reach the remote");
+                }
+            }
+        }
+        let delay = self.backoff.next_delay();
+        self.reconnect_at = Instant::now() + delay;
+        tracing::debug!(bridge = %self.bridge.name, retry_ms = delay.as_millis() as u64, "bridge reconnects later");
+    }
+
+    /// No silent downgrade: a remote whose Maximum QoS is below a rule's.
+    fn refusal(&self, remote: &Remote) -> Option<String> {
+        let max = remote.granted.maximum_qos;
+        let out = self
+            .bridge
+            .out
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.qos > max);
+        let inbound = self
+            .bridge
+            .inbound
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.qos > max);
+        match (out, inbound) {
+            (Some((j, r)), _) => Some(format!(
+                "its Maximum QoS is {max}, below qos {} of out[{j}] ({})",
+                r.qos, r.channel
+            )),
+            (None, Some((j, r))) => Some(format!(
+                "its Maximum QoS is {max}, below qos {} of in[{j}] ({})",
+                r.qos, r.filter
+            )),
+            (None, None) => None,
+        }
+    }
+
+    fn connected(&mut self, mut remote: Remote) {
+        self.backoff.reset();
+        let granted = remote.granted;
+        self.window = usize::from(self.bridge.max_inflight.min(granted.receive_maximum)).max(1);
+        tracing::info!(bridge = %self.bridge.name, address = %remote.address, protocol = %remote.version,
+            session_present = granted.session_present, window = self.window, "bridge connected");
+        self.metrics.connected.store(1, Relaxed);
+        if !granted.session_present {
+            // The remote forgot the exchanges it had: nothing is owed to
+            // it any more, and what it had not answered is sent anew.
+            self.inbound.retain(|_, e| e.stage != InStage::Stored);
+        }
+        if !self.bridge.inbound.is_empty() {
+            let filters = self
+                .bridge
+                .inbound
+                .iter()
+                .map(|r| SubscribeFilter {
+                    filter: r.filter.clone(),
+                    options: SubscriptionOptions {
+                        qos: QoS::from_u8(r.qos).unwrap_or(QoS::AtLeastOnce),
+                        // Loops: nothing the bridge published comes back.
+                        no_local: true,
+                        retain_as_published: true,
+                        retain_handling: RetainHandling::OnNewSubscribe,
+                    },
+                })
+                .collect();
+            remote.queue(&Packet::Subscribe(Subscribe {
+                packet_id: 1,
+                filters,
+                properties: SubscribeProperties::default(),
+            }));
+        }
+        // What was in flight goes again, in its order, DUP set.
+        let inflight = std::mem::take(&mut self.inflight);
+        for (seq, mut send) in inflight.into_iter().rev() {
+            send.publish.dup = send.publish.qos != QoS::AtMostOnce;
+            send.sent_at = None;
+            self.pending.push_front((seq, send));
+        }
+        self.by_remote_id.clear();
+        let now = Instant::now();
+        self.last_sent = now;
+        self.last_received = now;
+        self.remote = Some(remote);
+    }
+
+    fn remote_lost(&mut self, why: &str) {
+        if self.remote.take().is_none() {
+            return;
+        }
+        self.metrics.connected.store(0, Relaxed);
+        let delay = self.backoff.next_delay();
+        self.reconnect_at = Instant::now() + delay;
+        tracing::warn!(bridge = %self.bridge.name, error = %why, inflight = self.inflight.len(),
+            retry_ms = delay.as_millis() as u64, "bridge lost the remote; the position holds");
+    }
+
+    async fn connect_local(&mut self) {
+        let consume: Vec<Consume> = self
+            .bridge
+            .out
+            .iter()
+            .map(|r| Consume {
+                channel: r.channel.clone(),
+                qos: r.qos,
+                earliest: r.from == crate::config::bridge::StartFrom::Earliest,
+            })
+            .collect();
+        let receive_maximum = u16::try_from(self.window).unwrap_or(u16::MAX);
+        match Local::connect(
+            &self.bridge.name,
+            receive_maximum,
+            &consume,
+            self.shared.events.clone(),
+            &self.shared.generation,
+            self.shared.outbound_queue,
+        )
+        .await
+        {
+            Ok(local) => self.local = Some(local),
+            Err(LocalGone::Stopped) => {}
+            Err(LocalGone::Closed(why)) => {
+                tracing::error!(bridge = %self.bridge.name, error = %why, "bridge cannot connect to the broker");
+                self.local_retry_at = Instant::now() + LOCAL_RETRY;
+            }
+        }
+    }
+
+    async fn local_lost(&mut self, gone: LocalGone) {
+        self.local = None;
+        if *self.stop.borrow() {
+            return;
+        }
+        if let LocalGone::Closed(why) = gone {
+            tracing::warn!(bridge = %self.bridge.name, error = %why, "bridge's connection to the broker ended; it starts again from the stored position");
+        }
+        // Every exchange named the old connection's packet ids: the state
+        // sends the records again from its position, and the remote sends
+        // again what it was not answered once it is reconnected.
+        self.to_local.clear();
+        self.pending.clear();
+        self.inflight.clear();
+        self.by_remote_id.clear();
+        self.blocked.clear();
+        self.inbound.clear();
+        self.by_local_id.clear();
+        self.metrics.inflight.store(0, Relaxed);
+        if let Some(remote) = self.remote.take() {
+            self.metrics.connected.store(0, Relaxed);
+            remote.close().await;
+        }
+        self.local_retry_at = Instant::now() + LOCAL_RETRY;
+        self.reconnect_at = Instant::now() + LOCAL_RETRY;
+    }
+
+    /// Keep alive both ways, and the oldest send's ack timeout.
+    fn check_remote(&mut self, now: Instant) {
+        let Some(remote) = self.remote.as_mut() else {
+            return;
+        };
+        let keep_alive = remote
+            .granted
+            .keep_alive
+            .map_or(self.bridge.keepalive, |s| Duration::from_secs(u64::from(s)));
+        if !keep_alive.is_zero() {
+            if now.duration_since(self.last_received) > keep_alive + keep_alive / 2 {
+                self.remote_lost("nothing received within 1.5 times the keep alive");
+                return;
+            }
+            if now.duration_since(self.last_sent) >= keep_alive {
+                remote.queue(&Packet::PingReq);
+                self.last_sent = now;
+            }
+        }
+        let oldest = self.inflight.values().filter_map(|s| s.sent_at).min();
+        if let Some(sent_at) = oldest {
+            if now.duration_since(sent_at) >= self.bridge.ack_timeout {
+                tracing::warn!(bridge = %self.bridge.name, inflight = self.inflight.len(),
+                    ack_timeout_ms = self.bridge.ack_timeout.as_millis() as u64,
+                    "bridge send unanswered past ack_timeout; reconnecting to send it again");
+                self.remote_lost("ack timeout");
+                // At once: the remote is there, it only stopped answering.
+                self.reconnect_at = now;
+            }
+        }
+    }
+
+    /// Hand the state what this turn owes it, then write what the remote
+    /// is owed.
+    async fn flush(&mut self) {
+        if !self.to_local.is_empty() {
+            let packets = std::mem::take(&mut self.to_local);
+            if let Some(local) = &self.local {
+                if let Err(gone) = local.send(packets).await {
+                    self.local_lost(gone).await;
+                }
+            }
+        }
+        let Some(remote) = self.remote.as_mut() else {
+            return;
+        };
+        if !remote.has_queued() {
+            return;
+        }
+        self.last_sent = Instant::now();
+        match tokio::time::timeout(self.bridge.ack_timeout, remote.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => self.remote_lost(&why),
+            Err(_) => self.remote_lost("the remote does not read what it is sent"),
+        }
+    }
+
+    // ---- out ----
+
+    async fn on_local(&mut self, answer: Outbound) {
+        match answer {
+            Outbound::Publish {
+                packet_id,
+                qos,
+                retain,
+                message,
+                expiry,
+                ..
+            } => {
+                self.delivered(packet_id, qos, retain, &message, expiry)
+                    .await
+            }
+            Outbound::PubAck { packet_id, reason } => {
+                self.local_answered(packet_id, reason, false).await
+            }
+            Outbound::PubRec { packet_id, reason } => {
+                self.local_answered(packet_id, reason, true).await
+            }
+            Outbound::PubComp { .. }
+            | Outbound::PubRel { .. }
+            | Outbound::PingResp
+            | Outbound::UnsubAck { .. }
+            | Outbound::Auth { .. }
+            | Outbound::ConnAck { .. } => {}
+            Outbound::SubAck { packet_id, reasons } => {
+                let rule = usize::from(packet_id).saturating_sub(1);
+                if let (Some(r), Some(code)) = (self.bridge.out.get(rule), reasons.first()) {
+                    if code.is_error() {
+                        tracing::error!(bridge = %self.bridge.name, channel = %r.channel, reason = %format!("0x{:02X}", code.as_u8()), "the broker refused the bridge's subscription to its channel");
+                    }
+                }
+            }
+            Outbound::Disconnect { reason, .. } => {
+                self.local_lost(LocalGone::Closed(format!(
+                    "DISCONNECT 0x{:02X}",
+                    reason.as_u8()
+                )))
+                .await;
+            }
+        }
+    }
+
+    async fn delivered(
+        &mut self,
+        local_id: u16,
+        qos: u8,
+        retain: bool,
+        message: &crate::broker::message::Message,
+        expiry: Option<u32>,
+    ) {
+        let topic = message.topic.as_str();
+        let first = topic.split('/').next().unwrap_or(topic);
+        let Some(rule_index) = self.bridge.out.iter().position(|r| r.channel == first) else {
+            self.metrics.skipped("no_rule");
+            self.ack_local(local_id, qos).await;
+            return;
+        };
+        let rule = &self.bridge.out[rule_index];
+        let user = &message.properties.user_properties;
+        // One hop across brokers too: a record another saguin's bridge
+        // sent here carries `saguin-channel` from that bridge (MQTT 5),
+        // and going out again would start a loop between the two.
+        if user.iter().any(|(k, _)| k == CHANNEL_PROPERTY) {
+            self.metrics.skipped("looped");
+            self.ack_local(local_id, qos).await;
+            return;
+        }
+        let offset = user
+            .iter()
+            .find(|(k, _)| k == OFFSET_PROPERTY)
+            .and_then(|(_, v)| v.parse::<u64>().ok());
+        if let Some((_, gap)) = user.iter().find(|(k, _)| k == GAP_PROPERTY) {
+            if let Some((from, to)) = gap
+                .split_once('-')
+                .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+            {
+                self.metrics
+                    .gap_records
+                    .fetch_add(to.saturating_sub(from) + 1, Relaxed);
+                tracing::warn!(bridge = %self.bridge.name, channel = %rule.channel, from, to, "bridge gap");
+            }
+        }
+        let mut properties = message.properties.clone();
+        properties.topic_alias = None;
+        properties.subscription_identifiers.clear();
+        properties.message_expiry_interval = expiry;
+        properties
+            .user_properties
+            .push((CHANNEL_PROPERTY.to_owned(), rule.channel.clone()));
+        let publish = Publish {
+            dup: false,
+            qos: QoS::from_u8(qos).unwrap_or(QoS::AtMostOnce),
+            retain: retain && rule.retain == RetainMode::AsPublished,
+            topic: format!("{}{topic}", rule.remote_prefix).into(),
+            packet_id: 0,
+            properties,
+            payload: message.payload.clone(),
+        };
+        if qos == 0 {
+            // At most once: sent when the link is up, not kept when it is
+            // down (the state sends QoS 0 as fast as it is taken).
+            match self
+                .remote
+                .as_mut()
+                .map(|r| r.queue(&Packet::Publish(publish)))
+            {
+                Some(true) => {
+                    self.metrics.sent.fetch_add(1, Relaxed);
+                }
+                Some(false) => self.too_large(rule_index, offset),
+                None => self.metrics.skipped("offline_qos0"),
+            }
+            return;
+        }
+        self.seq += 1;
+        let send = OutSend {
+            local_id,
+            rule: rule_index,
+            offset,
+            publish,
+            received_at: message.received_at,
+            sent_at: None,
+        };
+        self.pending.push_back((self.seq, send));
+        self.pump();
+        // A record too large for the remote was skipped by the pump: its
+        // acknowledgement goes back at once.
+        self.ack_skipped().await;
+    }
+
+    fn too_large(&self, rule: usize, offset: Option<u64>) {
+        self.metrics.skipped("too_large");
+        tracing::warn!(bridge = %self.bridge.name, channel = %self.bridge.out[rule].channel,
+            offset = offset.unwrap_or(0), "bridge skipped a record larger than the remote's Maximum Packet Size");
+    }
+
+    /// Send what waits, as far as the remote's window allows.
+    fn pump(&mut self) {
+        let Some(remote) = self.remote.as_mut() else {
+            return;
+        };
+        while self.inflight.len() < self.window {
+            let Some((seq, mut send)) = self.pending.pop_front() else {
+                break;
+            };
+            // A resend keeps its packet id (the remote's session may hold
+            // it); resends leave first, so no fresh send has taken it.
+            let fresh = send.publish.packet_id == 0;
+            if fresh || self.by_remote_id.contains_key(&send.publish.packet_id) {
+                let Some(id) = free_id(&mut self.next_remote_id, |id| {
+                    self.by_remote_id.contains_key(&id)
+                }) else {
+                    self.pending.push_front((seq, send));
+                    break;
+                };
+                send.publish.packet_id = id;
+            }
+            let packet = Packet::Publish(send.publish.clone());
+            if !remote.fits(&packet) {
+                self.skipped_sends.push(send);
+                continue;
+            }
+            if fresh {
+                self.metrics.sent.fetch_add(1, Relaxed);
+            } else {
+                self.metrics.resent.fetch_add(1, Relaxed);
+            }
+            remote.queue(&packet);
+            send.sent_at = Some(Instant::now());
+            self.by_remote_id.insert(send.publish.packet_id, seq);
+            self.inflight.insert(seq, send);
+        }
+        self.metrics
+            .inflight
+            .store(self.inflight.len() as i64, Relaxed);
+    }
+
+    async fn ack_skipped(&mut self) {
+        for send in std::mem::take(&mut self.skipped_sends) {
+            self.too_large(send.rule, send.offset);
+            self.ack_local(send.local_id, 1).await;
+        }
+    }
+
+    async fn ack_local(&mut self, local_id: u16, qos: u8) {
+        if qos == 0 {
+            return;
+        }
+        if self.local.is_some() {
+            self.to_local.push(Inbound::PubAck {
+                packet_id: local_id,
+                reason: ReasonCode::Success,
+            });
+        }
+    }
+
+    /// The remote answered a send.
+    async fn remote_acked(&mut self, packet_id: u16, reason: ReasonCode) {
+        let Some(seq) = self.by_remote_id.remove(&packet_id) else {
+            return;
+        };
+        let Some(mut send) = self.inflight.remove(&seq) else {
+            return;
+        };
+        if reason.is_error() {
+            let code = format!("0x{:02X}", reason.as_u8());
+            self.metrics.refused(&code);
+            tracing::warn!(bridge = %self.bridge.name, channel = %self.bridge.out[send.rule].channel,
+                offset = send.offset.unwrap_or(0), reason = %code, state = "blocked",
+                retry_ms = self.bridge.reconnect.base.as_millis() as u64,
+                "the remote refused a record; the position holds and it is sent again");
+            send.publish.packet_id = 0;
+            send.publish.dup = false;
+            send.sent_at = None;
+            self.blocked
+                .push_back((Instant::now() + self.bridge.reconnect.base, send));
+            return;
+        }
+        self.metrics.acked.fetch_add(1, Relaxed);
+        if let Some(offset) = send.offset {
+            let next = &mut self.acked_next[send.rule];
+            *next = Some(next.map_or(offset + 1, |n| n.max(offset + 1)));
+        }
+        self.ack_local(send.local_id, 1).await;
+        self.pump();
+        self.ack_skipped().await;
+    }
+
+    fn retry_blocked(&mut self, now: Instant) {
+        while self.blocked.front().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, send)) = self.blocked.pop_front() {
+                self.seq += 1;
+                self.pending.push_front((self.seq, send));
+            }
+        }
+    }
+
+    fn publish_lag(&self, now: Instant) {
+        for (i, rule) in self.bridge.out.iter().enumerate() {
+            let held = self
+                .pending
+                .iter()
+                .map(|(_, s)| s)
+                .chain(self.inflight.values())
+                .chain(self.blocked.iter().map(|(_, s)| s))
+                .filter(|s| s.rule == i);
+            let (mut lowest, mut oldest) = (None::<u64>, None::<Instant>);
+            for s in held {
+                if let Some(o) = s.offset {
+                    lowest = Some(lowest.map_or(o, |l| l.min(o)));
+                }
+                oldest = Some(oldest.map_or(s.received_at, |t| t.min(s.received_at)));
+            }
+            let Some((next, floor)) = self
+                .shared
+                .channels
+                .get(&rule.channel)
+                .and_then(super::bounds)
+            else {
+                continue;
+            };
+            let position = lowest.or(self.acked_next[i]).unwrap_or(floor.max(1));
+            let records = next.saturating_sub(position);
+            let seconds = match (records, oldest) {
+                (0, _) => 0.0,
+                (_, Some(t)) => now.saturating_duration_since(t).as_secs_f64(),
+                (_, None) => 0.0,
+            };
+            self.metrics.set_lag(&rule.channel, records, seconds);
+        }
+    }
+
+    // ---- in ----
+
+    async fn on_remote(&mut self, packet: Packet) {
+        match packet {
+            Packet::PubAck(ack) => self.remote_acked(ack.packet_id, ack.reason).await,
+            Packet::Publish(publish) => self.remote_published(publish).await,
+            Packet::PubRel(rel) => {
+                // The record committed before PUBREC: the release only
+                // completes the remote's exchange.
+                self.inbound.remove(&rel.packet_id);
+                self.answer_remote(Packet::PubComp(PubAck::new(rel.packet_id)));
+            }
+            Packet::PubRec(rec) => {
+                // The bridge sends at QoS 0 or 1 only; a PUBREC is the
+                // remote's mistake, answered so its exchange can end.
+                self.answer_remote(Packet::PubRel(PubAck::new(rec.packet_id)));
+            }
+            Packet::SubAck(ack) => {
+                for (rule, code) in self.bridge.inbound.iter().zip(ack.reasons.iter()) {
+                    let granted = match code {
+                        ReasonCode::Success => Some(0),
+                        ReasonCode::GrantedQoS1 => Some(1),
+                        ReasonCode::GrantedQoS2 => Some(2),
+                        _ => None,
+                    };
+                    match granted {
+                        Some(q) if q >= rule.qos => {}
+                        Some(q) => {
+                            self.metrics.refused("suback_downgrade");
+                            tracing::error!(bridge = %self.bridge.name, filter = %rule.filter, asked = rule.qos, granted = q,
+                                "the remote granted a lower QoS than the rule's; messages arrive at the lower QoS");
+                        }
+                        None => {
+                            let code = format!("0x{:02X}", code.as_u8());
+                            self.metrics.refused(&format!("suback_{code}"));
+                            tracing::error!(bridge = %self.bridge.name, filter = %rule.filter, reason = %code, "the remote refused the bridge's subscription");
+                        }
+                    }
+                }
+            }
+            Packet::Disconnect(d) => {
+                self.remote_lost(&format!(
+                    "DISCONNECT 0x{:02X} from the remote",
+                    d.reason.as_u8()
+                ));
+            }
+            Packet::PingResp | Packet::PubComp(_) | Packet::UnsubAck(_) | Packet::Auth(_) => {}
+            other => self.remote_lost(&format!(
+                "unexpected {} from the remote",
+                other.packet_type()
+            )),
+        }
+    }
+
+    fn answer_remote(&mut self, packet: Packet) {
+        if let Some(remote) = self.remote.as_mut() {
+            remote.queue(&packet);
+        }
+    }
+
+    async fn remote_published(&mut self, publish: Publish) {
+        self.metrics.received.fetch_add(1, Relaxed);
+        let remote_qos = publish.qos.as_u8();
+        let id = publish.packet_id;
+        if remote_qos > 0 {
+            if let Some(entry) = self.inbound.get(&id) {
+                // A resend of one already on its way, or already committed.
+                if entry.stage == InStage::Stored {
+                    self.answer_stored(id, entry.remote_qos);
+                }
+                return;
+            }
+        }
+        let topic = publish.topic.as_str();
+        let mapped = self
+            .bridge
+            .inbound
+            .iter()
+            .find(|r| crate::topic::filter_matches(&r.filter, topic))
+            .and_then(|r| Some((r.local_topic(topic)?, r.qos)));
+        let Some((local_topic, rule_qos)) = mapped else {
+            self.metrics.skipped("no_rule");
+            tracing::warn!(bridge = %self.bridge.name, topic, "bridge received a topic no in rule maps; acknowledged and dropped");
+            self.answer_stored(id, remote_qos);
+            return;
+        };
+        let mut properties = publish.properties;
+        properties.topic_alias = None;
+        properties.subscription_identifiers.clear();
+        // QoS 2 from the remote is written at QoS 1 here: the record
+        // commits before PUBREC, so a crash after PUBREC loses nothing
+        // (a held QoS 2 publish of the bridge's session, which does not
+        // outlive its connection, would be dropped at the restart).
+        let local_qos = remote_qos.min(rule_qos).min(1);
+        let inbound = InboundPublish {
+            packet_id: 0,
+            qos: local_qos,
+            retain: publish.retain,
+            dup: false,
+            topic: local_topic.into(),
+            payload: publish.payload,
+            properties,
+        };
+        if local_qos == 0 {
+            self.publish_local(inbound).await;
+            if remote_qos > 0 {
+                // At most once was asked for: the remote is answered now.
+                self.answer_stored(id, remote_qos);
+            }
+            return;
+        }
+        self.inbound.insert(
+            id,
+            InEntry {
+                local_id: 0,
+                remote_qos,
+                publish: inbound,
+                stage: InStage::Local,
+            },
+        );
+        self.publish_entry(id).await;
+    }
+
+    /// Publish entry `remote_id` on the local connection under a free id.
+    async fn publish_entry(&mut self, remote_id: u16) {
+        let Some(local_id) = free_id(&mut self.next_local_id, |id| {
+            self.by_local_id.contains_key(&id)
+        }) else {
+            return;
+        };
+        let Some(entry) = self.inbound.get_mut(&remote_id) else {
+            return;
+        };
+        entry.local_id = local_id;
+        entry.stage = InStage::Local;
+        let mut publish = entry.publish.clone();
+        publish.packet_id = local_id;
+        self.by_local_id.insert(local_id, remote_id);
+        self.publish_local(publish).await;
+    }
+
+    async fn publish_local(&mut self, publish: InboundPublish) {
+        if self.local.is_some() {
+            self.to_local.push(Inbound::Publish(publish));
+        }
+    }
+
+    /// PUBACK (QoS 1) or PUBREC (QoS 2) for a message that is committed.
+    fn answer_stored(&mut self, remote_id: u16, remote_qos: u8) {
+        match remote_qos {
+            // Kept until the link is up again when it is down.
+            1 if self.remote.is_some() => {
+                self.inbound.remove(&remote_id);
+                self.answer_remote(Packet::PubAck(PubAck::new(remote_id)));
+            }
+            2 => self.answer_remote(Packet::PubRec(PubAck::new(remote_id))),
+            _ => {}
+        }
+    }
+
+    /// The state answered a local publish of the bridge.
+    async fn local_answered(&mut self, local_id: u16, reason: ReasonCode, _rec: bool) {
+        let Some(remote_id) = self.by_local_id.remove(&local_id) else {
+            return;
+        };
+        let Some(entry) = self.inbound.get_mut(&remote_id) else {
+            return;
+        };
+        if reason.is_error() {
+            // No acknowledgement: the remote keeps the message, and it is
+            // published here again later.
+            let retry = Instant::now() + self.bridge.reconnect.base;
+            entry.stage = InStage::Refused(retry);
+            tracing::warn!(bridge = %self.bridge.name, topic = %entry.publish.topic, reason = %format!("0x{:02X}", reason.as_u8()),
+                retry_ms = self.bridge.reconnect.base.as_millis() as u64,
+                "the broker refused a message from the remote; the remote is not acknowledged and it is published again");
+            return;
+        }
+        entry.stage = InStage::Stored;
+        let remote_qos = entry.remote_qos;
+        self.answer_stored(remote_id, remote_qos);
+    }
+
+    async fn retry_inbound(&mut self, now: Instant) {
+        let due: Vec<u16> = self
+            .inbound
+            .iter()
+            .filter(|(_, e)| matches!(e.stage, InStage::Refused(at) if at <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            self.publish_entry(id).await;
+        }
+    }
+}
+
+/// The next packet id not in use, from `next` on (1..=65535).
+fn free_id(next: &mut u16, used: impl Fn(u16) -> bool) -> Option<u16> {
+    for _ in 0..u16::MAX {
+        let id = *next;
+        *next = if *next == u16::MAX { 1 } else { *next + 1 };
+        if !used(id) {
+            return Some(id);
+        }
+    }
+    None
+}
+
+async fn recv_local(local: &mut Option<Local>) -> Result<Vec<Outbound>, LocalGone> {
+    match local {
+        Some(local) => local.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn recv_remote(remote: &mut Option<Remote>) -> Result<Packet, String> {
+    match remote {
+        Some(remote) => remote.recv().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,200 @@
+//! Bridges into other MQTT brokers (`bridges` in the configuration).
+//!
+//! A bridge is two MQTT clients joined inside the broker process: a
+//! [`local`] connection to the broker state, made of events on the broker
+//! task's queue rather than a socket, and a [`remote`] one, written on the
+//! project's codec over TCP or TLS. [`link`] joins them: what the state
+//! delivers from an `out` channel goes to the remote and is acknowledged to
+//! the state only once the remote acknowledged it; what the remote sends
+//! for an `in` rule is published into a channel and acknowledged to the
+//! remote only once the state acknowledged it, which it does after commit.
+//!
+//! The local connection is marked as the bridge's
+//! (`ConnectRequest::bridge`): its records carry the bridge's name, its
+//! place in each channel is the reader `bridge:<name>`, stored every
+//! `broker.session.ack_commit_interval`, when it goes away and at
+//! shutdown, kept past its session, and it is never handed a record that
+//! arrived over a bridge (one hop).
+//!
+//! [`Bridges::start`] runs one task per bridge; [`Bridges::stop`] ends them
+//! before the state shuts down, so their positions are stored with the
+//! rest.
+
+mod link;
+mod local;
+mod remote;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::metrics::Metrics;
+use super::state::Event;
+use crate::config::bridge::Bridge;
+use crate::storage::contract::{ChannelStore, Position, Reader};
+
+/// The user property naming the channel of a record sent out (MQTT 5),
+/// beside `saguin-offset`: together they let a consumer deduplicate.
+pub const CHANNEL_PROPERTY: &str = "saguin-channel";
+
+/// How long a stop waits for a bridge to say goodbye to both sides.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What every bridge task shares.
+pub(crate) struct Shared {
+    pub events: mpsc::Sender<Event>,
+    /// The generation numbers connections are named by (the listeners'
+    /// counter: one space of names).
+    pub generation: Arc<AtomicU64>,
+    pub metrics: Arc<Metrics>,
+    /// The stores of the channels served, for the lag gauges.
+    pub channels: HashMap<String, ChannelStore>,
+    /// `Limits::outbound_queue`: a writer says it drained below half of it.
+    pub outbound_queue: usize,
+}
+
+/// The running bridges.
+pub struct Bridges {
+    stop: watch::Sender<bool>,
+    tasks: Vec<(String, JoinHandle<()>)>,
+}
+
+impl Bridges {
+    /// State each bridge's direction, guarantee and lag, and start it.
+    pub fn start(
+        bridges: &[Bridge],
+        events: mpsc::Sender<Event>,
+        generation: Arc<AtomicU64>,
+        metrics: Arc<Metrics>,
+        channels: HashMap<String, ChannelStore>,
+        outbound_queue: usize,
+    ) -> Bridges {
+        let (stop, stop_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            events,
+            generation,
+            metrics,
+            channels,
+            outbound_queue,
+        });
+        let mut tasks = Vec::new();
+        for bridge in bridges {
+            let stored = stored_positions(bridge, &shared.channels);
+            log_startup(bridge, &stored, &shared.channels);
+            let link = link::Link::new(
+                Arc::new(bridge.clone()),
+                shared.clone(),
+                stop_rx.clone(),
+                stored,
+            );
+            tasks.push((bridge.name.clone(), tokio::spawn(link.run())));
+        }
+        Bridges { stop, tasks }
+    }
+
+    /// End every bridge: DISCONNECT to the remote (which keeps the
+    /// session), the local connection closed so its positions are stored.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for (name, mut task) in self.tasks {
+            if tokio::time::timeout(STOP_TIMEOUT, &mut task).await.is_err() {
+                tracing::warn!(bridge = %name, "bridge did not stop in time; abandoned");
+                task.abort();
+            }
+        }
+    }
+}
+
+/// Each `out` rule's stored position, where its channel is served.
+fn stored_positions(bridge: &Bridge, channels: &HashMap<String, ChannelStore>) -> Vec<Option<u64>> {
+    let reader = Reader::bridge(&bridge.name).ok();
+    bridge
+        .out
+        .iter()
+        .map(|rule| {
+            let store = channels.get(&rule.channel)?;
+            let position = position_in(store, reader.as_ref()?)?;
+            Some(position.offset)
+        })
+        .collect()
+}
+
+fn position_in(store: &ChannelStore, reader: &Reader) -> Option<Position> {
+    match store {
+        ChannelStore::Append(s) => s.position(reader).ok().flatten(),
+        ChannelStore::Latest(s) => s.position(reader).ok().flatten(),
+        ChannelStore::Queue(_) => None,
+    }
+}
+
+/// A forwarded channel's `next` and `floor`.
+pub(crate) fn bounds(store: &ChannelStore) -> Option<(u64, u64)> {
+    match store {
+        ChannelStore::Append(s) => Some((s.next(), s.floor())),
+        ChannelStore::Latest(s) => Some((s.next(), s.floor())),
+        ChannelStore::Queue(_) => None,
+    }
+}
+
+fn log_startup(bridge: &Bridge, stored: &[Option<u64>], channels: &HashMap<String, ChannelStore>) {
+    let direction = match (bridge.out.is_empty(), bridge.inbound.is_empty()) {
+        (false, false) => "out and in",
+        (false, true) => "out",
+        (true, false) => "in",
+        (true, true) => "none",
+    };
+    let mut guarantee = Vec::new();
+    let mut lag = Vec::new();
+    for (rule, position) in bridge.out.iter().zip(stored) {
+        guarantee.push(format!(
+            "out {}: {}",
+            rule.channel,
+            if rule.qos == 0 {
+                "at most once (qos 0): records sent while the remote is down are not kept for it"
+            } else {
+                "at least once from the stored position: duplicates after a restart, never a loss"
+            }
+        ));
+        if let Some((next, floor)) = channels.get(&rule.channel).and_then(bounds) {
+            let start = match (position, rule.from) {
+                (Some(p), _) => *p,
+                (None, crate::config::bridge::StartFrom::Earliest) => floor.max(1),
+                (None, crate::config::bridge::StartFrom::Next) => next,
+            };
+            lag.push(format!(
+                "{}={}{}",
+                rule.channel,
+                next.saturating_sub(start),
+                if position.is_some() {
+                    ""
+                } else {
+                    " (no stored position)"
+                }
+            ));
+        }
+    }
+    for rule in &bridge.inbound {
+        guarantee.push(format!(
+            "in {}: {}",
+            rule.filter,
+            if rule.qos == 0 {
+                "at most once (qos 0)"
+            } else {
+                "the remote is acknowledged only after the record committed"
+            }
+        ));
+    }
+    tracing::info!(
+        bridge = %bridge.name,
+        address = %bridge.addresses.join(","),
+        protocol = bridge.protocol.as_str(),
+        direction,
+        guarantee = %guarantee.join("; "),
+        lag_records = %lag.join(","),
+        "bridge"
+    );
+}

@@ -1,0 +1,404 @@
+//! Bridge benchmark, side by side in one run: Mosquitto's bridge into a
+//! Mosquitto, against saguin's bridge (channel on memory, then on sqlite)
+//! into the same kind of Mosquitto.
+//!
+//! `cargo bench --bench bridge` (release). 8 QoS 1 publishers of 128-byte
+//! payloads publish into the edge broker; one QoS 1 subscriber at the
+//! remote counts every message (a missing one fails the run) and takes the
+//! end-to-end latency from the send time in the payload. Then the backlog
+//! case: the remote is stopped, a backlog is published into the edge, the
+//! remote started again, and the time until the whole backlog arrived is
+//! the drain time. Windows (Mosquitto `max_inflight_messages`, saguin
+//! `max_inflight`) 20 and 64.
+//!
+//! Environment: `SAGUIN_BENCH_MESSAGES` (default 40,000 per run),
+//! `SAGUIN_BENCH_BACKLOG` (default 100,000), `SAGUIN_BENCH_WINDOWS`
+//! (default `20,64`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, BytesMut};
+use saguin::broker::codec::{
+    self, Connect, ConnectProperties, FrameDecoder, Packet, ProtocolVersion, PubAck, Publish,
+    PublishProperties, QoS, Subscribe, SubscribeFilter, SubscribeProperties, SubscriptionOptions,
+};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+const PUBLISHERS: usize = 8;
+const PAYLOAD: usize = 128;
+/// Outstanding publishes per publisher.
+const PUBLISH_WINDOW: usize = 32;
+const V: ProtocolVersion = ProtocolVersion::V311;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ns() -> u64 {
+    epoch().elapsed().as_nanos() as u64
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.replace('_', "").parse().ok())
+        .unwrap_or(default)
+}
+
+struct Conn {
+    stream: TcpStream,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    decoder: FrameDecoder,
+}
+
+impl Conn {
+    async fn connect(addr: SocketAddr, client_id: &str, clean: bool) -> Result<Conn, Error> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let mut c = Conn {
+            stream,
+            rbuf: BytesMut::with_capacity(64 * 1024),
+            wbuf: BytesMut::with_capacity(64 * 1024),
+            decoder: FrameDecoder::client(16 << 20, V),
+        };
+        c.queue(&Packet::Connect(Connect {
+            protocol: V,
+            clean_start: clean,
+            keep_alive: 0,
+            client_id: client_id.into(),
+            will: None,
+            username: None,
+            password: None,
+            properties: ConnectProperties::default(),
+        }))?;
+        c.flush().await?;
+        match c.recv().await? {
+            Packet::ConnAck(a) if !a.reason.is_error() => Ok(c),
+            other => Err(format!("CONNACK expected, got {other:?}").into()),
+        }
+    }
+
+    fn queue(&mut self, p: &Packet) -> Result<(), Error> {
+        codec::encode(p, V, &mut self.wbuf)?;
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), Error> {
+        self.stream.write_all(&self.wbuf).await?;
+        self.wbuf.clear();
+        Ok(())
+    }
+
+    async fn recv(&mut self) -> Result<Packet, Error> {
+        loop {
+            if let Some(p) = self.decoder.decode(&mut self.rbuf)? {
+                return Ok(p);
+            }
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                return Err("closed".into());
+            }
+        }
+    }
+}
+
+/// A broker process started here, its log read for readiness.
+struct Proc {
+    child: Child,
+}
+
+impl Proc {
+    /// SIGTERM and wait: Mosquitto writes its persistence file, so the
+    /// subscriber's session and what it is owed survive the restart.
+    async fn terminate(mut self) {
+        if let Some(pid) = self.child.id() {
+            unsafe {
+                libc::kill(pid as i32, libc::SIGTERM);
+            }
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn wait_line(child: &mut Child, pattern: &str) -> Result<(), Error> {
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await? {
+            if line.contains(pattern) {
+                return Ok::<bool, std::io::Error>(true);
+            }
+        }
+        Ok(false)
+    })
+    .await??;
+    if !found {
+        return Err(format!("never logged {pattern:?}").into());
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(())
+}
+
+async fn mosquitto(dir: &Path, name: &str, port: u16, extra: &str) -> Result<Proc, Error> {
+    let conf = dir.join(format!("{name}.conf"));
+    std::fs::write(
+        &conf,
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/{name}-\nmax_queued_messages 0\nlog_dest stderr\nlog_type information\n{extra}\n",
+            dir.display()
+        ),
+    )?;
+    let mut child = Command::new("/usr/sbin/mosquitto")
+        .arg("-c")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    wait_line(&mut child, " running").await?;
+    Ok(Proc { child })
+}
+
+async fn saguin(
+    dir: &Path,
+    port: u16,
+    storage: &str,
+    remote: u16,
+    window: usize,
+) -> Result<Proc, Error> {
+    let provider = match storage {
+        "sqlite" => format!(
+            "{{ name: db, kind: sqlite, file_path: {}/bench.db }}",
+            dir.display()
+        ),
+        _ => "{ name: db, kind: memory }".to_owned(),
+    };
+    let conf = dir.join("saguin.yaml");
+    std::fs::write(
+        &conf,
+        format!(
+            "listeners: [{{ name: mqtt, bind: 127.0.0.1:{port} }}]
+auth: {{ allow_anonymous: true }}
+storage: [{provider}]
+channels: [{{ name: bench, kind: append, storage: db }}]
+log: {{ level: info }}
+bridges:
+  - name: cloud
+    address: 127.0.0.1:{remote}
+    protocol: mqtt311
+    client_id: bench.cloud
+    max_inflight: {window}
+    reconnect: {{ base: 100ms, cap: 500ms }}
+    out: [{{ channel: bench, remote_prefix: sites/17/, qos: 1 }}]
+"
+        ),
+    )?;
+    let bin = std::env::var_os("SAGUIN_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_saguin")));
+    let mut child = Command::new(bin)
+        .arg("serve")
+        .arg("--config")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    wait_line(&mut child, "bridge connected").await?;
+    Ok(Proc { child })
+}
+
+/// Publisher `p` sends `n` QoS 1 messages, `PUBLISH_WINDOW` outstanding.
+async fn publish(addr: SocketAddr, p: usize, n: usize) -> Result<(), Error> {
+    let mut c = Conn::connect(addr, &format!("bench-pub{p}"), true).await?;
+    let topic = format!("bench/p{p}");
+    let (mut sent, mut acked, mut id) = (0usize, 0usize, 1u16);
+    while acked < n {
+        while sent < n && sent - acked < PUBLISH_WINDOW {
+            let mut payload = BytesMut::with_capacity(PAYLOAD);
+            payload.put_u64(now_ns());
+            payload.resize(PAYLOAD, b'x');
+            c.queue(&Packet::Publish(Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                topic: topic.as_str().into(),
+                packet_id: id,
+                properties: PublishProperties::default(),
+                payload: payload.freeze(),
+            }))?;
+            id = id % 60_000 + 1;
+            sent += 1;
+        }
+        c.flush().await?;
+        match c.recv().await? {
+            Packet::PubAck(a) if !a.reason.is_error() => acked += 1,
+            Packet::PubAck(a) => return Err(format!("refused {a:?}").into()),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Subscribes (persistent session) and returns a task counting `n`
+/// messages: (latencies in ns, the instant the last arrived).
+async fn subscriber(
+    addr: SocketAddr,
+    n: usize,
+) -> Result<tokio::task::JoinHandle<Result<(Vec<u64>, Instant), Error>>, Error> {
+    let mut c = Conn::connect(addr, "bench-sub", false).await?;
+    c.queue(&Packet::Subscribe(Subscribe {
+        packet_id: 1,
+        filters: vec![SubscribeFilter {
+            filter: "sites/17/#".into(),
+            options: SubscriptionOptions {
+                qos: QoS::AtLeastOnce,
+                ..SubscriptionOptions::default()
+            },
+        }],
+        properties: SubscribeProperties::default(),
+    }))?;
+    c.flush().await?;
+    loop {
+        if let Packet::SubAck(_) = c.recv().await? {
+            break;
+        }
+    }
+    Ok(tokio::spawn(async move {
+        let mut latencies = Vec::with_capacity(n);
+        let mut seen = 0usize;
+        while seen < n {
+            if let Packet::Publish(p) = c.recv().await? {
+                let sent = u64::from_be_bytes(p.payload[..8].try_into()?);
+                latencies.push(now_ns().saturating_sub(sent));
+                seen += 1;
+                c.queue(&Packet::PubAck(PubAck::new(p.packet_id)))?;
+                if c.rbuf.is_empty() {
+                    c.flush().await?;
+                }
+            }
+        }
+        c.flush().await?;
+        Ok((latencies, Instant::now()))
+    }))
+}
+
+struct Figures {
+    rate: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+async fn run_live(edge: SocketAddr, remote: SocketAddr, n: usize) -> Result<Figures, Error> {
+    let sub = subscriber(remote, n).await?;
+    let started = Instant::now();
+    let per = n / PUBLISHERS;
+    let pubs: Vec<_> = (0..PUBLISHERS)
+        .map(|p| tokio::spawn(publish(edge, p, per)))
+        .collect();
+    for p in pubs {
+        p.await??;
+    }
+    let (mut lat, last) = tokio::time::timeout(Duration::from_secs(600), sub).await???;
+    lat.sort_unstable();
+    let at = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)] as f64 / 1e6;
+    Ok(Figures {
+        rate: (per * PUBLISHERS) as f64 / last.duration_since(started).as_secs_f64(),
+        p50_ms: at(0.50),
+        p99_ms: at(0.99),
+    })
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let messages = env_usize("SAGUIN_BENCH_MESSAGES", 40_000);
+    let backlog = env_usize("SAGUIN_BENCH_BACKLOG", 100_000);
+    let windows: Vec<usize> = std::env::var("SAGUIN_BENCH_WINDOWS")
+        .unwrap_or_else(|_| "20,64".into())
+        .split(',')
+        .filter_map(|w| w.trim().parse().ok())
+        .collect();
+    println!("bridge: {PUBLISHERS} QoS 1 publishers, {PAYLOAD} B, {messages} messages live, backlog {backlog}");
+    println!("| edge | window | delivered/s | p50 ms | p99 ms | backlog drain s |");
+    println!("|---|---|---|---|---|---|");
+    for &window in &windows {
+        for edge_kind in ["mosquitto", "saguin memory", "saguin sqlite"] {
+            match run_one(edge_kind, window, messages, backlog).await {
+                Ok((live, drain)) => println!(
+                    "| {edge_kind} | {window} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                    live.rate, live.p50_ms, live.p99_ms, drain
+                ),
+                Err(e) => println!("| {edge_kind} | {window} | failed: {e} | | | |"),
+            }
+        }
+    }
+}
+
+async fn run_one(
+    edge_kind: &str,
+    window: usize,
+    messages: usize,
+    backlog: usize,
+) -> Result<(Figures, f64), Error> {
+    let dir = tempfile::tempdir()?;
+    let (remote_port, edge_port) = (free_port(), free_port());
+    let remote_addr = SocketAddr::from(([127, 0, 0, 1], remote_port));
+    let edge_addr = SocketAddr::from(([127, 0, 0, 1], edge_port));
+    let mut remote = mosquitto(dir.path(), "remote", remote_port, "").await?;
+    let _edge = match edge_kind {
+        "mosquitto" => {
+            mosquitto(
+                dir.path(),
+                "edge",
+                edge_port,
+                &format!(
+                    "max_inflight_messages {window}\nconnection cloud\naddress 127.0.0.1:{remote_port}\nclientid bench.cloud\ncleansession false\nrestart_timeout 1\ntopic bench/# out 1 \"\" sites/17/\n"
+                ),
+            )
+            .await?
+        }
+        kind => saguin(dir.path(), edge_port, kind.trim_start_matches("saguin "), remote_port, window).await?,
+    };
+    // Let the bridge's subscription at the remote be in place: one message
+    // through before measuring.
+    run_live(edge_addr, remote_addr, PUBLISHERS).await?;
+    let live = run_live(edge_addr, remote_addr, messages).await?;
+    // Backlog: the remote away while the edge takes it all.
+    remote.terminate().await;
+    let per = backlog / PUBLISHERS;
+    let pubs: Vec<_> = (0..PUBLISHERS)
+        .map(|p| tokio::spawn(publish(edge_addr, p, per)))
+        .collect();
+    for p in pubs {
+        p.await??;
+    }
+    remote = mosquitto(dir.path(), "remote", remote_port, "").await?;
+    let started = Instant::now();
+    let sub = subscriber(remote_addr, per * PUBLISHERS).await?;
+    let (_, last) = tokio::time::timeout(Duration::from_secs(1200), sub).await???;
+    remote.terminate().await;
+    Ok((live, last.duration_since(started).as_secs_f64()))
+}

@@ -1,0 +1,323 @@
+//! Outbound bridges against a scripted remote, which answers exactly as
+//! the test says: a withheld PUBACK (ack_timeout, reconnect, resend with
+//! DUP), a Maximum QoS below the rule's (refused), a Maximum Packet Size
+//! below a record (skipped with its offset), a refusing PUBACK (held, sent
+//! again).
+
+mod bridge_support;
+mod broker_support;
+
+use bridge_support::saguin_yaml;
+use broker_support::{v5, Broker, ConnectOpts, Raw, WAIT};
+use bytes::BytesMut;
+use saguin::broker::codec::{
+    self, ConnAck, ConnAckProperties, FrameDecoder, Packet, ProtocolVersion, PubAck, Publish, QoS,
+    ReasonCode,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The server side of one bridge connection, on the project's codec.
+struct Peer {
+    stream: TcpStream,
+    buf: BytesMut,
+    decoder: FrameDecoder,
+}
+
+impl Peer {
+    /// Accept the bridge's next connection and answer its CONNECT.
+    async fn accept(
+        listener: &TcpListener,
+        connack: ConnAckProperties,
+        present: bool,
+    ) -> (Peer, codec::Connect) {
+        let (stream, _) = tokio::time::timeout(WAIT * 3, listener.accept())
+            .await
+            .expect("the bridge did not connect")
+            .unwrap();
+        let mut peer = Peer {
+            stream,
+            buf: BytesMut::new(),
+            decoder: FrameDecoder::server(1 << 20),
+        };
+        let connect = match peer.recv().await {
+            Some(Packet::Connect(c)) => c,
+            other => panic!("expected CONNECT, got {other:?}"),
+        };
+        peer.send(Packet::ConnAck(ConnAck {
+            session_present: present,
+            reason: ReasonCode::Success,
+            properties: connack,
+        }))
+        .await;
+        (peer, connect)
+    }
+
+    async fn recv(&mut self) -> Option<Packet> {
+        loop {
+            if let Some(p) = self.decoder.decode(&mut self.buf).expect("decodable") {
+                return Some(p);
+            }
+            match tokio::time::timeout(WAIT, self.stream.read_buf(&mut self.buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return None,
+                Ok(Ok(_)) => {}
+                Err(_) => panic!("nothing from the bridge within {WAIT:?}"),
+            }
+        }
+    }
+
+    async fn next_publish(&mut self) -> Publish {
+        loop {
+            match self.recv().await {
+                Some(Packet::Publish(p)) => return p,
+                Some(Packet::PingReq) => self.send(Packet::PingResp).await,
+                Some(_) => {}
+                None => panic!("the bridge closed the connection"),
+            }
+        }
+    }
+
+    async fn send(&mut self, packet: Packet) {
+        let mut out = BytesMut::new();
+        codec::encode(&packet, ProtocolVersion::V5, &mut out).unwrap();
+        let _ = self.stream.write_all(&out).await;
+    }
+}
+
+fn yaml(dir: &std::path::Path, remote: std::net::SocketAddr, extra: &str) -> String {
+    saguin_yaml(
+        dir,
+        "  - { name: telemetry, kind: append, storage: db }",
+        &format!(
+            "  - name: cloud
+    address: {remote}
+    reconnect: {{ base: 50ms, cap: 200ms }}
+{extra}    out: [{{ channel: telemetry, remote_prefix: up/ }}]
+"
+        ),
+    )
+    .replace(
+        "listeners: [{ name: mqtt, bind: 127.0.0.1:0 }]",
+        "listeners: [{ name: mqtt, bind: 127.0.0.1:0 }]\nmetrics: { bind: 127.0.0.1:0 }",
+    )
+}
+
+async fn publish(saguin: &Broker, topic: &str, payload: &[u8]) {
+    let mut c = Raw::tcp(saguin.addr(), v5()).await;
+    c.connect("producer", ConnectOpts::clean()).await;
+    c.publish_acked(topic, payload, 1, false, 1).await;
+    c.disconnect().await;
+}
+
+async fn scrape(saguin: &Broker) -> String {
+    let mut s = TcpStream::connect(saguin.listeners["metrics"])
+        .await
+        .unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withheld_puback_is_sent_again_with_dup_after_ack_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = yaml(
+        dir.path(),
+        listener.local_addr().unwrap(),
+        "    ack_timeout: 300ms\n",
+    );
+    let saguin = Broker::start_in(dir, &config);
+    let (mut first, connect) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
+    assert!(
+        !connect.clean_start,
+        "the remote keeps the bridge's session"
+    );
+    publish(&saguin, "telemetry/d1", b"one").await;
+    let sent = first.next_publish().await;
+    assert_eq!(sent.topic.as_str(), "up/telemetry/d1");
+    assert!(!sent.dup);
+    assert_eq!(sent.qos, QoS::AtLeastOnce);
+    let props = &sent.properties.user_properties;
+    assert!(
+        props.contains(&("saguin-offset".into(), "1".into())),
+        "{props:?}"
+    );
+    assert!(
+        props.contains(&("saguin-channel".into(), "telemetry".into())),
+        "{props:?}"
+    );
+    // No PUBACK: after ack_timeout the bridge gives up on this connection.
+    let (mut second, _) = Peer::accept(&listener, ConnAckProperties::default(), true).await;
+    let again = second.next_publish().await;
+    assert!(again.dup, "the resend carries DUP");
+    assert_eq!(again.packet_id, sent.packet_id);
+    assert_eq!(again.payload, sent.payload);
+    second
+        .send(Packet::PubAck(PubAck::new(again.packet_id)))
+        .await;
+    saguin.wait_log(|l| l.contains("past ack_timeout"));
+    publish(&saguin, "telemetry/d1", b"two").await;
+    let next = second.next_publish().await;
+    assert_eq!(&next.payload[..], b"two");
+    let metrics = scrape(&saguin).await;
+    assert!(
+        metrics.contains("saguin_bridge_resent_total{bridge=\"cloud\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("saguin_bridge_acked_total{bridge=\"cloud\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("saguin_bridge_connects_total{bridge=\"cloud\",result=\"ok\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("saguin_bridge_connected{bridge=\"cloud\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_whose_maximum_qos_is_below_the_rule_is_refused_with_the_reason() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = yaml(dir.path(), listener.local_addr().unwrap(), "");
+    let saguin = Broker::start_in(dir, &config);
+    let props = ConnAckProperties {
+        maximum_qos: Some(QoS::AtMostOnce),
+        ..ConnAckProperties::default()
+    };
+    let (_peer, _) = Peer::accept(&listener, props, false).await;
+    let line = saguin.wait_log(|l| l.contains("bridge refused the remote"));
+    assert!(
+        line.contains("Maximum QoS is 0, below qos 1 of out[0]"),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_too_large_for_the_remote_is_skipped_with_its_offset_and_a_refusal_is_sent_again()
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = yaml(dir.path(), listener.local_addr().unwrap(), "");
+    let saguin = Broker::start_in(dir, &config);
+    let props = ConnAckProperties {
+        maximum_packet_size: Some(200),
+        ..ConnAckProperties::default()
+    };
+    let (mut peer, _) = Peer::accept(&listener, props, false).await;
+    publish(&saguin, "telemetry/big", &[b'x'; 400]).await;
+    publish(&saguin, "telemetry/small", b"fits").await;
+    let sent = peer.next_publish().await;
+    assert_eq!(&sent.payload[..], b"fits");
+    let line = saguin.wait_log(|l| l.contains("bridge skipped a record larger"));
+    assert!(line.contains("offset=1"), "{line}");
+    // Refused (0x97): the position holds and the record goes again.
+    let mut refusal = PubAck::new(sent.packet_id);
+    refusal.reason = ReasonCode::QuotaExceeded;
+    peer.send(Packet::PubAck(refusal)).await;
+    let again = peer.next_publish().await;
+    assert_eq!(&again.payload[..], b"fits");
+    peer.send(Packet::PubAck(PubAck::new(again.packet_id)))
+        .await;
+    let line = saguin.wait_log(|l| l.contains("the remote refused a record"));
+    assert!(
+        line.contains("reason=0x97") && line.contains("state=blocked"),
+        "{line}"
+    );
+    let metrics = scrape(&saguin).await;
+    assert!(
+        metrics.contains("saguin_bridge_skipped_total{bridge=\"cloud\",reason=\"too_large\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("saguin_bridge_refused_total{bridge=\"cloud\",reason=\"0x97\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_removed_by_retention_before_they_went_out_are_announced_as_a_gap() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = yaml(
+        dir.path(),
+        listener.local_addr().unwrap(),
+        "    max_inflight: 1\n",
+    )
+    .replace(
+        "{ name: telemetry, kind: append, storage: db }",
+        "{ name: telemetry, kind: append, storage: db, retention_bytes: 4KiB }",
+    )
+    .replace("log: { level: info }", "")
+        + "log: { level: debug }\n";
+    let saguin = Broker::start_in(dir, &config);
+    let (mut peer, _) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
+    publish(&saguin, "telemetry/d", b"first").await;
+    let first = peer.next_publish().await;
+    // While the first waits for its PUBACK, retention removes what follows.
+    for _ in 0..20 {
+        publish(&saguin, "telemetry/d", &[b'x'; 1000]).await;
+    }
+    saguin.wait_log(|l| l.contains("retention removed records"));
+    peer.send(Packet::PubAck(PubAck::new(first.packet_id)))
+        .await;
+    let next = peer.next_publish().await;
+    let gap = next
+        .properties
+        .user_properties
+        .iter()
+        .find(|(k, _)| k == "saguin-gap")
+        .map(|(_, v)| v.clone())
+        .expect("the first send after the gap carries saguin-gap");
+    let line = saguin.wait_log(|l| l.contains("msg=\"bridge gap\""));
+    let (from, to) = gap.split_once('-').unwrap();
+    assert!(
+        line.contains(&format!("from={from}")) && line.contains(&format!("to={to}")),
+        "{line}"
+    );
+    assert_eq!(from, "2");
+    let removed: u64 = to.parse::<u64>().unwrap() - 1;
+    let metrics = scrape(&saguin).await;
+    assert!(
+        metrics.contains(&format!(
+            "saguin_bridge_gap_records_total{{bridge=\"cloud\"}} {removed}"
+        )),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_position_of_a_bridge_no_longer_configured_is_dropped_at_startup() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = yaml(
+        dir.path(),
+        listener.local_addr().unwrap(),
+        "    max_inflight: 1\n",
+    );
+    let mut saguin = Broker::start_in(dir, &config);
+    let (mut peer, _) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
+    publish(&saguin, "telemetry/d", b"one").await;
+    let sent = peer.next_publish().await;
+    peer.send(Packet::PubAck(PubAck::new(sent.packet_id))).await;
+    // With a window of one, the second goes out only once the state took
+    // the first's acknowledgement.
+    publish(&saguin, "telemetry/d", b"two").await;
+    assert_eq!(&peer.next_publish().await.payload[..], b"two");
+    // A graceful stop stores the position.
+    assert_eq!(saguin.terminate(), Some(0));
+    let without = config[..config.find("bridges:").unwrap()].to_owned();
+    let saguin = saguin.restart(&without);
+    let line = saguin.wait_log(|l| l.contains("its bridge is no longer configured"));
+    assert!(
+        line.contains("reader=bridge:cloud") && line.contains("offset=2"),
+        "{line}"
+    );
+}
