@@ -285,7 +285,9 @@ fn a_sqlite_channel_is_opened_before_listening_stated_once_and_kept_across_a_sto
         .iter()
         .map(|p| p.reader.to_string())
         .collect();
-    assert_eq!(readers, ["bridge:cloud"]);
+    // No bridge named cloud is configured: its position went at the open
+    // (tests/bridge_*.rs keep one that is).
+    assert!(readers.is_empty(), "{readers:?}");
     provider.close().expect("close");
 }
 
@@ -414,7 +416,9 @@ fn a_memory_channel_comes_back_from_its_snapshot_and_is_written_again_at_the_sto
         .iter()
         .map(|p| p.reader.to_string())
         .collect();
-    assert_eq!(readers, ["bridge:cloud"]);
+    // No bridge named cloud is configured: its position went at the open
+    // (tests/bridge_*.rs keep one that is).
+    assert!(readers.is_empty(), "{readers:?}");
 }
 
 #[test]
