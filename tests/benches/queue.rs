@@ -247,11 +247,13 @@ async fn queue_run(kind: Kind, workers: usize, jobs: usize) -> Result<QueueRow, 
     }
     // Resolved: every resolution committed, the depth back at 0.
     let deadline = Instant::now() + Duration::from_secs(300);
+    // The scrapes are paced; the loop ends on the depth seen.
+    let mut pace = tokio::time::interval(Duration::from_millis(2));
     while scrape_depth(metrics) != Some(0) {
         if Instant::now() > deadline {
             return Err("the queue never drained".into());
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        pace.tick().await;
     }
     let elapsed = began.elapsed();
     let _ = stop_tx.send(true);
