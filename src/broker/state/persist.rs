@@ -393,6 +393,9 @@ impl Default for Persistence {
     }
 }
 
+/// Sessions one intent of a flush writes.
+const FLUSH_SESSIONS: usize = 64;
+
 /// Released log entries written at once rather than at the next flush.
 const RELEASE_AT: usize = 500;
 
@@ -897,15 +900,20 @@ impl BrokerState {
             }
             clients.push(session.client_id.clone());
             self.stage_session(key, now);
+            // A few sessions an intent: a provider shares a transaction
+            // among several (a commit per session would be paid between
+            // the publishes it takes turns with), and gives way to a
+            // publish between them, which one intent of every session of
+            // a storm could not.
+            if clients.len() == FLUSH_SESSIONS {
+                self.seal(Parked::Flush(std::mem::take(&mut clients)));
+            }
         }
         if !self.persist.releasable.is_empty() {
             let offsets = std::mem::take(&mut self.persist.releasable);
             self.stage(Role::Sessions, Write::ReleaseLog(offsets));
         }
         self.stage_all_positions(now);
-        // One intent, one transaction: a flush rewrites every changed
-        // in-flight table, and split per session it would pay a commit per
-        // session between the publishes it takes turns with.
         self.seal(Parked::Flush(clients));
     }
 
