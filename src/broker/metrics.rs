@@ -891,6 +891,18 @@ impl BridgeMetrics {
     }
 }
 
+/// A labelled counter's values, in label order.
+fn by_label<K: AsRef<str>>(
+    counts: &std::sync::Mutex<std::collections::BTreeMap<K, u64>>,
+) -> Vec<(String, u64)> {
+    counts
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .map(|(k, n)| (k.as_ref().to_owned(), *n))
+        .collect()
+}
+
 fn label(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"")
 }
@@ -960,52 +972,44 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{bridge=\"{}\"}} {}", label(bridge), pick(m));
             }
         }
-        let _ = writeln!(out, "# HELP saguin_bridge_refused_total Refusals by a bridge's remote, by reason.\n# TYPE saguin_bridge_refused_total counter");
-        for (bridge, m) in &bridges {
-            for (reason, n) in m
-                .refused
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-            {
-                let _ = writeln!(
-                    out,
-                    "saguin_bridge_refused_total{{bridge=\"{}\",reason=\"{}\"}} {n}",
-                    label(bridge),
-                    label(reason)
-                );
+        let counted = |out: &mut String,
+                       name: &str,
+                       help: &str,
+                       key: &str,
+                       of: &dyn Fn(&BridgeMetrics) -> Vec<(String, u64)>| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (bridge, m) in &bridges {
+                for (value, n) in of(m) {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{bridge=\"{}\",{key}=\"{}\"}} {n}",
+                        label(bridge),
+                        label(&value)
+                    );
+                }
             }
-        }
-        let _ = writeln!(out, "# HELP saguin_bridge_skipped_total Messages a bridge did not forward, by reason.\n# TYPE saguin_bridge_skipped_total counter");
-        for (bridge, m) in &bridges {
-            for (reason, n) in m
-                .skipped
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-            {
-                let _ = writeln!(
-                    out,
-                    "saguin_bridge_skipped_total{{bridge=\"{}\",reason=\"{reason}\"}} {n}",
-                    label(bridge)
-                );
-            }
-        }
-        let _ = writeln!(out, "# HELP saguin_bridge_connects_total A bridge's connection attempts, by result.\n# TYPE saguin_bridge_connects_total counter");
-        for (bridge, m) in &bridges {
-            for (result, n) in m
-                .connects
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-            {
-                let _ = writeln!(
-                    out,
-                    "saguin_bridge_connects_total{{bridge=\"{}\",result=\"{result}\"}} {n}",
-                    label(bridge)
-                );
-            }
-        }
+        };
+        counted(
+            out,
+            "saguin_bridge_refused_total",
+            "Refusals by a bridge's remote, by reason.",
+            "reason",
+            &|m| by_label(&m.refused),
+        );
+        counted(
+            out,
+            "saguin_bridge_skipped_total",
+            "Messages a bridge did not forward, by reason.",
+            "reason",
+            &|m| by_label(&m.skipped),
+        );
+        counted(
+            out,
+            "saguin_bridge_connects_total",
+            "A bridge's connection attempts, by result.",
+            "result",
+            &|m| by_label(&m.connects),
+        );
         let _ = writeln!(out, "# HELP saguin_bridge_lag_records Records of a channel the bridge's remote has not acknowledged.\n# TYPE saguin_bridge_lag_records gauge");
         let mut seconds = String::new();
         for (bridge, m) in &bridges {
