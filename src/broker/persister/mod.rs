@@ -810,13 +810,21 @@ pub fn read_restored(
     channels: &[ServedChannel],
 ) -> Result<Restored, StorageError> {
     let mut restored_channels = Vec::with_capacity(channels.len());
+    // Every hold of a provider is read once, however many channels it holds.
+    let mut holds_of: std::collections::HashMap<
+        String,
+        Vec<crate::storage::contract::HeldPublish>,
+    > = std::collections::HashMap::new();
     for channel in channels {
-        let holds = channel
-            .provider
-            .held_publishes()?
-            .held()?
-            .into_iter()
+        let provider = channel.provider.name().to_owned();
+        if !holds_of.contains_key(&provider) {
+            let held = channel.provider.held_publishes()?.held()?;
+            holds_of.insert(provider.clone(), held);
+        }
+        let holds = holds_of[&provider]
+            .iter()
             .filter(|h| h.channel == *channel.name)
+            .cloned()
             .collect();
         let (next, positions) = match &channel.store {
             ChannelStore::Append(s) => (s.next(), s.positions()?),

@@ -261,7 +261,8 @@ impl BrokerState {
             return;
         }
         let consumers = state.consumers.clone();
-        let message = Arc::new(self.consumer_message(&record, None, now));
+        // Built once, for the first consumer handed the record in hand.
+        let mut message: Option<Arc<Message>> = None;
         for key in consumers {
             let Some(index) = self.consumer_index(key, channel) else {
                 continue;
@@ -271,7 +272,10 @@ impl BrokerState {
                 c.next == record.offset && !c.reading && c.seek.is_none() && c.gap.is_none()
             };
             if caught_up {
-                self.offer(key, index, &record, Some(&message), now);
+                let prepared = message
+                    .get_or_insert_with(|| Arc::new(self.consumer_message(&record, None, now)))
+                    .clone();
+                self.offer(key, index, &record, Some(&prepared), now);
             } else {
                 self.pump(key, index, now);
             }
