@@ -73,7 +73,9 @@ fn parse(payload: &[u8]) -> (usize, u32) {
     (p.parse().unwrap(), s.parse().unwrap())
 }
 
-fn check_complete_and_ordered(seen: &[(String, Vec<u8>)], per_publisher: u32) {
+/// Per topic, the first occurrences of one publisher's records are in
+/// channel order.
+fn check_ordered(seen: &[(String, Vec<u8>)]) {
     let mut first: HashSet<(usize, u32)> = HashSet::new();
     let mut last: HashMap<(String, usize), u32> = HashMap::new();
     for (topic, payload) in seen {
@@ -81,29 +83,46 @@ fn check_complete_and_ordered(seen: &[(String, Vec<u8>)], per_publisher: u32) {
         if !first.insert((p, seq)) {
             continue;
         }
-        // First occurrences of one publisher on one topic: channel order.
         if let Some(before) = last.insert((topic.clone(), p), seq) {
             assert!(before < seq, "{topic}: {p}:{seq} after {p}:{before}");
         }
     }
-    for p in 0..PUBLISHERS {
-        for seq in 0..per_publisher {
-            assert!(
-                first.contains(&(p, seq)),
-                "record {p}:{seq} never reached the remote"
-            );
-        }
-    }
 }
 
-async fn out_through_crashes(protocol: &str, test: &str, restart_remote: bool) {
+/// What happens to whom after each round (rounds are numbered from 0).
+struct Plan {
+    rounds: u32,
+    per_round: u32,
+    /// The link cut under the bridge: it reconnects and resends.
+    cut: &'static [u32],
+    /// The remote restarted with SIGTERM (it writes its persistence).
+    terminate_remote: &'static [u32],
+    /// The remote killed -9 and started again: what it acknowledged from
+    /// memory since its last save may be gone.
+    kill_remote: &'static [u32],
+    /// saguin killed -9 and started again.
+    kill_saguin: &'static [u32],
+}
+
+/// The marker published after every round: once the remote's subscriber
+/// has it, it has everything it will ever get (the bridge sends in channel
+/// order, Mosquitto delivers one client's messages in order).
+const MARKER: &[u8] = b"99:0";
+
+async fn out_through_crashes(protocol: &str, test: &str, plan: Plan) {
     if !have_mosquitto(test) {
         return;
     }
     let mut rng = Rng::seeded(test);
     let mut remote = Mosquitto::start("");
     let mut collector = Collector::start(&remote, "collector", "sites/17/#").await;
-    let mut relay = Relay::start(remote.addr()).await;
+    if !plan.kill_remote.is_empty() {
+        // Saved now, the subscription outlives every kill -9: nothing the
+        // remote takes after a restart goes to nobody.
+        remote.restart();
+    }
+    let mut relay = Relay::watching(&remote).await;
+    let (mut killed, mut terminated) = (HashSet::new(), HashSet::new());
     let dir = tempfile::tempdir().unwrap();
     let yaml = saguin_yaml(
         dir.path(),
@@ -111,10 +130,15 @@ async fn out_through_crashes(protocol: &str, test: &str, restart_remote: bool) {
         &bridge_yaml(relay.addr, protocol),
     );
     let mut saguin = Broker::start_in(dir, &yaml);
-    let rounds = 5u32;
-    let per_round = 2_000u32;
-    for round in 0..rounds {
+    let per_round = plan.per_round;
+    for round in 0..plan.rounds {
         let range = round * per_round..(round + 1) * per_round;
+        let kill_remote = plan.kill_remote.contains(&round);
+        if kill_remote {
+            // What the remote takes now waits in its memory for the
+            // subscriber, to be lost with it.
+            collector.go_offline().await;
+        }
         let addr = saguin.addr();
         let publishers: Vec<_> = (0..PUBLISHERS)
             .map(|p| tokio::spawn(publish(addr, p, range.clone())))
@@ -124,80 +148,148 @@ async fn out_through_crashes(protocol: &str, test: &str, restart_remote: bool) {
         }
         // Something of this round is at the remote, the rest on its way.
         let target = round * per_round + 1 + rng.below(u64::from(per_round / 2)) as u32;
-        collector
-            .wait_until(TRANSFER, |seen| {
-                seen.iter()
-                    .any(|(_, p)| parse(p).1 >= target.min((round + 1) * per_round - 1))
-            })
-            .await;
-        match round {
-            // The link cut under the bridge: it reconnects, resends.
-            1 | 3 => {
-                let before = relay.accepted();
-                relay.cut();
-                relay.wait_accepted_over(before).await;
-            }
-            // The remote restarted (SIGTERM, it keeps its persistence).
-            2 if restart_remote => remote.restart(),
-            _ => {}
+        let target = target.min((round + 1) * per_round - 1);
+        if kill_remote {
+            relay
+                .wait_acked("a record of the round", |a| parse(&a.payload).1 >= target)
+                .await;
+        } else {
+            collector
+                .wait_until(TRANSFER, |seen| {
+                    seen.iter().any(|(_, p)| parse(p).1 >= target)
+                })
+                .await;
         }
-        // kill -9 of saguin mid-transfer, every round but the last.
-        if round + 1 < rounds {
+        if plan.cut.contains(&round) {
+            let before = relay.accepted();
+            relay.cut();
+            relay.wait_accepted_over(before).await;
+        }
+        if plan.terminate_remote.contains(&round) {
+            terminated.insert(remote.incarnation());
+            tokio::task::block_in_place(|| remote.restart());
+        }
+        if kill_remote {
+            killed.insert(remote.incarnation());
+            tokio::task::block_in_place(|| remote.kill9_and_start());
+            collector.go_online();
+        }
+        if plan.kill_saguin.contains(&round) {
             saguin = saguin.restart(&yaml);
         }
     }
-    let total = rounds * per_round;
-    let complete = collector
-        .try_wait_until(TRANSFER, |seen| {
-            let distinct: HashSet<(usize, u32)> = seen.iter().map(|(_, p)| parse(p)).collect();
-            distinct.len() == PUBLISHERS * total as usize
-        })
+    let mut marker = Raw::tcp(saguin.addr(), v5()).await;
+    marker.connect("marker", ConnectOpts::clean()).await;
+    marker
+        .publish_acked("telemetry/t0", MARKER, 1, false, 1)
         .await;
-    if !complete {
-        let distinct: HashSet<(usize, u32)> = collector
-            .seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, p)| parse(p))
-            .collect();
-        let missing: Vec<(usize, u32)> = (0..PUBLISHERS)
-            .flat_map(|p| (0..total).map(move |s| (p, s)))
-            .filter(|r| !distinct.contains(r))
-            .collect();
+    marker.disconnect().await;
+    collector
+        .wait_until(TRANSFER, |seen| seen.iter().any(|(_, p)| p == MARKER))
+        .await;
+    let total = plan.rounds * per_round;
+    let seen = collector.seen.lock().unwrap().clone();
+    let distinct: HashSet<(usize, u32)> = seen.iter().map(|(_, p)| parse(p)).collect();
+    // Which starts of the remote acknowledged each record.
+    let mut acked_by: HashMap<(usize, u32), HashSet<u64>> = HashMap::new();
+    // And how many acknowledgements that start sent after it, at least.
+    let mut acked_before_end: HashMap<(usize, u32), usize> = HashMap::new();
+    let acked = relay.acked();
+    let mut per_start: HashMap<u64, usize> = HashMap::new();
+    for a in &acked {
+        *per_start.entry(a.incarnation).or_default() += 1;
+    }
+    let mut rank: HashMap<u64, usize> = HashMap::new();
+    for a in &acked {
+        let record = parse(&a.payload);
+        acked_by.entry(record).or_default().insert(a.incarnation);
+        let r = rank.entry(a.incarnation).or_default();
+        *r += 1;
+        let after = per_start[&a.incarnation] - *r;
+        let e = acked_before_end.entry(record).or_insert(after);
+        *e = (*e).min(after);
+    }
+    let (mut lost_by_kill, mut never_acked, mut lost_after_ack) = (0, Vec::new(), Vec::new());
+    for record in (0..PUBLISHERS).flat_map(|p| (0..total).map(move |s| (p, s))) {
+        if distinct.contains(&record) {
+            continue;
+        }
+        match acked_by.get(&record) {
+            // Acknowledged only from the memory of starts killed -9.
+            Some(by) if by.is_subset(&killed) => lost_by_kill += 1,
+            Some(by) => lost_after_ack.push((record, by.clone(), acked_before_end[&record])),
+            None => never_acked.push(record),
+        }
+    }
+    if !never_acked.is_empty() || !lost_after_ack.is_empty() {
         let log = saguin.log_text();
         let tail: Vec<&str> = log.lines().filter(|l| l.contains("bridge")).collect();
         panic!(
-            "{} records missing at the remote, the first {:?}; the bridge's log:\n{}",
-            missing.len(),
-            &missing[..missing.len().min(20)],
+            "{} records missing at the remote that it never acknowledged, the first {:?}; \
+             {} it acknowledged and did not deliver, the first {:?} (by start of the remote; \
+             killed {killed:?}, terminated {terminated:?}); the bridge's log:\n{}",
+            never_acked.len(),
+            &never_acked[..never_acked.len().min(20)],
+            lost_after_ack.len(),
+            &lost_after_ack[..lost_after_ack.len().min(20)],
             tail[tail.len().saturating_sub(40)..].join("\n")
         );
     }
-    check_complete_and_ordered(&collector.seen.lock().unwrap(), total);
+    check_ordered(&seen);
     // Stopped gracefully, the bridge's position is the channel's end: a
     // restart finds nothing left to send.
     assert_eq!(saguin.terminate(), Some(0));
     let saguin = saguin.restart(&yaml);
     let line = saguin.wait_log(|l| l.contains("msg=\"bridge\""));
     assert!(line.contains("lag_records=\"telemetry=0\""), "{line}");
-    let duplicates = collector.seen.lock().unwrap().len() - PUBLISHERS * total as usize;
+    let records = PUBLISHERS * total as usize;
     eprintln!(
-        "{test}: {} records, {duplicates} duplicates at the remote",
-        PUBLISHERS * total as usize
+        "{test}: {records} records, {} duplicates at the remote, {lost_by_kill} lost with the \
+         remote's memory ({} acknowledged by starts it killed)",
+        seen.len() - distinct.len(),
+        acked_by
+            .values()
+            .filter(|by| by.iter().any(|i| killed.contains(i)))
+            .count()
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn out_mqtt5_every_acknowledged_record_reaches_mosquitto_through_crashes() {
-    out_through_crashes("mqtt5", "out_mqtt5", true).await;
+    out_through_crashes("mqtt5", "out_mqtt5", CRASHES).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn out_mqtt311_every_acknowledged_record_reaches_mosquitto_through_crashes() {
-    // Without the remote's restart: across a SIGTERM restart of Mosquitto
-    // 2.0.11, about one window of records it had PUBACKed to a 3.1.1
-    // bridge was sometimes never delivered to the persistent subscriber
-    // (README, "Bridges"); MQTT 5 is checked with the restart.
-    out_through_crashes("mqtt311", "out_mqtt311", false).await;
+    out_through_crashes("mqtt311", "out_mqtt311", CRASHES).await;
+}
+
+/// Check 1: saguin killed -9 four times, the link cut twice, the remote
+/// restarted with SIGTERM once.
+const CRASHES: Plan = Plan {
+    rounds: 5,
+    per_round: 2_000,
+    cut: &[1, 3],
+    terminate_remote: &[2],
+    kill_remote: &[],
+    kill_saguin: &[0, 1, 2, 3],
+};
+
+/// Mosquitto acknowledges from memory: killed -9, it may lose what it
+/// acknowledged since its last save, and only that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn out_only_what_the_remote_acknowledged_before_its_kill_9_may_be_missing() {
+    out_through_crashes(
+        "mqtt5",
+        "out_remote_kill_9",
+        Plan {
+            rounds: 4,
+            per_round: 1_000,
+            cut: &[1],
+            terminate_remote: &[],
+            kill_remote: &[0, 2],
+            kill_saguin: &[1],
+        },
+    )
+    .await;
 }

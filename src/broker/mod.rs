@@ -323,9 +323,15 @@
 //!   the link; `in` filters are subscribed again on each connection with
 //!   Retain Handling 1 (MQTT 5), so a kept subscription does not resend
 //!   retained messages.
-//! - Inbound QoS 2 is written as a QoS 1 record before PUBREC and PUBREL
-//!   answered at once: the bridge's session ends with its connection, and
-//!   a held publish of such a session is dropped at a restart.
+//! - Inbound QoS 2 takes the held-publish path of any QoS 2 publisher: the
+//!   remote gets PUBREC once the hold committed, and the record is written
+//!   from the hold at the remote's PUBREL, so kill -9 at any point writes it
+//!   once. The bridge publishes under the remote's packet id, so the
+//!   remote's PUBREL names the hold; a bridge's holds outlive its session
+//!   (which ends with each connection) and a restart, and the state names
+//!   each again with a PUBREC when the bridge connects. A remote that lost
+//!   its session sends no PUBREL: its holds are released then. Holds of a
+//!   bridge no longer configured are dropped at startup, and logged.
 //! - A PUBACK >= 0x80 from the remote holds the position; the record is
 //!   sent again after `reconnect.base` under a new packet id, so it may
 //!   arrive after records sent later on the same topic.

@@ -236,8 +236,9 @@ pub struct ServedChannel {
 
 /// Drop, and log, every `bridge:` position whose bridge the configuration
 /// no longer names (RFC 0004: a reader with no session exists because a
-/// line of configuration names it, and stops existing when that line goes).
-/// Blocking; before the state is restored from the channels.
+/// line of configuration names it, and stops existing when that line goes),
+/// and the QoS 2 publishes such a bridge left held, which no release will
+/// come for. Blocking; before the state is restored from the channels.
 pub fn drop_removed_bridge_positions(
     channels: &[ServedChannel],
     configured: &[&str],
@@ -266,6 +267,18 @@ pub fn drop_removed_bridge_positions(
                 dropped += 1;
                 tracing::info!(channel = %channel.name, reader = %reader, offset = position.offset,
                     "position dropped: its bridge is no longer configured");
+            }
+        }
+        let held = channel.provider.held_publishes()?;
+        for hold in held.held()? {
+            let removed = hold.channel == *channel.name
+                && hold.client_id.parse::<contract::Reader>().is_ok_and(|r| {
+                    r.scheme() == contract::ReaderScheme::Bridge && !configured.contains(&r.id())
+                });
+            if removed && held.drop_hold(&hold.channel, &hold.client_id, hold.packet_id)? {
+                dropped += 1;
+                tracing::warn!(channel = %channel.name, client_id = %hold.client_id, packet_id = hold.packet_id,
+                    "held QoS 2 publish dropped unreleased: its bridge is no longer configured");
             }
         }
     }

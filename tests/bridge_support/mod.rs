@@ -4,6 +4,7 @@
 //! the remote's restarts, and a seeded random source whose seed is printed.
 #![allow(dead_code)]
 
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -145,6 +146,23 @@ impl Mosquitto {
         }
     }
 
+    /// kill -9, then start again on the same port and directory: what it
+    /// held only in memory is gone, its persistence file is the one it
+    /// last wrote.
+    pub fn kill9_and_start(&mut self) {
+        self.kill9();
+        assert!(
+            self.spawn(),
+            "mosquitto did not start again: {}",
+            self.log_text()
+        );
+    }
+
+    /// The start running now (see [`Mosquitto::up`]).
+    pub fn incarnation(&self) -> u64 {
+        *self.up.borrow()
+    }
+
     /// SIGTERM (Mosquitto writes its persistence file), wait, start again
     /// on the same port and directory.
     pub fn restart(&mut self) {
@@ -175,32 +193,103 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A TCP relay between the bridge and its remote; [`Relay::cut`] drops
-/// every connection through it (the listener stays).
+/// A TCP relay between the bridge and its remote. It reads the MQTT
+/// stream both ways (packets are passed on whole, each logged first, see
+/// [`WirePacket`]), can swallow packets of chosen types from the remote,
+/// and [`Relay::cut`] drops every connection through it (the listener
+/// stays).
 pub struct Relay {
     pub addr: SocketAddr,
     conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
     accepted: watch::Receiver<u64>,
+    wire: Arc<Mutex<Vec<WirePacket>>>,
+    logged: watch::Receiver<usize>,
+    swallow: Arc<Mutex<HashSet<u8>>>,
+}
+
+/// One packet through the relay, as it was passed on (or swallowed).
+#[derive(Clone, Debug)]
+pub struct WirePacket {
+    /// The relay's connection it went through, counted from 1.
+    pub conn: u64,
+    /// Which start of the remote the connection reached (its
+    /// [`Mosquitto::up`] count when the relay connected; 0 unwatched).
+    pub incarnation: u64,
+    /// From the bridge to the remote (else from the remote).
+    pub to_remote: bool,
+    /// The MQTT packet type (3 PUBLISH, 4 PUBACK, 5 PUBREC, 6 PUBREL, ...).
+    pub kind: u8,
+    pub packet_id: Option<u16>,
+    pub qos: u8,
+    pub dup: bool,
+    pub topic: String,
+    pub payload: Vec<u8>,
+    /// The reason code of an acknowledgement (0 when it states none).
+    pub reason: u8,
+    /// Not passed on (see [`Relay::swallow`]).
+    pub swallowed: bool,
+}
+
+pub const PUBLISH: u8 = 3;
+pub const PUBACK: u8 = 4;
+pub const PUBREC: u8 = 5;
+pub const PUBREL: u8 = 6;
+pub const PUBCOMP: u8 = 7;
+
+/// A PUBACK (< 0x80) the remote sent, with the PUBLISH it answered: the
+/// last one under its packet id on the same connection.
+#[derive(Clone, Debug)]
+pub struct Acked {
+    pub incarnation: u64,
+    pub topic: String,
+    pub payload: Vec<u8>,
 }
 
 impl Relay {
     pub async fn start(target: SocketAddr) -> Relay {
+        Self::start_inner(target, None).await
+    }
+
+    /// A relay to `remote` that labels each connection with the start of
+    /// Mosquitto it reached.
+    pub async fn watching(remote: &Mosquitto) -> Relay {
+        Self::start_inner(remote.addr(), Some(remote.up.subscribe())).await
+    }
+
+    async fn start_inner(target: SocketAddr, up: Option<watch::Receiver<u64>>) -> Relay {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
         let addr = listener.local_addr().unwrap();
         let conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
         let (accepted_tx, accepted) = watch::channel(0u64);
+        let wire: Arc<Mutex<Vec<WirePacket>>> = Arc::default();
+        let (logged_tx, logged) = watch::channel(0usize);
+        let logged_tx = Arc::new(logged_tx);
+        let swallow: Arc<Mutex<HashSet<u8>>> = Arc::default();
         let held = conns.clone();
+        let (wire2, swallow2) = (wire.clone(), swallow.clone());
         tokio::spawn(async move {
+            let mut conn = 0u64;
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
+                let Ok((inbound, _)) = listener.accept().await else {
                     return;
                 };
+                conn += 1;
+                let log = Log {
+                    conn,
+                    // Read before connecting: a start that completes in
+                    // between labels the connection with the one before.
+                    incarnation: up.as_ref().map_or(0, |u| *u.borrow()),
+                    wire: wire2.clone(),
+                    logged: logged_tx.clone(),
+                };
+                let swallow = swallow2.clone();
                 let task = tokio::spawn(async move {
-                    let Ok(mut outbound) = TcpStream::connect(target).await else {
+                    let Ok(outbound) = TcpStream::connect(target).await else {
                         return;
                     };
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    let _ = inbound.shutdown().await;
+                    let _ = outbound.set_nodelay(true);
+                    let _ = inbound.set_nodelay(true);
+                    pipe(inbound, outbound, log, swallow).await;
                 });
                 held.lock().unwrap().push(task.abort_handle());
                 accepted_tx.send_modify(|n| *n += 1);
@@ -210,6 +299,9 @@ impl Relay {
             addr,
             conns,
             accepted,
+            wire,
+            logged,
+            swallow,
         }
     }
 
@@ -231,6 +323,240 @@ impl Relay {
             conn.abort();
         }
     }
+
+    /// From now on, packets of type `kind` from the remote are logged and
+    /// not passed on.
+    pub fn swallow(&self, kind: u8) {
+        self.swallow.lock().unwrap().insert(kind);
+    }
+
+    /// Pass everything on again.
+    pub fn pass_all(&self) {
+        self.swallow.lock().unwrap().clear();
+    }
+
+    /// Every packet through the relay so far.
+    pub fn wire(&self) -> Vec<WirePacket> {
+        self.wire.lock().unwrap().clone()
+    }
+
+    /// Wait (bounded) until `done` holds for what went through.
+    pub async fn wait_wire(&mut self, what: &str, done: impl Fn(&[WirePacket]) -> bool) {
+        let wire = self.wire.clone();
+        let result = tokio::time::timeout(
+            WAIT * 3,
+            self.logged.wait_for(|_| done(&wire.lock().unwrap())),
+        )
+        .await;
+        assert!(result.is_ok(), "never through the relay: {what}");
+    }
+
+    /// Wait (bounded) until the remote acknowledged a PUBLISH `done`
+    /// accepts.
+    pub async fn wait_acked(&mut self, what: &str, done: impl Fn(&Acked) -> bool) {
+        let wire = self.wire.clone();
+        let mut pairing = Pairing::default();
+        let result = tokio::time::timeout(
+            WAIT * 3,
+            self.logged.wait_for(|_| {
+                let wire = wire.lock().unwrap();
+                pairing.more(&wire).iter().any(&done)
+            }),
+        )
+        .await;
+        assert!(result.is_ok(), "the remote never acknowledged {what}");
+    }
+
+    /// Every PUBACK (< 0x80) the remote sent, with what it answered.
+    pub fn acked(&self) -> Vec<Acked> {
+        Pairing::default().more(&self.wire.lock().unwrap())
+    }
+}
+
+/// PUBACKs paired with their PUBLISH, read on from where it stopped.
+#[derive(Default)]
+struct Pairing {
+    read: usize,
+    sent: HashMap<(u64, u16), (String, Vec<u8>)>,
+}
+
+impl Pairing {
+    fn more(&mut self, wire: &[WirePacket]) -> Vec<Acked> {
+        let mut acked = Vec::new();
+        for p in &wire[self.read..] {
+            match (p.kind, p.to_remote, p.packet_id) {
+                (PUBLISH, true, Some(id)) => {
+                    self.sent
+                        .insert((p.conn, id), (p.topic.clone(), p.payload.clone()));
+                }
+                (PUBACK, false, Some(id)) if p.reason < 0x80 => {
+                    if let Some((topic, payload)) = self.sent.get(&(p.conn, id)) {
+                        acked.push(Acked {
+                            incarnation: p.incarnation,
+                            topic: topic.clone(),
+                            payload: payload.clone(),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.read = wire.len();
+        acked
+    }
+}
+
+/// Where a relay connection logs what it passes on.
+struct Log {
+    conn: u64,
+    incarnation: u64,
+    wire: Arc<Mutex<Vec<WirePacket>>>,
+    logged: Arc<watch::Sender<usize>>,
+}
+
+/// Both directions of one relay connection, packet by packet; either side
+/// closing ends both.
+async fn pipe(inbound: TcpStream, outbound: TcpStream, log: Log, swallow: Arc<Mutex<HashSet<u8>>>) {
+    let (mut bridge_rx, mut bridge_tx) = inbound.into_split();
+    let (mut remote_rx, mut remote_tx) = outbound.into_split();
+    // The protocol level of the bridge's CONNECT: MQTT 5 PUBLISH packets
+    // carry properties.
+    let level = std::sync::atomic::AtomicU8::new(0);
+    let none: Mutex<HashSet<u8>> = Mutex::default();
+    let up = relay_direction(&mut bridge_rx, &mut remote_tx, true, &log, &level, &none);
+    let down = relay_direction(
+        &mut remote_rx,
+        &mut bridge_tx,
+        false,
+        &log,
+        &level,
+        &swallow,
+    );
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+async fn relay_direction(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    to_remote: bool,
+    log: &Log,
+    level: &std::sync::atomic::AtomicU8,
+    swallow: &Mutex<HashSet<u8>>,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    use tokio::io::AsyncReadExt;
+    let mut buf = bytes::BytesMut::with_capacity(64 * 1024);
+    let mut out = Vec::with_capacity(64 * 1024);
+    loop {
+        match from.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        out.clear();
+        while let Some(len) = frame_len(&buf) {
+            if buf.len() < len {
+                break;
+            }
+            let frame = buf.split_to(len);
+            let mut packet = describe(&frame, level.load(Relaxed));
+            if packet.kind == 1 {
+                level.store(packet.qos, Relaxed);
+            }
+            packet.conn = log.conn;
+            packet.incarnation = log.incarnation;
+            packet.to_remote = to_remote;
+            packet.swallowed = swallow.lock().unwrap().contains(&packet.kind);
+            if !packet.swallowed {
+                out.extend_from_slice(&frame);
+            }
+            let n = {
+                let mut wire = log.wire.lock().unwrap();
+                wire.push(packet);
+                wire.len()
+            };
+            log.logged.send_replace(n);
+        }
+        if to.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The length of the packet `buf` starts with, once its fixed header is
+/// complete.
+fn frame_len(buf: &[u8]) -> Option<usize> {
+    let mut len = 0usize;
+    for i in 1..5 {
+        let b = *buf.get(i)?;
+        len |= usize::from(b & 0x7f) << (7 * (i - 1));
+        if b & 0x80 == 0 {
+            return Some(i + 1 + len);
+        }
+    }
+    panic!("the relay read a malformed remaining length");
+}
+
+/// What the relay logs of one whole packet (`level`: the connection's
+/// protocol level; a CONNECT's own level is returned in `qos`).
+fn describe(frame: &[u8], level: u8) -> WirePacket {
+    let kind = frame[0] >> 4;
+    let mut at = 1;
+    while frame[at] & 0x80 != 0 {
+        at += 1;
+    }
+    let body = &frame[at + 1..];
+    let u16_at = |i: usize| u16::from_be_bytes([body[i], body[i + 1]]);
+    let mut packet = WirePacket {
+        conn: 0,
+        incarnation: 0,
+        to_remote: false,
+        kind,
+        packet_id: None,
+        qos: 0,
+        dup: false,
+        topic: String::new(),
+        payload: Vec::new(),
+        reason: 0,
+        swallowed: false,
+    };
+    match kind {
+        // Protocol name `00 04 MQTT`, then the level (0x80: a bridge).
+        1 => packet.qos = body[6] & 0x7f,
+        PUBLISH => {
+            packet.qos = (frame[0] >> 1) & 3;
+            packet.dup = frame[0] & 8 != 0;
+            let topic_len = usize::from(u16_at(0));
+            packet.topic = String::from_utf8_lossy(&body[2..2 + topic_len]).into_owned();
+            let mut pos = 2 + topic_len;
+            if packet.qos > 0 {
+                packet.packet_id = Some(u16_at(pos));
+                pos += 2;
+            }
+            if level == 5 {
+                let (mut props, mut shift) = (0usize, 0);
+                loop {
+                    let b = body[pos];
+                    pos += 1;
+                    props |= usize::from(b & 0x7f) << shift;
+                    shift += 7;
+                    if b & 0x80 == 0 {
+                        break;
+                    }
+                }
+                pos += props;
+            }
+            packet.payload = body[pos..].to_vec();
+        }
+        PUBACK | PUBREC | PUBREL | PUBCOMP => {
+            packet.packet_id = Some(u16_at(0));
+            packet.reason = body.get(2).copied().unwrap_or(0);
+        }
+        _ => {}
+    }
+    packet
 }
 
 /// What a subscriber at the remote received: topic and payload, in order.
@@ -238,23 +564,30 @@ pub type Seen = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
 
 /// A QoS 1 subscriber with a persistent session at the remote, acking
 /// each message after recording it and reconnecting each time the remote
-/// starts again.
+/// starts again; [`Collector::go_offline`] leaves the remote to queue for
+/// it.
 pub struct Collector {
     pub seen: Seen,
     count: watch::Receiver<usize>,
+    online: watch::Sender<bool>,
+    connected: watch::Receiver<bool>,
 }
 
 impl Collector {
     pub async fn start(remote: &Mosquitto, client_id: &str, filter: &str) -> Collector {
         let seen: Seen = Arc::default();
         let (count_tx, count) = watch::channel(0usize);
+        let (online, mut online_rx) = watch::channel(true);
+        let (connected_tx, connected) = watch::channel(false);
         let mut up = remote.up.subscribe();
         let addr = remote.addr();
         let (id, filter, record) = (client_id.to_owned(), filter.to_owned(), seen.clone());
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            let mut ready = Some(ready_tx);
             loop {
+                let online_now = online_rx.wait_for(|o| *o).await.is_ok();
+                if !online_now {
+                    return;
+                }
                 let _ = *up.borrow_and_update();
                 if let Ok(stream) = TcpStream::connect(addr).await {
                     let mut c = Raw::new(stream, crate::broker_support::v4());
@@ -276,7 +609,20 @@ impl Collector {
                         }))
                         .await;
                         loop {
-                            match c.recv_within(Duration::from_secs(3600)).await {
+                            let packet = tokio::select! {
+                                p = c.recv_within(Duration::from_secs(3600)) => p,
+                                _ = async { online_rx.wait_for(|o| !*o).await.is_ok() } => {
+                                    // The session stays: the remote queues.
+                                    c.send(Packet::Disconnect(
+                                        saguin::broker::codec::Disconnect::new(
+                                            saguin::broker::codec::ReasonCode::Success,
+                                        ),
+                                    ))
+                                    .await;
+                                    break;
+                                }
+                            };
+                            match packet {
                                 Ok(Some(Packet::Publish(p))) => {
                                     let n = {
                                         let mut s = record.lock().unwrap();
@@ -289,9 +635,7 @@ impl Collector {
                                     count_tx.send_replace(n);
                                 }
                                 Ok(Some(Packet::SubAck(_))) => {
-                                    if let Some(r) = ready.take() {
-                                        let _ = r.send(());
-                                    }
+                                    connected_tx.send_replace(true);
                                 }
                                 Ok(Some(_)) => {}
                                 Ok(None) | Err(()) => break,
@@ -299,17 +643,43 @@ impl Collector {
                         }
                     }
                 }
+                connected_tx.send_replace(false);
+                if !*online_rx.borrow() {
+                    continue;
+                }
                 // Down: until the remote has started again.
                 if up.changed().await.is_err() {
                     return;
                 }
             }
         });
-        tokio::time::timeout(WAIT, ready_rx)
+        let mut collector = Collector {
+            seen,
+            count,
+            online,
+            connected,
+        };
+        collector.wait_connected(true).await;
+        collector
+    }
+
+    async fn wait_connected(&mut self, connected: bool) {
+        tokio::time::timeout(WAIT, self.connected.wait_for(|c| *c == connected))
             .await
-            .expect("the collector did not subscribe")
+            .expect("the collector did not (dis)connect")
             .expect("collector running");
-        Collector { seen, count }
+    }
+
+    /// Disconnect (the session stays, the remote queues for it) and wait
+    /// until it has.
+    pub async fn go_offline(&mut self) {
+        self.online.send_replace(false);
+        self.wait_connected(false).await;
+    }
+
+    /// Connect again (at once, or once the remote is up) and resubscribe.
+    pub fn go_online(&self) {
+        self.online.send_replace(true);
     }
 
     /// Wait (bounded by `within`) until `done` holds for what was seen;

@@ -18,11 +18,22 @@
 //! wait for their commit.)
 //!
 //! **In.** A remote PUBLISH is published on the local connection under the
-//! rule's mapping, and acknowledged to the remote (PUBACK, or PUBREC for
-//! QoS 2) only after the state acknowledged the local publish, which it
-//! does after the record committed. A refusal (0x97, a full channel) is not
-//! passed on: the remote keeps the message and it is published here again
-//! after the reconnect backoff's base.
+//! rule's mapping and the remote's packet id, and acknowledged to the
+//! remote only after the state acknowledged the local publish: QoS 1 with
+//! PUBACK once the record committed, QoS 2 with PUBREC once its hold
+//! committed, the remote's PUBREL passed on, and PUBCOMP once the record
+//! was written from the hold. A hold outlives the bridge's connection and
+//! a restart; the state names each one again (a PUBREC) when the bridge
+//! connects, and the remote's PUBREL, which carries the same packet id,
+//! releases it. A refusal (0x97, a full channel) is not passed on: the
+//! remote keeps the message and it is published here again after the
+//! reconnect backoff's base.
+//!
+//! **A remote that forgot its session** (CONNACK without Session Present)
+//! sends no PUBREL and expects no answer for what it sent before: the
+//! holds of those exchanges are released here, and what still waits for a
+//! commit is finished without answering it. A new PUBLISH under the packet
+//! id of such an exchange waits until it is finished.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -63,22 +74,31 @@ struct OutSend {
     sent_at: Option<Instant>,
 }
 
-/// A remote PUBLISH on its way into a channel.
+/// A remote PUBLISH on its way into a channel, under the remote's packet
+/// id (the local exchange uses the same one).
 struct InEntry {
-    local_id: u16,
     /// The QoS the remote sent it at (1 or 2): what the remote is owed.
     remote_qos: u8,
-    publish: InboundPublish,
+    /// What is published locally; `None` for a hold the state named on
+    /// connect, of which only the release is left.
+    publish: Option<InboundPublish>,
     stage: InStage,
+    /// The remote came back without its session: nothing of this
+    /// exchange is answered there.
+    orphan: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum InStage {
     /// Published locally, the state's acknowledgement awaited.
     Local,
-    /// Committed: the remote is owed PUBACK (QoS 1, when the link was
-    /// down) or waits to send PUBREL (QoS 2).
+    /// The record committed at QoS 1: the remote is owed PUBACK (when the
+    /// link was down).
     Stored,
+    /// Held (QoS 2): the remote is owed PUBREC and releases it with PUBREL.
+    Held,
+    /// PUBREL passed to the state, its PUBCOMP awaited.
+    Releasing,
     /// Refused locally; published again at this time.
     Refused(Instant),
 }
@@ -112,8 +132,12 @@ pub(super) struct Link {
     to_local: Vec<Inbound>,
     // In.
     inbound: HashMap<u16, InEntry>,
-    by_local_id: HashMap<u16, u16>,
-    next_local_id: u16,
+    /// Remote publishes whose packet id a forgotten exchange still uses,
+    /// each marked when the remote forgot it too.
+    deferred: VecDeque<(Publish, bool)>,
+    /// The remote's session was made anew on the latest connection: a
+    /// hold the state names from before belongs to no exchange there.
+    remote_fresh: bool,
     last_sent: Instant,
     last_received: Instant,
     next_lag: Instant,
@@ -153,8 +177,8 @@ impl Link {
             acked_next: stored,
             to_local: Vec::new(),
             inbound: HashMap::new(),
-            by_local_id: HashMap::new(),
-            next_local_id: 1,
+            deferred: VecDeque::new(),
+            remote_fresh: false,
             last_sent: now,
             last_received: now,
             next_lag: now,
@@ -317,10 +341,12 @@ impl Link {
         tracing::info!(bridge = %self.bridge.name, address = %remote.address, protocol = %remote.version,
             session_present = granted.session_present, window = self.window, "bridge connected");
         self.metrics.connected.store(1, Relaxed);
-        if !granted.session_present {
-            // The remote forgot the exchanges it had: nothing is owed to
-            // it any more, and what it had not answered is sent anew.
-            self.inbound.retain(|_, e| e.stage != InStage::Stored);
+        self.remote_fresh = !granted.session_present;
+        if granted.session_present {
+            // The remote sends again what it was not answered.
+            self.deferred.retain(|(_, orphan)| *orphan);
+        } else {
+            self.remote_forgot();
         }
         if !self.bridge.inbound.is_empty() {
             let filters = self
@@ -391,7 +417,10 @@ impl Link {
         )
         .await
         {
-            Ok(local) => self.local = Some(local),
+            Ok(local) => {
+                self.local = Some(local);
+                self.release_orphans();
+            }
             Err(LocalGone::Stopped) => {}
             Err(LocalGone::Closed(why)) => {
                 tracing::error!(bridge = %self.bridge.name, error = %why, "bridge cannot connect to the broker");
@@ -416,8 +445,7 @@ impl Link {
         self.inflight.clear();
         self.by_remote_id.clear();
         self.blocked.clear();
-        self.inbound.clear();
-        self.by_local_id.clear();
+        self.local_lost_inbound();
         self.metrics.inflight.store(0, Relaxed);
         if let Some(remote) = self.remote.take() {
             self.metrics.connected.store(0, Relaxed);
@@ -499,14 +527,10 @@ impl Link {
                 self.delivered(packet_id, qos, retain, &message, expiry)
                     .await
             }
-            Outbound::PubAck { packet_id, reason } => {
-                self.local_answered(packet_id, reason, false).await
-            }
-            Outbound::PubRec { packet_id, reason } => {
-                self.local_answered(packet_id, reason, true).await
-            }
-            Outbound::PubComp { .. }
-            | Outbound::PubRel { .. }
+            Outbound::PubAck { packet_id, reason } => self.local_stored(packet_id, reason),
+            Outbound::PubRec { packet_id, reason } => self.local_held(packet_id, reason),
+            Outbound::PubComp { packet_id, .. } => self.local_released(packet_id),
+            Outbound::PubRel { .. }
             | Outbound::PingResp
             | Outbound::UnsubAck { .. }
             | Outbound::Auth { .. }
@@ -764,13 +788,11 @@ impl Link {
     async fn on_remote(&mut self, packet: Packet) {
         match packet {
             Packet::PubAck(ack) => self.remote_acked(ack.packet_id, ack.reason).await,
-            Packet::Publish(publish) => self.remote_published(publish).await,
-            Packet::PubRel(rel) => {
-                // The record committed before PUBREC: the release only
-                // completes the remote's exchange.
-                self.inbound.remove(&rel.packet_id);
-                self.answer_remote(Packet::PubComp(PubAck::new(rel.packet_id)));
+            Packet::Publish(publish) => {
+                self.metrics.received.fetch_add(1, Relaxed);
+                self.remote_published(publish, false);
             }
+            Packet::PubRel(rel) => self.remote_released(rel.packet_id),
             Packet::PubRec(rec) => {
                 // The bridge sends at QoS 0 or 1 only; a PUBREC is the
                 // remote's mistake, answered so its exchange can end.
@@ -819,16 +841,21 @@ impl Link {
         }
     }
 
-    async fn remote_published(&mut self, publish: Publish) {
-        self.metrics.received.fetch_add(1, Relaxed);
+    /// A PUBLISH from the remote (`orphan`: one of a session the remote
+    /// has forgotten since, which waited for its packet id).
+    fn remote_published(&mut self, publish: Publish, orphan: bool) {
         let remote_qos = publish.qos.as_u8();
         let id = publish.packet_id;
         if remote_qos > 0 {
             if let Some(entry) = self.inbound.get(&id) {
-                // A resend of one already on its way, or already committed.
-                if entry.stage == InStage::Stored {
-                    self.answer_stored(id, entry.remote_qos);
+                if entry.orphan {
+                    // The id is still that of an exchange the remote forgot.
+                    self.deferred.push_back((publish, orphan));
+                } else if matches!(entry.stage, InStage::Stored | InStage::Held) {
+                    // A resend of one already committed.
+                    self.answer_stored(id);
                 }
+                // Else a resend of one on its way: answered when it is.
                 return;
             }
         }
@@ -842,19 +869,17 @@ impl Link {
         let Some((local_topic, rule_qos)) = mapped else {
             self.metrics.skipped("no_rule");
             tracing::warn!(bridge = %self.bridge.name, topic, "bridge received a topic no in rule maps; acknowledged and dropped");
-            self.answer_stored(id, remote_qos);
+            if !orphan {
+                self.answer_unstored(id, remote_qos);
+            }
             return;
         };
         let mut properties = publish.properties;
         properties.topic_alias = None;
         properties.subscription_identifiers.clear();
-        // QoS 2 from the remote is written at QoS 1 here: the record
-        // commits before PUBREC, so a crash after PUBREC loses nothing
-        // (a held QoS 2 publish of the bridge's session, which does not
-        // outlive its connection, would be dropped at the restart).
-        let local_qos = remote_qos.min(rule_qos).min(1);
+        let local_qos = remote_qos.min(rule_qos);
         let inbound = InboundPublish {
-            packet_id: 0,
+            packet_id: if local_qos > 0 { id } else { 0 },
             qos: local_qos,
             retain: publish.retain,
             dup: false,
@@ -863,83 +888,265 @@ impl Link {
             properties,
         };
         if local_qos == 0 {
-            self.publish_local(inbound).await;
-            if remote_qos > 0 {
-                // At most once was asked for: the remote is answered now.
-                self.answer_stored(id, remote_qos);
+            self.publish_local(inbound);
+            // At most once was asked for: the remote is answered now.
+            if !orphan {
+                self.answer_unstored(id, remote_qos);
             }
             return;
         }
         self.inbound.insert(
             id,
             InEntry {
-                local_id: 0,
                 remote_qos,
-                publish: inbound,
+                publish: Some(inbound),
                 stage: InStage::Local,
+                orphan,
             },
         );
-        self.publish_entry(id).await;
+        self.publish_entry(id);
     }
 
-    /// Publish entry `remote_id` on the local connection under a free id.
-    async fn publish_entry(&mut self, remote_id: u16) {
-        let Some(local_id) = free_id(&mut self.next_local_id, |id| {
-            self.by_local_id.contains_key(&id)
-        }) else {
+    /// Publish entry `id` on the local connection.
+    fn publish_entry(&mut self, id: u16) {
+        let Some(entry) = self.inbound.get_mut(&id) else {
             return;
         };
-        let Some(entry) = self.inbound.get_mut(&remote_id) else {
+        let Some(publish) = entry.publish.clone() else {
             return;
         };
-        entry.local_id = local_id;
         entry.stage = InStage::Local;
-        let mut publish = entry.publish.clone();
-        publish.packet_id = local_id;
-        self.by_local_id.insert(local_id, remote_id);
-        self.publish_local(publish).await;
+        self.publish_local(publish);
     }
 
-    async fn publish_local(&mut self, publish: InboundPublish) {
+    fn publish_local(&mut self, publish: InboundPublish) {
         if self.local.is_some() {
             self.to_local.push(Inbound::Publish(publish));
         }
     }
 
-    /// PUBACK (QoS 1) or PUBREC (QoS 2) for a message that is committed.
-    fn answer_stored(&mut self, remote_id: u16, remote_qos: u8) {
+    /// PUBACK (QoS 1) or PUBREC (QoS 2) for entry `id`, which is stored
+    /// or held: when the link is up (else the remote sends it again).
+    fn answer_stored(&mut self, id: u16) {
+        let Some(entry) = self.inbound.get(&id) else {
+            return;
+        };
+        if entry.orphan || self.remote.is_none() {
+            return;
+        }
+        if entry.remote_qos == 1 {
+            self.inbound.remove(&id);
+            self.answer_remote(Packet::PubAck(PubAck::new(id)));
+        } else {
+            self.answer_remote(Packet::PubRec(PubAck::new(id)));
+        }
+    }
+
+    /// Answer a message nothing is stored for (QoS 0 here, or no rule).
+    /// A QoS 2 exchange ends with the PUBREL, which the state answers for
+    /// an id it does not hold.
+    fn answer_unstored(&mut self, id: u16, remote_qos: u8) {
         match remote_qos {
-            // Kept until the link is up again when it is down.
-            1 if self.remote.is_some() => {
-                self.inbound.remove(&remote_id);
-                self.answer_remote(Packet::PubAck(PubAck::new(remote_id)));
-            }
-            2 => self.answer_remote(Packet::PubRec(PubAck::new(remote_id))),
+            1 => self.answer_remote(Packet::PubAck(PubAck::new(id))),
+            2 => self.answer_remote(Packet::PubRec(PubAck::new(id))),
             _ => {}
         }
     }
 
-    /// The state answered a local publish of the bridge.
-    async fn local_answered(&mut self, local_id: u16, reason: ReasonCode, _rec: bool) {
-        let Some(remote_id) = self.by_local_id.remove(&local_id) else {
+    fn refused(&mut self, id: u16, reason: ReasonCode) {
+        let Some(entry) = self.inbound.get_mut(&id) else {
             return;
         };
-        let Some(entry) = self.inbound.get_mut(&remote_id) else {
+        // No acknowledgement: the remote keeps the message, and it is
+        // published here again later.
+        entry.stage = InStage::Refused(Instant::now() + self.bridge.reconnect.base);
+        let topic = entry.publish.as_ref().map_or("", |p| p.topic.as_str());
+        tracing::warn!(bridge = %self.bridge.name, topic, reason = %format!("0x{:02X}", reason.as_u8()),
+            retry_ms = self.bridge.reconnect.base.as_millis() as u64,
+            "the broker refused a message from the remote; the remote is not acknowledged and it is published again");
+    }
+
+    /// The state answered a QoS 1 publish of the bridge (PUBACK).
+    fn local_stored(&mut self, id: u16, reason: ReasonCode) {
+        let Some(entry) = self.inbound.get_mut(&id) else {
             return;
         };
+        if entry.stage != InStage::Local {
+            return;
+        }
         if reason.is_error() {
-            // No acknowledgement: the remote keeps the message, and it is
-            // published here again later.
-            let retry = Instant::now() + self.bridge.reconnect.base;
-            entry.stage = InStage::Refused(retry);
-            tracing::warn!(bridge = %self.bridge.name, topic = %entry.publish.topic, reason = %format!("0x{:02X}", reason.as_u8()),
-                retry_ms = self.bridge.reconnect.base.as_millis() as u64,
-                "the broker refused a message from the remote; the remote is not acknowledged and it is published again");
+            self.refused(id, reason);
             return;
         }
         entry.stage = InStage::Stored;
-        let remote_qos = entry.remote_qos;
-        self.answer_stored(remote_id, remote_qos);
+        if entry.orphan {
+            self.finished(id);
+        } else {
+            self.answer_stored(id);
+        }
+    }
+
+    /// The state holds a QoS 2 publish of the bridge (PUBREC): one just
+    /// published, or one it kept from before this connection.
+    fn local_held(&mut self, id: u16, reason: ReasonCode) {
+        match self.inbound.get_mut(&id) {
+            None if !reason.is_error() => {
+                // Held before this connection. The remote releases it with
+                // PUBREL, unless its session is newer than the hold.
+                let orphan = self.remote_fresh;
+                self.inbound.insert(
+                    id,
+                    InEntry {
+                        remote_qos: 2,
+                        publish: None,
+                        stage: InStage::Held,
+                        orphan,
+                    },
+                );
+                if orphan {
+                    self.release_local(id);
+                }
+            }
+            Some(entry) if entry.stage == InStage::Local => {
+                if reason.is_error() {
+                    self.refused(id, reason);
+                    return;
+                }
+                entry.stage = InStage::Held;
+                if entry.orphan {
+                    self.release_local(id);
+                } else {
+                    self.answer_stored(id);
+                }
+            }
+            // Already held or being released.
+            _ => {}
+        }
+    }
+
+    /// PUBREL for entry `id` to the state.
+    fn release_local(&mut self, id: u16) {
+        if let Some(entry) = self.inbound.get_mut(&id) {
+            entry.stage = InStage::Releasing;
+        }
+        if self.local.is_some() {
+            self.to_local.push(Inbound::PubRel { packet_id: id });
+        }
+    }
+
+    /// The remote released a QoS 2 message it had a PUBREC for.
+    fn remote_released(&mut self, id: u16) {
+        match self.inbound.get(&id).map(|e| (e.stage, e.orphan)) {
+            Some((InStage::Held, false)) => self.release_local(id),
+            // Written at QoS 1 here (the rule's): nothing left to do.
+            Some((InStage::Stored, false)) => {
+                self.inbound.remove(&id);
+                self.answer_remote(Packet::PubComp(PubAck::new(id)));
+            }
+            // A hold this bridge does not know of (released already, or
+            // never made: the state says which), or a resend.
+            None => {
+                self.inbound.insert(
+                    id,
+                    InEntry {
+                        remote_qos: 2,
+                        publish: None,
+                        stage: InStage::Releasing,
+                        orphan: false,
+                    },
+                );
+                self.release_local(id);
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// The state answered a PUBREL (PUBCOMP): the record is written, or
+    /// there was no hold left to write.
+    fn local_released(&mut self, id: u16) {
+        let Some(entry) = self.inbound.get(&id) else {
+            return;
+        };
+        if entry.stage != InStage::Releasing {
+            return;
+        }
+        if !entry.orphan {
+            // When the link is down, the remote sends its PUBREL again.
+            self.answer_remote(Packet::PubComp(PubAck::new(id)));
+        }
+        self.finished(id);
+    }
+
+    /// Entry `id` is done; a remote publish that waited for its id goes on.
+    fn finished(&mut self, id: u16) {
+        self.inbound.remove(&id);
+        let waiting: VecDeque<(Publish, bool)> = {
+            let (ready, rest) = std::mem::take(&mut self.deferred)
+                .into_iter()
+                .partition(|(p, _)| p.packet_id == id);
+            self.deferred = rest;
+            ready
+        };
+        for (publish, orphan) in waiting {
+            self.remote_published(publish, orphan);
+        }
+    }
+
+    /// The remote came back without its session: what it sent before is
+    /// answered to nobody. Committed QoS 1 records are done; holds are
+    /// released now (the remote gave the message up, or lost it, either
+    /// way it is written once here); what waits for a commit is finished.
+    fn remote_forgot(&mut self) {
+        for (_, orphan) in &mut self.deferred {
+            *orphan = true;
+        }
+        let mut ids: Vec<u16> = self.inbound.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            let Some(entry) = self.inbound.get_mut(&id) else {
+                continue;
+            };
+            entry.orphan = true;
+            match entry.stage {
+                InStage::Stored => self.finished(id),
+                InStage::Held => self.release_local(id),
+                InStage::Local | InStage::Releasing | InStage::Refused(_) => {}
+            }
+        }
+    }
+
+    /// The local connection ended: its exchanges went with it. What the
+    /// remote still has goes again when it resends it (the remote is
+    /// closed too); holds are the state's and it names them again. What
+    /// the remote forgot is kept here: published again, or released again.
+    fn local_lost_inbound(&mut self) {
+        let now = Instant::now();
+        self.deferred.clear();
+        self.inbound
+            .retain(|_, e| e.orphan && e.stage != InStage::Stored);
+        for entry in self.inbound.values_mut() {
+            let unstored = matches!(entry.stage, InStage::Local | InStage::Refused(_));
+            entry.stage = if unstored && entry.publish.is_some() {
+                InStage::Refused(now)
+            } else {
+                InStage::Releasing
+            };
+        }
+    }
+
+    /// PUBREL again for every forgotten hold being released (a new local
+    /// connection: the state answers one it no longer holds too).
+    fn release_orphans(&mut self) {
+        let mut ids: Vec<u16> = self
+            .inbound
+            .iter()
+            .filter(|(_, e)| e.orphan && e.stage == InStage::Releasing)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        for id in ids {
+            self.release_local(id);
+        }
     }
 
     async fn retry_inbound(&mut self, now: Instant) {
@@ -950,7 +1157,7 @@ impl Link {
             .map(|(id, _)| *id)
             .collect();
         for id in due {
-            self.publish_entry(id).await;
+            self.publish_entry(id);
         }
     }
 }

@@ -832,6 +832,19 @@ impl BrokerState {
             .map(|(p, c)| (*p, *c))
             .collect();
         holds.sort_unstable();
+        if session.bridge.is_some() {
+            // The remote has its PUBREC: the release may come on the
+            // bridge's next connection.
+            if holds.is_empty() {
+                return;
+            }
+            let kept = holds
+                .into_iter()
+                .map(|(p, c)| (p, c, session.inbound_qos2.get(&p).copied().unwrap_or(now)))
+                .collect();
+            self.bridge_holds.insert(session.client_id.clone(), kept);
+            return;
+        }
         for (packet_id, channel) in holds {
             self.stage(
                 Role::Channel(channel),
@@ -922,12 +935,23 @@ impl BrokerState {
                 self.join_group(key, i, &raw, &filter, None);
             }
             for hold in channel.holds {
+                let bridge = hold
+                    .client_id
+                    .parse::<Reader>()
+                    .is_ok_and(|r| r.scheme() == crate::storage::contract::ReaderScheme::Bridge);
                 match self.by_client_id.get(hold.client_id.as_str()).copied() {
                     Some(key) => {
                         let session = self.sessions.get_mut(&key).expect("indexed");
                         session.inbound_qos2.insert(hold.packet_id, now);
                         session.channel_holds.insert(hold.packet_id, i);
                     }
+                    // A bridge's, kept for its connection (the holds of a
+                    // bridge no longer configured were dropped at open).
+                    None if bridge => self
+                        .bridge_holds
+                        .entry(hold.client_id.as_str().into())
+                        .or_default()
+                        .push((hold.packet_id, i, now)),
                     None => self.stage(
                         Role::Channel(i),
                         Write::DropChannelHold {

@@ -237,6 +237,37 @@ impl BrokerState {
             replay: session_present,
         };
         self.park_or_answer(connection, parked, now);
+        if request.bridge.is_some() {
+            self.resume_bridge_holds(connection, key, now);
+        }
+    }
+
+    /// A bridge's session is made anew on each connection; the QoS 2
+    /// publishes it left held are its again, each said with a PUBREC (the
+    /// answer it had when it was held), so the bridge knows what waits
+    /// for its release.
+    fn resume_bridge_holds(&mut self, connection: u64, key: SessionKey, now: Instant) {
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return;
+        };
+        let Some(mut holds) = self.bridge_holds.remove(&session.client_id) else {
+            return;
+        };
+        holds.sort_unstable();
+        for (packet_id, channel, held_at) in &holds {
+            session.inbound_qos2.insert(*packet_id, *held_at);
+            session.channel_holds.insert(*packet_id, *channel);
+        }
+        for (packet_id, _, _) in holds {
+            self.reply(
+                connection,
+                Outbound::PubRec {
+                    packet_id,
+                    reason: ReasonCode::Success,
+                },
+                now,
+            );
+        }
     }
 
     /// Persistent sessions the provider holds (or is about to).

@@ -530,6 +530,11 @@ pub struct BrokerState {
     /// Where each bridge's reader stands in each channel, by channel index
     /// and bridge name, while its session is away.
     bridge_positions: HashMap<(u16, String), u64>,
+    /// A bridge's unreleased QoS 2 publishes into channels (packet id,
+    /// channel index, when held), by its client id, while its session is
+    /// away: the remote's PUBREL may come on the bridge's next connection,
+    /// or after a restart.
+    bridge_holds: HashMap<Arc<str>, Vec<(u16, u16, Instant)>>,
     /// Shared groups over channels.
     groups: Vec<channel_share::ChannelGroup>,
     /// Groups to let read on once the current event is handled.
@@ -584,6 +589,7 @@ impl BrokerState {
             next_read: 1,
             pumps_due: Vec::new(),
             bridge_positions: HashMap::new(),
+            bridge_holds: HashMap::new(),
             groups: Vec::new(),
             groups_due: Vec::new(),
             group_reads: IdMap::default(),

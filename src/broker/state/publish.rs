@@ -195,7 +195,7 @@ impl BrokerState {
 
     /// Answer a packet that writes nothing: at once, or behind the answers
     /// its connection still waits for (a CONNACK above all).
-    fn reply(&mut self, connection: u64, packet: Outbound, now: Instant) {
+    pub(super) fn reply(&mut self, connection: u64, packet: Outbound, now: Instant) {
         if self.must_queue(connection) {
             self.park_or_answer(connection, Parked::Reply { connection, packet }, now);
         } else {

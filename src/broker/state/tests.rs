@@ -1276,6 +1276,62 @@ fn a_bridge_skips_what_arrived_over_a_bridge_and_keeps_its_place_past_its_sessio
 }
 
 #[test]
+fn a_bridges_qos2_hold_outlives_its_connection_and_is_named_again_on_the_next() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut bridge_request = request("bridge:cloud", true, 0);
+    bridge_request.bridge = Some("cloud".into());
+    let mut bridge = connect_as(&mut s, 1, bridge_request.clone(), now);
+    store.commit_all(&mut s, now);
+    bridge.drain();
+    packets(&mut s, 1, vec![publish("telemetry/a", 2, 7)], now);
+    store.commit_all(&mut s, now);
+    assert!(matches!(
+        bridge.drain().as_slice(),
+        [Outbound::PubRec { packet_id: 7, .. }]
+    ));
+    closed(&mut s, 1, now);
+    store.commit_all(&mut s, now);
+    assert!(
+        !store
+            .writes
+            .iter()
+            .any(|w| matches!(w, Write::DropChannelHold { .. })),
+        "the hold waits for the remote's release"
+    );
+    assert_eq!(store.holds.len(), 1);
+    // The next connection is told of it, and its PUBREL writes it once.
+    let mut bridge = connect_as(&mut s, 2, bridge_request, now);
+    store.commit_all(&mut s, now);
+    let out = bridge.drain();
+    assert!(
+        matches!(
+            out.as_slice(),
+            [
+                Outbound::ConnAck { .. },
+                Outbound::PubRec {
+                    packet_id: 7,
+                    reason: ReasonCode::Success
+                }
+            ]
+        ),
+        "{out:?}"
+    );
+    packets(&mut s, 2, vec![Inbound::PubRel { packet_id: 7 }], now);
+    store.commit_all(&mut s, now);
+    assert!(matches!(
+        bridge.drain().as_slice(),
+        [Outbound::PubComp {
+            packet_id: 7,
+            reason: ReasonCode::Success
+        }]
+    ));
+    assert_eq!(store.channel.len(), 1);
+    assert_eq!(store.channel[0].bridge.as_deref(), Some("cloud"));
+}
+
+#[test]
 fn a_shared_group_over_a_channel_hands_each_record_to_one_member_and_takes_back_a_leavers() {
     let now = Instant::now();
     let mut s = channel_state(Limits::default(), 1);
