@@ -104,6 +104,11 @@ struct Plan {
     kill_saguin: &'static [u32],
 }
 
+/// How close to its end a start of the remote may have acknowledged a
+/// 3.1.1 record it then lost at a SIGTERM: two windows of the bridge's
+/// (the most seen is 29 with a window of 32).
+const SHUTDOWN_WINDOW: usize = 64;
+
 /// The marker published after every round: once the remote's subscriber
 /// has it, it has everything it will ever get (the bridge sends in channel
 /// order, Mosquitto delivers one client's messages in order).
@@ -209,7 +214,9 @@ async fn out_through_crashes(protocol: &str, test: &str, plan: Plan) {
         let e = acked_before_end.entry(record).or_insert(after);
         *e = (*e).min(after);
     }
-    let (mut lost_by_kill, mut never_acked, mut lost_after_ack) = (0, Vec::new(), Vec::new());
+    let stopped: HashSet<u64> = killed.union(&terminated).copied().collect();
+    let (mut lost_by_kill, mut lost_at_stop) = (0, 0);
+    let (mut never_acked, mut lost_after_ack) = (Vec::new(), Vec::new());
     for record in (0..PUBLISHERS).flat_map(|p| (0..total).map(move |s| (p, s))) {
         if distinct.contains(&record) {
             continue;
@@ -217,6 +224,16 @@ async fn out_through_crashes(protocol: &str, test: &str, plan: Plan) {
         match acked_by.get(&record) {
             // Acknowledged only from the memory of starts killed -9.
             Some(by) if by.is_subset(&killed) => lost_by_kill += 1,
+            // Mosquitto 2.0 acknowledges a 3.1.1 publish in its last
+            // moments before a SIGTERM and may keep it neither in its
+            // persistence nor for the subscriber (README, "Bridges").
+            Some(by)
+                if protocol == "mqtt311"
+                    && by.is_subset(&stopped)
+                    && acked_before_end[&record] < SHUTDOWN_WINDOW =>
+            {
+                lost_at_stop += 1
+            }
             Some(by) => lost_after_ack.push((record, by.clone(), acked_before_end[&record])),
             None => never_acked.push(record),
         }
@@ -245,7 +262,8 @@ async fn out_through_crashes(protocol: &str, test: &str, plan: Plan) {
     let records = PUBLISHERS * total as usize;
     eprintln!(
         "{test}: {records} records, {} duplicates at the remote, {lost_by_kill} lost with the \
-         remote's memory ({} acknowledged by starts it killed)",
+         remote's memory ({} acknowledged by starts it killed), {lost_at_stop} acknowledged \
+         just before a SIGTERM and lost by it",
         seen.len() - distinct.len(),
         acked_by
             .values()

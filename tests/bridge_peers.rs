@@ -277,3 +277,132 @@ channels: [{{ name: sites, kind: append, storage: db }}]
     assert_eq!(payloads(&seen), vec!["over-tls"]);
     assert_eq!(seen[0].0, "sites/telemetry/t");
 }
+
+/// The retained messages the remote holds under `filter` (a fresh
+/// subscriber's, up to a marker published after it subscribed), sorted.
+async fn remote_retained(
+    remote: &Mosquitto,
+    filter: &str,
+    marker_topic: &str,
+) -> Vec<(String, String)> {
+    let mut peek = Raw::tcp(remote.addr(), broker_support::v4()).await;
+    peek.connect("peek", ConnectOpts::clean()).await;
+    peek.subscribe(1, filter, 1).await;
+    let mut marker = Raw::tcp(remote.addr(), broker_support::v4()).await;
+    marker.connect("peek-marker", ConnectOpts::clean()).await;
+    marker
+        .publish_acked(marker_topic, b"end", 1, false, 1)
+        .await;
+    marker.disconnect().await;
+    let mut retained = Vec::new();
+    loop {
+        let p = peek.next_publish(true).await;
+        if p.topic.as_str() == marker_topic {
+            break;
+        }
+        assert!(
+            p.retain,
+            "only retained messages come before the marker: {p:?}"
+        );
+        retained.push((
+            p.topic.to_string(),
+            String::from_utf8_lossy(&p.payload).into_owned(),
+        ));
+    }
+    peek.disconnect().await;
+    retained.sort();
+    retained
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_latest_channel_goes_out_as_retained_values_and_a_deletion_deletes_the_remotes() {
+    if !have_mosquitto("latest_out") {
+        return;
+    }
+    let mut remote = Mosquitto::start("");
+    let mut collector = Collector::start(&remote, "watcher", "sites/17/#").await;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = peer_yaml(
+        dir.path(),
+        0,
+        "  - { name: devices, kind: latest, storage: db }",
+        &bridge(
+            "cloud",
+            remote.addr(),
+            "    out: [{ channel: devices, remote_prefix: sites/17/, from: earliest }]\n",
+        ),
+        "",
+    );
+    let saguin = Broker::start_in(dir, &yaml);
+    saguin.wait_log(|l| l.contains("bridge connected"));
+    let mut c = Raw::tcp(saguin.addr(), v5()).await;
+    c.connect("devices", ConnectOpts::clean()).await;
+    // Published without RETAIN: a latest channel's value is one anyway.
+    c.publish_acked("devices/d1", b"on", 1, false, 1).await;
+    c.publish_acked("devices/d2", b"idle", 1, false, 2).await;
+    let arrived = |payload: &'static str| {
+        move |seen: &[(String, Vec<u8>)]| seen.iter().any(|(_, p)| p == payload.as_bytes())
+    };
+    collector
+        .wait_until(Duration::from_secs(30), arrived("idle"))
+        .await;
+    let retained = remote_retained(&remote, "sites/17/devices/#", "sites/17/devices/zz").await;
+    assert_eq!(
+        retained,
+        vec![
+            ("sites/17/devices/d1".to_owned(), "on".to_owned()),
+            ("sites/17/devices/d2".to_owned(), "idle".to_owned())
+        ]
+    );
+    // A replacement replaces it there; a deletion deletes it there.
+    c.publish_acked("devices/d1", b"off", 1, false, 3).await;
+    c.publish_acked("devices/d2", b"", 1, false, 4).await;
+    c.publish_acked("devices/d3", b"new", 1, true, 5).await;
+    collector
+        .wait_until(Duration::from_secs(30), arrived("new"))
+        .await;
+    c.disconnect().await;
+    let retained = remote_retained(&remote, "sites/17/devices/#", "sites/17/devices/zz").await;
+    assert_eq!(
+        retained,
+        vec![
+            ("sites/17/devices/d1".to_owned(), "off".to_owned()),
+            ("sites/17/devices/d3".to_owned(), "new".to_owned())
+        ]
+    );
+    // Changed while the bridge is away (the remote down, saguin started
+    // again): resumed from its stored position, each topic's latest change
+    // goes out, a deletion among them.
+    let mut saguin = saguin;
+    tokio::task::block_in_place(|| remote.stop());
+    assert_eq!(saguin.terminate(), Some(0));
+    let saguin = saguin.restart(&yaml);
+    let mut c = Raw::tcp(saguin.addr(), v5()).await;
+    c.connect("devices", ConnectOpts::clean()).await;
+    c.publish_acked("devices/d1", b"standby", 1, false, 1).await;
+    c.publish_acked("devices/d1", b"away", 1, false, 2).await;
+    c.publish_acked("devices/d3", b"", 1, false, 3).await;
+    c.disconnect().await;
+    tokio::task::block_in_place(|| remote.start_again());
+    collector
+        .wait_until(Duration::from_secs(30), arrived("away"))
+        .await;
+    let retained = remote_retained(&remote, "sites/17/devices/#", "sites/17/devices/zz").await;
+    assert_eq!(
+        retained,
+        vec![("sites/17/devices/d1".to_owned(), "away".to_owned())]
+    );
+    let seen: Vec<(String, Vec<u8>)> = collector
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, _)| t != "sites/17/devices/zz")
+        .cloned()
+        .collect();
+    assert_eq!(
+        payloads(&seen),
+        vec!["on", "idle", "off", "", "new", "away", ""],
+        "each change once, in order; what changed while away, its latest: {seen:?}"
+    );
+}

@@ -151,11 +151,7 @@ impl Mosquitto {
     /// last wrote.
     pub fn kill9_and_start(&mut self) {
         self.kill9();
-        assert!(
-            self.spawn(),
-            "mosquitto did not start again: {}",
-            self.log_text()
-        );
+        self.start_again();
     }
 
     /// The start running now (see [`Mosquitto::up`]).
@@ -166,12 +162,22 @@ impl Mosquitto {
     /// SIGTERM (Mosquitto writes its persistence file), wait, start again
     /// on the same port and directory.
     pub fn restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+
+    /// SIGTERM, and wait until it exited.
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             unsafe {
                 libc::kill(child.id() as i32, libc::SIGTERM);
             }
             let _ = child.wait();
         }
+    }
+
+    /// Start again on the same port and directory.
+    pub fn start_again(&mut self) {
         assert!(
             self.spawn(),
             "mosquitto did not start again: {}",
@@ -186,11 +192,23 @@ impl Drop for Mosquitto {
     }
 }
 
+/// A port to listen on again after a restart: below the kernel's
+/// ephemeral range, so no outgoing connection on the machine is handed it
+/// as its local port while the listener is down.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (from, span) = (10_000u16, low.saturating_sub(10_000).max(1));
+    let mut pick = Rng::seeded_quietly();
+    for _ in 0..1000 {
+        let port = from + pick.below(u64::from(span)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port below {low}");
 }
 
 /// A TCP relay between the bridge and its remote. It reads the MQTT
@@ -731,6 +749,15 @@ impl Rng {
             });
         eprintln!("{test}: SAGUIN_TEST_SEED={seed}");
         Rng(seed | 1)
+    }
+
+    /// A source for choices that need no replay (ports).
+    fn seeded_quietly() -> Rng {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        Rng((nanos ^ u64::from(std::process::id()).rotate_left(32)) | 1)
     }
 
     pub fn below(&mut self, n: u64) -> u64 {

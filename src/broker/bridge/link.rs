@@ -128,6 +128,8 @@ pub(super) struct Link {
     skipped_sends: Vec<OutSend>,
     /// Per `out` rule: the offset after the last one acknowledged.
     acked_next: Vec<Option<u64>>,
+    /// Per `out` rule: its channel is a latest channel.
+    latest: Vec<bool>,
     /// Packets for the state, sent as one event at the end of the turn.
     to_local: Vec<Inbound>,
     // In.
@@ -154,6 +156,16 @@ impl Link {
         let seed = bridge.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
         }) ^ u64::from(std::process::id());
+        let latest = bridge
+            .out
+            .iter()
+            .map(|r| {
+                shared
+                    .channels
+                    .get(&r.channel)
+                    .is_some_and(|c| c.kind() == saguin_format::model::ChannelKind::Latest)
+            })
+            .collect();
         let now = Instant::now();
         Link {
             backoff: Backoff::new(bridge.reconnect.base, bridge.reconnect.cap, seed),
@@ -175,6 +187,7 @@ impl Link {
             blocked: VecDeque::new(),
             skipped_sends: Vec::new(),
             acked_next: stored,
+            latest,
             to_local: Vec::new(),
             inbound: HashMap::new(),
             deferred: VecDeque::new(),
@@ -400,10 +413,15 @@ impl Link {
             .bridge
             .out
             .iter()
-            .map(|r| Consume {
-                channel: r.channel.clone(),
-                qos: r.qos,
-                earliest: r.from == crate::config::bridge::StartFrom::Earliest,
+            .zip(self.latest.iter().zip(&self.acked_next))
+            .map(|(r, (latest, position))| {
+                let earliest = r.from == crate::config::bridge::StartFrom::Earliest;
+                Consume {
+                    channel: r.channel.clone(),
+                    qos: r.qos,
+                    earliest: earliest && !latest,
+                    latest: latest.then_some(earliest && position.is_none()),
+                }
             })
             .collect();
         let receive_maximum = u16::try_from(self.window).unwrap_or(u16::MAX);
@@ -600,10 +618,14 @@ impl Link {
         properties
             .user_properties
             .push((CHANNEL_PROPERTY.to_owned(), rule.channel.clone()));
+        // A latest channel's changes are values: each goes out retained, a
+        // deletion (an empty payload) as the empty retained publish that
+        // deletes the remote's value.
+        let retain = (retain || self.latest[rule_index]) && rule.retain == RetainMode::AsPublished;
         let publish = Publish {
             dup: false,
             qos: QoS::from_u8(qos).unwrap_or(QoS::AtMostOnce),
-            retain: retain && rule.retain == RetainMode::AsPublished,
+            retain,
             topic: format!("{}{topic}", rule.remote_prefix).into(),
             packet_id: 0,
             properties,

@@ -46,9 +46,14 @@ pub(super) struct Local {
 pub(super) struct Consume {
     pub channel: String,
     pub qos: u8,
-    /// `saguin-from: earliest` for a bridge with no stored position (the
-    /// state resumes a known one from its position whatever this says).
+    /// `saguin-from: earliest` for an append channel the bridge has no
+    /// stored position in (the state resumes a known one from its position
+    /// whatever this says).
     pub earliest: bool,
+    /// A latest channel, and whether the bridge starts with its current
+    /// values (`from: earliest` and no stored position) or with what
+    /// changes after its position or from now on.
+    pub latest: Option<bool>,
 }
 
 impl Local {
@@ -143,7 +148,9 @@ impl Local {
                             no_local: false,
                             // The rule decides whether the flag goes on.
                             retain_as_published: true,
-                            retain_handling: 0,
+                            // A latest channel's current values only when
+                            // the bridge starts with them.
+                            retain_handling: if c.latest == Some(false) { 2 } else { 0 },
                             subscription_id: None,
                         },
                     )],
