@@ -336,10 +336,21 @@
 //!   sent again after `reconnect.base` under a new packet id, so it may
 //!   arrive after records sent later on the same topic.
 //! - Addresses: without `round_robin` every reconnect starts at the first
-//!   address (the primary) and tries the others in order; with it, each
-//!   starts at the one after the last that connected. Between failed
-//!   rounds: `reconnect.base` doubling up to `reconnect.cap`, each wait
-//!   drawn between half and all of it.
+//!   address (the primary) and tries the others in order, and while
+//!   connected to another the bridge tries a TCP connection to the primary
+//!   every `reconnect.cap` (off its loop); once one succeeds it leaves the
+//!   secondary with DISCONNECT and reconnects, starting at the primary.
+//!   With it, each starts at the one after the last that connected.
+//!   Between failed rounds: `reconnect.base` doubling up to
+//!   `reconnect.cap`, each wait drawn between half and all of it. A
+//!   connection to another address than the last is taken as a remote
+//!   that forgot the bridge's session, whatever it says: two addresses
+//!   need not be one cluster.
+//! - A latest channel forwarded out: every change goes out retained unless
+//!   `retain: never`, a deletion as an empty retained publish. A bridge
+//!   with no position in it subscribes for its current values (a latest
+//!   channel has no `earliest`), one with a position for the changes
+//!   after it only (Retain Handling 2).
 //! - Loops between two saguins: a record carrying `saguin-channel` (put
 //!   there by another saguin's outbound bridge, MQTT 5) is not sent out.
 

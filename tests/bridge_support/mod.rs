@@ -70,6 +70,13 @@ impl Mosquitto {
     }
 
     fn spawn(&mut self) -> bool {
+        // Mosquitto started as root runs as the `mosquitto` user: its
+        // persistence file must be writable by it too, or a SIGTERM saves
+        // nothing and every restart starts empty.
+        let _ = std::fs::set_permissions(
+            self.dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        );
         let conf = self.dir.path().join("mosquitto.conf");
         let text = format!(
             "listener {} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\nmax_queued_messages 0\nlog_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\nlog_type information\n{}\n",
@@ -166,7 +173,7 @@ impl Mosquitto {
         self.start_again();
     }
 
-    /// SIGTERM, and wait until it exited.
+    /// SIGTERM, and wait until it exited, its persistence file written.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             unsafe {
@@ -174,6 +181,12 @@ impl Mosquitto {
             }
             let _ = child.wait();
         }
+        let log = self.log_text();
+        let last_start = log.rfind(" running").unwrap_or(0);
+        assert!(
+            !log[last_start..].contains("Error saving"),
+            "mosquitto did not save its persistence: {log}"
+        );
     }
 
     /// Start again on the same port and directory.
@@ -686,6 +699,12 @@ impl Collector {
             .await
             .expect("the collector did not (dis)connect")
             .expect("collector running");
+    }
+
+    /// Wait (bounded) until it is subscribed again after its remote
+    /// started again.
+    pub async fn wait_subscribed(&mut self) {
+        self.wait_connected(true).await;
     }
 
     /// Disconnect (the session stays, the remote queues for it) and wait

@@ -58,6 +58,8 @@ use crate::config::bridge::{Bridge, RetainMode};
 const TICK: Duration = Duration::from_millis(100);
 /// How often the lag gauges are computed.
 const LAG_EVERY: Duration = Duration::from_secs(1);
+/// Time for a look whether the primary address accepts TCP again.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Wait before the local connection is made again after the broker closed it.
 const LOCAL_RETRY: Duration = Duration::from_secs(1);
 
@@ -115,6 +117,13 @@ pub(super) struct Link {
     backoff: Backoff,
     /// Where the next connection attempt starts in `addresses`.
     next_address: usize,
+    /// The address the remote connection was made to, once there was one.
+    connected_to: usize,
+    connected_before: bool,
+    /// Connected to a secondary address without `round_robin`: whether the
+    /// primary accepts TCP again, looked at every `reconnect.cap`.
+    primary_probe: Option<tokio::task::JoinHandle<bool>>,
+    next_probe: Instant,
     /// The remote's window: `max_inflight` capped by its Receive Maximum.
     window: usize,
     // Out.
@@ -179,6 +188,10 @@ impl Link {
             remote: None,
             reconnect_at: now,
             next_address: 0,
+            connected_to: 0,
+            connected_before: false,
+            primary_probe: None,
+            next_probe: now,
             seq: 0,
             pending: VecDeque::new(),
             inflight: BTreeMap::new(),
@@ -263,6 +276,7 @@ impl Link {
             self.connect_local().await;
         }
         self.check_remote(now);
+        self.probe_primary(now).await;
         self.retry_blocked(now);
         self.retry_inbound(now).await;
         self.pump();
@@ -290,7 +304,13 @@ impl Link {
             };
             match attempt {
                 Ok(remote) => {
+                    // Another broker than the last one (not one cluster)
+                    // knows nothing of the exchanges the last one had.
+                    let moved = self.connected_before && i != self.connected_to;
+                    self.connected_before = true;
                     self.next_address = i + 1;
+                    self.connected_to = i;
+                    self.next_probe = Instant::now() + self.bridge.reconnect.cap;
                     if let Some(refusal) = self.refusal(&remote) {
                         self.metrics.connect_attempt("refused");
                         self.metrics.refused("maximum_qos");
@@ -299,7 +319,7 @@ impl Link {
                         continue;
                     }
                     self.metrics.connect_attempt("ok");
-                    self.connected(remote);
+                    self.connected(remote, moved);
                     return;
                 }
                 Err(ConnectFailure::Refused(code)) => {
@@ -317,6 +337,57 @@ impl Link {
         let delay = self.backoff.next_delay();
         self.reconnect_at = Instant::now() + delay;
         tracing::debug!(bridge = %self.bridge.name, retry_ms = delay.as_millis() as u64, "bridge reconnects later");
+    }
+
+    /// Without `round_robin` the first address is the primary: connected
+    /// to another, the bridge looks every `reconnect.cap` whether the
+    /// primary accepts connections again, and once it does, leaves the
+    /// secondary (DISCONNECT, its session kept there) to connect to it.
+    async fn probe_primary(&mut self, now: Instant) {
+        let on_secondary = self.remote.is_some()
+            && !self.bridge.round_robin
+            && self.bridge.addresses.len() > 1
+            && self.connected_to != 0;
+        if !on_secondary {
+            if let Some(probe) = self.primary_probe.take() {
+                probe.abort();
+            }
+            return;
+        }
+        match &self.primary_probe {
+            None if now >= self.next_probe => {
+                self.next_probe = now + self.bridge.reconnect.cap;
+                let primary = self.bridge.addresses[0].clone();
+                self.primary_probe = Some(tokio::spawn(async move {
+                    let Some((host, port)) = crate::config::bridge::split_host_port(&primary)
+                    else {
+                        return false;
+                    };
+                    let connect = tokio::net::TcpStream::connect((host, port));
+                    matches!(
+                        tokio::time::timeout(PROBE_TIMEOUT, connect).await,
+                        Ok(Ok(_))
+                    )
+                }));
+            }
+            Some(probe) if probe.is_finished() => {
+                let up = match self.primary_probe.take() {
+                    Some(probe) => probe.await.unwrap_or(false),
+                    None => false,
+                };
+                if up {
+                    tracing::info!(bridge = %self.bridge.name, address = %self.bridge.addresses[0],
+                        "bridge's primary address is reachable again; it leaves the secondary for it");
+                    if let Some(remote) = self.remote.take() {
+                        // What is in flight there goes to the primary.
+                        self.metrics.connected.store(0, Relaxed);
+                        remote.close().await;
+                    }
+                    self.reconnect_at = now;
+                }
+            }
+            _ => {}
+        }
     }
 
     /// No silent downgrade: a remote whose Maximum QoS is below a rule's.
@@ -347,15 +418,15 @@ impl Link {
         }
     }
 
-    fn connected(&mut self, mut remote: Remote) {
+    fn connected(&mut self, mut remote: Remote, moved: bool) {
         self.backoff.reset();
         let granted = remote.granted;
         self.window = usize::from(self.bridge.max_inflight.min(granted.receive_maximum)).max(1);
         tracing::info!(bridge = %self.bridge.name, address = %remote.address, protocol = %remote.version,
             session_present = granted.session_present, window = self.window, "bridge connected");
         self.metrics.connected.store(1, Relaxed);
-        self.remote_fresh = !granted.session_present;
-        if granted.session_present {
+        self.remote_fresh = !granted.session_present || moved;
+        if !self.remote_fresh {
             // The remote sends again what it was not answered.
             self.deferred.retain(|(_, orphan)| *orphan);
         } else {
@@ -1064,6 +1135,13 @@ impl Link {
             Some((InStage::Stored, false)) => {
                 self.inbound.remove(&id);
                 self.answer_remote(Packet::PubComp(PubAck::new(id)));
+            }
+            // Released already as forgotten, yet the remote knew it (one
+            // cluster behind two addresses): it gets its PUBCOMP.
+            Some((InStage::Releasing, true)) => {
+                if let Some(entry) = self.inbound.get_mut(&id) {
+                    entry.orphan = false;
+                }
             }
             // A hold this bridge does not know of (released already, or
             // never made: the state says which), or a resend.
