@@ -163,6 +163,9 @@ async fn wait_line(child: &mut Child, pattern: &str) -> Result<(), Error> {
 }
 
 async fn mosquitto(dir: &Path, name: &str, port: u16, extra: &str) -> Result<Proc, Error> {
+    // Started as root, Mosquitto runs as the `mosquitto` user: its
+    // persistence file must be writable by it, or a restart starts empty.
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
     let conf = dir.join(format!("{name}.conf"));
     std::fs::write(
         &conf,
