@@ -2,7 +2,7 @@
 //! the test says: a withheld PUBACK (ack_timeout, reconnect, resend with
 //! DUP), a Maximum QoS below the rule's (refused), a Maximum Packet Size
 //! below a record (skipped with its offset), a refusing PUBACK (held, sent
-//! again).
+//! again), a remote that forgets its session between PUBREC and PUBREL.
 
 mod bridge_support;
 mod broker_support;
@@ -320,4 +320,90 @@ async fn the_position_of_a_bridge_no_longer_configured_is_dropped_at_startup() {
         line.contains("reader=bridge:cloud") && line.contains("offset=2"),
         "{line}"
     );
+}
+
+impl Peer {
+    /// The next packet of `kind` from the bridge, answering PINGREQ.
+    async fn next_of(&mut self, what: &str, matches: impl Fn(&Packet) -> bool) -> Packet {
+        loop {
+            match self.recv().await {
+                Some(p) if matches(&p) => return p,
+                Some(Packet::PingReq) => self.send(Packet::PingResp).await,
+                Some(_) => {}
+                None => panic!("the bridge closed the connection before {what}"),
+            }
+        }
+    }
+
+    async fn qos2_publish(&mut self, packet_id: u16, payload: &'static [u8]) {
+        self.send(Packet::Publish(Publish {
+            dup: false,
+            qos: QoS::ExactlyOnce,
+            retain: false,
+            topic: "cmd/d".into(),
+            packet_id,
+            properties: Default::default(),
+            payload: bytes::Bytes::from_static(payload),
+        }))
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_that_forgot_its_session_has_its_held_qos2_written_once_and_its_id_reused_after() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = saguin_yaml(
+        dir.path(),
+        "  - { name: commands, kind: append, storage: db }",
+        &format!(
+            "  - name: cloud
+    address: {}
+    reconnect: {{ base: 50ms, cap: 200ms }}
+    in: [{{ filter: cmd/#, local_prefix: commands/, qos: 2 }}]
+",
+            listener.local_addr().unwrap()
+        ),
+    );
+    let saguin = Broker::start_in(dir, &config);
+    let (mut first, _) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
+    first
+        .next_of("SUBSCRIBE", |p| matches!(p, Packet::Subscribe(_)))
+        .await;
+    first.qos2_publish(5, b"held").await;
+    first
+        .next_of(
+            "PUBREC",
+            |p| matches!(p, Packet::PubRec(r) if r.packet_id == 5),
+        )
+        .await;
+    // Held, not a record; the remote goes away without its PUBREL and
+    // comes back without the session: nobody will release it.
+    drop(first);
+    let (mut second, _) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
+    // The same packet id at once, for a new message: it waits until the
+    // forgotten one is written.
+    second.qos2_publish(5, b"new").await;
+    second
+        .next_of(
+            "PUBREC of the new one",
+            |p| matches!(p, Packet::PubRec(r) if r.packet_id == 5),
+        )
+        .await;
+    second.send(Packet::PubRel(PubAck::new(5))).await;
+    second
+        .next_of(
+            "PUBCOMP",
+            |p| matches!(p, Packet::PubComp(c) if c.packet_id == 5),
+        )
+        .await;
+    let seen = bridge_support::read_channel(
+        saguin.addr(),
+        "commands/#",
+        std::time::Duration::from_secs(30),
+        |seen| seen.len() >= 2,
+    )
+    .await;
+    let payloads: Vec<&[u8]> = seen.iter().map(|(_, p)| p.as_slice()).collect();
+    assert_eq!(payloads, vec![&b"held"[..], &b"new"[..]]);
 }

@@ -1061,9 +1061,41 @@ impl Link {
 
     /// The state answered a QoS 1 publish of the bridge (PUBACK).
     fn local_stored(&mut self, id: u16, reason: ReasonCode) {
+        self.local_committed(id, reason, InStage::Stored);
+    }
+
+    /// The state holds a QoS 2 publish of the bridge (PUBREC): one just
+    /// published, or one it kept from before this connection.
+    fn local_held(&mut self, id: u16, reason: ReasonCode) {
+        if self.inbound.contains_key(&id) {
+            self.local_committed(id, reason, InStage::Held);
+        } else if !reason.is_error() {
+            // Held before this connection. The remote releases it with
+            // PUBREL, unless its session is newer than the hold.
+            let orphan = self.remote_fresh;
+            self.inbound.insert(
+                id,
+                InEntry {
+                    remote_qos: 2,
+                    publish: None,
+                    stage: InStage::Held,
+                    orphan,
+                },
+            );
+            if orphan {
+                self.release_local(id);
+            }
+        }
+    }
+
+    /// The state answered entry `id`'s publish: refused, or committed as
+    /// `stage` (stored, or held), and then answered to the remote - unless
+    /// the remote forgot it, which finishes it here.
+    fn local_committed(&mut self, id: u16, reason: ReasonCode, stage: InStage) {
         let Some(entry) = self.inbound.get_mut(&id) else {
             return;
         };
+        // Else already committed, or being released.
         if entry.stage != InStage::Local {
             return;
         }
@@ -1071,49 +1103,11 @@ impl Link {
             self.refused(id, reason);
             return;
         }
-        entry.stage = InStage::Stored;
-        if entry.orphan {
-            self.finished(id);
-        } else {
-            self.answer_stored(id);
-        }
-    }
-
-    /// The state holds a QoS 2 publish of the bridge (PUBREC): one just
-    /// published, or one it kept from before this connection.
-    fn local_held(&mut self, id: u16, reason: ReasonCode) {
-        match self.inbound.get_mut(&id) {
-            None if !reason.is_error() => {
-                // Held before this connection. The remote releases it with
-                // PUBREL, unless its session is newer than the hold.
-                let orphan = self.remote_fresh;
-                self.inbound.insert(
-                    id,
-                    InEntry {
-                        remote_qos: 2,
-                        publish: None,
-                        stage: InStage::Held,
-                        orphan,
-                    },
-                );
-                if orphan {
-                    self.release_local(id);
-                }
-            }
-            Some(entry) if entry.stage == InStage::Local => {
-                if reason.is_error() {
-                    self.refused(id, reason);
-                    return;
-                }
-                entry.stage = InStage::Held;
-                if entry.orphan {
-                    self.release_local(id);
-                } else {
-                    self.answer_stored(id);
-                }
-            }
-            // Already held or being released.
-            _ => {}
+        entry.stage = stage;
+        match (entry.orphan, stage) {
+            (false, _) => self.answer_stored(id),
+            (true, InStage::Held) => self.release_local(id),
+            (true, _) => self.finished(id),
         }
     }
 
