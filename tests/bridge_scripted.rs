@@ -407,3 +407,36 @@ async fn a_remote_that_forgot_its_session_has_its_held_qos2_written_once_and_its
     let payloads: Vec<&[u8]> = seen.iter().map(|(_, p)| p.as_slice()).collect();
     assert_eq!(payloads, vec![&b"held"[..], &b"new"[..]]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qos2_hold_of_a_bridge_no_longer_configured_is_dropped_at_startup() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = saguin_yaml(
+        dir.path(),
+        "  - { name: commands, kind: append, storage: db }",
+        &format!(
+            "  - name: cloud
+    address: {}
+    in: [{{ filter: cmd/#, local_prefix: commands/, qos: 2 }}]
+",
+            listener.local_addr().unwrap()
+        ),
+    );
+    let mut saguin = Broker::start_in(dir, &config);
+    let (mut peer, _) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
+    peer.qos2_publish(9, b"never released").await;
+    peer.next_of(
+        "PUBREC",
+        |p| matches!(p, Packet::PubRec(r) if r.packet_id == 9),
+    )
+    .await;
+    assert_eq!(saguin.terminate(), Some(0));
+    let without = config[..config.find("bridges:").unwrap()].to_owned();
+    let saguin = saguin.restart(&without);
+    let line = saguin.wait_log(|l| l.contains("its bridge is no longer configured"));
+    assert!(
+        line.contains("held QoS 2 publish dropped") && line.contains("client_id=bridge:cloud"),
+        "{line}"
+    );
+}

@@ -269,15 +269,30 @@ pub fn drop_removed_bridge_positions(
                     "position dropped: its bridge is no longer configured");
             }
         }
-        let held = channel.provider.held_publishes()?;
+    }
+    // Each provider's holds once, for every channel it serves.
+    let mut providers: Vec<&Arc<dyn Provider>> = Vec::new();
+    for channel in channels {
+        if !providers
+            .iter()
+            .any(|p| p.name() == channel.provider.name())
+        {
+            providers.push(&channel.provider);
+        }
+    }
+    for provider in providers {
+        let held = provider.held_publishes()?;
         for hold in held.held()? {
-            let removed = hold.channel == *channel.name
+            let served = channels
+                .iter()
+                .any(|c| *c.name == hold.channel && c.provider.name() == provider.name());
+            let removed = served
                 && hold.client_id.parse::<contract::Reader>().is_ok_and(|r| {
                     r.scheme() == contract::ReaderScheme::Bridge && !configured.contains(&r.id())
                 });
             if removed && held.drop_hold(&hold.channel, &hold.client_id, hold.packet_id)? {
                 dropped += 1;
-                tracing::warn!(channel = %channel.name, client_id = %hold.client_id, packet_id = hold.packet_id,
+                tracing::warn!(channel = %hold.channel, client_id = %hold.client_id, packet_id = hold.packet_id,
                     "held QoS 2 publish dropped unreleased: its bridge is no longer configured");
             }
         }
