@@ -349,9 +349,9 @@ impl Peer {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_remote_that_forgot_its_session_has_its_held_qos2_written_once_and_its_id_reused_after() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+/// saguin with a bridge bringing `cmd/#` of the scripted remote into the
+/// channel `commands` at QoS 2, and its configuration.
+fn start_inbound_qos2(listener: &TcpListener) -> (Broker, String) {
     let dir = tempfile::tempdir().unwrap();
     let config = saguin_yaml(
         dir.path(),
@@ -365,7 +365,13 @@ async fn a_remote_that_forgot_its_session_has_its_held_qos2_written_once_and_its
             listener.local_addr().unwrap()
         ),
     );
-    let saguin = Broker::start_in(dir, &config);
+    (Broker::start_in(dir, &config), config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_that_forgot_its_session_has_its_held_qos2_written_once_and_its_id_reused_after() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (saguin, _) = start_inbound_qos2(&listener);
     let (mut first, _) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
     first
         .next_of("SUBSCRIBE", |p| matches!(p, Packet::Subscribe(_)))
@@ -411,19 +417,7 @@ async fn a_remote_that_forgot_its_session_has_its_held_qos2_written_once_and_its
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qos2_hold_of_a_bridge_no_longer_configured_is_dropped_at_startup() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = saguin_yaml(
-        dir.path(),
-        "  - { name: commands, kind: append, storage: db }",
-        &format!(
-            "  - name: cloud
-    address: {}
-    in: [{{ filter: cmd/#, local_prefix: commands/, qos: 2 }}]
-",
-            listener.local_addr().unwrap()
-        ),
-    );
-    let mut saguin = Broker::start_in(dir, &config);
+    let (mut saguin, config) = start_inbound_qos2(&listener);
     let (mut peer, _) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
     peer.qos2_publish(9, b"never released").await;
     peer.next_of(
