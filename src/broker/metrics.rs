@@ -168,6 +168,10 @@ pub struct Metrics {
     queues: Mutex<BTreeMap<String, QueueSeries>>,
     /// Each configured bridge's counters, by name (`saguin_bridge_*`).
     bridges: Mutex<BTreeMap<String, Arc<BridgeMetrics>>>,
+    /// The longest an acknowledgement taken for writing (a flush of
+    /// in-flight tables and cursors) waited for its commit, in
+    /// microseconds (`saguin_ack_store_wait_seconds_max`).
+    ack_store_wait_max_us: AtomicU64,
     pub started: std::time::Instant,
 }
 
@@ -262,6 +266,7 @@ impl Metrics {
             channels: Default::default(),
             queues: Default::default(),
             bridges: Default::default(),
+            ack_store_wait_max_us: AtomicU64::new(0),
             started: std::time::Instant::now(),
         }
     }
@@ -280,6 +285,18 @@ impl Metrics {
 
     pub fn disconnect_count(&self, reason: CloseReason) -> u64 {
         self.disconnects[reason as usize].load(Relaxed)
+    }
+
+    /// A flush of acknowledgements committed `waited` after it was taken
+    /// for writing.
+    pub fn acknowledgements_stored(&self, waited: std::time::Duration) {
+        let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        self.ack_store_wait_max_us.fetch_max(micros, Relaxed);
+    }
+
+    /// The longest wait [`Metrics::acknowledgements_stored`] has seen.
+    pub fn ack_store_wait_max(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.ack_store_wait_max_us.load(Relaxed))
     }
 
     /// A write to `provider` failed.
@@ -450,6 +467,11 @@ impl Metrics {
                 self.disconnect_count(reason)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP saguin_ack_store_wait_seconds_max The longest, since the broker started, that acknowledgements, in-flight tables and cursors taken for writing (every broker.session.ack_commit_interval) waited for their commit.\n# TYPE saguin_ack_store_wait_seconds_max gauge\nsaguin_ack_store_wait_seconds_max {:.6}",
+            self.ack_store_wait_max().as_secs_f64()
+        );
         let _ = writeln!(out, "# HELP saguin_storage_errors_total Storage writes that failed, by provider.\n# TYPE saguin_storage_errors_total counter");
         for (provider, count) in lock(&self.storage_errors).iter() {
             let _ = writeln!(

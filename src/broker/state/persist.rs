@@ -239,9 +239,13 @@ impl StorageFailure {
 pub(super) enum Parked {
     /// Nobody waits (a disconnect recorded, a session ended, a flush).
     Background,
-    /// A flush of these sessions' in-flight tables and cursors; marked
-    /// dirty again if it fails, so the next flush retries.
-    Flush(Vec<Arc<str>>),
+    /// A flush of these sessions' in-flight tables and cursors, taken for
+    /// writing at `sealed`; marked dirty again if it fails, so the next
+    /// flush retries.
+    Flush {
+        clients: Vec<Arc<str>>,
+        sealed: Instant,
+    },
     ConnAck {
         connection: u64,
         key: SessionKey,
@@ -433,7 +437,7 @@ impl BrokerState {
             Place::Alone(Parked::Background) | Place::Alone(Parked::Close { .. }) => {
                 Class::Departed
             }
-            Place::Alone(Parked::Flush(_)) => Class::Connected,
+            Place::Alone(Parked::Flush { .. }) => Class::Connected,
             Place::Queued { .. } | Place::Alone(_) => Class::Answering,
         };
         let wait = self.persist.next_wait;
@@ -694,13 +698,16 @@ impl BrokerState {
                 reason,
                 code,
             } => self.close(connection, reason, code, now),
-            Parked::Flush(clients) => {
+            Parked::Flush { clients, sealed } => {
                 if failure.is_some() {
                     for client in clients {
                         if let Some(&key) = self.by_client_id.get(&client) {
                             self.persist.dirty.insert(key);
                         }
                     }
+                } else {
+                    self.metrics
+                        .acknowledgements_stored(now.saturating_duration_since(sealed));
                 }
             }
             Parked::ConnAck {
@@ -906,7 +913,10 @@ impl BrokerState {
             // publish between them, which one intent of every session of
             // a storm could not.
             if clients.len() == FLUSH_SESSIONS {
-                self.seal(Parked::Flush(std::mem::take(&mut clients)));
+                self.seal(Parked::Flush {
+                    clients: std::mem::take(&mut clients),
+                    sealed: now,
+                });
             }
         }
         if !self.persist.releasable.is_empty() {
@@ -914,7 +924,10 @@ impl BrokerState {
             self.stage(Role::Sessions, Write::ReleaseLog(offsets));
         }
         self.stage_all_positions(now);
-        self.seal(Parked::Flush(clients));
+        self.seal(Parked::Flush {
+            clients,
+            sealed: now,
+        });
     }
 
     /// Write one session now (a disconnect, a subscription change): its

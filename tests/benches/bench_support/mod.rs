@@ -139,6 +139,30 @@ pub async fn start_with_env(config: &Path, env: &[(&str, &str)]) -> Result<Broke
     })
 }
 
+/// The sum of the samples of metric `name` (every label set) the broker
+/// serves at `metrics`, or `None` when it cannot be read.
+pub async fn scrape(metrics: SocketAddr, name: &str) -> Option<f64> {
+    let mut s = TcpStream::connect(metrics).await.ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut body))
+        .await
+        .ok()?
+        .ok()?;
+    let samples: Vec<f64> = body
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let metric = series.split('{').next()?;
+            (metric == name).then(|| value.parse().ok())?
+        })
+        .collect();
+    (!samples.is_empty()).then(|| samples.iter().sum())
+}
+
 /// SIGTERM and the time to exit.
 pub async fn stop(mut broker: Broker) -> Result<Duration, Error> {
     let pid = broker.child.id().ok_or("no pid")? as i32;
