@@ -426,6 +426,30 @@ fn a_thousand_jobs_four_workers_each_resolved_once_and_an_expired_lease_counted(
         metric(&text, "saguin_queue_attempts_total{channel=\"jobs\"}"),
         Some(JOBS as u64 + 1)
     );
+    // The depth moves only once a resolution committed: after kill -9 not
+    // one of them comes back, and the next job is the first offered.
+    let mut broker = broker;
+    broker.child.kill().unwrap();
+    broker.child.wait().unwrap();
+    let broker = broker.restart(&yaml);
+    assert_eq!(
+        metric(&scrape(&broker), "saguin_queue_depth{channel=\"jobs\"}"),
+        Some(0)
+    );
+    runtime().block_on(async {
+        let mut c = worker_connect(broker.addr(), "worker-after", 8).await;
+        c.subscribe(1, "jobs/#", 1).await;
+        let mut producer = Raw::tcp(broker.addr(), v5()).await;
+        producer.connect("producer", ConnectOpts::clean()).await;
+        producer
+            .publish_acked("jobs/after", b"after", 1, false, 1)
+            .await;
+        let p = c.next_publish(true).await;
+        assert_eq!(
+            (p.payload.as_ref(), user_property(&p, "saguin-offset")),
+            (&b"after"[..], Some((JOBS + 1).to_string()))
+        );
+    });
 }
 
 /// The dead-letter consumer's next record, with its four headers checked.

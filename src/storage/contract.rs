@@ -510,6 +510,14 @@ pub trait QueueStore: Send + Sync {
     /// Stores a record at the queue's next offset, available at once.
     fn enqueue(&self, record: Record) -> Result<Record>;
 
+    /// Several records, in order, sharing transactions where the provider
+    /// has them (group commit); one answer each, what
+    /// [`QueueStore::enqueue`] would have answered, each given only once
+    /// the transaction holding it committed.
+    fn enqueue_many(&self, records: Vec<Record>) -> Vec<Result<Record>> {
+        records.into_iter().map(|r| self.enqueue(r)).collect()
+    }
+
     fn set_max_bytes(&self, max_bytes: Option<u64>);
     fn max_bytes(&self) -> Option<u64>;
 
@@ -556,6 +564,17 @@ pub trait QueueStore: Send + Sync {
     /// The worker finished the record: it is removed. False when the
     /// delivery is unknown or superseded (nothing changed).
     fn resolve(&self, delivery_id: u64, epoch: u64) -> Result<bool>;
+
+    /// Several resolutions (`(delivery_id, epoch)`), sharing one
+    /// transaction where the provider has them; one answer each, what
+    /// [`QueueStore::resolve`] would have answered alone, and nothing is
+    /// removed before that transaction commits.
+    fn resolve_many(&self, asked: Vec<(u64, u64)>) -> Vec<Result<bool>> {
+        asked
+            .into_iter()
+            .map(|(delivery_id, epoch)| self.resolve(delivery_id, epoch))
+            .collect()
+    }
 
     /// The delivery failed (a negative acknowledgement, an expired lease, the
     /// worker went away). With attempts left the record is available again

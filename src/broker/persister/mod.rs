@@ -288,6 +288,15 @@ impl Stores {
         for (i, intent) in intents.into_iter().enumerate() {
             flat.extend(intent.writes.into_iter().map(|w| (i, w)));
         }
+        // A queue's leases and resolutions depend on nothing queued beside
+        // them (each was asked for once what it acts on had committed), and
+        // each is an intent of its own: gathered, each kind is one
+        // transaction rather than one per neighbour of another kind.
+        flat.sort_by_key(|(_, w)| match Run::of(w) {
+            Run::Lease => 1,
+            Run::Resolve => 2,
+            _ => 0,
+        });
         let mut rest = flat.into_iter().peekable();
         while let Some((i, first)) = rest.next() {
             let kind = if self.alone {
@@ -307,6 +316,7 @@ impl Stores {
                 Run::Session if run.len() > 1 => self.sessions_together(&run),
                 Run::Append | Run::ChannelAppend if run.len() > 1 => self.append_run(&run),
                 Run::Lease if run.len() > 1 => self.lease_run(&run),
+                Run::Resolve if run.len() > 1 => self.resolve_run(&run),
                 _ => run.iter().map(|(_, w)| self.apply(w.clone())).collect(),
             };
             for ((i, _), answer) in run.into_iter().zip(answers) {
@@ -438,9 +448,15 @@ impl Stores {
                     .into_iter()
                     .map(|r| r.map(|r| Written::Stored(index, Box::new(r))))
                     .collect::<Vec<_>>(),
-                // A value replaced and a job enqueued are collected by the
-                // provider itself.
-                _ => records.into_iter().map(|r| self.store_record(r)).collect(),
+                ChannelStore::Queue(q) => q
+                    .enqueue_many(records)
+                    .into_iter()
+                    .map(|r| r.map(|r| Written::Stored(index, Box::new(r))))
+                    .collect(),
+                // A value replaced is collected by the provider itself.
+                ChannelStore::Latest(_) => {
+                    records.into_iter().map(|r| self.store_record(r)).collect()
+                }
             })
         } else {
             self.log().map(|log| {
@@ -452,16 +468,21 @@ impl Stores {
         };
         match answers {
             Ok(answers) => answers,
-            Err(e) => run
-                .iter()
-                .map(|_| {
-                    Err(StorageError::Write {
-                        context: format!("provider {}", self.provider),
-                        detail: e.to_string(),
-                    })
-                })
-                .collect(),
+            Err(e) => self.unwritten(run.len(), &e),
         }
+    }
+
+    /// The answers of a run of `n` writes none of which could be made.
+    fn unwritten(&self, n: usize, e: &StorageError) -> Vec<Result<Written, StorageError>> {
+        let detail = e.to_string();
+        (0..n)
+            .map(|_| {
+                Err(StorageError::Write {
+                    context: format!("provider {}", self.provider),
+                    detail: detail.clone(),
+                })
+            })
+            .collect()
     }
 
     /// A run of leases of this persister's queue in one transaction: the
@@ -490,17 +511,30 @@ impl Stores {
                 .into_iter()
                 .map(|r| r.map(|lease| Written::Leased(index, Box::new(lease))))
                 .collect(),
-            Err(e) => {
-                let detail = e.to_string();
-                run.iter()
-                    .map(|_| {
-                        Err(StorageError::Write {
-                            context: format!("provider {}", self.provider),
-                            detail: detail.clone(),
-                        })
-                    })
-                    .collect()
-            }
+            Err(e) => self.unwritten(run.len(), &e),
+        }
+    }
+
+    /// A run of resolutions of this persister's queue in one transaction,
+    /// each answered only once it committed.
+    fn resolve_run(&self, run: &[(usize, Write)]) -> Vec<Result<Written, StorageError>> {
+        let asked: Vec<(u64, u64)> = run
+            .iter()
+            .filter_map(|(_, w)| match w {
+                Write::Resolve { delivery_id, epoch } => Some((*delivery_id, *epoch)),
+                _ => None,
+            })
+            .collect();
+        match self.queue() {
+            Ok((index, queue)) => queue
+                .resolve_many(asked.clone())
+                .into_iter()
+                .zip(asked)
+                .map(|(r, (delivery_id, _))| {
+                    r.map(|done| Written::Resolved(index, delivery_id, done))
+                })
+                .collect(),
+            Err(e) => self.unwritten(run.len(), &e),
         }
     }
 
@@ -553,6 +587,8 @@ enum Run {
     ChannelAppend,
     /// A queue lease: the leases of one offer share a transaction.
     Lease,
+    /// A queue resolution: those queued together share a transaction.
+    Resolve,
     /// Everything else, alone.
     Single,
 }
@@ -571,11 +607,11 @@ impl Run {
             Write::AppendLog(_) => Run::Append,
             Write::Append(_) => Run::ChannelAppend,
             Write::Lease { .. } => Run::Lease,
+            Write::Resolve { .. } => Run::Resolve,
             Write::ReleaseLog(_)
             | Write::SetRetained(_)
             | Write::DeleteRetained(_)
             | Write::Release { .. }
-            | Write::Resolve { .. }
             | Write::ReleaseLease { .. } => Run::Single,
         }
     }

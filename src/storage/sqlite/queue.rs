@@ -250,6 +250,47 @@ impl QueueChannel {
         }
     }
 
+    /// The offset delivery `delivery_id` holds when `epoch` is still its
+    /// current one; a stale id is forgotten.
+    fn current(v: &mut Volatile, delivery_id: u64, epoch: u64) -> Option<u64> {
+        let offset = *v.by_id.get(&delivery_id)?;
+        let Some(d) = v.held.get(&offset) else {
+            v.by_id.remove(&delivery_id);
+            return None;
+        };
+        (d.epoch == epoch && d.delivery_id == delivery_id).then_some(offset)
+    }
+
+    /// A resolution committed: the delivery and its record are gone.
+    fn resolved_now(&self, v: &mut Volatile, offset: u64, delivery_id: u64) {
+        if let Some(d) = v.held.remove(&offset) {
+            self.gone(d.size);
+        }
+        v.by_id.remove(&delivery_id);
+        self.shared.set_publishes_full(false);
+    }
+
+    /// One resolution in a transaction of its own.
+    fn resolve_in(&self, v: &mut Volatile, delivery_id: u64, epoch: u64) -> contract::Result<bool> {
+        let Some(offset) = Self::current(v, delivery_id, epoch) else {
+            return Ok(false);
+        };
+        let mut w = self.shared.writer()?;
+        match w.txn(true, |conn| delete_item(conn, &self.name, offset)) {
+            Ok(_) => {
+                drop(w);
+                self.resolved_now(v, offset, delivery_id);
+                Ok(true)
+            }
+            Err(e) => Err(self.shared.write_error(
+                Some(w.conn()),
+                format!("queue {}: resolving offset {offset}", self.name),
+                0,
+                &e,
+            )),
+        }
+    }
+
     fn read_items(&self) -> contract::Result<Vec<(QueueItem, u64)>> {
         self.shared.read(
             || format!("queue {}: reading its records", self.name),
@@ -292,6 +333,47 @@ impl QueueStore for QueueChannel {
                 detail: "the job was not stored".into(),
             }),
         }
+    }
+
+    fn enqueue_many(&self, records: Vec<Record>) -> Vec<contract::Result<Record>> {
+        // A refused record is answered alone; the rest share transactions.
+        let mut answers: Vec<Option<contract::Result<Record>>> = Vec::with_capacity(records.len());
+        let mut jobs = Vec::with_capacity(records.len());
+        let target = self.me.upgrade().map(|me| me as Target);
+        for record in records {
+            match (contract::check_record(&self.name, &record, false), &target) {
+                (Err(e), _) => answers.push(Some(Err(e))),
+                (Ok(()), None) => answers.push(Some(Err(StorageError::Closed {
+                    provider: self.shared.name.clone(),
+                }))),
+                (Ok(()), Some(target)) => {
+                    answers.push(None);
+                    jobs.push(Job {
+                        target: Arc::clone(target),
+                        record,
+                    });
+                }
+            }
+        }
+        let mut stored = self
+            .shared
+            .batcher
+            .submit_many(&self.shared, jobs)
+            .into_iter();
+        answers
+            .into_iter()
+            .map(|answer| match answer {
+                Some(answer) => answer,
+                None => match stored.next() {
+                    Some(Ok(Some(record))) => Ok(record),
+                    Some(Err(e)) => Err(e),
+                    Some(Ok(None)) | None => Err(StorageError::Write {
+                        context: format!("queue {}", self.name),
+                        detail: "the job was not stored".into(),
+                    }),
+                },
+            })
+            .collect()
     }
 
     fn set_max_bytes(&self, max_bytes: Option<u64>) {
@@ -476,35 +558,56 @@ impl QueueStore for QueueChannel {
 
     fn resolve(&self, delivery_id: u64, epoch: u64) -> contract::Result<bool> {
         let mut v = self.volatile();
-        let Some(&offset) = v.by_id.get(&delivery_id) else {
-            return Ok(false);
-        };
-        let Some(d) = v.held.get(&offset) else {
-            v.by_id.remove(&delivery_id);
-            return Ok(false);
-        };
-        if d.epoch != epoch || d.delivery_id != delivery_id {
-            return Ok(false);
+        self.resolve_in(&mut v, delivery_id, epoch)
+    }
+
+    fn resolve_many(&self, asked: Vec<(u64, u64)>) -> Vec<contract::Result<bool>> {
+        let mut v = self.volatile();
+        if asked.len() == 1 {
+            let (delivery_id, epoch) = asked[0];
+            return vec![self.resolve_in(&mut v, delivery_id, epoch)];
         }
-        let size = d.size;
-        let mut w = self.shared.writer()?;
-        let result = w.txn(true, |conn| delete_item(conn, &self.name, offset));
-        match result {
-            Ok(_) => {
-                drop(w);
-                v.held.remove(&offset);
-                v.by_id.remove(&delivery_id);
-                self.gone(size);
-                self.shared.set_publishes_full(false);
-                Ok(true)
+        // The deliveries still current, each once: a second resolution of
+        // one delivery answers false, as it would after the first alone.
+        let mut answers: Vec<Option<contract::Result<bool>>> = Vec::with_capacity(asked.len());
+        let mut todo: Vec<(usize, u64)> = Vec::new();
+        for (i, &(delivery_id, epoch)) in asked.iter().enumerate() {
+            match Self::current(&mut v, delivery_id, epoch) {
+                Some(offset) if !todo.iter().any(|&(_, o)| o == offset) => {
+                    answers.push(None);
+                    todo.push((i, offset));
+                }
+                _ => answers.push(Some(Ok(false))),
             }
-            Err(e) => Err(self.shared.write_error(
-                Some(w.conn()),
-                format!("queue {}: resolving offset {offset}", self.name),
-                0,
-                &e,
-            )),
         }
+        if todo.is_empty() {
+            return answers.into_iter().flatten().collect();
+        }
+        let result = match self.shared.writer() {
+            Ok(mut w) => w
+                .txn(true, |conn| {
+                    for &(_, offset) in &todo {
+                        delete_item(conn, &self.name, offset)?;
+                    }
+                    Ok(())
+                })
+                .is_ok(),
+            Err(_) => false,
+        };
+        if result {
+            for &(i, offset) in &todo {
+                self.resolved_now(&mut v, offset, asked[i].0);
+                answers[i] = Some(Ok(true));
+            }
+        } else {
+            // Nothing of the shared transaction was kept: each alone, with
+            // the answer it would have had alone.
+            for &(i, _) in &todo {
+                let (delivery_id, epoch) = asked[i];
+                answers[i] = Some(self.resolve_in(&mut v, delivery_id, epoch));
+            }
+        }
+        answers.into_iter().flatten().collect()
     }
 
     fn release(

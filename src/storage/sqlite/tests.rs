@@ -841,3 +841,92 @@ fn leases_share_one_transaction_and_each_is_answered_as_alone() {
     assert_eq!(attempts, vec![1, 1, 1]);
     assert!(q.offer(10, 1_000).unwrap().is_empty(), "every record held");
 }
+
+fn commits(p: &SqliteProvider) -> u64 {
+    p.shared
+        .counters
+        .commits
+        .load(std::sync::atomic::Ordering::Acquire)
+}
+
+#[test]
+fn jobs_enqueued_together_share_a_transaction_and_a_refusal_is_one_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let q = p
+        .open_channel("jobs", ChannelKind::Queue)
+        .unwrap()
+        .as_queue()
+        .unwrap()
+        .clone();
+    let before = commits(&p);
+    let mut records: Vec<Record> = (0..5)
+        .map(|i| rec("jobs/a", &format!("job{i}"), 100))
+        .collect();
+    // A record no provider can keep: refused on its own.
+    let mut bad = rec("jobs/a", "bad", 100);
+    bad.qos = 3;
+    records.insert(2, bad);
+    let answers = q.enqueue_many(records);
+    assert_eq!(commits(&p), before + 1, "one transaction for the five");
+    let offsets: Vec<Option<u64>> = answers
+        .iter()
+        .map(|a| a.as_ref().ok().map(|r| r.offset))
+        .collect();
+    assert_eq!(
+        offsets,
+        vec![Some(1), Some(2), None, Some(3), Some(4), Some(5)]
+    );
+    assert_eq!((q.depth(), q.next()), (5, 6));
+}
+
+#[test]
+fn resolutions_share_one_transaction_and_each_is_answered_as_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let q = p
+        .open_channel("jobs", ChannelKind::Queue)
+        .unwrap()
+        .as_queue()
+        .unwrap()
+        .clone();
+    for i in 0..4 {
+        q.enqueue(rec("jobs", &format!("job{i}"), 100)).unwrap();
+    }
+    let leases: Vec<_> = (1..=3)
+        .map(|offset| q.lease(offset, "w", 5_000, 1_000).unwrap())
+        .collect();
+    let bytes = q.bytes();
+    let before = commits(&p);
+    let answers = q.resolve_many(vec![
+        (leases[0].delivery_id, leases[0].epoch),
+        // Superseded: nothing changes.
+        (leases[1].delivery_id, leases[1].epoch + 100),
+        (leases[2].delivery_id, leases[2].epoch),
+        // The same delivery twice: the second finds it gone.
+        (leases[0].delivery_id, leases[0].epoch),
+        (999, 1),
+    ]);
+    assert_eq!(commits(&p), before + 1, "one transaction");
+    let answers: Vec<bool> = answers.into_iter().map(|a| a.unwrap()).collect();
+    assert_eq!(answers, vec![true, false, true, false, false]);
+    let left: Vec<u64> = q.items().unwrap().iter().map(|i| i.record.offset).collect();
+    assert_eq!(left, vec![2, 4], "only what committed is gone");
+    assert_eq!(q.depth(), 2);
+    assert!(q.bytes() < bytes);
+    // What was resolved stays resolved after a reopen.
+    drop(q);
+    p.close().unwrap();
+    drop(p);
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let q = p
+        .open_channel("jobs", ChannelKind::Queue)
+        .unwrap()
+        .as_queue()
+        .unwrap()
+        .clone();
+    let left: Vec<u64> = q.items().unwrap().iter().map(|i| i.record.offset).collect();
+    assert_eq!(left, vec![2, 4]);
+    // A restart forgets every delivery (invariant 15).
+    assert!(!q.resolve(leases[1].delivery_id, leases[1].epoch).unwrap());
+}
