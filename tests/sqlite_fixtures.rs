@@ -225,3 +225,59 @@ fn a_file_with_tables_and_no_version_is_refused() {
         "{err}"
     );
 }
+
+/// The plan SQLite chooses for a latest consumer's resume on `conn`.
+fn resume_plan(conn: &rusqlite::Connection) -> String {
+    let mut stmt = conn
+        .prepare(
+            "EXPLAIN QUERY PLAN SELECT offset, topic, deleted FROM latest_values
+             WHERE channel = ?1 AND offset >= ?2 ORDER BY offset",
+        )
+        .unwrap();
+    let steps = stmt
+        .query_map(rusqlite::params!["devices", 2], |r| r.get::<_, String>(3))
+        .unwrap();
+    steps.map(|s| s.unwrap()).collect::<Vec<_>>().join("; ")
+}
+
+#[test]
+fn a_schema_20_file_written_before_the_offset_index_gains_it_at_open() {
+    let (_dir, path) = copy_of("schema20-basic.db");
+    // As an earlier build wrote it: a resume scanned every topic.
+    let before = resume_plan(&open_read_only(&path).unwrap());
+    assert!(
+        !before.contains("latest_values_by_offset"),
+        "the fixture predates the index: {before}"
+    );
+    let p = SqliteProvider::open(options(&path)).unwrap();
+    let latest = p
+        .open_channel("devices", ChannelKind::Latest)
+        .unwrap()
+        .as_latest()
+        .unwrap()
+        .clone();
+    // What it held reads the same through the index.
+    let changed = latest.match_with_deletions("#", 2).unwrap();
+    assert_eq!(
+        changed
+            .iter()
+            .map(|r| (r.topic.as_str(), r.offset, r.payload.is_empty()))
+            .collect::<Vec<_>>(),
+        [("devices/b", 3, true)]
+    );
+    p.close().unwrap();
+    let conn = open_read_only(&path).unwrap();
+    let after = resume_plan(&conn);
+    assert!(
+        after.contains("USING INDEX latest_values_by_offset") && !after.contains("SCAN"),
+        "{after}"
+    );
+    let v: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, 20, "an index is not a new version");
+    drop(conn);
+    // Opened again, nothing more is created: the index is there.
+    let p = SqliteProvider::open(options(&path)).unwrap();
+    p.close().unwrap();
+}

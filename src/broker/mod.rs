@@ -283,7 +283,7 @@
 //! - Each delivery is a lease written (the attempt counted) before the
 //!   PUBLISH is sent; the lease ends `lease` after on the broker's clock,
 //!   looked at every tick (500 ms). PUBACK below 0x80 resolves the record
-//!   (removed in one transaction); 0x80 or above, the lease running out,
+//!   (removed once its transaction commits); 0x80 or above, the lease running out,
 //!   or the worker's connection ending releases it: available again after
 //!   the `backoff` gap of that attempt, or, on its `max_attempts`th
 //!   attempt, moved to `<queue>.dlq` in one transaction with
@@ -292,6 +292,15 @@
 //!   whose lease ran out does nothing; its packet identifier stays in use
 //!   until it answers. A persistent worker's deliveries are released when
 //!   its connection ends and not sent again on resume.
+//! - On sqlite a queue's writes are its persister's: the jobs it finds
+//!   queued together are one group commit, the leases one transaction and
+//!   the resolutions another, whatever else was queued between them (each
+//!   was asked for once what it acts on had committed, so none depends on
+//!   a neighbour). RFC 0004 keeps a resolution out of the publishes'
+//!   transactions, and it stays out; resolutions sharing one with each
+//!   other are each still answered only after its commit, and when a
+//!   shared one fails each runs again alone with the answer it would have
+//!   had. A release (and a dead-letter move) keeps a transaction of its own.
 //! - A resolution or release that fails (the provider full, the file
 //!   unwritable) is tried again at the next tick; the record stays held,
 //!   never handed to a second worker meanwhile, and a failed dead-letter

@@ -509,3 +509,64 @@ impl LatestStore for LatestChannel {
         self.positions.all()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::contract::Provider;
+    use crate::storage::sqlite::{SqliteOptions, SqliteProvider};
+
+    /// The plan SQLite chooses for `sql`, one detail line per step.
+    fn plan(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Vec<String> {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = stmt.query_map(params, |r| r.get::<_, String>(3)).unwrap();
+        rows.map(|r| r.unwrap()).collect()
+    }
+
+    #[test]
+    fn a_resume_reads_a_range_of_the_offset_index_not_every_topic() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("saguin.db");
+        let p = SqliteProvider::open(SqliteOptions::new("db", &path)).unwrap();
+        let latest = p
+            .open_channel("devices", ChannelKind::Latest)
+            .unwrap()
+            .as_latest()
+            .unwrap()
+            .clone();
+        for i in 0..500 {
+            let topic = format!("devices/d{}", i % 100);
+            latest
+                .set(Record::new(topic, bytes::Bytes::from(format!("v{i}"))))
+                .unwrap();
+        }
+        latest.delete("devices/d7").unwrap();
+        // Offsets 401..=500 hold each topic's value; d7's deletion took
+        // 501. From 450: the values from there on, and the deletion.
+        let changed = latest.match_with_deletions("devices/#", 450).unwrap();
+        let offsets: Vec<u64> = changed.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, (450..=501).collect::<Vec<_>>());
+        assert!(changed.last().unwrap().payload.is_empty(), "the deletion");
+        let conn = crate::storage::sqlite::open_read_only(&path).unwrap();
+        let resume = plan(&conn, SQL_SINCE, rusqlite::params!["devices", 450]);
+        let oldest = plan(
+            &conn,
+            "SELECT min(offset) FROM latest_values WHERE channel = ?1 AND deleted = 0",
+            ["devices"],
+        );
+        for (steps, what) in [(resume, "a resume"), (oldest, "a trim's oldest value")] {
+            assert!(
+                steps
+                    .iter()
+                    .any(|s| s.contains("USING INDEX latest_values_by_offset")),
+                "{what}: {steps:?}"
+            );
+            assert!(
+                !steps
+                    .iter()
+                    .any(|s| s.starts_with("SCAN") || s.contains("TEMP B-TREE")),
+                "{what} scans or sorts: {steps:?}"
+            );
+        }
+    }
+}

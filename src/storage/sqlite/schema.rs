@@ -2,6 +2,15 @@
 //! `user_version` 20, created in one transaction with the version and the
 //! meta row, so a file can never hold one without the other.
 //!
+//! Indexes beside the primary keys ([`INDEXES`]) are not part of what the
+//! version states: each is derived from its table's rows, so a file an
+//! earlier build of version 20 wrote without one is the same data, and
+//! opening it for writing creates what it lacks (once, logged) rather than
+//! refusing it. A build that does not know an index still reads and writes
+//! a file holding it: SQLite keeps an index whoever writes the table. The
+//! version changes only when rows would be read differently, which is
+//! exactly when old files must stop opening.
+//!
 //! Conventions every table follows:
 //! - timestamps are unix nanoseconds, `0` = unset (never a date in 1754);
 //! - `headers` is the record's User Properties as a JSON array of
@@ -68,6 +77,17 @@ pub const TABLES: [&str; 11] = [
     "share_groups",
     "share_returned",
 ];
+
+/// The indexes beside the primary keys, each `IF NOT EXISTS` so it is
+/// also what brings a file an earlier build wrote up to date.
+///
+/// `latest_values_by_offset`: a latest channel's changes since an offset
+/// (a consumer resuming, `sqlite dump --from`, a trim's oldest value) are
+/// a range of it, not a scan of every topic.
+pub const INDEXES: [(&str, &str); 1] = [(
+    "latest_values_by_offset",
+    "CREATE INDEX IF NOT EXISTS latest_values_by_offset ON latest_values (channel, offset)",
+)];
 
 fn ddl() -> String {
     format!(
@@ -212,7 +232,8 @@ pub fn apply_or_check(
     created_at: i64,
 ) -> Result<(), SqliteOpenError> {
     if refuse_foreign(conn, path)? == SCHEMA_VERSION {
-        return check_tables(conn, path);
+        check_tables(conn, path)?;
+        return add_missing_indexes(conn, path);
     }
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -223,6 +244,11 @@ pub fn apply_or_check(
         })?;
     let created = tx
         .execute_batch(&ddl())
+        .and_then(|()| {
+            INDEXES
+                .iter()
+                .try_for_each(|(_, sql)| tx.execute_batch(sql))
+        })
         .and_then(|()| {
             tx.execute(
                 "INSERT INTO meta (id, schema_version, created_by, created_at) VALUES (1, ?1, ?2, ?3)",
@@ -238,6 +264,43 @@ pub fn apply_or_check(
         context: "creating the schema",
         source,
     })
+}
+
+/// Creates the [`INDEXES`] a version-20 file lacks, in one transaction.
+fn add_missing_indexes(conn: &mut Connection, path: &Path) -> Result<(), SqliteOpenError> {
+    let sqlite_err = |source| SqliteOpenError::Sqlite {
+        path: path.to_path_buf(),
+        context: "creating the indexes an earlier build did not",
+        source,
+    };
+    let mut missing = Vec::new();
+    for (name, sql) in INDEXES {
+        let found: Option<i64> = conn
+            .query_row(
+                "SELECT 1 FROM sqlite_schema WHERE type = 'index' AND name = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sqlite_err)?;
+        if found.is_none() {
+            missing.push((name, sql));
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(sqlite_err)?;
+    for (_, sql) in &missing {
+        tx.execute_batch(sql).map_err(sqlite_err)?;
+    }
+    tx.commit().map_err(sqlite_err)?;
+    for (name, _) in missing {
+        tracing::info!(file = %path.display(), index = name, "created an index the file lacked (written by an earlier build of schema 20)");
+    }
+    Ok(())
 }
 
 /// A version-20 file must hold every table; one that does not was damaged
