@@ -224,29 +224,39 @@ fn a_durable_latest_consumer_gets_exactly_what_changed(
     });
 }
 
-/// Waits (bounded) until the sqlite file holds a position for `reader`.
-fn wait_position(db: &Path, channel: &str, reader: &str) {
-    let deadline = std::time::Instant::now() + WAIT;
+/// The position the sqlite file holds for `reader`, if any.
+fn stored_position(db: &Path, channel: &str, reader: &str) -> Option<u64> {
     let conn =
         rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
+            .ok()?;
+    conn.query_row(
+        "SELECT offset FROM positions WHERE channel = ?1 AND reader = ?2",
+        [channel, reader],
+        |r| r.get(0),
+    )
+    .ok()
+}
+
+/// Waits (bounded) until the sqlite file holds a position for `reader`
+/// that `want` accepts; returns it.
+fn wait_position_where(db: &Path, channel: &str, reader: &str, want: impl Fn(u64) -> bool) -> u64 {
+    let deadline = std::time::Instant::now() + WAIT;
     loop {
-        let found: Option<i64> = conn
-            .query_row(
-                "SELECT offset FROM positions WHERE channel = ?1 AND reader = ?2",
-                [channel, reader],
-                |r| r.get(0),
-            )
-            .ok();
-        if found.is_some() {
-            return;
+        if let Some(offset) = stored_position(db, channel, reader).filter(|o| want(*o)) {
+            return offset;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "no position for {reader} in {channel}"
+            "no such position for {reader} in {channel}: {:?}",
+            stored_position(db, channel, reader)
         );
         std::thread::yield_now();
     }
+}
+
+/// Waits (bounded) until the sqlite file holds a position for `reader`.
+fn wait_position(db: &Path, channel: &str, reader: &str) {
+    wait_position_where(db, channel, reader, |_| true);
 }
 
 #[test]
@@ -300,6 +310,154 @@ fn retain_handling_2_sends_no_current_values() {
             .await;
         let p = c.next_publish(true).await;
         assert_eq!(p.payload, Bytes::from_static(b"2"));
+    });
+}
+
+/// A consumer's connection with room for `window` deliveries.
+async fn durable_connect(
+    addr: std::net::SocketAddr,
+    id: &str,
+    window: u16,
+) -> (Raw<tokio::net::TcpStream>, bool) {
+    let mut c = Raw::tcp(addr, v5()).await;
+    let mut opts = ConnectOpts::persistent(3600);
+    opts.properties.receive_maximum = Some(window);
+    let ack = c.connect(id, opts).await;
+    (c, ack.session_present)
+}
+
+/// `n` PUBLISHes, answered or not.
+async fn take(c: &mut Raw<tokio::net::TcpStream>, n: usize, ack: bool) -> Vec<Publish> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(c.next_publish(ack).await);
+    }
+    out
+}
+
+/// Each PUBLISH's (topic, offset, retain, dup).
+fn seen(publishes: &[Publish]) -> Vec<(String, u64, bool, bool)> {
+    publishes
+        .iter()
+        .map(|p| {
+            let offset = user_property(p, "saguin-offset").unwrap().parse().unwrap();
+            (p.topic.to_string(), offset, p.retain, p.dup)
+        })
+        .collect()
+}
+
+/// The current values a new consumer is sent are held in its stored
+/// position until each is acknowledged: a position written while some
+/// are out never passes them, across kill -9 and across a connection that
+/// went away with some not yet sent, and once all are acknowledged a
+/// resume sends none of them again.
+#[test]
+fn current_values_are_covered_by_the_stored_position_only_once_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("saguin.db");
+    let yaml = sqlite_yaml(dir.path(), DEVICES);
+    let mut broker = Broker::start_in(dir, &yaml);
+    let rt = runtime();
+    let site = |i: u64| format!("devices/site-7/d{i:02}");
+    rt.block_on(async {
+        let mut publisher = Raw::tcp(broker.addr(), v5()).await;
+        publisher.connect("publisher", ConnectOpts::clean()).await;
+        for i in 1..=10u16 {
+            publisher
+                .publish_acked(&site(u64::from(i)), b"v1", 1, false, i)
+                .await;
+        }
+        // Room for 4: offsets 1-4 go out, 5-10 wait.
+        let (mut c, _) = durable_connect(broker.addr(), "durable", 4).await;
+        c.subscribe(1, "devices/site-7/#", 1).await;
+        let first = take(&mut c, 4, false).await;
+        assert_eq!(
+            seen(&first).iter().map(|v| (v.1, v.2)).collect::<Vec<_>>(),
+            [(1, true), (2, true), (3, true), (4, true)]
+        );
+        // Written while all four are out: it passes none of them.
+        assert_eq!(
+            wait_position_where(&db, "devices", "mqtt:durable", |_| true),
+            1
+        );
+        for p in &first[..2] {
+            c.ack_publish(p).await;
+        }
+        // 5 and 6 take the room; the position moves to the lowest still out.
+        let more = seen(&take(&mut c, 2, false).await);
+        assert_eq!(more.iter().map(|v| v.1).collect::<Vec<_>>(), [5, 6]);
+        wait_position_where(&db, "devices", "mqtt:durable", |o| o == 3);
+        // A second consumer whose connection goes away with 8 values unsent.
+        let (mut d, _) = durable_connect(broker.addr(), "durable-2", 2).await;
+        d.subscribe(1, "devices/site-7/#", 1).await;
+        assert_eq!(take(&mut d, 2, false).await.len(), 2);
+        d.disconnect().await;
+        // The 2 it held come again, then the 8 it was never sent, as changes.
+        let (mut d, present) = durable_connect(broker.addr(), "durable-2", 100).await;
+        assert!(present);
+        let again = seen(&take(&mut d, 10, true).await);
+        assert_eq!(
+            again.iter().map(|v| (v.1, v.2, v.3)).collect::<Vec<_>>(),
+            [
+                (1, true, true),
+                (2, true, true),
+                (3, false, false),
+                (4, false, false),
+                (5, false, false),
+                (6, false, false),
+                (7, false, false),
+                (8, false, false),
+                (9, false, false),
+                (10, false, false),
+            ],
+            "{again:?}"
+        );
+        d.expect_nothing().await;
+        // All acknowledged: the position passes them.
+        wait_position_where(&db, "devices", "mqtt:durable-2", |o| o == 11);
+        d.disconnect().await;
+    });
+    // Killed while "durable" holds 3-6 and has 7-10 unsent.
+    broker.child.kill().unwrap();
+    broker.child.wait().unwrap();
+    let mut broker = broker.restart(&yaml);
+    rt.block_on(async {
+        let (mut c, present) = durable_connect(broker.addr(), "durable", 100).await;
+        assert!(present);
+        let resumed = seen(&take(&mut c, 8, true).await);
+        assert_eq!(
+            resumed
+                .iter()
+                .map(|v| (v.0.clone(), v.2))
+                .collect::<Vec<_>>(),
+            (3..=10).map(|i| (site(i), false)).collect::<Vec<_>>(),
+            "every value not acknowledged before the kill, as a change"
+        );
+        c.expect_nothing().await;
+        wait_position_where(&db, "devices", "mqtt:durable", |o| o == 11);
+        c.disconnect().await;
+    });
+    broker.child.kill().unwrap();
+    broker.child.wait().unwrap();
+    let broker = broker.restart(&yaml);
+    rt.block_on(async {
+        let (mut c, present) = durable_connect(broker.addr(), "durable", 100).await;
+        let (mut d, present_2) = durable_connect(broker.addr(), "durable-2", 100).await;
+        assert!(present && present_2);
+        c.expect_nothing().await;
+        d.expect_nothing().await;
+        let mut publisher = Raw::tcp(broker.addr(), v5()).await;
+        publisher.connect("publisher", ConnectOpts::clean()).await;
+        publisher.publish_acked(&site(1), b"v2", 1, false, 1).await;
+        for consumer in [&mut c, &mut d] {
+            let p = consumer.next_publish(true).await;
+            assert_eq!(
+                (p.topic.to_string(), p.payload.as_ref(), p.retain),
+                (site(1), &b"v2"[..], false),
+                "only the change after, not a value again"
+            );
+            consumer.expect_nothing().await;
+        }
     });
 }
 

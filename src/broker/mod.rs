@@ -256,7 +256,12 @@
 //!   paced by its window, each carrying `saguin-offset`. Its changes start
 //!   at the `next` the SUBSCRIBE found and wait until those values are
 //!   sent, so a value that changed while they were read comes after them
-//!   (possibly twice), never before an older one.
+//!   (possibly twice), never before an older one. Its stored position
+//!   passes a value only once it is acknowledged (QoS 1/2) or sent (QoS
+//!   0), so after a kill -9 or a connection that went away before all were
+//!   sent, the resume sends what was not acknowledged again, as changes;
+//!   once all are, a resume sends none of them. No position is stored
+//!   while the values are still being read.
 //! - A consumer with a place - its persistent session in memory, or its
 //!   stored position after a restart - resumes with what changed since:
 //!   each topic's latest change at or after the position, deletions as

@@ -140,8 +140,14 @@ pub struct Consumer {
     pub(super) filters: Vec<ConsumerFilter>,
     /// The offset looked at next: everything below was sent or skipped.
     pub(super) next: u64,
-    /// Offsets sent at QoS 1/2 and not acknowledged yet.
+    /// Offsets sent at QoS 1/2 and not acknowledged yet, and a latest
+    /// channel's current values owed to it and not yet sent (QoS 0) or
+    /// acknowledged.
     unacked: BTreeSet<u64>,
+    /// A latest channel's current values are being read for it (or are
+    /// read again at the tick): what it is owed is not known yet, so no
+    /// position is stored.
+    pub(super) values_pending: bool,
     /// A read is out for it.
     pub(super) reading: bool,
     /// Where it starts, when that takes a read to find (earliest, a time).
@@ -156,6 +162,35 @@ impl Consumer {
     /// What may be stored: it never passes an unacknowledged record.
     fn position(&self) -> u64 {
         self.unacked.first().copied().unwrap_or(self.next)
+    }
+
+    /// A current value at `offset` is owed to it: its position waits
+    /// until the value is sent (QoS 0) or acknowledged.
+    pub(super) fn owe(&mut self, offset: u64) {
+        self.unacked.insert(offset);
+    }
+
+    /// The value at `offset` is no longer owed.
+    pub(super) fn owed_done(&mut self, offset: u64) {
+        self.unacked.remove(&offset);
+    }
+
+    /// Values owed at `offsets` will not be sent where they were queued
+    /// (the connection went away): it reads again from the lowest, where
+    /// each topic's latest change since is what a resume reads, and any
+    /// read of its out now is forgotten (`generation` is its new one).
+    pub(super) fn rewind(&mut self, offsets: &[u64], generation: u64) {
+        let Some(&lowest) = offsets.iter().min() else {
+            return;
+        };
+        for offset in offsets {
+            self.unacked.remove(offset);
+        }
+        if lowest < self.next && !self.values_pending {
+            self.next = lowest;
+            self.generation = generation;
+            self.reading = false;
+        }
     }
 }
 
@@ -677,6 +712,7 @@ impl BrokerState {
                 if let Some(seek) = seek {
                     consumer.generation = generation;
                     consumer.reading = false;
+                    consumer.values_pending = false;
                     consumer.gap = None;
                     consumer.unacked.clear();
                     set_start(consumer, seek);
@@ -695,6 +731,7 @@ impl BrokerState {
                     filters,
                     next: start.unwrap_or(next),
                     unacked: BTreeSet::new(),
+                    values_pending: false,
                     reading: false,
                     seek: None,
                     gap: None,
@@ -732,7 +769,7 @@ impl BrokerState {
         };
         let mut writes = Vec::new();
         for consumer in &mut session.consumers {
-            if consumer.seek.is_some() {
+            if consumer.seek.is_some() || consumer.values_pending {
                 continue;
             }
             // A consumer told to start past the end waits there; what is

@@ -28,6 +28,9 @@ impl BrokerState {
         let mut conn = self.connections.remove(&connection)?;
         let answers = std::mem::take(&mut conn.answers);
         self.orphan_answers(answers);
+        // A latest channel's current values it had not sent yet.
+        let unsent = std::mem::take(&mut conn.retained_backlog);
+        self.values_not_sent(conn.session, unsent);
         self.metrics.connections.fetch_sub(1, Relaxed);
         self.metrics.disconnected(reason);
         if conn.dropped_qos0 > 0 {
@@ -276,6 +279,7 @@ impl BrokerState {
         for key in expired {
             self.end_session(key, now);
         }
+        self.retry_values();
         self.pump_stalled(now);
         self.run_pumps();
         self.tick_queues(now);

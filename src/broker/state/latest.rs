@@ -20,6 +20,17 @@
 //! read comes after them, never before an older value. A consumer with a
 //! place (a persistent session, a stored position after a restart)
 //! resumes from it with the changes only.
+//!
+//! The values are the consumer's as much as its changes, so its stored
+//! position covers them only once each is acknowledged (QoS 1/2) or sent
+//! (QoS 0): until then it is at most the lowest offset still owed, and
+//! none is stored while the values are being read (what is owed is not
+//! known yet; a failed read is asked again at the tick, the changes
+//! waiting meanwhile). Values its connection had not sent when it went
+//! away are read again from the lowest when it resumes, as changes - each
+//! topic's latest change since, so a value replaced meanwhile comes as its
+//! replacement - and a resume after a restart does the same from the
+//! stored position.
 
 use std::sync::Arc;
 
@@ -90,25 +101,46 @@ impl BrokerState {
             let consumer = &mut session.consumers[index];
             // Its changes wait for the values (see the module documentation).
             consumer.reading = true;
+            consumer.values_pending = true;
             let generation = consumer.generation;
-            let ticket = self.next_read;
-            self.next_read += 1;
-            self.reads.push(ChannelRead {
-                ticket,
+            self.ask_values(ValuesRead {
+                key,
                 channel,
-                from: Seek::Current,
-                max: usize::MAX,
-                filters: filters.iter().map(|(f, _)| f.clone()).collect(),
+                generation,
+                filters,
             });
-            self.values_reads.insert(
-                ticket,
-                ValuesRead {
-                    key,
-                    channel,
-                    generation,
-                    filters,
-                },
-            );
+        }
+    }
+
+    fn ask_values(&mut self, read: ValuesRead) {
+        let ticket = self.next_read;
+        self.next_read += 1;
+        self.reads.push(ChannelRead {
+            ticket,
+            channel: read.channel,
+            from: Seek::Current,
+            max: usize::MAX,
+            filters: read.filters.iter().map(|(f, _)| f.clone()).collect(),
+        });
+        self.values_reads.insert(ticket, read);
+    }
+
+    /// Reads of current values that failed are asked again (the tick),
+    /// for consumers still waiting for them and connected.
+    pub(super) fn retry_values(&mut self) {
+        for read in std::mem::take(&mut self.values_failed) {
+            let waiting = self
+                .consumer_index(read.key, read.channel)
+                .map(|i| &self.sessions[&read.key].consumers[i])
+                .is_some_and(|c| c.generation == read.generation && c.values_pending);
+            if !waiting {
+                continue;
+            }
+            if self.sessions[&read.key].connection.is_some() {
+                self.ask_values(read);
+            } else {
+                self.values_failed.push(read);
+            }
         }
     }
 
@@ -130,16 +162,19 @@ impl BrokerState {
         if consumer.generation != read.generation {
             return true;
         }
-        consumer.reading = false;
         let window = match result {
             Ok(window) => window,
             Err(failure) => {
-                // The changes still come; only the values are not sent.
-                tracing::warn!(channel = %self.channels[read.channel as usize].name, error = %failure.message, "reading a latest channel's current values failed; the consumer gets its changes only");
-                self.pump(read.key, index, now);
+                // Asked again at the tick; its changes wait for the values
+                // meanwhile, and no position passes what it is owed.
+                tracing::warn!(channel = %self.channels[read.channel as usize].name, error = %failure.message, "reading a latest channel's current values failed; it is tried again");
+                self.values_failed.push(read);
                 return true;
             }
         };
+        consumer.reading = false;
+        consumer.values_pending = false;
+        let below = consumer.next;
         let session = &self.sessions[&read.key];
         let (principal, client_id) = (session.principal.clone(), session.client_id.clone());
         let mut due = Vec::new();
@@ -164,14 +199,27 @@ impl BrokerState {
             let Some(qos) = qos else {
                 continue;
             };
+            // A value at or past where its changes start comes again as a
+            // change; one below is owed, and holds its position back.
+            let owed = (record.offset < below).then_some((read.channel, record.offset));
             due.push(RetainedDue {
                 message: Arc::new(self.consumer_message(record, None, now)),
                 qos: qos.min(record.qos),
                 subscription_ids,
                 sys: false,
+                channel: owed,
             });
         }
-        let Some(connection) = self.sessions[&read.key].connection else {
+        let consumer = &mut self.sessions.get_mut(&read.key).expect("indexed").consumers[index];
+        for (_, offset) in due.iter().filter_map(|d| d.channel) {
+            consumer.owe(offset);
+        }
+        let connection = self.sessions[&read.key]
+            .connection
+            .filter(|c| self.connections.contains_key(c));
+        let Some(connection) = connection else {
+            // Gone while they were read: read again when it resumes.
+            self.values_not_sent(read.key, due);
             return true;
         };
         if let Some(conn) = self.connections.get_mut(&connection) {
@@ -180,6 +228,39 @@ impl BrokerState {
         self.send_retained_backlog(connection, now);
         self.pump(read.key, index, now);
         true
+    }
+
+    /// The value at `offset` of `channel` owed to `key` was sent or
+    /// dropped: its position no longer waits for it.
+    pub(super) fn value_done(&mut self, key: SessionKey, channel: u16, offset: u64) {
+        if let Some(index) = self.consumer_index(key, channel) {
+            let session = self.sessions.get_mut(&key).expect("indexed");
+            session.consumers[index].owed_done(offset);
+        }
+    }
+
+    /// Current values owed to `key` will not be sent (`due`, what its
+    /// connection had not sent when it went away): each consumer reads
+    /// again from the lowest, so a resume sends them - as changes, or as
+    /// whatever replaced them since - and its position holds them back
+    /// until then.
+    pub(super) fn values_not_sent(
+        &mut self,
+        key: SessionKey,
+        due: impl IntoIterator<Item = RetainedDue>,
+    ) {
+        let mut owed: std::collections::BTreeMap<u16, Vec<u64>> = Default::default();
+        for (channel, offset) in due.into_iter().filter_map(|d| d.channel) {
+            owed.entry(channel).or_default().push(offset);
+        }
+        for (channel, offsets) in owed {
+            let generation = self.next_read;
+            self.next_read += 1;
+            if let Some(index) = self.consumer_index(key, channel) {
+                let session = self.sessions.get_mut(&key).expect("indexed");
+                session.consumers[index].rewind(&offsets, generation);
+            }
+        }
     }
 
     /// Have the current values owed on `connection` all been sent? A latest

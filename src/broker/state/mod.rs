@@ -484,6 +484,9 @@ struct RetainedDue {
     qos: u8,
     subscription_ids: Vec<u32>,
     sys: bool,
+    /// A latest channel's current value (the channel's index and the
+    /// value's offset): its consumer's position waits for it.
+    channel: Option<(u16, u64)>,
 }
 
 /// What the `$SYS/broker/#` topics report, and how often.
@@ -552,6 +555,8 @@ pub struct BrokerState {
     offer_reads: IdMap<u64, u16>,
     /// Reads of a latest channel's current values out, by ticket.
     values_reads: IdMap<u64, latest::ValuesRead>,
+    /// Reads of current values that failed, asked again at the tick.
+    values_failed: Vec<latest::ValuesRead>,
     /// Queue writes the current event made, each sealed on its own.
     queue_writes: Vec<(u16, persist::Write, queue::QueueWrite)>,
 }
@@ -598,6 +603,7 @@ impl BrokerState {
             queues_due: Vec::new(),
             offer_reads: IdMap::default(),
             values_reads: IdMap::default(),
+            values_failed: Vec::new(),
             queue_writes: Vec::new(),
         }
     }

@@ -660,7 +660,7 @@ impl BrokerState {
         // Receive Maximum counts every exchange not yet finished by PUBACK,
         // PUBCOMP or a PUBREC >= 0x80 (MQTT 5 3.3.4).
         if session.pending.is_empty() && session.inflight.len() < window {
-            self.start_exchange(key, connection, queued, now);
+            self.start_exchange(key, connection, queued, None, now);
         } else {
             self.enqueue(key, queued);
         }
@@ -684,33 +684,37 @@ impl BrokerState {
     }
 
     /// Put a QoS 1/2 message in flight (or drop it, as if delivered, when it
-    /// expired or is too large for the client).
+    /// expired or is too large for the client: then false). `channel` is
+    /// the channel record it is, whose acknowledgement its consumer waits
+    /// for.
     pub(super) fn start_exchange(
         &mut self,
         key: SessionKey,
         connection: u64,
         queued: QueuedMessage,
+        channel: Option<(u16, u64)>,
         now: Instant,
-    ) {
+    ) -> bool {
         if !self.fits(connection, &queued, now) {
             if let Some(offset) = queued.log_offset {
                 self.unhold_log(Some(key), offset);
             }
-            return;
+            return false;
         }
         let session = self.sessions.get_mut(&key).expect("caller checked");
         let Some(packet_id) = session.inflight.allocate_id() else {
             self.enqueue(key, queued);
-            return;
+            return true;
         };
         let log_offset = queued.log_offset;
         session
             .inflight
-            .push(InflightEntry::sent(packet_id, queued.clone(), None));
+            .push(InflightEntry::sent(packet_id, queued.clone(), channel));
         if log_offset.is_some() {
             self.mark_dirty(key);
         }
         self.transmit(connection, queued, packet_id, false, now);
+        true
     }
 
     /// Is the message still alive, and within the client's maximum packet
@@ -827,7 +831,7 @@ impl BrokerState {
                 self.pump_all(key, now);
                 return;
             };
-            self.start_exchange(key, connection, queued, now);
+            self.start_exchange(key, connection, queued, None, now);
             if self.doomed.iter().any(|(c, _, _)| *c == connection) {
                 return;
             }

@@ -238,6 +238,7 @@ impl BrokerState {
                     message,
                     subscription_ids: subscription_ids.clone(),
                     sys: false,
+                    channel: None,
                 });
             }
             if filter.starts_with("$SYS") {
@@ -248,6 +249,7 @@ impl BrokerState {
                             message,
                             subscription_ids: subscription_ids.clone(),
                             sys: true,
+                            channel: None,
                         });
                     }
                 }
@@ -311,8 +313,14 @@ impl BrokerState {
             };
             if queued.qos == 0 {
                 self.transmit(connection, queued, 0, due.sys, now);
-            } else {
-                self.start_exchange(key, connection, queued, now);
+                if let Some((channel, offset)) = due.channel {
+                    // Sent (or dropped and counted): no longer owed.
+                    self.value_done(key, channel, offset);
+                }
+            } else if !self.start_exchange(key, connection, queued, due.channel, now) {
+                if let Some((channel, offset)) = due.channel {
+                    self.value_done(key, channel, offset);
+                }
             }
             if self.doomed.iter().any(|(c, _, _)| *c == connection) {
                 return;

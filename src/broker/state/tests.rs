@@ -1538,6 +1538,20 @@ impl MemoryChannels {
                 );
             }
             for read in reads {
+                if self.fail == Some("values") && read.from == Seek::Current {
+                    let result = Err(StorageFailure {
+                        full: false,
+                        message: "unreadable".into(),
+                    });
+                    s.handle(
+                        Event::ChannelRead {
+                            ticket: read.ticket,
+                            result,
+                        },
+                        now,
+                    );
+                    continue;
+                }
                 let result = match &self.stores[read.channel as usize] {
                     ChannelStore::Append(st) => {
                         crate::broker::reader::read_window(&**st, read.from, read.max)
@@ -1752,6 +1766,73 @@ fn a_durable_latest_consumer_resumes_with_what_changed_while_it_was_away() {
         ],
         "exactly the changes, the deletion as an empty payload"
     );
+}
+
+/// The position stored for `reader` in latest channel 0, if any.
+fn latest_position(store: &MemoryChannels, reader: &str) -> Option<u64> {
+    let reader = crate::storage::contract::Reader::mqtt(reader).unwrap();
+    store.stores[0]
+        .as_latest()
+        .unwrap()
+        .position(&reader)
+        .unwrap()
+        .map(|p| p.offset)
+}
+
+#[test]
+fn current_values_whose_read_failed_are_read_again_at_the_tick_and_no_position_passes_them() {
+    let now = Instant::now();
+    let (mut s, mut store) = kinds_state(&[("devices", ChannelKind::Latest)]);
+    let mut publisher = connect(&mut s, 1, "writer", true, now);
+    packets(
+        &mut s,
+        1,
+        vec![
+            publish_payload("devices/a", b"1", 1),
+            publish_payload("devices/b", b"2", 2),
+        ],
+        now,
+    );
+    store.settle(&mut s, now);
+    publisher.drain();
+    let mut reader = connect(&mut s, 2, "durable", false, now);
+    store.fail = Some("values");
+    packets(&mut s, 2, vec![subscribe_with("devices/#", 1, 0)], now);
+    store.settle(&mut s, now);
+    // A change meanwhile waits for the values; no position is written
+    // while what the consumer is owed is unknown.
+    packets(&mut s, 1, vec![publish_payload("devices/c", b"3", 3)], now);
+    s.flush(now);
+    store.settle(&mut s, now);
+    publisher.drain();
+    assert!(deliveries(&reader.drain()).is_empty());
+    assert_eq!(latest_position(&store, "durable"), None);
+    store.fail = None;
+    let later = now + Duration::from_secs(1);
+    s.tick(later);
+    store.settle(&mut s, later);
+    let got = deliveries(&reader.drain());
+    let topics: Vec<(&str, bool)> = got.iter().map(|d| (d.0.as_str(), d.2)).collect();
+    assert_eq!(
+        topics,
+        [
+            ("devices/a", true),
+            ("devices/b", true),
+            ("devices/c", true),
+            ("devices/c", false)
+        ],
+        "the values, read again, then the change that waited for them"
+    );
+    // Out and unanswered: the position stays at the lowest value.
+    s.flush(later);
+    store.settle(&mut s, later);
+    assert_eq!(latest_position(&store, "durable"), Some(1));
+    for (_, _, _, id) in &got {
+        packets(&mut s, 2, vec![puback(*id, ReasonCode::Success)], later);
+    }
+    s.flush(later);
+    store.settle(&mut s, later);
+    assert_eq!(latest_position(&store, "durable"), Some(4));
 }
 
 /// A queue `jobs` (channel 0) with its dead-letter channel (1), `max`
