@@ -1,6 +1,6 @@
 //! Queue and latest channels through the real broker.
 //!
-//! `cargo bench --bench queue` (release). Two tables, memory and sqlite
+//! `cargo bench --bench queue` (release). Three tables, memory and sqlite
 //! side by side in one run:
 //!
 //! 1. Queue throughput: 128-byte jobs published at QoS 1 by 4 producers
@@ -12,13 +12,15 @@
 //! 2. Latest: 100,000 topics held (`devices/site-N/dM`, 1,000 sites of 100
 //!    devices), then a subscriber to `devices/site-7/#` (100 matching):
 //!    the time from its SUBSCRIBE to the 100th current value, over 5
-//!    subscribers.
-//!
+//!    subscribers, and the median time to its SUBACK.
 //! 3. The store alone, no broker and no client: the jobs of each offer
-//!    leased in one transaction, then each resolved in one of its own -
-//!    the ceiling the first table is measured against.
+//!    leased in one transaction, then resolved each in a transaction of
+//!    its own, or all of them in one (as a persister resolves those that
+//!    queued up together) - the ceilings the first table is measured
+//!    against.
 //!
-//! `SAGUIN_BENCH_SCALE` scales the job and topic counts.
+//! `SAGUIN_BENCH_SCALE` scales the job and topic counts; `queue`,
+//! `latest` or `store` after `--bench` runs only those tables.
 
 mod bench_support;
 
@@ -274,9 +276,16 @@ async fn queue_run(kind: Kind, workers: usize, jobs: usize) -> Result<QueueRow, 
     })
 }
 
+/// What the five subscribers of the latest table took: to the 100th
+/// value (fastest, median, slowest), and the median to the SUBACK.
+struct LatestRow {
+    values: (Duration, Duration, Duration),
+    suback: Duration,
+}
+
 /// Fills a latest channel with `sites` x 100 topics, then times 5
 /// subscribers to one site's 100 values.
-async fn latest_run(kind: Kind, sites: usize) -> Result<(Duration, Duration, Duration), Error> {
+async fn latest_run(kind: Kind, sites: usize) -> Result<LatestRow, Error> {
     let dir = tempfile::tempdir()?;
     let (path, _) = config(
         dir.path(),
@@ -302,6 +311,7 @@ async fn latest_run(kind: Kind, sites: usize) -> Result<(Duration, Duration, Dur
         p.await??;
     }
     let mut times = Vec::new();
+    let mut subacks = Vec::new();
     for s in 0..5 {
         let (mut conn, _) = Conn::connect(addr, &format!("viewer-{s}"), true).await?;
         let asked = Instant::now();
@@ -309,19 +319,27 @@ async fn latest_run(kind: Kind, sites: usize) -> Result<(Duration, Duration, Dur
             .await?;
         let mut values = 0;
         while values < 100 {
-            if let Packet::Publish(_) = conn.next().await? {
-                values += 1;
+            match conn.next().await? {
+                Packet::Publish(_) => values += 1,
+                Packet::SubAck(_) => subacks.push(asked.elapsed()),
+                _ => {}
             }
         }
         times.push(asked.elapsed());
     }
     stop(broker).await?;
     times.sort_unstable();
-    Ok((times[0], times[2], times[4]))
+    subacks.sort_unstable();
+    Ok(LatestRow {
+        values: (times[0], times[2], times[4]),
+        suback: subacks.get(subacks.len() / 2).copied().unwrap_or_default(),
+    })
 }
 
-/// Leases and resolves `jobs` jobs straight on a queue store.
-fn store_alone(kind: Kind, jobs: usize) -> Result<f64, Error> {
+/// Leases and resolves `jobs` jobs straight on a queue store: each
+/// resolution alone, or (`together`) the resolutions of one offer in one
+/// call, as a persister makes them when they queued up together.
+fn store_alone(kind: Kind, jobs: usize, together: bool) -> Result<f64, Error> {
     use saguin::storage::contract::Provider;
     use saguin_format::model::{ChannelKind, Record};
     let dir = tempfile::tempdir()?;
@@ -357,10 +375,21 @@ fn store_alone(kind: Kind, jobs: usize) -> Result<f64, Error> {
                 now,
             })
             .collect();
-        for lease in queue.lease_many(asked) {
-            let lease = lease?;
-            queue.resolve(lease.delivery_id, lease.epoch)?;
-            done += 1;
+        let leases = queue
+            .lease_many(asked)
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        if together {
+            let asked = leases.iter().map(|l| (l.delivery_id, l.epoch)).collect();
+            for resolved in queue.resolve_many(asked) {
+                resolved?;
+                done += 1;
+            }
+        } else {
+            for lease in leases {
+                queue.resolve(lease.delivery_id, lease.epoch)?;
+                done += 1;
+            }
         }
     }
     Ok(jobs as f64 / began.elapsed().as_secs_f64())
@@ -382,6 +411,11 @@ async fn main() {
         .unwrap_or(1.0);
     let jobs = ((20_000.0 * scale) as usize).max(PRODUCERS * 10);
     let sites = ((1_000.0 * scale) as usize).max(8);
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let runs = |table: &str| only.is_empty() || only.iter().any(|o| o == table);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
@@ -391,56 +425,71 @@ async fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    println!(
-        "\nqueue: {jobs} jobs of {JOB_BYTES} bytes, {PRODUCERS} producers (QoS 1, {PRODUCER_WINDOW} in flight each)"
-    );
-    println!(
-        "{:<8} {:>8} {:>16} {:>12} {:>12}",
-        "provider", "workers", "resolved/s", "p50", "p99"
-    );
-    for workers in [1, 4, 16] {
-        for kind in [Kind::Memory, Kind::Sqlite] {
-            match queue_run(kind, workers, jobs).await {
-                Ok(row) => println!(
-                    "{:<8} {:>8} {:>16.0} {:>12} {:>12}",
-                    kind.name(),
-                    workers,
-                    row.jobs_per_second,
-                    ms(row.p50),
-                    ms(row.p99)
-                ),
-                Err(e) => println!("{:<8} {:>8} failed: {e}", kind.name(), workers),
+    if runs("queue") {
+        println!(
+            "\nqueue: {jobs} jobs of {JOB_BYTES} bytes, {PRODUCERS} producers (QoS 1, {PRODUCER_WINDOW} in flight each)"
+        );
+        println!(
+            "{:<8} {:>8} {:>16} {:>12} {:>12}",
+            "provider", "workers", "resolved/s", "p50", "p99"
+        );
+        for workers in [1, 4, 16] {
+            for kind in [Kind::Memory, Kind::Sqlite] {
+                match queue_run(kind, workers, jobs).await {
+                    Ok(row) => println!(
+                        "{:<8} {:>8} {:>16.0} {:>12} {:>12}",
+                        kind.name(),
+                        workers,
+                        row.jobs_per_second,
+                        ms(row.p50),
+                        ms(row.p99)
+                    ),
+                    Err(e) => println!("{:<8} {:>8} failed: {e}", kind.name(), workers),
+                }
             }
         }
     }
-    println!(
-        "\nlatest: {} topics held, a subscriber to devices/site-7/# (100 matching), 5 subscribers",
-        sites * 100
-    );
-    println!(
-        "{:<8} {:>12} {:>12} {:>12}",
-        "provider", "fastest", "median", "slowest"
-    );
-    for kind in [Kind::Memory, Kind::Sqlite] {
-        match latest_run(kind, sites).await {
-            Ok((min, median, max)) => println!(
-                "{:<8} {:>12} {:>12} {:>12}",
-                kind.name(),
-                ms(min),
-                ms(median),
-                ms(max)
-            ),
-            Err(e) => println!("{:<8} failed: {e}", kind.name()),
+    if runs("latest") {
+        println!(
+            "\nlatest: {} topics held, a subscriber to devices/site-7/# (100 matching), 5 subscribers",
+            sites * 100
+        );
+        println!(
+            "{:<8} {:>12} {:>12} {:>12} {:>14}",
+            "provider", "fastest", "median", "slowest", "SUBACK median"
+        );
+        for kind in [Kind::Memory, Kind::Sqlite] {
+            match latest_run(kind, sites).await {
+                Ok(LatestRow {
+                    values: (min, median, max),
+                    suback,
+                }) => println!(
+                    "{:<8} {:>12} {:>12} {:>12} {:>14}",
+                    kind.name(),
+                    ms(min),
+                    ms(median),
+                    ms(max),
+                    ms(suback)
+                ),
+                Err(e) => println!("{:<8} failed: {e}", kind.name()),
+            }
         }
     }
-    println!(
-        "\nthe queue store alone: {jobs} jobs, 256 leased per transaction, each resolved in one"
-    );
-    println!("{:<8} {:>16}", "provider", "resolved/s");
-    for kind in [Kind::Memory, Kind::Sqlite] {
-        match store_alone(kind, jobs) {
-            Ok(rate) => println!("{:<8} {:>16.0}", kind.name(), rate),
-            Err(e) => println!("{:<8} failed: {e}", kind.name()),
+    if runs("store") {
+        println!(
+            "\nthe queue store alone: {jobs} jobs, 256 leased per transaction, resolved each in a transaction of its own or 256 in one"
+        );
+        println!("{:<8} {:>16} {:>16}", "provider", "alone/s", "together/s");
+        for kind in [Kind::Memory, Kind::Sqlite] {
+            match (
+                store_alone(kind, jobs, false),
+                store_alone(kind, jobs, true),
+            ) {
+                (Ok(alone), Ok(together)) => {
+                    println!("{:<8} {:>16.0} {:>16.0}", kind.name(), alone, together)
+                }
+                (Err(e), _) | (_, Err(e)) => println!("{:<8} failed: {e}", kind.name()),
+            }
         }
     }
 }

@@ -258,15 +258,33 @@ impl LatestStore for MemoryLatest {
     }
 
     fn match_filter(&self, filter: &str) -> Result<Vec<Record>> {
+        // The levels before the first wildcard name one topic (`#` matches
+        // it too) and the topics under it: those are read, not every
+        // sibling the bare prefix begins (`devices/site-7` begins
+        // `devices/site-70`).
         let prefix = literal_prefix(filter);
         let st = read(&self.state);
-        let mut out: Vec<Record> = st
-            .values
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(t, _)| t.starts_with(prefix))
+        let under = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{prefix}/")
+        };
+        let mut found: Vec<(&String, &Arc<Record>)> = Vec::new();
+        if !prefix.is_empty() {
+            found.extend(st.values.get_key_value(prefix));
+        }
+        if prefix != filter {
+            found.extend(
+                st.values
+                    .range::<str, _>((
+                        std::ops::Bound::Included(under.as_str()),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .take_while(|(t, _)| t.starts_with(&under)),
+            );
+        }
+        let mut out: Vec<Record> = found
+            .into_iter()
             .filter(|(t, r)| !r.payload.is_empty() && filter_matches(filter, t))
             .map(|(_, r)| (**r).clone())
             .collect();

@@ -344,27 +344,53 @@ impl LatestStore for LatestChannel {
     }
 
     fn match_filter(&self, filter: &str) -> contract::Result<Vec<Record>> {
+        // The levels before the first wildcard name one topic, which `#`
+        // matches too, and the topics under it (`prefix/...`): a range of
+        // the (channel, topic) key beside one point read, where the bare
+        // prefix's range would also hold every sibling it begins
+        // (`devices/site-7` begins `devices/site-70` and `devices/site-700`).
         let prefix = literal_prefix(filter);
-        let end = prefix_end(prefix);
         let mut out = self.shared.read(
             || format!("channel {}: matching {filter}", self.name),
             |conn| {
-                let mut stmt;
-                let mut rows = match &end {
-                    Some(end) => {
-                        stmt = conn.prepare_cached(SQL_LIVE_RANGE)?;
-                        stmt.query(rusqlite::params![self.name, prefix, end])?
-                    }
-                    None => {
-                        stmt = conn.prepare_cached(SQL_LIVE_FROM)?;
-                        stmt.query(rusqlite::params![self.name, prefix])?
-                    }
-                };
                 let mut out = Vec::new();
-                while let Some(r) = rows.next()? {
+                let mut keep = |r: &rusqlite::Row<'_>| -> rusqlite::Result<()> {
                     let topic: String = r.get(2)?;
                     if filter_matches(filter, &topic) {
                         out.push(record_at(r, 1, r.get(0)?)?);
+                    }
+                    Ok(())
+                };
+                if prefix.is_empty() {
+                    let mut stmt = conn.prepare_cached(SQL_LIVE_FROM)?;
+                    let mut rows = stmt.query(rusqlite::params![self.name, prefix])?;
+                    while let Some(r) = rows.next()? {
+                        keep(r)?;
+                    }
+                    return Ok(out);
+                }
+                {
+                    let mut stmt = conn.prepare_cached(SQL_GET)?;
+                    let mut rows = stmt.query(rusqlite::params![self.name, prefix])?;
+                    if let Some(r) = rows.next()? {
+                        keep(r)?;
+                    }
+                }
+                if prefix != filter {
+                    let under = format!("{prefix}/");
+                    let mut stmt;
+                    let mut rows = match prefix_end(&under) {
+                        Some(end) => {
+                            stmt = conn.prepare_cached(SQL_LIVE_RANGE)?;
+                            stmt.query(rusqlite::params![self.name, under, end])?
+                        }
+                        None => {
+                            stmt = conn.prepare_cached(SQL_LIVE_FROM)?;
+                            stmt.query(rusqlite::params![self.name, under])?
+                        }
+                    };
+                    while let Some(r) = rows.next()? {
+                        keep(r)?;
                     }
                 }
                 Ok(out)
@@ -521,6 +547,76 @@ mod tests {
         let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
         let rows = stmt.query_map(params, |r| r.get::<_, String>(3)).unwrap();
         rows.map(|r| r.unwrap()).collect()
+    }
+
+    /// Both providers: a filter gets what it matches, though each reads
+    /// only the topic its literal prefix names and the topics under it.
+    #[test]
+    fn a_filter_matches_what_it_matches_reading_under_its_prefix_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite: Arc<dyn Provider> = Arc::new(
+            SqliteProvider::open(SqliteOptions::new("db", dir.path().join("saguin.db"))).unwrap(),
+        );
+        let memory: Arc<dyn Provider> =
+            crate::storage::memory::MemoryProvider::new(crate::storage::memory::MemoryConfig {
+                name: "mem".into(),
+                max_bytes: None,
+                reserve: 0,
+            })
+            .unwrap();
+        for provider in [sqlite, memory] {
+            let latest = provider
+                .open_channel("devices", ChannelKind::Latest)
+                .unwrap()
+                .as_latest()
+                .unwrap()
+                .clone();
+            filters_match(&*latest, provider.name());
+        }
+    }
+
+    fn filters_match(latest: &dyn LatestStore, provider: &str) {
+        let topics = [
+            "devices",
+            "devices/site-7",
+            "devices/site-7/d1",
+            "devices/site-7/a/b",
+            "devices/site-70/d1",
+            "devices/site-7x",
+            "devices/site-8/d1",
+            "devices//d1",
+            "devices/",
+        ];
+        for topic in topics {
+            latest
+                .set(Record::new(topic, bytes::Bytes::from_static(b"v")))
+                .unwrap();
+        }
+        latest.delete("devices/site-8/d1").unwrap();
+        for filter in [
+            "devices/site-7/#",
+            "devices/site-7/+",
+            "devices/site-7",
+            "devices/+/d1",
+            "devices/#",
+            "devices//#",
+            "devices/site-7/a/+",
+            "#",
+            "+/site-7",
+        ] {
+            let got: Vec<String> = latest
+                .match_filter(filter)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.topic)
+                .collect();
+            let want: Vec<&str> = topics
+                .iter()
+                .copied()
+                .filter(|t| *t != "devices/site-8/d1" && filter_matches(filter, t))
+                .collect();
+            assert_eq!(got, want, "{provider}: {filter}");
+        }
     }
 
     #[test]
