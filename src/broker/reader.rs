@@ -135,14 +135,17 @@ pub fn read_latest(
         Seek::Offset(since) => {
             let whole = format!("{}/#", store.name());
             let next = store.next();
-            let (start, floor, mut records) = match store.match_with_deletions(&whole, since) {
+            // One more than the window: whether it holds every change.
+            let ask = max.saturating_add(1);
+            let (start, floor, mut records) = match store.match_with_deletions_n(&whole, since, ask)
+            {
                 Ok(records) => (since, None, records),
                 // Deletions below the floor were forgotten: what is held
                 // from there is read, and the consumer told of the gap.
                 Err(StorageError::BelowFloor { floor, .. }) => (
                     floor,
                     Some(floor),
-                    store.match_with_deletions(&whole, floor)?,
+                    store.match_with_deletions_n(&whole, floor, ask)?,
                 ),
                 Err(StorageError::PastNext { .. }) => (since, None, Vec::new()),
                 Err(e) => return Err(e),

@@ -428,6 +428,15 @@ pub trait LatestStore: Send + Sync {
     /// below the floor were forgotten, and the reader must start over.
     fn match_with_deletions(&self, filter: &str, since: u64) -> Result<Vec<Record>>;
 
+    /// The first `max` of [`LatestStore::match_with_deletions`], read no
+    /// further than those: a consumer far behind reads its changes a
+    /// window at a time, not all of them for every window.
+    fn match_with_deletions_n(&self, filter: &str, since: u64, max: usize) -> Result<Vec<Record>> {
+        let mut records = self.match_with_deletions(filter, since)?;
+        records.truncate(max);
+        Ok(records)
+    }
+
     /// Forgets deletion markers below `before` and raises the floor to it.
     /// Values are never removed by a trim.
     fn trim(&self, before: u64) -> Result<Removed>;

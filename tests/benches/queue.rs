@@ -12,7 +12,9 @@
 //! 2. Latest: 100,000 topics held (`devices/site-N/dM`, 1,000 sites of 100
 //!    devices), then a subscriber to `devices/site-7/#` (100 matching):
 //!    the time from its SUBSCRIBE to the 100th current value, over 5
-//!    subscribers, and the median time to its SUBACK.
+//!    subscribers, and the median time to its SUBACK; then a durable
+//!    consumer of one site resuming after its 100 topics changed: from its
+//!    CONNECT to the 100th change, the median of three.
 //! 3. The store alone, no broker and no client: the jobs of each offer
 //!    leased in one transaction, then resolved each in a transaction of
 //!    its own, or all of them in one (as a persister resolves those that
@@ -277,10 +279,24 @@ async fn queue_run(kind: Kind, workers: usize, jobs: usize) -> Result<QueueRow, 
 }
 
 /// What the five subscribers of the latest table took: to the 100th
-/// value (fastest, median, slowest), and the median to the SUBACK.
+/// value (fastest, median, slowest), and the median to the SUBACK; and
+/// the median of three resumes of a durable consumer, from its CONNECT to
+/// the 100th change.
 struct LatestRow {
     values: (Duration, Duration, Duration),
     suback: Duration,
+    resume: Duration,
+}
+
+/// Reads PUBLISHes until `n` have come.
+async fn publishes(conn: &mut Conn, n: usize) -> Result<(), Error> {
+    let mut seen = 0;
+    while seen < n {
+        if let Packet::Publish(_) = conn.next().await? {
+            seen += 1;
+        }
+    }
+    Ok(())
 }
 
 /// Fills a latest channel with `sites` x 100 topics, then times 5
@@ -327,12 +343,50 @@ async fn latest_run(kind: Kind, sites: usize) -> Result<LatestRow, Error> {
         }
         times.push(asked.elapsed());
     }
+    // A durable consumer of one site away while its 100 topics change,
+    // three times: it reads what changed since its place, not the channel.
+    let (mut conn, _) = Conn::connect(addr, "resumer", false).await?;
+    conn.send(&subscribe("devices/site-3/#", QoS::AtMostOnce))
+        .await?;
+    publishes(&mut conn, 100).await?;
+    let mut resumes = Vec::new();
+    for round in 0..3 {
+        conn.send(&Packet::Disconnect(saguin::broker::codec::Disconnect::new(
+            saguin::broker::codec::ReasonCode::Success,
+        )))
+        .await?;
+        drop(conn);
+        let mut changes = Vec::new();
+        for p in 0..PRODUCERS {
+            let per = 100 / PRODUCERS;
+            changes.push(tokio::spawn(produce(
+                addr,
+                format!("changer-{round}-{p}"),
+                300 + p * per..300 + (p + 1) * per,
+                |i| format!("devices/site-{}/d{}", i / 100, i % 100),
+                epoch,
+            )));
+        }
+        for c in changes {
+            c.await??;
+        }
+        let asked = Instant::now();
+        let (resumed, present) = Conn::connect(addr, "resumer", false).await?;
+        if !present {
+            return Err("the resumer's session was not kept".into());
+        }
+        conn = resumed;
+        publishes(&mut conn, 100).await?;
+        resumes.push(asked.elapsed());
+    }
     stop(broker).await?;
     times.sort_unstable();
     subacks.sort_unstable();
+    resumes.sort_unstable();
     Ok(LatestRow {
         values: (times[0], times[2], times[4]),
         suback: subacks.get(subacks.len() / 2).copied().unwrap_or_default(),
+        resume: resumes[1],
     })
 }
 
@@ -455,21 +509,23 @@ async fn main() {
             sites * 100
         );
         println!(
-            "{:<8} {:>12} {:>12} {:>12} {:>14}",
-            "provider", "fastest", "median", "slowest", "SUBACK median"
+            "{:<8} {:>12} {:>12} {:>12} {:>14} {:>12}",
+            "provider", "fastest", "median", "slowest", "SUBACK median", "resume"
         );
         for kind in [Kind::Memory, Kind::Sqlite] {
             match latest_run(kind, sites).await {
                 Ok(LatestRow {
                     values: (min, median, max),
                     suback,
+                    resume,
                 }) => println!(
-                    "{:<8} {:>12} {:>12} {:>12} {:>14}",
+                    "{:<8} {:>12} {:>12} {:>12} {:>14} {:>12}",
                     kind.name(),
                     ms(min),
                     ms(median),
                     ms(max),
-                    ms(suback)
+                    ms(suback),
+                    ms(resume)
                 ),
                 Err(e) => println!("{:<8} failed: {e}", kind.name()),
             }

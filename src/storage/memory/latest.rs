@@ -297,6 +297,10 @@ impl LatestStore for MemoryLatest {
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> Result<Vec<Record>> {
+        self.match_with_deletions_n(filter, since, usize::MAX)
+    }
+
+    fn match_with_deletions_n(&self, filter: &str, since: u64, max: usize) -> Result<Vec<Record>> {
         let st = read(&self.state);
         self.check_since(&st, since)?;
         Ok(st
@@ -305,6 +309,7 @@ impl LatestStore for MemoryLatest {
             .map(|(_, t)| t)
             .filter(|t| filter_matches(filter, t))
             .filter_map(|t| st.values.get(t))
+            .take(max)
             .map(|r| (**r).clone())
             .collect())
     }

@@ -405,6 +405,15 @@ impl LatestStore for LatestChannel {
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> contract::Result<Vec<Record>> {
+        self.match_with_deletions_n(filter, since, usize::MAX)
+    }
+
+    fn match_with_deletions_n(
+        &self,
+        filter: &str,
+        since: u64,
+        max: usize,
+    ) -> contract::Result<Vec<Record>> {
         let (next, floor, out) = self.shared.read(
             || format!("channel {}: matching {filter} since {since}", self.name),
             |conn| {
@@ -414,7 +423,12 @@ impl LatestStore for LatestChannel {
                 let mut stmt = conn.prepare_cached(SQL_SINCE)?;
                 let mut rows = stmt.query(rusqlite::params![self.name, since])?;
                 let mut out = Vec::new();
-                while let Some(r) = rows.next()? {
+                // The rows come off the offset index in order: the cursor
+                // stops once the window is full.
+                while out.len() < max {
+                    let Some(r) = rows.next()? else {
+                        break;
+                    };
                     let topic: String = r.get(2)?;
                     if filter_matches(filter, &topic) {
                         // A marker row is the deletion as it was published.
@@ -643,6 +657,12 @@ mod tests {
         let offsets: Vec<u64> = changed.iter().map(|r| r.offset).collect();
         assert_eq!(offsets, (450..=501).collect::<Vec<_>>());
         assert!(changed.last().unwrap().payload.is_empty(), "the deletion");
+        // A window of them reads no further.
+        let window = latest.match_with_deletions_n("devices/#", 450, 10).unwrap();
+        assert_eq!(
+            window.iter().map(|r| r.offset).collect::<Vec<_>>(),
+            (450..460).collect::<Vec<_>>()
+        );
         let conn = crate::storage::sqlite::open_read_only(&path).unwrap();
         let resume = plan(&conn, SQL_SINCE, rusqlite::params!["devices", 450]);
         let oldest = plan(
