@@ -269,11 +269,14 @@
 //!   later SUBSCRIBE of the same session moves nothing and sends no values.
 //!   A position below the channel's floor (deletions forgotten by a trim)
 //!   resumes from the floor with `saguin-gap`.
-//! - The current values of a filter are read from the range of topics that
-//!   begin with its literal prefix (the levels before its first wildcard:
-//!   `devices/site-7` for `devices/site-7/#`), in topic order in both
-//!   providers, never every topic of the channel; `devices/+/temp` reads
-//!   the whole channel. Resuming reads the changes after the position.
+//! - The current values of a filter are read from the topic its literal
+//!   prefix names (the levels before its first wildcard: `devices/site-7`
+//!   for `devices/site-7/#`) and the range of topics under it
+//!   (`devices/site-7/...`), in topic order in both providers, never every
+//!   topic of the channel nor the siblings the prefix begins
+//!   (`devices/site-70`); `devices/+/temp` reads the whole channel.
+//!   Resuming reads the changes after the position, a window at a time (on
+//!   sqlite a range of the index on a value's offset).
 //!
 //! Queue channels ([`state`]'s `queue` module):
 //!

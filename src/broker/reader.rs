@@ -11,8 +11,9 @@
 //!
 //! A latest channel is read two ways: its current values under a
 //! consumer's filters ([`Seek::Current`], each filter narrowed by the
-//! store to the topics under its literal prefix), and what changed since
-//! an offset, deletions as empty payloads. A queue is read for the records
+//! store to the topic its literal prefix names and those under it), and
+//! what changed since an offset, a window at a time, deletions as empty
+//! payloads. A queue is read for the records
 //! available at the state's moment ([`Seek::Time`]): a read only, the
 //! lease that follows is a write.
 

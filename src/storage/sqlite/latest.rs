@@ -38,8 +38,9 @@ const SQL_LIVE: &str = concat!(
     record_columns!(),
     " FROM latest_values WHERE channel = ?1 AND deleted = 0 ORDER BY offset"
 );
-/// The values under a filter's literal prefix: a range of the
-/// (channel, topic) key rather than every row of the channel.
+/// The values under a filter's literal prefix (`prefix/` up to its end):
+/// a range of the (channel, topic) key rather than every row of the
+/// channel.
 const SQL_LIVE_FROM: &str = concat!(
     "SELECT offset, ",
     record_columns!(),
