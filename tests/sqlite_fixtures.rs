@@ -43,6 +43,15 @@ fn record(topic: &str, payload: &str, ts: i64) -> Record {
     r
 }
 
+/// The fixture's latest channel.
+fn devices(p: &SqliteProvider) -> std::sync::Arc<dyn saguin::storage::contract::LatestStore> {
+    p.open_channel("devices", ChannelKind::Latest)
+        .unwrap()
+        .as_latest()
+        .unwrap()
+        .clone()
+}
+
 /// What `schema20-basic.db` holds, written through the provider.
 fn write_basic(path: &Path) {
     let p = SqliteProvider::open(options(path)).unwrap();
@@ -73,12 +82,7 @@ fn write_basic(path: &Path) {
         session_expiry: None,
     })
     .unwrap();
-    let latest = p
-        .open_channel("devices", ChannelKind::Latest)
-        .unwrap()
-        .as_latest()
-        .unwrap()
-        .clone();
+    let latest = devices(&p);
     latest.set(record("devices/a", "on", 1)).unwrap();
     latest.set(record("devices/b", "off", 2)).unwrap();
     latest.delete("devices/b").unwrap();
@@ -140,12 +144,7 @@ fn the_schema_20_fixture_opens_with_everything_it_held() {
         records.iter().map(Record::accounted_size).sum::<u64>()
     );
     assert_eq!(log.lowest_position(), 4);
-    let latest = p
-        .open_channel("devices", ChannelKind::Latest)
-        .unwrap()
-        .as_latest()
-        .unwrap()
-        .clone();
+    let latest = devices(&p);
     assert_eq!(latest.next(), 4);
     assert_eq!(latest.match_with_deletions("#", 1).unwrap().len(), 2);
     let jobs = p
@@ -250,12 +249,7 @@ fn a_schema_20_file_written_before_the_offset_index_gains_it_at_open() {
         "the fixture predates the index: {before}"
     );
     let p = SqliteProvider::open(options(&path)).unwrap();
-    let latest = p
-        .open_channel("devices", ChannelKind::Latest)
-        .unwrap()
-        .as_latest()
-        .unwrap()
-        .clone();
+    let latest = devices(&p);
     // What it held reads the same through the index.
     let changed = latest.match_with_deletions("#", 2).unwrap();
     assert_eq!(

@@ -104,39 +104,16 @@ impl AppendChannel {
                     .collect()
             }
         };
-        let mut answers: Vec<Option<contract::Result<Record>>> = Vec::with_capacity(records.len());
-        let mut jobs = Vec::with_capacity(records.len());
-        for record in records {
-            match contract::check_record(&self.name, &record, self.gapped) {
-                Ok(()) => {
-                    answers.push(None);
-                    jobs.push(Job {
-                        target: Arc::clone(&target),
-                        record,
-                    });
-                }
-                Err(e) => answers.push(Some(Err(e))),
-            }
-        }
-        let mut stored = self
-            .shared
-            .batcher
-            .submit_many(&self.shared, jobs)
-            .into_iter();
-        answers
-            .into_iter()
-            .map(|a| match a {
-                Some(refused) => refused,
-                None => match stored.next() {
-                    Some(Ok(Some(record))) => Ok(record),
-                    Some(Ok(None)) | None => Err(StorageError::Write {
-                        context: format!("channel {}", self.name),
-                        detail: "the append stored nothing".into(),
-                    }),
-                    Some(Err(e)) => Err(e),
-                },
-            })
-            .collect()
+        self.shared.batcher.submit_checked(
+            &self.shared,
+            &target,
+            records,
+            |record| contract::check_record(&self.name, record, self.gapped),
+            || StorageError::Write {
+                context: format!("channel {}", self.name),
+                detail: "the append stored nothing".into(),
+            },
+        )
     }
 
     pub(crate) fn target(&self) -> contract::Result<Target> {

@@ -196,6 +196,46 @@ impl Batcher {
             .collect()
     }
 
+    /// Several records of one channel (`target`), in order: each checked
+    /// first by `check`, a refused one answered alone, the rest sharing
+    /// transactions ([`Batcher::submit_many`]); a job that stored nothing
+    /// is answered `nothing()`.
+    pub fn submit_checked(
+        &self,
+        shared: &Shared,
+        target: &Target,
+        records: Vec<Record>,
+        check: impl Fn(&Record) -> contract::Result<()>,
+        nothing: impl Fn() -> StorageError,
+    ) -> Vec<contract::Result<Record>> {
+        let mut answers: Vec<Option<contract::Result<Record>>> = Vec::with_capacity(records.len());
+        let mut jobs = Vec::with_capacity(records.len());
+        for record in records {
+            match check(&record) {
+                Ok(()) => {
+                    answers.push(None);
+                    jobs.push(Job {
+                        target: Arc::clone(target),
+                        record,
+                    });
+                }
+                Err(e) => answers.push(Some(Err(e))),
+            }
+        }
+        let mut stored = self.submit_many(shared, jobs).into_iter();
+        answers
+            .into_iter()
+            .map(|a| match a {
+                Some(refused) => refused,
+                None => match stored.next() {
+                    Some(Ok(Some(record))) => Ok(record),
+                    Some(Ok(None)) | None => Err(nothing()),
+                    Some(Err(e)) => Err(e),
+                },
+            })
+            .collect()
+    }
+
     /// Collects, commits and answers batches - this publisher's own job is
     /// at the front of the queue when it starts - then hands the lead on.
     ///

@@ -557,6 +557,14 @@ mod tests {
     use crate::storage::contract::Provider;
     use crate::storage::sqlite::{SqliteOptions, SqliteProvider};
 
+    fn devices(p: &dyn Provider) -> Arc<dyn LatestStore> {
+        p.open_channel("devices", ChannelKind::Latest)
+            .unwrap()
+            .as_latest()
+            .unwrap()
+            .clone()
+    }
+
     /// The plan SQLite chooses for `sql`, one detail line per step.
     fn plan(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Vec<String> {
         let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
@@ -580,13 +588,7 @@ mod tests {
             })
             .unwrap();
         for provider in [sqlite, memory] {
-            let latest = provider
-                .open_channel("devices", ChannelKind::Latest)
-                .unwrap()
-                .as_latest()
-                .unwrap()
-                .clone();
-            filters_match(&*latest, provider.name());
+            filters_match(&*devices(&*provider), provider.name());
         }
     }
 
@@ -639,12 +641,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("saguin.db");
         let p = SqliteProvider::open(SqliteOptions::new("db", &path)).unwrap();
-        let latest = p
-            .open_channel("devices", ChannelKind::Latest)
-            .unwrap()
-            .as_latest()
-            .unwrap()
-            .clone();
+        let latest = devices(&p);
         for i in 0..500 {
             let topic = format!("devices/d{}", i % 100);
             latest

@@ -336,44 +336,27 @@ impl QueueStore for QueueChannel {
     }
 
     fn enqueue_many(&self, records: Vec<Record>) -> Vec<contract::Result<Record>> {
-        // A refused record is answered alone; the rest share transactions.
-        let mut answers: Vec<Option<contract::Result<Record>>> = Vec::with_capacity(records.len());
-        let mut jobs = Vec::with_capacity(records.len());
-        let target = self.me.upgrade().map(|me| me as Target);
-        for record in records {
-            match (contract::check_record(&self.name, &record, false), &target) {
-                (Err(e), _) => answers.push(Some(Err(e))),
-                (Ok(()), None) => answers.push(Some(Err(StorageError::Closed {
-                    provider: self.shared.name.clone(),
-                }))),
-                (Ok(()), Some(target)) => {
-                    answers.push(None);
-                    jobs.push(Job {
-                        target: Arc::clone(target),
-                        record,
-                    });
-                }
-            }
-        }
-        let mut stored = self
-            .shared
-            .batcher
-            .submit_many(&self.shared, jobs)
-            .into_iter();
-        answers
-            .into_iter()
-            .map(|answer| match answer {
-                Some(answer) => answer,
-                None => match stored.next() {
-                    Some(Ok(Some(record))) => Ok(record),
-                    Some(Err(e)) => Err(e),
-                    Some(Ok(None)) | None => Err(StorageError::Write {
-                        context: format!("queue {}", self.name),
-                        detail: "the job was not stored".into(),
-                    }),
-                },
-            })
-            .collect()
+        let Some(target) = self.me.upgrade().map(|me| me as Target) else {
+            return records
+                .iter()
+                .map(|_| {
+                    Err(StorageError::Closed {
+                        provider: self.shared.name.clone(),
+                    })
+                })
+                .collect();
+        };
+        // A refused job is answered alone; the rest share transactions.
+        self.shared.batcher.submit_checked(
+            &self.shared,
+            &target,
+            records,
+            |record| contract::check_record(&self.name, record, false),
+            || StorageError::Write {
+                context: format!("queue {}", self.name),
+                detail: "the job was not stored".into(),
+            },
+        )
     }
 
     fn set_max_bytes(&self, max_bytes: Option<u64>) {

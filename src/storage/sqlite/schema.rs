@@ -266,6 +266,17 @@ pub fn apply_or_check(
     })
 }
 
+/// Whether the schema holds a `kind` (`table`, `index`) called `name`.
+fn in_schema(conn: &Connection, kind: &str, name: &str) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT 1 FROM sqlite_schema WHERE type = ?1 AND name = ?2",
+        [kind, name],
+        |r| r.get::<_, i64>(0),
+    )
+    .optional()
+    .map(|found| found.is_some())
+}
+
 /// Creates the [`INDEXES`] a version-20 file lacks, in one transaction.
 fn add_missing_indexes(conn: &mut Connection, path: &Path) -> Result<(), SqliteOpenError> {
     let sqlite_err = |source| SqliteOpenError::Sqlite {
@@ -275,15 +286,7 @@ fn add_missing_indexes(conn: &mut Connection, path: &Path) -> Result<(), SqliteO
     };
     let mut missing = Vec::new();
     for (name, sql) in INDEXES {
-        let found: Option<i64> = conn
-            .query_row(
-                "SELECT 1 FROM sqlite_schema WHERE type = 'index' AND name = ?1",
-                [name],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(sqlite_err)?;
-        if found.is_none() {
+        if !in_schema(conn, "index", name).map_err(sqlite_err)? {
             missing.push((name, sql));
         }
     }
@@ -308,19 +311,12 @@ fn add_missing_indexes(conn: &mut Connection, path: &Path) -> Result<(), SqliteO
 fn check_tables(conn: &Connection, path: &Path) -> Result<(), SqliteOpenError> {
     let mut missing = Vec::new();
     for table in TABLES {
-        let found: Option<i64> = conn
-            .query_row(
-                "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
-                [table],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(|source| SqliteOpenError::Sqlite {
-                path: path.to_path_buf(),
-                context: "reading the schema",
-                source,
-            })?;
-        if found.is_none() {
+        let found = in_schema(conn, "table", table).map_err(|source| SqliteOpenError::Sqlite {
+            path: path.to_path_buf(),
+            context: "reading the schema",
+            source,
+        })?;
+        if !found {
             missing.push(table);
         }
     }

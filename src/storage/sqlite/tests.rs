@@ -34,6 +34,14 @@ fn append(p: &SqliteProvider, name: &str) -> Arc<dyn AppendStore> {
         .clone()
 }
 
+fn queue(p: &SqliteProvider, name: &str) -> Arc<dyn crate::storage::contract::QueueStore> {
+    p.open_channel(name, ChannelKind::Queue)
+        .unwrap()
+        .as_queue()
+        .unwrap()
+        .clone()
+}
+
 #[test]
 fn a_new_database_is_private_wal_and_schema_20() {
     let dir = tempfile::tempdir().unwrap();
@@ -375,12 +383,7 @@ fn a_queue_leases_retries_and_dead_letters_in_one_transaction() {
     let dir = tempfile::tempdir().unwrap();
     {
         let p = SqliteProvider::open(options(dir.path())).unwrap();
-        let q = p
-            .open_channel("jobs", ChannelKind::Queue)
-            .unwrap()
-            .as_queue()
-            .unwrap()
-            .clone();
+        let q = queue(&p, "jobs");
         q.set_max_attempts(2);
         q.set_backoff(vec![Duration::from_secs(1)]);
         for i in 0..3 {
@@ -453,12 +456,7 @@ fn a_queue_leases_retries_and_dead_letters_in_one_transaction() {
         p.close().unwrap();
     }
     let p = SqliteProvider::open(options(dir.path())).unwrap();
-    let q = p
-        .open_channel("jobs", ChannelKind::Queue)
-        .unwrap()
-        .as_queue()
-        .unwrap()
-        .clone();
+    let q = queue(&p, "jobs");
     q.set_max_attempts(1);
     let items = q.items().unwrap();
     assert_eq!(items.len(), 1);
@@ -802,12 +800,7 @@ fn another_threads_write_waits_for_the_shared_transaction() {
 fn leases_share_one_transaction_and_each_is_answered_as_alone() {
     let dir = tempfile::tempdir().unwrap();
     let p = SqliteProvider::open(options(dir.path())).unwrap();
-    let q = p
-        .open_channel("jobs", ChannelKind::Queue)
-        .unwrap()
-        .as_queue()
-        .unwrap()
-        .clone();
+    let q = queue(&p, "jobs");
     for i in 0..3 {
         q.enqueue(rec("jobs", &format!("job{i}"), 100)).unwrap();
     }
@@ -853,12 +846,7 @@ fn commits(p: &SqliteProvider) -> u64 {
 fn jobs_enqueued_together_share_a_transaction_and_a_refusal_is_one_jobs() {
     let dir = tempfile::tempdir().unwrap();
     let p = SqliteProvider::open(options(dir.path())).unwrap();
-    let q = p
-        .open_channel("jobs", ChannelKind::Queue)
-        .unwrap()
-        .as_queue()
-        .unwrap()
-        .clone();
+    let q = queue(&p, "jobs");
     let before = commits(&p);
     let mut records: Vec<Record> = (0..5)
         .map(|i| rec("jobs/a", &format!("job{i}"), 100))
@@ -884,12 +872,7 @@ fn jobs_enqueued_together_share_a_transaction_and_a_refusal_is_one_jobs() {
 fn resolutions_share_one_transaction_and_each_is_answered_as_alone() {
     let dir = tempfile::tempdir().unwrap();
     let p = SqliteProvider::open(options(dir.path())).unwrap();
-    let q = p
-        .open_channel("jobs", ChannelKind::Queue)
-        .unwrap()
-        .as_queue()
-        .unwrap()
-        .clone();
+    let q = queue(&p, "jobs");
     for i in 0..4 {
         q.enqueue(rec("jobs", &format!("job{i}"), 100)).unwrap();
     }
@@ -919,12 +902,7 @@ fn resolutions_share_one_transaction_and_each_is_answered_as_alone() {
     p.close().unwrap();
     drop(p);
     let p = SqliteProvider::open(options(dir.path())).unwrap();
-    let q = p
-        .open_channel("jobs", ChannelKind::Queue)
-        .unwrap()
-        .as_queue()
-        .unwrap()
-        .clone();
+    let q = queue(&p, "jobs");
     let left: Vec<u64> = q.items().unwrap().iter().map(|i| i.record.offset).collect();
     assert_eq!(left, vec![2, 4]);
     // A restart forgets every delivery (invariant 15).
