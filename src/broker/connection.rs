@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
 use super::alias::{AliasUse, OutboundAliases};
@@ -49,18 +49,6 @@ pub struct ConnectionContext {
     /// `broker.topic_aliases`: outbound topic aliases towards MQTT 5
     /// clients that announce a Topic Alias Maximum.
     pub topic_aliases: bool,
-    /// Where a connection's CONNECT goes: a queue of its own, so a storm of
-    /// reconnecting clients waits there rather than ahead of the packets of
-    /// the clients already served (their publishes and acknowledgements).
-    pub connects: mpsc::Sender<PendingConnect>,
-}
-
-/// A CONNECT on its way to the state. `taken` is answered when the state
-/// takes it: the connection's later packets travel the shared event queue,
-/// and are sent only then, so none can reach the state before it.
-pub struct PendingConnect {
-    pub event: Event,
-    pub taken: oneshot::Sender<()>,
 }
 
 /// Bytes asked of the socket per read.
@@ -309,16 +297,15 @@ pub async fn serve<S>(
     };
     let client_id = connect.client_id.clone();
     tracing::debug!(peer = %peer, client_id = %client_id, protocol = %version, "connected");
-    let (taken, taken_rx) = oneshot::channel();
-    let connect_event = PendingConnect {
-        event: Event::Connect {
+    if events
+        .send(Event::Connect {
             connection: id,
             request: Box::new(request),
             handle,
-        },
-        taken,
-    };
-    if context.connects.send(connect_event).await.is_err() || taken_rx.await.is_err() {
+        })
+        .await
+        .is_err()
+    {
         writer.abort();
         return;
     }
@@ -1080,11 +1067,9 @@ mod tests {
     }
 
     impl Served {
-        /// A served connection whose CONNECT the test takes itself.
-        fn start() -> (Served, mpsc::Receiver<PendingConnect>) {
+        async fn connect(keep_alive: u16) -> Served {
             let (client, server) = tokio::io::duplex(64 * 1024);
             let (events_tx, events) = mpsc::channel(16);
-            let (connects, connects_rx) = mpsc::channel::<PendingConnect>(1);
             let (shutdown, shutdown_rx) = broadcast::channel(1);
             let context = Arc::new(ConnectionContext {
                 max_packet_size: 1 << 20,
@@ -1095,7 +1080,6 @@ mod tests {
                 outbound_queue: 16,
                 max_keep_alive: 0,
                 topic_aliases: false,
-                connects,
             });
             tokio::spawn(serve(
                 server,
@@ -1107,26 +1091,26 @@ mod tests {
                 shutdown_rx,
                 Admission::Serve,
             ));
-            let served = Served {
+            let mut served = Served {
                 client,
                 events,
                 _shutdown: shutdown,
                 _handle: None,
             };
-            (served, connects_rx)
-        }
-
-        async fn connect(keep_alive: u16) -> Served {
-            let (mut served, mut connects_rx) = Served::start();
-            served.send(connect_packet(keep_alive)).await;
-            match connects_rx.recv().await {
-                Some(PendingConnect {
-                    event: Event::Connect { handle, .. },
-                    taken,
-                }) => {
-                    served._handle = Some(handle);
-                    let _ = taken.send(());
-                }
+            served
+                .send(Packet::Connect(Connect {
+                    protocol: ProtocolVersion::V311,
+                    clean_start: true,
+                    keep_alive,
+                    client_id: "ka".into(),
+                    will: None,
+                    username: None,
+                    password: None,
+                    properties: Default::default(),
+                }))
+                .await;
+            match served.events.recv().await {
+                Some(Event::Connect { handle, .. }) => served._handle = Some(handle),
                 _ => panic!("expected the Connect event"),
             }
             served
@@ -1149,45 +1133,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    fn connect_packet(keep_alive: u16) -> Packet {
-        Packet::Connect(Connect {
-            protocol: ProtocolVersion::V311,
-            clean_start: true,
-            keep_alive,
-            client_id: "ka".into(),
-            will: None,
-            username: None,
-            password: None,
-            properties: Default::default(),
-        })
-    }
-
-    /// What a client sends straight after its CONNECT reaches the shared
-    /// event queue only once the state took the CONNECT from its own
-    /// queue, so nothing of a connection can overtake its CONNECT.
-    #[tokio::test(start_paused = true)]
-    async fn packets_after_a_connect_wait_until_the_connect_is_taken() {
-        let (mut c, mut connects) = Served::start();
-        c.send(connect_packet(0)).await;
-        c.send(Packet::PingReq).await;
-        let pending = connects.recv().await.expect("the CONNECT");
-        // The clock runs on while every task waits: a minute of nothing.
-        assert!(
-            tokio::time::timeout(Duration::from_secs(60), c.events.recv())
-                .await
-                .is_err(),
-            "a packet reached the state before its CONNECT was taken"
-        );
-        let _ = pending.taken.send(());
-        match c.events.recv().await {
-            Some(Event::Packets { packets, .. }) => {
-                assert!(matches!(packets[..], [Inbound::PingReq]))
-            }
-            other => panic!("expected the PINGREQ, got {other:?}"),
-        }
-        drop(pending.event);
     }
 
     // The clock is paused: it moves only by `advance`, or, when every task

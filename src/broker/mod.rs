@@ -33,13 +33,6 @@
 //!   packets of one read as one event; it stops reading while the state has
 //!   paused it. The writer takes up to 256 queued packets per wakeup, writes
 //!   them with one `write_all` and counts them off the queue.
-//!   A connection's CONNECT travels a queue of its own (256 deep); the
-//!   broker task takes up to 16 of them after each batch of other events,
-//!   and the reader sends nothing more until its CONNECT was taken. A
-//!   reconnect storm therefore waits in that queue, the kernel's backlog
-//!   and the clients' sockets, never ahead of the publishes and
-//!   acknowledgements of the clients already connected, and new clients
-//!   keep being admitted however busy those are.
 //! - [`state`]: deterministic, no sockets, clocks or storage; events in,
 //!   packets and intents out (see its module documentation for the order of
 //!   answers and commits).

@@ -18,7 +18,7 @@ use tokio::sync::{broadcast, mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use super::connection::{self, ConnectionContext, PendingConnect};
+use super::connection::{self, ConnectionContext};
 use super::metrics::{CloseReason, Metrics};
 use super::persister::{PersisterGone, Persisters};
 use super::state::{BrokerState, Event, Intent, SYS_INTERVAL};
@@ -26,16 +26,6 @@ use super::state::{BrokerState, Event, Intent, SYS_INTERVAL};
 /// How many events the broker queue holds before readers wait (backpressure:
 /// a decoded packet is never dropped, its reader just stops reading).
 pub const EVENT_QUEUE: usize = 1024;
-
-/// CONNECTs queued for the state before their readers wait. A reconnect
-/// storm waits here, in the kernel's backlog and in the clients' sockets,
-/// not ahead of the packets of connections already served.
-const CONNECT_QUEUE: usize = 256;
-
-/// CONNECTs the broker task takes after each batch of other events: new
-/// clients keep being admitted however busy the connected ones are, and the
-/// connected ones never wait behind a whole storm of them.
-const CONNECTS_PER_TURN: usize = 16;
 
 /// Connections accepted over `limits.max_connections` at once, only to be
 /// answered CONNACK 0x97 (3.1.1: return code 3) and closed; beyond these,
@@ -70,8 +60,6 @@ pub struct Server {
     pub readers: super::reader::Readers,
     /// Answers of the persisters and readers.
     pub commits: mpsc::UnboundedReceiver<Event>,
-    /// CONNECTs of new connections ([`ConnectionContext::connects`]).
-    pub connects: mpsc::Receiver<PendingConnect>,
     /// `broker.session.ack_commit_interval`: how often acknowledgements,
     /// in-flight tables and cursors are written.
     pub flush_interval: Duration,
@@ -134,7 +122,6 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         persisters,
         readers,
         commits,
-        connects,
         flush_interval,
         watchdog,
         auth: _,
@@ -152,11 +139,8 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
 
     let mut broker = tokio::spawn(broker_task(
         state,
-        Queues {
-            events: events_rx,
-            connects,
-            commits,
-        },
+        events_rx,
+        commits,
         Storage {
             persisters,
             readers,
@@ -282,28 +266,12 @@ async fn dispatch(
     }
 }
 
-/// What the broker task reads, in the order it prefers them: answers of
-/// the stores, packets of connected clients, then new connections.
-struct Queues {
-    events: mpsc::Receiver<Event>,
-    connects: mpsc::Receiver<PendingConnect>,
-    commits: mpsc::UnboundedReceiver<Event>,
-}
-
-/// Hand CONNECTs to the state, each connection told first that its later
-/// packets may follow.
-fn admit(state: &mut BrokerState, admitting: &mut Vec<PendingConnect>, now: Instant) {
-    for pending in admitting.drain(..) {
-        let _ = pending.taken.send(());
-        state.handle(pending.event, now);
-    }
-}
-
 /// The single writer: applies events to the state in arrival order, and
 /// hands what it must store to the persisters.
 async fn broker_task(
     mut state: BrokerState,
-    queues: Queues,
+    mut events: mpsc::Receiver<Event>,
+    mut commits: mpsc::UnboundedReceiver<Event>,
     mut storage: Storage,
     flush_interval: Duration,
     mut shutdown: broadcast::Receiver<()>,
@@ -315,14 +283,7 @@ async fn broker_task(
     sys.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut flush = tokio::time::interval(flush_interval.max(Duration::from_millis(1)));
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let Queues {
-        mut events,
-        mut connects,
-        mut commits,
-    } = queues;
     let mut batch = Vec::with_capacity(64);
-    let mut admitting = Vec::with_capacity(CONNECTS_PER_TURN);
-    let mut connects_open = true;
     let mut intents = Vec::new();
     let mut reads = Vec::new();
     loop {
@@ -339,19 +300,6 @@ async fn broker_task(
                 for event in batch.drain(..) {
                     state.handle(event, now);
                 }
-                while admitting.len() < CONNECTS_PER_TURN {
-                    match connects.try_recv() {
-                        Ok(pending) => admitting.push(pending),
-                        Err(_) => break,
-                    }
-                }
-                admit(&mut state, &mut admitting, now);
-            }
-            received = connects.recv_many(&mut admitting, CONNECTS_PER_TURN), if connects_open => {
-                if received == 0 {
-                    connects_open = false;
-                }
-                admit(&mut state, &mut admitting, Instant::now());
             }
             _ = tick.tick() => state.tick(Instant::now()),
             _ = flush.tick() => state.flush(Instant::now()),
@@ -366,11 +314,6 @@ async fn broker_task(
     }
     state.shutdown(Instant::now());
     // Connect events still queued are answered with DISCONNECT 0x8B.
-    connects.close();
-    while let Ok(pending) = connects.try_recv() {
-        admitting.push(pending);
-    }
-    admit(&mut state, &mut admitting, Instant::now());
     events.close();
     while let Ok(event) = events.try_recv() {
         state.handle(event, Instant::now());
@@ -764,7 +707,6 @@ pub async fn prepare(
         }
         None => None,
     };
-    let (connects_tx, connects) = mpsc::channel(CONNECT_QUEUE);
     let context = Arc::new(ConnectionContext {
         max_packet_size: limits.max_packet_size,
         topic_alias_maximum: limits.topic_alias_maximum,
@@ -774,7 +716,6 @@ pub async fn prepare(
         outbound_queue: limits.outbound_queue,
         max_keep_alive: limits.max_keep_alive,
         topic_aliases: config.broker.topic_aliases,
-        connects: connects_tx,
     });
     Ok(Server {
         listeners,
@@ -786,7 +727,6 @@ pub async fn prepare(
         persisters,
         readers,
         commits,
-        connects,
         flush_interval: config.broker.session.ack_commit_interval,
         watchdog: None,
         auth,
