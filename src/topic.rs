@@ -85,8 +85,24 @@ fn check_text(text: &str) -> Result<(), TopicError> {
 /// A topic name (what PUBLISH and a Will carry, and a Response Topic): at
 /// least one character, no wildcard (MQTT-3.3.2-2, MQTT-4.7.3-1).
 pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
-    check_text(name)?;
-    if name.contains(['+', '#']) {
+    if name.is_empty() {
+        return Err(TopicError::Empty);
+    }
+    if name.len() > MAX_LEN {
+        return Err(TopicError::TooLong);
+    }
+    // Every publish is checked: one pass over the bytes, not one search
+    // per character sought. NUL is reported before a wildcard, as
+    // `check_text` does for filters, wherever each is.
+    let mut wildcard = false;
+    for &byte in name.as_bytes() {
+        match byte {
+            0 => return Err(TopicError::Nul),
+            b'+' | b'#' => wildcard = true,
+            _ => {}
+        }
+    }
+    if wildcard {
         return Err(TopicError::WildcardInName);
     }
     Ok(())
@@ -263,6 +279,8 @@ mod tests {
         assert_eq!(validate_topic_name("#"), Err(TopicError::WildcardInName));
         assert_eq!(validate_topic_name("a/b#"), Err(TopicError::WildcardInName));
         assert_eq!(validate_topic_name("a\0b"), Err(TopicError::Nul));
+        // NUL before a wildcard, wherever each is.
+        assert_eq!(validate_topic_name("a/+\0"), Err(TopicError::Nul));
         assert_eq!(
             validate_topic_name(&"a".repeat(MAX_LEN + 1)),
             Err(TopicError::TooLong)

@@ -168,20 +168,25 @@ impl SubscriptionIndex {
     ) {
         out.clear();
         let dollar = name.starts_with('$');
-        let levels: Vec<&str> = name.split('/').collect();
-        Self::walk(&mut self.root, &levels, dollar, true, is_online, out);
+        Self::walk(&mut self.root, Some(name), dollar, true, is_online, out);
     }
 
+    /// `levels`: what is left of the name, its levels still joined by `/`
+    /// (`None` past the last one), so a publish's walk allocates nothing.
     fn walk(
         node: &mut Node,
-        levels: &[&str],
+        levels: Option<&str>,
         dollar: bool,
         first: bool,
         is_online: &dyn Fn(SessionKey) -> bool,
         out: &mut Vec<Match>,
     ) {
         let wildcards_allowed = !(first && dollar);
-        match levels.split_first() {
+        let split = levels.map(|levels| match levels.split_once('/') {
+            Some((level, rest)) => (level, Some(rest)),
+            None => (levels, None),
+        });
+        match split {
             None => {
                 Self::collect(node, is_online, out);
                 // `a/#` matches `a` too.
@@ -190,7 +195,7 @@ impl SubscriptionIndex {
                 }
             }
             Some((level, rest)) => {
-                if let Some(child) = node.children.get_mut(*level) {
+                if let Some(child) = node.children.get_mut(level) {
                     Self::walk(child, rest, dollar, false, is_online, out);
                 }
                 if wildcards_allowed {

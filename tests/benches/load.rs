@@ -8,7 +8,11 @@
 //!
 //! Environment: `SAGUIN_BENCH_SCALE` (default 1.0) scales message counts;
 //! `SAGUIN_BENCH_BROKERS` (default `saguin,mosquitto,rumqttd`) picks brokers;
-//! `SAGUIN_BENCH_ONLY` runs only the tests whose name contains it.
+//! `SAGUIN_BENCH_ONLY` runs only the tests whose name contains it;
+//! `SAGUIN_BENCH_BASELINE` names the binary run as `saguin-baseline`;
+//! the broker `external` is one already listening at `SAGUIN_BENCH_ADDR`
+//! (a saguin under `valgrind --tool=callgrind`, say), which the run leaves
+//! running.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -394,7 +398,8 @@ fn free_port() -> u16 {
 struct Broker {
     name: &'static str,
     addr: SocketAddr,
-    child: Child,
+    /// `None` for a broker this benchmark did not start.
+    child: Option<Child>,
 }
 
 async fn wait_port(addr: SocketAddr) -> bool {
@@ -469,7 +474,11 @@ async fn start_saguin(
     })
     .await??;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(Broker { name, addr, child })
+    Ok(Broker {
+        name,
+        addr,
+        child: Some(child),
+    })
 }
 
 async fn start_mosquitto(dir: &Path, persist: bool) -> Result<Broker, Error> {
@@ -517,7 +526,7 @@ async fn start_mosquitto(dir: &Path, persist: bool) -> Result<Broker, Error> {
             "mosquitto"
         },
         addr,
-        child,
+        child: Some(child),
     })
 }
 
@@ -575,7 +584,7 @@ listen = "127.0.0.1:{console}"
     Ok(Broker {
         name: "rumqttd",
         addr,
-        child,
+        child: Some(child),
     })
 }
 
@@ -655,6 +664,19 @@ async fn main() {
             "mosquitto" => start_mosquitto(dir.path(), false).await,
             "mosquitto-persist" => start_mosquitto(dir.path(), true).await,
             "rumqttd" => start_rumqttd(dir.path()).await,
+            // A broker started elsewhere (under a profiler, say), left
+            // running afterwards.
+            "external" => match std::env::var("SAGUIN_BENCH_ADDR") {
+                Ok(addr) => addr
+                    .parse::<SocketAddr>()
+                    .map(|addr| Broker {
+                        name: "external",
+                        addr,
+                        child: None,
+                    })
+                    .map_err(|e| format!("SAGUIN_BENCH_ADDR {addr}: {e}").into()),
+                Err(_) => Err("set SAGUIN_BENCH_ADDR to the broker's address".into()),
+            },
             other => Err(format!("unknown broker {other}").into()),
         };
         let mut broker = match started {
@@ -752,8 +774,10 @@ async fn main() {
                 outcome,
             });
         }
-        let _ = broker.child.start_kill();
-        let _ = broker.child.wait().await;
+        if let Some(child) = &mut broker.child {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
     }
 
     let mut table = comfy_table::Table::new();

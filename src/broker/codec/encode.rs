@@ -7,7 +7,7 @@
 use bytes::{BufMut, BytesMut};
 
 use super::error::EncodeError;
-use super::packet::{Packet, PacketType, ProtocolVersion, QoS};
+use super::packet::{Packet, PacketType, ProtocolVersion, Publish, QoS};
 use super::properties::id::SUBSCRIPTION_IDENTIFIER;
 use super::properties::{Measure, PublishProperties, Sink, Write};
 use super::reason::ReasonCode;
@@ -127,19 +127,7 @@ fn body_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, EncodeEr
                 2
             }
         }
-        Packet::Publish(p) => {
-            if p.qos != QoS::AtMostOnce {
-                nonzero_id(kind, p.packet_id)?;
-            }
-            let parts = PublishParts {
-                qos: p.qos,
-                topic_len: p.topic.len(),
-                properties: &p.properties,
-                subscription_ids: &[],
-                payload_len: p.payload.len(),
-            };
-            publish_body_len(&parts, version)?
-        }
+        Packet::Publish(p) => PublishRef::of(p).body_len(version)?,
         Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => {
             nonzero_id(kind, a.packet_id)?;
             if !v5 {
@@ -247,20 +235,148 @@ fn publish_body_len(
     parts: &PublishParts<'_>,
     version: ProtocolVersion,
 ) -> Result<usize, EncodeError> {
+    measured_publish_body_len(
+        parts.qos,
+        parts.topic_len,
+        parts.payload_len,
+        version,
+        |m| {
+            parts.properties.measure(m);
+            for &sub_id in parts.subscription_ids {
+                m.var(SUBSCRIPTION_IDENTIFIER, Some(sub_id));
+            }
+        },
+    )
+}
+
+/// The body of a PUBLISH whose property block `measure` measures.
+fn measured_publish_body_len(
+    qos: QoS,
+    topic_len: usize,
+    payload_len: usize,
+    version: ProtocolVersion,
+    measure: impl FnOnce(&mut Measure),
+) -> Result<usize, EncodeError> {
     let kind = PacketType::Publish;
-    let mut len = str_len(kind, "topic name", parts.topic_len)?;
-    if parts.qos != QoS::AtMostOnce {
+    let mut len = str_len(kind, "topic name", topic_len)?;
+    if qos != QoS::AtMostOnce {
         len += 2;
     }
     if version == ProtocolVersion::V5 {
         let mut m = Measure::default();
-        parts.properties.measure(&mut m);
-        for &sub_id in parts.subscription_ids {
-            m.var(SUBSCRIPTION_IDENTIFIER, Some(sub_id));
-        }
+        measure(&mut m);
         len += measured_props_len(kind, m)?;
     }
-    Ok(len + parts.payload_len)
+    Ok(len + payload_len)
+}
+
+/// A PUBLISH written from borrowed parts, without building a [`Packet`]: a
+/// broker delivery sends a shared message's topic, properties and payload
+/// with what is its own beside them. Written exactly as the
+/// [`Packet::Publish`] whose properties are `properties` with
+/// `message_expiry_interval`, `topic_alias` and `subscription_ids` in place
+/// of their own.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishRef<'a> {
+    pub dup: bool,
+    pub qos: QoS,
+    pub retain: bool,
+    /// Empty only when a topic alias stands for it (MQTT 5).
+    pub topic: &'a str,
+    /// 0 for QoS 0; nonzero for QoS 1 and 2.
+    pub packet_id: u16,
+    pub properties: &'a PublishProperties,
+    pub message_expiry_interval: Option<u32>,
+    pub topic_alias: Option<u16>,
+    pub subscription_ids: &'a [u32],
+    pub payload: &'a [u8],
+}
+
+impl<'a> PublishRef<'a> {
+    /// `publish` as it is.
+    fn of(publish: &'a Publish) -> PublishRef<'a> {
+        PublishRef {
+            dup: publish.dup,
+            qos: publish.qos,
+            retain: publish.retain,
+            topic: &publish.topic,
+            packet_id: publish.packet_id,
+            properties: &publish.properties,
+            message_expiry_interval: publish.properties.message_expiry_interval,
+            topic_alias: publish.properties.topic_alias,
+            subscription_ids: &publish.properties.subscription_identifiers,
+            payload: &publish.payload,
+        }
+    }
+
+    fn visit_properties<S: Sink>(&self, s: &mut S) {
+        self.properties.visit_as(
+            self.message_expiry_interval,
+            self.topic_alias,
+            self.subscription_ids,
+            s,
+        );
+    }
+
+    fn first_byte(&self) -> u8 {
+        let dup = self.dup && self.qos != QoS::AtMostOnce;
+        ((PacketType::Publish as u8) << 4)
+            | (u8::from(dup) << 3)
+            | (self.qos.as_u8() << 1)
+            | u8::from(self.retain)
+    }
+
+    fn body_len(&self, version: ProtocolVersion) -> Result<usize, EncodeError> {
+        if self.qos != QoS::AtMostOnce {
+            nonzero_id(PacketType::Publish, self.packet_id)?;
+        }
+        measured_publish_body_len(
+            self.qos,
+            self.topic.len(),
+            self.payload.len(),
+            version,
+            |m| self.visit_properties(m),
+        )
+    }
+
+    fn write_body(&self, version: ProtocolVersion, buf: &mut BytesMut) {
+        wire::put_binary(buf, self.topic.as_bytes());
+        if self.qos != QoS::AtMostOnce {
+            buf.put_u16(self.packet_id);
+        }
+        if version == ProtocolVersion::V5 {
+            let mut m = Measure::default();
+            self.visit_properties(&mut m);
+            wire::put_var_int(buf, m.len);
+            self.visit_properties(&mut Write(buf));
+        }
+        buf.put_slice(self.payload);
+    }
+}
+
+/// Appends the PUBLISH `publish` describes, as [`encode_within`] would the
+/// packet built from it: refused with [`EncodeError::PacketTooLarge`] when
+/// longer than `max_packet_size`. Returns the bytes written.
+pub fn encode_publish(
+    publish: &PublishRef<'_>,
+    version: ProtocolVersion,
+    max_packet_size: u32,
+    buf: &mut BytesMut,
+) -> Result<usize, EncodeError> {
+    let body = check_body_len(PacketType::Publish, publish.body_len(version)?)?;
+    let len = total_len(body);
+    if len > max_packet_size as usize {
+        return Err(EncodeError::PacketTooLarge {
+            packet: PacketType::Publish,
+            size: len as u64,
+            max: u64::from(max_packet_size),
+        });
+    }
+    buf.reserve(len);
+    buf.put_u8(publish.first_byte());
+    wire::put_var_int(buf, body);
+    publish.write_body(version, buf);
+    Ok(len)
 }
 
 /// The number of bytes [`encode`] writes for the PUBLISH `parts` describe,
@@ -283,10 +399,7 @@ pub fn encoded_len(packet: &Packet, version: ProtocolVersion) -> Result<usize, E
 fn first_byte(packet: &Packet) -> u8 {
     let kind = packet.packet_type() as u8;
     let flags = match packet {
-        Packet::Publish(p) => {
-            let dup = p.dup && p.qos != QoS::AtMostOnce;
-            (u8::from(dup) << 3) | (p.qos.as_u8() << 1) | u8::from(p.retain)
-        }
+        Packet::Publish(p) => return PublishRef::of(p).first_byte(),
         Packet::PubRel(_) | Packet::Subscribe(_) | Packet::Unsubscribe(_) => 0b0010,
         _ => 0,
     };
@@ -425,16 +538,7 @@ fn write_body(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) {
                 buf.put_u8(c.reason.to_v311_connack());
             }
         }
-        Packet::Publish(p) => {
-            wire::put_binary(buf, p.topic.as_bytes());
-            if p.qos != QoS::AtMostOnce {
-                buf.put_u16(p.packet_id);
-            }
-            if v5 {
-                put_props(buf, &p.properties);
-            }
-            buf.put_slice(&p.payload);
-        }
+        Packet::Publish(p) => PublishRef::of(p).write_body(version, buf),
         Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => {
             buf.put_u16(a.packet_id);
             if v5 {

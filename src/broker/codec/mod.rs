@@ -31,7 +31,9 @@ mod tests;
 /// The buffer types of the API, re-exported so callers need no version match.
 pub use bytes::{Bytes, BytesMut};
 pub use decode::{check_first_byte, decode_body, Role};
-pub use encode::{encode, encode_within, encoded_len, publish_len, PublishParts};
+pub use encode::{
+    encode, encode_publish, encode_within, encoded_len, publish_len, PublishParts, PublishRef,
+};
 pub use error::{DecodeError, EncodeError};
 pub use frame::{check_fixed_header, FixedHeader, FrameDecoder, PROTOCOL_MAX_PACKET_SIZE};
 pub use packet::{

@@ -736,15 +736,32 @@ impl PublishProperties {
     }
 
     pub(crate) fn visit<S: Sink>(&self, s: &mut S) {
+        self.visit_as(
+            self.message_expiry_interval,
+            self.topic_alias,
+            &self.subscription_identifiers,
+            s,
+        );
+    }
+
+    /// [`Self::visit`] with the three fields a delivery sets for itself in
+    /// place of the struct's own.
+    pub(crate) fn visit_as<S: Sink>(
+        &self,
+        message_expiry_interval: Option<u32>,
+        topic_alias: Option<u16>,
+        subscription_identifiers: &[u32],
+        s: &mut S,
+    ) {
         s.byte(
             id::PAYLOAD_FORMAT_INDICATOR,
             self.payload_format_indicator.map(|f| f as u8),
         );
-        s.four(id::MESSAGE_EXPIRY_INTERVAL, self.message_expiry_interval);
-        s.two(id::TOPIC_ALIAS, self.topic_alias);
+        s.four(id::MESSAGE_EXPIRY_INTERVAL, message_expiry_interval);
+        s.two(id::TOPIC_ALIAS, topic_alias);
         s.str(id::RESPONSE_TOPIC, self.response_topic.as_deref());
         s.bin(id::CORRELATION_DATA, self.correlation_data.as_deref());
-        for &sub_id in &self.subscription_identifiers {
+        for &sub_id in subscription_identifiers {
             s.var(id::SUBSCRIPTION_IDENTIFIER, Some(sub_id));
         }
         s.str(id::CONTENT_TYPE, self.content_type.as_deref());

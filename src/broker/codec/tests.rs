@@ -2017,6 +2017,46 @@ mod generated {
             prop_assert_eq!(crate::broker::codec::publish_len(&parts, version), Ok(written.len()));
         }
 
+        /// `encode_publish` writes from borrowed parts exactly what
+        /// `encode_within` writes for the packet built from them, the
+        /// delivery's expiry, alias and subscription identifiers in place
+        /// of the message's own; too large, it is refused the same way.
+        #[test]
+        fn encode_publish_writes_the_packet_built_from_its_parts(
+            (v5, message, delivery) in any::<bool>().prop_flat_map(|v5| (Just(v5), publish(v5, true), publish(v5, true))),
+            max in prop_oneof![Just(u32::MAX), 0u32..200],
+        ) {
+            let version = if v5 { V5 } else { V4 };
+            let parts = crate::broker::codec::PublishRef {
+                dup: delivery.dup,
+                qos: delivery.qos,
+                retain: delivery.retain,
+                topic: &message.topic,
+                packet_id: delivery.packet_id,
+                properties: &message.properties,
+                message_expiry_interval: delivery.properties.message_expiry_interval,
+                topic_alias: delivery.properties.topic_alias,
+                subscription_ids: &delivery.properties.subscription_identifiers,
+                payload: &message.payload,
+            };
+            let mut built = message.clone();
+            built.dup = delivery.dup;
+            built.qos = delivery.qos;
+            built.retain = delivery.retain;
+            built.packet_id = delivery.packet_id;
+            built.properties.message_expiry_interval = delivery.properties.message_expiry_interval;
+            built.properties.topic_alias = delivery.properties.topic_alias;
+            built.properties.subscription_identifiers = delivery.properties.subscription_identifiers.clone();
+            let built = Packet::Publish(built);
+            let (mut expected, mut written) = (BytesMut::new(), BytesMut::new());
+            let answer = crate::broker::codec::encode_within(&built, version, max, &mut expected);
+            prop_assert_eq!(
+                crate::broker::codec::encode_publish(&parts, version, max, &mut written),
+                answer
+            );
+            prop_assert_eq!(written, expected);
+        }
+
         #[test]
         fn connects_round_trip(packet in connect(true)) {
             round_trip(&Packet::Connect(packet), V5);

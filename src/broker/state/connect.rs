@@ -11,7 +11,8 @@ use tokio::time::Instant;
 use super::persist::{Parked, Role, StorageFailure, Write};
 use super::session::{InflightPhase, Session};
 use super::{
-    BrokerState, ConnectRequest, Connection, ConnectionHandle, KeepAlive, Outbound, ReasonCode,
+    BrokerState, ConnAckExtras, ConnectRequest, Connection, ConnectionHandle, KeepAlive, Outbound,
+    ReasonCode,
 };
 use crate::broker::metrics::CloseReason;
 use crate::broker::topic::SessionKey;
@@ -209,10 +210,23 @@ impl BrokerState {
             // connection: nothing of it outlives the broker any more.
             self.stage(Role::Sessions, Write::RemoveSession(client_id.to_string()));
         }
+        // A basis for response topics; the ACL applies to it as to any
+        // topic (grant `response/%c/#`).
+        let response_information = (request.v5 && request.request_response_information)
+            .then(|| Arc::<str>::from(format!("response/{client_id}/")));
+        let extras = (assigned.is_some()
+            || response_information.is_some()
+            || request.authentication.is_some())
+        .then(|| {
+            Box::new(ConnAckExtras {
+                assigned_client_id: assigned,
+                response_information,
+                authentication: request.authentication.clone(),
+            })
+        });
         let ack = Outbound::ConnAck {
             session_present,
             reason: ReasonCode::Success,
-            assigned_client_id: assigned,
             session_expiry: (request.v5 && expiry != wanted_expiry).then_some(expiry),
             receive_maximum: self.limits.receive_maximum,
             maximum_packet_size: self.limits.max_packet_size,
@@ -224,11 +238,7 @@ impl BrokerState {
                 } => Some(seconds),
                 _ => None,
             },
-            // A basis for response topics; the ACL applies to it as to any
-            // topic (grant `response/%c/#`).
-            response_information: (request.v5 && request.request_response_information)
-                .then(|| format!("response/{client_id}/").into()),
-            authentication: request.authentication.clone(),
+            extras,
         };
         let parked = Parked::ConnAck {
             connection,
@@ -297,17 +307,18 @@ impl BrokerState {
             let conn = &self.connections[&connection];
             tracing::warn!(client_id = %conn.client_id, error = %failure.message, "connection refused: its session could not be stored");
             if conn.v5 {
-                if let Outbound::ConnAck {
-                    assigned_client_id, ..
-                } = ack
-                {
+                if let Outbound::ConnAck { extras, .. } = ack {
                     let mut refusal = Outbound::refusing_connack(failure.reason_code());
-                    if let Outbound::ConnAck {
-                        assigned_client_id: assigned,
-                        ..
-                    } = &mut refusal
-                    {
-                        *assigned = assigned_client_id;
+                    // The refusal names the identifier it assigned, and
+                    // nothing else the success would have said.
+                    let assigned_client_id = extras.and_then(|e| e.assigned_client_id);
+                    if let Outbound::ConnAck { extras, .. } = &mut refusal {
+                        *extras = assigned_client_id.map(|id| {
+                            Box::new(ConnAckExtras {
+                                assigned_client_id: Some(id),
+                                ..ConnAckExtras::default()
+                            })
+                        });
                     }
                     self.send(connection, refusal);
                 }

@@ -345,7 +345,6 @@ pub enum Outbound {
         session_present: bool,
         /// v5 reason; the writer maps it to a 3.1.1 return code.
         reason: ReasonCode,
-        assigned_client_id: Option<Arc<str>>,
         /// Set when the broker granted a different session expiry.
         session_expiry: Option<u32>,
         receive_maximum: u16,
@@ -354,10 +353,10 @@ pub enum Outbound {
         /// Server Keep Alive, when the broker holds the client to another
         /// keep alive than it asked for.
         server_keep_alive: Option<u16>,
-        /// Response Information, when the client asked for it.
-        response_information: Option<Arc<str>>,
-        /// Authentication Method and Data of a completed exchange.
-        authentication: Option<(&'static str, Bytes)>,
+        /// What only some clients are told, boxed: every packet queued for
+        /// a writer, each delivery among them, takes the room of the
+        /// largest kind.
+        extras: Option<Box<ConnAckExtras>>,
     },
     Publish {
         packet_id: u16,
@@ -401,7 +400,9 @@ pub enum Outbound {
     Auth {
         reason: ReasonCode,
         method: &'static str,
-        data: Bytes,
+        /// A boxed slice, not `Bytes`: half the size, which every queued
+        /// packet pays (see `ConnAck::extras`).
+        data: Box<[u8]>,
     },
     /// v5: send DISCONNECT with this reason (and reason string), then
     /// close. 3.1.1: just close.
@@ -417,16 +418,25 @@ impl Outbound {
         Outbound::ConnAck {
             session_present: false,
             reason,
-            assigned_client_id: None,
             session_expiry: None,
             receive_maximum: 0,
             maximum_packet_size: 0,
             topic_alias_maximum: 0,
             server_keep_alive: None,
-            response_information: None,
-            authentication: None,
+            extras: None,
         }
     }
+}
+
+/// What a CONNACK tells some clients only.
+#[derive(Debug, Clone, Default)]
+pub struct ConnAckExtras {
+    /// The client identifier the broker assigned.
+    pub assigned_client_id: Option<Arc<str>>,
+    /// Response Information, when the client asked for it.
+    pub response_information: Option<Arc<str>>,
+    /// Authentication Method and Data of a completed exchange.
+    pub authentication: Option<(&'static str, Bytes)>,
 }
 
 /// Answers a connection may have queued before its reader is paused (the
