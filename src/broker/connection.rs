@@ -54,6 +54,8 @@ pub struct ConnectionContext {
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 16 * 1024;
+/// The most packets a read's batch is given room for before it is filled.
+const BATCH_HINT_MAX: usize = 256;
 /// Packets taken from the outbound queue per socket write.
 const WRITE_BATCH: usize = 256;
 /// How long a closing connection waits for its writer to flush.
@@ -330,6 +332,9 @@ pub async fn serve<S>(
         passwords: context.passwords.as_ref().map(|p| p.current()),
         pending: None,
     };
+    // Room for as many packets as the last read brought (up to a bound):
+    // a batch grown one doubling at a time copies its packets each time.
+    let mut batch_hint = 1;
     let (close_reason, close_code, detail) = 'read: loop {
         let mut batch = Vec::new();
         let mut fatal = None;
@@ -350,7 +355,12 @@ pub async fn serve<S>(
                     }
                 },
                 Ok(Some(packet)) => match adapt(packet, &mut aliases) {
-                    Ok(Some(inbound)) => batch.push(inbound),
+                    Ok(Some(inbound)) => {
+                        if batch.capacity() == 0 {
+                            batch.reserve_exact(batch_hint);
+                        }
+                        batch.push(inbound)
+                    }
                     Ok(None) => {}
                     Err(code) => {
                         fatal = Some((CloseReason::Protocol, Some(code), String::new()));
@@ -369,6 +379,9 @@ pub async fn serve<S>(
                     break;
                 }
             }
+        }
+        if !batch.is_empty() {
+            batch_hint = batch.len().min(BATCH_HINT_MAX);
         }
         if !batch.is_empty()
             && events
@@ -1069,7 +1082,12 @@ async fn writer<W: AsyncWrite + Unpin>(
         }
         flow.written.fetch_add(received, Relaxed);
         let left = rx.len();
-        if left < flow.low_water && flow.want_drained.swap(false, Relaxed) {
+        // Read before it is swapped: the swap would take the line from
+        // the state's core after every write.
+        if left < flow.low_water
+            && flow.want_drained.load(Relaxed)
+            && flow.want_drained.swap(false, Relaxed)
+        {
             // The state waits for this queue to drain (a paused reader,
             // retained messages still owed): say it did.
             let _ = flow

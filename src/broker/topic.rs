@@ -182,8 +182,10 @@ impl SubscriptionIndex {
         out: &mut Vec<Match>,
     ) {
         let wildcards_allowed = !(first && dollar);
-        let split = levels.map(|levels| match levels.split_once('/') {
-            Some((level, rest)) => (level, Some(rest)),
+        // A byte search: `/` is ASCII, and a char pattern's searcher costs
+        // more than the few bytes of a level it looks through.
+        let split = levels.map(|levels| match levels.bytes().position(|b| b == b'/') {
+            Some(at) => (&levels[..at], Some(&levels[at + 1..])),
             None => (levels, None),
         });
         match split {
