@@ -230,7 +230,7 @@ impl BrokerState {
         publish: InboundPublish,
         now: Instant,
     ) {
-        self.metrics.messages_received.fetch_add(1, Relaxed);
+        self.received += 1;
         let InboundPublish {
             packet_id,
             qos,
