@@ -32,7 +32,11 @@
 //!   [`auth`] deciding), and forwards the
 //!   packets of one read as one event; it stops reading while the state has
 //!   paused it. The writer takes up to 256 queued packets per wakeup, writes
-//!   them with one `write_all` and counts them off the queue.
+//!   them with one `write_all` and counts them off the queue; a delivery is
+//!   encoded straight from its shared message ([`codec::PublishRef`]), no
+//!   packet of its own built and nothing of the message cloned. A queued
+//!   packet is 48 bytes: what few packets carry (a CONNACK's extras, AUTH
+//!   data) is boxed.
 //! - [`state`]: deterministic, no sockets, clocks or storage; events in,
 //!   packets and intents out (see its module documentation for the order of
 //!   answers and commits).
