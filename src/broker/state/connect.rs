@@ -269,14 +269,7 @@ impl BrokerState {
             session.channel_holds.insert(*packet_id, *channel);
         }
         for (packet_id, _, _) in holds {
-            self.reply(
-                connection,
-                Outbound::PubRec {
-                    packet_id,
-                    reason: ReasonCode::Success,
-                },
-                now,
-            );
+            self.reply_held(connection, packet_id, now);
         }
     }
 

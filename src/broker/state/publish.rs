@@ -193,6 +193,19 @@ impl BrokerState {
         }
     }
 
+    /// PUBREC for an exactly-once publish already held: what a duplicate
+    /// PUBLISH, or a bridge finding its holds again, is answered.
+    pub(super) fn reply_held(&mut self, connection: u64, packet_id: u16, now: Instant) {
+        self.reply(
+            connection,
+            Outbound::PubRec {
+                packet_id,
+                reason: ReasonCode::Success,
+            },
+            now,
+        );
+    }
+
     /// Answer a packet that writes nothing: at once, or behind the answers
     /// its connection still waits for (a CONNACK above all).
     pub(super) fn reply(&mut self, connection: u64, packet: Outbound, now: Instant) {
@@ -243,14 +256,7 @@ impl BrokerState {
         let session = self.sessions.get(&key).expect("connected session");
         if qos == 2 && session.inbound_qos2.contains_key(&packet_id) {
             // Method B: already routed; a duplicate only gets PUBREC.
-            self.reply(
-                connection,
-                Outbound::PubRec {
-                    packet_id,
-                    reason: ReasonCode::Success,
-                },
-                now,
-            );
+            self.reply_held(connection, packet_id, now);
             return;
         }
         // `$SYS/...` is the broker's own: clients are refused as by the ACL.
