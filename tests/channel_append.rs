@@ -1027,6 +1027,95 @@ fn a_connected_consumers_position_is_stored_and_survives_kill_9() {
     });
 }
 
+/// A durable consumer's start is stored before its SUBACK: killed long
+/// before any flush of positions, the broker resumes it where it began,
+/// and it is sent what was committed after it subscribed.
+#[test]
+fn a_new_consumers_start_is_stored_before_its_suback() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("saguin.db");
+    // No flush of positions can come between the SUBACK and the kill.
+    let yaml = format!(
+        "{}  session:\n    ack_commit_interval: 1h\n",
+        sqlite_config(dir.path(), "")
+    );
+    let broker = Broker::start_in(dir, &yaml);
+    let rt = runtime();
+    let (_consumer, before) = rt.block_on(async {
+        let mut p = client(&broker, "publisher", ConnectOpts::clean()).await;
+        for i in 1..=3u16 {
+            p.publish_acked("telemetry/s", format!("early{i}").as_bytes(), 1, false, i)
+                .await;
+        }
+        let mut c = client(&broker, "fresh", ConnectOpts::persistent(3600)).await;
+        subscribe_telemetry(&mut c, 1, None).await;
+        // The SUBACK came: the start is stored, at the channel's next.
+        let stored = stored_position(&db, "mqtt:fresh");
+        assert_eq!(stored, Some(4), "the start stored before the SUBACK");
+        for i in 1..=5u16 {
+            p.publish_acked(
+                "telemetry/s",
+                format!("late{i}").as_bytes(),
+                1,
+                false,
+                10 + i,
+            )
+            .await;
+        }
+        for i in 4..=8 {
+            let m = c.next_publish(true).await;
+            assert_eq!(offset_of(&m), i);
+        }
+        // A start that takes a read is stored once the read found it.
+        let mut e = client(&broker, "earliest", ConnectOpts::persistent(3600)).await;
+        subscribe_telemetry(&mut e, 1, Some("earliest")).await;
+        for i in 1..=8 {
+            let m = e.next_publish(false).await;
+            assert_eq!(offset_of(&m), i);
+        }
+        let deadline = tokio::time::Instant::now() + WAIT * 3;
+        let mut pace = tokio::time::interval(Duration::from_millis(50));
+        loop {
+            pace.tick().await;
+            match stored_position(&db, "mqtt:earliest") {
+                Some(1) => break,
+                other => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the resolved start was not stored within {:?}: {other:?}",
+                    WAIT * 3
+                ),
+            }
+        }
+        // Both kept connected until the broker dies: nothing stores their
+        // positions on a disconnect.
+        ((c, e), stored)
+    });
+    assert_eq!(before, Some(4));
+    let broker = broker.restart(&yaml);
+    rt.block_on(async {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        let ack = c.connect("fresh", ConnectOpts::persistent(3600)).await;
+        assert!(ack.session_present, "the session is kept in db");
+        for i in 4..=8u64 {
+            let m = c.next_publish(true).await;
+            assert_eq!(
+                (offset_of(&m), text(&m.payload)),
+                (i, format!("late{}", i - 3)),
+                "resumed at its stored start"
+            );
+        }
+        c.expect_nothing().await;
+        let mut e = Raw::tcp(broker.addr(), v5()).await;
+        let ack = e.connect("earliest", ConnectOpts::persistent(3600)).await;
+        assert!(ack.session_present, "the session is kept in db");
+        for i in 1..=8u64 {
+            let m = e.next_publish(true).await;
+            assert_eq!(offset_of(&m), i, "resumed at its resolved start");
+        }
+        e.expect_nothing().await;
+    });
+}
+
 /// A QoS 2 publish into a channel, PUBREC received, is held across kill -9:
 /// the resent PUBLISH (DUP) and the PUBREL after the restart make it one
 /// record.

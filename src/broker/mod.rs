@@ -226,6 +226,15 @@
 //!   consumer of one starts at `next` (or `saguin-from`) each time. After a
 //!   restart a consumer resumes from its stored position; one whose
 //!   session is gone has its position dropped.
+//! - A new consumer's first position is written with its SUBSCRIBE when
+//!   its start needs no read (`next`, an offset), so its SUBACK waits for
+//!   it: killed before the first flush, the broker resumes it where it
+//!   began, not at the `next` of the restart. A start that takes a read
+//!   (`earliest`, a time) is written the moment the read finds it, one
+//!   read after the SUBACK. A latest channel's new consumer stores none
+//!   until it has its current values (a restart in between resumes it at
+//!   `next` with no values, as a resumed session gets no retained
+//!   messages again).
 //! - A consumer's reads are windows of at most its free Receive Maximum
 //!   (256 for a QoS 0 consumer) from its `next`; a failed read is logged,
 //!   counted in `saguin_storage_errors_total`, and tried again at the next

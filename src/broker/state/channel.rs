@@ -202,6 +202,9 @@ pub(super) struct ConsumerStart {
     pub seek: Option<Seek>,
     /// A shared subscription: its raw filter and its filter.
     pub group: Option<(String, String)>,
+    /// The position written with the SUBSCRIBE, for a new consumer whose
+    /// start is known without a read (see `BrokerState::stage_start`).
+    pub stored: Option<u64>,
 }
 
 /// `saguin-from`'s value as a seek, or why it is none.
@@ -591,7 +594,10 @@ impl BrokerState {
                 return;
             }
         };
-        if consumer.seek.take().is_some() {
+        // A start that took a read to find is written at once, not at the
+        // next flush: a restart before then would begin at `next`.
+        let resolved = consumer.seek.take().is_some();
+        if resolved {
             consumer.next = window.start;
         }
         if let Some(floor) = window.floor {
@@ -616,6 +622,9 @@ impl BrokerState {
         if let (true, Some(end)) = (whole, window.next) {
             let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
             consumer.next = consumer.next.max(end);
+        }
+        if resolved {
+            self.stage_positions(key, now);
         }
         if progressed {
             self.pump(key, index, now);
@@ -749,6 +758,70 @@ impl BrokerState {
         }
     }
 
+    /// Write where a new consumer of session `key` starts, with the
+    /// SUBSCRIBE that makes it, when that is known without a read (`next`,
+    /// an offset) and the session keeps positions: its SUBACK then waits
+    /// for the position as well (invariant 18), and a restart before the
+    /// first flush resumes there, not at the `next` of that later moment.
+    /// A start that takes a read (earliest, a time) is written as soon as
+    /// the read resolves it; a latest channel's consumer is owed current
+    /// values first, and its position waits for them to be delivered.
+    pub(super) fn stage_start(&mut self, key: SessionKey, start: &mut ConsumerStart, now: Instant) {
+        let channel = start.channel;
+        if start.group.is_some()
+            || self.is_latest(channel)
+            || self.is_queue(channel)
+            || self.consumer_index(key, channel).is_some()
+            || self.filters_on(key, channel).is_empty()
+        {
+            return;
+        }
+        let next = self.channels[channel as usize].next;
+        // A consumer told to start past the end waits there; what is
+        // stored is never past the channel's next offset.
+        let (begin, stored) = match start.seek {
+            None => (next, next),
+            Some(Seek::Offset(offset)) => (offset, offset.min(next)),
+            Some(_) => return,
+        };
+        let session = &self.sessions[&key];
+        if let Some(bridge) = &session.bridge {
+            if self
+                .bridge_positions
+                .contains_key(&(channel, bridge.to_string()))
+            {
+                return;
+            }
+        }
+        let Some((reader, session_expiry)) = position_holder(session) else {
+            return;
+        };
+        start.seek = Some(Seek::Offset(begin));
+        start.stored = Some(stored);
+        let saved_at = self.unix_at(now).max(1);
+        self.stage(
+            Role::Channel(channel),
+            Write::SavePosition(Position {
+                reader,
+                offset: stored,
+                saved_at,
+                session_expiry,
+            }),
+        );
+    }
+
+    /// The consumer `start` made had its position written with its
+    /// SUBSCRIBE: the flush need not write it again.
+    pub(super) fn started_stored(&mut self, key: SessionKey, start: &ConsumerStart) {
+        let (Some(offset), Some(index)) = (start.stored, self.consumer_index(key, start.channel))
+        else {
+            return;
+        };
+        if let Some(session) = self.sessions.get_mut(&key) {
+            session.consumers[index].stored = Some(offset);
+        }
+    }
+
     /// Stage the position of every consumer of `key` that moved since it
     /// was last written. Only sessions that outlive their connection keep
     /// one: a position of a session ending with its connection would be
@@ -758,13 +831,7 @@ impl BrokerState {
         let Some(session) = self.sessions.get_mut(&key) else {
             return;
         };
-        let expiry = match &session.bridge {
-            // A bridge holds a position with no session: it never expires.
-            Some(_) => None,
-            None if session.expiry_interval == 0 => return,
-            None => Some(session.expiry_interval),
-        };
-        let Some(reader) = reader_of(session) else {
+        let Some((reader, expiry)) = position_holder(session) else {
             return;
         };
         let mut writes = Vec::new();
@@ -817,7 +884,7 @@ impl BrokerState {
         }
     }
 
-    fn drop_position(&mut self, key: SessionKey, channel: u16) {
+    pub(super) fn drop_position(&mut self, key: SessionKey, channel: u16) {
         let Some(session) = self.sessions.get(&key) else {
             return;
         };
@@ -1015,6 +1082,18 @@ fn set_start(consumer: &mut Consumer, seek: Seek) {
         }
         other => consumer.seek = Some(other),
     }
+}
+
+/// The reader a session's positions are stored under and their session
+/// expiry, for a session that keeps them: one outliving its connection, or
+/// a bridge (whose position has no session and never expires).
+fn position_holder(session: &super::session::Session) -> Option<(Reader, Option<u32>)> {
+    let expiry = match &session.bridge {
+        Some(_) => None,
+        None if session.expiry_interval == 0 => return None,
+        None => Some(session.expiry_interval),
+    };
+    Some((reader_of(session)?, expiry))
 }
 
 /// The reader a session's places in channels are stored under.

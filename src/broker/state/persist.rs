@@ -743,7 +743,8 @@ impl BrokerState {
                                 self.join_group(key, start.channel, raw, filter, start.seek)
                             }
                             None => {
-                                self.refresh_consumer(key, start.channel, start.seek, None, now)
+                                self.refresh_consumer(key, start.channel, start.seek, None, now);
+                                self.started_stored(key, &start);
                             }
                         }
                     }
@@ -751,6 +752,10 @@ impl BrokerState {
                 }
                 Some(failure) => {
                     self.undo_subscriptions(key, undo);
+                    // A start written beside a subscription that was not.
+                    for start in consumers.iter().filter(|s| s.stored.is_some()) {
+                        self.drop_position(key, start.channel);
+                    }
                     let code = failure.reason_code();
                     let reasons = reasons
                         .into_iter()

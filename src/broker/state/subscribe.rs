@@ -52,6 +52,7 @@ impl BrokerState {
                                 channel,
                                 seek: *seek,
                                 group,
+                                stored: None,
                             });
                         }
                     }
@@ -117,6 +118,9 @@ impl BrokerState {
         }
         if self.sessions[&key].stored && !undo.is_empty() {
             self.stage_session(key, now);
+        }
+        for start in &mut consumers {
+            self.stage_start(key, start, now);
         }
         self.park_or_answer(
             connection,

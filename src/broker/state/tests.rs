@@ -2071,3 +2071,58 @@ fn a_failed_dead_letter_move_leaves_the_record_held_with_its_attempts_and_is_tri
     assert_eq!(store.queue(0).depth(), 0);
     assert_eq!(dlq.next(), 2, "moved at offset 1: no hole");
 }
+
+#[test]
+fn a_durable_consumers_start_is_written_with_its_subscribe_and_its_suback_waits() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 5);
+    let mut store = FakeStore::default();
+    let mut durable = connect_as(&mut s, 1, request("durable", false, 3600), now);
+    let mut brief = connect(&mut s, 2, "brief", true, now);
+    store.commit_all(&mut s, now);
+    durable.drain();
+    brief.drain();
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    packets(&mut s, 2, vec![subscribe("telemetry/#", 1)], now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    let saved: Vec<(String, u64, Option<u32>)> = intents
+        .iter()
+        .flat_map(|i| i.writes.iter())
+        .filter_map(|w| match w {
+            Write::SavePosition(p) => Some((p.reader.to_string(), p.offset, p.session_expiry)),
+            _ => None,
+        })
+        .collect();
+    // Only the session that outlives its connection keeps a position.
+    assert_eq!(saved, vec![("mqtt:durable".to_owned(), 5, Some(3600))]);
+    assert!(
+        !durable
+            .drain()
+            .iter()
+            .any(|o| matches!(o, Outbound::SubAck { .. })),
+        "no SUBACK before its start is stored"
+    );
+    for intent in intents {
+        let written = store.apply(&intent);
+        s.handle(
+            Event::Committed {
+                ticket: intent.ticket,
+                result: Ok(written),
+            },
+            now,
+        );
+    }
+    assert!(durable
+        .drain()
+        .iter()
+        .any(|o| matches!(o, Outbound::SubAck { .. })));
+    // Written once: the flush finds it unmoved.
+    s.flush(now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    assert!(!intents
+        .iter()
+        .flat_map(|i| i.writes.iter())
+        .any(|w| matches!(w, Write::SavePosition(_))));
+}
