@@ -397,6 +397,21 @@ impl Default for Persistence {
     }
 }
 
+/// A packet's publish writes and its other writes, apart. Nearly every
+/// seal holds writes of one kind: those keep their vector, since a new one
+/// sized for a `Write` is past the allocator's per-thread cache and, with a
+/// large heap (a memory channel's records), its slowest path.
+fn split_publishes(writes: Vec<Write>) -> (Vec<Write>, Vec<Write>) {
+    let publishes = writes.iter().filter(|w| w.is_publish()).count();
+    if publishes == writes.len() {
+        (writes, Vec::new())
+    } else if publishes == 0 {
+        (Vec::new(), writes)
+    } else {
+        writes.into_iter().partition(Write::is_publish)
+    }
+}
+
 /// Sessions one intent of a flush writes.
 const FLUSH_SESSIONS: usize = 64;
 
@@ -420,7 +435,15 @@ impl BrokerState {
         if self.persist.staged.len() <= index {
             self.persist.staged.resize_with(index + 1, Vec::new);
         }
-        self.persist.staged[index].push(write);
+        let staged = &mut self.persist.staged[index];
+        // Most seals hold one write, and the vector goes with the intent:
+        // room for one `Write` comes from the allocator's per-thread cache,
+        // where the four a first push makes room for are past it and, with
+        // a large heap (a memory channel's records), on its slowest path.
+        if staged.capacity() == 0 {
+            staged.reserve_exact(1);
+        }
+        staged.push(write);
     }
 
     pub(super) fn has_staged(&self) -> bool {
@@ -456,8 +479,7 @@ impl BrokerState {
             }
             // A packet's publish writes and its session writes go in
             // intents of their own: a provider groups each with its kind.
-            let (publish, session): (Vec<Write>, Vec<Write>) =
-                writes.into_iter().partition(Write::is_publish);
+            let (publish, session) = split_publishes(writes);
             for (class, writes) in [(Class::Publish, publish), (session_class, session)] {
                 if writes.is_empty() {
                     continue;
