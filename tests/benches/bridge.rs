@@ -13,7 +13,8 @@
 //!
 //! Environment: `SAGUIN_BENCH_MESSAGES` (default 40,000 per run),
 //! `SAGUIN_BENCH_BACKLOG` (default 100,000), `SAGUIN_BENCH_WINDOWS`
-//! (default `20,64`).
+//! (default `20,64`), `SAGUIN_BENCH_EDGES` (default
+//! `mosquitto,saguin memory,saguin sqlite`: which edges are run).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -344,11 +345,17 @@ async fn main() {
         .split(',')
         .filter_map(|w| w.trim().parse().ok())
         .collect();
+    let edges: Vec<String> = std::env::var("SAGUIN_BENCH_EDGES")
+        .unwrap_or_else(|_| "mosquitto,saguin memory,saguin sqlite".into())
+        .split(',')
+        .map(|e| e.trim().to_owned())
+        .filter(|e| !e.is_empty())
+        .collect();
     println!("bridge: {PUBLISHERS} QoS 1 publishers, {PAYLOAD} B, {messages} messages live, backlog {backlog}");
     println!("| edge | window | delivered/s | p50 ms | p99 ms | backlog drain s |");
     println!("|---|---|---|---|---|---|");
     for &window in &windows {
-        for edge_kind in ["mosquitto", "saguin memory", "saguin sqlite"] {
+        for edge_kind in edges.iter().map(String::as_str) {
             match run_one(edge_kind, window, messages, backlog).await {
                 Ok((live, drain)) => println!(
                     "| {edge_kind} | {window} | {:.0} | {:.2} | {:.2} | {:.2} |",

@@ -9,6 +9,15 @@
 //! remote's window; what is here is bounded by the local Receive Maximum,
 //! since the state sends no more than that unacknowledged.
 //!
+//! **The reservoir.** The local Receive Maximum is the remote's window and
+//! [`RESERVOIR`] more: when the remote acknowledges a send, the next one
+//! goes at once from what waits here, while the acknowledgement makes its
+//! way through the state's queue and the state refills what was taken.
+//! With the local window only as large as the remote's, every send waited
+//! for that turn through the state, whose queue it shares with every
+//! publisher: the bridge's rate was its window over that turn, not over
+//! the remote's round trip.
+//!
 //! **Remote down.** The local connection stays: nothing is acknowledged,
 //! the state's window fills and it stops sending, so what the bridge holds
 //! stays bounded by the window while the channel is the backlog. The sends
@@ -62,6 +71,11 @@ const LAG_EVERY: Duration = Duration::from_secs(1);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Wait before the local connection is made again after the broker closed it.
 const LOCAL_RETRY: Duration = Duration::from_secs(1);
+/// Deliveries the state may hand the bridge beyond the remote's window, so
+/// the remote's window is refilled without waiting for the state (memory:
+/// this many records more held here, each one the state holds anyway as
+/// sent and not acknowledged).
+pub(super) const RESERVOIR: usize = 256;
 
 /// A delivery of the state on its way to the remote.
 struct OutSend {
@@ -495,7 +509,8 @@ impl Link {
                 }
             })
             .collect();
-        let receive_maximum = u16::try_from(self.window).unwrap_or(u16::MAX);
+        let receive_maximum =
+            u16::try_from(usize::from(self.bridge.max_inflight) + RESERVOIR).unwrap_or(u16::MAX);
         match Local::connect(
             &self.bridge.name,
             receive_maximum,
@@ -576,9 +591,18 @@ impl Link {
         }
     }
 
-    /// Hand the state what this turn owes it, then write what the remote
-    /// is owed.
+    /// Write what the remote is owed, then hand the state what this turn
+    /// owes it. The remote first: the state's queue may make the bridge
+    /// wait, and the sends of this turn need not wait with it.
     async fn flush(&mut self) {
+        if let Some(remote) = self.remote.as_mut().filter(|r| r.has_queued()) {
+            self.last_sent = Instant::now();
+            match tokio::time::timeout(self.bridge.ack_timeout, remote.flush()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(why)) => self.remote_lost(&why),
+                Err(_) => self.remote_lost("the remote does not read what it is sent"),
+            }
+        }
         if !self.to_local.is_empty() {
             let packets = std::mem::take(&mut self.to_local);
             if let Some(local) = &self.local {
@@ -586,18 +610,6 @@ impl Link {
                     self.local_lost(gone).await;
                 }
             }
-        }
-        let Some(remote) = self.remote.as_mut() else {
-            return;
-        };
-        if !remote.has_queued() {
-            return;
-        }
-        self.last_sent = Instant::now();
-        match tokio::time::timeout(self.bridge.ack_timeout, remote.flush()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(why)) => self.remote_lost(&why),
-            Err(_) => self.remote_lost("the remote does not read what it is sent"),
         }
     }
 
