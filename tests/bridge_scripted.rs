@@ -261,29 +261,50 @@ async fn records_removed_by_retention_before_they_went_out_are_announced_as_a_ga
     let (mut peer, _) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
     publish(&saguin, "telemetry/d", b"first").await;
     let first = peer.next_publish().await;
-    // While the first waits for its PUBACK, retention removes what follows.
-    for _ in 0..20 {
-        publish(&saguin, "telemetry/d", &[b'x'; 1000]).await;
+    // While the first waits for its PUBACK, more records arrive than the
+    // bridge is handed ahead of the remote's window, and retention removes
+    // those still only in the channel.
+    let mut producer = Raw::tcp(saguin.addr(), v5()).await;
+    producer.connect("producer", ConnectOpts::clean()).await;
+    for id in 1..=400u16 {
+        producer
+            .publish_acked("telemetry/d", &[b'x'; 1000], 1, false, id)
+            .await;
     }
+    producer.disconnect().await;
     saguin.wait_log(|l| l.contains("retention removed records"));
     peer.send(Packet::PubAck(PubAck::new(first.packet_id)))
         .await;
-    let next = peer.next_publish().await;
-    let gap = next
-        .properties
-        .user_properties
-        .iter()
-        .find(|(k, _)| k == "saguin-gap")
-        .map(|(_, v)| v.clone())
-        .expect("the first send after the gap carries saguin-gap");
+    // What the bridge was handed goes out in order, then the first send
+    // after the gap announces it.
+    let mut last = offset_of(&first);
+    let (next, gap) = loop {
+        let p = peer.next_publish().await;
+        if let Some(gap) = property(&p, "saguin-gap") {
+            break (p, gap);
+        }
+        assert_eq!(
+            offset_of(&p),
+            last + 1,
+            "a record went missing before the gap"
+        );
+        last = offset_of(&p);
+        peer.send(Packet::PubAck(PubAck::new(p.packet_id))).await;
+    };
     let line = saguin.wait_log(|l| l.contains("msg=\"bridge gap\""));
     let (from, to) = gap.split_once('-').unwrap();
     assert!(
         line.contains(&format!("from={from}")) && line.contains(&format!("to={to}")),
         "{line}"
     );
-    assert_eq!(from, "2");
-    let removed: u64 = to.parse::<u64>().unwrap() - 1;
+    let (from, to): (u64, u64) = (from.parse().unwrap(), to.parse().unwrap());
+    assert_eq!(from, last + 1, "the gap starts after the last record sent");
+    assert_eq!(
+        to + 1,
+        offset_of(&next),
+        "the gap ends before the record carrying it"
+    );
+    let removed = to - from + 1;
     let metrics = scrape(&saguin).await;
     assert!(
         metrics.contains(&format!(
@@ -291,6 +312,20 @@ async fn records_removed_by_retention_before_they_went_out_are_announced_as_a_ga
         )),
         "{metrics}"
     );
+}
+
+fn property(p: &Publish, key: &str) -> Option<String> {
+    p.properties
+        .user_properties
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
+}
+
+fn offset_of(p: &Publish) -> u64 {
+    property(p, "saguin-offset")
+        .and_then(|v| v.parse().ok())
+        .expect("every send carries saguin-offset")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -267,12 +267,51 @@ async fn publish(addr: SocketAddr, p: usize, n: usize) -> Result<(), Error> {
     Ok(())
 }
 
-/// Subscribes (persistent session) and returns a task counting `n`
-/// messages: (latencies in ns, the instant the last arrived).
+/// What the subscriber hands back: latencies in ns, the instant the last
+/// message arrived.
+type Counted = Result<(Vec<u64>, Instant), Error>;
+
+/// Subscribes (persistent session) and returns a receiver of the count of
+/// `n` messages. The subscriber runs on its own thread and runtime: sharing
+/// the publishers' runtime, it would be cheaper to wake while they run,
+/// so its pace - and the remote's, which wakes it - would depend on how
+/// long the edge keeps the publishers busy.
 async fn subscriber(
     addr: SocketAddr,
     n: usize,
-) -> Result<tokio::task::JoinHandle<Result<(Vec<u64>, Instant), Error>>, Error> {
+) -> Result<tokio::sync::oneshot::Receiver<Counted>, Error> {
+    let (ready_tx, ready) = tokio::sync::oneshot::channel::<Result<(), String>>();
+    let (done_tx, done) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("bench-sub".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let mut c = match subscribe(addr).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                let _ = done_tx.send(count(&mut c, n).await);
+            });
+        })?;
+    ready.await?.map_err(Error::from)?;
+    Ok(done)
+}
+
+async fn subscribe(addr: SocketAddr) -> Result<Conn, Error> {
     let mut c = Conn::connect(addr, "bench-sub", false).await?;
     c.queue(&Packet::Subscribe(Subscribe {
         packet_id: 1,
@@ -288,26 +327,25 @@ async fn subscriber(
     c.flush().await?;
     loop {
         if let Packet::SubAck(_) = c.recv().await? {
-            break;
+            return Ok(c);
         }
     }
-    Ok(tokio::spawn(async move {
-        let mut latencies = Vec::with_capacity(n);
-        let mut seen = 0usize;
-        while seen < n {
-            if let Packet::Publish(p) = c.recv().await? {
-                let sent = u64::from_be_bytes(p.payload[..8].try_into()?);
-                latencies.push(now_ns().saturating_sub(sent));
-                seen += 1;
-                c.queue(&Packet::PubAck(PubAck::new(p.packet_id)))?;
-                if c.rbuf.is_empty() {
-                    c.flush().await?;
-                }
+}
+
+async fn count(c: &mut Conn, n: usize) -> Counted {
+    let mut latencies = Vec::with_capacity(n);
+    while latencies.len() < n {
+        if let Packet::Publish(p) = c.recv().await? {
+            let sent = u64::from_be_bytes(p.payload[..8].try_into()?);
+            latencies.push(now_ns().saturating_sub(sent));
+            c.queue(&Packet::PubAck(PubAck::new(p.packet_id)))?;
+            if c.rbuf.is_empty() {
+                c.flush().await?;
             }
         }
-        c.flush().await?;
-        Ok((latencies, Instant::now()))
-    }))
+    }
+    c.flush().await?;
+    Ok((latencies, Instant::now()))
 }
 
 struct Figures {

@@ -16,9 +16,9 @@
 //! shutdown, kept past its session, and it is never handed a record that
 //! arrived over a bridge (one hop).
 //!
-//! [`Bridges::start`] runs one task per bridge; [`Bridges::stop`] ends them
-//! before the state shuts down, so their positions are stored with the
-//! rest.
+//! [`Bridges::start`] runs each bridge on a thread of its own;
+//! [`Bridges::stop`] ends them before the state shuts down, so their
+//! positions are stored with the rest.
 
 mod link;
 mod local;
@@ -29,8 +29,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::metrics::Metrics;
 use super::state::Event;
@@ -60,7 +59,7 @@ pub(crate) struct Shared {
 /// The running bridges.
 pub struct Bridges {
     stop: watch::Sender<bool>,
-    tasks: Vec<(String, JoinHandle<()>)>,
+    tasks: Vec<(String, oneshot::Receiver<()>)>,
 }
 
 impl Bridges {
@@ -85,13 +84,16 @@ impl Bridges {
         for bridge in bridges {
             let stored = stored_positions(bridge, &shared.channels);
             log_startup(bridge, &stored, &shared.channels);
-            let link = link::Link::new(
-                Arc::new(bridge.clone()),
-                shared.clone(),
-                stop_rx.clone(),
-                stored,
-            );
-            tasks.push((bridge.name.clone(), tokio::spawn(link.run())));
+            let bridge_arc = Arc::new(bridge.clone());
+            let make = || {
+                link::Link::new(
+                    bridge_arc.clone(),
+                    shared.clone(),
+                    stop_rx.clone(),
+                    stored.clone(),
+                )
+            };
+            tasks.push((bridge.name.clone(), spawn(&bridge.name, make)));
         }
         Bridges { stop, tasks }
     }
@@ -102,9 +104,61 @@ impl Bridges {
         let _ = self.stop.send(true);
         for (name, mut task) in self.tasks {
             if tokio::time::timeout(STOP_TIMEOUT, &mut task).await.is_err() {
+                // Its thread ends with the process.
                 tracing::warn!(bridge = %name, "bridge did not stop in time; abandoned");
-                task.abort();
             }
+        }
+    }
+}
+
+/// Run a bridge on a thread of its own, with a runtime of its own, and
+/// say when it ended. Its round trips with the remote are then not queued
+/// behind the broker task and the connections on the shared runtime, and
+/// it may pause while its window is full (see `Link::pause_for_acks`).
+/// Without a thread or a runtime (the process is out of them), it runs as
+/// a task on the shared runtime instead, without the pauses.
+fn spawn(name: &str, make: impl Fn() -> link::Link) -> oneshot::Receiver<()> {
+    let (done_tx, done) = oneshot::channel();
+    let (back_tx, back) = oneshot::channel::<(link::Link, oneshot::Sender<()>)>();
+    let link = make().own_thread(true);
+    let thread_name = name.to_owned();
+    let spawned = std::thread::Builder::new()
+        .name(format!("bridge-{name}"))
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => {
+                    drop(back_tx);
+                    runtime.block_on(link.run());
+                    let _ = done_tx.send(());
+                }
+                Err(e) => {
+                    tracing::warn!(bridge = %thread_name, error = %e, "no runtime for the bridge's thread; it runs on the broker's");
+                    let _ = back_tx.send((link, done_tx));
+                }
+            }
+        });
+    match spawned {
+        Ok(_) => {
+            tokio::spawn(async move {
+                if let Ok((link, done_tx)) = back.await {
+                    link.own_thread(false).run().await;
+                    let _ = done_tx.send(());
+                }
+            });
+            done
+        }
+        Err(e) => {
+            tracing::warn!(bridge = %name, error = %e, "no thread for the bridge; it runs on the broker's runtime");
+            let (done_tx, done) = oneshot::channel();
+            let link = make();
+            tokio::spawn(async move {
+                link.run().await;
+                let _ = done_tx.send(());
+            });
+            done
         }
     }
 }
