@@ -338,8 +338,28 @@
 //!
 //! - A bridge's connection to the state is made inside the process (client
 //!   id and principal `bridge:<name>`, MQTT 5, clean, Receive Maximum =
-//!   `max_inflight` capped by the remote's); the ACL, when there is one,
-//!   applies to that principal.
+//!   `max_inflight` and 256 more); the ACL, when there is one, applies to
+//!   that principal. The 256 are a reservoir: the remote's window (at
+//!   most `max_inflight`) is refilled from it the moment a PUBACK arrives,
+//!   while the acknowledgement goes round the state's queue, shared with
+//!   every publisher. With the state's window as small as the remote's,
+//!   each send waited for that round and the bridge's rate was its window
+//!   over it. Memory: up to `max_inflight + 256` records held, as any
+//!   subscriber with that Receive Maximum would make the state hold.
+//! - The bridge hands its acknowledgements to the state in batches of 64
+//!   while the reservoir is at least half full (at once below that, and
+//!   every 100 ms whatever their number): a consumer behind reads in
+//!   windows of the room its acknowledgements made, so one at a time cost
+//!   one read, on sqlite one read transaction, per record. The position
+//!   lags by the batch at most, and never leads.
+//! - Each bridge runs on a thread of its own with a runtime of its own (on
+//!   the shared runtime only when the process cannot have one). With the
+//!   remote's window full and records waiting it pauses an eighth of the
+//!   measured round trip (at most 200 µs, none under 20 µs, timer slack
+//!   1 µs) before reading the remote again: waiting on the socket, it was
+//!   woken for every segment the remote wrote, which on a loaded machine
+//!   made the remote spend a quarter more CPU a message (measured on
+//!   Mosquitto) than with Mosquitto's own bridge, and that was the rate.
 //! - Remote down: the local connection stays and is simply not
 //!   acknowledged, so the state's window fills and it stops sending; what
 //!   the bridge holds is bounded by that window, the backlog is the

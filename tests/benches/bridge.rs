@@ -6,15 +6,24 @@
 //! payloads publish into the edge broker; one QoS 1 subscriber at the
 //! remote counts every message (a missing one fails the run) and takes the
 //! end-to-end latency from the send time in the payload. Then the backlog
-//! case: the remote is stopped, a backlog is published into the edge, the
-//! remote started again, and the time until the whole backlog arrived is
-//! the drain time. Windows (Mosquitto `max_inflight_messages`, saguin
-//! `max_inflight`) 20 and 64.
+//! case: the remote is stopped (the cut), a backlog is published into the
+//! edge, the remote started again, and the time until the whole backlog
+//! arrived is the drain time. Windows (Mosquitto `max_inflight_messages`,
+//! saguin `max_inflight`) 20 and 64.
 //!
-//! Environment: `SAGUIN_BENCH_MESSAGES` (default 40,000 per run),
-//! `SAGUIN_BENCH_BACKLOG` (default 100,000), `SAGUIN_BENCH_WINDOWS`
-//! (default `20,64`), `SAGUIN_BENCH_EDGES` (default
-//! `mosquitto,saguin memory,saguin sqlite`: which edges are run).
+//! The cut lasts as long as publishing the backlog takes (half a minute
+//! for a million), not five minutes: by then both bridges wait their
+//! longest between attempts (Mosquitto's `restart_timeout 1`, saguin's
+//! `reconnect.cap` of 500 ms), so a longer cut adds only idle time;
+//! `SAGUIN_BENCH_CUT_S` makes it last at least that many seconds.
+//!
+//! Environment: `SAGUIN_BENCH_MESSAGES` (default 200,000 per live run),
+//! `SAGUIN_BENCH_RATE` (messages a second over all publishers; default
+//! unpaced: each publisher as fast as its 32 outstanding are answered),
+//! `SAGUIN_BENCH_BACKLOG` (default 1,000,000; 0 runs no backlog),
+//! `SAGUIN_BENCH_CUT_S` (default 0), `SAGUIN_BENCH_WINDOWS` (default
+//! `20,64`), `SAGUIN_BENCH_EDGES` (default `mosquitto,saguin
+//! memory,saguin sqlite`: which edges are run).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -235,13 +244,23 @@ bridges:
     Ok(Proc { child })
 }
 
-/// Publisher `p` sends `n` QoS 1 messages, `PUBLISH_WINDOW` outstanding.
-async fn publish(addr: SocketAddr, p: usize, n: usize) -> Result<(), Error> {
+/// Publisher `p` sends `n` QoS 1 messages, `PUBLISH_WINDOW` outstanding;
+/// with `rate` (messages a second), no faster than that.
+async fn publish(addr: SocketAddr, p: usize, n: usize, rate: Option<f64>) -> Result<(), Error> {
     let mut c = Conn::connect(addr, &format!("bench-pub{p}"), true).await?;
     let topic = format!("bench/p{p}");
     let (mut sent, mut acked, mut id) = (0usize, 0usize, 1u16);
+    let started = Instant::now();
+    let mut pace = tokio::time::interval(Duration::from_millis(2));
     while acked < n {
-        while sent < n && sent - acked < PUBLISH_WINDOW {
+        let due = rate.map_or(n, |r| {
+            ((started.elapsed().as_secs_f64() * r) as usize + 1).min(n)
+        });
+        if sent == acked && sent >= due {
+            pace.tick().await;
+            continue;
+        }
+        while sent < due && sent - acked < PUBLISH_WINDOW {
             let mut payload = BytesMut::with_capacity(PAYLOAD);
             payload.put_u64(now_ns());
             payload.resize(PAYLOAD, b'x');
@@ -258,9 +277,17 @@ async fn publish(addr: SocketAddr, p: usize, n: usize) -> Result<(), Error> {
             sent += 1;
         }
         c.flush().await?;
-        match c.recv().await? {
-            Packet::PubAck(a) if !a.reason.is_error() => acked += 1,
-            Packet::PubAck(a) => return Err(format!("refused {a:?}").into()),
+        let packet = if rate.is_some() && sent < n {
+            tokio::select! {
+                packet = c.recv() => Some(packet?),
+                _ = pace.tick() => None,
+            }
+        } else {
+            Some(c.recv().await?)
+        };
+        match packet {
+            Some(Packet::PubAck(a)) if !a.reason.is_error() => acked += 1,
+            Some(Packet::PubAck(a)) => return Err(format!("refused {a:?}").into()),
             _ => {}
         }
     }
@@ -354,12 +381,18 @@ struct Figures {
     p99_ms: f64,
 }
 
-async fn run_live(edge: SocketAddr, remote: SocketAddr, n: usize) -> Result<Figures, Error> {
+async fn run_live(
+    edge: SocketAddr,
+    remote: SocketAddr,
+    n: usize,
+    rate: Option<f64>,
+) -> Result<Figures, Error> {
     let sub = subscriber(remote, n).await?;
     let started = Instant::now();
     let per = n / PUBLISHERS;
+    let each = rate.map(|r| r / PUBLISHERS as f64);
     let pubs: Vec<_> = (0..PUBLISHERS)
-        .map(|p| tokio::spawn(publish(edge, p, per)))
+        .map(|p| tokio::spawn(publish(edge, p, per, each)))
         .collect();
     for p in pubs {
         p.await??;
@@ -376,8 +409,14 @@ async fn run_live(edge: SocketAddr, remote: SocketAddr, n: usize) -> Result<Figu
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    let messages = env_usize("SAGUIN_BENCH_MESSAGES", 40_000);
-    let backlog = env_usize("SAGUIN_BENCH_BACKLOG", 100_000);
+    let plan = Plan {
+        messages: env_usize("SAGUIN_BENCH_MESSAGES", 200_000),
+        rate: Some(env_usize("SAGUIN_BENCH_RATE", 0))
+            .filter(|r| *r > 0)
+            .map(|r| r as f64),
+        backlog: env_usize("SAGUIN_BENCH_BACKLOG", 1_000_000),
+        cut: Duration::from_secs(env_usize("SAGUIN_BENCH_CUT_S", 0) as u64),
+    };
     let windows: Vec<usize> = std::env::var("SAGUIN_BENCH_WINDOWS")
         .unwrap_or_else(|_| "20,64".into())
         .split(',')
@@ -389,15 +428,24 @@ async fn main() {
         .map(|e| e.trim().to_owned())
         .filter(|e| !e.is_empty())
         .collect();
-    println!("bridge: {PUBLISHERS} QoS 1 publishers, {PAYLOAD} B, {messages} messages live, backlog {backlog}");
+    println!(
+        "bridge: {PUBLISHERS} QoS 1 publishers, {PAYLOAD} B, {} messages live ({}), backlog {} after a cut of at least {}s",
+        plan.messages,
+        plan.rate.map_or("unpaced".to_owned(), |r| format!("{r:.0}/s")),
+        plan.backlog,
+        plan.cut.as_secs()
+    );
     println!("| edge | window | delivered/s | p50 ms | p99 ms | backlog drain s |");
     println!("|---|---|---|---|---|---|");
     for &window in &windows {
         for edge_kind in edges.iter().map(String::as_str) {
-            match run_one(edge_kind, window, messages, backlog).await {
+            match run_one(edge_kind, window, &plan).await {
                 Ok((live, drain)) => println!(
-                    "| {edge_kind} | {window} | {:.0} | {:.2} | {:.2} | {:.2} |",
-                    live.rate, live.p50_ms, live.p99_ms, drain
+                    "| {edge_kind} | {window} | {:.0} | {:.2} | {:.2} | {} |",
+                    live.rate,
+                    live.p50_ms,
+                    live.p99_ms,
+                    drain.map_or("-".to_owned(), |d| format!("{d:.2}"))
                 ),
                 Err(e) => println!("| {edge_kind} | {window} | failed: {e} | | | |"),
             }
@@ -405,12 +453,21 @@ async fn main() {
     }
 }
 
+/// What one run does.
+struct Plan {
+    messages: usize,
+    rate: Option<f64>,
+    backlog: usize,
+    cut: Duration,
+}
+
+/// The live figures, and the backlog's drain time in seconds (none with
+/// `backlog` 0).
 async fn run_one(
     edge_kind: &str,
     window: usize,
-    messages: usize,
-    backlog: usize,
-) -> Result<(Figures, f64), Error> {
+    plan: &Plan,
+) -> Result<(Figures, Option<f64>), Error> {
     let dir = tempfile::tempdir()?;
     let (remote_port, edge_port) = (free_port(), free_port());
     let remote_addr = SocketAddr::from(([127, 0, 0, 1], remote_port));
@@ -432,21 +489,30 @@ async fn run_one(
     };
     // Let the bridge's subscription at the remote be in place: one message
     // through before measuring.
-    run_live(edge_addr, remote_addr, PUBLISHERS).await?;
-    let live = run_live(edge_addr, remote_addr, messages).await?;
+    run_live(edge_addr, remote_addr, PUBLISHERS, None).await?;
+    let live = run_live(edge_addr, remote_addr, plan.messages, plan.rate).await?;
+    if plan.backlog == 0 {
+        remote.terminate().await;
+        return Ok((live, None));
+    }
     // Backlog: the remote away while the edge takes it all.
     remote.terminate().await;
-    let per = backlog / PUBLISHERS;
+    let cut_at = Instant::now();
+    let per = plan.backlog / PUBLISHERS;
     let pubs: Vec<_> = (0..PUBLISHERS)
-        .map(|p| tokio::spawn(publish(edge_addr, p, per)))
+        .map(|p| tokio::spawn(publish(edge_addr, p, per, None)))
         .collect();
     for p in pubs {
         p.await??;
+    }
+    if cut_at.elapsed() < plan.cut {
+        let end = tokio::time::Instant::from_std(cut_at + plan.cut);
+        tokio::time::interval_at(end, plan.cut).tick().await;
     }
     remote = mosquitto(dir.path(), "remote", remote_port, "").await?;
     let started = Instant::now();
     let sub = subscriber(remote_addr, per * PUBLISHERS).await?;
     let (_, last) = tokio::time::timeout(Duration::from_secs(1200), sub).await???;
     remote.terminate().await;
-    Ok((live, last.duration_since(started).as_secs_f64()))
+    Ok((live, Some(last.duration_since(started).as_secs_f64())))
 }

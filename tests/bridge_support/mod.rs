@@ -41,6 +41,8 @@ pub struct Mosquitto {
     log: Arc<(Mutex<Vec<String>>, Condvar)>,
     /// Bumped at each start: what a collector waits on to reconnect.
     pub up: watch::Sender<u64>,
+    /// Processes spawned so far: names the end of each one's log.
+    spawns: u64,
 }
 
 impl Mosquitto {
@@ -54,6 +56,7 @@ impl Mosquitto {
             extra: extra.to_owned(),
             log: Arc::new((Mutex::new(Vec::new()), Condvar::new())),
             up,
+            spawns: 0,
         };
         // A port taken between the probe and Mosquitto's bind is retried.
         for _ in 0..5 {
@@ -95,13 +98,18 @@ impl Mosquitto {
         let stderr = child.stderr.take().expect("stderr");
         let log = self.log.clone();
         let start = log.0.lock().unwrap().len();
+        // The previous process's reader may log its end after this one
+        // started: each end names its process.
+        self.spawns += 1;
+        let exited = format!("(exited {})", self.spawns);
+        let end = exited.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 log.0.lock().unwrap().push(line);
                 log.1.notify_all();
             }
-            log.0.lock().unwrap().push("(exited)".to_owned());
+            log.0.lock().unwrap().push(end);
             log.1.notify_all();
         });
         let (lines, _) = self
@@ -110,7 +118,7 @@ impl Mosquitto {
             .wait_timeout_while(self.log.0.lock().unwrap(), WAIT, |l| {
                 !l[start..]
                     .iter()
-                    .any(|l| l.contains(" running") || l.contains("(exited)"))
+                    .any(|l| l.contains(" running") || *l == exited)
             })
             .unwrap();
         let running = lines[start..].iter().any(|l| l.contains(" running"));

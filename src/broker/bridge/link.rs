@@ -69,7 +69,7 @@ use crate::broker::codec::{
 };
 use crate::broker::metrics::BridgeMetrics;
 use crate::broker::state::{Inbound, InboundPublish, Outbound, GAP_PROPERTY, OFFSET_PROPERTY};
-use crate::config::bridge::{Bridge, RetainMode};
+use crate::config::bridge::{Bridge, BridgeProtocol, RetainMode};
 
 /// How often timers (keep alive, ack timeout, retries, lag) are looked at.
 const TICK: Duration = Duration::from_millis(100);
@@ -761,13 +761,19 @@ impl Link {
                 tracing::warn!(bridge = %self.bridge.name, channel = %rule.channel, from, to, "bridge gap");
             }
         }
-        let mut properties = message.properties.clone();
-        properties.topic_alias = None;
-        properties.subscription_identifiers.clear();
-        properties.message_expiry_interval = expiry;
-        properties
-            .user_properties
-            .push((CHANNEL_PROPERTY.to_owned(), rule.channel.clone()));
+        // MQTT 3.1.1 carries no properties: none are built for it.
+        let properties = if self.bridge.protocol == BridgeProtocol::Mqtt5 {
+            let mut properties = message.properties.clone();
+            properties.topic_alias = None;
+            properties.subscription_identifiers.clear();
+            properties.message_expiry_interval = expiry;
+            properties
+                .user_properties
+                .push((CHANNEL_PROPERTY.to_owned(), rule.channel.clone()));
+            properties
+        } else {
+            Default::default()
+        };
         // A latest channel's changes are values: each goes out retained, a
         // deletion (an empty payload) as the empty retained publish that
         // deletes the remote's value.
@@ -840,8 +846,14 @@ impl Link {
                 };
                 send.publish.packet_id = id;
             }
-            let packet = Packet::Publish(send.publish.clone());
-            if !remote.fits(&packet) {
+            // Encoded from the send itself, which is kept for a resend.
+            let packet = Packet::Publish(send.publish);
+            let queued = remote.queue(&packet);
+            let Packet::Publish(publish) = packet else {
+                continue;
+            };
+            send.publish = publish;
+            if !queued {
                 self.skipped_sends.push(send);
                 continue;
             }
@@ -850,7 +862,6 @@ impl Link {
             } else {
                 self.metrics.resent.fetch_add(1, Relaxed);
             }
-            remote.queue(&packet);
             send.sent_at = Some(Instant::now());
             self.by_remote_id.insert(send.publish.packet_id, seq);
             self.inflight.insert(seq, send);

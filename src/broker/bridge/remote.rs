@@ -212,15 +212,6 @@ impl Remote {
         codec::encode_within(packet, self.version, max, &mut self.out).is_ok()
     }
 
-    /// Whether `packet` fits the remote's Maximum Packet Size.
-    pub fn fits(&self, packet: &Packet) -> bool {
-        let max = self
-            .granted
-            .maximum_packet_size
-            .unwrap_or(codec::PROTOCOL_MAX_PACKET_SIZE) as usize;
-        codec::encoded_len(packet, self.version).is_ok_and(|len| len <= max)
-    }
-
     pub fn has_queued(&self) -> bool {
         !self.out.is_empty()
     }
