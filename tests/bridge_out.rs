@@ -300,3 +300,70 @@ async fn out_only_what_the_remote_acknowledged_before_its_kill_9_may_be_missing(
     )
     .await;
 }
+
+/// A SIGTERM stores the bridge's position with everything the remote
+/// acknowledged, the acknowledgements the bridge still held for the state
+/// included: the position is committed at shutdown only here (an
+/// `ack_commit_interval` of an hour). Once the relay passed the remote's
+/// PUBACK of every publisher's last record, what the bridge may be sent
+/// again after the restart is only what it had not read yet of those
+/// PUBACKs: at most one window, not the transfer.
+#[tokio::test]
+async fn out_sigterm_stores_the_position_of_everything_the_remote_acknowledged() {
+    let test = "out_sigterm_stores_the_position_of_everything_the_remote_acknowledged";
+    if !have_mosquitto(test) {
+        return;
+    }
+    let remote = Mosquitto::start("");
+    let mut collector = Collector::start(&remote, "collector", "sites/17/#").await;
+    let mut relay = Relay::watching(&remote).await;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = saguin_yaml(
+        dir.path(),
+        "  - { name: telemetry, kind: append, storage: db }",
+        &bridge_yaml(relay.addr, "mqtt5"),
+    )
+    .replace("ack_commit_interval: 50ms", "ack_commit_interval: 1h");
+    let mut saguin = Broker::start_in(dir, &yaml);
+    let per = 500u32;
+    let addr = saguin.addr();
+    let publishers: Vec<_> = (0..PUBLISHERS)
+        .map(|p| tokio::spawn(publish(addr, p, 0..per)))
+        .collect();
+    for p in publishers {
+        p.await.unwrap();
+    }
+    let all = PUBLISHERS * per as usize;
+    for p in 0..PUBLISHERS {
+        let last = format!("{p}:{}", per - 1).into_bytes();
+        relay
+            .wait_acked("each publisher's last record", |a| a.payload == last)
+            .await;
+    }
+    assert_eq!(saguin.terminate(), Some(0), "a clean stop");
+    let saguin = saguin.restart(&yaml);
+    let mut c = Raw::tcp(saguin.addr(), v5()).await;
+    c.connect("marker", ConnectOpts::clean()).await;
+    c.publish_acked("telemetry/marker", MARKER, 1, false, 1)
+        .await;
+    c.disconnect().await;
+    collector
+        .wait_until(TRANSFER, |seen| seen.iter().any(|(_, p)| p == MARKER))
+        .await;
+    let seen = collector.seen.lock().unwrap().clone();
+    let again: Vec<_> = seen
+        .iter()
+        .filter(|(_, p)| p != MARKER)
+        .skip(all)
+        .map(|(t, p)| (t.clone(), String::from_utf8_lossy(p).into_owned()))
+        .collect();
+    // `max_inflight: 32` in `bridge_yaml`.
+    assert!(
+        again.len() <= 32,
+        "{} records sent again after a clean stop, first {:?}",
+        again.len(),
+        again.first()
+    );
+    let distinct: HashSet<_> = seen.iter().map(|(_, p)| p.clone()).collect();
+    assert_eq!(distinct.len(), all + 1, "every record, then the marker");
+}

@@ -8,7 +8,7 @@ mod bridge_support;
 mod broker_support;
 
 use bridge_support::saguin_yaml;
-use broker_support::{v5, Broker, ConnectOpts, Raw, WAIT};
+use broker_support::{v4, v5, Broker, ConnectOpts, Raw, WAIT};
 use bytes::BytesMut;
 use saguin::broker::codec::{
     self, ConnAck, ConnAckProperties, FrameDecoder, Packet, ProtocolVersion, PubAck, Publish, QoS,
@@ -468,4 +468,73 @@ async fn a_qos2_hold_of_a_bridge_no_longer_configured_is_dropped_at_startup() {
         line.contains("held QoS 2 publish dropped") && line.contains("client_id=bridge:cloud"),
         "{line}"
     );
+}
+
+/// A bridge's connection inside the broker has client id and principal
+/// `bridge:<name>`: a network CONNECT under that prefix, a configured name
+/// or not, is refused (MQTT 5 0x85, 3.1.1 0x02 on the wire) with the peer
+/// and the id logged, and the bridge's own connection carries on.
+#[tokio::test]
+async fn a_network_client_id_beginning_bridge_is_refused_and_the_bridge_carries_on() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = yaml(dir.path(), listener.local_addr().unwrap(), "");
+    let saguin = Broker::start_in(dir, &config);
+    let (mut peer, _) = Peer::accept(&listener, ConnAckProperties::default(), false).await;
+    for (version, id) in [
+        (v5(), "bridge:cloud"),
+        (v4(), "bridge:cloud"),
+        (v5(), "bridge:added-later"),
+        (v4(), "bridge:"),
+    ] {
+        let mut c = Raw::tcp(saguin.addr(), version).await;
+        let ack = c.connect(id, ConnectOpts::persistent(600)).await;
+        assert_eq!(ack.reason, ReasonCode::ClientIdentifierNotValid, "{id}");
+        assert!(!ack.session_present);
+        assert!(c.expect_close().await.is_empty(), "{id}: closed after");
+    }
+    // 3.1.1's CONNACK carries return code 0x02, identifier rejected.
+    let mut raw = TcpStream::connect(saguin.addr()).await.unwrap();
+    let id = b"bridge:cloud";
+    let mut connect = vec![0x10, (12 + id.len()) as u8];
+    connect.extend_from_slice(&[0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60, 0]);
+    connect.push(id.len() as u8);
+    connect.extend_from_slice(id);
+    raw.write_all(&connect).await.unwrap();
+    let mut ack = [0u8; 4];
+    tokio::time::timeout(WAIT, raw.read_exact(&mut ack))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ack, [0x20, 0x02, 0x00, 0x02]);
+    let line = saguin.wait_log(|l| l.contains("bridge:added-later"));
+    assert!(
+        line.contains("connection refused") && line.contains("peer=127.0.0.1:"),
+        "{line}"
+    );
+    // A real client is told so, on both versions.
+    if broker_support::have_mosquitto_clients("bridge client id") {
+        let port = saguin.port().to_string();
+        for version in ["mqttv5", "mqttv311"] {
+            let out = std::process::Command::new("mosquitto_pub")
+                .args(["-p", &port, "-V", version, "-i", "bridge:cloud"])
+                .args(["-t", "telemetry/x", "-m", "m", "-q", "1"])
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&out.stderr).to_lowercase();
+            assert!(!out.status.success(), "{version}: refused");
+            assert!(said.contains("identifier"), "{version}: {said}");
+        }
+    }
+    // An id that only looks like one is a client like any other.
+    let mut c = Raw::tcp(saguin.addr(), v5()).await;
+    assert_eq!(
+        c.connect("bridge-cloud", ConnectOpts::clean()).await.reason,
+        ReasonCode::Success
+    );
+    c.disconnect().await;
+    // The bridge's own connection still carries the channel out.
+    publish(&saguin, "telemetry/after", b"after").await;
+    let sent = peer.next_publish().await;
+    assert_eq!(&sent.payload[..], b"after");
 }

@@ -175,13 +175,33 @@ pub async fn serve<S>(
             reason = "0x97",
             "connection refused: limits.max_connections reached"
         );
-        let ack = connack(
+        refuse_connect(
+            &mut rd,
+            &mut wr,
             ReasonCode::QuotaExceeded,
-            false,
-            ConnAckProperties::default(),
+            version,
+            &metrics,
+        )
+        .await;
+        return;
+    }
+
+    if super::bridge::is_reserved_client_id(&connect.client_id) {
+        metrics.disconnected(CloseReason::ConnectRefused);
+        tracing::warn!(
+            peer = %peer,
+            client_id = %connect.client_id,
+            reason = "0x85",
+            "connection refused: client ids beginning `bridge:` are the bridges' own"
         );
-        write_once(&mut wr, &ack, version, &metrics).await;
-        linger(&mut rd).await;
+        refuse_connect(
+            &mut rd,
+            &mut wr,
+            ReasonCode::ClientIdentifierNotValid,
+            version,
+            &metrics,
+        )
+        .await;
         return;
     }
 
@@ -237,14 +257,7 @@ pub async fn serve<S>(
                 reason = %format!("0x{:02X}", code.as_u8()),
                 "connection refused: authentication failed"
             );
-            write_once(
-                &mut wr,
-                &connack(code, false, ConnAckProperties::default()),
-                version,
-                &metrics,
-            )
-            .await;
-            linger(&mut rd).await;
+            refuse_connect(&mut rd, &mut wr, code, version, &metrics).await;
             return;
         }
     };
@@ -465,6 +478,19 @@ enum Farewell {
     Said,
     /// Closed without a last word (3.1.1, a write error, killed).
     Silent,
+}
+
+/// Answer a refused CONNECT and let the client read it before the close.
+async fn refuse_connect<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    rd: &mut R,
+    wr: &mut W,
+    code: ReasonCode,
+    version: ProtocolVersion,
+    metrics: &Metrics,
+) {
+    let ack = connack(code, false, ConnAckProperties::default());
+    write_once(wr, &ack, version, metrics).await;
+    linger(rd).await;
 }
 
 /// Read and drop what the client still sends until it closes its side,

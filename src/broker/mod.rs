@@ -346,6 +346,15 @@
 //!   each send waited for that round and the bridge's rate was its window
 //!   over it. Memory: up to `max_inflight + 256` records held, as any
 //!   subscriber with that Receive Maximum would make the state hold.
+//! - Client ids beginning `bridge:` are the bridges' own: a network
+//!   CONNECT with one is refused (MQTT 5 CONNACK 0x85, 3.1.1 return code
+//!   0x02) before authentication, and logged with the peer and the id.
+//!   The whole prefix, not only the names configured: a stranger under a
+//!   bridge's id would take over its session, or hold one the bridge is
+//!   then refused (another principal's), and a bridge added later would
+//!   inherit a session a stranger left. The rule lives where the network
+//!   CONNECT is read (`connection.rs`); the bridge's own connection is
+//!   made inside the process and never passes there.
 //! - The bridge hands its acknowledgements to the state in batches of 64
 //!   while the reservoir is at least half full (at once below that, and
 //!   every 100 ms whatever their number): a consumer behind reads in

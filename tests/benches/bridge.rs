@@ -23,7 +23,10 @@
 //! `SAGUIN_BENCH_BACKLOG` (default 1,000,000; 0 runs no backlog),
 //! `SAGUIN_BENCH_CUT_S` (default 0), `SAGUIN_BENCH_WINDOWS` (default
 //! `20,64`), `SAGUIN_BENCH_EDGES` (default `mosquitto,saguin
-//! memory,saguin sqlite`: which edges are run).
+//! memory,saguin sqlite`: which edges are run). An edge `<label> memory`
+//! or `<label> sqlite` with another label than `saguin` runs the binary
+//! named by `SAGUIN_BENCH_BIN_<LABEL>` (e.g. `SAGUIN_BENCH_BIN_MAIN` for
+//! `main memory`), so two builds are compared in one run.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -195,19 +198,38 @@ async fn mosquitto(dir: &Path, name: &str, port: u16, extra: &str) -> Result<Pro
     Ok(Proc { child })
 }
 
+/// The binary an edge's label names (see the module's comment).
+fn saguin_bin(label: &str) -> Result<PathBuf, Error> {
+    if label == "saguin" {
+        return Ok(std::env::var_os("SAGUIN_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_saguin"))));
+    }
+    let var = format!("SAGUIN_BENCH_BIN_{}", label.to_uppercase());
+    std::env::var_os(&var)
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("edge {label:?} needs {var}").into())
+}
+
 async fn saguin(
     dir: &Path,
     port: u16,
-    storage: &str,
+    edge: &str,
     remote: u16,
     window: usize,
 ) -> Result<Proc, Error> {
+    let (label, storage) = edge
+        .split_once(' ')
+        .ok_or_else(|| format!("edge {edge:?} is not `<label> memory|sqlite`"))?;
     let provider = match storage {
         "sqlite" => format!(
             "{{ name: db, kind: sqlite, file_path: {}/bench.db }}",
             dir.display()
         ),
-        _ => "{ name: db, kind: memory }".to_owned(),
+        "memory" => "{ name: db, kind: memory }".to_owned(),
+        other => {
+            return Err(format!("edge {edge:?}: storage {other:?} is not memory or sqlite").into())
+        }
     };
     let conf = dir.join("saguin.yaml");
     std::fs::write(
@@ -229,10 +251,7 @@ bridges:
 "
         ),
     )?;
-    let bin = std::env::var_os("SAGUIN_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_saguin")));
-    let mut child = Command::new(bin)
+    let mut child = Command::new(saguin_bin(label)?)
         .arg("serve")
         .arg("--config")
         .arg(&conf)
@@ -485,7 +504,7 @@ async fn run_one(
             )
             .await?
         }
-        kind => saguin(dir.path(), edge_port, kind.trim_start_matches("saguin "), remote_port, window).await?,
+        kind => saguin(dir.path(), edge_port, kind, remote_port, window).await?,
     };
     // Let the bridge's subscription at the remote be in place: one message
     // through before measuring.

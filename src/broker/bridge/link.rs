@@ -304,9 +304,12 @@ impl Link {
                 self.pause_for_acks();
             }
         }
-        // The acknowledgements of this last turn move the position too.
+        // The acknowledgements of this last turn move the position too:
+        // the state first, so a remote that stopped reading cannot keep
+        // them from the position stored at shutdown.
         self.release_acks();
-        self.flush().await;
+        self.flush_local().await;
+        self.flush_remote().await;
         self.metrics.connected.store(0, Relaxed);
         if let Some(remote) = self.remote.take() {
             remote.close().await;
@@ -635,6 +638,14 @@ impl Link {
     /// owes it. The remote first: the state's queue may make the bridge
     /// wait, and the sends of this turn need not wait with it.
     async fn flush(&mut self) {
+        self.flush_remote().await;
+        if self.acks.len() >= ACK_BATCH || self.pending.len() < RESERVOIR / 2 {
+            self.release_acks();
+        }
+        self.flush_local().await;
+    }
+
+    async fn flush_remote(&mut self) {
         if let Some(remote) = self.remote.as_mut().filter(|r| r.has_queued()) {
             self.last_sent = Instant::now();
             match tokio::time::timeout(self.bridge.ack_timeout, remote.flush()).await {
@@ -643,9 +654,9 @@ impl Link {
                 Err(_) => self.remote_lost("the remote does not read what it is sent"),
             }
         }
-        if self.acks.len() >= ACK_BATCH || self.pending.len() < RESERVOIR / 2 {
-            self.release_acks();
-        }
+    }
+
+    async fn flush_local(&mut self) {
         if !self.to_local.is_empty() {
             let packets = std::mem::take(&mut self.to_local);
             if let Some(local) = &self.local {

@@ -81,7 +81,7 @@ impl Local {
             pause: pause_tx,
             want_drained: want_drained.clone(),
         };
-        let id = format!("bridge:{name}");
+        let id = format!("{}{name}", super::CLIENT_ID_PREFIX);
         let request = ConnectRequest {
             v5: true,
             client_id: id.clone(),

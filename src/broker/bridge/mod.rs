@@ -40,6 +40,20 @@ use crate::storage::contract::{ChannelStore, Position, Reader};
 /// beside `saguin-offset`: together they let a consumer deduplicate.
 pub const CHANNEL_PROPERTY: &str = "saguin-channel";
 
+/// Every bridge's connection inside the process has client id and
+/// principal `bridge:<name>`. The whole prefix is refused to the network
+/// (see [`is_reserved_client_id`]).
+pub const CLIENT_ID_PREFIX: &str = "bridge:";
+
+/// Whether a network CONNECT's client id is one of the bridges' own. A
+/// stranger under `bridge:<name>` would take over that bridge's session,
+/// or hold one the bridge is then refused (another principal's); the whole
+/// prefix and not only the configured names, so a bridge added later
+/// inherits no session a stranger left.
+pub fn is_reserved_client_id(client_id: &str) -> bool {
+    client_id.starts_with(CLIENT_ID_PREFIX)
+}
+
 /// How long a stop waits for a bridge to say goodbye to both sides.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
