@@ -471,9 +471,10 @@ async fn a_qos2_hold_of_a_bridge_no_longer_configured_is_dropped_at_startup() {
 }
 
 /// A bridge's connection inside the broker has client id and principal
-/// `bridge:<name>`: a network CONNECT under that prefix, a configured name
-/// or not, is refused (MQTT 5 0x85, 3.1.1 0x02 on the wire) with the peer
-/// and the id logged, and the bridge's own connection carries on.
+/// `bridge:<name>`: a network CONNECT with a client id under that prefix,
+/// a configured name or not, is refused (MQTT 5 0x85, 3.1.1 0x02 on the
+/// wire) with the peer and the id logged, and so is one with such a user
+/// name (0x86, 3.1.1 0x04); the bridge's own connection carries on.
 #[tokio::test]
 async fn a_network_client_id_beginning_bridge_is_refused_and_the_bridge_carries_on() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -525,6 +526,16 @@ async fn a_network_client_id_beginning_bridge_is_refused_and_the_bridge_carries_
             assert!(!out.status.success(), "{version}: refused");
             assert!(said.contains("identifier"), "{version}: {said}");
         }
+    }
+    // The bridge's principal is not to be had either: without a password
+    // file a user name is the principal as given.
+    for version in [v5(), v4()] {
+        let mut c = Raw::tcp(saguin.addr(), version).await;
+        let mut opts = ConnectOpts::clean();
+        opts.username = Some("bridge:cloud".into());
+        let ack = c.connect("stranger", opts).await;
+        assert_eq!(ack.reason, ReasonCode::BadUserNameOrPassword);
+        assert!(c.expect_close().await.is_empty());
     }
     // An id that only looks like one is a client like any other.
     let mut c = Raw::tcp(saguin.addr(), v5()).await;

@@ -186,22 +186,29 @@ pub async fn serve<S>(
         return;
     }
 
-    if super::bridge::is_reserved_client_id(&connect.client_id) {
+    // The bridges' own names: a client id, or a user name (without a
+    // password file a user name is the principal as given).
+    let reserved = if super::bridge::is_reserved(&connect.client_id) {
+        Some((ReasonCode::ClientIdentifierNotValid, "client ids"))
+    } else if connect
+        .username
+        .as_deref()
+        .is_some_and(super::bridge::is_reserved)
+    {
+        Some((ReasonCode::BadUserNameOrPassword, "user names"))
+    } else {
+        None
+    };
+    if let Some((code, what)) = reserved {
         metrics.disconnected(CloseReason::ConnectRefused);
         tracing::warn!(
             peer = %peer,
             client_id = %connect.client_id,
-            reason = "0x85",
-            "connection refused: client ids beginning `bridge:` are the bridges' own"
+            principal = connect.username.as_deref().unwrap_or("(anonymous)"),
+            reason = %format!("0x{:02X}", code.as_u8()),
+            "connection refused: {what} beginning `bridge:` are the bridges' own"
         );
-        refuse_connect(
-            &mut rd,
-            &mut wr,
-            ReasonCode::ClientIdentifierNotValid,
-            version,
-            &metrics,
-        )
-        .await;
+        refuse_connect(&mut rd, &mut wr, code, version, &metrics).await;
         return;
     }
 

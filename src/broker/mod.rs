@@ -352,9 +352,13 @@
 //!   The whole prefix, not only the names configured: a stranger under a
 //!   bridge's id would take over its session, or hold one the bridge is
 //!   then refused (another principal's), and a bridge added later would
-//!   inherit a session a stranger left. The rule lives where the network
-//!   CONNECT is read (`connection.rs`); the bridge's own connection is
-//!   made inside the process and never passes there.
+//!   inherit a session a stranger left. A user name beginning `bridge:` is
+//!   refused the same way (0x86, 3.1.1 0x04): without a password file a
+//!   user name is the principal as given, and `bridge:<name>` would have
+//!   that bridge's ACL (a password file's names end at their first `:`,
+//!   so none is one). The rule lives where the network CONNECT is read
+//!   (`connection.rs`); the bridge's own connection is made inside the
+//!   process and never passes there.
 //! - The bridge hands its acknowledgements to the state in batches of 64
 //!   while the reservoir is at least half full (at once below that, and
 //!   every 100 ms whatever their number): a consumer behind reads in

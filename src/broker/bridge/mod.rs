@@ -42,16 +42,17 @@ pub const CHANNEL_PROPERTY: &str = "saguin-channel";
 
 /// Every bridge's connection inside the process has client id and
 /// principal `bridge:<name>`. The whole prefix is refused to the network
-/// (see [`is_reserved_client_id`]).
+/// (see [`is_reserved`]).
 pub const CLIENT_ID_PREFIX: &str = "bridge:";
 
-/// Whether a network CONNECT's client id is one of the bridges' own. A
-/// stranger under `bridge:<name>` would take over that bridge's session,
-/// or hold one the bridge is then refused (another principal's); the whole
-/// prefix and not only the configured names, so a bridge added later
-/// inherits no session a stranger left.
-pub fn is_reserved_client_id(client_id: &str) -> bool {
-    client_id.starts_with(CLIENT_ID_PREFIX)
+/// Whether a network CONNECT's client id, or its user name, is one of the
+/// bridges' own. A stranger under `bridge:<name>` would take over that
+/// bridge's session, or hold one the bridge is then refused (another
+/// principal's), and as that principal would have the bridge's ACL; the
+/// whole prefix and not only the configured names, so a bridge added
+/// later inherits nothing a stranger left.
+pub fn is_reserved(name: &str) -> bool {
+    name.starts_with(CLIENT_ID_PREFIX)
 }
 
 /// How long a stop waits for a bridge to say goodbye to both sides.
