@@ -495,18 +495,7 @@ async fn a_network_client_id_beginning_bridge_is_refused_and_the_bridge_carries_
         assert!(c.expect_close().await.is_empty(), "{id}: closed after");
     }
     // 3.1.1's CONNACK carries return code 0x02, identifier rejected.
-    let mut raw = TcpStream::connect(saguin.addr()).await.unwrap();
-    let id = b"bridge:cloud";
-    let mut connect = vec![0x10, (12 + id.len()) as u8];
-    connect.extend_from_slice(&[0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60, 0]);
-    connect.push(id.len() as u8);
-    connect.extend_from_slice(id);
-    raw.write_all(&connect).await.unwrap();
-    let mut ack = [0u8; 4];
-    tokio::time::timeout(WAIT, raw.read_exact(&mut ack))
-        .await
-        .unwrap()
-        .unwrap();
+    let ack = broker_support::v311_connack_bytes(saguin.addr(), b"bridge:cloud", true).await;
     assert_eq!(ack, [0x20, 0x02, 0x00, 0x02]);
     let line = saguin.wait_log(|l| l.contains("bridge:added-later"));
     assert!(

@@ -356,17 +356,7 @@ async fn empty_client_id_rules_v311() {
     }
     assert!(c.expect_close().await.is_empty());
     // 0x02 on the wire, not 0x85.
-    let mut raw = TcpStream::connect(broker.addr()).await.unwrap();
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let connect = [
-        0x10, 0x0C, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x00, 0, 60, 0, 0,
-    ];
-    raw.write_all(&connect).await.unwrap();
-    let mut ack = [0u8; 4];
-    tokio::time::timeout(WAIT, raw.read_exact(&mut ack))
-        .await
-        .unwrap()
-        .unwrap();
+    let ack = broker_support::v311_connack_bytes(broker.addr(), b"", false).await;
     assert_eq!(ack, [0x20, 0x02, 0x00, 0x02]);
     let accepted = client(&broker, v4(), "").await;
     drop(accepted);

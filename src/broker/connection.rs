@@ -200,15 +200,8 @@ pub async fn serve<S>(
         None
     };
     if let Some((code, what)) = reserved {
-        metrics.disconnected(CloseReason::ConnectRefused);
-        tracing::warn!(
-            peer = %peer,
-            client_id = %connect.client_id,
-            principal = connect.username.as_deref().unwrap_or("(anonymous)"),
-            reason = %format!("0x{:02X}", code.as_u8()),
-            "connection refused: {what} beginning `bridge:` are the bridges' own"
-        );
-        refuse_connect(&mut rd, &mut wr, code, version, &metrics).await;
+        let why = format!("{what} beginning `bridge:` are the bridges' own");
+        refuse_logged(&mut rd, &mut wr, &metrics, peer, &connect, code, &why).await;
         return;
     }
 
@@ -256,15 +249,8 @@ pub async fn serve<S>(
     let principal = match authenticated {
         Ok(principal) => principal,
         Err(code) => {
-            metrics.disconnected(CloseReason::ConnectRefused);
-            tracing::info!(
-                peer = %peer,
-                client_id = %connect.client_id,
-                principal = connect.username.as_deref().unwrap_or("(anonymous)"),
-                reason = %format!("0x{:02X}", code.as_u8()),
-                "connection refused: authentication failed"
-            );
-            refuse_connect(&mut rd, &mut wr, code, version, &metrics).await;
+            let why = "authentication failed";
+            refuse_logged(&mut rd, &mut wr, &metrics, peer, &connect, code, why).await;
             return;
         }
     };
@@ -485,6 +471,27 @@ enum Farewell {
     Said,
     /// Closed without a last word (3.1.1, a write error, killed).
     Silent,
+}
+
+/// Count, log and answer a refused CONNECT.
+async fn refuse_logged<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    rd: &mut R,
+    wr: &mut W,
+    metrics: &Metrics,
+    peer: SocketAddr,
+    connect: &Connect,
+    code: ReasonCode,
+    why: &str,
+) {
+    metrics.disconnected(CloseReason::ConnectRefused);
+    tracing::info!(
+        peer = %peer,
+        client_id = %connect.client_id,
+        principal = connect.username.as_deref().unwrap_or("(anonymous)"),
+        reason = %format!("0x{:02X}", code.as_u8()),
+        "connection refused: {why}"
+    );
+    refuse_connect(rd, wr, code, connect.protocol, metrics).await;
 }
 
 /// Answer a refused CONNECT and let the client read it before the close.

@@ -711,6 +711,25 @@ pub async fn read_goodbye_while_writing_lagging(
     goodbye
 }
 
+/// The 4 bytes a broker answers to a hand-built MQTT 3.1.1 CONNECT
+/// (keep alive 60, no will, no credentials) with `client_id` and the clean
+/// session flag: 3.1.1's CONNACK layout on the wire, return code last.
+pub async fn v311_connack_bytes(addr: SocketAddr, client_id: &[u8], clean: bool) -> [u8; 4] {
+    let mut raw = TcpStream::connect(addr).await.unwrap();
+    let flags = if clean { 0x02 } else { 0x00 };
+    let mut connect = vec![0x10, (12 + client_id.len()) as u8];
+    connect.extend_from_slice(&[0, 4, b'M', b'Q', b'T', b'T', 4, flags, 0, 60]);
+    connect.extend_from_slice(&(client_id.len() as u16).to_be_bytes());
+    connect.extend_from_slice(client_id);
+    raw.write_all(&connect).await.unwrap();
+    let mut ack = [0u8; 4];
+    tokio::time::timeout(WAIT, raw.read_exact(&mut ack))
+        .await
+        .unwrap()
+        .unwrap();
+    ack
+}
+
 /// The encoded bytes of `packet`, as they travel.
 pub fn wire_bytes(packet: &Packet, version: ProtocolVersion) -> Vec<u8> {
     let mut buf = BytesMut::new();
