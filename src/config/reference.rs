@@ -110,7 +110,7 @@ pub fn keys() -> Vec<KeyDoc> {
         key("log.level", "error | warn | info | debug | trace", "info", "RUST_LOG overrides it", "Least severe log line written."),
         key("log.format", "logfmt | json", "logfmt", "", "How log lines are written (on stderr)."),
         key("bridges", "list", "none", "", "Links into other MQTT brokers (3.1.1 or 5): channels forwarded out at least once from a stored position, remote topics brought into channels."),
-        key("bridges[].name", "string", "required", "one topic level, unique; its stored reader is bridge:NAME", "Names the bridge in logs, metrics and its channel positions; a position whose bridge left the configuration is dropped at startup."),
+        key("bridges[].name", "string", "required", "one topic level, unique; its stored reader is bridge:NAME", "Names the bridge in logs, metrics and its channel positions; a position whose bridge left the configuration is dropped at startup. Its connection inside the broker has client id and principal bridge:NAME: a network CONNECT whose client id (0x85) or user name (0x86) begins bridge: is refused, for every name."),
         key("bridges[].address", "host:port | list", "required", "at least one", "The remote brokers, tried in order."),
         key("bridges[].round_robin", "true | false", "false", "", "false: the first address is the primary, tried first at every reconnect, and while connected to another the bridge looks every reconnect.cap whether it accepts connections again and returns to it; true: each reconnect starts at the address after the last that connected."),
         key("bridges[].protocol", "mqtt311 | mqtt5", "mqtt5", "", "The protocol spoken to the remote."),
