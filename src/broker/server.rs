@@ -59,7 +59,7 @@ pub struct Server {
     /// Reads of channel records for consumers.
     pub readers: super::reader::Readers,
     /// Answers of the persisters and readers.
-    pub commits: mpsc::UnboundedReceiver<Event>,
+    pub commits: super::persister::Commits,
     /// `broker.session.ack_commit_interval`: how often acknowledgements,
     /// in-flight tables and cursors are written.
     pub flush_interval: Duration,
@@ -271,7 +271,7 @@ async fn dispatch(
 async fn broker_task(
     mut state: BrokerState,
     mut events: mpsc::Receiver<Event>,
-    mut commits: mpsc::UnboundedReceiver<Event>,
+    mut commits: super::persister::Commits,
     mut storage: Storage,
     flush_interval: Duration,
     mut shutdown: broadcast::Receiver<()>,
@@ -645,7 +645,7 @@ pub async fn prepare(
         ms = started.elapsed().as_millis() as u64,
         "state restored"
     );
-    let (commits_tx, commits) = mpsc::unbounded_channel();
+    let (commits_tx, commits) = super::persister::commit_channel();
     for channel in &channels {
         match &channel.store {
             crate::storage::contract::ChannelStore::Append(store) => {
@@ -657,7 +657,7 @@ pub async fn prepare(
             crate::storage::contract::ChannelStore::Latest(_) => {}
         }
     }
-    let readers = super::reader::Readers::new(&channels, metrics.clone(), commits_tx.clone());
+    let readers = super::reader::Readers::new(&channels, metrics.clone(), commits_tx.rest());
     let persisters = Persisters::start(
         sessions.clone(),
         retained.clone(),
