@@ -41,7 +41,9 @@
 //!   packets and intents out (see its module documentation for the order of
 //!   answers and commits).
 //! - [`persister`]: writes the state's intents, answers with
-//!   `Event::Committed`, counts and logs failures.
+//!   `Event::Committed`, counts and logs failures. A publish group's answers
+//!   travel a queue of their own that the broker task reads before the
+//!   others', so a PUBACK does not wait behind a storm's CONNACKs.
 //!
 //! Decisions where the specifications leave a choice:
 //!

@@ -989,6 +989,46 @@ mod tests {
     use crate::storage::sqlite::{SqliteOptions, SqliteProvider};
     use saguin_format::model::ChannelKind;
 
+    fn answer(ticket: u64) -> Event {
+        Event::Committed {
+            ticket,
+            result: Ok(Vec::new()),
+        }
+    }
+
+    fn ticket_of(event: Option<Event>) -> Option<u64> {
+        match event {
+            Some(Event::Committed { ticket, .. }) => Some(ticket),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_publish_groups_answer_is_read_before_the_session_answers_queued_ahead_of_it() {
+        let (tx, mut commits) = commit_channel();
+        for ticket in 1..=3 {
+            tx.rest().send(answer(ticket)).unwrap();
+        }
+        tx.publishes.send(answer(10)).unwrap();
+        tx.rest().send(answer(4)).unwrap();
+        let mut order = Vec::new();
+        for _ in 0..5 {
+            order.push(ticket_of(commits.recv().await).unwrap());
+        }
+        assert_eq!(order, vec![10, 1, 2, 3, 4], "each queue in its own order");
+    }
+
+    #[tokio::test]
+    async fn the_answers_end_only_once_both_queues_are_closed_and_empty() {
+        let (tx, mut commits) = commit_channel();
+        let publishes = tx.publishes.clone();
+        drop(tx);
+        publishes.send(answer(7)).unwrap();
+        drop(publishes);
+        assert_eq!(ticket_of(commits.recv().await), Some(7));
+        assert!(commits.recv().await.is_none());
+    }
+
     /// A sqlite provider that counts its shared transactions.
     struct Counting {
         inner: Arc<SqliteProvider>,
