@@ -345,6 +345,15 @@ pub async fn serve<S>(
         let mut batch = Vec::new();
         let mut fatal = None;
         loop {
+            // A subscriber's PUBACK (PUBREC, PUBREL, PUBCOMP) in its short
+            // form goes to the state without a packet built for it.
+            if let Some(ack) = decoder.decode_short_ack(&mut buf) {
+                if batch.capacity() == 0 {
+                    batch.reserve_exact(batch_hint);
+                }
+                batch.push(short_ack(ack));
+                continue;
+            }
             match decoder.decode(&mut buf) {
                 Ok(Some(Packet::Auth(auth))) => match reauth.step(auth) {
                     Ok(reply) => {
@@ -766,6 +775,19 @@ fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectReq
         request_response_information: v5 && props.request_response_information == Some(true),
         authentication: None,
         bridge: None,
+    }
+}
+
+/// What the state needs of an acknowledgement in its short form (reason
+/// Success, no properties; see [`FrameDecoder::decode_short_ack`]).
+fn short_ack(ack: codec::ShortAck) -> Inbound {
+    use codec::ShortAck as A;
+    let reason = ReasonCode::Success;
+    match ack {
+        A::PubAck(packet_id) => Inbound::PubAck { packet_id, reason },
+        A::PubRec(packet_id) => Inbound::PubRec { packet_id, reason },
+        A::PubRel(packet_id) => Inbound::PubRel { packet_id },
+        A::PubComp(packet_id) => Inbound::PubComp { packet_id },
     }
 }
 

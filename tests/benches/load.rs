@@ -8,7 +8,9 @@
 //!
 //! Environment: `SAGUIN_BENCH_SCALE` (default 1.0) scales message counts;
 //! `SAGUIN_BENCH_BROKERS` (default `saguin,mosquitto,rumqttd`) picks brokers;
-//! `SAGUIN_BENCH_ONLY` runs only the tests whose name contains it;
+//! `SAGUIN_BENCH_ONLY` runs only the tests whose name contains it (ending
+//! in `$`: whose name ends with what comes before it, so `q1 1pub->50sub$`
+//! is that row without its persistent twin);
 //! `SAGUIN_BENCH_BASELINE` names the binary run as `saguin-baseline`;
 //! the broker `external` is one already listening at `SAGUIN_BENCH_ADDR`
 //! (a saguin under `valgrind --tool=callgrind`, say), which the run leaves
@@ -748,8 +750,12 @@ async fn main() {
             false,
         ));
         let only = std::env::var("SAGUIN_BENCH_ONLY").unwrap_or_default();
+        let wanted_row = |test: &str| match only.strip_suffix('$') {
+            Some(end) => test.ends_with(end),
+            None => test.contains(only.as_str()),
+        };
         for (i, (test, qos, pubs, subs, per_pub, rate, clean)) in cases.into_iter().enumerate() {
-            if !test.contains(only.as_str()) {
+            if !wanted_row(&test) {
                 continue;
             }
             let tag = format!("{}-{i}", broker.name);

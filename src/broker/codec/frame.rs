@@ -14,7 +14,7 @@
 //! split it off and *parse* it. An incomplete frame is `Ok(None)`, never an
 //! error.
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 
 use super::decode::{check_first_byte, decode_body, Role};
 use super::error::DecodeError;
@@ -82,6 +82,36 @@ pub fn check_fixed_header(
     Ok(Some(header))
 }
 
+/// A PUBACK, PUBREC, PUBREL or PUBCOMP in its short form: the packet
+/// identifier alone, which means reason Success and no properties.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShortAck {
+    PubAck(u16),
+    PubRec(u16),
+    PubRel(u16),
+    PubComp(u16),
+}
+
+impl ShortAck {
+    pub fn packet_type(self) -> PacketType {
+        match self {
+            ShortAck::PubAck(_) => PacketType::PubAck,
+            ShortAck::PubRec(_) => PacketType::PubRec,
+            ShortAck::PubRel(_) => PacketType::PubRel,
+            ShortAck::PubComp(_) => PacketType::PubComp,
+        }
+    }
+
+    pub fn packet_id(self) -> u16 {
+        match self {
+            ShortAck::PubAck(id)
+            | ShortAck::PubRec(id)
+            | ShortAck::PubRel(id)
+            | ShortAck::PubComp(id) => id,
+        }
+    }
+}
+
 /// Decodes packets from a connection's receive buffer. A server's decoder
 /// expects CONNECT first and then reads every packet in the version that
 /// CONNECT announced.
@@ -139,6 +169,34 @@ impl FrameDecoder {
     /// as its first bytes arrive.
     pub fn check_header(&self, buf: &[u8]) -> Result<Option<FixedHeader>, DecodeError> {
         check_fixed_header(buf, self.max_packet_size, self.version, self.role)
+    }
+
+    /// Takes a PUBACK, PUBREC, PUBREL or PUBCOMP in its short form (remaining
+    /// length 2: the packet identifier alone, reason Success, no
+    /// properties) off the front of `buf`, without building a [`Packet`]:
+    /// a subscriber answers every delivery with one, and this is what most
+    /// of a fan-out's input is. `None`, nothing consumed, for anything else
+    /// (another packet, an incomplete one, an identifier of 0, one this
+    /// decoder would refuse), which [`FrameDecoder::decode`] then reads, and
+    /// refuses, as before.
+    pub fn decode_short_ack(&mut self, buf: &mut BytesMut) -> Option<ShortAck> {
+        let &[first, 2, high, low, ..] = &buf[..] else {
+            return None;
+        };
+        let packet_id = u16::from_be_bytes([high, low]);
+        // Before CONNECT only CONNECT is read; all four go both ways.
+        if packet_id == 0 || self.version.is_none() || self.max_packet_size < 4 {
+            return None;
+        }
+        let ack = match first {
+            0x40 => ShortAck::PubAck(packet_id),
+            0x50 => ShortAck::PubRec(packet_id),
+            0x62 => ShortAck::PubRel(packet_id),
+            0x70 => ShortAck::PubComp(packet_id),
+            _ => return None,
+        };
+        buf.advance(4);
+        Some(ack)
     }
 
     /// Takes the next complete packet off the front of `buf`. `Ok(None)`

@@ -1226,6 +1226,63 @@ fn publish_refusals() {
     ));
 }
 
+/// The short-ack path takes exactly what the full decoder reads as a
+/// success acknowledgement without properties, on both sides and in both
+/// versions, and leaves everything else (refusals included) to it.
+#[test]
+fn short_acks_agree_with_the_full_decoder() {
+    let decoders = || {
+        [
+            server_after_connect(V4),
+            server_after_connect(V5),
+            FrameDecoder::client(MAX, V4),
+            FrameDecoder::client(MAX, V5),
+            FrameDecoder::server(MAX),
+            FrameDecoder::server(3),
+        ]
+    };
+    for first in 0..=255u8 {
+        for len in [0u8, 1, 2, 3] {
+            for id in [0u16, 1, 0x1234, u16::MAX] {
+                let [high, low] = id.to_be_bytes();
+                let bytes = [first, len, high, low, 0xE0];
+                for (mut short, mut full) in decoders().into_iter().zip(decoders()) {
+                    let mut buf = BytesMut::from(&bytes[..]);
+                    let taken = short.decode_short_ack(&mut buf);
+                    let mut whole = BytesMut::from(&bytes[..]);
+                    match taken {
+                        Some(short) => {
+                            assert_eq!(buf.len(), 1, "{bytes:02X?}");
+                            let packet = full.decode(&mut whole).expect("valid").expect("whole");
+                            assert_eq!(packet.packet_type(), short.packet_type());
+                            let ack = match packet {
+                                Packet::PubAck(a)
+                                | Packet::PubRec(a)
+                                | Packet::PubRel(a)
+                                | Packet::PubComp(a) => a,
+                                other => panic!("{other:?}"),
+                            };
+                            assert_eq!(ack, PubAck::new(short.packet_id()));
+                            assert_eq!(whole, buf);
+                        }
+                        None => {
+                            assert_eq!(buf.len(), bytes.len(), "{bytes:02X?}");
+                            // Whatever the full decoder makes of it, it is
+                            // no short acknowledgement.
+                            let short_form = matches!(
+                                full.decode(&mut whole),
+                                Ok(Some(Packet::PubAck(ref a) | Packet::PubRec(ref a) | Packet::PubRel(ref a) | Packet::PubComp(ref a)))
+                                    if *a == PubAck::new(a.packet_id) && whole.len() == 1
+                            );
+                            assert!(!short_form, "{bytes:02X?} not taken");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn ack_refusals() {
     use ReasonCode as R;

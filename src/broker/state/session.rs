@@ -99,12 +99,23 @@ impl InflightEntry {
 
 /// Outbound exchanges in the order they were started: replayed in that order
 /// on resume.
+///
+/// Packet identifiers are handed out in turn from a small range - twice
+/// what is in flight, at least [`ID_SPAN`] - so the identifiers in use are
+/// a bitmap of a few words rather than a hash set, and finding a free one
+/// takes a step or two. Clients acknowledge in order as a rule, so the
+/// entry an acknowledgement names is looked for from the oldest; the bitmap
+/// turns an identifier that is not in flight away at once.
 #[derive(Debug, Default)]
 pub struct Inflight {
     entries: VecDeque<InflightEntry>,
-    ids: IdSet<u16>,
+    /// One bit per packet identifier in use, grown to the largest.
+    used: Vec<u64>,
     next_id: u16,
 }
+
+/// The least range packet identifiers are handed out from.
+const ID_SPAN: usize = 256;
 
 impl Inflight {
     pub fn len(&self) -> usize {
@@ -115,43 +126,95 @@ impl Inflight {
         self.entries.is_empty()
     }
 
+    fn in_use(&self, packet_id: u16) -> bool {
+        let i = usize::from(packet_id);
+        self.used
+            .get(i / 64)
+            .is_some_and(|word| word & (1 << (i % 64)) != 0)
+    }
+
+    fn set_used(&mut self, packet_id: u16, used: bool) {
+        let i = usize::from(packet_id);
+        if self.used.len() <= i / 64 {
+            if !used {
+                return;
+            }
+            self.used.resize(i / 64 + 1, 0);
+        }
+        if used {
+            self.used[i / 64] |= 1 << (i % 64);
+        } else {
+            self.used[i / 64] &= !(1 << (i % 64));
+        }
+    }
+
     /// A packet identifier not used by any exchange in flight. None when all
     /// 65535 are taken.
     pub fn allocate_id(&mut self) -> Option<u16> {
-        if self.ids.len() >= usize::from(u16::MAX) {
+        if self.entries.len() >= usize::from(u16::MAX) {
             return None;
         }
+        // At most half the range is in use, so a free one is near.
+        let span = (2 * self.entries.len() + 2).clamp(ID_SPAN, usize::from(u16::MAX)) as u16;
         loop {
-            self.next_id = self.next_id.wrapping_add(1);
-            if self.next_id == 0 {
-                continue;
-            }
-            if !self.ids.contains(&self.next_id) {
+            self.next_id = if self.next_id >= span {
+                1
+            } else {
+                self.next_id + 1
+            };
+            if !self.in_use(self.next_id) {
                 return Some(self.next_id);
             }
         }
     }
 
     pub fn push(&mut self, entry: InflightEntry) {
-        self.ids.insert(entry.packet_id);
+        self.set_used(entry.packet_id, true);
         self.entries.push_back(entry);
     }
 
-    /// The entry for `packet_id`; acknowledgements usually name the oldest,
-    /// so the search starts at the front.
-    pub fn get_mut(&mut self, packet_id: u16) -> Option<&mut InflightEntry> {
-        if !self.ids.contains(&packet_id) {
+    /// Where `packet_id`'s entry is: acknowledgements usually name the
+    /// oldest, so the search starts at the front.
+    fn position(&self, packet_id: u16) -> Option<usize> {
+        if !self.in_use(packet_id) {
             return None;
         }
-        self.entries.iter_mut().find(|e| e.packet_id == packet_id)
+        self.entries.iter().position(|e| e.packet_id == packet_id)
+    }
+
+    /// The entry for `packet_id`.
+    pub fn get_mut(&mut self, packet_id: u16) -> Option<&mut InflightEntry> {
+        let at = self.position(packet_id)?;
+        self.entries.get_mut(at)
     }
 
     pub fn remove(&mut self, packet_id: u16) -> Option<InflightEntry> {
-        if !self.ids.remove(&packet_id) {
+        let at = self.position(packet_id)?;
+        self.set_used(packet_id, false);
+        if at == 0 {
+            self.entries.pop_front()
+        } else {
+            self.entries.remove(at)
+        }
+    }
+
+    /// Remove the entry for `packet_id` when `ends` says its exchange ends
+    /// with what just came (a PUBACK ends one waiting for it, say).
+    pub fn remove_if(
+        &mut self,
+        packet_id: u16,
+        ends: impl FnOnce(&InflightEntry) -> bool,
+    ) -> Option<InflightEntry> {
+        let at = self.position(packet_id)?;
+        if !ends(&self.entries[at]) {
             return None;
         }
-        let at = self.entries.iter().position(|e| e.packet_id == packet_id)?;
-        self.entries.remove(at)
+        self.set_used(packet_id, false);
+        if at == 0 {
+            self.entries.pop_front()
+        } else {
+            self.entries.remove(at)
+        }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &InflightEntry> {
@@ -249,19 +312,23 @@ impl Session {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ids_skip_those_in_flight_and_zero() {
-        let mut inflight = Inflight::default();
-        let a = inflight.allocate_id().unwrap();
-        assert_eq!(a, 1);
-        inflight.push(InflightEntry {
-            packet_id: a,
+    fn entry(packet_id: u16) -> InflightEntry {
+        InflightEntry {
+            packet_id,
             phase: InflightPhase::AwaitPuback,
             qos: 1,
             log_offset: None,
             queued: None,
             channel: None,
-        });
+        }
+    }
+
+    #[test]
+    fn ids_skip_those_in_flight_and_zero() {
+        let mut inflight = Inflight::default();
+        let a = inflight.allocate_id().unwrap();
+        assert_eq!(a, 1);
+        inflight.push(entry(a));
         inflight.next_id = 0;
         assert_eq!(inflight.allocate_id(), Some(2));
         inflight.next_id = u16::MAX;
@@ -269,5 +336,53 @@ mod tests {
         assert!(inflight.remove(1).is_some());
         assert!(inflight.remove(1).is_none());
         assert!(inflight.is_empty());
+    }
+
+    /// Identifiers go round a small range, never one in use, whatever order
+    /// the acknowledgements come in; restored identifiers far above the
+    /// range are in use like any other.
+    #[test]
+    fn ids_go_round_a_small_range_around_those_in_flight() {
+        let mut inflight = Inflight::default();
+        inflight.push(entry(60_000));
+        inflight.push(entry(2));
+        let mut live = vec![60_000u16, 2];
+        for round in 0..2_000u32 {
+            let id = inflight.allocate_id().unwrap();
+            assert!(!live.contains(&id), "{id} handed out twice");
+            assert!(usize::from(id) <= ID_SPAN, "{id}");
+            inflight.push(entry(id));
+            live.push(id);
+            if live.len() > 100 {
+                // Out of order now and then: not always the oldest.
+                let at = if round % 7 == 0 { live.len() / 2 } else { 1 };
+                let gone = live.remove(at);
+                assert_eq!(inflight.remove(gone).map(|e| e.packet_id), Some(gone));
+            }
+            assert_eq!(inflight.len(), live.len());
+        }
+        assert_eq!(inflight.get_mut(60_000).map(|e| e.packet_id), Some(60_000));
+        assert!(inflight.get_mut(0).is_none());
+        assert!(inflight.remove_if(60_000, |_| false).is_none());
+        assert!(inflight.remove_if(60_000, |_| true).is_some());
+        assert!(inflight.get_mut(60_000).is_none());
+        let order: Vec<u16> = inflight.iter().map(|e| e.packet_id).collect();
+        assert_eq!(order, live[1..]);
+    }
+
+    /// With more in flight than the least range, the range grows to twice
+    /// that; all 65535 identifiers can be taken, and then none is left.
+    #[test]
+    fn every_id_can_be_in_flight() {
+        let mut inflight = Inflight::default();
+        let mut seen = IdSet::default();
+        while let Some(id) = inflight.allocate_id() {
+            assert_ne!(id, 0);
+            assert!(seen.insert(id), "{id} handed out twice");
+            inflight.push(entry(id));
+        }
+        assert_eq!(inflight.len(), usize::from(u16::MAX));
+        assert!(inflight.remove(40_000).is_some());
+        assert_eq!(inflight.allocate_id(), Some(40_000));
     }
 }
