@@ -780,8 +780,8 @@ fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectReq
 
 /// What the state needs of an acknowledgement in its short form (reason
 /// Success, no properties; see [`FrameDecoder::decode_short_ack`]).
-fn short_ack(ack: codec::ShortAck) -> Inbound {
-    use codec::ShortAck as A;
+fn short_ack(ack: codec::Ack) -> Inbound {
+    use codec::Ack as A;
     let reason = ReasonCode::Success;
     match ack {
         A::PubAck(packet_id) => Inbound::PubAck { packet_id, reason },
@@ -1108,6 +1108,26 @@ async fn writer<W: AsyncWrite + Unpin>(
                 if write_delivery(&delivery, version, client_max, aliases.as_mut(), &mut buf) {
                     publishes += u64::from(!sys);
                 }
+                continue;
+            }
+            let ack = match out {
+                Outbound::PubAck { packet_id, reason } => {
+                    Some((codec::Ack::PubAck(packet_id), reason))
+                }
+                Outbound::PubRec { packet_id, reason } => {
+                    Some((codec::Ack::PubRec(packet_id), reason))
+                }
+                Outbound::PubRel { packet_id, reason } => {
+                    Some((codec::Ack::PubRel(packet_id), reason))
+                }
+                Outbound::PubComp { packet_id, reason } => {
+                    Some((codec::Ack::PubComp(packet_id), reason))
+                }
+                _ => None,
+            };
+            if let Some((ack, reason)) = ack {
+                // As `encode_within` would write it, without a packet built.
+                let _ = codec::encode_ack(ack, reason, version, client_max, &mut buf);
                 continue;
             }
             let last_word = match &out {

@@ -7,7 +7,7 @@
 use bytes::{BufMut, BytesMut};
 
 use super::error::EncodeError;
-use super::packet::{Packet, PacketType, ProtocolVersion, Publish, QoS};
+use super::packet::{Ack, Packet, PacketType, ProtocolVersion, Publish, QoS};
 use super::properties::id::SUBSCRIPTION_IDENTIFIER;
 use super::properties::{Measure, PublishProperties, Sink, Write};
 use super::reason::ReasonCode;
@@ -420,6 +420,45 @@ pub fn encode(
     wire::put_var_int(buf, body);
     write_body(packet, version, buf);
     debug_assert_eq!(buf.len() - start, total_len(body));
+    Ok(())
+}
+
+/// Encodes a PUBACK, PUBREC, PUBREL or PUBCOMP without properties - what
+/// the broker sends for every QoS 1/2 exchange - byte for byte as
+/// [`encode_within`] encodes the [`Packet`], without building one: the
+/// identifier alone when the reason is Success or the version 3.1.1, the
+/// reason code after it otherwise.
+pub fn encode_ack(
+    ack: Ack,
+    reason: ReasonCode,
+    version: ProtocolVersion,
+    max_packet_size: u32,
+    buf: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    let packet = ack.packet_type();
+    nonzero_id(packet, ack.packet_id())?;
+    let with_reason = version == ProtocolVersion::V5 && reason != ReasonCode::Success;
+    let size = 4 + usize::from(with_reason);
+    if size as u64 > u64::from(max_packet_size) {
+        return Err(EncodeError::PacketTooLarge {
+            packet,
+            size: size as u64,
+            max: u64::from(max_packet_size),
+        });
+    }
+    let first = match ack {
+        Ack::PubAck(_) => 0x40,
+        Ack::PubRec(_) => 0x50,
+        Ack::PubRel(_) => 0x62,
+        Ack::PubComp(_) => 0x70,
+    };
+    buf.reserve(size);
+    buf.put_u8(first);
+    buf.put_u8(size as u8 - 2);
+    buf.put_u16(ack.packet_id());
+    if with_reason {
+        buf.put_u8(reason.as_u8());
+    }
     Ok(())
 }
 

@@ -18,7 +18,7 @@ use bytes::{Buf, BytesMut};
 
 use super::decode::{check_first_byte, decode_body, Role};
 use super::error::DecodeError;
-use super::packet::{Packet, PacketType, ProtocolVersion};
+use super::packet::{Ack, Packet, PacketType, ProtocolVersion};
 use super::wire::{parse_var_int, VarInt, MAX_VARIABLE_BYTE_INTEGER};
 
 /// The largest packet the protocol can express: 1 type byte, 4 length
@@ -80,36 +80,6 @@ pub fn check_fixed_header(
         });
     }
     Ok(Some(header))
-}
-
-/// A PUBACK, PUBREC, PUBREL or PUBCOMP in its short form: the packet
-/// identifier alone, which means reason Success and no properties.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShortAck {
-    PubAck(u16),
-    PubRec(u16),
-    PubRel(u16),
-    PubComp(u16),
-}
-
-impl ShortAck {
-    pub fn packet_type(self) -> PacketType {
-        match self {
-            ShortAck::PubAck(_) => PacketType::PubAck,
-            ShortAck::PubRec(_) => PacketType::PubRec,
-            ShortAck::PubRel(_) => PacketType::PubRel,
-            ShortAck::PubComp(_) => PacketType::PubComp,
-        }
-    }
-
-    pub fn packet_id(self) -> u16 {
-        match self {
-            ShortAck::PubAck(id)
-            | ShortAck::PubRec(id)
-            | ShortAck::PubRel(id)
-            | ShortAck::PubComp(id) => id,
-        }
-    }
 }
 
 /// Decodes packets from a connection's receive buffer. A server's decoder
@@ -179,7 +149,7 @@ impl FrameDecoder {
     /// (another packet, an incomplete one, an identifier of 0, one this
     /// decoder would refuse), which [`FrameDecoder::decode`] then reads, and
     /// refuses, as before.
-    pub fn decode_short_ack(&mut self, buf: &mut BytesMut) -> Option<ShortAck> {
+    pub fn decode_short_ack(&mut self, buf: &mut BytesMut) -> Option<Ack> {
         let &[first, 2, high, low, ..] = &buf[..] else {
             return None;
         };
@@ -189,10 +159,10 @@ impl FrameDecoder {
             return None;
         }
         let ack = match first {
-            0x40 => ShortAck::PubAck(packet_id),
-            0x50 => ShortAck::PubRec(packet_id),
-            0x62 => ShortAck::PubRel(packet_id),
-            0x70 => ShortAck::PubComp(packet_id),
+            0x40 => Ack::PubAck(packet_id),
+            0x50 => Ack::PubRec(packet_id),
+            0x62 => Ack::PubRel(packet_id),
+            0x70 => Ack::PubComp(packet_id),
             _ => return None,
         };
         buf.advance(4);

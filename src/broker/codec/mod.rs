@@ -32,16 +32,15 @@ mod tests;
 pub use bytes::{Bytes, BytesMut};
 pub use decode::{check_first_byte, decode_body, Role};
 pub use encode::{
-    encode, encode_publish, encode_within, encoded_len, publish_len, PublishParts, PublishRef,
+    encode, encode_ack, encode_publish, encode_within, encoded_len, publish_len, PublishParts,
+    PublishRef,
 };
 pub use error::{DecodeError, EncodeError};
-pub use frame::{
-    check_fixed_header, FixedHeader, FrameDecoder, ShortAck, PROTOCOL_MAX_PACKET_SIZE,
-};
+pub use frame::{check_fixed_header, FixedHeader, FrameDecoder, PROTOCOL_MAX_PACKET_SIZE};
 pub use packet::{
-    Auth, ByteStr, ConnAck, Connect, Disconnect, LastWill, Packet, PacketType, ProtocolVersion,
-    PubAck, Publish, QoS, RetainHandling, SubAck, Subscribe, SubscribeFilter, SubscriptionOptions,
-    UnsubAck, Unsubscribe,
+    Ack, Auth, ByteStr, ConnAck, Connect, Disconnect, LastWill, Packet, PacketType,
+    ProtocolVersion, PubAck, Publish, QoS, RetainHandling, SubAck, Subscribe, SubscribeFilter,
+    SubscriptionOptions, UnsubAck, Unsubscribe,
 };
 pub use properties::{
     AckProperties, AuthProperties, ConnAckProperties, ConnectProperties, DisconnectProperties,

@@ -354,6 +354,34 @@ pub struct Publish {
     pub payload: Bytes,
 }
 
+/// A PUBACK, PUBREC, PUBREL or PUBCOMP without properties: its kind and
+/// packet identifier (decoded in the short form, which means reason
+/// Success; encoded with a reason by [`super::encode_ack`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ack {
+    PubAck(u16),
+    PubRec(u16),
+    PubRel(u16),
+    PubComp(u16),
+}
+
+impl Ack {
+    pub fn packet_type(self) -> PacketType {
+        match self {
+            Ack::PubAck(_) => PacketType::PubAck,
+            Ack::PubRec(_) => PacketType::PubRec,
+            Ack::PubRel(_) => PacketType::PubRel,
+            Ack::PubComp(_) => PacketType::PubComp,
+        }
+    }
+
+    pub fn packet_id(self) -> u16 {
+        match self {
+            Ack::PubAck(id) | Ack::PubRec(id) | Ack::PubRel(id) | Ack::PubComp(id) => id,
+        }
+    }
+}
+
 /// PUBACK, PUBREC, PUBREL and PUBCOMP share one shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PubAck {

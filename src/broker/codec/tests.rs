@@ -1283,6 +1283,49 @@ fn short_acks_agree_with_the_full_decoder() {
     }
 }
 
+/// `encode_ack` writes what `encode_within` writes for the packet, and
+/// refuses what it refuses.
+#[test]
+fn acks_encode_as_their_packets() {
+    let reasons = [
+        ReasonCode::Success,
+        ReasonCode::NoMatchingSubscribers,
+        ReasonCode::PacketIdentifierNotFound,
+        ReasonCode::QuotaExceeded,
+    ];
+    for version in [V4, V5] {
+        for id in [0u16, 1, 0x1234, u16::MAX] {
+            for reason in reasons {
+                for max in [3u32, 4, 5, MAX] {
+                    let acks = [
+                        (Ack::PubAck(id), Packet::PubAck as fn(PubAck) -> Packet),
+                        (Ack::PubRec(id), Packet::PubRec),
+                        (Ack::PubRel(id), Packet::PubRel),
+                        (Ack::PubComp(id), Packet::PubComp),
+                    ];
+                    for (ack, make) in acks {
+                        let packet = make(PubAck {
+                            reason,
+                            ..PubAck::new(id)
+                        });
+                        let mut want = BytesMut::new();
+                        let wanted = encode_within(&packet, version, max, &mut want);
+                        let mut got = BytesMut::new();
+                        let result = encode_ack(ack, reason, version, max, &mut got);
+                        assert_eq!(
+                            result.is_ok(),
+                            wanted.is_ok(),
+                            "{packet:?} {version:?} {max}"
+                        );
+                        assert_eq!(got, want, "{packet:?} {version:?}");
+                        assert_eq!(ack.packet_type(), packet.packet_type());
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn ack_refusals() {
     use ReasonCode as R;

@@ -479,6 +479,22 @@ struct Connection {
 }
 
 impl Connection {
+    /// Put `packet` on the writer's queue, pausing the client's reader when
+    /// `limit` packets wait (it does not read what it is sent; the writer
+    /// says when it has caught up). False when the writer is gone.
+    fn queue(&mut self, packet: Outbound, limit: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.handle.outbound.send(packet).is_err() {
+            return false;
+        }
+        self.sent += 1;
+        if self.waiting() >= limit {
+            let _ = self.handle.pause.send(true);
+            self.handle.want_drained.store(true, Relaxed);
+        }
+        true
+    }
+
     /// Packets on the outbound queue the writer has not taken yet.
     fn waiting(&self) -> usize {
         use std::sync::atomic::Ordering::Relaxed;
@@ -569,6 +585,10 @@ pub struct BrokerState {
     values_failed: Vec<latest::ValuesRead>,
     /// Queue writes the current event made, each sealed on its own.
     queue_writes: Vec<(u16, persist::Write, queue::QueueWrite)>,
+    /// The session an acknowledgement in the current batch of packets
+    /// freed window room for: promoted once the acknowledgements in a row
+    /// are handled.
+    window_freed: Option<SessionKey>,
     /// Publishes received while handling the current event: added to the
     /// shared counter once the event is handled, one write of a cache line
     /// the connections' tasks write too instead of one per message.
@@ -619,6 +639,7 @@ impl BrokerState {
             values_reads: IdMap::default(),
             values_failed: Vec::new(),
             queue_writes: Vec::new(),
+            window_freed: None,
             received: 0,
         }
     }
@@ -652,17 +673,37 @@ impl BrokerState {
             } => self.on_connect(connection, *request, handle, now),
             Event::Packets {
                 connection,
-                packets,
+                mut packets,
             } => {
-                for packet in packets {
+                for packet in packets.iter_mut() {
                     if !self.connections.contains_key(&connection) {
                         break;
                     }
+                    // Acknowledgements in a row free window room one by
+                    // one; what waits for it is sent once, after the last
+                    // of them, and before anything else the client sent.
+                    // An acknowledgement is taken by its fields, not moved
+                    // as a whole `Inbound` (which has a publish's size).
+                    let packet = match *packet {
+                        Inbound::PubAck { packet_id, reason } => {
+                            Inbound::PubAck { packet_id, reason }
+                        }
+                        Inbound::PubRec { packet_id, reason } => {
+                            Inbound::PubRec { packet_id, reason }
+                        }
+                        Inbound::PubComp { packet_id } => Inbound::PubComp { packet_id },
+                        _ => {
+                            self.promote_due(now);
+                            std::mem::replace(packet, Inbound::PingReq)
+                        }
+                    };
                     self.on_packet(connection, packet, now);
                     if !self.doomed.is_empty() {
+                        self.promote_due(now);
                         self.close_doomed(now);
                     }
                 }
+                self.promote_due(now);
             }
             Event::Closed {
                 connection,
@@ -700,6 +741,13 @@ impl BrokerState {
         }
     }
 
+    /// Promote the session whose window acknowledgements freed, if any.
+    fn promote_due(&mut self, now: Instant) {
+        if let Some(key) = self.window_freed.take() {
+            self.promote(key, now);
+        }
+    }
+
     /// Must an answer for `connection` wait (something was staged for it,
     /// or answers before it are still waiting)?
     fn must_queue(&self, connection: u64) -> bool {
@@ -721,22 +769,13 @@ impl BrokerState {
     /// a client that does not read its acknowledgements has its reader
     /// paused until the writer catches up, never its connection cut.
     fn send(&mut self, connection: u64, packet: Outbound) {
-        use std::sync::atomic::Ordering::Relaxed;
         let Some(conn) = self.connections.get_mut(&connection) else {
             return;
         };
-        if conn.handle.outbound.send(packet).is_err() {
+        if !conn.queue(packet, self.limits.outbound_queue) {
             // The writer is gone (the socket failed); the reader's
             // Closed event may still be on its way.
             self.doomed.push((connection, CloseReason::Network, None));
-            return;
-        }
-        conn.sent += 1;
-        if conn.waiting() >= self.limits.outbound_queue {
-            // Stop reading from a client that does not read what it is
-            // sent; the writer says when it has caught up.
-            let _ = conn.handle.pause.send(true);
-            conn.handle.want_drained.store(true, Relaxed);
         }
     }
 

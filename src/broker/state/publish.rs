@@ -40,7 +40,7 @@ impl BrokerState {
                         self.queue_acked(key, channel, offset, packet_id, reason);
                     }
                     self.finish_exchange(key, packet_id);
-                    self.promote(key, now);
+                    self.free_window(key, now);
                 }
             }
             Inbound::PubRec {
@@ -53,7 +53,7 @@ impl BrokerState {
                         if code.is_error() {
                             // v5: the receiver refused it; the exchange ends here.
                             self.finish_exchange(key, packet_id);
-                            self.promote(key, now);
+                            self.free_window(key, now);
                         } else {
                             entry.phase = InflightPhase::AwaitPubcomp;
                             entry.queued = None;
@@ -101,7 +101,7 @@ impl BrokerState {
                     Some(InflightPhase::AwaitPubcomp)
                 ) {
                     self.finish_exchange(key, packet_id);
-                    self.promote(key, now);
+                    self.free_window(key, now);
                 }
             }
             Inbound::PubRel { packet_id } => {
@@ -204,6 +204,15 @@ impl BrokerState {
             },
             now,
         );
+    }
+
+    /// An exchange ended: `key`'s window has room. Promoted once the
+    /// acknowledgements in a row are handled (see [`BrokerState::handle`]).
+    fn free_window(&mut self, key: SessionKey, now: Instant) {
+        if self.window_freed.is_some_and(|due| due != key) {
+            self.promote_due(now);
+        }
+        self.window_freed = Some(key);
     }
 
     /// Answer a packet that writes nothing: at once, or behind the answers
@@ -692,7 +701,8 @@ impl BrokerState {
     /// Put a QoS 1/2 message in flight (or drop it, as if delivered, when it
     /// expired or is too large for the client: then false). `channel` is
     /// the channel record it is, whose acknowledgement its consumer waits
-    /// for.
+    /// for. Every delivery of a fan-out at QoS 1/2 comes here: one look-up
+    /// each of the connection and the session.
     pub(super) fn start_exchange(
         &mut self,
         key: SessionKey,
@@ -701,26 +711,56 @@ impl BrokerState {
         channel: Option<(u16, u64)>,
         now: Instant,
     ) -> bool {
-        if !self.fits(connection, &queued, now) {
-            if let Some(offset) = queued.log_offset {
-                self.unhold_log(Some(key), offset);
+        let Some(conn) = self.connections.get_mut(&connection) else {
+            // Going away: kept for the session, as beyond its window.
+            self.enqueue(key, queued);
+            return true;
+        };
+        let Ok(expiry) = queued.message.expiry_left(now) else {
+            return self.not_sent(key, &queued, DropReason::Expired);
+        };
+        if let Some(max) = conn.maximum_packet_size {
+            if delivery_len(&queued, conn.v5) > max as usize {
+                return self.not_sent(key, &queued, DropReason::TooLarge);
             }
-            return false;
         }
-        let session = self.sessions.get_mut(&key).expect("caller checked");
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return false;
+        };
         let Some(packet_id) = session.inflight.allocate_id() else {
             self.enqueue(key, queued);
             return true;
         };
-        let log_offset = queued.log_offset;
+        let packet = Outbound::Publish {
+            packet_id,
+            qos: queued.qos,
+            retain: queued.retain,
+            dup: false,
+            message: queued.message.clone(),
+            subscription_ids: queued.subscription_ids.clone(),
+            expiry,
+            sys: false,
+        };
+        let logged = queued.log_offset.is_some();
         session
             .inflight
-            .push(InflightEntry::sent(packet_id, queued.clone(), channel));
-        if log_offset.is_some() {
+            .push(InflightEntry::sent(packet_id, queued, channel));
+        if !conn.queue(packet, self.limits.outbound_queue) {
+            self.doomed.push((connection, CloseReason::Network, None));
+        }
+        if logged {
             self.mark_dirty(key);
         }
-        self.transmit(connection, queued, packet_id, false, now);
         true
+    }
+
+    /// A delivery that is not sent: counted and its log entry let go.
+    fn not_sent(&mut self, key: SessionKey, queued: &QueuedMessage, why: DropReason) -> bool {
+        self.metrics.dropped(why);
+        if let Some(offset) = queued.log_offset {
+            self.unhold_log(Some(key), offset);
+        }
+        false
     }
 
     /// Is the message still alive, and within the client's maximum packet

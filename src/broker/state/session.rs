@@ -112,6 +112,8 @@ pub struct Inflight {
     /// One bit per packet identifier in use, grown to the largest.
     used: Vec<u64>,
     next_id: u16,
+    /// The last identifier handed out before they last went round to 1.
+    last_before_round: u16,
 }
 
 /// The least range packet identifiers are handed out from.
@@ -158,6 +160,7 @@ impl Inflight {
         let span = (2 * self.entries.len() + 2).clamp(ID_SPAN, usize::from(u16::MAX)) as u16;
         loop {
             self.next_id = if self.next_id >= span {
+                self.last_before_round = self.next_id;
                 1
             } else {
                 self.next_id + 1
@@ -173,11 +176,25 @@ impl Inflight {
         self.entries.push_back(entry);
     }
 
-    /// Where `packet_id`'s entry is: acknowledgements usually name the
-    /// oldest, so the search starts at the front.
+    /// Where `packet_id`'s entry is. Identifiers are handed out in turn, so
+    /// it is first looked for as far from the oldest as its identifier is
+    /// from the oldest's (a PUBREC behind exchanges waiting for their
+    /// PUBCOMP, say); failing that, from the front, since acknowledgements
+    /// usually name the oldest.
     fn position(&self, packet_id: u16) -> Option<usize> {
         if !self.in_use(packet_id) {
             return None;
+        }
+        let oldest = self.entries.front()?.packet_id;
+        let guess = if packet_id >= oldest {
+            usize::from(packet_id - oldest)
+        } else {
+            // Handed out after the identifiers went round.
+            (usize::from(self.last_before_round) + usize::from(packet_id))
+                .saturating_sub(usize::from(oldest))
+        };
+        if self.entries.get(guess).is_some_and(|e| e.packet_id == packet_id) {
+            return Some(guess);
         }
         self.entries.iter().position(|e| e.packet_id == packet_id)
     }
