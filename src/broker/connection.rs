@@ -349,7 +349,10 @@ pub async fn serve<S>(
             // form goes to the state without a packet built for it.
             if let Some(ack) = decoder.decode_short_ack(&mut buf) {
                 if batch.capacity() == 0 {
-                    batch.reserve_exact(batch_hint);
+                    // A subscriber's read is its acknowledgements, four
+                    // bytes each: room for as many as the bytes can hold.
+                    let acks = (buf.len() / 4 + 1).min(BATCH_HINT_MAX);
+                    batch.reserve_exact(batch_hint.max(acks));
                 }
                 batch.push(short_ack(ack));
                 continue;

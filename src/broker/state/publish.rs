@@ -30,6 +30,17 @@ impl BrokerState {
             }
             Inbound::PubAck { packet_id, reason } => {
                 let session = self.sessions.get_mut(&key).expect("connected session");
+                // A broadcast delivery's exchange ends here, with one
+                // look-up; a channel record's takes the longer way.
+                let broadcast = session.inflight.remove_if(packet_id, |e| {
+                    matches!(e.phase, InflightPhase::AwaitPuback) && e.channel.is_none()
+                });
+                if let Some(entry) = broadcast {
+                    self.exchange_ended(key, entry);
+                    self.free_window(key, now);
+                    return;
+                }
+                let session = self.sessions.get_mut(&key).expect("connected session");
                 let acked = match session.inflight.get_mut(packet_id) {
                     Some(e) if matches!(e.phase, InflightPhase::AwaitPuback) => Some(e.channel),
                     _ => None,
@@ -96,11 +107,11 @@ impl BrokerState {
             }
             Inbound::PubComp { packet_id } => {
                 let session = self.sessions.get_mut(&key).expect("connected session");
-                if matches!(
-                    session.inflight.get_mut(packet_id).map(|e| &e.phase),
-                    Some(InflightPhase::AwaitPubcomp)
-                ) {
-                    self.finish_exchange(key, packet_id);
+                let ended = session.inflight.remove_if(packet_id, |e| {
+                    matches!(e.phase, InflightPhase::AwaitPubcomp)
+                });
+                if let Some(entry) = ended {
+                    self.exchange_ended(key, entry);
                     self.free_window(key, now);
                 }
             }
@@ -232,12 +243,17 @@ impl BrokerState {
             return;
         };
         if let Some(entry) = session.inflight.remove(packet_id) {
-            if let Some(offset) = entry.log_offset {
-                self.unhold_log(Some(key), offset);
-            }
-            if let Some((channel, offset)) = entry.channel {
-                self.channel_acknowledged(key, channel, offset);
-            }
+            self.exchange_ended(key, entry);
+        }
+    }
+
+    /// `entry`, taken out of `key`'s in-flight table, ended.
+    fn exchange_ended(&mut self, key: SessionKey, entry: InflightEntry) {
+        if let Some(offset) = entry.log_offset {
+            self.unhold_log(Some(key), offset);
+        }
+        if let Some((channel, offset)) = entry.channel {
+            self.channel_acknowledged(key, channel, offset);
         }
     }
 
@@ -656,29 +672,34 @@ impl BrokerState {
             }
             return;
         }
+        // What holding the log entry leaves as it is, read now: the session
+        // is looked up once more only to start the exchange.
+        let connection = session.connection;
+        let kept = session.expiry_interval > 0;
+        let waiting = !session.pending.is_empty();
+        let in_flight = session.inflight.len();
         if let Some(offset) = log_offset {
             self.hold_log(key, offset);
         }
-        let session = self.sessions.get_mut(&key).expect("looked up above");
-        let Some(connection) = session.connection else {
-            if qos > 0 && session.expiry_interval > 0 {
+        let Some(connection) = connection else {
+            if kept {
                 self.enqueue(key, queued);
             } else {
                 self.metrics.dropped(DropReason::Offline);
             }
             return;
         };
-        let window = self
-            .connections
-            .get(&connection)
-            .map_or(0, |c| c.receive_maximum);
         // Receive Maximum counts every exchange not yet finished by PUBACK,
-        // PUBCOMP or a PUBREC >= 0x80 (MQTT 5 3.3.4).
-        if session.pending.is_empty() && session.inflight.len() < window {
-            self.start_exchange(key, connection, queued, None, now);
-        } else {
-            self.enqueue(key, queued);
-        }
+        // PUBCOMP or a PUBREC >= 0x80 (MQTT 5 3.3.4); with messages already
+        // waiting, this one waits behind them.
+        self.start_exchange_if(
+            key,
+            connection,
+            queued,
+            None,
+            |conn| !waiting && in_flight < conn.receive_maximum,
+            now,
+        );
     }
 
     /// Queue a QoS 1/2 message for a session (offline, or its window
@@ -711,8 +732,26 @@ impl BrokerState {
         channel: Option<(u16, u64)>,
         now: Instant,
     ) -> bool {
-        let Some(conn) = self.connections.get_mut(&connection) else {
-            // Going away: kept for the session, as beyond its window.
+        self.start_exchange_if(key, connection, queued, channel, |_| true, now)
+    }
+
+    /// [`BrokerState::start_exchange`] when `room` says the connection has
+    /// room for it; queued for the session when not.
+    fn start_exchange_if(
+        &mut self,
+        key: SessionKey,
+        connection: u64,
+        queued: QueuedMessage,
+        channel: Option<(u16, u64)>,
+        room: impl FnOnce(&super::Connection) -> bool,
+        now: Instant,
+    ) -> bool {
+        let Some(conn) = self
+            .connections
+            .get_mut(&connection)
+            .filter(|conn| room(conn))
+        else {
+            // No room, or going away: kept for the session.
             self.enqueue(key, queued);
             return true;
         };

@@ -193,7 +193,11 @@ impl Inflight {
             (usize::from(self.last_before_round) + usize::from(packet_id))
                 .saturating_sub(usize::from(oldest))
         };
-        if self.entries.get(guess).is_some_and(|e| e.packet_id == packet_id) {
+        if self
+            .entries
+            .get(guess)
+            .is_some_and(|e| e.packet_id == packet_id)
+        {
             return Some(guess);
         }
         self.entries.iter().position(|e| e.packet_id == packet_id)
