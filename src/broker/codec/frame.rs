@@ -149,6 +149,7 @@ impl FrameDecoder {
     /// (another packet, an incomplete one, an identifier of 0, one this
     /// decoder would refuse), which [`FrameDecoder::decode`] then reads, and
     /// refuses, as before.
+    #[inline]
     pub fn decode_short_ack(&mut self, buf: &mut BytesMut) -> Option<Ack> {
         let &[first, 2, high, low, ..] = &buf[..] else {
             return None;

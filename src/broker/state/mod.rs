@@ -280,6 +280,16 @@ pub enum Inbound {
     },
 }
 
+impl Inbound {
+    /// A PUBACK, PUBREC or PUBCOMP: the client's answer to a delivery.
+    fn answers_delivery(&self) -> bool {
+        matches!(
+            self,
+            Inbound::PubAck { .. } | Inbound::PubRec { .. } | Inbound::PubComp { .. }
+        )
+    }
+}
+
 /// How a connection's queue, flow control and close signal look to the
 /// state.
 #[derive(Debug, Clone)]
@@ -675,32 +685,30 @@ impl BrokerState {
                 connection,
                 mut packets,
             } => {
-                for packet in packets.iter_mut() {
-                    if !self.connections.contains_key(&connection) {
-                        break;
+                if packets.first().is_some_and(Inbound::answers_delivery) {
+                    // A subscriber's acknowledgements: each is taken by its
+                    // fields, not moved as a whole `Inbound` (which has a
+                    // publish's size).
+                    for packet in packets.iter_mut() {
+                        let packet = match *packet {
+                            Inbound::PubAck { packet_id, reason } => {
+                                Inbound::PubAck { packet_id, reason }
+                            }
+                            Inbound::PubRec { packet_id, reason } => {
+                                Inbound::PubRec { packet_id, reason }
+                            }
+                            Inbound::PubComp { packet_id } => Inbound::PubComp { packet_id },
+                            _ => std::mem::replace(packet, Inbound::PingReq),
+                        };
+                        if !self.batch_packet(connection, packet, now) {
+                            break;
+                        }
                     }
-                    // Acknowledgements in a row free window room one by
-                    // one; what waits for it is sent once, after the last
-                    // of them, and before anything else the client sent.
-                    // An acknowledgement is taken by its fields, not moved
-                    // as a whole `Inbound` (which has a publish's size).
-                    let packet = match *packet {
-                        Inbound::PubAck { packet_id, reason } => {
-                            Inbound::PubAck { packet_id, reason }
+                } else {
+                    for packet in packets {
+                        if !self.batch_packet(connection, packet, now) {
+                            break;
                         }
-                        Inbound::PubRec { packet_id, reason } => {
-                            Inbound::PubRec { packet_id, reason }
-                        }
-                        Inbound::PubComp { packet_id } => Inbound::PubComp { packet_id },
-                        _ => {
-                            self.promote_due(now);
-                            std::mem::replace(packet, Inbound::PingReq)
-                        }
-                    };
-                    self.on_packet(connection, packet, now);
-                    if !self.doomed.is_empty() {
-                        self.promote_due(now);
-                        self.close_doomed(now);
                     }
                 }
                 self.promote_due(now);
@@ -739,6 +747,28 @@ impl BrokerState {
                 .messages_received
                 .fetch_add(std::mem::take(&mut self.received), Relaxed);
         }
+    }
+
+    /// Handle one packet of a batch read from `connection`; false once the
+    /// connection is gone. Acknowledgements in a row free window room one
+    /// by one; what waits for it is sent once, after the last of them, and
+    /// before anything else the client sent.
+    // Inlined into both loops of `handle`: a call would move each packet
+    // (a publish's size) once more.
+    #[inline(always)]
+    fn batch_packet(&mut self, connection: u64, packet: Inbound, now: Instant) -> bool {
+        if !self.connections.contains_key(&connection) {
+            return false;
+        }
+        if !packet.answers_delivery() {
+            self.promote_due(now);
+        }
+        self.on_packet(connection, packet, now);
+        if !self.doomed.is_empty() {
+            self.promote_due(now);
+            self.close_doomed(now);
+        }
+        true
     }
 
     /// Promote the session whose window acknowledgements freed, if any.
