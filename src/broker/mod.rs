@@ -31,12 +31,17 @@
 //!   enforces keep alive, authenticates the CONNECT (and re-authenticates,
 //!   [`auth`] deciding), and forwards the
 //!   packets of one read as one event; it stops reading while the state has
-//!   paused it. The writer takes up to 256 queued packets per wakeup, writes
-//!   them with one `write_all` and counts them off the queue; a delivery is
-//!   encoded straight from its shared message ([`codec::PublishRef`]), no
-//!   packet of its own built and nothing of the message cloned. A queued
-//!   packet is 48 bytes: what few packets carry (a CONNACK's extras, AUTH
-//!   data) is boxed.
+//!   paused it. A PUBACK, PUBREC, PUBREL or PUBCOMP in its four-byte short
+//!   form is taken off the buffer as it is
+//!   ([`codec::FrameDecoder::decode_short_ack`]), no packet decoded for it:
+//!   a subscriber's input is mostly these. The writer takes up to 256
+//!   queued packets per wakeup, writes them with one `write_all` and
+//!   counts them off the queue; a delivery is encoded straight from its
+//!   shared message ([`codec::PublishRef`]), no packet of its own built and
+//!   nothing of the message cloned. A queued packet is 48 bytes: what few
+//!   packets carry (a CONNACK's extras, AUTH data) is boxed.
+//!   Acknowledgements are written by [`codec::encode_ack`], the same bytes
+//!   as the packet's encoding, no packet built.
 //! - [`state`]: deterministic, no sockets, clocks or storage; events in,
 //!   packets and intents out (see its module documentation for the order of
 //!   answers and commits).
@@ -58,6 +63,21 @@
 //!   session's queue, which holds at most `limits.max_queued_messages` QoS 1/2
 //!   messages, connected or not; more are dropped and counted. QoS 0 is not
 //!   queued for a session without a connection.
+//! - Outbound packet identifiers are handed out in turn from 1 up to twice
+//!   the session's exchanges in flight, at least 256 (rumqttd cycles its
+//!   100), skipping those in use, and wrap: the identifiers in use are a
+//!   bitmap of a few words instead of a hash set, and an acknowledgement
+//!   is found where its identifier puts it in the in-flight table (kept in
+//!   the order the exchanges started, so a resume resends them in that
+//!   order). An identifier is reused once its exchange ended, as MQTT
+//!   allows (an identifier restored from storage above that range stays in
+//!   use until its exchange ends).
+//! - The acknowledgements of one read (a subscriber's PUBACKs, PUBRECs,
+//!   PUBCOMPs) each end their exchange, and the session's waiting messages
+//!   are moved into the window freed once, after the last of them and
+//!   before any other packet of that read: the same messages in the same
+//!   order as promoting after each (a PUBREL answering a PUBREC of that
+//!   read may now go before them), one promotion per read.
 //! - Maximum Packet Size announced and enforced on input:
 //!   `limits.max_message_size + limits.max_header_bytes`. A message larger
 //!   than a client's own Maximum Packet Size is dropped for that client and
