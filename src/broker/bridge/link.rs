@@ -857,14 +857,7 @@ impl Link {
                 };
                 send.publish.packet_id = id;
             }
-            // Encoded from the send itself, which is kept for a resend.
-            let packet = Packet::Publish(send.publish);
-            let queued = remote.queue(&packet);
-            let Packet::Publish(publish) = packet else {
-                continue;
-            };
-            send.publish = publish;
-            if !queued {
+            if !remote.queue_publish(&send.publish) {
                 self.skipped_sends.push(send);
                 continue;
             }

@@ -205,11 +205,26 @@ impl Remote {
     /// Queue `packet` for the next [`flush`](Self::flush). False when it
     /// exceeds the remote's Maximum Packet Size (nothing is queued).
     pub fn queue(&mut self, packet: &Packet) -> bool {
-        let max = self
-            .granted
-            .maximum_packet_size
-            .unwrap_or(codec::PROTOCOL_MAX_PACKET_SIZE);
+        let max = self.max_packet_size();
         codec::encode_within(packet, self.version, max, &mut self.out).is_ok()
+    }
+
+    /// Queue `publish` as [`Remote::queue`] would its packet, encoded
+    /// from the publish itself (a send keeps it for a resend).
+    pub fn queue_publish(&mut self, publish: &codec::Publish) -> bool {
+        codec::encode_publish(
+            &codec::PublishRef::of(publish),
+            self.version,
+            self.max_packet_size(),
+            &mut self.out,
+        )
+        .is_ok()
+    }
+
+    fn max_packet_size(&self) -> u32 {
+        self.granted
+            .maximum_packet_size
+            .unwrap_or(codec::PROTOCOL_MAX_PACKET_SIZE)
     }
 
     pub fn has_queued(&self) -> bool {

@@ -294,7 +294,7 @@ pub struct PublishRef<'a> {
 
 impl<'a> PublishRef<'a> {
     /// `publish` as it is.
-    fn of(publish: &'a Publish) -> PublishRef<'a> {
+    pub fn of(publish: &'a Publish) -> PublishRef<'a> {
         PublishRef {
             dup: publish.dup,
             qos: publish.qos,
