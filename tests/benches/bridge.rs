@@ -524,7 +524,9 @@ async fn run_one(
     for p in pubs {
         p.await??;
     }
-    if cut_at.elapsed() < plan.cut {
+    // The cut is a length the run was asked for: the remote stays away
+    // until it has passed (a tick at an instant gone is at once).
+    if !plan.cut.is_zero() {
         let end = tokio::time::Instant::from_std(cut_at + plan.cut);
         tokio::time::interval_at(end, plan.cut).tick().await;
     }
