@@ -210,13 +210,7 @@ impl Inflight {
     }
 
     pub fn remove(&mut self, packet_id: u16) -> Option<InflightEntry> {
-        let at = self.position(packet_id)?;
-        self.set_used(packet_id, false);
-        if at == 0 {
-            self.entries.pop_front()
-        } else {
-            self.entries.remove(at)
-        }
+        self.remove_if(packet_id, |_| true)
     }
 
     /// Remove the entry for `packet_id` when `ends` says its exchange ends
@@ -231,11 +225,8 @@ impl Inflight {
             return None;
         }
         self.set_used(packet_id, false);
-        if at == 0 {
-            self.entries.pop_front()
-        } else {
-            self.entries.remove(at)
-        }
+        // The front in O(1), as acknowledgements in order take it.
+        self.entries.remove(at)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &InflightEntry> {
