@@ -6,6 +6,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// The broker's heap holds a memory channel's records, millions of small
+/// allocations made and freed on whichever thread runs the state: glibc's
+/// per-thread arenas grow such a heap a page range at a time and take their
+/// slowest path once it is large (see README "Measured").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod check_config;
 mod docs;
 mod lock;

@@ -199,7 +199,11 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
             return Ok(exit::CANNOT);
         }
     };
-    let retention = retention::spawn(providers.channels(), server.metrics.clone());
+    let retention = retention::spawn(
+        providers.channels(),
+        server.metrics.clone(),
+        server.readers.answers(),
+    );
     if let Some(supervisor) = &supervisor {
         server.watchdog = match Watchdog::from_env(supervisor.clone()) {
             Ok(watchdog) => watchdog,

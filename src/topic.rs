@@ -165,20 +165,49 @@ pub fn split_shared(filter: &str) -> Option<(&str, &str)> {
 }
 
 /// Does the valid, non-shared `filter` match the topic name `name`?
+///
+/// Compared a byte at a time, level by level, without splitting either:
+/// every delivery of a channel record asks this of each of its consumer's
+/// filters. `/` is ASCII, so a level boundary in UTF-8 is that byte.
 pub fn filter_matches(filter: &str, name: &str) -> bool {
-    if name.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
+    let (f, n) = (filter.as_bytes(), name.as_bytes());
+    if n.first() == Some(&b'$') && matches!(f.first(), Some(b'+' | b'#')) {
         return false;
     }
-    let mut f = filter.split('/');
-    let mut n = name.split('/');
+    let (mut i, mut j) = (0, 0);
     loop {
-        match (f.next(), n.next()) {
+        // `i` and `j` are at the start of a level of each.
+        let level_end = f[i..]
+            .iter()
+            .position(|&b| b == b'/')
+            .map_or(f.len(), |p| i + p);
+        match &f[i..level_end] {
+            // A valid filter has `#` only as its last level.
+            b"#" => return true,
+            b"+" => {
+                j = n[j..]
+                    .iter()
+                    .position(|&b| b == b'/')
+                    .map_or(n.len(), |p| j + p);
+            }
+            literal => {
+                let end = j + literal.len();
+                if n.get(j..end) != Some(literal) || n.get(end).is_some_and(|&b| b != b'/') {
+                    return false;
+                }
+                j = end;
+            }
+        }
+        i = level_end;
+        match (i == f.len(), j == n.len()) {
+            (true, true) => return true,
+            (true, false) => return false,
             // `a/#` matches `a` too.
-            (Some("#"), _) => return true,
-            (Some("+"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
+            (false, true) => return &f[i..] == b"/#",
+            (false, false) => {
+                i += 1;
+                j += 1;
+            }
         }
     }
 }
@@ -247,6 +276,75 @@ pub fn filter_covers(filter: &str, topic: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The matching rules as the specification words them, level by level.
+    fn matches_by_levels(filter: &str, name: &str) -> bool {
+        if name.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
+            return false;
+        }
+        let mut f = filter.split('/');
+        let mut n = name.split('/');
+        loop {
+            match (f.next(), n.next()) {
+                (Some("#"), _) => return true,
+                (Some("+"), Some(_)) => {}
+                (Some(a), Some(b)) if a == b => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
+
+    #[test]
+    fn filters_match_as_the_specification_says() {
+        for (filter, name, expected) in [
+            ("a/#", "a", true),
+            ("a/#", "a/", true),
+            ("#", "", true),
+            ("+", "", true),
+            ("a/+", "a/", true),
+            ("a/+", "a", false),
+            ("a", "a/b", false),
+            ("a/b", "a", false),
+            ("a/", "a", false),
+            ("a/", "a/", true),
+            ("a//b", "a//b", true),
+            ("+/x", "$SYS/x", false),
+            ("#", "$SYS/x", false),
+            ("$SYS/#", "$SYS/x", true),
+            ("telemetry/+/temp", "telemetry/site-7/temp", true),
+            ("telemetry/+/temp", "telemetry/site-7/temperature", false),
+            ("telemetry/site", "telemetry/site-7", false),
+            ("telemetry/é/#", "telemetry/é/x", true),
+        ] {
+            assert_eq!(filter_matches(filter, name), expected, "{filter} / {name}");
+            assert_eq!(
+                matches_by_levels(filter, name),
+                expected,
+                "{filter} / {name}"
+            );
+        }
+    }
+
+    /// A valid filter: levels of `a`, `b`, `$`, `é` or empty, `+` for a
+    /// whole level, `#` only as the last.
+    fn filter() -> impl Strategy<Value = String> {
+        let level = prop_oneof!["[ab$é]{0,2}", Just("+".to_owned())];
+        (proptest::collection::vec(level, 1..5), any::<bool>()).prop_map(|(levels, hash)| {
+            let mut filter = levels.join("/");
+            if hash {
+                filter.push_str(if filter.is_empty() { "#" } else { "/#" });
+            }
+            filter
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn the_byte_matcher_agrees_with_the_levels(filter in filter(), name in "[ab$é/]{0,8}") {
+            prop_assert_eq!(filter_matches(&filter, &name), matches_by_levels(&filter, &name));
+        }
+    }
 
     #[test]
     fn a_filter_prefix_bounds_every_topic_it_matches() {

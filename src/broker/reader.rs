@@ -236,6 +236,12 @@ impl Readers {
         }
     }
 
+    /// Where tasks beside the readers tell the state of what the stores
+    /// did (retention's removals).
+    pub fn answers(&self) -> mpsc::UnboundedSender<Event> {
+        self.answers.clone()
+    }
+
     /// Make `read`: an inline channel's answer is returned, the others
     /// arrive later on the answer channel.
     pub fn submit(&self, read: ChannelRead) -> Option<Event> {

@@ -31,12 +31,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use saguin_format::model::UnixNanos;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{Interval, MissedTickBehavior};
 
 use super::metrics::Metrics;
 use super::providers::ServedChannel;
+use super::state::Event;
 use crate::config::units::format_duration;
 use crate::storage::contract::{self, AppendStore, Retention, SweepReport};
 
@@ -86,9 +87,14 @@ impl Drop for RetentionTask {
 }
 
 /// Starts retention over `channels` (those with neither bound are left
-/// alone), on the current tokio runtime.
-pub fn spawn(channels: Vec<ServedChannel>, metrics: Arc<Metrics>) -> RetentionTask {
-    let sweeper = Arc::new(Sweeper::new(channels, metrics));
+/// alone), on the current tokio runtime. Each removal's new floor is told
+/// to the state on `floors`.
+pub fn spawn(
+    channels: Vec<ServedChannel>,
+    metrics: Arc<Metrics>,
+    floors: mpsc::UnboundedSender<Event>,
+) -> RetentionTask {
+    let sweeper = Arc::new(Sweeper::new(channels, metrics, floors));
     let age_period = age_sweep_period(sweeper.by_age.iter().filter_map(|(_, r)| r.age));
     if sweeper.by_size.is_empty() && age_period.is_none() {
         return RetentionTask {
@@ -190,15 +196,23 @@ struct Sweeper {
     /// Channel name → its provider's name and store.
     channels: HashMap<Arc<str>, (String, Arc<dyn AppendStore>)>,
     metrics: Arc<Metrics>,
+    /// The state, told each removal's floor (it lets go of the records it
+    /// kept from reads below it).
+    floors: mpsc::UnboundedSender<Event>,
 }
 
 impl Sweeper {
-    fn new(served: Vec<ServedChannel>, metrics: Arc<Metrics>) -> Sweeper {
+    fn new(
+        served: Vec<ServedChannel>,
+        metrics: Arc<Metrics>,
+        floors: mpsc::UnboundedSender<Event>,
+    ) -> Sweeper {
         let mut sweeper = Sweeper {
             by_size: Vec::new(),
             by_age: Vec::new(),
             channels: HashMap::new(),
             metrics,
+            floors,
         };
         for channel in served {
             // Retention removes records of append channels (a queue's
@@ -229,9 +243,17 @@ impl Sweeper {
             Sweep::Age => contract::sweep_by_age(&self.by_age, now),
         };
         for (channel, removed) in &report.removed {
-            let floor = self.channels.get(channel.as_str()).map(|(_, s)| s.floor());
+            let served = self.channels.get_key_value(channel.as_str());
+            let floor = served.map(|(_, (_, s))| s.floor());
             tracing::debug!(channel = %channel, sweep = which.label(), records = removed.records,
                 bytes = removed.bytes, floor, "retention removed records");
+            if let (Some((name, _)), Some(floor)) = (served, floor) {
+                // A state that has stopped has nothing left to let go of.
+                let _ = self.floors.send(Event::FloorRaised {
+                    channel: name.clone(),
+                    floor,
+                });
+            }
         }
         for (channel, error) in &report.failed {
             let provider = self
@@ -254,6 +276,11 @@ mod tests {
     use saguin_format::model::{ChannelKind, Record};
 
     const SECOND: i64 = 1_000_000_000;
+
+    /// Where a test's sweeps tell floors nobody reads.
+    fn floors() -> mpsc::UnboundedSender<Event> {
+        mpsc::unbounded_channel().0
+    }
 
     fn provider() -> Arc<MemoryProvider> {
         MemoryProvider::new(MemoryConfig {
@@ -325,8 +352,24 @@ mod tests {
             .append(record("other", "x", 0))
             .unwrap();
         let metrics = Arc::new(Metrics::new());
-        let task = spawn(vec![bounded.clone(), unbounded.clone()], metrics.clone());
+        let (floors, mut told) = mpsc::unbounded_channel();
+        let task = spawn(
+            vec![bounded.clone(), unbounded.clone()],
+            metrics.clone(),
+            floors,
+        );
         task.stop().await;
+        match told.try_recv() {
+            Ok(Event::FloorRaised { channel, floor }) => {
+                assert_eq!(
+                    (&*channel, floor),
+                    ("telemetry", 7),
+                    "the state is told the floor"
+                );
+            }
+            other => panic!("the state was told {other:?}"),
+        }
+        assert!(told.try_recv().is_err(), "nothing of the unbounded channel");
         let store = &bounded.store.as_append().expect("append");
         assert!(store.bytes() <= limit, "{} > {limit}", store.bytes());
         assert_eq!(store.record_count(), 4);
@@ -371,7 +414,7 @@ mod tests {
                 .append(record("telemetry", payload, at))
                 .unwrap();
         }
-        let task = spawn(vec![channel.clone()], Arc::new(Metrics::new()));
+        let task = spawn(vec![channel.clone()], Arc::new(Metrics::new()), floors());
         task.stop().await;
         let kept: Vec<Vec<u8>> = channel
             .store
@@ -400,7 +443,7 @@ mod tests {
             .expect("append")
             .append(record("unset", "x", 0))
             .unwrap();
-        let sweeper = Sweeper::new(vec![alone.clone()], Arc::new(Metrics::new()));
+        let sweeper = Sweeper::new(vec![alone.clone()], Arc::new(Metrics::new()), floors());
         let report = sweeper.sweep(Sweep::Age, i64::MAX);
         assert!(report.removed.is_empty() && report.failed.is_empty());
         assert_eq!(alone.store.as_append().expect("append").record_count(), 1);
@@ -425,7 +468,7 @@ mod tests {
             .unwrap();
         p.close().unwrap();
         let metrics = Arc::new(Metrics::new());
-        let sweeper = Sweeper::new(vec![channel.clone()], metrics.clone());
+        let sweeper = Sweeper::new(vec![channel.clone()], metrics.clone(), floors());
         let report = sweeper.sweep(Sweep::Size, contract::now_nanos());
         assert_eq!(report.failed.len(), 1);
         assert_eq!(report.failed[0].0, "telemetry");
@@ -441,7 +484,7 @@ mod tests {
     async fn without_any_bound_there_is_nothing_to_run() {
         let p = provider();
         let channel = served(&p, "telemetry", Retention::default());
-        let task = spawn(vec![channel], Arc::new(Metrics::new()));
+        let task = spawn(vec![channel], Arc::new(Metrics::new()), floors());
         assert!(task.task.is_none());
         task.stop().await;
     }

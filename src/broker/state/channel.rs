@@ -33,6 +33,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::persist::{message_from_record, Role, Write};
+use super::recent::{self, Lookup, Recent};
 use super::session::{InflightEntry, QueuedMessage, SessionSubscription};
 use super::BrokerState;
 use crate::broker::message::Message;
@@ -64,6 +65,8 @@ pub(super) struct Channel {
     pub next: u64,
     /// Sessions consuming it, connected or not.
     pub consumers: Vec<SessionKey>,
+    /// An append channel's records read lately, shared by its consumers.
+    pub recent: Recent,
 }
 
 /// What the state knows of a channel when it starts.
@@ -383,14 +386,20 @@ impl BrokerState {
         };
         let consumer = &session.consumers[index];
         let mut best: Option<&ConsumerFilter> = None;
+        let mut subscription_ids = Vec::new();
         // One hop: a bridge is not handed what arrived over a bridge.
         let looped = session.bridge.is_some() && record.bridge.is_some();
         for f in &consumer.filters {
+            if !topic::filter_matches(&f.filter, &record.topic) {
+                continue;
+            }
+            // Every matching subscription's identifier, as MQTT 5 says,
+            // those of no-local ones too.
+            subscription_ids.extend(f.subscription_id);
             if looped || (f.no_local && record.client_id == *session.client_id) {
                 continue;
             }
-            if topic::filter_matches(&f.filter, &record.topic) && best.is_none_or(|b| f.qos > b.qos)
-            {
+            if best.is_none_or(|b| f.qos > b.qos) {
                 best = Some(f);
             }
         }
@@ -401,12 +410,6 @@ impl BrokerState {
         };
         let qos = filter.qos.min(record.qos);
         let retain = filter.retain_as_published && record.retain;
-        let subscription_ids: Vec<u32> = consumer
-            .filters
-            .iter()
-            .filter(|f| topic::filter_matches(&f.filter, &record.topic))
-            .filter_map(|f| f.subscription_id)
-            .collect();
         let gap = consumer.gap;
         let window = self
             .connections
@@ -470,7 +473,7 @@ impl BrokerState {
     }
 
     /// The reads the event just handled made due.
-    pub(super) fn run_pumps(&mut self) {
+    pub(super) fn run_pumps(&mut self, now: Instant) {
         self.run_group_reads();
         if self.pumps_due.is_empty() {
             return;
@@ -480,14 +483,18 @@ impl BrokerState {
         due.dedup();
         for (key, channel) in due {
             if let Some(index) = self.consumer_index(key, channel) {
-                self.read_for(key, index);
+                self.read_for(key, index, now);
             }
         }
     }
 
-    /// A read from consumer `index`'s `next` when it is behind, connected,
-    /// has room and has no read out.
-    fn read_for(&mut self, key: SessionKey, index: usize) {
+    /// Consumer `index` of `key` catches up from its channel's recent
+    /// reads, then reads from its `next` when it is still behind,
+    /// connected, has room and has no read out.
+    fn read_for(&mut self, key: SessionKey, index: usize, now: Instant) {
+        if !self.serve_recent(key, index, now) {
+            return;
+        }
         let Some(session) = self.sessions.get(&key) else {
             return;
         };
@@ -524,6 +531,16 @@ impl BrokerState {
             self.want_drained(connection);
             return;
         }
+        // Small records are read past the consumer's room: what it does
+        // not take now waits among the recent reads, for it and for the
+        // consumers behind it.
+        let state = &self.channels[channel as usize];
+        let ask = match (state.kind, state.recent.record_bytes()) {
+            (ChannelKind::Append, Some(bytes)) => {
+                room.max(usize::try_from(recent::MAX_BYTES / bytes).unwrap_or(usize::MAX))
+            }
+            _ => room,
+        };
         let from = consumer.seek.unwrap_or(Seek::Offset(consumer.next));
         let ticket = self.next_read;
         self.next_read += 1;
@@ -535,9 +552,51 @@ impl BrokerState {
             ticket,
             channel,
             from,
-            max: room.clamp(1, READ_MAX),
+            max: ask.clamp(1, READ_MAX),
             filters: Vec::new(),
         });
+    }
+
+    /// Hand consumer `index` of `key` what its channel's recent reads hold
+    /// from its `next` on, as far as its room allows. False when its room
+    /// ran out; true when it is caught up or the rest takes a read.
+    fn serve_recent(&mut self, key: SessionKey, index: usize, now: Instant) -> bool {
+        loop {
+            let Some(consumer) = self.sessions.get(&key).and_then(|s| s.consumers.get(index))
+            else {
+                return true;
+            };
+            let channel = consumer.channel as usize;
+            if consumer.reading || consumer.seek.is_some() {
+                return true;
+            }
+            let (next, has_gap) = (consumer.next, consumer.gap.is_some());
+            let state = &mut self.channels[channel];
+            if state.kind != ChannelKind::Append || next >= state.next {
+                return true;
+            }
+            let (entry, at) = match state.recent.lookup(next) {
+                Lookup::Unknown => return true,
+                Lookup::Empty { end } => {
+                    self.sessions.get_mut(&key).expect("looked up").consumers[index].next = end;
+                    continue;
+                }
+                Lookup::Found(entry, at) => (entry, at),
+            };
+            // A gap's announcement makes a message of its own.
+            let message = match entry.message {
+                Some(message) => Some(message),
+                None if !has_gap => {
+                    let message = Arc::new(self.consumer_message(&entry.record, None, now));
+                    self.channels[channel].recent.set_message(at, &message);
+                    Some(message)
+                }
+                None => None,
+            };
+            if !self.offer(key, index, &entry.record, message.as_ref(), now) {
+                return false;
+            }
+        }
     }
 
     /// Every consumer of session `key` catches up as far as its room allows.
@@ -608,6 +667,19 @@ impl BrokerState {
             }
         }
         let progressed = !window.records.is_empty();
+        if self.channels[channel as usize].kind == ChannelKind::Append {
+            self.channels[channel as usize]
+                .recent
+                .insert(window.start, window.records);
+            self.serve_recent(key, index, now);
+            if resolved {
+                self.stage_positions(key, now);
+            }
+            if progressed {
+                self.pump(key, index, now);
+            }
+            return;
+        }
         let mut whole = true;
         for record in &window.records {
             let next = self.sessions[&key].consumers[index].next;
@@ -628,6 +700,15 @@ impl BrokerState {
         }
         if progressed {
             self.pump(key, index, now);
+        }
+    }
+
+    /// Retention removed `channel`'s records below `floor`: none of them
+    /// is handed on from the recent reads, so a consumer still behind them
+    /// reads, finds the floor and is told the gap.
+    pub(super) fn on_floor_raised(&mut self, channel: &str, floor: u64) {
+        if let Some(state) = self.channels.iter_mut().find(|c| &*c.name == channel) {
+            state.recent.remove_below(floor);
         }
     }
 
@@ -978,6 +1059,7 @@ impl BrokerState {
                 kind: c.kind,
                 next: c.next.max(1),
                 consumers: Vec::new(),
+                recent: Recent::default(),
             })
             .collect();
         self.restore_queues(&restored);

@@ -281,7 +281,7 @@ impl BrokerState {
         }
         self.retry_values();
         self.pump_stalled(now);
-        self.run_pumps();
+        self.run_pumps(now);
         self.tick_queues(now);
         // Unreleased QoS 2 holds: looked at once a minute at most.
         if self.next_exactly_once_sweep.is_none_or(|at| at <= now) {

@@ -42,6 +42,7 @@ mod latest;
 mod persist;
 mod publish;
 mod queue;
+mod recent;
 mod restore;
 pub mod retained;
 pub mod session;
@@ -346,6 +347,9 @@ pub enum Event {
         ticket: u64,
         result: Result<ReadWindow, StorageFailure>,
     },
+    /// Retention removed the records of append channel `channel` below
+    /// `floor`.
+    FloorRaised { channel: Arc<str>, floor: u64 },
 }
 
 /// A packet the state asks a connection's writer to send.
@@ -730,10 +734,11 @@ impl BrokerState {
             Event::Drained { connection } => self.on_drained(connection, now),
             Event::Committed { ticket, result } => self.on_committed(ticket, result, now),
             Event::ChannelRead { ticket, result } => self.on_channel_read(ticket, result, now),
+            Event::FloorRaised { channel, floor } => self.on_floor_raised(&channel, floor),
         }
         self.close_doomed(now);
         self.run_orphans(now);
-        self.run_pumps();
+        self.run_pumps(now);
         self.run_queue_pumps(now);
         // Whatever closing staged (a detached session recorded, a session
         // ended) is written too.

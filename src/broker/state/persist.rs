@@ -437,9 +437,8 @@ impl BrokerState {
         }
         let staged = &mut self.persist.staged[index];
         // Most seals hold one write, and the vector goes with the intent:
-        // room for one `Write` comes from the allocator's per-thread cache,
-        // where the four a first push makes room for are past it and, with
-        // a large heap (a memory channel's records), on its slowest path.
+        // room for one `Write` (352 bytes), not the four a first push
+        // makes room for.
         if staged.capacity() == 0 {
             staged.reserve_exact(1);
         }

@@ -1140,6 +1140,130 @@ fn records_removed_before_a_consumer_got_them_are_announced_as_a_gap() {
     assert_eq!(got.len(), 3);
 }
 
+/// Every delivery in `out` acknowledged.
+fn acks_of(out: &[Outbound]) -> Vec<Inbound> {
+    publish_ids(out)
+        .into_iter()
+        .map(|packet_id| Inbound::PubAck {
+            packet_id,
+            reason: ReasonCode::Success,
+        })
+        .collect()
+}
+
+fn offsets_of(out: &[Outbound]) -> Vec<u64> {
+    channel_deliveries(out)
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect()
+}
+
+#[test]
+fn consumers_near_each_other_share_one_read_and_a_read_runs_past_the_room() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    // Receive Maximum 10 each (see `request`).
+    let mut first = connect(&mut s, 1, "first", false, now);
+    let mut second = connect(&mut s, 2, "second", false, now);
+    let mut publisher = connect(&mut s, 3, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    packets(&mut s, 2, vec![subscribe("telemetry/#", 1)], now);
+    store.commit_all(&mut s, now);
+    let burst: Vec<Inbound> = (1..=40).map(|i| publish("telemetry/a", 1, i)).collect();
+    packets(&mut s, 3, burst, now);
+    store.commit_all(&mut s, now);
+    publisher.drain();
+    let out_first = first.drain();
+    let out_second = second.drain();
+    assert_eq!(offsets_of(&out_first), (1..=10).collect::<Vec<u64>>());
+    assert_eq!(offsets_of(&out_second), (1..=10).collect::<Vec<u64>>());
+
+    // The first reads its room's worth: nothing says yet how large the
+    // channel's records are.
+    packets(&mut s, 1, acks_of(&out_first), now);
+    let mut reads = Vec::new();
+    s.take_reads(&mut reads);
+    assert_eq!(reads.iter().map(|r| r.max).collect::<Vec<_>>(), vec![10]);
+    s.reads = reads;
+    assert_eq!(store.answer_reads(&mut s, 1, now), 1);
+    let out_first = first.drain();
+    assert_eq!(offsets_of(&out_first), (11..=20).collect::<Vec<u64>>());
+
+    // The second is handed what that read found, with no read of its own,
+    // each record's message built once for both.
+    packets(&mut s, 2, acks_of(&out_second), now);
+    assert_eq!(store.answer_reads(&mut s, 1, now), 0, "no read");
+    let out_second = second.drain();
+    assert_eq!(offsets_of(&out_second), (11..=20).collect::<Vec<u64>>());
+    let message = |out: &[Outbound], i: usize| match &out[i] {
+        Outbound::Publish { message, .. } => message.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(Arc::ptr_eq(
+        &message(&out_first, 0),
+        &message(&out_second, 0)
+    ));
+
+    // Small records: the next read asks for more than the room, and what
+    // did not fit is handed on from memory when the room comes back.
+    packets(&mut s, 1, acks_of(&out_first), now);
+    let mut reads = Vec::new();
+    s.take_reads(&mut reads);
+    assert_eq!(reads.len(), 1);
+    assert!(reads[0].max > 10, "asked for {}", reads[0].max);
+    s.reads = reads;
+    store.answer_reads(&mut s, 1, now);
+    let out_first = first.drain();
+    assert_eq!(offsets_of(&out_first), (21..=30).collect::<Vec<u64>>());
+    packets(&mut s, 1, acks_of(&out_first), now);
+    assert_eq!(store.answer_reads(&mut s, 1, now), 0, "no read");
+    assert_eq!(offsets_of(&first.drain()), (31..=40).collect::<Vec<u64>>());
+}
+
+#[test]
+fn records_retention_removed_are_not_handed_on_from_memory_but_told_as_a_gap() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut consumer = connect(&mut s, 1, "reader", false, now);
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    store.commit_all(&mut s, now);
+    let burst: Vec<Inbound> = (1..=40).map(|i| publish("telemetry/a", 1, i)).collect();
+    packets(&mut s, 2, burst, now);
+    store.commit_all(&mut s, now);
+    publisher.drain();
+    let mut out = consumer.drain();
+    // Two windows read; the second read found 21..=40, of which 21..=30
+    // were sent and 31..=40 are kept.
+    for _ in 0..2 {
+        packets(&mut s, 1, acks_of(&out), now);
+        assert_eq!(store.answer_reads(&mut s, 1, now), 1);
+        out = consumer.drain();
+    }
+    assert_eq!(offsets_of(&out), (21..=30).collect::<Vec<u64>>());
+    s.handle(
+        Event::FloorRaised {
+            channel: "telemetry".into(),
+            floor: 36,
+        },
+        now,
+    );
+    packets(&mut s, 1, acks_of(&out), now);
+    assert_eq!(
+        store.answer_reads(&mut s, 36, now),
+        1,
+        "read, not remembered"
+    );
+    let got = channel_deliveries(&consumer.drain());
+    assert_eq!(got[0], (36, Some("31-35".to_owned())));
+    assert_eq!(
+        got[1..].iter().map(|(o, _)| *o).collect::<Vec<u64>>(),
+        (37..=40).collect::<Vec<u64>>()
+    );
+}
+
 #[test]
 fn a_qos2_publish_into_a_channel_is_held_until_its_release_and_stored_once() {
     let now = Instant::now();
