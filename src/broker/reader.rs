@@ -56,7 +56,7 @@ pub fn read_window(
     };
     let mut floor = None;
     for _ in 0..FLOOR_RETRIES {
-        match store.read_from_n(at, max) {
+        match store.read_shared_n(at, max) {
             Ok(mut records) => {
                 on_channel_topics(store.name(), &mut records);
                 return Ok(ReadWindow {
@@ -92,17 +92,19 @@ pub fn read_window(
 /// Records a queue moved into its dead-letter channel keep the queue's
 /// topic (`jobs/email`); they are read on the dead-letter channel's own
 /// (`jobs.dlq/email`), so its consumers' filters match them.
-fn on_channel_topics(channel: &str, records: &mut [saguin_format::model::Record]) {
+fn on_channel_topics(channel: &str, records: &mut [Arc<saguin_format::model::Record>]) {
     for record in records {
         let (first, rest) = match record.topic.split_once('/') {
             Some((first, rest)) => (first, Some(rest)),
             None => (record.topic.as_str(), None),
         };
         if first != channel {
-            record.topic = match rest {
+            let topic = match rest {
                 Some(rest) => format!("{channel}/{rest}"),
                 None => channel.to_owned(),
             };
+            // A copy of the record the store shares, with its own topic.
+            Arc::make_mut(record).topic = topic;
         }
     }
 }
@@ -129,7 +131,7 @@ pub fn read_latest(
             Ok(ReadWindow {
                 start,
                 floor: None,
-                records,
+                records: records.into_iter().map(Arc::new).collect(),
                 next: None,
             })
         }
@@ -157,7 +159,7 @@ pub fn read_latest(
             Ok(ReadWindow {
                 start,
                 floor,
-                records,
+                records: records.into_iter().map(Arc::new).collect(),
                 next: complete.then_some(next.max(last)),
             })
         }
@@ -184,7 +186,7 @@ pub fn read_queue(
     let records = store
         .offer(max, now)?
         .into_iter()
-        .map(|item| item.record)
+        .map(|item| Arc::new(item.record))
         .collect();
     Ok(ReadWindow {
         start: 0,

@@ -192,11 +192,11 @@ impl Stores {
     fn store_record(&self, record: Record) -> Result<Written, StorageError> {
         let (index, channel) = self.channel()?;
         let stored = match channel {
-            ChannelStore::Append(s) => s.append(record)?,
-            ChannelStore::Latest(s) => s.set(record)?,
-            ChannelStore::Queue(s) => s.enqueue(record)?,
+            ChannelStore::Append(s) => s.append_shared(record)?,
+            ChannelStore::Latest(s) => Arc::new(s.set(record)?),
+            ChannelStore::Queue(s) => Arc::new(s.enqueue(record)?),
         };
-        Ok(Written::Stored(index, Box::new(stored)))
+        Ok(Written::Stored(index, stored))
     }
 
     fn save_position(
@@ -278,7 +278,7 @@ impl Stores {
                 let (index, channel) = self.channel()?;
                 Ok(
                     match self.held.release(channel.name(), &client_id, packet_id)? {
-                        Some(record) => Written::Stored(index, Box::new(record)),
+                        Some(record) => Written::Stored(index, Arc::new(record)),
                         None => Written::Done,
                     },
                 )
@@ -368,14 +368,19 @@ impl Stores {
                 run.push(rest.next().expect("peeked"));
             }
             run.retain(|(i, _)| failed[*i].is_none());
+            let owners: Vec<usize> = run.iter().map(|(i, _)| *i).collect();
+            // The writes are moved into what makes them, not copied: an
+            // append's record is a publish's size.
             let answers = match kind {
                 Run::Session if run.len() > 1 => self.sessions_together(&run),
-                Run::Append | Run::ChannelAppend if run.len() > 1 => self.append_run(&run),
+                Run::Append | Run::ChannelAppend if run.len() > 1 => {
+                    self.append_run(run.into_iter().map(|(_, w)| w).collect())
+                }
                 Run::Lease if run.len() > 1 => self.lease_run(&run),
                 Run::Resolve if run.len() > 1 => self.resolve_run(&run),
-                _ => run.iter().map(|(_, w)| self.apply(w.clone())).collect(),
+                _ => run.into_iter().map(|(_, w)| self.apply(w)).collect(),
             };
-            for ((i, _), answer) in run.into_iter().zip(answers) {
+            for (i, answer) in owners.into_iter().zip(answers) {
                 match answer {
                     Ok(w) if failed[i].is_none() => written[i].push(w),
                     Ok(_) => {}
@@ -488,26 +493,27 @@ impl Stores {
 
     /// A run of appends (to the broadcast log, or to this persister's
     /// channel) as one group commit.
-    fn append_run(&self, run: &[(usize, Write)]) -> Vec<Result<Written, StorageError>> {
+    fn append_run(&self, run: Vec<Write>) -> Vec<Result<Written, StorageError>> {
+        let n = run.len();
+        let to_channel = matches!(run.first(), Some(Write::Append(_)));
         let records: Vec<Record> = run
-            .iter()
-            .filter_map(|(_, w)| match w {
-                Write::AppendLog(r) | Write::Append(r) => Some(r.clone()),
+            .into_iter()
+            .filter_map(|w| match w {
+                Write::AppendLog(r) | Write::Append(r) => Some(r),
                 _ => None,
             })
             .collect();
-        let to_channel = matches!(run.first(), Some((_, Write::Append(_))));
         let answers = if to_channel {
             self.channel().map(|(index, channel)| match channel {
                 ChannelStore::Append(s) => s
-                    .append_batch(records)
+                    .append_batch_shared(records)
                     .into_iter()
-                    .map(|r| r.map(|r| Written::Stored(index, Box::new(r))))
+                    .map(|r| r.map(|r| Written::Stored(index, r)))
                     .collect::<Vec<_>>(),
                 ChannelStore::Queue(q) => q
                     .enqueue_many(records)
                     .into_iter()
-                    .map(|r| r.map(|r| Written::Stored(index, Box::new(r))))
+                    .map(|r| r.map(|r| Written::Stored(index, Arc::new(r))))
                     .collect(),
                 // A value replaced is collected by the provider itself.
                 ChannelStore::Latest(_) => {
@@ -524,7 +530,7 @@ impl Stores {
         };
         match answers {
             Ok(answers) => answers,
-            Err(e) => self.unwritten(run.len(), &e),
+            Err(e) => self.unwritten(n, &e),
         }
     }
 

@@ -116,7 +116,8 @@ pub struct ReadWindow {
     /// Set when `start` had to move up past removed records: the floor it
     /// moved to (the records from the asked offset below it are gone).
     pub floor: Option<u64>,
-    pub records: Vec<Record>,
+    /// Shared with the store where it keeps them in memory.
+    pub records: Vec<Arc<Record>>,
     /// Set when the window holds every change below it (a latest
     /// channel's, whose later values replace earlier offsets): a consumer
     /// handed all of it looks at this offset next.
@@ -127,6 +128,9 @@ pub struct ReadWindow {
 #[derive(Debug, Clone)]
 pub(super) struct ConsumerFilter {
     pub filter: String,
+    /// `<channel>/#`: every record of the channel matches it, so no record
+    /// is matched against it.
+    pub whole_channel: bool,
     pub qos: u8,
     pub no_local: bool,
     pub retain_as_published: bool,
@@ -281,7 +285,7 @@ impl BrokerState {
 
     /// A record of `channel` committed at its offset: handed to every
     /// consumer that is caught up and has room, the others read it later.
-    pub(super) fn channel_committed(&mut self, channel: u16, record: Record, now: Instant) {
+    pub(super) fn channel_committed(&mut self, channel: u16, record: Arc<Record>, now: Instant) {
         // A deletion of a topic that held nothing took no offset.
         if record.offset == 0 {
             return;
@@ -385,12 +389,19 @@ impl BrokerState {
             return false;
         };
         let consumer = &session.consumers[index];
+        // Most offers that find no room find a full window: said before
+        // any filter is matched. Its acknowledgements make the room and
+        // pump it; only a writer that is behind is asked to say when it
+        // drained.
+        if self.window_full(key, index, record.qos) {
+            return false;
+        }
         let mut best: Option<&ConsumerFilter> = None;
         let mut subscription_ids = Vec::new();
         // One hop: a bridge is not handed what arrived over a bridge.
         let looped = session.bridge.is_some() && record.bridge.is_some();
         for f in &consumer.filters {
-            if !topic::filter_matches(&f.filter, &record.topic) {
+            if !f.whole_channel && !topic::filter_matches(&f.filter, &record.topic) {
                 continue;
             }
             // Every matching subscription's identifier, as MQTT 5 says,
@@ -415,11 +426,12 @@ impl BrokerState {
             .connections
             .get(&connection)
             .map_or(0, |c| c.receive_maximum);
-        let has_room = if qos == 0 {
-            self.has_room(connection)
-        } else {
-            session.inflight.len() < window && self.has_room(connection)
-        } && (!self.is_latest(consumer.channel) || self.values_sent(connection));
+        if qos > 0 && session.inflight.len() >= window {
+            // Its acknowledgements make the room, and pump it.
+            return false;
+        }
+        let has_room = self.has_room(connection)
+            && (!self.is_latest(consumer.channel) || self.values_sent(connection));
         if !has_room {
             self.want_drained(connection);
             return false;
@@ -461,6 +473,21 @@ impl BrokerState {
         ));
         self.transmit(connection, queued, packet_id, false, now);
         true
+    }
+
+    /// Is consumer `index` of `key` out of window for a record published at
+    /// `record_qos`, whichever of its filters the record matches? (A QoS 0
+    /// record, or a QoS 0 subscription, is sent outside the window.)
+    fn window_full(&self, key: SessionKey, index: usize, record_qos: u8) -> bool {
+        let Some(session) = self.sessions.get(&key) else {
+            return false;
+        };
+        let Some(connection) = session.connection.and_then(|c| self.connections.get(&c)) else {
+            return false;
+        };
+        record_qos > 0
+            && session.inflight.len() >= connection.receive_maximum
+            && session.consumers[index].filters.iter().all(|f| f.qos > 0)
     }
 
     /// Let consumer `index` of `key` catch up once the current event is
@@ -755,6 +782,10 @@ impl BrokerState {
             .filter(|s| s.share_group.is_none() && first_level(&s.filter) == &**name)
             .map(|s: &SessionSubscription| ConsumerFilter {
                 filter: s.filter.clone(),
+                whole_channel: s
+                    .filter
+                    .strip_prefix(&**name)
+                    .is_some_and(|rest| rest == "/#"),
                 qos: s.options.qos,
                 no_local: s.options.no_local,
                 retain_as_published: s.options.retain_as_published,

@@ -138,7 +138,7 @@ pub enum Written {
     /// The offset an [`Write::AppendLog`] took.
     Appended(u64),
     /// A record stored in the channel of this index, with its offset.
-    Stored(u16, Box<Record>),
+    Stored(u16, Arc<Record>),
     /// A queue record leased, in the queue of this index.
     Leased(u16, Box<crate::storage::contract::Lease>),
     /// A delivery resolved (false: it was superseded, nothing changed).
@@ -606,7 +606,7 @@ impl BrokerState {
                         // committed, in commit order, whatever its
                         // publisher still waits for.
                         Written::Stored(channel, record) => {
-                            self.channel_committed(channel, *record, now)
+                            self.channel_committed(channel, record, now)
                         }
                         Written::Leased(channel, lease) => self.leased(channel, *lease, now),
                         Written::Resolved(channel, delivery, _) => {

@@ -130,7 +130,7 @@ impl Recent {
 
     /// Keep what a read from `start` found (`records`, ascending). The part
     /// another span already covers is left to it.
-    pub fn insert(&mut self, start: u64, records: Vec<Record>) {
+    pub fn insert(&mut self, start: u64, records: Vec<Arc<Record>>) {
         let Some(last) = records.last().map(|r| r.offset) else {
             return;
         };
@@ -155,7 +155,7 @@ impl Recent {
             .map(|record| {
                 bytes += record.accounted_size();
                 Entry {
-                    record: Arc::new(record),
+                    record,
                     message: None,
                 }
             })
@@ -226,13 +226,13 @@ impl Recent {
 mod tests {
     use super::*;
 
-    fn records(offsets: impl IntoIterator<Item = u64>) -> Vec<Record> {
+    fn records(offsets: impl IntoIterator<Item = u64>) -> Vec<Arc<Record>> {
         offsets
             .into_iter()
             .map(|offset| {
                 let mut r = Record::new("telemetry/a", vec![0u8; 100]);
                 r.offset = offset;
-                r
+                Arc::new(r)
             })
             .collect()
     }

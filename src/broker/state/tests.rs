@@ -102,7 +102,7 @@ impl FakeStore {
     fn store_in_channel(&mut self, mut record: saguin_format::model::Record) -> Written {
         record.offset = self.channel.len() as u64 + 1;
         self.channel.push(record.clone());
-        Written::Stored(0, Box::new(record))
+        Written::Stored(0, Arc::new(record))
     }
 
     /// Answer every read the state asked for from channel 0, whose records
@@ -122,6 +122,7 @@ impl FakeStore {
                 .filter(|r| r.offset >= start)
                 .take(read.max)
                 .cloned()
+                .map(Arc::new)
                 .collect();
             s.handle(
                 Event::ChannelRead {
@@ -1585,13 +1586,13 @@ impl MemoryChannels {
         let store = &self.stores[index as usize];
         Ok(match (write, store) {
             (Write::Append(r), ChannelStore::Append(s)) => {
-                Written::Stored(index, Box::new(s.append(r.clone())?))
+                Written::Stored(index, Arc::new(s.append(r.clone())?))
             }
             (Write::Append(r), ChannelStore::Latest(s)) => {
-                Written::Stored(index, Box::new(s.set(r.clone())?))
+                Written::Stored(index, Arc::new(s.set(r.clone())?))
             }
             (Write::Append(r), ChannelStore::Queue(s)) => {
-                Written::Stored(index, Box::new(s.enqueue(r.clone())?))
+                Written::Stored(index, Arc::new(s.enqueue(r.clone())?))
             }
             (Write::SavePosition(p), ChannelStore::Latest(s)) => {
                 s.save_position(p.clone())?;

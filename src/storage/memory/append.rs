@@ -128,7 +128,13 @@ impl MemoryAppend {
         self.append_inner(record, true)
     }
 
-    fn append_inner(&self, mut record: Record, relief: bool) -> Result<Record> {
+    fn append_inner(&self, record: Record, relief: bool) -> Result<Record> {
+        self.append_shared_inner(record, relief)
+            .map(Arc::unwrap_or_clone)
+    }
+
+    /// The record as the log holds it: an answer that copies nothing.
+    fn append_shared_inner(&self, mut record: Record, relief: bool) -> Result<Arc<Record>> {
         self.shared.check_open()?;
         check_record(&self.name, &record, false)?;
         let size = record.accounted_size();
@@ -148,7 +154,7 @@ impl MemoryAppend {
         let shared = Arc::new(record);
         st.log.push(shared.clone(), size);
         drop(st);
-        Ok(Arc::unwrap_or_clone(shared))
+        Ok(shared)
     }
 
     fn check_read(&self, st: &AppendState, offset: u64) -> Result<()> {
@@ -212,6 +218,23 @@ impl AppendStore for MemoryAppend {
         let st = read(&self.state);
         self.check_read(&st, offset)?;
         Ok(st.log.read_from(offset, max))
+    }
+
+    fn append_shared(&self, record: Record) -> Result<Arc<Record>> {
+        self.append_shared_inner(record, false)
+    }
+
+    fn append_batch_shared(&self, records: Vec<Record>) -> Vec<Result<Arc<Record>>> {
+        records
+            .into_iter()
+            .map(|r| self.append_shared_inner(r, false))
+            .collect()
+    }
+
+    fn read_shared_n(&self, offset: u64, max: usize) -> Result<Vec<Arc<Record>>> {
+        let st = read(&self.state);
+        self.check_read(&st, offset)?;
+        Ok(st.log.read_shared(offset, max))
     }
 
     fn next(&self) -> u64 {

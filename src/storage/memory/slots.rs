@@ -113,15 +113,24 @@ impl SlotLog {
 
     /// At most `max` records from `offset` on, cleared slots skipped.
     pub fn read_from(&self, offset: u64, max: usize) -> Vec<Record> {
-        let start = self.index_of(offset);
-        self.slots
-            .get(start..)
-            .unwrap_or(&[])
-            .iter()
+        self.held_from(offset)
             .filter_map(|s| s.record.as_deref())
             .take(max)
             .cloned()
             .collect()
+    }
+
+    /// [`SlotLog::read_from`], the records shared rather than copied.
+    pub fn read_shared(&self, offset: u64, max: usize) -> Vec<Arc<Record>> {
+        self.held_from(offset)
+            .filter_map(|s| s.record.clone())
+            .take(max)
+            .collect()
+    }
+
+    fn held_from(&self, offset: u64) -> std::slice::Iter<'_, Slot> {
+        let start = self.index_of(offset);
+        self.slots.get(start..).unwrap_or(&[]).iter()
     }
 
     /// Every record held, shared rather than copied (what a snapshot takes
