@@ -27,7 +27,7 @@
 //! are announced on its next delivery as `saguin-gap: FROM-TO` and counted
 //! (invariant 1).
 
-use std::collections::BTreeSet;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -150,7 +150,7 @@ pub struct Consumer {
     /// Offsets sent at QoS 1/2 and not acknowledged yet, and a latest
     /// channel's current values owed to it and not yet sent (QoS 0) or
     /// acknowledged.
-    unacked: BTreeSet<u64>,
+    unacked: Offsets,
     /// A latest channel's current values are being read for it (or are
     /// read again at the tick): what it is owed is not known yet, so no
     /// position is stored.
@@ -168,7 +168,7 @@ pub struct Consumer {
 impl Consumer {
     /// What may be stored: it never passes an unacknowledged record.
     fn position(&self) -> u64 {
-        self.unacked.first().copied().unwrap_or(self.next)
+        self.unacked.first().unwrap_or(self.next)
     }
 
     /// A current value at `offset` is owed to it: its position waits
@@ -179,7 +179,7 @@ impl Consumer {
 
     /// The value at `offset` is no longer owed.
     pub(super) fn owed_done(&mut self, offset: u64) {
-        self.unacked.remove(&offset);
+        self.unacked.remove(offset);
     }
 
     /// Values owed at `offsets` will not be sent where they were queued
@@ -191,13 +191,45 @@ impl Consumer {
             return;
         };
         for offset in offsets {
-            self.unacked.remove(offset);
+            self.unacked.remove(*offset);
         }
         if lowest < self.next && !self.values_pending {
             self.next = lowest;
             self.generation = generation;
             self.reading = false;
         }
+    }
+}
+
+/// Offsets in ascending order, each once: what a consumer was sent and has
+/// not acknowledged. Sent in ascending order and mostly acknowledged in
+/// it, so an insert is a push at the back and a removal a pop at the front.
+#[derive(Debug, Default)]
+struct Offsets(VecDeque<u64>);
+
+impl Offsets {
+    fn first(&self) -> Option<u64> {
+        self.0.front().copied()
+    }
+
+    fn insert(&mut self, offset: u64) {
+        if self.0.back().is_none_or(|&last| last < offset) {
+            self.0.push_back(offset);
+        } else if let Err(at) = self.0.binary_search(&offset) {
+            self.0.insert(at, offset);
+        }
+    }
+
+    fn remove(&mut self, offset: u64) {
+        if self.0.front() == Some(&offset) {
+            self.0.pop_front();
+        } else if let Ok(at) = self.0.binary_search(&offset) {
+            self.0.remove(at);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
     }
 }
 
@@ -768,7 +800,7 @@ impl BrokerState {
         }
         if let Some(index) = self.consumer_index(key, channel) {
             let session = self.sessions.get_mut(&key).expect("indexed");
-            session.consumers[index].unacked.remove(&offset);
+            session.consumers[index].unacked.remove(offset);
         }
     }
 
@@ -851,7 +883,7 @@ impl BrokerState {
                     generation,
                     filters,
                     next: start.unwrap_or(next),
-                    unacked: BTreeSet::new(),
+                    unacked: Offsets::default(),
                     values_pending: false,
                     reading: false,
                     seek: None,
@@ -1220,4 +1252,25 @@ fn reader_of(session: &super::session::Session) -> Option<Reader> {
 /// A topic's or filter's first level.
 pub(super) fn first_level(topic: &str) -> &str {
     topic.split('/').next().unwrap_or(topic)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Offsets;
+
+    #[test]
+    fn offsets_stay_ascending_and_each_once_whatever_the_order() {
+        let mut offsets = Offsets::default();
+        for o in [5, 7, 6, 9, 7, 1] {
+            offsets.insert(o);
+        }
+        assert_eq!(offsets.0, [1, 5, 6, 7, 9]);
+        offsets.remove(6);
+        offsets.remove(1);
+        offsets.remove(42);
+        assert_eq!(offsets.first(), Some(5));
+        assert_eq!(offsets.0, [5, 7, 9]);
+        offsets.clear();
+        assert_eq!(offsets.first(), None);
+    }
 }
