@@ -53,7 +53,7 @@ impl BrokerState {
         }
         // The writer finishes what is queued and closes when the queue's
         // sender (held only here) is dropped; a paused reader is let go.
-        let _ = conn.handle.pause.send(false);
+        conn.handle.set_paused(false);
         if let Some(session) = self.sessions.get_mut(&conn.session) {
             if session.connection == Some(connection) {
                 session.connection = None;

@@ -314,6 +314,16 @@ pub struct ConnectionHandle {
     pub want_drained: Arc<std::sync::atomic::AtomicBool>,
 }
 
+impl ConnectionHandle {
+    /// Pause or let go of the client's reader. Said only when it changes:
+    /// every word wakes the reader, and most answers released leave an
+    /// unpaused reader unpaused.
+    fn set_paused(&self, paused: bool) {
+        self.pause
+            .send_if_modified(|now| std::mem::replace(now, paused) != paused);
+    }
+}
+
 /// Something for the broker state to act on.
 #[derive(Debug)]
 pub enum Event {
@@ -503,7 +513,7 @@ impl Connection {
         }
         self.sent += 1;
         if self.waiting() >= limit {
-            let _ = self.handle.pause.send(true);
+            self.handle.set_paused(true);
             self.handle.want_drained.store(true, Relaxed);
         }
         true
@@ -827,7 +837,7 @@ impl BrokerState {
             return;
         };
         if conn.answers.len() < ANSWERS_PAUSE {
-            let _ = conn.handle.pause.send(false);
+            conn.handle.set_paused(false);
         }
         let key = conn.session;
         self.send_retained_backlog(connection, now);

@@ -562,7 +562,7 @@ impl BrokerState {
             parked,
         });
         if conn.answers.len() == super::ANSWERS_PAUSE {
-            let _ = conn.handle.pause.send(true);
+            conn.handle.set_paused(true);
         }
         if wait.is_none() {
             self.release_answers(connection, now);
@@ -664,7 +664,7 @@ impl BrokerState {
             };
             if conn.answers.front().is_none_or(|a| a.wait.is_some()) {
                 if conn.answers.len() < super::ANSWERS_PAUSE / 2 && self.has_room(connection) {
-                    let _ = self.connections[&connection].handle.pause.send(false);
+                    self.connections[&connection].handle.set_paused(false);
                 }
                 return;
             }
