@@ -261,8 +261,11 @@
 //!   its start needs no read (`next`, an offset), so its SUBACK waits for
 //!   it: killed before the first flush, the broker resumes it where it
 //!   began, not at the `next` of the restart. A start that takes a read
-//!   (`earliest`, a time) is written the moment the read finds it, one
-//!   read after the SUBACK. A latest channel's new consumer stores none
+//!   (`earliest`, a time) is written with its SUBSCRIBE as the first
+//!   offset, and as what the read found the moment it finds it: killed in
+//!   between, the broker resumes it from the floor (a time start then
+//!   gets older records than it asked for, and retention's removals are
+//!   told as a gap), never at `next`. A latest channel's new consumer stores none
 //!   until it has its current values (a restart in between resumes it at
 //!   `next` with no values, as a resumed session gets no retained
 //!   messages again).

@@ -922,11 +922,16 @@ impl BrokerState {
         }
         let next = self.channels[channel as usize].next;
         // A consumer told to start past the end waits there; what is
-        // stored is never past the channel's next offset.
+        // stored is never past the channel's next offset. A start that
+        // takes a read to find (`earliest`, a time) is stored as the first
+        // offset until the read finds it: a kill before then resumes it
+        // from the floor, with more than it asked for, not at `next`
+        // without what it asked for.
         let (begin, stored) = match start.seek {
-            None => (next, next),
-            Some(Seek::Offset(offset)) => (offset, offset.min(next)),
-            Some(_) => return,
+            None => (Some(next), next),
+            Some(Seek::Offset(offset)) => (Some(offset), offset.min(next)),
+            Some(Seek::Earliest | Seek::Time(_)) => (None, crate::storage::contract::FIRST_OFFSET),
+            Some(Seek::Current) => return,
         };
         let session = &self.sessions[&key];
         if let Some(bridge) = &session.bridge {
@@ -940,7 +945,9 @@ impl BrokerState {
         let Some((reader, session_expiry)) = position_holder(session) else {
             return;
         };
-        start.seek = Some(Seek::Offset(begin));
+        if let Some(begin) = begin {
+            start.seek = Some(Seek::Offset(begin));
+        }
         start.stored = Some(stored);
         let saved_at = self.unix_at(now).max(1);
         self.stage(

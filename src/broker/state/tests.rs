@@ -112,8 +112,11 @@ impl FakeStore {
         s.take_reads(&mut reads);
         let count = reads.len();
         for read in reads {
-            let Seek::Offset(from) = read.from else {
-                panic!("only offsets are sought here");
+            let from = match read.from {
+                Seek::Offset(from) => from,
+                // The oldest held: no gap to tell.
+                Seek::Earliest => floor,
+                other => panic!("{other:?} is not sought here"),
             };
             let start = from.max(floor);
             let records = self
@@ -2242,6 +2245,66 @@ fn a_durable_consumers_start_is_written_with_its_subscribe_and_its_suback_waits(
         .iter()
         .flat_map(|i| i.writes.iter())
         .any(|w| matches!(w, Write::SavePosition(_))));
+}
+
+#[test]
+fn an_earliest_start_is_stored_as_the_first_offset_until_its_read_finds_it() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    let burst: Vec<Inbound> = (1..=8).map(|i| publish("telemetry/a", 1, i)).collect();
+    packets(&mut s, 2, burst, now);
+    store.commit_all(&mut s, now);
+    publisher.drain();
+    let mut durable = connect_as(&mut s, 1, request("durable", false, 3600), now);
+    store.commit_all(&mut s, now);
+    durable.drain();
+    let mut earliest = subscribe("telemetry/#", 1);
+    if let Inbound::Subscribe {
+        user_properties, ..
+    } = &mut earliest
+    {
+        user_properties.push((FROM_PROPERTY.into(), "earliest".into()));
+    }
+    packets(&mut s, 1, vec![earliest], now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    // Killed now, it resumes from the first record held, not at `next`.
+    assert_eq!(
+        positions_saved(&intents),
+        vec![("mqtt:durable".to_owned(), 1, Some(3600))]
+    );
+    assert!(!durable
+        .drain()
+        .iter()
+        .any(|o| matches!(o, Outbound::SubAck { .. })));
+    for intent in intents {
+        let written = store.apply(&intent);
+        s.handle(
+            Event::Committed {
+                ticket: intent.ticket,
+                result: Ok(written),
+            },
+            now,
+        );
+    }
+    // Retention removed 1..=3: the read finds the oldest held, 4, and
+    // that is written at once.
+    store.answer_reads(&mut s, 4, now);
+    let out = durable.drain();
+    assert!(out.iter().any(|o| matches!(o, Outbound::SubAck { .. })));
+    assert_eq!(
+        channel_deliveries(&out)[0],
+        (4, None),
+        "no gap for earliest"
+    );
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    assert_eq!(
+        positions_saved(&intents),
+        vec![("mqtt:durable".to_owned(), 4, Some(3600))]
+    );
 }
 
 /// The positions `intents` save: reader, offset and session expiry.
