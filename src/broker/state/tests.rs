@@ -1087,14 +1087,7 @@ fn a_consumer_behind_its_window_reads_from_the_store_in_order_without_a_hole() {
     // Acknowledging frees the window: the rest is read, not queued. The
     // last window is left unacknowledged.
     while got.len() < 25 {
-        let acks: Vec<Inbound> = publish_ids(&out)
-            .into_iter()
-            .map(|packet_id| Inbound::PubAck {
-                packet_id,
-                reason: ReasonCode::Success,
-            })
-            .collect();
-        packets(&mut s, 1, acks, now);
+        packets(&mut s, 1, acks_of(&out), now);
         assert_eq!(store.answer_reads(&mut s, 1, now), 1, "one read per window");
         out = consumer.drain();
         got.extend(channel_deliveries(&out).into_iter().map(|(o, _)| o));
@@ -1155,6 +1148,45 @@ fn acks_of(out: &[Outbound]) -> Vec<Inbound> {
         .collect()
 }
 
+/// `telemetry` with the persistent QoS 1 consumers `readers` (connections
+/// 1, 2, ... and Receive Maximum 10 each, see `request`), then `records`
+/// records committed: what each consumer was sent, drained.
+fn consumers_behind(
+    readers: &[&str],
+    records: u16,
+    now: Instant,
+) -> (BrokerState, FakeStore, Vec<(Client, Vec<Outbound>)>) {
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut clients: Vec<Client> = (1..)
+        .zip(readers)
+        .map(|(conn, id)| connect(&mut s, conn, id, false, now))
+        .collect();
+    let writer = readers.len() as u64 + 1;
+    let mut publisher = connect(&mut s, writer, "writer", true, now);
+    for conn in 1..writer {
+        packets(&mut s, conn, vec![subscribe("telemetry/#", 1)], now);
+    }
+    store.commit_all(&mut s, now);
+    for client in &mut clients {
+        client.drain();
+    }
+    let burst: Vec<Inbound> = (1..=records)
+        .map(|i| publish("telemetry/a", 1, i))
+        .collect();
+    packets(&mut s, writer, burst, now);
+    store.commit_all(&mut s, now);
+    publisher.drain();
+    let sent = clients
+        .into_iter()
+        .map(|mut c| {
+            let out = c.drain();
+            (c, out)
+        })
+        .collect();
+    (s, store, sent)
+}
+
 fn offsets_of(out: &[Outbound]) -> Vec<u64> {
     channel_deliveries(out)
         .into_iter()
@@ -1165,21 +1197,10 @@ fn offsets_of(out: &[Outbound]) -> Vec<u64> {
 #[test]
 fn consumers_near_each_other_share_one_read_and_a_read_runs_past_the_room() {
     let now = Instant::now();
-    let mut s = channel_state(Limits::default(), 1);
-    let mut store = FakeStore::default();
-    // Receive Maximum 10 each (see `request`).
-    let mut first = connect(&mut s, 1, "first", false, now);
-    let mut second = connect(&mut s, 2, "second", false, now);
-    let mut publisher = connect(&mut s, 3, "writer", true, now);
-    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
-    packets(&mut s, 2, vec![subscribe("telemetry/#", 1)], now);
-    store.commit_all(&mut s, now);
-    let burst: Vec<Inbound> = (1..=40).map(|i| publish("telemetry/a", 1, i)).collect();
-    packets(&mut s, 3, burst, now);
-    store.commit_all(&mut s, now);
-    publisher.drain();
-    let out_first = first.drain();
-    let out_second = second.drain();
+    let (mut s, mut store, sent) = consumers_behind(&["first", "second"], 40, now);
+    let mut sent = sent.into_iter();
+    let (mut first, out_first) = sent.next().expect("first");
+    let (mut second, out_second) = sent.next().expect("second");
     assert_eq!(offsets_of(&out_first), (1..=10).collect::<Vec<u64>>());
     assert_eq!(offsets_of(&out_second), (1..=10).collect::<Vec<u64>>());
 
@@ -1228,17 +1249,8 @@ fn consumers_near_each_other_share_one_read_and_a_read_runs_past_the_room() {
 #[test]
 fn records_retention_removed_are_not_handed_on_from_memory_but_told_as_a_gap() {
     let now = Instant::now();
-    let mut s = channel_state(Limits::default(), 1);
-    let mut store = FakeStore::default();
-    let mut consumer = connect(&mut s, 1, "reader", false, now);
-    let mut publisher = connect(&mut s, 2, "writer", true, now);
-    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
-    store.commit_all(&mut s, now);
-    let burst: Vec<Inbound> = (1..=40).map(|i| publish("telemetry/a", 1, i)).collect();
-    packets(&mut s, 2, burst, now);
-    store.commit_all(&mut s, now);
-    publisher.drain();
-    let mut out = consumer.drain();
+    let (mut s, mut store, sent) = consumers_behind(&["reader"], 40, now);
+    let (mut consumer, mut out) = sent.into_iter().next().expect("reader");
     // Two windows read; the second read found 21..=40, of which 21..=30
     // were sent and 31..=40 are kept.
     for _ in 0..2 {
@@ -1368,14 +1380,7 @@ fn a_bridge_skips_what_arrived_over_a_bridge_and_keeps_its_place_past_its_sessio
     // Only the local record goes out again.
     let out = bridge.drain();
     assert_eq!(channel_deliveries(&out), vec![(2, None)]);
-    let acks = publish_ids(&out)
-        .into_iter()
-        .map(|packet_id| Inbound::PubAck {
-            packet_id,
-            reason: ReasonCode::Success,
-        })
-        .collect();
-    packets(&mut s, 1, acks, now);
+    packets(&mut s, 1, acks_of(&out), now);
     closed(&mut s, 1, now);
     let mut intents = Vec::new();
     s.take_intents(&mut intents);
