@@ -52,16 +52,21 @@ impl FakeStore {
             if intents.is_empty() {
                 return;
             }
-            for intent in intents {
-                let written = self.apply(&intent);
-                s.handle(
-                    Event::Committed {
-                        ticket: intent.ticket,
-                        result: Ok(written),
-                    },
-                    now,
-                );
-            }
+            self.commit(s, intents, now);
+        }
+    }
+
+    /// Answer `intents`, taken from the state earlier, in order.
+    fn commit(&mut self, s: &mut BrokerState, intents: Vec<Intent>, now: Instant) {
+        for intent in intents {
+            let written = self.apply(&intent);
+            s.handle(
+                Event::Committed {
+                    ticket: intent.ticket,
+                    result: Ok(written),
+                },
+                now,
+            );
         }
     }
 
@@ -1108,25 +1113,38 @@ fn a_consumer_behind_its_window_reads_from_the_store_in_order_without_a_hole() {
     assert_eq!(saved, vec![21]);
 }
 
-#[test]
-fn records_removed_before_a_consumer_got_them_are_announced_as_a_gap() {
-    let now = Instant::now();
+/// `telemetry` holding records 1..=`records`, published by connection 2.
+fn channel_holding(records: u16, now: Instant) -> (BrokerState, FakeStore) {
     let mut s = channel_state(Limits::default(), 1);
     let mut store = FakeStore::default();
     let mut publisher = connect(&mut s, 2, "writer", true, now);
-    let burst: Vec<Inbound> = (1..=8).map(|i| publish("telemetry/a", 1, i)).collect();
+    let burst: Vec<Inbound> = (1..=records)
+        .map(|i| publish("telemetry/a", 1, i))
+        .collect();
     packets(&mut s, 2, burst, now);
     store.commit_all(&mut s, now);
     publisher.drain();
-    let mut consumer = connect(&mut s, 1, "reader", true, now);
-    let mut from_two = subscribe("telemetry/#", 1);
+    (s, store)
+}
+
+/// A SUBSCRIBE of `telemetry/#` at QoS 1 with `saguin-from: from`.
+fn subscribe_from(from: &str) -> Inbound {
+    let mut packet = subscribe("telemetry/#", 1);
     if let Inbound::Subscribe {
         user_properties, ..
-    } = &mut from_two
+    } = &mut packet
     {
-        user_properties.push((FROM_PROPERTY.into(), "2".into()));
+        user_properties.push((FROM_PROPERTY.into(), from.into()));
     }
-    packets(&mut s, 1, vec![from_two], now);
+    packet
+}
+
+#[test]
+fn records_removed_before_a_consumer_got_them_are_announced_as_a_gap() {
+    let now = Instant::now();
+    let (mut s, mut store) = channel_holding(8, now);
+    let mut consumer = connect(&mut s, 1, "reader", true, now);
+    packets(&mut s, 1, vec![subscribe_from("2")], now);
     store.commit_all(&mut s, now);
     // Retention removed 1..=5: the floor is 6.
     store.answer_reads(&mut s, 6, now);
@@ -2228,16 +2246,7 @@ fn a_durable_consumers_start_is_written_with_its_subscribe_and_its_suback_waits(
             .any(|o| matches!(o, Outbound::SubAck { .. })),
         "no SUBACK before its start is stored"
     );
-    for intent in intents {
-        let written = store.apply(&intent);
-        s.handle(
-            Event::Committed {
-                ticket: intent.ticket,
-                result: Ok(written),
-            },
-            now,
-        );
-    }
+    store.commit(&mut s, intents, now);
     assert!(durable
         .drain()
         .iter()
@@ -2255,24 +2264,11 @@ fn a_durable_consumers_start_is_written_with_its_subscribe_and_its_suback_waits(
 #[test]
 fn an_earliest_start_is_stored_as_the_first_offset_until_its_read_finds_it() {
     let now = Instant::now();
-    let mut s = channel_state(Limits::default(), 1);
-    let mut store = FakeStore::default();
-    let mut publisher = connect(&mut s, 2, "writer", true, now);
-    let burst: Vec<Inbound> = (1..=8).map(|i| publish("telemetry/a", 1, i)).collect();
-    packets(&mut s, 2, burst, now);
-    store.commit_all(&mut s, now);
-    publisher.drain();
+    let (mut s, mut store) = channel_holding(8, now);
     let mut durable = connect_as(&mut s, 1, request("durable", false, 3600), now);
     store.commit_all(&mut s, now);
     durable.drain();
-    let mut earliest = subscribe("telemetry/#", 1);
-    if let Inbound::Subscribe {
-        user_properties, ..
-    } = &mut earliest
-    {
-        user_properties.push((FROM_PROPERTY.into(), "earliest".into()));
-    }
-    packets(&mut s, 1, vec![earliest], now);
+    packets(&mut s, 1, vec![subscribe_from("earliest")], now);
     let mut intents = Vec::new();
     s.take_intents(&mut intents);
     // Killed now, it resumes from the first record held, not at `next`.
@@ -2284,16 +2280,7 @@ fn an_earliest_start_is_stored_as_the_first_offset_until_its_read_finds_it() {
         .drain()
         .iter()
         .any(|o| matches!(o, Outbound::SubAck { .. })));
-    for intent in intents {
-        let written = store.apply(&intent);
-        s.handle(
-            Event::Committed {
-                ticket: intent.ticket,
-                result: Ok(written),
-            },
-            now,
-        );
-    }
+    store.commit(&mut s, intents, now);
     // Retention removed 1..=3: the read finds the oldest held, 4, and
     // that is written at once.
     store.answer_reads(&mut s, 4, now);
