@@ -421,11 +421,17 @@ impl BrokerState {
             return false;
         };
         let consumer = &session.consumers[index];
+        let window = self
+            .connections
+            .get(&connection)
+            .map_or(0, |c| c.receive_maximum);
+        let window_full = session.inflight.len() >= window;
         // Most offers that find no room find a full window: said before
-        // any filter is matched. Its acknowledgements make the room and
-        // pump it; only a writer that is behind is asked to say when it
-        // drained.
-        if self.window_full(key, index, record.qos) {
+        // any filter is matched when every filter would send it inside
+        // the window (a QoS 0 record, or a QoS 0 subscription, goes
+        // outside it). Its acknowledgements make the room and pump it;
+        // only a writer that is behind is asked to say when it drained.
+        if window_full && record.qos > 0 && consumer.filters.iter().all(|f| f.qos > 0) {
             return false;
         }
         let mut best: Option<&ConsumerFilter> = None;
@@ -454,12 +460,7 @@ impl BrokerState {
         let qos = filter.qos.min(record.qos);
         let retain = filter.retain_as_published && record.retain;
         let gap = consumer.gap;
-        let window = self
-            .connections
-            .get(&connection)
-            .map_or(0, |c| c.receive_maximum);
-        if qos > 0 && session.inflight.len() >= window {
-            // Its acknowledgements make the room, and pump it.
+        if qos > 0 && window_full {
             return false;
         }
         let has_room = self.has_room(connection)
@@ -505,21 +506,6 @@ impl BrokerState {
         ));
         self.transmit(connection, queued, packet_id, false, now);
         true
-    }
-
-    /// Is consumer `index` of `key` out of window for a record published at
-    /// `record_qos`, whichever of its filters the record matches? (A QoS 0
-    /// record, or a QoS 0 subscription, is sent outside the window.)
-    fn window_full(&self, key: SessionKey, index: usize, record_qos: u8) -> bool {
-        let Some(session) = self.sessions.get(&key) else {
-            return false;
-        };
-        let Some(connection) = session.connection.and_then(|c| self.connections.get(&c)) else {
-            return false;
-        };
-        record_qos > 0
-            && session.inflight.len() >= connection.receive_maximum
-            && session.consumers[index].filters.iter().all(|f| f.qos > 0)
     }
 
     /// Let consumer `index` of `key` catch up once the current event is
@@ -727,38 +713,37 @@ impl BrokerState {
         }
         let progressed = !window.records.is_empty();
         if self.channels[channel as usize].kind == ChannelKind::Append {
+            // Kept for the consumers after it, and sent from there.
             self.channels[channel as usize]
                 .recent
                 .insert(window.start, window.records);
             self.serve_recent(key, index, now);
-            if resolved {
-                self.stage_positions(key, now);
-            }
-            if progressed {
-                self.pump(key, index, now);
-            }
-            return;
-        }
-        let mut whole = true;
-        for record in &window.records {
-            let next = self.sessions[&key].consumers[index].next;
-            if record.offset < next {
-                continue;
-            }
-            if !self.offer(key, index, record, None, now) {
-                whole = false;
-                break;
-            }
-        }
-        if let (true, Some(end)) = (whole, window.next) {
-            let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
-            consumer.next = consumer.next.max(end);
+        } else {
+            self.offer_window(key, index, &window, now);
         }
         if resolved {
             self.stage_positions(key, now);
         }
         if progressed {
             self.pump(key, index, now);
+        }
+    }
+
+    /// A latest channel's window, offered in order as far as the room
+    /// allows; one offered whole moves the consumer to where it ends.
+    fn offer_window(&mut self, key: SessionKey, index: usize, window: &ReadWindow, now: Instant) {
+        for record in &window.records {
+            let next = self.sessions[&key].consumers[index].next;
+            if record.offset < next {
+                continue;
+            }
+            if !self.offer(key, index, record, None, now) {
+                return;
+            }
+        }
+        if let Some(end) = window.next {
+            let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
+            consumer.next = consumer.next.max(end);
         }
     }
 
