@@ -649,6 +649,7 @@ fn open_one(
                 publish_commit_max_records: s.publish_commit_max_records as usize,
                 read_connections: s.read_connections as usize,
                 max_session_expiry,
+                wal_restart_bytes: crate::storage::sqlite::WAL_RESTART_BYTES,
             };
             let sqlite = SqliteProvider::open(options).map_err(|e| match e {
                 SqliteOpenError::Locked(source) => lock_error(&name, source),

@@ -1,7 +1,9 @@
 //! The sqlite provider: one database file per provider,
 //! schema version 20, WAL with `synchronous=NORMAL`, one writer connection,
 //! `read_connections` query-only readers, a flusher that fsyncs the
-//! write-ahead log every `flush_interval` when something committed, and
+//! write-ahead log every `flush_interval` when something committed,
+//! checkpoints it once a second and starts it again once it passes 64 MiB
+//! (so a provider that never stops committing keeps a bounded log), and
 //! group commit of publishes.
 //!
 //! Opening order is the RFC's: the lock (`<file_path>.lock`) is taken before
@@ -90,6 +92,9 @@ pub struct SqliteOptions {
     pub read_connections: usize,
     /// limits.max_session_expiry in seconds, bounding the position sweep.
     pub max_session_expiry: u32,
+    /// The log in use past which it is started again
+    /// ([`WAL_RESTART_BYTES`]; smaller only in tests).
+    pub wal_restart_bytes: u64,
 }
 
 impl SqliteOptions {
@@ -105,6 +110,7 @@ impl SqliteOptions {
             publish_commit_max_records: 256,
             read_connections: 4,
             max_session_expiry: 7 * 24 * 3600,
+            wal_restart_bytes: WAL_RESTART_BYTES,
         }
     }
 }
@@ -208,6 +214,9 @@ pub(crate) struct Counters {
     pub storage_errors: AtomicU64,
     /// WAL fsyncs performed.
     pub flushes: AtomicU64,
+    /// Checkpoints on the writer that copied the whole log, so the next
+    /// commit writes from its start (unless a reader is still in it).
+    pub wal_restarts: AtomicU64,
     /// Publish transactions committed, and the publishes they held.
     pub publish_batches: AtomicU64,
     pub batched_publishes: AtomicU64,
@@ -235,6 +244,9 @@ pub(crate) struct Shared {
     readers: Mutex<Vec<Connection>>,
     readers_free: Condvar,
     reader_count: usize,
+    /// Set, under `readers`, while [`Shared::with_readers_idle`] waits
+    /// for every read to end: no read begins meanwhile.
+    readers_held: AtomicBool,
     closed: AtomicBool,
     /// See [`Shared::refuse_if_publishes_are`].
     publishes_full: AtomicBool,
@@ -491,8 +503,10 @@ impl Shared {
             let conn = {
                 let mut pool = self.readers.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
-                    if let Some(conn) = pool.pop() {
-                        break conn;
+                    if !self.readers_held.load(Ordering::Relaxed) {
+                        if let Some(conn) = pool.pop() {
+                            break conn;
+                        }
                     }
                     if self.closed.load(Ordering::Acquire) {
                         return Err(StorageError::Closed {
@@ -517,6 +531,36 @@ impl Shared {
             out
         };
         result.map_err(|e| self.read_error(context(), e))
+    }
+
+    /// Runs `body` once no read connection is in a read, and no read
+    /// begins until it returns; `None` when some still read after
+    /// `within`.
+    fn with_readers_idle<T>(&self, within: Duration, body: impl FnOnce() -> T) -> Option<T> {
+        let deadline = std::time::Instant::now() + within;
+        let mut pool = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        self.readers_held.store(true, Ordering::Relaxed);
+        let mut out = None;
+        loop {
+            if pool.len() >= self.reader_count {
+                out = Some(body());
+                break;
+            }
+            let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else {
+                break;
+            };
+            pool = self
+                .readers_free
+                .wait_timeout(pool, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        self.readers_held.store(false, Ordering::Relaxed);
+        drop(pool);
+        // The reads that waited meanwhile, and any whose wake-up this wait
+        // took, look again.
+        self.readers_free.notify_all();
+        out
     }
 
     pub fn read_error(&self, context: String, e: rusqlite::Error) -> StorageError {
@@ -814,21 +858,38 @@ fn read_statements() -> Vec<String> {
 }
 
 /// How often, at most, the flusher checkpoints the write-ahead log into
-/// the database while commits keep coming, which bounds the log to about
-/// a second of commits. Off the writer a checkpoint's fsyncs still hold
-/// commits back a little (the file system's journal is shared): PUBACK p99
-/// at 5,000 publishes/s was 3.3-4.2 ms on this machine whether checkpoints
-/// ran every second or every ten (15-506 ms while the writer ran them).
+/// the database while commits keep coming. Off the writer a checkpoint's
+/// fsyncs still hold commits back a little (the file system's journal is
+/// shared): PUBACK p99 at 5,000 publishes/s was 3.3-4.2 ms on this machine
+/// whether checkpoints ran every second or every ten (15-506 ms while the
+/// writer ran them).
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// The log in use past which the flusher starts it again from its
+/// beginning ([`FlushLoop::restart_log`]): the disk a busy provider takes
+/// beside `max_bytes`.
+pub const WAL_RESTART_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Frames a checkpoint on the writer may be left to copy: about 4 MiB,
+/// a few milliseconds of copying with commits held.
+const WRITER_CHECKPOINT_FRAMES: i64 = 1024;
+
+/// Checkpoints off the writer, at most, to bring what is left for the
+/// writer's down to [`WRITER_CHECKPOINT_FRAMES`]; each copies what the
+/// last left, so a writer committing faster than they copy is the only
+/// way to need more.
+const CHECKPOINTS_BEFORE_RESTART: usize = 4;
 
 /// The WAL flusher: every `flush_interval`, fsync the write-ahead log when
 /// something committed since the last fsync (synchronous=NORMAL syncs only
 /// at checkpoints); and at most every [`CHECKPOINT_EVERY`], when something
 /// committed since, a passive checkpoint on a connection of its own. The
-/// writer never checkpoints (`wal_autocheckpoint = 0`): a checkpoint's
-/// fsyncs there would stall every commit behind it - a publisher's PUBACK
-/// waited up to 300 ms for one on this machine's disk. An idle provider
-/// writes nothing.
+/// writer never checkpoints on its own (`wal_autocheckpoint = 0`): a
+/// checkpoint's fsyncs there would stall every commit behind it - a
+/// publisher's PUBACK waited up to 300 ms for one on this machine's disk.
+/// Only to start the log again does the flusher take the writer, for the
+/// last few frames ([`FlushLoop::restart_log`]). An idle provider writes
+/// nothing.
 struct Flusher {
     stop: Arc<(Mutex<bool>, Condvar)>,
     thread: JoinHandle<()>,
@@ -836,26 +897,34 @@ struct Flusher {
 
 impl Flusher {
     fn start(
-        name: String,
-        path: &Path,
+        shared: &Arc<Shared>,
         interval: Duration,
-        counters: Arc<Counters>,
         checkpointer: Connection,
     ) -> io::Result<Flusher> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let wal_path = wal_path(path);
-        let stop_seen = Arc::clone(&stop);
+        let counters = Arc::clone(&shared.counters);
         // Read here, not in the thread: a thread slow to start would
         // otherwise count commits made meanwhile as already flushed.
-        let mut flushed = counters.commits.load(Ordering::Acquire);
+        let flushed = counters.commits.load(Ordering::Acquire);
+        let mut flush = FlushLoop {
+            name: shared.name.clone(),
+            wal_path: wal_path(&shared.path),
+            wal: None,
+            restart_frames: (shared.options.wal_restart_bytes / (shared.page_size + 24)).max(1)
+                as i64,
+            shared: Arc::downgrade(shared),
+            counters,
+            checkpointer,
+            flushed,
+            failing: false,
+            checkpointed: flushed,
+            last_checkpoint: std::time::Instant::now(),
+            checkpoint_failing: false,
+        };
+        let stop_seen = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
-            .name(format!("sqlite-flush-{name}"))
+            .name(format!("sqlite-flush-{}", shared.name))
             .spawn(move || {
-                let mut wal: Option<std::fs::File> = None;
-                let mut failing = false;
-                let mut checkpointed = flushed;
-                let mut last_checkpoint = std::time::Instant::now();
-                let mut checkpoint_failing = false;
                 let (stopped, cv) = &*stop_seen;
                 let mut guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
@@ -864,56 +933,12 @@ impl Flusher {
                         .unwrap_or_else(|e| e.into_inner());
                     guard = g;
                     let stopping = *guard;
-                    let now = counters.commits.load(Ordering::Acquire);
-                    if now != flushed {
-                        match sync_wal(&wal_path, &mut wal) {
-                            Ok(()) => {
-                                flushed = now;
-                                counters.flushes.fetch_add(1, Ordering::Relaxed);
-                                if failing {
-                                    tracing::info!(provider = %name, "write-ahead log flush recovered");
-                                }
-                                failing = false;
-                            }
-                            Err(e) => {
-                                counters.storage_errors.fetch_add(1, Ordering::Relaxed);
-                                if !failing {
-                                    // The first of a streak: acknowledged commits
-                                    // may not be on the disk.
-                                    tracing::error!(provider = %name, wal = %wal_path.display(), error = %e,
-                                        "write-ahead log flush failed; acknowledged commits may not be durable");
-                                }
-                                failing = true;
-                                wal = None;
-                            }
-                        }
-                    }
-                    if !stopping
-                        && now != checkpointed
-                        && last_checkpoint.elapsed() >= CHECKPOINT_EVERY
-                    {
-                        last_checkpoint = std::time::Instant::now();
-                        // PASSIVE: copies what no reader still needs and
-                        // never waits for the writer or a reader.
-                        match checkpointer.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-                            r.get::<_, i64>(0)
-                        }) {
-                            Ok(_) => {
-                                checkpointed = now;
-                                checkpoint_failing = false;
-                            }
-                            Err(e) => {
-                                if !checkpoint_failing {
-                                    tracing::warn!(provider = %name, error = %e,
-                                        "checkpointing the write-ahead log failed; the log grows until one succeeds");
-                                }
-                                checkpoint_failing = true;
-                            }
-                        }
-                    }
+                    let now = flush.counters.commits.load(Ordering::Acquire);
+                    flush.sync(now);
                     if stopping {
                         return;
                     }
+                    flush.checkpoint(now);
                 }
             })?;
         Ok(Flusher { stop, thread })
@@ -925,6 +950,193 @@ impl Flusher {
         cv.notify_all();
         let _ = self.thread.join();
     }
+}
+
+/// What the flusher's thread keeps between its turns.
+struct FlushLoop {
+    name: String,
+    wal_path: PathBuf,
+    /// The log's descriptor, kept between fsyncs.
+    wal: Option<std::fs::File>,
+    /// [`WAL_RESTART_BYTES`] in frames of this file's page size.
+    restart_frames: i64,
+    /// Weak: the provider owns the flusher, and stops it before it closes.
+    shared: std::sync::Weak<Shared>,
+    counters: Arc<Counters>,
+    checkpointer: Connection,
+    /// The commit count at the last fsync, and whether fsyncs fail.
+    flushed: u64,
+    failing: bool,
+    /// The commit count at the last checkpoint, and when it ran.
+    checkpointed: u64,
+    last_checkpoint: std::time::Instant,
+    checkpoint_failing: bool,
+}
+
+/// What `PRAGMA wal_checkpoint` answers.
+struct Checkpointed {
+    /// Frames in the log.
+    log: i64,
+    /// Frames of it copied into the database.
+    copied: i64,
+}
+
+fn checkpoint_on(conn: &Connection) -> rusqlite::Result<Checkpointed> {
+    // PASSIVE: copies what no reader still needs and never waits for the
+    // writer or a reader.
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+        Ok(Checkpointed {
+            log: r.get(1)?,
+            copied: r.get(2)?,
+        })
+    })
+}
+
+impl FlushLoop {
+    /// fsync the log when something committed since the last one.
+    fn sync(&mut self, commits: u64) {
+        if commits == self.flushed {
+            return;
+        }
+        match sync_wal(&self.wal_path, &mut self.wal) {
+            Ok(()) => {
+                self.flushed = commits;
+                self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+                if self.failing {
+                    tracing::info!(provider = %self.name, "write-ahead log flush recovered");
+                }
+                self.failing = false;
+            }
+            Err(e) => {
+                self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
+                if !self.failing {
+                    // The first of a streak: acknowledged commits may not
+                    // be on the disk.
+                    tracing::error!(provider = %self.name, wal = %self.wal_path.display(), error = %e,
+                        "write-ahead log flush failed; acknowledged commits may not be durable");
+                }
+                self.failing = true;
+                self.wal = None;
+            }
+        }
+    }
+
+    /// A checkpoint when one is due and something committed since the
+    /// last, and the log started again once it passed its bound.
+    fn checkpoint(&mut self, commits: u64) {
+        if commits == self.checkpointed || self.last_checkpoint.elapsed() < CHECKPOINT_EVERY {
+            return;
+        }
+        self.last_checkpoint = std::time::Instant::now();
+        let mut done = self.checkpoint_once(commits);
+        for _ in 1..CHECKPOINTS_BEFORE_RESTART {
+            match done {
+                Some(c)
+                    if c.log >= self.restart_frames
+                        && c.log - c.copied > WRITER_CHECKPOINT_FRAMES =>
+                {
+                    done = self.checkpoint_once(commits);
+                }
+                _ => break,
+            }
+        }
+        if let Some(c) = done {
+            if c.log >= self.restart_frames && c.log - c.copied <= WRITER_CHECKPOINT_FRAMES {
+                self.restart_log();
+            }
+        }
+    }
+
+    fn checkpoint_once(&mut self, commits: u64) -> Option<Checkpointed> {
+        match checkpoint_on(&self.checkpointer) {
+            Ok(c) => {
+                self.checkpointed = commits;
+                self.checkpoint_failing = false;
+                Some(c)
+            }
+            Err(e) => {
+                if !self.checkpoint_failing {
+                    tracing::warn!(provider = %self.name, error = %e,
+                        "checkpointing the write-ahead log failed; the log grows until one succeeds");
+                }
+                self.checkpoint_failing = true;
+                None
+            }
+        }
+    }
+
+    /// Starts the log again from its beginning, so it stops growing. SQLite
+    /// writes from the log's start only when a commit finds the whole log
+    /// copied into the database and no reader still in it, which
+    /// checkpoints beside a writer that keeps committing never achieve:
+    /// each ends behind the commits made while it ran. So, holding the
+    /// writer between two transactions and once this provider's readers
+    /// have ended the reads they began (within a few milliseconds, or the
+    /// next turn tries again), the last frames are copied on the writer
+    /// itself, with its two fsyncs, and one write that changes nothing
+    /// starts the log. Commits and reads wait meanwhile: 5-9 ms at 5,000
+    /// publishes/s on this machine, once every 64 MiB of log. A reader of
+    /// another process still in the log keeps it going on, until a turn
+    /// finds it gone.
+    fn restart_log(&mut self) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let Ok(mut writer) = shared.writer() else {
+            return;
+        };
+        let before = wal_header(&self.wal_path);
+        let held_since = std::time::Instant::now();
+        let started = shared.with_readers_idle(READERS_IDLE_WITHIN, || {
+            match checkpoint_on(writer.conn()) {
+                Ok(c) if c.copied == c.log => {}
+                // A reader of another process is in the log.
+                Ok(_) => return Ok(false),
+                Err(e) => return Err(("checkpointing the write-ahead log on the writer", e)),
+            }
+            writer
+                // The header page written with the value it holds: SQLite
+                // skips a row rewritten with the same bytes, not this.
+                .txn(false, |conn| {
+                    conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
+                })
+                .map(|_| true)
+                .map_err(|e| ("starting the write-ahead log again", e))
+        });
+        match started {
+            // SQLite writes a new header, with a new salt, when it starts
+            // the log again.
+            Some(Ok(true)) if before.is_some() && wal_header(&self.wal_path) != before => {
+                self.counters.wal_restarts.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(provider = %self.name,
+                    writes_held_ms = held_since.elapsed().as_secs_f64() * 1000.0,
+                    "write-ahead log started again from its beginning");
+            }
+            Some(Ok(_)) | None => {}
+            Some(Err((context, e))) => {
+                let e = shared.write_error(Some(writer.conn()), context.into(), 0, &e);
+                if !self.checkpoint_failing {
+                    tracing::warn!(provider = %self.name, error = %e,
+                        "starting the write-ahead log again failed; the log grows until it succeeds");
+                }
+                self.checkpoint_failing = true;
+            }
+        }
+    }
+}
+
+/// How long the flusher waits, holding the writer, for this provider's
+/// readers to end the reads they began before the whole log was copied.
+const READERS_IDLE_WITHIN: Duration = Duration::from_millis(5);
+
+/// The write-ahead log's 32-byte header, or `None` when it cannot be read.
+fn wal_header(path: &Path) -> Option<[u8; 32]> {
+    use std::io::Read;
+    let mut header = [0u8; 32];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .ok()?;
+    Some(header)
 }
 
 fn wal_path(db: &Path) -> PathBuf {
@@ -1108,14 +1320,7 @@ impl SqliteProvider {
         apply_connection_pragmas(&checkpointer, false)
             .map_err(|e| sql_err("setting up the checkpoint connection", e))?;
         let counters = Arc::new(Counters::default());
-        let flusher = Flusher::start(
-            options.name.clone(),
-            &path,
-            options.flush_interval,
-            Arc::clone(&counters),
-            checkpointer,
-        )
-        .map_err(|e| io_err("starting the flusher", e))?;
+        let flush_interval = options.flush_interval;
         let shared = Arc::new(Shared {
             name: options.name.clone(),
             path: path.clone(),
@@ -1128,6 +1333,7 @@ impl SqliteProvider {
             scope: Mutex::new(None),
             scope_ended: Condvar::new(),
             reader_count: readers.len(),
+            readers_held: AtomicBool::new(false),
             readers: Mutex::new(readers),
             readers_free: Condvar::new(),
             closed: AtomicBool::new(false),
@@ -1136,9 +1342,12 @@ impl SqliteProvider {
             bounds,
             page_size,
             registry: Mutex::new(Registry::default()),
-            flusher: Mutex::new(Some(flusher)),
+            flusher: Mutex::new(None),
             lock: Mutex::new(Some(guard)),
         });
+        let flusher = Flusher::start(&shared, flush_interval, checkpointer)
+            .map_err(|e| io_err("starting the flusher", e))?;
+        *shared.flusher.lock().unwrap_or_else(|e| e.into_inner()) = Some(flusher);
         let provider = SqliteProvider { shared };
         provider
             .recover()
@@ -1249,6 +1458,12 @@ impl SqliteProvider {
     /// How many WAL fsyncs the flusher has made.
     pub fn flushes(&self) -> u64 {
         self.shared.counters.flushes.load(Ordering::Relaxed)
+    }
+
+    /// How many times the flusher copied the whole log on the writer, so
+    /// the log was started again.
+    pub fn wal_restarts(&self) -> u64 {
+        self.shared.counters.wal_restarts.load(Ordering::Relaxed)
     }
 
     /// Group commit so far: (publish transactions committed, publishes in

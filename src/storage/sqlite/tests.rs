@@ -677,6 +677,54 @@ fn the_flusher_syncs_after_a_commit() {
     assert_eq!(p.storage_errors(), 0);
 }
 
+/// Checkpoints beside a writer that never pauses end behind it, so
+/// without a restart the log only grows. A restart is counted only when
+/// SQLite wrote the log's header again, with a new salt.
+#[test]
+fn the_log_starts_again_while_commits_never_pause_and_readers_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.flush_interval = Duration::from_millis(10);
+    o.wal_restart_bytes = 256 * 1024;
+    let p = SqliteProvider::open(o).unwrap();
+    let s = append(&p, "t");
+    let stop = Arc::new(AtomicBool::new(false));
+    let reading = {
+        let (s, stop) = (Arc::clone(&s), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let next = s.next();
+                s.read_from_n(next.saturating_sub(8).max(1), 8).unwrap();
+                reads += 1;
+            }
+            reads
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut commits = 0u64;
+    while p.wal_restarts() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "the log was not started again 4 times within 120s"
+        );
+        s.append(rec("t", "x", 1)).unwrap();
+        commits += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(reading.join().unwrap() > 0);
+    assert_eq!(p.storage_errors(), 0);
+    drop(s);
+    p.close().unwrap();
+    // Everything committed is there after the restarts.
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let s = append(&p, "t");
+    assert_eq!(s.next(), commits + 1);
+    for offset in [1, commits / 2, commits] {
+        assert_eq!(s.read_from_n(offset, 1).unwrap()[0].offset, offset);
+    }
+}
+
 #[test]
 fn a_closed_provider_refuses_writes() {
     let dir = tempfile::tempdir().unwrap();
