@@ -257,3 +257,40 @@ impl Conn {
         Ok(())
     }
 }
+
+/// The machine's CPU time so far, from `/proc/stat`, in clock ticks: all
+/// of it, and what the hypervisor gave to other guests while this one
+/// had work (`steal`).
+#[derive(Clone, Copy)]
+pub struct CpuTimes {
+    total: u64,
+    stolen: u64,
+}
+
+impl CpuTimes {
+    /// `None` where `/proc/stat` has no `cpu` line to read.
+    pub fn now() -> Option<CpuTimes> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        // user nice system idle iowait irq softirq steal guest guest_nice;
+        // guest time is counted in user already.
+        let ticks: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(|t| t.parse().ok())
+            .collect::<Option<_>>()?;
+        Some(CpuTimes {
+            total: ticks.iter().sum(),
+            stolen: *ticks.get(7)?,
+        })
+    }
+
+    /// The share of the machine's CPU time taken by the hypervisor
+    /// between `earlier` and this.
+    pub fn stolen_since(self, earlier: CpuTimes) -> Option<f64> {
+        let total = self.total.checked_sub(earlier.total)?;
+        let stolen = self.stolen.checked_sub(earlier.stolen)?;
+        (total > 0).then(|| stolen as f64 / total as f64)
+    }
+}
