@@ -75,6 +75,20 @@ shortest retention_age, never more often than every second; a record with \
 no timestamp is never too old. Each sweep removes from the oldest record \
 and raises the channel's floor in the same write.
 
+Append channels: a PUBLISH whose topic's first level names an append \
+channel is a record at the channel's next offset, PUBACKed once committed \
+(PUBREC once held, PUBCOMP once written for QoS 2); a record that would \
+cross max_bytes is refused with 0x97, a failed write with 0x83 (an MQTT \
+3.1.1 publisher is disconnected instead). A SUBSCRIBE to a filter whose \
+first level is the channel's name makes the session a consumer: it \
+resumes at its stored position, else at next, unless the MQTT 5 User \
+Property saguin-from says earliest, an offset or an RFC 3339 time. Each \
+delivery carries the User Property saguin-offset, and the first after \
+records retention removed carries saguin-gap: FROM-TO; an MQTT 3.1.1 \
+consumer, which has no properties, gets each message as it was published \
+(its gaps are still counted in saguin_consumer_gap_total). $share/G/<channel>/# \
+is one group with one place in the channel, each record to one member.
+
 Stopping: at SIGTERM or SIGINT the broker stops accepting and retention \
 stops, then writes each memory provider's snapshot_dir (its channels with \
 their positions, the manifest first; each file to a \

@@ -31,6 +31,7 @@ const RECORDS: &str = "saguin_channel_records{channel=\"telemetry\"}";
 const FLOOR: &str = "saguin_channel_floor{channel=\"telemetry\"}";
 const BYTES: &str = "saguin_channel_bytes{channel=\"telemetry\"}";
 const GAPS: &str = "saguin_consumer_gap_total{channel=\"telemetry\"}";
+const LAG: &str = "saguin_consumer_lag{channel=\"telemetry\"}";
 
 /// One listener, anonymous clients and the metrics endpoint; `rest` holds
 /// the storage, channels and broker sections.
@@ -598,6 +599,11 @@ fn retention_behind_a_lagging_consumer_is_told_as_a_gap_and_counted() {
             floor < 400,
             "retention keeps what fits in 4 KiB (floor {floor})"
         );
+        // Away at 4 with next at 401: the most any consumer is behind.
+        wait_metrics(&broker, "the laggard's lag", |t| {
+            metric_sample(t, LAG).filter(|&n| n == 397)
+        })
+        .await;
 
         let mut laggard = Raw::tcp(broker.addr(), v5()).await;
         let ack = laggard
@@ -617,6 +623,13 @@ fn retention_behind_a_lagging_consumer_is_told_as_a_gap_and_counted() {
         assert_eq!(user_property(&m, "saguin-gap"), None, "one gap, told once");
         wait_metrics(&broker, "the gap counted", |t| {
             metric_sample(t, GAPS).filter(|&n| n > gaps_before)
+        })
+        .await;
+        for offset in floor + 2..=400 {
+            assert_eq!(offset_of(&laggard.next_publish(true).await), offset);
+        }
+        wait_metrics(&broker, "no lag once caught up", |t| {
+            metric_sample(t, LAG).filter(|&n| n == 0)
         })
         .await;
     });
@@ -1475,4 +1488,171 @@ fn a_saguin_from_past_next_makes_no_failed_storage_write() {
     if let Some(position) = stored_position(&db, "mqtt:ahead") {
         assert!(position <= 4, "a stored position {position} leads next 4");
     }
+}
+
+/// `$share/g/telemetry/#` through the binary: each record goes to one
+/// member with its `saguin-offset`; what a member held when its session
+/// ended goes to the others; the group's one place in the channel is kept
+/// across a stop while it has no member, and a new group starts where its
+/// `saguin-from` says.
+#[test]
+fn a_shared_group_over_a_channel_hands_each_record_to_one_member_and_keeps_its_place() {
+    const GROUP: &str = "$share/g/telemetry/#";
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = sqlite_config(dir.path(), "");
+    let mut broker = Broker::start_in(dir, &yaml);
+    let rt = runtime();
+    rt.block_on(async {
+        let mut a = client(&broker, "member-a", ConnectOpts::clean()).await;
+        let mut b = client(&broker, "member-b", ConnectOpts::clean()).await;
+        for m in [&mut a, &mut b] {
+            let reasons = m.subscribe_with_user_properties(1, GROUP, 1, &[]).await;
+            assert_eq!(reasons, vec![ReasonCode::GrantedQoS1]);
+        }
+        let mut p = client(&broker, "publisher", ConnectOpts::clean()).await;
+        for i in 1..=10u16 {
+            p.publish_acked(&format!("telemetry/s{i}"), b"s", 1, false, i)
+                .await;
+        }
+        // `a` acknowledges nothing, `b` everything.
+        let (mut held_by_a, mut got_by_b) = (Vec::new(), Vec::new());
+        while held_by_a.len() + got_by_b.len() < 10 {
+            tokio::select! {
+                m = a.next_publish(false) => held_by_a.push(offset_of(&m)),
+                // Acknowledged once chosen, so no acknowledgement is cut
+                // short when the other branch wins.
+                m = b.next_publish(false) => {
+                    b.ack_publish(&m).await;
+                    got_by_b.push(offset_of(&m));
+                }
+            }
+        }
+        let mut all: Vec<u64> = held_by_a.iter().chain(&got_by_b).copied().collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (1..=10).collect::<Vec<u64>>(),
+            "each record to one member: a {held_by_a:?}, b {got_by_b:?}"
+        );
+        assert!(
+            !held_by_a.is_empty() && !got_by_b.is_empty(),
+            "records go to both members in turn: a {held_by_a:?}, b {got_by_b:?}"
+        );
+
+        // `a`'s connection drops; its session ends and what it held is
+        // handed to `b`.
+        drop(a);
+        let mut returned = BTreeSet::new();
+        while !held_by_a.iter().all(|o| returned.contains(o)) {
+            returned.insert(offset_of(&b.next_publish(true).await));
+        }
+        leave(&mut b).await;
+
+        // Written while the group has no member: kept for it.
+        for i in 11..=15u16 {
+            p.publish_acked(&format!("telemetry/s{i}"), b"s", 1, false, i)
+                .await;
+        }
+        p.disconnect().await;
+    });
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+    let broker = broker.restart(&yaml);
+    rt.block_on(async {
+        let mut c = client(&broker, "member-c", ConnectOpts::clean()).await;
+        let reasons = c.subscribe_with_user_properties(1, GROUP, 1, &[]).await;
+        assert_eq!(reasons, vec![ReasonCode::GrantedQoS1]);
+        for offset in 11..=15 {
+            assert_eq!(
+                offset_of(&c.next_publish(true).await),
+                offset,
+                "the group resumes at its stored place"
+            );
+        }
+        c.expect_nothing().await;
+
+        let mut h = client(&broker, "member-h", ConnectOpts::clean()).await;
+        let reasons = h
+            .subscribe_with_user_properties(
+                1,
+                "$share/h/telemetry/#",
+                1,
+                &[("saguin-from", "earliest")],
+            )
+            .await;
+        assert_eq!(reasons, vec![ReasonCode::GrantedQoS1]);
+        for offset in 1..=15 {
+            assert_eq!(offset_of(&h.next_publish(true).await), offset);
+        }
+        h.expect_nothing().await;
+    });
+}
+
+/// Seek by time over a receipt clock that stepped back: records 1 and 2
+/// were stamped by a broker whose clock ran three hours fast (record 2),
+/// then corrected; this broker stamps 3 to 6 with the true time. A
+/// consumer from one hour ahead starts at the first offset at or after
+/// it, 2, though every later record is older: the seek looks at every
+/// record, not where a search over sorted times would land (past 6).
+#[test]
+fn a_seek_by_time_finds_the_first_record_at_or_after_it_over_a_clock_step_back() {
+    use saguin::storage::contract::Provider as _;
+    use saguin::storage::sqlite::{SqliteOptions, SqliteProvider};
+    const HOUR: i64 = 3_600_000_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let now = saguin::storage::contract::now_nanos();
+    {
+        let provider = SqliteProvider::open(SqliteOptions::new("db", dir.path().join("saguin.db")))
+            .expect("open sqlite");
+        let store = provider
+            .open_channel("telemetry", saguin_format::model::ChannelKind::Append)
+            .expect("open the channel")
+            .as_append()
+            .expect("an append channel")
+            .clone();
+        for (payload, timestamp) in [("an hour ago", now - HOUR), ("clock ahead", now + 3 * HOUR)] {
+            store
+                .append(saguin_format::model::Record {
+                    timestamp,
+                    qos: 1,
+                    client_id: "before".into(),
+                    ..saguin_format::model::Record::new(
+                        "telemetry/old".to_owned(),
+                        payload.to_owned(),
+                    )
+                })
+                .expect("append");
+        }
+        provider.close().expect("close");
+    }
+    let rfc3339 = |nanos: i64| {
+        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_nanos(nanos as u64))
+            .to_string()
+    };
+    let yaml = sqlite_config(dir.path(), "");
+    let broker = Broker::start_in(dir, &yaml);
+    runtime().block_on(async {
+        let mut p = client(&broker, "publisher", ConnectOpts::clean()).await;
+        for i in 3..=6u16 {
+            p.publish_acked("telemetry/new", b"now", 1, false, i).await;
+        }
+        let ahead = rfc3339(now + HOUR);
+        let mut c = consumer(&broker, "from-ahead", 1, Some(&ahead)).await;
+        for offset in 2..=6 {
+            assert_eq!(
+                offset_of(&c.next_publish(true).await),
+                offset,
+                "from {ahead}"
+            );
+        }
+        c.expect_nothing().await;
+
+        // Nothing at or after four hours ahead: the consumer starts at
+        // `next`.
+        let past_all = rfc3339(now + 4 * HOUR);
+        let mut c = consumer(&broker, "from-past-all", 1, Some(&past_all)).await;
+        c.expect_nothing().await;
+        p.publish_acked("telemetry/new", b"later", 1, false, 7)
+            .await;
+        assert_eq!(offset_of(&c.next_publish(true).await), 7, "from {past_all}");
+    });
 }

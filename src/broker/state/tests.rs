@@ -98,6 +98,13 @@ impl FakeStore {
                         Some(record) => self.store_in_channel(record),
                         None => Written::Done,
                     },
+                    Write::DropChannelHold {
+                        client_id,
+                        packet_id,
+                    } => {
+                        self.holds.remove(&(client_id.clone(), *packet_id));
+                        Written::Done
+                    }
                     _ => Written::Done,
                 }
             })
@@ -1298,28 +1305,41 @@ fn records_retention_removed_are_not_handed_on_from_memory_but_told_as_a_gap() {
     );
 }
 
-#[test]
-fn a_qos2_publish_into_a_channel_is_held_until_its_release_and_stored_once() {
-    let now = Instant::now();
+/// A consumer (connection 1) of `telemetry` at `consumer_qos` and a
+/// publisher (connection 2) whose QoS 2 publish `packet_id` into it was
+/// held and PUBRECed.
+fn channel_hold(
+    consumer_qos: u8,
+    packet_id: u16,
+    now: Instant,
+) -> (BrokerState, FakeStore, Client, Client) {
     let mut s = channel_state(Limits::default(), 1);
     let mut store = FakeStore::default();
     let mut consumer = connect(&mut s, 1, "reader", true, now);
     let mut publisher = connect(&mut s, 2, "writer", true, now);
-    packets(&mut s, 1, vec![subscribe("telemetry/#", 2)], now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", consumer_qos)], now);
     store.commit_all(&mut s, now);
     consumer.drain();
     publisher.drain();
-    packets(&mut s, 2, vec![publish("telemetry/a", 2, 9)], now);
+    packets(&mut s, 2, vec![publish("telemetry/a", 2, packet_id)], now);
     store.commit_all(&mut s, now);
     let out = publisher.drain();
-    assert!(matches!(
-        out.as_slice(),
-        [Outbound::PubRec {
-            packet_id: 9,
-            reason: ReasonCode::Success
-        }]
-    ));
+    assert!(
+        matches!(
+            out.as_slice(),
+            [Outbound::PubRec { packet_id: id, reason: ReasonCode::Success }] if *id == packet_id
+        ),
+        "{out:?}"
+    );
     assert!(store.channel.is_empty(), "held without an offset");
+    assert_eq!(store.holds.len(), 1);
+    (s, store, consumer, publisher)
+}
+
+#[test]
+fn a_qos2_publish_into_a_channel_is_held_until_its_release_and_stored_once() {
+    let now = Instant::now();
+    let (mut s, mut store, mut consumer, mut publisher) = channel_hold(2, 9, now);
     // A duplicate before the release makes no second record.
     packets(&mut s, 2, vec![publish("telemetry/a", 2, 9)], now);
     store.commit_all(&mut s, now);
@@ -1336,6 +1356,33 @@ fn a_qos2_publish_into_a_channel_is_held_until_its_release_and_stored_once() {
     ));
     assert_eq!(store.channel.len(), 1);
     assert_eq!(channel_deliveries(&consumer.drain()), vec![(1, None)]);
+}
+
+#[test]
+fn an_unreleased_hold_in_a_channel_expires_is_counted_and_never_becomes_a_record() {
+    let now = Instant::now();
+    let (mut s, mut store, mut consumer, mut publisher) = channel_hold(1, 4, now);
+    s.tick(now + Duration::from_secs(10));
+    store.commit_all(&mut s, now);
+    assert_eq!(store.holds.len(), 1, "not yet expired");
+    s.next_exactly_once_sweep = None;
+    let later = now + Duration::from_secs(3601);
+    s.tick(later);
+    store.commit_all(&mut s, later);
+    assert!(store.holds.is_empty(), "the channel's hold is dropped");
+    assert_eq!(s.metrics.dropped_count(DropReason::ExactlyOnceExpired), 1);
+    // Its late release is answered as unknown and writes nothing.
+    packets(&mut s, 2, vec![Inbound::PubRel { packet_id: 4 }], later);
+    store.commit_all(&mut s, later);
+    assert!(matches!(
+        publisher.drain().as_slice(),
+        [Outbound::PubComp {
+            packet_id: 4,
+            reason: ReasonCode::PacketIdentifierNotFound
+        }]
+    ));
+    assert!(store.channel.is_empty(), "no record from an expired hold");
+    assert!(channel_deliveries(&consumer.drain()).is_empty());
 }
 
 #[test]
