@@ -280,6 +280,21 @@ fn latest_on_memory_values_deletions_and_a_resume_across_sigterm() {
     );
 }
 
+/// SUBSCRIBE `filter` at QoS 1 with Retain Handling 2: no current values.
+async fn subscribe_without_values(c: &mut Raw<tokio::net::TcpStream>, filter: &str) {
+    c.subscribe_with(
+        1,
+        filter,
+        SubscriptionOptions {
+            qos: qos(1),
+            retain_handling: RetainHandling::DoNotSend,
+            ..Default::default()
+        },
+        None,
+    )
+    .await;
+}
+
 #[test]
 fn retain_handling_2_sends_no_current_values() {
     let dir = tempfile::tempdir().unwrap();
@@ -293,17 +308,7 @@ fn retain_handling_2_sends_no_current_values() {
             .await;
         let mut c = Raw::tcp(broker.addr(), v5()).await;
         c.connect("c", ConnectOpts::clean()).await;
-        c.subscribe_with(
-            1,
-            "devices/#",
-            SubscriptionOptions {
-                qos: qos(1),
-                retain_handling: RetainHandling::DoNotSend,
-                ..Default::default()
-            },
-            None,
-        )
-        .await;
+        subscribe_without_values(&mut c, "devices/#").await;
         c.expect_nothing().await;
         publisher
             .publish_acked("devices/a", b"2", 1, false, 2)
@@ -457,6 +462,89 @@ fn current_values_are_covered_by_the_stored_position_only_once_acknowledged() {
                 "only the change after, not a value again"
             );
             consumer.expect_nothing().await;
+        }
+    });
+}
+
+/// A durable consumer's start is stored with its SUBSCRIBE, before the
+/// SUBACK: killed before any flush of positions and before it acknowledged
+/// a value, the broker resumes it from the first offset and it is sent
+/// every value again, as changes, with the deletion since. A consumer
+/// Retain Handling owes no values is stored at `next`.
+#[test]
+fn a_latest_consumer_killed_before_its_values_were_acknowledged_gets_them_after_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("saguin.db");
+    // No flush of positions can come between the SUBACK and the kill.
+    let yaml = format!(
+        "{}  session:\n    ack_commit_interval: 1h\n",
+        sqlite_yaml(dir.path(), DEVICES)
+    );
+    let broker = Broker::start_in(dir, &yaml);
+    let rt = runtime();
+    let site = |i: u64| format!("devices/site-7/d{i}");
+    let _held = rt.block_on(async {
+        let mut publisher = Raw::tcp(broker.addr(), v5()).await;
+        publisher.connect("publisher", ConnectOpts::clean()).await;
+        for i in 1..=5u16 {
+            publisher
+                .publish_acked(&site(u64::from(i)), b"v1", 1, false, i)
+                .await;
+        }
+        publisher
+            .publish_acked(&site(6), b"gone", 1, false, 6)
+            .await;
+        publisher.publish_acked(&site(6), b"", 1, false, 7).await;
+        // Room for 2: two values go out and are never acknowledged.
+        let (mut c, _) = durable_connect(broker.addr(), "durable", 2).await;
+        c.subscribe(1, "devices/site-7/#", 1).await;
+        assert_eq!(
+            stored_position(&db, "devices", "mqtt:durable"),
+            Some(1),
+            "the start stored before the SUBACK"
+        );
+        let out = seen(&take(&mut c, 2, false).await);
+        assert!(out.iter().all(|v| v.2), "values, RETAIN set: {out:?}");
+        let (mut quiet, _) = durable_connect(broker.addr(), "quiet", 10).await;
+        subscribe_without_values(&mut quiet, "devices/site-7/#").await;
+        assert_eq!(
+            stored_position(&db, "devices", "mqtt:quiet"),
+            Some(8),
+            "owed no values: stored at next"
+        );
+        // Both kept connected until the broker dies.
+        (c, quiet)
+    });
+    let broker = broker.restart(&yaml);
+    rt.block_on(async {
+        let (mut c, present) = durable_connect(broker.addr(), "durable", 100).await;
+        assert!(present, "the session is kept in db");
+        let resumed = take(&mut c, 6, true).await;
+        let got: Vec<(String, Bytes, bool)> = resumed
+            .iter()
+            .map(|p| (p.topic.to_string(), p.payload.clone(), p.retain))
+            .collect();
+        let mut want: Vec<(String, Bytes, bool)> = (1..=5)
+            .map(|i| (site(i), Bytes::from_static(b"v1"), false))
+            .collect();
+        want.push((site(6), Bytes::new(), false));
+        assert_eq!(
+            got, want,
+            "every value again as a change, then the deletion since"
+        );
+        c.expect_nothing().await;
+        let (mut quiet, present) = durable_connect(broker.addr(), "quiet", 10).await;
+        assert!(present);
+        quiet.expect_nothing().await;
+        let mut publisher = Raw::tcp(broker.addr(), v5()).await;
+        publisher.connect("publisher", ConnectOpts::clean()).await;
+        publisher.publish_acked(&site(1), b"v2", 1, false, 1).await;
+        for consumer in [&mut c, &mut quiet] {
+            let p = consumer.next_publish(true).await;
+            assert_eq!(
+                (p.topic.to_string(), p.payload.as_ref()),
+                (site(1), &b"v2"[..])
+            );
         }
     });
 }

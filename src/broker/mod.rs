@@ -265,10 +265,13 @@
 //!   offset, and as what the read found the moment it finds it: killed in
 //!   between, the broker resumes it from the floor (a time start then
 //!   gets older records than it asked for, and retention's removals are
-//!   told as a gap), never at `next`. A latest channel's new consumer stores none
-//!   until it has its current values (a restart in between resumes it at
-//!   `next` with no values, as a resumed session gets no retained
-//!   messages again).
+//!   told as a gap), never at `next`. A latest channel's new consumer
+//!   owed its current values (Retain Handling 0, or 1 on a new
+//!   subscription) is written with its SUBSCRIBE as the first offset
+//!   until they are acknowledged: killed in between, the broker resumes it
+//!   from there and sends every value again as a change, with the
+//!   deletions since as empty payloads (at least once, never at `next`
+//!   without them). One owed no values is written at `next`.
 //! - A consumer's reads start at its `next`; a failed read is logged,
 //!   counted in `saguin_storage_errors_total`, and tried again at the next
 //!   tick (500 ms), never skipped. What it is sent is bounded by its free

@@ -241,8 +241,8 @@ pub(super) struct ConsumerStart {
     pub seek: Option<Seek>,
     /// A shared subscription: its raw filter and its filter.
     pub group: Option<(String, String)>,
-    /// The position written with the SUBSCRIBE, for a new consumer whose
-    /// start is known without a read (see `BrokerState::stage_start`).
+    /// The position written with the SUBSCRIBE, for a new consumer of a
+    /// session that keeps positions (see `BrokerState::stage_start`).
     pub stored: Option<u64>,
 }
 
@@ -888,17 +888,27 @@ impl BrokerState {
     }
 
     /// Write where a new consumer of session `key` starts, with the
-    /// SUBSCRIBE that makes it, when that is known without a read (`next`,
-    /// an offset) and the session keeps positions: its SUBACK then waits
-    /// for the position as well (invariant 18), and a restart before the
-    /// first flush resumes there, not at the `next` of that later moment.
-    /// A start that takes a read (earliest, a time) is written as soon as
-    /// the read resolves it; a latest channel's consumer is owed current
-    /// values first, and its position waits for them to be delivered.
-    pub(super) fn stage_start(&mut self, key: SessionKey, start: &mut ConsumerStart, now: Instant) {
+    /// SUBSCRIBE that makes it, when the session keeps positions: its
+    /// SUBACK then waits for the position as well (invariant 18), and a
+    /// restart before the first flush resumes there, not at the `next` of
+    /// that later moment. A start known without a read (`next`, an offset)
+    /// is written as it is. A start that takes a read (earliest, a time) is
+    /// written as the first offset, and as what the read found once it
+    /// returns. A latest channel's consumer owed the current values
+    /// (`values_owed`, as Retain Handling says) is written as the first
+    /// offset too, until they are acknowledged: killed before then, it
+    /// resumes from there and is sent every value again, as changes.
+    pub(super) fn stage_start(
+        &mut self,
+        key: SessionKey,
+        start: &mut ConsumerStart,
+        values_owed: bool,
+        now: Instant,
+    ) {
         let channel = start.channel;
+        let latest = self.is_latest(channel);
         if start.group.is_some()
-            || self.is_latest(channel)
+            || (latest && start.seek.is_some())
             || self.is_queue(channel)
             || self.consumer_index(key, channel).is_some()
             || self.filters_on(key, channel).is_empty()
@@ -908,14 +918,18 @@ impl BrokerState {
         let next = self.channels[channel as usize].next;
         // A consumer told to start past the end waits there; what is
         // stored is never past the channel's next offset. A start that
-        // takes a read to find (`earliest`, a time) is stored as the first
-        // offset until the read finds it: a kill before then resumes it
-        // from the floor, with more than it asked for, not at `next`
-        // without what it asked for.
+        // takes a read to find (`earliest`, a time, a latest channel's
+        // values) is stored as the first offset until the read finds it
+        // (the values: until they are acknowledged): a kill before then
+        // resumes it from the floor, with more than it asked for, not at
+        // `next` without what it asked for.
+        let first = crate::storage::contract::FIRST_OFFSET;
         let (begin, stored) = match start.seek {
+            // Its changes start at `next` as the values' read finds it.
+            None if latest => (None, if values_owed { first } else { next }),
             None => (Some(next), next),
             Some(Seek::Offset(offset)) => (Some(offset), offset.min(next)),
-            Some(Seek::Earliest | Seek::Time(_)) => (None, crate::storage::contract::FIRST_OFFSET),
+            Some(Seek::Earliest | Seek::Time(_)) => (None, first),
             Some(Seek::Current) => return,
         };
         let session = &self.sessions[&key];

@@ -23,10 +23,14 @@
 //!
 //! The values are the consumer's as much as its changes, so its stored
 //! position covers them only once each is acknowledged (QoS 1/2) or sent
-//! (QoS 0): until then it is at most the lowest offset still owed, and
-//! none is stored while the values are being read (what is owed is not
-//! known yet; a failed read is asked again at the tick, the changes
-//! waiting meanwhile). Values its connection had not sent when it went
+//! (QoS 0): until then it is at most the lowest offset still owed. A
+//! durable consumer's position is written with its SUBSCRIBE, before the
+//! SUBACK, as the first offset, and stays there while the values are
+//! read (what is owed is not known yet; a failed read is asked again at
+//! the tick, the changes waiting meanwhile): killed before any of them
+//! was acknowledged, it resumes from the first offset and is sent every
+//! value again as a change, with the deletions since (empty payloads for
+//! topics it never had). Values its connection had not sent when it went
 //! away are read again from the lowest when it resumes, as changes - each
 //! topic's latest change since, so a value replaced meanwhile comes as its
 //! replacement - and a resume after a restart does the same from the

@@ -120,7 +120,10 @@ impl BrokerState {
             self.stage_session(key, now);
         }
         for start in &mut consumers {
-            self.stage_start(key, start, now);
+            let values_owed = retained_for
+                .iter()
+                .any(|(filter, _)| self.channel_of(filter) == Some(start.channel));
+            self.stage_start(key, start, values_owed, now);
         }
         self.park_or_answer(
             connection,

@@ -1703,6 +1703,31 @@ impl MemoryChannels {
         })
     }
 
+    /// Write `intents` (taken from the state earlier) and answer them.
+    fn commit(&self, s: &mut BrokerState, intents: Vec<Intent>, now: Instant) {
+        for intent in intents {
+            let result = match intent.role {
+                Role::Channel(i) => intent
+                    .writes
+                    .iter()
+                    .map(|w| self.apply(i, w))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| StorageFailure {
+                        full: e.is_full(),
+                        message: e.to_string(),
+                    }),
+                _ => Ok(vec![Written::Done; intent.writes.len()]),
+            };
+            s.handle(
+                Event::Committed {
+                    ticket: intent.ticket,
+                    result,
+                },
+                now,
+            );
+        }
+    }
+
     /// Answer every intent and read until the state asks for nothing more.
     fn settle(&self, s: &mut BrokerState, now: Instant) {
         loop {
@@ -1713,27 +1738,7 @@ impl MemoryChannels {
             if intents.is_empty() && reads.is_empty() {
                 return;
             }
-            for intent in intents {
-                let result = match intent.role {
-                    Role::Channel(i) => intent
-                        .writes
-                        .iter()
-                        .map(|w| self.apply(i, w))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|e| StorageFailure {
-                            full: e.is_full(),
-                            message: e.to_string(),
-                        }),
-                    _ => Ok(vec![Written::Done; intent.writes.len()]),
-                };
-                s.handle(
-                    Event::Committed {
-                        ticket: intent.ticket,
-                        result,
-                    },
-                    now,
-                );
-            }
+            self.commit(s, intents, now);
             for read in reads {
                 if self.fail == Some("values") && read.from == Seek::Current {
                     let result = Err(StorageFailure {
@@ -1977,6 +1982,59 @@ fn latest_position(store: &MemoryChannels, reader: &str) -> Option<u64> {
 }
 
 #[test]
+fn a_durable_latest_consumers_start_is_written_with_its_subscribe_as_the_first_offset() {
+    let now = Instant::now();
+    let (mut s, store) = kinds_state(&[("devices", ChannelKind::Latest)]);
+    let mut publisher = connect(&mut s, 1, "writer", true, now);
+    let burst = ["devices/a", "devices/b", "devices/c"]
+        .iter()
+        .zip(1..)
+        .map(|(topic, id)| publish_payload(topic, b"v", id))
+        .collect();
+    packets(&mut s, 1, burst, now);
+    store.settle(&mut s, now);
+    publisher.drain();
+    let mut durable = connect_as(&mut s, 2, request("durable", false, 3600), now);
+    let mut quiet = connect_as(&mut s, 3, request("quiet", false, 3600), now);
+    store.settle(&mut s, now);
+    durable.drain();
+    quiet.drain();
+    packets(&mut s, 2, vec![subscribe_with("devices/#", 1, 0)], now);
+    // Retain Handling 2: owed no values, it starts at `next`.
+    packets(&mut s, 3, vec![subscribe_with("devices/#", 1, 2)], now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    assert_eq!(
+        positions_saved(&intents),
+        vec![
+            ("mqtt:durable".to_owned(), 1, Some(3600)),
+            ("mqtt:quiet".to_owned(), 4, Some(3600)),
+        ],
+        "written with the SUBSCRIBE, before the values are read"
+    );
+    assert!(
+        !suback_sent(&durable.drain()),
+        "no SUBACK before its start is stored"
+    );
+    store.commit(&mut s, intents, now);
+    store.settle(&mut s, now);
+    let values = deliveries(&durable.drain());
+    assert_eq!(values.len(), 3);
+    assert!(deliveries(&quiet.drain()).is_empty());
+    // Out and unanswered: killed now, it resumes from the first offset.
+    s.flush(now);
+    store.settle(&mut s, now);
+    assert_eq!(latest_position(&store, "durable"), Some(1));
+    assert_eq!(latest_position(&store, "quiet"), Some(4));
+    for (_, _, _, id) in &values {
+        packets(&mut s, 2, vec![puback(*id, ReasonCode::Success)], now);
+    }
+    s.flush(now);
+    store.settle(&mut s, now);
+    assert_eq!(latest_position(&store, "durable"), Some(4));
+}
+
+#[test]
 fn current_values_whose_read_failed_are_read_again_at_the_tick_and_no_position_passes_them() {
     let now = Instant::now();
     let (mut s, mut store) = kinds_state(&[("devices", ChannelKind::Latest)]);
@@ -1996,14 +2054,15 @@ fn current_values_whose_read_failed_are_read_again_at_the_tick_and_no_position_p
     store.fail = Some("values");
     packets(&mut s, 2, vec![subscribe_with("devices/#", 1, 0)], now);
     store.settle(&mut s, now);
-    // A change meanwhile waits for the values; no position is written
-    // while what the consumer is owed is unknown.
+    // A change meanwhile waits for the values; the position written with
+    // the SUBSCRIBE, the first offset, stays while what the consumer is
+    // owed is unknown.
     packets(&mut s, 1, vec![publish_payload("devices/c", b"3", 3)], now);
     s.flush(now);
     store.settle(&mut s, now);
     publisher.drain();
     assert!(deliveries(&reader.drain()).is_empty());
-    assert_eq!(latest_position(&store, "durable"), None);
+    assert_eq!(latest_position(&store, "durable"), Some(1));
     store.fail = None;
     let later = now + Duration::from_secs(1);
     s.tick(later);
@@ -2287,17 +2346,11 @@ fn a_durable_consumers_start_is_written_with_its_subscribe_and_its_suback_waits(
     // Only the session that outlives its connection keeps a position.
     assert_eq!(saved, vec![("mqtt:durable".to_owned(), 5, Some(3600))]);
     assert!(
-        !durable
-            .drain()
-            .iter()
-            .any(|o| matches!(o, Outbound::SubAck { .. })),
+        !suback_sent(&durable.drain()),
         "no SUBACK before its start is stored"
     );
     store.commit(&mut s, intents, now);
-    assert!(durable
-        .drain()
-        .iter()
-        .any(|o| matches!(o, Outbound::SubAck { .. })));
+    assert!(suback_sent(&durable.drain()));
     // Written once: the flush finds it unmoved.
     s.flush(now);
     let mut intents = Vec::new();
@@ -2323,10 +2376,7 @@ fn an_earliest_start_is_stored_as_the_first_offset_until_its_read_finds_it() {
         positions_saved(&intents),
         vec![("mqtt:durable".to_owned(), 1, Some(3600))]
     );
-    assert!(!durable
-        .drain()
-        .iter()
-        .any(|o| matches!(o, Outbound::SubAck { .. })));
+    assert!(!suback_sent(&durable.drain()));
     store.commit(&mut s, intents, now);
     // Retention removed 1..=3: the read finds the oldest held, 4, and
     // that is written at once.
@@ -2344,6 +2394,10 @@ fn an_earliest_start_is_stored_as_the_first_offset_until_its_read_finds_it() {
         positions_saved(&intents),
         vec![("mqtt:durable".to_owned(), 4, Some(3600))]
     );
+}
+
+fn suback_sent(out: &[Outbound]) -> bool {
+    out.iter().any(|o| matches!(o, Outbound::SubAck { .. }))
 }
 
 /// The positions `intents` save: reader, offset and session expiry.
