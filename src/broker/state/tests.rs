@@ -1386,7 +1386,7 @@ fn an_unreleased_hold_in_a_channel_expires_is_counted_and_never_becomes_a_record
 }
 
 #[test]
-fn a_failed_channel_write_answers_its_reason_and_delivers_nothing() {
+fn a_failed_channel_write_answers_its_reason_counts_a_qos0_drop_and_delivers_nothing() {
     let now = Instant::now();
     let mut s = channel_state(Limits::default(), 1);
     let mut store = FakeStore::default();
@@ -1406,6 +1406,13 @@ fn a_failed_channel_write_answers_its_reason_and_delivers_nothing() {
         }]
     ));
     assert!(consumer.drain().is_empty());
+    // A QoS 0 publish has nobody to tell: it is counted, never silent.
+    assert_eq!(s.metrics.dropped_count(DropReason::StorageFailed), 0);
+    packets(&mut s, 2, vec![publish("telemetry/a", 0, 0)], now);
+    store.fail_all(&mut s, now, false);
+    assert!(publisher.drain().is_empty());
+    assert!(consumer.drain().is_empty());
+    assert_eq!(s.metrics.dropped_count(DropReason::StorageFailed), 1);
 }
 
 #[test]
