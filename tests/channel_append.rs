@@ -1358,9 +1358,10 @@ fn a_consumer_is_sent_what_its_filters_match() {
 }
 
 /// A consumer reading a backlog has at most its Receive Maximum of records
-/// in flight.
+/// in flight, and one that stops acknowledging holds back neither the
+/// publisher nor another consumer.
 #[test]
-fn a_consumer_is_sent_no_more_than_its_receive_maximum() {
+fn a_consumer_is_sent_no_more_than_its_receive_maximum_and_holds_back_nobody() {
     let dir = tempfile::tempdir().unwrap();
     let yaml = sqlite_config(dir.path(), "");
     let broker = Broker::start_in(dir, &yaml);
@@ -1380,6 +1381,14 @@ fn a_consumer_is_sent_no_more_than_its_receive_maximum() {
             held.push(m);
         }
         c.expect_nothing().await;
+        // `narrow` is stalled with its window full: the publisher is
+        // answered and a consumer at the head is sent each record.
+        let mut live = consumer(&broker, "live", 1, None).await;
+        for i in 11..=20u16 {
+            p.publish_acked("telemetry/w", b"w", 1, false, i).await;
+            assert_eq!(offset_of(&live.next_publish(true).await), u64::from(i));
+        }
+        c.expect_nothing().await;
         c.ack_publish(&held.remove(0)).await;
         let m = c.next_publish(false).await;
         assert_eq!(offset_of(&m), 4, "one acknowledgement, one more record");
@@ -1388,9 +1397,10 @@ fn a_consumer_is_sent_no_more_than_its_receive_maximum() {
         for m in held {
             c.ack_publish(&m).await;
         }
-        for offset in 5..=10 {
+        for offset in 5..=20 {
             assert_eq!(offset_of(&c.next_publish(true).await), offset);
         }
+        live.expect_nothing().await;
     });
 }
 
