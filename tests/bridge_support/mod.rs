@@ -27,7 +27,10 @@ pub const MOSQUITTO: &str = "/usr/sbin/mosquitto";
 pub fn have_mosquitto(test: &str) -> bool {
     let ok = std::path::Path::new(MOSQUITTO).exists();
     if !ok {
-        eprintln!("SKIP {test}: {MOSQUITTO} not installed (apt-get install mosquitto)");
+        crate::broker_support::say_skipped(
+            test,
+            &format!("{MOSQUITTO} not installed (apt-get install mosquitto)"),
+        );
     }
     ok
 }
