@@ -1612,28 +1612,21 @@ fn a_shared_group_over_a_channel_hands_each_record_to_one_member_and_keeps_its_p
 fn a_seek_by_time_finds_the_first_record_at_or_after_it_over_a_clock_step_back() {
     use saguin::storage::contract::Provider as _;
     use saguin::storage::sqlite::{SqliteOptions, SqliteProvider};
+    use saguin_format::model::Record;
     const HOUR: i64 = 3_600_000_000_000;
     let dir = tempfile::tempdir().unwrap();
     let now = saguin::storage::contract::now_nanos();
     {
         let provider = SqliteProvider::open(SqliteOptions::new("db", dir.path().join("saguin.db")))
             .expect("open sqlite");
-        let store = provider
-            .open_channel("telemetry", saguin_format::model::ChannelKind::Append)
-            .expect("open the channel")
-            .as_append()
-            .expect("an append channel")
-            .clone();
+        let store = append_store(&provider, "telemetry");
         for (payload, timestamp) in [("an hour ago", now - HOUR), ("clock ahead", now + 3 * HOUR)] {
             store
-                .append(saguin_format::model::Record {
+                .append(Record {
                     timestamp,
                     qos: 1,
                     client_id: "before".into(),
-                    ..saguin_format::model::Record::new(
-                        "telemetry/old".to_owned(),
-                        payload.to_owned(),
-                    )
+                    ..Record::new("telemetry/old".to_owned(), payload.to_owned())
                 })
                 .expect("append");
         }

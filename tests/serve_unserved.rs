@@ -10,8 +10,8 @@ mod broker_support;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use broker_support::{field, Broker};
-use saguin::storage::contract::{AppendStore, Position, Provider, Reader};
+use broker_support::{append_store, field, Broker};
+use saguin::storage::contract::{Position, Provider, Reader};
 use saguin::storage::memory::{MemoryConfig, MemoryProvider};
 use saguin::storage::snapshot_write::{save_snapshot, SnapshotOptions};
 use saguin::storage::sqlite::{SqliteOptions, SqliteProvider};
@@ -81,15 +81,6 @@ fn bridge_position(name: &str, offset: u64) -> Position {
         saved_at: now(),
         session_expiry: None,
     }
-}
-
-fn append_store(provider: &dyn Provider, channel: &str) -> std::sync::Arc<dyn AppendStore> {
-    provider
-        .open_channel(channel, ChannelKind::Append)
-        .expect("open the channel")
-        .as_append()
-        .expect("an append channel")
-        .clone()
 }
 
 /// `db` holding channel `telemetry` with `records` and two positions:

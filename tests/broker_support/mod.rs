@@ -253,6 +253,20 @@ pub fn say_skipped(test: &str, why: &str) {
     let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
 }
 
+/// The append channel `channel` of `provider`, opened (created empty if
+/// new) to fill or read before or after a broker runs on it.
+pub fn append_store(
+    provider: &dyn saguin::storage::contract::Provider,
+    channel: &str,
+) -> Arc<dyn saguin::storage::contract::AppendStore> {
+    provider
+        .open_channel(channel, saguin_format::model::ChannelKind::Append)
+        .expect("open the channel")
+        .as_append()
+        .expect("an append channel")
+        .clone()
+}
+
 pub fn write_file(dir: &Path, name: &str, contents: &[u8]) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, contents).expect("write file");

@@ -1362,8 +1362,9 @@ fn a_qos2_publish_into_a_channel_is_held_until_its_release_and_stored_once() {
 fn an_unreleased_hold_in_a_channel_expires_is_counted_and_never_becomes_a_record() {
     let now = Instant::now();
     let (mut s, mut store, mut consumer, mut publisher) = channel_hold(1, 4, now);
-    s.tick(now + Duration::from_secs(10));
-    store.commit_all(&mut s, now);
+    let soon = now + Duration::from_secs(10);
+    s.tick(soon);
+    store.commit_all(&mut s, soon);
     assert_eq!(store.holds.len(), 1, "not yet expired");
     s.next_exactly_once_sweep = None;
     let later = now + Duration::from_secs(3601);
