@@ -213,6 +213,15 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
             return Ok(exit::CANNOT);
         }
     };
+    server.snapshots = saguin::broker::snapshots::Snapshots::new(
+        &providers.snapshot_writers(),
+        tokio::time::Instant::now(),
+    );
+    for metrics in providers.snapshot_writers() {
+        server
+            .metrics
+            .register_snapshots(metrics.name(), metrics.metrics().clone());
+    }
     let retention = retention::spawn(
         providers.channels(),
         server.metrics.clone(),

@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 use comfy_table::Table;
 use saguin::storage::read::{self, SpecialKind};
 use saguin::storage::snapshot_dir::{
-    self, AnySnapshot, DirReport, FileOutcome, FileProblem, FindingKind, ScanOptions, Severity,
-    Verdict,
+    self, AnySnapshot, DirManifest, DirReport, FileOutcome, FileProblem, FindingKind, ScanOptions,
+    Severity, Verdict,
 };
 use saguin_format::f21::{
-    time::format_unix_nanos, BroadcastFile, ChannelFile, Header, HeldPublish, Manifest, Position,
-    RetainedFile, SessionsFile, SnapshotFile,
+    time::format_unix_nanos, BroadcastFile, ChannelFile, Generation, Header, HeldPublish, Manifest,
+    Position, RetainedFile, SessionsFile, SnapshotFile,
 };
 use saguin_format::mbmqtt;
 use saguin_format::model::Record;
@@ -218,7 +218,7 @@ fn verify(args: VerifyArgs) -> anyhow::Result<u8> {
                                 unreadable: false,
                             },
                             FileOutcome::Failed(p) => failed(&f.path, p),
-                            FileOutcome::NotConfigured => continue,
+                            FileOutcome::NotConfigured | FileOutcome::NotCurrent => continue,
                         };
                         lines.push(result_line(&r));
                         results.push(r);
@@ -701,6 +701,7 @@ fn contents_json(file: &SnapshotFile, view: &View) -> Value {
     match file {
         SnapshotFile::Channel(c) => channel_json(c, view),
         SnapshotFile::Manifest(m) => manifest_json(m),
+        SnapshotFile::Generation(g) => generation_json(g),
         SnapshotFile::Retained(r) => with_records(
             json!({"kind": "retained", "record_count": r.records.len(),
                    "topics": r.records.iter().map(|r| &r.topic).collect::<Vec<_>>()}),
@@ -783,6 +784,34 @@ fn manifest_json(m: &Manifest) -> Value {
     })
 }
 
+fn generation_json(g: &Generation) -> Value {
+    json!({
+        "kind": "generation",
+        "generation": g.generation,
+        "captured_at": time_json(g.captured_at),
+        "captured_at_unix_nanos": g.captured_at,
+        "files": g.files.iter().map(|f| json!({
+            "kind": f.kind.as_str(),
+            "channel": (!f.channel.is_empty()).then_some(&f.channel),
+            "file": f.file_name,
+            "generation": f.generation,
+            "written_at": time_json(f.written_at),
+            "written_at_unix_nanos": f.written_at,
+            "length": f.length,
+            "checksum": format!("{:08x}", f.checksum),
+            "behind": f.behind,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Either manifest a directory holds.
+fn dir_manifest_json(m: &DirManifest) -> Value {
+    match m {
+        DirManifest::Shutdown(m) => manifest_json(m),
+        DirManifest::Generation(g) => generation_json(g),
+    }
+}
+
 fn sessions_json(s: &SessionsFile) -> Value {
     json!({
         "kind": "sessions",
@@ -797,6 +826,7 @@ fn print_contents(out: &mut impl Write, file: &SnapshotFile, view: &View) -> std
     match file {
         SnapshotFile::Channel(c) => print_channel(out, c, view),
         SnapshotFile::Manifest(m) => print_manifest(out, m),
+        SnapshotFile::Generation(g) => print_generation(out, g),
         SnapshotFile::Retained(r) => print_retained(out, r, view),
         SnapshotFile::Sessions(s) => print_sessions(out, s, view),
         SnapshotFile::Broadcast(b) => print_broadcast(out, b, view),
@@ -925,6 +955,43 @@ fn print_held(out: &mut impl Write, held: &[HeldPublish], view: &View) -> std::i
     more_rows(out, hidden, "held publishes", view)
 }
 
+fn print_generation(out: &mut impl Write, g: &Generation) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "generation {}, the state at {}",
+        g.generation,
+        time_text(g.captured_at)
+    )?;
+    let mut t = table();
+    t.set_header(vec![
+        "holds",
+        "file",
+        "written by",
+        "written at",
+        "bytes",
+        "behind",
+    ]);
+    for f in &g.files {
+        t.add_row(vec![
+            if f.channel.is_empty() {
+                f.kind.as_str().to_owned()
+            } else {
+                format!("channel {}", f.channel)
+            },
+            f.file_name.clone(),
+            if f.generation == 0 {
+                "a build before generations".to_owned()
+            } else {
+                format!("generation {}", f.generation)
+            },
+            time_text(f.written_at),
+            f.length.to_string(),
+            yes_no(f.behind).to_owned(),
+        ]);
+    }
+    writeln!(out, "{t}")
+}
+
 fn print_manifest(out: &mut impl Write, m: &Manifest) -> std::io::Result<()> {
     writeln!(out, "shutdown began at {}", time_text(m.began_at))?;
     let mut t = table();
@@ -944,6 +1011,16 @@ fn print_manifest(out: &mut impl Write, m: &Manifest) -> std::io::Result<()> {
         yes_no(m.sessions),
         yes_no(m.broadcast)
     )
+}
+
+/// How long ago a moment was, by this machine's clock.
+fn age_text(nanos: i64) -> String {
+    let ago = saguin::storage::contract::now_nanos().saturating_sub(nanos);
+    match u64::try_from(ago) {
+        Ok(ago) => humantime::format_duration(std::time::Duration::from_millis(ago / 1_000_000))
+            .to_string(),
+        Err(_) => "in the future by this machine's clock".to_owned(),
+    }
 }
 
 fn yes_no(b: bool) -> &'static str {
@@ -1340,10 +1417,14 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
                     FileOutcome::NotConfigured => {
                         ("not-read", Value::Null, Value::Null, Value::Null)
                     }
+                    FileOutcome::NotCurrent => {
+                        ("not-current", Value::Null, Value::Null, Value::Null)
+                    }
                 };
                 json!({
                     "name": f.name,
                     "role": f.role.as_str(),
+                    "generation": f.generation,
                     "status": status,
                     "problem": problem,
                     "header": header,
@@ -1358,7 +1439,7 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
             "problem": null,
             "header": null,
             "contents": null,
-            "manifest": report.manifest.as_ref().map(|(_, m)| manifest_json(m)),
+            "manifest": report.manifest.as_ref().map(|(_, m)| dir_manifest_json(m)),
             "files": files,
             "findings": report.findings.iter().map(|f| finding_json(None, f)).collect::<Vec<_>>(),
         }))?;
@@ -1368,7 +1449,16 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
     let mut out = std::io::stdout().lock();
     writeln!(out, "snapshot directory {}", report.dir.display())?;
     match &report.manifest {
-        Some((_, m)) => writeln!(
+        Some((header, DirManifest::Generation(g))) => writeln!(
+            out,
+            "manifest: generation {}, the state at {} ({} ago), committed at {}, {} files listed",
+            g.generation,
+            time_text(g.captured_at),
+            age_text(g.captured_at),
+            time_text(header.written_at),
+            g.files.len()
+        )?,
+        Some((_, DirManifest::Shutdown(m))) => writeln!(
             out,
             "manifest: shutdown began at {}, {} channels listed",
             time_text(m.began_at),
@@ -1430,6 +1520,13 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
                         "-".into(),
                         "-".into(),
                     ]),
+                    SnapshotFile::Generation(g) => row.extend([
+                        format!("generation {}, {} listed", g.generation, g.files.len()),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                    ]),
                 }
             }
             FileOutcome::Failed(p) => {
@@ -1445,6 +1542,10 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
             }
             FileOutcome::NotConfigured => {
                 row.push("not read".into());
+                row.extend(std::iter::repeat_n("-".to_string(), 6));
+            }
+            FileOutcome::NotCurrent => {
+                row.push(format!("not current (generation {})", f.generation));
                 row.extend(std::iter::repeat_n("-".to_string(), 6));
             }
         }
@@ -1468,7 +1569,10 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
     // Details of every decoded file (the manifest's is above).
     for f in report.files.iter().filter(|f| wanted(f)) {
         if let FileOutcome::Decoded { file, .. } = &f.outcome {
-            if matches!(file, SnapshotFile::Manifest(_)) {
+            if matches!(
+                file,
+                SnapshotFile::Manifest(_) | SnapshotFile::Generation(_)
+            ) {
                 continue;
             }
             if matches!(file, SnapshotFile::Channel(_)) && !view.records {

@@ -39,6 +39,7 @@ fn summary(dir: &Path, checking: bool) -> (bool, Vec<String>, Vec<String>) {
             }
             FileOutcome::Failed(p) => format!("{} failed {p}", f.name),
             FileOutcome::NotConfigured => format!("{} not configured", f.name),
+            FileOutcome::NotCurrent => format!("{} not current", f.name),
         })
         .collect();
     let findings = report.findings.iter().map(|f| f.to_string()).collect();

@@ -1,4 +1,6 @@
-//! Channel names to file names and back (`FORMAT.md` §3), and the fixed names of a snapshot directory.
+//! Channel names to file names and back (`FORMAT.md` §3), the fixed names
+//! of a snapshot directory, and the names a generation writes them under
+//! (`FORMAT.md` §4).
 //!
 //! A channel name is not a file name: `a.b` is a legal channel and `.` and
 //! `..` are two directories. Every byte outside `[A-Za-z0-9_-]` is written
@@ -25,6 +27,9 @@ pub const RETAINED_CHANNEL: &str = "$saguin/retained";
 pub const RETAINED_FILE: &str = "%24saguin%2Fretained.snapshot";
 /// The longest file name the common Linux file systems accept, in bytes.
 pub const MAX_FILE_NAME_LEN: usize = 255;
+/// The most a generation adds to a fixed name: a dot and the 20 digits of
+/// the largest `u64`.
+pub const MAX_GENERATION_INFIX_LEN: usize = 21;
 
 fn is_safe(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
@@ -91,13 +96,47 @@ pub fn temp_file_name(final_name: &str) -> String {
     format!("{final_name}{TEMP_SUFFIX}")
 }
 
-/// Whether `channel`'s file name, and the temporary name it is written
-/// under first, fit in [`MAX_FILE_NAME_LEN`] bytes. Configuration
-/// validation refuses a channel for which this is false: the encoding
-/// trebles every byte outside the safe set, so a name within the 128-byte
-/// channel limit can still be too long to store.
+/// The name generation `generation` writes the file of fixed name `base`
+/// under: the generation's decimal number before the last suffix, so
+/// `telemetry.snapshot` becomes `telemetry.7.snapshot` and
+/// `saguin.sessions` becomes `saguin.7.sessions`. A generation's files are
+/// never written over, so two generations never share a name. No fixed
+/// name holds a dot before its suffix (an encoded channel name holds none,
+/// §3), which is what makes the number unambiguous.
+pub fn generation_file_name(base: &str, generation: u64) -> String {
+    match base.rsplit_once('.') {
+        Some((stem, suffix)) => format!("{stem}.{generation}.{suffix}"),
+        None => format!("{base}.{generation}"),
+    }
+}
+
+/// The fixed name and the generation of a name [`generation_file_name`]
+/// produces, or `None` for any other name (a fixed name, a leading zero, a
+/// generation of 0, a number past `u64`): only the canonical spelling is
+/// read back, so a file has one name.
+pub fn split_generation_file_name(name: &str) -> Option<(String, u64)> {
+    let (stem, suffix) = name.rsplit_once('.')?;
+    let (base_stem, digits) = stem.rsplit_once('.')?;
+    if base_stem.is_empty()
+        || digits.is_empty()
+        || digits.starts_with('0')
+        || !digits.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let generation: u64 = digits.parse().ok()?;
+    let base = format!("{base_stem}.{suffix}");
+    (generation_file_name(&base, generation) == name).then_some((base, generation))
+}
+
+/// Whether `channel`'s file name, as the largest generation writes it, and
+/// the temporary name it is written under first, fit in
+/// [`MAX_FILE_NAME_LEN`] bytes. Configuration validation refuses a channel
+/// for which this is false: the encoding trebles every byte outside the
+/// safe set, so a name within the 128-byte channel limit can still be too
+/// long to store.
 pub fn file_name_fits(channel: &str) -> bool {
-    encoded_len(channel) + TEMP_SUFFIX.len() <= MAX_FILE_NAME_LEN
+    encoded_len(channel) + MAX_GENERATION_INFIX_LEN + TEMP_SUFFIX.len() <= MAX_FILE_NAME_LEN
 }
 
 /// The length of `encode_file_name(channel)` without building it.
@@ -150,14 +189,62 @@ mod tests {
     }
 
     #[test]
-    fn file_name_length_accounts_for_the_encoding_and_temp_suffix() {
+    fn file_name_length_accounts_for_the_encoding_generation_and_temp_suffix() {
         assert!(file_name_fits(&"a".repeat(128)));
-        // 81 dots become 243 bytes, plus ".snapshot" and ".tmp": 256, too long.
-        assert!(!file_name_fits(&".".repeat(81)));
-        assert!(file_name_fits(&".".repeat(80)));
-        let limit = MAX_FILE_NAME_LEN - SNAPSHOT_SUFFIX.len() - TEMP_SUFFIX.len();
+        // 74 dots become 222 bytes, plus ".snapshot", the largest generation
+        // and ".tmp": 256, too long.
+        assert!(!file_name_fits(&".".repeat(74)));
+        assert!(file_name_fits(&".".repeat(73)));
+        let limit = MAX_FILE_NAME_LEN
+            - SNAPSHOT_SUFFIX.len()
+            - MAX_GENERATION_INFIX_LEN
+            - TEMP_SUFFIX.len();
         assert!(file_name_fits(&"a".repeat(limit)));
         assert!(!file_name_fits(&"a".repeat(limit + 1)));
+        let longest = generation_file_name(&encode_file_name(&"a".repeat(limit)), u64::MAX);
+        assert_eq!(temp_file_name(&longest).len(), MAX_FILE_NAME_LEN);
         assert_eq!(encoded_len("a.b"), encode_file_name("a.b").len());
+    }
+
+    #[test]
+    fn a_generation_names_each_fixed_name_once_and_reads_back_only_that() {
+        assert_eq!(
+            generation_file_name("telemetry.snapshot", 7),
+            "telemetry.7.snapshot"
+        );
+        assert_eq!(
+            generation_file_name(RETAINED_FILE, 12),
+            "%24saguin%2Fretained.12.snapshot"
+        );
+        assert_eq!(generation_file_name(SESSIONS_FILE, 1), "saguin.1.sessions");
+        assert_eq!(
+            generation_file_name(BROADCAST_FILE, u64::MAX),
+            "saguin.18446744073709551615.broadcast"
+        );
+        for (base, generation) in [
+            ("telemetry.snapshot", 7),
+            ("a%2Eb.snapshot", 1),
+            (SESSIONS_FILE, 99),
+            (BROADCAST_FILE, u64::MAX),
+        ] {
+            assert_eq!(
+                split_generation_file_name(&generation_file_name(base, generation)),
+                Some((base.to_owned(), generation))
+            );
+        }
+        for not_one in [
+            "telemetry.snapshot",
+            "saguin.sessions",
+            "telemetry.07.snapshot",
+            "telemetry.0.snapshot",
+            "telemetry..snapshot",
+            "telemetry.7a.snapshot",
+            ".7.snapshot",
+            "telemetry.18446744073709551616.snapshot",
+            "telemetry.7.snapshot.tmp",
+            "saguin.manifest",
+        ] {
+            assert_eq!(split_generation_file_name(not_one), None, "{not_one}");
+        }
     }
 }

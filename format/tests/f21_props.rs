@@ -392,10 +392,120 @@ prop_compose! {
     }
 }
 
+fn generation() -> impl Strategy<Value = Generation> {
+    (
+        1u64..1_000,
+        any::<i64>(),
+        proptest::collection::vec(
+            (
+                nonempty_text(),
+                any::<u64>(),
+                any::<i64>(),
+                49u64..,
+                any::<u32>(),
+                any::<bool>(),
+            ),
+            0..5,
+        ),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(generation, captured_at, channels, retained, sessions)| {
+            use saguin_format::channel_name::{
+                encode_file_name, generation_file_name, BROADCAST_FILE, RETAINED_FILE,
+                SESSIONS_FILE,
+            };
+            let file = |kind,
+                        channel: String,
+                        base: String,
+                        seed: u64,
+                        written_at,
+                        length,
+                        checksum,
+                        behind| {
+                // Generation 0 is a file a build before generations wrote,
+                // under its fixed name.
+                let of = seed % (generation + 1);
+                GenerationFile {
+                    kind,
+                    channel,
+                    file_name: if of == 0 {
+                        base.clone()
+                    } else {
+                        generation_file_name(&base, of)
+                    },
+                    generation: of,
+                    written_at,
+                    length,
+                    checksum,
+                    behind,
+                }
+            };
+            let mut files: Vec<GenerationFile> = channels
+                .into_iter()
+                .enumerate()
+                .map(|(i, (name, seed, at, length, checksum, behind))| {
+                    let channel = format!("{name}.{i}");
+                    let base = encode_file_name(&channel);
+                    file(
+                        FileKind::Channel,
+                        channel,
+                        base,
+                        seed,
+                        at,
+                        length,
+                        checksum,
+                        behind,
+                    )
+                })
+                .collect();
+            if retained {
+                files.push(file(
+                    FileKind::Retained,
+                    String::new(),
+                    RETAINED_FILE.into(),
+                    generation,
+                    captured_at,
+                    53,
+                    7,
+                    false,
+                ));
+            }
+            if sessions {
+                files.push(file(
+                    FileKind::Broadcast,
+                    String::new(),
+                    BROADCAST_FILE.into(),
+                    generation,
+                    captured_at,
+                    80,
+                    8,
+                    false,
+                ));
+                files.push(file(
+                    FileKind::Sessions,
+                    String::new(),
+                    SESSIONS_FILE.into(),
+                    generation,
+                    captured_at,
+                    60,
+                    9,
+                    false,
+                ));
+            }
+            Generation {
+                generation,
+                captured_at,
+                files,
+            }
+        })
+}
+
 fn snapshot_file() -> impl Strategy<Value = SnapshotFile> {
     prop_oneof![
         3 => channel().prop_map(SnapshotFile::Channel),
         1 => manifest().prop_map(SnapshotFile::Manifest),
+        1 => generation().prop_map(SnapshotFile::Generation),
         1 => retained().prop_map(SnapshotFile::Retained),
         2 => sessions().prop_map(SnapshotFile::Sessions),
         2 => broadcast().prop_map(SnapshotFile::Broadcast),

@@ -38,7 +38,7 @@ fn without_records(file: &SnapshotFile) -> SnapshotFile {
         }
         SnapshotFile::Retained(r) => r.records.clear(),
         SnapshotFile::Broadcast(b) => b.messages.clear(),
-        SnapshotFile::Manifest(_) | SnapshotFile::Sessions(_) => {}
+        SnapshotFile::Manifest(_) | SnapshotFile::Sessions(_) | SnapshotFile::Generation(_) => {}
     }
     file
 }

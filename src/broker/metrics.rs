@@ -168,6 +168,8 @@ pub struct Metrics {
     queues: Mutex<BTreeMap<String, QueueSeries>>,
     /// Each configured bridge's counters, by name (`saguin_bridge_*`).
     bridges: Mutex<BTreeMap<String, Arc<BridgeMetrics>>>,
+    /// Each memory provider's snapshot generations (`saguin_snapshot_*`).
+    snapshots: Mutex<BTreeMap<String, Arc<super::snapshots::SnapshotMetrics>>>,
     /// The longest an acknowledgement taken for writing (a flush of
     /// in-flight tables and cursors) waited for its commit, in
     /// microseconds (`saguin_ack_store_wait_seconds_max`).
@@ -226,7 +228,7 @@ const CHANNEL_GAUGES: [(&str, &str); 4] = [
 
 /// A label value as the Prometheus text format requires: backslash,
 /// double quote and line feed escaped.
-fn escape_label(value: &str) -> String {
+pub(super) fn escape_label(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for c in value.chars() {
         match c {
@@ -263,6 +265,7 @@ impl Metrics {
             dropped: Default::default(),
             disconnects: Default::default(),
             storage_errors: Default::default(),
+            snapshots: Default::default(),
             channels: Default::default(),
             queues: Default::default(),
             bridges: Default::default(),
@@ -300,6 +303,16 @@ impl Metrics {
     }
 
     /// A write to `provider` failed.
+    /// Registers a memory provider's snapshot metrics, rendered at every
+    /// scrape.
+    pub fn register_snapshots(
+        &self,
+        provider: &str,
+        metrics: Arc<super::snapshots::SnapshotMetrics>,
+    ) {
+        lock(&self.snapshots).insert(provider.to_owned(), metrics);
+    }
+
     pub fn storage_error(&self, provider: &str) {
         *lock(&self.storage_errors)
             .entry(provider.to_owned())
@@ -507,6 +520,7 @@ impl Metrics {
         }
         self.render_queues(&mut out);
         self.render_bridges(&mut out);
+        super::snapshots::render_metrics(&mut out, &lock(&self.snapshots));
         counter(
             &mut out,
             "saguin_uptime_seconds",

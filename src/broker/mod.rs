@@ -484,5 +484,6 @@ pub mod providers;
 pub mod reader;
 pub mod retention;
 pub mod server;
+pub mod snapshots;
 pub mod state;
 pub mod topic;

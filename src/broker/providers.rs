@@ -50,9 +50,12 @@ use saguin_format::model::ChannelKind;
 
 use crate::config::{self, units::format_duration, ChannelKindConfig, Config};
 use crate::storage::contract::{self, LatestStore, Provider, SessionStore, StorageError};
+use crate::storage::generation::{self, Generations};
 use crate::storage::lock::{self, LockError, LockGuard};
 use crate::storage::memory::{LoadError, LoadOptions, MemoryConfig, MemoryProvider};
 use crate::storage::snapshot_write::{self, SnapshotOptions, WriteObserver, WrittenFile};
+
+use super::snapshots::SnapshotWriter;
 use crate::storage::sqlite::{SqliteOpenError, SqliteOptions, SqliteProvider};
 
 /// The name the built-in memory provider goes by: in parentheses, so it
@@ -162,11 +165,19 @@ impl Roles {
     }
 }
 
+/// A memory provider's snapshot directory while the provider is open.
+struct SnapshotDir {
+    dir: PathBuf,
+    /// Held for as long as the provider is open.
+    _lock: Box<LockGuard>,
+    /// Writes its generations: in the background, and the last at close.
+    writer: Arc<SnapshotWriter>,
+}
+
 enum Backend {
     Memory {
         provider: Arc<MemoryProvider>,
-        /// With the lock held inside it, for as long as the provider is open.
-        snapshot: Option<(PathBuf, Box<LockGuard>)>,
+        snapshot: Option<SnapshotDir>,
     },
     Sqlite {
         provider: Arc<SqliteProvider>,
@@ -193,12 +204,9 @@ impl Opened {
     fn durability(&self) -> String {
         match &self.backend {
             Backend::Memory {
-                snapshot: Some((dir, _)),
+                snapshot: Some(snapshot),
                 ..
-            } => format!(
-                "as of the last graceful stop: written to {} when the broker stops, lost since then on a crash or power cut",
-                dir.display()
-            ),
+            } => memory_durability(&snapshot.dir, snapshot.writer.schedule()),
             Backend::Memory { snapshot: None, .. } => {
                 "nothing: lost when the broker stops".to_owned()
             }
@@ -216,6 +224,28 @@ impl Opened {
     /// True for a memory provider with no snapshot directory.
     fn keeps_nothing(&self) -> bool {
         matches!(self.backend, Backend::Memory { snapshot: None, .. })
+    }
+}
+
+/// What a memory provider with a snapshot directory promises, in the
+/// words of its startup line (invariant 14): the last generation, and how
+/// old it may be when the broker is killed.
+fn memory_durability(dir: &Path, schedule: crate::config::SnapshotSchedule) -> String {
+    match (schedule.debounce, schedule.max_delay) {
+        (_, None) => format!(
+            "as of the last graceful stop: written to {} when the broker stops, lost since then on a crash or power cut",
+            dir.display()
+        ),
+        (debounce, Some(max_delay)) => format!(
+            "as of the last snapshot generation in {}: written {} and at most {} after the first change since the last one; a crash or power cut loses up to the last {} (and the time one generation takes to write)",
+            dir.display(),
+            match debounce {
+                Some(d) => format!("{} after the last change", humantime::format_duration(d)),
+                None => "only at the maximum delay".to_owned(),
+            },
+            humantime::format_duration(max_delay),
+            humantime::format_duration(max_delay)
+        ),
     }
 }
 
@@ -409,6 +439,21 @@ impl Providers {
         })
     }
 
+    /// The snapshot writers of the memory providers with a snapshot
+    /// directory, for the broker task to drive their background
+    /// generations.
+    pub fn snapshot_writers(&self) -> Vec<Arc<SnapshotWriter>> {
+        self.opened
+            .iter()
+            .filter_map(|o| match &o.backend {
+                Backend::Memory {
+                    snapshot: Some(s), ..
+                } => Some(s.writer.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The provider keeping retained messages.
     pub fn retained(&self) -> Arc<dyn Provider> {
         self.opened[self.retained].provider()
@@ -534,15 +579,15 @@ impl Providers {
         for o in self.opened {
             let Opened {
                 name,
-                roles,
+                roles: _,
                 backend,
             } = o;
             match backend {
                 Backend::Memory { provider, snapshot } => {
-                    if let Some((dir, guard)) = snapshot {
-                        write_memory(&name, &provider, &roles, &dir, status, &mut report);
+                    if let Some(snapshot) = snapshot {
+                        write_memory(&name, &snapshot.writer, &snapshot.dir, status, &mut report);
                         close_provider(&name, provider.as_ref(), status, &mut report);
-                        drop(guard);
+                        drop(snapshot);
                     } else {
                         close_provider(&name, provider.as_ref(), status, &mut report);
                     }
@@ -600,7 +645,7 @@ fn open_one(
                 std::fs::symlink_metadata(dir)
                     .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
             });
-            let snapshot = match &m.snapshot_dir {
+            let locked = match &m.snapshot_dir {
                 Some(dir) => Some((dir.clone(), Box::new(lock_snapshot_dir(&name, dir)?))),
                 None => None,
             };
@@ -613,26 +658,45 @@ fn open_one(
                 provider: name.clone(),
                 source,
             })?;
-            match &snapshot {
-                Some((dir, _)) if first_start => {
-                    tracing::info!(provider = %name, dir = %dir.display(), "first start: the snapshot directory was created, nothing to load");
-                }
-                Some((dir, _)) => {
-                    let options = LoadOptions {
-                        channels: channels
-                            .iter()
-                            .map(|c| (c.name.clone(), channel_kind(&c.kind)))
-                            .collect(),
+            let snapshot = match locked {
+                Some((dir, lock)) => {
+                    let committed = if first_start {
+                        tracing::info!(provider = %name, dir = %dir.display(), "first start: the snapshot directory was created, nothing to load");
+                        generation::Committed::default()
+                    } else {
+                        let options = LoadOptions {
+                            channels: channels
+                                .iter()
+                                .map(|c| (c.name.clone(), channel_kind(&c.kind)))
+                                .collect(),
+                            retained: roles.retained,
+                            sessions: roles.sessions,
+                            now: contract::now_nanos(),
+                            max_session_expiry,
+                            max_file_bytes: LoadOptions::file_limit_for(m.max_bytes),
+                        };
+                        load_memory(&name, &memory, &dir, &options)?
+                    };
+                    for removed in generation::tidy(&dir, &committed) {
+                        tracing::info!(provider = %name, dir = %dir.display(), file = %removed,
+                            "removed a file no snapshot generation lists (a generation cut short or replaced)");
+                    }
+                    let options = SnapshotOptions {
                         retained: roles.retained,
                         sessions: roles.sessions,
-                        now: contract::now_nanos(),
-                        max_session_expiry,
-                        max_file_bytes: LoadOptions::file_limit_for(m.max_bytes),
+                        parallel_files: PARALLEL_FILES,
                     };
-                    load_memory(&name, &memory, dir, &options)?;
+                    let generations = Generations::new(&dir, options, committed, &memory);
+                    let writer =
+                        SnapshotWriter::start(&name, memory.clone(), generations, m.snapshots);
+                    Some(SnapshotDir {
+                        dir,
+                        _lock: lock,
+                        writer,
+                    })
                 }
-                None => {}
-            }
+                None => None,
+            };
             Backend::Memory {
                 provider: memory,
                 snapshot,
@@ -774,13 +838,14 @@ fn lock_snapshot_dir(provider: &str, dir: &Path) -> Result<LockGuard, StartupErr
     lock::acquire(&lock::lock_path_for_snapshot_dir(dir)).map_err(|e| lock_error(provider, e))
 }
 
-/// Loads a snapshot directory, its findings logged as warnings.
+/// Loads a snapshot directory, its findings logged as warnings; the
+/// directory's current generation, for the writer that continues it.
 fn load_memory(
     name: &str,
     memory: &Arc<MemoryProvider>,
     dir: &Path,
     options: &LoadOptions,
-) -> Result<(), StartupError> {
+) -> Result<generation::Committed, StartupError> {
     let report =
         memory
             .load_snapshot_dir(dir, options)
@@ -808,10 +873,18 @@ fn load_memory(
     } else {
         0
     };
+    // How old the state is: what a crash before this start lost is what
+    // changed after this moment.
+    let age = report.manifest_at.map(|at| {
+        let ms = (options.now.saturating_sub(at) / 1_000_000).max(0);
+        humantime::format_duration(Duration::from_millis(ms as u64)).to_string()
+    });
     tracing::info!(
         provider = %name,
         dir = %dir.display(),
-        manifest = report.manifest_began_at.map(lock::rfc3339).unwrap_or_else(|| "none".into()),
+        generation = report.generation,
+        captured_at = report.manifest_at.map(lock::rfc3339).unwrap_or_else(|| "none".into()),
+        age = %age.unwrap_or_else(|| "unknown (no manifest)".into()),
         retained = memory.retained_store().record_count(),
         sessions,
         dropped_sessions = report.dropped_sessions,
@@ -820,36 +893,47 @@ fn load_memory(
         held_bytes = memory.bytes(),
         "snapshot loaded"
     );
-    Ok(())
+    Ok(report.committed)
 }
 
-/// Copies and writes one memory provider's snapshot directory.
+/// Writes a memory provider's last generation: its background writer
+/// stopped (what it was writing finished), then whatever changed since
+/// the last generation, each file and each failure logged by name.
 fn write_memory(
     name: &str,
-    memory: &MemoryProvider,
-    roles: &Roles,
+    writer: &SnapshotWriter,
     dir: &Path,
     status: &ShutdownStatus,
     report: &mut ShutdownReport,
 ) {
-    let options = SnapshotOptions {
-        retained: roles.retained,
-        sessions: roles.sessions,
-        parallel_files: PARALLEL_FILES,
-    };
+    status.set(format!(
+        "storage provider {name}: finishing the snapshot generation being written in {}",
+        dir.display()
+    ));
+    writer.stop();
     let started = Instant::now();
     status.set(format!(
         "storage provider {name}: copying its state for the snapshot in {}",
         dir.display()
     ));
-    let copy = snapshot_write::copy_provider(memory, &options, contract::now_nanos());
+    let mut generations = writer.generations();
+    let Some(job) = generations.capture(writer.provider(), contract::now_nanos()) else {
+        let committed = generations.committed();
+        tracing::info!(provider = %name, dir = %dir.display(), generation = committed.generation,
+            captured_at = %lock::rfc3339(committed.captured_at),
+            "snapshot: nothing changed since the last generation, nothing to write");
+        return;
+    };
     let observer = StatusObserver {
         status,
         prefix: format!("storage provider {name}: snapshot {}", dir.display()),
         writing: Mutex::new(BTreeSet::new()),
     };
-    let written = snapshot_write::write_snapshot_observed(dir, &copy, &options, &observer);
-    drop(copy);
+    let outcome = generation::write_generation(dir, &job, &observer);
+    drop(job);
+    generations.settle(&outcome);
+    drop(generations);
+    let written = &outcome.report;
     for w in &written.written {
         tracing::info!(provider = %name, dir = %dir.display(), file = %w.file_name, bytes = w.bytes,
             records = w.records, "snapshot file written");
@@ -860,13 +944,24 @@ fn write_memory(
             .failures
             .push(format!("storage provider {name}: {f}"));
     }
-    tracing::info!(provider = %name, dir = %dir.display(), files = written.written.len(),
+    let generation = outcome.committed.as_ref().map(|c| c.generation);
+    if let Some(c) = &outcome.committed {
+        writer.record_committed(c.generation, c.captured_at);
+    }
+    tracing::info!(provider = %name, dir = %dir.display(),
+        generation = %generation.map_or_else(|| "none (the previous one stands)".to_owned(), |g| g.to_string()),
+        files = written.written.len(),
         bytes = written.written.iter().map(|w| w.bytes).sum::<u64>(),
-        failed = written.failed.len(), elapsed_ms = started.elapsed().as_millis() as u64,
+        failed = written.failed.len(), removed = outcome.removed,
+        elapsed_ms = started.elapsed().as_millis() as u64,
         "snapshot written");
-    report
-        .written
-        .extend(written.written.into_iter().map(|w| (name.to_owned(), w)));
+    report.written.extend(
+        outcome
+            .report
+            .written
+            .into_iter()
+            .map(|w| (name.to_owned(), w)),
+    );
 }
 
 /// Closes one provider, a failure reported by name.
@@ -1162,8 +1257,8 @@ mod tests {
             .collect();
         assert_eq!(
             files,
-            ["saguin.manifest", "telemetry.snapshot"],
-            "the manifest first"
+            ["telemetry.1.snapshot", "saguin.manifest"],
+            "the manifest last: it commits the generation"
         );
 
         let again = Providers::open(&c).unwrap();
@@ -1301,8 +1396,11 @@ mod tests {
                 w.file_name.as_str()
             })
             .collect();
-        assert_eq!(files, ["saguin.manifest", "%24saguin%2Fretained.snapshot"]);
-        assert!(!d.path().join("snap/saguin.sessions").exists());
+        assert_eq!(
+            files,
+            ["%24saguin%2Fretained.1.snapshot", "saguin.manifest"]
+        );
+        assert!(!d.path().join("snap/saguin.1.sessions").exists());
         assert_eq!(status.get(), "every storage provider closed");
     }
 

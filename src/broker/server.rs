@@ -74,6 +74,9 @@ pub struct Server {
     pub bridge_channels: std::collections::HashMap<String, crate::storage::contract::ChannelStore>,
     /// `Limits::outbound_queue`, for the bridges' in-process connections.
     pub outbound_queue: usize,
+    /// The memory providers' background snapshots, driven from the broker
+    /// task (set by `serve`; none by default).
+    pub snapshots: super::snapshots::Snapshots,
 }
 
 /// Errors that stop the server.
@@ -128,6 +131,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         bridges,
         bridge_channels,
         outbound_queue,
+        snapshots,
     } = server;
     let (notify_shutdown, _) = broadcast::channel::<()>(1);
     // Every task holds a clone; when all are dropped, the drain is complete.
@@ -148,6 +152,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         flush_interval,
         notify_shutdown.subscribe(),
         watchdog,
+        snapshots,
     ));
 
     for listener in listeners {
@@ -267,7 +272,11 @@ async fn dispatch(
 }
 
 /// The single writer: applies events to the state in arrival order, and
-/// hands what it must store to the persisters.
+/// hands what it must store to the persisters. It is also the one writer
+/// of the memory providers' stores, so it captures their background
+/// snapshot generations, each at one moment of its order
+/// ([`super::snapshots`]).
+#[allow(clippy::too_many_arguments)]
 async fn broker_task(
     mut state: BrokerState,
     mut events: mpsc::Receiver<Event>,
@@ -276,6 +285,7 @@ async fn broker_task(
     flush_interval: Duration,
     mut shutdown: broadcast::Receiver<()>,
     mut watchdog: Option<super::notify::Watchdog>,
+    mut snapshots: super::snapshots::Snapshots,
 ) -> Result<(), PersisterGone> {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -286,12 +296,32 @@ async fn broker_task(
     let mut batch = Vec::with_capacity(64);
     let mut intents = Vec::new();
     let mut reads = Vec::new();
+    // The next snapshot generation due, reset only when that moment moves.
+    let snapshot_due = tokio::time::sleep(Duration::from_secs(3600));
+    tokio::pin!(snapshot_due);
+    let mut armed: Option<Instant> = None;
     loop {
+        let due = snapshots.next_due();
+        if due != armed {
+            if let Some(at) = due {
+                snapshot_due.as_mut().reset(at);
+            }
+            armed = due;
+        }
         tokio::select! {
             biased;
             _ = shutdown.recv() => break,
             // Answers first: they release acknowledgements clients wait on.
             Some(committed) = commits.recv() => state.handle(committed, Instant::now()),
+            // Before client events: a broker kept busy must still capture
+            // its snapshot generations on time (the crash window).
+            _ = &mut snapshot_due, if armed.is_some() => {
+                armed = None;
+                snapshots.start_due(Instant::now());
+            }
+            (provider, written) = snapshots.finished(), if !snapshots.is_empty() => {
+                snapshots.settle(provider, written, Instant::now());
+            }
             received = events.recv_many(&mut batch, 64) => {
                 if received == 0 {
                     break;
@@ -307,6 +337,8 @@ async fn broker_task(
             _ = super::notify::ping_due(&watchdog) => {}
         }
         dispatch(&mut state, &mut storage, &mut intents, &mut reads).await?;
+        // Whatever the turn changed in a memory provider counts from now.
+        snapshots.observe(Instant::now());
         // After every turn, busy or idle: a wedged loop stops the pings.
         if let Some(watchdog) = &mut watchdog {
             watchdog.ping_if_due(Instant::now());
@@ -328,6 +360,9 @@ async fn broker_task(
         dispatch(&mut state, &mut storage, &mut intents, &mut reads).await?;
     }
     storage.persisters.stop();
+    // A generation being written is finished and taken in; the providers'
+    // close writes the last one.
+    snapshots.drain().await;
     Ok(())
 }
 
@@ -736,5 +771,6 @@ pub async fn prepare(
             .map(|c| (c.name.to_string(), c.store.clone()))
             .collect(),
         outbound_queue: limits.outbound_queue,
+        snapshots: super::snapshots::Snapshots::default(),
     })
 }

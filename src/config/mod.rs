@@ -140,16 +140,54 @@ pub enum Provider {
     Sqlite(SqliteProvider),
 }
 
-/// `kind: memory`: records in memory, written to a snapshot directory at
-/// shutdown when one is configured.
+/// `kind: memory`: records in memory, written to a snapshot directory when
+/// one is configured: in the background while it serves, and at shutdown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryProvider {
     pub name: String,
-    /// Where snapshots are written at shutdown and read at startup. `None`:
-    /// nothing is kept across a restart.
+    /// Where snapshots are written and read at startup. `None`: nothing is
+    /// kept across a restart.
     pub snapshot_dir: Option<PathBuf>,
     /// Bound on the bytes the provider's channels hold, reserve included. `None`: unbounded.
     pub max_bytes: Option<u64>,
+    /// When a snapshot generation is written while the broker serves.
+    pub snapshots: SnapshotSchedule,
+}
+
+/// When a memory provider writes a snapshot generation while it serves:
+/// a quiet `debounce` after the last change, and at the latest `max_delay`
+/// after the first change since the last generation. Both `None`: only at
+/// shutdown. `max_delay` is the crash window the startup states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotSchedule {
+    /// `None`: no quiet trigger, a generation `max_delay` after the first
+    /// change.
+    pub debounce: Option<Duration>,
+    /// `None` (with `debounce` `None` too): no background snapshots.
+    pub max_delay: Option<Duration>,
+}
+
+impl SnapshotSchedule {
+    /// Background snapshots off: written at shutdown only.
+    pub const SHUTDOWN_ONLY: SnapshotSchedule = SnapshotSchedule {
+        debounce: None,
+        max_delay: None,
+    };
+
+    /// True when generations are written while the broker serves.
+    pub fn is_background(&self) -> bool {
+        self.max_delay.is_some()
+    }
+}
+
+impl Default for SnapshotSchedule {
+    /// 250 ms quiet, at most 2 s: the legacy broker's own debounce.
+    fn default() -> Self {
+        SnapshotSchedule {
+            debounce: Some(Duration::from_millis(250)),
+            max_delay: Some(Duration::from_secs(2)),
+        }
+    }
 }
 
 /// `kind: sqlite`: one SQLite database in WAL mode, synchronous=NORMAL.

@@ -17,6 +17,20 @@ pub fn channel_file_name(name: &str) -> String {
     saguin_format::channel_name::encode_file_name(name)
 }
 
+/// The longest name a channel's file takes in a snapshot directory: its
+/// encoded name, the largest generation's number and the temporary suffix
+/// it is written under first.
+fn longest_file_name_len(name: &str) -> usize {
+    use saguin_format::channel_name::{
+        generation_file_name, temp_file_name, MAX_GENERATION_INFIX_LEN,
+    };
+    debug_assert_eq!(
+        generation_file_name(&channel_file_name(name), u64::MAX).len(),
+        channel_file_name(name).len() + MAX_GENERATION_INFIX_LEN
+    );
+    temp_file_name(&generation_file_name(&channel_file_name(name), u64::MAX)).len()
+}
+
 /// Check a channel name; the reason it is refused, if it is.
 pub fn check_channel_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
@@ -46,11 +60,10 @@ pub fn check_channel_name(name: &str) -> Result<(), String> {
             return Err(format!("channel name {name:?} contains {what}"));
         }
     }
-    let file = channel_file_name(name);
-    if file.len() > FILE_NAME_MAX_BYTES {
+    if !saguin_format::channel_name::file_name_fits(name) {
         return Err(format!(
-            "channel name {name:?} is stored as a {}-byte file name once percent-encoded; the limit is {FILE_NAME_MAX_BYTES} (every byte outside A-Z a-z 0-9 _ - takes three)",
-            file.len()
+            "channel name {name:?} is stored under file names of up to {} bytes once percent-encoded, numbered by generation and while being written; the limit is {FILE_NAME_MAX_BYTES} (every byte outside A-Z a-z 0-9 _ - takes three)",
+            longest_file_name_len(name)
         ));
     }
     Ok(())
@@ -105,10 +118,11 @@ mod tests {
 
     #[test]
     fn a_name_within_128_bytes_can_still_be_too_long_to_store() {
-        // 82 dots encode to 246 bytes, plus ".snapshot" = 255: fits.
-        assert_eq!(check_channel_name(&".".repeat(82)), Ok(()));
-        // 83 dots: 249 + 9 = 258.
-        let err = check_channel_name(&".".repeat(83)).unwrap_err();
-        assert!(err.contains("258-byte file name"), "{err}");
+        // 73 dots encode to 219 bytes, plus ".snapshot", the largest
+        // generation's ".18446744073709551615" and ".tmp" = 253: fits.
+        assert_eq!(check_channel_name(&".".repeat(73)), Ok(()));
+        // 74 dots: 222 + 9 + 21 + 4 = 256.
+        let err = check_channel_name(&".".repeat(74)).unwrap_err();
+        assert!(err.contains("up to 256 bytes"), "{err}");
     }
 }

@@ -108,6 +108,8 @@ fn provider(p: &Provider) -> Value {
             "kind": "memory",
             "snapshot_dir": opt_path(m.snapshot_dir.as_deref()),
             "max_bytes": m.max_bytes,
+            "snapshot_debounce": m.snapshots.debounce.map(duration).unwrap_or_else(|| "none".to_string()),
+            "snapshot_max_delay": m.snapshots.max_delay.map(duration).unwrap_or_else(|| "none".to_string()),
         }),
         Provider::Sqlite(s) => json!({
             "name": s.name,

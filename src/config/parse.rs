@@ -194,6 +194,91 @@ fn size(ctx: &mut Ctx, path: &str, value: &Value) -> Option<u64> {
     }
 }
 
+/// A memory provider's `snapshot_debounce` and `snapshot_max_delay`:
+/// each a duration or `none`, 250ms and 2s when absent. Both `none` is
+/// shutdown only; a debounce with no maximum is refused (a provider that
+/// is never quiet would never be written); tuning with no `snapshot_dir`
+/// is refused (there is nowhere to write).
+fn snapshot_schedule(
+    ctx: &mut Ctx,
+    f: &mut Fields,
+    path: &str,
+    has_dir: bool,
+) -> Option<SnapshotSchedule> {
+    let defaults = SnapshotSchedule::default();
+    // A duration written with no directory is tuning of nothing; `none`
+    // (what --output writes for such a provider) says no more than absence.
+    let mut given = false;
+    let mut take = |ctx: &mut Ctx, key: &str, default: Option<Duration>| match f.take(key) {
+        None => Some((default, None)),
+        Some((p, Value::String(s))) if s == "none" => Some((None, Some(p))),
+        Some((p, v)) => {
+            given = true;
+            duration(ctx, &p, v).map(|d| (Some(d), Some(p)))
+        }
+    };
+    let debounce = take(ctx, "snapshot_debounce", defaults.debounce);
+    let max_delay = take(ctx, "snapshot_max_delay", defaults.max_delay);
+    let ((debounce, debounce_path), (max_delay, max_delay_path)) = (debounce?, max_delay?);
+    let at = |p: &Option<String>, key: &str| p.clone().unwrap_or_else(|| join(path, key));
+    if given && !has_dir {
+        ctx.problem(
+            &at(&debounce_path.or(max_delay_path), "snapshot_debounce"),
+            "a snapshot schedule needs a snapshot_dir to write to",
+        );
+        return None;
+    }
+    if !has_dir {
+        return Some(SnapshotSchedule::SHUTDOWN_ONLY);
+    }
+    if let Some(d) = debounce {
+        if d < SNAPSHOT_DEBOUNCE_MIN {
+            ctx.problem(
+                &at(&debounce_path, "snapshot_debounce"),
+                format!(
+                    "{} is below 1ms (write none for no quiet gap)",
+                    units::format_duration(d)
+                ),
+            );
+            return None;
+        }
+    }
+    match (debounce, max_delay) {
+        (Some(_), None) => {
+            ctx.problem(
+                &at(&max_delay_path, "snapshot_max_delay"),
+                "none with a snapshot_debounce would never write a provider that is never quiet; give a maximum delay, or none for both (only at shutdown)",
+            );
+            None
+        }
+        (_, Some(m)) if m.is_zero() || m > SNAPSHOT_MAX_DELAY_MAX => {
+            ctx.problem(
+                &at(&max_delay_path, "snapshot_max_delay"),
+                format!(
+                    "{} is outside 1ms..=1h (it is how much a crash may lose; write none for only at shutdown)",
+                    units::format_duration(m)
+                ),
+            );
+            None
+        }
+        (Some(d), Some(m)) if d > m => {
+            ctx.problem(
+                &at(&debounce_path, "snapshot_debounce"),
+                format!(
+                    "{} is longer than snapshot_max_delay {}; the maximum delay would always come first",
+                    units::format_duration(d),
+                    units::format_duration(m)
+                ),
+            );
+            None
+        }
+        (debounce, max_delay) => Some(SnapshotSchedule {
+            debounce,
+            max_delay,
+        }),
+    }
+}
+
 /// A size, or `none` (absent).
 fn optional_size(ctx: &mut Ctx, path: &str, value: &Value) -> Option<u64> {
     if matches!(value, Value::String(s) if s == "none") {
@@ -597,7 +682,21 @@ fn auth(ctx: &mut Ctx, section: Option<(String, &Value)>, embedded: bool) -> Aut
     auth
 }
 
-const MEMORY_KEYS: &[&str] = &["name", "kind", "snapshot_dir", "max_bytes"];
+const MEMORY_KEYS: &[&str] = &[
+    "name",
+    "kind",
+    "snapshot_dir",
+    "max_bytes",
+    "snapshot_debounce",
+    "snapshot_max_delay",
+];
+/// What only a memory provider has.
+const MEMORY_ONLY: &[&str] = &["snapshot_dir", "snapshot_debounce", "snapshot_max_delay"];
+/// Bounds of a memory provider's snapshot schedule: a debounce below a
+/// millisecond is no debounce, and a maximum delay past an hour is a
+/// crash window nobody means (`none` says "only at shutdown" plainly).
+pub(crate) const SNAPSHOT_DEBOUNCE_MIN: Duration = Duration::from_millis(1);
+pub(crate) const SNAPSHOT_MAX_DELAY_MAX: Duration = Duration::from_secs(3600);
 const SQLITE_KEYS: &[&str] = &[
     "name",
     "kind",
@@ -673,19 +772,22 @@ fn providers(ctx: &mut Ctx, path: &str, value: &Value) -> (Vec<(usize, Provider)
                 let snapshot_dir = f
                     .take("snapshot_dir")
                     .and_then(|(p, v)| file_path(ctx, &p, v));
+                let snapshots = snapshot_schedule(ctx, &mut f, &path, snapshot_dir.is_some());
                 f.finish(ctx, MEMORY_KEYS);
-                name.map(|name| {
-                    Provider::Memory(MemoryProvider {
+                match (name, snapshots) {
+                    (Some(name), Some(snapshots)) => Some(Provider::Memory(MemoryProvider {
                         name,
                         snapshot_dir,
                         max_bytes,
-                    })
-                })
+                        snapshots,
+                    })),
+                    _ => None,
+                }
             }
             Some(ProviderKind::Sqlite) => {
                 f.refuse_for_kind(
                     ctx,
-                    &["snapshot_dir"],
+                    MEMORY_ONLY,
                     "only a memory provider has this key (this one is kind: sqlite)",
                 );
                 let file_path = required(ctx, &mut f, "file_path", file_path);

@@ -10,11 +10,24 @@ fn promise(provider: &Provider) -> String {
     match provider {
         Provider::Memory(MemoryProvider {
             snapshot_dir: Some(dir),
+            snapshots,
             ..
-        }) => format!(
-            "kept as of the last successful snapshot (written at shutdown to {}); a crash, an OOM kill or a power cut loses everything since",
-            dir.display()
-        ),
+        }) => match snapshots.max_delay {
+            None => format!(
+                "kept as of the last successful snapshot (written at shutdown to {}); a crash, an OOM kill or a power cut loses everything since",
+                dir.display()
+            ),
+            Some(max_delay) => format!(
+                "kept as of the last snapshot generation (written to {} {}, at most {} after a change); a crash, an OOM kill or a power cut loses up to the last {} and one generation's write",
+                dir.display(),
+                snapshots.debounce.map_or_else(
+                    || "at the maximum delay".to_owned(),
+                    |d| format!("{} after the last change", format_duration(d))
+                ),
+                format_duration(max_delay),
+                format_duration(max_delay)
+            ),
+        },
         Provider::Memory(MemoryProvider {
             snapshot_dir: None, ..
         }) => "not kept: memory with no snapshot_dir, lost at every restart".to_string(),

@@ -458,9 +458,9 @@ fn channel_name_rules() {
         "129 bytes; the limit is 128",
     );
     one_problem(
-        &yaml(&".".repeat(83)),
+        &yaml(&".".repeat(74)),
         "channels[0].name",
-        "258-byte file name",
+        "up to 256 bytes",
     );
     ok(&yaml(&"n".repeat(128)));
     ok(&yaml("a.b"));
@@ -689,7 +689,7 @@ fn durability_is_stated_per_channel_and_inert_providers_are_named() {
         text.contains("channel b (latest) on provider mem (memory): not kept"),
         "{text}"
     );
-    assert!(text.contains("channel c (queue, with its dead-letter channel c.dlq) on provider snap (memory): kept as of the last successful snapshot"), "{text}");
+    assert!(text.contains("channel c (queue, with its dead-letter channel c.dlq) on provider snap (memory): kept as of the last snapshot generation (written to /srv/snap 250ms after the last change, at most 2s after a change); a crash, an OOM kill or a power cut loses up to the last 2s"), "{text}");
     assert!(text.contains("provider spare (sqlite): inert"), "{text}");
     assert!(
         text.contains("provider db (sqlite): max_bytes 1073741824 = 262144 pages of 4096 bytes"),

@@ -4,6 +4,7 @@
 
 pub mod backup;
 pub mod contract;
+pub mod generation;
 pub mod lock;
 pub mod memory;
 pub mod migrate;

@@ -46,15 +46,17 @@ use std::path::{Path, PathBuf};
 
 use saguin_format::channel_name::{
     encode_file_name, BROADCAST_FILE, LOCK_FILE, MANIFEST_FILE, RETAINED_FILE, SESSIONS_FILE,
-    SNAPSHOT_SUFFIX, TEMP_SUFFIX,
+    TEMP_SUFFIX,
 };
 use saguin_format::f21::{
-    self, time::format_unix_nanos, BroadcastFile, ChannelFile, FileKind, Header, Manifest,
-    RetainedFile, SessionsFile, SnapshotFile, Tally,
+    self, time::format_unix_nanos, BroadcastFile, ChannelFile, FileKind, Generation,
+    GenerationFile, Header, Manifest, RetainedFile, SessionsFile, SnapshotFile, Tally,
 };
 use saguin_format::mbmqtt;
+use saguin_format::model::UnixNanos;
 
 use super::contract::{Reader, StorageError};
+use super::generation::{self, Committed, Store};
 use super::read::{self, ReadError, SpecialKind, F21_DEFAULT_MAX_BYTES, MBMQTT_DEFAULT_MAX_BYTES};
 
 /// How a directory (or one file) is read.
@@ -397,16 +399,32 @@ pub enum Role {
 }
 
 impl Role {
-    fn of(name: &str) -> Option<Role> {
-        match name {
-            MANIFEST_FILE => Some(Role::Manifest),
-            SESSIONS_FILE => Some(Role::Sessions),
-            BROADCAST_FILE => Some(Role::Broadcast),
-            RETAINED_FILE => Some(Role::Retained),
-            _ if name.ends_with(SNAPSHOT_SUFFIX) => Some(Role::Channel(
-                saguin_format::channel_name::decode_file_name(name),
-            )),
-            _ => None,
+    /// What `name` is, and the generation its name carries (0 for a fixed
+    /// name); `None` for a name that is no snapshot file.
+    pub fn of(name: &str) -> Option<(Role, u64)> {
+        if name == MANIFEST_FILE {
+            return Some((Role::Manifest, 0));
+        }
+        let (store, generation) = generation::data_file(name)?;
+        let role = match store {
+            Some(Store::Channel(channel)) => Role::Channel(Some(channel)),
+            Some(Store::Retained) => Role::Retained,
+            Some(Store::Sessions) => Role::Sessions,
+            Some(Store::Broadcast) => Role::Broadcast,
+            None => Role::Channel(None),
+        };
+        Some((role, generation))
+    }
+
+    /// The store a data file of this role holds (none for the manifest or
+    /// a channel file whose name decodes to no channel).
+    pub fn store(&self) -> Option<Store> {
+        match self {
+            Role::Manifest | Role::Channel(None) => None,
+            Role::Channel(Some(c)) => Some(Store::Channel(c.clone())),
+            Role::Retained => Some(Store::Retained),
+            Role::Sessions => Some(Store::Sessions),
+            Role::Broadcast => Some(Store::Broadcast),
         }
     }
 
@@ -425,6 +443,35 @@ impl Role {
     }
 }
 
+/// The directory's manifest, of either kind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DirManifest {
+    /// Kind 2: written first by a shutdown of a build before generations,
+    /// over files under fixed names.
+    Shutdown(Manifest),
+    /// Kind 6: the current generation, written last.
+    Generation(Generation),
+}
+
+impl DirManifest {
+    /// The moment it records: the shutdown's start, or the generation's
+    /// state.
+    pub fn moment(&self) -> UnixNanos {
+        match self {
+            DirManifest::Shutdown(m) => m.began_at,
+            DirManifest::Generation(g) => g.captured_at,
+        }
+    }
+
+    /// The generation it commits (0 for a shutdown's manifest).
+    pub fn generation(&self) -> u64 {
+        match self {
+            DirManifest::Shutdown(_) => 0,
+            DirManifest::Generation(g) => g.generation,
+        }
+    }
+}
+
 /// One snapshot file of the directory and what became of it.
 #[derive(Debug)]
 pub struct FileReport {
@@ -432,6 +479,13 @@ pub struct FileReport {
     pub name: String,
     pub path: PathBuf,
     pub role: Role,
+    /// The generation its name carries; 0 for a fixed name.
+    pub generation: u64,
+    /// Its store's state after it was written is lost: the generation
+    /// lists it as behind (a newer state could not be written), or a
+    /// shutdown manifest's moment is later than the file's. A behind
+    /// file's held publishes are counted as abandoned, not restored.
+    pub behind: bool,
     /// Decoded (header and contents), refused, or not read.
     pub outcome: FileOutcome,
 }
@@ -445,6 +499,9 @@ pub enum FileOutcome {
     Failed(FileProblem),
     /// A file the options did not ask for: left unread.
     NotConfigured,
+    /// A file of another generation than the directory's current one (a
+    /// generation that never committed, or one replaced since): not read.
+    NotCurrent,
 }
 
 impl FileReport {
@@ -512,17 +569,28 @@ pub enum FindingKind {
         channel: String,
         expected_file: String,
     },
-    /// `saguin.sessions` with no `saguin.broadcast` beside it: its log is lost.
-    SessionsWithoutBroadcast,
+    /// A sessions file with no broadcast log beside it: its log is lost.
+    SessionsWithoutBroadcast { file: String, log: String },
     /// The sessions file and the broadcast log disagree (an in-flight entry
     /// at or past the log's next offset, ...).
-    PairInvalid { problem: String },
+    PairInvalid {
+        file: String,
+        log: String,
+        problem: String,
+    },
+    /// A file the generation manifest lists whose length, written-at or
+    /// checksum is not what the manifest states: not the file that
+    /// generation wrote (a copy holding files of two generations).
+    NotTheListedFile { file: String, problem: String },
     // ---- warnings -----------------------------------------------------
     /// No manifest: nothing says whether the last shutdown finished.
     ManifestMissing,
     /// The manifest could not be read or decoded (its own failure is a
     /// warning: it holds no records).
     ManifestUnreadable { problem: String },
+    /// Files numbered by generation and no usable manifest: nothing says
+    /// which of them make one generation; the newest of each store is read.
+    GenerationsWithoutManifest,
     /// A file the manifest listed is not there: that channel's records are gone.
     ListedButMissing { file: String, what: String },
     /// A file older than the manifest's moment: what was published after its own moment is gone.
@@ -537,6 +605,20 @@ pub enum FindingKind {
         written_at: i64,
         manifest_at: i64,
     },
+    /// A file the generation lists as behind: its store's newer state could
+    /// not be written, so what happened to it after `written_at` is gone.
+    Behind {
+        file: String,
+        what: String,
+        written_at: i64,
+    },
+    /// A file of a generation the manifest does not commit (one being
+    /// written, or one a crash or a failure cut short): not read.
+    Uncommitted {
+        file: String,
+        generation: u64,
+        manifest: u64,
+    },
     /// A temporary file a write left behind; never read, never promoted.
     LeftoverTemp { file: String },
     /// The directory holds no snapshot file at all, or only a manifest.
@@ -545,6 +627,9 @@ pub enum FindingKind {
     /// A snapshot file the manifest did not ask for (a channel the
     /// configuration dropped is the operator's own doing).
     NotInManifest { file: String },
+    /// A file of an earlier generation that a later one replaced (removed
+    /// by the broker once nothing lists it): not read.
+    Superseded { file: String, generation: u64 },
     /// A file the configuration does not ask this provider for (another
     /// channel, or the retained store or sessions kept elsewhere): not read.
     NotConfigured { file: String },
@@ -558,16 +643,23 @@ impl FindingKind {
         match self {
             FileRefused { .. }
             | NameMismatch { .. }
-            | SessionsWithoutBroadcast
-            | PairInvalid { .. } => Severity::Error,
+            | SessionsWithoutBroadcast { .. }
+            | PairInvalid { .. }
+            | NotTheListedFile { .. } => Severity::Error,
             ManifestMissing
             | ManifestUnreadable { .. }
+            | GenerationsWithoutManifest
             | ListedButMissing { .. }
             | WrittenBeforeManifest { .. }
             | WrittenAfterManifest { .. }
+            | Behind { .. }
+            | Uncommitted { .. }
             | LeftoverTemp { .. }
             | NothingStored => Severity::Warning,
-            NotInManifest { .. } | NotConfigured { .. } | Unrecognised { .. } => Severity::Info,
+            NotInManifest { .. }
+            | Superseded { .. }
+            | NotConfigured { .. }
+            | Unrecognised { .. } => Severity::Info,
         }
     }
 
@@ -576,22 +668,31 @@ impl FindingKind {
     /// [`severity`](Self::severity), the broker's view: a broker starts on a
     /// directory whose manifest says records are gone (it warns, and serves
     /// what is left), but a backup script asking "is this copy good" must be
-    /// told no. A directory with nothing in it to verify is a "no" too.
+    /// told no. A directory with nothing in it to verify is a "no" too, and
+    /// so are files numbered by generation with no manifest to say they are
+    /// one.
     pub fn verdict(&self) -> Verdict {
         use FindingKind::*;
         match self {
             FileRefused { .. }
             | NameMismatch { .. }
-            | SessionsWithoutBroadcast
+            | SessionsWithoutBroadcast { .. }
             | PairInvalid { .. }
+            | NotTheListedFile { .. }
+            | GenerationsWithoutManifest
             | ListedButMissing { .. }
             | WrittenBeforeManifest { .. }
             | NothingStored => Verdict::Fail,
             ManifestMissing
             | ManifestUnreadable { .. }
             | WrittenAfterManifest { .. }
+            | Behind { .. }
+            | Uncommitted { .. }
             | LeftoverTemp { .. } => Verdict::Warn,
-            NotInManifest { .. } | NotConfigured { .. } | Unrecognised { .. } => Verdict::Info,
+            NotInManifest { .. }
+            | Superseded { .. }
+            | NotConfigured { .. }
+            | Unrecognised { .. } => Verdict::Info,
         }
     }
 
@@ -601,16 +702,21 @@ impl FindingKind {
         match self {
             FileRefused { .. } => "file-refused",
             NameMismatch { .. } => "name-mismatch",
-            SessionsWithoutBroadcast => "sessions-without-broadcast",
+            SessionsWithoutBroadcast { .. } => "sessions-without-broadcast",
             PairInvalid { .. } => "sessions-broadcast-mismatch",
+            NotTheListedFile { .. } => "not-the-listed-file",
             ManifestMissing => "manifest-missing",
             ManifestUnreadable { .. } => "manifest-unreadable",
+            GenerationsWithoutManifest => "generations-without-manifest",
             ListedButMissing { .. } => "listed-but-missing",
             WrittenBeforeManifest { .. } => "written-before-manifest",
             WrittenAfterManifest { .. } => "written-after-manifest",
+            Behind { .. } => "behind",
+            Uncommitted { .. } => "uncommitted",
             LeftoverTemp { .. } => "leftover-temp",
             NothingStored => "nothing-stored",
             NotInManifest { .. } => "not-in-manifest",
+            Superseded { .. } => "superseded",
             NotConfigured { .. } => "not-configured",
             Unrecognised { .. } => "unrecognised",
         }
@@ -622,16 +728,21 @@ impl FindingKind {
         match self {
             FileRefused { file, .. }
             | NameMismatch { file, .. }
+            | NotTheListedFile { file, .. }
             | ListedButMissing { file, .. }
             | WrittenBeforeManifest { file, .. }
             | WrittenAfterManifest { file, .. }
+            | Behind { file, .. }
+            | Uncommitted { file, .. }
             | LeftoverTemp { file }
             | NotInManifest { file }
+            | Superseded { file, .. }
             | NotConfigured { file }
             | Unrecognised { file, .. } => Some(file),
-            SessionsWithoutBroadcast => Some(SESSIONS_FILE),
-            PairInvalid { .. } => Some(SESSIONS_FILE),
-            ManifestMissing | ManifestUnreadable { .. } => Some(MANIFEST_FILE),
+            SessionsWithoutBroadcast { file, .. } | PairInvalid { file, .. } => Some(file),
+            ManifestMissing | ManifestUnreadable { .. } | GenerationsWithoutManifest => {
+                Some(MANIFEST_FILE)
+            }
             NothingStored => None,
         }
     }
@@ -650,13 +761,17 @@ impl fmt::Display for FindingKind {
                 f,
                 "{file}: holds channel {channel:?}, whose file is {expected_file}; a file is loaded only under its own channel's name"
             ),
-            SessionsWithoutBroadcast => write!(
+            SessionsWithoutBroadcast { file, log } => write!(
                 f,
-                "{SESSIONS_FILE} has no {BROADCAST_FILE} beside it: the broadcast log its sessions point into is lost, and the broker does not start on it"
+                "{file} has no {log} beside it: the broadcast log its sessions point into is lost, and the broker does not start on it"
             ),
-            PairInvalid { problem } => {
-                write!(f, "{SESSIONS_FILE} does not fit {BROADCAST_FILE}: {problem}")
+            PairInvalid { file, log, problem } => {
+                write!(f, "{file} does not fit {log}: {problem}")
             }
+            NotTheListedFile { file, problem } => write!(
+                f,
+                "{file}: not the file the manifest's generation lists ({problem}); a copy taken while a later generation was written mixes two of them: copy the directory again"
+            ),
             ManifestMissing => write!(
                 f,
                 "{MANIFEST_FILE} is missing: nothing says whether the last shutdown wrote every file"
@@ -664,6 +779,10 @@ impl fmt::Display for FindingKind {
             ManifestUnreadable { problem } => write!(
                 f,
                 "{MANIFEST_FILE} cannot be used ({problem}); the files are loaded without it and nothing says whether the last shutdown finished"
+            ),
+            GenerationsWithoutManifest => write!(
+                f,
+                "no usable {MANIFEST_FILE} beside files numbered by generation: nothing says which of them make one generation; the newest file of each store is read"
             ),
             ListedButMissing { file, what } => write!(
                 f,
@@ -690,6 +809,23 @@ impl fmt::Display for FindingKind {
                 format_unix_nanos(*written_at),
                 format_unix_nanos(*manifest_at)
             ),
+            Behind {
+                file,
+                what,
+                written_at,
+            } => write!(
+                f,
+                "{file}: {what} changed after this file was written at {} and the newer state could not be written: what happened to it since is gone",
+                format_unix_nanos(*written_at)
+            ),
+            Uncommitted {
+                file,
+                generation,
+                manifest,
+            } => write!(
+                f,
+                "{file}: written by generation {generation}, which the manifest (generation {manifest}) does not commit: a generation being written or cut short; not read"
+            ),
             LeftoverTemp { file } => write!(
                 f,
                 "{file}: a temporary file a write left behind; it was never completed and is not read"
@@ -701,6 +837,10 @@ impl fmt::Display for FindingKind {
             NotInManifest { file } => write!(
                 f,
                 "{file}: not listed by the manifest (a channel the configuration dropped?)"
+            ),
+            Superseded { file, generation } => write!(
+                f,
+                "{file}: generation {generation}'s file, replaced by a later generation; not read"
             ),
             NotConfigured { file } => write!(
                 f,
@@ -716,11 +856,15 @@ impl fmt::Display for FindingKind {
 pub struct DirReport {
     pub dir: PathBuf,
     /// The manifest, when it decoded.
-    pub manifest: Option<(Header, Manifest)>,
+    pub manifest: Option<(Header, DirManifest)>,
     /// Every snapshot file (manifest included), sorted by name.
     pub files: Vec<FileReport>,
     /// Every finding, errors first, then by file.
     pub findings: Vec<FindingKind>,
+    /// The directory's current generation as a writer continues it: the
+    /// generation manifest's files, or, without one, the files read as
+    /// current (each with what its header and trailer state).
+    pub committed: Committed,
 }
 
 impl DirReport {
@@ -784,6 +928,45 @@ pub fn scan_checking(dir: &Path, opts: &ScanOptions) -> Result<DirReport, ScanEr
     scan_with(dir, opts, Records::Drop)
 }
 
+/// Reads the manifest, of either kind.
+fn read_manifest(path: &Path, opts: &ScanOptions) -> Result<(Header, DirManifest), FileProblem> {
+    let refused = |found: String| FileProblem::F21 {
+        header: None,
+        error: f21::DecodeError::NotASnapshot {
+            found,
+            expected: hex_spaced(&f21::MAGIC),
+        },
+    };
+    match read_snapshot_file_with(path, opts, None, Records::Keep)? {
+        AnySnapshot::F21 {
+            header,
+            file: SnapshotFile::Manifest(m),
+        } => Ok((header, DirManifest::Shutdown(m))),
+        AnySnapshot::F21 {
+            header,
+            file: SnapshotFile::Generation(g),
+        } => Ok((header, DirManifest::Generation(g))),
+        AnySnapshot::F21 { header, file } => Err(FileProblem::F21 {
+            header: Some(header),
+            error: f21::DecodeError::WrongKind {
+                expected: FileKind::Manifest,
+                found: file.kind(),
+            },
+        }),
+        AnySnapshot::Mbmqtt(_) => Err(refused(
+            "MBMQTT01 (a legacy broker.snapshot, where a format 21 manifest belongs)".into(),
+        )),
+    }
+}
+
+/// A data file found in the directory, before it is read.
+struct Found {
+    name: String,
+    path: PathBuf,
+    role: Role,
+    generation: u64,
+}
+
 /// [`scan`], keeping or dropping the records.
 pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<DirReport, ScanError> {
     let meta = read::lstat(dir)?;
@@ -810,8 +993,10 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
     }
     names.sort();
 
-    let mut files = Vec::new();
+    // 1. What each name is.
     let mut findings = Vec::new();
+    let mut found = Vec::new();
+    let mut manifest_present = false;
     for os_name in names {
         let Some(name) = os_name.to_str().map(str::to_owned) else {
             findings.push(FindingKind::Unrecognised {
@@ -828,20 +1013,142 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
         if is_lock_file(&name) {
             continue;
         }
-        let Some(role) = Role::of(&name) else {
-            let what = match read::lstat(&path).ok().and_then(|m| SpecialKind::of(&m)) {
-                Some(kind) => format!("{kind}, not a snapshot file"),
-                None => "not a snapshot file name".into(),
-            };
-            findings.push(FindingKind::Unrecognised { file: name, what });
-            continue;
+        match Role::of(&name) {
+            Some((Role::Manifest, _)) => manifest_present = true,
+            Some((role, generation)) => found.push(Found {
+                name,
+                path,
+                role,
+                generation,
+            }),
+            None => {
+                let what = match read::lstat(&path).ok().and_then(|m| SpecialKind::of(&m)) {
+                    Some(kind) => format!("{kind}, not a snapshot file"),
+                    None => "not a snapshot file name".into(),
+                };
+                findings.push(FindingKind::Unrecognised { file: name, what });
+            }
+        }
+    }
+    let highest = found.iter().map(|f| f.generation).max().unwrap_or(0);
+
+    // 2. The manifest first: it says which files are current.
+    let mut files = Vec::new();
+    let mut manifest = None;
+    if manifest_present {
+        let path = dir.join(MANIFEST_FILE);
+        let outcome = match read_manifest(&path, opts) {
+            Ok((header, m)) => {
+                manifest = Some((header.clone(), m.clone()));
+                FileOutcome::Decoded {
+                    header,
+                    file: match m {
+                        DirManifest::Shutdown(m) => SnapshotFile::Manifest(m),
+                        DirManifest::Generation(g) => SnapshotFile::Generation(g),
+                    },
+                }
+            }
+            Err(problem) => {
+                findings.push(FindingKind::ManifestUnreadable {
+                    problem: problem.to_string(),
+                });
+                FileOutcome::Failed(problem)
+            }
         };
+        files.push(FileReport {
+            name: MANIFEST_FILE.into(),
+            path,
+            role: Role::Manifest,
+            generation: manifest.as_ref().map_or(0, |(_, m)| m.generation()),
+            behind: false,
+            outcome,
+        });
+    }
+    let generation = match &manifest {
+        Some((_, DirManifest::Generation(g))) => Some(g),
+        _ => None,
+    };
+    let listed: BTreeMap<&str, &GenerationFile> = generation
+        .map(|g| g.files.iter().map(|f| (f.file_name.as_str(), f)).collect())
+        .unwrap_or_default();
+
+    // 3. Which files are current: the ones a generation manifest lists;
+    // beside a shutdown's manifest, the fixed names; with neither, the
+    // newest file of each store.
+    let current: BTreeSet<String> = match &manifest {
+        Some((_, DirManifest::Generation(_))) => {
+            listed.keys().map(|name| (*name).to_owned()).collect()
+        }
+        Some((_, DirManifest::Shutdown(_))) => found
+            .iter()
+            .filter(|f| f.generation == 0)
+            .map(|f| f.name.clone())
+            .collect(),
+        None => {
+            let mut newest: BTreeMap<Option<Store>, &Found> = BTreeMap::new();
+            let mut current = BTreeSet::new();
+            for f in &found {
+                match f.role.store() {
+                    // A name no store's: read on its own merits.
+                    None => {
+                        current.insert(f.name.clone());
+                    }
+                    Some(store) => {
+                        let slot = newest.entry(Some(store)).or_insert(f);
+                        if f.generation > slot.generation {
+                            *slot = f;
+                        }
+                    }
+                }
+            }
+            current.extend(newest.values().map(|f| f.name.clone()));
+            current
+        }
+    };
+
+    // 4. Read the current files this provider keeps.
+    let manifest_generation = manifest.as_ref().map_or(0, |(_, m)| m.generation());
+    for f in found {
+        let Found {
+            name,
+            path,
+            role,
+            generation: file_generation,
+        } = f;
+        if !current.contains(&name) {
+            findings.push(match &manifest {
+                Some(_) if file_generation > manifest_generation => FindingKind::Uncommitted {
+                    file: name.clone(),
+                    generation: file_generation,
+                    manifest: manifest_generation,
+                },
+                Some(_) if file_generation == 0 => {
+                    FindingKind::NotInManifest { file: name.clone() }
+                }
+                _ => FindingKind::Superseded {
+                    file: name.clone(),
+                    generation: file_generation,
+                },
+            });
+            files.push(FileReport {
+                name,
+                path,
+                role,
+                generation: file_generation,
+                behind: false,
+                outcome: FileOutcome::NotCurrent,
+            });
+            continue;
+        }
+        let behind = listed.get(name.as_str()).is_some_and(|e| e.behind);
         if !opts.asks_for(&role) {
             findings.push(FindingKind::NotConfigured { file: name.clone() });
             files.push(FileReport {
                 name,
                 path,
                 role,
+                generation: file_generation,
+                behind,
                 outcome: FileOutcome::NotConfigured,
             });
             continue;
@@ -854,44 +1161,47 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
             name,
             path,
             role,
+            generation: file_generation,
+            behind,
             outcome,
         });
     }
 
-    // Per-file findings: refusals and channel names.
-    let mut manifest = None;
+    // Per-file findings: refusals, channel names, and whether each file a
+    // generation lists is the one it wrote.
     for f in &files {
         match (&f.role, &f.outcome) {
-            (Role::Manifest, FileOutcome::Failed(p)) => {
-                findings.push(FindingKind::ManifestUnreadable {
-                    problem: p.to_string(),
-                })
-            }
-            (
-                Role::Manifest,
-                FileOutcome::Decoded {
-                    header,
-                    file: SnapshotFile::Manifest(m),
-                },
-            ) => manifest = Some((header.clone(), m.clone())),
+            (Role::Manifest, _) => {}
             (_, FileOutcome::Failed(p)) => findings.push(FindingKind::FileRefused {
                 file: f.name.clone(),
                 problem: p.to_string(),
             }),
-            (
-                Role::Channel(_),
-                FileOutcome::Decoded {
-                    file: SnapshotFile::Channel(c),
-                    ..
-                },
-            ) => {
-                let expected_file = encode_file_name(&c.name);
-                if expected_file != f.name {
-                    findings.push(FindingKind::NameMismatch {
-                        file: f.name.clone(),
-                        channel: c.name.clone(),
-                        expected_file,
-                    });
+            (role, FileOutcome::Decoded { header, file }) => {
+                if let SnapshotFile::Channel(c) = file {
+                    let expected_base = encode_file_name(&c.name);
+                    if *role != Role::Channel(Some(c.name.clone())) {
+                        let expected_file = if f.generation == 0 {
+                            expected_base
+                        } else {
+                            saguin_format::channel_name::generation_file_name(
+                                &expected_base,
+                                f.generation,
+                            )
+                        };
+                        findings.push(FindingKind::NameMismatch {
+                            file: f.name.clone(),
+                            channel: c.name.clone(),
+                            expected_file,
+                        });
+                    }
+                }
+                if let Some(entry) = listed.get(f.name.as_str()) {
+                    if let Some(problem) = listed_mismatch(entry, header, &f.path) {
+                        findings.push(FindingKind::NotTheListedFile {
+                            file: f.name.clone(),
+                            problem,
+                        });
+                    }
                 }
             }
             _ => {}
@@ -899,15 +1209,22 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
     }
 
     // The sessions file and its log (unless the provider keeps no sessions).
-    let sessions = files
-        .iter()
-        .find(|f| f.role == Role::Sessions && opts.sessions);
-    let broadcast = files
-        .iter()
-        .find(|f| f.role == Role::Broadcast && opts.sessions);
-    match (sessions, broadcast) {
-        (Some(_), None) => findings.push(FindingKind::SessionsWithoutBroadcast),
-        (Some(s), Some(b)) => {
+    let current_of = |role: Role| {
+        files.iter().find(|f| {
+            f.role == role && opts.sessions && !matches!(f.outcome, FileOutcome::NotCurrent)
+        })
+    };
+    let log_beside = |sessions: &FileReport| match sessions.generation {
+        0 => BROADCAST_FILE.to_owned(),
+        g => saguin_format::channel_name::generation_file_name(BROADCAST_FILE, g),
+    };
+    match (current_of(Role::Sessions), current_of(Role::Broadcast)) {
+        (Some(s), None) => findings.push(FindingKind::SessionsWithoutBroadcast {
+            file: s.name.clone(),
+            log: log_beside(s),
+        }),
+        (Some(sessions), Some(log)) => {
+            let (s, b) = (sessions, log);
             if let (
                 FileOutcome::Decoded {
                     file: SnapshotFile::Sessions(s),
@@ -921,6 +1238,8 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
             {
                 if let Err(e) = f21::validate_pair(s, b) {
                     findings.push(FindingKind::PairInvalid {
+                        file: sessions.name.clone(),
+                        log: log.name.clone(),
                         problem: e.to_string(),
                     });
                 }
@@ -929,19 +1248,40 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
         _ => {}
     }
 
-    // The manifest's four cases.
-    let has_data = files.iter().any(|f| f.role != Role::Manifest);
+    // What the manifest says of the files, by its kind.
+    let has_data = files
+        .iter()
+        .any(|f| f.role != Role::Manifest && !matches!(f.outcome, FileOutcome::NotCurrent));
+    let numbered = files.iter().any(|f| {
+        f.role != Role::Manifest
+            && f.generation > 0
+            && !matches!(f.outcome, FileOutcome::NotCurrent)
+    });
     match &manifest {
-        None if !files.iter().any(|f| f.role == Role::Manifest) && has_data => {
-            findings.push(FindingKind::ManifestMissing)
-        }
+        Some((_, DirManifest::Generation(g))) => generation_findings(g, &files, &mut findings),
+        Some((_, DirManifest::Shutdown(m))) => manifest_findings(m, &files, &mut findings),
+        None if numbered => findings.push(FindingKind::GenerationsWithoutManifest),
+        None if !manifest_present && has_data => findings.push(FindingKind::ManifestMissing),
         None => {}
-        Some((_, m)) => manifest_findings(m, &files, &mut findings),
     }
     // A manifest alone holds no record: there is nothing to keep.
     if !has_data {
         findings.push(FindingKind::NothingStored);
     }
+
+    // Behind, beside a shutdown's manifest: a listed file older than it.
+    let shutdown_at = match &manifest {
+        Some((_, DirManifest::Shutdown(m))) => Some(m.began_at),
+        _ => None,
+    };
+    if let Some(at) = shutdown_at {
+        for f in &mut files {
+            if f.role != Role::Manifest && f.header().is_some_and(|h| h.written_at < at) {
+                f.behind = true;
+            }
+        }
+    }
+    let committed = committed_of(&manifest, &files, highest);
 
     findings.sort_by(|a, b| {
         b.severity()
@@ -953,11 +1293,116 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
         manifest,
         files,
         findings,
+        committed,
     })
 }
 
+/// Why a file is not the one a generation manifest lists under its name,
+/// or `None` when its length, header and checksum are the listed ones.
+fn listed_mismatch(entry: &GenerationFile, header: &Header, path: &Path) -> Option<String> {
+    if header.written_at != entry.written_at {
+        return Some(format!(
+            "written at {}, listed as written at {}",
+            format_unix_nanos(header.written_at),
+            format_unix_nanos(entry.written_at)
+        ));
+    }
+    match generation::file_identity(path) {
+        Ok((length, _, _)) if length != entry.length => {
+            Some(format!("{length} bytes, listed as {} bytes", entry.length))
+        }
+        Ok((_, _, checksum)) if checksum != entry.checksum => Some(format!(
+            "checksum {checksum:08x}, listed as {:08x}",
+            entry.checksum
+        )),
+        Ok(_) => None,
+        Err(e) => Some(format!("its length and checksum cannot be read: {e}")),
+    }
+}
+
+/// What a generation manifest says of the files: each listed one missing,
+/// and each listed as behind.
+fn generation_findings(g: &Generation, files: &[FileReport], findings: &mut Vec<FindingKind>) {
+    let present: BTreeSet<&str> = files.iter().map(|f| f.name.as_str()).collect();
+    for entry in &g.files {
+        let what = Store::of_entry(entry).describe();
+        if !present.contains(entry.file_name.as_str()) {
+            findings.push(FindingKind::ListedButMissing {
+                file: entry.file_name.clone(),
+                what: format!("{what}'s"),
+            });
+        } else if entry.behind {
+            findings.push(FindingKind::Behind {
+                file: entry.file_name.clone(),
+                what,
+                written_at: entry.written_at,
+            });
+        }
+    }
+}
+
+/// The directory's current generation as a writer continues it (see
+/// [`DirReport::committed`]).
+fn committed_of(
+    manifest: &Option<(Header, DirManifest)>,
+    files: &[FileReport],
+    highest: u64,
+) -> Committed {
+    if let Some((_, DirManifest::Generation(g))) = manifest {
+        return Committed {
+            generation: g.generation,
+            captured_at: g.captured_at,
+            files: g
+                .files
+                .iter()
+                .map(|f| (Store::of_entry(f), f.clone()))
+                .collect(),
+            highest,
+        };
+    }
+    // Files a build before generations wrote, or a directory with no
+    // manifest: each current file is adopted as it is, so the next
+    // generation lists it until its store is written again.
+    let mut committed = Committed {
+        highest,
+        ..Committed::default()
+    };
+    for f in files {
+        if matches!(f.outcome, FileOutcome::NotCurrent | FileOutcome::Failed(_)) {
+            continue;
+        }
+        let Some(store) = f.role.store() else {
+            continue;
+        };
+        let Ok((length, written_at, checksum)) = generation::file_identity(&f.path) else {
+            continue;
+        };
+        committed.files.insert(
+            store.clone(),
+            GenerationFile {
+                kind: store.kind(),
+                channel: match &store {
+                    Store::Channel(c) => c.clone(),
+                    _ => String::new(),
+                },
+                file_name: f.name.clone(),
+                generation: f.generation,
+                written_at,
+                length,
+                checksum,
+                behind: f.behind,
+            },
+        );
+    }
+    committed
+}
+
 fn manifest_findings(m: &Manifest, files: &[FileReport], findings: &mut Vec<FindingKind>) {
-    let present: BTreeMap<&str, &FileReport> = files.iter().map(|f| (f.name.as_str(), f)).collect();
+    let present: BTreeMap<&str, &FileReport> = files
+        .iter()
+        .filter(|f| !matches!(f.outcome, FileOutcome::NotCurrent))
+        .map(|f| (f.name.as_str(), f))
+        .collect();
     let mut listed: Vec<(String, String)> = m
         .channels
         .iter()
@@ -981,7 +1426,7 @@ fn manifest_findings(m: &Manifest, files: &[FileReport], findings: &mut Vec<Find
             });
         }
     }
-    for f in files {
+    for f in present.values() {
         if f.role == Role::Manifest {
             continue;
         }
@@ -1012,19 +1457,23 @@ fn manifest_findings(m: &Manifest, files: &[FileReport], findings: &mut Vec<Find
 /// validated, warnings kept for the startup log.
 #[derive(Debug, Default)]
 pub struct Loaded {
-    pub manifest: Option<(Header, Manifest)>,
-    /// Channel name → its file. `stale` is true for a file written before
-    /// the manifest's moment: it is read for its records and not for its
-    /// holds (each held publish is counted as abandoned).
+    pub manifest: Option<(Header, DirManifest)>,
+    /// Channel name → its file. `stale` is true for a file whose store's
+    /// later state is lost (see [`FileReport::behind`]): it is read for its
+    /// records and not for its holds (each held publish is counted as
+    /// abandoned).
     pub channels: BTreeMap<String, LoadedChannel>,
     pub retained: Option<RetainedFile>,
     pub sessions: Option<SessionsFile>,
     pub broadcast: Option<BroadcastFile>,
-    /// The broadcast log was written before the manifest's moment: its
-    /// held publishes are counted as abandoned, as a stale channel's are.
+    /// The broadcast log is behind: its held publishes are counted as
+    /// abandoned, as a stale channel's are.
     pub broadcast_stale: bool,
     /// Warnings and info, to be logged once at startup.
     pub findings: Vec<FindingKind>,
+    /// The directory's current generation, for the writer that continues
+    /// it.
+    pub committed: Committed,
 }
 
 #[derive(Debug)]
@@ -1032,6 +1481,8 @@ pub struct LoadedChannel {
     pub header: Header,
     pub file: ChannelFile,
     pub stale: bool,
+    /// Its name in the directory.
+    pub file_name: String,
 }
 
 /// Why a directory does not load: its path and every error finding.
@@ -1068,7 +1519,6 @@ pub fn into_loaded(report: DirReport) -> Result<Loaded, LoadError> {
             dir: report.dir,
         });
     }
-    let manifest_at = report.manifest.as_ref().map(|(_, m)| m.began_at);
     let mut loaded = Loaded {
         manifest: report.manifest,
         findings: report
@@ -1076,6 +1526,7 @@ pub fn into_loaded(report: DirReport) -> Result<Loaded, LoadError> {
             .into_iter()
             .filter(|f| f.severity() != Severity::Error)
             .collect(),
+        committed: report.committed,
         ..Loaded::default()
     };
     for f in report.files {
@@ -1084,23 +1535,23 @@ pub fn into_loaded(report: DirReport) -> Result<Loaded, LoadError> {
         };
         match file {
             SnapshotFile::Channel(c) => {
-                let stale = manifest_at.is_some_and(|at| header.written_at < at);
                 loaded.channels.insert(
                     c.name.clone(),
                     LoadedChannel {
                         header,
                         file: c,
-                        stale,
+                        stale: f.behind,
+                        file_name: f.name,
                     },
                 );
             }
             SnapshotFile::Retained(r) => loaded.retained = Some(r),
             SnapshotFile::Sessions(s) => loaded.sessions = Some(s),
             SnapshotFile::Broadcast(b) => {
-                loaded.broadcast_stale = manifest_at.is_some_and(|at| header.written_at < at);
+                loaded.broadcast_stale = f.behind;
                 loaded.broadcast = Some(b);
             }
-            SnapshotFile::Manifest(_) => {}
+            SnapshotFile::Manifest(_) | SnapshotFile::Generation(_) => {}
         }
     }
     Ok(loaded)

@@ -1,38 +1,31 @@
-//! Writing a memory provider's snapshot directory at a graceful shutdown
-//! (`format/FORMAT.md` §4).
+//! Writing a memory provider's files (`format/FORMAT.md` §2, §4): what a
+//! generation ([`super::generation`]) writes, at a graceful shutdown and,
+//! with background snapshots, while the broker serves.
 //!
-//! Two phases. [`copy_provider`] runs under the broker's lock: it copies
-//! each store's counters and positions and takes shared handles on its
-//! records - no record is copied, so the lock is held for a walk of
-//! pointers. [`write_snapshot`] runs after the lock is given back: it
-//! encodes each file in format 21 and writes it.
+//! Two phases. [`copy_changed`] copies the state of every store that
+//! changed since a given version of each: counters, positions and shared
+//! handles on its records - no record is copied, so it costs a walk of
+//! pointers, and it runs at the moment the generation is to hold.
+//! [`write_files`] runs after, off the broker's loop: it encodes each file
+//! in format 21 and writes it.
 //!
-//! The order, and why each step is where it is:
+//! Each file is written to `<name>.tmp` in the same directory (a rename is
+//! atomic only within one filesystem), fsynced before the rename (so a
+//! power cut cannot leave the new name over bytes still in the page
+//! cache), and renamed to its generation's name, which no earlier
+//! generation used: no file another generation lists is ever written over.
+//! The broadcast log and the sessions are one pair: both are written or
+//! neither is.
 //!
-//! 1. The manifest first, made durable (file fsync, rename, directory
-//!    fsync) before any channel file is written. It records the moment the
-//!    shutdown began, so a channel file older than it did not finish.
-//! 2. Each channel file to `<name>.tmp` in the same directory (a rename is
-//!    atomic only within one filesystem), fsynced before the rename (so a
-//!    power cut cannot leave the new name over bytes still in the page
-//!    cache), renamed over its predecessor. A file that fails leaves the
-//!    last good one exactly as it was.
-//! 3. The broadcast log before the sessions file, durable, so a crash
-//!    between the two leaves a log at least as far on as the sessions.
-//! 4. The directory fsynced once more, so every rename is durable.
-//!
-//! Every file of one shutdown is stamped with the shutdown's moment as its
-//! written-at time, the same value the manifest holds: a loader compares
-//! the two for equality, and a file stamped earlier is one that shutdown did
-//! not rewrite, a file stamped later one whose shutdown's manifest never
-//! landed.
-//!
-//! Files are written a few at a time ([`SnapshotOptions::parallel_files`],
-//! 4 by default) so fifteen channels are not fifteen concurrent fsyncs on an
+//! Every file of one generation is stamped with the generation's moment as
+//! its written-at time, the same value its manifest holds. Files are
+//! written a few at a time ([`SnapshotOptions::parallel_files`], 4 by
+//! default) so fifteen channels are not fifteen concurrent fsyncs on an
 //! edge box, and every failure is reported, not only the first. The
 //! directory is created 0700 and every file 0600: they hold whatever the
 //! applications published.
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -41,18 +34,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use saguin_format::channel_name::{
-    encode_file_name, temp_file_name, BROADCAST_FILE, MANIFEST_FILE, RETAINED_CHANNEL,
-    RETAINED_FILE, SESSIONS_FILE,
+    generation_file_name, temp_file_name, BROADCAST_FILE, RETAINED_CHANNEL, SESSIONS_FILE,
 };
 use saguin_format::f21::{
-    self, BroadcastFile, ChannelFile, DeadLetter, Manifest, ManifestEntry,
-    Position as FilePosition, RetainedFile, SessionsFile, SharedGroup, SnapshotFile,
+    self, BroadcastFile, ChannelFile, DeadLetter, Position as FilePosition, RetainedFile,
+    SessionsFile, SharedGroup, SnapshotFile,
 };
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 use super::contract::{
     HeldPublish, Position, SessionEntry, SessionStore, ShareGroupEntry, BROADCAST_LOG_NAME,
 };
+use super::generation::{self, Job as GenerationJob, Store};
 use super::memory::{
     AppendCopy, BroadcastCopy, LatestCopy, MemChannelCopy, MemoryProvider, QueueCopy,
 };
@@ -63,7 +56,7 @@ pub struct SnapshotOptions {
     /// Write the retained store's file (this provider is
     /// broker.retained_storage).
     pub retained: bool,
-    /// Write `saguin.broadcast` and `saguin.sessions` (this provider is
+    /// Write the broadcast log and the sessions (this provider is
     /// broker.session_storage).
     pub sessions: bool,
     /// How many files are written at once.
@@ -80,7 +73,7 @@ impl Default for SnapshotOptions {
     }
 }
 
-/// One channel's state as copied under the lock.
+/// One channel's state as copied.
 #[derive(Clone, Debug)]
 pub enum ChannelCopy {
     Append {
@@ -118,6 +111,16 @@ impl ChannelCopy {
         }
     }
 
+    /// The version of the store the copy was made at (a queue's counts its
+    /// dead-letter channel's changes too).
+    pub fn version(&self) -> u64 {
+        match self {
+            ChannelCopy::Append { copy, .. } => copy.version,
+            ChannelCopy::Latest { copy, .. } => copy.version,
+            ChannelCopy::Queue { copy, .. } => copy.version,
+        }
+    }
+
     /// Records (or items) the copy holds.
     pub fn record_count(&self) -> usize {
         match self {
@@ -130,24 +133,66 @@ impl ChannelCopy {
     }
 }
 
+/// The sessions and the broadcast log as copied together: the sessions,
+/// the log (whose `version` is the pair's), and the log's held publishes.
+pub type SessionsCopy = (Vec<SessionEntry>, BroadcastCopy, Vec<HeldPublish>);
+
 /// Everything phase one copied: what phase two writes.
 #[derive(Clone, Debug)]
 pub struct ProviderCopy {
-    /// The moment the shutdown began; every file is stamped with it.
-    pub began_at: UnixNanos,
+    /// The moment the copy holds; every file written from it is stamped
+    /// with it.
+    pub captured_at: UnixNanos,
     /// Channels in name order.
     pub channels: Vec<ChannelCopy>,
     pub retained: Option<LatestCopy>,
-    pub sessions: Option<(Vec<SessionEntry>, BroadcastCopy, Vec<HeldPublish>)>,
+    pub sessions: Option<SessionsCopy>,
 }
 
-/// Phase one: copies the provider's state. Cheap - shared record handles,
-/// counters and positions - so it can run under the broker's lock.
+impl ProviderCopy {
+    /// True when it holds no store at all.
+    pub fn is_empty(&self) -> bool {
+        self.channels.is_empty() && self.retained.is_none() && self.sessions.is_none()
+    }
+
+    /// Each store copied, with the version it was copied at.
+    pub fn versions(&self) -> Vec<(Store, u64)> {
+        let mut out: Vec<(Store, u64)> = self
+            .channels
+            .iter()
+            .map(|c| (Store::Channel(c.name().to_owned()), c.version()))
+            .collect();
+        if let Some(r) = &self.retained {
+            out.push((Store::Retained, r.version));
+        }
+        if let Some((_, log, _)) = &self.sessions {
+            out.push((Store::Broadcast, log.version));
+            out.push((Store::Sessions, log.version));
+        }
+        out
+    }
+}
+
+/// Copies the provider's whole state (every store, whatever its version).
 pub fn copy_provider(
     provider: &MemoryProvider,
     options: &SnapshotOptions,
-    began_at: UnixNanos,
+    captured_at: UnixNanos,
 ) -> ProviderCopy {
+    copy_changed(provider, options, captured_at, &HashMap::new())
+}
+
+/// Copies every store whose version is not the one `since` gives it (a
+/// store `since` does not name is copied). Cheap - shared record handles,
+/// counters and positions - and made under the holds' lock, so no release
+/// moves a record between a hold and its channel while the two are copied.
+pub fn copy_changed(
+    provider: &MemoryProvider,
+    options: &SnapshotOptions,
+    captured_at: UnixNanos,
+    since: &HashMap<Store, u64>,
+) -> ProviderCopy {
+    let changed = |store: Store, version: u64| since.get(&store) != Some(&version);
     provider.held().with_holds(|holds| {
         let held_for = |channel: &str| -> Vec<HeldPublish> {
             holds
@@ -157,7 +202,7 @@ pub fn copy_provider(
                 .collect()
         };
         let channels = provider
-            .copy_channels()
+            .copy_channels_where(|name, version| changed(Store::Channel(name.to_owned()), version))
             .into_iter()
             .map(|c| match c {
                 MemChannelCopy::Append(copy) => ChannelCopy::Append {
@@ -176,24 +221,30 @@ pub fn copy_provider(
                 },
             })
             .collect();
-        let retained = options
-            .retained
-            .then(|| provider.retained_store().copy_state());
-        let sessions = options.sessions.then(|| {
+        let retained = provider.retained_store();
+        let retained = (options.retained && changed(Store::Retained, retained.version()))
+            .then(|| retained.copy_state());
+        let log = provider.broadcast();
+        let pair_version = log.version();
+        let sessions = (options.sessions && changed(Store::Sessions, pair_version)).then(|| {
+            // The version first, then the sessions, then the log: the copy
+            // holds at least every change the version counts.
+            let sessions = provider.session_store().sessions().unwrap_or_default();
             (
-                provider.session_store().sessions().unwrap_or_default(),
-                provider.broadcast().copy_state(),
+                sessions,
+                log.copy_at(pair_version),
                 held_for(BROADCAST_LOG_NAME),
             )
         });
         ProviderCopy {
-            began_at,
+            captured_at,
             channels,
             retained,
             sessions,
         }
     })
 }
+
 /// One file a snapshot wrote.
 #[derive(Clone, Debug)]
 pub struct WrittenFile {
@@ -202,9 +253,11 @@ pub struct WrittenFile {
     pub name: String,
     pub bytes: u64,
     pub records: usize,
+    /// Its trailing CRC32C, which its generation's manifest states.
+    pub checksum: u32,
 }
 
-/// One file a snapshot could not write; its last good version is untouched.
+/// One file a snapshot could not write; its store's previous file stands.
 #[derive(Debug)]
 pub struct FailedFile {
     pub file_name: String,
@@ -230,6 +283,9 @@ impl std::fmt::Display for FailedFile {
 pub struct WriteReport {
     pub written: Vec<WrittenFile>,
     pub failed: Vec<FailedFile>,
+    /// The generation the directory holds once it is done, when its
+    /// manifest landed.
+    pub generation: Option<u64>,
 }
 
 impl WriteReport {
@@ -247,16 +303,17 @@ pub trait WriteObserver: Sync {
 }
 
 /// Nobody to tell.
-struct Unobserved;
+pub struct Unobserved;
 
 impl WriteObserver for Unobserved {
     fn started(&self, _: &str) {}
     fn finished(&self, _: &str) {}
 }
 
-/// Phase two: writes `copy` into `dir` (created 0700 if missing). Never
-/// stops at the first failure: every file that could not be written is in
-/// the report, and each leaves its predecessor whole.
+/// Writes `copy` into `dir` as the generation after the one the
+/// directory holds (none: the first), every store of the copy in it.
+/// Never stops at the first failure: every file that could not be written
+/// is in the report, and each leaves its store's previous file current.
 pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions) -> WriteReport {
     write_snapshot_observed(dir, copy, options, &Unobserved)
 }
@@ -268,195 +325,202 @@ pub fn write_snapshot_observed(
     options: &SnapshotOptions,
     observer: &dyn WriteObserver,
 ) -> WriteReport {
-    let mut report = WriteReport::default();
-    if let Err(error) = create_dir(dir) {
-        report.failed.push(FailedFile {
-            file_name: String::new(),
-            name: "snapshot directory".into(),
-            path: dir.to_path_buf(),
-            error,
-        });
-        return report;
-    }
-    let stamp = copy.began_at;
-
-    // 1. The manifest, durable before any channel is written. When it
-    // cannot be written the channels are still written: a loader then finds
-    // them stamped after the old manifest and says the manifest did not
-    // finish, which loses nothing, where skipping them would lose them all.
-    let manifest = Manifest {
-        began_at: stamp,
-        channels: copy
-            .channels
-            .iter()
-            .map(|c| ManifestEntry {
-                channel: c.name().to_owned(),
-                file_name: encode_file_name(c.name()),
-                kind: c.kind(),
-            })
-            .collect(),
-        retained: copy.retained.is_some(),
-        sessions: copy.sessions.is_some(),
-        broadcast: copy.sessions.is_some(),
+    let job = GenerationJob {
+        copy: ProviderCopy {
+            captured_at: copy.captured_at,
+            channels: copy.channels.clone(),
+            retained: copy.retained.clone(),
+            sessions: copy.sessions.clone(),
+        },
+        base: generation::read_committed(dir),
+        parallel_files: options.parallel_files,
     };
-    let manifest_bytes = f21::encode(&SnapshotFile::Manifest(manifest), stamp);
-    observer.started(MANIFEST_FILE);
-    let manifest_written =
-        write_durable(dir, MANIFEST_FILE, &manifest_bytes).and_then(|()| sync_dir(dir));
-    observer.finished(MANIFEST_FILE);
-    match manifest_written {
-        Ok(()) => report.written.push(WrittenFile {
-            file_name: MANIFEST_FILE.into(),
-            name: "manifest".into(),
-            bytes: manifest_bytes.len() as u64,
-            records: 0,
-        }),
-        Err(error) => report.failed.push(FailedFile {
-            file_name: MANIFEST_FILE.into(),
-            name: "manifest".into(),
-            path: dir.join(MANIFEST_FILE),
-            error,
-        }),
-    }
-    drop(manifest_bytes);
+    let outcome = generation::write_generation(dir, &job, observer);
+    let mut report = outcome.report;
+    report.generation = outcome.committed.map(|c| c.generation);
+    report
+}
 
-    // 2. Channel files (and the retained store), a few at a time.
+/// Both phases back to back, for callers that hold no broker loop (tests,
+/// migration): copy everything, then write it as the directory's next
+/// generation.
+pub fn save_snapshot(
+    provider: &MemoryProvider,
+    dir: &Path,
+    options: &SnapshotOptions,
+    captured_at: UnixNanos,
+) -> WriteReport {
+    let copy = copy_provider(provider, options, captured_at);
+    write_snapshot(dir, &copy, options)
+}
+
+/// What became of one store's file in [`write_files`].
+#[derive(Debug)]
+pub struct StoreFile {
+    pub store: Store,
+    /// The store's version the file holds.
+    pub version: u64,
+    pub result: Result<WrittenFile, FailedFile>,
+}
+
+/// Writes every store of `copy` under generation `generation`'s names,
+/// `parallel` files at a time (the channels and the retained store), then
+/// the broadcast log and the sessions as one pair: both, or neither (a
+/// pair the loader would refuse is not written at all).
+pub fn write_files(
+    dir: &Path,
+    copy: &ProviderCopy,
+    generation: u64,
+    parallel: usize,
+    observer: &dyn WriteObserver,
+) -> Vec<StoreFile> {
+    let stamp = copy.captured_at;
     let jobs: Vec<Job<'_>> = copy
         .channels
         .iter()
         .map(Job::Channel)
         .chain(copy.retained.as_ref().map(Job::Retained))
         .collect();
-    let results = Mutex::new(Vec::with_capacity(jobs.len()));
+    let results = Mutex::new(Vec::with_capacity(jobs.len() + 2));
     let cursor = AtomicUsize::new(0);
-    let workers = options.parallel_files.clamp(1, jobs.len().max(1));
+    let workers = parallel.clamp(1, jobs.len().max(1));
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
                 let i = cursor.fetch_add(1, Ordering::Relaxed);
                 let Some(job) = jobs.get(i) else { break };
-                let file_name = job.file_name();
+                let file_name = job.file_name(generation);
                 observer.started(&file_name);
-                let outcome = job.write(dir, stamp);
+                let outcome = job.write(dir, generation, stamp);
                 observer.finished(&file_name);
                 super::memory::lock(&results).push(outcome);
             });
         }
     });
-    for outcome in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        match outcome {
-            Ok(w) => report.written.push(w),
-            Err(f) => report.failed.push(f),
-        }
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Some(pair) = &copy.sessions {
+        results.extend(write_pair(dir, pair, generation, stamp, observer));
     }
-
-    // 3. The broadcast log, durable, then the sessions that point into it.
-    if let Some((sessions, log, held)) = &copy.sessions {
-        let log_file = broadcast_file(log, held);
-        let session_file = sessions_file(sessions, &log.groups);
-        let records = log_file.messages.len();
-        // A pair the loader would refuse is not written over the last good
-        // one: a broker that cannot start is worse than one that starts
-        // from the previous shutdown's sessions, and the failure is named.
-        let loadable = f21::validate_pair(&session_file, &log_file)
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                f21::validate(&SnapshotFile::Sessions(session_file.clone()))
-                    .map_err(|e| format!("{SESSIONS_FILE}: {e}"))
-            });
-        let log_file = SnapshotFile::Broadcast(log_file);
-        let loadable = loadable
-            .and_then(|()| f21::validate(&log_file).map_err(|e| format!("{BROADCAST_FILE}: {e}")));
-        let bytes = f21::encode(&log_file, stamp);
-        let written = match loadable {
-            Ok(()) => {
-                observer.started(BROADCAST_FILE);
-                let written =
-                    write_durable(dir, BROADCAST_FILE, &bytes).and_then(|()| sync_dir(dir));
-                observer.finished(BROADCAST_FILE);
-                written
-            }
-            Err(e) => Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("the sessions and their log would not load, so neither was written: {e}"),
-            )),
-        };
-        let log_ok = match written {
-            Ok(()) => {
-                report.written.push(WrittenFile {
-                    file_name: BROADCAST_FILE.into(),
-                    name: BROADCAST_LOG_NAME.into(),
-                    bytes: bytes.len() as u64,
-                    records,
-                });
-                true
-            }
-            Err(error) => {
-                report.failed.push(FailedFile {
-                    file_name: BROADCAST_FILE.into(),
-                    name: BROADCAST_LOG_NAME.into(),
-                    path: dir.join(BROADCAST_FILE),
-                    error,
-                });
-                false
-            }
-        };
-        // Sessions written over a log that did not land would point past
-        // it; the last pair stays together instead.
-        if log_ok {
-            let count = session_file.sessions.len();
-            let bytes = f21::encode(&SnapshotFile::Sessions(session_file), stamp);
-            observer.started(SESSIONS_FILE);
-            let written = write_durable(dir, SESSIONS_FILE, &bytes);
-            observer.finished(SESSIONS_FILE);
-            match written {
-                Ok(()) => report.written.push(WrittenFile {
-                    file_name: SESSIONS_FILE.into(),
-                    name: "sessions".into(),
-                    bytes: bytes.len() as u64,
-                    records: count,
-                }),
-                Err(error) => report.failed.push(FailedFile {
-                    file_name: SESSIONS_FILE.into(),
-                    name: "sessions".into(),
-                    path: dir.join(SESSIONS_FILE),
-                    error,
-                }),
-            }
-        } else {
-            report.failed.push(FailedFile {
-                file_name: SESSIONS_FILE.into(),
-                name: "sessions".into(),
-                path: dir.join(SESSIONS_FILE),
-                error: std::io::Error::other(
-                    "not written because the broadcast log it points into was not",
-                ),
-            });
-        }
-    }
-
-    // 4. Every rename above made durable.
-    if let Err(error) = sync_dir(dir) {
-        report.failed.push(FailedFile {
-            file_name: String::new(),
-            name: "snapshot directory".into(),
-            path: dir.to_path_buf(),
-            error,
-        });
-    }
-    report
+    results
 }
 
-/// Both phases back to back, for callers that hold no broker lock (tests,
-/// migration): copy, then write.
-pub fn save_snapshot(
-    provider: &MemoryProvider,
+/// The broadcast log and the sessions that point into it, both or
+/// neither.
+fn write_pair(
     dir: &Path,
-    options: &SnapshotOptions,
-    began_at: UnixNanos,
-) -> WriteReport {
-    let copy = copy_provider(provider, options, began_at);
-    write_snapshot(dir, &copy, options)
+    (sessions, log, held): &SessionsCopy,
+    generation: u64,
+    stamp: UnixNanos,
+    observer: &dyn WriteObserver,
+) -> Vec<StoreFile> {
+    let log_name = generation_file_name(BROADCAST_FILE, generation);
+    let sessions_name = generation_file_name(SESSIONS_FILE, generation);
+    let log_file = broadcast_file(log, held);
+    let session_file = sessions_file(sessions, &log.groups);
+    let log_records = log_file.messages.len();
+    let session_count = session_file.sessions.len();
+    // A pair the loader would refuse is not written over the last good
+    // one: a broker that cannot start is worse than one that starts from
+    // the previous generation's sessions, and the failure is named.
+    let loadable = f21::validate_pair(&session_file, &log_file)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            f21::validate(&SnapshotFile::Sessions(session_file.clone()))
+                .map_err(|e| format!("{SESSIONS_FILE}: {e}"))
+        });
+    let log_file = SnapshotFile::Broadcast(log_file);
+    let loadable = loadable
+        .and_then(|()| f21::validate(&log_file).map_err(|e| format!("{BROADCAST_FILE}: {e}")));
+    let write = |name: &str, bytes: &[u8]| {
+        observer.started(name);
+        let written = write_durable(dir, name, bytes);
+        observer.finished(name);
+        written.map(|()| bytes.len() as u64)
+    };
+    let result = loadable
+        .map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the sessions and their log would not load, so neither was written: {e}"),
+            )
+        })
+        .and_then(|()| {
+            let log_bytes = f21::encode(&log_file, stamp);
+            let session_bytes = f21::encode(&SnapshotFile::Sessions(session_file), stamp);
+            let log_len = write(&log_name, &log_bytes)?;
+            match write(&sessions_name, &session_bytes) {
+                Ok(sessions_len) => Ok((
+                    (log_len, trailer(&log_bytes)),
+                    (sessions_len, trailer(&session_bytes)),
+                )),
+                Err(e) => {
+                    // Half a pair is no pair.
+                    let _ = fs::remove_file(dir.join(&log_name));
+                    Err(e)
+                }
+            }
+        });
+    let version = log.version;
+    match result {
+        Ok(((log_len, log_crc), (sessions_len, sessions_crc))) => vec![
+            StoreFile {
+                store: Store::Broadcast,
+                version,
+                result: Ok(WrittenFile {
+                    file_name: log_name,
+                    name: BROADCAST_LOG_NAME.into(),
+                    bytes: log_len,
+                    records: log_records,
+                    checksum: log_crc,
+                }),
+            },
+            StoreFile {
+                store: Store::Sessions,
+                version,
+                result: Ok(WrittenFile {
+                    file_name: sessions_name,
+                    name: "sessions".into(),
+                    bytes: sessions_len,
+                    records: session_count,
+                    checksum: sessions_crc,
+                }),
+            },
+        ],
+        Err(error) => {
+            let other = std::io::Error::new(error.kind(), error.to_string());
+            vec![
+                StoreFile {
+                    store: Store::Broadcast,
+                    version,
+                    result: Err(FailedFile {
+                        path: dir.join(&log_name),
+                        file_name: log_name,
+                        name: BROADCAST_LOG_NAME.into(),
+                        error,
+                    }),
+                },
+                StoreFile {
+                    store: Store::Sessions,
+                    version,
+                    result: Err(FailedFile {
+                        path: dir.join(&sessions_name),
+                        file_name: sessions_name,
+                        name: "sessions".into(),
+                        error: other,
+                    }),
+                },
+            ]
+        }
+    }
+}
+
+/// The trailing checksum of an encoded file.
+fn trailer(bytes: &[u8]) -> u32 {
+    let end = bytes.len().saturating_sub(f21::TRAILER_LEN);
+    bytes
+        .get(end..)
+        .and_then(|t| <[u8; 4]>::try_from(t).ok())
+        .map_or(0, u32::from_le_bytes)
 }
 
 enum Job<'a> {
@@ -465,25 +529,23 @@ enum Job<'a> {
 }
 
 impl Job<'_> {
-    fn file_name(&self) -> String {
+    fn store(&self) -> Store {
         match self {
-            Job::Channel(c) => encode_file_name(c.name()),
-            Job::Retained(_) => RETAINED_FILE.to_owned(),
+            Job::Channel(c) => Store::Channel(c.name().to_owned()),
+            Job::Retained(_) => Store::Retained,
         }
     }
 
-    fn write(&self, dir: &Path, stamp: UnixNanos) -> Result<WrittenFile, FailedFile> {
-        let (name, file_name, records) = match self {
-            Job::Channel(c) => (
-                c.name().to_owned(),
-                encode_file_name(c.name()),
-                c.record_count(),
-            ),
-            Job::Retained(r) => (
-                RETAINED_CHANNEL.to_owned(),
-                RETAINED_FILE.to_owned(),
-                r.records.len(),
-            ),
+    fn file_name(&self, generation: u64) -> String {
+        generation_file_name(&self.store().base_name(), generation)
+    }
+
+    fn write(&self, dir: &Path, generation: u64, stamp: UnixNanos) -> StoreFile {
+        let store = self.store();
+        let file_name = self.file_name(generation);
+        let (name, records, version) = match self {
+            Job::Channel(c) => (c.name().to_owned(), c.record_count(), c.version()),
+            Job::Retained(r) => (RETAINED_CHANNEL.to_owned(), r.records.len(), r.version),
         };
         let outcome = match self {
             // A channel file is encoded straight from the shared records
@@ -500,15 +562,17 @@ impl Job<'_> {
                     }),
                     stamp,
                 );
-                write_durable(dir, &file_name, &bytes).map(|()| bytes.len() as u64)
+                write_durable(dir, &file_name, &bytes)
+                    .map(|()| (bytes.len() as u64, trailer(&bytes)))
             }
         };
-        match outcome {
-            Ok(bytes) => Ok(WrittenFile {
+        let result = match outcome {
+            Ok((bytes, checksum)) => Ok(WrittenFile {
                 file_name,
                 name,
                 bytes,
                 records,
+                checksum,
             }),
             Err(error) => Err(FailedFile {
                 path: dir.join(&file_name),
@@ -516,6 +580,11 @@ impl Job<'_> {
                 name,
                 error,
             }),
+        };
+        StoreFile {
+            store,
+            version,
+            result,
         }
     }
 }
@@ -675,13 +744,13 @@ pub fn write_durable(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()
     .map(|_| ())
 }
 
-/// [`write_durable`] with the contents produced by `fill`, which returns
-/// how many bytes it wrote.
-pub fn write_durable_with(
+/// [`write_durable`] with the contents produced by `fill`, whose answer
+/// (how many bytes it wrote, say) is returned once the file is in place.
+pub fn write_durable_with<T>(
     dir: &Path,
     name: &str,
-    fill: impl FnOnce(&mut WritebackFile) -> std::io::Result<u64>,
-) -> std::io::Result<u64> {
+    fill: impl FnOnce(&mut WritebackFile) -> std::io::Result<T>,
+) -> std::io::Result<T> {
     let tmp = dir.join(temp_file_name(name));
     let result = (|| {
         let f = OpenOptions::new()
@@ -819,11 +888,12 @@ mod stream {
             Ok(())
         }
 
-        fn finish(mut self) -> io::Result<u64> {
+        /// The trailer written; the file's length and checksum.
+        fn finish(mut self) -> io::Result<(u64, u32)> {
             self.flush_chunk()?;
             let crc = self.crc.to_le_bytes();
             self.out.write_all(&crc)?;
-            Ok(self.written + crc.len() as u64)
+            Ok((self.written + crc.len() as u64, self.crc))
         }
 
         fn u8(&mut self, v: u8) {
@@ -969,12 +1039,12 @@ mod stream {
     }
 
     /// Writes `c` as a whole format 21 channel file, stamped `stamp`.
-    /// Returns the file's length.
+    /// Returns the file's length and its trailing checksum.
     pub fn write_channel<W: Write>(
         out: &mut W,
         c: &ChannelCopy,
         stamp: UnixNanos,
-    ) -> io::Result<u64> {
+    ) -> io::Result<(u64, u32)> {
         let mut e = Encoder {
             out,
             buf: Vec::with_capacity(CHUNK + 64 * 1024),
@@ -1058,6 +1128,7 @@ mod tests {
     use super::*;
     use crate::storage::contract::Provider;
     use crate::storage::memory::MemoryConfig;
+    use saguin_format::channel_name::MANIFEST_FILE;
 
     #[test]
     fn a_file_written_across_several_writeback_steps_is_whole() {
@@ -1105,7 +1176,8 @@ mod tests {
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&snap), 0o700);
         assert_eq!(mode(&snap.join(MANIFEST_FILE)), 0o600);
-        let file = snap.join("a%2Eb.snapshot");
+        assert_eq!(report.generation, Some(1));
+        let file = snap.join("a%2Eb.1.snapshot");
         assert_eq!(mode(&file), 0o600);
         let (header, decoded) = f21::decode(&fs::read(&file).unwrap()).unwrap();
         assert_eq!(header.written_at, 42);
@@ -1129,16 +1201,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let report = save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 1);
         assert!(report.is_complete());
-        let before = fs::read(dir.path().join("two.snapshot")).unwrap();
-        // A directory squatting on each temporary name makes those writes fail.
-        fs::create_dir(dir.path().join("two.snapshot.tmp")).unwrap();
-        fs::create_dir(dir.path().join("three.snapshot.tmp")).unwrap();
+        let before = fs::read(dir.path().join("two.1.snapshot")).unwrap();
+        // A directory squatting on each temporary name of the second
+        // generation makes those writes fail.
+        fs::create_dir(dir.path().join("two.2.snapshot.tmp")).unwrap();
+        fs::create_dir(dir.path().join("three.2.snapshot.tmp")).unwrap();
         let report = save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 2);
         let mut failed: Vec<&str> = report.failed.iter().map(|f| f.name.as_str()).collect();
         failed.sort();
         assert_eq!(failed, ["three", "two"]);
-        assert_eq!(fs::read(dir.path().join("two.snapshot")).unwrap(), before);
+        assert_eq!(report.generation, Some(2));
+        assert_eq!(fs::read(dir.path().join("two.1.snapshot")).unwrap(), before);
         assert!(report.written.iter().any(|w| w.name == "one"));
+        // The second generation lists the first's files of the two that
+        // failed, marked behind, and the new one of the third.
+        let committed = crate::storage::generation::read_committed(dir.path());
+        let names: Vec<(&str, bool)> = committed
+            .files
+            .values()
+            .map(|f| (f.file_name.as_str(), f.behind))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("one.2.snapshot", false),
+                ("three.1.snapshot", true),
+                ("two.1.snapshot", true)
+            ]
+        );
+        assert!(!dir.path().join("one.1.snapshot").exists());
     }
 
     #[test]
@@ -1224,8 +1315,9 @@ mod tests {
         assert_eq!(copy.channels.len(), 3);
         for c in &copy.channels {
             let mut streamed = Vec::new();
-            let len = stream::write_channel(&mut streamed, c, 77).unwrap();
+            let (len, checksum) = stream::write_channel(&mut streamed, c, 77).unwrap();
             assert_eq!(len, streamed.len() as u64);
+            assert_eq!(checksum, trailer(&streamed));
             let codec = f21::encode(&SnapshotFile::Channel(channel_file(c)), 77);
             assert_eq!(
                 streamed,
@@ -1258,11 +1350,19 @@ mod tests {
         p.session_store().save(session(10)).unwrap();
         let dir = tempfile::tempdir().unwrap();
         assert!(save_snapshot(&p, dir.path(), &options, 1).is_complete());
-        let before = fs::read(dir.path().join(SESSIONS_FILE)).unwrap();
+        let first = saguin_format::channel_name::generation_file_name(SESSIONS_FILE, 1);
+        let before = fs::read(dir.path().join(&first)).unwrap();
         p.session_store().save(session(0)).unwrap();
         let report = save_snapshot(&p, dir.path(), &options, 2);
         assert_eq!(report.failed.len(), 2, "{:?}", report.failed);
         assert!(report.failed[0].to_string().contains("would not load"));
-        assert_eq!(fs::read(dir.path().join(SESSIONS_FILE)).unwrap(), before);
+        assert_eq!(fs::read(dir.path().join(&first)).unwrap(), before);
+        assert!(!dir
+            .path()
+            .join(saguin_format::channel_name::generation_file_name(
+                SESSIONS_FILE,
+                2
+            ))
+            .exists());
     }
 }

@@ -24,6 +24,8 @@ pub(crate) const MIN_ITEM: usize = MIN_RECORD + 4 + 8 + 8;
 pub(crate) const MIN_POSITION: usize = MIN_STR + 8 + 8 + MIN_OPT;
 pub(crate) const MIN_HELD: usize = MIN_STR + 2 + 8 + MIN_RECORD;
 pub(crate) const MIN_MANIFEST_ENTRY: usize = MIN_STR + MIN_STR + 1;
+/// kind, channel, file name, generation, written at, length, checksum, behind.
+pub(crate) const MIN_GENERATION_FILE: usize = 1 + MIN_STR + MIN_STR + 8 + 8 + 8 + 4 + 1;
 pub(crate) const MIN_SUBSCRIPTION: usize = MIN_STR + 1 + 1 + 1 + 1 + MIN_OPT + 8;
 pub(crate) const MIN_INFLIGHT: usize = 8 + 2 + 1 + 1 + MIN_OPT;
 pub(crate) const MIN_SESSION: usize = MIN_STR + MIN_OPT + 4 + 8 + 2 + 4 + MIN_OPT + 4;
@@ -460,6 +462,71 @@ pub(crate) fn get_manifest(r: &mut Reader<'_>) -> Result<Manifest, DecodeError> 
         retained,
         sessions,
         broadcast,
+    })
+}
+
+// ---- generation manifest -------------------------------------------------
+
+pub(crate) fn put_generation(w: &mut Writer, g: &Generation) {
+    w.u64(g.generation);
+    w.i64(g.captured_at);
+    w.len(g.files.len());
+    for f in &g.files {
+        w.u8(f.kind.as_byte());
+        w.str(&f.channel);
+        w.str(&f.file_name);
+        w.u64(f.generation);
+        w.i64(f.written_at);
+        w.u64(f.length);
+        w.u32(f.checksum);
+        w.bool(f.behind);
+    }
+}
+
+pub(crate) fn generation_size_hint(g: &Generation) -> usize {
+    8 + 8
+        + 4
+        + g.files
+            .iter()
+            .map(|f| MIN_GENERATION_FILE + f.channel.len() + f.file_name.len())
+            .sum::<usize>()
+}
+
+pub(crate) fn get_generation(r: &mut Reader<'_>) -> Result<Generation, DecodeError> {
+    let generation = r.u64("generation")?;
+    let captured_at = r.i64("captured_at")?;
+    let files = get_list(r, "files", MIN_GENERATION_FILE, |r| {
+        let at = r.pos();
+        let kind = match super::FileKind::from_byte(r.u8("kind")?) {
+            Some(
+                kind @ (super::FileKind::Channel
+                | super::FileKind::Retained
+                | super::FileKind::Sessions
+                | super::FileKind::Broadcast),
+            ) => kind,
+            _ => {
+                return Err(DecodeError::corrupt(
+                    "kind",
+                    at,
+                    "not 1 (channel), 3 (retained), 4 (sessions) or 5 (broadcast)",
+                ))
+            }
+        };
+        Ok(GenerationFile {
+            kind,
+            channel: r.str("channel")?,
+            file_name: r.str("file_name")?,
+            generation: r.u64("generation")?,
+            written_at: r.i64("written_at")?,
+            length: r.u64("length")?,
+            checksum: r.u32("checksum")?,
+            behind: r.bool("behind")?,
+        })
+    })?;
+    Ok(Generation {
+        generation,
+        captured_at,
+        files,
     })
 }
 

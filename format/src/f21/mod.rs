@@ -1,12 +1,12 @@
-//! Format 21: saguin snapshot files (channel files, manifest, retained store,
-//! sessions, broadcast log). Every byte
+//! Format 21: saguin snapshot files (channel files, manifests, retained
+//! store, sessions, broadcast log). Every byte
 //! is documented in `FORMAT.md` §2.
 //!
 //! ```text
 //!  offset  size  field
 //!       0     8  magic            MAGIC, never changes across versions
 //!       8     4  format version   u32 LE, 21
-//!      12     1  kind             FileKind byte (1..=5)
+//!      12     1  kind             FileKind byte (1..=6)
 //!      13    24  writer           the writing build's revision, UTF-8, NUL-padded
 //!      37     8  written at       i64 LE, unix nanoseconds
 //!      45     …  body             per kind (body.rs)
@@ -84,15 +84,19 @@ pub enum FileKind {
     Retained,
     Sessions,
     Broadcast,
+    /// The generation manifest: which files make up the directory's
+    /// current generation.
+    Generation,
 }
 
 impl FileKind {
-    pub const ALL: [FileKind; 5] = [
+    pub const ALL: [FileKind; 6] = [
         FileKind::Channel,
         FileKind::Manifest,
         FileKind::Retained,
         FileKind::Sessions,
         FileKind::Broadcast,
+        FileKind::Generation,
     ];
 
     /// The header's kind byte.
@@ -103,6 +107,7 @@ impl FileKind {
             FileKind::Retained => 3,
             FileKind::Sessions => 4,
             FileKind::Broadcast => 5,
+            FileKind::Generation => 6,
         }
     }
 
@@ -118,6 +123,7 @@ impl FileKind {
             FileKind::Retained => "retained",
             FileKind::Sessions => "sessions",
             FileKind::Broadcast => "broadcast",
+            FileKind::Generation => "generation",
         }
     }
 }
@@ -136,6 +142,7 @@ pub enum SnapshotFile {
     Retained(RetainedFile),
     Sessions(SessionsFile),
     Broadcast(BroadcastFile),
+    Generation(Generation),
 }
 
 impl SnapshotFile {
@@ -146,6 +153,7 @@ impl SnapshotFile {
             SnapshotFile::Retained(_) => FileKind::Retained,
             SnapshotFile::Sessions(_) => FileKind::Sessions,
             SnapshotFile::Broadcast(_) => FileKind::Broadcast,
+            SnapshotFile::Generation(_) => FileKind::Generation,
         }
     }
 }
@@ -282,6 +290,10 @@ fn decode_body<S: RecordSink>(
         }
         FileKind::Manifest => (SnapshotFile::Manifest(body::get_manifest(r)?), Lists::None),
         FileKind::Sessions => (SnapshotFile::Sessions(body::get_sessions(r)?), Lists::None),
+        FileKind::Generation => (
+            SnapshotFile::Generation(body::get_generation(r)?),
+            Lists::None,
+        ),
         FileKind::Retained => {
             let (f, records) = body::get_retained(r, sink)?;
             (SnapshotFile::Retained(f), Lists::One(records))
@@ -396,6 +408,7 @@ pub fn encode_with_writer(file: &SnapshotFile, writer: &str, written_at: i64) ->
         SnapshotFile::Retained(f) => body::records_size_hint(&f.records),
         SnapshotFile::Broadcast(f) => body::records_size_hint(&f.messages),
         SnapshotFile::Manifest(_) | SnapshotFile::Sessions(_) => 4096,
+        SnapshotFile::Generation(g) => body::generation_size_hint(g),
     };
     let mut w = wire::Writer::with_capacity(MIN_FILE_LEN + hint);
     w.buf.extend_from_slice(&MAGIC);
@@ -415,6 +428,7 @@ pub fn encode_with_writer(file: &SnapshotFile, writer: &str, written_at: i64) ->
         SnapshotFile::Retained(f) => body::put_retained(&mut w, f),
         SnapshotFile::Sessions(f) => body::put_sessions(&mut w, f),
         SnapshotFile::Broadcast(f) => body::put_broadcast(&mut w, f),
+        SnapshotFile::Generation(g) => body::put_generation(&mut w, g),
     }
     let crc = crc32c::crc32c(&w.buf);
     w.u32(crc);

@@ -133,5 +133,103 @@ fn file_kinds_round_trip_through_their_byte() {
         assert_eq!(FileKind::from_byte(kind.as_byte()), Some(kind));
     }
     assert_eq!(FileKind::from_byte(0), None);
-    assert_eq!(FileKind::from_byte(6), None);
+    assert_eq!(FileKind::from_byte(7), None);
+}
+
+fn generation_manifest() -> Generation {
+    use crate::channel_name::{generation_file_name, BROADCAST_FILE, SESSIONS_FILE};
+    let file = |kind, channel: &str, file_name: String, generation| GenerationFile {
+        kind,
+        channel: channel.to_owned(),
+        file_name,
+        generation,
+        written_at: 1_000 + generation as i64,
+        length: 120,
+        checksum: 0xdead_beef,
+        behind: false,
+    };
+    Generation {
+        generation: 7,
+        captured_at: 1_007,
+        files: vec![
+            file(
+                FileKind::Channel,
+                "a.b",
+                generation_file_name("a%2Eb.snapshot", 7),
+                7,
+            ),
+            file(FileKind::Channel, "old", "old.snapshot".into(), 0),
+            file(
+                FileKind::Broadcast,
+                "",
+                generation_file_name(BROADCAST_FILE, 3),
+                3,
+            ),
+            file(
+                FileKind::Sessions,
+                "",
+                generation_file_name(SESSIONS_FILE, 3),
+                3,
+            ),
+        ],
+    }
+}
+
+#[test]
+fn a_generation_manifest_round_trips() {
+    let g = generation_manifest();
+    let bytes = encode(&SnapshotFile::Generation(g.clone()), 2_000);
+    let (header, back) = decode(&bytes).unwrap();
+    assert_eq!(header.kind, 6);
+    assert_eq!(back, SnapshotFile::Generation(g));
+}
+
+#[test]
+fn a_generation_manifest_names_each_file_by_the_generation_that_wrote_it() {
+    let refused = |change: fn(&mut Generation), why: &str| {
+        let mut g = generation_manifest();
+        change(&mut g);
+        let e = decode(&encode(&SnapshotFile::Generation(g), 1)).expect_err(why);
+        assert!(e.to_string().contains(why), "{e}");
+    };
+    refused(|g| g.generation = 0, "numbered from 1");
+    refused(
+        |g| g.files[0].generation = 8,
+        "past the manifest's own generation",
+    );
+    refused(
+        |g| g.files[0].file_name = "a%2Eb.6.snapshot".into(),
+        "is not the name generation 7 gives",
+    );
+    refused(
+        |g| g.files[1].file_name = "old.0.snapshot".into(),
+        "which is \"old.snapshot\"",
+    );
+    refused(|g| g.files[1].channel = "a.b".into(), "listed twice");
+    refused(
+        |g| g.files[2].channel = "x".into(),
+        "only a channel file names",
+    );
+    refused(
+        |g| g.files[0].channel.clear(),
+        "is empty for a channel file",
+    );
+    refused(
+        |g| g.files[0].length = 48,
+        "shorter than any format 21 file",
+    );
+    refused(
+        |g| {
+            g.files.pop();
+        },
+        "one pair",
+    );
+    let mut g = generation_manifest();
+    g.files[1].kind = FileKind::Generation;
+    let mut bytes = encode(&SnapshotFile::Generation(g), 1);
+    let end = bytes.len() - 4;
+    let crc = crc32c::crc32c(&bytes[..end]);
+    bytes[end..].copy_from_slice(&crc.to_le_bytes());
+    let e = decode(&bytes).expect_err("a manifest listing a manifest");
+    assert!(e.to_string().contains("not 1 (channel)"), "{e}");
 }

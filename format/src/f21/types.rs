@@ -2,6 +2,7 @@
 //! is in `FORMAT.md` §2; the rules the semantic pass enforces are in
 //! `validate.rs` and the same section.
 
+use super::FileKind;
 use crate::model::{ChannelKind, PublishProps, Record, UnixNanos, UserProperty};
 
 /// One channel's file: its counters, its records (or queue items), its
@@ -147,6 +148,52 @@ pub struct ManifestEntry {
     /// Always `channel_name::encode_file_name(channel)`.
     pub file_name: String,
     pub kind: ChannelKind,
+}
+
+/// The generation manifest (kind 6), `saguin.manifest`: which files make
+/// up the directory's current generation. Written last, after every file
+/// it lists is durable, and put in place by one rename: the directory's
+/// generation changes in that one step, so at every instant it holds one
+/// whole generation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Generation {
+    /// The generation's number, from 1, one more than the one it replaces.
+    pub generation: u64,
+    /// The moment of the broker's state this generation holds: what a crash
+    /// loses is measured from it.
+    pub captured_at: UnixNanos,
+    /// Every file of the generation: each channel's, the retained store's,
+    /// the sessions and the broadcast log, whichever generation wrote it.
+    pub files: Vec<GenerationFile>,
+}
+
+/// One file a generation is made of, and what proves a copy of it is that
+/// file: its length, its header's written-at and its trailing checksum.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GenerationFile {
+    /// What it holds: a channel, the retained store, the sessions or the
+    /// broadcast log (never a manifest).
+    pub kind: FileKind,
+    /// The channel's configured name for a channel file; empty otherwise.
+    pub channel: String,
+    /// The file's name in the directory: the fixed name with the number of
+    /// the generation that wrote it (`channel_name::generation_file_name`),
+    /// or the fixed name alone for a file a build before generations wrote
+    /// (`generation` 0).
+    pub file_name: String,
+    /// The generation that wrote the file: this one, or an earlier one when
+    /// the store had not changed since.
+    pub generation: u64,
+    /// The file header's written-at: the moment of its generation's state.
+    pub written_at: UnixNanos,
+    /// The file's length in bytes.
+    pub length: u64,
+    /// The file's trailing CRC32C.
+    pub checksum: u32,
+    /// The store changed after this file was written and its newer state
+    /// could not be written: what it holds is as of `written_at`, and
+    /// whatever happened to the store after that is not kept.
+    pub behind: bool,
 }
 
 /// The retained store: one retained message per topic.

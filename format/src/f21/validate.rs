@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use super::error::DecodeError;
 use super::types::*;
-use super::SnapshotFile;
+use super::{FileKind, SnapshotFile};
 use crate::channel_name;
 use crate::model::{ChannelKind, PublishProps, Record};
 
@@ -21,6 +21,7 @@ pub fn validate(file: &SnapshotFile) -> Result<(), DecodeError> {
     match file {
         SnapshotFile::Channel(c) => validate_channel(c, ChannelChecks::of(c).finish()),
         SnapshotFile::Manifest(m) => validate_manifest(m),
+        SnapshotFile::Generation(g) => validate_generation(g),
         SnapshotFile::Retained(r) => {
             let mut records = ListCheck::new("records", ListRules::Retained);
             r.records.iter().for_each(|rec| records.record(rec));
@@ -53,6 +54,7 @@ pub(crate) fn validate_decoded(file: &SnapshotFile, lists: Lists) -> Result<(), 
         (SnapshotFile::Retained(_), Lists::One(records)) => validate_retained(records),
         (SnapshotFile::Broadcast(b), Lists::One(messages)) => validate_broadcast(b, messages),
         (SnapshotFile::Manifest(m), _) => validate_manifest(m),
+        (SnapshotFile::Generation(g), _) => validate_generation(g),
         (SnapshotFile::Sessions(s), _) => validate_sessions(s),
         // The decoder pairs each kind with its lists; should the two ever
         // disagree, check the file as it is rather than accept it.
@@ -677,6 +679,92 @@ fn validate_manifest(m: &Manifest) -> Result<(), DecodeError> {
                 format!("{:?} is listed twice", e.channel),
             );
         }
+    }
+    Ok(())
+}
+
+fn validate_generation(g: &Generation) -> Result<(), DecodeError> {
+    if g.generation == 0 {
+        return err("generation", "is 0; generations are numbered from 1");
+    }
+    let mut channels = HashSet::with_capacity(g.files.len());
+    let mut stores = HashSet::new();
+    let mut names = HashSet::with_capacity(g.files.len());
+    for (i, f) in g.files.iter().enumerate() {
+        let field = |name: &str| format!("files[{i}].{name}");
+        let base = match f.kind {
+            FileKind::Channel => {
+                if f.channel.is_empty() {
+                    return err(field("channel"), "is empty for a channel file");
+                }
+                if !channels.insert(f.channel.as_str()) {
+                    return err(field("channel"), format!("{:?} is listed twice", f.channel));
+                }
+                channel_name::encode_file_name(&f.channel)
+            }
+            kind => {
+                if !f.channel.is_empty() {
+                    return err(
+                        field("channel"),
+                        format!("names {:?}; only a channel file names a channel", f.channel),
+                    );
+                }
+                if !stores.insert(kind) {
+                    return err(field("kind"), format!("a second {kind} file"));
+                }
+                match kind {
+                    FileKind::Retained => channel_name::RETAINED_FILE,
+                    FileKind::Sessions => channel_name::SESSIONS_FILE,
+                    _ => channel_name::BROADCAST_FILE,
+                }
+                .to_owned()
+            }
+        };
+        if f.generation > g.generation {
+            return err(
+                field("generation"),
+                format!(
+                    "{} is past the manifest's own generation {}",
+                    f.generation, g.generation
+                ),
+            );
+        }
+        let expected = if f.generation == 0 {
+            base
+        } else {
+            channel_name::generation_file_name(&base, f.generation)
+        };
+        if f.file_name != expected {
+            return err(
+                field("file_name"),
+                format!(
+                    "{:?} is not the name generation {} gives this file, which is {expected:?}",
+                    f.file_name, f.generation
+                ),
+            );
+        }
+        if !names.insert(f.file_name.as_str()) {
+            return err(
+                field("file_name"),
+                format!("{:?} is listed twice", f.file_name),
+            );
+        }
+        if f.length < super::MIN_FILE_LEN as u64 {
+            return err(
+                field("length"),
+                format!(
+                    "{} bytes is shorter than any format 21 file ({})",
+                    f.length,
+                    super::MIN_FILE_LEN
+                ),
+            );
+        }
+    }
+    if stores.contains(&FileKind::Sessions) != stores.contains(&FileKind::Broadcast) {
+        return err(
+            "files",
+            "lists the sessions without the broadcast log or the log without the sessions; the two are one pair",
+        );
     }
     Ok(())
 }

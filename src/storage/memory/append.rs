@@ -6,7 +6,7 @@ use saguin_format::model::{Record, UnixNanos};
 
 use super::positions::PositionBook;
 use super::slots::SlotLog;
-use super::{admit, read, write, Shared};
+use super::{admit, read, write, Shared, Version};
 use crate::storage::contract::{
     check_record, AppendStore, Position, Reader, Removed, Result, StorageError, FIRST_OFFSET,
 };
@@ -31,12 +31,17 @@ pub struct MemoryAppend {
     dead_letter: bool,
     state: RwLock<AppendState>,
     positions: PositionBook,
+    /// Its records, counters and positions' changes.
+    version: Version,
 }
 
 /// An append channel's state copied under its lock for a snapshot: the
 /// records are shared, not copied.
 #[derive(Clone, Debug)]
 pub struct AppendCopy {
+    /// The store's version when it was copied: the copy holds at least
+    /// every change it counts.
+    pub version: u64,
     pub name: String,
     pub next: u64,
     pub floor: u64,
@@ -72,6 +77,7 @@ impl MemoryAppend {
                 max_bytes: None,
             }),
             positions: PositionBook::default(),
+            version: Version::default(),
         }
     }
 
@@ -106,12 +112,25 @@ impl MemoryAppend {
         self.dead_letter
     }
 
+    /// How many times what its file holds has changed.
+    pub fn version(&self) -> u64 {
+        self.version.get()
+    }
+
+    /// Counts a change made elsewhere to what its file holds (a held
+    /// publish for it).
+    pub(crate) fn touch(&self) {
+        self.version.bump(&self.shared);
+    }
+
     /// Copies the channel's state under its lock (the first phase of a
     /// snapshot): counters, shared record handles and positions.
     pub fn copy_state(&self) -> AppendCopy {
+        let version = self.version.get();
         let st = read(&self.state);
         let positions = self.positions.copy();
         AppendCopy {
+            version,
             name: self.name.clone(),
             next: st.next,
             floor: st.floor,
@@ -153,6 +172,7 @@ impl MemoryAppend {
         st.next += 1;
         let shared = Arc::new(record);
         st.log.push(shared.clone(), size);
+        self.version.bump(&self.shared);
         drop(st);
         Ok(shared)
     }
@@ -190,8 +210,12 @@ impl MemoryAppend {
         if let Some(past) = out.past_last {
             floor = floor.max(past);
         }
+        let changed = floor != st.floor || out.records > 0;
         st.floor = floor;
         self.shared.budget.give_back(out.bytes);
+        if changed {
+            self.version.bump(&self.shared);
+        }
         drop(st);
         drop(out.released);
         Ok(Removed {
@@ -285,12 +309,18 @@ impl AppendStore for MemoryAppend {
     }
 
     fn save_position(&self, position: Position) -> Result<()> {
-        self.positions
-            .save(&self.shared, &self.name, position, self.next())
+        self.positions.save(
+            &self.shared,
+            &self.version,
+            &self.name,
+            position,
+            self.next(),
+        )
     }
 
     fn drop_position(&self, reader: &Reader) -> Result<bool> {
-        self.positions.drop_reader(&self.shared, reader)
+        self.positions
+            .drop_reader(&self.shared, &self.version, reader)
     }
 
     fn positions(&self) -> Result<Vec<Position>> {

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use saguin_format::model::Record;
 
 use super::positions::PositionBook;
-use super::{read, write, Shared};
+use super::{read, write, Shared, Version};
 use crate::storage::contract::{
     check_record, LatestStore, Position, Reader, Removed, Result, StorageError, FIRST_OFFSET,
     RETAINED_STORE_NAME,
@@ -38,11 +38,15 @@ pub struct MemoryLatest {
     keep_markers: bool,
     state: RwLock<LatestState>,
     positions: PositionBook,
+    /// Its values, markers, counters and positions' changes.
+    version: Version,
 }
 
 /// A latest channel's state copied under its lock for a snapshot.
 #[derive(Clone, Debug)]
 pub struct LatestCopy {
+    /// The store's version when it was copied.
+    pub version: u64,
     pub name: String,
     pub next: u64,
     pub floor: u64,
@@ -67,6 +71,7 @@ impl MemoryLatest {
                 markers: 0,
             }),
             positions: PositionBook::default(),
+            version: Version::default(),
         }
     }
 
@@ -121,7 +126,19 @@ impl MemoryLatest {
         Ok(())
     }
 
+    /// How many times what its file holds has changed.
+    pub fn version(&self) -> u64 {
+        self.version.get()
+    }
+
+    /// Counts a change made elsewhere to what its file holds (a held
+    /// publish for it).
+    pub(crate) fn touch(&self) {
+        self.version.bump(&self.shared);
+    }
+
     pub fn copy_state(&self) -> LatestCopy {
+        let version = self.version.get();
         let st = read(&self.state);
         let records = st
             .by_offset
@@ -129,6 +146,7 @@ impl MemoryLatest {
             .filter_map(|t| st.values.get(t).cloned())
             .collect();
         LatestCopy {
+            version,
             name: self.name.clone(),
             next: st.next,
             floor: st.floor,
@@ -177,6 +195,7 @@ impl MemoryLatest {
         }
         record.offset = st.next;
         st.next += 1;
+        self.version.bump(&self.shared);
         if deleting && !self.keep_markers {
             st.values.remove(&record.topic);
             // Nothing is left at the offset the deletion took, so the floor
@@ -345,6 +364,9 @@ impl LatestStore for MemoryLatest {
                 removed.bytes += size;
             }
         }
+        if removed.records > 0 || bound > st.floor {
+            self.version.bump(&self.shared);
+        }
         st.floor = st.floor.max(bound);
         self.shared.budget.give_back(removed.bytes);
         Ok(removed)
@@ -372,12 +394,18 @@ impl LatestStore for MemoryLatest {
     }
 
     fn save_position(&self, position: Position) -> Result<()> {
-        self.positions
-            .save(&self.shared, &self.name, position, self.next())
+        self.positions.save(
+            &self.shared,
+            &self.version,
+            &self.name,
+            position,
+            self.next(),
+        )
     }
 
     fn drop_position(&self, reader: &Reader) -> Result<bool> {
-        self.positions.drop_reader(&self.shared, reader)
+        self.positions
+            .drop_reader(&self.shared, &self.version, reader)
     }
 
     fn positions(&self) -> Result<Vec<Position>> {

@@ -133,8 +133,15 @@ pub struct LoadReport {
     pub ignored_files: Vec<String>,
     /// Temporary files of writes that never finished.
     pub leftover_temp_files: Vec<String>,
-    /// The manifest's moment, when one was read.
-    pub manifest_began_at: Option<UnixNanos>,
+    /// The manifest's moment (a generation's state, or a shutdown's
+    /// start), when one was read.
+    pub manifest_at: Option<UnixNanos>,
+    /// The generation the directory holds (0: files a build before
+    /// generations wrote, or none).
+    pub generation: u64,
+    /// The directory's current generation, for the writer that continues
+    /// it.
+    pub committed: crate::storage::generation::Committed,
 }
 
 /// One file that stops the start.
@@ -338,9 +345,12 @@ impl MemoryProvider {
             broadcast,
             broadcast_stale,
             findings,
+            committed,
         } = loaded;
         let mut report = LoadReport {
-            manifest_began_at: manifest.map(|(_, m)| m.began_at),
+            manifest_at: manifest.as_ref().map(|(_, m)| m.moment()),
+            generation: committed.generation,
+            committed,
             ..LoadReport::default()
         };
         for f in &findings {
@@ -364,7 +374,7 @@ impl MemoryProvider {
             let Some(file) = channels.remove(name) else {
                 continue;
             };
-            let path = dir.join(encode_file_name(name));
+            let path = dir.join(&file.file_name);
             match self.build_channel(&path, file, options, &mut report) {
                 Ok(b) => built.push((name.to_owned(), b)),
                 Err(p) => problems.push(p),
@@ -447,6 +457,7 @@ impl MemoryProvider {
             header,
             file: c,
             stale,
+            ..
         } = file;
         let name = c.name.as_str();
         let holds = if stale {
@@ -693,6 +704,40 @@ mod tests {
         assert!(report.is_complete(), "{:?}", report.failed);
     }
 
+    /// Turns a directory of one generation into what a build before
+    /// generations wrote: every file under its fixed name, and a
+    /// shutdown's manifest (kind 2) of moment `began_at`.
+    fn to_legacy(dir: &Path, began_at: UnixNanos) {
+        use crate::storage::generation::{read_committed, Store};
+        use saguin_format::f21::{Manifest, ManifestEntry};
+        let committed = read_committed(dir);
+        let mut manifest = Manifest {
+            began_at,
+            channels: Vec::new(),
+            retained: false,
+            sessions: false,
+            broadcast: false,
+        };
+        for (store, file) in &committed.files {
+            fs::rename(dir.join(&file.file_name), dir.join(store.base_name())).unwrap();
+            match store {
+                Store::Channel(name) => manifest.channels.push(ManifestEntry {
+                    channel: name.clone(),
+                    file_name: encode_file_name(name),
+                    kind: ChannelKind::Append,
+                }),
+                Store::Retained => manifest.retained = true,
+                Store::Sessions => manifest.sessions = true,
+                Store::Broadcast => manifest.broadcast = true,
+            }
+        }
+        fs::write(
+            dir.join(MANIFEST_FILE),
+            f21::encode(&SnapshotFile::Manifest(manifest), began_at),
+        )
+        .unwrap();
+    }
+
     #[test]
     fn a_missing_directory_is_a_first_start() {
         let dir = tempfile::tempdir().unwrap();
@@ -710,7 +755,7 @@ mod tests {
     fn every_damaged_file_is_named() {
         let dir = tempfile::tempdir().unwrap();
         written(dir.path(), 10);
-        for name in ["a.snapshot", "b.snapshot"] {
+        for name in ["a.1.snapshot", "b.1.snapshot"] {
             let path = dir.path().join(name);
             let mut bytes = fs::read(&path).unwrap();
             let mid = bytes.len() / 2;
@@ -726,7 +771,7 @@ mod tests {
         assert_eq!(err.problems.len(), 2, "{err}");
         let text = err.to_string();
         assert!(
-            text.contains("a.snapshot") && text.contains("b.snapshot"),
+            text.contains("a.1.snapshot") && text.contains("b.1.snapshot"),
             "{text}"
         );
         assert!(text.contains("checksum"), "{text}");
@@ -746,26 +791,76 @@ mod tests {
     fn a_file_of_another_channel_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         written(dir.path(), 10);
-        fs::copy(dir.path().join("a.snapshot"), dir.path().join("c.snapshot")).unwrap();
+        fs::copy(
+            dir.path().join("a.1.snapshot"),
+            dir.path().join("b.1.snapshot"),
+        )
+        .unwrap();
         let err = provider()
-            .load_snapshot_dir(dir.path(), &options(&[("c", ChannelKind::Append)]))
+            .load_snapshot_dir(dir.path(), &options(&[("b", ChannelKind::Append)]))
             .unwrap_err();
         assert!(err.to_string().contains("holds channel \"a\""), "{err}");
     }
 
     #[test]
-    fn a_file_older_than_the_manifest_loses_its_holds_and_says_so() {
+    fn a_file_left_behind_by_a_failed_write_loses_its_holds_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = provider();
+        let a = p.open_channel("a", ChannelKind::Append).unwrap();
+        let a = a.as_append().unwrap();
+        for i in 0..3 {
+            a.append(Record::new("a", format!("{i}"))).unwrap();
+        }
+        let mut rec = Record::new("a", "held");
+        rec.qos = 2;
+        p.held_publishes()
+            .unwrap()
+            .hold(HeldPublish {
+                channel: "a".into(),
+                client_id: "c".into(),
+                packet_id: 7,
+                held_at: 5,
+                record: rec,
+            })
+            .unwrap();
+        assert!(save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 10).is_complete());
+        // The next generation cannot write a's file: the hold is released
+        // into a fourth record that no file holds.
+        fs::create_dir(dir.path().join("a.2.snapshot.tmp")).unwrap();
+        p.held_publishes().unwrap().release("a", "c", 7).unwrap();
+        let report = save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 20);
+        assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+        assert_eq!(report.generation, Some(2));
+
+        let p = provider();
+        let report = p
+            .load_snapshot_dir(dir.path(), &options(&[("a", ChannelKind::Append)]))
+            .unwrap();
+        // That generation's broker answered the release without the hold
+        // being kept: counted, not restored.
+        assert_eq!(report.abandoned_holds, 1);
+        assert!(p.held().held().unwrap().is_empty());
+        assert!(
+            report
+                .warnings
+                .iter()
+                .any(|w| w.contains("a.1.snapshot") && w.contains("is gone")),
+            "{:?}",
+            report.warnings
+        );
+        assert_eq!(report.leftover_temp_files, ["a.2.snapshot.tmp"]);
+        let a = p.open_channel("a", ChannelKind::Append).unwrap();
+        assert_eq!(a.as_append().unwrap().record_count(), 3);
+        assert_eq!(p.bytes(), 3 * 2, "loaded records are charged");
+    }
+
+    #[test]
+    fn a_file_older_than_a_shutdown_manifest_loses_its_holds_and_says_so() {
         let dir = tempfile::tempdir().unwrap();
         written(dir.path(), 10);
-        // A later shutdown whose channel write for `a` never landed: the
-        // manifest is newer than a's file.
-        let later = tempfile::tempdir().unwrap();
-        written(later.path(), 20);
-        fs::copy(
-            later.path().join(MANIFEST_FILE),
-            dir.path().join(MANIFEST_FILE),
-        )
-        .unwrap();
+        // A build before generations: a later shutdown whose channel write
+        // for `a` never landed, so its manifest is newer than a's file.
+        to_legacy(dir.path(), 20);
         fs::write(dir.path().join("a.snapshot.tmp"), b"half").unwrap();
         let p = provider();
         let report = p
@@ -789,7 +884,7 @@ mod tests {
     fn a_listed_file_that_is_gone_is_a_warning() {
         let dir = tempfile::tempdir().unwrap();
         written(dir.path(), 10);
-        fs::remove_file(dir.path().join("b.snapshot")).unwrap();
+        fs::remove_file(dir.path().join("b.1.snapshot")).unwrap();
         let report = provider()
             .load_snapshot_dir(
                 dir.path(),
@@ -815,7 +910,7 @@ mod tests {
             ..SnapshotOptions::default()
         };
         assert!(save_snapshot(&p, dir.path(), &options_w, 10).is_complete());
-        fs::remove_file(dir.path().join(BROADCAST_FILE)).unwrap();
+        fs::remove_file(dir.path().join("saguin.1.broadcast")).unwrap();
         let mut o = options(&[]);
         o.sessions = true;
         let err = provider().load_snapshot_dir(dir.path(), &o).unwrap_err();
@@ -830,7 +925,7 @@ mod tests {
     fn a_kind_mismatch_is_named_beside_a_damaged_file() {
         let dir = tempfile::tempdir().unwrap();
         written(dir.path(), 10);
-        let path = dir.path().join("b.snapshot");
+        let path = dir.path().join("b.1.snapshot");
         let bytes = fs::read(&path).unwrap();
         fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
         let err = provider()
@@ -842,7 +937,7 @@ mod tests {
         assert_eq!(err.problems.len(), 2, "{err}");
         assert_eq!(err.problems[0].path, path);
         assert!(err.problems[0].detail.contains("checksum"), "{err}");
-        assert_eq!(err.problems[1].path, dir.path().join("a.snapshot"));
+        assert_eq!(err.problems[1].path, dir.path().join("a.1.snapshot"));
         assert!(
             err.problems[1]
                 .detail
@@ -917,6 +1012,7 @@ mod tests {
     fn a_store_kept_elsewhere_is_not_read() {
         let dir = tempfile::tempdir().unwrap();
         written(dir.path(), 10);
+        to_legacy(dir.path(), 10);
         fs::write(dir.path().join(SESSIONS_FILE), b"junk").unwrap();
         fs::write(dir.path().join(RETAINED_FILE), b"junk").unwrap();
         let report = provider()

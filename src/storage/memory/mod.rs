@@ -18,7 +18,7 @@ mod session;
 mod slots;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use saguin_format::model::ChannelKind;
@@ -74,6 +74,15 @@ impl MemChannel {
         }
     }
 
+    /// How many times what its file holds has changed.
+    fn version(&self) -> u64 {
+        match self {
+            MemChannel::Append(s) => s.version(),
+            MemChannel::Latest(s) => s.version(),
+            MemChannel::Queue(s) => s.version(),
+        }
+    }
+
     fn to_store(&self) -> ChannelStore {
         match self {
             MemChannel::Append(s) => ChannelStore::Append(s.clone()),
@@ -113,13 +122,39 @@ pub(crate) fn admit(
     shared.budget.charge_publish(size)
 }
 
-/// What every store of one provider shares: its name, its byte counter and
-/// whether it was closed.
+/// What every store of one provider shares: its name, its byte counter,
+/// whether it was closed and how many changes its stores have had.
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub name: String,
     pub budget: Budget,
     pub closed: AtomicBool,
+    /// Every change of every store, counted: a snapshot writer looking at
+    /// it learns that something changed without looking at each store.
+    pub changes: AtomicU64,
+}
+
+/// How many times one store's kept state has changed. A snapshot
+/// generation rewrites a store's file only when its version moved since
+/// the file was written.
+///
+/// Ordering: a change is made, then the version bumped; a copy reads the
+/// version, then the state. So a copy holds at least every change the
+/// version it read counts: at worst it holds more, and the store is
+/// written once more at the next generation, never once less.
+#[derive(Debug, Default)]
+pub(crate) struct Version(AtomicU64);
+
+impl Version {
+    /// One more change, of the store and of its provider.
+    pub fn bump(&self, shared: &Shared) {
+        self.0.fetch_add(1, Ordering::Release);
+        shared.changes.fetch_add(1, Ordering::Release);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 impl Shared {
@@ -165,6 +200,7 @@ impl MemoryProvider {
             name: config.name.clone(),
             budget: Budget::new(config.name.clone(), config.max_bytes, config.reserve),
             closed: AtomicBool::new(false),
+            changes: AtomicU64::new(0),
         });
         let broadcast = Arc::new(MemoryBroadcast::new(shared.clone()));
         let sessions = Arc::new(MemorySessions::new(shared.clone(), broadcast.clone()));
@@ -187,6 +223,32 @@ impl MemoryProvider {
         &self.shared.budget
     }
 
+    /// How many changes its stores have had since it was made: a snapshot
+    /// writer compares two readings to learn whether anything changed.
+    pub fn changes(&self) -> u64 {
+        self.shared.changes.load(Ordering::Acquire)
+    }
+
+    /// Marks the file of `channel` (a channel, or the broadcast log's
+    /// reserved name) changed: what a held publish's hold or drop does to
+    /// the file it is written in.
+    pub(crate) fn touch_channel(&self, channel: &str) {
+        if channel == BROADCAST_LOG_NAME {
+            self.broadcast.touch();
+            return;
+        }
+        match self.mem_channel(channel) {
+            Some(MemChannel::Append(a)) => a.touch(),
+            Some(MemChannel::Latest(l)) => l.touch(),
+            Some(MemChannel::Queue(q)) => q.touch(),
+            // A hold for a channel this provider does not hold is in no
+            // file of its own; the count still moves, so a generation runs.
+            None => {
+                self.shared.changes.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+
     /// The memory stores, by name, in name order (dead-letter channels are
     /// reached through their queue).
     pub(crate) fn mem_channels(&self) -> Vec<(String, MemChannel)> {
@@ -201,8 +263,19 @@ impl MemoryProvider {
     /// lock: counters, positions and shared record handles, no record
     /// copied (the first phase of a snapshot).
     pub fn copy_channels(&self) -> Vec<MemChannelCopy> {
+        self.copy_channels_where(|_, _| true)
+    }
+
+    /// [`Self::copy_channels`] for the channels `wanted` says yes to, asked
+    /// with each channel's name and version (a queue's counts its
+    /// dead-letter channel's changes).
+    pub fn copy_channels_where(
+        &self,
+        mut wanted: impl FnMut(&str, u64) -> bool,
+    ) -> Vec<MemChannelCopy> {
         self.mem_channels()
             .into_iter()
+            .filter(|(name, c)| wanted(name, c.version()))
             .map(|(_, c)| match c {
                 MemChannel::Append(a) => MemChannelCopy::Append(a.copy_state()),
                 MemChannel::Latest(l) => MemChannelCopy::Latest(l.copy_state()),
@@ -212,6 +285,30 @@ impl MemoryProvider {
                 }
             })
             .collect()
+    }
+
+    /// The version of every store a snapshot with `options` writes: each
+    /// channel's (a queue's with its dead-letter channel's), the retained
+    /// store's, and the sessions pair's under both of its files.
+    pub fn store_versions(
+        &self,
+        options: &crate::storage::snapshot_write::SnapshotOptions,
+    ) -> Vec<(crate::storage::generation::Store, u64)> {
+        use crate::storage::generation::Store;
+        let mut out: Vec<(Store, u64)> = self
+            .mem_channels()
+            .into_iter()
+            .map(|(name, c)| (Store::Channel(name), c.version()))
+            .collect();
+        if options.retained {
+            out.push((Store::Retained, self.retained.version()));
+        }
+        if options.sessions {
+            let pair = self.broadcast.version();
+            out.push((Store::Broadcast, pair));
+            out.push((Store::Sessions, pair));
+        }
+        out
     }
 
     pub(crate) fn mem_channel(&self, name: &str) -> Option<MemChannel> {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{lock, Shared};
+use super::{lock, Shared, Version};
 use crate::storage::contract::{check_position, Position, Reader, Result};
 
 #[derive(Debug, Default)]
@@ -29,23 +29,34 @@ impl PositionBook {
         Ok(lock(&self.by_reader).get(reader).cloned())
     }
 
-    /// Stores `position` of channel `channel`, whose next offset is `next`.
+    /// Stores `position` of channel `channel`, whose next offset is `next`,
+    /// counting the change in the channel's `version`.
     pub fn save(
         &self,
         shared: &Shared,
+        version: &Version,
         channel: &str,
         position: Position,
         next: u64,
     ) -> Result<()> {
         shared.check_open()?;
         check_position(channel, &position, next)?;
-        lock(&self.by_reader).insert(position.reader.clone(), position);
+        let mut by_reader = lock(&self.by_reader);
+        let previous = by_reader.insert(position.reader.clone(), position.clone());
+        // Saving the same place again changes nothing a file holds.
+        if previous.as_ref() != Some(&position) {
+            version.bump(shared);
+        }
         Ok(())
     }
 
-    pub fn drop_reader(&self, shared: &Shared, reader: &Reader) -> Result<bool> {
+    pub fn drop_reader(&self, shared: &Shared, version: &Version, reader: &Reader) -> Result<bool> {
         shared.check_open()?;
-        Ok(lock(&self.by_reader).remove(reader).is_some())
+        let dropped = lock(&self.by_reader).remove(reader).is_some();
+        if dropped {
+            version.bump(shared);
+        }
+        Ok(dropped)
     }
 
     pub fn all(&self) -> Result<Vec<Position>> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use saguin_format::model::{Record, UnixNanos, UserProperty};
 
 use super::append::{AppendCopy, MemoryAppend};
-use super::{admit, read, write, Shared};
+use super::{admit, read, write, Shared, Version};
 use crate::storage::contract::{
     check_record, format_time, AppendStore, ExpiredLease, Lease, QueueItem, QueueStore, Released,
     Removed, Result, StorageError, FIRST_OFFSET, HEADER_ATTEMPTS, HEADER_DLQ_REASON,
@@ -71,12 +71,19 @@ pub struct MemoryQueue {
     shared: Arc<Shared>,
     dead_letter: Arc<MemoryAppend>,
     state: RwLock<QueueState>,
+    /// Changes to what its file keeps (items, attempts, delivery times,
+    /// counters); a lease's holder and deadline are not kept and not
+    /// counted. Its dead-letter channel counts its own.
+    version: Version,
 }
 
 /// A queue's state copied under its lock for a snapshot. Items carry what
 /// survives only: no holder, no delivery id, no lease, no epoch.
 #[derive(Clone, Debug)]
 pub struct QueueCopy {
+    /// The queue's version plus its dead-letter channel's when copied:
+    /// the two are one file.
+    pub version: u64,
     pub name: String,
     pub next: u64,
     pub floor: u64,
@@ -104,6 +111,7 @@ impl MemoryQueue {
                 max_attempts: DEFAULT_MAX_ATTEMPTS,
                 next_delivery_id: 1,
             }),
+            version: Version::default(),
         }
     }
 
@@ -148,22 +156,37 @@ impl MemoryQueue {
         &self.dead_letter
     }
 
+    /// How many times what its file holds (its own and its dead-letter
+    /// channel's state) has changed.
+    pub fn version(&self) -> u64 {
+        self.version.get() + self.dead_letter.version()
+    }
+
+    /// Counts a change made elsewhere to what its file holds (a held
+    /// publish for it).
+    pub(crate) fn touch(&self) {
+        self.version.bump(&self.shared);
+    }
+
     /// Copies the queue and its dead-letter channel together, under the
     /// queue's lock (taken before the dead-letter channel's, as the move
     /// takes them), so a record being dead-lettered is in exactly one.
     pub fn copy_with_dead_letter(&self) -> (QueueCopy, AppendCopy) {
+        let version = self.version();
         let st = read(&self.state);
         let dead_letter = self.dead_letter.copy_state();
-        (self.copy_locked(&st), dead_letter)
+        (self.copy_locked(&st, version), dead_letter)
     }
 
     pub fn copy_state(&self) -> QueueCopy {
+        let version = self.version();
         let st = read(&self.state);
-        self.copy_locked(&st)
+        self.copy_locked(&st, version)
     }
 
-    fn copy_locked(&self, st: &QueueState) -> QueueCopy {
+    fn copy_locked(&self, st: &QueueState, version: u64) -> QueueCopy {
         QueueCopy {
+            version,
             name: self.name.clone(),
             next: st.next,
             floor: st.floor,
@@ -220,6 +243,7 @@ impl MemoryQueue {
                 held: None,
             },
         );
+        self.version.bump(&self.shared);
         drop(st);
         Ok(Arc::unwrap_or_clone(shared))
     }
@@ -241,6 +265,7 @@ impl MemoryQueue {
             .copied()
             .unwrap_or(st.next)
             .max(st.floor);
+        self.version.bump(&self.shared);
         Some(item)
     }
 
@@ -388,6 +413,8 @@ impl QueueStore for MemoryQueue {
         };
         st.next_delivery_id += 1;
         st.deliveries.insert(delivery_id, offset);
+        // The attempt and the delivery times are kept; the holder is not.
+        self.version.bump(&self.shared);
         Ok(lease)
     }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use saguin_format::model::{Record, UnixNanos};
 
 use super::slots::SlotLog;
-use super::{lock, read, write, MemChannel, MemoryProvider, Shared};
+use super::{lock, read, write, MemChannel, MemoryProvider, Shared, Version};
 use crate::storage::contract::{
     check_hold, check_record, BroadcastLog, HeldPublish, HeldPublishStore, Removed, Result,
     SessionEntry, SessionStore, ShareGroupEntry, ShareGroupKey, StorageError, BROADCAST_LOG_NAME,
@@ -37,6 +37,7 @@ impl SessionStore for MemorySessions {
     fn save(&self, session: SessionEntry) -> Result<()> {
         self.shared.check_open()?;
         lock(&self.sessions).insert(session.client_id.clone(), session);
+        self.broadcast.touch();
         Ok(())
     }
 
@@ -48,7 +49,10 @@ impl SessionStore for MemorySessions {
         self.shared.check_open()?;
         let had = lock(&self.sessions).remove(client_id).is_some();
         // A session's ending takes its cursor on the log with it.
-        lock(&self.broadcast.cursors).remove(client_id);
+        let had_cursor = lock(&self.broadcast.cursors).remove(client_id).is_some();
+        if had || had_cursor {
+            self.broadcast.touch();
+        }
         Ok(had)
     }
 
@@ -71,11 +75,16 @@ pub struct MemoryBroadcast {
     state: RwLock<LogState>,
     cursors: Mutex<BTreeMap<String, u64>>,
     groups: Mutex<BTreeMap<ShareGroupKey, ShareGroupEntry>>,
+    /// Changes to the log, its cursors and groups, and to the sessions:
+    /// the two files are written as one pair, so they share one count.
+    version: Version,
 }
 
 /// The broadcast log copied under its locks for a snapshot.
 #[derive(Clone, Debug)]
 pub struct BroadcastCopy {
+    /// The pair's version (log and sessions) when copied.
+    pub version: u64,
     pub next: u64,
     pub floor: u64,
     pub bytes: u64,
@@ -98,7 +107,18 @@ impl MemoryBroadcast {
             }),
             cursors: Mutex::new(BTreeMap::new()),
             groups: Mutex::new(BTreeMap::new()),
+            version: Version::default(),
         }
+    }
+
+    /// How many times the sessions and the broadcast log have changed.
+    pub fn version(&self) -> u64 {
+        self.version.get()
+    }
+
+    /// Counts a change to the pair's files.
+    pub(crate) fn touch(&self) {
+        self.version.bump(&self.shared);
     }
 
     /// Replaces the log's contents with validated stored state.
@@ -123,9 +143,16 @@ impl MemoryBroadcast {
         lock(&self.groups).extend(groups.into_iter().map(|g| (g.key.clone(), g)));
     }
 
+    /// The log copied for a snapshot. The caller reads [`Self::version`]
+    /// and the sessions before this, and passes the version it read.
     pub fn copy_state(&self) -> BroadcastCopy {
+        self.copy_at(self.version())
+    }
+
+    pub(crate) fn copy_at(&self, version: u64) -> BroadcastCopy {
         let st = read(&self.state);
         BroadcastCopy {
+            version,
             next: st.next,
             floor: st.floor,
             bytes: st.log.bytes(),
@@ -152,6 +179,7 @@ impl MemoryBroadcast {
         st.next += 1;
         let shared = Arc::new(record);
         st.log.push(shared.clone(), size);
+        self.touch();
         drop(st);
         Ok(Arc::unwrap_or_clone(shared))
     }
@@ -186,7 +214,11 @@ impl BroadcastLog for MemoryBroadcast {
                 removed.bytes += size;
             }
         }
-        st.floor = st.log.first_offset().unwrap_or(st.next).max(st.floor);
+        let floor = st.log.first_offset().unwrap_or(st.next).max(st.floor);
+        if removed.records > 0 || floor != st.floor {
+            self.touch();
+        }
+        st.floor = floor;
         self.shared.budget.give_back(removed.bytes);
         Ok(removed)
     }
@@ -220,13 +252,20 @@ impl BroadcastLog for MemoryBroadcast {
                 detail: format!("offset {offset} is past the next offset {next}"),
             });
         }
-        lock(&self.cursors).insert(client_id.to_owned(), offset);
+        let previous = lock(&self.cursors).insert(client_id.to_owned(), offset);
+        if previous != Some(offset) {
+            self.touch();
+        }
         Ok(())
     }
 
     fn drop_cursor(&self, client_id: &str) -> Result<bool> {
         self.shared.check_open()?;
-        Ok(lock(&self.cursors).remove(client_id).is_some())
+        let dropped = lock(&self.cursors).remove(client_id).is_some();
+        if dropped {
+            self.touch();
+        }
+        Ok(dropped)
     }
 
     fn cursors(&self) -> Result<Vec<(String, u64)>> {
@@ -243,12 +282,17 @@ impl BroadcastLog for MemoryBroadcast {
     fn save_share_group(&self, entry: ShareGroupEntry) -> Result<()> {
         self.shared.check_open()?;
         lock(&self.groups).insert(entry.key.clone(), entry);
+        self.touch();
         Ok(())
     }
 
     fn drop_share_group(&self, key: &ShareGroupKey) -> Result<bool> {
         self.shared.check_open()?;
-        Ok(lock(&self.groups).remove(key).is_some())
+        let dropped = lock(&self.groups).remove(key).is_some();
+        if dropped {
+            self.touch();
+        }
+        Ok(dropped)
     }
 
     fn share_groups(&self) -> Result<Vec<ShareGroupEntry>> {
@@ -339,6 +383,14 @@ impl MemoryHeld {
             provider: self.shared.name.clone(),
         })
     }
+
+    /// Counts a change of `channel`'s holds in the file they are kept in
+    /// (under the holds' lock, which a snapshot's copy takes first).
+    fn touch(&self, channel: &str) {
+        if let Some(provider) = self.provider.upgrade() {
+            provider.touch_channel(channel);
+        }
+    }
 }
 
 impl HeldPublishStore for MemoryHeld {
@@ -356,7 +408,9 @@ impl HeldPublishStore for MemoryHeld {
         } else {
             self.shared.budget.give_back(old - size);
         }
+        let channel = held.channel.clone();
         map.insert(key, held);
+        self.touch(&channel);
         Ok(())
     }
 
@@ -373,15 +427,18 @@ impl HeldPublishStore for MemoryHeld {
         if let Some(h) = map.remove(&key) {
             self.shared.budget.give_back(h.record.accounted_size());
         }
+        self.touch(channel);
         Ok(Some(stored))
     }
 
     fn drop_hold(&self, channel: &str, client_id: &str, packet_id: u16) -> Result<bool> {
         self.shared.check_open()?;
         let key = (channel.to_owned(), client_id.to_owned(), packet_id);
-        let removed = lock(&self.held).remove(&key);
+        let mut map = lock(&self.held);
+        let removed = map.remove(&key);
         if let Some(h) = &removed {
             self.shared.budget.give_back(h.record.accounted_size());
+            self.touch(channel);
         }
         Ok(removed.is_some())
     }
@@ -391,14 +448,19 @@ impl HeldPublishStore for MemoryHeld {
         let mut map = lock(&self.held);
         let before = map.len();
         let mut freed = 0;
+        let mut touched = std::collections::BTreeSet::new();
         map.retain(|_, h| {
             let keep = h.held_at == 0 || h.held_at >= cutoff;
             if !keep {
                 freed += h.record.accounted_size();
+                touched.insert(h.channel.clone());
             }
             keep
         });
         self.shared.budget.give_back(freed);
+        for channel in &touched {
+            self.touch(channel);
+        }
         Ok((before - map.len()) as u64)
     }
 

@@ -96,10 +96,10 @@ pub fn read_dir(dir: &Path, opts: &ScanOptions) -> Result<DirUnits, snapshot_dir
                     error: format!("{}: {problem}", f.path.display()),
                 });
             }
-            (_, FileOutcome::Decoded { file, .. }) => match file {
+            (role, FileOutcome::Decoded { file, .. }) => match file {
                 SnapshotFile::Channel(c) => {
                     let expected = saguin_format::channel_name::encode_file_name(&c.name);
-                    if expected != f.name {
+                    if role != Role::Channel(Some(c.name.clone())) {
                         out.failures.push(ReadFailure {
                             name: c.name.clone(),
                             kind: c.kind.as_str(),
@@ -116,7 +116,7 @@ pub fn read_dir(dir: &Path, opts: &ScanOptions) -> Result<DirUnits, snapshot_dir
                 SnapshotFile::Retained(r) => out.units.push(Unit::Retained(r)),
                 SnapshotFile::Sessions(s) => sessions = Some(s),
                 SnapshotFile::Broadcast(b) => log = Some(b),
-                SnapshotFile::Manifest(_) => {}
+                SnapshotFile::Manifest(_) | SnapshotFile::Generation(_) => {}
             },
             (_, _) => {}
         }
@@ -184,6 +184,7 @@ fn append_copy(
     pos: &[f21::Position],
 ) -> Result<AppendCopy, String> {
     Ok(AppendCopy {
+        version: 0,
         name: name.to_owned(),
         next,
         floor,
@@ -203,6 +204,7 @@ fn channel_copy(c: ChannelFile) -> Result<ChannelCopy, String> {
         },
         ChannelKind::Latest => ChannelCopy::Latest {
             copy: LatestCopy {
+                version: 0,
                 name: c.name.clone(),
                 next: c.next,
                 floor: c.floor,
@@ -221,6 +223,7 @@ fn channel_copy(c: ChannelFile) -> Result<ChannelCopy, String> {
             ChannelCopy::Queue {
                 positions: positions(&c.name, &c.positions)?,
                 copy: QueueCopy {
+                    version: 0,
                     name: c.name.clone(),
                     next: c.next,
                     floor: c.floor,
@@ -252,7 +255,7 @@ pub fn provider_copy(
     began_at: UnixNanos,
 ) -> (ProviderCopy, SnapshotOptions, Vec<(String, String)>) {
     let mut copy = ProviderCopy {
-        began_at,
+        captured_at: began_at,
         channels: Vec::new(),
         retained: None,
         sessions: None,
@@ -270,6 +273,7 @@ pub fn provider_copy(
             Unit::Retained(r) => {
                 let records = retained_offsets(&r.records);
                 copy.retained = Some(LatestCopy {
+                    version: 0,
                     name: RETAINED_STORE_NAME.into(),
                     next: records.last().map_or(1, |r| r.offset + 1),
                     floor: 1,
@@ -280,6 +284,7 @@ pub fn provider_copy(
             }
             Unit::Sessions { sessions, log } => {
                 let log_copy = BroadcastCopy {
+                    version: 0,
                     next: log.next,
                     floor: log.floor,
                     bytes: log.bytes,

@@ -1,0 +1,544 @@
+//! Background snapshots: each memory provider with a snapshot directory
+//! writes a generation of it a quiet `snapshot_debounce` after its last
+//! change, and at the latest `snapshot_max_delay` after the first change
+//! since its last generation (`storage::generation`, `format/FORMAT.md`
+//! §4). What a crash loses is what changed after the last generation that
+//! committed: at most the maximum delay and one generation's write.
+//!
+//! Who does what:
+//!
+//! - The broker task notices changes (each provider counts its stores'
+//!   changes; one atomic load a turn), keeps each provider's [`Schedule`]
+//!   on its own clock, and, when a generation is due, captures it:
+//!   [`Generations::capture`] copies the counters, positions and shared
+//!   record handles of the stores that changed. The broker task is the
+//!   one writer of a memory provider's stores, so the capture is the
+//!   provider's state at one moment of the broker's order - a frozen view
+//!   that costs a walk of pointers over the changed stores and copies no
+//!   record. Its cost is measured (`saguin_snapshot_capture_seconds`).
+//! - A thread of the provider's own ([`SnapshotWriter`]) encodes and
+//!   writes the generation. The broker task never waits for it: one
+//!   generation is out at a time, and changes meanwhile wait for the next.
+//! - A generation that fails (a file, or its manifest) leaves the previous
+//!   one current; each file's failure is logged once when it starts failing
+//!   and once when it is written again, every failed write is counted, and
+//!   the stores it did not write are written again at the next attempt, no
+//!   sooner than the maximum delay (at least a second) after the failure.
+//! - At a graceful stop the writer is stopped (its generation finished)
+//!   and the providers' close writes the last generation: whatever changed
+//!   since the last one, nothing when nothing did.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::config::SnapshotSchedule;
+use crate::storage::contract;
+use crate::storage::generation::{self, Generations, Job, Outcome};
+use crate::storage::memory::MemoryProvider;
+use crate::storage::snapshot_write::Unobserved;
+
+/// The least gap between a failed generation and the next attempt.
+const RETRY_AT_LEAST: Duration = Duration::from_secs(1);
+
+/// When a provider's next generation is due. Pure: it is told of changes
+/// and of generations starting and ending, with the time each happened.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    schedule: SnapshotSchedule,
+    /// The first change no capture holds yet.
+    first_change: Option<Instant>,
+    /// The latest change seen.
+    last_change: Option<Instant>,
+    /// A generation is being written: the next waits for it.
+    writing: bool,
+    /// After a failed generation, no attempt before this.
+    retry_at: Option<Instant>,
+}
+
+impl Schedule {
+    pub fn new(schedule: SnapshotSchedule) -> Schedule {
+        Schedule {
+            schedule,
+            first_change: None,
+            last_change: None,
+            writing: false,
+            retry_at: None,
+        }
+    }
+
+    /// Something changed at `now`.
+    pub fn changed(&mut self, now: Instant) {
+        self.first_change.get_or_insert(now);
+        self.last_change = Some(now);
+    }
+
+    /// When the next generation is to be captured: `None` with nothing
+    /// changed, while one is being written, or with background snapshots
+    /// off.
+    pub fn due_at(&self) -> Option<Instant> {
+        let max_delay = self.schedule.max_delay?;
+        if self.writing {
+            return None;
+        }
+        let first = self.first_change?;
+        let latest = first + max_delay;
+        let due = match (self.schedule.debounce, self.last_change) {
+            (Some(debounce), Some(last)) => (last + debounce).min(latest),
+            _ => latest,
+        };
+        Some(self.retry_at.map_or(due, |retry| due.max(retry)))
+    }
+
+    /// A generation was captured: it holds every change until now.
+    pub fn started(&mut self) {
+        self.writing = true;
+        self.first_change = None;
+        self.last_change = None;
+    }
+
+    /// The generation ended at `now`. One that failed is to be tried
+    /// again: its stores count as changed, no sooner than the retry gap.
+    pub fn finished(&mut self, now: Instant, failed: bool) {
+        self.writing = false;
+        if failed {
+            let gap = self
+                .schedule
+                .max_delay
+                .unwrap_or(RETRY_AT_LEAST)
+                .max(RETRY_AT_LEAST);
+            self.retry_at = Some(now + gap);
+            self.changed(now);
+        } else {
+            self.retry_at = None;
+        }
+    }
+
+    /// True while a generation is being written.
+    pub fn is_writing(&self) -> bool {
+        self.writing
+    }
+}
+
+/// What the broker exports about one provider's snapshots.
+#[derive(Debug, Default)]
+pub struct SnapshotMetrics {
+    /// The generation the directory holds.
+    pub generation: AtomicU64,
+    /// Its moment, unix nanoseconds (0: none yet).
+    pub captured_at: AtomicU64,
+    /// Files written, and files that failed, since the start.
+    pub files_written: AtomicU64,
+    pub failures: AtomicU64,
+    pub bytes_written: AtomicU64,
+    /// Generations committed since the start.
+    pub generations: AtomicU64,
+    /// The last capture's and the last write's duration, nanoseconds.
+    pub last_capture_nanos: AtomicU64,
+    pub last_write_nanos: AtomicU64,
+    /// The longest capture since the start, nanoseconds.
+    pub max_capture_nanos: AtomicU64,
+}
+
+impl SnapshotMetrics {
+    fn set_committed(&self, generation: u64, captured_at: i64) {
+        self.generation.store(generation, Ordering::Relaxed);
+        self.captured_at
+            .store(u64::try_from(captured_at).unwrap_or(0), Ordering::Relaxed);
+    }
+}
+
+/// One provider's generations and the thread that writes them.
+pub struct SnapshotWriter {
+    name: String,
+    provider: Arc<MemoryProvider>,
+    /// Held by the writing thread for the length of a write: a capture
+    /// (which the schedule never asks for while one is written) and the
+    /// shutdown's last generation wait for it.
+    generations: Arc<Mutex<Generations>>,
+    schedule: SnapshotSchedule,
+    jobs: Mutex<Option<std_mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Where the thread says what each generation came to, once the
+    /// broker task listens ([`Snapshots::new`]); until then, and after,
+    /// what it wrote waits in `unread`.
+    tell: Arc<Mutex<Option<(usize, mpsc::UnboundedSender<(usize, Written)>)>>>,
+    unread: Arc<Mutex<Vec<Written>>>,
+    metrics: Arc<SnapshotMetrics>,
+    /// Files whose last write failed: logged when they start failing and
+    /// when they are written again, not at every attempt.
+    failing: Mutex<BTreeSet<String>>,
+}
+
+/// What the writing thread says of one generation.
+pub struct Written {
+    pub outcome: Outcome,
+    pub elapsed: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl SnapshotWriter {
+    /// The writer of `provider`'s `generations`, its thread started when
+    /// `schedule` writes in the background.
+    pub fn start(
+        name: &str,
+        provider: Arc<MemoryProvider>,
+        generations: Generations,
+        schedule: SnapshotSchedule,
+    ) -> Arc<SnapshotWriter> {
+        let metrics = Arc::new(SnapshotMetrics::default());
+        let committed = generations.committed();
+        metrics.set_committed(committed.generation, committed.captured_at);
+        let generations = Arc::new(Mutex::new(generations));
+        let writer = Arc::new(SnapshotWriter {
+            name: name.to_owned(),
+            provider,
+            generations: generations.clone(),
+            schedule,
+            jobs: Mutex::new(None),
+            thread: Mutex::new(None),
+            tell: Arc::default(),
+            unread: Arc::default(),
+            metrics,
+            failing: Mutex::new(BTreeSet::new()),
+        });
+        if schedule.is_background() {
+            let (jobs, queued) = std_mpsc::channel::<Job>();
+            let (tell, unread) = (writer.tell.clone(), writer.unread.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("saguin-snapshot-{name}"))
+                .spawn(move || {
+                    for job in queued {
+                        let started = std::time::Instant::now();
+                        let mut generations = lock(&generations);
+                        let outcome =
+                            generation::write_generation(generations.dir(), &job, &Unobserved);
+                        generations.settle(&outcome);
+                        drop(generations);
+                        let written = Written {
+                            outcome,
+                            elapsed: started.elapsed(),
+                        };
+                        let unsent = match lock(&tell).as_ref() {
+                            Some((index, tx)) => tx.send((*index, written)).err().map(|e| e.0 .1),
+                            None => Some(written),
+                        };
+                        lock(&unread).extend(unsent);
+                    }
+                });
+            match spawned {
+                Ok(handle) => {
+                    *lock(&writer.jobs) = Some(jobs);
+                    *lock(&writer.thread) = Some(handle);
+                }
+                Err(e) => {
+                    tracing::error!(provider = %name, error = %e,
+                        "cannot start the snapshot writer thread; this provider is written at shutdown only");
+                }
+            }
+        }
+        writer
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn metrics(&self) -> &Arc<SnapshotMetrics> {
+        &self.metrics
+    }
+
+    pub fn schedule(&self) -> SnapshotSchedule {
+        self.schedule
+    }
+
+    /// The provider's count of changes, to compare turn by turn.
+    pub fn changes(&self) -> u64 {
+        self.provider.changes()
+    }
+
+    /// Whether a store changed since it was last written or captured
+    /// (at startup: a store with no file yet, or one whose file is behind).
+    pub fn has_changes(&self) -> bool {
+        lock(&self.generations).has_changes(&self.provider)
+    }
+
+    /// True while a thread writes this provider's generations.
+    fn runs(&self) -> bool {
+        lock(&self.thread).is_some()
+    }
+
+    /// Tells the thread where to say what each generation came to.
+    fn tell_to(&self, index: usize, tx: mpsc::UnboundedSender<(usize, Written)>) {
+        *lock(&self.tell) = Some((index, tx));
+    }
+
+    /// Captures the generation due and hands it to the thread; false when
+    /// nothing changed after all (or the thread is gone).
+    pub fn submit(&self) -> bool {
+        let started = std::time::Instant::now();
+        let job = {
+            let mut generations = lock(&self.generations);
+            generations.capture(&self.provider, contract::now_nanos())
+        };
+        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.metrics
+            .last_capture_nanos
+            .store(took, Ordering::Relaxed);
+        self.metrics
+            .max_capture_nanos
+            .fetch_max(took, Ordering::Relaxed);
+        let Some(job) = job else {
+            return false;
+        };
+        tracing::debug!(provider = %self.name, stores = job.stores(), capture_us = took / 1000,
+            "snapshot generation captured");
+        match lock(&self.jobs).as_ref().map(|jobs| jobs.send(job)) {
+            Some(Ok(())) => true,
+            _ => false,
+        }
+    }
+
+    /// Takes in what a generation came to: logs each file's change of
+    /// state, counts, and says whether it failed.
+    pub fn settled(&self, written: &Written) -> bool {
+        let report = &written.outcome.report;
+        let metrics = &self.metrics;
+        let mut failing = lock(&self.failing);
+        for file in &report.written {
+            metrics.files_written.fetch_add(1, Ordering::Relaxed);
+            metrics
+                .bytes_written
+                .fetch_add(file.bytes, Ordering::Relaxed);
+            if failing.remove(&file.name) {
+                tracing::info!(provider = %self.name, file = %file.file_name, store = %file.name,
+                    "snapshot file written again after failing");
+            }
+        }
+        for failed in &report.failed {
+            metrics.failures.fetch_add(1, Ordering::Relaxed);
+            if failing.insert(failed.name.clone()) {
+                tracing::error!(provider = %self.name, path = %failed.path.display(),
+                    error = %failed.error,
+                    "snapshot file could not be written: its previous generation's file stands, and it is tried again at the next generation");
+            }
+        }
+        metrics.last_write_nanos.store(
+            u64::try_from(written.elapsed.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        if let Some(committed) = &written.outcome.committed {
+            metrics.generations.fetch_add(1, Ordering::Relaxed);
+            metrics.set_committed(committed.generation, committed.captured_at);
+            tracing::debug!(provider = %self.name, generation = committed.generation,
+                files = report.written.len().saturating_sub(1), removed = written.outcome.removed,
+                elapsed_ms = written.elapsed.as_millis() as u64, "snapshot generation committed");
+        }
+        !report.failed.is_empty()
+    }
+
+    /// Stops the thread once it has written what it was given: no
+    /// generation is out when this returns. Blocking; idempotent.
+    pub fn stop(&self) {
+        drop(lock(&self.jobs).take());
+        if let Some(thread) = lock(&self.thread).take() {
+            let _ = thread.join();
+        }
+        *lock(&self.tell) = None;
+        // What the thread wrote that the broker task did not read.
+        let unread = std::mem::take(&mut *lock(&self.unread));
+        for written in &unread {
+            self.settled(written);
+        }
+    }
+
+    /// The generations, for the shutdown's last one (after [`Self::stop`]).
+    pub fn generations(&self) -> MutexGuard<'_, Generations> {
+        lock(&self.generations)
+    }
+
+    /// The provider written.
+    pub fn provider(&self) -> &Arc<MemoryProvider> {
+        &self.provider
+    }
+
+    /// Records what the shutdown's generation came to.
+    pub fn record_committed(&self, generation: u64, captured_at: i64) {
+        self.metrics.set_committed(generation, captured_at);
+    }
+}
+
+/// One provider's background snapshots as the broker task drives them.
+struct Driven {
+    writer: Arc<SnapshotWriter>,
+    schedule: Schedule,
+    /// The provider's change count at the last look.
+    seen: u64,
+}
+
+/// Every provider's background snapshots, driven from the broker task.
+#[derive(Default)]
+pub struct Snapshots {
+    driven: Vec<Driven>,
+    /// What the writers' threads say, with the index of their provider.
+    finished: Option<mpsc::UnboundedReceiver<(usize, Written)>>,
+}
+
+impl Snapshots {
+    /// Background snapshots of the writers that write them. A provider
+    /// whose stores changed before the start (no file yet, or one left
+    /// behind) has its first generation due at once.
+    pub fn new(writers: &[Arc<SnapshotWriter>], now: Instant) -> Snapshots {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let driven: Vec<Driven> = writers
+            .iter()
+            .filter(|w| w.schedule().is_background() && w.runs())
+            .enumerate()
+            .map(|(i, w)| {
+                w.tell_to(i, tx.clone());
+                let mut schedule = Schedule::new(w.schedule());
+                if w.has_changes() {
+                    schedule.changed(now);
+                }
+                Driven {
+                    seen: w.changes(),
+                    writer: w.clone(),
+                    schedule,
+                }
+            })
+            .collect();
+        Snapshots {
+            finished: (!driven.is_empty()).then_some(rx),
+            driven,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.driven.is_empty()
+    }
+
+    /// Looks at every provider's change count (after each turn of the
+    /// broker task): a count that moved is a change now.
+    pub fn observe(&mut self, now: Instant) {
+        for d in &mut self.driven {
+            let changes = d.writer.changes();
+            if changes != d.seen {
+                d.seen = changes;
+                d.schedule.changed(now);
+            }
+        }
+    }
+
+    /// The earliest moment a generation is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.driven.iter().filter_map(|d| d.schedule.due_at()).min()
+    }
+
+    /// Captures and hands over every generation due at `now`.
+    pub fn start_due(&mut self, now: Instant) {
+        for d in &mut self.driven {
+            if d.schedule.due_at().is_some_and(|due| due <= now) {
+                // The count as the capture sees it: a change after this
+                // look is a change for the next generation.
+                d.seen = d.writer.changes();
+                if d.writer.submit() {
+                    d.schedule.started();
+                } else {
+                    // Nothing changed after all: a position saved again at
+                    // the place it had, say.
+                    d.schedule = Schedule::new(d.writer.schedule());
+                }
+            }
+        }
+    }
+
+    /// The next generation a writer's thread finished, with its provider's
+    /// index; pending for ever when no thread writes.
+    pub async fn finished(&mut self) -> (usize, Written) {
+        match self.finished.as_mut() {
+            Some(rx) => match rx.recv().await {
+                Some(done) => done,
+                None => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Takes in one finished generation at `now`.
+    pub fn settle(&mut self, index: usize, written: Written, now: Instant) {
+        if let Some(d) = self.driven.get_mut(index) {
+            let failed = d.writer.settled(&written);
+            d.schedule.finished(now, failed);
+        }
+    }
+
+    /// At the end of the broker task: every generation still being
+    /// written is waited for and taken in.
+    pub async fn drain(&mut self) {
+        while self.driven.iter().any(|d| d.schedule.is_writing()) {
+            let Some(rx) = self.finished.as_mut() else {
+                return;
+            };
+            match rx.recv().await {
+                Some((i, written)) => self.settle(i, written, Instant::now()),
+                None => return,
+            }
+        }
+    }
+}
+
+/// The `saguin_snapshot_*` families, one series per provider.
+pub fn render_metrics(
+    out: &mut String,
+    providers: &std::collections::BTreeMap<String, Arc<SnapshotMetrics>>,
+) {
+    use std::fmt::Write as _;
+    let now = contract::now_nanos();
+    type Sample = fn(&SnapshotMetrics, i64) -> String;
+    let families: [(&str, &str, &str, Sample); 9] = [
+        ("saguin_snapshot_generation", "gauge", "The snapshot generation the provider's directory holds.",
+            |m, _| m.generation.load(Ordering::Relaxed).to_string()),
+        ("saguin_snapshot_age_seconds", "gauge", "How old the state the current snapshot generation holds is: what a crash now would lose. -1 with no generation yet.",
+            |m, now| match m.captured_at.load(Ordering::Relaxed) {
+                0 => "-1".to_owned(),
+                at => format!("{:.3}", (now.saturating_sub(at as i64)).max(0) as f64 / 1e9),
+            }),
+        ("saguin_snapshot_generations_total", "counter", "Snapshot generations committed since the broker started.",
+            |m, _| m.generations.load(Ordering::Relaxed).to_string()),
+        ("saguin_snapshot_files_written_total", "counter", "Snapshot files written since the broker started.",
+            |m, _| m.files_written.load(Ordering::Relaxed).to_string()),
+        ("saguin_snapshot_bytes_written_total", "counter", "Bytes of snapshot files written since the broker started.",
+            |m, _| m.bytes_written.load(Ordering::Relaxed).to_string()),
+        ("saguin_snapshot_failures_total", "counter", "Snapshot files (and manifests) that could not be written; each leaves the previous generation's file current.",
+            |m, _| m.failures.load(Ordering::Relaxed).to_string()),
+        ("saguin_snapshot_capture_seconds", "gauge", "How long the broker's loop spent capturing the last generation's state.",
+            |m, _| format!("{:.6}", m.last_capture_nanos.load(Ordering::Relaxed) as f64 / 1e9)),
+        ("saguin_snapshot_capture_seconds_max", "gauge", "The longest the broker's loop spent capturing a generation's state since it started.",
+            |m, _| format!("{:.6}", m.max_capture_nanos.load(Ordering::Relaxed) as f64 / 1e9)),
+        ("saguin_snapshot_write_seconds", "gauge", "How long the last generation took to write, off the broker's loop.",
+            |m, _| format!("{:.6}", m.last_write_nanos.load(Ordering::Relaxed) as f64 / 1e9)),
+    ];
+    for (name, kind, help, sample) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (provider, m) in providers {
+            let _ = writeln!(
+                out,
+                "{name}{{provider=\"{}\"}} {}",
+                super::metrics::escape_label(provider),
+                sample(m, now)
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,505 @@
+//! A memory provider's snapshot directory as a sequence of generations
+//! (`format/FORMAT.md` §4).
+//!
+//! A generation is the provider's state at one moment: the files of the
+//! stores that changed since the last generation, written under names no
+//! earlier generation used, and a manifest (kind 6) listing every file the
+//! generation is made of - the new ones and, for each store that did not
+//! change, the file an earlier generation wrote. The manifest is written
+//! last and put in place by one rename: that rename is the generation's
+//! commit, so at every instant the directory holds one whole generation,
+//! and a copy of it holds either one (every file the manifest lists, each
+//! the very file listed) or names the file it lacks.
+//!
+//! This module keeps what the writer knows of the directory ([`Committed`]),
+//! which stores changed since their files were written ([`Generations`]),
+//! and writes one generation ([`write_generation`]): the changed files a few
+//! at a time, the directory synced, the manifest, the directory synced
+//! again, then the files it no longer lists removed. A file that fails
+//! keeps its store's previous file in the manifest, marked `behind`, and the
+//! store is written again at the next generation; a manifest that fails
+//! leaves the previous generation current and every store to be written
+//! again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use saguin_format::channel_name::{
+    encode_file_name, split_generation_file_name, temp_file_name, BROADCAST_FILE, MANIFEST_FILE,
+    RETAINED_FILE, SESSIONS_FILE, SNAPSHOT_SUFFIX, TEMP_SUFFIX,
+};
+use saguin_format::f21::{self, FileKind, Generation, GenerationFile, SnapshotFile};
+use saguin_format::model::UnixNanos;
+
+use super::memory::MemoryProvider;
+use super::snapshot_write::{
+    self, copy_changed, FailedFile, ProviderCopy, SnapshotOptions, WriteObserver, WriteReport,
+    WrittenFile,
+};
+
+/// What one file of a generation holds: a channel (a queue with its
+/// dead-letter channel), the retained store, or one of the sessions pair.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Store {
+    Channel(String),
+    Retained,
+    Sessions,
+    Broadcast,
+}
+
+impl Store {
+    pub fn kind(&self) -> FileKind {
+        match self {
+            Store::Channel(_) => FileKind::Channel,
+            Store::Retained => FileKind::Retained,
+            Store::Sessions => FileKind::Sessions,
+            Store::Broadcast => FileKind::Broadcast,
+        }
+    }
+
+    /// The fixed name of its file (`format/FORMAT.md` §3, §4).
+    pub fn base_name(&self) -> String {
+        match self {
+            Store::Channel(name) => encode_file_name(name),
+            Store::Retained => RETAINED_FILE.to_owned(),
+            Store::Sessions => SESSIONS_FILE.to_owned(),
+            Store::Broadcast => BROADCAST_FILE.to_owned(),
+        }
+    }
+
+    /// The store a manifest's entry is about.
+    pub fn of_entry(entry: &GenerationFile) -> Store {
+        match entry.kind {
+            FileKind::Retained => Store::Retained,
+            FileKind::Sessions => Store::Sessions,
+            FileKind::Broadcast => Store::Broadcast,
+            _ => Store::Channel(entry.channel.clone()),
+        }
+    }
+
+    /// The channel name a manifest's entry gives it (empty but for a
+    /// channel).
+    fn channel(&self) -> String {
+        match self {
+            Store::Channel(name) => name.clone(),
+            _ => String::new(),
+        }
+    }
+
+    /// How the operator is told about it.
+    pub fn describe(&self) -> String {
+        match self {
+            Store::Channel(name) => format!("channel {name}"),
+            Store::Retained => "the retained store".to_owned(),
+            Store::Sessions => "the sessions".to_owned(),
+            Store::Broadcast => "the broadcast log".to_owned(),
+        }
+    }
+}
+
+/// A data file's name read back: the store it holds and the generation
+/// that wrote it (0 for a fixed name, written by a build before
+/// generations), or `None` for any other name. A channel file whose name
+/// is not a channel's canonical encoding is `Channel(None)`'s business of
+/// the directory scan, not a store.
+pub fn data_file(name: &str) -> Option<(Option<Store>, u64)> {
+    let (base, generation) = match split_generation_file_name(name) {
+        Some((base, generation)) => (base, generation),
+        None => (name.to_owned(), 0),
+    };
+    let store = match base.as_str() {
+        SESSIONS_FILE => Some(Store::Sessions),
+        BROADCAST_FILE => Some(Store::Broadcast),
+        RETAINED_FILE => Some(Store::Retained),
+        _ if base.ends_with(SNAPSHOT_SUFFIX) => {
+            return Some((
+                saguin_format::channel_name::decode_file_name(&base).map(Store::Channel),
+                generation,
+            ))
+        }
+        _ => return None,
+    };
+    Some((store, generation))
+}
+
+/// What the writer knows of the directory: its current generation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Committed {
+    /// The manifest's generation; 0 when the directory holds no generation
+    /// manifest (a first start, or files a build before generations wrote).
+    pub generation: u64,
+    /// The moment of the state the current generation holds; 0 with none.
+    pub captured_at: UnixNanos,
+    /// The file of each store, as a manifest lists it.
+    pub files: BTreeMap<Store, GenerationFile>,
+    /// The highest generation any file in the directory is numbered with,
+    /// committed or not: a new generation is numbered above it, so it never
+    /// writes under the name of a file a crashed one left behind.
+    pub highest: u64,
+}
+
+impl Committed {
+    /// The number the next generation takes.
+    pub fn next_generation(&self) -> u64 {
+        self.generation.max(self.highest) + 1
+    }
+
+    /// The manifest of this generation.
+    pub fn manifest(&self) -> Generation {
+        Generation {
+            generation: self.generation,
+            captured_at: self.captured_at,
+            files: self.files.values().cloned().collect(),
+        }
+    }
+}
+
+/// Reads what a file's manifest entry states about it without decoding
+/// it: its length, its header's written-at and its trailing checksum.
+pub fn file_identity(path: &Path) -> std::io::Result<(u64, UnixNanos, u32)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path)?;
+    let length = file.metadata()?.len();
+    let mut header = [0u8; f21::HEADER_LEN];
+    file.read_exact(&mut header)?;
+    let written_at = f21::read_header(&header)
+        .map(|h| h.written_at)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    let mut trailer = [0u8; f21::TRAILER_LEN];
+    file.seek(SeekFrom::End(-(f21::TRAILER_LEN as i64)))?;
+    file.read_exact(&mut trailer)?;
+    Ok((length, written_at, u32::from_le_bytes(trailer)))
+}
+
+/// The directory's current generation as its manifest states it, for a
+/// writer with no state of its own (a migration, a test writing twice): a
+/// generation manifest's files; nothing for any other manifest or none.
+/// The highest generation number of any file present is taken either way.
+pub fn read_committed(dir: &Path) -> Committed {
+    let mut committed = Committed::default();
+    if let Ok(bytes) = super::read::read_bounded(&dir.join(MANIFEST_FILE), MANIFEST_READ_LIMIT) {
+        if let Ok((_, SnapshotFile::Generation(g))) = f21::decode(&bytes) {
+            committed.generation = g.generation;
+            committed.captured_at = g.captured_at;
+            committed.files = g
+                .files
+                .into_iter()
+                .map(|f| (Store::of_entry(&f), f))
+                .collect();
+        }
+    }
+    committed.highest = highest_generation(dir);
+    committed
+}
+
+/// The largest manifest a reader of the directory takes: a few hundred
+/// bytes a file, so this is room for a hundred thousand channels.
+pub const MANIFEST_READ_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// The highest generation any data file in `dir` is numbered with (a
+/// temporary file is not one: its name is truncated and written again).
+pub fn highest_generation(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| data_file(name).is_some_and(|(store, _)| store.is_some()))
+        .filter_map(|name| split_generation_file_name(&name).map(|(_, generation)| generation))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Which stores changed since their files were written: a provider's
+/// generations, kept by whoever writes them (the broker's background
+/// snapshots and its shutdown share one).
+#[derive(Debug)]
+pub struct Generations {
+    dir: PathBuf,
+    options: SnapshotOptions,
+    committed: Committed,
+    /// Each store's version as of the file the current generation lists
+    /// (or, once a capture is out, as the capture copied it).
+    captured: HashMap<Store, u64>,
+    /// Each store's version as of its file in the current generation.
+    written: HashMap<Store, u64>,
+}
+
+/// One generation to write: the changed stores' copies and the
+/// generation they are written over.
+#[derive(Debug)]
+pub struct Job {
+    pub copy: ProviderCopy,
+    pub base: Committed,
+    /// How many files are written at once.
+    pub parallel_files: usize,
+}
+
+impl Job {
+    /// How many stores it writes.
+    pub fn stores(&self) -> usize {
+        self.copy.channels.len()
+            + usize::from(self.copy.retained.is_some())
+            + 2 * usize::from(self.copy.sessions.is_some())
+    }
+}
+
+/// What writing a job came to.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The generation now current, when its manifest landed.
+    pub committed: Option<Committed>,
+    /// Each store written, with the version its file holds.
+    pub written: Vec<(Store, u64)>,
+    /// Files written and files that failed, by name.
+    pub report: WriteReport,
+    /// How many files no manifest lists any more were removed.
+    pub removed: usize,
+}
+
+impl Generations {
+    /// The generations of `dir`, whose current generation is `committed`,
+    /// for `provider` as it was just loaded from it: a store whose file the
+    /// generation lists, not marked behind, is taken as written at the
+    /// version it has now; any other (a store with no file yet, or one
+    /// whose newer state a failed write lost) is written at the next
+    /// generation.
+    pub fn new(
+        dir: &Path,
+        options: SnapshotOptions,
+        committed: Committed,
+        provider: &MemoryProvider,
+    ) -> Generations {
+        let mut written = HashMap::new();
+        for (store, version) in provider.store_versions(&options) {
+            if committed.files.get(&store).is_some_and(|f| !f.behind) {
+                written.insert(store, version);
+            }
+        }
+        Generations {
+            dir: dir.to_path_buf(),
+            options,
+            captured: written.clone(),
+            written,
+            committed,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn committed(&self) -> &Committed {
+        &self.committed
+    }
+
+    /// Copies every store of `provider` that changed since it was last
+    /// captured, as the generation after the current one; `None` when none
+    /// did. Cheap: counters, positions and shared record handles (see
+    /// [`copy_changed`]); the caller runs it at the moment the generation
+    /// is to hold.
+    pub fn capture(&mut self, provider: &MemoryProvider, captured_at: UnixNanos) -> Option<Job> {
+        let copy = copy_changed(provider, &self.options, captured_at, &self.captured);
+        if copy.is_empty() {
+            return None;
+        }
+        for (store, version) in copy.versions() {
+            self.captured.insert(store, version);
+        }
+        Some(Job {
+            copy,
+            base: self.committed.clone(),
+            parallel_files: self.options.parallel_files,
+        })
+    }
+
+    /// Takes in what writing a job came to: the generation it committed,
+    /// the stores it wrote; every store it did not write is written again
+    /// at the next generation.
+    pub fn settle(&mut self, outcome: &Outcome) {
+        let written: HashMap<&Store, u64> = outcome.written.iter().map(|(s, v)| (s, *v)).collect();
+        if let Some(committed) = &outcome.committed {
+            self.committed = committed.clone();
+            for (store, version) in &written {
+                self.written.insert((*store).clone(), *version);
+            }
+        } else {
+            // Nothing landed: the highest number used still moves on, so
+            // the next attempt never writes under a leftover's name.
+            self.committed.highest = self.committed.highest.max(self.committed.next_generation());
+        }
+        // What was captured and not written is dirty again.
+        self.captured = self.written.clone();
+    }
+
+    /// Whether any store changed since its file was written or captured.
+    pub fn has_changes(&self, provider: &MemoryProvider) -> bool {
+        provider
+            .store_versions(&self.options)
+            .into_iter()
+            .any(|(store, version)| self.captured.get(&store) != Some(&version))
+    }
+}
+
+/// Writes `job` into `dir` as the generation after `job.base`, telling
+/// `observer` as each file starts and ends. Never stops at the first
+/// failure: every file that could not be written is in the report, and
+/// each leaves its store's previous file current.
+pub fn write_generation(dir: &Path, job: &Job, observer: &dyn WriteObserver) -> Outcome {
+    let generation = job.base.next_generation();
+    let stamp = job.copy.captured_at;
+    let mut report = WriteReport::default();
+    let mut outcome = Outcome {
+        committed: None,
+        written: Vec::new(),
+        report: WriteReport::default(),
+        removed: 0,
+    };
+    if let Err(error) = snapshot_write::create_dir(dir) {
+        report.failed.push(FailedFile {
+            file_name: String::new(),
+            name: "snapshot directory".into(),
+            path: dir.to_path_buf(),
+            error,
+        });
+        outcome.report = report;
+        return outcome;
+    }
+
+    // 1. The changed stores' files, each under this generation's name.
+    let files =
+        snapshot_write::write_files(dir, &job.copy, generation, job.parallel_files, observer);
+    let mut entries = job.base.files.clone();
+    let mut fresh: Vec<String> = Vec::new();
+    for file in files {
+        match file.result {
+            Ok(written) => {
+                fresh.push(written.file_name.clone());
+                entries.insert(
+                    file.store.clone(),
+                    GenerationFile {
+                        kind: file.store.kind(),
+                        channel: file.store.channel(),
+                        file_name: written.file_name.clone(),
+                        generation,
+                        written_at: stamp,
+                        length: written.bytes,
+                        checksum: written.checksum,
+                        behind: false,
+                    },
+                );
+                outcome.written.push((file.store, file.version));
+                report.written.push(written);
+            }
+            Err(failed) => {
+                // The previous file stays, marked: what it holds is older
+                // than the store.
+                if let Some(entry) = entries.get_mut(&file.store) {
+                    entry.behind = true;
+                }
+                report.failed.push(failed);
+            }
+        }
+    }
+
+    // 2. Every new name durable before the manifest names it.
+    let synced = snapshot_write::sync_dir(dir);
+    let manifest = Generation {
+        generation,
+        captured_at: stamp,
+        files: entries.values().cloned().collect(),
+    };
+    let committed = synced.and_then(|()| {
+        let bytes = f21::encode(&SnapshotFile::Generation(manifest), stamp);
+        observer.started(MANIFEST_FILE);
+        // 3. The commit: one rename, then made durable.
+        let written = snapshot_write::write_durable(dir, MANIFEST_FILE, &bytes)
+            .and_then(|()| snapshot_write::sync_dir(dir));
+        observer.finished(MANIFEST_FILE);
+        written.map(|()| bytes.len() as u64)
+    });
+    match committed {
+        Ok(bytes) => {
+            report.written.push(WrittenFile {
+                file_name: MANIFEST_FILE.into(),
+                name: format!("manifest of generation {generation}"),
+                bytes,
+                records: 0,
+                checksum: 0,
+            });
+            // 4. Files no manifest lists any more: the ones the new files
+            // replaced.
+            let listed: std::collections::HashSet<&str> =
+                entries.values().map(|e| e.file_name.as_str()).collect();
+            for old in job.base.files.values() {
+                if !listed.contains(old.file_name.as_str())
+                    && std::fs::remove_file(dir.join(&old.file_name)).is_ok()
+                {
+                    outcome.removed += 1;
+                }
+            }
+            outcome.committed = Some(Committed {
+                generation,
+                captured_at: stamp,
+                files: entries,
+                highest: job.base.highest.max(generation),
+            });
+        }
+        Err(error) => {
+            report.failed.push(FailedFile {
+                file_name: MANIFEST_FILE.into(),
+                name: format!("manifest of generation {generation}"),
+                path: dir.join(MANIFEST_FILE),
+                error,
+            });
+            // Nothing lists the new files: they go, and the previous
+            // generation stays current, every store of this one to be
+            // written again.
+            for name in &fresh {
+                let _ = std::fs::remove_file(dir.join(name));
+            }
+            outcome.written.clear();
+        }
+    }
+    outcome.report = report;
+    outcome
+}
+
+/// Removes what no generation will read: every generation-numbered data
+/// file the current generation does not list (a generation that never
+/// committed, or one whose files were replaced and not yet removed), and
+/// the temporary files such generations left. Files under fixed names are
+/// left alone until a generation replaces them. Run at startup, once the
+/// directory is loaded; returns the names removed.
+pub fn tidy(dir: &Path, committed: &Committed) -> Vec<String> {
+    let listed: std::collections::HashSet<&str> = committed
+        .files
+        .values()
+        .map(|f| f.file_name.as_str())
+        .collect();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        let unfinished = name.strip_suffix(TEMP_SUFFIX);
+        let data_name = unfinished.unwrap_or(&name);
+        let numbered = split_generation_file_name(data_name).is_some()
+            && data_file(data_name).is_some_and(|(store, _)| store.is_some());
+        let ours = numbered && (unfinished.is_some() || !listed.contains(data_name));
+        // A temporary file of the manifest is a commit that never landed.
+        let manifest_temp = name == temp_file_name(MANIFEST_FILE);
+        if (ours || manifest_temp) && std::fs::remove_file(entry.path()).is_ok() {
+            removed.push(name);
+        }
+    }
+    removed.sort();
+    removed
+}
+
+#[cfg(test)]
+mod tests;
