@@ -155,7 +155,7 @@ fn good_fixtures_are_valid_and_summarised() {
     assert!(text.contains("reserve 270336 bytes (66 pages"), "{text}");
     assert!(
         text.contains(
-            "retained messages: provider mem (memory): kept as of the last successful snapshot"
+            "retained messages: provider mem (memory): kept as of the last snapshot generation (written to /var/lib/saguin/snapshots 250ms after the last change, at most 2s after a change); a crash, an OOM kill or a power cut loses up to the last 2s"
         ),
         "{text}"
     );

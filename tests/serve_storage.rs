@@ -246,7 +246,7 @@ fn holdings(dir: &Path) -> Vec<(String, Value)> {
         .as_array()
         .expect("files")
         .iter()
-        .filter(|f| f["role"] != "manifest")
+        .filter(|f| f["role"] != "manifest" && f["status"] != "not-current")
         .map(|f| {
             let c = &f["contents"];
             let kept = match f["role"].as_str() {
@@ -279,9 +279,29 @@ fn holdings(dir: &Path) -> Vec<(String, Value)> {
                 }),
                 other => panic!("unexpected file role {other:?} in {}", dir.display()),
             };
-            (f["name"].as_str().unwrap().to_owned(), kept)
+            // By what it holds: the name a generation gave it without the
+            // generation's number.
+            let name = f["name"].as_str().unwrap().to_owned();
+            let name = saguin_format::channel_name::split_generation_file_name(&name)
+                .map_or(name, |(base, _)| base);
+            (name, kept)
         })
         .collect()
+}
+
+/// Publishes a retained message at QoS 1 and waits for its PUBACK: once it
+/// returns, the provider holds the message.
+fn publish_retained_and_wait(addr: std::net::SocketAddr, topic: &str) {
+    use broker_support::{v5, ConnectOpts, Raw};
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let mut client = Raw::tcp(addr, v5()).await;
+            client.connect("keeper", ConnectOpts::clean()).await;
+            client.publish_acked(topic, b"kept", 1, true, 1).await;
+        });
 }
 
 fn verify_accepts(dir: &Path) {
@@ -309,13 +329,11 @@ fn a_graceful_stop_writes_the_snapshot_verify_accepts_and_a_restart_loads_it() {
     let mut first = Broker::start(&yaml);
     assert_eq!(first.terminate(), Some(0), "{}", first.log_text());
     let log = first.log_text();
-    for file in [
-        "saguin.manifest",
-        RETAINED_FILE,
-        "saguin.broadcast",
-        "saguin.sessions",
-    ] {
-        assert!(snap.join(file).is_file(), "{file} not written; log: {log}");
+    // The stop commits the directory's first generation: the sessions
+    // pair written again (the restore ended a session that expired while
+    // the broker was down), the retained store, unchanged, listed under the
+    // name it had.
+    for file in ["saguin.1.broadcast", "saguin.1.sessions", "saguin.manifest"] {
         assert!(
             log.contains(&format!(
                 "msg=\"snapshot file written\" provider=mem dir={} file={file}",
@@ -324,6 +342,11 @@ fn a_graceful_stop_writes_the_snapshot_verify_accepts_and_a_restart_loads_it() {
             "{file} not logged; log: {log}"
         );
     }
+    assert!(snap.join(RETAINED_FILE).is_file(), "log: {log}");
+    assert!(
+        !log.contains(&format!("file={RETAINED_FILE}")),
+        "the retained store was written again; log: {log}"
+    );
     assert!(log.contains("msg=\"storage closed\""), "log: {log}");
     verify_accepts(&snap);
     let written = holdings(&snap);
@@ -386,9 +409,11 @@ fn a_snapshot_that_cannot_be_written_is_named_and_the_exit_is_not_zero() {
     let snap = data.path().join("snap");
     let mut broker = Broker::start(&config(0, &memory_provider(&snap, ""), BOTH_ON_MEM));
     // The directory goes away under the running broker and a plain file
-    // takes its name: the write at shutdown cannot create it.
+    // takes its name: no generation can be written, and a retained message
+    // published after makes sure the stop has one to write.
     std::fs::rename(&snap, data.path().join("moved")).unwrap();
     std::fs::write(&snap, b"not a directory").unwrap();
+    publish_retained_and_wait(broker.addr(), "kept/after/the/move");
     assert_eq!(broker.terminate(), Some(3), "{}", broker.log_text());
     let log = broker.log_text();
     assert!(
@@ -403,13 +428,23 @@ fn a_second_signal_during_a_long_stop_says_what_is_still_being_written() {
     let data = tempfile::tempdir().expect("tempdir");
     let snap = data.path().join("snap");
     std::fs::create_dir(&snap).unwrap();
-    // The manifest is written to saguin.manifest.tmp first; a FIFO there
+    // The manifest is written last, to saguin.manifest.tmp; a FIFO there
     // holds the stop inside that write until this test reads it.
     let fifo = snap.join("saguin.manifest.tmp");
+    // Written only at the stop, so no generation is written before it.
+    let mut broker = Broker::start(&config(
+        0,
+        &memory_provider(
+            &snap,
+            "    snapshot_debounce: none\n    snapshot_max_delay: none\n",
+        ),
+        BOTH_ON_MEM,
+    ));
+    // Made once the broker started: a start removes a temporary file a
+    // commit left behind.
     let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path; mkfifo touches nothing else.
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
-    let mut broker = Broker::start(&config(0, &memory_provider(&snap, ""), BOTH_ON_MEM));
     let pid = broker.child.id() as i32;
     let sigterm = || {
         // SAFETY: signalling the child this test started.
@@ -437,8 +472,8 @@ fn a_second_signal_during_a_long_stop_says_what_is_still_being_written() {
     };
     assert!(said.contains("storage provider mem"), "{said}");
     // Let the write through: the bytes go into the pipe, whose fsync fails,
-    // so the manifest is a named failure and the stop exits 3 after
-    // writing the rest.
+    // so the manifest is a named failure, the generation does not commit
+    // and the stop exits 3.
     let mut reader = std::fs::File::open(&fifo).unwrap();
     let mut sink = Vec::new();
     std::io::Read::read_to_end(&mut reader, &mut sink).unwrap();
@@ -452,5 +487,11 @@ fn a_second_signal_during_a_long_stop_says_what_is_still_being_written() {
         )),
         "{log}"
     );
-    assert!(snap.join(RETAINED_FILE).is_file(), "{log}");
+    // Nothing lists the generation's files: they went with it.
+    let left: Vec<String> = std::fs::read_dir(&snap)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".snapshot") || n.ends_with(".sessions"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}: {log}");
 }

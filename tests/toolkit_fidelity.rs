@@ -320,28 +320,44 @@ fn write_world(dir: &Path, s: &Shape) {
     }
 }
 
-/// Every snapshot file's bytes without what a writer stamps: the header's
-/// writer and written-at, the checksum over them, and the manifest's
-/// moment (FORMAT.md §2.1: a 45-byte header, a 4-byte trailer).
+/// Every data file's bytes without what a writer stamps (the header's
+/// writer and written-at, the checksum over them: FORMAT.md §2.1, a 45-byte
+/// header and a 4-byte trailer), by the fixed name of what it holds: a
+/// generation's number is taken out of a file's name. The manifests are
+/// left out: a directory written before generations has a shutdown's, a
+/// migration writes a generation's, and each names its own files.
 fn bodies(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap())
         .filter(|e| {
             let n = e.file_name().to_string_lossy().into_owned();
-            n.ends_with(".snapshot") || (n.starts_with("saguin.") && n != "saguin.lock")
+            n.ends_with(".snapshot")
+                || (n.starts_with("saguin.") && n != "saguin.lock" && n != MANIFEST_FILE)
         })
         .map(|e| {
             let bytes = std::fs::read(e.path()).unwrap();
             let name = e.file_name().to_string_lossy().into_owned();
-            let skip = if name == MANIFEST_FILE { 45 + 8 } else { 45 };
-            (name, bytes[skip..bytes.len() - 4].to_vec())
+            let name = saguin_format::channel_name::split_generation_file_name(&name)
+                .map_or(name, |(base, _)| base);
+            (name, bytes[45..bytes.len() - 4].to_vec())
         })
         .collect()
 }
 
+/// The file of the directory's current generation that holds what `base`
+/// (a fixed name) names: itself in a directory written before
+/// generations.
+fn current(dir: &Path, base: &str) -> PathBuf {
+    saguin::storage::generation::read_committed(dir)
+        .files
+        .into_iter()
+        .find(|(store, _)| store.base_name() == base)
+        .map_or_else(|| dir.join(base), |(_, f)| dir.join(f.file_name))
+}
+
 fn decoded(dir: &Path, name: &str) -> SnapshotFile {
-    f21::decode(&std::fs::read(dir.join(name)).unwrap())
+    f21::decode(&std::fs::read(current(dir, name)).unwrap())
         .unwrap()
         .1
 }

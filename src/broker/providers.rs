@@ -917,7 +917,11 @@ fn write_memory(
         dir.display()
     ));
     let mut generations = writer.generations();
-    let Some(job) = generations.capture(writer.provider(), contract::now_nanos()) else {
+    let now = contract::now_nanos();
+    let job = generations
+        .capture(writer.provider(), now)
+        .or_else(|| generations.adopt(now));
+    let Some(job) = job else {
         let committed = generations.committed();
         tracing::info!(provider = %name, dir = %dir.display(), generation = committed.generation,
             captured_at = %lock::rfc3339(committed.captured_at),

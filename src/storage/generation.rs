@@ -314,6 +314,25 @@ impl Generations {
         })
     }
 
+    /// A generation that writes no file and commits the current files as
+    /// they are: what a graceful stop writes over a directory with no
+    /// generation manifest yet (one a build before generations wrote), so
+    /// that the stop leaves a directory `snapshot verify` calls one
+    /// generation. `None` when the directory already has one, or holds
+    /// nothing.
+    pub fn adopt(&self, captured_at: UnixNanos) -> Option<Job> {
+        (self.committed.generation == 0 && !self.committed.files.is_empty()).then(|| Job {
+            copy: ProviderCopy {
+                captured_at,
+                channels: Vec::new(),
+                retained: None,
+                sessions: None,
+            },
+            base: self.committed.clone(),
+            parallel_files: self.options.parallel_files,
+        })
+    }
+
     /// Takes in what writing a job came to: the generation it committed,
     /// the stores it wrote; every store it did not write is written again
     /// at the next generation.

@@ -1,1 +1,389 @@
+use std::fs;
+use std::sync::Arc;
 
+use saguin_format::channel_name::{MANIFEST_FILE, SESSIONS_FILE};
+use saguin_format::f21::{Manifest, ManifestEntry};
+use saguin_format::model::{ChannelKind, Record};
+
+use super::*;
+use crate::storage::contract::{Provider, SessionEntry, SessionStore};
+use crate::storage::memory::MemoryConfig;
+use crate::storage::snapshot_dir::{self, FindingKind, ScanOptions};
+
+fn provider() -> Arc<MemoryProvider> {
+    MemoryProvider::new(MemoryConfig {
+        name: "mem".into(),
+        max_bytes: None,
+        reserve: 0,
+    })
+    .unwrap()
+}
+
+fn append(p: &MemoryProvider, channel: &str, payload: &str) {
+    p.open_channel(channel, ChannelKind::Append)
+        .unwrap()
+        .as_append()
+        .unwrap()
+        .append(Record::new(channel, payload))
+        .unwrap();
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Captures and writes the next generation, as the broker does.
+fn generation(g: &mut Generations, p: &MemoryProvider, at: i64) -> Option<Outcome> {
+    let job = g.capture(p, at)?;
+    let outcome = write_generation(&g.dir().to_path_buf(), &job, &Unobserved);
+    g.settle(&outcome);
+    Some(outcome)
+}
+
+fn codes(dir: &Path) -> Vec<&'static str> {
+    snapshot_dir::scan_checking(dir, &ScanOptions::default())
+        .unwrap()
+        .findings
+        .iter()
+        .map(FindingKind::code)
+        .collect()
+}
+
+#[test]
+fn a_generation_writes_only_the_stores_that_changed_and_lists_the_rest() {
+    let d = tempfile::tempdir().unwrap();
+    let p = provider();
+    append(&p, "a", "1");
+    append(&p, "b", "1");
+    let mut g = Generations::new(
+        d.path(),
+        SnapshotOptions::default(),
+        Committed::default(),
+        &p,
+    );
+    let first = generation(&mut g, &p, 10).expect("two new stores");
+    assert_eq!(first.committed.as_ref().unwrap().generation, 1);
+    assert_eq!(
+        names(d.path()),
+        ["a.1.snapshot", "b.1.snapshot", MANIFEST_FILE]
+    );
+    assert!(generation(&mut g, &p, 11).is_none(), "nothing changed");
+
+    append(&p, "a", "2");
+    let second = generation(&mut g, &p, 20).expect("a changed");
+    let written: Vec<&str> = second
+        .report
+        .written
+        .iter()
+        .map(|w| w.file_name.as_str())
+        .collect();
+    assert_eq!(written, ["a.2.snapshot", MANIFEST_FILE]);
+    // The file a's new one replaced is gone; b's stays, listed as it was.
+    assert_eq!(
+        names(d.path()),
+        ["a.2.snapshot", "b.1.snapshot", MANIFEST_FILE]
+    );
+    let committed = read_committed(d.path());
+    assert_eq!(committed.generation, 2);
+    assert_eq!(committed.captured_at, 20);
+    let listed: Vec<(&str, u64, i64)> = committed
+        .files
+        .values()
+        .map(|f| (f.file_name.as_str(), f.generation, f.written_at))
+        .collect();
+    assert_eq!(listed, [("a.2.snapshot", 2, 20), ("b.1.snapshot", 1, 10)]);
+    assert!(codes(d.path()).is_empty(), "{:?}", codes(d.path()));
+
+    // What a restart loads is the second generation: a with both records.
+    let loaded = snapshot_dir::load(d.path(), &ScanOptions::default()).unwrap();
+    assert_eq!(loaded.channels["a"].file.records.len(), 2);
+    assert_eq!(loaded.channels["b"].file.records.len(), 1);
+}
+
+#[test]
+fn a_manifest_that_cannot_be_written_leaves_the_previous_generation_whole() {
+    let d = tempfile::tempdir().unwrap();
+    let p = provider();
+    append(&p, "a", "1");
+    let mut g = Generations::new(
+        d.path(),
+        SnapshotOptions::default(),
+        Committed::default(),
+        &p,
+    );
+    generation(&mut g, &p, 10).unwrap();
+    let before = names(d.path());
+    append(&p, "a", "2");
+    // A directory squatting on the manifest's temporary name: its write
+    // fails after a's new file was written.
+    fs::create_dir(d.path().join(temp_file_name(MANIFEST_FILE))).unwrap();
+    let failed = generation(&mut g, &p, 20).unwrap();
+    assert!(failed.committed.is_none());
+    assert!(failed
+        .report
+        .failed
+        .iter()
+        .any(|f| f.file_name == MANIFEST_FILE));
+    // The new file went with it: the directory is the first generation.
+    let mut after = names(d.path());
+    after.retain(|n| !n.ends_with(".tmp"));
+    assert_eq!(after, before);
+    assert_eq!(g.committed().generation, 1);
+    assert!(g.has_changes(&p), "a is written again at the next attempt");
+
+    fs::remove_dir(d.path().join(temp_file_name(MANIFEST_FILE))).unwrap();
+    let retried = generation(&mut g, &p, 30).unwrap();
+    let committed = retried.committed.unwrap();
+    // Numbered past the attempt that did not land.
+    assert_eq!(committed.generation, 3);
+    assert_eq!(committed.files[&Store::Channel("a".into())].written_at, 30);
+    assert!(codes(d.path()).is_empty(), "{:?}", codes(d.path()));
+}
+
+#[test]
+fn a_copy_that_mixes_two_generations_is_refused_naming_the_file() {
+    let d = tempfile::tempdir().unwrap();
+    let p = provider();
+    append(&p, "a", "1");
+    append(&p, "b", "1");
+    let mut g = Generations::new(
+        d.path(),
+        SnapshotOptions::default(),
+        Committed::default(),
+        &p,
+    );
+    generation(&mut g, &p, 10).unwrap();
+    let first = tempfile::tempdir().unwrap();
+    for name in names(d.path()) {
+        fs::copy(d.path().join(&name), first.path().join(&name)).unwrap();
+    }
+    append(&p, "a", "2");
+    generation(&mut g, &p, 20).unwrap();
+
+    // The second generation's manifest with the first's files: what a copy
+    // that read the manifest after the others were copied holds.
+    let mixed = tempfile::tempdir().unwrap();
+    for name in names(first.path()) {
+        fs::copy(first.path().join(&name), mixed.path().join(&name)).unwrap();
+    }
+    fs::copy(
+        d.path().join(MANIFEST_FILE),
+        mixed.path().join(MANIFEST_FILE),
+    )
+    .unwrap();
+    let report = snapshot_dir::scan_checking(mixed.path(), &ScanOptions::default()).unwrap();
+    let failures: Vec<String> = report
+        .verification_failures()
+        .map(|f| f.to_string())
+        .collect();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(failures[0].starts_with("a.2.snapshot: listed by the manifest and not there"));
+
+    // A file under the listed name that is not the listed file (another
+    // broker's generation 2, say) is refused too, naming it.
+    let other = provider();
+    append(&other, "a", "elsewhere");
+    append(&other, "a", "and again");
+    let foreign = tempfile::tempdir().unwrap();
+    let mut og = Generations::new(
+        foreign.path(),
+        SnapshotOptions::default(),
+        Committed::default(),
+        &other,
+    );
+    generation(&mut og, &other, 15).unwrap();
+    append(&other, "a", "third");
+    generation(&mut og, &other, 20).unwrap();
+    fs::copy(
+        foreign.path().join("a.2.snapshot"),
+        mixed.path().join("a.2.snapshot"),
+    )
+    .unwrap();
+    let report = snapshot_dir::scan_checking(mixed.path(), &ScanOptions::default()).unwrap();
+    let failures: Vec<String> = report
+        .verification_failures()
+        .map(|f| f.to_string())
+        .collect();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(
+        failures[0].starts_with("a.2.snapshot: not the file the manifest's generation lists"),
+        "{failures:?}"
+    );
+    assert!(!report.is_loadable());
+}
+
+#[test]
+fn tidying_removes_only_what_no_generation_will_read() {
+    let d = tempfile::tempdir().unwrap();
+    let p = provider();
+    append(&p, "a", "1");
+    let mut g = Generations::new(
+        d.path(),
+        SnapshotOptions::default(),
+        Committed::default(),
+        &p,
+    );
+    generation(&mut g, &p, 10).unwrap();
+    for leftover in [
+        "a.2.snapshot",        // a generation that never committed
+        "a.2.snapshot.tmp",    // and its file cut short
+        "saguin.manifest.tmp", // its commit cut short
+        "saguin.3.sessions",   // another store's uncommitted file
+    ] {
+        fs::write(d.path().join(leftover), b"x").unwrap();
+    }
+    for kept in [
+        "b.snapshot",     // a fixed name: a build before generations wrote it
+        "b.snapshot.tmp", // its write cut short: reported, not ours to judge
+        "notes.txt",
+        "saguin.lock",
+    ] {
+        fs::write(d.path().join(kept), b"x").unwrap();
+    }
+    let removed = tidy(d.path(), &read_committed(d.path()));
+    assert_eq!(
+        removed,
+        [
+            "a.2.snapshot",
+            "a.2.snapshot.tmp",
+            "saguin.3.sessions",
+            "saguin.manifest.tmp"
+        ]
+    );
+    assert_eq!(
+        names(d.path()),
+        [
+            "a.1.snapshot",
+            "b.snapshot",
+            "b.snapshot.tmp",
+            "notes.txt",
+            "saguin.lock",
+            MANIFEST_FILE
+        ]
+    );
+}
+
+#[test]
+fn a_directory_a_build_before_generations_wrote_is_carried_on_store_by_store() {
+    let d = tempfile::tempdir().unwrap();
+    let p = provider();
+    append(&p, "a", "1");
+    append(&p, "b", "1");
+    let session = SessionEntry {
+        client_id: "c".into(),
+        principal: None,
+        expiry_interval: 60,
+        detached_at: 0,
+        subscriptions: Vec::new(),
+        will: None,
+        window: 10,
+        inflight: Vec::new(),
+    };
+    p.session_store().save(session).unwrap();
+    let options = SnapshotOptions {
+        sessions: true,
+        ..SnapshotOptions::default()
+    };
+    // Fixed names and a shutdown's manifest (kind 2).
+    let mut g = Generations::new(d.path(), options.clone(), Committed::default(), &p);
+    generation(&mut g, &p, 10).unwrap();
+    let committed = read_committed(d.path());
+    for (store, file) in &committed.files {
+        fs::rename(
+            d.path().join(&file.file_name),
+            d.path().join(store.base_name()),
+        )
+        .unwrap();
+    }
+    let manifest = Manifest {
+        began_at: 10,
+        channels: ["a", "b"]
+            .iter()
+            .map(|c| ManifestEntry {
+                channel: (*c).into(),
+                file_name: encode_file_name(c),
+                kind: ChannelKind::Append,
+            })
+            .collect(),
+        retained: false,
+        sessions: true,
+        broadcast: true,
+    };
+    fs::write(
+        d.path().join(MANIFEST_FILE),
+        f21::encode(&SnapshotFile::Manifest(manifest), 10),
+    )
+    .unwrap();
+
+    // Loaded as a broker would: each fixed-name file adopted as it is.
+    let report = snapshot_dir::scan(d.path(), &ScanOptions::default()).unwrap();
+    assert!(report.findings.is_empty(), "{:?}", report.findings);
+    let adopted = report.committed.clone();
+    assert_eq!(adopted.generation, 0);
+    assert!(adopted.files.values().all(|f| f.generation == 0));
+    let loaded = provider();
+    let mut g = Generations::new(d.path(), options, adopted, &loaded);
+    // Stores the provider holds nothing of are not "changed": the
+    // provider here loaded nothing, so write one store of its own.
+    append(&loaded, "a", "fresh");
+    let outcome = generation(&mut g, &loaded, 20).unwrap();
+    let written: Vec<&str> = outcome
+        .report
+        .written
+        .iter()
+        .map(|w| w.file_name.as_str())
+        .collect();
+    assert!(written.contains(&"a.1.snapshot"), "{written:?}");
+    // a's fixed-name file was replaced and removed; b's and the sessions
+    // pair's stay, listed under their fixed names until written again.
+    let mut left = names(d.path());
+    left.retain(|n| n != "saguin.1.broadcast" && n != "saguin.1.sessions");
+    assert_eq!(
+        left,
+        [
+            "a.1.snapshot",
+            "b.snapshot",
+            "saguin.broadcast",
+            MANIFEST_FILE,
+            SESSIONS_FILE
+        ]
+    );
+    let committed = read_committed(d.path());
+    assert_eq!(
+        committed.files[&Store::Channel("b".into())].file_name,
+        "b.snapshot"
+    );
+    assert!(codes(d.path()).is_empty(), "{:?}", codes(d.path()));
+}
+
+#[test]
+fn a_store_with_no_file_or_one_left_behind_is_a_change_from_the_start() {
+    let d = tempfile::tempdir().unwrap();
+    let p = provider();
+    append(&p, "a", "1");
+    let g = Generations::new(
+        d.path(),
+        SnapshotOptions::default(),
+        Committed::default(),
+        &p,
+    );
+    assert!(g.has_changes(&p), "a has no file yet");
+
+    let mut g = g;
+    generation(&mut g, &p, 10).unwrap();
+    let mut committed = read_committed(d.path());
+    let g = Generations::new(d.path(), SnapshotOptions::default(), committed.clone(), &p);
+    assert!(!g.has_changes(&p), "a's file is its state");
+    committed
+        .files
+        .get_mut(&Store::Channel("a".into()))
+        .unwrap()
+        .behind = true;
+    let g = Generations::new(d.path(), SnapshotOptions::default(), committed, &p);
+    assert!(g.has_changes(&p), "a's file is behind its state");
+}
