@@ -665,3 +665,155 @@ fn an_io_error_writing_the_write_ahead_log_fails_the_provider() {
     // Past the writes that create the schema at the first start.
     injected_fault_fails_the_provider("db:wal:write:300:EIO", "io");
 }
+
+/// A database of `records` records of 2 KiB in channel `telemetry`, made
+/// where the test's temp directories are (not on the volume).
+fn source_database(dir: &Path, records: u32) -> PathBuf {
+    let db = dir.join("source.db");
+    let provider = SqliteProvider::open(SqliteOptions::new("source", &db)).unwrap();
+    let store: Arc<dyn AppendStore> = provider
+        .open_channel("telemetry", ChannelKind::Append)
+        .unwrap()
+        .as_append()
+        .unwrap()
+        .clone();
+    for i in 0..records {
+        store
+            .append(saguin_format::model::Record::new("telemetry/x", payload(i)))
+            .unwrap();
+    }
+    provider.close().unwrap();
+    db
+}
+
+/// The file's CRC-32: what is compared to tell it was not touched.
+fn digest(path: &Path) -> u32 {
+    crc32fast::hash(&std::fs::read(path).unwrap())
+}
+
+/// What is in `dir`, by name.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Runs `saguin ARGS` expecting exit 3 with the destination named, and
+/// nothing new left in `dest_dir` but `allowed`.
+fn refused_for_space(args: &[&std::ffi::OsStr], dest: &Path, dest_dir: &Path, allowed: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "exit status; stderr: {stderr}");
+    assert!(
+        stderr.contains(&*dest.to_string_lossy()) || stderr.contains(&*dest_dir.to_string_lossy()),
+        "the destination is not named: {stderr}"
+    );
+    assert!(
+        stderr.to_lowercase().contains("space") || stderr.contains("full"),
+        "the cause is not said: {stderr}"
+    );
+    let left: Vec<String> = names_in(dest_dir)
+        .into_iter()
+        .filter(|n| !allowed.contains(&n.as_str()))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "left behind in {}: {left:?}; {stderr}",
+        dest_dir.display()
+    );
+}
+
+#[test]
+fn sqlite_backup_onto_a_full_volume_exits_3_and_leaves_nothing() {
+    let test = "sqlite_backup_onto_a_full_volume_exits_3_and_leaves_nothing";
+    let Some(volume) = Volume::tmpfs(test, "1m") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = source_database(dir.path(), 1000);
+    let before = digest(&db);
+    let dest = volume.path.join("backup.db");
+    refused_for_space(
+        &[
+            "sqlite".as_ref(),
+            "backup".as_ref(),
+            db.as_os_str(),
+            dest.as_os_str(),
+        ],
+        &dest,
+        &volume.path,
+        &[],
+    );
+    assert_eq!(digest(&db), before, "the source was touched");
+    sqlite_verify(&db);
+}
+
+#[test]
+fn migrate_onto_a_full_volume_exits_3_and_leaves_nothing_that_looks_complete() {
+    let test = "migrate_onto_a_full_volume_exits_3_and_leaves_nothing_that_looks_complete";
+    let Some(volume) = Volume::tmpfs(test, "1m") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = source_database(dir.path(), 1000);
+    let before = digest(&db);
+    // to-snapshots: a directory, onto the full volume.
+    let snapshots = volume.path.join("snapshots");
+    refused_for_space(
+        &[
+            "migrate".as_ref(),
+            "to-snapshots".as_ref(),
+            db.as_os_str(),
+            snapshots.as_os_str(),
+        ],
+        &snapshots,
+        &volume.path,
+        // Taking the destination's lock creates its lock file.
+        &["saguin.lock"],
+    );
+    assert_eq!(digest(&db), before, "the source was touched");
+    // to-sqlite: a database, onto the full volume, from snapshots made
+    // where there is room.
+    let made = dir.path().join("snapshots");
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["migrate", "to-snapshots"])
+        .arg(&db)
+        .arg(&made)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Taking the source's lock creates its lock file, the one thing a
+    // migration creates beside its source: every other file is compared.
+    let files = |dir: &Path| {
+        names_in(dir)
+            .into_iter()
+            .filter(|n| n != "saguin.lock")
+            .map(|n| (digest(&dir.join(&n)), n))
+            .collect::<Vec<_>>()
+    };
+    let before = files(&made);
+    let dest = volume.path.join("migrated.db");
+    refused_for_space(
+        &[
+            "migrate".as_ref(),
+            "to-sqlite".as_ref(),
+            made.as_os_str(),
+            dest.as_os_str(),
+        ],
+        &dest,
+        &volume.path,
+        &["saguin.lock", "migrated.db.lock"],
+    );
+    let after = files(&made);
+    assert_eq!(after, before, "the source directory was touched");
+}
