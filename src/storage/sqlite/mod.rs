@@ -1505,7 +1505,8 @@ impl SqliteProvider {
                 let faults = vfs::Faults::parse(&spec, &options.name).map_err(settings)?;
                 (!faults.is_empty()).then(|| Arc::new(faults))
             }
-            Err(_) => None,
+            // A plan a test armed for this file itself.
+            Err(_) => vfs::armed(&path),
         };
         if let Some(faults) = &faults {
             tracing::warn!(provider = %options.name, file = %path.display(), plan = %std::env::var(vfs::INJECT_ENV).unwrap_or_default(),
@@ -2131,3 +2132,6 @@ pub fn open_read_only(path: &Path) -> Result<Connection, SqliteOpenError> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fault_tests;

@@ -106,15 +106,37 @@ struct Rule {
 }
 
 /// The failures planned for one database's files.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Faults {
     rules: Vec<Rule>,
+    /// Calls are counted (and fail) only while set: a test opens a
+    /// provider, then counts from the moment it means.
+    counting: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Faults {
+    fn default() -> Faults {
+        Faults {
+            rules: Vec::new(),
+            counting: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
 }
 
 impl Faults {
     /// A plan with no rules.
     pub fn new() -> Faults {
         Faults::default()
+    }
+
+    /// Counts nothing until [`Faults::start_counting`].
+    pub fn paused(self) -> Faults {
+        self.counting.store(false, Ordering::Relaxed);
+        self
+    }
+
+    pub fn start_counting(&self) {
+        self.counting.store(true, Ordering::Relaxed);
     }
 
     /// Fails the `nth` call (from 1) of `op` on `role` with `errno`; with
@@ -179,6 +201,9 @@ impl Faults {
     /// Counts a call of `op` on `role` and answers the `errno` it is
     /// planned to fail with, if it is.
     pub fn injected(&self, role: FileRole, op: Op) -> Option<i32> {
+        if !self.counting.load(Ordering::Relaxed) {
+            return None;
+        }
         let mut out = None;
         for rule in self.rules.iter().filter(|r| r.role == role && r.op == op) {
             let n = rule.calls.fetch_add(1, Ordering::Relaxed) + 1;
