@@ -212,7 +212,9 @@ impl PageBounds {
 pub(crate) struct Counters {
     /// Bumped after every commit: the flusher syncs only when it moved.
     pub commits: AtomicU64,
-    /// saguin_storage_errors_total{provider}: failed writes, reads and flushes.
+    /// Failed writes, reads, flushes and checkpoints, as this provider met
+    /// them (the broker counts what its writers met by kind in
+    /// saguin_storage_errors_total{provider,kind}).
     pub storage_errors: AtomicU64,
     /// WAL fsyncs performed.
     pub flushes: AtomicU64,
@@ -1711,7 +1713,7 @@ impl SqliteProvider {
         self.shared.bounds
     }
 
-    /// saguin_storage_errors_total{provider}.
+    /// Failed operations, as this provider met them.
     pub fn storage_errors(&self) -> u64 {
         self.shared.counters.storage_errors.load(Ordering::Relaxed)
     }
