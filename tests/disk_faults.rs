@@ -817,3 +817,73 @@ fn migrate_onto_a_full_volume_exits_3_and_leaves_nothing_that_looks_complete() {
     let after = files(&made);
     assert_eq!(after, before, "the source directory was touched");
 }
+
+#[test]
+fn latest_and_queue_channels_retained_messages_and_the_broadcast_log_refuse_with_0x83_while_full() {
+    let test = "latest_and_queue_channels_retained_messages_and_the_broadcast_log_refuse_with_0x83_while_full";
+    let Some(volume) = Volume::tmpfs(test, "8m") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Everything on the one sqlite provider: sessions, the broadcast log,
+    // retained messages, a latest and a queue channel.
+    let yaml = format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n\
+         channels:\n  - name: devices\n    kind: latest\n    storage: db\n\
+         \x20 - name: jobs\n    kind: queue\n    storage: db\n\
+         broker:\n  session_storage: db\n  retained_storage: db\n",
+        volume.path.join("saguin.db").display()
+    );
+    let mut broker = Broker::start_in(dir, &yaml);
+    runtime().block_on(async {
+        // A persistent subscriber, so a broadcast publish is owed to it
+        // through the log.
+        let mut sub = Raw::tcp(broker.addr(), v5()).await;
+        sub.connect("sub", ConnectOpts::persistent(3600)).await;
+        sub.subscribe(1, "plain/#", 1).await;
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("p", ConnectOpts::clean()).await;
+        for topic in ["devices/a", "jobs/a", "plain/a"] {
+            let stored = publish_each(&mut c, topic, 0..3).await;
+            assert_eq!(stored.acknowledged.len(), 3, "{topic}: {stored:?}");
+        }
+        volume.fill("ballast");
+        // Enough to outgrow what the write-ahead log had room for.
+        for topic in ["devices/b", "jobs/b", "plain/b"] {
+            let mut refused = 0;
+            for round in 0..200u32 {
+                let a = publish_each(&mut c, topic, round * 10..round * 10 + 10).await;
+                refused += a.failed.len();
+                if refused > 0 {
+                    break;
+                }
+            }
+            assert!(refused > 0, "{topic}: nothing refused on a full disk");
+        }
+        // Retained, on the same provider.
+        c.publish("plain/retained", &payload(1), 1, true, 999).await;
+        match c.recv().await {
+            Some(Packet::PubAck(a)) => {
+                assert_eq!(a.reason, ReasonCode::ImplementationSpecificError)
+            }
+            other => panic!("{other:?}"),
+        }
+        std::fs::remove_file(volume.path.join("ballast")).unwrap();
+        for topic in ["devices/c", "jobs/c", "plain/c"] {
+            let stored = publish_each(&mut c, topic, 0..5).await;
+            assert_eq!(
+                stored.acknowledged.len(),
+                5,
+                "{topic} after space returned: {stored:?}"
+            );
+        }
+    });
+    still_running(&mut broker);
+    assert_eq!(
+        log_lines_with(&broker, NO_SPACE),
+        1,
+        "{}",
+        broker.log_text()
+    );
+}
