@@ -89,6 +89,26 @@ consumer, which has no properties, gets each message as it was published \
 (its gaps are still counted in saguin_consumer_gap_total). $share/G/<channel>/# \
 is one group with one place in the channel, each record to one member.
 
+Disk faults: a sqlite provider whose file system has no room (ENOSPC, \
+EDQUOT, the file size limit) refuses the writes that need room with 0x83 - \
+not 0x97, which is kept for a configured max_bytes - and takes them again \
+by itself the moment there is room, with no restart. An I/O error, a failed \
+fsync or a read-only file system fails the provider instead: every write to \
+it is refused with 0x83 until the broker is restarted (SQLite's recovery \
+runs at the open), because after a failed fsync the disk may hold less than \
+a later fsync claims; reads, consumers and acknowledgements of what is \
+stored go on where the disk still reads. An MQTT 3.1.1 publisher is \
+disconnected without an acknowledgement in either case. Other providers, \
+their channels and broadcast topics are not affected, and the broker never \
+exits over a fault. Each change of a provider's health is logged once \
+(\"no space left for the storage provider\", \"has room again\", \"storage \
+provider failed\"), never once per write, and shown in /metrics as \
+saguin_provider_no_space and saguin_provider_failed; every failed operation \
+counts in saguin_storage_errors_total{provider,kind}, kind one of full, \
+no_space, io, read_only, fsync, snapshot, other. Commits acknowledged within \
+the last flush_interval that a failing disk never wrote are lost as on a \
+power cut.
+
 Stopping: at SIGTERM or SIGINT the broker stops accepting and retention \
 stops, then writes each memory provider's snapshot_dir (its channels with \
 their positions, the manifest first; each file to a \
@@ -217,10 +237,8 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         &providers.snapshot_writers(),
         tokio::time::Instant::now(),
     );
-    for metrics in providers.snapshot_writers() {
-        server
-            .metrics
-            .register_snapshots(metrics.name(), metrics.metrics().clone());
+    for writer in providers.snapshot_writers() {
+        writer.report_to(server.metrics.clone());
     }
     let retention = retention::spawn(
         providers.channels(),

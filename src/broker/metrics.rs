@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::storage::contract::AppendStore;
+use crate::storage::contract::{AppendStore, FaultKind, Health, Provider};
 
 /// Why a connection ended (a label of `saguin_disconnects_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,8 +160,9 @@ pub struct Metrics {
     pub bytes_sent: AtomicU64,
     dropped: [AtomicU64; DropReason::ALL.len()],
     disconnects: [AtomicU64; CloseReason::ALL.len()],
-    /// Failed storage writes by provider name (`saguin_storage_errors_total`).
-    storage_errors: Mutex<BTreeMap<String, u64>>,
+    /// Each provider's failures by kind (`saguin_storage_errors_total`)
+    /// and its health (`saguin_provider_failed`, `saguin_provider_no_space`).
+    providers: Mutex<BTreeMap<String, ProviderSeries>>,
     /// The append channels' series, by channel name.
     channels: Mutex<BTreeMap<String, ChannelSeries>>,
     /// The queue channels' series, by channel name.
@@ -175,6 +176,22 @@ pub struct Metrics {
     /// microseconds (`saguin_ack_store_wait_seconds_max`).
     ack_store_wait_max_us: AtomicU64,
     pub started: std::time::Instant,
+}
+
+/// What is rendered for one provider.
+#[derive(Default)]
+struct ProviderSeries {
+    /// By [`FaultKind`] as an index.
+    errors: [u64; FaultKind::ALL.len()],
+    handle: Option<std::sync::Weak<dyn Provider>>,
+}
+
+impl std::fmt::Debug for ProviderSeries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderSeries")
+            .field("errors", &self.errors)
+            .finish()
+    }
 }
 
 /// What is rendered for one channel: its store's counters, read at each
@@ -264,7 +281,7 @@ impl Metrics {
             bytes_sent: AtomicU64::new(0),
             dropped: Default::default(),
             disconnects: Default::default(),
-            storage_errors: Default::default(),
+            providers: Default::default(),
             snapshots: Default::default(),
             channels: Default::default(),
             queues: Default::default(),
@@ -302,7 +319,6 @@ impl Metrics {
         std::time::Duration::from_micros(self.ack_store_wait_max_us.load(Relaxed))
     }
 
-    /// A write to `provider` failed.
     /// Registers a memory provider's snapshot metrics, rendered at every
     /// scrape.
     pub fn register_snapshots(
@@ -313,26 +329,36 @@ impl Metrics {
         lock(&self.snapshots).insert(provider.to_owned(), metrics);
     }
 
-    pub fn storage_error(&self, provider: &str) {
-        *lock(&self.storage_errors)
-            .entry(provider.to_owned())
-            .or_default() += 1;
+    /// A storage operation on `provider` failed with `kind` (a write, a
+    /// read, a sweep, a snapshot: whatever was counted as failing).
+    pub fn storage_error(&self, provider: &str, kind: FaultKind) {
+        let mut providers = lock(&self.providers);
+        let series = providers.entry(provider.to_owned()).or_default();
+        series.errors[kind as usize] += 1;
     }
 
-    /// Failed writes to `provider` so far.
+    /// Failures of `provider` so far, of every kind.
     pub fn storage_error_count(&self, provider: &str) -> u64 {
-        lock(&self.storage_errors)
+        lock(&self.providers)
             .get(provider)
-            .copied()
-            .unwrap_or(0)
+            .map_or(0, |p| p.errors.iter().sum())
     }
 
-    /// Names a provider so its error counter is rendered (as 0) before it
-    /// ever fails.
-    pub fn register_provider(&self, provider: &str) {
-        lock(&self.storage_errors)
+    /// Failures of `provider` of `kind` so far.
+    pub fn storage_error_count_of(&self, provider: &str, kind: FaultKind) -> u64 {
+        lock(&self.providers)
+            .get(provider)
+            .map_or(0, |p| p.errors[kind as usize])
+    }
+
+    /// Names a provider so its series are rendered (its error counters as
+    /// 0) before it ever fails, its health read from `handle` at each
+    /// scrape. Held weakly: a provider closed and dropped reads as writing.
+    pub fn register_provider(&self, provider: &str, handle: &Arc<dyn Provider>) {
+        lock(&self.providers)
             .entry(provider.to_owned())
-            .or_default();
+            .or_default()
+            .handle = Some(Arc::downgrade(handle));
     }
 
     /// Names an append channel whose counters (`saguin_channel_records`,
@@ -485,14 +511,7 @@ impl Metrics {
             "# HELP saguin_ack_store_wait_seconds_max The longest, since the broker started, that acknowledgements, in-flight tables and cursors taken for writing (every broker.session.ack_commit_interval) waited for their commit.\n# TYPE saguin_ack_store_wait_seconds_max gauge\nsaguin_ack_store_wait_seconds_max {:.6}",
             self.ack_store_wait_max().as_secs_f64()
         );
-        let _ = writeln!(out, "# HELP saguin_storage_errors_total Storage writes that failed, by provider.\n# TYPE saguin_storage_errors_total counter");
-        for (provider, count) in lock(&self.storage_errors).iter() {
-            let _ = writeln!(
-                out,
-                "saguin_storage_errors_total{{provider=\"{}\"}} {count}",
-                escape_label(provider)
-            );
-        }
+        self.render_providers(&mut out);
         let channels = self.channel_samples();
         for (i, (name, help)) in CHANNEL_GAUGES.iter().enumerate() {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
@@ -531,10 +550,60 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// `saguin_storage_errors_total{provider,kind}`, every kind of every
+    /// provider (0 included, so a rate has a series before the first
+    /// failure), and the two health gauges, read from each provider now.
+    fn render_providers(&self, out: &mut String) {
+        let providers: Vec<(String, [u64; FaultKind::ALL.len()], Health)> = lock(&self.providers)
+            .iter()
+            .map(|(name, p)| {
+                let handle = p.handle.as_ref().and_then(std::sync::Weak::upgrade);
+                (name.clone(), p.errors, handle)
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            // Read outside the lock: a provider answers from its own.
+            .map(|(name, errors, handle)| {
+                (name, errors, handle.map_or(Health::Writing, |h| h.health()))
+            })
+            .collect();
+        let _ = writeln!(out, "# HELP saguin_storage_errors_total Storage operations that failed, by provider and kind: full (a configured max_bytes), no_space (the file system: ENOSPC, EDQUOT, EFBIG), io (EIO), read_only (EROFS), fsync (a failed fsync), snapshot (a memory provider's snapshot not written), other.\n# TYPE saguin_storage_errors_total counter");
+        for (provider, errors, _) in &providers {
+            for kind in FaultKind::ALL {
+                let _ = writeln!(
+                    out,
+                    "saguin_storage_errors_total{{provider=\"{}\",kind=\"{}\"}} {}",
+                    escape_label(provider),
+                    kind.label(),
+                    errors[kind as usize]
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP saguin_provider_failed 1 while a provider refuses every write until a restart (an I/O error, a failed fsync or a read-only file system met it), else 0.\n# TYPE saguin_provider_failed gauge");
+        for (provider, _, health) in &providers {
+            let _ = writeln!(
+                out,
+                "saguin_provider_failed{{provider=\"{}\"}} {}",
+                escape_label(provider),
+                u8::from(matches!(health, Health::Failed { .. }))
+            );
+        }
+        let _ = writeln!(out, "# HELP saguin_provider_no_space 1 while the file system under a provider has had no room for its last write that needed some, else 0.\n# TYPE saguin_provider_no_space gauge");
+        for (provider, _, health) in &providers {
+            let _ = writeln!(
+                out,
+                "saguin_provider_no_space{{provider=\"{}\"}} {}",
+                escape_label(provider),
+                u8::from(*health == Health::NoSpace)
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::contract::Provider;
     use crate::storage::memory::{MemoryConfig, MemoryProvider};
     use saguin_format::model::{ChannelKind, Record};
 
@@ -689,14 +758,14 @@ mod tests {
         let metrics = Metrics::new();
         let name = "q\"uo\\te\nd";
         metrics.register_channel(name, append(&provider, name));
-        metrics.storage_error("db\"2");
+        metrics.storage_error("db\"2", FaultKind::Io);
         let text = metrics.render();
         assert!(
             text.contains("saguin_channel_next{channel=\"q\\\"uo\\\\te\\nd\"} 1"),
             "{text}"
         );
         assert!(
-            text.contains("saguin_storage_errors_total{provider=\"db\\\"2\"} 1"),
+            text.contains("saguin_storage_errors_total{provider=\"db\\\"2\",kind=\"io\"} 1"),
             "{text}"
         );
         assert!(

@@ -943,6 +943,7 @@ fn write_memory(
             records = w.records, "snapshot file written");
     }
     for f in &written.failed {
+        writer.count_failure();
         tracing::error!(provider = %name, path = %f.path.display(), error = %f.error, "{f}");
         report
             .failures

@@ -292,7 +292,7 @@ fn failure(
     result: Result<ReadWindow, StorageError>,
 ) -> Result<ReadWindow, StorageFailure> {
     result.map_err(|e| {
-        metrics.storage_error(provider);
+        metrics.storage_error(provider, e.kind());
         StorageFailure {
             full: false,
             message: e.to_string(),

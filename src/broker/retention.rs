@@ -22,12 +22,12 @@
 //! Each removal raises the channel's floor in the same operation (the
 //! stores do that) and is logged at DEBUG; a sweep a channel's store
 //! refused is logged at WARN, counted in
-//! `saguin_storage_errors_total{provider}` and tried again at the next
+//! `saguin_storage_errors_total{provider,kind}` and tried again at the next
 //! tick. Retention does not use the provider's reserve: a delete frees
 //! room rather than needing it.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use saguin_format::model::UnixNanos;
@@ -199,6 +199,8 @@ struct Sweeper {
     /// The state, told each removal's floor (it lets go of the records it
     /// kept from reads below it).
     floors: mpsc::UnboundedSender<Event>,
+    /// The sweeps (by kind, channel) whose last run failed.
+    failing: Mutex<HashSet<(&'static str, String)>>,
 }
 
 impl Sweeper {
@@ -213,6 +215,7 @@ impl Sweeper {
             channels: HashMap::new(),
             metrics,
             floors,
+            failing: Mutex::new(HashSet::new()),
         };
         for channel in served {
             // Retention removes records of append channels (a queue's
@@ -255,15 +258,29 @@ impl Sweeper {
                 });
             }
         }
+        // Logged when a channel's sweep starts failing and when it stops,
+        // not at every tick: a full disk fails every sweep until it has
+        // room, and must not fill the log meanwhile.
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
         for (channel, error) in &report.failed {
             let provider = self
                 .channels
                 .get(channel.as_str())
                 .map_or("", |(provider, _)| provider.as_str());
-            tracing::warn!(channel = %channel, provider = %provider, sweep = which.label(), error = %error,
-                "the retention sweep failed; it runs again at the next tick");
-            self.metrics.storage_error(provider);
+            if failing.insert((which.label(), channel.clone())) {
+                tracing::warn!(channel = %channel, provider = %provider, sweep = which.label(), error = %error,
+                    "the retention sweep failed; it runs again at every tick, and says so when it succeeds");
+            }
+            self.metrics.storage_error(provider, error.kind());
         }
+        failing.retain(|(label, channel)| {
+            let still = *label != which.label() || report.failed.iter().any(|(c, _)| c == channel);
+            if !still {
+                tracing::info!(channel = %channel, sweep = label, "the retention sweep succeeds again");
+            }
+            still
+        });
+        drop(failing);
         report
     }
 }

@@ -38,8 +38,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::metrics::Metrics;
 use crate::config::SnapshotSchedule;
-use crate::storage::contract;
+use crate::storage::contract::{self, FaultKind};
 use crate::storage::generation::{self, Generations, Job, Outcome};
 use crate::storage::memory::MemoryProvider;
 use crate::storage::snapshot_write::Unobserved;
@@ -171,6 +172,9 @@ pub struct SnapshotWriter {
     tell: Arc<Mutex<Option<(usize, mpsc::UnboundedSender<(usize, Written)>)>>>,
     unread: Arc<Mutex<Vec<Written>>>,
     metrics: Arc<SnapshotMetrics>,
+    /// The broker's metrics, where each failed file is also counted as a
+    /// storage error of kind `snapshot` (set by [`Self::report_to`]).
+    broker_metrics: Mutex<Option<Arc<Metrics>>>,
     /// Files whose last write failed: logged when they start failing and
     /// when they are written again, not at every attempt.
     failing: Mutex<BTreeSet<String>>,
@@ -209,6 +213,7 @@ impl SnapshotWriter {
             tell: Arc::default(),
             unread: Arc::default(),
             metrics,
+            broker_metrics: Mutex::new(None),
             failing: Mutex::new(BTreeSet::new()),
         });
         if schedule.is_background() {
@@ -255,6 +260,22 @@ impl SnapshotWriter {
 
     pub fn metrics(&self) -> &Arc<SnapshotMetrics> {
         &self.metrics
+    }
+
+    /// Exports this provider's `saguin_snapshot_*` series in `metrics`, and
+    /// counts each failed file there as a storage error.
+    pub fn report_to(&self, metrics: Arc<Metrics>) {
+        metrics.register_snapshots(&self.name, self.metrics.clone());
+        *lock(&self.broker_metrics) = Some(metrics);
+    }
+
+    /// One snapshot file (or manifest) of this provider could not be
+    /// written.
+    pub fn count_failure(&self) {
+        self.metrics.failures.fetch_add(1, Ordering::Relaxed);
+        if let Some(metrics) = lock(&self.broker_metrics).as_ref() {
+            metrics.storage_error(&self.name, FaultKind::Snapshot);
+        }
     }
 
     pub fn schedule(&self) -> SnapshotSchedule {
@@ -325,7 +346,7 @@ impl SnapshotWriter {
             }
         }
         for failed in &report.failed {
-            metrics.failures.fetch_add(1, Ordering::Relaxed);
+            self.count_failure();
             if failing.insert(failed.name.clone()) {
                 tracing::error!(provider = %self.name, path = %failed.path.display(),
                     error = %failed.error,

@@ -16,7 +16,8 @@
 //! that moment - fsynced, linked to its final name (which fails rather than
 //! replacing anything that appeared meanwhile), and the directory fsynced.
 //! Only then is success reported. Any failure removes the temporary file and
-//! leaves nothing at the destination.
+//! leaves nothing at the destination; a destination without room (or
+//! failing) is named, with what its file system said.
 
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -143,12 +144,12 @@ fn copy_pages(
     source: &Connection,
     dest: &mut Connection,
     progress: &dyn Fn(u64, u64),
-) -> Result<u64, String> {
+) -> Result<u64, CopyFailed> {
     use rusqlite::backup::{Backup, StepResult};
-    let backup = Backup::new(source, dest).map_err(|e| e.to_string())?;
+    let backup = Backup::new(source, dest).map_err(CopyFailed::Sqlite)?;
     let mut busy_since: Option<Instant> = None;
     loop {
-        let step = backup.step(PAGES_PER_STEP).map_err(|e| e.to_string())?;
+        let step = backup.step(PAGES_PER_STEP).map_err(CopyFailed::Sqlite)?;
         let p = backup.progress();
         let total = p.pagecount.max(0) as u64;
         let left = p.remaining.max(0) as u64;
@@ -160,12 +161,20 @@ fn copy_pages(
             _ => {
                 let since = *busy_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > BUSY_PATIENCE {
-                    return Err(format!("the database stayed busy for {BUSY_PATIENCE:?}"));
+                    return Err(CopyFailed::Busy(format!(
+                        "the database stayed busy for {BUSY_PATIENCE:?}"
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
     }
+}
+
+/// Why pages were not copied.
+enum CopyFailed {
+    Sqlite(rusqlite::Error),
+    Busy(String),
 }
 
 /// Copies `db` to `dest` and proves the copy. `progress` is told (pages
@@ -252,20 +261,48 @@ fn copy_and_prove(
         .map_err(|e| src_err("opening a read transaction", e))?;
     let counted = row_counts(source).map_err(|e| src_err("counting rows", e));
     let copied = counted.and_then(|tables| {
-        let mut target = Connection::open_with_flags(
+        // The copy's file goes through the provider's file wrapper, which
+        // records the errno of a failed write: a full or failing
+        // destination is then named as the destination, with what its file
+        // system said, rather than as "database or disk is full" against
+        // the source the pages were read from.
+        sqlite::vfs::register().map_err(|detail| BackupError::Sqlite {
+            path: tmp.to_path_buf(),
+            context: "opening the temporary copy",
+            source: rusqlite::Error::SqliteFailure(
+                ffi::Error::new(ffi::SQLITE_ERROR),
+                Some(detail),
+            ),
+        })?;
+        let mut target = Connection::open_with_flags_and_vfs(
             tmp,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            sqlite::vfs::VFS_NAME,
         )
         .map_err(|e| tmp_err("opening the temporary copy", e))?;
-        let pages =
-            copy_pages(source, &mut target, progress).map_err(|detail| BackupError::Sqlite {
+        sqlite::vfs::clear_last();
+        let pages = copy_pages(source, &mut target, progress).map_err(|failed| match failed {
+            CopyFailed::Sqlite(e) => match sqlite::vfs::take_last() {
+                Some(f) if f.errno != 0 => BackupError::Io {
+                    path: dest.to_path_buf(),
+                    context: "writing the copy",
+                    source: std::io::Error::from_raw_os_error(f.errno),
+                },
+                _ => BackupError::Sqlite {
+                    path: db.to_path_buf(),
+                    context: "copying pages",
+                    source: e,
+                },
+            },
+            CopyFailed::Busy(detail) => BackupError::Sqlite {
                 path: db.to_path_buf(),
                 context: "copying pages",
                 source: rusqlite::Error::SqliteFailure(
-                    ffi::Error::new(ffi::SQLITE_ERROR),
+                    ffi::Error::new(ffi::SQLITE_BUSY),
                     Some(detail),
                 ),
-            })?;
+            },
+        })?;
         // A copy is one file that stands alone: no write-ahead log beside it.
         target
             .query_row("PRAGMA journal_mode = DELETE", [], |r| {

@@ -111,6 +111,117 @@ pub enum StorageError {
     /// A failure of the engine underneath (sqlite), with its own words.
     #[error("{context}: {detail}")]
     Backend { context: String, detail: String },
+    /// The disk under the provider refused a write: full (ENOSPC, EDQUOT,
+    /// EFBIG), failing (EIO, a failed fsync) or read-only. MQTT 0x83: the
+    /// write failed; it is not the configured bound that was reached.
+    #[error("{context}: {kind_text}: {detail}", kind_text = kind.describe())]
+    Disk {
+        kind: FaultKind,
+        context: String,
+        detail: String,
+    },
+    /// The provider met a fault nothing written after it can be trusted
+    /// over (an I/O error, a failed fsync, a read-only file system): every
+    /// write is refused until the broker is restarted. MQTT 0x83.
+    #[error("provider {provider}: failed ({kind_text}) and refuses writes until a restart: {detail}", kind_text = kind.describe())]
+    ProviderFailed {
+        provider: String,
+        kind: FaultKind,
+        detail: String,
+    },
+}
+
+/// What kind of storage failure an error was, as
+/// `saguin_storage_errors_total{provider,kind}` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// A configured bound was reached: a channel's or a provider's
+    /// `max_bytes`. The only kind answered with 0x97.
+    Full,
+    /// The file system has no room for the write (ENOSPC, EDQUOT, or the
+    /// file size limit, EFBIG). Nothing stored is at risk; writes go
+    /// through again as soon as there is room.
+    NoSpace,
+    /// The disk answered a read or a write with an I/O error (EIO).
+    Io,
+    /// The file system is read-only (EROFS), such as after the kernel
+    /// remounted it so on an error.
+    ReadOnly,
+    /// An fsync failed: what was written since the last good one may not
+    /// be on the disk, whatever a later fsync answers.
+    Fsync,
+    /// A memory provider's snapshot could not be written.
+    Snapshot,
+    /// Anything else: a damaged file, a closed provider, an engine error.
+    Other,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 7] = [
+        FaultKind::Full,
+        FaultKind::NoSpace,
+        FaultKind::Io,
+        FaultKind::ReadOnly,
+        FaultKind::Fsync,
+        FaultKind::Snapshot,
+        FaultKind::Other,
+    ];
+
+    /// The `kind` label of `saguin_storage_errors_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            FaultKind::Full => "full",
+            FaultKind::NoSpace => "no_space",
+            FaultKind::Io => "io",
+            FaultKind::ReadOnly => "read_only",
+            FaultKind::Fsync => "fsync",
+            FaultKind::Snapshot => "snapshot",
+            FaultKind::Other => "other",
+        }
+    }
+
+    /// The kind in words, for errors and logs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            FaultKind::Full => "full",
+            FaultKind::NoSpace => "no space left on the file system",
+            FaultKind::Io => "I/O error",
+            FaultKind::ReadOnly => "read-only file system",
+            FaultKind::Fsync => "fsync failed",
+            FaultKind::Snapshot => "snapshot not written",
+            FaultKind::Other => "failed",
+        }
+    }
+
+    /// The kind an operating system error number is: the file system
+    /// without room, read-only, or failing. `None` for the rest.
+    pub fn of_errno(errno: i32) -> Option<FaultKind> {
+        match errno {
+            libc::ENOSPC | libc::EDQUOT | libc::EFBIG => Some(FaultKind::NoSpace),
+            libc::EROFS => Some(FaultKind::ReadOnly),
+            libc::EIO => Some(FaultKind::Io),
+            _ => None,
+        }
+    }
+
+    /// A fault after which a provider refuses every write until it is
+    /// opened again (and SQLite's own recovery has run): the disk may have
+    /// lost, or may lose, what it was told to keep.
+    pub fn is_sticky(self) -> bool {
+        matches!(self, FaultKind::Io | FaultKind::ReadOnly | FaultKind::Fsync)
+    }
+}
+
+/// A provider's health as the disk under it left it (`saguin_provider_failed`,
+/// `saguin_provider_no_space`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Health {
+    #[default]
+    Writing,
+    /// The last write that needed room found none; the next may.
+    NoSpace,
+    /// Writes are refused until a restart.
+    Failed { kind: FaultKind, detail: String },
 }
 
 impl StorageError {
@@ -130,6 +241,19 @@ impl StorageError {
             self,
             StorageError::ChannelFull { .. } | StorageError::ProviderFull { .. }
         )
+    }
+
+    /// What kind of failure this is, for `saguin_storage_errors_total`.
+    pub fn kind(&self) -> FaultKind {
+        match self {
+            StorageError::ChannelFull { .. } | StorageError::ProviderFull { .. } => FaultKind::Full,
+            StorageError::Disk { kind, .. } | StorageError::ProviderFailed { kind, .. } => *kind,
+            StorageError::Io { source, .. } => source
+                .raw_os_error()
+                .and_then(FaultKind::of_errno)
+                .unwrap_or(FaultKind::Other),
+            _ => FaultKind::Other,
+        }
     }
 
     /// An I/O error with what was being done.
@@ -883,6 +1007,13 @@ pub trait Provider: Send + Sync {
     fn session_writes_together(&self, body: &mut dyn FnMut() -> bool) -> Result<bool> {
         body();
         Ok(true)
+    }
+
+    /// Whether the disk under the provider takes writes
+    /// (`saguin_provider_failed`, `saguin_provider_no_space`). A provider
+    /// with no disk under its writes is always writing.
+    fn health(&self) -> Health {
+        Health::Writing
     }
 
     /// Stops accepting writes and releases what the provider holds open.

@@ -12,9 +12,11 @@
 //! (`turns`): publishes group-committed, session writes of several packets
 //! in one transaction, the writes a client waits on first.
 //!
-//! A failed write is counted in `saguin_storage_errors_total{provider}`;
-//! the first failure of a streak is logged at ERROR, and the state answers
-//! the client the write was for.
+//! A failed write is counted in `saguin_storage_errors_total{provider,kind}`;
+//! the state answers the client the write was for. A fault of the disk
+//! (no room, an I/O error, a failed fsync, a read-only file system) is
+//! logged by its provider as its health moves; any other failure's first
+//! of a streak is logged here at ERROR.
 
 mod turns;
 
@@ -31,8 +33,8 @@ use super::state::{
     Class, Event, Intent, QueueSetup, Restored, RestoredChannel, StorageFailure, Write, Written,
 };
 use crate::storage::contract::{
-    self, BroadcastLog, ChannelStore, HeldPublishStore, LatestStore, LeaseRequest, Provider,
-    ProviderKind, QueueStore, SessionStore, StorageError, BROADCAST_LOG_NAME,
+    self, BroadcastLog, ChannelStore, FaultKind, HeldPublishStore, LatestStore, LeaseRequest,
+    Provider, ProviderKind, QueueStore, SessionStore, StorageError, BROADCAST_LOG_NAME,
 };
 use saguin_format::model::Record;
 
@@ -694,14 +696,19 @@ impl Failures {
         match result {
             Ok(written) => {
                 if self.streak > 0 {
-                    tracing::info!(provider = %self.provider, failed = self.streak, "storage writes succeed again");
+                    tracing::debug!(provider = %self.provider, failed = self.streak, "storage writes succeed again");
                     self.streak = 0;
                 }
                 Ok(written)
             }
             Err(err) => {
-                self.metrics.storage_error(&self.provider);
-                if self.streak == 0 {
+                let kind = err.kind();
+                self.metrics.storage_error(&self.provider, kind);
+                // A fault of the disk is logged by the provider, once as its
+                // health moves, whichever persister met it: not again here
+                // per role and streak.
+                let logged_by_provider = !matches!(kind, FaultKind::Full | FaultKind::Other);
+                if self.streak == 0 && !logged_by_provider {
                     tracing::error!(provider = %self.provider, error = %err, "storage write failed; clients are answered with the failure and nothing is acknowledged that is not stored");
                 }
                 self.streak += 1;
@@ -743,7 +750,7 @@ impl Persister {
     ) -> Result<Persister, StorageError> {
         let kind = provider.kind();
         let stores = Stores::of(provider, keeps)?;
-        metrics.register_provider(&stores.provider);
+        metrics.register_provider(&stores.provider, &stores.handle);
         let failures = Failures {
             metrics,
             provider: stores.provider.clone(),

@@ -9,6 +9,7 @@ use super::*;
 use crate::storage::contract::{Provider, SessionEntry, SessionStore};
 use crate::storage::memory::MemoryConfig;
 use crate::storage::snapshot_dir::{self, FindingKind, ScanOptions};
+use crate::storage::snapshot_write::Unobserved;
 
 fn provider() -> Arc<MemoryProvider> {
     MemoryProvider::new(MemoryConfig {
@@ -24,7 +25,7 @@ fn append(p: &MemoryProvider, channel: &str, payload: &str) {
         .unwrap()
         .as_append()
         .unwrap()
-        .append(Record::new(channel, payload))
+        .append(Record::new(channel, payload.to_owned()))
         .unwrap();
 }
 

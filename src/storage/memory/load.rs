@@ -638,7 +638,7 @@ impl MemoryProvider {
 mod tests {
     use std::fs;
 
-    use saguin_format::channel_name::{BROADCAST_FILE, MANIFEST_FILE};
+    use saguin_format::channel_name::MANIFEST_FILE;
 
     use super::*;
     use crate::storage::contract::{now_nanos, HeldPublishStore, Provider};

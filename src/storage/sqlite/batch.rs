@@ -384,6 +384,7 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
                 .batched_publishes
                 .fetch_add(stored.len() as u64, std::sync::atomic::Ordering::Relaxed);
             shared.set_publishes_full(false);
+            shared.room_again();
             drop(writer);
             for ((ticket, job, _), offset) in accepted.into_iter().zip(stored) {
                 let answer = offset.map(|offset| {
@@ -397,7 +398,9 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
         Err(e) => {
             // Property 1: nothing moved in memory, so every offset the batch
             // took is handed back by construction.
-            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+            // Classified once for the batch: the cause is the statement's.
+            let cause = shared.cause_of(&e);
+            if matches!(cause, super::Cause::Bound) {
                 shared.set_publishes_full(true);
             }
             let conn = writer.conn();
@@ -405,7 +408,7 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
                 let context = job.target.describe(&job.record);
                 outcomes.push((
                     ticket,
-                    Err(shared.write_error(Some(conn), context, size, &e)),
+                    Err(shared.error_for(&cause, Some(conn), context, size, &e)),
                 ));
             }
         }

@@ -35,6 +35,7 @@ pub mod schema;
 pub(crate) mod session;
 pub mod units;
 pub mod verify;
+pub mod vfs;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
@@ -50,8 +51,9 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 use saguin_format::model::ChannelKind;
 
 use super::contract::{
-    self, BroadcastLog, ChannelStore, HeldPublishStore, LatestStore, Position, Provider,
-    ProviderKind, Reader, SessionStore, StorageError, BROADCAST_LOG_NAME, RETAINED_STORE_NAME,
+    self, BroadcastLog, ChannelStore, FaultKind, Health, HeldPublishStore, LatestStore, Position,
+    Provider, ProviderKind, Reader, SessionStore, StorageError, BROADCAST_LOG_NAME,
+    RETAINED_STORE_NAME,
 };
 use super::lock::{self, LockGuard};
 
@@ -210,7 +212,9 @@ impl PageBounds {
 pub(crate) struct Counters {
     /// Bumped after every commit: the flusher syncs only when it moved.
     pub commits: AtomicU64,
-    /// saguin_storage_errors_total{provider}: failed writes, reads and flushes.
+    /// Failed writes, reads, flushes and checkpoints, as this provider met
+    /// them (the broker counts what its writers met by kind in
+    /// saguin_storage_errors_total{provider,kind}).
     pub storage_errors: AtomicU64,
     /// WAL fsyncs performed.
     pub flushes: AtomicU64,
@@ -250,6 +254,14 @@ pub(crate) struct Shared {
     closed: AtomicBool,
     /// See [`Shared::refuse_if_publishes_are`].
     publishes_full: AtomicBool,
+    /// What the disk under the provider last said ([`Shared::fault`]).
+    health: Mutex<Health>,
+    /// Set with `health` when it is [`Health::Failed`]: read before every
+    /// write without taking the lock.
+    failed: AtomicBool,
+    /// The failures planned for this database's files, when
+    /// [`vfs::INJECT_ENV`] names the provider.
+    faults: Option<Arc<vfs::Faults>>,
     pub counters: Arc<Counters>,
     pub bounds: Option<PageBounds>,
     pub page_size: u64,
@@ -285,6 +297,8 @@ impl Writer<'_> {
         body: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> rusqlite::Result<T> {
         let conn = self.conn();
+        self.shared.refuse_if_failed()?;
+        vfs::clear_last();
         if self.shared.in_scope() {
             return self.savepoint(relief, body);
         }
@@ -405,6 +419,9 @@ impl Shared {
             }
         }
         let _end_scope = EndScope(self);
+        self.refuse_if_failed()
+            .map_err(|e| self.write_error(None, "beginning a transaction".into(), 0, &e))?;
+        vfs::clear_last();
         let begun = self.writer().and_then(|w| {
             w.conn()
                 .prepare_cached("BEGIN IMMEDIATE")
@@ -488,6 +505,7 @@ impl Shared {
                 provider: self.name.clone(),
             });
         }
+        vfs::clear_last();
         let in_txn = |conn: &Connection| -> rusqlite::Result<T> {
             conn.execute_batch("BEGIN")?;
             let out = body(conn);
@@ -565,6 +583,20 @@ impl Shared {
 
     pub fn read_error(&self, context: String, e: rusqlite::Error) -> StorageError {
         self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
+        // An I/O error on a read is the disk failing as much as one on a
+        // write: the provider fails (reads go on being tried).
+        if let Some(kind) = classify(&e, vfs::take_last(), self.bounds.is_some()) {
+            if kind.is_sticky() {
+                self.fault(kind, &e.to_string());
+            }
+            if kind != FaultKind::Full {
+                return StorageError::Disk {
+                    kind,
+                    context: format!("storage {}: {context}", self.path.display()),
+                    detail: e.to_string(),
+                };
+            }
+        }
         match e {
             rusqlite::Error::FromSqlConversionFailure(_, _, detail) => StorageError::Corrupt {
                 what: format!("storage {}: {context}", self.path.display()),
@@ -581,8 +613,14 @@ impl Shared {
         }
     }
 
-    /// A failed write: SQLITE_FULL is the provider's bound (0x97), anything
-    /// else a failed write (0x83).
+    /// A failed write: SQLITE_FULL from the page ceiling is the provider's
+    /// bound (0x97); the disk without room, failing or read-only is a
+    /// [`StorageError::Disk`] (0x83), and one of the faults after which
+    /// nothing can be trusted fails the provider ([`Shared::fault`]); a
+    /// write refused because the provider had failed already is
+    /// [`StorageError::ProviderFailed`]; anything else a failed write
+    /// (0x83). Call it on the thread the write failed on, right after: the
+    /// cause is read from what the VFS recorded there.
     pub fn write_error(
         &self,
         conn: Option<&Connection>,
@@ -590,32 +628,152 @@ impl Shared {
         size: u64,
         e: &rusqlite::Error,
     ) -> StorageError {
+        let cause = self.cause_of(e);
+        self.error_for(&cause, conn, context, size, e)
+    }
+
+    /// Why `e` happened, the provider's health moved accordingly. Taken
+    /// once per failed statement: it consumes what the VFS recorded.
+    pub(crate) fn cause_of(&self, e: &rusqlite::Error) -> Cause {
+        if let Some(Health::Failed { kind, detail }) = self.failed_health() {
+            vfs::clear_last();
+            return Cause::Refused(kind, detail);
+        }
+        match classify(e, vfs::take_last(), self.bounds.is_some()) {
+            Some(FaultKind::Full) => Cause::Bound,
+            Some(kind) => {
+                let detail = e.to_string();
+                self.fault(kind, &detail);
+                match self.failed_health() {
+                    Some(Health::Failed { kind, detail }) => Cause::Refused(kind, detail),
+                    _ => Cause::Disk(kind),
+                }
+            }
+            None => Cause::Other,
+        }
+    }
+
+    /// The error one write of a failed statement is answered with.
+    pub(crate) fn error_for(
+        &self,
+        cause: &Cause,
+        conn: Option<&Connection>,
+        context: String,
+        size: u64,
+        e: &rusqlite::Error,
+    ) -> StorageError {
         self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
-        if e.sqlite_error_code() == Some(ErrorCode::DiskFull) {
-            let used = conn
-                .and_then(|c| {
-                    c.query_row("PRAGMA page_count", [], |r| r.get::<_, u64>(0))
-                        .ok()
-                })
-                .map_or(0, |pages| pages * self.page_size);
-            let limit = self.bounds.map_or(0, |b| b.publish_pages * b.page_size);
-            return StorageError::ProviderFull {
+        match cause {
+            Cause::Bound => {
+                let used = conn
+                    .and_then(|c| {
+                        c.query_row("PRAGMA page_count", [], |r| r.get::<_, u64>(0))
+                            .ok()
+                    })
+                    .map_or(0, |pages| pages * self.page_size);
+                let limit = self.bounds.map_or(0, |b| b.publish_pages * b.page_size);
+                StorageError::ProviderFull {
+                    provider: self.name.clone(),
+                    size,
+                    used,
+                    limit,
+                }
+            }
+            Cause::Disk(kind) => StorageError::Disk {
+                kind: *kind,
+                context: format!("storage {}: {context}", self.path.display()),
+                detail: e.to_string(),
+            },
+            Cause::Refused(kind, detail) => StorageError::ProviderFailed {
                 provider: self.name.clone(),
-                size,
-                used,
-                limit,
+                kind: *kind,
+                detail: detail.clone(),
+            },
+            Cause::Other => {
+                if let rusqlite::Error::FromSqlConversionFailure(_, _, detail) = e {
+                    return StorageError::Corrupt {
+                        what: format!("storage {}: {context}", self.path.display()),
+                        detail: detail.to_string(),
+                    };
+                }
+                StorageError::Write {
+                    context: format!("storage {}: {context}", self.path.display()),
+                    detail: e.to_string(),
+                }
+            }
+        }
+    }
+
+    /// The provider's health when it has failed.
+    fn failed_health(&self) -> Option<Health> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            self.health
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        )
+    }
+
+    /// A write is refused, without touching the file, once the provider
+    /// has failed: after an I/O error or a failed fsync the file may not
+    /// hold what SQLite believes it wrote (an fsync that fails once can
+    /// succeed later over pages the kernel dropped), so nothing more is
+    /// acknowledged on top of it until a restart has run SQLite's recovery.
+    fn refuse_if_failed(&self) -> rusqlite::Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+                Some(format!("provider {} has failed", self.name)),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The disk refused a write with `kind`: the provider's health moves,
+    /// and the move - not each write - is logged. A sticky kind
+    /// ([`FaultKind::is_sticky`]) fails the provider until it is opened
+    /// again; no room marks it so until a publish finds room
+    /// ([`Shared::room_again`]).
+    pub(crate) fn fault(&self, kind: FaultKind, detail: &str) {
+        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*health, Health::Failed { .. }) {
+            return;
+        }
+        if kind.is_sticky() {
+            *health = Health::Failed {
+                kind,
+                detail: detail.to_owned(),
             };
+            self.failed.store(true, Ordering::Release);
+            tracing::error!(provider = %self.name, file = %self.path.display(), kind = kind.label(), error = %detail,
+                "storage provider failed: every write to it is refused (0x83) until the broker is restarted, which runs SQLite's recovery; reads go on");
+        } else if kind == FaultKind::NoSpace && *health == Health::Writing {
+            *health = Health::NoSpace;
+            tracing::error!(provider = %self.name, file = %self.path.display(), kind = kind.label(), error = %detail,
+                "no space left for the storage provider: writes that need room are refused (0x83) until there is room again; nothing stored is lost");
         }
-        if let rusqlite::Error::FromSqlConversionFailure(_, _, detail) = e {
-            return StorageError::Corrupt {
-                what: format!("storage {}: {context}", self.path.display()),
-                detail: detail.to_string(),
-            };
+    }
+
+    /// A publish was stored: if the provider was out of room, it has room
+    /// again.
+    pub(crate) fn room_again(&self) {
+        let mut health = self.health.lock().unwrap_or_else(|e| e.into_inner());
+        if *health == Health::NoSpace {
+            *health = Health::Writing;
+            tracing::info!(provider = %self.name, file = %self.path.display(),
+                "the storage provider has room again: writes succeed");
         }
-        StorageError::Write {
-            context: format!("storage {}: {context}", self.path.display()),
-            detail: e.to_string(),
-        }
+    }
+
+    /// The provider's health.
+    pub fn health(&self) -> Health {
+        self.health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Creates the channel's row if absent (next = floor = 1) and returns
@@ -826,6 +984,54 @@ impl Shared {
     }
 }
 
+/// Why a statement failed, as [`Shared::cause_of`] read it.
+pub(crate) enum Cause {
+    /// The page ceiling: the provider's configured bound (0x97).
+    Bound,
+    /// The disk refused the write; the provider may go on.
+    Disk(FaultKind),
+    /// The provider has failed (by this write or before it).
+    Refused(FaultKind, String),
+    /// Anything else.
+    Other,
+}
+
+/// What kind of disk fault `e` was, from SQLite's code and the `errno` the
+/// VFS recorded for the file operation behind it; `Some(Full)` for the
+/// page ceiling, `None` for what is not the disk's.
+fn classify(
+    e: &rusqlite::Error,
+    recorded: Option<vfs::Failed>,
+    bounded: bool,
+) -> Option<FaultKind> {
+    use rusqlite::ffi;
+    let rusqlite::Error::SqliteFailure(err, _) = e else {
+        return None;
+    };
+    let by_errno = recorded.and_then(|f| FaultKind::of_errno(f.errno));
+    let ext = err.extended_code;
+    // A failed sync is an fsync failure whatever its errno said.
+    if ext == ffi::SQLITE_IOERR_FSYNC
+        || ext == ffi::SQLITE_IOERR_DIR_FSYNC
+        || recorded.is_some_and(|f| f.op == vfs::Op::Sync)
+    {
+        return Some(FaultKind::Fsync);
+    }
+    match err.code {
+        // The unix VFS answers ENOSPC on a write with SQLITE_FULL, as the
+        // pager does the page ceiling: the recorded errno tells them apart.
+        ErrorCode::DiskFull => Some(by_errno.unwrap_or(if bounded {
+            FaultKind::Full
+        } else {
+            FaultKind::NoSpace
+        })),
+        ErrorCode::SystemIoFailure if ext == ffi::SQLITE_IOERR_NOMEM => None,
+        ErrorCode::SystemIoFailure => Some(by_errno.unwrap_or(FaultKind::Io)),
+        ErrorCode::ReadOnly | ErrorCode::CannotOpen => by_errno,
+        _ => None,
+    }
+}
+
 pub(crate) fn parse_kind(kind: &str) -> Option<ChannelKind> {
     match kind {
         "append" => Some(ChannelKind::Append),
@@ -920,6 +1126,7 @@ impl Flusher {
             checkpointed: flushed,
             last_checkpoint: std::time::Instant::now(),
             checkpoint_failing: false,
+            faults: shared.faults.clone(),
         };
         let stop_seen = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -971,6 +1178,8 @@ struct FlushLoop {
     checkpointed: u64,
     last_checkpoint: std::time::Instant,
     checkpoint_failing: bool,
+    /// The provider's planned failures, asked before each fsync of the log.
+    faults: Option<Arc<vfs::Faults>>,
 }
 
 /// What `PRAGMA wal_checkpoint` answers.
@@ -994,37 +1203,58 @@ fn checkpoint_on(conn: &Connection) -> rusqlite::Result<Checkpointed> {
 
 impl FlushLoop {
     /// fsync the log when something committed since the last one.
+    /// A failed fsync is never tried again as though the data were safe:
+    /// the kernel may have dropped the pages it could not write and marked
+    /// them clean, so a later fsync can succeed over a log that lost them.
+    /// The provider fails instead ([`Shared::fault`]), refusing every write
+    /// until a restart has run SQLite's recovery over what the disk holds.
     fn sync(&mut self, commits: u64) {
-        if commits == self.flushed {
+        if commits == self.flushed || self.failing {
             return;
         }
-        match sync_wal(&self.wal_path, &mut self.wal) {
+        let planned = self
+            .faults
+            .as_ref()
+            .and_then(|f| f.injected(vfs::FileRole::Wal, vfs::Op::Sync));
+        let synced = match planned {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => sync_wal(&self.wal_path, &mut self.wal),
+        };
+        match synced {
             Ok(()) => {
                 self.flushed = commits;
                 self.counters.flushes.fetch_add(1, Ordering::Relaxed);
-                if self.failing {
-                    tracing::info!(provider = %self.name, "write-ahead log flush recovered");
-                }
-                self.failing = false;
             }
             Err(e) => {
                 self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
-                if !self.failing {
-                    // The first of a streak: acknowledged commits may not
-                    // be on the disk.
-                    tracing::error!(provider = %self.name, wal = %self.wal_path.display(), error = %e,
-                        "write-ahead log flush failed; acknowledged commits may not be durable");
-                }
                 self.failing = true;
                 self.wal = None;
+                let detail = format!("fsync of {}: {e}", self.wal_path.display());
+                match self.shared.upgrade() {
+                    Some(shared) => shared.fault(FaultKind::Fsync, &detail),
+                    None => tracing::error!(provider = %self.name, error = %detail,
+                        "write-ahead log flush failed; acknowledged commits may not be durable"),
+                }
             }
         }
+    }
+
+    /// Has the provider failed (its writes refused until a restart)?
+    fn provider_failed(&self) -> bool {
+        self.failing
+            || self
+                .shared
+                .upgrade()
+                .is_some_and(|s| s.failed.load(Ordering::Acquire))
     }
 
     /// A checkpoint when one is due and something committed since the
     /// last, and the log started again once it passed its bound.
     fn checkpoint(&mut self, commits: u64) {
-        if commits == self.checkpointed || self.last_checkpoint.elapsed() < CHECKPOINT_EVERY {
+        if commits == self.checkpointed
+            || self.last_checkpoint.elapsed() < CHECKPOINT_EVERY
+            || self.provider_failed()
+        {
             return;
         }
         self.last_checkpoint = std::time::Instant::now();
@@ -1048,15 +1278,35 @@ impl FlushLoop {
     }
 
     fn checkpoint_once(&mut self, commits: u64) -> Option<Checkpointed> {
+        vfs::clear_last();
         match checkpoint_on(&self.checkpointer) {
             Ok(c) => {
                 self.checkpointed = commits;
+                if self.checkpoint_failing {
+                    tracing::info!(provider = %self.name, "checkpointing the write-ahead log succeeds again");
+                }
                 self.checkpoint_failing = false;
                 Some(c)
             }
             Err(e) => {
-                if !self.checkpoint_failing {
-                    tracing::warn!(provider = %self.name, error = %e,
+                // A checkpoint that found no room leaves the log whole (it
+                // is copied again by the next); one that met an I/O error
+                // or a failed fsync fails the provider.
+                let kind = match self.shared.upgrade() {
+                    Some(shared) => {
+                        shared
+                            .counters
+                            .storage_errors
+                            .fetch_add(1, Ordering::Relaxed);
+                        match shared.cause_of(&e) {
+                            Cause::Disk(kind) | Cause::Refused(kind, _) => Some(kind),
+                            Cause::Bound | Cause::Other => None,
+                        }
+                    }
+                    None => None,
+                };
+                if !self.checkpoint_failing && !kind.is_some_and(FaultKind::is_sticky) {
+                    tracing::warn!(provider = %self.name, error = %e, kind = kind.unwrap_or(FaultKind::Other).label(),
                         "checkpointing the write-ahead log failed; the log grows until one succeeds");
                 }
                 self.checkpoint_failing = true;
@@ -1251,11 +1501,29 @@ impl SqliteProvider {
             source,
         };
         create_private(&path).map_err(|e| io_err("creating the database file", e))?;
-        let mut writer = Connection::open_with_flags(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(|e| sql_err("opening the database", e))?;
+        vfs::register().map_err(|detail| settings(format!("the file wrapper: {detail}")))?;
+        let faults = match std::env::var(vfs::INJECT_ENV) {
+            Ok(spec) => {
+                let faults = vfs::Faults::parse(&spec, &options.name).map_err(settings)?;
+                (!faults.is_empty()).then(|| Arc::new(faults))
+            }
+            // A plan a test armed for this file itself.
+            Err(_) => vfs::armed(&path),
+        };
+        if let Some(faults) = &faults {
+            tracing::warn!(provider = %options.name, file = %path.display(), plan = %std::env::var(vfs::INJECT_ENV).unwrap_or_default(),
+                "failures are injected into this provider's files ({})", vfs::INJECT_ENV);
+            vfs::arm(&path, Arc::clone(faults));
+        }
+        let open_conn = |context| {
+            Connection::open_with_flags_and_vfs(
+                &path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                vfs::VFS_NAME,
+            )
+            .map_err(|e| sql_err(context, e))
+        };
+        let mut writer = open_conn("opening the database")?;
         // The page size only takes on a file with no pages yet; it must be
         // set before WAL mode writes the header.
         let pages: u64 = writer
@@ -1297,11 +1565,7 @@ impl SqliteProvider {
         let mut readers = Vec::with_capacity(options.read_connections);
         let statements = read_statements();
         for _ in 0..options.read_connections {
-            let conn = Connection::open_with_flags(
-                &path,
-                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )
-            .map_err(|e| sql_err("opening a read connection", e))?;
+            let conn = open_conn("opening a read connection")?;
             apply_connection_pragmas(&conn, true)
                 .map_err(|e| sql_err("setting up a read connection", e))?;
             conn.set_prepared_statement_cache_capacity(statements.len() + 8);
@@ -1312,11 +1576,7 @@ impl SqliteProvider {
             readers.push(conn);
         }
 
-        let checkpointer = Connection::open_with_flags(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(|e| sql_err("opening the checkpoint connection", e))?;
+        let checkpointer = open_conn("opening the checkpoint connection")?;
         apply_connection_pragmas(&checkpointer, false)
             .map_err(|e| sql_err("setting up the checkpoint connection", e))?;
         let counters = Arc::new(Counters::default());
@@ -1338,6 +1598,9 @@ impl SqliteProvider {
             readers_free: Condvar::new(),
             closed: AtomicBool::new(false),
             publishes_full: AtomicBool::new(false),
+            health: Mutex::new(Health::Writing),
+            failed: AtomicBool::new(false),
+            faults,
             counters,
             bounds,
             page_size,
@@ -1450,7 +1713,7 @@ impl SqliteProvider {
         self.shared.bounds
     }
 
-    /// saguin_storage_errors_total{provider}.
+    /// Failed operations, as this provider met them.
     pub fn storage_errors(&self) -> u64 {
         self.shared.counters.storage_errors.load(Ordering::Relaxed)
     }
@@ -1634,6 +1897,9 @@ impl SqliteProvider {
                 tracing::error!(provider = %shared.name, error = %e, "closing the database failed");
             }
         }
+        if shared.faults.is_some() {
+            vfs::disarm(&shared.path);
+        }
         // Break the store <-> provider cycle, then let the lock go last.
         *shared.registry.lock().unwrap_or_else(|e| e.into_inner()) = Registry::default();
         shared.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -1764,6 +2030,10 @@ impl Provider for SqliteProvider {
         self.shared.together(body)
     }
 
+    fn health(&self) -> Health {
+        self.shared.health()
+    }
+
     fn close(&self) -> contract::Result<()> {
         self.close_inner()
     }
@@ -1864,3 +2134,6 @@ pub fn open_read_only(path: &Path) -> Result<Connection, SqliteOpenError> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fault_tests;
