@@ -143,8 +143,10 @@ pub struct SnapshotMetrics {
     /// The last capture's and the last write's duration, nanoseconds.
     pub last_capture_nanos: AtomicU64,
     pub last_write_nanos: AtomicU64,
-    /// The longest capture since the start, nanoseconds.
+    /// The longest capture and the longest write since the start,
+    /// nanoseconds.
     pub max_capture_nanos: AtomicU64,
+    pub max_write_nanos: AtomicU64,
 }
 
 impl SnapshotMetrics {
@@ -169,7 +171,7 @@ pub struct SnapshotWriter {
     /// Where the thread says what each generation came to, once the
     /// broker task listens ([`Snapshots::new`]); until then, and after,
     /// what it wrote waits in `unread`.
-    tell: Arc<Mutex<Option<(usize, mpsc::UnboundedSender<(usize, Written)>)>>>,
+    tell: Arc<Mutex<Option<(usize, Tell)>>>,
     unread: Arc<Mutex<Vec<Written>>>,
     metrics: Arc<SnapshotMetrics>,
     /// The broker's metrics, where each failed file is also counted as a
@@ -179,6 +181,10 @@ pub struct SnapshotWriter {
     /// when they are written again, not at every attempt.
     failing: Mutex<BTreeSet<String>>,
 }
+
+/// Where a writer's thread says what each generation came to, with the
+/// index of its provider.
+type Tell = mpsc::UnboundedSender<(usize, Written)>;
 
 /// What the writing thread says of one generation.
 pub struct Written {
@@ -299,7 +305,7 @@ impl SnapshotWriter {
     }
 
     /// Tells the thread where to say what each generation came to.
-    fn tell_to(&self, index: usize, tx: mpsc::UnboundedSender<(usize, Written)>) {
+    fn tell_to(&self, index: usize, tx: Tell) {
         *lock(&self.tell) = Some((index, tx));
     }
 
@@ -323,10 +329,9 @@ impl SnapshotWriter {
         };
         tracing::debug!(provider = %self.name, stores = job.stores(), capture_us = took / 1000,
             "snapshot generation captured");
-        match lock(&self.jobs).as_ref().map(|jobs| jobs.send(job)) {
-            Some(Ok(())) => true,
-            _ => false,
-        }
+        lock(&self.jobs)
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(job).is_ok())
     }
 
     /// Takes in what a generation came to: logs each file's change of
@@ -353,14 +358,18 @@ impl SnapshotWriter {
                     "snapshot file could not be written: its previous generation's file stands, and it is tried again at the next generation");
             }
         }
-        metrics.last_write_nanos.store(
-            u64::try_from(written.elapsed.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        let write_nanos = u64::try_from(written.elapsed.as_nanos()).unwrap_or(u64::MAX);
+        metrics
+            .last_write_nanos
+            .store(write_nanos, Ordering::Relaxed);
+        metrics
+            .max_write_nanos
+            .fetch_max(write_nanos, Ordering::Relaxed);
         if let Some(committed) = &written.outcome.committed {
             metrics.generations.fetch_add(1, Ordering::Relaxed);
             metrics.set_committed(committed.generation, committed.captured_at);
             tracing::debug!(provider = %self.name, generation = committed.generation,
+                captured_at = committed.captured_at,
                 files = report.written.len().saturating_sub(1), removed = written.outcome.removed,
                 elapsed_ms = written.elapsed.as_millis() as u64, "snapshot generation committed");
         }
@@ -525,7 +534,7 @@ pub fn render_metrics(
     use std::fmt::Write as _;
     let now = contract::now_nanos();
     type Sample = fn(&SnapshotMetrics, i64) -> String;
-    let families: [(&str, &str, &str, Sample); 9] = [
+    let families: [(&str, &str, &str, Sample); 10] = [
         ("saguin_snapshot_generation", "gauge", "The snapshot generation the provider's directory holds.",
             |m, _| m.generation.load(Ordering::Relaxed).to_string()),
         ("saguin_snapshot_age_seconds", "gauge", "How old the state the current snapshot generation holds is: what a crash now would lose. -1 with no generation yet.",
@@ -547,6 +556,8 @@ pub fn render_metrics(
             |m, _| format!("{:.6}", m.max_capture_nanos.load(Ordering::Relaxed) as f64 / 1e9)),
         ("saguin_snapshot_write_seconds", "gauge", "How long the last generation took to write, off the broker's loop.",
             |m, _| format!("{:.6}", m.last_write_nanos.load(Ordering::Relaxed) as f64 / 1e9)),
+        ("saguin_snapshot_write_seconds_max", "gauge", "The longest a generation took to write since the broker started: with snapshot_max_delay, the crash window.",
+            |m, _| format!("{:.6}", m.max_write_nanos.load(Ordering::Relaxed) as f64 / 1e9)),
     ];
     for (name, kind, help, sample) in families {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");

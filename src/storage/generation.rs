@@ -442,7 +442,7 @@ pub fn write_generation(dir: &Path, job: &Job, observer: &dyn WriteObserver) -> 
         Ok(bytes) => {
             report.written.push(WrittenFile {
                 file_name: MANIFEST_FILE.into(),
-                name: format!("manifest of generation {generation}"),
+                name: "manifest".into(),
                 bytes,
                 records: 0,
                 checksum: 0,
@@ -468,9 +468,14 @@ pub fn write_generation(dir: &Path, job: &Job, observer: &dyn WriteObserver) -> 
         Err(error) => {
             report.failed.push(FailedFile {
                 file_name: MANIFEST_FILE.into(),
-                name: format!("manifest of generation {generation}"),
+                // The same name whatever the generation: the writer logs a
+                // file's failure once while it goes on failing.
+                name: "manifest".into(),
                 path: dir.join(MANIFEST_FILE),
-                error,
+                error: std::io::Error::new(
+                    error.kind(),
+                    format!("generation {generation} was not committed: {error}"),
+                ),
             });
             // Nothing lists the new files: they go, and the previous
             // generation stays current, every store of this one to be

@@ -21,6 +21,8 @@ use saguin::broker::codec::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub mod volume;
+
 /// Every wait in these tests is bounded by this.
 pub const WAIT: Duration = Duration::from_secs(10);
 

@@ -41,7 +41,7 @@ fn names(dir: &Path) -> Vec<String> {
 /// Captures and writes the next generation, as the broker does.
 fn generation(g: &mut Generations, p: &MemoryProvider, at: i64) -> Option<Outcome> {
     let job = g.capture(p, at)?;
-    let outcome = write_generation(&g.dir().to_path_buf(), &job, &Unobserved);
+    let outcome = write_generation(g.dir(), &job, &Unobserved);
     g.settle(&outcome);
     Some(outcome)
 }
