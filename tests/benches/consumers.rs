@@ -5,7 +5,10 @@
 //! broadcast topic with four QoS 1 subscribers (the memory channel with four
 //! consumers and this row run twice each, as channel, broadcast, broadcast,
 //! channel, and compared by their means), and the PUBACK latency of a
-//! sqlite channel with the publishers paced to 5,000 publishes a second.
+//! sqlite channel with the publishers paced to 5,000 publishes a second,
+//! and of a memory channel with four consumers at that pace without and
+//! with background snapshot generations (snapshot_debounce 250ms,
+//! snapshot_max_delay 2s), run as without, with, with, without.
 //!
 //! `cargo bench --bench consumers` (release). Each row starts its own
 //! `saguin serve` on a fresh directory, over 127.0.0.1; the clients are raw
@@ -99,6 +102,9 @@ struct Case {
     /// RFC 0004's BenchmarkPublishWithConsumers, publishes a second, low
     /// and high of five runs.
     rfc: Option<(f64, f64)>,
+    /// A memory provider writes background snapshot generations (250 ms
+    /// quiet, at most 2 s) into a directory of the row's.
+    snapshots: bool,
 }
 
 /// A broker holding every publish of the row for each broadcast
@@ -107,6 +113,13 @@ fn config(dir: &Path, case: &Case) -> Result<PathBuf, Error> {
     let (provider, target) = (case.provider, case.target);
     let queued = PUBLISHERS as u64 * u64::from(case.max_per_publisher);
     let (storage, name) = match provider {
+        Provider::Memory if case.snapshots => (
+            format!(
+                "  - name: mem\n    kind: memory\n    snapshot_dir: {}\n    snapshot_debounce: 250ms\n    snapshot_max_delay: 2s\n",
+                dir.join("snapshots").display()
+            ),
+            "mem",
+        ),
         Provider::Memory => ("  - name: mem\n    kind: memory\n".to_owned(), "mem"),
         Provider::Sqlite => (
             format!(
@@ -687,6 +700,7 @@ fn cases(scale: f64) -> Vec<Case> {
             max_per_publisher: max_per_publisher(readers),
             rate: None,
             rfc,
+            snapshots: false,
         };
         if provider == Provider::Memory && readers == 4 {
             // What the memory channel's four consumers answer to, run
@@ -703,6 +717,7 @@ fn cases(scale: f64) -> Vec<Case> {
                 max_per_publisher: max_per_publisher(readers),
                 rate: None,
                 rfc: None,
+                snapshots: false,
             };
             cases.extend([
                 channel(""),
@@ -726,6 +741,7 @@ fn cases(scale: f64) -> Vec<Case> {
         max_per_publisher: max_per_publisher(0),
         rate: Some(PACED_RATE),
         rfc: None,
+        snapshots: false,
     });
     for readers in [0, 4] {
         cases.push(Case {
@@ -737,6 +753,35 @@ fn cases(scale: f64) -> Vec<Case> {
             max_per_publisher: max_per_publisher(readers),
             rate: Some(PACED_RATE),
             rfc: None,
+            snapshots: false,
+        });
+    }
+    // What background snapshot generations cost a publisher's PUBACK:
+    // without, with, with, without, compared by their means, so a drift
+    // in the host's share falls on both sides.
+    for (snapshots, again) in [
+        (false, ""),
+        (true, ""),
+        (true, " (again)"),
+        (false, " (again)"),
+    ] {
+        cases.push(Case {
+            name: format!(
+                "memory channel, 4 consumers @5k/s, {}{again}",
+                if snapshots {
+                    "background snapshots"
+                } else {
+                    "no snapshots"
+                }
+            ),
+            provider: Provider::Memory,
+            target: Target::Channel,
+            readers: 4,
+            secs: PACED_SECS * scale,
+            max_per_publisher: max_per_publisher(4),
+            rate: Some(PACED_RATE),
+            rfc: None,
+            snapshots,
         });
     }
     cases
@@ -940,6 +985,41 @@ fn print_targets(rows: &[Row]) {
             )
         })
         .unwrap_or_default();
+    // Background snapshots against none, each side the mean of its rows'
+    // p99.
+    let p99s = |snapshots: bool| -> Vec<f64> {
+        rows.iter()
+            .filter(|r| {
+                let c = &r.case;
+                c.provider == Provider::Memory
+                    && c.target == Target::Channel
+                    && c.rate.is_some()
+                    && c.snapshots == snapshots
+            })
+            .filter_map(|r| r.measured.as_ref().ok())
+            .filter(|m| m.error.is_none())
+            .filter_map(|m| quantile(&m.acks, 0.99))
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .collect()
+    };
+    let (with, without) = (p99s(true), p99s(false));
+    if !with.is_empty() && !without.is_empty() {
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let ratio = mean(&with) / mean(&without);
+        let each = |v: &[f64]| {
+            v.iter()
+                .map(|p| format!("{p:.2} ms"))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        };
+        println!(
+            "memory channel at {} publishes/s, 4 consumers: PUBACK p99 with background snapshots {} / without {} = {ratio:.2} (target <= 1.5: {})",
+            thousands(PACED_RATE),
+            each(&with),
+            each(&without),
+            if ratio <= 1.5 { "met" } else { "not met" }
+        );
+    }
     for readers in [0, 4] {
         if let Some(m) = rate(Target::Channel, Provider::Sqlite, readers, true) {
             let p99 = quantile(&m.acks, 0.99);
