@@ -55,8 +55,8 @@ Startup: every storage provider a channel, broker.retained_storage or \
 broker.session_storage names is locked (a provider another live broker \
 holds is refused at once, naming the provider, the lock file and its \
 holder's pid, host and start), opened and recovered before any listener is \
-bound. A memory provider loads its snapshot_dir with the checks `saguin \
-snapshot verify` makes, each file held to eight times the provider's \
+bound. A memory provider loads its snapshot_dir's current generation with \
+the checks `saguin snapshot verify` makes, each file held to eight times the provider's \
 max_bytes (at least 64 MiB; 4 GiB when unbounded); sqlite checks its schema \
 version. Both drop the positions of consumers whose session expired while \
 the broker was down, logging how many per channel. Then each append channel \
@@ -109,13 +109,39 @@ no_space, io, read_only, fsync, snapshot, other. Commits acknowledged within \
 the last flush_interval that a failing disk never wrote are lost as on a \
 power cut.
 
+Snapshots: a memory provider's snapshot_dir holds one generation at every \
+instant - its state at one moment - and the startup line of the load \
+names the generation and how old it is. While serving, a generation is \
+written snapshot_debounce (250ms) after the provider goes quiet and at \
+most snapshot_max_delay (2s) after its first change, so a kill -9, an OOM \
+kill or a power cut loses what changed in the last snapshot_max_delay and \
+the time one generation takes to write; both none writes only at the stop. \
+The broker's loop copies the changed stores' state (their counters and \
+positions, and handles on their records: no record is copied) and a \
+thread of the provider's own writes it: only the channels, retained store \
+and sessions that changed since the last generation, each under a name no \
+generation used before, then the manifest that commits them. A file that \
+cannot be written (a full disk, a permission, an I/O error) leaves its \
+previous generation's file listed, is logged once when it starts failing \
+and once when it is written again, counts in \
+saguin_storage_errors_total{kind=\"snapshot\"}, and is tried again at the \
+next generation, no sooner than snapshot_max_delay (at least a second) \
+later; the broker serves on. saguin_snapshot_generation, \
+saguin_snapshot_age_seconds, saguin_snapshot_capture_seconds and \
+saguin_snapshot_write_seconds say how it goes. To copy a snapshot_dir \
+while the broker runs, copy it (cp -r, rsync, tar) and run `saguin \
+snapshot verify` on the copy: exit 0 means one whole generation, exit 1 \
+means a generation committed during the copy, which is then refused \
+naming the file; copy again. A file-system snapshot needs no check.
+
 Stopping: at SIGTERM or SIGINT the broker stops accepting and retention \
-stops, then writes each memory provider's snapshot_dir (its channels with \
-their positions, the manifest first; each file to a \
-temporary name, fsynced and renamed; the directory fsynced; a few files at \
-a time), checkpoints and closes each sqlite provider, and lets every lock \
-go, logging each file written and each failure by name and the total time. \
-A further signal meanwhile logs what is still being written.
+stops, then finishes the snapshot generation being written and writes each \
+memory provider's last one (whatever changed since the one before: each \
+file to a temporary name, fsynced and renamed; the directory fsynced; a \
+few files at a time; the manifest last), checkpoints and closes each \
+sqlite provider, and lets every lock go, logging each file written and \
+each failure by name and the total time. A further signal meanwhile logs \
+what is still being written.
 
 Reloading: at SIGHUP (systemctl reload) the files auth.password_file and \
 auth.acl_file name are read again, as Mosquitto does, and put in force \

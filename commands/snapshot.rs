@@ -33,6 +33,9 @@ pub enum Command {
     /// Show what a snapshot directory, format 21 file or MBMQTT01 file holds.
     ///
     /// The kind of PATH is told from its bytes (the magic), never its name.
+    /// A directory is shown with its generation: its number, the moment of
+    /// the state it holds and how long ago that was (what a crash of the
+    /// broker writing it would lose), and when it was committed.
     /// Exit 0 when it was shown and is loadable, 1 when it is not a valid
     /// snapshot (what could be read is still shown), 3 when it cannot be
     /// read at all, or when --channel names a channel no file holds.
@@ -50,8 +53,12 @@ pub enum Command {
     /// "problem": null|{"code","message"}, "header": null|HEADER,
     /// "contents": null|CONTENTS, "files": [FILE], "findings": [FINDING]}`.
     /// HEADER is `{"format","kind","writer","written_at","written_at_unix_nanos"}`;
-    /// CONTENTS has a `"kind"` (`channel`, `manifest`, `retained`,
-    /// `sessions`, `broadcast`, `mbmqtt01`) and that kind's fields; records
+    /// CONTENTS has a `"kind"` (`channel`, `manifest`, `generation`,
+    /// `retained`, `sessions`, `broadcast`, `mbmqtt01`) and that kind's
+    /// fields (a generation's: `"generation","captured_at",
+    /// "captured_at_unix_nanos","files"`, each file `{"kind","channel",
+    /// "file","generation","written_at","written_at_unix_nanos","length",
+    /// "checksum","behind"}`); records
     /// (RECORD: `{"offset","message_id","time","time_unix_nanos","topic",
     /// "qos","retain","client_id","bridge","shared_copy","owed_to",
     /// "payload_bytes","payload_text","payload_hex","user_properties",
@@ -69,8 +76,12 @@ pub enum Command {
     /// "payload_bytes","payload_text","payload_hex","user_properties",
     /// "properties"}`. Problem and finding codes are kebab-case
     /// (`checksum-mismatch`, `not-a-snapshot`, `crc-mismatch`).
-    /// For a directory `files` lists `{"name","role","status","problem",
-    /// "header","contents"}` and `findings` lists `{"severity","code",
+    /// For a directory `"manifest"` is its manifest's CONTENTS (a
+    /// directory's generation and when its state was taken), `files` lists
+    /// `{"name","role","generation","status","problem","header",
+    /// "contents"}` (status `ok`, `fail`, `unreadable`, `not-read` for a
+    /// file this provider does not keep, `not-current` for one the current
+    /// generation does not list) and `findings` lists `{"severity","code",
     /// "file","message"}`; both are `[]` for a single file. Readers must
     /// ignore fields they do not know.
     Inspect(InspectArgs),
@@ -83,24 +94,39 @@ pub enum Command {
     /// valid snapshot), 3 when some file could not be read at all (missing,
     /// permission, I/O), which takes precedence.
     ///
+    /// A directory holds one generation: the files its manifest lists
+    /// (format/FORMAT.md §4); only those are read. A copy of a directory a
+    /// broker was writing holds one whole generation when verify exits 0,
+    /// and is refused naming the file it lacks or got from another
+    /// generation when one committed during the copy: copy again.
+    ///
     /// A directory's findings and their verdicts. FAIL (exit 1):
     /// `file-refused` (a file does not decode or validate),
     /// `name-mismatch` (a channel file under another channel's name),
-    /// `sessions-without-broadcast`, `sessions-broadcast-mismatch` (the
-    /// sessions do not fit the log), `listed-but-missing` (the manifest
-    /// lists a file that is not there: its records are gone),
-    /// `written-before-manifest` (a listed file older than the shutdown:
-    /// what was published after its moment is gone), `nothing-stored` (no
-    /// channel, retained, sessions or broadcast file: nothing to verify).
-    /// WARN (exit 0): `manifest-missing`, `manifest-unreadable` (the
-    /// manifest file itself also FAILs), `written-after-manifest` (a later
-    /// shutdown finished its files and not its manifest; nothing is lost),
-    /// `leftover-temp` (an unfinished write, never read). Not printed, in
-    /// `--json` only: `not-in-manifest`, `not-configured`, `unrecognised`.
-    /// A broker starts on a directory with `listed-but-missing` or
-    /// `written-before-manifest` findings (its loader warns); verify
-    /// answers no, because records are gone. The same verdicts decide what
-    /// `saguin migrate` refuses to read.
+    /// `not-the-listed-file` (a listed file whose length, written-at or
+    /// checksum is not what the manifest states: a copy mixing two
+    /// generations), `sessions-without-broadcast`,
+    /// `sessions-broadcast-mismatch` (the sessions do not fit the log),
+    /// `listed-but-missing` (the manifest lists a file that is not there:
+    /// its records are gone), `written-before-manifest` (a file older than
+    /// a shutdown's manifest, in a directory written before generations:
+    /// what was published after its moment is gone),
+    /// `generations-without-manifest` (numbered files and no manifest to
+    /// say they are one generation), `nothing-stored` (no channel,
+    /// retained, sessions or broadcast file: nothing to verify). WARN (exit
+    /// 0): `manifest-missing`, `manifest-unreadable` (the manifest file
+    /// itself also FAILs), `written-after-manifest` (a later shutdown
+    /// finished its files and not its manifest; nothing is lost), `behind`
+    /// (a store whose newer state could not be written: what happened to
+    /// it after its file is gone), `uncommitted` (a file of a generation
+    /// being written or cut short; not read), `leftover-temp` (an
+    /// unfinished write, never read). Not printed, in `--json` only:
+    /// `not-in-manifest`, `superseded`, `not-configured`, `unrecognised`.
+    /// A broker starts on a directory with `listed-but-missing`,
+    /// `written-before-manifest` or `generations-without-manifest`
+    /// findings (its loader warns); verify answers no, because records may
+    /// be gone. The same verdicts decide what `saguin migrate` refuses to
+    /// read.
     ///
     /// `--json` prints one document: `{"results": [{"path","status":
     /// "ok"|"fail"|"unreadable","format","kind","problem":null|{"code",

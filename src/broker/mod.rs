@@ -16,6 +16,14 @@
 //!   recovered before anything listens; at a graceful stop the memory
 //!   providers' snapshot directories are written, sqlite checkpointed, the
 //!   locks let go.
+//! - [`snapshots`]: each memory provider with a snapshot directory writes
+//!   a generation of it in the background, `snapshot_debounce` after its
+//!   last change and at most `snapshot_max_delay` after its first. The
+//!   broker task notices changes (one atomic load a turn), keeps the
+//!   schedule on its own clock and captures the changed stores at one
+//!   moment of its order (counters, positions and record handles: no
+//!   record copied); a thread of the provider's own writes them, and the
+//!   broker task never waits for it.
 //! - [`retention`]: one task sweeping the append channels by
 //!   `retention_bytes` every second and by `retention_age` every tenth of
 //!   the shortest one (at least a second), on the blocking pool, one sweep
@@ -186,6 +194,18 @@
 //!   seconds at QoS 0, and sent at once to a new `$SYS` subscription with
 //!   RETAIN=1; it is not stored as retained and does not count itself.
 //!   Clients may not publish to `$SYS/...` (answered like an ACL denial).
+//! - A memory provider's crash window is its last committed snapshot
+//!   generation: a generation is captured at one moment of the broker
+//!   task's order, which is the one writer of a memory provider's stores,
+//!   so a crash never restores one channel from one moment and another
+//!   from a later one. A capture is due ahead of client events in the
+//!   broker task's loop, so a broker kept busy still captures on time; one
+//!   generation is written at a time, and changes during its write wait
+//!   for the next (what a crash loses is at most `snapshot_max_delay` and
+//!   one write). A failed generation is tried again no sooner than
+//!   `snapshot_max_delay`, at least a second later, so a full disk is not
+//!   hammered; only what changed is written, at the granularity of a
+//!   channel file (a changed channel is rewritten whole).
 //! - Storage: a packet's acknowledgement waits for the write it caused;
 //!   the packets a connection sends after it are handled at once (their
 //!   writes share the next transactions) but answered in order, so a

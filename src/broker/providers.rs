@@ -28,18 +28,23 @@
 //! file: an empty start is indistinguishable from a fresh install and
 //! destroys the evidence. A role no provider is named for is kept by a
 //! built-in memory provider with no snapshot directory: nothing is kept,
-//! and `serve` says so. Latest and queue channels never get here:
-//! `serve` refuses them first ([`Config::unserved`]).
+//! and `serve` says so.
+//!
+//! A memory provider with a snapshot directory gets a [`SnapshotWriter`]
+//! once it is loaded: the directory's generations continue from the one
+//! loaded (files no generation lists removed first), written in the
+//! background while the broker serves (`super::snapshots`).
 //!
 //! [`Providers::close`] is the last thing a graceful stop does, after the
-//! broker has handed everything to its providers: each memory provider
-//! with a snapshot directory is written - its channels with their positions
-//! and exactly-once holds, the retained store, the sessions - (manifest
-//! first; each file to a temporary name, fsynced, renamed; the directory
-//! fsynced; a few files at a time), each sqlite provider checkpointed
-//! (TRUNCATE) and closed, and every lock let go. Every file written and
-//! every failure is logged by name, and the [`ShutdownStatus`] says what is
-//! being written while it is.
+//! broker has handed everything to its providers: each memory provider's
+//! writer is stopped (the generation it was writing finished) and its last
+//! generation written - every store that changed since the one before,
+//! with positions and exactly-once holds (each file to a temporary name,
+//! fsynced, renamed; the directory fsynced; a few files at a time; the
+//! manifest last) - each sqlite provider checkpointed (TRUNCATE) and
+//! closed, and every lock let go. Every file written and every failure is
+//! logged by name, and the [`ShutdownStatus`] says what is being written
+//! while it is.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};

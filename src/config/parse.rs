@@ -244,10 +244,13 @@ fn snapshot_schedule(
         }
     }
     match (debounce, max_delay) {
-        (Some(_), None) => {
+        (Some(d), None) => {
             ctx.problem(
                 &at(&max_delay_path, "snapshot_max_delay"),
-                "none with a snapshot_debounce would never write a provider that is never quiet; give a maximum delay, or none for both (only at shutdown)",
+                format!(
+                    "none beside snapshot_debounce {} would never write a provider that is never quiet; give a maximum delay, or snapshot_debounce: none as well (written only at shutdown)",
+                    units::format_duration(d)
+                ),
             );
             None
         }

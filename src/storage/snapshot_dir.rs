@@ -13,32 +13,41 @@
 //! `tests/snapshot_loader_agreement.rs` holds `saguin snapshot verify` and
 //! that loader to one verdict on every kind of damage.
 //!
-//! What a directory may hold (names from [`saguin_format::channel_name`]):
+//! What a directory may hold (names from [`saguin_format::channel_name`];
+//! `N` is the number of the generation that wrote a file, absent in a
+//! directory a build before generations wrote):
 //!
 //! | name | what |
 //! | --- | --- |
-//! | `saguin.manifest` | the manifest, written first at every shutdown |
-//! | `<encoded channel>.snapshot` | one channel (a queue and its dead-letter channel share one) |
-//! | `%24saguin%2Fretained.snapshot` | the retained store |
-//! | `saguin.sessions`, `saguin.broadcast` | persistent sessions and the broadcast log, a pair |
+//! | `saguin.manifest` | the generation manifest (kind 6), written last: it commits its generation; or a shutdown's manifest (kind 2) beside fixed names |
+//! | `<encoded channel>.N.snapshot` | one channel (a queue and its dead-letter channel share one) |
+//! | `%24saguin%2Fretained.N.snapshot` | the retained store |
+//! | `saguin.N.sessions`, `saguin.N.broadcast` | persistent sessions and the broadcast log, a pair |
 //! | `*.tmp` | a write that never finished: reported, never read |
 //! | `saguin.lock` (and its `-journal`, `-wal`, `-shm`) | the provider's lock and the sidecars SQLite leaves beside it: not snapshots, ignored |
 //!
+//! Which files are current is the manifest's to say (`format/FORMAT.md`
+//! §4): a generation manifest's list, each file checked to be the one
+//! listed (length, written-at, checksum); beside a shutdown's manifest the
+//! fixed names; with no usable manifest, the newest file of each store. A
+//! file the current generation does not list is not read.
+//!
 //! Findings are typed ([`Severity`]): an **error** means the broker does not
 //! start on this directory (a damaged, truncated or foreign-version file, a
-//! file whose name does not match the channel inside it, a sessions file
-//! without its broadcast log, an in-flight entry past the log's next
-//! offset); a **warning** is what the manifest and leftover temporary files
-//! tell the operator (the manifest's own failures are
-//! warnings); **info** is a file nobody asked for.
+//! file whose name does not match the channel inside it, a listed file
+//! that is not the one listed, a sessions file without its broadcast log,
+//! an in-flight entry past the log's next offset); a **warning** is what
+//! the manifest and leftover temporary files tell the operator (the
+//! manifest's own failures are warnings); **info** is a file nobody asked
+//! for or one a later generation replaced.
 //!
-//! The manifest's moment: a shutdown stamps every file it writes, the
-//! manifest included, with one "written at" equal to the manifest's
-//! `began_at`. A channel file stamped earlier was not rewritten by that
-//! shutdown (its write never landed, or the channel was not configured
-//! then): everything published to it after its own moment is gone. A file
-//! stamped later was written by a later shutdown whose manifest did not
-//! land: the channels finished and the manifest did not.
+//! A shutdown's manifest's moment: a build before generations stamped every
+//! file a shutdown wrote, the manifest included, with one "written at"
+//! equal to the manifest's `began_at`. A file stamped earlier was not
+//! rewritten by that shutdown (its write never landed, or the channel was
+//! not configured then): everything published to it after its own moment
+//! is gone. A file stamped later was written by a later shutdown whose
+//! manifest did not land: the channels finished and the manifest did not.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

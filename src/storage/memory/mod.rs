@@ -1,6 +1,7 @@
 //! The memory provider: stores in memory behind fine-grained locks, one
-//! provider-wide byte counter, and a snapshot directory written at a
-//! graceful shutdown (`format/FORMAT.md` §4).
+//! provider-wide byte counter, and a snapshot directory written as
+//! generations (`format/FORMAT.md` §4): each store counts its changes
+//! ([`Version`]), so a generation writes only the stores that changed.
 //!
 //! Locks: the provider's channel map is taken only to find or create a
 //! store. Each store has its own lock for records and counters and another

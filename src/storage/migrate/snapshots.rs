@@ -1,9 +1,10 @@
 //! Units to and from a snapshot directory, through the code the broker
 //! uses: [`snapshot_dir::scan`] (the loader's own decode and validation, so
 //! what is migrated is what `serve` would load) and
-//! [`snapshot_write::write_snapshot`] (the shutdown's writer: manifest
-//! first, each file to a temporary name, fsynced, renamed, the directory
-//! fsynced; 0700 and 0600).
+//! [`snapshot_write::write_snapshot`] (the broker's writer: the units as
+//! the directory's first generation, each file to a temporary name,
+//! fsynced, renamed, the directory fsynced, the manifest last; 0700 and
+//! 0600).
 
 use std::path::Path;
 use std::sync::Arc;
