@@ -261,10 +261,10 @@ pub struct Outcome {
 impl Generations {
     /// The generations of `dir`, whose current generation is `committed`,
     /// for `provider` as it was just loaded from it: a store whose file the
-    /// generation lists, not marked behind, is taken as written at the
-    /// version it has now; any other (a store with no file yet, or one
-    /// whose newer state a failed write lost) is written at the next
-    /// generation.
+    /// generation lists and the directory holds, not marked behind, is
+    /// taken as written at the version it has now; any other (a store with
+    /// no file yet, one whose listed file is gone, or one whose newer state
+    /// a failed write lost) is written at the next generation.
     pub fn new(
         dir: &Path,
         options: SnapshotOptions,
@@ -273,7 +273,11 @@ impl Generations {
     ) -> Generations {
         let mut written = HashMap::new();
         for (store, version) in provider.store_versions(&options) {
-            if committed.files.get(&store).is_some_and(|f| !f.behind) {
+            let kept = committed
+                .files
+                .get(&store)
+                .is_some_and(|f| !f.behind && dir.join(&f.file_name).is_file());
+            if kept {
                 written.insert(store, version);
             }
         }

@@ -385,6 +385,14 @@ fn a_store_with_no_file_or_one_left_behind_is_a_change_from_the_start() {
         .get_mut(&Store::Channel("a".into()))
         .unwrap()
         .behind = true;
-    let g = Generations::new(d.path(), SnapshotOptions::default(), committed, &p);
+    let g = Generations::new(d.path(), SnapshotOptions::default(), committed.clone(), &p);
     assert!(g.has_changes(&p), "a's file is behind its state");
+    committed
+        .files
+        .get_mut(&Store::Channel("a".into()))
+        .unwrap()
+        .behind = false;
+    fs::remove_file(d.path().join("a.1.snapshot")).unwrap();
+    let g = Generations::new(d.path(), SnapshotOptions::default(), committed, &p);
+    assert!(g.has_changes(&p), "a's listed file is gone");
 }
