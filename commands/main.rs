@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod bench;
 mod check_config;
 mod docs;
 mod lock;
@@ -84,6 +85,8 @@ pub enum Commands {
     Lock(lock::Command),
     /// Add, change or delete a user in a password file (mosquitto_passwd's format).
     Passwd(passwd::Args),
+    /// Measure what this machine and its disk cost the configured providers.
+    Bench(bench::Args),
     /// Write the man pages and shell completions (for building the project).
     #[command(hide = true)]
     GenerateDocs(docs::Args),
@@ -99,6 +102,7 @@ fn main() -> ExitCode {
         Commands::Migrate(cmd) => migrate::run(cmd),
         Commands::Lock(cmd) => lock::run(cmd),
         Commands::Passwd(args) => passwd::run(args),
+        Commands::Bench(args) => bench::run(args),
         Commands::GenerateDocs(args) => docs::run(args),
     };
     match result {

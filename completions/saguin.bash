@@ -16,6 +16,9 @@ _saguin() {
             ",$1")
                 cmd="saguin"
                 ;;
+            saguin,bench)
+                cmd="saguin__subcmd__bench"
+                ;;
             saguin,check-config)
                 cmd="saguin__subcmd__check__subcmd__config"
                 ;;
@@ -39,6 +42,9 @@ _saguin() {
                 ;;
             saguin,sqlite)
                 cmd="saguin__subcmd__sqlite"
+                ;;
+            saguin__subcmd__help,bench)
+                cmd="saguin__subcmd__help__subcmd__bench"
                 ;;
             saguin__subcmd__help,check-config)
                 cmd="saguin__subcmd__help__subcmd__check__subcmd__config"
@@ -176,12 +182,38 @@ _saguin() {
 
     case "${cmd}" in
         saguin)
-            opts="-h -V --help --version serve check-config snapshot sqlite migrate lock passwd help"
+            opts="-h -V --help --version serve check-config snapshot sqlite migrate lock passwd bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__bench)
+            opts="-h -V --config --dir --quick --timeout-stop --json --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --timeout-stop)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -212,8 +244,22 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__help)
-            opts="serve check-config snapshot sqlite migrate lock passwd help"
+            opts="serve check-config snapshot sqlite migrate lock passwd bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__help__subcmd__bench)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

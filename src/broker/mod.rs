@@ -492,6 +492,7 @@
 pub mod alias;
 pub mod auth;
 pub mod auth_files;
+pub mod bench;
 pub mod bridge;
 pub mod codec;
 pub mod connection;

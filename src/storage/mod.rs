@@ -3,6 +3,7 @@
 //! in `format/FORMAT.md`, the durability promises in the README.
 
 pub mod backup;
+pub mod bench;
 pub mod contract;
 pub mod generation;
 pub mod lock;
