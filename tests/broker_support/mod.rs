@@ -247,10 +247,30 @@ pub fn have_mosquitto_clients(test: &str) -> bool {
     ok
 }
 
+/// Set (to `1`) where every peer a test drives must be there: `.ci/run`
+/// installs them, so a missing one is a failed install, and a test that
+/// would pass by skipping fails instead. On a developer's machine, unset,
+/// a missing peer is a loud skip.
+pub const REQUIRE_PEERS: &str = "SAGUIN_REQUIRE_PEERS";
+
 /// `SKIP test: why` on the process's standard error itself: the test
 /// harness keeps what `eprintln!` writes from a test that passes, and a
-/// skip nobody sees is a silent one.
+/// skip nobody sees is a silent one. Where [`REQUIRE_PEERS`] is set, the
+/// test fails with the same words instead.
 pub fn say_skipped(test: &str, why: &str) {
+    use std::io::Write;
+    if std::env::var(REQUIRE_PEERS).is_ok_and(|v| v == "1") {
+        panic!(
+            "{test} cannot run here ({why}) and {REQUIRE_PEERS}=1 says every peer was installed"
+        );
+    }
+    let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
+}
+
+/// A skip that stays a skip wherever it runs: what this machine cannot do
+/// at all (mount a file system without the privilege to), not a peer that
+/// was not installed.
+pub fn say_cannot(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
 }
