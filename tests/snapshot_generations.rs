@@ -474,7 +474,14 @@ fn a_full_disk_during_a_background_write_leaves_the_previous_generation_current(
     let yaml = memory_config(&snap, "10ms", "100ms", &[("telemetry", "")]);
     let mut broker = Broker::start(&yaml);
     publish_one(broker.addr(), "telemetry/x", 0);
-    broker.wait_log(|l| l.contains(COMMITTED));
+    // A generation taken after the PUBACK holds the record (the one the
+    // start wrote may not).
+    let acked = now_nanos();
+    broker.wait_log(|l| {
+        l.contains(COMMITTED)
+            && field(l, "captured_at")
+                .is_some_and(|at| at.parse::<i64>().is_ok_and(|at| at >= acked))
+    });
 
     // The disk fills; the next generation's write fails.
     let ballast: PathBuf = volume.fill("ballast");

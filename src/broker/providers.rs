@@ -938,9 +938,7 @@ fn write_memory(
         prefix: format!("storage provider {name}: snapshot {}", dir.display()),
         writing: Mutex::new(BTreeSet::new()),
     };
-    let outcome = generation::write_generation(dir, &job, &observer);
-    drop(job);
-    generations.settle(&outcome);
+    let outcome = generations.write(job, &observer);
     drop(generations);
     let written = &outcome.report;
     for w in &written.written {

@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use super::metrics::Metrics;
 use crate::config::SnapshotSchedule;
 use crate::storage::contract::{self, FaultKind};
-use crate::storage::generation::{self, Generations, Job, Outcome};
+use crate::storage::generation::{Generations, Job, Outcome};
 use crate::storage::memory::MemoryProvider;
 use crate::storage::snapshot_write::Unobserved;
 
@@ -230,11 +230,7 @@ impl SnapshotWriter {
                 .spawn(move || {
                     for job in queued {
                         let started = std::time::Instant::now();
-                        let mut generations = lock(&generations);
-                        let outcome =
-                            generation::write_generation(generations.dir(), &job, &Unobserved);
-                        generations.settle(&outcome);
-                        drop(generations);
+                        let outcome = lock(&generations).write(job, &Unobserved);
                         let written = Written {
                             outcome,
                             elapsed: started.elapsed(),

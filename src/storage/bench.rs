@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use saguin_format::model::{ChannelKind, Record};
 
 use super::contract::Provider;
-use super::generation::{self, Committed, Generations};
+use super::generation::{Committed, Generations};
 use super::memory::{MemoryConfig, MemoryProvider};
 use super::snapshot_write::{SnapshotOptions, Unobserved};
 
@@ -141,7 +141,7 @@ pub fn snapshot_write(dir: &Path, bytes: u64, channels: usize) -> std::io::Resul
     let job = generations
         .capture(&provider, 1)
         .ok_or_else(|| std::io::Error::other("nothing to write"))?;
-    let outcome = generation::write_generation(dir, &job, &Unobserved);
+    let outcome = generations.write(job, &Unobserved);
     let elapsed = start.elapsed();
     if let Some(failed) = outcome.report.failed.first() {
         return Err(std::io::Error::new(
