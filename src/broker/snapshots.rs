@@ -11,13 +11,16 @@
 //!   changes; one atomic load a turn), keeps each provider's [`Schedule`]
 //!   on its own clock, and, when a generation is due, captures it:
 //!   [`Generations::capture`] copies the counters, positions and shared
-//!   record handles of the stores that changed. The broker task is the
-//!   one writer of a memory provider's stores, so the capture is the
-//!   provider's state at one moment of the broker's order - a frozen view
-//!   that costs a walk of pointers over the changed stores and copies no
-//!   record. Its cost is measured (`saguin_snapshot_capture_seconds`).
-//! - A thread of the provider's own ([`SnapshotWriter`]) encodes and
-//!   writes the generation. The broker task never waits for it: one
+//!   record handles of the stores that changed - of an append channel,
+//!   only the handles of the records appended since the last capture. The
+//!   broker task is the one writer of a memory provider's stores, so the
+//!   capture is the provider's state at one moment of the broker's order -
+//!   a frozen view that copies no record and costs a walk of pointers over
+//!   what changed, not over what the channels hold. Its cost is measured
+//!   (`saguin_snapshot_capture_seconds`).
+//! - A thread of the provider's own ([`SnapshotWriter`]) completes each
+//!   append channel's copy from the records it held from the last capture,
+//!   then encodes and writes the generation. The broker task never waits for it: one
 //!   generation is out at a time, and changes meanwhile wait for the next.
 //! - A generation that fails (a file, or its manifest) leaves the previous
 //!   one current; each file's failure is logged once when it starts failing
