@@ -89,7 +89,10 @@ consumer, which has no properties, gets each message as it was published \
 (its gaps are still counted in saguin_consumer_gap_total). $share/G/<channel>/# \
 is one group with one place in the channel, each record to one member.
 
-Disk faults: a sqlite provider whose file system has no room (ENOSPC, \
+Disk faults: a sqlite provider whose file system has no room when the \
+broker starts stops the start (exit 3), naming the lack of room: opening \
+writes the write-ahead log's index; a supervisor restarting it brings the \
+broker up once there is room. One whose file system has no room (ENOSPC, \
 EDQUOT, the file size limit) refuses the writes that need room with 0x83 - \
 not 0x97, which is kept for a configured max_bytes - and takes them again \
 by itself the moment there is room, with no restart. An I/O error, a failed \

@@ -142,6 +142,15 @@ pub enum SqliteOpenError {
         #[source]
         source: rusqlite::Error,
     },
+    /// Its file system has no room for what an open writes: the
+    /// write-ahead log's index (`-shm`, 32 KiB) and the recovery's writes.
+    #[error("storage {}: {context}: no space left on its file system ({source}); opening needs room for the write-ahead log and its index (-wal, -shm): free some and start again", path.display())]
+    NoSpace {
+        path: PathBuf,
+        context: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
     #[error("storage {}: {context}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -1495,11 +1504,24 @@ impl SqliteProvider {
             context,
             source,
         };
-        let sql_err = |context, source| SqliteOpenError::Sqlite {
-            path: path.clone(),
-            context,
-            source,
+        // A failure of a file call that had no room is named as such: at
+        // an open, SQLite calls running out of room for the write-ahead
+        // log's index an I/O error.
+        let sql_err = |context, source| match vfs::take_last() {
+            Some(failed) if matches!(failed.errno, libc::ENOSPC | libc::EDQUOT) => {
+                SqliteOpenError::NoSpace {
+                    path: path.clone(),
+                    context,
+                    source,
+                }
+            }
+            _ => SqliteOpenError::Sqlite {
+                path: path.clone(),
+                context,
+                source,
+            },
         };
+        vfs::clear_last();
         create_private(&path).map_err(|e| io_err("creating the database file", e))?;
         vfs::register().map_err(|detail| settings(format!("the file wrapper: {detail}")))?;
         let faults = match std::env::var(vfs::INJECT_ENV) {
