@@ -490,7 +490,12 @@ pub fn write_generation(dir: &Path, job: &Job, observer: &dyn WriteObserver) -> 
         files: entries.values().cloned().collect(),
     };
     let committed = synced.and_then(|()| {
-        let bytes = f21::encode(&SnapshotFile::Generation(manifest), stamp);
+        // Its header says when the generation committed: now, every file
+        // it lists durable; `captured_at` says the moment its state is of.
+        let bytes = f21::encode(
+            &SnapshotFile::Generation(manifest),
+            super::contract::now_nanos(),
+        );
         observer.started(MANIFEST_FILE);
         // 3. The commit: one rename, then made durable.
         let written = snapshot_write::write_durable(dir, MANIFEST_FILE, &bytes)
