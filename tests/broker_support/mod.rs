@@ -186,22 +186,35 @@ impl Broker {
     }
 }
 
-/// A test target named `*_on_sqlite` (Cargo.toml builds the conformance
-/// and session tests a second time under such names), or
-/// `SAGUIN_TEST_SESSION_STORAGE=sqlite`, runs the same tests with sessions
-/// and retained messages kept in a sqlite provider - for configurations
-/// that name no storage of their own - so every behaviour is checked on
-/// both.
+/// Whether this test crate's brokers keep sessions and retained messages
+/// in a sqlite provider: declared in Cargo.toml, where a `[[test]]` target
+/// named `*_on_sqlite` builds a test file a second time for that (the
+/// conformance and session tests), and fixed when the crate is compiled.
+const ON_SQLITE: bool = ends_with(env!("CARGO_CRATE_NAME"), "_on_sqlite");
+
+const fn ends_with(name: &str, suffix: &str) -> bool {
+    let (name, suffix) = (name.as_bytes(), suffix.as_bytes());
+    if suffix.len() > name.len() {
+        return false;
+    }
+    let start = name.len() - suffix.len();
+    let mut i = 0;
+    while i < suffix.len() {
+        if name[start + i] != suffix[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// A crate declared [`ON_SQLITE`], or any run with
+/// `SAGUIN_TEST_SESSION_STORAGE=sqlite`, keeps sessions and retained
+/// messages in a sqlite provider for configurations that name no storage
+/// of their own, so every behaviour is checked on both.
 fn with_session_storage(yaml: &str, dir: &Path) -> String {
-    let by_target = std::env::current_exe()
-        .ok()
-        .and_then(|p| {
-            p.file_name()
-                .map(|n| n.to_string_lossy().contains("_on_sqlite"))
-        })
-        .unwrap_or(false);
     let wanted =
-        by_target || std::env::var("SAGUIN_TEST_SESSION_STORAGE").is_ok_and(|v| v == "sqlite");
+        ON_SQLITE || std::env::var("SAGUIN_TEST_SESSION_STORAGE").is_ok_and(|v| v == "sqlite");
     if !wanted || yaml.contains("storage:") || yaml.contains("\nbroker:") {
         return yaml.to_owned();
     }
