@@ -175,7 +175,24 @@ pub struct Metrics {
     /// in-flight tables and cursors) waited for its commit, in
     /// microseconds (`saguin_ack_store_wait_seconds_max`).
     ack_store_wait_max_us: AtomicU64,
+    /// The retention sweeps' counters, by [`RETENTION_SWEEPS`] index.
+    retention: [SweepSeries; RETENTION_SWEEPS.len()],
     pub started: std::time::Instant,
+}
+
+/// The two retention sweeps, as `saguin_retention_*{sweep}` labels them.
+pub const RETENTION_SWEEPS: [&str; 2] = ["size", "age"];
+
+/// One retention sweep's counters (`saguin_retention_*`).
+#[derive(Debug, Default)]
+struct SweepSeries {
+    passes: AtomicU64,
+    removed_records: AtomicU64,
+    removed_bytes: AtomicU64,
+    /// Nanoseconds: every pass together, the last and the longest.
+    total_nanos: AtomicU64,
+    last_nanos: AtomicU64,
+    max_nanos: AtomicU64,
 }
 
 /// What is rendered for one provider.
@@ -287,6 +304,7 @@ impl Metrics {
             queues: Default::default(),
             bridges: Default::default(),
             ack_store_wait_max_us: AtomicU64::new(0),
+            retention: Default::default(),
             started: std::time::Instant::now(),
         }
     }
@@ -317,6 +335,23 @@ impl Metrics {
     /// The longest wait [`Metrics::acknowledgements_stored`] has seen.
     pub fn ack_store_wait_max(&self) -> std::time::Duration {
         std::time::Duration::from_micros(self.ack_store_wait_max_us.load(Relaxed))
+    }
+
+    /// A pass of the retention sweep `sweep` (one of [`RETENTION_SWEEPS`])
+    /// took `took` and removed `records` records of `bytes` bytes over
+    /// every channel it swept.
+    pub fn retention_swept(&self, sweep: &str, took: std::time::Duration, records: u64, bytes: u64) {
+        let Some(i) = RETENTION_SWEEPS.iter().position(|s| *s == sweep) else {
+            return;
+        };
+        let series = &self.retention[i];
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        series.passes.fetch_add(1, Relaxed);
+        series.removed_records.fetch_add(records, Relaxed);
+        series.removed_bytes.fetch_add(bytes, Relaxed);
+        series.total_nanos.fetch_add(nanos, Relaxed);
+        series.last_nanos.store(nanos, Relaxed);
+        series.max_nanos.fetch_max(nanos, Relaxed);
     }
 
     /// Registers a memory provider's snapshot metrics, rendered at every
@@ -540,6 +575,7 @@ impl Metrics {
         self.render_queues(&mut out);
         self.render_bridges(&mut out);
         super::snapshots::render_metrics(&mut out, &lock(&self.snapshots));
+        self.render_retention(&mut out);
         counter(
             &mut out,
             "saguin_uptime_seconds",
@@ -551,6 +587,32 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// `saguin_retention_*{sweep}`, both sweeps (0 included, as for a
+    /// broker whose channels configure no bound).
+    fn render_retention(&self, out: &mut String) {
+        type Sample = fn(&SweepSeries) -> String;
+        let families: [(&str, &str, &str, Sample); 6] = [
+            ("saguin_retention_sweeps_total", "counter", "Passes of a retention sweep (size: every second over the channels with a retention_bytes; age: over those with a retention_age).",
+                |s| s.passes.load(Relaxed).to_string()),
+            ("saguin_retention_removed_records_total", "counter", "Records retention removed from the front of append channels.",
+                |s| s.removed_records.load(Relaxed).to_string()),
+            ("saguin_retention_removed_bytes_total", "counter", "Bytes of the records retention removed.",
+                |s| s.removed_bytes.load(Relaxed).to_string()),
+            ("saguin_retention_sweep_seconds_total", "counter", "Time the retention sweeps took, off the broker's loop: its rate is the share of a core they cost.",
+                |s| format!("{:.6}", s.total_nanos.load(Relaxed) as f64 / 1e9)),
+            ("saguin_retention_sweep_seconds", "gauge", "How long the last pass of a retention sweep took.",
+                |s| format!("{:.6}", s.last_nanos.load(Relaxed) as f64 / 1e9)),
+            ("saguin_retention_sweep_seconds_max", "gauge", "The longest pass of a retention sweep since the broker started.",
+                |s| format!("{:.6}", s.max_nanos.load(Relaxed) as f64 / 1e9)),
+        ];
+        for (name, kind, help, sample) in families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (sweep, series) in RETENTION_SWEEPS.iter().zip(&self.retention) {
+                let _ = writeln!(out, "{name}{{sweep=\"{sweep}\"}} {}", sample(series));
+            }
+        }
+    }
+
     /// `saguin_storage_errors_total{provider,kind}`, every kind of every
     /// provider (0 included, so a rate has a series before the first
     /// failure), and the two health gauges, read from each provider now.
