@@ -22,6 +22,7 @@ mod passwd;
 mod serve;
 mod snapshot;
 mod sqlite;
+mod status;
 
 /// Exit codes, the same for every command (the README's table).
 pub mod exit {
@@ -84,6 +85,8 @@ pub enum Commands {
     Lock(lock::Command),
     /// Add, change or delete a user in a password file (mosquitto_passwd's format).
     Passwd(passwd::Args),
+    /// Ask a running broker how it is, over its metrics listener.
+    Status(status::Args),
     /// Write the man pages and shell completions (for building the project).
     #[command(hide = true)]
     GenerateDocs(docs::Args),
@@ -99,6 +102,7 @@ fn main() -> ExitCode {
         Commands::Migrate(cmd) => migrate::run(cmd),
         Commands::Lock(cmd) => lock::run(cmd),
         Commands::Passwd(args) => passwd::run(args),
+        Commands::Status(args) => status::run(args),
         Commands::GenerateDocs(args) => docs::run(args),
     };
     match result {
