@@ -93,7 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let status = match status::fetch(&endpoint) {
         Ok(status) => status,
         Err(err) => {
-            eprintln!("saguin: metrics endpoint {err}");
+            eprintln!("saguin: {err}");
             return Ok(exit::CANNOT);
         }
     };

@@ -170,6 +170,10 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         };
         tokio::spawn(acceptor.run(notify_shutdown.subscribe()));
     }
+    // Every provider was recovered before `prepare` bound the listeners,
+    // and every acceptor runs: the broker is ready before the metrics
+    // listener answers its first request.
+    metrics.set_serving(true);
     if let Some(listener) = metrics_listener {
         tokio::spawn(serve_metrics(
             listener,
@@ -187,9 +191,6 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
     );
     drop(events_tx);
     drop(drain_tx);
-    // Every provider was recovered before `prepare` bound the listeners,
-    // and every acceptor runs: from here the broker is ready.
-    metrics.set_serving(true);
 
     let failed = tokio::select! {
         _ = shutdown => None,

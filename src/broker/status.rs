@@ -21,36 +21,36 @@ const MAX_ANSWER: u64 = 64 * 1024 * 1024;
 /// Why the endpoint could not be asked.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
-    #[error("cannot resolve {endpoint}: {source}")]
+    #[error("metrics endpoint {endpoint}: cannot resolve it: {source}")]
     Resolve {
         endpoint: String,
         source: std::io::Error,
     },
-    #[error("cannot reach {endpoint}: {source}")]
+    #[error("metrics endpoint {endpoint}: cannot reach it: {source}")]
     Connect {
         endpoint: String,
         source: std::io::Error,
     },
-    #[error("{endpoint}{path}: {source}")]
+    #[error("metrics endpoint {endpoint}{path}: {source}")]
     Exchange {
         endpoint: String,
         path: &'static str,
         source: std::io::Error,
     },
-    #[error("{endpoint}{path}: not an HTTP answer ({detail})")]
+    #[error("metrics endpoint {endpoint}{path}: not a saguin broker's answer ({detail})")]
     NotHttp {
         endpoint: String,
         path: &'static str,
         detail: String,
     },
-    #[error("{endpoint}{path}: HTTP {status}, not the broker's metrics ({first_line})")]
+    #[error("metrics endpoint {endpoint}{path}: HTTP {status}, not a saguin broker's answer ({first_line})")]
     Status {
         endpoint: String,
         path: &'static str,
         status: u16,
         first_line: String,
     },
-    #[error("{endpoint}/metrics: line {line}: {detail}")]
+    #[error("metrics endpoint {endpoint}/metrics: line {line}: {detail}")]
     Parse {
         endpoint: String,
         line: usize,
@@ -217,11 +217,10 @@ pub fn http_get(endpoint: &str, path: &'static str) -> Result<HttpAnswer, FetchE
     stream
         .set_write_timeout(Some(ANSWER_TIMEOUT))
         .map_err(exchange)?;
-    write!(
-        stream,
+    let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {endpoint}\r\nUser-Agent: saguin-status\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(exchange)?;
+    );
+    stream.write_all(request.as_bytes()).map_err(exchange)?;
     let mut raw = Vec::new();
     stream
         .take(MAX_ANSWER)
@@ -344,23 +343,24 @@ pub struct BridgeStatus {
 
 /// Asks `endpoint` (`HOST:PORT`) for `/healthz`, `/readyz` and `/metrics`.
 pub fn fetch(endpoint: &str) -> Result<Status, FetchError> {
-    let healthz = http_get(endpoint, "/healthz")?;
-    let readyz = http_get(endpoint, "/readyz")?;
-    let metrics = http_get(endpoint, "/metrics")?;
-    for (path, answer, allowed) in [
-        ("/healthz", &healthz, &[200u16, 503][..]),
-        ("/readyz", &readyz, &[200, 503][..]),
-        ("/metrics", &metrics, &[200][..]),
-    ] {
-        if !allowed.contains(&answer.status) {
-            return Err(FetchError::Status {
+    // Each answer is checked before the next request: an endpoint that is
+    // not a saguin broker is named by the first path it does not serve.
+    let get = |path: &'static str, allowed: &[u16]| {
+        let answer = http_get(endpoint, path)?;
+        if allowed.contains(&answer.status) {
+            Ok(answer)
+        } else {
+            Err(FetchError::Status {
                 endpoint: endpoint.to_owned(),
                 path,
                 status: answer.status,
                 first_line: answer.body.lines().next().unwrap_or_default().to_owned(),
-            });
+            })
         }
-    }
+    };
+    let healthz = get("/healthz", &[200, 503])?;
+    let readyz = get("/readyz", &[200, 503])?;
+    let metrics = get("/metrics", &[200])?;
     let samples = parse_text(&metrics.body).map_err(|(line, detail)| FetchError::Parse {
         endpoint: endpoint.to_owned(),
         line,
