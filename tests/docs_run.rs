@@ -541,3 +541,72 @@ fn expected_output_matches_with_wildcards_and_skipped_lines() {
     );
     assert!(matches!(&parsed[3], Step::Command { expected, .. } if expected.is_empty()));
 }
+
+/// A heading's anchor as GitHub makes it: lower case, spaces to `-`,
+/// punctuation other than `-` and `_` dropped.
+fn anchor_of(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every relative link of the README and the pages under docs/ names a
+/// file that exists and, with `#anchor`, a heading of that file.
+#[test]
+fn every_link_between_the_pages_leads_somewhere() {
+    let top = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages = vec![top.join("README.md")];
+    for entry in std::fs::read_dir(top.join("docs")).expect("docs/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "md") {
+            pages.push(path);
+        }
+    }
+    let mut checked = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = &rest[..end];
+            if target.starts_with("http") || target.contains(' ') {
+                continue;
+            }
+            let (file, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let linked = if file.is_empty() {
+                page.clone()
+            } else {
+                page.parent().unwrap().join(file)
+            };
+            assert!(
+                linked.exists(),
+                "{}: link to {target}: no such file",
+                page.display()
+            );
+            if !anchor.is_empty() {
+                let linked_text = std::fs::read_to_string(&linked).unwrap();
+                let anchors: Vec<String> = linked_text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix('#'))
+                    .map(|l| anchor_of(l.trim_start_matches('#')))
+                    .collect();
+                assert!(
+                    anchors.iter().any(|a| a == anchor),
+                    "{}: link to {target}: no such heading in {}",
+                    page.display(),
+                    linked.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "only {checked} links checked");
+}
