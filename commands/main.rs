@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 /// The broker's heap holds a memory channel's records, millions of small
 /// allocations made and freed on whichever thread runs the state: glibc's
 /// per-thread arenas grow such a heap a page range at a time and take their
-/// slowest path once it is large (see README "Measured").
+/// slowest path once it is large (see docs/benchmarks.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -24,7 +24,7 @@ mod snapshot;
 mod sqlite;
 mod status;
 
-/// Exit codes, the same for every command (the README's table).
+/// Exit codes, the same for every command (the README's "Commands").
 pub mod exit {
     /// Success; the file, configuration or lock is valid / free.
     pub const OK: u8 = 0;
