@@ -207,3 +207,40 @@ fn metric_names_are_found_whole_in_expressions() {
     );
     assert!(metric_names("my_saguin_x + up").is_empty());
 }
+
+/// Where Prometheus's own checker is installed, it accepts the rules
+/// (PromQL, templates) and their unit tests pass
+/// (`docs/monitoring/saguin-alerts.test.yml`: each alert fires on the
+/// series of a broker in trouble, and not on a quiet one).
+#[test]
+fn promtool_accepts_the_rules_and_their_unit_tests_pass() {
+    let installed = std::process::Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        say_skipped(
+            "promtool_accepts_the_rules_and_their_unit_tests_pass",
+            "promtool not installed (Debian's prometheus package holds it; .ci/run fetches it)",
+        );
+        return;
+    }
+    let dir = monitoring("");
+    for args in [
+        ["check", "rules", "saguin-alerts.yml"],
+        ["test", "rules", "saguin-alerts.test.yml"],
+    ] {
+        let out = std::process::Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("run promtool");
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
