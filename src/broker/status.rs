@@ -370,7 +370,7 @@ pub fn fetch(endpoint: &str) -> Result<Status, FetchError> {
         return Err(FetchError::NotHttp {
             endpoint: endpoint.to_owned(),
             path: "/metrics",
-            detail: "no saguin_uptime_seconds: not a saguin broker's metrics".into(),
+            detail: "its /metrics has no saguin_uptime_seconds".into(),
         });
     }
     Ok(Status::from_samples(
