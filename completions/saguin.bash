@@ -43,6 +43,9 @@ _saguin() {
             saguin,sqlite)
                 cmd="saguin__subcmd__sqlite"
                 ;;
+            saguin,status)
+                cmd="saguin__subcmd__status"
+                ;;
             saguin__subcmd__help,bench)
                 cmd="saguin__subcmd__help__subcmd__bench"
                 ;;
@@ -69,6 +72,9 @@ _saguin() {
                 ;;
             saguin__subcmd__help,sqlite)
                 cmd="saguin__subcmd__help__subcmd__sqlite"
+                ;;
+            saguin__subcmd__help,status)
+                cmd="saguin__subcmd__help__subcmd__status"
                 ;;
             saguin__subcmd__help__subcmd__lock,status)
                 cmd="saguin__subcmd__help__subcmd__lock__subcmd__status"
@@ -182,7 +188,7 @@ _saguin() {
 
     case "${cmd}" in
         saguin)
-            opts="-h -V --help --version serve check-config snapshot sqlite migrate lock passwd bench help"
+            opts="-h -V --help --version serve check-config snapshot sqlite migrate lock passwd status bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -244,7 +250,7 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__help)
-            opts="serve check-config snapshot sqlite migrate lock passwd bench help"
+            opts="serve check-config snapshot sqlite migrate lock passwd status bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -498,6 +504,20 @@ _saguin() {
         saguin__subcmd__help__subcmd__sqlite__subcmd__verify)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__help__subcmd__status)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -1018,6 +1038,28 @@ _saguin() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__status)
+            opts="-h -V --metrics --config --json --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --metrics)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;

@@ -330,7 +330,7 @@ fn a_read_only_remount_fails_the_provider_until_a_restart_and_loses_nothing() {
     // What the flusher makes durable every flush_interval, made so now: a
     // kernel that turns a file system read-only drops the pages it had not
     // written, which is a power cut to the commits of the last interval
-    // (README, "Disk faults"), and this test is about the rest.
+    // (docs/operations.md, "Disk faults"), and this test is about the rest.
     volume.sync();
     volume.fail_into_read_only();
     rt.block_on(async {

@@ -1,6 +1,6 @@
 //! Retention: the task that removes from the front of each append channel
-//! what its `retention_bytes` and `retention_age` no longer keep (RFC 0004
-//! "Removing a record" and "What the retention sweep costs").
+//! what its `retention_bytes` and `retention_age` no longer keep (its
+//! costs: docs/benchmarks.md, "Storage providers").
 //!
 //! - By size every [`SIZE_SWEEP_PERIOD`] (one second), over the channels
 //!   with a `retention_bytes`. A channel under its bound is settled from

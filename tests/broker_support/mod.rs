@@ -857,3 +857,29 @@ pub fn metric_sample(text: &str, sample: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map(|v| v as u64)
 }
+
+/// `GET path` from the broker's `metrics` listener: the status code and
+/// the body.
+pub fn metrics_get(broker: &Broker, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = broker.listeners["metrics"];
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to metrics");
+    s.set_read_timeout(Some(WAIT)).expect("read timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}

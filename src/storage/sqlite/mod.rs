@@ -6,7 +6,7 @@
 //! (so a provider that never stops committing keeps a bounded log), and
 //! group commit of publishes.
 //!
-//! Opening order is the RFC's: the lock (`<file_path>.lock`) is taken before
+//! Opening order: the lock (`<file_path>.lock`) is taken before
 //! the database is touched at all; the file is created 0600 before SQLite
 //! sees it; the schema is applied (new file) or its version checked
 //! (existing file, refused by name when it is not 20); positions of sessions
@@ -67,7 +67,8 @@ pub use session::read_sessions;
 /// The revision a database records as its creator.
 pub const WRITER_REVISION: &str = lock::BUILD_REVISION;
 
-/// The bounds RFC 0002 puts on `flush_interval`.
+/// The bounds of `flush_interval` (`man saguin-config`): a power cut costs
+/// about one interval of commits, so it is kept to a second at most.
 pub const FLUSH_INTERVAL_MIN: Duration = Duration::from_millis(10);
 pub const FLUSH_INTERVAL_MAX: Duration = Duration::from_secs(1);
 /// The longest `publish_commit_interval` admitted: the wait is paid per
