@@ -444,7 +444,13 @@ impl Metrics {
     /// A pass of the retention sweep `sweep` (one of [`RETENTION_SWEEPS`])
     /// took `took` and removed `records` records of `bytes` bytes over
     /// every channel it swept.
-    pub fn retention_swept(&self, sweep: &str, took: std::time::Duration, records: u64, bytes: u64) {
+    pub fn retention_swept(
+        &self,
+        sweep: &str,
+        took: std::time::Duration,
+        records: u64,
+        bytes: u64,
+    ) {
         let Some(i) = RETENTION_SWEEPS.iter().position(|s| *s == sweep) else {
             return;
         };

@@ -409,7 +409,10 @@ mod tests {
         let text = metrics.render();
         for (series, value) in [
             ("saguin_retention_sweeps_total{sweep=\"size\"}", "1"),
-            ("saguin_retention_removed_records_total{sweep=\"size\"}", "6"),
+            (
+                "saguin_retention_removed_records_total{sweep=\"size\"}",
+                "6",
+            ),
             ("saguin_retention_sweeps_total{sweep=\"age\"}", "0"),
         ] {
             assert!(

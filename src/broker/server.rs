@@ -505,9 +505,11 @@ async fn serve_transport(
         }
         Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
             Ok(Ok(tls_stream)) => {
-                connection::serve(
+                // Boxed: a TLS connection's task would otherwise size every
+                // plain connection's task too.
+                Box::pin(connection::serve(
                     tls_stream, peer, id, deadline, events, context, shutdown, admission,
-                )
+                ))
                 .await
             }
             Ok(Err(err)) => {

@@ -214,8 +214,7 @@ async fn publish_many(
     let mut tasks = Vec::new();
     for p in 0..PUBLISHERS {
         tasks.push(tokio::spawn(async move {
-            let (mut conn, _) =
-                Conn::connect(addr, &format!("scale-publisher-{p}"), true).await?;
+            let (mut conn, _) = Conn::connect(addr, &format!("scale-publisher-{p}"), true).await?;
             let mine: Vec<usize> = (p..count).step_by(PUBLISHERS).collect();
             for chunk in mine.chunks(WINDOW) {
                 let mut buf = BytesMut::new();
@@ -295,7 +294,7 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     println!("\n## Idle connections (keep alive 60 s, clean, MQTT 3.1.1)");
     let mut sizes: Vec<usize> = sizes.iter().map(|&n| n.min(cap)).collect();
     sizes.dedup();
-    if sizes.iter().any(|&n| n == cap) {
+    if sizes.contains(&cap) {
         println!(
             "capped at {cap}: the open-file limit is {limit} and cannot be raised here \
              (each connection is a descriptor in the broker and one in this process)"
@@ -313,10 +312,8 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             brokers.push(("mosquitto", dir.path().join(format!("mosquitto-idle-{n}"))));
         }
         for (name, data) in brokers {
-            let config = saguin_config(
-                &data,
-                &format!("limits:\n  max_connections: {}\n", n + 100),
-            )?;
+            let config =
+                saguin_config(&data, &format!("limits:\n  max_connections: {}\n", n + 100))?;
             let which = if name == "saguin" {
                 Which::Saguin { config: &config }
             } else {
@@ -335,8 +332,8 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let cpu_before = cpu_time(pid)?;
             let measured_from = Instant::now();
             tokio::time::sleep(window).await;
-            let cpu = (cpu_time(pid)? - cpu_before).as_secs_f64()
-                / measured_from.elapsed().as_secs_f64();
+            let cpu =
+                (cpu_time(pid)? - cpu_before).as_secs_f64() / measured_from.elapsed().as_secs_f64();
             let after = rss(pid)?;
             println!(
                 "| {name} | {n} | {} | {} | {:.0} B | {:.2}% of a core |",
@@ -611,7 +608,9 @@ async fn wait_sweep(metrics: SocketAddr) -> Result<(Duration, u64), Error> {
 async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     const SAMPLE: usize = 1_000;
     println!("\n## Persistent sessions, one queued QoS 1 message each");
-    println!("| broker | sessions | restart to first CONNACK | RSS | sample resumed | graceful stop |");
+    println!(
+        "| broker | sessions | restart to first CONNACK | RSS | sample resumed | graceful stop |"
+    );
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     let dir = tempfile::tempdir()?;
     for &n in sizes {
@@ -674,8 +673,7 @@ async fn resume_one(addr: SocketAddr, s: usize) -> Result<(), Error> {
     loop {
         match tokio::time::timeout(Duration::from_secs(30), conn.next()).await?? {
             Packet::Publish(p) if *p.topic == *topic => {
-                conn.send(&Packet::PubAck(PubAck::new(p.packet_id)))
-                    .await?;
+                conn.send(&Packet::PubAck(PubAck::new(p.packet_id))).await?;
                 return Ok(());
             }
             _ => {}
