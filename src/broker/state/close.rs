@@ -96,11 +96,11 @@ impl BrokerState {
                 let message = Self::will_message(&will, now);
                 let delay = will.delay.min(expiry);
                 let session = self.sessions.get_mut(&key).expect("checked above");
-                session.pending_will = Some(PendingWill {
+                session.pending_will = Some(Box::new(PendingWill {
                     message,
                     publish_at: now + Duration::from_secs(u64::from(delay)),
-                    will,
-                });
+                    will: *will,
+                }));
             }
         }
         let Some(session) = self.sessions.get_mut(&key) else {

@@ -193,7 +193,7 @@ impl BrokerState {
                 v5: request.v5,
                 receive_maximum,
                 maximum_packet_size: request.maximum_packet_size,
-                will: request.will,
+                will: request.will.map(Box::new),
                 answers: VecDeque::new(),
                 next_answer: 0,
                 dropped_qos0: 0,

@@ -489,7 +489,9 @@ struct Connection {
     /// The client's Receive Maximum: its outbound inflight window.
     receive_maximum: usize,
     maximum_packet_size: Option<u32>,
-    will: Option<WillRequest>,
+    // Boxed, as is a session's pending Will: most connections have none,
+    // and every entry of the connection table is as large as its largest.
+    will: Option<Box<WillRequest>>,
     /// What its packets are owed, in order; each waits for its own commit
     /// and for those before it.
     answers: VecDeque<Answer>,

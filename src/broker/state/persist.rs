@@ -980,7 +980,7 @@ impl BrokerState {
         let attached = session.connection.or(session.connecting);
         let connection = attached.and_then(|c| self.connections.get(&c));
         let will = match (connection, &session.pending_will) {
-            (Some(conn), _) => conn.will.as_ref().map(will_entry),
+            (Some(conn), _) => conn.will.as_deref().map(will_entry),
             (None, Some(pending)) => Some(will_entry(&pending.will)),
             (None, None) => None,
         };

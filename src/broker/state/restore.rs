@@ -118,11 +118,11 @@ impl BrokerState {
             if let Some(will) = &entry.will {
                 let will = will_request(will);
                 let delay = will.delay.min(session.expiry_interval);
-                session.pending_will = Some(PendingWill {
+                session.pending_will = Some(Box::new(PendingWill {
                     message: Self::will_message(&will, now),
                     publish_at: left(delay),
                     will,
-                });
+                }));
             }
             for sub in &entry.subscriptions {
                 let Ok(parsed) = topic::parse_filter(&sub.filter) else {

@@ -278,7 +278,7 @@ pub struct Session {
     pub connecting: Option<u64>,
     /// When a detached session expires.
     pub expires_at: Option<tokio::time::Instant>,
-    pub pending_will: Option<PendingWill>,
+    pub pending_will: Option<Box<PendingWill>>,
     /// The session provider holds a record of this session (it is
     /// persistent and its first write was issued): changes are written.
     pub stored: bool,

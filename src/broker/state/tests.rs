@@ -2419,3 +2419,16 @@ fn positions_saved(intents: &[Intent]) -> Vec<(String, u64, Option<u32>)> {
         })
         .collect()
 }
+
+/// The connection and session tables hold an entry per client; a field
+/// most clients never use (a Will) is boxed so it does not size them all.
+#[test]
+fn the_connection_and_session_tables_entries_stay_small() {
+    let connection = std::mem::size_of::<super::Connection>();
+    assert!(
+        connection <= 256,
+        "a connection entry is {connection} bytes"
+    );
+    let session = std::mem::size_of::<super::session::Session>();
+    assert!(session <= 384, "a session entry is {session} bytes");
+}
