@@ -20,7 +20,7 @@ use super::session::{
 };
 use super::BrokerState;
 use crate::broker::message::Message;
-use crate::broker::topic::SubOptions;
+use crate::broker::topic::{SessionKey, SubOptions};
 use crate::storage::contract::{
     session_expired_at, HeldPublish, InflightPhase as StoredPhase, SessionEntry, BROADCAST_LOG_NAME,
 };
@@ -62,8 +62,10 @@ impl BrokerState {
     pub fn restore(&mut self, mut restored: Restored, now: Instant) -> RestoreSummary {
         let mut summary = RestoreSummary::default();
         let unix_now = self.unix_at(now);
-        for record in &restored.retained {
-            let message = self.message_of(record, now);
+        // Each record let go once its message is made: a million retained
+        // messages are not held twice while the broker starts.
+        for record in std::mem::take(&mut restored.retained) {
+            let message = self.message_of(&record, now);
             self.retained.set(Arc::new(message));
         }
         summary.retained = self.retained.len();
@@ -82,6 +84,7 @@ impl BrokerState {
             .iter()
             .map(|(c, o)| (c.as_str(), *o))
             .collect();
+        let mut owing: HashMap<SessionKey, Owing> = HashMap::new();
         for entry in &restored.sessions {
             if self.by_client_id.contains_key(entry.client_id.as_str()) {
                 continue;
@@ -183,41 +186,65 @@ impl BrokerState {
                 .get(entry.client_id.as_str())
                 .copied()
                 .unwrap_or(self.persist.log_next);
-            let mut queued = Vec::new();
-            for (&offset, (message, record)) in log.range(cursor..) {
-                if queued.len() >= self.limits.max_queued_messages {
-                    break;
-                }
-                if in_flight.contains(&offset) {
-                    continue;
-                }
-                if record
-                    .owed_to
-                    .as_deref()
-                    .is_some_and(|o| o != entry.client_id)
-                {
-                    continue;
-                }
-                if let Some(q) = owed(&session, offset, message, record) {
-                    queued.push(q);
-                }
-            }
             summary.inflight += in_flight.len();
-            summary.queued += queued.len();
-            session.pending.extend(queued);
             self.by_client_id.insert(client_id, key);
             self.sessions.insert(key, session);
             self.detached.insert(key);
             self.metrics.sessions.fetch_add(1, Relaxed);
             summary.sessions += 1;
-            let offsets: Vec<u64> = {
-                let s = &self.sessions[&key];
-                s.inflight
-                    .iter()
-                    .filter_map(|e| e.log_offset)
-                    .chain(s.pending.iter().filter_map(|q| q.log_offset))
-                    .collect()
-            };
+            for &offset in &in_flight {
+                self.hold_log(key, offset);
+            }
+            owing.insert(
+                key,
+                Owing {
+                    cursor,
+                    in_flight,
+                    queued: Vec::new(),
+                },
+            );
+        }
+        // What the log holds for each session from its cursor on, in one
+        // pass over the log: a record is offered to the session it is owed
+        // to, or to the sessions whose subscriptions match its topic. (A
+        // pass per session over the log from its cursor cost sessions times
+        // records: 25,000 sessions took 16 s to restore.)
+        let mut matched = Vec::new();
+        let mut candidates = Vec::new();
+        for (&offset, (message, record)) in &log {
+            candidates.clear();
+            match record.owed_to.as_deref() {
+                Some(client_id) => candidates.extend(self.by_client_id.get(client_id).copied()),
+                None => {
+                    // Shared subscriptions are not restored from the log
+                    // (their members take turns live); nobody is online.
+                    self.index.matches(&record.topic, &|_| false, &mut matched);
+                    candidates.extend(matched.iter().filter(|m| !m.shared).map(|m| m.session));
+                    candidates.sort_unstable();
+                    candidates.dedup();
+                }
+            }
+            for key in &candidates {
+                let Some(owing) = owing.get_mut(key) else {
+                    continue;
+                };
+                if offset < owing.cursor
+                    || owing.queued.len() >= self.limits.max_queued_messages
+                    || owing.in_flight.contains(&offset)
+                {
+                    continue;
+                }
+                if let Some(q) = owed(&self.sessions[key], offset, message, record) {
+                    owing.queued.push(q);
+                }
+            }
+        }
+        for (key, owing) in owing {
+            summary.queued += owing.queued.len();
+            let offsets: Vec<u64> = owing.queued.iter().filter_map(|q| q.log_offset).collect();
+            if let Some(session) = self.sessions.get_mut(&key) {
+                session.pending.extend(owing.queued);
+            }
             for offset in offsets {
                 self.hold_log(key, offset);
             }
@@ -263,6 +290,15 @@ impl BrokerState {
 
 /// The queue entry a restored session is owed for log message `offset`,
 /// if any of its subscriptions (made at or before it) matches.
+/// What a restored session is owed from the log, gathered in one pass.
+struct Owing {
+    /// The first log offset it has not been sent.
+    cursor: u64,
+    /// The offsets its in-flight table holds (not queued again).
+    in_flight: Vec<u64>,
+    queued: Vec<QueuedMessage>,
+}
+
 fn owed(
     session: &Session,
     offset: u64,

@@ -991,6 +991,89 @@ fn a_resent_message_carries_the_expiry_left() {
     assert_eq!(published(&out), vec![(Bytes::from_static(b"x"), Some(59))]);
 }
 
+#[test]
+fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
+    use crate::storage::contract::{SessionEntry, SubscriptionEntry};
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_queued_messages: 2,
+        ..Limits::default()
+    });
+    let session = |client_id: &str, filter: &str| SessionEntry {
+        client_id: client_id.into(),
+        principal: None,
+        expiry_interval: 300,
+        detached_at: 1_700_000_000_000_000_000,
+        subscriptions: vec![SubscriptionEntry {
+            filter: filter.into(),
+            qos: 1,
+            no_local: false,
+            retain_as_published: false,
+            retain_handling: 0,
+            subscription_id: None,
+            log_offset: 1,
+        }],
+        will: None,
+        window: 10,
+        inflight: Vec::new(),
+    };
+    let record = |offset: u64, topic: &str, owed_to: Option<&str>| saguin_format::model::Record {
+        offset,
+        qos: 1,
+        timestamp: 1_700_000_000_000_000_000,
+        owed_to: owed_to.map(str::to_owned),
+        ..saguin_format::model::Record::new(topic, Bytes::from(format!("{offset}")))
+    };
+    let summary = s.restore(
+        Restored {
+            sessions: vec![
+                session("all", "dev/#"),
+                session("late", "dev/+"),
+                session("one", "dev/one"),
+                session("quiet", "other"),
+            ],
+            // `late` was sent everything before offset 3.
+            cursors: vec![
+                ("all".into(), 1),
+                ("late".into(), 3),
+                ("one".into(), 1),
+                ("quiet".into(), 1),
+            ],
+            log: vec![
+                record(1, "dev/one", None),
+                record(2, "dev/two", None),
+                // A copy kept for `one` alone (a message it was owed when
+                // others were not): nobody else is offered it.
+                record(3, "dev/one", Some("one")),
+                record(4, "dev/three", None),
+                record(5, "dev/one", None),
+            ],
+            log_next: 6,
+            ..Restored::default()
+        },
+        now,
+    );
+    assert_eq!(summary.sessions, 4);
+    let owed = |s: &BrokerState, client_id: &str| -> Vec<u64> {
+        let key = s.by_client_id[client_id];
+        s.sessions[&key]
+            .pending
+            .iter()
+            .filter_map(|q| q.log_offset)
+            .collect()
+    };
+    // At most `max_queued_messages` each, the oldest first.
+    assert_eq!(owed(&s, "all"), vec![1, 2]);
+    assert_eq!(owed(&s, "late"), vec![4, 5]);
+    assert_eq!(owed(&s, "one"), vec![1, 3]);
+    assert!(owed(&s, "quiet").is_empty());
+    assert_eq!(summary.queued, 6);
+    assert_eq!(
+        s.log_references(),
+        vec![(1, 2), (2, 1), (3, 1), (4, 1), (5, 1)]
+    );
+}
+
 // ---- append channels ------------------------------------------------------
 
 /// A state serving one append channel, `telemetry`, with `next` as given.
