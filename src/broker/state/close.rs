@@ -346,10 +346,16 @@ impl BrokerState {
                 conn.will = None;
             }
         }
+        // A stored session whose Will is forgotten here is written again;
+        // every other changed session is written by the flush below, and
+        // one that did not change is already stored as it is (rewriting
+        // them all cost a restart of 50,000 sessions 26 s to stop).
         let mut stored: Vec<SessionKey> = Vec::new();
         for (key, session) in self.sessions.iter_mut() {
-            session.pending_will = None;
-            if session.stored && session.expiry_interval > 0 {
+            if session.pending_will.take().is_some()
+                && session.stored
+                && session.expiry_interval > 0
+            {
                 stored.push(*key);
             }
         }
