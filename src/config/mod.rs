@@ -700,7 +700,8 @@ impl Channel {
     /// The dead-letter channel's name for a queue: `<name>.dlq`, on the same
     /// provider and in the same file.
     pub fn dlq_name(&self) -> Option<String> {
-        self.queue().map(|_| format!("{}.dlq", self.name))
+        self.queue()
+            .map(|_| crate::storage::contract::dead_letter_name(&self.name))
     }
 }
 

@@ -207,20 +207,13 @@ fn stored_positions(bridge: &Bridge, channels: &HashMap<String, ChannelStore>) -
 }
 
 fn position_in(store: &ChannelStore, reader: &Reader) -> Option<Position> {
-    match store {
-        ChannelStore::Append(s) => s.position(reader).ok().flatten(),
-        ChannelStore::Latest(s) => s.position(reader).ok().flatten(),
-        ChannelStore::Queue(_) => None,
-    }
+    store.offsets()?.position(reader).ok().flatten()
 }
 
 /// A forwarded channel's `next` and `floor`.
 pub(crate) fn bounds(store: &ChannelStore) -> Option<(u64, u64)> {
-    match store {
-        ChannelStore::Append(s) => Some((s.next(), s.floor())),
-        ChannelStore::Latest(s) => Some((s.next(), s.floor())),
-        ChannelStore::Queue(_) => None,
-    }
+    let offsets = store.offsets()?;
+    Some((offsets.next(), offsets.floor()))
 }
 
 fn log_startup(bridge: &Bridge, stored: &[Option<u64>], channels: &HashMap<String, ChannelStore>) {
