@@ -32,6 +32,7 @@ use super::providers::ServedChannel;
 use super::state::{
     Class, Event, Intent, QueueSetup, Restored, RestoredChannel, StorageFailure, Write, Written,
 };
+use super::views::{ChannelView, ProviderView};
 use crate::storage::contract::{
     self, BroadcastLog, ChannelStore, FaultKind, HeldPublishStore, LatestStore, LeaseRequest,
     OffsetStore, Provider, ProviderKind, QueueStore, SessionStore, StorageError,
@@ -731,7 +732,7 @@ impl Persister {
     ) -> Result<Persister, StorageError> {
         let kind = provider.kind();
         let stores = Stores::of(provider, keeps)?;
-        metrics.register_provider(&stores.provider, &stores.handle);
+        metrics.register_provider(&stores.provider, ProviderView::of(&stores.handle));
         let failures = Failures {
             metrics,
             provider: stores.provider.clone(),
@@ -926,11 +927,7 @@ pub fn read_restored(
                 tracing::info!(channel = %channel.name, moved, "records whose attempts were spent before the restart moved to the dead-letter channel");
             }
         }
-        // A queue has workers, not readers: no positions.
-        let positions = match channel.store.offsets() {
-            Some(offsets) => offsets.positions()?,
-            None => Vec::new(),
-        };
+        let view = ChannelView::of(&channel.store);
         let queue = channel.queue.as_ref().map(|settings| {
             let dead_letter = crate::storage::contract::dead_letter_name(&channel.name);
             QueueSetup {
@@ -943,10 +940,11 @@ pub fn read_restored(
         });
         restored_channels.push(RestoredChannel {
             name: channel.name.clone(),
-            kind: channel.store.kind(),
-            next: channel.store.next(),
+            kind: view.kind(),
+            next: view.next(),
             queue,
-            positions,
+            // A queue has workers, not readers: none.
+            positions: view.positions()?,
             holds,
         });
     }
