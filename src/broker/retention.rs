@@ -27,10 +27,10 @@
 //! room rather than needing it.
 //!
 //! Retention is the one writer beside the persisters: its removals do not
-//! travel the state's intents. Why that is safe - the store orders its
-//! writes, a removal and an append commute, the floor reaches the state as
-//! an event, no room is needed - is `docs/design.md`, "Who touches
-//! storage".
+//! travel the state's intents (`docs/design.md` storage rule 6). Why that
+//! is safe - the store orders its writes, a removal and an append commute,
+//! the floor reaches the state as an event, no room is needed - is
+//! `docs/design.md`, "Who touches storage".
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -9,11 +9,10 @@
 //! - `providers.rs` opens every store, recovers it and closes it: the
 //!   owner.
 //! - `persister/` makes every write the state asks for, in the state's
-//!   order, and the startup's one write (a queue's spent attempts
-//!   dead-lettered).
+//!   order (`docs/design.md` storage rule 1), and the startup's one write
+//!   (a queue's spent attempts dead-lettered).
 //! - `retention.rs` removes from the front of append channels: the one
-//!   writer beside the persisters, and why that is safe is written down
-//!   there.
+//!   writer beside the persisters (storage rule 6).
 //! - `reader.rs` reads records off the broker task; `snapshots.rs`
 //!   captures a memory provider's stores for its background generations.
 //!

@@ -428,7 +428,8 @@ pub fn check_channel_room(store: &dyn AppendStore, size: u64) -> Result<()> {
     check_room(store.name(), store.bytes(), store.max_bytes(), size)
 }
 
-/// A channel's own bound, the one rule every store and the broker apply:
+/// A channel's own bound (`docs/design.md` storage rule 5), the one rule
+/// every store and the broker apply:
 /// channel `channel`, holding `held` bytes under `max_bytes`, takes a
 /// record of `size` bytes only when both together stay within the bound
 /// ([`StorageError::ChannelFull`], MQTT 0x97, otherwise). No bound admits
@@ -507,7 +508,8 @@ impl<T: OffsetStore> AsOffsetStore for T {
 pub trait AppendStore: OffsetStore + AsOffsetStore {
     /// Stores `record` at the channel's next offset and returns it with the
     /// offset set. Offsets are taken in commit order: a reader that sees an
-    /// offset sees every lower one that will ever exist (seed 004). Refused
+    /// offset sees every lower one that will ever exist (`docs/design.md`
+    /// storage rule 2). Refused
     /// with [`StorageError::ChannelFull`] or [`StorageError::ProviderFull`]
     /// at a bound; a publish never takes the provider's reserve.
     fn append(&self, record: Record) -> Result<Record>;
@@ -1001,7 +1003,8 @@ pub const RETAINED_STORE_NAME: &str = saguin_format::channel_name::RETAINED_CHAN
 pub const BROADCAST_LOG_NAME: &str = "$saguin/broadcast";
 
 /// The size of a provider's reserve: one largest possible record with its
-/// headers. Not a configuration key of its own.
+/// headers. Not a configuration key of its own (`docs/design.md` storage
+/// rule 5).
 pub fn reserve_for(max_message_size: u64, max_header_bytes: u64) -> u64 {
     max_message_size.saturating_add(max_header_bytes)
 }
@@ -1227,7 +1230,7 @@ pub enum AfterFailure {
 
 /// The one rule of a release, for both providers: a record whose
 /// `attempts` are spent is dead-lettered, any other is available again
-/// [`backoff_gap`] after `now`.
+/// [`backoff_gap`] after `now` (`docs/design.md` storage rule 11).
 pub fn after_failed_delivery(
     attempts: u32,
     max_attempts: u32,
@@ -1296,7 +1299,7 @@ pub fn format_time(at: UnixNanos) -> String {
 }
 
 /// A position is at least the first offset and never past `next` (a stored
-/// position may lag, never lead); an `mqtt:` reader states its session
+/// position may lag, never lead: `docs/design.md` storage rule 3); an `mqtt:` reader states its session
 /// expiry and a `bridge:` reader none. Both providers check by this.
 pub fn check_position(channel: &str, position: &Position, next: u64) -> Result<()> {
     if position.offset < FIRST_OFFSET || position.offset > next {

@@ -1,5 +1,7 @@
 //! The persisters: where the state's [`Intent`]s are written, one per role
-//! (`broker.session_storage`, `broker.retained_storage`).
+//! (`broker.session_storage`, `broker.retained_storage`, each channel),
+//! each role's in the order the state made them (`docs/design.md` storage
+//! rules 1 and 4).
 //!
 //! A memory provider's writes cost a lock and a copy, so they run inline in
 //! the broker task and are answered before it reads the next event. A

@@ -192,7 +192,8 @@ impl MemoryAppend {
             relief,
         )?;
         // The offset is taken and the record made visible under one lock, so
-        // offsets become readable in the order they were assigned (seed 004).
+        // offsets become readable in the order they were assigned (`docs/design.md`
+        // storage rule 2).
         record.offset = st.next;
         st.next += 1;
         let shared = Arc::new(record);

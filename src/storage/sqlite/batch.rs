@@ -1,4 +1,5 @@
-//! Group commit: one transaction, several publishes.
+//! Group commit: one transaction, several publishes, each answered only
+//! once it committed (`docs/design.md` storage rule 4).
 //!
 //! A publish that finds no transaction committing leads one of its own at
 //! once; the publishes that arrive while it commits are stored together in
