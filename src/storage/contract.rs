@@ -435,6 +435,7 @@ pub fn check_channel_room(store: &dyn AppendStore, size: u64) -> Result<()> {
 /// ([`StorageError::ChannelFull`], MQTT 0x97, otherwise). No bound admits
 /// everything. Relief writes (a dead-letter move, a held publish's
 /// release) are not asked.
+#[inline]
 pub fn check_room(channel: &str, held: u64, max_bytes: Option<u64>, size: u64) -> Result<()> {
     match max_bytes {
         Some(max_bytes) if held.saturating_add(size) > max_bytes => {
