@@ -12,7 +12,8 @@
 //! - [`topic`]: MQTT topic name and filter rules, for the broker and storage.
 //!
 //! The invariants comments cite by number are listed in `format/FORMAT.md`
-//! §7; the architecture in one page is `docs/design.md`.
+//! §7, the storage rules ("storage rule 6") in `docs/design.md`, which is
+//! also the architecture in one page and where to change what.
 
 pub mod broker;
 pub mod config;

@@ -4,6 +4,11 @@
 //! full channel, exactly once into a channel, `saguin sqlite dump` beside
 //! the broker, and what survives kill -9 (sqlite) and SIGTERM (memory).
 //!
+//! Over 1,500 lines: every file under `tests/` is a binary of its own,
+//! compiled and linked with the whole broker, so the append channel's end
+//! to end tests stay one binary rather than several; the latest and queue
+//! channels have theirs (`channel_latest_queue.rs`).
+//!
 //! The tests that draw random numbers print their seed (`seed N`); set
 //! `SAGUIN_CHAOS_SEED=N` to replay one.
 

@@ -777,7 +777,7 @@ pub fn conformance_script(mut harness: impl Harness) -> Vec<String> {
     ));
     say(format!("log: {}", counters(&*log)));
 
-    // --- seed 004: offsets become visible in the order they are assigned ---
+    // --- offsets become visible in the order they are assigned (docs/design.md storage rule 2) ---
     say(format!(
         "commit order under concurrency: {}",
         commit_order(&append_store(p, "race"))
@@ -923,8 +923,9 @@ fn snapshot_of(p: &dyn Provider) -> Vec<String> {
 }
 
 /// Four writers append while a reader keeps reading from where it got to:
-/// the reader must never see an offset before every lower one (seed 004's
-/// skipped record), and at the end every offset was read exactly once.
+/// the reader must never see an offset before every lower one (the
+/// skipped record `docs/design.md` storage rule 2 rules out), and at the
+/// end every offset was read exactly once.
 fn commit_order(store: &Arc<dyn AppendStore>) -> String {
     const WRITERS: usize = 4;
     const EACH: usize = 500;

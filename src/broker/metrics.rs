@@ -6,9 +6,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::storage::contract::{
-    AppendStore, FaultKind, Health, LatestStore, Provider, ProviderKind,
-};
+use super::views::{ChannelView, ProviderView};
+use crate::storage::contract::{FaultKind, Health, ProviderKind};
 
 /// Why a connection ended (a label of `saguin_disconnects_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,31 +197,6 @@ pub struct ChannelInfo {
     pub provider: String,
 }
 
-/// Where a channel's counters are read from at each scrape.
-#[derive(Clone)]
-enum CounterSource {
-    Append(Arc<dyn AppendStore>),
-    /// A latest channel: its records are the topics holding a value.
-    Latest(Arc<dyn LatestStore>),
-}
-
-impl CounterSource {
-    /// records, bytes, next, floor: the order of [`CHANNEL_GAUGES`].
-    fn read(&self) -> [u64; 4] {
-        match self {
-            CounterSource::Append(s) => [s.record_count(), s.bytes(), s.next(), s.floor()],
-            CounterSource::Latest(s) => [s.record_count(), s.bytes(), s.next(), s.floor()],
-        }
-    }
-
-    fn name(&self) -> &str {
-        match self {
-            CounterSource::Append(s) => s.name(),
-            CounterSource::Latest(s) => s.name(),
-        }
-    }
-}
-
 /// One provider's health as a scrape reads it: what `/readyz` answers from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProviderHealth {
@@ -250,7 +224,7 @@ struct SweepSeries {
 struct ProviderSeries {
     /// By [`FaultKind`] as an index.
     errors: [u64; FaultKind::ALL.len()],
-    handle: Option<std::sync::Weak<dyn Provider>>,
+    view: Option<ProviderView>,
 }
 
 impl std::fmt::Debug for ProviderSeries {
@@ -265,10 +239,9 @@ impl std::fmt::Debug for ProviderSeries {
 /// scrape, and what the broker reports about its consumers.
 #[derive(Clone, Default)]
 struct ChannelSeries {
-    /// Set by [`Metrics::register_channel`] or
-    /// [`Metrics::register_latest`]; a channel only reported on (a gap, a
-    /// lag) before it was registered has none yet.
-    store: Option<CounterSource>,
+    /// Set by [`Metrics::register_channel`]; a channel only reported on
+    /// (a gap, a lag) before it was registered has none yet.
+    store: Option<ChannelView>,
     /// `saguin_consumer_gap_total`.
     gaps: u64,
     /// `saguin_consumer_lag`.
@@ -389,21 +362,16 @@ impl Metrics {
 
     /// Each registered provider's health, read from it now, by name.
     pub fn provider_health(&self) -> Vec<ProviderHealth> {
-        let handles: Vec<(String, Option<Arc<dyn Provider>>)> = lock(&self.providers)
+        let views: Vec<(String, Option<ProviderView>)> = lock(&self.providers)
             .iter()
-            .map(|(name, p)| {
-                (
-                    name.clone(),
-                    p.handle.as_ref().and_then(std::sync::Weak::upgrade),
-                )
-            })
+            .map(|(name, p)| (name.clone(), p.view.clone()))
             .collect();
         // Read outside the lock: a provider answers from its own.
-        handles
+        views
             .into_iter()
-            .map(|(provider, handle)| ProviderHealth {
+            .map(|(provider, view)| ProviderHealth {
                 provider,
-                health: handle.map_or(Health::Writing, |h| h.health()),
+                health: view.map_or(Health::Writing, |v| v.health()),
             })
             .collect()
     }
@@ -497,35 +465,32 @@ impl Metrics {
     }
 
     /// Names a provider so its series are rendered (its error counters as
-    /// 0) before it ever fails, its health read from `handle` at each
-    /// scrape. Held weakly: a provider closed and dropped reads as writing.
-    pub fn register_provider(&self, provider: &str, handle: &Arc<dyn Provider>) {
+    /// 0) before it ever fails, its gauges and health read from `view` at
+    /// each scrape. A provider closed and dropped reads as writing.
+    pub fn register_provider(&self, provider: &str, view: ProviderView) {
         lock(&self.providers)
             .entry(provider.to_owned())
             .or_default()
-            .handle = Some(Arc::downgrade(handle));
+            .view = Some(view);
     }
 
-    /// Names an append channel whose counters (`saguin_channel_records`,
-    /// `_bytes`, `_next`, `_floor`) are read from its store at each scrape,
-    /// and whose `saguin_consumer_gap_total` and `saguin_consumer_lag` are
-    /// rendered (as 0) from now on. Registering a name again replaces its
+    /// Names a served channel whose counters are read from its store at
+    /// each scrape: an append or a latest channel's
+    /// `saguin_channel_records` (a latest channel's topics holding a
+    /// value), `_bytes`, `_next`, `_floor`, with its
+    /// `saguin_consumer_gap_total` and `saguin_consumer_lag` rendered (as
+    /// 0) from now on; a queue's `saguin_queue_depth`, with its other
+    /// `saguin_queue_*` counters. Registering a name again replaces its
     /// store and keeps its counts.
-    pub fn register_channel(&self, name: &str, store: Arc<dyn AppendStore>) {
+    pub fn register_channel(&self, name: &str, view: ChannelView) {
+        if view.kind() == saguin_format::model::ChannelKind::Queue {
+            self.queue_series(name, |q| q.store = Some(view));
+            return;
+        }
         lock(&self.channels)
             .entry(name.to_owned())
             .or_default()
-            .store = Some(CounterSource::Append(store));
-    }
-
-    /// Names a latest channel whose counters (`saguin_channel_records` -
-    /// the topics holding a value - `_bytes`, `_next`, `_floor`) are read
-    /// from its store at each scrape, as an append channel's are.
-    pub fn register_latest(&self, name: &str, store: Arc<dyn LatestStore>) {
-        lock(&self.channels)
-            .entry(name.to_owned())
-            .or_default()
-            .store = Some(CounterSource::Latest(store));
+            .store = Some(view);
     }
 
     /// A consumer of `channel` was told of a gap (`saguin_consumer_gap_total`).
@@ -571,7 +536,10 @@ impl Metrics {
             .into_iter()
             .map(|(name, c)| ChannelSample {
                 name: escape_label(&name),
-                counters: c.store.map(|s| s.read()),
+                counters: c.store.and_then(|s| s.counters()).map(|c| {
+                    // The order of CHANNEL_GAUGES.
+                    [c.records, c.bytes, c.next, c.floor]
+                }),
                 gaps: c.gaps,
                 lag: c.lag,
             })
@@ -749,23 +717,25 @@ impl Metrics {
     /// failure), the two health gauges, and each provider's kind, bytes and
     /// bound, read from each provider now.
     fn render_providers(&self, out: &mut String) {
-        let handles: Vec<ProviderHandle> = lock(&self.providers)
+        let views: Vec<ProviderViewed> = lock(&self.providers)
             .iter()
-            .map(|(name, p)| {
-                let handle = p.handle.as_ref().and_then(std::sync::Weak::upgrade);
-                (name.clone(), p.errors, handle)
-            })
+            .map(|(name, p)| (name.clone(), p.errors, p.view.clone()))
             .collect();
         // Read outside the lock: a provider answers from its own.
-        let providers: Vec<ProviderSample> = handles
+        let providers: Vec<ProviderSample> = views
             .into_iter()
-            .map(|(name, errors, handle)| ProviderSample {
-                name: escape_label(&name),
-                errors,
-                health: handle.as_ref().map_or(Health::Writing, |h| h.health()),
-                kind: handle.as_ref().map(|h| h.kind()),
-                bytes: handle.as_ref().map(|h| h.bytes()),
-                max_bytes: handle.as_ref().and_then(|h| h.max_bytes()),
+            .map(|(name, errors, view)| {
+                let gauges = view.and_then(|v| v.read());
+                ProviderSample {
+                    name: escape_label(&name),
+                    errors,
+                    health: gauges
+                        .as_ref()
+                        .map_or(Health::Writing, |g| g.health.clone()),
+                    kind: gauges.as_ref().map(|g| g.kind),
+                    bytes: gauges.as_ref().map(|g| g.bytes),
+                    max_bytes: gauges.as_ref().and_then(|g| g.max_bytes),
+                }
             })
             .collect();
         let _ = writeln!(out, "# HELP saguin_storage_errors_total Storage operations that failed, by provider and kind: full (a configured max_bytes), no_space (the file system: ENOSPC, EDQUOT, EFBIG), io (EIO), read_only (EROFS), fsync (a failed fsync), snapshot (a memory provider's snapshot not written), other.\n# TYPE saguin_storage_errors_total counter");
@@ -838,9 +808,9 @@ impl Metrics {
 /// A provider's failures, by [`FaultKind`] as an index.
 type ProviderErrors = [u64; FaultKind::ALL.len()];
 
-/// A provider's name, failures and handle (none once it was dropped),
-/// copied out of the lock before the provider is read.
-type ProviderHandle = (String, ProviderErrors, Option<Arc<dyn Provider>>);
+/// A provider's name, failures and view, copied out of the lock before
+/// the provider is read.
+type ProviderViewed = (String, ProviderErrors, Option<ProviderView>);
 
 /// One provider as one scrape reads it.
 struct ProviderSample {
@@ -857,6 +827,7 @@ struct ProviderSample {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::contract::{AppendStore, ChannelStore, Provider};
     use crate::storage::memory::{MemoryConfig, MemoryProvider};
     use saguin_format::model::{ChannelKind, Record};
 
@@ -867,6 +838,11 @@ mod tests {
             .as_append()
             .expect("append")
             .clone()
+    }
+
+    /// What the broker registers for an append store.
+    fn view(store: &Arc<dyn AppendStore>) -> ChannelView {
+        ChannelView::of(&ChannelStore::Append(store.clone()))
     }
 
     /// The lines of `text` that are samples of `family` (not HELP/TYPE).
@@ -888,7 +864,7 @@ mod tests {
         .unwrap();
         let store = append(&provider, "telemetry");
         let metrics = Metrics::new();
-        metrics.register_channel("telemetry", store.clone());
+        metrics.register_channel("telemetry", view(&store));
         let text = metrics.render();
         for (family, kind) in [
             ("saguin_channel_records", "gauge"),
@@ -975,8 +951,8 @@ mod tests {
         })
         .unwrap();
         let metrics = Metrics::new();
-        metrics.register_channel("b", append(&provider, "b"));
-        metrics.register_channel("a", append(&provider, "a"));
+        metrics.register_channel("b", view(&append(&provider, "b")));
+        metrics.register_channel("a", view(&append(&provider, "a")));
         // Reported on before any registration: counted, no store to read.
         metrics.consumer_gap("unregistered");
         let text = metrics.render();
@@ -1010,7 +986,7 @@ mod tests {
         .unwrap();
         let metrics = Metrics::new();
         let name = "q\"uo\\te\nd";
-        metrics.register_channel(name, append(&provider, name));
+        metrics.register_channel(name, view(&append(&provider, name)));
         metrics.storage_error("db\"2", FaultKind::Io);
         let text = metrics.render();
         assert!(
@@ -1036,18 +1012,17 @@ mod tests {
             reserve: 1024,
         })
         .unwrap();
-        let latest = provider
+        let devices = provider
             .open_channel("devices", ChannelKind::Latest)
-            .unwrap()
+            .unwrap();
+        devices
             .as_latest()
             .unwrap()
-            .clone();
-        latest
             .set(Record::new("devices/d1", b"on".to_vec()))
             .unwrap();
         let metrics = Metrics::new();
-        metrics.register_provider("mem", &provider);
-        metrics.register_latest("devices", latest);
+        metrics.register_provider("mem", ProviderView::of(&provider));
+        metrics.register_channel("devices", ChannelView::of(&devices));
         metrics.register_channel_info(
             "devices",
             ChannelInfo {
@@ -1105,7 +1080,7 @@ mod tests {
 /// scrape, and what the broker counts of its deliveries.
 #[derive(Clone, Default)]
 struct QueueSeries {
-    store: Option<std::sync::Arc<dyn crate::storage::contract::QueueStore>>,
+    store: Option<ChannelView>,
     in_flight: u64,
     attempts: u64,
     lease_expired: u64,
@@ -1137,16 +1112,6 @@ impl Metrics {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         change(queues.entry(channel.to_owned()).or_default());
-    }
-
-    /// Names a queue whose depth (`saguin_queue_depth`) is read from its
-    /// store at each scrape; its counters are rendered (as 0) from now on.
-    pub fn register_queue(
-        &self,
-        channel: &str,
-        store: std::sync::Arc<dyn crate::storage::contract::QueueStore>,
-    ) {
-        self.queue_series(channel, |q| q.store = Some(store));
     }
 
     /// Records of `channel` out with a worker now (`saguin_queue_in_flight`).
@@ -1200,7 +1165,7 @@ impl Metrics {
                 "saguin_queue_depth",
                 "gauge",
                 "Unresolved records a queue holds, out with a worker or not.",
-                |q| q.store.as_ref().map(|s| s.depth()),
+                |q| q.store.as_ref().and_then(ChannelView::queue_depth),
             ),
             (
                 "saguin_queue_in_flight",

@@ -57,6 +57,9 @@
 //!   `Event::Committed`, counts and logs failures. A publish group's answers
 //!   travel a queue of their own that the broker task reads before the
 //!   others', so a PUBACK does not wait behind a storm's CONNACKs.
+//! - [`views`]: what the metrics, `/readyz`, the bridges and the restore
+//!   see of a store - counters, positions, health - read-only; the
+//!   components that hold live store handles, and why, are listed there.
 //! - [`retention`] tells the state each floor it raised
 //!   (`Event::FloorRaised`, on the readers' answer queue), so no record it
 //!   removed is handed on from what the state kept of earlier reads.
@@ -510,3 +513,4 @@ pub mod snapshots;
 pub mod state;
 pub mod status;
 pub mod topic;
+pub mod views;

@@ -19,10 +19,12 @@
 //!    ([`LoadOptions::file_limit_for`]), the positions of expired sessions
 //!    dropped as each channel's file is read; the directory's findings
 //!    become startup warnings.
-//! 3. Then every append channel, in configuration order: its store opened
-//!    in its provider as an append channel (one stored as another kind
-//!    stops the start, naming both), its `max_bytes` set, and kept with its
-//!    retention as a [`ServedChannel`].
+//! 3. Then every channel - append, latest and queue - in configuration
+//!    order: its store opened in its provider as the kind configured (one
+//!    stored as another kind stops the start, naming both), its
+//!    `max_bytes` and a queue's backoff and attempts set, and kept with its
+//!    retention as a [`ServedChannel`]; a queue's dead-letter channel is
+//!    served beside it as an append channel of its own.
 //!
 //! A damaged, truncated or foreign-version file stops the start naming the
 //! file: an empty start is indistinguishable from a fresh install and
@@ -54,7 +56,7 @@ use std::time::{Duration, Instant};
 use saguin_format::model::ChannelKind;
 
 use crate::config::{self, units::format_duration, ChannelKindConfig, Config};
-use crate::storage::contract::{self, LatestStore, Provider, SessionStore, StorageError};
+use crate::storage::contract::{self, OffsetStore, Provider, SessionStore, StorageError};
 use crate::storage::generation::{self, Generations};
 use crate::storage::lock::{self, LockError, LockGuard};
 use crate::storage::memory::{LoadError, LoadOptions, MemoryConfig, MemoryProvider};
@@ -281,24 +283,17 @@ pub fn drop_removed_bridge_positions(
     let mut dropped = 0;
     for channel in channels {
         // Queues hold no positions.
-        let positions = match &channel.store {
-            contract::ChannelStore::Append(s) => s.positions()?,
-            contract::ChannelStore::Latest(s) => s.positions()?,
-            contract::ChannelStore::Queue(_) => continue,
+        let Some(offsets) = channel.store.offsets() else {
+            continue;
         };
-        for position in positions {
+        for position in offsets.positions()? {
             let reader = &position.reader;
             if reader.scheme() != contract::ReaderScheme::Bridge
                 || configured.contains(&reader.id())
             {
                 continue;
             }
-            let dropped_here = match &channel.store {
-                contract::ChannelStore::Append(s) => s.drop_position(reader)?,
-                contract::ChannelStore::Latest(s) => s.drop_position(reader)?,
-                contract::ChannelStore::Queue(_) => false,
-            };
-            if dropped_here {
+            if offsets.drop_position(reader)? {
                 dropped += 1;
                 tracing::info!(channel = %channel.name, reader = %reader, offset = position.offset,
                     "position dropped: its bridge is no longer configured");
@@ -740,8 +735,9 @@ fn open_one(
     })
 }
 
-/// Opens every append channel of `config` in the provider it names, in
-/// configuration order, its own bound set.
+/// Opens every channel of `config` in the provider it names, in
+/// configuration order, its own bound set (a queue's settings too, and
+/// its dead-letter channel served beside it).
 fn open_channels(config: &Config, opened: &[Opened]) -> Result<Vec<ServedChannel>, StartupError> {
     let by_name: HashMap<&str, &Opened> = opened.iter().map(|o| (o.name.as_str(), o)).collect();
     let mut served = Vec::new();

@@ -25,6 +25,12 @@
 //! `saguin_storage_errors_total{provider,kind}` and tried again at the next
 //! tick. Retention does not use the provider's reserve: a delete frees
 //! room rather than needing it.
+//!
+//! Retention is the one writer beside the persisters: its removals do not
+//! travel the state's intents (`docs/design.md` storage rule 6). Why that
+//! is safe - the store orders its writes, a removal and an append commute,
+//! the floor reaches the state as an event, no room is needed - is
+//! `docs/design.md`, "Who touches storage".
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

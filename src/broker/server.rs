@@ -22,6 +22,7 @@ use super::connection::{self, ConnectionContext};
 use super::metrics::{CloseReason, Metrics};
 use super::persister::{PersisterGone, Persisters};
 use super::state::{BrokerState, Event, Intent, SYS_INTERVAL};
+use super::views::ChannelView;
 
 /// How many events the broker queue holds before readers wait (backpressure:
 /// a decoded packet is never dropped, its reader just stops reading).
@@ -71,7 +72,7 @@ pub struct Server {
     /// The bridges to run, and the stores of the channels served (their
     /// lag gauges read `next` there).
     pub bridges: Vec<crate::config::bridge::Bridge>,
-    pub bridge_channels: std::collections::HashMap<String, crate::storage::contract::ChannelStore>,
+    pub bridge_channels: std::collections::HashMap<String, ChannelView>,
     /// `Limits::outbound_queue`, for the bridges' in-process connections.
     pub outbound_queue: usize,
     /// The memory providers' background snapshots, driven from the broker
@@ -731,27 +732,15 @@ pub async fn prepare(
     );
     let (commits_tx, commits) = super::persister::commit_channel();
     for channel in &channels {
-        let kind = match &channel.store {
-            crate::storage::contract::ChannelStore::Append(store) => {
-                metrics.register_channel(&channel.name, store.clone());
-                saguin_format::model::ChannelKind::Append
-            }
-            crate::storage::contract::ChannelStore::Queue(store) => {
-                metrics.register_queue(&channel.name, store.clone());
-                saguin_format::model::ChannelKind::Queue
-            }
-            crate::storage::contract::ChannelStore::Latest(store) => {
-                metrics.register_latest(&channel.name, store.clone());
-                saguin_format::model::ChannelKind::Latest
-            }
-        };
+        let view = ChannelView::of(&channel.store);
         metrics.register_channel_info(
             &channel.name,
             super::metrics::ChannelInfo {
-                kind,
+                kind: view.kind(),
                 provider: channel.provider.name().to_owned(),
             },
         );
+        metrics.register_channel(&channel.name, view);
     }
     let readers = super::reader::Readers::new(&channels, metrics.clone(), commits_tx.rest());
     let persisters = Persisters::start(
@@ -829,7 +818,7 @@ pub async fn prepare(
         bridges: config.bridges.clone(),
         bridge_channels: channels
             .iter()
-            .map(|c| (c.name.to_string(), c.store.clone()))
+            .map(|c| (c.name.to_string(), ChannelView::of(&c.store)))
             .collect(),
         outbound_queue: limits.outbound_queue,
         snapshots: super::snapshots::Snapshots::default(),

@@ -28,7 +28,7 @@
 //! readwrite); `pattern` is the same with `%u` and `%c` substituted and
 //! applies to every client wherever it appears, as in mosquitto. Unlike
 //! mosquitto, `topic` lines before the first `user` line apply to everyone,
-//! not only to anonymous clients (SAGUIN.md §3). A `deny` that matches wins
+//! not only to anonymous clients. A `deny` that matches wins
 //! over any grant; with no matching grant the answer is no. A pattern is
 //! not applied for a user name or client id containing `/`, `+` or `#` (a
 //! client id `a/#` must not widen `devices/%c`); a deny pattern in that case

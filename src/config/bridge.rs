@@ -1,4 +1,5 @@
-//! `bridges`: MQTT links into an existing broker cluster (SAGUIN.md §3).
+//! `bridges`: MQTT links into an existing broker cluster (`docs/operations.md`,
+//! "Bridges"; the broker's side in `src/broker/bridge/`).
 //!
 //! A bridge is parsed here with every default filled in, its password file
 //! read and its TLS files turned into a ready rustls client configuration,

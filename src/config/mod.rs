@@ -496,9 +496,10 @@ impl Config {
     /// The reserve a bounded provider holds back before rounding: one
     /// largest record with its headers.
     pub fn reserve_bytes(&self) -> u64 {
-        self.limits
-            .max_message_size
-            .saturating_add(self.limits.max_header_bytes)
+        crate::storage::contract::reserve_for(
+            self.limits.max_message_size,
+            self.limits.max_header_bytes,
+        )
     }
 
     /// Whether a provider is named by no channel and neither broker store:
@@ -700,7 +701,8 @@ impl Channel {
     /// The dead-letter channel's name for a queue: `<name>.dlq`, on the same
     /// provider and in the same file.
     pub fn dlq_name(&self) -> Option<String> {
-        self.queue().map(|_| format!("{}.dlq", self.name))
+        self.queue()
+            .map(|_| crate::storage::contract::dead_letter_name(&self.name))
     }
 }
 

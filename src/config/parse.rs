@@ -1005,11 +1005,22 @@ fn channels(ctx: &mut Ctx, path: &str, value: &Value) -> Vec<(usize, Channel)> {
 /// lease, so a larger figure is a typo rather than a policy.
 pub(crate) const MAX_ATTEMPTS_MAX: u64 = 1000;
 
+/// A queue's `lease` when the channel names none.
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// A queue's `backoff` when the channel names none: the gap before
+/// attempt 2, 3 and every later one.
+pub(crate) const DEFAULT_BACKOFF: [Duration; 3] = [
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+    Duration::from_secs(30),
+];
+
 fn queue_settings(ctx: &mut Ctx, f: &mut Fields<'_>) -> Option<QueueSettings> {
     let lease = f
         .take("lease")
         .map(|(p, v)| positive_duration(ctx, &p, v))
-        .unwrap_or(Some(Duration::from_secs(30)));
+        .unwrap_or(Some(DEFAULT_LEASE));
     let max_attempts = f
         .take("max_attempts")
         .map(|(p, v)| integer(ctx, &p, v, 1, MAX_ATTEMPTS_MAX))
@@ -1017,11 +1028,7 @@ fn queue_settings(ctx: &mut Ctx, f: &mut Fields<'_>) -> Option<QueueSettings> {
             crate::storage::contract::DEFAULT_MAX_ATTEMPTS,
         )));
     let backoff = match f.take("backoff") {
-        None => Some(vec![
-            Duration::from_secs(1),
-            Duration::from_secs(5),
-            Duration::from_secs(30),
-        ]),
+        None => Some(DEFAULT_BACKOFF.to_vec()),
         Some((p, v)) => {
             let items = sequence(ctx, &p, v);
             let mut gaps = Some(Vec::with_capacity(items.len()));

@@ -7,11 +7,12 @@
 
 use super::auth::MAX_PBKDF2_ITERATIONS;
 use super::parse::{
-    FLUSH_INTERVAL_MAX, FLUSH_INTERVAL_MIN, MAX_ATTEMPTS_MAX, MQTT_MAX_PACKET,
-    PUBLISH_COMMIT_INTERVAL_MAX, READ_CONNECTIONS_MAX,
+    DEFAULT_BACKOFF, DEFAULT_LEASE, FLUSH_INTERVAL_MAX, FLUSH_INTERVAL_MIN, MAX_ATTEMPTS_MAX,
+    MQTT_MAX_PACKET, PUBLISH_COMMIT_INTERVAL_MAX, READ_CONNECTIONS_MAX,
 };
 use super::units::format_duration;
 use super::CHANNEL_NAME_MAX_BYTES;
+use crate::storage::contract::DEFAULT_MAX_ATTEMPTS;
 
 /// One configuration key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +56,7 @@ pub fn keys() -> Vec<KeyDoc> {
         format_duration(FLUSH_INTERVAL_MIN),
         format_duration(FLUSH_INTERVAL_MAX)
     );
+    let backoff = DEFAULT_BACKOFF.map(format_duration).join(", ");
     vec![
         key("listeners", "list", "required", "at least one", "The MQTT listeners."),
         key("listeners[].name", "string", "required", "unique among listeners", "Names the listener in logs and metrics."),
@@ -82,14 +84,14 @@ pub fn keys() -> Vec<KeyDoc> {
         key("storage[].read_connections", "integer", "4", format!("0..={READ_CONNECTIONS_MAX}"), "sqlite: read-only connections beside the writer; 0 puts every read on the writer."),
         key("channels", "list", "none", "", "Durable channels; a topic whose first level is a channel's name belongs to it."),
         key("channels[].name", "string", "required", format!("one topic level, at most {CHANNEL_NAME_MAX_BYTES} bytes, not . or .., no / + # or NUL, not starting with $; unique; not another queue's NAME.dlq"), "The channel's name: the first level of its topics."),
-        key("channels[].kind", "append | latest | queue", "required", "", "A log, one value per topic, or work handed to one worker. This build serves append channels: `saguin serve` refuses a configuration with a latest or queue channel, naming it by YAML path, and check-config exits 1 on it."),
+        key("channels[].kind", "append | latest | queue", "required", "", "A log, one value per topic, or work handed to one worker."),
         key("channels[].storage", "string", "required", "the name of a storage provider", "The provider that keeps the channel."),
         key("channels[].retention_bytes", SIZE, "none", "append only; not above max_bytes", "Oldest records are removed past this many bytes, checked every second (from the byte count the channel keeps, reading nothing while under the bound)."),
         key("channels[].retention_age", DURATION, "none", "append and latest", "Records older than this are removed, checked every tenth of the shortest retention_age any channel has, at most once a second; a record with no timestamp is never too old."),
         key("channels[].max_bytes", SIZE, "none", "append and queue", "Publishes are refused past this many bytes (0x97)."),
-        key("channels[].lease", DURATION, "30s", "queue only; above 0", "How long a worker holds a job before it is retried."),
-        key("channels[].max_attempts", "integer", "5", format!("queue only; 1..={MAX_ATTEMPTS_MAX}"), "Deliveries before a job moves to the dead-letter channel NAME.dlq."),
-        key("channels[].backoff", "list of durations", "[1s, 5s, 30s]", "queue only", "The gap before attempt n+1; the last gap repeats."),
+        key("channels[].lease", DURATION, format_duration(DEFAULT_LEASE), "queue only; above 0", "How long a worker holds a job before it is retried."),
+        key("channels[].max_attempts", "integer", DEFAULT_MAX_ATTEMPTS.to_string(), format!("queue only; 1..={MAX_ATTEMPTS_MAX}"), "Deliveries before a job moves to the dead-letter channel NAME.dlq."),
+        key("channels[].backoff", "list of durations", format!("[{backoff}]"), "queue only", "The gap before attempt n+1; the last gap repeats."),
         key("channels[].dlq_retention_bytes", SIZE, "none", "queue only", "Retention bound of the dead-letter channel NAME.dlq (same provider)."),
         key("broker", "mapping", "", "", "Broker-wide stores and timings."),
         key("broker.retained_storage", "string", "none (memory, not kept)", "the name of a storage provider", "The provider of the retained store."),

@@ -425,30 +425,92 @@ impl Removed {
 /// its release, which writes it, is a relief write and checks no bound, so
 /// the hold is where a full channel says so.
 pub fn check_channel_room(store: &dyn AppendStore, size: u64) -> Result<()> {
-    let Some(max_bytes) = store.max_bytes() else {
-        return Ok(());
-    };
-    let held = store.bytes();
-    if held.saturating_add(size) > max_bytes {
-        return Err(StorageError::ChannelFull {
-            channel: store.name().to_owned(),
-            held,
-            size,
-            max_bytes,
-        });
+    check_room(store.name(), store.bytes(), store.max_bytes(), size)
+}
+
+/// A channel's own bound (`docs/design.md` storage rule 5), the one rule
+/// every store and the broker apply:
+/// channel `channel`, holding `held` bytes under `max_bytes`, takes a
+/// record of `size` bytes only when both together stay within the bound
+/// ([`StorageError::ChannelFull`], MQTT 0x97, otherwise). No bound admits
+/// everything. Relief writes (a dead-letter move, a held publish's
+/// release) are not asked.
+#[inline]
+pub fn check_room(channel: &str, held: u64, max_bytes: Option<u64>, size: u64) -> Result<()> {
+    match max_bytes {
+        Some(max_bytes) if held.saturating_add(size) > max_bytes => {
+            Err(StorageError::ChannelFull {
+                channel: channel.to_owned(),
+                held,
+                size,
+                max_bytes,
+            })
+        }
+        _ => Ok(()),
     }
-    Ok(())
+}
+
+/// What an append and a latest channel share: records that take offsets
+/// in order (`next`, `floor`), what they hold, and the positions durable
+/// readers keep in them. Declared once, so a caller that reads a counter
+/// or keeps a position need not ask which of the two kinds a channel is
+/// ([`ChannelStore::offsets`]); a queue hands each record to one worker
+/// and keeps no positions.
+pub trait OffsetStore: Send + Sync {
+    /// The channel's name.
+    fn name(&self) -> &str;
+
+    /// The offset the next record (on a latest channel, the next set or
+    /// deletion) will take.
+    fn next(&self) -> u64;
+
+    /// The oldest offset that can still be read.
+    fn floor(&self) -> u64;
+
+    /// The bytes the channel's records count for ([`Record::accounted_size`]);
+    /// a latest channel's current values (it has no bound of its own; on a
+    /// memory provider they count against the provider's).
+    fn bytes(&self) -> u64;
+
+    /// How many records the channel holds; on a latest channel, how many
+    /// topics hold a value.
+    fn record_count(&self) -> u64;
+
+    /// The stored position of `reader` in this channel.
+    fn position(&self, reader: &Reader) -> Result<Option<Position>>;
+
+    /// Stores a position (relief: may use the reserve). A position past
+    /// `next` is [`StorageError::Invalid`] ([`check_position`]).
+    fn save_position(&self, position: Position) -> Result<()>;
+
+    /// Removes a reader's position; true when there was one.
+    fn drop_position(&self, reader: &Reader) -> Result<bool>;
+
+    /// Every stored position, ordered by reader.
+    fn positions(&self) -> Result<Vec<Position>>;
+}
+
+/// An [`OffsetStore`] seen as one, whatever store it is: what lets
+/// [`ChannelStore::offsets`] hand out the shared part of an append or a
+/// latest store (the build's minimum Rust has no trait upcasting).
+/// Implemented for every [`OffsetStore`]; nothing implements it by hand.
+pub trait AsOffsetStore {
+    fn as_offset_store(&self) -> &dyn OffsetStore;
+}
+
+impl<T: OffsetStore> AsOffsetStore for T {
+    fn as_offset_store(&self) -> &dyn OffsetStore {
+        self
+    }
 }
 
 /// An append channel: a log whose records keep their offsets until
 /// retention removes them from the front.
-pub trait AppendStore: Send + Sync {
-    /// The channel's name.
-    fn name(&self) -> &str;
-
+pub trait AppendStore: OffsetStore + AsOffsetStore {
     /// Stores `record` at the channel's next offset and returns it with the
     /// offset set. Offsets are taken in commit order: a reader that sees an
-    /// offset sees every lower one that will ever exist (seed 004). Refused
+    /// offset sees every lower one that will ever exist (`docs/design.md`
+    /// storage rule 2). Refused
     /// with [`StorageError::ChannelFull`] or [`StorageError::ProviderFull`]
     /// at a bound; a publish never takes the provider's reserve.
     fn append(&self, record: Record) -> Result<Record>;
@@ -493,18 +555,6 @@ pub trait AppendStore: Send + Sync {
             .collect())
     }
 
-    /// The offset the next record will take.
-    fn next(&self) -> u64;
-
-    /// The oldest offset that can still be read.
-    fn floor(&self) -> u64;
-
-    /// The bytes the channel's records count for ([`Record::accounted_size`]).
-    fn bytes(&self) -> u64;
-
-    /// How many records the channel holds.
-    fn record_count(&self) -> u64;
-
     /// The lowest offset any stored position points at, or `next()` when no
     /// reader holds one (nothing is owed to anybody).
     fn lowest_position(&self) -> u64;
@@ -531,27 +581,12 @@ pub trait AppendStore: Send + Sync {
     /// older than `cutoff`, stopping at the first that stays: a record with
     /// timestamp 0 is never too old, and it stops the walk.
     fn trim_older_than(&self, cutoff: UnixNanos) -> Result<Removed>;
-
-    /// The stored position of `reader` in this channel.
-    fn position(&self, reader: &Reader) -> Result<Option<Position>>;
-
-    /// Stores a position (relief: may use the reserve). A position past
-    /// `next` is [`StorageError::Invalid`].
-    fn save_position(&self, position: Position) -> Result<()>;
-
-    /// Removes a reader's position; true when there was one.
-    fn drop_position(&self, reader: &Reader) -> Result<bool>;
-
-    /// Every stored position, ordered by reader.
-    fn positions(&self) -> Result<Vec<Position>>;
 }
 
 /// A latest channel: one value per topic. Setting or deleting a topic takes
 /// the channel's next offset, so a consumer can tell which of two values is
 /// newer and what changed since its position.
-pub trait LatestStore: Send + Sync {
-    fn name(&self) -> &str;
-
+pub trait LatestStore: OffsetStore + AsOffsetStore {
     /// Replaces the topic's value and returns it with its new offset. An
     /// empty payload deletes the topic (the MQTT rule), returning the
     /// deletion's marker - or, when the topic held no value, the record
@@ -593,19 +628,6 @@ pub trait LatestStore: Send + Sync {
     /// Forgets deletion markers below `before` and raises the floor to it.
     /// Values are never removed by a trim.
     fn trim(&self, before: u64) -> Result<Removed>;
-
-    fn next(&self) -> u64;
-    fn floor(&self) -> u64;
-    /// Bytes of the current values (a latest channel has no bound of its own;
-    /// on a memory provider the values count against the provider's).
-    fn bytes(&self) -> u64;
-    /// How many topics hold a value.
-    fn record_count(&self) -> u64;
-
-    fn position(&self, reader: &Reader) -> Result<Option<Position>>;
-    fn save_position(&self, position: Position) -> Result<()>;
-    fn drop_position(&self, reader: &Reader) -> Result<bool>;
-    fn positions(&self) -> Result<Vec<Position>>;
 }
 
 /// One unresolved queue record and what survives a restart about it.
@@ -920,6 +942,26 @@ impl ChannelStore {
         }
     }
 
+    /// The offset the channel's next record takes.
+    pub fn next(&self) -> u64 {
+        match self {
+            ChannelStore::Append(s) => s.next(),
+            ChannelStore::Latest(s) => s.next(),
+            ChannelStore::Queue(s) => s.next(),
+        }
+    }
+
+    /// The channel's offsets, counters and readers' positions, whichever
+    /// of the two kinds that keep them it is; `None` for a queue, which
+    /// hands each record to one worker and has no readers.
+    pub fn offsets(&self) -> Option<&dyn OffsetStore> {
+        match self {
+            ChannelStore::Append(s) => Some(s.as_offset_store()),
+            ChannelStore::Latest(s) => Some(s.as_offset_store()),
+            ChannelStore::Queue(_) => None,
+        }
+    }
+
     pub fn as_append(&self) -> Option<&Arc<dyn AppendStore>> {
         match self {
             ChannelStore::Append(s) => Some(s),
@@ -962,7 +1004,8 @@ pub const RETAINED_STORE_NAME: &str = saguin_format::channel_name::RETAINED_CHAN
 pub const BROADCAST_LOG_NAME: &str = "$saguin/broadcast";
 
 /// The size of a provider's reserve: one largest possible record with its
-/// headers. Not a configuration key of its own.
+/// headers. Not a configuration key of its own (`docs/design.md` storage
+/// rule 5).
 pub fn reserve_for(max_message_size: u64, max_header_bytes: u64) -> u64 {
     max_message_size.saturating_add(max_header_bytes)
 }
@@ -1170,6 +1213,38 @@ pub fn backoff_gap(backoff: &[std::time::Duration], attempts: u32) -> std::time:
     backoff.get(i).copied().unwrap_or(std::time::Duration::ZERO)
 }
 
+/// True when a queue record delivered `attempts` times may not be
+/// delivered again: it belongs in the dead-letter channel. Both providers
+/// offer, lease and release by it.
+pub fn attempts_spent(attempts: u32, max_attempts: u32) -> bool {
+    attempts >= max_attempts
+}
+
+/// What a failed delivery of a queue record leads to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Its attempts are spent: it moves to the dead-letter channel.
+    DeadLetter,
+    /// It is offered again from this moment (the backoff gap after now).
+    RetryAt(UnixNanos),
+}
+
+/// The one rule of a release, for both providers: a record whose
+/// `attempts` are spent is dead-lettered, any other is available again
+/// [`backoff_gap`] after `now` (`docs/design.md` storage rule 11).
+pub fn after_failed_delivery(
+    attempts: u32,
+    max_attempts: u32,
+    backoff: &[Duration],
+    now: UnixNanos,
+) -> AfterFailure {
+    if attempts_spent(attempts, max_attempts) {
+        return AfterFailure::DeadLetter;
+    }
+    let gap = backoff_gap(backoff, attempts);
+    AfterFailure::RetryAt(now.saturating_add(i64::try_from(gap.as_nanos()).unwrap_or(i64::MAX)))
+}
+
 /// A queue record as its dead-letter channel keeps it: no offset yet (the
 /// move takes one), and the `saguin-*` headers saying how many attempts it
 /// had, when it was first and last delivered (now, if it never was) and
@@ -1225,7 +1300,7 @@ pub fn format_time(at: UnixNanos) -> String {
 }
 
 /// A position is at least the first offset and never past `next` (a stored
-/// position may lag, never lead); an `mqtt:` reader states its session
+/// position may lag, never lead: `docs/design.md` storage rule 3); an `mqtt:` reader states its session
 /// expiry and a `bridge:` reader none. Both providers check by this.
 pub fn check_position(channel: &str, position: &Position, next: u64) -> Result<()> {
     if position.offset < FIRST_OFFSET || position.offset > next {
@@ -1263,6 +1338,40 @@ mod tests {
         assert_eq!(backoff_gap(&gaps, 9), Duration::from_secs(5));
         assert_eq!(backoff_gap(&gaps, 0), Duration::from_secs(1));
         assert_eq!(backoff_gap(&[], 3), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_failed_delivery_waits_its_gap_or_moves_once_its_attempts_are_spent() {
+        let gaps = [Duration::from_secs(1), Duration::from_secs(5)];
+        let now = 10 * 1_000_000_000;
+        assert_eq!(
+            after_failed_delivery(1, 3, &gaps, now),
+            AfterFailure::RetryAt(11 * 1_000_000_000)
+        );
+        assert_eq!(
+            after_failed_delivery(2, 3, &gaps, now),
+            AfterFailure::RetryAt(15 * 1_000_000_000)
+        );
+        assert_eq!(
+            after_failed_delivery(3, 3, &gaps, now),
+            AfterFailure::DeadLetter
+        );
+        assert_eq!(
+            after_failed_delivery(1, 1, &[], now),
+            AfterFailure::DeadLetter
+        );
+        assert_eq!(
+            after_failed_delivery(1, 2, &[], now),
+            AfterFailure::RetryAt(now),
+            "no backoff: at once"
+        );
+        assert_eq!(
+            after_failed_delivery(1, 2, &[Duration::MAX], i64::MAX - 1),
+            AfterFailure::RetryAt(i64::MAX),
+            "a gap past the end of time saturates"
+        );
+        assert!(!attempts_spent(4, 5));
+        assert!(attempts_spent(5, 5));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! A memory provider's snapshot directory as a sequence of generations
-//! (`format/FORMAT.md` §4).
+//! (`format/FORMAT.md` §4): what a memory provider promises at a crash,
+//! `docs/design.md` storage rule 9.
 //!
 //! A generation is the provider's state at one moment: the files of the
 //! stores that changed since the last generation, written under names no

@@ -1,4 +1,5 @@
-//! The lock: one broker at a time per provider.
+//! The lock: one broker at a time per provider, taken before anything of
+//! it is touched (`docs/design.md` storage rule 7).
 //!
 //! The lock is a tiny SQLite database of its own beside what it guards
 //! (`<file_path>.lock` for a sqlite provider, `saguin.lock` inside a snapshot

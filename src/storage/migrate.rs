@@ -1,7 +1,8 @@
 //! Moving a provider's data to the other provider kind, and importing a
 //! legacy MBMQTT01 `broker.snapshot` (`saguin migrate`, `man saguin-migrate`).
 //!
-//! The rules, each enforced here rather than by the command line:
+//! The rules (`docs/design.md` storage rule 8), each enforced here rather
+//! than by the command line:
 //!
 //! - **The destination must not exist**, or be an empty directory; a
 //!   database's `-wal`, `-shm` and `-journal` must not exist either, and its parent directory must. Checked before

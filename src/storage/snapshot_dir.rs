@@ -26,6 +26,11 @@
 //! | `*.tmp` | a write that never finished: reported, never read |
 //! | `saguin.lock` (and its `-journal`, `-wal`, `-shm`) | the provider's lock and the sidecars SQLite leaves beside it: not snapshots, ignored |
 //!
+//! Over 1,500 lines with its tests, because the scan, its findings and
+//! their verdicts are one reading of a directory that `snapshot verify`,
+//! `snapshot inspect` and the loader must share whole (split, two of them
+//! could drift apart); the tests (from `mod tests`) are a third of it.
+//!
 //! Which files are current is the manifest's to say (`format/FORMAT.md`
 //! §4): a generation manifest's list, each file checked to be the one
 //! listed (length, written-at, checksum); beside a shutdown's manifest the

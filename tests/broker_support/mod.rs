@@ -159,6 +159,36 @@ impl Broker {
         log.iter().filter(|l| matches(l)).cloned().collect()
     }
 
+    /// The first log line `then` accepts that was logged after the first
+    /// line `first` accepts (bounded wait): an event known to follow
+    /// another, where a count taken beforehand could be met by a line of
+    /// an earlier round logged in between.
+    pub fn wait_log_after(
+        &self,
+        first: impl Fn(&str) -> bool,
+        then: impl Fn(&str) -> bool,
+    ) -> String {
+        let found = |log: &[String]| {
+            let start = log.iter().position(|l| first(l))?;
+            log[start + 1..].iter().find(|l| then(l)).cloned()
+        };
+        let (log, timeout) = self
+            .logged
+            .wait_timeout_while(self.log.lock().unwrap(), WAIT, |log| found(log).is_none())
+            .unwrap();
+        match found(&log) {
+            Some(line) => line,
+            None => {
+                drop(log);
+                assert!(timeout.timed_out());
+                panic!(
+                    "no such log line after the first one within {WAIT:?}:\n{}",
+                    self.log_text()
+                );
+            }
+        }
+    }
+
     /// Start a new broker on this one's directory (this one must have
     /// stopped, or is killed now).
     pub fn restart(mut self, yaml: &str) -> Broker {

@@ -69,6 +69,7 @@ use crate::broker::codec::{
 };
 use crate::broker::metrics::BridgeMetrics;
 use crate::broker::state::{Inbound, InboundPublish, Outbound, GAP_PROPERTY, OFFSET_PROPERTY};
+use crate::broker::views::ChannelView;
 use crate::config::bridge::{Bridge, BridgeProtocol, RetainMode};
 
 /// How often timers (keep alive, ack timeout, retries, lag) are looked at.
@@ -969,7 +970,7 @@ impl Link {
                 .shared
                 .channels
                 .get(&rule.channel)
-                .and_then(super::bounds)
+                .and_then(ChannelView::bounds)
             else {
                 continue;
             };

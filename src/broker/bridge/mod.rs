@@ -33,8 +33,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::metrics::Metrics;
 use super::state::Event;
+use super::views::ChannelView;
 use crate::config::bridge::Bridge;
-use crate::storage::contract::{ChannelStore, Position, Reader};
+use crate::storage::contract::{Position, Reader};
 
 /// The user property naming the channel of a record sent out (MQTT 5),
 /// beside `saguin-offset`: together they let a consumer deduplicate.
@@ -65,8 +66,9 @@ pub(crate) struct Shared {
     /// counter: one space of names).
     pub generation: Arc<AtomicU64>,
     pub metrics: Arc<Metrics>,
-    /// The stores of the channels served, for the lag gauges.
-    pub channels: HashMap<String, ChannelStore>,
+    /// The channels served, seen for the stored positions and the lag
+    /// gauges.
+    pub channels: HashMap<String, ChannelView>,
     /// `Limits::outbound_queue`: a writer says it drained below half of it.
     pub outbound_queue: usize,
 }
@@ -84,7 +86,7 @@ impl Bridges {
         events: mpsc::Sender<Event>,
         generation: Arc<AtomicU64>,
         metrics: Arc<Metrics>,
-        channels: HashMap<String, ChannelStore>,
+        channels: HashMap<String, ChannelView>,
         outbound_queue: usize,
     ) -> Bridges {
         let (stop, stop_rx) = watch::channel(false);
@@ -193,37 +195,23 @@ fn tight_timers() {
 }
 
 /// Each `out` rule's stored position, where its channel is served.
-fn stored_positions(bridge: &Bridge, channels: &HashMap<String, ChannelStore>) -> Vec<Option<u64>> {
+fn stored_positions(bridge: &Bridge, channels: &HashMap<String, ChannelView>) -> Vec<Option<u64>> {
     let reader = Reader::bridge(&bridge.name).ok();
     bridge
         .out
         .iter()
         .map(|rule| {
-            let store = channels.get(&rule.channel)?;
-            let position = position_in(store, reader.as_ref()?)?;
+            let position = position_in(channels.get(&rule.channel)?, reader.as_ref()?)?;
             Some(position.offset)
         })
         .collect()
 }
 
-fn position_in(store: &ChannelStore, reader: &Reader) -> Option<Position> {
-    match store {
-        ChannelStore::Append(s) => s.position(reader).ok().flatten(),
-        ChannelStore::Latest(s) => s.position(reader).ok().flatten(),
-        ChannelStore::Queue(_) => None,
-    }
+fn position_in(channel: &ChannelView, reader: &Reader) -> Option<Position> {
+    channel.position(reader).ok().flatten()
 }
 
-/// A forwarded channel's `next` and `floor`.
-pub(crate) fn bounds(store: &ChannelStore) -> Option<(u64, u64)> {
-    match store {
-        ChannelStore::Append(s) => Some((s.next(), s.floor())),
-        ChannelStore::Latest(s) => Some((s.next(), s.floor())),
-        ChannelStore::Queue(_) => None,
-    }
-}
-
-fn log_startup(bridge: &Bridge, stored: &[Option<u64>], channels: &HashMap<String, ChannelStore>) {
+fn log_startup(bridge: &Bridge, stored: &[Option<u64>], channels: &HashMap<String, ChannelView>) {
     let direction = match (bridge.out.is_empty(), bridge.inbound.is_empty()) {
         (false, false) => "out and in",
         (false, true) => "out",
@@ -242,7 +230,7 @@ fn log_startup(bridge: &Bridge, stored: &[Option<u64>], channels: &HashMap<Strin
                 "at least once from the stored position: duplicates after a restart, never a loss"
             }
         ));
-        if let Some((next, floor)) = channels.get(&rule.channel).and_then(bounds) {
+        if let Some((next, floor)) = channels.get(&rule.channel).and_then(ChannelView::bounds) {
             let start = match (position, rule.from) {
                 (Some(p), _) => *p,
                 (None, crate::config::bridge::StartFrom::Earliest) => floor.max(1),

@@ -1,6 +1,12 @@
 //! Codec tests: the specifications' example bytes, remaining-length
 //! boundaries, round trips of every packet type in both versions, every
 //! refusal, every split point of a stream, and property tests.
+//!
+//! Over 1,500 lines: every test builds its packets with the builder
+//! functions at the top and checks both protocol versions against the
+//! same builders, so the codec's tests stay one file the way the codec is
+//! one module; split by packet kind when a kind's tests need builders of
+//! their own.
 
 use bytes::{BufMut, Bytes, BytesMut};
 

@@ -1,5 +1,7 @@
 //! The persisters: where the state's [`Intent`]s are written, one per role
-//! (`broker.session_storage`, `broker.retained_storage`).
+//! (`broker.session_storage`, `broker.retained_storage`, each channel),
+//! each role's in the order the state made them (`docs/design.md` storage
+//! rules 1 and 4).
 //!
 //! A memory provider's writes cost a lock and a copy, so they run inline in
 //! the broker task and are answered before it reads the next event. A
@@ -32,9 +34,11 @@ use super::providers::ServedChannel;
 use super::state::{
     Class, Event, Intent, QueueSetup, Restored, RestoredChannel, StorageFailure, Write, Written,
 };
+use super::views::{ChannelView, ProviderView};
 use crate::storage::contract::{
     self, BroadcastLog, ChannelStore, FaultKind, HeldPublishStore, LatestStore, LeaseRequest,
-    Provider, ProviderKind, QueueStore, SessionStore, StorageError, BROADCAST_LOG_NAME,
+    OffsetStore, Provider, ProviderKind, QueueStore, SessionStore, StorageError,
+    BROADCAST_LOG_NAME,
 };
 use saguin_format::model::Record;
 
@@ -201,30 +205,13 @@ impl Stores {
         Ok(Written::Stored(index, stored))
     }
 
-    fn save_position(
-        &self,
-        position: crate::storage::contract::Position,
-    ) -> Result<(), StorageError> {
-        match self.channel()?.1 {
-            ChannelStore::Append(s) => s.save_position(position),
-            ChannelStore::Latest(s) => s.save_position(position),
-            ChannelStore::Queue(_) => {
-                Err(self.missing("positions (a queue has workers, not readers)"))
-            }
-        }
-    }
-
-    fn drop_position(
-        &self,
-        reader: &crate::storage::contract::Reader,
-    ) -> Result<bool, StorageError> {
-        match self.channel()?.1 {
-            ChannelStore::Append(s) => s.drop_position(reader),
-            ChannelStore::Latest(s) => s.drop_position(reader),
-            ChannelStore::Queue(_) => {
-                Err(self.missing("positions (a queue has workers, not readers)"))
-            }
-        }
+    /// This persister's channel's positions: an append or a latest
+    /// channel's, refused for a queue (it has workers, not readers).
+    fn positions(&self) -> Result<&dyn OffsetStore, StorageError> {
+        self.channel()?
+            .1
+            .offsets()
+            .ok_or_else(|| self.missing("positions (a queue has workers, not readers)"))
     }
 
     fn apply(&self, write: Write) -> Result<Written, StorageError> {
@@ -249,16 +236,7 @@ impl Stores {
                 match self.channel.as_ref().map(|(_, c)| c) {
                     Some(ChannelStore::Append(s)) => contract::check_channel_room(&**s, size)?,
                     Some(ChannelStore::Queue(q)) => {
-                        if let Some(max_bytes) = q.max_bytes() {
-                            if q.bytes().saturating_add(size) > max_bytes {
-                                return Err(StorageError::ChannelFull {
-                                    channel: q.name().to_owned(),
-                                    held: q.bytes(),
-                                    size,
-                                    max_bytes,
-                                });
-                            }
-                        }
+                        contract::check_room(q.name(), q.bytes(), q.max_bytes(), size)?
                     }
                     // A latest channel has no bound of its own.
                     Some(ChannelStore::Latest(_)) | None => {}
@@ -294,8 +272,14 @@ impl Stores {
                     .drop_hold(channel.name(), &client_id, packet_id)
                     .map(|_| Written::Done)
             }
-            Write::SavePosition(position) => self.save_position(position).map(|()| Written::Done),
-            Write::DropPosition(reader) => self.drop_position(&reader).map(|_| Written::Done),
+            Write::SavePosition(position) => self
+                .positions()?
+                .save_position(position)
+                .map(|()| Written::Done),
+            Write::DropPosition(reader) => self
+                .positions()?
+                .drop_position(&reader)
+                .map(|_| Written::Done),
             Write::Lease {
                 offset,
                 holder,
@@ -750,7 +734,7 @@ impl Persister {
     ) -> Result<Persister, StorageError> {
         let kind = provider.kind();
         let stores = Stores::of(provider, keeps)?;
-        metrics.register_provider(&stores.provider, &stores.handle);
+        metrics.register_provider(&stores.provider, ProviderView::of(&stores.handle));
         let failures = Failures {
             metrics,
             provider: stores.provider.clone(),
@@ -937,19 +921,15 @@ pub fn read_restored(
             .filter(|h| h.channel == *channel.name)
             .cloned()
             .collect();
-        let (next, positions) = match &channel.store {
-            ChannelStore::Append(s) => (s.next(), s.positions()?),
-            ChannelStore::Latest(s) => (s.next(), s.positions()?),
-            ChannelStore::Queue(s) => {
-                // Attempts spent before the stop are dead-lettered now,
-                // rather than starting over (invariant 15).
-                let moved = s.dead_letter_spent(crate::storage::contract::now_nanos())?;
-                if moved > 0 {
-                    tracing::info!(channel = %channel.name, moved, "records whose attempts were spent before the restart moved to the dead-letter channel");
-                }
-                (s.next(), Vec::new())
+        if let Some(queue) = channel.store.as_queue() {
+            // Attempts spent before the stop are dead-lettered now,
+            // rather than starting over (invariant 15).
+            let moved = queue.dead_letter_spent(crate::storage::contract::now_nanos())?;
+            if moved > 0 {
+                tracing::info!(channel = %channel.name, moved, "records whose attempts were spent before the restart moved to the dead-letter channel");
             }
-        };
+        }
+        let view = ChannelView::of(&channel.store);
         let queue = channel.queue.as_ref().map(|settings| {
             let dead_letter = crate::storage::contract::dead_letter_name(&channel.name);
             QueueSetup {
@@ -962,10 +942,11 @@ pub fn read_restored(
         });
         restored_channels.push(RestoredChannel {
             name: channel.name.clone(),
-            kind: channel.store.kind(),
-            next,
+            kind: view.kind(),
+            next: view.next(),
             queue,
-            positions,
+            // A queue has workers, not readers: none.
+            positions: view.positions()?,
             holds,
         });
     }

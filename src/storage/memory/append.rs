@@ -8,7 +8,8 @@ use super::positions::PositionBook;
 use super::slots::SlotLog;
 use super::{admit, read, write, Shared, Version};
 use crate::storage::contract::{
-    check_record, AppendStore, Position, Reader, Removed, Result, StorageError, FIRST_OFFSET,
+    check_record, AppendStore, OffsetStore, Position, Reader, Removed, Result, StorageError,
+    FIRST_OFFSET,
 };
 
 #[derive(Debug)]
@@ -191,7 +192,8 @@ impl MemoryAppend {
             relief,
         )?;
         // The offset is taken and the record made visible under one lock, so
-        // offsets become readable in the order they were assigned (seed 004).
+        // offsets become readable in the order they were assigned (`docs/design.md`
+        // storage rule 2).
         record.offset = st.next;
         st.next += 1;
         let shared = Arc::new(record);
@@ -250,10 +252,6 @@ impl MemoryAppend {
 }
 
 impl AppendStore for MemoryAppend {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
     fn append(&self, record: Record) -> Result<Record> {
         self.append_inner(record, false)
     }
@@ -285,22 +283,6 @@ impl AppendStore for MemoryAppend {
         Ok(st.log.read_shared(offset, max))
     }
 
-    fn next(&self) -> u64 {
-        read(&self.state).next
-    }
-
-    fn floor(&self) -> u64 {
-        read(&self.state).floor
-    }
-
-    fn bytes(&self) -> u64 {
-        read(&self.state).log.bytes()
-    }
-
-    fn record_count(&self) -> u64 {
-        read(&self.state).log.live()
-    }
-
     fn lowest_position(&self) -> u64 {
         let lowest = self.positions.lowest();
         lowest.unwrap_or_else(|| self.next())
@@ -326,6 +308,28 @@ impl AppendStore for MemoryAppend {
     fn trim_older_than(&self, cutoff: UnixNanos) -> Result<Removed> {
         // A record with timestamp 0 is never too old, and it stops the walk.
         self.remove_front(0, |r, _| r.timestamp != 0 && r.timestamp < cutoff)
+    }
+}
+
+impl OffsetStore for MemoryAppend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn next(&self) -> u64 {
+        read(&self.state).next
+    }
+
+    fn floor(&self) -> u64 {
+        read(&self.state).floor
+    }
+
+    fn bytes(&self) -> u64 {
+        read(&self.state).log.bytes()
+    }
+
+    fn record_count(&self) -> u64 {
+        read(&self.state).log.live()
     }
 
     fn position(&self, reader: &Reader) -> Result<Option<Position>> {

@@ -9,8 +9,8 @@ use saguin_format::model::Record;
 use super::positions::PositionBook;
 use super::{read, write, Shared, Version};
 use crate::storage::contract::{
-    check_record, LatestStore, Position, Reader, Removed, Result, StorageError, FIRST_OFFSET,
-    RETAINED_STORE_NAME,
+    check_record, LatestStore, OffsetStore, Position, Reader, Removed, Result, StorageError,
+    FIRST_OFFSET, RETAINED_STORE_NAME,
 };
 use crate::topic::{filter_matches, literal_prefix};
 
@@ -247,10 +247,6 @@ impl MemoryLatest {
 }
 
 impl LatestStore for MemoryLatest {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
     fn set(&self, record: Record) -> Result<Record> {
         let topic = record.topic.clone();
         match self.set_inner(record, false)? {
@@ -370,6 +366,12 @@ impl LatestStore for MemoryLatest {
         st.floor = st.floor.max(bound);
         self.shared.budget.give_back(removed.bytes);
         Ok(removed)
+    }
+}
+
+impl OffsetStore for MemoryLatest {
+    fn name(&self) -> &str {
+        &self.name
     }
 
     fn next(&self) -> u64 {

@@ -536,8 +536,8 @@ impl MemoryProvider {
             }
         };
         let bytes = match &channel {
-            MemChannel::Append(a) => crate::storage::contract::AppendStore::bytes(&**a),
-            MemChannel::Latest(l) => crate::storage::contract::LatestStore::bytes(&**l),
+            MemChannel::Append(a) => crate::storage::contract::OffsetStore::bytes(&**a),
+            MemChannel::Latest(l) => crate::storage::contract::OffsetStore::bytes(&**l),
             MemChannel::Queue(q) => crate::storage::contract::QueueStore::bytes(&**q),
         };
         if bytes != c.bytes {

@@ -41,7 +41,7 @@ pub enum MemChannelCopy {
 }
 
 use super::contract::{
-    dead_letter_name, AppendStore, BroadcastLog, ChannelStore, HeldPublishStore, LatestStore,
+    self, dead_letter_name, BroadcastLog, ChannelStore, HeldPublishStore, LatestStore, OffsetStore,
     Provider, ProviderKind, Result, SessionStore, StorageError, BROADCAST_LOG_NAME,
     RETAINED_STORE_NAME,
 };
@@ -110,16 +110,7 @@ pub(crate) fn admit(
         shared.budget.charge_relief(size);
         return Ok(());
     }
-    if let Some(max) = max_bytes {
-        if held.saturating_add(size) > max {
-            return Err(StorageError::ChannelFull {
-                channel: channel.to_string(),
-                held,
-                size,
-                max_bytes: max,
-            });
-        }
-    }
+    contract::check_room(channel, held, max_bytes, size)?;
     shared.budget.charge_publish(size)
 }
 

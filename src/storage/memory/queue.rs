@@ -12,8 +12,9 @@ use saguin_format::model::{Record, UnixNanos};
 use super::append::{AppendCopy, MemoryAppend};
 use super::{admit, read, write, Shared, Version};
 use crate::storage::contract::{
-    backoff_gap, check_record, dead_letter_record, AppendStore, ExpiredLease, Lease, QueueItem,
-    QueueStore, Released, Removed, Result, StorageError, DEFAULT_MAX_ATTEMPTS, FIRST_OFFSET,
+    after_failed_delivery, attempts_spent, check_record, dead_letter_record, AfterFailure,
+    AppendStore, ExpiredLease, Lease, QueueItem, QueueStore, Released, Removed, Result,
+    StorageError, DEFAULT_MAX_ATTEMPTS, FIRST_OFFSET,
 };
 
 /// Who holds an item now. Volatile.
@@ -338,7 +339,11 @@ impl QueueStore for MemoryQueue {
         Ok(st
             .items
             .values()
-            .filter(|i| i.held.is_none() && i.not_before <= now && i.attempts < st.max_attempts)
+            .filter(|i| {
+                i.held.is_none()
+                    && i.not_before <= now
+                    && !attempts_spent(i.attempts, st.max_attempts)
+            })
             .take(max)
             .map(Item::to_queue_item)
             .collect())
@@ -368,7 +373,7 @@ impl QueueStore for MemoryQueue {
         if item.not_before > now {
             return Err(unavailable("waiting out its backoff"));
         }
-        if item.attempts >= max_attempts {
+        if attempts_spent(item.attempts, max_attempts) {
             return Err(unavailable("its attempts are spent"));
         }
         item.attempts += 1;
@@ -438,14 +443,15 @@ impl QueueStore for MemoryQueue {
         if !current {
             return Ok(Released::Stale);
         }
-        let attempts = item.attempts;
-        if attempts >= max_attempts {
-            // On failure the record is still held, with the attempts it had.
-            let dlq_offset = self.dead_letter_item(&mut st, offset, now, reason)?;
-            return Ok(Released::DeadLettered { offset, dlq_offset });
-        }
-        let gap = backoff_gap(&st.backoff, attempts);
-        let not_before = now.saturating_add(i64::try_from(gap.as_nanos()).unwrap_or(i64::MAX));
+        let not_before = match after_failed_delivery(item.attempts, max_attempts, &st.backoff, now)
+        {
+            AfterFailure::RetryAt(not_before) => not_before,
+            AfterFailure::DeadLetter => {
+                // On failure the record is still held, with the attempts it had.
+                let dlq_offset = self.dead_letter_item(&mut st, offset, now, reason)?;
+                return Ok(Released::DeadLettered { offset, dlq_offset });
+            }
+        };
         st.deliveries.remove(&delivery_id);
         if let Some(item) = st.items.get_mut(&offset) {
             item.held = None;
@@ -507,7 +513,7 @@ impl QueueStore for MemoryQueue {
         let spent: Vec<u64> = st
             .items
             .iter()
-            .filter(|(_, i)| i.held.is_none() && i.attempts >= st.max_attempts)
+            .filter(|(_, i)| i.held.is_none() && attempts_spent(i.attempts, st.max_attempts))
             .map(|(o, _)| *o)
             .collect();
         let mut moved = 0;

@@ -17,7 +17,9 @@ use super::channel::{ChannelCounters, Positions, RowPerRecord, Target};
 use super::row::record_at;
 use super::schema::record_columns;
 use super::Shared;
-use crate::storage::contract::{self, AppendStore, Position, Reader, Removed, StorageError};
+use crate::storage::contract::{
+    self, AppendStore, OffsetStore, Position, Reader, Removed, StorageError,
+};
 
 const SQL_NEXT_FLOOR: &str = "SELECT next, floor FROM channels WHERE name = ?1";
 const SQL_READ: &str = concat!(
@@ -282,10 +284,6 @@ impl AppendChannel {
 }
 
 impl AppendStore for AppendChannel {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
     fn append(&self, record: Record) -> contract::Result<Record> {
         contract::check_record(&self.name, &record, self.gapped)?;
         let target = self.target()?;
@@ -330,22 +328,6 @@ impl AppendStore for AppendChannel {
             });
         }
         Ok(records)
-    }
-
-    fn next(&self) -> u64 {
-        self.counters.next()
-    }
-
-    fn floor(&self) -> u64 {
-        self.counters.floor()
-    }
-
-    fn bytes(&self) -> u64 {
-        self.counters.bytes()
-    }
-
-    fn record_count(&self) -> u64 {
-        self.counters.count()
     }
 
     fn lowest_position(&self) -> u64 {
@@ -406,6 +388,28 @@ impl AppendStore for AppendChannel {
             return Ok(Removed::default());
         }
         self.remove_front(0, |_, ts, _, _| too_old(ts))
+    }
+}
+
+impl OffsetStore for AppendChannel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn next(&self) -> u64 {
+        self.counters.next()
+    }
+
+    fn floor(&self) -> u64 {
+        self.counters.floor()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.counters.bytes()
+    }
+
+    fn record_count(&self) -> u64 {
+        self.counters.count()
     }
 
     fn position(&self, reader: &Reader) -> contract::Result<Option<Position>> {

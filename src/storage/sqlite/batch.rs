@@ -1,4 +1,5 @@
-//! Group commit: one transaction, several publishes.
+//! Group commit: one transaction, several publishes, each answered only
+//! once it committed (`docs/design.md` storage rule 4).
 //!
 //! A publish that finds no transaction committing leads one of its own at
 //! once; the publishes that arrive while it commits are stored together in
@@ -332,20 +333,12 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
             }
         };
         let size = job.record.accounted_size();
-        if let Some(max) = job.target.counters().max_bytes() {
-            let held = touched[idx].1.bytes;
-            if held.saturating_add(size) > max {
-                outcomes.push((
-                    ticket,
-                    Err(StorageError::ChannelFull {
-                        channel: name.to_string(),
-                        held,
-                        size,
-                        max_bytes: max,
-                    }),
-                ));
-                continue;
-            }
+        let max_bytes = job.target.counters().max_bytes();
+        if let Err(full) = contract::check_room(name, touched[idx].1.bytes, max_bytes, size) {
+            outcomes.push((ticket, Err(full)));
+            continue;
+        }
+        if max_bytes.is_some() {
             // Reserve the room for the rest of this pre-check.
             touched[idx].1.bytes += size;
         }

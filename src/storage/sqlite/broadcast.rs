@@ -17,8 +17,8 @@ use super::row::record_at;
 use super::schema::record_columns;
 use super::Shared;
 use crate::storage::contract::{
-    self, AppendStore, BroadcastLog, Removed, ShareGroupEntry, ShareGroupKey, StorageError,
-    BROADCAST_LOG_NAME,
+    self, AppendStore, BroadcastLog, OffsetStore, Removed, ShareGroupEntry, ShareGroupKey,
+    StorageError, BROADCAST_LOG_NAME,
 };
 
 pub(crate) struct Broadcast {

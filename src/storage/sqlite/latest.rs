@@ -24,7 +24,7 @@ use super::row::{record_at, Encoded};
 use super::schema::record_columns;
 use super::Shared;
 use crate::storage::contract::{
-    self, LatestStore, Position, Reader, Removed, StorageError, RETAINED_STORE_NAME,
+    self, LatestStore, OffsetStore, Position, Reader, Removed, StorageError, RETAINED_STORE_NAME,
 };
 use crate::topic::{filter_matches, literal_prefix, prefix_end};
 
@@ -297,10 +297,6 @@ impl LatestChannel {
 }
 
 impl LatestStore for LatestChannel {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
     fn set(&self, record: Record) -> contract::Result<Record> {
         contract::check_record(&self.name, &record, false)?;
         let target = self.target()?;
@@ -516,6 +512,12 @@ impl LatestStore for LatestChannel {
                 &e,
             )),
         }
+    }
+}
+
+impl OffsetStore for LatestChannel {
+    fn name(&self) -> &str {
+        &self.name
     }
 
     fn next(&self) -> u64 {

@@ -21,6 +21,14 @@
 //! typed reads and writes the tools need - `inspect` for `sqlite dump`,
 //! `units` for the migrations, `verify`, and `schema::row_counts` for a
 //! backup - so no module outside it names a table.
+//!
+//! Over 1,500 lines, on purpose for now: the provider's writer, its
+//! flusher and its opening and closing share the private state of
+//! `Shared` (the writer connection, the scope of a shared transaction, the
+//! fault that fails the provider), and each reads it under the others'
+//! rules. The stores already live in modules of their own; the flusher
+//! (`Flusher`, `FlushLoop`) is the next to leave, taking `Shared`'s
+//! flush fields with it.
 
 mod append;
 mod batch;

@@ -372,7 +372,7 @@ impl QueueStore for QueueChannel {
                     let attempts: u32 = row.get(14)?;
                     if held.contains(&offset)
                         || not_before.get(&offset).is_some_and(|&t| t > now)
-                        || attempts >= max_attempts
+                        || contract::attempts_spent(attempts, max_attempts)
                     {
                         continue;
                     }
@@ -456,7 +456,7 @@ impl QueueStore for QueueChannel {
                     "UPDATE queue_items SET attempts = attempts + 1,
                          first_delivered = CASE WHEN first_delivered = 0 THEN ?3 ELSE first_delivered END,
                          last_delivered = ?3
-                     WHERE channel = ?1 AND offset = ?2 AND attempts < ?4
+                     WHERE channel = ?1 AND offset = ?2 AND attempts < ?4 -- attempts not spent (contract::attempts_spent)
                      RETURNING offset, ",
                     record_columns!(),
                     ", attempts, first_delivered, last_delivered"
@@ -574,26 +574,28 @@ impl QueueStore for QueueChannel {
         if d.epoch != epoch || d.delivery_id != delivery_id {
             return Ok(Released::Stale);
         }
-        if d.attempts >= max_attempts {
-            let record = contract::dead_letter_record(
-                d.record.clone(),
-                d.attempts,
-                d.first_delivered,
-                d.last_delivered,
-                now,
-                reason,
-            );
-            let size = d.size;
-            // On failure the record is still held, with the attempts it had.
-            let dlq_offsets = self.move_to_dead_letter(vec![(offset, record)])?;
-            v.held.remove(&offset);
-            v.by_id.remove(&delivery_id);
-            self.gone(size);
-            let dlq_offset = dlq_offsets.first().copied().unwrap_or(0);
-            return Ok(Released::DeadLettered { offset, dlq_offset });
-        }
-        let gap = contract::backoff_gap(&v.backoff, d.attempts);
-        let not_before = now.saturating_add(i64::try_from(gap.as_nanos()).unwrap_or(i64::MAX));
+        let after = contract::after_failed_delivery(d.attempts, max_attempts, &v.backoff, now);
+        let not_before = match after {
+            contract::AfterFailure::RetryAt(not_before) => not_before,
+            contract::AfterFailure::DeadLetter => {
+                let record = contract::dead_letter_record(
+                    d.record.clone(),
+                    d.attempts,
+                    d.first_delivered,
+                    d.last_delivered,
+                    now,
+                    reason,
+                );
+                let size = d.size;
+                // On failure the record is still held, with the attempts it had.
+                let dlq_offsets = self.move_to_dead_letter(vec![(offset, record)])?;
+                v.held.remove(&offset);
+                v.by_id.remove(&delivery_id);
+                self.gone(size);
+                let dlq_offset = dlq_offsets.first().copied().unwrap_or(0);
+                return Ok(Released::DeadLettered { offset, dlq_offset });
+            }
+        };
         v.held.remove(&offset);
         v.by_id.remove(&delivery_id);
         v.not_before.insert(offset, not_before);
@@ -677,7 +679,8 @@ impl QueueStore for QueueChannel {
             .read_items()?
             .into_iter()
             .filter(|(item, _)| {
-                item.attempts >= max_attempts && !v.held.contains_key(&item.record.offset)
+                contract::attempts_spent(item.attempts, max_attempts)
+                    && !v.held.contains_key(&item.record.offset)
             })
             .collect();
         if spent.is_empty() {

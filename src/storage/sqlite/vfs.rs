@@ -1,7 +1,8 @@
 //! The VFS every connection of a sqlite provider opens its files through:
 //! SQLite's own unix VFS, wrapped so that a failed write, sync, read or
 //! truncate says which operating system error it was, and so that a test
-//! can make a chosen call fail.
+//! can make a chosen call fail. A sticky fault fails the provider until a
+//! restart (`docs/design.md` storage rule 10).
 //!
 //! Why a wrapper: SQLite answers both "the page ceiling was reached" and
 //! "the file system is full" with `SQLITE_FULL`, and an EDQUOT or an EIO
