@@ -474,7 +474,19 @@ fn a_full_disk_during_a_background_write_leaves_the_previous_generation_current(
     let yaml = memory_config(&snap, "10ms", "100ms", &[("telemetry", "")]);
     let mut broker = Broker::start(&yaml);
     publish_one(broker.addr(), "telemetry/x", 0);
-    broker.wait_log(|l| l.contains(COMMITTED));
+    // A generation captured once the PUBACK was in hand holds the record
+    // (one the broker wrote as it started does not).
+    let acked_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    broker.wait_log(|l| {
+        l.contains(COMMITTED)
+            && l.split_whitespace()
+                .find_map(|f| f.strip_prefix("captured_at="))
+                .and_then(|v| v.parse::<i64>().ok())
+                .is_some_and(|at| at >= acked_at)
+    });
 
     // The disk fills; the next generation's write fails.
     let ballast: PathBuf = volume.fill("ballast");
