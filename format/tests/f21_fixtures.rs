@@ -541,6 +541,46 @@ fn damaged_cases() -> Vec<Case> {
         channel_bytes(c),
         "3 is below the floor 4",
     );
+    // An append channel loses records from the front only: a hole between
+    // the floor and next is damage, however it came (invariant 1).
+    let mut c = append_channel();
+    c.floor = 4;
+    c.next = 13;
+    c.records.truncate(5);
+    for (record, offset) in c.records.iter_mut().zip([5, 6, 8, 9, 12]) {
+        record.offset = offset;
+    }
+    c.bytes = c.records.iter().map(Record::accounted_size).sum();
+    case(
+        "append-hole.snapshot",
+        channel_bytes(c),
+        "records[0].offset: records 4..4 are missing between the floor 4 and next 13",
+    );
+    let mut c = append_channel();
+    c.records.remove(3);
+    c.bytes = c.records.iter().map(Record::accounted_size).sum();
+    case(
+        "append-hole-inside.snapshot",
+        channel_bytes(c),
+        "records[3].offset: records 6..6 are missing between the floor 3 and next 10",
+    );
+    let mut c = append_channel();
+    c.records.truncate(4);
+    c.bytes = c.records.iter().map(Record::accounted_size).sum();
+    case(
+        "append-hole-below-next.snapshot",
+        channel_bytes(c),
+        "invalid records: records 7..9 are missing between the floor 3 and next 10",
+    );
+    let mut c = queue_channel();
+    if let Some(d) = c.dead_letter.as_mut() {
+        d.next += 2;
+    }
+    case(
+        "dead-letter-hole.snapshot",
+        channel_bytes(c),
+        "invalid dead_letter.records: records 3..4 are missing between the floor 2 and next 5",
+    );
     let mut c = append_channel();
     c.floor = 11;
     c.records.clear();

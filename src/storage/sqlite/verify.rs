@@ -408,12 +408,7 @@ fn records(
                     table,
                     Some(name),
                     Some(expected),
-                    format!(
-                        "records {expected}..{} are missing between the floor {} and next {}",
-                        offset - 1,
-                        row.floor,
-                        row.next
-                    ),
+                    saguin_format::f21::hole(expected, offset - 1, row.floor, row.next),
                 );
             }
             expected = offset.saturating_add(1);
@@ -451,11 +446,7 @@ fn records(
                 table,
                 Some(name),
                 Some(expected),
-                format!(
-                    "records {expected}..{} are missing below next {}",
-                    row.next - 1,
-                    row.next
-                ),
+                saguin_format::f21::hole(expected, row.next - 1, row.floor, row.next),
             );
         }
         Ok::<_, rusqlite::Error>(whole.then_some(sum))
