@@ -9,10 +9,11 @@ use clap::{Parser, Subcommand};
 /// The broker's heap holds a memory channel's records, millions of small
 /// allocations made and freed on whichever thread runs the state: glibc's
 /// per-thread arenas grow such a heap a page range at a time and take their
-/// slowest path once it is large (see README "Measured").
+/// slowest path once it is large (see docs/benchmarks.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod bench;
 mod check_config;
 mod docs;
 mod lock;
@@ -22,8 +23,9 @@ mod passwd;
 mod serve;
 mod snapshot;
 mod sqlite;
+mod status;
 
-/// Exit codes, the same for every command (the README's table).
+/// Exit codes, the same for every command (the README's "Commands").
 pub mod exit {
     /// Success; the file, configuration or lock is valid / free.
     pub const OK: u8 = 0;
@@ -84,6 +86,10 @@ pub enum Commands {
     Lock(lock::Command),
     /// Add, change or delete a user in a password file (mosquitto_passwd's format).
     Passwd(passwd::Args),
+    /// Ask a running broker how it is, over its metrics listener.
+    Status(status::Args),
+    /// Measure what this machine and its disk cost the configured providers.
+    Bench(bench::Args),
     /// Write the man pages and shell completions (for building the project).
     #[command(hide = true)]
     GenerateDocs(docs::Args),
@@ -99,6 +105,8 @@ fn main() -> ExitCode {
         Commands::Migrate(cmd) => migrate::run(cmd),
         Commands::Lock(cmd) => lock::run(cmd),
         Commands::Passwd(args) => passwd::run(args),
+        Commands::Status(args) => status::run(args),
+        Commands::Bench(args) => bench::run(args),
         Commands::GenerateDocs(args) => docs::run(args),
     };
     match result {

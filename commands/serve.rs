@@ -89,7 +89,10 @@ consumer, which has no properties, gets each message as it was published \
 (its gaps are still counted in saguin_consumer_gap_total). $share/G/<channel>/# \
 is one group with one place in the channel, each record to one member.
 
-Disk faults: a sqlite provider whose file system has no room (ENOSPC, \
+Disk faults: a sqlite provider whose file system has no room when the \
+broker starts stops the start (exit 3), naming the lack of room: opening \
+writes the write-ahead log's index; a supervisor restarting it brings the \
+broker up once there is room. One whose file system has no room (ENOSPC, \
 EDQUOT, the file size limit) refuses the writes that need room with 0x83 - \
 not 0x97, which is kept for a configured max_bytes - and takes them again \
 by itself the moment there is room, with no restart. An I/O error, a failed \
@@ -128,7 +131,8 @@ saguin_storage_errors_total{kind=\"snapshot\"}, and is tried again at the \
 next generation, no sooner than snapshot_max_delay (at least a second) \
 later; the broker serves on. saguin_snapshot_generation, \
 saguin_snapshot_age_seconds, saguin_snapshot_capture_seconds and \
-saguin_snapshot_write_seconds say how it goes. To copy a snapshot_dir \
+saguin_snapshot_write_seconds say how it goes, and \
+saguin_snapshot_unsaved_seconds what a crash now would lose. To copy a snapshot_dir \
 while the broker runs, copy it (cp -r, rsync, tar) and run `saguin \
 snapshot verify` on the copy: exit 0 means one whole generation, exit 1 \
 means a generation committed during the copy, which is then refused \
@@ -161,7 +165,16 @@ SIGTERM or SIGINT, and, when WATCHDOG_USEC is set, WATCHDOG=1 every half \
 of it from the broker's own loop, so a wedged broker is restarted. \
 NOTIFY_SOCKET is a socket path or, starting with '@', an abstract socket \
 name; one that cannot be used is logged and the broker serves without \
-it. A hardened unit file is fixtures/systemd/saguin.service.";
+it. A hardened unit file is fixtures/systemd/saguin.service.
+
+Health: with metrics.bind set, the metrics listener answers GET /metrics \
+(Prometheus text), GET /healthz - 200 while the broker's loop has turned \
+within the last 10 s, 503 once it has not (it turns at least every 500 ms \
+when idle, so a wedged loop, which a restart mends) - and GET /readyz - \
+200 once every provider is recovered and every listener bound, 503 before, \
+while stopping, and while a provider has failed, each provider named on a \
+line of its own with its state. saguin status reads all three. For \
+Kubernetes: liveness on /healthz, readiness on /readyz (docs/operations.md).";
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let config = match &args.config {

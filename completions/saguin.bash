@@ -16,6 +16,9 @@ _saguin() {
             ",$1")
                 cmd="saguin"
                 ;;
+            saguin,bench)
+                cmd="saguin__subcmd__bench"
+                ;;
             saguin,check-config)
                 cmd="saguin__subcmd__check__subcmd__config"
                 ;;
@@ -40,6 +43,12 @@ _saguin() {
             saguin,sqlite)
                 cmd="saguin__subcmd__sqlite"
                 ;;
+            saguin,status)
+                cmd="saguin__subcmd__status"
+                ;;
+            saguin__subcmd__help,bench)
+                cmd="saguin__subcmd__help__subcmd__bench"
+                ;;
             saguin__subcmd__help,check-config)
                 cmd="saguin__subcmd__help__subcmd__check__subcmd__config"
                 ;;
@@ -63,6 +72,9 @@ _saguin() {
                 ;;
             saguin__subcmd__help,sqlite)
                 cmd="saguin__subcmd__help__subcmd__sqlite"
+                ;;
+            saguin__subcmd__help,status)
+                cmd="saguin__subcmd__help__subcmd__status"
                 ;;
             saguin__subcmd__help__subcmd__lock,status)
                 cmd="saguin__subcmd__help__subcmd__lock__subcmd__status"
@@ -176,12 +188,38 @@ _saguin() {
 
     case "${cmd}" in
         saguin)
-            opts="-h -V --help --version serve check-config snapshot sqlite migrate lock passwd help"
+            opts="-h -V --help --version serve check-config snapshot sqlite migrate lock passwd status bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__bench)
+            opts="-h -V --config --dir --quick --timeout-stop --json --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --timeout-stop)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -212,8 +250,22 @@ _saguin() {
             return 0
             ;;
         saguin__subcmd__help)
-            opts="serve check-config snapshot sqlite migrate lock passwd help"
+            opts="serve check-config snapshot sqlite migrate lock passwd status bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__help__subcmd__bench)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -452,6 +504,20 @@ _saguin() {
         saguin__subcmd__help__subcmd__sqlite__subcmd__verify)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__help__subcmd__status)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -972,6 +1038,28 @@ _saguin() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        saguin__subcmd__status)
+            opts="-h -V --metrics --config --json --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --metrics)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --config)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;

@@ -33,6 +33,8 @@ complete -c saguin -n "__fish_saguin_needs_command" -f -a "sqlite" -d 'Read and 
 complete -c saguin -n "__fish_saguin_needs_command" -f -a "migrate" -d 'Move a provider\'s data to another provider kind'
 complete -c saguin -n "__fish_saguin_needs_command" -f -a "lock" -d 'Tell whether a provider\'s lock is held, and by whom'
 complete -c saguin -n "__fish_saguin_needs_command" -f -a "passwd" -d 'Add, change or delete a user in a password file (mosquitto_passwd\'s format)'
+complete -c saguin -n "__fish_saguin_needs_command" -f -a "status" -d 'Ask a running broker how it is, over its metrics listener'
+complete -c saguin -n "__fish_saguin_needs_command" -f -a "bench" -d 'Measure what this machine and its disk cost the configured providers'
 complete -c saguin -n "__fish_saguin_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c saguin -n "__fish_saguin_using_subcommand serve" -l config -d 'The configuration file (YAML). Without it: one listener on 127.0.0.1:1883, anonymous, everything in memory, nothing kept' -r -F
 complete -c saguin -n "__fish_saguin_using_subcommand serve" -l bind -d 'Serve the embedded default on this address (IP:PORT, e.g. 0.0.0.0:1884; port 0 lets the system choose) instead of 127.0.0.1:1883. Only without --config: a configuration file names its own listeners, and the flag is refused rather than merged' -r
@@ -126,14 +128,28 @@ complete -c saguin -n "__fish_saguin_using_subcommand passwd" -s D -d 'Delete US
 complete -c saguin -n "__fish_saguin_using_subcommand passwd" -s U -d 'Upgrade FILE in place: hash every plain-text `user:password` line, keeping lines that are hashed already'
 complete -c saguin -n "__fish_saguin_using_subcommand passwd" -s h -l help -d 'Print help'
 complete -c saguin -n "__fish_saguin_using_subcommand passwd" -s V -l version -d 'Print version'
-complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd help" -f -a "serve" -d 'Serve MQTT'
-complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd help" -f -a "check-config" -d 'Validate a configuration, and print it fully resolved'
-complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd help" -f -a "snapshot" -d 'Inspect and verify snapshot files and directories'
-complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd help" -f -a "sqlite" -d 'Read and back up a sqlite provider\'s database'
-complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd help" -f -a "migrate" -d 'Move a provider\'s data to another provider kind'
-complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd help" -f -a "lock" -d 'Tell whether a provider\'s lock is held, and by whom'
-complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd help" -f -a "passwd" -d 'Add, change or delete a user in a password file (mosquitto_passwd\'s format)'
-complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c saguin -n "__fish_saguin_using_subcommand status" -l metrics -d 'The broker\'s metrics listener, HOST:PORT (its metrics.bind)' -r
+complete -c saguin -n "__fish_saguin_using_subcommand status" -l config -d 'Read the listener\'s address from this configuration\'s metrics.bind (only that key is read; check-config validates the rest)' -r -F
+complete -c saguin -n "__fish_saguin_using_subcommand status" -l json -d 'One JSON document on stdout'
+complete -c saguin -n "__fish_saguin_using_subcommand status" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand status" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand bench" -l config -d 'The configuration whose providers are measured' -r -F
+complete -c saguin -n "__fish_saguin_using_subcommand bench" -l dir -d 'Measure this directory\'s disk instead (it must not be a memory provider\'s snapshot directory)' -r -F
+complete -c saguin -n "__fish_saguin_using_subcommand bench" -l timeout-stop -d 'The supervisor\'s stop timeout the shutdown is held to, in seconds (systemd\'s TimeoutStopSec; 90 is its default)' -r
+complete -c saguin -n "__fish_saguin_using_subcommand bench" -l quick -d 'A run under 10 seconds: fewer samples, shorter publishing'
+complete -c saguin -n "__fish_saguin_using_subcommand bench" -l json -d 'One JSON document on stdout'
+complete -c saguin -n "__fish_saguin_using_subcommand bench" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand bench" -s V -l version -d 'Print version'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "serve" -d 'Serve MQTT'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "check-config" -d 'Validate a configuration, and print it fully resolved'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "snapshot" -d 'Inspect and verify snapshot files and directories'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "sqlite" -d 'Read and back up a sqlite provider\'s database'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "migrate" -d 'Move a provider\'s data to another provider kind'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "lock" -d 'Tell whether a provider\'s lock is held, and by whom'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "passwd" -d 'Add, change or delete a user in a password file (mosquitto_passwd\'s format)'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "status" -d 'Ask a running broker how it is, over its metrics listener'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "bench" -d 'Measure what this machine and its disk cost the configured providers'
+complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c saguin -n "__fish_saguin_using_subcommand help; and __fish_seen_subcommand_from snapshot" -f -a "inspect" -d 'Show what a snapshot directory, format 21 file or MBMQTT01 file holds'
 complete -c saguin -n "__fish_saguin_using_subcommand help; and __fish_seen_subcommand_from snapshot" -f -a "verify" -d 'Decode and validate snapshot files as the broker does at startup'
 complete -c saguin -n "__fish_saguin_using_subcommand help; and __fish_seen_subcommand_from sqlite" -f -a "dump" -d 'Show what a sqlite provider\'s database holds (read-only)'

@@ -330,7 +330,7 @@ fn a_read_only_remount_fails_the_provider_until_a_restart_and_loses_nothing() {
     // What the flusher makes durable every flush_interval, made so now: a
     // kernel that turns a file system read-only drops the pages it had not
     // written, which is a power cut to the commits of the last interval
-    // (README, "Disk faults"), and this test is about the rest.
+    // (docs/operations.md, "Disk faults"), and this test is about the rest.
     volume.sync();
     volume.fail_into_read_only();
     rt.block_on(async {
@@ -684,4 +684,89 @@ fn latest_and_queue_channels_retained_messages_and_the_broadcast_log_refuse_with
         "{}",
         broker.log_text()
     );
+}
+
+/// `saguin serve` on `yaml` that must not start: its exit code and what it
+/// wrote, the wait bounded (a broker that starts after all is killed).
+fn serve_refused(dir: &Path, yaml: &str) -> (Option<i32>, String) {
+    let config = dir.join("refused.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let deadline = Instant::now() + WAIT;
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    (code, reader.join().unwrap())
+}
+
+#[test]
+fn a_sqlite_provider_on_a_full_disk_stops_the_start_naming_the_lack_of_room_and_loses_nothing() {
+    let test =
+        "a_sqlite_provider_on_a_full_disk_stops_the_start_naming_the_lack_of_room_and_loses_nothing";
+    let Some(volume) = Volume::tmpfs(test, "8m") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = config(&volume.path, dir.path());
+    let mut broker = Broker::start_in(dir, &yaml);
+    let rt = runtime();
+    let before = rt.block_on(async {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("before", ConnectOpts::clean()).await;
+        publish_each(&mut c, "telemetry/a", 0..20).await
+    });
+    assert_eq!(before.acknowledged.len(), 20, "{before:?}");
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+    let db = volume.path.join("saguin.db");
+    let bytes_before = digest(&db);
+
+    // The disk fills while the broker is down: opening the database writes
+    // its write-ahead log's index, so the start stops, naming why.
+    let ballast = volume.fill("ballast");
+    let (code, text) = serve_refused(broker.dir.path(), &yaml);
+    assert_eq!(code, Some(3), "{text}");
+    assert!(
+        text.contains(&format!("storage {}", db.display()))
+            && text.contains("no space left on its file system"),
+        "{text}"
+    );
+    assert_eq!(
+        digest(&db),
+        bytes_before,
+        "the refused start changed the database"
+    );
+
+    // Room again: the next start serves every record, and takes more.
+    std::fs::remove_file(&ballast).unwrap();
+    let mut broker = broker.restart(&yaml);
+    rt.block_on(async {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("after", ConnectOpts::clean()).await;
+        let after = publish_each(&mut c, "telemetry/b", 100..110).await;
+        assert_eq!(after.acknowledged.len(), 10, "{after:?}");
+    });
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+    let have: Vec<u32> = stored(&db, "telemetry");
+    assert_eq!(have, (0..20).chain(100..110).collect::<Vec<_>>());
+    sqlite_verify(&db);
 }

@@ -24,6 +24,16 @@ use tokio::sync::watch;
 
 const COMMITTED: &str = "msg=\"snapshot generation committed\"";
 
+/// Held by each test for its whole run: each drives a broker as hard as it
+/// can (a kill -9 under load, copies while generations churn), and a
+/// window measured while another of them shares the two CPUs measures
+/// that one.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn now_nanos() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -207,6 +217,7 @@ async fn consume_until_gone(addr: std::net::SocketAddr, subscribe: bool, acked: 
 
 #[test]
 fn kill_9_under_a_steady_qos1_publisher_loses_only_what_followed_the_last_generation() {
+    let _serial = one_at_a_time();
     let seed = now_nanos() as u64 | 1;
     let mut rng = Rng(seed);
     eprintln!("kill points drawn from seed {seed}");
@@ -297,10 +308,10 @@ fn kill_9_under_a_steady_qos1_publisher_loses_only_what_followed_the_last_genera
             this_round.len()
         );
         // And the crash window: nothing acknowledged more than the maximum
-        // delay and a write before the kill is lost (with a second for a
-        // busy machine's scheduling).
+        // delay and a write before the kill is lost (with two seconds for a
+        // busy machine's scheduling: the bench measures the window itself).
         let window = Duration::from_nanos((killed_at - captured_at).max(0) as u64);
-        let bound = max_delay + Duration::from_secs_f64(write_max) + Duration::from_secs(1);
+        let bound = max_delay + Duration::from_secs_f64(write_max) + Duration::from_secs(2);
         assert!(
             window <= bound,
             "round {round}: the last generation is {window:?} older than the kill; bound {bound:?}"
@@ -360,6 +371,7 @@ fn cp_r(from: &Path, to: &Path) {
 
 #[test]
 fn a_copy_taken_while_generations_are_written_is_one_generation_or_names_what_it_lacks() {
+    let _serial = one_at_a_time();
     let data = tempfile::tempdir().unwrap();
     let snap = data.path().join("snapshots");
     // Generations as often as they can be written; retention keeps the
@@ -466,6 +478,7 @@ fn publish_one(addr: std::net::SocketAddr, topic: &str, n: u64) {
 
 #[test]
 fn a_full_disk_during_a_background_write_leaves_the_previous_generation_current() {
+    let _serial = one_at_a_time();
     let test = "a_full_disk_during_a_background_write_leaves_the_previous_generation_current";
     let Some(volume) = Volume::tmpfs(test, "2m") else {
         return;
@@ -474,18 +487,13 @@ fn a_full_disk_during_a_background_write_leaves_the_previous_generation_current(
     let yaml = memory_config(&snap, "10ms", "100ms", &[("telemetry", "")]);
     let mut broker = Broker::start(&yaml);
     publish_one(broker.addr(), "telemetry/x", 0);
-    // A generation captured once the PUBACK was in hand holds the record
-    // (one the broker wrote as it started does not).
-    let acked_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as i64;
+    // A generation taken after the PUBACK holds the record (the one the
+    // start wrote may not).
+    let acked = now_nanos();
     broker.wait_log(|l| {
         l.contains(COMMITTED)
-            && l.split_whitespace()
-                .find_map(|f| f.strip_prefix("captured_at="))
-                .and_then(|v| v.parse::<i64>().ok())
-                .is_some_and(|at| at >= acked_at)
+            && field(l, "captured_at")
+                .is_some_and(|at| at.parse::<i64>().is_ok_and(|at| at >= acked))
     });
 
     // The disk fills; the next generation's write fails.

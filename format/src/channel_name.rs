@@ -23,6 +23,9 @@ pub const LOCK_FILE: &str = "saguin.lock";
 pub const TEMP_SUFFIX: &str = ".tmp";
 /// The reserved name the retained store is written under.
 pub const RETAINED_CHANNEL: &str = "$saguin/retained";
+/// What a queue's name takes to name its dead-letter channel: `jobs`
+/// dead-letters into `jobs.dlq`, kept in the queue's file.
+pub const DLQ_SUFFIX: &str = ".dlq";
 /// The retained store's file name, `encode_file_name(RETAINED_CHANNEL)`.
 pub const RETAINED_FILE: &str = "%24saguin%2Fretained.snapshot";
 /// The longest file name the common Linux file systems accept, in bytes.

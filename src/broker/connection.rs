@@ -52,8 +52,12 @@ pub struct ConnectionContext {
     pub topic_aliases: bool,
 }
 
-/// Bytes asked of the socket per read.
+/// The most bytes asked of the socket per read (a busy publisher's).
 const READ_CHUNK: usize = 16 * 1024;
+/// The least: what a quiet connection's pending read holds.
+const READ_MIN: usize = 512;
+/// What an idle connection's writer keeps of its write buffer.
+const WRITE_KEEP: usize = 1024;
 /// The most packets a read's batch is given room for before it is filled.
 const BATCH_HINT_MAX: usize = 256;
 /// Packets taken from the outbound queue per socket write.
@@ -70,6 +74,52 @@ const WRITER_GRACE: Duration = Duration::from_secs(5);
 const LINGER_TIME: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 16 * 1024 * 1024;
 
+/// A connection's unread bytes, and how much room its next read gets.
+/// The room doubles while reads fill it, up to [`READ_CHUNK`] (a busy publisher reads 16 KiB a call),
+/// halves while they bring a quarter of it or less, down to [`READ_MIN`],
+/// and a buffer with nothing left in it that is larger than twice that is
+/// given back: most of a broker's connections are quiet, and what each
+/// holds while its read waits is multiplied by all of them.
+#[derive(Debug)]
+struct ReadRoom {
+    buf: BytesMut,
+    want: usize,
+    /// The spare room the pending read was given.
+    given: usize,
+}
+
+impl ReadRoom {
+    fn new() -> ReadRoom {
+        ReadRoom {
+            buf: BytesMut::new(),
+            want: READ_MIN,
+            given: 0,
+        }
+    }
+
+    /// Ready the buffer for the next read and lend it.
+    fn prepare(&mut self) -> &mut BytesMut {
+        let buf = &mut self.buf;
+        if buf.is_empty() && buf.capacity() > 2 * self.want {
+            *buf = BytesMut::new();
+        }
+        if buf.capacity() - buf.len() < self.want {
+            buf.reserve(self.want);
+        }
+        self.given = buf.capacity() - buf.len();
+        buf
+    }
+
+    /// The read brought `n` bytes.
+    fn read(&mut self, n: usize) {
+        if n >= self.given {
+            self.want = (self.want * 2).min(READ_CHUNK);
+        } else if n <= self.want / 4 {
+            self.want = (self.want / 2).max(READ_MIN);
+        }
+    }
+}
+
 enum ReadFailure {
     Io,
     Eof,
@@ -79,20 +129,20 @@ enum ReadFailure {
 /// Read until one packet is decoded.
 async fn read_packet<R: AsyncRead + Unpin>(
     rd: &mut R,
-    buf: &mut BytesMut,
+    room: &mut ReadRoom,
     decoder: &mut FrameDecoder,
     metrics: &Metrics,
 ) -> Result<Packet, ReadFailure> {
     loop {
-        match decoder.decode(buf) {
+        match decoder.decode(&mut room.buf) {
             Ok(Some(packet)) => return Ok(packet),
             Ok(None) => {}
             Err(err) => return Err(ReadFailure::Decode(err)),
         }
-        buf.reserve(READ_CHUNK);
-        match rd.read_buf(buf).await {
+        match rd.read_buf(room.prepare()).await {
             Ok(0) => return Err(ReadFailure::Eof),
             Ok(n) => {
+                room.read(n);
                 metrics.bytes_received.fetch_add(n as u64, Relaxed);
             }
             Err(_) => return Err(ReadFailure::Io),
@@ -125,12 +175,12 @@ pub async fn serve<S>(
 {
     let metrics = context.metrics.clone();
     let (mut rd, mut wr) = tokio::io::split(stream);
-    let mut buf = BytesMut::with_capacity(4096);
+    let mut room = ReadRoom::new();
     let mut decoder = FrameDecoder::server(context.max_packet_size);
 
     let first = tokio::select! {
         _ = shutdown.recv() => return,
-        first = tokio::time::timeout_at(deadline, read_packet(&mut rd, &mut buf, &mut decoder, &metrics)) => first,
+        first = tokio::time::timeout_at(deadline, read_packet(&mut rd, &mut room, &mut decoder, &metrics)) => first,
     };
     let connect = match first {
         Ok(Ok(Packet::Connect(connect))) => connect,
@@ -212,15 +262,17 @@ pub async fn serve<S>(
         Some(passwords) if scram => {
             let exchange = tokio::time::timeout_at(
                 deadline,
-                scram_exchange(
+                // Boxed: a future held only while connecting is not kept in
+                // every connection's task for its whole life.
+                Box::pin(scram_exchange(
                     &mut rd,
                     &mut wr,
-                    &mut buf,
+                    &mut room,
                     &mut decoder,
                     &connect,
                     &passwords.current(),
                     &metrics,
-                ),
+                )),
             )
             .await
             .unwrap_or(Err((
@@ -331,8 +383,7 @@ pub async fn serve<S>(
     };
     // One and a half times the keep alive without a packet (MQTT-3.1.2-24).
     let keep_alive = (held > 0).then(|| Duration::from_millis(u64::from(held) * 1500));
-    let mut aliases: Vec<Option<ByteStr>> =
-        vec![None; usize::from(context.topic_alias_maximum) + 1];
+    let mut aliases = InboundAliases::new(context.topic_alias_maximum);
     let mut reauth = Reauthentication {
         user: reauth_as,
         passwords: context.passwords.as_ref().map(|p| p.current()),
@@ -347,17 +398,17 @@ pub async fn serve<S>(
         loop {
             // A subscriber's PUBACK (PUBREC, PUBREL, PUBCOMP) in its short
             // form goes to the state without a packet built for it.
-            if let Some(ack) = decoder.decode_short_ack(&mut buf) {
+            if let Some(ack) = decoder.decode_short_ack(&mut room.buf) {
                 if batch.capacity() == 0 {
                     // A subscriber's read is its acknowledgements, four
                     // bytes each: room for as many as the bytes can hold.
-                    let acks = (buf.len() / 4 + 1).min(BATCH_HINT_MAX);
+                    let acks = (room.buf.len() / 4 + 1).min(BATCH_HINT_MAX);
                     batch.reserve_exact(batch_hint.max(acks));
                 }
                 batch.push(short_ack(ack));
                 continue;
             }
-            match decoder.decode(&mut buf) {
+            match decoder.decode(&mut room.buf) {
                 Ok(Some(Packet::Auth(auth))) => match reauth.step(auth) {
                     Ok(reply) => {
                         if let Some(out) = reauth_out.0.upgrade() {
@@ -426,13 +477,11 @@ pub async fn serve<S>(
                 },
             }
         }
-        if buf.capacity() - buf.len() < 1024 {
-            buf.reserve(READ_CHUNK);
-        }
+        let buf = room.prepare();
         let read = async {
             match keep_alive {
-                Some(limit) => tokio::time::timeout(limit, rd.read_buf(&mut buf)).await,
-                None => Ok(rd.read_buf(&mut buf).await),
+                Some(limit) => tokio::time::timeout(limit, rd.read_buf(buf)).await,
+                None => Ok(rd.read_buf(buf).await),
             }
         };
         tokio::select! {
@@ -441,6 +490,7 @@ pub async fn serve<S>(
             read = read => match read {
                 Ok(Ok(0)) => break 'read (CloseReason::Network, None, "closed by peer".into()),
                 Ok(Ok(n)) => {
+                    room.read(n);
                     metrics.bytes_received.fetch_add(n as u64, Relaxed);
                 }
                 Ok(Err(err)) => break 'read (CloseReason::Network, None, err.to_string()),
@@ -620,7 +670,7 @@ impl Reauthentication {
 async fn scram_exchange<R, W>(
     rd: &mut R,
     wr: &mut W,
-    buf: &mut BytesMut,
+    room: &mut ReadRoom,
     decoder: &mut FrameDecoder,
     connect: &Connect,
     passwords: &PasswordFile,
@@ -666,7 +716,7 @@ where
         )
     })?;
     metrics.bytes_sent.fetch_add(out.len() as u64, Relaxed);
-    let answer = match read_packet(rd, buf, decoder, metrics).await {
+    let answer = match read_packet(rd, room, decoder, metrics).await {
         Ok(Packet::Auth(auth))
             if auth.reason == ReasonCode::ContinueAuthentication
                 && auth.properties.authentication_method.as_deref()
@@ -796,7 +846,37 @@ fn short_ack(ack: codec::Ack) -> Inbound {
 
 /// The protocol adapter: a decoded packet into what the state needs, with
 /// topic aliases resolved. `Err(reason)` closes the connection.
-fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbound>, ReasonCode> {
+/// The topic aliases a client set on this connection, up to the maximum
+/// the CONNACK announced; the table grows as the client uses them, so a
+/// client that never does (every MQTT 3.1.1 client) holds none.
+struct InboundAliases {
+    maximum: u16,
+    slots: Vec<Option<ByteStr>>,
+}
+
+impl InboundAliases {
+    fn new(maximum: u16) -> InboundAliases {
+        InboundAliases {
+            maximum,
+            slots: Vec::new(),
+        }
+    }
+
+    /// Alias `alias`'s slot, `None` when it is out of range (0 or above
+    /// the maximum).
+    fn slot(&mut self, alias: u16) -> Option<&mut Option<ByteStr>> {
+        if alias == 0 || alias > self.maximum {
+            return None;
+        }
+        let index = usize::from(alias);
+        if self.slots.len() <= index {
+            self.slots.resize(index + 1, None);
+        }
+        self.slots.get_mut(index)
+    }
+}
+
+fn adapt(packet: Packet, aliases: &mut InboundAliases) -> Result<Option<Inbound>, ReasonCode> {
     Ok(Some(match packet {
         Packet::Publish(publish) => {
             let Publish {
@@ -809,10 +889,7 @@ fn adapt(packet: Packet, aliases: &mut [Option<ByteStr>]) -> Result<Option<Inbou
                 payload,
             } = publish;
             if let Some(alias) = properties.topic_alias.take() {
-                let slot = aliases
-                    .get_mut(usize::from(alias))
-                    .filter(|_| alias != 0)
-                    .ok_or(ReasonCode::TopicAliasInvalid)?;
+                let slot = aliases.slot(alias).ok_or(ReasonCode::TopicAliasInvalid)?;
                 if topic.is_empty() {
                     // An alias this connection never mapped is as invalid
                     // as one out of range (MQTT 5 3.3.2.3.4).
@@ -1068,8 +1145,10 @@ async fn writer<W: AsyncWrite + Unpin>(
     flow: WriterFlow,
 ) -> Farewell {
     let v5 = version == ProtocolVersion::V5;
-    let mut buf = BytesMut::with_capacity(16 * 1024);
-    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    // Both grow with the first batch and are given back whenever the
+    // queue is drained (below): an idle connection holds neither.
+    let mut buf = BytesMut::new();
+    let mut batch = Vec::new();
     let mut killed = false;
     let mut farewell = Farewell::Silent;
     'run: loop {
@@ -1162,11 +1241,19 @@ async fn writer<W: AsyncWrite + Unpin>(
         metrics.bytes_sent.fetch_add(buf.len() as u64, Relaxed);
         metrics.messages_sent.fetch_add(publishes, Relaxed);
         buf.clear();
-        if buf.capacity() > 1024 * 1024 {
-            buf = BytesMut::with_capacity(16 * 1024);
-        }
         flow.written.fetch_add(received, Relaxed);
         let left = rx.len();
+        if left == 0 {
+            if buf.capacity() > WRITE_KEEP {
+                buf = BytesMut::new();
+            }
+            if batch.capacity() > 8 {
+                batch = Vec::new();
+            }
+        } else if buf.capacity() > 1024 * 1024 {
+            // One batch of large messages: not kept for the next.
+            buf = BytesMut::new();
+        }
         // Read before it is swapped: the swap would take the line from
         // the state's core after every write.
         if left < flow.low_water
@@ -1202,6 +1289,43 @@ async fn writer<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_room_grows_while_reads_fill_it_and_gives_back_a_quiet_connections_buffer() {
+        let mut room = ReadRoom::new();
+        // A busy publisher: every read fills what it was given.
+        for _ in 0..10 {
+            let buf = room.prepare();
+            let given = buf.capacity() - buf.len();
+            buf.extend(std::iter::repeat_n(0u8, given));
+            room.read(given);
+            room.buf.clear();
+        }
+        assert_eq!(room.want, READ_CHUNK, "grown to the largest read");
+        assert!(room.prepare().capacity() >= READ_CHUNK);
+        // Then quiet: small reads shrink it, and an emptied buffer larger
+        // than twice what is wanted is given back.
+        for _ in 0..10 {
+            room.read(2);
+            room.prepare();
+        }
+        assert_eq!(room.want, READ_MIN);
+        assert!(
+            room.buf.capacity() <= 2 * READ_MIN,
+            "a quiet connection holds {} bytes",
+            room.buf.capacity()
+        );
+    }
+
+    #[test]
+    fn a_read_room_keeps_what_is_buffered() {
+        let mut room = ReadRoom::new();
+        room.prepare().extend_from_slice(&[0x30, 0x05, 0, 1]);
+        room.read(4);
+        let buf = room.prepare();
+        assert_eq!(&buf[..], &[0x30, 0x05, 0, 1], "a partial packet is kept");
+        assert!(buf.capacity() - buf.len() >= READ_MIN);
+    }
 
     /// A connection served over an in-memory pipe, with the test as the
     /// broker's state: it reads the events and holds the handle.

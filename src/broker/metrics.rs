@@ -3,10 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::storage::contract::{AppendStore, FaultKind, Health, Provider};
+use crate::storage::contract::{
+    AppendStore, FaultKind, Health, LatestStore, Provider, ProviderKind,
+};
 
 /// Why a connection ended (a label of `saguin_disconnects_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,8 +165,11 @@ pub struct Metrics {
     /// Each provider's failures by kind (`saguin_storage_errors_total`)
     /// and its health (`saguin_provider_failed`, `saguin_provider_no_space`).
     providers: Mutex<BTreeMap<String, ProviderSeries>>,
-    /// The append channels' series, by channel name.
+    /// The append and latest channels' series, by channel name.
     channels: Mutex<BTreeMap<String, ChannelSeries>>,
+    /// Every served channel's kind and provider (`saguin_channel_info`),
+    /// by channel name.
+    channel_info: Mutex<BTreeMap<String, ChannelInfo>>,
     /// The queue channels' series, by channel name.
     queues: Mutex<BTreeMap<String, QueueSeries>>,
     /// Each configured bridge's counters, by name (`saguin_bridge_*`).
@@ -175,7 +180,69 @@ pub struct Metrics {
     /// in-flight tables and cursors) waited for its commit, in
     /// microseconds (`saguin_ack_store_wait_seconds_max`).
     ack_store_wait_max_us: AtomicU64,
+    /// The retention sweeps' counters, by [`RETENTION_SWEEPS`] index.
+    retention: [SweepSeries; RETENTION_SWEEPS.len()],
     pub started: std::time::Instant,
+    /// When the broker task last finished a turn of its loop, in
+    /// milliseconds since `started`: `/healthz` answers from its age.
+    heartbeat_ms: AtomicU64,
+    /// True from the moment every listener accepts until the shutdown
+    /// begins: `/readyz` answers 503 outside it.
+    serving: AtomicBool,
+}
+
+/// A served channel's kind and the provider holding it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelInfo {
+    pub kind: saguin_format::model::ChannelKind,
+    pub provider: String,
+}
+
+/// Where a channel's counters are read from at each scrape.
+#[derive(Clone)]
+enum CounterSource {
+    Append(Arc<dyn AppendStore>),
+    /// A latest channel: its records are the topics holding a value.
+    Latest(Arc<dyn LatestStore>),
+}
+
+impl CounterSource {
+    /// records, bytes, next, floor: the order of [`CHANNEL_GAUGES`].
+    fn read(&self) -> [u64; 4] {
+        match self {
+            CounterSource::Append(s) => [s.record_count(), s.bytes(), s.next(), s.floor()],
+            CounterSource::Latest(s) => [s.record_count(), s.bytes(), s.next(), s.floor()],
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            CounterSource::Append(s) => s.name(),
+            CounterSource::Latest(s) => s.name(),
+        }
+    }
+}
+
+/// One provider's health as a scrape reads it: what `/readyz` answers from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderHealth {
+    pub provider: String,
+    pub health: Health,
+}
+
+/// The two retention sweeps, as `saguin_retention_*{sweep}` labels them.
+pub const RETENTION_SWEEPS: [&str; 2] = ["size", "age"];
+
+/// One retention sweep's counters (`saguin_retention_*`).
+#[derive(Debug, Default)]
+struct SweepSeries {
+    passes: AtomicU64,
+    removed_records: AtomicU64,
+    removed_bytes: AtomicU64,
+    /// Nanoseconds: every pass together, the last and the longest.
+    total_nanos: AtomicU64,
+    last_nanos: AtomicU64,
+    max_nanos: AtomicU64,
 }
 
 /// What is rendered for one provider.
@@ -198,9 +265,10 @@ impl std::fmt::Debug for ProviderSeries {
 /// scrape, and what the broker reports about its consumers.
 #[derive(Clone, Default)]
 struct ChannelSeries {
-    /// Set by [`Metrics::register_channel`]; a channel only reported on
-    /// (a gap, a lag) before it was registered has none yet.
-    store: Option<Arc<dyn AppendStore>>,
+    /// Set by [`Metrics::register_channel`] or
+    /// [`Metrics::register_latest`]; a channel only reported on (a gap, a
+    /// lag) before it was registered has none yet.
+    store: Option<CounterSource>,
     /// `saguin_consumer_gap_total`.
     gaps: u64,
     /// `saguin_consumer_lag`.
@@ -228,18 +296,21 @@ struct ChannelSample {
 /// The per-channel gauges read from the store, in the order of
 /// [`ChannelSample::counters`].
 const CHANNEL_GAUGES: [(&str, &str); 4] = [
-    ("saguin_channel_records", "Records an append channel holds."),
+    (
+        "saguin_channel_records",
+        "Records an append channel holds; topics holding a value in a latest channel.",
+    ),
     (
         "saguin_channel_bytes",
-        "Bytes an append channel's records count for (what retention_bytes and max_bytes bound).",
+        "Bytes a channel's records count for (what an append channel's retention_bytes and max_bytes bound).",
     ),
     (
         "saguin_channel_next",
-        "The offset an append channel's next record takes.",
+        "The offset a channel's next record (a latest channel's next change) takes.",
     ),
     (
         "saguin_channel_floor",
-        "The oldest offset of an append channel that can still be read; retention raises it.",
+        "The oldest offset of a channel that can still be read; retention raises it.",
     ),
 ];
 
@@ -287,8 +358,59 @@ impl Metrics {
             queues: Default::default(),
             bridges: Default::default(),
             ack_store_wait_max_us: AtomicU64::new(0),
+            retention: Default::default(),
             started: std::time::Instant::now(),
+            heartbeat_ms: AtomicU64::new(0),
+            serving: AtomicBool::new(false),
+            channel_info: Default::default(),
         }
+    }
+
+    /// The broker task finished a turn of its loop now.
+    pub fn heartbeat(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.heartbeat_ms.fetch_max(ms, Relaxed);
+    }
+
+    /// When the broker task last finished a turn (the start until its
+    /// first).
+    pub fn last_heartbeat(&self) -> std::time::Instant {
+        self.started + std::time::Duration::from_millis(self.heartbeat_ms.load(Relaxed))
+    }
+
+    /// Every listener accepts (true), or the shutdown has begun (false).
+    pub fn set_serving(&self, serving: bool) {
+        self.serving.store(serving, Relaxed);
+    }
+
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Relaxed)
+    }
+
+    /// Each registered provider's health, read from it now, by name.
+    pub fn provider_health(&self) -> Vec<ProviderHealth> {
+        let handles: Vec<(String, Option<Arc<dyn Provider>>)> = lock(&self.providers)
+            .iter()
+            .map(|(name, p)| {
+                (
+                    name.clone(),
+                    p.handle.as_ref().and_then(std::sync::Weak::upgrade),
+                )
+            })
+            .collect();
+        // Read outside the lock: a provider answers from its own.
+        handles
+            .into_iter()
+            .map(|(provider, handle)| ProviderHealth {
+                provider,
+                health: handle.map_or(Health::Writing, |h| h.health()),
+            })
+            .collect()
+    }
+
+    /// Names a served channel's kind and provider (`saguin_channel_info`).
+    pub fn register_channel_info(&self, name: &str, info: ChannelInfo) {
+        lock(&self.channel_info).insert(name.to_owned(), info);
     }
 
     pub fn dropped(&self, reason: DropReason) {
@@ -317,6 +439,29 @@ impl Metrics {
     /// The longest wait [`Metrics::acknowledgements_stored`] has seen.
     pub fn ack_store_wait_max(&self) -> std::time::Duration {
         std::time::Duration::from_micros(self.ack_store_wait_max_us.load(Relaxed))
+    }
+
+    /// A pass of the retention sweep `sweep` (one of [`RETENTION_SWEEPS`])
+    /// took `took` and removed `records` records of `bytes` bytes over
+    /// every channel it swept.
+    pub fn retention_swept(
+        &self,
+        sweep: &str,
+        took: std::time::Duration,
+        records: u64,
+        bytes: u64,
+    ) {
+        let Some(i) = RETENTION_SWEEPS.iter().position(|s| *s == sweep) else {
+            return;
+        };
+        let series = &self.retention[i];
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        series.passes.fetch_add(1, Relaxed);
+        series.removed_records.fetch_add(records, Relaxed);
+        series.removed_bytes.fetch_add(bytes, Relaxed);
+        series.total_nanos.fetch_add(nanos, Relaxed);
+        series.last_nanos.store(nanos, Relaxed);
+        series.max_nanos.fetch_max(nanos, Relaxed);
     }
 
     /// Registers a memory provider's snapshot metrics, rendered at every
@@ -370,7 +515,17 @@ impl Metrics {
         lock(&self.channels)
             .entry(name.to_owned())
             .or_default()
-            .store = Some(store);
+            .store = Some(CounterSource::Append(store));
+    }
+
+    /// Names a latest channel whose counters (`saguin_channel_records` -
+    /// the topics holding a value - `_bytes`, `_next`, `_floor`) are read
+    /// from its store at each scrape, as an append channel's are.
+    pub fn register_latest(&self, name: &str, store: Arc<dyn LatestStore>) {
+        lock(&self.channels)
+            .entry(name.to_owned())
+            .or_default()
+            .store = Some(CounterSource::Latest(store));
     }
 
     /// A consumer of `channel` was told of a gap (`saguin_consumer_gap_total`).
@@ -416,9 +571,7 @@ impl Metrics {
             .into_iter()
             .map(|(name, c)| ChannelSample {
                 name: escape_label(&name),
-                counters: c
-                    .store
-                    .map(|s| [s.record_count(), s.bytes(), s.next(), s.floor()]),
+                counters: c.store.map(|s| s.read()),
                 gaps: c.gaps,
                 lag: c.lag,
             })
@@ -537,9 +690,23 @@ impl Metrics {
                 c.name, c.lag
             );
         }
+        let info: Vec<(String, ChannelInfo)> = lock(&self.channel_info)
+            .iter()
+            .map(|(name, info)| (escape_label(name), info.clone()))
+            .collect();
+        let _ = writeln!(out, "# HELP saguin_channel_info Every channel served, with its kind (append, latest, queue; a queue's dead-letter channel is an append channel) and the provider holding it; always 1.\n# TYPE saguin_channel_info gauge");
+        for (channel, info) in &info {
+            let _ = writeln!(
+                out,
+                "saguin_channel_info{{channel=\"{channel}\",kind=\"{}\",provider=\"{}\"}} 1",
+                info.kind.as_str(),
+                escape_label(&info.provider)
+            );
+        }
         self.render_queues(&mut out);
         self.render_bridges(&mut out);
         super::snapshots::render_metrics(&mut out, &lock(&self.snapshots));
+        self.render_retention(&mut out);
         counter(
             &mut out,
             "saguin_uptime_seconds",
@@ -551,54 +718,140 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// `saguin_retention_*{sweep}`, both sweeps (0 included, as for a
+    /// broker whose channels configure no bound).
+    fn render_retention(&self, out: &mut String) {
+        type Sample = fn(&SweepSeries) -> String;
+        let families: [(&str, &str, &str, Sample); 6] = [
+            ("saguin_retention_sweeps_total", "counter", "Passes of a retention sweep (size: every second over the channels with a retention_bytes; age: over those with a retention_age).",
+                |s| s.passes.load(Relaxed).to_string()),
+            ("saguin_retention_removed_records_total", "counter", "Records retention removed from the front of append channels.",
+                |s| s.removed_records.load(Relaxed).to_string()),
+            ("saguin_retention_removed_bytes_total", "counter", "Bytes of the records retention removed.",
+                |s| s.removed_bytes.load(Relaxed).to_string()),
+            ("saguin_retention_sweep_seconds_total", "counter", "Time the retention sweeps took, off the broker's loop: its rate is the share of a core they cost.",
+                |s| format!("{:.6}", s.total_nanos.load(Relaxed) as f64 / 1e9)),
+            ("saguin_retention_sweep_seconds", "gauge", "How long the last pass of a retention sweep took.",
+                |s| format!("{:.6}", s.last_nanos.load(Relaxed) as f64 / 1e9)),
+            ("saguin_retention_sweep_seconds_max", "gauge", "The longest pass of a retention sweep since the broker started.",
+                |s| format!("{:.6}", s.max_nanos.load(Relaxed) as f64 / 1e9)),
+        ];
+        for (name, kind, help, sample) in families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (sweep, series) in RETENTION_SWEEPS.iter().zip(&self.retention) {
+                let _ = writeln!(out, "{name}{{sweep=\"{sweep}\"}} {}", sample(series));
+            }
+        }
+    }
+
     /// `saguin_storage_errors_total{provider,kind}`, every kind of every
     /// provider (0 included, so a rate has a series before the first
-    /// failure), and the two health gauges, read from each provider now.
+    /// failure), the two health gauges, and each provider's kind, bytes and
+    /// bound, read from each provider now.
     fn render_providers(&self, out: &mut String) {
-        let providers: Vec<(String, [u64; FaultKind::ALL.len()], Health)> = lock(&self.providers)
+        let handles: Vec<ProviderHandle> = lock(&self.providers)
             .iter()
             .map(|(name, p)| {
                 let handle = p.handle.as_ref().and_then(std::sync::Weak::upgrade);
                 (name.clone(), p.errors, handle)
             })
-            .collect::<Vec<_>>()
+            .collect();
+        // Read outside the lock: a provider answers from its own.
+        let providers: Vec<ProviderSample> = handles
             .into_iter()
-            // Read outside the lock: a provider answers from its own.
-            .map(|(name, errors, handle)| {
-                (name, errors, handle.map_or(Health::Writing, |h| h.health()))
+            .map(|(name, errors, handle)| ProviderSample {
+                name: escape_label(&name),
+                errors,
+                health: handle.as_ref().map_or(Health::Writing, |h| h.health()),
+                kind: handle.as_ref().map(|h| h.kind()),
+                bytes: handle.as_ref().map(|h| h.bytes()),
+                max_bytes: handle.as_ref().and_then(|h| h.max_bytes()),
             })
             .collect();
         let _ = writeln!(out, "# HELP saguin_storage_errors_total Storage operations that failed, by provider and kind: full (a configured max_bytes), no_space (the file system: ENOSPC, EDQUOT, EFBIG), io (EIO), read_only (EROFS), fsync (a failed fsync), snapshot (a memory provider's snapshot not written), other.\n# TYPE saguin_storage_errors_total counter");
-        for (provider, errors, _) in &providers {
+        for p in &providers {
             for kind in FaultKind::ALL {
                 let _ = writeln!(
                     out,
                     "saguin_storage_errors_total{{provider=\"{}\",kind=\"{}\"}} {}",
-                    escape_label(provider),
+                    p.name,
                     kind.label(),
-                    errors[kind as usize]
+                    p.errors[kind as usize]
                 );
             }
         }
         let _ = writeln!(out, "# HELP saguin_provider_failed 1 while a provider refuses every write until a restart (an I/O error, a failed fsync or a read-only file system met it), else 0.\n# TYPE saguin_provider_failed gauge");
-        for (provider, _, health) in &providers {
+        for p in &providers {
             let _ = writeln!(
                 out,
                 "saguin_provider_failed{{provider=\"{}\"}} {}",
-                escape_label(provider),
-                u8::from(matches!(health, Health::Failed { .. }))
+                p.name,
+                u8::from(matches!(p.health, Health::Failed { .. }))
             );
         }
         let _ = writeln!(out, "# HELP saguin_provider_no_space 1 while the file system under a provider has had no room for its last write that needed some, else 0.\n# TYPE saguin_provider_no_space gauge");
-        for (provider, _, health) in &providers {
+        for p in &providers {
             let _ = writeln!(
                 out,
                 "saguin_provider_no_space{{provider=\"{}\"}} {}",
-                escape_label(provider),
-                u8::from(*health == Health::NoSpace)
+                p.name,
+                u8::from(p.health == Health::NoSpace)
             );
         }
+        let _ = writeln!(out, "# HELP saguin_provider_info Every storage provider the broker uses, with its kind (memory, sqlite); always 1.\n# TYPE saguin_provider_info gauge");
+        for p in &providers {
+            if let Some(kind) = p.kind {
+                let kind = match kind {
+                    ProviderKind::Memory => "memory",
+                    ProviderKind::Sqlite => "sqlite",
+                };
+                let _ = writeln!(
+                    out,
+                    "saguin_provider_info{{provider=\"{}\",kind=\"{kind}\"}} 1",
+                    p.name
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP saguin_provider_bytes Bytes counted against a provider's max_bytes: a memory provider's records, a sqlite provider's pages.\n# TYPE saguin_provider_bytes gauge");
+        for p in &providers {
+            if let Some(bytes) = p.bytes {
+                let _ = writeln!(
+                    out,
+                    "saguin_provider_bytes{{provider=\"{}\"}} {bytes}",
+                    p.name
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP saguin_provider_max_bytes A provider's configured max_bytes; publishes are refused (0x97) once they would take its last reserve bytes. Absent when the provider is unbounded.\n# TYPE saguin_provider_max_bytes gauge");
+        for p in &providers {
+            if let Some(max) = p.max_bytes {
+                let _ = writeln!(
+                    out,
+                    "saguin_provider_max_bytes{{provider=\"{}\"}} {max}",
+                    p.name
+                );
+            }
+        }
     }
+}
+
+/// A provider's failures, by [`FaultKind`] as an index.
+type ProviderErrors = [u64; FaultKind::ALL.len()];
+
+/// A provider's name, failures and handle (none once it was dropped),
+/// copied out of the lock before the provider is read.
+type ProviderHandle = (String, ProviderErrors, Option<Arc<dyn Provider>>);
+
+/// One provider as one scrape reads it.
+struct ProviderSample {
+    /// Escaped for a label.
+    name: String,
+    errors: ProviderErrors,
+    health: Health,
+    /// `None` once the provider was closed and dropped.
+    kind: Option<ProviderKind>,
+    bytes: Option<u64>,
+    max_bytes: Option<u64>,
 }
 
 #[cfg(test)]
@@ -772,6 +1025,67 @@ mod tests {
             text.lines()
                 .all(|l| l.starts_with('#') || l.starts_with("saguin_")),
             "no sample spans two lines: {text}"
+        );
+    }
+
+    #[test]
+    fn providers_report_kind_bytes_and_bound_and_channels_their_kind() {
+        let provider: Arc<dyn Provider> = MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: Some(1 << 20),
+            reserve: 1024,
+        })
+        .unwrap();
+        let latest = provider
+            .open_channel("devices", ChannelKind::Latest)
+            .unwrap()
+            .as_latest()
+            .unwrap()
+            .clone();
+        latest
+            .set(Record::new("devices/d1", b"on".to_vec()))
+            .unwrap();
+        let metrics = Metrics::new();
+        metrics.register_provider("mem", &provider);
+        metrics.register_latest("devices", latest);
+        metrics.register_channel_info(
+            "devices",
+            ChannelInfo {
+                kind: ChannelKind::Latest,
+                provider: "mem".into(),
+            },
+        );
+        let text = metrics.render();
+        assert_eq!(
+            samples(&text, "saguin_provider_info"),
+            ["saguin_provider_info{provider=\"mem\",kind=\"memory\"} 1"]
+        );
+        assert_eq!(
+            samples(&text, "saguin_provider_max_bytes"),
+            ["saguin_provider_max_bytes{provider=\"mem\"} 1048576"]
+        );
+        assert_eq!(
+            samples(&text, "saguin_provider_bytes"),
+            [format!(
+                "saguin_provider_bytes{{provider=\"mem\"}} {}",
+                provider.bytes()
+            )]
+        );
+        assert!(provider.bytes() > 0);
+        assert_eq!(
+            samples(&text, "saguin_channel_records"),
+            ["saguin_channel_records{channel=\"devices\"} 1"]
+        );
+        assert_eq!(
+            samples(&text, "saguin_channel_info"),
+            ["saguin_channel_info{channel=\"devices\",kind=\"latest\",provider=\"mem\"} 1"]
+        );
+        assert_eq!(
+            metrics.provider_health(),
+            [ProviderHealth {
+                provider: "mem".into(),
+                health: Health::Writing
+            }]
         );
     }
 

@@ -65,7 +65,7 @@
 //!   glibc's per-thread arenas grew it a page range at a time (`mprotect`
 //!   5% of the broker's CPU) and took their slowest path in `malloc` (15%)
 //!   on the 4-consumer row of `cargo bench --bench consumers`, which
-//!   mimalloc raised by 28-37% in alternating runs (README "Measured").
+//!   mimalloc raised by 28-37% in alternating runs (docs/benchmarks.md).
 //!
 //! Decisions where the specifications leave a choice:
 //!
@@ -382,8 +382,8 @@
 //!   queued together are one group commit, the leases one transaction and
 //!   the resolutions another, whatever else was queued between them (each
 //!   was asked for once what it acts on had committed, so none depends on
-//!   a neighbour). RFC 0004 keeps a resolution out of the publishes'
-//!   transactions, and it stays out; resolutions sharing one with each
+//!   a neighbour). A resolution is kept out of the publishes'
+//!   transactions, so a failed one never takes publishes with it; resolutions sharing one with each
 //!   other are each still answered only after its commit, and when a
 //!   shared one fails each runs again alone with the answer it would have
 //!   had. A release (and a dead-letter move) keeps a transaction of its own.
@@ -492,9 +492,11 @@
 pub mod alias;
 pub mod auth;
 pub mod auth_files;
+pub mod bench;
 pub mod bridge;
 pub mod codec;
 pub mod connection;
+pub mod health;
 pub mod logfmt;
 pub mod message;
 pub mod metrics;
@@ -506,4 +508,5 @@ pub mod retention;
 pub mod server;
 pub mod snapshots;
 pub mod state;
+pub mod status;
 pub mod topic;

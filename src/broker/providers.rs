@@ -1,6 +1,6 @@
 //! The storage providers the broker keeps its state in, from startup to a
 //! graceful stop
-//! (the README's "What is kept, and what is promised").
+//! (docs/operations.md, "What is kept, and what is promised").
 //!
 //! [`Providers::open`] runs before any listener is bound, for every
 //! provider a channel, `broker.retained_storage` or
@@ -270,8 +270,8 @@ pub struct ServedChannel {
 }
 
 /// Drop, and log, every `bridge:` position whose bridge the configuration
-/// no longer names (RFC 0004: a reader with no session exists because a
-/// line of configuration names it, and stops existing when that line goes),
+/// no longer names (a reader with no session exists because a line of
+/// configuration names it, and stops existing when that line goes),
 /// and the QoS 2 publishes such a bridge left held, which no release will
 /// come for. Blocking; before the state is restored from the channels.
 pub fn drop_removed_bridge_positions(
@@ -938,9 +938,7 @@ fn write_memory(
         prefix: format!("storage provider {name}: snapshot {}", dir.display()),
         writing: Mutex::new(BTreeSet::new()),
     };
-    let outcome = generation::write_generation(dir, &job, &observer);
-    drop(job);
-    generations.settle(&outcome);
+    let outcome = generations.write(job, &observer);
     drop(generations);
     let written = &outcome.report;
     for w in &written.written {

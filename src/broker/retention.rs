@@ -1,6 +1,6 @@
 //! Retention: the task that removes from the front of each append channel
-//! what its `retention_bytes` and `retention_age` no longer keep (RFC 0004
-//! "Removing a record" and "What the retention sweep costs").
+//! what its `retention_bytes` and `retention_age` no longer keep (its
+//! costs: docs/benchmarks.md, "Storage providers").
 //!
 //! - By size every [`SIZE_SWEEP_PERIOD`] (one second), over the channels
 //!   with a `retention_bytes`. A channel under its bound is settled from
@@ -241,10 +241,14 @@ impl Sweeper {
     /// One pass of `which` at `now` (blocking), every removal and failure
     /// reported.
     fn sweep(&self, which: Sweep, now: UnixNanos) -> SweepReport {
+        let began = std::time::Instant::now();
         let report = match which {
             Sweep::Size => contract::sweep_by_size(&self.by_size),
             Sweep::Age => contract::sweep_by_age(&self.by_age, now),
         };
+        let total = report.total();
+        self.metrics
+            .retention_swept(which.label(), began.elapsed(), total.records, total.bytes);
         for (channel, removed) in &report.removed {
             let served = self.channels.get_key_value(channel.as_str());
             let floor = served.map(|(_, (_, s))| s.floor());
@@ -402,6 +406,20 @@ mod tests {
             "no bound, nothing removed"
         );
         assert_eq!(metrics.storage_error_count("mem"), 0);
+        let text = metrics.render();
+        for (series, value) in [
+            ("saguin_retention_sweeps_total{sweep=\"size\"}", "1"),
+            (
+                "saguin_retention_removed_records_total{sweep=\"size\"}",
+                "6",
+            ),
+            ("saguin_retention_sweeps_total{sweep=\"age\"}", "0"),
+        ] {
+            assert!(
+                text.lines().any(|l| l == format!("{series} {value}")),
+                "{series} {value} in:\n{text}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -143,6 +143,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
 
     let mut broker = tokio::spawn(broker_task(
         state,
+        metrics.clone(),
         events_rx,
         commits,
         Storage {
@@ -169,6 +170,10 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         };
         tokio::spawn(acceptor.run(notify_shutdown.subscribe()));
     }
+    // Every provider was recovered before `prepare` bound the listeners,
+    // and every acceptor runs: the broker is ready before the metrics
+    // listener answers its first request.
+    metrics.set_serving(true);
     if let Some(listener) = metrics_listener {
         tokio::spawn(serve_metrics(
             listener,
@@ -196,6 +201,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
             Err(e) => e.to_string(),
         }),
     };
+    metrics.set_serving(false);
     if let Some(why) = failed {
         tracing::error!(reason = %why, "the broker task stopped while serving; exiting so a supervisor can restart the broker");
         let _ = notify_shutdown.send(());
@@ -279,6 +285,7 @@ async fn dispatch(
 #[allow(clippy::too_many_arguments)]
 async fn broker_task(
     mut state: BrokerState,
+    metrics: Arc<Metrics>,
     mut events: mpsc::Receiver<Event>,
     mut commits: super::persister::Commits,
     mut storage: Storage,
@@ -300,6 +307,7 @@ async fn broker_task(
     let snapshot_due = tokio::time::sleep(Duration::from_secs(3600));
     tokio::pin!(snapshot_due);
     let mut armed: Option<Instant> = None;
+    metrics.heartbeat();
     loop {
         let due = snapshots.next_due();
         if due != armed {
@@ -339,10 +347,12 @@ async fn broker_task(
         dispatch(&mut state, &mut storage, &mut intents, &mut reads).await?;
         // Whatever the turn changed in a memory provider counts from now.
         snapshots.observe(Instant::now());
-        // After every turn, busy or idle: a wedged loop stops the pings.
+        // After every turn, busy or idle: a wedged loop stops the pings,
+        // and `/healthz` reads the heartbeat's age.
         if let Some(watchdog) = &mut watchdog {
             watchdog.ping_if_due(Instant::now());
         }
+        metrics.heartbeat();
     }
     state.shutdown(Instant::now());
     // Connect events still queued are answered with DISCONNECT 0x8B.
@@ -495,9 +505,11 @@ async fn serve_transport(
         }
         Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
             Ok(Ok(tls_stream)) => {
-                connection::serve(
+                // Boxed: a TLS connection's task would otherwise size every
+                // plain connection's task too.
+                Box::pin(connection::serve(
                     tls_stream, peer, id, deadline, events, context, shutdown, admission,
-                )
+                ))
                 .await
             }
             Ok(Err(err)) => {
@@ -512,8 +524,10 @@ async fn serve_transport(
     }
 }
 
-/// A minimal HTTP/1.1 responder: `GET /metrics` gets the Prometheus text,
-/// anything else 404; one request per connection.
+/// A minimal HTTP/1.1 responder, one request per connection: `GET
+/// /metrics` gets the Prometheus text, `GET /healthz` and `GET /readyz`
+/// whether the broker is live and ready ([`super::health`]), anything else
+/// 404.
 async fn serve_metrics(
     listener: TcpListener,
     metrics: Arc<Metrics>,
@@ -567,26 +581,61 @@ async fn serve_metrics(
             }
             let line = request.split(|&b| b == b'\r').next().unwrap_or_default();
             let mut parts = line.split(|&b| b == b' ');
-            let method = parts.next().unwrap_or_default();
-            let path = parts.next().unwrap_or_default();
-            let response = if method == b"GET"
-                && (path == b"/metrics" || path.starts_with(b"/metrics?"))
-            {
-                let body = metrics.render();
-                format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                let body = "not found; metrics are at /metrics\n";
-                format!(
-                    "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
+            let method = parts.next().unwrap_or_default().to_vec();
+            let target = parts.next().unwrap_or_default();
+            let path = target
+                .split(|&b| b == b'?')
+                .next()
+                .unwrap_or_default()
+                .to_vec();
+            // Providers are read (a sqlite provider's page count, its
+            // health) off the runtime's threads.
+            let answered = tokio::task::spawn_blocking(move || answer(&method, &path, &metrics));
+            let Ok((answer, content_type)) = answered.await else {
+                return;
             };
+            let response = format!(
+                "HTTP/1.1 {} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+                answer.status,
+                answer.reason_phrase(),
+                answer.body.len(),
+                answer.body
+            );
             let _ = stream.write_all(response.as_bytes()).await;
             let _ = stream.shutdown().await;
         });
+    }
+}
+
+/// The metrics listener's answer to `method` `path`, with its content type.
+fn answer(method: &[u8], path: &[u8], metrics: &Metrics) -> (super::health::Answer, &'static str) {
+    use super::health::{liveness, readiness, Answer};
+    const TEXT: &str = "text/plain; charset=utf-8";
+    if method != b"GET" {
+        let body = "only GET is served here\n".to_owned();
+        return (Answer { status: 405, body }, TEXT);
+    }
+    match path {
+        b"/metrics" => (
+            Answer {
+                status: 200,
+                body: metrics.render(),
+            },
+            "text/plain; version=0.0.4; charset=utf-8",
+        ),
+        b"/healthz" => (liveness(metrics.last_heartbeat().elapsed()), TEXT),
+        b"/readyz" => (
+            readiness(metrics.is_serving(), &metrics.provider_health()),
+            TEXT,
+        ),
+        _ => (
+            Answer {
+                status: 404,
+                body: "not found; metrics are at /metrics, liveness at /healthz, readiness at /readyz\n"
+                    .to_owned(),
+            },
+            TEXT,
+        ),
     }
 }
 
@@ -682,15 +731,27 @@ pub async fn prepare(
     );
     let (commits_tx, commits) = super::persister::commit_channel();
     for channel in &channels {
-        match &channel.store {
+        let kind = match &channel.store {
             crate::storage::contract::ChannelStore::Append(store) => {
-                metrics.register_channel(&channel.name, store.clone())
+                metrics.register_channel(&channel.name, store.clone());
+                saguin_format::model::ChannelKind::Append
             }
             crate::storage::contract::ChannelStore::Queue(store) => {
-                metrics.register_queue(&channel.name, store.clone())
+                metrics.register_queue(&channel.name, store.clone());
+                saguin_format::model::ChannelKind::Queue
             }
-            crate::storage::contract::ChannelStore::Latest(_) => {}
-        }
+            crate::storage::contract::ChannelStore::Latest(store) => {
+                metrics.register_latest(&channel.name, store.clone());
+                saguin_format::model::ChannelKind::Latest
+            }
+        };
+        metrics.register_channel_info(
+            &channel.name,
+            super::metrics::ChannelInfo {
+                kind,
+                provider: channel.provider.name().to_owned(),
+            },
+        );
     }
     let readers = super::reader::Readers::new(&channels, metrics.clone(), commits_tx.rest());
     let persisters = Persisters::start(

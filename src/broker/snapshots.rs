@@ -11,13 +11,16 @@
 //!   changes; one atomic load a turn), keeps each provider's [`Schedule`]
 //!   on its own clock, and, when a generation is due, captures it:
 //!   [`Generations::capture`] copies the counters, positions and shared
-//!   record handles of the stores that changed. The broker task is the
-//!   one writer of a memory provider's stores, so the capture is the
-//!   provider's state at one moment of the broker's order - a frozen view
-//!   that costs a walk of pointers over the changed stores and copies no
-//!   record. Its cost is measured (`saguin_snapshot_capture_seconds`).
-//! - A thread of the provider's own ([`SnapshotWriter`]) encodes and
-//!   writes the generation. The broker task never waits for it: one
+//!   record handles of the stores that changed - of an append channel,
+//!   only the handles of the records appended since the last capture. The
+//!   broker task is the one writer of a memory provider's stores, so the
+//!   capture is the provider's state at one moment of the broker's order -
+//!   a frozen view that copies no record and costs a walk of pointers over
+//!   what changed, not over what the channels hold. Its cost is measured
+//!   (`saguin_snapshot_capture_seconds`).
+//! - A thread of the provider's own ([`SnapshotWriter`]) completes each
+//!   append channel's copy from the records it held from the last capture,
+//!   then encodes and writes the generation. The broker task never waits for it: one
 //!   generation is out at a time, and changes meanwhile wait for the next.
 //! - A generation that fails (a file, or its manifest) leaves the previous
 //!   one current; each file's failure is logged once when it starts failing
@@ -41,7 +44,7 @@ use tokio::time::Instant;
 use super::metrics::Metrics;
 use crate::config::SnapshotSchedule;
 use crate::storage::contract::{self, FaultKind};
-use crate::storage::generation::{self, Generations, Job, Outcome};
+use crate::storage::generation::{Generations, Job, Outcome};
 use crate::storage::memory::MemoryProvider;
 use crate::storage::snapshot_write::Unobserved;
 
@@ -147,6 +150,14 @@ pub struct SnapshotMetrics {
     /// nanoseconds.
     pub max_capture_nanos: AtomicU64,
     pub max_write_nanos: AtomicU64,
+    /// Unix nanoseconds of the oldest change no committed generation holds
+    /// (0: every change is in the current generation). Kept by the broker
+    /// task for providers written in the background.
+    pub unsaved_since: AtomicU64,
+    /// True for a provider whose generations are written in the
+    /// background: only its `saguin_snapshot_unsaved_seconds` is rendered
+    /// (one written at shutdown only holds nothing of what a crash loses).
+    pub background: std::sync::atomic::AtomicBool,
 }
 
 impl SnapshotMetrics {
@@ -230,11 +241,7 @@ impl SnapshotWriter {
                 .spawn(move || {
                     for job in queued {
                         let started = std::time::Instant::now();
-                        let mut generations = lock(&generations);
-                        let outcome =
-                            generation::write_generation(generations.dir(), &job, &Unobserved);
-                        generations.settle(&outcome);
-                        drop(generations);
+                        let outcome = lock(&generations).write(job, &Unobserved);
                         let written = Written {
                             outcome,
                             elapsed: started.elapsed(),
@@ -413,6 +420,64 @@ struct Driven {
     schedule: Schedule,
     /// The provider's change count at the last look.
     seen: u64,
+    /// What a crash would lose, for `saguin_snapshot_unsaved_seconds`.
+    unsaved: Unsaved,
+}
+
+/// The oldest change a crash would lose, in Unix nanoseconds: of the
+/// changes no capture holds yet, and of those the generation being written
+/// holds (lost too until it commits).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Unsaved {
+    pending: Option<i64>,
+    writing: Option<i64>,
+}
+
+impl Unsaved {
+    fn changed(&mut self, at: i64) {
+        self.pending.get_or_insert(at);
+    }
+
+    /// A capture took every pending change.
+    fn captured(&mut self) {
+        self.writing = self.pending.take();
+    }
+
+    /// Nothing had changed after all.
+    fn nothing_changed(&mut self) {
+        self.pending = None;
+    }
+
+    /// The generation being written committed, or failed (its changes are
+    /// pending again).
+    fn finished(&mut self, failed: bool) {
+        if let Some(writing) = self.writing.take() {
+            if failed {
+                self.pending = Some(self.pending.map_or(writing, |p| p.min(writing)));
+            }
+        }
+    }
+
+    fn since(&self) -> Option<i64> {
+        match (self.pending, self.writing) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+impl Driven {
+    /// Shows what a crash would lose in the provider's metrics.
+    fn publish_unsaved(&self) {
+        let since = self
+            .unsaved
+            .since()
+            .map_or(0, |at| u64::try_from(at).unwrap_or(0).max(1));
+        self.writer
+            .metrics
+            .unsaved_since
+            .store(since, Ordering::Relaxed);
+    }
 }
 
 /// Every provider's background snapshots, driven from the broker task.
@@ -436,14 +501,20 @@ impl Snapshots {
             .map(|(i, w)| {
                 w.tell_to(i, tx.clone());
                 let mut schedule = Schedule::new(w.schedule());
+                let mut unsaved = Unsaved::default();
                 if w.has_changes() {
                     schedule.changed(now);
+                    unsaved.changed(contract::now_nanos());
                 }
-                Driven {
+                w.metrics.background.store(true, Ordering::Relaxed);
+                let driven = Driven {
                     seen: w.changes(),
                     writer: w.clone(),
                     schedule,
-                }
+                    unsaved,
+                };
+                driven.publish_unsaved();
+                driven
             })
             .collect();
         Snapshots {
@@ -464,6 +535,10 @@ impl Snapshots {
             if changes != d.seen {
                 d.seen = changes;
                 d.schedule.changed(now);
+                if d.unsaved.pending.is_none() {
+                    d.unsaved.changed(contract::now_nanos());
+                    d.publish_unsaved();
+                }
             }
         }
     }
@@ -482,11 +557,14 @@ impl Snapshots {
                 d.seen = d.writer.changes();
                 if d.writer.submit() {
                     d.schedule.started();
+                    d.unsaved.captured();
                 } else {
                     // Nothing changed after all: a position saved again at
                     // the place it had, say.
                     d.schedule = Schedule::new(d.writer.schedule());
+                    d.unsaved.nothing_changed();
                 }
+                d.publish_unsaved();
             }
         }
     }
@@ -508,6 +586,8 @@ impl Snapshots {
         if let Some(d) = self.driven.get_mut(index) {
             let failed = d.writer.settled(&written);
             d.schedule.finished(now, failed);
+            d.unsaved.finished(failed);
+            d.publish_unsaved();
         }
     }
 
@@ -537,7 +617,7 @@ pub fn render_metrics(
     let families: [(&str, &str, &str, Sample); 10] = [
         ("saguin_snapshot_generation", "gauge", "The snapshot generation the provider's directory holds.",
             |m, _| m.generation.load(Ordering::Relaxed).to_string()),
-        ("saguin_snapshot_age_seconds", "gauge", "How old the state the current snapshot generation holds is: what a crash now would lose. -1 with no generation yet.",
+        ("saguin_snapshot_age_seconds", "gauge", "How old the state the current snapshot generation holds is; it grows while nothing changes (saguin_snapshot_unsaved_seconds is what a crash would lose). -1 with no generation yet.",
             |m, now| match m.captured_at.load(Ordering::Relaxed) {
                 0 => "-1".to_owned(),
                 at => format!("{:.3}", (now.saturating_sub(at as i64)).max(0) as f64 / 1e9),
@@ -569,6 +649,21 @@ pub fn render_metrics(
                 sample(m, now)
             );
         }
+    }
+    let _ = writeln!(out, "# HELP saguin_snapshot_unsaved_seconds How long the oldest change no committed snapshot generation holds has waited: what a crash now would lose. 0 when the current generation holds every change. Only for providers written in the background.\n# TYPE saguin_snapshot_unsaved_seconds gauge");
+    for (provider, m) in providers {
+        if !m.background.load(Ordering::Relaxed) {
+            continue;
+        }
+        let seconds = match m.unsaved_since.load(Ordering::Relaxed) {
+            0 => 0.0,
+            at => now.saturating_sub(at as i64).max(0) as f64 / 1e9,
+        };
+        let _ = writeln!(
+            out,
+            "saguin_snapshot_unsaved_seconds{{provider=\"{}\"}} {seconds:.3}",
+            super::metrics::escape_label(provider)
+        );
     }
 }
 

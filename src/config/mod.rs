@@ -330,7 +330,8 @@ pub struct Limits {
 /// `metrics`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Metrics {
-    /// Prometheus text format at `/metrics`; `None`: off.
+    /// Prometheus text format at `/metrics`, and `/healthz` and `/readyz`
+    /// (`broker::health`); `None`: off.
     pub bind: Option<SocketAddr>,
 }
 

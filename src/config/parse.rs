@@ -1013,7 +1013,9 @@ fn queue_settings(ctx: &mut Ctx, f: &mut Fields<'_>) -> Option<QueueSettings> {
     let max_attempts = f
         .take("max_attempts")
         .map(|(p, v)| integer(ctx, &p, v, 1, MAX_ATTEMPTS_MAX))
-        .unwrap_or(Some(5));
+        .unwrap_or(Some(u64::from(
+            crate::storage::contract::DEFAULT_MAX_ATTEMPTS,
+        )));
     let backoff = match f.take("backoff") {
         None => Some(vec![
             Duration::from_secs(1),

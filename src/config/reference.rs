@@ -108,7 +108,7 @@ pub fn keys() -> Vec<KeyDoc> {
         key("limits.max_sessions", "integer", "100000", "0..=4294967295", "Persistent sessions kept; a new one beyond is refused (CONNACK 0x97)."),
         key("limits.max_retained", "integer", "100000", "0..=4294967295", "Retained topics kept; a new one beyond is refused (0x97), replacing one is not."),
         key("limits.max_keep_alive", "integer (seconds)", "0 (the client's value)", "0..=65535 (MQTT's Keep Alive is 16 bits)", "Otherwise the cap on keep alive: an MQTT 5 client asking for more, or for 0, gets it as Server Keep Alive and is held to it; a 3.1.1 client asking for more, or for 0, is refused (return code 2)."),
-        key("metrics.bind", "IP:PORT", "none (off)", "not a listener's port on an overlapping address", "Prometheus text format at /metrics."),
+        key("metrics.bind", "IP:PORT", "none (off)", "not a listener's port on an overlapping address", "Prometheus text format at /metrics; /healthz (live: the broker loop turned within 10 s) and /readyz (ready: serving, no provider failed) for probes; read by saguin status."),
         key("log.level", "error | warn | info | debug | trace", "info", "RUST_LOG overrides it", "Least severe log line written."),
         key("log.format", "logfmt | json", "logfmt", "", "How log lines are written (on stderr)."),
         key("bridges", "list", "none", "", "Links into other MQTT brokers (3.1.1 or 5): channels forwarded out at least once from a stored position, remote topics brought into channels."),

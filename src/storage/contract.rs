@@ -40,7 +40,11 @@ pub const HEADER_LAST_DELIVERED: &str = "saguin-last-delivered";
 pub const HEADER_DLQ_REASON: &str = "saguin-dlq-reason";
 /// The suffix of a queue's dead-letter channel: `jobs` dead-letters into
 /// `jobs.dlq`, an append channel in the same provider.
-pub const DLQ_SUFFIX: &str = ".dlq";
+pub use saguin_format::channel_name::DLQ_SUFFIX;
+
+/// Deliveries of a queue record before it moves to the dead-letter channel,
+/// unless the channel's `max_attempts` says otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 
 /// The first offset any channel assigns.
 pub const FIRST_OFFSET: u64 = 1;
@@ -953,7 +957,7 @@ pub enum ProviderKind {
 
 /// The name the retained store is kept under; it reaches a snapshot
 /// directory as `%24saguin%2Fretained.snapshot`, a name no channel produces.
-pub const RETAINED_STORE_NAME: &str = "$saguin/retained";
+pub const RETAINED_STORE_NAME: &str = saguin_format::channel_name::RETAINED_CHANNEL;
 /// The name the broadcast log is kept under.
 pub const BROADCAST_LOG_NAME: &str = "$saguin/broadcast";
 
@@ -1154,6 +1158,53 @@ pub fn dead_letter_name(queue: &str) -> String {
     format!("{queue}{DLQ_SUFFIX}")
 }
 
+/// The gap before a queue record is offered again after its `attempts`th
+/// delivery failed: `backoff[attempts - 1]`, the last gap for every attempt
+/// past the list, none with no list. Both providers answer a release with
+/// it.
+pub fn backoff_gap(backoff: &[std::time::Duration], attempts: u32) -> std::time::Duration {
+    let Some(last) = backoff.len().checked_sub(1) else {
+        return std::time::Duration::ZERO;
+    };
+    let i = (attempts.saturating_sub(1) as usize).min(last);
+    backoff.get(i).copied().unwrap_or(std::time::Duration::ZERO)
+}
+
+/// A queue record as its dead-letter channel keeps it: no offset yet (the
+/// move takes one), and the `saguin-*` headers saying how many attempts it
+/// had, when it was first and last delivered (now, if it never was) and
+/// why it moved, after the publisher's own User Properties. Both providers
+/// stamp a dead letter with it.
+pub fn dead_letter_record(
+    mut record: Record,
+    attempts: u32,
+    first_delivered: UnixNanos,
+    last_delivered: UnixNanos,
+    now: UnixNanos,
+    reason: &str,
+) -> Record {
+    record.offset = 0;
+    let last = if last_delivered != 0 {
+        last_delivered
+    } else {
+        now
+    };
+    for (name, value) in [
+        (HEADER_ATTEMPTS, attempts.to_string()),
+        (HEADER_FIRST_DELIVERED, format_time(first_delivered)),
+        (HEADER_LAST_DELIVERED, format_time(last)),
+        (HEADER_DLQ_REASON, reason.to_owned()),
+    ] {
+        record
+            .user_properties
+            .push(saguin_format::model::UserProperty {
+                name: name.to_owned(),
+                value,
+            });
+    }
+    record
+}
+
 /// Nanoseconds since the Unix epoch, now. A clock before 1970 reads as 1 so
 /// that "now" is never the unset 0.
 pub fn now_nanos() -> UnixNanos {
@@ -1202,6 +1253,45 @@ pub fn check_position(channel: &str, position: &Position, next: u64) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_backoff_gap_is_the_attempts_own_then_the_last_one() {
+        use std::time::Duration;
+        let gaps = [Duration::from_secs(1), Duration::from_secs(5)];
+        assert_eq!(backoff_gap(&gaps, 1), Duration::from_secs(1));
+        assert_eq!(backoff_gap(&gaps, 2), Duration::from_secs(5));
+        assert_eq!(backoff_gap(&gaps, 9), Duration::from_secs(5));
+        assert_eq!(backoff_gap(&gaps, 0), Duration::from_secs(1));
+        assert_eq!(backoff_gap(&[], 3), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_dead_letter_carries_why_after_the_publishers_properties() {
+        let mut r = Record::new("jobs/a", "x");
+        r.offset = 7;
+        r.user_properties.push(saguin_format::model::UserProperty {
+            name: "mine".into(),
+            value: "1".into(),
+        });
+        let d = dead_letter_record(r, 3, 1_000_000_000, 0, 2_000_000_000, "nack");
+        assert_eq!(d.offset, 0, "the move takes an offset");
+        let names: Vec<(&str, &str)> = d
+            .user_properties
+            .iter()
+            .map(|p| (p.name.as_str(), p.value.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("mine", "1"),
+                (HEADER_ATTEMPTS, "3"),
+                (HEADER_FIRST_DELIVERED, format_time(1_000_000_000).as_str()),
+                // Never delivered last: now.
+                (HEADER_LAST_DELIVERED, format_time(2_000_000_000).as_str()),
+                (HEADER_DLQ_REASON, "nack"),
+            ]
+        );
+    }
 
     #[test]
     fn reader_names_parse_and_print() {

@@ -33,8 +33,8 @@ use saguin_format::model::UnixNanos;
 
 use super::memory::MemoryProvider;
 use super::snapshot_write::{
-    self, copy_changed, FailedFile, ProviderCopy, SnapshotOptions, WriteObserver, WriteReport,
-    WrittenFile,
+    self, copy_changed, ChannelCopy, FailedFile, ProviderCopy, SnapshotOptions, WriteObserver,
+    WriteReport, WrittenFile,
 };
 
 /// What one file of a generation holds: a channel (a queue with its
@@ -224,6 +224,19 @@ pub struct Generations {
     captured: HashMap<Store, u64>,
     /// Each store's version as of its file in the current generation.
     written: HashMap<Store, u64>,
+    /// Each append channel's records as the last capture held them: the
+    /// next capture copies only what was appended after (see
+    /// [`Generations::write`]), so a capture costs the traffic since the
+    /// last one, not the channel's length.
+    held: HashMap<String, HeldRecords>,
+}
+
+/// An append channel's records as a capture held them.
+#[derive(Debug, Default)]
+struct HeldRecords {
+    records: std::collections::VecDeque<std::sync::Arc<saguin_format::model::Record>>,
+    /// The channel's next offset then: the next capture copies from it.
+    next: u64,
 }
 
 /// One generation to write: the changed stores' copies and the
@@ -287,6 +300,7 @@ impl Generations {
             captured: written.clone(),
             written,
             committed,
+            held: HashMap::new(),
         }
     }
 
@@ -304,7 +318,14 @@ impl Generations {
     /// [`copy_changed`]); the caller runs it at the moment the generation
     /// is to hold.
     pub fn capture(&mut self, provider: &MemoryProvider, captured_at: UnixNanos) -> Option<Job> {
-        let copy = copy_changed(provider, &self.options, captured_at, &self.captured);
+        let held = &self.held;
+        let copy = copy_changed(
+            provider,
+            &self.options,
+            captured_at,
+            &self.captured,
+            &|name| held.get(name).map(|h| h.next),
+        );
         if copy.is_empty() {
             return None;
         }
@@ -335,6 +356,41 @@ impl Generations {
             base: self.committed.clone(),
             parallel_files: self.options.parallel_files,
         })
+    }
+
+    /// Writes `job`, captured from these generations, as the directory's
+    /// next generation, and takes in what that came to. An append
+    /// channel's copy holding only what was appended since the last capture
+    /// is completed first from the records that capture held (off the
+    /// broker's loop: this runs on the writer's thread).
+    pub fn write(&mut self, mut job: Job, observer: &dyn WriteObserver) -> Outcome {
+        self.complete(&mut job);
+        let outcome = write_generation(&self.dir, &job, observer);
+        self.settle(&outcome);
+        outcome
+    }
+
+    /// Makes every append channel copy of `job` whole: the records held
+    /// from the last capture, less those below the floor, then the ones
+    /// copied since; and keeps them for the next.
+    fn complete(&mut self, job: &mut Job) {
+        for channel in &mut job.copy.channels {
+            let ChannelCopy::Append { copy, .. } = channel else {
+                continue;
+            };
+            let held = self.held.entry(copy.name.clone()).or_default();
+            if copy.from == 0 {
+                held.records = copy.records.iter().cloned().collect();
+            } else {
+                while held.records.front().is_some_and(|r| r.offset < copy.floor) {
+                    held.records.pop_front();
+                }
+                held.records.extend(copy.records.drain(..));
+                copy.records = held.records.iter().cloned().collect();
+                copy.from = 0;
+            }
+            held.next = copy.next;
+        }
     }
 
     /// Takes in what writing a job came to: the generation it committed,
@@ -434,7 +490,12 @@ pub fn write_generation(dir: &Path, job: &Job, observer: &dyn WriteObserver) -> 
         files: entries.values().cloned().collect(),
     };
     let committed = synced.and_then(|()| {
-        let bytes = f21::encode(&SnapshotFile::Generation(manifest), stamp);
+        // Its header says when the generation committed: now, every file
+        // it lists durable; `captured_at` says the moment its state is of.
+        let bytes = f21::encode(
+            &SnapshotFile::Generation(manifest),
+            super::contract::now_nanos(),
+        );
         observer.started(MANIFEST_FILE);
         // 3. The commit: one rename, then made durable.
         let written = snapshot_write::write_durable(dir, MANIFEST_FILE, &bytes)

@@ -280,6 +280,9 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<Connection> {
         });
     if let Err(e) = written {
         let _ = conn.execute_batch("ROLLBACK");
+        if is_full(&e) {
+            return claim_without_writing(conn, path);
+        }
         return Err(e);
     }
     // Holding the reserved lock, no other writer can exist; only a reader
@@ -317,6 +320,23 @@ fn add_released_column(conn: &Connection) -> rusqlite::Result<()> {
         conn.execute_batch("ALTER TABLE holder ADD COLUMN released_unix_ns INTEGER")?;
     }
     Ok(())
+}
+
+/// A full file system, or the lock file's own size limit.
+fn is_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(ErrorCode::DiskFull)
+}
+
+/// The lock taken on a file system with no room for the holder row: an
+/// exclusive transaction that writes nothing takes the same exclusive file
+/// lock, and the exclusive locking mode keeps it after the commit. The row
+/// still names the holder before, so `lock status` names that one until a
+/// start with room writes it again; the start says so.
+fn claim_without_writing(conn: Connection, path: &Path) -> rusqlite::Result<Connection> {
+    conn.execute_batch("BEGIN EXCLUSIVE; COMMIT")?;
+    tracing::warn!(lock = %path.display(),
+        "the lock is held, but its holder row could not be written (no space left): lock status names the holder before this one");
+    Ok(conn)
 }
 
 fn is_busy(e: &rusqlite::Error) -> bool {

@@ -1,8 +1,9 @@
 //! The storage layer: channels, their providers, snapshot directories and
 //! the lock. The file formats are specified
-//! in `format/FORMAT.md`, the durability promises in the README.
+//! in `format/FORMAT.md`, the durability promises in `docs/operations.md`.
 
 pub mod backup;
+pub mod bench;
 pub mod contract;
 pub mod generation;
 pub mod lock;

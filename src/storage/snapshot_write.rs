@@ -179,18 +179,21 @@ pub fn copy_provider(
     options: &SnapshotOptions,
     captured_at: UnixNanos,
 ) -> ProviderCopy {
-    copy_changed(provider, options, captured_at, &HashMap::new())
+    copy_changed(provider, options, captured_at, &HashMap::new(), &|_| None)
 }
 
 /// Copies every store whose version is not the one `since` gives it (a
 /// store `since` does not name is copied). Cheap - shared record handles,
 /// counters and positions - and made under the holds' lock, so no release
 /// moves a record between a hold and its channel while the two are copied.
+/// An append channel `held_from` gives an offset for is copied from that
+/// offset only: the caller holds its earlier records from a copy before.
 pub fn copy_changed(
     provider: &MemoryProvider,
     options: &SnapshotOptions,
     captured_at: UnixNanos,
     since: &HashMap<Store, u64>,
+    held_from: &dyn Fn(&str) -> Option<u64>,
 ) -> ProviderCopy {
     let changed = |store: Store, version: u64| since.get(&store) != Some(&version);
     provider.held().with_holds(|holds| {
@@ -202,7 +205,10 @@ pub fn copy_changed(
                 .collect()
         };
         let channels = provider
-            .copy_channels_where(|name, version| changed(Store::Channel(name.to_owned()), version))
+            .copy_channels_where(|name, version| {
+                changed(Store::Channel(name.to_owned()), version)
+                    .then(|| held_from(name).unwrap_or(0))
+            })
             .into_iter()
             .map(|c| match c {
                 MemChannelCopy::Append(copy) => ChannelCopy::Append {
@@ -548,6 +554,14 @@ impl Job<'_> {
             Job::Retained(r) => (RETAINED_CHANNEL.to_owned(), r.records.len(), r.version),
         };
         let outcome = match self {
+            // A copy of only the records since an earlier one is made
+            // whole before it is written (`Generations::write`); written as
+            // it is, it would lose the records before them.
+            Job::Channel(ChannelCopy::Append { copy, .. }) if copy.from != 0 => {
+                Err(std::io::Error::other(
+                    "the copy holds only the records since the last capture and was not completed",
+                ))
+            }
             // A channel file is encoded straight from the shared records
             // into the file: no copy of any record, no buffer the size of
             // the file, and the kernel writes back the first pages while

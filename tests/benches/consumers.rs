@@ -1,4 +1,4 @@
-//! What an acknowledging consumer costs a publisher (RFC 0004): eight QoS 1
+//! What an acknowledging consumer costs a publisher: eight QoS 1
 //! publishers append 128-byte records to an append channel while 0, 4 or 50
 //! consumers of it acknowledge every delivery, on a memory and on a sqlite
 //! provider. Beside them, in the same run, the same publishers to a
@@ -99,8 +99,8 @@ struct Case {
     /// Publishes a second over all publishers; `None`: as fast as the
     /// window allows.
     rate: Option<f64>,
-    /// RFC 0004's BenchmarkPublishWithConsumers, publishes a second, low
-    /// and high of five runs.
+    /// The reference figures the storage layer was designed against,
+    /// publishes a second, low and high of five runs.
     rfc: Option<(f64, f64)>,
     /// A memory provider writes background snapshot generations (250 ms
     /// quiet, at most 2 s) into a directory of the row's.
@@ -866,7 +866,7 @@ async fn main() {
         "max",
         "deliveries/s",
         "received",
-        "RFC 0004 (Ryzen)",
+        "reference (Ryzen)",
         "target 1.5×",
         "load (1 min) before → after",
         "CPU stolen",
@@ -932,7 +932,7 @@ async fn main() {
     }
     println!("{table}");
     println!(
-        "RFC 0004: the Go broker on a Ryzen 7 260 pinned to 4 physical cores, consumers in the broker's process; \
+        "reference: the Go broker on a Ryzen 7 260 pinned to 4 physical cores, consumers in the broker's process; \
          publishes/s here counts until every consumer has every record"
     );
     print_targets(&rows);

@@ -16,6 +16,8 @@
 //! (a saguin under `valgrind --tool=callgrind`, say), which the run leaves
 //! running.
 
+mod bench_support;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -390,13 +392,6 @@ async fn scenario(
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(18830)
-}
-
 struct Broker {
     name: &'static str,
     addr: SocketAddr,
@@ -484,51 +479,27 @@ async fn start_saguin(
 }
 
 async fn start_mosquitto(dir: &Path, persist: bool) -> Result<Broker, Error> {
-    let bin = PathBuf::from("/usr/sbin/mosquitto");
-    if !bin.exists() {
-        return Err("/usr/sbin/mosquitto not installed (apt-get install mosquitto)".into());
-    }
-    let port = free_port();
-    let data = dir.join(if persist {
+    let name = if persist {
         "mosquitto-persist"
     } else {
         "mosquitto"
-    });
-    std::fs::create_dir_all(&data)?;
-    let config = data.join("mosquitto.conf");
-    let persistence = if persist {
-        format!(
-            "persistence true\npersistence_location {}/\n",
-            data.display()
-        )
-    } else {
-        "persistence false\n".to_owned()
     };
-    std::fs::write(
-        &config,
-        format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 1000000\nmax_inflight_messages {WINDOW}\nmax_queued_bytes 0\n{persistence}log_dest none\n"
+    let persistence = if persist {
+        "persistence true\n"
+    } else {
+        "persistence false\n"
+    };
+    let started = bench_support::start_mosquitto(
+        &dir.join(name),
+        &format!(
+            "max_queued_messages 1000000\nmax_inflight_messages {WINDOW}\nmax_queued_bytes 0\n{persistence}"
         ),
-    )?;
-    let child = Command::new(bin)
-        .arg("-c")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
-    if !wait_port(addr).await {
-        return Err("mosquitto did not start listening".into());
-    }
+    )
+    .await?;
     Ok(Broker {
-        name: if persist {
-            "mosquitto-persist"
-        } else {
-            "mosquitto"
-        },
-        addr,
-        child: Some(child),
+        name,
+        addr: started.addr,
+        child: Some(started.child),
     })
 }
 
@@ -542,8 +513,8 @@ fn on_path(name: &str) -> Option<PathBuf> {
 
 async fn start_rumqttd(dir: &Path) -> Result<Broker, Error> {
     let bin = on_path("rumqttd").ok_or("rumqttd not on PATH (cargo install rumqttd)")?;
-    let port = free_port();
-    let console = free_port();
+    let port = bench_support::free_port()?;
+    let console = bench_support::free_port()?;
     let config = dir.join("rumqttd.toml");
     std::fs::write(
         &config,

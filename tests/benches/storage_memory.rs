@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use saguin::model::{ChannelKind, Record};
 use saguin::storage::contract::{sweep_by_age, sweep_by_size, AppendStore, Provider, Retention};
-use saguin::storage::generation::{write_generation, Committed, Generations};
+use saguin::storage::generation::{Committed, Generations};
 use saguin::storage::memory::{MemoryConfig, MemoryProvider};
 use saguin::storage::snapshot_write::{
     copy_provider, save_snapshot, write_snapshot, SnapshotOptions, Unobserved,
@@ -362,11 +362,9 @@ fn main() {
         let job = generations.capture(&p, 1).expect("every channel is new");
         let full_capture = start.elapsed();
         let start = Instant::now();
-        let outcome = write_generation(&dir, &job, &Unobserved);
+        let outcome = generations.write(job, &Unobserved);
         let full_write = start.elapsed();
         assert!(outcome.report.is_complete(), "{:?}", outcome.report.failed);
-        generations.settle(&outcome);
-        drop(job);
         // 1,000 changes in one channel: the next generation writes it alone.
         let mut after_capture = Vec::new();
         let mut after_write = Vec::new();
@@ -384,11 +382,10 @@ fn main() {
             after_capture.push(start.elapsed());
             assert_eq!(job.stores(), 1);
             let start = Instant::now();
-            let outcome = write_generation(&dir, &job, &Unobserved);
+            let outcome = generations.write(job, &Unobserved);
             after_write.push(start.elapsed());
             assert!(outcome.report.is_complete(), "{:?}", outcome.report.failed);
             after_bytes = outcome.report.written.iter().map(|w| w.bytes).sum::<u64>();
-            generations.settle(&outcome);
         }
         after_capture.sort();
         after_write.sort();

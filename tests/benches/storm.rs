@@ -1,7 +1,7 @@
 //! Reconnect storm: 10,000 persistent sessions (one subscription each)
 //! reconnect at once to a broker keeping sessions on sqlite, while 10
 //! publishers send 2,000 QoS 1 messages a second in total to one durable
-//! subscriber (RFC 0004's storm, scaled to this machine).
+//! subscriber (the reference storm, scaled to this machine).
 //!
 //! `cargo bench --bench storm` (release). Reports the storm's total time
 //! (first CONNECT to last CONNACK), the worst CONNACK, the PUBACK median

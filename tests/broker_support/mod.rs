@@ -186,22 +186,35 @@ impl Broker {
     }
 }
 
-/// A test target named `*_on_sqlite` (Cargo.toml builds the conformance
-/// and session tests a second time under such names), or
-/// `SAGUIN_TEST_SESSION_STORAGE=sqlite`, runs the same tests with sessions
-/// and retained messages kept in a sqlite provider - for configurations
-/// that name no storage of their own - so every behaviour is checked on
-/// both.
+/// Whether this test crate's brokers keep sessions and retained messages
+/// in a sqlite provider: declared in Cargo.toml, where a `[[test]]` target
+/// named `*_on_sqlite` builds a test file a second time for that (the
+/// conformance and session tests), and fixed when the crate is compiled.
+const ON_SQLITE: bool = ends_with(env!("CARGO_CRATE_NAME"), "_on_sqlite");
+
+const fn ends_with(name: &str, suffix: &str) -> bool {
+    let (name, suffix) = (name.as_bytes(), suffix.as_bytes());
+    if suffix.len() > name.len() {
+        return false;
+    }
+    let start = name.len() - suffix.len();
+    let mut i = 0;
+    while i < suffix.len() {
+        if name[start + i] != suffix[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// A crate declared [`ON_SQLITE`], or any run with
+/// `SAGUIN_TEST_SESSION_STORAGE=sqlite`, keeps sessions and retained
+/// messages in a sqlite provider for configurations that name no storage
+/// of their own, so every behaviour is checked on both.
 fn with_session_storage(yaml: &str, dir: &Path) -> String {
-    let by_target = std::env::current_exe()
-        .ok()
-        .and_then(|p| {
-            p.file_name()
-                .map(|n| n.to_string_lossy().contains("_on_sqlite"))
-        })
-        .unwrap_or(false);
     let wanted =
-        by_target || std::env::var("SAGUIN_TEST_SESSION_STORAGE").is_ok_and(|v| v == "sqlite");
+        ON_SQLITE || std::env::var("SAGUIN_TEST_SESSION_STORAGE").is_ok_and(|v| v == "sqlite");
     if !wanted || yaml.contains("storage:") || yaml.contains("\nbroker:") {
         return yaml.to_owned();
     }
@@ -247,10 +260,30 @@ pub fn have_mosquitto_clients(test: &str) -> bool {
     ok
 }
 
+/// Set (to `1`) where every peer a test drives must be there: `.ci/run`
+/// installs them, so a missing one is a failed install, and a test that
+/// would pass by skipping fails instead. On a developer's machine, unset,
+/// a missing peer is a loud skip.
+pub const REQUIRE_PEERS: &str = "SAGUIN_REQUIRE_PEERS";
+
 /// `SKIP test: why` on the process's standard error itself: the test
 /// harness keeps what `eprintln!` writes from a test that passes, and a
-/// skip nobody sees is a silent one.
+/// skip nobody sees is a silent one. Where [`REQUIRE_PEERS`] is set, the
+/// test fails with the same words instead.
 pub fn say_skipped(test: &str, why: &str) {
+    use std::io::Write;
+    if std::env::var(REQUIRE_PEERS).is_ok_and(|v| v == "1") {
+        panic!(
+            "{test} cannot run here ({why}) and {REQUIRE_PEERS}=1 says every peer was installed"
+        );
+    }
+    let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
+}
+
+/// A skip that stays a skip wherever it runs: what this machine cannot do
+/// at all (mount a file system without the privilege to), not a peer that
+/// was not installed.
+pub fn say_cannot(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
 }
@@ -823,4 +856,30 @@ pub fn metric_sample(text: &str, sample: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map(|v| v as u64)
+}
+
+/// `GET path` from the broker's `metrics` listener: the status code and
+/// the body.
+pub fn metrics_get(broker: &Broker, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = broker.listeners["metrics"];
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to metrics");
+    s.set_read_timeout(Some(WAIT)).expect("read timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send the request");
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::say_skipped;
+use super::{say_cannot, say_skipped};
 
 /// A mounted volume, unmounted (and its loop image detached) on drop.
 pub struct Volume {
@@ -42,17 +42,17 @@ impl Volume {
                 _dir: dir,
             }),
             Ok(out) => {
-                say_skipped(
+                say_cannot(
                     test,
                     &format!(
-                        "cannot mount a tmpfs (needs root): {}",
+                        "cannot mount a tmpfs (needs root and the privilege to mount): {}",
                         String::from_utf8_lossy(&out.stderr).trim()
                     ),
                 );
                 None
             }
             Err(e) => {
-                say_skipped(test, &format!("cannot run mount: {e}"));
+                say_cannot(test, &format!("cannot run mount: {e}"));
                 None
             }
         }
@@ -105,7 +105,7 @@ impl Volume {
                 _dir: dir,
             }),
             Ok(out) => {
-                say_skipped(
+                say_cannot(
                     test,
                     &format!(
                         "cannot loop-mount an ext4 image (needs root and loop devices): {}",
@@ -115,7 +115,7 @@ impl Volume {
                 None
             }
             Err(e) => {
-                say_skipped(test, &format!("cannot run mount: {e}"));
+                say_cannot(test, &format!("cannot run mount: {e}"));
                 None
             }
         }

@@ -69,7 +69,7 @@ pub struct DeadLetter {
 impl DeadLetter {
     /// The dead-letter channel's name for `queue`.
     pub fn name_for(queue: &str) -> String {
-        format!("{queue}.dlq")
+        format!("{queue}{}", crate::channel_name::DLQ_SUFFIX)
     }
 }
 

@@ -1,5 +1,5 @@
-//! The order a sqlite persister serves its queue in (RFC 0004 "Group
-//! commit", the paragraphs on session writes).
+//! The order a sqlite persister serves its queue in: group commit of
+//! publishes, with session writes taking turns beside them.
 //!
 //! - A group holds publishes or session writes, never both, and the two
 //!   kinds take turns.

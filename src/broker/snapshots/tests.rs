@@ -119,3 +119,31 @@ fn metrics_render_one_series_per_provider_with_its_label_escaped() {
     assert!((1.5..60.0).contains(&age), "{age}");
     assert!(out.contains("# TYPE saguin_snapshot_capture_seconds_max gauge"));
 }
+
+#[test]
+fn what_a_crash_would_lose_starts_at_the_oldest_change_no_committed_generation_holds() {
+    let mut unsaved = Unsaved::default();
+    assert_eq!(unsaved.since(), None);
+    unsaved.changed(100);
+    unsaved.changed(150);
+    assert_eq!(unsaved.since(), Some(100));
+    // Captured: still lost by a crash until the generation commits, and
+    // changes meanwhile wait for the next one.
+    unsaved.captured();
+    unsaved.changed(200);
+    assert_eq!(unsaved.since(), Some(100));
+    unsaved.finished(false);
+    assert_eq!(unsaved.since(), Some(200));
+    // A failed generation leaves its changes unsaved, the oldest first.
+    unsaved.captured();
+    unsaved.changed(300);
+    unsaved.finished(true);
+    assert_eq!(unsaved.since(), Some(200));
+    unsaved.captured();
+    unsaved.finished(false);
+    assert_eq!(unsaved.since(), None);
+    // A capture that found nothing changed after all.
+    unsaved.changed(400);
+    unsaved.nothing_changed();
+    assert_eq!(unsaved.since(), None);
+}

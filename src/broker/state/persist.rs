@@ -153,8 +153,8 @@ pub struct Intent {
     pub ticket: u64,
     pub role: Role,
     /// What kind of write it is, for the order a provider serves them in
-    /// (RFC 0004 "Group commit": publishes and session writes take turns,
-    /// writes a client waits on first).
+    /// (group commit: publishes and session writes take turns, writes a
+    /// client waits on first).
     pub class: Class,
     pub writes: Vec<Write>,
 }
@@ -184,8 +184,8 @@ impl Write {
                 | Write::DeleteRetained(_)
                 | Write::Append(_)
                 | Write::Release { .. }
-                // A queue's writes keep transactions of their own (RFC 0004
-                // "Group commit"), never inside a group of session writes.
+                // A queue's writes keep transactions of their own, never
+                // inside a group of session writes.
                 | Write::Lease { .. }
                 | Write::Resolve { .. }
                 | Write::ReleaseLease { .. }

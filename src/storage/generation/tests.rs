@@ -41,9 +41,7 @@ fn names(dir: &Path) -> Vec<String> {
 /// Captures and writes the next generation, as the broker does.
 fn generation(g: &mut Generations, p: &MemoryProvider, at: i64) -> Option<Outcome> {
     let job = g.capture(p, at)?;
-    let outcome = write_generation(g.dir(), &job, &Unobserved);
-    g.settle(&outcome);
-    Some(outcome)
+    Some(g.write(job, &Unobserved))
 }
 
 fn codes(dir: &Path) -> Vec<&'static str> {
@@ -395,4 +393,65 @@ fn a_store_with_no_file_or_one_left_behind_is_a_change_from_the_start() {
     fs::remove_file(d.path().join("a.1.snapshot")).unwrap();
     let g = Generations::new(d.path(), SnapshotOptions::default(), committed, &p);
     assert!(g.has_changes(&p), "a's listed file is gone");
+}
+
+#[test]
+fn a_changed_channel_is_copied_from_where_the_last_capture_left_and_written_whole() {
+    let d = tempfile::tempdir().unwrap();
+    let p = provider();
+    for i in 0..1_000 {
+        append(&p, "a", &i.to_string());
+    }
+    let mut g = Generations::new(
+        d.path(),
+        SnapshotOptions::default(),
+        Committed::default(),
+        &p,
+    );
+    generation(&mut g, &p, 10).unwrap();
+    for i in 1_000..1_010 {
+        append(&p, "a", &i.to_string());
+    }
+    // Retention removes the first hundred meanwhile.
+    p.open_channel("a", ChannelKind::Append)
+        .unwrap()
+        .as_append()
+        .unwrap()
+        .trim(101, None)
+        .unwrap();
+    let job = g.capture(&p, 20).unwrap();
+    let ChannelCopy::Append { copy, .. } = &job.copy.channels[0] else {
+        panic!("an append channel")
+    };
+    // The capture copied what was appended since the last one, no more.
+    assert_eq!((copy.from, copy.records.len()), (1_001, 10));
+    let outcome = g.write(job, &Unobserved);
+    assert!(outcome.report.is_complete(), "{:?}", outcome.report.failed);
+    let loaded = snapshot_dir::load(d.path(), &ScanOptions::default()).unwrap();
+    let file = &loaded.channels["a"].file;
+    assert_eq!((file.floor, file.next), (101, 1_011));
+    let offsets: Vec<u64> = file.records.iter().map(|r| r.offset).collect();
+    assert_eq!(offsets, (101..1_011).collect::<Vec<_>>());
+    let last: Vec<&[u8]> = file
+        .records
+        .iter()
+        .rev()
+        .take(2)
+        .map(|r| &r.payload[..])
+        .collect();
+    assert_eq!(last, [&b"1009"[..], &b"1008"[..]]);
+
+    // A copy written without being completed would lose the records
+    // before it: it is refused, not written.
+    append(&p, "a", "late");
+    let job = g.capture(&p, 30).unwrap();
+    let outcome = write_generation(g.dir(), &job, &Unobserved);
+    assert!(
+        outcome.report.failed[0]
+            .error
+            .to_string()
+            .contains("was not completed"),
+        "{:?}",
+        outcome.report.failed
+    );
 }

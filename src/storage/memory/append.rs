@@ -42,6 +42,9 @@ pub struct AppendCopy {
     /// The store's version when it was copied: the copy holds at least
     /// every change it counts.
     pub version: u64,
+    /// `records` are those at or after this offset (and the floor): the
+    /// ones before it are an earlier copy's. 0: every record.
+    pub from: u64,
     pub name: String,
     pub next: u64,
     pub floor: u64,
@@ -131,11 +134,32 @@ impl MemoryAppend {
         let positions = self.positions.copy();
         AppendCopy {
             version,
+            from: 0,
             name: self.name.clone(),
             next: st.next,
             floor: st.floor,
             bytes: st.log.bytes(),
             records: st.log.shared_records(),
+            positions,
+        }
+    }
+
+    /// [`Self::copy_state`] with only the records at or after `from` (and
+    /// the floor): what a snapshot generation needs of a channel whose
+    /// earlier records it already holds from the generation before. Its
+    /// cost is the records appended since, not the channel's length.
+    pub fn copy_since(&self, from: u64) -> AppendCopy {
+        let version = self.version.get();
+        let st = read(&self.state);
+        let positions = self.positions.copy();
+        AppendCopy {
+            version,
+            from,
+            name: self.name.clone(),
+            next: st.next,
+            floor: st.floor,
+            bytes: st.log.bytes(),
+            records: st.log.read_shared(from.max(st.floor), usize::MAX),
             positions,
         }
     }

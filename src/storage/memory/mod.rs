@@ -264,20 +264,23 @@ impl MemoryProvider {
     /// lock: counters, positions and shared record handles, no record
     /// copied (the first phase of a snapshot).
     pub fn copy_channels(&self) -> Vec<MemChannelCopy> {
-        self.copy_channels_where(|_, _| true)
+        self.copy_channels_where(|_, _| Some(0))
     }
 
     /// [`Self::copy_channels`] for the channels `wanted` says yes to, asked
     /// with each channel's name and version (a queue's counts its
-    /// dead-letter channel's changes).
+    /// dead-letter channel's changes): `Some(from)` copies an append
+    /// channel's records from offset `from` only (0: all of them; the
+    /// other kinds are copied whole), `None` leaves the channel out.
     pub fn copy_channels_where(
         &self,
-        mut wanted: impl FnMut(&str, u64) -> bool,
+        mut wanted: impl FnMut(&str, u64) -> Option<u64>,
     ) -> Vec<MemChannelCopy> {
         self.mem_channels()
             .into_iter()
-            .filter(|(name, c)| wanted(name, c.version()))
-            .map(|(_, c)| match c {
+            .filter_map(|(name, c)| wanted(&name, c.version()).map(|from| (from, c)))
+            .map(|(from, c)| match c {
+                MemChannel::Append(a) if from > 0 => MemChannelCopy::Append(a.copy_since(from)),
                 MemChannel::Append(a) => MemChannelCopy::Append(a.copy_state()),
                 MemChannel::Latest(l) => MemChannelCopy::Latest(l.copy_state()),
                 MemChannel::Queue(q) => {

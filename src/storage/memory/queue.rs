@@ -7,14 +7,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use saguin_format::model::{Record, UnixNanos, UserProperty};
+use saguin_format::model::{Record, UnixNanos};
 
 use super::append::{AppendCopy, MemoryAppend};
 use super::{admit, read, write, Shared, Version};
 use crate::storage::contract::{
-    check_record, format_time, AppendStore, ExpiredLease, Lease, QueueItem, QueueStore, Released,
-    Removed, Result, StorageError, FIRST_OFFSET, HEADER_ATTEMPTS, HEADER_DLQ_REASON,
-    HEADER_FIRST_DELIVERED, HEADER_LAST_DELIVERED,
+    backoff_gap, check_record, dead_letter_record, AppendStore, ExpiredLease, Lease, QueueItem,
+    QueueStore, Released, Removed, Result, StorageError, DEFAULT_MAX_ATTEMPTS, FIRST_OFFSET,
 };
 
 /// Who holds an item now. Volatile.
@@ -90,9 +89,6 @@ pub struct QueueCopy {
     pub bytes: u64,
     pub items: Vec<(Arc<Record>, u32, UnixNanos, UnixNanos)>,
 }
-
-/// The default number of deliveries before a record is dead-lettered.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 
 impl MemoryQueue {
     pub(crate) fn new(name: &str, shared: Arc<Shared>, dead_letter: Arc<MemoryAppend>) -> Self {
@@ -286,35 +282,17 @@ impl MemoryQueue {
                 detail: format!("no record at offset {offset}"),
             });
         };
-        let mut record = (*item.record).clone();
-        record.offset = 0;
-        let last = if item.last_delivered != 0 {
-            item.last_delivered
-        } else {
-            now
-        };
-        for (name, value) in [
-            (HEADER_ATTEMPTS, item.attempts.to_string()),
-            (HEADER_FIRST_DELIVERED, format_time(item.first_delivered)),
-            (HEADER_LAST_DELIVERED, format_time(last)),
-            (HEADER_DLQ_REASON, reason.to_owned()),
-        ] {
-            record.user_properties.push(UserProperty {
-                name: name.to_owned(),
-                value,
-            });
-        }
+        let record = dead_letter_record(
+            (*item.record).clone(),
+            item.attempts,
+            item.first_delivered,
+            item.last_delivered,
+            now,
+            reason,
+        );
         let stored = self.dead_letter.append_relief(record)?;
         self.remove_item(st, offset);
         Ok(stored.offset)
-    }
-
-    fn gap_after(st: &QueueState, attempts: u32) -> Duration {
-        if st.backoff.is_empty() {
-            return Duration::ZERO;
-        }
-        let i = (attempts.saturating_sub(1) as usize).min(st.backoff.len() - 1);
-        st.backoff.get(i).copied().unwrap_or(Duration::ZERO)
     }
 }
 
@@ -466,7 +444,7 @@ impl QueueStore for MemoryQueue {
             let dlq_offset = self.dead_letter_item(&mut st, offset, now, reason)?;
             return Ok(Released::DeadLettered { offset, dlq_offset });
         }
-        let gap = MemoryQueue::gap_after(&st, attempts);
+        let gap = backoff_gap(&st.backoff, attempts);
         let not_before = now.saturating_add(i64::try_from(gap.as_nanos()).unwrap_or(i64::MAX));
         st.deliveries.remove(&delivery_id);
         if let Some(item) = st.items.get_mut(&offset) {

@@ -192,6 +192,7 @@ fn append_copy(
 ) -> Result<AppendCopy, String> {
     Ok(AppendCopy {
         version: 0,
+        from: 0,
         name: name.to_owned(),
         next,
         floor,

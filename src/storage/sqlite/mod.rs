@@ -6,7 +6,7 @@
 //! (so a provider that never stops committing keeps a bounded log), and
 //! group commit of publishes.
 //!
-//! Opening order is the RFC's: the lock (`<file_path>.lock`) is taken before
+//! Opening order: the lock (`<file_path>.lock`) is taken before
 //! the database is touched at all; the file is created 0600 before SQLite
 //! sees it; the schema is applied (new file) or its version checked
 //! (existing file, refused by name when it is not 20); positions of sessions
@@ -67,7 +67,8 @@ pub use session::read_sessions;
 /// The revision a database records as its creator.
 pub const WRITER_REVISION: &str = lock::BUILD_REVISION;
 
-/// The bounds RFC 0002 puts on `flush_interval`.
+/// The bounds of `flush_interval` (`man saguin-config`): a power cut costs
+/// about one interval of commits, so it is kept to a second at most.
 pub const FLUSH_INTERVAL_MIN: Duration = Duration::from_millis(10);
 pub const FLUSH_INTERVAL_MAX: Duration = Duration::from_secs(1);
 /// The longest `publish_commit_interval` admitted: the wait is paid per
@@ -137,6 +138,15 @@ pub enum SqliteOpenError {
     MissingTables { path: PathBuf, tables: String },
     #[error("storage {}: {context}: {source}", path.display())]
     Sqlite {
+        path: PathBuf,
+        context: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// Its file system has no room for what an open writes: the
+    /// write-ahead log's index (`-shm`, 32 KiB) and the recovery's writes.
+    #[error("storage {}: {context}: no space left on its file system ({source}); opening needs room for the write-ahead log and its index (-wal, -shm): free some and start again", path.display())]
+    NoSpace {
         path: PathBuf,
         context: &'static str,
         #[source]
@@ -1495,11 +1505,24 @@ impl SqliteProvider {
             context,
             source,
         };
-        let sql_err = |context, source| SqliteOpenError::Sqlite {
-            path: path.clone(),
-            context,
-            source,
+        // A failure of a file call that had no room is named as such: at
+        // an open, SQLite calls running out of room for the write-ahead
+        // log's index an I/O error.
+        let sql_err = |context, source| match vfs::take_last() {
+            Some(failed) if matches!(failed.errno, libc::ENOSPC | libc::EDQUOT) => {
+                SqliteOpenError::NoSpace {
+                    path: path.clone(),
+                    context,
+                    source,
+                }
+            }
+            _ => SqliteOpenError::Sqlite {
+                path: path.clone(),
+                context,
+                source,
+            },
         };
+        vfs::clear_last();
         create_private(&path).map_err(|e| io_err("creating the database file", e))?;
         vfs::register().map_err(|detail| settings(format!("the file wrapper: {detail}")))?;
         let faults = match std::env::var(vfs::INJECT_ENV) {

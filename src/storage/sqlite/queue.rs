@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension};
-use saguin_format::model::{ChannelKind, Record, UnixNanos, UserProperty};
+use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 use super::append::AppendChannel;
 use super::batch::Job;
@@ -30,14 +30,9 @@ use super::row::{record_at, size_at};
 use super::schema::record_columns;
 use super::Shared;
 use crate::storage::contract::{
-    self, format_time, AppendStore, ExpiredLease, Lease, LeaseRequest, QueueItem, QueueStore,
-    Released, Removed, StorageError, HEADER_ATTEMPTS, HEADER_DLQ_REASON, HEADER_FIRST_DELIVERED,
-    HEADER_LAST_DELIVERED,
+    self, AppendStore, ExpiredLease, Lease, LeaseRequest, QueueItem, QueueStore, Released, Removed,
+    StorageError,
 };
-
-/// The default number of deliveries before a record is dead-lettered (the
-/// memory provider's too).
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 
 const SQL_ITEMS: &str = concat!(
     "SELECT offset, ",
@@ -129,7 +124,7 @@ impl QueueChannel {
             name: name.to_string(),
             dlq,
             counters: ChannelCounters::new(name, (next, floor, bytes), depth, false),
-            max_attempts: AtomicU32::new(DEFAULT_MAX_ATTEMPTS),
+            max_attempts: AtomicU32::new(contract::DEFAULT_MAX_ATTEMPTS),
             volatile: Mutex::new(Volatile {
                 next_delivery_id: 1,
                 next_epoch: 1,
@@ -181,39 +176,6 @@ impl QueueChannel {
             offset: asked.offset,
             record: item.record,
         }
-    }
-
-    fn gap_after(backoff: &[Duration], attempts: u32) -> Duration {
-        let Some(last) = backoff.len().checked_sub(1) else {
-            return Duration::ZERO;
-        };
-        let i = (attempts.saturating_sub(1) as usize).min(last);
-        backoff.get(i).copied().unwrap_or(Duration::ZERO)
-    }
-
-    /// The dead-letter copy of a record: the `saguin-*` headers say why.
-    fn dead_letter_record(
-        mut record: Record,
-        attempts: u32,
-        first: UnixNanos,
-        last: UnixNanos,
-        now: UnixNanos,
-        reason: &str,
-    ) -> Record {
-        record.offset = 0;
-        let last = if last != 0 { last } else { now };
-        for (name, value) in [
-            (HEADER_ATTEMPTS, attempts.to_string()),
-            (HEADER_FIRST_DELIVERED, format_time(first)),
-            (HEADER_LAST_DELIVERED, format_time(last)),
-            (HEADER_DLQ_REASON, reason.to_owned()),
-        ] {
-            record.user_properties.push(UserProperty {
-                name: name.to_owned(),
-                value,
-            });
-        }
-        record
     }
 
     /// Moves records to the dead-letter channel and removes them from the
@@ -613,7 +575,7 @@ impl QueueStore for QueueChannel {
             return Ok(Released::Stale);
         }
         if d.attempts >= max_attempts {
-            let record = Self::dead_letter_record(
+            let record = contract::dead_letter_record(
                 d.record.clone(),
                 d.attempts,
                 d.first_delivered,
@@ -630,7 +592,7 @@ impl QueueStore for QueueChannel {
             let dlq_offset = dlq_offsets.first().copied().unwrap_or(0);
             return Ok(Released::DeadLettered { offset, dlq_offset });
         }
-        let gap = Self::gap_after(&v.backoff, d.attempts);
+        let gap = contract::backoff_gap(&v.backoff, d.attempts);
         let not_before = now.saturating_add(i64::try_from(gap.as_nanos()).unwrap_or(i64::MAX));
         v.held.remove(&offset);
         v.by_id.remove(&delivery_id);
@@ -726,7 +688,7 @@ impl QueueStore for QueueChannel {
             .map(|(item, _)| {
                 (
                     item.record.offset,
-                    Self::dead_letter_record(
+                    contract::dead_letter_record(
                         item.record.clone(),
                         item.attempts,
                         item.first_delivered,

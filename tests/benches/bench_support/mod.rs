@@ -24,21 +24,36 @@ pub struct Conn {
     pub stream: TcpStream,
     rbuf: BytesMut,
     decoder: FrameDecoder,
+    version: ProtocolVersion,
 }
 
 impl Conn {
+    /// An MQTT 3.1.1 connection, keep alive 120 s. Returns whether the
+    /// broker had a session for `id`.
     pub async fn connect(addr: SocketAddr, id: &str, clean: bool) -> Result<(Conn, bool), Error> {
+        Conn::connect_with(addr, id, clean, 120, V).await
+    }
+
+    /// [`Conn::connect`] in `version`, asking for `keep_alive` seconds.
+    pub async fn connect_with(
+        addr: SocketAddr,
+        id: &str,
+        clean: bool,
+        keep_alive: u16,
+        version: ProtocolVersion,
+    ) -> Result<(Conn, bool), Error> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         let mut conn = Conn {
             stream,
             rbuf: BytesMut::with_capacity(64 * 1024),
-            decoder: FrameDecoder::client(256 * 1024 * 1024, V),
+            decoder: FrameDecoder::client(256 * 1024 * 1024, version),
+            version,
         };
         conn.send(&Packet::Connect(Connect {
-            protocol: V,
+            protocol: version,
             clean_start: clean,
-            keep_alive: 120,
+            keep_alive,
             client_id: id.to_owned(),
             will: None,
             username: None,
@@ -70,7 +85,7 @@ impl Conn {
 
     pub async fn send(&mut self, packet: &Packet) -> Result<(), Error> {
         let mut buf = BytesMut::new();
-        codec::encode(packet, V, &mut buf)?;
+        codec::encode(packet, self.version, &mut buf)?;
         self.stream.write_all(&buf).await?;
         Ok(())
     }
@@ -251,7 +266,7 @@ impl Conn {
     pub async fn send_all(&mut self, packets: &[Packet]) -> Result<(), Error> {
         let mut buf = BytesMut::new();
         for packet in packets {
-            codec::encode(packet, V, &mut buf)?;
+            codec::encode(packet, self.version, &mut buf)?;
         }
         self.stream.write_all(&buf).await?;
         Ok(())
@@ -292,5 +307,72 @@ impl CpuTimes {
         let total = self.total.checked_sub(earlier.total)?;
         let stolen = self.stolen.checked_sub(earlier.stolen)?;
         (total > 0).then(|| stolen as f64 / total as f64)
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (for a peer broker that cannot be told to
+/// pick its own).
+pub fn free_port() -> Result<u16, Error> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Mosquitto 2 (`/usr/sbin/mosquitto`) listening on 127.0.0.1, anonymous,
+/// its configuration written into `dir` with `extra` lines appended (for
+/// example `persistence true`; `persistence_location` is `dir`). Run as
+/// root it stays root (`user root`): by default it would drop to the
+/// `mosquitto` user, which cannot write its persistence file into a
+/// directory root made. `started_in` is exec to its first CONNACK.
+pub async fn start_mosquitto(dir: &Path, extra: &str) -> Result<Broker, Error> {
+    let bin = Path::new("/usr/sbin/mosquitto");
+    if !bin.exists() {
+        return Err("/usr/sbin/mosquitto not installed (apt-get install mosquitto)".into());
+    }
+    std::fs::create_dir_all(dir)?;
+    let port = free_port()?;
+    // SAFETY: geteuid(2) has no preconditions.
+    let user = if unsafe { libc::geteuid() } == 0 {
+        "user root\n"
+    } else {
+        ""
+    };
+    let config = dir.join("mosquitto.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\n{user}persistence_location {}/\nlog_dest none\n{extra}",
+            dir.display()
+        ),
+    )?;
+    let began = Instant::now();
+    let child = Command::new(bin)
+        .arg("-c")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    first_connack(addr, Duration::from_secs(300)).await?;
+    Ok(Broker {
+        child,
+        addr,
+        started_in: began.elapsed(),
+    })
+}
+
+/// Waits until a broker at `addr` answers a CONNECT (clean, 3.1.1),
+/// trying every 2 ms, for at most `bound`.
+pub async fn first_connack(addr: SocketAddr, bound: Duration) -> Result<(), Error> {
+    let deadline = Instant::now() + bound;
+    loop {
+        match Conn::connect(addr, "bench-ready", true).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("{addr} did not answer a CONNECT in {bound:?}: {e}").into())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+        }
     }
 }

@@ -1,0 +1,565 @@
+//! `saguin bench`: what this machine and its disk cost the providers a
+//! configuration names, measured in scratch directories beside their data,
+//! and what that means for the configuration.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use saguin::broker::bench::{self as publish_bench, Load, PublishCosts, CHANNEL};
+use saguin::config::{self, Config, ConfigError, Provider, SnapshotSchedule};
+use saguin::storage::bench::{self as disk, Latencies, Scratch, SnapshotWrite};
+use saguin::storage::lock::{self, LockState};
+use serde_json::{json, Value};
+
+use crate::exit;
+use crate::output::table;
+
+/// What `--dir` is measured as: a sqlite provider with the defaults, and a
+/// memory provider of this bound.
+const DIR_MAX_BYTES: u64 = 256 << 20;
+/// The most a full run writes for the snapshot rate (a quick one 16 MiB).
+const SNAPSHOT_SAMPLE: u64 = 256 << 20;
+const SNAPSHOT_SAMPLE_QUICK: u64 = 16 << 20;
+/// What a graceful stop waits for connections before it writes.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// Measure what this machine and disk cost the configured providers.
+///
+/// For each storage provider of --config (or, with --dir, for that
+/// directory as a sqlite provider with the defaults and a memory provider
+/// of 256 MiB), in a scratch directory made beside its data on the same
+/// file system and removed after - never inside a memory provider's
+/// snapshot directory, and never touching a provider's own files:
+///
+/// - fsync: 4 KiB written and fdatasync'ed, again and again: p50, p99, max.
+/// - snapshot (memory with a snapshot_dir): a provider of up to 256 MiB
+///   (16 MiB with --quick) written as one snapshot generation: bytes a
+///   second.
+/// - publish: a broker started in this process on the provider's settings
+///   (flush_interval, publish_commit_interval, ..., the snapshot schedule),
+///   one append channel, MQTT 3.1.1 clients over 127.0.0.1: one publisher
+///   paced to 5,000 QoS 1 publishes a second for 5 s (1,000 for 1 s with
+///   --quick), each publish's time to its PUBACK; then 4 publishers (2) with
+///   64 publishes in flight each for 5 s (1 s): publishes acknowledged a
+///   second.
+///
+/// Then what that means: a sqlite provider's power-cut loss (its
+/// flush_interval and an fsync), a memory provider's crash loss (its
+/// snapshot_max_delay and the write of a full provider) and how long its
+/// stop takes when full (max_bytes at the measured rate, after the 5 s
+/// connection drain) against the supervisor's stop timeout
+/// (--timeout-stop), and each provider's sustained publish rate.
+///
+/// --quick takes under 10 s for a configuration of two providers on a
+/// local disk. A progress line shows on a terminal, nothing when piped.
+///
+/// Exit 0 when measured (whatever it found), 1 when the configuration is
+/// invalid, 3 when a directory is a memory provider's snapshot directory
+/// (a live broker's is named with its holder), cannot be written, or a
+/// measurement failed.
+///
+/// --json prints one document: `{"quick", "cpus", "timeout_stop_seconds",
+/// "targets": [{"provider", "kind": "memory"|"sqlite", "dir", "fsync":
+/// null|{"samples","p50_ms","p99_ms","max_ms"}, "snapshot":
+/// null|{"accounted_bytes","file_bytes","seconds","bytes_per_second"},
+/// "publish": {"payload_bytes","paced_rate","paced_count","puback_p50_ms",
+/// "puback_p99_ms","puback_max_ms","sustained_per_second"}, "means":
+/// {"power_cut_loss_ms": null|n, "crash_loss_ms": null|n,
+/// "full_shutdown_seconds": null|n, "shutdown_fits": null|bool,
+/// "sustained_per_second"}}]}`. Readers must ignore fields they do not
+/// know.
+#[derive(clap::Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct Args {
+    /// The configuration whose providers are measured.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "dir",
+        required_unless_present = "dir"
+    )]
+    pub config: Option<PathBuf>,
+    /// Measure this directory's disk instead (it must not be a memory
+    /// provider's snapshot directory).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// A run under 10 seconds: fewer samples, shorter publishing.
+    #[arg(long)]
+    pub quick: bool,
+    /// The supervisor's stop timeout the shutdown is held to, in seconds
+    /// (systemd's TimeoutStopSec; 90 is its default).
+    #[arg(long, value_name = "SECONDS", default_value_t = 90)]
+    pub timeout_stop: u64,
+    /// One JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  saguin bench --config /etc/saguin/saguin.yaml --quick
+  saguin bench --dir /var/lib/saguin --json";
+
+/// One provider to measure: where, and the settings it runs on.
+struct Target {
+    provider: Provider,
+    /// The directory the scratch directory is made in.
+    parent: Option<PathBuf>,
+}
+
+/// What was measured of one target.
+struct Measured {
+    fsync: Option<Latencies>,
+    snapshot: Option<SnapshotWrite>,
+    publish: PublishCosts,
+    load: Load,
+}
+
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    let targets = match targets(&args) {
+        Ok(t) => t,
+        Err(code) => return Ok(code),
+    };
+    let progress = Progress::new(args.json);
+    let mut results = Vec::new();
+    for target in &targets {
+        match measure(target, args.quick, &progress) {
+            Ok(m) => results.push((target, m)),
+            Err(e) => {
+                progress.finish();
+                eprintln!("saguin: bench {}: {e:#}", target.provider.name());
+                return Ok(exit::CANNOT);
+            }
+        }
+    }
+    progress.finish();
+    let timeout_stop = Duration::from_secs(args.timeout_stop);
+    if args.json {
+        let doc = json!({
+            "quick": args.quick,
+            "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "timeout_stop_seconds": args.timeout_stop,
+            "targets": results.iter().map(|(t, m)| target_json(t, m, timeout_stop)).collect::<Vec<_>>(),
+        });
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut out, &doc)?;
+        writeln!(out)?;
+    } else {
+        print_human(&results, timeout_stop)?;
+    }
+    Ok(exit::OK)
+}
+
+/// The providers to measure, or the exit code that refuses.
+fn targets(args: &Args) -> Result<Vec<Target>, u8> {
+    if let Some(dir) = &args.dir {
+        refuse_snapshot_dir(dir)?;
+        let provider = |kind: &str| -> Provider {
+            let yaml = format!(
+                "listeners: [{{name: bench, bind: \"127.0.0.1:0\"}}]\n\
+                 storage:\n  - {{name: {kind}, kind: {kind}, {}}}\n",
+                match kind {
+                    "sqlite" => "file_path: bench.db".to_owned(),
+                    _ => format!("snapshot_dir: snapshots, max_bytes: {DIR_MAX_BYTES}"),
+                }
+            );
+            Config::from_yaml_str(&yaml, &dir.join("bench.yaml"))
+                .ok()
+                .and_then(|c| c.storage.into_iter().next())
+                .expect("the built-in bench configuration is valid")
+        };
+        return Ok(["sqlite", "memory"]
+            .into_iter()
+            .map(|kind| Target {
+                provider: provider(kind),
+                parent: Some(dir.clone()),
+            })
+            .collect());
+    }
+    let path = args.config.as_ref().ok_or(exit::USAGE)?;
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(ConfigError::Invalid { problems, .. }) => {
+            eprintln!(
+                "saguin: configuration {} is invalid ({} problem(s)):",
+                path.display(),
+                problems.len()
+            );
+            for p in &problems {
+                eprintln!("  {p}");
+            }
+            return Err(exit::NO);
+        }
+        Err(e) => {
+            eprintln!("saguin: {e}");
+            return Err(exit::CANNOT);
+        }
+    };
+    let mut targets = Vec::new();
+    for provider in &config.storage {
+        let parent = match provider {
+            Provider::Memory(m) => m
+                .snapshot_dir
+                .as_deref()
+                .map(|d| d.parent().unwrap_or(Path::new("/")).to_path_buf()),
+            Provider::Sqlite(s) => {
+                Some(s.file_path.parent().unwrap_or(Path::new("/")).to_path_buf())
+            }
+        };
+        if let Some(parent) = &parent {
+            refuse_snapshot_dir(parent)?;
+        }
+        targets.push(Target {
+            provider: provider.clone(),
+            parent,
+        });
+    }
+    if targets.is_empty() {
+        eprintln!(
+            "saguin: configuration {} names no storage provider: nothing to measure",
+            path.display()
+        );
+        return Err(exit::NO);
+    }
+    Ok(targets)
+}
+
+/// A memory provider's snapshot directory holds the provider's own files
+/// and no others: no scratch directory is made in one, live or not.
+fn refuse_snapshot_dir(dir: &Path) -> Result<(), u8> {
+    if !disk::is_snapshot_dir(dir) {
+        return Ok(());
+    }
+    let holder = match lock::probe(&lock::lock_path_for_snapshot_dir(dir)) {
+        Ok(LockState::Held {
+            holder: Some(h), ..
+        }) => format!(
+            ", held by a running broker (pid {} on {} since {})",
+            h.pid,
+            h.host,
+            h.since_rfc3339()
+        ),
+        Ok(LockState::Held { .. }) => ", held by a running broker".to_owned(),
+        _ => String::new(),
+    };
+    eprintln!(
+        "saguin: bench: {} is a memory provider's snapshot directory{holder}; nothing but its provider's files belongs in it: give its parent directory",
+        dir.display()
+    );
+    Err(exit::CANNOT)
+}
+
+fn measure(target: &Target, quick: bool, progress: &Progress) -> anyhow::Result<Measured> {
+    let name = target.provider.name().to_owned();
+    let say = |what: &str| progress.say(&format!("{name}: {what}"));
+    let scratch = match &target.parent {
+        Some(parent) => {
+            disk::writable(parent).with_context(|| format!("write in {}", parent.display()))?;
+            Some(
+                Scratch::new(parent)
+                    .with_context(|| format!("make a scratch directory in {}", parent.display()))?,
+            )
+        }
+        None => None,
+    };
+    let fsync = match &scratch {
+        Some(s) => {
+            let samples = if quick { 100 } else { 1_000 };
+            say(&format!("{samples} fsyncs of 4 KiB"));
+            Some(disk::fsync_latency(s.path(), samples, || progress.tick())?)
+        }
+        None => None,
+    };
+    let snapshot = match (&target.provider, &scratch) {
+        (Provider::Memory(m), Some(s)) if m.snapshot_dir.is_some() => {
+            let cap = if quick {
+                SNAPSHOT_SAMPLE_QUICK
+            } else {
+                SNAPSHOT_SAMPLE
+            };
+            let bytes = m.max_bytes.unwrap_or(cap).min(cap);
+            say(&format!("a snapshot generation of {} MiB", bytes >> 20));
+            let dir = s.path().join("generation");
+            Some(disk::snapshot_write(&dir, bytes, 8)?)
+        }
+        _ => None,
+    };
+    let load = if quick {
+        Load {
+            paced_rate: 1_000.0,
+            paced_for: Duration::from_secs(1),
+            fast_publishers: 2,
+            fast_for: Duration::from_secs(1),
+            payload: 128,
+        }
+    } else {
+        Load {
+            paced_rate: 5_000.0,
+            paced_for: Duration::from_secs(5),
+            fast_publishers: 4,
+            fast_for: Duration::from_secs(5),
+            payload: 128,
+        }
+    };
+    let config = scratch_config(&target.provider, scratch.as_ref().map(Scratch::path))?;
+    let publish = publish_bench::publish_costs(&config, load, &|what| say(what)).map_err(|e| {
+        anyhow::anyhow!("publishing through a broker on the provider's settings: {e}")
+    })?;
+    Ok(Measured {
+        fsync,
+        snapshot,
+        publish,
+        load,
+    })
+}
+
+/// A broker on the provider's own settings in `scratch`: one listener on
+/// 127.0.0.1 port 0, anonymous, one append channel on the provider.
+fn scratch_config(provider: &Provider, scratch: Option<&Path>) -> anyhow::Result<Config> {
+    let duration = |d: Duration| config::units::format_duration(d);
+    let storage = match (provider, scratch) {
+        (Provider::Sqlite(s), Some(dir)) => format!(
+            "kind: sqlite, file_path: {}, flush_interval: {}, publish_commit_interval: {}, publish_commit_max_records: {}, read_connections: {}",
+            dir.join("bench.db").display(),
+            duration(s.flush_interval),
+            s.publish_commit_interval.map_or_else(|| "none".to_owned(), duration),
+            s.publish_commit_max_records,
+            s.read_connections,
+        ),
+        (Provider::Memory(m), Some(dir)) if m.snapshot_dir.is_some() => {
+            let SnapshotSchedule { debounce, max_delay } = m.snapshots;
+            let or_none = |d: Option<Duration>| d.map_or_else(|| "none".to_owned(), duration);
+            format!(
+                "kind: memory, snapshot_dir: {}, snapshot_debounce: {}, snapshot_max_delay: {}",
+                dir.join("snapshots").display(),
+                or_none(debounce),
+                or_none(max_delay)
+            )
+        }
+        _ => "kind: memory".to_owned(),
+    };
+    let yaml = format!(
+        "listeners:\n  - {{name: bench, bind: \"127.0.0.1:0\"}}\n\
+         auth: {{allow_anonymous: true}}\n\
+         storage:\n  - {{name: {}, {storage}}}\n\
+         channels:\n  - {{name: {CHANNEL}, kind: append, storage: {}}}\n",
+        provider.name(),
+        provider.name()
+    );
+    let origin = scratch.map_or_else(|| PathBuf::from("bench.yaml"), |d| d.join("bench.yaml"));
+    Config::from_yaml_str(&yaml, &origin)
+        .map_err(|e| anyhow::anyhow!("the scratch configuration: {e}"))
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// What the figures mean for the provider's settings.
+struct Means {
+    power_cut_loss: Option<Duration>,
+    crash_loss: Option<Duration>,
+    full_shutdown: Option<Duration>,
+    shutdown_fits: Option<bool>,
+}
+
+fn means(target: &Target, m: &Measured, timeout_stop: Duration) -> Means {
+    match &target.provider {
+        Provider::Sqlite(s) => Means {
+            // What a power cut can take: the commits since the last flush,
+            // and the flush's own fsync.
+            power_cut_loss: Some(
+                s.flush_interval
+                    + m.fsync
+                        .as_ref()
+                        .map_or(Duration::ZERO, |f| f.quantile(0.99)),
+            ),
+            crash_loss: Some(Duration::ZERO),
+            full_shutdown: None,
+            shutdown_fits: None,
+        },
+        Provider::Memory(mem) => {
+            let bound = mem.max_bytes.unwrap_or(DIR_MAX_BYTES);
+            let full_write = m
+                .snapshot
+                .map(|w| Duration::from_secs_f64(bound as f64 / w.rate()));
+            let crash_loss = match (mem.snapshot_dir.is_some(), mem.snapshots.max_delay) {
+                (true, Some(max_delay)) => full_write.map(|w| max_delay + w),
+                _ => None,
+            };
+            let full_shutdown = full_write.map(|w| DRAIN + w);
+            Means {
+                power_cut_loss: crash_loss,
+                crash_loss,
+                full_shutdown,
+                shutdown_fits: full_shutdown.map(|s| s <= timeout_stop),
+            }
+        }
+    }
+}
+
+fn target_json(target: &Target, m: &Measured, timeout_stop: Duration) -> Value {
+    let means = means(target, m, timeout_stop);
+    let p = &m.publish;
+    json!({
+        "provider": target.provider.name(),
+        "kind": target.provider.kind_name(),
+        "dir": target.parent.as_ref().map(|d| d.display().to_string()),
+        "fsync": m.fsync.as_ref().map(|f| json!({
+            "samples": f.len(),
+            "p50_ms": ms(f.quantile(0.5)),
+            "p99_ms": ms(f.quantile(0.99)),
+            "max_ms": ms(f.max()),
+        })),
+        "snapshot": m.snapshot.map(|w| json!({
+            "accounted_bytes": w.accounted_bytes,
+            "file_bytes": w.file_bytes,
+            "seconds": w.elapsed.as_secs_f64(),
+            "bytes_per_second": w.rate().round(),
+        })),
+        "publish": {
+            "payload_bytes": m.load.payload,
+            "paced_rate": m.load.paced_rate,
+            "paced_count": p.paced.len(),
+            "puback_p50_ms": ms(p.paced.quantile(0.5)),
+            "puback_p99_ms": ms(p.paced.quantile(0.99)),
+            "puback_max_ms": ms(p.paced.max()),
+            "sustained_per_second": p.sustained.round(),
+        },
+        "means": {
+            "power_cut_loss_ms": means.power_cut_loss.map(ms),
+            "crash_loss_ms": means.crash_loss.map(ms),
+            "full_shutdown_seconds": means.full_shutdown.map(|d| d.as_secs_f64()),
+            "shutdown_fits": means.shutdown_fits,
+            "sustained_per_second": p.sustained.round(),
+        },
+    })
+}
+
+fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    let mut t = table();
+    t.set_header(vec![
+        "provider",
+        "fsync p50 / p99 / max",
+        "snapshot write",
+        "PUBACK p50 / p99 (paced)",
+        "sustained",
+    ]);
+    for (target, m) in results {
+        let p = &m.publish;
+        t.add_row(vec![
+            format!(
+                "{} ({})",
+                target.provider.name(),
+                target.provider.kind_name()
+            ),
+            m.fsync.as_ref().map_or_else(
+                || "-".to_owned(),
+                |f| {
+                    format!(
+                        "{:.2} / {:.2} / {:.2} ms",
+                        ms(f.quantile(0.5)),
+                        ms(f.quantile(0.99)),
+                        ms(f.max())
+                    )
+                },
+            ),
+            m.snapshot.map_or_else(
+                || "-".to_owned(),
+                |w| format!("{:.0} MiB/s", w.rate() / (1 << 20) as f64),
+            ),
+            format!(
+                "{:.2} / {:.2} ms at {:.0}/s",
+                ms(p.paced.quantile(0.5)),
+                ms(p.paced.quantile(0.99)),
+                m.load.paced_rate
+            ),
+            format!("{:.0} publishes/s", p.sustained),
+        ]);
+    }
+    writeln!(out, "{t}")?;
+    for (target, m) in results {
+        let means = means(target, m, timeout_stop);
+        let name = target.provider.name();
+        match &target.provider {
+            Provider::Sqlite(s) => writeln!(
+                out,
+                "{name}: a crash loses nothing acknowledged; a power cut loses up to about {:.0} ms of commits (flush_interval {} and an fsync at p99); {:.0} QoS 1 publishes a second sustained",
+                means.power_cut_loss.map_or(0.0, ms),
+                config::units::format_duration(s.flush_interval),
+                m.publish.sustained
+            )?,
+            Provider::Memory(mem) if mem.snapshot_dir.is_none() => writeln!(
+                out,
+                "{name}: keeps nothing (no snapshot_dir): everything is lost at every stop; {:.0} QoS 1 publishes a second sustained",
+                m.publish.sustained
+            )?,
+            Provider::Memory(mem) => {
+                let bound = mem.max_bytes.unwrap_or(DIR_MAX_BYTES);
+                match means.crash_loss {
+                    Some(loss) => writeln!(
+                        out,
+                        "{name}: a crash or power cut loses up to {:.1} s (snapshot_max_delay and the write of a full provider of {} MiB)",
+                        loss.as_secs_f64(),
+                        bound >> 20
+                    )?,
+                    None => writeln!(
+                        out,
+                        "{name}: written only at a graceful stop: a crash or power cut loses everything since the last one"
+                    )?,
+                }
+                if let (Some(stop), Some(fits)) = (means.full_shutdown, means.shutdown_fits) {
+                    writeln!(
+                        out,
+                        "{name}: a graceful stop of a full provider takes about {:.1} s (the 5 s drain and {} MiB written), {} the stop timeout of {} s{}; {:.0} QoS 1 publishes a second sustained",
+                        stop.as_secs_f64(),
+                        bound >> 20,
+                        if fits { "within" } else { "PAST" },
+                        timeout_stop.as_secs(),
+                        if fits { "" } else { ": raise TimeoutStopSec or lower max_bytes, or the supervisor kills it mid-write" },
+                        m.publish.sustained
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A progress line on a terminal, nothing when piped or for --json.
+struct Progress(Option<indicatif::ProgressBar>);
+
+impl Progress {
+    fn new(json: bool) -> Progress {
+        Progress((!json && std::io::stderr().is_terminal()).then(|| {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {elapsed} {wide_msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            bar.enable_steady_tick(Duration::from_millis(120));
+            bar
+        }))
+    }
+
+    fn say(&self, what: &str) {
+        if let Some(b) = &self.0 {
+            b.set_message(what.to_owned());
+        }
+    }
+
+    fn tick(&self) {
+        if let Some(b) = &self.0 {
+            b.tick();
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.0 {
+            b.finish_and_clear();
+        }
+    }
+}

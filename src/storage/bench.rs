@@ -1,0 +1,235 @@
+//! What a disk costs the storage layer, measured in a scratch directory on
+//! it (`saguin bench`): how long an fsync takes, and how fast a memory
+//! provider's snapshot generation is written. Nothing here touches a
+//! provider's own files.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use saguin_format::model::{ChannelKind, Record};
+
+use super::contract::Provider;
+use super::generation::{Committed, Generations};
+use super::memory::{MemoryConfig, MemoryProvider};
+use super::snapshot_write::{SnapshotOptions, Unobserved};
+
+/// Durations sorted, with their quantiles.
+#[derive(Clone, Debug)]
+pub struct Latencies {
+    sorted: Vec<Duration>,
+}
+
+impl Latencies {
+    pub fn new(mut samples: Vec<Duration>) -> Latencies {
+        samples.sort_unstable();
+        Latencies { sorted: samples }
+    }
+
+    pub fn len(&self) -> usize {
+        self.sorted.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sorted.is_empty()
+    }
+
+    /// The `q` quantile (0..=1), nearest rank; zero with no sample.
+    pub fn quantile(&self, q: f64) -> Duration {
+        if self.sorted.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = ((self.sorted.len() as f64 * q).ceil() as usize).clamp(1, self.sorted.len());
+        self.sorted[rank - 1]
+    }
+
+    pub fn max(&self) -> Duration {
+        self.sorted.last().copied().unwrap_or_default()
+    }
+}
+
+/// `samples` times: 4 KiB written at the end of a file in `dir` and
+/// `fdatasync`ed, the cost every sqlite flush and every snapshot file pays
+/// at least once. `progress` is told after each.
+pub fn fsync_latency(
+    dir: &Path,
+    samples: usize,
+    mut progress: impl FnMut(),
+) -> std::io::Result<Latencies> {
+    let path = dir.join("fsync.probe");
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&path)?;
+    let block = vec![0x5au8; 4096];
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let start = Instant::now();
+        file.write_all(&block)?;
+        file.sync_data()?;
+        times.push(start.elapsed());
+        progress();
+    }
+    drop(file);
+    std::fs::remove_file(&path)?;
+    Ok(Latencies::new(times))
+}
+
+/// One snapshot generation written.
+#[derive(Clone, Copy, Debug)]
+pub struct SnapshotWrite {
+    /// What the provider's records count for (`max_bytes` counts this).
+    pub accounted_bytes: u64,
+    /// The files' bytes on the disk.
+    pub file_bytes: u64,
+    pub elapsed: Duration,
+}
+
+impl SnapshotWrite {
+    /// Accounted bytes a second: what a provider of a given `max_bytes`
+    /// is written at.
+    pub fn rate(&self) -> f64 {
+        self.accounted_bytes as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Fills a memory provider with about `bytes` of 1 KiB records over
+/// `channels` append channels and writes it to `dir` as one generation, the
+/// way a broker's stop writes a full provider: every file to a temporary
+/// name, fsynced, renamed, the manifest last.
+pub fn snapshot_write(dir: &Path, bytes: u64, channels: usize) -> std::io::Result<SnapshotWrite> {
+    let provider = MemoryProvider::new(MemoryConfig {
+        name: "bench".into(),
+        max_bytes: None,
+        reserve: 0,
+    })
+    .map_err(std::io::Error::other)?;
+    let payload = bytes::Bytes::from(vec![0xa5u8; 1024]);
+    let channels = channels.max(1);
+    let per_channel = bytes / channels as u64;
+    for c in 0..channels {
+        let store = provider
+            .open_channel(&format!("bench{c}"), ChannelKind::Append)
+            .map_err(std::io::Error::other)?;
+        let store = store
+            .as_append()
+            .ok_or_else(|| std::io::Error::other("not an append channel"))?;
+        let mut held = 0;
+        let mut i: u64 = 0;
+        while held < per_channel {
+            let mut r = Record::new(format!("bench{c}/device/{}", i % 64), payload.clone());
+            r.client_id = "bench".into();
+            r.timestamp = 1;
+            r.qos = 1;
+            held += r.accounted_size();
+            store.append(r).map_err(std::io::Error::other)?;
+            i += 1;
+        }
+    }
+    let accounted_bytes = provider.bytes();
+    let mut generations = Generations::new(
+        dir,
+        SnapshotOptions::default(),
+        Committed::default(),
+        &provider,
+    );
+    let start = Instant::now();
+    let job = generations
+        .capture(&provider, 1)
+        .ok_or_else(|| std::io::Error::other("nothing to write"))?;
+    let outcome = generations.write(job, &Unobserved);
+    let elapsed = start.elapsed();
+    if let Some(failed) = outcome.report.failed.first() {
+        return Err(std::io::Error::new(
+            failed.error.kind(),
+            format!("{}: {}", failed.path.display(), failed.error),
+        ));
+    }
+    let file_bytes = outcome.report.written.iter().map(|w| w.bytes).sum();
+    Ok(SnapshotWrite {
+        accounted_bytes,
+        file_bytes,
+        elapsed,
+    })
+}
+
+/// True when `dir` is a memory provider's snapshot directory (it holds the
+/// provider's lock file or a manifest): a scratch directory is never made
+/// inside one, whether its broker runs or not.
+pub fn is_snapshot_dir(dir: &Path) -> bool {
+    use saguin_format::channel_name::{LOCK_FILE, MANIFEST_FILE};
+    dir.join(LOCK_FILE).exists() || dir.join(MANIFEST_FILE).exists()
+}
+
+/// A directory made for one run inside `parent` (same file system), mode
+/// 0700, removed with everything in it when dropped.
+pub struct Scratch {
+    path: std::path::PathBuf,
+}
+
+impl Scratch {
+    pub fn new(parent: &Path) -> std::io::Result<Scratch> {
+        use std::os::unix::fs::DirBuilderExt;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let path = parent.join(format!(".saguin-bench-{}-{stamp}", std::process::id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(Scratch { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Whether `dir` takes a file at all (written, fsynced, removed): asked
+/// before a run relies on it, so a read-only or full directory is named
+/// at once.
+pub fn writable(dir: &Path) -> std::io::Result<()> {
+    let path = dir.join("write.probe");
+    let mut f = File::create(&path)?;
+    f.write_all(b"x")?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::remove_file(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let l = Latencies::new((1..=100).map(Duration::from_millis).collect());
+        assert_eq!(l.quantile(0.5), Duration::from_millis(50));
+        assert_eq!(l.quantile(0.99), Duration::from_millis(99));
+        assert_eq!(l.max(), Duration::from_millis(100));
+        assert_eq!(Latencies::new(Vec::new()).quantile(0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_snapshot_write_is_one_whole_generation_of_the_bytes_asked() {
+        let d = tempfile::tempdir().unwrap();
+        let w = snapshot_write(d.path(), 256 * 1024, 2).unwrap();
+        assert!(w.accounted_bytes >= 256 * 1024, "{w:?}");
+        assert!(w.file_bytes > w.accounted_bytes, "{w:?}");
+        let report = crate::storage::snapshot_dir::scan_checking(
+            d.path(),
+            &crate::storage::snapshot_dir::ScanOptions::default(),
+        )
+        .unwrap();
+        assert!(report.findings.is_empty(), "{:?}", report.findings);
+        assert_eq!(report.committed.generation, 1);
+    }
+}

@@ -1,0 +1,170 @@
+//! `saguin bench`: its JSON document, that it leaves nothing behind, and
+//! that it refuses a memory provider's snapshot directory.
+
+mod broker_support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use broker_support::Broker;
+use serde_json::Value;
+
+fn saguin(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(args)
+        .output()
+        .expect("run saguin")
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let config = d.path().join("saguin.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listeners: [{{name: mqtt, bind: \"127.0.0.1:0\"}}]\n\
+             auth: {{allow_anonymous: true}}\n\
+             storage:\n  - {{name: mem, kind: memory, snapshot_dir: {}, max_bytes: 8MiB}}\n\
+             \x20 - {{name: db, kind: sqlite, file_path: {}, flush_interval: 50ms}}\n\
+             \x20 - {{name: scratchpad, kind: memory}}\n",
+            data.join("snapshots").display(),
+            data.join("saguin.db").display()
+        ),
+    )
+    .unwrap();
+    let out = saguin(&[
+        "bench".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--quick".as_ref(),
+        "--json".as_ref(),
+        "--timeout-stop".as_ref(),
+        "60".as_ref(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["quick"], true);
+    assert_eq!(doc["timeout_stop_seconds"], 60);
+    assert!(doc["cpus"].as_u64().unwrap() >= 1);
+    let targets = doc["targets"].as_array().unwrap();
+    let kinds: Vec<(&str, &str)> = targets
+        .iter()
+        .map(|t| (t["provider"].as_str().unwrap(), t["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("mem", "memory"),
+            ("db", "sqlite"),
+            ("scratchpad", "memory")
+        ]
+    );
+    let positive = |v: &Value| v.as_f64().is_some_and(|n| n > 0.0);
+    for t in targets {
+        let publish = &t["publish"];
+        assert!(positive(&publish["sustained_per_second"]), "{t}");
+        assert_eq!(publish["paced_count"], 1000, "{t}");
+        assert!(positive(&publish["puback_p99_ms"]), "{t}");
+        assert!(
+            publish["puback_p50_ms"].as_f64() <= publish["puback_p99_ms"].as_f64(),
+            "{t}"
+        );
+    }
+    // The memory provider with a directory: its disk and its snapshot rate.
+    let mem = &targets[0];
+    assert_eq!(mem["dir"], data.display().to_string());
+    assert_eq!(mem["fsync"]["samples"], 100);
+    assert!(positive(&mem["snapshot"]["bytes_per_second"]), "{mem}");
+    assert!(mem["snapshot"]["accounted_bytes"].as_u64().unwrap() >= 8 << 20);
+    assert!(positive(&mem["means"]["crash_loss_ms"]), "{mem}");
+    assert!(mem["means"]["shutdown_fits"].is_boolean(), "{mem}");
+    assert!(mem["means"]["power_cut_loss_ms"].as_f64() >= Some(2000.0));
+    // sqlite: a power cut's loss is its flush interval and an fsync.
+    let db = &targets[1];
+    assert!(db["snapshot"].is_null());
+    assert!(
+        db["means"]["power_cut_loss_ms"].as_f64() >= Some(50.0),
+        "{db}"
+    );
+    assert_eq!(db["means"]["crash_loss_ms"], 0.0);
+    // No directory, no disk to measure.
+    let scratchpad = &targets[2];
+    assert!(scratchpad["fsync"].is_null() && scratchpad["dir"].is_null());
+    // Nothing left behind, and no provider file made.
+    assert!(names(&data).is_empty(), "{:?}", names(&data));
+}
+
+#[test]
+fn a_memory_providers_snapshot_directory_is_refused_naming_a_live_holder() {
+    let d = tempfile::tempdir().unwrap();
+    let snap = d.path().join("snapshots");
+    let mut broker = Broker::start(&format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\n\
+         auth:\n  allow_anonymous: true\n\
+         storage:\n  - name: mem\n    kind: memory\n    snapshot_dir: {}\n\
+         broker:\n  session_storage: mem\n",
+        snap.display()
+    ));
+    let out = saguin(&[
+        "bench".as_ref(),
+        "--dir".as_ref(),
+        snap.as_os_str(),
+        "--quick".as_ref(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("is a memory provider's snapshot directory")
+            && err.contains(&format!("pid {}", broker.child.id())),
+        "{err}"
+    );
+    // Nothing of the bench's was made in it (the broker writes its own
+    // generations meanwhile).
+    assert!(
+        !names(&snap).iter().any(|n| n.starts_with(".saguin-bench")),
+        "{:?}",
+        names(&snap)
+    );
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+    // Stopped, it is still the provider's directory.
+    let out = saguin(&[
+        "bench".as_ref(),
+        "--dir".as_ref(),
+        snap.as_os_str(),
+        "--quick".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn an_invalid_configuration_is_refused_with_its_problems() {
+    let d = tempfile::tempdir().unwrap();
+    let config = d.path().join("saguin.yaml");
+    std::fs::write(
+        &config,
+        "listeners: [{name: mqtt, bind: \"127.0.0.1:0\"}]\nstorage:\n  - {name: db, kind: sqlite}\n",
+    )
+    .unwrap();
+    let out = saguin(&["bench".as_ref(), "--config".as_ref(), config.as_os_str()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("storage[0].file_path: required"));
+    let out = saguin(&["bench".as_ref()]);
+    assert_eq!(out.status.code(), Some(2), "neither --config nor --dir");
+}

@@ -1,0 +1,682 @@
+//! Scaling benchmark: how each cost grows with the work, saguin beside
+//! Mosquitto 2 (`/usr/sbin/mosquitto`) in the same run, one broker at a
+//! time, with the same client (the project's codec over 127.0.0.1).
+//!
+//! - `idle`: idle connections (keep alive 60 s): broker RSS per
+//!   connection, CPU while idle, time to accept them all.
+//! - `retained`: retained messages of 64 B: RSS per message after a
+//!   restart, startup (exec to the first CONNACK, recovery included), and
+//!   the time a `#` subscriber takes to receive them all. Mosquitto with
+//!   persistence on.
+//! - `append`: one append channel grown to each size, on a memory provider
+//!   with a snapshot directory and on sqlite: startup, RSS, a consumer's
+//!   seek by time (SUBSCRIBE to first record), and the retention sweep that
+//!   removes a tenth of it.
+//! - `sessions`: persistent sessions with one queued QoS 1 message each, on
+//!   sqlite and in Mosquitto with persistence: restart to the first
+//!   CONNACK, RSS, and a sample of them resumed with their message.
+//!
+//! `cargo bench --bench scale` (release). `SAGUIN_BENCH_ONLY` picks curves
+//! (comma-separated, default all); `SAGUIN_BENCH_SCALE` (default 1.0)
+//! scales every size; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
+//! CPU window. Idle connections are capped below the process's open-file
+//! limit (each connection is a descriptor in the broker and one here);
+//! the run says so where it caps. A count that comes out short fails the
+//! run.
+
+mod bench_support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use bench_support::{first_connack, start, start_mosquitto, stop, Broker, Conn, Error, V};
+use bytes::{Bytes, BytesMut};
+use saguin::broker::codec::{
+    self, Packet, ProtocolVersion, PubAck, Publish, PublishProperties, QoS, Subscribe,
+    SubscribeFilter, SubscribeProperties, SubscriptionOptions,
+};
+use tokio::io::AsyncWriteExt;
+
+const PAYLOAD: [u8; 64] = [b'x'; 64];
+
+fn main() -> Result<(), Error> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run())
+}
+
+async fn run() -> Result<(), Error> {
+    let only = std::env::var("SAGUIN_BENCH_ONLY").unwrap_or_default();
+    let wanted = |curve: &str| only.is_empty() || only.split(',').any(|c| c.trim() == curve);
+    let scale: f64 = std::env::var("SAGUIN_BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let sizes = |base: &[usize]| -> Vec<usize> {
+        base.iter()
+            .map(|&n| ((n as f64 * scale) as usize).max(1))
+            .collect()
+    };
+    println!(
+        "scale {scale}, {} CPUs, load average {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let mosquitto = Path::new("/usr/sbin/mosquitto").exists();
+    if !mosquitto {
+        println!("SKIP the Mosquitto rows: /usr/sbin/mosquitto not installed (apt-get install mosquitto)");
+    }
+    if wanted("idle") {
+        idle(&sizes(&[1_000, 5_000, 10_000, 50_000]), mosquitto).await?;
+    }
+    if wanted("retained") {
+        retained(&sizes(&[10_000, 100_000, 300_000, 1_000_000]), mosquitto).await?;
+    }
+    if wanted("append") {
+        append(&sizes(&[1_000_000, 2_000_000, 5_000_000, 10_000_000])).await?;
+    }
+    if wanted("sessions") {
+        sessions(&sizes(&[10_000, 25_000, 50_000, 100_000]), mosquitto).await?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- process
+
+/// Resident memory of process `pid`, bytes.
+fn rss(pid: u32) -> Result<u64, Error> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .ok_or("no VmRSS")?
+        .parse()?;
+    Ok(kib * 1024)
+}
+
+/// CPU time process `pid` has used (user + system).
+fn cpu_time(pid: u32) -> Result<Duration, Error> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command's closing parenthesis: state is the first,
+    // utime the 12th, stime the 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .ok_or("no command in stat")?
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields.get(11).ok_or("no utime")?.parse::<u64>()?
+        + fields.get(12).ok_or("no stime")?.parse::<u64>()?;
+    // SAFETY: sysconf(3) has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Ok(Duration::from_nanos(ticks * 1_000_000_000 / per_second))
+}
+
+fn pid_of(broker: &Broker) -> Result<u32, Error> {
+    broker.child.id().ok_or_else(|| "the broker exited".into())
+}
+
+/// The open-file limit of this process (and of the brokers it starts).
+fn open_file_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) writes into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 1024;
+    }
+    limit.rlim_cur
+}
+
+/// Raises the soft open-file limit to the hard one (what `ulimit -n`
+/// would allow); brokers started afterwards inherit it.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2)/setrlimit(2) on a struct of ours.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.1} MiB", bytes / (1024.0 * 1024.0))
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn rfc3339(time: SystemTime) -> String {
+    humantime::format_rfc3339_nanos(time).to_string()
+}
+
+/// What each row starts: saguin on `config`, or Mosquitto with `extra`
+/// configuration lines, both in `dir`. `started_in` is exec to the first
+/// CONNACK for both.
+enum Which<'a> {
+    Saguin { config: &'a Path },
+    Mosquitto { extra: &'a str },
+}
+
+async fn launch(which: &Which<'_>, dir: &Path) -> Result<Broker, Error> {
+    match which {
+        Which::Saguin { config } => {
+            let began = Instant::now();
+            let mut broker = start(config).await?;
+            first_connack(broker.addr, Duration::from_secs(300)).await?;
+            broker.started_in = began.elapsed();
+            Ok(broker)
+        }
+        Which::Mosquitto { extra } => start_mosquitto(dir, extra).await,
+    }
+}
+
+fn saguin_config(dir: &Path, body: &str) -> Result<PathBuf, Error> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("saguin.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+             log:\n  level: info\n{body}"
+        ),
+    )?;
+    Ok(path)
+}
+
+// ---------------------------------------------------------------- clients
+
+/// Publishes `count` QoS 1 messages from `publishers` connections, each
+/// keeping up to 500 in flight; `topic(i)` names message `i`.
+async fn publish_many(
+    addr: SocketAddr,
+    count: usize,
+    retain: bool,
+    topic: fn(usize) -> String,
+) -> Result<(), Error> {
+    const PUBLISHERS: usize = 4;
+    const WINDOW: usize = 500;
+    let mut tasks = Vec::new();
+    for p in 0..PUBLISHERS {
+        tasks.push(tokio::spawn(async move {
+            let (mut conn, _) = Conn::connect(addr, &format!("scale-publisher-{p}"), true).await?;
+            let mine: Vec<usize> = (p..count).step_by(PUBLISHERS).collect();
+            for chunk in mine.chunks(WINDOW) {
+                let mut buf = BytesMut::new();
+                for (k, &i) in chunk.iter().enumerate() {
+                    codec::encode(
+                        &Packet::Publish(Publish {
+                            dup: false,
+                            qos: QoS::AtLeastOnce,
+                            retain,
+                            topic: topic(i).into(),
+                            packet_id: (k + 1) as u16,
+                            properties: PublishProperties::default(),
+                            payload: Bytes::from_static(&PAYLOAD),
+                        }),
+                        V,
+                        &mut buf,
+                    )?;
+                }
+                conn.stream.write_all(&buf).await?;
+                for _ in chunk {
+                    match conn.next().await? {
+                        Packet::PubAck(ack) if !ack.reason.is_error() => {}
+                        other => {
+                            return Err::<(), Error>(
+                                format!("publisher {p}: expected PUBACK, got {other:?}").into(),
+                            )
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
+
+async fn subscribe(
+    conn: &mut Conn,
+    filter: &str,
+    qos: QoS,
+    user_properties: Vec<(String, String)>,
+) -> Result<(), Error> {
+    conn.send(&Packet::Subscribe(Subscribe {
+        packet_id: 1,
+        filters: vec![SubscribeFilter {
+            filter: filter.to_owned(),
+            options: SubscriptionOptions {
+                qos,
+                ..SubscriptionOptions::default()
+            },
+        }],
+        properties: SubscribeProperties {
+            subscription_identifier: None,
+            user_properties,
+        },
+    }))
+    .await
+}
+
+// ---------------------------------------------------------------- idle
+
+async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
+    raise_open_file_limit();
+    let limit = open_file_limit();
+    // Each connection is a descriptor in the broker and one in this
+    // process; leave room for everything else either has open.
+    let cap = limit.saturating_sub(1_000) as usize;
+    let window = Duration::from_secs(
+        std::env::var("SAGUIN_BENCH_IDLE_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10),
+    );
+    println!("\n## Idle connections (keep alive 60 s, clean, MQTT 3.1.1)");
+    let mut sizes: Vec<usize> = sizes.iter().map(|&n| n.min(cap)).collect();
+    sizes.dedup();
+    if sizes.contains(&cap) {
+        println!(
+            "capped at {cap}: the open-file limit is {limit} and cannot be raised here \
+             (each connection is a descriptor in the broker and one in this process)"
+        );
+    }
+    println!(
+        "| broker | connections | accept all | RSS | RSS per connection | CPU while idle ({}s) |",
+        window.as_secs()
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let dir = tempfile::tempdir()?;
+    for &n in &sizes {
+        let mut brokers = vec![("saguin", dir.path().join(format!("saguin-idle-{n}")))];
+        if mosquitto {
+            brokers.push(("mosquitto", dir.path().join(format!("mosquitto-idle-{n}"))));
+        }
+        for (name, data) in brokers {
+            let config =
+                saguin_config(&data, &format!("limits:\n  max_connections: {}\n", n + 100))?;
+            let which = if name == "saguin" {
+                Which::Saguin { config: &config }
+            } else {
+                Which::Mosquitto {
+                    extra: "persistence false\nmax_connections -1\n",
+                }
+            };
+            let broker = launch(&which, &data).await?;
+            let pid = pid_of(&broker)?;
+            let before = rss(pid)?;
+            let began = Instant::now();
+            let conns = connect_idle(broker.addr, n).await?;
+            let accepted_in = began.elapsed();
+            // Let the broker's buffers for the CONNECT burst go back first.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let cpu_before = cpu_time(pid)?;
+            let measured_from = Instant::now();
+            tokio::time::sleep(window).await;
+            let cpu =
+                (cpu_time(pid)? - cpu_before).as_secs_f64() / measured_from.elapsed().as_secs_f64();
+            let after = rss(pid)?;
+            println!(
+                "| {name} | {n} | {} | {} | {:.0} B | {:.2}% of a core |",
+                ms(accepted_in),
+                mib(after as f64),
+                (after.saturating_sub(before)) as f64 / n as f64,
+                cpu * 100.0
+            );
+            drop(conns);
+            stop(broker).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `n` connections, 64 connecting at a time; all still open.
+async fn connect_idle(addr: SocketAddr, n: usize) -> Result<Vec<Conn>, Error> {
+    const CONNECTORS: usize = 64;
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTORS {
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            for i in (c..n).step_by(CONNECTORS) {
+                let (conn, _) = Conn::connect_with(addr, &format!("idle-{i}"), true, 60, V).await?;
+                mine.push(conn);
+            }
+            Ok::<_, Error>(mine)
+        }));
+    }
+    let mut all = Vec::with_capacity(n);
+    for task in tasks {
+        all.extend(task.await??);
+    }
+    Ok(all)
+}
+
+// ---------------------------------------------------------------- retained
+
+fn retained_topic(i: usize) -> String {
+    format!("site/{}/device/{i}", i % 100)
+}
+
+async fn retained(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
+    println!("\n## Retained messages (64 B payload, topics site/<i mod 100>/device/<i>)");
+    println!(
+        "| broker | retained | RSS after restart | RSS per message | target | startup | `#` receives all | fill | graceful stop |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let dir = tempfile::tempdir()?;
+    for &n in sizes {
+        let topic_bytes: usize = (0..n).map(|i| retained_topic(i).len()).sum();
+        let target = 1.5 * (PAYLOAD.len() as f64 + topic_bytes as f64 / n as f64);
+        let mut brokers = vec!["saguin-memory", "saguin-sqlite"];
+        if mosquitto {
+            brokers.push("mosquitto-persist");
+        }
+        for name in brokers {
+            let data = dir.path().join(format!("{name}-{n}"));
+            let storage = if name == "saguin-memory" {
+                format!(
+                    "  - name: p\n    kind: memory\n    snapshot_dir: {}\n",
+                    data.join("snapshots").display()
+                )
+            } else {
+                format!(
+                    "  - name: p\n    kind: sqlite\n    file_path: {}\n",
+                    data.join("saguin.db").display()
+                )
+            };
+            let config = saguin_config(
+                &data,
+                &format!(
+                    "limits:\n  max_retained: {}\nstorage:\n{storage}broker:\n  retained_storage: p\n  session_storage: p\n",
+                    n + 100
+                ),
+            )?;
+            let which = if name == "mosquitto-persist" {
+                Which::Mosquitto {
+                    extra: "persistence true\nmax_queued_messages 0\nmax_queued_bytes 0\n",
+                }
+            } else {
+                Which::Saguin { config: &config }
+            };
+            // The empty broker's memory is the baseline.
+            let empty = launch(&which, &data).await?;
+            let baseline = rss(pid_of(&empty)?)?;
+            stop(empty).await?;
+
+            let broker = launch(&which, &data).await?;
+            let began = Instant::now();
+            publish_many(broker.addr, n, true, retained_topic).await?;
+            let filled_in = began.elapsed();
+            let stopped_in = stop(broker).await?;
+
+            let broker = launch(&which, &data).await?;
+            let restarted_in = broker.started_in;
+            let after = rss(pid_of(&broker)?)?;
+            let received_in = receive_all_retained(broker.addr, n).await?;
+            stop(broker).await?;
+            println!(
+                "| {name} | {n} | {} | {:.0} B | {target:.0} B | {} | {} | {} | {} |",
+                mib(after as f64),
+                after.saturating_sub(baseline) as f64 / n as f64,
+                ms(restarted_in),
+                ms(received_in),
+                ms(filled_in),
+                ms(stopped_in)
+            );
+            std::fs::remove_dir_all(&data)?;
+        }
+    }
+    Ok(())
+}
+
+/// A `#` subscriber at QoS 0: the time from its SUBSCRIBE to the `n`th
+/// retained message.
+async fn receive_all_retained(addr: SocketAddr, n: usize) -> Result<Duration, Error> {
+    let (mut conn, _) = Conn::connect(addr, "scale-everything", true).await?;
+    let began = Instant::now();
+    subscribe(&mut conn, "#", QoS::AtMostOnce, Vec::new()).await?;
+    let mut received = 0;
+    let deadline = Duration::from_secs(600);
+    while received < n {
+        match tokio::time::timeout(deadline.saturating_sub(began.elapsed()), conn.next()).await {
+            Err(_) => return Err(format!("# received {received} of {n} retained").into()),
+            Ok(packet) => {
+                if let Packet::Publish(p) = packet? {
+                    if p.retain {
+                        received += 1;
+                    }
+                }
+            }
+        }
+    }
+    Ok(began.elapsed())
+}
+
+// ---------------------------------------------------------------- append
+
+fn record_topic(i: usize) -> String {
+    format!("telemetry/dev{}", i % 1000)
+}
+
+async fn append(sizes: &[usize]) -> Result<(), Error> {
+    println!("\n## One append channel (64 B records)");
+    println!(
+        "| provider | records | startup | RSS | seek by time | sweep of a tenth | removed | graceful stop | fill rate |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for provider in ["memory", "sqlite"] {
+        let dir = tempfile::tempdir()?;
+        let data = dir.path().join(provider);
+        let storage = if provider == "memory" {
+            format!(
+                "  - name: p\n    kind: memory\n    snapshot_dir: {}\n",
+                data.join("snapshots").display()
+            )
+        } else {
+            format!(
+                "  - name: p\n    kind: sqlite\n    file_path: {}\n",
+                data.join("saguin.db").display()
+            )
+        };
+        let metrics: SocketAddr = format!("127.0.0.1:{}", bench_support::free_port()?).parse()?;
+        let config_with = |retention: Option<u64>| {
+            let retention = retention
+                .map(|b| format!("    retention_bytes: {b}\n"))
+                .unwrap_or_default();
+            saguin_config(
+                &data,
+                &format!(
+                    "storage:\n{storage}channels:\n  - name: telemetry\n    kind: append\n    storage: p\n{retention}metrics:\n  bind: {metrics}\n"
+                ),
+            )
+        };
+        let mut held = 0usize;
+        for &n in sizes {
+            let config = config_with(None)?;
+            let broker = start(&config).await?;
+            let fill_began = SystemTime::now();
+            let began = Instant::now();
+            publish_many(broker.addr, n - held, false, record_topic).await?;
+            let fill_rate = (n - held) as f64 / began.elapsed().as_secs_f64();
+            let records = bench_support::scrape(metrics, "saguin_channel_records")
+                .await
+                .ok_or("no saguin_channel_records")?;
+            if records as usize != n {
+                return Err(format!("{provider}: the channel holds {records}, not {n}").into());
+            }
+            let bytes = bench_support::scrape(metrics, "saguin_channel_bytes")
+                .await
+                .ok_or("no saguin_channel_bytes")?;
+            let stopped_in = stop(broker).await?;
+
+            let broker = launch(&Which::Saguin { config: &config }, &data).await?;
+            let started_in = broker.started_in;
+            let resident = rss(pid_of(&broker)?)?;
+            let seek = seek_by_time(broker.addr, fill_began).await?;
+            stop(broker).await?;
+
+            // A bound a tenth below what the channel holds: the sweep that
+            // runs as the broker starts removes the oldest tenth.
+            let config = config_with(Some((bytes * 0.9) as u64))?;
+            let broker = launch(&Which::Saguin { config: &config }, &data).await?;
+            let (swept_in, removed) = wait_sweep(metrics).await?;
+            held = bench_support::scrape(metrics, "saguin_channel_records")
+                .await
+                .ok_or("no saguin_channel_records")? as usize;
+            stop(broker).await?;
+            println!(
+                "| {provider} | {n} | {} | {} | {} | {} | {removed} | {} | {:.0}/s |",
+                ms(started_in),
+                mib(resident as f64),
+                ms(seek),
+                ms(swept_in),
+                ms(stopped_in),
+                fill_rate
+            );
+        }
+    }
+    Ok(())
+}
+
+/// An MQTT 5 consumer that subscribes from `time`: the time from its
+/// SUBSCRIBE to its first record.
+async fn seek_by_time(addr: SocketAddr, time: SystemTime) -> Result<Duration, Error> {
+    let (mut conn, _) =
+        Conn::connect_with(addr, "scale-seeker", true, 60, ProtocolVersion::V5).await?;
+    let began = Instant::now();
+    subscribe(
+        &mut conn,
+        "telemetry/#",
+        QoS::AtLeastOnce,
+        vec![("saguin-from".to_owned(), rfc3339(time))],
+    )
+    .await?;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(300), conn.next()).await?? {
+            Packet::Publish(_) => return Ok(began.elapsed()),
+            Packet::SubAck(ack) if ack.reasons.iter().any(|r| r.is_error()) => {
+                return Err(format!("seek refused: {ack:?}").into())
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Scrapes until retention has removed records: how long its longest
+/// pass took (the one that removed them; the broker measures it) and how
+/// many records it removed.
+async fn wait_sweep(metrics: SocketAddr) -> Result<(Duration, u64), Error> {
+    let began = Instant::now();
+    loop {
+        let removed = bench_support::scrape(metrics, "saguin_retention_removed_records_total")
+            .await
+            .unwrap_or(0.0);
+        if removed > 0.0 {
+            let took = bench_support::scrape(metrics, "saguin_retention_sweep_seconds_max")
+                .await
+                .ok_or("no saguin_retention_sweep_seconds_max")?;
+            return Ok((Duration::from_secs_f64(took), removed as u64));
+        }
+        if began.elapsed() > Duration::from_secs(600) {
+            return Err("retention removed nothing in 600 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+// ---------------------------------------------------------------- sessions
+
+async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
+    const SAMPLE: usize = 1_000;
+    println!("\n## Persistent sessions, one queued QoS 1 message each");
+    println!(
+        "| broker | sessions | restart to first CONNACK | RSS | sample resumed | graceful stop |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let dir = tempfile::tempdir()?;
+    for &n in sizes {
+        let mut brokers = vec!["saguin-sqlite"];
+        if mosquitto {
+            brokers.push("mosquitto-persist");
+        }
+        for name in brokers {
+            let data = dir.path().join(format!("{name}-{n}"));
+            let config = saguin_config(
+                &data,
+                &format!(
+                    "limits:\n  max_sessions: {}\nstorage:\n  - name: p\n    kind: sqlite\n    file_path: {}\nbroker:\n  session_storage: p\n",
+                    n + 100,
+                    data.join("saguin.db").display()
+                ),
+            )?;
+            let which = if name == "mosquitto-persist" {
+                Which::Mosquitto {
+                    extra: "persistence true\nmax_connections -1\n",
+                }
+            } else {
+                Which::Saguin { config: &config }
+            };
+            let broker = launch(&which, &data).await?;
+            bench_support::make_sessions(broker.addr, n).await?;
+            publish_many(broker.addr, n, false, |s| format!("cmd/{s}/go")).await?;
+            let stopped_in = stop(broker).await?;
+
+            let broker = launch(&which, &data).await?;
+            let restarted_in = broker.started_in;
+            let resident = rss(pid_of(&broker)?)?;
+            let step = (n / SAMPLE).max(1);
+            let mut resumed = 0;
+            for s in (0..n).step_by(step) {
+                resume_one(broker.addr, s).await?;
+                resumed += 1;
+            }
+            stop(broker).await?;
+            println!(
+                "| {name} | {n} | {} | {} | {resumed} of {resumed} | {} |",
+                ms(restarted_in),
+                mib(resident as f64),
+                ms(stopped_in)
+            );
+            std::fs::remove_dir_all(&data)?;
+        }
+    }
+    Ok(())
+}
+
+/// Session `session-<s>` resumes (session present) and gets its one
+/// queued message.
+async fn resume_one(addr: SocketAddr, s: usize) -> Result<(), Error> {
+    let (mut conn, present) = Conn::connect(addr, &format!("session-{s}"), false).await?;
+    if !present {
+        return Err(format!("session-{s} was not kept").into());
+    }
+    let topic = format!("cmd/{s}/go");
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), conn.next()).await?? {
+            Packet::Publish(p) if *p.topic == *topic => {
+                conn.send(&Packet::PubAck(PubAck::new(p.packet_id))).await?;
+                return Ok(());
+            }
+            _ => {}
+        }
+    }
+}
