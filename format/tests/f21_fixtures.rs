@@ -610,6 +610,14 @@ fn damaged_cases() -> Vec<Case> {
         channel_bytes(c),
         "has a second value on a latest channel",
     );
+    // Its values may lie below the floor; its deletion markers may not.
+    let mut c = latest_channel();
+    c.floor = 21;
+    case(
+        "latest-marker-below-floor.snapshot",
+        channel_bytes(c),
+        "records[2].offset: 20 is below the floor 21",
+    );
     let mut c = append_channel();
     c.records[0].qos = 3;
     case(
@@ -753,6 +761,32 @@ fn damaged_corpus_is_refused_with_the_expected_error() {
         checked += 1;
     }
     assert_eq!(checked, cases.len());
+}
+
+/// A latest channel's floor bounds its deletion markers, not its values:
+/// retention forgets markers and raises the floor past values still
+/// current, which the file keeps below it (FORMAT.md §2.9).
+#[test]
+fn a_latest_channels_values_may_lie_below_its_floor() {
+    let mut c = latest_channel();
+    c.floor = 20;
+    let bytes = channel_bytes(c.clone());
+    let (_, decoded) = decode(&bytes).expect("values below the floor are valid");
+    let SnapshotFile::Channel(back) = decoded else {
+        panic!("a channel file");
+    };
+    assert_eq!(back.floor, 20);
+    assert_eq!(back.records, c.records);
+    // Not an append channel's records: its floor bounds every record.
+    let mut a = append_channel();
+    a.floor = a.records[1].offset;
+    let first = a.records[0].offset;
+    let e = decode(&channel_bytes(a)).expect_err("an append record below the floor");
+    assert!(
+        e.to_string()
+            .contains(&format!("records[0].offset: {first} is below the floor")),
+        "{e}"
+    );
 }
 
 #[test]

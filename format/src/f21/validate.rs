@@ -78,10 +78,15 @@ pub(crate) enum ListRules {
     /// Records of a log (channel, dead-letter channel, broadcast log):
     /// offsets strictly ascending in `[floor, next)` and each record's own
     /// fields, in one pass; then, on a latest channel, one value per topic.
+    /// A latest channel's values may lie below its floor (its floor bounds
+    /// its deletion markers only: a value is never removed, and one set
+    /// long ago stays current below a floor its retention raised); they
+    /// are at or above the first offset, 1.
     Log {
         next: u64,
         floor: u64,
         broadcast: bool,
+        /// A latest channel: one value per topic, values below the floor.
         one_per_topic: bool,
         /// An append channel (a dead-letter channel too): every offset of
         /// `[floor, next)` holds a record. It loses records from the front
@@ -205,12 +210,19 @@ impl ListCheck {
                 one_per_topic,
                 contiguous,
             } => {
+                // A latest channel's value is held whatever the floor; its
+                // deletion markers are held at or above it.
+                let lowest = if one_per_topic && !rec.payload.is_empty() {
+                    1
+                } else {
+                    floor
+                };
                 let checked = check_offset(
                     format_args!("{}[{i}].offset", self.field),
                     rec.offset,
                     self.previous,
                     next,
-                    floor,
+                    lowest,
                 )
                 .and_then(|()| {
                     check_record(rec, broadcast).map_err(|e| e.within(&self.element(i)))
