@@ -86,7 +86,8 @@ broker would drop are carried, unchanged.
   - The source is verified first, whole, and a source that fails is refused \
 (exit 3) with every finding named and nothing created: a directory by the \
 checks and verdicts of saguin snapshot verify (pair checks included; a \
-listed file that is missing is a refusal), a database by those of saguin \
+listed file that is missing, a manifest that cannot be used and a hole in an \
+append channel are refusals), a database by those of saguin \
 sqlite verify (integrity_check, schema, and the row invariants: no holes, no \
 offset at or past next, bytes equal to the records' sizes, no rows of a \
 channel without its channels row, every queue's dead-letter row, in-flight \

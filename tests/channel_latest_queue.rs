@@ -879,3 +879,120 @@ fn a_memory_queue_keeps_its_jobs_and_their_attempts_across_sigterm() {
     });
     wait_metric(&broker, "saguin_queue_depth{channel=\"jobs\"}", 0);
 }
+
+// ---- latest: retention of deletions --------------------------------------
+
+const CHURNING_DEVICES: &str =
+    "  - name: devices\n    kind: latest\n    storage: db\n    retention_deletions: 2\n";
+
+/// A durable consumer away while its channel's retention forgot deletions
+/// it was owed resumes below the raised floor: its first delivery carries
+/// `saguin-gap`, and it is sent every current value again from the first
+/// offset - the one set long before the floor too - with the deletions the
+/// floor kept, then the changes. The deletion it was not told of (`c`) is
+/// what the resync leaves out: never a silent miss.
+fn a_consumer_below_a_raised_floor_gets_every_value_again(yaml: impl Fn(&Path) -> String) {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = yaml(dir.path());
+    let broker = Broker::start_in(dir, &yaml);
+    runtime().block_on(async {
+        let mut publisher = Raw::tcp(broker.addr(), v5()).await;
+        publisher.connect("publisher", ConnectOpts::clean()).await;
+        for (i, topic) in ["devices/a", "devices/b", "devices/c"].iter().enumerate() {
+            publisher
+                .publish_acked(topic, b"v1", 1, false, i as u16 + 1)
+                .await;
+        }
+        let mut mirror = Raw::tcp(broker.addr(), v5()).await;
+        mirror
+            .connect("mirror", ConnectOpts::persistent(3600))
+            .await;
+        mirror.subscribe(1, "devices/#", 1).await;
+        assert_eq!(take(&mut mirror, 3, true).await.len(), 3);
+        mirror.expect_nothing().await;
+        mirror.disconnect().await;
+    });
+    // Gone before anything changes: nothing is in flight to it.
+    wait_metric(&broker, "saguin_connections ", 0);
+    runtime().block_on(async {
+        let mut publisher = Raw::tcp(broker.addr(), v5()).await;
+        publisher.connect("publisher", ConnectOpts::clean()).await;
+        // Away: c deleted (offset 4), four devices come and go (5..=12),
+        // b replaced (13). Five markers; retention keeps the newest two.
+        publisher.publish_acked("devices/c", b"", 1, false, 4).await;
+        let mut id = 5;
+        for i in 0..4 {
+            let topic = format!("devices/tmp/{i}");
+            publisher.publish_acked(&topic, b"on", 1, false, id).await;
+            publisher.publish_acked(&topic, b"", 1, false, id + 1).await;
+            id += 2;
+        }
+        publisher
+            .publish_acked("devices/b", b"v2", 1, false, id)
+            .await;
+    });
+    // The markers at 4, 6 and 8 are forgotten: the floor is 9, above the
+    // value of a (offset 1), which stays current.
+    wait_metric(&broker, "saguin_channel_floor{channel=\"devices\"}", 9);
+    runtime().block_on(async {
+        let (mut mirror, present) = durable_connect(broker.addr(), "mirror", 64).await;
+        assert!(present);
+        let resync = take(&mut mirror, 4, true).await;
+        mirror.expect_nothing().await;
+        assert_eq!(
+            user_property(&resync[0], "saguin-gap").as_deref(),
+            Some("4-8"),
+            "the first delivery tells the gap: {:?}",
+            resync[0]
+        );
+        assert!(resync[1..]
+            .iter()
+            .all(|p| user_property(p, "saguin-gap").is_none()));
+        let got: Vec<(String, u64, String)> = resync
+            .iter()
+            .map(|p| {
+                (
+                    p.topic.to_string(),
+                    user_property(p, "saguin-offset").unwrap().parse().unwrap(),
+                    String::from_utf8_lossy(&p.payload).into_owned(),
+                )
+            })
+            .collect();
+        let want = [
+            ("devices/a", 1, "v1"),
+            ("devices/tmp/2", 10, ""),
+            ("devices/tmp/3", 12, ""),
+            ("devices/b", 13, "v2"),
+        ]
+        .map(|(t, o, p)| (t.to_owned(), o, p.to_owned()));
+        assert_eq!(got, want);
+        // Caught up again: a change comes as one.
+        let mut publisher = Raw::tcp(broker.addr(), v5()).await;
+        publisher.connect("publisher", ConnectOpts::clean()).await;
+        publisher
+            .publish_acked("devices/a", b"v2", 1, false, 1)
+            .await;
+        let p = mirror.next_publish(true).await;
+        assert_eq!(
+            (p.topic.as_ref(), p.payload.as_ref()),
+            ("devices/a", &b"v2"[..])
+        );
+        assert_eq!(user_property(&p, "saguin-offset").as_deref(), Some("14"));
+    });
+    let text = scrape(&broker);
+    assert_eq!(
+        metric(&text, "saguin_consumer_gap_total{channel=\"devices\"}"),
+        Some(1),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_consumer_below_a_raised_floor_gets_every_value_again_on_sqlite() {
+    a_consumer_below_a_raised_floor_gets_every_value_again(|d| sqlite_yaml(d, CHURNING_DEVICES));
+}
+
+#[test]
+fn a_consumer_below_a_raised_floor_gets_every_value_again_on_memory() {
+    a_consumer_below_a_raised_floor_gets_every_value_again(|d| memory_yaml(d, CHURNING_DEVICES));
+}

@@ -7,7 +7,10 @@
 //! file belongs, and the manifest's cases. For each, the real binary's
 //! `snapshot verify --json` exits non-zero exactly when
 //! `MemoryProvider::load_snapshot_dir` refuses, and both name the same
-//! problems with the same words, file by file.
+//! problems with the same words, file by file. `saguin migrate to-sqlite`
+//! is held to the same verdict: it carries a directory verify accepts, and
+//! refuses one verify does not (exit 3) naming every problem verify
+//! names, before it writes anything.
 //!
 //! One difference is by design: a damaged manifest is a file that fails
 //! verification (verify exits 1 naming it) while the broker starts on the
@@ -126,6 +129,74 @@ fn load(dir: &Path) -> Result<LoadReport, BTreeSet<(String, String)>> {
     })
 }
 
+/// What `saguin migrate to-sqlite DIR DB` did: its exit code, what it
+/// said on stderr, and what it left where the database was to go.
+struct Migrated {
+    exit: i32,
+    stderr: String,
+    left: Vec<String>,
+}
+
+fn migrate(dir: &Path) -> Migrated {
+    let dest = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["migrate", "to-sqlite"])
+        .arg(dir)
+        .arg(dest.path().join("saguin.db"))
+        .output()
+        .expect("run saguin migrate to-sqlite");
+    let mut left: Vec<String> = std::fs::read_dir(dest.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    Migrated {
+        exit: out.status.code().expect("migrate exited by itself"),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        left,
+    }
+}
+
+/// Holds the migration to verify's verdict: it carries what verify accepts
+/// and refuses, naming the same problems and writing nothing, what verify
+/// does not.
+fn judge_migrate(name: &str, dir: &Path, v: &Verified) -> Vec<String> {
+    let m = migrate(dir);
+    let mut wrong = Vec::new();
+    if v.exit == 0 {
+        if m.exit != 0 || m.left != ["saguin.db", "saguin.db.lock"] {
+            wrong.push(format!(
+                "{name}: verify exits 0 and migrate exits {} leaving {:?}: {}",
+                m.exit, m.left, m.stderr
+            ));
+        }
+        return wrong;
+    }
+    if m.exit != 3 || !m.left.is_empty() {
+        wrong.push(format!(
+            "{name}: verify exits {} and migrate exits {} (not 3, a source that does not verify) leaving {:?}: {}",
+            v.exit, m.exit, m.left, m.stderr
+        ));
+    }
+    for (_, problem) in &v.failures {
+        if !m.stderr.contains(problem.as_str()) {
+            wrong.push(format!(
+                "{name}: verify names {problem:?}, migrate does not: {}",
+                m.stderr
+            ));
+        }
+    }
+    for loss in &v.losses {
+        if !m.stderr.contains(loss.as_str()) {
+            wrong.push(format!(
+                "{name}: verify names the loss {loss:?}, migrate does not: {}",
+                m.stderr
+            ));
+        }
+    }
+    wrong
+}
+
 /// How a case must come out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Verdict {
@@ -146,7 +217,7 @@ enum Verdict {
 fn judge(name: &str, dir: &Path, expected: Verdict) -> Vec<String> {
     let v = verify(dir);
     let loaded = load(dir);
-    let mut wrong = Vec::new();
+    let mut wrong = judge_migrate(name, dir, &v);
     match (&loaded, expected) {
         (Err(problems), Verdict::Refused) => {
             if v.exit == 0 {
@@ -483,4 +554,44 @@ fn a_file_of_a_store_the_provider_does_not_keep_is_not_read() {
         ]
     );
     assert_eq!(report.loaded.len(), 3);
+}
+
+/// Issue 26, item 1: an append channel's file with floor 4, next 13 and
+/// records at 5, 6, 8, 9 and 12 was accepted by `snapshot verify` and the
+/// loader and refused late by `migrate to-sqlite`, from the destination's
+/// own check. An append channel loses records from the front only, so a
+/// hole is damage (FORMAT.md §7, invariant 1): all three refuse it, name
+/// it in the same words, and the migration writes nothing.
+#[test]
+fn a_hole_between_floor_and_next_gets_one_verdict_from_verify_the_loader_and_migrate() {
+    let d = tempfile::tempdir().unwrap();
+    copy_golden(d.path());
+    rewrite(d.path(), "telemetry.snapshot", |f| {
+        if let SnapshotFile::Channel(c) = f {
+            c.floor = 4;
+            c.next = 13;
+            c.records.truncate(5);
+            for (record, offset) in c.records.iter_mut().zip([5, 6, 8, 9, 12]) {
+                record.offset = offset;
+            }
+            c.bytes = c
+                .records
+                .iter()
+                .map(saguin_format::model::Record::accounted_size)
+                .sum();
+        }
+    });
+    let disagreements = judge("a hole", d.path(), Verdict::Refused);
+    assert!(disagreements.is_empty(), "{disagreements:#?}");
+    let hole = "records 4..4 are missing between the floor 4 and next 13";
+    let v = verify(d.path());
+    assert!(
+        v.failures.iter().any(|(_, m)| m.contains(hole)),
+        "{:#?}",
+        v.failures
+    );
+    let m = migrate(d.path());
+    assert_eq!(m.exit, 3, "{}", m.stderr);
+    assert!(m.stderr.contains(hole), "{}", m.stderr);
+    assert!(m.left.is_empty(), "migrate wrote {:?}", m.left);
 }

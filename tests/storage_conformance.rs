@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use saguin::model::{ChannelKind, Record, UserProperty};
 use saguin::storage::contract::{
-    now_nanos, AppendStore, ChannelStore, HeldPublish, LatestStore, Position, Provider, QueueStore,
-    Reader, StorageError,
+    now_nanos, read_changes, AppendStore, Changes, ChannelStore, HeldPublish, LatestStore,
+    Position, Provider, QueueStore, Reader, StorageError,
 };
 use saguin::storage::memory::{LoadOptions, MemoryConfig, MemoryProvider};
 use saguin::storage::snapshot_write::{save_snapshot, SnapshotOptions};
@@ -256,6 +256,25 @@ fn rec(r: &Record) -> String {
         r.retain,
         r.client_id
     )
+}
+
+fn rows(r: Result<(u64, Vec<Record>), StorageError>) -> String {
+    match r {
+        Ok((floor, records)) => format!("floor {floor}: {}", recs(Ok(records))),
+        Err(e) => err(&e),
+    }
+}
+
+fn changes(r: Result<Changes, StorageError>) -> String {
+    match r {
+        Ok(c) => format!(
+            "start {} resync {:?}: {}",
+            c.start,
+            c.resync,
+            recs(Ok(c.records))
+        ),
+        Err(e) => err(&e),
+    }
 }
 
 fn recs(r: Result<Vec<Record>, StorageError>) -> String {
@@ -588,6 +607,76 @@ pub fn conformance_script(mut harness: impl Harness) -> Vec<String> {
         "match_with_deletions since 6: {}",
         recs(latest.match_with_deletions("#", 6))
     ));
+    // The floor bounds deletion markers, not values: a value set below it
+    // stays current, and a reader relying on forgotten deletions starts
+    // over at the first offset (the contract's read_changes).
+    say(format!(
+        "rows_from 1 (values below the floor kept): {}",
+        rows(latest.rows_from_n("#", 1, 10))
+    ));
+    say(format!(
+        "read_changes from 1 (the floor passed it): {}",
+        changes(read_changes(&*latest, "#", 1, 1, 10))
+    ));
+    say(format!(
+        "read_changes from 3 relying on 6 (a resync going on): {}",
+        changes(read_changes(&*latest, "#", 3, 6, 10))
+    ));
+    say(format!(
+        "read_changes from 6: {}",
+        changes(read_changes(&*latest, "#", 6, 6, 10))
+    ));
+    // Retention: by count, then by age (a marker with no timestamp is
+    // never too old and stops the walk).
+    for (topic, payload, ts) in [
+        ("state/d", "1", 7),
+        ("state/d", "", 7),
+        ("state/e", "1", 8),
+        ("state/f", "1", 8),
+        ("state/f", "", 9),
+    ] {
+        say(format!(
+            "set {topic}={payload:?}: {}",
+            show(latest.set(record(topic, payload, ts)).map(|r| r.offset))
+        ));
+    }
+    say(format!(
+        "delete state/e (no timestamp): {}",
+        show(latest.delete("state/e").map(|r| r.map(|r| r.offset)))
+    ));
+    say(format!("deletions: {}", latest.deletions()));
+    say(format!(
+        "forget_deletions keeping 3: {}",
+        show(latest.forget_deletions(Some(3), None))
+    ));
+    say(format!(
+        "latest: next={} floor={} deletions={} bytes={} records={}",
+        latest.next(),
+        latest.floor(),
+        latest.deletions(),
+        latest.bytes(),
+        latest.record_count()
+    ));
+    say(format!(
+        "forget_deletions older than 100: {}",
+        show(latest.forget_deletions(None, Some(100)))
+    ));
+    say(format!(
+        "latest: next={} floor={} deletions={} bytes={} records={}",
+        latest.next(),
+        latest.floor(),
+        latest.deletions(),
+        latest.bytes(),
+        latest.record_count()
+    ));
+    say(format!(
+        "forget_deletions older than 100 again (stops at the marker with no timestamp): {}",
+        show(latest.forget_deletions(None, Some(100)))
+    ));
+    say(format!(
+        "rows_from 1 after retention: {}",
+        rows(latest.rows_from_n("#", 1, 10))
+    ));
     say(format!(
         "latest position: {}",
         show(latest.save_position(position("mqtt:c1", 6, now, Some(3600))))
@@ -823,6 +912,17 @@ pub fn conformance_script(mut harness: impl Harness) -> Vec<String> {
     say(format!(
         "latest after restart: {}",
         recs(latest.match_with_deletions("#", latest.floor()))
+    ));
+    say(format!(
+        "latest rows after restart (values below the floor kept): {}",
+        rows(latest.rows_from_n("#", 1, 10))
+    ));
+    say(format!(
+        "latest after restart: next={} floor={} deletions={} records={}",
+        latest.next(),
+        latest.floor(),
+        latest.deletions(),
+        latest.record_count()
     ));
     say(format!(
         "latest position after restart: {}",

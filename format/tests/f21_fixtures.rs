@@ -541,6 +541,46 @@ fn damaged_cases() -> Vec<Case> {
         channel_bytes(c),
         "3 is below the floor 4",
     );
+    // An append channel loses records from the front only: a hole between
+    // the floor and next is damage, however it came (invariant 1).
+    let mut c = append_channel();
+    c.floor = 4;
+    c.next = 13;
+    c.records.truncate(5);
+    for (record, offset) in c.records.iter_mut().zip([5, 6, 8, 9, 12]) {
+        record.offset = offset;
+    }
+    c.bytes = c.records.iter().map(Record::accounted_size).sum();
+    case(
+        "append-hole.snapshot",
+        channel_bytes(c),
+        "records[0].offset: records 4..4 are missing between the floor 4 and next 13",
+    );
+    let mut c = append_channel();
+    c.records.remove(3);
+    c.bytes = c.records.iter().map(Record::accounted_size).sum();
+    case(
+        "append-hole-inside.snapshot",
+        channel_bytes(c),
+        "records[3].offset: records 6..6 are missing between the floor 3 and next 10",
+    );
+    let mut c = append_channel();
+    c.records.truncate(4);
+    c.bytes = c.records.iter().map(Record::accounted_size).sum();
+    case(
+        "append-hole-below-next.snapshot",
+        channel_bytes(c),
+        "invalid records: records 7..9 are missing between the floor 3 and next 10",
+    );
+    let mut c = queue_channel();
+    if let Some(d) = c.dead_letter.as_mut() {
+        d.next += 2;
+    }
+    case(
+        "dead-letter-hole.snapshot",
+        channel_bytes(c),
+        "invalid dead_letter.records: records 3..4 are missing between the floor 2 and next 5",
+    );
     let mut c = append_channel();
     c.floor = 11;
     c.records.clear();
@@ -569,6 +609,14 @@ fn damaged_cases() -> Vec<Case> {
         "latest-duplicate-topic.snapshot",
         channel_bytes(c),
         "has a second value on a latest channel",
+    );
+    // Its values may lie below the floor; its deletion markers may not.
+    let mut c = latest_channel();
+    c.floor = 21;
+    case(
+        "latest-marker-below-floor.snapshot",
+        channel_bytes(c),
+        "records[2].offset: 20 is below the floor 21",
     );
     let mut c = append_channel();
     c.records[0].qos = 3;
@@ -713,6 +761,32 @@ fn damaged_corpus_is_refused_with_the_expected_error() {
         checked += 1;
     }
     assert_eq!(checked, cases.len());
+}
+
+/// A latest channel's floor bounds its deletion markers, not its values:
+/// retention forgets markers and raises the floor past values still
+/// current, which the file keeps below it (FORMAT.md §2.9).
+#[test]
+fn a_latest_channels_values_may_lie_below_its_floor() {
+    let mut c = latest_channel();
+    c.floor = 20;
+    let bytes = channel_bytes(c.clone());
+    let (_, decoded) = decode(&bytes).expect("values below the floor are valid");
+    let SnapshotFile::Channel(back) = decoded else {
+        panic!("a channel file");
+    };
+    assert_eq!(back.floor, 20);
+    assert_eq!(back.records, c.records);
+    // Not an append channel's records: its floor bounds every record.
+    let mut a = append_channel();
+    a.floor = a.records[1].offset;
+    let first = a.records[0].offset;
+    let e = decode(&channel_bytes(a)).expect_err("an append record below the floor");
+    assert!(
+        e.to_string()
+            .contains(&format!("records[0].offset: {first} is below the floor")),
+        "{e}"
+    );
 }
 
 #[test]

@@ -160,7 +160,13 @@ prop_compose! {
                 r.topic = format!("{}/{i}", r.topic);
             }
         }
-        let next = place(&mut records, floor, &gaps) + extra_next;
+        // An append channel holds a record at every offset of
+        // [floor, next): no gaps, and nothing missing below next.
+        let next = if kind == ChannelKind::Append {
+            place(&mut records, floor, &[])
+        } else {
+            place(&mut records, floor, &gaps) + extra_next
+        };
         let mut c = ChannelFile::new(name, kind);
         c.floor = floor;
         c.next = next;

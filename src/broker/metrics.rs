@@ -691,11 +691,11 @@ impl Metrics {
     fn render_retention(&self, out: &mut String) {
         type Sample = fn(&SweepSeries) -> String;
         let families: [(&str, &str, &str, Sample); 6] = [
-            ("saguin_retention_sweeps_total", "counter", "Passes of a retention sweep (size: every second over the channels with a retention_bytes; age: over those with a retention_age).",
+            ("saguin_retention_sweeps_total", "counter", "Passes of a retention sweep (size: every second over the append channels with a retention_bytes and the latest channels with a retention_deletions; age: over those with a retention_age).",
                 |s| s.passes.load(Relaxed).to_string()),
-            ("saguin_retention_removed_records_total", "counter", "Records retention removed from the front of append channels.",
+            ("saguin_retention_removed_records_total", "counter", "Records retention removed from the front of append channels, and deletion markers it forgot in latest channels.",
                 |s| s.removed_records.load(Relaxed).to_string()),
-            ("saguin_retention_removed_bytes_total", "counter", "Bytes of the records retention removed.",
+            ("saguin_retention_removed_bytes_total", "counter", "Bytes of the records and markers retention removed.",
                 |s| s.removed_bytes.load(Relaxed).to_string()),
             ("saguin_retention_sweep_seconds_total", "counter", "Time the retention sweeps took, off the broker's loop: its rate is the share of a core they cost.",
                 |s| format!("{:.6}", s.total_nanos.load(Relaxed) as f64 / 1e9)),

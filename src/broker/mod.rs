@@ -26,8 +26,10 @@
 //!   broker task never waits for it.
 //! - [`retention`]: one task sweeping the append channels by
 //!   `retention_bytes` every second and by `retention_age` every tenth of
-//!   the shortest one (at least a second), on the blocking pool, one sweep
-//!   at a time; stopped before the providers close.
+//!   the shortest one (at least a second), and the latest channels'
+//!   deletion markers by `retention_deletions` and `retention_age` in the
+//!   same two sweeps, on the blocking pool, one sweep at a time; stopped
+//!   before the providers close.
 //! - [`server`]: `prepare(config, sessions, retained)` rebuilds the state
 //!   from the providers ([`persister::read_restored`]), starts the
 //!   persisters, then binds the listeners; `run(server, shutdown)` serves
@@ -348,8 +350,23 @@
 //!   each topic's latest change at or after the position, deletions as
 //!   PUBLISHes with an empty payload, RETAIN clear, then live changes. A
 //!   later SUBSCRIBE of the same session moves nothing and sends no values.
-//!   A position below the channel's floor (deletions forgotten by a trim)
-//!   resumes from the floor with `saguin-gap`.
+//!   A position below the channel's floor (deletions its retention
+//!   forgot) is a full resync: the next delivery carries `saguin-gap:
+//!   POSITION-(FLOOR-1)`, counted in `saguin_consumer_gap_total`, and the
+//!   consumer reads every row again from the first offset - each current
+//!   value, those set below the floor too, and the deletions the floor
+//!   kept, as changes (RETAIN clear) in offset order - then goes on with
+//!   the changes (`storage::contract::read_changes`). Reading them from the
+//!   floor would miss values still current but set below it. Its position
+//!   stays below the floor until the resync passes it, so a consumer
+//!   killed during it starts it again; a floor that rises again during
+//!   the resync past deletions it relied on starts it again with a new
+//!   gap. A shared group over a latest channel does the same.
+//! - A latest channel keeps every value; its deletion markers are kept as
+//!   `retention_deletions` (how many) and `retention_age` (how long) say,
+//!   unbounded without either. Retention forgets the oldest first and
+//!   raises the floor past the last one forgotten in the same write; a
+//!   marker with no timestamp is never too old and stops the age walk.
 //! - The current values of a filter are read from the topic its literal
 //!   prefix names (the levels before its first wildcard: `devices/site-7`
 //!   for `devices/site-7/#`) and the range of topics under it

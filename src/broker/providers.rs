@@ -543,9 +543,12 @@ impl Providers {
                     provider = %o.name,
                     durability = %o.durability(),
                     topics = store.record_count(),
+                    deletions = store.deletions(),
                     next = store.next(),
                     floor = store.floor(),
                     bytes = store.bytes(),
+                    retention_deletions = %or_none(channel.retention.deletions),
+                    retention_age = %channel.retention.age.map(format_duration).unwrap_or_else(|| "none".to_owned()),
                     "channel"
                 ),
                 contract::ChannelStore::Queue(store) => {
@@ -766,6 +769,7 @@ fn open_channels(config: &Config, opened: &[Opened]) -> Result<Vec<ServedChannel
         let retention = contract::Retention {
             bytes: channel.retention_bytes,
             age: channel.retention_age,
+            deletions: channel.retention_deletions,
         };
         let queue = channel.queue().cloned();
         match &store {
@@ -797,6 +801,7 @@ fn open_channels(config: &Config, opened: &[Opened]) -> Result<Vec<ServedChannel
                 retention: contract::Retention {
                     bytes: queue.and_then(|q| q.dlq_retention_bytes),
                     age: None,
+                    deletions: None,
                 },
                 queue: None,
             });
@@ -1159,6 +1164,7 @@ mod tests {
             contract::Retention {
                 bytes: Some(64 * 1024),
                 age: Some(Duration::from_secs(3600)),
+                deletions: None,
             }
         );
         assert_eq!(

@@ -13,7 +13,9 @@
 //! consumer's filters ([`Seek::Current`], each filter narrowed by the
 //! store to the topic its literal prefix names and those under it), and
 //! what changed since an offset, a window at a time, deletions as empty
-//! payloads. A queue is read for the records
+//! payloads - or, once the floor has passed deletions a consumer was owed,
+//! every row again from the first offset ([`contract::read_changes`]).
+//! A queue is read for the records
 //! available at the state's moment ([`Seek::Time`]): a read only, the
 //! lease that follows is a write.
 
@@ -25,7 +27,7 @@ use super::metrics::Metrics;
 use super::providers::ServedChannel;
 use super::state::{ChannelRead, Event, ReadWindow, Seek, StorageFailure};
 use crate::storage::contract::{
-    AppendStore, ChannelStore, LatestStore, ProviderKind, QueueStore, StorageError,
+    self, AppendStore, ChannelStore, LatestStore, ProviderKind, QueueStore, StorageError,
 };
 
 /// Times a read moves up to a floor that rose under it before it gives up
@@ -47,7 +49,7 @@ pub fn read_window(
             Some(offset) => (offset, false),
             None => (store.next(), false),
         },
-        Seek::Current => {
+        Seek::Current | Seek::Resync { .. } => {
             return Err(StorageError::Invalid {
                 what: format!("channel {}", store.name()),
                 detail: "an append channel has no current values".into(),
@@ -111,8 +113,10 @@ fn on_channel_topics(channel: &str, records: &mut [Arc<saguin_format::model::Rec
 
 /// A latest channel read: the current values under `filters`
 /// ([`Seek::Current`]), or at most `max` changes from an offset,
-/// deletions as empty payloads. A window that holds every change says up
-/// to where (`next`), so a consumer passes offsets later values replaced.
+/// deletions as empty payloads ([`contract::read_changes`]: a reader the
+/// floor passed starts over at the first offset, the window's `floor`
+/// saying so). A window that holds every change says up to where
+/// (`next`), so a consumer passes offsets later values replaced.
 pub fn read_latest(
     store: &dyn LatestStore,
     from: Seek,
@@ -135,39 +139,38 @@ pub fn read_latest(
                 next: None,
             })
         }
-        Seek::Offset(since) => {
-            let whole = format!("{}/#", store.name());
-            let next = store.next();
-            // One more than the window: whether it holds every change.
-            let ask = max.saturating_add(1);
-            let (start, floor, mut records) = match store.match_with_deletions_n(&whole, since, ask)
-            {
-                Ok(records) => (since, None, records),
-                // Deletions below the floor were forgotten: what is held
-                // from there is read, and the consumer told of the gap.
-                Err(StorageError::BelowFloor { floor, .. }) => (
-                    floor,
-                    Some(floor),
-                    store.match_with_deletions_n(&whole, floor, ask)?,
-                ),
-                Err(StorageError::PastNext { .. }) => (since, None, Vec::new()),
-                Err(e) => return Err(e),
-            };
-            let complete = records.len() <= max;
-            records.truncate(max);
-            let last = records.last().map_or(0, |r| r.offset + 1);
-            Ok(ReadWindow {
-                start,
-                floor,
-                records: records.into_iter().map(Arc::new).collect(),
-                next: complete.then_some(next.max(last)),
-            })
-        }
+        Seek::Offset(since) => read_latest_changes(store, since, since, max),
+        Seek::Resync { from, floor } => read_latest_changes(store, from, floor, max),
         other => Err(StorageError::Invalid {
             what: format!("channel {}", store.name()),
             detail: format!("a latest channel is not read from {other:?}"),
         }),
     }
+}
+
+/// At most `max` changes of `store` from `from` for a reader relying on
+/// the deletion markers from `relied` ([`contract::read_changes`]).
+fn read_latest_changes(
+    store: &dyn LatestStore,
+    from: u64,
+    relied: u64,
+    max: usize,
+) -> Result<ReadWindow, StorageError> {
+    let whole = format!("{}/#", store.name());
+    let next = store.next();
+    // One more than the window: whether it holds every change.
+    let ask = max.saturating_add(1);
+    let changes = contract::read_changes(store, &whole, from, relied, ask)?;
+    let mut records = changes.records;
+    let complete = records.len() <= max;
+    records.truncate(max);
+    let last = records.last().map_or(0, |r| r.offset + 1);
+    Ok(ReadWindow {
+        start: changes.start,
+        floor: changes.resync,
+        records: records.into_iter().map(Arc::new).collect(),
+        next: complete.then_some(next.max(last)),
+    })
 }
 
 /// The records of `store` available at the moment `from` names

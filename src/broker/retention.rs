@@ -1,18 +1,29 @@
 //! Retention: the task that removes from the front of each append channel
-//! what its `retention_bytes` and `retention_age` no longer keep (its
-//! costs: docs/benchmarks.md, "Storage providers").
+//! what its `retention_bytes` and `retention_age` no longer keep, and
+//! forgets the deletion markers of each latest channel its
+//! `retention_deletions` and `retention_age` no longer keep (its costs:
+//! docs/benchmarks.md, "Storage providers").
 //!
-//! - By size every [`SIZE_SWEEP_PERIOD`] (one second), over the channels
-//!   with a `retention_bytes`. A channel under its bound is settled from
-//!   the byte count it already keeps, reading nothing, which is what lets
-//!   the period be one second at any channel count
-//!   ([`contract::sweep_by_size`]).
+//! - By size every [`SIZE_SWEEP_PERIOD`] (one second), over the append
+//!   channels with a `retention_bytes` and the latest channels with a
+//!   `retention_deletions`. A channel under its bound is settled from the
+//!   byte or marker count it already keeps, reading nothing, which is what
+//!   lets the period be one second at any channel count
+//!   ([`contract::sweep_by_size`], [`contract::sweep_deletions_by_count`]).
 //! - By age every tenth of the shortest `retention_age` any channel
 //!   configures, never more often than every [`MIN_AGE_SWEEP_PERIOD`]
 //!   ([`age_sweep_period`]): a record turns old with nothing written to its
 //!   channel, so this sweep has to look, and on sqlite that is a read per
-//!   channel. The cutoff is now - retention_age; a record with no timestamp
-//!   (0) is never too old and stops the walk ([`contract::sweep_by_age`]).
+//!   append channel (a latest channel's markers are walked in memory). The
+//!   cutoff is now - retention_age; a record or marker with no timestamp
+//!   (0) is never too old and stops the walk ([`contract::sweep_by_age`],
+//!   [`contract::sweep_deletions_by_age`]).
+//!
+//! A latest channel's values are never removed: forgetting markers raises
+//! its floor past the last one forgotten, and a consumer whose position
+//! is below it is sent every current value again (`state::channel`). The
+//! `saguin_retention_*` series count both kinds under the sweep that
+//! removed them: records removed and markers forgotten.
 //!
 //! The first pass of each runs as soon as the task starts, so a channel
 //! that came back over its bound is trimmed before the first period ends.
@@ -45,7 +56,9 @@ use super::metrics::Metrics;
 use super::providers::ServedChannel;
 use super::state::Event;
 use crate::config::units::format_duration;
-use crate::storage::contract::{self, AppendStore, Retention, SweepReport};
+use crate::storage::contract::{
+    self, AppendStore, ChannelStore, LatestStore, Retention, SweepReport,
+};
 
 /// How often the channels with a `retention_bytes` are swept.
 pub const SIZE_SWEEP_PERIOD: Duration = Duration::from_secs(1);
@@ -101,17 +114,24 @@ pub fn spawn(
     floors: mpsc::UnboundedSender<Event>,
 ) -> RetentionTask {
     let sweeper = Arc::new(Sweeper::new(channels, metrics, floors));
-    let age_period = age_sweep_period(sweeper.by_age.iter().filter_map(|(_, r)| r.age));
-    if sweeper.by_size.is_empty() && age_period.is_none() {
+    let age_period = age_sweep_period(
+        sweeper
+            .by_age
+            .iter()
+            .map(|(_, r)| r)
+            .chain(sweeper.deletions_by_age.iter().map(|(_, r)| r))
+            .filter_map(|r| r.age),
+    );
+    if !sweeper.sizes_anything() && age_period.is_none() {
         return RetentionTask {
             stop: None,
             task: None,
         };
     }
     tracing::info!(
-        by_size = sweeper.by_size.len(),
+        by_size = sweeper.by_size.len() + sweeper.deletions_by_count.len(),
         size_every = %format_duration(SIZE_SWEEP_PERIOD),
-        by_age = sweeper.by_age.len(),
+        by_age = sweeper.by_age.len() + sweeper.deletions_by_age.len(),
         age_every = %age_period.map(format_duration).unwrap_or_else(|| "never".to_owned()),
         "retention"
     );
@@ -144,7 +164,7 @@ async fn run(
     age_period: Option<Duration>,
     mut stopped: oneshot::Receiver<()>,
 ) {
-    let mut by_size = (!sweeper.by_size.is_empty()).then(|| ticker(SIZE_SWEEP_PERIOD));
+    let mut by_size = sweeper.sizes_anything().then(|| ticker(SIZE_SWEEP_PERIOD));
     let mut by_age = age_period.map(ticker);
     // The first tick of each completes at once: the first passes run
     // before the task ever looks at its stop signal.
@@ -199,8 +219,12 @@ async fn sweep(sweeper: &Arc<Sweeper>, which: Sweep) {
 struct Sweeper {
     by_size: Vec<(Arc<dyn AppendStore>, Retention)>,
     by_age: Vec<(Arc<dyn AppendStore>, Retention)>,
+    /// Latest channels with a retention_deletions (the size sweep's).
+    deletions_by_count: Vec<(Arc<dyn LatestStore>, Retention)>,
+    /// Latest channels with a retention_age (the age sweep's).
+    deletions_by_age: Vec<(Arc<dyn LatestStore>, Retention)>,
     /// Channel name → its provider's name and store.
-    channels: HashMap<Arc<str>, (String, Arc<dyn AppendStore>)>,
+    channels: HashMap<Arc<str>, (String, ChannelStore)>,
     metrics: Arc<Metrics>,
     /// The state, told each removal's floor (it lets go of the records it
     /// kept from reads below it).
@@ -218,6 +242,8 @@ impl Sweeper {
         let mut sweeper = Sweeper {
             by_size: Vec::new(),
             by_age: Vec::new(),
+            deletions_by_count: Vec::new(),
+            deletions_by_age: Vec::new(),
             channels: HashMap::new(),
             metrics,
             floors,
@@ -225,39 +251,68 @@ impl Sweeper {
         };
         for channel in served {
             // Retention removes records of append channels (a queue's
-            // dead-letter channel among them); a latest channel keeps every
-            // value and a queue every unresolved record.
-            let Some(store) = channel.store.as_append().cloned() else {
-                continue;
-            };
-            let entry = (store.clone(), channel.retention.clone());
-            if channel.retention.bytes.is_some() {
-                sweeper.by_size.push(entry.clone());
+            // dead-letter channel among them) and a latest channel's
+            // deletion markers; a latest channel keeps every value and a
+            // queue every unresolved record.
+            let retention = channel.retention.clone();
+            match &channel.store {
+                ChannelStore::Append(store) => {
+                    if retention.bytes.is_some() {
+                        sweeper.by_size.push((store.clone(), retention.clone()));
+                    }
+                    if retention.age.is_some() {
+                        sweeper.by_age.push((store.clone(), retention));
+                    }
+                }
+                ChannelStore::Latest(store) => {
+                    if retention.deletions.is_some() {
+                        sweeper
+                            .deletions_by_count
+                            .push((store.clone(), retention.clone()));
+                    }
+                    if retention.age.is_some() {
+                        sweeper.deletions_by_age.push((store.clone(), retention));
+                    }
+                }
+                ChannelStore::Queue(_) => continue,
             }
-            if channel.retention.age.is_some() {
-                sweeper.by_age.push(entry);
-            }
-            sweeper
-                .channels
-                .insert(channel.name, (channel.provider.name().to_owned(), store));
+            sweeper.channels.insert(
+                channel.name,
+                (channel.provider.name().to_owned(), channel.store),
+            );
         }
         sweeper
+    }
+
+    /// Whether the size sweep has anything to look at.
+    fn sizes_anything(&self) -> bool {
+        !self.by_size.is_empty() || !self.deletions_by_count.is_empty()
     }
 
     /// One pass of `which` at `now` (blocking), every removal and failure
     /// reported.
     fn sweep(&self, which: Sweep, now: UnixNanos) -> SweepReport {
         let began = std::time::Instant::now();
-        let report = match which {
+        let mut report = match which {
             Sweep::Size => contract::sweep_by_size(&self.by_size),
             Sweep::Age => contract::sweep_by_age(&self.by_age, now),
         };
+        let latest = match which {
+            Sweep::Size => contract::sweep_deletions_by_count(&self.deletions_by_count),
+            Sweep::Age => contract::sweep_deletions_by_age(&self.deletions_by_age, now),
+        };
+        report.removed.extend(latest.removed);
+        report.failed.extend(latest.failed);
         let total = report.total();
         self.metrics
             .retention_swept(which.label(), began.elapsed(), total.records, total.bytes);
         for (channel, removed) in &report.removed {
             let served = self.channels.get_key_value(channel.as_str());
-            let floor = served.map(|(_, (_, s))| s.floor());
+            let floor = served.and_then(|(_, (_, s))| match s {
+                ChannelStore::Append(s) => Some(s.floor()),
+                ChannelStore::Latest(s) => Some(s.floor()),
+                ChannelStore::Queue(_) => None,
+            });
             tracing::debug!(channel = %channel, sweep = which.label(), records = removed.records,
                 bytes = removed.bytes, floor, "retention removed records");
             if let (Some((name, _)), Some(floor)) = (served, floor) {
@@ -368,6 +423,7 @@ mod tests {
             retention: Retention {
                 bytes: Some(limit),
                 age: None,
+                deletions: None,
             },
             ..bounded
         };
@@ -429,6 +485,54 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_latest_channels_deletions_past_its_bound_are_forgotten_and_its_floor_told() {
+        let p = provider();
+        let store = p
+            .open_channel("devices", ChannelKind::Latest)
+            .expect("open");
+        let latest = store.as_latest().expect("latest").clone();
+        latest
+            .set(record("devices/kept", "on", 1))
+            .expect("a value that stays");
+        for i in 0..5 {
+            let topic = format!("devices/d{i}");
+            latest.set(record(&topic, "on", 1)).expect("set");
+            latest.set(record(&topic, "", 1)).expect("delete");
+        }
+        assert_eq!((latest.deletions(), latest.next()), (5, 12));
+        let channel = ServedChannel {
+            name: Arc::from("devices"),
+            provider: p.clone(),
+            store,
+            retention: Retention {
+                deletions: Some(2),
+                ..Retention::default()
+            },
+            queue: None,
+        };
+        let metrics = Arc::new(Metrics::new());
+        let (floors, mut told) = mpsc::unbounded_channel();
+        let task = spawn(vec![channel], metrics.clone(), floors);
+        task.stop().await;
+        // The markers of d0..d2 (offsets 3, 5, 7) went: the floor is past
+        // the last of them, above the value that stays current.
+        match told.try_recv() {
+            Ok(Event::FloorRaised { channel, floor }) => {
+                assert_eq!((&*channel, floor), ("devices", 8));
+            }
+            other => panic!("the state was told {other:?}"),
+        }
+        assert_eq!((latest.deletions(), latest.floor()), (2, 8));
+        assert_eq!(latest.get("devices/kept").unwrap().unwrap().offset, 1);
+        let text = metrics.render();
+        assert!(
+            text.lines()
+                .any(|l| l == "saguin_retention_removed_records_total{sweep=\"size\"} 3"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
     async fn a_record_with_timestamp_0_is_never_removed_by_age() {
         let p = provider();
         let channel = served(
@@ -437,6 +541,7 @@ mod tests {
             Retention {
                 bytes: None,
                 age: Some(Duration::from_secs(60)),
+                deletions: None,
             },
         );
         let now = contract::now_nanos();
@@ -476,6 +581,7 @@ mod tests {
             Retention {
                 bytes: None,
                 age: Some(Duration::from_secs(1)),
+                deletions: None,
             },
         );
         alone
@@ -499,6 +605,7 @@ mod tests {
             Retention {
                 bytes: Some(1),
                 age: None,
+                deletions: None,
             },
         );
         channel

@@ -241,8 +241,12 @@ pub struct Channel {
     pub storage: String,
     /// Append channels: oldest records are removed past this many bytes.
     pub retention_bytes: Option<u64>,
-    /// Append and latest channels: records older than this are removed.
+    /// Append channels: records older than this are removed. Latest
+    /// channels: deletion markers older than this are forgotten.
     pub retention_age: Option<Duration>,
+    /// Latest channels: at most this many deletion markers are kept, the
+    /// oldest forgotten first.
+    pub retention_deletions: Option<u64>,
     /// Append and queue channels: publishes are refused (0x97) past this.
     pub max_bytes: Option<u64>,
 }

@@ -145,6 +145,7 @@ fn channel(c: &Channel) -> Value {
         }
         ChannelKindConfig::Latest => {
             map.insert("retention_age".into(), json!(c.retention_age.map(duration)));
+            map.insert("retention_deletions".into(), json!(c.retention_deletions));
         }
         ChannelKindConfig::Queue(q) => {
             map.insert("max_bytes".into(), json!(c.max_bytes));

@@ -888,6 +888,7 @@ const CHANNEL_KEYS: &[&str] = &[
     "storage",
     "retention_bytes",
     "retention_age",
+    "retention_deletions",
     "max_bytes",
     "lease",
     "max_attempts",
@@ -960,6 +961,16 @@ fn channels(ctx: &mut Ctx, path: &str, value: &Value) -> Vec<(usize, Channel)> {
                 "a queue channel holds unresolved work and has no retention_age (bound it with max_bytes)",
             );
         }
+        if kind != ChannelKind::Latest {
+            f.refuse_for_kind(
+                ctx,
+                &["retention_deletions"],
+                &format!(
+                    "only a latest channel has retention_deletions ({} channel keeps no deletion markers)",
+                    if kind == ChannelKind::Queue { "a queue" } else { "an append" }
+                ),
+            );
+        }
         if kind == ChannelKind::Latest {
             f.refuse_for_kind(
                 ctx,
@@ -973,6 +984,11 @@ fn channels(ctx: &mut Ctx, path: &str, value: &Value) -> Vec<(usize, Channel)> {
         let retention_age = match f.take("retention_age") {
             Some((_, Value::String(s))) if s == "none" => None,
             Some((p, v)) => positive_duration(ctx, &p, v),
+            None => None,
+        };
+        let retention_deletions = match f.take("retention_deletions") {
+            Some((_, Value::String(s))) if s == "none" => None,
+            Some((p, v)) => integer(ctx, &p, v, 0, u64::MAX),
             None => None,
         };
         let max_bytes = f
@@ -993,6 +1009,7 @@ fn channels(ctx: &mut Ctx, path: &str, value: &Value) -> Vec<(usize, Channel)> {
                     storage,
                     retention_bytes,
                     retention_age,
+                    retention_deletions,
                     max_bytes,
                 },
             ));

@@ -57,11 +57,16 @@ fn channel_bounds(channel: &Channel) -> String {
     if let Some(bytes) = channel.retention_bytes {
         parts.push(format!("oldest records removed past {bytes} bytes"));
     }
+    let latest = matches!(channel.kind, super::ChannelKindConfig::Latest);
     if let Some(age) = channel.retention_age {
-        parts.push(format!(
-            "records older than {} removed",
-            format_duration(age)
-        ));
+        parts.push(if latest {
+            format!("deletions older than {} forgotten", format_duration(age))
+        } else {
+            format!("records older than {} removed", format_duration(age))
+        });
+    }
+    if let Some(count) = channel.retention_deletions {
+        parts.push(format!("deletions past the newest {count} forgotten"));
     }
     if let Some(bytes) = channel.max_bytes {
         parts.push(format!("publishes refused past {bytes} bytes"));

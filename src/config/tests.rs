@@ -555,10 +555,32 @@ fn keys_belong_to_their_channel_kind() {
         "channels[0].kind",
         "not one of append, latest, queue",
     );
+    one(
+        "{name: a, kind: append, storage: db, retention_deletions: 10}",
+        "channels[0].retention_deletions",
+        "only a latest channel",
+    );
+    one(
+        "{name: a, kind: queue, storage: db, retention_deletions: 10}",
+        "channels[0].retention_deletions",
+        "only a latest channel",
+    );
+    one(
+        "{name: a, kind: latest, storage: db, retention_deletions: -1}",
+        "channels[0].retention_deletions",
+        "expected a whole number",
+    );
+    one(
+        "{name: a, kind: latest, storage: db, retention_deletions: lots}",
+        "channels[0].retention_deletions",
+        "expected a whole number",
+    );
     let config = ok(&with_base(&format!(
-        "storage:\n{}channels:\n  - {{name: a, kind: queue, storage: db, backoff: [], max_bytes: 1MB, dlq_retention_bytes: 64MiB}}\n  - {{name: b, kind: latest, storage: db, retention_age: 30d}}\n",
+        "storage:\n{}channels:\n  - {{name: a, kind: queue, storage: db, backoff: [], max_bytes: 1MB, dlq_retention_bytes: 64MiB}}\n  - {{name: b, kind: latest, storage: db, retention_age: 30d, retention_deletions: 100000}}\n  - {{name: c, kind: latest, storage: db, retention_deletions: none}}\n",
         sqlite("db", "")
     )));
+    assert_eq!(config.channels[1].retention_deletions, Some(100_000));
+    assert_eq!(config.channels[2].retention_deletions, None);
     let queue = config.channels[0].queue().expect("queue");
     assert!(queue.backoff.is_empty());
     assert_eq!(queue.dlq_retention_bytes, Some(64 << 20));
@@ -726,17 +748,29 @@ fn durability_is_stated_per_channel_and_inert_providers_are_named() {
 #[test]
 fn the_resolved_document_is_sorted_and_loads_back() {
     let config = ok(&with_base(&format!(
-        "storage:\n{}  - {{name: a_mem, kind: memory}}\nchannels:\n  - {{name: z, kind: append, storage: db, retention_age: 90s}}\n  - {{name: b, kind: queue, storage: a_mem, backoff: [2s, 1s]}}\n",
+        "storage:\n{}  - {{name: a_mem, kind: memory}}\nchannels:\n  - {{name: z, kind: append, storage: db, retention_age: 90s}}\n  - {{name: b, kind: queue, storage: a_mem, backoff: [2s, 1s]}}\n  - {{name: c, kind: latest, storage: db, retention_deletions: 500}}\n",
         sqlite("db", ", publish_commit_interval: 5ms")
     )));
     let doc = config.resolved();
+    assert_eq!(doc["channels"][1]["name"], "c");
+    assert_eq!(doc["channels"][1]["retention_deletions"], 500);
+    assert!(doc["channels"][1]["retention_age"].is_null());
+    assert!(
+        config
+            .durability_summary()
+            .iter()
+            .any(|l| l.contains("channel c")
+                && l.contains("deletions past the newest 500 forgotten")),
+        "{:?}",
+        config.durability_summary()
+    );
     assert_eq!(doc["storage"][0]["name"], "a_mem");
     assert_eq!(doc["channels"][0]["name"], "b");
     assert_eq!(
         doc["channels"][0]["backoff"],
         serde_json::json!(["2s", "1s"])
     );
-    assert_eq!(doc["channels"][1]["retention_age"], "1m 30s");
+    assert_eq!(doc["channels"][2]["retention_age"], "1m 30s");
     assert_eq!(doc["storage"][1]["publish_commit_interval"], "5ms");
     let keys: Vec<&String> = doc.as_object().expect("a map").keys().collect();
     let mut sorted = keys.clone();

@@ -14,6 +14,16 @@
 //! from the surviving records (invariant 9), and only a removal raises the
 //! floor, in the same operation that removes.
 //!
+//! A latest channel's floor is where its changes are whole: every deletion
+//! at or above it is still held as a marker, and a marker is only ever
+//! forgotten below it. Its values are never removed, so a value set long
+//! ago stays current below a raised floor; a reader whose place is below
+//! the floor may have missed deletions there, and reads every value again
+//! from the first offset ([`read_changes`], the one rule both providers
+//! are read by). A latest channel's retention forgets markers from the
+//! oldest ([`forgets_deletion`]), raising the floor past the last one
+//! forgotten.
+//!
 //! Every trait is object safe and `Send + Sync`, so the broker holds
 //! `Arc<dyn AppendStore>` and the conformance test drives either provider
 //! through one script.
@@ -420,6 +430,69 @@ impl Removed {
     }
 }
 
+/// Does a latest channel's retention forget its oldest deletion marker?
+/// Yes while more than `keep` markers are held (`held` counts this one),
+/// or when the marker is older than `cutoff`; a marker with no timestamp
+/// (0) is never too old. Markers are looked at from the oldest and the
+/// walk stops at the first that stays, so the floor, raised past the last
+/// one forgotten, never passes a marker that is kept (invariant 1).
+pub fn forgets_deletion(
+    held: u64,
+    keep: Option<u64>,
+    timestamp: UnixNanos,
+    cutoff: Option<UnixNanos>,
+) -> bool {
+    keep.is_some_and(|keep| held > keep)
+        || cutoff.is_some_and(|cutoff| timestamp != 0 && timestamp < cutoff)
+}
+
+/// What a latest channel's reader is sent next ([`read_changes`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// The offset the records begin at: the one asked for, or the first
+    /// offset when the reader starts over.
+    pub start: u64,
+    /// Set when the reader starts over: the floor that had passed what it
+    /// relied on. Deletions below it were forgotten; the records are every
+    /// row again from the first offset, the values set below the floor
+    /// among them.
+    pub resync: Option<u64>,
+    pub records: Vec<Record>,
+}
+
+/// The changes of `store` under `filter` for a reader at `from`, at most
+/// `max`, ordered by offset. `relied` is the lowest offset whose deletion
+/// markers the reader counts on: `from` for a reader resuming, the floor
+/// its resync began under for one in the middle of a resync (it reads the
+/// values below that floor, whose markers are gone). While the floor is at
+/// most `relied` the reader gets the rows from `from`; once the floor has
+/// passed it, deletions it was owed were forgotten and it starts over:
+/// every row from the first offset, every current value among them, with
+/// the floor that passed it - a full resync, never a silent miss
+/// (invariant 1).
+pub fn read_changes(
+    store: &dyn LatestStore,
+    filter: &str,
+    from: u64,
+    relied: u64,
+    max: usize,
+) -> Result<Changes> {
+    let (floor, records) = store.rows_from_n(filter, from, max)?;
+    if floor <= relied {
+        return Ok(Changes {
+            start: from,
+            resync: None,
+            records,
+        });
+    }
+    let (floor, records) = store.rows_from_n(filter, FIRST_OFFSET, max)?;
+    Ok(Changes {
+        start: FIRST_OFFSET,
+        resync: Some(floor),
+        records,
+    })
+}
+
 /// Would a record of `size` bytes fit under `store`'s own bound? What a
 /// QoS 2 publish held for the channel is checked against when it is held:
 /// its release, which writes it, is a relief write and checks no bound, so
@@ -613,7 +686,8 @@ pub trait LatestStore: OffsetStore + AsOffsetStore {
     /// Every value set and every deletion at or after offset `since` whose
     /// topic matches, ordered by offset; deletions are records with an empty
     /// payload. `since < floor` is [`StorageError::BelowFloor`]: deletions
-    /// below the floor were forgotten, and the reader must start over.
+    /// below the floor were forgotten, and the reader must start over
+    /// ([`read_changes`]).
     fn match_with_deletions(&self, filter: &str, since: u64) -> Result<Vec<Record>>;
 
     /// The first `max` of [`LatestStore::match_with_deletions`], read no
@@ -625,9 +699,28 @@ pub trait LatestStore: OffsetStore + AsOffsetStore {
         Ok(records)
     }
 
-    /// Forgets deletion markers below `before` and raises the floor to it.
-    /// Values are never removed by a trim.
+    /// The floor, and at most `max` of the rows at or after `since` whose
+    /// topic matches, ordered by offset - read together, as of one moment.
+    /// Unlike [`LatestStore::match_with_deletions_n`] it reads below the
+    /// floor: every value set at or after `since` and every deletion marker
+    /// held there (none below the floor is). What [`read_changes`] reads.
+    fn rows_from_n(&self, filter: &str, since: u64, max: usize) -> Result<(u64, Vec<Record>)>;
+
+    /// Forgets every deletion marker below `before` (at most `next`) and
+    /// raises the floor to it in the same operation. Values are never
+    /// removed: one set below the new floor stays current there.
     fn trim(&self, before: u64) -> Result<Removed>;
+
+    /// How many deletion markers the channel holds (a counter, kept in
+    /// memory like the others).
+    fn deletions(&self) -> u64;
+
+    /// A latest channel's retention: forgets deletion markers from the
+    /// oldest while [`forgets_deletion`] says so of each - more than `keep`
+    /// held, or one older than `cutoff` - stopping at the first that stays,
+    /// and raises the floor past the last one forgotten in the same
+    /// operation.
+    fn forget_deletions(&self, keep: Option<u64>, cutoff: Option<UnixNanos>) -> Result<Removed>;
 }
 
 /// One unresolved queue record and what survives a restart about it.
@@ -1073,8 +1166,12 @@ pub trait Provider: Send + Sync {
 pub struct Retention {
     /// retention_bytes; `None` keeps any size.
     pub bytes: Option<u64>,
-    /// retention_age; `None` keeps any age.
+    /// retention_age; `None` keeps any age. A latest channel's: the age
+    /// past which its deletion markers are forgotten.
     pub age: Option<Duration>,
+    /// A latest channel's retention_deletions: the deletion markers it
+    /// keeps; `None` keeps any number.
+    pub deletions: Option<u64>,
 }
 
 /// What one sweep removed, per channel that lost anything, and the channels
@@ -1086,6 +1183,16 @@ pub struct SweepReport {
 }
 
 impl SweepReport {
+    /// One channel's removal: counted when it removed anything, named when
+    /// it failed.
+    fn add(&mut self, channel: &str, result: Result<Removed>) {
+        match result {
+            Ok(removed) if removed.records > 0 => self.removed.push((channel.to_owned(), removed)),
+            Ok(_) => {}
+            Err(e) => self.failed.push((channel.to_owned(), e)),
+        }
+    }
+
     pub fn total(&self) -> Removed {
         let mut total = Removed::default();
         for (_, r) in &self.removed {
@@ -1107,13 +1214,7 @@ pub fn sweep_by_size(channels: &[(Arc<dyn AppendStore>, Retention)]) -> SweepRep
         if store.bytes() <= limit {
             continue;
         }
-        match store.trim(store.floor(), Some(limit)) {
-            Ok(removed) if removed.records > 0 => {
-                report.removed.push((store.name().to_owned(), removed))
-            }
-            Ok(_) => {}
-            Err(e) => report.failed.push((store.name().to_owned(), e)),
-        }
+        report.add(store.name(), store.trim(store.floor(), Some(limit)));
     }
     report
 }
@@ -1127,20 +1228,58 @@ pub fn sweep_by_age(channels: &[(Arc<dyn AppendStore>, Retention)], now: UnixNan
         let Some(age) = retention.age else {
             continue;
         };
-        let age_nanos = i64::try_from(age.as_nanos()).unwrap_or(i64::MAX);
-        let cutoff = now.saturating_sub(age_nanos);
-        if cutoff <= 0 {
+        let Some(cutoff) = age_cutoff(age, now) else {
             continue;
-        }
-        match store.trim_older_than(cutoff) {
-            Ok(removed) if removed.records > 0 => {
-                report.removed.push((store.name().to_owned(), removed))
-            }
-            Ok(_) => {}
-            Err(e) => report.failed.push((store.name().to_owned(), e)),
-        }
+        };
+        report.add(store.name(), store.trim_older_than(cutoff));
     }
     report
+}
+
+/// One pass of the size sweep over latest channels' deletion markers: a
+/// channel holding at most its retention_deletions is settled from the
+/// count it keeps, reading nothing; one over it forgets its oldest
+/// markers until it holds that many.
+pub fn sweep_deletions_by_count(channels: &[(Arc<dyn LatestStore>, Retention)]) -> SweepReport {
+    let mut report = SweepReport::default();
+    for (store, retention) in channels {
+        let Some(keep) = retention.deletions else {
+            continue;
+        };
+        if store.deletions() <= keep {
+            continue;
+        }
+        report.add(store.name(), store.forget_deletions(Some(keep), None));
+    }
+    report
+}
+
+/// One pass of the age sweep over latest channels' deletion markers at
+/// `now`: each channel with a retention_age forgets its markers from the
+/// oldest while they are older than it, stopping at the first that stays.
+pub fn sweep_deletions_by_age(
+    channels: &[(Arc<dyn LatestStore>, Retention)],
+    now: UnixNanos,
+) -> SweepReport {
+    let mut report = SweepReport::default();
+    for (store, retention) in channels {
+        let Some(cutoff) = retention.age.and_then(|age| age_cutoff(age, now)) else {
+            continue;
+        };
+        if store.deletions() == 0 {
+            continue;
+        }
+        report.add(store.name(), store.forget_deletions(None, Some(cutoff)));
+    }
+    report
+}
+
+/// The timestamp below which a record is older than `age` at `now`;
+/// `None` when no timestamp is (the clock is younger than the age).
+fn age_cutoff(age: Duration, now: UnixNanos) -> Option<UnixNanos> {
+    let age_nanos = i64::try_from(age.as_nanos()).unwrap_or(i64::MAX);
+    let cutoff = now.saturating_sub(age_nanos);
+    (cutoff > 0).then_some(cutoff)
 }
 
 /// Refuses a record a snapshot or a database could not keep faithfully,

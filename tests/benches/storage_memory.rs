@@ -303,6 +303,7 @@ fn main() {
                 Retention {
                     bytes: Some(1 << 30),
                     age: Some(Duration::from_secs(3600)),
+                    deletions: None,
                 },
             ));
         }

@@ -297,6 +297,7 @@ fn sweeps(dir: &Path, channels: usize) -> (Vec<Duration>, Vec<Duration>) {
     let retention = Retention {
         bytes: Some(1 << 30),
         age: Some(Duration::from_secs(7 * 24 * 3600)),
+        deletions: None,
     };
     let set: Vec<(Arc<dyn AppendStore>, Retention)> =
         stores.into_iter().map(|s| (s, retention.clone())).collect();

@@ -31,7 +31,7 @@ pub use error::DecodeError;
 pub use sink::{Collect, RecordList, RecordSink, Tally};
 pub use types::*;
 use validate::Lists;
-pub use validate::{check_identifier, validate, validate_pair, MAX_IDENTIFIER_BYTES};
+pub use validate::{check_identifier, hole, validate, validate_pair, MAX_IDENTIFIER_BYTES};
 
 /// Bytes 0..8 of every saguin snapshot file, whatever its version. The
 /// leading 0x89 keeps a text file from matching and shows a transfer that

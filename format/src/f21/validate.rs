@@ -78,11 +78,22 @@ pub(crate) enum ListRules {
     /// Records of a log (channel, dead-letter channel, broadcast log):
     /// offsets strictly ascending in `[floor, next)` and each record's own
     /// fields, in one pass; then, on a latest channel, one value per topic.
+    /// A latest channel's values may lie below its floor (its floor bounds
+    /// its deletion markers only: a value is never removed, and one set
+    /// long ago stays current below a floor its retention raised); they
+    /// are at or above the first offset, 1.
     Log {
         next: u64,
         floor: u64,
         broadcast: bool,
+        /// A latest channel: one value per topic, values below the floor.
         one_per_topic: bool,
+        /// An append channel (a dead-letter channel too): every offset of
+        /// `[floor, next)` holds a record. It loses records from the front
+        /// only, so a hole is damage (FORMAT.md §7, invariant 1). A latest
+        /// channel's replaced values, a queue's resolved records and the
+        /// broadcast log's released messages leave offsets with no record.
+        contiguous: bool,
     },
     /// The retained store: each record's fields and its topic unique, in one pass.
     Retained,
@@ -101,6 +112,7 @@ impl ListRules {
             floor,
             broadcast: true,
             one_per_topic: false,
+            contiguous: false,
         }
     }
 
@@ -112,6 +124,7 @@ impl ListRules {
                 floor,
                 broadcast: false,
                 one_per_topic: kind == ChannelKind::Latest,
+                contiguous: kind == ChannelKind::Append,
             },
             ChannelKind::Queue => ListRules::CountOnly,
         }
@@ -133,6 +146,7 @@ impl ListRules {
             floor,
             broadcast: false,
             one_per_topic: false,
+            contiguous: true,
         }
     }
 }
@@ -194,21 +208,41 @@ impl ListCheck {
                 floor,
                 broadcast,
                 one_per_topic,
+                contiguous,
             } => {
+                // A latest channel's value is held whatever the floor; its
+                // deletion markers are held at or above it.
+                let lowest = if one_per_topic && !rec.payload.is_empty() {
+                    1
+                } else {
+                    floor
+                };
                 let checked = check_offset(
                     format_args!("{}[{i}].offset", self.field),
                     rec.offset,
                     self.previous,
                     next,
-                    floor,
+                    lowest,
                 )
                 .and_then(|()| {
                     check_record(rec, broadcast).map_err(|e| e.within(&self.element(i)))
                 });
-                self.previous = Some(rec.offset);
+                let previous = self.previous.replace(rec.offset);
                 if let Err(e) = checked {
                     self.first = Some(e);
                     return;
+                }
+                // Second: a record that went backwards further on is the
+                // finding, not the jump before it that it explains.
+                if contiguous && self.second.is_none() {
+                    self.second = check_no_hole(
+                        format_args!("{}[{i}].offset", self.field),
+                        rec.offset,
+                        previous,
+                        next,
+                        floor,
+                    )
+                    .err();
                 }
                 if one_per_topic && self.second.is_none() && !self.topics.insert(rec.topic.clone())
                 {
@@ -268,7 +302,23 @@ impl ListCheck {
         }
     }
 
-    pub(crate) fn finish(self) -> ListVerdict {
+    pub(crate) fn finish(mut self) -> ListVerdict {
+        if let ListRules::Log {
+            next,
+            floor,
+            contiguous: true,
+            ..
+        } = self.rules
+        {
+            // The records after the last one, up to next, are missing too.
+            let expected = self.previous.map_or(floor, |p| p.saturating_add(1));
+            if self.first.is_none() && self.second.is_none() && expected < next {
+                self.second = Some(DecodeError::invalid(
+                    self.field,
+                    hole(expected, next - 1, floor, next),
+                ));
+            }
+        }
         ListVerdict {
             count: self.count,
             result: match self.first.or(self.second) {
@@ -471,6 +521,32 @@ fn check_offset(
         }
     }
     Ok(())
+}
+
+/// An append channel's record must be the one after the previous (the
+/// first: at the floor). Checked once the offset is known to ascend inside
+/// `[floor, next)`; reported only when every offset of the list does.
+fn check_no_hole(
+    path: std::fmt::Arguments<'_>,
+    offset: u64,
+    previous: Option<u64>,
+    next: u64,
+    floor: u64,
+) -> Result<(), DecodeError> {
+    let expected = previous.map_or(floor, |p| p.saturating_add(1));
+    if offset > expected {
+        return err(path.to_string(), hole(expected, offset - 1, floor, next));
+    }
+    Ok(())
+}
+
+/// The sentence naming a hole in an append channel (records `from..=to`
+/// missing): one rule, in the same words wherever it is found - a
+/// snapshot file here, a database's rows in `saguin sqlite verify`.
+pub fn hole(from: u64, to: u64, floor: u64, next: u64) -> String {
+    format!(
+        "records {from}..{to} are missing between the floor {floor} and next {next}; an append channel loses records from the front only, so a hole is damage"
+    )
 }
 
 /// Where a position's reader belongs, which fixes what it must carry.

@@ -95,6 +95,10 @@ pub enum Seek {
     Time(UnixNanos),
     /// A latest channel's current values under the read's filters.
     Current,
+    /// A latest channel's rows from `from` for a consumer in the middle of
+    /// a resync that began under `floor`: the values below the floor are
+    /// read, whose deletion markers are gone (`contract::read_changes`).
+    Resync { from: u64, floor: u64 },
 }
 
 /// A read of records for one consumer, done off the broker task.
@@ -114,7 +118,10 @@ pub struct ReadWindow {
     /// The offset the window begins at (the seek resolved).
     pub start: u64,
     /// Set when `start` had to move up past removed records: the floor it
-    /// moved to (the records from the asked offset below it are gone).
+    /// moved to (the records from the asked offset below it are gone). Of
+    /// a latest channel: the floor that passed the deletions the reader
+    /// relied on, `start` being the first offset it reads every row from
+    /// again (a resync).
     pub floor: Option<u64>,
     /// Shared with the store where it keeps them in memory.
     pub records: Vec<Arc<Record>>,
@@ -161,6 +168,10 @@ pub struct Consumer {
     seek: Option<Seek>,
     /// Offsets removed before it got them, announced on its next delivery.
     gap: Option<(u64, u64)>,
+    /// A latest channel's consumer reading every row again from the first
+    /// offset: the floor that sent it there. Its reads rely on the
+    /// deletion markers from there, not from its `next`, until it passes it.
+    resync: Option<u64>,
     /// The position last written.
     stored: Option<u64>,
 }
@@ -586,7 +597,14 @@ impl BrokerState {
             }
             _ => room,
         };
-        let from = consumer.seek.unwrap_or(Seek::Offset(consumer.next));
+        let from = match (consumer.seek, consumer.resync) {
+            (Some(seek), _) => seek,
+            (None, Some(floor)) if consumer.next < floor => Seek::Resync {
+                from: consumer.next,
+                floor,
+            },
+            (None, _) => Seek::Offset(consumer.next),
+        };
         let ticket = self.next_read;
         self.next_read += 1;
         let generation = consumer.generation;
@@ -704,15 +722,26 @@ impl BrokerState {
         if resolved {
             consumer.next = window.start;
         }
+        let append = self.channels[channel as usize].kind == ChannelKind::Append;
         if let Some(floor) = window.floor {
-            if floor > consumer.next {
+            if !append {
+                // A latest channel forgot deletions this consumer was owed:
+                // it reads every row again from where the window starts.
+                consumer.gap = Some((consumer.next, floor - 1));
+                consumer.next = window.start;
+                consumer.resync = Some(floor);
+                self.metrics.consumer_gap(&channel_name);
+            } else if floor > consumer.next {
                 consumer.gap = Some((consumer.next, floor - 1));
                 consumer.next = floor;
                 self.metrics.consumer_gap(&channel_name);
             }
         }
+        if consumer.resync.is_some_and(|floor| consumer.next >= floor) {
+            consumer.resync = None;
+        }
         let progressed = !window.records.is_empty();
-        if self.channels[channel as usize].kind == ChannelKind::Append {
+        if append {
             // Kept for the consumers after it, and sent from there.
             self.channels[channel as usize]
                 .recent
@@ -852,6 +881,7 @@ impl BrokerState {
                     consumer.reading = false;
                     consumer.values_pending = false;
                     consumer.gap = None;
+                    consumer.resync = None;
                     consumer.unacked.clear();
                     set_start(consumer, seek);
                 }
@@ -873,6 +903,7 @@ impl BrokerState {
                     reading: false,
                     seek: None,
                     gap: None,
+                    resync: None,
                     stored: start,
                 };
                 if let (None, Some(seek)) = (start, seek) {
@@ -930,7 +961,7 @@ impl BrokerState {
             None => (Some(next), next),
             Some(Seek::Offset(offset)) => (Some(offset), offset.min(next)),
             Some(Seek::Earliest | Seek::Time(_)) => (None, first),
-            Some(Seek::Current) => return,
+            Some(Seek::Current | Seek::Resync { .. }) => return,
         };
         let session = &self.sessions[&key];
         if let Some(bridge) = &session.bridge {

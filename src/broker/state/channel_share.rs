@@ -29,7 +29,7 @@ use crate::broker::metrics::DropReason;
 use crate::broker::topic::SessionKey;
 use crate::storage::contract::{Position, Reader};
 use crate::topic;
-use saguin_format::model::Record;
+use saguin_format::model::{ChannelKind, Record};
 
 /// Most records one read of a group asks for.
 const GROUP_READ_MAX: usize = 256;
@@ -51,6 +51,10 @@ pub(super) struct ChannelGroup {
     generation: u64,
     /// A gap to announce on the next delivery.
     gap: Option<(u64, u64)>,
+    /// Over a latest channel: the floor that sent the group back to read
+    /// every row again from the first offset, until it passes it (as a
+    /// consumer's, `channel::Consumer`).
+    resync: Option<u64>,
     stored: Option<u64>,
 }
 
@@ -98,6 +102,7 @@ impl BrokerState {
                     reading: false,
                     generation,
                     gap: None,
+                    resync: None,
                     stored,
                 };
                 if stored.is_none() {
@@ -322,7 +327,14 @@ impl BrokerState {
         let ticket = self.next_read;
         self.next_read += 1;
         let generation = group.generation;
-        let from = seek.unwrap_or(Seek::Offset(group.next));
+        let from = match (seek, group.resync) {
+            (Some(seek), _) => seek,
+            (None, Some(floor)) if group.next < floor => Seek::Resync {
+                from: group.next,
+                floor,
+            },
+            (None, _) => Seek::Offset(group.next),
+        };
         self.groups[index].reading = true;
         self.group_reads
             .insert(ticket, (index, generation, seek.is_some()));
@@ -358,13 +370,26 @@ impl BrokerState {
         if seeking {
             group.next = window.start;
         }
+        let latest = self.channels[group.channel as usize].kind == ChannelKind::Latest;
         if let Some(floor) = window.floor {
-            if floor > group.next {
+            if latest {
+                // Deletions the group was owed were forgotten: it reads
+                // every row again from where the window starts.
+                group.gap = Some((group.next, floor - 1));
+                group.next = window.start;
+                group.resync = Some(floor);
+                let name = self.channels[group.channel as usize].name.clone();
+                self.metrics.consumer_gap(&name);
+            } else if floor > group.next {
                 group.gap = Some((group.next, floor - 1));
                 group.next = floor;
                 let name = self.channels[group.channel as usize].name.clone();
                 self.metrics.consumer_gap(&name);
             }
+        }
+        let group = &mut self.groups[index];
+        if group.resync.is_some_and(|floor| group.next >= floor) {
+            group.resync = None;
         }
         for record in &window.records {
             if record.offset < self.groups[index].next {

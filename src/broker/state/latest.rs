@@ -35,6 +35,11 @@
 //! topic's latest change since, so a value replaced meanwhile comes as its
 //! replacement - and a resume after a restart does the same from the
 //! stored position.
+//!
+//! A consumer whose place fell below the floor (its channel's retention
+//! forgot deletions it was owed) is sent every row again from the first
+//! offset, with `saguin-gap` on the first (`channel::Consumer::resync`,
+//! `storage::contract::read_changes`).
 
 use std::sync::Arc;
 

@@ -4,13 +4,13 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use saguin_format::model::Record;
+use saguin_format::model::{Record, UnixNanos};
 
 use super::positions::PositionBook;
 use super::{read, write, Shared, Version};
 use crate::storage::contract::{
-    check_record, LatestStore, OffsetStore, Position, Reader, Removed, Result, StorageError,
-    FIRST_OFFSET, RETAINED_STORE_NAME,
+    check_record, forgets_deletion, LatestStore, OffsetStore, Position, Reader, Removed, Result,
+    StorageError, FIRST_OFFSET, RETAINED_STORE_NAME,
 };
 use crate::topic::{filter_matches, literal_prefix};
 
@@ -26,7 +26,9 @@ struct LatestState {
     floor: u64,
     /// Sum of `accounted_size` over values and markers.
     bytes: u64,
-    markers: u64,
+    /// Each deletion marker's offset and timestamp, oldest first: what a
+    /// retention sweep walks, without passing over the values between.
+    deletions: BTreeMap<u64, UnixNanos>,
 }
 
 #[derive(Debug)]
@@ -68,7 +70,7 @@ impl MemoryLatest {
                 next: FIRST_OFFSET,
                 floor: FIRST_OFFSET,
                 bytes: 0,
-                markers: 0,
+                deletions: BTreeMap::new(),
             }),
             positions: PositionBook::default(),
             version: Version::default(),
@@ -76,7 +78,8 @@ impl MemoryLatest {
     }
 
     /// A store rebuilt from validated stored state (one record per topic,
-    /// offsets in `floor..next`), its bytes charged to the provider.
+    /// offsets below `next`, markers at or above `floor`), its bytes
+    /// charged to the provider.
     pub(crate) fn restore(
         name: &str,
         shared: Arc<Shared>,
@@ -117,7 +120,7 @@ impl MemoryLatest {
             }
             st.bytes += r.accounted_size();
             if r.payload.is_empty() {
-                st.markers += 1;
+                st.deletions.insert(r.offset, r.timestamp);
             }
             st.by_offset.insert(r.offset, r.topic.clone());
             st.values.insert(r.topic.clone(), Arc::new(r));
@@ -189,9 +192,7 @@ impl MemoryLatest {
         st.bytes = st.bytes - old_size + new_size;
         if let Some(o) = &old {
             st.by_offset.remove(&o.offset);
-            if o.payload.is_empty() {
-                st.markers -= 1;
-            }
+            st.deletions.remove(&o.offset);
         }
         record.offset = st.next;
         st.next += 1;
@@ -203,13 +204,39 @@ impl MemoryLatest {
             return Ok(Some(record));
         }
         if deleting {
-            st.markers += 1;
+            st.deletions.insert(record.offset, record.timestamp);
         }
         st.by_offset.insert(record.offset, record.topic.clone());
         let shared = Arc::new(record);
         st.values.insert(shared.topic.clone(), shared.clone());
         drop(st);
         Ok(Some(Arc::unwrap_or_clone(shared)))
+    }
+
+    /// Forgets every marker below `bound` and raises the floor to it (never
+    /// lowering it), under the lock already held.
+    fn forget_below(&self, st: &mut LatestState, bound: u64) -> Removed {
+        let bound = bound.min(st.next);
+        let mut removed = Removed::default();
+        let stale: Vec<u64> = st.deletions.range(..bound).map(|(o, _)| *o).collect();
+        for offset in stale {
+            st.deletions.remove(&offset);
+            let Some(topic) = st.by_offset.remove(&offset) else {
+                continue;
+            };
+            if let Some(r) = st.values.remove(&topic) {
+                let size = r.accounted_size();
+                st.bytes -= size;
+                removed.records += 1;
+                removed.bytes += size;
+            }
+        }
+        if removed.records > 0 || bound > st.floor {
+            self.version.bump(&self.shared);
+        }
+        st.floor = st.floor.max(bound);
+        self.shared.budget.give_back(removed.bytes);
+        removed
     }
 
     fn check_since(&self, st: &LatestState, since: u64) -> Result<()> {
@@ -329,43 +356,46 @@ impl LatestStore for MemoryLatest {
             .collect())
     }
 
+    fn rows_from_n(&self, filter: &str, since: u64, max: usize) -> Result<(u64, Vec<Record>)> {
+        let st = read(&self.state);
+        let rows = st
+            .by_offset
+            .range(since..)
+            .map(|(_, t)| t)
+            .filter(|t| filter_matches(filter, t))
+            .filter_map(|t| st.values.get(t))
+            .take(max)
+            .map(|r| (**r).clone())
+            .collect();
+        Ok((st.floor, rows))
+    }
+
     fn trim(&self, before: u64) -> Result<Removed> {
         self.shared.check_open()?;
         let mut st = write(&self.state);
-        // Values are never removed, and every value held is at or above the
-        // floor (a file holding one below it is refused), so the floor can
-        // rise no further than the oldest value. Markers are forgotten only
-        // below that bound: one forgotten above the floor would be a
-        // deletion a consumer is never told about (invariant 1).
-        let oldest_value = st
-            .by_offset
-            .iter()
-            .find(|(_, t)| st.values.get(*t).is_some_and(|r| !r.payload.is_empty()))
-            .map(|(o, _)| *o)
-            .unwrap_or(st.next);
-        let bound = before.min(oldest_value).min(st.next);
-        let mut removed = Removed::default();
-        let stale: Vec<(u64, String)> = st
-            .by_offset
-            .range(..bound)
-            .map(|(o, t)| (*o, t.clone()))
-            .collect();
-        for (offset, topic) in stale {
-            st.by_offset.remove(&offset);
-            if let Some(r) = st.values.remove(&topic) {
-                let size = r.accounted_size();
-                st.bytes -= size;
-                st.markers -= 1;
-                removed.records += 1;
-                removed.bytes += size;
+        Ok(self.forget_below(&mut st, before))
+    }
+
+    fn deletions(&self) -> u64 {
+        read(&self.state).deletions.len() as u64
+    }
+
+    fn forget_deletions(&self, keep: Option<u64>, cutoff: Option<UnixNanos>) -> Result<Removed> {
+        self.shared.check_open()?;
+        let mut st = write(&self.state);
+        let mut held = st.deletions.len() as u64;
+        let mut bound = None;
+        for (&offset, &timestamp) in &st.deletions {
+            if !forgets_deletion(held, keep, timestamp, cutoff) {
+                break;
             }
+            held -= 1;
+            bound = Some(offset + 1);
         }
-        if removed.records > 0 || bound > st.floor {
-            self.version.bump(&self.shared);
-        }
-        st.floor = st.floor.max(bound);
-        self.shared.budget.give_back(removed.bytes);
-        Ok(removed)
+        Ok(match bound {
+            Some(bound) => self.forget_below(&mut st, bound),
+            None => Removed::default(),
+        })
     }
 }
 
@@ -388,7 +418,7 @@ impl OffsetStore for MemoryLatest {
 
     fn record_count(&self) -> u64 {
         let st = read(&self.state);
-        st.values.len() as u64 - st.markers
+        st.values.len() as u64 - st.deletions.len() as u64
     }
 
     fn position(&self, reader: &Reader) -> Result<Option<Position>> {

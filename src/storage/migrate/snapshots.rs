@@ -79,6 +79,12 @@ pub fn read_dir(dir: &Path, opts: &ScanOptions) -> Result<DirUnits, snapshot_dir
     }
     for f in report.files {
         match (f.role, f.outcome) {
+            // A manifest that cannot be used is a file that fails
+            // verification: the broker starts over it with a warning (it
+            // holds no records), a copy made from the directory does not.
+            (Role::Manifest, FileOutcome::Failed(problem)) => out
+                .refusals
+                .push(format!("{}: {problem}", f.path.display())),
             (Role::Manifest, _) => {}
             (role, FileOutcome::Failed(problem)) => {
                 let (name, kind) = match &role {

@@ -78,8 +78,16 @@ pub(crate) type Target = Arc<dyn Staged>;
 pub(crate) struct LatestEntry {
     /// `Record::accounted_size` of the value or marker.
     pub size: u64,
-    /// A deletion's marker rather than a value.
-    pub marker: bool,
+    /// A deletion's marker rather than a value: the offset it took and its
+    /// timestamp, what a retention sweep looks at.
+    pub deletion: Option<Deletion>,
+}
+
+/// A latest channel's deletion marker, as its retention walks them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Deletion {
+    pub offset: u64,
+    pub timestamp: i64,
 }
 
 /// A channel's counters as a transaction moves them, before they are committed.

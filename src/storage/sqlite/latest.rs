@@ -12,21 +12,23 @@
 //! value being replaced is then already in hand. The retained store keeps
 //! no markers: a deletion there removes the row.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
 use rusqlite::Connection;
 use saguin_format::model::{ChannelKind, Record};
 
 use super::batch::Job;
-use super::channel::{ChannelCounters, LatestEntry, Pending, Positions, Staged, Target};
+use super::channel::{ChannelCounters, Deletion, LatestEntry, Pending, Positions, Staged, Target};
 use super::row::{record_at, Encoded};
 use super::schema::record_columns;
 use super::Shared;
 use crate::storage::contract::{
-    self, LatestStore, OffsetStore, Position, Reader, Removed, StorageError, RETAINED_STORE_NAME,
+    self, forgets_deletion, LatestStore, OffsetStore, Position, Reader, Removed, StorageError,
+    RETAINED_STORE_NAME,
 };
 use crate::topic::{filter_matches, literal_prefix, prefix_end};
+use saguin_format::model::UnixNanos;
 
 const SQL_GET: &str = concat!(
     "SELECT offset, ",
@@ -57,8 +59,14 @@ const SQL_SINCE: &str = concat!(
     ", deleted FROM latest_values WHERE channel = ?1 AND offset >= ?2 ORDER BY offset"
 );
 const SQL_FLOOR: &str = "SELECT floor FROM channels WHERE name = ?1";
-const SQL_SIZES: &str = "SELECT topic, size, deleted FROM latest_values WHERE channel = ?1";
+const SQL_SIZES: &str =
+    "SELECT topic, size, deleted, offset, timestamp FROM latest_values WHERE channel = ?1";
 const SQL_NEXT_FLOOR: &str = "SELECT next, floor FROM channels WHERE name = ?1";
+
+/// Forgets one deletion marker, found by its offset on the offset index.
+const SQL_FORGET: &str =
+    "DELETE FROM latest_values WHERE channel = ?1 AND offset = ?2 AND deleted = 1
+     RETURNING topic, size";
 
 pub(crate) fn read_statements() -> Vec<String> {
     [
@@ -94,36 +102,79 @@ pub struct LatestChannel {
     name: String,
     /// `count` is the topics holding a value (markers excluded).
     counters: ChannelCounters,
-    /// Every row: topic -> its size and whether it is a marker.
-    topics: Mutex<HashMap<String, LatestEntry>>,
+    /// Every row, as committed.
+    rows: Mutex<Rows>,
     keep_markers: bool,
     positions: Positions,
+}
+
+/// What the writer keeps of a latest channel's rows without reading them.
+#[derive(Default)]
+struct Rows {
+    /// Topic -> its size and whether it is a marker.
+    topics: HashMap<String, LatestEntry>,
+    /// Each marker's offset -> its timestamp, oldest first: what a
+    /// retention sweep walks, without passing over the values between.
+    deletions: BTreeMap<u64, i64>,
+}
+
+impl Rows {
+    /// The topic's row is now `entry` (`None`: gone).
+    fn set(&mut self, topic: &str, entry: Option<LatestEntry>) {
+        let old = match entry {
+            Some(entry) => self.topics.insert(topic.to_owned(), entry),
+            None => self.topics.remove(topic),
+        };
+        if let Some(d) = old.and_then(|o| o.deletion) {
+            self.deletions.remove(&d.offset);
+        }
+        if let Some(d) = entry.and_then(|e| e.deletion) {
+            self.deletions.insert(d.offset, d.timestamp);
+        }
+    }
 }
 
 impl LatestChannel {
     pub(crate) fn open(shared: Arc<Shared>, name: &str) -> contract::Result<Arc<LatestChannel>> {
         let (next, floor, _) = shared.channel_row(name, ChannelKind::Latest)?;
-        let rows: Vec<(String, u64, bool)> = shared.read(
+        let loaded: Vec<(String, LatestEntry)> = shared.read(
             || format!("channel {name}: reading value sizes"),
             |conn| {
                 let mut stmt = conn.prepare_cached(SQL_SIZES)?;
-                let rows = stmt.query_map([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+                let rows = stmt.query_map([name], |r| {
+                    let deleted: bool = r.get(2)?;
+                    let deletion = deleted
+                        .then(|| {
+                            Ok::<_, rusqlite::Error>(Deletion {
+                                offset: r.get(3)?,
+                                timestamp: r.get(4)?,
+                            })
+                        })
+                        .transpose()?;
+                    Ok((
+                        r.get(0)?,
+                        LatestEntry {
+                            size: r.get(1)?,
+                            deletion,
+                        },
+                    ))
+                })?;
                 rows.collect()
             },
         )?;
-        let bytes = rows.iter().map(|(_, size, _)| size).sum();
-        let count = rows.iter().filter(|(_, _, marker)| !marker).count() as u64;
-        let topics: HashMap<String, LatestEntry> = rows
-            .into_iter()
-            .map(|(topic, size, marker)| (topic, LatestEntry { size, marker }))
-            .collect();
+        let bytes = loaded.iter().map(|(_, e)| e.size).sum();
+        let count = loaded.iter().filter(|(_, e)| e.deletion.is_none()).count() as u64;
+        let mut rows = Rows::default();
+        for (topic, entry) in loaded {
+            rows.set(&topic, Some(entry));
+        }
         let positions = Positions::load(Arc::clone(&shared), name)?;
         Ok(Arc::new_cyclic(|me| LatestChannel {
             me: me.clone(),
             shared,
             name: name.to_string(),
             counters: ChannelCounters::new(name, (next, floor, bytes), count, false),
-            topics: Mutex::new(topics),
+            rows: Mutex::new(rows),
             keep_markers: name != RETAINED_STORE_NAME,
             positions,
         }))
@@ -133,13 +184,12 @@ impl LatestChannel {
     fn current(&self, pending: &Pending, topic: &str) -> Option<LatestEntry> {
         match pending.topics.get(topic) {
             Some(entry) => *entry,
-            None => self
-                .topics
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(topic)
-                .copied(),
+            None => self.rows().topics.get(topic).copied(),
         }
+    }
+
+    fn rows(&self) -> std::sync::MutexGuard<'_, Rows> {
+        self.rows.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn upsert(
@@ -168,15 +218,15 @@ impl LatestChannel {
         let encoded = Encoded::new(record);
         self.upsert(conn, offset, &encoded, false)?;
         match self.current(pending, &record.topic) {
-            Some(LatestEntry { size, marker }) => {
+            Some(LatestEntry { size, deletion }) => {
                 pending.bytes = pending.bytes.saturating_sub(size);
-                if marker {
+                if deletion.is_some() {
                     pending.count += 1;
                 }
             }
             None => pending.count += 1,
         }
-        holds(pending, &record.topic, encoded.size, false);
+        holds(pending, &record.topic, encoded.size, None);
         pending.next += 1;
         Ok(offset)
     }
@@ -194,7 +244,7 @@ impl LatestChannel {
     ) -> rusqlite::Result<Option<u64>> {
         let Some(LatestEntry {
             size: old,
-            marker: false,
+            deletion: None,
         }) = self.current(pending, &record.topic)
         else {
             return Ok(None);
@@ -205,7 +255,11 @@ impl LatestChannel {
         if self.keep_markers {
             let encoded = Encoded::new(record);
             self.upsert(conn, offset, &encoded, true)?;
-            holds(pending, &record.topic, encoded.size, true);
+            let deletion = Deletion {
+                offset,
+                timestamp: record.timestamp,
+            };
+            holds(pending, &record.topic, encoded.size, Some(deletion));
         } else {
             conn.prepare_cached("DELETE FROM latest_values WHERE channel = ?1 AND topic = ?2")?
                 .execute(rusqlite::params![self.name, record.topic])?;
@@ -213,6 +267,70 @@ impl LatestChannel {
         }
         pending.next += 1;
         Ok(Some(offset))
+    }
+
+    /// Forgets every marker below `bound` (at most `next`) and raises the
+    /// floor to it (never lowering it) in one transaction. The markers are
+    /// the ones the writer keeps in memory, each removed by its offset, so
+    /// the values between them are not read.
+    fn forget_below(&self, bound: u64) -> contract::Result<Removed> {
+        let mut w = self.shared.writer()?;
+        let floor = self.counters.floor();
+        let bound = bound.min(self.counters.next());
+        let stale: Vec<u64> = self
+            .rows()
+            .deletions
+            .range(..bound)
+            .map(|(offset, _)| *offset)
+            .collect();
+        if bound <= floor && stale.is_empty() {
+            return Ok(Removed::default());
+        }
+        let raised = bound.max(floor);
+        let result = w.txn(false, |conn| {
+            let mut forgotten = Vec::with_capacity(stale.len());
+            let mut stmt = conn.prepare_cached(SQL_FORGET)?;
+            for offset in &stale {
+                let mut rows = stmt.query(rusqlite::params![self.name, offset])?;
+                while let Some(r) = rows.next()? {
+                    forgotten.push((r.get::<_, String>(0)?, r.get::<_, u64>(1)?, *offset));
+                }
+            }
+            conn.prepare_cached("UPDATE channels SET floor = ?2 WHERE name = ?1")?
+                .execute(rusqlite::params![self.name, raised])?;
+            Ok(forgotten)
+        });
+        match result {
+            Ok(forgotten) => {
+                let mut removed = Removed::default();
+                {
+                    let mut rows = self.rows();
+                    for (topic, size, offset) in forgotten {
+                        let still = rows
+                            .topics
+                            .get(&topic)
+                            .and_then(|e| e.deletion)
+                            .is_some_and(|d| d.offset == offset);
+                        if still {
+                            rows.set(&topic, None);
+                        }
+                        removed.records += 1;
+                        removed.bytes += size;
+                    }
+                }
+                // Markers hold no value, so the value count stays.
+                self.counters.removed(0, removed.bytes);
+                self.counters.set_floor(raised);
+                self.shared.set_publishes_full(false);
+                Ok(removed)
+            }
+            Err(e) => Err(self.shared.write_error(
+                Some(w.conn()),
+                format!("channel {}: forgetting deletions", self.name),
+                0,
+                &e,
+            )),
+        }
     }
 
     fn target(&self) -> contract::Result<Target> {
@@ -225,13 +343,13 @@ impl LatestChannel {
     }
 }
 
-/// The topic's row now holds `size` bytes, a value or (`marker`) a
+/// The topic's row now holds `size` bytes, a value or (`deletion`) a
 /// deletion's marker, as the transaction moves the counters.
-fn holds(pending: &mut Pending, topic: &str, size: u64, marker: bool) {
+fn holds(pending: &mut Pending, topic: &str, size: u64, deletion: Option<Deletion>) {
     pending.bytes += size;
     pending
         .topics
-        .insert(topic.to_string(), Some(LatestEntry { size, marker }));
+        .insert(topic.to_string(), Some(LatestEntry { size, deletion }));
 }
 
 impl Staged for LatestChannel {
@@ -262,12 +380,9 @@ impl Staged for LatestChannel {
 
     fn committed(&self, pending: Pending) {
         {
-            let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+            let mut rows = self.rows();
             for (topic, entry) in &pending.topics {
-                match entry {
-                    Some(entry) => topics.insert(topic.clone(), *entry),
-                    None => topics.remove(topic),
-                };
+                rows.set(topic, *entry);
             }
         }
         self.counters.committed(&pending);
@@ -452,65 +567,64 @@ impl LatestStore for LatestChannel {
         Ok(out)
     }
 
-    fn trim(&self, before: u64) -> contract::Result<Removed> {
-        let mut w = self.shared.writer()?;
-        let floor = self.counters.floor();
-        let before = before.min(self.counters.next());
-        if before <= floor {
-            return Ok(Removed::default());
-        }
-        // Values are never removed, so the floor rises no further than the
-        // oldest value: a marker forgotten above the floor would be a
-        // deletion a consumer is never told about (invariant 1).
-        let result = w.txn(false, |conn| {
-            let oldest_value: Option<u64> = conn
-                .prepare_cached(
-                    "SELECT min(offset) FROM latest_values WHERE channel = ?1 AND deleted = 0",
-                )?
-                .query_row([&self.name], |r| r.get(0))?;
-            let bound = before.min(oldest_value.unwrap_or(before));
-            if bound <= floor {
-                return Ok(None);
-            }
-            let mut forgotten = Vec::new();
-            {
-                let mut stmt = conn.prepare_cached(
-                    "DELETE FROM latest_values WHERE channel = ?1 AND deleted = 1 AND offset < ?2
-                     RETURNING topic, size",
-                )?;
-                let mut rows = stmt.query(rusqlite::params![self.name, bound])?;
-                while let Some(r) = rows.next()? {
-                    forgotten.push((r.get::<_, String>(0)?, r.get::<_, u64>(1)?));
-                }
-            }
-            conn.prepare_cached("UPDATE channels SET floor = ?2 WHERE name = ?1")?
-                .execute(rusqlite::params![self.name, bound])?;
-            Ok(Some((bound, forgotten)))
-        });
-        match result {
-            Ok(None) => Ok(Removed::default()),
-            Ok(Some((bound, forgotten))) => {
-                let mut removed = Removed::default();
-                {
-                    let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());
-                    for (topic, size) in forgotten {
-                        topics.remove(&topic);
-                        removed.records += 1;
-                        removed.bytes += size;
+    fn rows_from_n(
+        &self,
+        filter: &str,
+        since: u64,
+        max: usize,
+    ) -> contract::Result<(u64, Vec<Record>)> {
+        self.shared.read(
+            || format!("channel {}: reading {filter} from {since}", self.name),
+            |conn| {
+                let floor: u64 = conn
+                    .prepare_cached(SQL_FLOOR)?
+                    .query_row([&self.name], |r| r.get(0))?;
+                let mut stmt = conn.prepare_cached(SQL_SINCE)?;
+                let mut rows = stmt.query(rusqlite::params![self.name, since])?;
+                let mut out = Vec::new();
+                while out.len() < max {
+                    let Some(r) = rows.next()? else {
+                        break;
+                    };
+                    let topic: String = r.get(2)?;
+                    if filter_matches(filter, &topic) {
+                        out.push(record_at(r, 1, r.get(0)?)?);
                     }
                 }
-                // Markers hold no value, so the value count stays.
-                self.counters.removed(0, removed.bytes);
-                self.counters.set_floor(bound);
-                self.shared.set_publishes_full(false);
-                Ok(removed)
+                Ok((floor, out))
+            },
+        )
+    }
+
+    fn trim(&self, before: u64) -> contract::Result<Removed> {
+        self.forget_below(before)
+    }
+
+    fn deletions(&self) -> u64 {
+        self.rows().deletions.len() as u64
+    }
+
+    fn forget_deletions(
+        &self,
+        keep: Option<u64>,
+        cutoff: Option<UnixNanos>,
+    ) -> contract::Result<Removed> {
+        let bound = {
+            let rows = self.rows();
+            let mut held = rows.deletions.len() as u64;
+            let mut bound = None;
+            for (&offset, &timestamp) in &rows.deletions {
+                if !forgets_deletion(held, keep, timestamp, cutoff) {
+                    break;
+                }
+                held -= 1;
+                bound = Some(offset + 1);
             }
-            Err(e) => Err(self.shared.write_error(
-                Some(w.conn()),
-                format!("channel {}: forgetting deletions", self.name),
-                0,
-                &e,
-            )),
+            bound
+        };
+        match bound {
+            Some(bound) => self.forget_below(bound),
+            None => Ok(Removed::default()),
         }
     }
 }
@@ -665,12 +779,8 @@ mod tests {
         );
         let conn = crate::storage::sqlite::open_read_only(&path).unwrap();
         let resume = plan(&conn, SQL_SINCE, rusqlite::params!["devices", 450]);
-        let oldest = plan(
-            &conn,
-            "SELECT min(offset) FROM latest_values WHERE channel = ?1 AND deleted = 0",
-            ["devices"],
-        );
-        for (steps, what) in [(resume, "a resume"), (oldest, "a trim's oldest value")] {
+        let forget = plan(&conn, SQL_FORGET, rusqlite::params!["devices", 501]);
+        for (steps, what) in [(resume, "a resume"), (forget, "forgetting a marker")] {
             assert!(
                 steps
                     .iter()

@@ -371,11 +371,21 @@ fn latest_values_deletions_and_their_floor() {
         Err(StorageError::BelowFloor { .. })
     ));
     assert_eq!(l.match_with_deletions("#", 5).unwrap().len(), 0);
+    // The floor passed a's value, which stays current below it; b's marker
+    // below it was forgotten.
+    assert_eq!((l.floor(), l.deletions()), (5, 0));
     assert_eq!(l.get("devices/a").unwrap().unwrap().offset, 3);
+    let (floor, rows) = l.rows_from_n("#", 1, 10).unwrap();
+    assert_eq!(
+        (floor, rows.iter().map(|r| r.offset).collect::<Vec<_>>()),
+        (5, vec![3])
+    );
+    assert_eq!(l.bytes(), 10, "b's marker gave its bytes back");
     // An empty payload through set deletes.
     // Markers count their size, as the memory provider's do.
     let m = l.set(rec("devices/a", "", 1)).unwrap();
-    assert_eq!((m.offset, l.record_count(), l.bytes()), (5, 0, 18));
+    assert_eq!((m.offset, l.record_count(), l.bytes()), (5, 0, 9));
+    assert_eq!(l.deletions(), 1);
 }
 
 #[test]

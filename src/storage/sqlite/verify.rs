@@ -9,7 +9,9 @@
 //! reissues offsets or a byte count that lies. The row invariants:
 //!
 //! - every channel: `floor <= next`, every stored offset `< next` and (but
-//!   for the broadcast log's positions) every record's `>= floor`;
+//!   for the broadcast log's positions and a latest channel's values, which
+//!   stay current below a floor its retention raised) every record's
+//!   `>= floor`;
 //! - append channels (dead-letter channels included): records contiguous in
 //!   `[floor, next)` - the channel is removed from the front only, so a hole
 //!   is what a stray `DELETE` makes (invariant 1); the broadcast log alone
@@ -393,7 +395,11 @@ fn records(
                     ),
                 );
             }
-            if offset < row.floor {
+            let is_deleted: bool = r.get(14)?;
+            // A latest channel's value stays current below a floor its
+            // retention raised; its deletion markers are held at or above it.
+            let held_below_floor = table == "latest_values" && !is_deleted && offset >= 1;
+            if offset < row.floor && !held_below_floor {
                 v.add(
                     "offset-below-floor",
                     table,
@@ -408,16 +414,10 @@ fn records(
                     table,
                     Some(name),
                     Some(expected),
-                    format!(
-                        "records {expected}..{} are missing between the floor {} and next {}",
-                        offset - 1,
-                        row.floor,
-                        row.next
-                    ),
+                    saguin_format::f21::hole(expected, offset - 1, row.floor, row.next),
                 );
             }
             expected = offset.saturating_add(1);
-            let is_deleted: bool = r.get(14)?;
             match record_at(r, 1, offset) {
                 Ok(record) => {
                     let size = Record::accounted_size(&record);
@@ -451,11 +451,7 @@ fn records(
                 table,
                 Some(name),
                 Some(expected),
-                format!(
-                    "records {expected}..{} are missing below next {}",
-                    row.next - 1,
-                    row.next
-                ),
+                saguin_format::f21::hole(expected, row.next - 1, row.floor, row.next),
             );
         }
         Ok::<_, rusqlite::Error>(whole.then_some(sum))
