@@ -1,6 +1,8 @@
 //! An application message as the broker routes it: shared by every delivery
 //! through an `Arc`, payload in `Bytes`, so fan-out never copies the payload.
 
+use std::sync::OnceLock;
+
 use bytes::Bytes;
 use tokio::time::Instant;
 
@@ -25,6 +27,49 @@ pub struct Message {
     pub properties: MessageProperties,
     /// When the broker accepted it: the message expiry counts from here.
     pub received_at: Instant,
+    /// Its PUBLISH as most deliveries send it, encoded once by the first
+    /// connection writer that sends it and copied by the others. Last in
+    /// the struct: away from the reference counts the state changes.
+    pub wire: WireForms,
+}
+
+/// A message's PUBLISH bytes as every delivery of one shape sends them
+/// (see [`WireForms::shape`]), each encoded the first time a writer needs
+/// it. The packet identifier and the DUP, QoS and RETAIN bits are each
+/// delivery's own, written over the copy.
+///
+/// Cloning a message clones none of them: a clone may be given another
+/// topic or payload.
+#[derive(Default)]
+pub struct WireForms([OnceLock<Option<WireForm>>; 4]);
+
+/// One shape's bytes.
+#[derive(Debug)]
+pub struct WireForm {
+    pub bytes: Box<[u8]>,
+    /// Where the packet identifier is (QoS 1 and 2 forms).
+    pub packet_id_at: usize,
+}
+
+impl WireForms {
+    /// The slot of the form sent in `version` (true: MQTT 5), with a
+    /// packet identifier or without (QoS 0).
+    pub fn shape(&self, v5: bool, with_id: bool) -> &OnceLock<Option<WireForm>> {
+        &self.0[usize::from(v5) * 2 + usize::from(with_id)]
+    }
+}
+
+impl Clone for WireForms {
+    fn clone(&self) -> Self {
+        WireForms::default()
+    }
+}
+
+impl std::fmt::Debug for WireForms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let encoded = self.0.iter().filter(|slot| slot.get().is_some()).count();
+        write!(f, "WireForms({encoded} encoded)")
+    }
 }
 
 impl Message {
