@@ -1088,11 +1088,13 @@ fn write_delivery(
     buf: &mut BytesMut,
 ) -> bool {
     let message = delivery.message;
-    // Most deliveries of a message send the same bytes but for their
-    // packet identifier and flags: those are copied from the form the
-    // first writer encoded. A delivery with its own topic alias,
-    // Subscription Identifiers or expiry left is encoded for itself.
-    if aliases.is_none()
+    // Most MQTT 5 deliveries of a message send the same bytes but for
+    // their packet identifier and flags: those are copied from the form
+    // the first writer encoded. A delivery with its own topic alias,
+    // Subscription Identifiers or expiry left is encoded for itself, as is
+    // every MQTT 3.1.1 one (see `WireForms`).
+    if version == ProtocolVersion::V5
+        && aliases.is_none()
         && message.properties.topic_alias.is_none()
         && delivery.subscription_ids.is_empty()
         && delivery.expiry.is_none()
@@ -1130,9 +1132,9 @@ fn write_delivery(
 }
 
 /// [`write_delivery`] of a delivery every writer sends alike: the
-/// message's form for `version` copied, its first byte and packet
-/// identifier written over. The form is encoded once, by the first writer
-/// that needs it. False when it is too large for the client, as
+/// message's form copied, its first byte and packet identifier written
+/// over. The form is encoded once, by the first writer that needs it.
+/// False when it is too large for the client, as
 /// [`codec::encode_publish`] would refuse it.
 fn copy_delivery(
     delivery: &Delivery<'_>,
@@ -1142,37 +1144,34 @@ fn copy_delivery(
 ) -> bool {
     let message = delivery.message;
     let with_id = delivery.qos != QoS::AtMostOnce;
-    let form = message
-        .wire
-        .shape(version == ProtocolVersion::V5, with_id)
-        .get_or_init(|| {
-            let publish = codec::PublishRef {
-                dup: false,
-                qos: if with_id {
-                    QoS::AtLeastOnce
-                } else {
-                    QoS::AtMostOnce
-                },
-                retain: false,
-                topic: &message.topic,
-                // Any identifier: each delivery writes its own over it.
-                packet_id: u16::from(with_id),
-                properties: &message.properties,
-                message_expiry_interval: None,
-                topic_alias: None,
-                subscription_ids: &[],
-                payload: &message.payload,
-            };
-            let mut bytes = BytesMut::new();
-            codec::encode_publish(&publish, version, u32::MAX, &mut bytes).ok()?;
-            // The fixed header (a byte and the remaining length), then the
-            // topic's length and bytes: the identifier follows.
-            let length_bytes = bytes.iter().skip(1).take_while(|b| **b & 0x80 != 0).count() + 1;
-            Some(WireForm {
-                packet_id_at: 1 + length_bytes + 2 + message.topic.len(),
-                bytes: bytes.to_vec().into_boxed_slice(),
-            })
-        });
+    let form = message.wire.shape(with_id).get_or_init(|| {
+        let publish = codec::PublishRef {
+            dup: false,
+            qos: if with_id {
+                QoS::AtLeastOnce
+            } else {
+                QoS::AtMostOnce
+            },
+            retain: false,
+            topic: &message.topic,
+            // Any identifier: each delivery writes its own over it.
+            packet_id: u16::from(with_id),
+            properties: &message.properties,
+            message_expiry_interval: None,
+            topic_alias: None,
+            subscription_ids: &[],
+            payload: &message.payload,
+        };
+        let mut bytes = BytesMut::new();
+        codec::encode_publish(&publish, version, u32::MAX, &mut bytes).ok()?;
+        // The fixed header (a byte and the remaining length), then the
+        // topic's length and bytes: the identifier follows.
+        let length_bytes = bytes.iter().skip(1).take_while(|b| **b & 0x80 != 0).count() + 1;
+        Some(WireForm {
+            packet_id_at: 1 + length_bytes + 2 + message.topic.len(),
+            bytes: Vec::from(bytes).into_boxed_slice(),
+        })
+    });
     let Some(form) = form else {
         return false;
     };
@@ -1367,8 +1366,8 @@ mod tests {
     use super::*;
 
     /// A copied delivery is byte for byte what encoding it for itself
-    /// writes, whatever its flags, identifier, version and topic length
-    /// (a remaining length of one byte and of two).
+    /// writes, whatever its flags, identifier and topic length (a
+    /// remaining length of one byte and of two).
     #[test]
     fn a_copied_delivery_is_the_bytes_of_one_encoded_for_itself() {
         let mut properties = codec::PublishProperties::default();
@@ -1385,7 +1384,8 @@ mod tests {
                 received_at: tokio::time::Instant::now(),
                 wire: Default::default(),
             };
-            for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
+            {
+                let version = ProtocolVersion::V5;
                 for (q, packet_id, dup, retain) in [
                     (0, 0, false, false),
                     (1, 7, false, true),
@@ -1419,7 +1419,7 @@ mod tests {
                             payload: &message.payload,
                         };
                         codec::encode_publish(&publish, version, u32::MAX, &mut own).unwrap();
-                        assert_eq!(copied, own, "{version:?} QoS {q} topic {topic_len}");
+                        assert_eq!(copied, own, "QoS {q} topic {topic_len}");
                     }
                 }
             }

@@ -46,13 +46,15 @@
 //!   queued packets per wakeup, writes them with one `write_all` and
 //!   counts them off the queue; a delivery is encoded straight from its
 //!   shared message ([`codec::PublishRef`]), no packet of its own built and
-//!   nothing of the message cloned. A message's PUBLISH is encoded once per
-//!   protocol version and kind (with a packet identifier or without), by
-//!   the first writer that sends it ([`message::WireForms`]); the writers
-//!   after copy those bytes and write their own identifier and DUP, QoS
-//!   and RETAIN bits over them. A delivery carrying something of its own
-//!   (an outbound topic alias, Subscription Identifiers, the expiry left)
-//!   is encoded for itself. A queued packet is 48 bytes: what few
+//!   nothing of the message cloned. A message's MQTT 5 PUBLISH is encoded
+//!   once per kind (with a packet identifier or without), by the first
+//!   writer that sends it ([`message::WireForms`]); the writers after copy
+//!   those bytes and write their own identifier and DUP, QoS and RETAIN
+//!   bits over them. A delivery carrying something of its own (an
+//!   outbound topic alias, Subscription Identifiers, the expiry left) is
+//!   encoded for itself, and so is an MQTT 3.1.1 one: without properties
+//!   its encoding is the copy, and a kept form would cost an allocation a
+//!   message. A queued packet is 48 bytes: what few
 //!   packets carry (a CONNACK's extras, AUTH data) is boxed.
 //!   Acknowledgements are written by [`codec::encode_ack`], the same bytes
 //!   as the packet's encoding, no packet built.

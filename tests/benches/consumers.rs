@@ -22,7 +22,7 @@
 //!
 //! Environment: `SAGUIN_BENCH_SCALE` (default 1.0) scales how long each
 //! row publishes and how much; `SAGUIN_BENCH_ONLY` runs only the rows
-//! whose name contains it; `SAGUIN_BENCH_BASELINE` names an earlier saguin
+//! whose name contains it (or one of its `|`-separated parts); `SAGUIN_BENCH_BASELINE` names an earlier saguin
 //! binary, and every row then runs under both builds back to back, the
 //! order turning from one pair to the next (this, baseline; baseline,
 //! this; ...), `SAGUIN_BENCH_ROUNDS` times (default 1), and each row's
@@ -863,7 +863,7 @@ async fn main() {
         .max(1);
     let wanted: Vec<Case> = cases(scale)
         .into_iter()
-        .filter(|case| case.name.contains(only.as_str()))
+        .filter(|case| only.split('|').any(|part| case.name.contains(part)))
         .collect();
     let mut runs = Vec::new();
     match &baseline {
