@@ -23,6 +23,7 @@ use super::codec::{
     SubAck, UnsubAck,
 };
 use super::message::Message;
+use super::message::WireForm;
 use super::metrics::{CloseReason, Metrics};
 use super::state::{
     ConnAckExtras, ConnectRequest, ConnectionHandle, Event, Inbound, InboundPublish, KeepAlive,
@@ -1177,6 +1178,19 @@ fn write_delivery(
     buf: &mut BytesMut,
 ) -> bool {
     let message = delivery.message;
+    // Most MQTT 5 deliveries of a message send the same bytes but for
+    // their packet identifier and flags: those are copied from the form
+    // the first writer encoded. A delivery with its own topic alias,
+    // Subscription Identifiers or expiry left is encoded for itself, as is
+    // every MQTT 3.1.1 one (see `WireForms`).
+    if version == ProtocolVersion::V5
+        && aliases.is_none()
+        && message.properties.topic_alias.is_none()
+        && delivery.subscription_ids.is_empty()
+        && delivery.expiry.is_none()
+    {
+        return copy_delivery(delivery, version, client_max, buf);
+    }
     let mut aliases = aliases;
     let (topic, topic_alias, assigned) = match aliases.as_deref_mut() {
         Some(table) => match table.alias_for(&message.topic) {
@@ -1205,6 +1219,67 @@ fn write_delivery(
         table.forget(&message.topic);
     }
     false
+}
+
+/// [`write_delivery`] of a delivery every writer sends alike: the
+/// message's form copied, its first byte and packet identifier written
+/// over. The form is encoded once, by the first writer that needs it.
+/// False when it is too large for the client, as
+/// [`codec::encode_publish`] would refuse it.
+fn copy_delivery(
+    delivery: &Delivery<'_>,
+    version: ProtocolVersion,
+    client_max: u32,
+    buf: &mut BytesMut,
+) -> bool {
+    let message = delivery.message;
+    let with_id = delivery.qos != QoS::AtMostOnce;
+    let form = message.wire.shape(with_id).get_or_init(|| {
+        let publish = codec::PublishRef {
+            dup: false,
+            qos: if with_id {
+                QoS::AtLeastOnce
+            } else {
+                QoS::AtMostOnce
+            },
+            retain: false,
+            topic: &message.topic,
+            // Any identifier: each delivery writes its own over it.
+            packet_id: u16::from(with_id),
+            properties: &message.properties,
+            message_expiry_interval: None,
+            topic_alias: None,
+            subscription_ids: &[],
+            payload: &message.payload,
+        };
+        let mut bytes = BytesMut::new();
+        codec::encode_publish(&publish, version, u32::MAX, &mut bytes).ok()?;
+        // The fixed header (a byte and the remaining length), then the
+        // topic's length and bytes: the identifier follows.
+        let length_bytes = bytes.iter().skip(1).take_while(|b| **b & 0x80 != 0).count() + 1;
+        Some(WireForm {
+            packet_id_at: 1 + length_bytes + 2 + message.topic.len(),
+            bytes: Vec::from(bytes).into_boxed_slice(),
+        })
+    });
+    let Some(form) = form else {
+        return false;
+    };
+    if form.bytes.len() > client_max as usize {
+        return false;
+    }
+    let start = buf.len();
+    buf.extend_from_slice(&form.bytes);
+    let dup = delivery.dup && with_id;
+    buf[start] = ((codec::PacketType::Publish as u8) << 4)
+        | (u8::from(dup) << 3)
+        | (delivery.qos.as_u8() << 1)
+        | u8::from(delivery.retain);
+    if with_id {
+        let at = start + form.packet_id_at;
+        buf[at..at + 2].copy_from_slice(&delivery.packet_id.to_be_bytes());
+    }
+    true
 }
 
 /// The writer: drains the outbound queue in batches, encodes, and writes
@@ -1379,6 +1454,103 @@ async fn writer<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A copied delivery is byte for byte what encoding it for itself
+    /// writes, whatever its flags, identifier and topic length (a
+    /// remaining length of one byte and of two).
+    #[test]
+    fn a_copied_delivery_is_the_bytes_of_one_encoded_for_itself() {
+        let mut properties = codec::PublishProperties::default();
+        properties
+            .user_properties
+            .push(("saguin-offset".into(), "42".into()));
+        for topic_len in [1, 200] {
+            let message = Message {
+                topic: codec::ByteStr::from("t".repeat(topic_len)),
+                payload: bytes::Bytes::from_static(b"payload"),
+                qos: 2,
+                retain: true,
+                properties: properties.clone(),
+                received_at: tokio::time::Instant::now(),
+                wire: Default::default(),
+            };
+            {
+                let version = ProtocolVersion::V5;
+                for (q, packet_id, dup, retain) in [
+                    (0, 0, false, false),
+                    (1, 7, false, true),
+                    (2, 65535, true, false),
+                    (1, 300, true, true),
+                ] {
+                    let delivery = Delivery {
+                        dup,
+                        qos: qos(q),
+                        retain,
+                        packet_id,
+                        message: &message,
+                        subscription_ids: &[],
+                        expiry: None,
+                    };
+                    // Twice: encoded the first time, copied the second.
+                    for _ in 0..2 {
+                        let mut copied = BytesMut::new();
+                        assert!(copy_delivery(&delivery, version, u32::MAX, &mut copied));
+                        let mut own = BytesMut::new();
+                        let publish = codec::PublishRef {
+                            dup,
+                            qos: qos(q),
+                            retain,
+                            topic: &message.topic,
+                            packet_id,
+                            properties: &message.properties,
+                            message_expiry_interval: None,
+                            topic_alias: None,
+                            subscription_ids: &[],
+                            payload: &message.payload,
+                        };
+                        codec::encode_publish(&publish, version, u32::MAX, &mut own).unwrap();
+                        assert_eq!(copied, own, "QoS {q} topic {topic_len}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_copied_delivery_too_large_for_the_client_is_not_written() {
+        let message = Message {
+            topic: codec::ByteStr::from("telemetry/a"),
+            payload: bytes::Bytes::from(vec![0u8; 100]),
+            qos: 1,
+            retain: false,
+            properties: Default::default(),
+            received_at: tokio::time::Instant::now(),
+            wire: Default::default(),
+        };
+        let delivery = Delivery {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            packet_id: 1,
+            message: &message,
+            subscription_ids: &[],
+            expiry: None,
+        };
+        let mut buf = BytesMut::new();
+        assert!(!copy_delivery(
+            &delivery,
+            ProtocolVersion::V311,
+            64,
+            &mut buf
+        ));
+        assert!(buf.is_empty());
+        assert!(copy_delivery(
+            &delivery,
+            ProtocolVersion::V311,
+            1024,
+            &mut buf
+        ));
+    }
 
     #[test]
     fn a_read_room_grows_while_reads_fill_it_and_gives_back_a_quiet_connections_buffer() {

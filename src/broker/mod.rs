@@ -48,7 +48,15 @@
 //!   queued packets per wakeup, writes them with one `write_all` and
 //!   counts them off the queue; a delivery is encoded straight from its
 //!   shared message ([`codec::PublishRef`]), no packet of its own built and
-//!   nothing of the message cloned. A queued packet is 48 bytes: what few
+//!   nothing of the message cloned. A message's MQTT 5 PUBLISH is encoded
+//!   once per kind (with a packet identifier or without), by the first
+//!   writer that sends it ([`message::WireForms`]); the writers after copy
+//!   those bytes and write their own identifier and DUP, QoS and RETAIN
+//!   bits over them. A delivery carrying something of its own (an
+//!   outbound topic alias, Subscription Identifiers, the expiry left) is
+//!   encoded for itself, and so is an MQTT 3.1.1 one: without properties
+//!   its encoding is the copy, and a kept form would cost an allocation a
+//!   message. A queued packet is 48 bytes: what few
 //!   packets carry (a CONNACK's extras, AUTH data) is boxed.
 //!   Acknowledgements are written by [`codec::encode_ack`], the same bytes
 //!   as the packet's encoding, no packet built.
@@ -309,7 +317,15 @@
 //!   other share one read and one message a record; a read asks for more
 //!   than the room of the consumer it is for (up to 256 records, as many
 //!   as fit in 1 MiB at the channel's average record size), and what that
-//!   consumer does not take now is there when its window opens again. A
+//!   consumer does not take now is there when its window opens again.
+//!   Consumers at one place read once: a consumer whose `next` a read
+//!   out already asks for waits for that read's answer instead of reading
+//!   the same records again (a failed one is tried again at the tick for
+//!   each of them). A record committed while the channel has consumers is
+//!   kept with the message built for it at the end of the span ending at
+//!   its offset, within the same 1 MiB (the tail span gives back its
+//!   oldest quarter past it), so a consumer a little behind - its window
+//!   was full when the record came - is sent it without a read. A
 //!   consumer a week behind still costs one number: what the channel keeps
 //!   is bounded whatever its consumers' distance. Retention tells the
 //!   state every floor it raises, and what is kept below it is let go at

@@ -22,7 +22,11 @@
 //!
 //! Environment: `SAGUIN_BENCH_SCALE` (default 1.0) scales how long each
 //! row publishes and how much; `SAGUIN_BENCH_ONLY` runs only the rows
-//! whose name contains it.
+//! whose name contains it (or one of its `|`-separated parts); `SAGUIN_BENCH_BASELINE` names an earlier saguin
+//! binary, and every row then runs under both builds back to back, the
+//! order turning from one pair to the next (this, baseline; baseline,
+//! this; ...), `SAGUIN_BENCH_ROUNDS` times (default 1), and each row's
+//! rate is compared by the means of its runs.
 
 mod bench_support;
 
@@ -87,8 +91,12 @@ enum Target {
     Broadcast,
 }
 
+#[derive(Clone)]
 struct Case {
     name: String,
+    /// The saguin binary run: `None` for this build's, else an earlier
+    /// build (`SAGUIN_BENCH_BASELINE`).
+    baseline: Option<PathBuf>,
     provider: Provider,
     target: Target,
     readers: usize,
@@ -105,6 +113,16 @@ struct Case {
     /// A memory provider writes background snapshot generations (250 ms
     /// quiet, at most 2 s) into a directory of the row's.
     snapshots: bool,
+}
+
+impl Case {
+    /// The row's name, and which build ran it when two did.
+    fn label(&self) -> String {
+        match self.baseline {
+            Some(_) => format!("{} [baseline]", self.name),
+            None => self.name.clone(),
+        }
+    }
 }
 
 /// A broker holding every publish of the row for each broadcast
@@ -524,7 +542,11 @@ fn one_minute(load: &str) -> &str {
 }
 
 async fn run(case: &Case, dir: &Path) -> Result<Measured, Error> {
-    let broker = bench_support::start(&config(dir, case)?).await?;
+    let config = config(dir, case)?;
+    let broker = match &case.baseline {
+        Some(bin) => bench_support::start_binary(bin, &config, &[]).await?,
+        None => bench_support::start(&config).await?,
+    };
     let addr = broker.addr;
     let filter = match case.target {
         Target::Channel => format!("{CHANNEL}/#"),
@@ -693,6 +715,7 @@ fn cases(scale: f64) -> Vec<Case> {
     for (provider, readers, rfc) in throughput {
         let channel = |again: &str| Case {
             name: format!("{} channel, {readers} consumers{again}", provider.name()),
+            baseline: None,
             provider,
             target: Target::Channel,
             readers,
@@ -710,6 +733,7 @@ fn cases(scale: f64) -> Vec<Case> {
             // both sides alike.
             let broadcast = |again: &str| Case {
                 name: format!("memory broadcast {BROADCAST_TOPIC}, 4 subscribers{again}"),
+                baseline: None,
                 provider,
                 target: Target::Broadcast,
                 readers,
@@ -734,6 +758,7 @@ fn cases(scale: f64) -> Vec<Case> {
     // machine's.
     cases.push(Case {
         name: "memory broadcast, 0 subscribers @5k/s".into(),
+        baseline: None,
         provider: Provider::Memory,
         target: Target::Broadcast,
         readers: 0,
@@ -746,6 +771,7 @@ fn cases(scale: f64) -> Vec<Case> {
     for readers in [0, 4] {
         cases.push(Case {
             name: format!("sqlite channel, {readers} consumers @5k/s"),
+            baseline: None,
             provider: Provider::Sqlite,
             target: Target::Channel,
             readers,
@@ -766,6 +792,7 @@ fn cases(scale: f64) -> Vec<Case> {
         (false, " (again)"),
     ] {
         cases.push(Case {
+            baseline: None,
             name: format!(
                 "memory channel, 4 consumers @5k/s, {}{again}",
                 if snapshots {
@@ -822,12 +849,51 @@ async fn main() {
         "{PUBLISHERS} publishers, QoS 1, {PAYLOAD} B payloads, {WINDOW} in flight each (and the broker's receive_maximum); \
          MQTT 3.1.1 clients in this process, sharing its CPUs with the broker"
     );
+    let baseline = match bench_support::baseline() {
+        Ok(baseline) => baseline,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let rounds: usize = std::env::var("SAGUIN_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let wanted: Vec<Case> = cases(scale)
+        .into_iter()
+        .filter(|case| only.split('|').any(|part| case.name.contains(part)))
+        .collect();
+    let mut runs = Vec::new();
+    match &baseline {
+        Some(bin) => {
+            println!("each row beside the baseline {}, {rounds} round(s), the order turning from one pair to the next", bin.display());
+            let mut pair = 0usize;
+            for _ in 0..rounds {
+                for case in &wanted {
+                    let earlier = Case {
+                        baseline: Some(bin.clone()),
+                        ..case.clone()
+                    };
+                    if pair % 2 == 0 {
+                        runs.extend([case.clone(), earlier]);
+                    } else {
+                        runs.extend([earlier, case.clone()]);
+                    }
+                    pair += 1;
+                }
+            }
+        }
+        None => {
+            for _ in 0..rounds {
+                runs.extend(wanted.iter().cloned());
+            }
+        }
+    }
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut rows = Vec::new();
-    for (i, case) in cases(scale).into_iter().enumerate() {
-        if !case.name.contains(only.as_str()) {
-            continue;
-        }
+    for (i, case) in runs.into_iter().enumerate() {
         let row_dir = dir.path().join(format!("row-{i}"));
         let measured = match std::fs::create_dir_all(&row_dir) {
             Ok(()) => run(&case, &row_dir).await.map_err(|e| e.to_string()),
@@ -838,8 +904,8 @@ async fn main() {
         let _ = std::fs::remove_dir_all(&row_dir);
         match &measured {
             Ok(m) => eprintln!(
-                "{:<40} {:>8.0} publishes/s, {}/{} delivered, load {} -> {}{}",
-                case.name,
+                "{:<52} {:>8.0} publishes/s, {}/{} delivered, load {} -> {}{}",
+                case.label(),
                 m.published as f64 / m.all_secs,
                 m.delivered,
                 m.expected_deliveries,
@@ -850,7 +916,7 @@ async fn main() {
                     .map(|e| format!(": FAIL {e}"))
                     .unwrap_or_default()
             ),
-            Err(e) => eprintln!("{:<40} FAIL {e}", case.name),
+            Err(e) => eprintln!("{:<52} FAIL {e}", case.label()),
         }
         rows.push(Row { case, measured });
     }
@@ -894,7 +960,7 @@ async fn main() {
                 };
                 failed |= m.error.is_some();
                 table.add_row([
-                    case.name.clone(),
+                    case.label(),
                     thousands(m.published as f64 / m.all_secs),
                     thousands(m.published as f64 / m.acked_secs),
                     millis(quantile(&m.acks, 0.5)),
@@ -917,7 +983,7 @@ async fn main() {
             }
             Err(e) => {
                 failed = true;
-                let mut cells = vec![case.name.clone()];
+                let mut cells = vec![case.label()];
                 cells.extend(std::iter::repeat_n("-".to_owned(), 7));
                 cells.extend([
                     span(case.rfc, 1.0),
@@ -936,6 +1002,7 @@ async fn main() {
          publishes/s here counts until every consumer has every record"
     );
     print_targets(&rows);
+    print_against_baseline(&rows);
     if failed {
         std::process::exit(1);
     }
@@ -947,7 +1014,8 @@ fn print_targets(rows: &[Row]) {
         rows.iter().filter_map(move |r| {
             let c = &r.case;
             let m = r.measured.as_ref().ok()?;
-            (c.target == target
+            (c.baseline.is_none()
+                && c.target == target
                 && c.provider == provider
                 && c.readers == readers
                 && c.rate.is_some() == paced
@@ -991,7 +1059,8 @@ fn print_targets(rows: &[Row]) {
         rows.iter()
             .filter(|r| {
                 let c = &r.case;
-                c.provider == Provider::Memory
+                c.baseline.is_none()
+                    && c.provider == Provider::Memory
                     && c.target == Target::Channel
                     && c.rate.is_some()
                     && c.snapshots == snapshots
@@ -1035,5 +1104,46 @@ fn print_targets(rows: &[Row]) {
                 percent(m.stolen)
             );
         }
+    }
+}
+
+/// Each row's rate under this build against the baseline's, by the means
+/// of their runs, and each pair's ratio in the order they ran.
+fn print_against_baseline(rows: &[Row]) {
+    let rate = |row: &Row| {
+        let m = row.measured.as_ref().ok()?;
+        (m.error.is_none() && m.all_secs > 0.0).then(|| m.published as f64 / m.all_secs)
+    };
+    let mut names: Vec<&str> = Vec::new();
+    for row in rows.iter().filter(|r| r.case.baseline.is_some()) {
+        if !names.contains(&row.case.name.as_str()) {
+            names.push(&row.case.name);
+        }
+    }
+    for name in names {
+        let of = |baseline: bool| -> Vec<f64> {
+            rows.iter()
+                .filter(|r| r.case.name == name && r.case.baseline.is_some() == baseline)
+                .filter_map(rate)
+                .collect()
+        };
+        let (this, earlier) = (of(false), of(true));
+        if this.is_empty() || earlier.is_empty() {
+            println!("{name}: no complete pair against the baseline");
+            continue;
+        }
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let pairs: Vec<String> = this
+            .iter()
+            .zip(&earlier)
+            .map(|(a, b)| format!("{:.2}", a / b))
+            .collect();
+        println!(
+            "{name}: this build {} / baseline {} = {:.2} by the means (each pair: {})",
+            thousands(mean(&this)),
+            thousands(mean(&earlier)),
+            mean(&this) / mean(&earlier),
+            pairs.join(", ")
+        );
     }
 }

@@ -1,10 +1,15 @@
 //! Load benchmark: publish throughput and end-to-end latency of saguin,
-//! side by side with Mosquitto (`/usr/sbin/mosquitto`) and rumqttd (when
-//! `rumqttd` is on PATH), each started here on its own loopback port.
+//! side by side with Mosquitto (`/usr/sbin/mosquitto`) and rumqttd 0.20
+//! (`cargo install rumqttd`; found on PATH or in `~/.cargo/bin`, and a
+//! run without it says so on stderr and in its last line), each started
+//! here on its own loopback port.
 //!
 //! `cargo bench --bench load` (release). The clients are raw tokio MQTT
-//! 3.1.1 clients built on the project's codec. Every message is counted at
-//! every subscriber; a missing message fails the run.
+//! 3.1.1 clients built on the project's codec; the rows ending `rumqttc`
+//! use rumqttc (the MQTT client of rumqttd's project, independent of
+//! saguin's codec) instead, each client on its own event loop, the way an
+//! application would. Every message is counted at every subscriber; a
+//! missing message fails the run.
 //!
 //! Environment: `SAGUIN_BENCH_SCALE` (default 1.0) scales message counts;
 //! `SAGUIN_BENCH_BROKERS` (default `saguin,mosquitto,rumqttd`) picks brokers;
@@ -392,6 +397,163 @@ async fn scenario(
     }
 }
 
+/// The MQTT 3.1.1 options of a rumqttc client of this benchmark: clean,
+/// keep alive 120 s, [`WINDOW`] publishes in flight.
+fn rumqttc_options(addr: SocketAddr, id: &str) -> rumqttc::MqttOptions {
+    let mut opts = rumqttc::MqttOptions::new(id, addr.ip().to_string(), addr.port());
+    opts.set_keep_alive(Duration::from_secs(120));
+    opts.set_clean_session(true);
+    opts.set_inflight(WINDOW as u16);
+    opts.set_max_packet_size(1024 * 1024, 1024 * 1024);
+    opts
+}
+
+fn rumqttc_qos(q: u8) -> rumqttc::QoS {
+    match q {
+        0 => rumqttc::QoS::AtMostOnce,
+        1 => rumqttc::QoS::AtLeastOnce,
+        _ => rumqttc::QoS::ExactlyOnce,
+    }
+}
+
+/// [`scenario`] with rumqttc clients: `pubs` publishers of `per_pub`
+/// messages each to one topic, `subs` subscribers counting every one. A
+/// publisher is done when its last publish is acknowledged (QoS 1/2) or
+/// written (QoS 0).
+async fn rumqttc_scenario(
+    addr: SocketAddr,
+    tag: &str,
+    qos: u8,
+    pubs: usize,
+    subs: usize,
+    per_pub: u64,
+) -> Outcome {
+    let topic = format!("bench/{tag}");
+    let expected = per_pub * pubs as u64;
+    let mut error = None;
+    let mut sub_tasks = Vec::new();
+    let mut ready = Vec::new();
+    for s in 0..subs {
+        let (client, mut eventloop) =
+            rumqttc::AsyncClient::new(rumqttc_options(addr, &format!("{tag}-s{s}")), 1024);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        ready.push(ready_rx);
+        let topic = topic.clone();
+        sub_tasks.push(tokio::spawn(async move {
+            client.subscribe(topic, rumqttc_qos(qos)).await?;
+            let mut ready_tx = Some(ready_tx);
+            let mut latencies = Vec::with_capacity(expected as usize);
+            while (latencies.len() as u64) < expected {
+                match eventloop.poll().await? {
+                    rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) => {
+                        if let Some(tx) = ready_tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) => {
+                        let sent = p
+                            .payload
+                            .get(..8)
+                            .map(|b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])))
+                            .unwrap_or(0);
+                        latencies.push(now_ns().saturating_sub(sent));
+                    }
+                    _ => {}
+                }
+            }
+            // The last acknowledgements go out before the connection ends.
+            client.disconnect().await?;
+            while !matches!(
+                eventloop.poll().await,
+                Err(_) | Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect))
+            ) {}
+            Ok::<Vec<u64>, Error>(latencies)
+        }));
+    }
+    for r in ready {
+        if tokio::time::timeout(Duration::from_secs(10), r)
+            .await
+            .is_err()
+        {
+            error = Some("a rumqttc subscriber got no SUBACK".to_owned());
+        }
+    }
+    let start = Instant::now();
+    let mut pub_tasks = Vec::new();
+    for p in 0..pubs {
+        let (client, mut eventloop) =
+            rumqttc::AsyncClient::new(rumqttc_options(addr, &format!("{tag}-p{p}")), 1024);
+        let topic = topic.clone();
+        pub_tasks.push(tokio::spawn(async move {
+            let sender = tokio::spawn(async move {
+                for seq in 0..per_pub {
+                    client
+                        .publish(topic.clone(), rumqttc_qos(qos), false, payload(seq))
+                        .await?;
+                }
+                Ok::<rumqttc::AsyncClient, Error>(client)
+            });
+            let mut done = 0u64;
+            while done < per_pub {
+                match eventloop.poll().await? {
+                    rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))
+                    | rumqttc::Event::Incoming(rumqttc::Packet::PubComp(_))
+                        if qos > 0 =>
+                    {
+                        done += 1
+                    }
+                    rumqttc::Event::Outgoing(rumqttc::Outgoing::Publish(_)) if qos == 0 => {
+                        done += 1
+                    }
+                    _ => {}
+                }
+            }
+            let client = sender.await??;
+            client.disconnect().await?;
+            while !matches!(
+                eventloop.poll().await,
+                Err(_) | Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect))
+            ) {}
+            Ok::<(), Error>(())
+        }));
+    }
+    for t in pub_tasks {
+        match tokio::time::timeout(Duration::from_secs(60), t).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => error = Some(format!("publisher: {e}")),
+            Ok(Err(e)) => error = Some(format!("publisher task: {e}")),
+            Err(_) => error = Some("publisher timed out".into()),
+        }
+    }
+    let mut all = Vec::new();
+    let mut delivered = 0u64;
+    for t in sub_tasks {
+        match tokio::time::timeout(Duration::from_secs(20), t).await {
+            Ok(Ok(Ok(lat))) => {
+                delivered += lat.len() as u64;
+                all.extend(lat);
+            }
+            Ok(Ok(Err(e))) => error = Some(format!("subscriber: {e}")),
+            Ok(Err(e)) => error = Some(format!("subscriber task: {e}")),
+            Err(_) => error = Some("subscriber timed out waiting for messages".into()),
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let total_expected = expected * subs as u64;
+    if error.is_none() && delivered != total_expected {
+        error = Some(format!("delivered {delivered} of {total_expected}"));
+    }
+    all.sort_unstable();
+    Outcome {
+        msgs_per_sec: delivered as f64 / elapsed,
+        delivered,
+        expected: total_expected,
+        p50_us: percentile(&all, 0.50),
+        p99_us: percentile(&all, 0.99),
+        error,
+    }
+}
+
 struct Broker {
     name: &'static str,
     addr: SocketAddr,
@@ -511,8 +673,19 @@ fn on_path(name: &str) -> Option<PathBuf> {
     })
 }
 
+/// rumqttd on PATH, else where `cargo install` puts it.
+fn rumqttd_binary() -> Option<PathBuf> {
+    on_path("rumqttd").or_else(|| {
+        let cargo_home = std::env::var_os("CARGO_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cargo")))?;
+        Some(cargo_home.join("bin").join("rumqttd")).filter(|p| p.is_file())
+    })
+}
+
 async fn start_rumqttd(dir: &Path) -> Result<Broker, Error> {
-    let bin = on_path("rumqttd").ok_or("rumqttd not on PATH (cargo install rumqttd)")?;
+    let bin = rumqttd_binary()
+        .ok_or("rumqttd is neither on PATH nor in ~/.cargo/bin (cargo install rumqttd)")?;
     let port = bench_support::free_port()?;
     let console = bench_support::free_port()?;
     let config = dir.join("rumqttd.toml");
@@ -607,6 +780,7 @@ async fn main() {
 
     let mut rows = Vec::new();
     let mut failed = false;
+    let mut skipped: Vec<String> = Vec::new();
     for name in wanted.split(',').map(str::trim) {
         // SAGUIN_BENCH_BIN runs another binary (or a profiler wrapping one).
         let this_bin = std::env::var_os("SAGUIN_BENCH_BIN")
@@ -655,7 +829,10 @@ async fn main() {
         let mut broker = match started {
             Ok(b) => b,
             Err(e) => {
-                println!("SKIP {name}: {e}");
+                // Said where it is seen, and again under the table: a
+                // comparison without its peer must not pass unnoticed.
+                eprintln!("SKIP {name}: {e}");
+                skipped.push(format!("{name} ({e})"));
                 continue;
             }
         };
@@ -720,6 +897,18 @@ async fn main() {
             None,
             false,
         ));
+        // The same load from rumqttc clients: what an application sees.
+        for qos in [0u8, 1, 2] {
+            cases.push((
+                format!("q{qos} 4pub->1sub rumqttc"),
+                qos,
+                4,
+                1,
+                n(25_000.0),
+                None,
+                true,
+            ));
+        }
         let only = std::env::var("SAGUIN_BENCH_ONLY").unwrap_or_default();
         let wanted_row = |test: &str| match only.strip_suffix('$') {
             Some(end) => test.ends_with(end),
@@ -730,7 +919,11 @@ async fn main() {
                 continue;
             }
             let tag = format!("{}-{i}", broker.name);
-            let outcome = scenario(broker.addr, &tag, qos, pubs, subs, per_pub, rate, clean).await;
+            let outcome = if test.ends_with("rumqttc") {
+                rumqttc_scenario(broker.addr, &tag, qos, pubs, subs, per_pub).await
+            } else {
+                scenario(broker.addr, &tag, qos, pubs, subs, per_pub, rate, clean).await
+            };
             if let Some(e) = &outcome.error {
                 eprintln!("FAIL {} {test}: {e}", broker.name);
                 failed = true;
@@ -789,6 +982,9 @@ async fn main() {
         }
     }
     println!("{table}");
+    if !skipped.is_empty() {
+        println!("NOT MEASURED: {}", skipped.join("; "));
+    }
     if failed {
         std::process::exit(1);
     }

@@ -67,6 +67,19 @@ pub(super) struct Channel {
     pub consumers: Vec<SessionKey>,
     /// An append channel's records read lately, shared by its consumers.
     pub recent: Recent,
+    /// Reads out from an offset of an append channel: their ticket and the
+    /// offsets they ask for, `from..until`. A consumer whose `next` lies
+    /// in one waits for it instead of reading the same records again.
+    pub reads_out: Vec<(u64, u64, u64)>,
+}
+
+/// A read out for consumers of a channel.
+#[derive(Debug)]
+pub(super) struct ConsumerRead {
+    pub channel: u16,
+    /// The consumers its answer goes to, each with its generation: the
+    /// one that asked first, then those that joined it.
+    pub readers: Vec<(SessionKey, u64)>,
 }
 
 /// What the state knows of a channel when it starts.
@@ -348,10 +361,16 @@ impl BrokerState {
         if state.consumers.is_empty() {
             return;
         }
-        let consumers = state.consumers.clone();
-        // Built once, for the first consumer handed the record in hand.
-        let mut message: Option<Arc<Message>> = None;
-        for key in consumers {
+        let consumers = std::mem::take(&mut self.channels[channel as usize].consumers);
+        // Built once for every consumer, and kept with the record among the
+        // channel's recent ones for those that take it later.
+        let message = Arc::new(self.consumer_message(&record, None, now));
+        if self.channels[channel as usize].kind == ChannelKind::Append {
+            self.channels[channel as usize]
+                .recent
+                .append(record.clone(), Some(message.clone()));
+        }
+        for &key in &consumers {
             let Some(index) = self.consumer_index(key, channel) else {
                 continue;
             };
@@ -360,14 +379,14 @@ impl BrokerState {
                 c.next == record.offset && !c.reading && c.seek.is_none() && c.gap.is_none()
             };
             if caught_up {
-                let prepared = message
-                    .get_or_insert_with(|| Arc::new(self.consumer_message(&record, None, now)))
-                    .clone();
-                self.offer(key, index, &record, Some(&prepared), now);
+                self.offer(key, index, &record, Some(&message), now);
             } else {
                 self.pump(key, index, now);
             }
         }
+        // Offering adds and removes no consumer (only subscriptions and
+        // sessions ending do, never from here).
+        self.channels[channel as usize].consumers = consumers;
     }
 
     /// Ask `connection`'s writer to say when it has caught up, so a
@@ -605,17 +624,48 @@ impl BrokerState {
             },
             (None, _) => Seek::Offset(consumer.next),
         };
+        let generation = consumer.generation;
+        let append = state.kind == ChannelKind::Append;
+        // Consumers at the same place read once: one whose next a read
+        // out already asks for waits for its answer.
+        let joined = match from {
+            Seek::Offset(next) if append => state
+                .reads_out
+                .iter()
+                .find(|&&(_, start, until)| start <= next && next < until)
+                .map(|&(ticket, _, _)| ticket),
+            _ => None,
+        };
+        if let Some(ticket) = joined {
+            if let Some(read) = self.channel_reads.get_mut(&ticket) {
+                read.readers.push((key, generation));
+                self.sessions.get_mut(&key).expect("looked up").consumers[index].reading = true;
+                return;
+            }
+        }
         let ticket = self.next_read;
         self.next_read += 1;
-        let generation = consumer.generation;
+        let max = ask.clamp(1, READ_MAX);
+        if let (Seek::Offset(start), true) = (from, append) {
+            self.channels[channel as usize].reads_out.push((
+                ticket,
+                start,
+                start.saturating_add(max as u64),
+            ));
+        }
         self.sessions.get_mut(&key).expect("looked up").consumers[index].reading = true;
-        self.channel_reads
-            .insert(ticket, (key, channel, generation));
+        self.channel_reads.insert(
+            ticket,
+            ConsumerRead {
+                channel,
+                readers: vec![(key, generation)],
+            },
+        );
         self.reads.push(ChannelRead {
             ticket,
             channel,
             from,
-            max: ask.clamp(1, READ_MAX),
+            max,
             filters: Vec::new(),
         });
     }
@@ -623,6 +673,9 @@ impl BrokerState {
     /// Hand consumer `index` of `key` what its channel's recent reads hold
     /// from its `next` on, as far as its room allows. False when its room
     /// ran out; true when it is caught up or the rest takes a read.
+    ///
+    /// A span's records are handed out as a run: looked up once, each
+    /// record and its message lent to [`BrokerState::offer`] in turn.
     fn serve_recent(&mut self, key: SessionKey, index: usize, now: Instant) -> bool {
         loop {
             let Some(consumer) = self.sessions.get(&key).and_then(|s| s.consumers.get(index))
@@ -633,32 +686,45 @@ impl BrokerState {
             if consumer.reading || consumer.seek.is_some() {
                 return true;
             }
-            let (next, has_gap) = (consumer.next, consumer.gap.is_some());
+            let next = consumer.next;
             let state = &mut self.channels[channel];
             if state.kind != ChannelKind::Append || next >= state.next {
                 return true;
             }
-            let (entry, at) = match state.recent.lookup(next) {
-                Lookup::Unknown => return true,
-                Lookup::Empty { end } => {
+            let mut run = match state.recent.take_run(next) {
+                Err(Lookup::Empty { end }) => {
                     self.sessions.get_mut(&key).expect("looked up").consumers[index].next = end;
                     continue;
                 }
-                Lookup::Found(entry, at) => (entry, at),
+                Err(_) => return true,
+                Ok(run) => run,
             };
-            // A gap's announcement makes a message of its own.
-            let message = match entry.message {
-                Some(message) => Some(message),
-                None if !has_gap => {
-                    let message = Arc::new(self.consumer_message(&entry.record, None, now));
-                    self.channels[channel].recent.set_message(at, &message);
-                    Some(message)
+            let mut room = true;
+            for at in run.from..run.entries.len() {
+                let has_gap = self.sessions[&key].consumers[index].gap.is_some();
+                let entry = &mut run.entries[at];
+                // A gap's announcement makes a message of its own.
+                if entry.message.is_none() && !has_gap {
+                    entry.message = Some(Arc::new(self.consumer_message(&entry.record, None, now)));
                 }
-                None => None,
-            };
-            if !self.offer(key, index, &entry.record, message.as_ref(), now) {
+                let message = if has_gap {
+                    None
+                } else {
+                    entry.message.as_ref()
+                };
+                if !self.offer(key, index, &entry.record, message, now) {
+                    room = false;
+                    break;
+                }
+            }
+            let end = run.end;
+            self.channels[channel].recent.put_back(run);
+            if !room {
                 return false;
             }
+            // The span holds nothing more up to its end.
+            let consumer = &mut self.sessions.get_mut(&key).expect("looked up").consumers[index];
+            consumer.next = consumer.next.max(end);
         }
     }
 
@@ -695,66 +761,91 @@ impl BrokerState {
         {
             return;
         }
-        let Some((key, channel, generation)) = self.channel_reads.remove(&ticket) else {
+        let Some(read) = self.channel_reads.remove(&ticket) else {
             return;
         };
-        let Some(index) = self.consumer_index(key, channel) else {
-            return;
-        };
-        let channel_name = self.channels[channel as usize].name.clone();
-        let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
-        if consumer.generation != generation {
+        let channel = read.channel;
+        let state = &mut self.channels[channel as usize];
+        state.reads_out.retain(|&(t, _, _)| t != ticket);
+        let channel_name = state.name.clone();
+        // The consumers still waiting for this read: those that went, or
+        // were moved elsewhere meanwhile (a new generation), are not.
+        let mut readers = Vec::with_capacity(read.readers.len());
+        for (key, generation) in read.readers {
+            let Some(index) = self.consumer_index(key, channel) else {
+                continue;
+            };
+            let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
+            if consumer.generation != generation {
+                continue;
+            }
+            consumer.reading = false;
+            readers.push((key, index));
+        }
+        if readers.is_empty() {
             return;
         }
-        consumer.reading = false;
         let window = match result {
             Ok(window) => window,
             Err(failure) => {
                 // Tried again at the next tick: a consumer is never moved
                 // past records it could not read.
-                tracing::warn!(channel = %channel_name, error = %failure.message, "reading records for a consumer failed; it is tried again");
+                tracing::warn!(channel = %channel_name, error = %failure.message, consumers = readers.len(), "reading records for consumers failed; it is tried again");
                 return;
             }
         };
-        // A start that took a read to find is written at once, not at the
-        // next flush: a restart before then would begin at `next`.
-        let resolved = consumer.seek.take().is_some();
-        if resolved {
-            consumer.next = window.start;
-        }
+        let progressed = !window.records.is_empty();
         let append = self.channels[channel as usize].kind == ChannelKind::Append;
-        if let Some(floor) = window.floor {
-            if !append {
-                // A latest channel forgot deletions this consumer was owed:
-                // it reads every row again from where the window starts.
-                consumer.gap = Some((consumer.next, floor - 1));
+        let mut resolved = Vec::new();
+        for &(key, index) in &readers {
+            let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
+            // A start that took a read to find is written at once, not at
+            // the next flush: a restart before then would begin at `next`.
+            // (Only the consumer that asked can have one: none joins a
+            // read from a seek.)
+            if consumer.seek.take().is_some() {
                 consumer.next = window.start;
-                consumer.resync = Some(floor);
-                self.metrics.consumer_gap(&channel_name);
-            } else if floor > consumer.next {
-                consumer.gap = Some((consumer.next, floor - 1));
-                consumer.next = floor;
-                self.metrics.consumer_gap(&channel_name);
+                resolved.push(key);
+            }
+            if let Some(floor) = window.floor {
+                if !append {
+                    // A latest channel forgot deletions this consumer was
+                    // owed: it reads every row again from where the window
+                    // starts.
+                    consumer.gap = Some((consumer.next, floor - 1));
+                    consumer.next = window.start;
+                    consumer.resync = Some(floor);
+                    self.metrics.consumer_gap(&channel_name);
+                } else if floor > consumer.next {
+                    consumer.gap = Some((consumer.next, floor - 1));
+                    consumer.next = floor;
+                    self.metrics.consumer_gap(&channel_name);
+                }
+            }
+            if consumer.resync.is_some_and(|floor| consumer.next >= floor) {
+                consumer.resync = None;
             }
         }
-        if consumer.resync.is_some_and(|floor| consumer.next >= floor) {
-            consumer.resync = None;
-        }
-        let progressed = !window.records.is_empty();
         if append {
-            // Kept for the consumers after it, and sent from there.
+            // Kept for the consumers after them, and sent from there.
             self.channels[channel as usize]
                 .recent
                 .insert(window.start, window.records);
-            self.serve_recent(key, index, now);
+            for &(key, index) in &readers {
+                self.serve_recent(key, index, now);
+            }
         } else {
-            self.offer_window(key, index, &window, now);
+            for &(key, index) in &readers {
+                self.offer_window(key, index, &window, now);
+            }
         }
-        if resolved {
+        for key in resolved {
             self.stage_positions(key, now);
         }
         if progressed {
-            self.pump(key, index, now);
+            for &(key, index) in &readers {
+                self.pump(key, index, now);
+            }
         }
     }
 
@@ -1160,6 +1251,7 @@ impl BrokerState {
                 next: c.next.max(1),
                 consumers: Vec::new(),
                 recent: Recent::default(),
+                reads_out: Vec::new(),
             })
             .collect();
         self.restore_queues(&restored);

@@ -131,6 +131,7 @@ impl BrokerState {
             retain: will.retain,
             properties: will.properties.clone(),
             received_at: now,
+            wire: Default::default(),
         })
     }
 

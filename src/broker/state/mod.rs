@@ -577,8 +577,8 @@ pub struct BrokerState {
     channels: Vec<channel::Channel>,
     /// Reads of channel records asked for and not yet taken by the server.
     reads: Vec<ChannelRead>,
-    /// Reads out: ticket to the session, channel and consumer generation.
-    channel_reads: IdMap<u64, (SessionKey, u16, u64)>,
+    /// Consumers' reads out, by ticket.
+    channel_reads: IdMap<u64, channel::ConsumerRead>,
     next_read: u64,
     /// Consumers to let catch up once the current event is handled.
     pumps_due: Vec<(SessionKey, u16)>,

@@ -1179,6 +1179,7 @@ pub(super) fn message_from_record(record: &Record, received_at: Instant) -> Mess
         retain: record.retain,
         properties: properties_of(&record.props, &record.user_properties),
         received_at,
+        wire: Default::default(),
     }
 }
 

@@ -312,6 +312,7 @@ impl BrokerState {
             retain,
             properties,
             received_at: now,
+            wire: Default::default(),
         });
         if allowed {
             if let Some(channel) = self.channel_of(&message.topic) {

@@ -1,6 +1,7 @@
-//! Records of an append channel read from its store lately, each with the
-//! message its consumers receive, so that consumers near each other share
-//! one read and one message instead of each reading and building its own.
+//! Records of an append channel read from its store lately or committed
+//! lately, each with the message its consumers receive, so that consumers
+//! near each other share one read and one message instead of each reading
+//! and building its own.
 //!
 //! A read for one consumer asks for more than that consumer has room for
 //! when the channel's records are small, and what it does not take now is
@@ -9,6 +10,13 @@
 //! between its `start` and its `end` at that moment. Spans never overlap;
 //! the least used is let go first, past [`MAX_SPANS`] or
 //! [`MAX_BYTES`] a channel.
+//!
+//! A record committed while the channel has consumers is added to the
+//! span that ends at its offset ([`Recent::append`]), with the message
+//! built for it: the channel's tail is here, so a consumer a little behind
+//! (its window was full when the record came) is sent it without a read.
+//! The tail span gives back its oldest records past [`MAX_BYTES`], a
+//! quarter at a time, so appends do not move the rest one by one.
 //!
 //! A span outlives nothing retention removed: the retention task tells the
 //! state each channel's new floor ([`super::Event::FloorRaised`]) and what
@@ -72,24 +80,29 @@ pub(super) struct Recent {
     clock: u64,
 }
 
-/// What the records read lately say of an offset.
+/// The entries of one span from a consumer's offset on, taken out of the
+/// span while they are handed out ([`Recent::take_run`]) and put back after
+/// ([`Recent::put_back`]): sending a run costs no look-up a record, and the
+/// records and messages are lent, not cloned.
+#[derive(Debug)]
+pub(super) struct Run {
+    /// The span's start, which names it.
+    start: u64,
+    /// Where the span ends: every offset below it holds an entry or none.
+    pub end: u64,
+    pub entries: Vec<Entry>,
+    /// The first entry at or after the offset asked.
+    pub from: usize,
+}
+
+/// What the records read lately say of an offset holding none of them.
 #[derive(Debug)]
 pub(super) enum Lookup {
-    /// The record at or next after the offset (the store held none in
-    /// between), at this index of its span.
-    Found(Entry, SpanAt),
     /// The offset is covered up to this end and holds no record: the store
     /// held none from the offset to there.
     Empty { end: u64 },
     /// Nothing is known of the offset: it takes a read.
     Unknown,
-}
-
-/// Where a found entry is, to give it its message.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct SpanAt {
-    start: u64,
-    index: usize,
 }
 
 impl Recent {
@@ -98,34 +111,108 @@ impl Recent {
         (self.records > 0).then(|| (self.bytes / self.records).max(1))
     }
 
-    pub fn lookup(&mut self, offset: u64) -> Lookup {
+    /// The span covering `offset`, its entries taken out from there on
+    /// (see [`Run`]); `Lookup::Empty` and `Lookup::Unknown` as
+    /// [`Recent::lookup`] says them.
+    pub fn take_run(&mut self, offset: u64) -> Result<Run, Lookup> {
         self.clock += 1;
         let clock = self.clock;
         let Some(span) = self.covering(offset).map(|i| &mut self.spans[i]) else {
-            return Lookup::Unknown;
+            return Err(Lookup::Unknown);
         };
         span.used = clock;
-        let index = span.index_of(offset);
-        match span.entries.get(index) {
-            Some(entry) => Lookup::Found(
-                entry.clone(),
-                SpanAt {
-                    start: span.start,
-                    index,
-                },
-            ),
-            None => Lookup::Empty { end: span.end },
+        let from = span.index_of(offset);
+        if from >= span.entries.len() {
+            return Err(Lookup::Empty { end: span.end });
+        }
+        Ok(Run {
+            start: span.start,
+            end: span.end,
+            entries: std::mem::take(&mut span.entries),
+            from,
+        })
+    }
+
+    /// Give a span back the entries [`Recent::take_run`] took (with the
+    /// messages built meanwhile). Nothing may change the spans between the
+    /// two.
+    pub fn put_back(&mut self, run: Run) {
+        // Nothing changes the spans while a run is out (the state hands a
+        // run out and puts it back within one call); were the span gone,
+        // what it held would be let go with it.
+        if let Some(i) = self.covering(run.start) {
+            let span = &mut self.spans[i];
+            if span.start == run.start && span.entries.is_empty() {
+                span.entries = run.entries;
+            }
         }
     }
 
-    /// The message built for the entry `at` names, for the consumers after.
-    pub fn set_message(&mut self, at: SpanAt, message: &Arc<Message>) {
-        if let Some(entry) = self
-            .covering(at.start)
-            .and_then(|i| self.spans[i].entries.get_mut(at.index))
-        {
-            entry.message = Some(message.clone());
+    /// A record committed at the channel's tail, and the message its
+    /// consumers receive: added to the span ending at its offset (or a span
+    /// of its own), unless a read already holds it.
+    pub fn append(&mut self, record: Arc<Record>, message: Option<Arc<Message>>) {
+        let offset = record.offset;
+        if self.covering(offset).is_some() {
+            return;
         }
+        self.clock += 1;
+        let bytes = record.accounted_size();
+        self.bytes += bytes;
+        self.records += 1;
+        let entry = Entry { record, message };
+        let at = self.spans.partition_point(|s| s.start < offset);
+        let extend = at.checked_sub(1).filter(|&i| self.spans[i].end == offset);
+        match extend {
+            Some(i) => {
+                let span = &mut self.spans[i];
+                span.entries.push(entry);
+                span.end = offset + 1;
+                span.bytes += bytes;
+                span.used = self.clock;
+            }
+            None => {
+                // A span after it would overlap it only if a read saw
+                // the record before its commit came; covering said no.
+                self.spans.insert(
+                    at,
+                    Span {
+                        start: offset,
+                        end: offset + 1,
+                        entries: vec![entry],
+                        bytes,
+                        used: self.clock,
+                    },
+                );
+            }
+        }
+        self.evict();
+        if self.bytes > MAX_BYTES {
+            if let Some(i) = self.spans.iter().position(|s| s.end == offset + 1) {
+                self.trim_front(i);
+            }
+        }
+    }
+
+    /// Let go of span `i`'s oldest records until the channel keeps three
+    /// quarters of [`MAX_BYTES`] (its newest record stays).
+    fn trim_front(&mut self, i: usize) {
+        let target = MAX_BYTES / 4 * 3;
+        let span = &mut self.spans[i];
+        let mut gone = 0;
+        let mut freed = 0;
+        while gone + 1 < span.entries.len() && self.bytes - freed > target {
+            freed += span.entries[gone].record.accounted_size();
+            gone += 1;
+        }
+        if gone == 0 {
+            return;
+        }
+        span.entries.drain(..gone);
+        span.start = span.entries[0].record.offset;
+        span.bytes -= freed;
+        self.bytes -= freed;
+        self.records -= gone as u64;
     }
 
     /// Keep what a read from `start` found (`records`, ascending). The part
@@ -237,11 +324,17 @@ mod tests {
             .collect()
     }
 
+    /// The offset of the record found at or after `offset`, its run put
+    /// back.
     fn found(recent: &mut Recent, offset: u64) -> Option<u64> {
-        match recent.lookup(offset) {
-            Lookup::Found(entry, _) => Some(entry.record.offset),
-            _ => None,
-        }
+        let run = recent.take_run(offset).ok()?;
+        let found = run.entries[run.from].record.offset;
+        recent.put_back(run);
+        Some(found)
+    }
+
+    fn unknown(recent: &mut Recent, offset: u64) -> bool {
+        matches!(recent.take_run(offset), Err(Lookup::Unknown))
     }
 
     #[test]
@@ -250,8 +343,8 @@ mod tests {
         recent.insert(10, records(10..20));
         assert_eq!(found(&mut recent, 10), Some(10));
         assert_eq!(found(&mut recent, 19), Some(19));
-        assert!(matches!(recent.lookup(20), Lookup::Unknown));
-        assert!(matches!(recent.lookup(9), Lookup::Unknown));
+        assert!(unknown(&mut recent, 20));
+        assert!(unknown(&mut recent, 9));
     }
 
     #[test]
@@ -286,11 +379,11 @@ mod tests {
         recent.insert(1, records(1..11));
         recent.insert(20, records(20..25));
         recent.remove_below(5);
-        assert!(matches!(recent.lookup(4), Lookup::Unknown));
+        assert!(unknown(&mut recent, 4));
         assert_eq!(found(&mut recent, 5), Some(5));
         recent.remove_below(22);
-        assert!(matches!(recent.lookup(10), Lookup::Unknown));
-        assert!(matches!(recent.lookup(21), Lookup::Unknown));
+        assert!(unknown(&mut recent, 10));
+        assert!(unknown(&mut recent, 21));
         assert_eq!(found(&mut recent, 22), Some(22));
         assert_eq!(recent.records, 3);
     }
@@ -306,7 +399,7 @@ mod tests {
         let far = MAX_SPANS as u64 * 10;
         recent.insert(far, records(far..far + 5));
         assert_eq!(found(&mut recent, 0), Some(0));
-        assert!(matches!(recent.lookup(10), Lookup::Unknown));
+        assert!(unknown(&mut recent, 10));
         assert_eq!(found(&mut recent, far), Some(far));
     }
 
@@ -319,25 +412,64 @@ mod tests {
         recent.insert(fit + 10, records(fit + 10..fit + 20));
         assert!(recent.bytes <= MAX_BYTES || recent.spans.len() == 1);
         assert_eq!(found(&mut recent, fit + 10), Some(fit + 10));
-        assert!(matches!(recent.lookup(0), Lookup::Unknown));
+        assert!(unknown(&mut recent, 0));
     }
 
     #[test]
-    fn a_message_once_built_is_found_with_its_record() {
+    fn a_message_built_during_a_run_is_found_with_its_record() {
         let mut recent = Recent::default();
         recent.insert(1, records(1..3));
-        let Lookup::Found(entry, at) = recent.lookup(2) else {
-            panic!("found");
-        };
-        assert!(entry.message.is_none());
+        let mut run = recent.take_run(2).expect("covered");
+        assert_eq!(run.from, 1);
+        assert!(run.entries[run.from].message.is_none());
         let message = Arc::new(crate::broker::state::persist::message_from_record(
-            &entry.record,
+            &run.entries[run.from].record,
             tokio::time::Instant::now(),
         ));
-        recent.set_message(at, &message);
-        let Lookup::Found(entry, _) = recent.lookup(2) else {
-            panic!("found");
-        };
-        assert!(entry.message.is_some_and(|m| Arc::ptr_eq(&m, &message)));
+        run.entries[run.from].message = Some(message.clone());
+        // While the run is out its span is not looked at again.
+        recent.put_back(run);
+        let run = recent.take_run(2).expect("covered");
+        let kept = run.entries[run.from].message.clone();
+        recent.put_back(run);
+        assert!(kept.is_some_and(|m| Arc::ptr_eq(&m, &message)));
+    }
+
+    #[test]
+    fn a_commit_extends_the_span_ending_at_its_offset() {
+        let mut recent = Recent::default();
+        recent.insert(1, records(1..5));
+        for record in records(5..8) {
+            recent.append(record, None);
+        }
+        assert_eq!(recent.spans.len(), 1);
+        assert_eq!(found(&mut recent, 7), Some(7));
+        // A record a read already holds is not added twice.
+        recent.append(records([6]).remove(0), None);
+        assert_eq!(recent.records, 7);
+        // Past a hole (a write that failed after taking its offset) a new
+        // span begins: the hole is not claimed to hold nothing.
+        recent.append(records([9]).remove(0), None);
+        assert_eq!(recent.spans.len(), 2);
+        assert!(unknown(&mut recent, 8));
+        assert_eq!(found(&mut recent, 9), Some(9));
+    }
+
+    #[test]
+    fn the_tail_gives_back_its_oldest_records_past_the_bound() {
+        let mut recent = Recent::default();
+        let per = records([0])[0].accounted_size();
+        let fit = MAX_BYTES / per;
+        for record in records(1..=fit * 2) {
+            recent.append(record, None);
+            assert!(recent.bytes <= MAX_BYTES);
+        }
+        assert_eq!(recent.spans.len(), 1);
+        let span = &recent.spans[0];
+        assert_eq!(span.end, fit * 2 + 1);
+        assert_eq!(span.entries.len() as u64, span.end - span.start);
+        assert_eq!(recent.records, span.entries.len() as u64);
+        assert!(unknown(&mut recent, 1));
+        assert_eq!(found(&mut recent, fit * 2), Some(fit * 2));
     }
 }

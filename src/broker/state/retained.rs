@@ -149,6 +149,7 @@ mod tests {
             retain: true,
             properties: MessageProperties::default(),
             received_at: Instant::now(),
+            wire: Default::default(),
         })
     }
 

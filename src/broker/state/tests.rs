@@ -1159,7 +1159,7 @@ fn a_channel_publish_is_answered_after_its_commit_and_handed_to_a_caught_up_cons
 }
 
 #[test]
-fn a_consumer_behind_its_window_reads_from_the_store_in_order_without_a_hole() {
+fn a_consumer_behind_its_window_is_sent_the_tail_from_memory_in_order_without_a_hole() {
     let now = Instant::now();
     let mut s = channel_state(Limits::default(), 1);
     let mut store = FakeStore::default();
@@ -1179,11 +1179,12 @@ fn a_consumer_behind_its_window_reads_from_the_store_in_order_without_a_hole() {
         .map(|(o, _)| o)
         .collect();
     assert_eq!(got, (1..=10).collect::<Vec<u64>>());
-    // Acknowledging frees the window: the rest is read, not queued. The
-    // last window is left unacknowledged.
+    // Acknowledging frees the window: the rest comes from the records the
+    // channel kept as they were committed, not from a read, and was not
+    // queued for the consumer. The last window is left unacknowledged.
     while got.len() < 25 {
         packets(&mut s, 1, acks_of(&out), now);
-        assert_eq!(store.answer_reads(&mut s, 1, now), 1, "one read per window");
+        assert_eq!(store.answer_reads(&mut s, 1, now), 0, "no read");
         out = consumer.drain();
         got.extend(channel_deliveries(&out).into_iter().map(|(o, _)| o));
     }
@@ -1256,43 +1257,28 @@ fn acks_of(out: &[Outbound]) -> Vec<Inbound> {
         .collect()
 }
 
-/// `telemetry` with the persistent QoS 1 consumers `readers` (connections
-/// 1, 2, ... and Receive Maximum 10 each, see `request`), then `records`
-/// records committed: what each consumer was sent, drained.
-fn consumers_behind(
+/// `telemetry` holding records 1..=`records` committed before any
+/// consumer came (so none is kept in memory), then the persistent QoS 1
+/// consumers `readers` (connections 3, 4, ..., Receive Maximum 10 each)
+/// subscribed from offset 1: every record takes a read. The reads their
+/// SUBSCRIBEs asked for are left for the caller to answer.
+fn consumers_behind_the_tail(
     readers: &[&str],
     records: u16,
     now: Instant,
-) -> (BrokerState, FakeStore, Vec<(Client, Vec<Outbound>)>) {
-    let mut s = channel_state(Limits::default(), 1);
-    let mut store = FakeStore::default();
-    let mut clients: Vec<Client> = (1..)
+) -> (BrokerState, FakeStore, Vec<Client>) {
+    let (mut s, mut store) = channel_holding(records, now);
+    let clients = (3..)
         .zip(readers)
-        .map(|(conn, id)| connect(&mut s, conn, id, false, now))
-        .collect();
-    let writer = readers.len() as u64 + 1;
-    let mut publisher = connect(&mut s, writer, "writer", true, now);
-    for conn in 1..writer {
-        packets(&mut s, conn, vec![subscribe("telemetry/#", 1)], now);
-    }
-    store.commit_all(&mut s, now);
-    for client in &mut clients {
-        client.drain();
-    }
-    let burst: Vec<Inbound> = (1..=records)
-        .map(|i| publish("telemetry/a", 1, i))
-        .collect();
-    packets(&mut s, writer, burst, now);
-    store.commit_all(&mut s, now);
-    publisher.drain();
-    let sent = clients
-        .into_iter()
-        .map(|mut c| {
-            let out = c.drain();
-            (c, out)
+        .map(|(conn, id)| {
+            let mut client = connect(&mut s, conn, id, false, now);
+            packets(&mut s, conn, vec![subscribe_from("1")], now);
+            store.commit_all(&mut s, now);
+            client.drain();
+            client
         })
         .collect();
-    (s, store, sent)
+    (s, store, clients)
 }
 
 fn offsets_of(out: &[Outbound]) -> Vec<u64> {
@@ -1303,32 +1289,45 @@ fn offsets_of(out: &[Outbound]) -> Vec<u64> {
 }
 
 #[test]
+fn a_consumer_behind_the_tail_reads_from_the_store_one_window_at_a_time() {
+    let now = Instant::now();
+    let (mut s, mut store, clients) = consumers_behind_the_tail(&["reader"], 25, now);
+    let mut consumer = clients.into_iter().next().expect("reader");
+    let mut got = Vec::new();
+    let mut reads = Vec::new();
+    while got.len() < 25 {
+        reads.push(store.answer_reads(&mut s, 1, now));
+        let out = consumer.drain();
+        got.extend(offsets_of(&out));
+        packets(&mut s, 3, acks_of(&out), now);
+    }
+    assert_eq!(got, (1..=25).collect::<Vec<u64>>());
+    // The first read asks for the room's worth; once the records' size is
+    // known a read asks for more, and the last window needs none.
+    assert_eq!(reads, vec![1, 1, 0]);
+}
+
+#[test]
 fn consumers_near_each_other_share_one_read_and_a_read_runs_past_the_room() {
     let now = Instant::now();
-    let (mut s, mut store, sent) = consumers_behind(&["first", "second"], 40, now);
-    let mut sent = sent.into_iter();
-    let (mut first, out_first) = sent.next().expect("first");
-    let (mut second, out_second) = sent.next().expect("second");
-    assert_eq!(offsets_of(&out_first), (1..=10).collect::<Vec<u64>>());
-    assert_eq!(offsets_of(&out_second), (1..=10).collect::<Vec<u64>>());
+    let (mut s, mut store, clients) = consumers_behind_the_tail(&["first", "second"], 40, now);
+    let mut clients = clients.into_iter();
+    let mut first = clients.next().expect("first");
+    let mut second = clients.next().expect("second");
 
-    // The first reads its room's worth: nothing says yet how large the
-    // channel's records are.
-    packets(&mut s, 1, acks_of(&out_first), now);
+    // Both start at offset 1: the second waits for the read the first
+    // asked for, which asks for its room's worth (nothing says yet how
+    // large the channel's records are).
     let mut reads = Vec::new();
     s.take_reads(&mut reads);
     assert_eq!(reads.iter().map(|r| r.max).collect::<Vec<_>>(), vec![10]);
     s.reads = reads;
     assert_eq!(store.answer_reads(&mut s, 1, now), 1);
     let out_first = first.drain();
-    assert_eq!(offsets_of(&out_first), (11..=20).collect::<Vec<u64>>());
-
-    // The second is handed what that read found, with no read of its own,
-    // each record's message built once for both.
-    packets(&mut s, 2, acks_of(&out_second), now);
-    assert_eq!(store.answer_reads(&mut s, 1, now), 0, "no read");
     let out_second = second.drain();
-    assert_eq!(offsets_of(&out_second), (11..=20).collect::<Vec<u64>>());
+    assert_eq!(offsets_of(&out_first), (1..=10).collect::<Vec<u64>>());
+    assert_eq!(offsets_of(&out_second), (1..=10).collect::<Vec<u64>>());
+    // Each record's message built once for both.
     let message = |out: &[Outbound], i: usize| match &out[i] {
         Outbound::Publish { message, .. } => message.clone(),
         other => panic!("{other:?}"),
@@ -1338,9 +1337,9 @@ fn consumers_near_each_other_share_one_read_and_a_read_runs_past_the_room() {
         &message(&out_second, 0)
     ));
 
-    // Small records: the next read asks for more than the room, and what
-    // did not fit is handed on from memory when the room comes back.
-    packets(&mut s, 1, acks_of(&out_first), now);
+    // Small records: the next read asks for more than the room, and the
+    // second, behind it, is handed what it found with no read of its own.
+    packets(&mut s, 3, acks_of(&out_first), now);
     let mut reads = Vec::new();
     s.take_reads(&mut reads);
     assert_eq!(reads.len(), 1);
@@ -1348,24 +1347,65 @@ fn consumers_near_each_other_share_one_read_and_a_read_runs_past_the_room() {
     s.reads = reads;
     store.answer_reads(&mut s, 1, now);
     let out_first = first.drain();
-    assert_eq!(offsets_of(&out_first), (21..=30).collect::<Vec<u64>>());
-    packets(&mut s, 1, acks_of(&out_first), now);
+    assert_eq!(offsets_of(&out_first), (11..=20).collect::<Vec<u64>>());
+    packets(&mut s, 4, acks_of(&out_second), now);
     assert_eq!(store.answer_reads(&mut s, 1, now), 0, "no read");
-    assert_eq!(offsets_of(&first.drain()), (31..=40).collect::<Vec<u64>>());
+    assert_eq!(offsets_of(&second.drain()), (11..=20).collect::<Vec<u64>>());
+
+    // What did not fit is handed on from memory when the room comes back.
+    packets(&mut s, 3, acks_of(&out_first), now);
+    assert_eq!(store.answer_reads(&mut s, 1, now), 0, "no read");
+    assert_eq!(offsets_of(&first.drain()), (21..=30).collect::<Vec<u64>>());
+}
+
+#[test]
+fn consumers_at_one_place_read_once_and_a_failed_read_is_tried_again_for_each() {
+    let now = Instant::now();
+    let readers = ["a", "b", "c", "d"];
+    let (mut s, mut store, mut clients) = consumers_behind_the_tail(&readers, 5, now);
+    // Four consumers at offset 1: one read.
+    let mut reads = Vec::new();
+    s.take_reads(&mut reads);
+    assert_eq!(reads.len(), 1);
+    let read = reads.remove(0);
+    s.handle(
+        Event::ChannelRead {
+            ticket: read.ticket,
+            result: Err(StorageFailure {
+                full: false,
+                message: "disk I/O error".into(),
+            }),
+        },
+        now,
+    );
+    for client in &mut clients {
+        assert!(offsets_of(&client.drain()).is_empty());
+    }
+    // The tick tries again: still one read for the four, and each is sent
+    // every record once.
+    s.tick(now + Duration::from_secs(1));
+    assert_eq!(store.answer_reads(&mut s, 1, now), 1);
+    for client in &mut clients {
+        assert_eq!(offsets_of(&client.drain()), (1..=5).collect::<Vec<u64>>());
+    }
 }
 
 #[test]
 fn records_retention_removed_are_not_handed_on_from_memory_but_told_as_a_gap() {
     let now = Instant::now();
-    let (mut s, mut store, sent) = consumers_behind(&["reader"], 40, now);
-    let (mut consumer, mut out) = sent.into_iter().next().expect("reader");
-    // Two windows read; the second read found 21..=40, of which 21..=30
-    // were sent and 31..=40 are kept.
-    for _ in 0..2 {
-        packets(&mut s, 1, acks_of(&out), now);
-        assert_eq!(store.answer_reads(&mut s, 1, now), 1);
-        out = consumer.drain();
-    }
+    let (mut s, mut store, clients) = consumers_behind_the_tail(&["reader"], 40, now);
+    let mut consumer = clients.into_iter().next().expect("reader");
+    // Two windows read; the second read found 11..=40 (more than the
+    // room, the records' size known by then), of which 11..=20 were sent.
+    assert_eq!(store.answer_reads(&mut s, 1, now), 1);
+    let out = consumer.drain();
+    packets(&mut s, 3, acks_of(&out), now);
+    assert_eq!(store.answer_reads(&mut s, 1, now), 1);
+    let out = consumer.drain();
+    assert_eq!(offsets_of(&out), (11..=20).collect::<Vec<u64>>());
+    packets(&mut s, 3, acks_of(&out), now);
+    assert_eq!(store.answer_reads(&mut s, 1, now), 0, "kept");
+    let out = consumer.drain();
     assert_eq!(offsets_of(&out), (21..=30).collect::<Vec<u64>>());
     s.handle(
         Event::FloorRaised {
@@ -1374,7 +1414,7 @@ fn records_retention_removed_are_not_handed_on_from_memory_but_told_as_a_gap() {
         },
         now,
     );
-    packets(&mut s, 1, acks_of(&out), now);
+    packets(&mut s, 3, acks_of(&out), now);
     assert_eq!(
         store.answer_reads(&mut s, 36, now),
         1,

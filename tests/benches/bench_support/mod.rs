@@ -116,8 +116,37 @@ pub async fn start(config: &Path) -> Result<Broker, Error> {
 
 /// [`start`] with `env` set for the broker process.
 pub async fn start_with_env(config: &Path, env: &[(&str, &str)]) -> Result<Broker, Error> {
+    start_binary(Path::new(env!("CARGO_BIN_EXE_saguin")), config, env).await
+}
+
+/// The earlier build a benchmark compares this one with, side by side in
+/// one run: the saguin binary `SAGUIN_BENCH_BASELINE` names (build it
+/// from the commit to compare with, `cargo build --release`, and copy
+/// `target/release/saguin` aside). `None` when unset; an error when it
+/// names no file.
+pub fn baseline() -> Result<Option<std::path::PathBuf>, Error> {
+    match std::env::var_os("SAGUIN_BENCH_BASELINE") {
+        None => Ok(None),
+        Some(path) => {
+            let path = std::path::PathBuf::from(path);
+            if path.is_file() {
+                Ok(Some(path))
+            } else {
+                Err(format!("SAGUIN_BENCH_BASELINE={}: no such file", path.display()).into())
+            }
+        }
+    }
+}
+
+/// [`start_with_env`] of the saguin binary `bin` (this build's, or a
+/// [`baseline`]).
+pub async fn start_binary(
+    bin: &Path,
+    config: &Path,
+    env: &[(&str, &str)],
+) -> Result<Broker, Error> {
     let began = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_saguin"))
+    let mut child = Command::new(bin)
         .envs(env.iter().copied())
         .arg("serve")
         .arg("--config")
