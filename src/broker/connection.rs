@@ -174,6 +174,9 @@ pub async fn serve<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let metrics = context.metrics.clone();
+    // Reads stamped in the order the sockets became readable: the state
+    // takes packets that arrived together in that order.
+    let (stream, read_order) = super::read_order::Stamped::new(stream);
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut room = ReadRoom::new();
     let mut decoder = FrameDecoder::server(context.max_packet_size);
@@ -370,6 +373,7 @@ pub async fn serve<S>(
         writer.abort();
         return;
     }
+    read_order.handed_on();
 
     // Held to what the state grants (and tells the client in CONNACK); a
     // refused 3.1.1 client is closed by the state before it matters.
@@ -457,17 +461,23 @@ pub async fn serve<S>(
                 .send(Event::Packets {
                     connection: id,
                     packets: batch,
+                    read_order: read_order.last(),
                 })
                 .await
                 .is_err()
         {
             break 'read (CloseReason::Shutdown, None, String::new());
         }
+        read_order.handed_on();
         if let Some(fatal) = fatal {
             break 'read fatal;
         }
         // Paused by the state (the client does not read what it is sent,
         // or its packets wait behind a write): its bytes wait in the socket.
+        if *pause_rx.borrow() {
+            // Not read until the state resumes it: nobody waits for it.
+            read_order.set_aside();
+        }
         while *pause_rx.borrow_and_update() {
             tokio::select! {
                 biased;
