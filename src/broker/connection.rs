@@ -189,7 +189,9 @@ pub async fn serve<S>(
 
 /// What a connection keeps once its CONNECT was handed to the state.
 struct Established<S> {
-    rd: tokio::io::ReadHalf<S>,
+    rd: tokio::io::ReadHalf<super::read_order::Stamped<S>>,
+    /// Where this connection's reads stand among every connection's.
+    read_order: super::read_order::ReadOrder,
     room: ReadRoom,
     decoder: FrameDecoder,
     client_id: String,
@@ -221,6 +223,9 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let metrics = context.metrics.clone();
+    // Reads stamped in the order the sockets became readable: the state
+    // takes packets that arrived together in that order.
+    let (stream, read_order) = super::read_order::Stamped::new(stream);
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut room = ReadRoom::new();
     let mut decoder = FrameDecoder::server(context.max_packet_size);
@@ -417,6 +422,7 @@ where
         writer.abort();
         return None;
     }
+    read_order.handed_on();
 
     // Held to what the state grants (and tells the client in CONNACK); a
     // refused 3.1.1 client is closed by the state before it matters.
@@ -432,6 +438,7 @@ where
     let keep_alive = (held > 0).then(|| Duration::from_millis(u64::from(held) * 1500));
     Some(Established {
         rd,
+        read_order,
         room,
         decoder,
         client_id,
@@ -527,17 +534,23 @@ async fn read_loop<S>(
                 .send(Event::Packets {
                     connection: id,
                     packets: batch,
+                    read_order: conn.read_order.last(),
                 })
                 .await
                 .is_err()
         {
             break 'read (CloseReason::Shutdown, None, String::new());
         }
+        conn.read_order.handed_on();
         if let Some(fatal) = fatal {
             break 'read fatal;
         }
         // Paused by the state (the client does not read what it is sent,
         // or its packets wait behind a write): its bytes wait in the socket.
+        if *conn.pause_rx.borrow() {
+            // Not read until the state resumes it: nobody waits for it.
+            conn.read_order.set_aside();
+        }
         while *conn.pause_rx.borrow_and_update() {
             tokio::select! {
                 biased;

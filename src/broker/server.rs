@@ -21,12 +21,16 @@ use tokio_rustls::TlsAcceptor;
 use super::connection::{self, ConnectionContext};
 use super::metrics::{CloseReason, Metrics};
 use super::persister::{PersisterGone, Persisters};
+use super::read_order;
 use super::state::{BrokerState, Event, Intent, SYS_INTERVAL};
 use super::views::ChannelView;
 
 /// How many events the broker queue holds before readers wait (backpressure:
 /// a decoded packet is never dropped, its reader just stops reading).
 pub const EVENT_QUEUE: usize = 1024;
+/// Client events the broker task takes from its queue at once; up to twice
+/// as many once the connections woken with them have run.
+const EVENT_BATCH: usize = 64;
 
 /// Connections accepted over `limits.max_connections` at once, only to be
 /// answered CONNACK 0x97 (3.1.1: return code 3) and closed; beyond these,
@@ -301,7 +305,8 @@ async fn broker_task(
     sys.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut flush = tokio::time::interval(flush_interval.max(Duration::from_millis(1)));
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut batch = Vec::with_capacity(64);
+    let mut batch = Vec::with_capacity(2 * EVENT_BATCH);
+    let mut watermark = read_order::Watermark::default();
     let mut intents = Vec::new();
     let mut reads = Vec::new();
     // The next snapshot generation due, reset only when that moment moves.
@@ -331,10 +336,11 @@ async fn broker_task(
             (provider, written) = snapshots.finished(), if !snapshots.is_empty() => {
                 snapshots.settle(provider, written, Instant::now());
             }
-            received = events.recv_many(&mut batch, 64) => {
+            received = events.recv_many(&mut batch, EVENT_BATCH) => {
                 if received == 0 {
                     break;
                 }
+                take_in_read_order(&mut events, &mut batch, &mut watermark).await;
                 let now = Instant::now();
                 for event in batch.drain(..) {
                     state.handle(event, now);
@@ -375,6 +381,50 @@ async fn broker_task(
     // close writes the last one.
     snapshots.drain().await;
     Ok(())
+}
+
+/// Connections whose sockets became readable before the packets in
+/// `batch` may not have handed theirs on yet (the runtime runs the task it
+/// woke last first): the broker task lets them run, takes what they sent
+/// and hands the packets to the state in the order the sockets became
+/// readable ([`read_order`](super::read_order)).
+async fn take_in_read_order(
+    events: &mut mpsc::Receiver<Event>,
+    batch: &mut Vec<Event>,
+    watermark: &mut read_order::Watermark,
+) {
+    // A full batch is a backlog: the broker never waits for readers while
+    // it is behind, and takes what it holds in their order.
+    if batch.len() >= EVENT_BATCH {
+        read_order::sort_packets(batch);
+        return;
+    }
+    let latest = |batch: &[Event]| {
+        batch
+            .iter()
+            .filter_map(|e| match e {
+                Event::Packets { read_order, .. } => Some(*read_order),
+                _ => None,
+            })
+            .max()
+    };
+    // Only readers woken before what the batch holds are waited for; what
+    // arrives meanwhile is sorted with it.
+    let Some(last) = latest(batch) else {
+        return;
+    };
+    if watermark.woken_before(last) {
+        watermark
+            .wait_before(last, Instant::now() + read_order::ORDER_WAIT)
+            .await;
+        while batch.len() < 2 * EVENT_BATCH {
+            match events.try_recv() {
+                Ok(event) => batch.push(event),
+                Err(_) => break,
+            }
+        }
+    }
+    read_order::sort_packets(batch);
 }
 
 /// What an accepted connection holds until it ends.

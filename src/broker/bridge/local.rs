@@ -180,6 +180,7 @@ impl Local {
             .send(Event::Packets {
                 connection: self.connection,
                 packets,
+                read_order: crate::broker::read_order::next_stamp(),
             })
             .await
             .map_err(|_| LocalGone::Stopped)

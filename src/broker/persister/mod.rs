@@ -1155,6 +1155,167 @@ mod tests {
         assert_eq!(rest.iter().map(|i| i.ticket).collect::<Vec<_>>(), vec![3]);
     }
 
+    /// An append channel whose positions fail as scheduled: each reader's
+    /// saves answer from its list in turn (true: an injected I/O failure),
+    /// then succeed.
+    struct Flaky {
+        inner: Arc<dyn crate::storage::contract::AppendStore>,
+        failures: std::sync::Mutex<std::collections::HashMap<String, VecDeque<bool>>>,
+    }
+
+    impl crate::storage::contract::AppendStore for Flaky {
+        fn append(&self, record: Record) -> Result<Record, StorageError> {
+            self.inner.append(record)
+        }
+        fn read_from(&self, offset: u64) -> Result<Vec<Record>, StorageError> {
+            self.inner.read_from(offset)
+        }
+        fn read_from_n(&self, offset: u64, max: usize) -> Result<Vec<Record>, StorageError> {
+            self.inner.read_from_n(offset, max)
+        }
+        fn lowest_position(&self) -> u64 {
+            self.inner.lowest_position()
+        }
+        fn first_at_or_after(
+            &self,
+            at: saguin_format::model::UnixNanos,
+        ) -> Result<Option<u64>, StorageError> {
+            self.inner.first_at_or_after(at)
+        }
+        fn set_max_bytes(&self, max_bytes: Option<u64>) {
+            self.inner.set_max_bytes(max_bytes)
+        }
+        fn max_bytes(&self) -> Option<u64> {
+            self.inner.max_bytes()
+        }
+        fn trim(
+            &self,
+            before: u64,
+            max_bytes: Option<u64>,
+        ) -> Result<crate::storage::contract::Removed, StorageError> {
+            self.inner.trim(before, max_bytes)
+        }
+        fn trim_older_than(
+            &self,
+            cutoff: saguin_format::model::UnixNanos,
+        ) -> Result<crate::storage::contract::Removed, StorageError> {
+            self.inner.trim_older_than(cutoff)
+        }
+    }
+
+    impl crate::storage::contract::OffsetStore for Flaky {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+        fn next(&self) -> u64 {
+            self.inner.next()
+        }
+        fn floor(&self) -> u64 {
+            self.inner.floor()
+        }
+        fn bytes(&self) -> u64 {
+            self.inner.bytes()
+        }
+        fn record_count(&self) -> u64 {
+            self.inner.record_count()
+        }
+        fn position(&self, reader: &Reader) -> Result<Option<Position>, StorageError> {
+            self.inner.position(reader)
+        }
+        fn save_position(&self, position: Position) -> Result<(), StorageError> {
+            let fails = self
+                .failures
+                .lock()
+                .unwrap()
+                .get_mut(position.reader.id())
+                .and_then(VecDeque::pop_front)
+                .unwrap_or(false);
+            if fails {
+                return Err(StorageError::Io {
+                    context: format!("saving the position of {}", position.reader),
+                    source: std::io::Error::other("injected"),
+                });
+            }
+            self.inner.save_position(position)
+        }
+        fn drop_position(&self, reader: &Reader) -> Result<bool, StorageError> {
+            self.inner.drop_position(reader)
+        }
+        fn positions(&self) -> Result<Vec<Position>, StorageError> {
+            self.inner.positions()
+        }
+    }
+
+    /// The failure of a shared session transaction, injected by the store:
+    /// the first shared attempt stops at the failing packet; the packets
+    /// before it share a second and last attempt, and when that fails too
+    /// (the store fails `a` once more) each runs alone; the failing packet
+    /// runs alone and alone gets the failure; the packets after it wait
+    /// for the next group, which commits them together. Two shared
+    /// attempts at most, and no neighbour answered with another's failure.
+    #[test]
+    fn an_injected_failure_fails_only_its_own_packet_in_at_most_two_shared_attempts() {
+        let dir = tempfile::tempdir().unwrap();
+        let (stores, counting) = stores(dir.path());
+        let (_, channel) = stores.channel().unwrap();
+        let flaky = Arc::new(Flaky {
+            inner: channel.as_append().unwrap().clone(),
+            failures: std::sync::Mutex::new(
+                [
+                    // a: fine in the first attempt, fails in the second.
+                    ("a".to_owned(), VecDeque::from([false, true])),
+                    // b: fails every time.
+                    ("b".to_owned(), VecDeque::from([true, true, true])),
+                ]
+                .into_iter()
+                .collect(),
+            ),
+        });
+        let mut stores = Stores::of(
+            counting.clone(),
+            Keeps::Channel(0, ChannelStore::Append(flaky)),
+        )
+        .unwrap();
+        stores.alone = false;
+        let mut turns = Turns::default();
+        let group = vec![
+            position(1, "a", 1),
+            position(2, "b", 1),
+            position(3, "c", 1),
+            position(4, "d", 2),
+        ];
+        let answers = stores.run_session_group(group, &mut turns, |_| false, || Duration::ZERO);
+        let outcome: Vec<(u64, bool)> = answers.iter().map(|(t, r)| (*t, r.is_ok())).collect();
+        assert_eq!(outcome, vec![(1, true), (2, false)]);
+        assert!(
+            matches!(&answers[1].1, Err(StorageError::Io { .. })),
+            "{:?}",
+            answers[1].1
+        );
+        assert_eq!(
+            counting.shared.load(Ordering::Relaxed),
+            2,
+            "two shared attempts"
+        );
+        // The packets after the failure: the next group, one transaction.
+        let rest = turns.next().unwrap();
+        assert_eq!(
+            rest.iter().map(|i| i.ticket).collect::<Vec<_>>(),
+            vec![3, 4]
+        );
+        let answers = stores.run_session_group(rest, &mut turns, |_| false, || Duration::ZERO);
+        assert!(answers.iter().all(|(_, r)| r.is_ok()), "{answers:?}");
+        assert_eq!(counting.shared.load(Ordering::Relaxed), 3);
+        assert_eq!(
+            stored(&stores),
+            vec![
+                ("a".to_owned(), 1),
+                ("c".to_owned(), 1),
+                ("d".to_owned(), 2)
+            ]
+        );
+    }
+
     #[test]
     fn a_session_group_gives_way_after_the_time_allowed_on_a_fake_clock() {
         let dir = tempfile::tempdir().unwrap();

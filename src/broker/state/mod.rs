@@ -337,6 +337,10 @@ pub enum Event {
     Packets {
         connection: u64,
         packets: Vec<Inbound>,
+        /// Where the read that brought them stands in the order the
+        /// connections' sockets became readable
+        /// ([`read_order`](crate::broker::read_order)).
+        read_order: u64,
     },
     /// The connection ended (or must end) for `reason`; `disconnect_reason`
     /// is the v5 DISCONNECT reason to send first, if any.
@@ -700,6 +704,7 @@ impl BrokerState {
             Event::Packets {
                 connection,
                 mut packets,
+                read_order: _,
             } => {
                 if packets.first().is_some_and(Inbound::answers_delivery) {
                     // A subscriber's acknowledgements: each is taken by its

@@ -249,6 +249,7 @@ fn packets(state: &mut BrokerState, conn: u64, packets: Vec<Inbound>, now: Insta
         Event::Packets {
             connection: conn,
             packets,
+            read_order: 0,
         },
         now,
     );
