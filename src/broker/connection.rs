@@ -29,7 +29,7 @@ use super::state::{
     ConnAckExtras, ConnectRequest, ConnectionHandle, Event, Inbound, InboundPublish, KeepAlive,
     Outbound, WillRequest,
 };
-use super::topic::SubOptions;
+use super::subscriptions::SubOptions;
 use crate::config::auth::PasswordFile;
 
 /// What every connection needs to know, shared.

@@ -564,5 +564,5 @@ pub mod server;
 pub mod snapshots;
 pub mod state;
 pub mod status;
-pub mod topic;
+pub mod subscriptions;
 pub mod views;

@@ -14,7 +14,7 @@ use crate::broker::metrics::CloseReason;
 use crate::broker::state::{
     ConnectRequest, ConnectionHandle, Event, Inbound, Outbound, FROM_PROPERTY,
 };
-use crate::broker::topic::SubOptions;
+use crate::broker::subscriptions::SubOptions;
 
 /// Time the state has to answer the bridge's CONNECT and SUBSCRIBE.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -38,7 +38,7 @@ use super::session::{InflightEntry, QueuedMessage, SessionSubscription};
 use super::BrokerState;
 use crate::broker::message::Message;
 use crate::broker::metrics::DropReason;
-use crate::broker::topic::SessionKey;
+use crate::broker::subscriptions::SessionKey;
 use crate::storage::contract::{Position, Reader};
 use crate::topic;
 use saguin_format::model::{ChannelKind, Record, UnixNanos};

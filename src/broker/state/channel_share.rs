@@ -26,7 +26,7 @@ use super::persist::{Role, Write};
 use super::session::{InflightEntry, QueuedMessage};
 use super::BrokerState;
 use crate::broker::metrics::DropReason;
-use crate::broker::topic::SessionKey;
+use crate::broker::subscriptions::SessionKey;
 use crate::storage::contract::{Position, Reader};
 use crate::topic;
 use saguin_format::model::{ChannelKind, Record};

@@ -13,7 +13,7 @@ use super::session::PendingWill;
 use super::{BrokerState, Connection, Outbound, ReasonCode, WillRequest};
 use crate::broker::message::Message;
 use crate::broker::metrics::{CloseReason, DropReason};
-use crate::broker::topic::SessionKey;
+use crate::broker::subscriptions::SessionKey;
 
 impl BrokerState {
     /// Drop the connection from the state and tell its tasks to finish: send

@@ -15,7 +15,7 @@ use super::{
     ReasonCode,
 };
 use crate::broker::metrics::CloseReason;
-use crate::broker::topic::SessionKey;
+use crate::broker::subscriptions::SessionKey;
 
 impl BrokerState {
     pub(super) fn on_connect(

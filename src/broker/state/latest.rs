@@ -47,7 +47,7 @@ use tokio::time::Instant;
 
 use super::channel::{ChannelRead, ConsumerStart, ReadWindow, Seek};
 use super::{BrokerState, RetainedDue, StorageFailure};
-use crate::broker::topic::{SessionKey, SubOptions};
+use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::topic;
 use saguin_format::model::ChannelKind;
 

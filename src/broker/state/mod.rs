@@ -63,7 +63,7 @@ use tokio::time::Instant;
 use super::codec::ByteStr;
 use super::message::MessageProperties;
 use super::metrics::{CloseReason, Metrics};
-use super::topic::{Delivery, Match, SessionKey, SubOptions, SubscriptionIndex};
+use super::subscriptions::{Delivery, Match, SessionKey, SubOptions, SubscriptionIndex};
 use retained::RetainedIndex;
 use session::{IdMap, IdSet, Session};
 

@@ -31,7 +31,7 @@ use super::{BrokerState, Outbound, ReasonCode, WillRequest};
 use crate::broker::codec::{ByteStr, PayloadFormat};
 use crate::broker::message::{Message, MessageProperties};
 use crate::broker::metrics::{CloseReason, DropReason};
-use crate::broker::topic::{Delivery, SessionKey};
+use crate::broker::subscriptions::{Delivery, SessionKey};
 use crate::storage::contract::{
     HeldPublish, InflightEntry as StoredInflight, InflightPhase as StoredPhase, SessionEntry,
     ShareGroupKey, SubscriptionEntry, WillEntry, BROADCAST_LOG_NAME,
@@ -258,7 +258,7 @@ pub(super) enum Parked {
         packet_id: u16,
         reasons: Vec<ReasonCode>,
         /// Filters whose retained messages are sent after the SUBACK.
-        retained_for: Vec<(String, crate::broker::topic::SubOptions)>,
+        retained_for: Vec<(String, crate::broker::subscriptions::SubOptions)>,
         /// The subscriptions as they were, to put back if the write fails.
         undo: Vec<(String, Option<super::session::SessionSubscription>)>,
         /// Channels it subscribed to, where their consumers start.

@@ -14,7 +14,7 @@ use super::{BrokerState, Inbound, InboundPublish, Outbound, ReasonCode};
 use crate::broker::codec::{self, ByteStr, ProtocolVersion, PublishParts, QoS};
 use crate::broker::message::Message;
 use crate::broker::metrics::{CloseReason, DropReason};
-use crate::broker::topic::{merge_matches, Delivery, SessionKey};
+use crate::broker::subscriptions::{merge_matches, Delivery, SessionKey};
 
 impl BrokerState {
     pub(super) fn on_packet(&mut self, connection: u64, packet: Inbound, now: Instant) {

@@ -39,7 +39,7 @@ use super::channel::{first_level, ChannelRead, ReadWindow, RestoredChannel, Seek
 use super::persist::{Role, Write};
 use super::session::{InflightEntry, InflightPhase, QueuedMessage};
 use super::{BrokerState, ReasonCode, StorageFailure};
-use crate::broker::topic::SessionKey;
+use crate::broker::subscriptions::SessionKey;
 use crate::storage::contract::{Lease, Released, HEADER_ATTEMPTS};
 use crate::topic;
 use saguin_format::model::{ChannelKind, UnixNanos};

@@ -20,7 +20,7 @@ use super::session::{
 };
 use super::BrokerState;
 use crate::broker::message::Message;
-use crate::broker::topic::{SessionKey, SubOptions};
+use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::storage::contract::{
     session_expired_at, HeldPublish, InflightPhase as StoredPhase, SessionEntry, BROADCAST_LOG_NAME,
 };

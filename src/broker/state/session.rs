@@ -7,7 +7,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::broker::message::Message;
-use crate::broker::topic::SubOptions;
+use crate::broker::subscriptions::SubOptions;
 
 /// A fast hasher for the integer keys the broker allocates (session keys,
 /// connection generations) and for packet identifiers (at most 65535 per

@@ -11,7 +11,7 @@ use super::persist::Parked;
 use super::session::{QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, RetainedDue};
 use crate::broker::metrics::CloseReason;
-use crate::broker::topic::{SessionKey, SubOptions};
+use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::topic;
 
 impl BrokerState {

@@ -13,7 +13,7 @@ use super::*;
 use crate::broker::codec::ByteStr;
 use crate::broker::message::MessageProperties;
 use crate::broker::metrics::{CloseReason, DropReason, Metrics};
-use crate::broker::topic::SubOptions;
+use crate::broker::subscriptions::SubOptions;
 
 struct Client {
     rx: mpsc::UnboundedReceiver<Outbound>,
