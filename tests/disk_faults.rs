@@ -699,24 +699,22 @@ fn serve_refused(dir: &Path, yaml: &str) -> (Option<i32>, String) {
         .spawn()
         .unwrap();
     let mut stderr = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
+    // The child's stderr closes when it exits: the reader says so, and the
+    // wait is on that, bounded.
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let mut text = String::new();
         let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
-        text
+        let _ = done_tx.send(text);
     });
-    let deadline = Instant::now() + WAIT;
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code();
-        }
-        if Instant::now() > deadline {
+    match done.recv_timeout(WAIT) {
+        Ok(text) => (child.wait().unwrap().code(), text),
+        Err(_) => {
             let _ = child.kill();
             let _ = child.wait();
-            break None;
+            (None, done.recv().unwrap_or_default())
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    (code, reader.join().unwrap())
+    }
 }
 
 #[test]

@@ -1602,6 +1602,20 @@ mod tests {
         assert!(buf.capacity() - buf.len() >= READ_MIN);
     }
 
+    /// An anonymous connection's context with the defaults the tests share.
+    fn test_context() -> Arc<ConnectionContext> {
+        Arc::new(ConnectionContext {
+            max_packet_size: 1 << 20,
+            topic_alias_maximum: 0,
+            allow_anonymous: true,
+            passwords: None,
+            metrics: Arc::new(Metrics::new()),
+            outbound_queue: 16,
+            max_keep_alive: 0,
+            topic_aliases: false,
+        })
+    }
+
     /// A connection served over an in-memory pipe, with the test as the
     /// broker's state: it reads the events and holds the handle.
     struct Served {
@@ -1616,16 +1630,7 @@ mod tests {
             let (client, server) = tokio::io::duplex(64 * 1024);
             let (events_tx, events) = mpsc::channel(16);
             let (shutdown, shutdown_rx) = broadcast::channel(1);
-            let context = Arc::new(ConnectionContext {
-                max_packet_size: 1 << 20,
-                topic_alias_maximum: 0,
-                allow_anonymous: true,
-                passwords: None,
-                metrics: Arc::new(Metrics::new()),
-                outbound_queue: 16,
-                max_keep_alive: 0,
-                topic_aliases: false,
-            });
+            let context = test_context();
             tokio::spawn(serve(
                 server,
                 "127.0.0.1:1".parse().unwrap(),
@@ -1732,16 +1737,7 @@ mod tests {
         let (_client, server) = tokio::io::duplex(64);
         let (events, _events_rx) = mpsc::channel::<Event>(1);
         let (_shutdown, shutdown_rx) = broadcast::channel(1);
-        let context = Arc::new(ConnectionContext {
-            max_packet_size: 1 << 20,
-            topic_alias_maximum: 0,
-            allow_anonymous: true,
-            passwords: None,
-            metrics: Arc::new(Metrics::new()),
-            outbound_queue: 16,
-            max_keep_alive: 0,
-            topic_aliases: false,
-        });
+        let context = test_context();
         let reader = serve(
             server,
             "127.0.0.1:1".parse().unwrap(),
