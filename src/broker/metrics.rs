@@ -493,7 +493,6 @@ impl Metrics {
             .store = Some(view);
     }
 
-    /// A consumer of `channel` was told of a gap (`saguin_consumer_gap_total`).
     /// The counters of bridge `name`, registered (and rendered from then
     /// on) at its first call.
     pub fn bridge(&self, name: &str) -> std::sync::Arc<BridgeMetrics> {
@@ -504,6 +503,7 @@ impl Metrics {
         bridges.entry(name.to_owned()).or_default().clone()
     }
 
+    /// A consumer of `channel` was told of a gap (`saguin_consumer_gap_total`).
     pub fn consumer_gap(&self, channel: &str) {
         lock(&self.channels)
             .entry(channel.to_owned())

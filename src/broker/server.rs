@@ -728,6 +728,11 @@ pub async fn prepare(
     channels: Vec<super::providers::ServedChannel>,
 ) -> Result<Server, ServerError> {
     let metrics = Arc::new(Metrics::new());
+    // Every configured bridge is in /metrics from the first scrape, not
+    // from its link task's first run.
+    for bridge in &config.bridges {
+        metrics.bridge(&bridge.name);
+    }
     let limits = limits_from(config);
     let auth = super::auth_files::AuthFiles::from_config(&config.auth);
     let authorizer: Arc<dyn super::state::Authorizer> = match &auth.acl {
