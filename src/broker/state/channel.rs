@@ -27,30 +27,27 @@
 //! are announced on its next delivery as `saguin-gap: FROM-TO` and counted
 //! (invariant 1).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::persist::{message_from_record, Role, Write};
+use super::consumer::{
+    first_level, parse_from, Consumer, ConsumerFilter, ConsumerStart, Offsets, FROM_PROPERTY,
+    GAP_PROPERTY, OFFSET_PROPERTY,
+};
+use super::intent::{Role, Write};
+use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::recent::{self, Lookup, Recent};
-use super::session::{InflightEntry, QueuedMessage, SessionSubscription};
+use super::records::message_from_record;
+use super::restore::RestoredChannel;
+use super::session::{InflightEntry, QueuedMessage, Session, SessionSubscription};
 use super::BrokerState;
 use crate::broker::message::Message;
 use crate::broker::metrics::DropReason;
 use crate::broker::subscriptions::SessionKey;
 use crate::storage::contract::{Position, Reader};
 use crate::topic;
-use saguin_format::model::{ChannelKind, Record, UnixNanos};
-
-/// The user property every delivery of a channel record carries: its offset.
-pub const OFFSET_PROPERTY: &str = "saguin-offset";
-/// The user property telling a consumer which offsets retention removed
-/// before it got them: `FROM-TO`, both inclusive.
-pub const GAP_PROPERTY: &str = "saguin-gap";
-/// The SUBSCRIBE user property choosing where a consumer without a
-/// position starts: `earliest`, an offset, or an RFC 3339 time.
-pub const FROM_PROPERTY: &str = "saguin-from";
+use saguin_format::model::{ChannelKind, Record};
 
 /// Most records one read asks for.
 const READ_MAX: usize = 256;
@@ -80,219 +77,6 @@ pub(super) struct ConsumerRead {
     /// The consumers its answer goes to, each with its generation: the
     /// one that asked first, then those that joined it.
     pub readers: Vec<(SessionKey, u64)>,
-}
-
-/// What the state knows of a channel when it starts.
-#[derive(Debug, Clone)]
-pub struct RestoredChannel {
-    pub name: Arc<str>,
-    pub kind: ChannelKind,
-    pub next: u64,
-    /// A queue's lease and the index of its dead-letter channel.
-    pub queue: Option<super::queue::QueueSetup>,
-    /// Every stored position.
-    pub positions: Vec<Position>,
-    /// Exactly-once publishes held in this channel for their release.
-    pub holds: Vec<crate::storage::contract::HeldPublish>,
-}
-
-/// Where a read of a channel starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Seek {
-    /// At this offset; a removed one is reported as a gap.
-    Offset(u64),
-    /// At the oldest record still held.
-    Earliest,
-    /// At the earliest record received at or after this time (or at `next`
-    /// when none was). Of a queue: the records available at this moment.
-    Time(UnixNanos),
-    /// A latest channel's current values under the read's filters.
-    Current,
-    /// A latest channel's rows from `from` for a consumer in the middle of
-    /// a resync that began under `floor`: the values below the floor are
-    /// read, whose deletion markers are gone (`contract::read_changes`).
-    Resync { from: u64, floor: u64 },
-}
-
-/// A read of records for one consumer, done off the broker task.
-#[derive(Debug, Clone)]
-pub struct ChannelRead {
-    pub ticket: u64,
-    pub channel: u16,
-    pub from: Seek,
-    pub max: usize,
-    /// The filters a latest channel's current values are read under.
-    pub filters: Vec<String>,
-}
-
-/// What a read found.
-#[derive(Debug, Clone, Default)]
-pub struct ReadWindow {
-    /// The offset the window begins at (the seek resolved).
-    pub start: u64,
-    /// Set when `start` had to move up past removed records: the floor it
-    /// moved to (the records from the asked offset below it are gone). Of
-    /// a latest channel: the floor that passed the deletions the reader
-    /// relied on, `start` being the first offset it reads every row from
-    /// again (a resync).
-    pub floor: Option<u64>,
-    /// Shared with the store where it keeps them in memory.
-    pub records: Vec<Arc<Record>>,
-    /// Set when the window holds every change below it (a latest
-    /// channel's, whose later values replace earlier offsets): a consumer
-    /// handed all of it looks at this offset next.
-    pub next: Option<u64>,
-}
-
-/// One of a consumer's subscriptions on its channel.
-#[derive(Debug, Clone)]
-pub(super) struct ConsumerFilter {
-    pub filter: String,
-    /// `<channel>/#`: every record of the channel matches it, so no record
-    /// is matched against it.
-    pub whole_channel: bool,
-    pub qos: u8,
-    pub no_local: bool,
-    pub retain_as_published: bool,
-    pub subscription_id: Option<u32>,
-}
-
-/// A session's place in one channel.
-#[derive(Debug)]
-pub struct Consumer {
-    pub(super) channel: u16,
-    /// Tells a read's answer from one for an earlier consumer of the same
-    /// session and channel.
-    pub(super) generation: u64,
-    pub(super) filters: Vec<ConsumerFilter>,
-    /// The offset looked at next: everything below was sent or skipped.
-    pub(super) next: u64,
-    /// Offsets sent at QoS 1/2 and not acknowledged yet, and a latest
-    /// channel's current values owed to it and not yet sent (QoS 0) or
-    /// acknowledged.
-    unacked: Offsets,
-    /// A latest channel's current values are being read for it (or are
-    /// read again at the tick): what it is owed is not known yet, so no
-    /// position is stored.
-    pub(super) values_pending: bool,
-    /// A read is out for it.
-    pub(super) reading: bool,
-    /// Where it starts, when that takes a read to find (earliest, a time).
-    seek: Option<Seek>,
-    /// Offsets removed before it got them, announced on its next delivery.
-    gap: Option<(u64, u64)>,
-    /// A latest channel's consumer reading every row again from the first
-    /// offset: the floor that sent it there. Its reads rely on the
-    /// deletion markers from there, not from its `next`, until it passes it.
-    resync: Option<u64>,
-    /// The position last written.
-    stored: Option<u64>,
-}
-
-impl Consumer {
-    /// What may be stored: it never passes an unacknowledged record.
-    fn position(&self) -> u64 {
-        self.unacked.first().unwrap_or(self.next)
-    }
-
-    /// A current value at `offset` is owed to it: its position waits
-    /// until the value is sent (QoS 0) or acknowledged.
-    pub(super) fn owe(&mut self, offset: u64) {
-        self.unacked.insert(offset);
-    }
-
-    /// The value at `offset` is no longer owed.
-    pub(super) fn owed_done(&mut self, offset: u64) {
-        self.unacked.remove(offset);
-    }
-
-    /// Values owed at `offsets` will not be sent where they were queued
-    /// (the connection went away): it reads again from the lowest, where
-    /// each topic's latest change since is what a resume reads, and any
-    /// read of its out now is forgotten (`generation` is its new one).
-    pub(super) fn rewind(&mut self, offsets: &[u64], generation: u64) {
-        let Some(&lowest) = offsets.iter().min() else {
-            return;
-        };
-        for offset in offsets {
-            self.unacked.remove(*offset);
-        }
-        if lowest < self.next && !self.values_pending {
-            self.next = lowest;
-            self.generation = generation;
-            self.reading = false;
-        }
-    }
-}
-
-/// Offsets in ascending order, each once: what a consumer was sent and has
-/// not acknowledged. Sent in ascending order and mostly acknowledged in
-/// it, so an insert is a push at the back and a removal a pop at the front.
-#[derive(Debug, Default)]
-struct Offsets(VecDeque<u64>);
-
-impl Offsets {
-    fn first(&self) -> Option<u64> {
-        self.0.front().copied()
-    }
-
-    fn insert(&mut self, offset: u64) {
-        if self.0.back().is_none_or(|&last| last < offset) {
-            self.0.push_back(offset);
-        } else if let Err(at) = self.0.binary_search(&offset) {
-            self.0.insert(at, offset);
-        }
-    }
-
-    fn remove(&mut self, offset: u64) {
-        if self.0.front() == Some(&offset) {
-            self.0.pop_front();
-        } else if let Ok(at) = self.0.binary_search(&offset) {
-            self.0.remove(at);
-        }
-    }
-
-    fn clear(&mut self) {
-        self.0.clear();
-    }
-}
-
-/// A SUBSCRIBE's filters on channels, to start once its SUBACK is sent.
-#[derive(Debug, Clone)]
-pub(super) struct ConsumerStart {
-    pub channel: u16,
-    /// `saguin-from`, when the SUBSCRIBE carried one.
-    pub seek: Option<Seek>,
-    /// A shared subscription: its raw filter and its filter.
-    pub group: Option<(String, String)>,
-    /// The position written with the SUBSCRIBE, for a new consumer of a
-    /// session that keeps positions (see `BrokerState::stage_start`).
-    pub stored: Option<u64>,
-}
-
-/// `saguin-from`'s value as a seek, or why it is none.
-pub fn parse_from(value: &str) -> Result<Seek, String> {
-    let value = value.trim();
-    if value.eq_ignore_ascii_case("earliest") {
-        return Ok(Seek::Earliest);
-    }
-    if let Ok(offset) = value.parse::<u64>() {
-        return Ok(Seek::Offset(
-            offset.max(crate::storage::contract::FIRST_OFFSET),
-        ));
-    }
-    match humantime::parse_rfc3339_weak(value) {
-        Ok(time) => {
-            let nanos = time
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_err(|_| format!("{FROM_PROPERTY} {value:?}: a time before 1970"))?
-                .as_nanos();
-            Ok(Seek::Time(i64::try_from(nanos).unwrap_or(i64::MAX)))
-        }
-        Err(_) => Err(format!(
-            "{FROM_PROPERTY} {value:?}: neither `earliest`, an offset nor an RFC 3339 time"
-        )),
-    }
 }
 
 impl BrokerState {
@@ -974,7 +758,7 @@ impl BrokerState {
                     consumer.gap = None;
                     consumer.resync = None;
                     consumer.unacked.clear();
-                    set_start(consumer, seek);
+                    consumer.set_start(seek);
                 }
             }
             None => {
@@ -998,7 +782,7 @@ impl BrokerState {
                     stored: start,
                 };
                 if let (None, Some(seek)) = (start, seek) {
-                    set_start(&mut consumer, seek);
+                    consumer.set_start(seek);
                 }
                 session.consumers.push(consumer);
                 self.channels[channel as usize].consumers.push(key);
@@ -1168,7 +952,7 @@ impl BrokerState {
     /// A session ends (already out of every channel's consumer list): its
     /// positions go, and its unreleased QoS 2 publishes into channels are
     /// let go.
-    pub(super) fn end_consumers(&mut self, session: &super::session::Session, now: Instant) {
+    pub(super) fn end_consumers(&mut self, session: &Session, now: Instant) {
         match (reader_of(session), &session.bridge) {
             // A bridge's place outlives its session (the remote went away):
             // kept, to resume from when the bridge connects again.
@@ -1348,20 +1132,10 @@ impl BrokerState {
     }
 }
 
-fn set_start(consumer: &mut Consumer, seek: Seek) {
-    match seek {
-        Seek::Offset(offset) => {
-            consumer.next = offset;
-            consumer.seek = None;
-        }
-        other => consumer.seek = Some(other),
-    }
-}
-
 /// The reader a session's positions are stored under and their session
 /// expiry, for a session that keeps them: one outliving its connection, or
 /// a bridge (whose position has no session and never expires).
-fn position_holder(session: &super::session::Session) -> Option<(Reader, Option<u32>)> {
+fn position_holder(session: &Session) -> Option<(Reader, Option<u32>)> {
     let expiry = match &session.bridge {
         Some(_) => None,
         None if session.expiry_interval == 0 => return None,
@@ -1371,35 +1145,9 @@ fn position_holder(session: &super::session::Session) -> Option<(Reader, Option<
 }
 
 /// The reader a session's places in channels are stored under.
-fn reader_of(session: &super::session::Session) -> Option<Reader> {
+fn reader_of(session: &Session) -> Option<Reader> {
     match &session.bridge {
         Some(bridge) => Reader::bridge(bridge).ok(),
         None => Reader::mqtt(&session.client_id).ok(),
-    }
-}
-
-/// A topic's or filter's first level.
-pub(super) fn first_level(topic: &str) -> &str {
-    topic.split('/').next().unwrap_or(topic)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Offsets;
-
-    #[test]
-    fn offsets_stay_ascending_and_each_once_whatever_the_order() {
-        let mut offsets = Offsets::default();
-        for o in [5, 7, 6, 9, 7, 1] {
-            offsets.insert(o);
-        }
-        assert_eq!(offsets.0, [1, 5, 6, 7, 9]);
-        offsets.remove(6);
-        offsets.remove(1);
-        offsets.remove(42);
-        assert_eq!(offsets.first(), Some(5));
-        assert_eq!(offsets.0, [5, 7, 9]);
-        offsets.clear();
-        assert_eq!(offsets.first(), None);
     }
 }

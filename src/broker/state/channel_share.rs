@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::channel::{ChannelRead, ReadWindow, Seek};
-use super::persist::{Role, Write};
+use super::intent::{Role, Write};
+use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::session::{InflightEntry, QueuedMessage};
 use super::BrokerState;
 use crate::broker::metrics::DropReason;

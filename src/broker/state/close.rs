@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::persist::{Role, Write};
+use super::intent::{Role, Write};
 use super::session::PendingWill;
 use super::{BrokerState, Connection, Outbound, ReasonCode, WillRequest};
 use crate::broker::message::Message;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::persist::{Parked, Role, StorageFailure, Write};
+use super::intent::{Parked, Role, StorageFailure, Write};
 use super::session::{InflightPhase, Session};
 use super::{
     BrokerState, ConnAckExtras, ConnectRequest, Connection, ConnectionHandle, KeepAlive, Outbound,

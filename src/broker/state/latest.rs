@@ -45,7 +45,8 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::channel::{ChannelRead, ConsumerStart, ReadWindow, Seek};
+use super::consumer::ConsumerStart;
+use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::{BrokerState, RetainedDue, StorageFailure};
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::topic;

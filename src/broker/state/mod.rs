@@ -38,11 +38,16 @@ mod channel;
 mod channel_share;
 mod close;
 mod connect;
+mod consumer;
+mod ids;
+mod intent;
 mod latest;
 mod persist;
 mod publish;
 mod queue;
+mod reads;
 mod recent;
+mod records;
 mod restore;
 pub mod retained;
 pub mod session;
@@ -64,16 +69,15 @@ use super::codec::ByteStr;
 use super::message::MessageProperties;
 use super::metrics::{CloseReason, Metrics};
 use super::subscriptions::{Delivery, Match, SessionKey, SubOptions, SubscriptionIndex};
+use ids::{IdMap, IdSet};
 use retained::RetainedIndex;
-use session::{IdMap, IdSet, Session};
+use session::Session;
 
-pub use channel::{
-    parse_from, ChannelRead, ReadWindow, RestoredChannel, Seek, FROM_PROPERTY, GAP_PROPERTY,
-    OFFSET_PROPERTY,
-};
-pub use persist::{unix_now, Class, Intent, Role, StorageFailure, Write, Written};
-pub use queue::QueueSetup;
-pub use restore::{RestoreSummary, Restored};
+pub use consumer::{parse_from, FROM_PROPERTY, GAP_PROPERTY, OFFSET_PROPERTY};
+pub use intent::{Class, Intent, Role, StorageFailure, Write, Written};
+pub use reads::{ChannelRead, ReadWindow, Seek};
+pub use records::unix_now;
+pub use restore::{QueueSetup, RestoreSummary, Restored, RestoredChannel};
 
 /// The reason codes the state answers with: the codec's own type (MQTT
 /// 3.1.1 connections get the equivalent return code or nothing; the writer
@@ -480,7 +484,7 @@ struct Answer {
     wait: Option<u64>,
     failure: Option<StorageFailure>,
     appended: Option<u64>,
-    parked: persist::Parked,
+    parked: intent::Parked,
 }
 
 /// A connected client as the state sees it.
@@ -614,7 +618,7 @@ pub struct BrokerState {
     /// Reads of current values that failed, asked again at the tick.
     values_failed: Vec<latest::ValuesRead>,
     /// Queue writes the current event made, each sealed on its own.
-    queue_writes: Vec<(u16, persist::Write, queue::QueueWrite)>,
+    queue_writes: Vec<(u16, Write, intent::QueueWrite)>,
     /// The session an acknowledgement in the current batch of packets
     /// freed window room for: promoted once the acknowledgements in a row
     /// are handled.
@@ -741,7 +745,7 @@ impl BrokerState {
             } => {
                 // A close waits behind the answers owed before it, so what
                 // the client sent before it went away is still answered.
-                let parked = persist::Parked::Close {
+                let parked = intent::Parked::Close {
                     connection,
                     reason,
                     code: disconnect_reason,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::persist::{Parked, ParkedPublish, Role, StorageFailure, Write};
+use super::intent::{Parked, ParkedPublish, Role, StorageFailure, Write};
 use super::session::{InflightEntry, InflightPhase, QueuedMessage};
 use super::{BrokerState, Inbound, InboundPublish, Outbound, ReasonCode};
 use crate::broker::codec::{self, ByteStr, ProtocolVersion, PublishParts, QoS};

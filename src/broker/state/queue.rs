@@ -35,9 +35,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::channel::{first_level, ChannelRead, ReadWindow, RestoredChannel, Seek};
-use super::persist::{Role, Write};
-use super::session::{InflightEntry, InflightPhase, QueuedMessage};
+use super::consumer::first_level;
+use super::intent::{Parked, QueueWrite, Role, Write};
+use super::reads::{ChannelRead, ReadWindow, Seek};
+use super::restore::RestoredChannel;
+use super::session::{InflightEntry, InflightPhase, QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, StorageFailure};
 use crate::broker::subscriptions::SessionKey;
 use crate::storage::contract::{Lease, Released, HEADER_ATTEMPTS};
@@ -46,23 +48,6 @@ use saguin_format::model::{ChannelKind, UnixNanos};
 
 /// Most records one offer asks for.
 const OFFER_MAX: usize = 256;
-
-/// What the state is told of a queue when it starts.
-#[derive(Debug, Clone)]
-pub struct QueueSetup {
-    /// How long a worker holds a record before it counts as an attempt.
-    pub lease: Duration,
-    /// The index of its dead-letter channel, when that is served.
-    pub dead_letter: Option<u16>,
-}
-
-/// A queue write in flight, and what becomes of its delivery if it fails.
-#[derive(Debug, Clone)]
-pub(super) enum QueueWrite {
-    Lease { channel: u16, offset: u64 },
-    Resolve { channel: u16, offset: u64 },
-    Release { channel: u16, offset: u64 },
-}
 
 /// How far one delivery has got.
 #[derive(Debug, Clone)]
@@ -172,7 +157,7 @@ impl BrokerState {
         &self,
         key: SessionKey,
         channel: u16,
-    ) -> impl Iterator<Item = &super::session::SessionSubscription> {
+    ) -> impl Iterator<Item = &SessionSubscription> {
         let name = self.channels.get(channel as usize).map(|c| c.name.clone());
         self.sessions.get(&key).into_iter().flat_map(move |s| {
             let name = name.clone();
@@ -748,7 +733,7 @@ impl BrokerState {
                 *now = moment;
             }
             self.stage(Role::Channel(channel), write);
-            self.seal(super::persist::Parked::Queue(parked));
+            self.seal(Parked::Queue(parked));
         }
     }
 

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::persist::{will_request, Role, Write};
+use super::intent::{Role, Write};
+use super::records::will_request;
 use super::session::{
     InflightEntry, InflightPhase, PendingWill, QueuedMessage, Session, SessionSubscription,
 };
@@ -22,10 +23,11 @@ use super::BrokerState;
 use crate::broker::message::Message;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::storage::contract::{
-    session_expired_at, HeldPublish, InflightPhase as StoredPhase, SessionEntry, BROADCAST_LOG_NAME,
+    session_expired_at, HeldPublish, InflightPhase as StoredPhase, Position, SessionEntry,
+    BROADCAST_LOG_NAME,
 };
 use crate::topic;
-use saguin_format::model::Record;
+use saguin_format::model::{ChannelKind, Record};
 
 /// What the providers hold, read at startup.
 #[derive(Debug, Default)]
@@ -41,7 +43,30 @@ pub struct Restored {
     /// the broadcast log's are taken from here).
     pub held: Vec<HeldPublish>,
     /// The append channels served, in configuration order.
-    pub channels: Vec<super::channel::RestoredChannel>,
+    pub channels: Vec<RestoredChannel>,
+}
+
+/// What the state knows of a channel when it starts.
+#[derive(Debug, Clone)]
+pub struct RestoredChannel {
+    pub name: Arc<str>,
+    pub kind: ChannelKind,
+    pub next: u64,
+    /// A queue's lease and the index of its dead-letter channel.
+    pub queue: Option<QueueSetup>,
+    /// Every stored position.
+    pub positions: Vec<Position>,
+    /// Exactly-once publishes held in this channel for their release.
+    pub holds: Vec<HeldPublish>,
+}
+
+/// What the state is told of a queue when it starts.
+#[derive(Debug, Clone)]
+pub struct QueueSetup {
+    /// How long a worker holds a record before it counts as an attempt.
+    pub lease: Duration,
+    /// The index of its dead-letter channel, when that is served.
+    pub dead_letter: Option<u16>,
 }
 
 /// What restoring came to, for the startup log.

@@ -2,42 +2,12 @@
 //! outbound inflight table, the offline pending FIFO and the inbound QoS 2
 //! identifiers (method B).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+use super::ids::IdMap;
 use crate::broker::message::Message;
 use crate::broker::subscriptions::SubOptions;
-
-/// A fast hasher for the integer keys the broker allocates (session keys,
-/// connection generations) and for packet identifiers (at most 65535 per
-/// session): a multiply-rotate mix instead of SipHash on the hot path.
-/// Strings a client chooses (client ids) keep the standard hasher.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct IdHasher(u64);
-
-const ID_HASH_K: u64 = 0x517c_c1b7_2722_0a95;
-
-impl Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(ID_HASH_K);
-        }
-    }
-    fn write_u16(&mut self, n: u16) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(ID_HASH_K);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Maps and sets keyed by broker-allocated integers or packet ids.
-pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
-pub type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
 
 /// Where an outbound QoS 1/2 exchange stands.
 #[derive(Debug, Clone)]
@@ -288,7 +258,7 @@ pub struct Session {
     /// table is written under.
     pub window: u16,
     /// Its places in the append channels it consumes.
-    pub consumers: Vec<super::channel::Consumer>,
+    pub consumers: Vec<super::consumer::Consumer>,
     /// The bridge whose session this is (see `ConnectRequest::bridge`).
     pub bridge: Option<Arc<str>>,
     /// Inbound QoS 2 publishes held in a channel until their PUBREL: the
@@ -323,6 +293,7 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::state::ids::IdSet;
 
     fn entry(packet_id: u16) -> InflightEntry {
         InflightEntry {

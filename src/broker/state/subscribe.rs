@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use tokio::time::Instant;
 
-use super::channel::ConsumerStart;
-use super::persist::Parked;
+use super::consumer::ConsumerStart;
+use super::intent::Parked;
 use super::session::{QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, RetainedDue};
 use crate::broker::metrics::CloseReason;
