@@ -35,6 +35,7 @@ use super::consumer::{
     first_level, parse_from, Consumer, ConsumerFilter, ConsumerStart, Offsets, FROM_PROPERTY,
     GAP_PROPERTY, OFFSET_PROPERTY,
 };
+use super::ids::IdMap;
 use super::intent::{Role, Write};
 use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::recent::{self, Lookup, Recent};
@@ -70,6 +71,17 @@ pub(super) struct Channel {
     pub reads_out: Vec<(u64, u64, u64)>,
 }
 
+/// The channels served, by index (`Role::Channel`), and what their
+/// consumers have asked of them.
+#[derive(Debug, Default)]
+pub(super) struct Channels {
+    pub all: Vec<Channel>,
+    /// Consumers' reads out, by ticket.
+    pub consumer_reads: IdMap<u64, ConsumerRead>,
+    /// Consumers to let catch up once the current event is handled.
+    pub pumps_due: Vec<(SessionKey, u16)>,
+}
+
 /// A read out for consumers of a channel.
 #[derive(Debug)]
 pub(super) struct ConsumerRead {
@@ -83,11 +95,12 @@ impl BrokerState {
     /// The append channel `topic` (a name or filter) belongs to: its first
     /// level names one.
     pub(super) fn channel_of(&self, topic: &str) -> Option<u16> {
-        if self.channels.is_empty() {
+        if self.channels.all.is_empty() {
             return None;
         }
         let first = topic.split('/').next().unwrap_or(topic);
         self.channels
+            .all
             .iter()
             .position(|c| &*c.name == first)
             .map(|i| i as u16)
@@ -103,18 +116,25 @@ impl BrokerState {
         message: &Message,
         now: Instant,
     ) {
-        let client_id = self.sessions[&key].client_id.clone();
+        let client_id = self.sessions.by_key[&key].client_id.clone();
         let mut record = self.record_of(message, &client_id, now);
-        record.bridge = self.sessions[&key].bridge.as_deref().map(str::to_owned);
+        record.bridge = self.sessions.by_key[&key]
+            .bridge
+            .as_deref()
+            .map(str::to_owned);
         if message.qos == 2 {
             let held = crate::storage::contract::HeldPublish {
-                channel: self.channels[channel as usize].name.to_string(),
+                channel: self.channels.all[channel as usize].name.to_string(),
                 client_id: client_id.to_string(),
                 packet_id,
                 held_at: self.unix_at(now).max(1),
                 record,
             };
-            let session = self.sessions.get_mut(&key).expect("connected session");
+            let session = self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("connected session");
             session.inbound_qos2.insert(packet_id, now);
             session.channel_holds.insert(packet_id, channel);
             self.stage(Role::Channel(channel), Write::Hold(held));
@@ -130,7 +150,7 @@ impl BrokerState {
         if record.offset == 0 {
             return;
         }
-        let Some(state) = self.channels.get_mut(channel as usize) else {
+        let Some(state) = self.channels.all.get_mut(channel as usize) else {
             return;
         };
         state.next = state.next.max(record.offset + 1);
@@ -139,18 +159,18 @@ impl BrokerState {
             return;
         }
         self.groups_committed(channel, &record, now);
-        let Some(state) = self.channels.get(channel as usize) else {
+        let Some(state) = self.channels.all.get(channel as usize) else {
             return;
         };
         if state.consumers.is_empty() {
             return;
         }
-        let consumers = std::mem::take(&mut self.channels[channel as usize].consumers);
+        let consumers = std::mem::take(&mut self.channels.all[channel as usize].consumers);
         // Built once for every consumer, and kept with the record among the
         // channel's recent ones for those that take it later.
         let message = Arc::new(self.consumer_message(&record, None, now));
-        if self.channels[channel as usize].kind == ChannelKind::Append {
-            self.channels[channel as usize]
+        if self.channels.all[channel as usize].kind == ChannelKind::Append {
+            self.channels.all[channel as usize]
                 .recent
                 .append(record.clone(), Some(message.clone()));
         }
@@ -159,7 +179,7 @@ impl BrokerState {
                 continue;
             };
             let caught_up = {
-                let c = &self.sessions[&key].consumers[index];
+                let c = &self.sessions.by_key[&key].consumers[index];
                 c.next == record.offset && !c.reading && c.seek.is_none() && c.gap.is_none()
             };
             if caught_up {
@@ -170,7 +190,7 @@ impl BrokerState {
         }
         // Offering adds and removes no consumer (only subscriptions and
         // sessions ending do, never from here).
-        self.channels[channel as usize].consumers = consumers;
+        self.channels.all[channel as usize].consumers = consumers;
     }
 
     /// Ask `connection`'s writer to say when it has caught up, so a
@@ -185,6 +205,7 @@ impl BrokerState {
 
     pub(super) fn consumer_index(&self, key: SessionKey, channel: u16) -> Option<usize> {
         self.sessions
+            .by_key
             .get(&key)?
             .consumers
             .iter()
@@ -228,7 +249,7 @@ impl BrokerState {
         prepared: Option<&Arc<Message>>,
         now: Instant,
     ) -> bool {
-        let Some(session) = self.sessions.get(&key) else {
+        let Some(session) = self.sessions.by_key.get(&key) else {
             return false;
         };
         let Some(connection) = session.connection else {
@@ -267,8 +288,12 @@ impl BrokerState {
             }
         }
         let Some(filter) = best else {
-            self.sessions.get_mut(&key).expect("looked up").consumers[index].next =
-                record.offset + 1;
+            self.sessions
+                .by_key
+                .get_mut(&key)
+                .expect("looked up")
+                .consumers[index]
+                .next = record.offset + 1;
             return true;
         };
         let qos = filter.qos.min(record.qos);
@@ -295,7 +320,7 @@ impl BrokerState {
             log_offset: None,
         };
         let offset = record.offset;
-        let session = self.sessions.get_mut(&key).expect("looked up");
+        let session = self.sessions.by_key.get_mut(&key).expect("looked up");
         let consumer = &mut session.consumers[index];
         consumer.gap = None;
         consumer.next = offset + 1;
@@ -326,18 +351,23 @@ impl BrokerState {
     /// handled (every acknowledgement of a read has made its room by then,
     /// so one read fills the window).
     pub(super) fn pump(&mut self, key: SessionKey, index: usize, _now: Instant) {
-        if let Some(consumer) = self.sessions.get(&key).and_then(|s| s.consumers.get(index)) {
-            self.pumps_due.push((key, consumer.channel));
+        if let Some(consumer) = self
+            .sessions
+            .by_key
+            .get(&key)
+            .and_then(|s| s.consumers.get(index))
+        {
+            self.channels.pumps_due.push((key, consumer.channel));
         }
     }
 
     /// The reads the event just handled made due.
     pub(super) fn run_pumps(&mut self, now: Instant) {
         self.run_group_reads();
-        if self.pumps_due.is_empty() {
+        if self.channels.pumps_due.is_empty() {
             return;
         }
-        let mut due = std::mem::take(&mut self.pumps_due);
+        let mut due = std::mem::take(&mut self.channels.pumps_due);
         due.sort_unstable();
         due.dedup();
         for (key, channel) in due {
@@ -354,7 +384,7 @@ impl BrokerState {
         if !self.serve_recent(key, index, now) {
             return;
         }
-        let Some(session) = self.sessions.get(&key) else {
+        let Some(session) = self.sessions.by_key.get(&key) else {
             return;
         };
         let Some(connection) = session.connection else {
@@ -369,7 +399,7 @@ impl BrokerState {
         let channel = consumer.channel;
         let behind = consumer.seek.is_some()
             || consumer.gap.is_some()
-            || consumer.next < self.channels[channel as usize].next;
+            || consumer.next < self.channels.all[channel as usize].next;
         if !behind {
             return;
         }
@@ -393,7 +423,7 @@ impl BrokerState {
         // Small records are read past the consumer's room: what it does
         // not take now waits among the recent reads, for it and for the
         // consumers behind it.
-        let state = &self.channels[channel as usize];
+        let state = &self.channels.all[channel as usize];
         let ask = match (state.kind, state.recent.record_bytes()) {
             (ChannelKind::Append, Some(bytes)) => {
                 room.max(usize::try_from(recent::MAX_BYTES / bytes).unwrap_or(usize::MAX))
@@ -421,31 +451,40 @@ impl BrokerState {
             _ => None,
         };
         if let Some(ticket) = joined {
-            if let Some(read) = self.channel_reads.get_mut(&ticket) {
+            if let Some(read) = self.channels.consumer_reads.get_mut(&ticket) {
                 read.readers.push((key, generation));
-                self.sessions.get_mut(&key).expect("looked up").consumers[index].reading = true;
+                self.sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("looked up")
+                    .consumers[index]
+                    .reading = true;
                 return;
             }
         }
-        let ticket = self.next_read;
-        self.next_read += 1;
+        let ticket = self.reads.number();
         let max = ask.clamp(1, READ_MAX);
         if let (Seek::Offset(start), true) = (from, append) {
-            self.channels[channel as usize].reads_out.push((
+            self.channels.all[channel as usize].reads_out.push((
                 ticket,
                 start,
                 start.saturating_add(max as u64),
             ));
         }
-        self.sessions.get_mut(&key).expect("looked up").consumers[index].reading = true;
-        self.channel_reads.insert(
+        self.sessions
+            .by_key
+            .get_mut(&key)
+            .expect("looked up")
+            .consumers[index]
+            .reading = true;
+        self.channels.consumer_reads.insert(
             ticket,
             ConsumerRead {
                 channel,
                 readers: vec![(key, generation)],
             },
         );
-        self.reads.push(ChannelRead {
+        self.reads.waiting.push(ChannelRead {
             ticket,
             channel,
             from,
@@ -462,7 +501,11 @@ impl BrokerState {
     /// record and its message lent to [`BrokerState::offer`] in turn.
     fn serve_recent(&mut self, key: SessionKey, index: usize, now: Instant) -> bool {
         loop {
-            let Some(consumer) = self.sessions.get(&key).and_then(|s| s.consumers.get(index))
+            let Some(consumer) = self
+                .sessions
+                .by_key
+                .get(&key)
+                .and_then(|s| s.consumers.get(index))
             else {
                 return true;
             };
@@ -471,13 +514,18 @@ impl BrokerState {
                 return true;
             }
             let next = consumer.next;
-            let state = &mut self.channels[channel];
+            let state = &mut self.channels.all[channel];
             if state.kind != ChannelKind::Append || next >= state.next {
                 return true;
             }
             let mut run = match state.recent.take_run(next) {
                 Err(Lookup::Empty { end }) => {
-                    self.sessions.get_mut(&key).expect("looked up").consumers[index].next = end;
+                    self.sessions
+                        .by_key
+                        .get_mut(&key)
+                        .expect("looked up")
+                        .consumers[index]
+                        .next = end;
                     continue;
                 }
                 Err(_) => return true,
@@ -485,7 +533,7 @@ impl BrokerState {
             };
             let mut room = true;
             for at in run.from..run.entries.len() {
-                let has_gap = self.sessions[&key].consumers[index].gap.is_some();
+                let has_gap = self.sessions.by_key[&key].consumers[index].gap.is_some();
                 let entry = &mut run.entries[at];
                 // A gap's announcement makes a message of its own.
                 if entry.message.is_none() && !has_gap {
@@ -502,12 +550,17 @@ impl BrokerState {
                 }
             }
             let end = run.end;
-            self.channels[channel].recent.put_back(run);
+            self.channels.all[channel].recent.put_back(run);
             if !room {
                 return false;
             }
             // The span holds nothing more up to its end.
-            let consumer = &mut self.sessions.get_mut(&key).expect("looked up").consumers[index];
+            let consumer = &mut self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("looked up")
+                .consumers[index];
             consumer.next = consumer.next.max(end);
         }
     }
@@ -515,12 +568,16 @@ impl BrokerState {
     /// Every consumer of session `key` catches up as far as its room allows.
     pub(super) fn pump_all(&mut self, key: SessionKey, now: Instant) {
         self.worker_room(key);
-        for (index, group) in self.groups.iter().enumerate() {
+        for (index, group) in self.groups.all.iter().enumerate() {
             if group.has_member(key) {
-                self.groups_due.push(index);
+                self.groups.due.push(index);
             }
         }
-        let count = self.sessions.get(&key).map_or(0, |s| s.consumers.len());
+        let count = self
+            .sessions
+            .by_key
+            .get(&key)
+            .map_or(0, |s| s.consumers.len());
         for index in 0..count {
             self.pump(key, index, now);
         }
@@ -528,7 +585,7 @@ impl BrokerState {
 
     /// Reads of channel records the server must make, in the order asked.
     pub fn take_reads(&mut self, out: &mut Vec<ChannelRead>) {
-        out.append(&mut self.reads);
+        out.append(&mut self.reads.waiting);
     }
 
     /// A read came back: its records go to the consumer in order, as far as
@@ -545,11 +602,11 @@ impl BrokerState {
         {
             return;
         }
-        let Some(read) = self.channel_reads.remove(&ticket) else {
+        let Some(read) = self.channels.consumer_reads.remove(&ticket) else {
             return;
         };
         let channel = read.channel;
-        let state = &mut self.channels[channel as usize];
+        let state = &mut self.channels.all[channel as usize];
         state.reads_out.retain(|&(t, _, _)| t != ticket);
         let channel_name = state.name.clone();
         // The consumers still waiting for this read: those that went, or
@@ -559,7 +616,12 @@ impl BrokerState {
             let Some(index) = self.consumer_index(key, channel) else {
                 continue;
             };
-            let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
+            let consumer = &mut self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("indexed")
+                .consumers[index];
             if consumer.generation != generation {
                 continue;
             }
@@ -579,10 +641,15 @@ impl BrokerState {
             }
         };
         let progressed = !window.records.is_empty();
-        let append = self.channels[channel as usize].kind == ChannelKind::Append;
+        let append = self.channels.all[channel as usize].kind == ChannelKind::Append;
         let mut resolved = Vec::new();
         for &(key, index) in &readers {
-            let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
+            let consumer = &mut self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("indexed")
+                .consumers[index];
             // A start that took a read to find is written at once, not at
             // the next flush: a restart before then would begin at `next`.
             // (Only the consumer that asked can have one: none joins a
@@ -612,7 +679,7 @@ impl BrokerState {
         }
         if append {
             // Kept for the consumers after them, and sent from there.
-            self.channels[channel as usize]
+            self.channels.all[channel as usize]
                 .recent
                 .insert(window.start, window.records);
             for &(key, index) in &readers {
@@ -637,7 +704,7 @@ impl BrokerState {
     /// allows; one offered whole moves the consumer to where it ends.
     fn offer_window(&mut self, key: SessionKey, index: usize, window: &ReadWindow, now: Instant) {
         for record in &window.records {
-            let next = self.sessions[&key].consumers[index].next;
+            let next = self.sessions.by_key[&key].consumers[index].next;
             if record.offset < next {
                 continue;
             }
@@ -646,7 +713,12 @@ impl BrokerState {
             }
         }
         if let Some(end) = window.next {
-            let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
+            let consumer = &mut self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("indexed")
+                .consumers[index];
             consumer.next = consumer.next.max(end);
         }
     }
@@ -655,7 +727,7 @@ impl BrokerState {
     /// is handed on from the recent reads, so a consumer still behind them
     /// reads, finds the floor and is told the gap.
     pub(super) fn on_floor_raised(&mut self, channel: &str, floor: u64) {
-        if let Some(state) = self.channels.iter_mut().find(|c| &*c.name == channel) {
+        if let Some(state) = self.channels.all.iter_mut().find(|c| &*c.name == channel) {
             state.recent.remove_below(floor);
         }
     }
@@ -664,6 +736,7 @@ impl BrokerState {
     fn consumer_sessions(&self) -> Vec<SessionKey> {
         let mut keys: Vec<SessionKey> = self
             .channels
+            .all
             .iter()
             .flat_map(|c| c.consumers.iter().copied())
             .collect();
@@ -688,7 +761,7 @@ impl BrokerState {
             return;
         }
         if let Some(index) = self.consumer_index(key, channel) {
-            let session = self.sessions.get_mut(&key).expect("indexed");
+            let session = self.sessions.by_key.get_mut(&key).expect("indexed");
             session.consumers[index].unacked.remove(offset);
         }
     }
@@ -696,8 +769,8 @@ impl BrokerState {
     /// The session's subscriptions on `channel`, as its consumer matches
     /// records against them.
     pub(super) fn filters_on(&self, key: SessionKey, channel: u16) -> Vec<ConsumerFilter> {
-        let name = &self.channels[channel as usize].name;
-        self.sessions[&key]
+        let name = &self.channels.all[channel as usize].name;
+        self.sessions.by_key[&key]
             .subscriptions
             .values()
             .filter(|s| s.share_group.is_none() && first_level(&s.filter) == &**name)
@@ -733,15 +806,14 @@ impl BrokerState {
             return;
         }
         let filters = self.filters_on(key, channel);
-        let next = self.channels[channel as usize].next;
-        let generation = self.next_read;
-        self.next_read += 1;
+        let next = self.channels.all[channel as usize].next;
+        let generation = self.reads.number();
         let index = self.consumer_index(key, channel);
-        let session = self.sessions.get_mut(&key).expect("known session");
+        let session = self.sessions.by_key.get_mut(&key).expect("known session");
         match index {
             Some(i) if filters.is_empty() => {
                 session.consumers.remove(i);
-                self.channels[channel as usize]
+                self.channels.all[channel as usize]
                     .consumers
                     .retain(|k| *k != key);
                 self.drop_position(key, channel);
@@ -764,7 +836,8 @@ impl BrokerState {
             None => {
                 let start = start.or_else(|| {
                     let bridge = session.bridge.as_deref()?;
-                    self.bridge_positions
+                    self.bridges
+                        .positions
                         .get(&(channel, bridge.to_owned()))
                         .copied()
                 });
@@ -785,7 +858,7 @@ impl BrokerState {
                     consumer.set_start(seek);
                 }
                 session.consumers.push(consumer);
-                self.channels[channel as usize].consumers.push(key);
+                self.channels.all[channel as usize].consumers.push(key);
             }
         }
         if let Some(i) = self.consumer_index(key, channel) {
@@ -821,7 +894,7 @@ impl BrokerState {
         {
             return;
         }
-        let next = self.channels[channel as usize].next;
+        let next = self.channels.all[channel as usize].next;
         // A consumer told to start past the end waits there; what is
         // stored is never past the channel's next offset. A start that
         // takes a read to find (`earliest`, a time, a latest channel's
@@ -838,10 +911,11 @@ impl BrokerState {
             Some(Seek::Earliest | Seek::Time(_)) => (None, first),
             Some(Seek::Current | Seek::Resync { .. }) => return,
         };
-        let session = &self.sessions[&key];
+        let session = &self.sessions.by_key[&key];
         if let Some(bridge) = &session.bridge {
             if self
-                .bridge_positions
+                .bridges
+                .positions
                 .contains_key(&(channel, bridge.to_string()))
             {
                 return;
@@ -873,7 +947,7 @@ impl BrokerState {
         else {
             return;
         };
-        if let Some(session) = self.sessions.get_mut(&key) {
+        if let Some(session) = self.sessions.by_key.get_mut(&key) {
             session.consumers[index].stored = Some(offset);
         }
     }
@@ -884,7 +958,7 @@ impl BrokerState {
     /// dropped with it.
     pub(super) fn stage_positions(&mut self, key: SessionKey, now: Instant) {
         let saved_at = self.unix_at(now).max(1);
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         let Some((reader, expiry)) = position_holder(session) else {
@@ -899,7 +973,7 @@ impl BrokerState {
             // stored is never past the channel's next offset.
             let offset = consumer
                 .position()
-                .min(self.channels[consumer.channel as usize].next);
+                .min(self.channels.all[consumer.channel as usize].next);
             if consumer.stored == Some(offset) {
                 continue;
             }
@@ -927,11 +1001,11 @@ impl BrokerState {
             self.stage_positions(key, now);
         }
         self.stage_group_positions(now);
-        for (i, channel) in self.channels.iter().enumerate() {
+        for (i, channel) in self.channels.all.iter().enumerate() {
             let lag = channel
                 .consumers
                 .iter()
-                .filter_map(|k| self.sessions.get(k))
+                .filter_map(|k| self.sessions.by_key.get(k))
                 .filter_map(|s| s.consumers.iter().find(|c| c.channel == i as u16))
                 .map(|c| channel.next.saturating_sub(c.position()))
                 .max()
@@ -941,7 +1015,7 @@ impl BrokerState {
     }
 
     pub(super) fn drop_position(&mut self, key: SessionKey, channel: u16) {
-        let Some(session) = self.sessions.get(&key) else {
+        let Some(session) = self.sessions.by_key.get(&key) else {
             return;
         };
         if let Some(reader) = reader_of(session) {
@@ -961,8 +1035,9 @@ impl BrokerState {
                 for consumer in &session.consumers {
                     let offset = consumer
                         .position()
-                        .min(self.channels[consumer.channel as usize].next);
-                    self.bridge_positions
+                        .min(self.channels.all[consumer.channel as usize].next);
+                    self.bridges
+                        .positions
                         .insert((consumer.channel, bridge.to_string()), offset);
                     self.stage(
                         Role::Channel(consumer.channel),
@@ -1002,7 +1077,7 @@ impl BrokerState {
                 .into_iter()
                 .map(|(p, c)| (p, c, session.inbound_qos2.get(&p).copied().unwrap_or(now)))
                 .collect();
-            self.bridge_holds.insert(session.client_id.clone(), kept);
+            self.bridges.holds.insert(session.client_id.clone(), kept);
             return;
         }
         for (packet_id, channel) in holds {
@@ -1027,7 +1102,7 @@ impl BrokerState {
     /// Restore channels and the consumers of restored sessions; positions
     /// and holds nobody owns any more are dropped.
     pub(super) fn restore_channels(&mut self, restored: Vec<RestoredChannel>, now: Instant) {
-        self.channels = restored
+        self.channels.all = restored
             .iter()
             .map(|c| Channel {
                 name: c.name.clone(),
@@ -1042,12 +1117,16 @@ impl BrokerState {
         for (i, channel) in restored.into_iter().enumerate() {
             let i = i as u16;
             for position in channel.positions {
-                let key = self.by_client_id.get(position.reader.id()).copied();
+                let key = self
+                    .sessions
+                    .by_client_id
+                    .get(position.reader.id())
+                    .copied();
                 let owned = key.is_some_and(|k| !self.filters_on(k, i).is_empty())
                     && position.reader.scheme() == crate::storage::contract::ReaderScheme::Mqtt;
                 match key {
                     Some(key) if owned => {
-                        let start = position.offset.min(self.channels[i as usize].next);
+                        let start = position.offset.min(self.channels.all[i as usize].next);
                         self.refresh_consumer(key, i, None, Some(start), now);
                     }
                     // A shared group's place, for when a member joins.
@@ -1055,7 +1134,8 @@ impl BrokerState {
                         == crate::storage::contract::ReaderScheme::Mqtt
                         && position.reader.id().starts_with("$share/") =>
                     {
-                        self.group_positions
+                        self.groups
+                            .positions
                             .insert((i, position.reader.id().to_owned()), position.offset);
                     }
                     _ if position.reader.scheme()
@@ -1065,14 +1145,15 @@ impl BrokerState {
                     }
                     // A bridge resumes from it when it connects.
                     _ => {
-                        self.bridge_positions
+                        self.bridges
+                            .positions
                             .insert((i, position.reader.id().to_owned()), position.offset);
                     }
                 }
             }
             // Sessions consuming the channel with no position stored yet
             // start at its next offset.
-            let keys: Vec<SessionKey> = self.sessions.keys().copied().collect();
+            let keys: Vec<SessionKey> = self.sessions.by_key.keys().copied().collect();
             for key in keys {
                 if self.consumer_index(key, i).is_none() && !self.filters_on(key, i).is_empty() {
                     self.refresh_consumer(key, i, None, None, now);
@@ -1081,6 +1162,7 @@ impl BrokerState {
             // Members of shared groups over the channel rejoin them.
             let mut members: Vec<(SessionKey, String, String)> = self
                 .sessions
+                .by_key
                 .iter()
                 .flat_map(|(k, s)| {
                     s.subscriptions
@@ -1101,16 +1183,22 @@ impl BrokerState {
                     .client_id
                     .parse::<Reader>()
                     .is_ok_and(|r| r.scheme() == crate::storage::contract::ReaderScheme::Bridge);
-                match self.by_client_id.get(hold.client_id.as_str()).copied() {
+                match self
+                    .sessions
+                    .by_client_id
+                    .get(hold.client_id.as_str())
+                    .copied()
+                {
                     Some(key) => {
-                        let session = self.sessions.get_mut(&key).expect("indexed");
+                        let session = self.sessions.by_key.get_mut(&key).expect("indexed");
                         session.inbound_qos2.insert(hold.packet_id, now);
                         session.channel_holds.insert(hold.packet_id, i);
                     }
                     // A bridge's, kept for its connection (the holds of a
                     // bridge no longer configured were dropped at open).
                     None if bridge => self
-                        .bridge_holds
+                        .bridges
+                        .holds
                         .entry(hold.client_id.as_str().into())
                         .or_default()
                         .push((hold.packet_id, i, now)),
@@ -1128,7 +1216,7 @@ impl BrokerState {
 
     /// Channels served, for tests and the startup log.
     pub fn channel_count(&self) -> usize {
-        self.channels.len()
+        self.channels.all.len()
     }
 }
 

@@ -66,8 +66,9 @@ impl BrokerState {
                 );
                 return;
             }
-            let id: Arc<str> = format!("saguin-{}-{}", self.next_assigned_id, connection).into();
-            self.next_assigned_id += 1;
+            let id: Arc<str> =
+                format!("saguin-{}-{}", self.sessions.next_assigned_id, connection).into();
+            self.sessions.next_assigned_id += 1;
             assigned = Some(id.clone());
             id
         } else {
@@ -85,13 +86,13 @@ impl BrokerState {
 
         // The timer may not have run yet: a Will whose delay passed, or a
         // session whose expiry passed, is settled before this CONNECT sees it.
-        if let Some(&key) = self.by_client_id.get(&client_id) {
+        if let Some(&key) = self.sessions.by_client_id.get(&client_id) {
             self.settle_due(key, now);
         }
         let mut session_present = false;
-        if let Some(&key) = self.by_client_id.get(&client_id) {
+        if let Some(&key) = self.sessions.by_client_id.get(&client_id) {
             let (owner_differs, old_connection, ends_with_connection) = {
-                let s = &self.sessions[&key];
+                let s = &self.sessions.by_key[&key];
                 (
                     s.principal != request.principal,
                     s.connection.or(s.connecting),
@@ -114,7 +115,7 @@ impl BrokerState {
                 if let Some(conn) = self.connections.get_mut(&old) {
                     if let Some(will) = conn.will.take() {
                         if will.delay == 0 || request.clean_start || ends_with_connection {
-                            let principal = self.sessions[&key].principal.clone();
+                            let principal = self.sessions.by_key[&key].principal.clone();
                             self.publish_will(&will, principal.as_deref(), &client_id, now);
                         }
                     }
@@ -153,26 +154,26 @@ impl BrokerState {
         }
 
         let key = if session_present {
-            self.by_client_id[&client_id]
+            self.sessions.by_client_id[&client_id]
         } else {
-            let key = self.next_session;
-            self.next_session += 1;
-            self.sessions.insert(
+            let key = self.sessions.next_key;
+            self.sessions.next_key += 1;
+            self.sessions.by_key.insert(
                 key,
                 Session::new(client_id.clone(), request.principal.clone()),
             );
-            self.by_client_id.insert(client_id.clone(), key);
+            self.sessions.by_client_id.insert(client_id.clone(), key);
             self.metrics.sessions.fetch_add(1, Relaxed);
             key
         };
-        self.detached.remove(&key);
+        self.sessions.detached.remove(&key);
         let receive_maximum = if request.v5 {
             usize::from(request.receive_maximum.max(1))
         } else {
             usize::from(self.limits.receive_maximum.max(1))
         };
         let was_stored = {
-            let session = self.sessions.get_mut(&key).expect("inserted above");
+            let session = self.sessions.by_key.get_mut(&key).expect("inserted above");
             session.connecting = Some(connection);
             session.bridge = request.bridge.clone();
             session.expiry_interval = expiry;
@@ -257,10 +258,10 @@ impl BrokerState {
     /// answer it had when it was held), so the bridge knows what waits
     /// for its release.
     fn resume_bridge_holds(&mut self, connection: u64, key: SessionKey, now: Instant) {
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
-        let Some(mut holds) = self.bridge_holds.remove(&session.client_id) else {
+        let Some(mut holds) = self.bridges.holds.remove(&session.client_id) else {
             return;
         };
         holds.sort_unstable();
@@ -275,7 +276,7 @@ impl BrokerState {
 
     /// Persistent sessions the provider holds (or is about to).
     fn stored_sessions(&self) -> usize {
-        self.sessions.values().filter(|s| s.stored).count()
+        self.sessions.by_key.values().filter(|s| s.stored).count()
     }
 
     /// The session write of a CONNECT was answered.
@@ -290,6 +291,7 @@ impl BrokerState {
     ) {
         let current = self
             .sessions
+            .by_key
             .get(&key)
             .is_some_and(|s| s.connecting == Some(connection));
         if !current || !self.connections.contains_key(&connection) {
@@ -321,14 +323,14 @@ impl BrokerState {
             if let Some(conn) = self.connections.get_mut(&connection) {
                 conn.will = None;
             }
-            if let Some(session) = self.sessions.get_mut(&key) {
+            if let Some(session) = self.sessions.by_key.get_mut(&key) {
                 session.expiry_interval = 0;
                 session.stored = false;
             }
             self.doomed.push((connection, CloseReason::Storage, None));
             return;
         }
-        if let Some(session) = self.sessions.get_mut(&key) {
+        if let Some(session) = self.sessions.by_key.get_mut(&key) {
             session.connecting = None;
             session.connection = Some(connection);
         }
@@ -345,7 +347,7 @@ impl BrokerState {
     /// one whose lifetime ran out while in flight is still resent, as its
     /// delivery had started (MQTT-4.4.0-1), with 0 left.
     fn replay(&mut self, connection: u64, key: SessionKey, now: Instant) {
-        let session = &self.sessions[&key];
+        let session = &self.sessions.by_key[&key];
         let packets: Vec<Outbound> = session
             .inflight
             .iter()

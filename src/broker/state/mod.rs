@@ -34,6 +34,7 @@
 //! references and the periodic flush) and `restore` (the state rebuilt
 //! from what the providers hold).
 
+mod bridges;
 mod channel;
 mod channel_share;
 mod close;
@@ -56,7 +57,7 @@ mod sys;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,9 +70,15 @@ use super::codec::ByteStr;
 use super::message::MessageProperties;
 use super::metrics::{CloseReason, Metrics};
 use super::subscriptions::{Delivery, Match, SessionKey, SubOptions, SubscriptionIndex};
-use ids::{IdMap, IdSet};
+use bridges::Bridges;
+use channel::Channels;
+use channel_share::Groups;
+use ids::IdMap;
+use latest::LatestReads;
+use queue::Queues;
+use reads::ReadRequests;
 use retained::RetainedIndex;
-use session::Session;
+use session::Sessions;
 
 pub use consumer::{parse_from, FROM_PROPERTY, GAP_PROPERTY, OFFSET_PROPERTY};
 pub use intent::{Class, Intent, Role, StorageFailure, Write, Written};
@@ -559,13 +566,9 @@ pub struct BrokerState {
     authorizer: Arc<dyn Authorizer>,
     retained: RetainedIndex,
     index: SubscriptionIndex,
-    sessions: IdMap<SessionKey, Session>,
-    by_client_id: HashMap<Arc<str>, SessionKey>,
+    /// Every session, connected or not, and the client ids they go by.
+    sessions: Sessions,
     connections: IdMap<u64, Connection>,
-    /// Sessions without a connection (timers for expiry and Will delay).
-    detached: IdSet<SessionKey>,
-    next_session: SessionKey,
-    next_assigned_id: u64,
     /// Connections to close once the current event is handled (closing one
     /// may publish a Will, which must not happen in the middle of a fan-out).
     doomed: Vec<(u64, CloseReason, Option<ReasonCode>)>,
@@ -581,44 +584,20 @@ pub struct BrokerState {
     /// Everything about writes: intents waiting to be taken, parked
     /// answers, the broadcast log's references.
     persist: persist::Persistence,
-    /// The append channels served, by index (`Role::Channel`).
-    channels: Vec<channel::Channel>,
-    /// Reads of channel records asked for and not yet taken by the server.
-    reads: Vec<ChannelRead>,
-    /// Consumers' reads out, by ticket.
-    channel_reads: IdMap<u64, channel::ConsumerRead>,
-    next_read: u64,
-    /// Consumers to let catch up once the current event is handled.
-    pumps_due: Vec<(SessionKey, u16)>,
-    /// Where each bridge's reader stands in each channel, by channel index
-    /// and bridge name, while its session is away.
-    bridge_positions: HashMap<(u16, String), u64>,
-    /// A bridge's unreleased QoS 2 publishes into channels (packet id,
-    /// channel index, when held), by its client id, while its session is
-    /// away: the remote's PUBREL may come on the bridge's next connection,
-    /// or after a restart.
-    bridge_holds: HashMap<Arc<str>, Vec<(u16, u16, Instant)>>,
+    /// The channels served (append, latest, queue) and their consumers'
+    /// reads.
+    channels: Channels,
+    /// Reads of channel records asked for and not yet taken by the server,
+    /// for consumers, groups, latest values and queues alike.
+    reads: ReadRequests,
+    /// Bridges' places and holds in channels while their sessions are away.
+    bridges: Bridges,
     /// Shared groups over channels.
-    groups: Vec<channel_share::ChannelGroup>,
-    /// Groups to let read on once the current event is handled.
-    groups_due: Vec<usize>,
-    /// Reads out for groups: ticket to the group, its generation, and
-    /// whether the read resolves where the group starts.
-    group_reads: IdMap<u64, (usize, u64, bool)>,
-    /// Stored places of groups nobody has joined yet since the start.
-    group_positions: HashMap<(u16, String), u64>,
-    /// The queues' volatile halves, by channel index.
-    queues: std::collections::BTreeMap<u16, queue::Queue>,
-    /// Queues to offer once the current event is handled.
-    queues_due: Vec<u16>,
-    /// Offers out: ticket to the queue's channel index.
-    offer_reads: IdMap<u64, u16>,
-    /// Reads of a latest channel's current values out, by ticket.
-    values_reads: IdMap<u64, latest::ValuesRead>,
-    /// Reads of current values that failed, asked again at the tick.
-    values_failed: Vec<latest::ValuesRead>,
-    /// Queue writes the current event made, each sealed on its own.
-    queue_writes: Vec<(u16, Write, intent::QueueWrite)>,
+    groups: Groups,
+    /// The queues' volatile halves: deliveries, workers, offers.
+    queues: Queues,
+    /// Reads of latest channels' current values.
+    latest_reads: LatestReads,
     /// The session an acknowledgement in the current batch of packets
     /// freed window room for: promoted once the acknowledgements in a row
     /// are handled.
@@ -642,12 +621,8 @@ impl BrokerState {
             authorizer,
             retained: RetainedIndex::new(),
             index: SubscriptionIndex::new(),
-            sessions: IdMap::default(),
-            by_client_id: HashMap::new(),
+            sessions: Sessions::default(),
             connections: IdMap::default(),
-            detached: IdSet::default(),
-            next_session: 1,
-            next_assigned_id: 1,
             doomed: Vec::new(),
             scratch_matches: Vec::new(),
             scratch_deliveries: Vec::new(),
@@ -656,23 +631,12 @@ impl BrokerState {
             next_exactly_once_sweep: None,
             clock_base,
             persist: persist::Persistence::default(),
-            channels: Vec::new(),
-            reads: Vec::new(),
-            channel_reads: IdMap::default(),
-            next_read: 1,
-            pumps_due: Vec::new(),
-            bridge_positions: HashMap::new(),
-            bridge_holds: HashMap::new(),
-            groups: Vec::new(),
-            groups_due: Vec::new(),
-            group_reads: IdMap::default(),
-            group_positions: HashMap::new(),
-            queues: std::collections::BTreeMap::new(),
-            queues_due: Vec::new(),
-            offer_reads: IdMap::default(),
-            values_reads: IdMap::default(),
-            values_failed: Vec::new(),
-            queue_writes: Vec::new(),
+            channels: Channels::default(),
+            reads: ReadRequests::default(),
+            bridges: Bridges::default(),
+            groups: Groups::default(),
+            queues: Queues::default(),
+            latest_reads: LatestReads::default(),
             window_freed: None,
             received: 0,
         }
@@ -683,7 +647,7 @@ impl BrokerState {
     }
 
     pub fn session_count(&self) -> usize {
-        self.sessions.len()
+        self.sessions.by_key.len()
     }
 
     /// Unix nanoseconds at `now`, from the injected clock.

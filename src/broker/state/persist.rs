@@ -422,7 +422,7 @@ impl BrokerState {
             Parked::Flush { clients, sealed } => {
                 if failure.is_some() {
                     for client in clients {
-                        if let Some(&key) = self.by_client_id.get(&client) {
+                        if let Some(&key) = self.sessions.by_client_id.get(&client) {
                             self.persist.dirty.insert(key);
                         }
                     }
@@ -452,7 +452,7 @@ impl BrokerState {
                     let values_for = retained_for.clone();
                     self.deliver_retained(connection, key, retained_for, now);
                     for start in consumers {
-                        if !self.sessions.contains_key(&key) {
+                        if !self.sessions.by_key.contains_key(&key) {
                             break;
                         }
                         if self.is_queue(start.channel) {
@@ -496,7 +496,7 @@ impl BrokerState {
                 None => {
                     self.send(connection, Outbound::UnsubAck { packet_id, reasons });
                     for (channel, raw) in channels {
-                        if !self.sessions.contains_key(&key) {
+                        if !self.sessions.by_key.contains_key(&key) {
                             break;
                         }
                         if self.is_queue(channel) {
@@ -558,7 +558,7 @@ impl BrokerState {
 
     /// Does a delivery to `key` need the message in the broadcast log?
     pub(super) fn owed_durably(&self, key: SessionKey, qos: u8) -> bool {
-        qos > 0 && self.sessions.get(&key).is_some_and(|s| s.stored)
+        qos > 0 && self.sessions.by_key.get(&key).is_some_and(|s| s.stored)
     }
 
     /// A persistent session now holds log entry `offset`.
@@ -606,7 +606,7 @@ impl BrokerState {
     /// The session's cursor: the lowest log offset it still holds, or the
     /// log's next offset.
     fn cursor_of(&self, key: SessionKey) -> u64 {
-        let Some(session) = self.sessions.get(&key) else {
+        let Some(session) = self.sessions.by_key.get(&key) else {
             return self.persist.log_next;
         };
         let inflight = session.inflight.iter().filter_map(|e| e.log_offset);
@@ -625,7 +625,7 @@ impl BrokerState {
         dirty.sort_unstable();
         let mut clients = Vec::new();
         for key in dirty {
-            let Some(session) = self.sessions.get(&key) else {
+            let Some(session) = self.sessions.by_key.get(&key) else {
                 continue;
             };
             if !session.stored {
@@ -676,7 +676,7 @@ impl BrokerState {
 
     /// The stored form of session `key` at `now`.
     pub(super) fn session_entry(&self, key: SessionKey, now: Instant) -> SessionEntry {
-        let session = &self.sessions[&key];
+        let session = &self.sessions.by_key[&key];
         let attached = session.connection.or(session.connecting);
         let connection = attached.and_then(|c| self.connections.get(&c));
         let will = match (connection, &session.pending_will) {

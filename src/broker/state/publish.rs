@@ -29,7 +29,11 @@ impl BrokerState {
                 self.on_publish(connection, key, v5, answers_pending, publish, now)
             }
             Inbound::PubAck { packet_id, reason } => {
-                let session = self.sessions.get_mut(&key).expect("connected session");
+                let session = self
+                    .sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("connected session");
                 // A broadcast delivery's exchange ends here, with one
                 // look-up; a channel record's takes the longer way.
                 let broadcast = session.inflight.remove_if(packet_id, |e| {
@@ -40,7 +44,11 @@ impl BrokerState {
                     self.free_window(key, now);
                     return;
                 }
-                let session = self.sessions.get_mut(&key).expect("connected session");
+                let session = self
+                    .sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("connected session");
                 let acked = match session.inflight.get_mut(packet_id) {
                     Some(e) if matches!(e.phase, InflightPhase::AwaitPuback) => Some(e.channel),
                     _ => None,
@@ -58,7 +66,11 @@ impl BrokerState {
                 packet_id,
                 reason: code,
             } => {
-                let session = self.sessions.get_mut(&key).expect("connected session");
+                let session = self
+                    .sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("connected session");
                 match session.inflight.get_mut(packet_id) {
                     Some(entry) if matches!(entry.phase, InflightPhase::AwaitPubrec) => {
                         if code.is_error() {
@@ -106,7 +118,11 @@ impl BrokerState {
                 }
             }
             Inbound::PubComp { packet_id } => {
-                let session = self.sessions.get_mut(&key).expect("connected session");
+                let session = self
+                    .sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("connected session");
                 let ended = session.inflight.remove_if(packet_id, |e| {
                     matches!(e.phase, InflightPhase::AwaitPubcomp)
                 });
@@ -116,7 +132,11 @@ impl BrokerState {
                 }
             }
             Inbound::PubRel { packet_id } => {
-                let session = self.sessions.get_mut(&key).expect("connected session");
+                let session = self
+                    .sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("connected session");
                 let known = session.inbound_qos2.remove(&packet_id).is_some();
                 let channel = session.channel_holds.remove(&packet_id);
                 if let (true, Some(channel)) = (known, channel) {
@@ -185,7 +205,11 @@ impl BrokerState {
                 session_expiry,
             } => {
                 if let Some(asked) = session_expiry {
-                    let session = self.sessions.get_mut(&key).expect("connected session");
+                    let session = self
+                        .sessions
+                        .by_key
+                        .get_mut(&key)
+                        .expect("connected session");
                     if session.expiry_interval == 0 && asked != 0 {
                         // MQTT 5 3.14.2.2.2: a session that was to end with
                         // the connection cannot be made to outlive it here.
@@ -239,7 +263,7 @@ impl BrokerState {
     /// An exchange ended (PUBACK, PUBCOMP, a refusing PUBREC): its log
     /// entry is no longer held by this session.
     fn finish_exchange(&mut self, key: SessionKey, packet_id: u16) {
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         if let Some(entry) = session.inflight.remove(packet_id) {
@@ -278,7 +302,7 @@ impl BrokerState {
             payload,
             properties,
         } = publish;
-        let session = self.sessions.get(&key).expect("connected session");
+        let session = self.sessions.by_key.get(&key).expect("connected session");
         if qos == 2 && session.inbound_qos2.contains_key(&packet_id) {
             // Method B: already routed; a duplicate only gets PUBREC.
             self.reply_held(connection, packet_id, now);
@@ -331,7 +355,11 @@ impl BrokerState {
         if qos == 2 && (allowed || !v5) {
             // A denied 3.1.1 QoS 2 still completes the handshake: keep the id
             // so a duplicate gets PUBREC and PUBREL gets PUBCOMP.
-            let session = self.sessions.get_mut(&key).expect("connected session");
+            let session = self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("connected session");
             session.inbound_qos2.insert(packet_id, now);
             if v5 && session.inbound_qos2.len() > usize::from(self.limits.receive_maximum) {
                 self.doom(
@@ -344,7 +372,7 @@ impl BrokerState {
             if stored_session {
                 // The hold is stored before PUBREC: a restart between the
                 // two must still know the id was routed.
-                let client_id = self.sessions[&key].client_id.clone();
+                let client_id = self.sessions.by_key[&key].client_id.clone();
                 let held = self.held_publish(&client_id, packet_id, &message, now);
                 self.stage(Role::Sessions, Write::Hold(held));
             }
@@ -414,7 +442,7 @@ impl BrokerState {
     ) -> ParkedPublishParts {
         let publisher_id = |this: &Self| -> Arc<str> {
             publisher
-                .and_then(|k| this.sessions.get(&k))
+                .and_then(|k| this.sessions.by_key.get(&k))
                 .map_or_else(|| Arc::from(client_id), |s| s.client_id.clone())
         };
         let retain_change = message.retain.then(|| !message.payload.is_empty());
@@ -462,7 +490,7 @@ impl BrokerState {
             }
             if let (Some(connection), Some(key)) = (p.connection, p.publisher) {
                 if p.qos == 2 {
-                    if let Some(session) = self.sessions.get_mut(&key) {
+                    if let Some(session) = self.sessions.by_key.get_mut(&key) {
                         session.inbound_qos2.remove(&p.packet_id);
                         session.channel_holds.remove(&p.packet_id);
                     }
@@ -588,7 +616,7 @@ impl BrokerState {
         let mut matches = std::mem::take(&mut self.scratch_matches);
         let mut deliveries = std::mem::take(&mut self.scratch_deliveries);
         {
-            let sessions = &self.sessions;
+            let sessions = &self.sessions.by_key;
             self.index.matches(
                 &message.topic,
                 &|k| sessions.get(&k).is_some_and(|s| s.connection.is_some()),
@@ -645,7 +673,7 @@ impl BrokerState {
         log_offset: Option<u64>,
         now: Instant,
     ) {
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         if self.authorizer.is_active()
@@ -707,7 +735,7 @@ impl BrokerState {
     /// full), up to `limits.max_queued_messages`; more are dropped and
     /// counted.
     fn enqueue(&mut self, key: SessionKey, queued: QueuedMessage) {
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         if session.pending.len() >= self.limits.max_queued_messages {
@@ -764,7 +792,7 @@ impl BrokerState {
                 return self.not_sent(key, &queued, DropReason::TooLarge);
             }
         }
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return false;
         };
         let Some(packet_id) = session.inflight.allocate_id() else {
@@ -899,7 +927,7 @@ impl BrokerState {
     /// then whatever retained messages a SUBSCRIBE still owes.
     pub(super) fn promote(&mut self, key: SessionKey, now: Instant) {
         loop {
-            let Some(session) = self.sessions.get_mut(&key) else {
+            let Some(session) = self.sessions.by_key.get_mut(&key) else {
                 return;
             };
             let Some(connection) = session.connection else {

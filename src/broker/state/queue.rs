@@ -36,6 +36,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::consumer::first_level;
+use super::ids::IdMap;
 use super::intent::{Parked, QueueWrite, Role, Write};
 use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::restore::RestoredChannel;
@@ -84,6 +85,19 @@ struct Delivery {
     step: Step,
 }
 
+/// The queues' volatile halves, and the work the current event left them.
+#[derive(Debug, Default)]
+pub(super) struct Queues {
+    /// By channel index.
+    pub by_channel: BTreeMap<u16, Queue>,
+    /// Queues to offer once the current event is handled.
+    pub due: Vec<u16>,
+    /// Offers out: ticket to the queue's channel index.
+    pub offers_out: IdMap<u64, u16>,
+    /// Queue writes the current event made, each sealed on its own.
+    pub writes: Vec<(u16, Write, QueueWrite)>,
+}
+
 /// One queue's volatile half.
 #[derive(Debug)]
 pub(super) struct Queue {
@@ -107,6 +121,7 @@ pub(super) struct Queue {
 impl BrokerState {
     pub(super) fn is_queue(&self, channel: u16) -> bool {
         self.channels
+            .all
             .get(channel as usize)
             .is_some_and(|c| c.kind == ChannelKind::Queue)
     }
@@ -117,7 +132,7 @@ impl BrokerState {
             let Some(setup) = &channel.queue else {
                 continue;
             };
-            self.queues.insert(
+            self.queues.by_channel.insert(
                 i as u16,
                 Queue {
                     name: channel.name.clone(),
@@ -139,7 +154,7 @@ impl BrokerState {
     /// for the queue while it has one there.
     pub(super) fn refresh_worker(&mut self, key: SessionKey, channel: u16, _now: Instant) {
         let subscribed = self.worker_filters(key, channel).next().is_some();
-        let Some(queue) = self.queues.get_mut(&channel) else {
+        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
             return;
         };
         let known = queue.workers.contains(&key);
@@ -149,7 +164,7 @@ impl BrokerState {
             // What it holds stays its own until it answers or goes away.
             queue.workers.retain(|k| *k != key);
         }
-        self.queues_due.push(channel);
+        self.queues.due.push(channel);
     }
 
     /// The filters of session `key` on queue `channel`, shared or not.
@@ -158,26 +173,34 @@ impl BrokerState {
         key: SessionKey,
         channel: u16,
     ) -> impl Iterator<Item = &SessionSubscription> {
-        let name = self.channels.get(channel as usize).map(|c| c.name.clone());
-        self.sessions.get(&key).into_iter().flat_map(move |s| {
-            let name = name.clone();
-            s.subscriptions
-                .values()
-                .filter(move |sub| name.as_deref() == Some(first_level(&sub.filter)))
-        })
+        let name = self
+            .channels
+            .all
+            .get(channel as usize)
+            .map(|c| c.name.clone());
+        self.sessions
+            .by_key
+            .get(&key)
+            .into_iter()
+            .flat_map(move |s| {
+                let name = name.clone();
+                s.subscriptions
+                    .values()
+                    .filter(move |sub| name.as_deref() == Some(first_level(&sub.filter)))
+            })
     }
 
     /// A record was enqueued in `channel`.
     pub(super) fn queue_committed(&mut self, channel: u16, _now: Instant) {
-        self.queues_due.push(channel);
+        self.queues.due.push(channel);
     }
 
     /// Session `key` may have room again (it connected, or drained): the
     /// queues it works for offer again.
     pub(super) fn worker_room(&mut self, key: SessionKey) {
-        for (channel, queue) in &self.queues {
+        for (channel, queue) in &self.queues.by_channel {
             if queue.workers.contains(&key) {
-                self.queues_due.push(*channel);
+                self.queues.due.push(*channel);
             }
         }
     }
@@ -185,7 +208,7 @@ impl BrokerState {
     /// Room worker `key` has for one more delivery: its window less what
     /// it holds and what is on its way to it.
     fn worker_room_of(&self, queue: &Queue, key: SessionKey) -> usize {
-        let Some(session) = self.sessions.get(&key) else {
+        let Some(session) = self.sessions.by_key.get(&key) else {
             return 0;
         };
         let Some(connection) = session.connection else {
@@ -205,10 +228,10 @@ impl BrokerState {
 
     /// Offer every queue the event made due.
     pub(super) fn run_queue_pumps(&mut self, now: Instant) {
-        if self.queues_due.is_empty() {
+        if self.queues.due.is_empty() {
             return;
         }
-        let mut due = std::mem::take(&mut self.queues_due);
+        let mut due = std::mem::take(&mut self.queues.due);
         due.sort_unstable();
         due.dedup();
         for channel in due {
@@ -219,11 +242,15 @@ impl BrokerState {
     /// Ask the store for what `channel` has available, as much as its
     /// workers have room for.
     fn offer_queue(&mut self, channel: u16, now: Instant) {
-        let Some(queue) = self.queues.get(&channel) else {
+        let Some(queue) = self.queues.by_channel.get(&channel) else {
             return;
         };
         if queue.reading {
-            self.queues.get_mut(&channel).expect("looked up").again = true;
+            self.queues
+                .by_channel
+                .get_mut(&channel)
+                .expect("looked up")
+                .again = true;
             return;
         }
         let room: usize = queue
@@ -239,14 +266,13 @@ impl BrokerState {
             .values()
             .filter(|d| matches!(d.step, Step::Leasing))
             .count();
-        let ticket = self.next_read;
-        self.next_read += 1;
+        let ticket = self.reads.number();
         let moment = self.unix_at(now);
-        let queue = self.queues.get_mut(&channel).expect("looked up");
+        let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
         queue.reading = true;
         queue.again = false;
-        self.offer_reads.insert(ticket, channel);
-        self.reads.push(ChannelRead {
+        self.queues.offers_out.insert(ticket, channel);
+        self.reads.waiting.push(ChannelRead {
             ticket,
             channel,
             from: Seek::Time(moment),
@@ -265,10 +291,10 @@ impl BrokerState {
         result: &Result<ReadWindow, StorageFailure>,
         now: Instant,
     ) -> bool {
-        let Some(channel) = self.offer_reads.remove(&ticket) else {
+        let Some(channel) = self.queues.offers_out.remove(&ticket) else {
             return false;
         };
-        let Some(queue) = self.queues.get_mut(&channel) else {
+        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
             return true;
         };
         queue.reading = false;
@@ -282,15 +308,15 @@ impl BrokerState {
         };
         let lease = queue.lease;
         for record in &window.records {
-            let queue = &self.queues[&channel];
+            let queue = &self.queues.by_channel[&channel];
             if queue.out.contains_key(&record.offset) {
                 continue;
             }
             let Some(worker) = self.next_worker(channel, &record.topic) else {
                 break;
             };
-            let holder = self.sessions[&worker].client_id.to_string();
-            let queue = self.queues.get_mut(&channel).expect("looked up");
+            let holder = self.sessions.by_key[&worker].client_id.to_string();
+            let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
             queue.out.insert(
                 record.offset,
                 Delivery {
@@ -304,7 +330,7 @@ impl BrokerState {
                 lease_until: self.unix_at(now + lease),
                 now: self.unix_at(now),
             };
-            self.queue_writes.push((
+            self.queues.writes.push((
                 channel,
                 write,
                 QueueWrite::Lease {
@@ -313,15 +339,15 @@ impl BrokerState {
                 },
             ));
         }
-        if self.queues[&channel].again {
-            self.queues_due.push(channel);
+        if self.queues.by_channel[&channel].again {
+            self.queues.due.push(channel);
         }
         true
     }
 
     /// The next worker, in turn, with room and a filter matching `topic`.
     fn next_worker(&mut self, channel: u16, topic_name: &str) -> Option<SessionKey> {
-        let queue = self.queues.get(&channel)?;
+        let queue = self.queues.by_channel.get(&channel)?;
         let count = queue.workers.len();
         for step in 0..count {
             let at = (queue.turn + step) % count;
@@ -333,7 +359,11 @@ impl BrokerState {
                 .worker_filters(key, channel)
                 .any(|s| topic::filter_matches(&s.filter, topic_name));
             if matches {
-                self.queues.get_mut(&channel).expect("looked up").turn = at + 1;
+                self.queues
+                    .by_channel
+                    .get_mut(&channel)
+                    .expect("looked up")
+                    .turn = at + 1;
                 return Some(key);
             }
         }
@@ -343,16 +373,17 @@ impl BrokerState {
     /// A lease committed: the record goes to its worker now, or back at
     /// once when the worker went away meanwhile.
     pub(super) fn leased(&mut self, channel: u16, lease: Lease, now: Instant) {
-        let Some(queue) = self.queues.get(&channel) else {
+        let Some(queue) = self.queues.by_channel.get(&channel) else {
             return;
         };
         self.metrics.queue_attempt(&queue.name);
         let Some(worker) = queue.out.get(&lease.offset).map(|d| d.worker) else {
             return;
         };
-        let connection = self.sessions.get(&worker).and_then(|s| s.connection);
+        let connection = self.sessions.by_key.get(&worker).and_then(|s| s.connection);
         let packet_id = connection.and_then(|_| {
             self.sessions
+                .by_key
                 .get_mut(&worker)
                 .and_then(|s| s.inflight.allocate_id())
         });
@@ -383,8 +414,8 @@ impl BrokerState {
             subscription_ids,
             log_offset: None,
         };
-        let until = now + self.queues[&channel].lease;
-        let session = self.sessions.get_mut(&worker).expect("looked up");
+        let until = now + self.queues.by_channel[&channel].lease;
+        let session = self.sessions.by_key.get_mut(&worker).expect("looked up");
         session.inflight.push(InflightEntry {
             packet_id,
             phase: InflightPhase::AwaitPuback,
@@ -393,7 +424,7 @@ impl BrokerState {
             queued: Some(queued.clone()),
             channel: Some((channel, lease.offset)),
         });
-        let queue = self.queues.get_mut(&channel).expect("looked up");
+        let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
         if let Some(d) = queue.out.get_mut(&lease.offset) {
             d.step = Step::Held {
                 delivery_id: lease.delivery_id,
@@ -419,7 +450,7 @@ impl BrokerState {
         packet_id: u16,
         reason: ReasonCode,
     ) {
-        let Some(queue) = self.queues.get_mut(&channel) else {
+        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
             return;
         };
         let Some(d) = queue.out.get_mut(&offset) else {
@@ -444,7 +475,7 @@ impl BrokerState {
                 epoch,
                 retry: false,
             };
-            self.queue_writes.push((
+            self.queues.writes.push((
                 channel,
                 Write::Resolve { delivery_id, epoch },
                 QueueWrite::Resolve { channel, offset },
@@ -472,6 +503,7 @@ impl BrokerState {
     ) {
         let Some(d) = self
             .queues
+            .by_channel
             .get_mut(&channel)
             .and_then(|q| q.out.get_mut(&offset))
         else {
@@ -484,7 +516,7 @@ impl BrokerState {
             retry: false,
         };
         // The moment is stamped when the write is sealed.
-        self.queue_writes.push((
+        self.queues.writes.push((
             channel,
             Write::ReleaseLease {
                 delivery_id,
@@ -498,7 +530,7 @@ impl BrokerState {
 
     /// A resolution committed: the record is gone.
     pub(super) fn resolved(&mut self, channel: u16, delivery_id: u64, _now: Instant) {
-        let Some(queue) = self.queues.get_mut(&channel) else {
+        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
             return;
         };
         queue.out.retain(
@@ -506,7 +538,7 @@ impl BrokerState {
         );
         self.metrics
             .set_queue_in_flight(&queue.name, queue.out.len() as u64);
-        self.queues_due.push(channel);
+        self.queues.due.push(channel);
     }
 
     /// A release committed: the record waits out its backoff, or went to
@@ -518,7 +550,7 @@ impl BrokerState {
         released: Released,
         now: Instant,
     ) {
-        let Some(queue) = self.queues.get_mut(&channel) else {
+        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
             return;
         };
         queue.out.retain(
@@ -529,11 +561,11 @@ impl BrokerState {
         match released {
             Released::Retry { not_before, .. } => {
                 let at = self.instant_at(not_before, now);
-                let queue = self.queues.get_mut(&channel).expect("looked up");
+                let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
                 queue.retry_at = Some(queue.retry_at.map_or(at, |r| r.min(at)));
             }
             Released::DeadLettered { dlq_offset, .. } => {
-                let queue = &self.queues[&channel];
+                let queue = &self.queues.by_channel[&channel];
                 self.metrics.queue_dead_lettered(&queue.name);
                 if let Some(dlq) = queue.dead_letter {
                     self.channel_advanced(dlq, dlq_offset + 1, now);
@@ -541,13 +573,13 @@ impl BrokerState {
             }
             Released::Stale => {}
         }
-        self.queues_due.push(channel);
+        self.queues.due.push(channel);
     }
 
     /// The channel of `channel` has records below `next` the state was
     /// not handed (a dead-letter move): its consumers read them.
     fn channel_advanced(&mut self, channel: u16, next: u64, now: Instant) {
-        let Some(state) = self.channels.get_mut(channel as usize) else {
+        let Some(state) = self.channels.all.get_mut(channel as usize) else {
             return;
         };
         state.next = state.next.max(next);
@@ -572,7 +604,7 @@ impl BrokerState {
             | QueueWrite::Resolve { channel, offset }
             | QueueWrite::Release { channel, offset } => (channel, offset),
         };
-        let Some(queue) = self.queues.get_mut(&channel) else {
+        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
             return;
         };
         tracing::warn!(channel = %queue.name, offset, error = %failure.message, "a queue write failed; the record stays in the queue with its attempts and is tried again");
@@ -599,7 +631,7 @@ impl BrokerState {
     /// resumed session is not sent them again.
     pub(super) fn worker_gone(&mut self, key: SessionKey) {
         let mut gone = Vec::new();
-        for (channel, queue) in &self.queues {
+        for (channel, queue) in &self.queues.by_channel {
             for (offset, d) in &queue.out {
                 if let (
                     true,
@@ -616,7 +648,7 @@ impl BrokerState {
             }
         }
         for (channel, offset, delivery_id, epoch, packet_id) in gone {
-            if let Some(session) = self.sessions.get_mut(&key) {
+            if let Some(session) = self.sessions.by_key.get_mut(&key) {
                 session.inflight.remove(packet_id);
             }
             self.release_delivery(
@@ -632,7 +664,7 @@ impl BrokerState {
     /// Session `key` ended: it works for no queue any more.
     pub(super) fn forget_worker(&mut self, key: SessionKey) {
         self.worker_gone(key);
-        for queue in self.queues.values_mut() {
+        for queue in self.queues.by_channel.values_mut() {
             queue.workers.retain(|k| *k != key);
         }
     }
@@ -642,7 +674,7 @@ impl BrokerState {
     pub(super) fn tick_queues(&mut self, now: Instant) {
         let mut expired = Vec::new();
         let mut again = Vec::new();
-        for (channel, queue) in &mut self.queues {
+        for (channel, queue) in &mut self.queues.by_channel {
             for (offset, d) in &mut queue.out {
                 match &mut d.step {
                     Step::Held {
@@ -695,14 +727,14 @@ impl BrokerState {
             }
             if queue.retry_at.is_some_and(|at| at <= now) {
                 queue.retry_at = None;
-                self.queues_due.push(*channel);
+                self.queues.due.push(*channel);
             }
         }
-        self.queue_writes.extend(again);
+        self.queues.writes.extend(again);
         for (channel, offset, delivery_id, epoch) in expired {
             // The packet identifier stays the worker's until it answers;
             // that answer finds the delivery superseded.
-            if let Some(queue) = self.queues.get(&channel) {
+            if let Some(queue) = self.queues.by_channel.get(&channel) {
                 self.metrics.queue_lease_expired(&queue.name);
             }
             self.release_delivery(
@@ -721,14 +753,14 @@ impl BrokerState {
     /// own (one transaction, one answer), after whatever else the event
     /// staged, so no other packet's answer waits on it.
     pub(super) fn seal_queue_writes(&mut self, now: Instant) {
-        if self.queue_writes.is_empty() {
+        if self.queues.writes.is_empty() {
             return;
         }
         if self.has_staged() {
             self.seal_background();
         }
         let moment = self.unix_at(now);
-        for (channel, mut write, parked) in std::mem::take(&mut self.queue_writes) {
+        for (channel, mut write, parked) in std::mem::take(&mut self.queues.writes) {
             if let Write::ReleaseLease { now, .. } = &mut write {
                 *now = moment;
             }
@@ -751,6 +783,7 @@ impl BrokerState {
     #[cfg(test)]
     pub(super) fn queue_in_flight(&self, name: &str) -> Vec<(u64, SessionKey)> {
         self.queues
+            .by_channel
             .values()
             .filter(|q| &*q.name == name)
             .flat_map(|q| q.out.iter().map(|(o, d)| (*o, d.worker)))

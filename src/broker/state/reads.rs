@@ -53,3 +53,30 @@ pub struct ReadWindow {
     /// handed all of it looks at this offset next.
     pub next: Option<u64>,
 }
+
+/// Reads asked for and not yet taken by the server, and the counter
+/// their tickets come from.
+#[derive(Debug)]
+pub(super) struct ReadRequests {
+    pub waiting: Vec<ChannelRead>,
+    next: u64,
+}
+
+impl Default for ReadRequests {
+    fn default() -> Self {
+        Self {
+            waiting: Vec::new(),
+            next: 1,
+        }
+    }
+}
+
+impl ReadRequests {
+    /// A number never handed out before: a read's ticket, or the
+    /// generation of a consumer or group, which its reads' answers carry.
+    pub fn number(&mut self) -> u64 {
+        let number = self.next;
+        self.next += 1;
+        number
+    }
+}

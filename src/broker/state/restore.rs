@@ -111,7 +111,11 @@ impl BrokerState {
             .collect();
         let mut owing: HashMap<SessionKey, Owing> = HashMap::new();
         for entry in &restored.sessions {
-            if self.by_client_id.contains_key(entry.client_id.as_str()) {
+            if self
+                .sessions
+                .by_client_id
+                .contains_key(entry.client_id.as_str())
+            {
                 continue;
             }
             if session_expired_at(entry, unix_now, self.limits.max_session_expiry)
@@ -124,8 +128,8 @@ impl BrokerState {
                 );
                 continue;
             }
-            let key = self.next_session;
-            self.next_session += 1;
+            let key = self.sessions.next_key;
+            self.sessions.next_key += 1;
             let client_id: Arc<str> = entry.client_id.as_str().into();
             let mut session =
                 Session::new(client_id.clone(), entry.principal.as_deref().map(Arc::from));
@@ -212,9 +216,9 @@ impl BrokerState {
                 .copied()
                 .unwrap_or(self.persist.log_next);
             summary.inflight += in_flight.len();
-            self.by_client_id.insert(client_id, key);
-            self.sessions.insert(key, session);
-            self.detached.insert(key);
+            self.sessions.by_client_id.insert(client_id, key);
+            self.sessions.by_key.insert(key, session);
+            self.sessions.detached.insert(key);
             self.metrics.sessions.fetch_add(1, Relaxed);
             summary.sessions += 1;
             for &offset in &in_flight {
@@ -239,7 +243,9 @@ impl BrokerState {
         for (&offset, (message, record)) in &log {
             candidates.clear();
             match record.owed_to.as_deref() {
-                Some(client_id) => candidates.extend(self.by_client_id.get(client_id).copied()),
+                Some(client_id) => {
+                    candidates.extend(self.sessions.by_client_id.get(client_id).copied())
+                }
                 None => {
                     // Shared subscriptions are not restored from the log
                     // (their members take turns live); nobody is online.
@@ -259,7 +265,7 @@ impl BrokerState {
                 {
                     continue;
                 }
-                if let Some(q) = owed(&self.sessions[key], offset, message, record) {
+                if let Some(q) = owed(&self.sessions.by_key[key], offset, message, record) {
                     owing.queued.push(q);
                 }
             }
@@ -267,7 +273,7 @@ impl BrokerState {
         for (key, owing) in owing {
             summary.queued += owing.queued.len();
             let offsets: Vec<u64> = owing.queued.iter().filter_map(|q| q.log_offset).collect();
-            if let Some(session) = self.sessions.get_mut(&key) {
+            if let Some(session) = self.sessions.by_key.get_mut(&key) {
                 session.pending.extend(owing.queued);
             }
             for offset in offsets {
@@ -278,14 +284,18 @@ impl BrokerState {
             if held.channel != BROADCAST_LOG_NAME {
                 continue;
             }
-            let key = self.by_client_id.get(held.client_id.as_str()).copied();
+            let key = self
+                .sessions
+                .by_client_id
+                .get(held.client_id.as_str())
+                .copied();
             match key {
                 Some(key) => {
                     let age = unix_now.saturating_sub(held.held_at).max(0);
                     let at = now
                         .checked_sub(Duration::from_nanos(age as u64))
                         .unwrap_or(now);
-                    if let Some(session) = self.sessions.get_mut(&key) {
+                    if let Some(session) = self.sessions.by_key.get_mut(&key) {
                         session.inbound_qos2.insert(held.packet_id, at);
                         summary.holds += 1;
                     }

@@ -2,12 +2,12 @@
 //! outbound inflight table, the offline pending FIFO and the inbound QoS 2
 //! identifiers (method B).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::ids::IdMap;
+use super::ids::{IdMap, IdSet};
 use crate::broker::message::Message;
-use crate::broker::subscriptions::SubOptions;
+use crate::broker::subscriptions::{SessionKey, SubOptions};
 
 /// Where an outbound QoS 1/2 exchange stands.
 #[derive(Debug, Clone)]
@@ -290,10 +290,35 @@ impl Session {
     }
 }
 
+/// Every session the broker keeps, connected or not, and how they are
+/// found: by key, by client id, and those waiting without a connection.
+#[derive(Debug)]
+pub(super) struct Sessions {
+    pub by_key: IdMap<SessionKey, Session>,
+    pub by_client_id: HashMap<Arc<str>, SessionKey>,
+    /// Sessions without a connection (timers for expiry and Will delay).
+    pub detached: IdSet<SessionKey>,
+    /// The key the next new session takes.
+    pub next_key: SessionKey,
+    /// Numbers the client ids the broker assigns.
+    pub next_assigned_id: u64,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Self {
+            by_key: IdMap::default(),
+            by_client_id: HashMap::new(),
+            detached: IdSet::default(),
+            next_key: 1,
+            next_assigned_id: 1,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::state::ids::IdSet;
 
     fn entry(packet_id: u16) -> InflightEntry {
         InflightEntry {

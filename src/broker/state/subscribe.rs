@@ -57,7 +57,7 @@ impl BrokerState {
                         }
                     }
                     Err(why) => {
-                        let client_id = &self.sessions[&key].client_id;
+                        let client_id = &self.sessions.by_key[&key].client_id;
                         tracing::warn!(client_id = %client_id, filter = %raw, error = %why, "subscription to a channel refused");
                         reasons.push(ReasonCode::ImplementationSpecificError);
                         continue;
@@ -71,7 +71,11 @@ impl BrokerState {
                 return;
             }
             let log_next = self.persist.log_next;
-            let session = self.sessions.get_mut(&key).expect("connected session");
+            let session = self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("connected session");
             if self.authorizer.is_active()
                 && !self.authorizer.can_subscribe(
                     session.principal.as_deref(),
@@ -116,7 +120,7 @@ impl BrokerState {
                 retained_for.push((parsed.filter.to_owned(), options));
             }
         }
-        if self.sessions[&key].stored && !undo.is_empty() {
+        if self.sessions.by_key[&key].stored && !undo.is_empty() {
             self.stage_session(key, now);
         }
         for start in &mut consumers {
@@ -163,7 +167,7 @@ impl BrokerState {
                 None => reasons.push(ReasonCode::NoSubscriptionExisted),
             }
         }
-        if self.sessions[&key].stored && !undo.is_empty() {
+        if self.sessions.by_key[&key].stored && !undo.is_empty() {
             self.stage_session(key, now);
         }
         self.park_or_answer(
@@ -182,7 +186,7 @@ impl BrokerState {
 
     /// Remove subscription `raw` of session `key`; what it was, if any.
     fn unsubscribe(&mut self, key: SessionKey, raw: &str) -> Option<SessionSubscription> {
-        let session = self.sessions.get_mut(&key)?;
+        let session = self.sessions.by_key.get_mut(&key)?;
         let sub = session.subscriptions.remove(raw)?;
         if self
             .index
@@ -195,7 +199,7 @@ impl BrokerState {
 
     /// Put subscription `raw` back as it was before a write that failed.
     pub(super) fn resubscribe(&mut self, key: SessionKey, raw: String, sub: SessionSubscription) {
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         if !self
@@ -262,7 +266,7 @@ impl BrokerState {
                 }
             }
         }
-        let session = &self.sessions[&key];
+        let session = &self.sessions.by_key[&key];
         let principal = session.principal.clone();
         let client_id = session.client_id.clone();
         if self.authorizer.is_active() {
@@ -301,7 +305,7 @@ impl BrokerState {
                     return;
                 }
             } else {
-                let session = &self.sessions[&key];
+                let session = &self.sessions.by_key[&key];
                 if !session.pending.is_empty() || session.inflight.len() >= window {
                     return;
                 }

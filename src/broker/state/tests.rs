@@ -1056,8 +1056,8 @@ fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
     );
     assert_eq!(summary.sessions, 4);
     let owed = |s: &BrokerState, client_id: &str| -> Vec<u64> {
-        let key = s.by_client_id[client_id];
-        s.sessions[&key]
+        let key = s.sessions.by_client_id[client_id];
+        s.sessions.by_key[&key]
             .pending
             .iter()
             .filter_map(|q| q.log_offset)
@@ -1322,7 +1322,7 @@ fn consumers_near_each_other_share_one_read_and_a_read_runs_past_the_room() {
     let mut reads = Vec::new();
     s.take_reads(&mut reads);
     assert_eq!(reads.iter().map(|r| r.max).collect::<Vec<_>>(), vec![10]);
-    s.reads = reads;
+    s.reads.waiting = reads;
     assert_eq!(store.answer_reads(&mut s, 1, now), 1);
     let out_first = first.drain();
     let out_second = second.drain();
@@ -1345,7 +1345,7 @@ fn consumers_near_each_other_share_one_read_and_a_read_runs_past_the_room() {
     s.take_reads(&mut reads);
     assert_eq!(reads.len(), 1);
     assert!(reads[0].max > 10, "asked for {}", reads[0].max);
-    s.reads = reads;
+    s.reads.waiting = reads;
     store.answer_reads(&mut s, 1, now);
     let out_first = first.drain();
     assert_eq!(offsets_of(&out_first), (11..=20).collect::<Vec<u64>>());
