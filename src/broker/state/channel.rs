@@ -82,6 +82,54 @@ pub(super) struct Channels {
     pub pumps_due: Vec<(SessionKey, u16)>,
 }
 
+impl Channels {
+    /// The append channel `topic` (a name or filter) belongs to: its first
+    /// level names one.
+    pub(super) fn of_topic(&self, topic: &str) -> Option<u16> {
+        if self.all.is_empty() {
+            return None;
+        }
+        let first = topic.split('/').next().unwrap_or(topic);
+        self.all
+            .iter()
+            .position(|c| &*c.name == first)
+            .map(|i| i as u16)
+    }
+
+    pub(super) fn is_latest(&self, channel: u16) -> bool {
+        self.all
+            .get(channel as usize)
+            .is_some_and(|c| c.kind == ChannelKind::Latest)
+    }
+
+    pub(super) fn is_queue(&self, channel: u16) -> bool {
+        self.all
+            .get(channel as usize)
+            .is_some_and(|c| c.kind == ChannelKind::Queue)
+    }
+
+    /// Retention removed `channel`'s records below `floor`: none of them
+    /// is handed on from the recent reads, so a consumer still behind them
+    /// reads, finds the floor and is told the gap.
+    pub(super) fn floor_raised(&mut self, channel: &str, floor: u64) {
+        if let Some(state) = self.all.iter_mut().find(|c| &*c.name == channel) {
+            state.recent.remove_below(floor);
+        }
+    }
+
+    /// Every session consuming a channel, each once, in key order.
+    fn consumer_sessions(&self) -> Vec<SessionKey> {
+        let mut keys: Vec<SessionKey> = self
+            .all
+            .iter()
+            .flat_map(|c| c.consumers.iter().copied())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+}
+
 /// A read out for consumers of a channel.
 #[derive(Debug)]
 pub(super) struct ConsumerRead {
@@ -92,20 +140,6 @@ pub(super) struct ConsumerRead {
 }
 
 impl BrokerState {
-    /// The append channel `topic` (a name or filter) belongs to: its first
-    /// level names one.
-    pub(super) fn channel_of(&self, topic: &str) -> Option<u16> {
-        if self.channels.all.is_empty() {
-            return None;
-        }
-        let first = topic.split('/').next().unwrap_or(topic);
-        self.channels
-            .all
-            .iter()
-            .position(|c| &*c.name == first)
-            .map(|i| i as u16)
-    }
-
     /// Stage a publish into channel `channel`: appended (QoS 0/1) or held
     /// until its PUBREL (QoS 2). Its answer waits for the commit.
     pub(super) fn stage_channel_publish(
@@ -137,9 +171,11 @@ impl BrokerState {
                 .expect("connected session");
             session.inbound_qos2.insert(packet_id, now);
             session.channel_holds.insert(packet_id, channel);
-            self.stage(Role::Channel(channel), Write::Hold(held));
+            self.persist
+                .stage(Role::Channel(channel), Write::Hold(held));
         } else {
-            self.stage(Role::Channel(channel), Write::Append(record));
+            self.persist
+                .stage(Role::Channel(channel), Write::Append(record));
         }
     }
 
@@ -175,7 +211,7 @@ impl BrokerState {
                 .append(record.clone(), Some(message.clone()));
         }
         for &key in &consumers {
-            let Some(index) = self.consumer_index(key, channel) else {
+            let Some(index) = self.sessions.consumer_index(key, channel) else {
                 continue;
             };
             let caught_up = {
@@ -201,15 +237,6 @@ impl BrokerState {
                 .want_drained
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
-    }
-
-    pub(super) fn consumer_index(&self, key: SessionKey, channel: u16) -> Option<usize> {
-        self.sessions
-            .by_key
-            .get(&key)?
-            .consumers
-            .iter()
-            .position(|c| c.channel == channel)
     }
 
     /// A record as a consumer receives it: the publisher's properties, then
@@ -303,7 +330,7 @@ impl BrokerState {
             return false;
         }
         let has_room = self.has_room(connection)
-            && (!self.is_latest(consumer.channel) || self.values_sent(connection));
+            && (!self.channels.is_latest(consumer.channel) || self.values_sent(connection));
         if !has_room {
             self.want_drained(connection);
             return false;
@@ -371,7 +398,7 @@ impl BrokerState {
         due.sort_unstable();
         due.dedup();
         for (key, channel) in due {
-            if let Some(index) = self.consumer_index(key, channel) {
+            if let Some(index) = self.sessions.consumer_index(key, channel) {
                 self.read_for(key, index, now);
             }
         }
@@ -613,7 +640,7 @@ impl BrokerState {
         // were moved elsewhere meanwhile (a new generation), are not.
         let mut readers = Vec::with_capacity(read.readers.len());
         for (key, generation) in read.readers {
-            let Some(index) = self.consumer_index(key, channel) else {
+            let Some(index) = self.sessions.consumer_index(key, channel) else {
                 continue;
             };
             let consumer = &mut self
@@ -723,32 +750,10 @@ impl BrokerState {
         }
     }
 
-    /// Retention removed `channel`'s records below `floor`: none of them
-    /// is handed on from the recent reads, so a consumer still behind them
-    /// reads, finds the floor and is told the gap.
-    pub(super) fn on_floor_raised(&mut self, channel: &str, floor: u64) {
-        if let Some(state) = self.channels.all.iter_mut().find(|c| &*c.name == channel) {
-            state.recent.remove_below(floor);
-        }
-    }
-
-    /// Every session consuming a channel, each once, in key order.
-    fn consumer_sessions(&self) -> Vec<SessionKey> {
-        let mut keys: Vec<SessionKey> = self
-            .channels
-            .all
-            .iter()
-            .flat_map(|c| c.consumers.iter().copied())
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        keys
-    }
-
     /// Consumers that fell behind with nothing to wake them (a failed
     /// read) try again; called from the tick.
     pub(super) fn pump_stalled(&mut self, now: Instant) {
-        let keys = self.consumer_sessions();
+        let keys = self.channels.consumer_sessions();
         for key in keys {
             self.pump_all(key, now);
         }
@@ -760,7 +765,7 @@ impl BrokerState {
         if self.group_acknowledged(key, channel, offset) {
             return;
         }
-        if let Some(index) = self.consumer_index(key, channel) {
+        if let Some(index) = self.sessions.consumer_index(key, channel) {
             let session = self.sessions.by_key.get_mut(&key).expect("indexed");
             session.consumers[index].unacked.remove(offset);
         }
@@ -801,14 +806,14 @@ impl BrokerState {
         start: Option<u64>,
         now: Instant,
     ) {
-        if self.is_queue(channel) {
+        if self.channels.is_queue(channel) {
             self.refresh_worker(key, channel, now);
             return;
         }
         let filters = self.filters_on(key, channel);
         let next = self.channels.all[channel as usize].next;
         let generation = self.reads.number();
-        let index = self.consumer_index(key, channel);
+        let index = self.sessions.consumer_index(key, channel);
         let session = self.sessions.by_key.get_mut(&key).expect("known session");
         match index {
             Some(i) if filters.is_empty() => {
@@ -861,7 +866,7 @@ impl BrokerState {
                 self.channels.all[channel as usize].consumers.push(key);
             }
         }
-        if let Some(i) = self.consumer_index(key, channel) {
+        if let Some(i) = self.sessions.consumer_index(key, channel) {
             self.pump(key, i, now);
         }
     }
@@ -885,11 +890,11 @@ impl BrokerState {
         now: Instant,
     ) {
         let channel = start.channel;
-        let latest = self.is_latest(channel);
+        let latest = self.channels.is_latest(channel);
         if start.group.is_some()
             || (latest && start.seek.is_some())
-            || self.is_queue(channel)
-            || self.consumer_index(key, channel).is_some()
+            || self.channels.is_queue(channel)
+            || self.sessions.consumer_index(key, channel).is_some()
             || self.filters_on(key, channel).is_empty()
         {
             return;
@@ -929,7 +934,7 @@ impl BrokerState {
         }
         start.stored = Some(stored);
         let saved_at = self.unix_at(now).max(1);
-        self.stage(
+        self.persist.stage(
             Role::Channel(channel),
             Write::SavePosition(Position {
                 reader,
@@ -938,18 +943,6 @@ impl BrokerState {
                 session_expiry,
             }),
         );
-    }
-
-    /// The consumer `start` made had its position written with its
-    /// SUBSCRIBE: the flush need not write it again.
-    pub(super) fn started_stored(&mut self, key: SessionKey, start: &ConsumerStart) {
-        let (Some(offset), Some(index)) = (start.stored, self.consumer_index(key, start.channel))
-        else {
-            return;
-        };
-        if let Some(session) = self.sessions.by_key.get_mut(&key) {
-            session.consumers[index].stored = Some(offset);
-        }
     }
 
     /// Stage the position of every consumer of `key` that moved since it
@@ -989,14 +982,14 @@ impl BrokerState {
             ));
         }
         for (channel, write) in writes {
-            self.stage(Role::Channel(channel), write);
+            self.persist.stage(Role::Channel(channel), write);
         }
     }
 
     /// Stage every changed position (the flush), and publish each channel's
     /// largest consumer lag.
     pub(super) fn stage_all_positions(&mut self, now: Instant) {
-        let keys = self.consumer_sessions();
+        let keys = self.channels.consumer_sessions();
         for key in keys {
             self.stage_positions(key, now);
         }
@@ -1019,7 +1012,8 @@ impl BrokerState {
             return;
         };
         if let Some(reader) = reader_of(session) {
-            self.stage(Role::Channel(channel), Write::DropPosition(reader));
+            self.persist
+                .stage(Role::Channel(channel), Write::DropPosition(reader));
         }
     }
 
@@ -1039,7 +1033,7 @@ impl BrokerState {
                     self.bridges
                         .positions
                         .insert((consumer.channel, bridge.to_string()), offset);
-                    self.stage(
+                    self.persist.stage(
                         Role::Channel(consumer.channel),
                         Write::SavePosition(Position {
                             reader: reader.clone(),
@@ -1053,7 +1047,7 @@ impl BrokerState {
             (Some(reader), None) => {
                 // Only a position that was written needs removing.
                 for consumer in session.consumers.iter().filter(|c| c.stored.is_some()) {
-                    self.stage(
+                    self.persist.stage(
                         Role::Channel(consumer.channel),
                         Write::DropPosition(reader.clone()),
                     );
@@ -1081,7 +1075,7 @@ impl BrokerState {
             return;
         }
         for (packet_id, channel) in holds {
-            self.stage(
+            self.persist.stage(
                 Role::Channel(channel),
                 Write::DropChannelHold {
                     client_id: session.client_id.to_string(),
@@ -1141,7 +1135,8 @@ impl BrokerState {
                     _ if position.reader.scheme()
                         == crate::storage::contract::ReaderScheme::Mqtt =>
                     {
-                        self.stage(Role::Channel(i), Write::DropPosition(position.reader));
+                        self.persist
+                            .stage(Role::Channel(i), Write::DropPosition(position.reader));
                     }
                     // A bridge resumes from it when it connects.
                     _ => {
@@ -1155,7 +1150,9 @@ impl BrokerState {
             // start at its next offset.
             let keys: Vec<SessionKey> = self.sessions.by_key.keys().copied().collect();
             for key in keys {
-                if self.consumer_index(key, i).is_none() && !self.filters_on(key, i).is_empty() {
+                if self.sessions.consumer_index(key, i).is_none()
+                    && !self.filters_on(key, i).is_empty()
+                {
                     self.refresh_consumer(key, i, None, None, now);
                 }
             }
@@ -1202,7 +1199,7 @@ impl BrokerState {
                         .entry(hold.client_id.as_str().into())
                         .or_default()
                         .push((hold.packet_id, i, now)),
-                    None => self.stage(
+                    None => self.persist.stage(
                         Role::Channel(i),
                         Write::DropChannelHold {
                             client_id: hold.client_id,

@@ -445,7 +445,7 @@ impl BrokerState {
             ));
         }
         for (channel, write) in writes {
-            self.stage(Role::Channel(channel), write);
+            self.persist.stage(Role::Channel(channel), write);
         }
     }
 }

@@ -27,7 +27,7 @@ impl BrokerState {
     ) -> Option<Connection> {
         let mut conn = self.connections.remove(&connection)?;
         let answers = std::mem::take(&mut conn.answers);
-        self.orphan_answers(answers);
+        self.persist.orphan_answers(answers);
         // A latest channel's current values it had not sent yet.
         let unsent = std::mem::take(&mut conn.retained_backlog);
         self.values_not_sent(conn.session, unsent);
@@ -118,7 +118,7 @@ impl BrokerState {
             if stored {
                 // Recorded as detached, with its Will and its place in the log.
                 self.stage_session(key, now);
-                self.seal_background();
+                self.persist.seal_background();
             }
         }
     }
@@ -202,7 +202,7 @@ impl BrokerState {
                 .collect();
             holds.sort_unstable();
             for packet_id in holds {
-                self.stage(
+                self.persist.stage(
                     Role::Sessions,
                     Write::DropHold {
                         client_id: client_id.clone(),
@@ -210,7 +210,8 @@ impl BrokerState {
                     },
                 );
             }
-            self.stage(Role::Sessions, Write::RemoveSession(client_id));
+            self.persist
+                .stage(Role::Sessions, Write::RemoveSession(client_id));
         }
         if let Some(will) = session.pending_will {
             if !self.shutting_down {
@@ -322,11 +323,11 @@ impl BrokerState {
                             packet_id,
                         }
                     };
-                    self.stage(role, write);
+                    self.persist.stage(role, write);
                 }
             }
         }
-        self.seal_background();
+        self.persist.seal_background();
         self.close_doomed(now);
     }
 
@@ -365,6 +366,6 @@ impl BrokerState {
             self.stage_session(key, now);
         }
         self.flush(now);
-        self.seal_background();
+        self.persist.seal_background();
     }
 }

@@ -135,7 +135,10 @@ impl BrokerState {
                 session_present = true;
             }
         }
-        if !session_present && expiry > 0 && self.stored_sessions() >= self.limits.max_sessions {
+        if !session_present
+            && expiry > 0
+            && self.sessions.stored_count() >= self.limits.max_sessions
+        {
             self.metrics.disconnected(CloseReason::ConnectRefused);
             tracing::warn!(
                 client_id = %client_id,
@@ -143,7 +146,7 @@ impl BrokerState {
                 "connection refused: limits.max_sessions persistent sessions are kept already"
             );
             // What ending an old session staged still has to be written.
-            self.seal_background();
+            self.persist.seal_background();
             refuse(
                 &handle,
                 ReasonCode::QuotaExceeded,
@@ -209,7 +212,8 @@ impl BrokerState {
         } else if was_stored {
             // A stored session resumed with expiry 0 now ends with this
             // connection: nothing of it outlives the broker any more.
-            self.stage(Role::Sessions, Write::RemoveSession(client_id.to_string()));
+            self.persist
+                .stage(Role::Sessions, Write::RemoveSession(client_id.to_string()));
         }
         // A basis for response topics; the ACL applies to it as to any
         // topic (grant `response/%c/#`).
@@ -272,11 +276,6 @@ impl BrokerState {
         for (packet_id, _, _) in holds {
             self.reply_held(connection, packet_id, now);
         }
-    }
-
-    /// Persistent sessions the provider holds (or is about to).
-    fn stored_sessions(&self) -> usize {
-        self.sessions.by_key.values().filter(|s| s.stored).count()
     }
 
     /// The session write of a CONNECT was answered.

@@ -51,7 +51,6 @@ use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::{BrokerState, RetainedDue, StorageFailure};
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::topic;
-use saguin_format::model::ChannelKind;
 
 /// Reads of latest channels' current values for their consumers.
 #[derive(Debug, Default)]
@@ -72,13 +71,6 @@ pub(super) struct ValuesRead {
 }
 
 impl BrokerState {
-    pub(super) fn is_latest(&self, channel: u16) -> bool {
-        self.channels
-            .all
-            .get(channel as usize)
-            .is_some_and(|c| c.kind == ChannelKind::Latest)
-    }
-
     /// The latest channels of `consumers` session `key` has no consumer of
     /// yet: those owe it their current values.
     pub(super) fn fresh_latest_consumers(
@@ -88,8 +80,8 @@ impl BrokerState {
     ) -> Vec<u16> {
         consumers
             .iter()
-            .filter(|s| s.group.is_none() && self.is_latest(s.channel))
-            .filter(|s| self.consumer_index(key, s.channel).is_none())
+            .filter(|s| s.group.is_none() && self.channels.is_latest(s.channel))
+            .filter(|s| self.sessions.consumer_index(key, s.channel).is_none())
             .map(|s| s.channel)
             .collect()
     }
@@ -109,13 +101,13 @@ impl BrokerState {
         for &channel in fresh {
             let filters: Vec<(String, SubOptions)> = wanted
                 .iter()
-                .filter(|(f, _)| self.channel_of(f) == Some(channel))
+                .filter(|(f, _)| self.channels.of_topic(f) == Some(channel))
                 .cloned()
                 .collect();
             if filters.is_empty() {
                 continue;
             }
-            let Some(index) = self.consumer_index(key, channel) else {
+            let Some(index) = self.sessions.consumer_index(key, channel) else {
                 continue;
             };
             let session = self.sessions.by_key.get_mut(&key).expect("indexed");
@@ -150,6 +142,7 @@ impl BrokerState {
     pub(super) fn retry_values(&mut self) {
         for read in std::mem::take(&mut self.latest_reads.failed) {
             let waiting = self
+                .sessions
                 .consumer_index(read.key, read.channel)
                 .map(|i| &self.sessions.by_key[&read.key].consumers[i])
                 .is_some_and(|c| c.generation == read.generation && c.values_pending);
@@ -175,7 +168,7 @@ impl BrokerState {
         let Some(read) = self.latest_reads.out.remove(&ticket) else {
             return false;
         };
-        let Some(index) = self.consumer_index(read.key, read.channel) else {
+        let Some(index) = self.sessions.consumer_index(read.key, read.channel) else {
             return true;
         };
         let consumer = &mut self
@@ -260,15 +253,6 @@ impl BrokerState {
         true
     }
 
-    /// The value at `offset` of `channel` owed to `key` was sent or
-    /// dropped: its position no longer waits for it.
-    pub(super) fn value_done(&mut self, key: SessionKey, channel: u16, offset: u64) {
-        if let Some(index) = self.consumer_index(key, channel) {
-            let session = self.sessions.by_key.get_mut(&key).expect("indexed");
-            session.consumers[index].owed_done(offset);
-        }
-    }
-
     /// Current values owed to `key` will not be sent (`due`, what its
     /// connection had not sent when it went away): each consumer reads
     /// again from the lowest, so a resume sends them - as changes, or as
@@ -285,7 +269,7 @@ impl BrokerState {
         }
         for (channel, offsets) in owed {
             let generation = self.reads.number();
-            if let Some(index) = self.consumer_index(key, channel) {
+            if let Some(index) = self.sessions.consumer_index(key, channel) {
                 let session = self.sessions.by_key.get_mut(&key).expect("indexed");
                 session.consumers[index].rewind(&offsets, generation);
             }

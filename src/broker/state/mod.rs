@@ -719,7 +719,7 @@ impl BrokerState {
             Event::Drained { connection } => self.on_drained(connection, now),
             Event::Committed { ticket, result } => self.on_committed(ticket, result, now),
             Event::ChannelRead { ticket, result } => self.on_channel_read(ticket, result, now),
-            Event::FloorRaised { channel, floor } => self.on_floor_raised(&channel, floor),
+            Event::FloorRaised { channel, floor } => self.channels.floor_raised(&channel, floor),
         }
         self.close_doomed(now);
         self.run_orphans(now);
@@ -727,8 +727,8 @@ impl BrokerState {
         self.run_queue_pumps(now);
         // Whatever closing staged (a detached session recorded, a session
         // ended) is written too.
-        if self.has_staged() {
-            self.seal_background();
+        if self.persist.has_staged() {
+            self.persist.seal_background();
         }
         self.seal_queue_writes(now);
         if self.received > 0 {
@@ -771,7 +771,7 @@ impl BrokerState {
     /// Must an answer for `connection` wait (something was staged for it,
     /// or answers before it are still waiting)?
     fn must_queue(&self, connection: u64) -> bool {
-        self.has_staged()
+        self.persist.has_staged()
             || self
                 .connections
                 .get(&connection)

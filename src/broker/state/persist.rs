@@ -97,6 +97,136 @@ impl Default for Persistence {
     }
 }
 
+// The bookkeeping alone: what is staged and sealed, the waits, the
+// broadcast log's references. What an answer does to sessions and
+// connections is `BrokerState`'s, below.
+impl Persistence {
+    /// A write for `role`, sealed with the next seal.
+    pub(super) fn stage(&mut self, role: Role, write: Write) {
+        let index = role.index();
+        if self.staged.len() <= index {
+            self.staged.resize_with(index + 1, Vec::new);
+        }
+        let staged = &mut self.staged[index];
+        // Most seals hold one write, and the vector goes with the intent:
+        // room for one `Write` (352 bytes), not the four a first push
+        // makes room for.
+        if staged.capacity() == 0 {
+            staged.reserve_exact(1);
+        }
+        staged.push(write);
+    }
+
+    pub(super) fn has_staged(&self) -> bool {
+        self.staged.iter().any(|w| !w.is_empty())
+    }
+
+    /// Turn what was staged into intents answered at `place`. Returns the
+    /// wait's id, or `None` when nothing was staged.
+    fn seal_at(&mut self, place: Place) -> Option<u64> {
+        if !self.has_staged() {
+            return None;
+        }
+        let session_class = match &place {
+            Place::Alone(Parked::Background) | Place::Alone(Parked::Close { .. }) => {
+                Class::Departed
+            }
+            Place::Alone(Parked::Flush { .. }) => Class::Connected,
+            Place::Queued { .. } | Place::Alone(_) => Class::Answering,
+        };
+        let wait = self.next_wait;
+        self.next_wait += 1;
+        let mut remaining = 0;
+        // Retained first, then sessions, then channels: the order a
+        // packet's writes are issued in.
+        let mut order: Vec<usize> = (0..self.staged.len()).collect();
+        let last = order.len() - 1;
+        order.swap(0, last.min(1));
+        for index in order {
+            let role = Role::of_index(index);
+            let writes = std::mem::take(&mut self.staged[index]);
+            if writes.is_empty() {
+                continue;
+            }
+            // A packet's publish writes and its session writes go in
+            // intents of their own: a provider groups each with its kind.
+            let (publish, session) = split_publishes(writes);
+            for (class, writes) in [(Class::Publish, publish), (session_class, session)] {
+                if writes.is_empty() {
+                    continue;
+                }
+                let ticket = self.next_ticket;
+                self.next_ticket += 1;
+                remaining += 1;
+                self.tickets.insert(ticket, wait);
+                self.intents.push(Intent {
+                    ticket,
+                    role,
+                    class,
+                    writes,
+                });
+            }
+        }
+        self.waits.insert(
+            wait,
+            Wait {
+                remaining,
+                failure: None,
+                appended: None,
+                place,
+            },
+        );
+        Some(wait)
+    }
+
+    /// Seal what was staged, answered by `parked` on its own.
+    pub(super) fn seal(&mut self, parked: Parked) -> Option<u64> {
+        self.seal_at(Place::Alone(parked))
+    }
+
+    /// Write what nobody waits for.
+    pub(super) fn seal_background(&mut self) {
+        self.seal(Parked::Background);
+    }
+
+    /// A connection went away with answers still queued: each is answered
+    /// on its own once its commit arrives (its publishes are still routed),
+    /// those ready now at the end of the current event.
+    pub(super) fn orphan_answers(&mut self, answers: VecDeque<super::Answer>) {
+        for a in answers {
+            match a.wait {
+                Some(wait) => {
+                    if let Some(w) = self.waits.get_mut(&wait) {
+                        w.place = Place::Alone(a.parked);
+                    }
+                }
+                None => self.orphans.push((a.parked, a.failure, a.appended)),
+            }
+        }
+    }
+
+    /// A persistent session now holds log entry `offset`.
+    pub(super) fn hold_log(&mut self, key: SessionKey, offset: u64) {
+        *self.log_refs.entry(offset).or_default() += 1;
+        self.dirty.insert(key);
+    }
+
+    /// An entry appended that no session ended up holding.
+    pub(super) fn release_unheld(&mut self, offset: u64) {
+        if !self.log_refs.contains_key(&offset) {
+            self.releasable.push(offset);
+        }
+    }
+
+    pub(super) fn clear_dirty(&mut self) {
+        self.dirty.clear();
+    }
+
+    pub(super) fn mark_dirty(&mut self, key: SessionKey) {
+        self.dirty.insert(key);
+    }
+}
+
 /// A packet's publish writes and its other writes, apart. Nearly every
 /// seal holds writes of one kind: those keep their vector, since a new one
 /// sized for a `Write` is past the allocator's per-thread cache and, with a
@@ -130,88 +260,6 @@ impl BrokerState {
         self.persist.tickets.len()
     }
 
-    pub(super) fn stage(&mut self, role: Role, write: Write) {
-        let index = role.index();
-        if self.persist.staged.len() <= index {
-            self.persist.staged.resize_with(index + 1, Vec::new);
-        }
-        let staged = &mut self.persist.staged[index];
-        // Most seals hold one write, and the vector goes with the intent:
-        // room for one `Write` (352 bytes), not the four a first push
-        // makes room for.
-        if staged.capacity() == 0 {
-            staged.reserve_exact(1);
-        }
-        staged.push(write);
-    }
-
-    pub(super) fn has_staged(&self) -> bool {
-        self.persist.staged.iter().any(|w| !w.is_empty())
-    }
-
-    /// Turn what was staged into intents answered at `place`. Returns the
-    /// wait's id, or `None` when nothing was staged.
-    fn seal_at(&mut self, place: Place) -> Option<u64> {
-        if !self.has_staged() {
-            return None;
-        }
-        let session_class = match &place {
-            Place::Alone(Parked::Background) | Place::Alone(Parked::Close { .. }) => {
-                Class::Departed
-            }
-            Place::Alone(Parked::Flush { .. }) => Class::Connected,
-            Place::Queued { .. } | Place::Alone(_) => Class::Answering,
-        };
-        let wait = self.persist.next_wait;
-        self.persist.next_wait += 1;
-        let mut remaining = 0;
-        // Retained first, then sessions, then channels: the order a
-        // packet's writes are issued in.
-        let mut order: Vec<usize> = (0..self.persist.staged.len()).collect();
-        let last = order.len() - 1;
-        order.swap(0, last.min(1));
-        for index in order {
-            let role = Role::of_index(index);
-            let writes = std::mem::take(&mut self.persist.staged[index]);
-            if writes.is_empty() {
-                continue;
-            }
-            // A packet's publish writes and its session writes go in
-            // intents of their own: a provider groups each with its kind.
-            let (publish, session) = split_publishes(writes);
-            for (class, writes) in [(Class::Publish, publish), (session_class, session)] {
-                if writes.is_empty() {
-                    continue;
-                }
-                let ticket = self.persist.next_ticket;
-                self.persist.next_ticket += 1;
-                remaining += 1;
-                self.persist.tickets.insert(ticket, wait);
-                self.persist.intents.push(Intent {
-                    ticket,
-                    role,
-                    class,
-                    writes,
-                });
-            }
-        }
-        self.persist.waits.insert(
-            wait,
-            Wait {
-                remaining,
-                failure: None,
-                appended: None,
-                place,
-            },
-        );
-        Some(wait)
-    }
-
-    /// Seal what was staged, answered by `parked` on its own.
-    pub(super) fn seal(&mut self, parked: Parked) -> Option<u64> {
-        self.seal_at(Place::Alone(parked))
-    }
-
     /// Queue `parked` as `connection`'s next answer: released once what was
     /// staged for it has committed and every answer before it is released.
     /// With nothing staged and nothing before it, it is answered at once.
@@ -220,13 +268,13 @@ impl BrokerState {
             .connections
             .get(&connection)
             .map(|c| !c.answers.is_empty());
-        let staged = self.has_staged();
+        let staged = self.persist.has_staged();
         match queued {
             None => {
                 // The connection is gone: only what the packet wrote
                 // remains to be answered, on its own.
                 if staged {
-                    self.seal(parked);
+                    self.persist.seal(parked);
                 } else {
                     self.answer(parked, None, None, now);
                 }
@@ -246,7 +294,7 @@ impl BrokerState {
             conn.next_answer += 1;
             conn.next_answer
         };
-        let wait = self.seal_at(Place::Queued {
+        let wait = self.persist.seal_at(Place::Queued {
             connection,
             answer: id,
         });
@@ -272,16 +320,11 @@ impl BrokerState {
     /// Seal with `parked` (a publish without a connection waiting, such as a
     /// Will), or answer it at once when nothing was staged.
     pub(super) fn seal_or_answer(&mut self, parked: Parked, now: Instant) {
-        if !self.has_staged() {
+        if !self.persist.has_staged() {
             self.answer(parked, None, None, now);
             return;
         }
-        self.seal(parked);
-    }
-
-    /// Write what nobody waits for.
-    pub(super) fn seal_background(&mut self) {
-        self.seal(Parked::Background);
+        self.persist.seal(parked);
     }
 
     pub(super) fn on_committed(
@@ -373,22 +416,6 @@ impl BrokerState {
         }
     }
 
-    /// A connection went away with answers still queued: each is answered
-    /// on its own once its commit arrives (its publishes are still routed),
-    /// those ready now at the end of the current event.
-    pub(super) fn orphan_answers(&mut self, answers: VecDeque<super::Answer>) {
-        for a in answers {
-            match a.wait {
-                Some(wait) => {
-                    if let Some(w) = self.persist.waits.get_mut(&wait) {
-                        w.place = Place::Alone(a.parked);
-                    }
-                }
-                None => self.persist.orphans.push((a.parked, a.failure, a.appended)),
-            }
-        }
-    }
-
     pub(super) fn run_orphans(&mut self, now: Instant) {
         while !self.persist.orphans.is_empty() {
             let orphans = std::mem::take(&mut self.persist.orphans);
@@ -455,7 +482,7 @@ impl BrokerState {
                         if !self.sessions.by_key.contains_key(&key) {
                             break;
                         }
-                        if self.is_queue(start.channel) {
+                        if self.channels.is_queue(start.channel) {
                             self.refresh_worker(key, start.channel, now);
                             continue;
                         }
@@ -465,7 +492,7 @@ impl BrokerState {
                             }
                             None => {
                                 self.refresh_consumer(key, start.channel, start.seek, None, now);
-                                self.started_stored(key, &start);
+                                self.sessions.started_stored(key, &start);
                             }
                         }
                     }
@@ -499,7 +526,7 @@ impl BrokerState {
                         if !self.sessions.by_key.contains_key(&key) {
                             break;
                         }
-                        if self.is_queue(channel) {
+                        if self.channels.is_queue(channel) {
                             self.refresh_worker(key, channel, now);
                         } else if crate::topic::split_shared(&raw).is_some() {
                             self.leave_group(key, &raw);
@@ -556,17 +583,6 @@ impl BrokerState {
 
     // ---- the broadcast log ----------------------------------------------
 
-    /// Does a delivery to `key` need the message in the broadcast log?
-    pub(super) fn owed_durably(&self, key: SessionKey, qos: u8) -> bool {
-        qos > 0 && self.sessions.by_key.get(&key).is_some_and(|s| s.stored)
-    }
-
-    /// A persistent session now holds log entry `offset`.
-    pub(super) fn hold_log(&mut self, key: SessionKey, offset: u64) {
-        *self.persist.log_refs.entry(offset).or_default() += 1;
-        self.persist.dirty.insert(key);
-    }
-
     /// A persistent session let go of log entry `offset` (acknowledged,
     /// dropped, or its session ended).
     pub(super) fn unhold_log(&mut self, key: Option<SessionKey>, offset: u64) {
@@ -582,25 +598,11 @@ impl BrokerState {
             self.persist.releasable.push(offset);
             if self.persist.releasable.len() >= RELEASE_AT {
                 let offsets = std::mem::take(&mut self.persist.releasable);
-                self.stage(Role::Sessions, Write::ReleaseLog(offsets));
-                self.seal_background();
+                self.persist
+                    .stage(Role::Sessions, Write::ReleaseLog(offsets));
+                self.persist.seal_background();
             }
         }
-    }
-
-    /// An entry appended that no session ended up holding.
-    pub(super) fn release_unheld(&mut self, offset: u64) {
-        if !self.persist.log_refs.contains_key(&offset) {
-            self.persist.releasable.push(offset);
-        }
-    }
-
-    pub(super) fn persist_clear_dirty(&mut self) {
-        self.persist.dirty.clear();
-    }
-
-    pub(super) fn mark_dirty(&mut self, key: SessionKey) {
-        self.persist.dirty.insert(key);
     }
 
     /// The session's cursor: the lowest log offset it still holds, or the
@@ -639,7 +641,7 @@ impl BrokerState {
             // publish between them, which one intent of every session of
             // a storm could not.
             if clients.len() == FLUSH_SESSIONS {
-                self.seal(Parked::Flush {
+                self.persist.seal(Parked::Flush {
                     clients: std::mem::take(&mut clients),
                     sealed: now,
                 });
@@ -647,10 +649,11 @@ impl BrokerState {
         }
         if !self.persist.releasable.is_empty() {
             let offsets = std::mem::take(&mut self.persist.releasable);
-            self.stage(Role::Sessions, Write::ReleaseLog(offsets));
+            self.persist
+                .stage(Role::Sessions, Write::ReleaseLog(offsets));
         }
         self.stage_all_positions(now);
-        self.seal(Parked::Flush {
+        self.persist.seal(Parked::Flush {
             clients,
             sealed: now,
         });
@@ -663,8 +666,9 @@ impl BrokerState {
         let cursor = self.cursor_of(key);
         let client_id = entry.client_id.clone();
         self.persist.dirty.remove(&key);
-        self.stage(Role::Sessions, Write::SaveSession(entry));
-        self.stage(
+        self.persist
+            .stage(Role::Sessions, Write::SaveSession(entry));
+        self.persist.stage(
             Role::Sessions,
             Write::SaveCursor {
                 client_id,

@@ -55,7 +55,9 @@ impl BrokerState {
                 };
                 if let Some(channel) = acked {
                     // A queue's delivery is resolved or released by it.
-                    if let Some((channel, offset)) = channel.filter(|(c, _)| self.is_queue(*c)) {
+                    if let Some((channel, offset)) =
+                        channel.filter(|(c, _)| self.channels.is_queue(*c))
+                    {
                         self.queue_acked(key, channel, offset, packet_id, reason);
                     }
                     self.finish_exchange(key, packet_id);
@@ -82,7 +84,7 @@ impl BrokerState {
                             entry.queued = None;
                             let logged = entry.log_offset.is_some();
                             if logged {
-                                self.mark_dirty(key);
+                                self.persist.mark_dirty(key);
                             }
                             self.reply(
                                 connection,
@@ -143,7 +145,7 @@ impl BrokerState {
                     // The held record takes its offset now, and the
                     // PUBCOMP waits until it has.
                     let client_id = session.client_id.to_string();
-                    self.stage(
+                    self.persist.stage(
                         Role::Channel(channel),
                         Write::Release {
                             client_id,
@@ -154,7 +156,7 @@ impl BrokerState {
                     // The hold goes before the PUBCOMP says the exchange is
                     // over: a hold left behind would swallow the id's next use.
                     let client_id = session.client_id.to_string();
-                    self.stage(
+                    self.persist.stage(
                         Role::Sessions,
                         Write::DropHold {
                             client_id,
@@ -339,7 +341,7 @@ impl BrokerState {
             wire: Default::default(),
         });
         if allowed {
-            if let Some(channel) = self.channel_of(&message.topic) {
+            if let Some(channel) = self.channels.of_topic(&message.topic) {
                 self.stage_channel_publish(key, channel, packet_id, &message, now);
                 let parked = ParkedPublish::unrouted(
                     connection,
@@ -374,7 +376,7 @@ impl BrokerState {
                 // two must still know the id was routed.
                 let client_id = self.sessions.by_key[&key].client_id.clone();
                 let held = self.held_publish(&client_id, packet_id, &message, now);
-                self.stage(Role::Sessions, Write::Hold(held));
+                self.persist.stage(Role::Sessions, Write::Hold(held));
             }
         }
         if !allowed {
@@ -400,7 +402,7 @@ impl BrokerState {
             retain_change: parts.retain_change,
             code: ReasonCode::Success,
         };
-        if answers_pending || self.has_staged() {
+        if answers_pending || self.persist.has_staged() {
             self.park_or_answer(connection, Parked::Publish(Box::new(publish)), now);
         } else {
             // Nothing to store: routed and answered at once.
@@ -450,9 +452,10 @@ impl BrokerState {
             Some(true) => {
                 let id = publisher_id(self);
                 let record = self.record_of(&message, &id, now);
-                self.stage(Role::Retained, Write::SetRetained(record));
+                self.persist
+                    .stage(Role::Retained, Write::SetRetained(record));
             }
-            Some(false) => self.stage(
+            Some(false) => self.persist.stage(
                 Role::Retained,
                 Write::DeleteRetained(message.topic.to_string()),
             ),
@@ -460,13 +463,14 @@ impl BrokerState {
         }
         let deliveries = self.deliveries_of(&message, publisher);
         let logged = message.qos > 0
-            && deliveries
-                .iter()
-                .any(|d| self.owed_durably(d.session, d.qos.min(message.qos)));
+            && deliveries.iter().any(|d| {
+                self.sessions
+                    .owed_durably(d.session, d.qos.min(message.qos))
+            });
         if logged {
             let id = publisher_id(self);
             let record = self.record_of(&message, &id, now);
-            self.stage(Role::Sessions, Write::AppendLog(record));
+            self.persist.stage(Role::Sessions, Write::AppendLog(record));
         }
         ParkedPublishParts {
             message,
@@ -486,7 +490,7 @@ impl BrokerState {
     ) {
         if let Some(failure) = failure {
             if let Some(offset) = appended {
-                self.release_unheld(offset);
+                self.persist.release_unheld(offset);
             }
             if let (Some(connection), Some(key)) = (p.connection, p.publisher) {
                 if p.qos == 2 {
@@ -568,12 +572,13 @@ impl BrokerState {
     /// Publish a message the broker itself originates (a Will): stored
     /// like a client's, routed once stored.
     pub(super) fn publish_message(&mut self, message: Arc<Message>, client_id: &str, now: Instant) {
-        if let Some(channel) = self.channel_of(&message.topic) {
+        if let Some(channel) = self.channels.of_topic(&message.topic) {
             // A Will into a channel is a record like any other; nobody
             // waits for its answer, and a failure is counted.
             let record = self.record_of(&message, client_id, now);
-            self.stage(Role::Channel(channel), Write::Append(record));
-            self.seal(Parked::Publish(Box::new(ParkedPublish {
+            self.persist
+                .stage(Role::Channel(channel), Write::Append(record));
+            self.persist.seal(Parked::Publish(Box::new(ParkedPublish {
                 connection: None,
                 packet_id: 0,
                 qos: 0,
@@ -640,7 +645,7 @@ impl BrokerState {
         for d in deliveries.drain(..) {
             let retain = d.retain_as_published && message.retain;
             let qos = d.qos.min(message.qos);
-            let log_offset = offset.filter(|_| self.owed_durably(d.session, qos));
+            let log_offset = offset.filter(|_| self.sessions.owed_durably(d.session, qos));
             self.deliver(
                 d.session,
                 message.clone(),
@@ -657,7 +662,7 @@ impl BrokerState {
             self.scratch_deliveries = deliveries;
         }
         if let Some(offset) = offset {
-            self.release_unheld(offset);
+            self.persist.release_unheld(offset);
         }
     }
 
@@ -708,7 +713,7 @@ impl BrokerState {
         let waiting = !session.pending.is_empty();
         let in_flight = session.inflight.len();
         if let Some(offset) = log_offset {
-            self.hold_log(key, offset);
+            self.persist.hold_log(key, offset);
         }
         let Some(connection) = connection else {
             if kept {
@@ -817,7 +822,7 @@ impl BrokerState {
             self.doomed.push((connection, CloseReason::Network, None));
         }
         if logged {
-            self.mark_dirty(key);
+            self.persist.mark_dirty(key);
         }
         true
     }

@@ -45,7 +45,7 @@ use super::{BrokerState, ReasonCode, StorageFailure};
 use crate::broker::subscriptions::SessionKey;
 use crate::storage::contract::{Lease, Released, HEADER_ATTEMPTS};
 use crate::topic;
-use saguin_format::model::{ChannelKind, UnixNanos};
+use saguin_format::model::UnixNanos;
 
 /// Most records one offer asks for.
 const OFFER_MAX: usize = 256;
@@ -119,13 +119,6 @@ pub(super) struct Queue {
 }
 
 impl BrokerState {
-    pub(super) fn is_queue(&self, channel: u16) -> bool {
-        self.channels
-            .all
-            .get(channel as usize)
-            .is_some_and(|c| c.kind == ChannelKind::Queue)
-    }
-
     /// The queues among the restored channels, with nobody working yet.
     pub(super) fn restore_queues(&mut self, restored: &[RestoredChannel]) {
         for (i, channel) in restored.iter().enumerate() {
@@ -585,7 +578,7 @@ impl BrokerState {
         state.next = state.next.max(next);
         let consumers = state.consumers.clone();
         for key in consumers {
-            if let Some(index) = self.consumer_index(key, channel) {
+            if let Some(index) = self.sessions.consumer_index(key, channel) {
                 self.pump(key, index, now);
             }
         }
@@ -756,16 +749,16 @@ impl BrokerState {
         if self.queues.writes.is_empty() {
             return;
         }
-        if self.has_staged() {
-            self.seal_background();
+        if self.persist.has_staged() {
+            self.persist.seal_background();
         }
         let moment = self.unix_at(now);
         for (channel, mut write, parked) in std::mem::take(&mut self.queues.writes) {
             if let Write::ReleaseLease { now, .. } = &mut write {
                 *now = moment;
             }
-            self.stage(Role::Channel(channel), write);
-            self.seal(Parked::Queue(parked));
+            self.persist.stage(Role::Channel(channel), write);
+            self.persist.seal(Parked::Queue(parked));
         }
     }
 

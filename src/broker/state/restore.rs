@@ -122,7 +122,7 @@ impl BrokerState {
                 || entry.expiry_interval == 0
             {
                 summary.expired_sessions += 1;
-                self.stage(
+                self.persist.stage(
                     Role::Sessions,
                     Write::RemoveSession(entry.client_id.clone()),
                 );
@@ -222,7 +222,7 @@ impl BrokerState {
             self.metrics.sessions.fetch_add(1, Relaxed);
             summary.sessions += 1;
             for &offset in &in_flight {
-                self.hold_log(key, offset);
+                self.persist.hold_log(key, offset);
             }
             owing.insert(
                 key,
@@ -277,7 +277,7 @@ impl BrokerState {
                 session.pending.extend(owing.queued);
             }
             for offset in offsets {
-                self.hold_log(key, offset);
+                self.persist.hold_log(key, offset);
             }
         }
         for held in &restored.held {
@@ -300,7 +300,7 @@ impl BrokerState {
                         summary.holds += 1;
                     }
                 }
-                None => self.stage(
+                None => self.persist.stage(
                     Role::Sessions,
                     Write::DropHold {
                         client_id: held.client_id.clone(),
@@ -310,15 +310,15 @@ impl BrokerState {
             }
         }
         for &offset in log.keys() {
-            self.release_unheld(offset);
+            self.persist.release_unheld(offset);
         }
         drop(log);
         let channels = std::mem::take(&mut restored.channels);
         self.restore_channels(channels, now);
         // What was read is what is stored: nothing to write back but the
         // removals staged above.
-        self.persist_clear_dirty();
-        self.seal_background();
+        self.persist.clear_dirty();
+        self.persist.seal_background();
         summary
     }
 }

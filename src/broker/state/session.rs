@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::consumer::ConsumerStart;
 use super::ids::{IdMap, IdSet};
 use crate::broker::message::Message;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
@@ -312,6 +313,47 @@ impl Default for Sessions {
             detached: IdSet::default(),
             next_key: 1,
             next_assigned_id: 1,
+        }
+    }
+}
+
+impl Sessions {
+    pub(super) fn consumer_index(&self, key: SessionKey, channel: u16) -> Option<usize> {
+        self.by_key
+            .get(&key)?
+            .consumers
+            .iter()
+            .position(|c| c.channel == channel)
+    }
+
+    /// Persistent sessions the provider holds (or is about to).
+    pub(super) fn stored_count(&self) -> usize {
+        self.by_key.values().filter(|s| s.stored).count()
+    }
+
+    /// Does a delivery to `key` need the message in the broadcast log?
+    pub(super) fn owed_durably(&self, key: SessionKey, qos: u8) -> bool {
+        qos > 0 && self.by_key.get(&key).is_some_and(|s| s.stored)
+    }
+
+    /// The consumer `start` made had its position written with its
+    /// SUBSCRIBE: the flush need not write it again.
+    pub(super) fn started_stored(&mut self, key: SessionKey, start: &ConsumerStart) {
+        let (Some(offset), Some(index)) = (start.stored, self.consumer_index(key, start.channel))
+        else {
+            return;
+        };
+        if let Some(session) = self.by_key.get_mut(&key) {
+            session.consumers[index].stored = Some(offset);
+        }
+    }
+
+    /// The value at `offset` of `channel` owed to `key` was sent or
+    /// dropped: its position no longer waits for it.
+    pub(super) fn value_done(&mut self, key: SessionKey, channel: u16, offset: u64) {
+        if let Some(index) = self.consumer_index(key, channel) {
+            let session = self.by_key.get_mut(&key).expect("indexed");
+            session.consumers[index].owed_done(offset);
         }
     }
 }

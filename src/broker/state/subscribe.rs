@@ -40,7 +40,7 @@ impl BrokerState {
                     continue;
                 }
             };
-            let channel = self.channel_of(parsed.filter);
+            let channel = self.channels.of_topic(parsed.filter);
             if let Some(channel) = channel {
                 match &seek {
                     Ok(seek) => {
@@ -115,7 +115,7 @@ impl BrokerState {
                 _ => false,
             };
             // A latest channel's current values come as retained messages do.
-            let values = channel.is_none_or(|c| self.is_latest(c));
+            let values = channel.is_none_or(|c| self.channels.is_latest(c));
             if wants_retained && parsed.share_group.is_none() && values {
                 retained_for.push((parsed.filter.to_owned(), options));
             }
@@ -126,7 +126,7 @@ impl BrokerState {
         for start in &mut consumers {
             let values_owed = retained_for
                 .iter()
-                .any(|(filter, _)| self.channel_of(filter) == Some(start.channel));
+                .any(|(filter, _)| self.channels.of_topic(filter) == Some(start.channel));
             self.stage_start(key, start, values_owed, now);
         }
         self.park_or_answer(
@@ -158,7 +158,7 @@ impl BrokerState {
         for raw in filters {
             match self.unsubscribe(key, &raw) {
                 Some(sub) => {
-                    if let Some(channel) = self.channel_of(&sub.filter) {
+                    if let Some(channel) = self.channels.of_topic(&sub.filter) {
                         channels.push((channel, raw.clone()));
                     }
                     undo.push((raw, sub));
@@ -326,11 +326,11 @@ impl BrokerState {
                 self.transmit(connection, queued, 0, due.sys, now);
                 if let Some((channel, offset)) = due.channel {
                     // Sent (or dropped and counted): no longer owed.
-                    self.value_done(key, channel, offset);
+                    self.sessions.value_done(key, channel, offset);
                 }
             } else if !self.start_exchange(key, connection, queued, due.channel, now) {
                 if let Some((channel, offset)) = due.channel {
-                    self.value_done(key, channel, offset);
+                    self.sessions.value_done(key, channel, offset);
                 }
             }
             if self.doomed.iter().any(|(c, _, _)| *c == connection) {
