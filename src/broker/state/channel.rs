@@ -191,7 +191,7 @@ impl BrokerState {
         };
         state.next = state.next.max(record.offset + 1);
         if state.kind == ChannelKind::Queue {
-            self.queue_committed(channel, now);
+            self.queues.committed(channel);
             return;
         }
         self.groups_committed(channel, &record, now);
@@ -594,7 +594,7 @@ impl BrokerState {
 
     /// Every consumer of session `key` catches up as far as its room allows.
     pub(super) fn pump_all(&mut self, key: SessionKey, now: Instant) {
-        self.worker_room(key);
+        self.queues.worker_room(key);
         for (index, group) in self.groups.all.iter().enumerate() {
             if group.has_member(key) {
                 self.groups.due.push(index);
@@ -762,7 +762,7 @@ impl BrokerState {
     /// A channel delivery's exchange ended: the record no longer holds the
     /// consumer's position back.
     pub(super) fn channel_acknowledged(&mut self, key: SessionKey, channel: u16, offset: u64) {
-        if self.group_acknowledged(key, channel, offset) {
+        if self.groups.acknowledged(key, channel, offset) {
             return;
         }
         if let Some(index) = self.sessions.consumer_index(key, channel) {

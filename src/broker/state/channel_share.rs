@@ -48,6 +48,33 @@ pub(super) struct Groups {
     pub positions: HashMap<(u16, String), u64>,
 }
 
+impl Groups {
+    fn index_of(&self, raw: &str) -> Option<usize> {
+        self.all.iter().position(|g| g.raw == raw)
+    }
+
+    /// Every group session `key` belongs to, by raw filter.
+    pub(super) fn joined_by(&self, key: SessionKey) -> Vec<String> {
+        self.all
+            .iter()
+            .filter(|g| g.members.contains(&key))
+            .map(|g| g.raw.clone())
+            .collect()
+    }
+
+    /// An exchange of `key` over `channel` ended: true when it was a
+    /// group's delivery (then the group lets it go).
+    pub(super) fn acknowledged(&mut self, key: SessionKey, channel: u16, offset: u64) -> bool {
+        for group in &mut self.all {
+            if group.channel == channel && group.out.get(&offset) == Some(&key) {
+                group.out.remove(&offset);
+                return true;
+            }
+        }
+        false
+    }
+}
+
 /// A shared group over one channel.
 #[derive(Debug)]
 pub(super) struct ChannelGroup {
@@ -83,10 +110,6 @@ impl ChannelGroup {
 }
 
 impl BrokerState {
-    fn group_index(&self, raw: &str) -> Option<usize> {
-        self.groups.all.iter().position(|g| g.raw == raw)
-    }
-
     /// Session `key` joined the shared group `raw` over `channel` (its
     /// SUBACK is sent). A new group starts at its stored position, else
     /// at `seek`, else at `next`.
@@ -98,7 +121,7 @@ impl BrokerState {
         filter: &str,
         seek: Option<Seek>,
     ) {
-        let index = match self.group_index(raw) {
+        let index = match self.groups.index_of(raw) {
             Some(i) => i,
             None => {
                 let stored = self.groups.positions.remove(&(channel, raw.to_owned()));
@@ -141,7 +164,7 @@ impl BrokerState {
     /// Session `key` left group `raw` (unsubscribed, or its session ended):
     /// what it held goes back to the group.
     pub(super) fn leave_group(&mut self, key: SessionKey, raw: &str) {
-        let Some(index) = self.group_index(raw) else {
+        let Some(index) = self.groups.index_of(raw) else {
             return;
         };
         let group = &mut self.groups.all[index];
@@ -162,16 +185,6 @@ impl BrokerState {
             group.reading = false;
         }
         self.groups.due.push(index);
-    }
-
-    /// Every group session `key` belongs to, by raw filter.
-    pub(super) fn groups_of(&self, key: SessionKey) -> Vec<String> {
-        self.groups
-            .all
-            .iter()
-            .filter(|g| g.members.contains(&key))
-            .map(|g| g.raw.clone())
-            .collect()
     }
 
     /// A committed record of `channel`: to each caught-up group's next
@@ -278,23 +291,6 @@ impl BrokerState {
         self.groups.all[index].out.insert(record.offset, key);
         self.transmit(connection, queued, packet_id, false, now);
         true
-    }
-
-    /// An exchange of `key` over `channel` ended: true when it was a
-    /// group's delivery (then the group lets it go).
-    pub(super) fn group_acknowledged(
-        &mut self,
-        key: SessionKey,
-        channel: u16,
-        offset: u64,
-    ) -> bool {
-        for group in &mut self.groups.all {
-            if group.channel == channel && group.out.get(&offset) == Some(&key) {
-                group.out.remove(&offset);
-                return true;
-            }
-        }
-        false
     }
 
     /// Groups whose members made room, or that fell behind, read on.

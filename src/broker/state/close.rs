@@ -160,7 +160,7 @@ impl BrokerState {
     /// pending Will (published now, as the session ends before its delay).
     pub(super) fn end_session(&mut self, key: SessionKey, now: Instant) {
         self.forget_worker(key);
-        for raw in self.groups_of(key) {
+        for raw in self.groups.joined_by(key) {
             self.leave_group(key, &raw);
         }
         let Some(session) = self.sessions.by_key.remove(&key) else {

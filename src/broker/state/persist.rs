@@ -437,7 +437,7 @@ impl BrokerState {
             Parked::Background => {}
             Parked::Queue(write) => {
                 if let Some(failure) = failure {
-                    self.queue_write_failed(write, failure, now);
+                    self.queues.write_failed(write, failure, now);
                 }
             }
             Parked::Reply { connection, packet } => self.send(connection, packet),

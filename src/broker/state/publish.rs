@@ -58,7 +58,7 @@ impl BrokerState {
                     if let Some((channel, offset)) =
                         channel.filter(|(c, _)| self.channels.is_queue(*c))
                     {
-                        self.queue_acked(key, channel, offset, packet_id, reason);
+                        self.queues.acked(key, channel, offset, packet_id, reason);
                     }
                     self.finish_exchange(key, packet_id);
                     self.free_window(key, now);

@@ -98,6 +98,147 @@ pub(super) struct Queues {
     pub writes: Vec<(u16, Write, QueueWrite)>,
 }
 
+impl Queues {
+    /// A record was enqueued in `channel`.
+    pub(super) fn committed(&mut self, channel: u16) {
+        self.due.push(channel);
+    }
+
+    /// Session `key` may have room again (it connected, or drained): the
+    /// queues it works for offer again.
+    pub(super) fn worker_room(&mut self, key: SessionKey) {
+        for (channel, queue) in &self.by_channel {
+            if queue.workers.contains(&key) {
+                self.due.push(*channel);
+            }
+        }
+    }
+
+    /// Release the delivery of `offset` for `reason` (an attempt was
+    /// counted when it was leased).
+    fn release_delivery(
+        &mut self,
+        channel: u16,
+        offset: u64,
+        delivery_id: u64,
+        epoch: u64,
+        reason: String,
+    ) {
+        let Some(d) = self
+            .by_channel
+            .get_mut(&channel)
+            .and_then(|q| q.out.get_mut(&offset))
+        else {
+            return;
+        };
+        d.step = Step::Releasing {
+            delivery_id,
+            epoch,
+            reason: reason.clone(),
+            retry: false,
+        };
+        // The moment is stamped when the write is sealed.
+        self.writes.push((
+            channel,
+            Write::ReleaseLease {
+                delivery_id,
+                epoch,
+                now: 0,
+                reason,
+            },
+            QueueWrite::Release { channel, offset },
+        ));
+    }
+
+    /// Worker `key` answered the delivery of `offset` under `packet_id`
+    /// with a PUBACK of `reason`: below 0x80 it is resolved, otherwise
+    /// released. A superseded delivery's answer (its lease ran out) does
+    /// nothing.
+    pub(super) fn acked(
+        &mut self,
+        key: SessionKey,
+        channel: u16,
+        offset: u64,
+        packet_id: u16,
+        reason: ReasonCode,
+    ) {
+        let Some(queue) = self.by_channel.get_mut(&channel) else {
+            return;
+        };
+        let Some(d) = queue.out.get_mut(&offset) else {
+            return;
+        };
+        let Step::Held {
+            delivery_id,
+            epoch,
+            packet_id: held_as,
+            ..
+        } = d.step
+        else {
+            return;
+        };
+        if d.worker != key || held_as != packet_id {
+            return;
+        }
+        let code = reason as u8;
+        if code < 0x80 {
+            d.step = Step::Resolving {
+                delivery_id,
+                epoch,
+                retry: false,
+            };
+            self.writes.push((
+                channel,
+                Write::Resolve { delivery_id, epoch },
+                QueueWrite::Resolve { channel, offset },
+            ));
+        } else {
+            self.release_delivery(
+                channel,
+                offset,
+                delivery_id,
+                epoch,
+                format!("the worker refused it (PUBACK reason 0x{code:02X})"),
+            );
+        }
+    }
+
+    /// A queue write failed: a lease is forgotten (the record is offered
+    /// again), a resolution or release is tried again at the next tick.
+    pub(super) fn write_failed(
+        &mut self,
+        write: QueueWrite,
+        failure: StorageFailure,
+        now: Instant,
+    ) {
+        let (channel, offset) = match write {
+            QueueWrite::Lease { channel, offset }
+            | QueueWrite::Resolve { channel, offset }
+            | QueueWrite::Release { channel, offset } => (channel, offset),
+        };
+        let Some(queue) = self.by_channel.get_mut(&channel) else {
+            return;
+        };
+        tracing::warn!(channel = %queue.name, offset, error = %failure.message, "a queue write failed; the record stays in the queue with its attempts and is tried again");
+        match write {
+            QueueWrite::Lease { .. } => {
+                queue.out.remove(&offset);
+                queue.retry_at = Some(now);
+            }
+            QueueWrite::Resolve { .. } | QueueWrite::Release { .. } => {
+                if let Some(d) = queue.out.get_mut(&offset) {
+                    match &mut d.step {
+                        Step::Resolving { retry, .. } | Step::Releasing { retry, .. } => {
+                            *retry = true
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// One queue's volatile half.
 #[derive(Debug)]
 pub(super) struct Queue {
@@ -181,21 +322,6 @@ impl BrokerState {
                     .values()
                     .filter(move |sub| name.as_deref() == Some(first_level(&sub.filter)))
             })
-    }
-
-    /// A record was enqueued in `channel`.
-    pub(super) fn queue_committed(&mut self, channel: u16, _now: Instant) {
-        self.queues.due.push(channel);
-    }
-
-    /// Session `key` may have room again (it connected, or drained): the
-    /// queues it works for offer again.
-    pub(super) fn worker_room(&mut self, key: SessionKey) {
-        for (channel, queue) in &self.queues.by_channel {
-            if queue.workers.contains(&key) {
-                self.queues.due.push(*channel);
-            }
-        }
     }
 
     /// Room worker `key` has for one more delivery: its window less what
@@ -381,7 +507,7 @@ impl BrokerState {
                 .and_then(|s| s.inflight.allocate_id())
         });
         let (Some(connection), Some(packet_id)) = (connection, packet_id) else {
-            self.release_delivery(
+            self.queues.release_delivery(
                 channel,
                 lease.offset,
                 lease.delivery_id,
@@ -429,96 +555,6 @@ impl BrokerState {
         self.metrics
             .set_queue_in_flight(&queue.name, queue.out.len() as u64);
         self.transmit(connection, queued, packet_id, false, now);
-    }
-
-    /// Worker `key` answered the delivery of `offset` under `packet_id`
-    /// with a PUBACK of `reason`: below 0x80 it is resolved, otherwise
-    /// released. A superseded delivery's answer (its lease ran out) does
-    /// nothing.
-    pub(super) fn queue_acked(
-        &mut self,
-        key: SessionKey,
-        channel: u16,
-        offset: u64,
-        packet_id: u16,
-        reason: ReasonCode,
-    ) {
-        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
-            return;
-        };
-        let Some(d) = queue.out.get_mut(&offset) else {
-            return;
-        };
-        let Step::Held {
-            delivery_id,
-            epoch,
-            packet_id: held_as,
-            ..
-        } = d.step
-        else {
-            return;
-        };
-        if d.worker != key || held_as != packet_id {
-            return;
-        }
-        let code = reason as u8;
-        if code < 0x80 {
-            d.step = Step::Resolving {
-                delivery_id,
-                epoch,
-                retry: false,
-            };
-            self.queues.writes.push((
-                channel,
-                Write::Resolve { delivery_id, epoch },
-                QueueWrite::Resolve { channel, offset },
-            ));
-        } else {
-            self.release_delivery(
-                channel,
-                offset,
-                delivery_id,
-                epoch,
-                format!("the worker refused it (PUBACK reason 0x{code:02X})"),
-            );
-        }
-    }
-
-    /// Release the delivery of `offset` for `reason` (an attempt was
-    /// counted when it was leased).
-    fn release_delivery(
-        &mut self,
-        channel: u16,
-        offset: u64,
-        delivery_id: u64,
-        epoch: u64,
-        reason: String,
-    ) {
-        let Some(d) = self
-            .queues
-            .by_channel
-            .get_mut(&channel)
-            .and_then(|q| q.out.get_mut(&offset))
-        else {
-            return;
-        };
-        d.step = Step::Releasing {
-            delivery_id,
-            epoch,
-            reason: reason.clone(),
-            retry: false,
-        };
-        // The moment is stamped when the write is sealed.
-        self.queues.writes.push((
-            channel,
-            Write::ReleaseLease {
-                delivery_id,
-                epoch,
-                now: 0,
-                reason,
-            },
-            QueueWrite::Release { channel, offset },
-        ));
     }
 
     /// A resolution committed: the record is gone.
@@ -584,41 +620,6 @@ impl BrokerState {
         }
     }
 
-    /// A queue write failed: a lease is forgotten (the record is offered
-    /// again), a resolution or release is tried again at the next tick.
-    pub(super) fn queue_write_failed(
-        &mut self,
-        write: QueueWrite,
-        failure: StorageFailure,
-        now: Instant,
-    ) {
-        let (channel, offset) = match write {
-            QueueWrite::Lease { channel, offset }
-            | QueueWrite::Resolve { channel, offset }
-            | QueueWrite::Release { channel, offset } => (channel, offset),
-        };
-        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
-            return;
-        };
-        tracing::warn!(channel = %queue.name, offset, error = %failure.message, "a queue write failed; the record stays in the queue with its attempts and is tried again");
-        match write {
-            QueueWrite::Lease { .. } => {
-                queue.out.remove(&offset);
-                queue.retry_at = Some(now);
-            }
-            QueueWrite::Resolve { .. } | QueueWrite::Release { .. } => {
-                if let Some(d) = queue.out.get_mut(&offset) {
-                    match &mut d.step {
-                        Step::Resolving { retry, .. } | Step::Releasing { retry, .. } => {
-                            *retry = true
-                        }
-                        _ => {}
-                    }
-                }
-            }
-        }
-    }
-
     /// Session `key`'s connection went away: what it held is released
     /// (an attempt each) and its packets for them are forgotten, so a
     /// resumed session is not sent them again.
@@ -644,7 +645,7 @@ impl BrokerState {
             if let Some(session) = self.sessions.by_key.get_mut(&key) {
                 session.inflight.remove(packet_id);
             }
-            self.release_delivery(
+            self.queues.release_delivery(
                 channel,
                 offset,
                 delivery_id,
@@ -730,7 +731,7 @@ impl BrokerState {
             if let Some(queue) = self.queues.by_channel.get(&channel) {
                 self.metrics.queue_lease_expired(&queue.name);
             }
-            self.release_delivery(
+            self.queues.release_delivery(
                 channel,
                 offset,
                 delivery_id,
