@@ -841,10 +841,7 @@ impl BrokerState {
             None => {
                 let start = start.or_else(|| {
                     let bridge = session.bridge.as_deref()?;
-                    self.bridges
-                        .positions
-                        .get(&(channel, bridge.to_owned()))
-                        .copied()
+                    self.bridges.position(channel, bridge)
                 });
                 let mut consumer = Consumer {
                     channel,
@@ -918,11 +915,7 @@ impl BrokerState {
         };
         let session = &self.sessions.by_key[&key];
         if let Some(bridge) = &session.bridge {
-            if self
-                .bridges
-                .positions
-                .contains_key(&(channel, bridge.to_string()))
-            {
+            if self.bridges.position(channel, bridge).is_some() {
                 return;
             }
         }
@@ -1030,9 +1023,7 @@ impl BrokerState {
                     let offset = consumer
                         .position()
                         .min(self.channels.all[consumer.channel as usize].next);
-                    self.bridges
-                        .positions
-                        .insert((consumer.channel, bridge.to_string()), offset);
+                    self.bridges.keep_position(consumer.channel, bridge, offset);
                     self.persist.stage(
                         Role::Channel(consumer.channel),
                         Write::SavePosition(Position {
@@ -1071,7 +1062,7 @@ impl BrokerState {
                 .into_iter()
                 .map(|(p, c)| (p, c, session.inbound_qos2.get(&p).copied().unwrap_or(now)))
                 .collect();
-            self.bridges.holds.insert(session.client_id.clone(), kept);
+            self.bridges.keep_holds(session.client_id.clone(), kept);
             return;
         }
         for (packet_id, channel) in holds {
@@ -1141,8 +1132,7 @@ impl BrokerState {
                     // A bridge resumes from it when it connects.
                     _ => {
                         self.bridges
-                            .positions
-                            .insert((i, position.reader.id().to_owned()), position.offset);
+                            .keep_position(i, position.reader.id(), position.offset);
                     }
                 }
             }
@@ -1195,10 +1185,7 @@ impl BrokerState {
                     // bridge no longer configured were dropped at open).
                     None if bridge => self
                         .bridges
-                        .holds
-                        .entry(hold.client_id.as_str().into())
-                        .or_default()
-                        .push((hold.packet_id, i, now)),
+                        .add_hold(&hold.client_id, (hold.packet_id, i, now)),
                     None => self.persist.stage(
                         Role::Channel(i),
                         Write::DropChannelHold {

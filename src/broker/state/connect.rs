@@ -265,7 +265,7 @@ impl BrokerState {
         let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
-        let Some(mut holds) = self.bridges.holds.remove(&session.client_id) else {
+        let Some(mut holds) = self.bridges.take_holds(&session.client_id) else {
             return;
         };
         holds.sort_unstable();

@@ -47,7 +47,7 @@ use tokio::time::Instant;
 
 use super::consumer::ConsumerStart;
 use super::ids::IdMap;
-use super::reads::{ChannelRead, ReadWindow, Seek};
+use super::reads::{ChannelRead, ReadRequests, ReadWindow, Seek};
 use super::{BrokerState, RetainedDue, StorageFailure};
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::topic;
@@ -59,6 +59,21 @@ pub(super) struct LatestReads {
     pub out: IdMap<u64, ValuesRead>,
     /// Those that failed, asked again at the tick.
     pub failed: Vec<ValuesRead>,
+}
+
+impl LatestReads {
+    /// Ask the readers for `read`'s current values, under a new ticket.
+    fn ask(&mut self, reads: &mut ReadRequests, read: ValuesRead) {
+        let ticket = reads.number();
+        reads.waiting.push(ChannelRead {
+            ticket,
+            channel: read.channel,
+            from: Seek::Current,
+            max: usize::MAX,
+            filters: read.filters.iter().map(|(f, _)| f.clone()).collect(),
+        });
+        self.out.insert(ticket, read);
+    }
 }
 
 /// A read of current values out: for whom, and under which filters.
@@ -116,25 +131,16 @@ impl BrokerState {
             consumer.reading = true;
             consumer.values_pending = true;
             let generation = consumer.generation;
-            self.ask_values(ValuesRead {
-                key,
-                channel,
-                generation,
-                filters,
-            });
+            self.latest_reads.ask(
+                &mut self.reads,
+                ValuesRead {
+                    key,
+                    channel,
+                    generation,
+                    filters,
+                },
+            );
         }
-    }
-
-    fn ask_values(&mut self, read: ValuesRead) {
-        let ticket = self.reads.number();
-        self.reads.waiting.push(ChannelRead {
-            ticket,
-            channel: read.channel,
-            from: Seek::Current,
-            max: usize::MAX,
-            filters: read.filters.iter().map(|(f, _)| f.clone()).collect(),
-        });
-        self.latest_reads.out.insert(ticket, read);
     }
 
     /// Reads of current values that failed are asked again (the tick),
@@ -150,7 +156,7 @@ impl BrokerState {
                 continue;
             }
             if self.sessions.by_key[&read.key].connection.is_some() {
-                self.ask_values(read);
+                self.latest_reads.ask(&mut self.reads, read);
             } else {
                 self.latest_reads.failed.push(read);
             }
