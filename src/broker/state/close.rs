@@ -190,7 +190,7 @@ impl BrokerState {
             .chain(session.pending.iter().filter_map(|q| q.log_offset))
             .collect::<Vec<_>>();
         for offset in held {
-            self.unhold_log(None, offset);
+            self.persist.unhold_log(None, offset);
         }
         if session.stored {
             let client_id = session.client_id.to_string();

@@ -180,6 +180,14 @@ pub fn parse_from(value: &str) -> Result<Seek, String> {
     }
 }
 
+/// A SUBSCRIBE's `saguin-from`, for the filters of it on channels.
+pub(super) fn seek_of(user_properties: &[(String, String)]) -> Result<Option<Seek>, String> {
+    match user_properties.iter().find(|(k, _)| k == FROM_PROPERTY) {
+        Some((_, v)) => parse_from(v).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// A topic's or filter's first level.
 pub(super) fn first_level(topic: &str) -> &str {
     topic.split('/').next().unwrap_or(topic)

@@ -44,6 +44,7 @@ mod ids;
 mod intent;
 mod latest;
 mod persist;
+mod positions;
 mod publish;
 mod queue;
 mod reads;

@@ -225,6 +225,27 @@ impl Persistence {
     pub(super) fn mark_dirty(&mut self, key: SessionKey) {
         self.dirty.insert(key);
     }
+
+    /// A persistent session let go of log entry `offset` (acknowledged,
+    /// dropped, or its session ended).
+    pub(super) fn unhold_log(&mut self, key: Option<SessionKey>, offset: u64) {
+        if let Some(key) = key {
+            self.dirty.insert(key);
+        }
+        let Some(count) = self.log_refs.get_mut(&offset) else {
+            return;
+        };
+        *count -= 1;
+        if *count == 0 {
+            self.log_refs.remove(&offset);
+            self.releasable.push(offset);
+            if self.releasable.len() >= RELEASE_AT {
+                let offsets = std::mem::take(&mut self.releasable);
+                self.stage(Role::Sessions, Write::ReleaseLog(offsets));
+                self.seal_background();
+            }
+        }
+    }
 }
 
 /// A packet's publish writes and its other writes, apart. Nearly every
@@ -582,28 +603,6 @@ impl BrokerState {
     }
 
     // ---- the broadcast log ----------------------------------------------
-
-    /// A persistent session let go of log entry `offset` (acknowledged,
-    /// dropped, or its session ended).
-    pub(super) fn unhold_log(&mut self, key: Option<SessionKey>, offset: u64) {
-        if let Some(key) = key {
-            self.persist.dirty.insert(key);
-        }
-        let Some(count) = self.persist.log_refs.get_mut(&offset) else {
-            return;
-        };
-        *count -= 1;
-        if *count == 0 {
-            self.persist.log_refs.remove(&offset);
-            self.persist.releasable.push(offset);
-            if self.persist.releasable.len() >= RELEASE_AT {
-                let offsets = std::mem::take(&mut self.persist.releasable);
-                self.persist
-                    .stage(Role::Sessions, Write::ReleaseLog(offsets));
-                self.persist.seal_background();
-            }
-        }
-    }
 
     /// The session's cursor: the lowest log offset it still holds, or the
     /// log's next offset.

@@ -276,7 +276,7 @@ impl BrokerState {
     /// `entry`, taken out of `key`'s in-flight table, ended.
     fn exchange_ended(&mut self, key: SessionKey, entry: InflightEntry) {
         if let Some(offset) = entry.log_offset {
-            self.unhold_log(Some(key), offset);
+            self.persist.unhold_log(Some(key), offset);
         }
         if let Some((channel, offset)) = entry.channel {
             self.channel_acknowledged(key, channel, offset);
@@ -746,7 +746,7 @@ impl BrokerState {
         if session.pending.len() >= self.limits.max_queued_messages {
             self.metrics.dropped(DropReason::QueueFull);
             if let Some(offset) = queued.log_offset {
-                self.unhold_log(Some(key), offset);
+                self.persist.unhold_log(Some(key), offset);
             }
         } else {
             session.pending.push_back(queued);
@@ -831,7 +831,7 @@ impl BrokerState {
     fn not_sent(&mut self, key: SessionKey, queued: &QueuedMessage, why: DropReason) -> bool {
         self.metrics.dropped(why);
         if let Some(offset) = queued.log_offset {
-            self.unhold_log(Some(key), offset);
+            self.persist.unhold_log(Some(key), offset);
         }
         false
     }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use tokio::time::Instant;
 
-use super::consumer::ConsumerStart;
+use super::consumer::{seek_of, ConsumerStart};
 use super::intent::Parked;
 use super::session::{QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, RetainedDue};
@@ -30,7 +30,7 @@ impl BrokerState {
         let mut retained_for: Vec<(String, SubOptions)> = Vec::new();
         let mut undo = Vec::new();
         let mut consumers: Vec<ConsumerStart> = Vec::new();
-        let seek = Self::seek_of(user_properties);
+        let seek = seek_of(user_properties);
         for (raw, mut options) in filters {
             options.subscription_id = subscription_id;
             let parsed = match topic::parse_filter(&raw) {
