@@ -881,7 +881,7 @@ impl BrokerState {
                 reads_out: Vec::new(),
             })
             .collect();
-        self.restore_queues(&restored);
+        self.queues.restore(&restored, &self.metrics);
         for (i, channel) in restored.into_iter().enumerate() {
             let i = i as u16;
             for position in channel.positions {

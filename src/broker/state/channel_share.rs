@@ -94,7 +94,7 @@ pub(super) struct ChannelGroup {
     gap: Option<(u64, u64)>,
     /// Over a latest channel: the floor that sent the group back to read
     /// every row again from the first offset, until it passes it (as a
-    /// consumer's, `channel::Consumer`).
+    /// consumer's, `consumer::Consumer`).
     resync: Option<u64>,
     stored: Option<u64>,
 }

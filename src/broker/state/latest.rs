@@ -38,7 +38,7 @@
 //!
 //! A consumer whose place fell below the floor (its channel's retention
 //! forgot deletions it was owed) is sent every row again from the first
-//! offset, with `saguin-gap` on the first (`channel::Consumer::resync`,
+//! offset, with `saguin-gap` on the first (`consumer::Consumer::resync`,
 //! `storage::contract::read_changes`).
 
 use std::sync::Arc;

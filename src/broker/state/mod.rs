@@ -26,13 +26,36 @@
 //! acknowledgement. Packets that write nothing (QoS 0/1 to clean sessions,
 //! acknowledgements of clean sessions) take no detour at all.
 //!
-//! The modules, by job: `connect` (CONNECT, takeover, resume),
+//! **Rooms.** The state's fields are grouped by what they are about, each
+//! group a struct that owns the methods touching only its own fields:
+//! `Sessions` (`session.rs`), `Channels`
+//! (`channel.rs`), `Groups` (`channel_share.rs`), `Queues` (`queue.rs`),
+//! `LatestReads` (`latest.rs`), `Bridges` (`bridges.rs`), `ReadRequests`
+//! (`reads.rs`) and `Persistence` (`persist.rs`). A method that moves
+//! several of them is `BrokerState`'s, in the file of the flow it belongs
+//! to: that is where one room's change reaches another (a commit hands a
+//! record to consumers, groups and queues; a session's end lets go of its
+//! consumers, groups and workers). [`BrokerState::handle`] is the one
+//! dispatcher of events.
+//!
+//! The flows, by file: `connect` (CONNECT, takeover, resume),
 //! `publish` (inbound PUBLISH, the QoS flows, routing and delivery
 //! windows), `subscribe` (SUBSCRIBE, UNSUBSCRIBE, retained on subscribe),
 //! `close` (connection end, Will, session end, timers, shutdown), `sys`
 //! (`$SYS`), `persist` (intents out, commits in, the broadcast log's
-//! references and the periodic flush) and `restore` (the state rebuilt
-//! from what the providers hold).
+//! references and the periodic flush), `channel`, `channel_share`,
+//! `latest` and `queue` (what each kind of channel means to a client),
+//! `positions` (consumers' stored positions) and `restore` (the state
+//! rebuilt from what the providers hold).
+//!
+//! The types several state files share live in leaf modules that import
+//! no other state file but leaves, so no two state files import each
+//! other: `intent` (the protocol with the persisters: [`Role`], [`Write`],
+//! [`Intent`], [`StorageFailure`], the parked answers), `reads` (reads of
+//! records: [`ChannelRead`], [`ReadWindow`], [`Seek`]), `consumer` (a
+//! session's place in a channel), `records` (messages as stored records),
+//! `ids` (maps keyed by broker-allocated integers) and `session` (a
+//! session's own state).
 
 mod bridges;
 mod channel;

@@ -374,7 +374,7 @@ impl BrokerState {
                         }
                         Written::Leased(channel, lease) => self.leased(channel, *lease, now),
                         Written::Resolved(channel, delivery, _) => {
-                            self.resolved(channel, delivery, now)
+                            self.queues.resolved(channel, delivery, &self.metrics)
                         }
                         Written::Released(channel, delivery, released) => {
                             self.released(channel, delivery, released, now)

@@ -42,6 +42,7 @@ use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::restore::RestoredChannel;
 use super::session::{InflightEntry, InflightPhase, QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, StorageFailure};
+use crate::broker::metrics::Metrics;
 use crate::broker::subscriptions::SessionKey;
 use crate::storage::contract::{Lease, Released, HEADER_ATTEMPTS};
 use crate::topic;
@@ -99,6 +100,42 @@ pub(super) struct Queues {
 }
 
 impl Queues {
+    /// The queues among the restored channels, with nobody working yet.
+    pub(super) fn restore(&mut self, restored: &[RestoredChannel], metrics: &Metrics) {
+        for (i, channel) in restored.iter().enumerate() {
+            let Some(setup) = &channel.queue else {
+                continue;
+            };
+            self.by_channel.insert(
+                i as u16,
+                Queue {
+                    name: channel.name.clone(),
+                    lease: setup.lease,
+                    dead_letter: setup.dead_letter,
+                    workers: Vec::new(),
+                    turn: 0,
+                    out: BTreeMap::new(),
+                    reading: false,
+                    again: false,
+                    retry_at: None,
+                },
+            );
+            metrics.set_queue_in_flight(&channel.name, 0);
+        }
+    }
+
+    /// A resolution committed: the record is gone.
+    pub(super) fn resolved(&mut self, channel: u16, delivery_id: u64, metrics: &Metrics) {
+        let Some(queue) = self.by_channel.get_mut(&channel) else {
+            return;
+        };
+        queue.out.retain(
+            |_, d| !matches!(d.step, Step::Resolving { delivery_id: id, .. } if id == delivery_id),
+        );
+        metrics.set_queue_in_flight(&queue.name, queue.out.len() as u64);
+        self.due.push(channel);
+    }
+
     /// A record was enqueued in `channel`.
     pub(super) fn committed(&mut self, channel: u16) {
         self.due.push(channel);
@@ -237,6 +274,86 @@ impl Queues {
             }
         }
     }
+
+    /// At the tick, on the state's clock: a delivery whose lease ran out
+    /// is released (an attempt was counted when it was leased), a
+    /// resolution or release that failed is written again, and a queue
+    /// whose backoff ended is due to be offered.
+    pub(super) fn tick(&mut self, now: Instant, metrics: &Metrics) {
+        let mut expired = Vec::new();
+        let mut again = Vec::new();
+        for (channel, queue) in &mut self.by_channel {
+            for (offset, d) in &mut queue.out {
+                match &mut d.step {
+                    Step::Held {
+                        delivery_id,
+                        epoch,
+                        until,
+                        ..
+                    } if *until <= now => expired.push((*channel, *offset, *delivery_id, *epoch)),
+                    Step::Resolving {
+                        delivery_id,
+                        epoch,
+                        retry,
+                    } if *retry => {
+                        *retry = false;
+                        again.push((
+                            *channel,
+                            Write::Resolve {
+                                delivery_id: *delivery_id,
+                                epoch: *epoch,
+                            },
+                            QueueWrite::Resolve {
+                                channel: *channel,
+                                offset: *offset,
+                            },
+                        ));
+                    }
+                    Step::Releasing {
+                        delivery_id,
+                        epoch,
+                        reason,
+                        retry,
+                    } if *retry => {
+                        *retry = false;
+                        again.push((
+                            *channel,
+                            Write::ReleaseLease {
+                                delivery_id: *delivery_id,
+                                epoch: *epoch,
+                                now: 0,
+                                reason: reason.clone(),
+                            },
+                            QueueWrite::Release {
+                                channel: *channel,
+                                offset: *offset,
+                            },
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+            if queue.retry_at.is_some_and(|at| at <= now) {
+                queue.retry_at = None;
+                self.due.push(*channel);
+            }
+        }
+        self.writes.extend(again);
+        for (channel, offset, delivery_id, epoch) in expired {
+            // The packet identifier stays the worker's until it answers;
+            // that answer finds the delivery superseded.
+            if let Some(queue) = self.by_channel.get(&channel) {
+                metrics.queue_lease_expired(&queue.name);
+            }
+            self.release_delivery(
+                channel,
+                offset,
+                delivery_id,
+                epoch,
+                "the lease expired".to_owned(),
+            );
+        }
+    }
 }
 
 /// One queue's volatile half.
@@ -260,30 +377,6 @@ pub(super) struct Queue {
 }
 
 impl BrokerState {
-    /// The queues among the restored channels, with nobody working yet.
-    pub(super) fn restore_queues(&mut self, restored: &[RestoredChannel]) {
-        for (i, channel) in restored.iter().enumerate() {
-            let Some(setup) = &channel.queue else {
-                continue;
-            };
-            self.queues.by_channel.insert(
-                i as u16,
-                Queue {
-                    name: channel.name.clone(),
-                    lease: setup.lease,
-                    dead_letter: setup.dead_letter,
-                    workers: Vec::new(),
-                    turn: 0,
-                    out: BTreeMap::new(),
-                    reading: false,
-                    again: false,
-                    retry_at: None,
-                },
-            );
-            self.metrics.set_queue_in_flight(&channel.name, 0);
-        }
-    }
-
     /// Session `key`'s subscriptions on queue `channel` changed: it works
     /// for the queue while it has one there.
     pub(super) fn refresh_worker(&mut self, key: SessionKey, channel: u16, _now: Instant) {
@@ -557,19 +650,6 @@ impl BrokerState {
         self.transmit(connection, queued, packet_id, false, now);
     }
 
-    /// A resolution committed: the record is gone.
-    pub(super) fn resolved(&mut self, channel: u16, delivery_id: u64, _now: Instant) {
-        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
-            return;
-        };
-        queue.out.retain(
-            |_, d| !matches!(d.step, Step::Resolving { delivery_id: id, .. } if id == delivery_id),
-        );
-        self.metrics
-            .set_queue_in_flight(&queue.name, queue.out.len() as u64);
-        self.queues.due.push(channel);
-    }
-
     /// A release committed: the record waits out its backoff, or went to
     /// the dead-letter channel, whose consumers then read it.
     pub(super) fn released(
@@ -666,79 +746,7 @@ impl BrokerState {
     /// The tick: leases that ran out are released, failed writes tried
     /// again, and queues whose backoff ended offered again.
     pub(super) fn tick_queues(&mut self, now: Instant) {
-        let mut expired = Vec::new();
-        let mut again = Vec::new();
-        for (channel, queue) in &mut self.queues.by_channel {
-            for (offset, d) in &mut queue.out {
-                match &mut d.step {
-                    Step::Held {
-                        delivery_id,
-                        epoch,
-                        until,
-                        ..
-                    } if *until <= now => expired.push((*channel, *offset, *delivery_id, *epoch)),
-                    Step::Resolving {
-                        delivery_id,
-                        epoch,
-                        retry,
-                    } if *retry => {
-                        *retry = false;
-                        again.push((
-                            *channel,
-                            Write::Resolve {
-                                delivery_id: *delivery_id,
-                                epoch: *epoch,
-                            },
-                            QueueWrite::Resolve {
-                                channel: *channel,
-                                offset: *offset,
-                            },
-                        ));
-                    }
-                    Step::Releasing {
-                        delivery_id,
-                        epoch,
-                        reason,
-                        retry,
-                    } if *retry => {
-                        *retry = false;
-                        again.push((
-                            *channel,
-                            Write::ReleaseLease {
-                                delivery_id: *delivery_id,
-                                epoch: *epoch,
-                                now: 0,
-                                reason: reason.clone(),
-                            },
-                            QueueWrite::Release {
-                                channel: *channel,
-                                offset: *offset,
-                            },
-                        ));
-                    }
-                    _ => {}
-                }
-            }
-            if queue.retry_at.is_some_and(|at| at <= now) {
-                queue.retry_at = None;
-                self.queues.due.push(*channel);
-            }
-        }
-        self.queues.writes.extend(again);
-        for (channel, offset, delivery_id, epoch) in expired {
-            // The packet identifier stays the worker's until it answers;
-            // that answer finds the delivery superseded.
-            if let Some(queue) = self.queues.by_channel.get(&channel) {
-                self.metrics.queue_lease_expired(&queue.name);
-            }
-            self.queues.release_delivery(
-                channel,
-                offset,
-                delivery_id,
-                epoch,
-                "the lease expired".to_owned(),
-            );
-        }
+        self.queues.tick(now, &self.metrics);
         self.run_queue_pumps(now);
         self.seal_queue_writes(now);
     }
