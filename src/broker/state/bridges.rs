@@ -31,6 +31,8 @@ impl Bridges {
         self.positions.get(&(channel, bridge.to_owned())).copied()
     }
 
+    /// Keep where bridge `bridge`'s reader stands in `channel` for its
+    /// next connection.
     pub(super) fn keep_position(&mut self, channel: u16, bridge: &str, offset: u64) {
         self.positions.insert((channel, bridge.to_owned()), offset);
     }

@@ -95,12 +95,14 @@ impl Channels {
             .map(|i| i as u16)
     }
 
+    /// Is channel index `channel` a latest channel?
     pub(super) fn is_latest(&self, channel: u16) -> bool {
         self.all
             .get(channel as usize)
             .is_some_and(|c| c.kind == ChannelKind::Latest)
     }
 
+    /// Is channel index `channel` a queue?
     pub(super) fn is_queue(&self, channel: u16) -> bool {
         self.all
             .get(channel as usize)

@@ -49,6 +49,7 @@ pub(super) struct Groups {
 }
 
 impl Groups {
+    /// The group `$share/G/<filter>` named `raw`, by index.
     fn index_of(&self, raw: &str) -> Option<usize> {
         self.all.iter().position(|g| g.raw == raw)
     }

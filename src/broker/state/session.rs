@@ -318,6 +318,7 @@ impl Default for Sessions {
 }
 
 impl Sessions {
+    /// Where session `key`'s consumer of `channel` is among its consumers.
     pub(super) fn consumer_index(&self, key: SessionKey, channel: u16) -> Option<usize> {
         self.by_key
             .get(&key)?
