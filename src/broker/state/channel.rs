@@ -27,30 +27,27 @@
 //! are announced on its next delivery as `saguin-gap: FROM-TO` and counted
 //! (invariant 1).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::persist::{message_from_record, Role, Write};
+use super::consumer::{
+    first_level, Consumer, ConsumerFilter, Offsets, GAP_PROPERTY, OFFSET_PROPERTY,
+};
+use super::ids::IdMap;
+use super::intent::{Role, Write};
+use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::recent::{self, Lookup, Recent};
+use super::records::message_from_record;
+use super::restore::RestoredChannel;
 use super::session::{InflightEntry, QueuedMessage, SessionSubscription};
 use super::BrokerState;
 use crate::broker::message::Message;
 use crate::broker::metrics::DropReason;
 use crate::broker::subscriptions::SessionKey;
-use crate::storage::contract::{Position, Reader};
+use crate::storage::contract::Reader;
 use crate::topic;
-use saguin_format::model::{ChannelKind, Record, UnixNanos};
-
-/// The user property every delivery of a channel record carries: its offset.
-pub const OFFSET_PROPERTY: &str = "saguin-offset";
-/// The user property telling a consumer which offsets retention removed
-/// before it got them: `FROM-TO`, both inclusive.
-pub const GAP_PROPERTY: &str = "saguin-gap";
-/// The SUBSCRIBE user property choosing where a consumer without a
-/// position starts: `earliest`, an offset, or an RFC 3339 time.
-pub const FROM_PROPERTY: &str = "saguin-from";
+use saguin_format::model::{ChannelKind, Record};
 
 /// Most records one read asks for.
 const READ_MAX: usize = 256;
@@ -73,6 +70,67 @@ pub(super) struct Channel {
     pub reads_out: Vec<(u64, u64, u64)>,
 }
 
+/// The channels served, by index (`Role::Channel`), and what their
+/// consumers have asked of them.
+#[derive(Debug, Default)]
+pub(super) struct Channels {
+    pub all: Vec<Channel>,
+    /// Consumers' reads out, by ticket.
+    pub consumer_reads: IdMap<u64, ConsumerRead>,
+    /// Consumers to let catch up once the current event is handled.
+    pub pumps_due: Vec<(SessionKey, u16)>,
+}
+
+impl Channels {
+    /// The append channel `topic` (a name or filter) belongs to: its first
+    /// level names one.
+    pub(super) fn of_topic(&self, topic: &str) -> Option<u16> {
+        if self.all.is_empty() {
+            return None;
+        }
+        let first = topic.split('/').next().unwrap_or(topic);
+        self.all
+            .iter()
+            .position(|c| &*c.name == first)
+            .map(|i| i as u16)
+    }
+
+    /// Is channel index `channel` a latest channel?
+    pub(super) fn is_latest(&self, channel: u16) -> bool {
+        self.all
+            .get(channel as usize)
+            .is_some_and(|c| c.kind == ChannelKind::Latest)
+    }
+
+    /// Is channel index `channel` a queue?
+    pub(super) fn is_queue(&self, channel: u16) -> bool {
+        self.all
+            .get(channel as usize)
+            .is_some_and(|c| c.kind == ChannelKind::Queue)
+    }
+
+    /// Retention removed `channel`'s records below `floor`: none of them
+    /// is handed on from the recent reads, so a consumer still behind them
+    /// reads, finds the floor and is told the gap.
+    pub(super) fn floor_raised(&mut self, channel: &str, floor: u64) {
+        if let Some(state) = self.all.iter_mut().find(|c| &*c.name == channel) {
+            state.recent.remove_below(floor);
+        }
+    }
+
+    /// Every session consuming a channel, each once, in key order.
+    pub(super) fn consumer_sessions(&self) -> Vec<SessionKey> {
+        let mut keys: Vec<SessionKey> = self
+            .all
+            .iter()
+            .flat_map(|c| c.consumers.iter().copied())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+}
+
 /// A read out for consumers of a channel.
 #[derive(Debug)]
 pub(super) struct ConsumerRead {
@@ -82,233 +140,7 @@ pub(super) struct ConsumerRead {
     pub readers: Vec<(SessionKey, u64)>,
 }
 
-/// What the state knows of a channel when it starts.
-#[derive(Debug, Clone)]
-pub struct RestoredChannel {
-    pub name: Arc<str>,
-    pub kind: ChannelKind,
-    pub next: u64,
-    /// A queue's lease and the index of its dead-letter channel.
-    pub queue: Option<super::queue::QueueSetup>,
-    /// Every stored position.
-    pub positions: Vec<Position>,
-    /// Exactly-once publishes held in this channel for their release.
-    pub holds: Vec<crate::storage::contract::HeldPublish>,
-}
-
-/// Where a read of a channel starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Seek {
-    /// At this offset; a removed one is reported as a gap.
-    Offset(u64),
-    /// At the oldest record still held.
-    Earliest,
-    /// At the earliest record received at or after this time (or at `next`
-    /// when none was). Of a queue: the records available at this moment.
-    Time(UnixNanos),
-    /// A latest channel's current values under the read's filters.
-    Current,
-    /// A latest channel's rows from `from` for a consumer in the middle of
-    /// a resync that began under `floor`: the values below the floor are
-    /// read, whose deletion markers are gone (`contract::read_changes`).
-    Resync { from: u64, floor: u64 },
-}
-
-/// A read of records for one consumer, done off the broker task.
-#[derive(Debug, Clone)]
-pub struct ChannelRead {
-    pub ticket: u64,
-    pub channel: u16,
-    pub from: Seek,
-    pub max: usize,
-    /// The filters a latest channel's current values are read under.
-    pub filters: Vec<String>,
-}
-
-/// What a read found.
-#[derive(Debug, Clone, Default)]
-pub struct ReadWindow {
-    /// The offset the window begins at (the seek resolved).
-    pub start: u64,
-    /// Set when `start` had to move up past removed records: the floor it
-    /// moved to (the records from the asked offset below it are gone). Of
-    /// a latest channel: the floor that passed the deletions the reader
-    /// relied on, `start` being the first offset it reads every row from
-    /// again (a resync).
-    pub floor: Option<u64>,
-    /// Shared with the store where it keeps them in memory.
-    pub records: Vec<Arc<Record>>,
-    /// Set when the window holds every change below it (a latest
-    /// channel's, whose later values replace earlier offsets): a consumer
-    /// handed all of it looks at this offset next.
-    pub next: Option<u64>,
-}
-
-/// One of a consumer's subscriptions on its channel.
-#[derive(Debug, Clone)]
-pub(super) struct ConsumerFilter {
-    pub filter: String,
-    /// `<channel>/#`: every record of the channel matches it, so no record
-    /// is matched against it.
-    pub whole_channel: bool,
-    pub qos: u8,
-    pub no_local: bool,
-    pub retain_as_published: bool,
-    pub subscription_id: Option<u32>,
-}
-
-/// A session's place in one channel.
-#[derive(Debug)]
-pub struct Consumer {
-    pub(super) channel: u16,
-    /// Tells a read's answer from one for an earlier consumer of the same
-    /// session and channel.
-    pub(super) generation: u64,
-    pub(super) filters: Vec<ConsumerFilter>,
-    /// The offset looked at next: everything below was sent or skipped.
-    pub(super) next: u64,
-    /// Offsets sent at QoS 1/2 and not acknowledged yet, and a latest
-    /// channel's current values owed to it and not yet sent (QoS 0) or
-    /// acknowledged.
-    unacked: Offsets,
-    /// A latest channel's current values are being read for it (or are
-    /// read again at the tick): what it is owed is not known yet, so no
-    /// position is stored.
-    pub(super) values_pending: bool,
-    /// A read is out for it.
-    pub(super) reading: bool,
-    /// Where it starts, when that takes a read to find (earliest, a time).
-    seek: Option<Seek>,
-    /// Offsets removed before it got them, announced on its next delivery.
-    gap: Option<(u64, u64)>,
-    /// A latest channel's consumer reading every row again from the first
-    /// offset: the floor that sent it there. Its reads rely on the
-    /// deletion markers from there, not from its `next`, until it passes it.
-    resync: Option<u64>,
-    /// The position last written.
-    stored: Option<u64>,
-}
-
-impl Consumer {
-    /// What may be stored: it never passes an unacknowledged record.
-    fn position(&self) -> u64 {
-        self.unacked.first().unwrap_or(self.next)
-    }
-
-    /// A current value at `offset` is owed to it: its position waits
-    /// until the value is sent (QoS 0) or acknowledged.
-    pub(super) fn owe(&mut self, offset: u64) {
-        self.unacked.insert(offset);
-    }
-
-    /// The value at `offset` is no longer owed.
-    pub(super) fn owed_done(&mut self, offset: u64) {
-        self.unacked.remove(offset);
-    }
-
-    /// Values owed at `offsets` will not be sent where they were queued
-    /// (the connection went away): it reads again from the lowest, where
-    /// each topic's latest change since is what a resume reads, and any
-    /// read of its out now is forgotten (`generation` is its new one).
-    pub(super) fn rewind(&mut self, offsets: &[u64], generation: u64) {
-        let Some(&lowest) = offsets.iter().min() else {
-            return;
-        };
-        for offset in offsets {
-            self.unacked.remove(*offset);
-        }
-        if lowest < self.next && !self.values_pending {
-            self.next = lowest;
-            self.generation = generation;
-            self.reading = false;
-        }
-    }
-}
-
-/// Offsets in ascending order, each once: what a consumer was sent and has
-/// not acknowledged. Sent in ascending order and mostly acknowledged in
-/// it, so an insert is a push at the back and a removal a pop at the front.
-#[derive(Debug, Default)]
-struct Offsets(VecDeque<u64>);
-
-impl Offsets {
-    fn first(&self) -> Option<u64> {
-        self.0.front().copied()
-    }
-
-    fn insert(&mut self, offset: u64) {
-        if self.0.back().is_none_or(|&last| last < offset) {
-            self.0.push_back(offset);
-        } else if let Err(at) = self.0.binary_search(&offset) {
-            self.0.insert(at, offset);
-        }
-    }
-
-    fn remove(&mut self, offset: u64) {
-        if self.0.front() == Some(&offset) {
-            self.0.pop_front();
-        } else if let Ok(at) = self.0.binary_search(&offset) {
-            self.0.remove(at);
-        }
-    }
-
-    fn clear(&mut self) {
-        self.0.clear();
-    }
-}
-
-/// A SUBSCRIBE's filters on channels, to start once its SUBACK is sent.
-#[derive(Debug, Clone)]
-pub(super) struct ConsumerStart {
-    pub channel: u16,
-    /// `saguin-from`, when the SUBSCRIBE carried one.
-    pub seek: Option<Seek>,
-    /// A shared subscription: its raw filter and its filter.
-    pub group: Option<(String, String)>,
-    /// The position written with the SUBSCRIBE, for a new consumer of a
-    /// session that keeps positions (see `BrokerState::stage_start`).
-    pub stored: Option<u64>,
-}
-
-/// `saguin-from`'s value as a seek, or why it is none.
-pub fn parse_from(value: &str) -> Result<Seek, String> {
-    let value = value.trim();
-    if value.eq_ignore_ascii_case("earliest") {
-        return Ok(Seek::Earliest);
-    }
-    if let Ok(offset) = value.parse::<u64>() {
-        return Ok(Seek::Offset(
-            offset.max(crate::storage::contract::FIRST_OFFSET),
-        ));
-    }
-    match humantime::parse_rfc3339_weak(value) {
-        Ok(time) => {
-            let nanos = time
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_err(|_| format!("{FROM_PROPERTY} {value:?}: a time before 1970"))?
-                .as_nanos();
-            Ok(Seek::Time(i64::try_from(nanos).unwrap_or(i64::MAX)))
-        }
-        Err(_) => Err(format!(
-            "{FROM_PROPERTY} {value:?}: neither `earliest`, an offset nor an RFC 3339 time"
-        )),
-    }
-}
-
 impl BrokerState {
-    /// The append channel `topic` (a name or filter) belongs to: its first
-    /// level names one.
-    pub(super) fn channel_of(&self, topic: &str) -> Option<u16> {
-        if self.channels.is_empty() {
-            return None;
-        }
-        let first = topic.split('/').next().unwrap_or(topic);
-        self.channels
-            .iter()
-            .position(|c| &*c.name == first)
-            .map(|i| i as u16)
-    }
-
     /// Stage a publish into channel `channel`: appended (QoS 0/1) or held
     /// until its PUBREL (QoS 2). Its answer waits for the commit.
     pub(super) fn stage_channel_publish(
@@ -319,23 +151,32 @@ impl BrokerState {
         message: &Message,
         now: Instant,
     ) {
-        let client_id = self.sessions[&key].client_id.clone();
+        let client_id = self.sessions.by_key[&key].client_id.clone();
         let mut record = self.record_of(message, &client_id, now);
-        record.bridge = self.sessions[&key].bridge.as_deref().map(str::to_owned);
+        record.bridge = self.sessions.by_key[&key]
+            .bridge
+            .as_deref()
+            .map(str::to_owned);
         if message.qos == 2 {
             let held = crate::storage::contract::HeldPublish {
-                channel: self.channels[channel as usize].name.to_string(),
+                channel: self.channels.all[channel as usize].name.to_string(),
                 client_id: client_id.to_string(),
                 packet_id,
                 held_at: self.unix_at(now).max(1),
                 record,
             };
-            let session = self.sessions.get_mut(&key).expect("connected session");
+            let session = self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("connected session");
             session.inbound_qos2.insert(packet_id, now);
             session.channel_holds.insert(packet_id, channel);
-            self.stage(Role::Channel(channel), Write::Hold(held));
+            self.persist
+                .stage(Role::Channel(channel), Write::Hold(held));
         } else {
-            self.stage(Role::Channel(channel), Write::Append(record));
+            self.persist
+                .stage(Role::Channel(channel), Write::Append(record));
         }
     }
 
@@ -346,36 +187,36 @@ impl BrokerState {
         if record.offset == 0 {
             return;
         }
-        let Some(state) = self.channels.get_mut(channel as usize) else {
+        let Some(state) = self.channels.all.get_mut(channel as usize) else {
             return;
         };
         state.next = state.next.max(record.offset + 1);
         if state.kind == ChannelKind::Queue {
-            self.queue_committed(channel, now);
+            self.queues.committed(channel);
             return;
         }
         self.groups_committed(channel, &record, now);
-        let Some(state) = self.channels.get(channel as usize) else {
+        let Some(state) = self.channels.all.get(channel as usize) else {
             return;
         };
         if state.consumers.is_empty() {
             return;
         }
-        let consumers = std::mem::take(&mut self.channels[channel as usize].consumers);
+        let consumers = std::mem::take(&mut self.channels.all[channel as usize].consumers);
         // Built once for every consumer, and kept with the record among the
         // channel's recent ones for those that take it later.
         let message = Arc::new(self.consumer_message(&record, None, now));
-        if self.channels[channel as usize].kind == ChannelKind::Append {
-            self.channels[channel as usize]
+        if self.channels.all[channel as usize].kind == ChannelKind::Append {
+            self.channels.all[channel as usize]
                 .recent
                 .append(record.clone(), Some(message.clone()));
         }
         for &key in &consumers {
-            let Some(index) = self.consumer_index(key, channel) else {
+            let Some(index) = self.sessions.consumer_index(key, channel) else {
                 continue;
             };
             let caught_up = {
-                let c = &self.sessions[&key].consumers[index];
+                let c = &self.sessions.by_key[&key].consumers[index];
                 c.next == record.offset && !c.reading && c.seek.is_none() && c.gap.is_none()
             };
             if caught_up {
@@ -386,7 +227,7 @@ impl BrokerState {
         }
         // Offering adds and removes no consumer (only subscriptions and
         // sessions ending do, never from here).
-        self.channels[channel as usize].consumers = consumers;
+        self.channels.all[channel as usize].consumers = consumers;
     }
 
     /// Ask `connection`'s writer to say when it has caught up, so a
@@ -397,14 +238,6 @@ impl BrokerState {
                 .want_drained
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
-    }
-
-    pub(super) fn consumer_index(&self, key: SessionKey, channel: u16) -> Option<usize> {
-        self.sessions
-            .get(&key)?
-            .consumers
-            .iter()
-            .position(|c| c.channel == channel)
     }
 
     /// A record as a consumer receives it: the publisher's properties, then
@@ -444,7 +277,7 @@ impl BrokerState {
         prepared: Option<&Arc<Message>>,
         now: Instant,
     ) -> bool {
-        let Some(session) = self.sessions.get(&key) else {
+        let Some(session) = self.sessions.by_key.get(&key) else {
             return false;
         };
         let Some(connection) = session.connection else {
@@ -483,8 +316,12 @@ impl BrokerState {
             }
         }
         let Some(filter) = best else {
-            self.sessions.get_mut(&key).expect("looked up").consumers[index].next =
-                record.offset + 1;
+            self.sessions
+                .by_key
+                .get_mut(&key)
+                .expect("looked up")
+                .consumers[index]
+                .next = record.offset + 1;
             return true;
         };
         let qos = filter.qos.min(record.qos);
@@ -494,7 +331,7 @@ impl BrokerState {
             return false;
         }
         let has_room = self.has_room(connection)
-            && (!self.is_latest(consumer.channel) || self.values_sent(connection));
+            && (!self.channels.is_latest(consumer.channel) || self.values_sent(connection));
         if !has_room {
             self.want_drained(connection);
             return false;
@@ -511,7 +348,7 @@ impl BrokerState {
             log_offset: None,
         };
         let offset = record.offset;
-        let session = self.sessions.get_mut(&key).expect("looked up");
+        let session = self.sessions.by_key.get_mut(&key).expect("looked up");
         let consumer = &mut session.consumers[index];
         consumer.gap = None;
         consumer.next = offset + 1;
@@ -542,22 +379,27 @@ impl BrokerState {
     /// handled (every acknowledgement of a read has made its room by then,
     /// so one read fills the window).
     pub(super) fn pump(&mut self, key: SessionKey, index: usize, _now: Instant) {
-        if let Some(consumer) = self.sessions.get(&key).and_then(|s| s.consumers.get(index)) {
-            self.pumps_due.push((key, consumer.channel));
+        if let Some(consumer) = self
+            .sessions
+            .by_key
+            .get(&key)
+            .and_then(|s| s.consumers.get(index))
+        {
+            self.channels.pumps_due.push((key, consumer.channel));
         }
     }
 
     /// The reads the event just handled made due.
     pub(super) fn run_pumps(&mut self, now: Instant) {
         self.run_group_reads();
-        if self.pumps_due.is_empty() {
+        if self.channels.pumps_due.is_empty() {
             return;
         }
-        let mut due = std::mem::take(&mut self.pumps_due);
+        let mut due = std::mem::take(&mut self.channels.pumps_due);
         due.sort_unstable();
         due.dedup();
         for (key, channel) in due {
-            if let Some(index) = self.consumer_index(key, channel) {
+            if let Some(index) = self.sessions.consumer_index(key, channel) {
                 self.read_for(key, index, now);
             }
         }
@@ -570,7 +412,7 @@ impl BrokerState {
         if !self.serve_recent(key, index, now) {
             return;
         }
-        let Some(session) = self.sessions.get(&key) else {
+        let Some(session) = self.sessions.by_key.get(&key) else {
             return;
         };
         let Some(connection) = session.connection else {
@@ -585,7 +427,7 @@ impl BrokerState {
         let channel = consumer.channel;
         let behind = consumer.seek.is_some()
             || consumer.gap.is_some()
-            || consumer.next < self.channels[channel as usize].next;
+            || consumer.next < self.channels.all[channel as usize].next;
         if !behind {
             return;
         }
@@ -609,7 +451,7 @@ impl BrokerState {
         // Small records are read past the consumer's room: what it does
         // not take now waits among the recent reads, for it and for the
         // consumers behind it.
-        let state = &self.channels[channel as usize];
+        let state = &self.channels.all[channel as usize];
         let ask = match (state.kind, state.recent.record_bytes()) {
             (ChannelKind::Append, Some(bytes)) => {
                 room.max(usize::try_from(recent::MAX_BYTES / bytes).unwrap_or(usize::MAX))
@@ -637,31 +479,40 @@ impl BrokerState {
             _ => None,
         };
         if let Some(ticket) = joined {
-            if let Some(read) = self.channel_reads.get_mut(&ticket) {
+            if let Some(read) = self.channels.consumer_reads.get_mut(&ticket) {
                 read.readers.push((key, generation));
-                self.sessions.get_mut(&key).expect("looked up").consumers[index].reading = true;
+                self.sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("looked up")
+                    .consumers[index]
+                    .reading = true;
                 return;
             }
         }
-        let ticket = self.next_read;
-        self.next_read += 1;
+        let ticket = self.reads.number();
         let max = ask.clamp(1, READ_MAX);
         if let (Seek::Offset(start), true) = (from, append) {
-            self.channels[channel as usize].reads_out.push((
+            self.channels.all[channel as usize].reads_out.push((
                 ticket,
                 start,
                 start.saturating_add(max as u64),
             ));
         }
-        self.sessions.get_mut(&key).expect("looked up").consumers[index].reading = true;
-        self.channel_reads.insert(
+        self.sessions
+            .by_key
+            .get_mut(&key)
+            .expect("looked up")
+            .consumers[index]
+            .reading = true;
+        self.channels.consumer_reads.insert(
             ticket,
             ConsumerRead {
                 channel,
                 readers: vec![(key, generation)],
             },
         );
-        self.reads.push(ChannelRead {
+        self.reads.waiting.push(ChannelRead {
             ticket,
             channel,
             from,
@@ -678,7 +529,11 @@ impl BrokerState {
     /// record and its message lent to [`BrokerState::offer`] in turn.
     fn serve_recent(&mut self, key: SessionKey, index: usize, now: Instant) -> bool {
         loop {
-            let Some(consumer) = self.sessions.get(&key).and_then(|s| s.consumers.get(index))
+            let Some(consumer) = self
+                .sessions
+                .by_key
+                .get(&key)
+                .and_then(|s| s.consumers.get(index))
             else {
                 return true;
             };
@@ -687,13 +542,18 @@ impl BrokerState {
                 return true;
             }
             let next = consumer.next;
-            let state = &mut self.channels[channel];
+            let state = &mut self.channels.all[channel];
             if state.kind != ChannelKind::Append || next >= state.next {
                 return true;
             }
             let mut run = match state.recent.take_run(next) {
                 Err(Lookup::Empty { end }) => {
-                    self.sessions.get_mut(&key).expect("looked up").consumers[index].next = end;
+                    self.sessions
+                        .by_key
+                        .get_mut(&key)
+                        .expect("looked up")
+                        .consumers[index]
+                        .next = end;
                     continue;
                 }
                 Err(_) => return true,
@@ -701,7 +561,7 @@ impl BrokerState {
             };
             let mut room = true;
             for at in run.from..run.entries.len() {
-                let has_gap = self.sessions[&key].consumers[index].gap.is_some();
+                let has_gap = self.sessions.by_key[&key].consumers[index].gap.is_some();
                 let entry = &mut run.entries[at];
                 // A gap's announcement makes a message of its own.
                 if entry.message.is_none() && !has_gap {
@@ -718,25 +578,34 @@ impl BrokerState {
                 }
             }
             let end = run.end;
-            self.channels[channel].recent.put_back(run);
+            self.channels.all[channel].recent.put_back(run);
             if !room {
                 return false;
             }
             // The span holds nothing more up to its end.
-            let consumer = &mut self.sessions.get_mut(&key).expect("looked up").consumers[index];
+            let consumer = &mut self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("looked up")
+                .consumers[index];
             consumer.next = consumer.next.max(end);
         }
     }
 
     /// Every consumer of session `key` catches up as far as its room allows.
     pub(super) fn pump_all(&mut self, key: SessionKey, now: Instant) {
-        self.worker_room(key);
-        for (index, group) in self.groups.iter().enumerate() {
+        self.queues.worker_room(key);
+        for (index, group) in self.groups.all.iter().enumerate() {
             if group.has_member(key) {
-                self.groups_due.push(index);
+                self.groups.due.push(index);
             }
         }
-        let count = self.sessions.get(&key).map_or(0, |s| s.consumers.len());
+        let count = self
+            .sessions
+            .by_key
+            .get(&key)
+            .map_or(0, |s| s.consumers.len());
         for index in 0..count {
             self.pump(key, index, now);
         }
@@ -744,7 +613,7 @@ impl BrokerState {
 
     /// Reads of channel records the server must make, in the order asked.
     pub fn take_reads(&mut self, out: &mut Vec<ChannelRead>) {
-        out.append(&mut self.reads);
+        out.append(&mut self.reads.waiting);
     }
 
     /// A read came back: its records go to the consumer in order, as far as
@@ -761,21 +630,26 @@ impl BrokerState {
         {
             return;
         }
-        let Some(read) = self.channel_reads.remove(&ticket) else {
+        let Some(read) = self.channels.consumer_reads.remove(&ticket) else {
             return;
         };
         let channel = read.channel;
-        let state = &mut self.channels[channel as usize];
+        let state = &mut self.channels.all[channel as usize];
         state.reads_out.retain(|&(t, _, _)| t != ticket);
         let channel_name = state.name.clone();
         // The consumers still waiting for this read: those that went, or
         // were moved elsewhere meanwhile (a new generation), are not.
         let mut readers = Vec::with_capacity(read.readers.len());
         for (key, generation) in read.readers {
-            let Some(index) = self.consumer_index(key, channel) else {
+            let Some(index) = self.sessions.consumer_index(key, channel) else {
                 continue;
             };
-            let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
+            let consumer = &mut self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("indexed")
+                .consumers[index];
             if consumer.generation != generation {
                 continue;
             }
@@ -795,10 +669,15 @@ impl BrokerState {
             }
         };
         let progressed = !window.records.is_empty();
-        let append = self.channels[channel as usize].kind == ChannelKind::Append;
+        let append = self.channels.all[channel as usize].kind == ChannelKind::Append;
         let mut resolved = Vec::new();
         for &(key, index) in &readers {
-            let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
+            let consumer = &mut self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("indexed")
+                .consumers[index];
             // A start that took a read to find is written at once, not at
             // the next flush: a restart before then would begin at `next`.
             // (Only the consumer that asked can have one: none joins a
@@ -828,7 +707,7 @@ impl BrokerState {
         }
         if append {
             // Kept for the consumers after them, and sent from there.
-            self.channels[channel as usize]
+            self.channels.all[channel as usize]
                 .recent
                 .insert(window.start, window.records);
             for &(key, index) in &readers {
@@ -853,7 +732,7 @@ impl BrokerState {
     /// allows; one offered whole moves the consumer to where it ends.
     fn offer_window(&mut self, key: SessionKey, index: usize, window: &ReadWindow, now: Instant) {
         for record in &window.records {
-            let next = self.sessions[&key].consumers[index].next;
+            let next = self.sessions.by_key[&key].consumers[index].next;
             if record.offset < next {
                 continue;
             }
@@ -862,36 +741,20 @@ impl BrokerState {
             }
         }
         if let Some(end) = window.next {
-            let consumer = &mut self.sessions.get_mut(&key).expect("indexed").consumers[index];
+            let consumer = &mut self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("indexed")
+                .consumers[index];
             consumer.next = consumer.next.max(end);
         }
-    }
-
-    /// Retention removed `channel`'s records below `floor`: none of them
-    /// is handed on from the recent reads, so a consumer still behind them
-    /// reads, finds the floor and is told the gap.
-    pub(super) fn on_floor_raised(&mut self, channel: &str, floor: u64) {
-        if let Some(state) = self.channels.iter_mut().find(|c| &*c.name == channel) {
-            state.recent.remove_below(floor);
-        }
-    }
-
-    /// Every session consuming a channel, each once, in key order.
-    fn consumer_sessions(&self) -> Vec<SessionKey> {
-        let mut keys: Vec<SessionKey> = self
-            .channels
-            .iter()
-            .flat_map(|c| c.consumers.iter().copied())
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        keys
     }
 
     /// Consumers that fell behind with nothing to wake them (a failed
     /// read) try again; called from the tick.
     pub(super) fn pump_stalled(&mut self, now: Instant) {
-        let keys = self.consumer_sessions();
+        let keys = self.channels.consumer_sessions();
         for key in keys {
             self.pump_all(key, now);
         }
@@ -900,11 +763,11 @@ impl BrokerState {
     /// A channel delivery's exchange ended: the record no longer holds the
     /// consumer's position back.
     pub(super) fn channel_acknowledged(&mut self, key: SessionKey, channel: u16, offset: u64) {
-        if self.group_acknowledged(key, channel, offset) {
+        if self.groups.acknowledged(key, channel, offset) {
             return;
         }
-        if let Some(index) = self.consumer_index(key, channel) {
-            let session = self.sessions.get_mut(&key).expect("indexed");
+        if let Some(index) = self.sessions.consumer_index(key, channel) {
+            let session = self.sessions.by_key.get_mut(&key).expect("indexed");
             session.consumers[index].unacked.remove(offset);
         }
     }
@@ -912,8 +775,8 @@ impl BrokerState {
     /// The session's subscriptions on `channel`, as its consumer matches
     /// records against them.
     pub(super) fn filters_on(&self, key: SessionKey, channel: u16) -> Vec<ConsumerFilter> {
-        let name = &self.channels[channel as usize].name;
-        self.sessions[&key]
+        let name = &self.channels.all[channel as usize].name;
+        self.sessions.by_key[&key]
             .subscriptions
             .values()
             .filter(|s| s.share_group.is_none() && first_level(&s.filter) == &**name)
@@ -944,20 +807,19 @@ impl BrokerState {
         start: Option<u64>,
         now: Instant,
     ) {
-        if self.is_queue(channel) {
+        if self.channels.is_queue(channel) {
             self.refresh_worker(key, channel, now);
             return;
         }
         let filters = self.filters_on(key, channel);
-        let next = self.channels[channel as usize].next;
-        let generation = self.next_read;
-        self.next_read += 1;
-        let index = self.consumer_index(key, channel);
-        let session = self.sessions.get_mut(&key).expect("known session");
+        let next = self.channels.all[channel as usize].next;
+        let generation = self.reads.number();
+        let index = self.sessions.consumer_index(key, channel);
+        let session = self.sessions.by_key.get_mut(&key).expect("known session");
         match index {
             Some(i) if filters.is_empty() => {
                 session.consumers.remove(i);
-                self.channels[channel as usize]
+                self.channels.all[channel as usize]
                     .consumers
                     .retain(|k| *k != key);
                 self.drop_position(key, channel);
@@ -974,15 +836,13 @@ impl BrokerState {
                     consumer.gap = None;
                     consumer.resync = None;
                     consumer.unacked.clear();
-                    set_start(consumer, seek);
+                    consumer.set_start(seek);
                 }
             }
             None => {
                 let start = start.or_else(|| {
                     let bridge = session.bridge.as_deref()?;
-                    self.bridge_positions
-                        .get(&(channel, bridge.to_owned()))
-                        .copied()
+                    self.bridges.position(channel, bridge)
                 });
                 let mut consumer = Consumer {
                     channel,
@@ -998,252 +858,21 @@ impl BrokerState {
                     stored: start,
                 };
                 if let (None, Some(seek)) = (start, seek) {
-                    set_start(&mut consumer, seek);
+                    consumer.set_start(seek);
                 }
                 session.consumers.push(consumer);
-                self.channels[channel as usize].consumers.push(key);
+                self.channels.all[channel as usize].consumers.push(key);
             }
         }
-        if let Some(i) = self.consumer_index(key, channel) {
+        if let Some(i) = self.sessions.consumer_index(key, channel) {
             self.pump(key, i, now);
-        }
-    }
-
-    /// Write where a new consumer of session `key` starts, with the
-    /// SUBSCRIBE that makes it, when the session keeps positions: its
-    /// SUBACK then waits for the position as well (invariant 18), and a
-    /// restart before the first flush resumes there, not at the `next` of
-    /// that later moment. A start known without a read (`next`, an offset)
-    /// is written as it is. A start that takes a read (earliest, a time) is
-    /// written as the first offset, and as what the read found once it
-    /// returns. A latest channel's consumer owed the current values
-    /// (`values_owed`, as Retain Handling says) is written as the first
-    /// offset too, until they are acknowledged: killed before then, it
-    /// resumes from there and is sent every value again, as changes.
-    pub(super) fn stage_start(
-        &mut self,
-        key: SessionKey,
-        start: &mut ConsumerStart,
-        values_owed: bool,
-        now: Instant,
-    ) {
-        let channel = start.channel;
-        let latest = self.is_latest(channel);
-        if start.group.is_some()
-            || (latest && start.seek.is_some())
-            || self.is_queue(channel)
-            || self.consumer_index(key, channel).is_some()
-            || self.filters_on(key, channel).is_empty()
-        {
-            return;
-        }
-        let next = self.channels[channel as usize].next;
-        // A consumer told to start past the end waits there; what is
-        // stored is never past the channel's next offset. A start that
-        // takes a read to find (`earliest`, a time, a latest channel's
-        // values) is stored as the first offset until the read finds it
-        // (the values: until they are acknowledged): a kill before then
-        // resumes it from the floor, with more than it asked for, not at
-        // `next` without what it asked for.
-        let first = crate::storage::contract::FIRST_OFFSET;
-        let (begin, stored) = match start.seek {
-            // Its changes start at `next` as the values' read finds it.
-            None if latest => (None, if values_owed { first } else { next }),
-            None => (Some(next), next),
-            Some(Seek::Offset(offset)) => (Some(offset), offset.min(next)),
-            Some(Seek::Earliest | Seek::Time(_)) => (None, first),
-            Some(Seek::Current | Seek::Resync { .. }) => return,
-        };
-        let session = &self.sessions[&key];
-        if let Some(bridge) = &session.bridge {
-            if self
-                .bridge_positions
-                .contains_key(&(channel, bridge.to_string()))
-            {
-                return;
-            }
-        }
-        let Some((reader, session_expiry)) = position_holder(session) else {
-            return;
-        };
-        if let Some(begin) = begin {
-            start.seek = Some(Seek::Offset(begin));
-        }
-        start.stored = Some(stored);
-        let saved_at = self.unix_at(now).max(1);
-        self.stage(
-            Role::Channel(channel),
-            Write::SavePosition(Position {
-                reader,
-                offset: stored,
-                saved_at,
-                session_expiry,
-            }),
-        );
-    }
-
-    /// The consumer `start` made had its position written with its
-    /// SUBSCRIBE: the flush need not write it again.
-    pub(super) fn started_stored(&mut self, key: SessionKey, start: &ConsumerStart) {
-        let (Some(offset), Some(index)) = (start.stored, self.consumer_index(key, start.channel))
-        else {
-            return;
-        };
-        if let Some(session) = self.sessions.get_mut(&key) {
-            session.consumers[index].stored = Some(offset);
-        }
-    }
-
-    /// Stage the position of every consumer of `key` that moved since it
-    /// was last written. Only sessions that outlive their connection keep
-    /// one: a position of a session ending with its connection would be
-    /// dropped with it.
-    pub(super) fn stage_positions(&mut self, key: SessionKey, now: Instant) {
-        let saved_at = self.unix_at(now).max(1);
-        let Some(session) = self.sessions.get_mut(&key) else {
-            return;
-        };
-        let Some((reader, expiry)) = position_holder(session) else {
-            return;
-        };
-        let mut writes = Vec::new();
-        for consumer in &mut session.consumers {
-            if consumer.seek.is_some() || consumer.values_pending {
-                continue;
-            }
-            // A consumer told to start past the end waits there; what is
-            // stored is never past the channel's next offset.
-            let offset = consumer
-                .position()
-                .min(self.channels[consumer.channel as usize].next);
-            if consumer.stored == Some(offset) {
-                continue;
-            }
-            consumer.stored = Some(offset);
-            writes.push((
-                consumer.channel,
-                Write::SavePosition(Position {
-                    reader: reader.clone(),
-                    offset,
-                    saved_at,
-                    session_expiry: expiry,
-                }),
-            ));
-        }
-        for (channel, write) in writes {
-            self.stage(Role::Channel(channel), write);
-        }
-    }
-
-    /// Stage every changed position (the flush), and publish each channel's
-    /// largest consumer lag.
-    pub(super) fn stage_all_positions(&mut self, now: Instant) {
-        let keys = self.consumer_sessions();
-        for key in keys {
-            self.stage_positions(key, now);
-        }
-        self.stage_group_positions(now);
-        for (i, channel) in self.channels.iter().enumerate() {
-            let lag = channel
-                .consumers
-                .iter()
-                .filter_map(|k| self.sessions.get(k))
-                .filter_map(|s| s.consumers.iter().find(|c| c.channel == i as u16))
-                .map(|c| channel.next.saturating_sub(c.position()))
-                .max()
-                .unwrap_or(0);
-            self.metrics.set_consumer_lag(&channel.name, lag);
-        }
-    }
-
-    pub(super) fn drop_position(&mut self, key: SessionKey, channel: u16) {
-        let Some(session) = self.sessions.get(&key) else {
-            return;
-        };
-        if let Some(reader) = reader_of(session) {
-            self.stage(Role::Channel(channel), Write::DropPosition(reader));
-        }
-    }
-
-    /// A session ends (already out of every channel's consumer list): its
-    /// positions go, and its unreleased QoS 2 publishes into channels are
-    /// let go.
-    pub(super) fn end_consumers(&mut self, session: &super::session::Session, now: Instant) {
-        match (reader_of(session), &session.bridge) {
-            // A bridge's place outlives its session (the remote went away):
-            // kept, to resume from when the bridge connects again.
-            (Some(reader), Some(bridge)) => {
-                let saved_at = self.unix_at(now).max(1);
-                for consumer in &session.consumers {
-                    let offset = consumer
-                        .position()
-                        .min(self.channels[consumer.channel as usize].next);
-                    self.bridge_positions
-                        .insert((consumer.channel, bridge.to_string()), offset);
-                    self.stage(
-                        Role::Channel(consumer.channel),
-                        Write::SavePosition(Position {
-                            reader: reader.clone(),
-                            offset,
-                            saved_at,
-                            session_expiry: None,
-                        }),
-                    );
-                }
-            }
-            (Some(reader), None) => {
-                // Only a position that was written needs removing.
-                for consumer in session.consumers.iter().filter(|c| c.stored.is_some()) {
-                    self.stage(
-                        Role::Channel(consumer.channel),
-                        Write::DropPosition(reader.clone()),
-                    );
-                }
-            }
-            (None, _) => {}
-        }
-        let mut holds: Vec<(u16, u16)> = session
-            .channel_holds
-            .iter()
-            .map(|(p, c)| (*p, *c))
-            .collect();
-        holds.sort_unstable();
-        if session.bridge.is_some() {
-            // The remote has its PUBREC: the release may come on the
-            // bridge's next connection.
-            if holds.is_empty() {
-                return;
-            }
-            let kept = holds
-                .into_iter()
-                .map(|(p, c)| (p, c, session.inbound_qos2.get(&p).copied().unwrap_or(now)))
-                .collect();
-            self.bridge_holds.insert(session.client_id.clone(), kept);
-            return;
-        }
-        for (packet_id, channel) in holds {
-            self.stage(
-                Role::Channel(channel),
-                Write::DropChannelHold {
-                    client_id: session.client_id.to_string(),
-                    packet_id,
-                },
-            );
-        }
-    }
-
-    /// A SUBSCRIBE's `saguin-from`, for the filters of it on channels.
-    pub(super) fn seek_of(user_properties: &[(String, String)]) -> Result<Option<Seek>, String> {
-        match user_properties.iter().find(|(k, _)| k == FROM_PROPERTY) {
-            Some((_, v)) => parse_from(v).map(Some),
-            None => Ok(None),
         }
     }
 
     /// Restore channels and the consumers of restored sessions; positions
     /// and holds nobody owns any more are dropped.
     pub(super) fn restore_channels(&mut self, restored: Vec<RestoredChannel>, now: Instant) {
-        self.channels = restored
+        self.channels.all = restored
             .iter()
             .map(|c| Channel {
                 name: c.name.clone(),
@@ -1254,16 +883,20 @@ impl BrokerState {
                 reads_out: Vec::new(),
             })
             .collect();
-        self.restore_queues(&restored);
+        self.queues.restore(&restored, &self.metrics);
         for (i, channel) in restored.into_iter().enumerate() {
             let i = i as u16;
             for position in channel.positions {
-                let key = self.by_client_id.get(position.reader.id()).copied();
+                let key = self
+                    .sessions
+                    .by_client_id
+                    .get(position.reader.id())
+                    .copied();
                 let owned = key.is_some_and(|k| !self.filters_on(k, i).is_empty())
                     && position.reader.scheme() == crate::storage::contract::ReaderScheme::Mqtt;
                 match key {
                     Some(key) if owned => {
-                        let start = position.offset.min(self.channels[i as usize].next);
+                        let start = position.offset.min(self.channels.all[i as usize].next);
                         self.refresh_consumer(key, i, None, Some(start), now);
                     }
                     // A shared group's place, for when a member joins.
@@ -1271,32 +904,37 @@ impl BrokerState {
                         == crate::storage::contract::ReaderScheme::Mqtt
                         && position.reader.id().starts_with("$share/") =>
                     {
-                        self.group_positions
+                        self.groups
+                            .positions
                             .insert((i, position.reader.id().to_owned()), position.offset);
                     }
                     _ if position.reader.scheme()
                         == crate::storage::contract::ReaderScheme::Mqtt =>
                     {
-                        self.stage(Role::Channel(i), Write::DropPosition(position.reader));
+                        self.persist
+                            .stage(Role::Channel(i), Write::DropPosition(position.reader));
                     }
                     // A bridge resumes from it when it connects.
                     _ => {
-                        self.bridge_positions
-                            .insert((i, position.reader.id().to_owned()), position.offset);
+                        self.bridges
+                            .keep_position(i, position.reader.id(), position.offset);
                     }
                 }
             }
             // Sessions consuming the channel with no position stored yet
             // start at its next offset.
-            let keys: Vec<SessionKey> = self.sessions.keys().copied().collect();
+            let keys: Vec<SessionKey> = self.sessions.by_key.keys().copied().collect();
             for key in keys {
-                if self.consumer_index(key, i).is_none() && !self.filters_on(key, i).is_empty() {
+                if self.sessions.consumer_index(key, i).is_none()
+                    && !self.filters_on(key, i).is_empty()
+                {
                     self.refresh_consumer(key, i, None, None, now);
                 }
             }
             // Members of shared groups over the channel rejoin them.
             let mut members: Vec<(SessionKey, String, String)> = self
                 .sessions
+                .by_key
                 .iter()
                 .flat_map(|(k, s)| {
                     s.subscriptions
@@ -1317,20 +955,23 @@ impl BrokerState {
                     .client_id
                     .parse::<Reader>()
                     .is_ok_and(|r| r.scheme() == crate::storage::contract::ReaderScheme::Bridge);
-                match self.by_client_id.get(hold.client_id.as_str()).copied() {
+                match self
+                    .sessions
+                    .by_client_id
+                    .get(hold.client_id.as_str())
+                    .copied()
+                {
                     Some(key) => {
-                        let session = self.sessions.get_mut(&key).expect("indexed");
+                        let session = self.sessions.by_key.get_mut(&key).expect("indexed");
                         session.inbound_qos2.insert(hold.packet_id, now);
                         session.channel_holds.insert(hold.packet_id, i);
                     }
                     // A bridge's, kept for its connection (the holds of a
                     // bridge no longer configured were dropped at open).
                     None if bridge => self
-                        .bridge_holds
-                        .entry(hold.client_id.as_str().into())
-                        .or_default()
-                        .push((hold.packet_id, i, now)),
-                    None => self.stage(
+                        .bridges
+                        .add_hold(&hold.client_id, (hold.packet_id, i, now)),
+                    None => self.persist.stage(
                         Role::Channel(i),
                         Write::DropChannelHold {
                             client_id: hold.client_id,
@@ -1344,62 +985,6 @@ impl BrokerState {
 
     /// Channels served, for tests and the startup log.
     pub fn channel_count(&self) -> usize {
-        self.channels.len()
-    }
-}
-
-fn set_start(consumer: &mut Consumer, seek: Seek) {
-    match seek {
-        Seek::Offset(offset) => {
-            consumer.next = offset;
-            consumer.seek = None;
-        }
-        other => consumer.seek = Some(other),
-    }
-}
-
-/// The reader a session's positions are stored under and their session
-/// expiry, for a session that keeps them: one outliving its connection, or
-/// a bridge (whose position has no session and never expires).
-fn position_holder(session: &super::session::Session) -> Option<(Reader, Option<u32>)> {
-    let expiry = match &session.bridge {
-        Some(_) => None,
-        None if session.expiry_interval == 0 => return None,
-        None => Some(session.expiry_interval),
-    };
-    Some((reader_of(session)?, expiry))
-}
-
-/// The reader a session's places in channels are stored under.
-fn reader_of(session: &super::session::Session) -> Option<Reader> {
-    match &session.bridge {
-        Some(bridge) => Reader::bridge(bridge).ok(),
-        None => Reader::mqtt(&session.client_id).ok(),
-    }
-}
-
-/// A topic's or filter's first level.
-pub(super) fn first_level(topic: &str) -> &str {
-    topic.split('/').next().unwrap_or(topic)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Offsets;
-
-    #[test]
-    fn offsets_stay_ascending_and_each_once_whatever_the_order() {
-        let mut offsets = Offsets::default();
-        for o in [5, 7, 6, 9, 7, 1] {
-            offsets.insert(o);
-        }
-        assert_eq!(offsets.0, [1, 5, 6, 7, 9]);
-        offsets.remove(6);
-        offsets.remove(1);
-        offsets.remove(42);
-        assert_eq!(offsets.first(), Some(5));
-        assert_eq!(offsets.0, [5, 7, 9]);
-        offsets.clear();
-        assert_eq!(offsets.first(), None);
+        self.channels.all.len()
     }
 }

@@ -16,13 +16,14 @@
 //! `$share/`), every `ack_commit_interval` and at shutdown; it is kept for
 //! `limits.max_session_expiry` after the last member went away.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::channel::{ChannelRead, ReadWindow, Seek};
-use super::persist::{Role, Write};
+use super::ids::IdMap;
+use super::intent::{Role, Write};
+use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::session::{InflightEntry, QueuedMessage};
 use super::BrokerState;
 use crate::broker::metrics::DropReason;
@@ -33,6 +34,47 @@ use saguin_format::model::{ChannelKind, Record};
 
 /// Most records one read of a group asks for.
 const GROUP_READ_MAX: usize = 256;
+
+/// The shared groups over channels, and what they have asked of them.
+#[derive(Debug, Default)]
+pub(super) struct Groups {
+    pub all: Vec<ChannelGroup>,
+    /// Groups to let read on once the current event is handled.
+    pub due: Vec<usize>,
+    /// Reads out for groups: ticket to the group, its generation, and
+    /// whether the read resolves where the group starts.
+    pub reads_out: IdMap<u64, (usize, u64, bool)>,
+    /// Stored places of groups nobody has joined yet since the start.
+    pub positions: HashMap<(u16, String), u64>,
+}
+
+impl Groups {
+    /// The group `$share/G/<filter>` named `raw`, by index.
+    fn index_of(&self, raw: &str) -> Option<usize> {
+        self.all.iter().position(|g| g.raw == raw)
+    }
+
+    /// Every group session `key` belongs to, by raw filter.
+    pub(super) fn joined_by(&self, key: SessionKey) -> Vec<String> {
+        self.all
+            .iter()
+            .filter(|g| g.members.contains(&key))
+            .map(|g| g.raw.clone())
+            .collect()
+    }
+
+    /// An exchange of `key` over `channel` ended: true when it was a
+    /// group's delivery (then the group lets it go).
+    pub(super) fn acknowledged(&mut self, key: SessionKey, channel: u16, offset: u64) -> bool {
+        for group in &mut self.all {
+            if group.channel == channel && group.out.get(&offset) == Some(&key) {
+                group.out.remove(&offset);
+                return true;
+            }
+        }
+        false
+    }
+}
 
 /// A shared group over one channel.
 #[derive(Debug)]
@@ -53,7 +95,7 @@ pub(super) struct ChannelGroup {
     gap: Option<(u64, u64)>,
     /// Over a latest channel: the floor that sent the group back to read
     /// every row again from the first offset, until it passes it (as a
-    /// consumer's, `channel::Consumer`).
+    /// consumer's, `consumer::Consumer`).
     resync: Option<u64>,
     stored: Option<u64>,
 }
@@ -69,10 +111,6 @@ impl ChannelGroup {
 }
 
 impl BrokerState {
-    fn group_index(&self, raw: &str) -> Option<usize> {
-        self.groups.iter().position(|g| g.raw == raw)
-    }
-
     /// Session `key` joined the shared group `raw` over `channel` (its
     /// SUBACK is sent). A new group starts at its stored position, else
     /// at `seek`, else at `next`.
@@ -84,13 +122,12 @@ impl BrokerState {
         filter: &str,
         seek: Option<Seek>,
     ) {
-        let index = match self.group_index(raw) {
+        let index = match self.groups.index_of(raw) {
             Some(i) => i,
             None => {
-                let stored = self.group_positions.remove(&(channel, raw.to_owned()));
-                let next = self.channels[channel as usize].next;
-                let generation = self.next_read;
-                self.next_read += 1;
+                let stored = self.groups.positions.remove(&(channel, raw.to_owned()));
+                let next = self.channels.all[channel as usize].next;
+                let generation = self.reads.number();
                 let mut group = ChannelGroup {
                     channel,
                     raw: raw.to_owned(),
@@ -110,28 +147,28 @@ impl BrokerState {
                         group.next = offset;
                     }
                 }
-                self.groups.push(group);
-                let index = self.groups.len() - 1;
+                self.groups.all.push(group);
+                let index = self.groups.all.len() - 1;
                 if stored.is_none() && matches!(seek, Some(Seek::Earliest | Seek::Time(_))) {
                     self.read_group(index, seek);
                 }
                 index
             }
         };
-        let group = &mut self.groups[index];
+        let group = &mut self.groups.all[index];
         if !group.members.contains(&key) {
             group.members.push(key);
         }
-        self.groups_due.push(index);
+        self.groups.due.push(index);
     }
 
     /// Session `key` left group `raw` (unsubscribed, or its session ended):
     /// what it held goes back to the group.
     pub(super) fn leave_group(&mut self, key: SessionKey, raw: &str) {
-        let Some(index) = self.group_index(raw) else {
+        let Some(index) = self.groups.index_of(raw) else {
             return;
         };
-        let group = &mut self.groups[index];
+        let group = &mut self.groups.all[index];
         group.members.retain(|k| *k != key);
         let returned: Vec<u64> = group
             .out
@@ -145,34 +182,24 @@ impl BrokerState {
         if let Some(&lowest) = returned.first() {
             group.next = group.next.min(lowest);
             // Answers of reads made before the return are for the old place.
-            group.generation = self.next_read;
-            self.next_read += 1;
+            group.generation = self.reads.number();
             group.reading = false;
         }
-        self.groups_due.push(index);
-    }
-
-    /// Every group session `key` belongs to, by raw filter.
-    pub(super) fn groups_of(&self, key: SessionKey) -> Vec<String> {
-        self.groups
-            .iter()
-            .filter(|g| g.members.contains(&key))
-            .map(|g| g.raw.clone())
-            .collect()
+        self.groups.due.push(index);
     }
 
     /// A committed record of `channel`: to each caught-up group's next
     /// member with room; the others catch up by reading.
     pub(super) fn groups_committed(&mut self, channel: u16, record: &Record, now: Instant) {
-        for index in 0..self.groups.len() {
-            let group = &self.groups[index];
+        for index in 0..self.groups.all.len() {
+            let group = &self.groups.all[index];
             if group.channel != channel {
                 continue;
             }
             if group.next == record.offset && !group.reading && group.gap.is_none() {
                 self.offer_to_group(index, record, now);
             } else {
-                self.groups_due.push(index);
+                self.groups.due.push(index);
             }
         }
     }
@@ -180,18 +207,18 @@ impl BrokerState {
     /// Hand `record` (at the group's `next`) to a member: true when it was
     /// sent or passed over, false when no member had room.
     fn offer_to_group(&mut self, index: usize, record: &Record, now: Instant) -> bool {
-        let group = &self.groups[index];
+        let group = &self.groups.all[index];
         if !topic::filter_matches(&group.filter, &record.topic) {
-            self.groups[index].next = record.offset + 1;
+            self.groups.all[index].next = record.offset + 1;
             return true;
         }
         let members = group.members.len();
         let turn = group.turn;
         for step in 0..members {
             let at = (turn + step) % members;
-            let key = self.groups[index].members[at];
+            let key = self.groups.all[index].members[at];
             if self.send_to_member(index, key, record, now) {
-                let group = &mut self.groups[index];
+                let group = &mut self.groups.all[index];
                 group.turn = (at + 1) % members.max(1);
                 group.next = record.offset + 1;
                 group.gap = None;
@@ -210,11 +237,11 @@ impl BrokerState {
         record: &Record,
         now: Instant,
     ) -> bool {
-        let group = &self.groups[index];
+        let group = &self.groups.all[index];
         let raw = group.raw.clone();
         let channel = group.channel;
         let gap = group.gap;
-        let Some(session) = self.sessions.get(&key) else {
+        let Some(session) = self.sessions.by_key.get(&key) else {
             return false;
         };
         let Some(connection) = session.connection else {
@@ -253,7 +280,7 @@ impl BrokerState {
             self.transmit(connection, queued, 0, false, now);
             return true;
         }
-        let session = self.sessions.get_mut(&key).expect("looked up");
+        let session = self.sessions.by_key.get_mut(&key).expect("looked up");
         let Some(packet_id) = session.inflight.allocate_id() else {
             return false;
         };
@@ -262,31 +289,14 @@ impl BrokerState {
             queued.clone(),
             Some((channel, record.offset)),
         ));
-        self.groups[index].out.insert(record.offset, key);
+        self.groups.all[index].out.insert(record.offset, key);
         self.transmit(connection, queued, packet_id, false, now);
         true
     }
 
-    /// An exchange of `key` over `channel` ended: true when it was a
-    /// group's delivery (then the group lets it go).
-    pub(super) fn group_acknowledged(
-        &mut self,
-        key: SessionKey,
-        channel: u16,
-        offset: u64,
-    ) -> bool {
-        for group in &mut self.groups {
-            if group.channel == channel && group.out.get(&offset) == Some(&key) {
-                group.out.remove(&offset);
-                return true;
-            }
-        }
-        false
-    }
-
     /// Groups whose members made room, or that fell behind, read on.
     pub(super) fn run_group_reads(&mut self) {
-        let mut due = std::mem::take(&mut self.groups_due);
+        let mut due = std::mem::take(&mut self.groups.due);
         due.sort_unstable();
         due.dedup();
         for index in due {
@@ -297,7 +307,7 @@ impl BrokerState {
     /// A read for group `index` from its `next` (or `seek`), when it is
     /// behind and a member has room.
     fn read_group(&mut self, index: usize, seek: Option<Seek>) {
-        let Some(group) = self.groups.get(index) else {
+        let Some(group) = self.groups.all.get(index) else {
             return;
         };
         if group.reading {
@@ -305,7 +315,7 @@ impl BrokerState {
         }
         let channel = group.channel;
         if seek.is_none()
-            && group.next >= self.channels[channel as usize].next
+            && group.next >= self.channels.all[channel as usize].next
             && group.gap.is_none()
         {
             return;
@@ -314,7 +324,7 @@ impl BrokerState {
             .members
             .iter()
             .filter_map(|k| {
-                let session = self.sessions.get(k)?;
+                let session = self.sessions.by_key.get(k)?;
                 let connection = session.connection?;
                 let window = self.connections.get(&connection)?.receive_maximum;
                 self.has_room(connection)
@@ -324,8 +334,7 @@ impl BrokerState {
         if room == 0 && seek.is_none() {
             return;
         }
-        let ticket = self.next_read;
-        self.next_read += 1;
+        let ticket = self.reads.number();
         let generation = group.generation;
         let from = match (seek, group.resync) {
             (Some(seek), _) => seek,
@@ -335,10 +344,11 @@ impl BrokerState {
             },
             (None, _) => Seek::Offset(group.next),
         };
-        self.groups[index].reading = true;
-        self.group_reads
+        self.groups.all[index].reading = true;
+        self.groups
+            .reads_out
             .insert(ticket, (index, generation, seek.is_some()));
-        self.reads.push(ChannelRead {
+        self.reads.waiting.push(ChannelRead {
             ticket,
             channel,
             from,
@@ -354,10 +364,10 @@ impl BrokerState {
         result: &Result<ReadWindow, super::StorageFailure>,
         now: Instant,
     ) -> bool {
-        let Some((index, generation, seeking)) = self.group_reads.remove(&ticket) else {
+        let Some((index, generation, seeking)) = self.groups.reads_out.remove(&ticket) else {
             return false;
         };
-        let Some(group) = self.groups.get_mut(index) else {
+        let Some(group) = self.groups.all.get_mut(index) else {
             return true;
         };
         if group.generation != generation {
@@ -370,7 +380,7 @@ impl BrokerState {
         if seeking {
             group.next = window.start;
         }
-        let latest = self.channels[group.channel as usize].kind == ChannelKind::Latest;
+        let latest = self.channels.all[group.channel as usize].kind == ChannelKind::Latest;
         if let Some(floor) = window.floor {
             if latest {
                 // Deletions the group was owed were forgotten: it reads
@@ -378,21 +388,21 @@ impl BrokerState {
                 group.gap = Some((group.next, floor - 1));
                 group.next = window.start;
                 group.resync = Some(floor);
-                let name = self.channels[group.channel as usize].name.clone();
+                let name = self.channels.all[group.channel as usize].name.clone();
                 self.metrics.consumer_gap(&name);
             } else if floor > group.next {
                 group.gap = Some((group.next, floor - 1));
                 group.next = floor;
-                let name = self.channels[group.channel as usize].name.clone();
+                let name = self.channels.all[group.channel as usize].name.clone();
                 self.metrics.consumer_gap(&name);
             }
         }
-        let group = &mut self.groups[index];
+        let group = &mut self.groups.all[index];
         if group.resync.is_some_and(|floor| group.next >= floor) {
             group.resync = None;
         }
         for record in &window.records {
-            if record.offset < self.groups[index].next {
+            if record.offset < self.groups.all[index].next {
                 continue;
             }
             if !self.offer_to_group(index, record, now) {
@@ -400,7 +410,7 @@ impl BrokerState {
             }
         }
         if !window.records.is_empty() {
-            self.groups_due.push(index);
+            self.groups.due.push(index);
         }
         true
     }
@@ -410,10 +420,10 @@ impl BrokerState {
         let saved_at = self.unix_at(now).max(1);
         let expiry = self.limits.max_session_expiry;
         let mut writes = Vec::new();
-        for group in &mut self.groups {
+        for group in &mut self.groups.all {
             let offset = group
                 .position()
-                .min(self.channels[group.channel as usize].next);
+                .min(self.channels.all[group.channel as usize].next);
             if group.stored == Some(offset) {
                 continue;
             }
@@ -432,7 +442,7 @@ impl BrokerState {
             ));
         }
         for (channel, write) in writes {
-            self.stage(Role::Channel(channel), write);
+            self.persist.stage(Role::Channel(channel), write);
         }
     }
 }

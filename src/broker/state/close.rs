@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::persist::{Role, Write};
+use super::intent::{Role, Write};
 use super::session::PendingWill;
 use super::{BrokerState, Connection, Outbound, ReasonCode, WillRequest};
 use crate::broker::message::Message;
@@ -27,7 +27,7 @@ impl BrokerState {
     ) -> Option<Connection> {
         let mut conn = self.connections.remove(&connection)?;
         let answers = std::mem::take(&mut conn.answers);
-        self.orphan_answers(answers);
+        self.persist.orphan_answers(answers);
         // A latest channel's current values it had not sent yet.
         let unsent = std::mem::take(&mut conn.retained_backlog);
         self.values_not_sent(conn.session, unsent);
@@ -54,7 +54,7 @@ impl BrokerState {
         // The writer finishes what is queued and closes when the queue's
         // sender (held only here) is dropped; a paused reader is let go.
         conn.handle.set_paused(false);
-        if let Some(session) = self.sessions.get_mut(&conn.session) {
+        if let Some(session) = self.sessions.by_key.get_mut(&conn.session) {
             if session.connection == Some(connection) {
                 session.connection = None;
             }
@@ -79,7 +79,7 @@ impl BrokerState {
         };
         let key = conn.session;
         self.worker_gone(key);
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         let will = conn
@@ -95,7 +95,7 @@ impl BrokerState {
             } else {
                 let message = Self::will_message(&will, now);
                 let delay = will.delay.min(expiry);
-                let session = self.sessions.get_mut(&key).expect("checked above");
+                let session = self.sessions.by_key.get_mut(&key).expect("checked above");
                 session.pending_will = Some(Box::new(PendingWill {
                     message,
                     publish_at: now + Duration::from_secs(u64::from(delay)),
@@ -103,7 +103,7 @@ impl BrokerState {
                 }));
             }
         }
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         if session.connection.is_some() || session.connecting.is_some() {
@@ -114,11 +114,11 @@ impl BrokerState {
         } else {
             session.expires_at = Some(now + Duration::from_secs(u64::from(expiry)));
             let stored = session.stored;
-            self.detached.insert(key);
+            self.sessions.detached.insert(key);
             if stored {
                 // Recorded as detached, with its Will and its place in the log.
                 self.stage_session(key, now);
-                self.seal_background();
+                self.persist.seal_background();
             }
         }
     }
@@ -160,20 +160,20 @@ impl BrokerState {
     /// pending Will (published now, as the session ends before its delay).
     pub(super) fn end_session(&mut self, key: SessionKey, now: Instant) {
         self.forget_worker(key);
-        for raw in self.groups_of(key) {
+        for raw in self.groups.joined_by(key) {
             self.leave_group(key, &raw);
         }
-        let Some(session) = self.sessions.remove(&key) else {
+        let Some(session) = self.sessions.by_key.remove(&key) else {
             return;
         };
-        for channel in &mut self.channels {
+        for channel in &mut self.channels.all {
             channel.consumers.retain(|k| *k != key);
         }
         self.end_consumers(&session, now);
         self.metrics.sessions.fetch_sub(1, Relaxed);
-        self.detached.remove(&key);
-        if self.by_client_id.get(&session.client_id) == Some(&key) {
-            self.by_client_id.remove(&session.client_id);
+        self.sessions.detached.remove(&key);
+        if self.sessions.by_client_id.get(&session.client_id) == Some(&key) {
+            self.sessions.by_client_id.remove(&session.client_id);
         }
         for sub in session.subscriptions.values() {
             if self
@@ -190,7 +190,7 @@ impl BrokerState {
             .chain(session.pending.iter().filter_map(|q| q.log_offset))
             .collect::<Vec<_>>();
         for offset in held {
-            self.unhold_log(None, offset);
+            self.persist.unhold_log(None, offset);
         }
         if session.stored {
             let client_id = session.client_id.to_string();
@@ -202,7 +202,7 @@ impl BrokerState {
                 .collect();
             holds.sort_unstable();
             for packet_id in holds {
-                self.stage(
+                self.persist.stage(
                     Role::Sessions,
                     Write::DropHold {
                         client_id: client_id.clone(),
@@ -210,7 +210,8 @@ impl BrokerState {
                     },
                 );
             }
-            self.stage(Role::Sessions, Write::RemoveSession(client_id));
+            self.persist
+                .stage(Role::Sessions, Write::RemoveSession(client_id));
         }
         if let Some(will) = session.pending_will {
             if !self.shutting_down {
@@ -224,10 +225,10 @@ impl BrokerState {
     /// What [`tick`](Self::tick) would do for one detached session at `now`:
     /// publish its Will when the delay passed, end it when it expired.
     pub(super) fn settle_due(&mut self, key: SessionKey, now: Instant) {
-        if !self.detached.contains(&key) {
+        if !self.sessions.detached.contains(&key) {
             return;
         }
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         let will = session
@@ -252,8 +253,8 @@ impl BrokerState {
     pub fn tick(&mut self, now: Instant) {
         let mut wills = Vec::new();
         let mut expired = Vec::new();
-        for &key in &self.detached {
-            let Some(session) = self.sessions.get_mut(&key) else {
+        for &key in &self.sessions.detached {
+            let Some(session) = self.sessions.by_key.get_mut(&key) else {
                 continue;
             };
             if session
@@ -271,7 +272,7 @@ impl BrokerState {
         wills.sort_by(|a, b| a.2.topic.cmp(&b.2.topic));
         for (key, client_id, will) in wills {
             self.publish_message(will, &client_id, now);
-            if self.sessions.get(&key).is_some_and(|s| s.stored) && !expired.contains(&key) {
+            if self.sessions.by_key.get(&key).is_some_and(|s| s.stored) && !expired.contains(&key) {
                 // Its record no longer carries the Will.
                 self.stage_session(key, now);
             }
@@ -289,7 +290,7 @@ impl BrokerState {
             self.next_exactly_once_sweep = Some(now + Duration::from_secs(60));
             if let Some(cutoff) = now.checked_sub(self.limits.exactly_once_expires_after) {
                 let mut dropped = Vec::new();
-                for session in self.sessions.values_mut() {
+                for session in self.sessions.by_key.values_mut() {
                     let mut gone: Vec<u16> = session
                         .inbound_qos2
                         .iter()
@@ -322,11 +323,11 @@ impl BrokerState {
                             packet_id,
                         }
                     };
-                    self.stage(role, write);
+                    self.persist.stage(role, write);
                 }
             }
         }
-        self.seal_background();
+        self.persist.seal_background();
         self.close_doomed(now);
     }
 
@@ -352,7 +353,7 @@ impl BrokerState {
         // one that did not change is already stored as it is (rewriting
         // them all cost a restart of 50,000 sessions 26 s to stop).
         let mut stored: Vec<SessionKey> = Vec::new();
-        for (key, session) in self.sessions.iter_mut() {
+        for (key, session) in self.sessions.by_key.iter_mut() {
             if session.pending_will.take().is_some()
                 && session.stored
                 && session.expiry_interval > 0
@@ -365,6 +366,6 @@ impl BrokerState {
             self.stage_session(key, now);
         }
         self.flush(now);
-        self.seal_background();
+        self.persist.seal_background();
     }
 }

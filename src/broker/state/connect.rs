@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::persist::{Parked, Role, StorageFailure, Write};
+use super::intent::{Parked, Role, StorageFailure, Write};
 use super::session::{InflightPhase, Session};
 use super::{
     BrokerState, ConnAckExtras, ConnectRequest, Connection, ConnectionHandle, KeepAlive, Outbound,
@@ -66,8 +66,9 @@ impl BrokerState {
                 );
                 return;
             }
-            let id: Arc<str> = format!("saguin-{}-{}", self.next_assigned_id, connection).into();
-            self.next_assigned_id += 1;
+            let id: Arc<str> =
+                format!("saguin-{}-{}", self.sessions.next_assigned_id, connection).into();
+            self.sessions.next_assigned_id += 1;
             assigned = Some(id.clone());
             id
         } else {
@@ -85,13 +86,13 @@ impl BrokerState {
 
         // The timer may not have run yet: a Will whose delay passed, or a
         // session whose expiry passed, is settled before this CONNECT sees it.
-        if let Some(&key) = self.by_client_id.get(&client_id) {
+        if let Some(&key) = self.sessions.by_client_id.get(&client_id) {
             self.settle_due(key, now);
         }
         let mut session_present = false;
-        if let Some(&key) = self.by_client_id.get(&client_id) {
+        if let Some(&key) = self.sessions.by_client_id.get(&client_id) {
             let (owner_differs, old_connection, ends_with_connection) = {
-                let s = &self.sessions[&key];
+                let s = &self.sessions.by_key[&key];
                 (
                     s.principal != request.principal,
                     s.connection.or(s.connecting),
@@ -114,7 +115,7 @@ impl BrokerState {
                 if let Some(conn) = self.connections.get_mut(&old) {
                     if let Some(will) = conn.will.take() {
                         if will.delay == 0 || request.clean_start || ends_with_connection {
-                            let principal = self.sessions[&key].principal.clone();
+                            let principal = self.sessions.by_key[&key].principal.clone();
                             self.publish_will(&will, principal.as_deref(), &client_id, now);
                         }
                     }
@@ -134,7 +135,10 @@ impl BrokerState {
                 session_present = true;
             }
         }
-        if !session_present && expiry > 0 && self.stored_sessions() >= self.limits.max_sessions {
+        if !session_present
+            && expiry > 0
+            && self.sessions.stored_count() >= self.limits.max_sessions
+        {
             self.metrics.disconnected(CloseReason::ConnectRefused);
             tracing::warn!(
                 client_id = %client_id,
@@ -142,7 +146,7 @@ impl BrokerState {
                 "connection refused: limits.max_sessions persistent sessions are kept already"
             );
             // What ending an old session staged still has to be written.
-            self.seal_background();
+            self.persist.seal_background();
             refuse(
                 &handle,
                 ReasonCode::QuotaExceeded,
@@ -153,26 +157,26 @@ impl BrokerState {
         }
 
         let key = if session_present {
-            self.by_client_id[&client_id]
+            self.sessions.by_client_id[&client_id]
         } else {
-            let key = self.next_session;
-            self.next_session += 1;
-            self.sessions.insert(
+            let key = self.sessions.next_key;
+            self.sessions.next_key += 1;
+            self.sessions.by_key.insert(
                 key,
                 Session::new(client_id.clone(), request.principal.clone()),
             );
-            self.by_client_id.insert(client_id.clone(), key);
+            self.sessions.by_client_id.insert(client_id.clone(), key);
             self.metrics.sessions.fetch_add(1, Relaxed);
             key
         };
-        self.detached.remove(&key);
+        self.sessions.detached.remove(&key);
         let receive_maximum = if request.v5 {
             usize::from(request.receive_maximum.max(1))
         } else {
             usize::from(self.limits.receive_maximum.max(1))
         };
         let was_stored = {
-            let session = self.sessions.get_mut(&key).expect("inserted above");
+            let session = self.sessions.by_key.get_mut(&key).expect("inserted above");
             session.connecting = Some(connection);
             session.bridge = request.bridge.clone();
             session.expiry_interval = expiry;
@@ -208,7 +212,8 @@ impl BrokerState {
         } else if was_stored {
             // A stored session resumed with expiry 0 now ends with this
             // connection: nothing of it outlives the broker any more.
-            self.stage(Role::Sessions, Write::RemoveSession(client_id.to_string()));
+            self.persist
+                .stage(Role::Sessions, Write::RemoveSession(client_id.to_string()));
         }
         // A basis for response topics; the ACL applies to it as to any
         // topic (grant `response/%c/#`).
@@ -257,10 +262,10 @@ impl BrokerState {
     /// answer it had when it was held), so the bridge knows what waits
     /// for its release.
     fn resume_bridge_holds(&mut self, connection: u64, key: SessionKey, now: Instant) {
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
-        let Some(mut holds) = self.bridge_holds.remove(&session.client_id) else {
+        let Some(mut holds) = self.bridges.take_holds(&session.client_id) else {
             return;
         };
         holds.sort_unstable();
@@ -271,11 +276,6 @@ impl BrokerState {
         for (packet_id, _, _) in holds {
             self.reply_held(connection, packet_id, now);
         }
-    }
-
-    /// Persistent sessions the provider holds (or is about to).
-    fn stored_sessions(&self) -> usize {
-        self.sessions.values().filter(|s| s.stored).count()
     }
 
     /// The session write of a CONNECT was answered.
@@ -290,6 +290,7 @@ impl BrokerState {
     ) {
         let current = self
             .sessions
+            .by_key
             .get(&key)
             .is_some_and(|s| s.connecting == Some(connection));
         if !current || !self.connections.contains_key(&connection) {
@@ -321,14 +322,14 @@ impl BrokerState {
             if let Some(conn) = self.connections.get_mut(&connection) {
                 conn.will = None;
             }
-            if let Some(session) = self.sessions.get_mut(&key) {
+            if let Some(session) = self.sessions.by_key.get_mut(&key) {
                 session.expiry_interval = 0;
                 session.stored = false;
             }
             self.doomed.push((connection, CloseReason::Storage, None));
             return;
         }
-        if let Some(session) = self.sessions.get_mut(&key) {
+        if let Some(session) = self.sessions.by_key.get_mut(&key) {
             session.connecting = None;
             session.connection = Some(connection);
         }
@@ -345,7 +346,7 @@ impl BrokerState {
     /// one whose lifetime ran out while in flight is still resent, as its
     /// delivery had started (MQTT-4.4.0-1), with 0 left.
     fn replay(&mut self, connection: u64, key: SessionKey, now: Instant) {
-        let session = &self.sessions[&key];
+        let session = &self.sessions.by_key[&key];
         let packets: Vec<Outbound> = session
             .inflight
             .iter()

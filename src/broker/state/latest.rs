@@ -38,18 +38,43 @@
 //!
 //! A consumer whose place fell below the floor (its channel's retention
 //! forgot deletions it was owed) is sent every row again from the first
-//! offset, with `saguin-gap` on the first (`channel::Consumer::resync`,
+//! offset, with `saguin-gap` on the first (`consumer::Consumer::resync`,
 //! `storage::contract::read_changes`).
 
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::channel::{ChannelRead, ConsumerStart, ReadWindow, Seek};
+use super::consumer::ConsumerStart;
+use super::ids::IdMap;
+use super::reads::{ChannelRead, ReadRequests, ReadWindow, Seek};
 use super::{BrokerState, RetainedDue, StorageFailure};
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::topic;
-use saguin_format::model::ChannelKind;
+
+/// Reads of latest channels' current values for their consumers.
+#[derive(Debug, Default)]
+pub(super) struct LatestReads {
+    /// Out, by ticket.
+    pub out: IdMap<u64, ValuesRead>,
+    /// Those that failed, asked again at the tick.
+    pub failed: Vec<ValuesRead>,
+}
+
+impl LatestReads {
+    /// Ask the readers for `read`'s current values, under a new ticket.
+    fn ask(&mut self, reads: &mut ReadRequests, read: ValuesRead) {
+        let ticket = reads.number();
+        reads.waiting.push(ChannelRead {
+            ticket,
+            channel: read.channel,
+            from: Seek::Current,
+            max: usize::MAX,
+            filters: read.filters.iter().map(|(f, _)| f.clone()).collect(),
+        });
+        self.out.insert(ticket, read);
+    }
+}
 
 /// A read of current values out: for whom, and under which filters.
 #[derive(Debug)]
@@ -61,12 +86,6 @@ pub(super) struct ValuesRead {
 }
 
 impl BrokerState {
-    pub(super) fn is_latest(&self, channel: u16) -> bool {
-        self.channels
-            .get(channel as usize)
-            .is_some_and(|c| c.kind == ChannelKind::Latest)
-    }
-
     /// The latest channels of `consumers` session `key` has no consumer of
     /// yet: those owe it their current values.
     pub(super) fn fresh_latest_consumers(
@@ -76,8 +95,8 @@ impl BrokerState {
     ) -> Vec<u16> {
         consumers
             .iter()
-            .filter(|s| s.group.is_none() && self.is_latest(s.channel))
-            .filter(|s| self.consumer_index(key, s.channel).is_none())
+            .filter(|s| s.group.is_none() && self.channels.is_latest(s.channel))
+            .filter(|s| self.sessions.consumer_index(key, s.channel).is_none())
             .map(|s| s.channel)
             .collect()
     }
@@ -97,58 +116,49 @@ impl BrokerState {
         for &channel in fresh {
             let filters: Vec<(String, SubOptions)> = wanted
                 .iter()
-                .filter(|(f, _)| self.channel_of(f) == Some(channel))
+                .filter(|(f, _)| self.channels.of_topic(f) == Some(channel))
                 .cloned()
                 .collect();
             if filters.is_empty() {
                 continue;
             }
-            let Some(index) = self.consumer_index(key, channel) else {
+            let Some(index) = self.sessions.consumer_index(key, channel) else {
                 continue;
             };
-            let session = self.sessions.get_mut(&key).expect("indexed");
+            let session = self.sessions.by_key.get_mut(&key).expect("indexed");
             let consumer = &mut session.consumers[index];
             // Its changes wait for the values (see the module documentation).
             consumer.reading = true;
             consumer.values_pending = true;
             let generation = consumer.generation;
-            self.ask_values(ValuesRead {
-                key,
-                channel,
-                generation,
-                filters,
-            });
+            self.latest_reads.ask(
+                &mut self.reads,
+                ValuesRead {
+                    key,
+                    channel,
+                    generation,
+                    filters,
+                },
+            );
         }
-    }
-
-    fn ask_values(&mut self, read: ValuesRead) {
-        let ticket = self.next_read;
-        self.next_read += 1;
-        self.reads.push(ChannelRead {
-            ticket,
-            channel: read.channel,
-            from: Seek::Current,
-            max: usize::MAX,
-            filters: read.filters.iter().map(|(f, _)| f.clone()).collect(),
-        });
-        self.values_reads.insert(ticket, read);
     }
 
     /// Reads of current values that failed are asked again (the tick),
     /// for consumers still waiting for them and connected.
     pub(super) fn retry_values(&mut self) {
-        for read in std::mem::take(&mut self.values_failed) {
+        for read in std::mem::take(&mut self.latest_reads.failed) {
             let waiting = self
+                .sessions
                 .consumer_index(read.key, read.channel)
-                .map(|i| &self.sessions[&read.key].consumers[i])
+                .map(|i| &self.sessions.by_key[&read.key].consumers[i])
                 .is_some_and(|c| c.generation == read.generation && c.values_pending);
             if !waiting {
                 continue;
             }
-            if self.sessions[&read.key].connection.is_some() {
-                self.ask_values(read);
+            if self.sessions.by_key[&read.key].connection.is_some() {
+                self.latest_reads.ask(&mut self.reads, read);
             } else {
-                self.values_failed.push(read);
+                self.latest_reads.failed.push(read);
             }
         }
     }
@@ -161,13 +171,18 @@ impl BrokerState {
         result: &Result<ReadWindow, StorageFailure>,
         now: Instant,
     ) -> bool {
-        let Some(read) = self.values_reads.remove(&ticket) else {
+        let Some(read) = self.latest_reads.out.remove(&ticket) else {
             return false;
         };
-        let Some(index) = self.consumer_index(read.key, read.channel) else {
+        let Some(index) = self.sessions.consumer_index(read.key, read.channel) else {
             return true;
         };
-        let consumer = &mut self.sessions.get_mut(&read.key).expect("indexed").consumers[index];
+        let consumer = &mut self
+            .sessions
+            .by_key
+            .get_mut(&read.key)
+            .expect("indexed")
+            .consumers[index];
         if consumer.generation != read.generation {
             return true;
         }
@@ -176,15 +191,15 @@ impl BrokerState {
             Err(failure) => {
                 // Asked again at the tick; its changes wait for the values
                 // meanwhile, and no position passes what it is owed.
-                tracing::warn!(channel = %self.channels[read.channel as usize].name, error = %failure.message, "reading a latest channel's current values failed; it is tried again");
-                self.values_failed.push(read);
+                tracing::warn!(channel = %self.channels.all[read.channel as usize].name, error = %failure.message, "reading a latest channel's current values failed; it is tried again");
+                self.latest_reads.failed.push(read);
                 return true;
             }
         };
         consumer.reading = false;
         consumer.values_pending = false;
         let below = consumer.next;
-        let session = &self.sessions[&read.key];
+        let session = &self.sessions.by_key[&read.key];
         let (principal, client_id) = (session.principal.clone(), session.client_id.clone());
         let mut due = Vec::new();
         for record in &window.records {
@@ -219,11 +234,16 @@ impl BrokerState {
                 channel: owed,
             });
         }
-        let consumer = &mut self.sessions.get_mut(&read.key).expect("indexed").consumers[index];
+        let consumer = &mut self
+            .sessions
+            .by_key
+            .get_mut(&read.key)
+            .expect("indexed")
+            .consumers[index];
         for (_, offset) in due.iter().filter_map(|d| d.channel) {
             consumer.owe(offset);
         }
-        let connection = self.sessions[&read.key]
+        let connection = self.sessions.by_key[&read.key]
             .connection
             .filter(|c| self.connections.contains_key(c));
         let Some(connection) = connection else {
@@ -237,15 +257,6 @@ impl BrokerState {
         self.send_retained_backlog(connection, now);
         self.pump(read.key, index, now);
         true
-    }
-
-    /// The value at `offset` of `channel` owed to `key` was sent or
-    /// dropped: its position no longer waits for it.
-    pub(super) fn value_done(&mut self, key: SessionKey, channel: u16, offset: u64) {
-        if let Some(index) = self.consumer_index(key, channel) {
-            let session = self.sessions.get_mut(&key).expect("indexed");
-            session.consumers[index].owed_done(offset);
-        }
     }
 
     /// Current values owed to `key` will not be sent (`due`, what its
@@ -263,10 +274,9 @@ impl BrokerState {
             owed.entry(channel).or_default().push(offset);
         }
         for (channel, offsets) in owed {
-            let generation = self.next_read;
-            self.next_read += 1;
-            if let Some(index) = self.consumer_index(key, channel) {
-                let session = self.sessions.get_mut(&key).expect("indexed");
+            let generation = self.reads.number();
+            if let Some(index) = self.sessions.consumer_index(key, channel) {
+                let session = self.sessions.by_key.get_mut(&key).expect("indexed");
                 session.consumers[index].rewind(&offsets, generation);
             }
         }

@@ -26,23 +26,53 @@
 //! acknowledgement. Packets that write nothing (QoS 0/1 to clean sessions,
 //! acknowledgements of clean sessions) take no detour at all.
 //!
-//! The modules, by job: `connect` (CONNECT, takeover, resume),
+//! **Rooms.** The state's fields are grouped by what they are about, each
+//! group a struct that owns the methods touching only its own fields:
+//! `Sessions` (`session.rs`), `Channels`
+//! (`channel.rs`), `Groups` (`channel_share.rs`), `Queues` (`queue.rs`),
+//! `LatestReads` (`latest.rs`), `Bridges` (`bridges.rs`), `ReadRequests`
+//! (`reads.rs`) and `Persistence` (`persist.rs`). A method that moves
+//! several of them is `BrokerState`'s, in the file of the flow it belongs
+//! to: that is where one room's change reaches another (a commit hands a
+//! record to consumers, groups and queues; a session's end lets go of its
+//! consumers, groups and workers). [`BrokerState::handle`] is the one
+//! dispatcher of events.
+//!
+//! The flows, by file: `connect` (CONNECT, takeover, resume),
 //! `publish` (inbound PUBLISH, the QoS flows, routing and delivery
 //! windows), `subscribe` (SUBSCRIBE, UNSUBSCRIBE, retained on subscribe),
 //! `close` (connection end, Will, session end, timers, shutdown), `sys`
 //! (`$SYS`), `persist` (intents out, commits in, the broadcast log's
-//! references and the periodic flush) and `restore` (the state rebuilt
-//! from what the providers hold).
+//! references and the periodic flush), `channel`, `channel_share`,
+//! `latest` and `queue` (what each kind of channel means to a client),
+//! `positions` (consumers' stored positions) and `restore` (the state
+//! rebuilt from what the providers hold).
+//!
+//! The types several state files share live in leaf modules that import
+//! no other state file but leaves, so no two state files import each
+//! other: `intent` (the protocol with the persisters: [`Role`], [`Write`],
+//! [`Intent`], [`StorageFailure`], the parked answers), `reads` (reads of
+//! records: [`ChannelRead`], [`ReadWindow`], [`Seek`]), `consumer` (a
+//! session's place in a channel), `records` (messages as stored records),
+//! `ids` (maps keyed by broker-allocated integers) and `session` (a
+//! session's own state).
 
+mod bridges;
 mod channel;
 mod channel_share;
 mod close;
 mod connect;
+mod consumer;
+mod ids;
+mod intent;
 mod latest;
 mod persist;
+mod positions;
 mod publish;
 mod queue;
+mod reads;
 mod recent;
+mod records;
 mod restore;
 pub mod retained;
 pub mod session;
@@ -51,7 +81,7 @@ mod sys;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,16 +94,21 @@ use super::codec::ByteStr;
 use super::message::MessageProperties;
 use super::metrics::{CloseReason, Metrics};
 use super::subscriptions::{Delivery, Match, SessionKey, SubOptions, SubscriptionIndex};
+use bridges::Bridges;
+use channel::Channels;
+use channel_share::Groups;
+use ids::IdMap;
+use latest::LatestReads;
+use queue::Queues;
+use reads::ReadRequests;
 use retained::RetainedIndex;
-use session::{IdMap, IdSet, Session};
+use session::Sessions;
 
-pub use channel::{
-    parse_from, ChannelRead, ReadWindow, RestoredChannel, Seek, FROM_PROPERTY, GAP_PROPERTY,
-    OFFSET_PROPERTY,
-};
-pub use persist::{unix_now, Class, Intent, Role, StorageFailure, Write, Written};
-pub use queue::QueueSetup;
-pub use restore::{RestoreSummary, Restored};
+pub use consumer::{parse_from, FROM_PROPERTY, GAP_PROPERTY, OFFSET_PROPERTY};
+pub use intent::{Class, Intent, Role, StorageFailure, Write, Written};
+pub use reads::{ChannelRead, ReadWindow, Seek};
+pub use records::unix_now;
+pub use restore::{QueueSetup, RestoreSummary, Restored, RestoredChannel};
 
 /// The reason codes the state answers with: the codec's own type (MQTT
 /// 3.1.1 connections get the equivalent return code or nothing; the writer
@@ -480,7 +515,7 @@ struct Answer {
     wait: Option<u64>,
     failure: Option<StorageFailure>,
     appended: Option<u64>,
-    parked: persist::Parked,
+    parked: intent::Parked,
 }
 
 /// A connected client as the state sees it.
@@ -555,13 +590,9 @@ pub struct BrokerState {
     authorizer: Arc<dyn Authorizer>,
     retained: RetainedIndex,
     index: SubscriptionIndex,
-    sessions: IdMap<SessionKey, Session>,
-    by_client_id: HashMap<Arc<str>, SessionKey>,
+    /// Every session, connected or not, and the client ids they go by.
+    sessions: Sessions,
     connections: IdMap<u64, Connection>,
-    /// Sessions without a connection (timers for expiry and Will delay).
-    detached: IdSet<SessionKey>,
-    next_session: SessionKey,
-    next_assigned_id: u64,
     /// Connections to close once the current event is handled (closing one
     /// may publish a Will, which must not happen in the middle of a fan-out).
     doomed: Vec<(u64, CloseReason, Option<ReasonCode>)>,
@@ -577,44 +608,20 @@ pub struct BrokerState {
     /// Everything about writes: intents waiting to be taken, parked
     /// answers, the broadcast log's references.
     persist: persist::Persistence,
-    /// The append channels served, by index (`Role::Channel`).
-    channels: Vec<channel::Channel>,
-    /// Reads of channel records asked for and not yet taken by the server.
-    reads: Vec<ChannelRead>,
-    /// Consumers' reads out, by ticket.
-    channel_reads: IdMap<u64, channel::ConsumerRead>,
-    next_read: u64,
-    /// Consumers to let catch up once the current event is handled.
-    pumps_due: Vec<(SessionKey, u16)>,
-    /// Where each bridge's reader stands in each channel, by channel index
-    /// and bridge name, while its session is away.
-    bridge_positions: HashMap<(u16, String), u64>,
-    /// A bridge's unreleased QoS 2 publishes into channels (packet id,
-    /// channel index, when held), by its client id, while its session is
-    /// away: the remote's PUBREL may come on the bridge's next connection,
-    /// or after a restart.
-    bridge_holds: HashMap<Arc<str>, Vec<(u16, u16, Instant)>>,
+    /// The channels served (append, latest, queue) and their consumers'
+    /// reads.
+    channels: Channels,
+    /// Reads of channel records asked for and not yet taken by the server,
+    /// for consumers, groups, latest values and queues alike.
+    reads: ReadRequests,
+    /// Bridges' places and holds in channels while their sessions are away.
+    bridges: Bridges,
     /// Shared groups over channels.
-    groups: Vec<channel_share::ChannelGroup>,
-    /// Groups to let read on once the current event is handled.
-    groups_due: Vec<usize>,
-    /// Reads out for groups: ticket to the group, its generation, and
-    /// whether the read resolves where the group starts.
-    group_reads: IdMap<u64, (usize, u64, bool)>,
-    /// Stored places of groups nobody has joined yet since the start.
-    group_positions: HashMap<(u16, String), u64>,
-    /// The queues' volatile halves, by channel index.
-    queues: std::collections::BTreeMap<u16, queue::Queue>,
-    /// Queues to offer once the current event is handled.
-    queues_due: Vec<u16>,
-    /// Offers out: ticket to the queue's channel index.
-    offer_reads: IdMap<u64, u16>,
-    /// Reads of a latest channel's current values out, by ticket.
-    values_reads: IdMap<u64, latest::ValuesRead>,
-    /// Reads of current values that failed, asked again at the tick.
-    values_failed: Vec<latest::ValuesRead>,
-    /// Queue writes the current event made, each sealed on its own.
-    queue_writes: Vec<(u16, persist::Write, queue::QueueWrite)>,
+    groups: Groups,
+    /// The queues' volatile halves: deliveries, workers, offers.
+    queues: Queues,
+    /// Reads of latest channels' current values.
+    latest_reads: LatestReads,
     /// The session an acknowledgement in the current batch of packets
     /// freed window room for: promoted once the acknowledgements in a row
     /// are handled.
@@ -638,12 +645,8 @@ impl BrokerState {
             authorizer,
             retained: RetainedIndex::new(),
             index: SubscriptionIndex::new(),
-            sessions: IdMap::default(),
-            by_client_id: HashMap::new(),
+            sessions: Sessions::default(),
             connections: IdMap::default(),
-            detached: IdSet::default(),
-            next_session: 1,
-            next_assigned_id: 1,
             doomed: Vec::new(),
             scratch_matches: Vec::new(),
             scratch_deliveries: Vec::new(),
@@ -652,23 +655,12 @@ impl BrokerState {
             next_exactly_once_sweep: None,
             clock_base,
             persist: persist::Persistence::default(),
-            channels: Vec::new(),
-            reads: Vec::new(),
-            channel_reads: IdMap::default(),
-            next_read: 1,
-            pumps_due: Vec::new(),
-            bridge_positions: HashMap::new(),
-            bridge_holds: HashMap::new(),
-            groups: Vec::new(),
-            groups_due: Vec::new(),
-            group_reads: IdMap::default(),
-            group_positions: HashMap::new(),
-            queues: std::collections::BTreeMap::new(),
-            queues_due: Vec::new(),
-            offer_reads: IdMap::default(),
-            values_reads: IdMap::default(),
-            values_failed: Vec::new(),
-            queue_writes: Vec::new(),
+            channels: Channels::default(),
+            reads: ReadRequests::default(),
+            bridges: Bridges::default(),
+            groups: Groups::default(),
+            queues: Queues::default(),
+            latest_reads: LatestReads::default(),
             window_freed: None,
             received: 0,
         }
@@ -679,7 +671,7 @@ impl BrokerState {
     }
 
     pub fn session_count(&self) -> usize {
-        self.sessions.len()
+        self.sessions.by_key.len()
     }
 
     /// Unix nanoseconds at `now`, from the injected clock.
@@ -741,7 +733,7 @@ impl BrokerState {
             } => {
                 // A close waits behind the answers owed before it, so what
                 // the client sent before it went away is still answered.
-                let parked = persist::Parked::Close {
+                let parked = intent::Parked::Close {
                     connection,
                     reason,
                     code: disconnect_reason,
@@ -751,7 +743,7 @@ impl BrokerState {
             Event::Drained { connection } => self.on_drained(connection, now),
             Event::Committed { ticket, result } => self.on_committed(ticket, result, now),
             Event::ChannelRead { ticket, result } => self.on_channel_read(ticket, result, now),
-            Event::FloorRaised { channel, floor } => self.on_floor_raised(&channel, floor),
+            Event::FloorRaised { channel, floor } => self.channels.floor_raised(&channel, floor),
         }
         self.close_doomed(now);
         self.run_orphans(now);
@@ -759,8 +751,8 @@ impl BrokerState {
         self.run_queue_pumps(now);
         // Whatever closing staged (a detached session recorded, a session
         // ended) is written too.
-        if self.has_staged() {
-            self.seal_background();
+        if self.persist.has_staged() {
+            self.persist.seal_background();
         }
         self.seal_queue_writes(now);
         if self.received > 0 {
@@ -803,7 +795,7 @@ impl BrokerState {
     /// Must an answer for `connection` wait (something was staged for it,
     /// or answers before it are still waiting)?
     fn must_queue(&self, connection: u64) -> bool {
-        self.has_staged()
+        self.persist.has_staged()
             || self
                 .connections
                 .get(&connection)

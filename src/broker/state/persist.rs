@@ -20,322 +20,22 @@
 //! still owed.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
 
-use bytes::Bytes;
-use saguin_format::model::{PublishProps, Record, UnixNanos, UserProperty};
+use saguin_format::model::Record;
 use tokio::time::Instant;
 
-use super::session::{IdMap, IdSet, InflightPhase};
-use super::{BrokerState, Outbound, ReasonCode, WillRequest};
-use crate::broker::codec::{ByteStr, PayloadFormat};
-use crate::broker::message::{Message, MessageProperties};
+use super::ids::{IdMap, IdSet};
+use super::intent::{Class, Intent, Parked, Role, StorageFailure, Write, Written};
+use super::records::{message_from_record, publish_props_of, user_properties_of, will_entry};
+use super::session::InflightPhase;
+use super::{BrokerState, Outbound, ReasonCode};
+use crate::broker::message::Message;
 use crate::broker::metrics::{CloseReason, DropReason};
-use crate::broker::subscriptions::{Delivery, SessionKey};
+use crate::broker::subscriptions::SessionKey;
 use crate::storage::contract::{
     HeldPublish, InflightEntry as StoredInflight, InflightPhase as StoredPhase, SessionEntry,
-    ShareGroupKey, SubscriptionEntry, WillEntry, BROADCAST_LOG_NAME,
+    ShareGroupKey, SubscriptionEntry, BROADCAST_LOG_NAME,
 };
-
-/// Which provider a write goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// `broker.session_storage`: sessions, the broadcast log, broadcast
-    /// QoS 2 holds.
-    Sessions,
-    /// `broker.retained_storage`: the retained store.
-    Retained,
-    /// The append channel of this index (in configuration order): its
-    /// records, holds and positions, in the channel's provider.
-    Channel(u16),
-}
-
-impl Role {
-    /// The role's place among the persisters: sessions, retained, then
-    /// each channel.
-    pub fn index(self) -> usize {
-        match self {
-            Role::Sessions => 0,
-            Role::Retained => 1,
-            Role::Channel(i) => 2 + usize::from(i),
-        }
-    }
-
-    fn of_index(index: usize) -> Role {
-        match index {
-            0 => Role::Sessions,
-            1 => Role::Retained,
-            i => Role::Channel(u16::try_from(i - 2).unwrap_or(u16::MAX)),
-        }
-    }
-}
-
-/// One write for a provider.
-#[derive(Debug, Clone)]
-pub enum Write {
-    /// A persistent session's record: begun, changed or detached.
-    SaveSession(SessionEntry),
-    /// A session ended; its broadcast-log cursor goes with it.
-    RemoveSession(String),
-    SaveCursor {
-        client_id: String,
-        offset: u64,
-    },
-    /// A message persistent sessions are owed; answered with its offset.
-    AppendLog(Record),
-    ReleaseLog(Vec<u64>),
-    SetRetained(Record),
-    DeleteRetained(String),
-    /// A QoS 2 publish held until its PUBREL (in the broadcast log, or
-    /// in the channel its record names).
-    Hold(HeldPublish),
-    DropHold {
-        client_id: String,
-        packet_id: u16,
-    },
-    /// A record appended to the role's channel; answered with the record.
-    Append(Record),
-    /// A held QoS 2 publish written at the channel's next offset (PUBREL);
-    /// answered with the record.
-    Release {
-        client_id: String,
-        packet_id: u16,
-    },
-    /// A channel hold let go without its record (expired, session ended).
-    DropChannelHold {
-        client_id: String,
-        packet_id: u16,
-    },
-    SavePosition(crate::storage::contract::Position),
-    DropPosition(crate::storage::contract::Reader),
-    /// The queue record at `offset` handed to `holder` until `lease_until`
-    /// (an attempt counted, the one thing stored); answered with the lease.
-    Lease {
-        offset: u64,
-        holder: String,
-        lease_until: UnixNanos,
-        now: UnixNanos,
-    },
-    /// A worker finished a delivery: its record is removed.
-    Resolve {
-        delivery_id: u64,
-        epoch: u64,
-    },
-    /// A delivery failed: its record is available again after the backoff
-    /// gap, or moves to the dead-letter channel with its attempts spent.
-    ReleaseLease {
-        delivery_id: u64,
-        epoch: u64,
-        now: UnixNanos,
-        reason: String,
-    },
-}
-
-/// What a write came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Written {
-    Done,
-    /// The offset an [`Write::AppendLog`] took.
-    Appended(u64),
-    /// A record stored in the channel of this index, with its offset.
-    Stored(u16, Arc<Record>),
-    /// A queue record leased, in the queue of this index.
-    Leased(u16, Box<crate::storage::contract::Lease>),
-    /// A delivery resolved (false: it was superseded, nothing changed).
-    Resolved(u16, u64, bool),
-    /// What releasing a delivery did.
-    Released(u16, u64, crate::storage::contract::Released),
-}
-
-/// Writes for one provider, answered together with one ticket.
-#[derive(Debug)]
-pub struct Intent {
-    pub ticket: u64,
-    pub role: Role,
-    /// What kind of write it is, for the order a provider serves them in
-    /// (group commit: publishes and session writes take turns, writes a
-    /// client waits on first).
-    pub class: Class,
-    pub writes: Vec<Write>,
-}
-
-/// The kinds of write a persister takes turns between.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
-    /// A record appended, a retained value replaced: the publish path.
-    Publish,
-    /// A session write a client's packet waits on (a session begun, a
-    /// subscription stored, a QoS 2 publish held or let go).
-    Answering,
-    /// A departed client's write: a disconnect recorded, a session ended.
-    Departed,
-    /// A connected session's background write: its in-flight table and
-    /// cursor, log entries let go.
-    Connected,
-}
-
-impl Write {
-    /// Is this write on the publish path (rather than a session write)?
-    pub fn is_publish(&self) -> bool {
-        matches!(
-            self,
-            Write::AppendLog(_)
-                | Write::SetRetained(_)
-                | Write::DeleteRetained(_)
-                | Write::Append(_)
-                | Write::Release { .. }
-                // A queue's writes keep transactions of their own, never
-                // inside a group of session writes.
-                | Write::Lease { .. }
-                | Write::Resolve { .. }
-                | Write::ReleaseLease { .. }
-        )
-    }
-
-    /// The client id the write is for, if it is one client's.
-    pub fn client(&self) -> Option<&str> {
-        match self {
-            Write::SaveSession(e) => Some(&e.client_id),
-            Write::RemoveSession(c) | Write::SaveCursor { client_id: c, .. } => Some(c),
-            Write::Hold(h) => Some(&h.client_id),
-            Write::DropHold { client_id, .. }
-            | Write::Release { client_id, .. }
-            | Write::DropChannelHold { client_id, .. } => Some(client_id),
-            Write::SavePosition(p) => Some(p.reader.id()),
-            Write::DropPosition(r) => Some(r.id()),
-            Write::Append(_)
-            | Write::AppendLog(_)
-            | Write::ReleaseLog(_)
-            | Write::SetRetained(_)
-            | Write::DeleteRetained(_)
-            | Write::Lease { .. }
-            | Write::Resolve { .. }
-            | Write::ReleaseLease { .. } => None,
-        }
-    }
-}
-
-/// Why an intent did not commit.
-#[derive(Debug, Clone)]
-pub struct StorageFailure {
-    /// The provider (or channel) was at its bound: 0x97, not 0x83.
-    pub full: bool,
-    pub message: String,
-}
-
-impl StorageFailure {
-    /// The MQTT 5 reason code a client is answered with.
-    pub fn reason_code(&self) -> ReasonCode {
-        if self.full {
-            ReasonCode::QuotaExceeded
-        } else {
-            ReasonCode::ImplementationSpecificError
-        }
-    }
-}
-
-/// What a sealed group owes once its writes committed.
-#[derive(Debug)]
-pub(super) enum Parked {
-    /// Nobody waits (a disconnect recorded, a session ended, a flush).
-    Background,
-    /// A flush of these sessions' in-flight tables and cursors, taken for
-    /// writing at `sealed`; marked dirty again if it fails, so the next
-    /// flush retries.
-    Flush {
-        clients: Vec<Arc<str>>,
-        sealed: Instant,
-    },
-    ConnAck {
-        connection: u64,
-        key: SessionKey,
-        ack: Outbound,
-        replay: bool,
-    },
-    SubAck {
-        connection: u64,
-        key: SessionKey,
-        packet_id: u16,
-        reasons: Vec<ReasonCode>,
-        /// Filters whose retained messages are sent after the SUBACK.
-        retained_for: Vec<(String, crate::broker::subscriptions::SubOptions)>,
-        /// The subscriptions as they were, to put back if the write fails.
-        undo: Vec<(String, Option<super::session::SessionSubscription>)>,
-        /// Channels it subscribed to, where their consumers start.
-        consumers: Vec<super::channel::ConsumerStart>,
-    },
-    UnsubAck {
-        connection: u64,
-        key: SessionKey,
-        packet_id: u16,
-        reasons: Vec<ReasonCode>,
-        undo: Vec<(String, super::session::SessionSubscription)>,
-        /// Channels it unsubscribed from, with the raw filter.
-        channels: Vec<(u16, String)>,
-    },
-    /// A publish routed once its retained value, hold or log entry is
-    /// stored; `ack` is what its publisher is owed (if anything).
-    Publish(Box<ParkedPublish>),
-    PubComp {
-        connection: u64,
-        packet_id: u16,
-    },
-    /// A packet for a client that needed no write but waits behind those
-    /// that did.
-    Reply {
-        connection: u64,
-        packet: Outbound,
-    },
-    /// A queue write: what becomes of its delivery when it fails.
-    Queue(super::queue::QueueWrite),
-    /// The connection's close, after every answer owed before it.
-    Close {
-        connection: u64,
-        reason: CloseReason,
-        code: Option<ReasonCode>,
-    },
-}
-
-#[derive(Debug)]
-pub(super) struct ParkedPublish {
-    pub connection: Option<u64>,
-    pub packet_id: u16,
-    pub qos: u8,
-    pub message: Arc<Message>,
-    pub publisher: Option<SessionKey>,
-    /// The matched deliveries, computed when the publish arrived.
-    pub deliveries: Vec<Delivery>,
-    /// Whether a log entry was asked for (its offset comes with the commit).
-    pub logged: bool,
-    /// The retained index changes at commit: set (true) or delete.
-    pub retain_change: Option<bool>,
-    /// The v5 reason the publisher is answered with on success.
-    pub code: ReasonCode,
-}
-
-impl ParkedPublish {
-    /// A client's publish its broadcast subscribers are not handed (one
-    /// into a channel, or one the ACL refused): only answered, with `code`.
-    pub fn unrouted(
-        connection: u64,
-        publisher: SessionKey,
-        packet_id: u16,
-        message: Arc<Message>,
-        code: ReasonCode,
-    ) -> Parked {
-        Parked::Publish(Box::new(ParkedPublish {
-            connection: Some(connection),
-            packet_id,
-            qos: message.qos,
-            message,
-            publisher: Some(publisher),
-            deliveries: Vec::new(),
-            logged: false,
-            retain_change: None,
-            code,
-        }))
-    }
-}
 
 #[derive(Debug)]
 struct Wait {
@@ -397,6 +97,157 @@ impl Default for Persistence {
     }
 }
 
+// The bookkeeping alone: what is staged and sealed, the waits, the
+// broadcast log's references. What an answer does to sessions and
+// connections is `BrokerState`'s, below.
+impl Persistence {
+    /// A write for `role`, sealed with the next seal.
+    pub(super) fn stage(&mut self, role: Role, write: Write) {
+        let index = role.index();
+        if self.staged.len() <= index {
+            self.staged.resize_with(index + 1, Vec::new);
+        }
+        let staged = &mut self.staged[index];
+        // Most seals hold one write, and the vector goes with the intent:
+        // room for one `Write` (352 bytes), not the four a first push
+        // makes room for.
+        if staged.capacity() == 0 {
+            staged.reserve_exact(1);
+        }
+        staged.push(write);
+    }
+
+    pub(super) fn has_staged(&self) -> bool {
+        self.staged.iter().any(|w| !w.is_empty())
+    }
+
+    /// Turn what was staged into intents answered at `place`. Returns the
+    /// wait's id, or `None` when nothing was staged.
+    fn seal_at(&mut self, place: Place) -> Option<u64> {
+        if !self.has_staged() {
+            return None;
+        }
+        let session_class = match &place {
+            Place::Alone(Parked::Background) | Place::Alone(Parked::Close { .. }) => {
+                Class::Departed
+            }
+            Place::Alone(Parked::Flush { .. }) => Class::Connected,
+            Place::Queued { .. } | Place::Alone(_) => Class::Answering,
+        };
+        let wait = self.next_wait;
+        self.next_wait += 1;
+        let mut remaining = 0;
+        // Retained first, then sessions, then channels: the order a
+        // packet's writes are issued in.
+        let mut order: Vec<usize> = (0..self.staged.len()).collect();
+        let last = order.len() - 1;
+        order.swap(0, last.min(1));
+        for index in order {
+            let role = Role::of_index(index);
+            let writes = std::mem::take(&mut self.staged[index]);
+            if writes.is_empty() {
+                continue;
+            }
+            // A packet's publish writes and its session writes go in
+            // intents of their own: a provider groups each with its kind.
+            let (publish, session) = split_publishes(writes);
+            for (class, writes) in [(Class::Publish, publish), (session_class, session)] {
+                if writes.is_empty() {
+                    continue;
+                }
+                let ticket = self.next_ticket;
+                self.next_ticket += 1;
+                remaining += 1;
+                self.tickets.insert(ticket, wait);
+                self.intents.push(Intent {
+                    ticket,
+                    role,
+                    class,
+                    writes,
+                });
+            }
+        }
+        self.waits.insert(
+            wait,
+            Wait {
+                remaining,
+                failure: None,
+                appended: None,
+                place,
+            },
+        );
+        Some(wait)
+    }
+
+    /// Seal what was staged, answered by `parked` on its own.
+    pub(super) fn seal(&mut self, parked: Parked) -> Option<u64> {
+        self.seal_at(Place::Alone(parked))
+    }
+
+    /// Write what nobody waits for.
+    pub(super) fn seal_background(&mut self) {
+        self.seal(Parked::Background);
+    }
+
+    /// A connection went away with answers still queued: each is answered
+    /// on its own once its commit arrives (its publishes are still routed),
+    /// those ready now at the end of the current event.
+    pub(super) fn orphan_answers(&mut self, answers: VecDeque<super::Answer>) {
+        for a in answers {
+            match a.wait {
+                Some(wait) => {
+                    if let Some(w) = self.waits.get_mut(&wait) {
+                        w.place = Place::Alone(a.parked);
+                    }
+                }
+                None => self.orphans.push((a.parked, a.failure, a.appended)),
+            }
+        }
+    }
+
+    /// A persistent session now holds log entry `offset`.
+    pub(super) fn hold_log(&mut self, key: SessionKey, offset: u64) {
+        *self.log_refs.entry(offset).or_default() += 1;
+        self.dirty.insert(key);
+    }
+
+    /// An entry appended that no session ended up holding.
+    pub(super) fn release_unheld(&mut self, offset: u64) {
+        if !self.log_refs.contains_key(&offset) {
+            self.releasable.push(offset);
+        }
+    }
+
+    pub(super) fn clear_dirty(&mut self) {
+        self.dirty.clear();
+    }
+
+    pub(super) fn mark_dirty(&mut self, key: SessionKey) {
+        self.dirty.insert(key);
+    }
+
+    /// A persistent session let go of log entry `offset` (acknowledged,
+    /// dropped, or its session ended).
+    pub(super) fn unhold_log(&mut self, key: Option<SessionKey>, offset: u64) {
+        if let Some(key) = key {
+            self.dirty.insert(key);
+        }
+        let Some(count) = self.log_refs.get_mut(&offset) else {
+            return;
+        };
+        *count -= 1;
+        if *count == 0 {
+            self.log_refs.remove(&offset);
+            self.releasable.push(offset);
+            if self.releasable.len() >= RELEASE_AT {
+                let offsets = std::mem::take(&mut self.releasable);
+                self.stage(Role::Sessions, Write::ReleaseLog(offsets));
+                self.seal_background();
+            }
+        }
+    }
+}
+
 /// A packet's publish writes and its other writes, apart. Nearly every
 /// seal holds writes of one kind: those keep their vector, since a new one
 /// sized for a `Write` is past the allocator's per-thread cache and, with a
@@ -430,88 +281,6 @@ impl BrokerState {
         self.persist.tickets.len()
     }
 
-    pub(super) fn stage(&mut self, role: Role, write: Write) {
-        let index = role.index();
-        if self.persist.staged.len() <= index {
-            self.persist.staged.resize_with(index + 1, Vec::new);
-        }
-        let staged = &mut self.persist.staged[index];
-        // Most seals hold one write, and the vector goes with the intent:
-        // room for one `Write` (352 bytes), not the four a first push
-        // makes room for.
-        if staged.capacity() == 0 {
-            staged.reserve_exact(1);
-        }
-        staged.push(write);
-    }
-
-    pub(super) fn has_staged(&self) -> bool {
-        self.persist.staged.iter().any(|w| !w.is_empty())
-    }
-
-    /// Turn what was staged into intents answered at `place`. Returns the
-    /// wait's id, or `None` when nothing was staged.
-    fn seal_at(&mut self, place: Place) -> Option<u64> {
-        if !self.has_staged() {
-            return None;
-        }
-        let session_class = match &place {
-            Place::Alone(Parked::Background) | Place::Alone(Parked::Close { .. }) => {
-                Class::Departed
-            }
-            Place::Alone(Parked::Flush { .. }) => Class::Connected,
-            Place::Queued { .. } | Place::Alone(_) => Class::Answering,
-        };
-        let wait = self.persist.next_wait;
-        self.persist.next_wait += 1;
-        let mut remaining = 0;
-        // Retained first, then sessions, then channels: the order a
-        // packet's writes are issued in.
-        let mut order: Vec<usize> = (0..self.persist.staged.len()).collect();
-        let last = order.len() - 1;
-        order.swap(0, last.min(1));
-        for index in order {
-            let role = Role::of_index(index);
-            let writes = std::mem::take(&mut self.persist.staged[index]);
-            if writes.is_empty() {
-                continue;
-            }
-            // A packet's publish writes and its session writes go in
-            // intents of their own: a provider groups each with its kind.
-            let (publish, session) = split_publishes(writes);
-            for (class, writes) in [(Class::Publish, publish), (session_class, session)] {
-                if writes.is_empty() {
-                    continue;
-                }
-                let ticket = self.persist.next_ticket;
-                self.persist.next_ticket += 1;
-                remaining += 1;
-                self.persist.tickets.insert(ticket, wait);
-                self.persist.intents.push(Intent {
-                    ticket,
-                    role,
-                    class,
-                    writes,
-                });
-            }
-        }
-        self.persist.waits.insert(
-            wait,
-            Wait {
-                remaining,
-                failure: None,
-                appended: None,
-                place,
-            },
-        );
-        Some(wait)
-    }
-
-    /// Seal what was staged, answered by `parked` on its own.
-    pub(super) fn seal(&mut self, parked: Parked) -> Option<u64> {
-        self.seal_at(Place::Alone(parked))
-    }
-
     /// Queue `parked` as `connection`'s next answer: released once what was
     /// staged for it has committed and every answer before it is released.
     /// With nothing staged and nothing before it, it is answered at once.
@@ -520,13 +289,13 @@ impl BrokerState {
             .connections
             .get(&connection)
             .map(|c| !c.answers.is_empty());
-        let staged = self.has_staged();
+        let staged = self.persist.has_staged();
         match queued {
             None => {
                 // The connection is gone: only what the packet wrote
                 // remains to be answered, on its own.
                 if staged {
-                    self.seal(parked);
+                    self.persist.seal(parked);
                 } else {
                     self.answer(parked, None, None, now);
                 }
@@ -546,7 +315,7 @@ impl BrokerState {
             conn.next_answer += 1;
             conn.next_answer
         };
-        let wait = self.seal_at(Place::Queued {
+        let wait = self.persist.seal_at(Place::Queued {
             connection,
             answer: id,
         });
@@ -572,16 +341,11 @@ impl BrokerState {
     /// Seal with `parked` (a publish without a connection waiting, such as a
     /// Will), or answer it at once when nothing was staged.
     pub(super) fn seal_or_answer(&mut self, parked: Parked, now: Instant) {
-        if !self.has_staged() {
+        if !self.persist.has_staged() {
             self.answer(parked, None, None, now);
             return;
         }
-        self.seal(parked);
-    }
-
-    /// Write what nobody waits for.
-    pub(super) fn seal_background(&mut self) {
-        self.seal(Parked::Background);
+        self.persist.seal(parked);
     }
 
     pub(super) fn on_committed(
@@ -610,7 +374,7 @@ impl BrokerState {
                         }
                         Written::Leased(channel, lease) => self.leased(channel, *lease, now),
                         Written::Resolved(channel, delivery, _) => {
-                            self.resolved(channel, delivery, now)
+                            self.queues.resolved(channel, delivery, &self.metrics)
                         }
                         Written::Released(channel, delivery, released) => {
                             self.released(channel, delivery, released, now)
@@ -673,22 +437,6 @@ impl BrokerState {
         }
     }
 
-    /// A connection went away with answers still queued: each is answered
-    /// on its own once its commit arrives (its publishes are still routed),
-    /// those ready now at the end of the current event.
-    pub(super) fn orphan_answers(&mut self, answers: VecDeque<super::Answer>) {
-        for a in answers {
-            match a.wait {
-                Some(wait) => {
-                    if let Some(w) = self.persist.waits.get_mut(&wait) {
-                        w.place = Place::Alone(a.parked);
-                    }
-                }
-                None => self.persist.orphans.push((a.parked, a.failure, a.appended)),
-            }
-        }
-    }
-
     pub(super) fn run_orphans(&mut self, now: Instant) {
         while !self.persist.orphans.is_empty() {
             let orphans = std::mem::take(&mut self.persist.orphans);
@@ -710,7 +458,7 @@ impl BrokerState {
             Parked::Background => {}
             Parked::Queue(write) => {
                 if let Some(failure) = failure {
-                    self.queue_write_failed(write, failure, now);
+                    self.queues.write_failed(write, failure, now);
                 }
             }
             Parked::Reply { connection, packet } => self.send(connection, packet),
@@ -722,7 +470,7 @@ impl BrokerState {
             Parked::Flush { clients, sealed } => {
                 if failure.is_some() {
                     for client in clients {
-                        if let Some(&key) = self.by_client_id.get(&client) {
+                        if let Some(&key) = self.sessions.by_client_id.get(&client) {
                             self.persist.dirty.insert(key);
                         }
                     }
@@ -752,10 +500,10 @@ impl BrokerState {
                     let values_for = retained_for.clone();
                     self.deliver_retained(connection, key, retained_for, now);
                     for start in consumers {
-                        if !self.sessions.contains_key(&key) {
+                        if !self.sessions.by_key.contains_key(&key) {
                             break;
                         }
-                        if self.is_queue(start.channel) {
+                        if self.channels.is_queue(start.channel) {
                             self.refresh_worker(key, start.channel, now);
                             continue;
                         }
@@ -765,7 +513,7 @@ impl BrokerState {
                             }
                             None => {
                                 self.refresh_consumer(key, start.channel, start.seek, None, now);
-                                self.started_stored(key, &start);
+                                self.sessions.started_stored(key, &start);
                             }
                         }
                     }
@@ -796,10 +544,10 @@ impl BrokerState {
                 None => {
                     self.send(connection, Outbound::UnsubAck { packet_id, reasons });
                     for (channel, raw) in channels {
-                        if !self.sessions.contains_key(&key) {
+                        if !self.sessions.by_key.contains_key(&key) {
                             break;
                         }
-                        if self.is_queue(channel) {
+                        if self.channels.is_queue(channel) {
                             self.refresh_worker(key, channel, now);
                         } else if crate::topic::split_shared(&raw).is_some() {
                             self.leave_group(key, &raw);
@@ -856,57 +604,10 @@ impl BrokerState {
 
     // ---- the broadcast log ----------------------------------------------
 
-    /// Does a delivery to `key` need the message in the broadcast log?
-    pub(super) fn owed_durably(&self, key: SessionKey, qos: u8) -> bool {
-        qos > 0 && self.sessions.get(&key).is_some_and(|s| s.stored)
-    }
-
-    /// A persistent session now holds log entry `offset`.
-    pub(super) fn hold_log(&mut self, key: SessionKey, offset: u64) {
-        *self.persist.log_refs.entry(offset).or_default() += 1;
-        self.persist.dirty.insert(key);
-    }
-
-    /// A persistent session let go of log entry `offset` (acknowledged,
-    /// dropped, or its session ended).
-    pub(super) fn unhold_log(&mut self, key: Option<SessionKey>, offset: u64) {
-        if let Some(key) = key {
-            self.persist.dirty.insert(key);
-        }
-        let Some(count) = self.persist.log_refs.get_mut(&offset) else {
-            return;
-        };
-        *count -= 1;
-        if *count == 0 {
-            self.persist.log_refs.remove(&offset);
-            self.persist.releasable.push(offset);
-            if self.persist.releasable.len() >= RELEASE_AT {
-                let offsets = std::mem::take(&mut self.persist.releasable);
-                self.stage(Role::Sessions, Write::ReleaseLog(offsets));
-                self.seal_background();
-            }
-        }
-    }
-
-    /// An entry appended that no session ended up holding.
-    pub(super) fn release_unheld(&mut self, offset: u64) {
-        if !self.persist.log_refs.contains_key(&offset) {
-            self.persist.releasable.push(offset);
-        }
-    }
-
-    pub(super) fn persist_clear_dirty(&mut self) {
-        self.persist.dirty.clear();
-    }
-
-    pub(super) fn mark_dirty(&mut self, key: SessionKey) {
-        self.persist.dirty.insert(key);
-    }
-
     /// The session's cursor: the lowest log offset it still holds, or the
     /// log's next offset.
     fn cursor_of(&self, key: SessionKey) -> u64 {
-        let Some(session) = self.sessions.get(&key) else {
+        let Some(session) = self.sessions.by_key.get(&key) else {
             return self.persist.log_next;
         };
         let inflight = session.inflight.iter().filter_map(|e| e.log_offset);
@@ -925,7 +626,7 @@ impl BrokerState {
         dirty.sort_unstable();
         let mut clients = Vec::new();
         for key in dirty {
-            let Some(session) = self.sessions.get(&key) else {
+            let Some(session) = self.sessions.by_key.get(&key) else {
                 continue;
             };
             if !session.stored {
@@ -939,7 +640,7 @@ impl BrokerState {
             // publish between them, which one intent of every session of
             // a storm could not.
             if clients.len() == FLUSH_SESSIONS {
-                self.seal(Parked::Flush {
+                self.persist.seal(Parked::Flush {
                     clients: std::mem::take(&mut clients),
                     sealed: now,
                 });
@@ -947,10 +648,11 @@ impl BrokerState {
         }
         if !self.persist.releasable.is_empty() {
             let offsets = std::mem::take(&mut self.persist.releasable);
-            self.stage(Role::Sessions, Write::ReleaseLog(offsets));
+            self.persist
+                .stage(Role::Sessions, Write::ReleaseLog(offsets));
         }
         self.stage_all_positions(now);
-        self.seal(Parked::Flush {
+        self.persist.seal(Parked::Flush {
             clients,
             sealed: now,
         });
@@ -963,8 +665,9 @@ impl BrokerState {
         let cursor = self.cursor_of(key);
         let client_id = entry.client_id.clone();
         self.persist.dirty.remove(&key);
-        self.stage(Role::Sessions, Write::SaveSession(entry));
-        self.stage(
+        self.persist
+            .stage(Role::Sessions, Write::SaveSession(entry));
+        self.persist.stage(
             Role::Sessions,
             Write::SaveCursor {
                 client_id,
@@ -976,7 +679,7 @@ impl BrokerState {
 
     /// The stored form of session `key` at `now`.
     pub(super) fn session_entry(&self, key: SessionKey, now: Instant) -> SessionEntry {
-        let session = &self.sessions[&key];
+        let session = &self.sessions.by_key[&key];
         let attached = session.connection.or(session.connecting);
         let connection = attached.and_then(|c| self.connections.get(&c));
         let will = match (connection, &session.pending_will) {
@@ -1098,92 +801,4 @@ impl BrokerState {
             .map(|(o, c)| (*o, *c))
             .collect()
     }
-}
-
-/// A Will as the session provider keeps it.
-pub(super) fn will_entry(will: &WillRequest) -> WillEntry {
-    let p = &will.properties;
-    WillEntry {
-        topic: will.topic.to_string(),
-        payload: will.payload.clone(),
-        qos: will.qos,
-        retain: will.retain,
-        delay_interval: will.delay,
-        props: publish_props_of(p),
-        user_properties: user_properties_of(p),
-    }
-}
-
-/// The five publish properties a record keeps, from a message's.
-fn publish_props_of(p: &MessageProperties) -> PublishProps {
-    PublishProps {
-        content_type: p.content_type.as_deref().map(str::to_owned),
-        response_topic: p.response_topic.as_deref().map(str::to_owned),
-        correlation_data: p.correlation_data.clone(),
-        payload_format_indicator: p.payload_format_indicator.map(|f| f as u8),
-        message_expiry_interval: p.message_expiry_interval,
-    }
-}
-
-/// A message's User Properties as a record keeps them, in order.
-fn user_properties_of(p: &MessageProperties) -> Vec<UserProperty> {
-    p.user_properties
-        .iter()
-        .map(|(name, value)| UserProperty {
-            name: name.clone(),
-            value: value.clone(),
-        })
-        .collect()
-}
-
-/// A stored Will as the state carries it.
-pub(super) fn will_request(will: &WillEntry) -> WillRequest {
-    WillRequest {
-        topic: ByteStr::from(will.topic.as_str()),
-        payload: will.payload.clone(),
-        qos: will.qos,
-        retain: will.retain,
-        properties: properties_of(&will.props, &will.user_properties),
-        delay: will.delay_interval,
-    }
-}
-
-fn properties_of(props: &PublishProps, user: &[UserProperty]) -> MessageProperties {
-    MessageProperties {
-        payload_format_indicator: props.payload_format_indicator.map(|f| {
-            if f == 1 {
-                PayloadFormat::Utf8
-            } else {
-                PayloadFormat::Unspecified
-            }
-        }),
-        message_expiry_interval: props.message_expiry_interval,
-        topic_alias: None,
-        response_topic: props.response_topic.as_deref().map(ByteStr::from),
-        correlation_data: props.correlation_data.clone(),
-        user_properties: user
-            .iter()
-            .map(|p| (p.name.clone(), p.value.clone()))
-            .collect(),
-        subscription_identifiers: Vec::new(),
-        content_type: props.content_type.as_deref().map(ByteStr::from),
-    }
-}
-
-/// A stored record as a routable message received at `received_at`.
-pub(super) fn message_from_record(record: &Record, received_at: Instant) -> Message {
-    Message {
-        topic: ByteStr::from(record.topic.as_str()),
-        payload: Bytes::clone(&record.payload),
-        qos: record.qos,
-        retain: record.retain,
-        properties: properties_of(&record.props, &record.user_properties),
-        received_at,
-        wire: Default::default(),
-    }
-}
-
-/// Unix nanoseconds now, from the system clock.
-pub fn unix_now() -> UnixNanos {
-    crate::storage::contract::now_nanos()
 }

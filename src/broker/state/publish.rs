@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::persist::{Parked, ParkedPublish, Role, StorageFailure, Write};
+use super::intent::{Parked, ParkedPublish, Role, StorageFailure, Write};
 use super::session::{InflightEntry, InflightPhase, QueuedMessage};
 use super::{BrokerState, Inbound, InboundPublish, Outbound, ReasonCode};
 use crate::broker::codec::{self, ByteStr, ProtocolVersion, PublishParts, QoS};
@@ -29,7 +29,11 @@ impl BrokerState {
                 self.on_publish(connection, key, v5, answers_pending, publish, now)
             }
             Inbound::PubAck { packet_id, reason } => {
-                let session = self.sessions.get_mut(&key).expect("connected session");
+                let session = self
+                    .sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("connected session");
                 // A broadcast delivery's exchange ends here, with one
                 // look-up; a channel record's takes the longer way.
                 let broadcast = session.inflight.remove_if(packet_id, |e| {
@@ -40,15 +44,21 @@ impl BrokerState {
                     self.free_window(key, now);
                     return;
                 }
-                let session = self.sessions.get_mut(&key).expect("connected session");
+                let session = self
+                    .sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("connected session");
                 let acked = match session.inflight.get_mut(packet_id) {
                     Some(e) if matches!(e.phase, InflightPhase::AwaitPuback) => Some(e.channel),
                     _ => None,
                 };
                 if let Some(channel) = acked {
                     // A queue's delivery is resolved or released by it.
-                    if let Some((channel, offset)) = channel.filter(|(c, _)| self.is_queue(*c)) {
-                        self.queue_acked(key, channel, offset, packet_id, reason);
+                    if let Some((channel, offset)) =
+                        channel.filter(|(c, _)| self.channels.is_queue(*c))
+                    {
+                        self.queues.acked(key, channel, offset, packet_id, reason);
                     }
                     self.finish_exchange(key, packet_id);
                     self.free_window(key, now);
@@ -58,7 +68,11 @@ impl BrokerState {
                 packet_id,
                 reason: code,
             } => {
-                let session = self.sessions.get_mut(&key).expect("connected session");
+                let session = self
+                    .sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("connected session");
                 match session.inflight.get_mut(packet_id) {
                     Some(entry) if matches!(entry.phase, InflightPhase::AwaitPubrec) => {
                         if code.is_error() {
@@ -70,7 +84,7 @@ impl BrokerState {
                             entry.queued = None;
                             let logged = entry.log_offset.is_some();
                             if logged {
-                                self.mark_dirty(key);
+                                self.persist.mark_dirty(key);
                             }
                             self.reply(
                                 connection,
@@ -106,7 +120,11 @@ impl BrokerState {
                 }
             }
             Inbound::PubComp { packet_id } => {
-                let session = self.sessions.get_mut(&key).expect("connected session");
+                let session = self
+                    .sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("connected session");
                 let ended = session.inflight.remove_if(packet_id, |e| {
                     matches!(e.phase, InflightPhase::AwaitPubcomp)
                 });
@@ -116,14 +134,18 @@ impl BrokerState {
                 }
             }
             Inbound::PubRel { packet_id } => {
-                let session = self.sessions.get_mut(&key).expect("connected session");
+                let session = self
+                    .sessions
+                    .by_key
+                    .get_mut(&key)
+                    .expect("connected session");
                 let known = session.inbound_qos2.remove(&packet_id).is_some();
                 let channel = session.channel_holds.remove(&packet_id);
                 if let (true, Some(channel)) = (known, channel) {
                     // The held record takes its offset now, and the
                     // PUBCOMP waits until it has.
                     let client_id = session.client_id.to_string();
-                    self.stage(
+                    self.persist.stage(
                         Role::Channel(channel),
                         Write::Release {
                             client_id,
@@ -134,7 +156,7 @@ impl BrokerState {
                     // The hold goes before the PUBCOMP says the exchange is
                     // over: a hold left behind would swallow the id's next use.
                     let client_id = session.client_id.to_string();
-                    self.stage(
+                    self.persist.stage(
                         Role::Sessions,
                         Write::DropHold {
                             client_id,
@@ -185,7 +207,11 @@ impl BrokerState {
                 session_expiry,
             } => {
                 if let Some(asked) = session_expiry {
-                    let session = self.sessions.get_mut(&key).expect("connected session");
+                    let session = self
+                        .sessions
+                        .by_key
+                        .get_mut(&key)
+                        .expect("connected session");
                     if session.expiry_interval == 0 && asked != 0 {
                         // MQTT 5 3.14.2.2.2: a session that was to end with
                         // the connection cannot be made to outlive it here.
@@ -239,7 +265,7 @@ impl BrokerState {
     /// An exchange ended (PUBACK, PUBCOMP, a refusing PUBREC): its log
     /// entry is no longer held by this session.
     fn finish_exchange(&mut self, key: SessionKey, packet_id: u16) {
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         if let Some(entry) = session.inflight.remove(packet_id) {
@@ -250,7 +276,7 @@ impl BrokerState {
     /// `entry`, taken out of `key`'s in-flight table, ended.
     fn exchange_ended(&mut self, key: SessionKey, entry: InflightEntry) {
         if let Some(offset) = entry.log_offset {
-            self.unhold_log(Some(key), offset);
+            self.persist.unhold_log(Some(key), offset);
         }
         if let Some((channel, offset)) = entry.channel {
             self.channel_acknowledged(key, channel, offset);
@@ -278,7 +304,7 @@ impl BrokerState {
             payload,
             properties,
         } = publish;
-        let session = self.sessions.get(&key).expect("connected session");
+        let session = self.sessions.by_key.get(&key).expect("connected session");
         if qos == 2 && session.inbound_qos2.contains_key(&packet_id) {
             // Method B: already routed; a duplicate only gets PUBREC.
             self.reply_held(connection, packet_id, now);
@@ -315,7 +341,7 @@ impl BrokerState {
             wire: Default::default(),
         });
         if allowed {
-            if let Some(channel) = self.channel_of(&message.topic) {
+            if let Some(channel) = self.channels.of_topic(&message.topic) {
                 self.stage_channel_publish(key, channel, packet_id, &message, now);
                 let parked = ParkedPublish::unrouted(
                     connection,
@@ -331,7 +357,11 @@ impl BrokerState {
         if qos == 2 && (allowed || !v5) {
             // A denied 3.1.1 QoS 2 still completes the handshake: keep the id
             // so a duplicate gets PUBREC and PUBREL gets PUBCOMP.
-            let session = self.sessions.get_mut(&key).expect("connected session");
+            let session = self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("connected session");
             session.inbound_qos2.insert(packet_id, now);
             if v5 && session.inbound_qos2.len() > usize::from(self.limits.receive_maximum) {
                 self.doom(
@@ -344,9 +374,9 @@ impl BrokerState {
             if stored_session {
                 // The hold is stored before PUBREC: a restart between the
                 // two must still know the id was routed.
-                let client_id = self.sessions[&key].client_id.clone();
+                let client_id = self.sessions.by_key[&key].client_id.clone();
                 let held = self.held_publish(&client_id, packet_id, &message, now);
-                self.stage(Role::Sessions, Write::Hold(held));
+                self.persist.stage(Role::Sessions, Write::Hold(held));
             }
         }
         if !allowed {
@@ -372,7 +402,7 @@ impl BrokerState {
             retain_change: parts.retain_change,
             code: ReasonCode::Success,
         };
-        if answers_pending || self.has_staged() {
+        if answers_pending || self.persist.has_staged() {
             self.park_or_answer(connection, Parked::Publish(Box::new(publish)), now);
         } else {
             // Nothing to store: routed and answered at once.
@@ -414,7 +444,7 @@ impl BrokerState {
     ) -> ParkedPublishParts {
         let publisher_id = |this: &Self| -> Arc<str> {
             publisher
-                .and_then(|k| this.sessions.get(&k))
+                .and_then(|k| this.sessions.by_key.get(&k))
                 .map_or_else(|| Arc::from(client_id), |s| s.client_id.clone())
         };
         let retain_change = message.retain.then(|| !message.payload.is_empty());
@@ -422,9 +452,10 @@ impl BrokerState {
             Some(true) => {
                 let id = publisher_id(self);
                 let record = self.record_of(&message, &id, now);
-                self.stage(Role::Retained, Write::SetRetained(record));
+                self.persist
+                    .stage(Role::Retained, Write::SetRetained(record));
             }
-            Some(false) => self.stage(
+            Some(false) => self.persist.stage(
                 Role::Retained,
                 Write::DeleteRetained(message.topic.to_string()),
             ),
@@ -432,13 +463,14 @@ impl BrokerState {
         }
         let deliveries = self.deliveries_of(&message, publisher);
         let logged = message.qos > 0
-            && deliveries
-                .iter()
-                .any(|d| self.owed_durably(d.session, d.qos.min(message.qos)));
+            && deliveries.iter().any(|d| {
+                self.sessions
+                    .owed_durably(d.session, d.qos.min(message.qos))
+            });
         if logged {
             let id = publisher_id(self);
             let record = self.record_of(&message, &id, now);
-            self.stage(Role::Sessions, Write::AppendLog(record));
+            self.persist.stage(Role::Sessions, Write::AppendLog(record));
         }
         ParkedPublishParts {
             message,
@@ -458,11 +490,11 @@ impl BrokerState {
     ) {
         if let Some(failure) = failure {
             if let Some(offset) = appended {
-                self.release_unheld(offset);
+                self.persist.release_unheld(offset);
             }
             if let (Some(connection), Some(key)) = (p.connection, p.publisher) {
                 if p.qos == 2 {
-                    if let Some(session) = self.sessions.get_mut(&key) {
+                    if let Some(session) = self.sessions.by_key.get_mut(&key) {
                         session.inbound_qos2.remove(&p.packet_id);
                         session.channel_holds.remove(&p.packet_id);
                     }
@@ -540,12 +572,13 @@ impl BrokerState {
     /// Publish a message the broker itself originates (a Will): stored
     /// like a client's, routed once stored.
     pub(super) fn publish_message(&mut self, message: Arc<Message>, client_id: &str, now: Instant) {
-        if let Some(channel) = self.channel_of(&message.topic) {
+        if let Some(channel) = self.channels.of_topic(&message.topic) {
             // A Will into a channel is a record like any other; nobody
             // waits for its answer, and a failure is counted.
             let record = self.record_of(&message, client_id, now);
-            self.stage(Role::Channel(channel), Write::Append(record));
-            self.seal(Parked::Publish(Box::new(ParkedPublish {
+            self.persist
+                .stage(Role::Channel(channel), Write::Append(record));
+            self.persist.seal(Parked::Publish(Box::new(ParkedPublish {
                 connection: None,
                 packet_id: 0,
                 qos: 0,
@@ -588,7 +621,7 @@ impl BrokerState {
         let mut matches = std::mem::take(&mut self.scratch_matches);
         let mut deliveries = std::mem::take(&mut self.scratch_deliveries);
         {
-            let sessions = &self.sessions;
+            let sessions = &self.sessions.by_key;
             self.index.matches(
                 &message.topic,
                 &|k| sessions.get(&k).is_some_and(|s| s.connection.is_some()),
@@ -612,7 +645,7 @@ impl BrokerState {
         for d in deliveries.drain(..) {
             let retain = d.retain_as_published && message.retain;
             let qos = d.qos.min(message.qos);
-            let log_offset = offset.filter(|_| self.owed_durably(d.session, qos));
+            let log_offset = offset.filter(|_| self.sessions.owed_durably(d.session, qos));
             self.deliver(
                 d.session,
                 message.clone(),
@@ -629,7 +662,7 @@ impl BrokerState {
             self.scratch_deliveries = deliveries;
         }
         if let Some(offset) = offset {
-            self.release_unheld(offset);
+            self.persist.release_unheld(offset);
         }
     }
 
@@ -645,7 +678,7 @@ impl BrokerState {
         log_offset: Option<u64>,
         now: Instant,
     ) {
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         if self.authorizer.is_active()
@@ -680,7 +713,7 @@ impl BrokerState {
         let waiting = !session.pending.is_empty();
         let in_flight = session.inflight.len();
         if let Some(offset) = log_offset {
-            self.hold_log(key, offset);
+            self.persist.hold_log(key, offset);
         }
         let Some(connection) = connection else {
             if kept {
@@ -707,13 +740,13 @@ impl BrokerState {
     /// full), up to `limits.max_queued_messages`; more are dropped and
     /// counted.
     fn enqueue(&mut self, key: SessionKey, queued: QueuedMessage) {
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         if session.pending.len() >= self.limits.max_queued_messages {
             self.metrics.dropped(DropReason::QueueFull);
             if let Some(offset) = queued.log_offset {
-                self.unhold_log(Some(key), offset);
+                self.persist.unhold_log(Some(key), offset);
             }
         } else {
             session.pending.push_back(queued);
@@ -764,7 +797,7 @@ impl BrokerState {
                 return self.not_sent(key, &queued, DropReason::TooLarge);
             }
         }
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return false;
         };
         let Some(packet_id) = session.inflight.allocate_id() else {
@@ -789,7 +822,7 @@ impl BrokerState {
             self.doomed.push((connection, CloseReason::Network, None));
         }
         if logged {
-            self.mark_dirty(key);
+            self.persist.mark_dirty(key);
         }
         true
     }
@@ -798,7 +831,7 @@ impl BrokerState {
     fn not_sent(&mut self, key: SessionKey, queued: &QueuedMessage, why: DropReason) -> bool {
         self.metrics.dropped(why);
         if let Some(offset) = queued.log_offset {
-            self.unhold_log(Some(key), offset);
+            self.persist.unhold_log(Some(key), offset);
         }
         false
     }
@@ -899,7 +932,7 @@ impl BrokerState {
     /// then whatever retained messages a SUBSCRIBE still owes.
     pub(super) fn promote(&mut self, key: SessionKey, now: Instant) {
         loop {
-            let Some(session) = self.sessions.get_mut(&key) else {
+            let Some(session) = self.sessions.by_key.get_mut(&key) else {
                 return;
             };
             let Some(connection) = session.connection else {

@@ -35,34 +35,21 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::channel::{first_level, ChannelRead, ReadWindow, RestoredChannel, Seek};
-use super::persist::{Role, Write};
-use super::session::{InflightEntry, InflightPhase, QueuedMessage};
+use super::consumer::first_level;
+use super::ids::IdMap;
+use super::intent::{Parked, QueueWrite, Role, Write};
+use super::reads::{ChannelRead, ReadWindow, Seek};
+use super::restore::RestoredChannel;
+use super::session::{InflightEntry, InflightPhase, QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, StorageFailure};
+use crate::broker::metrics::Metrics;
 use crate::broker::subscriptions::SessionKey;
 use crate::storage::contract::{Lease, Released, HEADER_ATTEMPTS};
 use crate::topic;
-use saguin_format::model::{ChannelKind, UnixNanos};
+use saguin_format::model::UnixNanos;
 
 /// Most records one offer asks for.
 const OFFER_MAX: usize = 256;
-
-/// What the state is told of a queue when it starts.
-#[derive(Debug, Clone)]
-pub struct QueueSetup {
-    /// How long a worker holds a record before it counts as an attempt.
-    pub lease: Duration,
-    /// The index of its dead-letter channel, when that is served.
-    pub dead_letter: Option<u16>,
-}
-
-/// A queue write in flight, and what becomes of its delivery if it fails.
-#[derive(Debug, Clone)]
-pub(super) enum QueueWrite {
-    Lease { channel: u16, offset: u64 },
-    Resolve { channel: u16, offset: u64 },
-    Release { channel: u16, offset: u64 },
-}
 
 /// How far one delivery has got.
 #[derive(Debug, Clone)]
@@ -99,40 +86,27 @@ struct Delivery {
     step: Step,
 }
 
-/// One queue's volatile half.
-#[derive(Debug)]
-pub(super) struct Queue {
-    name: Arc<str>,
-    lease: Duration,
-    dead_letter: Option<u16>,
-    /// Sessions subscribed to it, connected or not.
-    workers: Vec<SessionKey>,
-    /// Whose turn is next.
-    turn: usize,
-    /// Records out with a worker or on their way to one, by offset.
-    out: BTreeMap<u64, Delivery>,
-    /// An offer is out.
-    reading: bool,
-    /// Something changed while it was: offer again when it is back.
-    again: bool,
-    /// The earliest moment a released record is available again.
-    retry_at: Option<Instant>,
+/// The queues' volatile halves, and the work the current event left them.
+#[derive(Debug, Default)]
+pub(super) struct Queues {
+    /// By channel index.
+    pub by_channel: BTreeMap<u16, Queue>,
+    /// Queues to offer once the current event is handled.
+    pub due: Vec<u16>,
+    /// Offers out: ticket to the queue's channel index.
+    pub offers_out: IdMap<u64, u16>,
+    /// Queue writes the current event made, each sealed on its own.
+    pub writes: Vec<(u16, Write, QueueWrite)>,
 }
 
-impl BrokerState {
-    pub(super) fn is_queue(&self, channel: u16) -> bool {
-        self.channels
-            .get(channel as usize)
-            .is_some_and(|c| c.kind == ChannelKind::Queue)
-    }
-
+impl Queues {
     /// The queues among the restored channels, with nobody working yet.
-    pub(super) fn restore_queues(&mut self, restored: &[RestoredChannel]) {
+    pub(super) fn restore(&mut self, restored: &[RestoredChannel], metrics: &Metrics) {
         for (i, channel) in restored.iter().enumerate() {
             let Some(setup) = &channel.queue else {
                 continue;
             };
-            self.queues.insert(
+            self.by_channel.insert(
                 i as u16,
                 Queue {
                     name: channel.name.clone(),
@@ -146,287 +120,78 @@ impl BrokerState {
                     retry_at: None,
                 },
             );
-            self.metrics.set_queue_in_flight(&channel.name, 0);
+            metrics.set_queue_in_flight(&channel.name, 0);
         }
     }
 
-    /// Session `key`'s subscriptions on queue `channel` changed: it works
-    /// for the queue while it has one there.
-    pub(super) fn refresh_worker(&mut self, key: SessionKey, channel: u16, _now: Instant) {
-        let subscribed = self.worker_filters(key, channel).next().is_some();
-        let Some(queue) = self.queues.get_mut(&channel) else {
+    /// A resolution committed: the record is gone.
+    pub(super) fn resolved(&mut self, channel: u16, delivery_id: u64, metrics: &Metrics) {
+        let Some(queue) = self.by_channel.get_mut(&channel) else {
             return;
         };
-        let known = queue.workers.contains(&key);
-        if subscribed && !known {
-            queue.workers.push(key);
-        } else if !subscribed && known {
-            // What it holds stays its own until it answers or goes away.
-            queue.workers.retain(|k| *k != key);
-        }
-        self.queues_due.push(channel);
-    }
-
-    /// The filters of session `key` on queue `channel`, shared or not.
-    fn worker_filters(
-        &self,
-        key: SessionKey,
-        channel: u16,
-    ) -> impl Iterator<Item = &super::session::SessionSubscription> {
-        let name = self.channels.get(channel as usize).map(|c| c.name.clone());
-        self.sessions.get(&key).into_iter().flat_map(move |s| {
-            let name = name.clone();
-            s.subscriptions
-                .values()
-                .filter(move |sub| name.as_deref() == Some(first_level(&sub.filter)))
-        })
+        queue.out.retain(
+            |_, d| !matches!(d.step, Step::Resolving { delivery_id: id, .. } if id == delivery_id),
+        );
+        metrics.set_queue_in_flight(&queue.name, queue.out.len() as u64);
+        self.due.push(channel);
     }
 
     /// A record was enqueued in `channel`.
-    pub(super) fn queue_committed(&mut self, channel: u16, _now: Instant) {
-        self.queues_due.push(channel);
+    pub(super) fn committed(&mut self, channel: u16) {
+        self.due.push(channel);
     }
 
     /// Session `key` may have room again (it connected, or drained): the
     /// queues it works for offer again.
     pub(super) fn worker_room(&mut self, key: SessionKey) {
-        for (channel, queue) in &self.queues {
+        for (channel, queue) in &self.by_channel {
             if queue.workers.contains(&key) {
-                self.queues_due.push(*channel);
+                self.due.push(*channel);
             }
         }
     }
 
-    /// Room worker `key` has for one more delivery: its window less what
-    /// it holds and what is on its way to it.
-    fn worker_room_of(&self, queue: &Queue, key: SessionKey) -> usize {
-        let Some(session) = self.sessions.get(&key) else {
-            return 0;
-        };
-        let Some(connection) = session.connection else {
-            return 0;
-        };
-        let Some(conn) = self.connections.get(&connection) else {
-            return 0;
-        };
-        let leasing = queue
-            .out
-            .values()
-            .filter(|d| d.worker == key && matches!(d.step, Step::Leasing))
-            .count();
-        conn.receive_maximum
-            .saturating_sub(session.inflight.len() + leasing)
-    }
-
-    /// Offer every queue the event made due.
-    pub(super) fn run_queue_pumps(&mut self, now: Instant) {
-        if self.queues_due.is_empty() {
-            return;
-        }
-        let mut due = std::mem::take(&mut self.queues_due);
-        due.sort_unstable();
-        due.dedup();
-        for channel in due {
-            self.offer_queue(channel, now);
-        }
-    }
-
-    /// Ask the store for what `channel` has available, as much as its
-    /// workers have room for.
-    fn offer_queue(&mut self, channel: u16, now: Instant) {
-        let Some(queue) = self.queues.get(&channel) else {
-            return;
-        };
-        if queue.reading {
-            self.queues.get_mut(&channel).expect("looked up").again = true;
-            return;
-        }
-        let room: usize = queue
-            .workers
-            .iter()
-            .map(|k| self.worker_room_of(queue, *k))
-            .sum();
-        if room == 0 {
-            return;
-        }
-        let leasing = queue
-            .out
-            .values()
-            .filter(|d| matches!(d.step, Step::Leasing))
-            .count();
-        let ticket = self.next_read;
-        self.next_read += 1;
-        let moment = self.unix_at(now);
-        let queue = self.queues.get_mut(&channel).expect("looked up");
-        queue.reading = true;
-        queue.again = false;
-        self.offer_reads.insert(ticket, channel);
-        self.reads.push(ChannelRead {
-            ticket,
-            channel,
-            from: Seek::Time(moment),
-            // Records being leased are not held in the store yet: read
-            // past them.
-            max: (room + leasing).clamp(1, OFFER_MAX),
-            filters: Vec::new(),
-        });
-    }
-
-    /// An offer came back: each record to a worker with room whose filter
-    /// matches it, as a lease to write. False when the ticket is not one.
-    pub(super) fn on_offer_read(
+    /// Release the delivery of `offset` for `reason` (an attempt was
+    /// counted when it was leased).
+    fn release_delivery(
         &mut self,
-        ticket: u64,
-        result: &Result<ReadWindow, StorageFailure>,
-        now: Instant,
-    ) -> bool {
-        let Some(channel) = self.offer_reads.remove(&ticket) else {
-            return false;
-        };
-        let Some(queue) = self.queues.get_mut(&channel) else {
-            return true;
-        };
-        queue.reading = false;
-        let window = match result {
-            Ok(window) => window,
-            Err(failure) => {
-                tracing::warn!(channel = %queue.name, error = %failure.message, "offering a queue's records failed; offered again at the next tick");
-                queue.retry_at = Some(now);
-                return true;
-            }
-        };
-        let lease = queue.lease;
-        for record in &window.records {
-            let queue = &self.queues[&channel];
-            if queue.out.contains_key(&record.offset) {
-                continue;
-            }
-            let Some(worker) = self.next_worker(channel, &record.topic) else {
-                break;
-            };
-            let holder = self.sessions[&worker].client_id.to_string();
-            let queue = self.queues.get_mut(&channel).expect("looked up");
-            queue.out.insert(
-                record.offset,
-                Delivery {
-                    worker,
-                    step: Step::Leasing,
-                },
-            );
-            let write = Write::Lease {
-                offset: record.offset,
-                holder,
-                lease_until: self.unix_at(now + lease),
-                now: self.unix_at(now),
-            };
-            self.queue_writes.push((
-                channel,
-                write,
-                QueueWrite::Lease {
-                    channel,
-                    offset: record.offset,
-                },
-            ));
-        }
-        if self.queues[&channel].again {
-            self.queues_due.push(channel);
-        }
-        true
-    }
-
-    /// The next worker, in turn, with room and a filter matching `topic`.
-    fn next_worker(&mut self, channel: u16, topic_name: &str) -> Option<SessionKey> {
-        let queue = self.queues.get(&channel)?;
-        let count = queue.workers.len();
-        for step in 0..count {
-            let at = (queue.turn + step) % count;
-            let key = queue.workers[at];
-            if self.worker_room_of(queue, key) == 0 {
-                continue;
-            }
-            let matches = self
-                .worker_filters(key, channel)
-                .any(|s| topic::filter_matches(&s.filter, topic_name));
-            if matches {
-                self.queues.get_mut(&channel).expect("looked up").turn = at + 1;
-                return Some(key);
-            }
-        }
-        None
-    }
-
-    /// A lease committed: the record goes to its worker now, or back at
-    /// once when the worker went away meanwhile.
-    pub(super) fn leased(&mut self, channel: u16, lease: Lease, now: Instant) {
-        let Some(queue) = self.queues.get(&channel) else {
+        channel: u16,
+        offset: u64,
+        delivery_id: u64,
+        epoch: u64,
+        reason: String,
+    ) {
+        let Some(d) = self
+            .by_channel
+            .get_mut(&channel)
+            .and_then(|q| q.out.get_mut(&offset))
+        else {
             return;
         };
-        self.metrics.queue_attempt(&queue.name);
-        let Some(worker) = queue.out.get(&lease.offset).map(|d| d.worker) else {
-            return;
+        d.step = Step::Releasing {
+            delivery_id,
+            epoch,
+            reason: reason.clone(),
+            retry: false,
         };
-        let connection = self.sessions.get(&worker).and_then(|s| s.connection);
-        let packet_id = connection.and_then(|_| {
-            self.sessions
-                .get_mut(&worker)
-                .and_then(|s| s.inflight.allocate_id())
-        });
-        let (Some(connection), Some(packet_id)) = (connection, packet_id) else {
-            self.release_delivery(
-                channel,
-                lease.offset,
-                lease.delivery_id,
-                lease.epoch,
-                "the worker went away".to_owned(),
-            );
-            return;
-        };
-        let subscription_ids: Vec<u32> = self
-            .worker_filters(worker, channel)
-            .filter(|s| topic::filter_matches(&s.filter, &lease.record.topic))
-            .filter_map(|s| s.options.subscription_id)
-            .collect();
-        let mut message = self.consumer_message(&lease.record, None, now);
-        message
-            .properties
-            .user_properties
-            .push((HEADER_ATTEMPTS.to_owned(), lease.attempts.to_string()));
-        let queued = QueuedMessage {
-            message: Arc::new(message),
-            qos: 1,
-            retain: false,
-            subscription_ids,
-            log_offset: None,
-        };
-        let until = now + self.queues[&channel].lease;
-        let session = self.sessions.get_mut(&worker).expect("looked up");
-        session.inflight.push(InflightEntry {
-            packet_id,
-            phase: InflightPhase::AwaitPuback,
-            qos: 1,
-            log_offset: None,
-            queued: Some(queued.clone()),
-            channel: Some((channel, lease.offset)),
-        });
-        let queue = self.queues.get_mut(&channel).expect("looked up");
-        if let Some(d) = queue.out.get_mut(&lease.offset) {
-            d.step = Step::Held {
-                delivery_id: lease.delivery_id,
-                epoch: lease.epoch,
-                packet_id,
-                until,
-            };
-        }
-        self.metrics
-            .set_queue_in_flight(&queue.name, queue.out.len() as u64);
-        self.transmit(connection, queued, packet_id, false, now);
+        // The moment is stamped when the write is sealed.
+        self.writes.push((
+            channel,
+            Write::ReleaseLease {
+                delivery_id,
+                epoch,
+                now: 0,
+                reason,
+            },
+            QueueWrite::Release { channel, offset },
+        ));
     }
 
     /// Worker `key` answered the delivery of `offset` under `packet_id`
     /// with a PUBACK of `reason`: below 0x80 it is resolved, otherwise
     /// released. A superseded delivery's answer (its lease ran out) does
     /// nothing.
-    pub(super) fn queue_acked(
+    pub(super) fn acked(
         &mut self,
         key: SessionKey,
         channel: u16,
@@ -434,7 +199,7 @@ impl BrokerState {
         packet_id: u16,
         reason: ReasonCode,
     ) {
-        let Some(queue) = self.queues.get_mut(&channel) else {
+        let Some(queue) = self.by_channel.get_mut(&channel) else {
             return;
         };
         let Some(d) = queue.out.get_mut(&offset) else {
@@ -459,7 +224,7 @@ impl BrokerState {
                 epoch,
                 retry: false,
             };
-            self.queue_writes.push((
+            self.writes.push((
                 channel,
                 Write::Resolve { delivery_id, epoch },
                 QueueWrite::Resolve { channel, offset },
@@ -475,108 +240,9 @@ impl BrokerState {
         }
     }
 
-    /// Release the delivery of `offset` for `reason` (an attempt was
-    /// counted when it was leased).
-    fn release_delivery(
-        &mut self,
-        channel: u16,
-        offset: u64,
-        delivery_id: u64,
-        epoch: u64,
-        reason: String,
-    ) {
-        let Some(d) = self
-            .queues
-            .get_mut(&channel)
-            .and_then(|q| q.out.get_mut(&offset))
-        else {
-            return;
-        };
-        d.step = Step::Releasing {
-            delivery_id,
-            epoch,
-            reason: reason.clone(),
-            retry: false,
-        };
-        // The moment is stamped when the write is sealed.
-        self.queue_writes.push((
-            channel,
-            Write::ReleaseLease {
-                delivery_id,
-                epoch,
-                now: 0,
-                reason,
-            },
-            QueueWrite::Release { channel, offset },
-        ));
-    }
-
-    /// A resolution committed: the record is gone.
-    pub(super) fn resolved(&mut self, channel: u16, delivery_id: u64, _now: Instant) {
-        let Some(queue) = self.queues.get_mut(&channel) else {
-            return;
-        };
-        queue.out.retain(
-            |_, d| !matches!(d.step, Step::Resolving { delivery_id: id, .. } if id == delivery_id),
-        );
-        self.metrics
-            .set_queue_in_flight(&queue.name, queue.out.len() as u64);
-        self.queues_due.push(channel);
-    }
-
-    /// A release committed: the record waits out its backoff, or went to
-    /// the dead-letter channel, whose consumers then read it.
-    pub(super) fn released(
-        &mut self,
-        channel: u16,
-        delivery_id: u64,
-        released: Released,
-        now: Instant,
-    ) {
-        let Some(queue) = self.queues.get_mut(&channel) else {
-            return;
-        };
-        queue.out.retain(
-            |_, d| !matches!(d.step, Step::Releasing { delivery_id: id, .. } if id == delivery_id),
-        );
-        self.metrics
-            .set_queue_in_flight(&queue.name, queue.out.len() as u64);
-        match released {
-            Released::Retry { not_before, .. } => {
-                let at = self.instant_at(not_before, now);
-                let queue = self.queues.get_mut(&channel).expect("looked up");
-                queue.retry_at = Some(queue.retry_at.map_or(at, |r| r.min(at)));
-            }
-            Released::DeadLettered { dlq_offset, .. } => {
-                let queue = &self.queues[&channel];
-                self.metrics.queue_dead_lettered(&queue.name);
-                if let Some(dlq) = queue.dead_letter {
-                    self.channel_advanced(dlq, dlq_offset + 1, now);
-                }
-            }
-            Released::Stale => {}
-        }
-        self.queues_due.push(channel);
-    }
-
-    /// The channel of `channel` has records below `next` the state was
-    /// not handed (a dead-letter move): its consumers read them.
-    fn channel_advanced(&mut self, channel: u16, next: u64, now: Instant) {
-        let Some(state) = self.channels.get_mut(channel as usize) else {
-            return;
-        };
-        state.next = state.next.max(next);
-        let consumers = state.consumers.clone();
-        for key in consumers {
-            if let Some(index) = self.consumer_index(key, channel) {
-                self.pump(key, index, now);
-            }
-        }
-    }
-
     /// A queue write failed: a lease is forgotten (the record is offered
     /// again), a resolution or release is tried again at the next tick.
-    pub(super) fn queue_write_failed(
+    pub(super) fn write_failed(
         &mut self,
         write: QueueWrite,
         failure: StorageFailure,
@@ -587,7 +253,7 @@ impl BrokerState {
             | QueueWrite::Resolve { channel, offset }
             | QueueWrite::Release { channel, offset } => (channel, offset),
         };
-        let Some(queue) = self.queues.get_mut(&channel) else {
+        let Some(queue) = self.by_channel.get_mut(&channel) else {
             return;
         };
         tracing::warn!(channel = %queue.name, offset, error = %failure.message, "a queue write failed; the record stays in the queue with its attempts and is tried again");
@@ -609,55 +275,14 @@ impl BrokerState {
         }
     }
 
-    /// Session `key`'s connection went away: what it held is released
-    /// (an attempt each) and its packets for them are forgotten, so a
-    /// resumed session is not sent them again.
-    pub(super) fn worker_gone(&mut self, key: SessionKey) {
-        let mut gone = Vec::new();
-        for (channel, queue) in &self.queues {
-            for (offset, d) in &queue.out {
-                if let (
-                    true,
-                    Step::Held {
-                        delivery_id,
-                        epoch,
-                        packet_id,
-                        ..
-                    },
-                ) = (d.worker == key, &d.step)
-                {
-                    gone.push((*channel, *offset, *delivery_id, *epoch, *packet_id));
-                }
-            }
-        }
-        for (channel, offset, delivery_id, epoch, packet_id) in gone {
-            if let Some(session) = self.sessions.get_mut(&key) {
-                session.inflight.remove(packet_id);
-            }
-            self.release_delivery(
-                channel,
-                offset,
-                delivery_id,
-                epoch,
-                "the worker went away".to_owned(),
-            );
-        }
-    }
-
-    /// Session `key` ended: it works for no queue any more.
-    pub(super) fn forget_worker(&mut self, key: SessionKey) {
-        self.worker_gone(key);
-        for queue in self.queues.values_mut() {
-            queue.workers.retain(|k| *k != key);
-        }
-    }
-
-    /// The tick: leases that ran out are released, failed writes tried
-    /// again, and queues whose backoff ended offered again.
-    pub(super) fn tick_queues(&mut self, now: Instant) {
+    /// At the tick, on the state's clock: a delivery whose lease ran out
+    /// is released (an attempt was counted when it was leased), a
+    /// resolution or release that failed is written again, and a queue
+    /// whose backoff ended is due to be offered.
+    pub(super) fn tick(&mut self, now: Instant, metrics: &Metrics) {
         let mut expired = Vec::new();
         let mut again = Vec::new();
-        for (channel, queue) in &mut self.queues {
+        for (channel, queue) in &mut self.by_channel {
             for (offset, d) in &mut queue.out {
                 match &mut d.step {
                     Step::Held {
@@ -710,15 +335,15 @@ impl BrokerState {
             }
             if queue.retry_at.is_some_and(|at| at <= now) {
                 queue.retry_at = None;
-                self.queues_due.push(*channel);
+                self.due.push(*channel);
             }
         }
-        self.queue_writes.extend(again);
+        self.writes.extend(again);
         for (channel, offset, delivery_id, epoch) in expired {
             // The packet identifier stays the worker's until it answers;
             // that answer finds the delivery superseded.
-            if let Some(queue) = self.queues.get(&channel) {
-                self.metrics.queue_lease_expired(&queue.name);
+            if let Some(queue) = self.by_channel.get(&channel) {
+                metrics.queue_lease_expired(&queue.name);
             }
             self.release_delivery(
                 channel,
@@ -728,6 +353,400 @@ impl BrokerState {
                 "the lease expired".to_owned(),
             );
         }
+    }
+}
+
+/// One queue's volatile half.
+#[derive(Debug)]
+pub(super) struct Queue {
+    name: Arc<str>,
+    lease: Duration,
+    dead_letter: Option<u16>,
+    /// Sessions subscribed to it, connected or not.
+    workers: Vec<SessionKey>,
+    /// Whose turn is next.
+    turn: usize,
+    /// Records out with a worker or on their way to one, by offset.
+    out: BTreeMap<u64, Delivery>,
+    /// An offer is out.
+    reading: bool,
+    /// Something changed while it was: offer again when it is back.
+    again: bool,
+    /// The earliest moment a released record is available again.
+    retry_at: Option<Instant>,
+}
+
+impl BrokerState {
+    /// Session `key`'s subscriptions on queue `channel` changed: it works
+    /// for the queue while it has one there.
+    pub(super) fn refresh_worker(&mut self, key: SessionKey, channel: u16, _now: Instant) {
+        let subscribed = self.worker_filters(key, channel).next().is_some();
+        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
+            return;
+        };
+        let known = queue.workers.contains(&key);
+        if subscribed && !known {
+            queue.workers.push(key);
+        } else if !subscribed && known {
+            // What it holds stays its own until it answers or goes away.
+            queue.workers.retain(|k| *k != key);
+        }
+        self.queues.due.push(channel);
+    }
+
+    /// The filters of session `key` on queue `channel`, shared or not.
+    fn worker_filters(
+        &self,
+        key: SessionKey,
+        channel: u16,
+    ) -> impl Iterator<Item = &SessionSubscription> {
+        let name = self
+            .channels
+            .all
+            .get(channel as usize)
+            .map(|c| c.name.clone());
+        self.sessions
+            .by_key
+            .get(&key)
+            .into_iter()
+            .flat_map(move |s| {
+                let name = name.clone();
+                s.subscriptions
+                    .values()
+                    .filter(move |sub| name.as_deref() == Some(first_level(&sub.filter)))
+            })
+    }
+
+    /// Room worker `key` has for one more delivery: its window less what
+    /// it holds and what is on its way to it.
+    fn worker_room_of(&self, queue: &Queue, key: SessionKey) -> usize {
+        let Some(session) = self.sessions.by_key.get(&key) else {
+            return 0;
+        };
+        let Some(connection) = session.connection else {
+            return 0;
+        };
+        let Some(conn) = self.connections.get(&connection) else {
+            return 0;
+        };
+        let leasing = queue
+            .out
+            .values()
+            .filter(|d| d.worker == key && matches!(d.step, Step::Leasing))
+            .count();
+        conn.receive_maximum
+            .saturating_sub(session.inflight.len() + leasing)
+    }
+
+    /// Offer every queue the event made due.
+    pub(super) fn run_queue_pumps(&mut self, now: Instant) {
+        if self.queues.due.is_empty() {
+            return;
+        }
+        let mut due = std::mem::take(&mut self.queues.due);
+        due.sort_unstable();
+        due.dedup();
+        for channel in due {
+            self.offer_queue(channel, now);
+        }
+    }
+
+    /// Ask the store for what `channel` has available, as much as its
+    /// workers have room for.
+    fn offer_queue(&mut self, channel: u16, now: Instant) {
+        let Some(queue) = self.queues.by_channel.get(&channel) else {
+            return;
+        };
+        if queue.reading {
+            self.queues
+                .by_channel
+                .get_mut(&channel)
+                .expect("looked up")
+                .again = true;
+            return;
+        }
+        let room: usize = queue
+            .workers
+            .iter()
+            .map(|k| self.worker_room_of(queue, *k))
+            .sum();
+        if room == 0 {
+            return;
+        }
+        let leasing = queue
+            .out
+            .values()
+            .filter(|d| matches!(d.step, Step::Leasing))
+            .count();
+        let ticket = self.reads.number();
+        let moment = self.unix_at(now);
+        let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
+        queue.reading = true;
+        queue.again = false;
+        self.queues.offers_out.insert(ticket, channel);
+        self.reads.waiting.push(ChannelRead {
+            ticket,
+            channel,
+            from: Seek::Time(moment),
+            // Records being leased are not held in the store yet: read
+            // past them.
+            max: (room + leasing).clamp(1, OFFER_MAX),
+            filters: Vec::new(),
+        });
+    }
+
+    /// An offer came back: each record to a worker with room whose filter
+    /// matches it, as a lease to write. False when the ticket is not one.
+    pub(super) fn on_offer_read(
+        &mut self,
+        ticket: u64,
+        result: &Result<ReadWindow, StorageFailure>,
+        now: Instant,
+    ) -> bool {
+        let Some(channel) = self.queues.offers_out.remove(&ticket) else {
+            return false;
+        };
+        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
+            return true;
+        };
+        queue.reading = false;
+        let window = match result {
+            Ok(window) => window,
+            Err(failure) => {
+                tracing::warn!(channel = %queue.name, error = %failure.message, "offering a queue's records failed; offered again at the next tick");
+                queue.retry_at = Some(now);
+                return true;
+            }
+        };
+        let lease = queue.lease;
+        for record in &window.records {
+            let queue = &self.queues.by_channel[&channel];
+            if queue.out.contains_key(&record.offset) {
+                continue;
+            }
+            let Some(worker) = self.next_worker(channel, &record.topic) else {
+                break;
+            };
+            let holder = self.sessions.by_key[&worker].client_id.to_string();
+            let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
+            queue.out.insert(
+                record.offset,
+                Delivery {
+                    worker,
+                    step: Step::Leasing,
+                },
+            );
+            let write = Write::Lease {
+                offset: record.offset,
+                holder,
+                lease_until: self.unix_at(now + lease),
+                now: self.unix_at(now),
+            };
+            self.queues.writes.push((
+                channel,
+                write,
+                QueueWrite::Lease {
+                    channel,
+                    offset: record.offset,
+                },
+            ));
+        }
+        if self.queues.by_channel[&channel].again {
+            self.queues.due.push(channel);
+        }
+        true
+    }
+
+    /// The next worker, in turn, with room and a filter matching `topic`.
+    fn next_worker(&mut self, channel: u16, topic_name: &str) -> Option<SessionKey> {
+        let queue = self.queues.by_channel.get(&channel)?;
+        let count = queue.workers.len();
+        for step in 0..count {
+            let at = (queue.turn + step) % count;
+            let key = queue.workers[at];
+            if self.worker_room_of(queue, key) == 0 {
+                continue;
+            }
+            let matches = self
+                .worker_filters(key, channel)
+                .any(|s| topic::filter_matches(&s.filter, topic_name));
+            if matches {
+                self.queues
+                    .by_channel
+                    .get_mut(&channel)
+                    .expect("looked up")
+                    .turn = at + 1;
+                return Some(key);
+            }
+        }
+        None
+    }
+
+    /// A lease committed: the record goes to its worker now, or back at
+    /// once when the worker went away meanwhile.
+    pub(super) fn leased(&mut self, channel: u16, lease: Lease, now: Instant) {
+        let Some(queue) = self.queues.by_channel.get(&channel) else {
+            return;
+        };
+        self.metrics.queue_attempt(&queue.name);
+        let Some(worker) = queue.out.get(&lease.offset).map(|d| d.worker) else {
+            return;
+        };
+        let connection = self.sessions.by_key.get(&worker).and_then(|s| s.connection);
+        let packet_id = connection.and_then(|_| {
+            self.sessions
+                .by_key
+                .get_mut(&worker)
+                .and_then(|s| s.inflight.allocate_id())
+        });
+        let (Some(connection), Some(packet_id)) = (connection, packet_id) else {
+            self.queues.release_delivery(
+                channel,
+                lease.offset,
+                lease.delivery_id,
+                lease.epoch,
+                "the worker went away".to_owned(),
+            );
+            return;
+        };
+        let subscription_ids: Vec<u32> = self
+            .worker_filters(worker, channel)
+            .filter(|s| topic::filter_matches(&s.filter, &lease.record.topic))
+            .filter_map(|s| s.options.subscription_id)
+            .collect();
+        let mut message = self.consumer_message(&lease.record, None, now);
+        message
+            .properties
+            .user_properties
+            .push((HEADER_ATTEMPTS.to_owned(), lease.attempts.to_string()));
+        let queued = QueuedMessage {
+            message: Arc::new(message),
+            qos: 1,
+            retain: false,
+            subscription_ids,
+            log_offset: None,
+        };
+        let until = now + self.queues.by_channel[&channel].lease;
+        let session = self.sessions.by_key.get_mut(&worker).expect("looked up");
+        session.inflight.push(InflightEntry {
+            packet_id,
+            phase: InflightPhase::AwaitPuback,
+            qos: 1,
+            log_offset: None,
+            queued: Some(queued.clone()),
+            channel: Some((channel, lease.offset)),
+        });
+        let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
+        if let Some(d) = queue.out.get_mut(&lease.offset) {
+            d.step = Step::Held {
+                delivery_id: lease.delivery_id,
+                epoch: lease.epoch,
+                packet_id,
+                until,
+            };
+        }
+        self.metrics
+            .set_queue_in_flight(&queue.name, queue.out.len() as u64);
+        self.transmit(connection, queued, packet_id, false, now);
+    }
+
+    /// A release committed: the record waits out its backoff, or went to
+    /// the dead-letter channel, whose consumers then read it.
+    pub(super) fn released(
+        &mut self,
+        channel: u16,
+        delivery_id: u64,
+        released: Released,
+        now: Instant,
+    ) {
+        let Some(queue) = self.queues.by_channel.get_mut(&channel) else {
+            return;
+        };
+        queue.out.retain(
+            |_, d| !matches!(d.step, Step::Releasing { delivery_id: id, .. } if id == delivery_id),
+        );
+        self.metrics
+            .set_queue_in_flight(&queue.name, queue.out.len() as u64);
+        match released {
+            Released::Retry { not_before, .. } => {
+                let at = self.instant_at(not_before, now);
+                let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
+                queue.retry_at = Some(queue.retry_at.map_or(at, |r| r.min(at)));
+            }
+            Released::DeadLettered { dlq_offset, .. } => {
+                let queue = &self.queues.by_channel[&channel];
+                self.metrics.queue_dead_lettered(&queue.name);
+                if let Some(dlq) = queue.dead_letter {
+                    self.channel_advanced(dlq, dlq_offset + 1, now);
+                }
+            }
+            Released::Stale => {}
+        }
+        self.queues.due.push(channel);
+    }
+
+    /// The channel of `channel` has records below `next` the state was
+    /// not handed (a dead-letter move): its consumers read them.
+    fn channel_advanced(&mut self, channel: u16, next: u64, now: Instant) {
+        let Some(state) = self.channels.all.get_mut(channel as usize) else {
+            return;
+        };
+        state.next = state.next.max(next);
+        let consumers = state.consumers.clone();
+        for key in consumers {
+            if let Some(index) = self.sessions.consumer_index(key, channel) {
+                self.pump(key, index, now);
+            }
+        }
+    }
+
+    /// Session `key`'s connection went away: what it held is released
+    /// (an attempt each) and its packets for them are forgotten, so a
+    /// resumed session is not sent them again.
+    pub(super) fn worker_gone(&mut self, key: SessionKey) {
+        let mut gone = Vec::new();
+        for (channel, queue) in &self.queues.by_channel {
+            for (offset, d) in &queue.out {
+                if let (
+                    true,
+                    Step::Held {
+                        delivery_id,
+                        epoch,
+                        packet_id,
+                        ..
+                    },
+                ) = (d.worker == key, &d.step)
+                {
+                    gone.push((*channel, *offset, *delivery_id, *epoch, *packet_id));
+                }
+            }
+        }
+        for (channel, offset, delivery_id, epoch, packet_id) in gone {
+            if let Some(session) = self.sessions.by_key.get_mut(&key) {
+                session.inflight.remove(packet_id);
+            }
+            self.queues.release_delivery(
+                channel,
+                offset,
+                delivery_id,
+                epoch,
+                "the worker went away".to_owned(),
+            );
+        }
+    }
+
+    /// Session `key` ended: it works for no queue any more.
+    pub(super) fn forget_worker(&mut self, key: SessionKey) {
+        self.worker_gone(key);
+        for queue in self.queues.by_channel.values_mut() {
+            queue.workers.retain(|k| *k != key);
+        }
+    }
+
+    /// The tick: leases that ran out are released, failed writes tried
+    /// again, and queues whose backoff ended offered again.
+    pub(super) fn tick_queues(&mut self, now: Instant) {
+        self.queues.tick(now, &self.metrics);
         self.run_queue_pumps(now);
         self.seal_queue_writes(now);
     }
@@ -736,19 +755,19 @@ impl BrokerState {
     /// own (one transaction, one answer), after whatever else the event
     /// staged, so no other packet's answer waits on it.
     pub(super) fn seal_queue_writes(&mut self, now: Instant) {
-        if self.queue_writes.is_empty() {
+        if self.queues.writes.is_empty() {
             return;
         }
-        if self.has_staged() {
-            self.seal_background();
+        if self.persist.has_staged() {
+            self.persist.seal_background();
         }
         let moment = self.unix_at(now);
-        for (channel, mut write, parked) in std::mem::take(&mut self.queue_writes) {
+        for (channel, mut write, parked) in std::mem::take(&mut self.queues.writes) {
             if let Write::ReleaseLease { now, .. } = &mut write {
                 *now = moment;
             }
-            self.stage(Role::Channel(channel), write);
-            self.seal(super::persist::Parked::Queue(parked));
+            self.persist.stage(Role::Channel(channel), write);
+            self.persist.seal(Parked::Queue(parked));
         }
     }
 
@@ -766,6 +785,7 @@ impl BrokerState {
     #[cfg(test)]
     pub(super) fn queue_in_flight(&self, name: &str) -> Vec<(u64, SessionKey)> {
         self.queues
+            .by_channel
             .values()
             .filter(|q| &*q.name == name)
             .flat_map(|q| q.out.iter().map(|(o, d)| (*o, d.worker)))

@@ -422,7 +422,7 @@ mod tests {
         let mut run = recent.take_run(2).expect("covered");
         assert_eq!(run.from, 1);
         assert!(run.entries[run.from].message.is_none());
-        let message = Arc::new(crate::broker::state::persist::message_from_record(
+        let message = Arc::new(crate::broker::state::records::message_from_record(
             &run.entries[run.from].record,
             tokio::time::Instant::now(),
         ));

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::persist::{will_request, Role, Write};
+use super::intent::{Role, Write};
+use super::records::will_request;
 use super::session::{
     InflightEntry, InflightPhase, PendingWill, QueuedMessage, Session, SessionSubscription,
 };
@@ -22,10 +23,11 @@ use super::BrokerState;
 use crate::broker::message::Message;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::storage::contract::{
-    session_expired_at, HeldPublish, InflightPhase as StoredPhase, SessionEntry, BROADCAST_LOG_NAME,
+    session_expired_at, HeldPublish, InflightPhase as StoredPhase, Position, SessionEntry,
+    BROADCAST_LOG_NAME,
 };
 use crate::topic;
-use saguin_format::model::Record;
+use saguin_format::model::{ChannelKind, Record};
 
 /// What the providers hold, read at startup.
 #[derive(Debug, Default)]
@@ -41,7 +43,30 @@ pub struct Restored {
     /// the broadcast log's are taken from here).
     pub held: Vec<HeldPublish>,
     /// The append channels served, in configuration order.
-    pub channels: Vec<super::channel::RestoredChannel>,
+    pub channels: Vec<RestoredChannel>,
+}
+
+/// What the state knows of a channel when it starts.
+#[derive(Debug, Clone)]
+pub struct RestoredChannel {
+    pub name: Arc<str>,
+    pub kind: ChannelKind,
+    pub next: u64,
+    /// A queue's lease and the index of its dead-letter channel.
+    pub queue: Option<QueueSetup>,
+    /// Every stored position.
+    pub positions: Vec<Position>,
+    /// Exactly-once publishes held in this channel for their release.
+    pub holds: Vec<HeldPublish>,
+}
+
+/// What the state is told of a queue when it starts.
+#[derive(Debug, Clone)]
+pub struct QueueSetup {
+    /// How long a worker holds a record before it counts as an attempt.
+    pub lease: Duration,
+    /// The index of its dead-letter channel, when that is served.
+    pub dead_letter: Option<u16>,
 }
 
 /// What restoring came to, for the startup log.
@@ -86,21 +111,25 @@ impl BrokerState {
             .collect();
         let mut owing: HashMap<SessionKey, Owing> = HashMap::new();
         for entry in &restored.sessions {
-            if self.by_client_id.contains_key(entry.client_id.as_str()) {
+            if self
+                .sessions
+                .by_client_id
+                .contains_key(entry.client_id.as_str())
+            {
                 continue;
             }
             if session_expired_at(entry, unix_now, self.limits.max_session_expiry)
                 || entry.expiry_interval == 0
             {
                 summary.expired_sessions += 1;
-                self.stage(
+                self.persist.stage(
                     Role::Sessions,
                     Write::RemoveSession(entry.client_id.clone()),
                 );
                 continue;
             }
-            let key = self.next_session;
-            self.next_session += 1;
+            let key = self.sessions.next_key;
+            self.sessions.next_key += 1;
             let client_id: Arc<str> = entry.client_id.as_str().into();
             let mut session =
                 Session::new(client_id.clone(), entry.principal.as_deref().map(Arc::from));
@@ -187,13 +216,13 @@ impl BrokerState {
                 .copied()
                 .unwrap_or(self.persist.log_next);
             summary.inflight += in_flight.len();
-            self.by_client_id.insert(client_id, key);
-            self.sessions.insert(key, session);
-            self.detached.insert(key);
+            self.sessions.by_client_id.insert(client_id, key);
+            self.sessions.by_key.insert(key, session);
+            self.sessions.detached.insert(key);
             self.metrics.sessions.fetch_add(1, Relaxed);
             summary.sessions += 1;
             for &offset in &in_flight {
-                self.hold_log(key, offset);
+                self.persist.hold_log(key, offset);
             }
             owing.insert(
                 key,
@@ -214,7 +243,9 @@ impl BrokerState {
         for (&offset, (message, record)) in &log {
             candidates.clear();
             match record.owed_to.as_deref() {
-                Some(client_id) => candidates.extend(self.by_client_id.get(client_id).copied()),
+                Some(client_id) => {
+                    candidates.extend(self.sessions.by_client_id.get(client_id).copied())
+                }
                 None => {
                     // Shared subscriptions are not restored from the log
                     // (their members take turns live); nobody is online.
@@ -234,7 +265,7 @@ impl BrokerState {
                 {
                     continue;
                 }
-                if let Some(q) = owed(&self.sessions[key], offset, message, record) {
+                if let Some(q) = owed(&self.sessions.by_key[key], offset, message, record) {
                     owing.queued.push(q);
                 }
             }
@@ -242,30 +273,34 @@ impl BrokerState {
         for (key, owing) in owing {
             summary.queued += owing.queued.len();
             let offsets: Vec<u64> = owing.queued.iter().filter_map(|q| q.log_offset).collect();
-            if let Some(session) = self.sessions.get_mut(&key) {
+            if let Some(session) = self.sessions.by_key.get_mut(&key) {
                 session.pending.extend(owing.queued);
             }
             for offset in offsets {
-                self.hold_log(key, offset);
+                self.persist.hold_log(key, offset);
             }
         }
         for held in &restored.held {
             if held.channel != BROADCAST_LOG_NAME {
                 continue;
             }
-            let key = self.by_client_id.get(held.client_id.as_str()).copied();
+            let key = self
+                .sessions
+                .by_client_id
+                .get(held.client_id.as_str())
+                .copied();
             match key {
                 Some(key) => {
                     let age = unix_now.saturating_sub(held.held_at).max(0);
                     let at = now
                         .checked_sub(Duration::from_nanos(age as u64))
                         .unwrap_or(now);
-                    if let Some(session) = self.sessions.get_mut(&key) {
+                    if let Some(session) = self.sessions.by_key.get_mut(&key) {
                         session.inbound_qos2.insert(held.packet_id, at);
                         summary.holds += 1;
                     }
                 }
-                None => self.stage(
+                None => self.persist.stage(
                     Role::Sessions,
                     Write::DropHold {
                         client_id: held.client_id.clone(),
@@ -275,15 +310,15 @@ impl BrokerState {
             }
         }
         for &offset in log.keys() {
-            self.release_unheld(offset);
+            self.persist.release_unheld(offset);
         }
         drop(log);
         let channels = std::mem::take(&mut restored.channels);
         self.restore_channels(channels, now);
         // What was read is what is stored: nothing to write back but the
         // removals staged above.
-        self.persist_clear_dirty();
-        self.seal_background();
+        self.persist.clear_dirty();
+        self.persist.seal_background();
         summary
     }
 }

@@ -2,42 +2,13 @@
 //! outbound inflight table, the offline pending FIFO and the inbound QoS 2
 //! identifiers (method B).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::consumer::ConsumerStart;
+use super::ids::{IdMap, IdSet};
 use crate::broker::message::Message;
-use crate::broker::subscriptions::SubOptions;
-
-/// A fast hasher for the integer keys the broker allocates (session keys,
-/// connection generations) and for packet identifiers (at most 65535 per
-/// session): a multiply-rotate mix instead of SipHash on the hot path.
-/// Strings a client chooses (client ids) keep the standard hasher.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct IdHasher(u64);
-
-const ID_HASH_K: u64 = 0x517c_c1b7_2722_0a95;
-
-impl Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(ID_HASH_K);
-        }
-    }
-    fn write_u16(&mut self, n: u16) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(ID_HASH_K);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// Maps and sets keyed by broker-allocated integers or packet ids.
-pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
-pub type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
+use crate::broker::subscriptions::{SessionKey, SubOptions};
 
 /// Where an outbound QoS 1/2 exchange stands.
 #[derive(Debug, Clone)]
@@ -288,7 +259,7 @@ pub struct Session {
     /// table is written under.
     pub window: u16,
     /// Its places in the append channels it consumes.
-    pub consumers: Vec<super::channel::Consumer>,
+    pub consumers: Vec<super::consumer::Consumer>,
     /// The bridge whose session this is (see `ConnectRequest::bridge`).
     pub bridge: Option<Arc<str>>,
     /// Inbound QoS 2 publishes held in a channel until their PUBREL: the
@@ -316,6 +287,74 @@ impl Session {
             consumers: Vec::new(),
             bridge: None,
             channel_holds: IdMap::default(),
+        }
+    }
+}
+
+/// Every session the broker keeps, connected or not, and how they are
+/// found: by key, by client id, and those waiting without a connection.
+#[derive(Debug)]
+pub(super) struct Sessions {
+    pub by_key: IdMap<SessionKey, Session>,
+    pub by_client_id: HashMap<Arc<str>, SessionKey>,
+    /// Sessions without a connection (timers for expiry and Will delay).
+    pub detached: IdSet<SessionKey>,
+    /// The key the next new session takes.
+    pub next_key: SessionKey,
+    /// Numbers the client ids the broker assigns.
+    pub next_assigned_id: u64,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Self {
+            by_key: IdMap::default(),
+            by_client_id: HashMap::new(),
+            detached: IdSet::default(),
+            next_key: 1,
+            next_assigned_id: 1,
+        }
+    }
+}
+
+impl Sessions {
+    /// Where session `key`'s consumer of `channel` is among its consumers.
+    pub(super) fn consumer_index(&self, key: SessionKey, channel: u16) -> Option<usize> {
+        self.by_key
+            .get(&key)?
+            .consumers
+            .iter()
+            .position(|c| c.channel == channel)
+    }
+
+    /// Persistent sessions the provider holds (or is about to).
+    pub(super) fn stored_count(&self) -> usize {
+        self.by_key.values().filter(|s| s.stored).count()
+    }
+
+    /// Does a delivery to `key` need the message in the broadcast log?
+    pub(super) fn owed_durably(&self, key: SessionKey, qos: u8) -> bool {
+        qos > 0 && self.by_key.get(&key).is_some_and(|s| s.stored)
+    }
+
+    /// The consumer `start` made had its position written with its
+    /// SUBSCRIBE: the flush need not write it again.
+    pub(super) fn started_stored(&mut self, key: SessionKey, start: &ConsumerStart) {
+        let (Some(offset), Some(index)) = (start.stored, self.consumer_index(key, start.channel))
+        else {
+            return;
+        };
+        if let Some(session) = self.by_key.get_mut(&key) {
+            session.consumers[index].stored = Some(offset);
+        }
+    }
+
+    /// The value at `offset` of `channel` owed to `key` was sent or
+    /// dropped: its position no longer waits for it.
+    pub(super) fn value_done(&mut self, key: SessionKey, channel: u16, offset: u64) {
+        if let Some(index) = self.consumer_index(key, channel) {
+            let session = self.by_key.get_mut(&key).expect("indexed");
+            session.consumers[index].owed_done(offset);
         }
     }
 }

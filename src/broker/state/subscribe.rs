@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use tokio::time::Instant;
 
-use super::channel::ConsumerStart;
-use super::persist::Parked;
+use super::consumer::{seek_of, ConsumerStart};
+use super::intent::Parked;
 use super::session::{QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, RetainedDue};
 use crate::broker::metrics::CloseReason;
@@ -30,7 +30,7 @@ impl BrokerState {
         let mut retained_for: Vec<(String, SubOptions)> = Vec::new();
         let mut undo = Vec::new();
         let mut consumers: Vec<ConsumerStart> = Vec::new();
-        let seek = Self::seek_of(user_properties);
+        let seek = seek_of(user_properties);
         for (raw, mut options) in filters {
             options.subscription_id = subscription_id;
             let parsed = match topic::parse_filter(&raw) {
@@ -40,7 +40,7 @@ impl BrokerState {
                     continue;
                 }
             };
-            let channel = self.channel_of(parsed.filter);
+            let channel = self.channels.of_topic(parsed.filter);
             if let Some(channel) = channel {
                 match &seek {
                     Ok(seek) => {
@@ -57,7 +57,7 @@ impl BrokerState {
                         }
                     }
                     Err(why) => {
-                        let client_id = &self.sessions[&key].client_id;
+                        let client_id = &self.sessions.by_key[&key].client_id;
                         tracing::warn!(client_id = %client_id, filter = %raw, error = %why, "subscription to a channel refused");
                         reasons.push(ReasonCode::ImplementationSpecificError);
                         continue;
@@ -71,7 +71,11 @@ impl BrokerState {
                 return;
             }
             let log_next = self.persist.log_next;
-            let session = self.sessions.get_mut(&key).expect("connected session");
+            let session = self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("connected session");
             if self.authorizer.is_active()
                 && !self.authorizer.can_subscribe(
                     session.principal.as_deref(),
@@ -111,18 +115,18 @@ impl BrokerState {
                 _ => false,
             };
             // A latest channel's current values come as retained messages do.
-            let values = channel.is_none_or(|c| self.is_latest(c));
+            let values = channel.is_none_or(|c| self.channels.is_latest(c));
             if wants_retained && parsed.share_group.is_none() && values {
                 retained_for.push((parsed.filter.to_owned(), options));
             }
         }
-        if self.sessions[&key].stored && !undo.is_empty() {
+        if self.sessions.by_key[&key].stored && !undo.is_empty() {
             self.stage_session(key, now);
         }
         for start in &mut consumers {
             let values_owed = retained_for
                 .iter()
-                .any(|(filter, _)| self.channel_of(filter) == Some(start.channel));
+                .any(|(filter, _)| self.channels.of_topic(filter) == Some(start.channel));
             self.stage_start(key, start, values_owed, now);
         }
         self.park_or_answer(
@@ -154,7 +158,7 @@ impl BrokerState {
         for raw in filters {
             match self.unsubscribe(key, &raw) {
                 Some(sub) => {
-                    if let Some(channel) = self.channel_of(&sub.filter) {
+                    if let Some(channel) = self.channels.of_topic(&sub.filter) {
                         channels.push((channel, raw.clone()));
                     }
                     undo.push((raw, sub));
@@ -163,7 +167,7 @@ impl BrokerState {
                 None => reasons.push(ReasonCode::NoSubscriptionExisted),
             }
         }
-        if self.sessions[&key].stored && !undo.is_empty() {
+        if self.sessions.by_key[&key].stored && !undo.is_empty() {
             self.stage_session(key, now);
         }
         self.park_or_answer(
@@ -182,7 +186,7 @@ impl BrokerState {
 
     /// Remove subscription `raw` of session `key`; what it was, if any.
     fn unsubscribe(&mut self, key: SessionKey, raw: &str) -> Option<SessionSubscription> {
-        let session = self.sessions.get_mut(&key)?;
+        let session = self.sessions.by_key.get_mut(&key)?;
         let sub = session.subscriptions.remove(raw)?;
         if self
             .index
@@ -195,7 +199,7 @@ impl BrokerState {
 
     /// Put subscription `raw` back as it was before a write that failed.
     pub(super) fn resubscribe(&mut self, key: SessionKey, raw: String, sub: SessionSubscription) {
-        let Some(session) = self.sessions.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         if !self
@@ -262,7 +266,7 @@ impl BrokerState {
                 }
             }
         }
-        let session = &self.sessions[&key];
+        let session = &self.sessions.by_key[&key];
         let principal = session.principal.clone();
         let client_id = session.client_id.clone();
         if self.authorizer.is_active() {
@@ -301,7 +305,7 @@ impl BrokerState {
                     return;
                 }
             } else {
-                let session = &self.sessions[&key];
+                let session = &self.sessions.by_key[&key];
                 if !session.pending.is_empty() || session.inflight.len() >= window {
                     return;
                 }
@@ -322,11 +326,11 @@ impl BrokerState {
                 self.transmit(connection, queued, 0, due.sys, now);
                 if let Some((channel, offset)) = due.channel {
                     // Sent (or dropped and counted): no longer owed.
-                    self.value_done(key, channel, offset);
+                    self.sessions.value_done(key, channel, offset);
                 }
             } else if !self.start_exchange(key, connection, queued, due.channel, now) {
                 if let Some((channel, offset)) = due.channel {
-                    self.value_done(key, channel, offset);
+                    self.sessions.value_done(key, channel, offset);
                 }
             }
             if self.doomed.iter().any(|(c, _, _)| *c == connection) {

@@ -1,0 +1,246 @@
+//! Consumers' stored positions: where a new consumer starts, written with
+//! its SUBSCRIBE; every moved position written at the flush, when the
+//! consumer goes away and before a snapshot; dropped with its
+//! subscription; kept in memory for a bridge while its session is away.
+//! A stored position may lag and never leads: it never passes an
+//! unacknowledged record (`Consumer::position`).
+
+use tokio::time::Instant;
+
+use super::consumer::ConsumerStart;
+use super::intent::{Role, Write};
+use super::reads::Seek;
+use super::session::Session;
+use super::BrokerState;
+use crate::broker::subscriptions::SessionKey;
+use crate::storage::contract::{Position, Reader};
+
+impl BrokerState {
+    /// Write where a new consumer of session `key` starts, with the
+    /// SUBSCRIBE that makes it, when the session keeps positions: its
+    /// SUBACK then waits for the position as well (invariant 18), and a
+    /// restart before the first flush resumes there, not at the `next` of
+    /// that later moment. A start known without a read (`next`, an offset)
+    /// is written as it is. A start that takes a read (earliest, a time) is
+    /// written as the first offset, and as what the read found once it
+    /// returns. A latest channel's consumer owed the current values
+    /// (`values_owed`, as Retain Handling says) is written as the first
+    /// offset too, until they are acknowledged: killed before then, it
+    /// resumes from there and is sent every value again, as changes.
+    pub(super) fn stage_start(
+        &mut self,
+        key: SessionKey,
+        start: &mut ConsumerStart,
+        values_owed: bool,
+        now: Instant,
+    ) {
+        let channel = start.channel;
+        let latest = self.channels.is_latest(channel);
+        if start.group.is_some()
+            || (latest && start.seek.is_some())
+            || self.channels.is_queue(channel)
+            || self.sessions.consumer_index(key, channel).is_some()
+            || self.filters_on(key, channel).is_empty()
+        {
+            return;
+        }
+        let next = self.channels.all[channel as usize].next;
+        // A consumer told to start past the end waits there; what is
+        // stored is never past the channel's next offset. A start that
+        // takes a read to find (`earliest`, a time, a latest channel's
+        // values) is stored as the first offset until the read finds it
+        // (the values: until they are acknowledged): a kill before then
+        // resumes it from the floor, with more than it asked for, not at
+        // `next` without what it asked for.
+        let first = crate::storage::contract::FIRST_OFFSET;
+        let (begin, stored) = match start.seek {
+            // Its changes start at `next` as the values' read finds it.
+            None if latest => (None, if values_owed { first } else { next }),
+            None => (Some(next), next),
+            Some(Seek::Offset(offset)) => (Some(offset), offset.min(next)),
+            Some(Seek::Earliest | Seek::Time(_)) => (None, first),
+            Some(Seek::Current | Seek::Resync { .. }) => return,
+        };
+        let session = &self.sessions.by_key[&key];
+        if let Some(bridge) = &session.bridge {
+            if self.bridges.position(channel, bridge).is_some() {
+                return;
+            }
+        }
+        let Some((reader, session_expiry)) = position_holder(session) else {
+            return;
+        };
+        if let Some(begin) = begin {
+            start.seek = Some(Seek::Offset(begin));
+        }
+        start.stored = Some(stored);
+        let saved_at = self.unix_at(now).max(1);
+        self.persist.stage(
+            Role::Channel(channel),
+            Write::SavePosition(Position {
+                reader,
+                offset: stored,
+                saved_at,
+                session_expiry,
+            }),
+        );
+    }
+
+    /// Stage the position of every consumer of `key` that moved since it
+    /// was last written. Only sessions that outlive their connection keep
+    /// one: a position of a session ending with its connection would be
+    /// dropped with it.
+    pub(super) fn stage_positions(&mut self, key: SessionKey, now: Instant) {
+        let saved_at = self.unix_at(now).max(1);
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
+            return;
+        };
+        let Some((reader, expiry)) = position_holder(session) else {
+            return;
+        };
+        let mut writes = Vec::new();
+        for consumer in &mut session.consumers {
+            if consumer.seek.is_some() || consumer.values_pending {
+                continue;
+            }
+            // A consumer told to start past the end waits there; what is
+            // stored is never past the channel's next offset.
+            let offset = consumer
+                .position()
+                .min(self.channels.all[consumer.channel as usize].next);
+            if consumer.stored == Some(offset) {
+                continue;
+            }
+            consumer.stored = Some(offset);
+            writes.push((
+                consumer.channel,
+                Write::SavePosition(Position {
+                    reader: reader.clone(),
+                    offset,
+                    saved_at,
+                    session_expiry: expiry,
+                }),
+            ));
+        }
+        for (channel, write) in writes {
+            self.persist.stage(Role::Channel(channel), write);
+        }
+    }
+
+    /// Stage every changed position (the flush), and publish each channel's
+    /// largest consumer lag.
+    pub(super) fn stage_all_positions(&mut self, now: Instant) {
+        let keys = self.channels.consumer_sessions();
+        for key in keys {
+            self.stage_positions(key, now);
+        }
+        self.stage_group_positions(now);
+        for (i, channel) in self.channels.all.iter().enumerate() {
+            let lag = channel
+                .consumers
+                .iter()
+                .filter_map(|k| self.sessions.by_key.get(k))
+                .filter_map(|s| s.consumers.iter().find(|c| c.channel == i as u16))
+                .map(|c| channel.next.saturating_sub(c.position()))
+                .max()
+                .unwrap_or(0);
+            self.metrics.set_consumer_lag(&channel.name, lag);
+        }
+    }
+
+    pub(super) fn drop_position(&mut self, key: SessionKey, channel: u16) {
+        let Some(session) = self.sessions.by_key.get(&key) else {
+            return;
+        };
+        if let Some(reader) = reader_of(session) {
+            self.persist
+                .stage(Role::Channel(channel), Write::DropPosition(reader));
+        }
+    }
+
+    /// A session ends (already out of every channel's consumer list): its
+    /// positions go, and its unreleased QoS 2 publishes into channels are
+    /// let go.
+    pub(super) fn end_consumers(&mut self, session: &Session, now: Instant) {
+        match (reader_of(session), &session.bridge) {
+            // A bridge's place outlives its session (the remote went away):
+            // kept, to resume from when the bridge connects again.
+            (Some(reader), Some(bridge)) => {
+                let saved_at = self.unix_at(now).max(1);
+                for consumer in &session.consumers {
+                    let offset = consumer
+                        .position()
+                        .min(self.channels.all[consumer.channel as usize].next);
+                    self.bridges.keep_position(consumer.channel, bridge, offset);
+                    self.persist.stage(
+                        Role::Channel(consumer.channel),
+                        Write::SavePosition(Position {
+                            reader: reader.clone(),
+                            offset,
+                            saved_at,
+                            session_expiry: None,
+                        }),
+                    );
+                }
+            }
+            (Some(reader), None) => {
+                // Only a position that was written needs removing.
+                for consumer in session.consumers.iter().filter(|c| c.stored.is_some()) {
+                    self.persist.stage(
+                        Role::Channel(consumer.channel),
+                        Write::DropPosition(reader.clone()),
+                    );
+                }
+            }
+            (None, _) => {}
+        }
+        let mut holds: Vec<(u16, u16)> = session
+            .channel_holds
+            .iter()
+            .map(|(p, c)| (*p, *c))
+            .collect();
+        holds.sort_unstable();
+        if session.bridge.is_some() {
+            // The remote has its PUBREC: the release may come on the
+            // bridge's next connection.
+            if holds.is_empty() {
+                return;
+            }
+            let kept = holds
+                .into_iter()
+                .map(|(p, c)| (p, c, session.inbound_qos2.get(&p).copied().unwrap_or(now)))
+                .collect();
+            self.bridges.keep_holds(session.client_id.clone(), kept);
+            return;
+        }
+        for (packet_id, channel) in holds {
+            self.persist.stage(
+                Role::Channel(channel),
+                Write::DropChannelHold {
+                    client_id: session.client_id.to_string(),
+                    packet_id,
+                },
+            );
+        }
+    }
+}
+
+/// The reader a session's positions are stored under and their session
+/// expiry, for a session that keeps them: one outliving its connection, or
+/// a bridge (whose position has no session and never expires).
+fn position_holder(session: &Session) -> Option<(Reader, Option<u32>)> {
+    let expiry = match &session.bridge {
+        Some(_) => None,
+        None if session.expiry_interval == 0 => return None,
+        None => Some(session.expiry_interval),
+    };
+    Some((reader_of(session)?, expiry))
+}
+
+/// The reader a session's places in channels are stored under.
+fn reader_of(session: &Session) -> Option<Reader> {
+    match &session.bridge {
+        Some(bridge) => Reader::bridge(bridge).ok(),
+        None => Reader::mqtt(&session.client_id).ok(),
+    }
+}

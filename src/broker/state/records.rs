@@ -1,0 +1,101 @@
+//! Messages as the providers store them, and back: a publish as a
+//! [`Record`], a Will as a [`WillEntry`], and the properties each keeps.
+//! Free functions of the values alone, shared by every state file that
+//! writes or reads a record.
+
+use bytes::Bytes;
+use saguin_format::model::{PublishProps, Record, UnixNanos, UserProperty};
+use tokio::time::Instant;
+
+use super::WillRequest;
+use crate::broker::codec::{ByteStr, PayloadFormat};
+use crate::broker::message::{Message, MessageProperties};
+use crate::storage::contract::WillEntry;
+
+/// A Will as the session provider keeps it.
+pub(super) fn will_entry(will: &WillRequest) -> WillEntry {
+    let p = &will.properties;
+    WillEntry {
+        topic: will.topic.to_string(),
+        payload: will.payload.clone(),
+        qos: will.qos,
+        retain: will.retain,
+        delay_interval: will.delay,
+        props: publish_props_of(p),
+        user_properties: user_properties_of(p),
+    }
+}
+
+/// The five publish properties a record keeps, from a message's.
+pub(super) fn publish_props_of(p: &MessageProperties) -> PublishProps {
+    PublishProps {
+        content_type: p.content_type.as_deref().map(str::to_owned),
+        response_topic: p.response_topic.as_deref().map(str::to_owned),
+        correlation_data: p.correlation_data.clone(),
+        payload_format_indicator: p.payload_format_indicator.map(|f| f as u8),
+        message_expiry_interval: p.message_expiry_interval,
+    }
+}
+
+/// A message's User Properties as a record keeps them, in order.
+pub(super) fn user_properties_of(p: &MessageProperties) -> Vec<UserProperty> {
+    p.user_properties
+        .iter()
+        .map(|(name, value)| UserProperty {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .collect()
+}
+
+/// A stored Will as the state carries it.
+pub(super) fn will_request(will: &WillEntry) -> WillRequest {
+    WillRequest {
+        topic: ByteStr::from(will.topic.as_str()),
+        payload: will.payload.clone(),
+        qos: will.qos,
+        retain: will.retain,
+        properties: properties_of(&will.props, &will.user_properties),
+        delay: will.delay_interval,
+    }
+}
+
+fn properties_of(props: &PublishProps, user: &[UserProperty]) -> MessageProperties {
+    MessageProperties {
+        payload_format_indicator: props.payload_format_indicator.map(|f| {
+            if f == 1 {
+                PayloadFormat::Utf8
+            } else {
+                PayloadFormat::Unspecified
+            }
+        }),
+        message_expiry_interval: props.message_expiry_interval,
+        topic_alias: None,
+        response_topic: props.response_topic.as_deref().map(ByteStr::from),
+        correlation_data: props.correlation_data.clone(),
+        user_properties: user
+            .iter()
+            .map(|p| (p.name.clone(), p.value.clone()))
+            .collect(),
+        subscription_identifiers: Vec::new(),
+        content_type: props.content_type.as_deref().map(ByteStr::from),
+    }
+}
+
+/// A stored record as a routable message received at `received_at`.
+pub(super) fn message_from_record(record: &Record, received_at: Instant) -> Message {
+    Message {
+        topic: ByteStr::from(record.topic.as_str()),
+        payload: Bytes::clone(&record.payload),
+        qos: record.qos,
+        retain: record.retain,
+        properties: properties_of(&record.props, &record.user_properties),
+        received_at,
+        wire: Default::default(),
+    }
+}
+
+/// Unix nanoseconds now, from the system clock.
+pub fn unix_now() -> UnixNanos {
+    crate::storage::contract::now_nanos()
+}

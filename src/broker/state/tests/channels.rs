@@ -1,0 +1,674 @@
+//! Append channels: publishes answered after their commit, consumers
+//! reading at their own pace, gaps, exactly-once holds, where a consumer
+//! starts and the position written for it, bridges and shared groups.
+
+use super::*;
+
+/// A state serving one append channel, `telemetry`, with `next` as given.
+fn channel_state(limits: Limits, next: u64) -> BrokerState {
+    let mut s = state_with(limits);
+    s.restore(
+        Restored {
+            channels: vec![RestoredChannel {
+                name: "telemetry".into(),
+                kind: saguin_format::model::ChannelKind::Append,
+                queue: None,
+                next,
+                positions: Vec::new(),
+                holds: Vec::new(),
+            }],
+            ..Restored::default()
+        },
+        Instant::now(),
+    );
+    let mut none = Vec::new();
+    s.take_intents(&mut none);
+    s
+}
+
+#[test]
+fn a_channel_publish_is_answered_after_its_commit_and_handed_to_a_caught_up_consumer() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut consumer = connect(&mut s, 1, "reader", true, now);
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    store.commit_all(&mut s, now);
+    consumer.drain();
+    publisher.drain();
+    packets(&mut s, 2, vec![publish("telemetry/a", 1, 7)], now);
+    // Nothing before the commit: no PUBACK, no delivery.
+    assert!(puback_ids(&publisher.drain()).is_empty());
+    assert!(consumer.drain().is_empty());
+    store.commit_all(&mut s, now);
+    assert_eq!(puback_ids(&publisher.drain()), vec![7]);
+    assert_eq!(channel_deliveries(&consumer.drain()), vec![(1, None)]);
+    // The record in hand: no read was needed.
+    let mut reads = Vec::new();
+    s.take_reads(&mut reads);
+    assert!(reads.is_empty());
+    // A broadcast subscriber of `#` gets nothing of the channel.
+    assert_eq!(store.channel.len(), 1);
+}
+
+#[test]
+fn a_consumer_behind_its_window_is_sent_the_tail_from_memory_in_order_without_a_hole() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    // Receive Maximum 10 (see `request`).
+    let mut consumer = connect(&mut s, 1, "reader", false, now);
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    store.commit_all(&mut s, now);
+    consumer.drain();
+    let burst: Vec<Inbound> = (1..=25).map(|i| publish("telemetry/a", 1, i)).collect();
+    packets(&mut s, 2, burst, now);
+    store.commit_all(&mut s, now);
+    assert_eq!(puback_ids(&publisher.drain()).len(), 25);
+    let mut out = consumer.drain();
+    let mut got: Vec<u64> = channel_deliveries(&out)
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect();
+    assert_eq!(got, (1..=10).collect::<Vec<u64>>());
+    // Acknowledging frees the window: the rest comes from the records the
+    // channel kept as they were committed, not from a read, and was not
+    // queued for the consumer. The last window is left unacknowledged.
+    while got.len() < 25 {
+        packets(&mut s, 1, acks_of(&out), now);
+        assert_eq!(store.answer_reads(&mut s, 1, now), 0, "no read");
+        out = consumer.drain();
+        got.extend(channel_deliveries(&out).into_iter().map(|(o, _)| o));
+    }
+    assert_eq!(got, (1..=25).collect::<Vec<u64>>());
+    // The stored position passes only what was acknowledged: 1..=20.
+    s.flush(now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    let saved: Vec<u64> = intents
+        .iter()
+        .flat_map(|i| i.writes.iter())
+        .filter_map(|w| match w {
+            Write::SavePosition(p) => Some(p.offset),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(saved, vec![21]);
+}
+
+/// `telemetry` holding records 1..=`records`, published by connection 2.
+fn channel_holding(records: u16, now: Instant) -> (BrokerState, FakeStore) {
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    let burst: Vec<Inbound> = (1..=records)
+        .map(|i| publish("telemetry/a", 1, i))
+        .collect();
+    packets(&mut s, 2, burst, now);
+    store.commit_all(&mut s, now);
+    publisher.drain();
+    (s, store)
+}
+
+/// A SUBSCRIBE of `telemetry/#` at QoS 1 with `saguin-from: from`.
+fn subscribe_from(from: &str) -> Inbound {
+    let mut packet = subscribe("telemetry/#", 1);
+    if let Inbound::Subscribe {
+        user_properties, ..
+    } = &mut packet
+    {
+        user_properties.push((FROM_PROPERTY.into(), from.into()));
+    }
+    packet
+}
+
+#[test]
+fn records_removed_before_a_consumer_got_them_are_announced_as_a_gap() {
+    let now = Instant::now();
+    let (mut s, mut store) = channel_holding(8, now);
+    let mut consumer = connect(&mut s, 1, "reader", true, now);
+    packets(&mut s, 1, vec![subscribe_from("2")], now);
+    store.commit_all(&mut s, now);
+    // Retention removed 1..=5: the floor is 6.
+    store.answer_reads(&mut s, 6, now);
+    let got = channel_deliveries(&consumer.drain());
+    assert_eq!(got[0], (6, Some("2-5".to_owned())));
+    assert_eq!(got[1], (7, None));
+    assert_eq!(got[2], (8, None));
+    assert_eq!(got.len(), 3);
+}
+
+/// Every delivery in `out` acknowledged.
+fn acks_of(out: &[Outbound]) -> Vec<Inbound> {
+    publish_ids(out)
+        .into_iter()
+        .map(|packet_id| Inbound::PubAck {
+            packet_id,
+            reason: ReasonCode::Success,
+        })
+        .collect()
+}
+
+/// `telemetry` holding records 1..=`records` committed before any
+/// consumer came (so none is kept in memory), then the persistent QoS 1
+/// consumers `readers` (connections 3, 4, ..., Receive Maximum 10 each)
+/// subscribed from offset 1: every record takes a read. The reads their
+/// SUBSCRIBEs asked for are left for the caller to answer.
+fn consumers_behind_the_tail(
+    readers: &[&str],
+    records: u16,
+    now: Instant,
+) -> (BrokerState, FakeStore, Vec<Client>) {
+    let (mut s, mut store) = channel_holding(records, now);
+    let clients = (3..)
+        .zip(readers)
+        .map(|(conn, id)| {
+            let mut client = connect(&mut s, conn, id, false, now);
+            packets(&mut s, conn, vec![subscribe_from("1")], now);
+            store.commit_all(&mut s, now);
+            client.drain();
+            client
+        })
+        .collect();
+    (s, store, clients)
+}
+
+fn offsets_of(out: &[Outbound]) -> Vec<u64> {
+    channel_deliveries(out)
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect()
+}
+
+#[test]
+fn a_consumer_behind_the_tail_reads_from_the_store_one_window_at_a_time() {
+    let now = Instant::now();
+    let (mut s, mut store, clients) = consumers_behind_the_tail(&["reader"], 25, now);
+    let mut consumer = clients.into_iter().next().expect("reader");
+    let mut got = Vec::new();
+    let mut reads = Vec::new();
+    while got.len() < 25 {
+        reads.push(store.answer_reads(&mut s, 1, now));
+        let out = consumer.drain();
+        got.extend(offsets_of(&out));
+        packets(&mut s, 3, acks_of(&out), now);
+    }
+    assert_eq!(got, (1..=25).collect::<Vec<u64>>());
+    // The first read asks for the room's worth; once the records' size is
+    // known a read asks for more, and the last window needs none.
+    assert_eq!(reads, vec![1, 1, 0]);
+}
+
+#[test]
+fn consumers_near_each_other_share_one_read_and_a_read_runs_past_the_room() {
+    let now = Instant::now();
+    let (mut s, mut store, clients) = consumers_behind_the_tail(&["first", "second"], 40, now);
+    let mut clients = clients.into_iter();
+    let mut first = clients.next().expect("first");
+    let mut second = clients.next().expect("second");
+
+    // Both start at offset 1: the second waits for the read the first
+    // asked for, which asks for its room's worth (nothing says yet how
+    // large the channel's records are).
+    let mut reads = Vec::new();
+    s.take_reads(&mut reads);
+    assert_eq!(reads.iter().map(|r| r.max).collect::<Vec<_>>(), vec![10]);
+    s.reads.waiting = reads;
+    assert_eq!(store.answer_reads(&mut s, 1, now), 1);
+    let out_first = first.drain();
+    let out_second = second.drain();
+    assert_eq!(offsets_of(&out_first), (1..=10).collect::<Vec<u64>>());
+    assert_eq!(offsets_of(&out_second), (1..=10).collect::<Vec<u64>>());
+    // Each record's message built once for both.
+    let message = |out: &[Outbound], i: usize| match &out[i] {
+        Outbound::Publish { message, .. } => message.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(Arc::ptr_eq(
+        &message(&out_first, 0),
+        &message(&out_second, 0)
+    ));
+
+    // Small records: the next read asks for more than the room, and the
+    // second, behind it, is handed what it found with no read of its own.
+    packets(&mut s, 3, acks_of(&out_first), now);
+    let mut reads = Vec::new();
+    s.take_reads(&mut reads);
+    assert_eq!(reads.len(), 1);
+    assert!(reads[0].max > 10, "asked for {}", reads[0].max);
+    s.reads.waiting = reads;
+    store.answer_reads(&mut s, 1, now);
+    let out_first = first.drain();
+    assert_eq!(offsets_of(&out_first), (11..=20).collect::<Vec<u64>>());
+    packets(&mut s, 4, acks_of(&out_second), now);
+    assert_eq!(store.answer_reads(&mut s, 1, now), 0, "no read");
+    assert_eq!(offsets_of(&second.drain()), (11..=20).collect::<Vec<u64>>());
+
+    // What did not fit is handed on from memory when the room comes back.
+    packets(&mut s, 3, acks_of(&out_first), now);
+    assert_eq!(store.answer_reads(&mut s, 1, now), 0, "no read");
+    assert_eq!(offsets_of(&first.drain()), (21..=30).collect::<Vec<u64>>());
+}
+
+#[test]
+fn consumers_at_one_place_read_once_and_a_failed_read_is_tried_again_for_each() {
+    let now = Instant::now();
+    let readers = ["a", "b", "c", "d"];
+    let (mut s, mut store, mut clients) = consumers_behind_the_tail(&readers, 5, now);
+    // Four consumers at offset 1: one read.
+    let mut reads = Vec::new();
+    s.take_reads(&mut reads);
+    assert_eq!(reads.len(), 1);
+    let read = reads.remove(0);
+    s.handle(
+        Event::ChannelRead {
+            ticket: read.ticket,
+            result: Err(StorageFailure {
+                full: false,
+                message: "disk I/O error".into(),
+            }),
+        },
+        now,
+    );
+    for client in &mut clients {
+        assert!(offsets_of(&client.drain()).is_empty());
+    }
+    // The tick tries again: still one read for the four, and each is sent
+    // every record once.
+    s.tick(now + Duration::from_secs(1));
+    assert_eq!(store.answer_reads(&mut s, 1, now), 1);
+    for client in &mut clients {
+        assert_eq!(offsets_of(&client.drain()), (1..=5).collect::<Vec<u64>>());
+    }
+}
+
+#[test]
+fn records_retention_removed_are_not_handed_on_from_memory_but_told_as_a_gap() {
+    let now = Instant::now();
+    let (mut s, mut store, clients) = consumers_behind_the_tail(&["reader"], 40, now);
+    let mut consumer = clients.into_iter().next().expect("reader");
+    // Two windows read; the second read found 11..=40 (more than the
+    // room, the records' size known by then), of which 11..=20 were sent.
+    assert_eq!(store.answer_reads(&mut s, 1, now), 1);
+    let out = consumer.drain();
+    packets(&mut s, 3, acks_of(&out), now);
+    assert_eq!(store.answer_reads(&mut s, 1, now), 1);
+    let out = consumer.drain();
+    assert_eq!(offsets_of(&out), (11..=20).collect::<Vec<u64>>());
+    packets(&mut s, 3, acks_of(&out), now);
+    assert_eq!(store.answer_reads(&mut s, 1, now), 0, "kept");
+    let out = consumer.drain();
+    assert_eq!(offsets_of(&out), (21..=30).collect::<Vec<u64>>());
+    s.handle(
+        Event::FloorRaised {
+            channel: "telemetry".into(),
+            floor: 36,
+        },
+        now,
+    );
+    packets(&mut s, 3, acks_of(&out), now);
+    assert_eq!(
+        store.answer_reads(&mut s, 36, now),
+        1,
+        "read, not remembered"
+    );
+    let got = channel_deliveries(&consumer.drain());
+    assert_eq!(got[0], (36, Some("31-35".to_owned())));
+    assert_eq!(
+        got[1..].iter().map(|(o, _)| *o).collect::<Vec<u64>>(),
+        (37..=40).collect::<Vec<u64>>()
+    );
+}
+
+/// A consumer (connection 1) of `telemetry` at `consumer_qos` and a
+/// publisher (connection 2) whose QoS 2 publish `packet_id` into it was
+/// held and PUBRECed.
+fn channel_hold(
+    consumer_qos: u8,
+    packet_id: u16,
+    now: Instant,
+) -> (BrokerState, FakeStore, Client, Client) {
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut consumer = connect(&mut s, 1, "reader", true, now);
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", consumer_qos)], now);
+    store.commit_all(&mut s, now);
+    consumer.drain();
+    publisher.drain();
+    packets(&mut s, 2, vec![publish("telemetry/a", 2, packet_id)], now);
+    store.commit_all(&mut s, now);
+    let out = publisher.drain();
+    assert!(
+        matches!(
+            out.as_slice(),
+            [Outbound::PubRec { packet_id: id, reason: ReasonCode::Success }] if *id == packet_id
+        ),
+        "{out:?}"
+    );
+    assert!(store.channel.is_empty(), "held without an offset");
+    assert_eq!(store.holds.len(), 1);
+    (s, store, consumer, publisher)
+}
+
+#[test]
+fn a_qos2_publish_into_a_channel_is_held_until_its_release_and_stored_once() {
+    let now = Instant::now();
+    let (mut s, mut store, mut consumer, mut publisher) = channel_hold(2, 9, now);
+    // A duplicate before the release makes no second record.
+    packets(&mut s, 2, vec![publish("telemetry/a", 2, 9)], now);
+    store.commit_all(&mut s, now);
+    publisher.drain();
+    packets(&mut s, 2, vec![Inbound::PubRel { packet_id: 9 }], now);
+    assert!(publisher.drain().is_empty(), "PUBCOMP waits for the write");
+    store.commit_all(&mut s, now);
+    assert!(matches!(
+        publisher.drain().as_slice(),
+        [Outbound::PubComp {
+            packet_id: 9,
+            reason: ReasonCode::Success
+        }]
+    ));
+    assert_eq!(store.channel.len(), 1);
+    assert_eq!(channel_deliveries(&consumer.drain()), vec![(1, None)]);
+}
+
+#[test]
+fn an_unreleased_hold_in_a_channel_expires_is_counted_and_never_becomes_a_record() {
+    let now = Instant::now();
+    let (mut s, mut store, mut consumer, mut publisher) = channel_hold(1, 4, now);
+    let soon = now + Duration::from_secs(10);
+    s.tick(soon);
+    store.commit_all(&mut s, soon);
+    assert_eq!(store.holds.len(), 1, "not yet expired");
+    s.next_exactly_once_sweep = None;
+    let later = now + Duration::from_secs(3601);
+    s.tick(later);
+    store.commit_all(&mut s, later);
+    assert!(store.holds.is_empty(), "the channel's hold is dropped");
+    assert_eq!(s.metrics.dropped_count(DropReason::ExactlyOnceExpired), 1);
+    // Its late release is answered as unknown and writes nothing.
+    packets(&mut s, 2, vec![Inbound::PubRel { packet_id: 4 }], later);
+    store.commit_all(&mut s, later);
+    assert!(matches!(
+        publisher.drain().as_slice(),
+        [Outbound::PubComp {
+            packet_id: 4,
+            reason: ReasonCode::PacketIdentifierNotFound
+        }]
+    ));
+    assert!(store.channel.is_empty(), "no record from an expired hold");
+    assert!(channel_deliveries(&consumer.drain()).is_empty());
+}
+
+#[test]
+fn a_failed_channel_write_answers_its_reason_counts_a_qos0_drop_and_delivers_nothing() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut consumer = connect(&mut s, 1, "reader", true, now);
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    store.commit_all(&mut s, now);
+    consumer.drain();
+    publisher.drain();
+    packets(&mut s, 2, vec![publish("telemetry/a", 1, 3)], now);
+    store.fail_all(&mut s, now, true);
+    assert!(matches!(
+        publisher.drain().as_slice(),
+        [Outbound::PubAck {
+            packet_id: 3,
+            reason: ReasonCode::QuotaExceeded
+        }]
+    ));
+    assert!(consumer.drain().is_empty());
+    // A QoS 0 publish has nobody to tell: it is counted, never silent.
+    assert_eq!(s.metrics.dropped_count(DropReason::StorageFailed), 0);
+    packets(&mut s, 2, vec![publish("telemetry/a", 0, 0)], now);
+    store.fail_all(&mut s, now, false);
+    assert!(publisher.drain().is_empty());
+    assert!(consumer.drain().is_empty());
+    assert_eq!(s.metrics.dropped_count(DropReason::StorageFailed), 1);
+}
+
+#[test]
+fn saguin_from_takes_earliest_an_offset_or_a_time() {
+    assert_eq!(parse_from("earliest"), Ok(Seek::Earliest));
+    assert_eq!(parse_from("42"), Ok(Seek::Offset(42)));
+    assert_eq!(parse_from("0"), Ok(Seek::Offset(1)));
+    assert_eq!(
+        parse_from("2026-12-01T10:00:00Z"),
+        Ok(Seek::Time(1_796_119_200_000_000_000))
+    );
+    assert!(parse_from("yesterday").is_err());
+}
+
+#[test]
+fn a_bridge_skips_what_arrived_over_a_bridge_and_keeps_its_place_past_its_session() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut bridge_request = request("bridge:cloud", true, 0);
+    bridge_request.bridge = Some("cloud".into());
+    let mut bridge = connect_as(&mut s, 1, bridge_request.clone(), now);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    let mut inbound_request = request("bridge:edge", true, 0);
+    inbound_request.bridge = Some("edge".into());
+    let mut inbound = connect_as(&mut s, 2, inbound_request, now);
+    let mut local = connect(&mut s, 3, "sensor", true, now);
+    store.commit_all(&mut s, now);
+    bridge.drain();
+    inbound.drain();
+    local.drain();
+    packets(&mut s, 2, vec![publish("telemetry/from-remote", 1, 1)], now);
+    packets(&mut s, 3, vec![publish("telemetry/local", 1, 1)], now);
+    store.commit_all(&mut s, now);
+    assert_eq!(store.channel[0].bridge.as_deref(), Some("edge"));
+    assert_eq!(store.channel[1].bridge, None);
+    // Only the local record goes out again.
+    let out = bridge.drain();
+    assert_eq!(channel_deliveries(&out), vec![(2, None)]);
+    packets(&mut s, 1, acks_of(&out), now);
+    closed(&mut s, 1, now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    assert!(
+        !intents
+            .iter()
+            .flat_map(|i| i.writes.iter())
+            .any(|w| matches!(w, Write::DropPosition(_))),
+        "the bridge's place was dropped"
+    );
+    let saved = positions_saved(&intents);
+    assert_eq!(saved, vec![("bridge:cloud".to_owned(), 3, None)]);
+    // Connecting again, it resumes there rather than at the end.
+    packets(&mut s, 3, vec![publish("telemetry/local", 1, 2)], now);
+    let mut sink = FakeStore {
+        channel: store.channel.clone(),
+        ..FakeStore::default()
+    };
+    sink.commit_all(&mut s, now);
+    let mut bridge = connect_as(&mut s, 4, bridge_request, now);
+    packets(&mut s, 4, vec![subscribe("telemetry/#", 1)], now);
+    sink.commit_all(&mut s, now);
+    sink.answer_reads(&mut s, 1, now);
+    assert_eq!(channel_deliveries(&bridge.drain()), vec![(3, None)]);
+}
+
+#[test]
+fn a_bridges_qos2_hold_outlives_its_connection_and_is_named_again_on_the_next() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut bridge_request = request("bridge:cloud", true, 0);
+    bridge_request.bridge = Some("cloud".into());
+    let mut bridge = connect_as(&mut s, 1, bridge_request.clone(), now);
+    store.commit_all(&mut s, now);
+    bridge.drain();
+    packets(&mut s, 1, vec![publish("telemetry/a", 2, 7)], now);
+    store.commit_all(&mut s, now);
+    assert!(matches!(
+        bridge.drain().as_slice(),
+        [Outbound::PubRec { packet_id: 7, .. }]
+    ));
+    closed(&mut s, 1, now);
+    store.commit_all(&mut s, now);
+    assert!(
+        !store
+            .writes
+            .iter()
+            .any(|w| matches!(w, Write::DropChannelHold { .. })),
+        "the hold waits for the remote's release"
+    );
+    assert_eq!(store.holds.len(), 1);
+    // The next connection is told of it, and its PUBREL writes it once.
+    let mut bridge = connect_as(&mut s, 2, bridge_request, now);
+    store.commit_all(&mut s, now);
+    let out = bridge.drain();
+    assert!(
+        matches!(
+            out.as_slice(),
+            [
+                Outbound::ConnAck { .. },
+                Outbound::PubRec {
+                    packet_id: 7,
+                    reason: ReasonCode::Success
+                }
+            ]
+        ),
+        "{out:?}"
+    );
+    packets(&mut s, 2, vec![Inbound::PubRel { packet_id: 7 }], now);
+    store.commit_all(&mut s, now);
+    assert!(matches!(
+        bridge.drain().as_slice(),
+        [Outbound::PubComp {
+            packet_id: 7,
+            reason: ReasonCode::Success
+        }]
+    ));
+    assert_eq!(store.channel.len(), 1);
+    assert_eq!(store.channel[0].bridge.as_deref(), Some("cloud"));
+}
+
+#[test]
+fn a_shared_group_over_a_channel_hands_each_record_to_one_member_and_takes_back_a_leavers() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut a = connect(&mut s, 1, "worker-a", true, now);
+    let mut b = connect(&mut s, 2, "worker-b", true, now);
+    let mut publisher = connect(&mut s, 3, "writer", true, now);
+    packets(&mut s, 1, vec![subscribe("$share/g/telemetry/#", 1)], now);
+    packets(&mut s, 2, vec![subscribe("$share/g/telemetry/#", 1)], now);
+    store.commit_all(&mut s, now);
+    a.drain();
+    b.drain();
+    let burst: Vec<Inbound> = (1..=6).map(|i| publish("telemetry/a", 1, i)).collect();
+    packets(&mut s, 3, burst, now);
+    store.commit_all(&mut s, now);
+    publisher.drain();
+    let got_a: Vec<u64> = channel_deliveries(&a.drain())
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect();
+    let got_b: Vec<u64> = channel_deliveries(&b.drain())
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect();
+    let mut all: Vec<u64> = got_a.iter().chain(&got_b).copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, (1..=6).collect::<Vec<u64>>(), "each record once");
+    assert_eq!(got_a.len(), 3);
+    // `a` goes away without acknowledging: its records go to `b`.
+    s.handle(
+        Event::Closed {
+            connection: 1,
+            reason: CloseReason::Network,
+            disconnect_reason: None,
+        },
+        now,
+    );
+    store.commit_all(&mut s, now);
+    store.answer_reads(&mut s, 1, now);
+    let again: Vec<u64> = channel_deliveries(&b.drain())
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect();
+    for offset in &got_a {
+        assert!(
+            again.contains(offset),
+            "{offset} returned to the group: {again:?}"
+        );
+    }
+}
+
+#[test]
+fn a_durable_consumers_start_is_written_with_its_subscribe_and_its_suback_waits() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 5);
+    let mut store = FakeStore::default();
+    let mut durable = connect_as(&mut s, 1, request("durable", false, 3600), now);
+    let mut brief = connect(&mut s, 2, "brief", true, now);
+    store.commit_all(&mut s, now);
+    durable.drain();
+    brief.drain();
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], now);
+    packets(&mut s, 2, vec![subscribe("telemetry/#", 1)], now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    let saved = positions_saved(&intents);
+    // Only the session that outlives its connection keeps a position.
+    assert_eq!(saved, vec![("mqtt:durable".to_owned(), 5, Some(3600))]);
+    assert!(
+        !suback_sent(&durable.drain()),
+        "no SUBACK before its start is stored"
+    );
+    store.commit(&mut s, intents, now);
+    assert!(suback_sent(&durable.drain()));
+    // Written once: the flush finds it unmoved.
+    s.flush(now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    assert!(!intents
+        .iter()
+        .flat_map(|i| i.writes.iter())
+        .any(|w| matches!(w, Write::SavePosition(_))));
+}
+
+#[test]
+fn an_earliest_start_is_stored_as_the_first_offset_until_its_read_finds_it() {
+    let now = Instant::now();
+    let (mut s, mut store) = channel_holding(8, now);
+    let mut durable = connect_as(&mut s, 1, request("durable", false, 3600), now);
+    store.commit_all(&mut s, now);
+    durable.drain();
+    packets(&mut s, 1, vec![subscribe_from("earliest")], now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    // Killed now, it resumes from the first record held, not at `next`.
+    assert_eq!(
+        positions_saved(&intents),
+        vec![("mqtt:durable".to_owned(), 1, Some(3600))]
+    );
+    assert!(!suback_sent(&durable.drain()));
+    store.commit(&mut s, intents, now);
+    // Retention removed 1..=3: the read finds the oldest held, 4, and
+    // that is written at once.
+    store.answer_reads(&mut s, 4, now);
+    let out = durable.drain();
+    assert!(out.iter().any(|o| matches!(o, Outbound::SubAck { .. })));
+    assert_eq!(
+        channel_deliveries(&out)[0],
+        (4, None),
+        "no gap for earliest"
+    );
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    assert_eq!(
+        positions_saved(&intents),
+        vec![("mqtt:durable".to_owned(), 4, Some(3600))]
+    );
+}

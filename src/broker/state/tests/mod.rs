@@ -1,0 +1,386 @@
+//! State tests: events in, packets and intents out, commits fed by hand on
+//! an injected clock. The helpers every room's tests drive the state with
+//! are here; the tests are by room: `sessions` (connections, sessions,
+//! the QoS flows, retained messages, restore), `channels` (append
+//! channels, their consumers and stored positions, bridges and shared
+//! groups), `latest_and_queues` (latest and queue channels over real
+//! memory stores).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::*;
+use crate::broker::codec::ByteStr;
+use crate::broker::message::MessageProperties;
+use crate::broker::metrics::{CloseReason, DropReason, Metrics};
+use crate::broker::subscriptions::SubOptions;
+
+mod channels;
+mod latest_and_queues;
+mod sessions;
+
+struct Client {
+    rx: mpsc::UnboundedReceiver<Outbound>,
+    kill: watch::Receiver<bool>,
+    pause: watch::Receiver<bool>,
+}
+
+impl Client {
+    fn drain(&mut self) -> Vec<Outbound> {
+        let mut out = Vec::new();
+        while let Ok(o) = self.rx.try_recv() {
+            out.push(o);
+        }
+        out
+    }
+}
+
+/// A stand-in for the persisters: answers every intent, assigning log
+/// offsets as a provider would, or failing when told to.
+#[derive(Default)]
+struct FakeStore {
+    next_offset: u64,
+    writes: Vec<Write>,
+    /// The records of channel 0, offsets from 1.
+    channel: Vec<saguin_format::model::Record>,
+    /// Channel 0's holds by client id and packet id.
+    holds: std::collections::HashMap<(String, u16), saguin_format::model::Record>,
+}
+
+impl FakeStore {
+    /// Answer everything the state asked for, in order.
+    fn commit_all(&mut self, s: &mut BrokerState, now: Instant) {
+        loop {
+            let mut intents = Vec::new();
+            s.take_intents(&mut intents);
+            if intents.is_empty() {
+                return;
+            }
+            self.commit(s, intents, now);
+        }
+    }
+
+    /// Answer `intents`, taken from the state earlier, in order.
+    fn commit(&mut self, s: &mut BrokerState, intents: Vec<Intent>, now: Instant) {
+        for intent in intents {
+            let written = self.apply(&intent);
+            s.handle(
+                Event::Committed {
+                    ticket: intent.ticket,
+                    result: Ok(written),
+                },
+                now,
+            );
+        }
+    }
+
+    fn apply(&mut self, intent: &Intent) -> Vec<Written> {
+        intent
+            .writes
+            .iter()
+            .map(|w| {
+                self.writes.push(w.clone());
+                match w {
+                    Write::AppendLog(_) => {
+                        self.next_offset += 1;
+                        Written::Appended(self.next_offset)
+                    }
+                    Write::Append(record) => self.store_in_channel(record.clone()),
+                    Write::Hold(held)
+                        if held.channel != crate::storage::contract::BROADCAST_LOG_NAME =>
+                    {
+                        self.holds.insert(
+                            (held.client_id.clone(), held.packet_id),
+                            held.record.clone(),
+                        );
+                        Written::Done
+                    }
+                    Write::Release {
+                        client_id,
+                        packet_id,
+                    } => match self.holds.remove(&(client_id.clone(), *packet_id)) {
+                        Some(record) => self.store_in_channel(record),
+                        None => Written::Done,
+                    },
+                    Write::DropChannelHold {
+                        client_id,
+                        packet_id,
+                    } => {
+                        self.holds.remove(&(client_id.clone(), *packet_id));
+                        Written::Done
+                    }
+                    _ => Written::Done,
+                }
+            })
+            .collect()
+    }
+
+    fn store_in_channel(&mut self, mut record: saguin_format::model::Record) -> Written {
+        record.offset = self.channel.len() as u64 + 1;
+        self.channel.push(record.clone());
+        Written::Stored(0, Arc::new(record))
+    }
+
+    /// Answer every read the state asked for from channel 0, whose records
+    /// below `floor` are gone.
+    fn answer_reads(&mut self, s: &mut BrokerState, floor: u64, now: Instant) -> usize {
+        let mut reads = Vec::new();
+        s.take_reads(&mut reads);
+        let count = reads.len();
+        for read in reads {
+            let from = match read.from {
+                Seek::Offset(from) => from,
+                // The oldest held: no gap to tell.
+                Seek::Earliest => floor,
+                other => panic!("{other:?} is not sought here"),
+            };
+            let start = from.max(floor);
+            let records = self
+                .channel
+                .iter()
+                .filter(|r| r.offset >= start)
+                .take(read.max)
+                .cloned()
+                .map(Arc::new)
+                .collect();
+            s.handle(
+                Event::ChannelRead {
+                    ticket: read.ticket,
+                    result: Ok(ReadWindow {
+                        start,
+                        floor: (start > from).then_some(start),
+                        records,
+                        next: None,
+                    }),
+                },
+                now,
+            );
+        }
+        count
+    }
+
+    /// Fail everything the state asked for.
+    fn fail_all(&mut self, s: &mut BrokerState, now: Instant, full: bool) {
+        let mut intents = Vec::new();
+        s.take_intents(&mut intents);
+        for intent in intents {
+            s.handle(
+                Event::Committed {
+                    ticket: intent.ticket,
+                    result: Err(StorageFailure {
+                        full,
+                        message: "injected".into(),
+                    }),
+                },
+                now,
+            );
+        }
+    }
+}
+
+fn state_with(limits: Limits) -> BrokerState {
+    BrokerState::new(
+        limits,
+        Arc::new(Metrics::new()),
+        Arc::new(AllowAll),
+        (Instant::now(), 1_700_000_000_000_000_000),
+    )
+}
+
+fn state() -> BrokerState {
+    state_with(Limits::default())
+}
+
+fn connect_with(
+    state: &mut BrokerState,
+    conn: u64,
+    id: &str,
+    clean: bool,
+    v5: bool,
+    now: Instant,
+) -> Client {
+    let mut request = request(id, clean, if clean { 0 } else { 300 });
+    request.v5 = v5;
+    connect_as(state, conn, request, now)
+}
+
+/// A v5 CONNECT without a Will.
+fn request(id: &str, clean: bool, session_expiry: u32) -> ConnectRequest {
+    ConnectRequest {
+        v5: true,
+        client_id: id.into(),
+        clean_start: clean,
+        keep_alive: 60,
+        principal: None,
+        will: None,
+        session_expiry,
+        receive_maximum: 10,
+        maximum_packet_size: None,
+        request_response_information: false,
+        authentication: None,
+        bridge: None,
+    }
+}
+
+fn connect_as(state: &mut BrokerState, conn: u64, request: ConnectRequest, now: Instant) -> Client {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (kill_tx, kill) = watch::channel(false);
+    let (pause_tx, pause) = watch::channel(false);
+    state.handle(
+        Event::Connect {
+            connection: conn,
+            request: Box::new(request),
+            handle: ConnectionHandle {
+                outbound: tx,
+                written: Arc::new(AtomicUsize::new(0)),
+                foreign: Arc::new(AtomicUsize::new(0)),
+                kill: kill_tx,
+                pause: pause_tx,
+                want_drained: Arc::new(AtomicBool::new(false)),
+            },
+        },
+        now,
+    );
+    Client { rx, kill, pause }
+}
+
+fn connect(state: &mut BrokerState, conn: u64, id: &str, clean: bool, now: Instant) -> Client {
+    connect_with(state, conn, id, clean, true, now)
+}
+
+fn packets(state: &mut BrokerState, conn: u64, packets: Vec<Inbound>, now: Instant) {
+    state.handle(
+        Event::Packets {
+            connection: conn,
+            packets,
+            read_order: 0,
+        },
+        now,
+    );
+}
+
+fn subscribe(filter: &str, qos: u8) -> Inbound {
+    Inbound::Subscribe {
+        packet_id: 1,
+        subscription_id: None,
+        user_properties: Vec::new(),
+        filters: vec![(
+            filter.into(),
+            SubOptions {
+                qos,
+                no_local: false,
+                retain_as_published: false,
+                retain_handling: 0,
+                subscription_id: None,
+            },
+        )],
+    }
+}
+
+fn publish(topic: &str, qos: u8, id: u16) -> Inbound {
+    publish_retained(topic, qos, id, false)
+}
+
+fn publish_retained(topic: &str, qos: u8, id: u16, retain: bool) -> Inbound {
+    Inbound::Publish(InboundPublish {
+        packet_id: id,
+        qos,
+        retain,
+        dup: false,
+        topic: ByteStr::from(topic),
+        payload: Bytes::from_static(b"p"),
+        properties: MessageProperties::default(),
+    })
+}
+
+fn closed(state: &mut BrokerState, conn: u64, now: Instant) {
+    state.handle(
+        Event::Closed {
+            connection: conn,
+            reason: CloseReason::Network,
+            disconnect_reason: None,
+        },
+        now,
+    );
+}
+
+fn publish_ids(out: &[Outbound]) -> Vec<u16> {
+    out.iter()
+        .filter_map(|o| match o {
+            Outbound::Publish {
+                packet_id,
+                dup: false,
+                ..
+            } => Some(*packet_id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The offsets (and gaps) of the channel records in `out`, in order.
+fn channel_deliveries(out: &[Outbound]) -> Vec<(u64, Option<String>)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Outbound::Publish { message, .. } => {
+                let props = &message.properties.user_properties;
+                let offset = props
+                    .iter()
+                    .find(|(k, _)| k == OFFSET_PROPERTY)?
+                    .1
+                    .parse()
+                    .ok()?;
+                let gap = props
+                    .iter()
+                    .find(|(k, _)| k == GAP_PROPERTY)
+                    .map(|(_, v)| v.clone());
+                Some((offset, gap))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn puback_ids(out: &[Outbound]) -> Vec<u16> {
+    out.iter()
+        .filter_map(|o| match o {
+            Outbound::PubAck { packet_id, reason } if *reason == ReasonCode::Success => {
+                Some(*packet_id)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn suback_sent(out: &[Outbound]) -> bool {
+    out.iter().any(|o| matches!(o, Outbound::SubAck { .. }))
+}
+
+/// The positions `intents` save: reader, offset and session expiry.
+fn positions_saved(intents: &[Intent]) -> Vec<(String, u64, Option<u32>)> {
+    intents
+        .iter()
+        .flat_map(|i| i.writes.iter())
+        .filter_map(|w| match w {
+            Write::SavePosition(p) => Some((p.reader.to_string(), p.offset, p.session_expiry)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The connection and session tables hold an entry per client; a field
+/// most clients never use (a Will) is boxed so it does not size them all.
+#[test]
+fn the_connection_and_session_tables_entries_stay_small() {
+    let connection = std::mem::size_of::<super::Connection>();
+    assert!(
+        connection <= 256,
+        "a connection entry is {connection} bytes"
+    );
+    let session = std::mem::size_of::<super::session::Session>();
+    assert!(session <= 384, "a session entry is {session} bytes");
+}

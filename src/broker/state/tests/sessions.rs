@@ -1,0 +1,766 @@
+//! Connections and sessions: takeover, flow control, the QoS flows,
+//! retained messages, the broadcast log, expiry and Wills, restore.
+
+use super::*;
+
+#[test]
+fn late_events_of_a_taken_over_generation_do_nothing() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut old = connect(&mut s, 1, "c", false, now);
+    packets(&mut s, 1, vec![subscribe("t", 1)], now);
+    store.commit_all(&mut s, now);
+    let mut new = connect(&mut s, 2, "c", false, now);
+    store.commit_all(&mut s, now);
+    assert!(matches!(
+        old.drain().last(),
+        Some(Outbound::Disconnect {
+            reason: ReasonCode::SessionTakenOver,
+            ..
+        })
+    ));
+    assert!(matches!(
+        new.drain().first(),
+        Some(Outbound::ConnAck {
+            session_present: true,
+            ..
+        })
+    ));
+    // The old connection's late packets and close are ignored.
+    packets(
+        &mut s,
+        1,
+        vec![Inbound::Unsubscribe {
+            packet_id: 2,
+            filters: vec!["t".into()],
+        }],
+        now,
+    );
+    closed(&mut s, 1, now);
+    assert_eq!(s.connection_count(), 1);
+    let _pub = connect(&mut s, 3, "p", true, now);
+    packets(&mut s, 3, vec![publish("t", 1, 1)], now);
+    store.commit_all(&mut s, now);
+    assert!(new
+        .drain()
+        .iter()
+        .any(|o| matches!(o, Outbound::Publish { qos: 1, .. })));
+}
+
+#[test]
+fn qos0_to_a_client_that_does_not_read_is_dropped_and_counted_not_cut() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        outbound_queue: 4,
+        ..Limits::default()
+    });
+    let mut slow = connect(&mut s, 1, "slow", true, now);
+    packets(&mut s, 1, vec![subscribe("t", 0)], now);
+    let mut fast = connect(&mut s, 2, "fast", true, now);
+    packets(&mut s, 2, vec![subscribe("t", 0)], now);
+    // The fast one reads as it goes.
+    let mut delivered = 0;
+    let _ = fast.drain();
+    let _p = connect(&mut s, 3, "p", true, now);
+    for _ in 0..10 {
+        packets(&mut s, 3, vec![publish("t", 0, 0)], now);
+        let out = fast.drain();
+        delivered += out.len();
+        fast_written(&s, 2, out.len());
+    }
+    assert_eq!(delivered, 10);
+    assert!(!*slow.kill.borrow(), "a slow QoS 0 consumer is not cut");
+    assert_eq!(s.connection_count(), 3);
+    // slow got CONNACK + SUBACK + 2 publishes before its queue was full.
+    let slow_out = slow.drain();
+    assert_eq!(publish_ids(&slow_out).len(), 2);
+    assert_eq!(s.metrics.dropped_count(DropReason::SlowConsumer), 8);
+}
+
+/// What a writer does after writing `n` packets of `conn`.
+fn fast_written(s: &BrokerState, conn: u64, n: usize) {
+    let c = &s.connections[&conn];
+    c.handle
+        .written
+        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[test]
+fn acknowledgements_a_client_does_not_read_pause_its_reader() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        outbound_queue: 8,
+        ..Limits::default()
+    });
+    let mut p = connect(&mut s, 1, "p", true, now);
+    packets(
+        &mut s,
+        1,
+        (1..=20).map(|i| publish("t", 1, i)).collect(),
+        now,
+    );
+    assert!(!*p.kill.borrow(), "never cut for its own acknowledgements");
+    assert!(*p.pause.borrow(), "its reader is paused instead");
+    let acks = p
+        .drain()
+        .iter()
+        .filter(|o| matches!(o, Outbound::PubAck { .. }))
+        .count();
+    assert_eq!(acks, 20, "every acknowledgement is kept");
+    fast_written(&s, 1, 21);
+    s.handle(Event::Drained { connection: 1 }, now);
+    assert!(!*p.pause.borrow(), "drained: reading again");
+}
+
+#[test]
+fn offline_queue_is_bounded_and_replayed_in_order() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_queued_messages: 3,
+        ..Limits::default()
+    });
+    let mut store = FakeStore::default();
+    let _c = connect(&mut s, 1, "c", false, now);
+    packets(&mut s, 1, vec![subscribe("t", 1)], now);
+    store.commit_all(&mut s, now);
+    closed(&mut s, 1, now);
+    let _p = connect(&mut s, 2, "p", true, now);
+    packets(
+        &mut s,
+        2,
+        (1..=5).map(|i| publish("t", 1, i)).collect(),
+        now,
+    );
+    store.commit_all(&mut s, now);
+    let mut c = connect(&mut s, 3, "c", false, now);
+    store.commit_all(&mut s, now);
+    let out = c.drain();
+    assert_eq!(
+        publish_ids(&out),
+        vec![1, 2, 3],
+        "three kept, two dropped and counted"
+    );
+    assert_eq!(s.metrics.dropped_count(DropReason::QueueFull), 2);
+}
+
+#[test]
+fn unreleased_qos2_holds_expire_and_are_counted() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut p = connect(&mut s, 1, "p", true, now);
+    packets(&mut s, 1, vec![publish("t", 2, 5)], now);
+    s.tick(now + Duration::from_secs(10));
+    assert_eq!(s.metrics.dropped_count(DropReason::ExactlyOnceExpired), 0);
+    s.next_exactly_once_sweep = None;
+    s.tick(now + Duration::from_secs(3601));
+    assert_eq!(s.metrics.dropped_count(DropReason::ExactlyOnceExpired), 1);
+    // The id is free again: PUBREL for it is now unknown.
+    packets(&mut s, 1, vec![Inbound::PubRel { packet_id: 5 }], now);
+    assert!(p.drain().iter().any(|o| matches!(
+        o,
+        Outbound::PubComp {
+            packet_id: 5,
+            reason: ReasonCode::PacketIdentifierNotFound
+        }
+    )));
+}
+
+#[test]
+fn no_connack_before_the_persistent_session_is_committed() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut c = connect(&mut s, 1, "c", false, now);
+    assert!(c.drain().is_empty(), "nothing before the commit");
+    // Packets sent meanwhile wait behind the CONNACK.
+    packets(&mut s, 1, vec![Inbound::PingReq], now);
+    assert!(c.drain().is_empty());
+    store.commit_all(&mut s, now);
+    let out = c.drain();
+    assert!(matches!(
+        out[0],
+        Outbound::ConnAck {
+            reason: ReasonCode::Success,
+            ..
+        }
+    ));
+    assert!(matches!(out[1], Outbound::PingResp));
+    assert!(
+        matches!(store.writes[0], Write::SaveSession(ref e) if e.client_id == "c" && e.detached_at == 0)
+    );
+}
+
+#[test]
+fn a_failed_session_write_refuses_v5_with_its_reason_and_cuts_v311() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut v5 = connect_with(&mut s, 1, "a", false, true, now);
+    store.fail_all(&mut s, now, true);
+    assert!(matches!(
+        v5.drain().first(),
+        Some(Outbound::ConnAck {
+            reason: ReasonCode::QuotaExceeded,
+            ..
+        })
+    ));
+    let mut v3 = connect_with(&mut s, 2, "b", false, false, now);
+    store.fail_all(&mut s, now, false);
+    assert!(
+        v3.drain().is_empty(),
+        "3.1.1: no acknowledgement, the connection is closed"
+    );
+    assert_eq!(s.connection_count(), 0);
+    assert_eq!(s.session_count(), 0, "nothing unstored is kept");
+}
+
+#[test]
+fn acknowledgements_wait_for_their_commit_and_keep_their_order() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut c = connect(&mut s, 1, "c", true, now);
+    let _ = c.drain();
+    // A retained publish is stored before its PUBACK; the QoS 1 publish
+    // after it, which stores nothing, still waits behind it.
+    packets(
+        &mut s,
+        1,
+        vec![publish_retained("r", 1, 1, true), publish("x", 1, 2)],
+        now,
+    );
+    assert!(c.drain().is_empty());
+    store.commit_all(&mut s, now);
+    let ids: Vec<u16> = c
+        .drain()
+        .iter()
+        .filter_map(|o| match o {
+            Outbound::PubAck { packet_id, .. } => Some(*packet_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, vec![1, 2]);
+    assert_eq!(s.retained_count(), 1);
+}
+
+#[test]
+fn a_failed_retained_write_answers_its_reason_and_changes_nothing() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut c = connect(&mut s, 1, "c", true, now);
+    let _ = c.drain();
+    packets(&mut s, 1, vec![publish_retained("r", 1, 7, true)], now);
+    store.fail_all(&mut s, now, false);
+    assert!(matches!(
+        c.drain().first(),
+        Some(Outbound::PubAck {
+            packet_id: 7,
+            reason: ReasonCode::ImplementationSpecificError
+        })
+    ));
+    assert_eq!(s.retained_count(), 0);
+}
+
+#[test]
+fn retained_topics_are_capped() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_retained: 2,
+        ..Limits::default()
+    });
+    let mut store = FakeStore::default();
+    let mut c = connect(&mut s, 1, "c", true, now);
+    for (i, t) in ["a", "b", "c", "a"].iter().enumerate() {
+        packets(
+            &mut s,
+            1,
+            vec![publish_retained(t, 1, i as u16 + 1, true)],
+            now,
+        );
+        store.commit_all(&mut s, now);
+    }
+    let codes: Vec<ReasonCode> = c
+        .drain()
+        .iter()
+        .filter_map(|o| match o {
+            Outbound::PubAck { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        vec![
+            ReasonCode::Success,
+            ReasonCode::Success,
+            ReasonCode::QuotaExceeded,
+            ReasonCode::Success
+        ],
+        "a new topic past the cap is refused, a replacement is not"
+    );
+}
+
+#[test]
+fn offline_messages_live_once_in_the_broadcast_log_and_leave_it_when_acknowledged() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    for (conn, id) in [(1, "a"), (2, "b")] {
+        let _ = connect(&mut s, conn, id, false, now);
+        packets(&mut s, conn, vec![subscribe("t", 1)], now);
+        store.commit_all(&mut s, now);
+        closed(&mut s, conn, now);
+    }
+    store.commit_all(&mut s, now);
+    let _p = connect(&mut s, 3, "p", true, now);
+    packets(&mut s, 3, vec![publish("t", 1, 1)], now);
+    store.commit_all(&mut s, now);
+    let appended = store
+        .writes
+        .iter()
+        .filter(|w| matches!(w, Write::AppendLog(_)))
+        .count();
+    assert_eq!(
+        appended, 1,
+        "one log entry however many sessions are owed it"
+    );
+    assert_eq!(s.log_references(), vec![(1, 2)]);
+    for (conn, id) in [(4, "a"), (5, "b")] {
+        let mut c = connect(&mut s, conn, id, false, now);
+        store.commit_all(&mut s, now);
+        let out = c.drain();
+        let packet_id = publish_ids(&out)[0];
+        packets(
+            &mut s,
+            conn,
+            vec![Inbound::PubAck {
+                packet_id,
+                reason: ReasonCode::Success,
+            }],
+            now,
+        );
+    }
+    assert!(s.log_references().is_empty());
+    s.flush(now);
+    store.commit_all(&mut s, now);
+    assert!(store
+        .writes
+        .iter()
+        .any(|w| matches!(w, Write::ReleaseLog(o) if o == &vec![1])));
+}
+
+#[test]
+fn a_restored_session_resends_its_inflight_with_dup_and_owes_pubrel() {
+    use crate::storage::contract::{
+        InflightEntry as StoredInflight, InflightPhase as StoredPhase, SessionEntry,
+        SubscriptionEntry,
+    };
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let record = |offset: u64, qos: u8| saguin_format::model::Record {
+        offset,
+        qos,
+        timestamp: 1_700_000_000_000_000_000,
+        ..saguin_format::model::Record::new("t", Bytes::from_static(b"m"))
+    };
+    let summary = s.restore(
+        Restored {
+            retained: vec![record(0, 0)],
+            sessions: vec![SessionEntry {
+                client_id: "c".into(),
+                principal: None,
+                expiry_interval: 300,
+                detached_at: 1_700_000_000_000_000_000,
+                subscriptions: vec![SubscriptionEntry {
+                    filter: "t".into(),
+                    qos: 2,
+                    no_local: false,
+                    retain_as_published: false,
+                    retain_handling: 0,
+                    subscription_id: None,
+                    log_offset: 1,
+                }],
+                will: None,
+                window: 10,
+                inflight: vec![
+                    StoredInflight {
+                        log_offset: 1,
+                        packet_id: 7,
+                        qos: 1,
+                        phase: StoredPhase::AwaitingAck,
+                        shared_group: None,
+                    },
+                    StoredInflight {
+                        log_offset: 2,
+                        packet_id: 8,
+                        qos: 2,
+                        phase: StoredPhase::AwaitingComp,
+                        shared_group: None,
+                    },
+                ],
+            }],
+            cursors: vec![("c".into(), 1)],
+            log: vec![record(1, 1), record(2, 2), record(3, 2)],
+            log_next: 4,
+            held: Vec::new(),
+            channels: Vec::new(),
+        },
+        now,
+    );
+    assert_eq!(
+        (summary.sessions, summary.inflight, summary.queued),
+        (1, 2, 1)
+    );
+    store.commit_all(&mut s, now);
+    let mut c = connect(&mut s, 1, "c", false, now);
+    store.commit_all(&mut s, now);
+    let out = c.drain();
+    assert!(matches!(
+        out[0],
+        Outbound::ConnAck {
+            session_present: true,
+            ..
+        }
+    ));
+    assert!(matches!(
+        out[1],
+        Outbound::Publish {
+            packet_id: 7,
+            dup: true,
+            ..
+        }
+    ));
+    assert!(matches!(out[2], Outbound::PubRel { packet_id: 8, .. }));
+    // The message the log held past the in-flight ones is delivered new.
+    assert!(matches!(
+        out[3],
+        Outbound::Publish {
+            qos: 2,
+            dup: false,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn persistent_sessions_past_the_cap_are_refused_with_0x97() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_sessions: 2,
+        ..Limits::default()
+    });
+    let mut store = FakeStore::default();
+    let mut codes = Vec::new();
+    for (conn, id) in [(1, "a"), (2, "b"), (3, "c")] {
+        let mut c = connect(&mut s, conn, id, false, now);
+        store.commit_all(&mut s, now);
+        if let Some(Outbound::ConnAck { reason, .. }) = c.drain().first() {
+            codes.push(*reason);
+        }
+    }
+    // A clean session is not kept, so the cap does not apply to it.
+    let mut clean = connect(&mut s, 4, "d", true, now);
+    if let Some(Outbound::ConnAck { reason, .. }) = clean.drain().first() {
+        codes.push(*reason);
+    }
+    // Resuming a kept session is not a new one.
+    let mut again = connect(&mut s, 5, "a", false, now);
+    store.commit_all(&mut s, now);
+    if let Some(Outbound::ConnAck { reason, .. }) = again.drain().first() {
+        codes.push(*reason);
+    }
+    assert_eq!(
+        codes,
+        vec![
+            ReasonCode::Success,
+            ReasonCode::Success,
+            ReasonCode::QuotaExceeded,
+            ReasonCode::Success,
+            ReasonCode::Success
+        ]
+    );
+}
+
+/// Whether the CONNACK among `out` says a session was present.
+fn session_present(out: &[Outbound]) -> bool {
+    match out.iter().find(|o| matches!(o, Outbound::ConnAck { .. })) {
+        Some(Outbound::ConnAck {
+            session_present,
+            reason: ReasonCode::Success,
+            ..
+        }) => *session_present,
+        other => panic!("expected a successful CONNACK, got {other:?}"),
+    }
+}
+
+/// Payloads of the PUBLISHes among `out`, with the expiry each forwards.
+fn published(out: &[Outbound]) -> Vec<(Bytes, Option<u32>)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Outbound::Publish {
+                message, expiry, ..
+            } => Some((message.payload.clone(), *expiry)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn expiring_publish(topic: &str, payload: &'static [u8], id: u16, seconds: u32) -> Inbound {
+    Inbound::Publish(InboundPublish {
+        packet_id: id,
+        qos: 1,
+        retain: false,
+        dup: false,
+        topic: ByteStr::from(topic),
+        payload: Bytes::from_static(payload),
+        properties: MessageProperties {
+            message_expiry_interval: Some(seconds),
+            ..MessageProperties::default()
+        },
+    })
+}
+
+/// MQTT 5 3.1.2.11.2 (MQTT-3.1.2-23): a detached session lives its Session
+/// Expiry Interval, and not a moment longer.
+#[test]
+fn a_session_ends_when_its_expiry_interval_passes_not_before() {
+    let t0 = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let _c = connect_as(&mut s, 1, request("c", false, 1), t0);
+    packets(&mut s, 1, vec![subscribe("t", 1)], t0);
+    store.commit_all(&mut s, t0);
+    closed(&mut s, 1, t0);
+    store.commit_all(&mut s, t0);
+    let almost = t0 + Duration::from_millis(999);
+    s.tick(almost);
+    store.commit_all(&mut s, almost);
+    let mut c = connect_as(&mut s, 2, request("c", false, 1), almost);
+    store.commit_all(&mut s, almost);
+    assert!(
+        session_present(&c.drain()),
+        "kept until the interval passes"
+    );
+    closed(&mut s, 2, almost);
+    store.commit_all(&mut s, almost);
+    let after = almost + Duration::from_secs(1);
+    s.tick(after);
+    store.commit_all(&mut s, after);
+    let mut c = connect_as(&mut s, 3, request("c", false, 1), after);
+    store.commit_all(&mut s, after);
+    assert!(!session_present(&c.drain()), "ended once it passed");
+}
+
+/// MQTT 5 3.1.3.2.2: the Will of a session that outlives its connection
+/// is published once the Will Delay Interval has passed, not before; a
+/// reconnect within the delay cancels it.
+#[test]
+fn a_will_waits_for_its_delay_and_a_reconnect_cancels_it() {
+    let t0 = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut watcher = connect(&mut s, 1, "watcher", true, t0);
+    packets(&mut s, 1, vec![subscribe("will/#", 1)], t0);
+    store.commit_all(&mut s, t0);
+    watcher.drain();
+    let with_will = |id: &str, delay: u32| {
+        let mut r = request(id, false, 60);
+        r.will = Some(WillRequest {
+            topic: ByteStr::from(format!("will/{id}")),
+            payload: Bytes::from_static(b"gone"),
+            qos: 1,
+            retain: false,
+            properties: MessageProperties::default(),
+            delay,
+        });
+        r
+    };
+    let _late = connect_as(&mut s, 2, with_will("late", 1), t0);
+    let _never = connect_as(&mut s, 3, with_will("never", 2), t0);
+    store.commit_all(&mut s, t0);
+    closed(&mut s, 2, t0);
+    closed(&mut s, 3, t0);
+    store.commit_all(&mut s, t0);
+
+    let almost = t0 + Duration::from_millis(999);
+    s.tick(almost);
+    store.commit_all(&mut s, almost);
+    assert_eq!(published(&watcher.drain()), vec![], "not before the delay");
+
+    // "never" comes back within its delay: its Will is cancelled.
+    let mut back = connect_as(&mut s, 4, request("never", false, 60), almost);
+    store.commit_all(&mut s, almost);
+    assert!(session_present(&back.drain()));
+
+    let after = t0 + Duration::from_secs(1);
+    s.tick(after);
+    store.commit_all(&mut s, after);
+    let out = watcher.drain();
+    assert_eq!(published(&out), vec![(Bytes::from_static(b"gone"), None)]);
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Outbound::Publish { message, .. } if &*message.topic == "will/late"
+    )));
+
+    let much_later = t0 + Duration::from_secs(30);
+    s.tick(much_later);
+    store.commit_all(&mut s, much_later);
+    assert_eq!(
+        published(&watcher.drain()),
+        vec![],
+        "the cancelled Will never comes"
+    );
+}
+
+/// MQTT-3.3.2-5 / -6: a message queued for an offline session is dropped
+/// once its Message Expiry Interval has passed; one still alive forwards
+/// the time it has left.
+#[test]
+fn a_queued_message_expires_and_the_rest_carry_the_time_left() {
+    let t0 = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let _c = connect(&mut s, 1, "sub", false, t0);
+    packets(&mut s, 1, vec![subscribe("mx/#", 1)], t0);
+    store.commit_all(&mut s, t0);
+    closed(&mut s, 1, t0);
+    store.commit_all(&mut s, t0);
+    let _p = connect(&mut s, 2, "pub", true, t0);
+    packets(
+        &mut s,
+        2,
+        vec![
+            expiring_publish("mx/short", b"short", 1, 1),
+            expiring_publish("mx/long", b"long", 2, 60),
+        ],
+        t0,
+    );
+    store.commit_all(&mut s, t0);
+    let later = t0 + Duration::from_millis(2100);
+    let mut c = connect(&mut s, 3, "sub", false, later);
+    store.commit_all(&mut s, later);
+    let out = c.drain();
+    assert!(session_present(&out));
+    assert_eq!(
+        published(&out),
+        vec![(Bytes::from_static(b"long"), Some(58))],
+        "the short one expired; the long one lost two whole seconds"
+    );
+    assert_eq!(s.metrics.dropped_count(DropReason::Expired), 1);
+}
+
+/// MQTT-3.3.2-6 with MQTT-4.4.0-1: a message resent on reconnect carries
+/// the expiry left, not the original interval.
+#[test]
+fn a_resent_message_carries_the_expiry_left() {
+    let t0 = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut c = connect(&mut s, 1, "sub", false, t0);
+    packets(&mut s, 1, vec![subscribe("mxr", 1)], t0);
+    store.commit_all(&mut s, t0);
+    c.drain();
+    let _p = connect(&mut s, 2, "pub", true, t0);
+    packets(&mut s, 2, vec![expiring_publish("mxr", b"x", 1, 60)], t0);
+    store.commit_all(&mut s, t0);
+    assert_eq!(
+        published(&c.drain()),
+        vec![(Bytes::from_static(b"x"), Some(60))]
+    );
+    // Not acknowledged: the connection ends with the message in flight.
+    closed(&mut s, 1, t0);
+    store.commit_all(&mut s, t0);
+    let later = t0 + Duration::from_millis(1100);
+    let mut c = connect(&mut s, 3, "sub", false, later);
+    store.commit_all(&mut s, later);
+    let out = c.drain();
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, Outbound::Publish { dup: true, .. })));
+    assert_eq!(published(&out), vec![(Bytes::from_static(b"x"), Some(59))]);
+}
+
+#[test]
+fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
+    use crate::storage::contract::{SessionEntry, SubscriptionEntry};
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_queued_messages: 2,
+        ..Limits::default()
+    });
+    let session = |client_id: &str, filter: &str| SessionEntry {
+        client_id: client_id.into(),
+        principal: None,
+        expiry_interval: 300,
+        detached_at: 1_700_000_000_000_000_000,
+        subscriptions: vec![SubscriptionEntry {
+            filter: filter.into(),
+            qos: 1,
+            no_local: false,
+            retain_as_published: false,
+            retain_handling: 0,
+            subscription_id: None,
+            log_offset: 1,
+        }],
+        will: None,
+        window: 10,
+        inflight: Vec::new(),
+    };
+    let record = |offset: u64, topic: &str, owed_to: Option<&str>| saguin_format::model::Record {
+        offset,
+        qos: 1,
+        timestamp: 1_700_000_000_000_000_000,
+        owed_to: owed_to.map(str::to_owned),
+        ..saguin_format::model::Record::new(topic, Bytes::from(format!("{offset}")))
+    };
+    let summary = s.restore(
+        Restored {
+            sessions: vec![
+                session("all", "dev/#"),
+                session("late", "dev/+"),
+                session("one", "dev/one"),
+                session("quiet", "other"),
+            ],
+            // `late` was sent everything before offset 3.
+            cursors: vec![
+                ("all".into(), 1),
+                ("late".into(), 3),
+                ("one".into(), 1),
+                ("quiet".into(), 1),
+            ],
+            log: vec![
+                record(1, "dev/one", None),
+                record(2, "dev/two", None),
+                // A copy kept for `one` alone (a message it was owed when
+                // others were not): nobody else is offered it.
+                record(3, "dev/one", Some("one")),
+                record(4, "dev/three", None),
+                record(5, "dev/one", None),
+            ],
+            log_next: 6,
+            ..Restored::default()
+        },
+        now,
+    );
+    assert_eq!(summary.sessions, 4);
+    let owed = |s: &BrokerState, client_id: &str| -> Vec<u64> {
+        let key = s.sessions.by_client_id[client_id];
+        s.sessions.by_key[&key]
+            .pending
+            .iter()
+            .filter_map(|q| q.log_offset)
+            .collect()
+    };
+    // At most `max_queued_messages` each, the oldest first.
+    assert_eq!(owed(&s, "all"), vec![1, 2]);
+    assert_eq!(owed(&s, "late"), vec![4, 5]);
+    assert_eq!(owed(&s, "one"), vec![1, 3]);
+    assert!(owed(&s, "quiet").is_empty());
+    assert_eq!(summary.queued, 6);
+    assert_eq!(
+        s.log_references(),
+        vec![(1, 2), (2, 1), (3, 1), (4, 1), (5, 1)]
+    );
+}
