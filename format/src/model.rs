@@ -63,8 +63,18 @@ impl PublishProps {
 /// bytes, which a memory provider keeps for every record it holds. Read
 /// through `Deref` (none reads as [`PublishProps::default`]); the first
 /// change through `DerefMut` allocates them.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct RecordProps(Option<Box<PublishProps>>);
+
+/// Equal when they read the same: properties set and then cleared again
+/// equal none.
+impl PartialEq for RecordProps {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for RecordProps {}
 
 /// What a record without properties reads as.
 static NO_PROPS: PublishProps = PublishProps {
@@ -232,5 +242,10 @@ mod tests {
         assert_eq!(set.content_type.as_deref(), Some("text/plain"));
         props.message_expiry_interval = None;
         assert!(props.is_empty());
+        assert_eq!(
+            props,
+            RecordProps::default(),
+            "equal when they read the same"
+        );
     }
 }

@@ -18,8 +18,18 @@ use super::codec::{ByteStr, PublishProperties};
 /// codec's type is 160 bytes a message would hold for nothing (a million
 /// retained messages, 160 MB). Read through `Deref` (no properties reads as
 /// the empty set); the first change through `DerefMut` allocates them.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct MessageProperties(Option<Box<PublishProperties>>);
+
+/// Equal when they read the same: properties set and then cleared again
+/// equal none.
+impl PartialEq for MessageProperties {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for MessageProperties {}
 
 /// What a message without properties reads as.
 static NO_PROPERTIES: PublishProperties = PublishProperties {
@@ -243,5 +253,8 @@ mod tests {
         let clone = offset.clone();
         assert_eq!(clone.properties, offset.properties);
         assert!(clone.wire.0.get().is_none());
+        // Set and cleared again, they equal none.
+        offset.properties.user_properties.clear();
+        assert_eq!(offset.properties, MessageProperties::default());
     }
 }
