@@ -13,6 +13,22 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Gives the pages the allocator holds free back to the system. A start
+/// that loaded a snapshot directory freed the decoded copies its stores
+/// were built from - a few hundred bytes a record - and mimalloc keeps freed
+/// pages resident until a later call happens to purge them, seconds after
+/// the start (an idle broker's 2,000,000-record start held 1.46 GB for
+/// about ten seconds, then 0.90 GB).
+pub fn release_free_memory() {
+    extern "C" {
+        fn mi_collect(force: bool);
+    }
+    // SAFETY: mi_collect takes no pointer and may be called from any
+    // thread at any time; `force` also returns the memory of abandoned
+    // threads' heaps.
+    unsafe { mi_collect(true) }
+}
+
 mod bench;
 mod check_config;
 mod docs;

@@ -272,6 +272,9 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
             return Ok(exit::CANNOT);
         }
     };
+    // The state is built: what restoring it freed goes back now, not at
+    // whatever later moment the allocator would purge it.
+    crate::release_free_memory();
     server.snapshots = saguin::broker::snapshots::Snapshots::new(
         &providers.snapshot_writers(),
         tokio::time::Instant::now(),

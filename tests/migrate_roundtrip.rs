@@ -187,7 +187,8 @@ fn record(topic: &str, payload: &str) -> Record {
         content_type: Some("text/plain".into()),
         correlation_data: Some(Bytes::from_static(&[0, 1, 255])),
         ..Default::default()
-    };
+    }
+    .into();
     r
 }
 

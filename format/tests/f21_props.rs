@@ -79,7 +79,7 @@ fn record() -> impl Strategy<Value = Record> {
                 timestamp,
                 user_properties,
                 payload,
-                props,
+                props: props.into(),
                 retain,
                 bridge,
                 client_id,

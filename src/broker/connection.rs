@@ -911,7 +911,8 @@ fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectReq
                 user_properties: p.user_properties.clone(),
                 subscription_identifiers: Vec::new(),
                 content_type: p.content_type.clone().map(ByteStr::from),
-            },
+            }
+            .into(),
             delay: p.will_delay_interval.unwrap_or(0),
         }
     });
@@ -1013,7 +1014,7 @@ fn adapt(packet: Packet, aliases: &mut InboundAliases) -> Result<Option<Inbound>
                 dup,
                 topic,
                 payload,
-                properties,
+                properties: properties.into(),
             })
         }
         Packet::PubAck(ack) => Inbound::PubAck {
@@ -1483,7 +1484,7 @@ mod tests {
                 payload: bytes::Bytes::from_static(b"payload"),
                 qos: 2,
                 retain: true,
-                properties: properties.clone(),
+                properties: properties.clone().into(),
                 received_at: tokio::time::Instant::now(),
                 wire: Default::default(),
             };

@@ -1,6 +1,7 @@
 //! An application message as the broker routes it: shared by every delivery
 //! through an `Arc`, payload in `Bytes`, so fan-out never copies the payload.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::OnceLock;
 
 use bytes::Bytes;
@@ -8,10 +9,83 @@ use tokio::time::Instant;
 
 use super::codec::{ByteStr, PublishProperties};
 
-/// MQTT 5 publication properties are forwarded unchanged: the codec's own
+/// MQTT 5 publication properties, forwarded unchanged: the codec's own
 /// type, with topic alias and subscription identifiers left empty (they are
 /// per connection / per delivery and set by the writer).
-pub type MessageProperties = PublishProperties;
+///
+/// Kept out of line, and only when there are any: most messages - every
+/// MQTT 3.1.1 publish, a retained sensor reading - carry none, and the
+/// codec's type is 160 bytes a message would hold for nothing (a million
+/// retained messages, 160 MB). Read through `Deref` (no properties reads as
+/// the empty set); the first change through `DerefMut` allocates them.
+#[derive(Clone, Default)]
+pub struct MessageProperties(Option<Box<PublishProperties>>);
+
+/// Equal when they read the same: properties set and then cleared again
+/// equal none.
+impl PartialEq for MessageProperties {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for MessageProperties {}
+
+/// What a message without properties reads as.
+static NO_PROPERTIES: PublishProperties = PublishProperties {
+    payload_format_indicator: None,
+    message_expiry_interval: None,
+    topic_alias: None,
+    response_topic: None,
+    correlation_data: None,
+    user_properties: Vec::new(),
+    subscription_identifiers: Vec::new(),
+    content_type: None,
+};
+
+impl MessageProperties {
+    /// Whether they are held out of line (some property was set): a
+    /// message without properties holds no allocation for them.
+    pub fn is_allocated(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The codec's properties, as owned.
+    pub fn into_inner(self) -> PublishProperties {
+        self.0.map(|p| *p).unwrap_or_default()
+    }
+}
+
+impl From<PublishProperties> for MessageProperties {
+    /// Empty properties are not kept.
+    fn from(properties: PublishProperties) -> Self {
+        if properties == NO_PROPERTIES {
+            MessageProperties(None)
+        } else {
+            MessageProperties(Some(Box::new(properties)))
+        }
+    }
+}
+
+impl Deref for MessageProperties {
+    type Target = PublishProperties;
+
+    fn deref(&self) -> &PublishProperties {
+        self.0.as_deref().unwrap_or(&NO_PROPERTIES)
+    }
+}
+
+impl DerefMut for MessageProperties {
+    fn deref_mut(&mut self) -> &mut PublishProperties {
+        self.0.get_or_insert_with(Box::default)
+    }
+}
+
+impl std::fmt::Debug for MessageProperties {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
 
 /// The message expiry interval has passed: the message is not delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,8 +122,12 @@ pub struct Message {
 ///
 /// Cloning a message clones none of them: a clone may be given another
 /// topic or payload.
+///
+/// The two slots are allocated with the first form: a message no MQTT 5
+/// client receives - most retained messages, every channel record a 3.1.1
+/// consumer reads - holds one empty word for them instead of 64 bytes.
 #[derive(Default)]
-pub struct WireForms([OnceLock<Option<WireForm>>; 2]);
+pub struct WireForms(OnceLock<Box<[OnceLock<Option<WireForm>>; 2]>>);
 
 /// One shape's bytes.
 #[derive(Debug)]
@@ -63,7 +141,7 @@ impl WireForms {
     /// The slot of the form with a packet identifier (QoS 1 and 2) or
     /// without (QoS 0).
     pub fn shape(&self, with_id: bool) -> &OnceLock<Option<WireForm>> {
-        &self.0[usize::from(with_id)]
+        &self.0.get_or_init(Box::default)[usize::from(with_id)]
     }
 }
 
@@ -75,7 +153,9 @@ impl Clone for WireForms {
 
 impl std::fmt::Debug for WireForms {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let encoded = self.0.iter().filter(|slot| slot.get().is_some()).count();
+        let encoded = self.0.get().map_or(0, |slots| {
+            slots.iter().filter(|s| s.get().is_some()).count()
+        });
         write!(f, "WireForms({encoded} encoded)")
     }
 }
@@ -96,5 +176,85 @@ impl Message {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(properties: MessageProperties) -> Message {
+        Message {
+            topic: ByteStr::from("site/7/device/1234567"),
+            payload: Bytes::from_static(&[b'x'; 64]),
+            qos: 1,
+            retain: true,
+            properties,
+            received_at: Instant::now(),
+            wire: WireForms::default(),
+        }
+    }
+
+    /// A retained message is kept behind an `Arc` for as long as it is
+    /// retained: with its allocation's header it fits the allocator's
+    /// 128-byte class. It was 248 bytes with the properties and both wire
+    /// forms' slots inline.
+    #[test]
+    fn a_message_stays_small() {
+        let message = std::mem::size_of::<Message>();
+        assert!(message <= 112, "a message is {message} bytes");
+        assert_eq!(std::mem::size_of::<MessageProperties>(), 8);
+        assert_eq!(std::mem::size_of::<WireForms>(), 16);
+    }
+
+    #[test]
+    fn a_message_without_properties_holds_no_allocation_for_them() {
+        let none = message(MessageProperties::default());
+        assert!(!none.properties.is_allocated());
+        assert_eq!(none.properties.message_expiry_interval, None);
+        assert!(none.properties.user_properties.is_empty());
+        // The codec's empty properties, as a decoded PUBLISH without any
+        // carries them, are not kept either.
+        let decoded = MessageProperties::from(PublishProperties::default());
+        assert!(!decoded.is_allocated());
+        assert_eq!(decoded, MessageProperties::default());
+        // Nor is anything allocated for the wire forms until one is made.
+        assert!(none.wire.0.get().is_none());
+    }
+
+    #[test]
+    fn properties_are_allocated_when_set_and_read_back_as_set() {
+        let expiring = MessageProperties::from(PublishProperties {
+            message_expiry_interval: Some(30),
+            ..PublishProperties::default()
+        });
+        assert!(expiring.is_allocated());
+        assert_eq!(expiring.message_expiry_interval, Some(30));
+        assert_eq!(
+            expiring.clone().into_inner().message_expiry_interval,
+            Some(30)
+        );
+
+        // The first change allocates them; reading never does.
+        let mut offset = message(MessageProperties::default());
+        assert_eq!(offset.expiry_left(offset.received_at), Ok(None));
+        assert!(!offset.properties.is_allocated());
+        offset
+            .properties
+            .user_properties
+            .push(("saguin-offset".into(), "7".into()));
+        assert!(offset.properties.is_allocated());
+        assert_eq!(
+            offset.properties.user_properties,
+            [("saguin-offset".to_owned(), "7".to_owned())]
+        );
+        // A clone of the message carries them; its wire forms start empty.
+        let _ = offset.wire.shape(false).set(None);
+        let clone = offset.clone();
+        assert_eq!(clone.properties, offset.properties);
+        assert!(clone.wire.0.get().is_none());
+        // Set and cleared again, they equal none.
+        offset.properties.user_properties.clear();
+        assert_eq!(offset.properties, MessageProperties::default());
     }
 }

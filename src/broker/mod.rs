@@ -79,6 +79,10 @@
 //!   5% of the broker's CPU) and took their slowest path in `malloc` (15%)
 //!   on the 4-consumer row of `cargo bench --bench consumers`, which
 //!   mimalloc raised by 28-37% in alternating runs (docs/benchmarks.md).
+//!   Once the state is restored it hands the allocator's free pages back
+//!   (`release_free_memory` in `commands/main.rs`): the decoded copies a
+//!   restart built its stores from, a few hundred bytes a record, stayed
+//!   resident until a later purge, seconds later.
 //!
 //! Decisions where the specifications leave a choice:
 //!

@@ -683,6 +683,13 @@ pub trait LatestStore: OffsetStore + AsOffsetStore {
     /// start with `$`), ordered by offset.
     fn values(&self) -> Result<Vec<Record>>;
 
+    /// [`LatestStore::values`] as shared records: a store that keeps its
+    /// values in memory hands out its own, copying none (a restart reads a
+    /// million retained messages this way).
+    fn values_shared(&self) -> Result<Vec<Arc<Record>>> {
+        Ok(self.values()?.into_iter().map(Arc::new).collect())
+    }
+
     /// Every value set and every deletion at or after offset `since` whose
     /// topic matches, ordered by offset; deletions are records with an empty
     /// payload. `since < floor` is [`StorageError::BelowFloor`]: deletions

@@ -1276,7 +1276,8 @@ mod tests {
                 correlation_data: Some(bytes::Bytes::from_static(b"\x00\x01")),
                 payload_format_indicator: Some(1),
                 message_expiry_interval: Some(60),
-            };
+            }
+            .into();
             r
         };
         let a = p.open_channel("a", ChannelKind::Append).unwrap();

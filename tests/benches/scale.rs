@@ -18,7 +18,13 @@
 //!
 //! `cargo bench --bench scale` (release). `SAGUIN_BENCH_ONLY` picks curves
 //! (comma-separated, default all); `SAGUIN_BENCH_SCALE` (default 1.0)
-//! scales every size; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
+//! scales every size, `SAGUIN_BENCH_SIZES` (comma-separated counts)
+//! replaces the sizes of the curves picked; `SAGUIN_BENCH_ROWS`
+//! (comma-separated row names, default all) picks the brokers of the
+//! retained curve and the providers of the append curve;
+//! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose memory
+//! rows (`saguin-before-memory`, `memory-before`) run beside this build's
+//! in the same run; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
 //! CPU window. Idle connections are capped below the process's open-file
 //! limit (each connection is a descriptor in the broker and one here);
 //! the run says so where it caps. A count that comes out short fails the
@@ -30,7 +36,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use bench_support::{first_connack, start, start_mosquitto, stop, Broker, Conn, Error, V};
+use bench_support::{first_connack, start_binary, start_mosquitto, stop, Broker, Conn, Error, V};
 use bytes::{Bytes, BytesMut};
 use saguin::broker::codec::{
     self, Packet, ProtocolVersion, PubAck, Publish, PublishProperties, QoS, Subscribe,
@@ -54,10 +60,21 @@ async fn run() -> Result<(), Error> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1.0);
+    let chosen: Option<Vec<usize>> = match std::env::var("SAGUIN_BENCH_SIZES") {
+        Ok(list) => Some(
+            list.split(',')
+                .map(|n| n.trim().parse::<usize>())
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("SAGUIN_BENCH_SIZES={list}: {e}"))?,
+        ),
+        Err(_) => None,
+    };
     let sizes = |base: &[usize]| -> Vec<usize> {
-        base.iter()
-            .map(|&n| ((n as f64 * scale) as usize).max(1))
-            .collect()
+        chosen.clone().unwrap_or_else(|| {
+            base.iter()
+                .map(|&n| ((n as f64 * scale) as usize).max(1))
+                .collect()
+        })
     };
     println!(
         "scale {scale}, {} CPUs, load average {}",
@@ -169,15 +186,28 @@ fn rfc3339(time: SystemTime) -> String {
 /// configuration lines, both in `dir`. `started_in` is exec to the first
 /// CONNACK for both.
 enum Which<'a> {
-    Saguin { config: &'a Path },
+    Saguin { config: &'a Path, bin: &'a Path },
     Mosquitto { extra: &'a str },
+}
+
+/// This build's saguin binary.
+fn this_build() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_saguin"))
+}
+
+/// Whether `SAGUIN_BENCH_ROWS` asks for row `name` (all rows when unset).
+fn row_wanted(name: &str) -> bool {
+    match std::env::var("SAGUIN_BENCH_ROWS") {
+        Ok(rows) => rows.split(',').any(|r| r.trim() == name),
+        Err(_) => true,
+    }
 }
 
 async fn launch(which: &Which<'_>, dir: &Path) -> Result<Broker, Error> {
     match which {
-        Which::Saguin { config } => {
+        Which::Saguin { config, bin } => {
             let began = Instant::now();
-            let mut broker = start(config).await?;
+            let mut broker = start_binary(bin, config, &[]).await?;
             first_connack(broker.addr, Duration::from_secs(300)).await?;
             broker.started_in = began.elapsed();
             Ok(broker)
@@ -315,7 +345,10 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let config =
                 saguin_config(&data, &format!("limits:\n  max_connections: {}\n", n + 100))?;
             let which = if name == "saguin" {
-                Which::Saguin { config: &config }
+                Which::Saguin {
+                    config: &config,
+                    bin: this_build(),
+                }
             } else {
                 Which::Mosquitto {
                     extra: "persistence false\nmax_connections -1\n",
@@ -382,17 +415,26 @@ async fn retained(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         "| broker | retained | RSS after restart | RSS per message | target | startup | `#` receives all | fill | graceful stop |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let baseline = bench_support::baseline()?;
     let dir = tempfile::tempdir()?;
     for &n in sizes {
         let topic_bytes: usize = (0..n).map(|i| retained_topic(i).len()).sum();
         let target = 1.5 * (PAYLOAD.len() as f64 + topic_bytes as f64 / n as f64);
-        let mut brokers = vec!["saguin-memory", "saguin-sqlite"];
+        let mut brokers = vec!["saguin-memory"];
+        if baseline.is_some() {
+            brokers.push("saguin-before-memory");
+        }
+        brokers.push("saguin-sqlite");
         if mosquitto {
             brokers.push("mosquitto-persist");
         }
-        for name in brokers {
+        for name in brokers.into_iter().filter(|b| row_wanted(b)) {
             let data = dir.path().join(format!("{name}-{n}"));
-            let storage = if name == "saguin-memory" {
+            let bin = match (name, &baseline) {
+                ("saguin-before-memory", Some(before)) => before.as_path(),
+                _ => this_build(),
+            };
+            let storage = if name.ends_with("-memory") {
                 format!(
                     "  - name: p\n    kind: memory\n    snapshot_dir: {}\n",
                     data.join("snapshots").display()
@@ -415,7 +457,10 @@ async fn retained(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                     extra: "persistence true\nmax_queued_messages 0\nmax_queued_bytes 0\n",
                 }
             } else {
-                Which::Saguin { config: &config }
+                Which::Saguin {
+                    config: &config,
+                    bin,
+                }
             };
             // The empty broker's memory is the baseline.
             let empty = launch(&which, &data).await?;
@@ -483,10 +528,20 @@ async fn append(sizes: &[usize]) -> Result<(), Error> {
         "| provider | records | startup | RSS | seek by time | sweep of a tenth | removed | graceful stop | fill rate |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for provider in ["memory", "sqlite"] {
+    let baseline = bench_support::baseline()?;
+    let mut providers = vec!["memory"];
+    if baseline.is_some() {
+        providers.push("memory-before");
+    }
+    providers.push("sqlite");
+    for provider in providers.into_iter().filter(|p| row_wanted(p)) {
+        let bin = match (provider, &baseline) {
+            ("memory-before", Some(before)) => before.as_path(),
+            _ => this_build(),
+        };
         let dir = tempfile::tempdir()?;
         let data = dir.path().join(provider);
-        let storage = if provider == "memory" {
+        let storage = if provider.starts_with("memory") {
             format!(
                 "  - name: p\n    kind: memory\n    snapshot_dir: {}\n",
                 data.join("snapshots").display()
@@ -512,7 +567,7 @@ async fn append(sizes: &[usize]) -> Result<(), Error> {
         let mut held = 0usize;
         for &n in sizes {
             let config = config_with(None)?;
-            let broker = start(&config).await?;
+            let broker = start_binary(bin, &config, &[]).await?;
             let fill_began = SystemTime::now();
             let began = Instant::now();
             publish_many(broker.addr, n - held, false, record_topic).await?;
@@ -528,7 +583,14 @@ async fn append(sizes: &[usize]) -> Result<(), Error> {
                 .ok_or("no saguin_channel_bytes")?;
             let stopped_in = stop(broker).await?;
 
-            let broker = launch(&Which::Saguin { config: &config }, &data).await?;
+            let broker = launch(
+                &Which::Saguin {
+                    config: &config,
+                    bin,
+                },
+                &data,
+            )
+            .await?;
             let started_in = broker.started_in;
             let resident = rss(pid_of(&broker)?)?;
             let seek = seek_by_time(broker.addr, fill_began).await?;
@@ -537,7 +599,14 @@ async fn append(sizes: &[usize]) -> Result<(), Error> {
             // A bound a tenth below what the channel holds: the sweep that
             // runs as the broker starts removes the oldest tenth.
             let config = config_with(Some((bytes * 0.9) as u64))?;
-            let broker = launch(&Which::Saguin { config: &config }, &data).await?;
+            let broker = launch(
+                &Which::Saguin {
+                    config: &config,
+                    bin,
+                },
+                &data,
+            )
+            .await?;
             let (swept_in, removed) = wait_sweep(metrics).await?;
             held = bench_support::scrape(metrics, "saguin_channel_records")
                 .await
@@ -633,7 +702,10 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                     extra: "persistence true\nmax_connections -1\n",
                 }
             } else {
-                Which::Saguin { config: &config }
+                Which::Saguin {
+                    config: &config,
+                    bin: this_build(),
+                }
             };
             let broker = launch(&which, &data).await?;
             bench_support::make_sessions(broker.addr, n).await?;

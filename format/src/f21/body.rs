@@ -180,7 +180,7 @@ pub(crate) fn get_record(r: &mut Reader<'_>) -> Result<Record, DecodeError> {
         timestamp,
         user_properties,
         payload,
-        props,
+        props: props.into(),
         retain,
         bridge,
         client_id,

@@ -45,7 +45,8 @@ pub fn full_record(offset: u64, topic: &str, payload: &[u8]) -> Record {
             correlation_data: Some(Bytes::from_static(&[0, 1, 2, 0xfe, 0xff])),
             payload_format_indicator: Some(1),
             message_expiry_interval: Some(3600),
-        },
+        }
+        .into(),
         retain: true,
         bridge: Some("uplink".into()),
         client_id: "sensor-7".into(),

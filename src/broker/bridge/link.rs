@@ -64,8 +64,8 @@ use super::local::{Consume, Local, LocalGone};
 use super::remote::{Backoff, ConnectFailure, Remote};
 use super::{Shared, CHANNEL_PROPERTY};
 use crate::broker::codec::{
-    Packet, PubAck, Publish, QoS, ReasonCode, RetainHandling, Subscribe, SubscribeFilter,
-    SubscribeProperties, SubscriptionOptions,
+    Packet, PubAck, Publish, PublishProperties, QoS, ReasonCode, RetainHandling, Subscribe,
+    SubscribeFilter, SubscribeProperties, SubscriptionOptions,
 };
 use crate::broker::metrics::BridgeMetrics;
 use crate::broker::state::{Inbound, InboundPublish, Outbound, GAP_PROPERTY, OFFSET_PROPERTY};
@@ -775,7 +775,7 @@ impl Link {
         }
         // MQTT 3.1.1 carries no properties: none are built for it.
         let properties = if self.bridge.protocol == BridgeProtocol::Mqtt5 {
-            let mut properties = message.properties.clone();
+            let mut properties = PublishProperties::clone(&message.properties);
             properties.topic_alias = None;
             properties.subscription_identifiers.clear();
             properties.message_expiry_interval = expiry;
@@ -1087,7 +1087,7 @@ impl Link {
             dup: false,
             topic: local_topic.into(),
             payload: publish.payload,
-            properties,
+            properties: properties.into(),
         };
         if local_qos == 0 {
             self.publish_local(inbound);

@@ -963,7 +963,7 @@ pub fn read_restored(
     }
     Ok(Restored {
         // Every value: `#` would leave the `$` topics behind.
-        retained: retained.retained()?.values()?,
+        retained: retained.retained()?.values_shared()?,
         sessions: sessions.sessions()?.sessions()?,
         cursors: log.cursors()?,
         log_next: log.next(),

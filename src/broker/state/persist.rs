@@ -749,7 +749,7 @@ impl BrokerState {
             timestamp: self.unix_at(message.received_at.min(now)).max(1),
             user_properties: user_properties_of(p),
             payload: message.payload.clone(),
-            props: publish_props_of(p),
+            props: publish_props_of(p).into(),
             retain: message.retain,
             bridge: None,
             client_id: client_id.to_owned(),

@@ -448,6 +448,19 @@ impl BrokerState {
                 .map_or_else(|| Arc::from(client_id), |s| s.client_id.clone())
         };
         let retain_change = message.retain.then(|| !message.payload.is_empty());
+        // Topic and payload are slices of the connection's read buffer; a
+        // retained message may live for months, so it gets bytes of its own
+        // instead of pinning that buffer, made once here and shared by the
+        // stored record, the deliveries and the retained index.
+        let message = if retain_change == Some(true) {
+            Arc::new(Message {
+                topic: ByteStr::from(&*message.topic),
+                payload: Bytes::copy_from_slice(&message.payload),
+                ..Message::clone(&message)
+            })
+        } else {
+            message
+        };
         match retain_change {
             Some(true) => {
                 let id = publisher_id(self);
@@ -524,15 +537,9 @@ impl BrokerState {
         }
         match p.retain_change {
             Some(true) => {
-                // Topic and payload are slices of the connection's read
-                // buffer; a retained message may live for months, so it
-                // gets its own bytes instead of pinning that buffer.
-                let own = Message {
-                    topic: ByteStr::from(&*p.message.topic),
-                    payload: Bytes::copy_from_slice(&p.message.payload),
-                    ..Message::clone(&p.message)
-                };
-                self.retained.set(Arc::new(own));
+                // Its bytes are its own already (`stage_publish`); the
+                // clone leaves the deliveries' encoded forms behind.
+                self.retained.set(Arc::new(Message::clone(&p.message)));
             }
             Some(false) => {
                 self.retained.remove(&p.message.topic);

@@ -8,7 +8,7 @@ use saguin_format::model::{PublishProps, Record, UnixNanos, UserProperty};
 use tokio::time::Instant;
 
 use super::WillRequest;
-use crate::broker::codec::{ByteStr, PayloadFormat};
+use crate::broker::codec::{ByteStr, PayloadFormat, PublishProperties};
 use crate::broker::message::{Message, MessageProperties};
 use crate::storage::contract::WillEntry;
 
@@ -61,7 +61,7 @@ pub(super) fn will_request(will: &WillEntry) -> WillRequest {
 }
 
 fn properties_of(props: &PublishProps, user: &[UserProperty]) -> MessageProperties {
-    MessageProperties {
+    MessageProperties::from(PublishProperties {
         payload_format_indicator: props.payload_format_indicator.map(|f| {
             if f == 1 {
                 PayloadFormat::Utf8
@@ -79,7 +79,7 @@ fn properties_of(props: &PublishProps, user: &[UserProperty]) -> MessageProperti
             .collect(),
         subscription_identifiers: Vec::new(),
         content_type: props.content_type.as_deref().map(ByteStr::from),
-    }
+    })
 }
 
 /// A stored record as a routable message received at `received_at`.

@@ -32,7 +32,7 @@ use saguin_format::model::{ChannelKind, Record};
 /// What the providers hold, read at startup.
 #[derive(Debug, Default)]
 pub struct Restored {
-    pub retained: Vec<Record>,
+    pub retained: Vec<Arc<Record>>,
     pub sessions: Vec<SessionEntry>,
     /// Each session's cursor on the broadcast log.
     pub cursors: Vec<(String, u64)>,

@@ -1,7 +1,9 @@
 //! A latest channel in memory: one value per topic, and a marker for each
 //! deletion so a resuming consumer learns what went. The retained store is the same structure without markers.
 
-use std::collections::BTreeMap;
+use std::borrow::Borrow;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 
 use saguin_format::model::{Record, UnixNanos};
@@ -14,14 +16,48 @@ use crate::storage::contract::{
 };
 use crate::topic::{filter_matches, literal_prefix};
 
+/// A value in the topic index, ordered and looked up by its record's own
+/// topic: the index keeps no copy of the topic beside the record's.
+#[derive(Clone, Debug)]
+struct ByTopic(Arc<Record>);
+
+impl Borrow<str> for ByTopic {
+    fn borrow(&self) -> &str {
+        &self.0.topic
+    }
+}
+
+impl PartialEq for ByTopic {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.topic == other.0.topic
+    }
+}
+
+impl Eq for ByTopic {}
+
+impl PartialOrd for ByTopic {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByTopic {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.topic.cmp(&other.0.topic)
+    }
+}
+
+/// Each value and marker is one shared record, indexed twice: by topic and
+/// by offset. (Keyed by copies of its topic, a retained message of 64 bytes
+/// held its topic three times.)
 #[derive(Debug)]
 struct LatestState {
     /// The current value of each topic; an empty payload is a deletion
     /// marker. Kept in topic order, so a filter reads only the topics under
     /// its literal prefix.
-    values: BTreeMap<String, Arc<Record>>,
+    values: BTreeSet<ByTopic>,
     /// Every value and marker by its offset, for reads in offset order.
-    by_offset: BTreeMap<u64, String>,
+    by_offset: BTreeMap<u64, Arc<Record>>,
     next: u64,
     floor: u64,
     /// Sum of `accounted_size` over values and markers.
@@ -65,7 +101,7 @@ impl MemoryLatest {
             shared,
             keep_markers: name != RETAINED_STORE_NAME,
             state: RwLock::new(LatestState {
-                values: BTreeMap::new(),
+                values: BTreeSet::new(),
                 by_offset: BTreeMap::new(),
                 next: FIRST_OFFSET,
                 floor: FIRST_OFFSET,
@@ -97,7 +133,10 @@ impl MemoryLatest {
     }
 
     /// Fills an empty store with validated stored values and charges their
-    /// bytes to the provider.
+    /// bytes to the provider. Each index is built whole from its values
+    /// sorted, not a value at a time: a restart's million retained
+    /// messages come in offset order and their topics in none, and one
+    /// insertion each into the topic index was most of the store's load.
     pub(crate) fn fill(&self, next: u64, floor: u64, records: Vec<Record>) -> Result<()> {
         let mut st = write(&self.state);
         if !st.values.is_empty() {
@@ -106,26 +145,48 @@ impl MemoryLatest {
                 detail: "loaded into a store that already holds values".into(),
             });
         }
+        let mut by_topic = Vec::with_capacity(records.len());
+        let mut by_offset = Vec::with_capacity(records.len());
+        let mut deletions = BTreeMap::new();
+        let mut bytes = 0;
+        for r in records {
+            bytes += r.accounted_size();
+            if r.payload.is_empty() {
+                deletions.insert(r.offset, r.timestamp);
+            }
+            let shared = Arc::new(r);
+            by_offset.push((shared.offset, shared.clone()));
+            by_topic.push(ByTopic(shared));
+        }
+        by_topic.sort_unstable();
+        by_offset.sort_unstable_by_key(|(offset, _)| *offset);
+        let second = by_topic
+            .windows(2)
+            .find(|pair| pair[0] == pair[1])
+            .map(|pair| &pair[1].0)
+            .or_else(|| {
+                by_offset
+                    .windows(2)
+                    .find(|pair| pair[0].0 == pair[1].0)
+                    .map(|pair| &pair[1].1)
+            });
+        if let Some(r) = second {
+            return Err(StorageError::Corrupt {
+                what: format!("channel {}", self.name),
+                detail: format!(
+                    "topic {:?} at offset {} holds a second value",
+                    r.topic, r.offset
+                ),
+            });
+        }
+        // Collecting sorted input builds each tree in one pass.
+        st.values = by_topic.into_iter().collect();
+        st.by_offset = by_offset.into_iter().collect();
+        st.deletions = deletions;
+        st.bytes = bytes;
         st.next = next;
         st.floor = floor;
-        for r in records {
-            if st.values.contains_key(&r.topic) || st.by_offset.contains_key(&r.offset) {
-                return Err(StorageError::Corrupt {
-                    what: format!("channel {}", self.name),
-                    detail: format!(
-                        "topic {:?} at offset {} holds a second value",
-                        r.topic, r.offset
-                    ),
-                });
-            }
-            st.bytes += r.accounted_size();
-            if r.payload.is_empty() {
-                st.deletions.insert(r.offset, r.timestamp);
-            }
-            st.by_offset.insert(r.offset, r.topic.clone());
-            st.values.insert(r.topic.clone(), Arc::new(r));
-        }
-        self.shared.budget.charge_relief(st.bytes);
+        self.shared.budget.charge_relief(bytes);
         Ok(())
     }
 
@@ -143,11 +204,7 @@ impl MemoryLatest {
     pub fn copy_state(&self) -> LatestCopy {
         let version = self.version.get();
         let st = read(&self.state);
-        let records = st
-            .by_offset
-            .values()
-            .filter_map(|t| st.values.get(t).cloned())
-            .collect();
+        let records = st.by_offset.values().cloned().collect();
         LatestCopy {
             version,
             name: self.name.clone(),
@@ -166,7 +223,7 @@ impl MemoryLatest {
         self.shared.check_open()?;
         check_record(&self.name, &record, false)?;
         let mut st = write(&self.state);
-        let old = st.values.get(&record.topic).cloned();
+        let old = st.values.get(record.topic.as_str()).map(|v| v.0.clone());
         let deleting = record.payload.is_empty();
         if deleting && old.as_ref().is_none_or(|o| o.payload.is_empty()) {
             // Nothing to delete: no offset is taken.
@@ -198,7 +255,7 @@ impl MemoryLatest {
         st.next += 1;
         self.version.bump(&self.shared);
         if deleting && !self.keep_markers {
-            st.values.remove(&record.topic);
+            st.values.remove(record.topic.as_str());
             // Nothing is left at the offset the deletion took, so the floor
             // may pass it: reads never see it.
             return Ok(Some(record));
@@ -206,9 +263,11 @@ impl MemoryLatest {
         if deleting {
             st.deletions.insert(record.offset, record.timestamp);
         }
-        st.by_offset.insert(record.offset, record.topic.clone());
         let shared = Arc::new(record);
-        st.values.insert(shared.topic.clone(), shared.clone());
+        st.by_offset.insert(shared.offset, shared.clone());
+        // `replace`, not `insert`: an equal key (the old value) is kept by
+        // `insert`.
+        st.values.replace(ByTopic(shared.clone()));
         drop(st);
         Ok(Some(Arc::unwrap_or_clone(shared)))
     }
@@ -221,11 +280,11 @@ impl MemoryLatest {
         let stale: Vec<u64> = st.deletions.range(..bound).map(|(o, _)| *o).collect();
         for offset in stale {
             st.deletions.remove(&offset);
-            let Some(topic) = st.by_offset.remove(&offset) else {
+            let Some(marker) = st.by_offset.remove(&offset) else {
                 continue;
             };
-            if let Some(r) = st.values.remove(&topic) {
-                let size = r.accounted_size();
+            if st.values.remove(marker.topic.as_str()) {
+                let size = marker.accounted_size();
                 st.bytes -= size;
                 removed.records += 1;
                 removed.bytes += size;
@@ -265,9 +324,7 @@ impl MemoryLatest {
         let st = read(&self.state);
         st.by_offset
             .values()
-            .filter(|t| keep(t))
-            .filter_map(|t| st.values.get(t))
-            .filter(|r| !r.payload.is_empty())
+            .filter(|r| keep(&r.topic) && !r.payload.is_empty())
             .map(|r| (**r).clone())
             .collect()
     }
@@ -291,8 +348,8 @@ impl LatestStore for MemoryLatest {
         Ok(st
             .values
             .get(topic)
-            .filter(|r| !r.payload.is_empty())
-            .map(|r| (**r).clone()))
+            .filter(|v| !v.0.payload.is_empty())
+            .map(|v| (*v.0).clone()))
     }
 
     fn delete(&self, topic: &str) -> Result<Option<Record>> {
@@ -311,9 +368,9 @@ impl LatestStore for MemoryLatest {
         } else {
             format!("{prefix}/")
         };
-        let mut found: Vec<(&String, &Arc<Record>)> = Vec::new();
+        let mut found: Vec<&Arc<Record>> = Vec::new();
         if !prefix.is_empty() {
-            found.extend(st.values.get_key_value(prefix));
+            found.extend(st.values.get(prefix).map(|v| &v.0));
         }
         if prefix != filter {
             found.extend(
@@ -322,13 +379,14 @@ impl LatestStore for MemoryLatest {
                         std::ops::Bound::Included(under.as_str()),
                         std::ops::Bound::Unbounded,
                     ))
-                    .take_while(|(t, _)| t.starts_with(&under)),
+                    .map(|v| &v.0)
+                    .take_while(|r| r.topic.starts_with(&under)),
             );
         }
         let mut out: Vec<Record> = found
             .into_iter()
-            .filter(|(t, r)| !r.payload.is_empty() && filter_matches(filter, t))
-            .map(|(_, r)| (**r).clone())
+            .filter(|r| !r.payload.is_empty() && filter_matches(filter, &r.topic))
+            .map(|r| (**r).clone())
             .collect();
         out.sort_by_key(|r| r.offset);
         Ok(out)
@@ -336,6 +394,16 @@ impl LatestStore for MemoryLatest {
 
     fn values(&self) -> Result<Vec<Record>> {
         Ok(self.live(|_| true))
+    }
+
+    fn values_shared(&self) -> Result<Vec<Arc<Record>>> {
+        let st = read(&self.state);
+        Ok(st
+            .by_offset
+            .values()
+            .filter(|r| !r.payload.is_empty())
+            .cloned()
+            .collect())
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> Result<Vec<Record>> {
@@ -348,9 +416,8 @@ impl LatestStore for MemoryLatest {
         Ok(st
             .by_offset
             .range(since..)
-            .map(|(_, t)| t)
-            .filter(|t| filter_matches(filter, t))
-            .filter_map(|t| st.values.get(t))
+            .map(|(_, r)| r)
+            .filter(|r| filter_matches(filter, &r.topic))
             .take(max)
             .map(|r| (**r).clone())
             .collect())
@@ -361,9 +428,8 @@ impl LatestStore for MemoryLatest {
         let rows = st
             .by_offset
             .range(since..)
-            .map(|(_, t)| t)
-            .filter(|t| filter_matches(filter, t))
-            .filter_map(|t| st.values.get(t))
+            .map(|(_, r)| r)
+            .filter(|r| filter_matches(filter, &r.topic))
             .take(max)
             .map(|r| (**r).clone())
             .collect();
@@ -442,5 +508,105 @@ impl OffsetStore for MemoryLatest {
 
     fn positions(&self) -> Result<Vec<Position>> {
         self.positions.all()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::memory::{MemoryConfig, MemoryProvider};
+
+    fn retained_store() -> MemoryLatest {
+        let provider = MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap();
+        MemoryLatest::new(RETAINED_STORE_NAME, provider.shared().clone())
+    }
+
+    /// Each value is one record, its topic held once: both indexes share
+    /// the record rather than keeping copies of its topic.
+    #[test]
+    fn a_value_and_its_topic_are_held_once() {
+        let store = retained_store();
+        for (topic, payload) in [("a/1", "x"), ("a/2", "y"), ("a/1", "z")] {
+            store.set(Record::new(topic, payload)).unwrap();
+        }
+        let st = read(&store.state);
+        assert_eq!(st.values.len(), 2);
+        assert_eq!(st.by_offset.len(), 2);
+        for (offset, record) in &st.by_offset {
+            assert_eq!(record.offset, *offset);
+            let by_topic = &st.values.get(record.topic.as_str()).unwrap().0;
+            assert!(Arc::ptr_eq(by_topic, record));
+            // The two indexes and nothing else.
+            assert_eq!(Arc::strong_count(record), 2);
+        }
+        assert_eq!(store.get("a/1").unwrap().unwrap().payload, "z");
+        drop(st);
+
+        // A deletion of the retained store leaves nothing behind.
+        store.delete("a/1").unwrap();
+        let st = read(&store.state);
+        assert_eq!(st.values.len(), 1);
+        assert_eq!(st.by_offset.len(), 1);
+        assert_eq!(st.bytes, Record::new("a/2", "y").accounted_size());
+    }
+
+    fn at(offset: u64, topic: &str, payload: &'static str) -> Record {
+        Record {
+            offset,
+            ..Record::new(topic, payload)
+        }
+    }
+
+    #[test]
+    fn a_fill_builds_both_indexes_and_refuses_a_second_value() {
+        let provider = MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap();
+        let latest = || MemoryLatest::new("devices", provider.shared().clone());
+        // Offsets ascending, topics in no order, one deletion marker.
+        let store = latest();
+        let records = vec![at(3, "d/9", "a"), at(4, "d/1", "b"), at(6, "d/5", "")];
+        let bytes: u64 = records.iter().map(Record::accounted_size).sum();
+        store.fill(7, 2, records).unwrap();
+        assert_eq!(store.get("d/1").unwrap().unwrap().offset, 4);
+        assert_eq!(store.get("d/5").unwrap(), None, "a marker is no value");
+        assert_eq!(store.deletions(), 1);
+        assert_eq!(OffsetStore::bytes(&store), bytes);
+        assert_eq!((store.next(), store.floor()), (7, 2));
+        let order: Vec<u64> = store
+            .copy_state()
+            .records
+            .iter()
+            .map(|r| r.offset)
+            .collect();
+        assert_eq!(order, [3, 4, 6]);
+        let topics: Vec<String> = store
+            .match_filter("d/#")
+            .unwrap()
+            .into_iter()
+            .map(|r| r.topic)
+            .collect();
+        assert_eq!(topics, ["d/9", "d/1"], "values, in offset order");
+
+        for records in [
+            vec![at(1, "d/1", "a"), at(2, "d/2", "b"), at(3, "d/1", "c")],
+            vec![at(1, "d/1", "a"), at(1, "d/2", "b")],
+        ] {
+            let store = latest();
+            let e = store.fill(4, 1, records).unwrap_err();
+            assert!(
+                matches!(&e, StorageError::Corrupt { detail, .. } if detail.contains("holds a second value")),
+                "{e}"
+            );
+            assert_eq!(store.record_count(), 0, "nothing of a refused fill is kept");
+        }
     }
 }

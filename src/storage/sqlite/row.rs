@@ -162,7 +162,7 @@ pub fn record_at(row: &Row<'_>, first: usize, offset: u64) -> rusqlite::Result<R
         timestamp: row.get(first + 2)?,
         user_properties,
         payload: Bytes::from(payload),
-        props,
+        props: props.into(),
         retain: row.get(first + 6)?,
         bridge: row.get(first + 7)?,
         client_id: row.get(first + 8)?,

@@ -384,3 +384,53 @@ fn the_connection_and_session_tables_entries_stay_small() {
     let session = std::mem::size_of::<super::session::Session>();
     assert!(session <= 384, "a session entry is {session} bytes");
 }
+
+/// A retained publish's topic and payload arrive as slices of the
+/// connection's read buffer: the stored record and the retained index
+/// share one copy of their own, and neither pins that buffer.
+#[test]
+fn a_retained_message_shares_its_own_bytes_with_its_stored_record() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut c = connect(&mut s, 1, "c", true, now);
+    let _ = c.drain();
+    let read_buffer = Bytes::from(b"....r/1payload....".to_vec());
+    let in_buffer = |bytes: &[u8]| read_buffer.as_ptr_range().contains(&bytes.as_ptr());
+    let publish = Inbound::Publish(InboundPublish {
+        packet_id: 1,
+        qos: 1,
+        retain: true,
+        dup: false,
+        topic: ByteStr::from_utf8(read_buffer.slice(4..7)).unwrap(),
+        payload: read_buffer.slice(7..14),
+        properties: MessageProperties::default(),
+    });
+    packets(&mut s, 1, vec![publish], now);
+    let mut intents = Vec::new();
+    s.take_intents(&mut intents);
+    let stored = intents
+        .iter()
+        .flat_map(|i| &i.writes)
+        .find_map(|w| match w {
+            Write::SetRetained(record) => Some(record.payload.clone()),
+            _ => None,
+        })
+        .expect("the retained write");
+    assert_eq!(stored, "payload");
+    assert!(
+        !in_buffer(&stored),
+        "the stored record pins the read buffer"
+    );
+    FakeStore::default().commit(&mut s, intents, now);
+    let mut held = Vec::new();
+    s.retained.matching("r/1", &mut held);
+    let [message] = held.as_slice() else {
+        panic!("{} retained messages", held.len());
+    };
+    assert!(!in_buffer(message.topic.as_bytes()) && !in_buffer(&message.payload));
+    assert_eq!(
+        message.payload.as_ptr(),
+        stored.as_ptr(),
+        "the index and the record hold one copy"
+    );
+}

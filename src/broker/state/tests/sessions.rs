@@ -367,7 +367,7 @@ fn a_restored_session_resends_its_inflight_with_dup_and_owes_pubrel() {
     };
     let summary = s.restore(
         Restored {
-            retained: vec![record(0, 0)],
+            retained: vec![Arc::new(record(0, 0))],
             sessions: vec![SessionEntry {
                 client_id: "c".into(),
                 principal: None,
@@ -515,10 +515,10 @@ fn expiring_publish(topic: &str, payload: &'static [u8], id: u16, seconds: u32) 
         dup: false,
         topic: ByteStr::from(topic),
         payload: Bytes::from_static(payload),
-        properties: MessageProperties {
+        properties: MessageProperties::from(crate::broker::codec::PublishProperties {
             message_expiry_interval: Some(seconds),
-            ..MessageProperties::default()
-        },
+            ..Default::default()
+        }),
     })
 }
 
