@@ -77,6 +77,10 @@ const READ_CHUNK: usize = 16 * 1024;
 const BATCH_HINT_MAX: usize = 256;
 /// Packets taken from the outbound queue per socket write.
 const WRITE_BATCH: usize = 256;
+/// What a writer keeps of its buffer once its queue is drained: a busy
+/// subscriber's next batch is written without growing a new one, and an
+/// idle connection keeps what its CONNACK took.
+const WRITE_KEEP: usize = 1024;
 /// A write buffer larger than this (one batch of large messages) is not
 /// kept for the next batch even while more are queued.
 const WRITE_KEEP_MAX: usize = 1024 * 1024;
@@ -110,12 +114,12 @@ fn poll_read_into<R: AsyncRead + Unpin>(
     Poll::Ready(Ok(buf.filled().len()))
 }
 
-/// Unread bytes with nothing in them are given back: what a decoded
-/// packet took from them keeps its own part alive, and what is left
-/// would keep the whole read's allocation for a client that may say
-/// nothing for minutes.
+/// Unread bytes with nothing in them are given back: a decoded packet's
+/// fields keep their own part of the read alive as long as they need it,
+/// and the empty remainder (even one with no room left) would keep the
+/// whole read's allocation for a client that may say nothing for minutes.
 fn give_back_if_empty(unread: &mut BytesMut) {
-    if unread.is_empty() && unread.capacity() > 0 {
+    if unread.is_empty() {
         *unread = BytesMut::new();
     }
 }
@@ -614,6 +618,7 @@ where
         let mut fresh = !self.unread.is_empty();
         let mut paused = false;
         let mut kill_open = true;
+        let mut read_first = true;
         // Keep alive runs while the reader waits for its client, from the
         // moment it starts waiting: neither a full event queue nor a pause
         // counts against the client.
@@ -683,43 +688,39 @@ where
                     // The state let go of the switch: nobody will pull it.
                     Err(_) => kill_open = false,
                 },
-                io = poll_fn(|cx| poll_io(cx, stream, out, unread, reading)) => {
-                    match io.written {
-                        None => {}
-                        Some(Written::Batch) => {
-                            let (farewell, drained) = out.batch_written(&self.metrics);
-                            if drained {
-                                // The state waits for this queue to drain (a
-                                // paused reader, retained messages still
-                                // owed): say it did.
-                                match events.try_send(Event::Drained { connection: self.id }) {
-                                    Err(TrySendError::Full(_)) => drained_owed = true,
-                                    Ok(()) | Err(TrySendError::Closed(_)) => {}
-                                }
-                            }
-                            if let Some(farewell) = farewell {
-                                let mut ending = Ending::new(CloseReason::Network, None, String::new());
-                                ending.writer = WriterState::Ended(farewell);
-                                ending.unsent = handing;
-                                return ending;
+                io = poll_fn(|cx| poll_io(cx, stream, out, unread, reading, read_first)) => match io {
+                    Io::Written(Written::Batch) => {
+                        read_first = true;
+                        let (farewell, drained) = out.batch_written(&self.metrics);
+                        if drained {
+                            // The state waits for this queue to drain (a
+                            // paused reader, retained messages still
+                            // owed): say it did.
+                            match events.try_send(Event::Drained { connection: self.id }) {
+                                Err(TrySendError::Full(_)) => drained_owed = true,
+                                Ok(()) | Err(TrySendError::Closed(_)) => {}
                             }
                         }
-                        Some(Written::Failed | Written::QueueClosed) => {
+                        if let Some(farewell) = farewell {
                             let mut ending = Ending::new(CloseReason::Network, None, String::new());
-                            ending.writer = WriterState::Ended(Farewell::Silent);
+                            ending.writer = WriterState::Ended(farewell);
                             ending.unsent = handing;
                             return ending;
                         }
                     }
-                    match io.read {
-                        None => {}
-                        Some(Ok(0)) => return Ending::new(CloseReason::Network, None, "closed by peer".into()),
-                        Some(Ok(n)) => {
-                            self.metrics.bytes_received.fetch_add(n as u64, Relaxed);
-                            fresh = true;
-                        }
-                        Some(Err(err)) => return Ending::new(CloseReason::Network, None, err.to_string()),
+                    Io::Written(Written::Failed | Written::QueueClosed) => {
+                        let mut ending = Ending::new(CloseReason::Network, None, String::new());
+                        ending.writer = WriterState::Ended(Farewell::Silent);
+                        ending.unsent = handing;
+                        return ending;
                     }
+                    Io::Read(Ok(0)) => return Ending::new(CloseReason::Network, None, "closed by peer".into()),
+                    Io::Read(Ok(n)) => {
+                        read_first = false;
+                        self.metrics.bytes_received.fetch_add(n as u64, Relaxed);
+                        fresh = true;
+                    }
+                    Io::Read(Err(err)) => return Ending::new(CloseReason::Network, None, err.to_string()),
                 },
                 // Boxed when first polled: these wait only while the event
                 // queue is full or the state paused the reader, and an idle
@@ -820,37 +821,40 @@ fn restart_keep_alive(timer: Pin<&mut tokio::time::Sleep>, keep_alive: Option<Du
 }
 
 /// What one poll of a connection's socket and outbound queue came to.
-struct IoReady {
-    written: Option<Written>,
+enum Io {
     /// Bytes read (appended to the unread ones), 0 at the end of the stream.
-    read: Option<std::io::Result<usize>>,
+    Read(std::io::Result<usize>),
+    Written(Written),
 }
 
-/// Both sides in one poll, the writer's first: a write the client does not
-/// take never stops the reads (nor the reads the writes), so a client that
-/// writes without reading is still read.
+/// Both sides in one poll, so a write the client does not take never
+/// stops the reads (nor the reads the writes): a client that writes
+/// without reading is still read. `read_first` takes turns: a read ready
+/// is handed on before a batch is written, as a reader of its own would
+/// (the broker task waits for reads woken before the ones it holds), and
+/// a busy reader still leaves the writer its turn.
 fn poll_io<S: AsyncRead + AsyncWrite + Unpin>(
     cx: &mut Context<'_>,
     stream: &mut S,
     out: &mut Outgoing,
     unread: &mut BytesMut,
     reading: bool,
-) -> Poll<IoReady> {
-    let written = match out.poll_write(cx, stream) {
-        Poll::Ready(written) => Some(written),
-        Poll::Pending => None,
-    };
-    let read = match reading {
-        true => match poll_read_into(stream, cx, unread) {
-            Poll::Ready(read) => Some(read),
-            Poll::Pending => None,
-        },
-        false => None,
-    };
-    if written.is_none() && read.is_none() {
-        return Poll::Pending;
+    read_first: bool,
+) -> Poll<Io> {
+    if reading && read_first {
+        if let Poll::Ready(read) = poll_read_into(stream, cx, unread) {
+            return Poll::Ready(Io::Read(read));
+        }
     }
-    Poll::Ready(IoReady { written, read })
+    if let Poll::Ready(written) = out.poll_write(cx, stream) {
+        return Poll::Ready(Io::Written(written));
+    }
+    if reading && !read_first {
+        if let Poll::Ready(read) = poll_read_into(stream, cx, unread) {
+            return Poll::Ready(Io::Read(read));
+        }
+    }
+    Poll::Pending
 }
 
 /// What the writer's last act was.
@@ -1549,10 +1553,10 @@ enum Written {
 }
 
 /// The writer side of a connection: takes up to [`WRITE_BATCH`] queued
-/// packets at a time, encodes them into one buffer and writes it, as
-/// many times as the socket takes part of it. Between batches it holds
-/// no buffer: both the bytes and the batch are given back whenever the
-/// queue is drained.
+/// packets at a time, encoding each as it is taken into one buffer, and
+/// writes it, as many times as the socket takes part of it. Packets are
+/// taken one by one, so no batch of them is held; the buffer is given
+/// back, beyond [`WRITE_KEEP`], whenever the queue is drained.
 struct Outgoing {
     rx: mpsc::UnboundedReceiver<Outbound>,
     version: ProtocolVersion,
@@ -1563,7 +1567,6 @@ struct Outgoing {
     /// The encoded batch, and how much of it the socket took so far.
     buf: BytesMut,
     at: usize,
-    batch: Vec<Outbound>,
     /// Packets of the batch in `buf`: 0 while no batch is being written.
     taken: usize,
     /// Deliveries in the batch (for `saguin_messages_sent_total`).
@@ -1591,7 +1594,6 @@ impl Outgoing {
             flow,
             buf: BytesMut::new(),
             at: 0,
-            batch: Vec::new(),
             taken: 0,
             publishes: 0,
             finished: false,
@@ -1611,12 +1613,17 @@ impl Outgoing {
             if self.finished {
                 return Poll::Pending;
             }
-            match ready!(self.rx.poll_recv_many(cx, &mut self.batch, WRITE_BATCH)) {
-                0 => return Poll::Ready(Written::QueueClosed),
-                n => {
-                    self.taken = n;
-                    self.encode_batch();
-                }
+            let Some(first) = ready!(self.rx.poll_recv(cx)) else {
+                return Poll::Ready(Written::QueueClosed);
+            };
+            self.encode(first);
+            self.taken = 1;
+            while self.taken < WRITE_BATCH && !self.finished {
+                let Ok(out) = self.rx.try_recv() else {
+                    break;
+                };
+                self.encode(out);
+                self.taken += 1;
             }
         }
         while self.at < self.buf.len() {
@@ -1639,10 +1646,12 @@ impl Outgoing {
         self.at = 0;
         self.publishes = 0;
         let left = self.rx.len();
-        if left == 0 {
-            self.buf = BytesMut::new();
-            self.batch = Vec::new();
-        } else if self.buf.capacity() > WRITE_KEEP_MAX {
+        let keep = if left == 0 {
+            WRITE_KEEP
+        } else {
+            WRITE_KEEP_MAX
+        };
+        if self.buf.capacity() > keep {
             self.buf = BytesMut::new();
         } else {
             self.buf.clear();
@@ -1674,76 +1683,65 @@ impl Outgoing {
         }
     }
 
-    /// Encode the batch taken from the queue into `buf`: a delivery from
-    /// its shared message, an acknowledgement without a packet built.
-    /// Whatever follows a last word is not sent.
-    fn encode_batch(&mut self) {
+    /// Encode a packet taken from the queue into `buf`: a delivery from
+    /// its shared message, an acknowledgement without a packet built. A
+    /// last word is the batch's last packet.
+    fn encode(&mut self, out: Outbound) {
         let v5 = self.version == ProtocolVersion::V5;
         let (version, client_max) = (self.version, self.client_max);
-        for out in self.batch.drain(..) {
-            if self.finished {
-                continue;
-            }
-            if let Outbound::Publish {
-                packet_id,
-                qos: q,
-                retain,
+        if let Outbound::Publish {
+            packet_id,
+            qos: q,
+            retain,
+            dup,
+            message,
+            subscription_ids,
+            expiry,
+            sys,
+        } = out
+        {
+            let delivery = Delivery {
                 dup,
-                message,
-                subscription_ids,
+                qos: qos(q),
+                retain,
+                packet_id,
+                message: &message,
+                subscription_ids: &subscription_ids,
                 expiry,
-                sys,
-            } = out
-            {
-                let delivery = Delivery {
-                    dup,
-                    qos: qos(q),
-                    retain,
-                    packet_id,
-                    message: &message,
-                    subscription_ids: &subscription_ids,
-                    expiry,
-                };
-                let aliases = self.aliases.as_deref_mut();
-                if write_delivery(&delivery, version, client_max, aliases, &mut self.buf) {
-                    self.publishes += u64::from(!sys);
-                }
-                continue;
+            };
+            let aliases = self.aliases.as_deref_mut();
+            if write_delivery(&delivery, version, client_max, aliases, &mut self.buf) {
+                self.publishes += u64::from(!sys);
             }
-            let ack = match out {
-                Outbound::PubAck { packet_id, reason } => {
-                    Some((codec::Ack::PubAck(packet_id), reason))
-                }
-                Outbound::PubRec { packet_id, reason } => {
-                    Some((codec::Ack::PubRec(packet_id), reason))
-                }
-                Outbound::PubRel { packet_id, reason } => {
-                    Some((codec::Ack::PubRel(packet_id), reason))
-                }
-                Outbound::PubComp { packet_id, reason } => {
-                    Some((codec::Ack::PubComp(packet_id), reason))
-                }
-                _ => None,
-            };
-            if let Some((ack, reason)) = ack {
-                // As `encode_within` would write it, without a packet built.
-                let _ = codec::encode_ack(ack, reason, version, client_max, &mut self.buf);
-                continue;
-            }
-            let last_word = match &out {
-                Outbound::Disconnect { .. } => true,
-                Outbound::ConnAck { reason, .. } => reason.is_error(),
-                _ => false,
-            };
-            self.finished |= last_word;
-            let Some(packet) = to_packet(out, v5) else {
-                continue;
-            };
-            self.said |= last_word;
-            // Too large for the client even without its diagnostics: not
-            // sent (MQTT-3.1.2-25).
-            let _ = codec::encode_within(&packet, version, client_max, &mut self.buf);
+            return;
         }
+        let ack = match out {
+            Outbound::PubAck { packet_id, reason } => Some((codec::Ack::PubAck(packet_id), reason)),
+            Outbound::PubRec { packet_id, reason } => Some((codec::Ack::PubRec(packet_id), reason)),
+            Outbound::PubRel { packet_id, reason } => Some((codec::Ack::PubRel(packet_id), reason)),
+            Outbound::PubComp { packet_id, reason } => {
+                Some((codec::Ack::PubComp(packet_id), reason))
+            }
+            _ => None,
+        };
+        if let Some((ack, reason)) = ack {
+            // As `encode_within` would write it, without a packet built.
+            let _ = codec::encode_ack(ack, reason, version, client_max, &mut self.buf);
+            return;
+        }
+        let last_word = match &out {
+            Outbound::Disconnect { .. } => true,
+            Outbound::ConnAck { reason, .. } => reason.is_error(),
+            _ => false,
+        };
+        self.finished |= last_word;
+        let Some(packet) = to_packet(out, v5) else {
+            return;
+        };
+        self.said |= last_word;
+        // Too large for the client even without its diagnostics: not
+        // sent (MQTT-3.1.2-25).
+        let _ = codec::encode_within(&packet, version, client_max, &mut self.buf);
     }
 }
 
@@ -1889,10 +1887,10 @@ mod tests {
         assert_eq!(unread.capacity(), 0, "nothing is held once it is decoded");
     }
 
-    /// The writer's buffer and batch are given back once the queue is
-    /// drained, and kept while more waits.
+    /// The writer takes at most a batch at a time, and once its queue is
+    /// drained keeps no more than [`WRITE_KEEP`] of its buffer.
     #[tokio::test]
-    async fn a_writer_holds_no_buffer_once_its_queue_is_drained() {
+    async fn a_writer_keeps_a_small_buffer_once_its_queue_is_drained() {
         let (mut client, mut server) = tokio::io::duplex(64 * 1024);
         let (tx, rx) = mpsc::unbounded_channel();
         let written = Arc::new(AtomicUsize::new(0));
@@ -1908,23 +1906,44 @@ mod tests {
             },
         );
         let metrics = Metrics::new();
+        // 14 bytes each: a batch of them outgrows what is kept.
+        let suback = || Outbound::SubAck {
+            packet_id: 1,
+            reasons: vec![ReasonCode::Success; 10],
+        };
         for _ in 0..WRITE_BATCH + 1 {
-            tx.send(Outbound::PingResp).unwrap();
+            tx.send(suback()).unwrap();
         }
         let first = poll_fn(|cx| out.poll_write(cx, &mut server)).await;
         assert_eq!(first, Written::Batch);
         assert_eq!(out.batch_written(&metrics), (None, false));
         assert_eq!(written.load(Relaxed), WRITE_BATCH);
-        assert!(out.buf.capacity() > 0, "kept while one more packet waits");
+        assert!(
+            out.buf.capacity() > WRITE_KEEP,
+            "kept while one more packet waits"
+        );
         let second = poll_fn(|cx| out.poll_write(cx, &mut server)).await;
         assert_eq!(second, Written::Batch);
         out.batch_written(&metrics);
         assert_eq!(written.load(Relaxed), WRITE_BATCH + 1);
-        assert_eq!(out.buf.capacity(), 0, "the write buffer is given back");
-        assert_eq!(out.batch.capacity(), 0, "the batch is given back");
-        let mut received = vec![0u8; 2 * (WRITE_BATCH + 1)];
+        assert_eq!(
+            out.buf.capacity(),
+            0,
+            "a batch's large buffer is given back"
+        );
+        tx.send(Outbound::PingResp).unwrap();
+        let third = poll_fn(|cx| out.poll_write(cx, &mut server)).await;
+        assert_eq!(third, Written::Batch);
+        out.batch_written(&metrics);
+        assert!(
+            (1..=WRITE_KEEP).contains(&out.buf.capacity()),
+            "a small one is kept for the next batch"
+        );
+        let mut received = vec![0u8; 14 * (WRITE_BATCH + 1) + 2];
         client.read_exact(&mut received).await.unwrap();
-        assert!(received.chunks(2).all(|p| p == [0xD0, 0x00]));
+        let (subacks, pingresp) = received.split_at(14 * (WRITE_BATCH + 1));
+        assert!(subacks.chunks(14).all(|p| p[..4] == [0x90, 12, 0, 1]));
+        assert_eq!(pingresp, [0xD0, 0x00]);
         drop(tx);
         let closed = poll_fn(|cx| out.poll_write(cx, &mut server)).await;
         assert_eq!(closed, Written::QueueClosed);

@@ -2,7 +2,8 @@
 //! on the storage layer.
 //!
 //! ```text
-//! TCP or TLS transport (server: semaphore permit, accept, handshake deadline)
+//! TCP or TLS transport (server: semaphore permit, accept, handshake deadline),
+//! one task per connection polling both sides:
 //!   ├─ reader → codec::FrameDecoder → connection::adapt → event queue (bounded)
 //!   └─ writer ← outbound queue (counted) ← BrokerState
 //!                                    │  ▲
@@ -36,7 +37,12 @@
 //!   until `shutdown` completes, and returns an error when the broker task
 //!   failed (the process then exits non-zero). One tokio runtime; a permit
 //!   of the `max_connections` semaphore is taken before each accept.
-//! - [`connection`]: one task per connection reading, one writing. The
+//! - [`connection`]: one task per connection, its reader and its writer
+//!   polled together in one `select!` (a write the client does not take
+//!   never stops the reads), no buffer held while the client is quiet:
+//!   reads land on the stack and only a partial packet's bytes are kept,
+//!   and the writer gives its buffer and batch back whenever its queue is
+//!   drained. The
 //!   reader decodes with the project's [`codec`], resolves topic aliases,
 //!   enforces keep alive, authenticates the CONNECT (and re-authenticates,
 //!   [`auth`] deciding), and forwards the

@@ -549,8 +549,10 @@ struct Accepted {
 /// One plain TCP connection's task, from the first byte to its close.
 async fn plain_connection(accepted: Box<Accepted>) {
     // Unpacked in a scope of its own: a binding alive at the await below
-    // would be kept in the task for the connection's whole life.
+    // (the box too, which a move out of it would free only at the end)
+    // would be kept for the connection's whole life.
     let (serving, held) = {
+        let accepted = accepted;
         let Accepted {
             stream,
             peer,
