@@ -6,11 +6,12 @@
 //!
 //! What a connection holds while its client is quiet is multiplied by every
 //! connection a broker serves, so a quiet one holds as little as the two
-//! sides need: one task (its future is measured by
+//! sides need: one task (its future and its boxed state are measured by
 //! `an_idle_connections_task_stays_small`), no read buffer (reads land on
-//! the stack, and only a partial packet's bytes are kept), no write buffer
-//! and no batch (both are given back whenever the outbound queue is
-//! drained), and the handshake's state boxed and gone.
+//! the stack, and only a partial packet's bytes are kept), no batch of
+//! queued packets (they are encoded as they are taken) and at most
+//! `WRITE_KEEP` (1 KiB) of write buffer once the outbound queue is drained, and
+//! the handshake's state boxed and gone.
 
 use std::future::poll_fn;
 use std::mem::MaybeUninit;
