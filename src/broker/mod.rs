@@ -2,7 +2,8 @@
 //! on the storage layer.
 //!
 //! ```text
-//! TCP or TLS transport (server: semaphore permit, accept, handshake deadline)
+//! TCP or TLS transport (server: semaphore permit, accept, handshake deadline),
+//! one task per connection polling both sides:
 //!   ├─ reader → codec::FrameDecoder → connection::adapt → event queue (bounded)
 //!   └─ writer ← outbound queue (counted) ← BrokerState
 //!                                    │  ▲
@@ -36,7 +37,12 @@
 //!   until `shutdown` completes, and returns an error when the broker task
 //!   failed (the process then exits non-zero). One tokio runtime; a permit
 //!   of the `max_connections` semaphore is taken before each accept.
-//! - [`connection`]: one task per connection reading, one writing. The
+//! - [`connection`]: one task per connection, its reader and its writer
+//!   polled together in one `select!`, taking turns (a write the client
+//!   does not take never stops the reads, and a read is handed on before
+//!   the next batch is written); no read buffer held while the client is
+//!   quiet (reads land on the stack and only a partial packet's bytes are
+//!   kept) and at most 1 KiB of write buffer once the queue is drained. The
 //!   reader decodes with the project's [`codec`], resolves topic aliases,
 //!   enforces keep alive, authenticates the CONNECT (and re-authenticates,
 //!   [`auth`] deciding), and forwards the
@@ -45,7 +51,7 @@
 //!   form is taken off the buffer as it is
 //!   ([`codec::FrameDecoder::decode_short_ack`]), no packet decoded for it:
 //!   a subscriber's input is mostly these. The writer takes up to 256
-//!   queued packets per wakeup, writes them with one `write_all` and
+//!   queued packets per wakeup, one by one into one buffer, writes it and
 //!   counts them off the queue; a delivery is encoded straight from its
 //!   shared message ([`codec::PublishRef`]), no packet of its own built and
 //!   nothing of the message cloned. A message's MQTT 5 PUBLISH is encoded

@@ -497,82 +497,123 @@ impl Acceptor {
                 serve => serve,
             };
             let over_limit = matches!(permit, Slot::Refuse(_));
-            let id = self.generation.fetch_add(1, Relaxed);
-            let tls = self.listener.tls.clone();
-            let deadline = Instant::now() + self.listener.handshake_timeout;
-            let events = self.events.clone();
-            let context = self.context.clone();
-            let metrics = self.metrics.clone();
-            let shutdown_rx = self.shutdown.subscribe();
-            let drain = self.drain.clone();
-            let listener_name = self.listener.name.clone();
-            tokio::spawn(async move {
-                serve_transport(
-                    stream,
-                    peer,
-                    tls,
-                    deadline,
-                    id,
-                    events,
-                    context,
-                    metrics.clone(),
-                    shutdown_rx,
-                    &listener_name,
-                    over_limit,
-                )
-                .await;
-                drop(permit);
-                drop(drain);
+            let accepted = Box::new(Accepted {
+                stream,
+                peer,
+                deadline: Instant::now() + self.listener.handshake_timeout,
+                id: self.generation.fetch_add(1, Relaxed),
+                events: self.events.clone(),
+                context: self.context.clone(),
+                shutdown: self.shutdown.subscribe(),
+                admission: if over_limit {
+                    connection::Admission::OverLimit
+                } else {
+                    connection::Admission::Serve
+                },
+                permit,
+                drain: self.drain.clone(),
             });
+            // A task of its own kind for TLS: its handshake's state and its
+            // stream would otherwise size every plain connection's task too.
+            match &self.listener.tls {
+                Some(acceptor) => tokio::spawn(tls_connection(
+                    accepted,
+                    acceptor.clone(),
+                    self.listener.name.clone(),
+                    self.metrics.clone(),
+                )),
+                None => tokio::spawn(plain_connection(accepted)),
+            };
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn serve_transport(
+/// An accepted transport, boxed for the task that serves it: an async fn
+/// keeps its arguments for its whole life, and this task lives as long as
+/// the connection.
+struct Accepted {
     stream: TcpStream,
     peer: SocketAddr,
-    tls: Option<TlsAcceptor>,
     deadline: Instant,
     id: u64,
     events: mpsc::Sender<Event>,
     context: Arc<ConnectionContext>,
-    metrics: Arc<Metrics>,
     shutdown: broadcast::Receiver<()>,
-    listener: &str,
-    over_limit: bool,
-) {
-    let admission = if over_limit {
-        connection::Admission::OverLimit
-    } else {
-        connection::Admission::Serve
-    };
-    match tls {
-        None => {
+    admission: connection::Admission,
+    /// Held until the connection ends: its place under the cap.
+    permit: Slot,
+    /// Held until the connection ends: shutdown waits for every clone.
+    drain: mpsc::Sender<()>,
+}
+
+/// One plain TCP connection's task, from the first byte to its close.
+async fn plain_connection(accepted: Box<Accepted>) {
+    // Unpacked in a scope of its own: a binding alive at the await below
+    // (the box too, which a move out of it would free only at the end)
+    // would be kept for the connection's whole life.
+    let (serving, held) = {
+        let accepted = accepted;
+        let Accepted {
+            stream,
+            peer,
+            deadline,
+            id,
+            events,
+            context,
+            shutdown,
+            admission,
+            permit,
+            drain,
+        } = *accepted;
+        (
             connection::serve(
                 stream, peer, id, deadline, events, context, shutdown, admission,
+            ),
+            (permit, drain),
+        )
+    };
+    serving.await;
+    drop(held);
+}
+
+/// One TLS connection's task: the handshake within the listener's
+/// handshake timeout, then the connection.
+async fn tls_connection(
+    accepted: Box<Accepted>,
+    acceptor: TlsAcceptor,
+    listener: String,
+    metrics: Arc<Metrics>,
+) {
+    let Accepted {
+        stream,
+        peer,
+        deadline,
+        id,
+        events,
+        context,
+        shutdown,
+        admission,
+        permit,
+        drain,
+    } = *accepted;
+    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+        Ok(Ok(tls_stream)) => {
+            connection::serve(
+                tls_stream, peer, id, deadline, events, context, shutdown, admission,
             )
             .await
         }
-        Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
-            Ok(Ok(tls_stream)) => {
-                // Boxed: a TLS connection's task would otherwise size every
-                // plain connection's task too.
-                Box::pin(connection::serve(
-                    tls_stream, peer, id, deadline, events, context, shutdown, admission,
-                ))
-                .await
-            }
-            Ok(Err(err)) => {
-                metrics.disconnected(CloseReason::Handshake);
-                tracing::info!(listener, peer = %peer, error = %err, "TLS handshake failed");
-            }
-            Err(_) => {
-                metrics.disconnected(CloseReason::Handshake);
-                tracing::info!(listener, peer = %peer, "TLS handshake timed out");
-            }
-        },
+        Ok(Err(err)) => {
+            metrics.disconnected(CloseReason::Handshake);
+            tracing::info!(listener = listener.as_str(), peer = %peer, error = %err, "TLS handshake failed");
+        }
+        Err(_) => {
+            metrics.disconnected(CloseReason::Handshake);
+            tracing::info!(listener = listener.as_str(), peer = %peer, "TLS handshake timed out");
+        }
     }
+    drop(permit);
+    drop(drain);
 }
 
 /// A minimal HTTP/1.1 responder, one request per connection: `GET
@@ -878,4 +919,65 @@ pub async fn prepare(
         outbound_queue: limits.outbound_queue,
         snapshots: super::snapshots::Snapshots::default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plain connection's task is its connection's future and what it
+    /// holds until the end (its permit, its drain sender): the accepted
+    /// transport's fields, moved into the connection, are not kept twice.
+    #[tokio::test]
+    async fn a_plain_connections_task_is_its_connection_and_little_more() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, peer) = listener.accept().await.unwrap();
+        let (events, _events_rx) = mpsc::channel(1);
+        let (shutdown, _) = broadcast::channel(1);
+        let (drain, _drain_rx) = mpsc::channel(1);
+        let context = Arc::new(ConnectionContext {
+            max_packet_size: 1 << 20,
+            topic_alias_maximum: 0,
+            allow_anonymous: true,
+            passwords: None,
+            metrics: Arc::new(Metrics::new()),
+            outbound_queue: 16,
+            max_keep_alive: 0,
+            topic_aliases: false,
+        });
+        let connection = connection::serve(
+            TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap(),
+            peer,
+            1,
+            Instant::now(),
+            events.clone(),
+            context.clone(),
+            shutdown.subscribe(),
+            connection::Admission::Serve,
+        );
+        let connection = std::mem::size_of_val(&connection);
+        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let task = plain_connection(Box::new(Accepted {
+            stream,
+            peer,
+            deadline: Instant::now(),
+            id: 1,
+            events,
+            context,
+            shutdown: shutdown.subscribe(),
+            admission: connection::Admission::Serve,
+            permit: Slot::Serve(permit),
+            drain,
+        }));
+        let task = std::mem::size_of_val(&task);
+        assert!(
+            task <= connection + 64,
+            "the task is {task} bytes around a connection of {connection}"
+        );
+    }
 }
