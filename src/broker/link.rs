@@ -442,7 +442,7 @@ mod tests {
     #[test]
     fn an_idle_link_holds_no_memory_beyond_its_own() {
         assert!(
-            std::mem::size_of::<ConnectionLink>() <= 96,
+            std::mem::size_of::<ConnectionLink>() <= 88,
             "{}",
             std::mem::size_of::<ConnectionLink>()
         );
