@@ -13,12 +13,12 @@
 //! `WRITE_KEEP` (1 KiB) of write buffer once the outbound queue is
 //! drained, and the handshake's state boxed and gone.
 
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -26,7 +26,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::mpsc::error::TrySendError;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 
 use super::alias::{AliasUse, OutboundAliases};
@@ -37,13 +37,13 @@ use super::codec::{
     DisconnectProperties, FrameDecoder, Packet, ProtocolVersion, PubAck, Publish, QoS, ReasonCode,
     SubAck, UnsubAck,
 };
+use super::link;
 use super::message::Message;
 use super::message::WireForm;
 use super::metrics::{CloseReason, Metrics};
 use super::read_order::{ReadOrder, Stamped};
 use super::state::{
-    ConnAckExtras, ConnectRequest, ConnectionHandle, Event, Inbound, InboundPublish, KeepAlive,
-    Outbound, WillRequest,
+    ConnAckExtras, ConnectRequest, Event, Inbound, InboundPublish, KeepAlive, Outbound, WillRequest,
 };
 use super::subscriptions::SubOptions;
 use crate::config::auth::PasswordFile;
@@ -234,8 +234,6 @@ struct Connection<S> {
     /// Only for a connection that authenticated with SCRAM; AUTH on any
     /// other is a protocol error.
     reauth: Option<Box<Reauthentication>>,
-    kill: watch::Receiver<bool>,
-    pause: watch::Receiver<bool>,
     events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
     out: Outgoing,
@@ -400,42 +398,24 @@ where
     } else {
         None
     };
-    let (outbound_tx, outbound_rx) = mpsc::unbounded_channel();
-    let (kill_tx, kill_rx) = watch::channel(false);
-    let (pause_tx, pause_rx) = watch::channel(false);
-    let written = Arc::new(AtomicUsize::new(0));
-    let foreign = Arc::new(AtomicUsize::new(0));
-    let want_drained = Arc::new(AtomicBool::new(false));
+    let (handle, outlet) = link::link();
     let out = Outgoing::new(
-        outbound_rx,
+        outlet,
         version,
         client_max,
         aliases,
-        WriterFlow {
-            written: written.clone(),
-            want_drained: want_drained.clone(),
-            low_water: (context.outbound_queue / 2).max(1),
-        },
+        (context.outbound_queue / 2).max(1),
     );
     let reauth = match (reauth_as, &context.passwords) {
         (Some(user), Some(passwords)) => Some(Box::new(Reauthentication {
             user,
             passwords: passwords.current(),
             pending: None,
-            // Its answers leave through the outbound queue; a weak sender,
-            // so the state alone still decides when the queue ends.
-            out: outbound_tx.downgrade(),
-            foreign: foreign.clone(),
+            // Its answers leave through the outbound queue, only while the
+            // state holds it open: the state alone decides when it ends.
+            out: out.link.link(),
         })),
         _ => None,
-    };
-    let handle = ConnectionHandle {
-        outbound: outbound_tx,
-        written,
-        foreign,
-        kill: kill_tx,
-        pause: pause_tx,
-        want_drained,
     };
     tracing::debug!(peer = %peer, client_id = %connect.client_id, protocol = %version, "connected");
     if events
@@ -478,8 +458,6 @@ where
         keep_alive,
         aliases: InboundAliases::new(context.topic_alias_maximum),
         reauth,
-        kill: kill_rx,
-        pause: pause_rx,
         events,
         metrics,
         out,
@@ -618,7 +596,6 @@ where
         // Bytes came with the CONNECT's read, or since the last decode.
         let mut fresh = !self.unread.is_empty();
         let mut paused = false;
-        let mut kill_open = true;
         let mut read_first = true;
         // Keep alive runs while the reader waits for its client, from the
         // moment it starts waiting: neither a full event queue nor a pause
@@ -657,7 +634,7 @@ where
                 // Paused by the state (the client does not read what it is
                 // sent, or its packets wait behind a write): its bytes wait
                 // in the socket, and nobody waits for them.
-                let now_paused = *self.pause.borrow_and_update();
+                let now_paused = self.out.link.paused();
                 if now_paused && !paused {
                     self.read_order.set_aside();
                 } else if paused && !now_paused {
@@ -671,25 +648,16 @@ where
                 stream,
                 unread,
                 out,
-                kill,
-                pause,
                 events,
                 ..
             } = self;
             tokio::select! {
                 biased;
-                changed = kill.changed(), if kill_open => match changed {
-                    Ok(()) if *kill.borrow() => {
-                        let mut ending = Ending::new(CloseReason::Network, None, String::new());
-                        ending.writer = WriterState::Killed;
-                        ending.unsent = handing;
-                        return ending;
-                    }
-                    Ok(()) => {}
-                    // The state let go of the switch: nobody will pull it.
-                    Err(_) => kill_open = false,
-                },
-                io = poll_fn(|cx| poll_io(cx, stream, out, unread, reading, read_first)) => match io {
+                io = poll_fn(|cx| poll_io(cx, stream, out, unread, reading, read_first, paused)) => match io {
+                    Io::Unpaused => {}
+                    // The state let go of the link while the reader was
+                    // paused: the broker is stopping.
+                    Io::Ended => return Ending::new(CloseReason::Shutdown, None, String::new()),
                     Io::Written(Written::Batch) => {
                         read_first = true;
                         let (farewell, drained) = out.batch_written(&self.metrics);
@@ -743,9 +711,6 @@ where
                     },
                     Err(_) => return Ending::new(CloseReason::Shutdown, None, String::new()),
                 },
-                changed = async { Box::pin(pause.changed()).await }, if paused => if changed.is_err() {
-                    return Ending::new(CloseReason::Shutdown, None, String::new());
-                },
                 () = &mut keep_alive, if timed => {
                     return Ending::new(CloseReason::KeepAlive, Some(ReasonCode::KeepAliveTimeout), String::new());
                 },
@@ -787,7 +752,7 @@ where
             })
             .await;
         if writer == WriterState::Running {
-            // The state drops the outbound queue's sender; the writer
+            // The state lets go of its end of the link; the writer
             // writes what is queued (a DISCONNECT with the reason, say) and
             // ends.
             let finish = async {
@@ -826,6 +791,10 @@ enum Io {
     /// Bytes read (appended to the unread ones), 0 at the end of the stream.
     Read(std::io::Result<usize>),
     Written(Written),
+    /// The state let the paused reader go.
+    Unpaused,
+    /// The state let go of the link while the reader was paused.
+    Ended,
 }
 
 /// Both sides in one poll, so a write the client does not take never
@@ -841,6 +810,7 @@ fn poll_io<S: AsyncRead + AsyncWrite + Unpin>(
     unread: &mut BytesMut,
     reading: bool,
     read_first: bool,
+    paused: bool,
 ) -> Poll<Io> {
     if reading && read_first {
         if let Poll::Ready(read) = poll_read_into(stream, cx, unread) {
@@ -854,6 +824,13 @@ fn poll_io<S: AsyncRead + AsyncWrite + Unpin>(
         if let Poll::Ready(read) = poll_read_into(stream, cx, unread) {
             return Poll::Ready(Io::Read(read));
         }
+    }
+    if paused {
+        // Its waker is the one the queue wakes: the same task.
+        return match ready!(out.link.poll_unpaused(cx)) {
+            true => Poll::Ready(Io::Unpaused),
+            false => Poll::Ready(Io::Ended),
+        };
     }
     Poll::Pending
 }
@@ -949,11 +926,9 @@ struct Reauthentication {
     user: Arc<str>,
     passwords: Arc<PasswordFile>,
     pending: Option<scram::ScramServer>,
-    /// Where the answers are queued: the connection's outbound queue.
-    out: mpsc::WeakUnboundedSender<Outbound>,
-    /// The state's count of packets put on that queue by the connection
-    /// itself.
-    foreign: Arc<AtomicUsize>,
+    /// Where the answers are queued: the connection's outbound queue
+    /// (counted there as the connection's own).
+    out: Arc<link::ConnectionLink>,
 }
 
 impl Reauthentication {
@@ -998,11 +973,7 @@ impl Reauthentication {
     /// Queue an answer behind what the state queued, counted as the
     /// connection's own.
     fn answer(&self, reply: Outbound) {
-        if let Some(out) = self.out.upgrade() {
-            if out.send(reply).is_ok() {
-                self.foreign.fetch_add(1, Relaxed);
-            }
-        }
+        self.out.send_own(reply);
     }
 }
 
@@ -1534,15 +1505,6 @@ fn copy_delivery(
     true
 }
 
-/// What the writer shares with the state about its queue.
-struct WriterFlow {
-    /// Packets taken from the queue so far (only the writer adds to it).
-    written: Arc<AtomicUsize>,
-    want_drained: Arc<AtomicBool>,
-    /// Below this many queued packets the state is told the writer caught up.
-    low_water: usize,
-}
-
 /// What was written: a batch, or the end of the writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Written {
@@ -1550,7 +1512,7 @@ enum Written {
     Batch,
     /// The socket refused it (the client is gone).
     Failed,
-    /// The state dropped the queue's sender: nothing more will come.
+    /// The state let go of its end of the link: nothing more will come.
     QueueClosed,
 }
 
@@ -1560,12 +1522,17 @@ enum Written {
 /// taken one by one, so no batch of them is held; the buffer is given
 /// back, beyond [`WRITE_KEEP`], whenever the queue is drained.
 struct Outgoing {
-    rx: mpsc::UnboundedReceiver<Outbound>,
+    /// The connection's end of the queue, its counts and its pause.
+    link: link::Outlet,
+    /// Packets taken off the queue in one go and not yet encoded: the
+    /// writer takes them a batch at a time.
+    pending: VecDeque<Outbound>,
+    /// Below this many queued packets the state is told the writer caught up.
+    low_water: usize,
     version: ProtocolVersion,
     client_max: u32,
     /// Outbound topic aliases (MQTT 5 clients that announce a maximum).
     aliases: Option<Box<OutboundAliases>>,
-    flow: WriterFlow,
     /// The encoded batch, and how much of it the socket took so far.
     buf: BytesMut,
     at: usize,
@@ -1582,18 +1549,19 @@ struct Outgoing {
 
 impl Outgoing {
     fn new(
-        rx: mpsc::UnboundedReceiver<Outbound>,
+        link: link::Outlet,
         version: ProtocolVersion,
         client_max: u32,
         aliases: Option<Box<OutboundAliases>>,
-        flow: WriterFlow,
+        low_water: usize,
     ) -> Outgoing {
         Outgoing {
-            rx,
+            link,
+            pending: VecDeque::new(),
+            low_water,
             version,
             client_max,
             aliases,
-            flow,
             buf: BytesMut::new(),
             at: 0,
             taken: 0,
@@ -1615,13 +1583,11 @@ impl Outgoing {
             if self.finished {
                 return Poll::Pending;
             }
-            let Some(first) = ready!(self.rx.poll_recv(cx)) else {
+            if self.pending.is_empty() && !ready!(self.link.poll_take(cx, &mut self.pending)) {
                 return Poll::Ready(Written::QueueClosed);
-            };
-            self.encode(first);
-            self.taken = 1;
+            }
             while self.taken < WRITE_BATCH && !self.finished {
-                let Ok(out) = self.rx.try_recv() else {
+                let Some(out) = self.pending.pop_front() else {
                     break;
                 };
                 self.encode(out);
@@ -1643,11 +1609,11 @@ impl Outgoing {
     fn batch_written(&mut self, metrics: &Metrics) -> (Option<Farewell>, bool) {
         metrics.bytes_sent.fetch_add(self.buf.len() as u64, Relaxed);
         metrics.messages_sent.fetch_add(self.publishes, Relaxed);
-        self.flow.written.fetch_add(self.taken, Relaxed);
+        self.link.written.fetch_add(self.taken, Relaxed);
         self.taken = 0;
         self.at = 0;
         self.publishes = 0;
-        let left = self.rx.len();
+        let left = self.pending.len() + self.link.queued();
         let keep = if left == 0 {
             WRITE_KEEP
         } else {
@@ -1660,9 +1626,9 @@ impl Outgoing {
         }
         // Read before it is swapped: the swap would take the line from
         // the state's core after every write.
-        let drained = left < self.flow.low_water
-            && self.flow.want_drained.load(Relaxed)
-            && self.flow.want_drained.swap(false, Relaxed);
+        let drained = left < self.low_water
+            && self.link.want_drained.load(Relaxed)
+            && self.link.want_drained.swap(false, Relaxed);
         let farewell = self.finished.then_some(match self.said {
             true => Farewell::Said,
             false => Farewell::Silent,
@@ -1894,19 +1860,9 @@ mod tests {
     #[tokio::test]
     async fn a_writer_keeps_a_small_buffer_once_its_queue_is_drained() {
         let (mut client, mut server) = tokio::io::duplex(64 * 1024);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let written = Arc::new(AtomicUsize::new(0));
-        let mut out = Outgoing::new(
-            rx,
-            ProtocolVersion::V311,
-            1 << 20,
-            None,
-            WriterFlow {
-                written: written.clone(),
-                want_drained: Arc::new(AtomicBool::new(false)),
-                low_water: 1,
-            },
-        );
+        let (tx, rx) = link::link();
+        let mut out = Outgoing::new(rx, ProtocolVersion::V311, 1 << 20, None, 1);
+        let link = out.link.link();
         let metrics = Metrics::new();
         // 14 bytes each: a batch of them outgrows what is kept.
         let suback = || Outbound::SubAck {
@@ -1919,7 +1875,7 @@ mod tests {
         let first = poll_fn(|cx| out.poll_write(cx, &mut server)).await;
         assert_eq!(first, Written::Batch);
         assert_eq!(out.batch_written(&metrics), (None, false));
-        assert_eq!(written.load(Relaxed), WRITE_BATCH);
+        assert_eq!(link.written.load(Relaxed), WRITE_BATCH);
         assert!(
             out.buf.capacity() > WRITE_KEEP,
             "kept while one more packet waits"
@@ -1927,7 +1883,7 @@ mod tests {
         let second = poll_fn(|cx| out.poll_write(cx, &mut server)).await;
         assert_eq!(second, Written::Batch);
         out.batch_written(&metrics);
-        assert_eq!(written.load(Relaxed), WRITE_BATCH + 1);
+        assert_eq!(link.written.load(Relaxed), WRITE_BATCH + 1);
         assert_eq!(
             out.buf.capacity(),
             0,
@@ -1984,7 +1940,7 @@ mod tests {
         client: tokio::io::DuplexStream,
         events: mpsc::Receiver<Event>,
         _shutdown: broadcast::Sender<()>,
-        _handle: Option<ConnectionHandle>,
+        _handle: Option<crate::broker::state::ConnectionHandle>,
     }
 
     impl Served {
@@ -2093,7 +2049,6 @@ mod tests {
         // More than the pipe holds: the write waits for the client.
         let reasons = vec![ReasonCode::GrantedQoS1; 200];
         handle
-            .outbound
             .send(Outbound::SubAck {
                 packet_id: 7,
                 reasons,

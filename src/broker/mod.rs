@@ -66,6 +66,11 @@
 //!   packets carry (a CONNACK's extras, AUTH data) is boxed.
 //!   Acknowledgements are written by [`codec::encode_ack`], the same bytes
 //!   as the packet's encoding, no packet built.
+//! - [`link`]: what the state and one connection share, in one allocation:
+//!   the outbound queue (a deque under a mutex, swapped out whole by the
+//!   writer, holding no memory while the connection sleeps), the task's
+//!   waker, the writer's counts and the reader's pause. An idle
+//!   connection's link is its `Arc` and nothing else.
 //! - [`state`]: deterministic, no sockets, clocks or storage; events in,
 //!   packets and intents out (see its module documentation for the order of
 //!   answers and commits).
@@ -561,6 +566,7 @@ pub mod bridge;
 pub mod codec;
 pub mod connection;
 pub mod health;
+pub mod link;
 pub mod logfmt;
 pub mod message;
 pub mod metrics;

@@ -266,7 +266,7 @@ impl Link {
             }
             // A paused local side (the state's answers pile up) stops the
             // remote being read; the tick looks again.
-            let paused = self.local.as_ref().is_some_and(|l| *l.pause.borrow());
+            let paused = self.local.as_ref().is_some_and(|l| l.paused());
             let mut remote_turn = false;
             tokio::select! {
                 biased;

@@ -3,17 +3,18 @@
 //! the connection's outbound queue as a socket writer would take them
 //! (counted in `written`, `Drained` sent when the state waits for it).
 
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
+use crate::broker::link::{self, Outlet};
 use crate::broker::metrics::CloseReason;
-use crate::broker::state::{
-    ConnectRequest, ConnectionHandle, Event, Inbound, Outbound, FROM_PROPERTY,
-};
+use crate::broker::state::{ConnectRequest, Event, Inbound, Outbound, FROM_PROPERTY};
 use crate::broker::subscriptions::SubOptions;
 
 /// Time the state has to answer the bridge's CONNECT and SUBSCRIBE.
@@ -32,15 +33,16 @@ pub(super) enum LocalGone {
 pub(super) struct Local {
     pub connection: u64,
     events: mpsc::Sender<Event>,
-    outbound: mpsc::UnboundedReceiver<Outbound>,
-    /// Packets taken off `outbound` so far, as a writer counts them.
-    written: Arc<AtomicUsize>,
-    want_drained: Arc<AtomicBool>,
-    pub pause: watch::Receiver<bool>,
-    kill: watch::Receiver<bool>,
+    /// The connection's end of its queue, counts and pause (`written`
+    /// counts what was taken off `pending`, as a writer counts it).
+    outbound: Outlet,
+    /// Taken off the queue and not handed out yet.
+    pending: VecDeque<Outbound>,
     low_water: usize,
-    batch: Vec<Outbound>,
 }
+
+/// Most answers handed out at a time.
+const RECV_BATCH: usize = 256;
 
 /// A channel the local side consumes, as the SUBSCRIBE states it.
 pub(super) struct Consume {
@@ -68,19 +70,7 @@ impl Local {
         outbound_queue: usize,
     ) -> Result<Local, LocalGone> {
         let connection = generation.fetch_add(1, Relaxed);
-        let (outbound_tx, outbound) = mpsc::unbounded_channel();
-        let (kill_tx, kill) = watch::channel(false);
-        let (pause_tx, pause) = watch::channel(false);
-        let written = Arc::new(AtomicUsize::new(0));
-        let want_drained = Arc::new(AtomicBool::new(false));
-        let handle = ConnectionHandle {
-            outbound: outbound_tx,
-            written: written.clone(),
-            foreign: Arc::new(AtomicUsize::new(0)),
-            kill: kill_tx,
-            pause: pause_tx,
-            want_drained: want_drained.clone(),
-        };
+        let (handle, outbound) = link::link();
         let id = format!("{}{name}", super::CLIENT_ID_PREFIX);
         let request = ConnectRequest {
             v5: true,
@@ -108,12 +98,8 @@ impl Local {
             connection,
             events,
             outbound,
-            written,
-            want_drained,
-            pause,
-            kill,
+            pending: VecDeque::new(),
             low_water: (outbound_queue / 2).max(1),
-            batch: Vec::new(),
         };
         match local.handshake_answer().await? {
             Outbound::ConnAck { reason, .. } if !reason.is_error() => {}
@@ -162,9 +148,15 @@ impl Local {
 
     /// The state's answer to the CONNECT.
     async fn handshake_answer(&mut self) -> Result<Outbound, LocalGone> {
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.outbound.recv()).await {
+        let next = async {
+            if self.pending.is_empty() && !self.outbound.take(&mut self.pending).await {
+                return None;
+            }
+            self.pending.pop_front()
+        };
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, next).await {
             Ok(Some(out)) => {
-                self.written.fetch_add(1, Relaxed);
+                self.outbound.written.fetch_add(1, Relaxed);
                 Ok(out)
             }
             Ok(None) => Err(LocalGone::Stopped),
@@ -189,20 +181,40 @@ impl Local {
     /// The next answers of the state, taken as a writer would take them.
     /// Cancel safe. `Err` when the state closed the connection.
     pub async fn recv(&mut self) -> Result<Vec<Outbound>, LocalGone> {
-        tokio::select! {
-            biased;
-            _ = self.kill.changed() => return Err(LocalGone::Closed("closed by the broker".to_owned())),
-            n = self.outbound.recv_many(&mut self.batch, 256) => {
-                if n == 0 {
-                    return Err(LocalGone::Closed("closed by the broker".to_owned()));
-                }
-                self.written.fetch_add(n, Relaxed);
-                if self.outbound.len() < self.low_water && self.want_drained.swap(false, Relaxed) {
-                    let _ = self.events.send(Event::Drained { connection: self.connection }).await;
-                }
+        let closed = || LocalGone::Closed("closed by the broker".to_owned());
+        // Closed as soon as the state let go, before what it left queued.
+        let (outbound, pending) = (&self.outbound, &mut self.pending);
+        let open = poll_fn(|cx| {
+            if outbound.ended() {
+                return Poll::Ready(false);
             }
+            if !pending.is_empty() {
+                return Poll::Ready(true);
+            }
+            outbound.poll_take(cx, pending)
+        })
+        .await;
+        if !open {
+            return Err(closed());
         }
-        Ok(std::mem::take(&mut self.batch))
+        let n = self.pending.len().min(RECV_BATCH);
+        let batch: Vec<Outbound> = self.pending.drain(..n).collect();
+        self.outbound.written.fetch_add(n, Relaxed);
+        let left = self.pending.len() + self.outbound.queued();
+        if left < self.low_water && self.outbound.want_drained.swap(false, Relaxed) {
+            let _ = self
+                .events
+                .send(Event::Drained {
+                    connection: self.connection,
+                })
+                .await;
+        }
+        Ok(batch)
+    }
+
+    /// Whether the state paused the bridge's intake (its answers pile up).
+    pub fn paused(&self) -> bool {
+        self.outbound.paused()
     }
 
     /// Tell the state the connection ended, and wait until it closed it:
@@ -221,7 +233,10 @@ impl Local {
             return;
         }
         let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-            while self.outbound.recv().await.is_some() {}
+            self.pending.clear();
+            while self.outbound.take(&mut self.pending).await {
+                self.pending.clear();
+            }
         })
         .await;
     }

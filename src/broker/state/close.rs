@@ -46,13 +46,14 @@ impl BrokerState {
         }
         if let Some(code) = code {
             // The connection's last packet: nothing waits behind it.
-            let _ = conn.handle.outbound.send(Outbound::Disconnect {
+            let _ = conn.handle.send(Outbound::Disconnect {
                 reason: code,
                 reason_string: Some(reason.describe()),
             });
         }
-        // The writer finishes what is queued and closes when the queue's
-        // sender (held only here) is dropped; a paused reader is let go.
+        // The writer finishes what is queued and closes when the state's
+        // end of the link (held only here) is dropped; a paused reader is
+        // let go.
         conn.handle.set_paused(false);
         if let Some(session) = self.sessions.by_key.get_mut(&conn.session) {
             if session.connection == Some(connection) {

@@ -26,7 +26,7 @@ impl BrokerState {
         now: Instant,
     ) {
         if self.shutting_down {
-            let _ = handle.outbound.send(Outbound::Disconnect {
+            let _ = handle.send(Outbound::Disconnect {
                 reason: ReasonCode::ServerShuttingDown,
                 reason_string: Some(CloseReason::Shutdown.describe()),
             });
@@ -40,7 +40,7 @@ impl BrokerState {
                 reason = %format!("0x{:02X}", code.as_u8()),
                 "connection refused: {why}"
             );
-            let _ = handle.outbound.send(Outbound::refusing_connack(code));
+            let _ = handle.send(Outbound::refusing_connack(code));
         };
         let keep_alive =
             KeepAlive::grant(self.limits.max_keep_alive, request.v5, request.keep_alive);

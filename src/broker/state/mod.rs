@@ -87,7 +87,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use saguin_format::model::UnixNanos;
-use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::codec::ByteStr;
@@ -326,38 +325,7 @@ impl Inbound {
     }
 }
 
-/// How a connection's queue, flow control and close signal look to the
-/// state.
-#[derive(Debug, Clone)]
-pub struct ConnectionHandle {
-    pub outbound: mpsc::UnboundedSender<Outbound>,
-    /// Packets the connection's writer has taken from `outbound` so far;
-    /// only the writer adds to it. What waits for the writer is what the
-    /// state sent, plus `foreign`, less this: the state's hot path reads
-    /// it and writes nothing shared.
-    pub written: Arc<std::sync::atomic::AtomicUsize>,
-    /// Packets the connection's own reader put on `outbound`
-    /// (re-authentication answers).
-    pub foreign: Arc<std::sync::atomic::AtomicUsize>,
-    /// Set to true to make the connection's tasks drop the transport now.
-    pub kill: watch::Sender<bool>,
-    /// Set to true to make the reader stop reading until it is false again
-    /// (the client's own packets wait in the socket: backpressure).
-    pub pause: watch::Sender<bool>,
-    /// Set to true by the state when it waits for this connection's queue to
-    /// drain; the writer then sends [`Event::Drained`] once it is below half.
-    pub want_drained: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl ConnectionHandle {
-    /// Pause or let go of the client's reader. Said only when it changes:
-    /// every word wakes the reader, and most answers released leave an
-    /// unpaused reader unpaused.
-    fn set_paused(&self, paused: bool) {
-        self.pause
-            .send_if_modified(|now| std::mem::replace(now, paused) != paused);
-    }
-}
+pub use super::link::ConnectionHandle;
 
 /// Something for the broker state to act on.
 #[derive(Debug)]
@@ -549,7 +517,7 @@ impl Connection {
     /// says when it has caught up). False when the writer is gone.
     fn queue(&mut self, packet: Outbound, limit: usize) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        if self.handle.outbound.send(packet).is_err() {
+        if self.handle.send(packet).is_err() {
             return false;
         }
         self.sent += 1;

@@ -928,7 +928,7 @@ impl BrokerState {
             expiry,
             sys,
         };
-        if conn.handle.outbound.send(packet).is_err() {
+        if conn.handle.send(packet).is_err() {
             self.doomed.push((connection, CloseReason::Network, None));
             return;
         }

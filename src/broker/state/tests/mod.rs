@@ -6,12 +6,10 @@
 //! groups), `latest_and_queues` (latest and queue channels over real
 //! memory stores).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::*;
@@ -25,18 +23,18 @@ mod latest_and_queues;
 mod sessions;
 
 struct Client {
-    rx: mpsc::UnboundedReceiver<Outbound>,
-    kill: watch::Receiver<bool>,
-    pause: watch::Receiver<bool>,
+    /// The connection's end of its link: what the state queued, and
+    /// whether it paused the reader.
+    rx: crate::broker::link::Outlet,
 }
 
 impl Client {
     fn drain(&mut self) -> Vec<Outbound> {
-        let mut out = Vec::new();
-        while let Ok(o) = self.rx.try_recv() {
-            out.push(o);
-        }
-        out
+        let mut taken = std::collections::VecDeque::new();
+        let waker = std::task::Waker::noop();
+        let cx = std::task::Context::from_waker(waker);
+        let _ = self.rx.poll_take(&cx, &mut taken);
+        taken.into()
     }
 }
 
@@ -228,25 +226,16 @@ fn request(id: &str, clean: bool, session_expiry: u32) -> ConnectRequest {
 }
 
 fn connect_as(state: &mut BrokerState, conn: u64, request: ConnectRequest, now: Instant) -> Client {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let (kill_tx, kill) = watch::channel(false);
-    let (pause_tx, pause) = watch::channel(false);
+    let (handle, rx) = crate::broker::link::link();
     state.handle(
         Event::Connect {
             connection: conn,
             request: Box::new(request),
-            handle: ConnectionHandle {
-                outbound: tx,
-                written: Arc::new(AtomicUsize::new(0)),
-                foreign: Arc::new(AtomicUsize::new(0)),
-                kill: kill_tx,
-                pause: pause_tx,
-                want_drained: Arc::new(AtomicBool::new(false)),
-            },
+            handle,
         },
         now,
     );
-    Client { rx, kill, pause }
+    Client { rx }
 }
 
 fn connect(state: &mut BrokerState, conn: u64, id: &str, clean: bool, now: Instant) -> Client {
