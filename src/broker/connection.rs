@@ -1714,7 +1714,7 @@ impl Outgoing {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// A copied delivery is byte for byte what encoding it for itself
@@ -1921,7 +1921,7 @@ mod tests {
     }
 
     /// An anonymous connection's context with the defaults the tests share.
-    fn test_context() -> Arc<ConnectionContext> {
+    pub(in crate::broker) fn test_context() -> Arc<ConnectionContext> {
         Arc::new(ConnectionContext {
             max_packet_size: 1 << 20,
             topic_alias_maximum: 0,

@@ -938,16 +938,7 @@ mod tests {
         let (events, _events_rx) = mpsc::channel(1);
         let (shutdown, _) = broadcast::channel(1);
         let (drain, _drain_rx) = mpsc::channel(1);
-        let context = Arc::new(ConnectionContext {
-            max_packet_size: 1 << 20,
-            topic_alias_maximum: 0,
-            allow_anonymous: true,
-            passwords: None,
-            metrics: Arc::new(Metrics::new()),
-            outbound_queue: 16,
-            max_keep_alive: 0,
-            topic_aliases: false,
-        });
+        let context = connection::tests::test_context();
         let connection = connection::serve(
             TcpStream::connect(listener.local_addr().unwrap())
                 .await
