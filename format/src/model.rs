@@ -236,8 +236,10 @@ mod tests {
         });
         assert!(props.is_allocated());
         assert_eq!(props.message_expiry_interval, Some(5));
+        // Set through `DerefMut`, which is what allocates.
         let mut set = RecordProps::default();
-        set.content_type = Some("text/plain".into());
+        let fields: &mut PublishProps = &mut set;
+        fields.content_type = Some("text/plain".into());
         assert!(set.is_allocated());
         assert_eq!(set.content_type.as_deref(), Some("text/plain"));
         props.message_expiry_interval = None;
