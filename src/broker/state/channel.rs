@@ -468,8 +468,16 @@ impl BrokerState {
         };
         let generation = consumer.generation;
         let append = state.kind == ChannelKind::Append;
+        // Whichever read answers it, the consumer waits for one from here.
+        self.sessions
+            .by_key
+            .get_mut(&key)
+            .expect("looked up")
+            .consumers[index]
+            .reading = true;
         // Consumers at the same place read once: one whose next a read
         // out already asks for waits for its answer.
+        let state = &self.channels.all[channel as usize];
         let joined = match from {
             Seek::Offset(next) if append => state
                 .reads_out
@@ -481,12 +489,6 @@ impl BrokerState {
         if let Some(ticket) = joined {
             if let Some(read) = self.channels.consumer_reads.get_mut(&ticket) {
                 read.readers.push((key, generation));
-                self.sessions
-                    .by_key
-                    .get_mut(&key)
-                    .expect("looked up")
-                    .consumers[index]
-                    .reading = true;
                 return;
             }
         }
@@ -499,12 +501,6 @@ impl BrokerState {
                 start.saturating_add(max as u64),
             ));
         }
-        self.sessions
-            .by_key
-            .get_mut(&key)
-            .expect("looked up")
-            .consumers[index]
-            .reading = true;
         self.channels.consumer_reads.insert(
             ticket,
             ConsumerRead {
