@@ -310,6 +310,52 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// Waits for a run's publishers and subscribers (each within its budget)
+/// and counts what every subscriber received against `expected`, keeping
+/// the last error met (`error` is one met before).
+async fn gather(
+    pub_tasks: Vec<tokio::task::JoinHandle<Result<(), Error>>>,
+    sub_tasks: Vec<tokio::task::JoinHandle<Result<Vec<u64>, Error>>>,
+    start: Instant,
+    expected: u64,
+    mut error: Option<String>,
+) -> Outcome {
+    for t in pub_tasks {
+        match tokio::time::timeout(Duration::from_secs(60), t).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => error = Some(format!("publisher: {e}")),
+            Ok(Err(e)) => error = Some(format!("publisher task: {e}")),
+            Err(_) => error = Some("publisher timed out".into()),
+        }
+    }
+    let mut all = Vec::new();
+    let mut delivered = 0u64;
+    for t in sub_tasks {
+        match tokio::time::timeout(Duration::from_secs(20), t).await {
+            Ok(Ok(Ok(lat))) => {
+                delivered += lat.len() as u64;
+                all.extend(lat);
+            }
+            Ok(Ok(Err(e))) => error = Some(format!("subscriber: {e}")),
+            Ok(Err(e)) => error = Some(format!("subscriber task: {e}")),
+            Err(_) => error = Some("subscriber timed out waiting for messages".into()),
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    if error.is_none() && delivered != expected {
+        error = Some(format!("delivered {delivered} of {expected}"));
+    }
+    all.sort_unstable();
+    Outcome {
+        msgs_per_sec: delivered as f64 / elapsed,
+        delivered,
+        expected,
+        p50_us: percentile(&all, 0.50),
+        p99_us: percentile(&all, 0.99),
+        error,
+    }
+}
+
 async fn scenario(
     addr: SocketAddr,
     tag: &str,
@@ -358,43 +404,7 @@ async fn scenario(
             rate.map(|r| r / pubs as f64),
         )));
     }
-    let budget = Duration::from_secs(60);
-    let mut error = None;
-    for t in pub_tasks {
-        match tokio::time::timeout(budget, t).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => error = Some(format!("publisher: {e}")),
-            Ok(Err(e)) => error = Some(format!("publisher task: {e}")),
-            Err(_) => error = Some("publisher timed out".into()),
-        }
-    }
-    let mut all = Vec::new();
-    let mut delivered = 0u64;
-    for t in sub_tasks {
-        match tokio::time::timeout(Duration::from_secs(20), t).await {
-            Ok(Ok(Ok(lat))) => {
-                delivered += lat.len() as u64;
-                all.extend(lat);
-            }
-            Ok(Ok(Err(e))) => error = Some(format!("subscriber: {e}")),
-            Ok(Err(e)) => error = Some(format!("subscriber task: {e}")),
-            Err(_) => error = Some("subscriber timed out waiting for messages".into()),
-        }
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let total_expected = expected * subs as u64;
-    if error.is_none() && delivered != total_expected {
-        error = Some(format!("delivered {delivered} of {total_expected}"));
-    }
-    all.sort_unstable();
-    Outcome {
-        msgs_per_sec: delivered as f64 / elapsed,
-        delivered,
-        expected: total_expected,
-        p50_us: percentile(&all, 0.50),
-        p99_us: percentile(&all, 0.99),
-        error,
-    }
+    gather(pub_tasks, sub_tasks, start, expected * subs as u64, None).await
 }
 
 /// The MQTT 3.1.1 options of a rumqttc client of this benchmark: clean,
@@ -517,41 +527,7 @@ async fn rumqttc_scenario(
             Ok::<(), Error>(())
         }));
     }
-    for t in pub_tasks {
-        match tokio::time::timeout(Duration::from_secs(60), t).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => error = Some(format!("publisher: {e}")),
-            Ok(Err(e)) => error = Some(format!("publisher task: {e}")),
-            Err(_) => error = Some("publisher timed out".into()),
-        }
-    }
-    let mut all = Vec::new();
-    let mut delivered = 0u64;
-    for t in sub_tasks {
-        match tokio::time::timeout(Duration::from_secs(20), t).await {
-            Ok(Ok(Ok(lat))) => {
-                delivered += lat.len() as u64;
-                all.extend(lat);
-            }
-            Ok(Ok(Err(e))) => error = Some(format!("subscriber: {e}")),
-            Ok(Err(e)) => error = Some(format!("subscriber task: {e}")),
-            Err(_) => error = Some("subscriber timed out waiting for messages".into()),
-        }
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let total_expected = expected * subs as u64;
-    if error.is_none() && delivered != total_expected {
-        error = Some(format!("delivered {delivered} of {total_expected}"));
-    }
-    all.sort_unstable();
-    Outcome {
-        msgs_per_sec: delivered as f64 / elapsed,
-        delivered,
-        expected: total_expected,
-        p50_us: percentile(&all, 0.50),
-        p99_us: percentile(&all, 0.99),
-        error,
-    }
+    gather(pub_tasks, sub_tasks, start, expected * subs as u64, error).await
 }
 
 struct Broker {
