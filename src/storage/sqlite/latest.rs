@@ -532,21 +532,7 @@ impl LatestStore for LatestChannel {
                 let (next, floor): (u64, u64) = conn
                     .prepare_cached(SQL_NEXT_FLOOR)?
                     .query_row([&self.name], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                let mut stmt = conn.prepare_cached(SQL_SINCE)?;
-                let mut rows = stmt.query(rusqlite::params![self.name, since])?;
-                let mut out = Vec::new();
-                // The rows come off the offset index in order: the cursor
-                // stops once the window is full.
-                while out.len() < max {
-                    let Some(r) = rows.next()? else {
-                        break;
-                    };
-                    let topic: String = r.get(2)?;
-                    if filter_matches(filter, &topic) {
-                        // A marker row is the deletion as it was published.
-                        out.push(record_at(r, 1, r.get(0)?)?);
-                    }
-                }
+                let out = changes_since(conn, &self.name, filter, since, max)?;
                 Ok((next, floor, out))
             },
         )?;
@@ -579,18 +565,7 @@ impl LatestStore for LatestChannel {
                 let floor: u64 = conn
                     .prepare_cached(SQL_FLOOR)?
                     .query_row([&self.name], |r| r.get(0))?;
-                let mut stmt = conn.prepare_cached(SQL_SINCE)?;
-                let mut rows = stmt.query(rusqlite::params![self.name, since])?;
-                let mut out = Vec::new();
-                while out.len() < max {
-                    let Some(r) = rows.next()? else {
-                        break;
-                    };
-                    let topic: String = r.get(2)?;
-                    if filter_matches(filter, &topic) {
-                        out.push(record_at(r, 1, r.get(0)?)?);
-                    }
-                }
+                let out = changes_since(conn, &self.name, filter, since, max)?;
                 Ok((floor, out))
             },
         )
@@ -665,6 +640,32 @@ impl OffsetStore for LatestChannel {
     fn positions(&self) -> contract::Result<Vec<Position>> {
         self.positions.all()
     }
+}
+
+/// Up to `max` changes of channel `name` from offset `since` on whose
+/// topic matches `filter`, a deletion as its marker row was published.
+/// The rows come off the offset index in order: the cursor stops once the
+/// window is full.
+fn changes_since(
+    conn: &rusqlite::Connection,
+    name: &str,
+    filter: &str,
+    since: u64,
+    max: usize,
+) -> rusqlite::Result<Vec<Record>> {
+    let mut stmt = conn.prepare_cached(SQL_SINCE)?;
+    let mut rows = stmt.query(rusqlite::params![name, since])?;
+    let mut out = Vec::new();
+    while out.len() < max {
+        let Some(r) = rows.next()? else {
+            break;
+        };
+        let topic: String = r.get(2)?;
+        if filter_matches(filter, &topic) {
+            out.push(record_at(r, 1, r.get(0)?)?);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
