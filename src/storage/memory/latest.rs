@@ -67,6 +67,20 @@ struct LatestState {
     deletions: BTreeMap<u64, UnixNanos>,
 }
 
+impl LatestState {
+    /// Up to `max` changes from offset `since` on whose topic matches
+    /// `filter`, in offset order, a deletion as its marker.
+    fn changes_since(&self, filter: &str, since: u64, max: usize) -> Vec<Record> {
+        self.by_offset
+            .range(since..)
+            .map(|(_, r)| r)
+            .filter(|r| filter_matches(filter, &r.topic))
+            .take(max)
+            .map(|r| (**r).clone())
+            .collect()
+    }
+}
+
 #[derive(Debug)]
 pub struct MemoryLatest {
     name: String,
@@ -413,27 +427,12 @@ impl LatestStore for MemoryLatest {
     fn match_with_deletions_n(&self, filter: &str, since: u64, max: usize) -> Result<Vec<Record>> {
         let st = read(&self.state);
         self.check_since(&st, since)?;
-        Ok(st
-            .by_offset
-            .range(since..)
-            .map(|(_, r)| r)
-            .filter(|r| filter_matches(filter, &r.topic))
-            .take(max)
-            .map(|r| (**r).clone())
-            .collect())
+        Ok(st.changes_since(filter, since, max))
     }
 
     fn rows_from_n(&self, filter: &str, since: u64, max: usize) -> Result<(u64, Vec<Record>)> {
         let st = read(&self.state);
-        let rows = st
-            .by_offset
-            .range(since..)
-            .map(|(_, r)| r)
-            .filter(|r| filter_matches(filter, &r.topic))
-            .take(max)
-            .map(|r| (**r).clone())
-            .collect();
-        Ok((st.floor, rows))
+        Ok((st.floor, st.changes_since(filter, since, max)))
     }
 
     fn trim(&self, before: u64) -> Result<Removed> {
