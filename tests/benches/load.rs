@@ -309,7 +309,6 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)] as f64 / 1000.0
 }
 
-#[allow(clippy::too_many_arguments)]
 /// Waits for a run's publishers and subscribers (each within its budget)
 /// and counts what every subscriber received against `expected`, keeping
 /// the last error met (`error` is one met before).
@@ -356,6 +355,7 @@ async fn gather(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn scenario(
     addr: SocketAddr,
     tag: &str,
