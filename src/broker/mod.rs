@@ -276,6 +276,21 @@
 //!   limits.receive_maximum` (at least 1,024) packets queued is dropped and
 //!   counted; acknowledgements and QoS 1/2 deliveries are never dropped:
 //!   the client's reader is paused until its writer catches up.
+//! - A publisher is never slowed for a subscriber's sake: its PUBACK
+//!   leaves once the message is routed (and stored, where it is kept),
+//!   however long the queues of the sessions it went to. A slow subscriber
+//!   holds its own queue, bounded by `limits.max_queued_messages` and
+//!   dropped beyond it (counted as `queue_full`), as Mosquitto does;
+//!   pausing every publisher of a topic while one of its subscribers lags
+//!   would let one stalled device stop a site's telemetry. A client that
+//!   must not lose messages to a slow peer uses a channel, which keeps
+//!   them in storage rather than in a queue in memory. Measured
+//!   (docs/benchmarks.md, "Broker throughput and latency"): with a queue
+//!   allowed to grow to a million, four rumqttc publishers outrun one
+//!   rumqttc subscriber and the broker spends a third of its CPU on the
+//!   pages the backlog first touches; the figure that limits the rate is
+//!   the subscriber's, both brokers measured leaving a third of the CPUs
+//!   idle.
 //!
 //! Append channels ([`state`]'s `channel` module, [`reader`]):
 //!
