@@ -95,6 +95,22 @@ pub(super) fn message_from_record(record: &Record, received_at: Instant) -> Mess
     }
 }
 
+/// [`message_from_record`] for a record nobody else holds: its topic and
+/// payload become the message's as they are. A clone would copy the topic
+/// and give the payload a shared header of its own (24 bytes), kept for as
+/// long as the message is - a retained message lives until replaced.
+pub(super) fn message_from_owned_record(record: Record, received_at: Instant) -> Message {
+    Message {
+        properties: properties_of(&record.props, &record.user_properties),
+        topic: ByteStr::from(record.topic),
+        payload: record.payload,
+        qos: record.qos,
+        retain: record.retain,
+        received_at,
+        wire: Default::default(),
+    }
+}
+
 /// Unix nanoseconds now, from the system clock.
 pub fn unix_now() -> UnixNanos {
     crate::storage::contract::now_nanos()

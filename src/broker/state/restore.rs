@@ -90,7 +90,7 @@ impl BrokerState {
         // Each record let go once its message is made: a million retained
         // messages are not held twice while the broker starts.
         for record in std::mem::take(&mut restored.retained) {
-            let message = self.message_of(&record, now);
+            let message = self.message_of_shared(record, now);
             self.retained.set(Arc::new(message));
         }
         summary.retained = self.retained.len();

@@ -97,6 +97,9 @@ pub(crate) struct Pending {
     pub count: u64,
     /// Latest channels: topic -> the size it now holds (None = deleted).
     pub topics: HashMap<String, Option<LatestEntry>>,
+    /// Latest channels: the offsets of the deletion markers this
+    /// transaction replaced with a value.
+    pub replaced_markers: Vec<u64>,
 }
 
 impl Pending {
@@ -108,6 +111,7 @@ impl Pending {
             bytes: c.bytes(),
             count: c.count(),
             topics: HashMap::new(),
+            replaced_markers: Vec::new(),
         }
     }
 }

@@ -12,10 +12,10 @@
 //! value being replaced is then already in hand. The retained store keeps
 //! no markers: a deletion there removes the row.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use saguin_format::model::{ChannelKind, Record};
 
 use super::batch::Job;
@@ -60,7 +60,10 @@ const SQL_SINCE: &str = concat!(
 );
 const SQL_FLOOR: &str = "SELECT floor FROM channels WHERE name = ?1";
 const SQL_SIZES: &str =
-    "SELECT topic, size, deleted, offset, timestamp FROM latest_values WHERE channel = ?1";
+    "SELECT size, deleted, offset, timestamp FROM latest_values WHERE channel = ?1";
+/// One topic's row as a write sees it, on the primary key.
+const SQL_ROW: &str = "SELECT size, deleted, offset, timestamp FROM latest_values
+     WHERE channel = ?1 AND topic = ?2";
 const SQL_NEXT_FLOOR: &str = "SELECT next, floor FROM channels WHERE name = ?1";
 
 /// Forgets one deletion marker, found by its offset on the offset index.
@@ -102,94 +105,87 @@ pub struct LatestChannel {
     name: String,
     /// `count` is the topics holding a value (markers excluded).
     counters: ChannelCounters,
-    /// Every row, as committed.
-    rows: Mutex<Rows>,
+    /// Each deletion marker's offset -> its timestamp, oldest first, as
+    /// committed: what a retention sweep walks, without passing over the
+    /// values between. The values themselves are not held: a write reads
+    /// the row it replaces on the primary key, so a channel of a million
+    /// topics costs no memory per topic (a retained store is one).
+    markers: Mutex<BTreeMap<u64, i64>>,
     keep_markers: bool,
     positions: Positions,
 }
 
-/// What the writer keeps of a latest channel's rows without reading them.
-#[derive(Default)]
-struct Rows {
-    /// Topic -> its size and whether it is a marker.
-    topics: HashMap<String, LatestEntry>,
-    /// Each marker's offset -> its timestamp, oldest first: what a
-    /// retention sweep walks, without passing over the values between.
-    deletions: BTreeMap<u64, i64>,
-}
-
-impl Rows {
-    /// The topic's row is now `entry` (`None`: gone).
-    fn set(&mut self, topic: &str, entry: Option<LatestEntry>) {
-        let old = match entry {
-            Some(entry) => self.topics.insert(topic.to_owned(), entry),
-            None => self.topics.remove(topic),
-        };
-        if let Some(d) = old.and_then(|o| o.deletion) {
-            self.deletions.remove(&d.offset);
-        }
-        if let Some(d) = entry.and_then(|e| e.deletion) {
-            self.deletions.insert(d.offset, d.timestamp);
-        }
-    }
+/// A `latest_values` row's size and, for a marker, its offset and time,
+/// as [`SQL_SIZES`] and [`SQL_ROW`] read them.
+fn entry_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<LatestEntry> {
+    let deleted: bool = r.get(1)?;
+    let deletion = deleted
+        .then(|| {
+            Ok::<_, rusqlite::Error>(Deletion {
+                offset: r.get(2)?,
+                timestamp: r.get(3)?,
+            })
+        })
+        .transpose()?;
+    Ok(LatestEntry {
+        size: r.get(0)?,
+        deletion,
+    })
 }
 
 impl LatestChannel {
     pub(crate) fn open(shared: Arc<Shared>, name: &str) -> contract::Result<Arc<LatestChannel>> {
         let (next, floor, _) = shared.channel_row(name, ChannelKind::Latest)?;
-        let loaded: Vec<(String, LatestEntry)> = shared.read(
+        // One pass over the rows, summing them and keeping the markers.
+        let (bytes, count, markers) = shared.read(
             || format!("channel {name}: reading value sizes"),
             |conn| {
                 let mut stmt = conn.prepare_cached(SQL_SIZES)?;
-                let rows = stmt.query_map([name], |r| {
-                    let deleted: bool = r.get(2)?;
-                    let deletion = deleted
-                        .then(|| {
-                            Ok::<_, rusqlite::Error>(Deletion {
-                                offset: r.get(3)?,
-                                timestamp: r.get(4)?,
-                            })
-                        })
-                        .transpose()?;
-                    Ok((
-                        r.get(0)?,
-                        LatestEntry {
-                            size: r.get(1)?,
-                            deletion,
-                        },
-                    ))
-                })?;
-                rows.collect()
+                let mut rows = stmt.query([name])?;
+                let (mut bytes, mut count, mut markers) = (0u64, 0u64, BTreeMap::new());
+                while let Some(r) = rows.next()? {
+                    let entry = entry_of(r)?;
+                    bytes += entry.size;
+                    match entry.deletion {
+                        Some(d) => {
+                            markers.insert(d.offset, d.timestamp);
+                        }
+                        None => count += 1,
+                    }
+                }
+                Ok((bytes, count, markers))
             },
         )?;
-        let bytes = loaded.iter().map(|(_, e)| e.size).sum();
-        let count = loaded.iter().filter(|(_, e)| e.deletion.is_none()).count() as u64;
-        let mut rows = Rows::default();
-        for (topic, entry) in loaded {
-            rows.set(&topic, Some(entry));
-        }
         let positions = Positions::load(Arc::clone(&shared), name)?;
         Ok(Arc::new_cyclic(|me| LatestChannel {
             me: me.clone(),
             shared,
             name: name.to_string(),
             counters: ChannelCounters::new(name, (next, floor, bytes), count, false),
-            rows: Mutex::new(rows),
+            markers: Mutex::new(markers),
             keep_markers: name != RETAINED_STORE_NAME,
             positions,
         }))
     }
 
-    /// A topic's row as a transaction sees it: `None` when there is none.
-    fn current(&self, pending: &Pending, topic: &str) -> Option<LatestEntry> {
-        match pending.topics.get(topic) {
-            Some(entry) => *entry,
-            None => self.rows().topics.get(topic).copied(),
+    /// A topic's row as the open transaction sees it (this transaction's
+    /// own change first): `None` when there is none.
+    fn current(
+        &self,
+        conn: &Connection,
+        pending: &Pending,
+        topic: &str,
+    ) -> rusqlite::Result<Option<LatestEntry>> {
+        if let Some(entry) = pending.topics.get(topic) {
+            return Ok(*entry);
         }
+        conn.prepare_cached(SQL_ROW)?
+            .query_row(rusqlite::params![self.name, topic], entry_of)
+            .optional()
     }
 
-    fn rows(&self) -> std::sync::MutexGuard<'_, Rows> {
-        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+    fn markers(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, i64>> {
+        self.markers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn upsert(
@@ -216,16 +212,18 @@ impl LatestChannel {
     ) -> rusqlite::Result<u64> {
         let offset = pending.next;
         let encoded = Encoded::new(record);
-        self.upsert(conn, offset, &encoded, false)?;
-        match self.current(pending, &record.topic) {
+        // Read before the upsert replaces it.
+        match self.current(conn, pending, &record.topic)? {
             Some(LatestEntry { size, deletion }) => {
                 pending.bytes = pending.bytes.saturating_sub(size);
-                if deletion.is_some() {
+                if let Some(marker) = deletion {
                     pending.count += 1;
+                    pending.replaced_markers.push(marker.offset);
                 }
             }
             None => pending.count += 1,
         }
+        self.upsert(conn, offset, &encoded, false)?;
         holds(pending, &record.topic, encoded.size, None);
         pending.next += 1;
         Ok(offset)
@@ -245,7 +243,7 @@ impl LatestChannel {
         let Some(LatestEntry {
             size: old,
             deletion: None,
-        }) = self.current(pending, &record.topic)
+        }) = self.current(conn, pending, &record.topic)?
         else {
             return Ok(None);
         };
@@ -278,8 +276,7 @@ impl LatestChannel {
         let floor = self.counters.floor();
         let bound = bound.min(self.counters.next());
         let stale: Vec<u64> = self
-            .rows()
-            .deletions
+            .markers()
             .range(..bound)
             .map(|(offset, _)| *offset)
             .collect();
@@ -304,16 +301,11 @@ impl LatestChannel {
             Ok(forgotten) => {
                 let mut removed = Removed::default();
                 {
-                    let mut rows = self.rows();
-                    for (topic, size, offset) in forgotten {
-                        let still = rows
-                            .topics
-                            .get(&topic)
-                            .and_then(|e| e.deletion)
-                            .is_some_and(|d| d.offset == offset);
-                        if still {
-                            rows.set(&topic, None);
-                        }
+                    // The writer is held: no commit since `stale` was read,
+                    // so each marker forgotten is one the map holds.
+                    let mut markers = self.markers();
+                    for (_, size, offset) in forgotten {
+                        markers.remove(&offset);
                         removed.records += 1;
                         removed.bytes += size;
                     }
@@ -380,9 +372,12 @@ impl Staged for LatestChannel {
 
     fn committed(&self, pending: Pending) {
         {
-            let mut rows = self.rows();
-            for (topic, entry) in &pending.topics {
-                rows.set(topic, *entry);
+            let mut markers = self.markers();
+            for offset in &pending.replaced_markers {
+                markers.remove(offset);
+            }
+            for deletion in pending.topics.values().flatten().filter_map(|e| e.deletion) {
+                markers.insert(deletion.offset, deletion.timestamp);
             }
         }
         self.counters.committed(&pending);
@@ -576,7 +571,7 @@ impl LatestStore for LatestChannel {
     }
 
     fn deletions(&self) -> u64 {
-        self.rows().deletions.len() as u64
+        self.markers().len() as u64
     }
 
     fn forget_deletions(
@@ -585,10 +580,10 @@ impl LatestStore for LatestChannel {
         cutoff: Option<UnixNanos>,
     ) -> contract::Result<Removed> {
         let bound = {
-            let rows = self.rows();
-            let mut held = rows.deletions.len() as u64;
+            let markers = self.markers();
+            let mut held = markers.len() as u64;
             let mut bound = None;
-            for (&offset, &timestamp) in &rows.deletions {
+            for (&offset, &timestamp) in markers.iter() {
                 if !forgets_deletion(held, keep, timestamp, cutoff) {
                     break;
                 }
@@ -680,6 +675,69 @@ mod tests {
             .as_latest()
             .unwrap()
             .clone()
+    }
+
+    /// The writer holds a latest channel's markers, not its values: what
+    /// it counts as values replace markers and markers values, in one
+    /// transaction or in several, is what a reopen sums from the rows.
+    #[test]
+    fn markers_replaced_by_values_are_let_go_and_the_counts_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("saguin.db");
+        let value = |topic: &str| Record::new(topic, bytes::Bytes::from_static(b"value"));
+        let deletion = |topic: &str| Record::new(topic, bytes::Bytes::new());
+        let counts = |latest: &dyn LatestStore| {
+            (
+                latest.deletions(),
+                latest.record_count(),
+                latest.bytes(),
+                latest.next(),
+            )
+        };
+        let before = {
+            let provider = SqliteProvider::open(SqliteOptions::new("db", path.clone())).unwrap();
+            let latest = devices(&provider);
+            for i in 0..100 {
+                latest.set(value(&format!("devices/{i}"))).unwrap();
+            }
+            for i in 0..10 {
+                latest.delete(&format!("devices/{i}")).unwrap();
+            }
+            assert_eq!(latest.deletions(), 10);
+            // A marker replaced alone, and in one batch a value replacing a
+            // marker, then deleted again, then set once more.
+            latest.set(value("devices/0")).unwrap();
+            // The provider's own instance, whose counters `latest` reads.
+            let channel = provider
+                .latest_locked(&mut provider.shared.registry.lock().unwrap(), "devices")
+                .unwrap();
+            let jobs = [
+                value("devices/1"),
+                deletion("devices/1"),
+                value("devices/1"),
+                deletion("devices/2"),
+            ]
+            .map(|record| Job {
+                target: channel.target().unwrap(),
+                record,
+            });
+            for outcome in provider
+                .shared
+                .batcher
+                .submit_many(&provider.shared, jobs.into())
+            {
+                outcome.unwrap();
+            }
+            assert_eq!(latest.deletions(), 8, "devices/0 and /1 hold values again");
+            assert_eq!(latest.record_count(), 92);
+            // Forgetting every marker leaves the values alone.
+            let removed = latest.forget_deletions(Some(0), None).unwrap();
+            assert_eq!(removed.records, 8);
+            assert_eq!(latest.deletions(), 0);
+            counts(&*latest)
+        };
+        let provider = SqliteProvider::open(SqliteOptions::new("db", path)).unwrap();
+        assert_eq!(counts(&*devices(&provider)), before);
     }
 
     /// The plan SQLite chooses for `sql`, one detail line per step.
