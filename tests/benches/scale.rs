@@ -23,7 +23,8 @@
 //! (comma-separated row names, default all) picks the brokers of the
 //! retained curve and the providers of the append curve;
 //! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose memory
-//! rows (`saguin-before-memory`, `memory-before`) run beside this build's
+//! rows (`saguin-before-memory`, `memory-before`), and its sqlite row of
+//! the retained curve (`saguin-before-sqlite`), run beside this build's
 //! in the same run; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
 //! CPU window. Idle connections are capped below the process's open-file
 //! limit (each connection is a descriptor in the broker and one here);
@@ -425,13 +426,16 @@ async fn retained(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             brokers.push("saguin-before-memory");
         }
         brokers.push("saguin-sqlite");
+        if baseline.is_some() {
+            brokers.push("saguin-before-sqlite");
+        }
         if mosquitto {
             brokers.push("mosquitto-persist");
         }
         for name in brokers.into_iter().filter(|b| row_wanted(b)) {
             let data = dir.path().join(format!("{name}-{n}"));
             let bin = match (name, &baseline) {
-                ("saguin-before-memory", Some(before)) => before.as_path(),
+                ("saguin-before-memory" | "saguin-before-sqlite", Some(before)) => before.as_path(),
                 _ => this_build(),
             };
             let storage = if name.ends_with("-memory") {

@@ -163,6 +163,26 @@ fn a_failed_fsync_of_the_wal_by_the_flusher_fails_the_provider_for_good() {
     reopened_holds(dir.path(), 1);
 }
 
+/// A read-only file system is said as one, though an fsync met it first:
+/// the flusher's of the log, or a checkpoint's of the database.
+#[test]
+fn an_fsync_meeting_a_read_only_file_system_fails_the_provider_as_read_only() {
+    for role in [FileRole::Wal, FileRole::Db] {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, s) = faulty(
+            dir.path(),
+            vfs::Faults::new().fail(role, Op::Sync, 1, false, libc::EROFS),
+        );
+        s.append(record(0)).unwrap();
+        wait_for("the fsync failed the provider", || {
+            failed_with(&p).is_some()
+        });
+        refuses_writes(&p, &s, FaultKind::ReadOnly);
+        p.close().unwrap();
+        reopened_holds(dir.path(), 1);
+    }
+}
+
 #[test]
 fn an_io_error_writing_the_database_in_a_checkpoint_fails_the_provider() {
     let dir = tempfile::tempdir().unwrap();

@@ -1028,7 +1028,12 @@ fn classify(
     };
     let by_errno = recorded.and_then(|f| FaultKind::of_errno(f.errno));
     let ext = err.extended_code;
-    // A failed sync is an fsync failure whatever its errno said.
+    // A read-only file system is said as one whichever call met it first
+    // (a write, or a sync): it is what the operator must put right.
+    if by_errno == Some(FaultKind::ReadOnly) {
+        return by_errno;
+    }
+    // Any other failed sync is an fsync failure whatever its errno said.
     if ext == ffi::SQLITE_IOERR_FSYNC
         || ext == ffi::SQLITE_IOERR_DIR_FSYNC
         || recorded.is_some_and(|f| f.op == vfs::Op::Sync)
@@ -1248,8 +1253,13 @@ impl FlushLoop {
                 self.failing = true;
                 self.wal = None;
                 let detail = format!("fsync of {}: {e}", self.wal_path.display());
+                // As `classify` says it: a read-only file system as one.
+                let kind = match e.raw_os_error().and_then(FaultKind::of_errno) {
+                    Some(FaultKind::ReadOnly) => FaultKind::ReadOnly,
+                    _ => FaultKind::Fsync,
+                };
                 match self.shared.upgrade() {
-                    Some(shared) => shared.fault(FaultKind::Fsync, &detail),
+                    Some(shared) => shared.fault(kind, &detail),
                     None => tracing::error!(provider = %self.name, error = %detail,
                         "write-ahead log flush failed; acknowledged commits may not be durable"),
                 }
