@@ -57,9 +57,29 @@ impl MessageProperties {
 }
 
 impl From<PublishProperties> for MessageProperties {
-    /// Empty properties are not kept.
+    /// Empty properties are not kept. Told field by field: a comparison
+    /// with the empty set compared each list's bytes, on every channel
+    /// record a consumer is sent.
     fn from(properties: PublishProperties) -> Self {
-        if properties == NO_PROPERTIES {
+        let PublishProperties {
+            payload_format_indicator,
+            message_expiry_interval,
+            topic_alias,
+            response_topic,
+            correlation_data,
+            user_properties,
+            subscription_identifiers,
+            content_type,
+        } = &properties;
+        let empty = payload_format_indicator.is_none()
+            && message_expiry_interval.is_none()
+            && topic_alias.is_none()
+            && response_topic.is_none()
+            && correlation_data.is_none()
+            && user_properties.is_empty()
+            && subscription_identifiers.is_empty()
+            && content_type.is_none();
+        if empty {
             MessageProperties(None)
         } else {
             MessageProperties(Some(Box::new(properties)))

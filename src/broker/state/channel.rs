@@ -38,7 +38,7 @@ use super::ids::IdMap;
 use super::intent::{Role, Write};
 use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::recent::{self, Lookup, Recent};
-use super::records::message_from_record;
+use super::records::{message_with_properties, publish_properties_of};
 use super::restore::RestoredChannel;
 use super::session::{InflightEntry, QueuedMessage, SessionSubscription};
 use super::BrokerState;
@@ -252,18 +252,16 @@ impl BrokerState {
         let received_at = now
             .checked_sub(std::time::Duration::from_nanos(age as u64))
             .unwrap_or(now);
-        let mut message = message_from_record(record, received_at);
-        message
-            .properties
-            .user_properties
-            .push((OFFSET_PROPERTY.to_owned(), record.offset.to_string()));
+        // The properties made whole before they are boxed: a consumer's
+        // message always has some (its offset).
+        let mut properties = publish_properties_of(&record.props, &record.user_properties);
+        let user = &mut properties.user_properties;
+        user.reserve_exact(1 + usize::from(gap.is_some()));
+        user.push((OFFSET_PROPERTY.to_owned(), record.offset.to_string()));
         if let Some((from, to)) = gap {
-            message
-                .properties
-                .user_properties
-                .push((GAP_PROPERTY.to_owned(), format!("{from}-{to}")));
+            user.push((GAP_PROPERTY.to_owned(), format!("{from}-{to}")));
         }
-        message
+        message_with_properties(record, received_at, properties)
     }
 
     /// Offer `record` (at the consumer's `next`) to consumer `index` of

@@ -61,7 +61,15 @@ pub(super) fn will_request(will: &WillEntry) -> WillRequest {
 }
 
 fn properties_of(props: &PublishProps, user: &[UserProperty]) -> MessageProperties {
-    MessageProperties::from(PublishProperties {
+    MessageProperties::from(publish_properties_of(props, user))
+}
+
+/// A record's properties as the codec carries them.
+pub(super) fn publish_properties_of(
+    props: &PublishProps,
+    user: &[UserProperty],
+) -> PublishProperties {
+    PublishProperties {
         payload_format_indicator: props.payload_format_indicator.map(|f| {
             if f == 1 {
                 PayloadFormat::Utf8
@@ -79,17 +87,28 @@ fn properties_of(props: &PublishProps, user: &[UserProperty]) -> MessageProperti
             .collect(),
         subscription_identifiers: Vec::new(),
         content_type: props.content_type.as_deref().map(ByteStr::from),
-    })
+    }
 }
 
 /// A stored record as a routable message received at `received_at`.
 pub(super) fn message_from_record(record: &Record, received_at: Instant) -> Message {
+    let properties = publish_properties_of(&record.props, &record.user_properties);
+    message_with_properties(record, received_at, properties)
+}
+
+/// [`message_from_record`] with `properties` in place of the record's:
+/// its own, with what the broker adds to them (a consumer's offset).
+pub(super) fn message_with_properties(
+    record: &Record,
+    received_at: Instant,
+    properties: PublishProperties,
+) -> Message {
     Message {
         topic: ByteStr::from(record.topic.as_str()),
         payload: Bytes::clone(&record.payload),
         qos: record.qos,
         retain: record.retain,
-        properties: properties_of(&record.props, &record.user_properties),
+        properties: MessageProperties::from(properties),
         received_at,
         wire: Default::default(),
     }
