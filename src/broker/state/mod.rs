@@ -66,6 +66,7 @@ mod consumer;
 mod ids;
 mod intent;
 mod latest;
+mod lazy;
 mod persist;
 mod positions;
 mod publish;
@@ -98,6 +99,7 @@ use channel::Channels;
 use channel_share::Groups;
 use ids::IdMap;
 use latest::LatestReads;
+use lazy::Lazy;
 use queue::Queues;
 use reads::ReadRequests;
 use retained::RetainedIndex;
@@ -500,16 +502,20 @@ struct Connection {
     // and every entry of the connection table is as large as its largest.
     will: Option<Box<WillRequest>>,
     /// What its packets are owed, in order; each waits for its own commit
-    /// and for those before it.
-    answers: VecDeque<Answer>,
+    /// and for those before it. Lazy, as is the retained backlog: a client
+    /// whose packets write nothing never has an answer wait.
+    answers: Lazy<VecDeque<Answer>>,
     next_answer: u64,
     /// QoS 0 deliveries dropped because the client was not reading.
     dropped_qos0: u64,
     /// Packets the state put on the connection's outbound queue.
     sent: usize,
     /// Retained messages a SUBSCRIBE still owes, sent as the writer drains.
-    retained_backlog: VecDeque<RetainedDue>,
+    retained_backlog: Lazy<VecDeque<RetainedDue>>,
 }
+
+lazy::empty!(VecDeque<Answer>, VecDeque::new());
+lazy::empty!(VecDeque<RetainedDue>, VecDeque::new());
 
 impl Connection {
     /// Put `packet` on the writer's queue, pausing the client's reader when
@@ -560,7 +566,7 @@ pub struct BrokerState {
     index: SubscriptionIndex,
     /// Every session, connected or not, and the client ids they go by.
     sessions: Sessions,
-    connections: IdMap<u64, Connection>,
+    connections: IdMap<u64, Box<Connection>>,
     /// Connections to close once the current event is handled (closing one
     /// may publish a Will, which must not happen in the middle of a fan-out).
     doomed: Vec<(u64, CloseReason, Option<ReasonCode>)>,
