@@ -163,47 +163,53 @@ pub enum Admission {
     OverLimit,
 }
 
-/// What only the handshake uses, boxed: an async fn keeps its arguments for
-/// its whole life, and the future this goes into is every connection's task.
-struct Handshake<S> {
-    stream: S,
-    peer: SocketAddr,
-    id: u64,
-    deadline: Instant,
-    events: mpsc::Sender<Event>,
-    context: Arc<ConnectionContext>,
-    shutdown: broadcast::Receiver<()>,
-    admission: Admission,
+/// An accepted transport and what serving it takes until its CONNECT is
+/// handed on, made once by the server and boxed: an async fn keeps its
+/// arguments for its whole life, and the future it goes into is every
+/// connection's task.
+pub struct Handshake<S> {
+    pub stream: S,
+    pub peer: SocketAddr,
+    /// The connection's generation: how the state names it.
+    pub id: u64,
+    /// When the CONNECT (and a TLS handshake before it) must be done.
+    pub deadline: Instant,
+    pub events: mpsc::Sender<Event>,
+    pub context: Arc<ConnectionContext>,
+    pub shutdown: broadcast::Receiver<()>,
+    pub admission: Admission,
+}
+
+impl<S> Handshake<S> {
+    /// The same handshake over `stream` (a TLS stream over the accepted
+    /// TCP one), and the stream it had.
+    pub fn with_stream<T>(self, stream: T) -> (S, Handshake<T>) {
+        let Handshake {
+            stream: had,
+            peer,
+            id,
+            deadline,
+            events,
+            context,
+            shutdown,
+            admission,
+        } = self;
+        let handshake = Handshake {
+            stream,
+            peer,
+            id,
+            deadline,
+            events,
+            context,
+            shutdown,
+            admission,
+        };
+        (had, handshake)
+    }
 }
 
 /// Serve one transport from its first byte to its close.
-#[allow(clippy::too_many_arguments)]
-pub fn serve<S>(
-    stream: S,
-    peer: SocketAddr,
-    id: u64,
-    deadline: Instant,
-    events: mpsc::Sender<Event>,
-    context: Arc<ConnectionContext>,
-    shutdown: broadcast::Receiver<()>,
-    admission: Admission,
-) -> impl std::future::Future<Output = ()>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    serve_handshake(Box::new(Handshake {
-        stream,
-        peer,
-        id,
-        deadline,
-        events,
-        context,
-        shutdown,
-        admission,
-    }))
-}
-
-async fn serve_handshake<S>(handshake: Box<Handshake<S>>)
+pub async fn serve<S>(handshake: Box<Handshake<S>>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -1954,16 +1960,16 @@ pub(super) mod tests {
             let (events_tx, events) = mpsc::channel(16);
             let (shutdown, shutdown_rx) = broadcast::channel(1);
             let context = test_context();
-            tokio::spawn(serve(
-                server,
-                "127.0.0.1:1".parse().unwrap(),
-                1,
-                Instant::now() + Duration::from_secs(60),
-                events_tx,
+            tokio::spawn(serve(Box::new(Handshake {
+                stream: server,
+                peer: "127.0.0.1:1".parse().unwrap(),
+                id: 1,
+                deadline: Instant::now() + Duration::from_secs(60),
+                events: events_tx,
                 context,
-                shutdown_rx,
-                Admission::Serve,
-            ));
+                shutdown: shutdown_rx,
+                admission: Admission::Serve,
+            })));
             let mut served = Served {
                 client,
                 events,
@@ -2085,20 +2091,20 @@ pub(super) mod tests {
         let (server, peer) = listener.accept().await.unwrap();
         let (events, _events_rx) = mpsc::channel::<Event>(1);
         let (_shutdown, shutdown_rx) = broadcast::channel(1);
-        let task = serve(
-            server,
+        let task = serve(Box::new(Handshake {
+            stream: server,
             peer,
-            1,
-            Instant::now(),
+            id: 1,
+            deadline: Instant::now(),
             events,
-            test_context(),
-            shutdown_rx,
-            Admission::Serve,
-        );
+            context: test_context(),
+            shutdown: shutdown_rx,
+            admission: Admission::Serve,
+        }));
         let task = std::mem::size_of_val(&task);
-        assert!(task <= 512, "the connection's future is {task} bytes");
+        assert!(task <= 352, "the connection's future is {task} bytes");
         // What the task keeps in a box of its own once connected.
         let connection = std::mem::size_of::<Connection<tokio::net::TcpStream>>();
-        assert!(connection <= 384, "the connection is {connection} bytes");
+        assert!(connection <= 360, "the connection is {connection} bytes");
     }
 }
