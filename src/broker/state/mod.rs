@@ -54,8 +54,15 @@
 //! [`Intent`], [`StorageFailure`], the parked answers), `reads` (reads of
 //! records: [`ChannelRead`], [`ReadWindow`], [`Seek`]), `consumer` (a
 //! session's place in a channel), `records` (messages as stored records),
-//! `ids` (maps keyed by broker-allocated integers) and `session` (a
-//! session's own state).
+//! `ids` (maps keyed by broker-allocated integers), `lazy` (the parts of
+//! a table entry allocated when first changed) and `session` (a session's
+//! own state).
+//!
+//! The session and connection tables hold an entry per client, boxed: a
+//! table's spare room is then a pointer a slot rather than an entry. What
+//! most clients never use (a Will, the QoS 1/2 queues and tables, answers
+//! waiting for a commit, a retained backlog) is boxed or lazy, so an idle
+//! client's entries are 192 and 104 bytes.
 
 mod bridges;
 mod channel;
