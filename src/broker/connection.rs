@@ -41,7 +41,7 @@ use super::link;
 use super::message::Message;
 use super::message::WireForm;
 use super::metrics::{CloseReason, Metrics};
-use super::read_order::{ReadOrder, Stamped};
+use super::read_order::Stamped;
 use super::state::{
     ConnAckExtras, ConnectRequest, Event, Inbound, InboundPublish, KeepAlive, Outbound, WillRequest,
 };
@@ -163,47 +163,53 @@ pub enum Admission {
     OverLimit,
 }
 
-/// What only the handshake uses, boxed: an async fn keeps its arguments for
-/// its whole life, and the future this goes into is every connection's task.
-struct Handshake<S> {
-    stream: S,
-    peer: SocketAddr,
-    id: u64,
-    deadline: Instant,
-    events: mpsc::Sender<Event>,
-    context: Arc<ConnectionContext>,
-    shutdown: broadcast::Receiver<()>,
-    admission: Admission,
+/// An accepted transport and what serving it takes until its CONNECT is
+/// handed on, made once by the server and boxed: an async fn keeps its
+/// arguments for its whole life, and the future it goes into is every
+/// connection's task.
+pub struct Handshake<S> {
+    pub stream: S,
+    pub peer: SocketAddr,
+    /// The connection's generation: how the state names it.
+    pub id: u64,
+    /// When the CONNECT (and a TLS handshake before it) must be done.
+    pub deadline: Instant,
+    pub events: mpsc::Sender<Event>,
+    pub context: Arc<ConnectionContext>,
+    pub shutdown: broadcast::Receiver<()>,
+    pub admission: Admission,
+}
+
+impl<S> Handshake<S> {
+    /// The same handshake over `stream` (a TLS stream over the accepted
+    /// TCP one), and the stream it had.
+    pub fn with_stream<T>(self, stream: T) -> (S, Handshake<T>) {
+        let Handshake {
+            stream: had,
+            peer,
+            id,
+            deadline,
+            events,
+            context,
+            shutdown,
+            admission,
+        } = self;
+        let handshake = Handshake {
+            stream,
+            peer,
+            id,
+            deadline,
+            events,
+            context,
+            shutdown,
+            admission,
+        };
+        (had, handshake)
+    }
 }
 
 /// Serve one transport from its first byte to its close.
-#[allow(clippy::too_many_arguments)]
-pub fn serve<S>(
-    stream: S,
-    peer: SocketAddr,
-    id: u64,
-    deadline: Instant,
-    events: mpsc::Sender<Event>,
-    context: Arc<ConnectionContext>,
-    shutdown: broadcast::Receiver<()>,
-    admission: Admission,
-) -> impl std::future::Future<Output = ()>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    serve_handshake(Box::new(Handshake {
-        stream,
-        peer,
-        id,
-        deadline,
-        events,
-        context,
-        shutdown,
-        admission,
-    }))
-}
-
-async fn serve_handshake<S>(handshake: Box<Handshake<S>>)
+pub async fn serve<S>(handshake: Box<Handshake<S>>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -219,8 +225,6 @@ where
 /// A connection once its CONNECT was handed to the state.
 struct Connection<S> {
     stream: Stamped<S>,
-    /// Where this connection's reads stand among every connection's.
-    read_order: ReadOrder,
     /// Bytes read and not decoded yet: the start of a packet still being
     /// received, or nothing at all (no allocation).
     unread: BytesMut,
@@ -228,8 +232,10 @@ struct Connection<S> {
     peer: SocketAddr,
     id: u64,
     client_id: Box<str>,
-    /// How long the connection may be silent.
-    keep_alive: Option<Duration>,
+    /// The keep alive held to, in seconds (0: none). Kept as the two
+    /// bytes the CONNACK grants rather than a duration: every connection
+    /// holds one.
+    keep_alive: u16,
     aliases: InboundAliases,
     /// Only for a connection that authenticated with SCRAM; AUTH on any
     /// other is a protocol error.
@@ -258,7 +264,7 @@ where
     let metrics = context.metrics.clone();
     // Reads stamped in the order the sockets became readable: the state
     // takes packets that arrived together in that order.
-    let (mut stream, read_order) = Stamped::new(stream);
+    let mut stream = Stamped::new(stream);
     let mut unread = BytesMut::new();
     let mut decoder = FrameDecoder::server(context.max_packet_size);
 
@@ -429,7 +435,7 @@ where
     {
         return None;
     }
-    read_order.handed_on();
+    stream.order().handed_on();
 
     // Held to what the state grants (and tells the client in CONNACK); a
     // refused 3.1.1 client is closed by the state before it matters.
@@ -441,21 +447,18 @@ where
         KeepAlive::Held { seconds, .. } => seconds,
         KeepAlive::Refused => connect.keep_alive,
     };
-    // One and a half times the keep alive without a packet (MQTT-3.1.2-24).
-    let keep_alive = (held > 0).then(|| Duration::from_millis(u64::from(held) * 1500));
     // What came after the CONNECT in its read stays for the first decode.
     give_back_if_empty(&mut unread);
     // Boxed: moved from the handshake's future into the task's, a value
     // this size would be laid out in both.
     Some(Box::new(Connection {
         stream,
-        read_order,
         unread,
         decoder,
         peer,
         id,
         client_id: connect.client_id.as_str().into(),
-        keep_alive,
+        keep_alive: held,
         aliases: InboundAliases::new(context.topic_alias_maximum),
         reauth,
         events,
@@ -600,7 +603,8 @@ where
         // Keep alive runs while the reader waits for its client, from the
         // moment it starts waiting: neither a full event queue nor a pause
         // counts against the client.
-        let keep_alive = tokio::time::sleep(self.keep_alive.unwrap_or(Duration::MAX));
+        let keep_alive =
+            tokio::time::sleep(silence_limit(self.keep_alive).unwrap_or(Duration::MAX));
         tokio::pin!(keep_alive);
         loop {
             if fresh && handing.is_none() {
@@ -612,7 +616,7 @@ where
                     let event = Event::Packets {
                         connection: self.id,
                         packets: batch,
-                        read_order: self.read_order.last(),
+                        read_order: self.stream.order().last(),
                     };
                     match self.events.try_send(event) {
                         Ok(()) => {}
@@ -623,11 +627,11 @@ where
                     }
                 }
                 if handing.is_none() {
-                    self.read_order.handed_on();
+                    self.stream.order().handed_on();
                     if let Some((reason, code, detail)) = fatal.take() {
                         return Ending::new(reason, code, detail);
                     }
-                    restart_keep_alive(keep_alive.as_mut(), self.keep_alive);
+                    restart_keep_alive(keep_alive.as_mut(), silence_limit(self.keep_alive));
                 }
             }
             if handing.is_none() {
@@ -636,14 +640,14 @@ where
                 // in the socket, and nobody waits for them.
                 let now_paused = self.out.link.paused();
                 if now_paused && !paused {
-                    self.read_order.set_aside();
+                    self.stream.order().set_aside();
                 } else if paused && !now_paused {
-                    restart_keep_alive(keep_alive.as_mut(), self.keep_alive);
+                    restart_keep_alive(keep_alive.as_mut(), silence_limit(self.keep_alive));
                 }
                 paused = now_paused;
             }
             let reading = !paused && handing.is_none();
-            let timed = reading && self.keep_alive.is_some();
+            let timed = reading && silence_limit(self.keep_alive).is_some();
             let Connection {
                 stream,
                 unread,
@@ -698,11 +702,11 @@ where
                     Ok(permit) => match handing.take() {
                         Some(event) => {
                             permit.send(*event);
-                            self.read_order.handed_on();
+                            self.stream.order().handed_on();
                             if let Some((reason, code, detail)) = fatal.take() {
                                 return Ending::new(reason, code, detail);
                             }
-                            restart_keep_alive(keep_alive.as_mut(), self.keep_alive);
+                            restart_keep_alive(keep_alive.as_mut(), silence_limit(self.keep_alive));
                         }
                         None => {
                             drained_owed = false;
@@ -777,6 +781,12 @@ where
         })
         .await;
     }
+}
+
+/// How long a client with keep alive `seconds` may be silent: one and a
+/// half times that (MQTT-3.1.2-24).
+fn silence_limit(seconds: u16) -> Option<Duration> {
+    (seconds > 0).then(|| Duration::from_millis(u64::from(seconds) * 1500))
 }
 
 /// The client's silence is measured from now.
@@ -1165,14 +1175,17 @@ fn short_ack(ack: codec::Ack) -> Inbound {
 /// client that never does (every MQTT 3.1.1 client) holds none.
 struct InboundAliases {
     maximum: u16,
-    slots: Vec<Option<ByteStr>>,
+    /// Grown to the highest alias used. A boxed slice rather than a
+    /// `Vec`: its capacity would be 8 more bytes in every connection, and
+    /// aliases are set a few times in a connection's life.
+    slots: Box<[Option<ByteStr>]>,
 }
 
 impl InboundAliases {
     fn new(maximum: u16) -> InboundAliases {
         InboundAliases {
             maximum,
-            slots: Vec::new(),
+            slots: Box::default(),
         }
     }
 
@@ -1184,7 +1197,9 @@ impl InboundAliases {
         }
         let index = usize::from(alias);
         if self.slots.len() <= index {
-            self.slots.resize(index + 1, None);
+            let mut slots = std::mem::take(&mut self.slots).into_vec();
+            slots.resize(index + 1, None);
+            self.slots = slots.into_boxed_slice();
         }
         self.slots.get_mut(index)
     }
@@ -1527,8 +1542,10 @@ struct Outgoing {
     /// Packets taken off the queue in one go and not yet encoded: the
     /// writer takes them a batch at a time.
     pending: VecDeque<Outbound>,
-    /// Below this many queued packets the state is told the writer caught up.
-    low_water: usize,
+    /// Below this many queued packets the state is told the writer caught
+    /// up. This and the batch's counts are as narrow as what they count:
+    /// every connection holds them.
+    low_water: u32,
     version: ProtocolVersion,
     client_max: u32,
     /// Outbound topic aliases (MQTT 5 clients that announce a maximum).
@@ -1536,10 +1553,11 @@ struct Outgoing {
     /// The encoded batch, and how much of it the socket took so far.
     buf: BytesMut,
     at: usize,
-    /// Packets of the batch in `buf`: 0 while no batch is being written.
-    taken: usize,
+    /// Packets of the batch in `buf` (at most `WRITE_BATCH`): 0 while no
+    /// batch is being written.
+    taken: u16,
     /// Deliveries in the batch (for `saguin_messages_sent_total`).
-    publishes: u64,
+    publishes: u16,
     /// The batch ends with the connection's last word (a DISCONNECT, a
     /// refusing CONNACK), or with the end of a 3.1.1 connection, which
     /// has none: nothing more is taken from the queue.
@@ -1558,7 +1576,7 @@ impl Outgoing {
         Outgoing {
             link,
             pending: VecDeque::new(),
-            low_water,
+            low_water: u32::try_from(low_water).unwrap_or(u32::MAX),
             version,
             client_max,
             aliases,
@@ -1586,7 +1604,7 @@ impl Outgoing {
             if self.pending.is_empty() && !ready!(self.link.poll_take(cx, &mut self.pending)) {
                 return Poll::Ready(Written::QueueClosed);
             }
-            while self.taken < WRITE_BATCH && !self.finished {
+            while usize::from(self.taken) < WRITE_BATCH && !self.finished {
                 let Some(out) = self.pending.pop_front() else {
                     break;
                 };
@@ -1608,8 +1626,12 @@ impl Outgoing {
     /// and whether the state should be told the queue drained.
     fn batch_written(&mut self, metrics: &Metrics) -> (Option<Farewell>, bool) {
         metrics.bytes_sent.fetch_add(self.buf.len() as u64, Relaxed);
-        metrics.messages_sent.fetch_add(self.publishes, Relaxed);
-        self.link.written.fetch_add(self.taken, Relaxed);
+        metrics
+            .messages_sent
+            .fetch_add(u64::from(self.publishes), Relaxed);
+        self.link
+            .written
+            .fetch_add(usize::from(self.taken), Relaxed);
         self.taken = 0;
         self.at = 0;
         self.publishes = 0;
@@ -1626,7 +1648,7 @@ impl Outgoing {
         }
         // Read before it is swapped: the swap would take the line from
         // the state's core after every write.
-        let drained = left < self.low_water
+        let drained = left < self.low_water as usize
             && self.link.want_drained.load(Relaxed)
             && self.link.want_drained.swap(false, Relaxed);
         let farewell = self.finished.then_some(match self.said {
@@ -1679,7 +1701,7 @@ impl Outgoing {
             };
             let aliases = self.aliases.as_deref_mut();
             if write_delivery(&delivery, version, client_max, aliases, &mut self.buf) {
-                self.publishes += u64::from(!sys);
+                self.publishes += u16::from(!sys);
             }
             return;
         }
@@ -1954,16 +1976,16 @@ pub(super) mod tests {
             let (events_tx, events) = mpsc::channel(16);
             let (shutdown, shutdown_rx) = broadcast::channel(1);
             let context = test_context();
-            tokio::spawn(serve(
-                server,
-                "127.0.0.1:1".parse().unwrap(),
-                1,
-                Instant::now() + Duration::from_secs(60),
-                events_tx,
+            tokio::spawn(serve(Box::new(Handshake {
+                stream: server,
+                peer: "127.0.0.1:1".parse().unwrap(),
+                id: 1,
+                deadline: Instant::now() + Duration::from_secs(60),
+                events: events_tx,
                 context,
-                shutdown_rx,
-                Admission::Serve,
-            ));
+                shutdown: shutdown_rx,
+                admission: Admission::Serve,
+            })));
             let mut served = Served {
                 client,
                 events,
@@ -2085,20 +2107,20 @@ pub(super) mod tests {
         let (server, peer) = listener.accept().await.unwrap();
         let (events, _events_rx) = mpsc::channel::<Event>(1);
         let (_shutdown, shutdown_rx) = broadcast::channel(1);
-        let task = serve(
-            server,
+        let task = serve(Box::new(Handshake {
+            stream: server,
             peer,
-            1,
-            Instant::now(),
+            id: 1,
+            deadline: Instant::now(),
             events,
-            test_context(),
-            shutdown_rx,
-            Admission::Serve,
-        );
+            context: test_context(),
+            shutdown: shutdown_rx,
+            admission: Admission::Serve,
+        }));
         let task = std::mem::size_of_val(&task);
-        assert!(task <= 512, "the connection's future is {task} bytes");
+        assert!(task <= 352, "the connection's future is {task} bytes");
         // What the task keeps in a box of its own once connected.
         let connection = std::mem::size_of::<Connection<tokio::net::TcpStream>>();
-        assert!(connection <= 384, "the connection is {connection} bytes");
+        assert!(connection <= 320, "the connection is {connection} bytes");
     }
 }

@@ -36,7 +36,10 @@
 //!   persisters, then binds the listeners; `run(server, shutdown)` serves
 //!   until `shutdown` completes, and returns an error when the broker task
 //!   failed (the process then exits non-zero). One tokio runtime; a permit
-//!   of the `max_connections` semaphore is taken before each accept.
+//!   of the `max_connections` semaphore is taken before each accept. An
+//!   accepted transport is one boxed [`connection::Handshake`] handed to
+//!   [`connection::serve`]; a TLS handshake runs boxed first and is gone
+//!   once done, so neither sizes the connection's task for its life.
 //! - [`connection`]: one task per connection, its reader and its writer
 //!   polled together in one `select!`, taking turns (a write the client
 //!   does not take never stops the reads, and a read is handed on before

@@ -248,7 +248,7 @@ pub struct Stamped<S> {
 }
 
 impl<S> Stamped<S> {
-    pub fn new(inner: S) -> (Stamped<S>, ReadOrder) {
+    pub fn new(inner: S) -> Stamped<S> {
         let stamp = Arc::new(Stamp {
             woken: AtomicU64::new(0),
             held: AtomicU64::new(0),
@@ -256,15 +256,16 @@ impl<S> Stamped<S> {
             busy: AtomicU64::new(0),
             task: Mutex::new(None),
         });
-        let order = ReadOrder(stamp.clone());
-        (
-            Stamped {
-                inner,
-                waker: Waker::from(stamp),
-                order: order.clone(),
-            },
-            order,
-        )
+        Stamped {
+            inner,
+            order: ReadOrder(stamp.clone()),
+            waker: Waker::from(stamp),
+        }
+    }
+
+    /// Where this stream's reads stand among every connection's.
+    pub fn order(&self) -> &ReadOrder {
+        &self.order
     }
 }
 
@@ -434,8 +435,8 @@ mod tests {
     async fn a_read_is_stamped_in_the_order_its_socket_was_woken() {
         let (a, mut a_peer) = tokio::io::duplex(64);
         let (b, mut b_peer) = tokio::io::duplex(64);
-        let (mut a, a_order) = Stamped::new(a);
-        let (mut b, b_order) = Stamped::new(b);
+        let mut a = Stamped::new(a);
+        let mut b = Stamped::new(b);
         let mut buf = [0u8; 8];
         // Both readers wait; a's bytes come first, then b's.
         let reads = async {
@@ -452,11 +453,7 @@ mod tests {
         };
         let ((na, nb), ()) = tokio::join!(reads, writes);
         assert_eq!((na, nb), (1, 1));
-        assert!(
-            a_order.last() < b_order.last(),
-            "a {} b {}",
-            a_order.last(),
-            b_order.last()
-        );
+        let (a, b) = (a.order().last(), b.order().last());
+        assert!(a < b, "a {a} b {b}");
     }
 }

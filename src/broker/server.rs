@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{broadcast, mpsc, Semaphore};
+use tokio::sync::{broadcast, mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::{server::TlsStream, TlsAcceptor};
 
-use super::connection::{self, ConnectionContext};
+use super::connection::{self, ConnectionContext, Handshake};
 use super::metrics::{CloseReason, Metrics};
 use super::persister::{PersisterGone, Persisters};
 use super::read_order;
@@ -427,10 +427,26 @@ async fn take_in_read_order(
     read_order::sort_packets(batch);
 }
 
-/// What an accepted connection holds until it ends.
+/// Which permit an accepted connection took: a place under the cap, or
+/// one of the few for refusing newcomers.
 enum Slot {
-    Serve(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit),
-    Refuse(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit),
+    Serve(OwnedSemaphorePermit),
+    Refuse(OwnedSemaphorePermit),
+}
+
+/// What a connection's task holds until the connection ends.
+struct Held {
+    /// Its place under the cap (or among the refusals).
+    _permit: OwnedSemaphorePermit,
+    /// Shutdown waits for every clone.
+    _drain: mpsc::Sender<()>,
+}
+
+/// What a TLS listener's connections share: one pointer in each task.
+struct TlsListener {
+    acceptor: TlsAcceptor,
+    name: String,
+    metrics: Arc<Metrics>,
 }
 
 struct Acceptor {
@@ -449,6 +465,13 @@ struct Acceptor {
 impl Acceptor {
     async fn run(self, mut shutdown: broadcast::Receiver<()>) {
         let mut backoff = Duration::from_millis(10);
+        let tls = self.listener.tls.clone().map(|acceptor| {
+            Arc::new(TlsListener {
+                acceptor,
+                name: self.listener.name.clone(),
+                metrics: self.metrics.clone(),
+            })
+        });
         loop {
             // A permit first: a connection's, or at the cap one of the few
             // for refusing newcomers with a CONNACK saying why (instead of
@@ -496,8 +519,11 @@ impl Acceptor {
                 },
                 serve => serve,
             };
-            let over_limit = matches!(permit, Slot::Refuse(_));
-            let accepted = Box::new(Accepted {
+            let (admission, permit) = match permit {
+                Slot::Serve(p) => (connection::Admission::Serve, p),
+                Slot::Refuse(p) => (connection::Admission::OverLimit, p),
+            };
+            let handshake = Box::new(Handshake {
                 stream,
                 peer,
                 deadline: Instant::now() + self.listener.handshake_timeout,
@@ -505,115 +531,78 @@ impl Acceptor {
                 events: self.events.clone(),
                 context: self.context.clone(),
                 shutdown: self.shutdown.subscribe(),
-                admission: if over_limit {
-                    connection::Admission::OverLimit
-                } else {
-                    connection::Admission::Serve
-                },
-                permit,
-                drain: self.drain.clone(),
+                admission,
             });
+            let held = Held {
+                _permit: permit,
+                _drain: self.drain.clone(),
+            };
             // A task of its own kind for TLS: its handshake's state and its
             // stream would otherwise size every plain connection's task too.
-            match &self.listener.tls {
-                Some(acceptor) => tokio::spawn(tls_connection(
-                    accepted,
-                    acceptor.clone(),
-                    self.listener.name.clone(),
-                    self.metrics.clone(),
-                )),
-                None => tokio::spawn(plain_connection(accepted)),
+            match &tls {
+                Some(tls) => tokio::spawn(tls_connection(handshake, held, tls.clone())),
+                None => tokio::spawn(plain_connection(handshake, held)),
             };
         }
     }
 }
 
-/// An accepted transport, boxed for the task that serves it: an async fn
-/// keeps its arguments for its whole life, and this task lives as long as
-/// the connection.
-struct Accepted {
-    stream: TcpStream,
-    peer: SocketAddr,
-    deadline: Instant,
-    id: u64,
-    events: mpsc::Sender<Event>,
-    context: Arc<ConnectionContext>,
-    shutdown: broadcast::Receiver<()>,
-    admission: connection::Admission,
-    /// Held until the connection ends: its place under the cap.
-    permit: Slot,
-    /// Held until the connection ends: shutdown waits for every clone.
-    drain: mpsc::Sender<()>,
-}
+// The two tasks below are async blocks, not async fns: an async fn's
+// arguments are laid out twice in its future (as taken, and as the
+// body's bindings), and these futures live as long as their connections.
 
 /// One plain TCP connection's task, from the first byte to its close.
-async fn plain_connection(accepted: Box<Accepted>) {
-    // Unpacked in a scope of its own: a binding alive at the await below
-    // (the box too, which a move out of it would free only at the end)
-    // would be kept for the connection's whole life.
-    let (serving, held) = {
-        let accepted = accepted;
-        let Accepted {
-            stream,
-            peer,
-            deadline,
-            id,
-            events,
-            context,
-            shutdown,
-            admission,
-            permit,
-            drain,
-        } = *accepted;
-        (
-            connection::serve(
-                stream, peer, id, deadline, events, context, shutdown, admission,
-            ),
-            (permit, drain),
-        )
-    };
-    serving.await;
-    drop(held);
+#[allow(clippy::manual_async_fn)]
+fn plain_connection(
+    handshake: Box<Handshake<TcpStream>>,
+    held: Held,
+) -> impl Future<Output = ()> + Send {
+    async move {
+        connection::serve(handshake).await;
+        drop(held);
+    }
 }
 
-/// One TLS connection's task: the handshake within the listener's
+/// One TLS connection's task: the TLS handshake within the listener's
 /// handshake timeout, then the connection.
-async fn tls_connection(
-    accepted: Box<Accepted>,
-    acceptor: TlsAcceptor,
-    listener: String,
-    metrics: Arc<Metrics>,
-) {
-    let Accepted {
-        stream,
-        peer,
-        deadline,
-        id,
-        events,
-        context,
-        shutdown,
-        admission,
-        permit,
-        drain,
-    } = *accepted;
-    match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
-        Ok(Ok(tls_stream)) => {
-            connection::serve(
-                tls_stream, peer, id, deadline, events, context, shutdown, admission,
-            )
-            .await
+#[allow(clippy::manual_async_fn)]
+fn tls_connection(
+    handshake: Box<Handshake<TcpStream>>,
+    held: Held,
+    tls: Arc<TlsListener>,
+) -> impl Future<Output = ()> + Send {
+    async move {
+        // Boxed and gone once done: the TLS handshake's state (a rustls
+        // session among it) would otherwise size the task for its whole
+        // life.
+        let handshake = Box::pin(tls_handshake(handshake, tls)).await;
+        if let Some(handshake) = handshake {
+            connection::serve(handshake).await;
         }
+        drop(held);
+    }
+}
+
+/// The TLS handshake over the accepted stream: the handshake of the
+/// connection over TLS, or `None` when it failed or timed out.
+async fn tls_handshake(
+    handshake: Box<Handshake<TcpStream>>,
+    tls: Arc<TlsListener>,
+) -> Option<Box<Handshake<TlsStream<TcpStream>>>> {
+    let (stream, waiting) = handshake.with_stream(());
+    match tokio::time::timeout_at(waiting.deadline, tls.acceptor.accept(stream)).await {
+        Ok(Ok(tls_stream)) => Some(Box::new(waiting.with_stream(tls_stream).1)),
         Ok(Err(err)) => {
-            metrics.disconnected(CloseReason::Handshake);
-            tracing::info!(listener = listener.as_str(), peer = %peer, error = %err, "TLS handshake failed");
+            tls.metrics.disconnected(CloseReason::Handshake);
+            tracing::info!(listener = tls.name.as_str(), peer = %waiting.peer, error = %err, "TLS handshake failed");
+            None
         }
         Err(_) => {
-            metrics.disconnected(CloseReason::Handshake);
-            tracing::info!(listener = listener.as_str(), peer = %peer, "TLS handshake timed out");
+            tls.metrics.disconnected(CloseReason::Handshake);
+            tracing::info!(listener = tls.name.as_str(), peer = %waiting.peer, "TLS handshake timed out");
+            None
         }
     }
-    drop(permit);
-    drop(drain);
 }
 
 /// A minimal HTTP/1.1 responder, one request per connection: `GET
@@ -925,9 +914,40 @@ pub async fn prepare(
 mod tests {
     use super::*;
 
+    fn handshake<S>(
+        stream: S,
+        peer: SocketAddr,
+        shutdown: &broadcast::Sender<()>,
+    ) -> Box<Handshake<S>> {
+        let (events, _) = mpsc::channel(1);
+        Box::new(Handshake {
+            stream,
+            peer,
+            id: 1,
+            deadline: Instant::now(),
+            events,
+            context: connection::tests::test_context(),
+            shutdown: shutdown.subscribe(),
+            admission: connection::Admission::Serve,
+        })
+    }
+
+    /// The size of the future `serve` makes, without a transport to make
+    /// one with.
+    fn future_size<A, F: Future>(_serve: fn(A) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    fn held() -> Held {
+        let (drain, _) = mpsc::channel(1);
+        Held {
+            _permit: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+            _drain: drain,
+        }
+    }
+
     /// A plain connection's task is its connection's future and what it
-    /// holds until the end (its permit, its drain sender): the accepted
-    /// transport's fields, moved into the connection, are not kept twice.
+    /// holds until the end (its permit, its drain sender).
     #[tokio::test]
     async fn a_plain_connections_task_is_its_connection_and_little_more() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -935,39 +955,53 @@ mod tests {
             .await
             .unwrap();
         let (stream, peer) = listener.accept().await.unwrap();
-        let (events, _events_rx) = mpsc::channel(1);
         let (shutdown, _) = broadcast::channel(1);
-        let (drain, _drain_rx) = mpsc::channel(1);
-        let context = connection::tests::test_context();
-        let connection = connection::serve(
+        let connection = connection::serve(handshake(
             TcpStream::connect(listener.local_addr().unwrap())
                 .await
                 .unwrap(),
             peer,
-            1,
-            Instant::now(),
-            events.clone(),
-            context.clone(),
-            shutdown.subscribe(),
-            connection::Admission::Serve,
-        );
+            &shutdown,
+        ));
         let connection = std::mem::size_of_val(&connection);
-        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-        let task = plain_connection(Box::new(Accepted {
-            stream,
-            peer,
-            deadline: Instant::now(),
-            id: 1,
-            events,
-            context,
-            shutdown: shutdown.subscribe(),
-            admission: connection::Admission::Serve,
-            permit: Slot::Serve(permit),
-            drain,
-        }));
+        let task = plain_connection(handshake(stream, peer, &shutdown), held());
         let task = std::mem::size_of_val(&task);
         assert!(
-            task <= connection + 64,
+            task <= connection + 40,
+            "the task is {task} bytes around a connection of {connection}"
+        );
+    }
+
+    /// A TLS connection's task is its connection's future and little more:
+    /// the TLS handshake's state is boxed and gone once it is done, and
+    /// what the listener's connections share is one pointer.
+    #[tokio::test]
+    async fn a_tls_connections_task_is_its_connection_and_little_more() {
+        let files = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/config");
+        let config = crate::config::Config::from_yaml_str(
+            "listeners:\n  - name: tls\n    bind: 127.0.0.1:0\n    tls:\n      \
+             cert: files/server.pem\n      key: files/server.key\n\
+             auth:\n  allow_anonymous: true\n",
+            &files.join("saguin.yaml"),
+        )
+        .unwrap();
+        let material = &config.listeners[0].tls.as_ref().unwrap().material;
+        let tls = Arc::new(TlsListener {
+            acceptor: TlsAcceptor::from(material.server_config.expose().clone()),
+            name: "tls".into(),
+            metrics: Arc::new(Metrics::default()),
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, peer) = listener.accept().await.unwrap();
+        let (shutdown, _) = broadcast::channel(1);
+        let connection = future_size(connection::serve::<TlsStream<TcpStream>>);
+        let task = tls_connection(handshake(stream, peer, &shutdown), held(), tls);
+        let task = std::mem::size_of_val(&task);
+        assert!(
+            task <= connection + 56,
             "the task is {task} bytes around a connection of {connection}"
         );
     }

@@ -20,12 +20,12 @@
 //! (comma-separated, default all); `SAGUIN_BENCH_SCALE` (default 1.0)
 //! scales every size, `SAGUIN_BENCH_SIZES` (comma-separated counts)
 //! replaces the sizes of the curves picked; `SAGUIN_BENCH_ROWS`
-//! (comma-separated row names, default all) picks the brokers of the
-//! retained curve and the providers of the append curve;
-//! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose memory
-//! rows (`saguin-before-memory`, `memory-before`), and its sqlite row of
-//! the retained curve (`saguin-before-sqlite`), run beside this build's
-//! in the same run; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
+//! (comma-separated row names, default all) picks the brokers of the idle
+//! and retained curves and the providers of the append curve;
+//! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose rows
+//! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
+//! retained, `memory-before` append) run beside this build's in the same
+//! run; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
 //! CPU window. Idle connections are capped below the process's open-file
 //! limit (each connection is a descriptor in the broker and one here);
 //! the run says so where it caps. A count that comes out short fails the
@@ -336,24 +336,32 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         window.as_secs()
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let baseline = bench_support::baseline()?;
     let dir = tempfile::tempdir()?;
     for &n in &sizes {
-        let mut brokers = vec![("saguin", dir.path().join(format!("saguin-idle-{n}")))];
-        if mosquitto {
-            brokers.push(("mosquitto", dir.path().join(format!("mosquitto-idle-{n}"))));
+        let mut brokers = vec!["saguin"];
+        if baseline.is_some() {
+            brokers.push("saguin-before");
         }
-        for (name, data) in brokers {
+        if mosquitto {
+            brokers.push("mosquitto");
+        }
+        for name in brokers.into_iter().filter(|b| row_wanted(b)) {
+            let data = dir.path().join(format!("{name}-idle-{n}"));
             let config =
                 saguin_config(&data, &format!("limits:\n  max_connections: {}\n", n + 100))?;
-            let which = if name == "saguin" {
-                Which::Saguin {
+            let which = match (name, &baseline) {
+                ("saguin", _) => Which::Saguin {
                     config: &config,
                     bin: this_build(),
-                }
-            } else {
-                Which::Mosquitto {
+                },
+                ("saguin-before", Some(before)) => Which::Saguin {
+                    config: &config,
+                    bin: before,
+                },
+                _ => Which::Mosquitto {
                     extra: "persistence false\nmax_connections -1\n",
-                }
+                },
             };
             let broker = launch(&which, &data).await?;
             let pid = pid_of(&broker)?;

@@ -24,13 +24,15 @@ impl BrokerState {
         connection: u64,
         reason: CloseReason,
         code: Option<ReasonCode>,
-    ) -> Option<Connection> {
+    ) -> Option<Box<Connection>> {
         let mut conn = self.connections.remove(&connection)?;
-        let answers = std::mem::take(&mut conn.answers);
-        self.persist.orphan_answers(answers);
+        if let Some(answers) = conn.answers.take() {
+            self.persist.orphan_answers(answers);
+        }
         // A latest channel's current values it had not sent yet.
-        let unsent = std::mem::take(&mut conn.retained_backlog);
-        self.values_not_sent(conn.session, unsent);
+        if let Some(unsent) = conn.retained_backlog.take() {
+            self.values_not_sent(conn.session, unsent);
+        }
         self.metrics.connections.fetch_sub(1, Relaxed);
         self.metrics.disconnected(reason);
         if conn.dropped_qos0 > 0 {

@@ -2,7 +2,7 @@
 //! begun or resumed (and stored before its CONNACK), and the resend of
 //! unfinished exchanges on resume.
 
-use std::collections::VecDeque;
+use super::lazy::Lazy;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -163,7 +163,7 @@ impl BrokerState {
             self.sessions.next_key += 1;
             self.sessions.by_key.insert(
                 key,
-                Session::new(client_id.clone(), request.principal.clone()),
+                Box::new(Session::new(client_id.clone(), request.principal.clone())),
             );
             self.sessions.by_client_id.insert(client_id.clone(), key);
             self.metrics.sessions.fetch_add(1, Relaxed);
@@ -190,7 +190,7 @@ impl BrokerState {
         };
         self.connections.insert(
             connection,
-            Connection {
+            Box::new(Connection {
                 handle,
                 session: key,
                 client_id: client_id.clone(),
@@ -198,12 +198,12 @@ impl BrokerState {
                 receive_maximum,
                 maximum_packet_size: request.maximum_packet_size,
                 will: request.will.map(Box::new),
-                answers: VecDeque::new(),
+                answers: Lazy::new(),
                 next_answer: 0,
                 dropped_qos0: 0,
                 sent: 0,
-                retained_backlog: VecDeque::new(),
-            },
+                retained_backlog: Lazy::new(),
+            }),
         );
         self.metrics.connections.fetch_add(1, Relaxed);
         if expiry > 0 {

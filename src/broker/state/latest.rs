@@ -251,7 +251,11 @@ impl BrokerState {
             self.values_not_sent(read.key, due);
             return true;
         };
-        if let Some(conn) = self.connections.get_mut(&connection) {
+        if let Some(conn) = self
+            .connections
+            .get_mut(&connection)
+            .filter(|_| !due.is_empty())
+        {
             conn.retained_backlog.extend(due);
         }
         self.send_retained_backlog(connection, now);

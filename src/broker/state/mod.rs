@@ -54,8 +54,15 @@
 //! [`Intent`], [`StorageFailure`], the parked answers), `reads` (reads of
 //! records: [`ChannelRead`], [`ReadWindow`], [`Seek`]), `consumer` (a
 //! session's place in a channel), `records` (messages as stored records),
-//! `ids` (maps keyed by broker-allocated integers) and `session` (a
-//! session's own state).
+//! `ids` (maps keyed by broker-allocated integers), `lazy` (the parts of
+//! a table entry allocated when first changed) and `session` (a session's
+//! own state).
+//!
+//! The session and connection tables hold an entry per client, boxed: a
+//! table's spare room is then a pointer a slot rather than an entry. What
+//! most clients never use (a Will, the QoS 1/2 queues and tables, answers
+//! waiting for a commit, a retained backlog) is boxed or lazy, so an idle
+//! client's entries are 192 and 104 bytes.
 
 mod bridges;
 mod channel;
@@ -66,6 +73,7 @@ mod consumer;
 mod ids;
 mod intent;
 mod latest;
+mod lazy;
 mod persist;
 mod positions;
 mod publish;
@@ -98,6 +106,7 @@ use channel::Channels;
 use channel_share::Groups;
 use ids::IdMap;
 use latest::LatestReads;
+use lazy::Lazy;
 use queue::Queues;
 use reads::ReadRequests;
 use retained::RetainedIndex;
@@ -500,16 +509,20 @@ struct Connection {
     // and every entry of the connection table is as large as its largest.
     will: Option<Box<WillRequest>>,
     /// What its packets are owed, in order; each waits for its own commit
-    /// and for those before it.
-    answers: VecDeque<Answer>,
+    /// and for those before it. Lazy, as is the retained backlog: a client
+    /// whose packets write nothing never has an answer wait.
+    answers: Lazy<VecDeque<Answer>>,
     next_answer: u64,
     /// QoS 0 deliveries dropped because the client was not reading.
     dropped_qos0: u64,
     /// Packets the state put on the connection's outbound queue.
     sent: usize,
     /// Retained messages a SUBSCRIBE still owes, sent as the writer drains.
-    retained_backlog: VecDeque<RetainedDue>,
+    retained_backlog: Lazy<VecDeque<RetainedDue>>,
 }
+
+lazy::empty!(VecDeque<Answer>, VecDeque::new());
+lazy::empty!(VecDeque<RetainedDue>, VecDeque::new());
 
 impl Connection {
     /// Put `packet` on the writer's queue, pausing the client's reader when
@@ -560,7 +573,7 @@ pub struct BrokerState {
     index: SubscriptionIndex,
     /// Every session, connected or not, and the client ids they go by.
     sessions: Sessions,
-    connections: IdMap<u64, Connection>,
+    connections: IdMap<u64, Box<Connection>>,
     /// Connections to close once the current event is handled (closing one
     /// may publish a Will, which must not happen in the middle of a fan-out).
     doomed: Vec<(u64, CloseReason, Option<ReasonCode>)>,

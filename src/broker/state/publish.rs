@@ -2,6 +2,7 @@
 //! routing, and the delivery windows: each session's in-flight table is
 //! bounded by its client's Receive Maximum, the rest waits in its queue.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -952,7 +953,13 @@ impl BrokerState {
             if session.inflight.len() >= window {
                 return;
             }
-            let Some(queued) = session.pending.pop_front() else {
+            // Every connect comes here: a session that never queued keeps
+            // its queue unallocated.
+            let Some(queued) = session
+                .pending
+                .allocated_mut()
+                .and_then(VecDeque::pop_front)
+            else {
                 self.send_retained_backlog(connection, now);
                 self.pump_all(key, now);
                 return;

@@ -217,7 +217,7 @@ impl BrokerState {
                 .unwrap_or(self.persist.log_next);
             summary.inflight += in_flight.len();
             self.sessions.by_client_id.insert(client_id, key);
-            self.sessions.by_key.insert(key, session);
+            self.sessions.by_key.insert(key, Box::new(session));
             self.sessions.detached.insert(key);
             self.metrics.sessions.fetch_add(1, Relaxed);
             summary.sessions += 1;

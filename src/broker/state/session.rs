@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::consumer::ConsumerStart;
 use super::ids::{IdMap, IdSet};
+use super::lazy::{empty, Lazy};
 use crate::broker::message::Message;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 
@@ -234,12 +235,14 @@ pub struct Session {
     pub principal: Option<Arc<str>>,
     /// Subscriptions by raw filter (`$share/G/f` included), in byte order.
     pub subscriptions: BTreeMap<String, SessionSubscription>,
-    pub inflight: Inflight,
+    // The QoS 1/2 parts below are lazy: most clients of a broker never
+    // use them, and each was 32-64 bytes of every session.
+    pub inflight: Lazy<Inflight>,
     /// QoS 1/2 messages waiting for a connection or inflight room.
-    pub pending: VecDeque<QueuedMessage>,
+    pub pending: Lazy<VecDeque<QueuedMessage>>,
     /// Inbound QoS 2 packet identifiers routed but not yet released (method
     /// B), with when each arrived (holds expire after `exactly_once.expires_after`).
-    pub inbound_qos2: IdMap<u16, tokio::time::Instant>,
+    pub inbound_qos2: Lazy<IdMap<u16, tokio::time::Instant>>,
     /// Seconds the session outlives its connection (0: ends with it).
     pub expiry_interval: u32,
     /// The connection currently attached, if any (set once its CONNACK
@@ -264,8 +267,27 @@ pub struct Session {
     pub bridge: Option<Arc<str>>,
     /// Inbound QoS 2 publishes held in a channel until their PUBREL: the
     /// packet id and the channel's index (their times are in `inbound_qos2`).
-    pub channel_holds: IdMap<u16, u16>,
+    pub channel_holds: Lazy<IdMap<u16, u16>>,
 }
+
+empty!(
+    Inflight,
+    Inflight {
+        entries: VecDeque::new(),
+        used: Vec::new(),
+        next_id: 0,
+        last_before_round: 0,
+    }
+);
+empty!(VecDeque<QueuedMessage>, VecDeque::new());
+empty!(
+    IdMap<u16, tokio::time::Instant>,
+    IdMap::with_hasher(std::hash::BuildHasherDefault::new())
+);
+empty!(
+    IdMap<u16, u16>,
+    IdMap::with_hasher(std::hash::BuildHasherDefault::new())
+);
 
 impl Session {
     pub fn new(client_id: Arc<str>, principal: Option<Arc<str>>) -> Self {
@@ -273,9 +295,9 @@ impl Session {
             client_id,
             principal,
             subscriptions: BTreeMap::new(),
-            inflight: Inflight::default(),
-            pending: VecDeque::new(),
-            inbound_qos2: IdMap::default(),
+            inflight: Lazy::new(),
+            pending: Lazy::new(),
+            inbound_qos2: Lazy::new(),
             expiry_interval: 0,
             connection: None,
             connecting: None,
@@ -286,7 +308,7 @@ impl Session {
             window: 1,
             consumers: Vec::new(),
             bridge: None,
-            channel_holds: IdMap::default(),
+            channel_holds: Lazy::new(),
         }
     }
 }
@@ -295,7 +317,7 @@ impl Session {
 /// found: by key, by client id, and those waiting without a connection.
 #[derive(Debug)]
 pub(super) struct Sessions {
-    pub by_key: IdMap<SessionKey, Session>,
+    pub by_key: IdMap<SessionKey, Box<Session>>,
     pub by_client_id: HashMap<Arc<str>, SessionKey>,
     /// Sessions without a connection (timers for expiry and Will delay).
     pub detached: IdSet<SessionKey>,

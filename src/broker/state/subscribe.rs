@@ -278,7 +278,9 @@ impl BrokerState {
         let Some(conn) = self.connections.get_mut(&connection) else {
             return;
         };
-        conn.retained_backlog.extend(due);
+        if !due.is_empty() {
+            conn.retained_backlog.extend(due);
+        }
         self.send_retained_backlog(connection, now);
     }
 
