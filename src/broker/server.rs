@@ -946,15 +946,22 @@ mod tests {
         }
     }
 
+    /// A listener, a client connected to it, and the server's side of that
+    /// connection with the client's address.
+    async fn accepted() -> (TcpListener, TcpStream, TcpStream, SocketAddr) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, peer) = listener.accept().await.unwrap();
+        (listener, client, stream, peer)
+    }
+
     /// A plain connection's task is its connection's future and what it
     /// holds until the end (its permit, its drain sender).
     #[tokio::test]
     async fn a_plain_connections_task_is_its_connection_and_little_more() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let _client = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (stream, peer) = listener.accept().await.unwrap();
+        let (listener, _client, stream, peer) = accepted().await;
         let (shutdown, _) = broadcast::channel(1);
         let connection = connection::serve(handshake(
             TcpStream::connect(listener.local_addr().unwrap())
@@ -991,11 +998,7 @@ mod tests {
             name: "tls".into(),
             metrics: Arc::new(Metrics::default()),
         });
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let _client = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (stream, peer) = listener.accept().await.unwrap();
+        let (_listener, _client, stream, peer) = accepted().await;
         let (shutdown, _) = broadcast::channel(1);
         let connection = future_size(connection::serve::<TlsStream<TcpStream>>);
         let task = tls_connection(handshake(stream, peer, &shutdown), held(), tls);
