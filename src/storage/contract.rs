@@ -218,6 +218,17 @@ impl FaultKind {
         }
     }
 
+    /// What a failed fsync is, by its errno when one is known: a read-only
+    /// file system is said as one (it is what the operator must put right,
+    /// whichever call met it first); any other is an fsync failure,
+    /// whatever its errno said.
+    pub fn of_failed_sync(errno: Option<i32>) -> FaultKind {
+        match errno.and_then(FaultKind::of_errno) {
+            Some(FaultKind::ReadOnly) => FaultKind::ReadOnly,
+            _ => FaultKind::Fsync,
+        }
+    }
+
     /// A fault after which a provider refuses every write until it is
     /// opened again (and SQLite's own recovery has run): the disk may have
     /// lost, or may lose, what it was told to keep.

@@ -248,10 +248,7 @@ impl BrokerState {
         gap: Option<(u64, u64)>,
         now: Instant,
     ) -> Message {
-        let age = self.unix_at(now).saturating_sub(record.timestamp).max(0);
-        let received_at = now
-            .checked_sub(std::time::Duration::from_nanos(age as u64))
-            .unwrap_or(now);
+        let received_at = self.received_at(record, now);
         // The properties made whole before they are boxed: a consumer's
         // message always has some (its offset).
         let mut properties = publish_properties_of(&record.props, &record.user_properties);

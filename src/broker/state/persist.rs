@@ -782,7 +782,7 @@ impl BrokerState {
 
     /// When the broker accepted `record`, on the state's clock: its age by
     /// the record's receipt time, counted back from `now`.
-    fn received_at(&self, record: &Record, now: Instant) -> Instant {
+    pub(super) fn received_at(&self, record: &Record, now: Instant) -> Instant {
         let age = self.unix_at(now).saturating_sub(record.timestamp).max(0);
         now.checked_sub(std::time::Duration::from_nanos(age as u64))
             .unwrap_or(now)

@@ -99,8 +99,7 @@ struct Leaf(Arc<Message>);
 
 impl Leaf {
     fn name(&self) -> &str {
-        let topic: &str = &self.0.topic;
-        topic.rsplit_once('/').map_or(topic, |(_, last)| last)
+        last_level(&self.0.topic)
     }
 }
 
@@ -130,12 +129,17 @@ impl Ord for Leaf {
     }
 }
 
-/// A topic's levels above its last, and its last.
-fn split_last(topic: &str) -> (Option<&str>, &str) {
-    match topic.rsplit_once('/') {
-        Some((above, last)) => (Some(above), last),
-        None => (None, topic),
-    }
+/// A topic's last level: what its level's set finds it by.
+fn last_level(topic: &str) -> &str {
+    topic.rsplit_once('/').map_or(topic, |(_, last)| last)
+}
+
+/// A topic's levels above its last: the path to the set holding it.
+fn levels_above(topic: &str) -> impl Iterator<Item = &str> {
+    topic
+        .rsplit_once('/')
+        .into_iter()
+        .flat_map(|(above, _)| above.split('/'))
 }
 
 /// Retained messages in a trie by topic level.
@@ -150,27 +154,22 @@ impl RetainedIndex {
         Self::default()
     }
 
-    /// The level holding the messages of `above`'s topics, if any.
-    fn level(&self, above: Option<&str>) -> Option<&Node> {
-        let mut node = &self.root;
-        for level in above.into_iter().flat_map(|a| a.split('/')) {
-            node = node.children.get(level)?;
-        }
-        Some(node)
-    }
-
     /// Is a retained message held for `topic`?
     pub fn contains(&self, topic: &str) -> bool {
-        let (above, last) = split_last(topic);
-        self.level(above)
-            .is_some_and(|node| node.values.contains(last))
+        let mut node = &self.root;
+        for level in levels_above(topic) {
+            match node.children.get(level) {
+                Some(child) => node = child,
+                None => return false,
+            }
+        }
+        node.values.contains(last_level(topic))
     }
 
     /// Keep `message` as the retained message of its topic (replacing any).
     pub fn set(&mut self, message: Arc<Message>) {
-        let (above, _) = split_last(&message.topic);
         let mut node = &mut self.root;
-        for level in above.into_iter().flat_map(|a| a.split('/')) {
+        for level in levels_above(&message.topic) {
             // Looked up first: the entry API would allocate the level's
             // name for every set, a level that exists included.
             if !node.children.contains_key(level) {
@@ -205,9 +204,8 @@ impl RetainedIndex {
                 }
             }
         }
-        let (above, last) = split_last(topic);
-        let above: Vec<&str> = above.into_iter().flat_map(|a| a.split('/')).collect();
-        let removed = remove_in(&mut self.root, &above, last);
+        let above: Vec<&str> = levels_above(topic).collect();
+        let removed = remove_in(&mut self.root, &above, last_level(topic));
         if removed {
             self.count -= 1;
         }

@@ -1028,17 +1028,11 @@ fn classify(
     };
     let by_errno = recorded.and_then(|f| FaultKind::of_errno(f.errno));
     let ext = err.extended_code;
-    // A read-only file system is said as one whichever call met it first
-    // (a write, or a sync): it is what the operator must put right.
-    if by_errno == Some(FaultKind::ReadOnly) {
-        return by_errno;
-    }
-    // Any other failed sync is an fsync failure whatever its errno said.
     if ext == ffi::SQLITE_IOERR_FSYNC
         || ext == ffi::SQLITE_IOERR_DIR_FSYNC
         || recorded.is_some_and(|f| f.op == vfs::Op::Sync)
     {
-        return Some(FaultKind::Fsync);
+        return Some(FaultKind::of_failed_sync(recorded.map(|f| f.errno)));
     }
     match err.code {
         // The unix VFS answers ENOSPC on a write with SQLITE_FULL, as the
@@ -1253,11 +1247,7 @@ impl FlushLoop {
                 self.failing = true;
                 self.wal = None;
                 let detail = format!("fsync of {}: {e}", self.wal_path.display());
-                // As `classify` says it: a read-only file system as one.
-                let kind = match e.raw_os_error().and_then(FaultKind::of_errno) {
-                    Some(FaultKind::ReadOnly) => FaultKind::ReadOnly,
-                    _ => FaultKind::Fsync,
-                };
+                let kind = FaultKind::of_failed_sync(e.raw_os_error());
                 match self.shared.upgrade() {
                     Some(shared) => shared.fault(kind, &detail),
                     None => tracing::error!(provider = %self.name, error = %detail,
