@@ -1,13 +1,13 @@
 //! An application message as the broker routes it: shared by every delivery
 //! through an `Arc`, payload in `Bytes`, so fan-out never copies the payload.
 
-use std::ops::{Deref, DerefMut};
 use std::sync::OnceLock;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::codec::{ByteStr, PublishProperties};
+use super::lazy::{empty, Lazy};
 
 /// MQTT 5 publication properties, forwarded unchanged: the codec's own
 /// type, with topic alias and subscription identifiers left empty (they are
@@ -18,43 +18,21 @@ use super::codec::{ByteStr, PublishProperties};
 /// codec's type is 160 bytes a message would hold for nothing (a million
 /// retained messages, 160 MB). Read through `Deref` (no properties reads as
 /// the empty set); the first change through `DerefMut` allocates them.
-#[derive(Clone, Default)]
-pub struct MessageProperties(Option<Box<PublishProperties>>);
+pub type MessageProperties = Lazy<PublishProperties>;
 
-/// Equal when they read the same: properties set and then cleared again
-/// equal none.
-impl PartialEq for MessageProperties {
-    fn eq(&self, other: &Self) -> bool {
-        **self == **other
+empty!(
+    PublishProperties,
+    PublishProperties {
+        payload_format_indicator: None,
+        message_expiry_interval: None,
+        topic_alias: None,
+        response_topic: None,
+        correlation_data: None,
+        user_properties: Vec::new(),
+        subscription_identifiers: Vec::new(),
+        content_type: None,
     }
-}
-
-impl Eq for MessageProperties {}
-
-/// What a message without properties reads as.
-static NO_PROPERTIES: PublishProperties = PublishProperties {
-    payload_format_indicator: None,
-    message_expiry_interval: None,
-    topic_alias: None,
-    response_topic: None,
-    correlation_data: None,
-    user_properties: Vec::new(),
-    subscription_identifiers: Vec::new(),
-    content_type: None,
-};
-
-impl MessageProperties {
-    /// Whether they are held out of line (some property was set): a
-    /// message without properties holds no allocation for them.
-    pub fn is_allocated(&self) -> bool {
-        self.0.is_some()
-    }
-
-    /// The codec's properties, as owned.
-    pub fn into_inner(self) -> PublishProperties {
-        self.0.map(|p| *p).unwrap_or_default()
-    }
-}
+);
 
 impl From<PublishProperties> for MessageProperties {
     /// Empty properties are not kept. Told field by field: a comparison
@@ -80,30 +58,10 @@ impl From<PublishProperties> for MessageProperties {
             && subscription_identifiers.is_empty()
             && content_type.is_none();
         if empty {
-            MessageProperties(None)
+            Lazy::new()
         } else {
-            MessageProperties(Some(Box::new(properties)))
+            Lazy::boxed(properties)
         }
-    }
-}
-
-impl Deref for MessageProperties {
-    type Target = PublishProperties;
-
-    fn deref(&self) -> &PublishProperties {
-        self.0.as_deref().unwrap_or(&NO_PROPERTIES)
-    }
-}
-
-impl DerefMut for MessageProperties {
-    fn deref_mut(&mut self) -> &mut PublishProperties {
-        self.0.get_or_insert_with(Box::default)
-    }
-}
-
-impl std::fmt::Debug for MessageProperties {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        (**self).fmt(f)
     }
 }
 

@@ -69,6 +69,9 @@
 //!   packets carry (a CONNACK's extras, AUTH data) is boxed.
 //!   Acknowledgements are written by [`codec::encode_ack`], the same bytes
 //!   as the packet's encoding, no packet built.
+//! - [`lazy`]: a part most values never use (a session's queues, a
+//!   message's MQTT 5 properties), one pointer until first changed and
+//!   read as empty until then.
 //! - [`link`]: what the state and one connection share, in one allocation:
 //!   the outbound queue (a deque under a mutex, swapped out whole by the
 //!   writer, holding no memory while the connection sleeps), the task's
@@ -584,6 +587,7 @@ pub mod bridge;
 pub mod codec;
 pub mod connection;
 pub mod health;
+pub mod lazy;
 pub mod link;
 pub mod logfmt;
 pub mod message;

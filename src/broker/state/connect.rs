@@ -2,7 +2,7 @@
 //! begun or resumed (and stored before its CONNACK), and the resend of
 //! unfinished exchanges on resume.
 
-use super::lazy::Lazy;
+use crate::broker::lazy::Lazy;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 

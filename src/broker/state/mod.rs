@@ -54,9 +54,9 @@
 //! [`Intent`], [`StorageFailure`], the parked answers), `reads` (reads of
 //! records: [`ChannelRead`], [`ReadWindow`], [`Seek`]), `consumer` (a
 //! session's place in a channel), `records` (messages as stored records),
-//! `ids` (maps keyed by broker-allocated integers), `lazy` (the parts of
-//! a table entry allocated when first changed) and `session` (a session's
-//! own state).
+//! `ids` (maps keyed by broker-allocated integers) and `session` (a
+//! session's own state); the parts of a table entry allocated when first
+//! changed are [`crate::broker::lazy`]'s.
 //!
 //! The session and connection tables hold an entry per client, boxed: a
 //! table's spare room is then a pointer a slot rather than an entry. What
@@ -73,7 +73,6 @@ mod consumer;
 mod ids;
 mod intent;
 mod latest;
-mod lazy;
 mod persist;
 mod positions;
 mod publish;
@@ -101,12 +100,12 @@ use super::codec::ByteStr;
 use super::message::MessageProperties;
 use super::metrics::{CloseReason, Metrics};
 use super::subscriptions::{Delivery, Match, SessionKey, SubOptions, SubscriptionIndex};
+use crate::broker::lazy::{self, Lazy};
 use bridges::Bridges;
 use channel::Channels;
 use channel_share::Groups;
 use ids::IdMap;
 use latest::LatestReads;
-use lazy::Lazy;
 use queue::Queues;
 use reads::ReadRequests;
 use retained::RetainedIndex;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::consumer::ConsumerStart;
 use super::ids::{IdMap, IdSet};
-use super::lazy::{empty, Lazy};
+use crate::broker::lazy::{empty, Lazy};
 use crate::broker::message::Message;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 

@@ -1,18 +1,20 @@
 //! A part of a table entry that most entries never use, allocated the first
 //! time it is changed.
 //!
-//! The session and connection tables hold an entry per client, and most
-//! clients (idle devices, QoS 0 publishers) never fill their queues,
-//! in-flight tables or QoS 2 holds. Inline, each of those is 24-64 bytes of
-//! every entry; lazily boxed, it is one pointer until it is first changed.
-//! It reads as its type (empty while unallocated), so the flows that use it
-//! read the same either way.
+//! The state's session and connection tables hold an entry per client, and
+//! most clients (idle devices, QoS 0 publishers) never fill their queues,
+//! in-flight tables or QoS 2 holds; most messages carry no MQTT 5
+//! properties ([`crate::broker::message::MessageProperties`]). Inline, each
+//! of those is 24-160 bytes of every entry or message; lazily boxed, it is
+//! one pointer until it is first changed. It reads as its type (empty
+//! while unallocated), so the flows that use it read the same either way.
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 
 /// `T`, boxed the first time it is changed; reading an unallocated one
 /// reads [`Empty::empty`].
+#[derive(Clone)]
 pub struct Lazy<T>(Option<Box<T>>);
 
 /// A type with one shared, never changed empty value, read in place of a
@@ -24,7 +26,7 @@ pub trait Empty: Default + 'static {
 /// `impl Empty for $ty`, its empty value the `static` `$value`.
 macro_rules! empty {
     ($ty:ty, $value:expr) => {
-        impl $crate::broker::state::lazy::Empty for $ty {
+        impl $crate::broker::lazy::Empty for $ty {
             fn empty() -> &'static Self {
                 static EMPTY: $ty = $value;
                 &EMPTY
@@ -32,7 +34,7 @@ macro_rules! empty {
         }
     };
 }
-pub(super) use empty;
+pub(crate) use empty;
 
 impl<T> Lazy<T> {
     /// Holds no memory of its own.
@@ -55,7 +57,30 @@ impl<T> Lazy<T> {
     pub fn take(&mut self) -> Option<T> {
         self.0.take().map(|boxed| *boxed)
     }
+
+    /// The value as owned: the empty one when it was never changed.
+    pub fn into_inner(self) -> T
+    where
+        T: Default,
+    {
+        self.0.map(|boxed| *boxed).unwrap_or_default()
+    }
+
+    /// `value` as it is, boxed: for a value known to hold something.
+    pub fn boxed(value: T) -> Self {
+        Lazy(Some(Box::new(value)))
+    }
 }
+
+/// Equal when they read the same: one changed and then emptied again
+/// equals one never changed.
+impl<T: Empty + PartialEq> PartialEq for Lazy<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Empty + Eq> Eq for Lazy<T> {}
 
 impl<T> Default for Lazy<T> {
     fn default() -> Self {
