@@ -227,7 +227,7 @@ impl BrokerState {
             // change; one below is owed, and holds its position back.
             let owed = (record.offset < below).then_some((read.channel, record.offset));
             due.push(RetainedDue {
-                message: Arc::new(self.consumer_message(record, None, now)),
+                message: Arc::new(self.consumer_message(record, None, now)).into(),
                 qos: qos.min(record.qos),
                 subscription_ids,
                 sys: false,

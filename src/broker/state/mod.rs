@@ -108,7 +108,7 @@ use ids::IdMap;
 use latest::LatestReads;
 use queue::Queues;
 use reads::ReadRequests;
-use retained::RetainedIndex;
+use retained::{Retained, RetainedIndex};
 use session::Sessions;
 
 pub use consumer::{parse_from, FROM_PROPERTY, GAP_PROPERTY, OFFSET_PROPERTY};
@@ -551,7 +551,7 @@ impl Connection {
 /// A retained message owed to a subscription, waiting for room.
 #[derive(Debug)]
 struct RetainedDue {
-    message: Arc<super::message::Message>,
+    message: Retained,
     qos: u8,
     subscription_ids: Vec<u32>,
     sys: bool,

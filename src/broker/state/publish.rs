@@ -538,9 +538,7 @@ impl BrokerState {
         }
         match p.retain_change {
             Some(true) => {
-                // Its bytes are its own already (`stage_publish`); the
-                // clone leaves the deliveries' encoded forms behind.
-                self.retained.set(Arc::new(Message::clone(&p.message)));
+                self.retained.set(&p.message);
             }
             Some(false) => {
                 self.retained.remove(&p.message.topic);

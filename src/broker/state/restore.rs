@@ -91,8 +91,9 @@ impl BrokerState {
         // messages are not held twice while the broker starts.
         for record in std::mem::take(&mut restored.retained) {
             let message = self.message_of_shared(record, now);
-            self.retained.set(Arc::new(message));
+            self.retained.set(&message);
         }
+        self.retained.pack();
         summary.retained = self.retained.len();
         self.metrics
             .retained

@@ -3,13 +3,23 @@
 //! provider keeps (`broker.retained_storage`): loaded from it at startup,
 //! changed only after the provider committed the change, so a SUBSCRIBE
 //! matches without a read from storage and never holds the event loop.
+//!
+//! A retained message is held in one allocation of exactly its QoS, the
+//! last level of its topic and its payload. Its topic's other levels are
+//! the trie's path to it, and a `Message` is made from it only when it is
+//! sent. A message with MQTT 5 properties (rare among retained
+//! values) is kept whole beside the trie instead.
 
-use std::borrow::Borrow;
+use std::borrow::{Borrow, Cow};
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
 use std::sync::Arc;
 
-use crate::broker::message::Message;
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::broker::message::{Message, MessageProperties};
 
 /// A level of the trie: the messages whose topic ends one level below it,
 /// each found by its last level, and the levels that lead further down.
@@ -51,7 +61,7 @@ impl Node {
                         .next()
                         .zip(children.next())
                         .map(|(value, (name, node))| Below {
-                            value: Some(&value.0),
+                            value: Some(value),
                             ..Below::level(name, node)
                         })
                 }
@@ -61,7 +71,7 @@ impl Node {
 
     /// The level named `name` one below this one, when anything is there.
     fn get<'a>(&'a self, name: &'a str) -> Option<Below<'a>> {
-        let value = self.values.get(name).map(|leaf| &leaf.0);
+        let value = self.values.get(name);
         let node = self.children.get(name);
         (value.is_some() || node.is_some()).then_some(Below { name, value, node })
     }
@@ -70,7 +80,7 @@ impl Node {
 /// One level below a node, as a filter walks it.
 struct Below<'a> {
     name: &'a str,
-    value: Option<&'a Arc<Message>>,
+    value: Option<&'a Leaf>,
     node: Option<&'a Node>,
 }
 
@@ -78,7 +88,7 @@ impl<'a> Below<'a> {
     fn value(leaf: &'a Leaf) -> Below<'a> {
         Below {
             name: leaf.name(),
-            value: Some(&leaf.0),
+            value: Some(leaf),
             node: None,
         }
     }
@@ -92,14 +102,109 @@ impl<'a> Below<'a> {
     }
 }
 
+/// What a leaf's bytes start with, in [`Head::LEN`] bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Head {
+    /// The length of the last level, which follows the head; the payload
+    /// follows it.
+    name_len: u16,
+    qos: u8,
+    /// The message is kept whole in [`RetainedIndex::whole`], by its topic;
+    /// the bytes after the head are its last level only.
+    whole: bool,
+}
+
+impl Head {
+    const LEN: usize = 4;
+
+    fn to_bytes(self) -> [u8; Head::LEN] {
+        let [low, high] = self.name_len.to_le_bytes();
+        [low, high, self.qos, u8::from(self.whole)]
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Head {
+        Head {
+            name_len: u16::from_le_bytes([bytes[0], bytes[1]]),
+            qos: bytes[2],
+            whole: bytes[3] != 0,
+        }
+    }
+}
+
 /// A retained message in its level's set, ordered (and found) by the last
-/// level of its topic.
-#[derive(Debug)]
-struct Leaf(Arc<Message>);
+/// level of its topic: one allocation of exactly its head, that level and
+/// the payload. A delivery waiting to be sent holds a copy.
+#[derive(Clone)]
+pub struct Leaf(Box<[u8]>);
 
 impl Leaf {
+    fn new(head: Head, name: &str, payload: &[u8]) -> Leaf {
+        let mut bytes = Vec::with_capacity(Head::LEN + name.len() + payload.len());
+        bytes.extend_from_slice(&head.to_bytes());
+        bytes.extend_from_slice(name.as_bytes());
+        bytes.extend_from_slice(payload);
+        Leaf(bytes.into_boxed_slice())
+    }
+
+    /// The leaf of a message with no properties, or `None` when it has
+    /// some (or a last level too long to count in the head): such a
+    /// message is kept whole.
+    fn held(name: &str, message: &Message) -> Option<Leaf> {
+        let name_len = u16::try_from(name.len()).ok()?;
+        let plain = !message.properties.is_allocated()
+            || message.properties == MessageProperties::default();
+        plain.then(|| {
+            let head = Head {
+                name_len,
+                qos: message.qos,
+                whole: false,
+            };
+            Leaf::new(head, name, &message.payload)
+        })
+    }
+
+    /// The leaf of a message kept whole: its last level only.
+    fn whole(name: &str, message: &Message) -> Leaf {
+        let head = Head {
+            name_len: u16::try_from(name.len()).unwrap_or(u16::MAX),
+            qos: message.qos,
+            whole: true,
+        };
+        Leaf::new(head, name, &[])
+    }
+
+    fn head(&self) -> Head {
+        Head::from_bytes(&self.0)
+    }
+
     fn name(&self) -> &str {
-        last_level(&self.0.topic)
+        let name = &self.0[Head::LEN..self.payload_start()];
+        // SAFETY: the bytes after the head begin with a topic's last
+        // level, copied whole from a `&str` split at a `/` (`Leaf::held`,
+        // `Leaf::whole`), and are never changed.
+        unsafe { std::str::from_utf8_unchecked(name) }
+    }
+
+    fn payload_start(&self) -> usize {
+        if self.head().whole {
+            self.0.len()
+        } else {
+            Head::LEN + usize::from(self.head().name_len)
+        }
+    }
+
+    fn payload(&self) -> &[u8] {
+        &self.0[self.payload_start()..]
+    }
+}
+
+impl fmt::Debug for Leaf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leaf")
+            .field("name", &self.name())
+            .field("payload_len", &self.payload().len())
+            .field("head", &self.head())
+            .finish()
     }
 }
 
@@ -129,6 +234,69 @@ impl Ord for Leaf {
     }
 }
 
+/// A retained message a filter matched, owed to a subscriber until there
+/// is room to send it: a held leaf with its topic's levels above it, or a
+/// message kept whole (or not from the index at all: a latest channel's
+/// value, a `$SYS` topic).
+#[derive(Clone, Debug)]
+pub enum Retained {
+    Whole(Arc<Message>),
+    Held {
+        /// The topic's levels above the last, each followed by `/`; shared
+        /// by every message a SUBSCRIBE found on the same level.
+        above: Arc<str>,
+        leaf: Leaf,
+    },
+}
+
+impl Retained {
+    pub fn qos(&self) -> u8 {
+        match self {
+            Retained::Whole(message) => message.qos,
+            Retained::Held { leaf, .. } => leaf.head().qos,
+        }
+    }
+
+    pub fn topic(&self) -> Cow<'_, str> {
+        match self {
+            Retained::Whole(message) => Cow::Borrowed(&message.topic),
+            Retained::Held { above, leaf } => Cow::Owned([&**above, leaf.name()].concat()),
+        }
+    }
+
+    /// The message to send, made at `now`. A held message has no expiry
+    /// (that is a property), so its receipt time counts for nothing.
+    pub fn into_message(self, now: Instant) -> Arc<Message> {
+        match self {
+            Retained::Whole(message) => message,
+            Retained::Held { above, leaf } => Arc::new(Message {
+                topic: [&*above, leaf.name()].concat().into(),
+                qos: leaf.head().qos,
+                payload: Bytes::from_owner(PayloadOf(leaf)),
+                retain: true,
+                properties: MessageProperties::default(),
+                received_at: now,
+                wire: Default::default(),
+            }),
+        }
+    }
+}
+
+impl From<Arc<Message>> for Retained {
+    fn from(message: Arc<Message>) -> Self {
+        Retained::Whole(message)
+    }
+}
+
+/// A leaf's payload as a `Bytes` owner: sent without a copy.
+struct PayloadOf(Leaf);
+
+impl AsRef<[u8]> for PayloadOf {
+    fn as_ref(&self) -> &[u8] {
+        self.0.payload()
+    }
+}
+
 /// A topic's last level: what its level's set finds it by.
 fn last_level(topic: &str) -> &str {
     topic.rsplit_once('/').map_or(topic, |(_, last)| last)
@@ -146,6 +314,8 @@ fn levels_above(topic: &str) -> impl Iterator<Item = &str> {
 #[derive(Debug, Default)]
 pub struct RetainedIndex {
     root: Node,
+    /// The messages kept whole (see [`Leaf::held`]), by topic.
+    whole: HashMap<Box<str>, Arc<Message>>,
     count: usize,
 }
 
@@ -167,9 +337,18 @@ impl RetainedIndex {
     }
 
     /// Keep `message` as the retained message of its topic (replacing any).
-    pub fn set(&mut self, message: Arc<Message>) {
+    pub fn set(&mut self, message: &Message) {
+        let topic: &str = &message.topic;
+        let name = last_level(topic);
+        let leaf = Leaf::held(name, message).unwrap_or_else(|| {
+            // The clone leaves the deliveries' encoded forms behind.
+            self.whole
+                .insert(topic.into(), Arc::new(Message::clone(message)));
+            Leaf::whole(name, message)
+        });
+        let whole = leaf.head().whole;
         let mut node = &mut self.root;
-        for level in levels_above(&message.topic) {
+        for level in levels_above(topic) {
             // Looked up first: the entry API would allocate the level's
             // name for every set, a level that exists included.
             if !node.children.contains_key(level) {
@@ -180,8 +359,12 @@ impl RetainedIndex {
                 .get_mut(level)
                 .expect("the level was just found or made");
         }
-        if node.values.replace(Leaf(message)).is_none() {
-            self.count += 1;
+        match node.values.replace(leaf) {
+            None => self.count += 1,
+            Some(replaced) if replaced.head().whole && !whole => {
+                self.whole.remove(topic);
+            }
+            Some(_) => {}
         }
     }
 
@@ -189,13 +372,11 @@ impl RetainedIndex {
     pub fn remove(&mut self, topic: &str) -> bool {
         /// Removes `last` from the level `above` leads to, and every level
         /// left empty on the way back up.
-        fn remove_in(node: &mut Node, above: &[&str], last: &str) -> bool {
+        fn remove_in(node: &mut Node, above: &[&str], last: &str) -> Option<Leaf> {
             match above.split_first() {
-                None => node.values.remove(last),
+                None => node.values.take(last),
                 Some((first, rest)) => {
-                    let Some(child) = node.children.get_mut(*first) else {
-                        return false;
-                    };
+                    let child = node.children.get_mut(*first)?;
                     let removed = remove_in(child, rest, last);
                     if child.is_empty() {
                         node.children.remove(*first);
@@ -205,56 +386,39 @@ impl RetainedIndex {
             }
         }
         let above: Vec<&str> = levels_above(topic).collect();
-        let removed = remove_in(&mut self.root, &above, last_level(topic));
-        if removed {
-            self.count -= 1;
+        let Some(removed) = remove_in(&mut self.root, &above, last_level(topic)) else {
+            return false;
+        };
+        if removed.head().whole {
+            self.whole.remove(topic);
         }
-        removed
+        self.count -= 1;
+        true
     }
 
     /// Append every retained message whose topic matches `filter` (a valid,
     /// non-shared filter) to `out`, in topic byte order.
-    pub fn matching(&self, filter: &str, out: &mut Vec<Arc<Message>>) {
-        fn all(below: Below<'_>, out: &mut Vec<Arc<Message>>) {
-            out.extend(below.value.cloned());
-            for next in below.node.into_iter().flat_map(Node::below) {
-                all(next, out);
-            }
-        }
-        fn walk(below: Below<'_>, levels: &[&str], first: bool, out: &mut Vec<Arc<Message>>) {
-            match levels.split_first() {
-                None => out.extend(below.value.cloned()),
-                Some((&"#", _)) => {
-                    // `a/#` matches `a` itself and everything below; at the
-                    // first level it skips `$` topics.
-                    out.extend(below.value.cloned());
-                    for next in below.node.into_iter().flat_map(Node::below) {
-                        if !(first && next.name.starts_with('$')) {
-                            all(next, out);
-                        }
-                    }
-                }
-                Some((&"+", rest)) => {
-                    for next in below.node.into_iter().flat_map(Node::below) {
-                        if !(first && next.name.starts_with('$')) {
-                            walk(next, rest, false, out);
-                        }
-                    }
-                }
-                Some((level, rest)) => {
-                    if let Some(next) = below.node.and_then(|node| node.get(level)) {
-                        walk(next, rest, false, out);
-                    }
-                }
-            }
-        }
+    pub fn matching(&self, filter: &str, out: &mut Vec<Retained>) {
         let levels: Vec<&str> = filter.split('/').collect();
-        let root = Below {
-            name: "",
-            value: None,
-            node: Some(&self.root),
+        let mut walk = Walk {
+            whole: &self.whole,
+            out,
+            above: String::new(),
+            shared_above: None,
         };
-        walk(root, &levels, true, out);
+        walk.under(&self.root, &levels, true);
+    }
+
+    /// Rebuild every level's set with full B-tree nodes. A set filled in
+    /// order, as a restart fills it, splits each node as it overflows and
+    /// leaves it about half full (docs/benchmarks.md measures the
+    /// difference).
+    pub fn pack(&mut self) {
+        fn pack_node(node: &mut Node) {
+            node.values = std::mem::take(&mut node.values).into_iter().collect();
+            node.children.values_mut().for_each(pack_node);
+        }
+        pack_node(&mut self.root);
     }
 
     pub fn len(&self) -> usize {
@@ -266,15 +430,113 @@ impl RetainedIndex {
     }
 }
 
+/// A filter's walk down the trie, with the path it has come by.
+struct Walk<'a> {
+    whole: &'a HashMap<Box<str>, Arc<Message>>,
+    out: &'a mut Vec<Retained>,
+    /// The levels walked down to the node whose levels are being looked
+    /// at, each followed by `/`: the start of every topic found there.
+    above: String,
+    /// `above`, shared by the messages found there; made for the first.
+    shared_above: Option<Arc<str>>,
+}
+
+impl Walk<'_> {
+    /// Match the filter's `levels` (at least one) against the levels below
+    /// `node`; `first` when they are the filter's first.
+    fn under(&mut self, node: &Node, levels: &[&str], first: bool) {
+        let Some((level, rest)) = levels.split_first() else {
+            return;
+        };
+        // A wildcard at the first level skips `$` topics.
+        let wildcard_may_take = |below: &Below<'_>| !(first && below.name.starts_with('$'));
+        match *level {
+            "#" => {
+                for below in node.below().filter(wildcard_may_take) {
+                    self.all(below);
+                }
+            }
+            "+" => {
+                for below in node.below().filter(wildcard_may_take) {
+                    self.at(below, rest);
+                }
+            }
+            name => {
+                if let Some(below) = node.get(name) {
+                    self.at(below, rest);
+                }
+            }
+        }
+    }
+
+    /// `below` matched a filter level; match the filter's `rest` at and
+    /// under it.
+    fn at(&mut self, below: Below<'_>, rest: &[&str]) {
+        match rest.first() {
+            None => self.found(below.value),
+            Some(level) => {
+                // `a/#` matches `a` itself and everything below.
+                if *level == "#" {
+                    self.found(below.value);
+                }
+                if let Some(node) = below.node {
+                    self.down(below.name, |walk| walk.under(node, rest, false));
+                }
+            }
+        }
+    }
+
+    /// Everything at and under `below`.
+    fn all(&mut self, below: Below<'_>) {
+        self.found(below.value);
+        if let Some(node) = below.node {
+            self.down(below.name, |walk| {
+                for next in node.below() {
+                    walk.all(next);
+                }
+            });
+        }
+    }
+
+    /// Walk `into` with the level `name` added to the path.
+    fn down(&mut self, name: &str, into: impl FnOnce(&mut Self)) {
+        let len = self.above.len();
+        let shared = self.shared_above.take();
+        self.above.push_str(name);
+        self.above.push('/');
+        into(self);
+        self.above.truncate(len);
+        self.shared_above = shared;
+    }
+
+    fn found(&mut self, leaf: Option<&Leaf>) {
+        let Some(leaf) = leaf else {
+            return;
+        };
+        if leaf.head().whole {
+            let topic = [self.above.as_str(), leaf.name()].concat();
+            if let Some(message) = self.whole.get(topic.as_str()) {
+                self.out.push(Retained::Whole(message.clone()));
+            }
+            return;
+        }
+        let above = self
+            .shared_above
+            .get_or_insert_with(|| Arc::from(self.above.as_str()))
+            .clone();
+        self.out.push(Retained::Held {
+            above,
+            leaf: leaf.clone(),
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::message::MessageProperties;
-    use bytes::Bytes;
-    use tokio::time::Instant;
 
-    fn msg(topic: &str) -> Arc<Message> {
-        Arc::new(Message {
+    fn msg(topic: &str) -> Message {
+        Message {
             topic: topic.into(),
             payload: Bytes::from_static(b"x"),
             qos: 0,
@@ -282,22 +544,22 @@ mod tests {
             properties: MessageProperties::default(),
             received_at: Instant::now(),
             wire: Default::default(),
-        })
+        }
     }
 
     fn topics(store: &RetainedIndex, filter: &str) -> Vec<String> {
         let mut out = Vec::new();
         store.matching(filter, &mut out);
-        out.iter().map(|m| m.topic.to_string()).collect()
+        out.iter().map(|m| m.topic().into_owned()).collect()
     }
 
     #[test]
     fn set_match_remove() {
         let mut store = RetainedIndex::new();
         for t in ["a", "a/b", "a/b/c", "a/x", "$SYS/v", "b"] {
-            store.set(msg(t));
+            store.set(&msg(t));
         }
-        store.set(msg("a/b"));
+        store.set(&msg("a/b"));
         assert_eq!(store.len(), 6);
         assert_eq!(topics(&store, "a/#"), vec!["a", "a/b", "a/b/c", "a/x"]);
         assert_eq!(topics(&store, "a/+"), vec!["a/b", "a/x"]);
@@ -317,7 +579,7 @@ mod tests {
     fn a_removal_keeps_what_is_below_and_drops_what_it_emptied() {
         let mut store = RetainedIndex::new();
         for t in ["a/b", "a/b/c", "a/b/c/d"] {
-            store.set(msg(t));
+            store.set(&msg(t));
         }
         assert!(store.remove("a/b/c/d"));
         assert!(store.root.children["a"].children["b"].children.is_empty());
@@ -334,7 +596,7 @@ mod tests {
     fn empty_levels_and_neighbouring_names_are_told_apart() {
         let mut store = RetainedIndex::new();
         for t in ["/", "/a", "a//b", "a/b", "a-c", "a", "a/"] {
-            store.set(msg(t));
+            store.set(&msg(t));
         }
         assert_eq!(store.len(), 7);
         assert_eq!(
@@ -344,6 +606,81 @@ mod tests {
         assert_eq!(topics(&store, "+/+"), vec!["/", "/a", "a/", "a/b"]);
         assert_eq!(topics(&store, "a/+/b"), vec!["a//b"]);
         assert!(store.contains("a/") && store.contains("/") && !store.contains("a/c"));
+    }
+
+    fn with_expiry(topic: &str, seconds: u32) -> Message {
+        let mut message = msg(topic);
+        message.properties.message_expiry_interval = Some(seconds);
+        message
+    }
+
+    fn found(store: &RetainedIndex, filter: &str) -> Vec<Retained> {
+        let mut out = Vec::new();
+        store.matching(filter, &mut out);
+        out
+    }
+
+    /// A message without properties is held as its last level and payload
+    /// in one allocation of their size, and is made whole again when sent.
+    #[test]
+    fn a_held_message_is_one_allocation_made_whole_when_sent() {
+        assert_eq!(
+            std::mem::size_of::<Leaf>(),
+            2 * std::mem::size_of::<usize>()
+        );
+        let mut store = RetainedIndex::new();
+        let mut message = msg("site/7/device/1234567");
+        message.qos = 2;
+        message.payload = Bytes::from(vec![7; 64]);
+        store.set(&message);
+        let [held] = <[_; 1]>::try_from(found(&store, "site/+/device/#")).unwrap();
+        let Retained::Held {
+            ref above,
+            ref leaf,
+        } = held
+        else {
+            panic!("kept whole: {held:?}");
+        };
+        assert_eq!((&**above, leaf.name()), ("site/7/device/", "1234567"));
+        assert_eq!(leaf.0.len(), Head::LEN + 7 + 64);
+        assert_eq!((held.qos(), &*held.topic()), (2, "site/7/device/1234567"));
+        let held_payload = leaf.payload().as_ptr();
+        let sent = held.into_message(Instant::now());
+        assert_eq!(&*sent.topic, "site/7/device/1234567");
+        assert_eq!((sent.qos, sent.retain), (2, true));
+        assert_eq!(sent.payload, message.payload);
+        assert_eq!(
+            sent.payload.as_ptr(),
+            held_payload,
+            "the payload is sent from the leaf, not copied again"
+        );
+        assert!(store.whole.is_empty());
+    }
+
+    /// A message with properties is kept whole, and only while it is the
+    /// topic's message.
+    #[test]
+    fn a_message_with_properties_is_kept_whole_while_it_is_retained() {
+        let mut store = RetainedIndex::new();
+        store.set(&with_expiry("a/b", 30));
+        store.set(&msg("a/c"));
+        let matched = found(&store, "a/+");
+        let [Retained::Whole(kept), Retained::Held { .. }] = matched.as_slice() else {
+            panic!("{matched:?}");
+        };
+        assert_eq!(kept.properties.message_expiry_interval, Some(30));
+        assert_eq!(store.whole.len(), 1);
+        store.set(&msg("a/b"));
+        assert!(store.whole.is_empty() && store.len() == 2);
+        store.set(&with_expiry("a/b", 5));
+        assert!(store.remove("a/b"));
+        assert!(store.whole.is_empty() && store.len() == 1);
+        // A last level too long for the head's count is kept whole too.
+        let long = format!("a/{}", "x".repeat(usize::from(u16::MAX) + 1));
+        store.set(&msg(&long));
+        assert_eq!(topics(&store, "a/#"), vec!["a/c".to_owned(), long.clone()]);
+        assert!(store.remove(&long));
+        assert!(store.whole.is_empty());
     }
 
     mod against_a_list {
@@ -380,29 +717,40 @@ mod tests {
             /// exactly the topics a list would, in the order of their levels.
             #[test]
             fn the_index_answers_as_a_list_of_topics_would(
-                steps in prop::collection::vec((topic(), any::<bool>()), 0..40),
+                steps in prop::collection::vec((topic(), any::<bool>(), any::<bool>()), 0..40),
                 filters in prop::collection::vec(filter(), 1..8),
+                pack in any::<bool>(),
             ) {
                 let mut store = RetainedIndex::new();
-                let mut list: Vec<String> = Vec::new();
-                for (topic, set) in steps {
+                // Each topic held, and whether its message has properties.
+                let mut list: Vec<(String, bool)> = Vec::new();
+                for (topic, set, properties) in steps {
+                    list.retain(|(t, _)| *t != topic);
                     if set {
-                        store.set(msg(&topic));
-                        if !list.contains(&topic) {
-                            list.push(topic);
-                        }
+                        store.set(&if properties { with_expiry(&topic, 9) } else { msg(&topic) });
+                        list.push((topic, properties));
                     } else {
-                        let held = list.contains(&topic);
+                        let held = store.contains(&topic);
                         prop_assert_eq!(store.remove(&topic), held);
-                        list.retain(|t| *t != topic);
                     }
                     prop_assert_eq!(store.len(), list.len());
+                    prop_assert_eq!(store.whole.len(), list.iter().filter(|(_, p)| *p).count());
                 }
+                if pack {
+                    store.pack();
+                }
+                let with_properties: Vec<String> =
+                    list.iter().filter(|(_, p)| *p).map(|(t, _)| t.clone()).collect();
+                let mut list: Vec<String> = list.into_iter().map(|(t, _)| t).collect();
                 list.sort_by(|a, b| a.split('/').cmp(b.split('/')));
                 for filter in filters {
                     let expected: Vec<String> =
                         list.iter().filter(|t| filter_matches(&filter, t)).cloned().collect();
                     prop_assert_eq!(topics(&store, &filter), expected, "filter {}", filter);
+                    for found in found(&store, &filter) {
+                        let properties = with_properties.contains(&found.topic().into_owned());
+                        prop_assert_eq!(matches!(found, Retained::Whole(_)), properties);
+                    }
                 }
                 for topic in &list {
                     prop_assert!(store.contains(topic));

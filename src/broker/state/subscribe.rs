@@ -245,7 +245,7 @@ impl BrokerState {
             let subscription_ids: Vec<u32> = options.subscription_id.into_iter().collect();
             for message in found.drain(..) {
                 due.push(RetainedDue {
-                    qos: options.qos.min(message.qos),
+                    qos: options.qos.min(message.qos()),
                     message,
                     subscription_ids: subscription_ids.clone(),
                     sys: false,
@@ -257,7 +257,7 @@ impl BrokerState {
                     if topic::filter_matches(&filter, &message.topic) {
                         due.push(RetainedDue {
                             qos: 0,
-                            message,
+                            message: message.into(),
                             subscription_ids: subscription_ids.clone(),
                             sys: true,
                             channel: None,
@@ -272,7 +272,7 @@ impl BrokerState {
         if self.authorizer.is_active() {
             due.retain(|d| {
                 self.authorizer
-                    .can_receive(principal.as_deref(), &client_id, &d.message.topic)
+                    .can_receive(principal.as_deref(), &client_id, &d.message.topic())
             });
         }
         let Some(conn) = self.connections.get_mut(&connection) else {
@@ -318,7 +318,7 @@ impl BrokerState {
                 .and_then(|c| c.retained_backlog.pop_front())
                 .expect("front checked above");
             let queued = QueuedMessage {
-                message: due.message,
+                message: due.message.into_message(now),
                 qos: due.qos,
                 retain: true,
                 subscription_ids: due.subscription_ids,
