@@ -385,20 +385,17 @@ impl Staged for LatestChannel {
 }
 
 impl LatestChannel {
-    /// The current values (deletions left out) whose topic `keep` accepts,
-    /// ordered by offset; `what` names them in an error.
-    fn live(&self, what: &str, keep: impl Fn(&str) -> bool) -> contract::Result<Vec<Record>> {
+    /// Every current value (deletions left out), ordered by offset, each
+    /// as `make` makes it as it is read.
+    fn live<T>(&self, make: impl Fn(Record) -> T) -> contract::Result<Vec<T>> {
         self.shared.read(
-            || format!("channel {}: matching {what}", self.name),
+            || format!("channel {}: reading every value", self.name),
             |conn| {
                 let mut stmt = conn.prepare_cached(SQL_LIVE)?;
                 let mut rows = stmt.query([&self.name])?;
                 let mut out = Vec::new();
                 while let Some(r) = rows.next()? {
-                    let topic: String = r.get(2)?;
-                    if keep(&topic) {
-                        out.push(record_at(r, 1, r.get(0)?)?);
-                    }
+                    out.push(make(record_at(r, 1, r.get(0)?)?));
                 }
                 Ok(out)
             },
@@ -508,7 +505,13 @@ impl LatestStore for LatestChannel {
     }
 
     fn values(&self) -> contract::Result<Vec<Record>> {
-        self.live("every topic", |_| true)
+        self.live(|record| record)
+    }
+
+    /// Each record shared as it is read: a restart of a million retained
+    /// messages builds no vector of them all beside the shared ones.
+    fn values_shared(&self) -> contract::Result<Vec<Arc<Record>>> {
+        self.live(Arc::new)
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> contract::Result<Vec<Record>> {

@@ -365,6 +365,17 @@ fn latest_values_deletions_and_their_floor() {
         vec![("devices/a".into(), 3, 1), ("devices/b".into(), 4, 0)]
     );
     assert_eq!(l.match_filter("devices/+").unwrap().len(), 1);
+    // What a restart reads: the values without the marker, shared as read.
+    let values = l.values().unwrap();
+    assert_eq!(
+        values
+            .iter()
+            .map(|r| (&*r.topic, r.offset))
+            .collect::<Vec<_>>(),
+        vec![("devices/a", 3)]
+    );
+    let shared = l.values_shared().unwrap();
+    assert!(shared.iter().map(|r| &**r).eq(values.iter()));
     l.trim(5).unwrap();
     assert!(matches!(
         l.match_with_deletions("#", 2),
