@@ -784,27 +784,32 @@ pub async fn prepare(
             source,
         })?;
     }
-    let restored = {
-        let (from_sessions, from_retained) = (sessions.clone(), retained.clone());
-        let from_channels = channels.clone();
-        tokio::task::spawn_blocking(move || {
-            super::persister::read_restored(&*from_sessions, &*from_retained, &from_channels)
-        })
-        .await
-        .map_err(|e| ServerError::BrokerFailed(e.to_string()))?
-        .map_err(|source| ServerError::Storage {
-            provider: sessions.name().to_owned(),
-            source,
-        })?
-    };
-    let now = Instant::now();
     let mut state = BrokerState::new(
         limits.clone(),
         metrics.clone(),
         authorizer,
-        (now, super::state::unix_now()),
+        (Instant::now(), super::state::unix_now()),
     );
-    let summary = state.restore(restored, now);
+    // Read and rebuilt off the runtime's threads, the retained messages
+    // one at a time into the state.
+    let (state, summary) = {
+        let (from_sessions, from_retained) = (sessions.clone(), retained.clone());
+        let from_channels = channels.clone();
+        tokio::task::spawn_blocking(move || {
+            let now = Instant::now();
+            super::persister::read_retained(&*from_retained, &mut |record| {
+                state.restore_retained(record, now)
+            })
+            .map_err(|source| (from_retained.name().to_owned(), source))?;
+            let restored = super::persister::read_restored(&*from_sessions, &from_channels)
+                .map_err(|source| (from_sessions.name().to_owned(), source))?;
+            let summary = state.restore(restored, Instant::now());
+            Ok((state, summary))
+        })
+        .await
+        .map_err(|e| ServerError::BrokerFailed(e.to_string()))?
+        .map_err(|(provider, source)| ServerError::Storage { provider, source })?
+    };
     tracing::info!(
         retained = summary.retained,
         sessions = summary.sessions,

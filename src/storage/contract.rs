@@ -701,6 +701,15 @@ pub trait LatestStore: OffsetStore + AsOffsetStore {
         Ok(self.values()?.into_iter().map(Arc::new).collect())
     }
 
+    /// Hand every current value to `each`, shared, in offset order. A
+    /// store on disk reads them one at a time: a restart of a million
+    /// retained messages then holds one record beside the state it
+    /// builds, not all of them.
+    fn for_each_value(&self, each: &mut dyn FnMut(Arc<Record>)) -> Result<()> {
+        self.values_shared()?.into_iter().for_each(each);
+        Ok(())
+    }
+
     /// Every value set and every deletion at or after offset `since` whose
     /// topic matches, ordered by offset; deletions are records with an empty
     /// payload. `since < floor` is [`StorageError::BelowFloor`]: deletions

@@ -898,10 +898,19 @@ impl Persisters {
 /// Messages read from the broadcast log at once at startup.
 const RESTORE_CHUNK: usize = 4096;
 
-/// Read what the state is rebuilt from (blocking; before listening).
+/// Hand every stored retained message to `each`, one at a time (blocking;
+/// before listening). Every value: `#` would leave the `$` topics behind.
+pub fn read_retained(
+    retained: &dyn Provider,
+    each: &mut dyn FnMut(Arc<Record>),
+) -> Result<(), StorageError> {
+    retained.retained()?.for_each_value(each)
+}
+
+/// Read what the state is rebuilt from besides the retained messages
+/// ([`read_retained`]) (blocking; before listening).
 pub fn read_restored(
     sessions: &dyn Provider,
-    retained: &dyn Provider,
     channels: &[ServedChannel],
 ) -> Result<Restored, StorageError> {
     let mut restored_channels = Vec::with_capacity(channels.len());
@@ -962,8 +971,8 @@ pub fn read_restored(
         messages.extend(chunk);
     }
     Ok(Restored {
-        // Every value: `#` would leave the `$` topics behind.
-        retained: retained.retained()?.values_shared()?,
+        // Read one at a time by `read_retained`.
+        retained: Vec::new(),
         sessions: sessions.sessions()?.sessions()?,
         cursors: log.cursors()?,
         log_next: log.next(),

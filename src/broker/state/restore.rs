@@ -81,17 +81,23 @@ pub struct RestoreSummary {
 }
 
 impl BrokerState {
+    /// Keep a stored retained message, read at `now`, before [`Self::restore`]
+    /// rebuilds the rest: the retained store hands its records over one at
+    /// a time, and each is let go once it is kept, so a million retained
+    /// messages are never held twice while the broker starts.
+    pub fn restore_retained(&mut self, record: Arc<Record>, now: Instant) {
+        let message = self.message_of_shared(record, now);
+        self.retained.set(&message);
+    }
+
     /// Rebuild from `restored` at `now`. Sessions that expired while the
     /// broker was down, and holds of sessions no longer held, are removed
     /// from the provider (as writes, like any other).
     pub fn restore(&mut self, mut restored: Restored, now: Instant) -> RestoreSummary {
         let mut summary = RestoreSummary::default();
         let unix_now = self.unix_at(now);
-        // Each record let go once its message is made: a million retained
-        // messages are not held twice while the broker starts.
         for record in std::mem::take(&mut restored.retained) {
-            let message = self.message_of_shared(record, now);
-            self.retained.set(&message);
+            self.restore_retained(record, now);
         }
         self.retained.pack();
         summary.retained = self.retained.len();

@@ -385,19 +385,18 @@ impl Staged for LatestChannel {
 }
 
 impl LatestChannel {
-    /// Every current value (deletions left out), ordered by offset, each
-    /// as `make` makes it as it is read.
-    fn live<T>(&self, make: impl Fn(Record) -> T) -> contract::Result<Vec<T>> {
+    /// Every current value (deletions left out), in offset order, handed
+    /// to `each` as it is read.
+    fn each_live(&self, each: &mut dyn FnMut(Record)) -> contract::Result<()> {
         self.shared.read(
             || format!("channel {}: reading every value", self.name),
             |conn| {
                 let mut stmt = conn.prepare_cached(SQL_LIVE)?;
                 let mut rows = stmt.query([&self.name])?;
-                let mut out = Vec::new();
                 while let Some(r) = rows.next()? {
-                    out.push(make(record_at(r, 1, r.get(0)?)?));
+                    each(record_at(r, 1, r.get(0)?)?);
                 }
-                Ok(out)
+                Ok(())
             },
         )
     }
@@ -505,13 +504,13 @@ impl LatestStore for LatestChannel {
     }
 
     fn values(&self) -> contract::Result<Vec<Record>> {
-        self.live(|record| record)
+        let mut values = Vec::new();
+        self.each_live(&mut |record| values.push(record))?;
+        Ok(values)
     }
 
-    /// Each record shared as it is read: a restart of a million retained
-    /// messages builds no vector of them all beside the shared ones.
-    fn values_shared(&self) -> contract::Result<Vec<Arc<Record>>> {
-        self.live(Arc::new)
+    fn for_each_value(&self, each: &mut dyn FnMut(Arc<Record>)) -> contract::Result<()> {
+        self.each_live(&mut |record| each(Arc::new(record)))
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> contract::Result<Vec<Record>> {

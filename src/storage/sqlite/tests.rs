@@ -374,8 +374,9 @@ fn latest_values_deletions_and_their_floor() {
             .collect::<Vec<_>>(),
         vec![("devices/a", 3)]
     );
-    let shared = l.values_shared().unwrap();
-    assert!(shared.iter().map(|r| &**r).eq(values.iter()));
+    let mut each = Vec::new();
+    l.for_each_value(&mut |record| each.push(record)).unwrap();
+    assert!(each.iter().map(|r| &**r).eq(values.iter()));
     l.trim(5).unwrap();
     assert!(matches!(
         l.match_with_deletions("#", 2),
