@@ -563,16 +563,17 @@ impl Job<'_> {
                 ))
             }
             // A channel file is encoded straight from the shared records
-            // into the file: no copy of any record, no buffer the size of
-            // the file, and the kernel writes back the first pages while
-            // the last are still being encoded.
+            // into the file (a latest channel's rebuilt one at a time from
+            // what its store keeps): no copy of every record, no buffer
+            // the size of the file, and the kernel writes back the first
+            // pages while the last are still being encoded.
             Job::Channel(c) => {
                 write_durable_with(dir, &file_name, |out| stream::write_channel(out, c, stamp))
             }
             Job::Retained(r) => {
                 let bytes = f21::encode(
                     &SnapshotFile::Retained(RetainedFile {
-                        records: unshare(&r.records),
+                        records: r.records.to_vec(),
                     }),
                     stamp,
                 );
@@ -654,7 +655,7 @@ pub fn channel_file(c: &ChannelCopy) -> ChannelFile {
             next: copy.next,
             floor: copy.floor,
             bytes: copy.bytes,
-            records: unshare(&copy.records),
+            records: copy.records.to_vec(),
             items: Vec::new(),
             positions: file_positions(&copy.positions),
             held: file_held(held),
@@ -868,6 +869,7 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
 /// `streamed_files_are_the_codecs_bytes` holds it to the codec's own
 /// encoder byte for byte, for every channel kind.
 mod stream {
+    use std::borrow::Borrow;
     use std::io::{self, Write};
 
     use saguin_format::f21::{FileKind, FORMAT_VERSION, MAGIC, WRITER_LEN};
@@ -1008,13 +1010,16 @@ mod stream {
             self.maybe_flush()
         }
 
-        fn records<'r>(
+        /// Records borrowed from a copy, or rebuilt from it one at a time
+        /// (a latest channel's).
+        fn records<R: Borrow<Record>>(
             &mut self,
             count: usize,
-            records: impl Iterator<Item = &'r Record>,
+            records: impl Iterator<Item = R>,
         ) -> io::Result<()> {
             self.len(count)?;
             for r in records {
+                let r = r.borrow();
                 self.record(r, r.offset)?;
             }
             Ok(())
@@ -1097,7 +1102,7 @@ mod stream {
                 e.u8(0); // no dead-letter channel
             }
             ChannelCopy::Latest { copy, held } => {
-                e.records(copy.records.len(), copy.records.iter().map(|r| &**r))?;
+                e.records(copy.records.len(), copy.records.iter())?;
                 e.len(0)?;
                 e.positions(&copy.positions)?;
                 e.held(held)?;

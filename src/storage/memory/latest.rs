@@ -1,11 +1,14 @@
 //! A latest channel in memory: one value per topic, and a marker for each
-//! deletion so a resuming consumer learns what went. The retained store is the same structure without markers.
+//! deletion so a resuming consumer learns what went. The retained store is
+//! the same structure without markers, and without the index by offset
+//! that only a channel's readers need.
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 
+use bytes::Bytes;
 use saguin_format::model::{Record, UnixNanos};
 
 use super::positions::PositionBook;
@@ -16,20 +19,142 @@ use crate::storage::contract::{
 };
 use crate::topic::{filter_matches, literal_prefix};
 
-/// A value in the topic index, ordered and looked up by its record's own
-/// topic: the index keeps no copy of the topic beside the record's.
+/// What the store keeps of one value or marker: the record's fields, its
+/// topic and client id in one allocation, and the parts most records lack
+/// out of line. A [`Record`] is about 200 bytes before its strings, and a
+/// store of a million retained messages held one for each; this is 96 and
+/// one allocation for both strings, rebuilt into a record when read (reads
+/// are the rare side: a snapshot, a restart, a subscription's retained
+/// messages; writes come with every retained publish).
+#[derive(Debug)]
+struct Kept {
+    offset: u64,
+    timestamp: UnixNanos,
+    message_id: [u8; 16],
+    /// Shared with the record it came from, and with the broker's message.
+    payload: Bytes,
+    /// The topic, then the client id.
+    text: Box<str>,
+    /// Where the client id begins in `text`. A topic too long for it (4 GiB)
+    /// is kept in `rare`, and this is 0.
+    topic_len: u32,
+    qos: u8,
+    retain: bool,
+    /// A record holding only what the fields above do not: its User
+    /// Properties, publish properties, bridge and broadcast-only fields.
+    /// Its topic is empty (but for a topic too long for `topic_len`), its
+    /// payload always. `None` when it would be [`Record::new`]'s empty one.
+    rare: Option<Box<Record>>,
+}
+
+impl Kept {
+    fn new(record: &Record) -> Kept {
+        // Named field by field: a field added to `Record` is a compile error
+        // here until it is kept.
+        let Record {
+            offset,
+            message_id,
+            topic,
+            timestamp,
+            user_properties,
+            payload,
+            props,
+            retain,
+            bridge,
+            client_id,
+            qos,
+            shared_copy,
+            owed_to,
+        } = record;
+        let (text, topic_len, rare_topic) = match u32::try_from(topic.len()) {
+            Ok(len) => ([topic.as_str(), client_id].concat(), len, String::new()),
+            Err(_) => (client_id.clone(), 0, topic.clone()),
+        };
+        let rare = (!rare_topic.is_empty()
+            || !user_properties.is_empty()
+            || props.is_allocated()
+            || bridge.is_some()
+            || *shared_copy
+            || owed_to.is_some())
+        .then(|| {
+            Box::new(Record {
+                user_properties: user_properties.clone(),
+                props: props.clone(),
+                bridge: bridge.clone(),
+                shared_copy: *shared_copy,
+                owed_to: owed_to.clone(),
+                ..Record::new(rare_topic, Bytes::new())
+            })
+        });
+        Kept {
+            offset: *offset,
+            timestamp: *timestamp,
+            message_id: *message_id,
+            payload: payload.clone(),
+            text: text.into_boxed_str(),
+            topic_len,
+            qos: *qos,
+            retain: *retain,
+            rare,
+        }
+    }
+
+    fn topic(&self) -> &str {
+        match &self.rare {
+            Some(rare) if self.topic_len == 0 && !rare.topic.is_empty() => &rare.topic,
+            _ => &self.text[..self.topic_len as usize],
+        }
+    }
+
+    fn client_id(&self) -> &str {
+        &self.text[self.topic_len as usize..]
+    }
+
+    /// A deletion marker.
+    fn is_marker(&self) -> bool {
+        self.payload.is_empty()
+    }
+
+    /// [`Record::accounted_size`] of the record it keeps: `rare` counts
+    /// what it holds (its topic only where the topic is kept there).
+    fn accounted_size(&self) -> u64 {
+        let rare = self.rare.as_ref().map_or(0, |r| r.accounted_size());
+        u64::from(self.topic_len) + self.payload.len() as u64 + rare
+    }
+
+    /// The record it keeps, whole again.
+    fn record(&self) -> Record {
+        let base = match &self.rare {
+            Some(rare) => Record::clone(rare),
+            None => Record::new(String::new(), Bytes::new()),
+        };
+        Record {
+            offset: self.offset,
+            message_id: self.message_id,
+            topic: self.topic().to_owned(),
+            timestamp: self.timestamp,
+            payload: self.payload.clone(),
+            retain: self.retain,
+            client_id: self.client_id().to_owned(),
+            qos: self.qos,
+            ..base
+        }
+    }
+}
+
+/// A value in the topic index, ordered and looked up by its topic.
 #[derive(Clone, Debug)]
-struct ByTopic(Arc<Record>);
+struct ByTopic(Arc<Kept>);
 
 impl Borrow<str> for ByTopic {
     fn borrow(&self) -> &str {
-        &self.0.topic
+        self.0.topic()
     }
 }
 
 impl PartialEq for ByTopic {
     fn eq(&self, other: &Self) -> bool {
-        self.0.topic == other.0.topic
+        self.0.topic() == other.0.topic()
     }
 }
 
@@ -43,21 +168,36 @@ impl PartialOrd for ByTopic {
 
 impl Ord for ByTopic {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.0.topic.cmp(&other.0.topic)
+        self.0.topic().cmp(other.0.topic())
     }
 }
 
-/// Each value and marker is one shared record, indexed twice: by topic and
-/// by offset. (Keyed by copies of its topic, a retained message of 64 bytes
-/// held its topic three times.)
+/// Values in offset order: sorted here unless they already are (a copy of
+/// a channel is taken in that order; one of the retained store is not).
+/// Each offset is read once, beside its handle: a sort that read it
+/// through the handle at every comparison went to memory for most of them.
+fn in_offset_order<'a>(values: impl Iterator<Item = &'a Arc<Kept>>) -> Vec<&'a Arc<Kept>> {
+    let mut values: Vec<(u64, &Arc<Kept>)> = values.map(|v| (v.offset, v)).collect();
+    if !values.is_sorted_by_key(|(offset, _)| *offset) {
+        values.sort_unstable_by_key(|(offset, _)| *offset);
+    }
+    values.into_iter().map(|(_, v)| v).collect()
+}
+
+/// Each value and marker is one shared [`Kept`], in the topic index and, in
+/// a channel, in the index by offset.
 #[derive(Debug)]
 struct LatestState {
     /// The current value of each topic; an empty payload is a deletion
     /// marker. Kept in topic order, so a filter reads only the topics under
     /// its literal prefix.
     values: BTreeSet<ByTopic>,
-    /// Every value and marker by its offset, for reads in offset order.
-    by_offset: BTreeMap<u64, Arc<Record>>,
+    /// A channel's values and markers by offset, for its readers' changes
+    /// in offset order. `None` in the retained store: no consumer reads
+    /// its changes, and its few reads in offset order (a snapshot's, a
+    /// restart's, a subscription's) sort what they read instead of every
+    /// value carrying a second index entry.
+    by_offset: Option<BTreeMap<u64, Arc<Kept>>>,
     next: u64,
     floor: u64,
     /// Sum of `accounted_size` over values and markers.
@@ -65,19 +205,84 @@ struct LatestState {
     /// Each deletion marker's offset and timestamp, oldest first: what a
     /// retention sweep walks, without passing over the values between.
     deletions: BTreeMap<u64, UnixNanos>,
+    /// The records a load filled the retained store with, in offset order,
+    /// until the restart's one read of every value takes them or the
+    /// first change lets them go. Made on the loading thread, they are let
+    /// go on the broker's, which gives their pages back once its state is
+    /// built; records rebuilt for that read on the thread that reads them
+    /// stayed resident there (about 80 bytes a retained message at a
+    /// million).
+    loaded: Vec<Arc<Record>>,
 }
 
 impl LatestState {
+    /// Every value and marker in offset order.
+    fn in_offset_order(&self) -> Vec<&Arc<Kept>> {
+        match &self.by_offset {
+            Some(by_offset) => by_offset.values().collect(),
+            None => in_offset_order(self.values.iter().map(|v| &v.0)),
+        }
+    }
+
     /// Up to `max` changes from offset `since` on whose topic matches
     /// `filter`, in offset order, a deletion as its marker.
     fn changes_since(&self, filter: &str, since: u64, max: usize) -> Vec<Record> {
-        self.by_offset
-            .range(since..)
-            .map(|(_, r)| r)
-            .filter(|r| filter_matches(filter, &r.topic))
+        let matches = |k: &&Arc<Kept>| filter_matches(filter, k.topic());
+        match &self.by_offset {
+            Some(by_offset) => by_offset
+                .range(since..)
+                .map(|(_, k)| k)
+                .filter(matches)
+                .take(max)
+                .map(|k| k.record())
+                .collect(),
+            None => in_offset_order(
+                self.values
+                    .iter()
+                    .map(|v| &v.0)
+                    .filter(|k| k.offset >= since)
+                    .filter(matches),
+            )
+            .into_iter()
             .take(max)
-            .map(|r| (**r).clone())
-            .collect()
+            .map(|k| k.record())
+            .collect(),
+        }
+    }
+}
+
+/// A latest store's values and markers as a copy holds them: shared
+/// handles on what the store keeps, so a copy costs a walk of pointers
+/// where it is taken, and the records are rebuilt, in offset order, where
+/// they are written.
+#[derive(Clone, Debug, Default)]
+pub struct LatestRecords(Vec<Arc<Kept>>);
+
+impl LatestRecords {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Each record, rebuilt one at a time, in offset order.
+    pub fn iter(&self) -> impl Iterator<Item = Record> + '_ {
+        in_offset_order(self.0.iter())
+            .into_iter()
+            .map(|k| k.record())
+    }
+
+    /// Every record, in offset order.
+    pub fn to_vec(&self) -> Vec<Record> {
+        self.iter().collect()
+    }
+}
+
+impl From<Vec<Record>> for LatestRecords {
+    fn from(records: Vec<Record>) -> Self {
+        LatestRecords(records.iter().map(|r| Arc::new(Kept::new(r))).collect())
     }
 }
 
@@ -103,24 +308,26 @@ pub struct LatestCopy {
     pub next: u64,
     pub floor: u64,
     pub bytes: u64,
-    /// Values and deletion markers in offset order.
-    pub records: Vec<Arc<Record>>,
+    /// Values and deletion markers, read in offset order.
+    pub records: LatestRecords,
     pub positions: Vec<Position>,
 }
 
 impl MemoryLatest {
     pub(crate) fn new(name: &str, shared: Arc<Shared>) -> MemoryLatest {
+        let keep_markers = name != RETAINED_STORE_NAME;
         MemoryLatest {
             name: name.to_owned(),
             shared,
-            keep_markers: name != RETAINED_STORE_NAME,
+            keep_markers,
             state: RwLock::new(LatestState {
                 values: BTreeSet::new(),
-                by_offset: BTreeMap::new(),
+                by_offset: keep_markers.then(BTreeMap::new),
                 next: FIRST_OFFSET,
                 floor: FIRST_OFFSET,
                 bytes: 0,
                 deletions: BTreeMap::new(),
+                loaded: Vec::new(),
             }),
             positions: PositionBook::default(),
             version: Version::default(),
@@ -160,20 +367,29 @@ impl MemoryLatest {
             });
         }
         let mut by_topic = Vec::with_capacity(records.len());
-        let mut by_offset = Vec::with_capacity(records.len());
         let mut deletions = BTreeMap::new();
+        let mut loaded = Vec::new();
         let mut bytes = 0;
         for r in records {
             bytes += r.accounted_size();
             if r.payload.is_empty() {
                 deletions.insert(r.offset, r.timestamp);
             }
-            let shared = Arc::new(r);
-            by_offset.push((shared.offset, shared.clone()));
-            by_topic.push(ByTopic(shared));
+            by_topic.push(ByTopic(Arc::new(Kept::new(&r))));
+            if !self.keep_markers && !r.payload.is_empty() {
+                loaded.push(Arc::new(r));
+            }
         }
+        if !loaded.is_sorted_by_key(|r| r.offset) {
+            loaded.sort_unstable_by_key(|r| r.offset);
+        }
+        // Sorted by offset as well as by topic: a store without the index
+        // by offset refuses two values at one offset all the same.
+        let by_offset: Vec<Arc<Kept>> = in_offset_order(by_topic.iter().map(|v| &v.0))
+            .into_iter()
+            .cloned()
+            .collect();
         by_topic.sort_unstable();
-        by_offset.sort_unstable_by_key(|(offset, _)| *offset);
         let second = by_topic
             .windows(2)
             .find(|pair| pair[0] == pair[1])
@@ -181,22 +397,26 @@ impl MemoryLatest {
             .or_else(|| {
                 by_offset
                     .windows(2)
-                    .find(|pair| pair[0].0 == pair[1].0)
-                    .map(|pair| &pair[1].1)
+                    .find(|pair| pair[0].offset == pair[1].offset)
+                    .map(|pair| &pair[1])
             });
-        if let Some(r) = second {
+        if let Some(k) = second {
             return Err(StorageError::Corrupt {
                 what: format!("channel {}", self.name),
                 detail: format!(
                     "topic {:?} at offset {} holds a second value",
-                    r.topic, r.offset
+                    k.topic(),
+                    k.offset
                 ),
             });
         }
         // Collecting sorted input builds each tree in one pass.
+        if let Some(index) = st.by_offset.as_mut() {
+            *index = by_offset.into_iter().map(|k| (k.offset, k)).collect();
+        }
         st.values = by_topic.into_iter().collect();
-        st.by_offset = by_offset.into_iter().collect();
         st.deletions = deletions;
+        st.loaded = loaded;
         st.bytes = bytes;
         st.next = next;
         st.floor = floor;
@@ -215,17 +435,24 @@ impl MemoryLatest {
         self.version.bump(&self.shared);
     }
 
+    /// Its state as a snapshot writes it: handles on its values, in offset
+    /// order where the store has that order at hand (a channel), put in it
+    /// by the writer otherwise (the retained store: not on the broker's
+    /// loop, where a copy is taken).
     pub fn copy_state(&self) -> LatestCopy {
         let version = self.version.get();
         let st = read(&self.state);
-        let records = st.by_offset.values().cloned().collect();
+        let records = match &st.by_offset {
+            Some(by_offset) => by_offset.values().cloned().collect(),
+            None => st.values.iter().map(|v| v.0.clone()).collect(),
+        };
         LatestCopy {
             version,
             name: self.name.clone(),
             next: st.next,
             floor: st.floor,
             bytes: st.bytes,
-            records,
+            records: LatestRecords(records),
             positions: self.positions.copy(),
         }
     }
@@ -239,10 +466,12 @@ impl MemoryLatest {
         let mut st = write(&self.state);
         let old = st.values.get(record.topic.as_str()).map(|v| v.0.clone());
         let deleting = record.payload.is_empty();
-        if deleting && old.as_ref().is_none_or(|o| o.payload.is_empty()) {
+        if deleting && old.as_ref().is_none_or(|o| o.is_marker()) {
             // Nothing to delete: no offset is taken.
             return Ok(None);
         }
+        // What was loaded is no longer every value.
+        st.loaded = Vec::new();
         let old_size = old.as_ref().map_or(0, |o| o.accounted_size());
         let new_size = if deleting && !self.keep_markers {
             0
@@ -262,7 +491,9 @@ impl MemoryLatest {
         }
         st.bytes = st.bytes - old_size + new_size;
         if let Some(o) = &old {
-            st.by_offset.remove(&o.offset);
+            if let Some(by_offset) = st.by_offset.as_mut() {
+                by_offset.remove(&o.offset);
+            }
             st.deletions.remove(&o.offset);
         }
         record.offset = st.next;
@@ -277,13 +508,14 @@ impl MemoryLatest {
         if deleting {
             st.deletions.insert(record.offset, record.timestamp);
         }
-        let shared = Arc::new(record);
-        st.by_offset.insert(shared.offset, shared.clone());
+        let kept = Arc::new(Kept::new(&record));
+        if let Some(by_offset) = st.by_offset.as_mut() {
+            by_offset.insert(kept.offset, kept.clone());
+        }
         // `replace`, not `insert`: an equal key (the old value) is kept by
         // `insert`.
-        st.values.replace(ByTopic(shared.clone()));
-        drop(st);
-        Ok(Some(Arc::unwrap_or_clone(shared)))
+        st.values.replace(ByTopic(kept));
+        Ok(Some(record))
     }
 
     /// Forgets every marker below `bound` and raises the floor to it (never
@@ -294,10 +526,11 @@ impl MemoryLatest {
         let stale: Vec<u64> = st.deletions.range(..bound).map(|(o, _)| *o).collect();
         for offset in stale {
             st.deletions.remove(&offset);
-            let Some(marker) = st.by_offset.remove(&offset) else {
+            // Only a channel keeps markers, and a channel has the index.
+            let Some(marker) = st.by_offset.as_mut().and_then(|b| b.remove(&offset)) else {
                 continue;
             };
-            if st.values.remove(marker.topic.as_str()) {
+            if st.values.remove(marker.topic()) {
                 let size = marker.accounted_size();
                 st.bytes -= size;
                 removed.records += 1;
@@ -336,10 +569,10 @@ impl MemoryLatest {
     /// ordered by offset.
     fn live(&self, keep: impl Fn(&str) -> bool) -> Vec<Record> {
         let st = read(&self.state);
-        st.by_offset
-            .values()
-            .filter(|r| keep(&r.topic) && !r.payload.is_empty())
-            .map(|r| (**r).clone())
+        st.in_offset_order()
+            .into_iter()
+            .filter(|k| !k.is_marker() && keep(k.topic()))
+            .map(|k| k.record())
             .collect()
     }
 }
@@ -362,8 +595,8 @@ impl LatestStore for MemoryLatest {
         Ok(st
             .values
             .get(topic)
-            .filter(|v| !v.0.payload.is_empty())
-            .map(|v| (*v.0).clone()))
+            .filter(|v| !v.0.is_marker())
+            .map(|v| v.0.record()))
     }
 
     fn delete(&self, topic: &str) -> Result<Option<Record>> {
@@ -382,7 +615,7 @@ impl LatestStore for MemoryLatest {
         } else {
             format!("{prefix}/")
         };
-        let mut found: Vec<&Arc<Record>> = Vec::new();
+        let mut found: Vec<&Arc<Kept>> = Vec::new();
         if !prefix.is_empty() {
             found.extend(st.values.get(prefix).map(|v| &v.0));
         }
@@ -394,30 +627,36 @@ impl LatestStore for MemoryLatest {
                         std::ops::Bound::Unbounded,
                     ))
                     .map(|v| &v.0)
-                    .take_while(|r| r.topic.starts_with(&under)),
+                    .take_while(|k| k.topic().starts_with(&under)),
             );
         }
-        let mut out: Vec<Record> = found
-            .into_iter()
-            .filter(|r| !r.payload.is_empty() && filter_matches(filter, &r.topic))
-            .map(|r| (**r).clone())
-            .collect();
-        out.sort_by_key(|r| r.offset);
-        Ok(out)
+        Ok(in_offset_order(
+            found
+                .into_iter()
+                .filter(|k| !k.is_marker() && filter_matches(filter, k.topic())),
+        )
+        .into_iter()
+        .map(|k| k.record())
+        .collect())
     }
 
     fn values(&self) -> Result<Vec<Record>> {
+        let loaded = std::mem::take(&mut write(&self.state).loaded);
+        if !loaded.is_empty() {
+            return Ok(loaded.into_iter().map(Arc::unwrap_or_clone).collect());
+        }
         Ok(self.live(|_| true))
     }
 
+    /// Records for the caller alone (the first time after a load, those
+    /// the load filled the store with; after, rebuilt): a restart takes
+    /// their topics and payloads into its messages without copying them.
     fn values_shared(&self) -> Result<Vec<Arc<Record>>> {
-        let st = read(&self.state);
-        Ok(st
-            .by_offset
-            .values()
-            .filter(|r| !r.payload.is_empty())
-            .cloned()
-            .collect())
+        let loaded = std::mem::take(&mut write(&self.state).loaded);
+        if !loaded.is_empty() {
+            return Ok(loaded);
+        }
+        Ok(self.live(|_| true).into_iter().map(Arc::new).collect())
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> Result<Vec<Record>> {
@@ -514,6 +753,7 @@ impl OffsetStore for MemoryLatest {
 mod tests {
     use super::*;
     use crate::storage::memory::{MemoryConfig, MemoryProvider};
+    use saguin_format::model::UserProperty;
 
     fn retained_store() -> MemoryLatest {
         let provider = MemoryProvider::new(MemoryConfig {
@@ -525,33 +765,184 @@ mod tests {
         MemoryLatest::new(RETAINED_STORE_NAME, provider.shared().clone())
     }
 
-    /// Each value is one record, its topic held once: both indexes share
-    /// the record rather than keeping copies of its topic.
+    /// The retained store keeps each value once, in its topic index only,
+    /// and a record's common fields and strings in 96 bytes and one string
+    /// allocation (112 with the `Arc`'s counts, the allocator's 112-byte
+    /// class); as a shared `Record` indexed twice a value was 216 bytes,
+    /// its topic and client id apart, and two index entries.
     #[test]
-    fn a_value_and_its_topic_are_held_once() {
+    fn a_retained_value_is_kept_small_and_once() {
+        assert_eq!(std::mem::size_of::<Kept>(), 96);
         let store = retained_store();
         for (topic, payload) in [("a/1", "x"), ("a/2", "y"), ("a/1", "z")] {
-            store.set(Record::new(topic, payload)).unwrap();
+            store
+                .set(Record {
+                    client_id: "publisher".into(),
+                    ..Record::new(topic, payload)
+                })
+                .unwrap();
         }
         let st = read(&store.state);
+        assert!(st.by_offset.is_none(), "no index by offset");
         assert_eq!(st.values.len(), 2);
-        assert_eq!(st.by_offset.len(), 2);
-        for (offset, record) in &st.by_offset {
-            assert_eq!(record.offset, *offset);
-            let by_topic = &st.values.get(record.topic.as_str()).unwrap().0;
-            assert!(Arc::ptr_eq(by_topic, record));
-            // The two indexes and nothing else.
-            assert_eq!(Arc::strong_count(record), 2);
+        for v in &st.values {
+            // The topic index and nothing else.
+            assert_eq!(Arc::strong_count(&v.0), 1);
+            assert!(v.0.rare.is_none(), "nothing out of line");
+            assert_eq!(&*v.0.text, format!("{}publisher", v.0.topic()));
         }
-        assert_eq!(store.get("a/1").unwrap().unwrap().payload, "z");
         drop(st);
+        assert_eq!(store.get("a/1").unwrap().unwrap().payload, "z");
 
         // A deletion of the retained store leaves nothing behind.
         store.delete("a/1").unwrap();
         let st = read(&store.state);
         assert_eq!(st.values.len(), 1);
-        assert_eq!(st.by_offset.len(), 1);
-        assert_eq!(st.bytes, Record::new("a/2", "y").accounted_size());
+        assert_eq!(
+            st.bytes,
+            Record::new("a/2", "y").accounted_size(),
+            "the values' sizes"
+        );
+    }
+
+    /// A channel's two indexes share each value.
+    #[test]
+    fn a_channel_value_is_shared_by_its_two_indexes() {
+        let provider = MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap();
+        let store = MemoryLatest::new("devices", provider.shared().clone());
+        for (topic, payload) in [("a/1", "x"), ("a/2", "y"), ("a/1", "z"), ("a/2", "")] {
+            store.set(Record::new(topic, payload)).unwrap();
+        }
+        let st = read(&store.state);
+        let by_offset = st.by_offset.as_ref().unwrap();
+        assert_eq!(st.values.len(), 2);
+        assert_eq!(by_offset.len(), 2);
+        for (offset, kept) in by_offset {
+            assert_eq!(kept.offset, *offset);
+            let by_topic = &st.values.get(kept.topic()).unwrap().0;
+            assert!(Arc::ptr_eq(by_topic, kept));
+            assert_eq!(Arc::strong_count(kept), 2);
+        }
+    }
+
+    /// Every field of a record comes back as it went in, and counts the
+    /// same against the bounds, whatever is set.
+    #[test]
+    fn a_kept_value_reads_back_as_its_record() {
+        let plain = Record {
+            offset: 7,
+            message_id: [3; 16],
+            timestamp: 1_700_000_000_000_000_000,
+            retain: true,
+            client_id: "dev-7".into(),
+            qos: 1,
+            ..Record::new("site/1/device/7", vec![1u8; 64])
+        };
+        let mut every = Record {
+            user_properties: vec![UserProperty {
+                name: "unit".into(),
+                value: "C".into(),
+            }],
+            bridge: Some("uplink".into()),
+            shared_copy: true,
+            owed_to: Some("session-1".into()),
+            ..plain.clone()
+        };
+        every.props.content_type = Some("text/plain".into());
+        every.props.response_topic = Some("reply/7".into());
+        every.props.correlation_data = Some(Bytes::from_static(b"c-1"));
+        every.props.payload_format_indicator = Some(1);
+        every.props.message_expiry_interval = Some(60);
+        let marker = Record {
+            offset: 9,
+            ..Record::new("site/1/device/8", Bytes::new())
+        };
+        let empty = Record::new("", Bytes::new());
+        for record in [plain, every, marker, empty] {
+            let kept = Kept::new(&record);
+            assert_eq!(kept.record(), record);
+            assert_eq!(kept.topic(), record.topic);
+            assert_eq!(kept.accounted_size(), record.accounted_size());
+            assert_eq!(kept.is_marker(), record.payload.is_empty());
+            let rare = !record.user_properties.is_empty() || record.bridge.is_some();
+            assert_eq!(kept.rare.is_some(), rare, "{record:?}");
+        }
+    }
+
+    /// A restart's read of every retained value takes the records the load
+    /// filled the store with; a change first lets them go.
+    #[test]
+    fn a_restart_reads_the_loaded_records_once() {
+        let records = vec![at(1, "d/9", "a"), at(2, "d/1", "b"), at(3, "d/5", "c")];
+        let store = retained_store();
+        store.fill(4, 1, records.clone()).unwrap();
+        let taken = store.values_shared().unwrap();
+        assert!(read(&store.state).loaded.is_empty(), "taken, not kept");
+        assert!(taken.iter().all(|r| Arc::strong_count(r) == 1));
+        let taken: Vec<Record> = taken.into_iter().map(Arc::unwrap_or_clone).collect();
+        assert_eq!(taken, records);
+        assert_eq!(store.values_shared().unwrap().len(), 3, "rebuilt after");
+        assert_eq!(store.values().unwrap(), records);
+
+        let store = retained_store();
+        store.fill(4, 1, records.clone()).unwrap();
+        assert_eq!(store.values().unwrap(), records, "values() takes them too");
+        assert!(read(&store.state).loaded.is_empty());
+
+        let store = retained_store();
+        store.fill(4, 1, records).unwrap();
+        store.set(Record::new("d/1", "new")).unwrap();
+        assert!(read(&store.state).loaded.is_empty(), "let go at a change");
+        let topics: Vec<(String, bytes::Bytes)> = store
+            .values_shared()
+            .unwrap()
+            .iter()
+            .map(|r| (r.topic.clone(), r.payload.clone()))
+            .collect();
+        assert_eq!(
+            topics,
+            [
+                ("d/9".into(), "a".into()),
+                ("d/5".into(), "c".into()),
+                ("d/1".into(), "new".into())
+            ]
+        );
+    }
+
+    /// The retained store reads in offset order without an index for it:
+    /// a snapshot's copy, a restart's values and a filter's matches.
+    #[test]
+    fn the_retained_store_reads_in_offset_order() {
+        let store = retained_store();
+        // Topics in the reverse of their offsets' order, one replaced.
+        for topic in ["t/9", "t/5", "t/1", "t/5"] {
+            store.set(Record::new(topic, "v")).unwrap();
+        }
+        let offsets_topics = |records: Vec<Record>| -> Vec<(u64, String)> {
+            records.into_iter().map(|r| (r.offset, r.topic)).collect()
+        };
+        let expected = vec![(1, "t/9".into()), (3, "t/1".into()), (4, "t/5".into())];
+        assert_eq!(
+            offsets_topics(store.copy_state().records.to_vec()),
+            expected
+        );
+        assert_eq!(offsets_topics(store.values().unwrap()), expected);
+        assert_eq!(offsets_topics(store.match_filter("t/+").unwrap()), expected);
+        let shared = store.values_shared().unwrap();
+        assert!(shared.iter().all(|r| Arc::strong_count(r) == 1));
+        assert_eq!(
+            offsets_topics(shared.iter().map(|r| (**r).clone()).collect()),
+            expected
+        );
+        assert_eq!(
+            offsets_topics(store.match_with_deletions_n("#", 2, 1).unwrap()),
+            [(3, "t/1".into())]
+        );
     }
 
     fn at(offset: u64, topic: &str, payload: &'static str) -> Record {
@@ -607,5 +998,16 @@ mod tests {
             );
             assert_eq!(store.record_count(), 0, "nothing of a refused fill is kept");
         }
+
+        // The retained store, without an index by offset, refuses them too.
+        let retained = retained_store();
+        let e = retained
+            .fill(3, 1, vec![at(1, "d/1", "a"), at(1, "d/2", "b")])
+            .unwrap_err();
+        assert!(
+            matches!(&e, StorageError::Corrupt { detail, .. } if detail.contains("holds a second value")),
+            "{e}"
+        );
+        assert_eq!(retained.record_count(), 0);
     }
 }

@@ -217,7 +217,7 @@ fn channel_copy(c: ChannelFile) -> Result<ChannelCopy, String> {
                 next: c.next,
                 floor: c.floor,
                 bytes: c.bytes,
-                records: shared(c.records),
+                records: c.records.into(),
                 positions: positions(&c.name, &c.positions)?,
             },
             held,
@@ -286,7 +286,7 @@ pub fn provider_copy(
                     next: records.last().map_or(1, |r| r.offset + 1),
                     floor: 1,
                     bytes: records.iter().map(Record::accounted_size).sum(),
-                    records: shared(records),
+                    records: records.into(),
                     positions: Vec::new(),
                 })
             }
