@@ -694,19 +694,12 @@ pub trait LatestStore: OffsetStore + AsOffsetStore {
     /// start with `$`), ordered by offset.
     fn values(&self) -> Result<Vec<Record>>;
 
-    /// [`LatestStore::values`] as shared records: a store that keeps its
-    /// values in memory hands out its own, copying none (a restart reads a
-    /// million retained messages this way).
-    fn values_shared(&self) -> Result<Vec<Arc<Record>>> {
-        Ok(self.values()?.into_iter().map(Arc::new).collect())
-    }
-
-    /// Hand every current value to `each`, shared, in offset order. A
-    /// store on disk reads them one at a time: a restart of a million
-    /// retained messages then holds one record beside the state it
-    /// builds, not all of them.
+    /// Hand every current value to `each`, shared, in offset order, made
+    /// one at a time where the store can: a restart of a million retained
+    /// messages then holds one record beside the state it builds, not all
+    /// of them.
     fn for_each_value(&self, each: &mut dyn FnMut(Arc<Record>)) -> Result<()> {
-        self.values_shared()?.into_iter().for_each(each);
+        self.values()?.into_iter().map(Arc::new).for_each(each);
         Ok(())
     }
 

@@ -205,14 +205,6 @@ struct LatestState {
     /// Each deletion marker's offset and timestamp, oldest first: what a
     /// retention sweep walks, without passing over the values between.
     deletions: BTreeMap<u64, UnixNanos>,
-    /// The records a load filled the retained store with, in offset order,
-    /// until the restart's one read of every value takes them or the
-    /// first change lets them go. Made on the loading thread, they are let
-    /// go on the broker's, which gives their pages back once its state is
-    /// built; records rebuilt for that read on the thread that reads them
-    /// stayed resident there (about 80 bytes a retained message at a
-    /// million).
-    loaded: Vec<Arc<Record>>,
 }
 
 impl LatestState {
@@ -327,7 +319,6 @@ impl MemoryLatest {
                 floor: FIRST_OFFSET,
                 bytes: 0,
                 deletions: BTreeMap::new(),
-                loaded: Vec::new(),
             }),
             positions: PositionBook::default(),
             version: Version::default(),
@@ -368,7 +359,6 @@ impl MemoryLatest {
         }
         let mut by_topic = Vec::with_capacity(records.len());
         let mut deletions = BTreeMap::new();
-        let mut loaded = Vec::new();
         let mut bytes = 0;
         for r in records {
             bytes += r.accounted_size();
@@ -376,12 +366,6 @@ impl MemoryLatest {
                 deletions.insert(r.offset, r.timestamp);
             }
             by_topic.push(ByTopic(Arc::new(Kept::new(&r))));
-            if !self.keep_markers && !r.payload.is_empty() {
-                loaded.push(Arc::new(r));
-            }
-        }
-        if !loaded.is_sorted_by_key(|r| r.offset) {
-            loaded.sort_unstable_by_key(|r| r.offset);
         }
         // Sorted by offset as well as by topic: a store without the index
         // by offset refuses two values at one offset all the same.
@@ -416,7 +400,6 @@ impl MemoryLatest {
         }
         st.values = by_topic.into_iter().collect();
         st.deletions = deletions;
-        st.loaded = loaded;
         st.bytes = bytes;
         st.next = next;
         st.floor = floor;
@@ -470,8 +453,6 @@ impl MemoryLatest {
             // Nothing to delete: no offset is taken.
             return Ok(None);
         }
-        // What was loaded is no longer every value.
-        st.loaded = Vec::new();
         let old_size = old.as_ref().map_or(0, |o| o.accounted_size());
         let new_size = if deleting && !self.keep_markers {
             0
@@ -641,22 +622,24 @@ impl LatestStore for MemoryLatest {
     }
 
     fn values(&self) -> Result<Vec<Record>> {
-        let loaded = std::mem::take(&mut write(&self.state).loaded);
-        if !loaded.is_empty() {
-            return Ok(loaded.into_iter().map(Arc::unwrap_or_clone).collect());
-        }
         Ok(self.live(|_| true))
     }
 
-    /// Records for the caller alone (the first time after a load, those
-    /// the load filled the store with; after, rebuilt): a restart takes
-    /// their topics and payloads into its messages without copying them.
-    fn values_shared(&self) -> Result<Vec<Arc<Record>>> {
-        let loaded = std::mem::take(&mut write(&self.state).loaded);
-        if !loaded.is_empty() {
-            return Ok(loaded);
+    /// Each value rebuilt as it is handed over, from handles taken under
+    /// the lock: one record is made at a time, on the thread that lets it
+    /// go, so a restart of a million retained messages leaves none of them
+    /// behind in that thread's pages.
+    fn for_each_value(&self, each: &mut dyn FnMut(Arc<Record>)) -> Result<()> {
+        let values: Vec<Arc<Kept>> = read(&self.state)
+            .in_offset_order()
+            .into_iter()
+            .filter(|k| !k.is_marker())
+            .cloned()
+            .collect();
+        for kept in values {
+            each(Arc::new(kept.record()));
         }
-        Ok(self.live(|_| true).into_iter().map(Arc::new).collect())
+        Ok(())
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> Result<Vec<Record>> {
@@ -874,43 +857,31 @@ mod tests {
         }
     }
 
-    /// A restart's read of every retained value takes the records the load
-    /// filled the store with; a change first lets them go.
+    /// A restart's read of every retained value hands each over once, in
+    /// offset order, rebuilt whole, and keeps up with changes.
     #[test]
-    fn a_restart_reads_the_loaded_records_once() {
+    fn every_value_is_handed_over_once_in_offset_order() {
         let records = vec![at(1, "d/9", "a"), at(2, "d/1", "b"), at(3, "d/5", "c")];
         let store = retained_store();
         store.fill(4, 1, records.clone()).unwrap();
-        let taken = store.values_shared().unwrap();
-        assert!(read(&store.state).loaded.is_empty(), "taken, not kept");
-        assert!(taken.iter().all(|r| Arc::strong_count(r) == 1));
-        let taken: Vec<Record> = taken.into_iter().map(Arc::unwrap_or_clone).collect();
-        assert_eq!(taken, records);
-        assert_eq!(store.values_shared().unwrap().len(), 3, "rebuilt after");
+        let mut handed = Vec::new();
+        store
+            .for_each_value(&mut |record| handed.push(record))
+            .unwrap();
+        assert!(handed.iter().all(|r| Arc::strong_count(r) == 1));
+        let handed: Vec<Record> = handed.into_iter().map(Arc::unwrap_or_clone).collect();
+        assert_eq!(handed, records);
         assert_eq!(store.values().unwrap(), records);
 
-        let store = retained_store();
-        store.fill(4, 1, records.clone()).unwrap();
-        assert_eq!(store.values().unwrap(), records, "values() takes them too");
-        assert!(read(&store.state).loaded.is_empty());
-
-        let store = retained_store();
-        store.fill(4, 1, records).unwrap();
         store.set(Record::new("d/1", "new")).unwrap();
-        assert!(read(&store.state).loaded.is_empty(), "let go at a change");
-        let topics: Vec<(String, bytes::Bytes)> = store
-            .values_shared()
-            .unwrap()
-            .iter()
-            .map(|r| (r.topic.clone(), r.payload.clone()))
-            .collect();
+        store.delete("d/5").unwrap();
+        let mut topics: Vec<(String, bytes::Bytes)> = Vec::new();
+        store
+            .for_each_value(&mut |r| topics.push((r.topic.clone(), r.payload.clone())))
+            .unwrap();
         assert_eq!(
             topics,
-            [
-                ("d/9".into(), "a".into()),
-                ("d/5".into(), "c".into()),
-                ("d/1".into(), "new".into())
-            ]
+            [("d/9".into(), "a".into()), ("d/1".into(), "new".into())]
         );
     }
 
@@ -933,7 +904,8 @@ mod tests {
         );
         assert_eq!(offsets_topics(store.values().unwrap()), expected);
         assert_eq!(offsets_topics(store.match_filter("t/+").unwrap()), expected);
-        let shared = store.values_shared().unwrap();
+        let mut shared = Vec::new();
+        store.for_each_value(&mut |r| shared.push(r)).unwrap();
         assert!(shared.iter().all(|r| Arc::strong_count(r) == 1));
         assert_eq!(
             offsets_topics(shared.iter().map(|r| (**r).clone()).collect()),
