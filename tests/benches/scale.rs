@@ -5,7 +5,8 @@
 //! - `idle`: idle connections (keep alive 60 s): broker RSS per
 //!   connection, CPU while idle, time to accept them all.
 //! - `retained`: retained messages of 64 B: RSS per message after a
-//!   restart, startup (exec to the first CONNACK, recovery included), and
+//!   restart, the peak RSS its startup reached, startup (exec to the
+//!   first CONNACK, recovery included), and
 //!   the time a `#` subscriber takes to receive them all. Mosquitto with
 //!   persistence on.
 //! - `append`: one append channel grown to each size, on a memory provider
@@ -110,12 +111,22 @@ async fn run() -> Result<(), Error> {
 
 /// Resident memory of process `pid`, bytes.
 fn rss(pid: u32) -> Result<u64, Error> {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// The most resident memory process `pid` has had, bytes.
+fn peak_rss(pid: u32) -> Result<u64, Error> {
+    status_bytes(pid, "VmHWM:")
+}
+
+/// A size in kB that `/proc/<pid>/status` reports under `field`, bytes.
+fn status_bytes(pid: u32, field: &str) -> Result<u64, Error> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
-        .ok_or("no VmRSS")?
+        .ok_or_else(|| format!("no {field} in /proc/{pid}/status"))?
         .parse()?;
     Ok(kib * 1024)
 }
@@ -421,9 +432,9 @@ fn retained_topic(i: usize) -> String {
 async fn retained(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     println!("\n## Retained messages (64 B payload, topics site/<i mod 100>/device/<i>)");
     println!(
-        "| broker | retained | RSS after restart | RSS per message | target | startup | `#` receives all | fill | graceful stop |"
+        "| broker | retained | RSS after restart | RSS per message | target | peak RSS in startup | startup | `#` receives all | fill | graceful stop |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
     let dir = tempfile::tempdir()?;
     for &n in sizes {
@@ -488,12 +499,14 @@ async fn retained(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let broker = launch(&which, &data).await?;
             let restarted_in = broker.started_in;
             let after = rss(pid_of(&broker)?)?;
+            let peak = peak_rss(pid_of(&broker)?)?;
             let received_in = receive_all_retained(broker.addr, n).await?;
             stop(broker).await?;
             println!(
-                "| {name} | {n} | {} | {:.0} B | {target:.0} B | {} | {} | {} | {} |",
+                "| {name} | {n} | {} | {:.0} B | {target:.0} B | {} | {} | {} | {} | {} |",
                 mib(after as f64),
                 after.saturating_sub(baseline) as f64 / n as f64,
+                mib(peak as f64),
                 ms(restarted_in),
                 ms(received_in),
                 ms(filled_in),
