@@ -251,12 +251,8 @@ impl BrokerState {
             self.values_not_sent(read.key, due);
             return true;
         };
-        if let Some(conn) = self
-            .connections
-            .get_mut(&connection)
-            .filter(|_| !due.is_empty())
-        {
-            conn.retained_backlog.extend(due);
+        if let Some(conn) = self.connections.get_mut(&connection) {
+            conn.owe(due);
         }
         self.send_retained_backlog(connection, now);
         self.pump(read.key, index, now);

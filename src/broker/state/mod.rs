@@ -524,6 +524,21 @@ lazy::empty!(VecDeque<Answer>, VecDeque::new());
 lazy::empty!(VecDeque<RetainedDue>, VecDeque::new());
 
 impl Connection {
+    /// Owe `due` after what the connection is owed already. An empty
+    /// backlog takes the vector itself rather than a copy: a `#` over a
+    /// million retained messages owes a million.
+    fn owe(&mut self, due: Vec<RetainedDue>) {
+        if due.is_empty() {
+            return;
+        }
+        let backlog = &mut *self.retained_backlog;
+        if backlog.is_empty() {
+            *backlog = VecDeque::from(due);
+        } else {
+            backlog.extend(due);
+        }
+    }
+
     /// Put `packet` on the writer's queue, pausing the client's reader when
     /// `limit` packets wait (it does not read what it is sent; the writer
     /// says when it has caught up). False when the writer is gone.

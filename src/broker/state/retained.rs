@@ -396,13 +396,13 @@ impl RetainedIndex {
         true
     }
 
-    /// Append every retained message whose topic matches `filter` (a valid,
-    /// non-shared filter) to `out`, in topic byte order.
-    pub fn matching(&self, filter: &str, out: &mut Vec<Retained>) {
+    /// Hand every retained message whose topic matches `filter` (a valid,
+    /// non-shared filter) to `each`, in topic byte order.
+    pub fn matching(&self, filter: &str, each: &mut dyn FnMut(Retained)) {
         let levels: Vec<&str> = filter.split('/').collect();
         let mut walk = Walk {
             whole: &self.whole,
-            out,
+            each,
             above: String::new(),
             shared_above: None,
         };
@@ -433,7 +433,7 @@ impl RetainedIndex {
 /// A filter's walk down the trie, with the path it has come by.
 struct Walk<'a> {
     whole: &'a HashMap<Box<str>, Arc<Message>>,
-    out: &'a mut Vec<Retained>,
+    each: &'a mut dyn FnMut(Retained),
     /// The levels walked down to the node whose levels are being looked
     /// at, each followed by `/`: the start of every topic found there.
     above: String,
@@ -516,7 +516,7 @@ impl Walk<'_> {
         if leaf.head().whole {
             let topic = [self.above.as_str(), leaf.name()].concat();
             if let Some(message) = self.whole.get(topic.as_str()) {
-                self.out.push(Retained::Whole(message.clone()));
+                (self.each)(Retained::Whole(message.clone()));
             }
             return;
         }
@@ -524,7 +524,7 @@ impl Walk<'_> {
             .shared_above
             .get_or_insert_with(|| Arc::from(self.above.as_str()))
             .clone();
-        self.out.push(Retained::Held {
+        (self.each)(Retained::Held {
             above,
             leaf: leaf.clone(),
         });
@@ -548,9 +548,10 @@ mod tests {
     }
 
     fn topics(store: &RetainedIndex, filter: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        store.matching(filter, &mut out);
-        out.iter().map(|m| m.topic().into_owned()).collect()
+        found(store, filter)
+            .iter()
+            .map(|m| m.topic().into_owned())
+            .collect()
     }
 
     #[test]
@@ -616,7 +617,7 @@ mod tests {
 
     fn found(store: &RetainedIndex, filter: &str) -> Vec<Retained> {
         let mut out = Vec::new();
-        store.matching(filter, &mut out);
+        store.matching(filter, &mut |found| out.push(found));
         out
     }
 

@@ -237,21 +237,18 @@ impl BrokerState {
         if retained_for.is_empty() {
             return;
         }
-        let mut found = Vec::new();
         let mut due = Vec::new();
         for (filter, options) in retained_for {
-            found.clear();
-            self.retained.matching(&filter, &mut found);
             let subscription_ids: Vec<u32> = options.subscription_id.into_iter().collect();
-            for message in found.drain(..) {
+            self.retained.matching(&filter, &mut |message| {
                 due.push(RetainedDue {
                     qos: options.qos.min(message.qos()),
                     message,
                     subscription_ids: subscription_ids.clone(),
                     sys: false,
                     channel: None,
-                });
-            }
+                })
+            });
             if filter.starts_with("$SYS") {
                 for message in self.sys_messages(now) {
                     if topic::filter_matches(&filter, &message.topic) {
@@ -278,9 +275,7 @@ impl BrokerState {
         let Some(conn) = self.connections.get_mut(&connection) else {
             return;
         };
-        if !due.is_empty() {
-            conn.retained_backlog.extend(due);
-        }
+        conn.owe(due);
         self.send_retained_backlog(connection, now);
     }
 

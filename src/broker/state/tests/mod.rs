@@ -447,7 +447,7 @@ fn a_retained_message_pins_no_read_buffer() {
     );
     FakeStore::default().commit(&mut s, intents, now);
     let mut held = Vec::new();
-    s.retained.matching("r/1", &mut held);
+    s.retained.matching("r/1", &mut |found| held.push(found));
     let [message] = <[_; 1]>::try_from(held).expect("one retained message");
     let message = message.into_message(now);
     assert!(!in_buffer(message.topic.as_bytes()) && !in_buffer(&message.payload));
