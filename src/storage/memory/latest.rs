@@ -31,7 +31,7 @@ struct Kept {
     offset: u64,
     timestamp: UnixNanos,
     message_id: [u8; 16],
-    /// Shared with the record it came from, and with the broker's message.
+    /// Shared with the record it came from and the records read from it.
     payload: Bytes,
     /// The topic, then the client id.
     text: Box<str>,
