@@ -342,3 +342,90 @@ fn a_dollar_topics_retained_message_survives_a_restart() {
         assert!(m.retain);
     });
 }
+
+/// Retained messages held two ways come back as they were published, live
+/// and after a kill -9 on sqlite: one with MQTT 5 properties (kept whole)
+/// and plain ones at each QoS (held as their bytes and rebuilt when sent).
+#[test]
+fn retained_messages_with_and_without_properties_come_back_as_published() {
+    use saguin::broker::codec::PublishProperties;
+
+    async fn publish(broker: &Broker) {
+        let mut p = Raw::tcp(broker.addr(), v5()).await;
+        p.connect("pub", ConnectOpts::clean()).await;
+        let properties = PublishProperties {
+            user_properties: vec![("site".into(), "north".into())],
+            content_type: Some("text/plain".into()),
+            ..PublishProperties::default()
+        };
+        p.publish_props("kept/a", b"with", 1, true, 1, properties)
+            .await;
+        match p.recv().await {
+            Some(Packet::PubAck(a)) => assert_eq!(a.packet_id, 1),
+            other => panic!("expected PUBACK, got {other:?}"),
+        }
+        p.publish_acked("kept/b/deep", b"plain two", 2, true, 2)
+            .await;
+        p.publish_acked("kept/c", b"plain one", 1, true, 3).await;
+        p.publish_acked("kept/gone", b"x", 1, true, 4).await;
+        p.publish_acked("kept/gone", b"", 1, true, 5).await;
+        leave(&mut p).await;
+    }
+
+    async fn check(broker: &Broker) {
+        let mut r = Raw::tcp(broker.addr(), v5()).await;
+        r.connect("reader", ConnectOpts::clean()).await;
+        r.subscribe(1, "kept/#", 2).await;
+        let mut got = Vec::new();
+        // Not acknowledged: several QoS 2 exchanges would interleave, and a
+        // clean session owes nothing once it leaves.
+        for _ in 0..3 {
+            got.push(r.next_publish(false).await);
+        }
+        got.sort_by(|a, b| a.topic.cmp(&b.topic));
+        let seen: Vec<(&str, &[u8], QoS, bool)> = got
+            .iter()
+            .map(|m| (&*m.topic, &m.payload[..], m.qos, m.retain))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("kept/a", &b"with"[..], QoS::AtLeastOnce, true),
+                ("kept/b/deep", &b"plain two"[..], QoS::ExactlyOnce, true),
+                ("kept/c", &b"plain one"[..], QoS::AtLeastOnce, true),
+            ]
+        );
+        assert_eq!(
+            got[0].properties.user_properties,
+            [("site".to_owned(), "north".to_owned())]
+        );
+        assert_eq!(
+            got[0].properties.content_type.as_deref(),
+            Some("text/plain")
+        );
+        for plain in &got[1..] {
+            assert!(plain.properties.user_properties.is_empty());
+            assert_eq!(plain.properties.content_type, None);
+        }
+        // The deleted topic's message is not among what came before a
+        // ping's answer: every retained message went out at the SUBACK.
+        let after = r.round_trip().await;
+        assert!(
+            !after.iter().any(|p| matches!(p, Packet::Publish(_))),
+            "{after:?}"
+        );
+        leave(&mut r).await;
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = sqlite_config(dir.path());
+    let mut broker = Broker::start_in(dir, &yaml);
+    runtime().block_on(async {
+        publish(&broker).await;
+        check(&broker).await;
+    });
+    broker.child.kill().unwrap();
+    broker.child.wait().unwrap();
+    let broker = broker.restart(&yaml);
+    runtime().block_on(check(&broker));
+}
