@@ -199,8 +199,9 @@ fn world(s: &Shape) -> Files {
         .into_iter()
         .map(|c| (encode_file_name(&c.name), SnapshotFile::Channel(c)))
         .collect();
-    // Retained: the store's own offsets, nonzero and ascending.
-    let retained = RetainedFile {
+    // Retained: the store's own offsets, nonzero, in topic order as saguin
+    // writes the store ("r/10" before "r/2": the offsets need not ascend).
+    let mut retained = RetainedFile {
         records: (0..s.retained)
             .map(|i| {
                 let mut r = record(4 + i * 3, &format!("r/{i}"), &s.payload, i);
@@ -209,6 +210,7 @@ fn world(s: &Shape) -> Files {
             })
             .collect(),
     };
+    retained.records.sort_by(|a, b| a.topic.cmp(&b.topic));
     out.push((
         saguin_format::channel_name::RETAINED_FILE.to_string(),
         SnapshotFile::Retained(retained),

@@ -37,8 +37,8 @@ use saguin_format::channel_name::{
     generation_file_name, temp_file_name, BROADCAST_FILE, RETAINED_CHANNEL, SESSIONS_FILE,
 };
 use saguin_format::f21::{
-    self, BroadcastFile, ChannelFile, DeadLetter, Position as FilePosition, RetainedFile,
-    SessionsFile, SharedGroup, SnapshotFile,
+    self, BroadcastFile, ChannelFile, DeadLetter, Position as FilePosition, SessionsFile,
+    SharedGroup, SnapshotFile,
 };
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
@@ -571,14 +571,7 @@ impl Job<'_> {
                 write_durable_with(dir, &file_name, |out| stream::write_channel(out, c, stamp))
             }
             Job::Retained(r) => {
-                let bytes = f21::encode(
-                    &SnapshotFile::Retained(RetainedFile {
-                        records: r.records.to_vec(),
-                    }),
-                    stamp,
-                );
-                write_durable(dir, &file_name, &bytes)
-                    .map(|()| (bytes.len() as u64, trailer(&bytes)))
+                write_durable_with(dir, &file_name, |out| stream::write_retained(out, r, stamp))
             }
         };
         let result = match outcome {
@@ -877,6 +870,7 @@ mod stream {
 
     use super::ChannelCopy;
     use crate::storage::contract::{HeldPublish, Position};
+    use crate::storage::memory::LatestCopy;
 
     /// Bytes gathered before each write and checksum update.
     const CHUNK: usize = 256 * 1024;
@@ -1057,6 +1051,46 @@ mod stream {
         }
     }
 
+    impl<'w, W: Write> Encoder<'w, W> {
+        /// An encoder whose file begins with the header of a `kind` file
+        /// stamped `stamp`.
+        fn begin(out: &'w mut W, kind: FileKind, stamp: UnixNanos) -> Self {
+            let mut e = Encoder {
+                out,
+                buf: Vec::with_capacity(CHUNK + 64 * 1024),
+                crc: 0,
+                written: 0,
+            };
+            e.buf.extend_from_slice(&MAGIC);
+            e.u32(FORMAT_VERSION);
+            e.u8(kind.as_byte());
+            let writer = saguin_format::REVISION;
+            let mut cut = writer.len().min(WRITER_LEN);
+            while !writer.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let mut field = [0u8; WRITER_LEN];
+            field[..cut].copy_from_slice(&writer.as_bytes()[..cut]);
+            e.buf.extend_from_slice(&field);
+            e.i64(stamp);
+            e
+        }
+    }
+
+    /// Writes the retained store's copy as a whole format 21 retained file,
+    /// stamped `stamp`: its values in topic order with the offsets the
+    /// store holds (FORMAT.md §2.6), each rebuilt as it is written. Returns
+    /// the file's length and its trailing checksum.
+    pub fn write_retained<W: Write>(
+        out: &mut W,
+        copy: &LatestCopy,
+        stamp: UnixNanos,
+    ) -> io::Result<(u64, u32)> {
+        let mut e = Encoder::begin(out, FileKind::Retained, stamp);
+        e.records(copy.records.len(), copy.records.iter_by_topic())?;
+        e.finish()
+    }
+
     /// Writes `c` as a whole format 21 channel file, stamped `stamp`.
     /// Returns the file's length and its trailing checksum.
     pub fn write_channel<W: Write>(
@@ -1064,24 +1098,7 @@ mod stream {
         c: &ChannelCopy,
         stamp: UnixNanos,
     ) -> io::Result<(u64, u32)> {
-        let mut e = Encoder {
-            out,
-            buf: Vec::with_capacity(CHUNK + 64 * 1024),
-            crc: 0,
-            written: 0,
-        };
-        e.buf.extend_from_slice(&MAGIC);
-        e.u32(FORMAT_VERSION);
-        e.u8(FileKind::Channel.as_byte());
-        let writer = saguin_format::REVISION;
-        let mut cut = writer.len().min(WRITER_LEN);
-        while !writer.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let mut field = [0u8; WRITER_LEN];
-        field[..cut].copy_from_slice(&writer.as_bytes()[..cut]);
-        e.buf.extend_from_slice(&field);
-        e.i64(stamp);
+        let mut e = Encoder::begin(out, FileKind::Channel, stamp);
 
         let (name, next, floor, bytes) = match c {
             ChannelCopy::Append { copy, .. } => (&copy.name, copy.next, copy.floor, copy.bytes),
@@ -1347,6 +1364,59 @@ mod tests {
             );
             f21::decode(&streamed).unwrap();
         }
+    }
+
+    /// The retained store is written in topic order, whatever order its
+    /// values were set in, each with the offset the store holds, and the
+    /// streamed file is the codec's bytes for those records.
+    #[test]
+    fn the_retained_store_is_streamed_in_topic_order() {
+        use crate::storage::contract::LatestStore;
+        use saguin_format::f21::RetainedFile;
+        use saguin_format::model::PublishProps;
+
+        let p = provider();
+        let store = p.retained_store();
+        for topic in ["t/9", "a/b/c", "t/10", "m"] {
+            let mut r = Record::new(topic, format!("value of {topic}").into_bytes());
+            r.qos = 1;
+            r.retain = true;
+            r.client_id = "publisher".into();
+            store.set(r).unwrap();
+        }
+        let mut with_props = Record::new("t/5", "with properties");
+        with_props.props = PublishProps {
+            content_type: Some("text/plain".into()),
+            ..PublishProps::default()
+        }
+        .into();
+        store.set(with_props).unwrap();
+        store.delete("m").unwrap();
+        store.set(Record::new("t/9", "set again")).unwrap();
+
+        let copy = store.copy_state();
+        let mut streamed = Vec::new();
+        let (len, checksum) = stream::write_retained(&mut streamed, &copy, 77).unwrap();
+        assert_eq!(len, streamed.len() as u64);
+        assert_eq!(checksum, trailer(&streamed));
+
+        let mut expected = copy.records.to_vec();
+        expected.sort_by(|a, b| a.topic.cmp(&b.topic));
+        let codec = f21::encode(
+            &SnapshotFile::Retained(RetainedFile {
+                records: expected.clone(),
+            }),
+            77,
+        );
+        assert_eq!(streamed, codec);
+        let (_, SnapshotFile::Retained(back)) = f21::decode(&streamed).unwrap() else {
+            panic!("not a retained file");
+        };
+        let topics: Vec<&str> = back.records.iter().map(|r| r.topic.as_str()).collect();
+        assert_eq!(topics, ["a/b/c", "t/10", "t/5", "t/9"]);
+        let offsets: Vec<u64> = back.records.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, [2, 3, 5, 7]);
+        assert_eq!(back.records, expected);
     }
 
     #[test]

@@ -207,6 +207,7 @@ fn get_records<S: RecordSink>(
     sink: &mut S,
 ) -> Result<Vec<Record>, DecodeError> {
     let n = r.count(field, MIN_RECORD)?;
+    check.expect(n);
     let mut kept = Vec::with_capacity(sink.capacity(n));
     for i in 0..n {
         let rec = get_record(r).map_err(|e| e.within(&format_args!("{field}[{i}]")))?;

@@ -164,7 +164,8 @@ pub(crate) struct ListCheck {
     /// The first finding of its second pass, reported only when the first
     /// pass found nothing (the order the rules are listed in FORMAT.md §2.9).
     second: Option<DecodeError>,
-    topics: HashSet<String>,
+    /// Seeded afresh in every process, so no file can be made to collide.
+    topics: HashSet<String, foldhash::fast::RandomState>,
 }
 
 /// A streamed list's element count and verdict.
@@ -183,7 +184,21 @@ impl ListCheck {
             previous: None,
             first: None,
             second: None,
-            topics: HashSet::new(),
+            topics: HashSet::default(),
+        }
+    }
+
+    /// Makes room for the topics of a list of `count` records before they
+    /// are read: `count` has been checked against the bytes left, so it
+    /// is never more than the input can hold.
+    pub(crate) fn expect(&mut self, count: usize) {
+        let keeps_topics = match self.rules {
+            ListRules::Log { one_per_topic, .. } => one_per_topic,
+            ListRules::Retained => true,
+            ListRules::Queue { .. } | ListRules::CountOnly => false,
+        };
+        if keeps_topics {
+            self.topics.reserve(count);
         }
     }
 

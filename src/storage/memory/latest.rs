@@ -270,6 +270,18 @@ impl LatestRecords {
     pub fn to_vec(&self) -> Vec<Record> {
         self.iter().collect()
     }
+
+    /// Each record, rebuilt one at a time, in topic order: how the
+    /// retained store's file lists them, so that a restart finds them in
+    /// the order its topic index keeps (FORMAT.md §2.6). A copy of the
+    /// retained store is taken in that order and is not sorted again.
+    pub fn iter_by_topic(&self) -> impl Iterator<Item = Record> + '_ {
+        let mut values: Vec<&Arc<Kept>> = self.0.iter().collect();
+        if !values.is_sorted_by(|a, b| a.topic() <= b.topic()) {
+            values.sort_unstable_by(|a, b| a.topic().cmp(b.topic()));
+        }
+        values.into_iter().map(|k| k.record())
+    }
 }
 
 impl From<Vec<Record>> for LatestRecords {
@@ -346,9 +358,11 @@ impl MemoryLatest {
 
     /// Fills an empty store with validated stored values and charges their
     /// bytes to the provider. Each index is built whole from its values
-    /// sorted, not a value at a time: a restart's million retained
-    /// messages come in offset order and their topics in none, and one
-    /// insertion each into the topic index was most of the store's load.
+    /// sorted, not a value at a time: one insertion each into the topic
+    /// index was most of a restart of a million retained messages. The
+    /// retained store's file lists them in topic order (FORMAT.md §2.6),
+    /// so its sort only finds them in order; a file written by offset,
+    /// as a channel's and older retained files are, is sorted here.
     pub(crate) fn fill(&self, next: u64, floor: u64, records: Vec<Record>) -> Result<()> {
         let mut st = write(&self.state);
         if !st.values.is_empty() {

@@ -283,7 +283,7 @@ pub fn provider_copy(
                 copy.retained = Some(LatestCopy {
                     version: 0,
                     name: RETAINED_STORE_NAME.into(),
-                    next: records.last().map_or(1, |r| r.offset + 1),
+                    next: records.iter().map(|r| r.offset + 1).max().unwrap_or(1),
                     floor: 1,
                     bytes: records.iter().map(Record::accounted_size).sum(),
                     records: records.into(),

@@ -33,6 +33,12 @@ fn retained_offsets_are_kept_when_they_order_and_renumbered_when_not() {
     b.offset = 9;
     let kept = crate::storage::sqlite::units::retained_offsets(&[a.clone(), b.clone()]);
     assert_eq!((kept[0].offset, kept[1].offset), (3, 9));
+    // In topic order, a store's offsets need not ascend.
+    let kept = crate::storage::sqlite::units::retained_offsets(&[b.clone(), a.clone()]);
+    assert_eq!((kept[0].offset, kept[1].offset), (9, 3));
+    b.offset = 3;
+    let twice = crate::storage::sqlite::units::retained_offsets(&[a.clone(), b.clone()]);
+    assert_eq!((twice[0].offset, twice[1].offset), (1, 2));
     a.offset = 0;
     b.offset = 0;
     let fresh = crate::storage::sqlite::units::retained_offsets(&[a, b]);

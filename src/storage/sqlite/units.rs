@@ -529,19 +529,20 @@ fn insert_latest(
     Ok(())
 }
 
-/// The retained store's offsets only order its values: kept when they do
-/// (nonzero, ascending), numbered afresh in file order when they do not, as
-/// the memory provider's loader numbers them.
+/// The retained store's offsets only order its values: kept when they can
+/// (nonzero, no two alike; saguin writes the store in topic order, so they
+/// need not ascend), numbered afresh in file order when they cannot, as the
+/// memory provider's loader numbers them.
 pub fn retained_offsets(records: &[Record]) -> Vec<Record> {
-    let ordered = records.iter().all(|r| r.offset > 0)
-        && records
-            .windows(2)
-            .all(|w| w.first().map(|a| a.offset) < w.get(1).map(|b| b.offset));
+    let mut offsets: Vec<u64> = records.iter().map(|r| r.offset).collect();
+    offsets.sort_unstable();
+    let kept = offsets.first().is_none_or(|&lowest| lowest > 0)
+        && offsets.windows(2).all(|w| w.first() < w.get(1));
     records
         .iter()
         .enumerate()
         .map(|(i, r)| Record {
-            offset: if ordered { r.offset } else { i as u64 + 1 },
+            offset: if kept { r.offset } else { i as u64 + 1 },
             ..r.clone()
         })
         .collect()
@@ -549,7 +550,7 @@ pub fn retained_offsets(records: &[Record]) -> Vec<Record> {
 
 fn write_retained(tx: &Connection, r: &RetainedFile, tick: &dyn Fn(u64)) -> rusqlite::Result<()> {
     let records = retained_offsets(&r.records);
-    let next = records.last().map_or(1, |r| r.offset + 1);
+    let next = records.iter().map(|r| r.offset + 1).max().unwrap_or(1);
     insert_channel_row(tx, RETAINED_STORE_NAME, ChannelKind::Latest, next, 1, 0)?;
     insert_latest(tx, RETAINED_STORE_NAME, &records, false, tick)
 }
