@@ -151,6 +151,10 @@ impl ListRules {
     }
 }
 
+/// The most topics a list's set makes room for before they are read: a
+/// million, about 50 MB of address space and 2 MB touched.
+const TOPICS_RESERVED_AT_MOST: usize = 1 << 20;
+
 /// The running state of one streamed list's checks: a few words and, for a
 /// latest channel or the retained store, the set of topics seen.
 #[derive(Debug)]
@@ -189,8 +193,10 @@ impl ListCheck {
     }
 
     /// Makes room for the topics of a list of `count` records before they
-    /// are read: `count` has been checked against the bytes left, so it
-    /// is never more than the input can hold.
+    /// are read, so the set is not rebuilt as it doubles. `count` has been
+    /// checked against the bytes left, but a damaged file's count is
+    /// believed only up to [`TOPICS_RESERVED_AT_MOST`]: past it the set
+    /// grows with the records actually read.
     pub(crate) fn expect(&mut self, count: usize) {
         let keeps_topics = match self.rules {
             ListRules::Log { one_per_topic, .. } => one_per_topic,
@@ -198,7 +204,7 @@ impl ListCheck {
             ListRules::Queue { .. } | ListRules::CountOnly => false,
         };
         if keeps_topics {
-            self.topics.reserve(count);
+            self.topics.reserve(count.min(TOPICS_RESERVED_AT_MOST));
         }
     }
 
