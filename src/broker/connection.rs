@@ -38,8 +38,8 @@ use super::codec::{
     SubAck, UnsubAck,
 };
 use super::link;
-use super::message::Message;
 use super::message::WireForm;
+use super::message::{DecimalBuf, Message};
 use super::metrics::{CloseReason, Metrics};
 use super::read_order::Stamped;
 use super::state::{
@@ -1392,6 +1392,7 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
 
 /// A PUBLISH the writer sends: the shared message and what is this
 /// delivery's own.
+#[derive(Clone, Copy)]
 struct Delivery<'a> {
     dup: bool,
     qos: QoS,
@@ -1437,6 +1438,7 @@ fn write_delivery(
         },
         None => (&*message.topic, message.properties.topic_alias, false),
     };
+    let mut offset = DecimalBuf::default();
     let publish = codec::PublishRef {
         dup: delivery.dup,
         qos: delivery.qos,
@@ -1447,6 +1449,7 @@ fn write_delivery(
         message_expiry_interval: delivery.expiry,
         topic_alias,
         subscription_ids: delivery.subscription_ids,
+        extra_user_property: message.offset_property(&mut offset),
         payload: &message.payload,
     };
     if codec::encode_publish(&publish, version, client_max, buf).is_ok() {
@@ -1473,6 +1476,7 @@ fn copy_delivery(
     let message = delivery.message;
     let with_id = delivery.qos != QoS::AtMostOnce;
     let form = message.wire.shape(with_id).get_or_init(|| {
+        let mut offset = DecimalBuf::default();
         let publish = codec::PublishRef {
             dup: false,
             qos: if with_id {
@@ -1488,6 +1492,7 @@ fn copy_delivery(
             message_expiry_interval: None,
             topic_alias: None,
             subscription_ids: &[],
+            extra_user_property: message.offset_property(&mut offset),
             payload: &message.payload,
         };
         let mut bytes = BytesMut::new();
@@ -1756,7 +1761,15 @@ pub(super) mod tests {
                 retain: true,
                 properties: properties.clone().into(),
                 received_at: tokio::time::Instant::now(),
+                channel_offset: None,
                 wire: Default::default(),
+            };
+            // The same record's message with its offset kept as a number.
+            let numbered = Message {
+                properties: Default::default(),
+                channel_offset: std::num::NonZeroU64::new(42),
+                wire: Default::default(),
+                ..message.clone()
             };
             {
                 let version = ProtocolVersion::V5;
@@ -1790,10 +1803,35 @@ pub(super) mod tests {
                             message_expiry_interval: None,
                             topic_alias: None,
                             subscription_ids: &[],
+                            extra_user_property: None,
                             payload: &message.payload,
                         };
                         codec::encode_publish(&publish, version, u32::MAX, &mut own).unwrap();
                         assert_eq!(copied, own, "QoS {q} topic {topic_len}");
+                        // The offset kept as a number is written where the
+                        // property was, copied or encoded for itself.
+                        let numbered_delivery = Delivery {
+                            message: &numbered,
+                            ..delivery
+                        };
+                        let mut from_number = BytesMut::new();
+                        assert!(copy_delivery(
+                            &numbered_delivery,
+                            version,
+                            u32::MAX,
+                            &mut from_number
+                        ));
+                        assert_eq!(from_number, own, "QoS {q} topic {topic_len}");
+                        let expiring = |d: Delivery<'_>| {
+                            let mut buf = BytesMut::new();
+                            let d = Delivery {
+                                expiry: Some(9),
+                                ..d
+                            };
+                            assert!(write_delivery(&d, version, u32::MAX, None, &mut buf));
+                            buf
+                        };
+                        assert_eq!(expiring(numbered_delivery), expiring(delivery));
                     }
                 }
             }
@@ -1809,6 +1847,7 @@ pub(super) mod tests {
             retain: false,
             properties: Default::default(),
             received_at: tokio::time::Instant::now(),
+            channel_offset: None,
             wire: Default::default(),
         };
         let delivery = Delivery {

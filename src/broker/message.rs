@@ -1,9 +1,11 @@
 //! An application message as the broker routes it: shared by every delivery
 //! through an `Arc`, payload in `Bytes`, so fan-out never copies the payload.
 
+use std::num::NonZeroU64;
 use std::sync::OnceLock;
 
 use bytes::Bytes;
+use once_cell::race::OnceBox;
 use tokio::time::Instant;
 
 use super::codec::{ByteStr, PublishProperties};
@@ -79,6 +81,13 @@ pub struct Message {
     pub properties: MessageProperties,
     /// When the broker accepted it: the message expiry counts from here.
     pub received_at: Instant,
+    /// A channel record's offset, sent to MQTT 5 consumers as the User
+    /// Property [`OFFSET_PROPERTY`] after the publisher's (see
+    /// [`Message::offset_property`]). Kept as a number rather than among the
+    /// properties: a record's message is made for every record its
+    /// consumers read, and the property was three allocations of it that
+    /// an MQTT 3.1.1 consumer never sees.
+    pub channel_offset: Option<NonZeroU64>,
     /// Its MQTT 5 PUBLISH as most deliveries send it, encoded once by the
     /// first connection writer that sends it and copied by the others.
     /// Last in the struct: away from the reference counts the state
@@ -105,7 +114,7 @@ pub struct Message {
 /// client receives - most retained messages, every channel record a 3.1.1
 /// consumer reads - holds one empty word for them instead of 64 bytes.
 #[derive(Default)]
-pub struct WireForms(OnceLock<Box<[OnceLock<Option<WireForm>>; 2]>>);
+pub struct WireForms(OnceBox<[OnceLock<Option<WireForm>>; 2]>);
 
 /// One shape's bytes.
 #[derive(Debug)]
@@ -138,7 +147,33 @@ impl std::fmt::Debug for WireForms {
     }
 }
 
+/// The user property every delivery of a channel record carries: its offset.
+pub const OFFSET_PROPERTY: &str = "saguin-offset";
+
+/// Room for a `u64` in decimal.
+pub type DecimalBuf = [u8; 20];
+
 impl Message {
+    /// The [`OFFSET_PROPERTY`] a delivery of this message adds after the
+    /// publisher's user properties, its value written into `buf`: `None`
+    /// for a message that is not a channel record's (or carries its offset
+    /// among its properties, beside a gap).
+    pub fn offset_property<'b>(&self, buf: &'b mut DecimalBuf) -> Option<(&'static str, &'b str)> {
+        let mut n = self.channel_offset?.get();
+        let mut at = buf.len();
+        loop {
+            at -= 1;
+            buf[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        // Only ASCII digits were written.
+        let digits = std::str::from_utf8(&buf[at..]).ok()?;
+        Some((OFFSET_PROPERTY, digits))
+    }
+
     /// Seconds of expiry left at `now`: `Ok(None)` when the message never
     /// expires, `Err(Expired)` when its interval has passed.
     pub fn expiry_left(&self, now: Instant) -> Result<Option<u32>, Expired> {
@@ -169,6 +204,7 @@ mod tests {
             retain: true,
             properties,
             received_at: Instant::now(),
+            channel_offset: None,
             wire: WireForms::default(),
         }
     }
@@ -182,7 +218,24 @@ mod tests {
         let message = std::mem::size_of::<Message>();
         assert!(message <= 112, "a message is {message} bytes");
         assert_eq!(std::mem::size_of::<MessageProperties>(), 8);
-        assert_eq!(std::mem::size_of::<WireForms>(), 16);
+        assert_eq!(std::mem::size_of::<WireForms>(), 8);
+    }
+
+    /// A channel record's offset, kept as a number, reads back as the
+    /// property it stands for; a message without one has none.
+    #[test]
+    fn a_kept_offset_reads_as_its_property() {
+        let mut buf = DecimalBuf::default();
+        let mut m = message(MessageProperties::default());
+        assert_eq!(m.offset_property(&mut buf), None);
+        for n in [1, 9, 10, 4_294_967_296, u64::MAX] {
+            m.channel_offset = NonZeroU64::new(n);
+            let expected = n.to_string();
+            assert_eq!(
+                m.offset_property(&mut buf),
+                Some((OFFSET_PROPERTY, expected.as_str()))
+            );
+        }
     }
 
     #[test]

@@ -53,6 +53,7 @@
 //! id of such an exchange waits until it is finished.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::num::NonZeroU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +68,7 @@ use crate::broker::codec::{
     Packet, PubAck, Publish, PublishProperties, QoS, ReasonCode, RetainHandling, Subscribe,
     SubscribeFilter, SubscribeProperties, SubscriptionOptions,
 };
+use crate::broker::message::DecimalBuf;
 use crate::broker::metrics::BridgeMetrics;
 use crate::broker::state::{Inbound, InboundPublish, Outbound, GAP_PROPERTY, OFFSET_PROPERTY};
 use crate::broker::views::ChannelView;
@@ -758,10 +760,11 @@ impl Link {
             self.ack_local(local_id, qos).await;
             return;
         }
-        let offset = user
-            .iter()
-            .find(|(k, _)| k == OFFSET_PROPERTY)
-            .and_then(|(_, v)| v.parse::<u64>().ok());
+        let offset = message.channel_offset.map(NonZeroU64::get).or_else(|| {
+            user.iter()
+                .find(|(k, _)| k == OFFSET_PROPERTY)
+                .and_then(|(_, v)| v.parse::<u64>().ok())
+        });
         if let Some((_, gap)) = user.iter().find(|(k, _)| k == GAP_PROPERTY) {
             if let Some((from, to)) = gap
                 .split_once('-')
@@ -779,6 +782,12 @@ impl Link {
             properties.topic_alias = None;
             properties.subscription_identifiers.clear();
             properties.message_expiry_interval = expiry;
+            let mut digits = DecimalBuf::default();
+            if let Some((key, value)) = message.offset_property(&mut digits) {
+                properties
+                    .user_properties
+                    .push((key.to_owned(), value.to_owned()));
+            }
             properties
                 .user_properties
                 .push((CHANNEL_PROPERTY.to_owned(), rule.channel.clone()));

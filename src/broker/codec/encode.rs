@@ -228,6 +228,8 @@ pub struct PublishParts<'a> {
     /// subscription identifiers.
     pub properties: &'a PublishProperties,
     pub subscription_ids: &'a [u32],
+    /// A User Property sent after the properties' own.
+    pub extra_user_property: Option<(&'a str, &'a str)>,
     pub payload_len: usize,
 }
 
@@ -244,6 +246,9 @@ fn publish_body_len(
             parts.properties.measure(m);
             for &sub_id in parts.subscription_ids {
                 m.var(SUBSCRIPTION_IDENTIFIER, Some(sub_id));
+            }
+            if let Some((key, value)) = parts.extra_user_property {
+                m.pair(key, value);
             }
         },
     )
@@ -289,6 +294,9 @@ pub struct PublishRef<'a> {
     pub message_expiry_interval: Option<u32>,
     pub topic_alias: Option<u16>,
     pub subscription_ids: &'a [u32],
+    /// A User Property sent after the properties' own (a channel record's
+    /// offset, which its message keeps as a number).
+    pub extra_user_property: Option<(&'a str, &'a str)>,
     pub payload: &'a [u8],
 }
 
@@ -305,6 +313,7 @@ impl<'a> PublishRef<'a> {
             message_expiry_interval: publish.properties.message_expiry_interval,
             topic_alias: publish.properties.topic_alias,
             subscription_ids: &publish.properties.subscription_identifiers,
+            extra_user_property: None,
             payload: &publish.payload,
         }
     }
@@ -316,6 +325,10 @@ impl<'a> PublishRef<'a> {
             self.subscription_ids,
             s,
         );
+        // User Properties come last in the block: this one follows them.
+        if let Some((key, value)) = self.extra_user_property {
+            s.pair(key, value);
+        }
     }
 
     fn first_byte(&self) -> u8 {

@@ -2112,7 +2112,10 @@ mod generated {
             let ids = std::mem::take(&mut message.properties.subscription_identifiers);
             let (own, delivery) = ids.split_at(split.index(ids.len() + 1));
             message.properties.subscription_identifiers = own.to_vec();
+            // The last User Property, if any, given as the extra one.
+            let extra = message.properties.user_properties.pop();
             let parts = crate::broker::codec::PublishParts {
+                extra_user_property: extra.as_ref().map(|(k, v)| (k.as_str(), v.as_str())),
                 qos: message.qos,
                 topic_len: message.topic.len(),
                 properties: &message.properties,
@@ -2133,13 +2136,18 @@ mod generated {
             max in prop_oneof![Just(u32::MAX), 0u32..200],
         ) {
             let version = if v5 { V5 } else { V4 };
+            // The message's last User Property, if any, given as the
+            // extra one: written where it was.
+            let mut shared = message.properties.clone();
+            let extra = shared.user_properties.pop();
             let parts = crate::broker::codec::PublishRef {
+                extra_user_property: extra.as_ref().map(|(k, v)| (k.as_str(), v.as_str())),
                 dup: delivery.dup,
                 qos: delivery.qos,
                 retain: delivery.retain,
                 topic: &message.topic,
                 packet_id: delivery.packet_id,
-                properties: &message.properties,
+                properties: &shared,
                 message_expiry_interval: delivery.properties.message_expiry_interval,
                 topic_alias: delivery.properties.topic_alias,
                 subscription_ids: &delivery.properties.subscription_identifiers,

@@ -27,6 +27,7 @@
 //! are announced on its next delivery as `saguin-gap: FROM-TO` and counted
 //! (invariant 1).
 
+use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -241,7 +242,10 @@ impl BrokerState {
     }
 
     /// A record as a consumer receives it: the publisher's properties, then
-    /// `saguin-offset` (and `saguin-gap` when it has one to announce).
+    /// `saguin-offset` (and `saguin-gap` when it has one to announce). The
+    /// offset is kept as a number and written by the connection's writer
+    /// (`Message::channel_offset`); beside a gap, both are kept as
+    /// properties, in that order.
     pub(super) fn consumer_message(
         &self,
         record: &Record,
@@ -249,15 +253,18 @@ impl BrokerState {
         now: Instant,
     ) -> Message {
         let received_at = self.received_at(record, now);
-        // The properties made whole before they are boxed: a consumer's
-        // message always has some (its offset).
         let mut properties = publish_properties_of(&record.props, &record.user_properties);
+        let Some((from, to)) = gap else {
+            return Message {
+                // Offsets start at 1.
+                channel_offset: NonZeroU64::new(record.offset),
+                ..message_with_properties(record, received_at, properties)
+            };
+        };
         let user = &mut properties.user_properties;
-        user.reserve_exact(1 + usize::from(gap.is_some()));
+        user.reserve_exact(2);
         user.push((OFFSET_PROPERTY.to_owned(), record.offset.to_string()));
-        if let Some((from, to)) = gap {
-            user.push((GAP_PROPERTY.to_owned(), format!("{from}-{to}")));
-        }
+        user.push((GAP_PROPERTY.to_owned(), format!("{from}-{to}")));
         message_with_properties(record, received_at, properties)
     }
 

@@ -134,6 +134,7 @@ impl BrokerState {
             retain: will.retain,
             properties: will.properties.clone(),
             received_at: now,
+            channel_offset: None,
             wire: Default::default(),
         })
     }

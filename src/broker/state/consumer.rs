@@ -8,8 +8,7 @@ use std::collections::VecDeque;
 
 use super::reads::Seek;
 
-/// The user property every delivery of a channel record carries: its offset.
-pub const OFFSET_PROPERTY: &str = "saguin-offset";
+pub use crate::broker::message::OFFSET_PROPERTY;
 /// The user property telling a consumer which offsets retention removed
 /// before it got them: `FROM-TO`, both inclusive.
 pub const GAP_PROPERTY: &str = "saguin-gap";

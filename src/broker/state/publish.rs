@@ -13,7 +13,7 @@ use super::intent::{Parked, ParkedPublish, Role, StorageFailure, Write};
 use super::session::{InflightEntry, InflightPhase, QueuedMessage};
 use super::{BrokerState, Inbound, InboundPublish, Outbound, ReasonCode};
 use crate::broker::codec::{self, ByteStr, ProtocolVersion, PublishParts, QoS};
-use crate::broker::message::Message;
+use crate::broker::message::{DecimalBuf, Message};
 use crate::broker::metrics::{CloseReason, DropReason};
 use crate::broker::subscriptions::{merge_matches, Delivery, SessionKey};
 
@@ -339,6 +339,7 @@ impl BrokerState {
             retain,
             properties,
             received_at: now,
+            channel_offset: None,
             wire: Default::default(),
         });
         if allowed {
@@ -982,11 +983,13 @@ pub(super) struct ParkedPublishParts {
 /// properties as the writer sends them, with this delivery's subscription
 /// identifiers (the expiry left is of the same size as the interval).
 fn delivery_len(queued: &QueuedMessage, v5: bool) -> usize {
+    let mut offset = DecimalBuf::default();
     let parts = PublishParts {
         qos: QoS::from_u8(queued.qos).unwrap_or(QoS::ExactlyOnce),
         topic_len: queued.message.topic.len(),
         properties: &queued.message.properties,
         subscription_ids: &queued.subscription_ids,
+        extra_user_property: queued.message.offset_property(&mut offset),
         payload_len: queued.message.payload.len(),
     };
     let version = if v5 {

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::consumer::first_level;
+use super::consumer::{first_level, OFFSET_PROPERTY};
 use super::ids::IdMap;
 use super::intent::{Parked, QueueWrite, Role, Write};
 use super::reads::{ChannelRead, ReadWindow, Seek};
@@ -615,10 +615,12 @@ impl BrokerState {
             .filter_map(|s| s.options.subscription_id)
             .collect();
         let mut message = self.consumer_message(&lease.record, None, now);
-        message
-            .properties
-            .user_properties
-            .push((HEADER_ATTEMPTS.to_owned(), lease.attempts.to_string()));
+        // The offset among the properties, so the attempts follow it.
+        let user = &mut message.properties.user_properties;
+        if let Some(offset) = message.channel_offset.take() {
+            user.push((OFFSET_PROPERTY.to_owned(), offset.to_string()));
+        }
+        user.push((HEADER_ATTEMPTS.to_owned(), lease.attempts.to_string()));
         let queued = QueuedMessage {
             message: Arc::new(message),
             qos: 1,

@@ -110,6 +110,7 @@ pub(super) fn message_with_properties(
         retain: record.retain,
         properties: MessageProperties::from(properties),
         received_at,
+        channel_offset: None,
         wire: Default::default(),
     }
 }
@@ -126,6 +127,7 @@ pub(super) fn message_from_owned_record(record: Record, received_at: Instant) ->
         qos: record.qos,
         retain: record.retain,
         received_at,
+        channel_offset: None,
         wire: Default::default(),
     }
 }

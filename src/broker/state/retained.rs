@@ -276,6 +276,7 @@ impl Retained {
                 retain: true,
                 properties: MessageProperties::default(),
                 received_at: now,
+                channel_offset: None,
                 wire: Default::default(),
             }),
         }
@@ -543,6 +544,7 @@ mod tests {
             retain: true,
             properties: MessageProperties::default(),
             received_at: Instant::now(),
+            channel_offset: None,
             wire: Default::default(),
         }
     }

@@ -52,6 +52,7 @@ impl BrokerState {
                     retain: false,
                     properties: MessageProperties::default(),
                     received_at: now,
+                    channel_offset: None,
                     wire: Default::default(),
                 })
             })

@@ -317,12 +317,15 @@ fn channel_deliveries(out: &[Outbound]) -> Vec<(u64, Option<String>)> {
         .filter_map(|o| match o {
             Outbound::Publish { message, .. } => {
                 let props = &message.properties.user_properties;
-                let offset = props
-                    .iter()
-                    .find(|(k, _)| k == OFFSET_PROPERTY)?
-                    .1
-                    .parse()
-                    .ok()?;
+                let offset = match message.channel_offset {
+                    Some(offset) => offset.get(),
+                    None => props
+                        .iter()
+                        .find(|(k, _)| k == OFFSET_PROPERTY)?
+                        .1
+                        .parse()
+                        .ok()?,
+                };
                 let gap = props
                     .iter()
                     .find(|(k, _)| k == GAP_PROPERTY)
