@@ -865,7 +865,7 @@ mod stream {
     use std::borrow::Borrow;
     use std::io::{self, Write};
 
-    use saguin_format::f21::{FileKind, FORMAT_VERSION, MAGIC, WRITER_LEN};
+    use saguin_format::f21::{self, FileKind};
     use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
     use super::ChannelCopy;
@@ -1061,18 +1061,8 @@ mod stream {
                 crc: 0,
                 written: 0,
             };
-            e.buf.extend_from_slice(&MAGIC);
-            e.u32(FORMAT_VERSION);
-            e.u8(kind.as_byte());
-            let writer = saguin_format::REVISION;
-            let mut cut = writer.len().min(WRITER_LEN);
-            while !writer.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            let mut field = [0u8; WRITER_LEN];
-            field[..cut].copy_from_slice(&writer.as_bytes()[..cut]);
-            e.buf.extend_from_slice(&field);
-            e.i64(stamp);
+            e.buf
+                .extend_from_slice(&f21::header(kind, saguin_format::REVISION, stamp));
             e
         }
     }

@@ -393,6 +393,22 @@ fn check_writer_field(bytes: &[u8]) -> Result<(), DecodeError> {
     Ok(())
 }
 
+/// The header of a `kind` file written by `writer` (cut to 24 bytes at a
+/// character boundary) at `written_at`: what every encoder writes first.
+pub fn header(kind: FileKind, writer: &str, written_at: i64) -> [u8; HEADER_LEN] {
+    let mut out = [0u8; HEADER_LEN];
+    out[..VERSION_OFFSET].copy_from_slice(&MAGIC);
+    out[VERSION_OFFSET..KIND_OFFSET].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out[KIND_OFFSET] = kind.as_byte();
+    let mut cut = writer.len().min(WRITER_LEN);
+    while !writer.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    out[WRITER_OFFSET..WRITER_OFFSET + cut].copy_from_slice(&writer.as_bytes()[..cut]);
+    out[WRITTEN_AT_OFFSET..HEADER_LEN].copy_from_slice(&written_at.to_le_bytes());
+    out
+}
+
 /// Encodes `file` stamped with this build's revision ([`crate::REVISION`]).
 /// The encoder writes what it is given; [`validate`] is what says whether
 /// that is loadable.
@@ -411,17 +427,8 @@ pub fn encode_with_writer(file: &SnapshotFile, writer: &str, written_at: i64) ->
         SnapshotFile::Generation(g) => body::generation_size_hint(g),
     };
     let mut w = wire::Writer::with_capacity(MIN_FILE_LEN + hint);
-    w.buf.extend_from_slice(&MAGIC);
-    w.u32(FORMAT_VERSION);
-    w.u8(file.kind().as_byte());
-    let mut cut = writer.len().min(WRITER_LEN);
-    while !writer.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    let mut field = [0u8; WRITER_LEN];
-    field[..cut].copy_from_slice(&writer.as_bytes()[..cut]);
-    w.buf.extend_from_slice(&field);
-    w.i64(written_at);
+    w.buf
+        .extend_from_slice(&header(file.kind(), writer, written_at));
     match file {
         SnapshotFile::Channel(c) => body::put_channel(&mut w, c),
         SnapshotFile::Manifest(m) => body::put_manifest(&mut w, m),
