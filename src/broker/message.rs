@@ -150,8 +150,8 @@ impl std::fmt::Debug for WireForms {
 /// The user property every delivery of a channel record carries: its offset.
 pub const OFFSET_PROPERTY: &str = "saguin-offset";
 
-/// Room for a `u64` in decimal.
-pub type DecimalBuf = [u8; 20];
+/// Room for a `u64` written in decimal.
+pub type DecimalBuf = itoa::Buffer;
 
 impl Message {
     /// The [`OFFSET_PROPERTY`] a delivery of this message adds after the
@@ -159,19 +159,7 @@ impl Message {
     /// for a message that is not a channel record's (or carries its offset
     /// among its properties, beside a gap).
     pub fn offset_property<'b>(&self, buf: &'b mut DecimalBuf) -> Option<(&'static str, &'b str)> {
-        let mut n = self.channel_offset?.get();
-        let mut at = buf.len();
-        loop {
-            at -= 1;
-            buf[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        // Only ASCII digits were written.
-        let digits = std::str::from_utf8(&buf[at..]).ok()?;
-        Some((OFFSET_PROPERTY, digits))
+        Some((OFFSET_PROPERTY, buf.format(self.channel_offset?.get())))
     }
 
     /// Seconds of expiry left at `now`: `Ok(None)` when the message never
