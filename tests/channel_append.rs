@@ -1645,6 +1645,7 @@ fn a_seek_by_time_finds_the_first_record_at_or_after_it_over_a_clock_step_back()
         humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_nanos(nanos as u64))
             .to_string()
     };
+    let db = dir.path().join("saguin.db");
     let yaml = sqlite_config(dir.path(), "");
     let broker = Broker::start_in(dir, &yaml);
     runtime().block_on(async {
@@ -1664,9 +1665,25 @@ fn a_seek_by_time_finds_the_first_record_at_or_after_it_over_a_clock_step_back()
         c.expect_nothing().await;
 
         // Nothing at or after four hours ahead: the consumer starts at
-        // `next`.
+        // `next`. Its session outlives the connection, so the start the
+        // read found is stored: once it is, the consumer is in place and
+        // the next publish is after it.
         let past_all = rfc3339(now + 4 * HOUR);
-        let mut c = consumer(&broker, "from-past-all", 1, Some(&past_all)).await;
+        let mut c = client(&broker, "from-past-all", ConnectOpts::persistent(3600)).await;
+        subscribe_telemetry(&mut c, 1, Some(&past_all)).await;
+        let deadline = tokio::time::Instant::now() + WAIT * 3;
+        let mut pace = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            pace.tick().await;
+            match stored_position(&db, "mqtt:from-past-all") {
+                Some(7) => break,
+                other => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the start found by time was not stored within {:?}: {other:?}",
+                    WAIT * 3
+                ),
+            }
+        }
         c.expect_nothing().await;
         p.publish_acked("telemetry/new", b"later", 1, false, 7)
             .await;
