@@ -20,19 +20,23 @@ use crate::storage::contract::{
 use crate::topic::{filter_matches, literal_prefix};
 
 /// What the store keeps of one value or marker: the record's fields, its
-/// topic and client id in one allocation, and the parts most records lack
-/// out of line. A [`Record`] is about 200 bytes before its strings, and a
-/// store of a million retained messages held one for each; this is 96 and
-/// one allocation for both strings, rebuilt into a record when read (reads
-/// are the rare side: a snapshot, a restart, a subscription's retained
-/// messages; writes come with every retained publish).
+/// topic and client id in one allocation, its payload in another, and the
+/// parts most records lack out of line. A [`Record`] is about 200 bytes
+/// before its strings, and a store of a million retained messages held one
+/// for each; this is 80, rebuilt into a record when read (reads are the
+/// rare side: a snapshot, a restart, a subscription's retained messages;
+/// writes come with every retained publish).
 #[derive(Debug)]
 struct Kept {
     offset: u64,
     timestamp: UnixNanos,
     message_id: [u8; 16],
-    /// Shared with the record it came from and the records read from it.
-    payload: Bytes,
+    /// A copy, not a share of the record's: a share of a payload a
+    /// restart decoded into its own buffer gave it a shared header (24
+    /// bytes a value), and a share of a publish's payload kept the
+    /// connection's whole read of many packets resident. Copied out again
+    /// when read.
+    payload: Box<[u8]>,
     /// The topic, then the client id.
     text: Box<str>,
     /// Where the client id begins in `text`. A topic too long for it (4 GiB)
@@ -90,7 +94,7 @@ impl Kept {
             offset: *offset,
             timestamp: *timestamp,
             message_id: *message_id,
-            payload: payload.clone(),
+            payload: payload.as_ref().into(),
             text: text.into_boxed_str(),
             topic_len,
             qos: *qos,
@@ -133,7 +137,7 @@ impl Kept {
             message_id: self.message_id,
             topic: self.topic().to_owned(),
             timestamp: self.timestamp,
-            payload: self.payload.clone(),
+            payload: Bytes::copy_from_slice(&self.payload),
             retain: self.retain,
             client_id: self.client_id().to_owned(),
             qos: self.qos,
@@ -763,13 +767,13 @@ mod tests {
     }
 
     /// The retained store keeps each value once, in its topic index only,
-    /// and a record's common fields and strings in 96 bytes and one string
-    /// allocation (112 with the `Arc`'s counts, the allocator's 112-byte
-    /// class); as a shared `Record` indexed twice a value was 216 bytes,
-    /// its topic and client id apart, and two index entries.
+    /// and a record's common fields in 80 bytes (96 with the `Arc`'s
+    /// counts, an allocator size class), one allocation for its strings
+    /// and one for its payload; as a shared `Record` indexed twice a value
+    /// was 216 bytes, its topic and client id apart, and two index entries.
     #[test]
     fn a_retained_value_is_kept_small_and_once() {
-        assert_eq!(std::mem::size_of::<Kept>(), 96);
+        assert_eq!(std::mem::size_of::<Kept>(), 80);
         let store = retained_store();
         for (topic, payload) in [("a/1", "x"), ("a/2", "y"), ("a/1", "z")] {
             store
@@ -869,6 +873,20 @@ mod tests {
             let rare = !record.user_properties.is_empty() || record.bridge.is_some();
             assert_eq!(kept.rare.is_some(), rare, "{record:?}");
         }
+    }
+
+    /// A value does not keep what its payload was read from: a restart's
+    /// file, a connection's read of many packets.
+    #[test]
+    fn a_kept_value_lets_go_of_what_its_payload_was_read_from() {
+        let read = Bytes::from(b"....site/1/device/7....0123456789....".to_vec());
+        let store = retained_store();
+        store
+            .set(Record::new("site/1/device/7", read.slice(23..33)))
+            .unwrap();
+        assert!(read.is_unique(), "the store still holds the buffer read");
+        let kept = store.get("site/1/device/7").unwrap().unwrap();
+        assert_eq!(kept.payload, "0123456789");
     }
 
     /// A restart's read of every retained value hands each over once, in
