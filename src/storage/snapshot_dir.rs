@@ -64,7 +64,7 @@ use saguin_format::channel_name::{
 };
 use saguin_format::f21::{
     self, time::format_unix_nanos, BroadcastFile, ChannelFile, FileKind, Generation,
-    GenerationFile, Header, Manifest, RetainedFile, SessionsFile, SnapshotFile, Tally,
+    GenerationFile, Header, Manifest, RecordSink, RetainedFile, SessionsFile, SnapshotFile, Tally,
 };
 use saguin_format::mbmqtt;
 use saguin_format::model::UnixNanos;
@@ -138,8 +138,8 @@ impl ScanOptions {
 /// goes through the one decoder with every check the loader runs
 /// ([`f21::decode_with`]); only what becomes of each record once checked
 /// differs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Records {
+#[derive(Default)]
+pub enum Records<'a> {
     /// Every record is kept: what a loader and `inspect` need.
     #[default]
     Keep,
@@ -147,6 +147,22 @@ pub enum Records {
     /// lists are empty and reading a file costs about its size in memory:
     /// what `verify` needs.
     Drop,
+    /// Every record is kept, those of the retained store's file by the
+    /// sink, as each is checked: that file's list comes back empty. What a
+    /// memory provider's load needs, so its start never holds a million
+    /// decoded records beside the store it builds from them.
+    RetainedInto(&'a mut dyn RecordSink),
+}
+
+impl Records<'_> {
+    /// The same choice, lent for one file's read.
+    fn reborrow(&mut self) -> Records<'_> {
+        match self {
+            Records::Keep => Records::Keep,
+            Records::Drop => Records::Drop,
+            Records::RetainedInto(sink) => Records::RetainedInto(&mut **sink),
+        }
+    }
 }
 
 /// Any snapshot file saguin reads, told apart by its magic.
@@ -275,21 +291,26 @@ pub fn read_snapshot_file_with(
         _ => opts.max_bytes_f21,
     })?;
     match (records, detect(&bytes)) {
-        (Records::Drop, Magic::F21) => decode_f21_dropping(bytes.into(), expected),
+        (Records::Drop, Magic::F21) => {
+            decode_f21_into(bytes.into(), expected, &mut Tally::default())
+        }
+        (Records::RetainedInto(sink), Magic::F21) if expected == Some(FileKind::Retained) => {
+            decode_f21_into(bytes.into(), expected, sink)
+        }
         _ => decode_snapshot_bytes(&bytes, expected),
     }
 }
 
-/// The format 21 arm of [`decode_snapshot_bytes`] with a [`Tally`] sink:
-/// the same decoder and checks, each record dropped once checked.
-fn decode_f21_dropping(
+/// The format 21 arm of [`decode_snapshot_bytes`] with another sink than
+/// the one keeping every record: the same decoder and checks.
+fn decode_f21_into(
     bytes: bytes::Bytes,
     expected: Option<FileKind>,
+    mut sink: impl RecordSink,
 ) -> Result<AnySnapshot, FileProblem> {
-    let mut tally = Tally::default();
     let decoded = match expected {
-        Some(kind) => f21::decode_with_expecting(&bytes, kind, &mut tally),
-        None => f21::decode_with(&bytes, &mut tally),
+        Some(kind) => f21::decode_with_expecting(&bytes, kind, &mut sink),
+        None => f21::decode_with(&bytes, &mut sink),
     };
     decoded
         .and_then(|(header, file)| check_readers(&file).map(|()| (header, file)))
@@ -982,7 +1003,11 @@ struct Found {
 }
 
 /// [`scan`], keeping or dropping the records.
-pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<DirReport, ScanError> {
+pub fn scan_with(
+    dir: &Path,
+    opts: &ScanOptions,
+    mut records: Records,
+) -> Result<DirReport, ScanError> {
     let meta = read::lstat(dir)?;
     match SpecialKind::of(&meta) {
         Some(SpecialKind::Directory) => {}
@@ -1167,10 +1192,11 @@ pub fn scan_with(dir: &Path, opts: &ScanOptions, records: Records) -> Result<Dir
             });
             continue;
         }
-        let outcome = match read_f21_file_with(&path, opts, role.expected_kind(), records) {
-            Ok((header, file)) => FileOutcome::Decoded { header, file },
-            Err(problem) => FileOutcome::Failed(problem),
-        };
+        let outcome =
+            match read_f21_file_with(&path, opts, role.expected_kind(), records.reborrow()) {
+                Ok((header, file)) => FileOutcome::Decoded { header, file },
+                Err(problem) => FileOutcome::Failed(problem),
+            };
         files.push(FileReport {
             name,
             path,

@@ -42,6 +42,24 @@ pub trait RecordSink {
     fn item(&mut self, item: QueueItem, kept: &mut Vec<QueueItem>);
 }
 
+/// A sink lent for one decode: what it receives goes to the one lent.
+impl<S: RecordSink + ?Sized> RecordSink for &mut S {
+    #[inline]
+    fn capacity(&self, count: usize) -> usize {
+        (**self).capacity(count)
+    }
+
+    #[inline]
+    fn record(&mut self, list: RecordList, record: Record, kept: &mut Vec<Record>) {
+        (**self).record(list, record, kept)
+    }
+
+    #[inline]
+    fn item(&mut self, item: QueueItem, kept: &mut Vec<QueueItem>) {
+        (**self).item(item, kept)
+    }
+}
+
 /// Keeps every record: the decoded file is whole. What the loader uses.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Collect;

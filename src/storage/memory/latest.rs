@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
+use saguin_format::f21::{QueueItem, RecordList, RecordSink};
 use saguin_format::model::{Record, UnixNanos};
 
 use super::positions::PositionBook;
@@ -143,6 +144,63 @@ impl Kept {
             qos: self.qos,
             ..base
         }
+    }
+}
+
+/// A latest store's values as a load makes them, one record at a time:
+/// each record is let go once its value is made, so a start does not hold
+/// the records decoded from a file beside the store built from them.
+#[derive(Debug, Default)]
+pub(crate) struct LatestLoad {
+    values: Vec<ByTopic>,
+    deletions: BTreeMap<u64, UnixNanos>,
+    /// Sum of `accounted_size` over values and markers.
+    bytes: u64,
+}
+
+impl LatestLoad {
+    fn with_capacity(records: usize) -> LatestLoad {
+        LatestLoad {
+            values: Vec::with_capacity(records),
+            ..LatestLoad::default()
+        }
+    }
+
+    /// How many values and markers it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    fn push(&mut self, record: Record) {
+        self.bytes += record.accounted_size();
+        if record.payload.is_empty() {
+            self.deletions.insert(record.offset, record.timestamp);
+        }
+        self.values.push(ByTopic(Arc::new(Kept::new(&record))));
+    }
+}
+
+/// A retained store's file decoded straight into its values. The store's
+/// offsets only order its values: they are numbered afresh in the file's
+/// order (a file may come from another writer, or an older one).
+impl RecordSink for LatestLoad {
+    fn capacity(&self, _count: usize) -> usize {
+        // The retained file's one list is kept here, not in the file.
+        0
+    }
+
+    fn record(&mut self, list: RecordList, record: Record, kept: &mut Vec<Record>) {
+        match list {
+            RecordList::Retained => {
+                let offset = self.values.len() as u64 + 1;
+                self.push(Record { offset, ..record });
+            }
+            _ => kept.push(record),
+        }
+    }
+
+    fn item(&mut self, item: QueueItem, kept: &mut Vec<QueueItem>) {
+        kept.push(item);
     }
 }
 
@@ -368,6 +426,15 @@ impl MemoryLatest {
     /// so its sort only finds them in order; a file written by offset,
     /// as a channel's and older retained files are, is sorted here.
     pub(crate) fn fill(&self, next: u64, floor: u64, records: Vec<Record>) -> Result<()> {
+        let mut load = LatestLoad::with_capacity(records.len());
+        for record in records {
+            load.push(record);
+        }
+        self.fill_loaded(next, floor, load)
+    }
+
+    /// [`MemoryLatest::fill`] with values already made from their records.
+    pub(crate) fn fill_loaded(&self, next: u64, floor: u64, load: LatestLoad) -> Result<()> {
         let mut st = write(&self.state);
         if !st.values.is_empty() {
             return Err(StorageError::Invalid {
@@ -375,16 +442,11 @@ impl MemoryLatest {
                 detail: "loaded into a store that already holds values".into(),
             });
         }
-        let mut by_topic = Vec::with_capacity(records.len());
-        let mut deletions = BTreeMap::new();
-        let mut bytes = 0;
-        for r in records {
-            bytes += r.accounted_size();
-            if r.payload.is_empty() {
-                deletions.insert(r.offset, r.timestamp);
-            }
-            by_topic.push(ByTopic(Arc::new(Kept::new(&r))));
-        }
+        let LatestLoad {
+            values: mut by_topic,
+            deletions,
+            bytes,
+        } = load;
         // Sorted by offset as well as by topic: a store without the index
         // by offset refuses two values at one offset all the same.
         let by_offset: Vec<Arc<Kept>> = in_offset_order(by_topic.iter().map(|v| &v.0))

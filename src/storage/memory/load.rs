@@ -25,9 +25,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use saguin_format::channel_name::{encode_file_name, RETAINED_FILE, SESSIONS_FILE};
-use saguin_format::f21::{self, BroadcastFile, SessionsFile, SnapshotFile};
-use saguin_format::model::{ChannelKind, Record, UnixNanos};
+use saguin_format::f21::{self, BroadcastFile, RecordList, RecordSink, SessionsFile, SnapshotFile};
+use saguin_format::model::{ChannelKind, UnixNanos};
 
+use super::latest::LatestLoad;
 use super::{MemChannel, MemoryAppend, MemoryLatest, MemoryProvider, MemoryQueue};
 use crate::storage::contract::{
     dead_letter_name, HeldPublish, Position, Reader, SessionEntry, SessionStore, ShareGroupEntry,
@@ -35,7 +36,7 @@ use crate::storage::contract::{
 };
 use crate::storage::read::{ReadError, F21_DEFAULT_MAX_BYTES};
 use crate::storage::snapshot_dir::{
-    self, DirReport, FileOutcome, FindingKind, Loaded, ScanError, ScanOptions, Severity,
+    self, DirReport, FileOutcome, FindingKind, Loaded, Records, ScanError, ScanOptions, Severity,
 };
 
 /// What a load is asked to bring back.
@@ -306,7 +307,13 @@ impl MemoryProvider {
             dir: dir.to_path_buf(),
             problems,
         };
-        let scanned = match snapshot_dir::scan(dir, &options.scan_options()) {
+        // The retained store's file is decoded straight into its values.
+        let mut retained = LatestLoad::default();
+        let records = match options.retained {
+            true => Records::RetainedInto(&mut retained),
+            false => Records::Keep,
+        };
+        let scanned = match snapshot_dir::scan_with(dir, &options.scan_options(), records) {
             Ok(r) => r,
             // Only the directory itself can be missing here (a file that
             // vanishes after the listing is a refused file).
@@ -327,7 +334,8 @@ impl MemoryProvider {
                 return Err(fail(vec![scan_problem(dir, &error)]))
             }
         };
-        self.restore_loaded(dir, loaded, options).map_err(fail)
+        self.restore_loaded(dir, loaded, retained, options)
+            .map_err(fail)
     }
 
     /// Turns a validated directory into this provider's stores.
@@ -335,6 +343,7 @@ impl MemoryProvider {
         self: &Arc<Self>,
         dir: &Path,
         loaded: Loaded,
+        mut retained_values: LatestLoad,
         options: &LoadOptions,
     ) -> Result<LoadReport, Vec<LoadProblem>> {
         let Loaded {
@@ -386,19 +395,14 @@ impl MemoryProvider {
 
         if options.retained {
             if let Some(r) = retained {
-                // The retained store's offsets only order its values;
-                // they are numbered afresh in the file's order.
-                let records: Vec<Record> = r
-                    .records
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, rec)| Record {
-                        offset: i as u64 + 1,
-                        ..rec
-                    })
-                    .collect();
-                let next = records.len() as u64 + 1;
-                if let Err(e) = self.retained_store().fill(next, 1, records) {
+                // A format 21 file's values were made as it was decoded
+                // (its list here is empty); a legacy file's records are
+                // made into values now, numbered on in the file's order.
+                for record in r.records {
+                    retained_values.record(RecordList::Retained, record, &mut Vec::new());
+                }
+                let next = retained_values.len() as u64 + 1;
+                if let Err(e) = self.retained_store().fill_loaded(next, 1, retained_values) {
                     problems.push(LoadProblem {
                         path: dir.join(RETAINED_FILE),
                         detail: e.to_string(),
@@ -639,9 +643,10 @@ mod tests {
     use std::fs;
 
     use saguin_format::channel_name::MANIFEST_FILE;
+    use saguin_format::model::Record;
 
     use super::*;
-    use crate::storage::contract::{now_nanos, HeldPublishStore, Provider};
+    use crate::storage::contract::{now_nanos, HeldPublishStore, LatestStore, Provider};
     use crate::storage::memory::MemoryConfig;
     use crate::storage::snapshot_write::{save_snapshot, SnapshotOptions};
 
@@ -702,6 +707,72 @@ mod tests {
             .unwrap();
         let report = save_snapshot(&p, dir, &SnapshotOptions::default(), at);
         assert!(report.is_complete(), "{:?}", report.failed);
+    }
+
+    /// The retained store's file is made into the store's values as it is
+    /// decoded: each comes back whole, numbered afresh in the file's order
+    /// (by topic), and the store goes on numbering after them.
+    #[test]
+    fn retained_values_come_back_whole_numbered_in_the_files_order() {
+        use saguin_format::model::UserProperty;
+        let d = tempfile::tempdir().unwrap();
+        let p = provider();
+        let with_properties = Record {
+            client_id: "dev-2".into(),
+            qos: 1,
+            retain: true,
+            user_properties: vec![UserProperty {
+                name: "unit".into(),
+                value: "C".into(),
+            }],
+            ..Record::new("site/b", "2")
+        };
+        for record in [
+            Record::new("site/c", "3"),
+            with_properties.clone(),
+            Record::new("site/a", "1"),
+        ] {
+            p.retained_store().set(record).unwrap();
+        }
+        let write = SnapshotOptions {
+            retained: true,
+            ..SnapshotOptions::default()
+        };
+        let report = save_snapshot(&p, d.path(), &write, now_nanos());
+        assert!(report.is_complete(), "{:?}", report.failed);
+
+        let loaded = provider();
+        let options = LoadOptions {
+            retained: true,
+            ..options(&[])
+        };
+        loaded.load_snapshot_dir(d.path(), &options).unwrap();
+        let store = loaded.retained_store();
+        let values = store.values().unwrap();
+        let order: Vec<(&str, u64, &[u8])> = values
+            .iter()
+            .map(|r| (r.topic.as_str(), r.offset, r.payload.as_ref()))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("site/a", 1, &b"1"[..]),
+                ("site/b", 2, &b"2"[..]),
+                ("site/c", 3, &b"3"[..])
+            ]
+        );
+        let b = &values[1];
+        assert_eq!(
+            (&b.client_id, b.qos, b.retain, &b.user_properties),
+            (
+                &with_properties.client_id,
+                1,
+                true,
+                &with_properties.user_properties
+            )
+        );
+        store.set(Record::new("site/d", "4")).unwrap();
+        assert_eq!(store.get("site/d").unwrap().unwrap().offset, 4);
     }
 
     /// Turns a directory of one generation into what a build before
