@@ -155,6 +155,11 @@ fn flag(byte: u8, field: &str, at: usize) -> Result<bool, DecodeError> {
 }
 
 pub(crate) fn get_record(r: &mut Reader<'_>) -> Result<Record, DecodeError> {
+    get_record_in_place(r).map(|(record, _)| record)
+}
+
+/// [`get_record`], and its topic where it lies in the input.
+fn get_record_in_place<'a>(r: &mut Reader<'a>) -> Result<(Record, &'a str), DecodeError> {
     let at = r.pos();
     let fixed = r.fixed::<RECORD_FIXED>("offset")?;
     let (offset, rest) = fixed.split_at(8);
@@ -166,17 +171,17 @@ pub(crate) fn get_record(r: &mut Reader<'_>) -> Result<Record, DecodeError> {
     let [qos, retain, shared_copy] = <[u8; 3]>::try_from(flags).unwrap_or_default();
     let retain = flag(retain, "retain", at + 33)?;
     let shared_copy = flag(shared_copy, "shared_copy", at + 34)?;
-    let topic = r.str("topic")?;
+    let topic_in_place = r.text("topic")?;
     let client_id = r.str("client_id")?;
     let bridge = r.opt_str("bridge")?;
     let owed_to = r.opt_str("owed_to")?;
     let user_properties = get_user_properties(r)?;
     let props = get_props(r)?;
     let payload: Bytes = r.bytes("payload")?;
-    Ok(Record {
+    let record = Record {
         offset,
         message_id,
-        topic,
+        topic: topic_in_place.to_owned(),
         timestamp,
         user_properties,
         payload,
@@ -187,7 +192,8 @@ pub(crate) fn get_record(r: &mut Reader<'_>) -> Result<Record, DecodeError> {
         qos,
         shared_copy,
         owed_to,
-    })
+    };
+    Ok((record, topic_in_place))
 }
 
 fn put_records(w: &mut Writer, records: &[Record]) {
@@ -199,19 +205,20 @@ fn put_records(w: &mut Writer, records: &[Record]) {
 
 /// Decodes a record list, each record checked by `check` and handed to
 /// `sink`, which keeps it or drops it.
-fn get_records<S: RecordSink>(
-    r: &mut Reader<'_>,
+fn get_records<'a, S: RecordSink>(
+    r: &mut Reader<'a>,
     field: &str,
     list: RecordList,
-    check: &mut ListCheck,
+    check: &mut ListCheck<'a>,
     sink: &mut S,
 ) -> Result<Vec<Record>, DecodeError> {
     let n = r.count(field, MIN_RECORD)?;
     check.expect(n);
     let mut kept = Vec::with_capacity(sink.capacity(n));
     for i in 0..n {
-        let rec = get_record(r).map_err(|e| e.within(&format_args!("{field}[{i}]")))?;
-        check.record(&rec);
+        let (rec, topic) =
+            get_record_in_place(r).map_err(|e| e.within(&format_args!("{field}[{i}]")))?;
+        check.record(&rec, topic);
         sink.record(list, rec, &mut kept);
     }
     Ok(kept)
@@ -282,7 +289,7 @@ fn get_item(r: &mut Reader<'_>) -> Result<QueueItem, DecodeError> {
 
 fn get_items<S: RecordSink>(
     r: &mut Reader<'_>,
-    check: &mut ListCheck,
+    check: &mut ListCheck<'_>,
     sink: &mut S,
 ) -> Result<Vec<QueueItem>, DecodeError> {
     let n = r.count("items", MIN_ITEM)?;
@@ -368,10 +375,10 @@ pub(crate) fn put_channel(w: &mut Writer, c: &ChannelFile) {
 
 /// Decodes a channel body, streaming its record lists through `sink` and
 /// their checks; the verdicts go to `validate_channel`.
-pub(crate) fn get_channel<S: RecordSink>(
-    r: &mut Reader<'_>,
+pub(crate) fn get_channel<'a, S: RecordSink>(
+    r: &mut Reader<'a>,
     sink: &mut S,
-) -> Result<(ChannelFile, ChannelChecks), DecodeError> {
+) -> Result<(ChannelFile, ChannelChecks<'a>), DecodeError> {
     let name = r.str("name")?;
     let kind = get_channel_kind(r, "kind")?;
     let next = r.u64("next")?;
@@ -393,7 +400,7 @@ pub(crate) fn get_channel<S: RecordSink>(
     let positions = get_positions(r, "positions")?;
     let held = get_held(r)?;
     let dead_letter = if r.present("dead_letter")? {
-        let mut get = |r: &mut Reader<'_>| -> Result<DeadLetter, DecodeError> {
+        let mut get = |r: &mut Reader<'a>| -> Result<DeadLetter, DecodeError> {
             let name = r.str("name")?;
             let next = r.u64("next")?;
             let floor = r.u64("floor")?;

@@ -292,15 +292,15 @@ impl<'a> Reader<'a> {
     /// A `u32`-length-prefixed UTF-8 string.
     #[inline]
     pub(crate) fn str(&mut self, field: &str) -> Result<String, DecodeError> {
+        self.text(field).map(str::to_owned)
+    }
+
+    /// [`Reader::str`] where it lies in the input, not copied.
+    #[inline]
+    pub(crate) fn text(&mut self, field: &str) -> Result<&'a str, DecodeError> {
         let (start, raw) = self.length_prefixed(field)?;
-        match std::str::from_utf8(raw) {
-            Ok(s) => Ok(s.to_owned()),
-            Err(e) => Err(DecodeError::corrupt(
-                field,
-                start + e.valid_up_to(),
-                "not valid UTF-8",
-            )),
-        }
+        std::str::from_utf8(raw)
+            .map_err(|e| DecodeError::corrupt(field, start + e.valid_up_to(), "not valid UTF-8"))
     }
 
     /// True, consuming them, when the next `N` bytes are all zero: the
