@@ -82,9 +82,15 @@ impl Kept {
             || *shared_copy
             || owed_to.is_some())
         .then(|| {
+            // Its correlation data copied like the payload: a share of it
+            // kept what it was read from resident, a restart's whole file.
+            let mut props = props.clone();
+            if let Some(data) = props.correlation_data.as_mut() {
+                *data = Bytes::copy_from_slice(data);
+            }
             Box::new(Record {
                 user_properties: user_properties.clone(),
-                props: props.clone(),
+                props,
                 bridge: bridge.clone(),
                 shared_copy: *shared_copy,
                 owed_to: owed_to.clone(),
@@ -949,6 +955,22 @@ mod tests {
         assert!(read.is_unique(), "the store still holds the buffer read");
         let kept = store.get("site/1/device/7").unwrap().unwrap();
         assert_eq!(kept.payload, "0123456789");
+    }
+
+    /// Nor what its correlation data was read from.
+    #[test]
+    fn a_kept_value_lets_go_of_what_its_correlation_data_was_read_from() {
+        let read = Bytes::from(b"....request-17....".to_vec());
+        let mut record = Record::new("site/1/reply", "x");
+        record.props.correlation_data = Some(read.slice(4..14));
+        let store = retained_store();
+        store.set(record).unwrap();
+        assert!(read.is_unique(), "the store still holds the buffer read");
+        let kept = store.get("site/1/reply").unwrap().unwrap();
+        assert_eq!(
+            kept.props.correlation_data.as_deref(),
+            Some(&b"request-17"[..])
+        );
     }
 
     /// A restart's read of every retained value hands each over once, in
