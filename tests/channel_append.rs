@@ -991,24 +991,6 @@ fn stored_position(db: &Path, reader: &str) -> Option<u64> {
         .and_then(|p| p["offset"].as_u64())
 }
 
-/// Waits (bounded) until the start a read found for `reader` is stored
-/// as `offset`. The interval only paces the reads of the file.
-async fn wait_stored_start(db: &Path, reader: &str, offset: u64) {
-    let deadline = tokio::time::Instant::now() + WAIT * 3;
-    let mut pace = tokio::time::interval(Duration::from_millis(20));
-    loop {
-        pace.tick().await;
-        match stored_position(db, reader) {
-            Some(stored) if stored == offset => return,
-            other => assert!(
-                tokio::time::Instant::now() < deadline,
-                "{reader}'s start {offset} was not stored within {:?}: {other:?}",
-                WAIT * 3
-            ),
-        }
-    }
-}
-
 /// A connected consumer's position is written every ack_commit_interval,
 /// not only when it goes: after kill -9 it resumes at its first
 /// unacknowledged record, no later.
@@ -1109,7 +1091,7 @@ fn a_new_consumers_start_is_stored_before_its_suback() {
             let m = e.next_publish(false).await;
             assert_eq!(offset_of(&m), i);
         }
-        wait_stored_start(&db, "mqtt:earliest", 1).await;
+        wait_position_where(&db, "telemetry", "mqtt:earliest", |o| o == 1);
         // Both kept connected until the broker dies: nothing stores their
         // positions on a disconnect.
         ((c, e), stored)
@@ -1677,7 +1659,7 @@ fn a_seek_by_time_finds_the_first_record_at_or_after_it_over_a_clock_step_back()
         let past_all = rfc3339(now + 4 * HOUR);
         let mut c = client(&broker, "from-past-all", ConnectOpts::persistent(3600)).await;
         subscribe_telemetry(&mut c, 1, Some(&past_all)).await;
-        wait_stored_start(&db, "mqtt:from-past-all", 7).await;
+        wait_position_where(&db, "telemetry", "mqtt:from-past-all", |o| o == 7);
         c.expect_nothing().await;
         p.publish_acked("telemetry/new", b"later", 1, false, 7)
             .await;

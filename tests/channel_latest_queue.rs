@@ -224,41 +224,6 @@ fn a_durable_latest_consumer_gets_exactly_what_changed(
     });
 }
 
-/// The position the sqlite file holds for `reader`, if any.
-fn stored_position(db: &Path, channel: &str, reader: &str) -> Option<u64> {
-    let conn =
-        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .ok()?;
-    conn.query_row(
-        "SELECT offset FROM positions WHERE channel = ?1 AND reader = ?2",
-        [channel, reader],
-        |r| r.get(0),
-    )
-    .ok()
-}
-
-/// Waits (bounded) until the sqlite file holds a position for `reader`
-/// that `want` accepts; returns it.
-fn wait_position_where(db: &Path, channel: &str, reader: &str, want: impl Fn(u64) -> bool) -> u64 {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        if let Some(offset) = stored_position(db, channel, reader).filter(|o| want(*o)) {
-            return offset;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no such position for {reader} in {channel}: {:?}",
-            stored_position(db, channel, reader)
-        );
-        std::thread::yield_now();
-    }
-}
-
-/// Waits (bounded) until the sqlite file holds a position for `reader`.
-fn wait_position(db: &Path, channel: &str, reader: &str) {
-    wait_position_where(db, channel, reader, |_| true);
-}
-
 #[test]
 fn latest_on_sqlite_values_deletions_and_a_resume_across_kill_9() {
     a_durable_latest_consumer_gets_exactly_what_changed(
@@ -499,7 +464,7 @@ fn a_latest_consumer_killed_before_its_values_were_acknowledged_gets_them_after_
         let (mut c, _) = durable_connect(broker.addr(), "durable", 2).await;
         c.subscribe(1, "devices/site-7/#", 1).await;
         assert_eq!(
-            stored_position(&db, "devices", "mqtt:durable"),
+            sqlite_position(&db, "devices", "mqtt:durable"),
             Some(1),
             "the start stored before the SUBACK"
         );
@@ -508,7 +473,7 @@ fn a_latest_consumer_killed_before_its_values_were_acknowledged_gets_them_after_
         let (mut quiet, _) = durable_connect(broker.addr(), "quiet", 10).await;
         subscribe_without_values(&mut quiet, "devices/site-7/#").await;
         assert_eq!(
-            stored_position(&db, "devices", "mqtt:quiet"),
+            sqlite_position(&db, "devices", "mqtt:quiet"),
             Some(8),
             "owed no values: stored at next"
         );

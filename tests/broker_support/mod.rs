@@ -913,3 +913,43 @@ pub fn metrics_get(broker: &Broker, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// The position the sqlite file holds for `reader`, if any.
+pub fn sqlite_position(db: &Path, channel: &str, reader: &str) -> Option<u64> {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .ok()?;
+    conn.query_row(
+        "SELECT offset FROM positions WHERE channel = ?1 AND reader = ?2",
+        [channel, reader],
+        |r| r.get(0),
+    )
+    .ok()
+}
+
+/// Waits (bounded) until the sqlite file holds a position for `reader`
+/// that `want` accepts; returns it.
+pub fn wait_position_where(
+    db: &Path,
+    channel: &str,
+    reader: &str,
+    want: impl Fn(u64) -> bool,
+) -> u64 {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some(offset) = sqlite_position(db, channel, reader).filter(|o| want(*o)) {
+            return offset;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no such position for {reader} in {channel}: {:?}",
+            sqlite_position(db, channel, reader)
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// Waits (bounded) until the sqlite file holds a position for `reader`.
+pub fn wait_position(db: &Path, channel: &str, reader: &str) {
+    wait_position_where(db, channel, reader, |_| true);
+}
