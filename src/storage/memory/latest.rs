@@ -177,6 +177,15 @@ impl LatestLoad {
         self.values.len()
     }
 
+    /// A retained value, numbered after those before it: the retained
+    /// store's offsets only order its values, so they are numbered afresh
+    /// in the file's order (a file may come from another writer, or an
+    /// older one).
+    pub(crate) fn push_retained(&mut self, record: Record) {
+        let offset = self.values.len() as u64 + 1;
+        self.push(Record { offset, ..record });
+    }
+
     fn push(&mut self, record: Record) {
         self.bytes += record.accounted_size();
         if record.payload.is_empty() {
@@ -186,9 +195,7 @@ impl LatestLoad {
     }
 }
 
-/// A retained store's file decoded straight into its values. The store's
-/// offsets only order its values: they are numbered afresh in the file's
-/// order (a file may come from another writer, or an older one).
+/// A retained store's file decoded straight into its values.
 impl RecordSink for LatestLoad {
     fn capacity(&self, _count: usize) -> usize {
         // The retained file's one list is kept here, not in the file.
@@ -197,10 +204,7 @@ impl RecordSink for LatestLoad {
 
     fn record(&mut self, list: RecordList, record: Record, kept: &mut Vec<Record>) {
         match list {
-            RecordList::Retained => {
-                let offset = self.values.len() as u64 + 1;
-                self.push(Record { offset, ..record });
-            }
+            RecordList::Retained => self.push_retained(record),
             _ => kept.push(record),
         }
     }

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use saguin_format::channel_name::{encode_file_name, RETAINED_FILE, SESSIONS_FILE};
-use saguin_format::f21::{self, BroadcastFile, RecordList, RecordSink, SessionsFile, SnapshotFile};
+use saguin_format::f21::{self, BroadcastFile, SessionsFile, SnapshotFile};
 use saguin_format::model::{ChannelKind, UnixNanos};
 
 use super::latest::LatestLoad;
@@ -309,9 +309,10 @@ impl MemoryProvider {
         };
         // The retained store's file is decoded straight into its values.
         let mut retained = LatestLoad::default();
-        let records = match options.retained {
-            true => Records::RetainedInto(&mut retained),
-            false => Records::Keep,
+        let records = if options.retained {
+            Records::RetainedInto(&mut retained)
+        } else {
+            Records::Keep
         };
         let scanned = match snapshot_dir::scan_with(dir, &options.scan_options(), records) {
             Ok(r) => r,
@@ -395,11 +396,10 @@ impl MemoryProvider {
 
         if options.retained {
             if let Some(r) = retained {
-                // A format 21 file's values were made as it was decoded
-                // (its list here is empty); a legacy file's records are
-                // made into values now, numbered on in the file's order.
+                // The scan handed the file's records to `retained_values`
+                // as it decoded them; any it kept are numbered on after.
                 for record in r.records {
-                    retained_values.record(RecordList::Retained, record, &mut Vec::new());
+                    retained_values.push_retained(record);
                 }
                 let next = retained_values.len() as u64 + 1;
                 if let Err(e) = self.retained_store().fill_loaded(next, 1, retained_values) {
