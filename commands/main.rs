@@ -11,10 +11,8 @@ use clap::{Parser, Subcommand};
 /// per-thread arenas grow such a heap a page range at a time and take their
 /// slowest path once it is large (see docs/benchmarks.md).
 ///
-/// Built without transparent huge pages (`no_thp` in Cargo.toml): where the
-/// kernel grants them on request (`madvise`, the usual default), each
-/// thread's first small allocations made a 2 MiB page resident, and most
-/// of a broker's threads allocate little.
+/// Built without transparent huge pages (`no_thp` in Cargo.toml), as the
+/// decisions in `src/broker/mod.rs` say.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

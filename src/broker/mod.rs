@@ -101,9 +101,11 @@
 //!   (`release_free_memory` in `commands/main.rs`): the decoded copies a
 //!   restart built its stores from, a few hundred bytes a record, stayed
 //!   resident until a later purge, seconds later. It does not ask the
-//!   kernel for transparent huge pages: with them an empty broker held
-//!   23 MB instead of 14 and each idle connection 2.2 KB instead of 1.9,
-//!   for no throughput gained; only a sqlite restart of a million
+//!   kernel for transparent huge pages: where the kernel grants them on
+//!   request (`madvise`, the usual default), each thread's first small
+//!   allocations made a 2 MiB page resident. With them an empty broker
+//!   held 23 MB instead of 14 and each idle connection 2.2 KB instead of
+//!   1.9, for no throughput gained; only a sqlite restart of a million
 //!   retained messages was faster with them, by 10-20%
 //!   (docs/benchmarks.md, "Idle connections").
 //!
