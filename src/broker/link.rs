@@ -29,8 +29,8 @@
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::ops::Deref;
-use std::sync::atomic::Ordering::{Acquire, Release};
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -56,6 +56,15 @@ pub struct ConnectionLink {
     /// so that letting the reader go and the reader going to sleep are
     /// ordered; read without it.
     paused: AtomicBool,
+    /// The keep-alive timer found the client silent past its limit
+    /// ([`super::keep_alive`]). Set before the timer takes the waker under
+    /// the lock, read under it by the task that registers the waker.
+    silent: AtomicBool,
+    /// When the connection last heard its client, in its keep-alive
+    /// timer's time, or [`super::keep_alive::NOT_TIMED`] while the
+    /// client's silence does not count. Written by the connection, read
+    /// by the timer.
+    pub heard: AtomicU64,
 }
 
 /// What the lock guards.
@@ -115,6 +124,23 @@ impl ConnectionLink {
         if let Some(waker) = waker {
             waker.wake();
         }
+    }
+
+    /// Tell the connection its client was silent past its keep alive,
+    /// waking its task.
+    pub fn tell_silent(&self) {
+        self.silent.store(true, Release);
+        let waker = self.lock().waker.take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// Whether the keep-alive timer told the connection its client was
+    /// silent, and it is no longer told so: the client was heard after
+    /// all.
+    pub fn take_silent(&self) -> bool {
+        self.silent.swap(false, AcqRel)
     }
 
     /// Packets queued and not taken yet by the outlet.
@@ -240,6 +266,18 @@ impl Outlet {
         if into.capacity() > 0 {
             *into = VecDeque::new();
         }
+        Poll::Pending
+    }
+
+    /// Ready once the keep-alive timer told the connection its client was
+    /// silent; Pending otherwise, the task's waker registered in the lock
+    /// the timer takes it in.
+    pub fn poll_silent(&self, cx: &Context<'_>) -> Poll<()> {
+        let mut shared = self.link.lock();
+        if self.link.silent.load(Acquire) {
+            return Poll::Ready(());
+        }
+        register(&mut shared.waker, cx);
         Poll::Pending
     }
 
@@ -442,7 +480,7 @@ mod tests {
     #[test]
     fn an_idle_link_holds_no_memory_beyond_its_own() {
         assert!(
-            std::mem::size_of::<ConnectionLink>() <= 88,
+            std::mem::size_of::<ConnectionLink>() <= 96,
             "{}",
             std::mem::size_of::<ConnectionLink>()
         );

@@ -48,7 +48,10 @@
 //!   quiet (reads land on the stack and only a partial packet's bytes are
 //!   kept) and at most 1 KiB of write buffer once the queue is drained. The
 //!   reader decodes with the project's [`codec`], resolves topic aliases,
-//!   enforces keep alive, authenticates the CONNECT (and re-authenticates,
+//!   notes when it last heard its client for keep alive (one
+//!   [`keep_alive::KeepAliveTimer`] watches every connection's silence and
+//!   wakes the one whose client was silent past its limit, so no
+//!   connection holds a timer of its own), authenticates the CONNECT (and re-authenticates,
 //!   [`auth`] deciding), and forwards the
 //!   packets of one read as one event; it stops reading while the state has
 //!   paused it. A PUBACK, PUBREC, PUBREL or PUBCOMP in its four-byte short
@@ -595,6 +598,7 @@ pub mod bridge;
 pub mod codec;
 pub mod connection;
 pub mod health;
+pub mod keep_alive;
 pub mod lazy;
 pub mod link;
 pub mod logfmt;

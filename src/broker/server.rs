@@ -891,6 +891,7 @@ pub async fn prepare(
         outbound_queue: limits.outbound_queue,
         max_keep_alive: limits.max_keep_alive,
         topic_aliases: config.broker.topic_aliases,
+        keep_alives: super::keep_alive::KeepAliveTimer::start(),
     });
     Ok(Server {
         listeners,
