@@ -139,7 +139,8 @@ impl KeepAliveTimer {
         link.heard.store(NOT_TIMED, Release);
     }
 
-    /// Stop watching `link`: its connection ended.
+    /// Stop watching `link`, watched by [`Self::watch`]: its connection
+    /// ended.
     pub fn let_go(&self, link: &ConnectionLink) {
         if link.heard.swap(GONE, AcqRel) != GONE {
             let mut entries = self.entries();
