@@ -983,8 +983,18 @@ fn poll_io<S: AsyncRead + AsyncWrite + Unpin>(
             false => Poll::Ready(Io::Ended),
         };
     }
-    if timed && out.link.poll_silent(cx).is_ready() {
-        return Poll::Ready(Io::Silent);
+    if timed {
+        // A writer waiting on its queue registered the task's waker where
+        // the timer takes it, in the lock it found the queue empty in: the
+        // flag is enough. One waiting on the socket registers it here.
+        let silent = if out.waits_on_queue() {
+            out.link.silent()
+        } else {
+            out.link.poll_silent(cx).is_ready()
+        };
+        if silent {
+            return Poll::Ready(Io::Silent);
+        }
     }
     Poll::Pending
 }
@@ -1770,6 +1780,13 @@ impl Outgoing {
         Poll::Ready(Written::Batch)
     }
 
+    /// Whether a `Pending` from [`Self::poll_write`] came from the empty
+    /// queue, the task's waker registered in it, rather than from the
+    /// socket.
+    fn waits_on_queue(&self) -> bool {
+        self.taken == 0 && !self.finished
+    }
+
     /// The batch is written: count it off the queue and give the buffers
     /// back if nothing more waits. Says whether that was the last word,
     /// and whether the state should be told the queue drained.
@@ -2244,6 +2261,30 @@ pub(super) mod tests {
         let (reason, at) = c.closed().await;
         assert!(matches!(reason, CloseReason::KeepAlive));
         assert_eq!(at - last_ping, Duration::from_millis(1500));
+    }
+
+    /// A client silent and not reading what it is sent is closed at its
+    /// limit all the same: the writer waits on the socket, not the queue,
+    /// and the keep-alive timer still wakes the task.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_client_that_leaves_a_write_unread_is_closed_at_its_limit() {
+        let mut c = Served::connect_over(2, 64).await;
+        let connected = Instant::now();
+        let handle = c._handle.take().unwrap();
+        // More than the pipe holds: the write waits for the client.
+        let reasons = vec![ReasonCode::GrantedQoS1; 200];
+        handle
+            .send(Outbound::SubAck {
+                packet_id: 7,
+                reasons,
+            })
+            .unwrap();
+        let (reason, at) = tokio::time::timeout(Duration::from_secs(10), c.closed())
+            .await
+            .expect("the silent client is never closed");
+        assert!(matches!(reason, CloseReason::KeepAlive));
+        assert_eq!(at - connected, Duration::from_secs(3));
+        c._handle = Some(handle);
     }
 
     /// A client that sends without reading what it is sent is still read:

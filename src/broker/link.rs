@@ -137,6 +137,14 @@ impl ConnectionLink {
     }
 
     /// Whether the keep-alive timer told the connection its client was
+    /// silent. Read after the task's waker was registered under the lock,
+    /// it cannot miss the timer: the timer sets it before it takes the
+    /// waker.
+    pub fn silent(&self) -> bool {
+        self.silent.load(Acquire)
+    }
+
+    /// Whether the keep-alive timer told the connection its client was
     /// silent, and it is no longer told so: the client was heard after
     /// all.
     pub fn take_silent(&self) -> bool {
