@@ -2263,6 +2263,19 @@ pub(super) mod tests {
         assert_eq!(at - last_ping, Duration::from_millis(1500));
     }
 
+    /// Queue more than the pipe of [`Served::connect_over`]`(_, 64)`
+    /// holds: the writer waits for the client to read. A SUBACK of 200
+    /// reasons, packet id 7.
+    fn stall_the_writer(handle: &crate::broker::state::ConnectionHandle) {
+        let reasons = vec![ReasonCode::GrantedQoS1; 200];
+        handle
+            .send(Outbound::SubAck {
+                packet_id: 7,
+                reasons,
+            })
+            .unwrap();
+    }
+
     /// A client silent and not reading what it is sent is closed at its
     /// limit all the same: the writer waits on the socket, not the queue,
     /// and the keep-alive timer still wakes the task.
@@ -2271,14 +2284,7 @@ pub(super) mod tests {
         let mut c = Served::connect_over(2, 64).await;
         let connected = Instant::now();
         let handle = c._handle.take().unwrap();
-        // More than the pipe holds: the write waits for the client.
-        let reasons = vec![ReasonCode::GrantedQoS1; 200];
-        handle
-            .send(Outbound::SubAck {
-                packet_id: 7,
-                reasons,
-            })
-            .unwrap();
+        stall_the_writer(&handle);
         let (reason, at) = tokio::time::timeout(Duration::from_secs(10), c.closed())
             .await
             .expect("the silent client is never closed");
@@ -2293,14 +2299,7 @@ pub(super) mod tests {
     async fn a_connection_reads_while_its_client_leaves_a_write_unread() {
         let mut c = Served::connect_over(0, 64).await;
         let handle = c._handle.take().unwrap();
-        // More than the pipe holds: the write waits for the client.
-        let reasons = vec![ReasonCode::GrantedQoS1; 200];
-        handle
-            .send(Outbound::SubAck {
-                packet_id: 7,
-                reasons,
-            })
-            .unwrap();
+        stall_the_writer(&handle);
         c.send(Packet::PingReq).await;
         match c.events.recv().await {
             Some(Event::Packets { packets, .. }) => {

@@ -265,17 +265,23 @@ mod tests {
         }
     }
 
+    /// The client is told silent exactly `after` from now, not a
+    /// millisecond before.
+    async fn told_silent_after(outlet: &Outlet, after: Duration) {
+        tokio::time::advance(after - Duration::from_millis(1)).await;
+        settle().await;
+        assert!(!silent(outlet), "told silent before {after:?}");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        settle().await;
+        assert!(silent(outlet), "not told silent at {after:?}");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_silent_client_is_told_exactly_at_its_limit() {
         let timer = KeepAliveTimer::start();
         let (_handle, outlet) = link();
         timer.watch(&outlet, Duration::from_secs(3));
-        tokio::time::advance(Duration::from_millis(2999)).await;
-        settle().await;
-        assert!(!silent(&outlet));
-        tokio::time::advance(Duration::from_millis(1)).await;
-        settle().await;
-        assert!(silent(&outlet));
+        told_silent_after(&outlet, Duration::from_secs(3)).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -290,12 +296,7 @@ mod tests {
             settle().await;
             assert!(!silent(&outlet));
         }
-        tokio::time::advance(Duration::from_millis(1499)).await;
-        settle().await;
-        assert!(!silent(&outlet));
-        tokio::time::advance(Duration::from_millis(1)).await;
-        settle().await;
-        assert!(silent(&outlet));
+        told_silent_after(&outlet, limit).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -309,12 +310,7 @@ mod tests {
         settle().await;
         assert!(!silent(&outlet));
         timer.heard(&outlet, limit);
-        tokio::time::advance(Duration::from_millis(999)).await;
-        settle().await;
-        assert!(!silent(&outlet));
-        tokio::time::advance(Duration::from_millis(1)).await;
-        settle().await;
-        assert!(silent(&outlet));
+        told_silent_after(&outlet, limit).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -323,14 +319,10 @@ mod tests {
         let (_handle, outlet) = link();
         let limit = Duration::from_secs(1);
         timer.watch(&outlet, limit);
-        tokio::time::advance(limit).await;
-        settle().await;
-        assert!(silent(&outlet));
+        told_silent_after(&outlet, limit).await;
         timer.heard(&outlet, limit);
         assert!(!silent(&outlet));
-        tokio::time::advance(limit).await;
-        settle().await;
-        assert!(silent(&outlet));
+        told_silent_after(&outlet, limit).await;
     }
 
     #[tokio::test(start_paused = true)]
