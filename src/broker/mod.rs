@@ -42,7 +42,9 @@
 //!   [`connection::serve`]; a TLS handshake runs boxed first and is gone
 //!   once done, so neither sizes the connection's task for its life.
 //! - [`connection`]: one task per connection, its reader and its writer
-//!   polled together in one `select!`, taking turns (a write the client
+//!   polled together by one poll function whose state lives in the
+//!   connection's box (the task's future is 72 B, so the task fits the
+//!   allocator's 256 B block), taking turns (a write the client
 //!   does not take never stops the reads, and a read is handed on before
 //!   the next batch is written); no read buffer held while the client is
 //!   quiet (reads land on the stack and only a partial packet's bytes are
