@@ -59,8 +59,15 @@ const SQL_SINCE: &str = concat!(
     ", deleted FROM latest_values WHERE channel = ?1 AND offset >= ?2 ORDER BY offset"
 );
 const SQL_FLOOR: &str = "SELECT floor FROM channels WHERE name = ?1";
-const SQL_SIZES: &str =
-    "SELECT size, deleted, offset, timestamp FROM latest_values WHERE channel = ?1";
+/// The bytes of every row, values and markers, and the count of each, in
+/// one aggregate: a store of a million values is summed by SQLite rather
+/// than handed over a row at a time.
+const SQL_SIZES: &str = "SELECT coalesce(sum(size), 0), count(*) FILTER (WHERE deleted = 0),
+         count(*) FILTER (WHERE deleted = 1)
+     FROM latest_values WHERE channel = ?1";
+/// The deletion markers, read only where there are some.
+const SQL_MARKERS: &str =
+    "SELECT offset, timestamp FROM latest_values WHERE channel = ?1 AND deleted = 1";
 /// One topic's row as a write sees it, on the primary key.
 const SQL_ROW: &str = "SELECT size, deleted, offset, timestamp FROM latest_values
      WHERE channel = ?1 AND topic = ?2";
@@ -80,6 +87,7 @@ pub(crate) fn read_statements() -> Vec<String> {
         SQL_SINCE,
         SQL_FLOOR,
         SQL_SIZES,
+        SQL_MARKERS,
         SQL_NEXT_FLOOR,
     ]
     .iter()
@@ -116,7 +124,7 @@ pub struct LatestChannel {
 }
 
 /// A `latest_values` row's size and, for a marker, its offset and time,
-/// as [`SQL_SIZES`] and [`SQL_ROW`] read them.
+/// as [`SQL_ROW`] reads them.
 fn entry_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<LatestEntry> {
     let deleted: bool = r.get(1)?;
     let deletion = deleted
@@ -136,21 +144,20 @@ fn entry_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<LatestEntry> {
 impl LatestChannel {
     pub(crate) fn open(shared: Arc<Shared>, name: &str) -> contract::Result<Arc<LatestChannel>> {
         let (next, floor, _) = shared.channel_row(name, ChannelKind::Latest)?;
-        // One pass over the rows, summing them and keeping the markers.
+        // The rows summed in one read, the markers kept: the same snapshot
+        // for both.
         let (bytes, count, markers) = shared.read(
             || format!("channel {name}: reading value sizes"),
             |conn| {
-                let mut stmt = conn.prepare_cached(SQL_SIZES)?;
-                let mut rows = stmt.query([name])?;
-                let (mut bytes, mut count, mut markers) = (0u64, 0u64, BTreeMap::new());
-                while let Some(r) = rows.next()? {
-                    let entry = entry_of(r)?;
-                    bytes += entry.size;
-                    match entry.deletion {
-                        Some(d) => {
-                            markers.insert(d.offset, d.timestamp);
-                        }
-                        None => count += 1,
+                let (bytes, count, deleted): (u64, u64, u64) = conn
+                    .prepare_cached(SQL_SIZES)?
+                    .query_row([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+                let mut markers = BTreeMap::new();
+                if deleted > 0 {
+                    let mut stmt = conn.prepare_cached(SQL_MARKERS)?;
+                    let mut rows = stmt.query([name])?;
+                    while let Some(r) = rows.next()? {
+                        markers.insert(r.get(0)?, r.get(1)?);
                     }
                 }
                 Ok((bytes, count, markers))

@@ -331,6 +331,46 @@ fn bounds_that_round_to_nothing_or_below_twice_the_reserve_are_refused() {
     );
 }
 
+/// What a latest channel counts in memory (its bytes, values and
+/// markers) is read back at a reopen as it stood at the close.
+#[test]
+fn a_latest_channels_counts_and_markers_come_back_at_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let latest = |p: &SqliteProvider| {
+        p.open_channel("devices", ChannelKind::Latest)
+            .unwrap()
+            .as_latest()
+            .unwrap()
+            .clone()
+    };
+    let before = {
+        let p = SqliteProvider::open(options(dir.path())).unwrap();
+        let l = latest(&p);
+        for (topic, payload) in [
+            ("devices/a", "1"),
+            ("devices/b", "22"),
+            ("devices/c", "333"),
+        ] {
+            l.set(rec(topic, payload, 1)).unwrap();
+        }
+        l.delete("devices/b").unwrap().unwrap();
+        l.delete("devices/c").unwrap().unwrap();
+        let before = (l.bytes(), l.record_count(), l.deletions());
+        assert_eq!((before.1, before.2), (1, 2));
+        p.close().unwrap();
+        before
+    };
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let l = latest(&p);
+    assert_eq!((l.bytes(), l.record_count(), l.deletions()), before);
+    // The markers themselves came back (offsets 4 and 5, after the three
+    // values): the older one is forgotten first, the floor raised past it.
+    let removed = l.forget_deletions(Some(1), None).unwrap();
+    assert_eq!(removed.records, 1);
+    assert_eq!(l.deletions(), 1);
+    assert_eq!(l.floor(), 5);
+}
+
 #[test]
 fn latest_values_deletions_and_their_floor() {
     let dir = tempfile::tempdir().unwrap();
