@@ -11,7 +11,9 @@
 //! the stack, and only a partial packet's bytes are kept), no batch of
 //! queued packets (they are encoded as they are taken), at most
 //! `WRITE_KEEP` (1 KiB) of write buffer once the outbound queue is
-//! drained, and the handshake's state boxed and gone.
+//! drained, the handshake's state boxed and gone, no timer of its own
+//! (the broker's one [`KeepAliveTimer`] watches its client's silence),
+//! and the loop's state in its boxed state, not in the task's future.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
