@@ -26,7 +26,8 @@
 //! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose rows
 //! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
 //! retained, `memory-before` append) run beside this build's in the same
-//! run; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
+//! run (the idle curve's two builds take turns going first, size by
+//! size); `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
 //! CPU window. Idle connections are capped below the process's open-file
 //! limit (each connection is a descriptor in the broker and one here);
 //! the run says so where it caps. A count that comes out short fails the
@@ -349,10 +350,17 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
     let dir = tempfile::tempdir()?;
-    for &n in &sizes {
+    for (size, &n) in sizes.iter().enumerate() {
         let mut brokers = vec!["saguin"];
         if baseline.is_some() {
-            brokers.push("saguin-before");
+            // The two builds take turns going first: a size's first row
+            // accepts slower whichever build it is (measured with one
+            // build in both rows), so a fixed order leans one way.
+            if size % 2 == 1 {
+                brokers.insert(0, "saguin-before");
+            } else {
+                brokers.push("saguin-before");
+            }
         }
         if mosquitto {
             brokers.push("mosquitto");
