@@ -514,6 +514,11 @@ where
     give_back_if_empty(&mut unread);
     // Boxed: moved from the handshake's future into the task's, a value
     // this size would be laid out in both.
+    // Bytes that came with the CONNECT's read are the loop's first.
+    let serving = Serving {
+        fresh: !unread.is_empty(),
+        ..Serving::default()
+    };
     Some(Box::new(Connection {
         stream,
         unread,
@@ -526,7 +531,7 @@ where
         events,
         context,
         out,
-        serving: Serving::default(),
+        serving,
         rare,
     }))
 }
@@ -655,10 +660,6 @@ where
     /// connection's box: the task's future holds none of it (see
     /// [`Serving`]).
     async fn serve_packets(&mut self) -> Ending {
-        self.serving = Serving {
-            fresh: !self.unread.is_empty(),
-            ..Serving::default()
-        };
         // Keep alive runs while the reader waits for its client, from the
         // moment it starts waiting: neither a full event queue nor a pause
         // counts against the client.
@@ -666,6 +667,26 @@ where
             self.context.keep_alives.watch(&self.out.link, limit);
         }
         poll_fn(|cx| self.poll_serve(cx)).await
+    }
+
+    /// The client was heard: its silence starts again.
+    fn heard(&self) {
+        if let Some(limit) = silence_limit(self.keep_alive) {
+            self.context.keep_alives.heard(&self.out.link, limit);
+        }
+    }
+
+    /// The packets of the last read were handed to the state: the end a
+    /// fatal packet after them called for, or the client was heard.
+    fn handed_on(&mut self, fatal: Option<Fatal>) -> Option<Ending> {
+        self.stream.order().handed_on();
+        match fatal {
+            Some((reason, code, detail)) => Some(Ending::new(reason, code, detail)),
+            None => {
+                self.heard();
+                None
+            }
+        }
     }
 
     /// Whether the packets of the last read wait for room in the state's
@@ -706,11 +727,9 @@ where
                     }
                 }
                 if !self.handing() {
-                    self.stream.order().handed_on();
-                    if let Some((reason, code, detail)) = fatal {
-                        return Poll::Ready(Ending::new(reason, code, detail));
+                    if let Some(ending) = self.handed_on(fatal) {
+                        return Poll::Ready(ending);
                     }
-                    heard(&self.context.keep_alives, &self.out.link, self.keep_alive);
                 }
             }
             let handing = self.handing();
@@ -722,7 +741,7 @@ where
                 if now_paused && !self.serving.paused {
                     self.stream.order().set_aside();
                 } else if self.serving.paused && !now_paused {
-                    heard(&self.context.keep_alives, &self.out.link, self.keep_alive);
+                    self.heard();
                 }
                 self.serving.paused = now_paused;
             }
@@ -826,11 +845,9 @@ where
             match handing {
                 Some(event) => {
                     permit.send(event);
-                    self.stream.order().handed_on();
-                    if let Some((reason, code, detail)) = fatal {
-                        return Poll::Ready(Ending::new(reason, code, detail));
+                    if let Some(ending) = self.handed_on(fatal) {
+                        return Poll::Ready(ending);
                     }
-                    heard(&self.context.keep_alives, &self.out.link, self.keep_alive);
                 }
                 None => {
                     self.serving.drained_owed = false;
@@ -923,13 +940,6 @@ where
 /// half times that (MQTT-3.1.2-24).
 fn silence_limit(seconds: u16) -> Option<Duration> {
     (seconds > 0).then(|| Duration::from_millis(u64::from(seconds) * 1500))
-}
-
-/// The client was heard: its silence starts again.
-fn heard(keep_alives: &KeepAliveTimer, link: &link::Outlet, keep_alive: u16) {
-    if let Some(limit) = silence_limit(keep_alive) {
-        keep_alives.heard(link, limit);
-    }
 }
 
 /// What one poll of a connection's socket and outbound queue came to.
