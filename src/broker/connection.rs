@@ -579,9 +579,6 @@ where
 {
     async fn run(mut self: Box<Self>) {
         let ending = self.serve_packets().await;
-        if self.keep_alive > 0 {
-            self.context.keep_alives.let_go(&self.out.link);
-        }
         // Boxed: held only while closing, not in every idle connection's task.
         Box::pin(self.close(ending)).await;
     }

@@ -21,14 +21,15 @@
 //! So a busy connection costs the timer one look a keep-alive period, not
 //! one a packet, and a silent client is still closed exactly at its limit.
 //!
-//! An entry whose connection ended stays until it comes due or the
-//! entries are swept: each sweep keeps only the watched ones, and one runs
-//! when the entries are more than twice those, so connections that come
+//! An entry holds its link weakly: once the connection and the state have
+//! let go of the link, the entry is dropped when it comes due, or sooner
+//! by a sweep. A sweep keeps the entries whose link lives and runs each
+//! time the entries have doubled since the last, so connections that come
 //! and go do not pile up behind long keep alives.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::atomic::Ordering::{Acquire, Release};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -39,9 +40,8 @@ use super::link::{ConnectionLink, Outlet};
 
 /// [`ConnectionLink::heard`] while the client's silence does not count.
 pub const NOT_TIMED: u64 = u64::MAX;
-/// [`ConnectionLink::heard`] once its connection stopped being watched.
-const GONE: u64 = u64::MAX - 1;
-/// Entries the timer keeps beyond twice the watched ones before a sweep.
+/// Entries the timer keeps beyond twice those the last sweep left before
+/// it sweeps again.
 const SWEEP_SLACK: usize = 64;
 
 /// The timer every connection of a broker shares. Its task ends when the
@@ -59,8 +59,8 @@ pub struct KeepAliveTimer {
 #[derive(Debug, Default)]
 struct Entries {
     due: BinaryHeap<Reverse<Entry>>,
-    /// Connections watched and not yet let go of.
-    watched: usize,
+    /// How many entries the last sweep left.
+    swept_to: usize,
 }
 
 /// One connection's silence as far as the timer last looked.
@@ -120,7 +120,6 @@ impl KeepAliveTimer {
     pub fn watch(&self, link: &Outlet, limit: Duration) {
         let now = self.now();
         link.heard.store(now, Release);
-        self.entries().watched += 1;
         self.arm(&link.link(), now, nanos(limit));
     }
 
@@ -137,15 +136,6 @@ impl KeepAliveTimer {
     /// `link`'s client's silence does not count until it is heard again.
     pub fn not_timed(&self, link: &ConnectionLink) {
         link.heard.store(NOT_TIMED, Release);
-    }
-
-    /// Stop watching `link`, watched by [`Self::watch`]: its connection
-    /// ended.
-    pub fn let_go(&self, link: &ConnectionLink) {
-        if link.heard.swap(GONE, AcqRel) != GONE {
-            let mut entries = self.entries();
-            entries.watched = entries.watched.saturating_sub(1);
-        }
     }
 
     /// An entry for `link`'s silence heard at `heard`.
@@ -181,7 +171,6 @@ impl KeepAliveTimer {
                     continue;
                 };
                 let at = match link.heard.load(Acquire) {
-                    GONE => continue,
                     NOT_TIMED => now.saturating_add(entry.limit),
                     heard => heard.saturating_add(entry.limit),
                 };
@@ -191,12 +180,9 @@ impl KeepAliveTimer {
                     entries.due.push(Reverse(Entry { at, ..entry }));
                 }
             }
-            if entries.due.len() > 2 * entries.watched + SWEEP_SLACK {
-                entries.due.retain(|Reverse(e)| {
-                    e.link
-                        .upgrade()
-                        .is_some_and(|link| link.heard.load(Acquire) != GONE)
-                });
+            if entries.due.len() > 2 * entries.swept_to + SWEEP_SLACK {
+                entries.due.retain(|Reverse(e)| e.link.strong_count() > 0);
+                entries.swept_to = entries.due.len();
             }
             entries
                 .due
@@ -218,7 +204,7 @@ impl Drop for KeepAliveTimer {
 }
 
 fn nanos(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(GONE - 1)
+    u64::try_from(duration.as_nanos()).unwrap_or(NOT_TIMED - 1)
 }
 
 /// The timer's task: sleeps until the first entry is due or one comes
@@ -326,17 +312,15 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn connections_let_go_of_are_swept_from_the_entries() {
+    async fn connections_that_ended_are_swept_from_the_entries() {
         let timer = KeepAliveTimer::start();
         let long = Duration::from_secs(100_000);
         let (_kept, kept) = link();
         timer.watch(&kept, long);
-        let mut links = Vec::new();
         for _ in 0..10 * SWEEP_SLACK {
-            let (handle, outlet) = link();
+            // The connection and the state let go of the link.
+            let (_handle, outlet) = link();
             timer.watch(&outlet, long);
-            timer.let_go(&outlet);
-            links.push((handle, outlet));
         }
         // The sweep runs when the timer next looks.
         let (_short, short) = link();
@@ -345,7 +329,6 @@ mod tests {
         settle().await;
         assert!(silent(&short));
         let entries = timer.entries();
-        assert_eq!(entries.watched, 2);
         assert!(entries.due.len() <= 2, "{} entries", entries.due.len());
     }
 
