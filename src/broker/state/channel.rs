@@ -282,7 +282,7 @@ impl BrokerState {
         let Some(session) = self.sessions.by_key.get(&key) else {
             return false;
         };
-        let Some(connection) = session.connection else {
+        let Some(connection) = session.connection() else {
             return false;
         };
         let consumer = &session.consumers[index];
@@ -417,7 +417,7 @@ impl BrokerState {
         let Some(session) = self.sessions.by_key.get(&key) else {
             return;
         };
-        let Some(connection) = session.connection else {
+        let Some(connection) = session.connection() else {
             return;
         };
         let Some(consumer) = session.consumers.get(index) else {

@@ -244,7 +244,7 @@ impl BrokerState {
         let Some(session) = self.sessions.by_key.get(&key) else {
             return false;
         };
-        let Some(connection) = session.connection else {
+        let Some(connection) = session.connection() else {
             return false;
         };
         let Some(sub) = session.subscriptions.get(&raw) else {
@@ -325,7 +325,7 @@ impl BrokerState {
             .iter()
             .filter_map(|k| {
                 let session = self.sessions.by_key.get(k)?;
-                let connection = session.connection?;
+                let connection = session.connection()?;
                 let window = self.connections.get(&connection)?.receive_maximum;
                 self.has_room(connection)
                     .then(|| window.saturating_sub(session.inflight.len()))

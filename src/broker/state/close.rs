@@ -58,11 +58,11 @@ impl BrokerState {
         // let go.
         conn.handle.set_paused(false);
         if let Some(session) = self.sessions.by_key.get_mut(&conn.session) {
-            if session.connection == Some(connection) {
-                session.connection = None;
+            if session.connection() == Some(connection) {
+                session.set_connection(None);
             }
-            if session.connecting == Some(connection) {
-                session.connecting = None;
+            if session.connecting() == Some(connection) {
+                session.set_connecting(None);
             }
         }
         Some(conn)
@@ -109,7 +109,7 @@ impl BrokerState {
         let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
-        if session.connection.is_some() || session.connecting.is_some() {
+        if session.connection().is_some() || session.connecting().is_some() {
             return;
         }
         if expiry == 0 {

@@ -95,7 +95,7 @@ impl BrokerState {
                 let s = &self.sessions.by_key[&key];
                 (
                     s.principal != request.principal,
-                    s.connection.or(s.connecting),
+                    s.connection().or(s.connecting()),
                     s.expiry_interval == 0,
                 )
             };
@@ -177,7 +177,7 @@ impl BrokerState {
         };
         let was_stored = {
             let session = self.sessions.by_key.get_mut(&key).expect("inserted above");
-            session.connecting = Some(connection);
+            session.set_connecting(Some(connection));
             session.bridge = request.bridge.clone();
             session.expiry_interval = expiry;
             session.expires_at = None;
@@ -292,7 +292,7 @@ impl BrokerState {
             .sessions
             .by_key
             .get(&key)
-            .is_some_and(|s| s.connecting == Some(connection));
+            .is_some_and(|s| s.connecting() == Some(connection));
         if !current || !self.connections.contains_key(&connection) {
             // Taken over or closed while its session was being written.
             return;
@@ -330,8 +330,8 @@ impl BrokerState {
             return;
         }
         if let Some(session) = self.sessions.by_key.get_mut(&key) {
-            session.connecting = None;
-            session.connection = Some(connection);
+            session.set_connecting(None);
+            session.set_connection(Some(connection));
         }
         self.send(connection, ack);
         if replay {

@@ -155,7 +155,7 @@ impl BrokerState {
             if !waiting {
                 continue;
             }
-            if self.sessions.by_key[&read.key].connection.is_some() {
+            if self.sessions.by_key[&read.key].connection().is_some() {
                 self.latest_reads.ask(&mut self.reads, read);
             } else {
                 self.latest_reads.failed.push(read);
@@ -244,7 +244,7 @@ impl BrokerState {
             consumer.owe(offset);
         }
         let connection = self.sessions.by_key[&read.key]
-            .connection
+            .connection()
             .filter(|c| self.connections.contains_key(c));
         let Some(connection) = connection else {
             // Gone while they were read: read again when it resumes.

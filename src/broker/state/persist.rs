@@ -684,7 +684,7 @@ impl BrokerState {
     /// The stored form of session `key` at `now`.
     pub(super) fn session_entry(&self, key: SessionKey, now: Instant) -> SessionEntry {
         let session = &self.sessions.by_key[&key];
-        let attached = session.connection.or(session.connecting);
+        let attached = session.connection().or(session.connecting());
         let connection = attached.and_then(|c| self.connections.get(&c));
         let will = match (connection, &session.pending_will) {
             (Some(conn), _) => conn.will.as_deref().map(will_entry),

@@ -99,7 +99,7 @@ impl BrokerState {
             return;
         };
         let mut writes = Vec::new();
-        for consumer in &mut session.consumers {
+        for consumer in session.consumers.allocated_mut().into_iter().flatten() {
             if consumer.seek.is_some() || consumer.values_pending {
                 continue;
             }
@@ -167,7 +167,7 @@ impl BrokerState {
             // kept, to resume from when the bridge connects again.
             (Some(reader), Some(bridge)) => {
                 let saved_at = self.unix_at(now).max(1);
-                for consumer in &session.consumers {
+                for consumer in session.consumers.iter() {
                     let offset = consumer
                         .position()
                         .min(self.channels.all[consumer.channel as usize].next);

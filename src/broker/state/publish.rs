@@ -631,7 +631,7 @@ impl BrokerState {
             let sessions = &self.sessions.by_key;
             self.index.matches(
                 &message.topic,
-                &|k| sessions.get(&k).is_some_and(|s| s.connection.is_some()),
+                &|k| sessions.get(&k).is_some_and(|s| s.connection().is_some()),
                 &mut matches,
             );
         }
@@ -707,7 +707,7 @@ impl BrokerState {
         if qos == 0 {
             // The fan-out's hot path: no log entry, one look-up each of the
             // session (above) and the connection.
-            match session.connection {
+            match session.connection() {
                 Some(connection) => self.transmit_qos0(connection, queued, sys, now),
                 None => self.metrics.dropped(DropReason::Offline),
             }
@@ -715,7 +715,7 @@ impl BrokerState {
         }
         // What holding the log entry leaves as it is, read now: the session
         // is looked up once more only to start the exchange.
-        let connection = session.connection;
+        let connection = session.connection();
         let kept = session.expiry_interval > 0;
         let waiting = !session.pending.is_empty();
         let in_flight = session.inflight.len();
@@ -942,7 +942,7 @@ impl BrokerState {
             let Some(session) = self.sessions.by_key.get_mut(&key) else {
                 return;
             };
-            let Some(connection) = session.connection else {
+            let Some(connection) = session.connection() else {
                 return;
             };
             let window = self

@@ -423,7 +423,7 @@ impl BrokerState {
         let Some(session) = self.sessions.by_key.get(&key) else {
             return 0;
         };
-        let Some(connection) = session.connection else {
+        let Some(connection) = session.connection() else {
             return 0;
         };
         let Some(conn) = self.connections.get(&connection) else {
@@ -592,7 +592,11 @@ impl BrokerState {
         let Some(worker) = queue.out.get(&lease.offset).map(|d| d.worker) else {
             return;
         };
-        let connection = self.sessions.by_key.get(&worker).and_then(|s| s.connection);
+        let connection = self
+            .sessions
+            .by_key
+            .get(&worker)
+            .and_then(|s| s.connection());
         let packet_id = connection.and_then(|_| {
             self.sessions
                 .by_key

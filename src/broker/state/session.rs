@@ -3,6 +3,7 @@
 //! identifiers (method B).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use super::consumer::ConsumerStart;
@@ -246,10 +247,11 @@ pub struct Session {
     /// Seconds the session outlives its connection (0: ends with it).
     pub expiry_interval: u32,
     /// The connection currently attached, if any (set once its CONNACK
-    /// went out).
-    pub connection: Option<u64>,
-    /// A connection whose CONNACK waits for the session's write.
-    pub connecting: Option<u64>,
+    /// went out): [`Session::connection`].
+    attached: Option<NonZeroU64>,
+    /// A connection whose CONNACK waits for the session's write:
+    /// [`Session::connecting`].
+    attaching: Option<NonZeroU64>,
     /// When a detached session expires.
     pub expires_at: Option<tokio::time::Instant>,
     pub pending_will: Option<Box<PendingWill>>,
@@ -261,8 +263,9 @@ pub struct Session {
     /// The Receive Maximum of its last connection: the window its in-flight
     /// table is written under.
     pub window: u16,
-    /// Its places in the append channels it consumes.
-    pub consumers: Vec<super::consumer::Consumer>,
+    /// Its places in the append channels it consumes (most sessions
+    /// consume none).
+    pub consumers: Lazy<Vec<super::consumer::Consumer>>,
     /// The bridge whose session this is (see `ConnectRequest::bridge`).
     pub bridge: Option<Arc<str>>,
     /// Inbound QoS 2 publishes held in a channel until their PUBREL: the
@@ -280,6 +283,7 @@ empty!(
     }
 );
 empty!(VecDeque<QueuedMessage>, VecDeque::new());
+empty!(Vec<super::consumer::Consumer>, Vec::new());
 empty!(
     IdMap<u16, tokio::time::Instant>,
     IdMap::with_hasher(std::hash::BuildHasherDefault::new())
@@ -299,18 +303,44 @@ impl Session {
             pending: Lazy::new(),
             inbound_qos2: Lazy::new(),
             expiry_interval: 0,
-            connection: None,
-            connecting: None,
+            attached: None,
+            attaching: None,
             expires_at: None,
             pending_will: None,
             stored: false,
             dirty: false,
             window: 1,
-            consumers: Vec::new(),
+            consumers: Lazy::new(),
             bridge: None,
             channel_holds: Lazy::new(),
         }
     }
+
+    /// The connection attached, if any.
+    pub fn connection(&self) -> Option<u64> {
+        self.attached.map(NonZeroU64::get)
+    }
+
+    /// The connection whose CONNACK waits for the session's write, if any.
+    pub fn connecting(&self) -> Option<u64> {
+        self.attaching.map(NonZeroU64::get)
+    }
+
+    pub fn set_connection(&mut self, connection: Option<u64>) {
+        self.attached = connection.map(connection_id);
+    }
+
+    pub fn set_connecting(&mut self, connection: Option<u64>) {
+        self.attaching = connection.map(connection_id);
+    }
+}
+
+/// A connection id as a session keeps it. Ids start at 1 (the server and
+/// the bridges number connections from one counter), so "none" needs no
+/// tag of its own: 8 bytes where an `Option<u64>` takes 16, twice in every
+/// session.
+fn connection_id(id: u64) -> NonZeroU64 {
+    NonZeroU64::new(id).expect("connection ids start at 1")
 }
 
 /// Every session the broker keeps, connected or not, and how they are
