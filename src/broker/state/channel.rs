@@ -286,10 +286,7 @@ impl BrokerState {
             return false;
         };
         let consumer = &session.consumers[index];
-        let window = self
-            .connections
-            .get(&connection)
-            .map_or(0, |c| c.receive_maximum);
+        let window = self.connections.get(&connection).map_or(0, |c| c.window());
         let window_full = session.inflight.len() >= window;
         // Most offers that find no room find a full window: said before
         // any filter is matched when every filter would send it inside
@@ -433,10 +430,7 @@ impl BrokerState {
         if !behind {
             return;
         }
-        let window = self
-            .connections
-            .get(&connection)
-            .map_or(0, |c| c.receive_maximum);
+        let window = self.connections.get(&connection).map_or(0, |c| c.window());
         let wants_acks = consumer.filters.iter().any(|f| f.qos > 0);
         let room = if wants_acks {
             window.saturating_sub(session.inflight.len())

@@ -252,10 +252,7 @@ impl BrokerState {
         };
         let qos = sub.options.qos.min(record.qos);
         let subscription_ids: Vec<u32> = sub.options.subscription_id.into_iter().collect();
-        let window = self
-            .connections
-            .get(&connection)
-            .map_or(0, |c| c.receive_maximum);
+        let window = self.connections.get(&connection).map_or(0, |c| c.window());
         let room = if qos == 0 {
             self.has_room(connection)
         } else {
@@ -326,7 +323,7 @@ impl BrokerState {
             .filter_map(|k| {
                 let session = self.sessions.by_key.get(k)?;
                 let connection = session.connection()?;
-                let window = self.connections.get(&connection)?.receive_maximum;
+                let window = self.connections.get(&connection)?.window();
                 self.has_room(connection)
                     .then(|| window.saturating_sub(session.inflight.len()))
             })

@@ -171,9 +171,9 @@ impl BrokerState {
         };
         self.sessions.detached.remove(&key);
         let receive_maximum = if request.v5 {
-            usize::from(request.receive_maximum.max(1))
+            request.receive_maximum.max(1)
         } else {
-            usize::from(self.limits.receive_maximum.max(1))
+            self.limits.receive_maximum.max(1)
         };
         let was_stored = {
             let session = self.sessions.by_key.get_mut(&key).expect("inserted above");
@@ -181,7 +181,7 @@ impl BrokerState {
             session.bridge = request.bridge.clone();
             session.expiry_interval = expiry;
             session.expires_at = None;
-            session.window = u16::try_from(receive_maximum).unwrap_or(u16::MAX);
+            session.window = receive_maximum;
             // A new connection before the Will delay passed cancels the Will.
             session.pending_will = None;
             let was = session.stored;
@@ -196,7 +196,9 @@ impl BrokerState {
                 client_id: client_id.clone(),
                 v5: request.v5,
                 receive_maximum,
-                maximum_packet_size: request.maximum_packet_size,
+                maximum_packet_size: request
+                    .maximum_packet_size
+                    .and_then(std::num::NonZeroU32::new),
                 will: request.will.map(Box::new),
                 answers: Lazy::new(),
                 next_answer: 0,

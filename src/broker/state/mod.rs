@@ -501,9 +501,12 @@ struct Connection {
     session: SessionKey,
     client_id: Arc<str>,
     v5: bool,
-    /// The client's Receive Maximum: its outbound inflight window.
-    receive_maximum: usize,
-    maximum_packet_size: Option<u32>,
+    /// The client's Receive Maximum: its outbound inflight window
+    /// ([`Connection::window`]).
+    receive_maximum: u16,
+    /// What the client accepts; `None` is the protocol's own bound. Never
+    /// 0 (the decoder refuses it), so it takes no tag.
+    maximum_packet_size: Option<std::num::NonZeroU32>,
     // Boxed, as is a session's pending Will: most connections have none,
     // and every entry of the connection table is as large as its largest.
     will: Option<Box<WillRequest>>,
@@ -524,6 +527,16 @@ lazy::empty!(VecDeque<Answer>, VecDeque::new());
 lazy::empty!(VecDeque<RetainedDue>, VecDeque::new());
 
 impl Connection {
+    /// The client's outbound inflight window.
+    fn window(&self) -> usize {
+        usize::from(self.receive_maximum)
+    }
+
+    /// The largest packet the client accepts, where it said.
+    fn max_packet(&self) -> Option<u32> {
+        self.maximum_packet_size.map(std::num::NonZeroU32::get)
+    }
+
     /// Owe `due` after what the connection is owed already. An empty
     /// backlog takes the vector itself rather than a copy: a `#` over a
     /// million retained messages owes a million.

@@ -738,7 +738,7 @@ impl BrokerState {
             connection,
             queued,
             None,
-            |conn| !waiting && in_flight < conn.receive_maximum,
+            |conn| !waiting && in_flight < conn.window(),
             now,
         );
     }
@@ -799,7 +799,7 @@ impl BrokerState {
         let Ok(expiry) = queued.message.expiry_left(now) else {
             return self.not_sent(key, &queued, DropReason::Expired);
         };
-        if let Some(max) = conn.maximum_packet_size {
+        if let Some(max) = conn.max_packet() {
             if delivery_len(&queued, conn.v5) > max as usize {
                 return self.not_sent(key, &queued, DropReason::TooLarge);
             }
@@ -851,7 +851,7 @@ impl BrokerState {
             return false;
         }
         if let Some(conn) = self.connections.get(&connection) {
-            if let Some(max) = conn.maximum_packet_size {
+            if let Some(max) = conn.max_packet() {
                 let len = delivery_len(queued, conn.v5);
                 if len > max as usize {
                     self.metrics.dropped(DropReason::TooLarge);
@@ -903,7 +903,7 @@ impl BrokerState {
             self.metrics.dropped(DropReason::Expired);
             return;
         };
-        if let Some(max) = conn.maximum_packet_size {
+        if let Some(max) = conn.max_packet() {
             let len = delivery_len(&queued, conn.v5);
             if len > max as usize {
                 self.metrics.dropped(DropReason::TooLarge);
@@ -945,10 +945,7 @@ impl BrokerState {
             let Some(connection) = session.connection() else {
                 return;
             };
-            let window = self
-                .connections
-                .get(&connection)
-                .map_or(0, |c| c.receive_maximum);
+            let window = self.connections.get(&connection).map_or(0, |c| c.window());
             if session.inflight.len() >= window {
                 return;
             }

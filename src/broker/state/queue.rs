@@ -434,7 +434,7 @@ impl BrokerState {
             .values()
             .filter(|d| d.worker == key && matches!(d.step, Step::Leasing))
             .count();
-        conn.receive_maximum
+        conn.window()
             .saturating_sub(session.inflight.len() + leasing)
     }
 

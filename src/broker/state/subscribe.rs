@@ -289,7 +289,7 @@ impl BrokerState {
                 return;
             };
             let key = conn.session;
-            let window = conn.receive_maximum;
+            let window = conn.window();
             let Some(front) = conn.retained_backlog.front() else {
                 return;
             };
