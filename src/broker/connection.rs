@@ -243,7 +243,7 @@ struct Connection<S> {
     unread: BytesMut,
     peer: Peer,
     id: u64,
-    client_id: Box<str>,
+    client_id: Arc<str>,
     /// The keep alive held to, in seconds (0: none). Kept as the two
     /// bytes the CONNACK grants rather than a duration: every connection
     /// holds one.
@@ -496,7 +496,9 @@ where
         .is_some()
         .then(|| principal.clone())
         .flatten();
-    let mut request = connect_request(&connect, principal);
+    // One copy, shared by the state's tables and this connection's logs.
+    let client_id: Arc<str> = connect.client_id.as_str().into();
+    let mut request = connect_request(&connect, principal, client_id.clone());
     request.authentication = authentication;
     let client_max = request
         .maximum_packet_size
@@ -561,7 +563,7 @@ where
         unread,
         peer: Peer::from(peer),
         id,
-        client_id: connect.client_id.as_str().into(),
+        client_id,
         keep_alive: held,
         events,
         context,
@@ -1315,7 +1317,11 @@ async fn authenticate(
     }
 }
 
-fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectRequest {
+fn connect_request(
+    connect: &Connect,
+    principal: Option<Arc<str>>,
+    client_id: Arc<str>,
+) -> ConnectRequest {
     let v5 = connect.protocol == ProtocolVersion::V5;
     let props = &connect.properties;
     let will = connect.will.as_ref().map(|will| {
@@ -1341,7 +1347,7 @@ fn connect_request(connect: &Connect, principal: Option<Arc<str>>) -> ConnectReq
     });
     ConnectRequest {
         v5,
-        client_id: connect.client_id.clone(),
+        client_id,
         clean_start: connect.clean_start,
         keep_alive: connect.keep_alive,
         principal,

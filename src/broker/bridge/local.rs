@@ -74,7 +74,7 @@ impl Local {
         let id = format!("{}{name}", super::CLIENT_ID_PREFIX);
         let request = ConnectRequest {
             v5: true,
-            client_id: id.clone(),
+            client_id: id.as_str().into(),
             clean_start: true,
             keep_alive: 0,
             principal: Some(id.as_str().into()),

@@ -72,7 +72,7 @@ impl BrokerState {
             assigned = Some(id.clone());
             id
         } else {
-            request.client_id.as_str().into()
+            request.client_id.clone()
         };
         // 3.1.1 clean session 0 keeps the session as long as the broker allows.
         let wanted_expiry = if request.v5 {

@@ -252,7 +252,8 @@ pub struct WillRequest {
 #[derive(Debug, Clone)]
 pub struct ConnectRequest {
     pub v5: bool,
-    pub client_id: String,
+    /// Shared with the connection, which names it in its log lines.
+    pub client_id: Arc<str>,
     pub clean_start: bool,
     pub keep_alive: u16,
     pub principal: Option<Arc<str>>,
