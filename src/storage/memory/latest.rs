@@ -21,34 +21,35 @@ use crate::storage::contract::{
 use crate::topic::{filter_matches, literal_prefix};
 
 /// What the store keeps of one value or marker: the record's fields, its
-/// topic and client id in one allocation, its payload in another, and the
-/// parts most records lack out of line. A [`Record`] is about 200 bytes
-/// before its strings, and a store of a million retained messages held one
-/// for each; this is 80, rebuilt into a record when read (reads are the
-/// rare side: a snapshot, a restart, a subscription's retained messages;
-/// writes come with every retained publish).
+/// topic, client id and payload in one allocation, and the parts most
+/// records lack out of line. A [`Record`] is about 200 bytes before its
+/// strings, and a store of a million retained messages held one for each;
+/// this is 64, rebuilt into a record when read (reads are the rare side: a
+/// snapshot, a restart, a subscription's retained messages; writes come
+/// with every retained publish).
 #[derive(Debug)]
 struct Kept {
     offset: u64,
     timestamp: UnixNanos,
     message_id: [u8; 16],
-    /// A copy, not a share of the record's: a share of a payload a
-    /// restart decoded into its own buffer gave it a shared header (24
-    /// bytes a value), and a share of a publish's payload kept the
-    /// connection's whole read of many packets resident. Copied out again
-    /// when read.
-    payload: Box<[u8]>,
-    /// The topic, then the client id.
-    text: Box<str>,
-    /// Where the client id begins in `text`. A topic too long for it (4 GiB)
-    /// is kept in `rare`, and this is 0.
-    topic_len: u32,
+    /// The topic, then the client id, then the payload. A copy, not a
+    /// share of the record's: a share of a payload a restart decoded into
+    /// its own buffer gave it a shared header (24 bytes a value), and a
+    /// share of a publish's payload kept the connection's whole read of
+    /// many packets resident. Copied out again when read.
+    bytes: Box<[u8]>,
+    /// Where the topic and the client id end in `bytes`. An MQTT string
+    /// is at most 65,535 bytes; a longer one (a record another writer
+    /// made) is kept in `rare`, and its length here is 0.
+    topic_len: u16,
+    client_len: u16,
     qos: u8,
     retain: bool,
     /// A record holding only what the fields above do not: its User
     /// Properties, publish properties, bridge and broadcast-only fields.
-    /// Its topic is empty (but for a topic too long for `topic_len`), its
-    /// payload always. `None` when it would be [`Record::new`]'s empty one.
+    /// Its topic and client id are empty (but for one too long for
+    /// `bytes`), its payload always. `None` when it would be
+    /// [`Record::new`]'s empty one.
     rare: Option<Box<Record>>,
 }
 
@@ -71,11 +72,23 @@ impl Kept {
             shared_copy,
             owed_to,
         } = record;
-        let (text, topic_len, rare_topic) = match u32::try_from(topic.len()) {
-            Ok(len) => ([topic.as_str(), client_id].concat(), len, String::new()),
-            Err(_) => (client_id.clone(), 0, topic.clone()),
+        // A string too long for its length field goes out of line.
+        let fits = |text: &str| u16::try_from(text.len()).ok();
+        let (topic_len, rare_topic) = match fits(topic) {
+            Some(len) => (len, String::new()),
+            None => (0, topic.clone()),
         };
+        let (client_len, rare_client) = match fits(client_id) {
+            Some(len) => (len, String::new()),
+            None => (0, client_id.clone()),
+        };
+        let mut bytes =
+            Vec::with_capacity(usize::from(topic_len) + usize::from(client_len) + payload.len());
+        bytes.extend_from_slice(&topic.as_bytes()[..usize::from(topic_len)]);
+        bytes.extend_from_slice(&client_id.as_bytes()[..usize::from(client_len)]);
+        bytes.extend_from_slice(payload);
         let rare = (!rare_topic.is_empty()
+            || !rare_client.is_empty()
             || !user_properties.is_empty()
             || props.is_allocated()
             || bridge.is_some()
@@ -94,6 +107,7 @@ impl Kept {
                 bridge: bridge.clone(),
                 shared_copy: *shared_copy,
                 owed_to: owed_to.clone(),
+                client_id: rare_client,
                 ..Record::new(rare_topic, Bytes::new())
             })
         });
@@ -101,36 +115,55 @@ impl Kept {
             offset: *offset,
             timestamp: *timestamp,
             message_id: *message_id,
-            payload: payload.as_ref().into(),
-            text: text.into_boxed_str(),
+            bytes: bytes.into_boxed_slice(),
             topic_len,
+            client_len,
             qos: *qos,
             retain: *retain,
             rare,
         }
     }
 
+    /// `bytes[from..to]`, which [`Kept::new`] copied from a `str` cut at
+    /// its ends.
+    fn text(&self, from: usize, to: usize) -> &str {
+        // SAFETY: `new` copied the topic, then the client id, whole from
+        // `str`s, and the lengths it kept are theirs: both are cut from
+        // `bytes` at the boundaries of what was copied.
+        unsafe { std::str::from_utf8_unchecked(&self.bytes[from..to]) }
+    }
+
     fn topic(&self) -> &str {
         match &self.rare {
-            Some(rare) if self.topic_len == 0 && !rare.topic.is_empty() => &rare.topic,
-            _ => &self.text[..self.topic_len as usize],
+            Some(rare) if !rare.topic.is_empty() => &rare.topic,
+            _ => self.text(0, usize::from(self.topic_len)),
         }
     }
 
     fn client_id(&self) -> &str {
-        &self.text[self.topic_len as usize..]
+        match &self.rare {
+            Some(rare) if !rare.client_id.is_empty() => &rare.client_id,
+            _ => {
+                let from = usize::from(self.topic_len);
+                self.text(from, from + usize::from(self.client_len))
+            }
+        }
+    }
+
+    fn payload(&self) -> &[u8] {
+        &self.bytes[usize::from(self.topic_len) + usize::from(self.client_len)..]
     }
 
     /// A deletion marker.
     fn is_marker(&self) -> bool {
-        self.payload.is_empty()
+        self.payload().is_empty()
     }
 
     /// [`Record::accounted_size`] of the record it keeps: `rare` counts
     /// what it holds (its topic only where the topic is kept there).
     fn accounted_size(&self) -> u64 {
         let rare = self.rare.as_ref().map_or(0, |r| r.accounted_size());
-        u64::from(self.topic_len) + self.payload.len() as u64 + rare
+        u64::from(self.topic_len) + self.payload().len() as u64 + rare
     }
 
     /// The record it keeps, whole again.
@@ -144,7 +177,7 @@ impl Kept {
             message_id: self.message_id,
             topic: self.topic().to_owned(),
             timestamp: self.timestamp,
-            payload: Bytes::copy_from_slice(&self.payload),
+            payload: Bytes::copy_from_slice(self.payload()),
             retain: self.retain,
             client_id: self.client_id().to_owned(),
             qos: self.qos,
@@ -845,7 +878,8 @@ mod tests {
     /// was 216 bytes, its topic and client id apart, and two index entries.
     #[test]
     fn a_retained_value_is_kept_small_and_once() {
-        assert_eq!(std::mem::size_of::<Kept>(), 80);
+        // With the `Arc`'s two counts, the allocator's 80 B class.
+        assert_eq!(std::mem::size_of::<Kept>(), 64);
         let store = retained_store();
         for (topic, payload) in [("a/1", "x"), ("a/2", "y"), ("a/1", "z")] {
             store
@@ -862,7 +896,9 @@ mod tests {
             // The topic index and nothing else.
             assert_eq!(Arc::strong_count(&v.0), 1);
             assert!(v.0.rare.is_none(), "nothing out of line");
-            assert_eq!(&*v.0.text, format!("{}publisher", v.0.topic()));
+            assert_eq!(v.0.client_id(), "publisher");
+            let text = format!("{}publisher", v.0.topic());
+            assert_eq!(&v.0.bytes[..text.len()], text.as_bytes(), "one allocation");
         }
         drop(st);
         assert_eq!(store.get("a/1").unwrap().unwrap().payload, "z");
@@ -936,13 +972,20 @@ mod tests {
             ..Record::new("site/1/device/8", Bytes::new())
         };
         let empty = Record::new("", Bytes::new());
-        for record in [plain, every, marker, empty] {
+        // Longer than an MQTT string: another writer's record.
+        let long = Record {
+            client_id: "c".repeat(70_000),
+            ..Record::new("t/".repeat(35_000), "v")
+        };
+        for record in [plain, every, marker, empty, long] {
             let kept = Kept::new(&record);
             assert_eq!(kept.record(), record);
             assert_eq!(kept.topic(), record.topic);
             assert_eq!(kept.accounted_size(), record.accounted_size());
             assert_eq!(kept.is_marker(), record.payload.is_empty());
-            let rare = !record.user_properties.is_empty() || record.bridge.is_some();
+            let rare = !record.user_properties.is_empty()
+                || record.bridge.is_some()
+                || record.topic.len() > 65_535;
             assert_eq!(kept.rare.is_some(), rare, "{record:?}");
         }
     }
@@ -959,6 +1002,8 @@ mod tests {
         assert!(read.is_unique(), "the store still holds the buffer read");
         let kept = store.get("site/1/device/7").unwrap().unwrap();
         assert_eq!(kept.payload, "0123456789");
+        let st = super::read(&store.state);
+        assert_eq!(st.values.first().unwrap().0.payload(), b"0123456789");
     }
 
     /// Nor what its correlation data was read from.
