@@ -613,6 +613,7 @@ pub mod read_order;
 pub mod reader;
 pub mod retention;
 pub mod server;
+pub mod small_map;
 pub mod snapshots;
 pub mod state;
 pub mod status;

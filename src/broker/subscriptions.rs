@@ -10,7 +10,7 @@
 //! their filter, grouped by name; each publication picks one member of each
 //! matching group, round robin, preferring members that are connected.
 
-use std::collections::BTreeMap;
+use super::small_map::SmallMap;
 
 /// The key the broker gives a session; the index stores only these.
 pub type SessionKey = u64;
@@ -46,10 +46,10 @@ struct SharedGroup {
 
 #[derive(Debug, Default)]
 struct Node {
-    children: BTreeMap<Box<str>, Node>,
+    children: SmallMap<Box<str>, Node>,
     /// Non-shared subscribers whose filter ends here.
     subscribers: Vec<(SessionKey, SubOptions)>,
-    shared: BTreeMap<Box<str>, SharedGroup>,
+    shared: SmallMap<Box<str>, SharedGroup>,
 }
 
 impl Node {
@@ -90,11 +90,18 @@ impl SubscriptionIndex {
     ) -> bool {
         let mut node = &mut self.root;
         for level in filter.split('/') {
-            node = node.children.entry(level.into()).or_default();
+            node = node
+                .children
+                .get_or_insert_with(level, || level.into(), Node::default);
         }
         let list = match share_group {
             None => &mut node.subscribers,
-            Some(group) => &mut node.shared.entry(group.into()).or_default().members,
+            Some(group) => {
+                &mut node
+                    .shared
+                    .get_or_insert_with(group, || group.into(), SharedGroup::default)
+                    .members
+            }
         };
         if let Some(entry) = list.iter_mut().find(|(s, _)| *s == session) {
             entry.1 = options;
@@ -294,6 +301,27 @@ mod tests {
             retain_handling: 0,
             subscription_id: None,
         }
+    }
+
+    /// Devices each subscribed to their own command topic: the level of
+    /// their ids holds thousands of children, and each level below it one,
+    /// with room for one (not a B-tree's eleven).
+    #[test]
+    fn a_level_with_one_child_holds_room_for_one() {
+        let mut index = SubscriptionIndex::new();
+        for device in 0..100u64 {
+            index.insert(None, &format!("cmd/{device}/#"), device, opts(1));
+        }
+        let ids = index.root.children.get("cmd").expect("the cmd level");
+        assert!(matches!(ids.children, SmallMap::Many(_)));
+        assert_eq!(ids.children.len(), 100);
+        for device in ids.children.values() {
+            let SmallMap::Few(hash) = &device.children else {
+                panic!("one child is a vector");
+            };
+            assert_eq!((hash.len(), hash.capacity()), (1, 1));
+        }
+        assert_eq!(sessions(&mut index, "cmd/7/reboot"), vec![7]);
     }
 
     fn sessions(index: &mut SubscriptionIndex, topic: &str) -> Vec<SessionKey> {

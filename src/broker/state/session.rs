@@ -2,7 +2,7 @@
 //! outbound inflight table, the offline pending FIFO and the inbound QoS 2
 //! identifiers (method B).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
@@ -10,6 +10,7 @@ use super::consumer::ConsumerStart;
 use super::ids::{IdMap, IdSet};
 use crate::broker::lazy::{empty, Lazy};
 use crate::broker::message::Message;
+use crate::broker::small_map::SmallMap;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 
 /// Where an outbound QoS 1/2 exchange stands.
@@ -234,8 +235,9 @@ pub struct Session {
     /// The authenticated user that owns it (None: anonymous). Only the same
     /// principal may take it over or end it.
     pub principal: Option<Arc<str>>,
-    /// Subscriptions by raw filter (`$share/G/f` included), in byte order.
-    pub subscriptions: BTreeMap<String, SessionSubscription>,
+    /// Subscriptions by raw filter (`$share/G/f` included), in byte order:
+    /// most sessions hold one or a few.
+    pub subscriptions: SmallMap<String, SessionSubscription>,
     // The QoS 1/2 parts below are lazy: most clients of a broker never
     // use them, and each was 32-64 bytes of every session.
     pub inflight: Lazy<Inflight>,
@@ -298,7 +300,7 @@ impl Session {
         Self {
             client_id,
             principal,
-            subscriptions: BTreeMap::new(),
+            subscriptions: SmallMap::new(),
             inflight: Lazy::new(),
             pending: Lazy::new(),
             inbound_qos2: Lazy::new(),

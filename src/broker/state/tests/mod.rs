@@ -412,6 +412,24 @@ fn an_idle_clients_entries_hold_nothing_lazy() {
     }
 }
 
+/// A device subscribed to its command topic holds room for that one
+/// subscription in its session, not a B-tree's eleven.
+#[test]
+fn a_sessions_one_subscription_holds_room_for_one() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut c = connect(&mut s, 1, "device-7", true, now);
+    let _ = c.drain();
+    packets(&mut s, 1, vec![subscribe("cmd/device-7/#", 1)], now);
+    let key = s.connections[&1].session;
+    let crate::broker::small_map::SmallMap::Few(subscriptions) =
+        &s.sessions.by_key[&key].subscriptions
+    else {
+        panic!("one subscription is a vector");
+    };
+    assert_eq!((subscriptions.len(), subscriptions.capacity()), (1, 1));
+}
+
 /// A retained publish's topic and payload arrive as slices of the
 /// connection's read buffer: the stored record and the retained index
 /// each hold bytes of their own, and neither pins that buffer.
