@@ -107,6 +107,12 @@ impl SubscriptionIndex {
             entry.1 = options;
             true
         } else {
+            if list.len() == list.capacity() {
+                // Room for one, then doubling: a filter most often has one
+                // subscriber (a device's own command topic), and a first
+                // push would make room for four.
+                list.reserve_exact(list.len().max(1));
+            }
             list.push((session, options));
             self.count += 1;
             false
@@ -305,7 +311,8 @@ mod tests {
 
     /// Devices each subscribed to their own command topic: the level of
     /// their ids holds thousands of children, and each level below it one,
-    /// with room for one (not a B-tree's eleven).
+    /// with room for one (not a B-tree's eleven), and one subscriber with
+    /// room for one (not four).
     #[test]
     fn a_level_with_one_child_holds_room_for_one() {
         let mut index = SubscriptionIndex::new();
@@ -320,6 +327,8 @@ mod tests {
                 panic!("one child is a vector");
             };
             assert_eq!((hash.len(), hash.capacity()), (1, 1));
+            let subscribers = &hash[0].1.subscribers;
+            assert_eq!((subscribers.len(), subscribers.capacity()), (1, 1));
         }
         assert_eq!(sessions(&mut index, "cmd/7/reboot"), vec![7]);
     }

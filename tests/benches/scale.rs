@@ -25,9 +25,10 @@
 //! and retained curves and the providers of the append curve;
 //! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose rows
 //! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
-//! retained, `memory-before` append) run beside this build's in the same
+//! retained, `saguin-before-sqlite` sessions, `memory-before` append) run beside this build's in the same
 //! run (the idle curve's two builds take turns going first, size by
-//! size); `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
+//! size); `SAGUIN_BENCH_IDLE_SUBSCRIBED` (set: any value) subscribes each
+//! idle connection to its own command topic; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
 //! CPU window. Idle connections are capped below the process's open-file
 //! limit (each connection is a descriptor in the broker and one here);
 //! the run says so where it caps. A count that comes out short fails the
@@ -334,7 +335,16 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             .and_then(|s| s.parse().ok())
             .unwrap_or(10),
     );
-    println!("\n## Idle connections (keep alive 60 s, clean, MQTT 3.1.1)");
+    // Each a device listening on its own command topic, as most are.
+    let subscribed = std::env::var_os("SAGUIN_BENCH_IDLE_SUBSCRIBED").is_some();
+    println!(
+        "\n## Idle connections (keep alive 60 s, clean, MQTT 3.1.1{})",
+        if subscribed {
+            ", each subscribed to cmd/<its id>/# at QoS 1"
+        } else {
+            ""
+        }
+    );
     let mut sizes: Vec<usize> = sizes.iter().map(|&n| n.min(cap)).collect();
     sizes.dedup();
     if sizes.contains(&cap) {
@@ -386,7 +396,7 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let pid = pid_of(&broker)?;
             let before = rss(pid)?;
             let began = Instant::now();
-            let conns = connect_idle(broker.addr, n).await?;
+            let conns = connect_idle(broker.addr, n, subscribed).await?;
             let accepted_in = began.elapsed();
             // Let the broker's buffers for the CONNECT burst go back first.
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -410,15 +420,30 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     Ok(())
 }
 
-/// `n` connections, 64 connecting at a time; all still open.
-async fn connect_idle(addr: SocketAddr, n: usize) -> Result<Vec<Conn>, Error> {
+/// `n` connections, 64 connecting at a time; all still open, each
+/// subscribed to its command topic when `subscribed` (its SUBACK read).
+async fn connect_idle(addr: SocketAddr, n: usize, subscribed: bool) -> Result<Vec<Conn>, Error> {
     const CONNECTORS: usize = 64;
     let mut tasks = Vec::new();
     for c in 0..CONNECTORS {
         tasks.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             for i in (c..n).step_by(CONNECTORS) {
-                let (conn, _) = Conn::connect_with(addr, &format!("idle-{i}"), true, 60, V).await?;
+                let id = format!("idle-{i}");
+                let (mut conn, _) = Conn::connect_with(addr, &id, true, 60, V).await?;
+                if subscribed {
+                    subscribe(
+                        &mut conn,
+                        &format!("cmd/{id}/#"),
+                        QoS::AtLeastOnce,
+                        Vec::new(),
+                    )
+                    .await?;
+                    match conn.next().await? {
+                        Packet::SubAck(_) => {}
+                        other => return Err(format!("expected SUBACK, got {other:?}").into()),
+                    }
+                }
                 mine.push(conn);
             }
             Ok::<_, Error>(mine)
@@ -715,8 +740,12 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     let dir = tempfile::tempdir()?;
+    let baseline = bench_support::baseline()?;
     for &n in sizes {
         let mut brokers = vec!["saguin-sqlite"];
+        if baseline.is_some() {
+            brokers.push("saguin-before-sqlite");
+        }
         if mosquitto {
             brokers.push("mosquitto-persist");
         }
@@ -737,7 +766,10 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             } else {
                 Which::Saguin {
                     config: &config,
-                    bin: this_build(),
+                    bin: match (name, &baseline) {
+                        ("saguin-before-sqlite", Some(before)) => before.as_path(),
+                        _ => this_build(),
+                    },
                 }
             };
             let broker = launch(&which, &data).await?;
