@@ -78,6 +78,11 @@
 //! - [`lazy`]: a part most values never use (a session's queues, a
 //!   message's MQTT 5 properties), one pointer until first changed and
 //!   read as empty until then.
+//! - [`small_map`]: a map kept as a sorted vector while it holds a few
+//!   entries and as a B-tree past that: a session's subscriptions and a
+//!   subscription index level's children, most of which hold one (a
+//!   device's own command topic), where a B-tree's first node has room
+//!   for eleven.
 //! - [`link`]: what the state and one connection share, in one allocation:
 //!   the outbound queue (a deque under a mutex, swapped out whole by the
 //!   writer, holding no memory while the connection sleeps), the task's
