@@ -10,6 +10,7 @@
 //! their filter, grouped by name; each publication picks one member of each
 //! matching group, round robin, preferring members that are connected.
 
+use super::lazy::{empty, Lazy};
 use super::small_map::SmallMap;
 
 /// The key the broker gives a session; the index stores only these.
@@ -49,8 +50,12 @@ struct Node {
     children: SmallMap<Box<str>, Node>,
     /// Non-shared subscribers whose filter ends here.
     subscribers: Vec<(SessionKey, SubOptions)>,
-    shared: SmallMap<Box<str>, SharedGroup>,
+    /// Shared groups whose filter ends here: allocated for the few levels
+    /// that have one, so every other level is a pointer smaller.
+    shared: Lazy<SmallMap<Box<str>, SharedGroup>>,
 }
+
+empty!(SmallMap<Box<str>, SharedGroup>, SmallMap::new());
 
 impl Node {
     fn is_empty(&self) -> bool {
@@ -143,14 +148,16 @@ impl SubscriptionIndex {
                     before != node.subscribers.len()
                 }
                 Some(group) => {
-                    let Some(g) = node.shared.get_mut(group) else {
+                    let Some(g) = node.shared.allocated_mut().and_then(|s| s.get_mut(group)) else {
                         return false;
                     };
                     let before = g.members.len();
                     g.members.retain(|(s, _)| *s != session);
                     let removed = before != g.members.len();
                     if g.members.is_empty() {
-                        node.shared.remove(group);
+                        if let Some(shared) = node.shared.allocated_mut() {
+                            shared.remove(group);
+                        }
                     } else if g.next >= g.members.len() {
                         g.next = 0;
                     }
@@ -231,7 +238,12 @@ impl SubscriptionIndex {
             options: *options,
             shared: false,
         }));
-        for group in node.shared.values_mut() {
+        let groups = node
+            .shared
+            .allocated_mut()
+            .into_iter()
+            .flat_map(|s| s.values_mut());
+        for group in groups {
             let n = group.members.len();
             if n == 0 {
                 continue;
@@ -315,6 +327,8 @@ mod tests {
     /// room for one (not four).
     #[test]
     fn a_level_with_one_child_holds_room_for_one() {
+        // Its children, its subscribers and a pointer to its shared groups.
+        assert!(std::mem::size_of::<Node>() <= 56);
         let mut index = SubscriptionIndex::new();
         for device in 0..100u64 {
             index.insert(None, &format!("cmd/{device}/#"), device, opts(1));
@@ -329,6 +343,7 @@ mod tests {
             assert_eq!((hash.len(), hash.capacity()), (1, 1));
             let subscribers = &hash[0].1.subscribers;
             assert_eq!((subscribers.len(), subscribers.capacity()), (1, 1));
+            assert!(!hash[0].1.shared.is_allocated());
         }
         assert_eq!(sessions(&mut index, "cmd/7/reboot"), vec![7]);
     }
