@@ -144,6 +144,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
     let (events_tx, events_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
     let limit = Arc::new(Semaphore::new(max_connections.max(1)));
     let refusals = Arc::new(Semaphore::new(OVER_LIMIT_REFUSALS));
+    // Connection ids start at 1: a session keeps them with 0 as "none".
     let generation = Arc::new(AtomicU64::new(1));
 
     let mut broker = tokio::spawn(broker_task(
