@@ -770,12 +770,12 @@ impl BrokerState {
         let name = &self.channels.all[channel as usize].name;
         self.sessions.by_key[&key]
             .subscriptions
-            .values()
-            .filter(|s| s.share_group.is_none() && first_level(&s.filter) == &**name)
-            .map(|s: &SessionSubscription| ConsumerFilter {
-                filter: s.filter.clone(),
+            .iter()
+            .filter(|(raw, s)| !s.is_shared() && first_level(s.filter(raw)) == &**name)
+            .map(|(raw, s): (&String, &SessionSubscription)| ConsumerFilter {
+                filter: s.filter(raw).to_owned(),
                 whole_channel: s
-                    .filter
+                    .filter(raw)
                     .strip_prefix(&**name)
                     .is_some_and(|rest| rest == "/#"),
                 qos: s.options.qos,
@@ -931,8 +931,8 @@ impl BrokerState {
                 .flat_map(|(k, s)| {
                     s.subscriptions
                         .iter()
-                        .filter(|(_, sub)| sub.share_group.is_some())
-                        .map(move |(raw, sub)| (*k, raw.clone(), sub.filter.clone()))
+                        .filter(|(_, sub)| sub.is_shared())
+                        .map(move |(raw, sub)| (*k, raw.clone(), sub.filter(raw).to_owned()))
                 })
                 // A queue's shared workers are workers like any other.
                 .filter(|_| channel.kind != ChannelKind::Queue)

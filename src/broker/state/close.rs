@@ -179,10 +179,10 @@ impl BrokerState {
         if self.sessions.by_client_id.get(&session.client_id) == Some(&key) {
             self.sessions.by_client_id.remove(&session.client_id);
         }
-        for sub in session.subscriptions.values() {
+        for (raw, sub) in session.subscriptions.iter() {
             if self
                 .index
-                .remove(sub.share_group.as_deref(), &sub.filter, key)
+                .remove(sub.share_group(raw), sub.filter(raw), key)
             {
                 self.metrics.subscriptions.fetch_sub(1, Relaxed);
             }

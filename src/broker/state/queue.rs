@@ -399,7 +399,7 @@ impl BrokerState {
         &self,
         key: SessionKey,
         channel: u16,
-    ) -> impl Iterator<Item = &SessionSubscription> {
+    ) -> impl Iterator<Item = (&str, &SessionSubscription)> {
         let name = self
             .channels
             .all
@@ -412,8 +412,9 @@ impl BrokerState {
             .flat_map(move |s| {
                 let name = name.clone();
                 s.subscriptions
-                    .values()
-                    .filter(move |sub| name.as_deref() == Some(first_level(&sub.filter)))
+                    .iter()
+                    .map(|(raw, sub)| (sub.filter(raw), sub))
+                    .filter(move |(filter, _)| name.as_deref() == Some(first_level(filter)))
             })
     }
 
@@ -569,7 +570,7 @@ impl BrokerState {
             }
             let matches = self
                 .worker_filters(key, channel)
-                .any(|s| topic::filter_matches(&s.filter, topic_name));
+                .any(|(filter, _)| topic::filter_matches(filter, topic_name));
             if matches {
                 self.queues
                     .by_channel
@@ -615,8 +616,8 @@ impl BrokerState {
         };
         let subscription_ids: Vec<u32> = self
             .worker_filters(worker, channel)
-            .filter(|s| topic::filter_matches(&s.filter, &lease.record.topic))
-            .filter_map(|s| s.options.subscription_id)
+            .filter(|(filter, _)| topic::filter_matches(filter, &lease.record.topic))
+            .filter_map(|(_, s)| s.options.subscription_id)
             .collect();
         let mut message = self.consumer_message(&lease.record, None, now);
         // The offset among the properties, so the attempts follow it.

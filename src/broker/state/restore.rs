@@ -182,12 +182,7 @@ impl BrokerState {
                 }
                 session.subscriptions.insert(
                     sub.filter.clone(),
-                    SessionSubscription {
-                        share_group: parsed.share_group.map(str::to_owned),
-                        filter: parsed.filter.to_owned(),
-                        options,
-                        log_offset: sub.log_offset,
-                    },
+                    SessionSubscription::new(&sub.filter, options, sub.log_offset),
                 );
             }
             let mut in_flight = Vec::new();
@@ -349,14 +344,14 @@ fn owed(
 ) -> Option<QueuedMessage> {
     let mut best: Option<(u8, bool)> = None;
     let mut ids = Vec::new();
-    for sub in session.subscriptions.values() {
-        if sub.share_group.is_some() || offset < sub.log_offset {
+    for (raw, sub) in session.subscriptions.iter() {
+        if sub.is_shared() || offset < sub.log_offset {
             continue;
         }
         if sub.options.no_local && record.client_id == *session.client_id {
             continue;
         }
-        if !topic::filter_matches(&sub.filter, &record.topic) {
+        if !topic::filter_matches(sub.filter(raw), &record.topic) {
             continue;
         }
         let qos = sub.options.qos.min(record.qos);

@@ -12,6 +12,7 @@ use crate::broker::lazy::{empty, Lazy};
 use crate::broker::message::Message;
 use crate::broker::small_map::SmallMap;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
+use crate::topic;
 
 /// Where an outbound QoS 1/2 exchange stands.
 #[derive(Debug, Clone)]
@@ -208,15 +209,46 @@ impl Inflight {
     }
 }
 
-/// A subscription as the session holds it (the raw filter is the key).
+/// A subscription as the session holds it. The raw filter is the key of
+/// the session's map, and its filter and share group are read from it:
+/// kept again here, they were two strings and 48 bytes of every entry.
 #[derive(Debug, Clone)]
 pub struct SessionSubscription {
-    pub share_group: Option<String>,
-    pub filter: String,
     pub options: SubOptions,
     /// The broadcast log's next offset when it was made: a message logged
     /// below it was not owed through this subscription.
     pub log_offset: u64,
+    /// Where the filter begins in the raw filter: after `$share/<group>/`
+    /// for a shared subscription, 0 otherwise.
+    filter_at: u32,
+}
+
+impl SessionSubscription {
+    /// A subscription to the valid raw filter `raw`.
+    pub fn new(raw: &str, options: SubOptions, log_offset: u64) -> SessionSubscription {
+        let filter = topic::split_shared(raw).map_or(raw, |(_, filter)| filter);
+        SessionSubscription {
+            options,
+            log_offset,
+            // A raw filter is an MQTT string, at most 65,535 bytes.
+            filter_at: u32::try_from(raw.len() - filter.len()).unwrap_or(0),
+        }
+    }
+
+    /// The filter, without a share's prefix, of `raw`, this
+    /// subscription's key.
+    pub fn filter<'a>(&self, raw: &'a str) -> &'a str {
+        &raw[self.filter_at as usize..]
+    }
+
+    /// The share group named in `raw`, this subscription's key.
+    pub fn share_group<'a>(&self, raw: &'a str) -> Option<&'a str> {
+        topic::split_shared(raw).map(|(group, _)| group)
+    }
+
+    pub fn is_shared(&self) -> bool {
+        self.filter_at > 0
+    }
 }
 
 /// A Will waiting for its delay to pass.

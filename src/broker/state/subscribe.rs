@@ -94,12 +94,7 @@ impl BrokerState {
             }
             let previous = session.subscriptions.insert(
                 raw.clone(),
-                SessionSubscription {
-                    share_group: parsed.share_group.map(str::to_owned),
-                    filter: parsed.filter.to_owned(),
-                    options,
-                    log_offset: log_next,
-                },
+                SessionSubscription::new(&raw, options, log_next),
             );
             undo.push((raw.clone(), previous));
             let replaced = self
@@ -158,7 +153,7 @@ impl BrokerState {
         for raw in filters {
             match self.unsubscribe(key, &raw) {
                 Some(sub) => {
-                    if let Some(channel) = self.channels.of_topic(&sub.filter) {
+                    if let Some(channel) = self.channels.of_topic(sub.filter(&raw)) {
                         channels.push((channel, raw.clone()));
                     }
                     undo.push((raw, sub));
@@ -190,7 +185,7 @@ impl BrokerState {
         let sub = session.subscriptions.remove(raw)?;
         if self
             .index
-            .remove(sub.share_group.as_deref(), &sub.filter, key)
+            .remove(sub.share_group(raw), sub.filter(raw), key)
         {
             self.metrics.subscriptions.fetch_sub(1, Relaxed);
         }
@@ -204,7 +199,7 @@ impl BrokerState {
         };
         if !self
             .index
-            .insert(sub.share_group.as_deref(), &sub.filter, key, sub.options)
+            .insert(sub.share_group(&raw), sub.filter(&raw), key, sub.options)
         {
             self.metrics.subscriptions.fetch_add(1, Relaxed);
         }

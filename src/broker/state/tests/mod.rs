@@ -430,6 +430,30 @@ fn a_sessions_one_subscription_holds_room_for_one() {
     assert_eq!((subscriptions.len(), subscriptions.capacity()), (1, 1));
 }
 
+/// A subscription reads its filter and share group from its raw filter,
+/// the key it is kept under, rather than keeping them twice.
+#[test]
+fn a_subscription_reads_its_filter_from_its_key() {
+    use super::session::SessionSubscription;
+    let options = SubOptions {
+        qos: 1,
+        no_local: false,
+        retain_as_published: false,
+        retain_handling: 0,
+        subscription_id: None,
+    };
+    let plain = "cmd/device-7/#";
+    let sub = SessionSubscription::new(plain, options, 3);
+    assert_eq!((sub.filter(plain), sub.share_group(plain)), (plain, None));
+    assert!(!sub.is_shared());
+    let shared = "$share/workers/jobs/+";
+    let sub = SessionSubscription::new(shared, options, 3);
+    assert_eq!(sub.filter(shared), "jobs/+");
+    assert_eq!(sub.share_group(shared), Some("workers"));
+    assert!(sub.is_shared());
+    assert!(std::mem::size_of::<SessionSubscription>() <= 24);
+}
+
 /// A retained publish's topic and payload arrive as slices of the
 /// connection's read buffer: the stored record and the retained index
 /// each hold bytes of their own, and neither pins that buffer.
