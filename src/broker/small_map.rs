@@ -103,26 +103,12 @@ impl<K: Ord, V> SmallMap<K, V> {
         K: Borrow<Q>,
         Q: Ord + ?Sized,
     {
-        if let SmallMap::Few(few) = self {
-            match find(few, key) {
-                Ok(i) => return &mut self.few_mut()[i].1,
-                Err(i) if few.len() < FEW => {
-                    self.insert_new(i, own(), make());
-                    return &mut self.few_mut()[i].1;
-                }
-                Err(_) => {}
-            }
+        // Looked up again after an insert: this is a subscription's path,
+        // not a publish's.
+        if !self.contains_key(key) {
+            self.insert(own(), make());
         }
-        if let SmallMap::Few(_) = self {
-            self.grow();
-        }
-        let SmallMap::Many(many) = self else {
-            unreachable!("grown above");
-        };
-        if !many.contains_key(key) {
-            many.insert(own(), make());
-        }
-        many.get_mut(key).expect("present or inserted above")
+        self.get_mut(key).expect("present or inserted above")
     }
 
     pub fn remove<Q>(&mut self, key: &Q) -> Option<V>
@@ -166,34 +152,29 @@ impl<K: Ord, V> SmallMap<K, V> {
         few.into_iter().flatten().chain(many.into_iter().flatten())
     }
 
-    fn few_mut(&mut self) -> &mut Vec<(K, V)> {
-        match self {
-            SmallMap::Few(few) => few,
-            SmallMap::Many(_) => unreachable!("called on the vector only"),
-        }
-    }
-
     /// A new key at `i` of the vector, or in the B-tree once the vector
     /// holds [`FEW`].
     fn insert_new(&mut self, i: usize, key: K, value: V) {
-        let few = self.few_mut();
-        if few.len() >= FEW {
-            self.grow();
-            if let SmallMap::Many(many) = self {
-                many.insert(key, value);
-            }
+        let SmallMap::Few(few) = self else {
+            unreachable!("called on the vector only");
+        };
+        if few.len() < FEW {
+            reserve_one(few);
+            few.insert(i, (key, value));
             return;
         }
-        if few.len() == few.capacity() {
-            // Room for one more, then doubling: one entry, one slot.
-            few.reserve_exact(few.len().max(1));
-        }
-        few.insert(i, (key, value));
+        let mut many: BTreeMap<K, V> = std::mem::take(few).into_iter().collect();
+        many.insert(key, value);
+        *self = SmallMap::Many(Box::new(many));
     }
+}
 
-    fn grow(&mut self) {
-        let few = std::mem::take(self.few_mut());
-        *self = SmallMap::Many(Box::new(few.into_iter().collect()));
+/// Room for one more in `list`: one at its first, then doubling. A first
+/// push would make room for four, and most lists this broker keeps per
+/// client hold one.
+pub fn reserve_one<T>(list: &mut Vec<T>) {
+    if list.len() == list.capacity() {
+        list.reserve_exact(list.len().max(1));
     }
 }
 

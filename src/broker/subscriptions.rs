@@ -11,7 +11,7 @@
 //! matching group, round robin, preferring members that are connected.
 
 use super::lazy::{empty, Lazy};
-use super::small_map::SmallMap;
+use super::small_map::{self, SmallMap};
 
 /// The key the broker gives a session; the index stores only these.
 pub type SessionKey = u64;
@@ -112,12 +112,9 @@ impl SubscriptionIndex {
             entry.1 = options;
             true
         } else {
-            if list.len() == list.capacity() {
-                // Room for one, then doubling: a filter most often has one
-                // subscriber (a device's own command topic), and a first
-                // push would make room for four.
-                list.reserve_exact(list.len().max(1));
-            }
+            // A filter most often has one subscriber: a device's own
+            // command topic.
+            small_map::reserve_one(list);
             list.push((session, options));
             self.count += 1;
             false
