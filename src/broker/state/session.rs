@@ -241,9 +241,11 @@ impl SessionSubscription {
         &raw[self.filter_at as usize..]
     }
 
-    /// The share group named in `raw`, this subscription's key.
+    /// The share group named in `raw`, this subscription's key: what
+    /// lies between `$share/` and the filter's `/`.
     pub fn share_group<'a>(&self, raw: &'a str) -> Option<&'a str> {
-        topic::split_shared(raw).map(|(group, _)| group)
+        let end = (self.filter_at as usize).checked_sub(1)?;
+        raw.get(topic::SHARE_PREFIX.len()..end)
     }
 
     pub fn is_shared(&self) -> bool {
