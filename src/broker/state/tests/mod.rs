@@ -258,16 +258,18 @@ fn subscribe(filter: &str, qos: u8) -> Inbound {
         packet_id: 1,
         subscription_id: None,
         user_properties: Vec::new(),
-        filters: vec![(
-            filter.into(),
-            SubOptions {
-                qos,
-                no_local: false,
-                retain_as_published: false,
-                retain_handling: 0,
-                subscription_id: None,
-            },
-        )],
+        filters: vec![(filter.into(), sub_options(qos))],
+    }
+}
+
+/// Subscription options with `qos` and nothing else.
+fn sub_options(qos: u8) -> SubOptions {
+    SubOptions {
+        qos,
+        no_local: false,
+        retain_as_published: false,
+        retain_handling: 0,
+        subscription_id: None,
     }
 }
 
@@ -435,13 +437,7 @@ fn a_sessions_one_subscription_holds_room_for_one() {
 #[test]
 fn a_subscription_reads_its_filter_from_its_key() {
     use super::session::SessionSubscription;
-    let options = SubOptions {
-        qos: 1,
-        no_local: false,
-        retain_as_published: false,
-        retain_handling: 0,
-        subscription_id: None,
-    };
+    let options = sub_options(1);
     let plain = "cmd/device-7/#";
     let sub = SessionSubscription::new(plain, options, 3);
     assert_eq!((sub.filter(plain), sub.share_group(plain)), (plain, None));
