@@ -275,3 +275,48 @@ fn a_schema_20_file_written_before_the_offset_index_gains_it_at_open() {
     let p = SqliteProvider::open(options(&path)).unwrap();
     p.close().unwrap();
 }
+
+/// The offset index as `sqlite_schema` keeps it.
+fn offset_index(conn: &rusqlite::Connection) -> String {
+    conn.query_row(
+        "SELECT sql FROM sqlite_schema WHERE type = 'index' AND name = 'latest_values_by_offset'",
+        [],
+        |r| r.get(0),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_schema_20_file_with_the_earlier_offset_index_gains_its_sizes_at_open() {
+    let (_dir, path) = copy_of("schema20-basic.db");
+    let p = SqliteProvider::open(options(&path)).unwrap();
+    let held = devices(&p).values().unwrap();
+    p.close().unwrap();
+    // As a build before the sizes were in the index left it.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "DROP INDEX latest_values_by_offset;
+         CREATE INDEX latest_values_by_offset ON latest_values (channel, offset);",
+    )
+    .unwrap();
+    drop(conn);
+
+    let p = SqliteProvider::open(options(&path)).unwrap();
+    let latest = devices(&p);
+    assert_eq!(latest.values().unwrap(), held, "the same values");
+    assert_eq!(
+        latest.match_with_deletions("#", 2).unwrap().len(),
+        1,
+        "the deletion still read by its offset"
+    );
+    p.close().unwrap();
+    let conn = open_read_only(&path).unwrap();
+    assert_eq!(
+        offset_index(&conn),
+        "CREATE INDEX latest_values_by_offset ON latest_values (channel, offset, deleted, size)"
+    );
+    let v: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, 20, "an index is not a new version");
+}

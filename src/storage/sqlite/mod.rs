@@ -1064,8 +1064,10 @@ const SQL_POSITIONS: &str =
     "SELECT reader, offset, saved_at, session_expiry FROM positions WHERE channel = ?1 ORDER BY reader";
 const SQL_POSITIONS_OFFSETS: &str = "SELECT reader, offset FROM positions WHERE channel = ?1";
 
-/// Every statement a read connection runs, prepared when the provider opens
-/// so a read never parses SQL.
+/// Every statement a read connection runs: all are prepared on one read
+/// connection when the provider opens, and each is cached on every
+/// connection once used, so a statement is parsed at most once a
+/// connection.
 fn read_statements() -> Vec<String> {
     let mut all = vec![
         SQL_POSITION.to_string(),
@@ -1595,14 +1597,22 @@ impl SqliteProvider {
 
         let mut readers = Vec::with_capacity(options.read_connections);
         let statements = read_statements();
-        for _ in 0..options.read_connections {
+        for n in 0..options.read_connections {
             let conn = open_conn("opening a read connection")?;
             apply_connection_pragmas(&conn, true)
                 .map_err(|e| sql_err("setting up a read connection", e))?;
             conn.set_prepared_statement_cache_capacity(statements.len() + 8);
-            for sql in &statements {
-                conn.prepare_cached(sql)
-                    .map_err(|e| sql_err("preparing the read statements", e))?;
+            // Every read statement is prepared here once, so a file whose
+            // tables lack a column is refused at open rather than at a
+            // read. It is prepared on the connection a read takes first
+            // (the pool's last), and the other connections prepare each at
+            // its first use, which keeps three quarters of that parsing out
+            // of a start.
+            if n + 1 == options.read_connections {
+                for sql in &statements {
+                    conn.prepare_cached(sql)
+                        .map_err(|e| sql_err("preparing the read statements", e))?;
+                }
             }
             readers.push(conn);
         }

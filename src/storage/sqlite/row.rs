@@ -135,9 +135,15 @@ fn corrupt(column: usize, detail: String) -> rusqlite::Error {
 /// The record in `RECORD_COLUMNS` starting at column `first`, given the
 /// offset it is stored at. Every column is checked, never assumed.
 pub fn record_at(row: &Row<'_>, first: usize, offset: u64) -> rusqlite::Result<Record> {
-    let id: Vec<u8> = row.get(first)?;
+    // Read in place: the sixteen bytes are copied, not allocated.
+    let id = row.get_ref(first)?;
+    let id = id.as_blob().map_err(|_| {
+        corrupt(
+            first,
+            format!("message_id is {:?}, not a blob", id.data_type()),
+        )
+    })?;
     let message_id: [u8; 16] = id
-        .as_slice()
         .try_into()
         .map_err(|_| corrupt(first, format!("message_id is {} bytes, not 16", id.len())))?;
     let headers: Option<String> = row.get(first + 3)?;

@@ -83,6 +83,27 @@ fn a_new_database_is_private_wal_and_schema_20() {
     assert_eq!(wal, 0);
 }
 
+/// A file whose table lost a column is refused at open, by the read
+/// statements prepared there, not at the first read that needs it.
+#[test]
+fn a_table_missing_a_column_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    SqliteProvider::open(options(dir.path()))
+        .unwrap()
+        .close()
+        .unwrap();
+    Connection::open(dir.path().join("saguin.db"))
+        .unwrap()
+        .execute_batch("ALTER TABLE latest_values DROP COLUMN owed_to")
+        .unwrap();
+    let err = SqliteProvider::open(options(dir.path())).unwrap_err();
+    assert!(
+        matches!(&err, SqliteOpenError::Sqlite { context, .. } if *context == "preparing the read statements"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("owed_to"), "{err}");
+}
+
 #[test]
 fn another_schema_version_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
