@@ -694,12 +694,12 @@ pub trait LatestStore: OffsetStore + AsOffsetStore {
     /// start with `$`), ordered by offset.
     fn values(&self) -> Result<Vec<Record>>;
 
-    /// Hand every current value to `each`, shared, in offset order, made
-    /// one at a time where the store can: a restart of a million retained
-    /// messages then holds one record beside the state it builds, not all
-    /// of them.
-    fn for_each_value(&self, each: &mut dyn FnMut(Arc<Record>)) -> Result<()> {
-        self.values()?.into_iter().map(Arc::new).for_each(each);
+    /// Hand every current value to `each`, in offset order, made one at a
+    /// time where the store can: a restart of a million retained messages
+    /// then holds one record beside the state it builds, not all of them.
+    /// Each is the caller's own, to move into what it builds.
+    fn for_each_value(&self, each: &mut dyn FnMut(Record)) -> Result<()> {
+        self.values()?.into_iter().for_each(each);
         Ok(())
     }
 

@@ -914,7 +914,7 @@ const RETAINED_BATCHES_IN_FLIGHT: usize = 4;
 /// ms of building).
 pub fn read_retained(
     retained: &dyn Provider,
-    each: &mut dyn FnMut(Arc<Record>),
+    each: &mut dyn FnMut(Record),
 ) -> Result<(), StorageError> {
     std::thread::scope(|scope| {
         let (batches_tx, batches) = std::sync::mpsc::sync_channel(RETAINED_BATCHES_IN_FLIGHT);

@@ -20,17 +20,13 @@
 //! still owed.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
 
 use saguin_format::model::Record;
 use tokio::time::Instant;
 
 use super::ids::{IdMap, IdSet};
 use super::intent::{Class, Intent, Parked, Role, StorageFailure, Write, Written};
-use super::records::{
-    message_from_owned_record, message_from_record, publish_props_of, user_properties_of,
-    will_entry,
-};
+use super::records::{message_from_record, publish_props_of, user_properties_of, will_entry};
 use super::session::InflightPhase;
 use super::{BrokerState, Outbound, ReasonCode};
 use crate::broker::message::Message;
@@ -767,17 +763,6 @@ impl BrokerState {
     /// was received, as far as the wall clock says.
     pub(super) fn message_of(&self, record: &Record, now: Instant) -> Message {
         message_from_record(record, self.received_at(record, now))
-    }
-
-    /// [`Self::message_of`] a record, taking its topic and payload when
-    /// nobody else holds it (a sqlite provider's read) and copying them
-    /// when somebody does (a memory provider's store).
-    pub(super) fn message_of_shared(&self, record: Arc<Record>, now: Instant) -> Message {
-        let received_at = self.received_at(&record, now);
-        match Arc::try_unwrap(record) {
-            Ok(owned) => message_from_owned_record(owned, received_at),
-            Err(shared) => message_from_record(&shared, received_at),
-        }
     }
 
     /// When the broker accepted `record`, on the state's clock: its age by

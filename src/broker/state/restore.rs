@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::intent::{Role, Write};
-use super::records::will_request;
+use super::records::{message_from_owned_record, will_request};
 use super::session::{
     InflightEntry, InflightPhase, PendingWill, QueuedMessage, Session, SessionSubscription,
 };
@@ -32,7 +32,7 @@ use saguin_format::model::{ChannelKind, Record};
 /// What the providers hold, read at startup.
 #[derive(Debug, Default)]
 pub struct Restored {
-    pub retained: Vec<Arc<Record>>,
+    pub retained: Vec<Record>,
     pub sessions: Vec<SessionEntry>,
     /// Each session's cursor on the broadcast log.
     pub cursors: Vec<(String, u64)>,
@@ -85,8 +85,9 @@ impl BrokerState {
     /// rebuilds the rest: the retained store hands its records over one at
     /// a time, and each is let go once it is kept, so a million retained
     /// messages are never held twice while the broker starts.
-    pub fn restore_retained(&mut self, record: Arc<Record>, now: Instant) {
-        let message = self.message_of_shared(record, now);
+    pub fn restore_retained(&mut self, record: Record, now: Instant) {
+        let received_at = self.received_at(&record, now);
+        let message = message_from_owned_record(record, received_at);
         self.retained.set(&message);
     }
 

@@ -516,8 +516,8 @@ impl LatestStore for LatestChannel {
         Ok(values)
     }
 
-    fn for_each_value(&self, each: &mut dyn FnMut(Arc<Record>)) -> contract::Result<()> {
-        self.each_live(&mut |record| each(Arc::new(record)))
+    fn for_each_value(&self, each: &mut dyn FnMut(Record)) -> contract::Result<()> {
+        self.each_live(each)
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> contract::Result<Vec<Record>> {

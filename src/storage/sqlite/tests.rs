@@ -437,7 +437,7 @@ fn latest_values_deletions_and_their_floor() {
     );
     let mut each = Vec::new();
     l.for_each_value(&mut |record| each.push(record)).unwrap();
-    assert!(each.iter().map(|r| &**r).eq(values.iter()));
+    assert_eq!(each, values);
     l.trim(5).unwrap();
     assert!(matches!(
         l.match_with_deletions("#", 2),

@@ -367,7 +367,7 @@ fn a_restored_session_resends_its_inflight_with_dup_and_owes_pubrel() {
     };
     let summary = s.restore(
         Restored {
-            retained: vec![Arc::new(record(0, 0))],
+            retained: vec![record(0, 0)],
             sessions: vec![SessionEntry {
                 client_id: "c".into(),
                 principal: None,
