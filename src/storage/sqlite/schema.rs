@@ -305,7 +305,9 @@ fn in_schema(conn: &Connection, kind: &str, name: &str) -> rusqlite::Result<bool
 }
 
 /// Creates the [`INDEXES`] a version-20 file lacks, and builds again the
-/// ones it holds by an earlier definition, in one transaction.
+/// ones it holds by another definition (an earlier build's, or a later
+/// one's after a downgrade: either reads the same rows), in one
+/// transaction.
 fn add_missing_indexes(conn: &mut Connection, path: &Path) -> Result<(), SqliteOpenError> {
     let sqlite_err = |source| SqliteOpenError::Sqlite {
         path: path.to_path_buf(),
@@ -314,7 +316,7 @@ fn add_missing_indexes(conn: &mut Connection, path: &Path) -> Result<(), SqliteO
     };
     let mut changes = Vec::new();
     for index in &INDEXES {
-        match kept_sql(conn, index.name).map_err(sqlite_err)? {
+        match file_index_sql(conn, index.name).map_err(sqlite_err)? {
             None => changes.push((index, false)),
             Some(kept) if kept != index.kept_sql() => changes.push((index, true)),
             Some(_) => {}
@@ -337,7 +339,7 @@ fn add_missing_indexes(conn: &mut Connection, path: &Path) -> Result<(), SqliteO
     for (index, earlier) in changes {
         if earlier {
             tracing::info!(file = %path.display(), index = index.name, on = index.on,
-                "built an index again that an earlier build of schema 20 defined on fewer columns");
+                "built an index again that the file held by another build's definition");
         } else {
             tracing::info!(file = %path.display(), index = index.name,
                 "created an index the file lacked (written by an earlier build of schema 20)");
@@ -348,7 +350,7 @@ fn add_missing_indexes(conn: &mut Connection, path: &Path) -> Result<(), SqliteO
 
 /// The statement `sqlite_schema` keeps for the index called `name`, if the
 /// file holds one.
-fn kept_sql(conn: &Connection, name: &str) -> rusqlite::Result<Option<String>> {
+fn file_index_sql(conn: &Connection, name: &str) -> rusqlite::Result<Option<String>> {
     conn.query_row(
         "SELECT sql FROM sqlite_schema WHERE type = 'index' AND name = ?1",
         [name],
