@@ -899,8 +899,8 @@ impl Persisters {
 const RESTORE_CHUNK: usize = 4096;
 
 /// Retained messages handed from the reading thread to the building one
-/// at once, and batches of them in flight: at most about 5,000 messages
-/// are between the two.
+/// at once, and batches of them waiting: with the one being filled and the
+/// one being built, at most about 6,000 messages are between the two.
 const RETAINED_BATCH: usize = 1024;
 const RETAINED_BATCHES_IN_FLIGHT: usize = 4;
 
