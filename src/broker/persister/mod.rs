@@ -1436,40 +1436,58 @@ mod tests {
 
     /// A restart's read hands every retained message over once, in the
     /// store's offset order, across the batches the reading thread sends,
-    /// and on the thread that asked.
+    /// and on the thread that asked: from either provider.
     #[test]
     fn every_retained_message_is_handed_over_once_in_order_across_batches() {
         let dir = tempfile::tempdir().unwrap();
-        let provider =
-            SqliteProvider::open(SqliteOptions::new("db", dir.path().join("saguin.db"))).unwrap();
-        let retained = provider.retained().unwrap();
-        let count = RETAINED_BATCH * 2 + 7;
-        // Written in the reverse of the topics' order, one written again.
-        for i in (0..count).rev() {
-            retained
-                .set(Record::new(
-                    format!("t/{i:05}"),
-                    bytes::Bytes::from_static(b"v"),
-                ))
-                .unwrap();
-        }
-        retained
-            .set(Record::new("t/00010", bytes::Bytes::from_static(b"again")))
+        let sqlite: Arc<dyn Provider> = Arc::new(
+            SqliteProvider::open(SqliteOptions::new("db", dir.path().join("saguin.db"))).unwrap(),
+        );
+        let memory: Arc<dyn Provider> =
+            crate::storage::memory::MemoryProvider::new(crate::storage::memory::MemoryConfig {
+                name: "mem".into(),
+                max_bytes: None,
+                reserve: 0,
+            })
             .unwrap();
-        let asking = std::thread::current().id();
-        let mut handed = Vec::new();
-        read_retained(&provider, &mut |record| {
-            assert_eq!(std::thread::current().id(), asking);
-            handed.push((record.offset, record.topic.clone()));
-        })
-        .unwrap();
-        assert_eq!(handed.len(), count);
-        assert!(handed.windows(2).all(|w| w[0].0 < w[1].0), "offset order");
-        let topics: std::collections::BTreeSet<&str> =
-            handed.iter().map(|(_, t)| t.as_str()).collect();
-        assert_eq!(topics.len(), count, "each topic once");
-        assert_eq!(handed.last().unwrap().1, "t/00010", "as last written");
-        provider.close().unwrap();
+        for provider in [sqlite, memory] {
+            let retained = provider.retained().unwrap();
+            let count = RETAINED_BATCH * 2 + 7;
+            // Written in the reverse of the topics' order, one written again.
+            for i in (0..count).rev() {
+                retained
+                    .set(Record::new(
+                        format!("t/{i:05}"),
+                        bytes::Bytes::from_static(b"v"),
+                    ))
+                    .unwrap();
+            }
+            retained
+                .set(Record::new("t/00010", bytes::Bytes::from_static(b"again")))
+                .unwrap();
+            let asking = std::thread::current().id();
+            let mut handed = Vec::new();
+            read_retained(&*provider, &mut |record| {
+                assert_eq!(std::thread::current().id(), asking);
+                handed.push((record.offset, record.topic.clone()));
+            })
+            .unwrap();
+            let name = provider.name();
+            assert_eq!(handed.len(), count, "{name}");
+            assert!(
+                handed.windows(2).all(|w| w[0].0 < w[1].0),
+                "{name}: offset order"
+            );
+            let topics: std::collections::BTreeSet<&str> =
+                handed.iter().map(|(_, t)| t.as_str()).collect();
+            assert_eq!(topics.len(), count, "{name}: each topic once");
+            assert_eq!(
+                handed.last().unwrap().1,
+                "t/00010",
+                "{name}: as last written"
+            );
+            provider.close().unwrap();
+        }
     }
 
     /// A store that cannot be read is the read's error, and nothing is
