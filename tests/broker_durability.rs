@@ -429,3 +429,49 @@ fn retained_messages_with_and_without_properties_come_back_as_published() {
     let broker = broker.restart(&yaml);
     runtime().block_on(check(&broker));
 }
+
+/// More retained messages than a restart hands over in one batch come
+/// back each once: after SIGTERM on memory and kill -9 on sqlite.
+#[test]
+fn retained_messages_beyond_one_batch_come_back_each_once() {
+    const COUNT: u16 = 3_000;
+    for sqlite in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = if sqlite {
+            sqlite_config(dir.path())
+        } else {
+            memory_config(dir.path())
+        };
+        let mut broker = Broker::start_in(dir, &yaml);
+        runtime().block_on(async {
+            let mut p = Raw::tcp(broker.addr(), v5()).await;
+            p.connect("pub", ConnectOpts::clean()).await;
+            for i in 0..COUNT {
+                p.publish_acked(&format!("fleet/{i}/state"), b"up", 1, true, i + 1)
+                    .await;
+            }
+            leave(&mut p).await;
+        });
+        if sqlite {
+            broker.child.kill().unwrap();
+            broker.child.wait().unwrap();
+        } else {
+            assert_eq!(broker.terminate(), Some(0));
+        }
+        let broker = broker.restart(&yaml);
+        runtime().block_on(async {
+            let mut r = Raw::tcp(broker.addr(), v5()).await;
+            r.connect("reader", ConnectOpts::clean()).await;
+            r.subscribe(1, "fleet/#", 0).await;
+            let mut topics = std::collections::BTreeSet::new();
+            for _ in 0..COUNT {
+                let m = r.next_publish(false).await;
+                assert!(m.retain, "{}", m.topic);
+                assert!(topics.insert(m.topic.to_string()), "twice: {}", m.topic);
+            }
+            let expected: std::collections::BTreeSet<String> =
+                (0..COUNT).map(|i| format!("fleet/{i}/state")).collect();
+            assert_eq!(topics, expected, "sqlite: {sqlite}");
+        });
+    }
+}
