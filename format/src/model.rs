@@ -47,6 +47,11 @@ pub struct PublishProps {
 }
 
 impl PublishProps {
+    /// No property set, as a record without properties reads.
+    pub fn none() -> &'static PublishProps {
+        &NO_PROPS
+    }
+
     /// True when no property is set (stored as NULL / absent).
     pub fn is_empty(&self) -> bool {
         self.content_type.is_none()

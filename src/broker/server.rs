@@ -798,8 +798,8 @@ pub async fn prepare(
         let from_channels = channels.clone();
         tokio::task::spawn_blocking(move || {
             let now = Instant::now();
-            super::persister::read_retained(&*from_retained, &mut |record| {
-                state.restore_retained(record, now)
+            super::persister::read_retained(&*from_retained, &mut |value| {
+                state.restore_retained(value, now)
             })
             .map_err(|source| (from_retained.name().to_owned(), source))?;
             let restored = super::persister::read_restored(&*from_sessions, &from_channels)

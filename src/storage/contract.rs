@@ -32,7 +32,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use saguin_format::model::{ChannelKind, Record, UnixNanos};
+use saguin_format::model::{ChannelKind, PublishProps, Record, UnixNanos, UserProperty};
 
 /// The reason code an MQTT 5 acknowledgement carries for a write the store
 /// refused because a bound was reached (Quota exceeded).
@@ -667,6 +667,47 @@ pub trait AppendStore: OffsetStore + AsOffsetStore {
     fn trim_older_than(&self, cutoff: UnixNanos) -> Result<Removed>;
 }
 
+/// A current value of a latest store as the broker serves it, lent for the
+/// moment it is handed over ([`LatestStore::for_each_served_value`]): what
+/// a record holds less its message id, publisher, bridge and sharing
+/// marks, which the broker does not serve.
+#[derive(Clone, Copy, Debug)]
+pub struct ServedValue<'a> {
+    pub offset: u64,
+    pub topic: &'a str,
+    pub payload: &'a [u8],
+    /// Receipt time (Unix nanoseconds; 0 = unset).
+    pub timestamp: UnixNanos,
+    pub qos: u8,
+    pub retain: bool,
+    /// The publish properties: [`PublishProps::default`] for a value
+    /// without any, as nearly every retained value is.
+    pub props: &'a PublishProps,
+    pub user_properties: &'a [UserProperty],
+}
+
+impl<'a> ServedValue<'a> {
+    /// What the broker serves of `record`.
+    pub fn of(record: &'a Record) -> ServedValue<'a> {
+        ServedValue {
+            offset: record.offset,
+            topic: &record.topic,
+            payload: &record.payload,
+            timestamp: record.timestamp,
+            qos: record.qos,
+            retain: record.retain,
+            props: &record.props,
+            user_properties: &record.user_properties,
+        }
+    }
+
+    /// No publish or user properties: the value is its topic, payload
+    /// and QoS.
+    pub fn is_plain(&self) -> bool {
+        self.user_properties.is_empty() && self.props.is_empty()
+    }
+}
+
 /// A latest channel: one value per topic. Setting or deleting a topic takes
 /// the channel's next offset, so a consumer can tell which of two values is
 /// newer and what changed since its position.
@@ -701,6 +742,14 @@ pub trait LatestStore: OffsetStore + AsOffsetStore {
     fn for_each_value(&self, each: &mut dyn FnMut(Record)) -> Result<()> {
         self.values()?.into_iter().for_each(each);
         Ok(())
+    }
+
+    /// [`LatestStore::for_each_value`] as the broker serves the values,
+    /// each lent while `each` runs: a store that can leaves the columns
+    /// the broker does not serve unread and makes nothing for a value. A
+    /// restart reads its retained messages so.
+    fn for_each_served_value(&self, each: &mut dyn FnMut(ServedValue<'_>)) -> Result<()> {
+        self.for_each_value(&mut |record| each(ServedValue::of(&record)))
     }
 
     /// Every value set and every deletion at or after offset `since` whose

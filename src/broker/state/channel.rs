@@ -252,7 +252,7 @@ impl BrokerState {
         gap: Option<(u64, u64)>,
         now: Instant,
     ) -> Message {
-        let received_at = self.received_at(record, now);
+        let received_at = self.received_at(record.timestamp, now);
         let mut properties = publish_properties_of(&record.props, &record.user_properties);
         let Some((from, to)) = gap else {
             return Message {

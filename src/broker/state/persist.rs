@@ -21,7 +21,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use saguin_format::model::Record;
+use saguin_format::model::{Record, UnixNanos};
 use tokio::time::Instant;
 
 use super::ids::{IdMap, IdSet};
@@ -762,13 +762,14 @@ impl BrokerState {
     /// A stored record as a message again: its expiry counts from when it
     /// was received, as far as the wall clock says.
     pub(super) fn message_of(&self, record: &Record, now: Instant) -> Message {
-        message_from_record(record, self.received_at(record, now))
+        message_from_record(record, self.received_at(record.timestamp, now))
     }
 
-    /// When the broker accepted `record`, on the state's clock: its age by
-    /// the record's receipt time, counted back from `now`.
-    pub(super) fn received_at(&self, record: &Record, now: Instant) -> Instant {
-        let age = self.unix_at(now).saturating_sub(record.timestamp).max(0);
+    /// When the broker accepted what it received at `timestamp` (Unix
+    /// nanoseconds), on the state's clock: its age by the wall clock,
+    /// counted back from `now`.
+    pub(super) fn received_at(&self, timestamp: UnixNanos, now: Instant) -> Instant {
+        let age = self.unix_at(now).saturating_sub(timestamp).max(0);
         now.checked_sub(std::time::Duration::from_nanos(age as u64))
             .unwrap_or(now)
     }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::WillRequest;
 use crate::broker::codec::{ByteStr, PayloadFormat, PublishProperties};
 use crate::broker::message::{Message, MessageProperties};
-use crate::storage::contract::WillEntry;
+use crate::storage::contract::{ServedValue, WillEntry};
 
 /// A Will as the session provider keeps it.
 pub(super) fn will_entry(will: &WillRequest) -> WillEntry {
@@ -115,17 +115,15 @@ pub(super) fn message_with_properties(
     }
 }
 
-/// [`message_from_record`] for a record nobody else holds: its topic and
-/// payload become the message's as they are. A clone would copy the topic
-/// and give the payload a shared header of its own (24 bytes), kept for as
-/// long as the message is - a retained message lives until replaced.
-pub(super) fn message_from_owned_record(record: Record, received_at: Instant) -> Message {
+/// [`message_from_record`] for a value a store lent: its topic and payload
+/// copied into what the message owns.
+pub(super) fn message_from_served(value: &ServedValue<'_>, received_at: Instant) -> Message {
     Message {
-        properties: properties_of(&record.props, &record.user_properties),
-        topic: ByteStr::from(record.topic),
-        payload: record.payload,
-        qos: record.qos,
-        retain: record.retain,
+        properties: properties_of(value.props, value.user_properties),
+        topic: ByteStr::from(value.topic),
+        payload: Bytes::copy_from_slice(value.payload),
+        qos: value.qos,
+        retain: value.retain,
         received_at,
         channel_offset: None,
         wire: Default::default(),

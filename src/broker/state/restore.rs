@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::intent::{Role, Write};
-use super::records::{message_from_owned_record, will_request};
+use super::records::{message_from_served, will_request};
 use super::session::{
     InflightEntry, InflightPhase, PendingWill, QueuedMessage, Session, SessionSubscription,
 };
@@ -23,8 +23,8 @@ use super::BrokerState;
 use crate::broker::message::Message;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::storage::contract::{
-    session_expired_at, HeldPublish, InflightPhase as StoredPhase, Position, SessionEntry,
-    BROADCAST_LOG_NAME,
+    session_expired_at, HeldPublish, InflightPhase as StoredPhase, Position, ServedValue,
+    SessionEntry, BROADCAST_LOG_NAME,
 };
 use crate::topic;
 use saguin_format::model::{ChannelKind, Record};
@@ -82,12 +82,19 @@ pub struct RestoreSummary {
 
 impl BrokerState {
     /// Keep a stored retained message, read at `now`, before [`Self::restore`]
-    /// rebuilds the rest: the retained store hands its records over one at
-    /// a time, and each is let go once it is kept, so a million retained
-    /// messages are never held twice while the broker starts.
-    pub fn restore_retained(&mut self, record: Record, now: Instant) {
-        let received_at = self.received_at(&record, now);
-        let message = message_from_owned_record(record, received_at);
+    /// rebuilds the rest: the retained store lends its values one at a
+    /// time, so a million retained messages are never held twice while
+    /// the broker starts. A value without properties (nearly every one) is
+    /// kept from its parts, with no message made for it.
+    pub fn restore_retained(&mut self, value: ServedValue<'_>, now: Instant) {
+        if value.is_plain()
+            && self
+                .retained
+                .set_plain(value.topic, value.qos, value.payload)
+        {
+            return;
+        }
+        let message = message_from_served(&value, self.received_at(value.timestamp, now));
         self.retained.set(&message);
     }
 
@@ -98,7 +105,7 @@ impl BrokerState {
         let mut summary = RestoreSummary::default();
         let unix_now = self.unix_at(now);
         for record in std::mem::take(&mut restored.retained) {
-            self.restore_retained(record, now);
+            self.restore_retained(ServedValue::of(&record), now);
         }
         self.retained.pack();
         summary.retained = self.retained.len();

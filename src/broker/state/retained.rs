@@ -150,17 +150,22 @@ impl Leaf {
     /// some (or a last level too long to count in the head): such a
     /// message is kept whole.
     fn held(name: &str, message: &Message) -> Option<Leaf> {
-        let name_len = u16::try_from(name.len()).ok()?;
         let plain = !message.properties.is_allocated()
             || message.properties == MessageProperties::default();
-        plain.then(|| {
-            let head = Head {
-                name_len,
-                qos: message.qos,
-                whole: false,
-            };
-            Leaf::new(head, name, &message.payload)
-        })
+        plain
+            .then(|| Leaf::plain(name, message.qos, &message.payload))
+            .flatten()
+    }
+
+    /// The leaf of a message with no properties, from its parts; `None`
+    /// for a last level too long to count in the head.
+    fn plain(name: &str, qos: u8, payload: &[u8]) -> Option<Leaf> {
+        let head = Head {
+            name_len: u16::try_from(name.len()).ok()?,
+            qos,
+            whole: false,
+        };
+        Some(Leaf::new(head, name, payload))
     }
 
     /// The leaf of a message kept whole: its last level only.
@@ -347,6 +352,26 @@ impl RetainedIndex {
                 .insert(topic.into(), Arc::new(Message::clone(message)));
             Leaf::whole(name, message)
         });
+        self.insert(topic, leaf);
+    }
+
+    /// [`Self::set`] for a message with no properties, from its parts, as
+    /// a restart reads them: no message is made for it. Returns false,
+    /// keeping nothing, where it cannot be kept so (a last level longer
+    /// than 65,535 bytes, which only another writer's file can hold): the
+    /// caller then sets the message.
+    pub fn set_plain(&mut self, topic: &str, qos: u8, payload: &[u8]) -> bool {
+        match Leaf::plain(last_level(topic), qos, payload) {
+            Some(leaf) => {
+                self.insert(topic, leaf);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Put `leaf` at `topic`, in place of what was there.
+    fn insert(&mut self, topic: &str, leaf: Leaf) {
         let whole = leaf.head().whole;
         let mut node = &mut self.root;
         for level in levels_above(topic) {

@@ -10,13 +10,13 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use saguin_format::f21::{QueueItem, RecordList, RecordSink};
-use saguin_format::model::{Record, UnixNanos};
+use saguin_format::model::{PublishProps, Record, UnixNanos, UserProperty};
 
 use super::positions::PositionBook;
 use super::{read, write, Shared, Version};
 use crate::storage::contract::{
     check_record, forgets_deletion, LatestStore, OffsetStore, Position, Reader, Removed, Result,
-    StorageError, FIRST_OFFSET, RETAINED_STORE_NAME,
+    ServedValue, StorageError, FIRST_OFFSET, RETAINED_STORE_NAME,
 };
 use crate::topic::{filter_matches, literal_prefix};
 
@@ -164,6 +164,24 @@ impl Kept {
     fn accounted_size(&self) -> u64 {
         let rare = self.rare.as_ref().map_or(0, |r| r.accounted_size());
         u64::from(self.topic_len) + self.payload().len() as u64 + rare
+    }
+
+    /// What the broker serves of the record it keeps, lent from it.
+    fn served(&self) -> ServedValue<'_> {
+        let (props, user_properties): (&PublishProps, &[UserProperty]) = match &self.rare {
+            Some(rare) => (&rare.props, &rare.user_properties),
+            None => (PublishProps::none(), &[]),
+        };
+        ServedValue {
+            offset: self.offset,
+            topic: self.topic(),
+            payload: self.payload(),
+            timestamp: self.timestamp,
+            qos: self.qos,
+            retain: self.retain,
+            props,
+            user_properties,
+        }
     }
 
     /// The record it keeps, whole again.
@@ -760,6 +778,21 @@ impl LatestStore for MemoryLatest {
             .collect();
         for kept in values {
             each(kept.record());
+        }
+        Ok(())
+    }
+
+    /// Each value lent from what the store keeps, from handles taken
+    /// under the lock: nothing is made for one.
+    fn for_each_served_value(&self, each: &mut dyn FnMut(ServedValue<'_>)) -> Result<()> {
+        let values: Vec<Arc<Kept>> = read(&self.state)
+            .in_offset_order()
+            .into_iter()
+            .filter(|k| !k.is_marker())
+            .cloned()
+            .collect();
+        for kept in values {
+            each(kept.served());
         }
         Ok(())
     }

@@ -20,12 +20,12 @@ use saguin_format::model::{ChannelKind, Record};
 
 use super::batch::Job;
 use super::channel::{ChannelCounters, Deletion, LatestEntry, Pending, Positions, Staged, Target};
-use super::row::{record_at, Encoded};
-use super::schema::record_columns;
+use super::row::{record_at, with_served_at, Encoded};
+use super::schema::{record_columns, served_columns};
 use super::Shared;
 use crate::storage::contract::{
-    self, forgets_deletion, LatestStore, OffsetStore, Position, Reader, Removed, StorageError,
-    RETAINED_STORE_NAME,
+    self, forgets_deletion, LatestStore, OffsetStore, Position, Reader, Removed, ServedValue,
+    StorageError, RETAINED_STORE_NAME,
 };
 use crate::topic::{filter_matches, literal_prefix, prefix_end};
 use saguin_format::model::UnixNanos;
@@ -38,6 +38,13 @@ const SQL_GET: &str = concat!(
 const SQL_LIVE: &str = concat!(
     "SELECT offset, ",
     record_columns!(),
+    " FROM latest_values WHERE channel = ?1 AND deleted = 0 ORDER BY offset"
+);
+/// [`SQL_LIVE`] as the broker serves the values: a restart reads its
+/// retained messages with half the columns, and makes nothing for a row.
+const SQL_SERVED: &str = concat!(
+    "SELECT offset, ",
+    served_columns!(),
     " FROM latest_values WHERE channel = ?1 AND deleted = 0 ORDER BY offset"
 );
 /// The values under a filter's literal prefix (`prefix/` up to its end):
@@ -82,6 +89,7 @@ pub(crate) fn read_statements() -> Vec<String> {
     [
         SQL_GET,
         SQL_LIVE,
+        SQL_SERVED,
         SQL_LIVE_FROM,
         SQL_LIVE_RANGE,
         SQL_SINCE,
@@ -518,6 +526,20 @@ impl LatestStore for LatestChannel {
 
     fn for_each_value(&self, each: &mut dyn FnMut(Record)) -> contract::Result<()> {
         self.each_live(each)
+    }
+
+    fn for_each_served_value(&self, each: &mut dyn FnMut(ServedValue<'_>)) -> contract::Result<()> {
+        self.shared.read(
+            || format!("channel {}: reading every value", self.name),
+            |conn| {
+                let mut stmt = conn.prepare_cached(SQL_SERVED)?;
+                let mut rows = stmt.query([&self.name])?;
+                while let Some(r) = rows.next()? {
+                    with_served_at(r, 1, r.get(0)?, each)?;
+                }
+                Ok(())
+            },
+        )
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> contract::Result<Vec<Record>> {

@@ -6,9 +6,11 @@
 
 use base64::Engine as _;
 use bytes::Bytes;
-use rusqlite::types::Type;
+use rusqlite::types::{Type, ValueRef};
 use rusqlite::{Row, ToSql};
 use saguin_format::model::{PublishProps, Record, UserProperty};
+
+use crate::storage::contract::ServedValue;
 
 /// The five publish properties as the `props` column's JSON object.
 #[derive(serde::Serialize, serde::Deserialize, Default)]
@@ -176,6 +178,61 @@ pub fn record_at(row: &Row<'_>, first: usize, offset: u64) -> rusqlite::Result<R
         shared_copy: row.get(first + 10)?,
         owed_to: row.get(first + 11)?,
     })
+}
+
+/// The value in `served_columns!` starting at column `first`, given the
+/// offset it is stored at, lent to `each` straight from the row: nothing
+/// is made for it but the properties of a value that has some. Every
+/// column read is checked, as in [`record_at`].
+pub fn with_served_at(
+    row: &Row<'_>,
+    first: usize,
+    offset: u64,
+    each: &mut dyn FnMut(ServedValue<'_>),
+) -> rusqlite::Result<()> {
+    let text = |column: usize| -> rusqlite::Result<Option<&str>> {
+        match row.get_ref(column)? {
+            ValueRef::Null => Ok(None),
+            ValueRef::Text(bytes) => std::str::from_utf8(bytes)
+                .map(Some)
+                .map_err(|e| corrupt(column, format!("not UTF-8: {e}"))),
+            other => Err(corrupt(
+                column,
+                format!("{:?}, not text", other.data_type()),
+            )),
+        }
+    };
+    let topic = text(first)?.ok_or_else(|| corrupt(first, "the topic is NULL".into()))?;
+    let user_properties = match text(first + 2)? {
+        Some(text) => headers_from_json(text).map_err(|e| corrupt(first + 2, e))?,
+        None => Vec::new(),
+    };
+    let props = match text(first + 4)? {
+        Some(text) => props_from_json(text).map_err(|e| corrupt(first + 4, e))?,
+        None => PublishProps::default(),
+    };
+    let payload = row.get_ref(first + 3)?;
+    let payload = payload.as_blob().map_err(|_| {
+        corrupt(
+            first + 3,
+            format!("payload is {:?}, not a blob", payload.data_type()),
+        )
+    })?;
+    let qos: u8 = row.get(first + 6)?;
+    if qos > 2 {
+        return Err(corrupt(first + 6, format!("qos {qos} is not 0, 1 or 2")));
+    }
+    each(ServedValue {
+        offset,
+        topic,
+        payload,
+        timestamp: row.get(first + 1)?,
+        qos,
+        retain: row.get(first + 5)?,
+        props: &props,
+        user_properties: &user_properties,
+    });
+    Ok(())
 }
 
 /// The stored size column (column `first + 12` of the record columns).

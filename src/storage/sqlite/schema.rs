@@ -34,6 +34,17 @@ macro_rules! record_columns {
 }
 pub(crate) use record_columns;
 
+/// The record columns a served value is made from, in the order
+/// [`super::row::served_record_at`] reads them: a record's less its
+/// message id, publisher, bridge, sharing marks and size, which the broker
+/// does not serve.
+macro_rules! served_columns {
+    () => {
+        "topic, timestamp, headers, payload, props, retain, qos"
+    };
+}
+pub(crate) use served_columns;
+
 use rusqlite::{Connection, OptionalExtension};
 
 use super::SqliteOpenError;
