@@ -1039,3 +1039,96 @@ fn resolutions_share_one_transaction_and_each_is_answered_as_alone() {
     // A restart forgets every delivery (invariant 15).
     assert!(!q.resolve(leases[1].delivery_id, leases[1].epoch).unwrap());
 }
+
+/// One read connection is opened with the provider; concurrent reads open
+/// the others as they need them, never more than `read_connections`, and
+/// each is kept for the next read.
+#[test]
+fn read_connections_are_opened_as_reads_need_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(SqliteOptions {
+        read_connections: 2,
+        ..options(dir.path())
+    })
+    .unwrap();
+    let shared = &p.shared;
+    let counts = || {
+        let pool = shared.readers.lock().unwrap();
+        (pool.open, pool.idle.len())
+    };
+    let select_one = |conn: &Connection| conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0));
+    assert_eq!(counts(), (1, 1));
+    shared.read(|| "one read".into(), select_one).unwrap();
+    assert_eq!(counts(), (1, 1), "one read at a time takes the one");
+
+    let inside = std::sync::Barrier::new(3);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                shared
+                    .read(
+                        || "a read held open".into(),
+                        |conn| {
+                            inside.wait();
+                            inside.wait();
+                            select_one(conn)
+                        },
+                    )
+                    .unwrap()
+            });
+        }
+        inside.wait();
+        assert_eq!(counts(), (2, 0), "two reads at once, two connections");
+        let third = scope.spawn(|| shared.read(|| "a third read".into(), select_one).unwrap());
+        inside.wait();
+        assert_eq!(third.join().unwrap(), 1);
+    });
+    assert_eq!(counts(), (2, 2), "never more than read_connections");
+    p.close().unwrap();
+    assert_eq!(counts(), (2, 0));
+}
+
+/// A read connection that cannot be opened is that read's error, and its
+/// place is given back: the next read that needs one tries again.
+#[test]
+fn a_read_connection_that_cannot_be_opened_fails_only_its_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(SqliteOptions {
+        read_connections: 2,
+        ..options(dir.path())
+    })
+    .unwrap();
+    let shared = &p.shared;
+    let select_one = |conn: &Connection| conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0));
+    let inside = std::sync::Barrier::new(2);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            shared
+                .read(
+                    || "a read held open".into(),
+                    |conn| {
+                        inside.wait();
+                        inside.wait();
+                        select_one(conn)
+                    },
+                )
+                .unwrap()
+        });
+        inside.wait();
+        // A new connection cannot open a file that is gone (it is never
+        // created by a reader); the open ones keep theirs.
+        let moved = dir.path().join("moved.db");
+        std::fs::rename(&shared.path, &moved).unwrap();
+        let failed = shared.read(|| "a second read".into(), select_one);
+        assert!(failed.is_err(), "{failed:?}");
+        assert_eq!(shared.readers.lock().unwrap().open, 1);
+        std::fs::rename(&moved, &shared.path).unwrap();
+        assert_eq!(
+            shared.read(|| "a read again".into(), select_one).unwrap(),
+            1
+        );
+        inside.wait();
+    });
+    assert_eq!(shared.readers.lock().unwrap().open, 2);
+    p.close().unwrap();
+}
