@@ -33,8 +33,9 @@
 //!   before the providers close.
 //! - [`server`]: `prepare(config, sessions, retained)` rebuilds the state
 //!   from the providers ([`persister::read_retained`] one message at a
-//!   time, read in batches on a thread of its own while the state is built
-//!   from them, then [`persister::read_restored`]) on the blocking pool, starts the
+//!   time, each lent as the broker serves it, read in batches on a thread
+//!   of its own while the state is built from them, then
+//!   [`persister::read_restored`]) on the blocking pool, starts the
 //!   persisters, then binds the listeners; `run(server, shutdown)` serves
 //!   until `shutdown` completes, and returns an error when the broker task
 //!   failed (the process then exits non-zero). One tokio runtime; a permit
