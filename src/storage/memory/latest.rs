@@ -697,6 +697,17 @@ impl MemoryLatest {
             .map(|k| k.record())
             .collect()
     }
+
+    /// Handles to the current values, ordered by offset, taken under the
+    /// lock: a value is then made or lent from one without holding it.
+    fn live_handles(&self) -> Vec<Arc<Kept>> {
+        read(&self.state)
+            .in_offset_order()
+            .into_iter()
+            .filter(|k| !k.is_marker())
+            .cloned()
+            .collect()
+    }
 }
 
 impl LatestStore for MemoryLatest {
@@ -770,30 +781,18 @@ impl LatestStore for MemoryLatest {
     /// the lock: one record is made at a time, so a restart of a million
     /// retained messages never holds them all as records at once.
     fn for_each_value(&self, each: &mut dyn FnMut(Record)) -> Result<()> {
-        let values: Vec<Arc<Kept>> = read(&self.state)
-            .in_offset_order()
+        self.live_handles()
             .into_iter()
-            .filter(|k| !k.is_marker())
-            .cloned()
-            .collect();
-        for kept in values {
-            each(kept.record());
-        }
+            .for_each(|kept| each(kept.record()));
         Ok(())
     }
 
     /// Each value lent from what the store keeps, from handles taken
     /// under the lock: nothing is made for one.
     fn for_each_served_value(&self, each: &mut dyn FnMut(ServedValue<'_>)) -> Result<()> {
-        let values: Vec<Arc<Kept>> = read(&self.state)
-            .in_offset_order()
+        self.live_handles()
             .into_iter()
-            .filter(|k| !k.is_marker())
-            .cloned()
-            .collect();
-        for kept in values {
-            each(kept.served());
-        }
+            .for_each(|kept| each(kept.served()));
         Ok(())
     }
 

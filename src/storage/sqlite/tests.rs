@@ -1040,6 +1040,24 @@ fn resolutions_share_one_transaction_and_each_is_answered_as_alone() {
     assert!(!q.resolve(leases[1].delivery_id, leases[1].epoch).unwrap());
 }
 
+fn select_one(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("SELECT 1", [], |r| r.get(0))
+}
+
+/// A read that holds its connection between two waits on `inside`.
+fn read_held_open(shared: &Shared, inside: &std::sync::Barrier) -> i64 {
+    shared
+        .read(
+            || "a read held open".into(),
+            |conn| {
+                inside.wait();
+                inside.wait();
+                select_one(conn)
+            },
+        )
+        .unwrap()
+}
+
 /// One read connection is opened with the provider; concurrent reads open
 /// the others as they need them, never more than `read_connections`, and
 /// each is kept for the next read.
@@ -1056,7 +1074,6 @@ fn read_connections_are_opened_as_reads_need_them() {
         let pool = shared.readers.lock().unwrap();
         (pool.open, pool.idle.len())
     };
-    let select_one = |conn: &Connection| conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0));
     assert_eq!(counts(), (1, 1));
     shared.read(|| "one read".into(), select_one).unwrap();
     assert_eq!(counts(), (1, 1), "one read at a time takes the one");
@@ -1064,18 +1081,7 @@ fn read_connections_are_opened_as_reads_need_them() {
     let inside = std::sync::Barrier::new(3);
     std::thread::scope(|scope| {
         for _ in 0..2 {
-            scope.spawn(|| {
-                shared
-                    .read(
-                        || "a read held open".into(),
-                        |conn| {
-                            inside.wait();
-                            inside.wait();
-                            select_one(conn)
-                        },
-                    )
-                    .unwrap()
-            });
+            scope.spawn(|| read_held_open(shared, &inside));
         }
         inside.wait();
         assert_eq!(counts(), (2, 0), "two reads at once, two connections");
@@ -1099,21 +1105,9 @@ fn a_read_connection_that_cannot_be_opened_fails_only_its_read() {
     })
     .unwrap();
     let shared = &p.shared;
-    let select_one = |conn: &Connection| conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0));
     let inside = std::sync::Barrier::new(2);
     std::thread::scope(|scope| {
-        scope.spawn(|| {
-            shared
-                .read(
-                    || "a read held open".into(),
-                    |conn| {
-                        inside.wait();
-                        inside.wait();
-                        select_one(conn)
-                    },
-                )
-                .unwrap()
-        });
+        scope.spawn(|| read_held_open(shared, &inside));
         inside.wait();
         // A new connection cannot open a file that is gone (it is never
         // created by a reader); the open ones keep theirs.
