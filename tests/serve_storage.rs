@@ -230,6 +230,41 @@ fn a_foreign_version_or_damaged_database_stops_the_start_naming_it_with_no_liste
     }
 }
 
+/// A retained row whose QoS no value can have, as a damaged or foreign
+/// writer could leave it: the restart that reads it stops naming the
+/// database and what the row holds, before any listener is bound, and
+/// leaves the file as it was.
+#[test]
+fn a_retained_row_that_cannot_be_a_value_stops_the_start_naming_it_with_no_listener() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let db = data.path().join("saguin.db");
+    let yaml = config(free_port(), &sqlite_provider(&db), BOTH_ON_DB);
+    let mut first = Broker::start(&yaml);
+    publish_retained_and_wait(first.addr(), "site/1/state");
+    assert_eq!(first.terminate(), Some(0));
+    let raw = rusqlite::Connection::open(&db).unwrap();
+    raw.execute_batch("UPDATE latest_values SET qos = 7")
+        .unwrap();
+    drop(raw);
+    let bytes = std::fs::read(&db).unwrap();
+
+    let port = free_port();
+    let out = serve_once(
+        data.path(),
+        &config(port, &sqlite_provider(&db), BOTH_ON_DB),
+    );
+    assert_refused_before_listening(
+        &out,
+        port,
+        &["db", &db.display().to_string(), "qos 7 is not 0, 1 or 2"],
+    );
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        bytes,
+        "the refused database was changed"
+    );
+}
+
 /// What a snapshot directory holds, by `snapshot inspect --json`: per file
 /// its role and the contents that identify what was kept.
 fn holdings(dir: &Path) -> Vec<(String, Value)> {

@@ -1126,3 +1126,44 @@ fn a_read_connection_that_cannot_be_opened_fails_only_its_read() {
     assert_eq!(shared.readers.lock().unwrap().open, 2);
     p.close().unwrap();
 }
+
+/// A retained row whose columns do not hold what a value needs is
+/// refused by name when a restart reads it as served, as when it is read
+/// whole, and nothing is lent from it.
+#[test]
+fn a_retained_row_that_cannot_be_a_value_is_refused_when_read_as_served() {
+    for (column, change, said) in [
+        ("qos", "qos = 7", "qos 7 is not 0, 1 or 2"),
+        ("topic", "topic = CAST(X'FF' AS TEXT)", "invalid utf-8"),
+        ("props", "props = '{\"nonsense\":1}'", "nonsense"),
+        ("headers", "headers = '{}'", ""),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let p = SqliteProvider::open(options(dir.path())).unwrap();
+        let retained = p.retained().unwrap();
+        retained
+            .set(Record::new("a/b", Bytes::from_static(b"v")))
+            .unwrap();
+        p.close().unwrap();
+        let raw = Connection::open(dir.path().join("saguin.db")).unwrap();
+        raw.execute_batch(&format!("UPDATE latest_values SET {change}"))
+            .unwrap();
+        drop(raw);
+
+        let p = SqliteProvider::open(options(dir.path())).unwrap();
+        let retained = p.retained().unwrap();
+        let mut lent = 0;
+        let served = retained.for_each_served_value(&mut |_| lent += 1);
+        let whole = retained.for_each_value(&mut |_| lent += 1);
+        assert_eq!(lent, 0, "{column}");
+        for read in [served, whole] {
+            match read {
+                Err(StorageError::Corrupt { detail, .. }) => {
+                    assert!(detail.contains(said), "{column}: {detail}")
+                }
+                other => panic!("{column}: {other:?}"),
+            }
+        }
+        p.close().unwrap();
+    }
+}
