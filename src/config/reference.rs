@@ -81,7 +81,7 @@ pub fn keys() -> Vec<KeyDoc> {
         key("storage[].flush_interval", DURATION, "150ms", flush.clone(), "sqlite: how often the write-ahead log is fsynced after a commit."),
         key("storage[].publish_commit_interval", "none | duration", "none", format!("at most {}", format_duration(PUBLISH_COMMIT_INTERVAL_MAX)), "sqlite: how long a publish transaction waits for company (group commit)."),
         key("storage[].publish_commit_max_records", "integer", "256", "1..=4294967295", "sqlite: most records in one publish transaction."),
-        key("storage[].read_connections", "integer", "4", format!("0..={READ_CONNECTIONS_MAX}"), "sqlite: the most read-only connections open beside the writer (one opened at start, the others as concurrent reads need them); 0 puts every read on the writer."),
+        key("storage[].read_connections", "integer", "4", format!("0..={READ_CONNECTIONS_MAX}"), "sqlite: read-only connections beside the writer; 0 puts every read on the writer."),
         key("channels", "list", "none", "", "Durable channels; a topic whose first level is a channel's name belongs to it."),
         key("channels[].name", "string", "required", format!("one topic level, at most {CHANNEL_NAME_MAX_BYTES} bytes, not . or .., no / + # or NUL, not starting with $; unique; not another queue's NAME.dlq"), "The channel's name: the first level of its topics."),
         key("channels[].kind", "append | latest | queue", "required", "", "A log, one value per topic, or work handed to one worker (docs/channels.md)."),

@@ -1,7 +1,6 @@
 //! The sqlite provider: one database file per provider,
 //! schema version 20, WAL with `synchronous=NORMAL`, one writer connection,
-//! up to `read_connections` query-only readers (one opened with the
-//! provider, the others as reads need them), a flusher that fsyncs the
+//! `read_connections` query-only readers, a flusher that fsyncs the
 //! write-ahead log every `flush_interval` when something committed,
 //! checkpoints it once a second and starts it again once it passes 64 MiB
 //! (so a provider that never stops committing keeps a bounded log), and
@@ -257,14 +256,6 @@ struct Registry {
     held: Option<Arc<held::Held>>,
 }
 
-/// The read connections: those not in a read, and how many are open
-/// (those, those in a read and one being opened), at most `reader_count`.
-#[derive(Default)]
-struct ReadPool {
-    idle: Vec<Connection>,
-    open: usize,
-}
-
 /// What every store of one provider shares: the connections and counters.
 pub(crate) struct Shared {
     pub name: String,
@@ -272,9 +263,8 @@ pub(crate) struct Shared {
     pub options: SqliteOptions,
     /// The one write connection; `None` once closed.
     writer: Mutex<Option<Connection>>,
-    readers: Mutex<ReadPool>,
+    readers: Mutex<Vec<Connection>>,
     readers_free: Condvar,
-    /// The most read connections open at once (`read_connections`).
     reader_count: usize,
     /// Set, under `readers`, while [`Shared::with_readers_idle`] waits
     /// for every read to end: no read begins meanwhile.
@@ -546,16 +536,12 @@ impl Shared {
             let w = self.writer()?;
             in_txn(w.conn())
         } else {
-            let idle = {
+            let conn = {
                 let mut pool = self.readers.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
                     if !self.readers_held.load(Ordering::Relaxed) {
-                        if let Some(conn) = pool.idle.pop() {
-                            break Some(conn);
-                        }
-                        if pool.open < self.reader_count {
-                            pool.open += 1;
-                            break None;
+                        if let Some(conn) = pool.pop() {
+                            break conn;
                         }
                     }
                     if self.closed.load(Ordering::Acquire) {
@@ -569,19 +555,6 @@ impl Shared {
                         .unwrap_or_else(|e| e.into_inner());
                 }
             };
-            let conn = match idle {
-                Some(conn) => conn,
-                // Opened outside the pool's lock: other reads go on meanwhile.
-                None => match open_reader(&self.path) {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        self.readers.lock().unwrap_or_else(|e| e.into_inner()).open -= 1;
-                        self.readers_free.notify_all();
-                        let context = format!("{}: opening a read connection", context());
-                        return Err(self.read_error(context, e));
-                    }
-                },
-            };
             let out = in_txn(&conn);
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
@@ -589,7 +562,6 @@ impl Shared {
             self.readers
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .idle
                 .push(conn);
             self.readers_free.notify_one();
             out
@@ -606,7 +578,7 @@ impl Shared {
         self.readers_held.store(true, Ordering::Relaxed);
         let mut out = None;
         loop {
-            if pool.idle.len() >= pool.open {
+            if pool.len() >= self.reader_count {
                 out = Some(body());
                 break;
             }
@@ -1461,19 +1433,6 @@ fn sync_wal(path: &Path, wal: &mut Option<std::fs::File>) -> io::Result<()> {
 }
 
 /// Pragmas every connection gets at open, before anything else runs.
-/// A query-only connection to `path`, with room in its statement cache
-/// for every read statement.
-fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
-    let conn = Connection::open_with_flags_and_vfs(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        vfs::VFS_NAME,
-    )?;
-    apply_connection_pragmas(&conn, true)?;
-    conn.set_prepared_statement_cache_capacity(read_statements().len() + 8);
-    Ok(conn)
-}
-
 fn apply_connection_pragmas(conn: &Connection, query_only: bool) -> rusqlite::Result<()> {
     conn.busy_timeout(Duration::from_secs(5))?;
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
@@ -1636,21 +1595,26 @@ impl SqliteProvider {
         };
         writer.set_prepared_statement_cache_capacity(64);
 
-        // One read connection is opened now, the others as reads need
-        // them (`Shared::read`): each parses the schema at its first
-        // statement, and a start reads on one. Every read statement is
-        // prepared on this one, so a file whose tables lack a column is
-        // refused at open rather than at a read; the others prepare each
-        // at its first use.
-        let mut readers = ReadPool::default();
-        if options.read_connections > 0 {
-            let conn = open_reader(&path).map_err(|e| sql_err("opening a read connection", e))?;
-            for sql in &read_statements() {
-                conn.prepare_cached(sql)
-                    .map_err(|e| sql_err("preparing the read statements", e))?;
+        let mut readers = Vec::with_capacity(options.read_connections);
+        let statements = read_statements();
+        for n in 0..options.read_connections {
+            let conn = open_conn("opening a read connection")?;
+            apply_connection_pragmas(&conn, true)
+                .map_err(|e| sql_err("setting up a read connection", e))?;
+            conn.set_prepared_statement_cache_capacity(statements.len() + 8);
+            // Every read statement is prepared here once, so a file whose
+            // tables lack a column is refused at open rather than at a
+            // read. It is prepared on the connection a read takes first
+            // (the pool's last), and the other connections prepare each at
+            // its first use, which keeps three quarters of that parsing out
+            // of a start.
+            if n + 1 == options.read_connections {
+                for sql in &statements {
+                    conn.prepare_cached(sql)
+                        .map_err(|e| sql_err("preparing the read statements", e))?;
+                }
             }
-            readers.idle.push(conn);
-            readers.open = 1;
+            readers.push(conn);
         }
 
         let checkpointer = open_conn("opening the checkpoint connection")?;
@@ -1658,7 +1622,6 @@ impl SqliteProvider {
             .map_err(|e| sql_err("setting up the checkpoint connection", e))?;
         let counters = Arc::new(Counters::default());
         let flush_interval = options.flush_interval;
-        let read_connections = options.read_connections;
         let shared = Arc::new(Shared {
             name: options.name.clone(),
             path: path.clone(),
@@ -1670,7 +1633,7 @@ impl SqliteProvider {
             writer: Mutex::new(Some(writer)),
             scope: Mutex::new(None),
             scope_ended: Condvar::new(),
-            reader_count: read_connections,
+            reader_count: readers.len(),
             readers_held: AtomicBool::new(false),
             readers: Mutex::new(readers),
             readers_free: Condvar::new(),
@@ -1955,7 +1918,6 @@ impl SqliteProvider {
             .readers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .idle
             .clear();
         if let Some(conn) = writer {
             // What makes the main file a complete copy on its own. A failure
