@@ -1439,17 +1439,7 @@ mod tests {
     #[test]
     fn every_retained_message_is_handed_over_once_in_order_across_batches() {
         let dir = tempfile::tempdir().unwrap();
-        let sqlite: Arc<dyn Provider> = Arc::new(
-            SqliteProvider::open(SqliteOptions::new("db", dir.path().join("saguin.db"))).unwrap(),
-        );
-        let memory: Arc<dyn Provider> =
-            crate::storage::memory::MemoryProvider::new(crate::storage::memory::MemoryConfig {
-                name: "mem".into(),
-                max_bytes: None,
-                reserve: 0,
-            })
-            .unwrap();
-        for provider in [sqlite, memory] {
+        for provider in crate::storage::both_providers(dir.path()) {
             let retained = provider.retained().unwrap();
             let count = served_batch::BATCH_VALUES * 2 + 7;
             // Written in the reverse of the topics' order, one written again.

@@ -403,13 +403,26 @@ impl LatestChannel {
     /// Every current value (deletions left out), in offset order, handed
     /// to `each` as it is read.
     fn each_live(&self, each: &mut dyn FnMut(Record)) -> contract::Result<()> {
+        self.each_live_row(SQL_LIVE, &mut |r| {
+            each(record_at(r, 1, r.get(0)?)?);
+            Ok(())
+        })
+    }
+
+    /// Every row `sql` reads for this channel (its offset first), handed
+    /// to `row` as it is read, in one read.
+    fn each_live_row(
+        &self,
+        sql: &str,
+        row: &mut dyn FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<()>,
+    ) -> contract::Result<()> {
         self.shared.read(
             || format!("channel {}: reading every value", self.name),
             |conn| {
-                let mut stmt = conn.prepare_cached(SQL_LIVE)?;
+                let mut stmt = conn.prepare_cached(sql)?;
                 let mut rows = stmt.query([&self.name])?;
                 while let Some(r) = rows.next()? {
-                    each(record_at(r, 1, r.get(0)?)?);
+                    row(r)?;
                 }
                 Ok(())
             },
@@ -529,17 +542,7 @@ impl LatestStore for LatestChannel {
     }
 
     fn for_each_served_value(&self, each: &mut dyn FnMut(ServedValue<'_>)) -> contract::Result<()> {
-        self.shared.read(
-            || format!("channel {}: reading every value", self.name),
-            |conn| {
-                let mut stmt = conn.prepare_cached(SQL_SERVED)?;
-                let mut rows = stmt.query([&self.name])?;
-                while let Some(r) = rows.next()? {
-                    with_served_at(r, 1, r.get(0)?, each)?;
-                }
-                Ok(())
-            },
-        )
+        self.each_live_row(SQL_SERVED, &mut |r| with_served_at(r, 1, r.get(0)?, each))
     }
 
     fn match_with_deletions(&self, filter: &str, since: u64) -> contract::Result<Vec<Record>> {
@@ -783,17 +786,7 @@ mod tests {
     #[test]
     fn a_filter_matches_what_it_matches_reading_under_its_prefix_only() {
         let dir = tempfile::tempdir().unwrap();
-        let sqlite: Arc<dyn Provider> = Arc::new(
-            SqliteProvider::open(SqliteOptions::new("db", dir.path().join("saguin.db"))).unwrap(),
-        );
-        let memory: Arc<dyn Provider> =
-            crate::storage::memory::MemoryProvider::new(crate::storage::memory::MemoryConfig {
-                name: "mem".into(),
-                max_bytes: None,
-                reserve: 0,
-            })
-            .unwrap();
-        for provider in [sqlite, memory] {
+        for provider in crate::storage::both_providers(dir.path()) {
             filters_match(&*devices(&*provider), provider.name());
         }
     }

@@ -149,20 +149,11 @@ pub fn record_at(row: &Row<'_>, first: usize, offset: u64) -> rusqlite::Result<R
         .try_into()
         .map_err(|_| corrupt(first, format!("message_id is {} bytes, not 16", id.len())))?;
     let headers: Option<String> = row.get(first + 3)?;
-    let user_properties = match headers {
-        Some(text) => headers_from_json(&text).map_err(|e| corrupt(first + 3, e))?,
-        None => Vec::new(),
-    };
+    let user_properties = user_properties_of(headers.as_deref(), first + 3)?;
     let props: Option<String> = row.get(first + 5)?;
-    let props = match props {
-        Some(text) => props_from_json(&text).map_err(|e| corrupt(first + 5, e))?,
-        None => PublishProps::default(),
-    };
+    let props = props_of(props.as_deref(), first + 5)?;
     let payload: Vec<u8> = row.get(first + 4)?;
-    let qos: u8 = row.get(first + 9)?;
-    if qos > 2 {
-        return Err(corrupt(first + 9, format!("qos {qos} is not 0, 1 or 2")));
-    }
+    let qos = qos_at(row, first + 9)?;
     Ok(Record {
         offset,
         message_id,
@@ -203,14 +194,8 @@ pub fn with_served_at(
         }
     };
     let topic = text(first)?.ok_or_else(|| corrupt(first, "the topic is NULL".into()))?;
-    let user_properties = match text(first + 2)? {
-        Some(text) => headers_from_json(text).map_err(|e| corrupt(first + 2, e))?,
-        None => Vec::new(),
-    };
-    let props = match text(first + 4)? {
-        Some(text) => props_from_json(text).map_err(|e| corrupt(first + 4, e))?,
-        None => PublishProps::default(),
-    };
+    let user_properties = user_properties_of(text(first + 2)?, first + 2)?;
+    let props = props_of(text(first + 4)?, first + 4)?;
     let payload = row.get_ref(first + 3)?;
     let payload = payload.as_blob().map_err(|_| {
         corrupt(
@@ -218,10 +203,7 @@ pub fn with_served_at(
             format!("payload is {:?}, not a blob", payload.data_type()),
         )
     })?;
-    let qos: u8 = row.get(first + 6)?;
-    if qos > 2 {
-        return Err(corrupt(first + 6, format!("qos {qos} is not 0, 1 or 2")));
-    }
+    let qos = qos_at(row, first + 6)?;
     each(ServedValue {
         offset,
         topic,
@@ -233,6 +215,29 @@ pub fn with_served_at(
         user_properties: &user_properties,
     });
     Ok(())
+}
+
+/// The `headers` column at `column` as user properties (none for NULL).
+fn user_properties_of(headers: Option<&str>, column: usize) -> rusqlite::Result<Vec<UserProperty>> {
+    headers.map_or(Ok(Vec::new()), |text| {
+        headers_from_json(text).map_err(|e| corrupt(column, e))
+    })
+}
+
+/// The `props` column at `column` as publish properties (none for NULL).
+fn props_of(props: Option<&str>, column: usize) -> rusqlite::Result<PublishProps> {
+    props.map_or(Ok(PublishProps::default()), |text| {
+        props_from_json(text).map_err(|e| corrupt(column, e))
+    })
+}
+
+/// The `qos` column at `column`, refused unless 0, 1 or 2.
+fn qos_at(row: &Row<'_>, column: usize) -> rusqlite::Result<u8> {
+    let qos: u8 = row.get(column)?;
+    if qos > 2 {
+        return Err(corrupt(column, format!("qos {qos} is not 0, 1 or 2")));
+    }
+    Ok(qos)
 }
 
 /// The stored size column (column `first + 12` of the record columns).

@@ -35,7 +35,7 @@ macro_rules! record_columns {
 pub(crate) use record_columns;
 
 /// The record columns a served value is made from, in the order
-/// [`super::row::served_record_at`] reads them: a record's less its
+/// [`super::row::with_served_at`] reads them: a record's less its
 /// message id, publisher, bridge, sharing marks and size, which the broker
 /// does not serve.
 macro_rules! served_columns {
