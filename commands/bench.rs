@@ -156,27 +156,20 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 fn targets(args: &Args) -> Result<Vec<Target>, u8> {
     if let Some(dir) = &args.dir {
         refuse_snapshot_dir(dir)?;
-        let provider = |kind: &str| -> Provider {
-            let yaml = format!(
-                "listeners: [{{name: bench, bind: \"127.0.0.1:0\"}}]\n\
-                 storage:\n  - {{name: {kind}, kind: {kind}, {}}}\n",
-                match kind {
-                    "sqlite" => "file_path: bench.db".to_owned(),
-                    _ => format!("snapshot_dir: snapshots, max_bytes: {DIR_MAX_BYTES}"),
+        let mut targets = Vec::new();
+        for kind in ["sqlite", "memory"] {
+            match dir_provider(kind, dir) {
+                Ok(provider) => targets.push(Target {
+                    provider,
+                    parent: Some(dir.clone()),
+                }),
+                Err(e) => {
+                    eprintln!("saguin: bench --dir {}: {e:#}", dir.display());
+                    return Err(exit::CANNOT);
                 }
-            );
-            Config::from_yaml_str(&yaml, &dir.join("bench.yaml"))
-                .ok()
-                .and_then(|c| c.storage.into_iter().next())
-                .expect("the built-in bench configuration is valid")
-        };
-        return Ok(["sqlite", "memory"]
-            .into_iter()
-            .map(|kind| Target {
-                provider: provider(kind),
-                parent: Some(dir.clone()),
-            })
-            .collect());
+            }
+        }
+        return Ok(targets);
     }
     let path = args.config.as_ref().ok_or(exit::USAGE)?;
     let config = match Config::load(path) {
@@ -224,6 +217,28 @@ fn targets(args: &Args) -> Result<Vec<Target>, u8> {
         return Err(exit::NO);
     }
     Ok(targets)
+}
+
+/// The provider of `kind` that `--dir` measures, on the settings a
+/// configuration that names only its place would give it.
+fn dir_provider(kind: &str, dir: &Path) -> anyhow::Result<Provider> {
+    let place = match kind {
+        "sqlite" => "file_path: bench.db".to_owned(),
+        _ => format!("snapshot_dir: snapshots, max_bytes: {DIR_MAX_BYTES}"),
+    };
+    // A configuration `serve` would take: a listener and a way in for
+    // clients, though the bench serves none.
+    let yaml = format!(
+        "listeners: [{{name: bench, bind: \"127.0.0.1:0\"}}]\n\
+         auth: {{allow_anonymous: true}}\n\
+         storage:\n  - {{name: {kind}, kind: {kind}, {place}}}\n"
+    );
+    Config::from_yaml_str(&yaml, &dir.join("bench.yaml"))
+        .map_err(|e| anyhow::anyhow!("the {kind} provider's configuration: {e}"))?
+        .storage
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("the {kind} provider's configuration names no provider"))
 }
 
 /// A memory provider's snapshot directory holds the provider's own files

@@ -112,6 +112,48 @@ fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
 }
 
 #[test]
+fn a_directory_is_measured_for_both_providers_on_their_default_settings() {
+    let d = tempfile::tempdir().unwrap();
+    let out = saguin(&[
+        "bench".as_ref(),
+        "--dir".as_ref(),
+        d.path().as_os_str(),
+        "--quick".as_ref(),
+        "--json".as_ref(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let targets = doc["targets"].as_array().unwrap();
+    let kinds: Vec<(&str, &str)> = targets
+        .iter()
+        .map(|t| (t["provider"].as_str().unwrap(), t["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(kinds, [("sqlite", "sqlite"), ("memory", "memory")]);
+    for t in targets {
+        assert_eq!(t["dir"], d.path().display().to_string(), "{t}");
+        assert_eq!(t["fsync"]["samples"], 100, "{t}");
+        assert!(
+            t["publish"]["sustained_per_second"]
+                .as_f64()
+                .is_some_and(|n| n > 0.0),
+            "{t}"
+        );
+    }
+    // sqlite on its default flush interval, memory on its default
+    // snapshot delay, and a snapshot written.
+    assert!(targets[0]["means"]["power_cut_loss_ms"].as_f64() >= Some(150.0));
+    assert_eq!(targets[0]["means"]["crash_loss_ms"], 0.0);
+    assert!(targets[1]["means"]["power_cut_loss_ms"].as_f64() >= Some(2000.0));
+    assert!(targets[1]["snapshot"]["accounted_bytes"].as_u64() > Some(0));
+    assert!(names(d.path()).is_empty(), "{:?}", names(d.path()));
+}
+
+#[test]
 fn a_memory_providers_snapshot_directory_is_refused_naming_a_live_holder() {
     let d = tempfile::tempdir().unwrap();
     let snap = d.path().join("snapshots");
