@@ -155,6 +155,15 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 /// The providers to measure, or the exit code that refuses.
 fn targets(args: &Args) -> Result<Vec<Target>, u8> {
     if let Some(dir) = &args.dir {
+        // Absolute, as a configuration's paths are once loaded: the
+        // scratch configuration's paths are read against its own place.
+        let dir = &match std::path::absolute(dir) {
+            Ok(dir) => dir,
+            Err(e) => {
+                eprintln!("saguin: bench --dir {}: {e}", dir.display());
+                return Err(exit::CANNOT);
+            }
+        };
         refuse_snapshot_dir(dir)?;
         let mut targets = Vec::new();
         for kind in ["sqlite", "memory"] {

@@ -114,13 +114,14 @@ fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
 #[test]
 fn a_directory_is_measured_for_both_providers_on_their_default_settings() {
     let d = tempfile::tempdir().unwrap();
-    let out = saguin(&[
-        "bench".as_ref(),
-        "--dir".as_ref(),
-        d.path().as_os_str(),
-        "--quick".as_ref(),
-        "--json".as_ref(),
-    ]);
+    // Named as an operator types it, from where they stand.
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .current_dir(d.path().parent().unwrap())
+        .args(["bench", "--dir"])
+        .arg(d.path().file_name().unwrap())
+        .args(["--quick", "--json"])
+        .output()
+        .expect("run saguin");
     assert_eq!(
         out.status.code(),
         Some(0),
