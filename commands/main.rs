@@ -132,10 +132,29 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(err) if is_broken_pipe(&err) => ExitCode::from(exit::OK),
         Err(err) => {
-            let _ = writeln!(std::io::stderr(), "saguin: {err:#}");
+            let _ = writeln!(std::io::stderr(), "saguin: {}", error_line(&err));
             ExitCode::from(exit::CANNOT)
         }
     }
+}
+
+/// The error and its causes on one line, each cause once: an error whose
+/// own text already ends with its cause's (rusqlite's conversion and
+/// SQLite errors, and ours that name their source) would otherwise say it
+/// twice.
+fn error_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let said = if line.is_empty() {
+            cause.to_string()
+        } else {
+            format!(": {cause}")
+        };
+        if !line.ends_with(&said) {
+            line.push_str(&said);
+        }
+    }
+    line
 }
 
 /// `saguin ... | head` closing the pipe early is not a failure. The write
@@ -154,4 +173,30 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
             });
         kind == Some(std::io::ErrorKind::BrokenPipe)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading the rows: {source}")]
+    struct NamesItsSource {
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        let err = anyhow::Error::new(NamesItsSource {
+            source: std::io::Error::other("disk on fire"),
+        })
+        .context("sqlite dump saguin.db");
+        assert_eq!(
+            error_line(&err),
+            "sqlite dump saguin.db: reading the rows: disk on fire"
+        );
+        let plain = anyhow::Error::new(std::io::Error::other("gone")).context("open x");
+        assert_eq!(error_line(&plain), "open x: gone");
+    }
 }
