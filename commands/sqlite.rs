@@ -68,8 +68,10 @@ document: {\"path\", \"ok\", \"integrity_check\", \"schema_version\", \
 exit status answers. saguin migrate and saguin sqlite backup run these same \
 checks on what they read and write.
 
-Exit status: 0 every check passed; 1 a check failed (each finding listed); 3 \
-the database is missing or cannot be opened; 2 usage.";
+Exit status: 0 every check passed; 1 a check failed (each finding listed), \
+a file cut short, emptied or overwritten among them (a backup that must not \
+be kept); 3 the file is missing, not a regular file or cannot be read; 2 \
+usage.";
 
 const VERIFY_EXAMPLES: &str = "\
 Examples:
@@ -168,6 +170,9 @@ Examples:
   saguin sqlite backup /var/lib/saguin/saguin.db /backups/saguin-$(date +%F).db
   saguin sqlite backup /var/lib/saguin/saguin.db /mnt/usb/saguin.db && echo verified";
 
+/// The largest offset a sqlite provider's database can hold.
+const MAX_OFFSET: u64 = i64::MAX as u64;
+
 #[derive(clap::Args, Debug)]
 pub struct DumpArgs {
     pub db: PathBuf,
@@ -181,9 +186,15 @@ pub struct DumpArgs {
     #[arg(long, value_name = "NAME")]
     pub channel: Option<String>,
     /// First offset to list (default: the channel's floor).
-    #[arg(long, value_name = "OFFSET", requires = "channel")]
+    // SQLite stores an offset as a signed 64-bit integer, so no channel of
+    // a database reaches past i64::MAX: a larger --from is a typo, refused
+    // as usage with the bound named, as one past u64 already is.
+    #[arg(long, value_name = "OFFSET", requires = "channel",
+          value_parser = clap::value_parser!(u64).range(..=MAX_OFFSET))]
     pub from: Option<u64>,
     /// At most this many records.
+    // Any count at or past a channel's length lists all of it, so a larger
+    // --limit is taken as it is.
     #[arg(long, value_name = "N", requires = "channel")]
     pub limit: Option<u64>,
 }
@@ -203,9 +214,13 @@ pub fn run(cmd: Command) -> anyhow::Result<u8> {
 }
 
 fn run_verify(args: &VerifyArgs) -> anyhow::Result<u8> {
-    let conn = match open(&args.db) {
+    // Opened as found: a file that is not this build's database, or no
+    // database at all (cut short, emptied, overwritten), is what verify
+    // answers "no" to, with its finding; only one that cannot be read is
+    // "could not check".
+    let conn = match provider::open_read_only_as_found(&args.db) {
         Ok(c) => c,
-        Err(code) => return Ok(code),
+        Err(e) => return Ok(refused(&args.db, &e)),
     };
     let what = || format!("sqlite verify {}", args.db.display());
     let tx = conn.unchecked_transaction().with_context(what)?;
@@ -262,21 +277,19 @@ enum Output {
 }
 
 fn open(db: &Path) -> Result<Connection, u8> {
-    match provider::open_read_only(db) {
-        Ok(c) => Ok(c),
-        Err(e) => {
-            let line = match &e {
-                SqliteOpenError::Io { source, .. }
-                    if source.kind() == std::io::ErrorKind::NotFound =>
-                {
-                    format!("storage {}: no such database", db.display())
-                }
-                other => other.to_string(),
-            };
-            let _ = writeln!(std::io::stderr(), "saguin: {line}");
-            Err(exit::CANNOT)
+    provider::open_read_only(db).map_err(|e| refused(db, &e))
+}
+
+/// Says why `db` could not be opened; the exit code that answers.
+fn refused(db: &Path, e: &SqliteOpenError) -> u8 {
+    let line = match e {
+        SqliteOpenError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            format!("storage {}: no such database", db.display())
         }
-    }
+        other => other.to_string(),
+    };
+    let _ = writeln!(std::io::stderr(), "saguin: {line}");
+    exit::CANNOT
 }
 
 fn dump(args: &DumpArgs) -> anyhow::Result<u8> {

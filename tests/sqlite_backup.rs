@@ -220,3 +220,31 @@ fn a_missing_or_foreign_source_is_exit_3_and_leaves_nothing() {
     assert!(!dest.exists());
     assert_eq!(listing(tmp.path()), ["old.db"]);
 }
+
+#[test]
+fn a_destination_whose_directory_does_not_exist_is_exit_3_naming_it_and_creates_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("live.db");
+    SqliteProvider::open(SqliteOptions::new("db", &db))
+        .unwrap()
+        .close()
+        .unwrap();
+    let before = listing(tmp.path());
+    let parent = tmp.path().join("nodir");
+    let out = backup(&db, &parent.join("s.db"));
+    assert_eq!(out.status.code(), Some(3));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "the parent directory {} does not exist",
+            parent.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        !err.contains("backup.tmp"),
+        "the temporary name is not the operator's: {err}"
+    );
+    assert!(!parent.exists());
+    assert_eq!(listing(tmp.path()), before);
+}

@@ -418,3 +418,44 @@ fn the_json_overview_carries_sessions_held_publishes_and_groups_in_full() {
     assert!(kinds.contains(&"\"held_publish\"".to_string()), "{kinds:?}");
     assert!(kinds.contains(&"\"share_group\"".to_string()), "{kinds:?}");
 }
+
+/// An offset is a signed 64-bit integer in SQLite, so a `--from` past
+/// i64::MAX can name no record of any database: it is refused as usage,
+/// naming the option and the largest offset taken, where a `--limit` that
+/// large only means every record.
+#[test]
+fn a_from_past_the_largest_sqlite_offset_is_a_usage_error_and_a_limit_that_large_lists_all() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (p, db) = provider(tmp.path());
+
+    for from in ["9223372036854775808", "18446744073709551615"] {
+        let out = dump(&db, &["--channel", "telemetry", "--from", from]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert!(out.stdout.is_empty());
+        let err = text(&out.stderr);
+        assert!(err.contains("--from"), "{err}");
+        assert!(err.contains("9223372036854775807"), "{err}");
+        assert!(
+            !err.contains("conversion attempted"),
+            "the bound, not SQLite's binding, is named: {err}"
+        );
+    }
+
+    let out = dump(
+        &db,
+        &["--channel", "telemetry", "--from", "9223372036854775807"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("0 records listed"));
+
+    for limit in ["9223372036854775808", "18446744073709551615"] {
+        let out = dump(&db, &["--channel", "telemetry", "--limit", limit]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("11 records listed from offset 1"),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+    drop(p);
+}

@@ -1095,6 +1095,51 @@ fn item11_sqlite_verify_is_read_only_and_never_creates_a_database() {
 }
 
 #[test]
+fn item11_a_database_cut_short_emptied_or_never_one_fails_sqlite_verify() {
+    // What a backup script meets on a disk that filled or failed: each is
+    // a file that must not be kept, so each is a "no" (1) with its
+    // finding, never "could not check" (3).
+    let tmp = tempfile::tempdir().unwrap();
+    let good = std::fs::read(rich_database(tmp.path())).unwrap();
+    let cases: [(&str, Vec<u8>, &str); 3] = [
+        ("cut.db", good[..good.len() / 2].to_vec(), "integrity"),
+        ("empty.db", Vec::new(), "schema-version"),
+        ("noise.db", vec![0x5a; 8192], "integrity"),
+    ];
+    for (name, bytes, code) in cases {
+        let db = tmp.path().join(name);
+        std::fs::write(&db, &bytes).unwrap();
+        let out = saguin(&[
+            "sqlite".as_ref(),
+            "verify".as_ref(),
+            db.as_os_str(),
+            "--json".as_ref(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{name}: {}", text(&out));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(doc["ok"], false, "{name}: {doc}");
+        assert_eq!(doc["exit_code"], 1, "{name}: {doc}");
+        assert!(
+            doc["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["code"] == code),
+            "{name}: {doc}"
+        );
+        let human = saguin(&["sqlite".as_ref(), "verify".as_ref(), db.as_os_str()]);
+        assert_eq!(human.status.code(), Some(1), "{name}: {}", text(&human));
+        assert!(
+            String::from_utf8_lossy(&human.stdout).contains("FAIL "),
+            "{name}: {}",
+            text(&human)
+        );
+        // Read, never repaired or added to.
+        assert_eq!(std::fs::read(&db).unwrap(), bytes, "{name}");
+    }
+}
+
+#[test]
 fn item11_sqlite_verify_checks_positions_windows_and_stored_sizes() {
     let cases: [(&str, &str); 4] = [
         (

@@ -43,6 +43,8 @@ use crate::storage::sqlite::{occupied_destination, sidecar_path, SIDECARS};
 pub enum BackupError {
     #[error("{}: {what}; a backup never writes over anything", path.display())]
     DestinationExists { path: PathBuf, what: String },
+    #[error("{}: the parent directory {} does not exist; a backup creates only the destination itself", path.display(), parent.display())]
+    DestinationParentMissing { path: PathBuf, parent: PathBuf },
     #[error("{}: no such database", path.display())]
     SourceMissing { path: PathBuf },
     #[error(transparent)]
@@ -116,6 +118,39 @@ pub fn check_destination(dest: &Path) -> Result<(), BackupError> {
     }
 }
 
+/// The directory `path` is in (`.` for a bare name).
+fn parent_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Refuses a destination whose parent directory does not exist: a typo in
+/// the path should be named as such, not as the temporary copy that could
+/// not be created in it, and should not become a new directory tree.
+fn check_parent(dest: &Path) -> Result<(), BackupError> {
+    let parent = parent_of(dest);
+    match fs::metadata(&parent) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(BackupError::DestinationParentMissing {
+            path: dest.to_path_buf(),
+            parent,
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(BackupError::DestinationParentMissing {
+                path: dest.to_path_buf(),
+                parent,
+            })
+        }
+        Err(source) => Err(BackupError::Io {
+            path: parent,
+            context: "looking at the destination's directory",
+            source,
+        }),
+    }
+}
+
 /// The temporary name in `dest`'s directory.
 fn temp_path(dest: &Path) -> PathBuf {
     let name = dest
@@ -185,6 +220,9 @@ pub fn backup(
     progress: &dyn Fn(u64, u64),
 ) -> Result<BackupReport, BackupError> {
     let started = Instant::now();
+    // Before the source is opened: a reader of a WAL database may leave
+    // -wal and -shm beside it, and a refusal leaves nothing anywhere.
+    check_parent(dest)?;
     check_destination(dest)?;
     if let Err(e) = fs::symlink_metadata(db) {
         if e.kind() == std::io::ErrorKind::NotFound {
@@ -339,10 +377,7 @@ fn copy_and_prove(
         }
     })?;
     let _ = fs::remove_file(tmp);
-    let parent = match dest.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let parent = parent_of(dest);
     if let Err(e) = fs::File::open(&parent).and_then(|d| d.sync_all()) {
         let _ = fs::remove_file(dest);
         return Err(io(&parent, "fsyncing the destination directory", e));

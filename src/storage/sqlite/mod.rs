@@ -2120,6 +2120,43 @@ pub fn open_read_only(path: &Path) -> Result<Connection, SqliteOpenError> {
         context,
         source,
     };
+    let conn = open_read_only_as_found(path)?;
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| sql_err("reading the schema version", e))?;
+    if version != SCHEMA_VERSION {
+        let has_tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'table'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| sql_err("reading the schema", e))?;
+        if version == 0 && has_tables > 0 {
+            return Err(SqliteOpenError::Unversioned {
+                path: path.to_path_buf(),
+            });
+        }
+        let creator = schema::creator(&conn).ok();
+        return Err(SqliteOpenError::SchemaVersion {
+            path: path.to_path_buf(),
+            version,
+            created_by: creator.as_ref().map(|(by, _)| by.clone()),
+            created_at: creator.map(|(_, at)| at),
+        });
+    }
+    Ok(conn)
+}
+
+/// Opens a regular file read-only as [`open_read_only`] does, without
+/// judging what it holds: for `saguin sqlite verify`, for which a file
+/// that is not this build's database, or no database at all, is a finding.
+pub fn open_read_only_as_found(path: &Path) -> Result<Connection, SqliteOpenError> {
+    let sql_err = |context, source| SqliteOpenError::Sqlite {
+        path: path.to_path_buf(),
+        context,
+        source,
+    };
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => {}
         Ok(_) => {
@@ -2146,30 +2183,6 @@ pub fn open_read_only(path: &Path) -> Result<Connection, SqliteOpenError> {
         .map_err(|e| sql_err("setting the busy timeout", e))?;
     conn.execute_batch("PRAGMA query_only = 1")
         .map_err(|e| sql_err("setting query_only", e))?;
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| sql_err("reading the schema version", e))?;
-    if version != SCHEMA_VERSION {
-        let has_tables: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM sqlite_schema WHERE type = 'table'",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(|e| sql_err("reading the schema", e))?;
-        if version == 0 && has_tables > 0 {
-            return Err(SqliteOpenError::Unversioned {
-                path: path.to_path_buf(),
-            });
-        }
-        let creator = schema::creator(&conn).ok();
-        return Err(SqliteOpenError::SchemaVersion {
-            path: path.to_path_buf(),
-            version,
-            created_by: creator.as_ref().map(|(by, _)| by.clone()),
-            created_at: creator.map(|(_, at)| at),
-        });
-    }
     Ok(conn)
 }
 
