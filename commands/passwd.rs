@@ -68,9 +68,9 @@ renamed over FILE and the directory fsynced: a crash leaves the old file or \
 the new one, never half of one. A running broker reads the file at startup.
 
 Exit status: 0 done; 1 FILE is not a valid password file (each bad line is \
-named, never its text; plain-text lines want -U), or the two passwords \
-typed differ; 2 usage (a user name with ':' or a control character, an \
-empty password, a missing or extra argument); 3 could not do the work \
+named, never its text; plain-text lines want -U); 2 usage (a user name \
+with ':' or a control character, an empty password, two typed passwords \
+that differ, a missing or extra argument); 3 could not do the work \
 (FILE missing for -D or -U, USER not in FILE for -D, I/O).";
 
 const EXAMPLES: &str = "\
@@ -80,9 +80,11 @@ Examples:
   saguin passwd -D /etc/saguin/passwords alice
   saguin passwd -U /etc/saguin/passwords";
 
-/// What to do to the file, with its validated arguments.
+/// What to do to the file, with its validated arguments. `Ask` becomes
+/// `Set` once the password is asked for (or read from stdin).
 enum Edit {
     Set { user: String, password: String },
+    Ask { user: String },
     Delete { user: String },
     Upgrade,
 }
@@ -96,6 +98,27 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
     };
     let file = &args.file;
+    // Before a password is asked for: whoever types it twice for a path
+    // that cannot hold it has wasted it, and a script's empty stdin would
+    // be refused as an empty password, hiding what is wrong.
+    if let Err(message) = check_target(file) {
+        writeln!(
+            std::io::stderr(),
+            "saguin: passwd {}: {message}",
+            file.display()
+        )?;
+        return Ok(exit::CANNOT);
+    }
+    let edit = match edit {
+        Edit::Ask { user } => match read_password().and_then(not_empty) {
+            Ok(password) => Edit::Set { user, password },
+            Err(message) => {
+                writeln!(std::io::stderr(), "saguin passwd: {message}")?;
+                return Ok(exit::USAGE);
+            }
+        },
+        edit => edit,
+    };
     let existing = match read_existing(file) {
         Ok(text) => text,
         Err(message) => {
@@ -142,6 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                 Some((user, password)),
             )
         }
+        Edit::Ask { .. } => unreachable!("the password was asked for above"),
         Edit::Delete { user } => match delete_user(&existing, user) {
             Some(text) => (text, format!("deleted {user:?}"), None),
             None => {
@@ -213,18 +237,36 @@ fn edit_of(args: &Args) -> Result<Edit, String> {
         }
         return Ok(Edit::Delete { user });
     }
-    let password = match (&args.password, args.batch) {
-        (Some(p), true) => p.clone(),
-        (None, true) => return Err("-b needs the PASSWORD argument".into()),
+    match (&args.password, args.batch) {
+        (Some(p), true) => Ok(Edit::Set {
+            user,
+            password: not_empty(p.clone())?,
+        }),
+        (None, true) => Err("-b needs the PASSWORD argument".into()),
         (Some(_), false) => {
-            return Err("a PASSWORD argument needs -b (or leave it out to be asked for it)".into())
+            Err("a PASSWORD argument needs -b (or leave it out to be asked for it)".into())
         }
-        (None, false) => read_password()?,
-    };
+        (None, false) => Ok(Edit::Ask { user }),
+    }
+}
+
+fn not_empty(password: String) -> Result<String, String> {
     if password.is_empty() {
         return Err("the password is empty".into());
     }
-    Ok(Edit::Set { user, password })
+    Ok(password)
+}
+
+/// Whether `path` can be the password file: a regular file, or nothing yet
+/// (a user added to it creates it). [`read_existing`] checks the file it
+/// opens again.
+fn check_target(path: &Path) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(_) => Err("not a regular file".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot open: {e}")),
+    }
 }
 
 /// A user name the file format can hold: not empty, no `:` (the separator),

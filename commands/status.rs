@@ -5,7 +5,7 @@ use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use saguin::broker::status::{self, Status};
+use saguin::broker::status::{self, FetchError, Status};
 
 use crate::exit;
 use crate::output::table;
@@ -60,8 +60,13 @@ shutdown only), \"failures\"}}], \"channels\": [{\"name\", \"kind\", \"provider\
 \"records\", \"bytes\", \"next\", \"floor\", \"consumer_lag\", \"consumer_gaps\", \
 \"queue\": null | {\"depth\", \"in_flight\", \"attempts\", \"lease_expired\", \
 \"dead_lettered\"}}], \"bridges\": [{\"name\", \"connected\", \"inflight\", \
-\"sent\", \"acked\", \"lag_records\"}]}; a figure the broker does not report is \
-null, an empty list []. Readers ignore fields they do not know.
+\"sent\", \"acked\", \"lag_records\"}], \"error\": null}; a figure the broker \
+does not report is null, an empty list []. When there is no status to show \
+(exit 3; 1 for a configuration that is not YAML or whose metrics.bind is \
+not IP:PORT), --json still prints one document, as `lock status --json` \
+does: {\"endpoint\" (null: none was read from the configuration), \"live\": \
+null, \"ready\": null, \"error\"}; the error is on stderr as well. Readers \
+ignore fields they do not know.
 
 With --config, only metrics.bind is read: 0.0.0.0 and :: are asked on the \
 loopback address, and a port of 0 (chosen by the system at startup, named in \
@@ -83,19 +88,13 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         (Some(addr), _) => endpoint_of(addr),
         (None, Some(path)) => match endpoint_from_config(path) {
             Ok(endpoint) => endpoint,
-            Err((code, why)) => {
-                eprintln!("saguin: {why}");
-                return Ok(code);
-            }
+            Err((code, why)) => return refuse(args.json, None, &why, code),
         },
         (None, None) => unreachable!("clap requires --metrics or --config"),
     };
     let status = match status::fetch(&endpoint) {
         Ok(status) => status,
-        Err(err) => {
-            eprintln!("saguin: {err}");
-            return Ok(exit::CANNOT);
-        }
+        Err(err) => return refuse(args.json, Some(&endpoint), &why_not(&err), exit::CANNOT),
     };
     let code = if status.live && status.ready {
         exit::OK
@@ -104,12 +103,78 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     };
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &status)?;
+        let doc = Answered {
+            status: &status,
+            error: None,
+        };
+        serde_json::to_writer_pretty(&mut out, &doc)?;
         writeln!(out)?;
     } else {
         print_human(&mut out, &status)?;
     }
     Ok(code)
+}
+
+/// The document of a broker that answered: its status, and `"error": null`
+/// so that every document --json prints has the field.
+#[derive(serde::Serialize)]
+struct Answered<'a> {
+    #[serde(flatten)]
+    status: &'a Status,
+    error: Option<String>,
+}
+
+/// The document printed when there is no status to show: as `lock status
+/// --json` does, what is known (the endpoint, once there is one) and why,
+/// with `live` and `ready` null rather than false, as nobody said so.
+#[derive(serde::Serialize)]
+struct Unanswered<'a> {
+    endpoint: Option<&'a str>,
+    live: Option<bool>,
+    ready: Option<bool>,
+    error: &'a str,
+}
+
+/// Says why on stderr, and with --json on stdout as well, so that a
+/// script reading stdout is never left with nothing to parse.
+fn refuse(json: bool, endpoint: Option<&str>, why: &str, code: u8) -> anyhow::Result<u8> {
+    if json {
+        let mut out = std::io::stdout().lock();
+        let doc = Unanswered {
+            endpoint,
+            live: None,
+            ready: None,
+            error: why,
+        };
+        serde_json::to_writer_pretty(&mut out, &doc)?;
+        writeln!(out)?;
+    }
+    eprintln!("saguin: {why}");
+    Ok(code)
+}
+
+/// The error in an operator's words. A read that runs out of time reports
+/// EAGAIN ("Resource temporarily unavailable") on Unix, which says nothing
+/// of a wait: an endpoint that took the connection and stayed silent (a
+/// stopped process, another service on the port) is named as such.
+fn why_not(err: &FetchError) -> String {
+    match err {
+        FetchError::Exchange {
+            endpoint,
+            path,
+            source,
+        } if matches!(
+            source.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) =>
+        {
+            format!(
+                "metrics endpoint {endpoint}{path}: accepted the connection but did not answer within {} s",
+                status::ANSWER_TIMEOUT.as_secs()
+            )
+        }
+        err => err.to_string(),
+    }
 }
 
 /// `HOST:PORT` as given, without a scheme or a path an operator may paste.

@@ -190,3 +190,26 @@ fn saguin_passwd_usage_errors_exit_2_and_change_nothing() {
     let out = passwd(&[f, "alice"], Some("\n"));
     assert_eq!(out.status.code(), Some(2), "an empty password from stdin");
 }
+
+#[test]
+fn a_directory_as_the_password_file_is_refused_before_a_password_is_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_str().expect("utf-8");
+    let refusal = format!("saguin: passwd {d}: not a regular file");
+    // Empty stdin: the directory is named, not the empty password it would
+    // otherwise have read.
+    for args in [&[d, "alice"][..], &["-b", d, "alice", "pw"][..]] {
+        let out = passwd(args, None);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {}", all_output(&out));
+        assert!(
+            all_output(&out).contains(&refusal),
+            "{args:?}: {}",
+            all_output(&out)
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("list").count(),
+        0,
+        "nothing was written in it"
+    );
+}

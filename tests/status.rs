@@ -1,7 +1,8 @@
 //! `saguin status` against a real broker: its providers, channels of every
 //! kind and connections in one table or one JSON document, the address
 //! read from --metrics or a configuration's metrics.bind, and exit 3
-//! naming an endpoint that cannot be reached or is not a saguin broker.
+//! naming an endpoint that cannot be reached, stays silent or is not a
+//! saguin broker, with --json printing the error as a document.
 
 mod broker_support;
 
@@ -129,6 +130,7 @@ fn json_names_every_provider_and_channel_with_their_figures() {
     assert_eq!(dlq["kind"], "append");
     assert_eq!(dlq["records"], 0);
     assert_eq!(doc["bridges"], Value::Array(vec![]));
+    assert_eq!(doc.get("error"), Some(&Value::Null), "{doc}");
 }
 
 #[test]
@@ -176,6 +178,71 @@ fn an_endpoint_that_cannot_be_reached_exits_3_naming_it() {
         "{stderr}"
     );
     assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn json_still_prints_a_document_naming_the_error_when_there_is_no_status() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let out = saguin(&["status", "--metrics", &addr, "--json"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(doc["endpoint"], addr);
+    assert_eq!(doc.get("live"), Some(&Value::Null), "{doc}");
+    assert_eq!(doc.get("ready"), Some(&Value::Null), "{doc}");
+    let error = doc["error"].as_str().expect("an error string");
+    assert!(
+        error.contains(&format!("metrics endpoint {addr}: cannot reach it")),
+        "{error}"
+    );
+    assert!(text(&out.stderr).contains(error), "{}", text(&out.stderr));
+
+    // A configuration naming no endpoint: none to report, the same exit.
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("none.yaml");
+    std::fs::write(&none, "listeners: []\n").unwrap();
+    let out = saguin(&["status", "--config", none.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(doc.get("endpoint"), Some(&Value::Null), "{doc}");
+    assert!(
+        doc["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("metrics.bind is not set")),
+        "{doc}"
+    );
+}
+
+#[test]
+fn an_endpoint_that_accepts_and_never_answers_is_named_as_silent_after_the_timeout() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = std::thread::spawn(move || {
+        // Holds the connection, reading and never writing, until the command
+        // gives up and closes it: the command's own timeout bounds the test.
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut chunk = [0u8; 1024];
+        while let Ok(n) = stream.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    let out = saguin(&["status", "--metrics", &addr, "--json"]);
+    server.join().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let seconds = saguin::broker::status::ANSWER_TIMEOUT.as_secs();
+    let expected = format!(
+        "metrics endpoint {addr}/healthz: accepted the connection but did not answer within {seconds} s"
+    );
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert!(!stderr.contains("os error"), "{stderr}");
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(doc["error"], expected.as_str());
 }
 
 #[test]
