@@ -28,15 +28,24 @@ pub enum Command {
         common: Common,
     },
     /// Import a legacy MBMQTT01 broker.snapshot.
-    #[command(long_about = FROM_MBMQTT_ABOUT, after_help = FROM_MBMQTT_EXAMPLES)]
+    // A required group of both destinations, so that a usage error names
+    // both choices (`<--to-sqlite <DB>|--to-snapshots <DIR>>`) rather than
+    // only one of them.
+    #[command(
+        long_about = FROM_MBMQTT_ABOUT,
+        after_help = FROM_MBMQTT_EXAMPLES,
+        group(
+            clap::ArgGroup::new("destination")
+                .required(true)
+                .multiple(false)
+                .args(["to_sqlite", "to_snapshots"])
+        )
+    )]
     FromMbmqtt {
         broker_snapshot: PathBuf,
-        #[arg(
-            long,
-            value_name = "DB",
-            conflicts_with = "to_snapshots",
-            required_unless_present = "to_snapshots"
-        )]
+        // The group already allows one; the conflict is stated as well so
+        // that shell completion stops offering the other.
+        #[arg(long, value_name = "DB", conflicts_with = "to_snapshots")]
         to_sqlite: Option<PathBuf>,
         #[arg(long, value_name = "DIR")]
         to_snapshots: Option<PathBuf>,

@@ -18,7 +18,7 @@ use comfy_table::Table;
 use saguin::storage::read::{self, SpecialKind};
 use saguin::storage::snapshot_dir::{
     self, AnySnapshot, DirManifest, DirReport, FileOutcome, FileProblem, FindingKind, ScanOptions,
-    Severity, Verdict,
+    Verdict,
 };
 use saguin_format::f21::{
     time::format_unix_nanos, BroadcastFile, ChannelFile, Generation, Header, HeldPublish, Manifest,
@@ -42,9 +42,13 @@ pub enum Command {
     /// A directory is shown with its generation: its number, the moment of
     /// the state it holds and how long ago that was (what a crash of the
     /// broker writing it would lose), and when it was committed.
-    /// Exit 0 when it was shown and is loadable, 1 when it is not a valid
-    /// snapshot (what could be read is still shown), 3 when it cannot be
+    /// Exit 0 when it was shown and a broker would load it, 1 when a broker
+    /// would not (what could be read is still shown), 3 when it cannot be
     /// read at all, or when --channel names a channel no file holds.
+    /// A directory's findings are tagged FAIL, WARN or INFO by the verdict
+    /// of saguin snapshot verify, and `"valid"` in --json is that verdict:
+    /// a directory with nothing in it, or whose records may be gone, is
+    /// shown with exit 0 (a broker starts on it) and is not valid.
     ///
     /// The human output is a summary that fits a screen: each list
     /// (retained messages, sessions, subscriptions, positions, cursors,
@@ -87,9 +91,11 @@ pub enum Command {
     /// `{"name","role","generation","status","problem","header",
     /// "contents"}` (status `ok`, `fail`, `unreadable`, `not-read` for a
     /// file this provider does not keep, `not-current` for one the current
-    /// generation does not list) and `findings` lists `{"severity","code",
-    /// "file","message"}`; both are `[]` for a single file. Readers must
-    /// ignore fields they do not know.
+    /// generation does not list) and `findings` lists `{"severity",
+    /// "verdict","code","file","message"}` (severity: `error` when a broker
+    /// would not load the directory; verdict: verify's `fail`, `warn` or
+    /// `info`); both are `[]` for a single file. Readers must ignore fields
+    /// they do not know.
     Inspect(InspectArgs),
     /// Decode and validate snapshot files as the broker does at startup.
     ///
@@ -1467,7 +1473,7 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
         print_json(&json!({
             "path": report.dir.display().to_string(),
             "type": "directory",
-            "valid": report.is_loadable(),
+            "valid": report.verifies(),
             "problem": null,
             "header": null,
             "contents": null,
@@ -1591,10 +1597,12 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
         {
             continue;
         }
-        let tag = match f.severity() {
-            Severity::Error => "FAIL",
-            Severity::Warning => "WARN",
-            Severity::Info => "INFO",
+        // Verify's verdict, so that the two commands print one tag for one
+        // finding (see `DirReport::verifies`).
+        let tag = match f.verdict() {
+            Verdict::Fail => "FAIL",
+            Verdict::Warn => "WARN",
+            Verdict::Info => "INFO",
         };
         writeln!(out, "{tag} {}: {f}", report.dir.display())?;
     }

@@ -494,3 +494,149 @@ fn a_unit_that_cannot_be_written_is_listed_and_the_others_carried() {
     assert!(stderr(&out).contains("queue x:"), "{}", stderr(&out));
     assert_eq!(doc["complete"], false);
 }
+
+#[test]
+fn from_mbmqtt_without_a_destination_names_both_destinations_with_exit_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .current_dir(tmp.path())
+        .args(["migrate", "from-mbmqtt", "legacy/broker.snapshot"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("required arguments were not provided"),
+        "{err}"
+    );
+    assert!(
+        err.contains("<--to-sqlite <DB>|--to-snapshots <DIR>>"),
+        "{err}"
+    );
+
+    // Both at once is as much a usage error, naming the two.
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .current_dir(tmp.path())
+        .args([
+            "migrate",
+            "from-mbmqtt",
+            "legacy/broker.snapshot",
+            "--to-sqlite",
+            "new.db",
+            "--to-snapshots",
+            "snaps",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("'--to-sqlite <DB>' cannot be used with '--to-snapshots <DIR>'"),
+        "{err}"
+    );
+    assert_eq!(listing(tmp.path()), Vec::<String>::new());
+}
+
+#[test]
+fn to_snapshots_refuses_a_source_that_is_not_a_database_and_creates_nothing_beside_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let snapshots = snapshot_copy(tmp.path());
+    let yaml = tmp.path().join("saguin.yaml");
+    std::fs::write(&yaml, b"listeners:\n  - bind: 127.0.0.1:1883\n").unwrap();
+    let empty = tmp.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    // A lock file is a SQLite file of its own: only opening it tells it
+    // from a database, and that takes the source's lock first.
+    let db = database(&tmp.path().join("db").tap_mkdir());
+    let lock_file = lock::lock_path_for_database(&db);
+    assert!(lock_file.exists());
+    for (source, says) in [
+        (&snapshots, "is a directory, not a sqlite database"),
+        (&yaml, "is not a sqlite database"),
+        (&empty, "is empty, not a sqlite database"),
+        (&lock_file, "saguin.db.lock:"),
+    ] {
+        let parent = source.parent().unwrap();
+        let names_before = listing(parent);
+        let inside_before = listing(source);
+        let dest = tmp.path().join("out");
+        let out = saguin(&[
+            os("migrate"),
+            os("to-snapshots"),
+            source.as_os_str(),
+            dest.as_os_str(),
+        ]);
+        assert_eq!(out.status.code(), Some(3), "{source:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{source:?}: {}", stderr(&out));
+        assert_eq!(listing(parent), names_before, "{source:?}");
+        assert_eq!(listing(source), inside_before, "{source:?}");
+        assert!(!dest.exists(), "{source:?}");
+    }
+}
+
+#[test]
+fn a_refusal_after_the_lock_removes_a_lock_file_it_created_and_keeps_one_that_was_there() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A database holding nothing to migrate is refused once it is open,
+    // which is after its lock was taken.
+    let bare = tmp.path().join("bare.db");
+    let p = saguin::storage::sqlite::SqliteProvider::open(
+        saguin::storage::sqlite::SqliteOptions::new("db", &bare),
+    )
+    .unwrap();
+    drop(p);
+    let bare_lock = lock::lock_path_for_database(&bare);
+    let _ = std::fs::remove_file(&bare_lock);
+    let names_before = listing(tmp.path());
+    let dest = tmp.path().join("snaps");
+    let refuse = || {
+        let out = saguin(&[
+            os("migrate"),
+            os("to-snapshots"),
+            bare.as_os_str(),
+            dest.as_os_str(),
+        ]);
+        assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("nothing to migrate"),
+            "{}",
+            stderr(&out)
+        );
+    };
+    refuse();
+    assert_eq!(listing(tmp.path()), names_before);
+
+    // A lock file that was there before (a broker's, stopped) stays.
+    drop(lock::acquire(&bare_lock).unwrap());
+    let names_before = listing(tmp.path());
+    refuse();
+    assert_eq!(listing(tmp.path()), names_before);
+    assert!(bare_lock.is_file());
+
+    // An empty snapshot directory is left empty, so it can still be the
+    // destination it looks like.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let db = tmp.path().join("new.db");
+    let out = saguin(&[
+        os("migrate"),
+        os("to-sqlite"),
+        empty.as_os_str(),
+        db.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nothing to migrate"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(listing(&empty), Vec::<String>::new());
+    let source = database(&tmp.path().join("s").tap_mkdir());
+    let out = saguin(&[
+        os("migrate"),
+        os("to-snapshots"),
+        source.as_os_str(),
+        empty.as_os_str(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}

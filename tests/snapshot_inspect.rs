@@ -321,9 +321,11 @@ fn a_directory_with_manifest_findings() {
     assert!(s.contains("jobs.snapshot.tmp: a temporary file"));
 
     let out = saguin(&["snapshot", "inspect", "--json", dir]);
+    assert_eq!(out.status.code(), Some(0));
     let doc = json(&out);
     assert_eq!(doc["type"], "directory");
-    assert_eq!(doc["valid"], true);
+    // A broker starts on it, and records are gone: shown, and not valid.
+    assert_eq!(doc["valid"], false);
     assert_eq!(doc["manifest"]["channels"][1]["channel"], "jobs");
     let codes: Vec<&str> = doc["findings"]
         .as_array()
@@ -657,4 +659,79 @@ fn snapshot_inspect_summary_fits_a_screen_and_names_a_missing_channel() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn an_empty_directory_is_shown_with_exit_0_and_judged_as_verify_judges_it() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap();
+    let finding = format!(
+        "FAIL {dir}: the directory holds no channel, retained-store, sessions or broadcast file: nothing in it to verify or keep"
+    );
+
+    let out = saguin(&["snapshot", "inspect", dir]);
+    assert_eq!(out.status.code(), Some(0));
+    let s = stdout(&out);
+    assert!(s.contains(&finding), "{s}");
+    assert!(!s.contains("WARN"), "{s}");
+
+    let out = saguin(&["snapshot", "inspect", "--json", dir]);
+    assert_eq!(out.status.code(), Some(0));
+    let doc = json(&out);
+    assert_eq!(doc["valid"], false, "{doc:#}");
+    let findings = doc["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{doc:#}");
+    assert_eq!(findings[0]["code"], "nothing-stored");
+    assert_eq!(findings[0]["verdict"], "fail");
+
+    // The same line, and the verdict as an exit status.
+    let out = saguin(&["snapshot", "verify", dir]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains(&finding), "{}", stdout(&out));
+}
+
+#[test]
+fn no_inspected_directory_is_valid_beside_a_finding_whose_verdict_is_fail() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap();
+    let valid_agrees = |what: &str| {
+        let doc = json(&saguin(&["snapshot", "inspect", "--json", dir]));
+        let fails = doc["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["verdict"] == "fail");
+        assert_eq!(doc["valid"], !fails, "{what}: {doc:#}");
+        let verified = saguin(&["snapshot", "verify", dir]).status.code() == Some(0);
+        assert_eq!(doc["valid"], verified, "{what}: {doc:#}");
+    };
+    valid_agrees("empty");
+    // Only a manifest: still nothing stored.
+    let manifest = Manifest {
+        began_at: T,
+        channels: vec![ManifestEntry {
+            channel: "telemetry".into(),
+            file_name: "telemetry.snapshot".into(),
+            kind: ChannelKind::Append,
+        }],
+        retained: false,
+        sessions: false,
+        broadcast: false,
+    };
+    put(
+        d.path(),
+        MANIFEST_FILE,
+        &SnapshotFile::Manifest(manifest),
+        T,
+    );
+    valid_agrees("a manifest alone");
+    put(
+        d.path(),
+        "telemetry.snapshot",
+        &SnapshotFile::Channel(telemetry()),
+        T,
+    );
+    valid_agrees("whole");
+    let doc = json(&saguin(&["snapshot", "inspect", "--json", dir]));
+    assert_eq!(doc["valid"], true, "{doc:#}");
 }

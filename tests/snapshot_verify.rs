@@ -509,3 +509,29 @@ fn one_size_syntax_everywhere() {
     ]);
     assert_eq!(code(&out), 0, "{}", text(&out).1);
 }
+
+#[test]
+fn an_empty_directory_fails_verification_with_nothing_to_verify() {
+    let d = tempfile::tempdir().unwrap();
+    let out = verify(d.path());
+    let (stdout, stderr) = text(&out);
+    assert_eq!(code(&out), 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "FAIL {}: the directory holds no channel, retained-store, sessions or broadcast file: nothing in it to verify or keep",
+            d.path().display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("0 files checked: 0 ok, 0 failed, 0 unreadable, 1 directory error"),
+        "{stdout}"
+    );
+
+    let out = saguin(&["snapshot", "verify", "--json", d.path().to_str().unwrap()]);
+    assert_eq!(code(&out), 1);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["exit_code"], 1);
+    assert_eq!(doc["findings"][0]["code"], "nothing-stored");
+    assert_eq!(doc["findings"][0]["verdict"], "fail");
+}

@@ -14,7 +14,10 @@
 //! - **Both providers' locks are taken**: a source a running broker holds is
 //!   refused at once, naming the holder. Taking a lock creates its file
 //!   (`<db>.lock`, `<dir>/saguin.lock`) if absent: that is the one thing a
-//!   migration creates beside its source.
+//!   migration creates beside its source, and a migration refused once it
+//!   holds the lock removes that file again. A database source is checked
+//!   to be a regular file beginning with SQLite's header before its lock is
+//!   taken, so a path named by mistake gets no lock file at all.
 //! - **The source is never touched**: a database is opened read-only (never
 //!   `immutable=1`), a directory is only read; even what a starting broker
 //!   would drop (expired positions) is left alone and carried.
@@ -279,8 +282,40 @@ pub fn check_dir_destination(dir: &Path) -> Result<(), MigrateError> {
     }
 }
 
-fn take_lock(what: String, path: &Path) -> Result<LockGuard, MigrateError> {
-    lock::acquire(path).map_err(|source| MigrateError::Locked { what, source })
+/// A lock this migration holds, and whether taking it created its file.
+struct HeldLock {
+    guard: LockGuard,
+    path: PathBuf,
+    created: bool,
+}
+
+impl HeldLock {
+    fn take(what: String, path: PathBuf) -> Result<HeldLock, MigrateError> {
+        let existed = exists(&path);
+        let guard = lock::acquire(&path).map_err(|source| MigrateError::Locked { what, source })?;
+        Ok(HeldLock {
+            guard,
+            path,
+            created: !existed,
+        })
+    }
+
+    /// Lets the lock go after a migration that leaves nothing behind: the
+    /// lock file goes too when this migration created it, and never when it
+    /// was there before (a broker's, or the operator's). A lock file left
+    /// beside a refused source would be the one trace of a command that
+    /// says it created nothing, and inside an empty directory it would
+    /// make that directory refused as a destination ("not empty").
+    ///
+    /// The file is unlinked while still held, then let go: were it let go
+    /// first, a broker starting in between could take it and then lose its
+    /// file, and a second broker would start beside the first.
+    fn release_leaving_nothing(self) {
+        if self.created {
+            let _ = fs::remove_file(&self.path);
+        }
+        drop(self.guard);
+    }
 }
 
 /// What the source held, read and validated, with its lock.
@@ -290,38 +325,142 @@ struct SourceRead {
     failures: Vec<ReadFailure>,
     warnings: Vec<String>,
     legacy: Option<LegacyCounts>,
-    _lock: Option<LockGuard>,
+    lock: Option<HeldLock>,
 }
 
+impl SourceRead {
+    /// Ends a migration that created nothing (see [`HeldLock::release_leaving_nothing`]).
+    fn refused(self) {
+        if let Some(lock) = self.lock {
+            lock.release_leaving_nothing();
+        }
+    }
+}
+
+/// The 16 bytes every SQLite database file begins with.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// Refuses a snapshot directory source that is missing or is not a
+/// directory, before its lock (inside it) is taken.
+fn check_dir_source(dir: &Path) -> Result<(), MigrateError> {
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(MigrateError::SourceNotUsable {
+            path: dir.to_path_buf(),
+            detail: "is not a snapshot directory".into(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(MigrateError::SourceMissing {
+            path: dir.to_path_buf(),
+            what: "snapshot directory",
+        }),
+        Err(source) => Err(MigrateError::Io {
+            path: dir.to_path_buf(),
+            context: "looking at the source",
+            source,
+        }),
+    }
+}
+
+/// Refuses a database source that is missing, is not a regular file (a
+/// symbolic link is followed, as SQLite follows it), or does not begin with
+/// SQLite's header - before its lock is taken, because taking it creates
+/// `DB.lock` beside whatever was named, and a directory or a configuration
+/// file given by mistake is refused with nothing created. The header needs
+/// no lock to be read: SQLite never rewrites those bytes of a database.
+fn check_database_source(db: &Path) -> Result<(), MigrateError> {
+    use std::io::Read;
+
+    let not_usable = |detail: String| MigrateError::SourceNotUsable {
+        path: db.to_path_buf(),
+        detail: format!("{detail}; nothing was created"),
+    };
+    let io = |source| MigrateError::Io {
+        path: db.to_path_buf(),
+        context: "looking at the source",
+        source,
+    };
+    let kind_of = |meta: &fs::Metadata| {
+        read::SpecialKind::of(meta).map(|kind| match kind {
+            read::SpecialKind::Directory => not_usable(
+                "is a directory, not a sqlite database (a snapshot directory is read by saguin migrate to-sqlite)".into(),
+            ),
+            kind => not_usable(format!("is {kind}, not a sqlite database")),
+        })
+    };
+    match fs::metadata(db) {
+        Ok(meta) => {
+            if let Some(refused) = kind_of(&meta) {
+                return Err(refused);
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(MigrateError::SourceMissing {
+                path: db.to_path_buf(),
+                what: "database",
+            })
+        }
+        Err(e) => return Err(io(e)),
+    }
+    // Non-blocking, and checked again once open: a path swapped for a FIFO
+    // meanwhile is refused rather than waited on.
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(db)
+        .map_err(io)?;
+    if let Some(refused) = kind_of(&file.metadata().map_err(io)?) {
+        return Err(refused);
+    }
+    let mut header = Vec::with_capacity(SQLITE_HEADER.len());
+    file.take(SQLITE_HEADER.len() as u64)
+        .read_to_end(&mut header)
+        .map_err(io)?;
+    if header.is_empty() {
+        return Err(not_usable("is empty, not a sqlite database".into()));
+    }
+    if header != SQLITE_HEADER {
+        return Err(not_usable(
+            "is not a sqlite database (it does not begin with SQLite's header)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Takes the source's lock and reads it; a refusal lets the lock go,
+/// leaving nothing behind.
 fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
+    let lock = match source {
+        Source::SnapshotDir(dir) => {
+            check_dir_source(dir)?;
+            Some(HeldLock::take(
+                format!("snapshot directory {}", dir.display()),
+                lock::lock_path_for_snapshot_dir(dir),
+            )?)
+        }
+        Source::Sqlite(db) => {
+            check_database_source(db)?;
+            Some(HeldLock::take(
+                format!("database {}", db.display()),
+                lock::lock_path_for_database(db),
+            )?)
+        }
+        Source::Mbmqtt { .. } => None,
+    };
+    match read_locked(source) {
+        Ok(read) => Ok(SourceRead { lock, ..read }),
+        Err(e) => {
+            if let Some(lock) = lock {
+                lock.release_leaving_nothing();
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Reads the source, whose lock [`read_source`] holds.
+fn read_locked(source: &Source) -> Result<SourceRead, MigrateError> {
     match source {
         Source::SnapshotDir(dir) => {
-            match fs::symlink_metadata(dir) {
-                Ok(m) if m.is_dir() => {}
-                Ok(_) => {
-                    return Err(MigrateError::SourceNotUsable {
-                        path: dir.clone(),
-                        detail: "is not a snapshot directory".into(),
-                    })
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(MigrateError::SourceMissing {
-                        path: dir.clone(),
-                        what: "snapshot directory",
-                    })
-                }
-                Err(source) => {
-                    return Err(MigrateError::Io {
-                        path: dir.clone(),
-                        context: "looking at the source",
-                        source,
-                    })
-                }
-            }
-            let guard = take_lock(
-                format!("snapshot directory {}", dir.display()),
-                &lock::lock_path_for_snapshot_dir(dir),
-            )?;
             let read = snapshots::read_dir(dir, &ScanOptions::default()).map_err(|e| match e {
                 ScanError::Read(r) => read_error(r),
                 other => MigrateError::SourceNotUsable {
@@ -349,30 +488,10 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
                 failures: read.failures,
                 warnings: read.warnings,
                 legacy: None,
-                _lock: Some(guard),
+                lock: None,
             })
         }
         Source::Sqlite(db) => {
-            match fs::symlink_metadata(db) {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(MigrateError::SourceMissing {
-                        path: db.clone(),
-                        what: "database",
-                    })
-                }
-                Err(source) => {
-                    return Err(MigrateError::Io {
-                        path: db.clone(),
-                        context: "looking at the source",
-                        source,
-                    })
-                }
-            }
-            let guard = take_lock(
-                format!("database {}", db.display()),
-                &lock::lock_path_for_database(db),
-            )?;
             let sidecars_before: Vec<bool> = ["-wal", "-shm"]
                 .iter()
                 .map(|s| exists(&with_suffix(db, s)))
@@ -441,7 +560,7 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
                 failures,
                 warnings: Vec::new(),
                 legacy: None,
-                _lock: Some(guard),
+                lock: None,
             })
         }
         Source::Mbmqtt { path, max_bytes } => {
@@ -479,7 +598,7 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
                 failures,
                 warnings,
                 legacy: Some(imported.legacy),
-                _lock: None,
+                lock: None,
             })
         }
     }
@@ -527,14 +646,14 @@ pub fn migrate(
         Destination::Sqlite(db) => check_database_destination(db)?,
         Destination::SnapshotDir(dir) => check_dir_destination(dir)?,
     }
-    let read = read_source(source)?;
+    let mut read = read_source(source)?;
     let mut report = Report {
         source: source.path().to_path_buf(),
         destination: destination.path().to_path_buf(),
         units: Vec::new(),
         failures: Vec::new(),
-        warnings: read.warnings,
-        legacy: read.legacy,
+        warnings: std::mem::take(&mut read.warnings),
+        legacy: read.legacy.take(),
         elapsed: Duration::ZERO,
         destination_removed: false,
     };
@@ -548,7 +667,9 @@ pub fn migrate(
         });
     }
     if read.units.is_empty() {
-        if read.failures.is_empty() {
+        let nothing = read.failures.is_empty();
+        read.refused();
+        if nothing {
             return Err(MigrateError::NothingToMigrate {
                 path: source.path().to_path_buf(),
                 destination: destination.path().to_path_buf(),
@@ -572,7 +693,7 @@ pub fn migrate(
         Destination::Sqlite(db) => to_sqlite(db, &read.units, progress, &mut report)?,
         Destination::SnapshotDir(dir) => to_snapshots(dir, read.units, progress, &mut report)?,
     }
-    drop(read._lock);
+    drop(read.lock);
     report.elapsed = started.elapsed();
     Ok(report)
 }
@@ -695,15 +816,11 @@ fn to_sqlite(
     progress: &dyn Progress,
     report: &mut Report,
 ) -> Result<(), MigrateError> {
-    let lock_path = lock::lock_path_for_database(db);
-    let lock_existed = exists(&lock_path);
-    let guard = take_lock(format!("database {}", db.display()), &lock_path)?;
-    let release = |guard: LockGuard| {
-        drop(guard);
-        if !lock_existed {
-            let _ = fs::remove_file(&lock_path);
-        }
-    };
+    let guard = HeldLock::take(
+        format!("database {}", db.display()),
+        lock::lock_path_for_database(db),
+    )?;
+    let release = HeldLock::release_leaving_nothing;
     // Built under a temporary name and linked into place only once counted:
     // a migration stopped half way leaves nothing at DB to be mistaken for
     // a database or to block a retry.

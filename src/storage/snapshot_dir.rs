@@ -921,6 +921,25 @@ impl DirReport {
             .filter(|f| f.verdict() == Verdict::Fail)
     }
 
+    /// True when `saguin snapshot verify` passes this directory: no finding
+    /// whose verdict is [`Verdict::Fail`] (every error is one).
+    ///
+    /// This, not [`is_loadable`](Self::is_loadable), is what a directory's
+    /// `"valid"` means wherever it is printed, so that no document says
+    /// valid beside a finding whose verdict is fail. `snapshot inspect`
+    /// describes and `snapshot verify` judges, and both judge by this one
+    /// rule: an empty directory (`nothing-stored`), or one whose records
+    /// may be gone (`listed-but-missing`, `written-before-manifest`,
+    /// `generations-without-manifest`), is not valid in either, and both
+    /// print such a finding as FAIL. Inspect's exit status stays the
+    /// broker's view (0 when a broker would load what was shown, which it
+    /// does for those directories, warning), because it answers "could
+    /// this be shown", not "is this copy good"; verify's exit status is
+    /// this verdict.
+    pub fn verifies(&self) -> bool {
+        self.verification_failures().next().is_none()
+    }
+
     /// True when some file could not be read at all (missing between
     /// listing and reading, permission, I/O): exit 3 rather than 1.
     pub fn has_unreadable(&self) -> bool {
