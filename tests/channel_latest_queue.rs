@@ -803,6 +803,40 @@ fn a_worker_going_away_counts_an_attempt_and_another_worker_gets_the_job() {
 }
 
 #[test]
+fn a_worker_subscribing_at_qos_0_is_refused_and_told_why_and_gets_no_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = memory_yaml(dir.path(), &jobs("30s", 5, "[100ms]"));
+    let broker = Broker::start_in(dir, &yaml);
+    runtime().block_on(async {
+        let mut producer = Raw::tcp(broker.addr(), v5()).await;
+        producer.connect("producer", ConnectOpts::clean()).await;
+        producer.publish_acked("jobs/x", b"job", 1, false, 1).await;
+        // Granted QoS 0, a job would have to go at QoS 1 all the same (it
+        // is leased until its PUBACK): refused instead, with the reason.
+        let mut idle = worker_connect(broker.addr(), "at-most-once", 4).await;
+        let ack = idle.suback_with_user_properties(1, "jobs/#", 0, &[]).await;
+        assert_eq!(ack.reasons, [ReasonCode::ImplementationSpecificError]);
+        let why = ack.properties.reason_string.unwrap_or_default();
+        assert!(why.contains("jobs/#") && why.contains("QoS 1"), "{why}");
+        idle.expect_nothing().await;
+        // MQTT 3.1.1 has no reason string: its refusal is 0x80.
+        let mut old = Raw::tcp(broker.addr(), v4()).await;
+        old.connect("at-most-once-311", ConnectOpts::clean()).await;
+        assert_eq!(
+            old.subscribe(1, "jobs/#", 0).await,
+            [ReasonCode::UnspecifiedError]
+        );
+        // At QoS 1 the same client is a worker and takes the job.
+        let ack = idle.suback_with_user_properties(2, "jobs/#", 1, &[]).await;
+        assert_eq!(ack.reasons, [ReasonCode::GrantedQoS1]);
+        assert_eq!(ack.properties.reason_string, None);
+        let p = idle.next_publish(true).await;
+        assert_eq!(p.payload, Bytes::from_static(b"job"));
+    });
+    wait_metric(&broker, "saguin_queue_depth{channel=\"jobs\"}", 0);
+}
+
+#[test]
 fn a_memory_queue_keeps_its_jobs_and_their_attempts_across_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     // A backoff longer than the test: the refused job waits it out until

@@ -1560,10 +1560,17 @@ fn to_packet(out: Outbound, v5: bool) -> Option<Packet> {
         Outbound::PubRec { packet_id, reason } => Packet::PubRec(ack(packet_id, reason)),
         Outbound::PubRel { packet_id, reason } => Packet::PubRel(ack(packet_id, reason)),
         Outbound::PubComp { packet_id, reason } => Packet::PubComp(ack(packet_id, reason)),
-        Outbound::SubAck { packet_id, reasons } => Packet::SubAck(SubAck {
+        Outbound::SubAck {
             packet_id,
             reasons,
-            properties: AckProperties::default(),
+            reason_string,
+        } => Packet::SubAck(SubAck {
+            packet_id,
+            reasons,
+            properties: AckProperties {
+                reason_string: reason_string.map(String::from),
+                ..AckProperties::default()
+            },
         }),
         Outbound::UnsubAck { packet_id, reasons } => Packet::UnsubAck(UnsubAck {
             packet_id,
@@ -2157,6 +2164,7 @@ pub(super) mod tests {
         let suback = || Outbound::SubAck {
             packet_id: 1,
             reasons: vec![ReasonCode::Success; 10],
+            reason_string: None,
         };
         for _ in 0..WRITE_BATCH + 1 {
             tx.send(suback()).unwrap();
@@ -2388,6 +2396,7 @@ pub(super) mod tests {
             .send(Outbound::SubAck {
                 packet_id: 7,
                 reasons,
+                reason_string: None,
             })
             .unwrap();
     }

@@ -201,7 +201,12 @@
 //!   other filters are still granted: 0x8F for a `$share/` filter that is
 //!   no valid shared subscription (`$share/g`, `$share//a`, MQTT-4.8.2-1/-2;
 //!   Mosquitto takes it as an ordinary filter), 0x87 from the ACL, 0x97
-//!   over the subscription quota; 3.1.1 clients get 0x80 for each.
+//!   over the subscription quota, 0x83 for a filter on a channel whose
+//!   `saguin-from` cannot be read or on a queue at QoS 0 (a job is leased
+//!   until its PUBACK, so it goes at QoS 1, which a grant of QoS 0 would
+//!   forbid); 3.1.1 clients get 0x80 for each. An MQTT 5 SUBACK refusing
+//!   a channel's filter says why in its reason string (the first such
+//!   reason of the packet), and the refusal is logged as a warning.
 //! - Overlapping subscriptions of one client get one copy of a message, at
 //!   the highest granted QoS, carrying the Subscription Identifiers of every
 //!   matching subscription (MQTT-3.3.4-4). Shared subscriptions

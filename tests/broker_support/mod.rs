@@ -837,6 +837,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
         q: u8,
         user_properties: &[(&str, &str)],
     ) -> Vec<codec::ReasonCode> {
+        self.suback_with_user_properties(packet_id, filter, q, user_properties)
+            .await
+            .reasons
+    }
+
+    /// As [`Raw::subscribe_with_user_properties`], the whole SUBACK.
+    pub async fn suback_with_user_properties(
+        &mut self,
+        packet_id: u16,
+        filter: &str,
+        q: u8,
+        user_properties: &[(&str, &str)],
+    ) -> codec::SubAck {
         self.send(Packet::Subscribe(Subscribe {
             packet_id,
             filters: vec![SubscribeFilter {
@@ -858,7 +871,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
         match self.recv().await {
             Some(Packet::SubAck(ack)) => {
                 assert_eq!(ack.packet_id, packet_id);
-                ack.reasons
+                ack
             }
             other => panic!("expected SUBACK, got {other:?}"),
         }

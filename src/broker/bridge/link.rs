@@ -717,7 +717,9 @@ impl Link {
             | Outbound::UnsubAck { .. }
             | Outbound::Auth { .. }
             | Outbound::ConnAck { .. } => {}
-            Outbound::SubAck { packet_id, reasons } => {
+            Outbound::SubAck {
+                packet_id, reasons, ..
+            } => {
                 let rule = usize::from(packet_id).saturating_sub(1);
                 if let (Some(r), Some(code)) = (self.bridge.out.get(rule), reasons.first()) {
                     if code.is_error() {

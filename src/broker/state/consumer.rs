@@ -165,17 +165,57 @@ pub fn parse_from(value: &str) -> Result<Seek, String> {
             offset.max(crate::storage::contract::FIRST_OFFSET),
         ));
     }
-    match humantime::parse_rfc3339_weak(value) {
-        Ok(time) => {
+    match rfc3339(value) {
+        Some(time) => {
             let nanos = time
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_err(|_| format!("{FROM_PROPERTY} {value:?}: a time before 1970"))?
                 .as_nanos();
             Ok(Seek::Time(i64::try_from(nanos).unwrap_or(i64::MAX)))
         }
-        Err(_) => Err(format!(
+        None => Err(format!(
             "{FROM_PROPERTY} {value:?}: neither `earliest`, an offset nor an RFC 3339 time"
         )),
+    }
+}
+
+/// An RFC 3339 time at any offset (`Z`, `+01:00`, `-05:30`; `t` and `z`
+/// in either case, as RFC 3339 allows), or with none, read as UTC.
+fn rfc3339(value: &str) -> Option<std::time::SystemTime> {
+    use std::time::Duration;
+
+    let (local, east_of_utc) = match value.strip_suffix(['Z', 'z']) {
+        Some(local) => (local, Some(0)),
+        None => match value
+            .len()
+            .checked_sub(6)
+            .map(|at| value.split_at_checked(at))
+        {
+            Some(Some((local, offset))) => match offset.as_bytes() {
+                [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2]
+                    if [h1, h2, m1, m2].iter().all(|d| d.is_ascii_digit()) =>
+                {
+                    let digit = |d: &u8| i64::from(d - b'0');
+                    let minutes = (digit(h1) * 10 + digit(h2)) * 60 + digit(m1) * 10 + digit(m2);
+                    (local, Some(if *sign == b'+' { minutes } else { -minutes }))
+                }
+                _ => (value, None),
+            },
+            _ => (value, None),
+        },
+    };
+    // The separator may be a lower-case `t`; humantime reads `T` or a space.
+    let local = match local.split_at_checked(10) {
+        Some((date, rest)) if rest.starts_with('t') => format!("{date}T{}", &rest[1..]),
+        _ => local.to_owned(),
+    };
+    let as_if_utc = humantime::parse_rfc3339_weak(&local).ok()?;
+    let shift = Duration::from_secs(east_of_utc.unwrap_or(0).unsigned_abs() * 60);
+    // A time east of UTC happened that much earlier than its digits read.
+    if east_of_utc.unwrap_or(0) >= 0 {
+        as_if_utc.checked_sub(shift)
+    } else {
+        as_if_utc.checked_add(shift)
     }
 }
 
@@ -194,7 +234,39 @@ pub(super) fn first_level(topic: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::Offsets;
+    use super::{rfc3339, Offsets};
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn an_rfc3339_time_is_read_at_any_offset_as_the_same_instant() {
+        let instant = UNIX_EPOCH + Duration::from_secs(1_796_407_140); // 2026-12-04T17:59:00Z
+        for value in [
+            "2026-12-04T17:59:00Z",
+            "2026-12-04t17:59:00z",
+            "2026-12-04T18:59:00+01:00",
+            "2026-12-04T12:29:00-05:30",
+            "2026-12-04T17:59:00+00:00",
+            "2026-12-04T17:59:00-00:00",
+            "2026-12-04 17:59:00Z",
+            "2026-12-04T17:59:00",
+        ] {
+            assert_eq!(rfc3339(value), Some(instant), "{value}");
+        }
+        assert_eq!(
+            rfc3339("2026-12-04T18:59:00.250+01:00"),
+            Some(instant + Duration::from_millis(250))
+        );
+        for value in [
+            "2026-12-04T17:59:00+1:00",
+            "2026-12-04T17:59:00+01",
+            "2026-12-04",
+            "17:59:00Z",
+            "",
+            "\u{e9}\u{e9}\u{e9}\u{e9}",
+        ] {
+            assert_eq!(rfc3339(value), None, "{value}");
+        }
+    }
 
     #[test]
     fn offsets_stay_ascending_and_each_once_whatever_the_order() {

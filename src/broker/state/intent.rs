@@ -238,6 +238,8 @@ pub(super) enum Parked {
         key: SessionKey,
         packet_id: u16,
         reasons: Vec<ReasonCode>,
+        /// Why a filter was refused (see [`Outbound::SubAck`]).
+        reason_string: Option<Box<str>>,
         /// Filters whose retained messages are sent after the SUBACK.
         retained_for: Vec<(String, crate::broker::subscriptions::SubOptions)>,
         /// The subscriptions as they were, to put back if the write fails.

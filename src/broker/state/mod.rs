@@ -429,6 +429,9 @@ pub enum Outbound {
     SubAck {
         packet_id: u16,
         reasons: Vec<ReasonCode>,
+        /// Why a filter was refused, for an MQTT 5 client: what it could
+        /// not learn from the reason code alone.
+        reason_string: Option<Box<str>>,
     },
     UnsubAck {
         packet_id: u16,

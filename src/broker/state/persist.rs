@@ -490,12 +490,20 @@ impl BrokerState {
                 key,
                 packet_id,
                 reasons,
+                reason_string,
                 retained_for,
                 undo,
                 consumers,
             } => match failure {
                 None => {
-                    self.send(connection, Outbound::SubAck { packet_id, reasons });
+                    self.send(
+                        connection,
+                        Outbound::SubAck {
+                            packet_id,
+                            reasons,
+                            reason_string,
+                        },
+                    );
                     let fresh = self.fresh_latest_consumers(key, &consumers);
                     let values_for = retained_for.clone();
                     self.deliver_retained(connection, key, retained_for, now);
@@ -530,7 +538,14 @@ impl BrokerState {
                         .into_iter()
                         .map(|r| if r.is_error() { r } else { code })
                         .collect();
-                    self.refuse_or_answer(connection, Outbound::SubAck { packet_id, reasons });
+                    self.refuse_or_answer(
+                        connection,
+                        Outbound::SubAck {
+                            packet_id,
+                            reasons,
+                            reason_string,
+                        },
+                    );
                 }
             },
             Parked::UnsubAck {

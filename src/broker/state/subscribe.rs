@@ -30,6 +30,8 @@ impl BrokerState {
         let mut retained_for: Vec<(String, SubOptions)> = Vec::new();
         let mut undo = Vec::new();
         let mut consumers: Vec<ConsumerStart> = Vec::new();
+        // The first refusal's why, for the SUBACK's reason string.
+        let mut refusal: Option<String> = None;
         let seek = seek_of(user_properties);
         for (raw, mut options) in filters {
             options.subscription_id = subscription_id;
@@ -42,26 +44,36 @@ impl BrokerState {
             };
             let channel = self.channels.of_topic(parsed.filter);
             if let Some(channel) = channel {
-                match &seek {
-                    Ok(seek) => {
-                        let group = parsed
-                            .share_group
-                            .map(|_| (raw.clone(), parsed.filter.to_owned()));
-                        if group.is_some() || !consumers.iter().any(|c| c.channel == channel) {
-                            consumers.push(ConsumerStart {
-                                channel,
-                                seek: *seek,
-                                group,
-                                stored: None,
-                            });
-                        }
-                    }
+                // A queue's job is leased until its PUBACK, so a worker
+                // takes jobs at QoS 1; granting QoS 0 and sending at 1
+                // would break the grant (MQTT-3.8.4-8 in 3.1.1).
+                let seek = match &seek {
+                    Ok(_) if options.qos == 0 && self.channels.is_queue(channel) => Err(format!(
+                        "{raw}: a queue's worker subscribes at QoS 1 or 2, as each job is leased until its PUBACK"
+                    )),
+                    Ok(seek) => Ok(*seek),
+                    Err(why) => Err(why.clone()),
+                };
+                let seek = match seek {
+                    Ok(seek) => seek,
                     Err(why) => {
                         let client_id = &self.sessions.by_key[&key].client_id;
                         tracing::warn!(client_id = %client_id, filter = %raw, error = %why, "subscription to a channel refused");
                         reasons.push(ReasonCode::ImplementationSpecificError);
+                        refusal.get_or_insert(why);
                         continue;
                     }
+                };
+                let group = parsed
+                    .share_group
+                    .map(|_| (raw.clone(), parsed.filter.to_owned()));
+                if group.is_some() || !consumers.iter().any(|c| c.channel == channel) {
+                    consumers.push(ConsumerStart {
+                        channel,
+                        seek,
+                        group,
+                        stored: None,
+                    });
                 }
             }
             if parsed.share_group.is_some() && options.no_local {
@@ -131,6 +143,7 @@ impl BrokerState {
                 key,
                 packet_id,
                 reasons,
+                reason_string: refusal.map(String::into_boxed_str),
                 retained_for,
                 undo,
                 consumers,
