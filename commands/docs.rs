@@ -137,7 +137,7 @@ fn config_reference() -> String {
     for paragraph in [
         "One YAML file, read by saguin serve --config FILE and checked by saguin check-config --config FILE, which run the same loader. Unknown keys are errors. Every problem is reported with its YAML path, for example channels[2].storage: no provider named \"db2\".",
         "Sizes are a whole number of bytes (1000) or a whole number and a unit: B, KB, MB, GB, TB are powers of 1000, KiB, MiB, GiB, TiB powers of 1024 (10MB is 10000000 bytes, 10MiB 10485760); fractions are refused. The same syntax is read by every --max-bytes option.",
-        "Durations are humantime: 150ms, 30s, 5m, 1h, 7d, 1h 30m; a bare number is refused.",
+        "Durations are humantime: 150ms, 30s, 5m, 1h, 7d, 1h 30m; a bare number is refused; none is longer than 4294967295s (about 136 years).",
         "Relative paths resolve against the configuration file's directory. Files the configuration names (password file, ACL file, certificates, keys) are opened and parsed at load time; the databases and snapshot directories are not.",
         "In the list below, [] marks the items of a list (listeners[].bind is the bind of each listener).",
     ] {

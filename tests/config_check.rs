@@ -582,3 +582,77 @@ fn append_channels_alone_are_valid_and_nothing_is_refused() {
         stdout(&out)
     );
 }
+
+/// What check-config accepts, serve serves: a database placed on a file
+/// another provider keeps beside its own, or reached through a symlink
+/// whose target is not created yet, is refused before serve ever runs,
+/// with both keys named.
+#[test]
+fn check_config_refuses_providers_that_would_meet_on_one_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = "auth:\n  allow_anonymous: true\nlisteners:\n  - name: m\n    bind: 127.0.0.1:0\n";
+    std::os::unix::fs::symlink("a.db", dir.path().join("l.db")).expect("symlink");
+    for (other, expected) in [
+        (
+            "a.db-wal",
+            "storage[1].file_path: {dir}/a.db-wal is the write-ahead log of storage[0].file_path {dir}/a.db",
+        ),
+        (
+            "a.db.lock",
+            "storage[1].file_path: {dir}/a.db.lock is the lock of storage[0].file_path {dir}/a.db",
+        ),
+        (
+            "l.db",
+            "storage[1].file_path: {dir}/l.db is also storage[0] (file_path); two providers cannot share a database",
+        ),
+    ] {
+        let yaml = dir.path().join("saguin.yaml");
+        std::fs::write(
+            &yaml,
+            format!(
+                "{base}storage:\n  - {{name: p, kind: sqlite, file_path: a.db}}\n  - {{name: q, kind: sqlite, file_path: {other}}}\n\
+                 channels:\n  - {{name: x, kind: append, storage: p}}\n  - {{name: y, kind: append, storage: q}}\n"
+            ),
+        )
+        .expect("write");
+        let out = saguin(&["check-config", "--config", path_str(&yaml)]);
+        assert_eq!(code(&out), 1, "{other}: {}", stderr(&out));
+        let expected = expected.replace(
+            "{dir}",
+            path_str(&dir.path().canonicalize().expect("canonical")),
+        );
+        assert!(stderr(&out).contains(&expected), "{other}: {}", stderr(&out));
+        assert!(
+            !dir.path().join("a.db").exists(),
+            "check-config created a database"
+        );
+    }
+}
+
+/// The sweep's other refusals, each at its key path: a duration no clock
+/// can hold, limits no CONNECT fits, a number beyond 64 bits.
+#[test]
+fn check_config_names_the_key_of_each_bound() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = "auth:\n  allow_anonymous: true\nlisteners:\n  - name: m\n    bind: 127.0.0.1:0\n";
+    for (extra, expected) in [
+        (
+            "storage: [{name: m, kind: memory}]\nchannels: [{name: t, kind: append, storage: m}]\nbridges: [{name: b, address: \"r:1883\", out: [{channel: t}], reconnect: {base: 18446744073709551615s, cap: 18446744073709551615s}}]\n",
+            "bridges[0].reconnect.base: duration \"18446744073709551615s\" is longer than 4294967295s (about 136 years)",
+        ),
+        (
+            "limits: {max_message_size: 1, max_header_bytes: 0}\n",
+            "limits.max_message_size: 1 + limits.max_header_bytes 0 = 1 bytes is the largest packet the broker accepts",
+        ),
+        (
+            "storage: [{name: m, kind: memory, max_bytes: 18446744073709551616}]\n",
+            "storage[0].max_bytes: the number 18446744073709551616 is too large",
+        ),
+    ] {
+        let yaml = dir.path().join("saguin.yaml");
+        std::fs::write(&yaml, format!("{base}{extra}")).expect("write");
+        let out = saguin(&["check-config", "--config", path_str(&yaml)]);
+        assert_eq!(code(&out), 1, "{extra}: {}", stderr(&out));
+        assert!(stderr(&out).contains(expected), "{extra}: {}", stderr(&out));
+    }
+}

@@ -218,9 +218,11 @@ fn bridge(ctx: &mut Ctx, path: &str, item: &Value) -> Option<Bridge> {
         .take("round_robin")
         .and_then(|(p, v)| boolean(ctx, &p, v))
         .unwrap_or(false);
-    let protocol = f
-        .take("protocol")
-        .and_then(|(p, v)| {
+    // `None` when the protocol written is refused: nothing that depends on
+    // it is judged then.
+    let (protocol, protocol_given) = match f.take("protocol") {
+        None => (Some(BridgeProtocol::Mqtt5), false),
+        Some((p, v)) => (
             one_of(
                 ctx,
                 &p,
@@ -229,9 +231,10 @@ fn bridge(ctx: &mut Ctx, path: &str, item: &Value) -> Option<Bridge> {
                     ("mqtt311", BridgeProtocol::Mqtt311),
                     ("mqtt5", BridgeProtocol::Mqtt5),
                 ],
-            )
-        })
-        .unwrap_or(BridgeProtocol::Mqtt5);
+            ),
+            true,
+        ),
+    };
     let client_id = f.take("client_id").and_then(|(p, v)| {
         let id = string(ctx, &p, v)?;
         if id.is_empty() || id.contains('\0') || id.len() > 65535 {
@@ -285,18 +288,26 @@ fn bridge(ctx: &mut Ctx, path: &str, item: &Value) -> Option<Bridge> {
         .unwrap_or(Duration::from_secs(60));
     let session_expiry = f
         .take("session_expiry")
-        .and_then(|(p, v)| duration(ctx, &p, v))
+        .and_then(|(p, v)| super::parse::session_expiry(ctx, &p, v))
         .unwrap_or(Duration::from_secs(86_400));
-    if session_expiry.as_secs() > u64::from(u32::MAX) {
-        ctx.problem(
-            &join(path, "session_expiry"),
-            "at most 4294967295 seconds (MQTT's Session Expiry Interval)",
-        );
-    }
-    let try_private = f
-        .take("try_private")
-        .and_then(|(p, v)| boolean(ctx, &p, v))
-        .unwrap_or(true);
+    let try_private = match f.take("try_private") {
+        // An MQTT 5 bridge keeps its own messages from coming back with No
+        // Local; the private protocol level is a 3.1.1 announcement, so
+        // the key would change nothing there.
+        Some((p, _)) if protocol == Some(BridgeProtocol::Mqtt5) => {
+            ctx.problem(
+                &p,
+                format!(
+                    "only an mqtt311 bridge announces the private protocol level; {} is mqtt5{}, whose subscriptions use No Local instead",
+                    join(path, "protocol"),
+                    if protocol_given { "" } else { " (the default)" }
+                ),
+            );
+            true
+        }
+        Some((p, v)) => boolean(ctx, &p, v).unwrap_or(true),
+        None => true,
+    };
     let reconnect = f
         .take("reconnect")
         .and_then(|(p, v)| reconnect(ctx, &p, v))
@@ -338,7 +349,7 @@ fn bridge(ctx: &mut Ctx, path: &str, item: &Value) -> Option<Bridge> {
         name: bridge_name,
         addresses,
         round_robin,
-        protocol,
+        protocol: protocol.unwrap_or(BridgeProtocol::Mqtt5),
         client_id,
         username,
         password_file,
@@ -531,7 +542,7 @@ fn tls(ctx: &mut Ctx, path: &str, value: &Value) -> Option<BridgeTls> {
             let chain = super::tls::read_certs(cert, &mut cert_digest)
                 .map_err(|why| ctx.problem(&join(path, "cert"), why))
                 .ok();
-            let private = super::tls::read_key(key, &mut key_digest)
+            let private = super::tls::read_key(key, &mut key_digest, "bridge")
                 .map_err(|why| ctx.problem(&join(path, "key"), why))
                 .ok();
             digests.extend(cert_digest.map(|d| (cert.clone(), d)));

@@ -305,9 +305,12 @@ pub struct ExactlyOnce {
 /// `limits`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest PUBLISH payload+topic accepted, bytes. Default 256KiB.
+    /// Payload and topic of the largest message, bytes. Default 256KiB.
+    /// The broker enforces only the sum with `max_header_bytes`, as its
+    /// Maximum Packet Size, which the loader holds to at least the
+    /// smallest CONNECT.
     pub max_message_size: u64,
-    /// Largest user properties and other headers of one message, bytes.
+    /// Room for user properties and other headers of one message, bytes.
     /// Default 8KiB.
     pub max_header_bytes: u64,
     /// Longest session expiry a client may ask for. Default 7d.

@@ -12,7 +12,8 @@
 //! - `file_sha256`: for every file the configuration names and read, the
 //!   SHA-256 of its bytes, by path, so a diff shows differing password, ACL
 //!   or certificate files without showing them; recomputed on every load
-//!   (a `file_sha256` in an input document is informational and ignored);
+//!   (a `file_sha256` in an input document must be a mapping of path to
+//!   64 hex digits, and is otherwise ignored);
 //! - configuration only: what the named files hold - private keys, password
 //!   hashes, ACL rules - is never part of it. Those are held in
 //!   [`Secret`](super::Secret)s, which render as `<redacted>` in every
@@ -180,7 +181,9 @@ fn bridge(b: &bridge::Bridge) -> Value {
         })),
         "keepalive": duration(b.keepalive),
         "session_expiry": duration(b.session_expiry),
-        "try_private": b.try_private,
+        // An mqtt5 bridge refuses the key, so the document leaves it empty
+        // there and still loads back.
+        "try_private": (b.protocol == bridge::BridgeProtocol::Mqtt311).then_some(b.try_private),
         "reconnect": {
             "base": duration(b.reconnect.base),
             "cap": duration(b.reconnect.cap),

@@ -29,6 +29,43 @@ impl Ctx {
     }
 }
 
+/// The problem a YAML parser error makes. A whole number beyond 64 bits is
+/// no YAML error but a value no key takes; the parser's own text for it
+/// ("invalid type: integer `N` as u128, expected any YAML value") is
+/// rewritten to say so at its key path.
+fn yaml_problem(error: &str) -> Problem {
+    const MARK: &str = "invalid type: integer `";
+    let out_of_range = error.find(MARK).and_then(|at| {
+        let path = match &error[..at] {
+            "" => "",
+            before => before.strip_suffix(": ")?,
+        };
+        let (number, rest) = error[at + MARK.len()..].split_once('`')?;
+        (rest.starts_with(" as u128") || rest.starts_with(" as i128"))
+            .then(|| (path.to_string(), number.to_string()))
+    });
+    match out_of_range {
+        Some((path, number)) => Problem {
+            message: if number.starts_with('-') {
+                format!(
+                    "the number {number} is too small: no key takes a whole number below {}",
+                    i64::MIN
+                )
+            } else {
+                format!(
+                    "the number {number} is too large: no key takes a whole number above {}",
+                    u64::MAX
+                )
+            },
+            path,
+        },
+        None => Problem {
+            path: String::new(),
+            message: format!("not valid YAML: {error}"),
+        },
+    }
+}
+
 pub(crate) fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_string()
@@ -319,6 +356,32 @@ pub(super) fn duration(ctx: &mut Ctx, path: &str, value: &Value) -> Option<Durat
     }
 }
 
+/// A session expiry: MQTT carries it as a four-byte count of seconds, so
+/// a fraction would be rounded and a larger figure cut where the operator
+/// cannot see it.
+pub(super) fn session_expiry(ctx: &mut Ctx, path: &str, value: &Value) -> Option<Duration> {
+    let d = duration(ctx, path, value)?;
+    if d.subsec_nanos() != 0 {
+        ctx.problem(
+            path,
+            "must be whole seconds (MQTT counts session expiry in seconds)",
+        );
+        return None;
+    }
+    if d.as_secs() > u64::from(u32::MAX) {
+        ctx.problem(
+            path,
+            format!(
+                "{} seconds is more than MQTT's {} (about 136 years)",
+                d.as_secs(),
+                u32::MAX
+            ),
+        );
+        return None;
+    }
+    Some(d)
+}
+
 pub(super) fn positive_duration(ctx: &mut Ctx, path: &str, value: &Value) -> Option<Duration> {
     let d = duration(ctx, path, value)?;
     if d.is_zero() {
@@ -486,12 +549,7 @@ pub(crate) fn parse(
     };
     let mut document: Value = match serde_norway::from_str(text) {
         Ok(v) => v,
-        Err(e) => {
-            return Err(invalid(vec![Problem {
-                path: String::new(),
-                message: format!("not valid YAML: {e}"),
-            }]))
-        }
+        Err(e) => return Err(invalid(vec![yaml_problem(&e.to_string())])),
     };
     if let Err(e) = document.apply_merge() {
         return Err(invalid(vec![Problem {
@@ -1158,6 +1216,12 @@ const LIMITS_KEYS: &[&str] = &[
 /// MQTT's largest packet: the Remaining Length's maximum, 268,435,455.
 pub(crate) const MQTT_MAX_PACKET: u64 = 268_435_455;
 
+/// The smallest CONNECT a client can send: MQTT 5 with an empty client id
+/// and nothing optional is 15 bytes (fixed header 2, protocol name 6,
+/// level 1, flags 1, keep alive 2, property length 1, client id 2); MQTT
+/// 3.1.1's is 14. `max_message_size + max_header_bytes` must hold it.
+pub(crate) const MIN_CONNECT_PACKET: u64 = 15;
+
 fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
     let mut limits = Limits {
         max_message_size: 256 * 1024,
@@ -1201,26 +1265,11 @@ fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
             }
         }
     }
-    if let Some((p, v)) = f.take("max_session_expiry") {
-        if let Some(d) = duration(ctx, &p, v) {
-            if d.subsec_nanos() != 0 {
-                ctx.problem(
-                    &p,
-                    "must be whole seconds (MQTT counts session expiry in seconds)",
-                );
-            } else if d.as_secs() > u64::from(u32::MAX) {
-                ctx.problem(
-                    &p,
-                    format!(
-                        "{} seconds is more than MQTT's {} (about 136 years)",
-                        d.as_secs(),
-                        u32::MAX
-                    ),
-                );
-            } else {
-                limits.max_session_expiry = d;
-            }
-        }
+    if let Some(d) = f
+        .take("max_session_expiry")
+        .and_then(|(p, v)| session_expiry(ctx, &p, v))
+    {
+        limits.max_session_expiry = d;
     }
     let mut int = |ctx: &mut Ctx, key: &str, min: u64, max: u64| {
         f.take(key).and_then(|(p, v)| integer(ctx, &p, v, min, max))
@@ -1247,13 +1296,30 @@ fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
         limits.max_keep_alive = u16::try_from(n).unwrap_or(u16::MAX);
     }
     f.finish(ctx, LIMITS_KEYS);
+    // The broker accepts no packet larger than the sum (its Maximum Packet
+    // Size), CONNECT included: below the smallest CONNECT every client is
+    // closed before it could connect. A value refused above left its
+    // default in place, which is never this small.
+    let packet = limits
+        .max_message_size
+        .saturating_add(limits.max_header_bytes);
+    if packet < MIN_CONNECT_PACKET {
+        ctx.problem(
+            &join(&path, "max_message_size"),
+            format!(
+                "{} + limits.max_header_bytes {} = {packet} bytes is the largest packet the broker accepts, and the smallest CONNECT (MQTT 5, empty client id) is {MIN_CONNECT_PACKET} bytes: no client could connect; the two must add up to at least {MIN_CONNECT_PACKET}",
+                limits.max_message_size, limits.max_header_bytes
+            ),
+        );
+    }
     limits
 }
 
 /// `file_sha256`, which `check-config --output` writes so the resolved
 /// document loads back: digests of the named files, by path. They are
 /// recomputed from the files on every load, so an input's are only checked
-/// for shape and otherwise ignored.
+/// for shape (a SHA-256 is 64 hex digits; anything else is not what
+/// `--output` wrote) and otherwise ignored.
 fn file_sha256(ctx: &mut Ctx, section: Option<(String, &Value)>) {
     let Some((path, value)) = section else {
         return;

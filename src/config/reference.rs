@@ -8,10 +8,10 @@
 use super::auth::MAX_PBKDF2_ITERATIONS;
 use super::parse::{
     DEFAULT_BACKOFF, DEFAULT_LEASE, FLUSH_INTERVAL_MAX, FLUSH_INTERVAL_MIN, MAX_ATTEMPTS_MAX,
-    MQTT_MAX_PACKET, PUBLISH_COMMIT_INTERVAL_MAX, READ_CONNECTIONS_MAX,
+    MIN_CONNECT_PACKET, MQTT_MAX_PACKET, PUBLISH_COMMIT_INTERVAL_MAX, READ_CONNECTIONS_MAX,
 };
-use super::units::format_duration;
-use super::CHANNEL_NAME_MAX_BYTES;
+use super::units::{format_duration, DURATION_MAX_TEXT};
+use super::{CHANNEL_NAME_MAX_BYTES, FILE_NAME_MAX_BYTES};
 use crate::storage::contract::DEFAULT_MAX_ATTEMPTS;
 
 /// One configuration key.
@@ -57,6 +57,16 @@ pub fn keys() -> Vec<KeyDoc> {
         format_duration(FLUSH_INTERVAL_MAX)
     );
     let backoff = DEFAULT_BACKOFF.map(format_duration).join(", ");
+    // Every duration is bounded; a key with no tighter bound of its own
+    // says the general one.
+    let longest = |before: &str| format!("{before}at most {DURATION_MAX_TEXT}");
+    // What a channel's encoded name may take of a file name: the longest
+    // name it is written under adds the suffix, the largest generation's
+    // number and the temporary suffix.
+    let encoded_max = {
+        use saguin_format::channel_name::{MAX_GENERATION_INFIX_LEN, SNAPSHOT_SUFFIX, TEMP_SUFFIX};
+        FILE_NAME_MAX_BYTES - SNAPSHOT_SUFFIX.len() - MAX_GENERATION_INFIX_LEN - TEMP_SUFFIX.len()
+    };
     vec![
         key("listeners", "list", "required", "at least one", "The MQTT listeners."),
         key("listeners[].name", "string", "required", "unique among listeners", "Names the listener in logs and metrics."),
@@ -65,7 +75,7 @@ pub fn keys() -> Vec<KeyDoc> {
         key("listeners[].tls.cert", PATH, "required with tls", "PEM certificate chain, leaf first; an expired or not-yet-valid certificate is a check-config warning", "The server certificate."),
         key("listeners[].tls.key", PATH, "required with tls", "PEM, exactly one PKCS#8, PKCS#1 or SEC1 key matching cert", "The server's private key (never printed)."),
         key("listeners[].tls.client_ca", PATH, "none", "PEM CA certificates", "Clients must present a certificate from one of these (mutual TLS)."),
-        key("listeners[].handshake_timeout", DURATION, "10s", "above 0", "Time a new connection has to finish TLS and send CONNECT."),
+        key("listeners[].handshake_timeout", DURATION, "10s", longest("above 0, "), "Time a new connection has to finish TLS and send CONNECT."),
         key("auth", "mapping", "", "", "Who may connect."),
         key("auth.allow_anonymous", "bool", "false (true in the embedded default)", "false requires a password_file with at least one user", "Whether a client without a username may connect."),
         key("auth.password_file", PATH, "none", format!("mosquitto_passwd format, $7$ (PBKDF2-SHA512, at most {MAX_PBKDF2_ITERATIONS} iterations) or $6$; written by saguin passwd"), "The users and their password hashes. Re-read at SIGHUP."),
@@ -73,43 +83,43 @@ pub fn keys() -> Vec<KeyDoc> {
         key("storage", "list", "none", "", "Storage providers, each named by channels and broker stores."),
         key("storage[].name", "string", "required", "unique among providers", "Names the provider for channels[].storage and the broker stores."),
         key("storage[].kind", "memory | sqlite", "required", "", "Where the provider keeps its data."),
-        key("storage[].snapshot_dir", PATH, "none (nothing kept across a restart)", "memory only; a directory, not shared with another provider", "Where a memory provider writes its snapshot generations (in the background and at shutdown) and reads the last one at startup."),
+        key("storage[].snapshot_dir", PATH, "none (nothing kept across a restart)", "memory only; a directory or a path not created yet (created at startup), not a symlink; not shared with another provider, nor a file another sqlite provider keeps beside its database; another provider's file_path is not its lock saguin.lock (nor that lock's -wal, -shm or -journal)", "Where a memory provider writes its snapshot generations (in the background and at shutdown) and reads the last one at startup."),
         key("storage[].snapshot_debounce", "none | duration", "250ms", "memory with a snapshot_dir only; at least 1ms, not above snapshot_max_delay", "A snapshot generation is written this long after the last change, when the provider goes quiet; none: only at snapshot_max_delay."),
         key("storage[].snapshot_max_delay", "none | duration", "2s", "memory with a snapshot_dir only; 1ms..=1h; none only with snapshot_debounce: none", "A change is in a written generation at most this long after it (and the time one generation takes to write): what a crash or power cut may lose. none with snapshot_debounce: none: written only at shutdown, as Mosquitto does without autosave_interval."),
-        key("storage[].file_path", PATH, "required for sqlite", "sqlite only; not a directory, not shared with another provider", "The sqlite database file (WAL mode). Its write-ahead log, <file_path>-wal beside it, holds what committed since the last checkpoint (once a second while commits come) and is written from its beginning again once it passes 64 MiB, so under traffic that never stops its file stays near that size beyond max_bytes; shutdown empties it."),
+        key("storage[].file_path", PATH, "required for sqlite", "sqlite only; not a directory, not shared with another provider, nor a file another provider keeps beside its own: <file_path>-wal, -shm, -journal, the lock <file_path>.lock (and its -wal, -shm, -journal), a snapshot_dir's saguin.lock; a symlink, even one whose target does not exist yet, is its target", "The sqlite database file (WAL mode). Its write-ahead log, <file_path>-wal beside it, holds what committed since the last checkpoint (once a second while commits come) and is written from its beginning again once it passes 64 MiB, so under traffic that never stops its file stays near that size beyond max_bytes; shutdown empties it."),
         key("storage[].max_bytes", SIZE, "none (no bound, no reserve)", "sqlite: in 4096-byte pages, refused if it rounds to 0 pages or below twice the reserve (limits.max_message_size + limits.max_header_bytes)", "Bound on the bytes the provider holds, the reserve included."),
         key("storage[].flush_interval", DURATION, "150ms", flush.clone(), "sqlite: how often the write-ahead log is fsynced after a commit."),
         key("storage[].publish_commit_interval", "none | duration", "none", format!("at most {}", format_duration(PUBLISH_COMMIT_INTERVAL_MAX)), "sqlite: how long a publish transaction waits for company (group commit)."),
         key("storage[].publish_commit_max_records", "integer", "256", "1..=4294967295", "sqlite: most records in one publish transaction."),
         key("storage[].read_connections", "integer", "4", format!("0..={READ_CONNECTIONS_MAX}"), "sqlite: read-only connections beside the writer; 0 puts every read on the writer."),
         key("channels", "list", "none", "", "Durable channels; a topic whose first level is a channel's name belongs to it."),
-        key("channels[].name", "string", "required", format!("one topic level, at most {CHANNEL_NAME_MAX_BYTES} bytes, not . or .., no / + # or NUL, not starting with $; unique; not another queue's NAME.dlq"), "The channel's name: the first level of its topics."),
+        key("channels[].name", "string", "required", format!("one topic level, at most {CHANNEL_NAME_MAX_BYTES} bytes, and at most {encoded_max} once percent-encoded for its file name, where every byte outside A-Z a-z 0-9 _ - takes three (so at most {} bytes of others: a name of {CHANNEL_NAME_MAX_BYTES} bytes of multi-byte characters is refused); not . or .., no / + # or NUL, not starting with $; unique; not another queue's NAME.dlq", encoded_max / 3), "The channel's name: the first level of its topics."),
         key("channels[].kind", "append | latest | queue", "required", "", "A log, one value per topic, or work handed to one worker (docs/channels.md)."),
         key("channels[].storage", "string", "required", "the name of a storage provider", "The provider that keeps the channel."),
         key("channels[].retention_bytes", SIZE, "none", "append only; not above max_bytes", "Oldest records are removed past this many bytes, checked every second (from the byte count the channel keeps, reading nothing while under the bound)."),
-        key("channels[].retention_age", DURATION, "none", "append and latest", "Append: records older than this are removed. Latest: deletion markers older than this are forgotten (values are never removed), raising the floor past them; a consumer whose position falls below the floor is sent every current value again (docs/channels.md). Checked every tenth of the shortest retention_age any channel has, at most once a second; a record with no timestamp is never too old and stops the walk."),
+        key("channels[].retention_age", DURATION, "none", longest("append and latest; above 0, "), "Append: records older than this are removed. Latest: deletion markers older than this are forgotten (values are never removed), raising the floor past them; a consumer whose position falls below the floor is sent every current value again (docs/channels.md). Checked every tenth of the shortest retention_age any channel has, at most once a second; a record with no timestamp is never too old and stops the walk."),
         key("channels[].retention_deletions", "integer", "none", "latest only; 0..=18446744073709551615", "At most this many deletion markers are kept, the oldest forgotten first, raising the floor past them, as retention_age does; checked every second from the count the channel keeps, reading nothing while under the bound."),
         key("channels[].max_bytes", SIZE, "none", "append and queue", "Publishes are refused past this many bytes (0x97)."),
-        key("channels[].lease", DURATION, format_duration(DEFAULT_LEASE), "queue only; above 0", "How long a worker holds a job before it is retried."),
+        key("channels[].lease", DURATION, format_duration(DEFAULT_LEASE), longest("queue only; above 0, "), "How long a worker holds a job before it is retried."),
         key("channels[].max_attempts", "integer", DEFAULT_MAX_ATTEMPTS.to_string(), format!("queue only; 1..={MAX_ATTEMPTS_MAX}"), "Deliveries before a job moves to the dead-letter channel NAME.dlq."),
-        key("channels[].backoff", "list of durations", format!("[{backoff}]"), "queue only", "The gap before attempt n+1; the last gap repeats."),
+        key("channels[].backoff", "list of durations", format!("[{backoff}]"), longest("queue only; each "), "The gap before attempt n+1; the last gap repeats."),
         key("channels[].dlq_retention_bytes", SIZE, "none", "queue only", "Retention bound of the dead-letter channel NAME.dlq (same provider)."),
         key("broker", "mapping", "", "", "Broker-wide stores and timings."),
         key("broker.retained_storage", "string", "none (memory, not kept)", "the name of a storage provider", "The provider of the retained store."),
         key("broker.session_storage", "string", "none (memory, not kept)", "the name of a storage provider", "The provider of persistent sessions and the broadcast log."),
-        key("broker.session.ack_commit_interval", DURATION, "200ms", "above 0", "How often durable consumers' positions are stored."),
-        key("broker.exactly_once.expires_after", DURATION, "1h", "above 0", "An unreleased QoS 2 publish is dropped and counted after this."),
+        key("broker.session.ack_commit_interval", DURATION, "200ms", longest("above 0, "), "How often durable consumers' positions are stored."),
+        key("broker.exactly_once.expires_after", DURATION, "1h", longest("above 0, "), "An unreleased QoS 2 publish is dropped and counted after this."),
         key("broker.topic_aliases", "true | false", "true", "", "Outbound MQTT 5 topic aliases, per connection, up to the client's Topic Alias Maximum."),
         key("limits", "mapping", "", "", "Bounds on what clients may ask for."),
-        key("limits.max_message_size", SIZE, "256KiB", format!("1..={MQTT_MAX_PACKET} bytes (MQTT's largest packet)"), "Largest PUBLISH accepted, payload and topic."),
-        key("limits.max_header_bytes", SIZE, "8KiB", format!("at most {MQTT_MAX_PACKET} bytes"), "Largest user properties and other headers of one message."),
+        key("limits.max_message_size", SIZE, "256KiB", format!("1..={MQTT_MAX_PACKET} bytes (MQTT's largest packet); with max_header_bytes at least {MIN_CONNECT_PACKET} bytes, the smallest CONNECT"), "With max_header_bytes, the largest packet accepted: max_message_size + max_header_bytes is the Maximum Packet Size announced to MQTT 5 clients, and any packet larger (PUBLISH, CONNECT, every kind) closes its connection. Neither is enforced alone: a PUBLISH whose payload and topic pass max_message_size is accepted while its whole packet fits the sum. The sum is also each bounded provider's reserve."),
+        key("limits.max_header_bytes", SIZE, "8KiB", format!("at most {MQTT_MAX_PACKET} bytes; with max_message_size at least {MIN_CONNECT_PACKET} bytes"), "Room for user properties and other headers in the largest packet accepted: added to max_message_size (see there); not enforced alone."),
         key("limits.max_session_expiry", DURATION, "7d", "whole seconds, at most 4294967295 s", "Longest session expiry a client may ask for."),
         key("limits.max_connections", "integer", "10000", "1..=4294967295", "Most client connections open at once."),
         key("limits.receive_maximum", "integer", "64", "1..=65535", "The MQTT 5 Receive Maximum the broker announces."),
         key("limits.max_queued_messages", "integer", "1000", "0..=4294967295", "Per session, offline QoS 1/2 messages kept."),
         key("limits.max_subscriptions_per_session", "integer", "100", "1..=4294967295", "Subscriptions one session may hold."),
-        key("limits.max_sessions", "integer", "100000", "0..=4294967295", "Persistent sessions kept; a new one beyond is refused (CONNACK 0x97)."),
-        key("limits.max_retained", "integer", "100000", "0..=4294967295", "Retained topics kept; a new one beyond is refused (0x97), replacing one is not."),
+        key("limits.max_sessions", "integer", "100000", "1..=4294967295", "Persistent sessions kept; a new one beyond is refused (CONNACK 0x97)."),
+        key("limits.max_retained", "integer", "100000", "1..=4294967295", "Retained topics kept; a new one beyond is refused (0x97), replacing one is not."),
         key("limits.max_keep_alive", "integer (seconds)", "0 (the client's value)", "0..=65535 (MQTT's Keep Alive is 16 bits)", "Otherwise the cap on keep alive: an MQTT 5 client asking for more, or for 0, gets it as Server Keep Alive and is held to it; a 3.1.1 client asking for more, or for 0, is refused (return code 2)."),
         key("metrics.bind", "IP:PORT", "none (off)", "not a listener's port on an overlapping address", "Prometheus text format at /metrics; /healthz (live: the broker loop turned within 10 s) and /readyz (ready: serving, no provider failed) for probes; read by saguin status."),
         key("log.level", "error | warn | info | debug | trace", "info", "RUST_LOG overrides it", "Least severe log line written."),
@@ -129,11 +139,11 @@ pub fn keys() -> Vec<KeyDoc> {
         key("bridges[].tls.server_name", "string", "the host of the address", "a DNS name or IP address", "The name the remote's certificate must carry."),
         key("bridges[].keepalive", DURATION, "1m", "whole seconds, at most 65535 s", "MQTT Keep Alive towards the remote."),
         key("bridges[].session_expiry", DURATION, "1day", "whole seconds, at most 4294967295 s", "How long the remote keeps the bridge's session (its in subscriptions and what they queue) while the link is down."),
-        key("bridges[].try_private", "true | false", "true", "mqtt311 only", "Announce protocol level 4|0x80 so a Mosquitto remote sends back nothing the bridge published (loop prevention)."),
-        key("bridges[].reconnect.base", DURATION, "5s", "above 0", "First delay before a reconnect; doubled after each failure, with jitter."),
-        key("bridges[].reconnect.cap", DURATION, "30s", "not below base", "Longest delay between reconnects."),
+        key("bridges[].try_private", "true | false", "true with protocol: mqtt311", "protocol: mqtt311 only; refused beside protocol: mqtt5 (the default), whose subscriptions use No Local instead", "Announce protocol level 4|0x80 so a Mosquitto remote sends back nothing the bridge published (loop prevention)."),
+        key("bridges[].reconnect.base", DURATION, "5s", longest("above 0, "), "First delay before a reconnect; doubled after each failure, with jitter."),
+        key("bridges[].reconnect.cap", DURATION, "30s", longest("not below base, "), "Longest delay between reconnects."),
         key("bridges[].max_inflight", "integer", "20", "1..=65535", "Unacknowledged sends towards the remote, capped by its Receive Maximum."),
-        key("bridges[].ack_timeout", DURATION, "30s", "above 0", "An unanswered send this old makes the bridge reconnect and resend with DUP."),
+        key("bridges[].ack_timeout", DURATION, "30s", longest("above 0, "), "An unanswered send this old makes the bridge reconnect and resend with DUP."),
         key("bridges[].out", "list", "none", "", "Channels forwarded to the remote."),
         key("bridges[].out[].channel", "string", "required", "an append or latest channel, once per bridge", "The channel forwarded."),
         key("bridges[].out[].remote_prefix", "string", "\"\"", "no wildcard", "Put before each topic at the remote (telemetry/d1 -> sites/17/telemetry/d1)."),
@@ -145,7 +155,7 @@ pub fn keys() -> Vec<KeyDoc> {
         key("bridges[].in[].remote_prefix", "string", "\"\"", "no wildcard", "Stripped from each remote topic."),
         key("bridges[].in[].local_prefix", "string", "\"\"", "the local topics' first level must be an append or latest channel", "Put before what is left of the topic."),
         key("bridges[].in[].qos", "0 | 1 | 2", "1", "the remote's Maximum QoS must allow it", "The QoS subscribed and published at; the remote is acknowledged only after the record commits (QoS 2: PUBREC once the publish is held, the record written at the remote's PUBREL)."),
-        key("file_sha256", "mapping of path to hex", "", "check-config --output only; ignored on load", "The SHA-256 of every file the configuration names, as read."),
+        key("file_sha256", "mapping of path to hex", "", "written by check-config --output; on load each value must be a SHA-256 (64 hex digits) and is otherwise ignored: the digests are recomputed from the files", "The SHA-256 of every file the configuration names, as read."),
     ]
 }
 

@@ -619,7 +619,13 @@ fn limits_are_checked_against_mqtt() {
     one(
         "max_session_expiry: 200years",
         "limits.max_session_expiry",
-        "more than MQTT's",
+        "longer than 4294967295s",
+    );
+    assert_eq!(
+        ok(&with_base("limits: {max_session_expiry: 4294967295s}\n"))
+            .limits
+            .max_session_expiry,
+        Duration::from_secs(u64::from(u32::MAX))
     );
     one(
         "max_connections: 0",
@@ -827,4 +833,391 @@ fn serve_serves_every_channel_kind() {
     )));
     let unserved: Vec<String> = config.unserved().iter().map(ToString::to_string).collect();
     assert!(unserved.is_empty(), "{unserved:#?}");
+}
+
+/// The reference entry of `path`.
+fn documented(path: &str) -> reference::KeyDoc {
+    reference::keys()
+        .into_iter()
+        .find(|k| k.path == path)
+        .unwrap_or_else(|| panic!("{path} is not documented"))
+}
+
+#[test]
+fn a_database_may_not_be_a_file_another_provider_keeps_beside_its_own() {
+    let two = |a: &str, b: &str| {
+        with_base(&format!(
+            "storage:\n  - {{name: p, kind: sqlite, file_path: {a}}}\n  - {{name: q, kind: sqlite, file_path: {b}}}\n"
+        ))
+    };
+    for (suffix, what) in [
+        (
+            "-wal",
+            "the write-ahead log of storage[0].file_path /srv/a.db",
+        ),
+        (
+            "-shm",
+            "the write-ahead log's index of storage[0].file_path",
+        ),
+        ("-journal", "the rollback journal of storage[0].file_path"),
+        (".lock", "the lock of storage[0].file_path /srv/a.db"),
+        (
+            ".lock-journal",
+            "the lock's rollback journal of storage[0].file_path",
+        ),
+        (
+            ".lock-wal",
+            "the lock's write-ahead log of storage[0].file_path",
+        ),
+    ] {
+        one_problem(
+            &two("/srv/a.db", &format!("/srv/a.db{suffix}")),
+            "storage[1].file_path",
+            what,
+        );
+    }
+    // Whichever comes first in the file, the one on the other's file is named.
+    one_problem(
+        &two("/srv/a.db-wal", "/srv/a.db"),
+        "storage[0].file_path",
+        "/srv/a.db-wal is the write-ahead log of storage[1].file_path /srv/a.db; two providers cannot share a database",
+    );
+    // A snapshot directory's lock is the memory provider's.
+    one_problem(
+        &with_base("storage:\n  - {name: m, kind: memory, snapshot_dir: /srv/snap}\n  - {name: q, kind: sqlite, file_path: /srv/snap/saguin.lock}\n"),
+        "storage[1].file_path",
+        "is the lock of storage[0].snapshot_dir /srv/snap",
+    );
+    one_problem(
+        &with_base("storage:\n  - {name: q, kind: sqlite, file_path: /srv/snap/saguin.lock-journal}\n  - {name: m, kind: memory, snapshot_dir: /srv/snap}\n"),
+        "storage[0].file_path",
+        "the lock's rollback journal of storage[1].snapshot_dir",
+    );
+    // A name that merely begins like a sidecar is another database.
+    ok(&two("/srv/a.db", "/srv/a.db-wal2"));
+    ok(&two("/srv/a.db", "/srv/a.dbx"));
+}
+
+#[test]
+fn a_symlink_whose_target_does_not_exist_yet_is_its_target() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path().canonicalize().expect("canonical");
+    std::os::unix::fs::symlink("a.db", d.join("l.db")).expect("symlink");
+    let yaml = with_base(&format!(
+        "storage:\n  - {{name: p, kind: sqlite, file_path: {0}/a.db}}\n  - {{name: q, kind: sqlite, file_path: {0}/l.db}}\n",
+        d.display()
+    ));
+    one_problem(
+        &yaml,
+        "storage[1].file_path",
+        &format!(
+            "{}/l.db is also storage[0] (file_path); two providers cannot share a database",
+            d.display()
+        ),
+    );
+    // A link to where the other's write-ahead log goes is refused as well.
+    std::os::unix::fs::symlink(d.join("a.db-wal"), d.join("w.db")).expect("symlink");
+    one_problem(
+        &yaml.replace("l.db", "w.db"),
+        "storage[1].file_path",
+        "is the write-ahead log of storage[0].file_path",
+    );
+    // A chain of links, and a snapshot directory behind one.
+    std::os::unix::fs::symlink("l.db", d.join("ll.db")).expect("symlink");
+    one_problem(
+        &yaml.replace("l.db", "ll.db"),
+        "storage[1].file_path",
+        "two providers cannot share a database",
+    );
+    // A snapshot directory behind a dangling link is the same place, and
+    // a link serve would not create the directory through.
+    std::os::unix::fs::symlink("snap", d.join("to-snap")).expect("symlink");
+    let found = problems(&with_base(&format!(
+        "storage:\n  - {{name: a, kind: memory, snapshot_dir: {0}/snap}}\n  - {{name: b, kind: memory, snapshot_dir: {0}/to-snap}}\n",
+        d.display()
+    )));
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found[0].starts_with("storage[1].snapshot_dir: ")
+            && found[0].contains("is also storage[0] (snapshot_dir)"),
+        "{found:#?}"
+    );
+    assert!(found[1].contains("is a symlink"), "{found:#?}");
+    // A loop of links ends; it is no other provider's place.
+    std::os::unix::fs::symlink("loop2", d.join("loop1")).expect("symlink");
+    std::os::unix::fs::symlink("loop1", d.join("loop2")).expect("symlink");
+    ok(&yaml.replace("l.db", "loop1"));
+}
+
+#[test]
+fn every_duration_has_an_upper_bound_named_with_its_key() {
+    const HUGE: &str = "18446744073709551615s";
+    let bound = "is longer than 4294967295s (about 136 years)";
+    let storage = "storage: [{name: m, kind: memory}]\n";
+    for (yaml, path) in [
+        (
+            with_base("").replace("}]", &format!(", handshake_timeout: {HUGE}}}]")),
+            "listeners[0].handshake_timeout",
+        ),
+        (
+            with_base(&format!("{storage}channels: [{{name: q, kind: queue, storage: m, lease: {HUGE}}}]\n")),
+            "channels[0].lease",
+        ),
+        (
+            with_base(&format!("{storage}channels: [{{name: q, kind: queue, storage: m, backoff: [1s, {HUGE}]}}]\n")),
+            "channels[0].backoff[1]",
+        ),
+        (
+            with_base(&format!("{storage}channels: [{{name: t, kind: append, storage: m, retention_age: {HUGE}}}]\n")),
+            "channels[0].retention_age",
+        ),
+        (
+            with_base(&format!("broker: {{session: {{ack_commit_interval: {HUGE}}}}}\n")),
+            "broker.session.ack_commit_interval",
+        ),
+        (
+            with_base(&format!("broker: {{exactly_once: {{expires_after: {HUGE}}}}}\n")),
+            "broker.exactly_once.expires_after",
+        ),
+        (
+            with_base(&format!("limits: {{max_session_expiry: {HUGE}}}\n")),
+            "limits.max_session_expiry",
+        ),
+    ] {
+        one_problem(&yaml, path, bound);
+    }
+    let bridge = |keys: &str| {
+        with_base(&format!(
+            "{storage}channels: [{{name: t, kind: append, storage: m}}]\nbridges: [{{name: b, address: \"r:1883\", out: [{{channel: t}}], {keys}}}]\n"
+        ))
+    };
+    let found = problems(&bridge(&format!(
+        "reconnect: {{base: {HUGE}, cap: {HUGE}}}, ack_timeout: {HUGE}, session_expiry: {HUGE}"
+    )));
+    for path in [
+        "bridges[0].reconnect.base",
+        "bridges[0].reconnect.cap",
+        "bridges[0].ack_timeout",
+        "bridges[0].session_expiry",
+    ] {
+        assert!(
+            found
+                .iter()
+                .any(|l| l.starts_with(&format!("{path}: ")) && l.contains(bound)),
+            "{path}: {found:#?}"
+        );
+    }
+    // The bound itself is accepted, and written back unchanged.
+    let config = ok(&bridge("reconnect: {base: 4294967295s, cap: 4294967295s}"));
+    assert_eq!(config.bridges[0].reconnect.cap, units::DURATION_MAX);
+    let text = serde_norway::to_string(&config.resolved()).expect("yaml");
+    let again = Config::from_yaml_str(&text, &origin()).expect("loads back");
+    assert_eq!(again.resolved(), config.resolved());
+    for key in [
+        "listeners[].handshake_timeout",
+        "channels[].lease",
+        "bridges[].reconnect.cap",
+        "bridges[].ack_timeout",
+    ] {
+        assert!(
+            documented(key).bounds.contains("at most 4294967295s"),
+            "{key}"
+        );
+    }
+}
+
+#[test]
+fn the_message_and_header_limits_must_leave_room_for_a_connect() {
+    let limits = |l: &str| with_base(&format!("limits: {{{l}}}\n"));
+    one_problem(
+        &limits("max_message_size: 1, max_header_bytes: 0"),
+        "limits.max_message_size",
+        "1 + limits.max_header_bytes 0 = 1 bytes is the largest packet the broker accepts, and the smallest CONNECT (MQTT 5, empty client id) is 15 bytes",
+    );
+    one_problem(
+        &limits("max_message_size: 7, max_header_bytes: 7"),
+        "limits.max_message_size",
+        "at least 15",
+    );
+    let config = ok(&limits("max_message_size: 7, max_header_bytes: 8"));
+    assert_eq!(
+        crate::broker::server::limits_from(&config).max_packet_size,
+        15
+    );
+    // Either alone at its lower edge leaves the other's default room.
+    ok(&limits("max_message_size: 1"));
+    ok(&limits("max_header_bytes: 0"));
+    assert!(documented("limits.max_message_size")
+        .bounds
+        .contains("at least 15 bytes"));
+    assert!(documented("limits.max_message_size")
+        .meaning
+        .contains("Neither is enforced alone"));
+}
+
+#[test]
+fn the_reference_states_the_bounds_the_loader_enforces() {
+    for key in ["max_sessions", "max_retained"] {
+        one_problem(
+            &with_base(&format!("limits: {{{key}: 0}}\n")),
+            &format!("limits.{key}"),
+            "0 is outside 1..=4294967295",
+        );
+        assert_eq!(
+            documented(&format!("limits.{key}")).bounds,
+            "1..=4294967295"
+        );
+    }
+    // 64 two-byte characters are 128 bytes, and 384 once percent-encoded.
+    let name = "é".repeat(64);
+    one_problem(
+        &with_base(&format!(
+            "storage: [{{name: m, kind: memory}}]\nchannels: [{{name: {name}, kind: append, storage: m}}]\n"
+        )),
+        "channels[0].name",
+        "once percent-encoded",
+    );
+    let text = documented("channels[].name").bounds;
+    assert!(
+        text.contains("at most 221 once percent-encoded")
+            && text.contains("at most 73 bytes of others"),
+        "{text}"
+    );
+    ok(&with_base(&format!(
+        "storage: [{{name: m, kind: memory}}]\nchannels: [{{name: {}, kind: append, storage: m}}]\n",
+        "é".repeat(36)
+    )));
+}
+
+#[test]
+fn a_bridge_session_expiry_is_whole_seconds_like_the_limit() {
+    let bridge = |keys: &str| {
+        with_base(&format!(
+            "storage: [{{name: m, kind: memory}}]\nchannels: [{{name: t, kind: append, storage: m}}]\nbridges: [{{name: b, address: \"r:1883\", out: [{{channel: t}}]{keys}}}]\n"
+        ))
+    };
+    one_problem(
+        &bridge(", session_expiry: 1500ms"),
+        "bridges[0].session_expiry",
+        "must be whole seconds",
+    );
+    let config = ok(&bridge(", session_expiry: 2s"));
+    assert_eq!(config.bridges[0].session_expiry, Duration::from_secs(2));
+}
+
+#[test]
+fn try_private_is_refused_on_an_mqtt5_bridge_naming_its_protocol() {
+    let bridge = |keys: &str| {
+        with_base(&format!(
+            "storage: [{{name: m, kind: memory}}]\nchannels: [{{name: t, kind: append, storage: m}}]\nbridges: [{{name: b, address: \"r:1883\", out: [{{channel: t}}]{keys}}}]\n"
+        ))
+    };
+    one_problem(
+        &bridge(", protocol: mqtt5, try_private: true"),
+        "bridges[0].try_private",
+        "only an mqtt311 bridge announces the private protocol level; bridges[0].protocol is mqtt5, whose",
+    );
+    one_problem(
+        &bridge(", try_private: false"),
+        "bridges[0].try_private",
+        "bridges[0].protocol is mqtt5 (the default)",
+    );
+    // A refused protocol is reported alone.
+    one_problem(
+        &bridge(", protocol: mqtt4, try_private: true"),
+        "bridges[0].protocol",
+        "not one of mqtt311, mqtt5",
+    );
+    let config = ok(&bridge(", protocol: mqtt311, try_private: false"));
+    assert!(!config.bridges[0].try_private);
+    // The resolved document leaves it empty on mqtt5, and loads back.
+    for yaml in [bridge(""), bridge(", protocol: mqtt311")] {
+        let config = ok(&yaml);
+        let doc = config.resolved();
+        assert_eq!(
+            doc["bridges"][0]["try_private"].is_null(),
+            config.bridges[0].protocol == bridge::BridgeProtocol::Mqtt5
+        );
+        let text = serde_norway::to_string(&doc).expect("yaml");
+        let again = Config::from_yaml_str(&text, &origin()).expect("loads back");
+        assert_eq!(again.resolved(), doc);
+    }
+}
+
+#[test]
+fn file_sha256_is_checked_for_shape_and_otherwise_ignored_as_documented() {
+    one_problem(
+        &with_base("file_sha256: {\"/x\": \"00\"}\n"),
+        "file_sha256./x",
+        "64 hex digits",
+    );
+    ok(&with_base(&format!(
+        "file_sha256: {{\"/nowhere\": \"{}\"}}\n",
+        "0".repeat(64)
+    )));
+    assert!(documented("file_sha256")
+        .bounds
+        .contains("must be a SHA-256 (64 hex digits) and is otherwise ignored"));
+}
+
+#[test]
+fn a_number_beyond_64_bits_is_too_large_at_its_key_path() {
+    one_problem(
+        &with_base("storage: [{name: m, kind: memory, max_bytes: 18446744073709551616}]\n"),
+        "storage[0].max_bytes",
+        "the number 18446744073709551616 is too large",
+    );
+    one_problem(
+        &with_base("limits:\n  max_connections: -99999999999999999999\n"),
+        "limits.max_connections",
+        "the number -99999999999999999999 is too small",
+    );
+}
+
+#[test]
+fn a_bridge_key_file_holding_two_keys_is_refused_as_a_bridge() {
+    let files = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/config/files");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = std::fs::read_to_string(files.join("server.key")).expect("key");
+    let two = dir.path().join("two.key");
+    std::fs::write(&two, format!("{key}{key}")).expect("write");
+    let found = problems(&with_base(&format!(
+        "storage: [{{name: m, kind: memory}}]\nchannels: [{{name: t, kind: append, storage: m}}]\nbridges: [{{name: b, address: \"r:1883\", out: [{{channel: t}}], tls: {{ca: {0}/ca.pem, cert: {0}/server.pem, key: {1}}}}}]\n",
+        files.display(),
+        two.display()
+    )));
+    assert!(
+        found.len() == 1
+            && found[0].starts_with("bridges[0].tls.key: ")
+            && found[0].ends_with("2 private keys; a bridge takes exactly one"),
+        "{found:#?}"
+    );
+}
+
+#[test]
+fn a_snapshot_dir_that_is_a_symlink_is_refused_as_serve_refuses_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path().canonicalize().expect("canonical");
+    std::fs::create_dir(d.join("real")).expect("mkdir");
+    std::os::unix::fs::symlink("real", d.join("snap")).expect("symlink");
+    let yaml = |name: &str| {
+        with_base(&format!(
+            "storage: [{{name: m, kind: memory, snapshot_dir: {}/{name}}}]\n",
+            d.display()
+        ))
+    };
+    one_problem(
+        &yaml("snap"),
+        "storage[0].snapshot_dir",
+        "snap is a symlink; a snapshot directory is named as the directory itself",
+    );
+    ok(&yaml("real"));
+    // One not created yet is created by serve; a file is no directory.
+    ok(&yaml("later"));
+    std::fs::write(d.join("file"), b"").expect("write");
+    one_problem(
+        &yaml("file"),
+        "storage[0].snapshot_dir",
+        "exists and is not a directory",
+    );
 }

@@ -83,7 +83,7 @@ pub(crate) fn load(
             None
         }
     };
-    let private_key = match read_key(key, &mut digests[1]) {
+    let private_key = match read_key(key, &mut digests[1], "listener") {
         Ok(k) => Some(k),
         Err(message) => {
             problems.push(problem("key", message));
@@ -220,9 +220,12 @@ pub(super) fn read_certs(
     Ok(certs)
 }
 
+/// The one private key in `path`; `holder` (a listener, a bridge) is who
+/// the refusal of a file with several says takes exactly one.
 pub(super) fn read_key(
     path: &Path,
     digest: &mut Option<String>,
+    holder: &str,
 ) -> Result<PrivateKeyDer<'static>, String> {
     let bytes = super::read_bounded(path, MAX_PEM_BYTES)?;
     *digest = Some(super::sha256_hex(&bytes));
@@ -259,7 +262,7 @@ pub(super) fn read_key(
             path.display()
         )),
         (n, _) => Err(format!(
-            "{}: {n} private keys; a listener takes exactly one",
+            "{}: {n} private keys; a {holder} takes exactly one",
             path.display()
         )),
     }

@@ -9,7 +9,9 @@
 //!
 //! Durations: humantime (`150ms`, `30s`, `7d`, `1h 30m`). A bare number is
 //! refused: `150` could be milliseconds or seconds, and guessing is how a
-//! flush interval becomes two and a half minutes.
+//! flush interval becomes two and a half minutes. Every duration is at most
+//! [`DURATION_MAX`]: the broker adds durations to clock readings, and a
+//! larger one would overflow the clock (a panic) rather than mean anything.
 //!
 //! The resolved output writes sizes as plain byte counts and durations with
 //! [`format_duration`], both of which these parsers read back unchanged.
@@ -58,7 +60,17 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("invalid size {text:?}: more than {} bytes", u64::MAX))
 }
 
-/// Parse a humantime duration such as `150ms`, `30s` or `7d`.
+/// The longest duration any key takes: 4294967295 s (about 136 years),
+/// MQTT's longest interval (a four-byte count of seconds), so the session
+/// expiry keys keep their whole MQTT range and no timer the broker sets can
+/// run past what its clock holds.
+pub const DURATION_MAX: Duration = Duration::from_secs(u32::MAX as u64);
+
+/// [`DURATION_MAX`] as the reference and the refusals write it.
+pub const DURATION_MAX_TEXT: &str = "4294967295s (about 136 years)";
+
+/// Parse a humantime duration such as `150ms`, `30s` or `7d`, at most
+/// [`DURATION_MAX`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let trimmed = text.trim();
     if !trimmed.is_empty() && trimmed.chars().all(|c| c.is_ascii_digit()) {
@@ -66,8 +78,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "invalid duration {text:?}: give a unit, e.g. {trimmed}ms or {trimmed}s"
         ));
     }
-    humantime::parse_duration(trimmed)
-        .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 150ms, 30s, 5m, 1h, 7d)"))
+    let duration = humantime::parse_duration(trimmed).map_err(|e| {
+        format!("invalid duration {text:?}: {e} (examples: 150ms, 30s, 5m, 1h, 7d)")
+    })?;
+    if duration > DURATION_MAX {
+        return Err(format!(
+            "duration {text:?} is longer than {DURATION_MAX_TEXT}, the longest any key takes"
+        ));
+    }
+    Ok(duration)
 }
 
 /// The one normalised form of a duration in the resolved output: humantime's
@@ -130,5 +149,22 @@ mod tests {
             assert_eq!(parse_duration(&format_duration(d)), Ok(d));
         }
         assert_eq!(format_duration(Duration::from_millis(150)), "150ms");
+    }
+
+    #[test]
+    fn durations_past_the_longest_mqtt_interval_are_refused() {
+        assert_eq!(parse_duration("4294967295s"), Ok(DURATION_MAX));
+        assert_eq!(
+            parse_duration(&format_duration(DURATION_MAX)),
+            Ok(DURATION_MAX)
+        );
+        for long in ["4294967296s", "18446744073709551615s", "1000years"] {
+            let err = parse_duration(long).unwrap_err();
+            assert!(err.contains("longer than 4294967295s"), "{long}: {err}");
+        }
+        assert_eq!(
+            DURATION_MAX_TEXT,
+            format!("{}s (about 136 years)", DURATION_MAX.as_secs())
+        );
     }
 }

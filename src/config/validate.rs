@@ -163,15 +163,30 @@ fn providers(ctx: &mut Ctx, parsed: &Parsed) {
     }
 
     // Two providers in one file or directory would each believe it is the
-    // only writer (and each take the same lock).
+    // only writer (and each take the same lock). Nor may one provider's
+    // place be a file another keeps beside its own: SQLite's sidecars of a
+    // database, a lock (itself a SQLite database, with sidecars of its
+    // own), a snapshot directory's lock. The owner deletes or rewrites
+    // those files whatever they hold, so the other provider's data would
+    // be lost, or the other provider would not open.
     let mut places: HashMap<PathBuf, (String, &'static str)> = HashMap::new();
+    let mut beside: HashMap<PathBuf, (usize, String, &'static str, &Path)> = HashMap::new();
     for (i, provider) in &parsed.storage {
-        let (key, place) = match provider {
-            Provider::Memory(m) => match &m.snapshot_dir {
-                Some(dir) => ("snapshot_dir", dir),
-                None => continue,
-            },
-            Provider::Sqlite(s) => ("file_path", &s.file_path),
+        let Some((key, place)) = place_of(provider) else {
+            continue;
+        };
+        for (file, what) in files_beside(provider, place) {
+            beside.entry(normalise(&file)).or_insert((
+                *i,
+                format!("storage[{i}].{key}"),
+                what,
+                place,
+            ));
+        }
+    }
+    for (i, provider) in &parsed.storage {
+        let Some((key, place)) = place_of(provider) else {
+            continue;
         };
         let path = format!("storage[{i}].{key}");
         let normal = normalise(place);
@@ -189,6 +204,18 @@ fn providers(ctx: &mut Ctx, parsed: &Parsed) {
                 ),
             );
         } else {
+            if let Some((_, owner, what, owner_place)) =
+                beside.get(&normal).filter(|(j, ..)| j != i)
+            {
+                ctx.problem(
+                    &path,
+                    format!(
+                        "{} is {what} of {owner} {}; two providers cannot share a database, or the files kept beside one",
+                        place.display(),
+                        owner_place.display()
+                    ),
+                );
+            }
             places.insert(normal, (format!("storage[{i}]"), key));
         }
         match provider {
@@ -200,13 +227,25 @@ fn providers(ctx: &mut Ctx, parsed: &Parsed) {
                 ),
             ),
             Provider::Memory(m) => {
-                if let Some(dir) = &m.snapshot_dir {
-                    if dir.exists() && !dir.is_dir() {
-                        ctx.problem(
-                            &path,
-                            format!("{} exists and is not a directory", dir.display()),
-                        );
-                    }
+                // Judged as serve creates it: the path itself, a symlink
+                // not followed (serve refuses one, even to a directory).
+                let meta = m
+                    .snapshot_dir
+                    .as_ref()
+                    .and_then(|dir| std::fs::symlink_metadata(dir).ok().map(|meta| (dir, meta)));
+                match meta {
+                    Some((dir, meta)) if meta.file_type().is_symlink() => ctx.problem(
+                        &path,
+                        format!(
+                            "{} is a symlink; a snapshot directory is named as the directory itself (write the path it leads to)",
+                            dir.display()
+                        ),
+                    ),
+                    Some((dir, meta)) if !meta.is_dir() => ctx.problem(
+                        &path,
+                        format!("{} exists and is not a directory", dir.display()),
+                    ),
+                    _ => {}
                 }
             }
             _ => {}
@@ -266,10 +305,68 @@ fn providers(ctx: &mut Ctx, parsed: &Parsed) {
     }
 }
 
+/// The key and the place of a provider that keeps anything on disk.
+fn place_of(provider: &Provider) -> Option<(&'static str, &Path)> {
+    match provider {
+        Provider::Memory(m) => m.snapshot_dir.as_deref().map(|dir| ("snapshot_dir", dir)),
+        Provider::Sqlite(s) => Some(("file_path", s.file_path.as_path())),
+    }
+}
+
+/// The files a provider keeps beside its place, each with what it is. For
+/// a database, under both its configured and its resolved name: SQLite
+/// names the sidecars after the file a symlink leads to, the lock is named
+/// after the path as configured.
+fn files_beside(provider: &Provider, place: &Path) -> Vec<(PathBuf, &'static str)> {
+    use crate::storage::lock::{lock_path_for_database, lock_path_for_snapshot_dir};
+    use crate::storage::sqlite::{sidecar_path, SIDECARS};
+    let sidecar_of = |suffix: &str| match suffix {
+        "-wal" => "the write-ahead log",
+        "-shm" => "the write-ahead log's index",
+        _ => "the rollback journal",
+    };
+    let lock_sidecar_of = |suffix: &str| match suffix {
+        "-wal" => "the lock's write-ahead log",
+        "-shm" => "the lock's write-ahead log index",
+        _ => "the lock's rollback journal",
+    };
+    let mut out = Vec::new();
+    let lock_with_sidecars = |lock: PathBuf, out: &mut Vec<(PathBuf, &'static str)>| {
+        for suffix in SIDECARS {
+            out.push((sidecar_path(&lock, suffix), lock_sidecar_of(suffix)));
+        }
+        out.push((lock, "the lock"));
+    };
+    match provider {
+        Provider::Memory(_) => lock_with_sidecars(lock_path_for_snapshot_dir(place), &mut out),
+        Provider::Sqlite(_) => {
+            let resolved = normalise(place);
+            for name in [place, resolved.as_path()] {
+                for suffix in SIDECARS {
+                    out.push((sidecar_path(name, suffix), sidecar_of(suffix)));
+                }
+                lock_with_sidecars(lock_path_for_database(name), &mut out);
+            }
+        }
+    }
+    out
+}
+
+/// Symlinks followed at the final component before giving up, as the
+/// kernel's own limit on a path's links.
+const MAX_SYMLINKS: u32 = 40;
+
 /// A path with `.` removed and `..` folded lexically, then resolved through
 /// the file system when it exists, so `a/./db` and `a/db` and a symlink to
-/// it are one place.
+/// it are one place. A symlink whose target does not exist yet is followed
+/// too: a database or directory created there lands at the target, so it
+/// is the target's place (the first start would otherwise serve two
+/// providers on one file, and every later start refuse).
 fn normalise(path: &Path) -> PathBuf {
+    normalise_following(path, MAX_SYMLINKS)
+}
+
+fn normalise_following(path: &Path, links_left: u32) -> PathBuf {
     if let Ok(real) = path.canonicalize() {
         return real;
     }
@@ -283,6 +380,20 @@ fn normalise(path: &Path) -> PathBuf {
                 }
             }
             other => out.push(other.as_os_str()),
+        }
+    }
+    // A dangling symlink: the place is where it leads, a relative target
+    // read from the link's own (resolved) directory.
+    if links_left > 0 {
+        if let Ok(target) = std::fs::read_link(&out) {
+            let target = match out.parent() {
+                Some(dir) if target.is_relative() => dir
+                    .canonicalize()
+                    .unwrap_or_else(|_| dir.to_path_buf())
+                    .join(target),
+                _ => target,
+            };
+            return normalise_following(&target, links_left - 1);
         }
     }
     // An absent file in an existing directory: resolve the directory.
