@@ -424,6 +424,16 @@ fn injected_fault_fails_the_provider(plan: &str, kind: &str) {
         );
         let other = publish_each(&mut c, "other/e", 0..5).await;
         assert_eq!(other.acknowledged.len(), 5);
+        // A durable consumer's start is written to the failed provider
+        // with its SUBSCRIBE: refused, and answered, never retried for
+        // ever (the stop below would wait on it).
+        let mut durable = Raw::tcp(broker.addr(), v5()).await;
+        durable
+            .connect("durable", ConnectOpts::persistent(3600))
+            .await;
+        let reasons = durable.subscribe(1, "telemetry/#", 1).await;
+        assert_eq!(reasons.len(), 1);
+        assert!(reasons[0].is_error(), "{reasons:?}");
         all
     });
     still_running(&mut broker);

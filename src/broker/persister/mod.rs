@@ -427,19 +427,27 @@ impl Stores {
             }
             true
         });
-        turns.give_back(rest.into_iter().collect());
         match together {
-            Ok(true) => answers,
+            Ok(true) => {
+                turns.give_back(rest.into_iter().collect());
+                answers
+            }
             Ok(false) => {
+                turns.give_back(rest.into_iter().collect());
                 // The packet whose write failed is the last one run.
                 let failed = ran.pop().expect("a failed write was run");
                 let mut answers = self.second_attempt(ran);
                 answers.push((failed.ticket, self.run(failed)));
                 answers
             }
-            // The commit itself failed: nothing to single out.
+            // The transaction failed to commit, or to begin (a failed
+            // provider refuses it before any write runs): nothing to single
+            // out, and each packet answers alone, those not reached too.
+            // Given back, they would come here again at once, for ever,
+            // and never be answered.
             Err(_) => ran
                 .into_iter()
+                .chain(rest)
                 .map(|intent| (intent.ticket, self.run(intent)))
                 .collect(),
         }
@@ -1073,10 +1081,12 @@ mod tests {
         assert!(commits.recv().await.is_none());
     }
 
-    /// A sqlite provider that counts its shared transactions.
+    /// A sqlite provider that counts its shared transactions, and refuses
+    /// to begin one while `refusing` is set, as a failed provider does.
     struct Counting {
         inner: Arc<SqliteProvider>,
         shared: AtomicUsize,
+        refusing: std::sync::atomic::AtomicBool,
     }
 
     impl Provider for Counting {
@@ -1122,6 +1132,12 @@ mod tests {
             body: &mut dyn FnMut() -> bool,
         ) -> Result<bool, StorageError> {
             self.shared.fetch_add(1, Ordering::Relaxed);
+            if self.refusing.load(Ordering::Relaxed) {
+                return Err(StorageError::Write {
+                    context: "beginning a transaction".into(),
+                    detail: "the provider has failed".into(),
+                });
+            }
             self.inner.session_writes_together(body)
         }
         fn close(&self) -> Result<(), StorageError> {
@@ -1147,6 +1163,7 @@ mod tests {
         let counting = Arc::new(Counting {
             inner,
             shared: AtomicUsize::new(0),
+            refusing: std::sync::atomic::AtomicBool::new(false),
         });
         let mut stores = Stores::of(
             counting.clone(),
@@ -1203,6 +1220,20 @@ mod tests {
         assert_eq!(stored(&stores), vec![("a".to_owned(), 1)]);
         let rest = turns.next().unwrap();
         assert_eq!(rest.iter().map(|i| i.ticket).collect::<Vec<_>>(), vec![3]);
+    }
+
+    #[test]
+    fn a_group_whose_transaction_cannot_begin_is_answered_and_not_given_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (stores, counting) = stores(dir.path());
+        counting.refusing.store(true, Ordering::Relaxed);
+        let mut turns = Turns::default();
+        let group = vec![position(1, "a", 1), position(2, "b", 2)];
+        let answers = stores.run_session_group(group, &mut turns, |_| false, || Duration::ZERO);
+        let tickets: Vec<u64> = answers.iter().map(|(t, _)| *t).collect();
+        assert_eq!(tickets, vec![1, 2], "every packet is answered");
+        // Nothing waits to be tried again: it would be refused again.
+        assert!(turns.next().is_none());
     }
 
     /// An append channel whose positions fail as scheduled: each reader's
