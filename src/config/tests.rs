@@ -230,6 +230,17 @@ fn listener_rules() {
         "listeners[1].bind",
         "overlapping address",
     );
+    // An IPv4-mapped IPv6 address binds the IPv4 address it maps.
+    one_problem(
+        "listeners: [{name: a, bind: \"[::ffff:127.0.0.1]:1883\"}, {name: b, bind: \"127.0.0.1:1883\"}]\nauth: {allow_anonymous: true}\n",
+        "listeners[1].bind",
+        "overlapping address",
+    );
+    one_problem(
+        "listeners: [{name: m, bind: \"127.0.0.1:9464\"}]\nauth: {allow_anonymous: true}\nmetrics: {bind: \"[::ffff:127.0.0.1]:9464\"}\n",
+        "metrics.bind",
+        "overlapping address",
+    );
     // Port 0: the system picks a free port for each; no conflict.
     let config = ok("listeners: [{name: a, bind: \"127.0.0.1:0\"}, {name: b, bind: \"127.0.0.1:0\"}]\nauth: {allow_anonymous: true}\n");
     assert_eq!(config.listeners[1].bind.port(), 0);

@@ -90,7 +90,7 @@ fn listeners(ctx: &mut Ctx, parsed: &Parsed) {
         if port == 0 {
             continue;
         }
-        let same_address = first_at.get(&(a.bind.ip(), port)).copied();
+        let same_address = first_at.get(&(address(a.bind), port)).copied();
         let conflict = if unspecified(a.bind.ip()) {
             first_on_port.get(&port).copied()
         } else {
@@ -109,7 +109,9 @@ fn listeners(ctx: &mut Ctx, parsed: &Parsed) {
             );
         }
         first_on_port.entry(port).or_insert((*i, a.bind));
-        first_at.entry((a.bind.ip(), port)).or_insert((*i, a.bind));
+        first_at
+            .entry((address(a.bind), port))
+            .or_insert((*i, a.bind));
         if unspecified(a.bind.ip()) {
             first_unspecified_on_port
                 .entry(port)
@@ -138,8 +140,15 @@ fn binds_conflict(a: SocketAddr, b: SocketAddr) -> bool {
     if a.port() == 0 || a.port() != b.port() {
         return false;
     }
-    let (x, y) = (a.ip(), b.ip());
+    let (x, y) = (address(a), address(b));
     x == y || unspecified(x) || unspecified(y)
+}
+
+/// The address a bind takes: an IPv4-mapped IPv6 address
+/// (`[::ffff:127.0.0.1]`) is the IPv4 address it maps, which a bind of
+/// that IPv4 address and port conflicts with.
+fn address(bind: SocketAddr) -> IpAddr {
+    bind.ip().to_canonical()
 }
 
 fn unspecified(ip: IpAddr) -> bool {
