@@ -37,6 +37,7 @@ const BUSY_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The sidecars SQLite may keep beside a database.
 use crate::storage::sqlite::{occupied_destination, sidecar_path, SIDECARS};
+use crate::storage::{parent_of, NoParent};
 
 /// Why a backup was not taken. Nothing is left at the destination.
 #[derive(Debug, thiserror::Error)]
@@ -118,37 +119,20 @@ pub fn check_destination(dest: &Path) -> Result<(), BackupError> {
     }
 }
 
-/// The directory `path` is in (`.` for a bare name).
-fn parent_of(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
-/// Refuses a destination whose parent directory does not exist: a typo in
-/// the path should be named as such, not as the temporary copy that could
-/// not be created in it, and should not become a new directory tree.
+/// Refuses a destination whose directory is not there
+/// ([`storage::check_parent`](crate::storage::check_parent)).
 fn check_parent(dest: &Path) -> Result<(), BackupError> {
-    let parent = parent_of(dest);
-    match fs::metadata(&parent) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(BackupError::DestinationParentMissing {
+    crate::storage::check_parent(dest).map_err(|no| match no {
+        NoParent::Missing(parent) => BackupError::DestinationParentMissing {
             path: dest.to_path_buf(),
             parent,
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(BackupError::DestinationParentMissing {
-                path: dest.to_path_buf(),
-                parent,
-            })
-        }
-        Err(source) => Err(BackupError::Io {
-            path: parent,
+        },
+        NoParent::Unreadable(path, source) => BackupError::Io {
+            path,
             context: "looking at the destination's directory",
             source,
-        }),
-    }
+        },
+    })
 }
 
 /// The temporary name in `dest`'s directory.

@@ -60,6 +60,7 @@ use super::lock::{self, LockError, LockGuard};
 use super::read::{self, ReadError};
 use super::snapshot_dir::{ScanError, ScanOptions};
 use super::sqlite::{self, SqliteOpenError, PAGE_SIZE, WRITER_REVISION};
+use super::{parent_of, NoParent};
 
 /// Where a migration reads.
 #[derive(Clone, Debug)]
@@ -759,43 +760,23 @@ fn remove_database(db: &Path) {
 }
 
 fn sync_parent(path: &Path) -> std::io::Result<()> {
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    fs::File::open(parent)?.sync_all()
+    fs::File::open(parent_of(path))?.sync_all()
 }
 
-/// The directory `path` is in (`.` for a bare name).
-fn parent_of(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
-/// Refuses a destination whose parent directory does not exist: a typo in
-/// the path should not become a new directory tree.
+/// Refuses a destination whose directory is not there
+/// ([`storage::check_parent`](crate::storage::check_parent)).
 fn check_parent(dest: &Path) -> Result<(), MigrateError> {
-    let parent = parent_of(dest);
-    match fs::metadata(&parent) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(MigrateError::DestinationParentMissing {
+    crate::storage::check_parent(dest).map_err(|no| match no {
+        NoParent::Missing(parent) => MigrateError::DestinationParentMissing {
             path: dest.to_path_buf(),
             parent,
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(MigrateError::DestinationParentMissing {
-                path: dest.to_path_buf(),
-                parent,
-            })
-        }
-        Err(source) => Err(MigrateError::Io {
-            path: parent,
+        },
+        NoParent::Unreadable(path, source) => MigrateError::Io {
+            path,
             context: "looking at the destination's directory",
             source,
-        }),
-    }
+        },
+    })
 }
 
 /// The temporary name a destination is built under, beside it (a rename

@@ -14,6 +14,37 @@ pub mod snapshot_dir;
 pub mod snapshot_write;
 pub mod sqlite;
 
+use std::path::{Path, PathBuf};
+
+/// The directory `path` is in (`.` for a bare name).
+pub(crate) fn parent_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Why the directory a destination would be written in cannot take it.
+pub(crate) enum NoParent {
+    /// Missing, or not a directory.
+    Missing(PathBuf),
+    /// It could not be looked at.
+    Unreadable(PathBuf, std::io::Error),
+}
+
+/// Whether the directory `dest` would be written in is there: a typo in
+/// the path is refused as such (not as the temporary file that could not
+/// be made in it), and never becomes a new directory tree.
+pub(crate) fn check_parent(dest: &Path) -> Result<(), NoParent> {
+    let parent = parent_of(dest);
+    match std::fs::metadata(&parent) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(NoParent::Missing(parent)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(NoParent::Missing(parent)),
+        Err(e) => Err(NoParent::Unreadable(parent, e)),
+    }
+}
+
 /// A sqlite provider in `dir` and a memory provider, for tests that hold
 /// both to one behaviour.
 #[cfg(test)]
