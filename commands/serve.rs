@@ -35,8 +35,9 @@ pub struct Args {
 
 const AFTER_HELP: &str = "\
 Exit status: 0 stopped by SIGTERM or SIGINT with everything written, 1 the \
-configuration is invalid, 2 usage error, 3 the broker could not start or a \
-snapshot file could not be written at the stop.
+configuration is invalid, 2 usage error, 3 the broker could not start, a \
+snapshot file could not be written at the stop, or a provider failed while \
+serving (what its disk did not write may be lost).
 
 Examples:
   saguin serve

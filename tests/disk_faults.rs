@@ -448,6 +448,13 @@ fn injected_fault_fails_the_provider(plan: &str, kind: &str) {
         "{text}"
     );
     let db = volume.path().join("saguin.db");
+    // Not a clean stop: what the disk did not write may be gone.
+    assert_eq!(broker.terminate(), Some(3), "{}", broker.log_text());
+    assert!(
+        broker.log_text().contains("failed while serving"),
+        "{}",
+        broker.log_text()
+    );
     let mut broker = broker.restart(&yaml);
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
     let have: BTreeSet<u32> = stored(&db, "telemetry").into_iter().collect();

@@ -981,6 +981,17 @@ fn close_provider(
     report: &mut ShutdownReport,
 ) {
     status.set(format!("storage provider {name}: closing"));
+    // A provider that failed while serving closes as well as it can, but
+    // the stop is not a clean one: what it acknowledged since its last
+    // flush may not be on the disk that failed.
+    if let contract::Health::Failed { kind, detail } = provider.health() {
+        tracing::error!(provider = %name, kind = kind.label(), error = %detail,
+            "the storage provider failed while serving: commits acknowledged since its last flush may not be on its disk; put the disk right and restart");
+        report.failures.push(format!(
+            "storage provider {name}: failed while serving ({}): {detail}",
+            kind.label()
+        ));
+    }
     match provider.close() {
         Ok(()) => tracing::info!(provider = %name, "storage provider closed"),
         Err(e) => {
