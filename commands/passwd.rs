@@ -80,27 +80,18 @@ Examples:
   saguin passwd -D /etc/saguin/passwords alice
   saguin passwd -U /etc/saguin/passwords";
 
-/// What to do to the file, with its validated arguments. `Ask` becomes
-/// `Set` once the password is asked for (or read from stdin).
+/// What to do to the file, with its validated arguments.
 enum Edit {
     Set { user: String, password: String },
-    Ask { user: String },
     Delete { user: String },
     Upgrade,
 }
 
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let edit = match edit_of(&args) {
-        Ok(edit) => edit,
-        Err(message) => {
-            writeln!(std::io::stderr(), "saguin passwd: {message}")?;
-            return Ok(exit::USAGE);
-        }
-    };
     let file = &args.file;
-    // Before a password is asked for: whoever types it twice for a path
-    // that cannot hold it has wasted it, and a script's empty stdin would
-    // be refused as an empty password, hiding what is wrong.
+    // Before a password is asked for (`edit_of`): whoever types it twice
+    // for a path that cannot hold it has wasted it, and a script's empty
+    // stdin would be refused as an empty password, hiding what is wrong.
     if let Err(message) = check_target(file) {
         writeln!(
             std::io::stderr(),
@@ -109,15 +100,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         )?;
         return Ok(exit::CANNOT);
     }
-    let edit = match edit {
-        Edit::Ask { user } => match read_password().and_then(not_empty) {
-            Ok(password) => Edit::Set { user, password },
-            Err(message) => {
-                writeln!(std::io::stderr(), "saguin passwd: {message}")?;
-                return Ok(exit::USAGE);
-            }
-        },
-        edit => edit,
+    let edit = match edit_of(&args) {
+        Ok(edit) => edit,
+        Err(message) => {
+            writeln!(std::io::stderr(), "saguin passwd: {message}")?;
+            return Ok(exit::USAGE);
+        }
     };
     let existing = match read_existing(file) {
         Ok(text) => text,
@@ -165,7 +153,6 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                 Some((user, password)),
             )
         }
-        Edit::Ask { .. } => unreachable!("the password was asked for above"),
         Edit::Delete { user } => match delete_user(&existing, user) {
             Some(text) => (text, format!("deleted {user:?}"), None),
             None => {
@@ -237,24 +224,18 @@ fn edit_of(args: &Args) -> Result<Edit, String> {
         }
         return Ok(Edit::Delete { user });
     }
-    match (&args.password, args.batch) {
-        (Some(p), true) => Ok(Edit::Set {
-            user,
-            password: not_empty(p.clone())?,
-        }),
-        (None, true) => Err("-b needs the PASSWORD argument".into()),
+    let password = match (&args.password, args.batch) {
+        (Some(p), true) => p.clone(),
+        (None, true) => return Err("-b needs the PASSWORD argument".into()),
         (Some(_), false) => {
-            Err("a PASSWORD argument needs -b (or leave it out to be asked for it)".into())
+            return Err("a PASSWORD argument needs -b (or leave it out to be asked for it)".into())
         }
-        (None, false) => Ok(Edit::Ask { user }),
-    }
-}
-
-fn not_empty(password: String) -> Result<String, String> {
+        (None, false) => read_password()?,
+    };
     if password.is_empty() {
         return Err("the password is empty".into());
     }
-    Ok(password)
+    Ok(Edit::Set { user, password })
 }
 
 /// Whether `path` can be the password file: a regular file, or nothing yet
