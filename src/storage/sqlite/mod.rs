@@ -1305,11 +1305,11 @@ impl FlushLoop {
         }
     }
 
-    /// Whether the log's file has grown past [`WAL_RESTART_BYTES`] (the
-    /// writer's `journal_size_limit` cuts it back at each restart, so its
-    /// size is the log's).
+    /// Whether the log's file has grown past [`WAL_RESTART_BYTES`]. The
+    /// writer's `journal_size_limit` cuts it back to exactly that at each
+    /// restart, so only a log longer than the bound makes it larger.
     fn log_past_bound(&self) -> bool {
-        std::fs::metadata(&self.wal_path).is_ok_and(|m| m.len() >= self.restart_bytes)
+        std::fs::metadata(&self.wal_path).is_ok_and(|m| m.len() > self.restart_bytes)
     }
 
     fn checkpoint_once(&mut self, commits: u64) -> Option<Checkpointed> {
