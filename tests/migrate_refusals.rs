@@ -82,6 +82,17 @@ fn fingerprint(dir: &Path) -> BTreeMap<String, (Vec<u8>, SystemTime)> {
         .collect()
 }
 
+/// A database without channels, sessions or retained messages, at `path`.
+fn bare_database(path: &Path) -> PathBuf {
+    drop(
+        saguin::storage::sqlite::SqliteProvider::open(saguin::storage::sqlite::SqliteOptions::new(
+            "db", path,
+        ))
+        .unwrap(),
+    );
+    path.to_path_buf()
+}
+
 #[test]
 fn config_is_refused_with_exit_2_and_a_reason() {
     let tmp = tempfile::tempdir().unwrap();
@@ -294,13 +305,7 @@ fn nothing_to_migrate_is_exit_3_and_creates_nothing() {
     assert!(!db.exists());
     assert!(!tmp.path().join("new.db.lock").exists());
 
-    // A database without channels, sessions or retained messages.
-    let bare = tmp.path().join("bare.db");
-    let p = saguin::storage::sqlite::SqliteProvider::open(
-        saguin::storage::sqlite::SqliteOptions::new("db", &bare),
-    )
-    .unwrap();
-    drop(p);
+    let bare = bare_database(&tmp.path().join("bare.db"));
     let dest = tmp.path().join("snaps");
     let out = saguin(&[
         os("migrate"),
@@ -579,12 +584,7 @@ fn a_refusal_after_the_lock_removes_a_lock_file_it_created_and_keeps_one_that_wa
     let tmp = tempfile::tempdir().unwrap();
     // A database holding nothing to migrate is refused once it is open,
     // which is after its lock was taken.
-    let bare = tmp.path().join("bare.db");
-    let p = saguin::storage::sqlite::SqliteProvider::open(
-        saguin::storage::sqlite::SqliteOptions::new("db", &bare),
-    )
-    .unwrap();
-    drop(p);
+    let bare = bare_database(&tmp.path().join("bare.db"));
     let bare_lock = lock::lock_path_for_database(&bare);
     let _ = std::fs::remove_file(&bare_lock);
     let names_before = listing(tmp.path());

@@ -232,6 +232,9 @@ fn an_endpoint_that_accepts_and_never_answers_is_named_as_silent_after_the_timeo
         }
     });
     let out = saguin(&["status", "--metrics", &addr, "--json"]);
+    // Had the command never connected, this one is what `accept` takes:
+    // the test ends either way.
+    let _ = std::net::TcpStream::connect(&addr);
     server.join().unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     let seconds = saguin::broker::status::ANSWER_TIMEOUT.as_secs();
