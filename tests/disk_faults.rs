@@ -788,3 +788,249 @@ fn a_sqlite_provider_on_a_full_disk_stops_the_start_naming_the_lack_of_room_and_
     assert_eq!(have, (0..20).chain(100..110).collect::<Vec<_>>());
     sqlite_verify(&db);
 }
+
+/// Until `done` holds; a bounded wait for what the provider's flusher does
+/// on its own thread.
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Appends records of `payload(i)` for `i` from `first`, at most `count`,
+/// until one is refused: each stored index with its offset, and the
+/// refusal.
+fn append_until_refused(
+    store: &Arc<dyn AppendStore>,
+    first: u32,
+    count: u32,
+) -> (
+    Vec<(u32, u64)>,
+    Option<saguin::storage::contract::StorageError>,
+) {
+    let mut stored = Vec::new();
+    for i in first..first + count {
+        let record = saguin_format::model::Record::new("telemetry/x", payload(i));
+        match store.append(record) {
+            Ok(r) => stored.push((i, r.offset)),
+            Err(e) => return (stored, Some(e)),
+        }
+    }
+    (stored, None)
+}
+
+#[test]
+fn a_log_that_took_the_last_of_the_disk_is_copied_into_the_room_and_removals_make_room_again() {
+    use saguin::storage::contract::FaultKind;
+    let test =
+        "a_log_that_took_the_last_of_the_disk_is_copied_into_the_room_and_removals_make_room_again";
+    let Some(volume) = Volume::tmpfs(test, "24m") else {
+        return;
+    };
+    const ROOM: u64 = 8 << 20;
+    let db = volume.path.join("saguin.db");
+    let mut options = SqliteOptions::new("db", &db);
+    options.checkpoint_room = ROOM;
+    let provider = SqliteProvider::open(options).unwrap();
+    let store: Arc<dyn AppendStore> = provider
+        .open_channel("telemetry", ChannelKind::Append)
+        .unwrap()
+        .as_append()
+        .unwrap()
+        .clone();
+    wait_for("the room taken", || provider.checkpoint_room_held() == ROOM);
+    assert!(
+        std::fs::metadata(volume.path.join("saguin.db-room"))
+            .unwrap()
+            .len()
+            == ROOM
+    );
+
+    // The rest of the file system taken by something else; the log takes
+    // the last of it faster than a checkpoint copies it.
+    let ballast = volume.fill("ballast");
+    let filled = std::fs::metadata(&ballast).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ballast)
+        .unwrap()
+        .set_len(filled - (3 << 20))
+        .unwrap();
+    let (mut kept, refused) = append_until_refused(&store, 0, 5000);
+    let refused = refused.expect("5,000 records of 2 KiB never filled the volume");
+    assert_eq!(refused.kind(), FaultKind::NoSpace, "{refused}");
+    assert!(!kept.is_empty());
+
+    // The checkpoint that finds no room is given the room: the provider
+    // is held to what it holds.
+    wait_for("the room given up", || {
+        provider.held_to_disk().is_some() && provider.checkpoint_room_held() == 0
+    });
+    assert_eq!(
+        std::fs::metadata(volume.path.join("saguin.db-room"))
+            .unwrap()
+            .len(),
+        0
+    );
+
+    // Retention commits, and publishes are taken into the pages it freed:
+    // without the room, both were refused until room was made beside it.
+    let removed = store.trim(store.next() - 100, None).unwrap();
+    assert!(removed.records > 0);
+    let trimmed_below = store.floor();
+    let (after_trim, refused) = append_until_refused(&store, 10_000, 2000);
+    assert!(
+        !after_trim.is_empty(),
+        "nothing taken into the pages retention freed"
+    );
+    // Beyond them, refused for want of room (0x83), not the configured bound.
+    let refused = refused.expect("the provider grew past what it held");
+    assert_eq!(refused.kind(), FaultKind::NoSpace, "{refused}");
+    assert_eq!(
+        refused.mqtt_reason_code(),
+        saguin::storage::contract::REASON_WRITE_FAILED
+    );
+    kept.extend(&after_trim);
+
+    // Room made beside it: the room is taken back and the ceiling lifted.
+    std::fs::remove_file(&ballast).unwrap();
+    wait_for("the room taken back", || {
+        provider.checkpoint_room_held() == ROOM && provider.held_to_disk().is_none()
+    });
+    let (after_freeing, refused) = append_until_refused(&store, 20_000, 200);
+    assert!(refused.is_none(), "{refused:?}");
+    kept.extend(&after_freeing);
+    provider.close().unwrap();
+
+    // Every record stored is there, and no refused one.
+    let want: Vec<u32> = kept
+        .iter()
+        .filter(|(_, offset)| *offset >= trimmed_below)
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(stored(&db, "telemetry"), want);
+    sqlite_verify(&db);
+}
+
+/// The broker's `saguin_provider_checkpoint_room_bytes` for `db`, once it
+/// reads `bytes`.
+fn wait_for_room(broker: &Broker, bytes: u64) {
+    let sample = "saguin_provider_checkpoint_room_bytes{provider=\"db\"}";
+    wait_for(&format!("{sample} {bytes}"), || {
+        metric_sample(&metrics_text(broker), sample) == Some(bytes)
+    });
+}
+
+/// A worker on `jobs/#` with a window of `window`.
+async fn worker(addr: std::net::SocketAddr, id: &str, window: u16) -> Raw<tokio::net::TcpStream> {
+    let mut c = Raw::tcp(addr, v5()).await;
+    let mut opts = ConnectOpts::clean();
+    opts.properties.receive_maximum = Some(window);
+    c.connect(id, opts).await;
+    assert_eq!(
+        c.subscribe(1, "jobs/#", 1).await,
+        vec![ReasonCode::GrantedQoS1]
+    );
+    c
+}
+
+/// Takes `count` jobs from `c`, finishing each: their publish indexes.
+async fn finish_jobs(c: &mut Raw<tokio::net::TcpStream>, count: usize) -> Vec<u32> {
+    let mut done = Vec::new();
+    while done.len() < count {
+        let m = c.next_publish(false).await;
+        done.push(index_of(&m.payload));
+        c.ack_publish(&m).await;
+    }
+    done
+}
+
+#[test]
+fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs() {
+    let test = "a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs";
+    let Some(volume) = Volume::tmpfs(test, "24m") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         metrics:\n  bind: 127.0.0.1:0\n\
+         storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n    checkpoint_room: 8MiB\n\
+         channels:\n  - name: jobs\n    kind: queue\n    storage: db\n",
+        volume.path.join("saguin.db").display()
+    );
+    let mut broker = Broker::start_in(dir, &yaml);
+    wait_for_room(&broker, 8 << 20);
+    let ballast = volume.fill("ballast");
+    let filled = std::fs::metadata(&ballast).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ballast)
+        .unwrap()
+        .set_len(filled - (3 << 20))
+        .unwrap();
+    let addr = broker.addr();
+    let rt = runtime();
+    let mut acknowledged = BTreeSet::new();
+    let mut finished = BTreeSet::new();
+    rt.block_on(async {
+        let mut p = Raw::tcp(addr, v5()).await;
+        p.connect("producer", ConnectOpts::clean()).await;
+        // Jobs until the log has taken the last of the file system.
+        let mut next = 0;
+        loop {
+            let answers = publish_each(&mut p, "jobs/a", next..next + 10).await;
+            next += 10;
+            acknowledged.extend(answers.acknowledged);
+            if !answers.failed.is_empty() {
+                break;
+            }
+            assert!(next < 5000, "5,000 jobs of 2 KiB never filled the volume");
+        }
+        assert!(!acknowledged.is_empty());
+        // The checkpoint that found no room was given the room.
+        wait_for_room(&broker, 0);
+        broker.wait_log(|l| l.contains("gave up the checkpoint's room"));
+
+        // Workers finish jobs; the removals commit, and publishes are taken
+        // into the pages they freed.
+        let mut w = worker(addr, "worker", 10).await;
+        finished.extend(finish_jobs(&mut w, 60).await);
+        let after = publish_each(&mut p, "jobs/b", 10_000..10_030).await;
+        assert_eq!(after.acknowledged.len(), 30, "{after:?}");
+        acknowledged.extend(after.acknowledged);
+        // Beyond what it holds, refused for want of room: 0x83.
+        let mut refused = 0;
+        for round in 0..200u32 {
+            let more =
+                publish_each(&mut p, "jobs/c", 20_000 + round * 10..20_010 + round * 10).await;
+            acknowledged.extend(more.acknowledged);
+            refused += more.failed.len();
+            if refused > 0 {
+                break;
+            }
+        }
+        assert!(refused > 0, "the provider grew past what it held");
+
+        // Room made beside it: the room is taken back, the ceiling lifted.
+        std::fs::remove_file(&ballast).unwrap();
+        wait_for_room(&broker, 8 << 20);
+        broker.wait_log(|l| l.contains("the checkpoint's room is kept again"));
+        let freed = publish_each(&mut p, "jobs/d", 30_000..30_100).await;
+        assert_eq!(freed.acknowledged.len(), 100, "{freed:?}");
+        acknowledged.extend(freed.acknowledged);
+    });
+    still_running(&mut broker);
+
+    // kill -9 and a restart: every job acknowledged and not finished is
+    // handed out, and none refused.
+    let broker = broker.restart(&yaml);
+    let want: BTreeSet<u32> = acknowledged.difference(&finished).copied().collect();
+    let got: BTreeSet<u32> = rt.block_on(async {
+        let mut w = worker(broker.addr(), "worker-after", 100).await;
+        finish_jobs(&mut w, want.len()).await.into_iter().collect()
+    });
+    assert_eq!(got, want);
+}

@@ -735,6 +735,7 @@ impl Metrics {
                     kind: gauges.as_ref().map(|g| g.kind),
                     bytes: gauges.as_ref().map(|g| g.bytes),
                     max_bytes: gauges.as_ref().and_then(|g| g.max_bytes),
+                    checkpoint_room: gauges.as_ref().and_then(|g| g.checkpoint_room),
                 }
             })
             .collect();
@@ -802,6 +803,16 @@ impl Metrics {
                 );
             }
         }
+        let _ = writeln!(out, "# HELP saguin_provider_checkpoint_room_bytes The room a sqlite provider keeps allocated beside its database for the checkpoint that finds its file system full: checkpoint_room while held, 0 before it is first taken and while it is given up (the provider then keeps at most what it holds). Absent for a provider that keeps none.\n# TYPE saguin_provider_checkpoint_room_bytes gauge");
+        for p in &providers {
+            if let Some(room) = p.checkpoint_room {
+                let _ = writeln!(
+                    out,
+                    "saguin_provider_checkpoint_room_bytes{{provider=\"{}\"}} {room}",
+                    p.name
+                );
+            }
+        }
     }
 }
 
@@ -822,6 +833,7 @@ struct ProviderSample {
     kind: Option<ProviderKind>,
     bytes: Option<u64>,
     max_bytes: Option<u64>,
+    checkpoint_room: Option<u64>,
 }
 
 #[cfg(test)]
@@ -1074,6 +1086,34 @@ mod tests {
         assert!(samples(&text, "saguin_channel_records").is_empty());
         assert!(samples(&text, "saguin_consumer_gap_total").is_empty());
     }
+
+    #[test]
+    fn a_bridges_failures_are_counted_under_its_name_from_zero() {
+        let metrics = Metrics::new();
+        let cloud = metrics.bridge("cloud");
+        metrics.bridge("edge");
+        let text = metrics.render();
+        assert!(
+            text.contains("# TYPE saguin_bridge_failures_total counter\n"),
+            "{text}"
+        );
+        assert_eq!(
+            samples(&text, "saguin_bridge_failures_total"),
+            [
+                "saguin_bridge_failures_total{bridge=\"cloud\"} 0",
+                "saguin_bridge_failures_total{bridge=\"edge\"} 0",
+            ]
+        );
+        cloud.failures.fetch_add(1, Relaxed);
+        let text = metrics.render();
+        assert_eq!(
+            samples(&text, "saguin_bridge_failures_total"),
+            [
+                "saguin_bridge_failures_total{bridge=\"cloud\"} 1",
+                "saguin_bridge_failures_total{bridge=\"edge\"} 0",
+            ]
+        );
+    }
 }
 
 /// What is rendered for one queue: its depth, read from the store at each
@@ -1220,6 +1260,9 @@ pub struct BridgeMetrics {
     pub received: AtomicU64,
     /// Records removed by retention before the bridge sent them.
     pub gap_records: AtomicU64,
+    /// Times the bridge's link failed (a panic) and was let go, each one
+    /// logged and followed by a new link after the reconnect backoff.
+    pub failures: AtomicU64,
     /// Refusals by the remote (a PUBACK reason, a CONNACK reason, a Maximum
     /// QoS below the rule's), by reason label.
     refused: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
@@ -1323,7 +1366,7 @@ impl Metrics {
             }
         }
         type Count = fn(&BridgeMetrics) -> u64;
-        let counters: [(&str, &str, Count); 5] = [
+        let counters: [(&str, &str, Count); 6] = [
             (
                 "saguin_bridge_sent_total",
                 "PUBLISHes a bridge sent to its remote (resends excluded).",
@@ -1348,6 +1391,11 @@ impl Metrics {
                 "saguin_bridge_gap_records_total",
                 "Records retention removed before the bridge sent them.",
                 |b| b.gap_records.load(Relaxed),
+            ),
+            (
+                "saguin_bridge_failures_total",
+                "Failures of a bridge's link (a panic), each followed by a new link after the backoff.",
+                |b| b.failures.load(Relaxed),
             ),
         ];
         for (name, help, pick) in counters {

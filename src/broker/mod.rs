@@ -560,6 +560,13 @@
 //!   woken for every segment the remote wrote, which on a loaded machine
 //!   made the remote spend a quarter more CPU a message (measured on
 //!   Mosquitto) than with Mosquitto's own bridge, and that was the rate.
+//! - A panic in a bridge's link is caught where the link is polled, logged
+//!   at ERROR and counted (`saguin_bridge_failures_total`); the link's
+//!   connection to the state is closed (nothing else would tell the state
+//!   while the remote is away and the channels idle) and a new link starts
+//!   after the reconnect backoff, from the stored position, until the stop.
+//!   A bridge that ended silently left its channels unforwarded while the
+//!   broker looked healthy.
 //! - Remote down: the local connection stays and is simply not
 //!   acknowledged, so the state's window fills and it stops sending; what
 //!   the bridge holds is bounded by that window, the backlog is the

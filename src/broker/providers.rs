@@ -717,6 +717,7 @@ fn open_one(
                 read_connections: s.read_connections as usize,
                 max_session_expiry,
                 wal_restart_bytes: crate::storage::sqlite::WAL_RESTART_BYTES,
+                checkpoint_room: s.checkpoint_room,
             };
             let sqlite = SqliteProvider::open(options).map_err(|e| match e {
                 SqliteOpenError::Locked(source) => lock_error(&name, source),

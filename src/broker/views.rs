@@ -130,6 +130,8 @@ pub struct ProviderGauges {
     pub max_bytes: Option<u64>,
     /// Whether the disk under it takes writes.
     pub health: Health,
+    /// The checkpoint's room it holds; `None` when it keeps none.
+    pub checkpoint_room: Option<u64>,
 }
 
 impl ProviderView {
@@ -147,6 +149,7 @@ impl ProviderView {
             bytes: provider.bytes(),
             max_bytes: provider.max_bytes(),
             health: provider.health(),
+            checkpoint_room: provider.checkpoint_room(),
         })
     }
 

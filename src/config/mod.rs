@@ -211,6 +211,10 @@ pub struct SqliteProvider {
     /// Read-only connections beside the writer; 0 puts every read on the
     /// writer. Default 4.
     pub read_connections: u32,
+    /// Room kept allocated beside the database (`<file_path>-room`) for
+    /// the checkpoint that finds the file system full; 0 keeps none.
+    /// Default 64 MiB.
+    pub checkpoint_room: u64,
 }
 
 /// What a provider's `max_bytes` came to, computed by [`Provider::bound`].

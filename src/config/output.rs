@@ -124,6 +124,7 @@ fn provider(p: &Provider) -> Value {
                 .unwrap_or_else(|| "none".to_string()),
             "publish_commit_max_records": s.publish_commit_max_records,
             "read_connections": s.read_connections,
+            "checkpoint_room": s.checkpoint_room,
         }),
     }
 }

@@ -756,6 +756,7 @@ const SQLITE_KEYS: &[&str] = &[
     "publish_commit_interval",
     "publish_commit_max_records",
     "read_connections",
+    "checkpoint_room",
 ];
 const SQLITE_ONLY: &[&str] = &[
     "file_path",
@@ -763,6 +764,7 @@ const SQLITE_ONLY: &[&str] = &[
     "publish_commit_interval",
     "publish_commit_max_records",
     "read_connections",
+    "checkpoint_room",
 ];
 
 /// Bounds of the sqlite flush and group commit intervals.
@@ -772,6 +774,9 @@ pub(crate) const PUBLISH_COMMIT_INTERVAL_MAX: Duration = Duration::from_secs(1);
 /// Read connections beyond this buy nothing on the machines saguin targets
 /// and cost a file handle and a page cache each.
 pub(crate) const READ_CONNECTIONS_MAX: u64 = 64;
+/// A room past this buys nothing: the write-ahead log is started again at
+/// 64 MiB, so no checkpoint copies much more beyond the database's end.
+pub(crate) const CHECKPOINT_ROOM_MAX: u64 = 1 << 30;
 
 #[derive(Clone, Copy)]
 enum ProviderKind {
@@ -888,6 +893,20 @@ fn providers(ctx: &mut Ctx, path: &str, value: &Value) -> (Vec<(usize, Provider)
                     .take("read_connections")
                     .map(|(p, v)| integer(ctx, &p, v, 0, READ_CONNECTIONS_MAX))
                     .unwrap_or(Some(4));
+                let checkpoint_room = match f.take("checkpoint_room") {
+                    None => Some(crate::storage::sqlite::CHECKPOINT_ROOM_DEFAULT),
+                    Some((p, v)) => size(ctx, &p, v).and_then(|bytes| {
+                        if bytes > CHECKPOINT_ROOM_MAX {
+                            ctx.problem(
+                                &p,
+                                format!("{bytes} bytes is above 1GiB; the room covers one checkpoint of the write-ahead log, which is started again at 64MiB"),
+                            );
+                            None
+                        } else {
+                            Some(bytes)
+                        }
+                    }),
+                };
                 f.finish(ctx, SQLITE_KEYS);
                 match (
                     name,
@@ -896,6 +915,7 @@ fn providers(ctx: &mut Ctx, path: &str, value: &Value) -> (Vec<(usize, Provider)
                     publish_commit_interval,
                     publish_commit_max_records,
                     read_connections,
+                    checkpoint_room,
                 ) {
                     (
                         Some(name),
@@ -904,6 +924,7 @@ fn providers(ctx: &mut Ctx, path: &str, value: &Value) -> (Vec<(usize, Provider)
                         Some(publish_commit_interval),
                         Some(max_records),
                         Some(reads),
+                        Some(checkpoint_room),
                     ) => Some(Provider::Sqlite(SqliteProvider {
                         name,
                         file_path,
@@ -912,6 +933,7 @@ fn providers(ctx: &mut Ctx, path: &str, value: &Value) -> (Vec<(usize, Provider)
                         publish_commit_interval,
                         publish_commit_max_records: u32::try_from(max_records).unwrap_or(u32::MAX),
                         read_connections: u32::try_from(reads).unwrap_or(u32::MAX),
+                        checkpoint_room,
                     })),
                     _ => None,
                 }

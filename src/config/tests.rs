@@ -80,6 +80,7 @@ fn defaults_are_filled_in() {
     assert_eq!(db.publish_commit_interval, None);
     assert_eq!(db.publish_commit_max_records, 256);
     assert_eq!(db.read_connections, 4);
+    assert_eq!(db.checkpoint_room, 64 << 20);
     assert_eq!(db.max_bytes, None);
     let queue = config.channels[0].queue().expect("a queue");
     assert_eq!(queue.lease, Duration::from_secs(30));
@@ -400,6 +401,23 @@ fn sqlite_intervals_are_bounded() {
         &yaml(", read_connections: 65"),
         "storage[0].read_connections",
         "outside 0..=64",
+    );
+    for (written, bytes) in [("0", 0), ("8MiB", 8 << 20), ("1GiB", 1 << 30)] {
+        let config = ok(&yaml(&format!(", checkpoint_room: {written}")));
+        let Provider::Sqlite(db) = &config.storage[0] else {
+            panic!()
+        };
+        assert_eq!(db.checkpoint_room, bytes, "{written}");
+    }
+    one_problem(
+        &yaml(", checkpoint_room: 1025MiB"),
+        "storage[0].checkpoint_room",
+        "above 1GiB",
+    );
+    one_problem(
+        &yaml(", checkpoint_room: lots"),
+        "storage[0].checkpoint_room",
+        "",
     );
 }
 
@@ -871,6 +889,7 @@ fn a_database_may_not_be_a_file_another_provider_keeps_beside_its_own() {
             "the write-ahead log's index of storage[0].file_path",
         ),
         ("-journal", "the rollback journal of storage[0].file_path"),
+        ("-room", "the checkpoint's room of storage[0].file_path"),
         (".lock", "the lock of storage[0].file_path /srv/a.db"),
         (
             ".lock-journal",

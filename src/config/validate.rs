@@ -328,7 +328,7 @@ fn place_of(provider: &Provider) -> Option<(&'static str, &Path)> {
 /// after the path as configured.
 fn files_beside(provider: &Provider, place: &Path) -> Vec<(PathBuf, &'static str)> {
     use crate::storage::lock::{lock_path_for_database, lock_path_for_snapshot_dir};
-    use crate::storage::sqlite::{sidecar_path, SIDECARS};
+    use crate::storage::sqlite::{sidecar_path, ROOM_SUFFIX, SIDECARS};
     let sidecar_of = |suffix: &str| match suffix {
         "-wal" => "the write-ahead log",
         "-shm" => "the write-ahead log's index",
@@ -354,6 +354,7 @@ fn files_beside(provider: &Provider, place: &Path) -> Vec<(PathBuf, &'static str
                 for suffix in SIDECARS {
                     out.push((sidecar_path(name, suffix), sidecar_of(suffix)));
                 }
+                out.push((sidecar_path(name, ROOM_SUFFIX), "the checkpoint's room"));
                 lock_with_sidecars(lock_path_for_database(name), &mut out);
             }
         }

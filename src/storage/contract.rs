@@ -1225,6 +1225,13 @@ pub trait Provider: Send + Sync {
         Health::Writing
     }
 
+    /// The room kept on its file system for the checkpoint that finds it
+    /// full, in bytes held now (`saguin_provider_checkpoint_room_bytes`:
+    /// 0 while it is given up); `None` for a provider that keeps none.
+    fn checkpoint_room(&self) -> Option<u64> {
+        None
+    }
+
     /// Stops accepting writes and releases what the provider holds open.
     /// Writes after close are [`StorageError::Closed`].
     fn close(&self) -> Result<()>;

@@ -63,7 +63,7 @@ use tokio::time::Instant;
 
 use super::local::{Consume, Local, LocalGone};
 use super::remote::{Backoff, ConnectFailure, Remote};
-use super::{Shared, CHANNEL_PROPERTY};
+use super::{LocalSlot, Shared, CHANNEL_PROPERTY};
 use crate::broker::codec::{
     Packet, PubAck, Publish, PublishProperties, QoS, ReasonCode, RetainHandling, Subscribe,
     SubscribeFilter, SubscribeProperties, SubscriptionOptions,
@@ -143,6 +143,9 @@ pub(super) struct Link {
     metrics: Arc<BridgeMetrics>,
     stop: watch::Receiver<bool>,
     local: Option<Local>,
+    /// Where the local connection's number is left for the bridge's
+    /// supervisor, which closes it should this link fail.
+    local_slot: Arc<LocalSlot>,
     local_retry_at: Instant,
     remote: Option<Remote>,
     reconnect_at: Instant,
@@ -199,11 +202,9 @@ impl Link {
         shared: Arc<Shared>,
         stop: watch::Receiver<bool>,
         stored: Vec<Option<u64>>,
+        local_slot: Arc<LocalSlot>,
     ) -> Link {
         let metrics = shared.metrics.bridge(&bridge.name);
-        let seed = bridge.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        }) ^ u64::from(std::process::id());
         let latest = bridge
             .out
             .iter()
@@ -216,7 +217,7 @@ impl Link {
             .collect();
         let now = Instant::now();
         Link {
-            backoff: Backoff::new(bridge.reconnect.base, bridge.reconnect.cap, seed),
+            backoff: reconnect_backoff(&bridge),
             window: usize::from(bridge.max_inflight),
             round_trip: Duration::ZERO,
             own_thread: false,
@@ -225,6 +226,7 @@ impl Link {
             metrics,
             stop,
             local: None,
+            local_slot,
             local_retry_at: now,
             remote: None,
             reconnect_at: now,
@@ -567,6 +569,7 @@ impl Link {
         .await
         {
             Ok(local) => {
+                self.local_slot.set(local.connection);
                 self.local = Some(local);
                 self.release_orphans();
             }
@@ -1374,6 +1377,16 @@ impl Link {
             self.publish_entry(id);
         }
     }
+}
+
+/// The wait between a bridge's attempts: `reconnect.base` doubling up to
+/// `reconnect.cap`, drawn from a sequence of the bridge's own, so bridges
+/// that lost the same remote at once do not come back at once.
+pub(super) fn reconnect_backoff(bridge: &Bridge) -> Backoff {
+    let seed = bridge.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    }) ^ u64::from(std::process::id());
+    Backoff::new(bridge.reconnect.base, bridge.reconnect.cap, seed)
 }
 
 /// The next packet id not in use, from `next` on (1..=65535).

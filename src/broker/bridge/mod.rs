@@ -16,22 +16,25 @@
 //! shutdown, kept past its session, and it is never handed a record that
 //! arrived over a bridge (one hop).
 //!
-//! [`Bridges::start`] runs each bridge on a thread of its own;
+//! [`Bridges::start`] runs each bridge on a thread of its own, under a
+//! [`supervise::Supervisor`] that starts its link again after a panic;
 //! [`Bridges::stop`] ends them before the state shuts down, so their
 //! positions are stored with the rest.
 
 mod link;
 mod local;
 mod remote;
+mod supervise;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::metrics::Metrics;
+use super::metrics::{BridgeMetrics, CloseReason, Metrics};
 use super::state::Event;
 use super::views::ChannelView;
 use crate::config::bridge::Bridge;
@@ -102,15 +105,13 @@ impl Bridges {
             let stored = stored_positions(bridge, &shared.channels);
             log_startup(bridge, &stored, &shared.channels);
             let bridge_arc = Arc::new(bridge.clone());
-            let make = || {
-                link::Link::new(
-                    bridge_arc.clone(),
-                    shared.clone(),
-                    stop_rx.clone(),
-                    stored.clone(),
-                )
+            let supervised = || Supervised {
+                bridge: bridge_arc.clone(),
+                shared: shared.clone(),
+                stop: stop_rx.clone(),
+                stored: stored.clone(),
             };
-            tasks.push((bridge.name.clone(), spawn(&bridge.name, make)));
+            tasks.push((bridge.name.clone(), spawn(&bridge.name, supervised)));
         }
         Bridges { stop, tasks }
     }
@@ -133,11 +134,12 @@ impl Bridges {
 /// behind the broker task and the connections on the shared runtime, and
 /// it may pause while its window is full (see `Link::pause_for_acks`).
 /// Without a thread or a runtime (the process is out of them), it runs as
-/// a task on the shared runtime instead, without the pauses.
-fn spawn(name: &str, make: impl Fn() -> link::Link) -> oneshot::Receiver<()> {
+/// a task on the shared runtime instead, without the pauses. Either way
+/// its link is supervised: a panic in it does not end the bridge.
+fn spawn(name: &str, supervised: impl Fn() -> Supervised) -> oneshot::Receiver<()> {
     let (done_tx, done) = oneshot::channel();
-    let (back_tx, back) = oneshot::channel::<(link::Link, oneshot::Sender<()>)>();
-    let link = make().own_thread(true);
+    let (back_tx, back) = oneshot::channel::<(Supervised, oneshot::Sender<()>)>();
+    let on_thread = supervised();
     let thread_name = name.to_owned();
     let spawned = std::thread::Builder::new()
         .name(format!("bridge-{name}"))
@@ -149,20 +151,20 @@ fn spawn(name: &str, make: impl Fn() -> link::Link) -> oneshot::Receiver<()> {
             {
                 Ok(runtime) => {
                     drop(back_tx);
-                    runtime.block_on(link.run());
+                    runtime.block_on(on_thread.run(true));
                     let _ = done_tx.send(());
                 }
                 Err(e) => {
                     tracing::warn!(bridge = %thread_name, error = %e, "no runtime for the bridge's thread; it runs on the broker's");
-                    let _ = back_tx.send((link, done_tx));
+                    let _ = back_tx.send((on_thread, done_tx));
                 }
             }
         });
     match spawned {
         Ok(_) => {
             tokio::spawn(async move {
-                if let Ok((link, done_tx)) = back.await {
-                    run_shared(link, done_tx).await;
+                if let Ok((supervised, done_tx)) = back.await {
+                    run_shared(supervised, done_tx).await;
                 }
             });
             done
@@ -170,16 +172,122 @@ fn spawn(name: &str, make: impl Fn() -> link::Link) -> oneshot::Receiver<()> {
         Err(e) => {
             tracing::warn!(bridge = %name, error = %e, "no thread for the bridge; it runs on the broker's runtime");
             let (done_tx, done) = oneshot::channel();
-            tokio::spawn(run_shared(make(), done_tx));
+            tokio::spawn(run_shared(supervised(), done_tx));
             done
         }
     }
 }
 
 /// Run a bridge on the shared runtime, where it must never pause.
-async fn run_shared(link: link::Link, done: oneshot::Sender<()>) {
-    link.own_thread(false).run().await;
+async fn run_shared(supervised: Supervised, done: oneshot::Sender<()>) {
+    supervised.run(false).await;
     let _ = done.send(());
+}
+
+/// What one bridge's runs are made of: each of its links, the first and
+/// every one made again after a failure, is made from this.
+struct Supervised {
+    bridge: Arc<Bridge>,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+    /// The positions read at the start, for the first link. A link made
+    /// again reads them anew: the failed one may have moved them.
+    stored: Vec<Option<u64>>,
+}
+
+impl Supervised {
+    /// Run the bridge's link until the stop, again after each panic,
+    /// waiting the bridge's reconnect backoff in between.
+    async fn run(self, own_thread: bool) {
+        let Supervised {
+            bridge,
+            shared,
+            stop,
+            stored,
+        } = self;
+        let metrics = shared.metrics.bridge(&bridge.name);
+        let slot = Arc::new(LocalSlot::default());
+        let supervisor = supervise::Supervisor {
+            name: bridge.name.clone(),
+            metrics: metrics.clone(),
+            backoff: link::reconnect_backoff(&bridge),
+            // A link that ran for as long as the longest wait was
+            // healthy: its failure starts the backoff over.
+            healthy_after: bridge.reconnect.cap,
+            stop: stop.clone(),
+        };
+        let mut first = Some(stored);
+        let make = || {
+            let stored = first
+                .take()
+                .unwrap_or_else(|| stored_positions(&bridge, &shared.channels));
+            link::Link::new(
+                bridge.clone(),
+                shared.clone(),
+                stop.clone(),
+                stored,
+                slot.clone(),
+            )
+            .own_thread(own_thread)
+            .run()
+        };
+        let after_failure = || close_left(&shared.events, &slot, &metrics);
+        supervisor.run(make, after_failure).await;
+    }
+}
+
+/// The connection a bridge's link last made to the state, left where the
+/// bridge's supervisor finds it once the link failed.
+///
+/// The state learns that a bridge's connection ended only from its link
+/// (`Local::close`), or when a delivery to it finds its queue gone, or
+/// when another connection takes its client id over. A link that panicked
+/// is dropped without a word; with an idle channel nothing is delivered,
+/// and the next link takes the client id over only once its remote is
+/// back, so the dead connection could stay registered - its session, its
+/// deliveries in flight, its places in the channels not stored - for as
+/// long as the remote is away. The supervisor closes it instead.
+///
+/// The number is not cleared when the state or the link ends the
+/// connection: a close of a connection the state no longer has is
+/// ignored, and connection numbers are never used twice.
+#[derive(Debug, Default)]
+pub(super) struct LocalSlot(Mutex<Option<u64>>);
+
+impl LocalSlot {
+    pub fn set(&self, connection: u64) {
+        *self.lock() = Some(connection);
+    }
+
+    fn take(&self) -> Option<u64> {
+        self.lock().take()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<u64>> {
+        // The slot holds a number, consistent whatever panicked.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Clean up after a link that failed: the state is told its connection
+/// ended as a failed socket's would (`Network`), which ends the bridge's
+/// session the way any of its connections' ends does - its places in the
+/// channels stored, its unreleased QoS 2 holds kept for the next
+/// connection, what was in flight sent again from the position. Its
+/// gauges read as the link's own end leaves them.
+async fn close_left(events: &mpsc::Sender<Event>, slot: &LocalSlot, metrics: &BridgeMetrics) {
+    metrics.connected.store(0, Relaxed);
+    metrics.inflight.store(0, Relaxed);
+    if let Some(connection) = slot.take() {
+        // An error is the broker task gone: no connection is left to close.
+        let _ = events
+            .send(Event::Closed {
+                connection,
+                reason: CloseReason::Network,
+                disconnect_reason: None,
+            })
+            .await;
+    }
 }
 
 /// The bridge's pauses are tens of microseconds: the kernel's default
@@ -268,4 +376,60 @@ fn log_startup(bridge: &Bridge, stored: &[Option<u64>], channels: &HashMap<Strin
         lag_records = %lag.join(","),
         "bridge"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::state::{AllowAll, BrokerState, Limits};
+    use tokio::time::Instant;
+
+    /// A link that panics is dropped with its connection to the state, and
+    /// nothing tells the state: the connection stays registered. What the
+    /// supervisor does after the failure closes it, once.
+    #[tokio::test]
+    async fn the_connection_a_failed_link_left_is_closed_in_the_state() {
+        let now = Instant::now();
+        let mut state = BrokerState::new(
+            Limits::default(),
+            Arc::new(Metrics::new()),
+            Arc::new(AllowAll),
+            (now, 1_700_000_000_000_000_000),
+        );
+        let (events, mut queue) = mpsc::channel(16);
+        let generation = AtomicU64::new(1);
+        let (local, ()) = tokio::join!(
+            local::Local::connect("cloud", 10, &[], events.clone(), &generation, 100),
+            async {
+                let connect = queue.recv().await.expect("the bridge's CONNECT");
+                state.handle(connect, now);
+            }
+        );
+        let local = local.expect("the state accepted the bridge");
+        let slot = LocalSlot::default();
+        slot.set(local.connection);
+        assert_eq!(state.connection_count(), 1);
+
+        // What unwinding a panicked link does to its connection.
+        drop(local);
+        assert!(
+            queue.try_recv().is_err(),
+            "a dropped connection says nothing"
+        );
+        assert_eq!(state.connection_count(), 1, "the state still holds it");
+
+        let metrics = BridgeMetrics::default();
+        metrics.connected.store(1, Relaxed);
+        metrics.inflight.store(5, Relaxed);
+        close_left(&events, &slot, &metrics).await;
+        let close = queue.try_recv().expect("the supervisor closes it");
+        state.handle(close, now);
+        assert_eq!(state.connection_count(), 0);
+        assert_eq!(state.session_count(), 0, "the bridge's session ended");
+        assert_eq!(metrics.connected.load(Relaxed), 0);
+        assert_eq!(metrics.inflight.load(Relaxed), 0);
+
+        close_left(&events, &slot, &metrics).await;
+        assert!(queue.try_recv().is_err(), "closed once");
+    }
 }

@@ -39,6 +39,7 @@ mod held;
 pub mod inspect;
 mod latest;
 mod queue;
+mod room;
 pub mod row;
 pub mod schema;
 pub(crate) mod session;
@@ -70,6 +71,7 @@ pub use append::AppendChannel;
 use channel::Target;
 pub use latest::LatestChannel;
 pub use queue::QueueChannel;
+pub use room::{room_path, CHECKPOINT_ROOM_DEFAULT, ROOM_SUFFIX};
 pub use schema::{PAGE_SIZE, SCHEMA_VERSION};
 pub use session::read_sessions;
 
@@ -107,6 +109,9 @@ pub struct SqliteOptions {
     /// The log in use past which it is started again
     /// ([`WAL_RESTART_BYTES`]; smaller only in tests).
     pub wal_restart_bytes: u64,
+    /// The checkpoint's room kept beside the database (`room`); 0 keeps
+    /// none.
+    pub checkpoint_room: u64,
 }
 
 impl SqliteOptions {
@@ -123,6 +128,7 @@ impl SqliteOptions {
             read_connections: 4,
             max_session_expiry: 7 * 24 * 3600,
             wal_restart_bytes: WAL_RESTART_BYTES,
+            checkpoint_room: CHECKPOINT_ROOM_DEFAULT,
         }
     }
 }
@@ -283,6 +289,15 @@ pub(crate) struct Shared {
     faults: Option<Arc<vfs::Faults>>,
     pub counters: Arc<Counters>,
     pub bounds: Option<PageBounds>,
+    /// The file system's ceiling, in pages, while it is full (0: none):
+    /// what the database held when a checkpoint found no room. Kept
+    /// until the checkpoint's room is taken back ([`room`]).
+    disk_ceiling: AtomicU64,
+    /// SQLite's own `max_page_count`, read at open: the ceiling of a
+    /// provider without `max_bytes` once the file system's is lifted.
+    unbounded_pages: u64,
+    /// The checkpoint's room held, in bytes (`saguin_provider_checkpoint_room_bytes`).
+    room_held: AtomicU64,
     pub page_size: u64,
     pub batcher: batch::Batcher,
     registry: Mutex<Registry>,
@@ -323,7 +338,7 @@ impl Writer<'_> {
         }
         // Prepared once and kept: parsing the text again costs every commit.
         conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        let ceiling = if relief { self.shared.bounds } else { None };
+        let ceiling = if relief { self.shared.ceilings() } else { None };
         match run_bounded(conn, ceiling, "COMMIT", body) {
             Ok(out) => {
                 self.shared.counters.commits.fetch_add(1, Ordering::Release);
@@ -354,7 +369,7 @@ impl Writer<'_> {
     ) -> rusqlite::Result<T> {
         let conn = self.conn();
         conn.prepare_cached("SAVEPOINT write")?.execute([])?;
-        let ceiling = if relief { self.shared.bounds } else { None };
+        let ceiling = if relief { self.shared.ceilings() } else { None };
         let out = run_bounded(conn, ceiling, "RELEASE write", body);
         if out.is_err() {
             // SQLite may have ended the whole transaction (SQLITE_FULL, I/O):
@@ -604,7 +619,7 @@ impl Shared {
         self.counters.storage_errors.fetch_add(1, Ordering::Relaxed);
         // An I/O error on a read is the disk failing as much as one on a
         // write: the provider fails (reads go on being tried).
-        if let Some(kind) = classify(&e, vfs::take_last(), self.bounds.is_some()) {
+        if let Some(kind) = classify(&e, vfs::take_last(), self.ceilings().is_some()) {
             if kind.is_sticky() {
                 self.fault(kind, &e.to_string());
             }
@@ -651,6 +666,64 @@ impl Shared {
         self.error_for(&cause, conn, context, size, e)
     }
 
+    /// The page ceilings writes run under: the configured bound's, lowered
+    /// to the file system's while that is in force. A relief write may
+    /// still grow past the file system's by one reserve, which the room it
+    /// gave up leaves free. `None`: no ceiling at all.
+    pub(crate) fn ceilings(&self) -> Option<PageBounds> {
+        let disk = self.disk_ceiling.load(Ordering::Acquire);
+        if disk == 0 {
+            return self.bounds;
+        }
+        let relief = disk.saturating_add(self.options.reserve.div_ceil(self.page_size));
+        Some(match self.bounds {
+            Some(b) => PageBounds {
+                page_size: b.page_size,
+                publish_pages: b.publish_pages.min(disk),
+                relief_pages: b.relief_pages.min(relief),
+            },
+            None => PageBounds {
+                page_size: self.page_size,
+                publish_pages: disk,
+                relief_pages: relief,
+            },
+        })
+    }
+
+    /// Whether the file system's ceiling is the lower one, so that a write
+    /// refused at the ceiling was refused for want of room.
+    fn disk_ceiling_binds(&self) -> bool {
+        let disk = self.disk_ceiling.load(Ordering::Acquire);
+        disk != 0 && self.bounds.is_none_or(|b| disk <= b.publish_pages)
+    }
+
+    /// The ceiling a write that is no relief runs under, as set on `conn`.
+    fn publish_ceiling(&self) -> u64 {
+        self.ceilings()
+            .map_or(self.unbounded_pages, |c| c.publish_pages)
+    }
+
+    /// The file system is full: from now on the database holds at most the
+    /// pages it holds, so no later checkpoint needs its file to grow.
+    /// Returns those pages, or `None` when the writer could not be had.
+    fn hold_to_disk(&self) -> Option<u64> {
+        let writer = self.writer().ok()?;
+        let conn = writer.conn();
+        let pages: u64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).ok()?;
+        self.disk_ceiling.store(pages.max(1), Ordering::Release);
+        set_max_page_count(conn, self.publish_ceiling()).ok()?;
+        Some(pages)
+    }
+
+    /// The file system has room again: the configured ceiling (or none).
+    fn lift_disk_ceiling(&self) -> bool {
+        let Ok(writer) = self.writer() else {
+            return false;
+        };
+        self.disk_ceiling.store(0, Ordering::Release);
+        set_max_page_count(writer.conn(), self.publish_ceiling()).is_ok()
+    }
+
     /// Why `e` happened, the provider's health moved accordingly. Taken
     /// once per failed statement: it consumes what the VFS recorded.
     pub(crate) fn cause_of(&self, e: &rusqlite::Error) -> Cause {
@@ -658,7 +731,12 @@ impl Shared {
             vfs::clear_last();
             return Cause::Refused(kind, detail);
         }
-        match classify(e, vfs::take_last(), self.bounds.is_some()) {
+        match classify(e, vfs::take_last(), self.ceilings().is_some()) {
+            // The file system's ceiling: no room, not the configured bound.
+            Some(FaultKind::Full) if self.disk_ceiling_binds() => {
+                self.fault(FaultKind::NoSpace, &e.to_string());
+                Cause::Disk(FaultKind::NoSpace)
+            }
             Some(FaultKind::Full) => Cause::Bound,
             Some(kind) => {
                 let detail = e.to_string();
@@ -1148,6 +1226,14 @@ impl Flusher {
             checkpointed: flushed,
             last_checkpoint: std::time::Instant::now(),
             checkpoint_failing: false,
+            checkpoint_found_no_room: false,
+            // Beside the file a symlink leads to, as SQLite's own files
+            // are: the room must be on the database's file system.
+            room: (shared.options.checkpoint_room > 0).then(|| {
+                let db =
+                    std::fs::canonicalize(&shared.path).unwrap_or_else(|_| shared.path.clone());
+                room::Room::new(&db, shared.options.checkpoint_room)
+            }),
             faults: shared.faults.clone(),
         };
         let stop_seen = Arc::clone(&stop);
@@ -1168,6 +1254,7 @@ impl Flusher {
                         return;
                     }
                     flush.checkpoint(now);
+                    flush.keep_room();
                 }
             })?;
         Ok(Flusher { stop, thread })
@@ -1201,6 +1288,10 @@ struct FlushLoop {
     checkpointed: u64,
     last_checkpoint: std::time::Instant,
     checkpoint_failing: bool,
+    /// The last checkpoint failed for want of room on the file system.
+    checkpoint_found_no_room: bool,
+    /// The checkpoint's room, unless the configuration keeps none.
+    room: Option<room::Room>,
     /// The provider's planned failures, asked before each fsync of the log.
     faults: Option<Arc<vfs::Faults>>,
 }
@@ -1287,6 +1378,9 @@ impl FlushLoop {
         }
         self.last_checkpoint = std::time::Instant::now();
         let mut done = self.checkpoint_once(commits);
+        if done.is_none() && self.checkpoint_found_no_room {
+            done = self.checkpoint_with_room(commits);
+        }
         for _ in 1..CHECKPOINTS_BEFORE_RESTART {
             match done {
                 Some(c)
@@ -1317,6 +1411,7 @@ impl FlushLoop {
         match checkpoint_on(&self.checkpointer) {
             Ok(c) => {
                 self.checkpointed = commits;
+                self.checkpoint_found_no_room = false;
                 if self.checkpoint_failing {
                     tracing::info!(provider = %self.name, "checkpointing the write-ahead log succeeds again");
                 }
@@ -1340,6 +1435,7 @@ impl FlushLoop {
                     }
                     None => None,
                 };
+                self.checkpoint_found_no_room = kind == Some(FaultKind::NoSpace);
                 if !self.checkpoint_failing && !kind.is_some_and(FaultKind::is_sticky) {
                     tracing::warn!(provider = %self.name, error = %e, kind = kind.unwrap_or(FaultKind::Other).label(),
                         "checkpointing the write-ahead log failed; the log grows until one succeeds");
@@ -1605,6 +1701,9 @@ impl SqliteProvider {
         let page_size: u64 = writer
             .query_row("PRAGMA page_size", [], |r| r.get(0))
             .map_err(|e| sql_err("reading the page size", e))?;
+        let unbounded_pages: u64 = writer
+            .query_row("PRAGMA max_page_count", [], |r| r.get(0))
+            .map_err(|e| sql_err("reading max_page_count", e))?;
         let bounds = match options.max_bytes {
             Some(max) => {
                 let b = PageBounds::compute(max, options.reserve, page_size).map_err(settings)?;
@@ -1669,6 +1768,9 @@ impl SqliteProvider {
             faults,
             counters,
             bounds,
+            disk_ceiling: AtomicU64::new(0),
+            unbounded_pages,
+            room_held: AtomicU64::new(0),
             page_size,
             registry: Mutex::new(Registry::default()),
             flusher: Mutex::new(None),
@@ -1782,6 +1884,23 @@ impl SqliteProvider {
     /// Failed operations, as this provider met them.
     pub fn storage_errors(&self) -> u64 {
         self.shared.counters.storage_errors.load(Ordering::Relaxed)
+    }
+
+    /// The checkpoint's room held now, in bytes: 0 until it is first
+    /// taken, and from when a checkpoint that found the file system full
+    /// has run with it until it is taken back.
+    pub fn checkpoint_room_held(&self) -> u64 {
+        self.shared.room_held.load(Ordering::Acquire)
+    }
+
+    /// The most the provider holds while the file system is full (the
+    /// pages it held when a checkpoint found no room), in bytes; `None`
+    /// while it may grow to its configured bound.
+    pub fn held_to_disk(&self) -> Option<u64> {
+        match self.shared.disk_ceiling.load(Ordering::Acquire) {
+            0 => None,
+            pages => Some(pages * self.shared.page_size),
+        }
     }
 
     /// How many WAL fsyncs the flusher has made.
@@ -2098,6 +2217,10 @@ impl Provider for SqliteProvider {
 
     fn health(&self) -> Health {
         self.shared.health()
+    }
+
+    fn checkpoint_room(&self) -> Option<u64> {
+        (self.shared.options.checkpoint_room > 0).then(|| self.checkpoint_room_held())
     }
 
     fn close(&self) -> contract::Result<()> {
