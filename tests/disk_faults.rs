@@ -1034,3 +1034,75 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
     });
     assert_eq!(got, want);
 }
+
+#[test]
+fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_and_serves_what_it_holds(
+) {
+    let test = "a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_and_serves_what_it_holds";
+    let Some(volume) = Volume::tmpfs(test, "24m") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = volume.path.join("saguin.db");
+    let yaml = format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         metrics:\n  bind: 127.0.0.1:0\n\
+         storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n    checkpoint_room: 8MiB\n\
+         channels:\n  - name: telemetry\n    kind: append\n    storage: db\n",
+        db.display()
+    );
+    let mut broker = Broker::start_in(dir, &yaml);
+    wait_for_room(&broker, 8 << 20);
+    let rt = runtime();
+    let before = rt.block_on(async {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("before", ConnectOpts::clean()).await;
+        publish_each(&mut c, "telemetry/a", 0..20).await
+    });
+    assert_eq!(before.acknowledged.len(), 20, "{before:?}");
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+
+    // The disk fills while the broker is down. Opening the database needs
+    // room for its write-ahead log's index: the room is given up for it.
+    let ballast = volume.fill("ballast");
+    let mut broker = broker.restart(&yaml);
+    broker.wait_log(|l| l.contains("gave up the checkpoint's room to open it"));
+    wait_for_room(&broker, 0);
+    let taken_while_full = rt.block_on(async {
+        // What it holds is served.
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("consumer", ConnectOpts::clean()).await;
+        let reasons = c
+            .subscribe_with_user_properties(1, "telemetry/#", 1, &[("saguin-from", "earliest")])
+            .await;
+        assert_eq!(reasons, vec![ReasonCode::GrantedQoS1]);
+        let mut got = Vec::new();
+        while got.len() < 20 {
+            let m = c.next_publish(true).await;
+            got.push(index_of(&m.payload));
+        }
+        assert_eq!(got, (0..20).collect::<Vec<_>>());
+        // Beyond what it holds, refused for want of room.
+        let mut p = Raw::tcp(broker.addr(), v5()).await;
+        p.connect("producer", ConnectOpts::clean()).await;
+        let refused = publish_each(&mut p, "telemetry/b", 50..60).await;
+        assert!(!refused.failed.is_empty(), "{refused:?}");
+        refused.acknowledged
+    });
+    still_running(&mut broker);
+
+    // Room made: the room is taken back and publishes are taken again.
+    std::fs::remove_file(&ballast).unwrap();
+    wait_for_room(&broker, 8 << 20);
+    let after = rt.block_on(async {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("after", ConnectOpts::clean()).await;
+        publish_each(&mut c, "telemetry/c", 100..110).await
+    });
+    assert_eq!(after.acknowledged.len(), 10, "{after:?}");
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+    let have: Vec<u32> = stored(&db, "telemetry");
+    let want: Vec<u32> = (0..20).chain(taken_while_full).chain(100..110).collect();
+    assert_eq!(have, want);
+    sqlite_verify(&db);
+}

@@ -185,6 +185,19 @@ pub enum SqliteOpenError {
     },
 }
 
+impl SqliteOpenError {
+    /// The open found no room on the file system.
+    fn is_for_want_of_room(&self) -> bool {
+        match self {
+            SqliteOpenError::NoSpace { .. } => true,
+            SqliteOpenError::Recovery { source, .. } => {
+                source.kind() == contract::FaultKind::NoSpace
+            }
+            _ => false,
+        }
+    }
+}
+
 fn creator_text(by: &Option<String>, at: Option<i64>) -> String {
     match (by, at) {
         (Some(by), Some(at)) => format!("created by saguin {by} at {}", lock::rfc3339(at)),
@@ -1591,8 +1604,35 @@ impl std::fmt::Debug for SqliteProvider {
 impl SqliteProvider {
     /// Opens (creating if absent) the provider's database: the lock first,
     /// then the file, the schema or its version check, the position sweep,
-    /// the readers and the flusher.
+    /// the readers and the flusher. An open that finds no room on the file
+    /// system (its write-ahead log's index, recovery's writes) gives up the
+    /// checkpoint's room, when one is allocated, and opens again, the
+    /// provider then held to what it holds until the room fits again
+    /// ([`room`]): a broker restarted on a file system that filled while
+    /// it was down serves what it stores.
     pub fn open(options: SqliteOptions) -> Result<SqliteProvider, SqliteOpenError> {
+        match Self::open_once(options.clone(), false) {
+            Err(e) if e.is_for_want_of_room() && options.checkpoint_room > 0 => {
+                let db = std::fs::canonicalize(&options.file_path)
+                    .unwrap_or_else(|_| options.file_path.clone());
+                let mut room = room::Room::new(&db, options.checkpoint_room);
+                if !room.is_allocated() || room.release().is_err() {
+                    return Err(e);
+                }
+                tracing::warn!(provider = %options.name, file = %options.file_path.display(), error = %e, room_bytes = options.checkpoint_room,
+                    "no room on the file system to open the storage provider: gave up the checkpoint's room to open it; it keeps at most what it holds (publishes beyond refused with 0x83) until the room fits again");
+                Self::open_once(options, true)
+            }
+            opened => opened,
+        }
+    }
+
+    /// One open; `held_to_disk`: the provider starts held to what it
+    /// holds, its room given up.
+    fn open_once(
+        options: SqliteOptions,
+        held_to_disk: bool,
+    ) -> Result<SqliteProvider, SqliteOpenError> {
         let path = options.file_path.clone();
         let settings = |detail: String| SqliteOpenError::Settings {
             path: path.clone(),
@@ -1776,6 +1816,12 @@ impl SqliteProvider {
             flusher: Mutex::new(None),
             lock: Mutex::new(Some(guard)),
         });
+        if held_to_disk && shared.hold_to_disk().is_none() {
+            return Err(SqliteOpenError::Settings {
+                path,
+                detail: "holding the provider to what it holds failed".into(),
+            });
+        }
         let flusher = Flusher::start(&shared, flush_interval, checkpointer)
             .map_err(|e| io_err("starting the flusher", e))?;
         *shared.flusher.lock().unwrap_or_else(|e| e.into_inner()) = Some(flusher);

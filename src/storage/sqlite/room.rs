@@ -71,6 +71,13 @@ impl Room {
         self.held
     }
 
+    /// Whether its file holds any blocks on the disk: room a previous run
+    /// took, which can be given up.
+    pub fn is_allocated(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.path).is_ok_and(|m| m.blocks() > 0)
+    }
+
     /// Whether a try to take the room is due at `now`.
     pub fn due(&self, now: Instant) -> bool {
         !self.held && self.next_try.is_none_or(|at| now >= at)
@@ -207,7 +214,8 @@ impl super::FlushLoop {
                 }
             }
             Err(e) => {
-                if !room.warned {
+                // Given up to a checkpoint or an open, which said so.
+                if !room.warned && shared.disk_ceiling.load(Ordering::Acquire) == 0 {
                     room.warned = true;
                     tracing::warn!(provider = %self.name, file = %room.path().display(), room_bytes = room.bytes(), error = %e,
                         "cannot keep the checkpoint's room beside the storage provider (tried again every second): should the write-ahead log take the last of the file system, writes stop until room is made beside it");
