@@ -866,13 +866,16 @@ fn a_log_that_took_the_last_of_the_disk_is_copied_into_the_room_and_removals_mak
     // The checkpoint that finds no room is given the room: the provider
     // is held to what it holds.
     wait_for("the room given up", || {
-        provider.held_to_disk().is_some() && provider.checkpoint_room_held() == 0
+        provider.held_to_disk().is_some() && provider.checkpoint_room_held() < ROOM
     });
+    // As much as the log needed: the rest is kept for the next time.
+    let left = provider.checkpoint_room_held();
+    assert!(left > 0, "the whole room given to a log of a few MiB");
     assert_eq!(
         std::fs::metadata(volume.path.join("saguin.db-room"))
             .unwrap()
             .len(),
-        0
+        left
     );
 
     // Retention commits, and publishes are taken into the pages it freed:
@@ -894,6 +897,26 @@ fn a_log_that_took_the_last_of_the_disk_is_copied_into_the_room_and_removals_mak
     );
     kept.extend(&after_trim);
 
+    // A restart while the room is given up starts held to what it holds:
+    // the room's file says so. (Its open, finding no room for the log's
+    // index, is given a part of what is left.)
+    provider.close().unwrap();
+    drop(store);
+    let mut options = SqliteOptions::new("db", &db);
+    options.checkpoint_room = ROOM;
+    let provider = SqliteProvider::open(options).unwrap();
+    assert!(provider.held_to_disk().is_some());
+    let store: Arc<dyn AppendStore> = provider
+        .open_channel("telemetry", ChannelKind::Append)
+        .unwrap()
+        .as_append()
+        .unwrap()
+        .clone();
+    let (while_held, refused) = append_until_refused(&store, 15_000, 2000);
+    let refused = refused.expect("a restart lifted the ceiling on a full disk");
+    assert_eq!(refused.kind(), FaultKind::NoSpace, "{refused}");
+    kept.extend(&while_held);
+
     // Room made beside it: the room is taken back and the ceiling lifted.
     std::fs::remove_file(&ballast).unwrap();
     wait_for("the room taken back", || {
@@ -914,14 +937,17 @@ fn a_log_that_took_the_last_of_the_disk_is_copied_into_the_room_and_removals_mak
     sqlite_verify(&db);
 }
 
-/// The broker's `saguin_provider_checkpoint_room_bytes` for `db`, once it
-/// reads `bytes`.
-fn wait_for_room(broker: &Broker, bytes: u64) {
+/// The broker's `saguin_provider_checkpoint_room_bytes` for `db`, once
+/// `holds` says it is what was awaited: what it read.
+fn wait_for_room(broker: &Broker, what: &str, holds: impl Fn(u64) -> bool) -> u64 {
     let sample = "saguin_provider_checkpoint_room_bytes{provider=\"db\"}";
-    wait_for(&format!("{sample} {bytes}"), || {
-        metric_sample(&metrics_text(broker), sample) == Some(bytes)
-    });
+    let read = || metric_sample(&metrics_text(broker), sample);
+    wait_for(&format!("{sample}: {what}"), || read().is_some_and(&holds));
+    read().unwrap_or_default()
 }
+
+const ROOM_8_MIB: u64 = 8 << 20;
+const HELD: &str = "saguin_provider_held_to_disk{provider=\"db\"}";
 
 /// A worker on `jobs/#` with a window of `window`.
 async fn worker(addr: std::net::SocketAddr, id: &str, window: u16) -> Raw<tokio::net::TcpStream> {
@@ -962,7 +988,7 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
         volume.path.join("saguin.db").display()
     );
     let mut broker = Broker::start_in(dir, &yaml);
-    wait_for_room(&broker, 8 << 20);
+    wait_for_room(&broker, "the room whole", |b| b == ROOM_8_MIB);
     let ballast = volume.fill("ballast");
     let filled = std::fs::metadata(&ballast).unwrap().len();
     std::fs::OpenOptions::new()
@@ -991,8 +1017,9 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
         }
         assert!(!acknowledged.is_empty());
         // The checkpoint that found no room was given the room.
-        wait_for_room(&broker, 0);
-        broker.wait_log(|l| l.contains("gave up the checkpoint's room"));
+        wait_for_room(&broker, "the room given up", |b| b < ROOM_8_MIB);
+        broker.wait_log(|l| l.contains("gave up the checkpoint's room to copy"));
+        assert_eq!(metric_sample(&metrics_text(&broker), HELD), Some(1));
 
         // Workers finish jobs; the removals commit, and publishes are taken
         // into the pages they freed.
@@ -1016,8 +1043,9 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
 
         // Room made beside it: the room is taken back, the ceiling lifted.
         std::fs::remove_file(&ballast).unwrap();
-        wait_for_room(&broker, 8 << 20);
+        wait_for_room(&broker, "the room whole", |b| b == ROOM_8_MIB);
         broker.wait_log(|l| l.contains("the checkpoint's room is kept again"));
+        assert_eq!(metric_sample(&metrics_text(&broker), HELD), Some(0));
         let freed = publish_each(&mut p, "jobs/d", 30_000..30_100).await;
         assert_eq!(freed.acknowledged.len(), 100, "{freed:?}");
         acknowledged.extend(freed.acknowledged);
@@ -1052,7 +1080,7 @@ fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_
         db.display()
     );
     let mut broker = Broker::start_in(dir, &yaml);
-    wait_for_room(&broker, 8 << 20);
+    wait_for_room(&broker, "the room whole", |b| b == ROOM_8_MIB);
     let rt = runtime();
     let before = rt.block_on(async {
         let mut c = Raw::tcp(broker.addr(), v5()).await;
@@ -1067,7 +1095,7 @@ fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_
     let ballast = volume.fill("ballast");
     let mut broker = broker.restart(&yaml);
     broker.wait_log(|l| l.contains("gave up the checkpoint's room to open it"));
-    wait_for_room(&broker, 0);
+    wait_for_room(&broker, "the room given up", |b| b < ROOM_8_MIB);
     let taken_while_full = rt.block_on(async {
         // What it holds is served.
         let mut c = Raw::tcp(broker.addr(), v5()).await;
@@ -1093,7 +1121,7 @@ fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_
 
     // Room made: the room is taken back and publishes are taken again.
     std::fs::remove_file(&ballast).unwrap();
-    wait_for_room(&broker, 8 << 20);
+    wait_for_room(&broker, "the room whole", |b| b == ROOM_8_MIB);
     let after = rt.block_on(async {
         let mut c = Raw::tcp(broker.addr(), v5()).await;
         c.connect("after", ConnectOpts::clean()).await;

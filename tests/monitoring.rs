@@ -186,6 +186,7 @@ fn the_dashboard_and_the_rules_name_only_metrics_the_broker_exports() {
         "saguin_storage_errors_total",
         "saguin_provider_max_bytes",
         "saguin_provider_failed",
+        "saguin_provider_held_to_disk",
         "saguin_dropped_messages_total",
         "saguin_queue_dead_lettered_total",
         "saguin_snapshot_age_seconds",

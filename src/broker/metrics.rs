@@ -803,13 +803,24 @@ impl Metrics {
                 );
             }
         }
-        let _ = writeln!(out, "# HELP saguin_provider_checkpoint_room_bytes The room a sqlite provider keeps allocated beside its database for the checkpoint that finds its file system full: checkpoint_room while held, 0 before it is first taken and while it is given up (the provider then keeps at most what it holds). Absent for a provider that keeps none.\n# TYPE saguin_provider_checkpoint_room_bytes gauge");
+        let _ = writeln!(out, "# HELP saguin_provider_checkpoint_room_bytes The room a sqlite provider keeps allocated beside its database for the checkpoint that finds its file system full: checkpoint_room while whole, less while given up in part or whole (the provider then keeps at most what it holds), 0 before it first fits. Absent for a provider that keeps none.\n# TYPE saguin_provider_checkpoint_room_bytes gauge");
         for p in &providers {
             if let Some(room) = p.checkpoint_room {
                 let _ = writeln!(
                     out,
-                    "saguin_provider_checkpoint_room_bytes{{provider=\"{}\"}} {room}",
-                    p.name
+                    "saguin_provider_checkpoint_room_bytes{{provider=\"{}\"}} {}",
+                    p.name, room.kept_bytes
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP saguin_provider_held_to_disk 1 while a sqlite provider keeps at most what it held when its file system filled (publishes beyond refused with 0x83; removals make room for them), until its checkpoint's room is taken back whole, else 0. Absent for a provider that keeps no room.\n# TYPE saguin_provider_held_to_disk gauge");
+        for p in &providers {
+            if let Some(room) = p.checkpoint_room {
+                let _ = writeln!(
+                    out,
+                    "saguin_provider_held_to_disk{{provider=\"{}\"}} {}",
+                    p.name,
+                    u8::from(room.held_to_disk)
                 );
             }
         }
@@ -833,7 +844,7 @@ struct ProviderSample {
     kind: Option<ProviderKind>,
     bytes: Option<u64>,
     max_bytes: Option<u64>,
-    checkpoint_room: Option<u64>,
+    checkpoint_room: Option<crate::storage::contract::CheckpointRoom>,
 }
 
 #[cfg(test)]

@@ -131,7 +131,7 @@ pub struct ProviderGauges {
     /// Whether the disk under it takes writes.
     pub health: Health,
     /// The checkpoint's room it holds; `None` when it keeps none.
-    pub checkpoint_room: Option<u64>,
+    pub checkpoint_room: Option<crate::storage::contract::CheckpointRoom>,
 }
 
 impl ProviderView {

@@ -1226,15 +1226,26 @@ pub trait Provider: Send + Sync {
     }
 
     /// The room kept on its file system for the checkpoint that finds it
-    /// full, in bytes held now (`saguin_provider_checkpoint_room_bytes`:
-    /// 0 while it is given up); `None` for a provider that keeps none.
-    fn checkpoint_room(&self) -> Option<u64> {
+    /// full (`saguin_provider_checkpoint_room_bytes`,
+    /// `saguin_provider_held_to_disk`); `None` for a provider that keeps
+    /// none.
+    fn checkpoint_room(&self) -> Option<CheckpointRoom> {
         None
     }
 
     /// Stops accepting writes and releases what the provider holds open.
     /// Writes after close are [`StorageError::Closed`].
     fn close(&self) -> Result<()>;
+}
+
+/// A provider's checkpoint's room, as a scrape reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointRoom {
+    /// What of it is allocated now, in bytes.
+    pub kept_bytes: u64,
+    /// The file system filled: the provider keeps at most what it held
+    /// then, until the room is taken back whole.
+    pub held_to_disk: bool,
 }
 
 /// A channel's retention, as the ticker applies it.

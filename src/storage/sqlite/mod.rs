@@ -1245,7 +1245,7 @@ impl Flusher {
             room: (shared.options.checkpoint_room > 0).then(|| {
                 let db =
                     std::fs::canonicalize(&shared.path).unwrap_or_else(|_| shared.path.clone());
-                room::Room::new(&db, shared.options.checkpoint_room)
+                room::Room::open(&db, shared.options.checkpoint_room)
             }),
             faults: shared.faults.clone(),
         };
@@ -1604,27 +1604,36 @@ impl std::fmt::Debug for SqliteProvider {
 impl SqliteProvider {
     /// Opens (creating if absent) the provider's database: the lock first,
     /// then the file, the schema or its version check, the position sweep,
-    /// the readers and the flusher. An open that finds no room on the file
-    /// system (its write-ahead log's index, recovery's writes) gives up the
-    /// checkpoint's room, when one is allocated, and opens again, the
-    /// provider then held to what it holds until the room fits again
-    /// ([`room`]): a broker restarted on a file system that filled while
-    /// it was down serves what it stores.
+    /// the readers and the flusher. A provider whose checkpoint's room was
+    /// given up and not taken back since opens held to what it holds
+    /// ([`room`]). An open that finds no room on the file system (its
+    /// write-ahead log's index, recovery's writes) gives up part of the
+    /// room, then all of it, and opens again, held to what it holds: a
+    /// broker restarted on a file system that filled while it was down
+    /// serves what it stores.
     pub fn open(options: SqliteOptions) -> Result<SqliteProvider, SqliteOpenError> {
-        match Self::open_once(options.clone(), false) {
-            Err(e) if e.is_for_want_of_room() && options.checkpoint_room > 0 => {
-                let db = std::fs::canonicalize(&options.file_path)
-                    .unwrap_or_else(|_| options.file_path.clone());
-                let mut room = room::Room::new(&db, options.checkpoint_room);
-                if !room.is_allocated() || room.release().is_err() {
-                    return Err(e);
-                }
-                tracing::warn!(provider = %options.name, file = %options.file_path.display(), error = %e, room_bytes = options.checkpoint_room,
-                    "no room on the file system to open the storage provider: gave up the checkpoint's room to open it; it keeps at most what it holds (publishes beyond refused with 0x83) until the room fits again");
-                Self::open_once(options, true)
-            }
-            opened => opened,
+        if options.checkpoint_room == 0 {
+            return Self::open_once(options, false);
         }
+        let db =
+            std::fs::canonicalize(&options.file_path).unwrap_or_else(|_| options.file_path.clone());
+        let mut room = room::Room::open(&db, options.checkpoint_room);
+        let mut opened = Self::open_once(options.clone(), room.is_given_up());
+        for wanted in [room::GIVEN_TO_AN_OPEN, u64::MAX] {
+            match &opened {
+                Err(e) if e.is_for_want_of_room() && room.kept() > 0 => {
+                    let Ok(given) = room.give(wanted) else {
+                        break;
+                    };
+                    tracing::warn!(provider = %options.name, file = %options.file_path.display(), error = %e,
+                        given_bytes = given, room_left_bytes = room.kept(),
+                        "no room on the file system to open the storage provider: gave up the checkpoint's room to open it; it keeps at most what it holds (publishes beyond refused with 0x83) until the room is taken back whole");
+                }
+                _ => break,
+            }
+            opened = Self::open_once(options.clone(), true);
+        }
+        opened
     }
 
     /// One open; `held_to_disk`: the provider starts held to what it
@@ -2265,8 +2274,11 @@ impl Provider for SqliteProvider {
         self.shared.health()
     }
 
-    fn checkpoint_room(&self) -> Option<u64> {
-        (self.shared.options.checkpoint_room > 0).then(|| self.checkpoint_room_held())
+    fn checkpoint_room(&self) -> Option<contract::CheckpointRoom> {
+        (self.shared.options.checkpoint_room > 0).then(|| contract::CheckpointRoom {
+            kept_bytes: self.checkpoint_room_held(),
+            held_to_disk: self.held_to_disk().is_some(),
+        })
     }
 
     fn close(&self) -> contract::Result<()> {

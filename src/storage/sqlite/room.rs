@@ -35,12 +35,17 @@ pub fn room_path(db: &Path) -> PathBuf {
     super::sidecar_path(db, ROOM_SUFFIX)
 }
 
-/// The room as the flusher keeps it.
+/// The room as its file stands, as the flusher keeps it and an open finds
+/// it. What of it is allocated is `kept`; a file shorter than the room is
+/// a room given up, in part or whole, and not taken back since - the state
+/// survives a restart, so a provider opened on it starts held to what it
+/// holds. No file is a room never taken (or one that never fitted).
 #[derive(Debug)]
 pub(crate) struct Room {
     path: PathBuf,
     bytes: u64,
-    held: bool,
+    kept: u64,
+    given_up: bool,
     /// When taking it may be tried again, after a try that failed.
     next_try: Option<Instant>,
     /// A failure to take it was logged (once until it is taken).
@@ -48,12 +53,22 @@ pub(crate) struct Room {
 }
 
 impl Room {
-    /// A room of `bytes` beside `db`, not yet taken.
-    pub fn new(db: &Path, bytes: u64) -> Room {
+    /// The room of `bytes` beside `db`, as its file stands.
+    pub fn open(db: &Path, bytes: u64) -> Room {
+        use std::os::unix::fs::MetadataExt;
+        let path = room_path(db);
+        let (kept, given_up) = match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => (
+                m.len().min(m.blocks().saturating_mul(512)).min(bytes),
+                m.len() < bytes,
+            ),
+            _ => (0, false),
+        };
         Room {
-            path: room_path(db),
+            path,
             bytes,
-            held: false,
+            kept,
+            given_up,
             next_try: None,
             warned: false,
         }
@@ -67,30 +82,35 @@ impl Room {
         self.bytes
     }
 
-    pub fn is_held(&self) -> bool {
-        self.held
+    /// What of it is allocated now.
+    pub fn kept(&self) -> u64 {
+        self.kept
     }
 
-    /// Whether its file holds any blocks on the disk: room a previous run
-    /// took, which can be given up.
-    pub fn is_allocated(&self) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(&self.path).is_ok_and(|m| m.blocks() > 0)
+    pub fn is_whole(&self) -> bool {
+        self.kept == self.bytes
+    }
+
+    /// Given up, in part or whole, and not taken back since.
+    pub fn is_given_up(&self) -> bool {
+        self.given_up
     }
 
     /// Whether a try to take the room is due at `now`.
     pub fn due(&self, now: Instant) -> bool {
-        !self.held && self.next_try.is_none_or(|at| now >= at)
+        !self.is_whole() && self.next_try.is_none_or(|at| now >= at)
     }
 
-    /// Takes the room: its file allocated on the disk in full. A file a
-    /// previous run left allocated is taken as it is. On a failure (the
-    /// file system has less free) nothing stays allocated, and the next try
-    /// is due at `retry_at`.
+    /// Takes the room whole: its file allocated on the disk in full. On a
+    /// failure (the file system has less free) what it kept stays as it
+    /// was, a room never taken leaves no file, and the next try is due at
+    /// `retry_at`.
     pub fn take(&mut self, retry_at: Instant) -> io::Result<()> {
-        match allocate(&self.path, self.bytes) {
+        let on_failure = self.given_up.then_some(self.kept);
+        match allocate(&self.path, self.bytes, on_failure) {
             Ok(()) => {
-                self.held = true;
+                self.kept = self.bytes;
+                self.given_up = false;
                 self.next_try = None;
                 Ok(())
             }
@@ -101,23 +121,32 @@ impl Room {
         }
     }
 
-    /// Gives the room back to the file system: its file is cut to nothing
-    /// (and kept, so what stands beside the database does not change).
-    pub fn release(&mut self) -> io::Result<()> {
-        self.held = false;
+    /// Gives up to `wanted` bytes of it back to the file system: its file
+    /// is cut by that much (kept, even empty, so the room is known to be
+    /// given up). Returns what was given.
+    pub fn give(&mut self, wanted: u64) -> io::Result<u64> {
+        let left = self.kept.saturating_sub(wanted);
         match std::fs::OpenOptions::new().write(true).open(&self.path) {
-            Ok(file) => file.set_len(0),
+            Ok(file) => file.set_len(left)?,
             // Removed by hand: there is nothing to give back.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.kept = 0;
+                return Ok(0);
+            }
+            Err(e) => return Err(e),
         }
+        let given = self.kept - left;
+        self.kept = left;
+        self.given_up = true;
+        Ok(given)
     }
 }
 
 /// Allocates `bytes` of `path` on its file system, creating the file. The
 /// blocks are allocated, not just the size set: a sparse file would hold
-/// no room. What a failed allocation took is given back.
-fn allocate(path: &Path, bytes: u64) -> io::Result<()> {
+/// no room. A failed allocation cuts the file back to `on_failure`, or
+/// removes it when that is `None`.
+fn allocate(path: &Path, bytes: u64, on_failure: Option<u64>) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -141,19 +170,39 @@ fn allocate(path: &Path, bytes: u64) -> io::Result<()> {
     if status == 0 {
         return Ok(());
     }
-    let _ = file.set_len(0);
+    match on_failure {
+        Some(len) => {
+            let _ = file.set_len(len);
+        }
+        None => {
+            drop(file);
+            let _ = std::fs::remove_file(path);
+        }
+    }
     Err(io::Error::from_raw_os_error(status))
 }
 
+/// Room given up beyond what a checkpoint was reckoned to need: its
+/// reckoning is the pages the log holds beyond the database's file, and
+/// what else the file system takes meanwhile (a log line, another
+/// process's write) should not make it fall short.
+const GIVEN_BEYOND_NEED: u64 = 1 << 20;
+
+/// Room given up first to an open that found none: enough for the
+/// write-ahead log's index (32 KiB), recovery's writes and the lock's
+/// holder row.
+pub(super) const GIVEN_TO_AN_OPEN: u64 = 1 << 20;
+
 impl super::FlushLoop {
     /// A checkpoint found the file system full: the provider is held to
-    /// what it holds, and the room is given up and the checkpoint tried
-    /// again. Without a room held (none kept, none taken, or given up
-    /// already) the log waits for room made beside the provider: holding
-    /// the provider to what it holds is lifted by taking the room back,
+    /// what it holds, as much of the room as the log needs to be copied is
+    /// given up (all of it, should that fall short), and the checkpoint
+    /// tried again. Without room left to give (none kept, none taken, all
+    /// given) the log waits for room made beside the provider: holding the
+    /// provider to what it holds is lifted by taking the room back whole,
     /// and a room that never fitted would never lift it.
     pub(super) fn checkpoint_with_room(&mut self, commits: u64) -> Option<super::Checkpointed> {
-        if !self.room.as_ref().is_some_and(Room::is_held) {
+        if self.room.as_ref().is_none_or(|r| r.kept() == 0) {
             return None;
         }
         let shared = self.shared.upgrade()?;
@@ -163,33 +212,58 @@ impl super::FlushLoop {
                 holds_bytes = pages * shared.page_size,
                 "the file system under the storage provider is full: it keeps at most what it holds until there is room again; publishes beyond are refused (0x83), and what retention and consumers remove makes room for them");
         }
-        let room = self.room.as_mut()?;
-        let bytes = room.bytes();
-        let released = room.release();
-        // Taking it back fails while the file system is full; this says why.
-        room.warned = true;
-        if let Err(e) = released {
-            shared.room_held.store(0, Ordering::Release);
-            tracing::error!(provider = %self.name, file = %room.path().display(), error = %e,
-                "giving up the checkpoint's room failed; the write-ahead log waits for room made beside the provider");
-            return None;
+        let need = self.log_beyond_database(&shared) + GIVEN_BEYOND_NEED;
+        let mut given = 0;
+        let mut done = None;
+        for wanted in [need, u64::MAX] {
+            let room = self.room.as_mut()?;
+            if room.kept() == 0 {
+                break;
+            }
+            // Taking it back fails while the file system is full; the lines
+            // below say why.
+            room.warned = true;
+            match room.give(wanted) {
+                Ok(bytes) => given += bytes,
+                Err(e) => {
+                    tracing::error!(provider = %self.name, file = %room.path().display(), error = %e,
+                        "giving up the checkpoint's room failed; the write-ahead log waits for room made beside the provider");
+                    break;
+                }
+            }
+            done = self.checkpoint_once(commits);
+            if done.is_some() {
+                break;
+            }
         }
-        let done = self.checkpoint_once(commits);
-        // Stored once the checkpoint it was given up for has run.
-        shared.room_held.store(0, Ordering::Release);
+        let kept = self.room.as_ref().map_or(0, Room::kept);
+        shared.room_held.store(kept, Ordering::Release);
         match done {
-            Some(_) => tracing::warn!(provider = %self.name, room_bytes = bytes,
-                "gave up the checkpoint's room to copy the write-ahead log into the database; it is taken back, and the provider's ceiling lifted, once the file system has that much free"),
-            None => tracing::error!(provider = %self.name, room_bytes = bytes,
+            Some(_) => {
+                tracing::warn!(provider = %self.name, given_bytes = given, room_left_bytes = kept,
+                "gave up the checkpoint's room to copy the write-ahead log into the database; it is taken back whole, and the provider's ceiling lifted, once the file system has that much free")
+            }
+            None => tracing::error!(provider = %self.name, given_bytes = given,
                 "the checkpoint's room was not enough to copy the write-ahead log; writes are refused until room is made beside the provider"),
         }
         done
     }
 
-    /// Takes the room when it is not held and a try is due (at the first
-    /// turn, then once a second until it is). Taken while the provider is
-    /// held to what it holds, it lifts that ceiling: the file system has
-    /// the room free again.
+    /// What a checkpoint has to grow the database's file by: the pages
+    /// the log holds beyond its end, read on the checkpoint's connection.
+    fn log_beyond_database(&self, shared: &super::Shared) -> u64 {
+        let pages: u64 = self
+            .checkpointer
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .unwrap_or(0);
+        let file = std::fs::metadata(&shared.path).map_or(0, |m| m.len());
+        (pages * shared.page_size).saturating_sub(file)
+    }
+
+    /// Takes the room back whole when it is not and a try is due (at the
+    /// first turn, then once a second until it is). Taken while the
+    /// provider is held to what it holds, it lifts that ceiling: the file
+    /// system has the room free again.
     pub(super) fn keep_room(&mut self) {
         let Some(room) = self.room.as_mut() else {
             return;
@@ -230,26 +304,45 @@ mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
 
+    fn allocated(path: &Path) -> u64 {
+        std::fs::metadata(path).unwrap().blocks() * 512
+    }
+
     #[test]
-    fn a_room_is_taken_allocated_and_given_back_to_nothing() {
+    fn a_room_is_taken_allocated_given_up_in_part_and_taken_back_whole() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("saguin.db");
-        let mut room = Room::new(&db, 1 << 20);
+        let mut room = Room::open(&db, 1 << 20);
         assert_eq!(room.path(), dir.path().join("saguin.db-room"));
+        assert!(!room.is_given_up() && room.kept() == 0);
         let now = Instant::now();
         assert!(room.due(now));
         room.take(now).unwrap();
-        assert!(room.is_held() && !room.due(now));
-        let meta = std::fs::metadata(room.path()).unwrap();
-        assert_eq!(meta.len(), 1 << 20);
-        assert!(meta.blocks() * 512 >= 1 << 20, "allocated, not sparse");
-        room.release().unwrap();
-        assert!(!room.is_held());
-        let meta = std::fs::metadata(room.path()).unwrap();
-        assert_eq!((meta.len(), meta.blocks()), (0, 0));
-        // Taken again from the empty file.
+        assert!(room.is_whole() && !room.due(now));
+        assert_eq!(std::fs::metadata(room.path()).unwrap().len(), 1 << 20);
+        assert!(allocated(room.path()) >= 1 << 20, "allocated, not sparse");
+
+        assert_eq!(room.give(256 << 10).unwrap(), 256 << 10);
+        assert_eq!(room.kept(), 768 << 10);
+        assert!(room.is_given_up() && room.due(now));
+        assert!(
+            allocated(room.path()) <= 768 << 10,
+            "the part given is freed"
+        );
+        // The state survives a restart: the file says it.
+        let reopened = Room::open(&db, 1 << 20);
+        assert!(reopened.is_given_up());
+        assert_eq!(reopened.kept(), 768 << 10);
+
+        assert_eq!(room.give(u64::MAX).unwrap(), 768 << 10);
+        assert_eq!(room.kept(), 0);
+        assert_eq!(std::fs::metadata(room.path()).unwrap().len(), 0);
+        assert!(Room::open(&db, 1 << 20).is_given_up(), "kept, empty");
+
         room.take(now).unwrap();
-        assert!(std::fs::metadata(room.path()).unwrap().blocks() * 512 >= 1 << 20);
+        assert!(room.is_whole() && !room.is_given_up());
+        assert!(allocated(room.path()) >= 1 << 20);
+        assert!(!Room::open(&db, 1 << 20).is_given_up());
     }
 
     #[test]
@@ -261,38 +354,59 @@ mod tests {
             .unwrap()
             .set_len(1 << 20)
             .unwrap();
-        assert_eq!(std::fs::metadata(&path).unwrap().blocks(), 0);
-        let mut room = Room::new(&db, 1 << 20);
+        let mut room = Room::open(&db, 1 << 20);
+        assert_eq!(room.kept(), 0);
+        assert!(!room.is_given_up());
         room.take(Instant::now()).unwrap();
-        assert!(std::fs::metadata(&path).unwrap().blocks() * 512 >= 1 << 20);
+        assert!(allocated(&path) >= 1 << 20);
     }
 
     #[test]
     fn a_larger_room_a_previous_configuration_kept_is_cut_to_this_ones() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("saguin.db");
-        Room::new(&db, 2 << 20).take(Instant::now()).unwrap();
-        let mut room = Room::new(&db, 1 << 20);
+        Room::open(&db, 2 << 20).take(Instant::now()).unwrap();
+        let mut room = Room::open(&db, 1 << 20);
+        assert!(room.is_whole() && !room.is_given_up());
         room.take(Instant::now()).unwrap();
-        let meta = std::fs::metadata(room.path()).unwrap();
-        assert_eq!(meta.len(), 1 << 20);
-        assert!(meta.blocks() * 512 < 2 << 20, "the rest given back");
+        assert_eq!(std::fs::metadata(room.path()).unwrap().len(), 1 << 20);
+        assert!(allocated(room.path()) < 2 << 20, "the rest given back");
     }
 
     #[test]
-    fn a_room_that_cannot_be_taken_leaves_nothing_and_waits_for_its_next_try() {
+    fn a_room_that_cannot_be_taken_leaves_what_it_kept_and_waits_for_its_next_try() {
         let dir = tempfile::tempdir().unwrap();
-        // A directory where the file would be: the open fails.
         let db = dir.path().join("saguin.db");
-        std::fs::create_dir(room_path(&db)).unwrap();
-        let mut room = Room::new(&db, 4096);
+        // Larger than any file: never allocated.
+        let too_large = u64::MAX / 2;
+        let mut never = Room::open(&db, too_large);
         let now = Instant::now();
         let later = now + std::time::Duration::from_secs(1);
-        assert!(room.take(later).is_err());
-        assert!(!room.is_held());
-        assert!(!room.due(now) && room.due(later));
-        // Giving back a room not held from a path that is no file is an
-        // error, never a panic.
-        assert!(room.release().is_err());
+        assert!(never.take(later).is_err());
+        assert!(!never.due(now) && never.due(later));
+        assert!(
+            !room_path(&db).exists(),
+            "a room never taken leaves no file"
+        );
+
+        // One given up in part keeps that part through a failed try.
+        let mut room = Room::open(&db, 1 << 20);
+        room.take(now).unwrap();
+        room.give(512 << 10).unwrap();
+        let mut larger = Room::open(&db, too_large);
+        assert!(larger.is_given_up());
+        assert!(larger.take(later).is_err());
+        assert_eq!(std::fs::metadata(room_path(&db)).unwrap().len(), 512 << 10);
+        assert!(allocated(&room_path(&db)) >= 512 << 10);
+    }
+
+    #[test]
+    fn a_room_whose_place_is_no_file_is_an_error_never_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("saguin.db");
+        std::fs::create_dir(room_path(&db)).unwrap();
+        let mut room = Room::open(&db, 4096);
+        assert!(room.take(Instant::now()).is_err());
+        assert!(room.give(4096).is_err());
     }
 }
