@@ -53,7 +53,7 @@ turning, messages dropped.
 \"uptime_seconds\", \"connections\", \"sessions\", \"subscriptions\", \
 \"retained_messages\", \"messages_received\", \"messages_sent\", \
 \"dropped_messages\": {REASON: count}, \"providers\": [{\"name\", \"kind\", \
-\"bytes\", \"max_bytes\" (null: unbounded), \"failed\", \"no_space\", \
+\"bytes\", \"max_bytes\" (null: unbounded), \"failed\", \"no_space\", \"held_to_disk\", \
 \"storage_errors\": {KIND: count}, \"snapshot\": null | {\"generation\", \
 \"age_seconds\" (null: none yet), \"unsaved_seconds\" (null: written at \
 shutdown only), \"failures\"}}], \"channels\": [{\"name\", \"kind\", \"provider\", \
@@ -276,6 +276,8 @@ fn print_human(out: &mut impl Write, status: &Status) -> std::io::Result<()> {
                 "FAILED"
             } else if p.no_space {
                 "NO SPACE"
+            } else if p.held_to_disk {
+                "HELD (file system full)"
             } else {
                 "writing"
             };

@@ -1020,6 +1020,19 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
         wait_for_room(&broker, "the room given up", |b| b < ROOM_8_MIB);
         broker.wait_log(|l| l.contains("gave up the checkpoint's room to copy"));
         assert_eq!(metric_sample(&metrics_text(&broker), HELD), Some(1));
+        let status = Command::new(env!("CARGO_BIN_EXE_saguin"))
+            .args(["status", "--json", "--metrics"])
+            .arg(broker.listeners["metrics"].to_string())
+            .output()
+            .unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        let db = doc["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "db")
+            .unwrap();
+        assert_eq!(db["held_to_disk"], true, "{doc}");
 
         // Workers finish jobs; the removals commit, and publishes are taken
         // into the pages they freed.

@@ -96,6 +96,7 @@ fn json_names_every_provider_and_channel_with_their_figures() {
     assert_eq!(db["max_bytes"], 64 * 1024 * 1024);
     assert!(db["bytes"].as_u64().unwrap() > 0, "{db}");
     assert_eq!(db["failed"], false);
+    assert_eq!(db["held_to_disk"], false);
     assert_eq!(db["storage_errors"]["io"], 0);
     assert_eq!(db["snapshot"], Value::Null);
     let mem = &providers[1];

@@ -284,6 +284,9 @@ pub struct ProviderStatus {
     pub max_bytes: Option<u64>,
     pub failed: bool,
     pub no_space: bool,
+    /// A sqlite provider keeps at most what it held when its file system
+    /// filled (`saguin_provider_held_to_disk`).
+    pub held_to_disk: bool,
     /// `saguin_storage_errors_total` by kind.
     pub storage_errors: BTreeMap<String, u64>,
     /// A memory provider with a snapshot directory; `null` otherwise.
@@ -477,6 +480,9 @@ impl Status {
                         .is_some_and(|v| v == 1),
                     no_space: samples
                         .count_by("saguin_provider_no_space", "provider", &name)
+                        .is_some_and(|v| v == 1),
+                    held_to_disk: samples
+                        .count_by("saguin_provider_held_to_disk", "provider", &name)
                         .is_some_and(|v| v == 1),
                     storage_errors,
                     snapshot,
