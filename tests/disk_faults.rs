@@ -91,6 +91,26 @@ async fn publish_each(
     answers
 }
 
+/// Publishes in rounds of ten from `first` until one is refused (0x83),
+/// at most 2,000: what became of them all.
+async fn publish_until_refused(
+    c: &mut Raw<tokio::net::TcpStream>,
+    topic: &str,
+    first: u32,
+) -> Answers {
+    let mut all = Answers::default();
+    for round in 0..200u32 {
+        let from = first + round * 10;
+        let answers = publish_each(c, topic, from..from + 10).await;
+        all.acknowledged.extend(answers.acknowledged);
+        all.failed.extend(&answers.failed);
+        if !answers.failed.is_empty() {
+            break;
+        }
+    }
+    all
+}
+
 /// Every record of `channel` in the database, by the publish index its
 /// payload carries, opened the way a restarted broker opens it.
 fn stored(db: &Path, channel: &str) -> Vec<u32> {
@@ -666,15 +686,11 @@ fn latest_and_queue_channels_retained_messages_and_the_broadcast_log_refuse_with
         volume.fill("ballast");
         // Enough to outgrow what the write-ahead log had room for.
         for topic in ["devices/b", "jobs/b", "plain/b"] {
-            let mut refused = 0;
-            for round in 0..200u32 {
-                let a = publish_each(&mut c, topic, round * 10..round * 10 + 10).await;
-                refused += a.failed.len();
-                if refused > 0 {
-                    break;
-                }
-            }
-            assert!(refused > 0, "{topic}: nothing refused on a full disk");
+            let answers = publish_until_refused(&mut c, topic, 0).await;
+            assert!(
+                !answers.failed.is_empty(),
+                "{topic}: nothing refused on a full disk"
+            );
         }
         // Retained, on the same provider.
         c.publish("plain/retained", &payload(1), 1, true, 999).await;
@@ -789,6 +805,32 @@ fn a_sqlite_provider_on_a_full_disk_stops_the_start_naming_the_lack_of_room_and_
     sqlite_verify(&db);
 }
 
+/// Fills `volume` with a ballast file of its own and gives `bytes` of it
+/// back: the file system has that much left.
+fn fill_leaving(volume: &Volume, bytes: u64) -> PathBuf {
+    let ballast = volume.fill("ballast");
+    let filled = std::fs::metadata(&ballast).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ballast)
+        .unwrap()
+        .set_len(filled - bytes)
+        .unwrap();
+    ballast
+}
+
+/// A sqlite provider `db` on `volume` keeping an 8 MiB checkpoint's room
+/// and `channel`; metrics served.
+fn room_config(volume: &Volume, channel: &str) -> String {
+    format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         metrics:\n  bind: 127.0.0.1:0\n\
+         storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n    checkpoint_room: 8MiB\n\
+         channels:\n  - {channel}\n",
+        volume.path.join("saguin.db").display()
+    )
+}
+
 /// Until `done` holds; a bounded wait for what the provider's flusher does
 /// on its own thread.
 fn wait_for(what: &str, done: impl Fn() -> bool) {
@@ -850,14 +892,7 @@ fn a_log_that_took_the_last_of_the_disk_is_copied_into_the_room_and_removals_mak
 
     // The rest of the file system taken by something else; the log takes
     // the last of it faster than a checkpoint copies it.
-    let ballast = volume.fill("ballast");
-    let filled = std::fs::metadata(&ballast).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&ballast)
-        .unwrap()
-        .set_len(filled - (3 << 20))
-        .unwrap();
+    let ballast = fill_leaving(&volume, 3 << 20);
     let (mut kept, refused) = append_until_refused(&store, 0, 5000);
     let refused = refused.expect("5,000 records of 2 KiB never filled the volume");
     assert_eq!(refused.kind(), FaultKind::NoSpace, "{refused}");
@@ -980,23 +1015,10 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let yaml = format!(
-        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
-         metrics:\n  bind: 127.0.0.1:0\n\
-         storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n    checkpoint_room: 8MiB\n\
-         channels:\n  - name: jobs\n    kind: queue\n    storage: db\n",
-        volume.path.join("saguin.db").display()
-    );
+    let yaml = room_config(&volume, "{name: jobs, kind: queue, storage: db}");
     let mut broker = Broker::start_in(dir, &yaml);
     wait_for_room(&broker, "the room whole", |b| b == ROOM_8_MIB);
-    let ballast = volume.fill("ballast");
-    let filled = std::fs::metadata(&ballast).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&ballast)
-        .unwrap()
-        .set_len(filled - (3 << 20))
-        .unwrap();
+    let ballast = fill_leaving(&volume, 3 << 20);
     let addr = broker.addr();
     let rt = runtime();
     let mut acknowledged = BTreeSet::new();
@@ -1005,16 +1027,12 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
         let mut p = Raw::tcp(addr, v5()).await;
         p.connect("producer", ConnectOpts::clean()).await;
         // Jobs until the log has taken the last of the file system.
-        let mut next = 0;
-        loop {
-            let answers = publish_each(&mut p, "jobs/a", next..next + 10).await;
-            next += 10;
-            acknowledged.extend(answers.acknowledged);
-            if !answers.failed.is_empty() {
-                break;
-            }
-            assert!(next < 5000, "5,000 jobs of 2 KiB never filled the volume");
-        }
+        let filling = publish_until_refused(&mut p, "jobs/a", 0).await;
+        assert!(
+            !filling.failed.is_empty(),
+            "2,000 jobs of 2 KiB never filled the volume"
+        );
+        acknowledged.extend(filling.acknowledged);
         assert!(!acknowledged.is_empty());
         // The checkpoint that found no room was given the room.
         wait_for_room(&broker, "the room given up", |b| b < ROOM_8_MIB);
@@ -1042,17 +1060,12 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
         assert_eq!(after.acknowledged.len(), 30, "{after:?}");
         acknowledged.extend(after.acknowledged);
         // Beyond what it holds, refused for want of room: 0x83.
-        let mut refused = 0;
-        for round in 0..200u32 {
-            let more =
-                publish_each(&mut p, "jobs/c", 20_000 + round * 10..20_010 + round * 10).await;
-            acknowledged.extend(more.acknowledged);
-            refused += more.failed.len();
-            if refused > 0 {
-                break;
-            }
-        }
-        assert!(refused > 0, "the provider grew past what it held");
+        let more = publish_until_refused(&mut p, "jobs/c", 20_000).await;
+        assert!(
+            !more.failed.is_empty(),
+            "the provider grew past what it held"
+        );
+        acknowledged.extend(more.acknowledged);
 
         // Room made beside it: the room is taken back, the ceiling lifted.
         std::fs::remove_file(&ballast).unwrap();
@@ -1085,13 +1098,7 @@ fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_
     };
     let dir = tempfile::tempdir().unwrap();
     let db = volume.path.join("saguin.db");
-    let yaml = format!(
-        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
-         metrics:\n  bind: 127.0.0.1:0\n\
-         storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n    checkpoint_room: 8MiB\n\
-         channels:\n  - name: telemetry\n    kind: append\n    storage: db\n",
-        db.display()
-    );
+    let yaml = room_config(&volume, "{name: telemetry, kind: append, storage: db}");
     let mut broker = Broker::start_in(dir, &yaml);
     wait_for_room(&broker, "the room whole", |b| b == ROOM_8_MIB);
     let rt = runtime();
