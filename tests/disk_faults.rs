@@ -932,11 +932,13 @@ fn a_log_that_took_the_last_of_the_disk_is_copied_into_the_room_and_removals_mak
     );
     kept.extend(&after_trim);
 
-    // A restart while the room is given up starts held to what it holds:
-    // the room's file says so. (Its open, finding no room for the log's
-    // index, is given a part of what is left.)
+    // A restart while the room is given up and the file system still full
+    // starts held to what it holds: the room's file says so. (The close
+    // removed the log; the file system is filled again. The open, finding
+    // no room for the log's index, is given a part of what is left.)
     provider.close().unwrap();
     drop(store);
+    let refill = volume.fill("refill");
     let mut options = SqliteOptions::new("db", &db);
     options.checkpoint_room = ROOM;
     let provider = SqliteProvider::open(options).unwrap();
@@ -954,9 +956,33 @@ fn a_log_that_took_the_last_of_the_disk_is_copied_into_the_room_and_removals_mak
 
     // Room made beside it: the room is taken back and the ceiling lifted.
     std::fs::remove_file(&ballast).unwrap();
+    std::fs::remove_file(&refill).unwrap();
     wait_for("the room taken back", || {
         provider.checkpoint_room_held() == ROOM && provider.held_to_disk().is_none()
     });
+
+    // Given up again, and room made while it is down: the next open takes
+    // it back, not held for a moment.
+    let room = volume.path.join("saguin.db-room");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&room)
+        .unwrap()
+        .set_len(ROOM / 2)
+        .unwrap();
+    provider.close().unwrap();
+    drop(store);
+    let mut options = SqliteOptions::new("db", &db);
+    options.checkpoint_room = ROOM;
+    let provider = SqliteProvider::open(options).unwrap();
+    assert_eq!(provider.held_to_disk(), None);
+    assert_eq!(provider.checkpoint_room_held(), ROOM);
+    let store: Arc<dyn AppendStore> = provider
+        .open_channel("telemetry", ChannelKind::Append)
+        .unwrap()
+        .as_append()
+        .unwrap()
+        .clone();
     let (after_freeing, refused) = append_until_refused(&store, 20_000, 200);
     assert!(refused.is_none(), "{refused:?}");
     kept.extend(&after_freeing);
@@ -1081,6 +1107,12 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
     // kill -9 and a restart: every job acknowledged and not finished is
     // handed out, and none refused.
     let broker = broker.restart(&yaml);
+    let room = "saguin_provider_checkpoint_room_bytes{provider=\"db\"}";
+    assert_eq!(
+        metric_sample(&metrics_text(&broker), room),
+        Some(ROOM_8_MIB),
+        "a room left whole reads whole from the start"
+    );
     let want: BTreeSet<u32> = acknowledged.difference(&finished).copied().collect();
     let got: BTreeSet<u32> = rt.block_on(async {
         let mut w = worker(broker.addr(), "worker-after", 100).await;

@@ -309,7 +309,8 @@ pub(crate) struct Shared {
     /// SQLite's own `max_page_count`, read at open: the ceiling of a
     /// provider without `max_bytes` once the file system's is lifted.
     unbounded_pages: u64,
-    /// The checkpoint's room held, in bytes (`saguin_provider_checkpoint_room_bytes`).
+    /// What of the checkpoint's room is allocated, in bytes
+    /// (`saguin_provider_checkpoint_room_bytes`).
     room_held: AtomicU64,
     pub page_size: u64,
     pub batcher: batch::Batcher,
@@ -1249,6 +1250,11 @@ impl Flusher {
             }),
             faults: shared.faults.clone(),
         };
+        // A room a previous run left whole is held from the start: no try
+        // to take it is due, and the gauge must not read it as missing.
+        if let Some(room) = &flush.room {
+            shared.room_held.store(room.kept(), Ordering::Release);
+        }
         let stop_seen = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name(format!("sqlite-flush-{}", shared.name))
@@ -1618,6 +1624,11 @@ impl SqliteProvider {
         let db =
             std::fs::canonicalize(&options.file_path).unwrap_or_else(|_| options.file_path.clone());
         let mut room = room::Room::open(&db, options.checkpoint_room);
+        // Given up and not taken back: taken now if it fits, so a start on
+        // a file system that has room again is not held for a turn.
+        if room.is_given_up() {
+            let _ = room.take(std::time::Instant::now());
+        }
         let mut opened = Self::open_once(options.clone(), room.is_given_up());
         for wanted in [room::GIVEN_TO_AN_OPEN, u64::MAX] {
             match &opened {
@@ -1941,9 +1952,9 @@ impl SqliteProvider {
         self.shared.counters.storage_errors.load(Ordering::Relaxed)
     }
 
-    /// The checkpoint's room held now, in bytes: 0 until it is first
-    /// taken, and from when a checkpoint that found the file system full
-    /// has run with it until it is taken back.
+    /// What of the checkpoint's room is allocated now, in bytes: less
+    /// than `checkpoint_room` before it first fits and while it is given
+    /// up, in part or whole.
     pub fn checkpoint_room_held(&self) -> u64 {
         self.shared.room_held.load(Ordering::Acquire)
     }
