@@ -1186,3 +1186,43 @@ fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_
     assert_eq!(have, want);
     sqlite_verify(&db);
 }
+
+#[test]
+fn a_provider_whose_file_system_cannot_hold_its_bound_says_so_at_the_start() {
+    let test = "a_provider_whose_file_system_cannot_hold_its_bound_says_so_at_the_start";
+    let Some(volume) = Volume::tmpfs(test, "24m") else {
+        return;
+    };
+    const SHORT: &str =
+        "the file system under the storage provider is smaller than what it may take";
+    // 16 MiB of bound, 8 MiB of room and the log's 72 MiB on 24 MiB.
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = room_config(&volume, "{name: telemetry, kind: append, storage: db}").replace(
+        "checkpoint_room: 8MiB",
+        "checkpoint_room: 8MiB\n    max_bytes: 16MiB",
+    );
+    let mut broker = Broker::start_in(dir, &yaml);
+    let line = broker.wait_log(|l| l.contains(SHORT));
+    for figure in [
+        "needs_bytes=",
+        "free_bytes=",
+        "max_bytes=16777216",
+        "checkpoint_room=8388608",
+    ] {
+        assert!(line.contains(figure), "{line}");
+    }
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+
+    // The same provider on a file system that holds it all: no such line.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("saguin.db");
+    let yaml = yaml.replace(
+        &volume.path.join("saguin.db").display().to_string(),
+        &db.display().to_string(),
+    );
+    let mut broker = Broker::start_in(dir, &yaml);
+    // Listeners bind once every provider has opened, and checked.
+    broker.wait_log(|l| l.contains("msg=\"listening\""));
+    assert_eq!(log_lines_with(&broker, SHORT), 0, "{}", broker.log_text());
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+}

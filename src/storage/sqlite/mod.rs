@@ -1618,11 +1618,15 @@ impl SqliteProvider {
     /// broker restarted on a file system that filled while it was down
     /// serves what it stores.
     pub fn open(options: SqliteOptions) -> Result<SqliteProvider, SqliteOpenError> {
-        if options.checkpoint_room == 0 {
-            return Self::open_once(options, false);
-        }
         let db =
             std::fs::canonicalize(&options.file_path).unwrap_or_else(|_| options.file_path.clone());
+        if options.checkpoint_room == 0 {
+            let opened = Self::open_once(options.clone(), false);
+            if opened.is_ok() {
+                room::warn_if_the_file_system_is_short(&options, &db);
+            }
+            return opened;
+        }
         let mut room = room::Room::open(&db, options.checkpoint_room);
         // Given up and not taken back: taken now if it fits, so a start on
         // a file system that has room again is not held for a turn.
@@ -1643,6 +1647,9 @@ impl SqliteProvider {
                 _ => break,
             }
             opened = Self::open_once(options.clone(), true);
+        }
+        if opened.is_ok() {
+            room::warn_if_the_file_system_is_short(&options, &db);
         }
         opened
     }

@@ -182,6 +182,54 @@ fn allocate(path: &Path, bytes: u64, on_failure: Option<u64>) -> io::Result<()> 
     Err(io::Error::from_raw_os_error(status))
 }
 
+/// Says, at WARN, when the provider's file system cannot hold what the
+/// provider may take: its bound (or what it holds, unbounded), its
+/// write-ahead log at the most it reaches (the restart size and an eighth
+/// more, above the 70-72 MB measured), and its checkpoint's room. What the
+/// provider's files hold already counts as theirs. An operator learns at
+/// the start, not when the disk fills, that the bound is out of reach.
+pub(super) fn warn_if_the_file_system_is_short(options: &super::SqliteOptions, db: &Path) {
+    let len = |path: &Path| std::fs::metadata(path).map_or(0, |m| m.len());
+    let Some(free) = db.parent().and_then(available_bytes) else {
+        return;
+    };
+    let database = len(db);
+    let log = len(&super::wal_path(db));
+    let room = len(&room_path(db)).min(options.checkpoint_room);
+    let log_most = options.wal_restart_bytes + options.wal_restart_bytes / 8;
+    let needs = options.max_bytes.unwrap_or(0).max(database) + log_most + options.checkpoint_room;
+    let has = free + database + log + room;
+    if has < needs {
+        tracing::warn!(provider = %options.name, file = %db.display(), free_bytes = free,
+            needs_bytes = needs, max_bytes = options.max_bytes.unwrap_or(0), log_bytes_at_most = log_most,
+            checkpoint_room = options.checkpoint_room,
+            "the file system under the storage provider is smaller than what it may take (its max_bytes or what it holds, its write-ahead log and its checkpoint's room): it will run out of room before its bound");
+    }
+}
+
+/// What the file system holding `dir` has free for this process.
+fn available_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call, and
+    // `stat` is written in full by a call that returns 0.
+    if unsafe { libc::statvfs(c.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `stat`.
+    let stat = unsafe { stat.assume_init() };
+    // 32 bits wide on 32-bit targets (an ARM board's), 64 here.
+    #[allow(clippy::useless_conversion)]
+    let bytes = u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize));
+    Some(bytes)
+}
+
 /// Room given up beyond what a checkpoint was reckoned to need: its
 /// reckoning is the pages the log holds beyond the database's file, and
 /// what else the file system takes meanwhile (a log line, another
