@@ -11,6 +11,7 @@ use saguin::broker::bench::{self as publish_bench, Load, PublishCosts, CHANNEL};
 use saguin::config::{self, Config, ConfigError, Provider, SnapshotSchedule};
 use saguin::storage::bench::{self as disk, Latencies, Scratch, SnapshotWrite};
 use saguin::storage::lock::{self, LockState};
+use saguin::storage::sqlite::{Capacity, WAL_RESTART_BYTES};
 use serde_json::{json, Value};
 
 use crate::exit;
@@ -68,6 +69,7 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// "puback_p99_ms","puback_max_ms","sustained_per_second"}, "means":
 /// {"power_cut_loss_ms": null|n, "crash_loss_ms": null|n,
 /// "full_shutdown_seconds": null|n, "shutdown_fits": null|bool,
+/// "file_system": null|{"free_bytes","held_bytes","needs_bytes","fits"},
 /// "sustained_per_second"}}]}`. Readers must ignore fields they do not
 /// know.
 #[derive(clap::Args, Debug)]
@@ -345,12 +347,13 @@ fn scratch_config(provider: &Provider, scratch: Option<&Path>) -> anyhow::Result
     let duration = |d: Duration| config::units::format_duration(d);
     let storage = match (provider, scratch) {
         (Provider::Sqlite(s), Some(dir)) => format!(
-            "kind: sqlite, file_path: {}, flush_interval: {}, publish_commit_interval: {}, publish_commit_max_records: {}, read_connections: {}",
+            "kind: sqlite, file_path: {}, flush_interval: {}, publish_commit_interval: {}, publish_commit_max_records: {}, read_connections: {}, checkpoint_room: {}",
             dir.join("bench.db").display(),
             duration(s.flush_interval),
             s.publish_commit_interval.map_or_else(|| "none".to_owned(), duration),
             s.publish_commit_max_records,
             s.read_connections,
+            s.checkpoint_room,
         ),
         (Provider::Memory(m), Some(dir)) if m.snapshot_dir.is_some() => {
             let SnapshotSchedule { debounce, max_delay } = m.snapshots;
@@ -387,6 +390,8 @@ struct Means {
     crash_loss: Option<Duration>,
     full_shutdown: Option<Duration>,
     shutdown_fits: Option<bool>,
+    /// A sqlite provider's file system against what it may take.
+    file_system: Option<Capacity>,
 }
 
 fn means(target: &Target, m: &Measured, timeout_stop: Duration) -> Means {
@@ -403,6 +408,12 @@ fn means(target: &Target, m: &Measured, timeout_stop: Duration) -> Means {
             crash_loss: Some(Duration::ZERO),
             full_shutdown: None,
             shutdown_fits: None,
+            file_system: Capacity::of(
+                &s.file_path,
+                s.max_bytes,
+                s.checkpoint_room,
+                WAL_RESTART_BYTES,
+            ),
         },
         Provider::Memory(mem) => {
             let bound = mem.max_bytes.unwrap_or(DIR_MAX_BYTES);
@@ -419,6 +430,7 @@ fn means(target: &Target, m: &Measured, timeout_stop: Duration) -> Means {
                 crash_loss,
                 full_shutdown,
                 shutdown_fits: full_shutdown.map(|s| s <= timeout_stop),
+                file_system: None,
             }
         }
     }
@@ -457,6 +469,12 @@ fn target_json(target: &Target, m: &Measured, timeout_stop: Duration) -> Value {
             "crash_loss_ms": means.crash_loss.map(ms),
             "full_shutdown_seconds": means.full_shutdown.map(|d| d.as_secs_f64()),
             "shutdown_fits": means.shutdown_fits,
+            "file_system": means.file_system.map(|c| json!({
+                "free_bytes": c.free_bytes,
+                "held_bytes": c.held_bytes,
+                "needs_bytes": c.needs_bytes,
+                "fits": c.fits(),
+            })),
             "sustained_per_second": p.sustained.round(),
         },
     })
@@ -509,13 +527,33 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
         let means = means(target, m, timeout_stop);
         let name = target.provider.name();
         match &target.provider {
-            Provider::Sqlite(s) => writeln!(
-                out,
-                "{name}: a crash loses nothing acknowledged; a power cut loses up to about {:.0} ms of commits (flush_interval {} and an fsync at p99); {:.0} QoS 1 publishes a second sustained",
-                means.power_cut_loss.map_or(0.0, ms),
-                config::units::format_duration(s.flush_interval),
-                m.publish.sustained
-            )?,
+            Provider::Sqlite(s) => {
+                writeln!(
+                    out,
+                    "{name}: a crash loses nothing acknowledged; a power cut loses up to about {:.0} ms of commits (flush_interval {} and an fsync at p99); {:.0} QoS 1 publishes a second sustained",
+                    means.power_cut_loss.map_or(0.0, ms),
+                    config::units::format_duration(s.flush_interval),
+                    m.publish.sustained
+                )?;
+                if let Some(c) = means.file_system {
+                    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+                    writeln!(
+                        out,
+                        "{name}: its file system has {:.0} MiB free and its files hold {:.0} MiB, for the {:.0} MiB it may take ({}, the write-ahead log's {:.0} MiB at most and the checkpoint's room of {:.0} MiB): {}",
+                        mib(c.free_bytes),
+                        mib(c.held_bytes),
+                        mib(c.needs_bytes),
+                        s.max_bytes.map_or_else(|| "what it holds, unbounded".to_owned(), |m| format!("max_bytes {:.0} MiB", mib(m))),
+                        mib(Capacity::log_at_most(WAL_RESTART_BYTES)),
+                        mib(s.checkpoint_room),
+                        if c.fits() {
+                            "it fits".to_owned()
+                        } else {
+                            format!("SHORT by {:.0} MiB: it runs out of room before its bound", mib(c.needs_bytes - c.free_bytes - c.held_bytes))
+                        }
+                    )?;
+                }
+            }
             Provider::Memory(mem) if mem.snapshot_dir.is_none() => writeln!(
                 out,
                 "{name}: keeps nothing (no snapshot_dir): everything is lost at every stop; {:.0} QoS 1 publishes a second sustained",

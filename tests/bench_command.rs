@@ -104,6 +104,18 @@ fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
         "{db}"
     );
     assert_eq!(db["means"]["crash_loss_ms"], 0.0);
+    // Its file system against what it may take: unbounded, what it holds
+    // (nothing yet), the log's 72 MiB and the room's 64.
+    let fs = &db["means"]["file_system"];
+    assert_eq!(
+        fs["needs_bytes"],
+        72 * 1024 * 1024 + 64 * 1024 * 1024,
+        "{db}"
+    );
+    assert_eq!(fs["held_bytes"], 0, "{db}");
+    assert!(fs["free_bytes"].as_u64().unwrap() > 0, "{db}");
+    assert!(fs["fits"].is_boolean(), "{db}");
+    assert!(mem["means"]["file_system"].is_null(), "{mem}");
     // No directory, no disk to measure.
     let scratchpad = &targets[2];
     assert!(scratchpad["fsync"].is_null() && scratchpad["dir"].is_null());

@@ -71,7 +71,7 @@ pub use append::AppendChannel;
 use channel::Target;
 pub use latest::LatestChannel;
 pub use queue::QueueChannel;
-pub use room::{room_path, CHECKPOINT_ROOM_DEFAULT, ROOM_SUFFIX};
+pub use room::{room_path, Capacity, CHECKPOINT_ROOM_DEFAULT, ROOM_SUFFIX};
 pub use schema::{PAGE_SIZE, SCHEMA_VERSION};
 pub use session::read_sessions;
 

@@ -182,26 +182,72 @@ fn allocate(path: &Path, bytes: u64, on_failure: Option<u64>) -> io::Result<()> 
     Err(io::Error::from_raw_os_error(status))
 }
 
+/// What a sqlite provider's file system has against what the provider
+/// may take: its bound (or what it holds, unbounded), its write-ahead log
+/// at the most it reaches (the restart size and an eighth more, above the
+/// 70-72 MB measured), and its checkpoint's room. What the provider's files
+/// hold already counts as theirs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Free on the file system for this process.
+    pub free_bytes: u64,
+    /// What the database, its log and its room hold now.
+    pub held_bytes: u64,
+    /// What the provider may take.
+    pub needs_bytes: u64,
+}
+
+impl Capacity {
+    /// Of the database at `db` (which need not exist yet); `None` when its
+    /// file system cannot be asked.
+    pub fn of(
+        db: &Path,
+        max_bytes: Option<u64>,
+        checkpoint_room: u64,
+        wal_restart_bytes: u64,
+    ) -> Option<Capacity> {
+        let len = |path: &Path| std::fs::metadata(path).map_or(0, |m| m.len());
+        let free_bytes = db.parent().and_then(available_bytes)?;
+        let database = len(db);
+        let held_bytes =
+            database + len(&super::wal_path(db)) + len(&room_path(db)).min(checkpoint_room);
+        let needs_bytes = max_bytes.unwrap_or(0).max(database)
+            + Self::log_at_most(wal_restart_bytes)
+            + checkpoint_room;
+        Some(Capacity {
+            free_bytes,
+            held_bytes,
+            needs_bytes,
+        })
+    }
+
+    /// The most the write-ahead log's file reaches.
+    pub fn log_at_most(wal_restart_bytes: u64) -> u64 {
+        wal_restart_bytes + wal_restart_bytes / 8
+    }
+
+    pub fn fits(&self) -> bool {
+        self.free_bytes.saturating_add(self.held_bytes) >= self.needs_bytes
+    }
+}
+
 /// Says, at WARN, when the provider's file system cannot hold what the
-/// provider may take: its bound (or what it holds, unbounded), its
-/// write-ahead log at the most it reaches (the restart size and an eighth
-/// more, above the 70-72 MB measured), and its checkpoint's room. What the
-/// provider's files hold already counts as theirs. An operator learns at
-/// the start, not when the disk fills, that the bound is out of reach.
+/// provider may take ([`Capacity`]): an operator learns at the start, not
+/// when the disk fills, that the bound is out of reach.
 pub(super) fn warn_if_the_file_system_is_short(options: &super::SqliteOptions, db: &Path) {
-    let len = |path: &Path| std::fs::metadata(path).map_or(0, |m| m.len());
-    let Some(free) = db.parent().and_then(available_bytes) else {
+    let Some(capacity) = Capacity::of(
+        db,
+        options.max_bytes,
+        options.checkpoint_room,
+        options.wal_restart_bytes,
+    ) else {
         return;
     };
-    let database = len(db);
-    let log = len(&super::wal_path(db));
-    let room = len(&room_path(db)).min(options.checkpoint_room);
-    let log_most = options.wal_restart_bytes + options.wal_restart_bytes / 8;
-    let needs = options.max_bytes.unwrap_or(0).max(database) + log_most + options.checkpoint_room;
-    let has = free + database + log + room;
-    if has < needs {
-        tracing::warn!(provider = %options.name, file = %db.display(), free_bytes = free,
-            needs_bytes = needs, max_bytes = options.max_bytes.unwrap_or(0), log_bytes_at_most = log_most,
+    if !capacity.fits() {
+        tracing::warn!(provider = %options.name, file = %db.display(), free_bytes = capacity.free_bytes,
+            held_bytes = capacity.held_bytes, needs_bytes = capacity.needs_bytes,
+            max_bytes = options.max_bytes.unwrap_or(0),
+            log_bytes_at_most = Capacity::log_at_most(options.wal_restart_bytes),
             checkpoint_room = options.checkpoint_room,
             "the file system under the storage provider is smaller than what it may take (its max_bytes or what it holds, its write-ahead log and its checkpoint's room): it will run out of room before its bound");
     }
