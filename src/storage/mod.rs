@@ -10,6 +10,7 @@ pub mod lock;
 pub mod memory;
 pub mod migrate;
 pub mod read;
+pub(crate) mod room;
 pub mod snapshot_dir;
 pub mod snapshot_write;
 pub mod sqlite;

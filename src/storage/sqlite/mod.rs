@@ -1246,7 +1246,7 @@ impl Flusher {
             room: (shared.options.checkpoint_room > 0).then(|| {
                 let db =
                     std::fs::canonicalize(&shared.path).unwrap_or_else(|_| shared.path.clone());
-                room::Room::open(&db, shared.options.checkpoint_room)
+                crate::storage::room::Room::at(room::room_path(&db), shared.options.checkpoint_room)
             }),
             faults: shared.faults.clone(),
         };
@@ -1310,7 +1310,7 @@ struct FlushLoop {
     /// The last checkpoint failed for want of room on the file system.
     checkpoint_found_no_room: bool,
     /// The checkpoint's room, unless the configuration keeps none.
-    room: Option<room::Room>,
+    room: Option<crate::storage::room::Room>,
     /// The provider's planned failures, asked before each fsync of the log.
     faults: Option<Arc<vfs::Faults>>,
 }
@@ -1627,7 +1627,8 @@ impl SqliteProvider {
             }
             return opened;
         }
-        let mut room = room::Room::open(&db, options.checkpoint_room);
+        let mut room =
+            crate::storage::room::Room::at(room::room_path(&db), options.checkpoint_room);
         // Given up and not taken back: taken now if it fits, so a start on
         // a file system that has room again is not held for a turn.
         if room.is_given_up() {
