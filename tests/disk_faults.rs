@@ -1245,3 +1245,89 @@ fn a_provider_whose_file_system_cannot_hold_its_bound_says_so_at_the_start() {
     assert_eq!(log_lines_with(&broker, SHORT), 0, "{}", broker.log_text());
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
 }
+
+#[test]
+fn a_memory_provider_whose_disk_fills_writes_its_next_generation_into_the_snapshot_room() {
+    let test =
+        "a_memory_provider_whose_disk_fills_writes_its_next_generation_into_the_snapshot_room";
+    let Some(volume) = Volume::tmpfs(test, "16m") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         metrics:\n  bind: 127.0.0.1:0\n\
+         storage:\n  - name: mem\n    kind: memory\n    snapshot_dir: {}\n    snapshot_room: 2MiB\n\
+         \x20   snapshot_debounce: 20ms\n    snapshot_max_delay: 100ms\n\
+         channels:\n  - name: telemetry\n    kind: append\n    storage: mem\n",
+        volume.path.join("snapshots").display()
+    );
+    const ROOM: u64 = 2 << 20;
+    let room = "saguin_snapshot_room_bytes{provider=\"mem\"}";
+    let unsaved = "saguin_snapshot_unsaved_seconds{provider=\"mem\"}";
+    let failures = "saguin_snapshot_failures_total{provider=\"mem\"}";
+    let sample = |broker: &Broker, name: &str| {
+        let text = metrics_text(broker);
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let broker = Broker::start_in(dir, &yaml);
+    let rt = runtime();
+    let publish = |broker: &Broker, ids: std::ops::Range<u32>| {
+        rt.block_on(async {
+            let mut c = Raw::tcp(broker.addr(), v5()).await;
+            c.connect("p", ConnectOpts::clean()).await;
+            publish_each(&mut c, "telemetry/a", ids).await
+        })
+    };
+    let first = publish(&broker, 0..20);
+    assert_eq!(first.acknowledged.len(), 20);
+    // The room is taken after the first generation.
+    wait_for("the snapshot room taken", || {
+        sample(&broker, room) == Some(ROOM as f64)
+    });
+
+    // The file system fills; the next generation's channel file finds no
+    // room, and the room is given up to the one after it.
+    let ballast = volume.fill("ballast");
+    let during = publish(&broker, 20..220);
+    assert_eq!(
+        during.acknowledged.len(),
+        200,
+        "a memory provider takes them"
+    );
+    broker.wait_log(|l| l.contains("gave up the snapshot room"));
+    wait_for("a generation holding every change", || {
+        sample(&broker, unsaved) == Some(0.0)
+    });
+    assert!(sample(&broker, failures).is_some_and(|n| n >= 1.0));
+    assert!(sample(&broker, room).is_some_and(|b| b < ROOM as f64));
+
+    // kill -9: what was acknowledged after the disk filled is in the last
+    // generation.
+    let mut broker = broker.restart(&yaml);
+    let got = rt.block_on(async {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("consumer", ConnectOpts::clean()).await;
+        let reasons = c
+            .subscribe_with_user_properties(1, "telemetry/#", 1, &[("saguin-from", "earliest")])
+            .await;
+        assert_eq!(reasons, vec![ReasonCode::GrantedQoS1]);
+        let mut got = Vec::new();
+        while got.len() < 220 {
+            got.push(index_of(&c.next_publish(true).await.payload));
+        }
+        got
+    });
+    assert_eq!(got, (0..220).collect::<Vec<_>>());
+
+    // Room made: the room is taken back after the next generation.
+    std::fs::remove_file(&ballast).unwrap();
+    let after = publish(&broker, 300..301);
+    assert_eq!(after.acknowledged.len(), 1);
+    wait_for("the snapshot room taken back", || {
+        sample(&broker, room) == Some(ROOM as f64)
+    });
+    still_running(&mut broker);
+}

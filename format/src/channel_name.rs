@@ -18,6 +18,9 @@ pub const SESSIONS_FILE: &str = "saguin.sessions";
 pub const BROADCAST_FILE: &str = "saguin.broadcast";
 /// The directory's lock file (not a snapshot file).
 pub const LOCK_FILE: &str = "saguin.lock";
+/// The room a memory provider keeps allocated for the generation that finds
+/// the file system full (not a snapshot file).
+pub const ROOM_FILE: &str = "saguin.room";
 /// Appended to a file's final name while it is being written; a leftover
 /// one is a write that never finished.
 pub const TEMP_SUFFIX: &str = ".tmp";

@@ -689,7 +689,8 @@ fn open_one(
                         sessions: roles.sessions,
                         parallel_files: PARALLEL_FILES,
                     };
-                    let generations = Generations::new(&dir, options, committed, &memory);
+                    let mut generations = Generations::new(&dir, options, committed, &memory);
+                    generations.keep_room(&name, m.snapshot_room);
                     let writer =
                         SnapshotWriter::start(&name, memory.clone(), generations, m.snapshots);
                     Some(SnapshotDir {

@@ -158,6 +158,9 @@ pub struct SnapshotMetrics {
     /// background: only its `saguin_snapshot_unsaved_seconds` is rendered
     /// (one written at shutdown only holds nothing of what a crash loses).
     pub background: std::sync::atomic::AtomicBool,
+    /// What of the snapshot room is allocated, plus one (0: the provider
+    /// keeps none), as the last generation left it.
+    pub room_kept_plus_one: AtomicU64,
 }
 
 impl SnapshotMetrics {
@@ -219,6 +222,11 @@ impl SnapshotWriter {
         let metrics = Arc::new(SnapshotMetrics::default());
         let committed = generations.committed();
         metrics.set_committed(committed.generation, committed.captured_at);
+        if let Some(kept) = generations.room_kept() {
+            metrics
+                .room_kept_plus_one
+                .store(kept.saturating_add(1), Ordering::Relaxed);
+        }
         let generations = Arc::new(Mutex::new(generations));
         let writer = Arc::new(SnapshotWriter {
             name: name.to_owned(),
@@ -364,6 +372,11 @@ impl SnapshotWriter {
                     error = %failed.error,
                     "snapshot file could not be written: its previous generation's file stands, and it is tried again at the next generation");
             }
+        }
+        if let Some(kept) = written.outcome.room_kept {
+            metrics
+                .room_kept_plus_one
+                .store(kept.saturating_add(1), Ordering::Relaxed);
         }
         let write_nanos = u64::try_from(written.elapsed.as_nanos()).unwrap_or(u64::MAX);
         metrics
@@ -647,6 +660,16 @@ pub fn render_metrics(
                 "{name}{{provider=\"{}\"}} {}",
                 super::metrics::escape_label(provider),
                 sample(m, now)
+            );
+        }
+    }
+    let _ = writeln!(out, "# HELP saguin_snapshot_room_bytes What of a memory provider's snapshot room is allocated: snapshot_room while whole, 0 before its first generation, while given up to a generation that found the file system full, and while it does not fit. Only for providers that keep one.\n# TYPE saguin_snapshot_room_bytes gauge");
+    for (provider, m) in providers {
+        if let Some(kept) = m.room_kept_plus_one.load(Ordering::Relaxed).checked_sub(1) {
+            let _ = writeln!(
+                out,
+                "saguin_snapshot_room_bytes{{provider=\"{}\"}} {kept}",
+                super::metrics::escape_label(provider)
             );
         }
     }

@@ -152,6 +152,10 @@ pub struct MemoryProvider {
     pub max_bytes: Option<u64>,
     /// When a snapshot generation is written while the broker serves.
     pub snapshots: SnapshotSchedule,
+    /// Room kept allocated in the snapshot_dir (`saguin.room`) for the
+    /// generation that finds the file system full; 0 keeps none (always 0
+    /// without a snapshot_dir). Default 64 MiB.
+    pub snapshot_room: u64,
 }
 
 /// When a memory provider writes a snapshot generation while it serves:

@@ -111,6 +111,7 @@ fn provider(p: &Provider) -> Value {
             "max_bytes": m.max_bytes,
             "snapshot_debounce": m.snapshots.debounce.map(duration).unwrap_or_else(|| "none".to_string()),
             "snapshot_max_delay": m.snapshots.max_delay.map(duration).unwrap_or_else(|| "none".to_string()),
+            "snapshot_room": m.snapshot_room,
         }),
         Provider::Sqlite(s) => json!({
             "name": s.name,

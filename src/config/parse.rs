@@ -739,9 +739,15 @@ const MEMORY_KEYS: &[&str] = &[
     "max_bytes",
     "snapshot_debounce",
     "snapshot_max_delay",
+    "snapshot_room",
 ];
 /// What only a memory provider has.
-const MEMORY_ONLY: &[&str] = &["snapshot_dir", "snapshot_debounce", "snapshot_max_delay"];
+const MEMORY_ONLY: &[&str] = &[
+    "snapshot_dir",
+    "snapshot_debounce",
+    "snapshot_max_delay",
+    "snapshot_room",
+];
 /// Bounds of a memory provider's snapshot schedule: a debounce below a
 /// millisecond is no debounce, and a maximum delay past an hour is a
 /// crash window nobody means (`none` says "only at shutdown" plainly).
@@ -774,9 +780,30 @@ pub(crate) const PUBLISH_COMMIT_INTERVAL_MAX: Duration = Duration::from_secs(1);
 /// Read connections beyond this buy nothing on the machines saguin targets
 /// and cost a file handle and a page cache each.
 pub(crate) const READ_CONNECTIONS_MAX: u64 = 64;
-/// A room past this buys nothing: the write-ahead log is started again at
-/// 64 MiB, so no checkpoint copies much more beyond the database's end.
-pub(crate) const CHECKPOINT_ROOM_MAX: u64 = 1 << 30;
+/// The most room a provider keeps for what it must write when its file
+/// system is full: a sqlite provider's checkpoint copies at most about its
+/// log's 64 MiB, and a memory provider's larger stores are better given a
+/// file system with room than a room of their size.
+pub(crate) const ROOM_MAX: u64 = 1 << 30;
+/// The room a memory provider with a snapshot_dir keeps by default, as a
+/// sqlite provider's checkpoint room.
+pub(crate) const SNAPSHOT_ROOM_DEFAULT: u64 = 64 << 20;
+
+/// `checkpoint_room` or `snapshot_room`: a size, 0 keeping none, at most
+/// [`ROOM_MAX`].
+fn room_size(ctx: &mut Ctx, path: &str, value: &Value) -> Option<u64> {
+    size(ctx, path, value).and_then(|bytes| {
+        if bytes > ROOM_MAX {
+            ctx.problem(
+                path,
+                format!("{bytes} bytes is above 1GiB; a room covers what must still be written when the file system is full (a checkpoint of the write-ahead log, started again at 64MiB; a snapshot generation's changed files)"),
+            );
+            None
+        } else {
+            Some(bytes)
+        }
+    })
+}
 
 #[derive(Clone, Copy)]
 enum ProviderKind {
@@ -828,14 +855,29 @@ fn providers(ctx: &mut Ctx, path: &str, value: &Value) -> (Vec<(usize, Provider)
                     .take("snapshot_dir")
                     .and_then(|(p, v)| file_path(ctx, &p, v));
                 let snapshots = snapshot_schedule(ctx, &mut f, &path, snapshot_dir.is_some());
+                let snapshot_room = match f.take("snapshot_room") {
+                    None if snapshot_dir.is_some() => Some(SNAPSHOT_ROOM_DEFAULT),
+                    None => Some(0),
+                    Some((p, v)) => room_size(ctx, &p, v).and_then(|bytes| {
+                        if bytes > 0 && snapshot_dir.is_none() {
+                            ctx.problem(&p, "a snapshot room needs a snapshot_dir to keep it in");
+                            None
+                        } else {
+                            Some(bytes)
+                        }
+                    }),
+                };
                 f.finish(ctx, MEMORY_KEYS);
-                match (name, snapshots) {
-                    (Some(name), Some(snapshots)) => Some(Provider::Memory(MemoryProvider {
-                        name,
-                        snapshot_dir,
-                        max_bytes,
-                        snapshots,
-                    })),
+                match (name, snapshots, snapshot_room) {
+                    (Some(name), Some(snapshots), Some(snapshot_room)) => {
+                        Some(Provider::Memory(MemoryProvider {
+                            name,
+                            snapshot_dir,
+                            max_bytes,
+                            snapshots,
+                            snapshot_room,
+                        }))
+                    }
                     _ => None,
                 }
             }
@@ -895,17 +937,7 @@ fn providers(ctx: &mut Ctx, path: &str, value: &Value) -> (Vec<(usize, Provider)
                     .unwrap_or(Some(4));
                 let checkpoint_room = match f.take("checkpoint_room") {
                     None => Some(crate::storage::sqlite::CHECKPOINT_ROOM_DEFAULT),
-                    Some((p, v)) => size(ctx, &p, v).and_then(|bytes| {
-                        if bytes > CHECKPOINT_ROOM_MAX {
-                            ctx.problem(
-                                &p,
-                                format!("{bytes} bytes is above 1GiB; the room covers one checkpoint of the write-ahead log, which is started again at 64MiB"),
-                            );
-                            None
-                        } else {
-                            Some(bytes)
-                        }
-                    }),
+                    Some((p, v)) => room_size(ctx, &p, v),
                 };
                 f.finish(ctx, SQLITE_KEYS);
                 match (

@@ -1251,3 +1251,39 @@ fn a_snapshot_dir_that_is_a_symlink_is_refused_as_serve_refuses_it() {
         "exists and is not a directory",
     );
 }
+
+#[test]
+fn a_memory_provider_keeps_a_snapshot_room_only_with_a_directory() {
+    let memory =
+        |extra: &str| with_base(&format!("storage:\n  - {{name: m, kind: memory{extra}}}\n"));
+    let room = |config: &Config| match &config.storage[0] {
+        Provider::Memory(m) => m.snapshot_room,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(room(&ok(&memory(", snapshot_dir: /srv/snap"))), 64 << 20);
+    assert_eq!(room(&ok(&memory(""))), 0, "nothing to keep it in");
+    assert_eq!(
+        room(&ok(&memory(
+            ", snapshot_dir: /srv/snap, snapshot_room: 8MiB"
+        ))),
+        8 << 20
+    );
+    assert_eq!(room(&ok(&memory(", snapshot_room: 0"))), 0);
+    one_problem(
+        &memory(", snapshot_room: 8MiB"),
+        "storage[0].snapshot_room",
+        "needs a snapshot_dir",
+    );
+    one_problem(
+        &memory(", snapshot_dir: /srv/snap, snapshot_room: 2GiB"),
+        "storage[0].snapshot_room",
+        "above 1GiB",
+    );
+    one_problem(
+        &with_base(
+            "storage:\n  - {name: d, kind: sqlite, file_path: /srv/a.db, snapshot_room: 8MiB}\n",
+        ),
+        "storage[0].snapshot_room",
+        "only a memory provider",
+    );
+}

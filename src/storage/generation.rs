@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use saguin_format::channel_name::{
     encode_file_name, split_generation_file_name, temp_file_name, BROADCAST_FILE, MANIFEST_FILE,
-    RETAINED_FILE, SESSIONS_FILE, SNAPSHOT_SUFFIX, TEMP_SUFFIX,
+    RETAINED_FILE, ROOM_FILE, SESSIONS_FILE, SNAPSHOT_SUFFIX, TEMP_SUFFIX,
 };
 use saguin_format::f21::{self, FileKind, Generation, GenerationFile, SnapshotFile};
 use saguin_format::model::UnixNanos;
@@ -230,6 +230,11 @@ pub struct Generations {
     /// [`Generations::write`]), so a capture costs the traffic since the
     /// last one, not the channel's length.
     held: HashMap<String, HeldRecords>,
+    /// The room kept for the generation that finds the file system full
+    /// ([`Generations::keep_room`]); `None` keeps none.
+    room: Option<super::room::Room>,
+    /// The name the room is held under in the log.
+    name: String,
 }
 
 /// An append channel's records as a capture held them.
@@ -270,6 +275,8 @@ pub struct Outcome {
     pub report: WriteReport,
     /// How many files no manifest lists any more were removed.
     pub removed: usize,
+    /// What of the room is allocated after it; `None` keeps none.
+    pub room_kept: Option<u64>,
 }
 
 impl Generations {
@@ -302,7 +309,27 @@ impl Generations {
             written,
             committed,
             held: HashMap::new(),
+            room: None,
+            name: String::new(),
         }
+    }
+
+    /// Keeps `bytes` of room in the directory, in [`ROOM_FILE`], for the
+    /// generation that finds the file system full (0 keeps none), the
+    /// provider named `name` in what is logged of it. It is taken at the
+    /// first generation written, off the broker's loop. A generation a
+    /// file of which failed for want of room gives it up whole, and the
+    /// next generation (the retry, a second or `snapshot_max_delay` later)
+    /// writes into it; after a generation that wrote all it was given, it
+    /// is taken back whole when it fits.
+    pub fn keep_room(&mut self, name: &str, bytes: u64) {
+        self.name = name.to_owned();
+        self.room = (bytes > 0).then(|| super::room::Room::at(self.dir.join(ROOM_FILE), bytes));
+    }
+
+    /// What of the room is allocated; `None` keeps none.
+    pub fn room_kept(&self) -> Option<u64> {
+        self.room.as_ref().map(super::room::Room::kept)
     }
 
     pub fn dir(&self) -> &Path {
@@ -366,9 +393,67 @@ impl Generations {
     /// broker's loop: this runs on the writer's thread).
     pub fn write(&mut self, mut job: Job, observer: &dyn WriteObserver) -> Outcome {
         self.complete(&mut job);
-        let outcome = write_generation(&self.dir, &job, observer);
+        let mut outcome = write_generation(&self.dir, &job, observer);
         self.settle(&outcome);
+        self.room_after(&outcome);
+        outcome.room_kept = self.room_kept();
         outcome
+    }
+
+    /// The room after a generation: given up whole when a file found no
+    /// room, taken back when it wrote all it was given and the room is
+    /// not whole.
+    fn room_after(&mut self, outcome: &Outcome) {
+        let Some(room) = self.room.as_mut() else {
+            return;
+        };
+        let no_room = outcome
+            .report
+            .failed
+            .iter()
+            .any(|f| matches!(f.error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)));
+        if no_room {
+            if room.kept() == 0 {
+                return;
+            }
+            // Taking it back fails while the file system is full; this says why.
+            room.warned = true;
+            match room.give(u64::MAX) {
+                Ok(given) => {
+                    tracing::warn!(provider = %self.name, dir = %self.dir.display(), given_bytes = given,
+                    "the file system under the snapshot directory is full: gave up the snapshot room, which the next generation writes into; it is taken back whole once the file system has that much free")
+                }
+                Err(e) => {
+                    tracing::error!(provider = %self.name, dir = %self.dir.display(), error = %e,
+                    "giving up the snapshot room failed")
+                }
+            }
+            return;
+        }
+        if !outcome.report.failed.is_empty() || outcome.committed.is_none() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        if !room.due(now) {
+            return;
+        }
+        let given_up = room.is_given_up();
+        match room.take(now) {
+            Ok(()) => {
+                room.warned = false;
+                if given_up {
+                    tracing::info!(provider = %self.name, dir = %self.dir.display(), room_bytes = room.bytes(),
+                        "the snapshot room is kept again, the file system having that much free");
+                }
+            }
+            Err(e) => {
+                if !room.warned {
+                    room.warned = true;
+                    tracing::warn!(provider = %self.name, dir = %self.dir.display(), room_bytes = room.bytes(), error = %e,
+                        "cannot keep the snapshot room (tried again after each generation): should the file system fill, generations fail until room is made beside them");
+                }
+            }
+        }
     }
 
     /// Makes every append channel copy of `job` whole: the records held
@@ -435,6 +520,7 @@ pub fn write_generation(dir: &Path, job: &Job, observer: &dyn WriteObserver) -> 
         written: Vec::new(),
         report: WriteReport::default(),
         removed: 0,
+        room_kept: None,
     };
     if let Err(error) = snapshot_write::create_dir(dir) {
         report.failed.push(FailedFile {

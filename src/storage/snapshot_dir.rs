@@ -59,8 +59,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use saguin_format::channel_name::{
-    encode_file_name, BROADCAST_FILE, LOCK_FILE, MANIFEST_FILE, RETAINED_FILE, SESSIONS_FILE,
-    TEMP_SUFFIX,
+    encode_file_name, BROADCAST_FILE, LOCK_FILE, MANIFEST_FILE, RETAINED_FILE, ROOM_FILE,
+    SESSIONS_FILE, TEMP_SUFFIX,
 };
 use saguin_format::f21::{
     self, time::format_unix_nanos, BroadcastFile, ChannelFile, FileKind, Generation,
@@ -1068,7 +1068,7 @@ pub fn scan_with(
             findings.push(FindingKind::LeftoverTemp { file: name });
             continue;
         }
-        if is_lock_file(&name) {
+        if is_lock_file(&name) || name == ROOM_FILE {
             continue;
         }
         match Role::of(&name) {
