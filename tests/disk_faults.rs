@@ -1331,3 +1331,62 @@ fn a_memory_provider_whose_disk_fills_writes_its_next_generation_into_the_snapsh
     });
     still_running(&mut broker);
 }
+
+#[test]
+fn a_stop_on_a_full_disk_writes_its_last_generation_into_the_snapshot_room() {
+    let test = "a_stop_on_a_full_disk_writes_its_last_generation_into_the_snapshot_room";
+    let Some(volume) = Volume::tmpfs(test, "16m") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let snapshots = volume.path.join("snapshots");
+    // Written at the stop only.
+    let yaml = format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         storage:\n  - name: mem\n    kind: memory\n    snapshot_dir: {}\n    snapshot_room: 2MiB\n\
+         \x20   snapshot_debounce: none\n    snapshot_max_delay: none\n\
+         channels:\n  - name: telemetry\n    kind: append\n    storage: mem\n",
+        snapshots.display()
+    );
+    let rt = runtime();
+    let publish = |broker: &Broker, ids: std::ops::Range<u32>| {
+        rt.block_on(async {
+            let mut c = Raw::tcp(broker.addr(), v5()).await;
+            c.connect("p", ConnectOpts::clean()).await;
+            publish_each(&mut c, "telemetry/a", ids).await
+        })
+    };
+    let mut broker = Broker::start_in(dir, &yaml);
+    assert_eq!(publish(&broker, 0..20).acknowledged.len(), 20);
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+    // The room is taken after the first generation, the stop's.
+    let room = snapshots.join("saguin.room");
+    assert_eq!(std::fs::metadata(&room).unwrap().len(), 2 << 20);
+
+    let mut broker = broker.restart(&yaml);
+    assert_eq!(publish(&broker, 20..220).acknowledged.len(), 200);
+    volume.fill("ballast");
+    // The stop's generation finds no room, gives the room up and writes
+    // into it: a clean stop, nothing lost.
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+    assert_eq!(
+        log_lines_with(&broker, "writing again into the snapshot room"),
+        1,
+        "{}",
+        broker.log_text()
+    );
+
+    let broker = broker.restart(&yaml);
+    let got = rt.block_on(async {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("consumer", ConnectOpts::clean()).await;
+        c.subscribe_with_user_properties(1, "telemetry/#", 1, &[("saguin-from", "earliest")])
+            .await;
+        let mut got = Vec::new();
+        while got.len() < 220 {
+            got.push(index_of(&c.next_publish(true).await.payload));
+        }
+        got
+    });
+    assert_eq!(got, (0..220).collect::<Vec<_>>());
+}

@@ -941,7 +941,23 @@ fn write_memory(
         prefix: format!("storage provider {name}: snapshot {}", dir.display()),
         writing: Mutex::new(BTreeSet::new()),
     };
-    let outcome = generations.write(job, &observer);
+    let mut outcome = generations.write(job, &observer);
+    // A file found no room and the room was given up: the stop has no next
+    // generation, so it writes what is still unwritten into the room now.
+    if outcome.room_given {
+        if let Some(job) = generations.capture(writer.provider(), contract::now_nanos()) {
+            tracing::warn!(provider = %name, dir = %dir.display(), failed = outcome.report.failed.len(),
+                "snapshot: writing again into the snapshot room what found no room");
+            let first = std::mem::take(&mut outcome.report.written);
+            let (removed, committed) = (outcome.removed, outcome.committed.take());
+            outcome = generations.write(job, &observer);
+            outcome.report.written.splice(0..0, first);
+            outcome.removed += removed;
+            // The first generation stands when the second's manifest found
+            // no room either.
+            outcome.committed = outcome.committed.take().or(committed);
+        }
+    }
     drop(generations);
     let written = &outcome.report;
     for w in &written.written {

@@ -277,6 +277,9 @@ pub struct Outcome {
     pub removed: usize,
     /// What of the room is allocated after it; `None` keeps none.
     pub room_kept: Option<u64>,
+    /// A file found no room and the room was given up for the next
+    /// generation to write into.
+    pub room_given: bool,
 }
 
 impl Generations {
@@ -395,17 +398,17 @@ impl Generations {
         self.complete(&mut job);
         let mut outcome = write_generation(&self.dir, &job, observer);
         self.settle(&outcome);
-        self.room_after(&outcome);
+        outcome.room_given = self.room_after(&outcome);
         outcome.room_kept = self.room_kept();
         outcome
     }
 
     /// The room after a generation: given up whole when a file found no
-    /// room, taken back when it wrote all it was given and the room is
-    /// not whole.
-    fn room_after(&mut self, outcome: &Outcome) {
+    /// room (true: the next generation writes into it), taken back when it
+    /// wrote all it was given and the room is not whole.
+    fn room_after(&mut self, outcome: &Outcome) -> bool {
         let Some(room) = self.room.as_mut() else {
-            return;
+            return false;
         };
         let no_room = outcome
             .report
@@ -414,28 +417,29 @@ impl Generations {
             .any(|f| matches!(f.error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)));
         if no_room {
             if room.kept() == 0 {
-                return;
+                return false;
             }
             // Taking it back fails while the file system is full; this says why.
             room.warned = true;
-            match room.give(u64::MAX) {
+            return match room.give(u64::MAX) {
                 Ok(given) => {
                     tracing::warn!(provider = %self.name, dir = %self.dir.display(), given_bytes = given,
-                    "the file system under the snapshot directory is full: gave up the snapshot room, which the next generation writes into; it is taken back whole once the file system has that much free")
+                        "the file system under the snapshot directory is full: gave up the snapshot room, which the next generation writes into; it is taken back whole once the file system has that much free");
+                    true
                 }
                 Err(e) => {
                     tracing::error!(provider = %self.name, dir = %self.dir.display(), error = %e,
-                    "giving up the snapshot room failed")
+                        "giving up the snapshot room failed");
+                    false
                 }
-            }
-            return;
+            };
         }
         if !outcome.report.failed.is_empty() || outcome.committed.is_none() {
-            return;
+            return false;
         }
         let now = std::time::Instant::now();
         if !room.due(now) {
-            return;
+            return false;
         }
         let given_up = room.is_given_up();
         match room.take(now) {
@@ -454,6 +458,7 @@ impl Generations {
                 }
             }
         }
+        false
     }
 
     /// Makes every append channel copy of `job` whole: the records held
@@ -521,6 +526,7 @@ pub fn write_generation(dir: &Path, job: &Job, observer: &dyn WriteObserver) -> 
         report: WriteReport::default(),
         removed: 0,
         room_kept: None,
+        room_given: false,
     };
     if let Err(error) = snapshot_write::create_dir(dir) {
         report.failed.push(FailedFile {
