@@ -108,8 +108,10 @@ impl Schedule {
     }
 
     /// The generation ended at `now`. One that failed is to be tried
-    /// again: its stores count as changed, no sooner than the retry gap.
-    pub fn finished(&mut self, now: Instant, failed: bool) {
+    /// again: its stores count as changed, no sooner than the retry gap -
+    /// unless it gave up the snapshot room for the retry to write into
+    /// (`into_room`), which is then due as any change is.
+    pub fn finished(&mut self, now: Instant, failed: bool, into_room: bool) {
         self.writing = false;
         if failed {
             let gap = self
@@ -117,7 +119,7 @@ impl Schedule {
                 .max_delay
                 .unwrap_or(RETRY_AT_LEAST)
                 .max(RETRY_AT_LEAST);
-            self.retry_at = Some(now + gap);
+            self.retry_at = (!into_room).then(|| now + gap);
             self.changed(now);
         } else {
             self.retry_at = None;
@@ -598,7 +600,7 @@ impl Snapshots {
     pub fn settle(&mut self, index: usize, written: Written, now: Instant) {
         if let Some(d) = self.driven.get_mut(index) {
             let failed = d.writer.settled(&written);
-            d.schedule.finished(now, failed);
+            d.schedule.finished(now, failed, written.outcome.room_given);
             d.unsaved.finished(failed);
             d.publish_unsaved();
         }

@@ -322,7 +322,7 @@ impl Generations {
     /// provider named `name` in what is logged of it. It is taken at the
     /// first generation written, off the broker's loop. A generation a
     /// file of which failed for want of room gives it up whole, and the
-    /// next generation (the retry, a second or `snapshot_max_delay` later)
+    /// next generation (due as any change is, not after the retry gap)
     /// writes into it; after a generation that wrote all it was given, it
     /// is taken back whole when it fits.
     pub fn keep_room(&mut self, name: &str, bytes: u64) {

@@ -42,14 +42,14 @@ fn a_generation_being_written_holds_the_next_and_changes_meanwhile_count_from_th
     s.changed(t0 + ms(300));
     s.changed(t0 + ms(400));
     assert_eq!(s.due_at(), None);
-    s.finished(t0 + ms(3000), false);
+    s.finished(t0 + ms(3000), false, false);
     assert_eq!(
         s.due_at(),
         Some(t0 + ms(650)),
         "already due: the window was spent writing"
     );
     s.started();
-    s.finished(t0 + ms(3100), false);
+    s.finished(t0 + ms(3100), false, false);
     assert_eq!(s.due_at(), None, "nothing changed since");
 }
 
@@ -59,7 +59,7 @@ fn a_failed_generation_is_tried_again_no_sooner_than_the_maximum_delay() {
     let mut s = legacy_default();
     s.changed(t0);
     s.started();
-    s.finished(t0 + ms(10), true);
+    s.finished(t0 + ms(10), true, false);
     assert_eq!(s.due_at(), Some(t0 + ms(2010)));
     // A shorter maximum delay still waits a second between attempts.
     let mut s = Schedule::new(SnapshotSchedule {
@@ -68,14 +68,28 @@ fn a_failed_generation_is_tried_again_no_sooner_than_the_maximum_delay() {
     });
     s.changed(t0);
     s.started();
-    s.finished(t0, true);
+    s.finished(t0, true, false);
     s.changed(t0 + ms(10));
     assert_eq!(s.due_at(), Some(t0 + ms(1000)));
     // One that lands clears the wait.
     s.started();
-    s.finished(t0 + ms(1000), false);
+    s.finished(t0 + ms(1000), false, false);
     s.changed(t0 + ms(1001));
     assert_eq!(s.due_at(), Some(t0 + ms(1006)));
+}
+
+#[test]
+fn a_generation_that_gave_up_the_snapshot_room_is_tried_again_as_any_change() {
+    let t0 = Instant::now();
+    let mut s = Schedule::new(SnapshotSchedule {
+        debounce: Some(ms(5)),
+        max_delay: Some(ms(50)),
+    });
+    s.changed(t0);
+    s.started();
+    s.finished(t0 + ms(10), true, true);
+    // Due a debounce after the failure, not a second.
+    assert_eq!(s.due_at(), Some(t0 + ms(15)));
 }
 
 #[test]
