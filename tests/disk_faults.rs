@@ -1246,6 +1246,34 @@ fn a_provider_whose_file_system_cannot_hold_its_bound_says_so_at_the_start() {
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
 }
 
+/// Every record of `telemetry` from the earliest, read by a consumer
+/// through the broker until `count` came: their publish indexes.
+async fn read_from_earliest(addr: std::net::SocketAddr, count: usize) -> Vec<u32> {
+    let mut c = Raw::tcp(addr, v5()).await;
+    c.connect("consumer", ConnectOpts::clean()).await;
+    let reasons = c
+        .subscribe_with_user_properties(1, "telemetry/#", 1, &[("saguin-from", "earliest")])
+        .await;
+    assert_eq!(reasons, vec![ReasonCode::GrantedQoS1]);
+    let mut got = Vec::new();
+    while got.len() < count {
+        got.push(index_of(&c.next_publish(true).await.payload));
+    }
+    got
+}
+
+/// A memory provider `mem` keeping `telemetry` in a snapshot directory on
+/// `volume` with a 2 MiB room, its generations written as `schedule` says.
+fn memory_room_config(volume: &Volume, schedule: &str) -> String {
+    format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         metrics:\n  bind: 127.0.0.1:0\n\
+         storage:\n  - {{name: mem, kind: memory, snapshot_dir: {}, snapshot_room: 2MiB, {schedule}}}\n\
+         channels:\n  - name: telemetry\n    kind: append\n    storage: mem\n",
+        volume.path.join("snapshots").display()
+    )
+}
+
 #[test]
 fn a_memory_provider_whose_disk_fills_writes_its_next_generation_into_the_snapshot_room() {
     let test =
@@ -1254,13 +1282,9 @@ fn a_memory_provider_whose_disk_fills_writes_its_next_generation_into_the_snapsh
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let yaml = format!(
-        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
-         metrics:\n  bind: 127.0.0.1:0\n\
-         storage:\n  - name: mem\n    kind: memory\n    snapshot_dir: {}\n    snapshot_room: 2MiB\n\
-         \x20   snapshot_debounce: 20ms\n    snapshot_max_delay: 100ms\n\
-         channels:\n  - name: telemetry\n    kind: append\n    storage: mem\n",
-        volume.path.join("snapshots").display()
+    let yaml = memory_room_config(
+        &volume,
+        "snapshot_debounce: 20ms, snapshot_max_delay: 100ms",
     );
     const ROOM: u64 = 2 << 20;
     let room = "saguin_snapshot_room_bytes{provider=\"mem\"}";
@@ -1307,19 +1331,7 @@ fn a_memory_provider_whose_disk_fills_writes_its_next_generation_into_the_snapsh
     // kill -9: what was acknowledged after the disk filled is in the last
     // generation.
     let mut broker = broker.restart(&yaml);
-    let got = rt.block_on(async {
-        let mut c = Raw::tcp(broker.addr(), v5()).await;
-        c.connect("consumer", ConnectOpts::clean()).await;
-        let reasons = c
-            .subscribe_with_user_properties(1, "telemetry/#", 1, &[("saguin-from", "earliest")])
-            .await;
-        assert_eq!(reasons, vec![ReasonCode::GrantedQoS1]);
-        let mut got = Vec::new();
-        while got.len() < 220 {
-            got.push(index_of(&c.next_publish(true).await.payload));
-        }
-        got
-    });
+    let got = rt.block_on(read_from_earliest(broker.addr(), 220));
     assert_eq!(got, (0..220).collect::<Vec<_>>());
 
     // Room made: the room is taken back after the next generation.
@@ -1341,13 +1353,7 @@ fn a_stop_on_a_full_disk_writes_its_last_generation_into_the_snapshot_room() {
     let dir = tempfile::tempdir().unwrap();
     let snapshots = volume.path.join("snapshots");
     // Written at the stop only.
-    let yaml = format!(
-        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
-         storage:\n  - name: mem\n    kind: memory\n    snapshot_dir: {}\n    snapshot_room: 2MiB\n\
-         \x20   snapshot_debounce: none\n    snapshot_max_delay: none\n\
-         channels:\n  - name: telemetry\n    kind: append\n    storage: mem\n",
-        snapshots.display()
-    );
+    let yaml = memory_room_config(&volume, "snapshot_debounce: none, snapshot_max_delay: none");
     let rt = runtime();
     let publish = |broker: &Broker, ids: std::ops::Range<u32>| {
         rt.block_on(async {
@@ -1377,16 +1383,6 @@ fn a_stop_on_a_full_disk_writes_its_last_generation_into_the_snapshot_room() {
     );
 
     let broker = broker.restart(&yaml);
-    let got = rt.block_on(async {
-        let mut c = Raw::tcp(broker.addr(), v5()).await;
-        c.connect("consumer", ConnectOpts::clean()).await;
-        c.subscribe_with_user_properties(1, "telemetry/#", 1, &[("saguin-from", "earliest")])
-            .await;
-        let mut got = Vec::new();
-        while got.len() < 220 {
-            got.push(index_of(&c.next_publish(true).await.payload));
-        }
-        got
-    });
+    let got = rt.block_on(read_from_earliest(broker.addr(), 220));
     assert_eq!(got, (0..220).collect::<Vec<_>>());
 }
