@@ -665,7 +665,7 @@ pub fn render_metrics(
             );
         }
     }
-    let _ = writeln!(out, "# HELP saguin_snapshot_room_bytes What of a memory provider's snapshot room is allocated: snapshot_room while whole, 0 before its first generation, while given up to a generation that found the file system full, and while it does not fit. Only for providers that keep one.\n# TYPE saguin_snapshot_room_bytes gauge");
+    let _ = writeln!(out, "# HELP saguin_snapshot_room_bytes What of a memory provider's snapshot room is allocated: snapshot_room while whole, less while given up to a generation that found the file system full, before it is first taken (after a generation) and while it does not fit. Only for providers that keep one.\n# TYPE saguin_snapshot_room_bytes gauge");
     for (provider, m) in providers {
         if let Some(kept) = m.room_kept_plus_one.load(Ordering::Relaxed).checked_sub(1) {
             let _ = writeln!(

@@ -410,11 +410,13 @@ impl Generations {
         let Some(room) = self.room.as_mut() else {
             return false;
         };
-        let no_room = outcome
-            .report
-            .failed
-            .iter()
-            .any(|f| matches!(f.error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)));
+        // By kind: a manifest's failure is rebuilt without its errno.
+        let no_room = outcome.report.failed.iter().any(|f| {
+            matches!(
+                f.error.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            )
+        });
         if no_room {
             if room.kept() == 0 {
                 return false;
@@ -438,6 +440,7 @@ impl Generations {
             return false;
         }
         let now = std::time::Instant::now();
+        room.recheck(now);
         if !room.due(now) {
             return false;
         }

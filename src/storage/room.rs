@@ -9,10 +9,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// A room as its file stands. What of it is allocated is `kept`; a file
-/// shorter than the room is a room given up, in part or whole, and not
-/// taken back since - the state survives a restart. No file is a room
-/// never taken (or one that never fitted).
+/// A room as its file stands. What of it is allocated is `kept`. Giving
+/// it up punches holes in its file and keeps the file's length, so a file
+/// with holes is a room given up, in part or whole, and not taken back
+/// since - the state survives a restart, whatever the configuration says
+/// now. A whole file shorter than the room (a larger room configured since)
+/// is one to grow, not one given up. No file is a room never taken (or one
+/// that never fitted).
 #[derive(Debug)]
 pub(crate) struct Room {
     path: PathBuf,
@@ -23,27 +26,61 @@ pub(crate) struct Room {
     next_try: Option<Instant>,
     /// A failure to take it was logged (once until it is taken).
     pub warned: bool,
+    /// When its file was last read again while whole ([`Room::recheck`]).
+    checked_at: Option<Instant>,
+}
+
+/// How often a whole room's file is read again, so that one removed or cut
+/// by hand is taken again.
+const RECHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A room file's length and allocated bytes; `None` when there is no
+/// such file.
+fn file_state(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .ok()
+        .filter(std::fs::Metadata::is_file)
+        .map(|m| (m.len(), m.blocks().saturating_mul(512)))
+}
+
+/// What of the file at `path` is allocated on its file system (0 for no
+/// such file): a room's bytes held, whatever its length.
+pub(crate) fn allocated_bytes(path: &Path) -> u64 {
+    file_state(path).map_or(0, |(len, allocated)| len.min(allocated))
 }
 
 impl Room {
     /// The room of `bytes` in the file `path`, as it stands.
     pub fn at(path: PathBuf, bytes: u64) -> Room {
-        use std::os::unix::fs::MetadataExt;
-        let (kept, given_up) = match std::fs::metadata(&path) {
-            Ok(m) if m.is_file() => (
-                m.len().min(m.blocks().saturating_mul(512)).min(bytes),
-                m.len() < bytes,
-            ),
-            _ => (0, false),
-        };
-        Room {
+        let mut room = Room {
             path,
             bytes,
-            kept,
-            given_up,
+            kept: 0,
+            given_up: false,
             next_try: None,
             warned: false,
+            checked_at: None,
+        };
+        room.refresh();
+        room
+    }
+
+    /// While whole, reads its file again at most every ten seconds.
+    pub fn recheck(&mut self, now: Instant) {
+        if self.is_whole() && self.checked_at.is_none_or(|at| now >= at + RECHECK_EVERY) {
+            self.checked_at = Some(now);
+            self.refresh();
         }
+    }
+
+    /// Reads the room's state from its file again: a file removed or cut
+    /// by hand is then a room to take again.
+    pub fn refresh(&mut self) {
+        (self.kept, self.given_up) = match file_state(&self.path) {
+            Some((len, allocated)) => (len.min(allocated).min(self.bytes), allocated < len),
+            None => (0, false),
+        };
     }
 
     pub fn path(&self) -> &Path {
@@ -74,12 +111,20 @@ impl Room {
     }
 
     /// Takes the room whole: its file allocated on the disk in full. On a
-    /// failure (the file system has less free) what it kept stays as it
-    /// was, a room never taken leaves no file, and the next try is due at
+    /// failure (the file system has less free) the file is as it was (a
+    /// room never taken leaves none), and the next try is due at
     /// `retry_at`.
     pub fn take(&mut self, retry_at: Instant) -> io::Result<()> {
-        let on_failure = self.given_up.then_some(self.kept);
-        match allocate(&self.path, self.bytes, on_failure) {
+        // Asked first: an allocation that finds no room takes what is free
+        // until it fails, and a write beside it then would find none.
+        let missing = self.bytes - self.kept;
+        let free = self.path.parent().and_then(available_bytes);
+        if free.is_some_and(|free| free < missing) {
+            self.next_try = Some(retry_at);
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        let before = file_state(&self.path).map(|(len, _)| (len, self.kept));
+        match allocate(&self.path, self.bytes, before) {
             Ok(()) => {
                 self.kept = self.bytes;
                 self.given_up = false;
@@ -93,20 +138,22 @@ impl Room {
         }
     }
 
-    /// Gives up to `wanted` bytes of it back to the file system: its file
-    /// is cut by that much (kept, even empty, so the room is known to be
-    /// given up). Returns what was given.
+    /// Gives up to `wanted` bytes of it back to the file system: holes are
+    /// punched at its file's end, its length kept, so the room is known to
+    /// be given up. Returns what was given.
     pub fn give(&mut self, wanted: u64) -> io::Result<u64> {
         let left = self.kept.saturating_sub(wanted);
-        match std::fs::OpenOptions::new().write(true).open(&self.path) {
-            Ok(file) => file.set_len(left)?,
+        let file = match std::fs::OpenOptions::new().write(true).open(&self.path) {
+            Ok(file) => file,
             // Removed by hand: there is nothing to give back.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 self.kept = 0;
                 return Ok(0);
             }
             Err(e) => return Err(e),
-        }
+        };
+        let len = file.metadata()?.len();
+        punch(&file, left, len.max(self.kept))?;
         let given = self.kept - left;
         self.kept = left;
         self.given_up = true;
@@ -114,11 +161,47 @@ impl Room {
     }
 }
 
+/// Frees the blocks of `file` from `from` to `to`, keeping its length; a
+/// file system that cannot punch holes has the file cut at `from` instead.
+fn punch(file: &std::fs::File, from: u64, to: u64) -> io::Result<()> {
+    if to <= from {
+        return Ok(());
+    }
+    let (Ok(offset), Ok(length)) = (
+        libc::off_t::try_from(from),
+        libc::off_t::try_from(to - from),
+    ) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "room larger than a file",
+        ));
+    };
+    // SAFETY: `file` is an open descriptor for the whole call; fallocate
+    // touches no memory of ours.
+    let punched = unsafe {
+        libc::fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            length,
+        )
+    };
+    if punched == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        return file.set_len(from);
+    }
+    Err(e)
+}
+
 /// Allocates `bytes` of `path` on its file system, creating the file. The
 /// blocks are allocated, not just the size set: a sparse file would hold
-/// no room. A failed allocation cuts the file back to `on_failure`, or
-/// removes it when that is `None`.
-fn allocate(path: &Path, bytes: u64, on_failure: Option<u64>) -> io::Result<()> {
+/// no room. A failed allocation leaves the file as `before` (its length,
+/// and what of it was allocated) says it was, or removes it when there
+/// was none.
+fn allocate(path: &Path, bytes: u64, before: Option<(u64, u64)>) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -142,8 +225,9 @@ fn allocate(path: &Path, bytes: u64, on_failure: Option<u64>) -> io::Result<()> 
     if status == 0 {
         return Ok(());
     }
-    match on_failure {
-        Some(len) => {
+    match before {
+        Some((len, kept)) => {
+            let _ = punch(&file, kept, len.max(bytes));
             let _ = file.set_len(len);
         }
         None => {
@@ -187,6 +271,10 @@ mod tests {
         std::fs::metadata(path).unwrap().blocks() * 512
     }
 
+    fn len(path: &Path) -> u64 {
+        std::fs::metadata(path).unwrap().len()
+    }
+
     #[test]
     fn a_room_is_taken_allocated_given_up_in_part_and_taken_back_whole() {
         let dir = tempfile::tempdir().unwrap();
@@ -198,7 +286,7 @@ mod tests {
         assert!(room.due(now));
         room.take(now).unwrap();
         assert!(room.is_whole() && !room.due(now));
-        assert_eq!(std::fs::metadata(room.path()).unwrap().len(), 1 << 20);
+        assert_eq!(len(room.path()), 1 << 20);
         assert!(allocated(room.path()) >= 1 << 20, "allocated, not sparse");
 
         assert_eq!(room.give(256 << 10).unwrap(), 256 << 10);
@@ -208,18 +296,18 @@ mod tests {
             allocated(room.path()) <= 768 << 10,
             "the part given is freed"
         );
-        // The state survives a restart: the file says it.
-        let reopened = Room::at(room_path(&db), 1 << 20);
-        assert!(reopened.is_given_up());
-        assert_eq!(reopened.kept(), 768 << 10);
+        assert_eq!(len(room.path()), 1 << 20, "its length kept");
+        // The state survives a restart, whatever the room configured now.
+        for bytes in [1 << 20, 4 << 20] {
+            let reopened = Room::at(room_path(&db), bytes);
+            assert!(reopened.is_given_up(), "{bytes}");
+            assert_eq!(reopened.kept(), 768 << 10);
+        }
 
         assert_eq!(room.give(u64::MAX).unwrap(), 768 << 10);
         assert_eq!(room.kept(), 0);
-        assert_eq!(std::fs::metadata(room.path()).unwrap().len(), 0);
-        assert!(
-            Room::at(room_path(&db), 1 << 20).is_given_up(),
-            "kept, empty"
-        );
+        assert_eq!(allocated(room.path()), 0);
+        assert!(Room::at(room_path(&db), 1 << 20).is_given_up());
 
         room.take(now).unwrap();
         assert!(room.is_whole() && !room.is_given_up());
@@ -228,7 +316,22 @@ mod tests {
     }
 
     #[test]
-    fn a_sparse_file_left_beside_the_database_is_allocated_not_trusted() {
+    fn a_larger_room_configured_since_is_one_to_grow_not_one_given_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("saguin.db");
+        Room::at(room_path(&db), 1 << 20)
+            .take(Instant::now())
+            .unwrap();
+        let mut room = Room::at(room_path(&db), 2 << 20);
+        assert!(!room.is_given_up());
+        assert_eq!(room.kept(), 1 << 20);
+        assert!(room.due(Instant::now()));
+        room.take(Instant::now()).unwrap();
+        assert!(allocated(room.path()) >= 2 << 20);
+    }
+
+    #[test]
+    fn a_sparse_file_left_beside_the_database_is_taken_before_it_is_trusted() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("saguin.db");
         let path = room_path(&db);
@@ -238,7 +341,7 @@ mod tests {
             .unwrap();
         let mut room = Room::at(room_path(&db), 1 << 20);
         assert_eq!(room.kept(), 0);
-        assert!(!room.is_given_up());
+        assert!(room.due(Instant::now()));
         room.take(Instant::now()).unwrap();
         assert!(allocated(&path) >= 1 << 20);
     }
@@ -252,9 +355,33 @@ mod tests {
             .unwrap();
         let mut room = Room::at(room_path(&db), 1 << 20);
         assert!(room.is_whole() && !room.is_given_up());
+        // Cut when next taken; whole meanwhile.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(room.path())
+            .unwrap()
+            .set_len(1 << 19)
+            .unwrap();
+        room.refresh();
         room.take(Instant::now()).unwrap();
-        assert_eq!(std::fs::metadata(room.path()).unwrap().len(), 1 << 20);
+        assert_eq!(len(room.path()), 1 << 20);
         assert!(allocated(room.path()) < 2 << 20, "the rest given back");
+    }
+
+    #[test]
+    fn a_room_removed_by_hand_while_whole_is_seen_and_taken_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("saguin.db");
+        let mut room = Room::at(room_path(&db), 1 << 20);
+        let t0 = Instant::now();
+        room.take(t0).unwrap();
+        room.recheck(t0);
+        std::fs::remove_file(room.path()).unwrap();
+        room.recheck(t0 + std::time::Duration::from_secs(1));
+        assert!(room.is_whole(), "read again at most every ten seconds");
+        room.recheck(t0 + RECHECK_EVERY);
+        assert!(!room.is_whole() && !room.is_given_up());
+        assert!(room.due(t0 + RECHECK_EVERY));
     }
 
     #[test]
@@ -273,15 +400,17 @@ mod tests {
             "a room never taken leaves no file"
         );
 
-        // One given up in part keeps that part through a failed try.
+        // One given up in part keeps that part, and its shape, through a
+        // failed try.
         let mut room = Room::at(room_path(&db), 1 << 20);
         room.take(now).unwrap();
         room.give(512 << 10).unwrap();
         let mut larger = Room::at(room_path(&db), too_large);
         assert!(larger.is_given_up());
         assert!(larger.take(later).is_err());
-        assert_eq!(std::fs::metadata(room_path(&db)).unwrap().len(), 512 << 10);
+        assert_eq!(len(&room_path(&db)), 1 << 20);
         assert!(allocated(&room_path(&db)) >= 512 << 10);
+        assert!(Room::at(room_path(&db), 1 << 20).is_given_up());
     }
 
     #[test]
@@ -290,6 +419,7 @@ mod tests {
         let db = dir.path().join("saguin.db");
         std::fs::create_dir(room_path(&db)).unwrap();
         let mut room = Room::at(room_path(&db), 4096);
+        assert!(!room.is_whole());
         assert!(room.take(Instant::now()).is_err());
         assert!(room.give(4096).is_err());
     }

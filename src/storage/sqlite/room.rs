@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::storage::room::{available_bytes, Room};
+use crate::storage::room::{allocated_bytes, available_bytes, Room};
 
 /// What the room's file is named after: the database's name with this
 /// appended (`saguin.db` → `saguin.db-room`).
@@ -63,8 +63,9 @@ impl Capacity {
         let len = |path: &Path| std::fs::metadata(path).map_or(0, |m| m.len());
         let free_bytes = db.parent().and_then(available_bytes)?;
         let database = len(db);
-        let held_bytes =
-            database + len(&super::wal_path(db)) + len(&room_path(db)).min(checkpoint_room);
+        let held_bytes = database
+            + len(&super::wal_path(db))
+            + allocated_bytes(&room_path(db)).min(checkpoint_room);
         let needs_bytes = max_bytes.unwrap_or(0).max(database)
             + Self::log_at_most(wal_restart_bytes)
             + checkpoint_room;
@@ -153,6 +154,11 @@ impl super::FlushLoop {
                 Err(e) => {
                     tracing::error!(provider = %self.name, file = %room.path().display(), error = %e,
                         "giving up the checkpoint's room failed; the write-ahead log waits for room made beside the provider");
+                    // Nothing was given: what holds the provider to what it
+                    // holds would otherwise wait for a room still whole.
+                    if given == 0 && shared.lift_disk_ceiling() {
+                        room.refresh();
+                    }
                     break;
                 }
             }
@@ -194,12 +200,14 @@ impl super::FlushLoop {
             return;
         };
         let now = Instant::now();
-        if !room.due(now) {
-            return;
-        }
+        room.recheck(now);
         let Some(shared) = self.shared.upgrade() else {
             return;
         };
+        if !room.due(now) {
+            shared.room_held.store(room.kept(), Ordering::Release);
+            return;
+        }
         if shared.failed.load(Ordering::Acquire) {
             return;
         }
