@@ -264,8 +264,14 @@ pub(crate) fn available_bytes(dir: &Path) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::sqlite::room_path;
     use std::os::unix::fs::MetadataExt;
+
+    /// Where a database `db`'s room would be.
+    fn room_path(db: &Path) -> PathBuf {
+        let mut name = db.as_os_str().to_owned();
+        name.push("-room");
+        PathBuf::from(name)
+    }
 
     fn allocated(path: &Path) -> u64 {
         std::fs::metadata(path).unwrap().blocks() * 512
