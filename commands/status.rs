@@ -56,7 +56,7 @@ turning, messages dropped.
 \"bytes\", \"max_bytes\" (null: unbounded), \"failed\", \"no_space\", \"held_to_disk\", \
 \"storage_errors\": {KIND: count}, \"snapshot\": null | {\"generation\", \
 \"age_seconds\" (null: none yet), \"unsaved_seconds\" (null: written at \
-shutdown only), \"failures\"}}], \"channels\": [{\"name\", \"kind\", \"provider\", \
+shutdown only), \"failures\", \"room_bytes\" (null: no snapshot room)}}], \"channels\": [{\"name\", \"kind\", \"provider\", \
 \"records\", \"bytes\", \"next\", \"floor\", \"consumer_lag\", \"consumer_gaps\", \
 \"queue\": null | {\"depth\", \"in_flight\", \"attempts\", \"lease_expired\", \
 \"dead_lettered\"}}], \"bridges\": [{\"name\", \"connected\", \"inflight\", \

@@ -104,6 +104,9 @@ fn json_names_every_provider_and_channel_with_their_figures() {
     assert_eq!(mem["max_bytes"], Value::Null, "unbounded");
     assert!(mem["snapshot"]["generation"].is_u64(), "{mem}");
     assert!(mem["snapshot"]["unsaved_seconds"].is_f64(), "{mem}");
+    // The default 64 MiB room: 0 until taken after a generation.
+    let room = mem["snapshot"]["room_bytes"].as_u64();
+    assert!(room == Some(0) || room == Some(64 << 20), "{mem}");
 
     let channels = doc["channels"].as_array().unwrap();
     let by_name = |name: &str| {

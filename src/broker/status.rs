@@ -303,6 +303,8 @@ pub struct SnapshotStatus {
     pub unsaved_seconds: Option<f64>,
     /// Files that could not be written since the start.
     pub failures: u64,
+    /// What of its snapshot room is allocated; `null` keeping none.
+    pub room_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -466,6 +468,11 @@ impl Status {
                         failures: samples
                             .count_by("saguin_snapshot_failures_total", "provider", &name)
                             .unwrap_or(0),
+                        room_bytes: samples.count_by(
+                            "saguin_snapshot_room_bytes",
+                            "provider",
+                            &name,
+                        ),
                     });
                 ProviderStatus {
                     kind: samples
