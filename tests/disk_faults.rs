@@ -831,14 +831,10 @@ fn room_config(volume: &Volume, channel: &str) -> String {
     )
 }
 
-/// Until `done` holds; a bounded wait for what the provider's flusher does
-/// on its own thread.
-fn wait_for(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + std::time::Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
+/// Until `done` holds of `provider`, woken each time its flusher moves
+/// the room or the ceiling (bounded).
+fn wait_for_room_of(provider: &SqliteProvider, what: &str, done: impl Fn(&SqliteProvider) -> bool) {
+    assert!(provider.wait_for_room(WAIT * 6, done), "never: {what}");
 }
 
 /// Appends records of `payload(i)` for `i` from `first`, at most `count`,
@@ -901,7 +897,9 @@ fn the_room_takes_a_log_that_filled(volume: Volume) {
         .as_append()
         .unwrap()
         .clone();
-    wait_for("the room taken", || provider.checkpoint_room_held() == ROOM);
+    wait_for_room_of(&provider, "the room taken", |p| {
+        p.checkpoint_room_held() == ROOM
+    });
     assert!(
         std::fs::metadata(volume.path.join("saguin.db-room"))
             .unwrap()
@@ -919,8 +917,8 @@ fn the_room_takes_a_log_that_filled(volume: Volume) {
 
     // The checkpoint that finds no room is given the room: the provider
     // is held to what it holds.
-    wait_for("the room given up", || {
-        provider.held_to_disk().is_some() && provider.checkpoint_room_held() < ROOM
+    wait_for_room_of(&provider, "the room given up", |p| {
+        p.held_to_disk().is_some() && p.checkpoint_room_held() < ROOM
     });
     // As much as the log needed: the rest is kept for the next time, the
     // part given punched out of the file, its length kept.
@@ -974,8 +972,8 @@ fn the_room_takes_a_log_that_filled(volume: Volume) {
     // Room made beside it: the room is taken back and the ceiling lifted.
     std::fs::remove_file(&ballast).unwrap();
     std::fs::remove_file(&refill).unwrap();
-    wait_for("the room taken back", || {
-        provider.checkpoint_room_held() == ROOM && provider.held_to_disk().is_none()
+    wait_for_room_of(&provider, "the room taken back", |p| {
+        p.checkpoint_room_held() == ROOM && p.held_to_disk().is_none()
     });
 
     // Given up again (a hole where half of it was), and room made while it
@@ -1023,14 +1021,16 @@ fn the_room_takes_a_log_that_filled(volume: Volume) {
     sqlite_verify(&db);
 }
 
-/// The broker's `saguin_provider_checkpoint_room_bytes` for `db`, once
-/// `holds` says it is what was awaited: what it read.
-fn wait_for_room(broker: &Broker, what: &str, holds: impl Fn(u64) -> bool) -> u64 {
+/// The broker's `saguin_provider_checkpoint_room_bytes` for `db`.
+fn room_bytes(broker: &Broker) -> u64 {
     let sample = "saguin_provider_checkpoint_room_bytes{provider=\"db\"}";
-    let read = || metric_sample(&metrics_text(broker), sample);
-    wait_for(&format!("{sample}: {what}"), || read().is_some_and(&holds));
-    read().unwrap_or_default()
+    metric_sample(&metrics_text(broker), sample).expect(sample)
 }
+
+/// The room taken at the start (logged once it is).
+const ROOM_KEPT: &str = "msg=\"the checkpoint's room is kept\"";
+/// The room taken back, the ceiling lifted.
+const ROOM_KEPT_AGAIN: &str = "the checkpoint's room is kept again";
 
 const ROOM_8_MIB: u64 = 8 << 20;
 const HELD: &str = "saguin_provider_held_to_disk{provider=\"db\"}";
@@ -1068,7 +1068,8 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
     let dir = tempfile::tempdir().unwrap();
     let yaml = room_config(&volume, "{name: jobs, kind: queue, storage: db}");
     let mut broker = Broker::start_in(dir, &yaml);
-    wait_for_room(&broker, "the room whole", |b| b == ROOM_8_MIB);
+    broker.wait_log(|l| l.contains(ROOM_KEPT));
+    assert_eq!(room_bytes(&broker), ROOM_8_MIB);
     let ballast = fill_leaving(&volume, 3 << 20);
     let addr = broker.addr();
     let rt = runtime();
@@ -1086,8 +1087,8 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
         acknowledged.extend(filling.acknowledged);
         assert!(!acknowledged.is_empty());
         // The checkpoint that found no room was given the room.
-        wait_for_room(&broker, "the room given up", |b| b < ROOM_8_MIB);
         broker.wait_log(|l| l.contains("gave up the checkpoint's room to copy"));
+        assert!(room_bytes(&broker) < ROOM_8_MIB);
         assert_eq!(metric_sample(&metrics_text(&broker), HELD), Some(1));
         let status = Command::new(env!("CARGO_BIN_EXE_saguin"))
             .args(["status", "--json", "--metrics"])
@@ -1120,8 +1121,8 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
 
         // Room made beside it: the room is taken back, the ceiling lifted.
         std::fs::remove_file(&ballast).unwrap();
-        wait_for_room(&broker, "the room whole", |b| b == ROOM_8_MIB);
-        broker.wait_log(|l| l.contains("the checkpoint's room is kept again"));
+        broker.wait_log(|l| l.contains(ROOM_KEPT_AGAIN));
+        assert_eq!(room_bytes(&broker), ROOM_8_MIB);
         assert_eq!(metric_sample(&metrics_text(&broker), HELD), Some(0));
         let freed = publish_each(&mut p, "jobs/d", 30_000..30_100).await;
         assert_eq!(freed.acknowledged.len(), 100, "{freed:?}");
@@ -1157,7 +1158,8 @@ fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_
     let db = volume.path.join("saguin.db");
     let yaml = room_config(&volume, "{name: telemetry, kind: append, storage: db}");
     let mut broker = Broker::start_in(dir, &yaml);
-    wait_for_room(&broker, "the room whole", |b| b == ROOM_8_MIB);
+    broker.wait_log(|l| l.contains(ROOM_KEPT));
+    assert_eq!(room_bytes(&broker), ROOM_8_MIB);
     let rt = runtime();
     let before = rt.block_on(async {
         let mut c = Raw::tcp(broker.addr(), v5()).await;
@@ -1172,7 +1174,7 @@ fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_
     let ballast = volume.fill("ballast");
     let mut broker = broker.restart(&yaml);
     broker.wait_log(|l| l.contains("gave up the checkpoint's room to open it"));
-    wait_for_room(&broker, "the room given up", |b| b < ROOM_8_MIB);
+    assert!(room_bytes(&broker) < ROOM_8_MIB);
     let taken_while_full = rt.block_on(async {
         // What it holds is served.
         let mut c = Raw::tcp(broker.addr(), v5()).await;
@@ -1198,7 +1200,8 @@ fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_
 
     // Room made: the room is taken back and publishes are taken again.
     std::fs::remove_file(&ballast).unwrap();
-    wait_for_room(&broker, "the room whole", |b| b == ROOM_8_MIB);
+    broker.wait_log(|l| l.contains(ROOM_KEPT_AGAIN));
+    assert_eq!(room_bytes(&broker), ROOM_8_MIB);
     let after = rt.block_on(async {
         let mut c = Raw::tcp(broker.addr(), v5()).await;
         c.connect("after", ConnectOpts::clean()).await;
@@ -1294,15 +1297,14 @@ fn a_memory_provider_whose_disk_fills_writes_its_next_generation_into_the_snapsh
     );
     const ROOM: u64 = 2 << 20;
     let room = "saguin_snapshot_room_bytes{provider=\"mem\"}";
-    let unsaved = "saguin_snapshot_unsaved_seconds{provider=\"mem\"}";
     let failures = "saguin_snapshot_failures_total{provider=\"mem\"}";
-    let sample = |broker: &Broker, name: &str| {
-        let text = metrics_text(broker);
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    };
-    let broker = Broker::start_in(dir, &yaml);
+    let room_file = volume.path.join("snapshots").join("saguin.room");
+    let allocated =
+        || std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&room_file).unwrap()) * 512;
+    // Each generation committed is logged (DEBUG) with the moment it holds.
+    let broker = Broker::start_with(dir, &yaml, |c| {
+        c.env("RUST_LOG", "info,saguin::broker::snapshots=debug");
+    });
     let rt = runtime();
     let publish = |broker: &Broker, ids: std::ops::Range<u32>| {
         rt.block_on(async {
@@ -1314,9 +1316,8 @@ fn a_memory_provider_whose_disk_fills_writes_its_next_generation_into_the_snapsh
     let first = publish(&broker, 0..20);
     assert_eq!(first.acknowledged.len(), 20);
     // The room is taken after the first generation.
-    wait_for("the snapshot room taken", || {
-        sample(&broker, room) == Some(ROOM as f64)
-    });
+    broker.wait_log(|l| l.contains("msg=\"the snapshot room is kept\""));
+    assert!(allocated() >= ROOM);
 
     // The file system fills; the next generation's channel file finds no
     // room, and the room is given up to the one after it.
@@ -1327,12 +1328,26 @@ fn a_memory_provider_whose_disk_fills_writes_its_next_generation_into_the_snapsh
         200,
         "a memory provider takes them"
     );
+    let acknowledged_by = saguin::storage::contract::now_nanos();
     broker.wait_log(|l| l.contains("gave up the snapshot room"));
-    wait_for("a generation holding every change", || {
-        sample(&broker, unsaved) == Some(0.0)
+    // A generation holding every change: one captured after the last
+    // acknowledgement. Its failures and its room are counted before it is
+    // logged.
+    broker.wait_log(|l| {
+        l.contains("snapshot generation committed")
+            && field(l, "captured_at")
+                .and_then(|at| at.parse::<i64>().ok())
+                .is_some_and(|at| at >= acknowledged_by)
     });
-    assert!(sample(&broker, failures).is_some_and(|n| n >= 1.0));
-    assert!(sample(&broker, room).is_some_and(|b| b < ROOM as f64));
+    let text = metrics_text(&broker);
+    assert!(
+        metric_sample(&text, failures).is_some_and(|n| n >= 1),
+        "{text}"
+    );
+    assert!(
+        metric_sample(&text, room).is_some_and(|b| b < ROOM),
+        "{text}"
+    );
 
     // kill -9: what was acknowledged after the disk filled is in the last
     // generation.
@@ -1344,9 +1359,8 @@ fn a_memory_provider_whose_disk_fills_writes_its_next_generation_into_the_snapsh
     std::fs::remove_file(&ballast).unwrap();
     let after = publish(&broker, 300..301);
     assert_eq!(after.acknowledged.len(), 1);
-    wait_for("the snapshot room taken back", || {
-        sample(&broker, room) == Some(ROOM as f64)
-    });
+    broker.wait_log(|l| l.contains("the snapshot room is kept again"));
+    assert!(allocated() >= ROOM);
     still_running(&mut broker);
 }
 

@@ -451,6 +451,9 @@ impl Generations {
                 if given_up {
                     tracing::info!(provider = %self.name, dir = %self.dir.display(), room_bytes = room.bytes(),
                         "the snapshot room is kept again, the file system having that much free");
+                } else {
+                    tracing::info!(provider = %self.name, dir = %self.dir.display(), room_bytes = room.bytes(),
+                        "the snapshot room is kept");
                 }
             }
             Err(e) => {

@@ -312,6 +312,10 @@ pub(crate) struct Shared {
     /// What of the checkpoint's room is allocated, in bytes
     /// (`saguin_provider_checkpoint_room_bytes`).
     room_held: AtomicU64,
+    /// Bumped, and `room_moved` told, each time the room or the file
+    /// system's ceiling moves ([`SqliteProvider::wait_for_room`]).
+    room_moves: Mutex<u64>,
+    room_moved: Condvar,
     pub page_size: u64,
     pub batcher: batch::Batcher,
     registry: Mutex<Registry>,
@@ -725,7 +729,9 @@ impl Shared {
         let conn = writer.conn();
         let pages: u64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).ok()?;
         self.disk_ceiling.store(pages.max(1), Ordering::Release);
-        set_max_page_count(conn, self.publish_ceiling()).ok()?;
+        let set = set_max_page_count(conn, self.publish_ceiling());
+        self.room_moved();
+        set.ok()?;
         Some(pages)
     }
 
@@ -735,7 +741,21 @@ impl Shared {
             return false;
         };
         self.disk_ceiling.store(0, Ordering::Release);
-        set_max_page_count(writer.conn(), self.publish_ceiling()).is_ok()
+        let lifted = set_max_page_count(writer.conn(), self.publish_ceiling()).is_ok();
+        self.room_moved();
+        lifted
+    }
+
+    /// What of the checkpoint's room is allocated now.
+    fn set_room_held(&self, bytes: u64) {
+        if self.room_held.swap(bytes, Ordering::AcqRel) != bytes {
+            self.room_moved();
+        }
+    }
+
+    fn room_moved(&self) {
+        *self.room_moves.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.room_moved.notify_all();
     }
 
     /// Why `e` happened, the provider's health moved accordingly. Taken
@@ -1253,7 +1273,7 @@ impl Flusher {
         // A room a previous run left whole is held from the start: no try
         // to take it is due, and the gauge must not read it as missing.
         if let Some(room) = &flush.room {
-            shared.room_held.store(room.kept(), Ordering::Release);
+            shared.set_room_held(room.kept());
         }
         let stop_seen = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -1839,6 +1859,8 @@ impl SqliteProvider {
             disk_ceiling: AtomicU64::new(0),
             unbounded_pages,
             room_held: AtomicU64::new(0),
+            room_moves: Mutex::new(0),
+            room_moved: Condvar::new(),
             page_size,
             registry: Mutex::new(Registry::default()),
             flusher: Mutex::new(None),
@@ -1965,6 +1987,32 @@ impl SqliteProvider {
     /// up, in part or whole.
     pub fn checkpoint_room_held(&self) -> u64 {
         self.shared.room_held.load(Ordering::Acquire)
+    }
+
+    /// Waits, at most `within`, until `done` holds of this provider,
+    /// looking again each time its checkpoint's room or its file system's
+    /// ceiling moves (the flusher's doing, on its own thread). Whether it
+    /// came to hold.
+    pub fn wait_for_room(&self, within: Duration, done: impl Fn(&SqliteProvider) -> bool) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        let mut moves = self
+            .shared
+            .room_moves
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        while !done(self) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            moves = self
+                .shared
+                .room_moved
+                .wait_timeout(moves, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
     }
 
     /// The most the provider holds while the file system is full (the

@@ -168,7 +168,7 @@ impl super::FlushLoop {
             }
         }
         let kept = self.room.as_ref().map_or(0, Room::kept);
-        shared.room_held.store(kept, Ordering::Release);
+        shared.set_room_held(kept);
         match done {
             Some(_) => {
                 tracing::warn!(provider = %self.name, given_bytes = given, room_left_bytes = kept,
@@ -205,7 +205,7 @@ impl super::FlushLoop {
             return;
         };
         if !room.due(now) {
-            shared.room_held.store(room.kept(), Ordering::Release);
+            shared.set_room_held(room.kept());
             return;
         }
         if shared.failed.load(Ordering::Acquire) {
@@ -214,8 +214,11 @@ impl super::FlushLoop {
         match room.take(now + super::CHECKPOINT_EVERY) {
             Ok(()) => {
                 room.warned = false;
-                shared.room_held.store(room.bytes(), Ordering::Release);
-                if shared.disk_ceiling.load(Ordering::Acquire) != 0 && shared.lift_disk_ceiling() {
+                shared.set_room_held(room.bytes());
+                if shared.disk_ceiling.load(Ordering::Acquire) == 0 {
+                    tracing::info!(provider = %self.name, file = %room.path().display(), room_bytes = room.bytes(),
+                        "the checkpoint's room is kept");
+                } else if shared.lift_disk_ceiling() {
                     tracing::info!(provider = %self.name, file = %shared.path.display(), room_bytes = room.bytes(),
                         "the checkpoint's room is kept again, the file system having that much free: the storage provider's ceiling is back to its configuration");
                 }
