@@ -87,18 +87,6 @@ fn user_property(p: &Publish, name: &str) -> Option<String> {
         .map(|(_, v)| v.clone())
 }
 
-async fn worker_connect(
-    addr: std::net::SocketAddr,
-    id: &str,
-    window: u16,
-) -> Raw<tokio::net::TcpStream> {
-    let mut c = Raw::tcp(addr, v5()).await;
-    let mut opts = ConnectOpts::clean();
-    opts.properties.receive_maximum = Some(window);
-    c.connect(id, opts).await;
-    c
-}
-
 async fn puback_with(c: &mut Raw<tokio::net::TcpStream>, packet_id: u16, reason: ReasonCode) {
     let mut ack = PubAck::new(packet_id);
     ack.reason = reason;

@@ -1037,10 +1037,7 @@ const HELD: &str = "saguin_provider_held_to_disk{provider=\"db\"}";
 
 /// A worker on `jobs/#` with a window of `window`.
 async fn worker(addr: std::net::SocketAddr, id: &str, window: u16) -> Raw<tokio::net::TcpStream> {
-    let mut c = Raw::tcp(addr, v5()).await;
-    let mut opts = ConnectOpts::clean();
-    opts.properties.receive_maximum = Some(window);
-    c.connect(id, opts).await;
+    let mut c = worker_connect(addr, id, window).await;
     assert_eq!(
         c.subscribe(1, "jobs/#", 1).await,
         vec![ReasonCode::GrantedQoS1]

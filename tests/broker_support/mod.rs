@@ -966,3 +966,13 @@ pub fn wait_position_where(
 pub fn wait_position(db: &Path, channel: &str, reader: &str) {
     wait_position_where(db, channel, reader, |_| true);
 }
+
+/// A clean MQTT 5 client `id` with a Receive Maximum of `window`: a queue
+/// worker holds at most that many jobs at once.
+pub async fn worker_connect(addr: SocketAddr, id: &str, window: u16) -> Raw<tokio::net::TcpStream> {
+    let mut c = Raw::tcp(addr, v5()).await;
+    let mut opts = ConnectOpts::clean();
+    opts.properties.receive_maximum = Some(window);
+    c.connect(id, opts).await;
+    c
+}
