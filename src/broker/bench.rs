@@ -77,6 +77,7 @@ pub fn publish_costs(
             providers.sessions(),
             providers.retained(),
             providers.channels(),
+            providers.last_recorded_time(),
         )
         .await?;
         server.snapshots = Snapshots::new(&providers.snapshot_writers(), Instant::now());

@@ -188,6 +188,12 @@ pub struct Metrics {
     /// True from the moment every listener accepts until the shutdown
     /// begins: `/readyz` answers 503 outside it.
     serving: AtomicBool,
+    /// Steps forward of the system clock of a second or more the broker's
+    /// receipt clock followed (`saguin_clock_steps_total`).
+    pub clock_steps: AtomicU64,
+    /// How far the receipt clock is ahead of the system clock, in
+    /// milliseconds (`saguin_receipt_clock_ahead_seconds`).
+    pub receipt_clock_ahead_ms: AtomicU64,
 }
 
 /// A served channel's kind and the provider holding it.
@@ -336,6 +342,8 @@ impl Metrics {
             heartbeat_ms: AtomicU64::new(0),
             serving: AtomicBool::new(false),
             channel_info: Default::default(),
+            clock_steps: AtomicU64::new(0),
+            receipt_clock_ahead_ms: AtomicU64::new(0),
         }
     }
 
@@ -675,6 +683,17 @@ impl Metrics {
         self.render_bridges(&mut out);
         super::snapshots::render_metrics(&mut out, &lock(&self.snapshots));
         self.render_retention(&mut out);
+        counter(
+            &mut out,
+            "saguin_clock_steps_total",
+            "Steps forward of a second or more of the system clock that the broker's receipt clock (the time records are stamped with) followed.",
+            self.clock_steps.load(Relaxed),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP saguin_receipt_clock_ahead_seconds How far the broker's receipt clock is ahead of the system clock: 0 but after the system clock was set back while the broker ran, or started behind the last time the storage was in use.\n# TYPE saguin_receipt_clock_ahead_seconds gauge\nsaguin_receipt_clock_ahead_seconds {:.3}",
+            self.receipt_clock_ahead_ms.load(Relaxed) as f64 / 1000.0
+        );
         counter(
             &mut out,
             "saguin_uptime_seconds",

@@ -53,7 +53,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use saguin_format::model::ChannelKind;
+use saguin_format::model::{ChannelKind, UnixNanos};
 
 use crate::config::{self, units::format_duration, ChannelKindConfig, Config};
 use crate::storage::contract::{self, OffsetStore, Provider, SessionStore, StorageError};
@@ -176,7 +176,7 @@ impl Roles {
 struct SnapshotDir {
     dir: PathBuf,
     /// Held for as long as the provider is open.
-    _lock: Box<LockGuard>,
+    lock: Box<LockGuard>,
     /// Writes its generations: in the background, and the last at close.
     writer: Arc<SnapshotWriter>,
 }
@@ -454,6 +454,23 @@ impl Providers {
             .collect()
     }
 
+    /// The latest time any provider's lock says its storage was in use
+    /// before this start (the previous holder's start or clean stop, by
+    /// its clock); `None` when every lock is new or none is kept (a memory
+    /// provider without a snapshot directory keeps nothing to be behind).
+    pub fn last_recorded_time(&self) -> Option<UnixNanos> {
+        self.opened
+            .iter()
+            .filter_map(|o| match &o.backend {
+                Backend::Memory {
+                    snapshot: Some(s), ..
+                } => s.lock.previous_time(),
+                Backend::Memory { snapshot: None, .. } => None,
+                Backend::Sqlite { provider, .. } => provider.lock_previous_time(),
+            })
+            .max()
+    }
+
     /// The provider keeping retained messages.
     pub fn retained(&self) -> Arc<dyn Provider> {
         self.opened[self.retained].provider()
@@ -693,11 +710,7 @@ fn open_one(
                     generations.keep_room(&name, m.snapshot_room);
                     let writer =
                         SnapshotWriter::start(&name, memory.clone(), generations, m.snapshots);
-                    Some(SnapshotDir {
-                        dir,
-                        _lock: lock,
-                        writer,
-                    })
+                    Some(SnapshotDir { dir, lock, writer })
                 }
                 None => None,
             };

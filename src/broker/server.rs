@@ -347,7 +347,11 @@ async fn broker_task(
                     state.handle(event, now);
                 }
             }
-            _ = tick.tick() => state.tick(Instant::now()),
+            _ = tick.tick() => {
+                let now = Instant::now();
+                state.follow_wall_clock(now, super::state::unix_now());
+                state.tick(now);
+            }
             _ = flush.tick() => state.flush(Instant::now()),
             _ = sys.tick() => state.publish_sys(Instant::now()),
             _ = super::notify::ping_due(&watchdog) => {}
@@ -751,12 +755,15 @@ pub fn limits_from(config: &crate::config::Config) -> super::state::Limits {
 /// their persisters, then bind every listener (and the metrics endpoint) of
 /// `config`, logging one `listening` line per listener with the address
 /// actually bound. The providers are opened, locked and recovered by the
-/// caller before this; nothing listens until the state is restored.
+/// caller before this; nothing listens until the state is restored. The
+/// state's clock starts no earlier than `last_recorded`, the latest time the
+/// providers' locks recorded ([`super::state::clock`]).
 pub async fn prepare(
     config: &crate::config::Config,
     sessions: Arc<dyn crate::storage::contract::Provider>,
     retained: Arc<dyn crate::storage::contract::Provider>,
     channels: Vec<super::providers::ServedChannel>,
+    last_recorded: Option<saguin_format::model::UnixNanos>,
 ) -> Result<Server, ServerError> {
     let metrics = Arc::new(Metrics::new());
     // Every configured bridge is in /metrics from the first scrape, not
@@ -789,7 +796,11 @@ pub async fn prepare(
         limits.clone(),
         metrics.clone(),
         authorizer,
-        (Instant::now(), super::state::unix_now()),
+        super::state::clock::ReceiptClock::starting(
+            Instant::now(),
+            super::state::unix_now(),
+            last_recorded,
+        ),
     );
     // Read and rebuilt off the runtime's threads, the retained messages
     // one at a time into the state.

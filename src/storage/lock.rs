@@ -153,6 +153,9 @@ pub struct LockGuard {
     path: PathBuf,
     key: PathBuf,
     holder: Holder,
+    /// The latest time the holder before this one recorded (its start, or
+    /// its clean release), unix nanoseconds; `None` for a new lock file.
+    previous_time: Option<i64>,
     /// Holds the file's exclusive lock; never used after `acquire`.
     _conn: Connection,
 }
@@ -164,6 +167,14 @@ impl LockGuard {
 
     pub fn holder(&self) -> &Holder {
         &self.holder
+    }
+
+    /// The latest time the holder before this one wrote in the lock (when
+    /// it took it, or when it let it go cleanly), by its clock: a time the
+    /// storage the lock guards was known to be in use. `None` for a lock
+    /// file nobody held before.
+    pub fn previous_time(&self) -> Option<i64> {
+        self.previous_time
     }
 }
 
@@ -219,12 +230,13 @@ pub fn acquire(path: &Path) -> Result<LockGuard, LockError> {
     }
     let holder = Holder::of_this_process();
     match claim(path, &holder) {
-        Ok(conn) => {
+        Ok((conn, previous_time)) => {
             held.insert(key.clone(), holder.clone());
             Ok(LockGuard {
                 path: path.to_path_buf(),
                 key,
                 holder,
+                previous_time,
                 _conn: conn,
             })
         }
@@ -244,8 +256,9 @@ pub fn acquire(path: &Path) -> Result<LockGuard, LockError> {
 }
 
 /// Open the lock database and take its exclusive lock by writing the holder
-/// row. Returns the connection that now holds the lock.
-fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<Connection> {
+/// row. Returns the connection that now holds the lock, and the latest time
+/// the row it replaced recorded.
+fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<(Connection, Option<i64>)> {
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -254,6 +267,7 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<Connection> {
     // `PRAGMA locking_mode` answers with a row; read it rather than `execute`.
     let _mode: String = conn.query_row("PRAGMA locking_mode=EXCLUSIVE", [], |r| r.get(0))?;
     conn.execute_batch("BEGIN IMMEDIATE")?;
+    let mut previous_time = None;
     let written = conn
         .execute_batch(
             "CREATE TABLE IF NOT EXISTS holder (
@@ -267,6 +281,7 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<Connection> {
         )
         .and_then(|()| add_released_column(&conn))
         .and_then(|()| {
+            previous_time = latest_recorded(&conn)?;
             // The unconditional write: it is what takes the exclusive lock.
             conn.execute(
                 "INSERT OR REPLACE INTO holder (id, pid, host, since_unix_ns, revision, released_unix_ns)
@@ -282,7 +297,8 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<Connection> {
     if let Err(e) = written {
         let _ = conn.execute_batch("ROLLBACK");
         if is_full(&e) {
-            return claim_without_writing(conn, path);
+            let previous_time = latest_recorded(&conn).ok().flatten();
+            return claim_without_writing(conn, path).map(|conn| (conn, previous_time));
         }
         return Err(e);
     }
@@ -292,7 +308,7 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<Connection> {
     let started = Instant::now();
     loop {
         match conn.execute_batch("COMMIT") {
-            Ok(()) => return Ok(conn),
+            Ok(()) => return Ok((conn, previous_time)),
             Err(e) if is_busy(&e) && started.elapsed() < READER_GRACE => {
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -302,6 +318,30 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<Connection> {
             }
         }
     }
+}
+
+/// The latest time the holder row records (its `since`, or its
+/// `released` when later), or `None` when there is no row or no table.
+fn latest_recorded(conn: &Connection) -> rusqlite::Result<Option<i64>> {
+    let has_table = conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'holder'",
+        [],
+        |r| r.get::<_, i64>(0),
+    )? > 0;
+    if !has_table {
+        return Ok(None);
+    }
+    let released = if has_released_column(conn)? {
+        "coalesce(released_unix_ns, 0)"
+    } else {
+        "0"
+    };
+    conn.query_row(
+        &format!("SELECT max(since_unix_ns, {released}) FROM holder WHERE id = 1"),
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .optional()
 }
 
 /// Whether the holder table has the `released_unix_ns` column (lock files
@@ -587,6 +627,35 @@ mod tests {
         ));
         let again = acquire(&path).unwrap();
         assert_eq!(again.holder().pid, std::process::id());
+    }
+
+    /// A new lock file has no time before it; a lock taken again knows
+    /// the latest time its last holder wrote: its clean release, or its
+    /// start when it died holding the lock.
+    #[test]
+    fn a_lock_taken_again_knows_the_latest_time_its_last_holder_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite.lock");
+        let first = acquire(&path).unwrap();
+        assert_eq!(first.previous_time(), None);
+        let since = first.holder().since_unix_ns;
+        drop(first);
+        let second = acquire(&path).unwrap();
+        let released = match probe(&path) {
+            Ok(LockState::Held { .. }) => second.previous_time().unwrap(),
+            other => panic!("unexpected {other:?}"),
+        };
+        assert!(released >= since, "{released} before {since}");
+        drop(second);
+        // A holder that died: its row says when it started, no release.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute(
+            "UPDATE holder SET since_unix_ns = 7, released_unix_ns = NULL WHERE id = 1",
+            [],
+        )
+        .unwrap();
+        drop(conn);
+        assert_eq!(acquire(&path).unwrap().previous_time(), Some(7));
     }
 
     #[test]

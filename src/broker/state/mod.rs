@@ -67,6 +67,7 @@
 mod bridges;
 mod channel;
 mod channel_share;
+pub mod clock;
 mod close;
 mod connect;
 mod consumer;
@@ -614,9 +615,13 @@ pub struct BrokerState {
     version: String,
     /// When unreleased inbound QoS 2 ids are next looked at.
     next_exactly_once_sweep: Option<Instant>,
-    /// The wall clock at `clock_base.0`: stored times are derived from the
-    /// injected monotonic time, so the state stays deterministic.
-    clock_base: (Instant, UnixNanos),
+    /// The clock of the times the state stores, on the injected monotonic
+    /// time (so the state stays deterministic), following the system clock
+    /// forward ([`clock`]).
+    clock: clock::ReceiptClock,
+    /// Where the clock started: the first half of every message id this
+    /// run makes, kept when the clock is set forward.
+    run_id: UnixNanos,
     /// Everything about writes: intents waiting to be taken, parked
     /// answers, the broadcast log's references.
     persist: persist::Persistence,
@@ -649,8 +654,9 @@ impl BrokerState {
         limits: Limits,
         metrics: Arc<Metrics>,
         authorizer: Arc<dyn Authorizer>,
-        clock_base: (Instant, UnixNanos),
+        clock: impl Into<clock::ReceiptClock>,
     ) -> Self {
+        let clock = clock.into();
         Self {
             limits,
             metrics,
@@ -665,7 +671,8 @@ impl BrokerState {
             shutting_down: false,
             version: format!("saguin {}", env!("CARGO_PKG_VERSION")),
             next_exactly_once_sweep: None,
-            clock_base,
+            run_id: clock.unix_at(clock.base()),
+            clock,
             persist: persist::Persistence::default(),
             channels: Channels::default(),
             reads: ReadRequests::default(),
@@ -688,13 +695,39 @@ impl BrokerState {
 
     /// Unix nanoseconds at `now`, from the injected clock.
     fn unix_at(&self, now: Instant) -> UnixNanos {
-        let (base, unix) = self.clock_base;
-        match now.checked_duration_since(base) {
-            Some(d) => unix.saturating_add(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
-            None => unix.saturating_sub(
-                i64::try_from(base.duration_since(now).as_nanos()).unwrap_or(i64::MAX),
-            ),
+        self.clock.unix_at(now)
+    }
+
+    /// The system clock read `wall` at `now`: taken when it is ahead of the
+    /// state's clock, never when behind ([`clock`]); a step of a second or
+    /// more is logged.
+    pub fn follow_wall_clock(&mut self, now: Instant, wall: UnixNanos) {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.clock.follow(now, wall) {
+            clock::Followed::Steady => {}
+            clock::Followed::Forward(step) => {
+                self.metrics.clock_steps.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    step = %humantime::format_duration(Duration::from_millis(step.as_millis() as u64)),
+                    now = %clock::rfc3339(wall),
+                    "the system clock stepped forward: receipt times follow it from now"
+                );
+            }
+            clock::Followed::Behind(gap) => {
+                tracing::warn!(
+                    gap = %humantime::format_duration(Duration::from_millis(gap.as_millis() as u64)),
+                    system_clock = %clock::rfc3339(wall),
+                    receipt_clock = %clock::rfc3339(self.clock.unix_at(now)),
+                    "the system clock is behind the broker's receipt clock (it was set back): receipt times go on from the broker's clock, never back, until the system clock passes it or the broker restarts"
+                );
+            }
+            clock::Followed::CaughtUp => {
+                tracing::info!(now = %clock::rfc3339(wall), "the system clock caught up with the broker's receipt clock");
+            }
         }
+        self.metrics
+            .receipt_clock_ahead_ms
+            .store(self.clock.ahead_of(now, wall).as_millis() as u64, Relaxed);
     }
 
     /// Handle one event, then close whatever it doomed.

@@ -754,7 +754,7 @@ impl BrokerState {
         let id = self.persist.next_message_id;
         self.persist.next_message_id += 1;
         let mut message_id = [0u8; 16];
-        message_id[..8].copy_from_slice(&self.clock_base.1.to_be_bytes());
+        message_id[..8].copy_from_slice(&self.run_id.to_be_bytes());
         message_id[8..].copy_from_slice(&id.to_be_bytes());
         let p = &message.properties;
         Record {

@@ -1989,6 +1989,18 @@ impl SqliteProvider {
         self.shared.room_held.load(Ordering::Acquire)
     }
 
+    /// The latest time the lock's holder before this one recorded (see
+    /// [`LockGuard::previous_time`]); `None` for a new lock file or once
+    /// closed.
+    pub fn lock_previous_time(&self) -> Option<i64> {
+        self.shared
+            .lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(LockGuard::previous_time)
+    }
+
     /// Waits, at most `within`, until `done` holds of this provider,
     /// looking again each time its checkpoint's room or its file system's
     /// ceiling moves (the flusher's doing, on its own thread). Whether it

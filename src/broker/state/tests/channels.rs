@@ -98,6 +98,46 @@ fn a_consumer_behind_its_window_is_sent_the_tail_from_memory_in_order_without_a_
     assert_eq!(saved, vec![21]);
 }
 
+/// A broker started before its device's clock was set stamps what it
+/// receives after the clock is set with the clock's time, not with the
+/// start's; a clock set back is not followed, so receipt times never step
+/// back; message ids keep the run's first half throughout.
+#[test]
+fn receipt_times_follow_the_system_clock_forward_and_never_step_back() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let start = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut publisher = connect(&mut s, 2, "writer", true, start);
+    let second = std::time::Duration::from_secs(1);
+    const SECOND: i64 = 1_000_000_000;
+    let started_at = 1_700_000_000 * SECOND;
+    let mut publish_at = |s: &mut BrokerState, id: u16, now: Instant| {
+        packets(s, 2, vec![publish("telemetry/a", 1, id)], now);
+        store.commit_all(s, now);
+        assert_eq!(puback_ids(&publisher.drain()), vec![id]);
+        store.channel.last().cloned().expect("stored")
+    };
+    let before = publish_at(&mut s, 1, start);
+    // The state's clock started at `started_at` a moment before `start`.
+    assert!((started_at - SECOND..=started_at).contains(&before.timestamp));
+    // NTP sets the clock a year ahead a second after the start.
+    let set = started_at + 365 * 86_400 * SECOND;
+    s.follow_wall_clock(start + second, set);
+    assert_eq!(s.metrics.clock_steps.load(Relaxed), 1);
+    let after = publish_at(&mut s, 2, start + 2 * second);
+    assert_eq!(after.timestamp, set + SECOND);
+    // Set back an hour: not followed.
+    s.follow_wall_clock(start + 3 * second, set + 2 * SECOND - 3_600 * SECOND);
+    assert_eq!(s.metrics.receipt_clock_ahead_ms.load(Relaxed), 3_600_000);
+    let back = publish_at(&mut s, 3, start + 4 * second);
+    assert_eq!(back.timestamp, set + 3 * SECOND, "never steps back");
+    assert_eq!(s.metrics.clock_steps.load(Relaxed), 1);
+    for record in [&before, &after, &back] {
+        assert_eq!(record.message_id[..8], started_at.to_be_bytes());
+    }
+}
+
 /// `telemetry` holding records 1..=`records`, published by connection 2.
 fn channel_holding(records: u16, now: Instant) -> (BrokerState, FakeStore) {
     let mut s = channel_state(Limits::default(), 1);
