@@ -123,6 +123,15 @@
 //!
 //! Decisions where the specifications leave a choice:
 //!
+//! - The times the broker stores (receipt times, `saved_at`, a lease's
+//!   end, a session's expiry) come from one receipt clock
+//!   (`state::clock`): it follows the system clock forward within half a
+//!   second (NTP setting a clock that started at 1970), never back within
+//!   a run (a clock set back leaves it ahead, shown in
+//!   `saguin_receipt_clock_ahead_seconds`), and never starts behind the
+//!   latest time a provider's lock recorded. Retention by age cuts at the
+//!   system clock's now, so a receipt clock ahead removes records later,
+//!   never sooner.
 //! - An MQTT 3.1.1 session with clean session 0 lives `limits.max_session_expiry`
 //!   after its connection ends (MQTT 3.1.1 keeps it forever; a bound is kept
 //!   so abandoned client ids do not accumulate). MQTT 5 session expiry

@@ -792,16 +792,16 @@ pub async fn prepare(
             source,
         })?;
     }
+    let (now, wall) = (Instant::now(), super::state::unix_now());
     let mut state = BrokerState::new(
         limits.clone(),
         metrics.clone(),
         authorizer,
-        super::state::clock::ReceiptClock::starting(
-            Instant::now(),
-            super::state::unix_now(),
-            last_recorded,
-        ),
+        super::state::clock::ReceiptClock::starting(now, wall, last_recorded),
     );
+    // How far the clock starts ahead of the system clock, in the metrics
+    // from the first scrape.
+    state.follow_wall_clock(now, wall);
     // Read and rebuilt off the runtime's threads, the retained messages
     // one at a time into the state.
     let (state, summary) = {
