@@ -260,7 +260,7 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
         providers.sessions(),
         providers.retained(),
         providers.channels(),
-        providers.last_recorded_time(),
+        tokio::task::block_in_place(|| providers.last_recorded_time()),
     )
     .await
     {

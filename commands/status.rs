@@ -46,13 +46,15 @@ channels (kind, provider, records - a latest channel's topics with a value - \
 bytes, next, floor, the most records any consumer is behind, and for a \
 queue its depth, records in flight and dead-lettered), the bridges if any, \
 and one line per problem: a provider failed or without room, the loop not \
-turning, messages dropped.
+turning, messages dropped, the system clock behind the broker's receipt \
+clock.
 
 --json prints one document: {\"endpoint\", \"live\", \"liveness\" (the \
 /healthz line), \"ready\", \"readiness\" (the /readyz lines), \
 \"uptime_seconds\", \"connections\", \"sessions\", \"subscriptions\", \
 \"retained_messages\", \"messages_received\", \"messages_sent\", \
-\"dropped_messages\": {REASON: count}, \"providers\": [{\"name\", \"kind\", \
+\"dropped_messages\": {REASON: count}, \"receipt_clock_ahead_seconds\" \
+(how far the broker's receipt clock is ahead of the system clock), \"providers\": [{\"name\", \"kind\", \
 \"bytes\", \"max_bytes\" (null: unbounded), \"failed\", \"no_space\", \"held_to_disk\", \
 \"storage_errors\": {KIND: count}, \"snapshot\": null | {\"generation\", \
 \"age_seconds\" (null: none yet), \"unsaved_seconds\" (null: written at \
@@ -382,6 +384,14 @@ fn print_human(out: &mut impl Write, status: &Status) -> std::io::Result<()> {
             "{}: messages dropped since the start: {}",
             status.endpoint,
             dropped.join(", ")
+        )?;
+    }
+    if let Some(ahead) = status.receipt_clock_ahead_seconds.filter(|a| *a >= 1.0) {
+        writeln!(
+            out,
+            "{}: the system clock is {} behind the broker's receipt clock (set back, or not set yet): records are stamped by the broker's clock until the system clock passes it",
+            status.endpoint,
+            humantime::format_duration(std::time::Duration::from_secs(ahead as u64))
         )?;
     }
     Ok(())

@@ -48,8 +48,12 @@ impl FakeClock {
         })
     }
 
+    /// Written whole and renamed into place: libfaketime reads the file at
+    /// every call and must never find it half written.
     fn set(&self, offset: &str) {
-        std::fs::write(&self.offset_file, format!("{offset}\n")).unwrap();
+        let next = self.offset_file.with_extension("next");
+        std::fs::write(&next, format!("{offset}\n")).unwrap();
+        std::fs::rename(&next, &self.offset_file).unwrap();
     }
 
     fn start(&self, dir: tempfile::TempDir, yaml: &str) -> Broker {
@@ -151,10 +155,14 @@ fn records_received_after_the_clock_is_set_carry_its_time_and_outlive_retention_
         Some(1)
     );
     rt.block_on(publish_range(&broker, 4, 6));
+    // Set back an hour: not followed.
+    clock.set("-1h");
+    broker.wait_log(|l| l.contains("the system clock is behind the broker's receipt clock"));
+    rt.block_on(publish_range(&broker, 7, 7));
     assert_eq!(broker.terminate(), Some(0));
     let times = receipt_times(&db);
     let payloads: Vec<&str> = times.iter().map(|(p, _)| p.as_str()).collect();
-    assert_eq!(payloads, ["r1", "r2", "r3", "r4", "r5", "r6"]);
+    assert_eq!(payloads, ["r1", "r2", "r3", "r4", "r5", "r6", "r7"]);
     // Received before the clock was set: stamped by it, ten years back.
     assert!(times[..3].iter().all(|(_, t)| !is_recent(*t)), "{times:?}");
     // Received after: the clock's time, where they were stamped ten years
@@ -162,8 +170,9 @@ fn records_received_after_the_clock_is_set_carry_its_time_and_outlive_retention_
     assert!(times[3..].iter().all(|(_, t)| is_recent(*t)), "{times:?}");
     assert!(times.windows(2).all(|w| w[0].1 <= w[1].1), "{times:?}");
 
-    // Restarted with the clock set, retention by age (1 h) removes what
-    // it stamped ten years back, and keeps the rest.
+    // Restarted (the clock still an hour back: the start goes on from the
+    // storage's last time), retention by age (1 h) removes what was
+    // stamped ten years back, and keeps the rest.
     let dir = std::mem::replace(&mut broker.dir, tempfile::tempdir().unwrap());
     drop(broker);
     let broker = clock.start(dir, &yaml);
@@ -210,6 +219,26 @@ fn a_broker_started_on_a_clock_behind_its_storage_stamps_from_the_storages_last_
         .map(|v| v.parse::<f64>().unwrap())
         .expect("the gauge");
     assert!(ahead > 3.0e8, "ahead by {ahead} s");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["status", "--json", "--metrics"])
+        .arg(broker.listeners["metrics"].to_string())
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(
+        doc["receipt_clock_ahead_seconds"].as_f64().unwrap() > 3.0e8,
+        "{doc:#}"
+    );
+    let human = std::process::Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["status", "--metrics"])
+        .arg(broker.listeners["metrics"].to_string())
+        .output()
+        .unwrap();
+    let human = String::from_utf8(human.stdout).unwrap();
+    assert!(
+        human.contains("behind the broker's receipt clock"),
+        "{human}"
+    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(publish_range(&broker, 1, 2));
     // NTP sets the clock: the system clock passes the broker's again.
@@ -224,7 +253,7 @@ fn a_broker_started_on_a_clock_behind_its_storage_stamps_from_the_storages_last_
     let payloads: Vec<&str> = times.iter().map(|(p, _)| p.as_str()).collect();
     assert_eq!(payloads, ["r1", "r2", "r3"]);
     // Stamped from the last stop on, where the system clock said ten
-    // years back.
+    // years back (the stop's own time: no record was there to go by).
     assert!(
         times
             .iter()
@@ -232,4 +261,39 @@ fn a_broker_started_on_a_clock_behind_its_storage_stamps_from_the_storages_last_
         "{times:?}"
     );
     assert!(times.windows(2).all(|w| w[0].1 <= w[1].1), "{times:?}");
+}
+
+/// A power cut leaves no stop time in the lock, and the lock's start time
+/// was the clock's before NTP set it: the newest record's receipt time is
+/// what the next start goes on from.
+#[test]
+fn after_a_power_cut_a_start_on_an_unset_clock_goes_on_from_the_newest_record() {
+    let test = "after_a_power_cut_a_start_on_an_unset_clock_goes_on_from_the_newest_record";
+    let dir = tempfile::tempdir().unwrap();
+    let Some(clock) = FakeClock::new(test, dir.path()) else {
+        return;
+    };
+    let yaml = config(dir.path());
+    let db = dir.path().join("channels.db");
+    clock.set(TEN_YEARS_BACK);
+    let mut broker = clock.start(dir, &yaml);
+    clock.set("+0");
+    broker.wait_log(|l| l.contains("the system clock stepped forward"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(publish_range(&broker, 1, 1));
+    // Killed: no stop is recorded, and the lock's start is ten years back.
+    let dir = std::mem::replace(&mut broker.dir, tempfile::tempdir().unwrap());
+    drop(broker);
+    clock.set(TEN_YEARS_BACK);
+    let mut broker = clock.start(dir, &yaml);
+    broker.wait_log(|l| {
+        l.contains("the system clock is behind the last time the storage was in use")
+    });
+    rt.block_on(publish_range(&broker, 2, 2));
+    assert_eq!(broker.terminate(), Some(0));
+    let times = receipt_times(&db);
+    let payloads: Vec<&str> = times.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(payloads, ["r1", "r2"]);
+    assert!(times.iter().all(|(_, t)| is_recent(*t)), "{times:?}");
+    assert!(times[0].1 <= times[1].1, "{times:?}");
 }

@@ -71,13 +71,14 @@ pub fn publish_costs(
         .thread_name("saguin-bench")
         .build()?;
     let providers = Providers::open(config)?;
+    let last_recorded = providers.last_recorded_time();
     let outcome = runtime.block_on(async {
         let mut server = server::prepare(
             config,
             providers.sessions(),
             providers.retained(),
             providers.channels(),
-            providers.last_recorded_time(),
+            last_recorded,
         )
         .await?;
         server.snapshots = Snapshots::new(&providers.snapshot_writers(), Instant::now());

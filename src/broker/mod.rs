@@ -129,7 +129,8 @@
 //!   second (NTP setting a clock that started at 1970), never back within
 //!   a run (a clock set back leaves it ahead, shown in
 //!   `saguin_receipt_clock_ahead_seconds`), and never starts behind the
-//!   latest time a provider's lock recorded. Retention by age cuts at the
+//!   latest time the storage holds (an append channel's newest record, a
+//!   provider's lock's start or stop). Retention by age cuts at the
 //!   system clock's now, so a receipt clock ahead removes records later,
 //!   never sooner.
 //! - An MQTT 3.1.1 session with clean session 0 lives `limits.max_session_expiry`

@@ -454,21 +454,33 @@ impl Providers {
             .collect()
     }
 
-    /// The latest time any provider's lock says its storage was in use
-    /// before this start (the previous holder's start or clean stop, by
-    /// its clock); `None` when every lock is new or none is kept (a memory
-    /// provider without a snapshot directory keeps nothing to be behind).
+    /// Blocking: the latest time the storage says it was in use before
+    /// this start: the later of what any provider's lock recorded (the
+    /// previous holder's start, or its stop by the later of its system and
+    /// receipt clocks) and the receipt time of each append channel's newest
+    /// record, which a power cut keeps. `None` when there is neither (new
+    /// storage, or a memory provider without a snapshot directory only).
     pub fn last_recorded_time(&self) -> Option<UnixNanos> {
-        self.opened
-            .iter()
-            .filter_map(|o| match &o.backend {
-                Backend::Memory {
-                    snapshot: Some(s), ..
-                } => s.lock.previous_time(),
-                Backend::Memory { snapshot: None, .. } => None,
-                Backend::Sqlite { provider, .. } => provider.lock_previous_time(),
-            })
-            .max()
+        let locks = self.opened.iter().filter_map(|o| match &o.backend {
+            Backend::Memory {
+                snapshot: Some(s), ..
+            } => s.lock.previous_time(),
+            Backend::Memory { snapshot: None, .. } => None,
+            Backend::Sqlite { provider, .. } => provider.lock_previous_time(),
+        });
+        let newest_records = self.channels.iter().filter_map(|c| match &c.store {
+            contract::ChannelStore::Append(store) => {
+                let last = store.next().checked_sub(1)?;
+                if last < store.floor().max(1) {
+                    return None;
+                }
+                // A read that fails gives no time; the start goes on.
+                let record = store.read_from_n(last, 1).ok()?.into_iter().next()?;
+                (record.timestamp > 0).then_some(record.timestamp)
+            }
+            contract::ChannelStore::Latest(_) | contract::ChannelStore::Queue(_) => None,
+        });
+        locks.chain(newest_records).max()
     }
 
     /// The provider keeping retained messages.

@@ -350,6 +350,8 @@ async fn broker_task(
             _ = tick.tick() => {
                 let now = Instant::now();
                 state.follow_wall_clock(now, super::state::unix_now());
+                // What the providers' locks record at the stop.
+                crate::storage::lock::note_receipt_time(state.receipt_time(now));
                 state.tick(now);
             }
             _ = flush.tick() => state.flush(Instant::now()),

@@ -269,6 +269,10 @@ pub struct Status {
     pub messages_sent: u64,
     /// `saguin_dropped_messages_total` by reason.
     pub dropped_messages: BTreeMap<String, u64>,
+    /// How far the broker's receipt clock is ahead of the system clock
+    /// (`saguin_receipt_clock_ahead_seconds`); `null` from a broker that
+    /// does not say.
+    pub receipt_clock_ahead_seconds: Option<f64>,
     pub providers: Vec<ProviderStatus>,
     pub channels: Vec<ChannelStatus>,
     pub bridges: Vec<BridgeStatus>,
@@ -570,6 +574,10 @@ impl Status {
                 .family("saguin_dropped_messages_total")
                 .filter_map(|s| Some((s.label("reason")?.to_owned(), as_count(s.value))))
                 .collect(),
+            receipt_clock_ahead_seconds: samples
+                .family("saguin_receipt_clock_ahead_seconds")
+                .next()
+                .map(|s| s.value),
             providers,
             channels,
             bridges,

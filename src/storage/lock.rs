@@ -31,6 +31,7 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -185,13 +186,23 @@ impl Drop for LockGuard {
         // makes a released lock look stale, which errs on the safe side.
         let _ = self._conn.execute(
             "UPDATE holder SET released_unix_ns = ?1 WHERE id = 1",
-            [unix_nanos_now()],
+            [unix_nanos_now().max(RECEIPT_TIME.load(Ordering::Relaxed))],
         );
         registry()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.key);
     }
+}
+
+/// The latest time the broker's receipt clock read in this process (0:
+/// none): a lock let go records the later of it and the system clock, so
+/// the next start on a clock not set yet goes on from it.
+static RECEIPT_TIME: AtomicI64 = AtomicI64::new(0);
+
+/// The broker's receipt clock reads `unix` (see [`RECEIPT_TIME`]).
+pub fn note_receipt_time(unix: i64) {
+    RECEIPT_TIME.fetch_max(unix, Ordering::Relaxed);
 }
 
 /// Locks held by this process, by canonical path, with their holder rows.
@@ -281,7 +292,8 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<(Connection, Option<i
         )
         .and_then(|()| add_released_column(&conn))
         .and_then(|()| {
-            previous_time = latest_recorded(&conn)?;
+            // Advisory: a row that cannot be read gives no time.
+            previous_time = latest_recorded(&conn).ok().flatten();
             // The unconditional write: it is what takes the exclusive lock.
             conn.execute(
                 "INSERT OR REPLACE INTO holder (id, pid, host, since_unix_ns, revision, released_unix_ns)

@@ -2,9 +2,10 @@
 //! position's or a hold's `saved_at`, a lease's end, a session's expiry.
 //!
 //! It runs on the monotonic clock the state is handed (`now`), from a
-//! wall-clock reading it is based on, so the state stays deterministic and
-//! a lease or an expiry lasts what it says whatever the system clock does.
-//! What the system clock does is followed in one direction only:
+//! wall-clock reading it is based on, so the state stays deterministic.
+//! Leases, session and message expiries are counted on the monotonic clock
+//! itself within a run and do not move with this one. What the system
+//! clock does is followed in one direction only:
 //!
 //! - **Forward, at once.** A device without a battery-backed clock starts
 //!   at 1970 (or at the last time saved to disk) and is set by NTP a while
@@ -16,18 +17,20 @@
 //!   found ahead is taken, and a step of a second or more is logged and
 //!   counted (`saguin_clock_steps_total`).
 //! - **Never back.** A system clock set back (it ran ahead) is not
-//!   followed within a run: a lease, a retry's backoff or a record's place
-//!   in time would move by the step, and a receipt time earlier than the
-//!   one before it would hide records from a seek by time and hold up
+//!   followed within a run: a retry's backoff or a record's place in time
+//!   would move by the step, and a receipt time earlier than the one
+//!   before it would hide records from a seek by time and hold up
 //!   retention. The broker's clock runs on from where it was, logged once
 //!   and shown in `saguin_receipt_clock_ahead_seconds`; records are then
-//!   removed by age that much later (never sooner), and the next start
-//!   takes the system clock.
+//!   removed by age that much later (never sooner). The next start goes
+//!   on from the latest time the storage holds, so the same holds until
+//!   the system clock passes it.
 //! - **Not behind the storage.** At a start the clock is never behind the
-//!   latest time the providers' locks recorded (the previous broker's start
-//!   or clean stop; [`ReceiptClock::starting`]), so records received before a clock
-//!   without a battery is set are stamped after the ones before them, not
-//!   in 1970.
+//!   latest time the storage holds ([`ReceiptClock::starting`], from
+//!   `Providers::last_recorded_time`: an append channel's newest record,
+//!   which a power cut keeps, and each provider's lock's start or stop),
+//!   so records received before a clock without a battery is set are
+//!   stamped after the ones before them, not in 1970.
 //!
 //! [`BrokerState::follow_wall_clock`]: super::BrokerState::follow_wall_clock
 

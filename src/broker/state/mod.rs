@@ -698,6 +698,11 @@ impl BrokerState {
         self.clock.unix_at(now)
     }
 
+    /// What the state's clock reads at `now`.
+    pub fn receipt_time(&self, now: Instant) -> UnixNanos {
+        self.unix_at(now)
+    }
+
     /// The system clock read `wall` at `now`: taken when it is ahead of the
     /// state's clock, never when behind ([`clock`]); a step of a second or
     /// more is logged.

@@ -119,7 +119,8 @@ fn receipt_times_follow_the_system_clock_forward_and_never_step_back() {
         store.channel.last().cloned().expect("stored")
     };
     let before = publish_at(&mut s, 1, start);
-    // The state's clock started at `started_at` a moment before `start`.
+    // The state's clock started at `started_at` a moment after `start`,
+    // so at `start` it reads a little less.
     assert!((started_at - SECOND..=started_at).contains(&before.timestamp));
     // NTP sets the clock a year ahead a second after the start.
     let set = started_at + 365 * 86_400 * SECOND;
