@@ -133,8 +133,11 @@ impl From<(Instant, UnixNanos)> for ReceiptClock {
 
 impl ReceiptClock {
     /// The clock at a start, `now`: the system clock, `wall`, unless the
-    /// storage recorded a later time (`floor`, the providers' locks'
-    /// latest), which it then starts from, saying so once.
+    /// storage holds a later time (`floor`), which it then starts just
+    /// after, saying so once. Just after by a few random milliseconds:
+    /// the start's time is the first half of every message id the run
+    /// makes, and two starts from the same floor (the second after a kill
+    /// that stored nothing) must not make the same ids.
     pub fn starting(now: Instant, wall: UnixNanos, floor: Option<UnixNanos>) -> ReceiptClock {
         match floor {
             Some(floor) if floor > wall => {
@@ -147,13 +150,23 @@ impl ReceiptClock {
                 );
                 ReceiptClock {
                     base: now,
-                    base_unix: floor,
+                    base_unix: floor.saturating_add(after_floor()),
                     behind: true,
                 }
             }
             _ => ReceiptClock::new(now, wall),
         }
     }
+}
+
+/// Nanoseconds after the floor a start goes on from: random, 1 to 2^24
+/// (about 17 ms).
+fn after_floor() -> i64 {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (random & ((1 << 24) - 1)) as i64 + 1
 }
 
 /// A Unix-nanosecond time as RFC 3339, to the second.
@@ -223,12 +236,17 @@ mod tests {
         let at = |floor| ReceiptClock::starting(now, 50 * SECOND, floor).unix_at(now);
         assert_eq!(at(None), 50 * SECOND);
         assert_eq!(at(Some(40 * SECOND)), 50 * SECOND);
-        assert_eq!(at(Some(70 * SECOND)), 70 * SECOND);
+        // Just after the floor, and not where the last start from it was.
+        let after = (70 * SECOND + 1..=70 * SECOND + (1 << 24)).contains(&at(Some(70 * SECOND)));
+        assert!(after);
+        let starts: std::collections::HashSet<i64> =
+            (0..8).map(|_| at(Some(70 * SECOND))).collect();
+        assert!(starts.len() > 1, "{starts:?}");
         // Said once at the start, not again at the first look.
         let mut clock = ReceiptClock::starting(now, 50 * SECOND, Some(70 * SECOND));
         assert_eq!(clock.follow(now, 50 * SECOND), Followed::Steady);
-        assert_eq!(clock.ahead_of(now, 50 * SECOND), Duration::from_secs(20));
-        assert_eq!(clock.follow(now, 70 * SECOND), Followed::CaughtUp);
+        assert!(clock.ahead_of(now, 50 * SECOND) > Duration::from_secs(20));
+        assert_eq!(clock.follow(now, 71 * SECOND), Followed::CaughtUp);
         assert_eq!(rfc3339(70 * SECOND), "1970-01-01T00:01:10Z");
     }
 }
