@@ -221,17 +221,100 @@ impl<S> Handshake<S> {
     }
 }
 
-/// Serve one transport from its first byte to its close.
-pub async fn serve<S>(handshake: Box<Handshake<S>>)
+/// Serve one transport from its first byte to its close, holding `held`
+/// (its place under the broker's cap) until the end: the task of a plain
+/// connection.
+pub fn serve<S, H>(handshake: Box<Handshake<S>>, held: H) -> ConnectionTask<S, H>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Unpin + Send + 'static,
+{
+    serve_after(std::future::ready(Some(handshake)), held)
+}
+
+/// [`serve`] once `handshake` gives the transport (`None`: it did not, a
+/// TLS handshake that failed): the task of a TLS connection.
+pub fn serve_after<S, H>(
+    handshake: impl Future<Output = Option<Box<Handshake<S>>>> + Send + 'static,
+    held: H,
+) -> ConnectionTask<S, H>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Unpin + Send + 'static,
 {
     // Boxed and gone once the CONNECT is handed on: what the handshake
     // holds while it waits (the CONNECT, an authentication, a refusal's
     // linger) would otherwise size every connection's task for its whole
     // life, and most of a broker's connections are idle.
-    if let Some(connection) = Box::pin(establish(handshake)).await {
-        connection.run().await;
+    let establishing: Boxed<_> = Box::pin(async move {
+        let handshake = handshake.await?;
+        establish(handshake).await
+    });
+    ConnectionTask {
+        stage: Stage::Establishing(Box::new(establishing)),
+        _held: held,
+    }
+}
+
+/// One connection's task, polled by hand so that all it holds for the
+/// connection's life is a pointer to the connection and the place it
+/// holds: 24 bytes, which tokio's 96 around it and its result's 32 keep
+/// within 128, the allocator's block for a task a quarter the size of the
+/// 256 an async fn's future took (`an_idle_connections_task_stays_small`).
+pub struct ConnectionTask<S, H> {
+    stage: Stage<S>,
+    _held: H,
+}
+
+/// Where a connection's task is. Each future is boxed twice (a pointer to
+/// a fat pointer): one word a stage, for the few moments a connection
+/// spends outside [`Stage::Serving`].
+enum Stage<S> {
+    Establishing(Box<Boxed<Option<Box<Connection<S>>>>>),
+    Serving(Box<Connection<S>>),
+    Closing(Box<Boxed<()>>),
+    Done,
+}
+
+/// A future of a stage, boxed.
+type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, H> Future for ConnectionTask<S, H>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Unpin,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let task = self.get_mut();
+        loop {
+            match &mut task.stage {
+                Stage::Establishing(establishing) => {
+                    task.stage = match ready!(establishing.as_mut().as_mut().poll(cx)) {
+                        Some(mut connection) => {
+                            connection.begin_serving();
+                            Stage::Serving(connection)
+                        }
+                        None => Stage::Done,
+                    };
+                }
+                Stage::Serving(connection) => {
+                    let ending = ready!(connection.poll_serve(cx));
+                    if let Stage::Serving(connection) =
+                        std::mem::replace(&mut task.stage, Stage::Done)
+                    {
+                        // Boxed: held only while closing.
+                        task.stage = Stage::Closing(Box::new(Box::pin(connection.close(ending))));
+                    }
+                }
+                Stage::Closing(closing) => {
+                    ready!(closing.as_mut().as_mut().poll(cx));
+                    task.stage = Stage::Done;
+                }
+                Stage::Done => return Poll::Ready(()),
+            }
+        }
     }
 }
 
@@ -262,7 +345,8 @@ struct Connection<S> {
 /// connection's box, and not in the task's future: tokio aligns a task to
 /// 128 B, and the allocator gives that alignment for free only to blocks
 /// of a power of two, so a task of 384 B took a 512 B block like one of
-/// 512 B; the loop polled by hand leaves a future that fits 256 B.
+/// 512 B; the loop polled by hand by [`ConnectionTask`] leaves a task of
+/// 128 B.
 #[derive(Debug)]
 struct Serving {
     /// Room for as many packets as the last read brought (up to a bound):
@@ -614,12 +698,6 @@ impl<S> Connection<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    async fn run(mut self: Box<Self>) {
-        let ending = self.serve_packets().await;
-        // Boxed: held only while closing, not in every idle connection's task.
-        Box::pin(self.close(ending)).await;
-    }
-
     /// Decode what was read into the packets of one event; everything
     /// decoded before a fatal packet is kept for the state.
     fn decode_unread(&mut self, batch_hint: usize) -> (Vec<Inbound>, Option<Fatal>) {
@@ -698,18 +776,13 @@ where
         (batch, fatal)
     }
 
-    /// Read packets and hand them to the state, and write what the state
-    /// queues, until the connection ends. Polled by hand, its state in the
-    /// connection's box: the task's future holds none of it (see
-    /// [`Serving`]).
-    async fn serve_packets(&mut self) -> Ending {
-        // Keep alive runs while the reader waits for its client, from the
-        // moment it starts waiting: neither a full event queue nor a pause
-        // counts against the client.
+    /// Before the first poll of [`Self::poll_serve`]: keep alive runs while
+    /// the reader waits for its client, from the moment it starts waiting
+    /// (neither a full event queue nor a pause counts against the client).
+    fn begin_serving(&mut self) {
         if let Some(limit) = silence_limit(self.keep_alive) {
             self.context.keep_alives.watch(&self.out.link, limit);
         }
-        poll_fn(|cx| self.poll_serve(cx)).await
     }
 
     /// The client was heard: its silence starts again.
@@ -738,7 +811,8 @@ where
         self.rare.as_ref().is_some_and(|r| r.handing.is_some())
     }
 
-    /// The loop of [`Self::serve_packets`]: the reader's side, then the
+    /// The connection's loop, polled by its task ([`ConnectionTask`]),
+    /// until it ends: the reader's side, then the
     /// socket and the outbound queue ([`poll_io`]), then the wait for room
     /// in the state's queue, each ready one handled before the next poll.
     fn poll_serve(&mut self, cx: &mut Context<'_>) -> Poll<Ending> {
@@ -2252,16 +2326,19 @@ pub(super) mod tests {
             let (events_tx, events) = mpsc::channel(16);
             let (shutdown, shutdown_rx) = broadcast::channel(1);
             let context = test_context();
-            tokio::spawn(serve(Box::new(Handshake {
-                stream: server,
-                peer: "127.0.0.1:1".parse().unwrap(),
-                id: 1,
-                deadline: Instant::now() + Duration::from_secs(60),
-                events: events_tx,
-                context,
-                shutdown: shutdown_rx,
-                admission: Admission::Serve,
-            })));
+            tokio::spawn(serve(
+                Box::new(Handshake {
+                    stream: server,
+                    peer: "127.0.0.1:1".parse().unwrap(),
+                    id: 1,
+                    deadline: Instant::now() + Duration::from_secs(60),
+                    events: events_tx,
+                    context,
+                    shutdown: shutdown_rx,
+                    admission: Admission::Serve,
+                }),
+                (),
+            ));
             let mut served = Served {
                 client,
                 events,
@@ -2443,13 +2520,14 @@ pub(super) mod tests {
 
     /// What an idle connection holds for its whole life is one task: its
     /// future (the handshake is boxed and gone, and so is what closing
-    /// takes) holds both sides of the connection. Multiplied by every
-    /// connection a broker holds, a future that grows by a kilobyte costs
-    /// an edge site's 50,000 devices 50 MB. Measured over TCP, the
-    /// transport the broker serves most. At 104 B, with what the server's
-    /// task adds (40 B, 56 B over TLS) and tokio's 96 B around it, a task
-    /// fits 256 B, the largest block the allocator gives tokio's 128 B
-    /// alignment below 512 B ([`Serving`]).
+    /// takes) is a pointer to the connection and its place under the cap.
+    /// Multiplied by every connection a broker holds, a task that grows by
+    /// a kilobyte costs an edge site's 50,000 devices 50 MB. tokio lays a
+    /// task out as 96 bytes of its own around a stage that holds the future
+    /// or its result (a `JoinError`, 24 bytes) and aligns it to 128: at
+    /// 24 bytes the future keeps the stage at 32 and the task at 128, the
+    /// allocator's block (an async fn's future of 72 bytes made a task of
+    /// 208, in a 256-byte block).
     #[tokio::test]
     async fn an_idle_connections_task_stays_small() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -2459,18 +2537,37 @@ pub(super) mod tests {
         let (server, peer) = listener.accept().await.unwrap();
         let (events, _events_rx) = mpsc::channel::<Event>(1);
         let (_shutdown, shutdown_rx) = broadcast::channel(1);
-        let task = serve(Box::new(Handshake {
-            stream: server,
-            peer,
-            id: 1,
-            deadline: Instant::now(),
-            events,
-            context: test_context(),
-            shutdown: shutdown_rx,
-            admission: Admission::Serve,
-        }));
-        let task = std::mem::size_of_val(&task);
-        assert!(task <= 104, "the connection's future is {task} bytes");
+        // A place under the cap is one pointer, as the server's is.
+        let held = Arc::new(());
+        let task = serve(
+            Box::new(Handshake {
+                stream: server,
+                peer,
+                id: 1,
+                deadline: Instant::now(),
+                events,
+                context: test_context(),
+                shutdown: shutdown_rx,
+                admission: Admission::Serve,
+            }),
+            held,
+        );
+        assert!(
+            std::mem::size_of_val(&task) <= 24,
+            "the connection's task holds {} bytes",
+            std::mem::size_of_val(&task)
+        );
+        // tokio's stage: the future, or its result.
+        #[allow(dead_code)]
+        enum Stage<T: Future> {
+            Running(T),
+            Finished(Result<T::Output, tokio::task::JoinError>),
+            Consumed,
+        }
+        fn stage_of<T: Future>(_: &T) -> usize {
+            std::mem::size_of::<Stage<T>>()
+        }
+        assert!(stage_of(&task) <= 32, "a stage of {}", stage_of(&task));
         // What the task keeps in a box of its own once connected.
         // Its fields beside the transport, whose size tokio's build decides
         // (32 B in release, 40 in debug): 256 B in all, the allocator's

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{broadcast, mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{broadcast, mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::{server::TlsStream, TlsAcceptor};
 
@@ -142,8 +142,8 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
     // Every task holds a clone; when all are dropped, the drain is complete.
     let (drain_tx, mut drain_rx) = mpsc::channel::<()>(1);
     let (events_tx, events_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
-    let limit = Arc::new(Semaphore::new(max_connections.max(1)));
-    let refusals = Arc::new(Semaphore::new(OVER_LIMIT_REFUSALS));
+    let limit = Places::new(max_connections.max(1), &drain_tx);
+    let refusals = Places::new(OVER_LIMIT_REFUSALS, &drain_tx);
     // Connection ids start at 1: a session keeps them with 0 as "none".
     let generation = Arc::new(AtomicU64::new(1));
 
@@ -172,7 +172,6 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
             metrics: metrics.clone(),
             generation: generation.clone(),
             shutdown: notify_shutdown.clone(),
-            drain: drain_tx.clone(),
         };
         tokio::spawn(acceptor.run(notify_shutdown.subscribe()));
     }
@@ -196,7 +195,9 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         outbound_queue,
     );
     drop(events_tx);
-    drop(drain_tx);
+    // The drain ends when the last place is given back: every acceptor's
+    // and every connection's.
+    drop((limit, refusals, drain_tx));
 
     let failed = tokio::select! {
         _ = shutdown => None,
@@ -434,19 +435,53 @@ async fn take_in_read_order(
     read_order::sort_packets(batch);
 }
 
-/// Which permit an accepted connection took: a place under the cap, or
-/// one of the few for refusing newcomers.
+/// Which place an accepted connection took: one under the cap, or one of
+/// the few for refusing newcomers.
 enum Slot {
-    Serve(OwnedSemaphorePermit),
-    Refuse(OwnedSemaphorePermit),
+    Serve(Held),
+    Refuse(Held),
 }
 
-/// What a connection's task holds until the connection ends.
-struct Held {
-    /// Its place under the cap (or among the refusals).
-    _permit: OwnedSemaphorePermit,
-    /// Shutdown waits for every clone.
+/// Places for connections: under `limits.max_connections`, or among the
+/// few refusals. Shutdown waits for every pointer to them to go (the drain
+/// sender goes with the last): the acceptors' and the connections'.
+struct Places {
+    free: Semaphore,
     _drain: mpsc::Sender<()>,
+}
+
+impl Places {
+    fn new(places: usize, drain: &mpsc::Sender<()>) -> Arc<Places> {
+        Arc::new(Places {
+            free: Semaphore::new(places),
+            _drain: drain.clone(),
+        })
+    }
+
+    /// A place, once one is free.
+    async fn take(self: &Arc<Self>) -> Option<Held> {
+        let permit = self.free.acquire().await.ok()?;
+        permit.forget();
+        Some(Held(self.clone()))
+    }
+
+    /// A place if one is free now.
+    fn try_take(self: &Arc<Self>) -> Option<Held> {
+        let permit = self.free.try_acquire().ok()?;
+        permit.forget();
+        Some(Held(self.clone()))
+    }
+}
+
+/// A connection's place, held by its task until the connection ends: one
+/// pointer, which keeps the task within 128 bytes
+/// ([`connection::ConnectionTask`]).
+struct Held(Arc<Places>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.free.add_permits(1);
+    }
 }
 
 /// What a TLS listener's connections share: one pointer in each task.
@@ -458,15 +493,14 @@ struct TlsListener {
 
 struct Acceptor {
     listener: BoundListener,
-    limit: Arc<Semaphore>,
+    limit: Arc<Places>,
     /// Room for connections over the limit that are answered and closed.
-    refusals: Arc<Semaphore>,
+    refusals: Arc<Places>,
     events: mpsc::Sender<Event>,
     context: Arc<ConnectionContext>,
     metrics: Arc<Metrics>,
     generation: Arc<AtomicU64>,
     shutdown: broadcast::Sender<()>,
-    drain: mpsc::Sender<()>,
 }
 
 impl Acceptor {
@@ -486,13 +520,13 @@ impl Acceptor {
             let permit = tokio::select! {
                 biased;
                 _ = shutdown.recv() => return,
-                permit = self.limit.clone().acquire_owned() => match permit {
-                    Ok(p) => Slot::Serve(p),
-                    Err(_) => return,
+                held = self.limit.take() => match held {
+                    Some(held) => Slot::Serve(held),
+                    None => return,
                 },
-                permit = self.refusals.clone().acquire_owned() => match permit {
-                    Ok(p) => Slot::Refuse(p),
-                    Err(_) => return,
+                held = self.refusals.take() => match held {
+                    Some(held) => Slot::Refuse(held),
+                    None => return,
                 },
             };
             let accepted = tokio::select! {
@@ -520,15 +554,15 @@ impl Acceptor {
             let _ = stream.set_nodelay(true);
             // A connection may have ended while this one waited in accept.
             let permit = match permit {
-                Slot::Refuse(p) => match self.limit.clone().try_acquire_owned() {
-                    Ok(serve) => Slot::Serve(serve),
-                    Err(_) => Slot::Refuse(p),
+                Slot::Refuse(refusal) => match self.limit.try_take() {
+                    Some(serve) => Slot::Serve(serve),
+                    None => Slot::Refuse(refusal),
                 },
                 serve => serve,
             };
-            let (admission, permit) = match permit {
-                Slot::Serve(p) => (connection::Admission::Serve, p),
-                Slot::Refuse(p) => (connection::Admission::OverLimit, p),
+            let (admission, held) = match permit {
+                Slot::Serve(held) => (connection::Admission::Serve, held),
+                Slot::Refuse(held) => (connection::Admission::OverLimit, held),
             };
             let handshake = Box::new(Handshake {
                 stream,
@@ -540,53 +574,17 @@ impl Acceptor {
                 shutdown: self.shutdown.subscribe(),
                 admission,
             });
-            let held = Held {
-                _permit: permit,
-                _drain: self.drain.clone(),
-            };
-            // A task of its own kind for TLS: its handshake's state and its
-            // stream would otherwise size every plain connection's task too.
+            // A TLS connection's task is the same size: its TLS handshake
+            // is boxed with the rest of what the start takes, and gone
+            // once done (a rustls session among it).
             match &tls {
-                Some(tls) => tokio::spawn(tls_connection(handshake, held, tls.clone())),
-                None => tokio::spawn(plain_connection(handshake, held)),
+                Some(tls) => tokio::spawn(connection::serve_after(
+                    tls_handshake(handshake, tls.clone()),
+                    held,
+                )),
+                None => tokio::spawn(connection::serve(handshake, held)),
             };
         }
-    }
-}
-
-// The two tasks below are async blocks, not async fns: an async fn's
-// arguments are laid out twice in its future (as taken, and as the
-// body's bindings), and these futures live as long as their connections.
-
-/// One plain TCP connection's task, from the first byte to its close.
-#[allow(clippy::manual_async_fn)]
-fn plain_connection(
-    handshake: Box<Handshake<TcpStream>>,
-    held: Held,
-) -> impl Future<Output = ()> + Send {
-    async move {
-        connection::serve(handshake).await;
-        drop(held);
-    }
-}
-
-/// One TLS connection's task: the TLS handshake within the listener's
-/// handshake timeout, then the connection.
-#[allow(clippy::manual_async_fn)]
-fn tls_connection(
-    handshake: Box<Handshake<TcpStream>>,
-    held: Held,
-    tls: Arc<TlsListener>,
-) -> impl Future<Output = ()> + Send {
-    async move {
-        // Boxed and gone once done: the TLS handshake's state (a rustls
-        // session among it) would otherwise size the task for its whole
-        // life.
-        let handshake = Box::pin(tls_handshake(handshake, tls)).await;
-        if let Some(handshake) = handshake {
-            connection::serve(handshake).await;
-        }
-        drop(held);
     }
 }
 
@@ -952,18 +950,10 @@ mod tests {
         })
     }
 
-    /// The size of the future `serve` makes, without a transport to make
-    /// one with.
-    fn future_size<A, F: Future>(_serve: fn(A) -> F) -> usize {
-        std::mem::size_of::<F>()
-    }
-
+    /// A place of its own, under a cap of one.
     fn held() -> Held {
         let (drain, _) = mpsc::channel(1);
-        Held {
-            _permit: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
-            _drain: drain,
-        }
+        Places::new(1, &drain).try_take().unwrap()
     }
 
     /// A listener, a client connected to it, and the server's side of that
@@ -977,33 +967,12 @@ mod tests {
         (listener, client, stream, peer)
     }
 
-    /// A plain connection's task is its connection's future and what it
-    /// holds until the end (its permit, its drain sender).
+    /// A plain connection's task and a TLS one are the same: a pointer to
+    /// where the connection is, and its place (one pointer as well). What
+    /// tokio puts around them is pinned in `connection`'s
+    /// `an_idle_connections_task_stays_small`.
     #[tokio::test]
-    async fn a_plain_connections_task_is_its_connection_and_little_more() {
-        let (listener, _client, stream, peer) = accepted().await;
-        let (shutdown, _) = broadcast::channel(1);
-        let connection = connection::serve(handshake(
-            TcpStream::connect(listener.local_addr().unwrap())
-                .await
-                .unwrap(),
-            peer,
-            &shutdown,
-        ));
-        let connection = std::mem::size_of_val(&connection);
-        let task = plain_connection(handshake(stream, peer, &shutdown), held());
-        let task = std::mem::size_of_val(&task);
-        assert!(
-            task <= connection + 40,
-            "the task is {task} bytes around a connection of {connection}"
-        );
-    }
-
-    /// A TLS connection's task is its connection's future and little more:
-    /// the TLS handshake's state is boxed and gone once it is done, and
-    /// what the listener's connections share is one pointer.
-    #[tokio::test]
-    async fn a_tls_connections_task_is_its_connection_and_little_more() {
+    async fn a_connections_task_is_two_pointers_whether_plain_or_tls() {
         let files = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/config");
         let config = crate::config::Config::from_yaml_str(
             "listeners:\n  - name: tls\n    bind: 127.0.0.1:0\n    tls:\n      \
@@ -1018,14 +987,25 @@ mod tests {
             name: "tls".into(),
             metrics: Arc::new(Metrics::default()),
         });
-        let (_listener, _client, stream, peer) = accepted().await;
+        let (listener, _client, stream, peer) = accepted().await;
         let (shutdown, _) = broadcast::channel(1);
-        let connection = future_size(connection::serve::<TlsStream<TcpStream>>);
-        let task = tls_connection(handshake(stream, peer, &shutdown), held(), tls);
-        let task = std::mem::size_of_val(&task);
+        let plain = connection::serve(handshake(stream, peer, &shutdown), held());
+        assert_eq!(std::mem::size_of_val(&held()), 8);
         assert!(
-            task <= connection + 56,
-            "the task is {task} bytes around a connection of {connection}"
+            std::mem::size_of_val(&plain) <= 24,
+            "{}",
+            std::mem::size_of_val(&plain)
+        );
+        let other = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let over_tls = connection::serve_after(
+            tls_handshake(handshake(other, peer, &shutdown), tls),
+            held(),
+        );
+        assert_eq!(
+            std::mem::size_of_val(&over_tls),
+            std::mem::size_of_val(&plain)
         );
     }
 }
