@@ -6,7 +6,9 @@
 //!
 //! What a connection holds while its client is quiet is multiplied by every
 //! connection a broker serves, so a quiet one holds as little as the two
-//! sides need: one task (its future and its boxed state are measured by
+//! sides need: one task of 128 bytes, polled by hand ([`ConnectionTask`]:
+//! a pointer to the connection and one to its place under the cap; it and
+//! the connection's boxed state are measured by
 //! `an_idle_connections_task_stays_small`), no read buffer (reads land on
 //! the stack, and only a partial packet's bytes are kept), no batch of
 //! queued packets (they are encoded as they are taken), at most
