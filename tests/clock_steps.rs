@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use broker_support::*;
-use saguin::broker::codec::ReasonCode;
 
 /// libfaketime's multi-threaded build, where Debian puts it.
 fn libfaketime() -> Option<PathBuf> {
@@ -56,6 +55,14 @@ impl FakeClock {
         std::fs::rename(&next, &self.offset_file).unwrap();
     }
 
+    /// `broker` stopped (killed, if it still runs) and started again on
+    /// this clock in its directory.
+    fn restart(&self, mut broker: Broker, yaml: &str) -> Broker {
+        let dir = std::mem::replace(&mut broker.dir, tempfile::tempdir().unwrap());
+        drop(broker);
+        self.start(dir, yaml)
+    }
+
     fn start(&self, dir: tempfile::TempDir, yaml: &str) -> Broker {
         Broker::start_with(dir, yaml, |command| {
             command
@@ -66,6 +73,16 @@ impl FakeClock {
                 .env("RUST_LOG", "info,saguin::broker::retention=debug");
         })
     }
+}
+
+/// A directory for a broker, the clock it runs on, its configuration and
+/// the sqlite file of its channel; `None` (said) without libfaketime.
+fn set_up(test: &str) -> Option<(tempfile::TempDir, FakeClock, String, PathBuf)> {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = FakeClock::new(test, dir.path())?;
+    let yaml = config(dir.path());
+    let db = dir.path().join("channels.db");
+    Some((dir, clock, yaml, db))
 }
 
 fn config(dir: &Path) -> String {
@@ -137,12 +154,9 @@ const TEN_YEARS_BACK: &str = "-3650d";
 fn records_received_after_the_clock_is_set_carry_its_time_and_outlive_retention_by_age() {
     let test =
         "records_received_after_the_clock_is_set_carry_its_time_and_outlive_retention_by_age";
-    let dir = tempfile::tempdir().unwrap();
-    let Some(clock) = FakeClock::new(test, dir.path()) else {
+    let Some((dir, clock, yaml, db)) = set_up(test) else {
         return;
     };
-    let yaml = config(dir.path());
-    let db = dir.path().join("channels.db");
     clock.set(TEN_YEARS_BACK);
     let mut broker = clock.start(dir, &yaml);
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -173,18 +187,11 @@ fn records_received_after_the_clock_is_set_carry_its_time_and_outlive_retention_
     // Restarted (the clock still an hour back: the start goes on from the
     // storage's last time), retention by age (1 h) removes what was
     // stamped ten years back, and keeps the rest.
-    let dir = std::mem::replace(&mut broker.dir, tempfile::tempdir().unwrap());
-    drop(broker);
-    let broker = clock.start(dir, &yaml);
+    let broker = clock.restart(broker, &yaml);
     let swept = broker.wait_log(|l| l.contains("retention removed records"));
     assert_eq!(field(&swept, "records").as_deref(), Some("3"), "{swept}");
     let first = rt.block_on(async {
-        let mut c = Raw::tcp(broker.addr(), v5()).await;
-        c.connect("consumer", ConnectOpts::clean()).await;
-        let reasons = c
-            .subscribe_with_user_properties(1, "telemetry/#", 1, &[("saguin-from", "earliest")])
-            .await;
-        assert_eq!(reasons, vec![ReasonCode::GrantedQoS1]);
+        let mut c = consumer_from_earliest(broker.addr(), "telemetry/#").await;
         String::from_utf8(c.next_publish(true).await.payload.to_vec()).unwrap()
     });
     assert_eq!(first, "r4");
@@ -193,12 +200,9 @@ fn records_received_after_the_clock_is_set_carry_its_time_and_outlive_retention_
 #[test]
 fn a_broker_started_on_a_clock_behind_its_storage_stamps_from_the_storages_last_time() {
     let test = "a_broker_started_on_a_clock_behind_its_storage_stamps_from_the_storages_last_time";
-    let dir = tempfile::tempdir().unwrap();
-    let Some(clock) = FakeClock::new(test, dir.path()) else {
+    let Some((dir, clock, yaml, db)) = set_up(test) else {
         return;
     };
-    let yaml = config(dir.path());
-    let db = dir.path().join("channels.db");
     // A first run on a clock that was set, stopped cleanly: its lock
     // records when.
     clock.set("+0");
@@ -207,9 +211,7 @@ fn a_broker_started_on_a_clock_behind_its_storage_stamps_from_the_storages_last_
     let stopped = real_now();
     // The device restarts with its clock ten years back.
     clock.set(TEN_YEARS_BACK);
-    let dir = std::mem::replace(&mut broker.dir, tempfile::tempdir().unwrap());
-    drop(broker);
-    let mut broker = clock.start(dir, &yaml);
+    let mut broker = clock.restart(broker, &yaml);
     broker.wait_log(|l| {
         l.contains("the system clock is behind the last time the storage was in use")
     });
@@ -269,23 +271,18 @@ fn a_broker_started_on_a_clock_behind_its_storage_stamps_from_the_storages_last_
 #[test]
 fn after_a_power_cut_a_start_on_an_unset_clock_goes_on_from_the_newest_record() {
     let test = "after_a_power_cut_a_start_on_an_unset_clock_goes_on_from_the_newest_record";
-    let dir = tempfile::tempdir().unwrap();
-    let Some(clock) = FakeClock::new(test, dir.path()) else {
+    let Some((dir, clock, yaml, db)) = set_up(test) else {
         return;
     };
-    let yaml = config(dir.path());
-    let db = dir.path().join("channels.db");
     clock.set(TEN_YEARS_BACK);
-    let mut broker = clock.start(dir, &yaml);
+    let broker = clock.start(dir, &yaml);
     clock.set("+0");
     broker.wait_log(|l| l.contains("the system clock stepped forward"));
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(publish_range(&broker, 1, 1));
     // Killed: no stop is recorded, and the lock's start is ten years back.
-    let dir = std::mem::replace(&mut broker.dir, tempfile::tempdir().unwrap());
-    drop(broker);
     clock.set(TEN_YEARS_BACK);
-    let mut broker = clock.start(dir, &yaml);
+    let mut broker = clock.restart(broker, &yaml);
     broker.wait_log(|l| {
         l.contains("the system clock is behind the last time the storage was in use")
     });

@@ -1174,12 +1174,7 @@ fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_
     assert!(room_bytes(&broker) < ROOM_8_MIB);
     let taken_while_full = rt.block_on(async {
         // What it holds is served.
-        let mut c = Raw::tcp(broker.addr(), v5()).await;
-        c.connect("consumer", ConnectOpts::clean()).await;
-        let reasons = c
-            .subscribe_with_user_properties(1, "telemetry/#", 1, &[("saguin-from", "earliest")])
-            .await;
-        assert_eq!(reasons, vec![ReasonCode::GrantedQoS1]);
+        let mut c = consumer_from_earliest(broker.addr(), "telemetry/#").await;
         let mut got = Vec::new();
         while got.len() < 20 {
             let m = c.next_publish(true).await;
@@ -1255,12 +1250,7 @@ fn a_provider_whose_file_system_cannot_hold_its_bound_says_so_at_the_start() {
 /// Every record of `telemetry` from the earliest, read by a consumer
 /// through the broker until `count` came: their publish indexes.
 async fn read_from_earliest(addr: std::net::SocketAddr, count: usize) -> Vec<u32> {
-    let mut c = Raw::tcp(addr, v5()).await;
-    c.connect("consumer", ConnectOpts::clean()).await;
-    let reasons = c
-        .subscribe_with_user_properties(1, "telemetry/#", 1, &[("saguin-from", "earliest")])
-        .await;
-    assert_eq!(reasons, vec![ReasonCode::GrantedQoS1]);
+    let mut c = consumer_from_earliest(addr, "telemetry/#").await;
     let mut got = Vec::new();
     while got.len() < count {
         got.push(index_of(&c.next_publish(true).await.payload));

@@ -262,6 +262,18 @@ impl Drop for Broker {
     }
 }
 
+/// A clean MQTT 5 consumer, `consumer`, of `filter` over a channel from
+/// the earliest record it holds (`saguin-from: earliest`), granted QoS 1.
+pub async fn consumer_from_earliest(addr: SocketAddr, filter: &str) -> Raw<TcpStream> {
+    let mut c = Raw::tcp(addr, v5()).await;
+    c.connect("consumer", ConnectOpts::clean()).await;
+    let reasons = c
+        .subscribe_with_user_properties(1, filter, 1, &[("saguin-from", "earliest")])
+        .await;
+    assert_eq!(reasons, vec![codec::ReasonCode::GrantedQoS1]);
+    c
+}
+
 /// `key=value` or `key="value"` from a logfmt line.
 pub fn field(line: &str, key: &str) -> Option<String> {
     let start = line.find(&format!(" {key}="))? + key.len() + 2;
