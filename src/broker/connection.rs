@@ -231,25 +231,29 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Unpin + Send + 'static,
 {
-    serve_after(std::future::ready(Some(handshake)), held)
+    serve_after(move || std::future::ready(Some(handshake)), held)
 }
 
-/// [`serve`] once `handshake` gives the transport (`None`: it did not, a
-/// TLS handshake that failed): the task of a TLS connection.
-pub fn serve_after<S, H>(
-    handshake: impl Future<Output = Option<Box<Handshake<S>>>> + Send + 'static,
+/// [`serve`] once the future `handshake` makes gives the transport
+/// (`None`: it did not, a TLS handshake that failed): the task of a TLS
+/// connection. A function that makes the future, not the future: a future
+/// awaited in the async block that captured it is laid out twice in it,
+/// and a TLS handshake's holds a whole rustls session.
+pub fn serve_after<S, H, F>(
+    handshake: impl FnOnce() -> F + Send + 'static,
     held: H,
 ) -> ConnectionTask<S, H>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Unpin + Send + 'static,
+    F: Future<Output = Option<Box<Handshake<S>>>> + Send + 'static,
 {
     // Boxed and gone once the CONNECT is handed on: what the handshake
     // holds while it waits (the CONNECT, an authentication, a refusal's
     // linger) would otherwise size every connection's task for its whole
     // life, and most of a broker's connections are idle.
     let establishing: Boxed<_> = Box::pin(async move {
-        let handshake = handshake.await?;
+        let handshake = handshake().await?;
         establish(handshake).await
     });
     ConnectionTask {
@@ -259,10 +263,12 @@ where
 }
 
 /// One connection's task, polled by hand so that all it holds for the
-/// connection's life is a pointer to the connection and the place it
-/// holds: 24 bytes, which tokio's 96 around it and its result's 32 keep
-/// within 128, the allocator's block for a task a quarter the size of the
-/// 256 an async fn's future took (`an_idle_connections_task_stays_small`).
+/// connection's life is a pointer to where the connection is and its
+/// place: 24 bytes, in a stage of 32 (tokio keeps the future or its
+/// result there) with tokio's 96 around it, 128 in all, the allocator's
+/// block for a task: half the 256 an async fn's future took
+/// (`an_idle_connections_task_stays_small`). Without `--cfg
+/// tokio_unstable`, which adds a field to every task.
 pub struct ConnectionTask<S, H> {
     stage: Stage<S>,
     _held: H,
@@ -2559,8 +2565,10 @@ pub(super) mod tests {
             "the connection's task holds {} bytes",
             std::mem::size_of_val(&task)
         );
-        // tokio's stage: the future, or its result.
+        // tokio's stage: the future, or its result, laid out as tokio
+        // lays it out (`repr(C)`).
         #[allow(dead_code)]
+        #[repr(C)]
         enum Stage<T: Future> {
             Running(T),
             Finished(Result<T::Output, tokio::task::JoinError>),

@@ -41,12 +41,14 @@
 //!   failed (the process then exits non-zero). One tokio runtime; a permit
 //!   of the `max_connections` semaphore is taken before each accept. An
 //!   accepted transport is one boxed [`connection::Handshake`] handed to
-//!   [`connection::serve`]; a TLS handshake runs boxed first and is gone
-//!   once done, so neither sizes the connection's task for its life.
+//!   [`connection::serve`] (a TLS one to [`connection::serve_after`], its
+//!   TLS handshake boxed with the rest of the start and gone once done),
+//!   so nothing of the start sizes the connection's task for its life.
 //! - [`connection`]: one task per connection, its reader and its writer
 //!   polled together by one poll function whose state lives in the
-//!   connection's box (the task's future is 72 B, so the task fits the
-//!   allocator's 256 B block), taking turns (a write the client
+//!   connection's box (the task, [`connection::ConnectionTask`], is
+//!   polled by hand and holds a pointer to that box and one to its place
+//!   under the cap: 128 B with what tokio puts around it), taking turns (a write the client
 //!   does not take never stops the reads, and a read is handed on before
 //!   the next batch is written); no read buffer held while the client is
 //!   quiet (reads land on the stack and only a partial packet's bytes are
