@@ -130,8 +130,7 @@ async fn round(p: &mut Pair, i: usize) {
 /// the sockets became readable. On a memory-only broker and on one keeping
 /// sessions in sqlite (the subscriber's session persistent, its SUBSCRIBE
 /// stored before its SUBACK), saguin delivers as many as Mosquitto in the
-/// same alternating run, within a hundredth of the rounds on memory and
-/// three hundredths on sqlite.
+/// same alternating run, within three hundredths of the rounds.
 #[test]
 fn a_subscribe_read_before_a_publish_on_another_connection_takes_effect_first() {
     let test = "a_subscribe_read_before_a_publish_on_another_connection_takes_effect_first";
@@ -173,8 +172,10 @@ fn a_subscribe_read_before_a_publish_on_another_connection_takes_effect_first() 
     // threads beside the broker's on the same CPUs: on a slow day of this
     // 2-core machine it lost 11-15 rounds in one run of four, the build
     // before its read connections were opened as reads need them as well,
-    // where memory lost none.
-    let allowed = mosquitto_pair.saturating_sub(ROUNDS / 100);
+    // where memory lost none; memory lost 21 in a run beside a release
+    // build of the whole project. Both are held to three hundredths:
+    // without the read order about a fifth is lost.
+    let allowed = mosquitto_pair.saturating_sub(3 * ROUNDS / 100);
     assert!(
         memory_pair >= allowed,
         "memory: saguin delivered {memory_pair} of {ROUNDS}, Mosquitto {mosquitto_pair}"

@@ -33,7 +33,7 @@ mod bench_support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use bench_support::{stop, Conn, CpuTimes, Error};
+use bench_support::{cpu_time, stop, Conn, CpuTimes, Error};
 use bytes::{BufMut, Bytes, BytesMut};
 use saguin::broker::codec::{
     ByteStr, Disconnect, Packet, PubAck, Publish, PublishProperties, QoS, ReasonCode, Subscribe,
@@ -524,6 +524,9 @@ struct Measured {
     /// The share of the machine's CPU the hypervisor took while the row
     /// ran: time neither the broker nor its clients could have.
     stolen: Option<f64>,
+    /// The broker's own CPU time (user and system) over the row: what a
+    /// publish and its deliveries cost it, whatever its clients took.
+    broker_cpu: Option<Duration>,
     error: Option<String>,
 }
 
@@ -574,6 +577,8 @@ async fn run(case: &Case, dir: &Path) -> Result<Measured, Error> {
     }
     let load_before = load_average();
     let cpu_before = CpuTimes::now();
+    let broker_pid = broker.child.id();
+    let broker_cpu_before = broker_pid.and_then(|pid| cpu_time(pid).ok());
     let (tell, expect) = tokio::sync::watch::channel(Expect::Unknown);
     let reading: Vec<_> = readers
         .into_iter()
@@ -646,6 +651,10 @@ async fn run(case: &Case, dir: &Path) -> Result<Measured, Error> {
     let stolen = cpu_before
         .zip(CpuTimes::now())
         .and_then(|(b, a)| a.stolen_since(b));
+    let broker_cpu = broker_pid
+        .and_then(|pid| cpu_time(pid).ok())
+        .zip(broker_cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
     if let Err(e) = stop(broker).await {
         error.get_or_insert(format!("stopping the broker: {e}"));
     }
@@ -660,6 +669,7 @@ async fn run(case: &Case, dir: &Path) -> Result<Measured, Error> {
         load_before,
         load_after,
         stolen,
+        broker_cpu,
         error,
     })
 }
@@ -931,6 +941,7 @@ async fn main() {
         "p99",
         "max",
         "deliveries/s",
+        "broker CPU µs a publish",
         "received",
         "reference (Ryzen)",
         "target 1.5×",
@@ -967,6 +978,10 @@ async fn main() {
                     millis(quantile(&m.acks, 0.99)),
                     millis(m.acks.last().copied()),
                     thousands(m.delivered as f64 / m.all_secs),
+                    m.broker_cpu.map_or_else(
+                        || "-".into(),
+                        |cpu| format!("{:.1}", cpu.as_secs_f64() * 1e6 / m.published.max(1) as f64),
+                    ),
                     received,
                     span(case.rfc, 1.0),
                     span(case.rfc, 1.5),
@@ -984,7 +999,7 @@ async fn main() {
             Err(e) => {
                 failed = true;
                 let mut cells = vec![case.label()];
-                cells.extend(std::iter::repeat_n("-".to_owned(), 7));
+                cells.extend(std::iter::repeat_n("-".to_owned(), 8));
                 cells.extend([
                     span(case.rfc, 1.0),
                     span(case.rfc, 1.5),
@@ -1145,5 +1160,27 @@ fn print_against_baseline(rows: &[Row]) {
             mean(&this) / mean(&earlier),
             pairs.join(", ")
         );
+        // What a publish and its deliveries cost the broker itself: the
+        // comparison a rate cannot make where the clients take the CPUs.
+        let cpu_of = |baseline: bool| -> Vec<f64> {
+            rows.iter()
+                .filter(|r| r.case.name == name && r.case.baseline.is_some() == baseline)
+                .filter_map(|r| {
+                    let m = r.measured.as_ref().ok()?;
+                    let cpu = m.broker_cpu?;
+                    (m.error.is_none() && m.published > 0)
+                        .then(|| cpu.as_secs_f64() * 1e6 / m.published as f64)
+                })
+                .collect()
+        };
+        let (this, earlier) = (cpu_of(false), cpu_of(true));
+        if !this.is_empty() && !earlier.is_empty() {
+            println!(
+                "{name}: the broker's CPU a publish, this build {:.1} µs / baseline {:.1} µs: {:.2}× less",
+                mean(&this),
+                mean(&earlier),
+                mean(&earlier) / mean(&this)
+            );
+        }
     }
 }

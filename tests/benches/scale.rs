@@ -40,7 +40,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use bench_support::{first_connack, start_binary, start_mosquitto, stop, Broker, Conn, Error, V};
+use bench_support::{
+    cpu_time, first_connack, start_binary, start_mosquitto, stop, Broker, Conn, Error, V,
+};
 use bytes::{Bytes, BytesMut};
 use saguin::broker::codec::{
     self, Packet, ProtocolVersion, PubAck, Publish, PublishProperties, QoS, Subscribe,
@@ -131,24 +133,6 @@ fn status_bytes(pid: u32, field: &str) -> Result<u64, Error> {
         .ok_or_else(|| format!("no {field} in /proc/{pid}/status"))?
         .parse()?;
     Ok(kib * 1024)
-}
-
-/// CPU time process `pid` has used (user + system).
-fn cpu_time(pid: u32) -> Result<Duration, Error> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command's closing parenthesis: state is the first,
-    // utime the 12th, stime the 13th.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .ok_or("no command in stat")?
-        .1
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = fields.get(11).ok_or("no utime")?.parse::<u64>()?
-        + fields.get(12).ok_or("no stime")?.parse::<u64>()?;
-    // SAFETY: sysconf(3) has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Ok(Duration::from_nanos(ticks * 1_000_000_000 / per_second))
 }
 
 fn pid_of(broker: &Broker) -> Result<u32, Error> {

@@ -302,6 +302,24 @@ impl Conn {
     }
 }
 
+/// CPU time process `pid` has used (user + system).
+pub fn cpu_time(pid: u32) -> Result<Duration, Error> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command's closing parenthesis: state is the first,
+    // utime the 12th, stime the 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .ok_or("no command in stat")?
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields.get(11).ok_or("no utime")?.parse::<u64>()?
+        + fields.get(12).ok_or("no stime")?.parse::<u64>()?;
+    // SAFETY: sysconf(3) has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Ok(Duration::from_nanos(ticks * 1_000_000_000 / per_second))
+}
+
 /// The machine's CPU time so far, from `/proc/stat`, in clock ticks: all
 /// of it, and what the hypervisor gave to other guests while this one
 /// had work (`steal`).
