@@ -712,6 +712,14 @@ impl BrokerState {
             clock::Followed::Steady => {}
             clock::Followed::Forward(step) => {
                 self.metrics.clock_steps.fetch_add(1, Relaxed);
+                // Their records say when they went away by the clock
+                // before the step: written again, in this one, so that a
+                // restart does not count the step against their expiry.
+                for &key in &self.sessions.detached {
+                    if self.sessions.by_key.get(&key).is_some_and(|s| s.stored) {
+                        self.persist.mark_dirty(key);
+                    }
+                }
                 tracing::warn!(
                     step = %humantime::format_duration(Duration::from_millis(step.as_millis() as u64)),
                     now = %clock::rfc3339(wall),

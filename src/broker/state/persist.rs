@@ -738,7 +738,18 @@ impl BrokerState {
             detached_at: if attached.is_some() {
                 0
             } else {
-                self.unix_at(now).max(1)
+                // When it went away, not now: a record written again later
+                // (its Will published, the stop, a clock stepped forward)
+                // keeps its expiry counted from its disconnection.
+                let went = session
+                    .expires_at
+                    .and_then(|at| {
+                        at.checked_sub(std::time::Duration::from_secs(u64::from(
+                            session.expiry_interval,
+                        )))
+                    })
+                    .map_or(now, |went| went.min(now));
+                self.unix_at(went).max(1)
             },
             subscriptions,
             will,

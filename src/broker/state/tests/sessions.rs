@@ -764,3 +764,48 @@ fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
         vec![(1, 2), (2, 1), (3, 1), (4, 1), (5, 1)]
     );
 }
+
+/// When the persistent session `c` went away, as its last record written
+/// says.
+fn detached_at_written(store: &FakeStore) -> i64 {
+    store
+        .writes
+        .iter()
+        .rev()
+        .find_map(|w| match w {
+            Write::SaveSession(e) if e.client_id == "c" => Some(e.detached_at),
+            _ => None,
+        })
+        .expect("a record of c")
+}
+
+/// A detached session's record says when it went away whenever it is
+/// written, and a clock stepped forward writes it again in the new time:
+/// a restart then counts its expiry from its disconnection, not from the
+/// step (`state::clock`).
+#[test]
+fn a_detached_sessions_record_is_written_again_in_a_clock_stepped_forward() {
+    let start = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut c = connect(&mut s, 1, "c", false, start);
+    store.commit_all(&mut s, start);
+    c.drain();
+    closed(&mut s, 1, start);
+    store.commit_all(&mut s, start);
+    let went_away = detached_at_written(&store);
+    assert_eq!(went_away, s.receipt_time(start));
+    // NTP sets the clock a year ahead ten seconds later.
+    let later = start + Duration::from_secs(10);
+    let year = 365 * 86_400 * 1_000_000_000_i64;
+    let written_before = store.writes.len();
+    s.follow_wall_clock(later, s.receipt_time(later) + year);
+    s.flush(later);
+    store.commit_all(&mut s, later);
+    assert!(store.writes.len() > written_before, "written again");
+    assert_eq!(detached_at_written(&store), went_away + year);
+    assert_eq!(
+        s.receipt_time(later) - detached_at_written(&store),
+        10_000_000_000
+    );
+}
