@@ -712,13 +712,22 @@ impl BrokerState {
             clock::Followed::Steady => {}
             clock::Followed::Forward(step) => {
                 self.metrics.clock_steps.fetch_add(1, Relaxed);
-                // Their records say when they went away by the clock
-                // before the step: written again, in this one, so that a
-                // restart does not count the step against their expiry.
-                for &key in &self.sessions.detached {
-                    if self.sessions.by_key.get(&key).is_some_and(|s| s.stored) {
-                        self.persist.mark_dirty(key);
+                // Their records and their places in channels say when they
+                // were written by the clock before the step: written again
+                // at the next flush, in this one, so that a restart does
+                // not count the step against their expiry.
+                let detached: Vec<_> = self.sessions.detached.iter().copied().collect();
+                for key in detached {
+                    let Some(session) = self.sessions.by_key.get_mut(&key) else {
+                        continue;
+                    };
+                    if !session.stored {
+                        continue;
                     }
+                    for consumer in session.consumers.allocated_mut().into_iter().flatten() {
+                        consumer.stored = None;
+                    }
+                    self.persist.mark_dirty(key);
                 }
                 tracing::warn!(
                     step = %humantime::format_duration(Duration::from_millis(step.as_millis() as u64)),

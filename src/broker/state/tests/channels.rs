@@ -139,6 +139,53 @@ fn receipt_times_follow_the_system_clock_forward_and_never_step_back() {
     }
 }
 
+/// A persistent consumer gone away keeps its place in `telemetry`; a clock
+/// stepped forward writes that place again at the next flush, in the new
+/// time, so a restart does not count the step against its expiry.
+#[test]
+fn a_detached_consumers_place_is_written_again_in_a_clock_stepped_forward() {
+    let start = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut consumer = connect(&mut s, 1, "reader", false, start);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], start);
+    store.commit_all(&mut s, start);
+    consumer.drain();
+    closed(&mut s, 1, start);
+    s.flush(start);
+    store.commit_all(&mut s, start);
+    let places = |store: &FakeStore| -> Vec<i64> {
+        store
+            .writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::SavePosition(p)
+                    if p.reader == crate::storage::contract::Reader::mqtt("reader").unwrap() =>
+                {
+                    Some(p.saved_at)
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let before = places(&store).len();
+    assert!(before >= 1, "its place is kept");
+    // A flush with nothing moved writes nothing.
+    let second = std::time::Duration::from_secs(1);
+    s.flush(start + second);
+    store.commit_all(&mut s, start + second);
+    assert_eq!(places(&store).len(), before);
+    // NTP sets the clock a year ahead.
+    let later = start + 10 * second;
+    let year = 365 * 86_400 * 1_000_000_000_i64;
+    s.follow_wall_clock(later, s.receipt_time(later) + year);
+    s.flush(later);
+    store.commit_all(&mut s, later);
+    let after = places(&store);
+    assert_eq!(after.len(), before + 1, "written again");
+    assert_eq!(*after.last().unwrap(), s.receipt_time(later));
+}
+
 /// `telemetry` holding records 1..=`records`, published by connection 2.
 fn channel_holding(records: u16, now: Instant) -> (BrokerState, FakeStore) {
     let mut s = channel_state(Limits::default(), 1);
