@@ -671,6 +671,12 @@ mod tests {
     }
 
     #[test]
+    fn times_read_to_the_second() {
+        assert_eq!(rfc3339(70_000_000_000), "1970-01-01T00:01:10Z");
+        assert_eq!(rfc3339(0), "unset");
+    }
+
+    #[test]
     fn a_second_connection_in_this_process_cannot_take_a_held_lock() {
         // The registry answers first; below it, SQLite itself refuses.
         let dir = tempfile::tempdir().unwrap();

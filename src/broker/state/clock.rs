@@ -37,6 +37,8 @@
 use std::time::Duration;
 
 use saguin_format::model::UnixNanos;
+
+use crate::storage::lock::rfc3339;
 use tokio::time::Instant;
 
 /// The least step of the system clock that is logged and counted; smaller
@@ -169,12 +171,6 @@ fn after_floor() -> i64 {
     (random & ((1 << 24) - 1)) as i64 + 1
 }
 
-/// A Unix-nanosecond time as RFC 3339, to the second.
-pub fn rfc3339(unix: UnixNanos) -> String {
-    let since_epoch = Duration::from_secs(u64::try_from(unix / 1_000_000_000).unwrap_or(0));
-    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + since_epoch).to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +243,5 @@ mod tests {
         assert_eq!(clock.follow(now, 50 * SECOND), Followed::Steady);
         assert!(clock.ahead_of(now, 50 * SECOND) > Duration::from_secs(20));
         assert_eq!(clock.follow(now, 71 * SECOND), Followed::CaughtUp);
-        assert_eq!(rfc3339(70 * SECOND), "1970-01-01T00:01:10Z");
     }
 }

@@ -731,20 +731,20 @@ impl BrokerState {
                 }
                 tracing::warn!(
                     step = %humantime::format_duration(Duration::from_millis(step.as_millis() as u64)),
-                    now = %clock::rfc3339(wall),
+                    now = %crate::storage::lock::rfc3339(wall),
                     "the system clock stepped forward: receipt times follow it from now"
                 );
             }
             clock::Followed::Behind(gap) => {
                 tracing::warn!(
                     gap = %humantime::format_duration(Duration::from_millis(gap.as_millis() as u64)),
-                    system_clock = %clock::rfc3339(wall),
-                    receipt_clock = %clock::rfc3339(self.clock.unix_at(now)),
+                    system_clock = %crate::storage::lock::rfc3339(wall),
+                    receipt_clock = %crate::storage::lock::rfc3339(self.clock.unix_at(now)),
                     "the system clock is behind the broker's receipt clock (it was set back): receipt times go on from the broker's clock, never back, until the system clock passes it or the broker restarts"
                 );
             }
             clock::Followed::CaughtUp => {
-                tracing::info!(now = %clock::rfc3339(wall), "the system clock caught up with the broker's receipt clock");
+                tracing::info!(now = %crate::storage::lock::rfc3339(wall), "the system clock caught up with the broker's receipt clock");
             }
         }
         self.metrics
