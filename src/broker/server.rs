@@ -205,7 +205,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         ended = &mut broker => Some(match ended {
             Ok(Ok(())) => "it returned".to_owned(),
             Ok(Err(gone)) => gone.to_string(),
-            Err(e) if e.is_panic() => format!("it panicked: {}", panic_text(e.into_panic())),
+            Err(e) if e.is_panic() => format!("it panicked: {}", super::bridge::panic_message(&*e.into_panic())),
             Err(e) => e.to_string(),
         }),
     };
@@ -227,7 +227,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         Ok(Ok(())) => {}
         Ok(Err(gone)) => return Err(ServerError::BrokerFailed(gone.to_string())),
         Err(e) if e.is_panic() => {
-            let why = panic_text(e.into_panic());
+            let why = super::bridge::panic_message(&*e.into_panic());
             tracing::error!(reason = %why, "the broker task panicked during shutdown");
             return Err(ServerError::BrokerFailed(why));
         }
@@ -241,14 +241,6 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
     }
     tracing::info!("stopped");
     Ok(())
-}
-
-fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// Where the state's intents are written and its reads made.

@@ -653,12 +653,18 @@ mod tests {
         let since = first.holder().since_unix_ns;
         drop(first);
         let second = acquire(&path).unwrap();
-        let released = match probe(&path) {
-            Ok(LockState::Held { .. }) => second.previous_time().unwrap(),
-            other => panic!("unexpected {other:?}"),
-        };
+        let released = second.previous_time().unwrap();
         assert!(released >= since, "{released} before {since}");
         drop(second);
+        // The later of the two: its release.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute(
+            "UPDATE holder SET since_unix_ns = 7, released_unix_ns = 9 WHERE id = 1",
+            [],
+        )
+        .unwrap();
+        drop(conn);
+        assert_eq!(acquire(&path).unwrap().previous_time(), Some(9));
         // A holder that died: its row says when it started, no release.
         let conn = Connection::open(&path).unwrap();
         conn.execute(

@@ -191,10 +191,15 @@ impl Broker {
 
     /// Start a new broker on this one's directory (this one must have
     /// stopped, or is killed now).
-    pub fn restart(mut self, yaml: &str) -> Broker {
+    pub fn restart(self, yaml: &str) -> Broker {
+        self.restart_with(yaml, |_| {})
+    }
+
+    /// Like [`restart`], with `adjust` applied to the new command.
+    pub fn restart_with(mut self, yaml: &str, adjust: impl FnOnce(&mut Command)) -> Broker {
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"));
         drop(self);
-        Broker::start_in(dir, yaml)
+        Broker::start_with(dir, yaml, adjust)
     }
 
     /// SIGTERM, then the exit code (bounded wait).

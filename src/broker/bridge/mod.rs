@@ -26,6 +26,8 @@ mod local;
 mod remote;
 mod supervise;
 
+pub(crate) use supervise::panic_message;
+
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;

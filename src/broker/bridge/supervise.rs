@@ -112,7 +112,7 @@ impl<F: Future<Output = ()>> Future for CatchPanic<F> {
 
 /// What a panic said: `panic!` with a literal carries a `&str`, with a
 /// format a `String`; anything else has no message to give.
-fn panic_message(payload: &(dyn Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(message) = payload.downcast_ref::<&str>() {
         (*message).to_owned()
     } else if let Some(message) = payload.downcast_ref::<String>() {

@@ -78,9 +78,35 @@ impl ReceiptClock {
         }
     }
 
-    /// The moment the clock was last based on the system clock.
-    pub fn base(&self) -> Instant {
-        self.base
+    /// The clock at a start, `now`: the system clock, `wall`, unless the
+    /// storage holds a later time (`floor`), which it then starts just
+    /// after, saying so once. Just after by a few random milliseconds:
+    /// the start's time is the first half of every message id the run
+    /// makes, and two starts from the same floor (the second after a kill
+    /// that stored nothing) must not make the same ids.
+    pub fn starting(now: Instant, wall: UnixNanos, floor: Option<UnixNanos>) -> ReceiptClock {
+        match floor {
+            Some(floor) if floor > wall => {
+                let behind = Duration::from_nanos((floor - wall) as u64);
+                tracing::warn!(
+                    system_clock = %rfc3339(wall),
+                    storage_last_used = %rfc3339(floor),
+                    behind = %humantime::format_duration(Duration::from_secs(behind.as_secs())),
+                    "the system clock is behind the last time the storage was in use: receipt times go on from that time until the system clock passes it (is the clock set? a device without a battery-backed clock starts at 1970 until NTP sets it)"
+                );
+                ReceiptClock {
+                    base: now,
+                    base_unix: floor.saturating_add(after_floor()),
+                    behind: true,
+                }
+            }
+            _ => ReceiptClock::new(now, wall),
+        }
+    }
+
+    /// What the clock read when it was last based on the system clock.
+    pub fn base_unix(&self) -> UnixNanos {
+        self.base_unix
     }
 
     /// Unix nanoseconds at `now`.
@@ -130,34 +156,6 @@ impl ReceiptClock {
 impl From<(Instant, UnixNanos)> for ReceiptClock {
     fn from((base, base_unix): (Instant, UnixNanos)) -> ReceiptClock {
         ReceiptClock::new(base, base_unix)
-    }
-}
-
-impl ReceiptClock {
-    /// The clock at a start, `now`: the system clock, `wall`, unless the
-    /// storage holds a later time (`floor`), which it then starts just
-    /// after, saying so once. Just after by a few random milliseconds:
-    /// the start's time is the first half of every message id the run
-    /// makes, and two starts from the same floor (the second after a kill
-    /// that stored nothing) must not make the same ids.
-    pub fn starting(now: Instant, wall: UnixNanos, floor: Option<UnixNanos>) -> ReceiptClock {
-        match floor {
-            Some(floor) if floor > wall => {
-                let behind = Duration::from_nanos((floor - wall) as u64);
-                tracing::warn!(
-                    system_clock = %rfc3339(wall),
-                    storage_last_used = %rfc3339(floor),
-                    behind = %humantime::format_duration(Duration::from_secs(behind.as_secs())),
-                    "the system clock is behind the last time the storage was in use: receipt times go on from that time until the system clock passes it (is the clock set? a device without a battery-backed clock starts at 1970 until NTP sets it)"
-                );
-                ReceiptClock {
-                    base: now,
-                    base_unix: floor.saturating_add(after_floor()),
-                    behind: true,
-                }
-            }
-            _ => ReceiptClock::new(now, wall),
-        }
     }
 }
 

@@ -671,7 +671,7 @@ impl BrokerState {
             shutting_down: false,
             version: format!("saguin {}", env!("CARGO_PKG_VERSION")),
             next_exactly_once_sweep: None,
-            run_id: clock.unix_at(clock.base()),
+            run_id: clock.base_unix(),
             clock,
             persist: persist::Persistence::default(),
             channels: Channels::default(),
@@ -716,9 +716,9 @@ impl BrokerState {
                 // were written by the clock before the step: written again
                 // at the next flush, in this one, so that a restart does
                 // not count the step against their expiry.
-                let detached: Vec<_> = self.sessions.detached.iter().copied().collect();
-                for key in detached {
-                    let Some(session) = self.sessions.by_key.get_mut(&key) else {
+                let sessions = &mut self.sessions;
+                for &key in sessions.detached.iter() {
+                    let Some(session) = sessions.by_key.get_mut(&key) else {
                         continue;
                     };
                     if !session.stored {
