@@ -787,7 +787,7 @@ pub(crate) const READ_CONNECTIONS_MAX: u64 = 64;
 pub(crate) const ROOM_MAX: u64 = 1 << 30;
 /// The room a memory provider with a snapshot_dir keeps by default, as a
 /// sqlite provider's checkpoint room.
-pub(crate) const SNAPSHOT_ROOM_DEFAULT: u64 = 64 << 20;
+pub(crate) const SNAPSHOT_ROOM_DEFAULT: u64 = crate::storage::sqlite::CHECKPOINT_ROOM_DEFAULT;
 
 /// `checkpoint_room` or `snapshot_room`: a size, 0 keeping none, at most
 /// [`ROOM_MAX`].

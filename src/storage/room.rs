@@ -362,13 +362,6 @@ mod tests {
         let mut room = Room::at(room_path(&db), 1 << 20);
         assert!(room.is_whole() && !room.is_given_up());
         // Cut when next taken; whole meanwhile.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(room.path())
-            .unwrap()
-            .set_len(1 << 19)
-            .unwrap();
-        room.refresh();
         room.take(Instant::now()).unwrap();
         assert_eq!(len(room.path()), 1 << 20);
         assert!(allocated(room.path()) < 2 << 20, "the rest given back");
@@ -391,10 +384,11 @@ mod tests {
     }
 
     #[test]
-    fn a_room_that_cannot_be_taken_leaves_what_it_kept_and_waits_for_its_next_try() {
+    fn a_room_larger_than_the_file_system_is_refused_before_its_file_is_touched() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("saguin.db");
-        // Larger than any file: never allocated.
+        // Larger than any file system: refused by the look at its free
+        // space, before any allocation, and tried again at its next turn.
         let too_large = u64::MAX / 2;
         let mut never = Room::at(room_path(&db), too_large);
         let now = Instant::now();
@@ -407,7 +401,7 @@ mod tests {
         );
 
         // One given up in part keeps that part, and its shape, through a
-        // failed try.
+        // try refused so.
         let mut room = Room::at(room_path(&db), 1 << 20);
         room.take(now).unwrap();
         room.give(512 << 10).unwrap();

@@ -730,6 +730,10 @@ impl Shared {
         let pages: u64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).ok()?;
         self.disk_ceiling.store(pages.max(1), Ordering::Release);
         let set = set_max_page_count(conn, self.publish_ceiling());
+        if set.is_err() {
+            // Not held after all: what refuses a write says why.
+            self.disk_ceiling.store(0, Ordering::Release);
+        }
         self.room_moved();
         set.ok()?;
         Some(pages)
@@ -740,8 +744,15 @@ impl Shared {
         let Ok(writer) = self.writer() else {
             return false;
         };
-        self.disk_ceiling.store(0, Ordering::Release);
-        let lifted = set_max_page_count(writer.conn(), self.publish_ceiling()).is_ok();
+        // The ceiling without the file system's, lifted only once the
+        // connection has it: refusals at the old one are still no room.
+        let configured = self
+            .bounds
+            .map_or(self.unbounded_pages, |b| b.publish_pages);
+        let lifted = set_max_page_count(writer.conn(), configured).is_ok();
+        if lifted {
+            self.disk_ceiling.store(0, Ordering::Release);
+        }
         self.room_moved();
         lifted
     }
@@ -1235,10 +1246,12 @@ struct Flusher {
 }
 
 impl Flusher {
+    /// `room_file`: where the checkpoint's room is kept (`None`: none).
     fn start(
         shared: &Arc<Shared>,
         interval: Duration,
         checkpointer: Connection,
+        room_file: Option<PathBuf>,
     ) -> io::Result<Flusher> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let counters = Arc::clone(&shared.counters);
@@ -1261,13 +1274,8 @@ impl Flusher {
             last_checkpoint: std::time::Instant::now(),
             checkpoint_failing: false,
             checkpoint_found_no_room: false,
-            // Beside the file a symlink leads to, as SQLite's own files
-            // are: the room must be on the database's file system.
-            room: (shared.options.checkpoint_room > 0).then(|| {
-                let db =
-                    std::fs::canonicalize(&shared.path).unwrap_or_else(|_| shared.path.clone());
-                crate::storage::room::Room::at(room::room_path(&db), shared.options.checkpoint_room)
-            }),
+            room: room_file
+                .map(|file| crate::storage::room::Room::at(file, shared.options.checkpoint_room)),
             faults: shared.faults.clone(),
         };
         // A room a previous run left whole is held from the start: no try
@@ -1638,10 +1646,12 @@ impl SqliteProvider {
     /// broker restarted on a file system that filled while it was down
     /// serves what it stores.
     pub fn open(options: SqliteOptions) -> Result<SqliteProvider, SqliteOpenError> {
+        // Beside the file a symlink leads to, as SQLite's own files are:
+        // the room must be on the database's file system.
         let db =
             std::fs::canonicalize(&options.file_path).unwrap_or_else(|_| options.file_path.clone());
         if options.checkpoint_room == 0 {
-            let opened = Self::open_once(options.clone(), false);
+            let opened = Self::open_once(options.clone(), None, false);
             if opened.is_ok() {
                 room::warn_if_the_file_system_is_short(&options, &db);
             }
@@ -1654,12 +1664,18 @@ impl SqliteProvider {
         if room.is_given_up() {
             let _ = room.take(std::time::Instant::now());
         }
-        let mut opened = Self::open_once(options.clone(), room.is_given_up());
+        let room_file = room.path().to_path_buf();
+        let mut opened = Self::open_once(options.clone(), Some(&room_file), room.is_given_up());
         for wanted in [room::GIVEN_TO_AN_OPEN, u64::MAX] {
             match &opened {
                 Err(e) if e.is_for_want_of_room() && room.kept() > 0 => {
-                    let Ok(given) = room.give(wanted) else {
-                        break;
+                    let given = match room.give(wanted) {
+                        Ok(given) => given,
+                        Err(give) => {
+                            tracing::error!(provider = %options.name, file = %room.path().display(), error = %give,
+                                "giving up the checkpoint's room failed");
+                            break;
+                        }
                     };
                     tracing::warn!(provider = %options.name, file = %options.file_path.display(), error = %e,
                         given_bytes = given, room_left_bytes = room.kept(),
@@ -1667,7 +1683,7 @@ impl SqliteProvider {
                 }
                 _ => break,
             }
-            opened = Self::open_once(options.clone(), true);
+            opened = Self::open_once(options.clone(), Some(&room_file), true);
         }
         if opened.is_ok() {
             room::warn_if_the_file_system_is_short(&options, &db);
@@ -1679,6 +1695,7 @@ impl SqliteProvider {
     /// holds, its room given up.
     fn open_once(
         options: SqliteOptions,
+        room_file: Option<&Path>,
         held_to_disk: bool,
     ) -> Result<SqliteProvider, SqliteOpenError> {
         let path = options.file_path.clone();
@@ -1872,8 +1889,13 @@ impl SqliteProvider {
                 detail: "holding the provider to what it holds failed".into(),
             });
         }
-        let flusher = Flusher::start(&shared, flush_interval, checkpointer)
-            .map_err(|e| io_err("starting the flusher", e))?;
+        let flusher = Flusher::start(
+            &shared,
+            flush_interval,
+            checkpointer,
+            room_file.map(Path::to_path_buf),
+        )
+        .map_err(|e| io_err("starting the flusher", e))?;
         *shared.flusher.lock().unwrap_or_else(|e| e.into_inner()) = Some(flusher);
         let provider = SqliteProvider { shared };
         provider
