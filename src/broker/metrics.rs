@@ -802,45 +802,21 @@ impl Metrics {
                 );
             }
         }
-        let _ = writeln!(out, "# HELP saguin_provider_bytes Bytes counted against a provider's max_bytes: a memory provider's records, a sqlite provider's pages.\n# TYPE saguin_provider_bytes gauge");
-        for p in &providers {
-            if let Some(bytes) = p.bytes {
-                let _ = writeln!(
-                    out,
-                    "saguin_provider_bytes{{provider=\"{}\"}} {bytes}",
-                    p.name
-                );
-            }
-        }
-        let _ = writeln!(out, "# HELP saguin_provider_max_bytes A provider's configured max_bytes; publishes are refused (0x97) once they would take its last reserve bytes. Absent when the provider is unbounded.\n# TYPE saguin_provider_max_bytes gauge");
-        for p in &providers {
-            if let Some(max) = p.max_bytes {
-                let _ = writeln!(
-                    out,
-                    "saguin_provider_max_bytes{{provider=\"{}\"}} {max}",
-                    p.name
-                );
-            }
-        }
-        let _ = writeln!(out, "# HELP saguin_provider_checkpoint_room_bytes The room a sqlite provider keeps allocated beside its database for the checkpoint that finds its file system full: checkpoint_room while whole, less while given up in part or whole (the provider then keeps at most what it holds), 0 before it first fits. Absent for a provider that keeps none.\n# TYPE saguin_provider_checkpoint_room_bytes gauge");
-        for p in &providers {
-            if let Some(room) = p.checkpoint_room {
-                let _ = writeln!(
-                    out,
-                    "saguin_provider_checkpoint_room_bytes{{provider=\"{}\"}} {}",
-                    p.name, room.kept_bytes
-                );
-            }
-        }
-        let _ = writeln!(out, "# HELP saguin_provider_held_to_disk 1 while a sqlite provider keeps at most what it held when its file system filled (publishes beyond refused with 0x83; removals make room for them), until its checkpoint's room is taken back whole, else 0. Absent for a provider that keeps no room.\n# TYPE saguin_provider_held_to_disk gauge");
-        for p in &providers {
-            if let Some(room) = p.checkpoint_room {
-                let _ = writeln!(
-                    out,
-                    "saguin_provider_held_to_disk{{provider=\"{}\"}} {}",
-                    p.name,
-                    u8::from(room.held_to_disk)
-                );
+        // The gauges a provider has or lacks (unbounded, no room): each
+        // with its help, and a sample for every provider that has it.
+        type Pick = fn(&ProviderSample) -> Option<u64>;
+        let optional: [(&str, &str, Pick); 4] = [
+            ("saguin_provider_bytes", "Bytes counted against a provider's max_bytes: a memory provider's records, a sqlite provider's pages.", |p| p.bytes),
+            ("saguin_provider_max_bytes", "A provider's configured max_bytes; publishes are refused (0x97) once they would take its last reserve bytes. Absent when the provider is unbounded.", |p| p.max_bytes),
+            ("saguin_provider_checkpoint_room_bytes", "The room a sqlite provider keeps allocated beside its database for the checkpoint that finds its file system full: checkpoint_room while whole, less while given up in part or whole (the provider then keeps at most what it holds), 0 before it first fits. Absent for a provider that keeps none.", |p| p.checkpoint_room.map(|r| r.kept_bytes)),
+            ("saguin_provider_held_to_disk", "1 while a sqlite provider keeps at most what it held when its file system filled (publishes beyond refused with 0x83; removals make room for them), until its checkpoint's room is taken back whole, else 0. Absent for a provider that keeps no room.", |p| p.checkpoint_room.map(|r| u64::from(r.held_to_disk))),
+        ];
+        for (name, help, pick) in optional {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for p in &providers {
+                if let Some(value) = pick(p) {
+                    let _ = writeln!(out, "{name}{{provider=\"{}\"}} {value}", p.name);
+                }
             }
         }
     }

@@ -162,10 +162,24 @@ pub struct SnapshotMetrics {
     pub background: std::sync::atomic::AtomicBool,
     /// What of the snapshot room is allocated, plus one (0: the provider
     /// keeps none), as the last generation left it.
-    pub room_kept_plus_one: AtomicU64,
+    room_kept_plus_one: AtomicU64,
 }
 
 impl SnapshotMetrics {
+    /// What of the snapshot room is allocated now.
+    fn set_room(&self, kept: u64) {
+        self.room_kept_plus_one
+            .store(kept.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// What of the snapshot room is allocated; `None` for a provider that
+    /// keeps none.
+    fn room(&self) -> Option<u64> {
+        self.room_kept_plus_one
+            .load(Ordering::Relaxed)
+            .checked_sub(1)
+    }
+
     fn set_committed(&self, generation: u64, captured_at: i64) {
         self.generation.store(generation, Ordering::Relaxed);
         self.captured_at
@@ -225,9 +239,7 @@ impl SnapshotWriter {
         let committed = generations.committed();
         metrics.set_committed(committed.generation, committed.captured_at);
         if let Some(kept) = generations.room_kept() {
-            metrics
-                .room_kept_plus_one
-                .store(kept.saturating_add(1), Ordering::Relaxed);
+            metrics.set_room(kept);
         }
         let generations = Arc::new(Mutex::new(generations));
         let writer = Arc::new(SnapshotWriter {
@@ -376,9 +388,7 @@ impl SnapshotWriter {
             }
         }
         if let Some(kept) = written.outcome.room_kept {
-            metrics
-                .room_kept_plus_one
-                .store(kept.saturating_add(1), Ordering::Relaxed);
+            metrics.set_room(kept);
         }
         let write_nanos = u64::try_from(written.elapsed.as_nanos()).unwrap_or(u64::MAX);
         metrics
@@ -667,7 +677,7 @@ pub fn render_metrics(
     }
     let _ = writeln!(out, "# HELP saguin_snapshot_room_bytes What of a memory provider's snapshot room is allocated: snapshot_room while whole, less while given up to a generation that found the file system full, before it is first taken (after a generation) and while it does not fit. Only for providers that keep one.\n# TYPE saguin_snapshot_room_bytes gauge");
     for (provider, m) in providers {
-        if let Some(kept) = m.room_kept_plus_one.load(Ordering::Relaxed).checked_sub(1) {
+        if let Some(kept) = m.room() {
             let _ = writeln!(
                 out,
                 "saguin_snapshot_room_bytes{{provider=\"{}\"}} {kept}",
