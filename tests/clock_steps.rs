@@ -222,22 +222,12 @@ fn a_broker_started_on_a_clock_behind_its_storage_stamps_from_the_storages_last_
         ahead.is_some_and(|s| s > 300_000_000),
         "ahead by {ahead:?} s"
     );
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_saguin"))
-        .args(["status", "--json", "--metrics"])
-        .arg(broker.listeners["metrics"].to_string())
-        .output()
-        .unwrap();
-    let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let doc = status_json(&broker);
     assert!(
         doc["receipt_clock_ahead_seconds"].as_f64().unwrap() > 3.0e8,
         "{doc:#}"
     );
-    let human = std::process::Command::new(env!("CARGO_BIN_EXE_saguin"))
-        .args(["status", "--metrics"])
-        .arg(broker.listeners["metrics"].to_string())
-        .output()
-        .unwrap();
-    let human = String::from_utf8(human.stdout).unwrap();
+    let human = status_of(&broker, &[]);
     assert!(
         human.contains("behind the broker's receipt clock"),
         "{human}"

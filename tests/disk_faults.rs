@@ -21,7 +21,6 @@ use std::time::Instant;
 use broker_support::volume::Volume;
 use broker_support::*;
 use saguin::broker::codec::{Packet, ReasonCode};
-use saguin::model::ChannelKind;
 use saguin::storage::contract::{AppendStore, Provider};
 use saguin::storage::sqlite::{SqliteOptions, SqliteProvider};
 
@@ -111,16 +110,34 @@ async fn publish_until_refused(
     all
 }
 
+/// [`publish_each`] on a connection of its own, the clean MQTT 5 client
+/// `id`.
+fn publish_as(
+    rt: &tokio::runtime::Runtime,
+    broker: &Broker,
+    id: &str,
+    topic: &str,
+    ids: std::ops::Range<u32>,
+) -> Answers {
+    rt.block_on(async {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect(id, ConnectOpts::clean()).await;
+        publish_each(&mut c, topic, ids).await
+    })
+}
+
+/// The provider `db` at `db`, keeping a checkpoint's room of `room` bytes.
+fn open_with_room(db: &Path, room: u64) -> SqliteProvider {
+    let mut options = SqliteOptions::new("db", db);
+    options.checkpoint_room = room;
+    SqliteProvider::open(options).unwrap()
+}
+
 /// Every record of `channel` in the database, by the publish index its
 /// payload carries, opened the way a restarted broker opens it.
 fn stored(db: &Path, channel: &str) -> Vec<u32> {
     let provider = SqliteProvider::open(SqliteOptions::new("check", db)).expect("reopen");
-    let store: Arc<dyn AppendStore> = provider
-        .open_channel(channel, ChannelKind::Append)
-        .unwrap()
-        .as_append()
-        .unwrap()
-        .clone();
+    let store = append_store(&provider, channel);
     let records = store.read_from(store.floor()).unwrap();
     provider.close().unwrap();
     records.iter().map(|r| index_of(&r.payload)).collect()
@@ -341,11 +358,7 @@ fn a_read_only_remount_fails_the_provider_until_a_restart_and_loses_nothing() {
     let yaml = config(&volume.path, dir.path());
     let mut broker = Broker::start_in(dir, &yaml);
     let rt = runtime();
-    let before = rt.block_on(async {
-        let mut c = Raw::tcp(broker.addr(), v5()).await;
-        c.connect("before", ConnectOpts::clean()).await;
-        publish_each(&mut c, "telemetry/d", 0..100).await
-    });
+    let before = publish_as(&rt, &broker, "before", "telemetry/d", 0..100);
     assert_eq!(before.acknowledged.len(), 100);
     // What the flusher makes durable every flush_interval, made so now: a
     // kernel that turns a file system read-only drops the pages it had not
@@ -506,12 +519,7 @@ fn an_io_error_writing_the_write_ahead_log_fails_the_provider() {
 fn source_database(dir: &Path, records: u32) -> PathBuf {
     let db = dir.join("source.db");
     let provider = SqliteProvider::open(SqliteOptions::new("source", &db)).unwrap();
-    let store: Arc<dyn AppendStore> = provider
-        .open_channel("telemetry", ChannelKind::Append)
-        .unwrap()
-        .as_append()
-        .unwrap()
-        .clone();
+    let store = append_store(&provider, "telemetry");
     for i in 0..records {
         store
             .append(saguin_format::model::Record::new("telemetry/x", payload(i)))
@@ -764,11 +772,7 @@ fn a_sqlite_provider_on_a_full_disk_stops_the_start_naming_the_lack_of_room_and_
     let yaml = config(&volume.path, dir.path());
     let mut broker = Broker::start_in(dir, &yaml);
     let rt = runtime();
-    let before = rt.block_on(async {
-        let mut c = Raw::tcp(broker.addr(), v5()).await;
-        c.connect("before", ConnectOpts::clean()).await;
-        publish_each(&mut c, "telemetry/a", 0..20).await
-    });
+    let before = publish_as(&rt, &broker, "before", "telemetry/a", 0..20);
     assert_eq!(before.acknowledged.len(), 20, "{before:?}");
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
     let db = volume.path.join("saguin.db");
@@ -888,15 +892,8 @@ fn the_room_takes_a_log_that_filled(volume: Volume) {
     use saguin::storage::contract::FaultKind;
     const ROOM: u64 = 8 << 20;
     let db = volume.path.join("saguin.db");
-    let mut options = SqliteOptions::new("db", &db);
-    options.checkpoint_room = ROOM;
-    let provider = SqliteProvider::open(options).unwrap();
-    let store: Arc<dyn AppendStore> = provider
-        .open_channel("telemetry", ChannelKind::Append)
-        .unwrap()
-        .as_append()
-        .unwrap()
-        .clone();
+    let provider = open_with_room(&db, ROOM);
+    let store = append_store(&provider, "telemetry");
     wait_for_room_of(&provider, "the room taken", |p| {
         p.checkpoint_room_held() == ROOM
     });
@@ -954,16 +951,9 @@ fn the_room_takes_a_log_that_filled(volume: Volume) {
     provider.close().unwrap();
     drop(store);
     let refill = volume.fill("refill");
-    let mut options = SqliteOptions::new("db", &db);
-    options.checkpoint_room = ROOM;
-    let provider = SqliteProvider::open(options).unwrap();
+    let provider = open_with_room(&db, ROOM);
     assert!(provider.held_to_disk().is_some());
-    let store: Arc<dyn AppendStore> = provider
-        .open_channel("telemetry", ChannelKind::Append)
-        .unwrap()
-        .as_append()
-        .unwrap()
-        .clone();
+    let store = append_store(&provider, "telemetry");
     let (while_held, refused) = append_until_refused(&store, 15_000, 2000);
     let refused = refused.expect("a restart lifted the ceiling on a full disk");
     assert_eq!(refused.kind(), FaultKind::NoSpace, "{refused}");
@@ -995,17 +985,10 @@ fn the_room_takes_a_log_that_filled(volume: Volume) {
     drop(room);
     provider.close().unwrap();
     drop(store);
-    let mut options = SqliteOptions::new("db", &db);
-    options.checkpoint_room = ROOM;
-    let provider = SqliteProvider::open(options).unwrap();
+    let provider = open_with_room(&db, ROOM);
     assert_eq!(provider.held_to_disk(), None);
     assert_eq!(provider.checkpoint_room_held(), ROOM);
-    let store: Arc<dyn AppendStore> = provider
-        .open_channel("telemetry", ChannelKind::Append)
-        .unwrap()
-        .as_append()
-        .unwrap()
-        .clone();
+    let store = append_store(&provider, "telemetry");
     let (after_freeing, refused) = append_until_refused(&store, 20_000, 200);
     assert!(refused.is_none(), "{refused:?}");
     kept.extend(&after_freeing);
@@ -1087,12 +1070,7 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
         broker.wait_log(|l| l.contains("gave up the checkpoint's room to copy"));
         assert!(room_bytes(&broker) < ROOM_8_MIB);
         assert_eq!(metric_sample(&metrics_text(&broker), HELD), Some(1));
-        let status = Command::new(env!("CARGO_BIN_EXE_saguin"))
-            .args(["status", "--json", "--metrics"])
-            .arg(broker.listeners["metrics"].to_string())
-            .output()
-            .unwrap();
-        let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        let doc = status_json(&broker);
         let db = doc["providers"]
             .as_array()
             .unwrap()
@@ -1158,11 +1136,7 @@ fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_
     broker.wait_log(|l| l.contains(ROOM_KEPT));
     assert_eq!(room_bytes(&broker), ROOM_8_MIB);
     let rt = runtime();
-    let before = rt.block_on(async {
-        let mut c = Raw::tcp(broker.addr(), v5()).await;
-        c.connect("before", ConnectOpts::clean()).await;
-        publish_each(&mut c, "telemetry/a", 0..20).await
-    });
+    let before = publish_as(&rt, &broker, "before", "telemetry/a", 0..20);
     assert_eq!(before.acknowledged.len(), 20, "{before:?}");
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
 
@@ -1194,11 +1168,7 @@ fn a_broker_restarted_on_a_disk_that_filled_while_it_was_down_gives_up_the_room_
     std::fs::remove_file(&ballast).unwrap();
     broker.wait_log(|l| l.contains(ROOM_KEPT_AGAIN));
     assert_eq!(room_bytes(&broker), ROOM_8_MIB);
-    let after = rt.block_on(async {
-        let mut c = Raw::tcp(broker.addr(), v5()).await;
-        c.connect("after", ConnectOpts::clean()).await;
-        publish_each(&mut c, "telemetry/c", 100..110).await
-    });
+    let after = publish_as(&rt, &broker, "after", "telemetry/c", 100..110);
     assert_eq!(after.acknowledged.len(), 10, "{after:?}");
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
     let have: Vec<u32> = stored(&db, "telemetry");
@@ -1294,11 +1264,7 @@ fn a_memory_provider_whose_disk_fills_writes_its_next_generation_into_the_snapsh
     });
     let rt = runtime();
     let publish = |broker: &Broker, ids: std::ops::Range<u32>| {
-        rt.block_on(async {
-            let mut c = Raw::tcp(broker.addr(), v5()).await;
-            c.connect("p", ConnectOpts::clean()).await;
-            publish_each(&mut c, "telemetry/a", ids).await
-        })
+        publish_as(&rt, broker, "p", "telemetry/a", ids)
     };
     let first = publish(&broker, 0..20);
     assert_eq!(first.acknowledged.len(), 20);
@@ -1363,11 +1329,7 @@ fn a_stop_on_a_full_disk_writes_its_last_generation_into_the_snapshot_room() {
     let yaml = memory_room_config(&volume, "snapshot_debounce: none, snapshot_max_delay: none");
     let rt = runtime();
     let publish = |broker: &Broker, ids: std::ops::Range<u32>| {
-        rt.block_on(async {
-            let mut c = Raw::tcp(broker.addr(), v5()).await;
-            c.connect("p", ConnectOpts::clean()).await;
-            publish_each(&mut c, "telemetry/a", ids).await
-        })
+        publish_as(&rt, broker, "p", "telemetry/a", ids)
     };
     let mut broker = Broker::start_in(dir, &yaml);
     assert_eq!(publish(&broker, 0..20).acknowledged.len(), 20);

@@ -279,6 +279,25 @@ pub async fn consumer_from_earliest(addr: SocketAddr, filter: &str) -> Raw<TcpSt
     c
 }
 
+/// `saguin status` against the broker's `metrics` listener, with `args`
+/// before it (`--json`): what it printed on stdout.
+pub fn status_of(broker: &Broker, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .arg("status")
+        .args(args)
+        .arg("--metrics")
+        .arg(broker.listeners["metrics"].to_string())
+        .output()
+        .expect("run saguin status");
+    String::from_utf8(out.stdout).expect("status prints UTF-8")
+}
+
+/// `saguin status --json` against the broker's `metrics` listener.
+pub fn status_json(broker: &Broker) -> serde_json::Value {
+    let text = status_of(broker, &["--json"]);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("status --json: {e}: {text}"))
+}
+
 /// `key=value` or `key="value"` from a logfmt line.
 pub fn field(line: &str, key: &str) -> Option<String> {
     let start = line.find(&format!(" {key}="))? + key.len() + 2;

@@ -123,7 +123,7 @@ fn receipt_times_follow_the_system_clock_forward_and_never_step_back() {
     assert_eq!(before.timestamp, s.receipt_time(start));
     assert!(before.timestamp <= started_at);
     // NTP sets the clock a year ahead a second after the start.
-    let set = started_at + 365 * 86_400 * SECOND;
+    let set = started_at + YEAR;
     s.follow_wall_clock(start + second, set);
     assert_eq!(s.metrics.clock_steps.load(Relaxed), 1);
     let after = publish_at(&mut s, 2, start + 2 * second);
@@ -177,10 +177,7 @@ fn a_detached_consumers_place_is_written_again_in_a_clock_stepped_forward() {
     assert_eq!(places(&store).len(), before);
     // NTP sets the clock a year ahead.
     let later = start + 10 * second;
-    let year = 365 * 86_400 * 1_000_000_000_i64;
-    s.follow_wall_clock(later, s.receipt_time(later) + year);
-    s.flush(later);
-    store.commit_all(&mut s, later);
+    clock_set_a_year_ahead(&mut s, &mut store, later);
     let after = places(&store);
     assert_eq!(after.len(), before + 1, "written again");
     assert_eq!(*after.last().unwrap(), s.receipt_time(later));

@@ -181,6 +181,17 @@ impl FakeStore {
     }
 }
 
+/// A year, in the nanoseconds stored times are kept in.
+const YEAR: i64 = 365 * 86_400 * 1_000_000_000;
+
+/// NTP sets the system clock a year ahead of the state's at `now`; the
+/// flush after it, committed.
+fn clock_set_a_year_ahead(s: &mut BrokerState, store: &mut FakeStore, now: Instant) {
+    s.follow_wall_clock(now, s.receipt_time(now) + YEAR);
+    s.flush(now);
+    store.commit_all(s, now);
+}
+
 fn state_with(limits: Limits) -> BrokerState {
     BrokerState::new(
         limits,
