@@ -1081,8 +1081,11 @@ fn a_queue_on_a_disk_its_log_filled_takes_publishes_again_as_workers_finish_jobs
 
         // Workers finish jobs; the removals commit, and publishes are taken
         // into the pages they freed.
+        const DEPTH: &str = "saguin_queue_depth{channel=\"jobs\"}";
+        let depth = metric_sample(&metrics_text(&broker), DEPTH).expect("the queue's depth");
         let mut w = worker(addr, "worker", 10).await;
         finished.extend(finish_jobs(&mut w, 60).await);
+        wait_metric_where(&broker, DEPTH, |now| now + 60 <= depth);
         let after = publish_each(&mut p, "jobs/b", 10_000..10_030).await;
         assert_eq!(after.acknowledged.len(), 30, "{after:?}");
         acknowledged.extend(after.acknowledged);

@@ -937,6 +937,23 @@ pub fn metric_sample(text: &str, sample: &str) -> Option<u64> {
         .map(|v| v as u64)
 }
 
+/// Scrapes (bounded) until `sample` reads a value `want` accepts; returns
+/// it. For a figure the broker reaches once its commits are in.
+pub fn wait_metric_where(broker: &Broker, sample: &str, want: impl Fn(u64) -> bool) -> u64 {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let text = metrics_text(broker);
+        if let Some(value) = metric_sample(&text, sample).filter(|v| want(*v)) {
+            return value;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{sample} never came to what was waited for: {text}"
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// `GET path` from the broker's `metrics` listener: the status code and
 /// the body.
 pub fn metrics_get(broker: &Broker, path: &str) -> (u16, String) {
