@@ -421,8 +421,6 @@ impl Generations {
             if room.kept() == 0 {
                 return false;
             }
-            // Taking it back fails while the file system is full; this says why.
-            room.warned = true;
             return match room.give(u64::MAX) {
                 Ok(given) => {
                     tracing::warn!(provider = %self.name, dir = %self.dir.display(), given_bytes = given,
@@ -447,7 +445,6 @@ impl Generations {
         let given_up = room.is_given_up();
         match room.take(now) {
             Ok(()) => {
-                room.warned = false;
                 if given_up {
                     tracing::info!(provider = %self.name, dir = %self.dir.display(), room_bytes = room.bytes(),
                         "the snapshot room is kept again, the file system having that much free");
@@ -457,8 +454,7 @@ impl Generations {
                 }
             }
             Err(e) => {
-                if !room.warned {
-                    room.warned = true;
+                if room.first_failure() {
                     tracing::warn!(provider = %self.name, dir = %self.dir.display(), room_bytes = room.bytes(), error = %e,
                         "cannot keep the snapshot room (tried again after each generation): should the file system fill, generations fail until room is made beside them");
                 }

@@ -24,8 +24,9 @@ pub(crate) struct Room {
     given_up: bool,
     /// When taking it may be tried again, after a try that failed.
     next_try: Option<Instant>,
-    /// A failure to take it was logged (once until it is taken).
-    pub warned: bool,
+    /// A failure to take it was said (once until it is taken), or needs
+    /// no saying: it was given up, which its giver said.
+    warned: bool,
     /// When its file was last read again while whole ([`Room::recheck`]).
     checked_at: Option<Instant>,
 }
@@ -129,6 +130,7 @@ impl Room {
                 self.kept = self.bytes;
                 self.given_up = false;
                 self.next_try = None;
+                self.warned = false;
                 Ok(())
             }
             Err(e) => {
@@ -138,10 +140,19 @@ impl Room {
         }
     }
 
+    /// Whether a failure to take it is the first since it was last taken
+    /// (or given up): the one to say. Marks it said.
+    pub fn first_failure(&mut self) -> bool {
+        !std::mem::replace(&mut self.warned, true)
+    }
+
     /// Gives up to `wanted` bytes of it back to the file system: holes are
     /// punched at its file's end, its length kept, so the room is known to
     /// be given up. Returns what was given.
     pub fn give(&mut self, wanted: u64) -> io::Result<u64> {
+        // Taking it back fails while the file system is full; what gives it
+        // up says why.
+        self.warned = true;
         let left = self.kept.saturating_sub(wanted);
         let file = match std::fs::OpenOptions::new().write(true).open(&self.path) {
             Ok(file) => file,

@@ -146,9 +146,6 @@ impl super::FlushLoop {
             if room.kept() == 0 {
                 break;
             }
-            // Taking it back fails while the file system is full; the lines
-            // below say why.
-            room.warned = true;
             match room.give(wanted) {
                 Ok(bytes) => given += bytes,
                 Err(e) => {
@@ -213,7 +210,6 @@ impl super::FlushLoop {
         }
         match room.take(now + super::CHECKPOINT_EVERY) {
             Ok(()) => {
-                room.warned = false;
                 shared.set_room_held(room.bytes());
                 if shared.disk_ceiling.load(Ordering::Acquire) == 0 {
                     tracing::info!(provider = %self.name, file = %room.path().display(), room_bytes = room.bytes(),
@@ -225,8 +221,7 @@ impl super::FlushLoop {
             }
             Err(e) => {
                 // Given up to a checkpoint or an open, which said so.
-                if !room.warned && shared.disk_ceiling.load(Ordering::Acquire) == 0 {
-                    room.warned = true;
+                if shared.disk_ceiling.load(Ordering::Acquire) == 0 && room.first_failure() {
                     tracing::warn!(provider = %self.name, file = %room.path().display(), room_bytes = room.bytes(), error = %e,
                         "cannot keep the checkpoint's room beside the storage provider (tried again every second): should the write-ahead log take the last of the file system, writes stop until room is made beside it");
                 }
