@@ -419,12 +419,18 @@ impl LatestChannel {
         self.shared.read(
             || format!("channel {}: reading every value", self.name),
             |conn| {
-                let mut stmt = conn.prepare_cached(sql)?;
-                let mut rows = stmt.query([&self.name])?;
-                while let Some(r) = rows.next()? {
-                    row(r)?;
+                {
+                    let mut stmt = conn.prepare_cached(sql)?;
+                    let mut rows = stmt.query([&self.name])?;
+                    while let Some(r) = rows.next()? {
+                        row(r)?;
+                    }
                 }
-                Ok(())
+                // The whole store was read once (a restart's, a snapshot's
+                // or an export's): the pages it left in this connection's
+                // cache would not be read again soon, and held for as long
+                // as the connection lives.
+                conn.execute_batch("PRAGMA shrink_memory")
             },
         )
     }

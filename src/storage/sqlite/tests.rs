@@ -1096,3 +1096,55 @@ fn a_retained_row_that_cannot_be_a_value_is_refused_when_read_as_served() {
         p.close().unwrap();
     }
 }
+
+/// Reading the whole retained store (a restart's read) leaves its pages
+/// in no connection's cache: they are not read again soon, and a
+/// connection's cache is held as long as the provider is open.
+#[test]
+fn reading_every_retained_value_leaves_no_pages_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let retained = p.retained().unwrap();
+    let payload = Bytes::from(vec![b'x'; 8 * 1024]);
+    for i in 0..600 {
+        retained
+            .set(Record::new(format!("site/{i}"), payload.clone()))
+            .unwrap();
+    }
+    p.close().unwrap();
+
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let mut read = 0;
+    p.retained()
+        .unwrap()
+        .for_each_served_value(&mut |_| read += 1)
+        .unwrap();
+    assert_eq!(read, 600);
+    let cached: i64 = p
+        .shared
+        .readers
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|conn| {
+            let (mut used, mut highest) = (0, 0);
+            // SAFETY: the handle is a live connection's, the two
+            // out-parameters are valid, and nothing is reset.
+            let status = unsafe {
+                rusqlite::ffi::sqlite3_db_status(
+                    conn.handle(),
+                    rusqlite::ffi::SQLITE_DBSTATUS_CACHE_USED,
+                    &mut used,
+                    &mut highest,
+                    0,
+                )
+            };
+            assert_eq!(status, rusqlite::ffi::SQLITE_OK);
+            i64::from(used)
+        })
+        .sum();
+    // Without the release the read leaves about 400 KB cached here, with
+    // it about 14 KB.
+    assert!(cached < 64 * 1024, "{cached} B still cached");
+    p.close().unwrap();
+}
