@@ -29,6 +29,9 @@ pub(crate) struct Room {
     warned: bool,
     /// When its file was last read again while whole ([`Room::recheck`]).
     checked_at: Option<Instant>,
+    /// Its file system does not hold blocks allocated ahead of writes
+    /// ([`cannot_hold`]): not tried again until a restart.
+    unheld: bool,
 }
 
 /// How often a whole room's file is read again, so that one removed or cut
@@ -62,6 +65,7 @@ impl Room {
             next_try: None,
             warned: false,
             checked_at: None,
+            unheld: false,
         };
         room.refresh();
         room
@@ -106,15 +110,17 @@ impl Room {
         self.given_up
     }
 
-    /// Whether a try to take the room is due at `now`.
+    /// Whether a try to take the room is due at `now`: never again once
+    /// its file system was found not to hold one.
     pub fn due(&self, now: Instant) -> bool {
-        !self.is_whole() && self.next_try.is_none_or(|at| now >= at)
+        !self.is_whole() && !self.unheld && self.next_try.is_none_or(|at| now >= at)
     }
 
     /// Takes the room whole: its file allocated on the disk in full. On a
     /// failure (the file system has less free) the file is as it was (a
     /// room never taken leaves none), and the next try is due at
-    /// `retry_at`.
+    /// `retry_at`; a file system that does not hold the blocks allocated
+    /// ([`cannot_hold`]) is not tried again.
     pub fn take(&mut self, retry_at: Instant) -> io::Result<()> {
         // Asked first: an allocation that finds no room takes what is free
         // until it fails, and a write beside it then would find none.
@@ -134,6 +140,7 @@ impl Room {
                 Ok(())
             }
             Err(e) => {
+                self.unheld = cannot_hold(&e);
                 self.next_try = Some(retry_at);
                 Err(e)
             }
@@ -230,12 +237,15 @@ fn allocate(path: &Path, bytes: u64, before: Option<(u64, u64)>) -> io::Result<(
     }
     let len = libc::off_t::try_from(bytes)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "room larger than a file"))?;
-    // SAFETY: `file` is an open descriptor for the whole call;
-    // posix_fallocate touches no memory of ours.
-    let status = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&file), 0, len) };
-    if status == 0 {
-        return Ok(());
-    }
+    let failure = match preallocate(&file, len) {
+        // Asked again: a file system that keeps zeros compressed (ZFS)
+        // takes the call, or glibc's emulation of it writing zeros, and
+        // holds no block for them. Such a room would hold nothing, and
+        // would be found short and taken again at every look.
+        Ok(()) if file.metadata()?.blocks().saturating_mul(512) >= bytes => return Ok(()),
+        Ok(()) => io::Error::new(io::ErrorKind::Unsupported, NOT_HELD),
+        Err(e) => e,
+    };
     match before {
         Some((len, kept)) => {
             let _ = punch(&file, kept, len.max(bytes));
@@ -246,7 +256,33 @@ fn allocate(path: &Path, bytes: u64, before: Option<(u64, u64)>) -> io::Result<(
             let _ = std::fs::remove_file(path);
         }
     }
-    Err(io::Error::from_raw_os_error(status))
+    Err(failure)
+}
+
+/// What a file system that does not hold blocks allocated ahead of writes
+/// is told by.
+const NOT_HELD: &str = "the file system holds no blocks for a file allocated ahead of its writes (it keeps zeros compressed, as ZFS does)";
+
+/// Whether `error` says the room's file system cannot hold a room at all,
+/// whatever it has free: trying again would change nothing.
+pub(crate) fn cannot_hold(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::Unsupported
+}
+
+/// Allocates the blocks of `file` up to `len`, growing it to that length.
+fn preallocate(file: &std::fs::File, len: libc::off_t) -> io::Result<()> {
+    #[cfg(test)]
+    if tests::PREALLOCATION_HELD_NOTHING.get() {
+        // A file system keeping zeros compressed: the length set, no block
+        // held.
+        return file.set_len(len as u64);
+    }
+    // SAFETY: `file` is an open descriptor for the whole call;
+    // posix_fallocate touches no memory of ours.
+    match unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(file), 0, len) } {
+        0 => Ok(()),
+        status => Err(io::Error::from_raw_os_error(status)),
+    }
 }
 
 /// What the file system holding `dir` has free for this process.
@@ -275,7 +311,14 @@ pub(crate) fn available_bytes(dir: &Path) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
     use std::os::unix::fs::MetadataExt;
+
+    thread_local! {
+        /// This thread's allocations behave as on a file system that keeps
+        /// zeros compressed: they succeed and hold no block.
+        pub(super) static PREALLOCATION_HELD_NOTHING: Cell<bool> = const { Cell::new(false) };
+    }
 
     /// Where a database `db`'s room would be.
     fn room_path(db: &Path) -> PathBuf {
@@ -433,5 +476,34 @@ mod tests {
         assert!(!room.is_whole());
         assert!(room.take(Instant::now()).is_err());
         assert!(room.give(4096).is_err());
+    }
+
+    #[test]
+    fn a_file_system_that_holds_no_preallocated_blocks_is_found_out_once_and_not_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("saguin.db");
+        PREALLOCATION_HELD_NOTHING.set(true);
+        let mut room = Room::at(room_path(&db), 1 << 20);
+        let now = Instant::now();
+        let error = room.take(now).unwrap_err();
+        assert!(cannot_hold(&error), "{error}");
+        assert!(error.to_string().contains("ZFS"), "{error}");
+        assert_eq!(room.kept(), 0);
+        assert!(!room.path().exists(), "a room never taken leaves no file");
+        let much_later = now + 1000 * RECHECK_EVERY;
+        room.recheck(much_later);
+        assert!(!room.due(much_later), "not tried again until a restart");
+
+        // A room whole from before (a file system since moved, say) keeps
+        // its file as it was.
+        PREALLOCATION_HELD_NOTHING.set(false);
+        Room::at(room_path(&db), 1 << 20).take(now).unwrap();
+        PREALLOCATION_HELD_NOTHING.set(true);
+        let mut larger = Room::at(room_path(&db), 2 << 20);
+        assert!(cannot_hold(&larger.take(now).unwrap_err()));
+        assert_eq!(len(room.path()), 1 << 20);
+        assert!(allocated(room.path()) >= 1 << 20);
+        assert!(!larger.due(much_later));
+        PREALLOCATION_HELD_NOTHING.set(false);
     }
 }
