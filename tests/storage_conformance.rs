@@ -382,26 +382,15 @@ pub fn conformance_script(mut harness: impl Harness) -> Vec<String> {
             show(stored.map(|r| r.offset))
         ));
     }
-    // The shared forms answer what the copying ones do.
-    let stored = log.append_shared(record("log/x", "d", 300));
+    let stored = log.append(record("log/x", "d", 300));
     say(format!("append d: {}", show(stored.map(|r| r.offset))));
-    for stored in log.append_batch_shared(vec![record("log/x", "e", 0)]) {
+    for stored in log.append_batch(vec![record("log/x", "e", 0)]) {
         say(format!("append e: {}", show(stored.map(|r| r.offset))));
     }
     say(format!("after appends: {}", counters(&*log)));
     say(format!("read_from 1: {}", recs(log.read_from(1))));
     say(format!("read_from_n 2,2: {}", recs(log.read_from_n(2, 2))));
-    let unshared = |r: Result<Vec<Arc<Record>>, StorageError>| {
-        r.map(|v| v.iter().map(|r| (**r).clone()).collect())
-    };
-    say(format!(
-        "read_shared_n 2,2: {}",
-        recs(unshared(log.read_shared_n(2, 2)))
-    ));
-    say(format!(
-        "read_shared_n 0,2: {}",
-        recs(unshared(log.read_shared_n(0, 2)))
-    ));
+    say(format!("read_from_n 0,2: {}", recs(log.read_from_n(0, 2))));
     say(format!(
         "read_from next: {}",
         recs(log.read_from(log.next()))

@@ -58,8 +58,9 @@ pub fn read_window(
     };
     let mut floor = None;
     for _ in 0..FLOOR_RETRIES {
-        match store.read_shared_n(at, max) {
-            Ok(mut records) => {
+        match store.read_from_n(at, max) {
+            Ok(records) => {
+                let mut records: Vec<Arc<_>> = records.into_iter().map(Arc::new).collect();
                 on_channel_topics(store.name(), &mut records);
                 return Ok(ReadWindow {
                     start: at,

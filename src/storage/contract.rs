@@ -606,21 +606,6 @@ pub trait AppendStore: OffsetStore + AsOffsetStore {
         records.into_iter().map(|r| self.append(r)).collect()
     }
 
-    /// [`AppendStore::append`], answered with the record as the store holds
-    /// it: shared, not copied, where the store keeps records in memory.
-    fn append_shared(&self, record: Record) -> Result<Arc<Record>> {
-        self.append(record).map(Arc::new)
-    }
-
-    /// [`AppendStore::append_batch`], each answer shared like
-    /// [`AppendStore::append_shared`]'s.
-    fn append_batch_shared(&self, records: Vec<Record>) -> Vec<Result<Arc<Record>>> {
-        self.append_batch(records)
-            .into_iter()
-            .map(|r| r.map(Arc::new))
-            .collect()
-    }
-
     /// Every record from `offset` to the end. `offset < floor` is
     /// [`StorageError::BelowFloor`]; `offset > next` is
     /// [`StorageError::PastNext`]; `offset == next` is empty.
@@ -628,16 +613,6 @@ pub trait AppendStore: OffsetStore + AsOffsetStore {
 
     /// At most `max` records from `offset`, with the bounds of `read_from`.
     fn read_from_n(&self, offset: u64, max: usize) -> Result<Vec<Record>>;
-
-    /// [`AppendStore::read_from_n`], the records shared, not copied, where
-    /// the store keeps them in memory.
-    fn read_shared_n(&self, offset: u64, max: usize) -> Result<Vec<Arc<Record>>> {
-        Ok(self
-            .read_from_n(offset, max)?
-            .into_iter()
-            .map(Arc::new)
-            .collect())
-    }
 
     /// The lowest offset any stored position points at, or `next()` when no
     /// reader holds one (nothing is owed to anybody).

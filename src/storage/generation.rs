@@ -240,7 +240,7 @@ pub struct Generations {
 /// An append channel's records as a capture held them.
 #[derive(Debug, Default)]
 struct HeldRecords {
-    records: std::collections::VecDeque<std::sync::Arc<saguin_format::model::Record>>,
+    records: super::memory::KeptRecords,
     /// The channel's next offset then: the next capture copies from it.
     next: u64,
 }
@@ -479,13 +479,11 @@ impl Generations {
             };
             let held = self.held.entry(copy.name.clone()).or_default();
             if copy.from == 0 {
-                held.records = copy.records.iter().cloned().collect();
+                held.records = copy.records.clone();
             } else {
-                while held.records.front().is_some_and(|r| r.offset < copy.floor) {
-                    held.records.pop_front();
-                }
-                held.records.extend(copy.records.drain(..));
-                copy.records = held.records.iter().cloned().collect();
+                held.records.drop_below(copy.floor);
+                held.records.append(&mut copy.records);
+                copy.records = held.records.clone();
                 copy.from = 0;
             }
             held.next = copy.next;

@@ -636,7 +636,7 @@ pub fn channel_file(c: &ChannelCopy) -> ChannelFile {
             next: copy.next,
             floor: copy.floor,
             bytes: copy.bytes,
-            records: unshare(&copy.records),
+            records: copy.records.to_vec(),
             items: Vec::new(),
             positions: file_positions(&copy.positions),
             held: file_held(held),
@@ -683,7 +683,7 @@ pub fn channel_file(c: &ChannelCopy) -> ChannelFile {
                 next: dead_letter.next,
                 floor: dead_letter.floor,
                 bytes: dead_letter.bytes,
-                records: unshare(&dead_letter.records),
+                records: dead_letter.records.to_vec(),
                 positions: file_positions(&dead_letter.positions),
             }),
         },
@@ -862,15 +862,14 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
 /// `streamed_files_are_the_codecs_bytes` holds it to the codec's own
 /// encoder byte for byte, for every channel kind.
 mod stream {
-    use std::borrow::Borrow;
     use std::io::{self, Write};
 
     use saguin_format::f21::{self, FileKind};
-    use saguin_format::model::{ChannelKind, Record, UnixNanos};
+    use saguin_format::model::{ChannelKind, UnixNanos};
 
     use super::ChannelCopy;
     use crate::storage::contract::{HeldPublish, Position};
-    use crate::storage::memory::LatestCopy;
+    use crate::storage::memory::{LatestCopy, RecordParts};
 
     /// Bytes gathered before each write and checksum update.
     const CHUNK: usize = 256 * 1024;
@@ -978,42 +977,40 @@ mod stream {
             }
         }
 
-        fn record(&mut self, r: &Record, offset: u64) -> io::Result<()> {
+        fn record(&mut self, r: RecordParts<'_>, offset: u64) -> io::Result<()> {
             self.u64(offset);
-            self.buf.extend_from_slice(&r.message_id);
+            self.buf.extend_from_slice(r.message_id);
             self.i64(r.timestamp);
             self.u8(r.qos);
             self.bool(r.retain);
             self.bool(r.shared_copy);
-            self.str(&r.topic)?;
-            self.str(&r.client_id)?;
-            self.opt_str(r.bridge.as_deref())?;
-            self.opt_str(r.owed_to.as_deref())?;
+            self.str(r.topic)?;
+            self.str(r.client_id)?;
+            self.opt_str(r.bridge)?;
+            self.opt_str(r.owed_to)?;
             self.len(r.user_properties.len())?;
-            for p in &r.user_properties {
+            for p in r.user_properties {
                 self.str(&p.name)?;
                 self.str(&p.value)?;
             }
-            let p = &r.props;
+            let p = r.props;
             self.opt_str(p.content_type.as_deref())?;
             self.opt_str(p.response_topic.as_deref())?;
             self.opt_bytes(p.correlation_data.as_deref())?;
             self.opt_u8(p.payload_format_indicator);
             self.opt_u32(p.message_expiry_interval);
-            self.bytes(&r.payload)?;
+            self.bytes(r.payload)?;
             self.maybe_flush()
         }
 
-        /// Records borrowed from a copy, or rebuilt from it one at a time
-        /// (a latest channel's).
-        fn records<R: Borrow<Record>>(
+        /// Records lent by a copy, part by part.
+        fn records<'r>(
             &mut self,
             count: usize,
-            records: impl Iterator<Item = R>,
+            records: impl Iterator<Item = RecordParts<'r>>,
         ) -> io::Result<()> {
             self.len(count)?;
             for r in records {
-                let r = r.borrow();
                 self.record(r, r.offset)?;
             }
             Ok(())
@@ -1037,7 +1034,7 @@ mod stream {
                 self.u16(h.packet_id);
                 self.i64(h.held_at);
                 // A held publish takes its offset at its release.
-                self.record(&h.record, 0)?;
+                self.record((&h.record).into(), 0)?;
             }
             Ok(())
         }
@@ -1077,7 +1074,7 @@ mod stream {
         stamp: UnixNanos,
     ) -> io::Result<(u64, u32)> {
         let mut e = Encoder::begin(out, FileKind::Retained, stamp);
-        e.records(copy.records.len(), copy.records.iter_by_topic())?;
+        e.records(copy.records.len(), copy.records.parts_by_topic())?;
         e.finish()
     }
 
@@ -1102,14 +1099,14 @@ mod stream {
         e.u64(bytes);
         match c {
             ChannelCopy::Append { copy, held } => {
-                e.records(copy.records.len(), copy.records.iter().map(|r| &**r))?;
+                e.records(copy.records.len(), copy.records.parts())?;
                 e.len(0)?; // items
                 e.positions(&copy.positions)?;
                 e.held(held)?;
                 e.u8(0); // no dead-letter channel
             }
             ChannelCopy::Latest { copy, held } => {
-                e.records(copy.records.len(), copy.records.iter())?;
+                e.records(copy.records.len(), copy.records.parts())?;
                 e.len(0)?;
                 e.positions(&copy.positions)?;
                 e.held(held)?;
@@ -1124,7 +1121,7 @@ mod stream {
                 e.len(0)?; // records
                 e.len(copy.items.len())?;
                 for (record, attempts, first, last) in &copy.items {
-                    e.record(record, record.offset)?;
+                    e.record((&**record).into(), record.offset)?;
                     e.u32(*attempts);
                     e.i64(*first);
                     e.i64(*last);
@@ -1136,10 +1133,7 @@ mod stream {
                 e.u64(dead_letter.next);
                 e.u64(dead_letter.floor);
                 e.u64(dead_letter.bytes);
-                e.records(
-                    dead_letter.records.len(),
-                    dead_letter.records.iter().map(|r| &**r),
-                )?;
+                e.records(dead_letter.records.len(), dead_letter.records.parts())?;
                 e.positions(&dead_letter.positions)?;
             }
         }

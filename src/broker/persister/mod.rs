@@ -200,7 +200,7 @@ impl Stores {
     fn store_record(&self, record: Record) -> Result<Written, StorageError> {
         let (index, channel) = self.channel()?;
         let stored = match channel {
-            ChannelStore::Append(s) => s.append_shared(record)?,
+            ChannelStore::Append(s) => Arc::new(s.append(record)?),
             ChannelStore::Latest(s) => Arc::new(s.set(record)?),
             ChannelStore::Queue(s) => Arc::new(s.enqueue(record)?),
         };
@@ -502,9 +502,9 @@ impl Stores {
         let answers = if to_channel {
             self.channel().map(|(index, channel)| match channel {
                 ChannelStore::Append(s) => s
-                    .append_batch_shared(records)
+                    .append_batch(records)
                     .into_iter()
-                    .map(|r| r.map(|r| Written::Stored(index, r)))
+                    .map(|r| r.map(|r| Written::Stored(index, Arc::new(r))))
                     .collect::<Vec<_>>(),
                 ChannelStore::Queue(q) => q
                     .enqueue_many(records)

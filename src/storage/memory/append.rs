@@ -4,6 +4,7 @@ use std::sync::{Arc, RwLock};
 
 use saguin_format::model::{Record, UnixNanos};
 
+use super::kept::{Kept, KeptRecords};
 use super::positions::PositionBook;
 use super::slots::SlotLog;
 use super::{admit, read, write, Shared, Version};
@@ -14,7 +15,7 @@ use crate::storage::contract::{
 
 #[derive(Debug)]
 struct AppendState {
-    log: SlotLog,
+    log: SlotLog<Kept>,
     /// Stored, never derived (invariant 9).
     next: u64,
     /// Stored, raised only by a removal in the same operation.
@@ -50,7 +51,7 @@ pub struct AppendCopy {
     pub next: u64,
     pub floor: u64,
     pub bytes: u64,
-    pub records: Vec<Arc<Record>>,
+    pub records: KeptRecords,
     pub positions: Vec<Position>,
 }
 
@@ -102,7 +103,7 @@ impl MemoryAppend {
             let mut st = write(&store.state);
             for r in records {
                 let size = r.accounted_size();
-                st.log.push(Arc::new(r), size);
+                st.log.push(Arc::new(Kept::new(&r)), size);
             }
             store.shared.budget.charge_relief(st.log.bytes());
         }
@@ -140,7 +141,7 @@ impl MemoryAppend {
             next: st.next,
             floor: st.floor,
             bytes: st.log.bytes(),
-            records: st.log.shared_records(),
+            records: st.log.shared_records().into(),
             positions,
         }
     }
@@ -160,7 +161,7 @@ impl MemoryAppend {
             next: st.next,
             floor: st.floor,
             bytes: st.log.bytes(),
-            records: st.log.read_shared(from.max(st.floor), usize::MAX),
+            records: st.log.read_shared(from.max(st.floor), usize::MAX).into(),
             positions,
         }
     }
@@ -172,13 +173,7 @@ impl MemoryAppend {
         self.append_inner(record, true)
     }
 
-    fn append_inner(&self, record: Record, relief: bool) -> Result<Record> {
-        self.append_shared_inner(record, relief)
-            .map(Arc::unwrap_or_clone)
-    }
-
-    /// The record as the log holds it: an answer that copies nothing.
-    fn append_shared_inner(&self, mut record: Record, relief: bool) -> Result<Arc<Record>> {
+    fn append_inner(&self, mut record: Record, relief: bool) -> Result<Record> {
         self.shared.check_open()?;
         check_record(&self.name, &record, false)?;
         let size = record.accounted_size();
@@ -196,11 +191,13 @@ impl MemoryAppend {
         // storage rule 2).
         record.offset = st.next;
         st.next += 1;
-        let shared = Arc::new(record);
-        st.log.push(shared.clone(), size);
+        // Kept compact, in one allocation of its own: the record handed
+        // back (to the broker, which keeps recent records for a while)
+        // does not hold it.
+        st.log.push(Arc::new(Kept::new(&record)), size);
         self.version.bump(&self.shared);
         drop(st);
-        Ok(shared)
+        Ok(record)
     }
 
     fn check_read(&self, st: &AppendState, offset: u64) -> Result<()> {
@@ -224,11 +221,7 @@ impl MemoryAppend {
     /// Removes from the front while `remove` says so, raising the floor and
     /// giving the bytes back in the same operation, under the channel's
     /// lock. The removed records are freed after the lock is let go.
-    fn remove_front(
-        &self,
-        before: u64,
-        remove: impl FnMut(&Record, u64) -> bool,
-    ) -> Result<Removed> {
+    fn remove_front(&self, before: u64, remove: impl FnMut(&Kept, u64) -> bool) -> Result<Removed> {
         self.shared.check_open()?;
         let mut st = write(&self.state);
         let out = st.log.remove_front_while(remove);
@@ -263,24 +256,11 @@ impl AppendStore for MemoryAppend {
     fn read_from_n(&self, offset: u64, max: usize) -> Result<Vec<Record>> {
         let st = read(&self.state);
         self.check_read(&st, offset)?;
-        Ok(st.log.read_from(offset, max))
-    }
-
-    fn append_shared(&self, record: Record) -> Result<Arc<Record>> {
-        self.append_shared_inner(record, false)
-    }
-
-    fn append_batch_shared(&self, records: Vec<Record>) -> Vec<Result<Arc<Record>>> {
-        records
-            .into_iter()
-            .map(|r| self.append_shared_inner(r, false))
-            .collect()
-    }
-
-    fn read_shared_n(&self, offset: u64, max: usize) -> Result<Vec<Arc<Record>>> {
-        let st = read(&self.state);
-        self.check_read(&st, offset)?;
-        Ok(st.log.read_shared(offset, max))
+        let held = st.log.read_shared(offset, max);
+        // Rebuilt once the lock is let go: a long read does not hold up
+        // the appends.
+        drop(st);
+        Ok(held.iter().map(|k| k.record()).collect())
     }
 
     fn lowest_position(&self) -> u64 {
@@ -353,5 +333,40 @@ impl OffsetStore for MemoryAppend {
 
     fn positions(&self) -> Result<Vec<Position>> {
         self.positions.all()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::memory::{MemoryConfig, MemoryProvider};
+
+    /// A record appended is kept compact: its fields and one allocation of
+    /// its topic, client id and payload, held by the log alone. As the
+    /// shared `Record` the broker is handed back, it took about twice the
+    /// memory, for as long as retention kept it.
+    #[test]
+    fn an_appended_record_is_kept_compact_and_apart_from_the_one_handed_back() {
+        let provider = MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap();
+        let store = MemoryAppend::new("events", provider.shared().clone());
+        let handed = store
+            .append(Record {
+                client_id: "dev-1".into(),
+                ..Record::new("site/1", "21.5")
+            })
+            .unwrap();
+        let st = read(&store.state);
+        let kept = st.log.live_slots()[0].record.as_ref().unwrap();
+        assert_eq!(Arc::strong_count(kept), 1, "the log's alone");
+        assert_eq!(&kept.bytes[..], b"site/1dev-121.5", "one allocation");
+        assert!(kept.rare.is_none());
+        assert_eq!(kept.record(), handed);
+        drop(st);
+        assert_eq!(store.read_from(1).unwrap(), vec![handed]);
     }
 }

@@ -11,6 +11,7 @@
 
 mod append;
 mod budget;
+mod kept;
 mod latest;
 mod load;
 mod positions;
@@ -26,6 +27,7 @@ use saguin_format::model::ChannelKind;
 
 pub use append::{AppendCopy, MemoryAppend};
 pub use budget::Budget;
+pub use kept::{KeptRecords, RecordParts};
 pub use latest::{LatestCopy, MemoryLatest};
 pub use load::{LoadError, LoadOptions, LoadProblem, LoadReport, LoadedChannel};
 pub use queue::{MemoryQueue, QueueCopy};

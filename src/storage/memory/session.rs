@@ -63,7 +63,7 @@ impl SessionStore for MemorySessions {
 
 #[derive(Debug)]
 struct LogState {
-    log: SlotLog,
+    log: SlotLog<Record>,
     next: u64,
     floor: u64,
 }

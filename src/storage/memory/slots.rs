@@ -13,11 +13,60 @@ use std::sync::Arc;
 
 use saguin_format::model::{Record, UnixNanos};
 
+use super::kept::Kept;
+
+/// A record as a log holds it: whole (the broadcast log, whose records the
+/// broker shares while it delivers them) or kept compact (an append
+/// channel's, held for as long as retention says).
+pub(crate) trait Logged {
+    fn offset(&self) -> u64;
+    fn timestamp(&self) -> UnixNanos;
+    fn accounted_size(&self) -> u64;
+    /// The record, whole.
+    fn to_record(&self) -> Record;
+}
+
+impl Logged for Record {
+    fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn timestamp(&self) -> UnixNanos {
+        self.timestamp
+    }
+
+    fn accounted_size(&self) -> u64 {
+        Record::accounted_size(self)
+    }
+
+    fn to_record(&self) -> Record {
+        self.clone()
+    }
+}
+
+impl Logged for Kept {
+    fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    fn timestamp(&self) -> UnixNanos {
+        self.timestamp
+    }
+
+    fn accounted_size(&self) -> u64 {
+        Kept::accounted_size(self)
+    }
+
+    fn to_record(&self) -> Record {
+        self.record()
+    }
+}
+
 /// One place in the log. `record` is `None` once the record was removed.
 #[derive(Clone, Debug)]
-pub(crate) struct Slot {
+pub(crate) struct Slot<T> {
     pub offset: u64,
-    pub record: Option<Arc<Record>>,
+    pub record: Option<Arc<T>>,
 }
 
 /// Below this many slots a compaction is not worth its own bookkeeping.
@@ -26,8 +75,8 @@ const MIN_COMPACT_SLOTS: usize = 64;
 const SHRINK_FACTOR: usize = 4;
 
 #[derive(Debug)]
-pub(crate) struct SlotLog {
-    slots: Vec<Slot>,
+pub(crate) struct SlotLog<T> {
+    slots: Vec<Slot<T>>,
     /// Every slot before `head` is cleared.
     head: usize,
     /// Cleared slots at or after `head` (let go from the middle).
@@ -39,8 +88,8 @@ pub(crate) struct SlotLog {
 }
 
 /// What a front removal took.
-#[derive(Debug, Default)]
-pub(crate) struct FrontRemoval {
+#[derive(Debug)]
+pub(crate) struct FrontRemoval<T> {
     pub records: u64,
     pub bytes: u64,
     /// The offset after the last record removed, when any was.
@@ -48,11 +97,22 @@ pub(crate) struct FrontRemoval {
     /// The removed records' last handles, already out of the log: the
     /// caller drops them once it has let go of the channel's lock, so
     /// freeing a large removal does not stall a publisher.
-    pub released: Vec<Arc<Record>>,
+    pub released: Vec<Arc<T>>,
 }
 
-impl SlotLog {
-    pub fn new() -> SlotLog {
+impl<T> Default for FrontRemoval<T> {
+    fn default() -> Self {
+        FrontRemoval {
+            records: 0,
+            bytes: 0,
+            past_last: None,
+            released: Vec::new(),
+        }
+    }
+}
+
+impl<T: Logged> SlotLog<T> {
+    pub fn new() -> SlotLog<T> {
         SlotLog {
             slots: Vec::new(),
             head: 0,
@@ -65,9 +125,9 @@ impl SlotLog {
     /// Appends a record whose offset is above every offset held. The caller
     /// guarantees ascending offsets (it assigns them, or a loader validated
     /// them).
-    pub fn push(&mut self, record: Arc<Record>, size: u64) {
+    pub fn push(&mut self, record: Arc<T>, size: u64) {
         self.slots.push(Slot {
-            offset: record.offset,
+            offset: record.offset(),
             record: Some(record),
         });
         self.live += 1;
@@ -83,7 +143,7 @@ impl SlotLog {
     }
 
     /// The slots from the dead prefix on (cleared middle slots included).
-    pub fn live_slots(&self) -> &[Slot] {
+    pub fn live_slots(&self) -> &[Slot<T>] {
         self.slots.get(self.head..).unwrap_or(&[])
     }
 
@@ -116,26 +176,26 @@ impl SlotLog {
         self.held_from(offset)
             .filter_map(|s| s.record.as_deref())
             .take(max)
-            .cloned()
+            .map(T::to_record)
             .collect()
     }
 
     /// [`SlotLog::read_from`], the records shared rather than copied.
-    pub fn read_shared(&self, offset: u64, max: usize) -> Vec<Arc<Record>> {
+    pub fn read_shared(&self, offset: u64, max: usize) -> Vec<Arc<T>> {
         self.held_from(offset)
             .filter_map(|s| s.record.clone())
             .take(max)
             .collect()
     }
 
-    fn held_from(&self, offset: u64) -> std::slice::Iter<'_, Slot> {
+    fn held_from(&self, offset: u64) -> std::slice::Iter<'_, Slot<T>> {
         let start = self.index_of(offset);
         self.slots.get(start..).unwrap_or(&[]).iter()
     }
 
     /// Every record held, shared rather than copied (what a snapshot takes
     /// under the lock).
-    pub fn shared_records(&self) -> Vec<Arc<Record>> {
+    pub fn shared_records(&self) -> Vec<Arc<T>> {
         self.live_slots()
             .iter()
             .filter_map(|s| s.record.clone())
@@ -149,8 +209,8 @@ impl SlotLog {
         self.live_slots()
             .iter()
             .filter_map(|s| s.record.as_deref())
-            .find(|r| r.timestamp != 0 && r.timestamp >= at)
-            .map(|r| r.offset)
+            .find(|r| r.timestamp() != 0 && r.timestamp() >= at)
+            .map(|r| r.offset())
     }
 
     /// Removes records from the oldest while `remove(record, bytes held)`
@@ -158,8 +218,8 @@ impl SlotLog {
     /// cleared as it goes.
     pub fn remove_front_while(
         &mut self,
-        mut remove: impl FnMut(&Record, u64) -> bool,
-    ) -> FrontRemoval {
+        mut remove: impl FnMut(&T, u64) -> bool,
+    ) -> FrontRemoval<T> {
         let mut out = FrontRemoval::default();
         while let Some(slot) = self.slots.get_mut(self.head) {
             match &slot.record {
@@ -244,7 +304,7 @@ impl SlotLog {
 mod tests {
     use super::*;
 
-    fn log(n: u64) -> SlotLog {
+    fn log(n: u64) -> SlotLog<Record> {
         let mut l = SlotLog::new();
         for o in 1..=n {
             let mut r = Record::new("t", vec![0u8; 10]);
@@ -296,7 +356,7 @@ mod tests {
 
     #[test]
     fn first_at_or_after_looks_at_every_record() {
-        let mut l = SlotLog::new();
+        let mut l = SlotLog::<Record>::new();
         for (o, ts) in [(1, 0), (2, 50), (3, 10), (4, 60)] {
             let mut r = Record::new("t", Vec::new());
             r.offset = o;

@@ -197,7 +197,7 @@ fn append_copy(
         next,
         floor,
         bytes,
-        records: shared(records),
+        records: records.into(),
         positions: positions(name, pos)?,
     })
 }

@@ -1,0 +1,368 @@
+//! A record as a memory store keeps it: its fields, and its topic, client
+//! id and payload in one allocation (an append channel's log, a latest
+//! channel's and the retained store's values).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use saguin_format::model::{PublishProps, Record, UnixNanos, UserProperty};
+
+use crate::storage::contract::ServedValue;
+
+/// What the store keeps of one value or marker: the record's fields, its
+/// topic, client id and payload in one allocation, and the parts most
+/// records lack out of line. A [`Record`] is about 200 bytes before its
+/// strings, and a store of a million retained messages held one for each;
+/// this is 64, rebuilt into a record when read (reads are the rare side: a
+/// snapshot, a restart, a subscription's retained messages; writes come
+/// with every retained publish).
+#[derive(Debug)]
+pub(crate) struct Kept {
+    pub(crate) offset: u64,
+    pub(crate) timestamp: UnixNanos,
+    pub(crate) message_id: [u8; 16],
+    /// The topic, then the client id, then the payload. A copy, not a
+    /// share of the record's: a share of a payload a restart decoded into
+    /// its own buffer gave it a shared header (24 bytes a value), and a
+    /// share of a publish's payload kept the connection's whole read of
+    /// many packets resident. Copied out again when read.
+    pub(super) bytes: Box<[u8]>,
+    /// Where the topic and the client id end in `bytes`. An MQTT string
+    /// is at most 65,535 bytes; a longer one (a record another writer
+    /// made) is kept in `rare`, and its length here is 0.
+    topic_len: u16,
+    client_len: u16,
+    qos: u8,
+    retain: bool,
+    /// A record holding only what the fields above do not: its User
+    /// Properties, publish properties, bridge and broadcast-only fields.
+    /// Its topic and client id are empty (but for one too long for
+    /// `bytes`), its payload always. `None` when it would be
+    /// [`Record::new`]'s empty one.
+    pub(super) rare: Option<Box<Record>>,
+}
+
+impl Kept {
+    pub(crate) fn new(record: &Record) -> Kept {
+        // Named field by field: a field added to `Record` is a compile error
+        // here until it is kept.
+        let Record {
+            offset,
+            message_id,
+            topic,
+            timestamp,
+            user_properties,
+            payload,
+            props,
+            retain,
+            bridge,
+            client_id,
+            qos,
+            shared_copy,
+            owed_to,
+        } = record;
+        // A string too long for its length field goes out of line.
+        let fits = |text: &str| u16::try_from(text.len()).ok();
+        let (topic_len, rare_topic) = match fits(topic) {
+            Some(len) => (len, String::new()),
+            None => (0, topic.clone()),
+        };
+        let (client_len, rare_client) = match fits(client_id) {
+            Some(len) => (len, String::new()),
+            None => (0, client_id.clone()),
+        };
+        let mut bytes =
+            Vec::with_capacity(usize::from(topic_len) + usize::from(client_len) + payload.len());
+        bytes.extend_from_slice(&topic.as_bytes()[..usize::from(topic_len)]);
+        bytes.extend_from_slice(&client_id.as_bytes()[..usize::from(client_len)]);
+        bytes.extend_from_slice(payload);
+        let rare = (!rare_topic.is_empty()
+            || !rare_client.is_empty()
+            || !user_properties.is_empty()
+            || props.is_allocated()
+            || bridge.is_some()
+            || *shared_copy
+            || owed_to.is_some())
+        .then(|| {
+            // Its correlation data copied like the payload: a share of it
+            // kept what it was read from resident, a restart's whole file.
+            let mut props = props.clone();
+            if let Some(data) = props.correlation_data.as_mut() {
+                *data = Bytes::copy_from_slice(data);
+            }
+            Box::new(Record {
+                user_properties: user_properties.clone(),
+                props,
+                bridge: bridge.clone(),
+                shared_copy: *shared_copy,
+                owed_to: owed_to.clone(),
+                client_id: rare_client,
+                ..Record::new(rare_topic, Bytes::new())
+            })
+        });
+        Kept {
+            offset: *offset,
+            timestamp: *timestamp,
+            message_id: *message_id,
+            bytes: bytes.into_boxed_slice(),
+            topic_len,
+            client_len,
+            qos: *qos,
+            retain: *retain,
+            rare,
+        }
+    }
+
+    /// `bytes[from..to]`, which [`Kept::new`] copied from a `str` cut at
+    /// its ends.
+    fn text(&self, from: usize, to: usize) -> &str {
+        // SAFETY: `new` copied the topic, then the client id, whole from
+        // `str`s, and the lengths it kept are theirs: both are cut from
+        // `bytes` at the boundaries of what was copied.
+        unsafe { std::str::from_utf8_unchecked(&self.bytes[from..to]) }
+    }
+
+    pub(crate) fn topic(&self) -> &str {
+        match &self.rare {
+            Some(rare) if !rare.topic.is_empty() => &rare.topic,
+            _ => self.text(0, usize::from(self.topic_len)),
+        }
+    }
+
+    pub(crate) fn client_id(&self) -> &str {
+        match &self.rare {
+            Some(rare) if !rare.client_id.is_empty() => &rare.client_id,
+            _ => {
+                let from = usize::from(self.topic_len);
+                self.text(from, from + usize::from(self.client_len))
+            }
+        }
+    }
+
+    pub(crate) fn payload(&self) -> &[u8] {
+        &self.bytes[usize::from(self.topic_len) + usize::from(self.client_len)..]
+    }
+
+    /// A deletion marker.
+    pub(crate) fn is_marker(&self) -> bool {
+        self.payload().is_empty()
+    }
+
+    /// [`Record::accounted_size`] of the record it keeps: `rare` counts
+    /// what it holds (its topic only where the topic is kept there).
+    pub(crate) fn accounted_size(&self) -> u64 {
+        let rare = self.rare.as_ref().map_or(0, |r| r.accounted_size());
+        u64::from(self.topic_len) + self.payload().len() as u64 + rare
+    }
+
+    /// What the broker serves of the record it keeps, lent from it.
+    pub(crate) fn served(&self) -> ServedValue<'_> {
+        let (props, user_properties): (&PublishProps, &[UserProperty]) = match &self.rare {
+            Some(rare) => (&rare.props, &rare.user_properties),
+            None => (PublishProps::none(), &[]),
+        };
+        ServedValue {
+            offset: self.offset,
+            topic: self.topic(),
+            payload: self.payload(),
+            timestamp: self.timestamp,
+            qos: self.qos,
+            retain: self.retain,
+            props,
+            user_properties,
+        }
+    }
+
+    /// The record it keeps, whole again.
+    pub(crate) fn record(&self) -> Record {
+        let base = match &self.rare {
+            Some(rare) => Record::clone(rare),
+            None => Record::new(String::new(), Bytes::new()),
+        };
+        Record {
+            offset: self.offset,
+            message_id: self.message_id,
+            topic: self.topic().to_owned(),
+            timestamp: self.timestamp,
+            payload: Bytes::copy_from_slice(self.payload()),
+            retain: self.retain,
+            client_id: self.client_id().to_owned(),
+            qos: self.qos,
+            ..base
+        }
+    }
+}
+
+/// A record's parts, lent from a whole record or from what a store keeps of
+/// one: what a snapshot file is written from, with no record rebuilt.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordParts<'a> {
+    pub offset: u64,
+    pub message_id: &'a [u8; 16],
+    pub timestamp: UnixNanos,
+    pub qos: u8,
+    pub retain: bool,
+    pub shared_copy: bool,
+    pub topic: &'a str,
+    pub client_id: &'a str,
+    pub bridge: Option<&'a str>,
+    pub owed_to: Option<&'a str>,
+    pub user_properties: &'a [UserProperty],
+    pub props: &'a PublishProps,
+    pub payload: &'a [u8],
+}
+
+impl<'a> From<&'a Record> for RecordParts<'a> {
+    fn from(r: &'a Record) -> Self {
+        RecordParts {
+            offset: r.offset,
+            message_id: &r.message_id,
+            timestamp: r.timestamp,
+            qos: r.qos,
+            retain: r.retain,
+            shared_copy: r.shared_copy,
+            topic: &r.topic,
+            client_id: &r.client_id,
+            bridge: r.bridge.as_deref(),
+            owed_to: r.owed_to.as_deref(),
+            user_properties: &r.user_properties,
+            props: &r.props,
+            payload: &r.payload,
+        }
+    }
+}
+
+impl Kept {
+    /// The record it keeps, lent part by part.
+    pub(crate) fn parts(&self) -> RecordParts<'_> {
+        let rare = self.rare.as_deref();
+        RecordParts {
+            offset: self.offset,
+            message_id: &self.message_id,
+            timestamp: self.timestamp,
+            qos: self.qos,
+            retain: self.retain,
+            shared_copy: rare.is_some_and(|r| r.shared_copy),
+            topic: self.topic(),
+            client_id: self.client_id(),
+            bridge: rare.and_then(|r| r.bridge.as_deref()),
+            owed_to: rare.and_then(|r| r.owed_to.as_deref()),
+            user_properties: rare.map_or(&[], |r| &r.user_properties),
+            props: rare.map_or(PublishProps::none(), |r| &r.props),
+            payload: self.payload(),
+        }
+    }
+}
+
+/// An append channel's records as a copy for a snapshot takes them: handles
+/// on what the store keeps, in offset order, so a copy costs a walk of
+/// pointers where it is taken, and each record is rebuilt where it is
+/// written.
+#[derive(Clone, Debug, Default)]
+pub struct KeptRecords(VecDeque<Arc<Kept>>);
+
+impl KeptRecords {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Each record's parts, lent, in offset order.
+    pub fn parts(&self) -> impl Iterator<Item = RecordParts<'_>> {
+        self.0.iter().map(|k| k.parts())
+    }
+
+    /// Every record, rebuilt, in offset order.
+    pub fn to_vec(&self) -> Vec<Record> {
+        self.0.iter().map(|k| k.record()).collect()
+    }
+
+    /// Lets go of the records below `floor`.
+    pub(crate) fn drop_below(&mut self, floor: u64) {
+        while self.0.front().is_some_and(|k| k.offset < floor) {
+            self.0.pop_front();
+        }
+    }
+
+    /// Moves `later`'s records, which follow these, to the end of these.
+    pub(crate) fn append(&mut self, later: &mut KeptRecords) {
+        self.0.append(&mut later.0);
+    }
+}
+
+impl From<Vec<Arc<Kept>>> for KeptRecords {
+    fn from(handles: Vec<Arc<Kept>>) -> Self {
+        KeptRecords(handles.into())
+    }
+}
+
+impl From<Vec<Record>> for KeptRecords {
+    fn from(records: Vec<Record>) -> Self {
+        KeptRecords(records.iter().map(|r| Arc::new(Kept::new(r))).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every field of a record comes back as it went in, and counts the
+    /// same against the bounds, whatever is set.
+    #[test]
+    fn a_kept_value_reads_back_as_its_record() {
+        let plain = Record {
+            offset: 7,
+            message_id: [3; 16],
+            timestamp: 1_700_000_000_000_000_000,
+            retain: true,
+            client_id: "dev-7".into(),
+            qos: 1,
+            ..Record::new("site/1/device/7", vec![1u8; 64])
+        };
+        let mut every = Record {
+            user_properties: vec![UserProperty {
+                name: "unit".into(),
+                value: "C".into(),
+            }],
+            bridge: Some("uplink".into()),
+            shared_copy: true,
+            owed_to: Some("session-1".into()),
+            ..plain.clone()
+        };
+        every.props.content_type = Some("text/plain".into());
+        every.props.response_topic = Some("reply/7".into());
+        every.props.correlation_data = Some(Bytes::from_static(b"c-1"));
+        every.props.payload_format_indicator = Some(1);
+        every.props.message_expiry_interval = Some(60);
+        let marker = Record {
+            offset: 9,
+            ..Record::new("site/1/device/8", Bytes::new())
+        };
+        let empty = Record::new("", Bytes::new());
+        // Longer than an MQTT string: another writer's record.
+        let long = Record {
+            client_id: "c".repeat(70_000),
+            ..Record::new("t/".repeat(35_000), "v")
+        };
+        for record in [plain, every, marker, empty, long] {
+            let kept = Kept::new(&record);
+            assert_eq!(kept.record(), record);
+            assert_eq!(
+                format!("{:?}", kept.parts()),
+                format!("{:?}", RecordParts::from(&record)),
+                "lent as the record lends them"
+            );
+            assert_eq!(kept.topic(), record.topic);
+            assert_eq!(kept.accounted_size(), record.accounted_size());
+            assert_eq!(kept.is_marker(), record.payload.is_empty());
+            let rare = !record.user_properties.is_empty()
+                || record.bridge.is_some()
+                || record.topic.len() > 65_535;
+            assert_eq!(kept.rare.is_some(), rare, "{record:?}");
+        }
+    }
+}
