@@ -670,7 +670,7 @@ pub fn channel_file(c: &ChannelCopy) -> ChannelFile {
                 .items
                 .iter()
                 .map(|(record, attempts, first, last)| f21::QueueItem {
-                    record: (**record).clone(),
+                    record: record.record(),
                     attempts: *attempts,
                     first_delivered: *first,
                     last_delivered: *last,
@@ -1121,7 +1121,7 @@ mod stream {
                 e.len(0)?; // records
                 e.len(copy.items.len())?;
                 for (record, attempts, first, last) in &copy.items {
-                    e.record((&**record).into(), record.offset)?;
+                    e.record(record.parts(), record.offset)?;
                     e.u32(*attempts);
                     e.i64(*first);
                     e.i64(*last);

@@ -18,7 +18,7 @@ use crate::storage::contract::ServedValue;
 /// snapshot, a restart, a subscription's retained messages; writes come
 /// with every retained publish).
 #[derive(Debug)]
-pub(crate) struct Kept {
+pub struct Kept {
     pub(crate) offset: u64,
     pub(crate) timestamp: UnixNanos,
     pub(crate) message_id: [u8; 16],
@@ -175,7 +175,7 @@ impl Kept {
     }
 
     /// The record it keeps, whole again.
-    pub(crate) fn record(&self) -> Record {
+    pub fn record(&self) -> Record {
         let base = match &self.rare {
             Some(rare) => Record::clone(rare),
             None => Record::new(String::new(), Bytes::new()),
@@ -235,7 +235,7 @@ impl<'a> From<&'a Record> for RecordParts<'a> {
 
 impl Kept {
     /// The record it keeps, lent part by part.
-    pub(crate) fn parts(&self) -> RecordParts<'_> {
+    pub fn parts(&self) -> RecordParts<'_> {
         let rare = self.rare.as_deref();
         RecordParts {
             offset: self.offset,

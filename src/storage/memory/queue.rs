@@ -10,6 +10,7 @@ use std::time::Duration;
 use saguin_format::model::{Record, UnixNanos};
 
 use super::append::{AppendCopy, MemoryAppend};
+use super::kept::Kept;
 use super::{admit, read, write, Shared, Version};
 use crate::storage::contract::{
     after_failed_delivery, attempts_spent, check_record, dead_letter_record, AfterFailure,
@@ -27,7 +28,9 @@ struct Holding {
 
 #[derive(Clone, Debug)]
 struct Item {
-    record: Arc<Record>,
+    /// Kept compact, as an append channel's records are: a queue's
+    /// backlog grows while its workers are away.
+    record: Arc<Kept>,
     attempts: u32,
     first_delivered: UnixNanos,
     last_delivered: UnixNanos,
@@ -42,7 +45,7 @@ struct Item {
 impl Item {
     fn to_queue_item(&self) -> QueueItem {
         QueueItem {
-            record: (*self.record).clone(),
+            record: self.record.record(),
             attempts: self.attempts,
             first_delivered: self.first_delivered,
             last_delivered: self.last_delivered,
@@ -88,7 +91,7 @@ pub struct QueueCopy {
     pub next: u64,
     pub floor: u64,
     pub bytes: u64,
-    pub items: Vec<(Arc<Record>, u32, UnixNanos, UnixNanos)>,
+    pub items: Vec<(Arc<Kept>, u32, UnixNanos, UnixNanos)>,
 }
 
 impl MemoryQueue {
@@ -134,7 +137,7 @@ impl MemoryQueue {
                 st.items.insert(
                     it.record.offset,
                     Item {
-                        record: Arc::new(it.record),
+                        record: Arc::new(Kept::new(&it.record)),
                         attempts: it.attempts,
                         first_delivered: it.first_delivered,
                         last_delivered: it.last_delivered,
@@ -227,11 +230,10 @@ impl MemoryQueue {
         record.offset = st.next;
         st.next += 1;
         st.bytes += size;
-        let shared = Arc::new(record);
         st.items.insert(
-            shared.offset,
+            record.offset,
             Item {
-                record: shared.clone(),
+                record: Arc::new(Kept::new(&record)),
                 attempts: 0,
                 first_delivered: 0,
                 last_delivered: 0,
@@ -242,7 +244,7 @@ impl MemoryQueue {
         );
         self.version.bump(&self.shared);
         drop(st);
-        Ok(Arc::unwrap_or_clone(shared))
+        Ok(record)
     }
 
     /// Removes an item whole, giving its bytes back and raising the floor
@@ -284,7 +286,7 @@ impl MemoryQueue {
             });
         };
         let record = dead_letter_record(
-            (*item.record).clone(),
+            item.record.record(),
             item.attempts,
             item.first_delivered,
             item.last_delivered,
@@ -392,7 +394,7 @@ impl QueueStore for MemoryQueue {
             epoch: item.epoch,
             attempts: item.attempts,
             offset,
-            record: (*item.record).clone(),
+            record: item.record.record(),
         };
         st.next_delivery_id += 1;
         st.deliveries.insert(delivery_id, offset);
@@ -534,5 +536,43 @@ impl QueueStore for MemoryQueue {
             .values()
             .map(Item::to_queue_item)
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::memory::{MemoryConfig, MemoryProvider};
+
+    /// A queue's backlog is kept compact, as an append channel's records
+    /// are, and a lease and a copy for a snapshot hand each record back
+    /// whole.
+    #[test]
+    fn a_queued_record_is_kept_compact_and_leased_whole() {
+        let provider = MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap();
+        let shared = provider.shared().clone();
+        let dead_letter = Arc::new(MemoryAppend::new_dead_letter("jobs.dlq", shared.clone()));
+        let queue = MemoryQueue::new("jobs", shared, dead_letter);
+        let stored = queue
+            .enqueue(Record {
+                client_id: "planner".into(),
+                ..Record::new("jobs/7", "resize")
+            })
+            .unwrap();
+        {
+            let st = read(&queue.state);
+            let kept = &st.items[&stored.offset].record;
+            assert_eq!(Arc::strong_count(kept), 1, "the queue's alone");
+            assert_eq!(&kept.bytes[..], b"jobs/7plannerresize", "one allocation");
+        }
+        let (copy, _) = queue.copy_with_dead_letter();
+        assert_eq!(copy.items[0].0.record(), stored);
+        let lease = queue.lease(stored.offset, "worker-1", 10, 1).unwrap();
+        assert_eq!(lease.record, stored);
     }
 }

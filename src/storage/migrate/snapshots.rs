@@ -18,7 +18,7 @@ use crate::storage::contract::{
     dead_letter_name, HeldPublish, Position, Reader, ShareGroupEntry, ShareGroupKey,
     BROADCAST_LOG_NAME, RETAINED_STORE_NAME,
 };
-use crate::storage::memory::{AppendCopy, BroadcastCopy, LatestCopy, QueueCopy};
+use crate::storage::memory::{AppendCopy, BroadcastCopy, Kept, LatestCopy, QueueCopy};
 use crate::storage::snapshot_dir::{self, FileOutcome, FindingKind, Role, ScanOptions, Severity};
 use crate::storage::snapshot_write::{
     self, ChannelCopy, ProviderCopy, SnapshotOptions, WriteReport,
@@ -241,7 +241,7 @@ fn channel_copy(c: ChannelFile) -> Result<ChannelCopy, String> {
                         .into_iter()
                         .map(|i| {
                             (
-                                Arc::new(i.record),
+                                Arc::new(Kept::new(&i.record)),
                                 i.attempts,
                                 i.first_delivered,
                                 i.last_delivered,
