@@ -106,7 +106,7 @@ fn on_channel_topics(channel: &str, records: &mut [Arc<saguin_format::model::Rec
                 Some(rest) => format!("{channel}/{rest}"),
                 None => channel.to_owned(),
             };
-            // A copy of the record the store shares, with its own topic.
+            // The record with the dead-letter channel's topic.
             Arc::make_mut(record).topic = topic;
         }
     }

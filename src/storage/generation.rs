@@ -456,7 +456,7 @@ impl Generations {
             Err(e) if crate::storage::room::cannot_hold(&e) => {
                 if room.first_failure() {
                     tracing::warn!(provider = %self.name, dir = %self.dir.display(), room_bytes = room.bytes(), error = %e,
-                        "the snapshot room cannot be kept on this file system (not tried again until a restart): should the file system fill, generations fail until room is made beside them; keep that much free by the file system's own means (a ZFS reservation) and set snapshot_room: 0");
+                        "the snapshot room cannot be kept on this file system (not tried again until a restart): should the file system fill, generations fail until room is made beside them; keep that much free by the file system's own means (on ZFS, a dataset reservation) and set snapshot_room: 0");
                 }
             }
             Err(e) => {

@@ -140,7 +140,11 @@ impl Room {
                 Ok(())
             }
             Err(e) => {
-                self.unheld = cannot_hold(&e);
+                if cannot_hold(&e) {
+                    self.unheld = true;
+                    // Its file is gone, or as whole as it was.
+                    self.refresh();
+                }
                 self.next_try = Some(retry_at);
                 Err(e)
             }
@@ -237,21 +241,27 @@ fn allocate(path: &Path, bytes: u64, before: Option<(u64, u64)>) -> io::Result<(
     }
     let len = libc::off_t::try_from(bytes)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "room larger than a file"))?;
-    let failure = match preallocate(&file, len) {
+    let failure = match preallocate(&file, len).and_then(|()| file.metadata()) {
         // Asked again: a file system that keeps zeros compressed (ZFS)
         // takes the call, or glibc's emulation of it writing zeros, and
         // holds no block for them. Such a room would hold nothing, and
         // would be found short and taken again at every look.
-        Ok(()) if file.metadata()?.blocks().saturating_mul(512) >= bytes => return Ok(()),
-        Ok(()) => io::Error::new(io::ErrorKind::Unsupported, NOT_HELD),
+        Ok(meta) if meta.blocks().saturating_mul(512) >= bytes => return Ok(()),
+        Ok(_) => io::Error::new(io::ErrorKind::Unsupported, NOT_HELD),
         Err(e) => e,
     };
     match before {
-        Some((len, kept)) => {
+        // Its holes say it was given up, and the room may be taken back
+        // later: as it was.
+        Some((len, kept)) if !cannot_hold(&failure) || kept >= len => {
             let _ = punch(&file, kept, len.max(bytes));
             let _ = file.set_len(len);
         }
-        None => {
+        // None before, or one whose holes mean nothing on a file system
+        // that cannot hold a room (an earlier build's, or one copied
+        // there): a room given up would hold the provider to what it
+        // holds at every start, and nothing could take it back.
+        _ => {
             drop(file);
             let _ = std::fs::remove_file(path);
         }
@@ -261,7 +271,8 @@ fn allocate(path: &Path, bytes: u64, before: Option<(u64, u64)>) -> io::Result<(
 
 /// What a file system that does not hold blocks allocated ahead of writes
 /// is told by.
-const NOT_HELD: &str = "the file system holds no blocks for a file allocated ahead of its writes (it keeps zeros compressed, as ZFS does)";
+const NOT_HELD: &str =
+    "the file system holds no blocks for a file allocated ahead of its writes (ZFS, for one)";
 
 /// Whether `error` says the room's file system cannot hold a room at all,
 /// whatever it has free: trying again would change nothing.
@@ -505,5 +516,28 @@ mod tests {
         assert!(allocated(room.path()) >= 1 << 20);
         assert!(!larger.due(much_later));
         PREALLOCATION_HELD_NOTHING.set(false);
+    }
+
+    /// A room file with its length and no blocks (an earlier build's on
+    /// such a file system, or one copied there) reads as given up; once the
+    /// file system is found not to hold a room it is removed, so no start
+    /// is held to what its provider holds for it.
+    #[test]
+    fn holes_on_a_file_system_that_cannot_hold_a_room_do_not_read_as_one_given_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("saguin.db");
+        std::fs::File::create(room_path(&db))
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let mut room = Room::at(room_path(&db), 1 << 20);
+        assert!(room.is_given_up());
+        PREALLOCATION_HELD_NOTHING.set(true);
+        let error = room.take(Instant::now()).unwrap_err();
+        PREALLOCATION_HELD_NOTHING.set(false);
+        assert!(cannot_hold(&error), "{error}");
+        assert!(!room.is_given_up() && room.kept() == 0);
+        assert!(!room_path(&db).exists());
+        assert!(!Room::at(room_path(&db), 1 << 20).is_given_up());
     }
 }

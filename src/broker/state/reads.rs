@@ -46,7 +46,8 @@ pub struct ReadWindow {
     /// relied on, `start` being the first offset it reads every row from
     /// again (a resync).
     pub floor: Option<u64>,
-    /// Shared with the store where it keeps them in memory.
+    /// Each read's own: a memory append channel rebuilds them from what it
+    /// keeps, their payloads shared with it.
     pub records: Vec<Arc<Record>>,
     /// Set when the window holds every change below it (a latest
     /// channel's, whose later values replace earlier offsets): a consumer

@@ -177,6 +177,9 @@ impl MemoryAppend {
         self.shared.check_open()?;
         check_record(&self.name, &record, false)?;
         let size = record.accounted_size();
+        // Made compact before the lock, which only numbers it: a copy of a
+        // large payload does not hold up the channel's readers.
+        let mut kept = Kept::new(&record);
         let mut st = write(&self.state);
         admit(
             &self.shared,
@@ -190,11 +193,12 @@ impl MemoryAppend {
         // offsets become readable in the order they were assigned (`docs/design.md`
         // storage rule 2).
         record.offset = st.next;
+        kept.offset = st.next;
         st.next += 1;
         // Kept compact, in one allocation of its own: the record handed
         // back (to the broker, which keeps recent records for a while)
         // does not hold it.
-        st.log.push(Arc::new(Kept::new(&record)), size);
+        st.log.push(Arc::new(kept), size);
         self.version.bump(&self.shared);
         drop(st);
         Ok(record)
@@ -260,7 +264,7 @@ impl AppendStore for MemoryAppend {
         // Rebuilt once the lock is let go: a long read does not hold up
         // the appends.
         drop(st);
-        Ok(held.iter().map(|k| k.record()).collect())
+        Ok(held.iter().map(Kept::record_sharing).collect())
     }
 
     fn lowest_position(&self) -> u64 {

@@ -176,6 +176,18 @@ impl Kept {
 
     /// The record it keeps, whole again.
     pub fn record(&self) -> Record {
+        self.record_with(Bytes::copy_from_slice(self.payload()))
+    }
+
+    /// The record it keeps, whole again, its payload a share of this
+    /// allocation rather than a copy: what a read hands the broker, which
+    /// lets it go once the record is sent, so a consumer catching up does
+    /// not copy every payload it is sent.
+    pub(crate) fn record_sharing(self: &Arc<Self>) -> Record {
+        self.record_with(Bytes::from_owner(PayloadOf(self.clone())))
+    }
+
+    fn record_with(&self, payload: Bytes) -> Record {
         let base = match &self.rare {
             Some(rare) => Record::clone(rare),
             None => Record::new(String::new(), Bytes::new()),
@@ -185,12 +197,21 @@ impl Kept {
             message_id: self.message_id,
             topic: self.topic().to_owned(),
             timestamp: self.timestamp,
-            payload: Bytes::copy_from_slice(self.payload()),
+            payload,
             retain: self.retain,
             client_id: self.client_id().to_owned(),
             qos: self.qos,
             ..base
         }
+    }
+}
+
+/// A kept record's payload, as the owner of the bytes a read lends.
+struct PayloadOf(Arc<Kept>);
+
+impl AsRef<[u8]> for PayloadOf {
+    fn as_ref(&self) -> &[u8] {
+        self.0.payload()
     }
 }
 
@@ -348,9 +369,31 @@ mod tests {
             client_id: "c".repeat(70_000),
             ..Record::new("t/".repeat(35_000), "v")
         };
-        for record in [plain, every, marker, empty, long] {
+        let mut expiring = Record::new("t/e", "v");
+        expiring.props.message_expiry_interval = Some(30);
+        let mut correlated = Record::new("t/c", "v");
+        correlated.props.correlation_data = Some(Bytes::from_static(b"c-2"));
+        // Each of what goes out of line, alone.
+        let alone = [
+            Record {
+                shared_copy: true,
+                ..Record::new("t/s", "v")
+            },
+            Record {
+                owed_to: Some("session-2".into()),
+                ..Record::new("t/o", "v")
+            },
+            expiring,
+            correlated,
+            Record {
+                client_id: "c".repeat(70_000),
+                ..Record::new("t/long-client", "v")
+            },
+        ];
+        for record in [plain, every, marker, empty, long].into_iter().chain(alone) {
             let kept = Kept::new(&record);
             assert_eq!(kept.record(), record);
+            assert_eq!(Arc::new(Kept::new(&record)).record_sharing(), record);
             assert_eq!(
                 format!("{:?}", kept.parts()),
                 format!("{:?}", RecordParts::from(&record)),
@@ -361,7 +404,11 @@ mod tests {
             assert_eq!(kept.is_marker(), record.payload.is_empty());
             let rare = !record.user_properties.is_empty()
                 || record.bridge.is_some()
-                || record.topic.len() > 65_535;
+                || record.shared_copy
+                || record.owed_to.is_some()
+                || record.props.is_allocated()
+                || record.topic.len() > 65_535
+                || record.client_id.len() > 65_535;
             assert_eq!(kept.rare.is_some(), rare, "{record:?}");
         }
     }

@@ -45,7 +45,7 @@ struct Item {
 impl Item {
     fn to_queue_item(&self) -> QueueItem {
         QueueItem {
-            record: self.record.record(),
+            record: self.record.record_sharing(),
             attempts: self.attempts,
             first_delivered: self.first_delivered,
             last_delivered: self.last_delivered,
@@ -218,6 +218,8 @@ impl MemoryQueue {
         self.shared.check_open()?;
         check_record(&self.name, &record, false)?;
         let size = record.accounted_size();
+        // Made compact before the lock, which only numbers it.
+        let mut kept = Kept::new(&record);
         let mut st = write(&self.state);
         admit(
             &self.shared,
@@ -228,12 +230,13 @@ impl MemoryQueue {
             relief,
         )?;
         record.offset = st.next;
+        kept.offset = st.next;
         st.next += 1;
         st.bytes += size;
         st.items.insert(
             record.offset,
             Item {
-                record: Arc::new(Kept::new(&record)),
+                record: Arc::new(kept),
                 attempts: 0,
                 first_delivered: 0,
                 last_delivered: 0,
@@ -394,7 +397,7 @@ impl QueueStore for MemoryQueue {
             epoch: item.epoch,
             attempts: item.attempts,
             offset,
-            record: item.record.record(),
+            record: item.record.record_sharing(),
         };
         st.next_delivery_id += 1;
         st.deliveries.insert(delivery_id, offset);

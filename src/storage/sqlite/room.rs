@@ -222,7 +222,7 @@ impl super::FlushLoop {
             Err(e) if crate::storage::room::cannot_hold(&e) => {
                 if room.first_failure() {
                     tracing::warn!(provider = %self.name, file = %room.path().display(), room_bytes = room.bytes(), error = %e,
-                        "the checkpoint's room cannot be kept on this file system (not tried again until a restart): should the write-ahead log take the last of it, writes stop until room is made beside the provider; keep that much free by the file system's own means (a ZFS reservation) and set checkpoint_room: 0");
+                        "the checkpoint's room cannot be kept on this file system (not tried again until a restart): should the write-ahead log take the last of it, writes stop until room is made beside the provider; keep that much free by the file system's own means (on ZFS, a dataset reservation) and set checkpoint_room: 0");
                 }
             }
             Err(e) => {
