@@ -874,12 +874,7 @@ mod tests {
 
     #[test]
     fn a_registered_channel_is_rendered_from_its_store_at_each_scrape() {
-        let provider = MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap();
+        let provider = MemoryProvider::unbounded();
         let store = append(&provider, "telemetry");
         let metrics = Metrics::new();
         metrics.register_channel("telemetry", view(&store));
@@ -962,12 +957,7 @@ mod tests {
 
     #[test]
     fn channels_render_in_name_order_and_only_registered_ones_have_store_gauges() {
-        let provider = MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap();
+        let provider = MemoryProvider::unbounded();
         let metrics = Metrics::new();
         metrics.register_channel("b", view(&append(&provider, "b")));
         metrics.register_channel("a", view(&append(&provider, "a")));
@@ -996,12 +986,7 @@ mod tests {
         assert_eq!(escape_label("plain"), "plain");
         assert_eq!(escape_label(r#"a"b\c"#), r#"a\"b\\c"#);
         assert_eq!(escape_label("line\nfeed"), "line\\nfeed");
-        let provider = MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap();
+        let provider = MemoryProvider::unbounded();
         let metrics = Metrics::new();
         let name = "q\"uo\\te\nd";
         metrics.register_channel(name, view(&append(&provider, name)));

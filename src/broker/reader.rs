@@ -308,16 +308,11 @@ fn failure(
 mod tests {
     use super::*;
     use crate::storage::contract::Provider;
-    use crate::storage::memory::{MemoryConfig, MemoryProvider};
+    use crate::storage::memory::MemoryProvider;
     use saguin_format::model::{ChannelKind, Record};
 
     fn channel() -> Arc<dyn AppendStore> {
-        let provider = MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap();
+        let provider = MemoryProvider::unbounded();
         let store = provider
             .open_channel("telemetry", ChannelKind::Append)
             .unwrap();

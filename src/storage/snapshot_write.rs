@@ -1147,7 +1147,6 @@ mod tests {
 
     use super::*;
     use crate::storage::contract::Provider;
-    use crate::storage::memory::MemoryConfig;
     use saguin_format::channel_name::MANIFEST_FILE;
 
     #[test]
@@ -1173,12 +1172,7 @@ mod tests {
     }
 
     fn provider() -> Arc<MemoryProvider> {
-        MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap()
+        MemoryProvider::unbounded()
     }
 
     #[test]

@@ -7,17 +7,11 @@ use saguin_format::model::{ChannelKind, Record};
 
 use super::*;
 use crate::storage::contract::{Provider, SessionEntry, SessionStore};
-use crate::storage::memory::MemoryConfig;
 use crate::storage::snapshot_dir::{self, FindingKind, ScanOptions};
 use crate::storage::snapshot_write::Unobserved;
 
 fn provider() -> Arc<MemoryProvider> {
-    MemoryProvider::new(MemoryConfig {
-        name: "mem".into(),
-        max_bytes: None,
-        reserve: 0,
-    })
-    .unwrap()
+    MemoryProvider::unbounded()
 }
 
 fn append(p: &MemoryProvider, channel: &str, payload: &str) {

@@ -343,7 +343,7 @@ impl OffsetStore for MemoryAppend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::memory::{MemoryConfig, MemoryProvider};
+    use crate::storage::memory::MemoryProvider;
 
     /// A record appended is kept compact: its fields and one allocation of
     /// its topic, client id and payload, held by the log alone. As the
@@ -351,12 +351,7 @@ mod tests {
     /// memory, for as long as retention kept it.
     #[test]
     fn an_appended_record_is_kept_compact_and_apart_from_the_one_handed_back() {
-        let provider = MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap();
+        let provider = MemoryProvider::unbounded();
         let store = MemoryAppend::new("events", provider.shared().clone());
         let handed = store
             .append(Record {

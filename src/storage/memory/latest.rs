@@ -712,16 +712,11 @@ impl OffsetStore for MemoryLatest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::memory::{MemoryConfig, MemoryProvider};
+    use crate::storage::memory::MemoryProvider;
     use bytes::Bytes;
 
     fn retained_store() -> MemoryLatest {
-        let provider = MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap();
+        let provider = MemoryProvider::unbounded();
         MemoryLatest::new(RETAINED_STORE_NAME, provider.shared().clone())
     }
 
@@ -771,12 +766,7 @@ mod tests {
     /// A channel's two indexes share each value.
     #[test]
     fn a_channel_value_is_shared_by_its_two_indexes() {
-        let provider = MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap();
+        let provider = MemoryProvider::unbounded();
         let store = MemoryLatest::new("devices", provider.shared().clone());
         for (topic, payload) in [("a/1", "x"), ("a/2", "y"), ("a/1", "z"), ("a/2", "")] {
             store.set(Record::new(topic, payload)).unwrap();
@@ -888,12 +878,7 @@ mod tests {
 
     #[test]
     fn a_fill_builds_both_indexes_and_refuses_a_second_value() {
-        let provider = MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap();
+        let provider = MemoryProvider::unbounded();
         let latest = || MemoryLatest::new("devices", provider.shared().clone());
         // Offsets ascending, topics in no order, one deletion marker.
         let store = latest();

@@ -647,16 +647,10 @@ mod tests {
 
     use super::*;
     use crate::storage::contract::{now_nanos, HeldPublishStore, LatestStore, Provider};
-    use crate::storage::memory::MemoryConfig;
     use crate::storage::snapshot_write::{save_snapshot, SnapshotOptions};
 
     fn provider() -> Arc<MemoryProvider> {
-        MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap()
+        MemoryProvider::unbounded()
     }
 
     fn options(channels: &[(&str, ChannelKind)]) -> LoadOptions {

@@ -487,6 +487,19 @@ pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 }
 
 #[cfg(test)]
+impl MemoryProvider {
+    /// An unbounded provider named `mem`: what most tests store into.
+    pub(crate) fn unbounded() -> Arc<MemoryProvider> {
+        MemoryProvider::new(MemoryConfig {
+            name: "mem".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .unwrap_or_else(|e| panic!("an unbounded provider: {e}"))
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use saguin_format::model::Record;
 

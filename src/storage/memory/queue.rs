@@ -545,19 +545,14 @@ impl QueueStore for MemoryQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::memory::{MemoryConfig, MemoryProvider};
+    use crate::storage::memory::MemoryProvider;
 
     /// A queue's backlog is kept compact, as an append channel's records
     /// are, and a lease and a copy for a snapshot hand each record back
     /// whole.
     #[test]
     fn a_queued_record_is_kept_compact_and_leased_whole() {
-        let provider = MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap();
+        let provider = MemoryProvider::unbounded();
         let shared = provider.shared().clone();
         let dead_letter = Arc::new(MemoryAppend::new_dead_letter("jobs.dlq", shared.clone()));
         let queue = MemoryQueue::new("jobs", shared, dead_letter);

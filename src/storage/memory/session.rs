@@ -473,16 +473,10 @@ impl HeldPublishStore for MemoryHeld {
 mod tests {
     use super::*;
     use crate::storage::contract::Provider;
-    use crate::storage::memory::MemoryConfig;
     use saguin_format::model::ChannelKind;
 
     fn provider() -> Arc<MemoryProvider> {
-        MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .unwrap()
+        MemoryProvider::unbounded()
     }
 
     #[test]
