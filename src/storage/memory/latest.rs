@@ -165,7 +165,7 @@ impl LatestState {
                 .map(|(_, k)| k)
                 .filter(matches)
                 .take(max)
-                .map(|k| k.record())
+                .map(|k| k.record_sharing())
                 .collect(),
             None => in_offset_order(
                 self.values
@@ -176,7 +176,7 @@ impl LatestState {
             )
             .into_iter()
             .take(max)
-            .map(|k| k.record())
+            .map(|k| k.record_sharing())
             .collect(),
         }
     }
@@ -517,7 +517,7 @@ impl MemoryLatest {
         st.in_offset_order()
             .into_iter()
             .filter(|k| !k.is_marker() && keep(k.topic()))
-            .map(|k| k.record())
+            .map(|k| k.record_sharing())
             .collect()
     }
 
@@ -552,7 +552,7 @@ impl LatestStore for MemoryLatest {
             .values
             .get(topic)
             .filter(|v| !v.0.is_marker())
-            .map(|v| v.0.record()))
+            .map(|v| v.0.record_sharing()))
     }
 
     fn delete(&self, topic: &str) -> Result<Option<Record>> {
@@ -592,7 +592,7 @@ impl LatestStore for MemoryLatest {
                 .filter(|k| !k.is_marker() && filter_matches(filter, k.topic())),
         )
         .into_iter()
-        .map(|k| k.record())
+        .map(|k| k.record_sharing())
         .collect())
     }
 
