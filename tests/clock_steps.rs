@@ -35,7 +35,7 @@ struct FakeClock {
 impl FakeClock {
     fn new(test: &str, dir: &Path) -> Option<FakeClock> {
         let Some(library) = libfaketime() else {
-            say_cannot(
+            say_skipped(
                 test,
                 "libfaketime is not installed (apt-get install faketime; .ci/run does)",
             );

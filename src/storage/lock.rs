@@ -278,7 +278,11 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<(Connection, Option<i
     // `PRAGMA locking_mode` answers with a row; read it rather than `execute`.
     let _mode: String = conn.query_row("PRAGMA locking_mode=EXCLUSIVE", [], |r| r.get(0))?;
     conn.execute_batch("BEGIN IMMEDIATE")?;
-    let mut previous_time = None;
+    // Advisory: a row that cannot be read gives no time.
+    let previous_time = read_holder(&conn)
+        .ok()
+        .flatten()
+        .map(|h| h.since_unix_ns.max(h.released_unix_ns));
     let written = conn
         .execute_batch(
             "CREATE TABLE IF NOT EXISTS holder (
@@ -292,8 +296,6 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<(Connection, Option<i
         )
         .and_then(|()| add_released_column(&conn))
         .and_then(|()| {
-            // Advisory: a row that cannot be read gives no time.
-            previous_time = latest_recorded(&conn).ok().flatten();
             // The unconditional write: it is what takes the exclusive lock.
             conn.execute(
                 "INSERT OR REPLACE INTO holder (id, pid, host, since_unix_ns, revision, released_unix_ns)
@@ -309,7 +311,6 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<(Connection, Option<i
     if let Err(e) = written {
         let _ = conn.execute_batch("ROLLBACK");
         if is_full(&e) {
-            let previous_time = latest_recorded(&conn).ok().flatten();
             return claim_without_writing(conn, path).map(|conn| (conn, previous_time));
         }
         return Err(e);
@@ -330,30 +331,6 @@ fn claim(path: &Path, holder: &Holder) -> rusqlite::Result<(Connection, Option<i
             }
         }
     }
-}
-
-/// The latest time the holder row records (its `since`, or its
-/// `released` when later), or `None` when there is no row or no table.
-fn latest_recorded(conn: &Connection) -> rusqlite::Result<Option<i64>> {
-    let has_table = conn.query_row(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'holder'",
-        [],
-        |r| r.get::<_, i64>(0),
-    )? > 0;
-    if !has_table {
-        return Ok(None);
-    }
-    let released = if has_released_column(conn)? {
-        "coalesce(released_unix_ns, 0)"
-    } else {
-        "0"
-    };
-    conn.query_row(
-        &format!("SELECT max(since_unix_ns, {released}) FROM holder WHERE id = 1"),
-        [],
-        |r| r.get::<_, i64>(0),
-    )
-    .optional()
 }
 
 /// Whether the holder table has the `released_unix_ns` column (lock files
@@ -519,6 +496,11 @@ fn read_holder_unlocked(path: &Path) -> rusqlite::Result<Option<Holder>> {
             | OpenFlags::SQLITE_OPEN_URI
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
+    read_holder(&conn)
+}
+
+/// The holder row, or `None` when there is no row or no table.
+fn read_holder(conn: &Connection) -> rusqlite::Result<Option<Holder>> {
     let has_table: Option<i64> = conn
         .query_row(
             "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'holder'",
@@ -529,7 +511,7 @@ fn read_holder_unlocked(path: &Path) -> rusqlite::Result<Option<Holder>> {
     if has_table.is_none() {
         return Ok(None);
     }
-    let sql = if has_released_column(&conn)? {
+    let sql = if has_released_column(conn)? {
         "SELECT pid, host, since_unix_ns, revision, released_unix_ns FROM holder WHERE id = 1"
     } else {
         "SELECT pid, host, since_unix_ns, revision, NULL FROM holder WHERE id = 1"
@@ -652,27 +634,30 @@ mod tests {
         assert_eq!(first.previous_time(), None);
         let since = first.holder().since_unix_ns;
         drop(first);
+        let LockState::Free {
+            last_holder: Some(row),
+        } = probe(&path).unwrap()
+        else {
+            panic!("free, with the row its holder left");
+        };
+        assert!(row.released_unix_ns >= since, "released before it started");
         let second = acquire(&path).unwrap();
-        let released = second.previous_time().unwrap();
-        assert!(released >= since, "{released} before {since}");
+        assert_eq!(second.previous_time(), Some(row.released_unix_ns));
         drop(second);
+        let holder_was = |since: i64, released: Option<i64>| {
+            Connection::open(&path)
+                .unwrap()
+                .execute(
+                    "UPDATE holder SET since_unix_ns = ?1, released_unix_ns = ?2 WHERE id = 1",
+                    rusqlite::params![since, released],
+                )
+                .unwrap();
+        };
         // The later of the two: its release.
-        let conn = Connection::open(&path).unwrap();
-        conn.execute(
-            "UPDATE holder SET since_unix_ns = 7, released_unix_ns = 9 WHERE id = 1",
-            [],
-        )
-        .unwrap();
-        drop(conn);
+        holder_was(7, Some(9));
         assert_eq!(acquire(&path).unwrap().previous_time(), Some(9));
         // A holder that died: its row says when it started, no release.
-        let conn = Connection::open(&path).unwrap();
-        conn.execute(
-            "UPDATE holder SET since_unix_ns = 7, released_unix_ns = NULL WHERE id = 1",
-            [],
-        )
-        .unwrap();
-        drop(conn);
+        holder_was(7, None);
         assert_eq!(acquire(&path).unwrap().previous_time(), Some(7));
     }
 
