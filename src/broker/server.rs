@@ -377,6 +377,9 @@ async fn broker_task(
         }
         dispatch(&mut state, &mut storage, &mut intents, &mut reads).await?;
     }
+    // The stop's own time, later than the last tick's: the times the stop
+    // and the writes since that tick stored are not after it.
+    crate::storage::lock::note_receipt_time(state.receipt_time(Instant::now()));
     storage.persisters.stop();
     // A generation being written is finished and taken in; the providers'
     // close writes the last one.

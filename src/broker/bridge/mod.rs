@@ -396,7 +396,7 @@ mod tests {
             Limits::default(),
             Arc::new(Metrics::new()),
             Arc::new(AllowAll),
-            (now, 1_700_000_000_000_000_000),
+            crate::broker::state::clock::ReceiptClock::new(now, 1_700_000_000_000_000_000),
         );
         let (events, mut queue) = mpsc::channel(16);
         let generation = AtomicU64::new(1);

@@ -163,7 +163,7 @@ impl BrokerState {
                 channel: self.channels.all[channel as usize].name.to_string(),
                 client_id: client_id.to_string(),
                 packet_id,
-                held_at: self.unix_at(now).max(1),
+                held_at: self.receipt_time(now).max(1),
                 record,
             };
             let session = self

@@ -414,7 +414,7 @@ impl BrokerState {
 
     /// Stage every group position that moved.
     pub(super) fn stage_group_positions(&mut self, now: Instant) {
-        let saved_at = self.unix_at(now).max(1);
+        let saved_at = self.receipt_time(now).max(1);
         let expiry = self.limits.max_session_expiry;
         let mut writes = Vec::new();
         for group in &mut self.groups.all {

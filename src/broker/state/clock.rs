@@ -88,16 +88,21 @@ impl ReceiptClock {
         match floor {
             Some(floor) if floor > wall => {
                 let behind = Duration::from_nanos((floor - wall) as u64);
-                tracing::warn!(
-                    system_clock = %rfc3339(wall),
-                    storage_last_used = %rfc3339(floor),
-                    behind = %humantime::format_duration(Duration::from_secs(behind.as_secs())),
-                    "the system clock is behind the last time the storage was in use: receipt times go on from that time until the system clock passes it (is the clock set? a device without a battery-backed clock starts at 1970 until NTP sets it)"
-                );
+                // Less than a step is said of a clock that runs (a
+                // virtual machine's clock sync): not of the clock at all.
+                let told = behind >= STEP_LOGGED;
+                if told {
+                    tracing::warn!(
+                        system_clock = %rfc3339(wall),
+                        storage_last_used = %rfc3339(floor),
+                        behind = %humantime::format_duration(Duration::from_secs(behind.as_secs())),
+                        "the system clock is behind the last time the storage was in use: receipt times go on from that time until the system clock passes it (is the clock set? a device without a battery-backed clock starts at 1970 until NTP sets it)"
+                    );
+                }
                 ReceiptClock {
                     base: now,
                     base_unix: floor.saturating_add(after_floor()),
-                    behind: true,
+                    behind: told,
                 }
             }
             _ => ReceiptClock::new(now, wall),
@@ -150,12 +155,6 @@ impl ReceiptClock {
             return Followed::Behind(gap);
         }
         Followed::Steady
-    }
-}
-
-impl From<(Instant, UnixNanos)> for ReceiptClock {
-    fn from((base, base_unix): (Instant, UnixNanos)) -> ReceiptClock {
-        ReceiptClock::new(base, base_unix)
     }
 }
 

@@ -654,9 +654,8 @@ impl BrokerState {
         limits: Limits,
         metrics: Arc<Metrics>,
         authorizer: Arc<dyn Authorizer>,
-        clock: impl Into<clock::ReceiptClock>,
+        clock: clock::ReceiptClock,
     ) -> Self {
-        let clock = clock.into();
         Self {
             limits,
             metrics,
@@ -693,14 +692,10 @@ impl BrokerState {
         self.sessions.by_key.len()
     }
 
-    /// Unix nanoseconds at `now`, from the injected clock.
-    fn unix_at(&self, now: Instant) -> UnixNanos {
-        self.clock.unix_at(now)
-    }
-
-    /// What the state's clock reads at `now`.
+    /// What the state's clock reads at `now`: the unix time every stored
+    /// time is stamped with.
     pub fn receipt_time(&self, now: Instant) -> UnixNanos {
-        self.unix_at(now)
+        self.clock.unix_at(now)
     }
 
     /// The system clock read `wall` at `now`: taken when it is ahead of the
@@ -739,7 +734,7 @@ impl BrokerState {
                 tracing::warn!(
                     gap = %humantime::format_duration(Duration::from_millis(gap.as_millis() as u64)),
                     system_clock = %crate::storage::lock::rfc3339(wall),
-                    receipt_clock = %crate::storage::lock::rfc3339(self.clock.unix_at(now)),
+                    receipt_clock = %crate::storage::lock::rfc3339(self.receipt_time(now)),
                     "the system clock is behind the broker's receipt clock (it was set back): receipt times go on from the broker's clock, never back, until the system clock passes it or the broker restarts"
                 );
             }

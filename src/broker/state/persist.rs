@@ -749,7 +749,7 @@ impl BrokerState {
                         )))
                     })
                     .map_or(now, |went| went.min(now));
-                self.unix_at(went).max(1)
+                self.receipt_time(went).max(1)
             },
             subscriptions,
             will,
@@ -772,7 +772,7 @@ impl BrokerState {
             offset: 0,
             message_id,
             topic: message.topic.to_string(),
-            timestamp: self.unix_at(message.received_at.min(now)).max(1),
+            timestamp: self.receipt_time(message.received_at.min(now)).max(1),
             user_properties: user_properties_of(p),
             payload: message.payload.clone(),
             props: publish_props_of(p).into(),
@@ -795,7 +795,7 @@ impl BrokerState {
     /// nanoseconds), on the state's clock: its age by the wall clock,
     /// counted back from `now`.
     pub(super) fn received_at(&self, timestamp: UnixNanos, now: Instant) -> Instant {
-        let age = self.unix_at(now).saturating_sub(timestamp).max(0);
+        let age = self.receipt_time(now).saturating_sub(timestamp).max(0);
         now.checked_sub(std::time::Duration::from_nanos(age as u64))
             .unwrap_or(now)
     }
@@ -818,7 +818,7 @@ impl BrokerState {
             channel: BROADCAST_LOG_NAME.to_owned(),
             client_id: client_id.to_owned(),
             packet_id,
-            held_at: self.unix_at(now).max(1),
+            held_at: self.receipt_time(now).max(1),
             record,
         }
     }

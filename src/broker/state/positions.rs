@@ -74,7 +74,7 @@ impl BrokerState {
             start.seek = Some(Seek::Offset(begin));
         }
         start.stored = Some(stored);
-        let saved_at = self.unix_at(now).max(1);
+        let saved_at = self.receipt_time(now).max(1);
         self.persist.stage(
             Role::Channel(channel),
             Write::SavePosition(Position {
@@ -91,7 +91,7 @@ impl BrokerState {
     /// one: a position of a session ending with its connection would be
     /// dropped with it.
     pub(super) fn stage_positions(&mut self, key: SessionKey, now: Instant) {
-        let saved_at = self.unix_at(now).max(1);
+        let saved_at = self.receipt_time(now).max(1);
         let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
@@ -166,7 +166,7 @@ impl BrokerState {
             // A bridge's place outlives its session (the remote went away):
             // kept, to resume from when the bridge connects again.
             (Some(reader), Some(bridge)) => {
-                let saved_at = self.unix_at(now).max(1);
+                let saved_at = self.receipt_time(now).max(1);
                 for consumer in session.consumers.iter() {
                     let offset = consumer
                         .position()

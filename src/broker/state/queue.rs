@@ -480,7 +480,7 @@ impl BrokerState {
             .filter(|d| matches!(d.step, Step::Leasing))
             .count();
         let ticket = self.reads.number();
-        let moment = self.unix_at(now);
+        let moment = self.receipt_time(now);
         let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
         queue.reading = true;
         queue.again = false;
@@ -540,8 +540,8 @@ impl BrokerState {
             let write = Write::Lease {
                 offset: record.offset,
                 holder,
-                lease_until: self.unix_at(now + lease),
-                now: self.unix_at(now),
+                lease_until: self.receipt_time(now + lease),
+                now: self.receipt_time(now),
             };
             self.queues.writes.push((
                 channel,
@@ -768,7 +768,7 @@ impl BrokerState {
         if self.persist.has_staged() {
             self.persist.seal_background();
         }
-        let moment = self.unix_at(now);
+        let moment = self.receipt_time(now);
         for (channel, mut write, parked) in std::mem::take(&mut self.queues.writes) {
             if let Write::ReleaseLease { now, .. } = &mut write {
                 *now = moment;
@@ -781,7 +781,7 @@ impl BrokerState {
     /// The instant the Unix time `at` is on the state's clock (`now` when
     /// it has passed).
     fn instant_at(&self, at: UnixNanos, now: Instant) -> Instant {
-        let ahead = at.saturating_sub(self.unix_at(now));
+        let ahead = at.saturating_sub(self.receipt_time(now));
         if ahead <= 0 {
             return now;
         }

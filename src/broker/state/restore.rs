@@ -103,7 +103,7 @@ impl BrokerState {
     /// from the provider (as writes, like any other).
     pub fn restore(&mut self, mut restored: Restored, now: Instant) -> RestoreSummary {
         let mut summary = RestoreSummary::default();
-        let unix_now = self.unix_at(now);
+        let unix_now = self.receipt_time(now);
         for record in std::mem::take(&mut restored.retained) {
             self.restore_retained(ServedValue::of(&record), now);
         }

@@ -197,7 +197,7 @@ fn state_with(limits: Limits) -> BrokerState {
         limits,
         Arc::new(Metrics::new()),
         Arc::new(AllowAll),
-        (Instant::now(), 1_700_000_000_000_000_000),
+        super::clock::ReceiptClock::new(Instant::now(), 1_700_000_000_000_000_000),
     )
 }
 
