@@ -253,14 +253,14 @@ fn allocate(path: &Path, bytes: u64, before: Option<(u64, u64)>) -> io::Result<(
     match before {
         // Its holes say it was given up, and the room may be taken back
         // later: as it was.
-        Some((len, kept)) if !cannot_hold(&failure) || kept >= len => {
+        Some((len, kept)) if !cannot_hold(&failure) => {
             let _ = punch(&file, kept, len.max(bytes));
             let _ = file.set_len(len);
         }
-        // None before, or one whose holes mean nothing on a file system
-        // that cannot hold a room (an earlier build's, or one copied
-        // there): a room given up would hold the provider to what it
-        // holds at every start, and nothing could take it back.
+        // None before, or any on a file system that cannot hold a room (an
+        // earlier build's, or one copied there): what it seems to keep is
+        // no room, and a room given up would hold the provider to what it
+        // holds with nothing to take it back.
         _ => {
             drop(file);
             let _ = std::fs::remove_file(path);
@@ -505,15 +505,15 @@ mod tests {
         room.recheck(much_later);
         assert!(!room.due(much_later), "not tried again until a restart");
 
-        // A room whole from before (a file system since moved, say) keeps
-        // its file as it was.
+        // One whole from before (a directory moved there, say) keeps
+        // nothing there either: it goes, and holds no checkpoint to it.
         PREALLOCATION_HELD_NOTHING.set(false);
         Room::at(room_path(&db), 1 << 20).take(now).unwrap();
         PREALLOCATION_HELD_NOTHING.set(true);
         let mut larger = Room::at(room_path(&db), 2 << 20);
         assert!(cannot_hold(&larger.take(now).unwrap_err()));
-        assert_eq!(len(room.path()), 1 << 20);
-        assert!(allocated(room.path()) >= 1 << 20);
+        assert_eq!(larger.kept(), 0);
+        assert!(!room.path().exists());
         assert!(!larger.due(much_later));
         PREALLOCATION_HELD_NOTHING.set(false);
     }

@@ -429,8 +429,10 @@ impl LatestChannel {
                 // The whole store was read once (a restart's, a snapshot's
                 // or an export's): the pages it left in this connection's
                 // cache would not be read again soon, and held for as long
-                // as the connection lives.
-                conn.execute_batch("PRAGMA shrink_memory")
+                // as the connection lives. Only memory: its failure does
+                // not fail a read that was whole.
+                conn.release_memory().ok();
+                Ok(())
             },
         )
     }
