@@ -354,7 +354,7 @@ impl Sweeper {
 mod tests {
     use super::*;
     use crate::storage::contract::Provider;
-    use crate::storage::memory::{MemoryConfig, MemoryProvider};
+    use crate::storage::memory::MemoryProvider;
     use saguin_format::model::{ChannelKind, Record};
 
     const SECOND: i64 = 1_000_000_000;
@@ -365,12 +365,7 @@ mod tests {
     }
 
     fn provider() -> Arc<MemoryProvider> {
-        MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .expect("a memory provider")
+        MemoryProvider::unbounded()
     }
 
     fn served(provider: &Arc<MemoryProvider>, name: &str, retention: Retention) -> ServedChannel {

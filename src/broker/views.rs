@@ -170,12 +170,7 @@ mod tests {
     use saguin_format::model::Record;
 
     fn provider() -> Arc<MemoryProvider> {
-        MemoryProvider::new(MemoryConfig {
-            name: "mem".into(),
-            max_bytes: None,
-            reserve: 0,
-        })
-        .expect("a memory provider")
+        MemoryProvider::unbounded()
     }
 
     #[test]

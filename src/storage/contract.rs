@@ -664,22 +664,68 @@ pub struct ServedValue<'a> {
 impl<'a> ServedValue<'a> {
     /// What the broker serves of `record`.
     pub fn of(record: &'a Record) -> ServedValue<'a> {
-        ServedValue {
-            offset: record.offset,
-            topic: &record.topic,
-            payload: &record.payload,
-            timestamp: record.timestamp,
-            qos: record.qos,
-            retain: record.retain,
-            props: &record.props,
-            user_properties: &record.user_properties,
-        }
+        RecordParts::from(record).into()
     }
 
     /// No publish or user properties: the value is its topic, payload
     /// and QoS.
     pub fn is_plain(&self) -> bool {
         self.user_properties.is_empty() && self.props.is_empty()
+    }
+}
+
+/// A record's parts, lent from a whole record or from what a store keeps of
+/// one: what a snapshot file is written from, with no record rebuilt.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RecordParts<'a> {
+    pub offset: u64,
+    pub message_id: &'a [u8; 16],
+    pub timestamp: UnixNanos,
+    pub qos: u8,
+    pub retain: bool,
+    pub shared_copy: bool,
+    pub topic: &'a str,
+    pub client_id: &'a str,
+    pub bridge: Option<&'a str>,
+    pub owed_to: Option<&'a str>,
+    pub user_properties: &'a [UserProperty],
+    pub props: &'a PublishProps,
+    pub payload: &'a [u8],
+}
+
+impl<'a> From<&'a Record> for RecordParts<'a> {
+    fn from(r: &'a Record) -> Self {
+        RecordParts {
+            offset: r.offset,
+            message_id: &r.message_id,
+            timestamp: r.timestamp,
+            qos: r.qos,
+            retain: r.retain,
+            shared_copy: r.shared_copy,
+            topic: &r.topic,
+            client_id: &r.client_id,
+            bridge: r.bridge.as_deref(),
+            owed_to: r.owed_to.as_deref(),
+            user_properties: &r.user_properties,
+            props: &r.props,
+            payload: &r.payload,
+        }
+    }
+}
+
+/// What the broker serves of a record's parts.
+impl<'a> From<RecordParts<'a>> for ServedValue<'a> {
+    fn from(r: RecordParts<'a>) -> Self {
+        ServedValue {
+            offset: r.offset,
+            topic: r.topic,
+            payload: r.payload,
+            timestamp: r.timestamp,
+            qos: r.qos,
+            retain: r.retain,
+            props: r.props,
+            user_properties: r.user_properties,
+        }
     }
 }
 

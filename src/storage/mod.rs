@@ -53,11 +53,6 @@ pub(crate) fn both_providers(dir: &std::path::Path) -> [std::sync::Arc<dyn contr
     let sqlite =
         sqlite::SqliteProvider::open(sqlite::SqliteOptions::new("db", dir.join("saguin.db")))
             .expect("open the sqlite provider");
-    let memory = memory::MemoryProvider::new(memory::MemoryConfig {
-        name: "mem".into(),
-        max_bytes: None,
-        reserve: 0,
-    })
-    .expect("make the memory provider");
+    let memory = memory::MemoryProvider::unbounded();
     [std::sync::Arc::new(sqlite), memory]
 }

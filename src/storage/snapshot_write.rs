@@ -868,8 +868,8 @@ mod stream {
     use saguin_format::model::{ChannelKind, UnixNanos};
 
     use super::ChannelCopy;
-    use crate::storage::contract::{HeldPublish, Position};
-    use crate::storage::memory::{LatestCopy, RecordParts};
+    use crate::storage::contract::{HeldPublish, Position, RecordParts};
+    use crate::storage::memory::LatestCopy;
 
     /// Bytes gathered before each write and checksum update.
     const CHUNK: usize = 256 * 1024;
@@ -977,8 +977,8 @@ mod stream {
             }
         }
 
-        fn record(&mut self, r: RecordParts<'_>, offset: u64) -> io::Result<()> {
-            self.u64(offset);
+        fn record(&mut self, r: RecordParts<'_>) -> io::Result<()> {
+            self.u64(r.offset);
             self.buf.extend_from_slice(r.message_id);
             self.i64(r.timestamp);
             self.u8(r.qos);
@@ -1011,7 +1011,7 @@ mod stream {
         ) -> io::Result<()> {
             self.len(count)?;
             for r in records {
-                self.record(r, r.offset)?;
+                self.record(r)?;
             }
             Ok(())
         }
@@ -1034,7 +1034,10 @@ mod stream {
                 self.u16(h.packet_id);
                 self.i64(h.held_at);
                 // A held publish takes its offset at its release.
-                self.record((&h.record).into(), 0)?;
+                self.record(RecordParts {
+                    offset: 0,
+                    ..(&h.record).into()
+                })?;
             }
             Ok(())
         }
@@ -1121,7 +1124,7 @@ mod stream {
                 e.len(0)?; // records
                 e.len(copy.items.len())?;
                 for (record, attempts, first, last) in &copy.items {
-                    e.record(record.parts(), record.offset)?;
+                    e.record(record.parts())?;
                     e.u32(*attempts);
                     e.i64(*first);
                     e.i64(*last);

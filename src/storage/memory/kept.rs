@@ -6,9 +6,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use saguin_format::model::{PublishProps, Record, UnixNanos, UserProperty};
+use saguin_format::model::{PublishProps, Record, UnixNanos};
 
-use crate::storage::contract::ServedValue;
+use crate::storage::contract::{RecordParts, ServedValue};
 
 /// What the store keeps of one value or marker: the record's fields, its
 /// topic, client id and payload in one allocation, and the parts most
@@ -158,20 +158,7 @@ impl Kept {
 
     /// What the broker serves of the record it keeps, lent from it.
     pub(crate) fn served(&self) -> ServedValue<'_> {
-        let (props, user_properties): (&PublishProps, &[UserProperty]) = match &self.rare {
-            Some(rare) => (&rare.props, &rare.user_properties),
-            None => (PublishProps::none(), &[]),
-        };
-        ServedValue {
-            offset: self.offset,
-            topic: self.topic(),
-            payload: self.payload(),
-            timestamp: self.timestamp,
-            qos: self.qos,
-            retain: self.retain,
-            props,
-            user_properties,
-        }
+        self.parts().into()
     }
 
     /// The record it keeps, whole again.
@@ -212,45 +199,6 @@ struct PayloadOf(Arc<Kept>);
 impl AsRef<[u8]> for PayloadOf {
     fn as_ref(&self) -> &[u8] {
         self.0.payload()
-    }
-}
-
-/// A record's parts, lent from a whole record or from what a store keeps of
-/// one: what a snapshot file is written from, with no record rebuilt.
-#[derive(Clone, Copy, Debug)]
-pub struct RecordParts<'a> {
-    pub offset: u64,
-    pub message_id: &'a [u8; 16],
-    pub timestamp: UnixNanos,
-    pub qos: u8,
-    pub retain: bool,
-    pub shared_copy: bool,
-    pub topic: &'a str,
-    pub client_id: &'a str,
-    pub bridge: Option<&'a str>,
-    pub owed_to: Option<&'a str>,
-    pub user_properties: &'a [UserProperty],
-    pub props: &'a PublishProps,
-    pub payload: &'a [u8],
-}
-
-impl<'a> From<&'a Record> for RecordParts<'a> {
-    fn from(r: &'a Record) -> Self {
-        RecordParts {
-            offset: r.offset,
-            message_id: &r.message_id,
-            timestamp: r.timestamp,
-            qos: r.qos,
-            retain: r.retain,
-            shared_copy: r.shared_copy,
-            topic: &r.topic,
-            client_id: &r.client_id,
-            bridge: r.bridge.as_deref(),
-            owed_to: r.owed_to.as_deref(),
-            user_properties: &r.user_properties,
-            props: &r.props,
-            payload: &r.payload,
-        }
     }
 }
 
@@ -323,12 +271,22 @@ impl From<Vec<Arc<Kept>>> for KeptRecords {
 
 impl From<Vec<Record>> for KeptRecords {
     fn from(records: Vec<Record>) -> Self {
-        KeptRecords(records.iter().map(|r| Arc::new(Kept::new(r))).collect())
+        KeptRecords(kept_all(records))
     }
+}
+
+/// Each record kept compact, each let go once its copy is made.
+pub(crate) fn kept_all<C: FromIterator<Arc<Kept>>>(records: Vec<Record>) -> C {
+    records
+        .into_iter()
+        .map(|r| Arc::new(Kept::new(&r)))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
+    use saguin_format::model::UserProperty;
+
     use super::*;
 
     /// Every field of a record comes back as it went in, and counts the
@@ -395,8 +353,8 @@ mod tests {
             assert_eq!(kept.record(), record);
             assert_eq!(Arc::new(Kept::new(&record)).record_sharing(), record);
             assert_eq!(
-                format!("{:?}", kept.parts()),
-                format!("{:?}", RecordParts::from(&record)),
+                kept.parts(),
+                RecordParts::from(&record),
                 "lent as the record lends them"
             );
             assert_eq!(kept.topic(), record.topic);

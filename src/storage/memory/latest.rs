@@ -11,12 +11,12 @@ use std::sync::{Arc, RwLock};
 use saguin_format::f21::{QueueItem, RecordList, RecordSink};
 use saguin_format::model::{Record, UnixNanos};
 
-use super::kept::{Kept, RecordParts};
+use super::kept::Kept;
 use super::positions::PositionBook;
 use super::{read, write, Shared, Version};
 use crate::storage::contract::{
-    check_record, forgets_deletion, LatestStore, OffsetStore, Position, Reader, Removed, Result,
-    ServedValue, StorageError, FIRST_OFFSET, RETAINED_STORE_NAME,
+    check_record, forgets_deletion, LatestStore, OffsetStore, Position, Reader, RecordParts,
+    Removed, Result, ServedValue, StorageError, FIRST_OFFSET, RETAINED_STORE_NAME,
 };
 use crate::topic::{filter_matches, literal_prefix};
 
@@ -198,13 +198,6 @@ impl LatestRecords {
         self.0.is_empty()
     }
 
-    /// Each record, rebuilt one at a time, in offset order.
-    pub fn iter(&self) -> impl Iterator<Item = Record> + '_ {
-        in_offset_order(self.0.iter())
-            .into_iter()
-            .map(|k| k.record())
-    }
-
     /// Each record's parts, lent, in offset order.
     pub fn parts(&self) -> impl Iterator<Item = RecordParts<'_>> {
         in_offset_order(self.0.iter())
@@ -214,7 +207,10 @@ impl LatestRecords {
 
     /// Every record, in offset order.
     pub fn to_vec(&self) -> Vec<Record> {
-        self.iter().collect()
+        in_offset_order(self.0.iter())
+            .into_iter()
+            .map(|k| k.record())
+            .collect()
     }
 
     /// Each record's parts, lent, in topic order: how the retained store's
@@ -232,7 +228,7 @@ impl LatestRecords {
 
 impl From<Vec<Record>> for LatestRecords {
     fn from(records: Vec<Record>) -> Self {
-        LatestRecords(records.iter().map(|r| Arc::new(Kept::new(r))).collect())
+        LatestRecords(super::kept::kept_all(records))
     }
 }
 
@@ -510,17 +506,6 @@ impl MemoryLatest {
 }
 
 impl MemoryLatest {
-    /// The current values (deletions left out) whose topic `keep` accepts,
-    /// ordered by offset.
-    fn live(&self, keep: impl Fn(&str) -> bool) -> Vec<Record> {
-        let st = read(&self.state);
-        st.in_offset_order()
-            .into_iter()
-            .filter(|k| !k.is_marker() && keep(k.topic()))
-            .map(|k| k.record_sharing())
-            .collect()
-    }
-
     /// Handles to the current values, ordered by offset, taken under the
     /// lock: a value is then made or lent from one without holding it.
     fn live_handles(&self) -> Vec<Arc<Kept>> {
@@ -597,7 +582,11 @@ impl LatestStore for MemoryLatest {
     }
 
     fn values(&self) -> Result<Vec<Record>> {
-        Ok(self.live(|_| true))
+        Ok(self
+            .live_handles()
+            .iter()
+            .map(Kept::record_sharing)
+            .collect())
     }
 
     /// Each value rebuilt as it is handed over, from handles taken under
@@ -893,7 +882,7 @@ mod tests {
         let order: Vec<u64> = store
             .copy_state()
             .records
-            .iter()
+            .parts()
             .map(|r| r.offset)
             .collect();
         assert_eq!(order, [3, 4, 6]);

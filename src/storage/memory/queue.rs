@@ -289,7 +289,7 @@ impl MemoryQueue {
             });
         };
         let record = dead_letter_record(
-            item.record.record(),
+            item.record.record_sharing(),
             item.attempts,
             item.first_delivered,
             item.last_delivered,

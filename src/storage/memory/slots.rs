@@ -22,8 +22,6 @@ pub(crate) trait Logged {
     fn offset(&self) -> u64;
     fn timestamp(&self) -> UnixNanos;
     fn accounted_size(&self) -> u64;
-    /// The record, whole.
-    fn to_record(&self) -> Record;
 }
 
 impl Logged for Record {
@@ -38,10 +36,6 @@ impl Logged for Record {
     fn accounted_size(&self) -> u64 {
         Record::accounted_size(self)
     }
-
-    fn to_record(&self) -> Record {
-        self.clone()
-    }
 }
 
 impl Logged for Kept {
@@ -55,10 +49,6 @@ impl Logged for Kept {
 
     fn accounted_size(&self) -> u64 {
         Kept::accounted_size(self)
-    }
-
-    fn to_record(&self) -> Record {
-        self.record()
     }
 }
 
@@ -169,15 +159,6 @@ impl<T: Logged> SlotLog<T> {
             }
         }
         self.head + live.partition_point(|s| s.offset < offset)
-    }
-
-    /// At most `max` records from `offset` on, cleared slots skipped.
-    pub fn read_from(&self, offset: u64, max: usize) -> Vec<Record> {
-        self.held_from(offset)
-            .filter_map(|s| s.record.as_deref())
-            .take(max)
-            .map(T::to_record)
-            .collect()
     }
 
     /// [`SlotLog::read_from`], the records shared rather than copied.
@@ -297,6 +278,17 @@ impl<T: Logged> SlotLog<T> {
     #[cfg(test)]
     pub fn slot_count(&self) -> usize {
         self.slots.len()
+    }
+}
+
+impl SlotLog<Record> {
+    /// At most `max` records from `offset` on, cleared slots skipped.
+    pub fn read_from(&self, offset: u64, max: usize) -> Vec<Record> {
+        self.held_from(offset)
+            .filter_map(|s| s.record.as_deref())
+            .take(max)
+            .cloned()
+            .collect()
     }
 }
 

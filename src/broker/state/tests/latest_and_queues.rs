@@ -18,13 +18,7 @@ impl MemoryChannels {
     /// Channels of `kinds` in one memory provider; a queue is followed by
     /// its dead-letter channel, as the broker serves it.
     fn open(kinds: &[(&str, ChannelKind)]) -> (MemoryChannels, Vec<RestoredChannel>) {
-        let provider =
-            crate::storage::memory::MemoryProvider::new(crate::storage::memory::MemoryConfig {
-                name: "mem".into(),
-                max_bytes: None,
-                reserve: 0,
-            })
-            .unwrap();
+        let provider = crate::storage::memory::MemoryProvider::unbounded();
         let mut stores = Vec::new();
         for (name, kind) in kinds {
             let store = provider.open_channel(name, *kind).unwrap();
