@@ -689,7 +689,12 @@ impl Shared {
     /// still grow past the file system's by one reserve, which the room it
     /// gave up leaves free. `None`: no ceiling at all.
     pub(crate) fn ceilings(&self) -> Option<PageBounds> {
-        let disk = self.disk_ceiling.load(Ordering::Acquire);
+        self.ceilings_at(self.disk_ceiling.load(Ordering::Acquire))
+    }
+
+    /// [`Self::ceilings`] with the file system's ceiling at `disk` pages
+    /// (0: none).
+    fn ceilings_at(&self, disk: u64) -> Option<PageBounds> {
         if disk == 0 {
             return self.bounds;
         }
@@ -715,10 +720,23 @@ impl Shared {
         disk != 0 && self.bounds.is_none_or(|b| disk <= b.publish_pages)
     }
 
-    /// The ceiling a write that is no relief runs under, as set on `conn`.
-    fn publish_ceiling(&self) -> u64 {
-        self.ceilings()
+    /// The ceiling a write that is no relief runs under, with the file
+    /// system's ceiling at `disk` pages (0: none).
+    fn publish_ceiling_at(&self, disk: u64) -> u64 {
+        self.ceilings_at(disk)
             .map_or(self.unbounded_pages, |c| c.publish_pages)
+    }
+
+    /// Sets the file system's ceiling to `disk` pages (0: none) on the
+    /// writer's connection, then records it: refusals at the ceiling the
+    /// connection had until then keep their cause.
+    fn set_disk_ceiling(&self, conn: &Connection, disk: u64) -> bool {
+        let set = set_max_page_count(conn, self.publish_ceiling_at(disk)).is_ok();
+        if set {
+            self.disk_ceiling.store(disk, Ordering::Release);
+        }
+        self.room_moved();
+        set
     }
 
     /// The file system is full: from now on the database holds at most the
@@ -728,15 +746,7 @@ impl Shared {
         let writer = self.writer().ok()?;
         let conn = writer.conn();
         let pages: u64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).ok()?;
-        self.disk_ceiling.store(pages.max(1), Ordering::Release);
-        let set = set_max_page_count(conn, self.publish_ceiling());
-        if set.is_err() {
-            // Not held after all: what refuses a write says why.
-            self.disk_ceiling.store(0, Ordering::Release);
-        }
-        self.room_moved();
-        set.ok()?;
-        Some(pages)
+        self.set_disk_ceiling(conn, pages.max(1)).then_some(pages)
     }
 
     /// The file system has room again: the configured ceiling (or none).
@@ -744,17 +754,7 @@ impl Shared {
         let Ok(writer) = self.writer() else {
             return false;
         };
-        // The ceiling without the file system's, lifted only once the
-        // connection has it: refusals at the old one are still no room.
-        let configured = self
-            .bounds
-            .map_or(self.unbounded_pages, |b| b.publish_pages);
-        let lifted = set_max_page_count(writer.conn(), configured).is_ok();
-        if lifted {
-            self.disk_ceiling.store(0, Ordering::Release);
-        }
-        self.room_moved();
-        lifted
+        self.set_disk_ceiling(writer.conn(), 0)
     }
 
     /// What of the checkpoint's room is allocated now.
