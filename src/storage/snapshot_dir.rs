@@ -147,11 +147,21 @@ pub enum Records<'a> {
     /// lists are empty and reading a file costs about its size in memory:
     /// what `verify` needs.
     Drop,
-    /// Every record is kept, those of the retained store's file by the
-    /// sink, as each is checked: that file's list comes back empty. What a
-    /// memory provider's load needs, so its start never holds a million
-    /// decoded records beside the store it builds from them.
-    RetainedInto(&'a mut dyn RecordSink),
+    /// Every record is handed to the sink as it is checked, which keeps it
+    /// or leaves it in the decoded file, and the sink is told as each file
+    /// of a scan is done. What a memory provider's load needs, so its start
+    /// never holds ten million decoded records beside the store it builds
+    /// from them.
+    Into(&'a mut dyn LoadSink),
+}
+
+/// A sink that keeps the records of a directory's files as a scan reads
+/// them, file by file.
+pub trait LoadSink: RecordSink {
+    /// Every record and queue item handed since the previous call came
+    /// from `file` (its name in the directory); `decoded` is false when
+    /// the file was refused, and then what it handed is no file's.
+    fn file_read(&mut self, file: &str, decoded: bool);
 }
 
 impl Records<'_> {
@@ -160,7 +170,7 @@ impl Records<'_> {
         match self {
             Records::Keep => Records::Keep,
             Records::Drop => Records::Drop,
-            Records::RetainedInto(sink) => Records::RetainedInto(&mut **sink),
+            Records::Into(sink) => Records::Into(&mut **sink),
         }
     }
 }
@@ -294,9 +304,7 @@ pub fn read_snapshot_file_with(
         (Records::Drop, Magic::F21) => {
             decode_f21_into(bytes.into(), expected, &mut Tally::default())
         }
-        (Records::RetainedInto(sink), Magic::F21) if expected == Some(FileKind::Retained) => {
-            decode_f21_into(bytes.into(), expected, sink)
-        }
+        (Records::Into(sink), Magic::F21) => decode_f21_into(bytes.into(), expected, sink),
         _ => decode_snapshot_bytes(&bytes, expected),
     }
 }
@@ -1216,6 +1224,9 @@ pub fn scan_with(
                 Ok((header, file)) => FileOutcome::Decoded { header, file },
                 Err(problem) => FileOutcome::Failed(problem),
             };
+        if let Records::Into(sink) = &mut records {
+            sink.file_read(&name, matches!(outcome, FileOutcome::Decoded { .. }));
+        }
         files.push(FileReport {
             name,
             path,

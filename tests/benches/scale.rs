@@ -10,7 +10,8 @@
 //!   the time a `#` subscriber takes to receive them all. Mosquitto with
 //!   persistence on.
 //! - `append`: one append channel grown to each size, on a memory provider
-//!   with a snapshot directory and on sqlite: startup, RSS, a consumer's
+//!   with a snapshot directory and on sqlite: startup, RSS (and the peak
+//!   its startup reached), a consumer's
 //!   seek by time (SUBSCRIBE to first record), and the retention sweep that
 //!   removes a tenth of it.
 //! - `sessions`: persistent sessions with one queued QoS 1 message each, on
@@ -567,9 +568,9 @@ fn record_topic(i: usize) -> String {
 async fn append(sizes: &[usize]) -> Result<(), Error> {
     println!("\n## One append channel (64 B records)");
     println!(
-        "| provider | records | startup | RSS | seek by time | sweep of a tenth | removed | graceful stop | fill rate |"
+        "| provider | records | startup | RSS | peak RSS in startup | seek by time | sweep of a tenth | removed | graceful stop | fill rate |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
     let mut providers = vec!["memory"];
     if baseline.is_some() {
@@ -635,6 +636,7 @@ async fn append(sizes: &[usize]) -> Result<(), Error> {
             .await?;
             let started_in = broker.started_in;
             let resident = rss(pid_of(&broker)?)?;
+            let peak = peak_rss(pid_of(&broker)?)?;
             let seek = seek_by_time(broker.addr, fill_began).await?;
             stop(broker).await?;
 
@@ -655,9 +657,10 @@ async fn append(sizes: &[usize]) -> Result<(), Error> {
                 .ok_or("no saguin_channel_records")? as usize;
             stop(broker).await?;
             println!(
-                "| {provider} | {n} | {} | {} | {} | {} | {removed} | {} | {:.0}/s |",
+                "| {provider} | {n} | {} | {} | {} | {} | {} | {removed} | {} | {:.0}/s |",
                 ms(started_in),
                 mib(resident as f64),
+                mib(peak as f64),
                 ms(seek),
                 ms(swept_in),
                 ms(stopped_in),

@@ -214,7 +214,7 @@ fn get_records<'a, S: RecordSink>(
 ) -> Result<Vec<Record>, DecodeError> {
     let n = r.count(field, MIN_RECORD)?;
     check.expect(n);
-    let mut kept = Vec::with_capacity(sink.capacity(n));
+    let mut kept = Vec::with_capacity(sink.capacity(list, n));
     for i in 0..n {
         let (rec, topic) =
             get_record_in_place(r).map_err(|e| e.within(&format_args!("{field}[{i}]")))?;
@@ -293,7 +293,7 @@ fn get_items<S: RecordSink>(
     sink: &mut S,
 ) -> Result<Vec<QueueItem>, DecodeError> {
     let n = r.count("items", MIN_ITEM)?;
-    let mut kept = Vec::with_capacity(sink.capacity(n));
+    let mut kept = Vec::with_capacity(sink.capacity(RecordList::QueueItems, n));
     for i in 0..n {
         let item = get_item(r).map_err(|e| e.within(&format_args!("items[{i}]")))?;
         check.item(&item);

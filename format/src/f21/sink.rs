@@ -21,6 +21,8 @@ pub enum RecordList {
     Retained,
     /// The broadcast log's `messages`.
     BroadcastMessages,
+    /// A queue's `items`, handed to [`RecordSink::item`].
+    QueueItems,
 }
 
 /// Receives each record and queue item of a file's record lists as it is
@@ -29,11 +31,12 @@ pub enum RecordList {
 /// the manifest are always kept: they are small and the file-level rules
 /// need them whole.
 pub trait RecordSink {
-    /// How many of `count` elements about to be decoded the sink will put
-    /// in the decoded file's list, to size it once. `count` has been
-    /// checked against the bytes left, so it is never larger than the input
-    /// can justify.
-    fn capacity(&self, count: usize) -> usize;
+    /// How many of the `count` elements of `list` about to be decoded the
+    /// sink will put in the decoded file's list, to size it once; a sink
+    /// keeping them itself may size its own store here. `count` has been
+    /// checked against the bytes left, so it is never larger than the
+    /// input can justify.
+    fn capacity(&mut self, list: RecordList, count: usize) -> usize;
 
     /// A decoded record of `list`; push it onto `kept` to keep it.
     fn record(&mut self, list: RecordList, record: Record, kept: &mut Vec<Record>);
@@ -45,8 +48,8 @@ pub trait RecordSink {
 /// A sink lent for one decode: what it receives goes to the one lent.
 impl<S: RecordSink + ?Sized> RecordSink for &mut S {
     #[inline]
-    fn capacity(&self, count: usize) -> usize {
-        (**self).capacity(count)
+    fn capacity(&mut self, list: RecordList, count: usize) -> usize {
+        (**self).capacity(list, count)
     }
 
     #[inline]
@@ -66,7 +69,7 @@ pub struct Collect;
 
 impl RecordSink for Collect {
     #[inline]
-    fn capacity(&self, count: usize) -> usize {
+    fn capacity(&mut self, _: RecordList, count: usize) -> usize {
         count
     }
 
@@ -104,7 +107,7 @@ impl Tally {
 
 impl RecordSink for Tally {
     #[inline]
-    fn capacity(&self, _: usize) -> usize {
+    fn capacity(&mut self, _: RecordList, _: usize) -> usize {
         0
     }
 

@@ -95,15 +95,15 @@ impl MemoryAppend {
         dead_letter: bool,
         next: u64,
         floor: u64,
-        records: Vec<Record>,
+        records: Vec<Arc<Kept>>,
         positions: Vec<Position>,
     ) -> MemoryAppend {
         let store = MemoryAppend::with_state(name, shared, dead_letter, next, floor);
         {
             let mut st = write(&store.state);
-            for r in records {
-                let size = r.accounted_size();
-                st.log.push(Arc::new(Kept::new(&r)), size);
+            for kept in records {
+                let size = kept.accounted_size();
+                st.log.push(kept, size);
             }
             store.shared.budget.charge_relief(st.log.bytes());
         }

@@ -8,7 +8,6 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 
-use saguin_format::f21::{QueueItem, RecordList, RecordSink};
 use saguin_format::model::{Record, UnixNanos};
 
 use super::kept::Kept;
@@ -39,9 +38,24 @@ impl LatestLoad {
         }
     }
 
+    /// A channel's values, made compact as its file was decoded, in the
+    /// file's order.
+    pub(crate) fn of_kept(values: Vec<Arc<Kept>>) -> LatestLoad {
+        let mut load = LatestLoad::with_capacity(values.len());
+        for kept in values {
+            load.push_kept(kept);
+        }
+        load
+    }
+
     /// How many values and markers it holds.
     pub(crate) fn len(&self) -> usize {
         self.values.len()
+    }
+
+    /// Room for `more` values, known before they are decoded.
+    pub(crate) fn reserve(&mut self, more: usize) {
+        self.values.reserve_exact(more);
     }
 
     /// A retained value, numbered after those before it: the retained
@@ -54,30 +68,15 @@ impl LatestLoad {
     }
 
     fn push(&mut self, record: Record) {
-        self.bytes += record.accounted_size();
-        if record.payload.is_empty() {
-            self.deletions.insert(record.offset, record.timestamp);
+        self.push_kept(Arc::new(Kept::new(&record)));
+    }
+
+    fn push_kept(&mut self, kept: Arc<Kept>) {
+        self.bytes += kept.accounted_size();
+        if kept.is_marker() {
+            self.deletions.insert(kept.offset, kept.timestamp);
         }
-        self.values.push(ByTopic(Arc::new(Kept::new(&record))));
-    }
-}
-
-/// A retained store's file decoded straight into its values.
-impl RecordSink for LatestLoad {
-    fn capacity(&self, _count: usize) -> usize {
-        // The retained file's one list is kept here, not in the file.
-        0
-    }
-
-    fn record(&mut self, list: RecordList, record: Record, kept: &mut Vec<Record>) {
-        match list {
-            RecordList::Retained => self.push_retained(record),
-            _ => kept.push(record),
-        }
-    }
-
-    fn item(&mut self, item: QueueItem, kept: &mut Vec<QueueItem>) {
-        kept.push(item);
+        self.values.push(ByTopic(kept));
     }
 }
 
@@ -287,24 +286,19 @@ impl MemoryLatest {
         shared: Arc<Shared>,
         next: u64,
         floor: u64,
-        records: Vec<Record>,
+        values: LatestLoad,
         positions: Vec<Position>,
     ) -> Result<MemoryLatest> {
         let store = MemoryLatest::new(name, shared);
-        store.fill(next, floor, records)?;
+        store.fill_loaded(next, floor, values)?;
         Ok(MemoryLatest {
             positions: PositionBook::restored(positions),
             ..store
         })
     }
 
-    /// Fills an empty store with validated stored values and charges their
-    /// bytes to the provider. Each index is built whole from its values
-    /// sorted, not a value at a time: one insertion each into the topic
-    /// index was most of a restart of a million retained messages. The
-    /// retained store's file lists them in topic order (FORMAT.md §2.6),
-    /// so its sort only finds them in order; a file written by offset,
-    /// as a channel's and older retained files are, is sorted here.
+    /// [`MemoryLatest::fill_loaded`] with the records whole.
+    #[cfg(test)]
     pub(crate) fn fill(&self, next: u64, floor: u64, records: Vec<Record>) -> Result<()> {
         let mut load = LatestLoad::with_capacity(records.len());
         for record in records {
@@ -313,7 +307,14 @@ impl MemoryLatest {
         self.fill_loaded(next, floor, load)
     }
 
-    /// [`MemoryLatest::fill`] with values already made from their records.
+    /// Fills an empty store with validated stored values, made compact as
+    /// they were decoded, and charges their bytes to the provider. Each
+    /// index is built whole from its values sorted, not a value at a time:
+    /// one insertion each into the topic index was most of a restart of a
+    /// million retained messages. The retained store's file lists them in
+    /// topic order (FORMAT.md §2.6), so its sort only finds them in order;
+    /// a file written by offset, as a channel's and older retained files
+    /// are, is sorted here.
     pub(crate) fn fill_loaded(&self, next: u64, floor: u64, load: LatestLoad) -> Result<()> {
         let mut st = write(&self.state);
         if !st.values.is_empty() {

@@ -26,6 +26,16 @@ struct Holding {
     lease_until: UnixNanos,
 }
 
+/// A queue item as a start decodes it: its record made compact, and what
+/// its file says of its deliveries.
+#[derive(Debug)]
+pub(crate) struct RestoredItem {
+    pub(crate) record: Arc<Kept>,
+    pub(crate) attempts: u32,
+    pub(crate) first_delivered: UnixNanos,
+    pub(crate) last_delivered: UnixNanos,
+}
+
 #[derive(Clone, Debug)]
 struct Item {
     /// Kept compact, as an append channel's records are: a queue's
@@ -125,7 +135,7 @@ impl MemoryQueue {
         dead_letter: Arc<MemoryAppend>,
         next: u64,
         floor: u64,
-        items: Vec<QueueItem>,
+        items: Vec<RestoredItem>,
     ) -> MemoryQueue {
         let q = MemoryQueue::new(name, shared, dead_letter);
         {
@@ -137,7 +147,7 @@ impl MemoryQueue {
                 st.items.insert(
                     it.record.offset,
                     Item {
-                        record: Arc::new(Kept::new(&it.record)),
+                        record: it.record,
                         attempts: it.attempts,
                         first_delivered: it.first_delivered,
                         last_delivered: it.last_delivered,
