@@ -13,9 +13,13 @@ use std::time::Instant;
 /// it up punches holes in its file and keeps the file's length, so a file
 /// with holes is a room given up, in part or whole, and not taken back
 /// since - the state survives a restart, whatever the configuration says
-/// now. A whole file shorter than the room (a larger room configured since)
-/// is one to grow, not one given up. No file is a room never taken (or one
-/// that never fitted).
+/// now. A file system that cannot punch holes (vfat, exfat) has the file
+/// cut instead: a file of no length is a room given up whole, and one cut
+/// in part reads after a restart as a smaller room still kept, which is
+/// what it is. A whole file shorter than the room (a larger room configured
+/// since) is one to grow, not one given up; a longer one (a smaller room
+/// configured since) is cut to the room as it is read. No file is a room
+/// never taken (or one that never fitted).
 #[derive(Debug)]
 pub(crate) struct Room {
     path: PathBuf,
@@ -55,8 +59,17 @@ pub(crate) fn allocated_bytes(path: &Path) -> u64 {
 }
 
 impl Room {
-    /// The room of `bytes` in the file `path`, as it stands.
+    /// The room of `bytes` in the file `path`, as it stands: a file a
+    /// larger room left is cut to this one, what it held beyond given back.
     pub fn at(path: PathBuf, bytes: u64) -> Room {
+        if file_state(&path).is_some_and(|(len, _)| len > bytes) {
+            // Failing, the rest stays allocated beside a room read whole:
+            // room to spare, nothing lost.
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|file| file.set_len(bytes));
+        }
         let mut room = Room {
             path,
             bytes,
@@ -83,7 +96,10 @@ impl Room {
     /// by hand is then a room to take again.
     pub fn refresh(&mut self) {
         (self.kept, self.given_up) = match file_state(&self.path) {
-            Some((len, allocated)) => (len.min(allocated).min(self.bytes), allocated < len),
+            Some((len, allocated)) => (
+                len.min(allocated).min(self.bytes),
+                allocated < len || len == 0,
+            ),
             None => (0, false),
         };
     }
@@ -184,7 +200,9 @@ impl Room {
 }
 
 /// Frees the blocks of `file` from `from` to `to`, keeping its length; a
-/// file system that cannot punch holes has the file cut at `from` instead.
+/// file system that cannot punch holes (or not now: one writing its
+/// copies elsewhere may need room to punch them) has the file cut at
+/// `from` instead.
 fn punch(file: &std::fs::File, from: u64, to: u64) -> io::Result<()> {
     if to <= from {
         return Ok(());
@@ -198,6 +216,20 @@ fn punch(file: &std::fs::File, from: u64, to: u64) -> io::Result<()> {
             "room larger than a file",
         ));
     };
+    #[cfg(test)]
+    let punched = if tests::PUNCHING_HOLES_UNSUPPORTED.get() {
+        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+    } else {
+        punch_hole(file, offset, length)
+    };
+    #[cfg(not(test))]
+    let punched = punch_hole(file, offset, length);
+    // What was punched is given back either way; cut, the room is given
+    // back all the same, and a failed cut leaves the punch's reason.
+    punched.or_else(|e| file.set_len(from).map_err(|_| e))
+}
+
+fn punch_hole(file: &std::fs::File, offset: libc::off_t, length: libc::off_t) -> io::Result<()> {
     // SAFETY: `file` is an open descriptor for the whole call; fallocate
     // touches no memory of ours.
     let punched = unsafe {
@@ -209,13 +241,10 @@ fn punch(file: &std::fs::File, from: u64, to: u64) -> io::Result<()> {
         )
     };
     if punched == 0 {
-        return Ok(());
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-        return file.set_len(from);
-    }
-    Err(e)
 }
 
 /// Allocates `bytes` of `path` on its file system, creating the file. The
@@ -313,10 +342,22 @@ pub(crate) fn available_bytes(dir: &Path) -> Option<u64> {
     }
     // SAFETY: statvfs returned 0, so it filled `stat`.
     let stat = unsafe { stat.assume_init() };
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let root = unsafe { libc::geteuid() } == 0;
+    Some(free_for(&stat, root))
+}
+
+/// What a file system's `stat` leaves free for a process, `root` or not.
+/// Root may write into the blocks the file system keeps back from others
+/// (ext4 keeps 5% by default), and fills the disk only when those are
+/// gone too: a broker run as root that counted only the others' would
+/// not take its room back until as much again was freed (50 GB on a disk
+/// of a terabyte).
+fn free_for(stat: &libc::statvfs, root: bool) -> u64 {
+    let blocks = if root { stat.f_bfree } else { stat.f_bavail };
     // 32 bits wide on 32-bit targets (an ARM board's), 64 here.
     #[allow(clippy::useless_conversion)]
-    let bytes = u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize));
-    Some(bytes)
+    u64::from(blocks).saturating_mul(u64::from(stat.f_frsize))
 }
 
 #[cfg(test)]
@@ -329,6 +370,8 @@ mod tests {
         /// This thread's allocations behave as on a file system that keeps
         /// zeros compressed: they succeed and hold no block.
         pub(super) static PREALLOCATION_HELD_NOTHING: Cell<bool> = const { Cell::new(false) };
+        /// This thread's holes cannot be punched, as on vfat or exfat.
+        pub(super) static PUNCHING_HOLES_UNSUPPORTED: Cell<bool> = const { Cell::new(false) };
     }
 
     /// Where a database `db`'s room would be.
@@ -424,12 +467,51 @@ mod tests {
         Room::at(room_path(&db), 2 << 20)
             .take(Instant::now())
             .unwrap();
-        let mut room = Room::at(room_path(&db), 1 << 20);
+        let room = Room::at(room_path(&db), 1 << 20);
         assert!(room.is_whole() && !room.is_given_up());
-        // Cut when next taken; whole meanwhile.
-        room.take(Instant::now()).unwrap();
+        assert!(!room.due(Instant::now()));
+        // Cut as it is read, not when next taken: a whole room is not.
         assert_eq!(len(room.path()), 1 << 20);
         assert!(allocated(room.path()) < 2 << 20, "the rest given back");
+    }
+
+    /// On a file system that cannot punch holes the room is cut: in part,
+    /// it reads after a restart as the smaller room it still is; whole,
+    /// its file of no length reads as a room given up, so a restart before
+    /// it is taken back opens held as it would with holes.
+    #[test]
+    fn a_room_cut_where_holes_cannot_be_punched_reads_as_what_it_keeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("saguin.db");
+        let mut room = Room::at(room_path(&db), 1 << 20);
+        let now = Instant::now();
+        room.take(now).unwrap();
+        PUNCHING_HOLES_UNSUPPORTED.set(true);
+        assert_eq!(room.give(256 << 10).unwrap(), 256 << 10);
+        assert!(room.is_given_up() && room.kept() == 768 << 10);
+        assert_eq!(len(room.path()), 768 << 10, "cut, not punched");
+        let reopened = Room::at(room_path(&db), 1 << 20);
+        assert_eq!(reopened.kept(), 768 << 10);
+        assert!(!reopened.is_given_up() && reopened.due(now));
+
+        assert_eq!(room.give(u64::MAX).unwrap(), 768 << 10);
+        PUNCHING_HOLES_UNSUPPORTED.set(false);
+        assert_eq!(len(room.path()), 0);
+        let reopened = Room::at(room_path(&db), 1 << 20);
+        assert!(reopened.is_given_up() && reopened.kept() == 0);
+        room.take(now).unwrap();
+        assert!(!Room::at(room_path(&db), 1 << 20).is_given_up());
+    }
+
+    #[test]
+    fn root_counts_the_blocks_kept_back_from_others_as_free() {
+        // SAFETY: statvfs is plain integers; all zeros is a valid value.
+        let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+        stat.f_frsize = 4096;
+        stat.f_bfree = 1000;
+        stat.f_bavail = 950;
+        assert_eq!(free_for(&stat, true), 1000 * 4096);
+        assert_eq!(free_for(&stat, false), 950 * 4096);
     }
 
     #[test]
