@@ -1004,6 +1004,155 @@ fn the_room_takes_a_log_that_filled(volume: Volume) {
     sqlite_verify(&db);
 }
 
+/// Another process's reader, in a read transaction, as a backup's is:
+/// the write-ahead log's frames after it began cannot be copied into the
+/// database while it lasts.
+fn log_reader(db: &Path) -> rusqlite::Connection {
+    let reader =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let _: i64 = reader
+        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+        .unwrap();
+    reader
+}
+
+/// What the write-ahead log adds beyond the database's file: what the
+/// checkpoint after a reader grows it by.
+fn log_beyond_database(db: &Path) -> u64 {
+    let probe =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let pages: u64 = probe
+        .query_row("PRAGMA page_count", [], |r| r.get(0))
+        .unwrap();
+    let page_size: u64 = probe
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap();
+    (pages * page_size).saturating_sub(std::fs::metadata(db).unwrap().len())
+}
+
+/// A reader of another process keeps the write-ahead log from being
+/// copied into the database: the checkpoint's room grows with what the
+/// log adds beyond the database's file, so the checkpoint after the reader
+/// fits into it however full the file system is by then, and publishes go
+/// on while the file system has the room free. Once the log is copied the
+/// room is cut back. Everything acknowledged is stored.
+#[test]
+fn a_reader_that_keeps_the_log_from_being_copied_grows_the_room_with_it() {
+    const ROOM: u64 = 8 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("saguin.db");
+    let provider = open_with_room(&db, ROOM);
+    let store = append_store(&provider, "telemetry");
+    wait_for_room_of(&provider, "the room taken", |p| {
+        p.checkpoint_room_held() == ROOM
+    });
+    let reader = log_reader(&db);
+
+    // Past a quarter of the room (1,536 records of 2 KiB, a page each),
+    // the next checkpoint, which the reader keeps from copying them,
+    // grows it.
+    let (mut kept, refused) = append_until_refused(&store, 0, 1536);
+    assert!(refused.is_none(), "{refused:?}");
+    assert!(log_beyond_database(&db) > ROOM / 4);
+    wait_for_room_of(&provider, "the room grown", |p| {
+        p.held_to_log().is_some() && p.checkpoint_room_held() >= log_beyond_database(&db) + ROOM
+    });
+    // Twice the configured room more, half of it between two turns of the
+    // flusher: the room keeps growing ahead of it.
+    for first in [10_000, 20_000, 30_000, 40_000] {
+        let (more, refused) = append_until_refused(&store, first, 1024);
+        assert!(refused.is_none(), "{refused:?}");
+        kept.extend(&more);
+        wait_for_room_of(&provider, "the room ahead of the log", |p| {
+            p.checkpoint_room_held() >= log_beyond_database(&db) + ROOM
+        });
+    }
+    assert_eq!(provider.held_to_disk(), None, "the file system is not full");
+
+    // The reader ends: the log is copied, the room cut back, the provider
+    // let go.
+    drop(reader);
+    wait_for_room_of(&provider, "let go", |p| {
+        p.held_to_log().is_none() && p.checkpoint_room_held() == ROOM
+    });
+    assert_eq!(
+        std::fs::metadata(dir.path().join("saguin.db-room"))
+            .unwrap()
+            .len(),
+        ROOM,
+        "cut back to the configured room"
+    );
+    let (after, refused) = append_until_refused(&store, 50_000, 100);
+    assert!(refused.is_none(), "{refused:?}");
+    kept.extend(&after);
+    provider.close().unwrap();
+    drop(store);
+    let want: Vec<u32> = kept.iter().map(|(i, _)| *i).collect();
+    assert_eq!(stored(&db, "telemetry"), want);
+    sqlite_verify(&db);
+}
+
+/// On a file system too small for the room to keep growing, the provider
+/// is held to what the room covers: publishes beyond are refused for want
+/// of room (0x83), and the checkpoint after the reader is copied into the
+/// room even with the file system full, where without it the log could
+/// never be copied again. Everything acknowledged is stored.
+#[test]
+fn a_reader_that_keeps_the_log_from_being_copied_holds_the_provider_to_its_room() {
+    let test = "a_reader_that_keeps_the_log_from_being_copied_holds_the_provider_to_its_room";
+    // Room for the log's own frames: each append writes three or four.
+    let Some(volume) = Volume::tmpfs(test, "64m") else {
+        return;
+    };
+    use saguin::storage::contract::FaultKind;
+    const ROOM: u64 = 8 << 20;
+    let db = volume.path.join("saguin.db");
+    let provider = open_with_room(&db, ROOM);
+    let store = append_store(&provider, "telemetry");
+    wait_for_room_of(&provider, "the room taken", |p| {
+        p.checkpoint_room_held() == ROOM
+    });
+    let reader = log_reader(&db);
+    let (mut kept, refused) = append_until_refused(&store, 0, 1536);
+    assert!(refused.is_none(), "{refused:?}");
+    wait_for_room_of(&provider, "held to the room", |p| p.held_to_log().is_some());
+
+    // Something else takes the rest of the file system: the room cannot
+    // grow, and publishes are refused where it no longer covers them (or
+    // where the log finds the file system full).
+    let ballast = fill_leaving(&volume, 1 << 20);
+    let (more, refused) = append_until_refused(&store, 10_000, 20_000);
+    let refused = refused.expect("the provider grew past its room on a full file system");
+    assert_eq!(refused.kind(), FaultKind::NoSpace, "{refused}");
+    kept.extend(&more);
+    let beyond = log_beyond_database(&db);
+    assert!(
+        beyond <= provider.checkpoint_room_held(),
+        "the log adds {beyond} B beyond the database, more than the room"
+    );
+
+    // The reader ends with the file system full: the log is copied into
+    // the room, and removals go on.
+    drop(reader);
+    wait_for_room_of(&provider, "the log copied", |p| p.held_to_log().is_none());
+    let removed = store.trim(store.next() - 100, None).unwrap();
+    assert!(removed.records > 0);
+    let trimmed_below = store.floor();
+    provider.close().unwrap();
+    drop(store);
+    std::fs::remove_file(&ballast).unwrap();
+    let want: Vec<u32> = kept
+        .iter()
+        .filter(|(_, offset)| *offset >= trimmed_below)
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(stored(&db, "telemetry"), want);
+    sqlite_verify(&db);
+}
+
 /// The broker's `saguin_provider_checkpoint_room_bytes` for `db`.
 fn room_bytes(broker: &Broker) -> u64 {
     let sample = "saguin_provider_checkpoint_room_bytes{provider=\"db\"}";

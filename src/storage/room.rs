@@ -167,6 +167,39 @@ impl Room {
         }
     }
 
+    /// Grows a whole room to `bytes`, allocated in full, as [`Room::take`]
+    /// takes it; on a failure it is the room it was.
+    pub fn grow(&mut self, bytes: u64, retry_at: Instant) -> io::Result<()> {
+        if bytes <= self.bytes {
+            return Ok(());
+        }
+        let was = std::mem::replace(&mut self.bytes, bytes);
+        let grown = self.take(retry_at);
+        if grown.is_err() {
+            self.bytes = was;
+            self.refresh();
+        }
+        grown
+    }
+
+    /// Cuts a room grown past `bytes` back to it: what it held beyond is
+    /// given back to the file system, and the room is whole at `bytes` if
+    /// it was.
+    pub fn shrink(&mut self, bytes: u64) -> io::Result<()> {
+        if bytes >= self.bytes {
+            return Ok(());
+        }
+        let cut = match std::fs::OpenOptions::new().write(true).open(&self.path) {
+            Ok(file) if file.metadata()?.len() > bytes => file.set_len(bytes),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        };
+        self.bytes = bytes;
+        self.refresh();
+        cut
+    }
+
     /// Whether a failure to take it is the first since it was last taken
     /// (or given up): the one to say. Marks it said.
     pub fn first_failure(&mut self) -> bool {
@@ -501,6 +534,27 @@ mod tests {
         assert!(reopened.is_given_up() && reopened.kept() == 0);
         room.take(now).unwrap();
         assert!(!Room::at(room_path(&db), 1 << 20).is_given_up());
+    }
+
+    /// A whole room grows, allocated in full, and is cut back; a growth
+    /// the file system cannot hold leaves the room it was.
+    #[test]
+    fn a_room_grows_and_is_cut_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("saguin.db");
+        let mut room = Room::at(room_path(&db), 1 << 20);
+        let now = Instant::now();
+        room.take(now).unwrap();
+        room.grow(3 << 20, now).unwrap();
+        assert!(room.is_whole() && room.kept() == 3 << 20);
+        assert!(allocated(room.path()) >= 3 << 20);
+        assert!(room.grow(u64::MAX / 2, now).is_err());
+        assert!(room.is_whole() && room.kept() == 3 << 20 && !room.is_given_up());
+        assert_eq!(len(room.path()), 3 << 20);
+        room.shrink(1 << 20).unwrap();
+        assert!(room.is_whole() && room.kept() == 1 << 20);
+        assert_eq!(len(room.path()), 1 << 20);
+        assert!(allocated(room.path()) < 3 << 20, "the rest given back");
     }
 
     #[test]

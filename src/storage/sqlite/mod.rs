@@ -306,6 +306,10 @@ pub(crate) struct Shared {
     /// what the database held when a checkpoint found no room. Kept
     /// until the checkpoint's room is taken back ([`room`]).
     disk_ceiling: AtomicU64,
+    /// The ceiling, in pages, while the write-ahead log cannot be copied
+    /// into the database (0: none): the database's file and what the
+    /// checkpoint's room covers beyond it ([`room`]).
+    log_ceiling: AtomicU64,
     /// SQLite's own `max_page_count`, read at open: the ceiling of a
     /// provider without `max_bytes` once the file system's is lifted.
     unbounded_pages: u64,
@@ -422,6 +426,14 @@ fn run_bounded<T>(
     }
     conn.prepare_cached(end)?.execute([])?;
     Ok(out)
+}
+
+/// The lower of two page ceilings, 0 being none.
+fn lower_ceiling(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, c) | (c, 0) => c,
+        (a, b) => a.min(b),
+    }
 }
 
 fn set_max_page_count(conn: &Connection, pages: u64) -> rusqlite::Result<()> {
@@ -693,8 +705,15 @@ impl Shared {
     }
 
     /// [`Self::ceilings`] with the file system's ceiling at `disk` pages
-    /// (0: none).
+    /// (0: none), the log's as it stands.
     fn ceilings_at(&self, disk: u64) -> Option<PageBounds> {
+        self.ceilings_with(disk, self.log_ceiling.load(Ordering::Acquire))
+    }
+
+    /// [`Self::ceilings`] with the file system's ceiling at `disk` pages
+    /// and the log's at `log` (0: none), the lower of them binding.
+    fn ceilings_with(&self, disk: u64, log: u64) -> Option<PageBounds> {
+        let disk = lower_ceiling(disk, log);
         if disk == 0 {
             return self.bounds;
         }
@@ -716,14 +735,21 @@ impl Shared {
     /// Whether the file system's ceiling is the lower one, so that a write
     /// refused at the ceiling was refused for want of room.
     fn disk_ceiling_binds(&self) -> bool {
-        let disk = self.disk_ceiling.load(Ordering::Acquire);
+        let disk = lower_ceiling(
+            self.disk_ceiling.load(Ordering::Acquire),
+            self.log_ceiling.load(Ordering::Acquire),
+        );
         disk != 0 && self.bounds.is_none_or(|b| disk <= b.publish_pages)
     }
 
     /// The ceiling a write that is no relief runs under, with the file
     /// system's ceiling at `disk` pages (0: none).
     fn publish_ceiling_at(&self, disk: u64) -> u64 {
-        self.ceilings_at(disk)
+        self.publish_ceiling_with(disk, self.log_ceiling.load(Ordering::Acquire))
+    }
+
+    fn publish_ceiling_with(&self, disk: u64, log: u64) -> u64 {
+        self.ceilings_with(disk, log)
             .map_or(self.unbounded_pages, |c| c.publish_pages)
     }
 
@@ -734,6 +760,22 @@ impl Shared {
         let set = set_max_page_count(conn, self.publish_ceiling_at(disk)).is_ok();
         if set {
             self.disk_ceiling.store(disk, Ordering::Release);
+        }
+        self.room_moved();
+        set
+    }
+
+    /// Sets the log's ceiling to `log` pages (0: none) on the writer's
+    /// connection, then records it, as [`Self::set_disk_ceiling`] does.
+    fn set_log_ceiling(&self, log: u64) -> bool {
+        let Ok(writer) = self.writer() else {
+            return false;
+        };
+        let disk = self.disk_ceiling.load(Ordering::Acquire);
+        let publish = self.publish_ceiling_with(disk, log);
+        let set = set_max_page_count(writer.conn(), publish).is_ok();
+        if set {
+            self.log_ceiling.store(log, Ordering::Release);
         }
         self.room_moved();
         set
@@ -1276,6 +1318,7 @@ impl Flusher {
             checkpoint_found_no_room: false,
             room: room_file
                 .map(|file| crate::storage::room::Room::at(file, shared.options.checkpoint_room)),
+            room_short: false,
             faults: shared.faults.clone(),
         };
         // A room a previous run left whole is held from the start: no try
@@ -1339,6 +1382,9 @@ struct FlushLoop {
     checkpoint_found_no_room: bool,
     /// The checkpoint's room, unless the configuration keeps none.
     room: Option<crate::storage::room::Room>,
+    /// The room could not grow with what the log adds while a reader
+    /// kept it from being copied, which was said ([`FlushLoop::hold_to_room`]).
+    room_short: bool,
     /// The provider's planned failures, asked before each fsync of the log.
     faults: Option<Arc<vfs::Faults>>,
 }
@@ -1417,7 +1463,14 @@ impl FlushLoop {
     /// one publisher on this machine), so a second's wait is that much
     /// more disk taken.
     fn checkpoint(&mut self, commits: u64) {
-        if commits == self.checkpointed
+        // Held to the room, the log is copied again with nothing committed
+        // (publishes refused): what lets go is the checkpoint after the
+        // reader that kept it.
+        let held_to_room = self
+            .shared
+            .upgrade()
+            .is_some_and(|s| s.log_ceiling.load(Ordering::Acquire) != 0);
+        if (commits == self.checkpointed && !held_to_room)
             || (self.last_checkpoint.elapsed() < CHECKPOINT_EVERY && !self.log_past_bound())
             || self.provider_failed()
         {
@@ -1439,11 +1492,12 @@ impl FlushLoop {
                 _ => break,
             }
         }
-        if let Some(c) = done {
+        if let Some(c) = &done {
             if c.log >= self.restart_frames && c.log - c.copied <= WRITER_CHECKPOINT_FRAMES {
                 self.restart_log();
             }
         }
+        self.hold_to_room(done.as_ref());
     }
 
     /// Whether the log's file has grown past [`WAL_RESTART_BYTES`]. The
@@ -1874,6 +1928,7 @@ impl SqliteProvider {
             counters,
             bounds,
             disk_ceiling: AtomicU64::new(0),
+            log_ceiling: AtomicU64::new(0),
             unbounded_pages,
             room_held: AtomicU64::new(0),
             room_moves: Mutex::new(0),
@@ -2052,6 +2107,15 @@ impl SqliteProvider {
     /// The most the provider holds while the file system is full (the
     /// pages it held when a checkpoint found no room), in bytes; `None`
     /// while it may grow to its configured bound.
+    /// What the provider keeps at most while the write-ahead log cannot
+    /// be copied into the database, in bytes (`None`: no such ceiling).
+    pub fn held_to_log(&self) -> Option<u64> {
+        match self.shared.log_ceiling.load(Ordering::Acquire) {
+            0 => None,
+            pages => Some(pages * self.shared.page_size),
+        }
+    }
+
     pub fn held_to_disk(&self) -> Option<u64> {
         match self.shared.disk_ceiling.load(Ordering::Acquire) {
             0 => None,

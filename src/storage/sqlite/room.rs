@@ -14,7 +14,10 @@
 //! ceiling lowered to them, `Shared::disk_ceiling`), so no later
 //! checkpoint needs the file to grow, and removals make the room that
 //! publishes take again; the room is taken back, and the ceiling lifted,
-//! once the file system has that much free.
+//! once the file system has that much free. While another process's
+//! reader keeps the log from being copied, the room grows with what the
+//! log adds beyond the database, and the provider keeps at most what it
+//! covers ([`super::FlushLoop::hold_to_room`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -175,6 +178,84 @@ impl super::FlushLoop {
                 "the checkpoint's room was not enough to copy the write-ahead log; writes are refused until room is made beside the provider"),
         }
         done
+    }
+
+    /// Keeps the room ahead of what the write-ahead log adds beyond the
+    /// database's file while the log is not being copied into it, and holds
+    /// the provider to what the room covers. A reader of another process (a
+    /// backup reading for minutes, a shell left in a transaction) keeps the
+    /// log's frames from being copied, so what the log adds beyond the
+    /// database's end grows for as long as it reads; the checkpoint after
+    /// the reader grows the file by all of it, and should the file system
+    /// be full by then, only the room is sure to be there. So once a
+    /// checkpoint (`last`) left frames behind and what the log adds passes
+    /// a quarter of the configured room, the room grows to what the log
+    /// adds and the configured room beyond it, at every turn while the file
+    /// system has that much free, and the provider keeps at most what the
+    /// room covers: publishes are refused (0x83) only where the room could
+    /// not grow. Once what the log adds is under an eighth of the
+    /// configured room, the room is cut back to it and the provider let
+    /// go. Not while the room is not whole: the file system's ceiling
+    /// governs then.
+    pub(super) fn hold_to_room(&mut self, last: Option<&super::Checkpointed>) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let configured = shared.options.checkpoint_room;
+        let held = shared.log_ceiling.load(Ordering::Acquire) != 0;
+        let whole = self.room.as_ref().is_some_and(Room::is_whole)
+            && shared.disk_ceiling.load(Ordering::Acquire) == 0;
+        if !whole {
+            if held {
+                shared.set_log_ceiling(0);
+            }
+            return;
+        }
+        let beyond = self.log_beyond_database(&shared);
+        let left_behind = last.is_some_and(|c| c.copied < c.log);
+        let Some(room) = self.room.as_mut() else {
+            return;
+        };
+        if left_behind && beyond > configured / 4 {
+            let grown = room.grow(
+                beyond + configured,
+                Instant::now() + super::CHECKPOINT_EVERY,
+            );
+            let file = std::fs::metadata(&shared.path).map_or(0, |m| m.len());
+            let pages =
+                ((file + room.kept().saturating_sub(GIVEN_BEYOND_NEED)) / shared.page_size).max(1);
+            if pages != shared.log_ceiling.load(Ordering::Acquire) {
+                shared.set_log_ceiling(pages);
+            }
+            // Said once the ceiling it sets holds.
+            shared.set_room_held(room.kept());
+            if !held {
+                tracing::info!(provider = %self.name, file = %shared.path.display(),
+                    log_beyond_database_bytes = beyond, room_bytes = room.kept(),
+                    "the write-ahead log is not being copied into the database (another process is reading it: a backup, a shell in a transaction): the checkpoint's room grows with what the log adds, and the provider keeps at most what the room covers, until the log is copied again");
+            }
+            if let Err(e) = grown {
+                if !self.room_short {
+                    self.room_short = true;
+                    tracing::warn!(provider = %self.name, file = %room.path().display(), error = %e,
+                        log_beyond_database_bytes = beyond, room_bytes = room.kept(),
+                        holds_at_most_bytes = pages * shared.page_size,
+                        "the checkpoint's room cannot grow with what the write-ahead log adds while another process reads it: publishes beyond what the room covers are refused (0x83) until the log is copied again");
+                }
+            }
+        } else if beyond < configured / 8 && (held || room.bytes() > configured) {
+            if let Err(e) = room.shrink(configured) {
+                tracing::warn!(provider = %self.name, file = %room.path().display(), error = %e,
+                    "cutting the checkpoint's room back to its configured size failed; it keeps more than configured until the next start");
+            }
+            shared.set_room_held(room.kept());
+            self.room_short = false;
+            if held && shared.set_log_ceiling(0) {
+                tracing::info!(provider = %self.name, log_beyond_database_bytes = beyond,
+                    room_bytes = room.kept(),
+                    "the write-ahead log is copied into the database again: the checkpoint's room is back to its configured size, and the provider's ceiling to its configuration");
+            }
+        }
     }
 
     /// What a checkpoint has to grow the database's file by: the pages
