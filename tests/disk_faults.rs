@@ -1138,6 +1138,13 @@ fn a_reader_that_keeps_the_log_from_being_copied_holds_the_provider_to_its_room(
     // the room, and removals go on.
     drop(reader);
     wait_for_room_of(&provider, "the log copied", |p| p.held_to_log().is_none());
+    assert_eq!(
+        std::fs::metadata(volume.path.join("saguin.db-room"))
+            .unwrap()
+            .len(),
+        ROOM,
+        "the grown room cut back to the configured one"
+    );
     let removed = store.trim(store.next() - 100, None).unwrap();
     assert!(removed.records > 0);
     let trimmed_below = store.floor();

@@ -16,10 +16,13 @@ use std::time::Instant;
 /// now. A file system that cannot punch holes (vfat, exfat) has the file
 /// cut instead: a file of no length is a room given up whole, and one cut
 /// in part reads after a restart as a smaller room still kept, which is
-/// what it is. A whole file shorter than the room (a larger room configured
-/// since) is one to grow, not one given up; a longer one (a smaller room
-/// configured since) is cut to the room as it is read. No file is a room
-/// never taken (or one that never fitted).
+/// what it is (a crash while a room is first allocated leaves such a file
+/// too: the next start is held until the room fits, the safe side). A
+/// whole file shorter than the room (a larger room configured since) is
+/// one to grow, not one given up; a longer one (a smaller room configured
+/// since, or a room grown and not cut back) is cut to the room when its
+/// provider first looks again ([`Room::recheck`]). No file is a room never
+/// taken (or one that never fitted).
 #[derive(Debug)]
 pub(crate) struct Room {
     path: PathBuf,
@@ -59,17 +62,8 @@ pub(crate) fn allocated_bytes(path: &Path) -> u64 {
 }
 
 impl Room {
-    /// The room of `bytes` in the file `path`, as it stands: a file a
-    /// larger room left is cut to this one, what it held beyond given back.
+    /// The room of `bytes` in the file `path`, as it stands.
     pub fn at(path: PathBuf, bytes: u64) -> Room {
-        if file_state(&path).is_some_and(|(len, _)| len > bytes) {
-            // Failing, the rest stays allocated beside a room read whole:
-            // room to spare, nothing lost.
-            let _ = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .and_then(|file| file.set_len(bytes));
-        }
         let mut room = Room {
             path,
             bytes,
@@ -84,10 +78,22 @@ impl Room {
         room
     }
 
-    /// While whole, reads its file again at most every ten seconds.
+    /// While whole, reads its file again at most every ten seconds (the
+    /// first time at once): a file a larger room left is cut to this one,
+    /// what it held beyond given back. Called by its provider's writer
+    /// only, which holds the provider's lock: a second broker started on
+    /// the same files cuts nothing of the first one's room.
     pub fn recheck(&mut self, now: Instant) {
         if self.is_whole() && self.checked_at.is_none_or(|at| now >= at + RECHECK_EVERY) {
             self.checked_at = Some(now);
+            if file_state(&self.path).is_some_and(|(len, _)| len > self.bytes) {
+                // Failing, the rest stays allocated beside a room read
+                // whole: room to spare, nothing lost.
+                let _ = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&self.path)
+                    .and_then(|file| file.set_len(self.bytes));
+            }
             self.refresh();
         }
     }
@@ -375,9 +381,24 @@ pub(crate) fn available_bytes(dir: &Path) -> Option<u64> {
     }
     // SAFETY: statvfs returned 0, so it filled `stat`.
     let stat = unsafe { stat.assume_init() };
+    Some(free_for(&stat, *ROOT.get_or_init(is_root)))
+}
+
+static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Whether this process is root outside any user namespace: the root
+/// whose writes a file system's blocks kept back for root take. Root in a
+/// user namespace of its own (a rootless container) is not.
+fn is_root() -> bool {
     // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() } == 0;
-    Some(free_for(&stat, root))
+    let euid = unsafe { libc::geteuid() };
+    euid == 0
+        && std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|map| {
+            map.lines().any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.first() == Some(&"0") && fields.get(1) == Some(&"0")
+            })
+        })
 }
 
 /// What a file system's `stat` leaves free for a process, `root` or not.
@@ -385,12 +406,23 @@ pub(crate) fn available_bytes(dir: &Path) -> Option<u64> {
 /// (ext4 keeps 5% by default), and fills the disk only when those are
 /// gone too: a broker run as root that counted only the others' would
 /// not take its room back until as much again was freed (50 GB on a disk
-/// of a terabyte).
+/// of a terabyte). Of what is free, ext4 keeps back from root too the
+/// least of 2% and 4,096 blocks, for its own use: never counted.
 fn free_for(stat: &libc::statvfs, root: bool) -> u64 {
-    let blocks = if root { stat.f_bfree } else { stat.f_bavail };
     // 32 bits wide on 32-bit targets (an ARM board's), 64 here.
     #[allow(clippy::useless_conversion)]
-    u64::from(blocks).saturating_mul(u64::from(stat.f_frsize))
+    let (free, available, blocks) = (
+        u64::from(stat.f_bfree),
+        u64::from(stat.f_bavail),
+        u64::from(stat.f_blocks),
+    );
+    let usable = if root {
+        free.saturating_sub((blocks / 50).min(4096)).max(available)
+    } else {
+        available
+    };
+    #[allow(clippy::useless_conversion)]
+    usable.saturating_mul(u64::from(stat.f_frsize))
 }
 
 #[cfg(test)]
@@ -500,10 +532,14 @@ mod tests {
         Room::at(room_path(&db), 2 << 20)
             .take(Instant::now())
             .unwrap();
-        let room = Room::at(room_path(&db), 1 << 20);
+        let mut room = Room::at(room_path(&db), 1 << 20);
         assert!(room.is_whole() && !room.is_given_up());
         assert!(!room.due(Instant::now()));
-        // Cut as it is read, not when next taken: a whole room is not.
+        assert_eq!(len(room.path()), 2 << 20, "not cut by a mere look");
+        // Cut when its provider first looks again, not when next taken: a
+        // whole room is not.
+        room.recheck(Instant::now());
+        assert!(room.is_whole());
         assert_eq!(len(room.path()), 1 << 20);
         assert!(allocated(room.path()) < 2 << 20, "the rest given back");
     }
@@ -562,10 +598,17 @@ mod tests {
         // SAFETY: statvfs is plain integers; all zeros is a valid value.
         let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
         stat.f_frsize = 4096;
+        stat.f_blocks = 1_000_000;
+        stat.f_bfree = 100_000;
+        stat.f_bavail = 50_000;
+        // ext4's own 4,096 blocks (less than 2% here) are never counted.
+        assert_eq!(free_for(&stat, true), (100_000 - 4096) * 4096);
+        assert_eq!(free_for(&stat, false), 50_000 * 4096);
+        // Nor 2% of a small file system; never less than the others have.
+        stat.f_blocks = 10_000;
         stat.f_bfree = 1000;
         stat.f_bavail = 950;
-        assert_eq!(free_for(&stat, true), 1000 * 4096);
-        assert_eq!(free_for(&stat, false), 950 * 4096);
+        assert_eq!(free_for(&stat, true), 950 * 4096);
     }
 
     #[test]

@@ -310,6 +310,9 @@ pub(crate) struct Shared {
     /// into the database (0: none): the database's file and what the
     /// checkpoint's room covers beyond it ([`room`]).
     log_ceiling: AtomicU64,
+    /// Under the log's ceiling, the room could not grow with what the log
+    /// adds: publishes beyond what it covers are refused.
+    room_short: AtomicBool,
     /// SQLite's own `max_page_count`, read at open: the ceiling of a
     /// provider without `max_bytes` once the file system's is lifted.
     unbounded_pages: u64,
@@ -1318,7 +1321,6 @@ impl Flusher {
             checkpoint_found_no_room: false,
             room: room_file
                 .map(|file| crate::storage::room::Room::at(file, shared.options.checkpoint_room)),
-            room_short: false,
             faults: shared.faults.clone(),
         };
         // A room a previous run left whole is held from the start: no try
@@ -1382,9 +1384,6 @@ struct FlushLoop {
     checkpoint_found_no_room: bool,
     /// The checkpoint's room, unless the configuration keeps none.
     room: Option<crate::storage::room::Room>,
-    /// The room could not grow with what the log adds while a reader
-    /// kept it from being copied, which was said ([`FlushLoop::hold_to_room`]).
-    room_short: bool,
     /// The provider's planned failures, asked before each fsync of the log.
     faults: Option<Arc<vfs::Faults>>,
 }
@@ -1929,6 +1928,7 @@ impl SqliteProvider {
             bounds,
             disk_ceiling: AtomicU64::new(0),
             log_ceiling: AtomicU64::new(0),
+            room_short: AtomicBool::new(false),
             unbounded_pages,
             room_held: AtomicU64::new(0),
             room_moves: Mutex::new(0),
@@ -2104,9 +2104,6 @@ impl SqliteProvider {
         true
     }
 
-    /// The most the provider holds while the file system is full (the
-    /// pages it held when a checkpoint found no room), in bytes; `None`
-    /// while it may grow to its configured bound.
     /// What the provider keeps at most while the write-ahead log cannot
     /// be copied into the database, in bytes (`None`: no such ceiling).
     pub fn held_to_log(&self) -> Option<u64> {
@@ -2116,6 +2113,9 @@ impl SqliteProvider {
         }
     }
 
+    /// The most the provider holds while the file system is full (the
+    /// pages it held when a checkpoint found no room), in bytes; `None`
+    /// while it may grow to its configured bound.
     pub fn held_to_disk(&self) -> Option<u64> {
         match self.shared.disk_ceiling.load(Ordering::Acquire) {
             0 => None,
@@ -2442,7 +2442,8 @@ impl Provider for SqliteProvider {
     fn checkpoint_room(&self) -> Option<contract::CheckpointRoom> {
         (self.shared.options.checkpoint_room > 0).then(|| contract::CheckpointRoom {
             kept_bytes: self.checkpoint_room_held(),
-            held_to_disk: self.held_to_disk().is_some(),
+            held_to_disk: self.held_to_disk().is_some()
+                || (self.held_to_log().is_some() && self.shared.room_short.load(Ordering::Acquire)),
         })
     }
 

@@ -117,6 +117,15 @@ pub(super) fn warn_if_the_file_system_is_short(options: &super::SqliteOptions, d
 /// process's write) should not make it fall short.
 const GIVEN_BEYOND_NEED: u64 = 1 << 20;
 
+/// How far the room is kept ahead of what the log adds beyond the
+/// database while a reader keeps it: the configured room, and at least
+/// 16 MiB, so that a small room does not hold back what a writer adds
+/// between two turns (at every turn of the flusher once the log is past
+/// its restart size, a second at most before).
+fn ahead_of_log(configured: u64) -> u64 {
+    configured.max(16 << 20)
+}
+
 /// Room given up first to an open that found none: enough for the
 /// write-ahead log's index (32 KiB), recovery's writes and the lock's
 /// holder row.
@@ -167,6 +176,19 @@ impl super::FlushLoop {
                 break;
             }
         }
+        // A room grown with a log a reader kept goes back to its configured
+        // size: what it keeps beyond that is the file system's again, and
+        // one still whole at that size holds the provider to nothing.
+        let configured = shared.options.checkpoint_room;
+        if let Some(room) = self.room.as_mut().filter(|r| r.bytes() > configured) {
+            if let Err(e) = room.shrink(configured) {
+                tracing::warn!(provider = %self.name, file = %room.path().display(), error = %e,
+                    "cutting the checkpoint's room back to its configured size failed");
+            }
+            if room.is_whole() {
+                shared.lift_disk_ceiling();
+            }
+        }
         let kept = self.room.as_ref().map_or(0, Room::kept);
         shared.set_room_held(kept);
         match done {
@@ -188,74 +210,98 @@ impl super::FlushLoop {
     /// database's end grows for as long as it reads; the checkpoint after
     /// the reader grows the file by all of it, and should the file system
     /// be full by then, only the room is sure to be there. So once a
-    /// checkpoint (`last`) left frames behind and what the log adds passes
-    /// a quarter of the configured room, the room grows to what the log
-    /// adds and the configured room beyond it, at every turn while the file
-    /// system has that much free, and the provider keeps at most what the
-    /// room covers: publishes are refused (0x83) only where the room could
-    /// not grow. Once what the log adds is under an eighth of the
-    /// configured room, the room is cut back to it and the provider let
-    /// go. Not while the room is not whole: the file system's ceiling
-    /// governs then.
+    /// checkpoint (`last`) left frames behind, the log adds more than a
+    /// quarter of [`ahead_of_log`] beyond the database, and a checkpoint
+    /// with the provider's own readers idle still leaves frames behind,
+    /// the room grows, at every turn,
+    /// to what the log adds and that much more while the file system has it
+    /// free, and the provider keeps at most what the room covers: publishes
+    /// are refused (0x83) only where the room could not grow. Once the log
+    /// adds less than an eighth of it, the room is cut back to its
+    /// configured size and the provider let go. Not while the room is not
+    /// whole: the file system's ceiling governs then.
     pub(super) fn hold_to_room(&mut self, last: Option<&super::Checkpointed>) {
         let Some(shared) = self.shared.upgrade() else {
             return;
         };
         let configured = shared.options.checkpoint_room;
+        let ahead = ahead_of_log(configured);
         let held = shared.log_ceiling.load(Ordering::Acquire) != 0;
         let whole = self.room.as_ref().is_some_and(Room::is_whole)
             && shared.disk_ceiling.load(Ordering::Acquire) == 0;
         if !whole {
             if held {
                 shared.set_log_ceiling(0);
+                shared.room_short.store(false, Ordering::Release);
             }
             return;
         }
         let beyond = self.log_beyond_database(&shared);
-        let left_behind = last.is_some_and(|c| c.copied < c.log);
+        let kept_by_a_reader = || {
+            last.is_some_and(|c| c.copied < c.log)
+                && beyond > ahead / 4
+                && self.outside_reader(&shared)
+        };
+        if !held && !kept_by_a_reader() {
+            return;
+        }
         let Some(room) = self.room.as_mut() else {
             return;
         };
-        if left_behind && beyond > configured / 4 {
-            let grown = room.grow(
-                beyond + configured,
-                Instant::now() + super::CHECKPOINT_EVERY,
-            );
-            let file = std::fs::metadata(&shared.path).map_or(0, |m| m.len());
-            let pages =
-                ((file + room.kept().saturating_sub(GIVEN_BEYOND_NEED)) / shared.page_size).max(1);
-            if pages != shared.log_ceiling.load(Ordering::Acquire) {
-                shared.set_log_ceiling(pages);
-            }
-            // Said once the ceiling it sets holds.
-            shared.set_room_held(room.kept());
-            if !held {
-                tracing::info!(provider = %self.name, file = %shared.path.display(),
-                    log_beyond_database_bytes = beyond, room_bytes = room.kept(),
-                    "the write-ahead log is not being copied into the database (another process is reading it: a backup, a shell in a transaction): the checkpoint's room grows with what the log adds, and the provider keeps at most what the room covers, until the log is copied again");
-            }
-            if let Err(e) = grown {
-                if !self.room_short {
-                    self.room_short = true;
-                    tracing::warn!(provider = %self.name, file = %room.path().display(), error = %e,
-                        log_beyond_database_bytes = beyond, room_bytes = room.kept(),
-                        holds_at_most_bytes = pages * shared.page_size,
-                        "the checkpoint's room cannot grow with what the write-ahead log adds while another process reads it: publishes beyond what the room covers are refused (0x83) until the log is copied again");
-                }
-            }
-        } else if beyond < configured / 8 && (held || room.bytes() > configured) {
+        if held && beyond < ahead / 8 {
             if let Err(e) = room.shrink(configured) {
                 tracing::warn!(provider = %self.name, file = %room.path().display(), error = %e,
-                    "cutting the checkpoint's room back to its configured size failed; it keeps more than configured until the next start");
+                    "cutting the checkpoint's room back to its configured size failed; it keeps more than configured until it is next given up or the provider restarts");
             }
-            shared.set_room_held(room.kept());
-            self.room_short = false;
-            if held && shared.set_log_ceiling(0) {
+            if shared.set_log_ceiling(0) {
+                shared.room_short.store(false, Ordering::Release);
                 tracing::info!(provider = %self.name, log_beyond_database_bytes = beyond,
                     room_bytes = room.kept(),
                     "the write-ahead log is copied into the database again: the checkpoint's room is back to its configured size, and the provider's ceiling to its configuration");
             }
+            shared.set_room_held(room.kept());
+            return;
         }
+        let grown = room.grow(beyond + ahead, Instant::now() + super::CHECKPOINT_EVERY);
+        let file = std::fs::metadata(&shared.path).map_or(0, |m| m.len());
+        // What a relief write may take beyond the ceiling, and the margin a
+        // checkpoint is given, stay inside the room.
+        let margin = GIVEN_BEYOND_NEED + shared.options.reserve;
+        let pages = ((file + room.kept().saturating_sub(margin)) / shared.page_size).max(1);
+        if pages != shared.log_ceiling.load(Ordering::Acquire) {
+            shared.set_log_ceiling(pages);
+        }
+        // Said once the ceiling it sets holds.
+        shared.set_room_held(room.kept());
+        if !held {
+            tracing::info!(provider = %self.name, file = %shared.path.display(),
+                log_beyond_database_bytes = beyond, room_bytes = room.kept(),
+                "the write-ahead log is not being copied into the database (another process is reading it: a backup, a shell in a transaction): the checkpoint's room grows with what the log adds, and the provider keeps at most what the room covers, until the log is copied again");
+        }
+        match grown {
+            Err(e) if !shared.room_short.swap(true, Ordering::AcqRel) => {
+                tracing::warn!(provider = %self.name, file = %room.path().display(), error = %e,
+                    log_beyond_database_bytes = beyond, room_bytes = room.kept(),
+                    holds_at_most_bytes = pages * shared.page_size,
+                    "the checkpoint's room cannot grow with what the write-ahead log adds while another process reads it: publishes beyond what the room covers are refused (0x83) until the log is copied again");
+            }
+            Err(_) => {}
+            Ok(()) => shared.room_short.store(false, Ordering::Release),
+        }
+    }
+
+    /// Whether a reader of another process keeps frames of the log from
+    /// being copied: a checkpoint run while none of the provider's own
+    /// readers is in a read (they end theirs within milliseconds) still
+    /// leaves some behind. `false` when its own do not end in time: the
+    /// next turn asks again.
+    fn outside_reader(&self, shared: &super::Shared) -> bool {
+        matches!(
+            shared.with_readers_idle(super::READERS_IDLE_WITHIN, || {
+                super::checkpoint_on(&self.checkpointer)
+            }),
+            Some(Ok(c)) if c.copied < c.log
+        )
     }
 
     /// What a checkpoint has to grow the database's file by: the pages
