@@ -156,14 +156,19 @@ transaction) - fsyncs it, moves it to DEST without replacing anything, and \
 fsyncs the directory. Only then does it report success. The copy is a single \
 file in rollback-journal mode; the broker opens it in WAL mode as usual.
 
-DEST, and DEST-wal, DEST-shm and DEST-journal, must not exist. A failure \
-removes the temporary file and leaves nothing at DEST. A progress bar is shown \
+DEST, and DEST-wal, DEST-shm and DEST-journal, must not exist. A file system \
+under DEST with less free than the copy takes is refused before a page is \
+written, saying what it has and what the copy needs. While the copy reads, \
+the broker's write-ahead log cannot be copied into its database and grows with \
+what is published; the broker's checkpoint room grows with it (see \
+saguin-config(5), checkpoint_room): back up to another file system where you \
+can. A failure removes the temporary file and leaves nothing at DEST. A progress bar is shown \
 when stderr is a terminal; a summary line (tables, rows, bytes, MB/s) is \
 printed either way.
 
 Exit status: 0 copied and proved; 1 the copy was made and did not prove \
-itself (removed); 3 could not copy (DEST or a sidecar exists, the source is \
-missing or of another schema version, I/O); 2 usage.";
+itself (removed); 3 could not copy (DEST or a sidecar exists, no room for it, \
+the source is missing or of another schema version, I/O); 2 usage.";
 
 const BACKUP_EXAMPLES: &str = "\
 Examples:

@@ -597,6 +597,35 @@ fn sqlite_backup_onto_a_full_volume_exits_3_and_leaves_nothing() {
     sqlite_verify(&db);
 }
 
+/// A destination whose file system has less free than the copy takes is
+/// refused before a page is written, with what it has and what the copy
+/// needs.
+#[test]
+fn sqlite_backup_onto_a_volume_without_room_for_it_is_refused_before_it_copies() {
+    let test = "sqlite_backup_onto_a_volume_without_room_for_it_is_refused_before_it_copies";
+    let Some(volume) = Volume::tmpfs(test, "4m") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = source_database(dir.path(), 4000);
+    assert!(std::fs::metadata(&db).unwrap().len() > 4 << 20);
+    let dest = volume.path.join("backup.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["sqlite", "backup"])
+        .arg(&db)
+        .arg(&dest)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("bytes of space free and the copy needs")
+            && stderr.contains("nothing was written"),
+        "{stderr}"
+    );
+    assert!(names_in(&volume.path).is_empty(), "{stderr}");
+}
+
 #[test]
 fn migrate_onto_a_full_volume_exits_3_and_leaves_nothing_that_looks_complete() {
     let test = "migrate_onto_a_full_volume_exits_3_and_leaves_nothing_that_looks_complete";

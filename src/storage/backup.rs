@@ -64,6 +64,15 @@ pub enum BackupError {
         #[source]
         source: std::io::Error,
     },
+    /// The destination's file system has less free than the copy takes:
+    /// refused before a page is written.
+    #[error("{}: its file system has {free} bytes of space free and the copy needs {needs}{}; nothing was written: free space there, or back up to another file system", path.display(), if *.beside_source { " (the database's own file system, which the broker writes to as well)" } else { "" })]
+    DestinationShort {
+        path: PathBuf,
+        free: u64,
+        needs: u64,
+        beside_source: bool,
+    },
     /// The copy was made and does not prove itself; it was removed.
     #[error("{}: the copy does not verify: {detail}; it was removed", path.display())]
     Verify { path: PathBuf, detail: String },
@@ -116,6 +125,50 @@ pub fn check_destination(dest: &Path) -> Result<(), BackupError> {
             what,
         }),
         None => Ok(()),
+    }
+}
+
+/// Above the copy's pages, what its file system is asked to have free: the
+/// copy's journal while it is written, and what else writes there meanwhile.
+const ROOM_BEYOND_THE_COPY: u64 = 1 << 20;
+
+/// Refuses a copy of `source` (in its read transaction, of the moment
+/// copied) that the file system under `dest` has no room for, before a
+/// page is written: a copy that fills the file system would fail at its
+/// end all the same, and one beside the database would have the broker's
+/// writes refused for want of room while it ran.
+fn check_room(db: &Path, source: &Connection, dest: &Path) -> Result<(), BackupError> {
+    let pragma = |name: &str| -> Result<u64, BackupError> {
+        source
+            .query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
+            .map_err(|e| BackupError::Sqlite {
+                path: db.to_path_buf(),
+                context: "reading the database's size",
+                source: e,
+            })
+    };
+    let needs = pragma("page_count")?
+        .saturating_mul(pragma("page_size")?)
+        .saturating_add(ROOM_BEYOND_THE_COPY);
+    // The directory a path names its file in ("." for a bare name).
+    let dir_of = |path: &Path| match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let dir = dir_of(dest);
+    match crate::storage::room::available_bytes(&dir) {
+        Some(free) if free < needs => {
+            use std::os::unix::fs::MetadataExt;
+            let device = |path: &Path| fs::metadata(path).map(|m| m.dev()).ok();
+            let beside_source = device(&dir).is_some_and(|d| device(&dir_of(db)) == Some(d));
+            Err(BackupError::DestinationShort {
+                path: dest.to_path_buf(),
+                free,
+                needs,
+                beside_source,
+            })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -283,6 +336,7 @@ fn copy_and_prove(
         .map_err(|e| src_err("opening a read transaction", e))?;
     let counted = row_counts(source).map_err(|e| src_err("counting rows", e));
     let copied = counted.and_then(|tables| {
+        check_room(db, source, dest)?;
         // The copy's file goes through the provider's file wrapper, which
         // records the errno of a failed write: a full or failing
         // destination is then named as the destination, with what its file
