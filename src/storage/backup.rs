@@ -132,9 +132,9 @@ pub fn check_destination(dest: &Path) -> Result<(), BackupError> {
 /// copy's journal while it is written, and what else writes there meanwhile.
 const ROOM_BEYOND_THE_COPY: u64 = 1 << 20;
 
-/// Refuses a copy of `source` (in its read transaction, of the moment
-/// copied) that the file system under `dest` has no room for, before a
-/// page is written: a copy that fills the file system would fail at its
+/// Refuses a copy of `source` (as it stands: it grows little while the
+/// copy is begun) that the file system under `dest` has no room for,
+/// before a page is written: a copy that fills the file system would fail at its
 /// end all the same, and one beside the database would have the broker's
 /// writes refused for want of room while it ran.
 fn check_room(db: &Path, source: &Connection, dest: &Path) -> Result<(), BackupError> {
@@ -159,8 +159,9 @@ fn check_room(db: &Path, source: &Connection, dest: &Path) -> Result<(), BackupE
     match crate::storage::room::available_bytes(&dir) {
         Some(free) if free < needs => {
             use std::os::unix::fs::MetadataExt;
+            // The database's own device, through any link to it.
             let device = |path: &Path| fs::metadata(path).map(|m| m.dev()).ok();
-            let beside_source = device(&dir).is_some_and(|d| device(&dir_of(db)) == Some(d));
+            let beside_source = device(&dir).is_some_and(|d| device(db) == Some(d));
             Err(BackupError::DestinationShort {
                 path: dest.to_path_buf(),
                 free,
@@ -269,6 +270,9 @@ pub fn backup(
         }
     }
     let source = sqlite::open_read_only(db)?;
+    // Before the read transaction: a refusal holds the broker's log back
+    // for no time at all.
+    check_room(db, &source, dest)?;
     let tmp = temp_path(dest);
     check_destination(&tmp).map_err(|_| BackupError::DestinationExists {
         path: dest.to_path_buf(),
@@ -336,7 +340,6 @@ fn copy_and_prove(
         .map_err(|e| src_err("opening a read transaction", e))?;
     let counted = row_counts(source).map_err(|e| src_err("counting rows", e));
     let copied = counted.and_then(|tables| {
-        check_room(db, source, dest)?;
         // The copy's file goes through the provider's file wrapper, which
         // records the errno of a failed write: a full or failing
         // destination is then named as the destination, with what its file

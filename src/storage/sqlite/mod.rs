@@ -1496,7 +1496,7 @@ impl FlushLoop {
                 self.restart_log();
             }
         }
-        self.hold_to_room(done.as_ref());
+        self.hold_to_room(done.as_ref(), commits);
     }
 
     /// Whether the log's file has grown past [`WAL_RESTART_BYTES`]. The

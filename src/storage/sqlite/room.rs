@@ -180,18 +180,21 @@ impl super::FlushLoop {
         // size: what it keeps beyond that is the file system's again, and
         // one still whole at that size holds the provider to nothing.
         let configured = shared.options.checkpoint_room;
+        let mut whole_again = false;
         if let Some(room) = self.room.as_mut().filter(|r| r.bytes() > configured) {
             if let Err(e) = room.shrink(configured) {
                 tracing::warn!(provider = %self.name, file = %room.path().display(), error = %e,
                     "cutting the checkpoint's room back to its configured size failed");
             }
-            if room.is_whole() {
-                shared.lift_disk_ceiling();
-            }
+            whole_again = room.is_whole() && shared.lift_disk_ceiling();
         }
         let kept = self.room.as_ref().map_or(0, Room::kept);
         shared.set_room_held(kept);
         match done {
+            Some(_) if whole_again => {
+                tracing::warn!(provider = %self.name, given_bytes = given, room_left_bytes = kept,
+                "gave up what the checkpoint's room had grown by to copy the write-ahead log into the database; the room is whole at its configured size, and the provider's ceiling back to its configuration")
+            }
             Some(_) => {
                 tracing::warn!(provider = %self.name, given_bytes = given, room_left_bytes = kept,
                 "gave up the checkpoint's room to copy the write-ahead log into the database; it is taken back whole, and the provider's ceiling lifted, once the file system has that much free")
@@ -220,7 +223,7 @@ impl super::FlushLoop {
     /// adds less than an eighth of it, the room is cut back to its
     /// configured size and the provider let go. Not while the room is not
     /// whole: the file system's ceiling governs then.
-    pub(super) fn hold_to_room(&mut self, last: Option<&super::Checkpointed>) {
+    pub(super) fn hold_to_room(&mut self, last: Option<&super::Checkpointed>, commits: u64) {
         let Some(shared) = self.shared.upgrade() else {
             return;
         };
@@ -232,17 +235,21 @@ impl super::FlushLoop {
         if !whole {
             if held {
                 shared.set_log_ceiling(0);
-                shared.room_short.store(false, Ordering::Release);
+            }
+            shared.room_short.store(false, Ordering::Release);
+            // A room given up, or removed by hand, is taken back at its
+            // configured size.
+            if let Some(room) = self.room.as_mut().filter(|r| r.bytes() > configured) {
+                let _ = room.shrink(configured);
             }
             return;
         }
         let beyond = self.log_beyond_database(&shared);
-        let kept_by_a_reader = || {
-            last.is_some_and(|c| c.copied < c.log)
-                && beyond > ahead / 4
-                && self.outside_reader(&shared)
-        };
-        if !held && !kept_by_a_reader() {
+        let kept_by_a_reader = !held
+            && last.is_some_and(|c| c.copied < c.log)
+            && beyond > ahead / 4
+            && self.outside_reader(&shared, commits);
+        if !held && !kept_by_a_reader {
             return;
         }
         let Some(room) = self.room.as_mut() else {
@@ -262,11 +269,15 @@ impl super::FlushLoop {
             shared.set_room_held(room.kept());
             return;
         }
-        let grown = room.grow(beyond + ahead, Instant::now() + super::CHECKPOINT_EVERY);
-        let file = std::fs::metadata(&shared.path).map_or(0, |m| m.len());
         // What a relief write may take beyond the ceiling, and the margin a
-        // checkpoint is given, stay inside the room.
+        // checkpoint is given, stay inside the room, beyond what it is
+        // kept ahead by.
         let margin = GIVEN_BEYOND_NEED + shared.options.reserve;
+        let grown = room.grow(
+            beyond + ahead + margin,
+            Instant::now() + super::CHECKPOINT_EVERY,
+        );
+        let file = std::fs::metadata(&shared.path).map_or(0, |m| m.len());
         let pages = ((file + room.kept().saturating_sub(margin)) / shared.page_size).max(1);
         if pages != shared.log_ceiling.load(Ordering::Acquire) {
             shared.set_log_ceiling(pages);
@@ -293,14 +304,16 @@ impl super::FlushLoop {
     /// Whether a reader of another process keeps frames of the log from
     /// being copied: a checkpoint run while none of the provider's own
     /// readers is in a read (they end theirs within milliseconds) still
-    /// leaves some behind. `false` when its own do not end in time: the
-    /// next turn asks again.
-    fn outside_reader(&self, shared: &super::Shared) -> bool {
+    /// leaves some behind. Asked only once what the log adds passed a
+    /// quarter of the room, which its own readers never pin; its failure
+    /// is any checkpoint's ([`super::FlushLoop::checkpoint_once`]).
+    /// `false` when its own do not end in time: the next turn asks again.
+    fn outside_reader(&mut self, shared: &super::Shared, commits: u64) -> bool {
         matches!(
             shared.with_readers_idle(super::READERS_IDLE_WITHIN, || {
-                super::checkpoint_on(&self.checkpointer)
+                self.checkpoint_once(commits)
             }),
-            Some(Ok(c)) if c.copied < c.log
+            Some(Some(c)) if c.copied < c.log
         )
     }
 
