@@ -1062,6 +1062,33 @@ fn log_beyond_database(db: &Path) -> u64 {
     (pages * page_size).saturating_sub(std::fs::metadata(db).unwrap().len())
 }
 
+/// The checkpoint's room of the reader tests.
+const ROOM: u64 = 8 << 20;
+
+/// A provider at `db` with a room of [`ROOM`], another process's reader
+/// in its log, and records past a quarter of the room (1,536 of 2 KiB, a
+/// page each) that the reader keeps the next checkpoint from copying:
+/// the provider, its channel, the reader, and the records stored.
+fn kept_by_a_reader(
+    db: &Path,
+) -> (
+    SqliteProvider,
+    Arc<dyn AppendStore>,
+    rusqlite::Connection,
+    Vec<(u32, u64)>,
+) {
+    let provider = open_with_room(db, ROOM);
+    let store = append_store(&provider, "telemetry");
+    wait_for_room_of(&provider, "the room taken", |p| {
+        p.checkpoint_room_held() == ROOM
+    });
+    let reader = log_reader(db);
+    let (kept, refused) = append_until_refused(&store, 0, 1536);
+    assert!(refused.is_none(), "{refused:?}");
+    assert!(log_beyond_database(db) > ROOM / 4);
+    (provider, store, reader, kept)
+}
+
 /// A reader of another process keeps the write-ahead log from being
 /// copied into the database: the checkpoint's room grows with what the
 /// log adds beyond the database's file, so the checkpoint after the reader
@@ -1070,22 +1097,9 @@ fn log_beyond_database(db: &Path) -> u64 {
 /// room is cut back. Everything acknowledged is stored.
 #[test]
 fn a_reader_that_keeps_the_log_from_being_copied_grows_the_room_with_it() {
-    const ROOM: u64 = 8 << 20;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("saguin.db");
-    let provider = open_with_room(&db, ROOM);
-    let store = append_store(&provider, "telemetry");
-    wait_for_room_of(&provider, "the room taken", |p| {
-        p.checkpoint_room_held() == ROOM
-    });
-    let reader = log_reader(&db);
-
-    // Past a quarter of the room (1,536 records of 2 KiB, a page each),
-    // the next checkpoint, which the reader keeps from copying them,
-    // grows it.
-    let (mut kept, refused) = append_until_refused(&store, 0, 1536);
-    assert!(refused.is_none(), "{refused:?}");
-    assert!(log_beyond_database(&db) > ROOM / 4);
+    let (provider, store, reader, mut kept) = kept_by_a_reader(&db);
     wait_for_room_of(&provider, "the room grown", |p| {
         p.held_to_log().is_some() && p.checkpoint_room_held() >= log_beyond_database(&db) + ROOM
     });
@@ -1137,16 +1151,8 @@ fn a_reader_that_keeps_the_log_from_being_copied_holds_the_provider_to_its_room(
         return;
     };
     use saguin::storage::contract::FaultKind;
-    const ROOM: u64 = 8 << 20;
     let db = volume.path.join("saguin.db");
-    let provider = open_with_room(&db, ROOM);
-    let store = append_store(&provider, "telemetry");
-    wait_for_room_of(&provider, "the room taken", |p| {
-        p.checkpoint_room_held() == ROOM
-    });
-    let reader = log_reader(&db);
-    let (mut kept, refused) = append_until_refused(&store, 0, 1536);
-    assert!(refused.is_none(), "{refused:?}");
+    let (provider, store, reader, mut kept) = kept_by_a_reader(&db);
     wait_for_room_of(&provider, "held to the room", |p| p.held_to_log().is_some());
 
     // Something else takes the rest of the file system: the room cannot
