@@ -1065,18 +1065,19 @@ fn log_beyond_database(db: &Path) -> u64 {
 /// The checkpoint's room of the reader tests.
 const ROOM: u64 = 8 << 20;
 
-/// A provider at `db` with a room of [`ROOM`], another process's reader
-/// in its log, and records past a quarter of the room (1,536 of 2 KiB, a
-/// page each) that the reader keeps the next checkpoint from copying:
-/// the provider, its channel, the reader, and the records stored.
-fn kept_by_a_reader(
-    db: &Path,
-) -> (
+/// What [`kept_by_a_reader`] leaves: the provider, its channel, the
+/// reader, and the records stored.
+type KeptByAReader = (
     SqliteProvider,
     Arc<dyn AppendStore>,
     rusqlite::Connection,
     Vec<(u32, u64)>,
-) {
+);
+
+/// A provider at `db` with a room of [`ROOM`], another process's reader
+/// in its log, and records past a quarter of the room (1,536 of 2 KiB, a
+/// page each) that the reader keeps the next checkpoint from copying.
+fn kept_by_a_reader(db: &Path) -> KeptByAReader {
     let provider = open_with_room(db, ROOM);
     let store = append_store(&provider, "telemetry");
     wait_for_room_of(&provider, "the room taken", |p| {
