@@ -1139,6 +1139,49 @@ fn a_reader_that_keeps_the_log_from_being_copied_grows_the_room_with_it() {
     sqlite_verify(&db);
 }
 
+/// Through the broker: while another process reads its database, the
+/// room grows with what publishes add beyond it, as the gauge shows,
+/// nothing is refused, and the room is cut back once the reader ends.
+#[test]
+fn a_broker_whose_database_another_process_reads_grows_its_room_and_refuses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let db = data.path().join("saguin.db");
+    let yaml = format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         metrics:\n  bind: 127.0.0.1:0\n\
+         storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n    checkpoint_room: 8MiB\n\
+         channels:\n  - {{name: telemetry, kind: append, storage: db}}\n",
+        db.display()
+    );
+    let broker = Broker::start_in(dir, &yaml);
+    broker.wait_log(|l| l.contains(ROOM_KEPT));
+    let reader = log_reader(&db);
+    let rt = runtime();
+    let mut p = rt.block_on(async {
+        let mut p = Raw::tcp(broker.addr(), v5()).await;
+        p.connect("producer", ConnectOpts::clean()).await;
+        p
+    });
+    // Past a quarter of the room's 16 MiB floor (1,536 publishes of 2 KiB,
+    // a page each), less than it is kept ahead by once it grows.
+    let before = rt.block_on(publish_each(&mut p, "telemetry/x", 0..1536));
+    assert!(before.failed.is_empty(), "{before:?}");
+    broker.wait_log(|l| l.contains("the checkpoint's room grows with what the log adds"));
+    let sample = "saguin_provider_checkpoint_room_bytes{provider=\"db\"}";
+    let grown = wait_metric_where(&broker, sample, |bytes| bytes > ROOM_8_MIB);
+    assert!(grown >= log_beyond_database(&db) + ROOM_8_MIB, "{grown}");
+    assert_eq!(metric_sample(&metrics_text(&broker), HELD), Some(0));
+    let during = rt.block_on(publish_each(&mut p, "telemetry/x", 10_000..10_100));
+    assert!(during.failed.is_empty(), "{during:?}");
+
+    drop(reader);
+    broker.wait_log(|l| l.contains("the write-ahead log is copied into the database again"));
+    assert_eq!(room_bytes(&broker), ROOM_8_MIB);
+    let after = rt.block_on(publish_each(&mut p, "telemetry/x", 20_000..20_100));
+    assert!(after.failed.is_empty(), "{after:?}");
+}
+
 /// On a file system too small for the room to keep growing, the provider
 /// is held to what the room covers: publishes beyond are refused for want
 /// of room (0x83), and the checkpoint after the reader is copied into the
