@@ -597,6 +597,37 @@ fn sqlite_backup_onto_a_full_volume_exits_3_and_leaves_nothing() {
     sqlite_verify(&db);
 }
 
+/// A destination whose file system has room for the copy's bytes but no
+/// inode left for the files SQLite opens beside it is refused before a
+/// page is written, saying so.
+#[test]
+fn sqlite_backup_onto_a_volume_without_inodes_for_its_files_is_refused_before_it_copies() {
+    let test =
+        "sqlite_backup_onto_a_volume_without_inodes_for_its_files_is_refused_before_it_copies";
+    // Four inodes: the root directory and one file take two.
+    let Some(volume) = Volume::tmpfs(test, "8m,nr_inodes=4") else {
+        return;
+    };
+    std::fs::write(volume.path.join("other"), b"").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = source_database(dir.path(), 100);
+    let dest = volume.path.join("backup.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
+        .args(["sqlite", "backup"])
+        .arg(&db)
+        .arg(&dest)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("more files be made and the copy needs 4")
+            && stderr.contains("nothing was written"),
+        "{stderr}"
+    );
+    assert_eq!(names_in(&volume.path), ["other"], "{stderr}");
+}
+
 /// A destination whose file system has less free than the copy takes is
 /// refused before a page is written, with what it has and what the copy
 /// needs.

@@ -73,6 +73,14 @@ pub enum BackupError {
         needs: u64,
         beside_source: bool,
     },
+    /// The destination's file system has fewer files left than the copy
+    /// opens beside it: refused before a page is written.
+    #[error("{}: its file system lets {free} more files be made and the copy needs {needs} (itself, its journal, its log and its index); nothing was written: free some there, or back up to another file system", path.display())]
+    DestinationOutOfFiles {
+        path: PathBuf,
+        free: u64,
+        needs: u64,
+    },
     /// The copy was made and does not prove itself; it was removed.
     #[error("{}: the copy does not verify: {detail}; it was removed", path.display())]
     Verify { path: PathBuf, detail: String },
@@ -156,6 +164,16 @@ fn check_room(db: &Path, source: &Connection, dest: &Path) -> Result<(), BackupE
         _ => PathBuf::from("."),
     };
     let dir = dir_of(dest);
+    // The copy, its journal, and the log and index SQLite opens beside it
+    // while the copy is in WAL mode.
+    const FILES: u64 = 4;
+    if let Some(free) = crate::storage::room::available_files(&dir).filter(|&f| f < FILES) {
+        return Err(BackupError::DestinationOutOfFiles {
+            path: dest.to_path_buf(),
+            free,
+            needs: FILES,
+        });
+    }
     match crate::storage::room::available_bytes(&dir) {
         Some(free) if free < needs => {
             use std::os::unix::fs::MetadataExt;

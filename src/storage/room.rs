@@ -366,6 +366,21 @@ fn preallocate(file: &std::fs::File, len: libc::off_t) -> io::Result<()> {
 
 /// What the file system holding `dir` has free for this process.
 pub(crate) fn available_bytes(dir: &Path) -> Option<u64> {
+    let stat = statvfs(dir)?;
+    Some(free_for(&stat, *ROOT.get_or_init(is_root)))
+}
+
+/// How many more files the file system holding `dir` lets this process
+/// create; `None` where it sets no such limit (btrfs says 0 of 0) or
+/// cannot be asked.
+pub(crate) fn available_files(dir: &Path) -> Option<u64> {
+    let stat = statvfs(dir)?;
+    // 32 bits wide on 32-bit targets (an ARM board's), 64 here.
+    #[allow(clippy::useless_conversion)]
+    (u64::from(stat.f_files) > 0).then(|| u64::from(stat.f_favail))
+}
+
+fn statvfs(dir: &Path) -> Option<libc::statvfs> {
     use std::os::unix::ffi::OsStrExt;
     let dir = if dir.as_os_str().is_empty() {
         Path::new(".")
@@ -380,8 +395,7 @@ pub(crate) fn available_bytes(dir: &Path) -> Option<u64> {
         return None;
     }
     // SAFETY: statvfs returned 0, so it filled `stat`.
-    let stat = unsafe { stat.assume_init() };
-    Some(free_for(&stat, *ROOT.get_or_init(is_root)))
+    Some(unsafe { stat.assume_init() })
 }
 
 static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
