@@ -611,21 +611,27 @@ fn sqlite_backup_onto_a_volume_without_inodes_for_its_files_is_refused_before_it
     std::fs::write(volume.path.join("other"), b"").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = source_database(dir.path(), 100);
-    let dest = volume.path.join("backup.db");
+    let stderr =
+        backup_refused_before_it_copies(&db, &volume, "more files be made and the copy needs 4");
+    assert_eq!(names_in(&volume.path), ["other"], "{stderr}");
+}
+
+/// `saguin sqlite backup` of `db` onto `volume`, refused before it copies
+/// with exit 3 and words that say `why`: its stderr.
+fn backup_refused_before_it_copies(db: &Path, volume: &Volume, why: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
         .args(["sqlite", "backup"])
-        .arg(&db)
-        .arg(&dest)
+        .arg(db)
+        .arg(volume.path.join("backup.db"))
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(
-        stderr.contains("more files be made and the copy needs 4")
-            && stderr.contains("nothing was written"),
+        stderr.contains(why) && stderr.contains("nothing was written"),
         "{stderr}"
     );
-    assert_eq!(names_in(&volume.path), ["other"], "{stderr}");
+    stderr
 }
 
 /// A destination whose file system has less free than the copy takes is
@@ -640,20 +646,8 @@ fn sqlite_backup_onto_a_volume_without_room_for_it_is_refused_before_it_copies()
     let dir = tempfile::tempdir().unwrap();
     let db = source_database(dir.path(), 4000);
     assert!(std::fs::metadata(&db).unwrap().len() > 4 << 20);
-    let dest = volume.path.join("backup.db");
-    let out = Command::new(env!("CARGO_BIN_EXE_saguin"))
-        .args(["sqlite", "backup"])
-        .arg(&db)
-        .arg(&dest)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(
-        stderr.contains("bytes of space free and the copy needs")
-            && stderr.contains("nothing was written"),
-        "{stderr}"
-    );
+    let stderr =
+        backup_refused_before_it_copies(&db, &volume, "bytes of space free and the copy needs");
     assert!(names_in(&volume.path).is_empty(), "{stderr}");
 }
 
