@@ -158,12 +158,7 @@ fn check_room(db: &Path, source: &Connection, dest: &Path) -> Result<(), BackupE
     let needs = pragma("page_count")?
         .saturating_mul(pragma("page_size")?)
         .saturating_add(ROOM_BEYOND_THE_COPY);
-    // The directory a path names its file in ("." for a bare name).
-    let dir_of = |path: &Path| match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let dir = dir_of(dest);
+    let dir = parent_of(dest);
     // The copy, its journal, and the log and index SQLite opens beside it
     // while the copy is in WAL mode.
     const FILES: u64 = 4;

@@ -86,14 +86,9 @@ impl Room {
     pub fn recheck(&mut self, now: Instant) {
         if self.is_whole() && self.checked_at.is_none_or(|at| now >= at + RECHECK_EVERY) {
             self.checked_at = Some(now);
-            if file_state(&self.path).is_some_and(|(len, _)| len > self.bytes) {
-                // Failing, the rest stays allocated beside a room read
-                // whole: room to spare, nothing lost.
-                let _ = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&self.path)
-                    .and_then(|file| file.set_len(self.bytes));
-            }
+            // Failing, the rest stays allocated beside a room read whole:
+            // room to spare, nothing lost.
+            let _ = cut_to(&self.path, self.bytes);
             self.refresh();
         }
     }
@@ -195,12 +190,7 @@ impl Room {
         if bytes >= self.bytes {
             return Ok(());
         }
-        let cut = match std::fs::OpenOptions::new().write(true).open(&self.path) {
-            Ok(file) if file.metadata()?.len() > bytes => file.set_len(bytes),
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        };
+        let cut = cut_to(&self.path, bytes);
         self.bytes = bytes;
         self.refresh();
         cut
@@ -235,6 +225,17 @@ impl Room {
         self.kept = left;
         self.given_up = true;
         Ok(given)
+    }
+}
+
+/// Cuts the file at `path` to `bytes` when it is longer; no file is
+/// nothing to cut.
+fn cut_to(path: &Path, bytes: u64) -> io::Result<()> {
+    match std::fs::OpenOptions::new().write(true).open(path) {
+        Ok(file) if file.metadata()?.len() > bytes => file.set_len(bytes),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 

@@ -245,12 +245,13 @@ impl super::FlushLoop {
             return;
         }
         let beyond = self.log_beyond_database(&shared);
-        let kept_by_a_reader = !held
-            && last.is_some_and(|c| c.copied < c.log)
-            && beyond > ahead / 4
-            && self.outside_reader(&shared, commits);
-        if !held && !kept_by_a_reader {
-            return;
+        if !held {
+            let kept_by_a_reader = last.is_some_and(|c| c.copied < c.log)
+                && beyond > ahead / 4
+                && self.outside_reader(&shared, commits);
+            if !kept_by_a_reader {
+                return;
+            }
         }
         let Some(room) = self.room.as_mut() else {
             return;
