@@ -298,6 +298,8 @@ struct DecodedLists {
     records: Vec<Arc<Kept>>,
     dead_letter: Vec<Arc<Kept>>,
     items: Vec<RestoredItem>,
+    /// The retained store's values, of its file.
+    retained: LatestLoad,
 }
 
 /// What a start decodes straight into the stores' compact forms: the
@@ -309,6 +311,7 @@ struct DecodedLists {
 /// decoded file.
 #[derive(Debug, Default)]
 struct StartSink {
+    /// The retained store's values, once its file decoded.
     retained: LatestLoad,
     /// The lists of the file being read.
     reading: DecodedLists,
@@ -321,7 +324,7 @@ impl RecordSink for StartSink {
             RecordList::ChannelRecords => self.reading.records.reserve_exact(count),
             RecordList::DeadLetterRecords => self.reading.dead_letter.reserve_exact(count),
             RecordList::QueueItems => self.reading.items.reserve_exact(count),
-            RecordList::Retained => self.retained.reserve(count),
+            RecordList::Retained => self.reading.retained.reserve(count),
             RecordList::BroadcastMessages => return count,
         }
         0
@@ -333,7 +336,7 @@ impl RecordSink for StartSink {
             RecordList::DeadLetterRecords => {
                 self.reading.dead_letter.push(Arc::new(Kept::new(&record)))
             }
-            RecordList::Retained => self.retained.push_retained(record),
+            RecordList::Retained => self.reading.retained.push_retained(record),
             RecordList::BroadcastMessages | RecordList::QueueItems => kept.push(record),
         }
     }
@@ -350,8 +353,12 @@ impl RecordSink for StartSink {
 
 impl LoadSink for StartSink {
     fn file_read(&mut self, file: &str, decoded: bool) {
-        let lists = std::mem::take(&mut self.reading);
+        let mut lists = std::mem::take(&mut self.reading);
         if decoded {
+            // One file holds the retained store; any other holds none.
+            if lists.retained.len() > 0 {
+                self.retained = std::mem::take(&mut lists.retained);
+            }
             self.files.insert(file.to_owned(), lists);
         }
     }
@@ -557,6 +564,8 @@ impl MemoryProvider {
             records: decoded_records,
             dead_letter: dead_letter_records,
             items,
+            // A channel's file holds no retained value.
+            retained: _,
         } = lists;
         let records = match c.kind {
             ChannelKind::Queue => items.len() as u64,
@@ -957,6 +966,14 @@ mod tests {
             &mut kept,
         );
         sink.file_read("saguin.broadcast", true);
+        sink.record(RecordList::Retained, Record::new("r/1", "5"), &mut kept);
+        sink.file_read("saguin.retained", false);
+        assert_eq!(sink.retained.len(), 0, "a refused retained file's values");
+        for topic in ["r/1", "r/2"] {
+            sink.record(RecordList::Retained, Record::new(topic, "6"), &mut kept);
+        }
+        sink.file_read("saguin.retained", true);
+        assert_eq!(sink.retained.len(), 2);
         assert!(!sink.files.contains_key("damaged.snapshot"));
         let b = &sink.files["b.snapshot"];
         let topics: Vec<&str> = b
