@@ -159,31 +159,32 @@ fn check_room(db: &Path, source: &Connection, dest: &Path) -> Result<(), BackupE
         .saturating_mul(pragma("page_size")?)
         .saturating_add(ROOM_BEYOND_THE_COPY);
     let dir = parent_of(dest);
+    let Some((free, files)) = crate::storage::room::available(&dir) else {
+        return Ok(());
+    };
     // The copy, its journal, and the log and index SQLite opens beside it
     // while the copy is in WAL mode.
     const FILES: u64 = 4;
-    if let Some(free) = crate::storage::room::available_files(&dir).filter(|&f| f < FILES) {
+    if let Some(free) = files.filter(|&f| f < FILES) {
         return Err(BackupError::DestinationOutOfFiles {
             path: dest.to_path_buf(),
             free,
             needs: FILES,
         });
     }
-    match crate::storage::room::available_bytes(&dir) {
-        Some(free) if free < needs => {
-            use std::os::unix::fs::MetadataExt;
-            // The database's own device, through any link to it.
-            let device = |path: &Path| fs::metadata(path).map(|m| m.dev()).ok();
-            let beside_source = device(&dir).is_some_and(|d| device(db) == Some(d));
-            Err(BackupError::DestinationShort {
-                path: dest.to_path_buf(),
-                free,
-                needs,
-                beside_source,
-            })
-        }
-        _ => Ok(()),
+    if free < needs {
+        use std::os::unix::fs::MetadataExt;
+        // The database's own device, through any link to it.
+        let device = |path: &Path| fs::metadata(path).map(|m| m.dev()).ok();
+        let beside_source = device(&dir).is_some_and(|d| device(db) == Some(d));
+        return Err(BackupError::DestinationShort {
+            path: dest.to_path_buf(),
+            free,
+            needs,
+            beside_source,
+        });
     }
+    Ok(())
 }
 
 /// Refuses a destination whose directory is not there

@@ -86,9 +86,11 @@ impl Room {
     pub fn recheck(&mut self, now: Instant) {
         if self.is_whole() && self.checked_at.is_none_or(|at| now >= at + RECHECK_EVERY) {
             self.checked_at = Some(now);
-            // Failing, the rest stays allocated beside a room read whole:
-            // room to spare, nothing lost.
-            let _ = cut_to(&self.path, self.bytes);
+            if file_state(&self.path).is_some_and(|(len, _)| len > self.bytes) {
+                // Failing, the rest stays allocated beside a room read
+                // whole: room to spare, nothing lost.
+                let _ = cut_to(&self.path, self.bytes);
+            }
             self.refresh();
         }
     }
@@ -169,15 +171,16 @@ impl Room {
     }
 
     /// Grows a whole room to `bytes`, allocated in full, as [`Room::take`]
-    /// takes it; on a failure it is the room it was.
-    pub fn grow(&mut self, bytes: u64, retry_at: Instant) -> io::Result<()> {
+    /// takes it; on a failure it is the room it was, with no try pending.
+    pub fn grow(&mut self, bytes: u64) -> io::Result<()> {
         if bytes <= self.bytes {
             return Ok(());
         }
         let was = std::mem::replace(&mut self.bytes, bytes);
-        let grown = self.take(retry_at);
+        let grown = self.take(Instant::now());
         if grown.is_err() {
             self.bytes = was;
+            self.next_try = None;
             self.refresh();
         }
         grown
@@ -367,18 +370,18 @@ fn preallocate(file: &std::fs::File, len: libc::off_t) -> io::Result<()> {
 
 /// What the file system holding `dir` has free for this process.
 pub(crate) fn available_bytes(dir: &Path) -> Option<u64> {
-    let stat = statvfs(dir)?;
-    Some(free_for(&stat, *ROOT.get_or_init(is_root)))
+    available(dir).map(|(bytes, _)| bytes)
 }
 
-/// How many more files the file system holding `dir` lets this process
-/// create; `None` where it sets no such limit (btrfs says 0 of 0) or
-/// cannot be asked.
-pub(crate) fn available_files(dir: &Path) -> Option<u64> {
+/// What the file system holding `dir` has free for this process: bytes,
+/// and how many more files it may create (`None` where the file system
+/// sets no such limit: btrfs says 0 of 0). `None` when it cannot be asked.
+pub(crate) fn available(dir: &Path) -> Option<(u64, Option<u64>)> {
     let stat = statvfs(dir)?;
     // 32 bits wide on 32-bit targets (an ARM board's), 64 here.
     #[allow(clippy::useless_conversion)]
-    (u64::from(stat.f_files) > 0).then(|| u64::from(stat.f_favail))
+    let files = (u64::from(stat.f_files) > 0).then(|| u64::from(stat.f_favail));
+    Some((free_for(&stat, *ROOT.get_or_init(is_root)), files))
 }
 
 fn statvfs(dir: &Path) -> Option<libc::statvfs> {
@@ -596,10 +599,10 @@ mod tests {
         let mut room = Room::at(room_path(&db), 1 << 20);
         let now = Instant::now();
         room.take(now).unwrap();
-        room.grow(3 << 20, now).unwrap();
+        room.grow(3 << 20).unwrap();
         assert!(room.is_whole() && room.kept() == 3 << 20);
         assert!(allocated(room.path()) >= 3 << 20);
-        assert!(room.grow(u64::MAX / 2, now).is_err());
+        assert!(room.grow(u64::MAX / 2).is_err());
         assert!(room.is_whole() && room.kept() == 3 << 20 && !room.is_given_up());
         assert_eq!(len(room.path()), 3 << 20);
         room.shrink(1 << 20).unwrap();

@@ -239,19 +239,22 @@ impl super::FlushLoop {
             shared.room_short.store(false, Ordering::Release);
             // A room given up, or removed by hand, is taken back at its
             // configured size.
-            if let Some(room) = self.room.as_mut().filter(|r| r.bytes() > configured) {
+            if let Some(room) = self.room.as_mut() {
                 let _ = room.shrink(configured);
             }
             return;
         }
-        let beyond = self.log_beyond_database(&shared);
-        if !held {
-            let kept_by_a_reader = last.is_some_and(|c| c.copied < c.log)
-                && beyond > ahead / 4
-                && self.outside_reader(&shared, commits);
-            if !kept_by_a_reader {
-                return;
-            }
+        // Nothing left behind, nothing to hold: the turn's usual case, read
+        // no further.
+        if !held && last.is_none_or(|c| c.copied >= c.log) {
+            return;
+        }
+        // A checkpoint the reader check runs may grow the file after this:
+        // the ceiling from it is then lower than it could be until the next
+        // turn, never higher.
+        let (file, beyond) = self.database_and_beyond(&shared);
+        if !held && (beyond <= ahead / 4 || !self.outside_reader(&shared, commits)) {
+            return;
         }
         let Some(room) = self.room.as_mut() else {
             return;
@@ -274,11 +277,7 @@ impl super::FlushLoop {
         // checkpoint is given, stay inside the room, beyond what it is
         // kept ahead by.
         let margin = GIVEN_BEYOND_NEED + shared.options.reserve;
-        let grown = room.grow(
-            beyond + ahead + margin,
-            Instant::now() + super::CHECKPOINT_EVERY,
-        );
-        let file = std::fs::metadata(&shared.path).map_or(0, |m| m.len());
+        let grown = room.grow(beyond + ahead + margin);
         let pages = ((file + room.kept().saturating_sub(margin)) / shared.page_size).max(1);
         if pages != shared.log_ceiling.load(Ordering::Acquire) {
             shared.set_log_ceiling(pages);
@@ -321,12 +320,17 @@ impl super::FlushLoop {
     /// What a checkpoint has to grow the database's file by: the pages
     /// the log holds beyond its end, read on the checkpoint's connection.
     fn log_beyond_database(&self, shared: &super::Shared) -> u64 {
+        self.database_and_beyond(shared).1
+    }
+
+    /// The database's file length, and [`Self::log_beyond_database`].
+    fn database_and_beyond(&self, shared: &super::Shared) -> (u64, u64) {
         let pages: u64 = self
             .checkpointer
             .query_row("PRAGMA page_count", [], |r| r.get(0))
             .unwrap_or(0);
         let file = std::fs::metadata(&shared.path).map_or(0, |m| m.len());
-        (pages * shared.page_size).saturating_sub(file)
+        (file, (pages * shared.page_size).saturating_sub(file))
     }
 
     /// Takes the room back whole when it is not and a try is due (at the
