@@ -704,13 +704,10 @@ impl Shared {
     /// still grow past the file system's by one reserve, which the room it
     /// gave up leaves free. `None`: no ceiling at all.
     pub(crate) fn ceilings(&self) -> Option<PageBounds> {
-        self.ceilings_at(self.disk_ceiling.load(Ordering::Acquire))
-    }
-
-    /// [`Self::ceilings`] with the file system's ceiling at `disk` pages
-    /// (0: none), the log's as it stands.
-    fn ceilings_at(&self, disk: u64) -> Option<PageBounds> {
-        self.ceilings_with(disk, self.log_ceiling.load(Ordering::Acquire))
+        self.ceilings_with(
+            self.disk_ceiling.load(Ordering::Acquire),
+            self.log_ceiling.load(Ordering::Acquire),
+        )
     }
 
     /// [`Self::ceilings`] with the file system's ceiling at `disk` pages
@@ -735,8 +732,8 @@ impl Shared {
         })
     }
 
-    /// Whether the file system's ceiling is the lower one, so that a write
-    /// refused at the ceiling was refused for want of room.
+    /// Whether the file system's ceiling (or the log's) is the lower one,
+    /// so that a write refused at the ceiling was refused for want of room.
     fn disk_ceiling_binds(&self) -> bool {
         let disk = lower_ceiling(
             self.disk_ceiling.load(Ordering::Acquire),
@@ -745,43 +742,36 @@ impl Shared {
         disk != 0 && self.bounds.is_none_or(|b| disk <= b.publish_pages)
     }
 
-    /// The ceiling a write that is no relief runs under, with the file
-    /// system's ceiling at `disk` pages (0: none).
-    fn publish_ceiling_at(&self, disk: u64) -> u64 {
-        self.publish_ceiling_with(disk, self.log_ceiling.load(Ordering::Acquire))
-    }
-
-    fn publish_ceiling_with(&self, disk: u64, log: u64) -> u64 {
-        self.ceilings_with(disk, log)
-            .map_or(self.unbounded_pages, |c| c.publish_pages)
-    }
-
-    /// Sets the file system's ceiling to `disk` pages (0: none) on the
-    /// writer's connection, then records it: refusals at the ceiling the
-    /// connection had until then keep their cause.
-    fn set_disk_ceiling(&self, conn: &Connection, disk: u64) -> bool {
-        let set = set_max_page_count(conn, self.publish_ceiling_at(disk)).is_ok();
+    /// Sets the file system's ceiling to `disk` pages and the log's to
+    /// `log` (0: none) on the writer's connection `conn`, then records
+    /// them: refusals at the ceiling the connection had until then keep
+    /// their cause.
+    fn set_ceilings(&self, conn: &Connection, disk: u64, log: u64) -> bool {
+        let publish = self
+            .ceilings_with(disk, log)
+            .map_or(self.unbounded_pages, |c| c.publish_pages);
+        let set = set_max_page_count(conn, publish).is_ok();
         if set {
             self.disk_ceiling.store(disk, Ordering::Release);
+            self.log_ceiling.store(log, Ordering::Release);
         }
         self.room_moved();
         set
     }
 
-    /// Sets the log's ceiling to `log` pages (0: none) on the writer's
-    /// connection, then records it, as [`Self::set_disk_ceiling`] does.
+    /// [`Self::set_ceilings`] with the file system's ceiling at `disk`.
+    fn set_disk_ceiling(&self, conn: &Connection, disk: u64) -> bool {
+        self.set_ceilings(conn, disk, self.log_ceiling.load(Ordering::Acquire))
+    }
+
+    /// [`Self::set_ceilings`] with the log's ceiling at `log`, on the
+    /// writer.
     fn set_log_ceiling(&self, log: u64) -> bool {
         let Ok(writer) = self.writer() else {
             return false;
         };
         let disk = self.disk_ceiling.load(Ordering::Acquire);
-        let publish = self.publish_ceiling_with(disk, log);
-        let set = set_max_page_count(writer.conn(), publish).is_ok();
-        if set {
-            self.log_ceiling.store(log, Ordering::Release);
-        }
-        self.room_moved();
-        set
+        self.set_ceilings(writer.conn(), disk, log)
     }
 
     /// The file system is full: from now on the database holds at most the
