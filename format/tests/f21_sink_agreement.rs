@@ -115,7 +115,8 @@ fn validate_agrees_with_the_streamed_checks() {
 
 /// A channel whose first record breaks a semantic rule (QoS 3) and whose
 /// last record's topic is not UTF-8: the structural fault is named,
-/// whichever sink reads it, though the semantic one comes first in the file.
+/// whichever sink reads it, whole or as a stream, though the semantic one
+/// comes first in the file.
 #[test]
 fn a_structural_fault_is_named_before_an_earlier_semantic_one() {
     use saguin_format::f21::{ChannelFile, DecodeError};
@@ -140,6 +141,7 @@ fn a_structural_fault_is_named_before_an_earlier_semantic_one() {
         let bytes = Bytes::copy_from_slice(raw);
         let tallied = f21::decode_with(&bytes, &mut Tally::default()).map(|_| ());
         assert_eq!(copied, tallied);
+        assert_eq!(copied, streamed(raw, &mut Tally::default()).map(|_| ()));
         copied
     };
     // As written: QoS 3 in records[0] outranks the later duplicate topic.
@@ -173,4 +175,67 @@ fn a_structural_fault_is_named_before_an_earlier_semantic_one() {
         Err(DecodeError::Corrupt { field, .. }) => assert_eq!(field, "records[3].topic"),
         other => panic!("{other:?}"),
     }
+}
+
+/// [`f21::decode_stream`] of a whole input, its verdict as the whole
+/// decoder names it.
+fn streamed<S: f21::RecordSink>(
+    raw: &[u8],
+    sink: &mut S,
+) -> Result<(f21::Header, SnapshotFile), f21::DecodeError> {
+    f21::decode_stream(&mut &raw[..], raw.len(), None, sink).map_err(|e| match e {
+        f21::StreamError::Decode { error, .. } => error,
+        f21::StreamError::Read(e) => panic!("a whole input failed to read: {e}"),
+    })
+}
+
+/// A file of several of the stream's windows, with records cut by every
+/// window's end and one payload larger than a window, decodes as a stream
+/// to what it decodes to whole; a latest channel's second value for a
+/// topic is found in a stream as it is whole.
+#[test]
+fn a_file_larger_than_the_streams_window_decodes_as_it_does_whole() {
+    use saguin_format::f21::{ChannelFile, DecodeError};
+    use saguin_format::model::{ChannelKind, Record};
+
+    let mut c = ChannelFile::new("t", ChannelKind::Latest);
+    for i in 0..3_000u64 {
+        let len = if i == 1_500 {
+            3 << 20
+        } else {
+            (i as usize * 37) % 4_096
+        };
+        let mut r = Record::new(format!("site/{i}"), vec![(i % 251) as u8; len]);
+        r.offset = i + 1;
+        c.records.push(r);
+    }
+    c.next = 3_001;
+    let raw = f21::encode(&SnapshotFile::Channel(c), 1);
+    assert!(raw.len() > 8 << 20, "{} bytes", raw.len());
+    let whole = f21::decode(&raw).expect("decodes");
+    assert_eq!(streamed(&raw, &mut Collect).expect("streams"), whole);
+    let mut tally = Tally::default();
+    streamed(&raw, &mut tally).expect("streams");
+    assert_eq!(tally.records, 3_000);
+
+    // The last record's topic made the one before's: the second value is
+    // named.
+    let mut raw = raw;
+    let last = raw
+        .windows(9)
+        .rposition(|w| w == b"site/2999")
+        .expect("the last topic");
+    raw[last..last + 9].copy_from_slice(b"site/2998");
+    let end = raw.len() - 4;
+    let crc = crc32c::crc32c(&raw[..end]);
+    raw[end..].copy_from_slice(&crc.to_le_bytes());
+    let whole = f21::decode(&raw);
+    match &whole {
+        Err(DecodeError::Invalid { field, reason }) => {
+            assert_eq!(field, "records[2999].topic");
+            assert!(reason.contains("second value"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(streamed(&raw, &mut Tally::default()), whole);
 }

@@ -216,6 +216,27 @@ pub fn read_bounded_by_magic(
     ceiling: u64,
     limit_for: impl FnOnce(&[u8]) -> u64,
 ) -> Result<Vec<u8>, ReadError> {
+    open_bounded_by_magic(path, ceiling, limit_for)?.read_whole()
+}
+
+/// A regular file opened and held to its limit, its first bytes read:
+/// what [`read_bounded_by_magic`] reads whole, or a caller reads as a
+/// stream ([`Opened::stream`]).
+pub struct Opened {
+    file: File,
+    path: std::path::PathBuf,
+    size: u64,
+    probe: [u8; MAGIC_PROBE_LEN],
+    probe_len: usize,
+}
+
+/// [`read_bounded_by_magic`] up to the read of the rest: every check on the
+/// path, the opened file and its size is made.
+pub fn open_bounded_by_magic(
+    path: &Path,
+    ceiling: u64,
+    limit_for: impl FnOnce(&[u8]) -> u64,
+) -> Result<Opened, ReadError> {
     let meta = lstat(path)?;
     if let Some(kind) = SpecialKind::of(&meta) {
         return Err(ReadError::NotRegularFile {
@@ -241,31 +262,95 @@ pub fn read_bounded_by_magic(
     check_size(path, size, ceiling)?;
     let mut probe = [0u8; MAGIC_PROBE_LEN];
     let probe_len = read_probe(&mut file, &mut probe).map_err(|e| ReadError::from_io(path, e))?;
-    let probe = probe.get(..probe_len).unwrap_or_default();
-    check_size(path, size, limit_for(probe).min(ceiling))?;
+    check_size(
+        path,
+        size,
+        limit_for(probe.get(..probe_len).unwrap_or_default()).min(ceiling),
+    )?;
     if (probe_len as u64) < size.min(MAGIC_PROBE_LEN as u64) {
         return Err(ReadError::Changed {
             path: path.to_path_buf(),
             what: format!("{size} bytes when opened, {probe_len} read"),
         });
     }
-    // The whole file lands in one buffer sized once: no second copy and no
-    // growth, so reading a file costs its size in memory and nothing more.
-    let capacity = usize::try_from(size).map_err(|_| ReadError::TooLarge {
+    Ok(Opened {
+        file,
         path: path.to_path_buf(),
         size,
-        limit: usize::MAX as u64,
-    })?;
-    let mut buf = Vec::with_capacity(capacity);
-    buf.extend_from_slice(probe);
-    read_rest(&mut file, path, size, &mut buf).map_err(|e| match e {
-        ReadError::Changed { path, .. } => ReadError::Changed {
-            path,
-            what: format!("{size} bytes when opened, a different amount read"),
-        },
-        other => other,
-    })?;
-    Ok(buf)
+        probe,
+        probe_len,
+    })
+}
+
+impl Opened {
+    /// The file's first bytes: [`MAGIC_PROBE_LEN`] of them, fewer only for
+    /// a shorter file.
+    pub fn probe(&self) -> &[u8] {
+        self.probe.get(..self.probe_len).unwrap_or_default()
+    }
+
+    /// The file's size when it was opened.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The whole file, refused if it grew or shrank since it was opened.
+    pub fn read_whole(mut self) -> Result<Vec<u8>, ReadError> {
+        // The whole file lands in one buffer sized once: no second copy and
+        // no growth, so reading a file costs its size in memory and nothing
+        // more.
+        let capacity = usize::try_from(self.size).map_err(|_| ReadError::TooLarge {
+            path: self.path.clone(),
+            size: self.size,
+            limit: usize::MAX as u64,
+        })?;
+        let mut buf = Vec::with_capacity(capacity);
+        buf.extend_from_slice(self.probe());
+        let size = self.size;
+        read_rest(&mut self.file, &self.path, size, &mut buf).map_err(|e| match e {
+            ReadError::Changed { path, .. } => ReadError::Changed {
+                path,
+                what: format!("{size} bytes when opened, a different amount read"),
+            },
+            other => other,
+        })?;
+        Ok(buf)
+    }
+
+    /// The file from its first byte, to be read as a stream of its
+    /// [`Opened::size`] bytes and then handed to [`Opened::finish`].
+    pub fn source(&mut self) -> impl Read + '_ {
+        let probe = self.probe.get(..self.probe_len).unwrap_or_default();
+        probe.chain(&mut self.file)
+    }
+
+    /// Ends a read of [`Opened::source`] that read [`Opened::size`]
+    /// bytes: a file that has more now grew since it was opened, and is
+    /// refused as changed.
+    pub fn finish(mut self) -> Result<(), ReadError> {
+        match self.file.read(&mut [0u8; 1]) {
+            Ok(0) => Ok(()),
+            Ok(_) => Err(self.changed("more read")),
+            Err(e) => Err(ReadError::from_io(&self.path, e)),
+        }
+    }
+
+    /// What a read of [`Opened::source`] that failed with `error` says: a
+    /// file that ended early shrank since it was opened, and is refused as
+    /// changed; any other failure is the read's.
+    pub fn failed(self, error: io::Error) -> ReadError {
+        match error.kind() {
+            io::ErrorKind::UnexpectedEof => self.changed("fewer read"),
+            _ => ReadError::from_io(&self.path, error),
+        }
+    }
+
+    fn changed(&self, what: &str) -> ReadError {
+        ReadError::Changed {
+            path: self.path.clone(),
+            what: format!("{} bytes when opened, {what}", self.size),
+        }
+    }
 }
 
 /// Up to `probe.len()` leading bytes; fewer only at the end of the file.
@@ -315,6 +400,7 @@ fn read_rest(file: &mut File, path: &Path, size: u64, buf: &mut Vec<u8>) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     #[test]
     fn reads_a_regular_file_whole() {
@@ -424,5 +510,53 @@ mod tests {
         assert!(matches!(missing, ReadError::NotFound { .. }));
         assert!(missing.is_unreadable());
         assert!(missing.to_string().contains("missing: no such file"));
+    }
+
+    /// A file read as a stream that grew or shrank after it was opened is
+    /// refused as changed, as a file read whole is.
+    #[test]
+    fn a_streamed_file_that_grew_or_shrank_since_it_was_opened_is_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"0123456789abcdef").unwrap();
+        let read_all = |opened: &mut Opened| {
+            let mut got = vec![0u8; opened.size() as usize];
+            opened.source().read_exact(&mut got).map(|()| got)
+        };
+
+        let mut opened = open_bounded_by_magic(&p, 100, |_| 100).unwrap();
+        assert_eq!(opened.probe(), b"01234567");
+        assert_eq!(read_all(&mut opened).unwrap(), b"0123456789abcdef");
+        opened.finish().expect("a file read as it was opened");
+
+        let mut opened = open_bounded_by_magic(&p, 100, |_| 100).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&p)
+            .unwrap()
+            .write_all(b"+")
+            .unwrap();
+        read_all(&mut opened).unwrap();
+        let grew = opened.finish().unwrap_err();
+        assert!(
+            grew.to_string().contains("16 bytes when opened, more read"),
+            "{grew}"
+        );
+
+        let mut opened = open_bounded_by_magic(&p, 100, |_| 100).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        let early = read_all(&mut opened).unwrap_err();
+        let shrank = opened.failed(early);
+        assert!(
+            shrank
+                .to_string()
+                .contains("17 bytes when opened, fewer read"),
+            "{shrank}"
+        );
     }
 }

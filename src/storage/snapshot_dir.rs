@@ -296,37 +296,45 @@ pub fn read_snapshot_file_with(
     records: Records,
 ) -> Result<AnySnapshot, FileProblem> {
     let ceiling = opts.max_bytes_f21.max(opts.max_bytes_mbmqtt);
-    let bytes = read::read_bounded_by_magic(path, ceiling, |probe| match detect(probe) {
+    let opened = read::open_bounded_by_magic(path, ceiling, |probe| match detect(probe) {
         Magic::Mbmqtt => opts.max_bytes_mbmqtt,
         _ => opts.max_bytes_f21,
     })?;
-    match (records, detect(&bytes)) {
-        (Records::Drop, Magic::F21) => {
-            decode_f21_into(bytes.into(), expected, &mut Tally::default())
-        }
-        (Records::Into(sink), Magic::F21) => decode_f21_into(bytes.into(), expected, sink),
-        _ => decode_snapshot_bytes(&bytes, expected),
+    match (records, detect(opened.probe())) {
+        (Records::Drop, Magic::F21) => stream_f21(opened, expected, &mut Tally::default()),
+        (Records::Into(sink), Magic::F21) => stream_f21(opened, expected, sink),
+        _ => decode_snapshot_bytes(&opened.read_whole()?, expected),
     }
 }
 
-/// The format 21 arm of [`decode_snapshot_bytes`] with another sink than
-/// the one keeping every record: the same decoder and checks.
-fn decode_f21_into(
-    bytes: bytes::Bytes,
+/// The format 21 arm of [`read_snapshot_file_with`] with another sink than
+/// the one keeping every record: the same decoder and checks, reading the
+/// file as a stream, so that what it costs in memory is what the sink
+/// keeps, not the file's length.
+fn stream_f21(
+    mut opened: read::Opened,
     expected: Option<FileKind>,
     mut sink: impl RecordSink,
 ) -> Result<AnySnapshot, FileProblem> {
-    let decoded = match expected {
-        Some(kind) => f21::decode_with_expecting(&bytes, kind, &mut sink),
-        None => f21::decode_with(&bytes, &mut sink),
-    };
-    decoded
-        .and_then(|(header, file)| check_readers(&file).map(|()| (header, file)))
-        .map(|(header, file)| AnySnapshot::F21 { header, file })
-        .map_err(|error| FileProblem::F21 {
-            header: f21::read_header(&bytes).ok(),
-            error,
-        })
+    let size = usize::try_from(opened.size()).unwrap_or(usize::MAX);
+    let decoded = f21::decode_stream(&mut opened.source(), size, expected, &mut sink);
+    match decoded {
+        Err(f21::StreamError::Read(e)) => Err(opened.failed(e).into()),
+        Err(f21::StreamError::Decode { header, error }) => {
+            opened.finish()?;
+            Err(FileProblem::F21 { header, error })
+        }
+        Ok((header, file)) => {
+            opened.finish()?;
+            match check_readers(&file) {
+                Ok(()) => Ok(AnySnapshot::F21 { header, file }),
+                Err(error) => Err(FileProblem::F21 {
+                    header: Some(header),
+                    error,
+                }),
+            }
+        }
+    }
 }
 
 /// Read one format 21 file of the `expected` kind: what a directory holds.

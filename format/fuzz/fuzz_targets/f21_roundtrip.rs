@@ -1,8 +1,9 @@
 //! Whatever the format 21 decoder accepts, the encoder writes back byte for
 //! byte: every field has exactly one encoding, so a decode that loses or
 //! invents anything shows as a difference. The copying and the zero-copy
-//! decoders must agree on every input, and the checker's sink (records
-//! dropped as decoded) must reach the same verdict.
+//! decoders must agree on every input, the checker's sink (records
+//! dropped as decoded) must reach the same verdict, and so must the
+//! decoder reading the input as a stream.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -32,6 +33,12 @@ fn check(data: &[u8]) {
         tallied.as_ref().err(),
         "decode and the tallying decoder disagree"
     );
+    let streamed = f21::decode_stream(&mut &data[..], data.len(), None, &mut f21::Collect)
+        .map_err(|e| match e {
+            f21::StreamError::Decode { error, .. } => error,
+            f21::StreamError::Read(e) => panic!("a whole input failed to read: {e}"),
+        });
+    assert_eq!(copied, streamed, "decode and the streaming decoder disagree");
     if let Ok((header, file)) = copied {
         let again = f21::encode_with_writer(&file, &header.writer, header.written_at);
         assert_eq!(again, data, "decode then encode changed the bytes");

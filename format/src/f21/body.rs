@@ -7,7 +7,7 @@ use super::error::DecodeError;
 use super::sink::{RecordList, RecordSink};
 use super::types::*;
 use super::validate::{ChannelChecks, ListCheck, ListRules, ListVerdict};
-use super::wire::{Reader, Writer};
+use super::wire::{Reader, Text, Writer};
 use crate::model::{ChannelKind, PublishProps, Record, UserProperty};
 
 // The smallest encoding of each element, which every count is checked
@@ -158,8 +158,9 @@ pub(crate) fn get_record(r: &mut Reader<'_>) -> Result<Record, DecodeError> {
     get_record_in_place(r).map(|(record, _)| record)
 }
 
-/// [`get_record`], and its topic where it lies in the input.
-fn get_record_in_place<'a>(r: &mut Reader<'a>) -> Result<(Record, &'a str), DecodeError> {
+/// [`get_record`], and its topic where it lies in a whole input (`None`
+/// when streaming: the record's own is the only copy).
+fn get_record_in_place<'a>(r: &mut Reader<'a>) -> Result<(Record, Option<&'a str>), DecodeError> {
     let at = r.pos();
     let fixed = r.fixed::<RECORD_FIXED>("offset")?;
     let (offset, rest) = fixed.split_at(8);
@@ -171,7 +172,10 @@ fn get_record_in_place<'a>(r: &mut Reader<'a>) -> Result<(Record, &'a str), Deco
     let [qos, retain, shared_copy] = <[u8; 3]>::try_from(flags).unwrap_or_default();
     let retain = flag(retain, "retain", at + 33)?;
     let shared_copy = flag(shared_copy, "shared_copy", at + 34)?;
-    let topic_in_place = r.text("topic")?;
+    let (topic, topic_in_place) = match r.text("topic")? {
+        Text::InPlace(topic) => (topic.to_owned(), Some(topic)),
+        Text::Copied(topic) => (topic, None),
+    };
     let client_id = r.str("client_id")?;
     let bridge = r.opt_str("bridge")?;
     let owed_to = r.opt_str("owed_to")?;
@@ -181,7 +185,7 @@ fn get_record_in_place<'a>(r: &mut Reader<'a>) -> Result<(Record, &'a str), Deco
     let record = Record {
         offset,
         message_id,
-        topic: topic_in_place.to_owned(),
+        topic,
         timestamp,
         user_properties,
         payload,

@@ -14,8 +14,10 @@
 //! ```
 //!
 //! The first five fields hold across every format version so a file of
-//! another version can still be named (version, writer, time). Decoding
-//! takes the whole file: nothing is trusted until the trailer matches.
+//! another version can still be named (version, writer, time). Nothing
+//! decoded is trusted until the trailer matches: a file read whole is
+//! checked before its body is parsed, one read as a stream
+//! ([`decode_stream`]) once it has been read through.
 
 mod body;
 mod error;
@@ -279,11 +281,18 @@ fn decode_body<S: RecordSink>(
     kind: FileKind,
     sink: &mut S,
 ) -> Result<SnapshotFile, DecodeError> {
-    // Parse the whole body before judging it, so a structural fault
-    // anywhere is reported ahead of a semantic one (as the semantic pass
-    // over a decoded file would); the list checks ran while parsing and
-    // hold their verdicts until now.
-    let (file, lists) = match kind {
+    let parsed = parse_body(r, kind, sink)?;
+    judge_body(parsed, r.pos(), r.remaining())
+}
+
+/// The body parsed, each list's checks run as it streamed by: the file and
+/// the lists' verdicts, held for [`judge_body`].
+fn parse_body<S: RecordSink>(
+    r: &mut wire::Reader<'_>,
+    kind: FileKind,
+    sink: &mut S,
+) -> Result<(SnapshotFile, Lists), DecodeError> {
+    Ok(match kind {
         FileKind::Channel => {
             let (c, checks) = body::get_channel(r, sink)?;
             (SnapshotFile::Channel(c), Lists::Channel(checks.finish()))
@@ -302,15 +311,110 @@ fn decode_body<S: RecordSink>(
             let (b, messages) = body::get_broadcast(r, sink)?;
             (SnapshotFile::Broadcast(b), Lists::One(messages))
         }
-    };
-    if r.remaining() != 0 {
+    })
+}
+
+/// A parsed body judged whole, `remaining` bytes left unparsed at `pos`:
+/// a structural fault anywhere is reported ahead of a semantic one (as
+/// the semantic pass over a decoded file would).
+fn judge_body(
+    (file, lists): (SnapshotFile, Lists),
+    pos: usize,
+    remaining: usize,
+) -> Result<SnapshotFile, DecodeError> {
+    if remaining != 0 {
         return Err(DecodeError::TrailingBytes {
-            offset: r.pos(),
-            count: r.remaining(),
+            offset: pos,
+            count: remaining,
         });
     }
     validate::validate_decoded(&file, lists)?;
     Ok(file)
+}
+
+/// Why a file read as a stream ([`decode_stream`]) was not decoded.
+#[derive(Debug)]
+pub enum StreamError {
+    /// The source failed, or ended before the length it was said to have.
+    Read(std::io::Error),
+    /// The bytes are not a valid file of the kind expected: the verdict
+    /// [`decode_with`] gives on the same bytes. `header` when the file's
+    /// header could be read.
+    Decode {
+        header: Option<Header>,
+        error: DecodeError,
+    },
+}
+
+/// [`decode_with`] of a file of `len` bytes read from `source` as it is
+/// decoded, a window at a time, so that reading it costs about its
+/// largest record rather than its length (and its byte strings are
+/// copies). Every check runs, in the order [`decode_with`] runs them, and
+/// the verdict is the same; but the checksum is judged at the end, so
+/// `sink` receives a file's records before its verdict. A sink that keeps
+/// them must let them go when this fails. `expected` refuses a file of
+/// any other kind, as [`decode_with_expecting`] does. Reads exactly `len`
+/// bytes: whether `source` has more is the caller's to ask.
+pub fn decode_stream<S: RecordSink>(
+    source: &mut dyn std::io::Read,
+    len: usize,
+    expected: Option<FileKind>,
+    sink: &mut S,
+) -> Result<(Header, SnapshotFile), StreamError> {
+    let mut head = [0u8; HEADER_LEN];
+    let head = head.get_mut(..len.min(HEADER_LEN)).unwrap_or_default();
+    source.read_exact(head).map_err(StreamError::Read)?;
+    let head = &*head;
+    let refuse = |error| StreamError::Decode {
+        header: read_header(head).ok(),
+        error,
+    };
+    let header = read_header(head).map_err(refuse)?;
+    if header.format_version != FORMAT_VERSION {
+        return Err(refuse(DecodeError::OtherVersion {
+            version: header.format_version,
+            writer: header.writer,
+            written_at: header.written_at,
+        }));
+    }
+    let Some(body_end) = len
+        .checked_sub(TRAILER_LEN)
+        .filter(|&end| end >= HEADER_LEN)
+    else {
+        return Err(refuse(DecodeError::Truncated {
+            len,
+            needed: MIN_FILE_LEN,
+        }));
+    };
+    // What the envelope says beyond the checksum is judged after it, as
+    // `check_envelope` does: the file is read through to the checksum
+    // first whatever the kind byte and writer field hold.
+    let kind = header
+        .file_kind()
+        .ok_or(DecodeError::UnknownKind { kind: header.kind })
+        .and_then(|kind| check_writer_field(head).map(|()| kind));
+    let mut r = wire::Reader::streaming(source, HEADER_LEN, crc32c::crc32c(head), body_end);
+    let parsed = kind.and_then(|kind| parse_body(&mut r, kind, sink));
+    let (pos, remaining) = (r.pos(), r.remaining());
+    let (computed, stored) = r
+        .finish_stream::<TRAILER_LEN>()
+        .map_err(StreamError::Read)?;
+    let stored = u32::from_le_bytes(stored);
+    if stored != computed {
+        return Err(refuse(DecodeError::ChecksumMismatch {
+            offset: body_end,
+            stored,
+            computed,
+        }));
+    }
+    let file = parsed
+        .and_then(|parsed| judge_body(parsed, pos, remaining))
+        .and_then(|file| match expected {
+            Some(expected) => check_kind(file.kind(), expected).map(|()| file),
+            None => Ok(file),
+        })
+        .map_err(refuse)?;
+    Ok((header, file))
 }
 
 /// [`decode`], refusing a file of any kind but `expected`.

@@ -233,3 +233,115 @@ fn a_generation_manifest_names_each_file_by_the_generation_that_wrote_it() {
     let e = decode(&bytes).expect_err("a manifest listing a manifest");
     assert!(e.to_string().contains("not 1 (channel)"), "{e}");
 }
+
+/// The fixture corpus: valid files and damaged ones.
+fn fixture_files() -> Vec<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let mut files = Vec::new();
+    for dir in ["f21", "f21/dir", "damaged/f21"] {
+        for entry in std::fs::read_dir(root.join(dir))
+            .expect("the fixture corpus")
+            .flatten()
+        {
+            if entry.path().is_file() {
+                files.push(entry.path());
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() > 40, "the fixture corpus is missing");
+    files
+}
+
+/// What a streamed decode gave, as the whole decoder says it.
+fn as_whole<T>(streamed: Result<T, StreamError>) -> Result<T, DecodeError> {
+    streamed.map_err(|e| match e {
+        StreamError::Decode { error, .. } => error,
+        StreamError::Read(e) => panic!("a whole source failed: {e}"),
+    })
+}
+
+/// A stream reads its window a few bytes at a time in these tests
+/// (`wire::STREAM_CHUNK`), so every element of every fixture crosses a
+/// refill: each decodes to the same file, or is refused with the same
+/// finding, as the whole decoder gives, with either sink and any kind
+/// expected.
+#[test]
+fn a_stream_decodes_every_fixture_as_the_whole_decoder_does() {
+    let mut accepted = 0;
+    for path in fixture_files() {
+        let raw = std::fs::read(&path).unwrap();
+        let shared = Bytes::from(raw.clone());
+        let name = path.display();
+
+        let whole = decode_with(&shared, &mut Collect);
+        let streamed = as_whole(decode_stream(&mut &raw[..], raw.len(), None, &mut Collect));
+        assert_eq!(streamed, whole, "{name}");
+        accepted += usize::from(whole.is_ok());
+
+        let mut whole_tally = Tally::default();
+        let mut streamed_tally = Tally::default();
+        let whole = decode_with(&shared, &mut whole_tally);
+        let streamed = decode_stream(&mut &raw[..], raw.len(), None, &mut streamed_tally);
+        assert_eq!(as_whole(streamed), whole, "{name}");
+        if whole.is_ok() {
+            assert_eq!(streamed_tally, whole_tally, "{name}");
+        }
+
+        for kind in [FileKind::Channel, FileKind::Retained] {
+            let whole = decode_with_expecting(&shared, kind, &mut Tally::default());
+            let streamed =
+                decode_stream(&mut &raw[..], raw.len(), Some(kind), &mut Tally::default());
+            assert_eq!(as_whole(streamed), whole, "{name} as {kind:?}");
+        }
+    }
+    assert!(accepted > 5, "{accepted} fixtures accepted");
+}
+
+/// A source that ends before the length it was said to have, or fails,
+/// is the read's verdict wherever it stops, never a finding about bytes
+/// that were not read (but for a header that was read whole and refused).
+#[test]
+fn a_stream_whose_source_ends_early_or_fails_is_a_read_failure() {
+    struct Failing<'a>(&'a [u8]);
+    impl std::io::Read for Failing<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.0.is_empty() {
+                return Err(std::io::Error::other("the disk failed"));
+            }
+            let n = buf.len().min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/f21");
+    for name in ["append.snapshot", "retained.snapshot", "queue.snapshot"] {
+        let raw = std::fs::read(root.join(name)).unwrap();
+        for cut in [
+            0,
+            1,
+            HEADER_LEN,
+            HEADER_LEN + 1,
+            raw.len() / 2,
+            raw.len() - 1,
+        ] {
+            let short = decode_stream(&mut &raw[..cut], raw.len(), None, &mut Collect);
+            match short {
+                Err(StreamError::Read(e)) => {
+                    assert_eq!(
+                        e.kind(),
+                        std::io::ErrorKind::UnexpectedEof,
+                        "{name} cut at {cut}"
+                    )
+                }
+                other => panic!("{name} cut at {cut}: {other:?}"),
+            }
+            let failed = decode_stream(&mut Failing(&raw[..cut]), raw.len(), None, &mut Collect);
+            match failed {
+                Err(StreamError::Read(e)) => assert_eq!(e.to_string(), "the disk failed"),
+                other => panic!("{name} failing at {cut}: {other:?}"),
+            }
+        }
+    }
+}

@@ -4,6 +4,7 @@
 //! from a reader that stops at the first offset past what it asked for.
 //! FORMAT.md §2.9 lists every rule here.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::error::DecodeError;
@@ -26,7 +27,7 @@ pub fn validate(file: &SnapshotFile) -> Result<(), DecodeError> {
             let mut records = ListCheck::new("records", ListRules::Retained);
             r.records
                 .iter()
-                .for_each(|rec| records.record(rec, &rec.topic));
+                .for_each(|rec| records.record(rec, Some(&rec.topic)));
             validate_retained(records.finish())
         }
         SnapshotFile::Sessions(s) => validate_sessions(s),
@@ -34,7 +35,7 @@ pub fn validate(file: &SnapshotFile) -> Result<(), DecodeError> {
             let mut messages = ListCheck::new("messages", ListRules::broadcast(b.next, b.floor));
             b.messages
                 .iter()
-                .for_each(|rec| messages.record(rec, &rec.topic));
+                .for_each(|rec| messages.record(rec, Some(&rec.topic)));
             validate_broadcast(b, messages.finish())
         }
     }
@@ -173,10 +174,10 @@ pub(crate) struct ListCheck<'a> {
     /// pass found nothing (the order the rules are listed in FORMAT.md §2.9).
     second: Option<DecodeError>,
     /// Seeded afresh in every process, so no file can be made to collide.
-    /// Each topic is where it lies (a decoded file's input, or the record
-    /// checked), not a copy: a million retained topics held 80 MB as
-    /// copies while their file was read.
-    topics: HashSet<&'a str, foldhash::fast::RandomState>,
+    /// Each topic is where it lies in a whole input, not a copy: a
+    /// million retained topics held 80 MB as copies while their file was
+    /// read. A file read as a stream has nowhere else to keep them.
+    topics: HashSet<Cow<'a, str>, foldhash::fast::RandomState>,
 }
 
 /// A streamed list's element count and verdict.
@@ -222,10 +223,11 @@ impl<'a> ListCheck<'a> {
         }
     }
 
-    /// One record of a `Log`, `Retained` or `CountOnly` list; `topic` is
-    /// its topic, wherever it lies.
+    /// One record of a `Log`, `Retained` or `CountOnly` list; `in_place`
+    /// is its topic where it lies in a whole input.
     #[inline]
-    pub(crate) fn record(&mut self, rec: &Record, topic: &'a str) {
+    pub(crate) fn record(&mut self, rec: &Record, in_place: Option<&'a str>) {
+        let topic = || in_place.map_or_else(|| Cow::Owned(rec.topic.clone()), Cow::Borrowed);
         let i = self.count;
         self.count += 1;
         if self.first.is_some() {
@@ -273,7 +275,7 @@ impl<'a> ListCheck<'a> {
                     )
                     .err();
                 }
-                if one_per_topic && self.second.is_none() && !self.topics.insert(topic) {
+                if one_per_topic && self.second.is_none() && !self.topics.insert(topic()) {
                     self.second = Some(DecodeError::invalid(
                         format!("{}.topic", self.element(i)),
                         format!(
@@ -286,7 +288,7 @@ impl<'a> ListCheck<'a> {
             ListRules::Retained => {
                 if let Err(e) = check_record(rec, false) {
                     self.first = Some(e.within(&self.element(i)));
-                } else if !self.topics.insert(topic) {
+                } else if !self.topics.insert(topic()) {
                     self.first = Some(DecodeError::invalid(
                         format!("{}.topic", self.element(i)),
                         format!("{:?} has a second retained message", rec.topic),
@@ -396,7 +398,7 @@ impl<'a> ChannelChecks<'a> {
         );
         c.records
             .iter()
-            .for_each(|rec| records.record(rec, &rec.topic));
+            .for_each(|rec| records.record(rec, Some(&rec.topic)));
         let mut items = ListCheck::new("items", ListRules::channel_items(c.kind, c.next, c.floor));
         c.items.iter().for_each(|item| items.item(item));
         let dead_letter_records = c.dead_letter.as_ref().map(|d| {
@@ -406,7 +408,7 @@ impl<'a> ChannelChecks<'a> {
             );
             d.records
                 .iter()
-                .for_each(|rec| check.record(rec, &rec.topic));
+                .for_each(|rec| check.record(rec, Some(&rec.topic)));
             check
         });
         ChannelChecks {

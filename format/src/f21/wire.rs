@@ -6,6 +6,8 @@
 //! bytes left before the checksum, every count against the smallest
 //! encoding its elements can have before anything is allocated.
 
+use std::io::{self, Read};
+
 use bytes::Bytes;
 
 use super::error::DecodeError;
@@ -117,24 +119,64 @@ impl Writer {
     }
 }
 
-/// Reads primitive encodings from `buf[pos..end]`, where `end` is the start
-/// of the checksum trailer.
+/// Reads primitive encodings from a body: bytes `pos..end` of a file,
+/// where `end` is the start of the checksum trailer. Offsets are the
+/// file's, whichever input holds the bytes.
 pub(crate) struct Reader<'a> {
-    buf: &'a [u8],
-    /// When the input is shared, byte strings are zero-copy slices of it;
-    /// otherwise each is copied into its own allocation, so no decoded
-    /// record keeps the whole file alive.
-    owner: Option<&'a Bytes>,
+    input: Input<'a>,
     pos: usize,
     end: usize,
+}
+
+/// Where a reader's bytes are.
+enum Input<'a> {
+    /// The whole file, in memory. When `owner` is given, byte strings are
+    /// zero-copy slices of it; otherwise each is copied into its own
+    /// allocation, so no decoded record keeps the whole file alive.
+    Whole {
+        buf: &'a [u8],
+        owner: Option<&'a Bytes>,
+    },
+    /// The file as it is read, a window at a time: what is behind the
+    /// reader is let go, so it holds about the largest element and a
+    /// chunk, not the file.
+    Stream(Stream<'a>),
+}
+
+/// The bytes a streaming reader holds, and the checksum of all it read.
+struct Stream<'a> {
+    source: &'a mut dyn Read,
+    /// Bytes `at..at + window.len()` of the file.
+    window: Vec<u8>,
+    at: usize,
+    /// The checksum of every byte read from `source` so far (all of them
+    /// before the trailer).
+    crc: u32,
+    /// Why `source` gave no more bytes, when it failed or ended early: the
+    /// decode's verdict is then the read's, not the bytes'.
+    failure: Option<io::Error>,
+}
+
+/// What a streaming reader reads from its source at once, at least. A few
+/// bytes in this crate's tests, so that every element of their files is
+/// read across a refill.
+const STREAM_CHUNK: usize = if cfg!(test) { 7 } else { 1 << 20 };
+
+/// A string where it lies in a whole input, or a copy of it read from a
+/// stream.
+pub(crate) enum Text<'a> {
+    InPlace(&'a str),
+    Copied(String),
 }
 
 impl<'a> Reader<'a> {
     /// A reader whose byte strings share `buf`'s allocation.
     pub(crate) fn shared(buf: &'a Bytes, pos: usize, end: usize) -> Reader<'a> {
         Reader {
-            buf,
-            owner: Some(buf),
+            input: Input::Whole {
+                buf,
+                owner: Some(buf),
+            },
             pos,
             end,
         }
@@ -143,10 +185,81 @@ impl<'a> Reader<'a> {
     /// A reader whose byte strings are copied out of `buf`.
     pub(crate) fn copying(buf: &'a [u8], pos: usize, end: usize) -> Reader<'a> {
         Reader {
-            buf,
-            owner: None,
+            input: Input::Whole { buf, owner: None },
             pos,
             end,
+        }
+    }
+
+    /// A reader of the bytes from `pos` (the file's first `pos` bytes
+    /// already read from `source`, `crc` their checksum) up to `end`,
+    /// reading them from `source` as they are needed. Its byte strings
+    /// are copies.
+    pub(crate) fn streaming(
+        source: &'a mut dyn Read,
+        pos: usize,
+        crc: u32,
+        end: usize,
+    ) -> Reader<'a> {
+        Reader {
+            input: Input::Stream(Stream {
+                source,
+                window: Vec::new(),
+                at: pos,
+                crc,
+                failure: None,
+            }),
+            pos,
+            end,
+        }
+    }
+
+    /// A streaming reader's source read on to `end` and then for
+    /// `TRAILER` more bytes: the checksum of everything before `end`, and
+    /// the trailer. `Err` is why the source could not give them (or why it
+    /// failed before).
+    pub(crate) fn finish_stream<const TRAILER: usize>(self) -> io::Result<(u32, [u8; TRAILER])> {
+        let end = self.end;
+        let Input::Stream(mut stream) = self.input else {
+            return Err(io::Error::other("a whole input is not read on"));
+        };
+        if let Some(failure) = stream.failure.take() {
+            return Err(failure);
+        }
+        let mut fetched = stream.at + stream.window.len();
+        let mut chunk = std::mem::take(&mut stream.window);
+        chunk.resize(STREAM_CHUNK.min(end.saturating_sub(fetched)), 0);
+        while fetched < end {
+            let part = chunk
+                .get_mut(..(end - fetched).min(STREAM_CHUNK))
+                .unwrap_or_default();
+            stream.source.read_exact(part)?;
+            stream.crc = crc32c::crc32c_append(stream.crc, part);
+            fetched += part.len();
+        }
+        let mut trailer = [0u8; TRAILER];
+        stream.source.read_exact(&mut trailer)?;
+        Ok((stream.crc, trailer))
+    }
+
+    /// Bytes `start..stop` of the file, within the body: read from the
+    /// source first when streaming. `None` when they are not there (a
+    /// stream's source failed or ended early).
+    #[inline]
+    fn span(&mut self, start: usize, stop: usize) -> Option<&[u8]> {
+        match &mut self.input {
+            Input::Whole { buf, .. } => buf.get(start..stop),
+            Input::Stream(stream) => stream.span(start, stop, self.end),
+        }
+    }
+
+    /// [`Self::span`] for as long as a whole input lives: `None` when
+    /// streaming.
+    #[inline]
+    fn span_in_place(&self, start: usize, stop: usize) -> Option<&'a [u8]> {
+        match self.input {
+            Input::Whole { buf, .. } => buf.get(start..stop),
+            Input::Stream(_) => None,
         }
     }
 
@@ -163,7 +276,7 @@ impl<'a> Reader<'a> {
 
     /// The next `n` bytes, or a `Corrupt` naming `field` when fewer remain.
     #[inline]
-    fn take(&mut self, n: usize, field: &str) -> Result<&'a [u8], DecodeError> {
+    fn take(&mut self, n: usize, field: &str) -> Result<&[u8], DecodeError> {
         let start = self.pos;
         let stop = start
             .checked_add(n)
@@ -178,11 +291,8 @@ impl<'a> Reader<'a> {
                     ),
                 )
             })?;
-        let slice = self.buf.get(start..stop).ok_or_else(|| {
-            DecodeError::corrupt(field, start, "reaches past the end of the file")
-        })?;
         self.pos = stop;
-        Ok(slice)
+        self.declared(field, start, stop)
     }
 
     #[inline]
@@ -253,18 +363,15 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A `u32` length and that many bytes: where they start, and the bytes.
-    /// One bounds check covers both the declared length and the input.
+    /// A `u32` length, checked against the bytes left: where the bytes it
+    /// declares start and stop. One bounds check covers both the declared
+    /// length and the input.
     #[inline]
-    fn length_prefixed(&mut self, field: &str) -> Result<(usize, &'a [u8]), DecodeError> {
+    fn length_prefixed(&mut self, field: &str) -> Result<(usize, usize), DecodeError> {
         let len_at = self.pos;
         let len = self.u32(field)? as usize;
         let start = self.pos;
-        let slice = start
-            .checked_add(len)
-            .filter(|&stop| stop <= self.end)
-            .and_then(|stop| self.buf.get(start..stop));
-        let Some(slice) = slice else {
+        let Some(stop) = start.checked_add(len).filter(|&stop| stop <= self.end) else {
             return Err(DecodeError::corrupt(
                 field,
                 len_at,
@@ -274,44 +381,64 @@ impl<'a> Reader<'a> {
                 ),
             ));
         };
-        self.pos = start + len; // in bounds: checked just above
-        Ok((start, slice))
+        self.pos = stop;
+        Ok((start, stop))
+    }
+
+    /// Bytes `start..stop`, checked to lie in the body, or where they are
+    /// missing from the input.
+    #[inline]
+    fn declared(&mut self, field: &str, start: usize, stop: usize) -> Result<&[u8], DecodeError> {
+        self.span(start, stop)
+            .ok_or_else(|| DecodeError::corrupt(field, start, "reaches past the end of the file"))
     }
 
     /// A `u32`-length-prefixed byte string: a slice of a shared input, or a
     /// copy of it.
     #[inline]
     pub(crate) fn bytes(&mut self, field: &str) -> Result<Bytes, DecodeError> {
-        let (start, slice) = self.length_prefixed(field)?;
-        Ok(match self.owner {
-            Some(owner) => owner.slice(start..start + slice.len()),
-            None => Bytes::copy_from_slice(slice),
-        })
+        let (start, stop) = self.length_prefixed(field)?;
+        if let Input::Whole {
+            owner: Some(owner), ..
+        } = self.input
+        {
+            if stop <= owner.len() {
+                return Ok(owner.slice(start..stop));
+            }
+        }
+        self.declared(field, start, stop)
+            .map(Bytes::copy_from_slice)
     }
 
     /// A `u32`-length-prefixed UTF-8 string.
     #[inline]
     pub(crate) fn str(&mut self, field: &str) -> Result<String, DecodeError> {
-        self.text(field).map(str::to_owned)
+        let (start, stop) = self.length_prefixed(field)?;
+        let raw = self.declared(field, start, stop)?;
+        utf8(raw, field, start).map(str::to_owned)
     }
 
-    /// [`Reader::str`] where it lies in the input, not copied.
+    /// [`Reader::str`] where it lies in a whole input, not copied; a copy
+    /// when streaming.
     #[inline]
-    pub(crate) fn text(&mut self, field: &str) -> Result<&'a str, DecodeError> {
-        let (start, raw) = self.length_prefixed(field)?;
-        std::str::from_utf8(raw)
-            .map_err(|e| DecodeError::corrupt(field, start + e.valid_up_to(), "not valid UTF-8"))
+    pub(crate) fn text(&mut self, field: &str) -> Result<Text<'a>, DecodeError> {
+        let (start, stop) = self.length_prefixed(field)?;
+        if let Some(raw) = self.span_in_place(start, stop) {
+            return utf8(raw, field, start).map(Text::InPlace);
+        }
+        let raw = self.declared(field, start, stop)?;
+        utf8(raw, field, start).map(|text| Text::Copied(text.to_owned()))
     }
 
     /// True, consuming them, when the next `N` bytes are all zero: the
     /// common "every optional field absent" run of presence tags.
     #[inline]
     pub(crate) fn skip_zeros<const N: usize>(&mut self) -> bool {
-        let all_zero = self
-            .pos
+        let start = self.pos;
+        let all_zero = start
             .checked_add(N)
             .filter(|&stop| stop <= self.end)
-            .and_then(|stop| self.buf.get(self.pos..stop))
+            .and_then(|stop| self.span(start, stop))
             .is_some_and(|run| run.iter().all(|&b| b == 0));
         if all_zero {
             self.pos += N; // in bounds: checked just above
@@ -374,5 +501,53 @@ impl<'a> Reader<'a> {
             ));
         }
         Ok(n)
+    }
+}
+
+/// `raw` as UTF-8, or a `Corrupt` naming `field` at the first bad byte.
+fn utf8<'b>(raw: &'b [u8], field: &str, start: usize) -> Result<&'b str, DecodeError> {
+    std::str::from_utf8(raw)
+        .map_err(|e| DecodeError::corrupt(field, start + e.valid_up_to(), "not valid UTF-8"))
+}
+
+impl Stream<'_> {
+    /// Bytes `start..stop` of the file (`stop` at most `end`, `start` at
+    /// or after every byte asked for before).
+    #[inline]
+    fn span(&mut self, start: usize, stop: usize, end: usize) -> Option<&[u8]> {
+        if stop > self.at + self.window.len() {
+            self.fetch(start, stop, end)?;
+        }
+        self.window
+            .get(start.checked_sub(self.at)?..stop.checked_sub(self.at)?)
+    }
+
+    /// Lets go of what lies before `start` and reads from the source as
+    /// far as `stop`, at least [`STREAM_CHUNK`] at a time (never past
+    /// `end`). `None`, the failure kept, when the source cannot give them.
+    #[cold]
+    fn fetch(&mut self, start: usize, stop: usize, end: usize) -> Option<()> {
+        if self.failure.is_some() || start < self.at {
+            return None;
+        }
+        let fetched = self.at + self.window.len();
+        // Bytes between what was read and `start` (none a decoder skips)
+        // are read all the same: the checksum covers them.
+        let behind = (start - self.at).min(self.window.len());
+        self.window.drain(..behind);
+        self.at += behind;
+        let target = stop.max(fetched.saturating_add(STREAM_CHUNK)).min(end);
+        if target < stop {
+            return None;
+        }
+        self.window.resize(target - self.at, 0);
+        let fresh = self.window.get_mut(fetched - self.at..)?;
+        if let Err(e) = self.source.read_exact(fresh) {
+            self.failure = Some(e);
+            self.window.truncate(fetched - self.at);
+            return None;
+        }
+        self.crc = crc32c::crc32c_append(self.crc, fresh);
+        Some(())
     }
 }
