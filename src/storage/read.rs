@@ -228,6 +228,22 @@ pub struct Opened {
     size: u64,
     probe: [u8; MAGIC_PROBE_LEN],
     probe_len: usize,
+    /// How many bytes [`Opened::source`] has given.
+    streamed: u64,
+}
+
+/// A reader counting the bytes it gives.
+struct Counted<'a, R> {
+    inner: R,
+    count: &'a mut u64,
+}
+
+impl<R: Read> Read for Counted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        *self.count += n as u64;
+        Ok(n)
+    }
 }
 
 /// [`read_bounded_by_magic`] up to the read of the rest: every check on the
@@ -279,6 +295,7 @@ pub fn open_bounded_by_magic(
         size,
         probe,
         probe_len,
+        streamed: 0,
     })
 }
 
@@ -317,17 +334,23 @@ impl Opened {
         Ok(buf)
     }
 
-    /// The file from its first byte, to be read as a stream of its
-    /// [`Opened::size`] bytes and then handed to [`Opened::finish`].
+    /// The file from its first byte, to be read as a stream of at most
+    /// its [`Opened::size`] bytes and then handed to [`Opened::finish`].
     pub fn source(&mut self) -> impl Read + '_ {
         let probe = self.probe.get(..self.probe_len).unwrap_or_default();
-        probe.chain(&mut self.file)
+        Counted {
+            inner: probe.chain(&mut self.file),
+            count: &mut self.streamed,
+        }
     }
 
-    /// Ends a read of [`Opened::source`] that read [`Opened::size`]
-    /// bytes: a file that has more now grew since it was opened, and is
-    /// refused as changed.
+    /// Ends a read of [`Opened::source`]: a file read to its size that has
+    /// more now grew since it was opened, and is refused as changed. A
+    /// read that stopped short (a header refused) says nothing of it.
     pub fn finish(mut self) -> Result<(), ReadError> {
+        if self.streamed < self.size {
+            return Ok(());
+        }
         match self.file.read(&mut [0u8; 1]) {
             Ok(0) => Ok(()),
             Ok(_) => Err(self.changed("more read")),
