@@ -86,8 +86,19 @@ fn memory_child(path: &str) {
             drop(raw);
             decoded
         }
-        // What `saguin snapshot verify` does: the loader's decoder with a
-        // sink that drops each record once checked.
+        // What `saguin snapshot verify` does: the decoder reading the file
+        // as a stream, with a sink that drops each record once checked.
+        "stream" => {
+            drop(raw);
+            let mut file = std::fs::File::open(path).expect("open the bench file");
+            let len = file.metadata().expect("the bench file's length").len() as usize;
+            let mut tally = f21::Tally::default();
+            let decoded = f21::decode_stream(&mut file, len, None, &mut tally)
+                .expect("the bench file decodes");
+            black_box(tally);
+            decoded
+        }
+        // The whole file with a sink that drops each record once checked.
         "tally" => {
             let shared = Bytes::from(raw);
             let mut tally = f21::Tally::default();
@@ -163,6 +174,11 @@ fn main() {
         f21::decode_with(&shared, &mut tally).expect("decodes");
         tally
     });
+    let streaming = time(|| {
+        let mut tally = f21::Tally::default();
+        f21::decode_stream(&mut &bytes[..], size, None, &mut tally).expect("decodes");
+        tally
+    });
     let crc = time(|| crc32c::crc32c(&bytes));
     drop(file);
 
@@ -193,6 +209,7 @@ fn main() {
     let (shared_peak, shared_after) = measure("shared");
     let (copy_peak, copy_after) = measure("copy");
     let (tally_peak, _) = measure("tally");
+    let (stream_peak, _) = measure("stream");
     let _ = std::fs::remove_dir_all(&dir);
 
     let row = |what: &str, (best, median, cpu): (Duration, Duration, Duration)| {
@@ -227,13 +244,15 @@ fn main() {
     row("encode", encoding);
     row("decode + validate (decode_bytes)", decoding);
     row("decode + validate (decode)", copying);
-    row("decode + validate (Tally, verify)", tallying);
+    row("decode + validate (Tally)", tallying);
+    row("decode_stream (Tally, verify)", streaming);
     row("CRC32C alone", crc);
     let ratio = |b: u64| b as f64 / size as f64;
     println!(
         "decode memory, fresh process, file read then decoded: decode_bytes peak {:.1} MB ({:.2}x the file), {:.1} MB held after; \
          decode peak {:.1} MB ({:.2}x), {:.1} MB ({:.2}x) held once the file buffer is dropped; \
-         decode_with(Tally) (verify) peak {:.1} MB ({:.2}x); size_of::<Record>() = {} bytes",
+         decode_with(Tally) peak {:.1} MB ({:.2}x); decode_stream(Tally) (verify) from the file peak {:.1} MB ({:.3}x); \
+         size_of::<Record>() = {} bytes",
         shared_peak as f64 / 1e6,
         ratio(shared_peak),
         shared_after as f64 / 1e6,
@@ -243,6 +262,8 @@ fn main() {
         ratio(copy_after),
         tally_peak as f64 / 1e6,
         ratio(tally_peak),
+        stream_peak as f64 / 1e6,
+        ratio(stream_peak),
         std::mem::size_of::<Record>(),
     );
 }

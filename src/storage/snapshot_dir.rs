@@ -144,13 +144,15 @@ pub enum Records<'a> {
     #[default]
     Keep,
     /// Each record is dropped once checked, so the decoded file's record
-    /// lists are empty and reading a file costs about its size in memory:
-    /// what `verify` needs.
+    /// lists are empty, and the file is read as a stream: reading it costs
+    /// about its largest record in memory, whatever its length. What
+    /// `verify` needs.
     Drop,
     /// Every record is handed to the sink as it is checked, which keeps it
     /// or leaves it in the decoded file, and the sink is told as each file
-    /// of a scan is done. What a memory provider's load needs, so its start
-    /// never holds ten million decoded records beside the store it builds
+    /// of a scan is done; the file is read as a stream, as for `Drop`. What
+    /// a memory provider's load needs, so its start never holds ten million
+    /// decoded records, or their file's bytes, beside the store it builds
     /// from them.
     Into(&'a mut dyn LoadSink),
 }
@@ -282,7 +284,7 @@ pub fn read_snapshot_file(
 
 /// [`read_snapshot_file`] for a checker: every check runs, and each format
 /// 21 record is dropped once checked ([`Records::Drop`]), so a large
-/// channel file costs about its own size in memory. The verdict is the
+/// channel file costs about its largest record in memory. The verdict is the
 /// loader's.
 pub fn check_snapshot_file(path: &Path, opts: &ScanOptions) -> Result<AnySnapshot, FileProblem> {
     read_snapshot_file_with(path, opts, None, Records::Drop)

@@ -12,8 +12,9 @@
 //! - `append`: one append channel grown to each size, on a memory provider
 //!   with a snapshot directory and on sqlite: startup, RSS (and the peak
 //!   its startup reached), a consumer's
-//!   seek by time (SUBSCRIBE to first record), and the retention sweep that
-//!   removes a tenth of it.
+//!   seek by time (SUBSCRIBE to first record), the retention sweep that
+//!   removes a tenth of it, and on memory the peak RSS of a
+//!   `saguin snapshot verify` of the stopped provider's directory.
 //! - `sessions`: persistent sessions with one queued QoS 1 message each, on
 //!   sqlite and in Mosquitto with persistence: restart to the first
 //!   CONNACK, RSS, and a sample of them resumed with their message.
@@ -122,6 +123,28 @@ fn rss(pid: u32) -> Result<u64, Error> {
 /// The most resident memory process `pid` has had, bytes.
 fn peak_rss(pid: u32) -> Result<u64, Error> {
     status_bytes(pid, "VmHWM:")
+}
+
+/// The peak RSS of `bin snapshot verify dir`, bytes, which must find the
+/// directory valid.
+fn verify_peak_rss(bin: &Path, dir: &Path) -> Result<u64, Error> {
+    let child = std::process::Command::new(bin)
+        .args(["snapshot", "verify"])
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let mut status = 0;
+    // SAFETY: `rusage` is plain data the call fills; the pid is our
+    // child's, waited for once.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let waited = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    if waited < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        return Err(format!("snapshot verify {} failed: status {status}", dir.display()).into());
+    }
+    Ok(usage.ru_maxrss as u64 * 1024)
 }
 
 /// A size in kB that `/proc/<pid>/status` reports under `field`, bytes.
@@ -568,7 +591,7 @@ fn record_topic(i: usize) -> String {
 async fn append(sizes: &[usize]) -> Result<(), Error> {
     println!("\n## One append channel (64 B records)");
     println!(
-        "| provider | records | startup | RSS | peak RSS in startup | seek by time | sweep of a tenth | removed | graceful stop | fill rate |"
+        "| provider | records | startup | RSS | peak RSS in startup | seek by time | sweep of a tenth | removed | graceful stop | fill rate | `snapshot verify` peak RSS |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
@@ -639,6 +662,11 @@ async fn append(sizes: &[usize]) -> Result<(), Error> {
             let peak = peak_rss(pid_of(&broker)?)?;
             let seek = seek_by_time(broker.addr, fill_began).await?;
             stop(broker).await?;
+            let verify_peak = if provider.starts_with("memory") {
+                mib(verify_peak_rss(bin, &data.join("snapshots"))? as f64)
+            } else {
+                "-".to_owned()
+            };
 
             // A bound a tenth below what the channel holds: the sweep that
             // runs as the broker starts removes the oldest tenth.
@@ -657,7 +685,7 @@ async fn append(sizes: &[usize]) -> Result<(), Error> {
                 .ok_or("no saguin_channel_records")? as usize;
             stop(broker).await?;
             println!(
-                "| {provider} | {n} | {} | {} | {} | {} | {} | {removed} | {} | {:.0}/s |",
+                "| {provider} | {n} | {} | {} | {} | {} | {} | {removed} | {} | {:.0}/s | {verify_peak} |",
                 ms(started_in),
                 mib(resident as f64),
                 mib(peak as f64),

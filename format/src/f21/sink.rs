@@ -2,10 +2,12 @@
 //!
 //! One decoder serves both the loader and `saguin snapshot verify`: the
 //! same parsing and the same semantic checks run whichever sink receives
-//! the records, so a file `verify` calls valid is one the loader accepts. The loader's sink ([`Collect`]) keeps every record;
-//! a checker's ([`Tally`]) counts them and drops each as soon as it has
-//! been checked, so its peak memory is the file's bytes plus a few words
-//! per list (and the topic set of a latest channel or the retained store).
+//! the records, so a file `verify` calls valid is one the loader accepts.
+//! The loader's sink ([`Collect`]) keeps every record; a checker's
+//! ([`Tally`]) counts them and drops each as soon as it has been checked,
+//! so its peak memory is its input (the file's bytes, or a stream's
+//! window: [`super::decode_stream`]) plus a few words per list (and the
+//! topic set of a latest channel or the retained store).
 
 use super::types::QueueItem;
 use crate::model::Record;
