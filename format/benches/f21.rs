@@ -73,13 +73,16 @@ fn status_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The child: read the file, decode it, report the resident peak against
-/// the resident size before the read, as `baseline_kib peak_kib
+/// The child: read the file (as a stream, or whole first), decode it,
+/// report the resident peak against the resident size before the read, as `baseline_kib peak_kib
 /// after_drop_kib` (the last: resident once the file buffer is dropped).
 fn memory_child(path: &str) {
     let baseline = status_kib("VmRSS:");
-    let raw = std::fs::read(path).expect("read the bench file");
     let mode = std::env::var("SAGUIN_BENCH_MEMORY_MODE").unwrap_or_default();
+    let raw = match mode.as_str() {
+        "stream" => Vec::new(),
+        _ => std::fs::read(path).expect("read the bench file"),
+    };
     let decoded = match mode.as_str() {
         "copy" => {
             let decoded = f21::decode(&raw).expect("the bench file decodes");
@@ -89,7 +92,6 @@ fn memory_child(path: &str) {
         // What `saguin snapshot verify` does: the decoder reading the file
         // as a stream, with a sink that drops each record once checked.
         "stream" => {
-            drop(raw);
             let mut file = std::fs::File::open(path).expect("open the bench file");
             let len = file.metadata().expect("the bench file's length").len() as usize;
             let mut tally = f21::Tally::default();

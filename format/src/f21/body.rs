@@ -7,7 +7,7 @@ use super::error::DecodeError;
 use super::sink::{RecordList, RecordSink};
 use super::types::*;
 use super::validate::{ChannelChecks, ListCheck, ListRules, ListVerdict};
-use super::wire::{Reader, Text, Writer};
+use super::wire::{Input, Reader, Text, Writer};
 use crate::model::{ChannelKind, PublishProps, Record, UserProperty};
 
 // The smallest encoding of each element, which every count is checked
@@ -48,7 +48,10 @@ pub(crate) fn channel_kind_byte(kind: ChannelKind) -> u8 {
     }
 }
 
-fn get_channel_kind(r: &mut Reader<'_>, field: &str) -> Result<ChannelKind, DecodeError> {
+fn get_channel_kind<'a, I: Input<'a>>(
+    r: &mut Reader<'a, I>,
+    field: &str,
+) -> Result<ChannelKind, DecodeError> {
     let at = r.pos();
     match r.u8(field)? {
         KIND_APPEND => Ok(ChannelKind::Append),
@@ -64,11 +67,11 @@ fn get_channel_kind(r: &mut Reader<'_>, field: &str) -> Result<ChannelKind, Deco
 
 /// Decodes `n` elements, naming the failing one in the error's field path.
 #[inline]
-fn get_list<T>(
-    r: &mut Reader<'_>,
+fn get_list<'a, I: Input<'a>, T>(
+    r: &mut Reader<'a, I>,
     field: &str,
     min_size: usize,
-    mut get: impl FnMut(&mut Reader<'_>) -> Result<T, DecodeError>,
+    mut get: impl FnMut(&mut Reader<'a, I>) -> Result<T, DecodeError>,
 ) -> Result<Vec<T>, DecodeError> {
     let n = r.count(field, min_size)?;
     let mut out = Vec::with_capacity(n);
@@ -88,7 +91,7 @@ pub(crate) fn put_props(w: &mut Writer, p: &PublishProps) {
     w.opt_u32(p.message_expiry_interval);
 }
 
-fn get_props(r: &mut Reader<'_>) -> Result<PublishProps, DecodeError> {
+fn get_props<'a, I: Input<'a>>(r: &mut Reader<'a, I>) -> Result<PublishProps, DecodeError> {
     // Most records carry no publish property: five zero tags.
     if r.skip_zeros::<5>() {
         return Ok(PublishProps::default());
@@ -110,7 +113,9 @@ pub(crate) fn put_user_properties(w: &mut Writer, props: &[UserProperty]) {
     }
 }
 
-fn get_user_properties(r: &mut Reader<'_>) -> Result<Vec<UserProperty>, DecodeError> {
+fn get_user_properties<'a, I: Input<'a>>(
+    r: &mut Reader<'a, I>,
+) -> Result<Vec<UserProperty>, DecodeError> {
     get_list(r, "user_properties", MIN_USER_PROPERTY, |r| {
         Ok(UserProperty {
             name: r.str("name")?,
@@ -154,13 +159,15 @@ fn flag(byte: u8, field: &str, at: usize) -> Result<bool, DecodeError> {
     }
 }
 
-pub(crate) fn get_record(r: &mut Reader<'_>) -> Result<Record, DecodeError> {
+pub(crate) fn get_record<'a, I: Input<'a>>(r: &mut Reader<'a, I>) -> Result<Record, DecodeError> {
     get_record_in_place(r).map(|(record, _)| record)
 }
 
 /// [`get_record`], and its topic where it lies in a whole input (`None`
 /// when streaming: the record's own is the only copy).
-fn get_record_in_place<'a>(r: &mut Reader<'a>) -> Result<(Record, Option<&'a str>), DecodeError> {
+fn get_record_in_place<'a, I: Input<'a>>(
+    r: &mut Reader<'a, I>,
+) -> Result<(Record, Option<&'a str>), DecodeError> {
     let at = r.pos();
     let fixed = r.fixed::<RECORD_FIXED>("offset")?;
     let (offset, rest) = fixed.split_at(8);
@@ -209,8 +216,8 @@ fn put_records(w: &mut Writer, records: &[Record]) {
 
 /// Decodes a record list, each record checked by `check` and handed to
 /// `sink`, which keeps it or drops it.
-fn get_records<'a, S: RecordSink>(
-    r: &mut Reader<'a>,
+fn get_records<'a, I: Input<'a>, S: RecordSink>(
+    r: &mut Reader<'a, I>,
     field: &str,
     list: RecordList,
     check: &mut ListCheck<'a>,
@@ -240,7 +247,10 @@ fn put_positions(w: &mut Writer, positions: &[Position]) {
     }
 }
 
-fn get_positions(r: &mut Reader<'_>, field: &str) -> Result<Vec<Position>, DecodeError> {
+fn get_positions<'a, I: Input<'a>>(
+    r: &mut Reader<'a, I>,
+    field: &str,
+) -> Result<Vec<Position>, DecodeError> {
     get_list(r, field, MIN_POSITION, |r| {
         Ok(Position {
             reader: r.str("reader")?,
@@ -261,7 +271,7 @@ fn put_held(w: &mut Writer, held: &[HeldPublish]) {
     }
 }
 
-fn get_held(r: &mut Reader<'_>) -> Result<Vec<HeldPublish>, DecodeError> {
+fn get_held<'a, I: Input<'a>>(r: &mut Reader<'a, I>) -> Result<Vec<HeldPublish>, DecodeError> {
     get_list(r, "held", MIN_HELD, |r| {
         Ok(HeldPublish {
             client_id: r.str("client_id")?,
@@ -282,7 +292,7 @@ fn put_items(w: &mut Writer, items: &[QueueItem]) {
     }
 }
 
-fn get_item(r: &mut Reader<'_>) -> Result<QueueItem, DecodeError> {
+fn get_item<'a, I: Input<'a>>(r: &mut Reader<'a, I>) -> Result<QueueItem, DecodeError> {
     Ok(QueueItem {
         record: get_record(r).map_err(|e| e.within(&"record"))?,
         attempts: r.u32("attempts")?,
@@ -291,8 +301,8 @@ fn get_item(r: &mut Reader<'_>) -> Result<QueueItem, DecodeError> {
     })
 }
 
-fn get_items<S: RecordSink>(
-    r: &mut Reader<'_>,
+fn get_items<'a, I: Input<'a>, S: RecordSink>(
+    r: &mut Reader<'a, I>,
     check: &mut ListCheck<'_>,
     sink: &mut S,
 ) -> Result<Vec<QueueItem>, DecodeError> {
@@ -379,8 +389,8 @@ pub(crate) fn put_channel(w: &mut Writer, c: &ChannelFile) {
 
 /// Decodes a channel body, streaming its record lists through `sink` and
 /// their checks; the verdicts go to `validate_channel`.
-pub(crate) fn get_channel<'a, S: RecordSink>(
-    r: &mut Reader<'a>,
+pub(crate) fn get_channel<'a, I: Input<'a>, S: RecordSink>(
+    r: &mut Reader<'a, I>,
     sink: &mut S,
 ) -> Result<(ChannelFile, ChannelChecks<'a>), DecodeError> {
     let name = r.str("name")?;
@@ -404,7 +414,7 @@ pub(crate) fn get_channel<'a, S: RecordSink>(
     let positions = get_positions(r, "positions")?;
     let held = get_held(r)?;
     let dead_letter = if r.present("dead_letter")? {
-        let mut get = |r: &mut Reader<'a>| -> Result<DeadLetter, DecodeError> {
+        let mut get = |r: &mut Reader<'a, I>| -> Result<DeadLetter, DecodeError> {
             let name = r.str("name")?;
             let next = r.u64("next")?;
             let floor = r.u64("floor")?;
@@ -456,7 +466,9 @@ pub(crate) fn put_manifest(w: &mut Writer, m: &Manifest) {
     }
 }
 
-pub(crate) fn get_manifest(r: &mut Reader<'_>) -> Result<Manifest, DecodeError> {
+pub(crate) fn get_manifest<'a, I: Input<'a>>(
+    r: &mut Reader<'a, I>,
+) -> Result<Manifest, DecodeError> {
     let began_at = r.i64("began_at")?;
     let retained = r.bool("retained")?;
     let sessions = r.bool("sessions")?;
@@ -504,7 +516,9 @@ pub(crate) fn generation_size_hint(g: &Generation) -> usize {
             .sum::<usize>()
 }
 
-pub(crate) fn get_generation(r: &mut Reader<'_>) -> Result<Generation, DecodeError> {
+pub(crate) fn get_generation<'a, I: Input<'a>>(
+    r: &mut Reader<'a, I>,
+) -> Result<Generation, DecodeError> {
     let generation = r.u64("generation")?;
     let captured_at = r.i64("captured_at")?;
     let files = get_list(r, "files", MIN_GENERATION_FILE, |r| {
@@ -548,8 +562,8 @@ pub(crate) fn put_retained(w: &mut Writer, f: &RetainedFile) {
     put_records(w, &f.records);
 }
 
-pub(crate) fn get_retained<S: RecordSink>(
-    r: &mut Reader<'_>,
+pub(crate) fn get_retained<'a, I: Input<'a>, S: RecordSink>(
+    r: &mut Reader<'a, I>,
     sink: &mut S,
 ) -> Result<(RetainedFile, ListVerdict), DecodeError> {
     let mut check = ListCheck::new("records", ListRules::Retained);
@@ -564,7 +578,7 @@ fn put_group_key(w: &mut Writer, k: &SharedGroupKey) {
     w.str(&k.filter);
 }
 
-fn get_group_key(r: &mut Reader<'_>) -> Result<SharedGroupKey, DecodeError> {
+fn get_group_key<'a, I: Input<'a>>(r: &mut Reader<'a, I>) -> Result<SharedGroupKey, DecodeError> {
     Ok(SharedGroupKey {
         group: r.str("group")?,
         filter: r.str("filter")?,
@@ -619,7 +633,7 @@ fn put_session(w: &mut Writer, s: &Session) {
     }
 }
 
-fn get_will(r: &mut Reader<'_>) -> Result<Will, DecodeError> {
+fn get_will<'a, I: Input<'a>>(r: &mut Reader<'a, I>) -> Result<Will, DecodeError> {
     Ok(Will {
         topic: r.str("topic")?,
         payload: r.bytes("payload")?,
@@ -631,7 +645,7 @@ fn get_will(r: &mut Reader<'_>) -> Result<Will, DecodeError> {
     })
 }
 
-fn get_inflight(r: &mut Reader<'_>) -> Result<InflightEntry, DecodeError> {
+fn get_inflight<'a, I: Input<'a>>(r: &mut Reader<'a, I>) -> Result<InflightEntry, DecodeError> {
     let log_offset = r.u64("log_offset")?;
     let packet_id = r.u16("packet_id")?;
     let qos = r.u8("qos")?;
@@ -663,7 +677,7 @@ fn get_inflight(r: &mut Reader<'_>) -> Result<InflightEntry, DecodeError> {
     })
 }
 
-fn get_session(r: &mut Reader<'_>) -> Result<Session, DecodeError> {
+fn get_session<'a, I: Input<'a>>(r: &mut Reader<'a, I>) -> Result<Session, DecodeError> {
     let client_id = r.str("client_id")?;
     let principal = r.opt_str("principal")?;
     let expiry_interval = r.u32("expiry_interval")?;
@@ -714,7 +728,9 @@ pub(crate) fn put_sessions(w: &mut Writer, f: &SessionsFile) {
     }
 }
 
-pub(crate) fn get_sessions(r: &mut Reader<'_>) -> Result<SessionsFile, DecodeError> {
+pub(crate) fn get_sessions<'a, I: Input<'a>>(
+    r: &mut Reader<'a, I>,
+) -> Result<SessionsFile, DecodeError> {
     let sessions = get_list(r, "sessions", MIN_SESSION, get_session)?;
     let shared_groups = get_list(r, "shared_groups", MIN_GROUP, |r| {
         Ok(SharedGroup {
@@ -740,8 +756,8 @@ pub(crate) fn put_broadcast(w: &mut Writer, f: &BroadcastFile) {
     put_held(w, &f.held);
 }
 
-pub(crate) fn get_broadcast<S: RecordSink>(
-    r: &mut Reader<'_>,
+pub(crate) fn get_broadcast<'a, I: Input<'a>, S: RecordSink>(
+    r: &mut Reader<'a, I>,
     sink: &mut S,
 ) -> Result<(BroadcastFile, ListVerdict), DecodeError> {
     let next = r.u64("next")?;

@@ -287,8 +287,8 @@ fn decode_body<S: RecordSink>(
 
 /// The body parsed, each list's checks run as it streamed by: the file and
 /// the lists' verdicts, held for [`judge_body`].
-fn parse_body<S: RecordSink>(
-    r: &mut wire::Reader<'_>,
+fn parse_body<'a, I: wire::Input<'a>, S: RecordSink>(
+    r: &mut wire::Reader<'a, I>,
     kind: FileKind,
     sink: &mut S,
 ) -> Result<(SnapshotFile, Lists), DecodeError> {

@@ -7,6 +7,7 @@
 //! encoding its elements can have before anything is allocated.
 
 use std::io::{self, Read};
+use std::marker::PhantomData;
 
 use bytes::Bytes;
 
@@ -121,30 +122,63 @@ impl Writer {
 
 /// Reads primitive encodings from a body: bytes `pos..end` of a file,
 /// where `end` is the start of the checksum trailer. Offsets are the
-/// file's, whichever input holds the bytes.
-pub(crate) struct Reader<'a> {
-    input: Input<'a>,
+/// file's, whichever input holds the bytes. Generic over the input, so
+/// that a whole file is read with nothing a stream needs in its way.
+pub(crate) struct Reader<'a, I: Input<'a> = Whole<'a>> {
+    input: I,
     pos: usize,
     end: usize,
+    _bytes: PhantomData<&'a [u8]>,
 }
 
-/// Where a reader's bytes are.
-enum Input<'a> {
-    /// The whole file, in memory. When `owner` is given, byte strings are
-    /// zero-copy slices of it; otherwise each is copied into its own
-    /// allocation, so no decoded record keeps the whole file alive.
-    Whole {
-        buf: &'a [u8],
-        owner: Option<&'a Bytes>,
-    },
-    /// The file as it is read, a window at a time: what is behind the
-    /// reader is let go, so it holds about the largest element and a
-    /// chunk, not the file.
-    Stream(Stream<'a>),
+/// Where a reader's bytes are: a whole file in memory ([`Whole`]) or a
+/// file read as it is decoded ([`Stream`]).
+pub(crate) trait Input<'a> {
+    /// Bytes `start..stop` of the file (`stop` at most `end`, `start` at
+    /// or after every byte asked for before). `None` when they are not
+    /// there.
+    fn span(&mut self, start: usize, stop: usize, end: usize) -> Option<&[u8]>;
+
+    /// [`Input::span`] for as long as a whole input lives: `None` when
+    /// streaming.
+    fn in_place(&self, start: usize, stop: usize) -> Option<&'a [u8]>;
+
+    /// Bytes `start..stop` as a zero-copy slice of a shared input, when
+    /// the input is one.
+    fn shared(&self, start: usize, stop: usize) -> Option<Bytes>;
 }
 
-/// The bytes a streaming reader holds, and the checksum of all it read.
-struct Stream<'a> {
+/// The whole file, in memory. When `owner` is given, byte strings are
+/// zero-copy slices of it; otherwise each is copied into its own
+/// allocation, so no decoded record keeps the whole file alive.
+pub(crate) struct Whole<'a> {
+    buf: &'a [u8],
+    owner: Option<&'a Bytes>,
+}
+
+impl<'a> Input<'a> for Whole<'a> {
+    #[inline]
+    fn span(&mut self, start: usize, stop: usize, _: usize) -> Option<&[u8]> {
+        self.buf.get(start..stop)
+    }
+
+    #[inline]
+    fn in_place(&self, start: usize, stop: usize) -> Option<&'a [u8]> {
+        self.buf.get(start..stop)
+    }
+
+    #[inline]
+    fn shared(&self, start: usize, stop: usize) -> Option<Bytes> {
+        self.owner
+            .filter(|owner| stop <= owner.len())
+            .map(|owner| owner.slice(start..stop))
+    }
+}
+
+/// The file as it is read, a window at a time: what is behind the reader
+/// is let go, so it holds about the largest element and a chunk, not the
+/// file; and the checksum of all it read.
+pub(crate) struct Stream<'a> {
     source: &'a mut dyn Read,
     /// Bytes `at..at + window.len()` of the file.
     window: Vec<u8>,
@@ -172,25 +206,20 @@ pub(crate) enum Text<'a> {
 impl<'a> Reader<'a> {
     /// A reader whose byte strings share `buf`'s allocation.
     pub(crate) fn shared(buf: &'a Bytes, pos: usize, end: usize) -> Reader<'a> {
-        Reader {
-            input: Input::Whole {
-                buf,
-                owner: Some(buf),
-            },
-            pos,
-            end,
-        }
+        let whole = Whole {
+            buf,
+            owner: Some(buf),
+        };
+        Reader::of(whole, pos, end)
     }
 
     /// A reader whose byte strings are copied out of `buf`.
     pub(crate) fn copying(buf: &'a [u8], pos: usize, end: usize) -> Reader<'a> {
-        Reader {
-            input: Input::Whole { buf, owner: None },
-            pos,
-            end,
-        }
+        Reader::of(Whole { buf, owner: None }, pos, end)
     }
+}
 
+impl<'a> Reader<'a, Stream<'a>> {
     /// A reader of the bytes from `pos` (the file's first `pos` bytes
     /// already read from `source`, `crc` their checksum) up to `end`,
     /// reading them from `source` as they are needed. Its byte strings
@@ -200,29 +229,23 @@ impl<'a> Reader<'a> {
         pos: usize,
         crc: u32,
         end: usize,
-    ) -> Reader<'a> {
-        Reader {
-            input: Input::Stream(Stream {
-                source,
-                window: Vec::new(),
-                at: pos,
-                crc,
-                failure: None,
-            }),
-            pos,
-            end,
-        }
+    ) -> Reader<'a, Stream<'a>> {
+        let stream = Stream {
+            source,
+            window: Vec::new(),
+            at: pos,
+            crc,
+            failure: None,
+        };
+        Reader::of(stream, pos, end)
     }
 
-    /// A streaming reader's source read on to `end` and then for
-    /// `TRAILER` more bytes: the checksum of everything before `end`, and
-    /// the trailer. `Err` is why the source could not give them (or why it
-    /// failed before).
+    /// The source read on to `end` and then for `TRAILER` more bytes: the
+    /// checksum of everything before `end`, and the trailer. `Err` is why
+    /// the source could not give them (or why it failed before).
     pub(crate) fn finish_stream<const TRAILER: usize>(self) -> io::Result<(u32, [u8; TRAILER])> {
         let end = self.end;
-        let Input::Stream(mut stream) = self.input else {
-            return Err(io::Error::other("a whole input is not read on"));
-        };
+        let mut stream = self.input;
         if let Some(failure) = stream.failure.take() {
             return Err(failure);
         }
@@ -241,26 +264,24 @@ impl<'a> Reader<'a> {
         stream.source.read_exact(&mut trailer)?;
         Ok((stream.crc, trailer))
     }
+}
+
+impl<'a, I: Input<'a>> Reader<'a, I> {
+    fn of(input: I, pos: usize, end: usize) -> Reader<'a, I> {
+        Reader {
+            input,
+            pos,
+            end,
+            _bytes: PhantomData,
+        }
+    }
 
     /// Bytes `start..stop` of the file, within the body: read from the
     /// source first when streaming. `None` when they are not there (a
     /// stream's source failed or ended early).
     #[inline]
     fn span(&mut self, start: usize, stop: usize) -> Option<&[u8]> {
-        match &mut self.input {
-            Input::Whole { buf, .. } => buf.get(start..stop),
-            Input::Stream(stream) => stream.span(start, stop, self.end),
-        }
-    }
-
-    /// [`Self::span`] for as long as a whole input lives: `None` when
-    /// streaming.
-    #[inline]
-    fn span_in_place(&self, start: usize, stop: usize) -> Option<&'a [u8]> {
-        match self.input {
-            Input::Whole { buf, .. } => buf.get(start..stop),
-            Input::Stream(_) => None,
-        }
+        self.input.span(start, stop, self.end)
     }
 
     /// The byte offset of the next read, for error messages.
@@ -398,13 +419,8 @@ impl<'a> Reader<'a> {
     #[inline]
     pub(crate) fn bytes(&mut self, field: &str) -> Result<Bytes, DecodeError> {
         let (start, stop) = self.length_prefixed(field)?;
-        if let Input::Whole {
-            owner: Some(owner), ..
-        } = self.input
-        {
-            if stop <= owner.len() {
-                return Ok(owner.slice(start..stop));
-            }
+        if let Some(shared) = self.input.shared(start, stop) {
+            return Ok(shared);
         }
         self.declared(field, start, stop)
             .map(Bytes::copy_from_slice)
@@ -423,7 +439,7 @@ impl<'a> Reader<'a> {
     #[inline]
     pub(crate) fn text(&mut self, field: &str) -> Result<Text<'a>, DecodeError> {
         let (start, stop) = self.length_prefixed(field)?;
-        if let Some(raw) = self.span_in_place(start, stop) {
+        if let Some(raw) = self.input.in_place(start, stop) {
             return utf8(raw, field, start).map(Text::InPlace);
         }
         let raw = self.declared(field, start, stop)?;
@@ -510,9 +526,7 @@ fn utf8<'b>(raw: &'b [u8], field: &str, start: usize) -> Result<&'b str, DecodeE
         .map_err(|e| DecodeError::corrupt(field, start + e.valid_up_to(), "not valid UTF-8"))
 }
 
-impl Stream<'_> {
-    /// Bytes `start..stop` of the file (`stop` at most `end`, `start` at
-    /// or after every byte asked for before).
+impl<'a> Input<'a> for Stream<'a> {
     #[inline]
     fn span(&mut self, start: usize, stop: usize, end: usize) -> Option<&[u8]> {
         if stop > self.at + self.window.len() {
@@ -522,6 +536,18 @@ impl Stream<'_> {
             .get(start.checked_sub(self.at)?..stop.checked_sub(self.at)?)
     }
 
+    #[inline]
+    fn in_place(&self, _: usize, _: usize) -> Option<&'a [u8]> {
+        None
+    }
+
+    #[inline]
+    fn shared(&self, _: usize, _: usize) -> Option<Bytes> {
+        None
+    }
+}
+
+impl Stream<'_> {
     /// Lets go of what lies before `start` and reads from the source as
     /// far as `stop`, at least [`STREAM_CHUNK`] at a time (never past
     /// `end`). `None`, the failure kept, when the source cannot give them.
