@@ -10,8 +10,9 @@
 //! 3. `open` with `O_NOFOLLOW | O_NONBLOCK`, then `fstat` on the open file: the
 //!    path may have been swapped between 1 and 3, and what was opened is what
 //!    is checked again (regular file, same size limit).
-//! 4. Read exactly the size `fstat` reported; a file that grew or shrank
-//!    meanwhile is refused rather than half read.
+//! 4. Read exactly the size `fstat` reported, whole or as a stream
+//!    ([`Opened::source`]); a file that grew or shrank meanwhile is refused
+//!    rather than half read.
 
 use std::fmt;
 use std::fs::{File, Metadata};

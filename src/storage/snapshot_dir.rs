@@ -2,11 +2,12 @@
 //!
 //! `saguin snapshot inspect` looks at a directory through [`scan`] and
 //! `saguin snapshot verify` through [`scan_checking`], the same scan with
-//! each record dropped once the one decoder has checked it (so verifying a
-//! file costs about its size in memory); [`load`] is [`scan`] plus "refuse
-//! on any error", for a loader. "Verify says OK, serve refuses" must not
-//! happen: both scans run one decoder and one set of
-//! checks ([`saguin_format::f21::decode_with`]), the memory
+//! each record dropped once the one decoder has checked it and each file
+//! read as a stream (so verifying a file costs about its largest record in
+//! memory); [`load`] is [`scan`] plus "refuse on any error", for a loader.
+//! "Verify says OK, serve refuses" must not happen: both scans run one
+//! decoder and one set of checks ([`saguin_format::f21::decode_with`],
+//! and [`saguin_format::f21::decode_stream`] with the same verdicts), the memory
 //! provider's loader (`storage::memory::load`) reads every byte through
 //! [`scan`] and [`into_loaded`] (the two halves of [`load`]) and only
 //! builds stores from what they hand back, and

@@ -72,8 +72,9 @@ pub const FILE_LIMIT_FLOOR: u64 = 64 * 1024 * 1024;
 impl LoadOptions {
     /// The per-file size limit of a provider whose bound is `max_bytes`.
     ///
-    /// A file is read whole before it is decoded, so this is what a start
-    /// may allocate for one file. The bound counts each record's topic,
+    /// A start reads a file as a stream, so this is not what it allocates
+    /// for one; it is the largest file a provider of this bound writes, and
+    /// a larger one is refused before it is read. The bound counts each record's topic,
     /// payload and properties; the file adds per record its fixed fields
     /// (57 bytes) and the publishing client id, and holds the sessions,
     /// which the bound does not count. So a provider's file is a small
