@@ -222,7 +222,7 @@ pub fn read_bounded_by_magic(
 
 /// A regular file opened and held to its limit, its first bytes read:
 /// what [`read_bounded_by_magic`] reads whole, or a caller reads as a
-/// stream ([`Opened::stream`]).
+/// stream ([`Opened::source`]).
 pub struct Opened {
     file: File,
     path: std::path::PathBuf,
@@ -284,7 +284,7 @@ pub fn open_bounded_by_magic(
         size,
         limit_for(probe.get(..probe_len).unwrap_or_default()).min(ceiling),
     )?;
-    if (probe_len as u64) < size.min(MAGIC_PROBE_LEN as u64) {
+    if probe_len as u64 != size.min(MAGIC_PROBE_LEN as u64) {
         return Err(ReadError::Changed {
             path: path.to_path_buf(),
             what: format!("{size} bytes when opened, {probe_len} read"),
@@ -312,16 +312,22 @@ impl Opened {
         self.size
     }
 
+    /// [`Opened::size`] as a length in memory: a file larger than this
+    /// process can address is refused as too large.
+    pub fn length(&self) -> Result<usize, ReadError> {
+        usize::try_from(self.size).map_err(|_| ReadError::TooLarge {
+            path: self.path.clone(),
+            size: self.size,
+            limit: usize::MAX as u64,
+        })
+    }
+
     /// The whole file, refused if it grew or shrank since it was opened.
     pub fn read_whole(mut self) -> Result<Vec<u8>, ReadError> {
         // The whole file lands in one buffer sized once: no second copy and
         // no growth, so reading a file costs its size in memory and nothing
         // more.
-        let capacity = usize::try_from(self.size).map_err(|_| ReadError::TooLarge {
-            path: self.path.clone(),
-            size: self.size,
-            limit: usize::MAX as u64,
-        })?;
+        let capacity = self.length()?;
         let mut buf = Vec::with_capacity(capacity);
         buf.extend_from_slice(self.probe());
         let size = self.size;
@@ -337,8 +343,13 @@ impl Opened {
 
     /// The file from its first byte, to be read as a stream of at most
     /// its [`Opened::size`] bytes and then handed to [`Opened::finish`].
+    /// The first bytes, read already, are handed on once: a second source
+    /// goes on where the first stopped.
     pub fn source(&mut self) -> impl Read + '_ {
-        let probe = self.probe.get(..self.probe_len).unwrap_or_default();
+        let probe = self
+            .probe
+            .get(..std::mem::take(&mut self.probe_len))
+            .unwrap_or_default();
         Counted {
             inner: probe.chain(&mut self.file),
             count: &mut self.streamed,
@@ -352,10 +363,13 @@ impl Opened {
         if self.streamed < self.size {
             return Ok(());
         }
-        match self.file.read(&mut [0u8; 1]) {
-            Ok(0) => Ok(()),
-            Ok(_) => Err(self.changed("more read")),
-            Err(e) => Err(ReadError::from_io(&self.path, e)),
+        loop {
+            match self.file.read(&mut [0u8; 1]) {
+                Ok(0) => return Ok(()),
+                Ok(_) => return Err(self.changed("more read")),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ReadError::from_io(&self.path, e)),
+            }
         }
     }
 

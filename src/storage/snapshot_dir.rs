@@ -4,7 +4,7 @@
 //! `saguin snapshot verify` through [`scan_checking`], the same scan with
 //! each record dropped once the one decoder has checked it and each file
 //! read as a stream (so verifying a file costs about its largest record in
-//! memory); [`load`] is [`scan`] plus "refuse on any error", for a loader.
+//! memory, and a latest channel's or the retained store's topics); [`load`] is [`scan`] plus "refuse on any error", for a loader.
 //! "Verify says OK, serve refuses" must not happen: both scans run one
 //! decoder and one set of checks ([`saguin_format::f21::decode_with`],
 //! and [`saguin_format::f21::decode_stream`] with the same verdicts), the memory
@@ -146,7 +146,8 @@ pub enum Records<'a> {
     Keep,
     /// Each record is dropped once checked, so the decoded file's record
     /// lists are empty, and the file is read as a stream: reading it costs
-    /// about its largest record in memory, whatever its length. What
+    /// about its largest record in memory (and, for a latest channel or the
+    /// retained store, its topics), whatever its length. What
     /// `verify` needs.
     Drop,
     /// Every record is handed to the sink as it is checked, which keeps it
@@ -285,7 +286,8 @@ pub fn read_snapshot_file(
 
 /// [`read_snapshot_file`] for a checker: every check runs, and each format
 /// 21 record is dropped once checked ([`Records::Drop`]), so a large
-/// channel file costs about its largest record in memory. The verdict is the
+/// channel file costs about its largest record in memory (and a latest
+/// channel's or the retained store's topics). The verdict is the
 /// loader's.
 pub fn check_snapshot_file(path: &Path, opts: &ScanOptions) -> Result<AnySnapshot, FileProblem> {
     read_snapshot_file_with(path, opts, None, Records::Drop)
@@ -319,7 +321,7 @@ fn stream_f21(
     expected: Option<FileKind>,
     mut sink: impl RecordSink,
 ) -> Result<AnySnapshot, FileProblem> {
-    let size = usize::try_from(opened.size()).unwrap_or(usize::MAX);
+    let size = opened.length()?;
     let decoded = f21::decode_stream(&mut opened.source(), size, expected, &mut sink);
     match decoded {
         Err(f21::StreamError::Read(e)) => Err(opened.failed(e).into()),
@@ -995,8 +997,10 @@ pub fn scan(dir: &Path, opts: &ScanOptions) -> Result<DirReport, ScanError> {
 /// [`scan`] for a checker (`saguin snapshot verify`): the same decoder, the
 /// same checks and the same findings, with each file's records dropped once
 /// checked ([`Records::Drop`]): the decoded channel, retained and broadcast
-/// files come back with empty record lists, and the peak memory is about
-/// the largest file's size rather than its records'.
+/// files come back with empty record lists, and each file is read as a
+/// stream: the peak memory is about the largest record, and the topics of
+/// the largest latest channel or retained store, rather than any file's
+/// size.
 pub fn scan_checking(dir: &Path, opts: &ScanOptions) -> Result<DirReport, ScanError> {
     scan_with(dir, opts, Records::Drop)
 }

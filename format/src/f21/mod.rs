@@ -348,13 +348,16 @@ pub enum StreamError {
 
 /// [`decode_with`] of a file of `len` bytes read from `source` as it is
 /// decoded, a window at a time, so that reading it costs about its
-/// largest record rather than its length (and its byte strings are
+/// largest record rather than its length, with the topics a latest
+/// channel's or the retained store's checks keep (its byte strings are
 /// copies). Every check runs, in the order [`decode_with`] runs them, and
 /// the verdict is the same; but the checksum is judged at the end, so
 /// `sink` receives a file's records before its verdict. A sink that keeps
 /// them must let them go when this fails. `expected` refuses a file of
 /// any other kind, as [`decode_with_expecting`] does. Reads exactly `len`
-/// bytes: whether `source` has more is the caller's to ask.
+/// bytes, whatever the verdict (a header refused included), unless
+/// `source` fails or ends first: whether it has more is the caller's to
+/// ask.
 pub fn decode_stream<S: RecordSink>(
     source: &mut dyn std::io::Read,
     len: usize,
@@ -369,22 +372,38 @@ pub fn decode_stream<S: RecordSink>(
         header: read_header(head).ok(),
         error,
     };
-    let header = read_header(head).map_err(refuse)?;
+    // A file its header refuses is still read to its length, so that one
+    // that shrank is the read's failure, not a finding about bytes that
+    // are gone.
+    let refuse_header = |source: &mut dyn std::io::Read, error| {
+        let rest = len.saturating_sub(head.len()) as u64;
+        match std::io::copy(&mut std::io::Read::take(source, rest), &mut std::io::sink()) {
+            Ok(read) if read == rest => refuse(error),
+            Ok(_) => StreamError::Read(std::io::ErrorKind::UnexpectedEof.into()),
+            Err(e) => StreamError::Read(e),
+        }
+    };
+    let header = match read_header(head) {
+        Ok(header) => header,
+        Err(error) => return Err(refuse_header(source, error)),
+    };
     if header.format_version != FORMAT_VERSION {
-        return Err(refuse(DecodeError::OtherVersion {
+        let error = DecodeError::OtherVersion {
             version: header.format_version,
             writer: header.writer,
             written_at: header.written_at,
-        }));
+        };
+        return Err(refuse_header(source, error));
     }
     let Some(body_end) = len
         .checked_sub(TRAILER_LEN)
         .filter(|&end| end >= HEADER_LEN)
     else {
-        return Err(refuse(DecodeError::Truncated {
+        let error = DecodeError::Truncated {
             len,
             needed: MIN_FILE_LEN,
-        }));
+        };
+        return Err(refuse_header(source, error));
     };
     // What the envelope says beyond the checksum is judged after it, as
     // `check_envelope` does: the file is read through to the checksum

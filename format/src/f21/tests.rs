@@ -345,3 +345,80 @@ fn a_stream_whose_source_ends_early_or_fails_is_a_read_failure() {
         }
     }
 }
+
+/// A source that fails once, after `at` bytes, and then gives the rest as
+/// if nothing happened: the failure is the verdict all the same, not the
+/// checksum of a file with a hole in it.
+#[test]
+fn a_stream_whose_source_fails_once_keeps_the_failure() {
+    struct FailsOnce<'a> {
+        bytes: &'a [u8],
+        at: usize,
+        failed: bool,
+    }
+    impl std::io::Read for FailsOnce<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if !self.failed && self.at == 0 {
+                self.failed = true;
+                return Err(std::io::Error::other("the disk failed once"));
+            }
+            let limit = if self.failed { buf.len() } else { self.at };
+            let n = buf.len().min(limit).min(self.bytes.len());
+            buf[..n].copy_from_slice(&self.bytes[..n]);
+            self.bytes = &self.bytes[n..];
+            if !self.failed {
+                self.at -= n;
+            }
+            Ok(n)
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/f21");
+    let raw = std::fs::read(root.join("append.snapshot")).unwrap();
+    for at in [HEADER_LEN + 3, raw.len() / 2, raw.len() - 2] {
+        let mut source = FailsOnce {
+            bytes: &raw,
+            at,
+            failed: false,
+        };
+        match decode_stream(&mut source, raw.len(), None, &mut Collect) {
+            Err(StreamError::Read(e)) => assert_eq!(e.to_string(), "the disk failed once"),
+            other => panic!("failing once at {at}: {other:?}"),
+        }
+    }
+}
+
+/// A file its header refuses is read to its length all the same: one
+/// that is shorter than it was said to be is the read's failure, not the
+/// header's finding; whole, it is the finding.
+#[test]
+fn a_stream_refused_by_its_header_is_still_read_to_its_length() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/damaged/f21");
+    for name in ["version-22.snapshot", "truncated-at-trailer-48.snapshot"] {
+        let raw = std::fs::read(root.join(name)).unwrap();
+        let whole = decode(&raw).unwrap_err();
+        assert!(
+            matches!(
+                whole,
+                DecodeError::OtherVersion { .. } | DecodeError::Truncated { .. }
+            ),
+            "{name}: {whole:?}"
+        );
+        let mut source = &raw[..];
+        match decode_stream(&mut source, raw.len(), None, &mut Collect) {
+            Err(StreamError::Decode { error, .. }) => assert_eq!(error, whole, "{name}"),
+            other => panic!("{name}: {other:?}"),
+        }
+        assert!(
+            source.is_empty(),
+            "{name}: {} bytes left unread",
+            source.len()
+        );
+        let short = &raw[..raw.len() - 1];
+        match decode_stream(&mut &short[..], raw.len(), None, &mut Collect) {
+            Err(StreamError::Read(e)) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{name}")
+            }
+            other => panic!("{name} cut short: {other:?}"),
+        }
+    }
+}

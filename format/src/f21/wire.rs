@@ -192,9 +192,9 @@ pub(crate) struct Stream<'a> {
 }
 
 /// What a streaming reader reads from its source at once, at least. A few
-/// bytes in this crate's tests, so that every element of their files is
-/// read across a refill.
-const STREAM_CHUNK: usize = if cfg!(test) { 7 } else { 1 << 20 };
+/// bytes in this crate's tests and under the fuzzer, so that every element
+/// of their files is read across a refill.
+const STREAM_CHUNK: usize = if cfg!(any(test, fuzzing)) { 7 } else { 1 << 20 };
 
 /// A string where it lies in a whole input, or a copy of it read from a
 /// stream.
