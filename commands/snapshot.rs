@@ -3,7 +3,10 @@
 //! Both read through `saguin::storage::snapshot_dir`, the code the memory
 //! provider loads with, so what `verify` calls OK is what `serve` loads.
 //! `verify` uses its checking scan: the same decoder and checks, keeping no
-//! record, so its peak memory is about the largest file's size.
+//! record and reading each file as a stream, so its peak memory is about
+//! the largest record's (and a latest channel's or the retained store's
+//! topics). `inspect` reads the same way, keeping only the records it
+//! shows ([`sample`]).
 //!
 //! Over 1,500 lines: a human table and a JSON document for every kind of
 //! file the command reads (a channel, a manifest of either kind, the
@@ -17,8 +20,8 @@ use std::path::{Path, PathBuf};
 use comfy_table::Table;
 use saguin::storage::read::{self, SpecialKind};
 use saguin::storage::snapshot_dir::{
-    self, AnySnapshot, DirManifest, DirReport, FileOutcome, FileProblem, FindingKind, ScanOptions,
-    Verdict,
+    self, AnySnapshot, DirManifest, DirReport, FileOutcome, FileProblem, FindingKind, Records,
+    ScanOptions, Verdict,
 };
 use saguin_format::f21::{
     time::format_unix_nanos, BroadcastFile, ChannelFile, Generation, Header, HeldPublish, Manifest,
@@ -33,6 +36,10 @@ use crate::output::{
     cell, payload_cell, payload_text, props_cell, session_json, table, time_json, time_text,
     RecordJson,
 };
+
+mod sample;
+
+use sample::{Counts, Sample};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -505,9 +512,12 @@ fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
             return fail_inspect(&args, None, ("not-found", e.reason()), exit::CANNOT);
         }
     };
+    // Records are shown only with --records (at most --limit of them):
+    // the rest are counted as they are read, and not kept.
+    let mut sample = Sample::keeping(if view.records { view.limit } else { Some(0) });
     if SpecialKind::of(&meta) == Some(SpecialKind::Directory) {
-        return match snapshot_dir::scan(path, &opts) {
-            Ok(report) => inspect_dir(&args, &view, &report),
+        return match snapshot_dir::scan_with(path, &opts, Records::Into(&mut sample)) {
+            Ok(report) => inspect_dir(&args, &view, &report, &sample),
             Err(e) => {
                 let code = if e.is_unreadable() {
                     exit::CANNOT
@@ -518,8 +528,9 @@ fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
             }
         };
     }
-    match snapshot_dir::read_snapshot_file(path, &opts, None) {
+    match snapshot_dir::read_snapshot_file_with(path, &opts, None, Records::Into(&mut sample)) {
         Ok(AnySnapshot::F21 { header, file }) => {
+            let counts = sample.counts();
             if let Some(name) = &view.channel {
                 if let SnapshotFile::Channel(c) = &file {
                     if &c.name != name {
@@ -538,7 +549,7 @@ fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
                     "valid": true,
                     "problem": null,
                     "header": header_json(&header),
-                    "contents": contents_json(&file, &view),
+                    "contents": contents_json(&file, &counts, &view),
                     "files": [],
                     "findings": [],
                 }))?;
@@ -546,7 +557,7 @@ fn inspect(args: InspectArgs) -> anyhow::Result<u8> {
                 let mut out = std::io::stdout().lock();
                 writeln!(out, "{}", path.display())?;
                 print_header(&mut out, &header)?;
-                print_contents(&mut out, &file, &view)?;
+                print_contents(&mut out, &file, &counts, &view)?;
             }
             Ok(exit::OK)
         }
@@ -724,7 +735,9 @@ fn positions_table(ps: &[Position]) -> Table {
     t
 }
 
-fn contents_json(file: &SnapshotFile, view: &View) -> Value {
+/// A file's contents as JSON; `counts` are its record lists' lengths,
+/// which the decoded lists keep only the shown rows of.
+fn contents_json(file: &SnapshotFile, counts: &Counts, view: &View) -> Value {
     let with_records = |mut v: Value, records: &[Record]| {
         if view.records {
             if let Some(o) = v.as_object_mut() {
@@ -737,7 +750,7 @@ fn contents_json(file: &SnapshotFile, view: &View) -> Value {
         v
     };
     match file {
-        SnapshotFile::Channel(c) => channel_json(c, view),
+        SnapshotFile::Channel(c) => channel_json(c, counts, view),
         SnapshotFile::Manifest(m) => manifest_json(m),
         SnapshotFile::Generation(g) => generation_json(g),
         SnapshotFile::Retained(r) => with_records(
@@ -752,7 +765,7 @@ fn contents_json(file: &SnapshotFile, view: &View) -> Value {
                 "next": b.next,
                 "floor": b.floor,
                 "bytes": b.bytes,
-                "record_count": b.messages.len(),
+                "record_count": counts.messages,
                 "cursors": positions_json(&b.cursors),
                 "held": b.held.iter().map(held_json).collect::<Vec<_>>(),
             }),
@@ -761,7 +774,7 @@ fn contents_json(file: &SnapshotFile, view: &View) -> Value {
     }
 }
 
-fn channel_json(c: &ChannelFile, view: &View) -> Value {
+fn channel_json(c: &ChannelFile, counts: &Counts, view: &View) -> Value {
     let mut v = json!({
         "kind": "channel",
         "channel": c.name,
@@ -769,13 +782,13 @@ fn channel_json(c: &ChannelFile, view: &View) -> Value {
         "next": c.next,
         "floor": c.floor,
         "bytes": c.bytes,
-        "record_count": c.records.len(),
-        "item_count": c.items.len(),
+        "record_count": counts.records,
+        "item_count": counts.items,
         "positions": positions_json(&c.positions),
         "held": c.held.iter().map(held_json).collect::<Vec<_>>(),
         "dead_letter": c.dead_letter.as_ref().map(|d| json!({
             "channel": d.name, "next": d.next, "floor": d.floor, "bytes": d.bytes,
-            "record_count": d.records.len(), "positions": positions_json(&d.positions),
+            "record_count": counts.dead_letter, "positions": positions_json(&d.positions),
         })),
     });
     if view.records {
@@ -860,18 +873,28 @@ fn sessions_json(s: &SessionsFile) -> Value {
     })
 }
 
-fn print_contents(out: &mut impl Write, file: &SnapshotFile, view: &View) -> std::io::Result<()> {
+fn print_contents(
+    out: &mut impl Write,
+    file: &SnapshotFile,
+    counts: &Counts,
+    view: &View,
+) -> std::io::Result<()> {
     match file {
-        SnapshotFile::Channel(c) => print_channel(out, c, view),
+        SnapshotFile::Channel(c) => print_channel(out, c, counts, view),
         SnapshotFile::Manifest(m) => print_manifest(out, m),
         SnapshotFile::Generation(g) => print_generation(out, g),
         SnapshotFile::Retained(r) => print_retained(out, r, view),
         SnapshotFile::Sessions(s) => print_sessions(out, s, view),
-        SnapshotFile::Broadcast(b) => print_broadcast(out, b, view),
+        SnapshotFile::Broadcast(b) => print_broadcast(out, b, counts, view),
     }
 }
 
-fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io::Result<()> {
+fn print_channel(
+    out: &mut impl Write,
+    c: &ChannelFile,
+    counts: &Counts,
+    view: &View,
+) -> std::io::Result<()> {
     let mut t = table();
     t.set_header(vec![
         "channel",
@@ -890,8 +913,8 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
         c.next.to_string(),
         c.floor.to_string(),
         c.bytes.to_string(),
-        c.records.len().to_string(),
-        c.items.len().to_string(),
+        counts.records.to_string(),
+        counts.items.to_string(),
         c.positions.len().to_string(),
         c.held.len().to_string(),
     ]);
@@ -902,7 +925,7 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
             d.next.to_string(),
             d.floor.to_string(),
             d.bytes.to_string(),
-            d.records.len().to_string(),
+            counts.dead_letter.to_string(),
             "-".into(),
             d.positions.len().to_string(),
             "-".into(),
@@ -917,7 +940,7 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
     }
     print_held(out, &c.held, view)?;
     if view.records {
-        if !c.records.is_empty() || c.items.is_empty() {
+        if counts.records > 0 || counts.items == 0 {
             writeln!(
                 out,
                 "records of {}:\n{}",
@@ -925,7 +948,7 @@ fn print_channel(out: &mut impl Write, c: &ChannelFile, view: &View) -> std::io:
                 records_table(view.take(&c.records))
             )?;
         }
-        if !c.items.is_empty() {
+        if counts.items > 0 {
             let mut t = table();
             t.set_header(vec![
                 "offset",
@@ -1197,7 +1220,12 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
     Ok(())
 }
 
-fn print_broadcast(out: &mut impl Write, b: &BroadcastFile, view: &View) -> std::io::Result<()> {
+fn print_broadcast(
+    out: &mut impl Write,
+    b: &BroadcastFile,
+    counts: &Counts,
+    view: &View,
+) -> std::io::Result<()> {
     let mut t = table();
     t.set_header(vec![
         "log", "next", "floor", "bytes", "messages", "cursors", "held",
@@ -1207,7 +1235,7 @@ fn print_broadcast(out: &mut impl Write, b: &BroadcastFile, view: &View) -> std:
         b.next.to_string(),
         b.floor.to_string(),
         b.bytes.to_string(),
-        b.messages.len().to_string(),
+        counts.messages.to_string(),
         b.cursors.len().to_string(),
         b.held.len().to_string(),
     ]);
@@ -1401,7 +1429,12 @@ fn print_mbmqtt(out: &mut impl Write, s: &mbmqtt::Snapshot, view: &View) -> std:
 
 // ---- directories ---------------------------------------------------------
 
-fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::Result<u8> {
+fn inspect_dir(
+    args: &InspectArgs,
+    view: &View,
+    report: &DirReport,
+    sample: &Sample,
+) -> anyhow::Result<u8> {
     let wanted = |f: &snapshot_dir::FileReport| match &view.channel {
         None => true,
         Some(name) => matches!(&f.role, snapshot_dir::Role::Channel(Some(c)) if c == name),
@@ -1435,7 +1468,7 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
                         "ok",
                         Value::Null,
                         header_json(header),
-                        contents_json(file, view),
+                        contents_json(file, &sample.counts_of(&f.name), view),
                     ),
                     FileOutcome::Failed(p) => (
                         if p.is_unreadable() {
@@ -1528,14 +1561,17 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
                         c.next.to_string(),
                         c.floor.to_string(),
                         c.bytes.to_string(),
-                        (c.records.len() + c.items.len()).to_string(),
+                        {
+                            let counts = sample.counts_of(&f.name);
+                            (counts.records + counts.items).to_string()
+                        },
                     ]),
                     SnapshotFile::Broadcast(b) => row.extend([
                         "-".into(),
                         b.next.to_string(),
                         b.floor.to_string(),
                         b.bytes.to_string(),
-                        b.messages.len().to_string(),
+                        sample.counts_of(&f.name).messages.to_string(),
                     ]),
                     SnapshotFile::Retained(r) => row.extend([
                         "-".into(),
@@ -1632,7 +1668,7 @@ fn inspect_dir(args: &InspectArgs, view: &View, report: &DirReport) -> anyhow::R
                 continue;
             }
             writeln!(out, "\n{}:", f.name)?;
-            print_contents(&mut out, file, view)?;
+            print_contents(&mut out, file, &sample.counts_of(&f.name), view)?;
         }
     }
     Ok(code)

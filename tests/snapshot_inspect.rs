@@ -219,9 +219,22 @@ fn format_21_channel_file_with_records() {
     assert_eq!(c["records"][0]["time"], "2026-01-01T00:00:01Z");
     assert_eq!(c["positions"][0]["reader"], "mqtt:dash");
 
-    // Without --records, no record list at all.
+    // Without --records, no record list at all, and the count of them all.
     let doc = json(&saguin(&["snapshot", "inspect", "--json", p]));
     assert!(doc["contents"].get("records").is_none());
+    assert_eq!(doc["contents"]["record_count"], 3);
+    // --limit cuts the rows shown, not the count.
+    let doc = json(&saguin(&[
+        "snapshot",
+        "inspect",
+        "--json",
+        "--records",
+        "--limit",
+        "2",
+        p,
+    ]));
+    assert_eq!(doc["contents"]["records"].as_array().unwrap().len(), 2);
+    assert_eq!(doc["contents"]["record_count"], 3);
 
     // --channel naming another channel is refused.
     let out = saguin(&["snapshot", "inspect", "--channel", "other", p]);
