@@ -264,13 +264,15 @@ impl super::FlushLoop {
                 tracing::warn!(provider = %self.name, file = %room.path().display(), error = %e,
                     "cutting the checkpoint's room back to its configured size failed; it keeps more than configured until it is next given up or the provider restarts");
             }
+            // Recorded before it is said, so that the gauge agrees with the
+            // line by the time the line is read.
+            shared.set_room_held(room.kept());
             if shared.set_log_ceiling(0) {
                 shared.room_short.store(false, Ordering::Release);
                 tracing::info!(provider = %self.name, log_beyond_database_bytes = beyond,
                     room_bytes = room.kept(),
                     "the write-ahead log is copied into the database again: the checkpoint's room is back to its configured size, and the provider's ceiling to its configuration");
             }
-            shared.set_room_held(room.kept());
             return;
         }
         // What a relief write may take beyond the ceiling, and the margin a
