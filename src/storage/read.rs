@@ -225,7 +225,7 @@ pub fn read_bounded_by_magic(
 /// stream ([`Opened::source`]).
 pub struct Opened {
     file: File,
-    path: std::path::PathBuf,
+    path: PathBuf,
     size: u64,
     probe: [u8; MAGIC_PROBE_LEN],
     probe_len: usize,
@@ -358,7 +358,7 @@ impl Opened {
 
     /// Ends a read of [`Opened::source`]: a file read to its size that has
     /// more now grew since it was opened, and is refused as changed. A
-    /// read that stopped short (a header refused) says nothing of it.
+    /// read that stopped short of the size says nothing of it.
     pub fn finish(mut self) -> Result<(), ReadError> {
         if self.streamed < self.size {
             return Ok(());
