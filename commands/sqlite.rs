@@ -159,7 +159,8 @@ file in rollback-journal mode; the broker opens it in WAL mode as usual.
 DEST, and DEST-wal, DEST-shm and DEST-journal, must not exist. A file system \
 under DEST with less free than the copy takes is refused before a page is \
 written, saying what it has and what the copy needs (bytes, and the four \
-files the copy opens). While the copy reads, \
+files the copy opens); one whose last files are taken while the copy is \
+made fails saying so. While the copy reads, \
 the broker's write-ahead log cannot be copied into its database and grows with \
 what is published; the broker's checkpoint room grows with it (see \
 saguin-config(5), checkpoint_room): back up to another file system where you \

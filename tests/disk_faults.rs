@@ -1618,3 +1618,34 @@ fn a_stop_on_a_full_disk_writes_its_last_generation_into_the_snapshot_room() {
     let got = rt.block_on(read_from_earliest(broker.addr(), 220));
     assert_eq!(got, (0..220).collect::<Vec<_>>());
 }
+
+/// A destination whose file system runs out of inodes while the copy is
+/// made (another process takes the last ones after the check) fails the
+/// copy naming the destination and what it lacks, and leaves nothing.
+#[test]
+fn sqlite_backup_whose_destination_runs_out_of_inodes_while_it_copies_says_so() {
+    let test = "sqlite_backup_whose_destination_runs_out_of_inodes_while_it_copies_says_so";
+    let Some(volume) = Volume::tmpfs(test, "32m,nr_inodes=6") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = source_database(dir.path(), 4000);
+    let dest = volume.path.join("backup.db");
+    let taken = std::cell::Cell::new(0);
+    let take_the_rest = |_done: u64, _all: u64| {
+        // After the first step: every inode left goes to another file.
+        while std::fs::write(volume.path.join(format!("other-{}", taken.get())), b"").is_ok() {
+            taken.set(taken.get() + 1);
+        }
+    };
+    let err = saguin::storage::backup::backup(&db, &dest, &take_the_rest).unwrap_err();
+    let said = err.to_string();
+    assert!(taken.get() > 0, "nothing was taken: {said}");
+    assert!(said.contains(&dest.display().to_string()), "{said}");
+    assert!(said.contains("more files be made"), "{said}");
+    let left: Vec<String> = names_in(&volume.path)
+        .into_iter()
+        .filter(|n| !n.starts_with("other-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

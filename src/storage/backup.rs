@@ -74,7 +74,9 @@ pub enum BackupError {
         beside_source: bool,
     },
     /// The destination's file system has fewer files left than the copy
-    /// opens beside it: refused before a page is written.
+    /// opens beside it: refused before a page is written, or found so when
+    /// the copy failed (another process took the last files meanwhile),
+    /// the copy then removed.
     #[error("{}: its file system lets {free} more files be made and the copy needs {needs} (itself, its journal, its log and its index); nothing was written: free some there, or back up to another file system", path.display())]
     DestinationOutOfFiles {
         path: PathBuf,
@@ -136,6 +138,10 @@ pub fn check_destination(dest: &Path) -> Result<(), BackupError> {
     }
 }
 
+/// The files a copy makes: itself, its journal, and the log and index
+/// SQLite opens beside it while the copy is in WAL mode.
+const FILES_BESIDE_THE_COPY: u64 = 4;
+
 /// Above the copy's pages, what its file system is asked to have free: the
 /// copy's journal while it is written, and what else writes there meanwhile.
 const ROOM_BEYOND_THE_COPY: u64 = 1 << 20;
@@ -162,14 +168,11 @@ fn check_room(db: &Path, source: &Connection, dest: &Path) -> Result<(), BackupE
     let Some((free, files)) = crate::storage::room::available(&dir) else {
         return Ok(());
     };
-    // The copy, its journal, and the log and index SQLite opens beside it
-    // while the copy is in WAL mode.
-    const FILES: u64 = 4;
-    if let Some(free) = files.filter(|&f| f < FILES) {
+    if let Some(free) = files.filter(|&f| f < FILES_BESIDE_THE_COPY) {
         return Err(BackupError::DestinationOutOfFiles {
             path: dest.to_path_buf(),
             free,
-            needs: FILES,
+            needs: FILES_BESIDE_THE_COPY,
         });
     }
     if free < needs {
@@ -310,9 +313,34 @@ pub fn backup(
             })
         }
         Err(e) => {
+            // Asked before the copy's own files are removed, which frees
+            // what they took.
+            let e = out_of_files(dest, &tmp, e);
             remove_with_sidecars(&tmp);
             Err(e)
         }
+    }
+}
+
+/// A failure of the copy (`tmp`, to become `dest`) where its file system
+/// has no file left to make is that failure: SQLite says of a journal or
+/// log it could not create only "unable to open database file", against
+/// the temporary copy, when another process took the last files after
+/// [`check_room`].
+fn out_of_files(dest: &Path, tmp: &Path, e: BackupError) -> BackupError {
+    let of_the_copy = match &e {
+        BackupError::Sqlite { path, .. } | BackupError::Io { path, .. } => {
+            path == tmp || path == dest
+        }
+        _ => false,
+    };
+    match crate::storage::room::available(&parent_of(dest)) {
+        Some((_, Some(0))) if of_the_copy => BackupError::DestinationOutOfFiles {
+            path: dest.to_path_buf(),
+            free: 0,
+            needs: FILES_BESIDE_THE_COPY,
+        },
+        _ => e,
     }
 }
 
