@@ -6,7 +6,7 @@
 //! record and reading each file as a stream, so its peak memory is about
 //! the largest record's (and a latest channel's or the retained store's
 //! topics). `inspect` reads the same way, keeping only the records it
-//! shows ([`sample`]).
+//! shows (`storage::sample`).
 //!
 //! Over 1,500 lines: a human table and a JSON document for every kind of
 //! file the command reads (a channel, a manifest of either kind, the
@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use comfy_table::Table;
 use saguin::storage::read::{self, SpecialKind};
+use saguin::storage::sample::{ListCounts, Sample};
 use saguin::storage::snapshot_dir::{
     self, AnySnapshot, DirManifest, DirReport, FileOutcome, FileProblem, FindingKind, Records,
     ScanOptions, Verdict,
@@ -36,10 +37,6 @@ use crate::output::{
     cell, payload_cell, payload_text, props_cell, session_json, table, time_json, time_text,
     RecordJson,
 };
-
-mod sample;
-
-use sample::{Counts, Sample};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -737,7 +734,7 @@ fn positions_table(ps: &[Position]) -> Table {
 
 /// A file's contents as JSON; `counts` are its record lists' lengths,
 /// which the decoded lists keep only the shown rows of.
-fn contents_json(file: &SnapshotFile, counts: &Counts, view: &View) -> Value {
+fn contents_json(file: &SnapshotFile, counts: &ListCounts, view: &View) -> Value {
     let with_records = |mut v: Value, records: &[Record]| {
         if view.records {
             if let Some(o) = v.as_object_mut() {
@@ -774,7 +771,7 @@ fn contents_json(file: &SnapshotFile, counts: &Counts, view: &View) -> Value {
     }
 }
 
-fn channel_json(c: &ChannelFile, counts: &Counts, view: &View) -> Value {
+fn channel_json(c: &ChannelFile, counts: &ListCounts, view: &View) -> Value {
     let mut v = json!({
         "kind": "channel",
         "channel": c.name,
@@ -876,7 +873,7 @@ fn sessions_json(s: &SessionsFile) -> Value {
 fn print_contents(
     out: &mut impl Write,
     file: &SnapshotFile,
-    counts: &Counts,
+    counts: &ListCounts,
     view: &View,
 ) -> std::io::Result<()> {
     match file {
@@ -892,7 +889,7 @@ fn print_contents(
 fn print_channel(
     out: &mut impl Write,
     c: &ChannelFile,
-    counts: &Counts,
+    counts: &ListCounts,
     view: &View,
 ) -> std::io::Result<()> {
     let mut t = table();
@@ -1223,7 +1220,7 @@ fn print_sessions(out: &mut impl Write, s: &SessionsFile, view: &View) -> std::i
 fn print_broadcast(
     out: &mut impl Write,
     b: &BroadcastFile,
-    counts: &Counts,
+    counts: &ListCounts,
     view: &View,
 ) -> std::io::Result<()> {
     let mut t = table();

@@ -11,6 +11,7 @@ pub mod memory;
 pub mod migrate;
 pub mod read;
 pub(crate) mod room;
+pub mod sample;
 pub mod snapshot_dir;
 pub mod snapshot_write;
 pub mod sqlite;

@@ -1,20 +1,21 @@
-//! What `saguin snapshot inspect` keeps of a file's records as it reads
-//! them: the rows it will show, and how many each list held.
+//! A sink that keeps the first rows of a file's record lists as it reads
+//! them and counts every one: what `saguin snapshot inspect` shows, and
+//! what a migration knows of a channel before it carries its records.
 //!
 //! The files are read as streams (`Records::Into`), so a channel of ten
-//! million records is inspected in the memory of the rows shown, not of
-//! the file and every record decoded from it.
+//! million records costs the memory of the rows kept, not of the file and
+//! every record decoded from it.
 
 use std::collections::HashMap;
 
-use saguin::storage::snapshot_dir::LoadSink;
+use crate::storage::snapshot_dir::LoadSink;
 use saguin_format::f21::{QueueItem, RecordList, RecordSink};
 use saguin_format::model::Record;
 
 /// How many elements each record list of a file held, counted as it was
 /// read; the decoded file's lists keep only the rows shown.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counts {
+pub struct ListCounts {
     pub records: usize,
     pub items: usize,
     pub dead_letter: usize,
@@ -28,9 +29,9 @@ pub struct Counts {
 pub struct Sample {
     keep: usize,
     /// The file being read.
-    current: Counts,
+    current: ListCounts,
     /// Each file a directory's scan has read, by name.
-    by_file: HashMap<String, Counts>,
+    by_file: HashMap<String, ListCounts>,
 }
 
 impl Sample {
@@ -38,18 +39,18 @@ impl Sample {
     pub fn keeping(keep: Option<u64>) -> Sample {
         Sample {
             keep: keep.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX)),
-            current: Counts::default(),
+            current: ListCounts::default(),
             by_file: HashMap::new(),
         }
     }
 
     /// The counts of the one file read outside a directory's scan.
-    pub fn counts(&self) -> Counts {
+    pub fn counts(&self) -> ListCounts {
         self.current
     }
 
     /// The counts of the file `name` a directory's scan read.
-    pub fn counts_of(&self, name: &str) -> Counts {
+    pub fn counts_of(&self, name: &str) -> ListCounts {
         self.by_file.get(name).copied().unwrap_or_default()
     }
 
@@ -128,7 +129,7 @@ mod tests {
         assert_eq!(sample.counts_of("a.snapshot").records, 5);
         assert_eq!(
             sample.counts(),
-            Counts::default(),
+            ListCounts::default(),
             "the next file counts afresh"
         );
     }
