@@ -61,6 +61,7 @@ use super::read::{self, ReadError};
 use super::snapshot_dir::{ScanError, ScanOptions};
 use super::sqlite::{self, SqliteOpenError, PAGE_SIZE, WRITER_REVISION};
 use super::{parent_of, NoParent};
+use snapshots::Carry;
 
 /// Where a migration reads.
 #[derive(Clone, Debug)]
@@ -429,7 +430,7 @@ fn check_database_source(db: &Path) -> Result<(), MigrateError> {
 
 /// Takes the source's lock and reads it; a refusal lets the lock go,
 /// leaving nothing behind.
-fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
+fn read_source(source: &Source, carry: Carry) -> Result<SourceRead, MigrateError> {
     let lock = match source {
         Source::SnapshotDir(dir) => {
             check_dir_source(dir)?;
@@ -447,7 +448,7 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
         }
         Source::Mbmqtt { .. } => None,
     };
-    match read_locked(source) {
+    match read_locked(source, carry) {
         Ok(read) => Ok(SourceRead { lock, ..read }),
         Err(e) => {
             if let Some(lock) = lock {
@@ -458,17 +459,19 @@ fn read_source(source: &Source) -> Result<SourceRead, MigrateError> {
     }
 }
 
-/// Reads the source, whose lock [`read_source`] holds.
-fn read_locked(source: &Source) -> Result<SourceRead, MigrateError> {
+/// Reads the source, whose lock [`read_source`] holds; a snapshot
+/// directory's channels as `carry` says.
+fn read_locked(source: &Source, carry: Carry) -> Result<SourceRead, MigrateError> {
     match source {
         Source::SnapshotDir(dir) => {
-            let read = snapshots::read_dir(dir, &ScanOptions::default()).map_err(|e| match e {
-                ScanError::Read(r) => read_error(r),
-                other => MigrateError::SourceNotUsable {
-                    path: dir.clone(),
-                    detail: other.to_string(),
-                },
-            })?;
+            let read =
+                snapshots::read_dir(dir, &ScanOptions::default(), carry).map_err(|e| match e {
+                    ScanError::Read(r) => read_error(r),
+                    other => MigrateError::SourceNotUsable {
+                        path: dir.clone(),
+                        detail: other.to_string(),
+                    },
+                })?;
             // The checker is the migrator: a directory `snapshot verify`
             // answers no for is not read from at all.
             if !read.refusals.is_empty() {
@@ -647,7 +650,13 @@ pub fn migrate(
         Destination::Sqlite(db) => check_database_destination(db)?,
         Destination::SnapshotDir(dir) => check_dir_destination(dir)?,
     }
-    let mut read = read_source(source)?;
+    // Into a database each channel's records are carried from its file as
+    // they are written; into a directory the writer takes them whole.
+    let carry = match destination {
+        Destination::Sqlite(_) => Carry::FromFiles,
+        Destination::SnapshotDir(_) => Carry::Whole,
+    };
+    let mut read = read_source(source, carry)?;
     let mut report = Report {
         source: source.path().to_path_buf(),
         destination: destination.path().to_path_buf(),
@@ -1003,7 +1012,9 @@ fn to_snapshots(
         }
     }
     progress.verifying();
-    let (found, back_failures) = match snapshots::read_dir(&staged, &ScanOptions::default()) {
+    // Counted, not held: only the counts are compared.
+    let read_back = snapshots::read_dir(&staged, &ScanOptions::default(), Carry::FromFiles);
+    let (found, back_failures) = match read_back {
         Ok(back) => {
             // The destination passes the checks its source passed.
             report

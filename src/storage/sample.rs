@@ -22,12 +22,13 @@ pub struct ListCounts {
     pub messages: usize,
 }
 
-/// Keeps the first `keep` elements of each list of a channel or the
-/// broadcast log (every retained message: their topics are listed), and
-/// counts them all, file by file.
+/// Keeps the first `keep` elements of each list of a channel and the
+/// first `keep_messages` of the broadcast log (every retained message:
+/// their topics are listed), and counts them all, file by file.
 #[derive(Debug)]
 pub struct Sample {
     keep: usize,
+    keep_messages: usize,
     /// The file being read.
     current: ListCounts,
     /// Each file a directory's scan has read, by name.
@@ -37,10 +38,22 @@ pub struct Sample {
 impl Sample {
     /// A sample keeping `keep` rows of each list (`None`: all of them).
     pub fn keeping(keep: Option<u64>) -> Sample {
+        let keep = keep.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
         Sample {
-            keep: keep.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+            keep,
+            keep_messages: keep,
             current: ListCounts::default(),
             by_file: HashMap::new(),
+        }
+    }
+
+    /// A sample keeping no channel's records, queue items or dead letters
+    /// and every other record: what a migration carries from each
+    /// channel's file as it writes it.
+    pub fn counting_channels() -> Sample {
+        Sample {
+            keep_messages: usize::MAX,
+            ..Sample::keeping(Some(0))
         }
     }
 
@@ -54,8 +67,8 @@ impl Sample {
         self.by_file.get(name).copied().unwrap_or_default()
     }
 
-    fn keep<T>(&self, element: T, kept: &mut Vec<T>) {
-        if kept.len() < self.keep {
+    fn keep<T>(element: T, kept: &mut Vec<T>, keep: usize) {
+        if kept.len() < keep {
             kept.push(element);
         }
     }
@@ -65,28 +78,29 @@ impl RecordSink for Sample {
     fn capacity(&mut self, list: RecordList, count: usize) -> usize {
         match list {
             RecordList::Retained => count,
+            RecordList::BroadcastMessages => count.min(self.keep_messages),
             _ => count.min(self.keep),
         }
     }
 
     fn record(&mut self, list: RecordList, record: Record, kept: &mut Vec<Record>) {
-        let count = match list {
+        let (count, keep) = match list {
             RecordList::Retained => {
                 kept.push(record);
                 return;
             }
-            RecordList::ChannelRecords => &mut self.current.records,
-            RecordList::DeadLetterRecords => &mut self.current.dead_letter,
-            RecordList::BroadcastMessages => &mut self.current.messages,
-            RecordList::QueueItems => &mut self.current.items,
+            RecordList::ChannelRecords => (&mut self.current.records, self.keep),
+            RecordList::DeadLetterRecords => (&mut self.current.dead_letter, self.keep),
+            RecordList::BroadcastMessages => (&mut self.current.messages, self.keep_messages),
+            RecordList::QueueItems => (&mut self.current.items, self.keep),
         };
         *count += 1;
-        self.keep(record, kept);
+        Sample::keep(record, kept, keep);
     }
 
     fn item(&mut self, item: QueueItem, kept: &mut Vec<QueueItem>) {
         self.current.items += 1;
-        self.keep(item, kept);
+        Sample::keep(item, kept, self.keep);
     }
 }
 

@@ -6,8 +6,12 @@
 //! retained store, or the persistent sessions with the broadcast log they
 //! point into (read together or neither is worth reading).
 
+use std::path::PathBuf;
+
 use saguin_format::f21::{BroadcastFile, ChannelFile, RetainedFile, SessionsFile, SnapshotFile};
 use saguin_format::model::ChannelKind;
+
+use crate::storage::sample::ListCounts;
 
 use crate::storage::contract::{BROADCAST_LOG_NAME, RETAINED_STORE_NAME};
 
@@ -19,6 +23,17 @@ use crate::storage::contract::{BROADCAST_LOG_NAME, RETAINED_STORE_NAME};
 pub enum Unit {
     /// A channel; a queue carries its dead-letter channel inside.
     Channel(ChannelFile),
+    /// A channel of a snapshot directory whose records are carried from its
+    /// file as they are read rather than held: `channel` has every field
+    /// but its record lists (records, queue items, dead letters), which
+    /// `lists` counts. What a migration into a database reads, so that a
+    /// channel of ten million records costs a window of its file, not all
+    /// of them at once.
+    ChannelInFile {
+        channel: ChannelFile,
+        file: PathBuf,
+        lists: ListCounts,
+    },
     /// The retained store (broker.retained_storage).
     Retained(RetainedFile),
     /// Persistent sessions and the broadcast log (broker.session_storage).
@@ -36,7 +51,7 @@ impl Unit {
     /// store name.
     pub fn name(&self) -> &str {
         match self {
-            Unit::Channel(c) => &c.name,
+            Unit::Channel(c) | Unit::ChannelInFile { channel: c, .. } => &c.name,
             Unit::Retained(_) => RETAINED_STORE_NAME,
             Unit::Sessions { .. } => SESSIONS_UNIT,
         }
@@ -45,7 +60,7 @@ impl Unit {
     /// `append`, `latest`, `queue`, `retained` or `sessions`.
     pub fn kind(&self) -> &'static str {
         match self {
-            Unit::Channel(c) => c.kind.as_str(),
+            Unit::Channel(c) | Unit::ChannelInFile { channel: c, .. } => c.kind.as_str(),
             Unit::Retained(_) => "retained",
             Unit::Sessions { .. } => "sessions",
         }
@@ -54,27 +69,16 @@ impl Unit {
     /// What the unit holds, by the rules of [`Counts`].
     pub fn counts(&self) -> Counts {
         match self {
-            Unit::Channel(c) => {
-                let mut n = Counts {
-                    next: c.next,
-                    floor: c.floor,
-                    records: c.records.len() as u64,
-                    queue_items: c.items.len() as u64,
-                    positions: c.positions.len() as u64,
-                    held: c.held.len() as u64,
-                    ..Counts::default()
-                };
-                if let Some(d) = &c.dead_letter {
-                    n.dead_letters = d.records.len() as u64;
-                    n.positions += d.positions.len() as u64;
-                    n.dead_letter_next = d.next;
-                    n.dead_letter_floor = d.floor;
-                } else if c.kind == ChannelKind::Queue {
-                    n.dead_letter_next = 1;
-                    n.dead_letter_floor = 1;
-                }
-                n
-            }
+            Unit::Channel(c) => channel_counts(
+                c,
+                ListCounts {
+                    records: c.records.len(),
+                    items: c.items.len(),
+                    dead_letter: c.dead_letter.as_ref().map_or(0, |d| d.records.len()),
+                    messages: 0,
+                },
+            ),
+            Unit::ChannelInFile { channel, lists, .. } => channel_counts(channel, *lists),
             Unit::Retained(r) => Counts {
                 records: r.records.len() as u64,
                 ..Counts::default()
@@ -125,6 +129,9 @@ impl Unit {
                 }
                 result
             }
+            // Its file passed the loader's checks as the directory was
+            // scanned, and passes them again as its records are carried.
+            Unit::ChannelInFile { .. } => Ok(()),
             Unit::Retained(r) => {
                 let file = SnapshotFile::Retained(std::mem::take(r));
                 let result = validate(&file).map_err(|e| e.to_string());
@@ -152,6 +159,29 @@ impl Unit {
             }
         }
     }
+}
+
+/// What a channel holds whose record lists hold `lists`.
+fn channel_counts(c: &ChannelFile, lists: ListCounts) -> Counts {
+    let mut n = Counts {
+        next: c.next,
+        floor: c.floor,
+        records: lists.records as u64,
+        queue_items: lists.items as u64,
+        positions: c.positions.len() as u64,
+        held: c.held.len() as u64,
+        ..Counts::default()
+    };
+    if let Some(d) = &c.dead_letter {
+        n.dead_letters = lists.dead_letter as u64;
+        n.positions += d.positions.len() as u64;
+        n.dead_letter_next = d.next;
+        n.dead_letter_floor = d.floor;
+    } else if c.kind == ChannelKind::Queue {
+        n.dead_letter_next = 1;
+        n.dead_letter_floor = 1;
+    }
+    n
 }
 
 /// What a unit holds, counted the same way on both sides of a migration and

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use saguin_format::channel_name::{BROADCAST_FILE, RETAINED_CHANNEL, SESSIONS_FILE};
-use saguin_format::f21::{self, ChannelFile, SnapshotFile};
+use saguin_format::f21::{self, ChannelFile, FileKind, SnapshotFile};
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 use super::model::{Unit, SESSIONS_UNIT};
@@ -19,7 +19,10 @@ use crate::storage::contract::{
     BROADCAST_LOG_NAME, RETAINED_STORE_NAME,
 };
 use crate::storage::memory::{AppendCopy, BroadcastCopy, Kept, LatestCopy, QueueCopy};
-use crate::storage::snapshot_dir::{self, FileOutcome, FindingKind, Role, ScanOptions, Severity};
+use crate::storage::sample::Sample;
+use crate::storage::snapshot_dir::{
+    self, FileOutcome, FindingKind, Records, Role, ScanOptions, Severity,
+};
 use crate::storage::snapshot_write::{
     self, ChannelCopy, ProviderCopy, SnapshotOptions, WriteReport,
 };
@@ -38,10 +41,29 @@ pub struct DirUnits {
     pub refusals: Vec<String>,
 }
 
+/// What a read of a directory holds of its channels' records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carry {
+    /// Every record, decoded: for a writer that takes them whole.
+    Whole,
+    /// None: each channel is a [`Unit::ChannelInFile`], its records counted
+    /// as the directory is scanned and read again from its file as they
+    /// are written.
+    FromFiles,
+}
+
 /// Reads every file of `dir` with the loader's decoder. A refused file is
 /// a failure of its unit (named); the others are read regardless.
-pub fn read_dir(dir: &Path, opts: &ScanOptions) -> Result<DirUnits, snapshot_dir::ScanError> {
-    let report = snapshot_dir::scan(dir, opts)?;
+pub fn read_dir(
+    dir: &Path,
+    opts: &ScanOptions,
+    carry: Carry,
+) -> Result<DirUnits, snapshot_dir::ScanError> {
+    let mut sample = Sample::counting_channels();
+    let report = match carry {
+        Carry::Whole => snapshot_dir::scan(dir, opts)?,
+        Carry::FromFiles => snapshot_dir::scan_with(dir, opts, Records::Into(&mut sample))?,
+    };
     let mut out = DirUnits {
         refusals: report
             .verification_failures()
@@ -115,6 +137,12 @@ pub fn read_dir(dir: &Path, opts: &ScanOptions) -> Result<DirUnits, snapshot_dir
                                 f.path.display(),
                                 c.name
                             ),
+                        });
+                    } else if carry == Carry::FromFiles {
+                        out.units.push(Unit::ChannelInFile {
+                            channel: c,
+                            lists: sample.counts_of(&f.name),
+                            file: f.path,
                         });
                     } else {
                         out.units.push(Unit::Channel(c));
@@ -276,6 +304,25 @@ pub fn provider_copy(
                 match channel_copy(c) {
                     Ok(cc) => copy.channels.push(cc),
                     Err(e) => failures.push((name, e)),
+                }
+            }
+            // Into a directory the records are written whole, so they are
+            // read whole.
+            Unit::ChannelInFile { channel, file, .. } => {
+                let read =
+                    snapshot_dir::read_f21_file(&file, &ScanOptions::default(), FileKind::Channel);
+                match read {
+                    Ok((_, SnapshotFile::Channel(c))) => match channel_copy(c) {
+                        Ok(cc) => copy.channels.push(cc),
+                        Err(e) => failures.push((channel.name, e)),
+                    },
+                    Ok(_) => failures.push((
+                        channel.name,
+                        format!("{}: not a channel file", file.display()),
+                    )),
+                    Err(problem) => {
+                        failures.push((channel.name, format!("{}: {problem}", file.display())))
+                    }
                 }
             }
             Unit::Retained(r) => {

@@ -148,3 +148,66 @@ fn an_mbmqtt_session_becomes_owed_messages_inflight_entries_and_a_cursor() {
     // What the import makes is what the loader accepts.
     f21::validate_pair(sessions, log).unwrap();
 }
+
+/// A channel carried from its file that does not read as it did when the
+/// directory was scanned (changed since, or damaged) is not written at
+/// all: its transaction writes no row, and the failure names the file.
+/// Read as it was, it is written with every record, and the records are
+/// counted as they were scanned.
+#[test]
+fn a_channel_carried_from_its_file_is_written_whole_or_not_at_all() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixtures.join("f21/dir")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let read = snapshots::read_dir(dir.path(), &ScanOptions::default(), Carry::FromFiles).unwrap();
+    let carried: Vec<&Unit> = read
+        .units
+        .iter()
+        .filter(|u| matches!(u, Unit::ChannelInFile { .. }))
+        .collect();
+    assert!(!carried.is_empty(), "{:?}", read.units);
+
+    let db = dir.path().join("carried.db");
+    let mut conn = create_database(&db).unwrap();
+    for unit in &carried {
+        let Unit::ChannelInFile { lists, .. } = unit else {
+            unreachable!()
+        };
+        write_unit(&mut conn, unit, &|_| {}).unwrap();
+        let out = count_unit(&conn, unit).unwrap();
+        assert_eq!(out, unit.counts(), "{}", unit.name());
+        assert!(
+            lists.records + lists.items > 0,
+            "{}: {lists:?}",
+            unit.name()
+        );
+    }
+
+    // The first channel's file damaged after the scan: nothing of it is
+    // written.
+    let Unit::ChannelInFile { channel, file, .. } = carried[0] else {
+        unreachable!()
+    };
+    let mut bytes = std::fs::read(file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(file, &bytes).unwrap();
+    let db = dir.path().join("refused.db");
+    let mut conn = create_database(&db).unwrap();
+    let failed = write_unit(&mut conn, carried[0], &|_| {}).unwrap_err();
+    assert!(
+        failed.to_string().contains(&file.display().to_string()),
+        "{failed}"
+    );
+    let rows: u64 = conn
+        .query_row(
+            "SELECT count(*) FROM channels WHERE name = ?1",
+            [&channel.name],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(rows, 0, "a channel not carried wrote its row");
+}

@@ -8,12 +8,13 @@
 //! encoding.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use rusqlite::{params, Connection, OptionalExtension, ToSql};
+use rusqlite::{params, CachedStatement, Connection, OptionalExtension, ToSql};
 use saguin_format::f21::{
-    BroadcastFile, ChannelFile, DeadLetter, HeldPublish, Position, QueueItem, RetainedFile,
-    SessionsFile, SharedGroup, SharedGroupKey,
+    BroadcastFile, ChannelFile, DeadLetter, FileKind, HeldPublish, Position, QueueItem, RecordList,
+    RecordSink, RetainedFile, SessionsFile, SharedGroup, SharedGroupKey,
 };
 use saguin_format::model::{ChannelKind, Record};
 
@@ -22,6 +23,7 @@ use super::schema::RECORD_COLUMNS;
 use super::session::{read_sessions as read_session_rows, write_session};
 use crate::storage::contract::{dead_letter_name, RETAINED_STORE_NAME};
 use crate::storage::migrate::model::{Counts, Unit, LOG};
+use crate::storage::snapshot_dir::{self, FileProblem, LoadSink, Records, ScanOptions};
 
 /// A unit that could not be read, named.
 #[derive(Debug)]
@@ -375,27 +377,42 @@ fn insert_channel_row(
     Ok(())
 }
 
+/// The statement that inserts one record of an append channel.
+fn record_insert(tx: &Connection) -> rusqlite::Result<CachedStatement<'_>> {
+    tx.prepare_cached(&format!(
+        "INSERT INTO records (channel, offset, {RECORD_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+    ))
+}
+
+/// Inserts `r` into `channel` with `stmt` ([`record_insert`]): the bytes
+/// it counts for, as the provider keeps them (a removal gives back exactly
+/// that).
+fn insert_record(
+    stmt: &mut CachedStatement<'_>,
+    channel: &str,
+    r: &Record,
+) -> rusqlite::Result<u64> {
+    let e = Encoded::new(r);
+    // Bound in place: the hot loop of a migration, one row per record.
+    stmt.raw_bind_parameter(1, channel)?;
+    stmt.raw_bind_parameter(2, r.offset)?;
+    for (n, value) in e.params().into_iter().enumerate() {
+        stmt.raw_bind_parameter(n + 3, value)?;
+    }
+    stmt.raw_execute()?;
+    Ok(e.size)
+}
+
 fn insert_records(
     tx: &Connection,
     channel: &str,
     records: &[Record],
     tick: &dyn Fn(u64),
 ) -> rusqlite::Result<u64> {
-    let sql = format!(
-        "INSERT INTO records (channel, offset, {RECORD_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
-    );
-    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut stmt = record_insert(tx)?;
     let mut bytes = 0u64;
     for (i, r) in records.iter().enumerate() {
-        let e = Encoded::new(r);
-        bytes += e.size;
-        // Bound in place: the hot loop of a migration, one row per record.
-        stmt.raw_bind_parameter(1, channel)?;
-        stmt.raw_bind_parameter(2, r.offset)?;
-        for (n, value) in e.params().into_iter().enumerate() {
-            stmt.raw_bind_parameter(n + 3, value)?;
-        }
-        stmt.raw_execute()?;
+        bytes += insert_record(&mut stmt, channel, r)?;
         if i % 4096 == 4095 {
             tick(4096);
         }
@@ -443,16 +460,159 @@ fn insert_held(tx: &Connection, channel: &str, held: &[HeldPublish]) -> rusqlite
     Ok(())
 }
 
+/// Why a unit was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteFailure {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    /// The file a channel's records are carried from did not read as it
+    /// did when the directory was scanned.
+    #[error("{}: {problem}", file.display())]
+    Carried { file: PathBuf, problem: FileProblem },
+}
+
 /// Writes one unit in one transaction: all of it or none of it. `tick`
 /// is told how many records went in, for a progress bar.
-pub fn write_unit(conn: &mut Connection, unit: &Unit, tick: &dyn Fn(u64)) -> rusqlite::Result<()> {
+pub fn write_unit(
+    conn: &mut Connection,
+    unit: &Unit,
+    tick: &dyn Fn(u64),
+) -> Result<(), WriteFailure> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     match unit {
         Unit::Channel(c) => write_channel(&tx, c, tick)?,
+        Unit::ChannelInFile { channel, file, .. } => {
+            write_channel_in_file(&tx, channel, file, tick)?
+        }
         Unit::Retained(r) => write_retained(&tx, r, tick)?,
         Unit::Sessions { sessions, log } => write_sessions(&tx, sessions, log, tick)?,
     }
-    tx.commit()
+    Ok(tx.commit()?)
+}
+
+/// [`write_channel`] of a channel whose records are read from `file` as
+/// they are inserted: `c` holds everything else.
+fn write_channel_in_file(
+    tx: &Connection,
+    c: &ChannelFile,
+    file: &Path,
+    tick: &dyn Fn(u64),
+) -> Result<(), WriteFailure> {
+    insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
+    let dead_letter = match c.kind {
+        ChannelKind::Queue => Some(dead_letter_row(tx, c)?),
+        ChannelKind::Append | ChannelKind::Latest => None,
+    };
+    let mut carrier = Carrier {
+        channel: c,
+        dead_letter: dead_letter.as_deref(),
+        records: record_insert(tx)?,
+        values: latest_insert(tx)?,
+        items: item_insert(tx)?,
+        bytes: 0,
+        dead_letter_bytes: 0,
+        untold: 0,
+        tick,
+        failed: None,
+    };
+    let read = snapshot_dir::read_f21_file_with(
+        file,
+        &ScanOptions::default(),
+        FileKind::Channel,
+        Records::Into(&mut carrier),
+    );
+    tick(carrier.untold);
+    if let Some(e) = carrier.failed.take() {
+        return Err(e.into());
+    }
+    let (bytes, dead_letter_bytes) = (carrier.bytes, carrier.dead_letter_bytes);
+    drop(carrier);
+    if let Err(problem) = read {
+        return Err(WriteFailure::Carried {
+            file: file.to_path_buf(),
+            problem,
+        });
+    }
+    if c.kind == ChannelKind::Append {
+        set_bytes(tx, &c.name, bytes)?;
+    }
+    if let Some(dlq) = &dead_letter {
+        set_bytes(tx, dlq, dead_letter_bytes)?;
+    }
+    Ok(write_channel_rest(tx, c)?)
+}
+
+/// Inserts each record of a channel's file as the file is decoded, and
+/// lets it go: a channel of any length is carried in the memory of one
+/// record and the file's window.
+struct Carrier<'t> {
+    channel: &'t ChannelFile,
+    dead_letter: Option<&'t str>,
+    records: CachedStatement<'t>,
+    values: CachedStatement<'t>,
+    items: CachedStatement<'t>,
+    /// What the channel's records and its dead letters count for.
+    bytes: u64,
+    dead_letter_bytes: u64,
+    /// Records inserted since `tick` was last told.
+    untold: u64,
+    tick: &'t dyn Fn(u64),
+    /// The first insert that failed: the rest of the file is read for its
+    /// verdict, and nothing more is inserted.
+    failed: Option<rusqlite::Error>,
+}
+
+impl Carrier<'_> {
+    fn carried(&mut self, inserted: rusqlite::Result<()>) {
+        match inserted {
+            Err(e) if self.failed.is_none() => self.failed = Some(e),
+            _ => {}
+        }
+        self.untold += 1;
+        if self.untold == 4096 {
+            (self.tick)(4096);
+            self.untold = 0;
+        }
+    }
+}
+
+impl RecordSink for Carrier<'_> {
+    fn capacity(&mut self, _: RecordList, _: usize) -> usize {
+        0
+    }
+
+    fn record(&mut self, list: RecordList, record: Record, _: &mut Vec<Record>) {
+        if self.failed.is_some() {
+            return;
+        }
+        let name = self.channel.name.as_str();
+        let inserted = match (list, self.channel.kind, self.dead_letter) {
+            (RecordList::ChannelRecords, ChannelKind::Latest, _) => {
+                insert_value(&mut self.values, name, &record, true)
+            }
+            (RecordList::ChannelRecords, _, _) => {
+                insert_record(&mut self.records, name, &record).map(|b| self.bytes += b)
+            }
+            (RecordList::DeadLetterRecords, _, Some(dlq)) => {
+                insert_record(&mut self.records, dlq, &record).map(|b| self.dead_letter_bytes += b)
+            }
+            // No other list is in a channel's file that decodes.
+            _ => Ok(()),
+        };
+        self.carried(inserted);
+    }
+
+    fn item(&mut self, item: QueueItem, _: &mut Vec<QueueItem>) {
+        if self.failed.is_some() {
+            return;
+        }
+        let inserted = insert_item(&mut self.items, &self.channel.name, &item);
+        self.carried(inserted);
+    }
+}
+
+impl LoadSink for Carrier<'_> {
+    fn file_read(&mut self, _: &str, _: bool) {}
 }
 
 fn write_channel(tx: &Connection, c: &ChannelFile, tick: &dyn Fn(u64)) -> rusqlite::Result<()> {
@@ -460,10 +620,7 @@ fn write_channel(tx: &Connection, c: &ChannelFile, tick: &dyn Fn(u64)) -> rusqli
         ChannelKind::Append => {
             insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
             let bytes = insert_records(tx, &c.name, &c.records, tick)?;
-            // The stored byte count is what the records count for, as the
-            // provider keeps it (a removal gives back exactly that).
-            tx.prepare_cached("UPDATE channels SET bytes = ?2 WHERE name = ?1")?
-                .execute(params![c.name, bytes])?;
+            set_bytes(tx, &c.name, bytes)?;
         }
         ChannelKind::Latest => {
             // A latest channel's bytes live in memory on this provider.
@@ -472,37 +629,95 @@ fn write_channel(tx: &Connection, c: &ChannelFile, tick: &dyn Fn(u64)) -> rusqli
         }
         ChannelKind::Queue => {
             insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
-            let sql = format!(
-                "INSERT INTO queue_items (channel, offset, {RECORD_COLUMNS}, attempts, first_delivered, last_delivered)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
-            );
-            let mut stmt = tx.prepare_cached(&sql)?;
+            let mut stmt = item_insert(tx)?;
             for item in &c.items {
-                let e = Encoded::new(&item.record);
-                let mut p: Vec<&dyn ToSql> = vec![&c.name, &item.record.offset];
-                p.extend(e.params());
-                p.push(&item.attempts);
-                p.push(&item.first_delivered);
-                p.push(&item.last_delivered);
-                stmt.execute(&p[..])?;
+                insert_item(&mut stmt, &c.name, item)?;
             }
             tick(c.items.len() as u64);
             // The dead-letter channel in the same transaction as its queue:
             // a move between them is never recorded by half.
-            let dlq = dead_letter_name(&c.name);
-            let (next, floor, records, positions) = match &c.dead_letter {
-                Some(d) => (d.next, d.floor, &d.records[..], &d.positions[..]),
-                None => (1, 1, &[][..], &[][..]),
-            };
-            insert_channel_row(tx, &dlq, ChannelKind::Append, next, floor, 0)?;
+            let dlq = dead_letter_row(tx, c)?;
+            let records = c.dead_letter.as_ref().map_or(&[][..], |d| &d.records[..]);
             let bytes = insert_records(tx, &dlq, records, tick)?;
-            tx.prepare_cached("UPDATE channels SET bytes = ?2 WHERE name = ?1")?
-                .execute(params![dlq, bytes])?;
-            insert_positions(tx, &dlq, positions)?;
+            set_bytes(tx, &dlq, bytes)?;
         }
+    }
+    write_channel_rest(tx, c)
+}
+
+/// A queue's dead-letter channel's row (before any of its records): its
+/// name.
+fn dead_letter_row(tx: &Connection, c: &ChannelFile) -> rusqlite::Result<String> {
+    let dlq = dead_letter_name(&c.name);
+    let (next, floor) = c.dead_letter.as_ref().map_or((1, 1), |d| (d.next, d.floor));
+    insert_channel_row(tx, &dlq, ChannelKind::Append, next, floor, 0)?;
+    Ok(dlq)
+}
+
+/// The stored byte count of an append channel: what its records count for,
+/// as the provider keeps it (a removal gives back exactly that).
+fn set_bytes(tx: &Connection, channel: &str, bytes: u64) -> rusqlite::Result<()> {
+    tx.prepare_cached("UPDATE channels SET bytes = ?2 WHERE name = ?1")?
+        .execute(params![channel, bytes])?;
+    Ok(())
+}
+
+/// What a channel holds beside its record lists: its positions (and its
+/// dead-letter channel's) and its held publishes.
+fn write_channel_rest(tx: &Connection, c: &ChannelFile) -> rusqlite::Result<()> {
+    if let Some(d) = &c.dead_letter {
+        insert_positions(tx, &dead_letter_name(&c.name), &d.positions)?;
     }
     insert_positions(tx, &c.name, &c.positions)?;
     insert_held(tx, &c.name, &c.held)
+}
+
+/// The statement that inserts one queue item.
+fn item_insert(tx: &Connection) -> rusqlite::Result<CachedStatement<'_>> {
+    tx.prepare_cached(&format!(
+        "INSERT INTO queue_items (channel, offset, {RECORD_COLUMNS}, attempts, first_delivered, last_delivered)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
+    ))
+}
+
+fn insert_item(
+    stmt: &mut CachedStatement<'_>,
+    channel: &str,
+    item: &QueueItem,
+) -> rusqlite::Result<()> {
+    let e = Encoded::new(&item.record);
+    let mut p: Vec<&dyn ToSql> = vec![&channel, &item.record.offset];
+    p.extend(e.params());
+    p.push(&item.attempts);
+    p.push(&item.first_delivered);
+    p.push(&item.last_delivered);
+    stmt.execute(&p[..])?;
+    Ok(())
+}
+
+/// The statement that inserts one value of a latest channel.
+fn latest_insert(tx: &Connection) -> rusqlite::Result<CachedStatement<'_>> {
+    tx.prepare_cached(&format!(
+        "INSERT INTO latest_values (channel, offset, deleted, {RECORD_COLUMNS})
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+    ))
+}
+
+/// Inserts the value `r` of `channel`; with `markers`, an empty payload is
+/// a deletion marker (the retained store keeps none).
+fn insert_value(
+    stmt: &mut CachedStatement<'_>,
+    channel: &str,
+    r: &Record,
+    markers: bool,
+) -> rusqlite::Result<()> {
+    let deleted = markers && r.payload.is_empty();
+    let e = Encoded::new(r);
+    let size = if deleted { 0 } else { e.size };
+    let mut p: Vec<&dyn ToSql> = vec![&channel, &r.offset, &deleted];
+    p.extend(bind_record(&e, &size));
+    stmt.execute(&p[..])?;
+    Ok(())
 }
 
 fn insert_latest(
@@ -512,18 +727,9 @@ fn insert_latest(
     markers: bool,
     tick: &dyn Fn(u64),
 ) -> rusqlite::Result<()> {
-    let sql = format!(
-        "INSERT INTO latest_values (channel, offset, deleted, {RECORD_COLUMNS})
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
-    );
-    let mut stmt = tx.prepare_cached(&sql)?;
+    let mut stmt = latest_insert(tx)?;
     for r in records {
-        let deleted = markers && r.payload.is_empty();
-        let e = Encoded::new(r);
-        let size = if deleted { 0 } else { e.size };
-        let mut p: Vec<&dyn ToSql> = vec![&channel, &r.offset, &deleted];
-        p.extend(bind_record(&e, &size));
-        stmt.execute(&p[..])?;
+        insert_value(&mut stmt, channel, r, markers)?;
     }
     tick(records.len() as u64);
     Ok(())
@@ -617,7 +823,7 @@ pub fn count_unit(conn: &Connection, unit: &Unit) -> rusqlite::Result<Counts> {
     const POSITIONS: &str = "SELECT count(*) FROM positions WHERE channel = ?1";
     const HELD: &str = "SELECT count(*) FROM held_publishes WHERE channel = ?1";
     Ok(match unit {
-        Unit::Channel(c) => {
+        Unit::Channel(c) | Unit::ChannelInFile { channel: c, .. } => {
             let name = c.name.as_str();
             let (next, floor) = counters(conn, name)?;
             let mut n = Counts {
