@@ -109,9 +109,11 @@ fn big_database(db: &Path, mib: u64) -> u64 {
     // columns, and the primary key's index.
     let rows = mib * 1024 * 1024 / 1350;
     let payload = vec![b'y'; 1024];
+    // The channel's bytes are what its records count for (`size`), as the
+    // provider keeps them and as `sqlite verify` checks.
     conn.execute(
-        "INSERT INTO channels (name, kind, next, floor, bytes) VALUES ('bulk', 'append', ?1, 1, 0)",
-        [rows + 1],
+        "INSERT INTO channels (name, kind, next, floor, bytes) VALUES ('bulk', 'append', ?1, 1, ?2)",
+        [rows + 1, rows * 1030],
     )
     .unwrap();
     let mut offset = 1u64;
