@@ -1,6 +1,8 @@
 //! Units to and from a snapshot directory, through the code the broker
 //! uses: [`snapshot_dir::scan`] (the loader's own decode and validation, so
-//! what is migrated is what `serve` would load) and
+//! what is migrated is what `serve` would load; into a database, the same
+//! scan counting each channel's records, which are then carried from its
+//! file as they are written, [`Carry::FromFiles`]) and
 //! [`snapshot_write::write_snapshot`] (the broker's writer: the units as
 //! the directory's first generation, each file to a temporary name,
 //! fsynced, renamed, the directory fsynced, the manifest last; 0700 and
