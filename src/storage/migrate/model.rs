@@ -129,8 +129,8 @@ impl Unit {
                 }
                 result
             }
-            // Its file passed the loader's checks as the directory was
-            // scanned, and passes them again as its records are carried.
+            // Only a snapshot directory's scan makes one, and the scan
+            // checked it; carried, its file must hold what it held then.
             Unit::ChannelInFile { .. } => Ok(()),
             Unit::Retained(r) => {
                 let file = SnapshotFile::Retained(std::mem::take(r));

@@ -186,28 +186,52 @@ fn a_channel_carried_from_its_file_is_written_whole_or_not_at_all() {
         );
     }
 
-    // The first channel's file damaged after the scan: nothing of it is
-    // written.
-    let Unit::ChannelInFile { channel, file, .. } = carried[0] else {
-        unreachable!()
+    // Each channel's file damaged after the scan, or replaced by another
+    // channel's: nothing of it is written, its dead-letter channel
+    // included.
+    let written = |conn: &rusqlite::Connection, table: &str| -> u64 {
+        conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+            .unwrap()
     };
-    let mut bytes = std::fs::read(file).unwrap();
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0xff;
-    std::fs::write(file, &bytes).unwrap();
-    let db = dir.path().join("refused.db");
-    let mut conn = create_database(&db).unwrap();
-    let failed = write_unit(&mut conn, carried[0], &|_| {}).unwrap_err();
-    assert!(
-        failed.to_string().contains(&file.display().to_string()),
-        "{failed}"
-    );
-    let rows: u64 = conn
-        .query_row(
-            "SELECT count(*) FROM channels WHERE name = ?1",
-            [&channel.name],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(rows, 0, "a channel not carried wrote its row");
+    for (i, unit) in carried.iter().enumerate() {
+        let Unit::ChannelInFile { file, .. } = unit else {
+            unreachable!()
+        };
+        let original = std::fs::read(file).unwrap();
+        let other = carried
+            .iter()
+            .find_map(|u| match u {
+                Unit::ChannelInFile { file: f, .. } if f != file => Some(f.clone()),
+                _ => None,
+            })
+            .unwrap();
+        let mut damaged = original.clone();
+        let last = damaged.len() - 1;
+        damaged[last] ^= 0xff;
+        for (how, bytes, says) in [
+            ("damaged", damaged, "checksum"),
+            ("replaced", std::fs::read(&other).unwrap(), "changed since"),
+        ] {
+            std::fs::write(file, &bytes).unwrap();
+            let db = dir.path().join(format!("refused-{i}-{how}.db"));
+            let mut conn = create_database(&db).unwrap();
+            let failed = write_unit(&mut conn, unit, &|_| {})
+                .unwrap_err()
+                .to_string();
+            assert!(
+                failed.contains(&file.display().to_string()) && failed.contains(says),
+                "{how}: {failed}"
+            );
+            for table in [
+                "channels",
+                "records",
+                "latest_values",
+                "queue_items",
+                "positions",
+            ] {
+                assert_eq!(written(&conn, table), 0, "{how} {}: {table}", unit.name());
+            }
+        }
+        std::fs::write(file, &original).unwrap();
+    }
 }

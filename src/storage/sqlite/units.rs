@@ -14,7 +14,7 @@ use bytes::Bytes;
 use rusqlite::{params, CachedStatement, Connection, OptionalExtension, ToSql};
 use saguin_format::f21::{
     BroadcastFile, ChannelFile, DeadLetter, FileKind, HeldPublish, Position, QueueItem, RecordList,
-    RecordSink, RetainedFile, SessionsFile, SharedGroup, SharedGroupKey,
+    RecordSink, RetainedFile, SessionsFile, SharedGroup, SharedGroupKey, SnapshotFile,
 };
 use saguin_format::model::{ChannelKind, Record};
 
@@ -23,6 +23,7 @@ use super::schema::RECORD_COLUMNS;
 use super::session::{read_sessions as read_session_rows, write_session};
 use crate::storage::contract::{dead_letter_name, RETAINED_STORE_NAME};
 use crate::storage::migrate::model::{Counts, Unit, LOG};
+use crate::storage::sample::ListCounts;
 use crate::storage::snapshot_dir::{self, FileProblem, LoadSink, Records, ScanOptions};
 
 /// A unit that could not be read, named.
@@ -465,10 +466,13 @@ fn insert_held(tx: &Connection, channel: &str, held: &[HeldPublish]) -> rusqlite
 pub enum WriteFailure {
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
-    /// The file a channel's records are carried from did not read as it
-    /// did when the directory was scanned.
+    /// The file a channel's records are carried from did not decode.
     #[error("{}: {problem}", file.display())]
     Carried { file: PathBuf, problem: FileProblem },
+    /// It decoded, and does not hold what it held when the directory was
+    /// scanned.
+    #[error("{}: changed since the directory was checked: it no longer holds what it held then", file.display())]
+    Changed { file: PathBuf },
 }
 
 /// Writes one unit in one transaction: all of it or none of it. `tick`
@@ -481,9 +485,11 @@ pub fn write_unit(
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     match unit {
         Unit::Channel(c) => write_channel(&tx, c, tick)?,
-        Unit::ChannelInFile { channel, file, .. } => {
-            write_channel_in_file(&tx, channel, file, tick)?
-        }
+        Unit::ChannelInFile {
+            channel,
+            file,
+            lists,
+        } => write_channel_in_file(&tx, channel, file, *lists, tick)?,
         Unit::Retained(r) => write_retained(&tx, r, tick)?,
         Unit::Sessions { sessions, log } => write_sessions(&tx, sessions, log, tick)?,
     }
@@ -491,11 +497,14 @@ pub fn write_unit(
 }
 
 /// [`write_channel`] of a channel whose records are read from `file` as
-/// they are inserted: `c` holds everything else.
+/// they are inserted: `c` holds everything else, and `lists` what the file
+/// held when the directory was scanned. A file that does not decode, or no
+/// longer holds that channel and that many records, writes nothing.
 fn write_channel_in_file(
     tx: &Connection,
     c: &ChannelFile,
     file: &Path,
+    lists: ListCounts,
     tick: &dyn Fn(u64),
 ) -> Result<(), WriteFailure> {
     insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
@@ -511,6 +520,7 @@ fn write_channel_in_file(
         items: item_insert(tx)?,
         bytes: 0,
         dead_letter_bytes: 0,
+        carried: ListCounts::default(),
         untold: 0,
         tick,
         failed: None,
@@ -522,17 +532,28 @@ fn write_channel_in_file(
         Records::Into(&mut carrier),
     );
     tick(carrier.untold);
+    // The file's verdict first: a record a damaged file hands on before
+    // its verdict may fail to insert (an offset twice), and the damage is
+    // what is to be named.
+    match read {
+        Err(problem) => {
+            return Err(WriteFailure::Carried {
+                file: file.to_path_buf(),
+                problem,
+            })
+        }
+        Ok((_, SnapshotFile::Channel(back))) if back == *c && carrier.carried == lists => {}
+        Ok(_) => {
+            return Err(WriteFailure::Changed {
+                file: file.to_path_buf(),
+            })
+        }
+    }
     if let Some(e) = carrier.failed.take() {
         return Err(e.into());
     }
     let (bytes, dead_letter_bytes) = (carrier.bytes, carrier.dead_letter_bytes);
     drop(carrier);
-    if let Err(problem) = read {
-        return Err(WriteFailure::Carried {
-            file: file.to_path_buf(),
-            problem,
-        });
-    }
     if c.kind == ChannelKind::Append {
         set_bytes(tx, &c.name, bytes)?;
     }
@@ -554,6 +575,8 @@ struct Carrier<'t> {
     /// What the channel's records and its dead letters count for.
     bytes: u64,
     dead_letter_bytes: u64,
+    /// How many of each list the file handed on.
+    carried: ListCounts,
     /// Records inserted since `tick` was last told.
     untold: u64,
     tick: &'t dyn Fn(u64),
@@ -582,6 +605,11 @@ impl RecordSink for Carrier<'_> {
     }
 
     fn record(&mut self, list: RecordList, record: Record, _: &mut Vec<Record>) {
+        match list {
+            RecordList::ChannelRecords => self.carried.records += 1,
+            RecordList::DeadLetterRecords => self.carried.dead_letter += 1,
+            _ => {}
+        }
         if self.failed.is_some() {
             return;
         }
@@ -603,6 +631,7 @@ impl RecordSink for Carrier<'_> {
     }
 
     fn item(&mut self, item: QueueItem, _: &mut Vec<QueueItem>) {
+        self.carried.items += 1;
         if self.failed.is_some() {
             return;
         }
