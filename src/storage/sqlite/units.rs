@@ -496,6 +496,21 @@ pub fn write_unit(
     Ok(tx.commit()?)
 }
 
+/// A channel held whole: its rows, then every record of its lists.
+fn write_channel(tx: &Connection, c: &ChannelFile, tick: &dyn Fn(u64)) -> rusqlite::Result<()> {
+    let mut carrier = Carrier::begin(tx, c, tick)?;
+    for r in &c.records {
+        carrier.insert(RecordList::ChannelRecords, r)?;
+    }
+    for item in &c.items {
+        carrier.insert_item(item)?;
+    }
+    for r in c.dead_letter.iter().flat_map(|d| &d.records) {
+        carrier.insert(RecordList::DeadLetterRecords, r)?;
+    }
+    carrier.finish()
+}
+
 /// [`write_channel`] of a channel whose records are read from `file` as
 /// they are inserted: `c` holds everything else, and `lists` what the file
 /// held when the directory was scanned. A file that does not decode, or no
@@ -507,31 +522,13 @@ fn write_channel_in_file(
     lists: ListCounts,
     tick: &dyn Fn(u64),
 ) -> Result<(), WriteFailure> {
-    insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
-    let dead_letter = match c.kind {
-        ChannelKind::Queue => Some(dead_letter_row(tx, c)?),
-        ChannelKind::Append | ChannelKind::Latest => None,
-    };
-    let mut carrier = Carrier {
-        channel: c,
-        dead_letter: dead_letter.as_deref(),
-        records: record_insert(tx)?,
-        values: latest_insert(tx)?,
-        items: item_insert(tx)?,
-        bytes: 0,
-        dead_letter_bytes: 0,
-        carried: ListCounts::default(),
-        untold: 0,
-        tick,
-        failed: None,
-    };
+    let mut carrier = Carrier::begin(tx, c, tick)?;
     let read = snapshot_dir::read_f21_file_with(
         file,
         &ScanOptions::default(),
         FileKind::Channel,
         Records::Into(&mut carrier),
     );
-    tick(carrier.untold);
     // The file's verdict first: a record a damaged file hands on before
     // its verdict may fail to insert (an offset twice), and the damage is
     // what is to be named.
@@ -552,49 +549,123 @@ fn write_channel_in_file(
     if let Some(e) = carrier.failed.take() {
         return Err(e.into());
     }
-    let (bytes, dead_letter_bytes) = (carrier.bytes, carrier.dead_letter_bytes);
-    drop(carrier);
-    if c.kind == ChannelKind::Append {
-        set_bytes(tx, &c.name, bytes)?;
-    }
-    if let Some(dlq) = &dead_letter {
-        set_bytes(tx, dlq, dead_letter_bytes)?;
-    }
-    Ok(write_channel_rest(tx, c)?)
+    Ok(carrier.finish()?)
 }
 
-/// Inserts each record of a channel's file as the file is decoded, and
-/// lets it go: a channel of any length is carried in the memory of one
-/// record and the file's window.
+/// Writes one channel record by record, each where its kind keeps it: an
+/// append channel's records and a queue's dead letters with what they count
+/// for, a latest channel's values with their deletion markers, a queue's
+/// items. Fed from a channel held whole, or as its file is decoded (a
+/// [`RecordSink`]: each record inserted and let go, so a channel of any
+/// length is carried in the memory of one record and the file's window).
 struct Carrier<'t> {
+    tx: &'t Connection,
     channel: &'t ChannelFile,
-    dead_letter: Option<&'t str>,
+    /// A queue's dead-letter channel.
+    dead_letter: Option<String>,
     records: CachedStatement<'t>,
     values: CachedStatement<'t>,
     items: CachedStatement<'t>,
     /// What the channel's records and its dead letters count for.
     bytes: u64,
     dead_letter_bytes: u64,
-    /// How many of each list the file handed on.
+    /// As a sink: how many of each list the file handed on.
     carried: ListCounts,
     /// Records inserted since `tick` was last told.
     untold: u64,
     tick: &'t dyn Fn(u64),
-    /// The first insert that failed: the rest of the file is read for its
-    /// verdict, and nothing more is inserted.
+    /// As a sink: the first insert that failed. The rest of the file is
+    /// read for its verdict, and nothing more is inserted.
     failed: Option<rusqlite::Error>,
 }
 
-impl Carrier<'_> {
-    fn carried(&mut self, inserted: rusqlite::Result<()>) {
-        match inserted {
-            Err(e) if self.failed.is_none() => self.failed = Some(e),
+impl<'t> Carrier<'t> {
+    /// The channel's row, and its dead-letter channel's.
+    fn begin(
+        tx: &'t Connection,
+        c: &'t ChannelFile,
+        tick: &'t dyn Fn(u64),
+    ) -> rusqlite::Result<Carrier<'t>> {
+        insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
+        // In the same transaction as its queue: a move between them is never
+        // recorded by half.
+        let dead_letter = match c.kind {
+            ChannelKind::Queue => Some(dead_letter_row(tx, c)?),
+            ChannelKind::Append | ChannelKind::Latest => None,
+        };
+        Ok(Carrier {
+            tx,
+            channel: c,
+            dead_letter,
+            records: record_insert(tx)?,
+            values: latest_insert(tx)?,
+            items: item_insert(tx)?,
+            bytes: 0,
+            dead_letter_bytes: 0,
+            carried: ListCounts::default(),
+            untold: 0,
+            tick,
+            failed: None,
+        })
+    }
+
+    /// One record of the channel's `list`.
+    fn insert(&mut self, list: RecordList, r: &Record) -> rusqlite::Result<()> {
+        let name = self.channel.name.as_str();
+        match (list, self.channel.kind, &self.dead_letter) {
+            (RecordList::ChannelRecords, ChannelKind::Latest, _) => {
+                insert_value(&mut self.values, name, r, true)?;
+            }
+            (RecordList::ChannelRecords, _, _) => {
+                self.bytes += insert_record(&mut self.records, name, r)?;
+            }
+            (RecordList::DeadLetterRecords, _, Some(dlq)) => {
+                self.dead_letter_bytes += insert_record(&mut self.records, dlq, r)?;
+            }
+            // No other list is in a channel that decodes.
             _ => {}
         }
+        self.told();
+        Ok(())
+    }
+
+    /// One item of a queue.
+    fn insert_item(&mut self, item: &QueueItem) -> rusqlite::Result<()> {
+        insert_item(&mut self.items, &self.channel.name, item)?;
+        self.told();
+        Ok(())
+    }
+
+    fn told(&mut self) {
         self.untold += 1;
         if self.untold == 4096 {
             (self.tick)(4096);
             self.untold = 0;
+        }
+    }
+
+    /// What the channel holds beside its record lists, once they are in:
+    /// the byte counts, positions and held publishes.
+    fn finish(self) -> rusqlite::Result<()> {
+        (self.tick)(self.untold);
+        if self.channel.kind == ChannelKind::Append {
+            set_bytes(self.tx, &self.channel.name, self.bytes)?;
+        }
+        if let Some(dlq) = &self.dead_letter {
+            set_bytes(self.tx, dlq, self.dead_letter_bytes)?;
+        }
+        let (tx, c) = (self.tx, self.channel);
+        if let Some(d) = &c.dead_letter {
+            insert_positions(tx, &dead_letter_name(&c.name), &d.positions)?;
+        }
+        insert_positions(tx, &c.name, &c.positions)?;
+        insert_held(tx, &c.name, &c.held)
+    }
+
+    /// Keeps the first failure, as a sink must: it cannot return it.
+    fn keep_failure(&mut self, inserted: rusqlite::Result<()>) {
+        if let Err(e) = inserted {
+            self.failed.get_or_insert(e);
         }
     }
 }
@@ -604,74 +675,31 @@ impl RecordSink for Carrier<'_> {
         0
     }
 
+    // Counted whether inserted or not: the file's verdict and its counts
+    // decide what is said of a file whose insert failed.
     fn record(&mut self, list: RecordList, record: Record, _: &mut Vec<Record>) {
         match list {
             RecordList::ChannelRecords => self.carried.records += 1,
             RecordList::DeadLetterRecords => self.carried.dead_letter += 1,
             _ => {}
         }
-        if self.failed.is_some() {
-            return;
+        if self.failed.is_none() {
+            let inserted = self.insert(list, &record);
+            self.keep_failure(inserted);
         }
-        let name = self.channel.name.as_str();
-        let inserted = match (list, self.channel.kind, self.dead_letter) {
-            (RecordList::ChannelRecords, ChannelKind::Latest, _) => {
-                insert_value(&mut self.values, name, &record, true)
-            }
-            (RecordList::ChannelRecords, _, _) => {
-                insert_record(&mut self.records, name, &record).map(|b| self.bytes += b)
-            }
-            (RecordList::DeadLetterRecords, _, Some(dlq)) => {
-                insert_record(&mut self.records, dlq, &record).map(|b| self.dead_letter_bytes += b)
-            }
-            // No other list is in a channel's file that decodes.
-            _ => Ok(()),
-        };
-        self.carried(inserted);
     }
 
     fn item(&mut self, item: QueueItem, _: &mut Vec<QueueItem>) {
         self.carried.items += 1;
-        if self.failed.is_some() {
-            return;
+        if self.failed.is_none() {
+            let inserted = self.insert_item(&item);
+            self.keep_failure(inserted);
         }
-        let inserted = insert_item(&mut self.items, &self.channel.name, &item);
-        self.carried(inserted);
     }
 }
 
 impl LoadSink for Carrier<'_> {
     fn file_read(&mut self, _: &str, _: bool) {}
-}
-
-fn write_channel(tx: &Connection, c: &ChannelFile, tick: &dyn Fn(u64)) -> rusqlite::Result<()> {
-    match c.kind {
-        ChannelKind::Append => {
-            insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
-            let bytes = insert_records(tx, &c.name, &c.records, tick)?;
-            set_bytes(tx, &c.name, bytes)?;
-        }
-        ChannelKind::Latest => {
-            // A latest channel's bytes live in memory on this provider.
-            insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
-            insert_latest(tx, &c.name, &c.records, true, tick)?;
-        }
-        ChannelKind::Queue => {
-            insert_channel_row(tx, &c.name, c.kind, c.next, c.floor, 0)?;
-            let mut stmt = item_insert(tx)?;
-            for item in &c.items {
-                insert_item(&mut stmt, &c.name, item)?;
-            }
-            tick(c.items.len() as u64);
-            // The dead-letter channel in the same transaction as its queue:
-            // a move between them is never recorded by half.
-            let dlq = dead_letter_row(tx, c)?;
-            let records = c.dead_letter.as_ref().map_or(&[][..], |d| &d.records[..]);
-            let bytes = insert_records(tx, &dlq, records, tick)?;
-            set_bytes(tx, &dlq, bytes)?;
-        }
-    }
-    write_channel_rest(tx, c)
 }
 
 /// A queue's dead-letter channel's row (before any of its records): its
@@ -689,16 +717,6 @@ fn set_bytes(tx: &Connection, channel: &str, bytes: u64) -> rusqlite::Result<()>
     tx.prepare_cached("UPDATE channels SET bytes = ?2 WHERE name = ?1")?
         .execute(params![channel, bytes])?;
     Ok(())
-}
-
-/// What a channel holds beside its record lists: its positions (and its
-/// dead-letter channel's) and its held publishes.
-fn write_channel_rest(tx: &Connection, c: &ChannelFile) -> rusqlite::Result<()> {
-    if let Some(d) = &c.dead_letter {
-        insert_positions(tx, &dead_letter_name(&c.name), &d.positions)?;
-    }
-    insert_positions(tx, &c.name, &c.positions)?;
-    insert_held(tx, &c.name, &c.held)
 }
 
 /// The statement that inserts one queue item.
