@@ -229,22 +229,6 @@ pub struct Opened {
     size: u64,
     probe: [u8; MAGIC_PROBE_LEN],
     probe_len: usize,
-    /// How many bytes [`Opened::source`] has given.
-    streamed: u64,
-}
-
-/// A reader counting the bytes it gives.
-struct Counted<'a, R> {
-    inner: R,
-    count: &'a mut u64,
-}
-
-impl<R: Read> Read for Counted<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        *self.count += n as u64;
-        Ok(n)
-    }
 }
 
 /// [`read_bounded_by_magic`] up to the read of the rest: every check on the
@@ -296,7 +280,6 @@ pub fn open_bounded_by_magic(
         size,
         probe,
         probe_len,
-        streamed: 0,
     })
 }
 
@@ -341,8 +324,9 @@ impl Opened {
         Ok(buf)
     }
 
-    /// The file from its first byte, to be read as a stream of at most
-    /// its [`Opened::size`] bytes and then handed to [`Opened::finish`].
+    /// The file from its first byte, to be read as a stream of its
+    /// [`Opened::size`] bytes and then handed to [`Opened::finish`] (or,
+    /// when the read fails, to [`Opened::failed`]).
     /// The first bytes, read already, are handed on once: a second source
     /// goes on where the first stopped.
     pub fn source(&mut self) -> impl Read + '_ {
@@ -350,19 +334,13 @@ impl Opened {
             .probe
             .get(..std::mem::take(&mut self.probe_len))
             .unwrap_or_default();
-        Counted {
-            inner: probe.chain(&mut self.file),
-            count: &mut self.streamed,
-        }
+        probe.chain(&mut self.file)
     }
 
-    /// Ends a read of [`Opened::source`]: a file read to its size that has
-    /// more now grew since it was opened, and is refused as changed. A
-    /// read that stopped short of the size says nothing of it.
+    /// Ends a read of all [`Opened::size`] bytes of [`Opened::source`]: a
+    /// file that has more now grew since it was opened, and is refused as
+    /// changed.
     pub fn finish(mut self) -> Result<(), ReadError> {
-        if self.streamed < self.size {
-            return Ok(());
-        }
         loop {
             match self.file.read(&mut [0u8; 1]) {
                 Ok(0) => return Ok(()),
