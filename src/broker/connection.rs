@@ -17,10 +17,12 @@
 //! (the broker's one [`KeepAliveTimer`] watches its client's silence),
 //! and the loop's state in its boxed state, not in the task's future.
 
+use std::any::{Any, TypeId};
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::mem::MaybeUninit;
 use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -46,6 +48,7 @@ use super::link;
 use super::message::WireForm;
 use super::message::{DecimalBuf, Message};
 use super::metrics::{CloseReason, Metrics};
+use super::parking::{Lot, Parkable};
 use super::read_order::Stamped;
 use super::state::{
     ConnAckExtras, ConnectRequest, Event, Inbound, InboundPublish, KeepAlive, Outbound, WillRequest,
@@ -74,6 +77,8 @@ pub struct ConnectionContext {
     pub topic_aliases: bool,
     /// The one timer of every connection's keep alive.
     pub keep_alives: Arc<KeepAliveTimer>,
+    /// Where plain connections wait while their clients are quiet.
+    pub parking: Arc<Lot<Parked>>,
 }
 
 impl ConnectionContext {
@@ -258,7 +263,7 @@ where
     });
     ConnectionTask {
         stage: Stage::Establishing(Box::new(establishing)),
-        _held: held,
+        held: Some(held),
     }
 }
 
@@ -271,7 +276,9 @@ where
 /// tokio_unstable`, which adds a field to every task.
 pub struct ConnectionTask<S, H> {
     stage: Stage<S>,
-    _held: H,
+    /// Its place, held until the connection ends; handed on with the
+    /// connection when it parks.
+    held: Option<H>,
 }
 
 /// Where a connection's task is. Each future is boxed twice (a pointer to
@@ -290,7 +297,7 @@ type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 impl<S, H> Future for ConnectionTask<S, H>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    H: Unpin,
+    H: Unpin + Send + 'static,
 {
     type Output = ();
 
@@ -308,7 +315,20 @@ where
                     };
                 }
                 Stage::Serving(connection) => {
-                    let ending = ready!(connection.poll_serve(cx));
+                    let Poll::Ready(ending) = connection.poll_serve(cx) else {
+                        if connection.out.link.take_park() && connection.is_quiet() {
+                            if let Stage::Serving(connection) =
+                                std::mem::replace(&mut task.stage, Stage::Done)
+                            {
+                                match park(connection, &mut task.held) {
+                                    // The task ends; the lot holds the rest.
+                                    Ok(()) => return Poll::Ready(()),
+                                    Err(connection) => task.stage = Stage::Serving(connection),
+                                }
+                            }
+                        }
+                        return Poll::Pending;
+                    };
                     if let Stage::Serving(connection) =
                         std::mem::replace(&mut task.stage, Stage::Done)
                     {
@@ -437,6 +457,258 @@ impl std::fmt::Display for Peer {
             Peer::V4(v4) => v4.fmt(f),
             Peer::V6(v6) => v6.fmt(f),
         }
+    }
+}
+
+/// A plain connection parked while its client is quiet
+/// ([`super::parking`]): what serving it again takes that its task cannot
+/// make afresh. Its read order's stamp, write buffer, loop flags and the
+/// runtime's registration of its socket are made again when it resumes.
+pub struct Parked {
+    socket: std::net::TcpStream,
+    peer: Peer,
+    id: u64,
+    client_id: Arc<str>,
+    keep_alive: u16,
+    version: ProtocolVersion,
+    client_max: u32,
+    events: mpsc::Sender<Event>,
+    context: Arc<ConnectionContext>,
+    link: link::Outlet,
+    aliases: Option<Box<OutboundAliases>>,
+    rare: Option<Box<Rare>>,
+    /// The task's place under the cap.
+    held: Box<dyn Any + Send>,
+}
+
+impl Parkable for Parked {
+    fn socket(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+
+    fn resume(self: Box<Self>) {
+        let Parked {
+            socket,
+            peer,
+            id,
+            client_id,
+            keep_alive,
+            version,
+            client_max,
+            events,
+            context,
+            link,
+            aliases,
+            rare,
+            held,
+        } = *self;
+        let runtime = context.parking.runtime().clone();
+        // The socket is registered with the runtime's driver of the thread
+        // it resumes on, whichever woke it.
+        let _entered = runtime.enter();
+        let out = Outgoing::new(link, version, client_max, aliases);
+        match tokio::net::TcpStream::from_std(socket) {
+            Ok(stream) => {
+                let connection = Box::new(Connection {
+                    stream: Stamped::new(stream),
+                    unread: BytesMut::new(),
+                    peer,
+                    id,
+                    client_id,
+                    keep_alive,
+                    events,
+                    context,
+                    out,
+                    serving: Serving::default(),
+                    rare,
+                });
+                runtime.spawn(ConnectionTask {
+                    stage: Stage::Serving(connection),
+                    held: Some(held),
+                });
+            }
+            Err(err) => {
+                // The runtime would not take the socket back (out of
+                // memory, or of the kernel's watches): the connection ends
+                // as one whose socket failed, its session told, its client
+                // closed.
+                let connection = Box::new(Connection {
+                    stream: Stamped::new(Unregistered(Some(err))),
+                    unread: BytesMut::new(),
+                    peer,
+                    id,
+                    client_id,
+                    keep_alive,
+                    events,
+                    context,
+                    out,
+                    serving: Serving::default(),
+                    rare,
+                });
+                runtime.spawn(ConnectionTask {
+                    stage: Stage::Serving(connection),
+                    held: Some(held),
+                });
+            }
+        }
+    }
+}
+
+/// The transport of a parked connection the runtime would not take back:
+/// its first read fails with why, and so does every write.
+struct Unregistered(Option<std::io::Error>);
+
+impl Unregistered {
+    fn failure(&mut self) -> std::io::Error {
+        self.0
+            .take()
+            .unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotConnected))
+    }
+}
+
+impl AsyncRead for Unregistered {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Err(self.get_mut().failure()))
+    }
+}
+
+impl AsyncWrite for Unregistered {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Poll::Ready(Err(self.get_mut().failure()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Park `connection`, told to and found quiet, handing on its place:
+/// `Err` gives it back when it is not a plain connection, the broker
+/// parks nothing, the process has no descriptor to spare, or something
+/// came for it as it went (it is polled again).
+fn park<S, H>(
+    connection: Box<Connection<S>>,
+    held: &mut Option<H>,
+) -> Result<(), Box<Connection<S>>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    H: Send + 'static,
+{
+    let connection = plain(connection)?;
+    let lot = connection.context.parking.clone();
+    let Some((reservation, waker)) = lot.reserve() else {
+        return Err(back(connection));
+    };
+    // A descriptor of its own for the socket, before anything is given
+    // up: the runtime's closes with its registration.
+    let socket = match connection.stream.get_ref().as_fd().try_clone_to_owned() {
+        Ok(fd) => std::net::TcpStream::from(fd),
+        Err(_) => {
+            lot.release(reservation);
+            return Err(back(connection));
+        }
+    };
+    let Some(place) = held.take() else {
+        lot.release(reservation);
+        return Err(back(connection));
+    };
+    // From here every wake of the link goes to the slot.
+    if !connection.out.link.park_with(waker) {
+        *held = Some(place);
+        lot.release(reservation);
+        return Err(back(connection));
+    }
+    lot.fill(reservation, connection.into_parked(socket, erase(place)));
+    Ok(())
+}
+
+/// `connection` as a plain one: `Err` gives it back when it is not.
+fn plain<S: 'static>(
+    connection: Box<Connection<S>>,
+) -> Result<Box<Connection<tokio::net::TcpStream>>, Box<Connection<S>>> {
+    let any: Box<dyn Any> = connection;
+    any.downcast::<Connection<tokio::net::TcpStream>>()
+        .map_err(|any| match any.downcast::<Connection<S>>() {
+            Ok(connection) => connection,
+            Err(_) => unreachable!("a box keeps the type it was made with"),
+        })
+}
+
+/// A plain connection as the `S` it was before [`plain`].
+fn back<S: 'static>(connection: Box<Connection<tokio::net::TcpStream>>) -> Box<Connection<S>> {
+    let any: Box<dyn Any> = connection;
+    match any.downcast::<Connection<S>>() {
+        Ok(connection) => connection,
+        Err(_) => unreachable!("only a plain connection is made plain"),
+    }
+}
+
+/// A place as a parked connection holds it: one that was parked before is
+/// not boxed again.
+fn erase<H: Send + 'static>(held: H) -> Box<dyn Any + Send> {
+    let boxed: Box<dyn Any + Send> = Box::new(held);
+    match boxed.downcast::<Box<dyn Any + Send>>() {
+        Ok(inner) => *inner,
+        Err(boxed) => boxed,
+    }
+}
+
+impl Connection<tokio::net::TcpStream> {
+    /// What of it a parked connection keeps. Its transport goes with the
+    /// runtime's registration; `socket` is the same socket's own
+    /// descriptor.
+    fn into_parked(
+        self: Box<Self>,
+        socket: std::net::TcpStream,
+        held: Box<dyn Any + Send>,
+    ) -> Box<Parked> {
+        let Connection {
+            stream,
+            peer,
+            id,
+            client_id,
+            keep_alive,
+            events,
+            context,
+            out,
+            rare,
+            ..
+        } = *self;
+        drop(stream);
+        let Outgoing {
+            link,
+            version,
+            client_max,
+            aliases,
+            ..
+        } = out;
+        Box::new(Parked {
+            socket,
+            peer,
+            id,
+            client_id,
+            keep_alive,
+            version,
+            client_max,
+            events,
+            context,
+            link,
+            aliases,
+            rare,
+            held,
+        })
     }
 }
 
@@ -789,8 +1061,27 @@ where
     /// (neither a full event queue nor a pause counts against the client).
     fn begin_serving(&mut self) {
         if let Some(limit) = silence_limit(self.keep_alive) {
-            self.context.keep_alives.watch(&self.out.link, limit);
+            let parks = TypeId::of::<S>() == TypeId::of::<tokio::net::TcpStream>();
+            self.context.keep_alives.watch(&self.out.link, limit, parks);
         }
+    }
+
+    /// Nothing read and not handed on, nothing being written, nothing
+    /// waited for but the client and the queue: what a parked connection
+    /// can leave behind.
+    fn is_quiet(&self) -> bool {
+        let out = &self.out;
+        self.unread.is_empty()
+            && !self.serving.fresh
+            && !self.serving.paused
+            && !self.serving.drained_owed
+            && self
+                .rare
+                .as_ref()
+                .is_none_or(|r| r.handing.is_none() && r.reserving.is_none())
+            && out.taken == 0
+            && !out.finished
+            && out.pending.is_empty()
     }
 
     /// The client was heard: its silence starts again.
@@ -2311,6 +2602,7 @@ pub(super) mod tests {
             max_keep_alive: 0,
             topic_aliases: false,
             keep_alives: KeepAliveTimer::start(),
+            parking: Lot::start(Arc::new(Metrics::new())),
         })
     }
 

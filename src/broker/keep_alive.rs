@@ -43,6 +43,9 @@ pub const NOT_TIMED: u64 = u64::MAX;
 /// Entries the timer keeps beyond twice those the last sweep left before
 /// it sweeps again.
 const SWEEP_SLACK: usize = 64;
+/// The longest a client is quiet before its connection parks: devices
+/// that speak more often than this stay served by a task of their own.
+pub const PARK_AFTER_MAX: Duration = Duration::from_secs(10);
 
 /// The timer every connection of a broker shares. Its task ends when the
 /// last handle to it is dropped.
@@ -70,6 +73,19 @@ struct Entry {
     at: u64,
     limit: u64,
     link: Weak<ConnectionLink>,
+    parking: Parking,
+}
+
+/// Where a connection's entry stands on parking it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parking {
+    /// It does not park (TLS).
+    Never,
+    /// It is to be told once its client has been quiet for [`park_after`]
+    /// since it was last heard.
+    Due,
+    /// It was told for the hearing whose silence ends at the entry's `at`.
+    Told,
 }
 
 impl PartialEq for Entry {
@@ -116,11 +132,22 @@ impl KeepAliveTimer {
         nanos(Instant::now().saturating_duration_since(self.epoch))
     }
 
-    /// Watch `link`'s client, heard now, for silences of `limit`.
-    pub fn watch(&self, link: &Outlet, limit: Duration) {
+    /// Watch `link`'s client, heard now, for silences of `limit`; told to
+    /// park after quiet spells when it `parks`.
+    pub fn watch(&self, link: &Outlet, limit: Duration, parks: bool) {
         let now = self.now();
         link.heard.store(now, Release);
-        self.arm(&link.link(), now, nanos(limit));
+        let limit = nanos(limit);
+        let (at, parking) = match parks {
+            true => (now.saturating_add(park_after(limit)), Parking::Due),
+            false => (now.saturating_add(limit), Parking::Never),
+        };
+        self.push(Entry {
+            at,
+            limit,
+            link: Arc::downgrade(&link.link()),
+            parking,
+        });
     }
 
     /// `link`'s client was heard now. Told silent in the meantime (the
@@ -129,7 +156,15 @@ impl KeepAliveTimer {
         let now = self.now();
         link.heard.store(now, Release);
         if link.take_silent() {
-            self.arm(&link.link(), now, nanos(limit));
+            // Told silent, the entry went: back as a timed one only (a
+            // client heard at its limit is not one to park).
+            let limit = nanos(limit);
+            self.push(Entry {
+                at: now.saturating_add(limit),
+                limit,
+                link: Arc::downgrade(&link.link()),
+                parking: Parking::Never,
+            });
         }
     }
 
@@ -138,17 +173,12 @@ impl KeepAliveTimer {
         link.heard.store(NOT_TIMED, Release);
     }
 
-    /// An entry for `link`'s silence heard at `heard`.
-    fn arm(&self, link: &Arc<ConnectionLink>, heard: u64, limit: u64) {
-        let at = heard.saturating_add(limit);
+    /// Keep `entry`, waking the timer's task when it comes first.
+    fn push(&self, entry: Entry) {
         let first = {
             let mut entries = self.entries();
-            let first = entries.due.peek().is_none_or(|Reverse(e)| at < e.at);
-            entries.due.push(Reverse(Entry {
-                at,
-                limit,
-                link: Arc::downgrade(link),
-            }));
+            let first = entries.due.peek().is_none_or(|Reverse(e)| entry.at < e.at);
+            entries.due.push(Reverse(entry));
             first
         };
         if first {
@@ -161,6 +191,7 @@ impl KeepAliveTimer {
     fn look(&self) -> Option<Instant> {
         let now = self.now();
         let mut silent = Vec::new();
+        let mut park = Vec::new();
         let next = {
             let mut entries = self.entries();
             while entries.due.peek().is_some_and(|Reverse(e)| e.at <= now) {
@@ -170,15 +201,37 @@ impl KeepAliveTimer {
                 let Some(link) = entry.link.upgrade() else {
                     continue;
                 };
-                let at = match link.heard.load(Acquire) {
-                    NOT_TIMED => now.saturating_add(entry.limit),
-                    heard => heard.saturating_add(entry.limit),
-                };
-                if at <= now {
-                    silent.push(link);
-                } else {
+                let heard = link.heard.load(Acquire);
+                if heard == NOT_TIMED {
+                    // Busy: neither silent nor quiet.
+                    let at = now.saturating_add(entry.limit);
                     entries.due.push(Reverse(Entry { at, ..entry }));
+                    continue;
                 }
+                let silent_at = heard.saturating_add(entry.limit);
+                if silent_at <= now {
+                    silent.push(link);
+                    continue;
+                }
+                let parking = match entry.parking {
+                    // Heard since it was told: to be told again.
+                    Parking::Told if silent_at > entry.at => Parking::Due,
+                    parking => parking,
+                };
+                let park_at = heard.saturating_add(park_after(entry.limit));
+                let (at, parking) = match parking {
+                    Parking::Due if park_at <= now => {
+                        park.push(link);
+                        (silent_at, Parking::Told)
+                    }
+                    Parking::Due => (park_at, Parking::Due),
+                    other => (silent_at, other),
+                };
+                entries.due.push(Reverse(Entry {
+                    at,
+                    parking,
+                    ..entry
+                }));
             }
             if entries.due.len() > 2 * entries.swept_to + SWEEP_SLACK {
                 entries.due.retain(|Reverse(e)| e.link.strong_count() > 0);
@@ -193,6 +246,9 @@ impl KeepAliveTimer {
         for link in silent {
             link.tell_silent();
         }
+        for link in park {
+            link.tell_park();
+        }
         next
     }
 }
@@ -201,6 +257,12 @@ impl Drop for KeepAliveTimer {
     fn drop(&mut self) {
         self.wake.notify_one();
     }
+}
+
+/// How long a client with silences of `limit` is quiet before its
+/// connection parks.
+fn park_after(limit: u64) -> u64 {
+    (limit / 3).min(nanos(PARK_AFTER_MAX))
 }
 
 fn nanos(duration: Duration) -> u64 {
@@ -266,7 +328,7 @@ mod tests {
     async fn a_silent_client_is_told_exactly_at_its_limit() {
         let timer = KeepAliveTimer::start();
         let (_handle, outlet) = link();
-        timer.watch(&outlet, Duration::from_secs(3));
+        timer.watch(&outlet, Duration::from_secs(3), false);
         told_silent_after(&outlet, Duration::from_secs(3)).await;
     }
 
@@ -275,7 +337,7 @@ mod tests {
         let timer = KeepAliveTimer::start();
         let (_handle, outlet) = link();
         let limit = Duration::from_millis(1500);
-        timer.watch(&outlet, limit);
+        timer.watch(&outlet, limit, false);
         for _ in 0..4 {
             tokio::time::advance(Duration::from_millis(1400)).await;
             timer.heard(&outlet, limit);
@@ -290,7 +352,7 @@ mod tests {
         let timer = KeepAliveTimer::start();
         let (_handle, outlet) = link();
         let limit = Duration::from_secs(1);
-        timer.watch(&outlet, limit);
+        timer.watch(&outlet, limit, false);
         timer.not_timed(&outlet);
         tokio::time::advance(Duration::from_secs(5)).await;
         settle().await;
@@ -304,7 +366,7 @@ mod tests {
         let timer = KeepAliveTimer::start();
         let (_handle, outlet) = link();
         let limit = Duration::from_secs(1);
-        timer.watch(&outlet, limit);
+        timer.watch(&outlet, limit, false);
         told_silent_after(&outlet, limit).await;
         timer.heard(&outlet, limit);
         assert!(!silent(&outlet));
@@ -316,20 +378,87 @@ mod tests {
         let timer = KeepAliveTimer::start();
         let long = Duration::from_secs(100_000);
         let (_kept, kept) = link();
-        timer.watch(&kept, long);
+        timer.watch(&kept, long, false);
         for _ in 0..10 * SWEEP_SLACK {
             // The connection and the state let go of the link.
             let (_handle, outlet) = link();
-            timer.watch(&outlet, long);
+            timer.watch(&outlet, long, false);
         }
         // The sweep runs when the timer next looks.
         let (_short, short) = link();
-        timer.watch(&short, Duration::from_secs(1));
+        timer.watch(&short, Duration::from_secs(1), false);
         tokio::time::advance(Duration::from_secs(1)).await;
         settle().await;
         assert!(silent(&short));
         let entries = timer.entries();
         assert!(entries.due.len() <= 2, "{} entries", entries.due.len());
+    }
+
+    fn told_to_park(outlet: &Outlet) -> bool {
+        outlet.take_park()
+    }
+
+    /// A quiet client's connection is told to park after half its keep
+    /// alive (capped), once for each time it is heard, and still told
+    /// silent at its limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_connection_is_told_to_park_once_a_hearing() {
+        let timer = KeepAliveTimer::start();
+        let (_handle, outlet) = link();
+        // Keep alive 4 s: silent at 6 s, parked after 2 s.
+        let limit = Duration::from_secs(6);
+        timer.watch(&outlet, limit, true);
+        tokio::time::advance(Duration::from_millis(1999)).await;
+        settle().await;
+        assert!(!told_to_park(&outlet), "told before its time");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        settle().await;
+        assert!(told_to_park(&outlet), "not told at half its keep alive");
+        // Not told again while its client says nothing...
+        tokio::time::advance(Duration::from_millis(3000)).await;
+        settle().await;
+        assert!(!told_to_park(&outlet));
+        // ...until it is heard: then once more, after the same quiet.
+        timer.heard(&outlet, limit);
+        tokio::time::advance(Duration::from_millis(2000)).await;
+        settle().await;
+        assert!(told_to_park(&outlet), "not told again once heard");
+        assert!(!silent(&outlet));
+        told_silent_after(&outlet, Duration::from_secs(4)).await;
+        assert!(!told_to_park(&outlet));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_keep_alive_parks_after_the_cap() {
+        let timer = KeepAliveTimer::start();
+        let (_handle, outlet) = link();
+        timer.watch(&outlet, Duration::from_secs(90), true);
+        tokio::time::advance(PARK_AFTER_MAX).await;
+        settle().await;
+        assert!(told_to_park(&outlet));
+    }
+
+    /// A connection that does not park (TLS) is never told, and a client
+    /// heard every moment is never quiet enough.
+    #[tokio::test(start_paused = true)]
+    async fn neither_a_connection_that_does_not_park_nor_a_busy_one_is_told() {
+        let timer = KeepAliveTimer::start();
+        let (_h1, never) = link();
+        let (_h2, busy) = link();
+        let limit = Duration::from_secs(6);
+        timer.watch(&never, limit, false);
+        timer.watch(&busy, limit, true);
+        for _ in 0..10 {
+            tokio::time::advance(Duration::from_millis(1500)).await;
+            timer.heard(&never, limit);
+            timer.heard(&busy, limit);
+            settle().await;
+            assert!(!told_to_park(&busy));
+        }
+        tokio::time::advance(Duration::from_secs(5)).await;
+        settle().await;
+        assert!(!told_to_park(&never));
+        assert!(told_to_park(&busy));
     }
 
     #[tokio::test(start_paused = true)]

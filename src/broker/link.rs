@@ -60,6 +60,10 @@ pub struct ConnectionLink {
     /// ([`super::keep_alive`]). Set before the timer takes the waker under
     /// the lock, read under it by the task that registers the waker.
     silent: AtomicBool,
+    /// The keep-alive timer found the client quiet long enough to park
+    /// its connection ([`super::parking`]). Set before the timer takes the
+    /// waker, taken by the task once it finds nothing to do.
+    park: AtomicBool,
     /// When the connection last heard its client, in its keep-alive
     /// timer's time, or [`super::keep_alive::NOT_TIMED`] while the
     /// client's silence does not count. Written by the connection, read
@@ -134,6 +138,41 @@ impl ConnectionLink {
         if let Some(waker) = waker {
             waker.wake();
         }
+    }
+
+    /// Tell the connection its client has been quiet long enough for it to
+    /// park, waking its task.
+    pub fn tell_park(&self) {
+        self.park.store(true, Release);
+        let waker = self.lock().waker.take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// Whether the connection was told to park; it is told once.
+    pub fn take_park(&self) -> bool {
+        self.park.swap(false, AcqRel)
+    }
+
+    /// Hand the connection's wake-ups to `waker` (the parked connection's)
+    /// in place of its task's: only when its task sleeps with nothing
+    /// owed to it. `false` when a wake-up was taken since the task
+    /// registered (it is about to be polled again), a packet waits, the
+    /// reader is paused, the client was told silent or the state let go:
+    /// the task goes on.
+    pub fn park_with(&self, waker: Waker) -> bool {
+        let mut shared = self.lock();
+        let idle = shared.waker.is_some()
+            && shared.queue.is_empty()
+            && !shared.ended
+            && !shared.closed
+            && !self.paused.load(Acquire)
+            && !self.silent.load(Acquire);
+        if idle {
+            shared.waker = Some(waker);
+        }
+        idle
     }
 
     /// Whether the keep-alive timer told the connection its client was

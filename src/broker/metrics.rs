@@ -152,6 +152,8 @@ impl DropReason {
 #[derive(Debug)]
 pub struct Metrics {
     pub connections: AtomicI64,
+    /// Connections parked while their clients are quiet (`broker::parking`).
+    pub connections_parked: AtomicI64,
     pub sessions: AtomicI64,
     pub subscriptions: AtomicI64,
     pub retained: AtomicI64,
@@ -322,6 +324,7 @@ impl Metrics {
     pub fn new() -> Self {
         Self {
             connections: AtomicI64::new(0),
+            connections_parked: AtomicI64::new(0),
             sessions: AtomicI64::new(0),
             subscriptions: AtomicI64::new(0),
             retained: AtomicI64::new(0),
@@ -574,6 +577,12 @@ impl Metrics {
             "saguin_connections",
             "Connected MQTT clients.",
             self.connections.load(Relaxed),
+        );
+        gauge(
+            &mut out,
+            "saguin_connections_parked",
+            "Connected clients quiet long enough that their connections wait without a task of their own.",
+            self.connections_parked.load(Relaxed),
         );
         gauge(
             &mut out,

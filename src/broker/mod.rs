@@ -638,6 +638,7 @@ pub mod logfmt;
 pub mod message;
 pub mod metrics;
 pub mod notify;
+pub mod parking;
 pub mod persister;
 pub mod providers;
 pub mod read_order;

@@ -263,6 +263,11 @@ impl<S> Stamped<S> {
         }
     }
 
+    /// The stream read through.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
     /// Where this stream's reads stand among every connection's.
     pub fn order(&self) -> &ReadOrder {
         &self.order

@@ -903,6 +903,7 @@ pub async fn prepare(
         max_keep_alive: limits.max_keep_alive,
         topic_aliases: config.broker.topic_aliases,
         keep_alives: super::keep_alive::KeepAliveTimer::start(),
+        parking: super::parking::Lot::start(metrics.clone()),
     });
     Ok(Server {
         listeners,
