@@ -2828,6 +2828,19 @@ pub(super) mod tests {
     /// 24 bytes the future keeps the stage at 32 and the task at 128, the
     /// allocator's block (an async fn's future of 72 bytes made a task of
     /// 208, in a 256-byte block).
+    /// What a parked connection holds of its own, beside its link and the
+    /// state's entries: everything else its task had (the task, its boxed
+    /// state, the runtime's registration of its socket, the read order's
+    /// stamp: about 720 B) is freed while it is parked.
+    #[test]
+    fn a_parked_connection_stays_small() {
+        assert!(
+            std::mem::size_of::<Parked>() <= 112,
+            "a parked connection holds {} bytes",
+            std::mem::size_of::<Parked>()
+        );
+    }
+
     #[tokio::test]
     async fn an_idle_connections_task_stays_small() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

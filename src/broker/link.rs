@@ -152,7 +152,9 @@ impl ConnectionLink {
 
     /// Whether the connection was told to park; it is told once.
     pub fn take_park(&self) -> bool {
-        self.park.swap(false, AcqRel)
+        // Read first: every poll that finds nothing to do asks, and a
+        // swap would take the line from the state's core each time.
+        self.park.load(Acquire) && self.park.swap(false, AcqRel)
     }
 
     /// Hand the connection's wake-ups to `waker` (the parked connection's)

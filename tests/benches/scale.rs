@@ -3,7 +3,9 @@
 //! time, with the same client (the project's codec over 127.0.0.1).
 //!
 //! - `idle`: idle connections (keep alive 60 s): broker RSS per
-//!   connection, CPU while idle, time to accept them all.
+//!   connection once saguin has parked them all (and, beside it, the
+//!   figure a second after the last CONNECT, while each still has its
+//!   task), CPU while idle, time to accept them all.
 //! - `retained`: retained messages of 64 B: RSS per message after a
 //!   restart, the peak RSS its startup reached, startup (exec to the
 //!   first CONNACK, recovery included), and
@@ -373,10 +375,10 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         );
     }
     println!(
-        "| broker | connections | accept all | RSS | RSS per connection | CPU while idle ({}s) |",
+        "| broker | connections | accept all | RSS | RSS per connection | the same, served (1 s after) | parked | CPU while idle ({}s) |",
         window.as_secs()
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
     let dir = tempfile::tempdir()?;
     for (size, &n) in sizes.iter().enumerate() {
@@ -396,8 +398,14 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         }
         for name in brokers.into_iter().filter(|b| row_wanted(b)) {
             let data = dir.path().join(format!("{name}-idle-{n}"));
-            let config =
-                saguin_config(&data, &format!("limits:\n  max_connections: {}\n", n + 100))?;
+            let metrics_port = free_port()?;
+            let config = saguin_config(
+                &data,
+                &format!(
+                    "limits:\n  max_connections: {}\nmetrics:\n  bind: 127.0.0.1:{metrics_port}\n",
+                    n + 100
+                ),
+            )?;
             let which = match (name, &baseline) {
                 ("saguin", _) => Which::Saguin {
                     config: &config,
@@ -419,6 +427,21 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let accepted_in = began.elapsed();
             // Let the broker's buffers for the CONNECT burst go back first.
             tokio::time::sleep(Duration::from_secs(1)).await;
+            let served = rss(pid)?;
+            // saguin parks a quiet client's connection after 10 s (half
+            // its keep alive, at most 10 s): the row is measured once all
+            // are. A build without the gauge parks nothing.
+            let mut parked = None;
+            if matches!(which, Which::Saguin { .. }) {
+                let deadline = Instant::now() + Duration::from_secs(120);
+                loop {
+                    parked = parked_count(metrics_port).await;
+                    if parked.is_none_or(|p| p >= n as u64) || Instant::now() > deadline {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
             let cpu_before = cpu_time(pid)?;
             let measured_from = Instant::now();
             tokio::time::sleep(window).await;
@@ -426,10 +449,12 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                 (cpu_time(pid)? - cpu_before).as_secs_f64() / measured_from.elapsed().as_secs_f64();
             let after = rss(pid)?;
             println!(
-                "| {name} | {n} | {} | {} | {:.0} B | {:.2}% of a core |",
+                "| {name} | {n} | {} | {} | {:.0} B | {:.0} B | {} | {:.2}% of a core |",
                 ms(accepted_in),
                 mib(after as f64),
                 (after.saturating_sub(before)) as f64 / n as f64,
+                (served.saturating_sub(before)) as f64 / n as f64,
+                parked.map_or("-".to_owned(), |p| p.to_string()),
                 cpu * 100.0
             );
             drop(conns);
@@ -437,6 +462,31 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// A port free on 127.0.0.1 just now, for a broker's metrics listener.
+fn free_port() -> Result<u16, Error> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The broker's `saguin_connections_parked`; `None` when it has no such
+/// gauge (a build that parks nothing) or does not answer.
+async fn parked_count(port: u16) -> Option<u64> {
+    use tokio::io::AsyncReadExt;
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("saguin_connections_parked "))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// `n` connections, 64 connecting at a time; all still open, each
