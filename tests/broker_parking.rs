@@ -86,6 +86,17 @@ async fn a_parked_client_that_hangs_up_is_closed_and_its_will_published() {
     assert_eq!(&will.payload[..], b"gone");
     parked(&broker, 0);
     wait_metric_where(&broker, "saguin_connections", |n| n == 1);
+    // Seen hanging up, not closed at its keep alive (which publishes the
+    // will too).
+    let text = metrics_text(&broker);
+    assert_eq!(
+        metric_sample(
+            &text,
+            "saguin_disconnects_total{reason=\"keep_alive_timeout\"}"
+        ),
+        Some(0),
+        "{text}"
+    );
 }
 
 #[tokio::test]

@@ -486,7 +486,7 @@ impl Parkable for Parked {
         self.socket.as_fd()
     }
 
-    fn resume(self: Box<Self>) {
+    fn resume(self: Box<Self>, readable: bool) {
         let Parked {
             socket,
             peer,
@@ -506,11 +506,23 @@ impl Parkable for Parked {
         // The socket is registered with the runtime's driver of the thread
         // it resumes on, whichever woke it.
         let _entered = runtime.enter();
+        if readable {
+            // Its client spoke (or hung up) as the lot looked: heard, so a
+            // keep alive running out at the same moment does not close a
+            // client whose bytes the new registration has not seen yet.
+            if let Some(limit) = silence_limit(keep_alive) {
+                context.keep_alives.heard(&link, limit);
+            }
+        }
         let out = Outgoing::new(link, version, client_max, aliases);
         match tokio::net::TcpStream::from_std(socket) {
             Ok(stream) => {
+                let stream = match readable {
+                    true => Stamped::readable(stream),
+                    false => Stamped::new(stream),
+                };
                 let connection = Box::new(Connection {
-                    stream: Stamped::new(stream),
+                    stream,
                     unread: BytesMut::new(),
                     peer,
                     id,
@@ -2818,16 +2830,6 @@ pub(super) mod tests {
         c._handle = Some(handle);
     }
 
-    /// What an idle connection holds for its whole life is one task: its
-    /// future (the handshake is boxed and gone, and so is what closing
-    /// takes) is a pointer to the connection and its place under the cap.
-    /// Multiplied by every connection a broker holds, a task that grows by
-    /// a kilobyte costs an edge site's 50,000 devices 50 MB. tokio lays a
-    /// task out as 96 bytes of its own around a stage that holds the future
-    /// or its result (a `JoinError`, 24 bytes) and aligns it to 128: at
-    /// 24 bytes the future keeps the stage at 32 and the task at 128, the
-    /// allocator's block (an async fn's future of 72 bytes made a task of
-    /// 208, in a 256-byte block).
     /// What a parked connection holds of its own, beside its link and the
     /// state's entries: everything else its task had (the task, its boxed
     /// state, the runtime's registration of its socket, the read order's
@@ -2841,6 +2843,16 @@ pub(super) mod tests {
         );
     }
 
+    /// What an idle connection holds for its whole life is one task: its
+    /// future (the handshake is boxed and gone, and so is what closing
+    /// takes) is a pointer to the connection and its place under the cap.
+    /// Multiplied by every connection a broker holds, a task that grows by
+    /// a kilobyte costs an edge site's 50,000 devices 50 MB. tokio lays a
+    /// task out as 96 bytes of its own around a stage that holds the future
+    /// or its result (a `JoinError`, 24 bytes) and aligns it to 128: at
+    /// 24 bytes the future keeps the stage at 32 and the task at 128, the
+    /// allocator's block (an async fn's future of 72 bytes made a task of
+    /// 208, in a 256-byte block).
     #[tokio::test]
     async fn an_idle_connections_task_stays_small() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -74,6 +74,9 @@ struct Entry {
     limit: u64,
     link: Weak<ConnectionLink>,
     parking: Parking,
+    /// The link's parking round the entry belongs to: one of an earlier
+    /// round was replaced when the client was heard after a park.
+    round: u32,
 }
 
 /// Where a connection's entry stands on parking it.
@@ -147,6 +150,7 @@ impl KeepAliveTimer {
             limit,
             link: Arc::downgrade(&link.link()),
             parking,
+            round: link.park_round(),
         });
     }
 
@@ -164,6 +168,20 @@ impl KeepAliveTimer {
                 limit,
                 link: Arc::downgrade(&link.link()),
                 parking: Parking::Never,
+                round: link.park_round(),
+            });
+        } else if let Some(round) = link.next_park_round() {
+            // Heard after it was told to park: to be told again after the
+            // same quiet from now, where the entry told would look next
+            // only at the end of its silence. A new round's entry replaces
+            // it.
+            let limit = nanos(limit);
+            self.push(Entry {
+                at: now.saturating_add(park_after(limit)),
+                limit,
+                link: Arc::downgrade(&link.link()),
+                parking: Parking::Due,
+                round,
             });
         }
     }
@@ -201,6 +219,10 @@ impl KeepAliveTimer {
                 let Some(link) = entry.link.upgrade() else {
                     continue;
                 };
+                if entry.round != link.park_round() {
+                    // Replaced by the entry of a later round.
+                    continue;
+                }
                 let heard = link.heard.load(Acquire);
                 if heard == NOT_TIMED {
                     // Busy: neither silent nor quiet.
@@ -213,14 +235,10 @@ impl KeepAliveTimer {
                     silent.push(link);
                     continue;
                 }
-                let parking = match entry.parking {
-                    // Heard since it was told: to be told again.
-                    Parking::Told if silent_at > entry.at => Parking::Due,
-                    parking => parking,
-                };
                 let park_at = heard.saturating_add(park_after(entry.limit));
-                let (at, parking) = match parking {
+                let (at, parking) = match entry.parking {
                     Parking::Due if park_at <= now => {
+                        link.told_to_park();
                         park.push(link);
                         (silent_at, Parking::Told)
                     }
@@ -436,6 +454,37 @@ mod tests {
         tokio::time::advance(PARK_AFTER_MAX).await;
         settle().await;
         assert!(told_to_park(&outlet));
+    }
+
+    /// A device with a keep alive of 60 s pings every minute: it parks 10 s
+    /// after each ping, not at the end of the silence the entry told
+    /// looks at next.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_heard_after_it_parked_parks_again_after_the_same_quiet() {
+        let timer = KeepAliveTimer::start();
+        let (_handle, outlet) = link();
+        let limit = Duration::from_secs(90);
+        timer.watch(&outlet, limit, true);
+        for ping in 0..3 {
+            tokio::time::advance(Duration::from_millis(9_999)).await;
+            settle().await;
+            assert!(!told_to_park(&outlet), "told before its quiet, ping {ping}");
+            tokio::time::advance(Duration::from_millis(1)).await;
+            settle().await;
+            assert!(told_to_park(&outlet), "not told 10 s after ping {ping}");
+            tokio::time::advance(Duration::from_secs(50)).await;
+            settle().await;
+            assert!(!told_to_park(&outlet));
+            timer.heard(&outlet, limit);
+        }
+        // One entry, however many rounds.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        settle().await;
+        assert!(told_to_park(&outlet));
+        tokio::time::advance(Duration::from_secs(90)).await;
+        settle().await;
+        assert_eq!(timer.entries().due.len(), 0, "told silent, its entry went");
+        assert!(silent(&outlet));
     }
 
     /// A connection that does not park (TLS) is never told, and a client

@@ -29,8 +29,8 @@
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::ops::Deref;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -64,6 +64,13 @@ pub struct ConnectionLink {
     /// its connection ([`super::parking`]). Set before the timer takes the
     /// waker, taken by the task once it finds nothing to do.
     park: AtomicBool,
+    /// The round of the keep-alive timer's entry for this connection
+    /// (above the lowest bit) and whether it told the connection to park
+    /// (the lowest bit): a hearing after it was told starts a new round
+    /// ([`super::keep_alive`]), and an entry of an earlier round is
+    /// dropped. One word, where a flag and a count took the link to the
+    /// allocator's next class.
+    park_round: AtomicU32,
     /// When the connection last heard its client, in its keep-alive
     /// timer's time, or [`super::keep_alive::NOT_TIMED`] while the
     /// client's silence does not count. Written by the connection, read
@@ -148,6 +155,30 @@ impl ConnectionLink {
         if let Some(waker) = waker {
             waker.wake();
         }
+    }
+
+    /// The keep-alive timer's round for this connection.
+    pub fn park_round(&self) -> u32 {
+        self.park_round.load(Relaxed) >> 1
+    }
+
+    /// The keep-alive timer told the connection to park, in this round.
+    pub fn told_to_park(&self) {
+        self.park_round.fetch_or(1, Relaxed);
+    }
+
+    /// The client was heard: when it was told to park since the round
+    /// began, a new round begins, and this is it.
+    pub fn next_park_round(&self) -> Option<u32> {
+        let round = self.park_round.load(Relaxed);
+        if round & 1 == 0 {
+            return None;
+        }
+        let next = (round & !1).wrapping_add(2);
+        self.park_round
+            .compare_exchange(round, next, Relaxed, Relaxed)
+            .ok()
+            .map(|_| next >> 1)
     }
 
     /// Whether the connection was told to park; it is told once.

@@ -79,6 +79,19 @@
 //!   packets carry (a CONNACK's extras, AUTH data) is boxed.
 //!   Acknowledgements are written by [`codec::encode_ack`], the same bytes
 //!   as the packet's encoding, no packet built.
+//! - [`parking`]: a plain TCP connection whose client has been quiet for
+//!   half its keep alive (at most 10 s) and that has nothing to read,
+//!   write or hand on ends its task and waits in the broker's own poll
+//!   set, keeping only what serving it again takes (about 110 B, the
+//!   state's link and entries unchanged). Whatever comes for it (its
+//!   client's bytes or hang-up, a packet the state queues, a pause, its
+//!   keep alive running out, a takeover, a shutdown) resumes it with a
+//!   new task, as if it had never left: nothing the client sees changes.
+//!   It parks once for each time its client is heard, so a subscriber
+//!   that only listens is not parked and resumed at every delivery.
+//!   Devices that speak more often than every 10 s keep their task. A TLS
+//!   connection does not park (its session state is most of its cost and
+//!   is not given up). `saguin_connections_parked` counts them.
 //! - [`lazy`]: a part most values never use (a session's queues, a
 //!   message's MQTT 5 properties), one pointer until first changed and
 //!   read as empty until then.

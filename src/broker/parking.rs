@@ -8,7 +8,7 @@
 //! not, and most of an edge broker's clients are devices that say
 //! nothing for minutes. A parked connection holds what it needs to be
 //! served again (its socket, the state's link, the few fields its task
-//! cannot make afresh: about 120 B) in a slot of the lot, one waker (32
+//! cannot make afresh: 112 B) in a slot of the lot (16 B), one waker (32
 //! B) in its link, and its socket in the lot's poll set, which the kernel
 //! keeps.
 //!
@@ -19,20 +19,31 @@
 //! finds nothing queued, so a packet the state queues from then on wakes
 //! the slot and is never stranded), moves what it needs into the slot and
 //! ends; the socket goes into the lot's poll set. Whatever comes first
-//! resumes it: the socket readable or hung up (read by the lot's one
-//! task), or a wake of the link (a packet, a pause, the timer's word that
-//! the client went silent, the state letting go at a takeover or a
-//! shutdown). Resuming takes the slot, takes the socket out of the poll
-//! set and spawns a task that serves the connection from where it left.
-//! A wake that comes while the slot is reserved and not yet filled is
-//! kept, and the connection resumes as soon as it is filled.
+//! resumes it: the socket readable or hung up, or a wake of the link (a
+//! packet, a pause, the timer's word that the client went silent, the
+//! state letting go at a takeover or a shutdown). The lot's one task does
+//! the resuming, so whoever wakes a link (the broker's state, fanning a
+//! message out to thousands of parked subscribers) only queues the slot:
+//! it takes the slot, takes the socket out of the poll set and spawns a
+//! task that serves the connection from where it left. A wake that comes
+//! while the slot is reserved and not yet filled is kept, and the
+//! connection resumes as soon as it is filled. Should the poll set fail,
+//! every parked connection is served by a task again and nothing parks.
+//!
+//! A connection its socket resumed takes its read order's stamp as the
+//! lot sees it readable ([`super::read_order::Stamped::readable`]), in the
+//! order the poll set gives; a connection with a task woken by the
+//! runtime in the same moment may have taken an earlier one, so a parked
+//! client's first packet can come after a packet another client sent a
+//! few microseconds later (MQTT promises no order across connections).
 //!
 //! The lot is generic over what it parks ([`Parkable`]): the connection
 //! module says what a parked connection is and how it resumes; this one
 //! keeps the slots, the poll set and the wake-ups.
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Wake, Waker};
 use std::time::Duration;
@@ -48,9 +59,9 @@ use super::metrics::Metrics;
 pub trait Parkable: Send + 'static {
     /// The socket watched while it is parked.
     fn socket(&self) -> BorrowedFd<'_>;
-    /// Serve it again, off the lot's lock (on any thread: it enters
-    /// [`Lot::runtime`] itself).
-    fn resume(self: Box<Self>);
+    /// Serve it again, off the lot's lock, on the lot's task. `readable`:
+    /// its socket had something (bytes, or the client hung up).
+    fn resume(self: Box<Self>, readable: bool);
 }
 
 /// The lot of a broker: its slots and its poll set.
@@ -58,10 +69,17 @@ pub struct Lot<P> {
     /// The poll set's registry; `None` when it could not be made (the
     /// broker then parks nothing).
     registry: Option<Registry>,
+    /// The lot's task watches the poll set: cleared when it stopped, and
+    /// nothing parks from then on.
+    watching: AtomicBool,
     slots: Mutex<Slots<P>>,
+    /// Slots whose link woke them, for the lot's task to resume: a wake
+    /// comes from whoever queued the connection a packet (the broker's
+    /// state among them), which is not made to wait for a resume.
+    woken: Mutex<Vec<(u32, u32)>>,
+    /// Rings the lot's task: a slot woken, or the lot dropped.
+    ring: Arc<Notify>,
     metrics: Arc<Metrics>,
-    /// Ends the lot's task when the lot is dropped.
-    closed: Arc<Notify>,
     /// The runtime the lot was started on, which resumed connections are
     /// served on.
     runtime: tokio::runtime::Handle,
@@ -74,8 +92,8 @@ struct Slots<P> {
 }
 
 struct Slot<P> {
-    /// Bumped each time the slot is given back, so a waker of an earlier
-    /// occupant wakes nobody.
+    /// Bumped each time the slot is given back, so a waker (or an event of
+    /// the poll set) of an earlier occupant wakes nobody.
     generation: u32,
     held: Held<P>,
 }
@@ -111,8 +129,28 @@ impl<P: Parkable> Wake for SlotWaker<P> {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if let Some(lot) = self.lot.upgrade() {
-            lot.resume(self.index, Some(self.generation));
+            lot.woken().push((self.index, self.generation));
+            lot.ring.notify_one();
         }
+    }
+}
+
+/// The poll set's token for a slot: its index, and its generation where a
+/// token holds both.
+fn token(index: u32, generation: u32) -> Token {
+    match usize::BITS >= 64 {
+        true => Token(((u64::from(generation) << 32) | u64::from(index)) as usize),
+        false => Token(index as usize),
+    }
+}
+
+/// The slot and generation (when the token holds it) of a token.
+fn slot_of(token: Token) -> (u32, Option<u32>) {
+    let token = token.0 as u64;
+    let index = (token & u64::from(u32::MAX)) as u32;
+    match usize::BITS >= 64 {
+        true => (index, Some((token >> 32) as u32)),
+        false => (index, None),
     }
 }
 
@@ -120,7 +158,7 @@ impl<P: Parkable> Lot<P> {
     /// A lot, its task spawned on the current runtime. A poll set that
     /// cannot be made is logged, and the broker parks nothing.
     pub fn start(metrics: Arc<Metrics>) -> Arc<Lot<P>> {
-        let closed = Arc::new(Notify::new());
+        let ring = Arc::new(Notify::new());
         let made = Poll::new().and_then(|poll| {
             let registry = poll.registry().try_clone()?;
             Ok((poll, registry))
@@ -133,17 +171,19 @@ impl<P: Parkable> Lot<P> {
             }
         };
         let lot = Arc::new(Lot {
+            watching: AtomicBool::new(registry.is_some()),
             registry,
             slots: Mutex::new(Slots {
                 slots: Vec::new(),
                 free: Vec::new(),
             }),
+            woken: Mutex::default(),
+            ring: ring.clone(),
             metrics,
-            closed: closed.clone(),
             runtime: tokio::runtime::Handle::current(),
         });
         if let Some(poll) = poll {
-            tokio::spawn(run(Arc::downgrade(&lot), poll, closed));
+            tokio::spawn(run(Arc::downgrade(&lot), poll, ring));
         }
         lot
     }
@@ -159,10 +199,16 @@ impl<P: Parkable> Lot<P> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn woken(&self) -> MutexGuard<'_, Vec<(u32, u32)>> {
+        self.woken.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// A slot for a connection on its way in, and the waker its link is
     /// to hold; `None` when the broker parks nothing.
     pub fn reserve(self: &Arc<Self>) -> Option<(Reservation, Waker)> {
-        self.registry.as_ref()?;
+        if !self.watching.load(Acquire) {
+            return None;
+        }
         let mut slots = self.slots();
         let index = match slots.free.pop() {
             Some(index) => index,
@@ -197,53 +243,53 @@ impl<P: Parkable> Lot<P> {
     }
 
     /// Park `parked` in its slot and watch its socket; resumed at once
-    /// when it was woken on its way in, or its socket cannot be watched.
+    /// when it was woken on its way in, its socket cannot be watched, or
+    /// the lot's task no longer watches.
     pub fn fill(&self, reservation: Reservation, parked: Box<P>) {
         let Some(registry) = &self.registry else {
-            return parked.resume();
+            return parked.resume(false);
         };
         let mut slots = self.slots();
         let slot = &mut slots.slots[reservation.index as usize];
-        if !matches!(slot.held, Held::Reserved { woken: false }) {
+        if !matches!(slot.held, Held::Reserved { woken: false }) || !self.watching.load(Acquire) {
             free(&mut slots, reservation.index);
             drop(slots);
-            return parked.resume();
+            return parked.resume(false);
         }
         // Watched in the lock: a wake-up that takes it from here on finds
         // it watched, and takes it out of the set.
         let fd = parked.socket().as_raw_fd();
-        let token = Token(reservation.index as usize);
+        let token = token(reservation.index, reservation.generation);
         if let Err(err) = registry.register(&mut SourceFd(&fd), token, Interest::READABLE) {
             free(&mut slots, reservation.index);
             drop(slots);
             tracing::warn!(error = %err, "a quiet connection could not be parked; it keeps its task");
-            return parked.resume();
+            return parked.resume(false);
         }
         slot.held = Held::Parked(parked);
         self.metrics.connections_parked.fetch_add(1, Relaxed);
     }
 
-    /// Resume the connection in slot `index` (`generation`: only if it is
-    /// still the one the waker was made for).
-    fn resume(&self, index: u32, generation: Option<u32>) {
+    /// Take the connection in slot `index` out (`generation`: only if it
+    /// is still the one that was meant), its socket out of the poll set.
+    /// A slot still on its way in is marked woken instead.
+    fn take(&self, index: u32, generation: Option<u32>) -> Option<Box<P>> {
         let parked = {
             let mut slots = self.slots();
-            let Some(slot) = slots.slots.get_mut(index as usize) else {
-                return;
-            };
+            let slot = slots.slots.get_mut(index as usize)?;
             if generation.is_some_and(|g| g != slot.generation) {
-                return;
+                return None;
             }
             match &mut slot.held {
                 Held::Reserved { woken } => {
                     *woken = true;
-                    return;
+                    return None;
                 }
-                Held::Free => return,
+                Held::Free => return None,
                 Held::Parked(_) => {}
             }
             let Held::Parked(parked) = std::mem::replace(&mut slot.held, Held::Free) else {
-                return;
+                return None;
             };
             free(&mut slots, index);
             parked
@@ -255,7 +301,50 @@ impl<P: Parkable> Lot<P> {
             // takes it.
             let _ = registry.deregister(&mut SourceFd(&fd));
         }
-        parked.resume();
+        Some(parked)
+    }
+
+    /// Resume every slot a link woke since the last look.
+    fn resume_woken(&self) {
+        let woken = std::mem::take(&mut *self.woken());
+        for (index, generation) in woken {
+            if let Some(parked) = self.take(index, Some(generation)) {
+                parked.resume(false);
+            }
+        }
+    }
+
+    /// Every parked connection, taken out.
+    fn take_all(&self) -> Vec<Box<P>> {
+        let occupied: Vec<(u32, u32)> = self
+            .slots()
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s.held, Held::Parked(_)))
+            .map(|(index, s)| (index as u32, s.generation))
+            .collect();
+        occupied
+            .into_iter()
+            .filter_map(|(index, generation)| self.take(index, Some(generation)))
+            .collect()
+    }
+
+    /// The lot's task can no longer watch the poll set: nothing parks from
+    /// now on, and every parked connection is served by a task again.
+    fn stop_watching(&self, why: &std::io::Error) {
+        tracing::warn!(error = %why, "the poll set of quiet connections failed; they are served by tasks again, and nothing parks");
+        self.watching.store(false, Release);
+        for parked in self.take_all() {
+            parked.resume(false);
+        }
+    }
+
+    /// The broker stopped: whatever is still parked (the drain's timeout
+    /// passed it by) is closed with its socket, and nothing parks again.
+    pub fn close(&self) {
+        self.watching.store(false, Release);
+        drop(self.take_all());
     }
 
     /// Connections parked now.
@@ -272,7 +361,7 @@ impl<P: Parkable> Lot<P> {
 impl<P> std::fmt::Debug for Lot<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lot")
-            .field("watching", &self.registry.is_some())
+            .field("watching", &self.watching.load(Relaxed))
             .field("parked", &self.metrics.connections_parked.load(Relaxed))
             .finish_non_exhaustive()
     }
@@ -288,13 +377,14 @@ fn free<P>(slots: &mut Slots<P>, index: u32) {
 
 impl<P> Drop for Lot<P> {
     fn drop(&mut self) {
-        self.closed.notify_one();
+        self.ring.notify_one();
     }
 }
 
-/// The lot's task: resumes each connection whose socket the poll set
-/// finds readable (or hung up), and ends once the lot is dropped.
-async fn run<P: Parkable>(lot: Weak<Lot<P>>, poll: Poll, closed: Arc<Notify>) {
+/// The lot's task: resumes each connection whose link woke it, and each
+/// whose socket the poll set finds readable (or hung up); ends once the
+/// lot is dropped.
+async fn run<P: Parkable>(lot: Weak<Lot<P>>, poll: Poll, ring: Arc<Notify>) {
     // SAFETY: the poll set owns its descriptor from its making to its
     // drop, and gives that same descriptor each time it is asked; the
     // `AsyncFd` owns the poll set, so the descriptor outlives the
@@ -304,46 +394,50 @@ async fn run<P: Parkable>(lot: Weak<Lot<P>>, poll: Poll, closed: Arc<Notify>) {
     let mut set = match registered {
         Ok(set) => set,
         Err(err) => {
-            tracing::warn!(error = %err, "the poll set of quiet connections cannot be watched; parked connections resume only when woken");
+            if let Some(lot) = lot.upgrade() {
+                lot.stop_watching(&std::io::Error::other(err.to_string()));
+            }
             return;
         }
     };
     let mut events = Events::with_capacity(256);
     loop {
-        let mut ready = tokio::select! {
-            ready = set.readable_mut() => match ready {
-                Ok(ready) => ready,
-                Err(_) => return,
-            },
-            () = closed.notified() => return,
-        };
-        let Some(lot) = lot.upgrade() else {
-            return;
-        };
-        loop {
-            match ready
-                .get_inner_mut()
-                .poll(&mut events, Some(Duration::ZERO))
-            {
-                Ok(()) => {}
-                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(err) => {
-                    tracing::warn!(error = %err, "the poll set of quiet connections failed");
+        // Listening before looking: a wake queued after the look rings it.
+        let rung = ring.notified();
+        tokio::pin!(rung);
+        rung.as_mut().enable();
+        match lot.upgrade() {
+            Some(lot) => lot.resume_woken(),
+            None => return,
+        }
+        tokio::select! {
+            ready = set.readable_mut() => {
+                let Some(lot) = lot.upgrade() else {
                     return;
+                };
+                let mut ready = match ready {
+                    Ok(ready) => ready,
+                    Err(err) => return lot.stop_watching(&err),
+                };
+                loop {
+                    match ready.get_inner_mut().poll(&mut events, Some(Duration::ZERO)) {
+                        Ok(()) => {}
+                        Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(err) => return lot.stop_watching(&err),
+                    }
+                    if events.is_empty() {
+                        ready.clear_ready();
+                        break;
+                    }
+                    for event in events.iter() {
+                        let (index, generation) = slot_of(event.token());
+                        if let Some(parked) = lot.take(index, generation) {
+                            parked.resume(true);
+                        }
+                    }
                 }
             }
-            if events.is_empty() {
-                ready.clear_ready();
-                break;
-            }
-            for event in events.iter() {
-                // A slot given back after this event was taken from the
-                // set may hold another connection by now: it resumes
-                // early and parks again later, which costs it nothing.
-                if let Ok(index) = u32::try_from(event.token().0) {
-                    lot.resume(index, None);
-                }
-            }
+            () = &mut rung => {}
         }
     }
 }
@@ -358,8 +452,14 @@ mod tests {
     /// A parked socket that counts its resumes.
     struct Counted {
         socket: TcpStream,
-        resumed: Arc<AtomicUsize>,
-        notify: Arc<Notify>,
+        seen: Arc<Seen>,
+    }
+
+    #[derive(Default)]
+    struct Seen {
+        resumed: AtomicUsize,
+        readable: AtomicUsize,
+        notify: Notify,
     }
 
     impl Parkable for Counted {
@@ -367,9 +467,12 @@ mod tests {
             self.socket.as_fd()
         }
 
-        fn resume(self: Box<Self>) {
-            self.resumed.fetch_add(1, Relaxed);
-            self.notify.notify_one();
+        fn resume(self: Box<Self>, readable: bool) {
+            self.seen.resumed.fetch_add(1, Relaxed);
+            if readable {
+                self.seen.readable.fetch_add(1, Relaxed);
+            }
+            self.seen.notify.notify_one();
         }
     }
 
@@ -385,15 +488,21 @@ mod tests {
         Lot::start(Arc::new(Metrics::default()))
     }
 
-    fn counted(socket: TcpStream) -> (Box<Counted>, Arc<AtomicUsize>, Arc<Notify>) {
-        let resumed = Arc::new(AtomicUsize::new(0));
-        let notify = Arc::new(Notify::new());
+    fn counted(socket: TcpStream) -> (Box<Counted>, Arc<Seen>) {
+        let seen = Arc::new(Seen::default());
         let parked = Box::new(Counted {
             socket,
-            resumed: resumed.clone(),
-            notify: notify.clone(),
+            seen: seen.clone(),
         });
-        (parked, resumed, notify)
+        (parked, seen)
+    }
+
+    /// Park `socket`: what it saw, and its link's waker.
+    fn park(lot: &Arc<Lot<Counted>>, socket: TcpStream) -> (Arc<Seen>, Waker) {
+        let (parked, seen) = counted(socket);
+        let (reservation, waker) = lot.reserve().unwrap();
+        lot.fill(reservation, parked);
+        (seen, waker)
     }
 
     #[tokio::test]
@@ -401,15 +510,13 @@ mod tests {
         use std::io::Write;
         let lot = lot();
         let (mut client, server) = pair();
-        let (parked, resumed, notify) = counted(server);
-        let (reservation, _waker) = lot.reserve().unwrap();
-        lot.fill(reservation, parked);
+        let (seen, _waker) = park(&lot, server);
         assert_eq!(lot.parked(), 1);
         assert_eq!(lot.metrics.connections_parked.load(Relaxed), 1);
-        let resumed_now = notify.notified();
         client.write_all(b"x").unwrap();
-        resumed_now.await;
-        assert_eq!(resumed.load(Relaxed), 1);
+        seen.notify.notified().await;
+        assert_eq!(seen.resumed.load(Relaxed), 1);
+        assert_eq!(seen.readable.load(Relaxed), 1);
         assert_eq!(lot.parked(), 0);
         assert_eq!(lot.metrics.connections_parked.load(Relaxed), 0);
     }
@@ -418,33 +525,38 @@ mod tests {
     async fn a_parked_socket_resumes_when_its_client_hangs_up() {
         let lot = lot();
         let (client, server) = pair();
-        let (parked, resumed, notify) = counted(server);
-        let (reservation, _waker) = lot.reserve().unwrap();
-        lot.fill(reservation, parked);
-        let resumed_now = notify.notified();
+        let (seen, _waker) = park(&lot, server);
         drop(client);
-        resumed_now.await;
-        assert_eq!(resumed.load(Relaxed), 1);
+        seen.notify.notified().await;
+        assert_eq!(seen.readable.load(Relaxed), 1);
     }
 
+    /// A wake of its link resumes it on the lot's task, once; its waker
+    /// wakes nobody once the slot holds another.
     #[tokio::test]
     async fn a_parked_socket_resumes_once_when_woken_and_its_waker_then_wakes_nobody() {
         let lot = lot();
         let (_client, server) = pair();
-        let (parked, resumed, _) = counted(server);
-        let (reservation, waker) = lot.reserve().unwrap();
-        lot.fill(reservation, parked);
+        let (seen, waker) = park(&lot, server);
         waker.wake_by_ref();
-        assert_eq!(resumed.load(Relaxed), 1);
+        seen.notify.notified().await;
+        assert_eq!(seen.resumed.load(Relaxed), 1);
+        assert_eq!(seen.readable.load(Relaxed), 0);
         // The slot goes to another; the first's waker is stale.
         let (_client2, server2) = pair();
-        let (parked2, resumed2, _) = counted(server2);
+        let (parked2, seen2) = counted(server2);
         let (reservation2, _waker2) = lot.reserve().unwrap();
         assert_eq!(reservation2.index, 0, "the slot is reused");
         lot.fill(reservation2, parked2);
         waker.wake();
-        assert_eq!(resumed.load(Relaxed), 1);
-        assert_eq!(resumed2.load(Relaxed), 0);
+        // Another slot's wake, after the stale one: once it is seen, the
+        // stale one was looked at too.
+        let (_client3, server3) = pair();
+        let (seen3, waker3) = park(&lot, server3);
+        waker3.wake();
+        seen3.notify.notified().await;
+        assert_eq!(seen.resumed.load(Relaxed), 1);
+        assert_eq!(seen2.resumed.load(Relaxed), 0);
         assert_eq!(lot.parked(), 1);
     }
 
@@ -454,12 +566,16 @@ mod tests {
     async fn a_wake_up_on_the_way_in_resumes_it_as_it_is_filled() {
         let lot = lot();
         let (_client, server) = pair();
-        let (parked, resumed, _) = counted(server);
+        let (parked, seen) = counted(server);
         let (reservation, waker) = lot.reserve().unwrap();
         waker.wake();
-        assert_eq!(resumed.load(Relaxed), 0);
+        // The lot's task marks the reserved slot woken.
+        while lot.woken().len() == 1 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(seen.resumed.load(Relaxed), 0);
         lot.fill(reservation, parked);
-        assert_eq!(resumed.load(Relaxed), 1);
+        assert_eq!(seen.resumed.load(Relaxed), 1);
         assert_eq!(lot.parked(), 0);
         assert_eq!(lot.metrics.connections_parked.load(Relaxed), 0);
     }
@@ -472,22 +588,50 @@ mod tests {
         let lot = lot();
         let (mut client, server) = pair();
         client.write_all(b"x").unwrap();
-        let (parked, resumed, notify) = counted(server);
-        let (reservation, _waker) = lot.reserve().unwrap();
-        let resumed_now = notify.notified();
-        lot.fill(reservation, parked);
-        resumed_now.await;
-        assert_eq!(resumed.load(Relaxed), 1);
+        let (seen, _waker) = park(&lot, server);
+        seen.notify.notified().await;
+        assert_eq!(seen.readable.load(Relaxed), 1);
+    }
+
+    /// A lot that no longer watches resumes what it held and parks
+    /// nothing more; one closed drops what it held.
+    #[tokio::test]
+    async fn a_lot_that_stops_watching_parks_nothing_and_gives_back_what_it_held() {
+        let lot = lot();
+        let (_client, server) = pair();
+        let (seen, _waker) = park(&lot, server);
+        lot.stop_watching(&std::io::Error::other("gone"));
+        assert_eq!(seen.resumed.load(Relaxed), 1);
+        assert!(lot.reserve().is_none());
+        assert_eq!(lot.metrics.connections_parked.load(Relaxed), 0);
+
+        let lot = self::lot();
+        let (_client, server) = pair();
+        let (seen, _waker) = park(&lot, server);
+        lot.close();
+        assert_eq!(seen.resumed.load(Relaxed), 0);
+        assert_eq!(Arc::strong_count(&seen), 1, "what was parked is dropped");
+        assert!(lot.reserve().is_none());
+    }
+
+    #[test]
+    fn a_token_names_its_slot_and_generation() {
+        let (index, generation) = slot_of(token(7, 3));
+        assert_eq!(index, 7);
+        if usize::BITS >= 64 {
+            assert_eq!(generation, Some(3));
+        }
+        assert_eq!(slot_of(token(u32::MAX, u32::MAX)).0, u32::MAX);
     }
 
     #[tokio::test]
     async fn the_lots_task_ends_with_the_lot() {
         let lot = lot();
-        let closed = Arc::downgrade(&lot.closed);
+        let ring = Arc::downgrade(&lot.ring);
         drop(lot);
         for _ in 0..8 {
             tokio::task::yield_now().await;
         }
-        assert!(closed.upgrade().is_none());
+        assert!(ring.upgrade().is_none());
     }
 }

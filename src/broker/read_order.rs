@@ -44,6 +44,7 @@
 //! waited for (its slot was reused). A reader whose worker thread the
 //! machine takes away for longer than [`ORDER_WAIT`] is passed over.
 
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
@@ -242,7 +243,9 @@ impl ReadOrder {
 /// A transport whose reads are stamped in the order its socket became
 /// readable among every connection's. Writes pass through.
 pub struct Stamped<S> {
-    inner: S,
+    /// Dropped before the stamps are set aside: a wake the transport's
+    /// registration gives while it goes would hold a stamp nobody lets go.
+    inner: ManuallyDrop<S>,
     waker: Waker,
     order: ReadOrder,
 }
@@ -257,10 +260,19 @@ impl<S> Stamped<S> {
             task: Mutex::new(None),
         });
         Stamped {
-            inner,
+            inner: ManuallyDrop::new(inner),
             order: ReadOrder(stamp.clone()),
             waker: Waker::from(stamp),
         }
+    }
+
+    /// `inner`, readable as of now: its stamp is taken as a wake of the
+    /// driver would take it (a parked connection its socket resumed, the
+    /// lot having seen its bytes in the order they came).
+    pub fn readable(inner: S) -> Stamped<S> {
+        let stamped = Stamped::new(inner);
+        stamped.waker.wake_by_ref();
+        stamped
     }
 
     /// The stream read through.
@@ -276,6 +288,8 @@ impl<S> Stamped<S> {
 
 impl<S> Drop for Stamped<S> {
     fn drop(&mut self) {
+        // SAFETY: dropped once, here, and never used again.
+        unsafe { ManuallyDrop::drop(&mut self.inner) };
         self.order.set_aside();
     }
 }
@@ -301,7 +315,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Stamped<S> {
         let woken = stamp.woken.swap(0, Relaxed);
         let busy = stamp.busy.swap(0, Relaxed);
         let mut ours = Context::from_waker(&this.waker);
-        let polled = Pin::new(&mut this.inner).poll_read(&mut ours, buf);
+        let polled = Pin::new(&mut *this.inner).poll_read(&mut ours, buf);
         if let Poll::Ready(Ok(())) = &polled {
             if buf.filled().len() > before {
                 // A wake says when the bytes came; without one they came
@@ -335,15 +349,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Stamped<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        Pin::new(&mut *self.get_mut().inner).poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        Pin::new(&mut *self.get_mut().inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -351,7 +365,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Stamped<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        Pin::new(&mut *self.get_mut().inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {

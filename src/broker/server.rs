@@ -239,6 +239,9 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
     {
         tracing::warn!("connections still open after the drain timeout; closing them");
     }
+    // Parked connections the drain passed by go with their sockets; the
+    // lot holds them, and they hold what every connection shares.
+    context.parking.close();
     tracing::info!("stopped");
     Ok(())
 }
