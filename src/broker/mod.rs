@@ -82,7 +82,7 @@
 //! - [`parking`]: a plain TCP connection whose client has been quiet for
 //!   half its keep alive (at most 10 s) and that has nothing to read,
 //!   write or hand on ends its task and waits in the broker's own poll
-//!   set, keeping only what serving it again takes (about 110 B, the
+//!   set, keeping only what serving it again takes (112 B, the
 //!   state's link and entries unchanged). Whatever comes for it (its
 //!   client's bytes or hang-up, a packet the state queues, a pause, its
 //!   keep alive running out, a takeover, a shutdown) resumes it with a
