@@ -121,3 +121,34 @@ async fn a_parked_client_is_told_of_a_takeover_and_of_a_shutdown() {
     }
     assert_eq!(stopped.await.unwrap(), Some(0));
 }
+
+/// What the connection set up with its client outlives a park: the topic
+/// aliases it gave an MQTT 5 subscriber are still in force after it, so
+/// a topic sent before is sent as its alias alone.
+#[tokio::test]
+async fn a_parked_clients_outbound_topic_aliases_survive_the_park() {
+    let broker = broker();
+    let mut device = Raw::tcp(broker.addr(), v5()).await;
+    let mut opts = quiet(KEEP_ALIVE);
+    opts.properties.topic_alias_maximum = Some(4);
+    device.connect("device", opts).await;
+    device.subscribe(1, "cmd/#", 1).await;
+    let mut operator = Raw::tcp(broker.addr(), v5()).await;
+    operator.connect("operator", quiet(0)).await;
+
+    operator
+        .publish_acked("cmd/reboot", b"1", 1, false, 1)
+        .await;
+    let first = device.next_publish(true).await;
+    assert_eq!(&first.topic[..], "cmd/reboot");
+    let alias = first.properties.topic_alias.expect("an alias given");
+
+    parked(&broker, 1);
+    operator
+        .publish_acked("cmd/reboot", b"2", 1, false, 2)
+        .await;
+    let second = device.next_publish(true).await;
+    assert_eq!(&second.payload[..], b"2");
+    assert_eq!(&second.topic[..], "", "sent as its alias alone");
+    assert_eq!(second.properties.topic_alias, Some(alias));
+}
