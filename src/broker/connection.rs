@@ -466,6 +466,13 @@ impl std::fmt::Display for Peer {
 /// runtime's registration of its socket are made again when it resumes.
 pub struct Parked {
     socket: std::net::TcpStream,
+    link: link::Outlet,
+    aliases: Option<Box<OutboundAliases>>,
+    kept: Kept,
+}
+
+/// What a parked connection keeps as it was, and is served with again.
+struct Kept {
     peer: Peer,
     id: u64,
     client_id: Arc<str>,
@@ -474,8 +481,6 @@ pub struct Parked {
     client_max: u32,
     events: mpsc::Sender<Event>,
     context: Arc<ConnectionContext>,
-    link: link::Outlet,
-    aliases: Option<Box<OutboundAliases>>,
     rare: Option<Box<Rare>>,
     /// The task's place under the cap.
     held: Box<dyn Any + Send>,
@@ -489,6 +494,57 @@ impl Parkable for Parked {
     fn resume(self: Box<Self>, readable: bool) {
         let Parked {
             socket,
+            link,
+            aliases,
+            kept,
+        } = *self;
+        let runtime = kept.context.parking.runtime().clone();
+        // The socket is registered with the runtime's driver of the thread
+        // it resumes on, whichever woke it.
+        let _entered = runtime.enter();
+        if readable {
+            // Its client spoke (or hung up) as the lot looked: heard, so a
+            // keep alive running out at the same moment does not close a
+            // client whose bytes the new registration has not seen yet.
+            if let Some(limit) = silence_limit(kept.keep_alive) {
+                kept.context.keep_alives.heard(&link, limit);
+            }
+        }
+        match tokio::net::TcpStream::from_std(socket) {
+            Ok(stream) => kept.spawn(
+                link,
+                aliases,
+                match readable {
+                    true => Stamped::readable(stream),
+                    false => Stamped::new(stream),
+                },
+                &runtime,
+            ),
+            // The runtime would not take the socket back (out of memory,
+            // or of the kernel's watches): the connection ends as one
+            // whose socket failed, its session told, its client closed.
+            Err(err) => kept.spawn(
+                link,
+                aliases,
+                Stamped::new(Unregistered(Some(err))),
+                &runtime,
+            ),
+        }
+    }
+}
+
+impl Kept {
+    /// Serve it over `stream` with a task of its own, from where it left.
+    fn spawn<S>(
+        self,
+        link: link::Outlet,
+        aliases: Option<Box<OutboundAliases>>,
+        stream: Stamped<S>,
+        runtime: &tokio::runtime::Handle,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Kept {
             peer,
             id,
             client_id,
@@ -497,72 +553,27 @@ impl Parkable for Parked {
             client_max,
             events,
             context,
-            link,
-            aliases,
             rare,
             held,
-        } = *self;
-        let runtime = context.parking.runtime().clone();
-        // The socket is registered with the runtime's driver of the thread
-        // it resumes on, whichever woke it.
-        let _entered = runtime.enter();
-        if readable {
-            // Its client spoke (or hung up) as the lot looked: heard, so a
-            // keep alive running out at the same moment does not close a
-            // client whose bytes the new registration has not seen yet.
-            if let Some(limit) = silence_limit(keep_alive) {
-                context.keep_alives.heard(&link, limit);
-            }
-        }
+        } = self;
         let out = Outgoing::new(link, version, client_max, aliases);
-        match tokio::net::TcpStream::from_std(socket) {
-            Ok(stream) => {
-                let stream = match readable {
-                    true => Stamped::readable(stream),
-                    false => Stamped::new(stream),
-                };
-                let connection = Box::new(Connection {
-                    stream,
-                    unread: BytesMut::new(),
-                    peer,
-                    id,
-                    client_id,
-                    keep_alive,
-                    events,
-                    context,
-                    out,
-                    serving: Serving::default(),
-                    rare,
-                });
-                runtime.spawn(ConnectionTask {
-                    stage: Stage::Serving(connection),
-                    held: Some(held),
-                });
-            }
-            Err(err) => {
-                // The runtime would not take the socket back (out of
-                // memory, or of the kernel's watches): the connection ends
-                // as one whose socket failed, its session told, its client
-                // closed.
-                let connection = Box::new(Connection {
-                    stream: Stamped::new(Unregistered(Some(err))),
-                    unread: BytesMut::new(),
-                    peer,
-                    id,
-                    client_id,
-                    keep_alive,
-                    events,
-                    context,
-                    out,
-                    serving: Serving::default(),
-                    rare,
-                });
-                runtime.spawn(ConnectionTask {
-                    stage: Stage::Serving(connection),
-                    held: Some(held),
-                });
-            }
-        }
+        let connection = Box::new(Connection {
+            stream,
+            unread: BytesMut::new(),
+            peer,
+            id,
+            client_id,
+            keep_alive,
+            events,
+            context,
+            out,
+            serving: Serving::default(),
+            rare,
+        });
+        runtime.spawn(ConnectionTask {
+            stage: Stage::Serving(connection),
+            held: Some(held),
+        });
     }
 }
 
@@ -708,18 +719,20 @@ impl Connection<tokio::net::TcpStream> {
         } = out;
         Box::new(Parked {
             socket,
-            peer,
-            id,
-            client_id,
-            keep_alive,
-            version,
-            client_max,
-            events,
-            context,
             link,
             aliases,
-            rare,
-            held,
+            kept: Kept {
+                peer,
+                id,
+                client_id,
+                keep_alive,
+                version,
+                client_max,
+                events,
+                context,
+                rare,
+                held,
+            },
         })
     }
 }
