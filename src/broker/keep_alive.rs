@@ -71,12 +71,56 @@ struct Entries {
 struct Entry {
     /// When its silence ends, in the timer's time.
     at: u64,
-    limit: u64,
     link: Weak<ConnectionLink>,
+    /// Its silence limit in milliseconds ([`Entry::limit`]): one and a
+    /// half keep alives is at most 98,302,500. The entries are the
+    /// timer's heap, one a connection, parked or not: kept to 24 bytes.
+    limit_ms: u32,
+    /// The low bits of the link's parking round the entry belongs to
+    /// ([`round_of`]): one of an earlier round was replaced when the
+    /// client was heard after a park.
+    round: u16,
     parking: Parking,
-    /// The link's parking round the entry belongs to: one of an earlier
-    /// round was replaced when the client was heard after a park.
-    round: u32,
+}
+
+impl Entry {
+    fn new(at: u64, limit: Limit, link: &Outlet, parking: Parking, round: u32) -> Self {
+        Entry {
+            at,
+            link: Arc::downgrade(&link.link()),
+            limit_ms: limit.0,
+            round: round_of(round),
+            parking,
+        }
+    }
+
+    /// Its silence limit, in the timer's time.
+    fn limit(&self) -> u64 {
+        Limit(self.limit_ms).nanos()
+    }
+}
+
+/// A silence limit as an entry keeps it: whole milliseconds, rounded up so
+/// no client is told silent before its limit.
+#[derive(Debug, Clone, Copy)]
+struct Limit(u32);
+
+impl Limit {
+    fn of(limit: Duration) -> Self {
+        let ms = limit.as_nanos().div_ceil(1_000_000);
+        Limit(u32::try_from(ms).unwrap_or(u32::MAX))
+    }
+
+    fn nanos(self) -> u64 {
+        u64::from(self.0) * 1_000_000
+    }
+}
+
+/// The part of a parking round an entry keeps. A round's entry is due
+/// within a third of its limit, long before 65,536 rounds more could
+/// come round to the same low bits.
+fn round_of(round: u32) -> u16 {
+    round as u16
 }
 
 /// Where a connection's entry stands on parking it.
@@ -140,18 +184,12 @@ impl KeepAliveTimer {
     pub fn watch(&self, link: &Outlet, limit: Duration, parks: bool) {
         let now = self.now();
         link.heard.store(now, Release);
-        let limit = nanos(limit);
+        let limit = Limit::of(limit);
         let (at, parking) = match parks {
-            true => (now.saturating_add(park_after(limit)), Parking::Due),
-            false => (now.saturating_add(limit), Parking::Never),
+            true => (now.saturating_add(park_after(limit.nanos())), Parking::Due),
+            false => (now.saturating_add(limit.nanos()), Parking::Never),
         };
-        self.push(Entry {
-            at,
-            limit,
-            link: Arc::downgrade(&link.link()),
-            parking,
-            round: link.park_round(),
-        });
+        self.push(Entry::new(at, limit, link, parking, link.park_round()));
     }
 
     /// `link`'s client was heard now. Told silent in the meantime (the
@@ -162,27 +200,27 @@ impl KeepAliveTimer {
         if link.take_silent() {
             // Told silent, the entry went: back as a timed one only (a
             // client heard at its limit is not one to park).
-            let limit = nanos(limit);
-            self.push(Entry {
-                at: now.saturating_add(limit),
+            let limit = Limit::of(limit);
+            self.push(Entry::new(
+                now.saturating_add(limit.nanos()),
                 limit,
-                link: Arc::downgrade(&link.link()),
-                parking: Parking::Never,
-                round: link.park_round(),
-            });
+                link,
+                Parking::Never,
+                link.park_round(),
+            ));
         } else if let Some(round) = link.next_park_round() {
             // Heard after it was told to park: to be told again after the
             // same quiet from now, where the entry told would look next
             // only at the end of its silence. A new round's entry replaces
             // it.
-            let limit = nanos(limit);
-            self.push(Entry {
-                at: now.saturating_add(park_after(limit)),
+            let limit = Limit::of(limit);
+            self.push(Entry::new(
+                now.saturating_add(park_after(limit.nanos())),
                 limit,
-                link: Arc::downgrade(&link.link()),
-                parking: Parking::Due,
+                link,
+                Parking::Due,
                 round,
-            });
+            ));
         }
     }
 
@@ -219,23 +257,23 @@ impl KeepAliveTimer {
                 let Some(link) = entry.link.upgrade() else {
                     continue;
                 };
-                if entry.round != link.park_round() {
+                if entry.round != round_of(link.park_round()) {
                     // Replaced by the entry of a later round.
                     continue;
                 }
                 let heard = link.heard.load(Acquire);
                 if heard == NOT_TIMED {
                     // Busy: neither silent nor quiet.
-                    let at = now.saturating_add(entry.limit);
+                    let at = now.saturating_add(entry.limit());
                     entries.due.push(Reverse(Entry { at, ..entry }));
                     continue;
                 }
-                let silent_at = heard.saturating_add(entry.limit);
+                let silent_at = heard.saturating_add(entry.limit());
                 if silent_at <= now {
                     silent.push(link);
                     continue;
                 }
-                let park_at = heard.saturating_add(park_after(entry.limit));
+                let park_at = heard.saturating_add(park_after(entry.limit()));
                 let (at, parking) = match entry.parking {
                     Parking::Due if park_at <= now => {
                         link.told_to_park();
@@ -322,6 +360,29 @@ mod tests {
     fn silent(outlet: &crate::broker::link::Outlet) -> bool {
         let waker = std::task::Waker::noop();
         outlet.poll_silent(&Context::from_waker(waker)) == Poll::Ready(())
+    }
+
+    /// The timer's heap holds an entry for every connection, parked or
+    /// not.
+    #[test]
+    fn an_entry_stays_small() {
+        assert!(std::mem::size_of::<Entry>() <= 24);
+    }
+
+    /// A limit kept in milliseconds is never shorter than the one given,
+    /// and the longest keep alive's fits.
+    #[test]
+    fn a_limit_is_kept_rounded_up() {
+        assert_eq!(
+            Limit::of(Duration::from_millis(1500)).nanos(),
+            1_500_000_000
+        );
+        assert_eq!(
+            Limit::of(Duration::from_nanos(1_000_001)).nanos(),
+            2_000_000
+        );
+        let longest = Duration::from_secs(u64::from(u16::MAX)).mul_f64(1.5);
+        assert_eq!(Limit::of(longest).nanos(), nanos(longest));
     }
 
     /// Let the timer's task run what is due at the paused clock's now.

@@ -95,17 +95,22 @@ struct Slot<P> {
     /// Bumped each time the slot is given back, so a waker (or an event of
     /// the poll set) of an earlier occupant wakes nobody.
     generation: u32,
-    held: Held<P>,
+    stage: Stage,
+    /// The connection, while the slot is [`Stage::Parked`]. Beside the
+    /// stage rather than in it: a slot is 16 bytes, not 24, and the lot
+    /// holds one for every connection it ever held at once.
+    parked: Option<Box<P>>,
 }
 
-enum Held<P> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
     Free,
-    /// Taken by a connection on its way in; `woken` when a wake-up came
-    /// before it was filled.
-    Reserved {
-        woken: bool,
-    },
-    Parked(Box<P>),
+    /// Taken by a connection on its way in.
+    Reserved,
+    /// Taken by a connection on its way in, and a wake-up came before it
+    /// was filled.
+    ReservedWoken,
+    Parked,
 }
 
 /// A slot taken for a connection on its way in.
@@ -216,13 +221,14 @@ impl<P: Parkable> Lot<P> {
                 let index = u32::try_from(slots.slots.len()).ok()?;
                 slots.slots.push(Slot {
                     generation: 0,
-                    held: Held::Free,
+                    stage: Stage::Free,
+                    parked: None,
                 });
                 index
             }
         };
         let slot = &mut slots.slots[index as usize];
-        slot.held = Held::Reserved { woken: false };
+        slot.stage = Stage::Reserved;
         let reservation = Reservation {
             index,
             generation: slot.generation,
@@ -251,7 +257,7 @@ impl<P: Parkable> Lot<P> {
         };
         let mut slots = self.slots();
         let slot = &mut slots.slots[reservation.index as usize];
-        if !matches!(slot.held, Held::Reserved { woken: false }) || !self.watching.load(Acquire) {
+        if slot.stage != Stage::Reserved || !self.watching.load(Acquire) {
             free(&mut slots, reservation.index);
             drop(slots);
             return parked.resume(false);
@@ -266,7 +272,8 @@ impl<P: Parkable> Lot<P> {
             tracing::warn!(error = %err, "a quiet connection could not be parked; it keeps its task");
             return parked.resume(false);
         }
-        slot.held = Held::Parked(parked);
+        slot.stage = Stage::Parked;
+        slot.parked = Some(parked);
         self.metrics.connections_parked.fetch_add(1, Relaxed);
     }
 
@@ -280,17 +287,15 @@ impl<P: Parkable> Lot<P> {
             if generation.is_some_and(|g| g != slot.generation) {
                 return None;
             }
-            match &mut slot.held {
-                Held::Reserved { woken } => {
-                    *woken = true;
+            match slot.stage {
+                Stage::Reserved | Stage::ReservedWoken => {
+                    slot.stage = Stage::ReservedWoken;
                     return None;
                 }
-                Held::Free => return None,
-                Held::Parked(_) => {}
+                Stage::Free => return None,
+                Stage::Parked => {}
             }
-            let Held::Parked(parked) = std::mem::replace(&mut slot.held, Held::Free) else {
-                return None;
-            };
+            let parked = slot.parked.take()?;
             free(&mut slots, index);
             parked
         };
@@ -321,7 +326,7 @@ impl<P: Parkable> Lot<P> {
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| matches!(s.held, Held::Parked(_)))
+            .filter(|(_, s)| s.stage == Stage::Parked)
             .map(|(index, s)| (index as u32, s.generation))
             .collect();
         occupied
@@ -353,7 +358,7 @@ impl<P: Parkable> Lot<P> {
         self.slots()
             .slots
             .iter()
-            .filter(|s| matches!(s.held, Held::Parked(_)))
+            .filter(|s| s.stage == Stage::Parked)
             .count()
     }
 }
@@ -370,7 +375,8 @@ impl<P> std::fmt::Debug for Lot<P> {
 /// Give slot `index` back, its wakers made for nobody.
 fn free<P>(slots: &mut Slots<P>, index: u32) {
     let slot = &mut slots.slots[index as usize];
-    slot.held = Held::Free;
+    slot.stage = Stage::Free;
+    slot.parked = None;
     slot.generation = slot.generation.wrapping_add(1);
     slots.free.push(index);
 }
@@ -503,6 +509,12 @@ mod tests {
         let (reservation, waker) = lot.reserve().unwrap();
         lot.fill(reservation, parked);
         (seen, waker)
+    }
+
+    /// The lot keeps a slot for every connection it held at once.
+    #[test]
+    fn a_slot_stays_small() {
+        assert!(std::mem::size_of::<Slot<[u8; 112]>>() <= 16);
     }
 
     #[tokio::test]

@@ -879,11 +879,7 @@ impl BrokerState {
         for (i, channel) in restored.into_iter().enumerate() {
             let i = i as u16;
             for position in channel.positions {
-                let key = self
-                    .sessions
-                    .by_client_id
-                    .get(position.reader.id())
-                    .copied();
+                let key = self.sessions.of_client(position.reader.id());
                 let owned = key.is_some_and(|k| !self.filters_on(k, i).is_empty())
                     && position.reader.scheme() == crate::storage::contract::ReaderScheme::Mqtt;
                 match key {
@@ -947,12 +943,7 @@ impl BrokerState {
                     .client_id
                     .parse::<Reader>()
                     .is_ok_and(|r| r.scheme() == crate::storage::contract::ReaderScheme::Bridge);
-                match self
-                    .sessions
-                    .by_client_id
-                    .get(hold.client_id.as_str())
-                    .copied()
-                {
+                match self.sessions.of_client(&hold.client_id) {
                     Some(key) => {
                         let session = self.sessions.by_key.get_mut(&key).expect("indexed");
                         session.inbound_qos2.insert(hold.packet_id, now);

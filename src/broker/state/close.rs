@@ -167,7 +167,7 @@ impl BrokerState {
         for raw in self.groups.joined_by(key) {
             self.leave_group(key, &raw);
         }
-        let Some(session) = self.sessions.by_key.remove(&key) else {
+        let Some(session) = self.sessions.remove(key) else {
             return;
         };
         for channel in &mut self.channels.all {
@@ -176,9 +176,6 @@ impl BrokerState {
         self.end_consumers(&session, now);
         self.metrics.sessions.fetch_sub(1, Relaxed);
         self.sessions.detached.remove(&key);
-        if self.sessions.by_client_id.get(&session.client_id) == Some(&key) {
-            self.sessions.by_client_id.remove(&session.client_id);
-        }
         for (raw, sub) in session.subscriptions.iter() {
             if self
                 .index

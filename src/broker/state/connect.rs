@@ -86,11 +86,12 @@ impl BrokerState {
 
         // The timer may not have run yet: a Will whose delay passed, or a
         // session whose expiry passed, is settled before this CONNECT sees it.
-        if let Some(&key) = self.sessions.by_client_id.get(&client_id) {
+        if let Some(key) = self.sessions.of_client(&client_id) {
             self.settle_due(key, now);
         }
-        let mut session_present = false;
-        if let Some(&key) = self.sessions.by_client_id.get(&client_id) {
+        // The session kept for the client, when it goes on.
+        let mut present = None;
+        if let Some(key) = self.sessions.of_client(&client_id) {
             let (owner_differs, old_connection, ends_with_connection) = {
                 let s = &self.sessions.by_key[&key];
                 (
@@ -132,9 +133,10 @@ impl BrokerState {
             if request.clean_start || (old_connection.is_some() && ends_with_connection) {
                 self.end_session(key, now);
             } else {
-                session_present = true;
+                present = Some(key);
             }
         }
+        let session_present = present.is_some();
         if !session_present
             && expiry > 0
             && self.sessions.stored_count() >= self.limits.max_sessions
@@ -156,16 +158,15 @@ impl BrokerState {
             return;
         }
 
-        let key = if session_present {
-            self.sessions.by_client_id[&client_id]
+        let key = if let Some(key) = present {
+            key
         } else {
             let key = self.sessions.next_key;
             self.sessions.next_key += 1;
-            self.sessions.by_key.insert(
+            self.sessions.insert(
                 key,
                 Box::new(Session::new(client_id.clone(), request.principal.clone())),
             );
-            self.sessions.by_client_id.insert(client_id.clone(), key);
             self.metrics.sessions.fetch_add(1, Relaxed);
             key
         };

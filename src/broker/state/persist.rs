@@ -470,7 +470,7 @@ impl BrokerState {
             Parked::Flush { clients, sealed } => {
                 if failure.is_some() {
                     for client in clients {
-                        if let Some(&key) = self.sessions.by_client_id.get(&client) {
+                        if let Some(key) = self.sessions.of_client(&client) {
                             self.persist.dirty.insert(key);
                         }
                     }

@@ -126,11 +126,7 @@ impl BrokerState {
             .collect();
         let mut owing: HashMap<SessionKey, Owing> = HashMap::new();
         for entry in &restored.sessions {
-            if self
-                .sessions
-                .by_client_id
-                .contains_key(entry.client_id.as_str())
-            {
+            if self.sessions.of_client(&entry.client_id).is_some() {
                 continue;
             }
             if session_expired_at(entry, unix_now, self.limits.max_session_expiry)
@@ -226,8 +222,7 @@ impl BrokerState {
                 .copied()
                 .unwrap_or(self.persist.log_next);
             summary.inflight += in_flight.len();
-            self.sessions.by_client_id.insert(client_id, key);
-            self.sessions.by_key.insert(key, Box::new(session));
+            self.sessions.insert(key, Box::new(session));
             self.sessions.detached.insert(key);
             self.metrics.sessions.fetch_add(1, Relaxed);
             summary.sessions += 1;
@@ -253,9 +248,7 @@ impl BrokerState {
         for (&offset, (message, record)) in &log {
             candidates.clear();
             match record.owed_to.as_deref() {
-                Some(client_id) => {
-                    candidates.extend(self.sessions.by_client_id.get(client_id).copied())
-                }
+                Some(client_id) => candidates.extend(self.sessions.of_client(client_id)),
                 None => {
                     // Shared subscriptions are not restored from the log
                     // (their members take turns live); nobody is online.
@@ -294,11 +287,7 @@ impl BrokerState {
             if held.channel != BROADCAST_LOG_NAME {
                 continue;
             }
-            let key = self
-                .sessions
-                .by_client_id
-                .get(held.client_id.as_str())
-                .copied();
+            let key = self.sessions.of_client(&held.client_id);
             match key {
                 Some(key) => {
                     let age = unix_now.saturating_sub(held.held_at).max(0);

@@ -2,7 +2,7 @@
 //! outbound inflight table, the offline pending FIFO and the inbound QoS 2
 //! identifiers (method B).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
@@ -384,7 +384,9 @@ fn connection_id(id: u64) -> NonZeroU64 {
 #[derive(Debug)]
 pub(super) struct Sessions {
     pub by_key: IdMap<SessionKey, Box<Session>>,
-    pub by_client_id: HashMap<Arc<str>, SessionKey>,
+    /// Which session a client id has ([`Sessions::of_client`]); kept in
+    /// step with `by_key` by [`Sessions::insert`] and [`Sessions::remove`].
+    by_client_id: ClientIds,
     /// Sessions without a connection (timers for expiry and Will delay).
     pub detached: IdSet<SessionKey>,
     /// The key the next new session takes.
@@ -397,7 +399,7 @@ impl Default for Sessions {
     fn default() -> Self {
         Self {
             by_key: IdMap::default(),
-            by_client_id: HashMap::new(),
+            by_client_id: ClientIds::default(),
             detached: IdSet::default(),
             next_key: 1,
             next_assigned_id: 1,
@@ -406,6 +408,30 @@ impl Default for Sessions {
 }
 
 impl Sessions {
+    /// The key of the session client `client_id` has, if any.
+    pub(super) fn of_client(&self, client_id: &str) -> Option<SessionKey> {
+        self.by_client_id.get(client_id, &self.by_key)
+    }
+
+    /// Keep `session` under `key`, as the session its client id has.
+    pub(super) fn insert(&mut self, key: SessionKey, session: Box<Session>) {
+        if let Some(old) = self.by_key.insert(key, session) {
+            // A key is never reused; were it, its old client id goes too.
+            self.by_client_id.remove(&old.client_id, key, &self.by_key);
+        }
+        self.by_client_id.insert(key, &self.by_key);
+    }
+
+    /// Take out the session under `key`, and its client id's entry when
+    /// that is this session.
+    pub(super) fn remove(&mut self, key: SessionKey) -> Option<Box<Session>> {
+        let client_id = self.by_key.get(&key)?.client_id.clone();
+        // Out of the client ids first: their table finds a key's client id
+        // in `by_key`.
+        self.by_client_id.remove(&client_id, key, &self.by_key);
+        self.by_key.remove(&key)
+    }
+
     /// Where session `key`'s consumer of `channel` is among its consumers.
     pub(super) fn consumer_index(&self, key: SessionKey, channel: u16) -> Option<usize> {
         self.by_key
@@ -447,6 +473,90 @@ impl Sessions {
     }
 }
 
+/// Which session each client id has: a table of session keys, each found
+/// by its session's client id. A slot is the key alone (8 bytes, not the
+/// 24 of a map from the client id): the table holds one for every session,
+/// among them every idle device's.
+///
+/// Every key in the table is in the sessions it is given, so a key's hash
+/// can always be made again from its session's client id.
+#[derive(Default)]
+struct ClientIds {
+    table: hashbrown::HashTable<SessionKey>,
+    /// Keyed per broker, as a map from the client id would be: client ids
+    /// come from clients.
+    hasher: std::hash::RandomState,
+}
+
+impl std::fmt::Debug for ClientIds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientIds")
+            .field("len", &self.table.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientIds {
+    fn hash(&self, client_id: &str) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, client_id)
+    }
+
+    fn get(
+        &self,
+        client_id: &str,
+        sessions: &IdMap<SessionKey, Box<Session>>,
+    ) -> Option<SessionKey> {
+        self.table
+            .find(self.hash(client_id), is_of(client_id, sessions))
+            .copied()
+    }
+
+    /// Make `key` (in `sessions`) the session of its client id.
+    fn insert(&mut self, key: SessionKey, sessions: &IdMap<SessionKey, Box<Session>>) {
+        let Some(session) = sessions.get(&key) else {
+            return;
+        };
+        let client_id = &*session.client_id;
+        let hash = self.hash(client_id);
+        match self.table.find_mut(hash, is_of(client_id, sessions)) {
+            Some(entry) => *entry = key,
+            None => {
+                let hasher = &self.hasher;
+                self.table.insert_unique(hash, key, |k| {
+                    // Every key is in `sessions`; one that were not would
+                    // only be lost to lookups, never found wrongly.
+                    sessions.get(k).map_or(0, |s| {
+                        std::hash::BuildHasher::hash_one(hasher, &*s.client_id)
+                    })
+                });
+            }
+        }
+    }
+
+    /// Forget `client_id`'s entry if it is `key`.
+    fn remove(
+        &mut self,
+        client_id: &str,
+        key: SessionKey,
+        sessions: &IdMap<SessionKey, Box<Session>>,
+    ) {
+        let hash = self.hash(client_id);
+        if let Ok(entry) = self.table.find_entry(hash, |&k| k == key) {
+            entry.remove();
+        } else {
+            debug_assert!(self.get(client_id, sessions) != Some(key));
+        }
+    }
+}
+
+/// Whether a key in the table is `client_id`'s session.
+fn is_of<'a>(
+    client_id: &'a str,
+    sessions: &'a IdMap<SessionKey, Box<Session>>,
+) -> impl Fn(&SessionKey) -> bool + 'a {
+    move |k| sessions.get(k).is_some_and(|s| *s.client_id == *client_id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,6 +569,37 @@ mod tests {
             log_offset: None,
             queued: None,
             channel: None,
+        }
+    }
+
+    /// The client ids find their sessions as the table grows past its
+    /// first sizes, as a session is ended, and as a key is replaced.
+    #[test]
+    fn a_client_id_finds_its_session() {
+        let mut sessions = Sessions::default();
+        for key in 1..=1_000u64 {
+            let id: Arc<str> = format!("device-{key}").into();
+            sessions.insert(key, Box::new(Session::new(id, None)));
+        }
+        assert_eq!(sessions.of_client("device-1"), Some(1));
+        assert_eq!(sessions.of_client("device-1000"), Some(1_000));
+        assert_eq!(sessions.of_client("device-1001"), None);
+        assert_eq!(sessions.of_client(""), None);
+
+        let ended = sessions.remove(500).unwrap();
+        assert_eq!(&*ended.client_id, "device-500");
+        assert_eq!(sessions.of_client("device-500"), None);
+        assert!(sessions.remove(500).is_none());
+
+        // The same client starts a new session: its id names the new key.
+        sessions.insert(1_001, Box::new(Session::new("device-7".into(), None)));
+        assert_eq!(sessions.of_client("device-7"), Some(1_001));
+        // The old session ending leaves the new one found.
+        sessions.remove(7).unwrap();
+        assert_eq!(sessions.of_client("device-7"), Some(1_001));
+        assert_eq!(sessions.by_client_id.table.len(), 999);
+        for key in (1..=1_000u64).filter(|k| *k != 500 && *k != 7) {
+            assert_eq!(sessions.of_client(&format!("device-{key}")), Some(key));
         }
     }
 

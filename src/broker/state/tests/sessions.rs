@@ -746,7 +746,7 @@ fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
     );
     assert_eq!(summary.sessions, 4);
     let owed = |s: &BrokerState, client_id: &str| -> Vec<u64> {
-        let key = s.sessions.by_client_id[client_id];
+        let key = s.sessions.of_client(client_id).unwrap();
         s.sessions.by_key[&key]
             .pending
             .iter()
