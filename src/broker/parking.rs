@@ -8,9 +8,9 @@
 //! not, and most of an edge broker's clients are devices that say
 //! nothing for minutes. A parked connection holds what it needs to be
 //! served again (its socket, the state's link, the few fields its task
-//! cannot make afresh: 112 B) in a slot of the lot (16 B), one waker (32
-//! B) in its link, and its socket in the lot's poll set, which the kernel
-//! keeps.
+//! cannot make afresh: 112 B) in a slot of the lot (16 B), and its
+//! socket in the lot's poll set, which the kernel keeps; the waker its
+//! link holds is a word naming the slot, not an allocation.
 //!
 //! How. The keep-alive timer tells a connection to park
 //! ([`super::link::ConnectionLink::tell_park`]) once its client has been
@@ -45,7 +45,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::task::{Wake, Waker};
+use std::task::{RawWaker, RawWakerVTable, Waker};
 use std::time::Duration;
 
 use mio::unix::SourceFd;
@@ -73,12 +73,10 @@ pub struct Lot<P> {
     /// nothing parks from then on.
     watching: AtomicBool,
     slots: Mutex<Slots<P>>,
-    /// Slots whose link woke them, for the lot's task to resume: a wake
-    /// comes from whoever queued the connection a packet (the broker's
-    /// state among them), which is not made to wait for a resume.
-    woken: Mutex<Vec<(u32, u32)>>,
-    /// Rings the lot's task: a slot woken, or the lot dropped.
-    ring: Arc<Notify>,
+    doorbell: Arc<Doorbell>,
+    /// The lot's number among the process's ([`DOORBELLS`]); `None` when
+    /// every number is taken (the lot then parks nothing).
+    number: Option<usize>,
     metrics: Arc<Metrics>,
     /// The runtime the lot was started on, which resumed connections are
     /// served on.
@@ -120,25 +118,111 @@ pub struct Reservation {
     generation: u32,
 }
 
-/// The waker a parked connection's link holds in place of its task's.
-struct SlotWaker<P> {
-    lot: Weak<Lot<P>>,
+/// What a wake of a parked link rings: the slots woken since the lot's
+/// task last looked, and the task's bell. A wake comes from whoever
+/// queued the connection a packet (the broker's state among them), which
+/// is not made to wait for a resume.
+#[derive(Default)]
+struct Doorbell {
+    woken: Mutex<Vec<(u32, u32)>>,
+    /// Rings the lot's task: a slot woken, or the lot dropped.
+    ring: Notify,
+}
+
+impl Doorbell {
+    fn woken(&self) -> MutexGuard<'_, Vec<(u32, u32)>> {
+        self.woken.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The doorbells of the process's lots, by the lot's number. A parked
+/// link's waker is its lot's number and its slot packed in the one word a
+/// waker holds ([`SlotWake`]): parking makes no allocation for it, where a
+/// waker of its own was 32 bytes a parked connection.
+static DOORBELLS: Mutex<Vec<Option<Arc<Doorbell>>>> = Mutex::new(Vec::new());
+
+fn doorbells() -> MutexGuard<'static, Vec<Option<Arc<Doorbell>>>> {
+    DOORBELLS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A slot's wake, as its waker's word holds it: the lot's number, the
+/// slot's index, and the low bits of its generation. On a 64-bit target
+/// 16, 32 and 16 bits; on a 32-bit one 8, 20 and 4 (a slot past a million
+/// is not parked there). A stale waker whose low bits come round again
+/// resumes a connection that had nothing to do, which parks again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotWake {
+    lot: usize,
     index: u32,
     generation: u32,
 }
 
-impl<P: Parkable> Wake for SlotWaker<P> {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
+impl SlotWake {
+    const INDEX_BITS: u32 = if usize::BITS >= 64 { 32 } else { 20 };
+    const LOT_BITS: u32 = if usize::BITS >= 64 { 16 } else { 8 };
+    const GENERATION_BITS: u32 = usize::BITS - Self::INDEX_BITS - Self::LOT_BITS;
+    const LOTS: usize = 1 << Self::LOT_BITS;
+    const GENERATION_MASK: u32 = (1 << Self::GENERATION_BITS) - 1;
+
+    /// The wake of slot `index` of lot `lot`; `None` past what a word
+    /// holds.
+    fn new(lot: usize, index: u32, generation: u32) -> Option<Self> {
+        (lot < Self::LOTS && u64::from(index) < 1u64 << Self::INDEX_BITS).then_some(SlotWake {
+            lot,
+            index,
+            generation: generation & Self::GENERATION_MASK,
+        })
     }
 
-    fn wake_by_ref(self: &Arc<Self>) {
-        if let Some(lot) = self.lot.upgrade() {
-            lot.woken().push((self.index, self.generation));
-            lot.ring.notify_one();
+    fn word(self) -> usize {
+        self.index as usize
+            | (self.generation as usize) << Self::INDEX_BITS
+            | self.lot << (Self::INDEX_BITS + Self::GENERATION_BITS)
+    }
+
+    fn of_word(word: usize) -> Self {
+        let low = |bits: u32, at: u32| (word >> at) & ((1usize << bits) - 1);
+        SlotWake {
+            index: low(Self::INDEX_BITS, 0) as u32,
+            generation: low(Self::GENERATION_BITS, Self::INDEX_BITS) as u32,
+            lot: low(Self::LOT_BITS, Self::INDEX_BITS + Self::GENERATION_BITS),
+        }
+    }
+
+    /// Whether the slot's generation is the one woken.
+    fn is_of(self, generation: u32) -> bool {
+        self.generation == generation & Self::GENERATION_MASK
+    }
+
+    fn waker(self) -> Waker {
+        // SAFETY: the waker's data is a number, never read through: its
+        // functions only unpack it, and clone and drop have nothing to
+        // count. They touch nothing but the doorbells' lock, from any
+        // thread, as a waker's functions must.
+        unsafe {
+            Waker::from_raw(RawWaker::new(
+                std::ptr::without_provenance(self.word()),
+                &WAKE_VTABLE,
+            ))
+        }
+    }
+
+    /// Queue the slot on its lot's doorbell, if the lot is still there.
+    fn ring(self) {
+        let doorbell = doorbells().get(self.lot).cloned().flatten();
+        if let Some(doorbell) = doorbell {
+            doorbell.woken().push((self.index, self.generation));
+            doorbell.ring.notify_one();
         }
     }
 }
+
+static WAKE_VTABLE: RawWakerVTable = RawWakerVTable::new(
+    |data| RawWaker::new(data, &WAKE_VTABLE),
+    |data| SlotWake::of_word(data.addr()).ring(),
+    |data| SlotWake::of_word(data.addr()).ring(),
+    |_| {},
+);
 
 /// The poll set's token for a slot: its index, and its generation where a
 /// token holds both.
@@ -163,7 +247,23 @@ impl<P: Parkable> Lot<P> {
     /// A lot, its task spawned on the current runtime. A poll set that
     /// cannot be made is logged, and the broker parks nothing.
     pub fn start(metrics: Arc<Metrics>) -> Arc<Lot<P>> {
-        let ring = Arc::new(Notify::new());
+        let doorbell = Arc::new(Doorbell::default());
+        let number = {
+            let mut doorbells = doorbells();
+            let free = doorbells.iter().position(Option::is_none);
+            match free {
+                Some(number) => Some(number),
+                None if doorbells.len() < SlotWake::LOTS => {
+                    doorbells.push(None);
+                    Some(doorbells.len() - 1)
+                }
+                None => None,
+            }
+            .inspect(|&number| doorbells[number] = Some(doorbell.clone()))
+        };
+        if number.is_none() {
+            tracing::warn!("every lot number is taken; this lot parks nothing");
+        }
         let made = Poll::new().and_then(|poll| {
             let registry = poll.registry().try_clone()?;
             Ok((poll, registry))
@@ -176,19 +276,19 @@ impl<P: Parkable> Lot<P> {
             }
         };
         let lot = Arc::new(Lot {
-            watching: AtomicBool::new(registry.is_some()),
+            watching: AtomicBool::new(registry.is_some() && number.is_some()),
             registry,
             slots: Mutex::new(Slots {
                 slots: Vec::new(),
                 free: Vec::new(),
             }),
-            woken: Mutex::default(),
-            ring: ring.clone(),
+            doorbell: doorbell.clone(),
+            number,
             metrics,
             runtime: tokio::runtime::Handle::current(),
         });
         if let Some(poll) = poll {
-            tokio::spawn(run(Arc::downgrade(&lot), poll, ring));
+            tokio::spawn(run(Arc::downgrade(&lot), poll, doorbell));
         }
         lot
     }
@@ -205,12 +305,13 @@ impl<P: Parkable> Lot<P> {
     }
 
     fn woken(&self) -> MutexGuard<'_, Vec<(u32, u32)>> {
-        self.woken.lock().unwrap_or_else(PoisonError::into_inner)
+        self.doorbell.woken()
     }
 
     /// A slot for a connection on its way in, and the waker its link is
     /// to hold; `None` when the broker parks nothing.
-    pub fn reserve(self: &Arc<Self>) -> Option<(Reservation, Waker)> {
+    pub fn reserve(&self) -> Option<(Reservation, Waker)> {
+        let number = self.number?;
         if !self.watching.load(Acquire) {
             return None;
         }
@@ -228,18 +329,18 @@ impl<P: Parkable> Lot<P> {
             }
         };
         let slot = &mut slots.slots[index as usize];
+        let Some(wake) = SlotWake::new(number, index, slot.generation) else {
+            // Past what a waker's word names (a 32-bit target's millionth
+            // slot): not parked.
+            free(&mut slots, index);
+            return None;
+        };
         slot.stage = Stage::Reserved;
         let reservation = Reservation {
             index,
             generation: slot.generation,
         };
-        drop(slots);
-        let waker = Waker::from(Arc::new(SlotWaker {
-            lot: Arc::downgrade(self),
-            index,
-            generation: reservation.generation,
-        }));
-        Some((reservation, waker))
+        Some((reservation, wake.waker()))
     }
 
     /// Give back a slot no connection came into.
@@ -277,14 +378,15 @@ impl<P: Parkable> Lot<P> {
         self.metrics.connections_parked.fetch_add(1, Relaxed);
     }
 
-    /// Take the connection in slot `index` out (`generation`: only if it
-    /// is still the one that was meant), its socket out of the poll set.
-    /// A slot still on its way in is marked woken instead.
-    fn take(&self, index: u32, generation: Option<u32>) -> Option<Box<P>> {
+    /// Take the connection in slot `index` out (only if `is_meant` by the
+    /// slot's generation: it is still the one that was meant), its socket
+    /// out of the poll set. A slot still on its way in is marked woken
+    /// instead.
+    fn take(&self, index: u32, is_meant: impl FnOnce(u32) -> bool) -> Option<Box<P>> {
         let parked = {
             let mut slots = self.slots();
             let slot = slots.slots.get_mut(index as usize)?;
-            if generation.is_some_and(|g| g != slot.generation) {
+            if !is_meant(slot.generation) {
                 return None;
             }
             match slot.stage {
@@ -313,7 +415,12 @@ impl<P: Parkable> Lot<P> {
     fn resume_woken(&self) {
         let woken = std::mem::take(&mut *self.woken());
         for (index, generation) in woken {
-            if let Some(parked) = self.take(index, Some(generation)) {
+            let woken = SlotWake {
+                lot: 0,
+                index,
+                generation,
+            };
+            if let Some(parked) = self.take(index, |g| woken.is_of(g)) {
                 parked.resume(false);
             }
         }
@@ -331,7 +438,7 @@ impl<P: Parkable> Lot<P> {
             .collect();
         occupied
             .into_iter()
-            .filter_map(|(index, generation)| self.take(index, Some(generation)))
+            .filter_map(|(index, generation)| self.take(index, |g| g == generation))
             .collect()
     }
 
@@ -383,14 +490,20 @@ fn free<P>(slots: &mut Slots<P>, index: u32) {
 
 impl<P> Drop for Lot<P> {
     fn drop(&mut self) {
-        self.ring.notify_one();
+        if let Some(number) = self.number {
+            // Its number is free for the next lot: a waker still naming
+            // it finds that lot's slot stale, or resumes a connection with
+            // nothing to do.
+            doorbells()[number] = None;
+        }
+        self.doorbell.ring.notify_one();
     }
 }
 
 /// The lot's task: resumes each connection whose link woke it, and each
 /// whose socket the poll set finds readable (or hung up); ends once the
 /// lot is dropped.
-async fn run<P: Parkable>(lot: Weak<Lot<P>>, poll: Poll, ring: Arc<Notify>) {
+async fn run<P: Parkable>(lot: Weak<Lot<P>>, poll: Poll, doorbell: Arc<Doorbell>) {
     // SAFETY: the poll set owns its descriptor from its making to its
     // drop, and gives that same descriptor each time it is asked; the
     // `AsyncFd` owns the poll set, so the descriptor outlives the
@@ -409,7 +522,7 @@ async fn run<P: Parkable>(lot: Weak<Lot<P>>, poll: Poll, ring: Arc<Notify>) {
     let mut events = Events::with_capacity(256);
     loop {
         // Listening before looking: a wake queued after the look rings it.
-        let rung = ring.notified();
+        let rung = doorbell.ring.notified();
         tokio::pin!(rung);
         rung.as_mut().enable();
         match lot.upgrade() {
@@ -437,7 +550,8 @@ async fn run<P: Parkable>(lot: Weak<Lot<P>>, poll: Poll, ring: Arc<Notify>) {
                     }
                     for event in events.iter() {
                         let (index, generation) = slot_of(event.token());
-                        if let Some(parked) = lot.take(index, generation) {
+                        let is_meant = |g| generation.is_none_or(|want| want == g);
+                        if let Some(parked) = lot.take(index, is_meant) {
                             parked.resume(true);
                         }
                     }
@@ -636,10 +750,50 @@ mod tests {
         assert_eq!(slot_of(token(u32::MAX, u32::MAX)).0, u32::MAX);
     }
 
+    #[test]
+    fn a_wakes_word_names_its_lot_slot_and_generation() {
+        let last_index = u32::try_from((1u64 << SlotWake::INDEX_BITS) - 1).unwrap();
+        for (lot, index, generation) in [
+            (0, 0, 0),
+            (3, 7, 5),
+            (SlotWake::LOTS - 1, last_index, u32::MAX),
+        ] {
+            let wake = SlotWake::new(lot, index, generation).unwrap();
+            assert_eq!(SlotWake::of_word(wake.word()), wake);
+            assert_eq!((wake.lot, wake.index), (lot, index));
+            assert!(wake.is_of(generation));
+            assert!(!wake.is_of(generation.wrapping_add(1)));
+        }
+        assert!(SlotWake::new(SlotWake::LOTS, 0, 0).is_none());
+        if usize::BITS < 64 {
+            assert!(SlotWake::new(0, last_index + 1, 0).is_none());
+        }
+    }
+
+    /// A dropped lot gives back its number; a waker it handed out then
+    /// wakes nothing of it.
+    #[tokio::test]
+    async fn a_dropped_lots_wakers_wake_nothing() {
+        let lot = lot();
+        let number = lot.number.unwrap();
+        let doorbell = lot.doorbell.clone();
+        let (_client, server) = pair();
+        let (seen, waker) = park(&lot, server);
+        lot.close();
+        drop(lot);
+        waker.wake_by_ref();
+        assert!(doorbell.woken().is_empty());
+        assert_eq!(seen.resumed.load(Relaxed), 0);
+        // Another test's lot may have taken the number since.
+        assert!(doorbells()[number]
+            .as_ref()
+            .is_none_or(|d| !Arc::ptr_eq(d, &doorbell)));
+    }
+
     #[tokio::test]
     async fn the_lots_task_ends_with_the_lot() {
         let lot = lot();
-        let ring = Arc::downgrade(&lot.ring);
+        let ring = Arc::downgrade(&lot.doorbell);
         drop(lot);
         for _ in 0..8 {
             tokio::task::yield_now().await;
