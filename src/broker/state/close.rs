@@ -36,11 +36,11 @@ impl BrokerState {
         self.metrics.connections.fetch_sub(1, Relaxed);
         self.metrics.disconnected(reason);
         if conn.dropped_qos0 > 0 {
-            tracing::info!(client_id = %conn.client_id, dropped = conn.dropped_qos0, "QoS 0 messages were dropped for this client while it did not read");
+            tracing::info!(client_id = %self.client_id_of(&conn), dropped = conn.dropped_qos0, "QoS 0 messages were dropped for this client while it did not read");
         }
         if code.is_some() || matches!(reason, CloseReason::Storage) {
             tracing::info!(
-                client_id = %conn.client_id,
+                client_id = %self.client_id_of(&conn),
                 reason = reason.label(),
                 code = %code.map(|c| format!("0x{:02X}", c.as_u8())).unwrap_or_else(|| "none (MQTT 3.1.1)".into()),
                 "disconnecting client"

@@ -194,7 +194,6 @@ impl BrokerState {
             Box::new(Connection {
                 handle,
                 session: key,
-                client_id: client_id.clone(),
                 v5: request.v5,
                 receive_maximum,
                 maximum_packet_size: request
@@ -302,7 +301,7 @@ impl BrokerState {
         }
         if let Some(failure) = failure {
             let conn = &self.connections[&connection];
-            tracing::warn!(client_id = %conn.client_id, error = %failure.message, "connection refused: its session could not be stored");
+            tracing::warn!(client_id = %self.client_id_of(conn), error = %failure.message, "connection refused: its session could not be stored");
             if conn.v5 {
                 if let Outbound::ConnAck { extras, .. } = ack {
                     let mut refusal = Outbound::refusing_connack(failure.reason_code());

@@ -612,7 +612,7 @@ impl BrokerState {
         if conn.v5 {
             self.send(connection, packet);
         } else {
-            tracing::warn!(client_id = %conn.client_id, "disconnecting an MQTT 3.1.1 client: a write its packet caused failed, and 3.1.1 has no reason code to say so");
+            tracing::warn!(client_id = %self.client_id_of(conn), "disconnecting an MQTT 3.1.1 client: a write its packet caused failed, and 3.1.1 has no reason code to say so");
             self.doomed.push((connection, CloseReason::Storage, None));
         }
     }
