@@ -11,38 +11,15 @@ use clap::{Parser, Subcommand};
 /// per-thread arenas grow such a heap a page range at a time and take their
 /// slowest path once it is large (see docs/benchmarks.md).
 ///
-/// Built without transparent huge pages (`no_thp` in Cargo.toml), as the
-/// decisions in `src/broker/mod.rs` say.
+/// mimalloc, built without transparent huge pages (`no_thp` in Cargo.toml),
+/// as the decisions in `src/broker/mod.rs` say, and asked for each block
+/// the way its size classes are filled ([`allocator`]).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::Allocator = allocator::Allocator;
 
-/// Gives the pages the allocator holds free back to the system. A start
-/// that loaded a snapshot directory freed the decoded copies its stores
-/// were built from - a few hundred bytes a record - and mimalloc keeps freed
-/// pages resident until a later call happens to purge them, seconds after
-/// the start (an idle broker's 2,000,000-record start held 1.46 GB for
-/// about ten seconds, then 0.90 GB).
-pub fn release_free_memory() {
-    collect(true)
-}
+pub use allocator::release_free_memory;
 
-/// Gives back the pages this thread's heap holds free, without looking
-/// at its full pages or at other threads' heaps: cheap enough for a
-/// worker going idle.
-pub fn release_this_threads_free_pages() {
-    collect(false)
-}
-
-fn collect(force: bool) {
-    extern "C" {
-        fn mi_collect(force: bool);
-    }
-    // SAFETY: mi_collect takes no pointer and may be called from any
-    // thread at any time; `force` also visits full pages and returns the
-    // memory of abandoned threads' heaps.
-    unsafe { mi_collect(force) }
-}
-
+mod allocator;
 mod bench;
 mod check_config;
 mod docs;

@@ -125,7 +125,7 @@
 //!   on the 4-consumer row of `cargo bench --bench consumers`, which
 //!   mimalloc raised by 28-37% in alternating runs (docs/benchmarks.md).
 //!   Once the state is restored it hands the allocator's free pages back
-//!   (`release_free_memory` in `commands/main.rs`): the decoded copies a
+//!   (`release_free_memory` in `commands/allocator.rs`): the decoded copies a
 //!   restart built its stores from, a few hundred bytes a record, stayed
 //!   resident until a later purge, seconds later. It does not ask the
 //!   kernel for transparent huge pages: where the kernel grants them on
@@ -134,7 +134,12 @@
 //!   held 23 MB instead of 14 and each idle connection 2.2 KB instead of
 //!   1.9, for no throughput gained; only a sqlite restart of a million
 //!   retained messages was faster with them, by 10-20%
-//!   (docs/benchmarks.md, "Idle connections").
+//!   (docs/benchmarks.md, "Idle connections"). A block whose alignment a
+//!   plain mimalloc block has (16 bytes, and no more than its size) is
+//!   asked for through mimalloc's plain entry point: its aligned one served
+//!   sizes between powers of two from the next class up (112 bytes from
+//!   128, 160 from 192) whenever the right class had no free block at
+//!   hand, which it never had when only aligned requests asked for it.
 //!
 //! Decisions where the specifications leave a choice:
 //!
