@@ -13,6 +13,7 @@
 //! entry point.
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::ffi::c_void;
 
 use libmimalloc_sys::{
     mi_free, mi_malloc, mi_malloc_aligned, mi_realloc, mi_realloc_aligned, mi_zalloc,
@@ -38,6 +39,29 @@ fn plain_fits(size: usize, align: usize) -> bool {
     align <= PLAIN_ALIGNMENT && align <= size
 }
 
+/// A block for `layout`: `plain`'s where a plain block fits it, else
+/// `aligned`'s.
+///
+/// # Safety
+///
+/// `layout` has a non-zero size.
+#[inline]
+unsafe fn block(
+    layout: Layout,
+    plain: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    // SAFETY: both take any non-zero size and a power-of-two alignment,
+    // which a layout's is.
+    unsafe {
+        match plain_fits(layout.size(), layout.align()) {
+            true => plain(layout.size()),
+            false => aligned(layout.size(), layout.align()),
+        }
+        .cast()
+    }
+}
+
 // SAFETY: every block comes from mimalloc and goes back to it: `mi_free`
 // and `mi_realloc*` take a block of either entry point, and a block is
 // aligned as its layout asks ([`plain_fits`], else the aligned entry
@@ -46,25 +70,13 @@ unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller gives a layout of non-zero size.
-        unsafe {
-            match plain_fits(layout.size(), layout.align()) {
-                true => mi_malloc(layout.size()),
-                false => mi_malloc_aligned(layout.size(), layout.align()),
-            }
-            .cast()
-        }
+        unsafe { block(layout, mi_malloc, mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as `alloc`.
-        unsafe {
-            match plain_fits(layout.size(), layout.align()) {
-                true => mi_zalloc(layout.size()),
-                false => mi_zalloc_aligned(layout.size(), layout.align()),
-            }
-            .cast()
-        }
+        unsafe { block(layout, mi_zalloc, mi_zalloc_aligned) }
     }
 
     #[inline]
@@ -102,8 +114,6 @@ pub fn release_free_memory() {
 
 #[cfg(test)]
 mod tests {
-    use std::ffi::c_void;
-
     use super::*;
 
     extern "C" {
