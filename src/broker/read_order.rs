@@ -27,9 +27,11 @@
 //! events holds packets and is not full, waits for the readers holding a
 //! stamp older than the latest of them ([`Watermark::wait_before`]: a
 //! reader releasing a stamp rings it while the broker task waits, and it
-//! waits at most [`ORDER_WAIT`]), takes what they sent, and hands each run
-//! of packet events to the state in stamp order ([`sort_packets`]). One
-//! connection's own packets keep their order (its stamps only grow).
+//! waits at most [`ORDER_WAIT`]), takes what they sent (and what a reader
+//! that let go of its stamp as the batch was taken sent: a reader hands
+//! its packets on before it lets go), and hands each run of packet events
+//! to the state in stamp order ([`sort_packets`]). One connection's own
+//! packets keep their order (its stamps only grow).
 //!
 //! What was not done. tokio's `Builder::disable_lifo_slot` would keep the
 //! wake order, but it exists only under `--cfg tokio_unstable`; a
