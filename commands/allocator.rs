@@ -8,9 +8,10 @@
 //! bytes came from the 128-byte class, every 160 from the 192, every 72
 //! with 16-byte alignment from the 96. A block of mimalloc's plain entry
 //! point is aligned to 16 bytes (8 in the 8-byte class), so a request
-//! asking no more than that and no more than its size takes it, as the
-//! system allocator's own binding does; larger alignments keep the aligned
-//! entry point.
+//! asking no more than that and no more than its size (a multiple of its
+//! alignment, as every type's size is) takes it, as the system
+//! allocator's own binding does; larger alignments keep the aligned entry
+//! point.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
@@ -33,10 +34,13 @@ const PLAIN_ALIGNMENT: usize = 16;
 /// mimalloc, each request through the entry point whose block fits it.
 pub struct Allocator;
 
-/// Whether a plain block of `size` bytes is aligned to `align`: the
-/// 8-byte class to 8, every larger one to 16.
+/// Whether a plain block of `size` bytes is aligned to `align`. On a
+/// 64-bit target the 8-byte class is aligned to 8 and every larger one to
+/// 16; on a 32-bit one a class between 32 and 64 bytes may be a multiple
+/// of 8 only, which still aligns a size that is a multiple of its
+/// alignment, as every type's is.
 fn plain_fits(size: usize, align: usize) -> bool {
-    align <= PLAIN_ALIGNMENT && align <= size
+    align <= PLAIN_ALIGNMENT && align <= size && size % align == 0
 }
 
 /// A block for `layout`: `plain`'s where a plain block fits it, else
