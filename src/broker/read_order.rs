@@ -402,13 +402,14 @@ pub fn sort_packets(batch: &mut [Event]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::broker::metrics::CloseReason;
     use crate::broker::state::Inbound;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    fn packets(connection: u64, read_order: u64) -> Event {
+    /// A connection's packets, read in `read_order`.
+    pub(crate) fn packets(connection: u64, read_order: u64) -> Event {
         Event::Packets {
             connection,
             packets: vec![Inbound::PingReq],
@@ -416,7 +417,8 @@ mod tests {
         }
     }
 
-    fn order(batch: &[Event]) -> Vec<(u64, u64)> {
+    /// Each event's connection and read order, as the batch holds them.
+    pub(crate) fn order(batch: &[Event]) -> Vec<(u64, u64)> {
         batch
             .iter()
             .map(|e| match e {

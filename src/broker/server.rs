@@ -966,12 +966,7 @@ mod tests {
     /// are still taken and handed to the state first.
     #[tokio::test]
     async fn packets_handed_on_as_the_batch_was_taken_go_before_it() {
-        use super::super::state::Inbound;
-        let packets = |connection: u64, read_order: u64| Event::Packets {
-            connection,
-            packets: vec![Inbound::PingReq],
-            read_order,
-        };
+        use super::read_order::tests::{order, packets};
         let (sender, mut events) = mpsc::channel(8);
         let mut watermark = read_order::Watermark::default();
         let earlier = read_order::next_stamp();
@@ -981,18 +976,7 @@ mod tests {
         let mut batch = vec![packets(2, later)];
         sender.send(packets(1, earlier)).await.unwrap();
         take_in_read_order(&mut events, &mut batch, &mut watermark).await;
-        let order: Vec<(u64, u64)> = batch
-            .iter()
-            .map(|e| match e {
-                Event::Packets {
-                    connection,
-                    read_order,
-                    ..
-                } => (*connection, *read_order),
-                _ => (0, 0),
-            })
-            .collect();
-        assert_eq!(order, [(1, earlier), (2, later)]);
+        assert_eq!(order(&batch), [(1, earlier), (2, later)]);
     }
 
     /// A place of its own, under a cap of one.
