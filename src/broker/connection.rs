@@ -630,31 +630,34 @@ where
     H: Send + 'static,
 {
     let connection = plain(connection)?;
-    let lot = connection.context.parking.clone();
-    let Some((reservation, waker)) = lot.reserve() else {
-        return Err(back(connection));
-    };
-    // A descriptor of its own for the socket, before anything is given
-    // up: the runtime's closes with its registration.
-    let socket = match connection.stream.get_ref().as_fd().try_clone_to_owned() {
-        Ok(fd) => std::net::TcpStream::from(fd),
-        Err(_) => {
-            lot.release(reservation);
-            return Err(back(connection));
-        }
-    };
     let Some(place) = held.take() else {
-        lot.release(reservation);
         return Err(back(connection));
     };
-    // From here every wake of the link goes to the slot.
-    if !connection.out.link.park_with(waker) {
-        *held = Some(place);
-        lot.release(reservation);
-        return Err(back(connection));
+    let lot = connection.context.parking.clone();
+    let taken = lot.reserve().and_then(|(reservation, waker)| {
+        // A descriptor of its own for the socket, before anything is
+        // given up: the runtime's closes with its registration. Once the
+        // link takes the slot's waker, every wake of the link goes to the
+        // slot.
+        match connection.stream.get_ref().as_fd().try_clone_to_owned() {
+            Ok(socket) if connection.out.link.park_with(waker) => Some((reservation, socket)),
+            _ => {
+                lot.release(reservation);
+                None
+            }
+        }
+    });
+    match taken {
+        Some((reservation, socket)) => {
+            let socket = std::net::TcpStream::from(socket);
+            lot.fill(reservation, connection.into_parked(socket, erase(place)));
+            Ok(())
+        }
+        None => {
+            *held = Some(place);
+            Err(back(connection))
+        }
     }
-    lot.fill(reservation, connection.into_parked(socket, erase(place)));
-    Ok(())
 }
 
 /// `connection` as a plain one: `Err` gives it back when it is not.
