@@ -184,12 +184,11 @@ impl KeepAliveTimer {
     pub fn watch(&self, link: &Outlet, limit: Duration, parks: bool) {
         let now = self.now();
         link.heard.store(now, Release);
-        let limit = Limit::of(limit);
-        let (at, parking) = match parks {
-            true => (now.saturating_add(park_after(limit.nanos())), Parking::Due),
-            false => (now.saturating_add(limit.nanos()), Parking::Never),
+        let parking = match parks {
+            true => Parking::Due,
+            false => Parking::Never,
         };
-        self.push(Entry::new(at, limit, link, parking, link.park_round()));
+        self.arm(link, now, limit, parking, link.park_round());
     }
 
     /// `link`'s client was heard now. Told silent in the meantime (the
@@ -200,28 +199,31 @@ impl KeepAliveTimer {
         if link.take_silent() {
             // Told silent, the entry went: back as a timed one only (a
             // client heard at its limit is not one to park).
-            let limit = Limit::of(limit);
-            self.push(Entry::new(
-                now.saturating_add(limit.nanos()),
-                limit,
-                link,
-                Parking::Never,
-                link.park_round(),
-            ));
+            self.arm(link, now, limit, Parking::Never, link.park_round());
         } else if let Some(round) = link.next_park_round() {
             // Heard after it was told to park: to be told again after the
             // same quiet from now, where the entry told would look next
             // only at the end of its silence. A new round's entry replaces
             // it.
-            let limit = Limit::of(limit);
-            self.push(Entry::new(
-                now.saturating_add(park_after(limit.nanos())),
-                limit,
-                link,
-                Parking::Due,
-                round,
-            ));
+            self.arm(link, now, limit, Parking::Due, round);
         }
+    }
+
+    /// An entry for `link`, heard at `heard`, in parking `round`: due when
+    /// it is to be told to park, or else when its silence ends.
+    fn arm(&self, link: &Outlet, heard: u64, limit: Duration, parking: Parking, round: u32) {
+        let limit = Limit::of(limit);
+        let quiet = match parking {
+            Parking::Due => park_after(limit.nanos()),
+            Parking::Never | Parking::Told => limit.nanos(),
+        };
+        self.push(Entry::new(
+            heard.saturating_add(quiet),
+            limit,
+            link,
+            parking,
+            round,
+        ));
     }
 
     /// `link`'s client's silence does not count until it is heard again.
