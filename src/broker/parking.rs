@@ -170,7 +170,7 @@ impl SlotWake {
         (lot < Self::LOTS && u64::from(index) < 1u64 << Self::INDEX_BITS).then_some(SlotWake {
             lot,
             index,
-            generation: generation & Self::GENERATION_MASK,
+            generation: Self::low_bits(generation),
         })
     }
 
@@ -189,9 +189,9 @@ impl SlotWake {
         }
     }
 
-    /// Whether the slot's generation is the one woken.
-    fn is_of(self, generation: u32) -> bool {
-        self.generation == generation & Self::GENERATION_MASK
+    /// The bits of a slot's generation a wake keeps.
+    fn low_bits(generation: u32) -> u32 {
+        generation & Self::GENERATION_MASK
     }
 
     fn waker(self) -> Waker {
@@ -353,26 +353,32 @@ impl<P: Parkable> Lot<P> {
     /// when it was woken on its way in, its socket cannot be watched, or
     /// the lot's task no longer watches.
     pub fn fill(&self, reservation: Reservation, parked: Box<P>) {
-        let Some(registry) = &self.registry else {
-            return parked.resume(false);
-        };
+        let index = reservation.index;
         let mut slots = self.slots();
-        let slot = &mut slots.slots[reservation.index as usize];
-        if slot.stage != Stage::Reserved || !self.watching.load(Acquire) {
-            free(&mut slots, reservation.index);
-            drop(slots);
-            return parked.resume(false);
-        }
         // Watched in the lock: a wake-up that takes it from here on finds
         // it watched, and takes it out of the set.
-        let fd = parked.socket().as_raw_fd();
-        let token = token(reservation.index, reservation.generation);
-        if let Err(err) = registry.register(&mut SourceFd(&fd), token, Interest::READABLE) {
-            free(&mut slots, reservation.index);
+        let watched = match &self.registry {
+            Some(registry)
+                if slots.slots[index as usize].stage == Stage::Reserved
+                    && self.watching.load(Acquire) =>
+            {
+                let fd = parked.socket().as_raw_fd();
+                let token = token(index, reservation.generation);
+                registry
+                    .register(&mut SourceFd(&fd), token, Interest::READABLE)
+                    .inspect_err(|err| {
+                        tracing::warn!(error = %err, "a quiet connection could not be parked; it keeps its task");
+                    })
+                    .is_ok()
+            }
+            _ => false,
+        };
+        if !watched {
+            free(&mut slots, index);
             drop(slots);
-            tracing::warn!(error = %err, "a quiet connection could not be parked; it keeps its task");
             return parked.resume(false);
         }
+        let slot = &mut slots.slots[index as usize];
         slot.stage = Stage::Parked;
         slot.parked = Some(parked);
         self.metrics.connections_parked.fetch_add(1, Relaxed);
@@ -415,12 +421,7 @@ impl<P: Parkable> Lot<P> {
     fn resume_woken(&self) {
         let woken = std::mem::take(&mut *self.woken());
         for (index, generation) in woken {
-            let woken = SlotWake {
-                lot: 0,
-                index,
-                generation,
-            };
-            if let Some(parked) = self.take(index, |g| woken.is_of(g)) {
+            if let Some(parked) = self.take(index, |g| SlotWake::low_bits(g) == generation) {
                 parked.resume(false);
             }
         }
@@ -761,8 +762,11 @@ mod tests {
             let wake = SlotWake::new(lot, index, generation).unwrap();
             assert_eq!(SlotWake::of_word(wake.word()), wake);
             assert_eq!((wake.lot, wake.index), (lot, index));
-            assert!(wake.is_of(generation));
-            assert!(!wake.is_of(generation.wrapping_add(1)));
+            assert_eq!(wake.generation, SlotWake::low_bits(generation));
+            assert_ne!(
+                wake.generation,
+                SlotWake::low_bits(generation.wrapping_add(1))
+            );
         }
         assert!(SlotWake::new(SlotWake::LOTS, 0, 0).is_none());
         if usize::BITS < 64 {
