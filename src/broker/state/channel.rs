@@ -155,9 +155,8 @@ impl BrokerState {
         let client_id = self.sessions.by_key[&key].client_id.clone();
         let mut record = self.record_of(message, &client_id, now);
         record.bridge = self.sessions.by_key[&key]
-            .bridge
-            .as_deref()
-            .map(str::to_owned);
+            .bridge()
+            .map(|bridge| bridge.to_string());
         if message.qos == 2 {
             let held = crate::storage::contract::HeldPublish {
                 channel: self.channels.all[channel as usize].name.to_string(),
@@ -171,8 +170,8 @@ impl BrokerState {
                 .by_key
                 .get_mut(&key)
                 .expect("connected session");
-            session.inbound_qos2.insert(packet_id, now);
-            session.channel_holds.insert(packet_id, channel);
+            session.rare.inbound_qos2.insert(packet_id, now);
+            session.rare.channel_holds.insert(packet_id, channel);
             self.persist
                 .stage(Role::Channel(channel), Write::Hold(held));
         } else {
@@ -299,7 +298,7 @@ impl BrokerState {
         let mut best: Option<&ConsumerFilter> = None;
         let mut subscription_ids = Vec::new();
         // One hop: a bridge is not handed what arrived over a bridge.
-        let looped = session.bridge.is_some() && record.bridge.is_some();
+        let looped = session.bridge().is_some() && record.bridge.is_some();
         for f in &consumer.filters {
             if !f.whole_channel && !topic::filter_matches(&f.filter, &record.topic) {
                 continue;
@@ -833,7 +832,7 @@ impl BrokerState {
             }
             None => {
                 let start = start.or_else(|| {
-                    let bridge = session.bridge.as_deref()?;
+                    let bridge = session.bridge()?;
                     self.bridges.position(channel, bridge)
                 });
                 let mut consumer = Consumer {
@@ -946,8 +945,8 @@ impl BrokerState {
                 match self.sessions.of_client(&hold.client_id) {
                     Some(key) => {
                         let session = self.sessions.by_key.get_mut(&key).expect("indexed");
-                        session.inbound_qos2.insert(hold.packet_id, now);
-                        session.channel_holds.insert(hold.packet_id, i);
+                        session.rare.inbound_qos2.insert(hold.packet_id, now);
+                        session.rare.channel_holds.insert(hold.packet_id, i);
                     }
                     // A bridge's, kept for its connection (the holds of a
                     // bridge no longer configured were dropped at open).

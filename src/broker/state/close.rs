@@ -99,11 +99,11 @@ impl BrokerState {
                 let message = Self::will_message(&will, now);
                 let delay = will.delay.min(expiry);
                 let session = self.sessions.by_key.get_mut(&key).expect("checked above");
-                session.pending_will = Some(Box::new(PendingWill {
+                session.set_pending_will(Some(Box::new(PendingWill {
                     message,
                     publish_at: now + Duration::from_secs(u64::from(delay)),
                     will: *will,
-                }));
+                })));
             }
         }
         let Some(session) = self.sessions.by_key.get_mut(&key) else {
@@ -167,7 +167,7 @@ impl BrokerState {
         for raw in self.groups.joined_by(key) {
             self.leave_group(key, &raw);
         }
-        let Some(session) = self.sessions.remove(key) else {
+        let Some(mut session) = self.sessions.remove(key) else {
             return;
         };
         for channel in &mut self.channels.all {
@@ -196,9 +196,10 @@ impl BrokerState {
         if session.stored {
             let client_id = session.client_id.to_string();
             let mut holds: Vec<u16> = session
+                .rare
                 .inbound_qos2
                 .keys()
-                .filter(|id| !session.channel_holds.contains_key(id))
+                .filter(|id| !session.rare.channel_holds.contains_key(id))
                 .copied()
                 .collect();
             holds.sort_unstable();
@@ -214,7 +215,7 @@ impl BrokerState {
             self.persist
                 .stage(Role::Sessions, Write::RemoveSession(client_id));
         }
-        if let Some(will) = session.pending_will {
+        if let Some(will) = session.take_pending_will() {
             if !self.shutting_down {
                 self.publish_message(will.message, &session.client_id, now);
             }
@@ -233,8 +234,7 @@ impl BrokerState {
             return;
         };
         let will = session
-            .pending_will
-            .take_if(|w| w.publish_at <= now)
+            .take_pending_will_if(|w| w.publish_at <= now)
             .map(|w| w.message);
         let expired = session.expires_at.is_some_and(|at| at <= now);
         let client_id = session.client_id.clone();
@@ -258,13 +258,8 @@ impl BrokerState {
             let Some(session) = self.sessions.by_key.get_mut(&key) else {
                 continue;
             };
-            if session
-                .pending_will
-                .as_ref()
-                .is_some_and(|w| w.publish_at <= now)
-            {
-                let will = session.pending_will.take().expect("checked").message;
-                wills.push((key, session.client_id.clone(), will));
+            if let Some(will) = session.take_pending_will_if(|w| w.publish_at <= now) {
+                wills.push((key, session.client_id.clone(), will.message));
             }
             if session.expires_at.is_some_and(|at| at <= now) {
                 expired.push(key);
@@ -293,6 +288,7 @@ impl BrokerState {
                 let mut dropped = Vec::new();
                 for session in self.sessions.by_key.values_mut() {
                     let mut gone: Vec<u16> = session
+                        .rare
                         .inbound_qos2
                         .iter()
                         .filter(|(_, at)| **at <= cutoff)
@@ -300,12 +296,12 @@ impl BrokerState {
                         .collect();
                     gone.sort_unstable();
                     for id in &gone {
-                        session.inbound_qos2.remove(id);
+                        session.rare.inbound_qos2.remove(id);
                         self.metrics.dropped(DropReason::ExactlyOnceExpired);
                     }
                     for id in gone {
                         let client_id = session.client_id.to_string();
-                        match session.channel_holds.remove(&id) {
+                        match session.rare.channel_holds.remove(&id) {
                             Some(channel) => dropped.push((Role::Channel(channel), client_id, id)),
                             None if session.stored => dropped.push((Role::Sessions, client_id, id)),
                             None => {}
@@ -355,7 +351,7 @@ impl BrokerState {
         // them all cost a restart of 50,000 sessions 26 s to stop).
         let mut stored: Vec<SessionKey> = Vec::new();
         for (key, session) in self.sessions.by_key.iter_mut() {
-            if session.pending_will.take().is_some()
+            if session.take_pending_will().is_some()
                 && session.stored
                 && session.expiry_interval > 0
             {

@@ -179,12 +179,12 @@ impl BrokerState {
         let was_stored = {
             let session = self.sessions.by_key.get_mut(&key).expect("inserted above");
             session.set_connecting(Some(connection));
-            session.bridge = request.bridge.clone();
+            session.set_bridge(request.bridge.clone());
             session.expiry_interval = expiry;
             session.expires_at = None;
             session.window = receive_maximum;
             // A new connection before the Will delay passed cancels the Will.
-            session.pending_will = None;
+            session.set_pending_will(None);
             let was = session.stored;
             session.stored = expiry > 0;
             was
@@ -201,7 +201,6 @@ impl BrokerState {
                     .and_then(std::num::NonZeroU32::new),
                 will: request.will.map(Box::new),
                 answers: Lazy::new(),
-                next_answer: 0,
                 dropped_qos0: 0,
                 sent: 0,
                 retained_backlog: Lazy::new(),
@@ -272,8 +271,8 @@ impl BrokerState {
         };
         holds.sort_unstable();
         for (packet_id, channel, held_at) in &holds {
-            session.inbound_qos2.insert(*packet_id, *held_at);
-            session.channel_holds.insert(*packet_id, *channel);
+            session.rare.inbound_qos2.insert(*packet_id, *held_at);
+            session.rare.channel_holds.insert(*packet_id, *channel);
         }
         for (packet_id, _, _) in holds {
             self.reply_held(connection, packet_id, now);

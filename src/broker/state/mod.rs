@@ -505,7 +505,7 @@ struct Connection {
     handle: ConnectionHandle,
     /// Its session, whose client id its log lines name
     /// ([`BrokerState::client_id_of`]): not kept twice, so the entry fits
-    /// the allocator's 80-byte class.
+    /// the allocator's 64-byte class.
     session: SessionKey,
     v5: bool,
     /// The client's Receive Maximum: its outbound inflight window
@@ -519,9 +519,9 @@ struct Connection {
     will: Option<Box<WillRequest>>,
     /// What its packets are owed, in order; each waits for its own commit
     /// and for those before it. Lazy, as is the retained backlog: a client
-    /// whose packets write nothing never has an answer wait.
+    /// whose packets write nothing never has an answer wait. Each is
+    /// numbered one past the last queued (no counter in every entry).
     answers: Lazy<VecDeque<Answer>>,
-    next_answer: u64,
     /// QoS 0 deliveries dropped because the client was not reading.
     dropped_qos0: u64,
     /// Packets the state put on the connection's outbound queue.

@@ -312,8 +312,9 @@ impl BrokerState {
                 .connections
                 .get_mut(&connection)
                 .expect("looked up above");
-            conn.next_answer += 1;
-            conn.next_answer
+            // Unique among the answers queued: an answer leaves the queue
+            // only once no wait names it any more.
+            conn.answers.back().map_or(0, |a| a.id.wrapping_add(1))
         };
         let wait = self.persist.seal_at(Place::Queued {
             connection,
@@ -697,7 +698,7 @@ impl BrokerState {
         let session = &self.sessions.by_key[&key];
         let attached = session.connection().or(session.connecting());
         let connection = attached.and_then(|c| self.connections.get(&c));
-        let will = match (connection, &session.pending_will) {
+        let will = match (connection, session.pending_will()) {
             (Some(conn), _) => conn.will.as_deref().map(will_entry),
             (None, Some(pending)) => Some(will_entry(&pending.will)),
             (None, None) => None,

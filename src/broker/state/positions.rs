@@ -62,7 +62,7 @@ impl BrokerState {
             Some(Seek::Current | Seek::Resync { .. }) => return,
         };
         let session = &self.sessions.by_key[&key];
-        if let Some(bridge) = &session.bridge {
+        if let Some(bridge) = session.bridge() {
             if self.bridges.position(channel, bridge).is_some() {
                 return;
             }
@@ -162,7 +162,7 @@ impl BrokerState {
     /// positions go, and its unreleased QoS 2 publishes into channels are
     /// let go.
     pub(super) fn end_consumers(&mut self, session: &Session, now: Instant) {
-        match (reader_of(session), &session.bridge) {
+        match (reader_of(session), session.bridge()) {
             // A bridge's place outlives its session (the remote went away):
             // kept, to resume from when the bridge connects again.
             (Some(reader), Some(bridge)) => {
@@ -195,12 +195,13 @@ impl BrokerState {
             (None, _) => {}
         }
         let mut holds: Vec<(u16, u16)> = session
+            .rare
             .channel_holds
             .iter()
             .map(|(p, c)| (*p, *c))
             .collect();
         holds.sort_unstable();
-        if session.bridge.is_some() {
+        if session.bridge().is_some() {
             // The remote has its PUBREC: the release may come on the
             // bridge's next connection.
             if holds.is_empty() {
@@ -208,7 +209,13 @@ impl BrokerState {
             }
             let kept = holds
                 .into_iter()
-                .map(|(p, c)| (p, c, session.inbound_qos2.get(&p).copied().unwrap_or(now)))
+                .map(|(p, c)| {
+                    (
+                        p,
+                        c,
+                        session.rare.inbound_qos2.get(&p).copied().unwrap_or(now),
+                    )
+                })
                 .collect();
             self.bridges.keep_holds(session.client_id.clone(), kept);
             return;
@@ -229,7 +236,7 @@ impl BrokerState {
 /// expiry, for a session that keeps them: one outliving its connection, or
 /// a bridge (whose position has no session and never expires).
 fn position_holder(session: &Session) -> Option<(Reader, Option<u32>)> {
-    let expiry = match &session.bridge {
+    let expiry = match session.bridge() {
         Some(_) => None,
         None if session.expiry_interval == 0 => return None,
         None => Some(session.expiry_interval),
@@ -239,7 +246,7 @@ fn position_holder(session: &Session) -> Option<(Reader, Option<u32>)> {
 
 /// The reader a session's places in channels are stored under.
 fn reader_of(session: &Session) -> Option<Reader> {
-    match &session.bridge {
+    match session.bridge() {
         Some(bridge) => Reader::bridge(bridge).ok(),
         None => Reader::mqtt(&session.client_id).ok(),
     }

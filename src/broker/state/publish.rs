@@ -140,8 +140,14 @@ impl BrokerState {
                     .by_key
                     .get_mut(&key)
                     .expect("connected session");
-                let known = session.inbound_qos2.remove(&packet_id).is_some();
-                let channel = session.channel_holds.remove(&packet_id);
+                // A PUBREL for nothing held allocates nothing.
+                let (known, channel) = match session.rare.allocated_mut() {
+                    Some(rare) => (
+                        rare.inbound_qos2.remove(&packet_id).is_some(),
+                        rare.channel_holds.remove(&packet_id),
+                    ),
+                    None => (false, None),
+                };
                 if let (true, Some(channel)) = (known, channel) {
                     // The held record takes its offset now, and the
                     // PUBCOMP waits until it has.
@@ -306,7 +312,7 @@ impl BrokerState {
             properties,
         } = publish;
         let session = self.sessions.by_key.get(&key).expect("connected session");
-        if qos == 2 && session.inbound_qos2.contains_key(&packet_id) {
+        if qos == 2 && session.rare.inbound_qos2.contains_key(&packet_id) {
             // Method B: already routed; a duplicate only gets PUBREC.
             self.reply_held(connection, packet_id, now);
             return;
@@ -364,8 +370,8 @@ impl BrokerState {
                 .by_key
                 .get_mut(&key)
                 .expect("connected session");
-            session.inbound_qos2.insert(packet_id, now);
-            if v5 && session.inbound_qos2.len() > usize::from(self.limits.receive_maximum) {
+            session.rare.inbound_qos2.insert(packet_id, now);
+            if v5 && session.rare.inbound_qos2.len() > usize::from(self.limits.receive_maximum) {
                 self.doom(
                     connection,
                     CloseReason::Protocol,
@@ -509,9 +515,14 @@ impl BrokerState {
             }
             if let (Some(connection), Some(key)) = (p.connection, p.publisher) {
                 if p.qos == 2 {
-                    if let Some(session) = self.sessions.by_key.get_mut(&key) {
-                        session.inbound_qos2.remove(&p.packet_id);
-                        session.channel_holds.remove(&p.packet_id);
+                    if let Some(rare) = self
+                        .sessions
+                        .by_key
+                        .get_mut(&key)
+                        .and_then(|s| s.rare.allocated_mut())
+                    {
+                        rare.inbound_qos2.remove(&p.packet_id);
+                        rare.channel_holds.remove(&p.packet_id);
                     }
                 }
                 let code = failure.reason_code();

@@ -161,11 +161,11 @@ impl BrokerState {
             if let Some(will) = &entry.will {
                 let will = will_request(will);
                 let delay = will.delay.min(session.expiry_interval);
-                session.pending_will = Some(Box::new(PendingWill {
+                session.set_pending_will(Some(Box::new(PendingWill {
                     message: Self::will_message(&will, now),
                     publish_at: left(delay),
                     will,
-                }));
+                })));
             }
             for sub in &entry.subscriptions {
                 let Ok(parsed) = topic::parse_filter(&sub.filter) else {
@@ -295,7 +295,7 @@ impl BrokerState {
                         .checked_sub(Duration::from_nanos(age as u64))
                         .unwrap_or(now);
                     if let Some(session) = self.sessions.by_key.get_mut(&key) {
-                        session.inbound_qos2.insert(held.packet_id, at);
+                        session.rare.inbound_qos2.insert(held.packet_id, at);
                         summary.holds += 1;
                     }
                 }
