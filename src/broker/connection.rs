@@ -49,6 +49,7 @@ use super::message::WireForm;
 use super::message::{DecimalBuf, Message};
 use super::metrics::{CloseReason, Metrics};
 use super::parking::{Lot, Parkable};
+use super::places::Held;
 use super::read_order::Stamped;
 use super::state::{
     ConnAckExtras, ConnectRequest, Event, Inbound, InboundPublish, KeepAlive, Outbound, WillRequest,
@@ -79,6 +80,9 @@ pub struct ConnectionContext {
     pub keep_alives: Arc<KeepAliveTimer>,
     /// Where plain connections wait while their clients are quiet.
     pub parking: Arc<Lot<Parked>>,
+    /// The broker task's queue, every connection's: kept here rather than
+    /// in each connection, where it was a word of every parked one.
+    pub events: mpsc::Sender<Event>,
 }
 
 impl ConnectionContext {
@@ -194,7 +198,6 @@ pub struct Handshake<S> {
     pub id: u64,
     /// When the CONNECT (and a TLS handshake before it) must be done.
     pub deadline: Instant,
-    pub events: mpsc::Sender<Event>,
     pub context: Arc<ConnectionContext>,
     pub shutdown: broadcast::Receiver<()>,
     pub admission: Admission,
@@ -209,7 +212,6 @@ impl<S> Handshake<S> {
             peer,
             id,
             deadline,
-            events,
             context,
             shutdown,
             admission,
@@ -219,7 +221,6 @@ impl<S> Handshake<S> {
             peer,
             id,
             deadline,
-            events,
             context,
             shutdown,
             admission,
@@ -231,10 +232,9 @@ impl<S> Handshake<S> {
 /// Serve one transport from its first byte to its close, holding `held`
 /// (its place under the broker's cap) until the end: the task of a plain
 /// connection.
-pub fn serve<S, H>(handshake: Box<Handshake<S>>, held: H) -> ConnectionTask<S, H>
+pub fn serve<S>(handshake: Box<Handshake<S>>, held: Held) -> ConnectionTask<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    H: Unpin + Send + 'static,
 {
     serve_after(move || std::future::ready(Some(handshake)), held)
 }
@@ -244,13 +244,12 @@ where
 /// connection. A function that makes the future, not the future: a future
 /// awaited in the async block that captured it is laid out twice in it,
 /// and a TLS handshake's holds a whole rustls session.
-pub fn serve_after<S, H, F>(
+pub fn serve_after<S, F>(
     handshake: impl FnOnce() -> F + Send + 'static,
-    held: H,
-) -> ConnectionTask<S, H>
+    held: Held,
+) -> ConnectionTask<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    H: Unpin + Send + 'static,
     F: Future<Output = Option<Box<Handshake<S>>>> + Send + 'static,
 {
     // Boxed and gone once the CONNECT is handed on: what the handshake
@@ -274,11 +273,11 @@ where
 /// block for a task: half the 256 an async fn's future took
 /// (`an_idle_connections_task_stays_small`). Without `--cfg
 /// tokio_unstable`, which adds a field to every task.
-pub struct ConnectionTask<S, H> {
+pub struct ConnectionTask<S> {
     stage: Stage<S>,
     /// Its place, held until the connection ends; handed on with the
     /// connection when it parks.
-    held: Option<H>,
+    held: Option<Held>,
 }
 
 /// Where a connection's task is. Each future is boxed twice (a pointer to
@@ -294,10 +293,9 @@ enum Stage<S> {
 /// A future of a stage, boxed.
 type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S, H> Future for ConnectionTask<S, H>
+impl<S> Future for ConnectionTask<S>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    H: Unpin + Send + 'static,
 {
     type Output = ();
 
@@ -359,9 +357,9 @@ struct Connection<S> {
     /// bytes the CONNACK grants rather than a duration: every connection
     /// holds one.
     keep_alive: u16,
-    events: mpsc::Sender<Event>,
-    /// Its metrics and keep-alive timer among what every connection
-    /// shares: one pointer where each of them was one.
+    /// Its metrics, keep-alive timer and the broker task's queue among
+    /// what every connection shares: one pointer where each of them was
+    /// one.
     context: Arc<ConnectionContext>,
     out: Outgoing,
     serving: Serving,
@@ -479,11 +477,10 @@ struct Kept {
     keep_alive: u16,
     version: ProtocolVersion,
     client_max: u32,
-    events: mpsc::Sender<Event>,
     context: Arc<ConnectionContext>,
     rare: Option<Box<Rare>>,
     /// The task's place under the cap.
-    held: Box<dyn Any + Send>,
+    held: Held,
 }
 
 impl Parkable for Parked {
@@ -551,7 +548,6 @@ impl Kept {
             keep_alive,
             version,
             client_max,
-            events,
             context,
             rare,
             held,
@@ -564,7 +560,6 @@ impl Kept {
             id,
             client_id,
             keep_alive,
-            events,
             context,
             out,
             serving: Serving::default(),
@@ -621,13 +616,12 @@ impl AsyncWrite for Unregistered {
 /// `Err` gives it back when it is not a plain connection, the broker
 /// parks nothing, the process has no descriptor to spare, or something
 /// came for it as it went (it is polled again).
-fn park<S, H>(
+fn park<S>(
     connection: Box<Connection<S>>,
-    held: &mut Option<H>,
+    held: &mut Option<Held>,
 ) -> Result<(), Box<Connection<S>>>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    H: Send + 'static,
 {
     let connection = plain(connection)?;
     let Some(place) = held.take() else {
@@ -650,7 +644,7 @@ where
     match taken {
         Some((reservation, socket)) => {
             let socket = std::net::TcpStream::from(socket);
-            lot.fill(reservation, connection.into_parked(socket, erase(place)));
+            lot.fill(reservation, connection.into_parked(socket, place));
             Ok(())
         }
         None => {
@@ -681,32 +675,17 @@ fn back<S: 'static>(connection: Box<Connection<tokio::net::TcpStream>>) -> Box<C
     }
 }
 
-/// A place as a parked connection holds it: one that was parked before is
-/// not boxed again.
-fn erase<H: Send + 'static>(held: H) -> Box<dyn Any + Send> {
-    let boxed: Box<dyn Any + Send> = Box::new(held);
-    match boxed.downcast::<Box<dyn Any + Send>>() {
-        Ok(inner) => *inner,
-        Err(boxed) => boxed,
-    }
-}
-
 impl Connection<tokio::net::TcpStream> {
     /// What of it a parked connection keeps. Its transport goes with the
     /// runtime's registration; `socket` is the same socket's own
     /// descriptor.
-    fn into_parked(
-        self: Box<Self>,
-        socket: std::net::TcpStream,
-        held: Box<dyn Any + Send>,
-    ) -> Box<Parked> {
+    fn into_parked(self: Box<Self>, socket: std::net::TcpStream, held: Held) -> Box<Parked> {
         let Connection {
             stream,
             peer,
             id,
             client_id,
             keep_alive,
-            events,
             context,
             out,
             rare,
@@ -731,7 +710,6 @@ impl Connection<tokio::net::TcpStream> {
                 keep_alive,
                 version,
                 client_max,
-                events,
                 context,
                 rare,
                 held,
@@ -751,7 +729,6 @@ where
         peer,
         id,
         deadline,
-        events,
         context,
         mut shutdown,
         admission,
@@ -918,7 +895,8 @@ where
         _ => None,
     };
     tracing::debug!(peer = %peer, client_id = %connect.client_id, protocol = %version, "connected");
-    if events
+    if context
+        .events
         .send(Event::Connect {
             connection: id,
             request: Box::new(request),
@@ -957,7 +935,6 @@ where
         id,
         client_id,
         keep_alive: held,
-        events,
         context,
         out,
         serving,
@@ -1154,7 +1131,7 @@ where
                         packets: batch,
                         read_order: self.stream.order().last(),
                     };
-                    match self.events.try_send(event) {
+                    match self.context.events.try_send(event) {
                         Ok(()) => {}
                         Err(TrySendError::Full(event)) => {
                             let rare = self.rare.get_or_insert_default();
@@ -1227,7 +1204,7 @@ where
                             // The state waits for this queue to drain (a
                             // paused reader, retained messages still
                             // owed): say it did.
-                            match self.events.try_send(Event::Drained {
+                            match self.context.events.try_send(Event::Drained {
                                 connection: self.id,
                             }) {
                                 Err(TrySendError::Full(_)) => self.serving.drained_owed = true,
@@ -1269,7 +1246,7 @@ where
             if !(handing || self.serving.drained_owed) {
                 return Poll::Pending;
             }
-            let events = &self.events;
+            let events = &self.context.events;
             let rare = self.rare.get_or_insert_default();
             let reserving = rare
                 .reserving
@@ -1339,9 +1316,10 @@ where
             self.shut_down_writes().await;
         }
         if let Some(event) = unsent {
-            let _ = self.events.send(*event).await;
+            let _ = self.context.events.send(*event).await;
         }
         let _ = self
+            .context
             .events
             .send(Event::Closed {
                 connection: self.id,
@@ -2618,8 +2596,14 @@ pub(super) mod tests {
         })
     }
 
-    /// An anonymous connection's context with the defaults the tests share.
+    /// An anonymous connection's context with the defaults the tests
+    /// share, its events going nowhere.
     pub(in crate::broker) fn test_context() -> Arc<ConnectionContext> {
+        test_context_with(mpsc::channel(1).0)
+    }
+
+    /// [`test_context`], its events sent to `events`.
+    fn test_context_with(events: mpsc::Sender<Event>) -> Arc<ConnectionContext> {
         Arc::new(ConnectionContext {
             max_packet_size: 1 << 20,
             topic_alias_maximum: 0,
@@ -2631,6 +2615,7 @@ pub(super) mod tests {
             topic_aliases: false,
             keep_alives: KeepAliveTimer::start(),
             parking: Lot::start(Arc::new(Metrics::new())),
+            events,
         })
     }
 
@@ -2653,19 +2638,18 @@ pub(super) mod tests {
             let (client, server) = tokio::io::duplex(capacity);
             let (events_tx, events) = mpsc::channel(16);
             let (shutdown, shutdown_rx) = broadcast::channel(1);
-            let context = test_context();
+            let context = test_context_with(events_tx);
             tokio::spawn(serve(
                 Box::new(Handshake {
                     stream: server,
                     peer: "127.0.0.1:1".parse().unwrap(),
                     id: 1,
                     deadline: Instant::now() + Duration::from_secs(60),
-                    events: events_tx,
                     context,
                     shutdown: shutdown_rx,
                     admission: Admission::Serve,
                 }),
-                (),
+                crate::broker::places::tests::held(),
             ));
             let mut served = Served {
                 client,
@@ -2849,11 +2833,13 @@ pub(super) mod tests {
     /// What a parked connection holds of its own, beside its link and the
     /// state's entries: everything else its task had (the task, its boxed
     /// state, the runtime's registration of its socket, the read order's
-    /// stamp: about 720 B) is freed while it is parked.
+    /// stamp: about 720 B) is freed while it is parked. Its place under
+    /// the cap is held inline, not boxed, and the broker task's queue is
+    /// the context's: 96 B, the allocator's class below 112.
     #[test]
     fn a_parked_connection_stays_small() {
         assert!(
-            std::mem::size_of::<Parked>() <= 112,
+            std::mem::size_of::<Parked>() <= 96,
             "a parked connection holds {} bytes",
             std::mem::size_of::<Parked>()
         );
@@ -2876,22 +2862,18 @@ pub(super) mod tests {
             .await
             .unwrap();
         let (server, peer) = listener.accept().await.unwrap();
-        let (events, _events_rx) = mpsc::channel::<Event>(1);
         let (_shutdown, shutdown_rx) = broadcast::channel(1);
-        // A place under the cap is one pointer, as the server's is.
-        let held = Arc::new(());
         let task = serve(
             Box::new(Handshake {
                 stream: server,
                 peer,
                 id: 1,
                 deadline: Instant::now(),
-                events,
                 context: test_context(),
                 shutdown: shutdown_rx,
                 admission: Admission::Serve,
             }),
-            held,
+            crate::broker::places::tests::held(),
         );
         assert!(
             std::mem::size_of_val(&task) <= 24,

@@ -658,6 +658,7 @@ pub mod metrics;
 pub mod notify;
 pub mod parking;
 pub mod persister;
+pub mod places;
 pub mod providers;
 pub mod read_order;
 pub mod reader;

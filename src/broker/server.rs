@@ -21,6 +21,7 @@ use tokio_rustls::{server::TlsStream, TlsAcceptor};
 use super::connection::{self, ConnectionContext, Handshake};
 use super::metrics::{CloseReason, Metrics};
 use super::persister::{PersisterGone, Persisters};
+use super::places::{Held, Places};
 use super::read_order;
 use super::state::{BrokerState, Event, Intent, SYS_INTERVAL};
 use super::views::ChannelView;
@@ -60,6 +61,8 @@ pub struct Server {
     pub metrics: Arc<Metrics>,
     pub max_connections: usize,
     pub context: Arc<ConnectionContext>,
+    /// The broker task's queue, which `context` sends to.
+    pub events: mpsc::Receiver<Event>,
     pub persisters: Persisters,
     /// Reads of channel records for consumers.
     pub readers: super::reader::Readers,
@@ -127,6 +130,7 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
         metrics,
         max_connections,
         context,
+        events: events_rx,
         persisters,
         readers,
         commits,
@@ -142,7 +146,6 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
     // Held by the connections' places (`Places`): when the last place is
     // dropped, the drain is complete.
     let (drain_tx, mut drain_rx) = mpsc::channel::<()>(1);
-    let (events_tx, events_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
     let limit = Places::new(max_connections.max(1), &drain_tx);
     let refusals = Places::new(OVER_LIMIT_REFUSALS, &drain_tx);
     // Connection ids start at 1: a session keeps them with 0 as "none".
@@ -168,7 +171,6 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
             listener,
             limit: limit.clone(),
             refusals: refusals.clone(),
-            events: events_tx.clone(),
             context: context.clone(),
             metrics: metrics.clone(),
             generation: generation.clone(),
@@ -189,13 +191,12 @@ pub async fn run(server: Server, shutdown: impl Future<Output = ()>) -> Result<(
     }
     let bridges = super::bridge::Bridges::start(
         &bridges,
-        events_tx.clone(),
+        context.events.clone(),
         generation.clone(),
         metrics.clone(),
         bridge_channels,
         outbound_queue,
     );
-    drop(events_tx);
     // The drain ends when the last place is given back: every acceptor's
     // and every connection's.
     drop((limit, refusals, drain_tx));
@@ -448,48 +449,6 @@ enum Slot {
     Refuse(Held),
 }
 
-/// Places for connections: under `limits.max_connections`, or among the
-/// few refusals. Shutdown waits for every pointer to them to go (the drain
-/// sender goes with the last): the acceptors' and the connections'.
-struct Places {
-    free: Semaphore,
-    _drain: mpsc::Sender<()>,
-}
-
-impl Places {
-    fn new(places: usize, drain: &mpsc::Sender<()>) -> Arc<Places> {
-        Arc::new(Places {
-            free: Semaphore::new(places),
-            _drain: drain.clone(),
-        })
-    }
-
-    /// A place, once one is free.
-    async fn take(self: &Arc<Self>) -> Option<Held> {
-        let permit = self.free.acquire().await.ok()?;
-        permit.forget();
-        Some(Held(self.clone()))
-    }
-
-    /// A place if one is free now.
-    fn try_take(self: &Arc<Self>) -> Option<Held> {
-        let permit = self.free.try_acquire().ok()?;
-        permit.forget();
-        Some(Held(self.clone()))
-    }
-}
-
-/// A connection's place, held by its task until the connection ends: one
-/// pointer, which keeps the task within 128 bytes
-/// ([`connection::ConnectionTask`]).
-struct Held(Arc<Places>);
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.0.free.add_permits(1);
-    }
-}
-
 /// What a TLS listener's connections share: one pointer in each task.
 struct TlsListener {
     acceptor: TlsAcceptor,
@@ -502,7 +461,6 @@ struct Acceptor {
     limit: Arc<Places>,
     /// Room for connections over the limit that are answered and closed.
     refusals: Arc<Places>,
-    events: mpsc::Sender<Event>,
     context: Arc<ConnectionContext>,
     metrics: Arc<Metrics>,
     generation: Arc<AtomicU64>,
@@ -575,7 +533,6 @@ impl Acceptor {
                 peer,
                 deadline: Instant::now() + self.listener.handshake_timeout,
                 id: self.generation.fetch_add(1, Relaxed),
-                events: self.events.clone(),
                 context: self.context.clone(),
                 shutdown: self.shutdown.subscribe(),
                 admission,
@@ -903,6 +860,7 @@ pub async fn prepare(
         }
         None => None,
     };
+    let (events_tx, events) = mpsc::channel::<Event>(EVENT_QUEUE);
     let context = Arc::new(ConnectionContext {
         max_packet_size: limits.max_packet_size,
         topic_alias_maximum: limits.topic_alias_maximum,
@@ -914,6 +872,7 @@ pub async fn prepare(
         topic_aliases: config.broker.topic_aliases,
         keep_alives: super::keep_alive::KeepAliveTimer::start(),
         parking: super::parking::Lot::start(metrics.clone()),
+        events: events_tx,
     });
     Ok(Server {
         listeners,
@@ -922,6 +881,7 @@ pub async fn prepare(
         metrics,
         max_connections: config.limits.max_connections as usize,
         context,
+        events,
         persisters,
         readers,
         commits,
@@ -941,19 +901,18 @@ pub async fn prepare(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::places;
 
     fn handshake<S>(
         stream: S,
         peer: SocketAddr,
         shutdown: &broadcast::Sender<()>,
     ) -> Box<Handshake<S>> {
-        let (events, _) = mpsc::channel(1);
         Box::new(Handshake {
             stream,
             peer,
             id: 1,
             deadline: Instant::now(),
-            events,
             context: connection::tests::test_context(),
             shutdown: shutdown.subscribe(),
             admission: connection::Admission::Serve,
@@ -977,12 +936,6 @@ mod tests {
         sender.send(packets(1, earlier)).await.unwrap();
         take_in_read_order(&mut events, &mut batch, &mut watermark).await;
         assert_eq!(order(&batch), [(1, earlier), (2, later)]);
-    }
-
-    /// A place of its own, under a cap of one.
-    fn held() -> Held {
-        let (drain, _) = mpsc::channel(1);
-        Places::new(1, &drain).try_take().unwrap()
     }
 
     /// A listener, a client connected to it, and the server's side of that
@@ -1018,8 +971,8 @@ mod tests {
         });
         let (listener, _client, stream, peer) = accepted().await;
         let (shutdown, _) = broadcast::channel(1);
-        let plain = connection::serve(handshake(stream, peer, &shutdown), held());
-        assert_eq!(std::mem::size_of_val(&held()), 8);
+        let plain = connection::serve(handshake(stream, peer, &shutdown), places::tests::held());
+        assert_eq!(std::mem::size_of_val(&places::tests::held()), 8);
         assert!(
             std::mem::size_of_val(&plain) <= 24,
             "{}",
@@ -1029,7 +982,8 @@ mod tests {
             .await
             .unwrap();
         let other = handshake(other, peer, &shutdown);
-        let over_tls = connection::serve_after(move || tls_handshake(other, tls), held());
+        let over_tls =
+            connection::serve_after(move || tls_handshake(other, tls), places::tests::held());
         assert_eq!(
             std::mem::size_of_val(&over_tls),
             std::mem::size_of_val(&plain)
