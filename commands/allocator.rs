@@ -12,19 +12,71 @@
 //! alignment, as every type's size is) takes it, as the system
 //! allocator's own binding does; larger alignments keep the aligned entry
 //! point.
+//!
+//! A block the broker asks for as long-lived (`saguin::broker::long_lived`:
+//! a client's session and connection entries, its client id and link, a
+//! parked connection) comes from a mimalloc heap of its own, whose pages
+//! hold only such blocks, so that the short-lived blocks a CONNECT makes
+//! beside them leave whole pages behind to give back when they are freed.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use saguin::broker::long_lived;
 
 use libmimalloc_sys::{
     mi_free, mi_malloc, mi_malloc_aligned, mi_realloc, mi_realloc_aligned, mi_zalloc,
     mi_zalloc_aligned,
 };
 
+/// A mimalloc heap: blocks made from it lie in pages of its own.
+#[repr(C)]
+struct Heap {
+    _opaque: [u8; 0],
+}
+
 extern "C" {
-    // In the same library; its binding declares it only with features
-    // this build does not need.
+    // In the same library; its binding declares them only with features
+    // this build does not need. A heap made by `mi_heap_new` may be
+    // allocated from on any thread (mimalloc 3); its blocks are freed by
+    // `mi_free` like any other.
     fn mi_collect(force: bool);
+    fn mi_heap_new() -> *mut Heap;
+    fn mi_heap_delete(heap: *mut Heap);
+    fn mi_heap_collect(heap: *mut Heap, force: bool);
+    fn mi_heap_malloc(heap: *mut Heap, size: usize) -> *mut c_void;
+    fn mi_heap_zalloc(heap: *mut Heap, size: usize) -> *mut c_void;
+    fn mi_heap_realloc(heap: *mut Heap, p: *mut c_void, newsize: usize) -> *mut c_void;
+}
+
+/// The heap of long-lived blocks, made when the first is asked for.
+static LONG_LIVED: AtomicPtr<Heap> = AtomicPtr::new(null_mut());
+
+/// The heap of long-lived blocks, made if it is not yet: null if mimalloc
+/// could not make one (the block then comes from the plain heap).
+fn long_lived_heap() -> *mut Heap {
+    let heap = LONG_LIVED.load(Ordering::Acquire);
+    if !heap.is_null() {
+        return heap;
+    }
+    // SAFETY: takes nothing; allocates the heap's own data from mimalloc,
+    // not through this allocator.
+    let made = unsafe { mi_heap_new() };
+    if made.is_null() {
+        return made;
+    }
+    match LONG_LIVED.compare_exchange(null_mut(), made, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => made,
+        Err(first) => {
+            // Another thread made one first; this one holds no block yet.
+            // SAFETY: `made` came from `mi_heap_new` and nothing was made
+            // from it.
+            unsafe { mi_heap_delete(made) };
+            first
+        }
+    }
 }
 
 /// The alignment every block of mimalloc's plain entry point has, from
@@ -54,11 +106,21 @@ unsafe fn block(
     layout: Layout,
     plain: unsafe extern "C" fn(usize) -> *mut c_void,
     aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+    long_lived: unsafe extern "C" fn(*mut Heap, usize) -> *mut c_void,
 ) -> *mut u8 {
+    let fits = plain_fits(layout.size(), layout.align());
+    if fits && long_lived::asked() {
+        let heap = long_lived_heap();
+        if !heap.is_null() {
+            // SAFETY: a live heap and a non-zero size; its blocks are
+            // aligned as plain ones are.
+            return unsafe { long_lived(heap, layout.size()) }.cast();
+        }
+    }
     // SAFETY: both take any non-zero size and a power-of-two alignment,
     // which a layout's is.
     unsafe {
-        match plain_fits(layout.size(), layout.align()) {
+        match fits {
             true => plain(layout.size()),
             false => aligned(layout.size(), layout.align()),
         }
@@ -74,13 +136,13 @@ unsafe impl GlobalAlloc for Allocator {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller gives a layout of non-zero size.
-        unsafe { block(layout, mi_malloc, mi_malloc_aligned) }
+        unsafe { block(layout, mi_malloc, mi_malloc_aligned, mi_heap_malloc) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as `alloc`.
-        unsafe { block(layout, mi_zalloc, mi_zalloc_aligned) }
+        unsafe { block(layout, mi_zalloc, mi_zalloc_aligned, mi_heap_zalloc) }
     }
 
     #[inline]
@@ -95,6 +157,11 @@ unsafe impl GlobalAlloc for Allocator {
         // zero; the new block is aligned as the layout asks.
         unsafe {
             match plain_fits(new_size, layout.align()) {
+                // A long-lived value's growth (a session's subscriptions)
+                // stays among long-lived blocks.
+                true if long_lived::asked() && !long_lived_heap().is_null() => {
+                    mi_heap_realloc(long_lived_heap(), ptr.cast(), new_size)
+                }
                 true => mi_realloc(ptr.cast(), new_size),
                 false => mi_realloc_aligned(ptr.cast(), new_size, layout.align()),
             }
@@ -112,8 +179,15 @@ unsafe impl GlobalAlloc for Allocator {
 pub fn release_free_memory() {
     // SAFETY: mi_collect takes no pointer and may be called from any
     // thread at any time; `force` also visits full pages and returns the
-    // memory of abandoned threads' heaps.
-    unsafe { mi_collect(true) }
+    // memory of abandoned threads' heaps. The long-lived heap, once made,
+    // lives as long as the process.
+    unsafe {
+        mi_collect(true);
+        let long_lived = LONG_LIVED.load(Ordering::Acquire);
+        if !long_lived.is_null() {
+            mi_heap_collect(long_lived, true);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -167,6 +241,45 @@ mod tests {
                 sizes.iter().max()
             );
         }
+    }
+
+    /// A block asked for as long-lived lies in a page no other block
+    /// shares, of the size its class gives, and is freed like any other.
+    #[test]
+    fn a_long_lived_block_takes_a_page_of_its_own() {
+        extern "C" {
+            fn mi_heap_contains(heap: *const Heap, p: *const c_void) -> bool;
+        }
+        let layout = Layout::from_size_align(128, 8).unwrap();
+        // SAFETY: blocks of a non-zero size, each freed once with its
+        // layout.
+        unsafe {
+            let before = Allocator.alloc(layout);
+            let kept = long_lived::make(|| Allocator.alloc(layout));
+            let after = Allocator.alloc(layout);
+            let heap = LONG_LIVED.load(Ordering::Acquire);
+            assert!(!heap.is_null());
+            assert!(mi_heap_contains(heap, kept.cast()));
+            assert!(!mi_heap_contains(heap, before.cast()));
+            assert!(!mi_heap_contains(heap, after.cast()));
+            assert_eq!(mi_usable_size(kept.cast()), 128);
+            let zeroed = long_lived::make(|| Allocator.alloc_zeroed(layout));
+            assert!(mi_heap_contains(heap, zeroed.cast()));
+            assert!(std::slice::from_raw_parts(zeroed, 128)
+                .iter()
+                .all(|b| *b == 0));
+            zeroed.write_bytes(7, 128);
+            let grown = long_lived::make(|| Allocator.realloc(zeroed, layout, 4000));
+            assert!(mi_heap_contains(heap, grown.cast()));
+            assert!(std::slice::from_raw_parts(grown, 128)
+                .iter()
+                .all(|b| *b == 7));
+            Allocator.dealloc(grown, Layout::from_size_align(4000, 8).unwrap());
+            for p in [before, kept, after] {
+                Allocator.dealloc(p, layout);
+            }
+        }
+        release_free_memory();
     }
 
     /// Alignments past what a plain block has are still honoured, and a

@@ -45,6 +45,7 @@ use super::codec::{
 };
 use super::keep_alive::KeepAliveTimer;
 use super::link;
+use super::long_lived;
 use super::message::WireForm;
 use super::message::{DecimalBuf, Message};
 use super::metrics::{CloseReason, Metrics};
@@ -699,21 +700,24 @@ impl Connection<tokio::net::TcpStream> {
             aliases,
             ..
         } = out;
-        Box::new(Parked {
-            socket,
-            link,
-            aliases,
-            kept: Kept {
-                peer,
-                id,
-                client_id,
-                keep_alive,
-                version,
-                client_max,
-                context,
-                rare,
-                held,
-            },
+        // Held for as long as its client is quiet: among long-lived blocks.
+        long_lived::make(move || {
+            Box::new(Parked {
+                socket,
+                link,
+                aliases,
+                kept: Kept {
+                    peer,
+                    id,
+                    client_id,
+                    keep_alive,
+                    version,
+                    client_max,
+                    context,
+                    rare,
+                    held,
+                },
+            })
         })
     }
 }
@@ -866,7 +870,9 @@ where
         .then(|| principal.clone())
         .flatten();
     // One copy, shared by the state's tables and this connection's logs.
-    let client_id: Arc<str> = connect.client_id.as_str().into();
+    // Kept as long as the client's session or connection is: made in
+    // pages of long-lived blocks, as are its link and the state's entries.
+    let client_id: Arc<str> = long_lived::make(|| connect.client_id.as_str().into());
     let mut request = connect_request(&connect, principal, client_id.clone());
     request.authentication = authentication;
     let client_max = request
@@ -878,7 +884,7 @@ where
     } else {
         None
     };
-    let (handle, outlet) = link::link();
+    let (handle, outlet) = long_lived::make(link::link);
     let out = Outgoing::new(outlet, version, client_max, aliases);
     let rare = match (reauth_as, &context.passwords) {
         (Some(user), Some(passwords)) => Some(Box::new(Rare {

@@ -653,6 +653,7 @@ pub mod keep_alive;
 pub mod lazy;
 pub mod link;
 pub mod logfmt;
+pub mod long_lived;
 pub mod message;
 pub mod metrics;
 pub mod notify;

@@ -3,6 +3,7 @@
 //! unfinished exchanges on resume.
 
 use crate::broker::lazy::Lazy;
+use crate::broker::long_lived;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -163,10 +164,12 @@ impl BrokerState {
         } else {
             let key = self.sessions.next_key;
             self.sessions.next_key += 1;
-            self.sessions.insert(
-                key,
-                Box::new(Session::new(client_id.clone(), request.principal.clone())),
-            );
+            // Long-lived, as the connection's entry below: made in pages
+            // the short-lived blocks of a CONNECT do not share.
+            let session = long_lived::make(|| {
+                Box::new(Session::new(client_id.clone(), request.principal.clone()))
+            });
+            self.sessions.insert(key, session);
             self.metrics.sessions.fetch_add(1, Relaxed);
             key
         };
@@ -189,8 +192,7 @@ impl BrokerState {
             session.stored = expiry > 0;
             was
         };
-        self.connections.insert(
-            connection,
+        let entry = long_lived::make(|| {
             Box::new(Connection {
                 handle,
                 session: key,
@@ -204,8 +206,9 @@ impl BrokerState {
                 dropped_qos0: 0,
                 sent: 0,
                 retained_backlog: Lazy::new(),
-            }),
-        );
+            })
+        });
+        self.connections.insert(connection, entry);
         self.metrics.connections.fetch_add(1, Relaxed);
         if expiry > 0 {
             // Session begun or resumed: stored before the CONNACK says so.

@@ -10,6 +10,7 @@ use super::consumer::{seek_of, ConsumerStart};
 use super::intent::Parked;
 use super::session::{QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, RetainedDue};
+use crate::broker::long_lived;
 use crate::broker::metrics::CloseReason;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::topic;
@@ -104,14 +105,19 @@ impl BrokerState {
                 reasons.push(ReasonCode::QuotaExceeded);
                 continue;
             }
-            let previous = session.subscriptions.insert(
-                raw.clone(),
-                SessionSubscription::new(&raw, options, log_next),
-            );
+            // Kept as long as the session is: among long-lived blocks, as
+            // the session itself (`broker::long_lived`).
+            let (previous, replaced) = long_lived::make(|| {
+                let previous = session.subscriptions.insert(
+                    raw.clone(),
+                    SessionSubscription::new(&raw, options, log_next),
+                );
+                let replaced = self
+                    .index
+                    .insert(parsed.share_group, parsed.filter, key, options);
+                (previous, replaced)
+            });
             undo.push((raw.clone(), previous));
-            let replaced = self
-                .index
-                .insert(parsed.share_group, parsed.filter, key, options);
             if !replaced {
                 self.metrics.subscriptions.fetch_add(1, Relaxed);
             }
