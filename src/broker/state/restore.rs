@@ -20,6 +20,7 @@ use super::session::{
     InflightEntry, InflightPhase, PendingWill, QueuedMessage, Session, SessionSubscription,
 };
 use super::BrokerState;
+use crate::broker::long_lived;
 use crate::broker::message::Message;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::storage::contract::{
@@ -141,9 +142,13 @@ impl BrokerState {
             }
             let key = self.sessions.next_key;
             self.sessions.next_key += 1;
-            let client_id: Arc<str> = entry.client_id.as_str().into();
-            let mut session =
-                Session::new(client_id.clone(), entry.principal.as_deref().map(Arc::from));
+            // What the session keeps is made among long-lived blocks
+            // (`broker::long_lived`), apart from the restore's own.
+            let (client_id, principal) = long_lived::make(|| {
+                let client_id: Arc<str> = entry.client_id.as_str().into();
+                (client_id, entry.principal.as_deref().map(Arc::from))
+            });
+            let mut session = Session::new(client_id.clone(), principal);
             session.stored = true;
             session.window = entry.window.max(1);
             session.expiry_interval = entry.expiry_interval.min(self.limits.max_session_expiry);
@@ -178,16 +183,17 @@ impl BrokerState {
                     retain_handling: sub.retain_handling,
                     subscription_id: sub.subscription_id,
                 };
-                if !self
-                    .index
-                    .insert(parsed.share_group, parsed.filter, key, options)
-                {
+                let replaced = long_lived::make(|| {
+                    session.subscriptions.insert(
+                        sub.filter.clone(),
+                        SessionSubscription::new(&sub.filter, options, sub.log_offset),
+                    );
+                    self.index
+                        .insert(parsed.share_group, parsed.filter, key, options)
+                });
+                if !replaced {
                     self.metrics.subscriptions.fetch_add(1, Relaxed);
                 }
-                session.subscriptions.insert(
-                    sub.filter.clone(),
-                    SessionSubscription::new(&sub.filter, options, sub.log_offset),
-                );
             }
             let mut in_flight = Vec::new();
             for e in &entry.inflight {
@@ -207,13 +213,15 @@ impl BrokerState {
                         subscription_ids: Vec::new(),
                         log_offset: Some(e.log_offset),
                     });
-                session.inflight.push(InflightEntry {
-                    packet_id: e.packet_id,
-                    phase,
-                    qos: e.qos,
-                    log_offset: Some(e.log_offset),
-                    queued,
-                    channel: None,
+                long_lived::make(|| {
+                    session.inflight.push(InflightEntry {
+                        packet_id: e.packet_id,
+                        phase,
+                        qos: e.qos,
+                        log_offset: Some(e.log_offset),
+                        queued,
+                        channel: None,
+                    })
                 });
                 in_flight.push(e.log_offset);
             }
@@ -222,7 +230,8 @@ impl BrokerState {
                 .copied()
                 .unwrap_or(self.persist.log_next);
             summary.inflight += in_flight.len();
-            self.sessions.insert(key, Box::new(session));
+            self.sessions
+                .insert(key, long_lived::make(|| Box::new(session)));
             self.sessions.detached.insert(key);
             self.metrics.sessions.fetch_add(1, Relaxed);
             summary.sessions += 1;
