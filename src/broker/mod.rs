@@ -82,7 +82,7 @@
 //! - [`parking`]: a plain TCP connection whose client has been quiet for
 //!   half its keep alive (at most 10 s) and that has nothing to read,
 //!   write or hand on ends its task and waits in the broker's own poll
-//!   set, keeping only what serving it again takes (112 B, the
+//!   set, keeping only what serving it again takes (96 B, the
 //!   state's link and entries unchanged). Whatever comes for it (its
 //!   client's bytes or hang-up, a packet the state queues, a pause, its
 //!   keep alive running out, a takeover, a shutdown) resumes it with a
@@ -92,6 +92,13 @@
 //!   Devices that speak more often than every 10 s keep their task. A TLS
 //!   connection does not park (its session state is most of its cost and
 //!   is not given up). `saguin_connections_parked` counts them.
+//! - [`long_lived`]: what the broker makes to keep (a client's session
+//!   and connection entries, client id and link, a parked connection, a
+//!   session's subscriptions, the retained index) is asked for as
+//!   long-lived, and the binary's allocator serves it from a heap of its
+//!   own, so the short-lived blocks made beside it (a CONNECT's handshake,
+//!   a connection's task and buffers) leave whole pages to give back when
+//!   they are freed rather than pages kept resident by one block each.
 //! - [`lazy`]: a part most values never use (a session's queues, a
 //!   message's MQTT 5 properties), one pointer until first changed and
 //!   read as empty until then.
