@@ -94,7 +94,7 @@
 //!   is not given up). `saguin_connections_parked` counts them.
 //! - [`long_lived`]: what the broker makes to keep (a client's session
 //!   and connection entries, client id and link, a parked connection, a
-//!   session's subscriptions, the retained index) is asked for as
+//!   session's subscriptions, a restored session) is asked for as
 //!   long-lived, and the binary's allocator serves it from a heap of its
 //!   own, so the short-lived blocks made beside it (a CONNECT's handshake,
 //!   a connection's task and buffers) leave whole pages to give back when

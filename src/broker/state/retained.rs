@@ -19,7 +19,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::broker::long_lived;
 use crate::broker::message::{Message, MessageProperties};
 
 /// A level of the trie: the messages whose topic ends one level below it,
@@ -344,20 +343,16 @@ impl RetainedIndex {
     }
 
     /// Keep `message` as the retained message of its topic (replacing any).
-    /// What the index keeps is made among long-lived blocks
-    /// (`broker::long_lived`), as in every change below that makes any.
     pub fn set(&mut self, message: &Message) {
-        long_lived::make(|| {
-            let topic: &str = &message.topic;
-            let name = last_level(topic);
-            let leaf = Leaf::held(name, message).unwrap_or_else(|| {
-                // The clone leaves the deliveries' encoded forms behind.
-                self.whole
-                    .insert(topic.into(), Arc::new(Message::clone(message)));
-                Leaf::whole(name, message)
-            });
-            self.insert(topic, leaf);
-        })
+        let topic: &str = &message.topic;
+        let name = last_level(topic);
+        let leaf = Leaf::held(name, message).unwrap_or_else(|| {
+            // The clone leaves the deliveries' encoded forms behind.
+            self.whole
+                .insert(topic.into(), Arc::new(Message::clone(message)));
+            Leaf::whole(name, message)
+        });
+        self.insert(topic, leaf);
     }
 
     /// [`Self::set`] for a message with no properties, from its parts, as
@@ -366,13 +361,13 @@ impl RetainedIndex {
     /// than 65,535 bytes, which only another writer's file can hold): the
     /// caller then sets the message.
     pub fn set_plain(&mut self, topic: &str, qos: u8, payload: &[u8]) -> bool {
-        long_lived::make(|| match Leaf::plain(last_level(topic), qos, payload) {
+        match Leaf::plain(last_level(topic), qos, payload) {
             Some(leaf) => {
                 self.insert(topic, leaf);
                 true
             }
             None => false,
-        })
+        }
     }
 
     /// Put `leaf` at `topic`, in place of what was there.
@@ -449,7 +444,7 @@ impl RetainedIndex {
             node.values = std::mem::take(&mut node.values).into_iter().collect();
             node.children.values_mut().for_each(pack_node);
         }
-        long_lived::make(|| pack_node(&mut self.root));
+        pack_node(&mut self.root);
     }
 
     pub fn len(&self) -> usize {
