@@ -620,6 +620,25 @@ fn is_of<'a>(
 mod tests {
     use super::*;
 
+    /// Clearing a rare field of a session that never set one (every
+    /// CONNECT clears the bridge and the pending Will) allocates nothing;
+    /// setting one does, and reads back.
+    #[test]
+    fn only_setting_a_rare_field_allocates_the_rare_part() {
+        let mut session = Session::new("device-7".into(), None);
+        session.set_bridge(None);
+        session.set_pending_will(None);
+        assert!(session.take_pending_will().is_none());
+        assert!(session.take_pending_will_if(|_| true).is_none());
+        assert!(session.bridge().is_none() && session.pending_will().is_none());
+        assert!(!session.rare.is_allocated());
+        session.set_bridge(Some("edge".into()));
+        assert!(session.rare.is_allocated());
+        assert_eq!(session.bridge().map(|b| &**b), Some("edge"));
+        session.set_bridge(None);
+        assert!(session.bridge().is_none());
+    }
+
     fn entry(packet_id: u16) -> InflightEntry {
         InflightEntry {
             packet_id,
