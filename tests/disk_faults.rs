@@ -406,9 +406,13 @@ fn a_read_only_remount_fails_the_provider_until_a_restart_and_loses_nothing() {
     );
     // The documented recovery: the disk put right, a restart.
     let db = volume.path.join("saguin.db");
+    // The same directory again: the configuration names the memory
+    // provider's snapshots there, and a directory of its own would leave
+    // them behind, unowned, when the test ends.
+    let dir = std::mem::replace(&mut broker.dir, tempfile::tempdir().unwrap());
     drop(broker);
     volume.mount_again();
-    let mut broker = Broker::start_in(tempfile::tempdir().unwrap(), &yaml);
+    let mut broker = Broker::start_in(dir, &yaml);
     rt.block_on(async {
         let mut c = Raw::tcp(broker.addr(), v5()).await;
         c.connect("after", ConnectOpts::clean()).await;
