@@ -11,6 +11,7 @@
 //! matching group, round robin, preferring members that are connected.
 
 use super::lazy::{empty, Lazy};
+use super::long_lived;
 use super::small_map::{self, SmallMap};
 
 /// The key the broker gives a session; the index stores only these.
@@ -85,8 +86,20 @@ impl SubscriptionIndex {
     }
 
     /// Add or replace `session`'s subscription to `filter` (a valid filter,
-    /// not the `$share/G/` prefix). Returns true when it replaced one.
+    /// not the `$share/G/` prefix). Returns true when it replaced one. The
+    /// levels and lists it makes are kept as long as their subscriptions:
+    /// made among long-lived blocks ([`long_lived`]).
     pub fn insert(
+        &mut self,
+        share_group: Option<&str>,
+        filter: &str,
+        session: SessionKey,
+        options: SubOptions,
+    ) -> bool {
+        long_lived::make(|| self.insert_made(share_group, filter, session, options))
+    }
+
+    fn insert_made(
         &mut self,
         share_group: Option<&str>,
         filter: &str,

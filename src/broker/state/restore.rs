@@ -183,17 +183,16 @@ impl BrokerState {
                     retain_handling: sub.retain_handling,
                     subscription_id: sub.subscription_id,
                 };
-                let replaced = long_lived::make(|| {
-                    session.subscriptions.insert(
-                        sub.filter.clone(),
-                        SessionSubscription::new(&sub.filter, options, sub.log_offset),
-                    );
-                    self.index
-                        .insert(parsed.share_group, parsed.filter, key, options)
-                });
-                if !replaced {
+                if !self
+                    .index
+                    .insert(parsed.share_group, parsed.filter, key, options)
+                {
                     self.metrics.subscriptions.fetch_add(1, Relaxed);
                 }
+                session.subscribe(
+                    &sub.filter,
+                    SessionSubscription::new(&sub.filter, options, sub.log_offset),
+                );
             }
             let mut in_flight = Vec::new();
             for e in &entry.inflight {

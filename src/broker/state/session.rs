@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::consumer::ConsumerStart;
 use super::ids::{IdMap, IdSet};
 use crate::broker::lazy::{empty, Lazy};
+use crate::broker::long_lived;
 use crate::broker::message::Message;
 use crate::broker::small_map::SmallMap;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
@@ -360,6 +361,17 @@ impl Session {
             consumers: Lazy::new(),
             rare: Lazy::new(),
         }
+    }
+
+    /// Keeps subscription `raw` (replacing and returning one of the same
+    /// filter). Its key is copied here, with the map's growth among
+    /// long-lived blocks as the session itself is ([`long_lived`]).
+    pub fn subscribe(
+        &mut self,
+        raw: &str,
+        sub: SessionSubscription,
+    ) -> Option<SessionSubscription> {
+        long_lived::make(|| self.subscriptions.insert(raw.to_owned(), sub))
     }
 
     /// The bridge whose session this is.

@@ -10,7 +10,6 @@ use super::consumer::{seek_of, ConsumerStart};
 use super::intent::Parked;
 use super::session::{QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, RetainedDue};
-use crate::broker::long_lived;
 use crate::broker::metrics::CloseReason;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::topic;
@@ -105,19 +104,12 @@ impl BrokerState {
                 reasons.push(ReasonCode::QuotaExceeded);
                 continue;
             }
-            // Kept as long as the session is: among long-lived blocks, as
-            // the session itself (`broker::long_lived`).
-            let (previous, replaced) = long_lived::make(|| {
-                let previous = session.subscriptions.insert(
-                    raw.clone(),
-                    SessionSubscription::new(&raw, options, log_next),
-                );
-                let replaced = self
-                    .index
-                    .insert(parsed.share_group, parsed.filter, key, options);
-                (previous, replaced)
-            });
+            let previous =
+                session.subscribe(&raw, SessionSubscription::new(&raw, options, log_next));
             undo.push((raw.clone(), previous));
+            let replaced = self
+                .index
+                .insert(parsed.share_group, parsed.filter, key, options);
             if !replaced {
                 self.metrics.subscriptions.fetch_add(1, Relaxed);
             }
@@ -222,7 +214,7 @@ impl BrokerState {
         {
             self.metrics.subscriptions.fetch_add(1, Relaxed);
         }
-        session.subscriptions.insert(raw, sub);
+        session.subscribe(&raw, sub);
     }
 
     /// Undo a SUBSCRIBE whose write failed: each filter as it was before.
