@@ -79,6 +79,15 @@ fn long_lived_heap() -> *mut Heap {
     }
 }
 
+/// The long-lived heap, when the block being made is asked for as
+/// long-lived (`long_lived::asked`) and the heap is at hand.
+fn long_lived_asked() -> Option<*mut Heap> {
+    if !long_lived::asked() {
+        return None;
+    }
+    Some(long_lived_heap()).filter(|heap| !heap.is_null())
+}
+
 /// The alignment every block of mimalloc's plain entry point has, from
 /// its 16-byte class up (`MI_MAX_ALIGN_SIZE`).
 const PLAIN_ALIGNMENT: usize = 16;
@@ -109,13 +118,10 @@ unsafe fn block(
     long_lived: unsafe extern "C" fn(*mut Heap, usize) -> *mut c_void,
 ) -> *mut u8 {
     let fits = plain_fits(layout.size(), layout.align());
-    if fits && long_lived::asked() {
-        let heap = long_lived_heap();
-        if !heap.is_null() {
-            // SAFETY: a live heap and a non-zero size; its blocks are
-            // aligned as plain ones are.
-            return unsafe { long_lived(heap, layout.size()) }.cast();
-        }
+    if let Some(heap) = fits.then(long_lived_asked).flatten() {
+        // SAFETY: a live heap and a non-zero size; its blocks are aligned
+        // as plain ones are.
+        return unsafe { long_lived(heap, layout.size()) }.cast();
     }
     // SAFETY: both take any non-zero size and a power-of-two alignment,
     // which a layout's is.
@@ -156,14 +162,14 @@ unsafe impl GlobalAlloc for Allocator {
         // SAFETY: `ptr` is a block of this allocator and `new_size` is not
         // zero; the new block is aligned as the layout asks.
         unsafe {
-            match plain_fits(new_size, layout.align()) {
+            if !plain_fits(new_size, layout.align()) {
+                return mi_realloc_aligned(ptr.cast(), new_size, layout.align()).cast();
+            }
+            match long_lived_asked() {
                 // A long-lived value's growth (a session's subscriptions)
                 // stays among long-lived blocks.
-                true if long_lived::asked() && !long_lived_heap().is_null() => {
-                    mi_heap_realloc(long_lived_heap(), ptr.cast(), new_size)
-                }
-                true => mi_realloc(ptr.cast(), new_size),
-                false => mi_realloc_aligned(ptr.cast(), new_size, layout.align()),
+                Some(heap) => mi_heap_realloc(heap, ptr.cast(), new_size),
+                None => mi_realloc(ptr.cast(), new_size),
             }
             .cast()
         }
