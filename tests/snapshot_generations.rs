@@ -161,11 +161,15 @@ async fn publish_until_gone(
     first: u64,
     published: Arc<Mutex<Published>>,
     count: watch::Sender<usize>,
+    mut hold: watch::Receiver<bool>,
 ) {
     let mut c = Raw::tcp(addr, v5()).await;
     c.connect(&client, ConnectOpts::clean()).await;
     let mut n = first;
     loop {
+        // Between numbers only, so a held publisher leaves every topic
+        // at the same number. A dropped sender holds nothing.
+        let _ = hold.wait_for(|held| !held).await;
         for topic in &topics {
             let packet_id = (n % 60_000 + 1) as u16;
             c.publish(topic, n.to_string().as_bytes(), 1, false, packet_id)
@@ -250,6 +254,7 @@ fn kill_9_under_a_steady_qos1_publisher_loses_only_what_followed_the_last_genera
             first,
             published.clone(),
             count_tx,
+            watch::channel(false).1,
         ));
         // Two generations committed while it publishes, then a point drawn
         // at random in the next few thousand acknowledgements.
@@ -390,6 +395,7 @@ fn a_copy_taken_while_generations_are_written_is_one_generation_or_names_what_it
     // more. A copy mixing two generations breaks that.
     let published = Arc::new(Mutex::new(Published::default()));
     let (count_tx, mut count) = watch::channel(0usize);
+    let (hold, held) = watch::channel(false);
     let publisher = rt.spawn(publish_until_gone(
         broker.addr(),
         "lockstep".into(),
@@ -397,11 +403,11 @@ fn a_copy_taken_while_generations_are_written_is_one_generation_or_names_what_it
         0,
         published,
         count_tx,
+        held,
     ));
     broker.wait_log_count(|l| l.contains(COMMITTED), 3);
     let copies = tempfile::tempdir().unwrap();
-    let (mut accepted, mut refused) = (0, 0);
-    let mut generations = std::collections::BTreeSet::new();
+    let mut tally = CopyTally::default();
     for i in 0..200 {
         // Some publishing between copies, so they are of different states.
         let at = *count.borrow() + 5;
@@ -411,58 +417,98 @@ fn a_copy_taken_while_generations_are_written_is_one_generation_or_names_what_it
                 .expect("publishes go on")
                 .expect("the publisher is there");
         });
-        let copy = copies.path().join(format!("copy{i}"));
-        cp_r(&snap, &copy);
-        let out = saguin(&["snapshot".as_ref(), "verify".as_ref(), copy.as_os_str()]);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        match out.status.code() {
-            Some(0) => {
-                accepted += 1;
-                // What the loader takes from the copy (the library's, in
-                // this process: faster than a second command).
-                let loaded = snapshot_dir::load(&copy, &ScanOptions::default())
-                    .unwrap_or_else(|e| panic!("copy {i} verified and does not load: {e}"));
-                let generation = loaded.committed.generation;
-                generations.insert(generation);
-                let a = loaded.channels["a"].file.next;
-                let b = loaded.channels["b"].file.next;
-                assert!(
-                    a == b || a == b + 1,
-                    "copy {i} accepted holding a at next {a} and b at next {b}: two generations mixed\n{text}"
-                );
-            }
-            Some(1) => {
-                refused += 1;
-                // Refused naming what the copy lacks or got wrong, by file.
-                let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL")).collect();
-                assert!(!fails.is_empty(), "copy {i}: {text}");
-                for line in fails {
-                    // A copy whose directory listing ran while the
-                    // manifest was renamed into place may lack it: refused,
-                    // naming the manifest.
-                    assert!(
-                        line.contains("listed by the manifest and not there")
-                            || line.contains("not the file the manifest's generation lists")
-                            || line.contains("no usable saguin.manifest"),
-                        "copy {i} refused for another reason: {line}"
-                    );
-                }
-            }
-            other => panic!("copy {i}: verify exited {other:?}: {text}"),
+        if i % 25 != 24 {
+            take_copy(&snap, &copies.path().join(format!("copy{i}")), &mut tally);
+            continue;
         }
-        std::fs::remove_dir_all(&copy).unwrap();
+        // Every 25th copy is taken with the publisher held: a copy that
+        // races a generation may be refused however slow cp is against
+        // the writer, but once the last change is written no further
+        // generation comes, so copying again is accepted within a few
+        // tries. That keeps the accepted side of the verdict exercised
+        // on a loaded machine.
+        hold.send_replace(true);
+        let accepted_before = tally.accepted;
+        for attempt in 0..100 {
+            let copy = copies.path().join(format!("copy{i}-held{attempt}"));
+            take_copy(&snap, &copy, &mut tally);
+            if tally.accepted > accepted_before {
+                break;
+            }
+        }
+        assert!(
+            tally.accepted > accepted_before,
+            "copy {i}: 100 copies with the publisher held and none accepted"
+        );
+        hold.send_replace(false);
     }
     eprintln!(
-        "FIGURE cp -r while publishing: {accepted} of 200 copies accepted as one generation ({} different generations), {refused} refused naming the file",
-        generations.len()
+        "FIGURE cp -r while publishing: {} of {} copies accepted as one generation ({} different generations), {} refused naming the file",
+        tally.accepted,
+        tally.accepted + tally.refused,
+        tally.generations.len(),
+        tally.refused
     );
-    assert!(accepted > 0, "no copy was ever accepted");
     assert!(
-        generations.len() > 1,
+        tally.generations.len() > 1,
         "the copies never saw a new generation"
     );
     drop(broker);
     rt.block_on(publisher).unwrap();
+}
+
+/// What the copies of a snapshot directory came to.
+#[derive(Default)]
+struct CopyTally {
+    accepted: usize,
+    refused: usize,
+    generations: std::collections::BTreeSet<u64>,
+}
+
+/// Copies `snap` to `copy` with `cp -r`, has `snapshot verify` judge it,
+/// and holds the verdict to the lockstep publisher's invariant: accepted,
+/// the copy is one generation (a holds as many records as b, or one
+/// more); refused, every failure names what the copy lacks or got wrong,
+/// by file.
+fn take_copy(snap: &Path, copy: &Path, tally: &mut CopyTally) {
+    let name = copy.file_name().unwrap().to_string_lossy().into_owned();
+    cp_r(snap, copy);
+    let out = saguin(&["snapshot".as_ref(), "verify".as_ref(), copy.as_os_str()]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    match out.status.code() {
+        Some(0) => {
+            tally.accepted += 1;
+            // What the loader takes from the copy (the library's, in this
+            // process: faster than a second command).
+            let loaded = snapshot_dir::load(copy, &ScanOptions::default())
+                .unwrap_or_else(|e| panic!("{name} verified and does not load: {e}"));
+            tally.generations.insert(loaded.committed.generation);
+            let a = loaded.channels["a"].file.next;
+            let b = loaded.channels["b"].file.next;
+            assert!(
+                a == b || a == b + 1,
+                "{name} accepted holding a at next {a} and b at next {b}: two generations mixed\n{text}"
+            );
+        }
+        Some(1) => {
+            tally.refused += 1;
+            let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL")).collect();
+            assert!(!fails.is_empty(), "{name}: {text}");
+            for line in fails {
+                // A copy whose directory listing ran while the manifest
+                // was renamed into place may lack it: refused, naming the
+                // manifest.
+                assert!(
+                    line.contains("listed by the manifest and not there")
+                        || line.contains("not the file the manifest's generation lists")
+                        || line.contains("no usable saguin.manifest"),
+                    "{name} refused for another reason: {line}"
+                );
+            }
+        }
+        other => panic!("{name}: verify exited {other:?}: {text}"),
+    }
+    std::fs::remove_dir_all(copy).unwrap();
 }
 
 /// Publishes one retained-free QoS 1 record to `topic` and waits for its
