@@ -34,6 +34,8 @@ use std::time::Duration;
 
 use saguin_format::model::{ChannelKind, PublishProps, Record, UnixNanos, UserProperty};
 
+use super::kept::Kept;
+
 /// The reason code an MQTT 5 acknowledgement carries for a write the store
 /// refused because a bound was reached (Quota exceeded).
 pub const REASON_QUOTA_EXCEEDED: u8 = 0x97;
@@ -659,6 +661,10 @@ pub struct ServedValue<'a> {
     /// without any, as nearly every retained value is.
     pub props: &'a PublishProps,
     pub user_properties: &'a [UserProperty],
+    /// The store's own handle on the value, where it keeps one the broker
+    /// may hold instead of a copy (a memory store's): a restart's retained
+    /// index then holds each message once.
+    pub kept: Option<&'a Arc<Kept>>,
 }
 
 impl<'a> ServedValue<'a> {
@@ -725,6 +731,39 @@ impl<'a> From<RecordParts<'a>> for ServedValue<'a> {
             retain: r.retain,
             props: r.props,
             user_properties: r.user_properties,
+            kept: None,
+        }
+    }
+}
+
+/// How a record kept compact is lent: here, beside what it is lent as.
+impl Kept {
+    /// The record it keeps, lent part by part.
+    pub fn parts(&self) -> RecordParts<'_> {
+        let rare = self.rare.as_deref();
+        RecordParts {
+            offset: self.offset,
+            message_id: &self.message_id,
+            timestamp: self.timestamp,
+            qos: self.qos,
+            retain: self.retain,
+            shared_copy: rare.is_some_and(|r| r.shared_copy),
+            topic: self.topic(),
+            client_id: self.client_id(),
+            bridge: rare.and_then(|r| r.bridge.as_deref()),
+            owed_to: rare.and_then(|r| r.owed_to.as_deref()),
+            user_properties: rare.map_or(&[], |r| &r.user_properties),
+            props: rare.map_or(PublishProps::none(), |r| &r.props),
+            payload: self.payload(),
+        }
+    }
+
+    /// What the broker serves of the record it keeps, lent from it with
+    /// the handle itself, which the broker may hold.
+    pub(crate) fn served(self: &Arc<Self>) -> ServedValue<'_> {
+        ServedValue {
+            kept: Some(self),
+            ..self.parts().into()
         }
     }
 }
@@ -738,6 +777,14 @@ pub trait LatestStore: OffsetStore + AsOffsetStore {
     /// deletion's marker - or, when the topic held no value, the record
     /// with offset 0: nothing changed and no offset was taken.
     fn set(&self, record: Record) -> Result<Record>;
+
+    /// [`LatestStore::set`], with the store's own handle on the value it
+    /// now holds where it keeps one the broker may hold instead of a copy
+    /// (a memory store's; `None` for a deletion and for a store whose
+    /// values live elsewhere, a database's).
+    fn set_sharing(&self, record: Record) -> Result<(Record, Option<Arc<Kept>>)> {
+        self.set(record).map(|record| (record, None))
+    }
 
     /// The topic's current value.
     fn get(&self, topic: &str) -> Result<Option<Record>>;

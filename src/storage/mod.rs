@@ -6,6 +6,7 @@ pub mod backup;
 pub mod bench;
 pub mod contract;
 pub mod generation;
+pub mod kept;
 pub mod lock;
 pub mod memory;
 pub mod migrate;

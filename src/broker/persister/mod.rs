@@ -231,7 +231,10 @@ impl Stores {
                 .append(record)
                 .map(|r| Written::Appended(r.offset)),
             Write::ReleaseLog(offsets) => self.log()?.release(&offsets).map(|_| Written::Done),
-            Write::SetRetained(record) => self.retained()?.set(record).map(|_| Written::Done),
+            Write::SetRetained(record) => self
+                .retained()?
+                .set_sharing(record)
+                .map(|(_, kept)| kept.map_or(Written::Done, Written::Retained)),
             Write::DeleteRetained(topic) => self.retained()?.delete(&topic).map(|_| Written::Done),
             Write::Hold(held) => {
                 let size = held.record.accounted_size();

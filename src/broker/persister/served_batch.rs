@@ -5,11 +5,15 @@
 //! are copied into one buffer the batch shares, so reading a value makes
 //! nothing on its own, and the thread that builds lets go of one buffer a
 //! batch instead of a topic and a payload a message, each made on the
-//! other thread.
+//! other thread. A value the store lends with its own handle (a memory
+//! store's) comes over as that handle, copied nowhere: the state holds it.
+
+use std::sync::Arc;
 
 use saguin_format::model::{PublishProps, UnixNanos, UserProperty};
 
 use crate::storage::contract::ServedValue;
+use crate::storage::kept::Kept;
 
 /// Values a batch holds at most; with [`BATCH_BYTES`], what bounds it.
 pub(super) const BATCH_VALUES: usize = 1024;
@@ -31,6 +35,9 @@ struct Packed {
     retain: bool,
     /// Only for a value with properties (rare among retained messages).
     properties: Option<Box<(PublishProps, Vec<UserProperty>)>>,
+    /// The store's handle on the value, when it lent one: its topic and
+    /// payload are then read from it, and nothing is copied into `bytes`.
+    kept: Option<Arc<Kept>>,
 }
 
 #[derive(Default)]
@@ -45,9 +52,14 @@ impl ServedBatch {
         if self.values.is_empty() {
             self.values.reserve(BATCH_VALUES);
         }
-        self.bytes.extend_from_slice(value.topic.as_bytes());
+        let kept = value.kept.cloned();
+        if kept.is_none() {
+            self.bytes.extend_from_slice(value.topic.as_bytes());
+        }
         let topic_end = self.bytes.len();
-        self.bytes.extend_from_slice(value.payload);
+        if kept.is_none() {
+            self.bytes.extend_from_slice(value.payload);
+        }
         let properties = (!value.is_plain())
             .then(|| Box::new((value.props.clone(), value.user_properties.to_vec())));
         self.values.push(Packed {
@@ -58,6 +70,7 @@ impl ServedBatch {
             qos: value.qos,
             retain: value.retain,
             properties,
+            kept,
         });
         self.values.len() == BATCH_VALUES || self.bytes.len() >= BATCH_BYTES
     }
@@ -70,10 +83,15 @@ impl ServedBatch {
     pub(super) fn for_each(&self, each: &mut dyn FnMut(ServedValue<'_>)) {
         let mut start = 0;
         for packed in &self.values {
-            // SAFETY: `push` copied the topic whole from a `&str`, and
-            // `start..topic_end` are the ends of that copy.
-            let topic =
-                unsafe { std::str::from_utf8_unchecked(&self.bytes[start..packed.topic_end]) };
+            let (topic, payload) = match &packed.kept {
+                Some(kept) => (kept.topic(), kept.payload()),
+                None => (
+                    // SAFETY: `push` copied the topic whole from a `&str`,
+                    // and `start..topic_end` are the ends of that copy.
+                    unsafe { std::str::from_utf8_unchecked(&self.bytes[start..packed.topic_end]) },
+                    &self.bytes[packed.topic_end..packed.end],
+                ),
+            };
             let (props, user_properties) = match &packed.properties {
                 Some(properties) => (&properties.0, properties.1.as_slice()),
                 None => (PublishProps::none(), &[][..]),
@@ -81,12 +99,13 @@ impl ServedBatch {
             each(ServedValue {
                 offset: packed.offset,
                 topic,
-                payload: &self.bytes[packed.topic_end..packed.end],
+                payload,
                 timestamp: packed.timestamp,
                 qos: packed.qos,
                 retain: packed.retain,
                 props,
                 user_properties,
+                kept: packed.kept.as_ref(),
             });
             start = packed.end;
         }
@@ -151,6 +170,37 @@ mod tests {
             })
             .collect();
         assert_eq!(back, want);
+    }
+
+    /// A value lent with the store's handle comes over as that handle:
+    /// nothing of it is copied into the batch.
+    #[test]
+    fn a_value_lent_with_its_handle_comes_over_as_the_handle() {
+        let kept = Arc::new(Kept::new(&record("a/b", b"one")));
+        let copied = record("a/c", b"two");
+        let mut batch = ServedBatch::default();
+        assert!(!batch.push(kept.served()));
+        assert!(batch.bytes.is_empty(), "nothing copied");
+        assert!(!batch.push(ServedValue::of(&copied)));
+        let mut back = Vec::new();
+        batch.for_each(&mut |v| {
+            back.push((
+                v.topic.to_owned(),
+                v.payload.to_vec(),
+                v.offset,
+                v.kept.cloned(),
+            ))
+        });
+        let [(topic, payload, offset, Some(handle)), (topic2, payload2, _, None)] = back.as_slice()
+        else {
+            panic!("{back:?}");
+        };
+        assert!(Arc::ptr_eq(handle, &kept));
+        assert_eq!(
+            (topic.as_str(), payload.as_slice(), *offset),
+            ("a/b", &b"one"[..], 7)
+        );
+        assert_eq!((topic2.as_str(), payload2.as_slice()), ("a/c", &b"two"[..]));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::broker::message::Message;
 use crate::broker::metrics::CloseReason;
 use crate::broker::subscriptions::{Delivery, SessionKey};
 use crate::storage::contract::{HeldPublish, SessionEntry};
+use crate::storage::kept::Kept;
 
 /// Which provider a write goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,11 +114,15 @@ pub enum Write {
 }
 
 /// What a write came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Written {
     Done,
     /// The offset an [`Write::AppendLog`] took.
     Appended(u64),
+    /// The retained store's own handle on the value a
+    /// [`Write::SetRetained`] set, where it keeps one (a memory store's):
+    /// the retained index holds it rather than a copy.
+    Retained(Arc<Kept>),
     /// A record stored in the channel of this index, with its offset.
     Stored(u16, Arc<Record>),
     /// A queue record leased, in the queue of this index.
@@ -292,6 +297,9 @@ pub(super) struct ParkedPublish {
     pub logged: bool,
     /// The retained index changes at commit: set (true) or delete.
     pub retain_change: Option<bool>,
+    /// The retained store's handle on the value set, when its write
+    /// answered with one ([`Written::Retained`]).
+    pub retained_kept: Option<Arc<Kept>>,
     /// The v5 reason the publisher is answered with on success.
     pub code: ReasonCode,
 }
@@ -315,6 +323,7 @@ impl ParkedPublish {
             deliveries: Vec::new(),
             logged: false,
             retain_change: None,
+            retained_kept: None,
             code,
         }))
     }

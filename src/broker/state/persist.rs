@@ -359,6 +359,7 @@ impl BrokerState {
             return;
         };
         let mut appended = None;
+        let mut retained_kept = None;
         let failure = match result {
             Ok(written) => {
                 for w in written {
@@ -367,6 +368,7 @@ impl BrokerState {
                             appended = Some(offset);
                             self.persist.log_next = self.persist.log_next.max(offset + 1);
                         }
+                        Written::Retained(kept) => retained_kept = Some(kept),
                         // Consumers get a record as soon as it is
                         // committed, in commit order, whatever its
                         // publisher still waits for.
@@ -390,6 +392,21 @@ impl BrokerState {
         let Some(wait) = self.persist.waits.get_mut(&wait_id) else {
             return;
         };
+        if let Some(kept) = retained_kept {
+            // Handed to the publish that set it, which the index takes it
+            // from when the publish is answered.
+            let parked = match &mut wait.place {
+                Place::Alone(parked) => Some(parked),
+                Place::Queued { connection, answer } => self
+                    .connections
+                    .get_mut(connection)
+                    .and_then(|c| c.answers.iter_mut().find(|a| a.id == *answer))
+                    .map(|a| &mut a.parked),
+            };
+            if let Some(Parked::Publish(p)) = parked {
+                p.retained_kept = Some(kept);
+            }
+        }
         wait.remaining -= 1;
         if appended.is_some() {
             wait.appended = appended;

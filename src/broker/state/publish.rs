@@ -408,6 +408,7 @@ impl BrokerState {
             deliveries: parts.deliveries,
             logged: parts.logged,
             retain_change: parts.retain_change,
+            retained_kept: None,
             code: ReasonCode::Success,
         };
         if answers_pending || self.persist.has_staged() {
@@ -504,7 +505,7 @@ impl BrokerState {
     /// A publish (from a client, or a Will) whose writes were answered.
     pub(super) fn answer_publish(
         &mut self,
-        p: ParkedPublish,
+        mut p: ParkedPublish,
         failure: Option<StorageFailure>,
         appended: Option<u64>,
         now: Instant,
@@ -550,7 +551,14 @@ impl BrokerState {
         }
         match p.retain_change {
             Some(true) => {
-                self.retained.set(&p.message);
+                let plain = super::retained::has_no_properties(&p.message);
+                let shared = p
+                    .retained_kept
+                    .take()
+                    .is_some_and(|kept| self.retained.set_kept(kept, plain));
+                if !shared {
+                    self.retained.set(&p.message);
+                }
             }
             Some(false) => {
                 self.retained.remove(&p.message.topic);
@@ -605,6 +613,7 @@ impl BrokerState {
                 deliveries: Vec::new(),
                 logged: false,
                 retain_change: None,
+                retained_kept: None,
                 code: ReasonCode::Success,
             })));
             return;
@@ -621,6 +630,7 @@ impl BrokerState {
                 deliveries: parts.deliveries,
                 logged: parts.logged,
                 retain_change: parts.retain_change,
+                retained_kept: None,
                 code: ReasonCode::Success,
             })),
             now,

@@ -86,14 +86,19 @@ impl BrokerState {
     /// rebuilds the rest: the retained store lends its values one at a
     /// time, so a million retained messages are never held twice while
     /// the broker starts. A value without properties (nearly every one) is
-    /// kept from its parts, with no message made for it.
+    /// kept from its parts, with no message made for it, or as the store's
+    /// own handle on it where the store lends one (a memory store's).
     pub fn restore_retained(&mut self, value: ServedValue<'_>, now: Instant) {
-        if value.is_plain()
-            && self
-                .retained
-                .set_plain(value.topic, value.qos, value.payload)
-        {
-            return;
+        if value.is_plain() {
+            let held = match value.kept {
+                Some(kept) => self.retained.set_kept(kept.clone(), true),
+                None => self
+                    .retained
+                    .set_plain(value.topic, value.qos, value.payload),
+            };
+            if held {
+                return;
+            }
         }
         let message = message_from_served(&value, self.received_at(value.timestamp, now));
         self.retained.set(&message);

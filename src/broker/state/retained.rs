@@ -5,21 +5,26 @@
 //! matches without a read from storage and never holds the event loop.
 //!
 //! A retained message is held in one allocation of exactly its QoS, the
-//! last level of its topic and its payload. Its topic's other levels are
-//! the trie's path to it, and a `Message` is made from it only when it is
-//! sent. A message with MQTT 5 properties (rare among retained
-//! values) is kept whole beside the trie instead.
+//! last level of its topic and its payload, or, on a memory provider, as
+//! the retained store's own handle on it, so it is held once (`leaf`). Its
+//! topic's other levels are the trie's path to it, and a `Message` is made
+//! from it only when it is sent. A message with MQTT 5 properties (rare
+//! among retained values) is kept whole beside the trie instead.
 
-use std::borrow::{Borrow, Cow};
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::broker::message::{Message, MessageProperties};
+use crate::storage::kept::Kept;
+
+mod leaf;
+
+pub use leaf::Leaf;
 
 /// A level of the trie: the messages whose topic ends one level below it,
 /// each found by its last level, and the levels that lead further down.
@@ -102,141 +107,18 @@ impl<'a> Below<'a> {
     }
 }
 
-/// What a leaf's bytes start with, in [`Head::LEN`] bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Head {
-    /// The length of the last level, which follows the head; the payload
-    /// follows it.
-    name_len: u16,
-    qos: u8,
-    /// The message is kept whole in [`RetainedIndex::whole`], by its topic;
-    /// the bytes after the head are its last level only.
-    whole: bool,
+/// The leaf of `message` as the index holds it, found by its last level
+/// `name`: `None` when it has properties (or a last level too long to
+/// count in the leaf's head), and is kept whole.
+fn held(name: &str, message: &Message) -> Option<Leaf> {
+    has_no_properties(message)
+        .then(|| Leaf::plain(name, message.qos, &message.payload))
+        .flatten()
 }
 
-impl Head {
-    const LEN: usize = 4;
-
-    fn to_bytes(self) -> [u8; Head::LEN] {
-        let [low, high] = self.name_len.to_le_bytes();
-        [low, high, self.qos, u8::from(self.whole)]
-    }
-
-    fn from_bytes(bytes: &[u8]) -> Head {
-        Head {
-            name_len: u16::from_le_bytes([bytes[0], bytes[1]]),
-            qos: bytes[2],
-            whole: bytes[3] != 0,
-        }
-    }
-}
-
-/// A retained message in its level's set, ordered (and found) by the last
-/// level of its topic: one allocation of exactly its head, that level and
-/// the payload. A delivery waiting to be sent holds a copy.
-#[derive(Clone)]
-pub struct Leaf(Box<[u8]>);
-
-impl Leaf {
-    fn new(head: Head, name: &str, payload: &[u8]) -> Leaf {
-        let mut bytes = Vec::with_capacity(Head::LEN + name.len() + payload.len());
-        bytes.extend_from_slice(&head.to_bytes());
-        bytes.extend_from_slice(name.as_bytes());
-        bytes.extend_from_slice(payload);
-        Leaf(bytes.into_boxed_slice())
-    }
-
-    /// The leaf of a message with no properties, or `None` when it has
-    /// some (or a last level too long to count in the head): such a
-    /// message is kept whole.
-    fn held(name: &str, message: &Message) -> Option<Leaf> {
-        let plain = !message.properties.is_allocated()
-            || message.properties == MessageProperties::default();
-        plain
-            .then(|| Leaf::plain(name, message.qos, &message.payload))
-            .flatten()
-    }
-
-    /// The leaf of a message with no properties, from its parts; `None`
-    /// for a last level too long to count in the head.
-    fn plain(name: &str, qos: u8, payload: &[u8]) -> Option<Leaf> {
-        let head = Head {
-            name_len: u16::try_from(name.len()).ok()?,
-            qos,
-            whole: false,
-        };
-        Some(Leaf::new(head, name, payload))
-    }
-
-    /// The leaf of a message kept whole: its last level only.
-    fn whole(name: &str, message: &Message) -> Leaf {
-        let head = Head {
-            name_len: u16::try_from(name.len()).unwrap_or(u16::MAX),
-            qos: message.qos,
-            whole: true,
-        };
-        Leaf::new(head, name, &[])
-    }
-
-    fn head(&self) -> Head {
-        Head::from_bytes(&self.0)
-    }
-
-    fn name(&self) -> &str {
-        let name = &self.0[Head::LEN..self.payload_start()];
-        // SAFETY: the bytes after the head begin with a topic's last
-        // level, copied whole from a `&str` split at a `/` (`Leaf::held`,
-        // `Leaf::whole`), and are never changed.
-        unsafe { std::str::from_utf8_unchecked(name) }
-    }
-
-    fn payload_start(&self) -> usize {
-        if self.head().whole {
-            self.0.len()
-        } else {
-            Head::LEN + usize::from(self.head().name_len)
-        }
-    }
-
-    fn payload(&self) -> &[u8] {
-        &self.0[self.payload_start()..]
-    }
-}
-
-impl fmt::Debug for Leaf {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Leaf")
-            .field("name", &self.name())
-            .field("payload_len", &self.payload().len())
-            .field("head", &self.head())
-            .finish()
-    }
-}
-
-impl Borrow<str> for Leaf {
-    fn borrow(&self) -> &str {
-        self.name()
-    }
-}
-
-impl PartialEq for Leaf {
-    fn eq(&self, other: &Self) -> bool {
-        self.name() == other.name()
-    }
-}
-
-impl Eq for Leaf {}
-
-impl PartialOrd for Leaf {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Leaf {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.name().cmp(other.name())
-    }
+/// A message the index may hold as its last level, QoS and payload.
+pub fn has_no_properties(message: &Message) -> bool {
+    !message.properties.is_allocated() || message.properties == MessageProperties::default()
 }
 
 /// A retained message a filter matched, owed to a subscriber until there
@@ -258,7 +140,7 @@ impl Retained {
     pub fn qos(&self) -> u8 {
         match self {
             Retained::Whole(message) => message.qos,
-            Retained::Held { leaf, .. } => leaf.head().qos,
+            Retained::Held { leaf, .. } => leaf.qos(),
         }
     }
 
@@ -276,7 +158,7 @@ impl Retained {
             Retained::Whole(message) => message,
             Retained::Held { above, leaf } => Arc::new(Message {
                 topic: [&*above, leaf.name()].concat().into(),
-                qos: leaf.head().qos,
+                qos: leaf.qos(),
                 payload: Bytes::from_owner(PayloadOf(leaf)),
                 retain: true,
                 properties: MessageProperties::default(),
@@ -320,7 +202,7 @@ fn levels_above(topic: &str) -> impl Iterator<Item = &str> {
 #[derive(Debug, Default)]
 pub struct RetainedIndex {
     root: Node,
-    /// The messages kept whole (see [`Leaf::held`]), by topic.
+    /// The messages kept whole (see [`held`]), by topic.
     whole: HashMap<Box<str>, Arc<Message>>,
     count: usize,
 }
@@ -346,13 +228,26 @@ impl RetainedIndex {
     pub fn set(&mut self, message: &Message) {
         let topic: &str = &message.topic;
         let name = last_level(topic);
-        let leaf = Leaf::held(name, message).unwrap_or_else(|| {
+        let leaf = held(name, message).unwrap_or_else(|| {
             // The clone leaves the deliveries' encoded forms behind.
             self.whole
                 .insert(topic.into(), Arc::new(Message::clone(message)));
-            Leaf::whole(name, message)
+            Leaf::whole(name, message.qos)
         });
         self.insert(topic, leaf);
+    }
+
+    /// [`Self::set`] for a message the retained store keeps as `kept`
+    /// (a memory store's handle on it, as its write or a restart's read
+    /// lends it): held as that handle, not copied, unless it has
+    /// properties, which `message_plain` says it has not.
+    pub fn set_kept(&mut self, kept: Arc<Kept>, message_plain: bool) -> bool {
+        if !message_plain || u16::try_from(last_level(kept.topic()).len()).is_err() {
+            return false;
+        }
+        let topic = kept.topic().to_owned();
+        self.insert(&topic, Leaf::kept(kept));
+        true
     }
 
     /// [`Self::set`] for a message with no properties, from its parts, as
@@ -372,7 +267,7 @@ impl RetainedIndex {
 
     /// Put `leaf` at `topic`, in place of what was there.
     fn insert(&mut self, topic: &str, leaf: Leaf) {
-        let whole = leaf.head().whole;
+        let whole = leaf.is_whole();
         let mut node = &mut self.root;
         for level in levels_above(topic) {
             // Looked up first: the entry API would allocate the level's
@@ -387,7 +282,7 @@ impl RetainedIndex {
         }
         match node.values.replace(leaf) {
             None => self.count += 1,
-            Some(replaced) if replaced.head().whole && !whole => {
+            Some(replaced) if replaced.is_whole() && !whole => {
                 self.whole.remove(topic);
             }
             Some(_) => {}
@@ -415,7 +310,7 @@ impl RetainedIndex {
         let Some(removed) = remove_in(&mut self.root, &above, last_level(topic)) else {
             return false;
         };
-        if removed.head().whole {
+        if removed.is_whole() {
             self.whole.remove(topic);
         }
         self.count -= 1;
@@ -539,7 +434,7 @@ impl Walk<'_> {
         let Some(leaf) = leaf else {
             return;
         };
-        if leaf.head().whole {
+        if leaf.is_whole() {
             let topic = [self.above.as_str(), leaf.name()].concat();
             if let Some(message) = self.whole.get(topic.as_str()) {
                 (self.each)(Retained::Whole(message.clone()));
@@ -652,10 +547,6 @@ mod tests {
     /// in one allocation of their size, and is made whole again when sent.
     #[test]
     fn a_held_message_is_one_allocation_made_whole_when_sent() {
-        assert_eq!(
-            std::mem::size_of::<Leaf>(),
-            2 * std::mem::size_of::<usize>()
-        );
         let mut store = RetainedIndex::new();
         let mut message = msg("site/7/device/1234567");
         message.qos = 2;
@@ -670,7 +561,7 @@ mod tests {
             panic!("kept whole: {held:?}");
         };
         assert_eq!((&**above, leaf.name()), ("site/7/device/", "1234567"));
-        assert_eq!(leaf.0.len(), Head::LEN + 7 + 64);
+        assert_eq!(leaf.own_len(), 4 + 7 + 64, "a head of 4 bytes");
         assert_eq!((held.qos(), &*held.topic()), (2, "site/7/device/1234567"));
         let held_payload = leaf.payload().as_ptr();
         let sent = held.into_message(Instant::now());

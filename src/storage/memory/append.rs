@@ -4,7 +4,7 @@ use std::sync::{Arc, RwLock};
 
 use saguin_format::model::{Record, UnixNanos};
 
-use super::kept::{Kept, KeptRecords};
+use super::kept::KeptRecords;
 use super::positions::PositionBook;
 use super::slots::SlotLog;
 use super::{admit, read, write, Shared, Version};
@@ -12,6 +12,7 @@ use crate::storage::contract::{
     check_record, AppendStore, OffsetStore, Position, Reader, Removed, Result, StorageError,
     FIRST_OFFSET,
 };
+use crate::storage::kept::Kept;
 
 #[derive(Debug)]
 struct AppendState {

@@ -10,13 +10,13 @@ use std::sync::{Arc, RwLock};
 
 use saguin_format::model::{Record, UnixNanos};
 
-use super::kept::Kept;
 use super::positions::PositionBook;
 use super::{read, write, Shared, Version};
 use crate::storage::contract::{
     check_record, forgets_deletion, LatestStore, OffsetStore, Position, Reader, RecordParts,
     Removed, Result, ServedValue, StorageError, FIRST_OFFSET, RETAINED_STORE_NAME,
 };
+use crate::storage::kept::Kept;
 use crate::topic::{filter_matches, literal_prefix};
 
 /// A latest store's values as a load makes them, one record at a time:
@@ -404,7 +404,18 @@ impl MemoryLatest {
     /// Replaces (or, with an empty payload, deletes) a topic's value.
     /// `relief` charges the provider rather than asking it (a held
     /// publish's release).
-    pub(crate) fn set_inner(&self, mut record: Record, relief: bool) -> Result<Option<Record>> {
+    pub(crate) fn set_inner(&self, record: Record, relief: bool) -> Result<Option<Record>> {
+        Ok(self.set_kept(record, relief)?.map(|(record, _)| record))
+    }
+
+    /// [`MemoryLatest::set_inner`], with the handle on the value or marker
+    /// it now holds (`None` for the retained store's deletion, which
+    /// leaves nothing).
+    fn set_kept(
+        &self,
+        mut record: Record,
+        relief: bool,
+    ) -> Result<Option<(Record, Option<Arc<Kept>>)>> {
         self.shared.check_open()?;
         check_record(&self.name, &record, false)?;
         let mut st = write(&self.state);
@@ -445,7 +456,7 @@ impl MemoryLatest {
             st.values.remove(record.topic.as_str());
             // Nothing is left at the offset the deletion took, so the floor
             // may pass it: reads never see it.
-            return Ok(Some(record));
+            return Ok(Some((record, None)));
         }
         if deleting {
             st.deletions.insert(record.offset, record.timestamp);
@@ -456,8 +467,8 @@ impl MemoryLatest {
         }
         // `replace`, not `insert`: an equal key (the old value) is kept by
         // `insert`.
-        st.values.replace(ByTopic(kept));
-        Ok(Some(record))
+        st.values.replace(ByTopic(kept.clone()));
+        Ok(Some((record, Some(kept))))
     }
 
     /// Forgets every marker below `bound` and raises the floor to it (never
@@ -521,14 +532,22 @@ impl MemoryLatest {
 
 impl LatestStore for MemoryLatest {
     fn set(&self, record: Record) -> Result<Record> {
+        self.set_sharing(record).map(|(record, _)| record)
+    }
+
+    /// The handle on a value, not a marker's: a deletion shares nothing.
+    fn set_sharing(&self, record: Record) -> Result<(Record, Option<Arc<Kept>>)> {
         let topic = record.topic.clone();
-        match self.set_inner(record, false)? {
-            Some(r) => Ok(r),
+        match self.set_kept(record, false)? {
+            Some((record, kept)) => Ok((record, kept.filter(|k| !k.is_marker()))),
             // An empty payload for a topic with no value: nothing changed.
-            None => Ok(Record {
-                offset: 0,
-                ..Record::new(topic, bytes::Bytes::new())
-            }),
+            None => Ok((
+                Record {
+                    offset: 0,
+                    ..Record::new(topic, bytes::Bytes::new())
+                },
+                None,
+            )),
         }
     }
 
@@ -751,6 +770,40 @@ mod tests {
             Record::new("a/2", "y").accounted_size(),
             "the values' sizes"
         );
+    }
+
+    /// A value set is answered with the store's own handle on it, which
+    /// the broker's retained index holds instead of a copy; a deletion,
+    /// and an empty payload for a topic with none, share nothing.
+    #[test]
+    fn a_value_set_is_answered_with_the_stores_own_handle() {
+        let store = retained_store();
+        let (record, kept) = store.set_sharing(Record::new("a/1", "x")).unwrap();
+        let kept = kept.expect("a memory store shares its handle");
+        assert_eq!((record.offset, kept.offset), (1, 1));
+        let st = read(&store.state);
+        let held = &st.values.get("a/1").unwrap().0;
+        assert!(Arc::ptr_eq(held, &kept), "the very handle the store holds");
+        drop(st);
+        assert_eq!(Arc::strong_count(&kept), 2);
+        let (replaced, _) = store.set_sharing(Record::new("a/1", "y")).unwrap();
+        assert_eq!(replaced.offset, 2);
+        assert_eq!(Arc::strong_count(&kept), 1, "the store let go of it");
+        let (deleted, none) = store.set_sharing(Record::new("a/1", "")).unwrap();
+        assert!(none.is_none() && deleted.offset == 3);
+        let (nothing, none) = store.set_sharing(Record::new("a/2", "")).unwrap();
+        assert!(none.is_none() && nothing.offset == 0);
+        // A restart's read lends the same handles.
+        store.set(Record::new("b/1", "z")).unwrap();
+        let mut lent = Vec::new();
+        store
+            .for_each_served_value(&mut |v| lent.push(v.kept.cloned()))
+            .unwrap();
+        let [Some(handle)] = lent.as_slice() else {
+            panic!("{lent:?}");
+        };
+        let st = read(&store.state);
+        assert!(Arc::ptr_eq(handle, &st.values.get("b/1").unwrap().0));
     }
 
     /// A channel's two indexes share each value.

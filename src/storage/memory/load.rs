@@ -30,7 +30,6 @@ use saguin_format::f21::{
 };
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
-use super::kept::Kept;
 use super::latest::LatestLoad;
 use super::queue::RestoredItem;
 use super::{MemChannel, MemoryAppend, MemoryLatest, MemoryProvider, MemoryQueue};
@@ -38,6 +37,7 @@ use crate::storage::contract::{
     dead_letter_name, HeldPublish, Position, Reader, SessionEntry, SessionStore, ShareGroupEntry,
     ShareGroupKey, BROADCAST_LOG_NAME,
 };
+use crate::storage::kept::Kept;
 use crate::storage::read::{ReadError, F21_DEFAULT_MAX_BYTES};
 use crate::storage::snapshot_dir::{
     self, DirReport, FileOutcome, FindingKind, LoadSink, Loaded, Records, ScanError, ScanOptions,

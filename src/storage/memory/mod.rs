@@ -27,7 +27,7 @@ use saguin_format::model::ChannelKind;
 
 pub use append::{AppendCopy, MemoryAppend};
 pub use budget::Budget;
-pub use kept::{Kept, KeptRecords};
+pub use kept::KeptRecords;
 pub use latest::{LatestCopy, MemoryLatest};
 pub use load::{LoadError, LoadOptions, LoadProblem, LoadReport, LoadedChannel};
 pub use queue::{MemoryQueue, QueueCopy};

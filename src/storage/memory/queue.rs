@@ -10,13 +10,13 @@ use std::time::Duration;
 use saguin_format::model::{Record, UnixNanos};
 
 use super::append::{AppendCopy, MemoryAppend};
-use super::kept::Kept;
 use super::{admit, read, write, Shared, Version};
 use crate::storage::contract::{
     after_failed_delivery, attempts_spent, check_record, dead_letter_record, AfterFailure,
     AppendStore, ExpiredLease, Lease, QueueItem, QueueStore, Released, Removed, Result,
     StorageError, DEFAULT_MAX_ATTEMPTS, FIRST_OFFSET,
 };
+use crate::storage::kept::Kept;
 
 /// Who holds an item now. Volatile.
 #[derive(Clone, Debug)]

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use saguin_format::model::{Record, UnixNanos};
 
-use super::kept::Kept;
+use crate::storage::kept::Kept;
 
 /// A record as a log holds it: whole (the broadcast log, whose records the
 /// broker shares while it delivers them) or kept compact (an append

@@ -20,7 +20,8 @@ use crate::storage::contract::{
     dead_letter_name, HeldPublish, Position, Reader, ShareGroupEntry, ShareGroupKey,
     BROADCAST_LOG_NAME, RETAINED_STORE_NAME,
 };
-use crate::storage::memory::{AppendCopy, BroadcastCopy, Kept, LatestCopy, QueueCopy};
+use crate::storage::kept::Kept;
+use crate::storage::memory::{AppendCopy, BroadcastCopy, LatestCopy, QueueCopy};
 use crate::storage::sample::Sample;
 use crate::storage::snapshot_dir::{
     self, FileOutcome, FindingKind, Records, Role, ScanOptions, Severity,

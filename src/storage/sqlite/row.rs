@@ -213,6 +213,7 @@ pub fn with_served_at(
         retain: row.get(first + 5)?,
         props: &props,
         user_properties: &user_properties,
+        kept: None,
     });
     Ok(())
 }

@@ -48,6 +48,9 @@ struct FakeStore {
     channel: Vec<saguin_format::model::Record>,
     /// Channel 0's holds by client id and packet id.
     holds: std::collections::HashMap<(String, u16), saguin_format::model::Record>,
+    /// When set, a retained value is answered with a handle on it, as a
+    /// memory store answers: every handle handed out, in order.
+    retained_handles: Option<Vec<Arc<crate::storage::kept::Kept>>>,
 }
 
 impl FakeStore {
@@ -112,6 +115,14 @@ impl FakeStore {
                         self.holds.remove(&(client_id.clone(), *packet_id));
                         Written::Done
                     }
+                    Write::SetRetained(record) => match self.retained_handles.as_mut() {
+                        Some(handles) => {
+                            let kept = Arc::new(crate::storage::kept::Kept::new(record));
+                            handles.push(kept.clone());
+                            Written::Retained(kept)
+                        }
+                        None => Written::Done,
+                    },
                     _ => Written::Done,
                 }
             })

@@ -263,6 +263,100 @@ fn a_failed_retained_write_answers_its_reason_and_changes_nothing() {
     assert_eq!(s.retained_count(), 0);
 }
 
+/// On a store that answers a retained value with its own handle on it (a
+/// memory store), the index holds that handle: the message is held once.
+/// One with properties is kept whole all the same, and a replaced or
+/// deleted message's handle is let go.
+#[test]
+fn a_retained_message_the_store_shares_is_held_as_its_handle() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore {
+        retained_handles: Some(Vec::new()),
+        ..FakeStore::default()
+    };
+    let mut c = connect(&mut s, 1, "c", true, now);
+    packets(&mut s, 1, vec![publish_retained("r/1", 1, 1, true)], now);
+    store.commit_all(&mut s, now);
+    let first = store.retained_handles.as_ref().unwrap()[0].clone();
+    assert_eq!(
+        Arc::strong_count(&first),
+        3,
+        "the store's, the index's, this"
+    );
+    let mut held = Vec::new();
+    s.retained.matching("r/#", &mut |found| held.push(found));
+    let [Retained::Held { leaf, .. }] = held.as_slice() else {
+        panic!("{held:?}");
+    };
+    assert_eq!(
+        leaf.payload().as_ptr(),
+        first.payload().as_ptr(),
+        "not a copy"
+    );
+    drop(held);
+
+    // Replaced by a message with properties: kept whole, the handle let go.
+    let mut with_expiry = publish_retained("r/1", 1, 2, true);
+    if let Inbound::Publish(p) = &mut with_expiry {
+        p.properties.message_expiry_interval = Some(60);
+    }
+    packets(&mut s, 1, vec![with_expiry], now);
+    store.commit_all(&mut s, now);
+    assert_eq!(Arc::strong_count(&first), 2, "the store's and this");
+    let second = store.retained_handles.as_ref().unwrap()[1].clone();
+    assert_eq!(Arc::strong_count(&second), 2, "not held by the index");
+    let mut held = Vec::new();
+    s.retained.matching("r/1", &mut |found| held.push(found));
+    assert!(
+        matches!(held.as_slice(), [Retained::Whole(m)] if m.properties.message_expiry_interval == Some(60))
+    );
+
+    // A deletion lets the index's handle go.
+    packets(&mut s, 1, vec![publish_retained("r/2", 1, 3, true)], now);
+    store.commit_all(&mut s, now);
+    let third = store.retained_handles.as_ref().unwrap()[2].clone();
+    assert_eq!(Arc::strong_count(&third), 3);
+    let mut delete = publish_retained("r/2", 1, 4, true);
+    if let Inbound::Publish(p) = &mut delete {
+        p.payload = Bytes::new();
+    }
+    packets(&mut s, 1, vec![delete], now);
+    store.commit_all(&mut s, now);
+    assert_eq!(Arc::strong_count(&third), 2);
+    assert_eq!(s.retained_count(), 1);
+    let acks = c
+        .drain()
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                Outbound::PubAck {
+                    reason: ReasonCode::Success,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(acks, 4);
+
+    // A restart's read lends a handle: held as it, not copied.
+    let mut restarted = state();
+    let kept = Arc::new(crate::storage::kept::Kept::new(
+        &saguin_format::model::Record::new("t/1", "v"),
+    ));
+    restarted.restore_retained(kept.served(), now);
+    assert_eq!(Arc::strong_count(&kept), 2);
+    let mut held = Vec::new();
+    restarted
+        .retained
+        .matching("t/1", &mut |found| held.push(found));
+    let [Retained::Held { leaf, .. }] = held.as_slice() else {
+        panic!("{held:?}");
+    };
+    assert_eq!(leaf.payload().as_ptr(), kept.payload().as_ptr());
+}
+
 #[test]
 fn retained_topics_are_capped() {
     let now = Instant::now();
