@@ -33,6 +33,11 @@ pub struct Kept {
     /// made) is kept in `rare`, and its length here is 0.
     topic_len: u16,
     client_len: u16,
+    /// Where the topic's last level starts in it: what the broker's
+    /// retained index orders a message it shares by, read at every
+    /// comparison (0 for a topic too long for `topic_len`, whose last
+    /// level is looked for instead). It fits the struct's padding.
+    last_level_at: u16,
     pub(crate) qos: u8,
     pub(crate) retain: bool,
     /// A record holding only what the fields above do not: its User
@@ -108,6 +113,10 @@ impl Kept {
             bytes: bytes.into_boxed_slice(),
             topic_len,
             client_len,
+            last_level_at: match topic_len {
+                0 => 0,
+                _ => topic.rfind('/').map_or(0, |slash| slash + 1) as u16,
+            },
             qos: *qos,
             retain: *retain,
             rare,
@@ -127,6 +136,17 @@ impl Kept {
         match &self.rare {
             Some(rare) if !rare.topic.is_empty() => &rare.topic,
             _ => self.text(0, usize::from(self.topic_len)),
+        }
+    }
+
+    /// The topic's last level: all of it after its last `/`.
+    pub fn last_level(&self) -> &str {
+        match self.last_level_at {
+            0 => {
+                let topic = self.topic();
+                topic.rsplit_once('/').map_or(topic, |(_, last)| last)
+            }
+            at => self.text(usize::from(at), usize::from(self.topic_len)),
         }
     }
 
@@ -267,6 +287,11 @@ mod tests {
             assert_eq!(kept.record(), record);
             assert_eq!(Arc::new(Kept::new(&record)).record_sharing(), record);
             assert_eq!(kept.topic(), record.topic);
+            let last = record
+                .topic
+                .rsplit_once('/')
+                .map_or(&*record.topic, |(_, l)| l);
+            assert_eq!(kept.last_level(), last);
             assert_eq!(kept.accounted_size(), record.accounted_size());
             assert_eq!(kept.is_marker(), record.payload.is_empty());
             let rare = !record.user_properties.is_empty()

@@ -29,6 +29,7 @@ use super::intent::{Class, Intent, Parked, Role, StorageFailure, Write, Written}
 use super::records::{message_from_record, publish_props_of, user_properties_of, will_entry};
 use super::session::InflightPhase;
 use super::{BrokerState, Outbound, ReasonCode};
+use crate::broker::lazy::Lazy;
 use crate::broker::message::Message;
 use crate::broker::metrics::{CloseReason, DropReason};
 use crate::broker::subscriptions::SessionKey;
@@ -52,6 +53,20 @@ enum Place {
     Queued { connection: u64, answer: u64 },
     /// On its own: nobody's packet waits (or its connection went away).
     Alone(Parked),
+}
+
+/// The answer numbered `id` in a connection's queue: answers are numbered
+/// one past the last one queued and leave from the front, so it is `id`
+/// less the front's number from the front - found without a walk of a
+/// queue thousands of pipelined publishes long.
+fn queued_answer(
+    answers: &mut Lazy<VecDeque<super::Answer>>,
+    id: u64,
+) -> Option<&mut super::Answer> {
+    let answers = answers.allocated_mut()?;
+    let front = answers.front()?.id;
+    let at = usize::try_from(id.wrapping_sub(front)).ok()?;
+    answers.get_mut(at).filter(|a| a.id == id)
 }
 
 /// The state's bookkeeping of writes.
@@ -400,7 +415,7 @@ impl BrokerState {
                 Place::Queued { connection, answer } => self
                     .connections
                     .get_mut(connection)
-                    .and_then(|c| c.answers.iter_mut().find(|a| a.id == *answer))
+                    .and_then(|c| queued_answer(&mut c.answers, *answer))
                     .map(|a| &mut a.parked),
             };
             if let Some(Parked::Publish(p)) = parked {
@@ -428,7 +443,7 @@ impl BrokerState {
                 let Some(conn) = self.connections.get_mut(&connection) else {
                     return;
                 };
-                if let Some(a) = conn.answers.iter_mut().find(|a| a.id == answer) {
+                if let Some(a) = queued_answer(&mut conn.answers, answer) {
                     a.wait = None;
                     a.failure = wait.failure;
                     a.appended = wait.appended;

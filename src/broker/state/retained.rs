@@ -245,8 +245,9 @@ impl RetainedIndex {
         if !message_plain || u16::try_from(last_level(kept.topic()).len()).is_err() {
             return false;
         }
-        let topic = kept.topic().to_owned();
-        self.insert(&topic, Leaf::kept(kept));
+        // The topic is read from the handle itself, not copied: the leaf
+        // takes a count of its own.
+        self.insert(kept.topic(), Leaf::kept(kept.clone()));
         true
     }
 

@@ -170,7 +170,7 @@ impl Leaf {
                 // (`Leaf::plain`, `Leaf::whole`), and are never changed.
                 unsafe { std::str::from_utf8_unchecked(&body[Head::LEN..end]) }
             }
-            Form::Kept(kept) => super::last_level(kept.topic()),
+            Form::Kept(kept) => kept.last_level(),
         }
     }
 
