@@ -91,10 +91,10 @@ impl BrokerState {
     pub fn restore_retained(&mut self, value: ServedValue<'_>, now: Instant) {
         if value.is_plain() {
             let held = match value.kept {
-                Some(kept) => self.retained.set_kept(kept.clone(), true),
+                Some(kept) => self.retained.restore_kept(kept.clone()),
                 None => self
                     .retained
-                    .set_plain(value.topic, value.qos, value.payload),
+                    .restore_plain(value.topic, value.qos, value.payload),
             };
             if held {
                 return;

@@ -346,7 +346,9 @@ fn a_retained_message_the_store_shares_is_held_as_its_handle() {
         &saguin_format::model::Record::new("t/1", "v"),
     ));
     restarted.restore_retained(kept.served(), now);
+    restarted.retained.pack();
     assert_eq!(Arc::strong_count(&kept), 2);
+    assert_eq!(restarted.retained_count(), 1);
     let mut held = Vec::new();
     restarted
         .retained
