@@ -35,7 +35,9 @@
 //!   from the providers ([`persister::read_retained`] one message at a
 //!   time, each lent as the broker serves it, read in batches on a thread
 //!   of its own while the state is built from them, then
-//!   [`persister::read_restored`]) on the blocking pool, starts the
+//!   [`persister::read_restored`]; a memory store lends its own handle on
+//!   each retained message, which the state's index holds rather than a
+//!   copy, as it does the handle a retained write on memory answers with) on the blocking pool, starts the
 //!   persisters, then binds the listeners; `run(server, shutdown)` serves
 //!   until `shutdown` completes, and returns an error when the broker task
 //!   failed (the process then exits non-zero). One tokio runtime; a permit
