@@ -91,7 +91,10 @@ impl BrokerState {
     pub fn restore_retained(&mut self, value: ServedValue<'_>, now: Instant) {
         if value.is_plain() {
             let held = match value.kept {
-                Some(kept) => self.retained.restore_kept(kept.clone()),
+                Some(kept) => {
+                    self.retained.restore_kept(kept);
+                    true
+                }
                 None => self
                     .retained
                     .restore_plain(value.topic, value.qos, value.payload),

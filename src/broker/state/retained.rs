@@ -244,11 +244,12 @@ impl RetainedIndex {
     }
 
     /// [`Self::set`] for a message the retained store keeps as `kept`
-    /// (a memory store's handle on it, as its write or a restart's read
-    /// lends it): held as that handle, not copied, unless it has
-    /// properties, which `message_plain` says it has not.
+    /// (a memory store's handle on it, as its write answers with it):
+    /// held as that handle, not copied, when `message_plain` says it has
+    /// no properties. Returns false, keeping nothing, where it has some:
+    /// the caller then sets the message, kept whole.
     pub fn set_kept(&mut self, kept: Arc<Kept>, message_plain: bool) -> bool {
-        if !message_plain || u16::try_from(last_level(kept.topic()).len()).is_err() {
+        if !message_plain {
             return false;
         }
         // The topic is read from the handle itself, not copied: the leaf
@@ -275,12 +276,8 @@ impl RetainedIndex {
 
     /// [`Self::set_kept`] as a restart hands a message over (see
     /// [`Self::restore_plain`]); only for a message without properties.
-    pub fn restore_kept(&mut self, kept: Arc<Kept>) -> bool {
-        if u16::try_from(kept.last_level().len()).is_err() {
-            return false;
-        }
+    pub fn restore_kept(&mut self, kept: &Arc<Kept>) {
         self.restored_at(kept.topic(), Leaf::kept(kept.clone()));
-        true
     }
 
     fn restored_at(&mut self, topic: &str, leaf: Leaf) {
@@ -654,6 +651,11 @@ mod tests {
 
     mod against_a_list {
         use super::*;
+
+        /// A memory store's handle on a plain message at `topic`.
+        fn kept(topic: &str) -> Arc<Kept> {
+            Arc::new(Kept::new(&saguin_format::model::Record::new(topic, "x")))
+        }
         use crate::topic::filter_matches;
         use proptest::prelude::*;
 
@@ -686,8 +688,8 @@ mod tests {
             /// exactly the topics a list would, in the order of their levels.
             #[test]
             fn the_index_answers_as_a_list_of_topics_would(
-                restored in prop::collection::btree_map(topic(), any::<bool>(), 0..20),
-                steps in prop::collection::vec((topic(), any::<bool>(), any::<bool>()), 0..40),
+                restored in prop::collection::btree_map(topic(), 0..3u8, 0..20),
+                steps in prop::collection::vec((topic(), any::<bool>(), 0..3u8), 0..40),
                 filters in prop::collection::vec(filter(), 1..8),
                 pack in any::<bool>(),
             ) {
@@ -697,21 +699,27 @@ mod tests {
                 // A restart's messages first, each topic once (as a store
                 // hands them over): those with properties set whole among
                 // them, the rest put in their sets at once by `pack`.
-                for (topic, properties) in restored {
-                    if properties {
-                        store.set(&with_expiry(&topic, 9));
-                    } else {
-                        prop_assert!(store.restore_plain(&topic, 0, b"x"));
+                // Each message is one of three: with properties (0), held
+                // as bytes of its own (1) or as a store's handle (2).
+                for (topic, form) in restored {
+                    match form {
+                        0 => store.set(&with_expiry(&topic, 9)),
+                        1 => prop_assert!(store.restore_plain(&topic, 0, b"x")),
+                        _ => store.restore_kept(&kept(&topic)),
                     }
-                    list.push((topic, properties));
+                    list.push((topic, form == 0));
                 }
                 store.pack();
                 prop_assert_eq!(store.len(), list.len());
-                for (topic, set, properties) in steps {
+                for (topic, set, form) in steps {
                     list.retain(|(t, _)| *t != topic);
                     if set {
-                        store.set(&if properties { with_expiry(&topic, 9) } else { msg(&topic) });
-                        list.push((topic, properties));
+                        match form {
+                            0 => store.set(&with_expiry(&topic, 9)),
+                            1 => store.set(&msg(&topic)),
+                            _ => prop_assert!(store.set_kept(kept(&topic), true)),
+                        }
+                        list.push((topic, form == 0));
                     } else {
                         let held = store.contains(&topic);
                         prop_assert_eq!(store.remove(&topic), held);
