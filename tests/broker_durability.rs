@@ -344,8 +344,9 @@ fn a_dollar_topics_retained_message_survives_a_restart() {
 }
 
 /// Retained messages held two ways come back as they were published, live
-/// and after a kill -9 on sqlite: one with MQTT 5 properties (kept whole)
-/// and plain ones at each QoS (held as their bytes and rebuilt when sent).
+/// and after a kill -9 on sqlite or SIGTERM on memory: one with MQTT 5
+/// properties (kept whole) and plain ones at each QoS (held as their bytes,
+/// or the memory store's records, and rebuilt when sent).
 #[test]
 fn retained_messages_with_and_without_properties_come_back_as_published() {
     use saguin::broker::codec::PublishProperties;
@@ -417,17 +418,29 @@ fn retained_messages_with_and_without_properties_come_back_as_published() {
         leave(&mut r).await;
     }
 
-    let dir = tempfile::tempdir().unwrap();
-    let yaml = sqlite_config(dir.path());
-    let mut broker = Broker::start_in(dir, &yaml);
-    runtime().block_on(async {
-        publish(&broker).await;
-        check(&broker).await;
-    });
-    broker.child.kill().unwrap();
-    broker.child.wait().unwrap();
-    let broker = broker.restart(&yaml);
-    runtime().block_on(check(&broker));
+    // On memory the plain ones are held as the store's own records, live
+    // and after the restart; on sqlite as the index's own bytes.
+    for sqlite in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = if sqlite {
+            sqlite_config(dir.path())
+        } else {
+            memory_config(dir.path())
+        };
+        let mut broker = Broker::start_in(dir, &yaml);
+        runtime().block_on(async {
+            publish(&broker).await;
+            check(&broker).await;
+        });
+        if sqlite {
+            broker.child.kill().unwrap();
+            broker.child.wait().unwrap();
+        } else {
+            assert_eq!(broker.terminate(), Some(0));
+        }
+        let broker = broker.restart(&yaml);
+        runtime().block_on(check(&broker));
+    }
 }
 
 /// More retained messages than a restart hands over in one batch come
