@@ -23,6 +23,7 @@ mod body;
 mod error;
 mod sink;
 pub mod time;
+mod topic_set;
 mod types;
 mod validate;
 mod wire;

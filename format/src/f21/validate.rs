@@ -4,10 +4,10 @@
 //! from a reader that stops at the first offset past what it asked for.
 //! FORMAT.md §2.9 lists every rule here.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::error::DecodeError;
+use super::topic_set::TopicSet;
 use super::types::*;
 use super::{FileKind, SnapshotFile};
 use crate::channel_name;
@@ -173,11 +173,9 @@ pub(crate) struct ListCheck<'a> {
     /// The first finding of its second pass, reported only when the first
     /// pass found nothing (the order the rules are listed in FORMAT.md §2.9).
     second: Option<DecodeError>,
-    /// Seeded afresh in every process, so no file can be made to collide.
-    /// Each topic is where it lies in a whole input, not a copy: a
-    /// million retained topics held 80 MB as copies while their file was
-    /// read. A file read as a stream has nowhere else to keep them.
-    topics: HashSet<Cow<'a, str>, foldhash::fast::RandomState>,
+    /// Each topic where it lies in a whole input, or copied when the
+    /// file is read as a stream (`topic_set`).
+    topics: TopicSet<'a>,
 }
 
 /// A streamed list's element count and verdict.
@@ -196,7 +194,7 @@ impl<'a> ListCheck<'a> {
             previous: None,
             first: None,
             second: None,
-            topics: HashSet::default(),
+            topics: TopicSet::default(),
         }
     }
 
@@ -227,7 +225,6 @@ impl<'a> ListCheck<'a> {
     /// is its topic where it lies in a whole input.
     #[inline]
     pub(crate) fn record(&mut self, rec: &Record, in_place: Option<&'a str>) {
-        let topic = || in_place.map_or_else(|| Cow::Owned(rec.topic.clone()), Cow::Borrowed);
         let i = self.count;
         self.count += 1;
         if self.first.is_some() {
@@ -275,7 +272,10 @@ impl<'a> ListCheck<'a> {
                     )
                     .err();
                 }
-                if one_per_topic && self.second.is_none() && !self.topics.insert(topic()) {
+                if one_per_topic
+                    && self.second.is_none()
+                    && !self.topics.insert(&rec.topic, in_place)
+                {
                     self.second = Some(DecodeError::invalid(
                         format!("{}.topic", self.element(i)),
                         format!(
@@ -288,7 +288,7 @@ impl<'a> ListCheck<'a> {
             ListRules::Retained => {
                 if let Err(e) = check_record(rec, false) {
                     self.first = Some(e.within(&self.element(i)));
-                } else if !self.topics.insert(topic()) {
+                } else if !self.topics.insert(&rec.topic, in_place) {
                     self.first = Some(DecodeError::invalid(
                         format!("{}.topic", self.element(i)),
                         format!("{:?} has a second retained message", rec.topic),
