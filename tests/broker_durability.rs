@@ -343,6 +343,31 @@ fn a_dollar_topics_retained_message_survives_a_restart() {
     });
 }
 
+/// A broker on sqlite or on memory in a fresh directory, and its
+/// configuration.
+fn start_on(sqlite: bool) -> (Broker, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = if sqlite {
+        sqlite_config(dir.path())
+    } else {
+        memory_config(dir.path())
+    };
+    (Broker::start_in(dir, &yaml), yaml)
+}
+
+/// `broker` stopped as each provider is tested against (kill -9 on
+/// sqlite, SIGTERM on memory, whose snapshot is written at the stop) and
+/// started again on its directory.
+fn restart_after_stop(mut broker: Broker, yaml: &str, sqlite: bool) -> Broker {
+    if sqlite {
+        broker.child.kill().unwrap();
+        broker.child.wait().unwrap();
+    } else {
+        assert_eq!(broker.terminate(), Some(0));
+    }
+    broker.restart(yaml)
+}
+
 /// Retained messages held two ways come back as they were published, live
 /// and after a kill -9 on sqlite or SIGTERM on memory: one with MQTT 5
 /// properties (kept whole) and plain ones at each QoS (held as their bytes,
@@ -421,24 +446,12 @@ fn retained_messages_with_and_without_properties_come_back_as_published() {
     // On memory the plain ones are held as the store's own records, live
     // and after the restart; on sqlite as the index's own bytes.
     for sqlite in [true, false] {
-        let dir = tempfile::tempdir().unwrap();
-        let yaml = if sqlite {
-            sqlite_config(dir.path())
-        } else {
-            memory_config(dir.path())
-        };
-        let mut broker = Broker::start_in(dir, &yaml);
+        let (broker, yaml) = start_on(sqlite);
         runtime().block_on(async {
             publish(&broker).await;
             check(&broker).await;
         });
-        if sqlite {
-            broker.child.kill().unwrap();
-            broker.child.wait().unwrap();
-        } else {
-            assert_eq!(broker.terminate(), Some(0));
-        }
-        let broker = broker.restart(&yaml);
+        let broker = restart_after_stop(broker, &yaml, sqlite);
         runtime().block_on(check(&broker));
     }
 }
@@ -449,13 +462,7 @@ fn retained_messages_with_and_without_properties_come_back_as_published() {
 fn retained_messages_beyond_one_batch_come_back_each_once() {
     const COUNT: u16 = 3_000;
     for sqlite in [false, true] {
-        let dir = tempfile::tempdir().unwrap();
-        let yaml = if sqlite {
-            sqlite_config(dir.path())
-        } else {
-            memory_config(dir.path())
-        };
-        let mut broker = Broker::start_in(dir, &yaml);
+        let (broker, yaml) = start_on(sqlite);
         runtime().block_on(async {
             let mut p = Raw::tcp(broker.addr(), v5()).await;
             p.connect("pub", ConnectOpts::clean()).await;
@@ -465,13 +472,7 @@ fn retained_messages_beyond_one_batch_come_back_each_once() {
             }
             leave(&mut p).await;
         });
-        if sqlite {
-            broker.child.kill().unwrap();
-            broker.child.wait().unwrap();
-        } else {
-            assert_eq!(broker.terminate(), Some(0));
-        }
-        let broker = broker.restart(&yaml);
+        let broker = restart_after_stop(broker, &yaml, sqlite);
         runtime().block_on(async {
             let mut r = Raw::tcp(broker.addr(), v5()).await;
             r.connect("reader", ConnectOpts::clean()).await;
