@@ -65,6 +65,14 @@ unsafe impl Send for Leaf {}
 // SAFETY: as above: nothing is changed through a shared leaf.
 unsafe impl Sync for Leaf {}
 
+/// What a leaf's pointer is, decoded once for every use of it.
+enum Raw {
+    /// `Arc::into_raw`'s pointer, untagged.
+    Kept(*const Kept),
+    /// Its own allocation: the length's bytes, then the body's.
+    Own { prefix: usize, body: usize },
+}
+
 /// A leaf's two forms, as read.
 enum Form<'a> {
     /// Its own bytes after the length: the head, the last level, the
@@ -116,10 +124,7 @@ impl Leaf {
             payload,
         ];
         let size = prefix + body;
-        let layout = Layout::from_size_align(size, ALIGN).unwrap_or_else(|_| {
-            // Only a body near `isize::MAX` bytes, which no message reaches.
-            handle_alloc_error(Layout::new::<u8>())
-        });
+        let layout = own_layout(size);
         // SAFETY: `layout` has a nonzero size (the head alone is 4 bytes).
         let start = unsafe { alloc(layout) };
         let Some(start) = NonNull::new(start) else {
@@ -139,19 +144,27 @@ impl Leaf {
         Leaf(start)
     }
 
-    fn form(&self) -> Form<'_> {
+    fn raw(&self) -> Raw {
         let tagged = self.0.as_ptr();
         if tagged.addr() & KEPT != 0 {
-            let kept = tagged.map_addr(|addr| addr & !KEPT).cast::<Kept>();
-            // SAFETY: a tagged pointer is `Arc::into_raw`'s (`Leaf::kept`),
-            // and this leaf holds one of its counts until it is dropped.
-            return Form::Kept(unsafe { &*kept });
+            return Raw::Kept(tagged.map_addr(|addr| addr & !KEPT).cast::<Kept>());
         }
         // SAFETY: an untagged pointer is `Leaf::own`'s: its allocation
-        // starts with the body's length, then holds the body whole.
-        unsafe {
-            let (body, prefix) = read_leb128(tagged);
-            Form::Own(std::slice::from_raw_parts(tagged.add(prefix), body))
+        // starts with the body's length.
+        let (body, prefix) = unsafe { read_leb128(tagged) };
+        Raw::Own { prefix, body }
+    }
+
+    fn form(&self) -> Form<'_> {
+        match self.raw() {
+            // SAFETY: a tagged pointer is `Arc::into_raw`'s (`Leaf::kept`),
+            // and this leaf holds one of its counts until it is dropped.
+            Raw::Kept(kept) => Form::Kept(unsafe { &*kept }),
+            // SAFETY: the body follows its length, whole, in `Leaf::own`'s
+            // allocation.
+            Raw::Own { prefix, body } => {
+                Form::Own(unsafe { std::slice::from_raw_parts(self.0.as_ptr().add(prefix), body) })
+            }
         }
     }
 
@@ -224,51 +237,51 @@ impl Leaf {
 
 impl Clone for Leaf {
     fn clone(&self) -> Leaf {
-        let tagged = self.0.as_ptr();
-        if tagged.addr() & KEPT != 0 {
-            let kept = tagged.map_addr(|addr| addr & !KEPT).cast::<Kept>();
-            // SAFETY: the pointer is `Arc::into_raw`'s and this leaf holds
-            // a count, so the `Arc` is alive; the clone takes another,
-            // which its own drop gives back.
-            unsafe { Arc::increment_strong_count(kept) };
-            return Leaf(self.0);
-        }
-        // SAFETY: an untagged pointer is `Leaf::own`'s allocation, its
-        // length first: the copy is of the whole allocation, into one of
-        // the same layout.
-        unsafe {
-            let (body, prefix) = read_leb128(tagged);
-            let layout = Layout::from_size_align_unchecked(prefix + body, ALIGN);
-            let Some(copy) = NonNull::new(alloc(layout)) else {
-                handle_alloc_error(layout)
-            };
-            copy.as_ptr()
-                .copy_from_nonoverlapping(tagged, prefix + body);
-            Leaf(copy)
+        match self.raw() {
+            Raw::Kept(kept) => {
+                // SAFETY: the pointer is `Arc::into_raw`'s and this leaf
+                // holds a count, so the `Arc` is alive; the clone takes
+                // another, which its own drop gives back.
+                unsafe { Arc::increment_strong_count(kept) };
+                Leaf(self.0)
+            }
+            Raw::Own { prefix, body } => {
+                let layout = own_layout(prefix + body);
+                // SAFETY: a copy of the whole of `Leaf::own`'s allocation
+                // into one of the same layout, which is not empty.
+                unsafe {
+                    let Some(copy) = NonNull::new(alloc(layout)) else {
+                        handle_alloc_error(layout)
+                    };
+                    copy.as_ptr()
+                        .copy_from_nonoverlapping(self.0.as_ptr(), layout.size());
+                    Leaf(copy)
+                }
+            }
         }
     }
 }
 
 impl Drop for Leaf {
     fn drop(&mut self) {
-        let tagged = self.0.as_ptr();
-        if tagged.addr() & KEPT != 0 {
-            let kept = tagged.map_addr(|addr| addr & !KEPT).cast::<Kept>();
+        match self.raw() {
             // SAFETY: the pointer is `Arc::into_raw`'s, and this leaf gives
             // back the one count it holds.
-            drop(unsafe { Arc::from_raw(kept) });
-            return;
-        }
-        // SAFETY: an untagged pointer is `Leaf::own`'s allocation of
-        // exactly this layout.
-        unsafe {
-            let (body, prefix) = read_leb128(tagged);
-            dealloc(
-                tagged,
-                Layout::from_size_align_unchecked(prefix + body, ALIGN),
-            );
+            Raw::Kept(kept) => drop(unsafe { Arc::from_raw(kept) }),
+            // SAFETY: `Leaf::own`'s allocation, of this layout.
+            Raw::Own { prefix, body } => unsafe {
+                dealloc(self.0.as_ptr(), own_layout(prefix + body))
+            },
         }
     }
+}
+
+/// The layout of a leaf's own allocation of `size` bytes.
+fn own_layout(size: usize) -> Layout {
+    Layout::from_size_align(size, ALIGN).unwrap_or_else(|_| {
+        // Only a body near `isize::MAX` bytes, which no message reaches.
+        handle_alloc_error(Layout::new::<u8>())
+    })
 }
 
 impl fmt::Debug for Leaf {
