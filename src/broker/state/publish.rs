@@ -505,7 +505,7 @@ impl BrokerState {
     /// A publish (from a client, or a Will) whose writes were answered.
     pub(super) fn answer_publish(
         &mut self,
-        mut p: ParkedPublish,
+        p: ParkedPublish,
         failure: Option<StorageFailure>,
         appended: Option<u64>,
         now: Instant,
@@ -550,16 +550,10 @@ impl BrokerState {
             return;
         }
         match p.retain_change {
-            Some(true) => {
-                let plain = super::retained::has_no_properties(&p.message);
-                let shared = p
-                    .retained_kept
-                    .take()
-                    .is_some_and(|kept| self.retained.set_kept(kept, plain));
-                if !shared {
-                    self.retained.set(&p.message);
-                }
-            }
+            Some(true) => match p.retained_kept {
+                Some(kept) => self.retained.set_kept(&p.message, kept),
+                None => self.retained.set(&p.message),
+            },
             Some(false) => {
                 self.retained.remove(&p.message.topic);
             }

@@ -117,7 +117,7 @@ fn held(name: &str, message: &Message) -> Option<Leaf> {
 }
 
 /// A message the index may hold as its last level, QoS and payload.
-pub fn has_no_properties(message: &Message) -> bool {
+fn has_no_properties(message: &Message) -> bool {
     !message.properties.is_allocated() || message.properties == MessageProperties::default()
 }
 
@@ -243,19 +243,17 @@ impl RetainedIndex {
         self.insert(topic, leaf);
     }
 
-    /// [`Self::set`] for a message the retained store keeps as `kept`
-    /// (a memory store's handle on it, as its write answers with it):
-    /// held as that handle, not copied, when `message_plain` says it has
-    /// no properties. Returns false, keeping nothing, where it has some:
-    /// the caller then sets the message, kept whole.
-    pub fn set_kept(&mut self, kept: Arc<Kept>, message_plain: bool) -> bool {
-        if !message_plain {
-            return false;
+    /// [`Self::set`] for a message the retained store keeps as `kept` (a
+    /// memory store's handle on it, as its write answers with it): held
+    /// as that handle, not copied, unless it has properties and is kept
+    /// whole.
+    pub fn set_kept(&mut self, message: &Message, kept: Arc<Kept>) {
+        if !has_no_properties(message) {
+            return self.set(message);
         }
         // The topic is read from the handle itself, not copied: the leaf
         // takes a count of its own.
         self.insert(kept.topic(), Leaf::kept(kept.clone()));
-        true
     }
 
     /// [`Self::set`] for a message with no properties, from its parts, as
@@ -717,7 +715,7 @@ mod tests {
                         match form {
                             0 => store.set(&with_expiry(&topic, 9)),
                             1 => store.set(&msg(&topic)),
-                            _ => prop_assert!(store.set_kept(kept(&topic), true)),
+                            _ => store.set_kept(&msg(&topic), kept(&topic)),
                         }
                         list.push((topic, form == 0));
                     } else {
