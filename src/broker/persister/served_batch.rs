@@ -53,13 +53,15 @@ impl ServedBatch {
             self.values.reserve(BATCH_VALUES);
         }
         let kept = value.kept.cloned();
-        if kept.is_none() {
-            self.bytes.extend_from_slice(value.topic.as_bytes());
-        }
-        let topic_end = self.bytes.len();
-        if kept.is_none() {
-            self.bytes.extend_from_slice(value.payload);
-        }
+        let topic_end = match kept {
+            Some(_) => self.bytes.len(),
+            None => {
+                self.bytes.extend_from_slice(value.topic.as_bytes());
+                let topic_end = self.bytes.len();
+                self.bytes.extend_from_slice(value.payload);
+                topic_end
+            }
+        };
         let properties = (!value.is_plain())
             .then(|| Box::new((value.props.clone(), value.user_properties.to_vec())));
         self.values.push(Packed {

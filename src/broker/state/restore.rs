@@ -90,16 +90,13 @@ impl BrokerState {
     /// own handle on it where the store lends one (a memory store's).
     pub fn restore_retained(&mut self, value: ServedValue<'_>, now: Instant) {
         if value.is_plain() {
-            let held = match value.kept {
-                Some(kept) => {
-                    self.retained.restore_kept(kept);
-                    true
-                }
-                None => self
-                    .retained
-                    .restore_plain(value.topic, value.qos, value.payload),
-            };
-            if held {
+            if let Some(kept) = value.kept {
+                return self.retained.restore_kept(kept);
+            }
+            if self
+                .retained
+                .restore_plain(value.topic, value.qos, value.payload)
+            {
                 return;
             }
         }
