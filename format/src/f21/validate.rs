@@ -157,7 +157,8 @@ impl ListRules {
 }
 
 /// The most topics a list's set makes room for before they are read: a
-/// million, about 50 MB of address space and 2 MB touched.
+/// million, about 46 MB of address space (the table's slots, and where
+/// each topic is) and 2 MB touched.
 const TOPICS_RESERVED_AT_MOST: usize = 1 << 20;
 
 /// The running state of one streamed list's checks: a few words and, for a
