@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use saguin_format::model::{ChannelKind, PublishProps, Record, UnixNanos, UserProperty};
 
-use super::kept::Kept;
+use super::kept::{Kept, KeptRecord};
 
 /// The reason code an MQTT 5 acknowledgement carries for a write the store
 /// refused because a bound was reached (Quota exceeded).
@@ -664,7 +664,7 @@ pub struct ServedValue<'a> {
     /// The store's own handle on the value, where it keeps one the broker
     /// may hold instead of a copy (a memory store's): a restart's retained
     /// index then holds each message once.
-    pub kept: Option<&'a Arc<Kept>>,
+    pub kept: Option<&'a Kept>,
 }
 
 impl<'a> ServedValue<'a> {
@@ -737,7 +737,7 @@ impl<'a> From<RecordParts<'a>> for ServedValue<'a> {
 }
 
 /// How a record kept compact is lent: here, beside what it is lent as.
-impl Kept {
+impl KeptRecord {
     /// The record it keeps, lent part by part.
     pub fn parts(&self) -> RecordParts<'_> {
         let rare = self.rare.as_deref();
@@ -757,10 +757,12 @@ impl Kept {
             payload: self.payload(),
         }
     }
+}
 
+impl Kept {
     /// What the broker serves of the record it keeps, lent from it with
     /// the handle itself, which the broker may hold.
-    pub(crate) fn served(self: &Arc<Self>) -> ServedValue<'_> {
+    pub(crate) fn served(&self) -> ServedValue<'_> {
         ServedValue {
             kept: Some(self),
             ..self.parts().into()
@@ -782,7 +784,7 @@ pub trait LatestStore: OffsetStore + AsOffsetStore {
     /// now holds where it keeps one the broker may hold instead of a copy
     /// (a memory store's; `None` for a deletion and for a store whose
     /// values live elsewhere, a database's).
-    fn set_sharing(&self, record: Record) -> Result<(Record, Option<Arc<Kept>>)> {
+    fn set_sharing(&self, record: Record) -> Result<(Record, Option<Kept>)> {
         self.set(record).map(|record| (record, None))
     }
 

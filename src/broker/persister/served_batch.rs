@@ -8,8 +8,6 @@
 //! other thread. A value the store lends with its own handle (a memory
 //! store's) comes over as that handle, copied nowhere: the state holds it.
 
-use std::sync::Arc;
-
 use saguin_format::model::{PublishProps, UnixNanos, UserProperty};
 
 use crate::storage::contract::ServedValue;
@@ -37,7 +35,7 @@ struct Packed {
     properties: Option<Box<(PublishProps, Vec<UserProperty>)>>,
     /// The store's handle on the value, when it lent one: its topic and
     /// payload are then read from it, and nothing is copied into `bytes`.
-    kept: Option<Arc<Kept>>,
+    kept: Option<Kept>,
 }
 
 #[derive(Default)]
@@ -178,7 +176,7 @@ mod tests {
     /// nothing of it is copied into the batch.
     #[test]
     fn a_value_lent_with_its_handle_comes_over_as_the_handle() {
-        let kept = Arc::new(Kept::new(&record("a/b", b"one")));
+        let kept = Kept::new(&record("a/b", b"one"));
         let copied = record("a/c", b"two");
         let mut batch = ServedBatch::default();
         assert!(!batch.push(kept.served()));
@@ -197,7 +195,7 @@ mod tests {
         else {
             panic!("{back:?}");
         };
-        assert!(Arc::ptr_eq(handle, &kept));
+        assert!(Kept::ptr_eq(handle, &kept));
         assert_eq!(
             (topic.as_str(), payload.as_slice(), *offset),
             ("a/b", &b"one"[..], 7)

@@ -122,7 +122,7 @@ pub enum Written {
     /// The retained store's own handle on the value a
     /// [`Write::SetRetained`] set, where it keeps one (a memory store's):
     /// the retained index holds it rather than a copy.
-    Retained(Arc<Kept>),
+    Retained(Kept),
     /// A record stored in the channel of this index, with its offset.
     Stored(u16, Arc<Record>),
     /// A queue record leased, in the queue of this index.
@@ -299,7 +299,7 @@ pub(super) struct ParkedPublish {
     pub retain_change: Option<bool>,
     /// The retained store's handle on the value set, when its write
     /// answered with one ([`Written::Retained`]).
-    pub retained_kept: Option<Arc<Kept>>,
+    pub retained_kept: Option<Kept>,
     /// The v5 reason the publisher is answered with on success.
     pub code: ReasonCode,
 }

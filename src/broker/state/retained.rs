@@ -247,7 +247,7 @@ impl RetainedIndex {
     /// memory store's handle on it, as its write answers with it): held
     /// as that handle, not copied, unless it has properties and is kept
     /// whole.
-    pub fn set_kept(&mut self, message: &Message, kept: Arc<Kept>) {
+    pub fn set_kept(&mut self, message: &Message, kept: Kept) {
         if !has_no_properties(message) {
             return self.set(message);
         }
@@ -274,7 +274,7 @@ impl RetainedIndex {
 
     /// [`Self::set_kept`] as a restart hands a message over (see
     /// [`Self::restore_plain`]); only for a message without properties.
-    pub fn restore_kept(&mut self, kept: &Arc<Kept>) {
+    pub fn restore_kept(&mut self, kept: &Kept) {
         self.restored_at(kept.topic(), Leaf::kept(kept.clone()));
     }
 
@@ -651,8 +651,8 @@ mod tests {
         use super::*;
 
         /// A memory store's handle on a plain message at `topic`.
-        fn kept(topic: &str) -> Arc<Kept> {
-            Arc::new(Kept::new(&saguin_format::model::Record::new(topic, "x")))
+        fn kept(topic: &str) -> Kept {
+            Kept::new(&saguin_format::model::Record::new(topic, "x"))
         }
         use crate::topic::filter_matches;
         use proptest::prelude::*;

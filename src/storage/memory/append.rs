@@ -96,7 +96,7 @@ impl MemoryAppend {
         dead_letter: bool,
         next: u64,
         floor: u64,
-        records: Vec<Arc<Kept>>,
+        records: Vec<Kept>,
         positions: Vec<Position>,
     ) -> MemoryAppend {
         let store = MemoryAppend::with_state(name, shared, dead_letter, next, floor);
@@ -194,12 +194,12 @@ impl MemoryAppend {
         // offsets become readable in the order they were assigned (`docs/design.md`
         // storage rule 2).
         record.offset = st.next;
-        kept.offset = st.next;
+        kept.set_offset(st.next);
         st.next += 1;
         // Kept compact, in one allocation of its own: the record handed
         // back (to the broker, which keeps recent records for a while)
         // does not hold it.
-        st.log.push(Arc::new(kept), size);
+        st.log.push(kept, size);
         self.version.bump(&self.shared);
         drop(st);
         Ok(record)
@@ -362,7 +362,7 @@ mod tests {
             .unwrap();
         let st = read(&store.state);
         let kept = st.log.live_slots()[0].record.as_ref().unwrap();
-        assert_eq!(Arc::strong_count(kept), 1, "the log's alone");
+        assert_eq!(Kept::count(kept), 1, "the log's alone");
         assert_eq!(&kept.bytes[..], b"site/1dev-121.5", "one allocation");
         assert!(kept.rare.is_none());
         assert_eq!(kept.record(), handed);

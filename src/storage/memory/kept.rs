@@ -1,7 +1,6 @@
 //! A memory store's records as a copy for a snapshot takes them.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use saguin_format::model::Record;
 
@@ -13,7 +12,7 @@ use crate::storage::kept::Kept;
 /// pointers where it is taken, and each record is rebuilt where it is
 /// written.
 #[derive(Clone, Debug, Default)]
-pub struct KeptRecords(VecDeque<Arc<Kept>>);
+pub struct KeptRecords(VecDeque<Kept>);
 
 impl KeptRecords {
     pub fn len(&self) -> usize {
@@ -47,8 +46,8 @@ impl KeptRecords {
     }
 }
 
-impl From<Vec<Arc<Kept>>> for KeptRecords {
-    fn from(handles: Vec<Arc<Kept>>) -> Self {
+impl From<Vec<Kept>> for KeptRecords {
+    fn from(handles: Vec<Kept>) -> Self {
         KeptRecords(handles.into())
     }
 }
@@ -60,9 +59,6 @@ impl From<Vec<Record>> for KeptRecords {
 }
 
 /// Each record kept compact, each let go once its copy is made.
-pub(crate) fn kept_all<C: FromIterator<Arc<Kept>>>(records: Vec<Record>) -> C {
-    records
-        .into_iter()
-        .map(|r| Arc::new(Kept::new(&r)))
-        .collect()
+pub(crate) fn kept_all<C: FromIterator<Kept>>(records: Vec<Record>) -> C {
+    records.into_iter().map(|r| Kept::new(&r)).collect()
 }

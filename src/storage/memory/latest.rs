@@ -40,7 +40,7 @@ impl LatestLoad {
 
     /// A channel's values, made compact as its file was decoded, in the
     /// file's order.
-    pub(crate) fn of_kept(values: Vec<Arc<Kept>>) -> LatestLoad {
+    pub(crate) fn of_kept(values: Vec<Kept>) -> LatestLoad {
         let mut load = LatestLoad::with_capacity(values.len());
         for kept in values {
             load.push_kept(kept);
@@ -68,10 +68,10 @@ impl LatestLoad {
     }
 
     fn push(&mut self, record: Record) {
-        self.push_kept(Arc::new(Kept::new(&record)));
+        self.push_kept(Kept::new(&record));
     }
 
-    fn push_kept(&mut self, kept: Arc<Kept>) {
+    fn push_kept(&mut self, kept: Kept) {
         self.bytes += kept.accounted_size();
         if kept.is_marker() {
             self.deletions.insert(kept.offset, kept.timestamp);
@@ -82,7 +82,7 @@ impl LatestLoad {
 
 /// A value in the topic index, ordered and looked up by its topic.
 #[derive(Clone, Debug)]
-struct ByTopic(Arc<Kept>);
+struct ByTopic(Kept);
 
 impl Borrow<str> for ByTopic {
     fn borrow(&self) -> &str {
@@ -114,8 +114,8 @@ impl Ord for ByTopic {
 /// a channel is taken in that order; one of the retained store is not).
 /// Each offset is read once, beside its handle: a sort that read it
 /// through the handle at every comparison went to memory for most of them.
-fn in_offset_order<'a>(values: impl Iterator<Item = &'a Arc<Kept>>) -> Vec<&'a Arc<Kept>> {
-    let mut values: Vec<(u64, &Arc<Kept>)> = values.map(|v| (v.offset, v)).collect();
+fn in_offset_order<'a>(values: impl Iterator<Item = &'a Kept>) -> Vec<&'a Kept> {
+    let mut values: Vec<(u64, &Kept)> = values.map(|v| (v.offset, v)).collect();
     if !values.is_sorted_by_key(|(offset, _)| *offset) {
         values.sort_unstable_by_key(|(offset, _)| *offset);
     }
@@ -135,7 +135,7 @@ struct LatestState {
     /// its changes, and its few reads in offset order (a snapshot's, a
     /// restart's, a subscription's) sort what they read instead of every
     /// value carrying a second index entry.
-    by_offset: Option<BTreeMap<u64, Arc<Kept>>>,
+    by_offset: Option<BTreeMap<u64, Kept>>,
     next: u64,
     floor: u64,
     /// Sum of `accounted_size` over values and markers.
@@ -147,7 +147,7 @@ struct LatestState {
 
 impl LatestState {
     /// Every value and marker in offset order.
-    fn in_offset_order(&self) -> Vec<&Arc<Kept>> {
+    fn in_offset_order(&self) -> Vec<&Kept> {
         match &self.by_offset {
             Some(by_offset) => by_offset.values().collect(),
             None => in_offset_order(self.values.iter().map(|v| &v.0)),
@@ -157,7 +157,7 @@ impl LatestState {
     /// Up to `max` changes from offset `since` on whose topic matches
     /// `filter`, in offset order, a deletion as its marker.
     fn changes_since(&self, filter: &str, since: u64, max: usize) -> Vec<Record> {
-        let matches = |k: &&Arc<Kept>| filter_matches(filter, k.topic());
+        let matches = |k: &&Kept| filter_matches(filter, k.topic());
         match &self.by_offset {
             Some(by_offset) => by_offset
                 .range(since..)
@@ -186,7 +186,7 @@ impl LatestState {
 /// where it is taken, and the records are rebuilt, in offset order, where
 /// they are written.
 #[derive(Clone, Debug, Default)]
-pub struct LatestRecords(Vec<Arc<Kept>>);
+pub struct LatestRecords(Vec<Kept>);
 
 impl LatestRecords {
     pub fn len(&self) -> usize {
@@ -217,7 +217,7 @@ impl LatestRecords {
     /// topic index keeps (FORMAT.md §2.6). A copy of the retained store is
     /// taken in that order and is not sorted again.
     pub fn parts_by_topic(&self) -> impl Iterator<Item = RecordParts<'_>> {
-        let mut values: Vec<&Arc<Kept>> = self.0.iter().collect();
+        let mut values: Vec<&Kept> = self.0.iter().collect();
         if !values.is_sorted_by(|a, b| a.topic() <= b.topic()) {
             values.sort_unstable_by(|a, b| a.topic().cmp(b.topic()));
         }
@@ -330,7 +330,7 @@ impl MemoryLatest {
         } = load;
         // Sorted by offset as well as by topic: a store without the index
         // by offset refuses two values at one offset all the same.
-        let by_offset: Vec<Arc<Kept>> = in_offset_order(by_topic.iter().map(|v| &v.0))
+        let by_offset: Vec<Kept> = in_offset_order(by_topic.iter().map(|v| &v.0))
             .into_iter()
             .cloned()
             .collect();
@@ -411,11 +411,7 @@ impl MemoryLatest {
     /// [`MemoryLatest::set_inner`], with the handle on the value or marker
     /// it now holds (`None` for the retained store's deletion, which
     /// leaves nothing).
-    fn set_kept(
-        &self,
-        mut record: Record,
-        relief: bool,
-    ) -> Result<Option<(Record, Option<Arc<Kept>>)>> {
+    fn set_kept(&self, mut record: Record, relief: bool) -> Result<Option<(Record, Option<Kept>)>> {
         self.shared.check_open()?;
         check_record(&self.name, &record, false)?;
         let mut st = write(&self.state);
@@ -461,7 +457,7 @@ impl MemoryLatest {
         if deleting {
             st.deletions.insert(record.offset, record.timestamp);
         }
-        let kept = Arc::new(Kept::new(&record));
+        let kept = Kept::new(&record);
         if let Some(by_offset) = st.by_offset.as_mut() {
             by_offset.insert(kept.offset, kept.clone());
         }
@@ -520,7 +516,7 @@ impl MemoryLatest {
 impl MemoryLatest {
     /// Handles to the current values, ordered by offset, taken under the
     /// lock: a value is then made or lent from one without holding it.
-    fn live_handles(&self) -> Vec<Arc<Kept>> {
+    fn live_handles(&self) -> Vec<Kept> {
         read(&self.state)
             .in_offset_order()
             .into_iter()
@@ -536,7 +532,7 @@ impl LatestStore for MemoryLatest {
     }
 
     /// The handle on a value, not a marker's: a deletion shares nothing.
-    fn set_sharing(&self, record: Record) -> Result<(Record, Option<Arc<Kept>>)> {
+    fn set_sharing(&self, record: Record) -> Result<(Record, Option<Kept>)> {
         let topic = record.topic.clone();
         match self.set_kept(record, false)? {
             Some((record, kept)) => Ok((record, kept.filter(|k| !k.is_marker()))),
@@ -576,7 +572,7 @@ impl LatestStore for MemoryLatest {
         } else {
             format!("{prefix}/")
         };
-        let mut found: Vec<&Arc<Kept>> = Vec::new();
+        let mut found: Vec<&Kept> = Vec::new();
         if !prefix.is_empty() {
             found.extend(st.values.get(prefix).map(|v| &v.0));
         }
@@ -721,6 +717,7 @@ impl OffsetStore for MemoryLatest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::kept::KeptRecord;
     use crate::storage::memory::MemoryProvider;
     use bytes::Bytes;
 
@@ -730,14 +727,14 @@ mod tests {
     }
 
     /// The retained store keeps each value once, in its topic index only,
-    /// and a record's common fields in 80 bytes (96 with the `Arc`'s
-    /// counts, an allocator size class), one allocation for its strings
-    /// and one for its payload; as a shared `Record` indexed twice a value
-    /// was 216 bytes, its topic and client id apart, and two index entries.
+    /// and a record's common fields in 56 bytes, in one allocation with
+    /// its count, topic, client id and payload; as a shared `Record`
+    /// indexed twice a value was 216 bytes, its topic and client id apart,
+    /// and two index entries.
     #[test]
     fn a_retained_value_is_kept_small_and_once() {
-        // With the `Arc`'s two counts, the allocator's 80 B class.
-        assert_eq!(std::mem::size_of::<Kept>(), 64);
+        assert_eq!(std::mem::size_of::<Kept>(), 8, "one pointer");
+        assert_eq!(std::mem::size_of::<KeptRecord<[u8; 0]>>(), 56);
         let store = retained_store();
         for (topic, payload) in [("a/1", "x"), ("a/2", "y"), ("a/1", "z")] {
             store
@@ -752,7 +749,7 @@ mod tests {
         assert_eq!(st.values.len(), 2);
         for v in &st.values {
             // The topic index and nothing else.
-            assert_eq!(Arc::strong_count(&v.0), 1);
+            assert_eq!(Kept::count(&v.0), 1);
             assert!(v.0.rare.is_none(), "nothing out of line");
             assert_eq!(v.0.client_id(), "publisher");
             let text = format!("{}publisher", v.0.topic());
@@ -783,12 +780,12 @@ mod tests {
         assert_eq!((record.offset, kept.offset), (1, 1));
         let st = read(&store.state);
         let held = &st.values.get("a/1").unwrap().0;
-        assert!(Arc::ptr_eq(held, &kept), "the very handle the store holds");
+        assert!(Kept::ptr_eq(held, &kept), "the very handle the store holds");
         drop(st);
-        assert_eq!(Arc::strong_count(&kept), 2);
+        assert_eq!(Kept::count(&kept), 2);
         let (replaced, _) = store.set_sharing(Record::new("a/1", "y")).unwrap();
         assert_eq!(replaced.offset, 2);
-        assert_eq!(Arc::strong_count(&kept), 1, "the store let go of it");
+        assert_eq!(Kept::count(&kept), 1, "the store let go of it");
         let (deleted, none) = store.set_sharing(Record::new("a/1", "")).unwrap();
         assert!(none.is_none() && deleted.offset == 3);
         let (nothing, none) = store.set_sharing(Record::new("a/2", "")).unwrap();
@@ -803,7 +800,7 @@ mod tests {
             panic!("{lent:?}");
         };
         let st = read(&store.state);
-        assert!(Arc::ptr_eq(handle, &st.values.get("b/1").unwrap().0));
+        assert!(Kept::ptr_eq(handle, &st.values.get("b/1").unwrap().0));
     }
 
     /// A channel's two indexes share each value.
@@ -821,8 +818,8 @@ mod tests {
         for (offset, kept) in by_offset {
             assert_eq!(kept.offset, *offset);
             let by_topic = &st.values.get(kept.topic()).unwrap().0;
-            assert!(Arc::ptr_eq(by_topic, kept));
-            assert_eq!(Arc::strong_count(kept), 2);
+            assert!(Kept::ptr_eq(by_topic, kept));
+            assert_eq!(Kept::count(kept), 2);
         }
     }
 

@@ -296,8 +296,8 @@ fn holds(channel: &str, held: Vec<f21::HeldPublish>) -> Vec<HeldPublish> {
 /// decoded.
 #[derive(Debug, Default)]
 struct DecodedLists {
-    records: Vec<Arc<Kept>>,
-    dead_letter: Vec<Arc<Kept>>,
+    records: Vec<Kept>,
+    dead_letter: Vec<Kept>,
     items: Vec<RestoredItem>,
     /// The retained store's values, of its file.
     retained: LatestLoad,
@@ -333,10 +333,8 @@ impl RecordSink for StartSink {
 
     fn record(&mut self, list: RecordList, record: Record, kept: &mut Vec<Record>) {
         match list {
-            RecordList::ChannelRecords => self.reading.records.push(Arc::new(Kept::new(&record))),
-            RecordList::DeadLetterRecords => {
-                self.reading.dead_letter.push(Arc::new(Kept::new(&record)))
-            }
+            RecordList::ChannelRecords => self.reading.records.push(Kept::new(&record)),
+            RecordList::DeadLetterRecords => self.reading.dead_letter.push(Kept::new(&record)),
             RecordList::Retained => self.reading.retained.push_retained(record),
             RecordList::BroadcastMessages | RecordList::QueueItems => kept.push(record),
         }
@@ -344,7 +342,7 @@ impl RecordSink for StartSink {
 
     fn item(&mut self, item: QueueItem, _: &mut Vec<QueueItem>) {
         self.reading.items.push(RestoredItem {
-            record: Arc::new(Kept::new(&item.record)),
+            record: Kept::new(&item.record),
             attempts: item.attempts,
             first_delivered: item.first_delivered,
             last_delivered: item.last_delivered,

@@ -30,7 +30,7 @@ struct Holding {
 /// its file says of its deliveries.
 #[derive(Debug)]
 pub(crate) struct RestoredItem {
-    pub(crate) record: Arc<Kept>,
+    pub(crate) record: Kept,
     pub(crate) attempts: u32,
     pub(crate) first_delivered: UnixNanos,
     pub(crate) last_delivered: UnixNanos,
@@ -40,7 +40,7 @@ pub(crate) struct RestoredItem {
 struct Item {
     /// Kept compact, as an append channel's records are: a queue's
     /// backlog grows while its workers are away.
-    record: Arc<Kept>,
+    record: Kept,
     attempts: u32,
     first_delivered: UnixNanos,
     last_delivered: UnixNanos,
@@ -101,7 +101,7 @@ pub struct QueueCopy {
     pub next: u64,
     pub floor: u64,
     pub bytes: u64,
-    pub items: Vec<(Arc<Kept>, u32, UnixNanos, UnixNanos)>,
+    pub items: Vec<(Kept, u32, UnixNanos, UnixNanos)>,
 }
 
 impl MemoryQueue {
@@ -240,13 +240,13 @@ impl MemoryQueue {
             relief,
         )?;
         record.offset = st.next;
-        kept.offset = st.next;
+        kept.set_offset(st.next);
         st.next += 1;
         st.bytes += size;
         st.items.insert(
             record.offset,
             Item {
-                record: Arc::new(kept),
+                record: kept,
                 attempts: 0,
                 first_delivered: 0,
                 last_delivered: 0,
@@ -575,7 +575,7 @@ mod tests {
         {
             let st = read(&queue.state);
             let kept = &st.items[&stored.offset].record;
-            assert_eq!(Arc::strong_count(kept), 1, "the queue's alone");
+            assert_eq!(Kept::count(kept), 1, "the queue's alone");
             assert_eq!(&kept.bytes[..], b"jobs/7plannerresize", "one allocation");
         }
         let (copy, _) = queue.copy_with_dead_letter();

@@ -63,7 +63,7 @@ impl SessionStore for MemorySessions {
 
 #[derive(Debug)]
 struct LogState {
-    log: SlotLog<Record>,
+    log: SlotLog<Arc<Record>>,
     next: u64,
     floor: u64,
 }

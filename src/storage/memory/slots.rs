@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use saguin_format::model::{Record, UnixNanos};
 
-use crate::storage::kept::Kept;
+use crate::storage::kept::{Kept, KeptRecord};
 
 /// A record as a log holds it: whole (the broadcast log, whose records the
 /// broker shares while it delivers them) or kept compact (an append
@@ -24,7 +24,7 @@ pub(crate) trait Logged {
     fn accounted_size(&self) -> u64;
 }
 
-impl Logged for Record {
+impl Logged for Arc<Record> {
     fn offset(&self) -> u64 {
         self.offset
     }
@@ -48,7 +48,7 @@ impl Logged for Kept {
     }
 
     fn accounted_size(&self) -> u64 {
-        Kept::accounted_size(self)
+        KeptRecord::accounted_size(self)
     }
 }
 
@@ -56,7 +56,7 @@ impl Logged for Kept {
 #[derive(Clone, Debug)]
 pub(crate) struct Slot<T> {
     pub offset: u64,
-    pub record: Option<Arc<T>>,
+    pub record: Option<T>,
 }
 
 /// Below this many slots a compaction is not worth its own bookkeeping.
@@ -87,7 +87,7 @@ pub(crate) struct FrontRemoval<T> {
     /// The removed records' last handles, already out of the log: the
     /// caller drops them once it has let go of the channel's lock, so
     /// freeing a large removal does not stall a publisher.
-    pub released: Vec<Arc<T>>,
+    pub released: Vec<T>,
 }
 
 impl<T> Default for FrontRemoval<T> {
@@ -101,7 +101,7 @@ impl<T> Default for FrontRemoval<T> {
     }
 }
 
-impl<T: Logged> SlotLog<T> {
+impl<T: Logged + Clone> SlotLog<T> {
     pub fn new() -> SlotLog<T> {
         SlotLog {
             slots: Vec::new(),
@@ -115,7 +115,7 @@ impl<T: Logged> SlotLog<T> {
     /// Appends a record whose offset is above every offset held. The caller
     /// guarantees ascending offsets (it assigns them, or a loader validated
     /// them).
-    pub fn push(&mut self, record: Arc<T>, size: u64) {
+    pub fn push(&mut self, record: T, size: u64) {
         self.slots.push(Slot {
             offset: record.offset(),
             record: Some(record),
@@ -162,7 +162,7 @@ impl<T: Logged> SlotLog<T> {
     }
 
     /// [`SlotLog::read_from`], the records shared rather than copied.
-    pub fn read_shared(&self, offset: u64, max: usize) -> Vec<Arc<T>> {
+    pub fn read_shared(&self, offset: u64, max: usize) -> Vec<T> {
         self.held_from(offset)
             .filter_map(|s| s.record.clone())
             .take(max)
@@ -176,7 +176,7 @@ impl<T: Logged> SlotLog<T> {
 
     /// Every record held, shared rather than copied (what a snapshot takes
     /// under the lock).
-    pub fn shared_records(&self) -> Vec<Arc<T>> {
+    pub fn shared_records(&self) -> Vec<T> {
         self.live_slots()
             .iter()
             .filter_map(|s| s.record.clone())
@@ -189,7 +189,7 @@ impl<T: Logged> SlotLog<T> {
     pub fn first_at_or_after(&self, at: UnixNanos) -> Option<u64> {
         self.live_slots()
             .iter()
-            .filter_map(|s| s.record.as_deref())
+            .filter_map(|s| s.record.as_ref())
             .find(|r| r.timestamp() != 0 && r.timestamp() >= at)
             .map(|r| r.offset())
     }
@@ -281,7 +281,7 @@ impl<T: Logged> SlotLog<T> {
     }
 }
 
-impl SlotLog<Record> {
+impl SlotLog<Arc<Record>> {
     /// At most `max` records from `offset` on, cleared slots skipped.
     pub fn read_from(&self, offset: u64, max: usize) -> Vec<Record> {
         self.held_from(offset)
@@ -296,7 +296,7 @@ impl SlotLog<Record> {
 mod tests {
     use super::*;
 
-    fn log(n: u64) -> SlotLog<Record> {
+    fn log(n: u64) -> SlotLog<Arc<Record>> {
         let mut l = SlotLog::new();
         for o in 1..=n {
             let mut r = Record::new("t", vec![0u8; 10]);
@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn first_at_or_after_looks_at_every_record() {
-        let mut l = SlotLog::<Record>::new();
+        let mut l = SlotLog::<Arc<Record>>::new();
         for (o, ts) in [(1, 0), (2, 50), (3, 10), (4, 60)] {
             let mut r = Record::new("t", Vec::new());
             r.offset = o;

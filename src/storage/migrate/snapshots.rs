@@ -272,7 +272,7 @@ fn channel_copy(c: ChannelFile) -> Result<ChannelCopy, String> {
                         .into_iter()
                         .map(|i| {
                             (
-                                Arc::new(Kept::new(&i.record)),
+                                Kept::new(&i.record),
                                 i.attempts,
                                 i.first_delivered,
                                 i.last_delivered,

@@ -9,14 +9,12 @@
 //! memory is held once. The pointer's lowest bit tells the two apart:
 //! both are allocated at an alignment of at least 2, so it is free.
 
+use crate::storage::kept::{Kept, KeptRecord};
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::Arc;
-
-use crate::storage::kept::Kept;
 
 /// What a leaf's own bytes start with, after their length, in
 /// [`Head::LEN`] bytes.
@@ -60,15 +58,15 @@ const ALIGN: usize = 2;
 pub struct Leaf(NonNull<u8>);
 
 // SAFETY: a leaf owns its bytes, which are never changed after they are
-// written, or a count on an `Arc<Kept>`, which is `Send + Sync`.
+// written, or a count on a `Kept`, which is `Send + Sync`.
 unsafe impl Send for Leaf {}
 // SAFETY: as above: nothing is changed through a shared leaf.
 unsafe impl Sync for Leaf {}
 
 /// What a leaf's pointer is, decoded once for every use of it.
 enum Raw {
-    /// `Arc::into_raw`'s pointer, untagged.
-    Kept(*const Kept),
+    /// `Kept::into_raw`'s pointer, untagged.
+    Kept(NonNull<u8>),
     /// Its own allocation: the length's bytes, then the body's.
     Own { prefix: usize, body: usize },
 }
@@ -78,7 +76,7 @@ enum Form<'a> {
     /// Its own bytes after the length: the head, the last level, the
     /// payload.
     Own(&'a [u8]),
-    Kept(&'a Kept),
+    Kept(&'a KeptRecord),
 }
 
 impl Leaf {
@@ -105,10 +103,8 @@ impl Leaf {
 
     /// The leaf of a message with no properties the retained store keeps
     /// as `kept`: the store's handle, shared.
-    pub(super) fn kept(kept: Arc<Kept>) -> Leaf {
-        let raw = Arc::into_raw(kept).cast_mut().cast::<u8>();
-        let tagged = raw.map_addr(|addr| addr | KEPT);
-        Leaf(NonNull::new(tagged).expect("an Arc's pointer is not null"))
+    pub(super) fn kept(kept: Kept) -> Leaf {
+        Leaf(kept.into_raw().map_addr(|addr| addr | KEPT))
     }
 
     /// One allocation of the body's length (LEB128), the head, `name` and
@@ -147,7 +143,10 @@ impl Leaf {
     fn raw(&self) -> Raw {
         let tagged = self.0.as_ptr();
         if tagged.addr() & KEPT != 0 {
-            return Raw::Kept(tagged.map_addr(|addr| addr & !KEPT).cast::<Kept>());
+            let untagged = tagged.map_addr(|addr| addr & !KEPT);
+            // SAFETY: `Kept::into_raw`'s pointer with its lowest bit set
+            // (`Leaf::kept`); cleared, it is that pointer again, not null.
+            return Raw::Kept(unsafe { NonNull::new_unchecked(untagged) });
         }
         // SAFETY: an untagged pointer is `Leaf::own`'s: its allocation
         // starts with the body's length.
@@ -157,9 +156,9 @@ impl Leaf {
 
     fn form(&self) -> Form<'_> {
         match self.raw() {
-            // SAFETY: a tagged pointer is `Arc::into_raw`'s (`Leaf::kept`),
-            // and this leaf holds one of its counts until it is dropped.
-            Raw::Kept(kept) => Form::Kept(unsafe { &*kept }),
+            // SAFETY: a tagged pointer is `Kept::into_raw`'s (`Leaf::kept`),
+            // and this leaf holds its count until it is dropped.
+            Raw::Kept(kept) => Form::Kept(unsafe { Kept::record_at(kept) }),
             // SAFETY: the body follows its length, whole, in `Leaf::own`'s
             // allocation.
             Raw::Own { prefix, body } => {
@@ -218,7 +217,7 @@ impl Leaf {
 
     /// The store's handle it shares, if it is one.
     #[cfg(test)]
-    pub(super) fn shared(&self) -> Option<&Kept> {
+    pub(super) fn shared(&self) -> Option<&KeptRecord> {
         match self.form() {
             Form::Own(_) => None,
             Form::Kept(kept) => Some(kept),
@@ -239,11 +238,12 @@ impl Clone for Leaf {
     fn clone(&self) -> Leaf {
         match self.raw() {
             Raw::Kept(kept) => {
-                // SAFETY: the pointer is `Arc::into_raw`'s and this leaf
-                // holds a count, so the `Arc` is alive; the clone takes
-                // another, which its own drop gives back.
-                unsafe { Arc::increment_strong_count(kept) };
-                Leaf(self.0)
+                // SAFETY: the pointer is `Kept::into_raw`'s and this leaf
+                // holds its count, which stays with it: the handle taken
+                // back is forgotten once cloned, and the clone's count goes
+                // with the copied pointer, whose own drop gives it back.
+                let held = std::mem::ManuallyDrop::new(unsafe { Kept::from_raw(kept) });
+                Leaf::kept(Kept::clone(&held))
             }
             Raw::Own { prefix, body } => {
                 let layout = own_layout(prefix + body);
@@ -265,9 +265,9 @@ impl Clone for Leaf {
 impl Drop for Leaf {
     fn drop(&mut self) {
         match self.raw() {
-            // SAFETY: the pointer is `Arc::into_raw`'s, and this leaf gives
+            // SAFETY: the pointer is `Kept::into_raw`'s, and this leaf gives
             // back the one count it holds.
-            Raw::Kept(kept) => drop(unsafe { Arc::from_raw(kept) }),
+            Raw::Kept(kept) => drop(unsafe { Kept::from_raw(kept) }),
             // SAFETY: `Leaf::own`'s allocation, of this layout.
             Raw::Own { prefix, body } => unsafe {
                 dealloc(self.0.as_ptr(), own_layout(prefix + body))
@@ -403,11 +403,11 @@ mod tests {
             client_id: "dev-7".into(),
             ..Record::new("site/1/device/7", vec![5u8; 64])
         };
-        let kept = Arc::new(Kept::new(&record));
+        let kept = Kept::new(&record);
         let leaf = Leaf::kept(kept.clone());
-        assert_eq!(Arc::strong_count(&kept), 2);
+        assert_eq!(Kept::count(&kept), 2);
         let clone = leaf.clone();
-        assert_eq!(Arc::strong_count(&kept), 3);
+        assert_eq!(Kept::count(&kept), 3);
         for leaf in [&leaf, &clone] {
             assert_eq!(leaf.name(), "7");
             assert_eq!(leaf.payload(), &[5u8; 64][..]);
@@ -417,12 +417,12 @@ mod tests {
         }
         drop(leaf);
         drop(clone);
-        assert_eq!(Arc::strong_count(&kept), 1);
+        assert_eq!(Kept::count(&kept), 1);
 
         // A last level too long for an own leaf's head (another writer's
         // record) is read from the record all the same.
         let long = format!("a/{}", "x".repeat(70_000));
-        let leaf = Leaf::kept(Arc::new(Kept::new(&Record::new(&*long, "v"))));
+        let leaf = Leaf::kept(Kept::new(&Record::new(&*long, "v")));
         assert_eq!((leaf.name(), leaf.payload()), (&long[2..], &b"v"[..]));
     }
 }

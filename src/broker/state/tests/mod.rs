@@ -50,7 +50,7 @@ struct FakeStore {
     holds: std::collections::HashMap<(String, u16), saguin_format::model::Record>,
     /// When set, a retained value is answered with a handle on it, as a
     /// memory store answers: every handle handed out, in order.
-    retained_handles: Option<Vec<Arc<crate::storage::kept::Kept>>>,
+    retained_handles: Option<Vec<crate::storage::kept::Kept>>,
 }
 
 impl FakeStore {
@@ -117,7 +117,7 @@ impl FakeStore {
                     }
                     Write::SetRetained(record) => match self.retained_handles.as_mut() {
                         Some(handles) => {
-                            let kept = Arc::new(crate::storage::kept::Kept::new(record));
+                            let kept = crate::storage::kept::Kept::new(record);
                             handles.push(kept.clone());
                             Written::Retained(kept)
                         }

@@ -2,6 +2,7 @@
 //! retained messages, the broadcast log, expiry and Wills, restore.
 
 use super::*;
+use crate::storage::kept::Kept;
 
 #[test]
 fn late_events_of_a_taken_over_generation_do_nothing() {
@@ -279,11 +280,7 @@ fn a_retained_message_the_store_shares_is_held_as_its_handle() {
     packets(&mut s, 1, vec![publish_retained("r/1", 1, 1, true)], now);
     store.commit_all(&mut s, now);
     let first = store.retained_handles.as_ref().unwrap()[0].clone();
-    assert_eq!(
-        Arc::strong_count(&first),
-        3,
-        "the store's, the index's, this"
-    );
+    assert_eq!(Kept::count(&first), 3, "the store's, the index's, this");
     let mut held = Vec::new();
     s.retained.matching("r/#", &mut |found| held.push(found));
     let [Retained::Held { leaf, .. }] = held.as_slice() else {
@@ -303,9 +300,9 @@ fn a_retained_message_the_store_shares_is_held_as_its_handle() {
     }
     packets(&mut s, 1, vec![with_expiry], now);
     store.commit_all(&mut s, now);
-    assert_eq!(Arc::strong_count(&first), 2, "the store's and this");
+    assert_eq!(Kept::count(&first), 2, "the store's and this");
     let second = store.retained_handles.as_ref().unwrap()[1].clone();
-    assert_eq!(Arc::strong_count(&second), 2, "not held by the index");
+    assert_eq!(Kept::count(&second), 2, "not held by the index");
     let mut held = Vec::new();
     s.retained.matching("r/1", &mut |found| held.push(found));
     assert!(
@@ -316,14 +313,14 @@ fn a_retained_message_the_store_shares_is_held_as_its_handle() {
     packets(&mut s, 1, vec![publish_retained("r/2", 1, 3, true)], now);
     store.commit_all(&mut s, now);
     let third = store.retained_handles.as_ref().unwrap()[2].clone();
-    assert_eq!(Arc::strong_count(&third), 3);
+    assert_eq!(Kept::count(&third), 3);
     let mut delete = publish_retained("r/2", 1, 4, true);
     if let Inbound::Publish(p) = &mut delete {
         p.payload = Bytes::new();
     }
     packets(&mut s, 1, vec![delete], now);
     store.commit_all(&mut s, now);
-    assert_eq!(Arc::strong_count(&third), 2);
+    assert_eq!(Kept::count(&third), 2);
     assert_eq!(s.retained_count(), 1);
     let acks = c
         .drain()
@@ -342,12 +339,10 @@ fn a_retained_message_the_store_shares_is_held_as_its_handle() {
 
     // A restart's read lends a handle: held as it, not copied.
     let mut restarted = state();
-    let kept = Arc::new(crate::storage::kept::Kept::new(
-        &saguin_format::model::Record::new("t/1", "v"),
-    ));
+    let kept = Kept::new(&saguin_format::model::Record::new("t/1", "v"));
     restarted.restore_retained(kept.served(), now);
     restarted.retained.pack();
-    assert_eq!(Arc::strong_count(&kept), 2);
+    assert_eq!(Kept::count(&kept), 2);
     assert_eq!(restarted.retained_count(), 1);
     let mut held = Vec::new();
     restarted
