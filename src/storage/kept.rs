@@ -1,6 +1,7 @@
-//! A record as a memory store keeps it: its fields, and its topic, client
-//! id and payload in one allocation (an append channel's log, a latest
-//! channel's and the retained store's values). The broker's retained index
+//! A record as a memory store keeps it: its fields, a count of its
+//! handles, and its topic, client id and payload in one allocation, behind
+//! a handle of one pointer (an append channel's log, a latest channel's
+//! and the retained store's values, a queue's items). The broker's retained index
 //! holds the retained store's own handle on a value rather than a copy of
 //! it (`LatestStore::set_sharing`), so a retained message on memory is
 //! held once.
@@ -258,8 +259,8 @@ impl Kept {
 /// The layout of a record with `len` bytes: the head's, then the bytes,
 /// padded to the head's alignment, as `KeptRecord<[u8]>` is laid out.
 fn layout_for(len: u32) -> Layout {
-    // A length below `u32::MAX` cannot overflow a layout on a 64-bit
-    // target; a 32-bit one is refused there (the allocation's size).
+    // A length of at most `u32::MAX` cannot overflow a layout on a 64-bit
+    // target; on a 32-bit one, a length near it is an allocation failure.
     Layout::from_size_align(size_of::<Head>() + len as usize, align_of::<Head>())
         .map(|layout| layout.pad_to_align())
         .unwrap_or_else(|_| handle_alloc_error(Layout::new::<Head>()))
@@ -501,6 +502,14 @@ mod tests {
             assert_eq!(kept.record(), record);
             assert_eq!(kept.record_sharing(), record);
             assert_eq!(Kept::count(&kept), 1, "the shared payload let go");
+            // The bytes follow the head, and the record's own layout is the
+            // one it is freed with.
+            let head = kept.0.as_ptr().addr();
+            assert_eq!(kept.bytes.as_ptr().addr() - head, size_of::<Head>());
+            assert_eq!(
+                Layout::for_value::<KeptRecord>(&kept),
+                layout_for(kept.bytes.len() as u32)
+            );
             assert_eq!(kept.topic(), record.topic);
             let last = record
                 .topic
