@@ -9,12 +9,13 @@
 //! memory is held once. The pointer's lowest bit tells the two apart:
 //! both are allocated at an alignment of at least 2, so it is free.
 
-use crate::storage::kept::{Kept, KeptRecord};
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::fmt;
 use std::ptr::NonNull;
+
+use crate::storage::kept::{Kept, KeptRecord};
 
 /// What a leaf's own bytes start with, after their length, in
 /// [`Head::LEN`] bytes.
