@@ -436,6 +436,9 @@
 //!   than the room of the consumer it is for (up to 256 records, as many
 //!   as fit in 1 MiB at the channel's average record size), and what that
 //!   consumer does not take now is there when its window opens again.
+//!   A memory channel's read lends the records it keeps, as they are
+//!   kept (`AppendStore::lend_from_n`): a read copies nothing, and the
+//!   message a record's consumers receive is made from its parts once.
 //!   Consumers at one place read once: a consumer whose `next` a read
 //!   out already asks for waits for that read's answer instead of reading
 //!   the same records again (a failed one is tried again at the tick for

@@ -21,13 +21,15 @@
 
 use std::sync::Arc;
 
+use saguin_format::model::Record;
 use tokio::sync::mpsc;
 
 use super::metrics::Metrics;
 use super::providers::ServedChannel;
 use super::state::{ChannelRead, Event, ReadWindow, Seek, StorageFailure};
 use crate::storage::contract::{
-    self, AppendStore, ChannelStore, LatestStore, ProviderKind, QueueStore, StorageError,
+    self, AppendStore, ChannelStore, LatestStore, LentRecord, ProviderKind, QueueStore,
+    StorageError,
 };
 
 /// Times a read moves up to a floor that rose under it before it gives up
@@ -58,9 +60,8 @@ pub fn read_window(
     };
     let mut floor = None;
     for _ in 0..FLOOR_RETRIES {
-        match store.read_from_n(at, max) {
-            Ok(records) => {
-                let mut records: Vec<Arc<_>> = records.into_iter().map(Arc::new).collect();
+        match store.lend_from_n(at, max) {
+            Ok(mut records) => {
                 on_channel_topics(store.name(), &mut records);
                 return Ok(ReadWindow {
                     start: at,
@@ -95,19 +96,29 @@ pub fn read_window(
 /// Records a queue moved into its dead-letter channel keep the queue's
 /// topic (`jobs/email`); they are read on the dead-letter channel's own
 /// (`jobs.dlq/email`), so its consumers' filters match them.
-fn on_channel_topics(channel: &str, records: &mut [Arc<saguin_format::model::Record>]) {
-    for record in records {
-        let (first, rest) = match record.topic.split_once('/') {
+fn on_channel_topics(channel: &str, records: &mut [LentRecord]) {
+    for lent in records {
+        let topic = lent.topic();
+        let (first, rest) = match topic.split_once('/') {
             Some((first, rest)) => (first, Some(rest)),
-            None => (record.topic.as_str(), None),
+            None => (topic, None),
         };
         if first != channel {
             let topic = match rest {
                 Some(rest) => format!("{channel}/{rest}"),
                 None => channel.to_owned(),
             };
-            // The record with the dead-letter channel's topic.
-            Arc::make_mut(record).topic = topic;
+            // The record, whole, with the dead-letter channel's topic.
+            match lent {
+                LentRecord::Whole(record) => Arc::make_mut(record).topic = topic,
+                LentRecord::Kept(kept) => {
+                    let record = Record {
+                        topic,
+                        ..kept.record_sharing()
+                    };
+                    *lent = LentRecord::whole(record);
+                }
+            }
         }
     }
 }
@@ -136,7 +147,7 @@ pub fn read_latest(
             Ok(ReadWindow {
                 start,
                 floor: None,
-                records: records.into_iter().map(Arc::new).collect(),
+                records: records.into_iter().map(LentRecord::whole).collect(),
                 next: None,
             })
         }
@@ -169,7 +180,7 @@ fn read_latest_changes(
     Ok(ReadWindow {
         start: changes.start,
         floor: changes.resync,
-        records: records.into_iter().map(Arc::new).collect(),
+        records: records.into_iter().map(LentRecord::whole).collect(),
         next: complete.then_some(next.max(last)),
     })
 }
@@ -190,7 +201,7 @@ pub fn read_queue(
     let records = store
         .offer(max, now)?
         .into_iter()
-        .map(|item| Arc::new(item.record))
+        .map(|item| LentRecord::whole(item.record))
         .collect();
     Ok(ReadWindow {
         start: 0,
@@ -335,7 +346,7 @@ mod tests {
         let w = read_window(&*store, Seek::Offset(2), 3).unwrap();
         assert_eq!(w.start, 6);
         assert_eq!(w.floor, Some(6));
-        let offsets: Vec<u64> = w.records.iter().map(|r| r.offset).collect();
+        let offsets: Vec<u64> = w.records.iter().map(LentRecord::offset).collect();
         assert_eq!(offsets, vec![6, 7, 8]);
         // The oldest held is no gap.
         let w = read_window(&*store, Seek::Earliest, 100).unwrap();
@@ -364,5 +375,49 @@ mod tests {
         assert_eq!((w.start, w.floor, w.records.len()), (2, None, 0));
         let w = read_window(&*store, Seek::Offset(9), 10).unwrap();
         assert!(w.records.is_empty());
+    }
+
+    /// A dead-letter channel's records keep their queue's topic in the
+    /// store; a read lends them with the channel's own, every other part
+    /// as stored.
+    #[test]
+    fn a_dead_letter_channels_records_are_read_with_its_topic() {
+        let provider = MemoryProvider::unbounded();
+        let store = provider
+            .open_channel("jobs.dlq", ChannelKind::Append)
+            .unwrap();
+        let store = store.as_append().unwrap().clone();
+        let moved = Record {
+            client_id: "worker-1".into(),
+            ..record(5)
+        };
+        store
+            .append(Record {
+                topic: "jobs/email".into(),
+                ..moved.clone()
+            })
+            .unwrap();
+        store
+            .append(Record {
+                topic: "jobs.dlq/sms".into(),
+                ..moved.clone()
+            })
+            .unwrap();
+        let w = read_window(&*store, Seek::Earliest, 10).unwrap();
+        let read: Vec<(&str, &str, u64)> = w
+            .records
+            .iter()
+            .map(|r| (r.topic(), r.client_id(), r.offset()))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                ("jobs.dlq/email", "worker-1", 1),
+                ("jobs.dlq/sms", "worker-1", 2)
+            ]
+        );
+        assert!(matches!(w.records[0], LentRecord::Whole(_)), "rewritten");
+        assert!(matches!(w.records[1], LentRecord::Kept(_)), "lent as kept");
+        assert_eq!(&w.records[0].payload()[..], &moved.payload[..]);
     }
 }

@@ -32,6 +32,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use saguin_format::model::{ChannelKind, PublishProps, Record, UnixNanos, UserProperty};
 
 use super::kept::{Kept, KeptRecord};
@@ -616,6 +617,14 @@ pub trait AppendStore: OffsetStore + AsOffsetStore {
     /// At most `max` records from `offset`, with the bounds of `read_from`.
     fn read_from_n(&self, offset: u64, max: usize) -> Result<Vec<Record>>;
 
+    /// [`AppendStore::read_from_n`], each record lent as the store keeps
+    /// it where it keeps one the broker may hold (a memory store's), so
+    /// that no record is rebuilt for a read; whole otherwise.
+    fn lend_from_n(&self, offset: u64, max: usize) -> Result<Vec<LentRecord>> {
+        let records = self.read_from_n(offset, max)?;
+        Ok(records.into_iter().map(LentRecord::whole).collect())
+    }
+
     /// The lowest offset any stored position points at, or `next()` when no
     /// reader holds one (nothing is owed to anybody).
     fn lowest_position(&self) -> u64;
@@ -732,6 +741,86 @@ impl<'a> From<RecordParts<'a>> for ServedValue<'a> {
             props: r.props,
             user_properties: r.user_properties,
             kept: None,
+        }
+    }
+}
+
+/// A record as a read lends it: whole, or the store's own kept record.
+#[derive(Clone, Debug)]
+pub enum LentRecord {
+    Whole(Arc<Record>),
+    Kept(Kept),
+}
+
+impl LentRecord {
+    pub fn whole(record: Record) -> LentRecord {
+        LentRecord::Whole(Arc::new(record))
+    }
+
+    /// Its parts, lent.
+    pub fn parts(&self) -> RecordParts<'_> {
+        match self {
+            LentRecord::Whole(record) => RecordParts::from(&**record),
+            LentRecord::Kept(kept) => kept.parts(),
+        }
+    }
+
+    pub fn offset(&self) -> u64 {
+        match self {
+            LentRecord::Whole(record) => record.offset,
+            LentRecord::Kept(kept) => kept.offset,
+        }
+    }
+
+    pub fn topic(&self) -> &str {
+        match self {
+            LentRecord::Whole(record) => &record.topic,
+            LentRecord::Kept(kept) => kept.topic(),
+        }
+    }
+
+    pub fn qos(&self) -> u8 {
+        match self {
+            LentRecord::Whole(record) => record.qos,
+            LentRecord::Kept(kept) => kept.qos,
+        }
+    }
+
+    pub fn retain(&self) -> bool {
+        match self {
+            LentRecord::Whole(record) => record.retain,
+            LentRecord::Kept(kept) => kept.retain,
+        }
+    }
+
+    pub fn client_id(&self) -> &str {
+        match self {
+            LentRecord::Whole(record) => &record.client_id,
+            LentRecord::Kept(kept) => kept.client_id(),
+        }
+    }
+
+    /// The bridge it arrived over, if it did.
+    pub fn bridge(&self) -> Option<&str> {
+        match self {
+            LentRecord::Whole(record) => record.bridge.as_deref(),
+            LentRecord::Kept(kept) => kept.rare.as_ref().and_then(|r| r.bridge.as_deref()),
+        }
+    }
+
+    /// [`Record::accounted_size`] of the record.
+    pub fn accounted_size(&self) -> u64 {
+        match self {
+            LentRecord::Whole(record) => record.accounted_size(),
+            LentRecord::Kept(kept) => kept.accounted_size(),
+        }
+    }
+
+    /// Its payload, shared with what holds it rather than copied.
+    pub fn payload(&self) -> Bytes {
+        match self {
+            LentRecord::Whole(record) => record.payload.clone(),
+            LentRecord::Kept(kept) => kept.payload_shared(),
         }
     }
 }

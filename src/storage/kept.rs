@@ -213,7 +213,12 @@ impl Kept {
     /// lets it go once the record is sent, so a consumer catching up does
     /// not copy every payload it is sent.
     pub(crate) fn record_sharing(&self) -> Record {
-        self.record_with(Bytes::from_owner(PayloadOf(self.clone())))
+        self.record_with(self.payload_shared())
+    }
+
+    /// Its payload as `Bytes` that share this allocation.
+    pub fn payload_shared(&self) -> Bytes {
+        Bytes::from_owner(PayloadOf(self.clone()))
     }
 
     /// The handle as a thin pointer, aligned to 8: the count it held is

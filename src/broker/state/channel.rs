@@ -30,6 +30,7 @@
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::consumer::{
@@ -46,7 +47,7 @@ use super::BrokerState;
 use crate::broker::message::Message;
 use crate::broker::metrics::DropReason;
 use crate::broker::subscriptions::SessionKey;
-use crate::storage::contract::Reader;
+use crate::storage::contract::{LentRecord, Reader, RecordParts};
 use crate::topic;
 use saguin_format::model::{ChannelKind, Record};
 
@@ -183,14 +184,15 @@ impl BrokerState {
     /// A record of `channel` committed at its offset: handed to every
     /// consumer that is caught up and has room, the others read it later.
     pub(super) fn channel_committed(&mut self, channel: u16, record: Arc<Record>, now: Instant) {
+        let record = LentRecord::Whole(record);
         // A deletion of a topic that held nothing took no offset.
-        if record.offset == 0 {
+        if record.offset() == 0 {
             return;
         }
         let Some(state) = self.channels.all.get_mut(channel as usize) else {
             return;
         };
-        state.next = state.next.max(record.offset + 1);
+        state.next = state.next.max(record.offset() + 1);
         if state.kind == ChannelKind::Queue {
             self.queues.committed(channel);
             return;
@@ -217,7 +219,7 @@ impl BrokerState {
             };
             let caught_up = {
                 let c = &self.sessions.by_key[&key].consumers[index];
-                c.next == record.offset && !c.reading && c.seek.is_none() && c.gap.is_none()
+                c.next == record.offset() && !c.reading && c.seek.is_none() && c.gap.is_none()
             };
             if caught_up {
                 self.offer(key, index, &record, Some(&message), now);
@@ -247,24 +249,35 @@ impl BrokerState {
     /// properties, in that order.
     pub(super) fn consumer_message(
         &self,
-        record: &Record,
+        record: &LentRecord,
         gap: Option<(u64, u64)>,
         now: Instant,
     ) -> Message {
-        let received_at = self.received_at(record.timestamp, now);
-        let mut properties = publish_properties_of(&record.props, &record.user_properties);
+        self.consumer_message_of(&record.parts(), record.payload(), gap, now)
+    }
+
+    /// [`Self::consumer_message`] of a record's parts and its payload.
+    pub(super) fn consumer_message_of(
+        &self,
+        parts: &RecordParts<'_>,
+        payload: Bytes,
+        gap: Option<(u64, u64)>,
+        now: Instant,
+    ) -> Message {
+        let received_at = self.received_at(parts.timestamp, now);
+        let mut properties = publish_properties_of(parts.props, parts.user_properties);
         let Some((from, to)) = gap else {
             return Message {
                 // Offsets start at 1.
-                channel_offset: NonZeroU64::new(record.offset),
-                ..message_with_properties(record, received_at, properties)
+                channel_offset: NonZeroU64::new(parts.offset),
+                ..message_with_properties(parts, payload, received_at, properties)
             };
         };
         let user = &mut properties.user_properties;
         user.reserve_exact(2);
-        user.push((OFFSET_PROPERTY.to_owned(), record.offset.to_string()));
+        user.push((OFFSET_PROPERTY.to_owned(), parts.offset.to_string()));
         user.push((GAP_PROPERTY.to_owned(), format!("{from}-{to}")));
-        message_with_properties(record, received_at, properties)
+        message_with_properties(parts, payload, received_at, properties)
     }
 
     /// Offer `record` (at the consumer's `next`) to consumer `index` of
@@ -274,7 +287,7 @@ impl BrokerState {
         &mut self,
         key: SessionKey,
         index: usize,
-        record: &Record,
+        record: &LentRecord,
         prepared: Option<&Arc<Message>>,
         now: Instant,
     ) -> bool {
@@ -292,21 +305,21 @@ impl BrokerState {
         // the window (a QoS 0 record, or a QoS 0 subscription, goes
         // outside it). Its acknowledgements make the room and pump it;
         // only a writer that is behind is asked to say when it drained.
-        if window_full && record.qos > 0 && consumer.filters.iter().all(|f| f.qos > 0) {
+        if window_full && record.qos() > 0 && consumer.filters.iter().all(|f| f.qos > 0) {
             return false;
         }
         let mut best: Option<&ConsumerFilter> = None;
         let mut subscription_ids = Vec::new();
         // One hop: a bridge is not handed what arrived over a bridge.
-        let looped = session.bridge().is_some() && record.bridge.is_some();
+        let looped = session.bridge().is_some() && record.bridge().is_some();
         for f in &consumer.filters {
-            if !f.whole_channel && !topic::filter_matches(&f.filter, &record.topic) {
+            if !f.whole_channel && !topic::filter_matches(&f.filter, record.topic()) {
                 continue;
             }
             // Every matching subscription's identifier, as MQTT 5 says,
             // those of no-local ones too.
             subscription_ids.extend(f.subscription_id);
-            if looped || (f.no_local && record.client_id == *session.client_id) {
+            if looped || (f.no_local && record.client_id() == &*session.client_id) {
                 continue;
             }
             if best.is_none_or(|b| f.qos > b.qos) {
@@ -319,11 +332,11 @@ impl BrokerState {
                 .get_mut(&key)
                 .expect("looked up")
                 .consumers[index]
-                .next = record.offset + 1;
+                .next = record.offset() + 1;
             return true;
         };
-        let qos = filter.qos.min(record.qos);
-        let retain = filter.retain_as_published && record.retain;
+        let qos = filter.qos.min(record.qos());
+        let retain = filter.retain_as_published && record.retain();
         let gap = consumer.gap;
         if qos > 0 && window_full {
             return false;
@@ -345,7 +358,7 @@ impl BrokerState {
             subscription_ids,
             log_offset: None,
         };
-        let offset = record.offset;
+        let offset = record.offset();
         let session = self.sessions.by_key.get_mut(&key).expect("looked up");
         let consumer = &mut session.consumers[index];
         consumer.gap = None;
@@ -724,7 +737,7 @@ impl BrokerState {
     fn offer_window(&mut self, key: SessionKey, index: usize, window: &ReadWindow, now: Instant) {
         for record in &window.records {
             let next = self.sessions.by_key[&key].consumers[index].next;
-            if record.offset < next {
+            if record.offset() < next {
                 continue;
             }
             if !self.offer(key, index, record, None, now) {

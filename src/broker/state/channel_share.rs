@@ -28,9 +28,9 @@ use super::session::{InflightEntry, QueuedMessage};
 use super::BrokerState;
 use crate::broker::metrics::DropReason;
 use crate::broker::subscriptions::SessionKey;
-use crate::storage::contract::{Position, Reader};
+use crate::storage::contract::{LentRecord, Position, Reader};
 use crate::topic;
-use saguin_format::model::{ChannelKind, Record};
+use saguin_format::model::ChannelKind;
 
 /// Most records one read of a group asks for.
 const GROUP_READ_MAX: usize = 256;
@@ -190,13 +190,13 @@ impl BrokerState {
 
     /// A committed record of `channel`: to each caught-up group's next
     /// member with room; the others catch up by reading.
-    pub(super) fn groups_committed(&mut self, channel: u16, record: &Record, now: Instant) {
+    pub(super) fn groups_committed(&mut self, channel: u16, record: &LentRecord, now: Instant) {
         for index in 0..self.groups.all.len() {
             let group = &self.groups.all[index];
             if group.channel != channel {
                 continue;
             }
-            if group.next == record.offset && !group.reading && group.gap.is_none() {
+            if group.next == record.offset() && !group.reading && group.gap.is_none() {
                 self.offer_to_group(index, record, now);
             } else {
                 self.groups.due.push(index);
@@ -206,10 +206,10 @@ impl BrokerState {
 
     /// Hand `record` (at the group's `next`) to a member: true when it was
     /// sent or passed over, false when no member had room.
-    fn offer_to_group(&mut self, index: usize, record: &Record, now: Instant) -> bool {
+    fn offer_to_group(&mut self, index: usize, record: &LentRecord, now: Instant) -> bool {
         let group = &self.groups.all[index];
-        if !topic::filter_matches(&group.filter, &record.topic) {
-            self.groups.all[index].next = record.offset + 1;
+        if !topic::filter_matches(&group.filter, record.topic()) {
+            self.groups.all[index].next = record.offset() + 1;
             return true;
         }
         let members = group.members.len();
@@ -220,7 +220,7 @@ impl BrokerState {
             if self.send_to_member(index, key, record, now) {
                 let group = &mut self.groups.all[index];
                 group.turn = (at + 1) % members.max(1);
-                group.next = record.offset + 1;
+                group.next = record.offset() + 1;
                 group.gap = None;
                 return true;
             }
@@ -234,7 +234,7 @@ impl BrokerState {
         &mut self,
         index: usize,
         key: SessionKey,
-        record: &Record,
+        record: &LentRecord,
         now: Instant,
     ) -> bool {
         let group = &self.groups.all[index];
@@ -250,7 +250,7 @@ impl BrokerState {
         let Some(sub) = session.subscriptions.get(&raw) else {
             return false;
         };
-        let qos = sub.options.qos.min(record.qos);
+        let qos = sub.options.qos.min(record.qos());
         let subscription_ids: Vec<u32> = sub.options.subscription_id.into_iter().collect();
         let window = self.connections.get(&connection).map_or(0, |c| c.window());
         let room = if qos == 0 {
@@ -284,9 +284,9 @@ impl BrokerState {
         session.inflight.push(InflightEntry::sent(
             packet_id,
             queued.clone(),
-            Some((channel, record.offset)),
+            Some((channel, record.offset())),
         ));
-        self.groups.all[index].out.insert(record.offset, key);
+        self.groups.all[index].out.insert(record.offset(), key);
         self.transmit(connection, queued, packet_id, false, now);
         true
     }
@@ -399,7 +399,7 @@ impl BrokerState {
             group.resync = None;
         }
         for record in &window.records {
-            if record.offset < self.groups.all[index].next {
+            if record.offset() < self.groups.all[index].next {
                 continue;
             }
             if !self.offer_to_group(index, record, now) {

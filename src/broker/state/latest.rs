@@ -206,14 +206,14 @@ impl BrokerState {
             if self.authorizer.is_active()
                 && !self
                     .authorizer
-                    .can_receive(principal.as_deref(), &client_id, &record.topic)
+                    .can_receive(principal.as_deref(), &client_id, record.topic())
             {
                 continue;
             }
             let matching = read
                 .filters
                 .iter()
-                .filter(|(f, _)| topic::filter_matches(f, &record.topic));
+                .filter(|(f, _)| topic::filter_matches(f, record.topic()));
             let mut qos = None;
             let mut subscription_ids = Vec::new();
             for (_, options) in matching {
@@ -225,10 +225,10 @@ impl BrokerState {
             };
             // A value at or past where its changes start comes again as a
             // change; one below is owed, and holds its position back.
-            let owed = (record.offset < below).then_some((read.channel, record.offset));
+            let owed = (record.offset() < below).then_some((read.channel, record.offset()));
             due.push(RetainedDue {
                 message: Arc::new(self.consumer_message(record, None, now)).into(),
-                qos: qos.min(record.qos),
+                qos: qos.min(record.qos()),
                 subscription_ids,
                 sys: false,
                 channel: owed,

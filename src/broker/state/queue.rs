@@ -44,7 +44,7 @@ use super::session::{InflightEntry, InflightPhase, QueuedMessage, SessionSubscri
 use super::{BrokerState, ReasonCode, StorageFailure};
 use crate::broker::metrics::Metrics;
 use crate::broker::subscriptions::SessionKey;
-use crate::storage::contract::{Lease, Released, HEADER_ATTEMPTS};
+use crate::storage::contract::{Lease, RecordParts, Released, HEADER_ATTEMPTS};
 use crate::topic;
 use saguin_format::model::UnixNanos;
 
@@ -522,23 +522,23 @@ impl BrokerState {
         let lease = queue.lease;
         for record in &window.records {
             let queue = &self.queues.by_channel[&channel];
-            if queue.out.contains_key(&record.offset) {
+            if queue.out.contains_key(&record.offset()) {
                 continue;
             }
-            let Some(worker) = self.next_worker(channel, &record.topic) else {
+            let Some(worker) = self.next_worker(channel, record.topic()) else {
                 break;
             };
             let holder = self.sessions.by_key[&worker].client_id.to_string();
             let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
             queue.out.insert(
-                record.offset,
+                record.offset(),
                 Delivery {
                     worker,
                     step: Step::Leasing,
                 },
             );
             let write = Write::Lease {
-                offset: record.offset,
+                offset: record.offset(),
                 holder,
                 lease_until: self.receipt_time(now + lease),
                 now: self.receipt_time(now),
@@ -548,7 +548,7 @@ impl BrokerState {
                 write,
                 QueueWrite::Lease {
                     channel,
-                    offset: record.offset,
+                    offset: record.offset(),
                 },
             ));
         }
@@ -619,7 +619,12 @@ impl BrokerState {
             .filter(|(filter, _)| topic::filter_matches(filter, &lease.record.topic))
             .filter_map(|(_, s)| s.options.subscription_id)
             .collect();
-        let mut message = self.consumer_message(&lease.record, None, now);
+        let mut message = self.consumer_message_of(
+            &RecordParts::from(&lease.record),
+            lease.record.payload.clone(),
+            None,
+            now,
+        );
         // The offset among the properties, so the attempts follow it.
         let user = &mut message.properties.user_properties;
         if let Some(offset) = message.channel_offset.take() {

@@ -2,9 +2,9 @@
 //! off the broker task: a [`ChannelRead`] out, a [`ReadWindow`] back as
 //! [`Event::ChannelRead`](super::Event::ChannelRead), each under a ticket.
 
-use std::sync::Arc;
+use saguin_format::model::UnixNanos;
 
-use saguin_format::model::{Record, UnixNanos};
+use crate::storage::contract::LentRecord;
 
 /// Where a read of a channel starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,9 +46,9 @@ pub struct ReadWindow {
     /// relied on, `start` being the first offset it reads every row from
     /// again (a resync).
     pub floor: Option<u64>,
-    /// Each read's own: a memory append channel rebuilds them from what it
-    /// keeps, their payloads shared with it.
-    pub records: Vec<Arc<Record>>,
+    /// Each read's own: a memory append channel lends its own kept
+    /// records, nothing rebuilt; a database's are whole.
+    pub records: Vec<LentRecord>,
     /// Set when the window holds every change below it (a latest
     /// channel's, whose later values replace earlier offsets): a consumer
     /// handed all of it looks at this offset next.

@@ -25,9 +25,8 @@
 
 use std::sync::Arc;
 
-use saguin_format::model::Record;
-
 use crate::broker::message::Message;
+use crate::storage::contract::LentRecord;
 
 /// Spans one channel keeps.
 pub(super) const MAX_SPANS: usize = 16;
@@ -39,7 +38,7 @@ pub(super) const MAX_BYTES: u64 = 1 << 20;
 /// of them has been sent it.
 #[derive(Debug, Clone)]
 pub(super) struct Entry {
-    pub record: Arc<Record>,
+    pub record: LentRecord,
     pub message: Option<Arc<Message>>,
 }
 
@@ -62,11 +61,11 @@ impl Span {
         if self
             .entries
             .get(guess)
-            .is_some_and(|e| e.record.offset == offset)
+            .is_some_and(|e| e.record.offset() == offset)
         {
             return guess;
         }
-        self.entries.partition_point(|e| e.record.offset < offset)
+        self.entries.partition_point(|e| e.record.offset() < offset)
     }
 }
 
@@ -151,8 +150,8 @@ impl Recent {
     /// A record committed at the channel's tail, and the message its
     /// consumers receive: added to the span ending at its offset (or a span
     /// of its own), unless a read already holds it.
-    pub fn append(&mut self, record: Arc<Record>, message: Option<Arc<Message>>) {
-        let offset = record.offset;
+    pub fn append(&mut self, record: LentRecord, message: Option<Arc<Message>>) {
+        let offset = record.offset();
         if self.covering(offset).is_some() {
             return;
         }
@@ -209,7 +208,7 @@ impl Recent {
             return;
         }
         span.entries.drain(..gone);
-        span.start = span.entries[0].record.offset;
+        span.start = span.entries[0].record.offset();
         span.bytes -= freed;
         self.bytes -= freed;
         self.records -= gone as u64;
@@ -217,8 +216,8 @@ impl Recent {
 
     /// Keep what a read from `start` found (`records`, ascending). The part
     /// another span already covers is left to it.
-    pub fn insert(&mut self, start: u64, records: Vec<Arc<Record>>) {
-        let Some(last) = records.last().map(|r| r.offset) else {
+    pub fn insert(&mut self, start: u64, records: Vec<LentRecord>) {
+        let Some(last) = records.last().map(LentRecord::offset) else {
             return;
         };
         let mut start = start;
@@ -237,8 +236,8 @@ impl Recent {
         let mut bytes = 0;
         let entries: Vec<Entry> = records
             .into_iter()
-            .skip_while(|r| r.offset < start)
-            .take_while(|r| r.offset < end)
+            .skip_while(|r| r.offset() < start)
+            .take_while(|r| r.offset() < end)
             .map(|record| {
                 bytes += record.accounted_size();
                 Entry {
@@ -276,7 +275,7 @@ impl Recent {
             if span.start >= floor {
                 continue;
             }
-            let gone = span.entries.partition_point(|e| e.record.offset < floor);
+            let gone = span.entries.partition_point(|e| e.record.offset() < floor);
             let bytes: u64 = span.entries[..gone]
                 .iter()
                 .map(|e| e.record.accounted_size())
@@ -311,15 +310,19 @@ impl Recent {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use saguin_format::model::Record;
 
-    fn records(offsets: impl IntoIterator<Item = u64>) -> Vec<Arc<Record>> {
+    use super::*;
+    use crate::storage::kept::Kept;
+
+    /// Records at `offsets`, lent as a memory store lends them.
+    fn records(offsets: impl IntoIterator<Item = u64>) -> Vec<LentRecord> {
         offsets
             .into_iter()
             .map(|offset| {
                 let mut r = Record::new("telemetry/a", vec![0u8; 100]);
                 r.offset = offset;
-                Arc::new(r)
+                LentRecord::Kept(Kept::new(&r))
             })
             .collect()
     }
@@ -328,7 +331,7 @@ mod tests {
     /// back.
     fn found(recent: &mut Recent, offset: u64) -> Option<u64> {
         let run = recent.take_run(offset).ok()?;
-        let found = run.entries[run.from].record.offset;
+        let found = run.entries[run.from].record.offset();
         recent.put_back(run);
         Some(found)
     }
@@ -422,9 +425,12 @@ mod tests {
         let mut run = recent.take_run(2).expect("covered");
         assert_eq!(run.from, 1);
         assert!(run.entries[run.from].message.is_none());
-        let message = Arc::new(crate::broker::state::records::message_from_record(
-            &run.entries[run.from].record,
+        let record = &run.entries[run.from].record;
+        let message = Arc::new(crate::broker::state::records::message_with_properties(
+            &record.parts(),
+            record.payload(),
             tokio::time::Instant::now(),
+            Default::default(),
         ));
         run.entries[run.from].message = Some(message.clone());
         // While the run is out its span is not looked at again.

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::WillRequest;
 use crate::broker::codec::{ByteStr, PayloadFormat, PublishProperties};
 use crate::broker::message::{Message, MessageProperties};
-use crate::storage::contract::{ServedValue, WillEntry};
+use crate::storage::contract::{RecordParts, ServedValue, WillEntry};
 
 /// A Will as the session provider keeps it.
 pub(super) fn will_entry(will: &WillRequest) -> WillEntry {
@@ -93,21 +93,24 @@ pub(super) fn publish_properties_of(
 /// A stored record as a routable message received at `received_at`.
 pub(super) fn message_from_record(record: &Record, received_at: Instant) -> Message {
     let properties = publish_properties_of(&record.props, &record.user_properties);
-    message_with_properties(record, received_at, properties)
+    let parts = RecordParts::from(record);
+    message_with_properties(&parts, record.payload.clone(), received_at, properties)
 }
 
-/// [`message_from_record`] with `properties` in place of the record's:
+/// [`message_from_record`] of a record's parts and its payload, with
+/// `properties` in place of the record's:
 /// its own, with what the broker adds to them (a consumer's offset).
 pub(super) fn message_with_properties(
-    record: &Record,
+    parts: &RecordParts<'_>,
+    payload: Bytes,
     received_at: Instant,
     properties: PublishProperties,
 ) -> Message {
     Message {
-        topic: ByteStr::from(record.topic.as_str()),
-        payload: Bytes::clone(&record.payload),
-        qos: record.qos,
-        retain: record.retain,
+        topic: ByteStr::from(parts.topic),
+        payload,
+        qos: parts.qos,
+        retain: parts.retain,
         properties: MessageProperties::from(properties),
         received_at,
         channel_offset: None,

@@ -9,8 +9,8 @@ use super::positions::PositionBook;
 use super::slots::SlotLog;
 use super::{admit, read, write, Shared, Version};
 use crate::storage::contract::{
-    check_record, AppendStore, OffsetStore, Position, Reader, Removed, Result, StorageError,
-    FIRST_OFFSET,
+    check_record, AppendStore, LentRecord, OffsetStore, Position, Reader, Removed, Result,
+    StorageError, FIRST_OFFSET,
 };
 use crate::storage::kept::Kept;
 
@@ -266,6 +266,17 @@ impl AppendStore for MemoryAppend {
         // the appends.
         drop(st);
         Ok(held.iter().map(Kept::record_sharing).collect())
+    }
+
+    fn lend_from_n(&self, offset: u64, max: usize) -> Result<Vec<LentRecord>> {
+        let st = read(&self.state);
+        self.check_read(&st, offset)?;
+        Ok(st
+            .log
+            .read_shared(offset, max)
+            .into_iter()
+            .map(LentRecord::Kept)
+            .collect())
     }
 
     fn lowest_position(&self) -> u64 {

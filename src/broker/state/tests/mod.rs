@@ -17,6 +17,8 @@ use crate::broker::codec::ByteStr;
 use crate::broker::message::MessageProperties;
 use crate::broker::metrics::{CloseReason, DropReason, Metrics};
 use crate::broker::subscriptions::SubOptions;
+use crate::storage::contract::LentRecord;
+use crate::storage::kept::Kept;
 
 mod channels;
 mod latest_and_queues;
@@ -154,8 +156,8 @@ impl FakeStore {
                 .iter()
                 .filter(|r| r.offset >= start)
                 .take(read.max)
-                .cloned()
-                .map(Arc::new)
+                // Lent as a memory store lends its records.
+                .map(|r| LentRecord::Kept(Kept::new(r)))
                 .collect();
             s.handle(
                 Event::ChannelRead {
