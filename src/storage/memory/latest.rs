@@ -727,8 +727,8 @@ mod tests {
     }
 
     /// The retained store keeps each value once, in its topic index only,
-    /// and a record's common fields in 56 bytes, in one allocation with
-    /// its count, topic, client id and payload; as a shared `Record`
+    /// and a record's head (its fields, count and length) in 56 bytes, in
+    /// one allocation with its topic, client id and payload; as a shared `Record`
     /// indexed twice a value was 216 bytes, its topic and client id apart,
     /// and two index entries.
     #[test]
