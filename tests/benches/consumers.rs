@@ -1019,6 +1019,8 @@ async fn main() {
     print_targets(&rows);
     print_against_baseline(&rows);
     if failed {
+        // `exit` runs no destructor: the brokers' directory goes first.
+        drop(dir);
         std::process::exit(1);
     }
 }

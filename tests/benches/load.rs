@@ -962,6 +962,8 @@ async fn main() {
         println!("NOT MEASURED: {}", skipped.join("; "));
     }
     if failed {
+        // `exit` runs no destructor: the brokers' directory goes first.
+        drop(dir);
         std::process::exit(1);
     }
 }
