@@ -804,7 +804,7 @@ impl LentRecord {
     pub fn bridge(&self) -> Option<&str> {
         match self {
             LentRecord::Whole(record) => record.bridge.as_deref(),
-            LentRecord::Kept(kept) => kept.rare.as_ref().and_then(|r| r.bridge.as_deref()),
+            LentRecord::Kept(kept) => kept.bridge(),
         }
     }
 
@@ -839,7 +839,7 @@ impl KeptRecord {
             shared_copy: rare.is_some_and(|r| r.shared_copy),
             topic: self.topic(),
             client_id: self.client_id(),
-            bridge: rare.and_then(|r| r.bridge.as_deref()),
+            bridge: self.bridge(),
             owed_to: rare.and_then(|r| r.owed_to.as_deref()),
             user_properties: rare.map_or(&[], |r| &r.user_properties),
             props: rare.map_or(PublishProps::none(), |r| &r.props),

@@ -217,7 +217,7 @@ impl Kept {
     }
 
     /// Its payload as `Bytes` that share this allocation.
-    pub fn payload_shared(&self) -> Bytes {
+    pub(crate) fn payload_shared(&self) -> Bytes {
         Bytes::from_owner(PayloadOf(self.clone()))
     }
 
@@ -376,6 +376,11 @@ impl KeptRecord {
                 self.text(from, from + usize::from(self.client_len))
             }
         }
+    }
+
+    /// The bridge it arrived over, if it did.
+    pub fn bridge(&self) -> Option<&str> {
+        self.rare.as_ref().and_then(|r| r.bridge.as_deref())
     }
 
     /// The payload where it is kept in `bytes` (all of it but for one

@@ -251,9 +251,9 @@ impl RetainedIndex {
         if !has_no_properties(message) {
             return self.set(message);
         }
-        // The topic is read from the handle itself, not copied: the leaf
-        // takes a count of its own.
-        self.insert(kept.topic(), Leaf::kept(kept.clone()));
+        // The message's topic is the one the store keeps it under: the
+        // handle goes into the leaf as it is, with the count it holds.
+        self.insert(&message.topic, Leaf::kept(kept));
     }
 
     /// [`Self::set`] for a message with no properties, from its parts, as

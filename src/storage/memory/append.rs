@@ -223,6 +223,14 @@ impl MemoryAppend {
         Ok(())
     }
 
+    /// Handles on at most `max` records from `offset`, with the bounds of
+    /// `read_from`, taken under the channel's lock and nothing more.
+    fn held_from(&self, offset: u64, max: usize) -> Result<Vec<Kept>> {
+        let st = read(&self.state);
+        self.check_read(&st, offset)?;
+        Ok(st.log.read_shared(offset, max))
+    }
+
     /// Removes from the front while `remove` says so, raising the floor and
     /// giving the bytes back in the same operation, under the channel's
     /// lock. The removed records are freed after the lock is let go.
@@ -259,24 +267,15 @@ impl AppendStore for MemoryAppend {
     }
 
     fn read_from_n(&self, offset: u64, max: usize) -> Result<Vec<Record>> {
-        let st = read(&self.state);
-        self.check_read(&st, offset)?;
-        let held = st.log.read_shared(offset, max);
         // Rebuilt once the lock is let go: a long read does not hold up
         // the appends.
-        drop(st);
+        let held = self.held_from(offset, max)?;
         Ok(held.iter().map(Kept::record_sharing).collect())
     }
 
     fn lend_from_n(&self, offset: u64, max: usize) -> Result<Vec<LentRecord>> {
-        let st = read(&self.state);
-        self.check_read(&st, offset)?;
-        Ok(st
-            .log
-            .read_shared(offset, max)
-            .into_iter()
-            .map(LentRecord::Kept)
-            .collect())
+        let held = self.held_from(offset, max)?;
+        Ok(held.into_iter().map(LentRecord::Kept).collect())
     }
 
     fn lowest_position(&self) -> u64 {
