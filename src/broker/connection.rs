@@ -2042,6 +2042,12 @@ fn write_delivery(
         None => (&*message.topic, message.properties.topic_alias, false),
     };
     let mut offset = DecimalBuf::default();
+    // MQTT 3.1.1 has no properties: its deliveries write no offset, so it
+    // is not formatted for them.
+    let extra_user_property = match version {
+        ProtocolVersion::V5 => message.offset_property(&mut offset),
+        ProtocolVersion::V311 => None,
+    };
     let publish = codec::PublishRef {
         dup: delivery.dup,
         qos: delivery.qos,
@@ -2052,7 +2058,7 @@ fn write_delivery(
         message_expiry_interval: delivery.expiry,
         topic_alias,
         subscription_ids: delivery.subscription_ids,
-        extra_user_property: message.offset_property(&mut offset),
+        extra_user_property,
         payload: &message.payload,
     };
     if codec::encode_publish(&publish, version, client_max, buf).is_ok() {

@@ -99,25 +99,29 @@ pub fn read_window(
 fn on_channel_topics(channel: &str, records: &mut [LentRecord]) {
     for lent in records {
         let topic = lent.topic();
-        let (first, rest) = match topic.split_once('/') {
-            Some((first, rest)) => (first, Some(rest)),
-            None => (topic, None),
+        // Most records are on the channel's own topics: told by their
+        // first bytes, without searching each topic for its first level.
+        let own = topic
+            .strip_prefix(channel)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        if own {
+            continue;
+        }
+        // Another channel's topic: the rest past its first level goes
+        // under this one.
+        let topic = match topic.split_once('/') {
+            Some((_, rest)) => format!("{channel}/{rest}"),
+            None => channel.to_owned(),
         };
-        if first != channel {
-            let topic = match rest {
-                Some(rest) => format!("{channel}/{rest}"),
-                None => channel.to_owned(),
-            };
-            // The record, whole, with the dead-letter channel's topic.
-            match lent {
-                LentRecord::Whole(record) => Arc::make_mut(record).topic = topic,
-                LentRecord::Kept(kept) => {
-                    let record = Record {
-                        topic,
-                        ..kept.record_sharing()
-                    };
-                    *lent = LentRecord::whole(record);
-                }
+        // The record, whole, with the dead-letter channel's topic.
+        match lent {
+            LentRecord::Whole(record) => Arc::make_mut(record).topic = topic,
+            LentRecord::Kept(kept) => {
+                let record = Record {
+                    topic,
+                    ..kept.record_sharing()
+                };
+                *lent = LentRecord::whole(record);
             }
         }
     }
@@ -334,6 +338,37 @@ mod tests {
         let mut r = Record::new("telemetry/a", vec![1u8; 8]);
         r.timestamp = at;
         r
+    }
+
+    /// A record keeps its topic when it is on the channel's topics, and is
+    /// read under the channel's first level when it is not, whatever the
+    /// two names share.
+    #[test]
+    fn records_are_read_on_the_channels_own_topics() {
+        use crate::storage::kept::Kept;
+        let lent = |topic: &str| {
+            let mut record = Record::new(topic, vec![7u8; 4]);
+            record.offset = 1;
+            [
+                LentRecord::whole(record.clone()),
+                LentRecord::Kept(Kept::new(&record)),
+            ]
+        };
+        for (topic, read_as) in [
+            ("jobs.dlq/email", "jobs.dlq/email"),
+            ("jobs.dlq", "jobs.dlq"),
+            ("jobs/email/urgent", "jobs.dlq/email/urgent"),
+            ("jobs", "jobs.dlq"),
+            ("jobs.dlqx/email", "jobs.dlq/email"),
+            ("jobs.dl/email", "jobs.dlq/email"),
+        ] {
+            let mut records = lent(topic);
+            on_channel_topics("jobs.dlq", &mut records);
+            for record in &records {
+                assert_eq!(record.topic(), read_as, "{topic}");
+                assert_eq!(&record.payload()[..], &[7u8; 4]);
+            }
+        }
     }
 
     #[test]

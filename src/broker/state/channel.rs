@@ -501,7 +501,17 @@ impl BrokerState {
             }
         }
         let ticket = self.reads.number();
-        let max = ask.clamp(1, READ_MAX);
+        let mut max = ask.clamp(1, READ_MAX);
+        if let (Seek::Offset(start), true) = (from, append) {
+            // What the recent reads hold from the next span on is served
+            // from there: read only up to it.
+            if let Some(held) = self.channels.all[channel as usize]
+                .recent
+                .next_span_after(start)
+            {
+                max = max.min(usize::try_from(held - start).unwrap_or(usize::MAX).max(1));
+            }
+        }
         if let (Seek::Offset(start), true) = (from, append) {
             self.channels.all[channel as usize].reads_out.push((
                 ticket,

@@ -262,6 +262,12 @@ impl Recent {
         self.evict();
     }
 
+    /// Where the first span after `offset` starts.
+    pub fn next_span_after(&self, offset: u64) -> Option<u64> {
+        let at = self.spans.partition_point(|s| s.start <= offset);
+        self.spans.get(at).map(|s| s.start)
+    }
+
     /// The span covering `offset`.
     fn covering(&self, offset: u64) -> Option<usize> {
         let after = self.spans.partition_point(|s| s.start <= offset);
@@ -357,6 +363,19 @@ mod tests {
         recent.insert(5, records([7, 8, 10]));
         assert_eq!(found(&mut recent, 5), Some(7));
         assert_eq!(found(&mut recent, 9), Some(10));
+    }
+
+    #[test]
+    fn a_read_is_told_where_the_next_span_starts() {
+        let mut recent = Recent::default();
+        assert_eq!(recent.next_span_after(0), None);
+        recent.insert(10, records(10..20));
+        recent.insert(40, records(40..50));
+        assert_eq!(recent.next_span_after(0), Some(10));
+        assert_eq!(recent.next_span_after(9), Some(10));
+        assert_eq!(recent.next_span_after(10), Some(40));
+        assert_eq!(recent.next_span_after(25), Some(40));
+        assert_eq!(recent.next_span_after(40), None);
     }
 
     #[test]
