@@ -384,8 +384,16 @@ async fn a_latest_channel_goes_out_as_retained_values_and_a_deletion_deletes_the
     c.publish_acked("devices/d3", b"", 1, false, 3).await;
     c.disconnect().await;
     tokio::task::block_in_place(|| remote.start_again());
+    // Both changes, each in its own PUBLISH: the remote holds a value once
+    // its subscribers are sent it, so the retained values are read after
+    // the deletion of d3 arrived too (d3 was never deleted before).
     collector
-        .wait_until(Duration::from_secs(30), arrived("away"))
+        .wait_until(Duration::from_secs(30), |seen| {
+            let d3_deleted = seen
+                .iter()
+                .any(|(topic, p)| topic == "sites/17/devices/d3" && p.is_empty());
+            arrived("away")(seen) && d3_deleted
+        })
         .await;
     let retained = remote_retained(&remote, "sites/17/devices/#", "sites/17/devices/zz").await;
     assert_eq!(
