@@ -1025,6 +1025,10 @@ async fn main() {
     }
 }
 
+/// What a memory channel with 4 consumers is to run at, at least, as a
+/// share of broadcast QoS 1 with 4 subscribers.
+const CHANNEL_OF_BROADCAST: f64 = 0.6;
+
 /// The two targets that compare rows of this run with each other.
 fn print_targets(rows: &[Row]) {
     let measured = |target: Target, provider: Provider, readers: usize, paced: bool| {
@@ -1056,10 +1060,10 @@ fn print_targets(rows: &[Row]) {
         let ratio = channel / broadcast;
         println!(
             "memory channel with 4 consumers / broadcast with 4 QoS 1 subscribers, the mean of their rows \
-             ({channel_rows} / {broadcast_rows}): {} / {} = {ratio:.2} (target >= 0.5: {})",
+             ({channel_rows} / {broadcast_rows}): {} / {} = {ratio:.2} (target >= {CHANNEL_OF_BROADCAST}: {})",
             thousands(channel),
             thousands(broadcast),
-            if ratio >= 0.5 { "met" } else { "not met" }
+            if ratio >= CHANNEL_OF_BROADCAST { "met" } else { "not met" }
         );
     }
     let floor = rate(Target::Broadcast, Provider::Memory, 0, true)

@@ -209,9 +209,11 @@ impl BrokerState {
         // channel's recent ones for those that take it later.
         let message = Arc::new(self.consumer_message(&record, None, now));
         if self.channels.all[channel as usize].kind == ChannelKind::Append {
-            self.channels.all[channel as usize]
-                .recent
-                .append(record.clone(), Some(message.clone()));
+            self.channels.all[channel as usize].recent.append(
+                record.clone(),
+                Some(message.clone()),
+                consumers.len(),
+            );
         }
         for &key in &consumers {
             let Some(index) = self.sessions.consumer_index(key, channel) else {
@@ -721,9 +723,10 @@ impl BrokerState {
         }
         if append {
             // Kept for the consumers after them, and sent from there.
-            self.channels.all[channel as usize]
+            let state = &mut self.channels.all[channel as usize];
+            state
                 .recent
-                .insert(window.start, window.records);
+                .insert(window.start, window.records, state.consumers.len());
             for &(key, index) in &readers {
                 self.serve_recent(key, index, now);
             }

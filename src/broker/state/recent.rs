@@ -8,8 +8,11 @@
 //! here when its room comes back, or when another consumer reaches those
 //! offsets. A span is what one read found: every record the store held
 //! between its `start` and its `end` at that moment. Spans never overlap;
-//! the least used is let go first, past [`MAX_SPANS`] or
-//! [`MAX_BYTES`] a channel.
+//! the least used is let go first, past [`max_spans`] or [`MAX_BYTES`] a
+//! channel. The bytes bound what the reads hold; the count grows with the
+//! channel's consumers, so that consumers spread along a channel (a burst
+//! they catch up on at different speeds) keep the spans they read from
+//! instead of letting each other's go and reading every record again.
 //!
 //! A record committed while the channel has consumers is added to the
 //! span that ends at its offset ([`Recent::append`]), with the message
@@ -28,8 +31,14 @@ use std::sync::Arc;
 use crate::broker::message::Message;
 use crate::storage::contract::LentRecord;
 
-/// Spans one channel keeps.
-pub(super) const MAX_SPANS: usize = 16;
+/// Spans one channel keeps at least.
+pub(super) const MIN_SPANS: usize = 16;
+
+/// Spans a channel with `consumers` keeps: two for each (the span it reads
+/// from and the one a read ahead of it made), at least [`MIN_SPANS`].
+pub(super) fn max_spans(consumers: usize) -> usize {
+    MIN_SPANS.max(consumers.saturating_mul(2))
+}
 /// Accounted bytes of records one channel keeps (one read's more may be
 /// kept past it: what that read holds is in memory anyway).
 pub(super) const MAX_BYTES: u64 = 1 << 20;
@@ -149,8 +158,9 @@ impl Recent {
 
     /// A record committed at the channel's tail, and the message its
     /// consumers receive: added to the span ending at its offset (or a span
-    /// of its own), unless a read already holds it.
-    pub fn append(&mut self, record: LentRecord, message: Option<Arc<Message>>) {
+    /// of its own), unless a read already holds it. The channel has
+    /// `consumers` ([`max_spans`]).
+    pub fn append(&mut self, record: LentRecord, message: Option<Arc<Message>>, consumers: usize) {
         let offset = record.offset();
         if self.covering(offset).is_some() {
             return;
@@ -185,7 +195,7 @@ impl Recent {
                 );
             }
         }
-        self.evict();
+        self.evict(consumers);
         if self.bytes > MAX_BYTES {
             if let Some(i) = self.spans.iter().position(|s| s.end == offset + 1) {
                 self.trim_front(i);
@@ -215,8 +225,9 @@ impl Recent {
     }
 
     /// Keep what a read from `start` found (`records`, ascending). The part
-    /// another span already covers is left to it.
-    pub fn insert(&mut self, start: u64, records: Vec<LentRecord>) {
+    /// another span already covers is left to it. The channel has
+    /// `consumers` ([`max_spans`]).
+    pub fn insert(&mut self, start: u64, records: Vec<LentRecord>, consumers: usize) {
         let Some(last) = records.last().map(LentRecord::offset) else {
             return;
         };
@@ -259,7 +270,7 @@ impl Recent {
                 used: self.clock,
             },
         );
-        self.evict();
+        self.evict(consumers);
     }
 
     /// Where the first span after `offset` starts.
@@ -296,8 +307,9 @@ impl Recent {
     }
 
     /// Let go of the least used spans past the bounds; the newest stays.
-    fn evict(&mut self) {
-        while self.spans.len() > 1 && (self.spans.len() > MAX_SPANS || self.bytes > MAX_BYTES) {
+    fn evict(&mut self, consumers: usize) {
+        let max_spans = max_spans(consumers);
+        while self.spans.len() > 1 && (self.spans.len() > max_spans || self.bytes > MAX_BYTES) {
             let Some(oldest) = self
                 .spans
                 .iter()
@@ -349,7 +361,7 @@ mod tests {
     #[test]
     fn a_read_is_found_by_every_offset_it_covers_and_nothing_else() {
         let mut recent = Recent::default();
-        recent.insert(10, records(10..20));
+        recent.insert(10, records(10..20), 1);
         assert_eq!(found(&mut recent, 10), Some(10));
         assert_eq!(found(&mut recent, 19), Some(19));
         assert!(unknown(&mut recent, 20));
@@ -360,7 +372,7 @@ mod tests {
     fn an_offset_the_store_did_not_hold_is_found_as_the_next_record() {
         let mut recent = Recent::default();
         // A read asked from 5; the store's records began at 7.
-        recent.insert(5, records([7, 8, 10]));
+        recent.insert(5, records([7, 8, 10]), 1);
         assert_eq!(found(&mut recent, 5), Some(7));
         assert_eq!(found(&mut recent, 9), Some(10));
     }
@@ -369,8 +381,8 @@ mod tests {
     fn a_read_is_told_where_the_next_span_starts() {
         let mut recent = Recent::default();
         assert_eq!(recent.next_span_after(0), None);
-        recent.insert(10, records(10..20));
-        recent.insert(40, records(40..50));
+        recent.insert(10, records(10..20), 1);
+        recent.insert(40, records(40..50), 1);
         assert_eq!(recent.next_span_after(0), Some(10));
         assert_eq!(recent.next_span_after(9), Some(10));
         assert_eq!(recent.next_span_after(10), Some(40));
@@ -381,25 +393,25 @@ mod tests {
     #[test]
     fn spans_never_overlap() {
         let mut recent = Recent::default();
-        recent.insert(20, records(20..30));
+        recent.insert(20, records(20..30), 1);
         // A read from 15 that ran on past 20 keeps 15..20 only.
-        recent.insert(15, records(15..25));
+        recent.insert(15, records(15..25), 1);
         assert_eq!(found(&mut recent, 15), Some(15));
         assert_eq!(found(&mut recent, 22), Some(22));
         assert_eq!(recent.records, 15);
         // A read from inside a span adds what lies past it.
-        recent.insert(25, records(25..35));
+        recent.insert(25, records(25..35), 1);
         assert_eq!(recent.records, 20);
         assert_eq!(found(&mut recent, 31), Some(31));
-        recent.insert(26, records(26..30));
+        recent.insert(26, records(26..30), 1);
         assert_eq!(recent.records, 20);
     }
 
     #[test]
     fn retention_lets_go_of_what_it_removed() {
         let mut recent = Recent::default();
-        recent.insert(1, records(1..11));
-        recent.insert(20, records(20..25));
+        recent.insert(1, records(1..11), 1);
+        recent.insert(20, records(20..25), 1);
         recent.remove_below(5);
         assert!(unknown(&mut recent, 4));
         assert_eq!(found(&mut recent, 5), Some(5));
@@ -413,16 +425,32 @@ mod tests {
     #[test]
     fn the_least_used_span_goes_first() {
         let mut recent = Recent::default();
-        for i in 0..MAX_SPANS as u64 {
-            recent.insert(i * 10, records(i * 10..i * 10 + 5));
+        for i in 0..MIN_SPANS as u64 {
+            recent.insert(i * 10, records(i * 10..i * 10 + 5), 1);
         }
         // The first is used; the second is now the least used.
         assert_eq!(found(&mut recent, 0), Some(0));
-        let far = MAX_SPANS as u64 * 10;
-        recent.insert(far, records(far..far + 5));
+        let far = MIN_SPANS as u64 * 10;
+        recent.insert(far, records(far..far + 5), 1);
         assert_eq!(found(&mut recent, 0), Some(0));
         assert!(unknown(&mut recent, 10));
         assert_eq!(found(&mut recent, far), Some(far));
+    }
+
+    /// Consumers spread along a channel each keep the span they read from:
+    /// fifty of them keep a hundred spans, where a channel with few keeps
+    /// sixteen.
+    #[test]
+    fn a_channel_keeps_two_spans_for_each_consumer() {
+        for (consumers, kept) in [(1, MIN_SPANS), (8, MIN_SPANS), (50, 100)] {
+            let mut recent = Recent::default();
+            for i in 0..kept as u64 + 1 {
+                recent.insert(i * 10, records(i * 10..i * 10 + 5), consumers);
+            }
+            assert_eq!(recent.spans.len(), kept, "{consumers} consumers");
+            assert!(unknown(&mut recent, 0), "{consumers} consumers");
+            assert_eq!(found(&mut recent, 10), Some(10), "{consumers} consumers");
+        }
     }
 
     #[test]
@@ -430,8 +458,8 @@ mod tests {
         let mut recent = Recent::default();
         let per = records([0])[0].accounted_size();
         let fit = MAX_BYTES / per;
-        recent.insert(0, records(0..fit));
-        recent.insert(fit + 10, records(fit + 10..fit + 20));
+        recent.insert(0, records(0..fit), 1);
+        recent.insert(fit + 10, records(fit + 10..fit + 20), 1);
         assert!(recent.bytes <= MAX_BYTES || recent.spans.len() == 1);
         assert_eq!(found(&mut recent, fit + 10), Some(fit + 10));
         assert!(unknown(&mut recent, 0));
@@ -440,7 +468,7 @@ mod tests {
     #[test]
     fn a_message_built_during_a_run_is_found_with_its_record() {
         let mut recent = Recent::default();
-        recent.insert(1, records(1..3));
+        recent.insert(1, records(1..3), 1);
         let mut run = recent.take_run(2).expect("covered");
         assert_eq!(run.from, 1);
         assert!(run.entries[run.from].message.is_none());
@@ -463,18 +491,18 @@ mod tests {
     #[test]
     fn a_commit_extends_the_span_ending_at_its_offset() {
         let mut recent = Recent::default();
-        recent.insert(1, records(1..5));
+        recent.insert(1, records(1..5), 1);
         for record in records(5..8) {
-            recent.append(record, None);
+            recent.append(record, None, 1);
         }
         assert_eq!(recent.spans.len(), 1);
         assert_eq!(found(&mut recent, 7), Some(7));
         // A record a read already holds is not added twice.
-        recent.append(records([6]).remove(0), None);
+        recent.append(records([6]).remove(0), None, 1);
         assert_eq!(recent.records, 7);
         // Past a hole (a write that failed after taking its offset) a new
         // span begins: the hole is not claimed to hold nothing.
-        recent.append(records([9]).remove(0), None);
+        recent.append(records([9]).remove(0), None, 1);
         assert_eq!(recent.spans.len(), 2);
         assert!(unknown(&mut recent, 8));
         assert_eq!(found(&mut recent, 9), Some(9));
@@ -486,7 +514,7 @@ mod tests {
         let per = records([0])[0].accounted_size();
         let fit = MAX_BYTES / per;
         for record in records(1..=fit * 2) {
-            recent.append(record, None);
+            recent.append(record, None, 1);
             assert!(recent.bytes <= MAX_BYTES);
         }
         assert_eq!(recent.spans.len(), 1);
