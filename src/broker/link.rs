@@ -116,6 +116,25 @@ impl ConnectionLink {
         Ok(())
     }
 
+    /// [`Self::send`] of every packet of `packets`, in order, under one
+    /// lock; `packets` is left empty. `Err` when the connection is gone
+    /// (the packets are dropped with it).
+    pub fn send_all(&self, packets: &mut Vec<Outbound>) -> Result<(), ()> {
+        let waker = {
+            let mut shared = self.lock();
+            if shared.closed {
+                packets.clear();
+                return Err(());
+            }
+            shared.queue.extend(packets.drain(..));
+            shared.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        Ok(())
+    }
+
     /// Whether the reader is to stop reading.
     pub fn paused(&self) -> bool {
         self.paused.load(Acquire)
@@ -450,6 +469,30 @@ mod tests {
         assert_eq!(outlet.poll_take(&cx, &mut taken), Poll::Ready(true));
         assert_eq!(ids(&taken), [6]);
         assert_eq!(outlet.queued(), 0);
+    }
+
+    /// Packets sent together follow those sent before them, in their
+    /// order, and wake a sleeping writer once; to a gone connection they
+    /// fail and are dropped.
+    #[test]
+    fn packets_sent_together_are_queued_in_order_behind_the_others() {
+        let (handle, outlet) = link();
+        let (wakes, waker) = counting();
+        let cx = Context::from_waker(&waker);
+        let mut taken = VecDeque::new();
+        assert_eq!(outlet.poll_take(&cx, &mut taken), Poll::Pending);
+        handle.send(ping(1)).unwrap();
+        let mut together = vec![ping(2), ping(3), ping(4)];
+        handle.send_all(&mut together).unwrap();
+        assert!(together.is_empty());
+        assert_eq!(wakes.0.load(Relaxed), 1, "one wake for the writer asleep");
+        assert_eq!(outlet.poll_take(&cx, &mut taken), Poll::Ready(true));
+        assert_eq!(ids(&taken), [1, 2, 3, 4]);
+        drop(outlet);
+        let mut late = vec![ping(5), ping(6)];
+        assert!(handle.send_all(&mut late).is_err());
+        assert!(late.is_empty());
+        assert_eq!(handle.queued(), 0);
     }
 
     #[test]

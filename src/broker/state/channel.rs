@@ -576,6 +576,10 @@ impl BrokerState {
                 Ok(run) => run,
             };
             let mut room = true;
+            // The run's deliveries go to the consumer's writer together.
+            if let Some(connection) = self.sessions.by_key.get(&key).and_then(|s| s.connection()) {
+                self.hold_sends(connection);
+            }
             for at in run.from..run.entries.len() {
                 let has_gap = self.sessions.by_key[&key].consumers[index].gap.is_some();
                 let entry = &mut run.entries[at];
@@ -593,6 +597,7 @@ impl BrokerState {
                     break;
                 }
             }
+            self.release_sends();
             let end = run.end;
             self.channels.all[channel].recent.put_back(run);
             if !room {

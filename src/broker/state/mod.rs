@@ -575,12 +575,33 @@ impl Connection {
         true
     }
 
+    /// [`Connection::queue`] of packets already counted as sent, taken
+    /// from `packets` in their order with one taking of the link.
+    fn queue_all(&mut self, packets: &mut Vec<Outbound>, limit: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.handle.send_all(packets).is_err() {
+            return false;
+        }
+        if self.waiting() >= limit {
+            self.handle.set_paused(true);
+            self.handle.want_drained.store(true, Relaxed);
+        }
+        true
+    }
+
     /// Packets on the outbound queue the writer has not taken yet.
     fn waiting(&self) -> usize {
         use std::sync::atomic::Ordering::Relaxed;
         let foreign = self.handle.foreign.load(Relaxed);
         (self.sent + foreign).saturating_sub(self.handle.written.load(Relaxed))
     }
+}
+
+/// What [`BrokerState::hold_sends`] holds: one connection's packets.
+#[derive(Debug, Default)]
+struct Held {
+    connection: Option<u64>,
+    packets: Vec<Outbound>,
 }
 
 /// A retained message owed to a subscription, waiting for room.
@@ -611,6 +632,10 @@ pub struct BrokerState {
     /// Connections to close once the current event is handled (closing one
     /// may publish a Will, which must not happen in the middle of a fan-out).
     doomed: Vec<(u64, CloseReason, Option<ReasonCode>)>,
+    /// A run of deliveries to one connection being made: what is sent to
+    /// it meanwhile is held here and handed to its writer at once when the
+    /// run ends ([`BrokerState::hold_sends`]).
+    held: Held,
     scratch_matches: Vec<Match>,
     scratch_deliveries: Vec<Delivery>,
     shutting_down: bool,
@@ -676,6 +701,7 @@ impl BrokerState {
             sessions: Sessions::default(),
             connections: IdMap::default(),
             doomed: Vec::new(),
+            held: Held::default(),
             scratch_matches: Vec::new(),
             scratch_deliveries: Vec::new(),
             shutting_down: false,
@@ -889,9 +915,40 @@ impl BrokerState {
         let Some(conn) = self.connections.get_mut(&connection) else {
             return;
         };
+        if self.held.connection == Some(connection) {
+            conn.sent += 1;
+            self.held.packets.push(packet);
+            return;
+        }
         if !conn.queue(packet, self.limits.outbound_queue) {
             // The writer is gone (the socket failed); the reader's
             // Closed event may still be on its way.
+            self.doomed.push((connection, CloseReason::Network, None));
+        }
+    }
+
+    /// Hold what is sent to `connection` until [`Self::release_sends`]: a
+    /// run of deliveries to one consumer takes its writer's queue once, not
+    /// once a delivery. Counted as sent while held, so its room is right.
+    fn hold_sends(&mut self, connection: u64) {
+        debug_assert!(self.held.connection.is_none() && self.held.packets.is_empty());
+        self.held.connection = Some(connection);
+    }
+
+    /// Hand what [`Self::hold_sends`] held to the connection's writer, as
+    /// [`Self::send`] would have one by one.
+    fn release_sends(&mut self) {
+        let Some(connection) = self.held.connection.take() else {
+            return;
+        };
+        if self.held.packets.is_empty() {
+            return;
+        }
+        let Some(conn) = self.connections.get_mut(&connection) else {
+            self.held.packets.clear();
+            return;
+        };
+        if !conn.queue_all(&mut self.held.packets, self.limits.outbound_queue) {
             self.doomed.push((connection, CloseReason::Network, None));
         }
     }
