@@ -117,14 +117,14 @@ impl ConnectionLink {
     }
 
     /// [`Self::send`] of every packet of `packets`, in order, under one
-    /// lock; `packets` is left empty. `Err` when the connection is gone
+    /// lock; `packets` is left empty. False when the connection is gone
     /// (the packets are dropped with it).
-    pub fn send_all(&self, packets: &mut Vec<Outbound>) -> Result<(), ()> {
+    pub fn send_all(&self, packets: &mut Vec<Outbound>) -> bool {
         let waker = {
             let mut shared = self.lock();
             if shared.closed {
                 packets.clear();
-                return Err(());
+                return false;
             }
             shared.queue.extend(packets.drain(..));
             shared.waker.take()
@@ -132,7 +132,7 @@ impl ConnectionLink {
         if let Some(waker) = waker {
             waker.wake();
         }
-        Ok(())
+        true
     }
 
     /// Whether the reader is to stop reading.
@@ -483,14 +483,14 @@ mod tests {
         assert_eq!(outlet.poll_take(&cx, &mut taken), Poll::Pending);
         handle.send(ping(1)).unwrap();
         let mut together = vec![ping(2), ping(3), ping(4)];
-        handle.send_all(&mut together).unwrap();
+        assert!(handle.send_all(&mut together));
         assert!(together.is_empty());
         assert_eq!(wakes.0.load(Relaxed), 1, "one wake for the writer asleep");
         assert_eq!(outlet.poll_take(&cx, &mut taken), Poll::Ready(true));
         assert_eq!(ids(&taken), [1, 2, 3, 4]);
         drop(outlet);
         let mut late = vec![ping(5), ping(6)];
-        assert!(handle.send_all(&mut late).is_err());
+        assert!(!handle.send_all(&mut late));
         assert!(late.is_empty());
         assert_eq!(handle.queued(), 0);
     }

@@ -579,7 +579,7 @@ impl Connection {
     /// from `packets` in their order with one taking of the link.
     fn queue_all(&mut self, packets: &mut Vec<Outbound>, limit: usize) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        if self.handle.send_all(packets).is_err() {
+        if !self.handle.send_all(packets) {
             return false;
         }
         if self.waiting() >= limit {
