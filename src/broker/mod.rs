@@ -141,9 +141,12 @@
 //!   request (`madvise`, the usual default), each thread's first small
 //!   allocations made a 2 MiB page resident. With them an empty broker
 //!   held 23 MB instead of 14 and each idle connection 2.2 KB instead of
-//!   1.9, for no throughput gained; only a sqlite restart of a million
-//!   retained messages was faster with them, by 10-20%
-//!   (docs/benchmarks.md, "Idle connections"). A block whose alignment a
+//!   1.9; a sqlite restart of a million retained messages was faster
+//!   with them, by 10-20% (docs/benchmarks.md, "Idle connections"), and
+//!   the hottest in-memory rows by 4-8%, each publish costing the broker
+//!   5-10% more CPU without them (docs/benchmarks.md, "Append channels
+//!   over MQTT"). Memory is what an edge site runs out of first, so the
+//!   pages stay small. A block whose alignment a
 //!   plain mimalloc block has (16 bytes, and no more than its size) is
 //!   asked for through mimalloc's plain entry point: its aligned one served
 //!   sizes between powers of two from the next class up (112 bytes from
