@@ -286,6 +286,40 @@ fn a_consumer_behind_the_tail_reads_from_the_store_one_window_at_a_time() {
     assert_eq!(reads, vec![1, 1, 0]);
 }
 
+/// A run of records handed to a consumer whose writer is gone closes its
+/// connection, as a delivery sent alone would, and loses nothing: the
+/// session comes back to every record from where it was.
+#[test]
+fn a_run_sent_to_a_gone_writer_closes_the_connection_and_loses_nothing() {
+    let now = Instant::now();
+    let (mut s, mut store, clients) = consumers_behind_the_tail(&["reader"], 8, now);
+    drop(clients);
+    let before = s
+        .metrics
+        .connections
+        .load(std::sync::atomic::Ordering::Relaxed);
+    store.answer_reads(&mut s, 1, now);
+    assert!(!s.connections.contains_key(&3), "the connection is closed");
+    assert_eq!(
+        s.metrics
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed),
+        before - 1
+    );
+    let mut consumer = connect(&mut s, 5, "reader", false, now);
+    let mut got = Vec::new();
+    while got.len() < 8 {
+        store.answer_reads(&mut s, 1, now);
+        store.commit_all(&mut s, now);
+        let out = consumer.drain();
+        assert!(!out.is_empty(), "stalled after {got:?}");
+        got.extend(offsets_of(&out));
+        packets(&mut s, 5, acks_of(&out), now);
+    }
+    got.dedup();
+    assert_eq!(got, (1..=8).collect::<Vec<u64>>());
+}
+
 #[test]
 fn consumers_near_each_other_share_one_read_and_a_read_runs_past_the_room() {
     let now = Instant::now();
