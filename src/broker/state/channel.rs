@@ -505,21 +505,15 @@ impl BrokerState {
         let ticket = self.reads.number();
         let mut max = ask.clamp(1, READ_MAX);
         if let (Seek::Offset(start), true) = (from, append) {
+            let state = &mut self.channels.all[channel as usize];
             // What the recent reads hold from the next span on is served
             // from there: read only up to it.
-            if let Some(held) = self.channels.all[channel as usize]
-                .recent
-                .next_span_after(start)
-            {
+            if let Some(held) = state.recent.next_span_after(start) {
                 max = max.min(usize::try_from(held - start).unwrap_or(usize::MAX).max(1));
             }
-        }
-        if let (Seek::Offset(start), true) = (from, append) {
-            self.channels.all[channel as usize].reads_out.push((
-                ticket,
-                start,
-                start.saturating_add(max as u64),
-            ));
+            state
+                .reads_out
+                .push((ticket, start, start.saturating_add(max as u64)));
         }
         self.channels.consumer_reads.insert(
             ticket,
