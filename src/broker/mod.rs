@@ -140,8 +140,9 @@
 //!   kernel for transparent huge pages: where the kernel grants them on
 //!   request (`madvise`, the usual default), each thread's first small
 //!   allocations made a 2 MiB page resident. With them an empty broker
-//!   held 23 MB instead of 14 and each idle connection 2.2 KB instead of
-//!   1.9; a sqlite restart of a million retained messages was faster
+//!   held 23 MB instead of 14, and an idle connection 3.2 KB instead of
+//!   1.1 at 1,000 of them and 2.0 KB instead of 0.65 at 5,000; a sqlite
+//!   restart of a million retained messages was faster
 //!   with them, by 10-20% (docs/benchmarks.md, "Idle connections"), and
 //!   the hottest in-memory rows by 4-8%, each publish costing the broker
 //!   5-10% more CPU without them (docs/benchmarks.md, "Append channels
