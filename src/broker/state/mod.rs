@@ -563,30 +563,32 @@ impl Connection {
     /// `limit` packets wait (it does not read what it is sent; the writer
     /// says when it has caught up). False when the writer is gone.
     fn queue(&mut self, packet: Outbound, limit: usize) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
         if self.handle.send(packet).is_err() {
             return false;
         }
         self.sent += 1;
-        if self.waiting() >= limit {
-            self.handle.set_paused(true);
-            self.handle.want_drained.store(true, Relaxed);
-        }
+        self.pause_if_behind(limit);
         true
     }
 
     /// [`Connection::queue`] of packets already counted as sent, taken
     /// from `packets` in their order with one taking of the link.
     fn queue_all(&mut self, packets: &mut Vec<Outbound>, limit: usize) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
         if !self.handle.send_all(packets) {
             return false;
         }
+        self.pause_if_behind(limit);
+        true
+    }
+
+    /// Pause the client's reader once `limit` packets wait for its writer,
+    /// and ask the writer to say when it has caught up.
+    fn pause_if_behind(&self, limit: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
         if self.waiting() >= limit {
             self.handle.set_paused(true);
             self.handle.want_drained.store(true, Relaxed);
         }
-        true
     }
 
     /// Packets on the outbound queue the writer has not taken yet.
@@ -931,7 +933,9 @@ impl BrokerState {
     /// run of deliveries to one consumer takes its writer's queue once, not
     /// once a delivery. Counted as sent while held, so its room is right.
     fn hold_sends(&mut self, connection: u64) {
-        debug_assert!(self.held.connection.is_none() && self.held.packets.is_empty());
+        // What another hold still has goes to its own connection first,
+        // never to this one.
+        self.release_sends();
         self.held.connection = Some(connection);
     }
 
