@@ -21,16 +21,31 @@
 //! - `sessions`: persistent sessions with one queued QoS 1 message each, on
 //!   sqlite and in Mosquitto with persistence: restart to the first
 //!   CONNACK, RSS, and a sample of them resumed with their message.
+//! - `commands`: devices each subscribed to its own command topic
+//!   (`cmd/dev-<i>/#`, QoS 1), their subscriptions held by at most 1,000
+//!   connections (the open-file limit keeps each device from being a
+//!   connection of its own at the larger sizes; the idle curve measures
+//!   connections): the time to take every subscription, broker RSS per
+//!   subscription, and 100,000 QoS 1 commands to random devices: the rate
+//!   at which they reach their devices and the broker's CPU a command.
+//!   Mosquitto without persistence.
+//! - `telemetry`: devices each a connection publishing a 64 B QoS 1
+//!   message a second (`SAGUIN_BENCH_TELEMETRY_EVERY` seconds) on its own
+//!   topic, one backend subscribed to them all: the broker's CPU (in all
+//!   and a message), RSS per device and the devices' PUBACK latency,
+//!   measured over 10 s (or ten intervals) after a warm-up as long.
+//!   Capped below the open-file limit as the idle curve is.
 //!
 //! `cargo bench --bench scale` (release). `SAGUIN_BENCH_ONLY` picks curves
 //! (comma-separated, default all); `SAGUIN_BENCH_SCALE` (default 1.0)
 //! scales every size, `SAGUIN_BENCH_SIZES` (comma-separated counts)
 //! replaces the sizes of the curves picked; `SAGUIN_BENCH_ROWS`
-//! (comma-separated row names, default all) picks the brokers of the idle
-//! and retained curves and the providers of the append curve;
+//! (comma-separated row names, default all) picks the brokers of the idle,
+//! retained and commands curves and the providers of the append curve;
 //! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose rows
 //! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
-//! retained, `saguin-before-sqlite` sessions, `memory-before` append) run beside this build's in the same
+//! retained, `saguin-before-sqlite` sessions, `memory-before` append,
+//! `saguin-before` commands) run beside this build's in the same
 //! run (the idle curve's two builds take turns going first, size by
 //! size); `SAGUIN_BENCH_IDLE_SUBSCRIBED` (set: any value) subscribes each
 //! idle connection to its own command topic; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
@@ -112,6 +127,12 @@ async fn run() -> Result<(), Error> {
     }
     if wanted("sessions") {
         sessions(&sizes(&[10_000, 25_000, 50_000, 100_000]), mosquitto).await?;
+    }
+    if wanted("commands") {
+        commands(&sizes(&[1_000, 10_000, 100_000, 1_000_000]), mosquitto).await?;
+    }
+    if wanted("telemetry") {
+        telemetry(&sizes(&[1_000, 5_000, 10_000, 50_000]), mosquitto).await?;
     }
     Ok(())
 }
@@ -907,4 +928,484 @@ async fn resume_one(addr: SocketAddr, s: usize) -> Result<(), Error> {
             _ => {}
         }
     }
+}
+
+// ---------------------------------------------------------------- commands
+
+/// Connections that hold the devices' subscriptions, device `i`'s on
+/// connection `i % HOLDERS`: as many devices as connections up to it.
+const HOLDERS: usize = 1_000;
+
+/// Commands sent at each size, each to one device's topic.
+const COMMANDS: usize = 100_000;
+
+/// QoS 1 commands the sender keeps unacknowledged.
+const COMMAND_WINDOW: usize = 500;
+
+fn command_filter(device: usize) -> String {
+    format!("cmd/dev-{device}/#")
+}
+
+fn command_topic(device: usize) -> String {
+    format!("cmd/dev-{device}/set")
+}
+
+/// The devices `n` commands go to, spread over `devices` as a
+/// deterministic pseudo-random walk (xorshift), the same in every row.
+fn command_targets(n: usize, devices: usize) -> Vec<usize> {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % devices as u64) as usize
+        })
+        .collect()
+}
+
+async fn commands(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
+    println!(
+        "\n## Commands to devices ({COMMANDS} QoS 1 commands to cmd/dev-<random device>/set; \
+         each device subscribed to cmd/dev-<i>/# at QoS 1, the subscriptions held by at most \
+         {HOLDERS} connections)"
+    );
+    println!(
+        "| broker | devices | subscribe all | RSS per subscription | commands/s | broker CPU a command |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let baseline = bench_support::baseline()?;
+    let dir = tempfile::tempdir()?;
+    for &n in sizes {
+        let mut brokers = vec!["saguin"];
+        if baseline.is_some() {
+            brokers.push("saguin-before");
+        }
+        if mosquitto {
+            brokers.push("mosquitto");
+        }
+        for name in brokers.into_iter().filter(|b| row_wanted(b)) {
+            let data = dir.path().join(format!("{name}-commands-{n}"));
+            let config = saguin_config(
+                &data,
+                &format!(
+                    "limits:\n  max_connections: {}\n  max_subscriptions_per_session: {}\n",
+                    HOLDERS + 100,
+                    n.div_ceil(HOLDERS) + 1
+                ),
+            )?;
+            let which = match (name, &baseline) {
+                ("saguin", _) => Which::Saguin {
+                    config: &config,
+                    bin: this_build(),
+                },
+                ("saguin-before", Some(before)) => Which::Saguin {
+                    config: &config,
+                    bin: before,
+                },
+                // Each command is a small write to one device's socket:
+                // without TCP_NODELAY (off by default in Mosquitto, always
+                // on in saguin) they wait on the devices' delayed ACKs.
+                _ => Which::Mosquitto {
+                    extra: "persistence false\nmax_connections -1\nset_tcp_nodelay true\n",
+                },
+            };
+            let broker = launch(&which, &data).await?;
+            let pid = pid_of(&broker)?;
+            let holders = connect_holders(broker.addr, n.min(HOLDERS)).await?;
+            let before = rss(pid)?;
+            let began = Instant::now();
+            let holders = subscribe_devices(holders, n).await?;
+            let subscribed_in = began.elapsed();
+            let subscribed = rss(pid)?;
+            let cpu_before = cpu_time(pid)?;
+            let began = Instant::now();
+            let holders =
+                send_commands(broker.addr, holders, &command_targets(COMMANDS, n)).await?;
+            let took = began.elapsed();
+            let cpu = cpu_time(pid)? - cpu_before;
+            drop(holders);
+            println!(
+                "| {name} | {n} | {} | {:.0} B | {:.0} | {:.2} µs |",
+                ms(subscribed_in),
+                subscribed.saturating_sub(before) as f64 / n as f64,
+                COMMANDS as f64 / took.as_secs_f64(),
+                cpu.as_secs_f64() * 1e6 / COMMANDS as f64
+            );
+            stop(broker).await?;
+            std::fs::remove_dir_all(&data)?;
+        }
+    }
+    Ok(())
+}
+
+/// `count` connections to hold the devices' subscriptions, 64 connecting
+/// at a time; holder `h` is `holders[h]`.
+async fn connect_holders(addr: SocketAddr, count: usize) -> Result<Vec<Conn>, Error> {
+    const CONNECTORS: usize = 64;
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTORS.min(count) {
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            for h in (c..count).step_by(CONNECTORS) {
+                let (conn, _) = Conn::connect(addr, &format!("holder-{h}"), true).await?;
+                mine.push((h, conn));
+            }
+            Ok::<_, Error>(mine)
+        }));
+    }
+    let mut all = Vec::with_capacity(count);
+    for task in tasks {
+        all.extend(task.await??);
+    }
+    all.sort_unstable_by_key(|(h, _)| *h);
+    Ok(all.into_iter().map(|(_, conn)| conn).collect())
+}
+
+/// Subscribes device `i`'s filter on holder `i % holders.len()` for every
+/// device below `devices`, 100 filters a SUBSCRIBE, every holder at once;
+/// returns once each SUBACK granted them all.
+async fn subscribe_devices(holders: Vec<Conn>, devices: usize) -> Result<Vec<Conn>, Error> {
+    const FILTERS_A_PACKET: usize = 100;
+    let count = holders.len();
+    let mut tasks = Vec::new();
+    for (h, mut conn) in holders.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let mine: Vec<usize> = (h..devices).step_by(count).collect();
+            let mut packets = Vec::new();
+            for (k, chunk) in mine.chunks(FILTERS_A_PACKET).enumerate() {
+                packets.push(Packet::Subscribe(Subscribe {
+                    packet_id: (k % usize::from(u16::MAX)) as u16 + 1,
+                    filters: chunk
+                        .iter()
+                        .map(|&i| SubscribeFilter {
+                            filter: command_filter(i),
+                            options: SubscriptionOptions {
+                                qos: QoS::AtLeastOnce,
+                                ..SubscriptionOptions::default()
+                            },
+                        })
+                        .collect(),
+                    properties: SubscribeProperties::default(),
+                }));
+            }
+            conn.send_all(&packets).await?;
+            for _ in &packets {
+                match tokio::time::timeout(Duration::from_secs(300), conn.next()).await?? {
+                    Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
+                    other => {
+                        return Err(format!(
+                            "holder-{h}: expected a SUBACK granting all, got {other:?}"
+                        )
+                        .into())
+                    }
+                }
+            }
+            Ok::<_, Error>((h, conn))
+        }));
+    }
+    let mut all = Vec::with_capacity(count);
+    for task in tasks {
+        all.push(task.await??);
+    }
+    all.sort_unstable_by_key(|(h, _)| *h);
+    Ok(all.into_iter().map(|(_, conn)| conn).collect())
+}
+
+/// Sends a QoS 1 command to each of `targets` from one connection, keeping
+/// [`COMMAND_WINDOW`] unacknowledged, and returns once every command has
+/// reached its device's holder, each acknowledged by it. Gives the holders
+/// back still connected: a holder that went as soon as it had its commands
+/// would have the broker drop its subscriptions while the rest are
+/// measured.
+async fn send_commands(
+    addr: SocketAddr,
+    holders: Vec<Conn>,
+    targets: &[usize],
+) -> Result<Vec<Conn>, Error> {
+    let mut expected = vec![0usize; holders.len()];
+    for &device in targets {
+        expected[device % holders.len()] += 1;
+    }
+    let mut receivers = Vec::new();
+    for (h, (mut conn, count)) in holders.into_iter().zip(expected).enumerate() {
+        receivers.push(tokio::spawn(async move {
+            let mut received = 0;
+            while received < count {
+                let mut acks = Vec::new();
+                let mut next = Some(conn.next().await?);
+                while let Some(packet) = next {
+                    match packet {
+                        Packet::Publish(p) => {
+                            received += 1;
+                            acks.push(Packet::PubAck(PubAck::new(p.packet_id)));
+                        }
+                        other => {
+                            return Err::<Conn, Error>(
+                                format!("holder-{h}: expected a command, got {other:?}").into(),
+                            )
+                        }
+                    }
+                    next = conn.try_next()?;
+                }
+                conn.send_all(&acks).await?;
+            }
+            Ok(conn)
+        }));
+    }
+    let (mut sender, _) = Conn::connect(addr, "commander", true).await?;
+    for chunk in targets.chunks(COMMAND_WINDOW) {
+        let mut buf = BytesMut::new();
+        for (k, &device) in chunk.iter().enumerate() {
+            codec::encode(
+                &Packet::Publish(Publish {
+                    dup: false,
+                    qos: QoS::AtLeastOnce,
+                    retain: false,
+                    topic: command_topic(device).into(),
+                    packet_id: (k + 1) as u16,
+                    properties: PublishProperties::default(),
+                    payload: Bytes::from_static(&PAYLOAD),
+                }),
+                V,
+                &mut buf,
+            )?;
+        }
+        sender.stream.write_all(&buf).await?;
+        for _ in chunk {
+            match sender.next().await? {
+                Packet::PubAck(ack) if !ack.reason.is_error() => {}
+                other => return Err(format!("commander: expected PUBACK, got {other:?}").into()),
+            }
+        }
+    }
+    let mut holders = Vec::with_capacity(receivers.len());
+    for receiver in receivers {
+        holders.push(tokio::time::timeout(Duration::from_secs(300), receiver).await???);
+    }
+    Ok(holders)
+}
+
+// ---------------------------------------------------------------- telemetry
+
+/// How long each telemetry row is measured, after a warm-up as long, at
+/// least: ten of the devices' intervals.
+const TELEMETRY_WINDOW: Duration = Duration::from_secs(10);
+
+/// How often each device publishes: `SAGUIN_BENCH_TELEMETRY_EVERY`
+/// seconds, 1 by default.
+fn telemetry_interval() -> Result<Duration, Error> {
+    match std::env::var("SAGUIN_BENCH_TELEMETRY_EVERY") {
+        Ok(every) => Ok(Duration::try_from_secs_f64(every.parse()?)
+            .map_err(|e| format!("SAGUIN_BENCH_TELEMETRY_EVERY={every}: {e}"))?),
+        Err(_) => Ok(Duration::from_secs(1)),
+    }
+}
+
+fn telemetry_topic(device: usize) -> String {
+    format!("site/{}/device/{device}/telemetry", device % 100)
+}
+
+async fn telemetry(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
+    raise_open_file_limit();
+    let limit = open_file_limit();
+    // Each device is a descriptor in the broker and one here.
+    let cap = limit.saturating_sub(1_000) as usize;
+    let every = telemetry_interval()?;
+    let window = TELEMETRY_WINDOW.max(every * 10);
+    println!(
+        "\n## Telemetry from devices (each device a connection publishing a 64 B QoS 1 message \
+         every {every:?} to site/<i mod 100>/device/<i>/telemetry, one backend subscribed to \
+         site/+/device/+/telemetry at QoS 1; measured over {window:?} after a warm-up as long)"
+    );
+    let mut sizes: Vec<usize> = sizes.iter().map(|&n| n.min(cap)).collect();
+    sizes.dedup();
+    if sizes.contains(&cap) {
+        println!("capped at {cap}: the open-file limit is {limit}");
+    }
+    println!(
+        "| broker | devices | messages/s to the backend | broker CPU | broker CPU a message | RSS per device | PUBACK p50 | PUBACK p99 |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let baseline = bench_support::baseline()?;
+    let dir = tempfile::tempdir()?;
+    for &n in &sizes {
+        let mut brokers = vec!["saguin"];
+        if baseline.is_some() {
+            brokers.push("saguin-before");
+        }
+        if mosquitto {
+            brokers.push("mosquitto");
+        }
+        for name in brokers.into_iter().filter(|b| row_wanted(b)) {
+            let data = dir.path().join(format!("{name}-telemetry-{n}"));
+            let config =
+                saguin_config(&data, &format!("limits:\n  max_connections: {}\n", n + 100))?;
+            let which = match (name, &baseline) {
+                ("saguin", _) => Which::Saguin {
+                    config: &config,
+                    bin: this_build(),
+                },
+                ("saguin-before", Some(before)) => Which::Saguin {
+                    config: &config,
+                    bin: before,
+                },
+                // As in the commands curve: small writes, each its own.
+                _ => Which::Mosquitto {
+                    extra: "persistence false\nmax_connections -1\nset_tcp_nodelay true\n",
+                },
+            };
+            let broker = launch(&which, &data).await?;
+            let pid = pid_of(&broker)?;
+            let before = rss(pid)?;
+            let row = run_telemetry(broker.addr, pid, n, every, window).await?;
+            let resident = rss(pid)?;
+            stop(broker).await?;
+            println!(
+                "| {name} | {n} | {:.0} | {:.1}% of a core | {:.1} µs | {:.0} B | {:.2} ms | {:.2} ms |",
+                row.received as f64 / row.window.as_secs_f64(),
+                row.cpu.as_secs_f64() * 100.0 / row.window.as_secs_f64(),
+                row.cpu.as_secs_f64() * 1e6 / row.received.max(1) as f64,
+                resident.saturating_sub(before) as f64 / n as f64,
+                row.puback_p50.as_secs_f64() * 1e3,
+                row.puback_p99.as_secs_f64() * 1e3,
+            );
+            std::fs::remove_dir_all(&data)?;
+        }
+    }
+    Ok(())
+}
+
+struct TelemetryRow {
+    window: Duration,
+    /// Messages the backend received in the window.
+    received: u64,
+    /// The broker's CPU time in the window.
+    cpu: Duration,
+    puback_p50: Duration,
+    puback_p99: Duration,
+}
+
+/// Connects `n` devices and a backend to the broker `pid` at `addr`, has
+/// each device publish `every` (the devices spread evenly over it), and
+/// measures `window` after a warm-up as long.
+async fn run_telemetry(
+    addr: SocketAddr,
+    pid: u32,
+    n: usize,
+    every: Duration,
+    window: Duration,
+) -> Result<TelemetryRow, Error> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let (mut backend, _) = Conn::connect(addr, "telemetry-backend", true).await?;
+    subscribe(
+        &mut backend,
+        "site/+/device/+/telemetry",
+        QoS::AtLeastOnce,
+        Vec::new(),
+    )
+    .await?;
+    match backend.next().await? {
+        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
+        other => return Err(format!("backend: expected SUBACK, got {other:?}").into()),
+    }
+    let received = Arc::new(AtomicU64::new(0));
+    let stopping = Arc::new(AtomicBool::new(false));
+    // Runs until aborted: a read or write that fails ends it with the error.
+    let backend_task: tokio::task::JoinHandle<Result<(), Error>> = {
+        let received = received.clone();
+        tokio::spawn(async move {
+            loop {
+                let mut acks = Vec::new();
+                let mut next = Some(backend.next().await?);
+                while let Some(packet) = next {
+                    if let Packet::Publish(p) = packet {
+                        received.fetch_add(1, Ordering::Relaxed);
+                        acks.push(Packet::PubAck(PubAck::new(p.packet_id)));
+                    }
+                    next = backend.try_next()?;
+                }
+                backend.send_all(&acks).await?;
+            }
+        })
+    };
+    let devices = connect_idle(addr, n, false).await?;
+    let began = tokio::time::Instant::now();
+    let measure_from = began + window;
+    let measure_to = measure_from + window;
+    let mut tasks = Vec::with_capacity(n);
+    for (i, mut device) in devices.into_iter().enumerate() {
+        let stopping = stopping.clone();
+        tasks.push(tokio::spawn(async move {
+            let first = began + every.mul_f64(i as f64 / n as f64);
+            let mut ticks = tokio::time::interval_at(first, every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut latencies = Vec::new();
+            let mut packet_id: u16 = 0;
+            while !stopping.load(Ordering::Relaxed) {
+                let tick = ticks.tick().await;
+                packet_id = packet_id.wrapping_add(1).max(1);
+                let sent = Instant::now();
+                device
+                    .send(&Packet::Publish(Publish {
+                        dup: false,
+                        qos: QoS::AtLeastOnce,
+                        retain: false,
+                        topic: telemetry_topic(i).into(),
+                        packet_id,
+                        properties: PublishProperties::default(),
+                        payload: Bytes::from_static(&PAYLOAD),
+                    }))
+                    .await?;
+                match device.next().await? {
+                    Packet::PubAck(ack) if !ack.reason.is_error() => {}
+                    other => {
+                        return Err::<_, Error>(
+                            format!("device {i}: expected PUBACK, got {other:?}").into(),
+                        )
+                    }
+                }
+                if tick >= measure_from && tick < measure_to {
+                    latencies.push(sent.elapsed());
+                }
+            }
+            Ok((device, latencies))
+        }));
+    }
+    tokio::time::sleep_until(measure_from).await;
+    let cpu_before = cpu_time(pid)?;
+    let received_before = received.load(Ordering::Relaxed);
+    tokio::time::sleep_until(measure_to).await;
+    let cpu = cpu_time(pid)? - cpu_before;
+    let in_window = received.load(Ordering::Relaxed) - received_before;
+    stopping.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
+    let mut still_connected = Vec::with_capacity(n);
+    for task in tasks {
+        let (device, mine) = tokio::time::timeout(Duration::from_secs(60), task).await???;
+        latencies.extend(mine);
+        still_connected.push(device);
+    }
+    if backend_task.is_finished() {
+        backend_task.await??;
+        return Err("the backend's connection ended".into());
+    }
+    backend_task.abort();
+    drop(still_connected);
+    latencies.sort_unstable();
+    let at = |q: f64| {
+        latencies
+            .get(((latencies.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or_default()
+    };
+    Ok(TelemetryRow {
+        window,
+        received: in_window,
+        cpu,
+        puback_p50: at(0.50),
+        puback_p99: at(0.99),
+    })
 }
