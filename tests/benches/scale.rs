@@ -35,6 +35,10 @@
 //!   and a message), RSS per device and the devices' PUBACK latency,
 //!   measured over 10 s (or ten intervals) after a warm-up as long.
 //!   Capped below the open-file limit as the idle curve is.
+//! - `payloads`: one QoS 1 publisher to one QoS 1 subscriber with payloads
+//!   of 64 B to 256 KiB (the sizes are payload bytes): messages and MiB a
+//!   second, the broker's CPU a message and a MiB, and the peak RSS the
+//!   row took.
 //!
 //! `cargo bench --bench scale` (release). `SAGUIN_BENCH_ONLY` picks curves
 //! (comma-separated, default all); `SAGUIN_BENCH_SCALE` (default 1.0)
@@ -133,6 +137,9 @@ async fn run() -> Result<(), Error> {
     }
     if wanted("telemetry") {
         telemetry(&sizes(&[1_000, 5_000, 10_000, 50_000]), mosquitto).await?;
+    }
+    if wanted("payloads") {
+        payloads(&sizes(&[64, 1_024, 16_384, 262_144]), mosquitto).await?;
     }
     Ok(())
 }
@@ -1408,4 +1415,159 @@ async fn run_telemetry(
         puback_p50: at(0.50),
         puback_p99: at(0.99),
     })
+}
+
+// ---------------------------------------------------------------- payloads
+
+/// Bytes each payload row moves, at least 1,000 and at most 100,000
+/// messages of its size.
+const PAYLOAD_BUDGET: usize = 256 << 20;
+
+/// QoS 1 messages the publisher of a payload row keeps unacknowledged.
+const PAYLOAD_WINDOW: usize = 100;
+
+async fn payloads(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
+    println!(
+        "\n## Payload sizes (one publisher, {PAYLOAD_WINDOW} QoS 1 messages unacknowledged, to \
+         one QoS 1 subscriber; {} MiB or 1,000-100,000 messages a row)",
+        PAYLOAD_BUDGET >> 20
+    );
+    println!(
+        "| broker | payload | messages | messages/s | MiB/s | broker CPU a message | broker CPU a MiB | peak RSS above the empty broker's |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let baseline = bench_support::baseline()?;
+    let dir = tempfile::tempdir()?;
+    for &size in sizes {
+        let count = (PAYLOAD_BUDGET / size.max(1)).clamp(1_000, 100_000);
+        let mosquitto_extra = format!(
+            "persistence false\nset_tcp_nodelay true\nmax_queued_messages {count}\nmax_queued_bytes 0\n"
+        );
+        let mut brokers = vec!["saguin"];
+        if baseline.is_some() {
+            brokers.push("saguin-before");
+        }
+        if mosquitto {
+            brokers.push("mosquitto");
+        }
+        for name in brokers.into_iter().filter(|b| row_wanted(b)) {
+            let data = dir.path().join(format!("{name}-payload-{size}"));
+            // Room for the largest payload asked for, and its topic, and
+            // for a subscriber behind by the whole row: the broker
+            // acknowledges a QoS 1 publish once it has routed it, so the
+            // publisher's window does not bound the subscriber's queue,
+            // and a queue at its bound drops (counted) what would make
+            // the row come out short.
+            let config = saguin_config(
+                &data,
+                &format!(
+                    "limits:\n  max_message_size: {}\n  max_queued_messages: {}\n",
+                    size + 1024,
+                    count
+                ),
+            )?;
+            let which = match (name, &baseline) {
+                ("saguin", _) => Which::Saguin {
+                    config: &config,
+                    bin: this_build(),
+                },
+                ("saguin-before", Some(before)) => Which::Saguin {
+                    config: &config,
+                    bin: before,
+                },
+                _ => Which::Mosquitto {
+                    extra: &mosquitto_extra,
+                },
+            };
+            let broker = launch(&which, &data).await?;
+            let pid = pid_of(&broker)?;
+            let before = rss(pid)?;
+            let cpu_before = cpu_time(pid)?;
+            let took = move_payloads(broker.addr, size, count).await?;
+            let cpu = cpu_time(pid)? - cpu_before;
+            let peak = peak_rss(pid)?;
+            stop(broker).await?;
+            let mib = (size * count) as f64 / (1 << 20) as f64;
+            println!(
+                "| {name} | {size} B | {count} | {:.0} | {:.1} | {:.2} µs | {:.2} ms | {} |",
+                count as f64 / took.as_secs_f64(),
+                mib / took.as_secs_f64(),
+                cpu.as_secs_f64() * 1e6 / count as f64,
+                cpu.as_secs_f64() * 1e3 / mib,
+                self::mib(peak.saturating_sub(before) as f64),
+            );
+            std::fs::remove_dir_all(&data)?;
+        }
+    }
+    Ok(())
+}
+
+/// Publishes `count` QoS 1 messages of `size` bytes to one subscriber,
+/// [`PAYLOAD_WINDOW`] unacknowledged; the time from the first publish to
+/// the subscriber's last message.
+async fn move_payloads(addr: SocketAddr, size: usize, count: usize) -> Result<Duration, Error> {
+    const TOPIC: &str = "bench/payloads";
+    let (mut subscriber, _) = Conn::connect(addr, "payload-subscriber", true).await?;
+    subscribe(&mut subscriber, TOPIC, QoS::AtLeastOnce, Vec::new()).await?;
+    match subscriber.next().await? {
+        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
+        other => return Err(format!("subscriber: expected SUBACK, got {other:?}").into()),
+    }
+    let receiver = tokio::spawn(async move {
+        let mut received = 0;
+        while received < count {
+            let mut acks = Vec::new();
+            let mut next = Some(subscriber.next().await?);
+            while let Some(packet) = next {
+                match packet {
+                    Packet::Publish(p) if p.payload.len() == size => {
+                        received += 1;
+                        acks.push(Packet::PubAck(PubAck::new(p.packet_id)));
+                    }
+                    other => {
+                        return Err::<(), Error>(
+                            format!("subscriber: expected a message of {size} B, got {other:?}")
+                                .into(),
+                        )
+                    }
+                }
+                next = subscriber.try_next()?;
+            }
+            subscriber.send_all(&acks).await?;
+        }
+        Ok(())
+    });
+    let payload = Bytes::from(vec![b'p'; size]);
+    let (publisher, _) = Conn::connect(addr, "payload-publisher", true).await?;
+    let (mut acks, mut writer) = publisher.into_split();
+    let began = Instant::now();
+    let mut sent = 0;
+    let mut unacked = 0;
+    while sent < count {
+        let mut buf = BytesMut::new();
+        while unacked < PAYLOAD_WINDOW && sent < count {
+            codec::encode(
+                &Packet::Publish(Publish {
+                    dup: false,
+                    qos: QoS::AtLeastOnce,
+                    retain: false,
+                    topic: TOPIC.into(),
+                    packet_id: (sent % PAYLOAD_WINDOW) as u16 + 1,
+                    properties: PublishProperties::default(),
+                    payload: payload.clone(),
+                }),
+                V,
+                &mut buf,
+            )?;
+            sent += 1;
+            unacked += 1;
+        }
+        writer.write_all(&buf).await?;
+        match acks.next().await? {
+            Packet::PubAck(ack) if !ack.reason.is_error() => unacked -= 1,
+            other => return Err(format!("publisher: expected PUBACK, got {other:?}").into()),
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(300), receiver).await???;
+    Ok(began.elapsed())
 }
