@@ -267,6 +267,44 @@ fn row_wanted(name: &str) -> bool {
     }
 }
 
+/// The rows of a curve with one saguin row a size: this build, the
+/// earlier one when `SAGUIN_BENCH_BASELINE` names it, and Mosquitto when
+/// it is installed; those `SAGUIN_BENCH_ROWS` asks for.
+fn rows(baseline: &Option<PathBuf>, mosquitto: bool) -> Vec<&'static str> {
+    let mut rows = vec!["saguin"];
+    if baseline.is_some() {
+        rows.push("saguin-before");
+    }
+    if mosquitto {
+        rows.push("mosquitto");
+    }
+    rows.retain(|r| row_wanted(r));
+    rows
+}
+
+/// What row `name` of [`rows`] (or the idle curve) starts: this build or
+/// the earlier one on `config`, or Mosquitto with `mosquitto_extra`.
+fn row<'a>(
+    name: &str,
+    config: &'a Path,
+    baseline: &'a Option<PathBuf>,
+    mosquitto_extra: &'a str,
+) -> Which<'a> {
+    match (name, baseline) {
+        ("saguin-before", Some(before)) => Which::Saguin {
+            config,
+            bin: before,
+        },
+        ("mosquitto", _) => Which::Mosquitto {
+            extra: mosquitto_extra,
+        },
+        _ => Which::Saguin {
+            config,
+            bin: this_build(),
+        },
+    }
+}
+
 async fn launch(which: &Which<'_>, dir: &Path) -> Result<Broker, Error> {
     match which {
         Which::Saguin { config, bin } => {
@@ -435,19 +473,12 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                     n + 100
                 ),
             )?;
-            let which = match (name, &baseline) {
-                ("saguin", _) => Which::Saguin {
-                    config: &config,
-                    bin: this_build(),
-                },
-                ("saguin-before", Some(before)) => Which::Saguin {
-                    config: &config,
-                    bin: before,
-                },
-                _ => Which::Mosquitto {
-                    extra: "persistence false\nmax_connections -1\n",
-                },
-            };
+            let which = row(
+                name,
+                &config,
+                &baseline,
+                "persistence false\nmax_connections -1\n",
+            );
             let broker = launch(&which, &data).await?;
             let pid = pid_of(&broker)?;
             let before = rss(pid)?;
@@ -984,14 +1015,7 @@ async fn commands(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     let baseline = bench_support::baseline()?;
     let dir = tempfile::tempdir()?;
     for &n in sizes {
-        let mut brokers = vec!["saguin"];
-        if baseline.is_some() {
-            brokers.push("saguin-before");
-        }
-        if mosquitto {
-            brokers.push("mosquitto");
-        }
-        for name in brokers.into_iter().filter(|b| row_wanted(b)) {
+        for name in rows(&baseline, mosquitto) {
             let data = dir.path().join(format!("{name}-commands-{n}"));
             let config = saguin_config(
                 &data,
@@ -1001,22 +1025,15 @@ async fn commands(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                     n.div_ceil(HOLDERS) + 1
                 ),
             )?;
-            let which = match (name, &baseline) {
-                ("saguin", _) => Which::Saguin {
-                    config: &config,
-                    bin: this_build(),
-                },
-                ("saguin-before", Some(before)) => Which::Saguin {
-                    config: &config,
-                    bin: before,
-                },
-                // Each command is a small write to one device's socket:
-                // without TCP_NODELAY (off by default in Mosquitto, always
-                // on in saguin) they wait on the devices' delayed ACKs.
-                _ => Which::Mosquitto {
-                    extra: "persistence false\nmax_connections -1\nset_tcp_nodelay true\n",
-                },
-            };
+            // Each command is a small write to one device's socket:
+            // without TCP_NODELAY (off by default in Mosquitto, always on
+            // in saguin) they wait on the devices' delayed ACKs.
+            let which = row(
+                name,
+                &config,
+                &baseline,
+                "persistence false\nmax_connections -1\nset_tcp_nodelay true\n",
+            );
             let broker = launch(&which, &data).await?;
             let pid = pid_of(&broker)?;
             let holders = connect_holders(broker.addr, n.min(HOLDERS)).await?;
@@ -1237,31 +1254,17 @@ async fn telemetry(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     let baseline = bench_support::baseline()?;
     let dir = tempfile::tempdir()?;
     for &n in &sizes {
-        let mut brokers = vec!["saguin"];
-        if baseline.is_some() {
-            brokers.push("saguin-before");
-        }
-        if mosquitto {
-            brokers.push("mosquitto");
-        }
-        for name in brokers.into_iter().filter(|b| row_wanted(b)) {
+        for name in rows(&baseline, mosquitto) {
             let data = dir.path().join(format!("{name}-telemetry-{n}"));
             let config =
                 saguin_config(&data, &format!("limits:\n  max_connections: {}\n", n + 100))?;
-            let which = match (name, &baseline) {
-                ("saguin", _) => Which::Saguin {
-                    config: &config,
-                    bin: this_build(),
-                },
-                ("saguin-before", Some(before)) => Which::Saguin {
-                    config: &config,
-                    bin: before,
-                },
-                // As in the commands curve: small writes, each its own.
-                _ => Which::Mosquitto {
-                    extra: "persistence false\nmax_connections -1\nset_tcp_nodelay true\n",
-                },
-            };
+            // As in the commands curve: small writes, each its own.
+            let which = row(
+                name,
+                &config,
+                &baseline,
+                "persistence false\nmax_connections -1\nset_tcp_nodelay true\n",
+            );
             let broker = launch(&which, &data).await?;
             let pid = pid_of(&broker)?;
             let before = rss(pid)?;
@@ -1443,14 +1446,7 @@ async fn payloads(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         let mosquitto_extra = format!(
             "persistence false\nset_tcp_nodelay true\nmax_queued_messages {count}\nmax_queued_bytes 0\n"
         );
-        let mut brokers = vec!["saguin"];
-        if baseline.is_some() {
-            brokers.push("saguin-before");
-        }
-        if mosquitto {
-            brokers.push("mosquitto");
-        }
-        for name in brokers.into_iter().filter(|b| row_wanted(b)) {
+        for name in rows(&baseline, mosquitto) {
             let data = dir.path().join(format!("{name}-payload-{size}"));
             // Room for the largest payload asked for, and its topic, and
             // for a subscriber behind by the whole row: the broker
@@ -1466,19 +1462,7 @@ async fn payloads(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                     count
                 ),
             )?;
-            let which = match (name, &baseline) {
-                ("saguin", _) => Which::Saguin {
-                    config: &config,
-                    bin: this_build(),
-                },
-                ("saguin-before", Some(before)) => Which::Saguin {
-                    config: &config,
-                    bin: before,
-                },
-                _ => Which::Mosquitto {
-                    extra: &mosquitto_extra,
-                },
-            };
+            let which = row(name, &config, &baseline, &mosquitto_extra);
             let broker = launch(&which, &data).await?;
             let pid = pid_of(&broker)?;
             let before = rss(pid)?;
