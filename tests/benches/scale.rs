@@ -349,39 +349,51 @@ async fn publish_many(
             let (mut conn, _) = Conn::connect(addr, &format!("scale-publisher-{p}"), true).await?;
             let mine: Vec<usize> = (p..count).step_by(PUBLISHERS).collect();
             for chunk in mine.chunks(WINDOW) {
-                let mut buf = BytesMut::new();
-                for (k, &i) in chunk.iter().enumerate() {
-                    codec::encode(
-                        &Packet::Publish(Publish {
-                            dup: false,
-                            qos: QoS::AtLeastOnce,
-                            retain,
-                            topic: topic(i).into(),
-                            packet_id: (k + 1) as u16,
-                            properties: PublishProperties::default(),
-                            payload: Bytes::from_static(&PAYLOAD),
-                        }),
-                        V,
-                        &mut buf,
-                    )?;
-                }
-                conn.stream.write_all(&buf).await?;
-                for _ in chunk {
-                    match conn.next().await? {
-                        Packet::PubAck(ack) if !ack.reason.is_error() => {}
-                        other => {
-                            return Err::<(), Error>(
-                                format!("publisher {p}: expected PUBACK, got {other:?}").into(),
-                            )
-                        }
-                    }
-                }
+                let topics = chunk.iter().map(|&i| topic(i));
+                publish_window(&mut conn, topics, retain, &format!("publisher {p}")).await?;
             }
-            Ok(())
+            Ok::<(), Error>(())
         }));
     }
     for task in tasks {
         task.await??;
+    }
+    Ok(())
+}
+
+/// Publishes a QoS 1 message of [`PAYLOAD`] to each of `topics` in one
+/// write (packet identifiers from 1) and waits for every PUBACK; `who`
+/// names the publisher in an error.
+async fn publish_window(
+    conn: &mut Conn,
+    topics: impl Iterator<Item = String>,
+    retain: bool,
+    who: &str,
+) -> Result<(), Error> {
+    let mut buf = BytesMut::new();
+    let mut sent = 0;
+    for (k, topic) in topics.enumerate() {
+        codec::encode(
+            &Packet::Publish(Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain,
+                topic: topic.into(),
+                packet_id: (k + 1) as u16,
+                properties: PublishProperties::default(),
+                payload: Bytes::from_static(&PAYLOAD),
+            }),
+            V,
+            &mut buf,
+        )?;
+        sent += 1;
+    }
+    conn.stream.write_all(&buf).await?;
+    for _ in 0..sent {
+        match conn.next().await? {
+            Packet::PubAck(ack) if !ack.reason.is_error() => {}
+            other => return Err(format!("{who}: expected PUBACK, got {other:?}").into()),
+        }
     }
     Ok(())
 }
@@ -1179,29 +1191,8 @@ async fn send_commands(
     }
     let (mut sender, _) = Conn::connect(addr, "commander", true).await?;
     for chunk in targets.chunks(COMMAND_WINDOW) {
-        let mut buf = BytesMut::new();
-        for (k, &device) in chunk.iter().enumerate() {
-            codec::encode(
-                &Packet::Publish(Publish {
-                    dup: false,
-                    qos: QoS::AtLeastOnce,
-                    retain: false,
-                    topic: command_topic(device).into(),
-                    packet_id: (k + 1) as u16,
-                    properties: PublishProperties::default(),
-                    payload: Bytes::from_static(&PAYLOAD),
-                }),
-                V,
-                &mut buf,
-            )?;
-        }
-        sender.stream.write_all(&buf).await?;
-        for _ in chunk {
-            match sender.next().await? {
-                Packet::PubAck(ack) if !ack.reason.is_error() => {}
-                other => return Err(format!("commander: expected PUBACK, got {other:?}").into()),
-            }
-        }
+        let topics = chunk.iter().map(|&device| command_topic(device));
+        publish_window(&mut sender, topics, false, "commander").await?;
     }
     let mut holders = Vec::with_capacity(receivers.len());
     for receiver in receivers {
