@@ -41,7 +41,12 @@
 //!   persisters, then binds the listeners; `run(server, shutdown)` serves
 //!   until `shutdown` completes, and returns an error when the broker task
 //!   failed (the process then exits non-zero). One tokio runtime; a permit
-//!   of the `max_connections` semaphore is taken before each accept. An
+//!   of the `max_connections` semaphore is taken before each accept. A
+//!   listener asks the kernel to hold 4,096 unaccepted connections, not
+//!   the 1,024 a listener gets by default: a site's devices reconnecting
+//!   at once overflowed that, and each handshake dropped there waited on
+//!   its client's retransmissions (10,000 sessions took 1.9-5.4 s to
+//!   reconnect, now 0.7 s). An
 //!   accepted transport is one boxed [`connection::Handshake`] handed to
 //!   [`connection::serve`] (a TLS one to [`connection::serve_after`], its
 //!   TLS handshake boxed with the rest of the start and gone once done),
