@@ -44,6 +44,7 @@ use super::codec::{
     Role, SubAck, UnsubAck,
 };
 use super::keep_alive::KeepAliveTimer;
+use super::lazy::{self, Lazy};
 use super::link;
 use super::long_lived;
 use super::message::WireForm;
@@ -110,6 +111,17 @@ const WRITE_KEEP: usize = 1024;
 /// A write buffer larger than this (one batch of large messages) is not
 /// kept for the next batch even while more are queued.
 const WRITE_KEEP_MAX: usize = 1024 * 1024;
+/// A payload at least this large is written from its message, beside its
+/// encoded header, rather than copied into the write buffer.
+const SPLICE_MIN: usize = 16 * 1024;
+/// Spliced payloads handed to one vectored write, with the encoded bytes
+/// around them: a write takes the rest at its next turn.
+const SPLICED_PARTS: usize = 16;
+
+/// A batch's spliced payloads: each the offset in the write buffer it goes
+/// at, and the payload. Allocated for the connections that are sent one.
+type Spliced = Vec<(u32, bytes::Bytes)>;
+lazy::empty!(Spliced, Vec::new());
 /// How long a closing connection waits for its writer to flush.
 const WRITER_GRACE: Duration = Duration::from_secs(5);
 /// How long a finished writer's flush and shutdown of the write side may
@@ -2018,14 +2030,17 @@ fn write_delivery(
     client_max: u32,
     aliases: Option<&mut OutboundAliases>,
     buf: &mut BytesMut,
+    spliced: &mut Lazy<Spliced>,
 ) -> bool {
     let message = delivery.message;
+    let splice = message.payload.len() >= SPLICE_MIN;
     // Most MQTT 5 deliveries of a message send the same bytes but for
     // their packet identifier and flags: those are copied from the form
     // the first writer encoded. A delivery with its own topic alias,
     // Subscription Identifiers or expiry left is encoded for itself, as is
     // every MQTT 3.1.1 one (see `WireForms`).
     if version == ProtocolVersion::V5
+        && !splice
         && aliases.is_none()
         && message.properties.topic_alias.is_none()
         && delivery.subscription_ids.is_empty()
@@ -2061,7 +2076,15 @@ fn write_delivery(
         extra_user_property,
         payload: &message.payload,
     };
-    if codec::encode_publish(&publish, version, client_max, buf).is_ok() {
+    if splice {
+        if codec::encode_publish_head(&publish, version, client_max, buf).is_ok() {
+            // The batch is below `WRITE_KEEP_MAX` and a packet below
+            // 256 MiB, so where the payload goes fits.
+            let at = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+            spliced.push((at, message.payload.clone()));
+            return true;
+        }
+    } else if codec::encode_publish(&publish, version, client_max, buf).is_ok() {
         return true;
     }
     if let (true, Some(table)) = (assigned, aliases) {
@@ -2164,7 +2187,12 @@ struct Outgoing {
     aliases: Option<Box<OutboundAliases>>,
     /// The encoded batch, and how much of it the socket took so far.
     buf: BytesMut,
-    /// At most one batch's bytes, or one packet's (below 256 MiB).
+    /// The batch's large payloads, written from their messages: each the
+    /// offset in `buf` it goes at (right after its header), and the
+    /// payload.
+    spliced: Lazy<Spliced>,
+    /// At most one batch's bytes, or one packet's (below 256 MiB), the
+    /// spliced payloads counted.
     at: u32,
     /// Packets of the batch in `buf` (at most `WRITE_BATCH`): 0 while no
     /// batch is being written.
@@ -2192,6 +2220,7 @@ impl Outgoing {
             client_max,
             aliases,
             buf: BytesMut::new(),
+            spliced: Lazy::default(),
             at: 0,
             taken: 0,
             publishes: 0,
@@ -2218,7 +2247,7 @@ impl Outgoing {
             // Bounded in bytes too: a batch of large messages is written
             // before more are encoded, and its offset fits `at`.
             while usize::from(self.taken) < WRITE_BATCH
-                && self.buf.len() < WRITE_KEEP_MAX
+                && self.batch_len() < WRITE_KEEP_MAX
                 && !self.finished
             {
                 let Some(out) = self.pending.pop_front() else {
@@ -2228,9 +2257,17 @@ impl Outgoing {
                 self.taken += 1;
             }
         }
-        while (self.at as usize) < self.buf.len() {
-            let unwritten = &self.buf[self.at as usize..];
-            match ready!(Pin::new(&mut *wr).poll_write(cx, unwritten)) {
+        let len = self.batch_len();
+        while (self.at as usize) < len {
+            let written = if self.spliced.is_empty() {
+                let unwritten = &self.buf[self.at as usize..];
+                ready!(Pin::new(&mut *wr).poll_write(cx, unwritten))
+            } else {
+                let mut parts = [std::io::IoSlice::new(&[]); 2 * SPLICED_PARTS + 1];
+                let count = self.unwritten_parts(&mut parts);
+                ready!(Pin::new(&mut *wr).poll_write_vectored(cx, &parts[..count]))
+            };
+            match written {
                 Ok(0) | Err(_) => return Poll::Ready(Written::Failed),
                 // A write takes at most what it was given, which is below
                 // the bound on a batch plus one packet.
@@ -2238,6 +2275,36 @@ impl Outgoing {
             }
         }
         Poll::Ready(Written::Batch)
+    }
+
+    /// The batch's bytes: the encoded ones and the spliced payloads.
+    fn batch_len(&self) -> usize {
+        self.buf.len() + self.spliced.iter().map(|(_, p)| p.len()).sum::<usize>()
+    }
+
+    /// What is left of the batch from `at`, in order, as at most
+    /// `parts.len()` slices: the encoded bytes cut where each spliced
+    /// payload goes. Returns how many were filled.
+    fn unwritten_parts<'a>(&'a self, parts: &mut [std::io::IoSlice<'a>]) -> usize {
+        let mut skip = self.at as usize;
+        let mut count = 0;
+        let mut add = |piece: &'a [u8]| {
+            if skip >= piece.len() {
+                skip -= piece.len();
+            } else if count < parts.len() {
+                parts[count] = std::io::IoSlice::new(&piece[skip..]);
+                skip = 0;
+                count += 1;
+            }
+        };
+        let mut from = 0;
+        for (at, payload) in self.spliced.iter() {
+            add(&self.buf[from..*at as usize]);
+            add(payload);
+            from = *at as usize;
+        }
+        add(&self.buf[from..]);
+        count
     }
 
     /// Whether a `Pending` from [`Self::poll_write`] came from the empty
@@ -2252,7 +2319,9 @@ impl Outgoing {
     /// and whether the state should be told the queue drained.
     fn batch_written(&mut self, context: &ConnectionContext) -> (Option<Farewell>, bool) {
         let metrics = &context.metrics;
-        metrics.bytes_sent.fetch_add(self.buf.len() as u64, Relaxed);
+        metrics
+            .bytes_sent
+            .fetch_add(self.batch_len() as u64, Relaxed);
         metrics
             .messages_sent
             .fetch_add(u64::from(self.publishes), Relaxed);
@@ -2262,6 +2331,9 @@ impl Outgoing {
         self.taken = 0;
         self.at = 0;
         self.publishes = 0;
+        if let Some(spliced) = self.spliced.allocated_mut() {
+            spliced.clear();
+        }
         let left = self.pending.len() + self.link.queued();
         let keep = if left == 0 {
             WRITE_KEEP
@@ -2331,7 +2403,8 @@ impl Outgoing {
                 expiry,
             };
             let aliases = self.aliases.as_deref_mut();
-            if write_delivery(&delivery, version, client_max, aliases, &mut self.buf) {
+            let (buf, spliced) = (&mut self.buf, &mut self.spliced);
+            if write_delivery(&delivery, version, client_max, aliases, buf, spliced) {
                 self.publishes += u16::from(!sys);
             }
             return;
@@ -2454,7 +2527,14 @@ pub(super) mod tests {
                                 expiry: Some(9),
                                 ..d
                             };
-                            assert!(write_delivery(&d, version, u32::MAX, None, &mut buf));
+                            assert!(write_delivery(
+                                &d,
+                                version,
+                                u32::MAX,
+                                None,
+                                &mut buf,
+                                &mut Lazy::default()
+                            ));
                             buf
                         };
                         assert_eq!(expiring(numbered_delivery), expiring(delivery));
@@ -2593,6 +2673,98 @@ pub(super) mod tests {
         drop(tx);
         let closed = poll_fn(|cx| out.poll_write(cx, &mut server)).await;
         assert_eq!(closed, Written::QueueClosed);
+    }
+
+    /// Large payloads are written from their messages beside their
+    /// encoded headers, more of them in a batch than one write takes and
+    /// through a socket that takes a few KiB at a time: the client reads
+    /// every packet byte for byte as encoded whole, in order, and the bytes
+    /// are counted as sent.
+    #[tokio::test]
+    async fn large_payloads_are_written_from_their_messages_byte_for_byte() {
+        for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
+            let (mut client, mut server) = tokio::io::duplex(5_000);
+            let (tx, rx) = link::link();
+            let mut out = Outgoing::new(rx, version, 1 << 20, None);
+            let context = test_context();
+            let mut expected = BytesMut::new();
+            for i in 0..SPLICED_PARTS + 5 {
+                // Large and small payloads, and an acknowledgement, in turn.
+                let len = if i % 3 == 2 {
+                    64
+                } else {
+                    SPLICE_MIN + i * 1_000
+                };
+                let payload: Vec<u8> = (0..len).map(|b| (b % 251) as u8).collect();
+                let message = Arc::new(Message {
+                    topic: codec::ByteStr::from(format!("large/{i}")),
+                    payload: bytes::Bytes::from(payload.clone()),
+                    qos: 1,
+                    retain: false,
+                    properties: Default::default(),
+                    received_at: tokio::time::Instant::now(),
+                    channel_offset: None,
+                    wire: Default::default(),
+                });
+                let packet_id = i as u16 + 1;
+                tx.send(Outbound::Publish {
+                    packet_id,
+                    qos: 1,
+                    retain: false,
+                    dup: false,
+                    message,
+                    subscription_ids: Vec::new(),
+                    expiry: None,
+                    sys: false,
+                })
+                .unwrap();
+                tx.send(Outbound::PubAck {
+                    packet_id,
+                    reason: ReasonCode::Success,
+                })
+                .unwrap();
+                let publish = Packet::Publish(Publish {
+                    dup: false,
+                    qos: QoS::AtLeastOnce,
+                    retain: false,
+                    topic: format!("large/{i}").into(),
+                    packet_id,
+                    properties: Default::default(),
+                    payload: bytes::Bytes::from(payload),
+                });
+                codec::encode(&publish, version, &mut expected).unwrap();
+                codec::encode(
+                    &Packet::PubAck(PubAck::new(packet_id)),
+                    version,
+                    &mut expected,
+                )
+                .unwrap();
+            }
+            let reader = tokio::spawn(async move {
+                let mut received = vec![0u8; expected.len()];
+                client.read_exact(&mut received).await.unwrap();
+                (received, expected)
+            });
+            let mut sent = 0;
+            while out.link.queued() > 0 || !out.pending.is_empty() {
+                assert_eq!(
+                    poll_fn(|cx| out.poll_write(cx, &mut server)).await,
+                    Written::Batch
+                );
+                sent += out.batch_len();
+                out.batch_written(&context);
+            }
+            let (received, expected) = tokio::time::timeout(Duration::from_secs(10), reader)
+                .await
+                .expect("the client reads every byte it is owed")
+                .unwrap();
+            assert!(received == expected[..], "{version:?}: the bytes differ");
+            assert_eq!(sent, expected.len());
+            assert_eq!(
+                context.metrics.bytes_sent.load(Relaxed) as usize,
+                expected.len()
+            );
+        }
     }
 
     fn connect_packet(keep_alive: u16) -> Packet {

@@ -1415,7 +1415,7 @@ async fn run_telemetry(
 
 /// Bytes each payload row moves, at least 1,000 and at most 100,000
 /// messages of its size.
-const PAYLOAD_BUDGET: usize = 256 << 20;
+const PAYLOAD_BUDGET: usize = 1 << 30;
 
 /// QoS 1 messages the publisher of a payload row keeps unacknowledged.
 const PAYLOAD_WINDOW: usize = 100;

@@ -353,6 +353,12 @@ impl<'a> PublishRef<'a> {
     }
 
     fn write_body(&self, version: ProtocolVersion, buf: &mut BytesMut) {
+        self.write_body_head(version, buf);
+        buf.put_slice(self.payload);
+    }
+
+    /// The body but its payload, which ends it.
+    fn write_body_head(&self, version: ProtocolVersion, buf: &mut BytesMut) {
         wire::put_binary(buf, self.topic.as_bytes());
         if self.qos != QoS::AtMostOnce {
             buf.put_u16(self.packet_id);
@@ -363,7 +369,6 @@ impl<'a> PublishRef<'a> {
             wire::put_var_int(buf, m.len);
             self.visit_properties(&mut Write(buf));
         }
-        buf.put_slice(self.payload);
     }
 }
 
@@ -376,6 +381,29 @@ pub fn encode_publish(
     max_packet_size: u32,
     buf: &mut BytesMut,
 ) -> Result<usize, EncodeError> {
+    append_publish(publish, version, max_packet_size, buf, true)
+}
+
+/// [`encode_publish`] but for the payload, which the caller sends right
+/// after the bytes appended (a large payload written from where it is
+/// rather than copied). Returns the whole packet's length, payload
+/// included.
+pub fn encode_publish_head(
+    publish: &PublishRef<'_>,
+    version: ProtocolVersion,
+    max_packet_size: u32,
+    buf: &mut BytesMut,
+) -> Result<usize, EncodeError> {
+    append_publish(publish, version, max_packet_size, buf, false)
+}
+
+fn append_publish(
+    publish: &PublishRef<'_>,
+    version: ProtocolVersion,
+    max_packet_size: u32,
+    buf: &mut BytesMut,
+    with_payload: bool,
+) -> Result<usize, EncodeError> {
     let body = check_body_len(PacketType::Publish, publish.body_len(version)?)?;
     let len = total_len(body);
     if len > max_packet_size as usize {
@@ -385,10 +413,17 @@ pub fn encode_publish(
             max: u64::from(max_packet_size),
         });
     }
-    buf.reserve(len);
+    buf.reserve(if with_payload {
+        len
+    } else {
+        len - publish.payload.len()
+    });
     buf.put_u8(publish.first_byte());
     wire::put_var_int(buf, body);
-    publish.write_body(version, buf);
+    publish.write_body_head(version, buf);
+    if with_payload {
+        buf.put_slice(publish.payload);
+    }
     Ok(len)
 }
 

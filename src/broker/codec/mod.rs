@@ -32,8 +32,8 @@ mod tests;
 pub use bytes::{Bytes, BytesMut};
 pub use decode::{check_first_byte, decode_body, Role};
 pub use encode::{
-    encode, encode_ack, encode_publish, encode_within, encoded_len, publish_len, PublishParts,
-    PublishRef,
+    encode, encode_ack, encode_publish, encode_publish_head, encode_within, encoded_len,
+    publish_len, PublishParts, PublishRef,
 };
 pub use error::{DecodeError, EncodeError};
 pub use frame::{check_fixed_header, FixedHeader, FrameDecoder, PROTOCOL_MAX_PACKET_SIZE};
