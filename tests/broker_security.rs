@@ -245,6 +245,45 @@ async fn tls_connect(
         .expect("handshake timeout")
 }
 
+/// Payloads large enough to be written from the message beside their
+/// header reach TLS subscribers of both versions byte for byte, one after
+/// another and each whole.
+#[tokio::test]
+async fn large_payloads_cross_tls_whole() {
+    let pki = Pki::new();
+    let broker = tls_broker(&pki, false);
+    let mut subscribers = Vec::new();
+    for (id, version) in [("tls-big-5", v5()), ("tls-big-4", v4())] {
+        let stream = tls_connect(&broker, client_config(&pki, None))
+            .await
+            .unwrap();
+        let mut sub = Raw::new(stream, version);
+        sub.connect(id, ConnectOpts::clean()).await;
+        sub.subscribe(1, "tls/big", 1).await;
+        subscribers.push(sub);
+    }
+    let stream = tls_connect(&broker, client_config(&pki, None))
+        .await
+        .unwrap();
+    let mut publisher = Raw::new(stream, v4());
+    publisher.connect("tls-big-pub", ConnectOpts::clean()).await;
+    let payloads: Vec<Vec<u8>> = [20_000usize, 64, 150_000]
+        .iter()
+        .enumerate()
+        .map(|(k, &len)| (0..len).map(|b| ((b + k) % 251) as u8).collect())
+        .collect();
+    for (k, payload) in payloads.iter().enumerate() {
+        publisher
+            .publish_acked("tls/big", payload, 1, false, k as u16 + 1)
+            .await;
+    }
+    for sub in &mut subscribers {
+        for payload in &payloads {
+            assert!(sub.next_publish(true).await.payload[..] == payload[..]);
+        }
+    }
+}
+
 #[tokio::test]
 async fn tls_pub_sub() {
     let pki = Pki::new();
