@@ -2546,16 +2546,7 @@ pub(super) mod tests {
 
     #[test]
     fn a_copied_delivery_too_large_for_the_client_is_not_written() {
-        let message = Message {
-            topic: codec::ByteStr::from("telemetry/a"),
-            payload: bytes::Bytes::from(vec![0u8; 100]),
-            qos: 1,
-            retain: false,
-            properties: Default::default(),
-            received_at: tokio::time::Instant::now(),
-            channel_offset: None,
-            wire: Default::default(),
-        };
+        let message = qos1_message("telemetry/a", bytes::Bytes::from(vec![0u8; 100]));
         let delivery = Delivery {
             dup: false,
             qos: QoS::AtLeastOnce,
@@ -2696,16 +2687,10 @@ pub(super) mod tests {
                     SPLICE_MIN + i * 1_000
                 };
                 let payload: Vec<u8> = (0..len).map(|b| (b % 251) as u8).collect();
-                let message = Arc::new(Message {
-                    topic: codec::ByteStr::from(format!("large/{i}")),
-                    payload: bytes::Bytes::from(payload.clone()),
-                    qos: 1,
-                    retain: false,
-                    properties: Default::default(),
-                    received_at: tokio::time::Instant::now(),
-                    channel_offset: None,
-                    wire: Default::default(),
-                });
+                let message = Arc::new(qos1_message(
+                    &format!("large/{i}"),
+                    bytes::Bytes::from(payload.clone()),
+                ));
                 let packet_id = i as u16 + 1;
                 tx.send(Outbound::Publish {
                     packet_id,
@@ -2764,6 +2749,20 @@ pub(super) mod tests {
                 context.metrics.bytes_sent.load(Relaxed) as usize,
                 expected.len()
             );
+        }
+    }
+
+    /// A QoS 1 message on `topic`, not retained, without properties.
+    fn qos1_message(topic: &str, payload: bytes::Bytes) -> Message {
+        Message {
+            topic: codec::ByteStr::from(topic),
+            payload,
+            qos: 1,
+            retain: false,
+            properties: Default::default(),
+            received_at: tokio::time::Instant::now(),
+            channel_offset: None,
+            wire: Default::default(),
         }
     }
 
