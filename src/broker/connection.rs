@@ -117,11 +117,6 @@ const SPLICE_MIN: usize = 16 * 1024;
 /// Spliced payloads handed to one vectored write, with the encoded bytes
 /// around them: a write takes the rest at its next turn.
 const SPLICED_PARTS: usize = 16;
-
-/// A batch's spliced payloads: each the offset in the write buffer it goes
-/// at, and the payload. Allocated for the connections that are sent one.
-type Spliced = Vec<(u32, bytes::Bytes)>;
-lazy::empty!(Spliced, Vec::new());
 /// How long a closing connection waits for its writer to flush.
 const WRITER_GRACE: Duration = Duration::from_secs(5);
 /// How long a finished writer's flush and shutdown of the write side may
@@ -2167,6 +2162,11 @@ enum Written {
     /// The state let go of its end of the link: nothing more will come.
     QueueClosed,
 }
+
+/// A batch's spliced payloads: each the offset in the write buffer it goes
+/// at, and the payload. Allocated for the connections that are sent one.
+type Spliced = Vec<(u32, bytes::Bytes)>;
+lazy::empty!(Spliced, Vec::new());
 
 /// The writer side of a connection: takes up to [`WRITE_BATCH`] queued
 /// packets at a time, encoding each as it is taken into one buffer, and

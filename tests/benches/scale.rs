@@ -398,6 +398,30 @@ async fn publish_window(
     Ok(())
 }
 
+/// Waits for the next packets `conn` is sent and takes every one already
+/// read with them; each must be a QoS 1 message `expected` accepts. They
+/// are acknowledged in one write; returns how many there were. `who`
+/// names the client in an error.
+async fn acknowledge_messages(
+    conn: &mut Conn,
+    who: &str,
+    expected: impl Fn(&Publish) -> bool,
+) -> Result<usize, Error> {
+    let mut acks = Vec::new();
+    let mut next = Some(conn.next().await?);
+    while let Some(packet) = next {
+        match packet {
+            Packet::Publish(p) if expected(&p) => {
+                acks.push(Packet::PubAck(PubAck::new(p.packet_id)))
+            }
+            other => return Err(format!("{who}: unexpected {other:?}").into()),
+        }
+        next = conn.try_next()?;
+    }
+    conn.send_all(&acks).await?;
+    Ok(acks.len())
+}
+
 async fn subscribe(
     conn: &mut Conn,
     filter: &str,
@@ -1166,27 +1190,11 @@ async fn send_commands(
     let mut receivers = Vec::new();
     for (h, (mut conn, count)) in holders.into_iter().zip(expected).enumerate() {
         receivers.push(tokio::spawn(async move {
-            let mut received = 0;
+            let (who, mut received) = (format!("holder-{h}"), 0);
             while received < count {
-                let mut acks = Vec::new();
-                let mut next = Some(conn.next().await?);
-                while let Some(packet) = next {
-                    match packet {
-                        Packet::Publish(p) => {
-                            received += 1;
-                            acks.push(Packet::PubAck(PubAck::new(p.packet_id)));
-                        }
-                        other => {
-                            return Err::<Conn, Error>(
-                                format!("holder-{h}: expected a command, got {other:?}").into(),
-                            )
-                        }
-                    }
-                    next = conn.try_next()?;
-                }
-                conn.send_all(&acks).await?;
+                received += acknowledge_messages(&mut conn, &who, |_| true).await?;
             }
-            Ok(conn)
+            Ok::<Conn, Error>(conn)
         }));
     }
     let (mut sender, _) = Conn::connect(addr, "commander", true).await?;
@@ -1319,16 +1327,8 @@ async fn run_telemetry(
         let received = received.clone();
         tokio::spawn(async move {
             loop {
-                let mut acks = Vec::new();
-                let mut next = Some(backend.next().await?);
-                while let Some(packet) = next {
-                    if let Packet::Publish(p) = packet {
-                        received.fetch_add(1, Ordering::Relaxed);
-                        acks.push(Packet::PubAck(PubAck::new(p.packet_id)));
-                    }
-                    next = backend.try_next()?;
-                }
-                backend.send_all(&acks).await?;
+                let got = acknowledge_messages(&mut backend, "backend", |_| true).await?;
+                received.fetch_add(got as u64, Ordering::Relaxed);
             }
         })
     };
@@ -1491,26 +1491,10 @@ async fn move_payloads(addr: SocketAddr, size: usize, count: usize) -> Result<Du
     let receiver = tokio::spawn(async move {
         let mut received = 0;
         while received < count {
-            let mut acks = Vec::new();
-            let mut next = Some(subscriber.next().await?);
-            while let Some(packet) = next {
-                match packet {
-                    Packet::Publish(p) if p.payload.len() == size => {
-                        received += 1;
-                        acks.push(Packet::PubAck(PubAck::new(p.packet_id)));
-                    }
-                    other => {
-                        return Err::<(), Error>(
-                            format!("subscriber: expected a message of {size} B, got {other:?}")
-                                .into(),
-                        )
-                    }
-                }
-                next = subscriber.try_next()?;
-            }
-            subscriber.send_all(&acks).await?;
+            let of_size = |p: &Publish| p.payload.len() == size;
+            received += acknowledge_messages(&mut subscriber, "subscriber", of_size).await?;
         }
-        Ok(())
+        Ok::<(), Error>(())
     });
     let payload = Bytes::from(vec![b'p'; size]);
     let (publisher, _) = Conn::connect(addr, "payload-publisher", true).await?;
