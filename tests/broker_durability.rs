@@ -489,3 +489,69 @@ fn retained_messages_beyond_one_batch_come_back_each_once() {
         });
     }
 }
+
+/// `limits.max_queued_bytes` bounds what an offline session is kept, live
+/// (the messages beyond are dropped and counted) and when a restart owes it
+/// the log again: four of eight 254-byte messages (topic and payload) fit
+/// 1 KiB, on sqlite after kill -9 and on memory after SIGTERM.
+#[test]
+fn a_sessions_byte_bound_holds_live_and_across_a_restart() {
+    const PAYLOAD: usize = 250;
+    for sqlite in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let base = if sqlite {
+            sqlite_config(dir.path())
+        } else {
+            memory_config(dir.path())
+        };
+        let yaml =
+            format!("{base}limits:\n  max_queued_bytes: 1KiB\nmetrics:\n  bind: 127.0.0.1:0\n");
+        let broker = Broker::start_in(dir, &yaml);
+        runtime().block_on(async {
+            let mut s = Raw::tcp(broker.addr(), v5()).await;
+            s.connect("slow", ConnectOpts::persistent(600)).await;
+            s.subscribe(1, "qb/#", 1).await;
+            leave(&mut s).await;
+            let mut p = Raw::tcp(broker.addr(), v5()).await;
+            p.connect("pub", ConnectOpts::clean()).await;
+            for i in 0..8u8 {
+                p.publish_acked("qb/t", &[i; PAYLOAD], 1, false, u16::from(i) + 1)
+                    .await;
+            }
+            leave(&mut p).await;
+            fence(&broker).await;
+        });
+        let dropped = metric_sample(
+            &metrics_text(&broker),
+            "saguin_dropped_messages_total{reason=\"queue_full\"}",
+        );
+        assert_eq!(dropped, Some(4), "sqlite {sqlite}: the four beyond 1 KiB");
+        let broker = restart_after_stop(broker, &yaml, sqlite);
+        runtime().block_on(async {
+            let mut s = Raw::tcp(broker.addr(), v5()).await;
+            let ack = s.connect("slow", ConnectOpts::persistent(600)).await;
+            assert!(ack.session_present);
+            let mut firsts = Vec::new();
+            for _ in 0..4 {
+                let m = s.next_publish(true).await;
+                assert_eq!(m.payload.len(), PAYLOAD);
+                firsts.push(m.payload[0]);
+            }
+            assert_eq!(
+                firsts,
+                [0, 1, 2, 3],
+                "sqlite {sqlite}: the oldest, in order"
+            );
+            // Nothing more was kept: the next message is one sent now.
+            let mut p = Raw::tcp(broker.addr(), v5()).await;
+            p.connect("pub", ConnectOpts::clean()).await;
+            p.publish_acked("qb/now", b"now", 1, false, 1).await;
+            let m = s.next_publish(true).await;
+            assert_eq!(
+                (&*m.topic, m.payload.len()),
+                ("qb/now", 3),
+                "sqlite {sqlite}"
+            );
+        });
+    }
+}

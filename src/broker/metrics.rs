@@ -106,7 +106,8 @@ impl CloseReason {
 /// Why a message was not delivered to a session (`saguin_dropped_messages_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DropReason {
-    /// The session's offline/pending queue was at `max_queued_messages`.
+    /// The session's queue was at `max_queued_messages`, or the message
+    /// would take it past `max_queued_bytes`.
     QueueFull,
     /// Its message expiry interval passed while queued.
     Expired,

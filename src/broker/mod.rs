@@ -184,8 +184,13 @@
 //!   (what the broker asks of clients, applied in return); a 5.0 client's
 //!   own Receive Maximum is honoured. Messages beyond the window wait in the
 //!   session's queue, which holds at most `limits.max_queued_messages` QoS 1/2
-//!   messages, connected or not; more are dropped and counted. QoS 0 is not
-//!   queued for a session without a connection.
+//!   messages and, when set, `limits.max_queued_bytes` of their topics and
+//!   payloads (the bytes a session holds on to; Mosquitto counts payloads),
+//!   connected or not; a message beyond either is dropped and counted, one
+//!   larger than the byte bound is never queued, and a smaller one after it
+//!   may still fit. A restart owes a session what the stored log holds for
+//!   it under the same two bounds. QoS 0 is not queued for a session
+//!   without a connection.
 //! - Outbound packet identifiers are handed out in turn from 1 up to twice
 //!   the session's exchanges in flight, at least 256 (rumqttd cycles its
 //!   100), skipping those in use, and wrap: the identifiers in use are a
@@ -362,8 +367,9 @@
 //! - A publisher is never slowed for a subscriber's sake: its PUBACK
 //!   leaves once the message is routed (and stored, where it is kept),
 //!   however long the queues of the sessions it went to. A slow subscriber
-//!   holds its own queue, bounded by `limits.max_queued_messages` and
-//!   dropped beyond it (counted as `queue_full`), as Mosquitto does;
+//!   holds its own queue, bounded by `limits.max_queued_messages` (and
+//!   `limits.max_queued_bytes`) and dropped beyond it (counted as
+//!   `queue_full`), as Mosquitto does;
 //!   pausing every publisher of a topic while one of its subscribers lags
 //!   would let one stalled device stop a site's telemetry. A client that
 //!   must not lose messages to a slow peer uses a channel, which keeps

@@ -718,6 +718,7 @@ pub fn limits_from(config: &crate::config::Config) -> super::state::Limits {
         max_session_expiry: u32::try_from(l.max_session_expiry.as_secs()).unwrap_or(u32::MAX),
         receive_maximum: l.receive_maximum.max(1),
         max_queued_messages: l.max_queued_messages as usize,
+        max_queued_bytes: l.max_queued_bytes,
         max_subscriptions_per_session: l.max_subscriptions_per_session as usize,
         max_packet_size: u32::try_from(l.max_message_size.saturating_add(l.max_header_bytes))
             .unwrap_or(u32::MAX)

@@ -327,8 +327,11 @@ pub struct Limits {
     pub max_connections: u32,
     /// MQTT 5 Receive Maximum the broker announces. Default 64.
     pub receive_maximum: u16,
-    /// Per session, offline QoS 1/2 messages. Default 1000.
+    /// Per session, QoS 1/2 messages waiting (offline or beyond the
+    /// window). Default 1000.
     pub max_queued_messages: u32,
+    /// Per session, the bytes of their topics and payloads. Default none.
+    pub max_queued_bytes: Option<u64>,
     /// Default 100.
     pub max_subscriptions_per_session: u32,
     /// Persistent sessions kept; a CONNECT that would start one more is

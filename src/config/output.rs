@@ -67,6 +67,7 @@ pub(crate) fn resolved(config: &Config) -> Value {
             "max_connections": config.limits.max_connections,
             "receive_maximum": config.limits.receive_maximum,
             "max_queued_messages": config.limits.max_queued_messages,
+            "max_queued_bytes": config.limits.max_queued_bytes,
             "max_subscriptions_per_session": config.limits.max_subscriptions_per_session,
             "max_sessions": config.limits.max_sessions,
             "max_retained": config.limits.max_retained,

@@ -1250,6 +1250,7 @@ const LIMITS_KEYS: &[&str] = &[
     "max_connections",
     "receive_maximum",
     "max_queued_messages",
+    "max_queued_bytes",
     "max_subscriptions_per_session",
     "max_sessions",
     "max_retained",
@@ -1273,6 +1274,7 @@ fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
         max_connections: 10_000,
         receive_maximum: 64,
         max_queued_messages: 1000,
+        max_queued_bytes: None,
         max_subscriptions_per_session: 100,
         max_sessions: 100_000,
         max_retained: 100_000,
@@ -1307,6 +1309,9 @@ fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
                 );
             }
         }
+    }
+    if let Some((p, v)) = f.take("max_queued_bytes") {
+        limits.max_queued_bytes = optional_size(ctx, &p, v);
     }
     if let Some(d) = f
         .take("max_session_expiry")

@@ -106,6 +106,7 @@ fn defaults_are_filled_in() {
             max_connections: 10_000,
             receive_maximum: 64,
             max_queued_messages: 1000,
+            max_queued_bytes: None,
             max_subscriptions_per_session: 100,
             max_sessions: 100_000,
             max_retained: 100_000,
@@ -672,6 +673,22 @@ fn limits_are_checked_against_mqtt() {
     assert_eq!(config.limits.max_queued_messages, 0);
     assert_eq!(config.limits.max_message_size, 1_000_000);
     assert_eq!(config.limits.max_session_expiry, Duration::from_secs(3600));
+    one("max_queued_bytes: lots", "limits.max_queued_bytes", "lots");
+    one(
+        "max_queued_bytes: -1",
+        "limits.max_queued_bytes",
+        "whole number of bytes",
+    );
+    let queued_bytes = |value: &str| {
+        ok(&with_base(&format!(
+            "limits: {{max_queued_bytes: {value}}}\n"
+        )))
+        .limits
+        .max_queued_bytes
+    };
+    assert_eq!(queued_bytes("16MiB"), Some(16 << 20));
+    assert_eq!(queued_bytes("0"), Some(0));
+    assert_eq!(queued_bytes("none"), None);
 }
 
 #[test]

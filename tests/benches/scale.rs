@@ -39,6 +39,12 @@
 //!   of 64 B to 256 KiB (the sizes are payload bytes): messages and MiB a
 //!   second, the broker's CPU a message and a MiB, and the peak RSS the
 //!   row took.
+//! - `stalled`: one QoS 1 subscriber that stops reading and
+//!   [`STALLED_MESSAGES`] QoS 1 messages of 1 KiB to 256 KiB published to
+//!   it: the broker's RSS once every one is acknowledged (queued for the
+//!   subscriber or dropped), with the queue bounded by count alone (1,000,
+//!   both brokers' default) and by [`STALLED_BYTES`] as well
+//!   (`limits.max_queued_bytes`; Mosquitto's `max_queued_bytes`).
 //!
 //! `cargo bench --bench scale` (release). `SAGUIN_BENCH_ONLY` picks curves
 //! (comma-separated, default all); `SAGUIN_BENCH_SCALE` (default 1.0)
@@ -140,6 +146,9 @@ async fn run() -> Result<(), Error> {
     }
     if wanted("payloads") {
         payloads(&sizes(&[64, 1_024, 16_384, 262_144]), mosquitto).await?;
+    }
+    if wanted("stalled") {
+        stalled(&sizes(&[1_024, 16_384, 262_144]), mosquitto).await?;
     }
     Ok(())
 }
@@ -1529,4 +1538,107 @@ async fn move_payloads(addr: SocketAddr, size: usize, count: usize) -> Result<Du
     }
     tokio::time::timeout(Duration::from_secs(300), receiver).await???;
     Ok(began.elapsed())
+}
+
+// ---------------------------------------------------------------- stalled
+
+/// Messages published to the stalled subscriber of each row: more than its
+/// window and a queue of 1,000 hold, so the bound is reached.
+const STALLED_MESSAGES: usize = 2_000;
+
+/// The byte bound of the bounded rows.
+const STALLED_BYTES: usize = 16 << 20;
+
+async fn stalled(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
+    println!(
+        "\n## A subscriber that stops reading ({STALLED_MESSAGES} QoS 1 messages published to \
+         one QoS 1 subscriber that reads nothing after its SUBACK)"
+    );
+    println!(
+        "| broker | queue bound | payload | RSS above the empty broker's | peak RSS above it |"
+    );
+    println!("| --- | --- | ---: | ---: | ---: |");
+    let dir = tempfile::tempdir()?;
+    let bounds = [None, Some(STALLED_BYTES)];
+    for &size in sizes {
+        let mut rows: Vec<(&str, Option<usize>)> = Vec::new();
+        for bound in bounds {
+            rows.push(("saguin", bound));
+            if mosquitto {
+                rows.push(("mosquitto", bound));
+            }
+        }
+        rows.retain(|(name, _)| row_wanted(name));
+        for (name, bound) in rows {
+            let data = dir.path().join(format!("{name}-stalled-{size}-{bound:?}"));
+            let config = saguin_config(
+                &data,
+                &format!(
+                    "limits:\n  max_message_size: {}\n  max_queued_bytes: {}\n",
+                    size + 1024,
+                    bound.map_or("none".to_owned(), |b| b.to_string())
+                ),
+            )?;
+            let mosquitto_extra = format!(
+                "persistence false\nset_tcp_nodelay true\nmax_queued_bytes {}\n",
+                bound.unwrap_or(0)
+            );
+            let which = row(name, &config, &None, &mosquitto_extra);
+            let broker = launch(&which, &data).await?;
+            let pid = pid_of(&broker)?;
+            let before = rss(pid)?;
+            let subscriber = publish_to_a_stalled_subscriber(broker.addr, size).await?;
+            let after = rss(pid)?;
+            let peak = peak_rss(pid)?;
+            drop(subscriber);
+            stop(broker).await?;
+            println!(
+                "| {name} | {} | {size} B | {} | {} |",
+                bound.map_or("1,000 messages".to_owned(), |b| format!(
+                    "1,000 messages, {}",
+                    self::mib(b as f64)
+                )),
+                self::mib(after.saturating_sub(before) as f64),
+                self::mib(peak.saturating_sub(before) as f64),
+            );
+            std::fs::remove_dir_all(&data)?;
+        }
+    }
+    Ok(())
+}
+
+/// Subscribes a client that then reads nothing, and publishes
+/// [`STALLED_MESSAGES`] QoS 1 messages of `size` bytes to it, each
+/// acknowledged before the next; returns the subscriber, still connected.
+async fn publish_to_a_stalled_subscriber(addr: SocketAddr, size: usize) -> Result<Conn, Error> {
+    const TOPIC: &str = "bench/stalled";
+    let (mut subscriber, _) = Conn::connect(addr, "stalled-subscriber", true).await?;
+    subscribe(&mut subscriber, TOPIC, QoS::AtLeastOnce, Vec::new()).await?;
+    match subscriber.next().await? {
+        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
+        other => return Err(format!("subscriber: expected SUBACK, got {other:?}").into()),
+    }
+    let payload = Bytes::from(vec![b's'; size]);
+    let (mut publisher, _) = Conn::connect(addr, "stalled-publisher", true).await?;
+    for i in 0..STALLED_MESSAGES {
+        let packet_id = (i % 60_000) as u16 + 1;
+        publisher
+            .send(&Packet::Publish(Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                topic: TOPIC.into(),
+                packet_id,
+                properties: PublishProperties::default(),
+                payload: payload.clone(),
+            }))
+            .await?;
+        match publisher.next().await? {
+            Packet::PubAck(ack) if ack.packet_id == packet_id && !ack.reason.is_error() => {}
+            other => {
+                return Err(format!("publisher: expected PUBACK {packet_id}, got {other:?}").into())
+            }
+        }
+    }
+    Ok(subscriber)
 }

@@ -133,6 +133,8 @@ pub struct Limits {
     pub receive_maximum: u16,
     /// Per session, QoS 1/2 messages waiting (offline or beyond the inflight window).
     pub max_queued_messages: usize,
+    /// Per session, the bytes of their topics and payloads; None: no bound.
+    pub max_queued_bytes: Option<u64>,
     pub max_subscriptions_per_session: usize,
     /// Persistent sessions kept; a CONNECT that would start one more is
     /// refused with 0x97.
@@ -190,12 +192,23 @@ impl KeepAlive {
     }
 }
 
+impl Limits {
+    /// What a session's queue may hold.
+    pub fn queue_bound(&self) -> session::QueueBound {
+        session::QueueBound {
+            messages: self.max_queued_messages,
+            bytes: self.max_queued_bytes,
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_session_expiry: 7 * 24 * 3600,
             receive_maximum: 64,
             max_queued_messages: 1000,
+            max_queued_bytes: None,
             max_subscriptions_per_session: 100,
             max_sessions: 100_000,
             max_retained: 100_000,

@@ -2,7 +2,6 @@
 //! routing, and the delivery windows: each session's in-flight table is
 //! bounded by its client's Receive Maximum, the rest waits in its queue.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -10,7 +9,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::intent::{Parked, ParkedPublish, Role, StorageFailure, Write};
-use super::session::{InflightEntry, InflightPhase, QueuedMessage};
+use super::session::{InflightEntry, InflightPhase, Pending, QueuedMessage};
 use super::{BrokerState, Inbound, InboundPublish, Outbound, ReasonCode};
 use crate::broker::codec::{self, ByteStr, ProtocolVersion, PublishParts, QoS};
 use crate::broker::message::{DecimalBuf, Message};
@@ -759,13 +758,13 @@ impl BrokerState {
     }
 
     /// Queue a QoS 1/2 message for a session (offline, or its window
-    /// full), up to `limits.max_queued_messages`; more are dropped and
-    /// counted.
+    /// full), up to `limits.max_queued_messages` and
+    /// `limits.max_queued_bytes`; more are dropped and counted.
     fn enqueue(&mut self, key: SessionKey, queued: QueuedMessage) {
         let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
-        if session.pending.len() >= self.limits.max_queued_messages {
+        if !session.pending.admits(&queued, self.limits.queue_bound()) {
             self.metrics.dropped(DropReason::QueueFull);
             if let Some(offset) = queued.log_offset {
                 self.persist.unhold_log(Some(key), offset);
@@ -966,11 +965,7 @@ impl BrokerState {
             }
             // Every connect comes here: a session that never queued keeps
             // its queue unallocated.
-            let Some(queued) = session
-                .pending
-                .allocated_mut()
-                .and_then(VecDeque::pop_front)
-            else {
+            let Some(queued) = session.pending.allocated_mut().and_then(Pending::pop_front) else {
                 self.send_retained_backlog(connection, now);
                 self.pump_all(key, now);
                 return;

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::intent::{Role, Write};
 use super::records::{message_from_served, will_request};
 use super::session::{
-    InflightEntry, InflightPhase, PendingWill, QueuedMessage, Session, SessionSubscription,
+    InflightEntry, InflightPhase, Pending, PendingWill, QueuedMessage, Session, SessionSubscription,
 };
 use super::BrokerState;
 use crate::broker::long_lived;
@@ -247,7 +247,7 @@ impl BrokerState {
                 Owing {
                     cursor,
                     in_flight,
-                    queued: Vec::new(),
+                    queued: Pending::new(),
                 },
             );
         }
@@ -275,22 +275,22 @@ impl BrokerState {
                 let Some(owing) = owing.get_mut(key) else {
                     continue;
                 };
-                if offset < owing.cursor
-                    || owing.queued.len() >= self.limits.max_queued_messages
-                    || owing.in_flight.contains(&offset)
-                {
+                if offset < owing.cursor || owing.in_flight.contains(&offset) {
                     continue;
                 }
-                if let Some(q) = owed(&self.sessions.by_key[key], offset, message, record) {
-                    owing.queued.push(q);
+                let Some(q) = owed(&self.sessions.by_key[key], offset, message, record) else {
+                    continue;
+                };
+                if owing.queued.admits(&q, self.limits.queue_bound()) {
+                    owing.queued.push_back(q);
                 }
             }
         }
-        for (key, owing) in owing {
+        for (key, mut owing) in owing {
             summary.queued += owing.queued.len();
             let offsets: Vec<u64> = owing.queued.iter().filter_map(|q| q.log_offset).collect();
             if let Some(session) = self.sessions.by_key.get_mut(&key) {
-                session.pending.extend(owing.queued);
+                session.pending.append(&mut owing.queued);
             }
             for offset in offsets {
                 self.persist.hold_log(key, offset);
@@ -343,7 +343,7 @@ struct Owing {
     cursor: u64,
     /// The offsets its in-flight table holds (not queued again).
     in_flight: Vec<u64>,
-    queued: Vec<QueuedMessage>,
+    queued: Pending,
 }
 
 fn owed(

@@ -38,6 +38,85 @@ pub struct QueuedMessage {
     pub log_offset: Option<u64>,
 }
 
+impl QueuedMessage {
+    /// What it counts against `limits.max_queued_bytes`: its topic and
+    /// payload, the bytes a session's queue holds on to.
+    pub fn queued_bytes(&self) -> u64 {
+        (self.message.topic.len() + self.message.payload.len()) as u64
+    }
+}
+
+/// The bounds of one session's queue, from `limits.max_queued_messages`
+/// and `limits.max_queued_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueBound {
+    pub messages: usize,
+    /// None: bounded by count alone.
+    pub bytes: Option<u64>,
+}
+
+/// A session's QoS 1/2 messages waiting for a connection or for room in
+/// its window, oldest first, with the bytes they count
+/// ([`QueuedMessage::queued_bytes`]).
+#[derive(Debug, Default)]
+pub struct Pending {
+    messages: VecDeque<QueuedMessage>,
+    bytes: u64,
+}
+
+impl Pending {
+    pub const fn new() -> Self {
+        Self {
+            messages: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Whether `queued` fits beside what waits: a message that would take
+    /// the queue past either bound is not kept (a message larger than the
+    /// byte bound is never queued).
+    pub fn admits(&self, queued: &QueuedMessage, bound: QueueBound) -> bool {
+        self.messages.len() < bound.messages
+            && bound
+                .bytes
+                .is_none_or(|max| self.bytes + queued.queued_bytes() <= max)
+    }
+
+    pub fn push_back(&mut self, queued: QueuedMessage) {
+        self.bytes += queued.queued_bytes();
+        self.messages.push_back(queued);
+    }
+
+    pub fn pop_front(&mut self) -> Option<QueuedMessage> {
+        let queued = self.messages.pop_front()?;
+        self.bytes -= queued.queued_bytes();
+        Some(queued)
+    }
+
+    /// Moves every message of `other` behind this queue's.
+    pub fn append(&mut self, other: &mut Pending) {
+        self.bytes += std::mem::take(&mut other.bytes);
+        self.messages.append(&mut other.messages);
+    }
+
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// The bytes its messages count against `limits.max_queued_bytes`.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &QueuedMessage> {
+        self.messages.iter()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct InflightEntry {
     pub packet_id: u16,
@@ -277,7 +356,7 @@ pub struct Session {
     // use them, and each was 32-64 bytes of every session.
     pub inflight: Lazy<Inflight>,
     /// QoS 1/2 messages waiting for a connection or inflight room.
-    pub pending: Lazy<VecDeque<QueuedMessage>>,
+    pub pending: Lazy<Pending>,
     /// Seconds the session outlives its connection (0: ends with it).
     pub expiry_interval: u32,
     /// The connection currently attached, if any (set once its CONNACK
@@ -331,7 +410,7 @@ empty!(
         last_before_round: 0,
     }
 );
-empty!(VecDeque<QueuedMessage>, VecDeque::new());
+empty!(Pending, Pending::new());
 empty!(Vec<super::consumer::Consumer>, Vec::new());
 empty!(
     SessionRare,

@@ -146,6 +146,82 @@ fn offline_queue_is_bounded_and_replayed_in_order() {
 }
 
 #[test]
+fn a_queue_is_bounded_by_the_bytes_of_its_topics_and_payloads() {
+    let now = Instant::now();
+    // Topic "t" (1 B) and payloads of 4, 4, 4, 1 and 20 bytes: 5, 5, 5, 2
+    // and 21 bytes against a bound of 12.
+    let mut s = state_with(Limits {
+        max_queued_bytes: Some(12),
+        ..Limits::default()
+    });
+    let mut store = FakeStore::default();
+    let _c = connect(&mut s, 1, "c", false, now);
+    packets(&mut s, 1, vec![subscribe("t", 1)], now);
+    store.commit_all(&mut s, now);
+    closed(&mut s, 1, now);
+    let payload_publish = |payload: &'static [u8], id: u16| match publish("t", 1, id) {
+        Inbound::Publish(p) => Inbound::Publish(InboundPublish {
+            payload: Bytes::from_static(payload),
+            ..p
+        }),
+        other => other,
+    };
+    let _p = connect(&mut s, 2, "p", true, now);
+    packets(
+        &mut s,
+        2,
+        vec![
+            payload_publish(b"aaaa", 1),
+            payload_publish(b"bbbb", 2),
+            payload_publish(b"cccc", 3),
+            payload_publish(b"d", 4),
+            payload_publish(&[b'e'; 20], 5),
+        ],
+        now,
+    );
+    store.commit_all(&mut s, now);
+    let key = s.sessions.of_client("c").unwrap();
+    assert_eq!(s.sessions.by_key[&key].pending.bytes(), 12);
+    let mut c = connect(&mut s, 3, "c", false, now);
+    store.commit_all(&mut s, now);
+    let out = c.drain();
+    let payloads: Vec<Bytes> = published(&out).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(
+        payloads,
+        [&b"aaaa"[..], b"bbbb", b"d"],
+        "what fits is kept, in order; what would not fit is dropped, a later smaller one kept"
+    );
+    assert_eq!(s.metrics.dropped_count(DropReason::QueueFull), 2);
+    assert_eq!(
+        s.sessions.by_key[&key].pending.bytes(),
+        0,
+        "what left the queue is no longer counted"
+    );
+    // The bound is whole again once those left the queue.
+    let acks = publish_ids(&out)
+        .into_iter()
+        .map(|packet_id| Inbound::PubAck {
+            packet_id,
+            reason: ReasonCode::Success,
+        })
+        .collect();
+    packets(&mut s, 3, acks, now);
+    closed(&mut s, 3, now);
+    packets(
+        &mut s,
+        2,
+        vec![payload_publish(b"ffff", 6), payload_publish(b"gggggg", 7)],
+        now,
+    );
+    store.commit_all(&mut s, now);
+    let mut c = connect(&mut s, 4, "c", false, now);
+    store.commit_all(&mut s, now);
+    let payloads: Vec<Bytes> = published(&c.drain()).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(payloads, [&b"ffff"[..], b"gggggg"]);
+    assert_eq!(s.metrics.dropped_count(DropReason::QueueFull), 2);
+}
+
+#[test]
 fn unreleased_qos2_holds_expire_and_are_counted() {
     let now = Instant::now();
     let mut s = state();
@@ -773,15 +849,11 @@ fn a_resent_message_carries_the_expiry_left() {
     assert_eq!(published(&out), vec![(Bytes::from_static(b"x"), Some(59))]);
 }
 
-#[test]
-fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
+/// A persistent session as storage holds it, detached, with one QoS 1
+/// subscription to `filter` sent everything before log offset 1.
+fn stored_session(client_id: &str, filter: &str) -> crate::storage::contract::SessionEntry {
     use crate::storage::contract::{SessionEntry, SubscriptionEntry};
-    let now = Instant::now();
-    let mut s = state_with(Limits {
-        max_queued_messages: 2,
-        ..Limits::default()
-    });
-    let session = |client_id: &str, filter: &str| SessionEntry {
+    SessionEntry {
         client_id: client_id.into(),
         principal: None,
         expiry_interval: 300,
@@ -798,7 +870,16 @@ fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
         will: None,
         window: 10,
         inflight: Vec::new(),
-    };
+    }
+}
+
+#[test]
+fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_queued_messages: 2,
+        ..Limits::default()
+    });
     let record = |offset: u64, topic: &str, owed_to: Option<&str>| saguin_format::model::Record {
         offset,
         qos: 1,
@@ -809,10 +890,10 @@ fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
     let summary = s.restore(
         Restored {
             sessions: vec![
-                session("all", "dev/#"),
-                session("late", "dev/+"),
-                session("one", "dev/one"),
-                session("quiet", "other"),
+                stored_session("all", "dev/#"),
+                stored_session("late", "dev/+"),
+                stored_session("one", "dev/one"),
+                stored_session("quiet", "other"),
             ],
             // `late` was sent everything before offset 3.
             cursors: vec![
@@ -854,6 +935,40 @@ fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
         s.log_references(),
         vec![(1, 2), (2, 1), (3, 1), (4, 1), (5, 1)]
     );
+}
+
+#[test]
+fn restored_sessions_are_owed_no_more_than_their_byte_bound() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_queued_bytes: Some(17),
+        ..Limits::default()
+    });
+    // Topic "d/x" (3 B) and payloads of 5, 10, 1 and 2 bytes: 8, 13, 4
+    // and 5 bytes against a bound of 17.
+    let record = |offset: u64, payload_len: usize| saguin_format::model::Record {
+        offset,
+        qos: 1,
+        timestamp: 1_700_000_000_000_000_000,
+        ..saguin_format::model::Record::new("d/x", Bytes::from(vec![b'x'; payload_len]))
+    };
+    let summary = s.restore(
+        Restored {
+            sessions: vec![stored_session("c", "d/#")],
+            cursors: vec![("c".into(), 1)],
+            log: vec![record(1, 5), record(2, 10), record(3, 1), record(4, 2)],
+            log_next: 5,
+            ..Restored::default()
+        },
+        now,
+    );
+    let key = s.sessions.of_client("c").unwrap();
+    let pending = &s.sessions.by_key[&key].pending;
+    let owed: Vec<u64> = pending.iter().filter_map(|q| q.log_offset).collect();
+    assert_eq!(owed, vec![1, 3, 4], "the record that would not fit is left");
+    assert_eq!(pending.bytes(), 17);
+    assert_eq!(summary.queued, 3);
+    assert_eq!(s.log_references(), vec![(1, 1), (3, 1), (4, 1)]);
 }
 
 /// When the persistent session `c` went away, as its last record written
