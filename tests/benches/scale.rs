@@ -39,6 +39,12 @@
 //!   of 64 B to 256 KiB (the sizes are payload bytes): messages and MiB a
 //!   second, the broker's CPU a message and a MiB, and the peak RSS the
 //!   row took.
+//! - `jobs`: one queue channel with a backlog of jobs of 64 B, on a memory
+//!   provider with a snapshot directory and on sqlite (a site whose
+//!   workers were away): startup with the backlog waiting, RSS (and the
+//!   peak its startup reached), a worker's first job from its SUBSCRIBE,
+//!   the rate one worker takes [`JOBS_TAKEN`] jobs off the backlog's head
+//!   (each acknowledged, a window at a time), and the graceful stop.
 //! - `stalled`: one QoS 1 subscriber that stops reading and
 //!   [`STALLED_MESSAGES`] QoS 1 messages of 1 KiB to 256 KiB published to
 //!   it: the broker's RSS once every one is acknowledged (queued for the
@@ -55,7 +61,7 @@
 //! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose rows
 //! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
 //! retained, `saguin-before-sqlite` sessions, `memory-before` append,
-//! `saguin-before` commands) run beside this build's in the same
+//! `saguin-before` commands, `memory-before` and `sqlite-before` jobs) run beside this build's in the same
 //! run (the idle curve's two builds take turns going first, size by
 //! size); `SAGUIN_BENCH_IDLE_SUBSCRIBED` (set: any value) subscribes each
 //! idle connection to its own command topic; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
@@ -146,6 +152,9 @@ async fn run() -> Result<(), Error> {
     }
     if wanted("payloads") {
         payloads(&sizes(&[64, 1_024, 16_384, 262_144]), mosquitto).await?;
+    }
+    if wanted("jobs") {
+        jobs(&sizes(&[10_000, 100_000, 1_000_000, 2_000_000])).await?;
     }
     if wanted("stalled") {
         stalled(&sizes(&[1_024, 16_384, 262_144]), mosquitto).await?;
@@ -1538,6 +1547,122 @@ async fn move_payloads(addr: SocketAddr, size: usize, count: usize) -> Result<Du
     }
     tokio::time::timeout(Duration::from_secs(300), receiver).await???;
     Ok(began.elapsed())
+}
+
+// ---------------------------------------------------------------- jobs
+
+/// Jobs one worker takes off the head of each row's backlog.
+const JOBS_TAKEN: usize = 10_000;
+
+fn job_topic(i: usize) -> String {
+    format!("jobs/site{}/job{i}", i % 100)
+}
+
+async fn jobs(sizes: &[usize]) -> Result<(), Error> {
+    println!("\n## One queue channel with a backlog (64 B jobs)");
+    println!(
+        "| provider | jobs waiting | startup | RSS | peak RSS in startup | first job | {JOBS_TAKEN} jobs taken by one worker | graceful stop | fill rate |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let baseline = bench_support::baseline()?;
+    let mut providers = vec!["memory", "sqlite"];
+    if baseline.is_some() {
+        providers.extend(["memory-before", "sqlite-before"]);
+    }
+    for provider in providers.into_iter().filter(|p| row_wanted(p)) {
+        let bin = match (provider.ends_with("-before"), &baseline) {
+            (true, Some(before)) => before.as_path(),
+            _ => this_build(),
+        };
+        let dir = tempfile::tempdir()?;
+        let data = dir.path().join(provider);
+        let storage = if provider.starts_with("memory") {
+            format!(
+                "  - name: p\n    kind: memory\n    snapshot_dir: {}\n",
+                data.join("snapshots").display()
+            )
+        } else {
+            format!(
+                "  - name: p\n    kind: sqlite\n    file_path: {}\n",
+                data.join("saguin.db").display()
+            )
+        };
+        let metrics: SocketAddr = format!("127.0.0.1:{}", bench_support::free_port()?).parse()?;
+        let config = saguin_config(
+            &data,
+            &format!(
+                "storage:\n{storage}channels:\n  - name: jobs\n    kind: queue\n    storage: p\n    lease: 1h\nmetrics:\n  bind: {metrics}\n"
+            ),
+        )?;
+        let which = Which::Saguin {
+            config: &config,
+            bin,
+        };
+        let mut waiting = 0usize;
+        for &n in sizes {
+            let broker = launch(&which, &data).await?;
+            let began = Instant::now();
+            publish_many(broker.addr, n - waiting, false, job_topic).await?;
+            let fill_rate = (n - waiting) as f64 / began.elapsed().as_secs_f64();
+            let depth = bench_support::scrape(metrics, "saguin_queue_depth")
+                .await
+                .ok_or("no saguin_queue_depth")?;
+            if depth as usize != n {
+                return Err(format!("{provider}: the queue holds {depth} jobs, not {n}").into());
+            }
+            stop(broker).await?;
+
+            let broker = launch(&which, &data).await?;
+            let started_in = broker.started_in;
+            let resident = rss(pid_of(&broker)?)?;
+            let peak = peak_rss(pid_of(&broker)?)?;
+            let (first, taken, taking) = take_jobs(broker.addr, JOBS_TAKEN.min(n)).await?;
+            // The resolutions are committed before the depth says so.
+            let want = (n - taken) as f64;
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while bench_support::scrape(metrics, "saguin_queue_depth").await != Some(want) {
+                if Instant::now() > deadline {
+                    return Err(
+                        format!("{provider}: the queue's depth never came to {want}").into(),
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            waiting = want as usize;
+            let stopped_in = stop(broker).await?;
+            println!(
+                "| {provider} | {n} | {} | {} | {} | {} | {:.0}/s | {} | {:.0}/s |",
+                ms(started_in),
+                mib(resident as f64),
+                mib(peak as f64),
+                ms(first),
+                taken as f64 / taking.as_secs_f64(),
+                ms(stopped_in),
+                fill_rate
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A worker that subscribes to the queue and takes at least `count` jobs,
+/// acknowledging what each read brought in one write: the time from its
+/// SUBSCRIBE to its first job, how many it took (the last read may bring
+/// more), and the time it took them.
+async fn take_jobs(addr: SocketAddr, count: usize) -> Result<(Duration, usize, Duration), Error> {
+    let (mut conn, _) = Conn::connect(addr, "scale-worker", true).await?;
+    let began = Instant::now();
+    subscribe(&mut conn, "jobs/#", QoS::AtLeastOnce, Vec::new()).await?;
+    match conn.next().await? {
+        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
+        other => return Err(format!("worker: expected SUBACK, got {other:?}").into()),
+    }
+    let mut taken = acknowledge_messages(&mut conn, "worker", |_| true).await?;
+    let first = began.elapsed();
+    while taken < count {
+        taken += acknowledge_messages(&mut conn, "worker", |_| true).await?;
+    }
+    Ok((first, taken, began.elapsed()))
 }
 
 // ---------------------------------------------------------------- stalled

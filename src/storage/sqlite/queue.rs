@@ -45,11 +45,25 @@ const SQL_INSERT: &str = concat!(
     ", attempts, first_delivered, last_delivered)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, 0, 0, 0)"
 );
-const SQL_TOTALS: &str =
-    "SELECT count(*), coalesce(sum(size), 0) FROM queue_items WHERE channel = ?1";
+/// The records whose attempts are spent (`attempts >= max_attempts`,
+/// [`contract::attempts_spent`]): what a restart finds a crash left leased
+/// for the last time. Filtered here, not by the caller: a backlog of
+/// millions of jobs is never held (reading them all held about 400 bytes
+/// a job at every start), and not read at all while no record has had
+/// that many attempts ([`Volatile::highest_attempts`]).
+const SQL_SPENT: &str = concat!(
+    "SELECT offset, ",
+    record_columns!(),
+    ", attempts, first_delivered, last_delivered FROM queue_items WHERE channel = ?1 AND attempts >= ?2 ORDER BY offset"
+);
+const SQL_TOTALS: &str = "SELECT count(*), coalesce(sum(size), 0), coalesce(max(attempts), 0) FROM queue_items WHERE channel = ?1";
 
 pub(crate) fn read_statements() -> Vec<String> {
-    vec![SQL_ITEMS.to_string(), SQL_TOTALS.to_string()]
+    vec![
+        SQL_ITEMS.to_string(),
+        SQL_SPENT.to_string(),
+        SQL_TOTALS.to_string(),
+    ]
 }
 
 /// One record out with a worker. Volatile.
@@ -76,6 +90,10 @@ struct Volatile {
     next_delivery_id: u64,
     next_epoch: u64,
     backoff: Vec<Duration>,
+    /// The most attempts any record has had: read at open with the
+    /// totals, raised by every lease. Below `max_attempts`, no record's
+    /// attempts are spent, and a start looks for none.
+    highest_attempts: u32,
 }
 
 pub struct QueueChannel {
@@ -111,11 +129,11 @@ impl QueueChannel {
         dlq: Arc<AppendChannel>,
     ) -> contract::Result<Arc<QueueChannel>> {
         let (next, floor, _) = shared.channel_row(name, ChannelKind::Queue)?;
-        let (depth, bytes): (u64, u64) = shared.read(
+        let (depth, bytes, highest_attempts): (u64, u64, u32) = shared.read(
             || format!("queue {name}: summing its records"),
             |conn| {
                 conn.prepare_cached(SQL_TOTALS)?
-                    .query_row([name], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .query_row([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             },
         )?;
         Ok(Arc::new_cyclic(|me| QueueChannel {
@@ -128,6 +146,7 @@ impl QueueChannel {
             volatile: Mutex::new(Volatile {
                 next_delivery_id: 1,
                 next_epoch: 1,
+                highest_attempts,
                 ..Volatile::default()
             }),
         }))
@@ -154,6 +173,7 @@ impl QueueChannel {
         let epoch = v.next_epoch;
         v.next_epoch += 1;
         v.not_before.remove(&asked.offset);
+        v.highest_attempts = v.highest_attempts.max(item.attempts);
         v.by_id.insert(delivery_id, asked.offset);
         v.held.insert(
             asked.offset,
@@ -675,12 +695,24 @@ impl QueueStore for QueueChannel {
     fn dead_letter_spent(&self, now: UnixNanos) -> contract::Result<u64> {
         let max_attempts = self.max_attempts.load(Ordering::Acquire);
         let mut v = self.volatile();
+        if !contract::attempts_spent(v.highest_attempts, max_attempts) {
+            return Ok(0);
+        }
         let spent: Vec<(QueueItem, u64)> = self
-            .read_items()?
+            .shared
+            .read(
+                || format!("queue {}: reading its spent records", self.name),
+                |conn| {
+                    let mut stmt = conn.prepare_cached(SQL_SPENT)?;
+                    let rows =
+                        stmt.query_map(rusqlite::params![self.name, max_attempts], item_at)?;
+                    rows.collect::<rusqlite::Result<Vec<_>>>()
+                },
+            )?
             .into_iter()
             .filter(|(item, _)| {
-                contract::attempts_spent(item.attempts, max_attempts)
-                    && !v.held.contains_key(&item.record.offset)
+                debug_assert!(contract::attempts_spent(item.attempts, max_attempts));
+                !v.held.contains_key(&item.record.offset)
             })
             .collect();
         if spent.is_empty() {
