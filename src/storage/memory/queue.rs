@@ -41,6 +41,16 @@ struct Item {
     /// Kept compact, as an append channel's records are: a queue's
     /// backlog grows while its workers are away.
     record: Kept,
+    /// What its deliveries left: `None` until its first, as most of a
+    /// backlog is. One pointer of every item, where the fields inline were
+    /// 80 bytes of each, in an ordered map's nodes half of whose room a
+    /// growing queue leaves empty.
+    delivered: Option<Box<Delivered>>,
+}
+
+/// An item's deliveries so far.
+#[derive(Clone, Debug, Default)]
+struct Delivered {
     attempts: u32,
     first_delivered: UnixNanos,
     last_delivered: UnixNanos,
@@ -53,12 +63,62 @@ struct Item {
 }
 
 impl Item {
+    /// An item with what its file says of its deliveries (all 0: never
+    /// delivered).
+    fn new(
+        record: Kept,
+        attempts: u32,
+        first_delivered: UnixNanos,
+        last_delivered: UnixNanos,
+    ) -> Item {
+        let delivered = (attempts, first_delivered, last_delivered) != (0, 0, 0);
+        Item {
+            record,
+            delivered: delivered.then(|| {
+                Box::new(Delivered {
+                    attempts,
+                    first_delivered,
+                    last_delivered,
+                    ..Delivered::default()
+                })
+            }),
+        }
+    }
+
+    fn attempts(&self) -> u32 {
+        self.delivered.as_ref().map_or(0, |d| d.attempts)
+    }
+
+    /// Its attempts and its first and last delivery: what its file keeps.
+    fn kept_deliveries(&self) -> (u32, UnixNanos, UnixNanos) {
+        self.delivered.as_ref().map_or((0, 0, 0), |d| {
+            (d.attempts, d.first_delivered, d.last_delivered)
+        })
+    }
+
+    fn not_before(&self) -> UnixNanos {
+        self.delivered.as_ref().map_or(0, |d| d.not_before)
+    }
+
+    fn epoch(&self) -> u64 {
+        self.delivered.as_ref().map_or(0, |d| d.epoch)
+    }
+
+    fn held(&self) -> Option<&Holding> {
+        self.delivered.as_ref().and_then(|d| d.held.as_ref())
+    }
+
+    fn delivered_mut(&mut self) -> &mut Delivered {
+        self.delivered.get_or_insert_with(Box::default)
+    }
+
     fn to_queue_item(&self) -> QueueItem {
+        let (attempts, first_delivered, last_delivered) = self.kept_deliveries();
         QueueItem {
             record: self.record.record_sharing(),
-            attempts: self.attempts,
-            first_delivered: self.first_delivered,
-            last_delivered: self.last_delivered,
+            attempts,
+            first_delivered,
+            last_delivered,
         }
     }
 }
@@ -142,21 +202,23 @@ impl MemoryQueue {
             let mut st = write(&q.state);
             st.next = next;
             st.floor = floor;
-            for it in items {
-                st.bytes += it.record.accounted_size();
-                st.items.insert(
-                    it.record.offset,
-                    Item {
-                        record: it.record,
-                        attempts: it.attempts,
-                        first_delivered: it.first_delivered,
-                        last_delivered: it.last_delivered,
-                        not_before: 0,
-                        epoch: 0,
-                        held: None,
-                    },
-                );
-            }
+            st.bytes = items.iter().map(|it| it.record.accounted_size()).sum();
+            // Built at once from the items in their order, the map's nodes
+            // are full, where inserting one at a time leaves them half
+            // empty.
+            st.items = items
+                .into_iter()
+                .map(|it| {
+                    let offset = it.record.offset;
+                    let item = Item::new(
+                        it.record,
+                        it.attempts,
+                        it.first_delivered,
+                        it.last_delivered,
+                    );
+                    (offset, item)
+                })
+                .collect();
             q.shared.budget.charge_relief(st.bytes);
         }
         q
@@ -205,12 +267,8 @@ impl MemoryQueue {
                 .items
                 .values()
                 .map(|i| {
-                    (
-                        i.record.clone(),
-                        i.attempts,
-                        i.first_delivered,
-                        i.last_delivered,
-                    )
+                    let (attempts, first_delivered, last_delivered) = i.kept_deliveries();
+                    (i.record.clone(), attempts, first_delivered, last_delivered)
                 })
                 .collect(),
         }
@@ -221,7 +279,7 @@ impl MemoryQueue {
         read(&self.state)
             .items
             .get(&offset)
-            .and_then(|i| i.held.as_ref().map(|h| h.holder.clone()))
+            .and_then(|i| i.held().map(|h| h.holder.clone()))
     }
 
     pub(crate) fn enqueue_inner(&self, mut record: Record, relief: bool) -> Result<Record> {
@@ -243,18 +301,7 @@ impl MemoryQueue {
         kept.set_offset(st.next);
         st.next += 1;
         st.bytes += size;
-        st.items.insert(
-            record.offset,
-            Item {
-                record: kept,
-                attempts: 0,
-                first_delivered: 0,
-                last_delivered: 0,
-                not_before: 0,
-                epoch: 0,
-                held: None,
-            },
-        );
+        st.items.insert(record.offset, Item::new(kept, 0, 0, 0));
         self.version.bump(&self.shared);
         drop(st);
         Ok(record)
@@ -264,7 +311,7 @@ impl MemoryQueue {
     /// past it when it was the oldest.
     fn remove_item(&self, st: &mut QueueState, offset: u64) -> Option<Item> {
         let item = st.items.remove(&offset)?;
-        if let Some(h) = &item.held {
+        if let Some(h) = item.held() {
             st.deliveries.remove(&h.delivery_id);
         }
         let size = item.record.accounted_size();
@@ -298,11 +345,12 @@ impl MemoryQueue {
                 detail: format!("no record at offset {offset}"),
             });
         };
+        let (attempts, first_delivered, last_delivered) = item.kept_deliveries();
         let record = dead_letter_record(
             item.record.record_sharing(),
-            item.attempts,
-            item.first_delivered,
-            item.last_delivered,
+            attempts,
+            first_delivered,
+            last_delivered,
             now,
             reason,
         );
@@ -355,9 +403,9 @@ impl QueueStore for MemoryQueue {
             .items
             .values()
             .filter(|i| {
-                i.held.is_none()
-                    && i.not_before <= now
-                    && !attempts_spent(i.attempts, st.max_attempts)
+                i.held().is_none()
+                    && i.not_before() <= now
+                    && !attempts_spent(i.attempts(), st.max_attempts)
             })
             .take(max)
             .map(Item::to_queue_item)
@@ -382,32 +430,34 @@ impl QueueStore for MemoryQueue {
         let Some(item) = st.items.get_mut(&offset) else {
             return Err(unavailable("no unresolved record there"));
         };
-        if let Some(h) = &item.held {
+        if let Some(h) = item.held() {
             return Err(unavailable(&format!("held by {}", h.holder)));
         }
-        if item.not_before > now {
+        if item.not_before() > now {
             return Err(unavailable("waiting out its backoff"));
         }
-        if attempts_spent(item.attempts, max_attempts) {
+        if attempts_spent(item.attempts(), max_attempts) {
             return Err(unavailable("its attempts are spent"));
         }
-        item.attempts += 1;
-        if item.first_delivered == 0 {
-            item.first_delivered = now;
+        let record = item.record.record_sharing();
+        let d = item.delivered_mut();
+        d.attempts += 1;
+        if d.first_delivered == 0 {
+            d.first_delivered = now;
         }
-        item.last_delivered = now;
-        item.epoch += 1;
-        item.held = Some(Holding {
+        d.last_delivered = now;
+        d.epoch += 1;
+        d.held = Some(Holding {
             delivery_id,
             holder: holder.to_owned(),
             lease_until,
         });
         let lease = Lease {
             delivery_id,
-            epoch: item.epoch,
-            attempts: item.attempts,
+            epoch: d.epoch,
+            attempts: d.attempts,
             offset,
-            record: item.record.record_sharing(),
+            record,
         };
         st.next_delivery_id += 1;
         st.deliveries.insert(delivery_id, offset);
@@ -422,10 +472,7 @@ impl QueueStore for MemoryQueue {
             return Ok(false);
         };
         let current = st.items.get(&offset).is_some_and(|i| {
-            i.epoch == epoch
-                && i.held
-                    .as_ref()
-                    .is_some_and(|h| h.delivery_id == delivery_id)
+            i.epoch() == epoch && i.held().is_some_and(|h| h.delivery_id == delivery_id)
         });
         if !current {
             return Ok(false);
@@ -450,27 +497,25 @@ impl QueueStore for MemoryQueue {
             st.deliveries.remove(&delivery_id);
             return Ok(Released::Stale);
         };
-        let current = item.epoch == epoch
-            && item
-                .held
-                .as_ref()
-                .is_some_and(|h| h.delivery_id == delivery_id);
+        let current =
+            item.epoch() == epoch && item.held().is_some_and(|h| h.delivery_id == delivery_id);
         if !current {
             return Ok(Released::Stale);
         }
-        let not_before = match after_failed_delivery(item.attempts, max_attempts, &st.backoff, now)
-        {
-            AfterFailure::RetryAt(not_before) => not_before,
-            AfterFailure::DeadLetter => {
-                // On failure the record is still held, with the attempts it had.
-                let dlq_offset = self.dead_letter_item(&mut st, offset, now, reason)?;
-                return Ok(Released::DeadLettered { offset, dlq_offset });
-            }
-        };
+        let not_before =
+            match after_failed_delivery(item.attempts(), max_attempts, &st.backoff, now) {
+                AfterFailure::RetryAt(not_before) => not_before,
+                AfterFailure::DeadLetter => {
+                    // On failure the record is still held, with the attempts it had.
+                    let dlq_offset = self.dead_letter_item(&mut st, offset, now, reason)?;
+                    return Ok(Released::DeadLettered { offset, dlq_offset });
+                }
+            };
         st.deliveries.remove(&delivery_id);
         if let Some(item) = st.items.get_mut(&offset) {
-            item.held = None;
-            item.not_before = not_before;
+            let d = item.delivered_mut();
+            d.held = None;
+            d.not_before = not_before;
         }
         Ok(Released::Retry { offset, not_before })
     }
@@ -482,10 +527,10 @@ impl QueueStore for MemoryQueue {
             .iter()
             .filter_map(|(&delivery_id, offset)| {
                 let item = st.items.get(offset)?;
-                let h = item.held.as_ref()?;
+                let h = item.held()?;
                 (h.lease_until <= now).then(|| ExpiredLease {
                     delivery_id,
-                    epoch: item.epoch,
+                    epoch: item.epoch(),
                     offset: *offset,
                     holder: h.holder.clone(),
                 })
@@ -504,7 +549,7 @@ impl QueueStore for MemoryQueue {
         // record with timestamp 0 is never too old.
         let mut doomed = Vec::new();
         for (offset, item) in &st.items {
-            if item.held.is_some() {
+            if item.held().is_some() {
                 continue;
             }
             let ts = item.record.timestamp;
@@ -528,7 +573,7 @@ impl QueueStore for MemoryQueue {
         let spent: Vec<u64> = st
             .items
             .iter()
-            .filter(|(_, i)| i.held.is_none() && attempts_spent(i.attempts, st.max_attempts))
+            .filter(|(_, i)| i.held().is_none() && attempts_spent(i.attempts(), st.max_attempts))
             .map(|(o, _)| *o)
             .collect();
         let mut moved = 0;
@@ -556,6 +601,26 @@ impl QueueStore for MemoryQueue {
 mod tests {
     use super::*;
     use crate::storage::memory::MemoryProvider;
+
+    /// An item of a backlog is its record's handle and one pointer to
+    /// what its deliveries left, unallocated until its first.
+    #[test]
+    fn an_undelivered_item_is_two_pointers() {
+        assert_eq!(std::mem::size_of::<Item>(), 16);
+        let provider = MemoryProvider::unbounded();
+        let shared = provider.shared().clone();
+        let dead_letter = Arc::new(MemoryAppend::new_dead_letter("jobs.dlq", shared.clone()));
+        let queue = MemoryQueue::new("jobs", shared, dead_letter);
+        let stored = queue.enqueue(Record::new("jobs/1", "a")).unwrap();
+        assert!(read(&queue.state).items[&stored.offset].delivered.is_none());
+        let lease = queue.lease(stored.offset, "worker-1", 10, 1).unwrap();
+        let released = queue.release(lease.delivery_id, lease.epoch, 2, "nack").unwrap();
+        assert!(matches!(released, Released::Retry { .. }));
+        let st = read(&queue.state);
+        let item = &st.items[&stored.offset];
+        assert_eq!(item.kept_deliveries(), (1, 1, 1), "its attempt is kept");
+        assert!(item.held().is_none());
+    }
 
     /// A queue's backlog is kept compact, as an append channel's records
     /// are, and a lease and a copy for a snapshot hand each record back
