@@ -10,6 +10,7 @@ pub mod kept;
 pub mod lock;
 pub mod memory;
 pub mod migrate;
+pub(crate) mod offers;
 pub mod read;
 pub(crate) mod room;
 pub mod sample;

@@ -44,7 +44,9 @@
 //!   workers were away): startup with the backlog waiting, RSS (and the
 //!   peak its startup reached), a worker's first job from its SUBSCRIBE,
 //!   the rate one worker takes [`JOBS_TAKEN`] jobs off the backlog's head
-//!   (each acknowledged, a window at a time), and the graceful stop.
+//!   (each acknowledged, a window at a time), the rate an MQTT 5 worker
+//!   refuses as many (PUBACK 0x80: they wait out an hour's backoff), the
+//!   rate one takes as many behind those, and the graceful stop.
 //! - `stalled`: one QoS 1 subscriber that stops reading and
 //!   [`STALLED_MESSAGES`] QoS 1 messages of 1 KiB to 256 KiB published to
 //!   it: the broker's RSS once every one is acknowledged (queued for the
@@ -1551,7 +1553,9 @@ async fn move_payloads(addr: SocketAddr, size: usize, count: usize) -> Result<Du
 
 // ---------------------------------------------------------------- jobs
 
-/// Jobs one worker takes off the head of each row's backlog.
+/// Jobs one worker takes off the head of each row's backlog, one refuses
+/// after that and one takes behind those (a quarter of the backlog each
+/// where that is fewer).
 const JOBS_TAKEN: usize = 10_000;
 
 fn job_topic(i: usize) -> String {
@@ -1561,9 +1565,9 @@ fn job_topic(i: usize) -> String {
 async fn jobs(sizes: &[usize]) -> Result<(), Error> {
     println!("\n## One queue channel with a backlog (64 B jobs)");
     println!(
-        "| provider | jobs waiting | startup | RSS | peak RSS in startup | first job | {JOBS_TAKEN} jobs taken by one worker | graceful stop | fill rate |"
+        "| provider | jobs waiting | startup | RSS | peak RSS in startup | first job | taken by one worker | refused by one | taken behind the refused | graceful stop | fill rate |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
     let mut providers = vec!["memory", "sqlite"];
     if baseline.is_some() {
@@ -1591,7 +1595,7 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
         let config = saguin_config(
             &data,
             &format!(
-                "storage:\n{storage}channels:\n  - name: jobs\n    kind: queue\n    storage: p\n    lease: 1h\nmetrics:\n  bind: {metrics}\n"
+                "storage:\n{storage}channels:\n  - name: jobs\n    kind: queue\n    storage: p\n    lease: 1h\n    backoff: [1h]\n    max_attempts: 100\nmetrics:\n  bind: {metrics}\n"
             ),
         )?;
         let which = Which::Saguin {
@@ -1616,9 +1620,14 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
             let started_in = broker.started_in;
             let resident = rss(pid_of(&broker)?)?;
             let peak = peak_rss(pid_of(&broker)?)?;
-            let (first, taken, taking) = take_jobs(broker.addr, JOBS_TAKEN.min(n)).await?;
+            // A quarter each at the smaller sizes: what is taken, refused
+            // and taken behind the refused comes from the backlog.
+            let portion = JOBS_TAKEN.min(n / 4);
+            let (first, taken, taking) = take_jobs(broker.addr, portion).await?;
+            let (refused, refusing) = refuse_jobs(broker.addr, portion).await?;
+            let (_, taken_behind, taking_behind) = take_jobs(broker.addr, portion).await?;
             // The resolutions are committed before the depth says so.
-            let want = (n - taken) as f64;
+            let want = (n - taken - taken_behind) as f64;
             let deadline = Instant::now() + Duration::from_secs(300);
             while bench_support::scrape(metrics, "saguin_queue_depth").await != Some(want) {
                 if Instant::now() > deadline {
@@ -1631,18 +1640,54 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
             waiting = want as usize;
             let stopped_in = stop(broker).await?;
             println!(
-                "| {provider} | {n} | {} | {} | {} | {} | {:.0}/s | {} | {:.0}/s |",
+                "| {provider} | {n} | {} | {} | {} | {} | {:.0}/s | {:.0}/s | {:.0}/s | {} | {:.0}/s |",
                 ms(started_in),
                 mib(resident as f64),
                 mib(peak as f64),
                 ms(first),
                 taken as f64 / taking.as_secs_f64(),
+                refused as f64 / refusing.as_secs_f64(),
+                taken_behind as f64 / taking_behind.as_secs_f64(),
                 ms(stopped_in),
                 fill_rate
             );
         }
     }
     Ok(())
+}
+
+/// An MQTT 5 worker that subscribes to the queue and refuses at least
+/// `count` jobs (PUBACK 0x80, what a worker whose downstream is down
+/// answers), each read's in one write: how many, and the time it took.
+/// The queue's backoff keeps them waiting at its head.
+async fn refuse_jobs(addr: SocketAddr, count: usize) -> Result<(usize, Duration), Error> {
+    let (mut conn, _) =
+        Conn::connect_with(addr, "scale-refuser", true, 60, ProtocolVersion::V5).await?;
+    let began = Instant::now();
+    subscribe(&mut conn, "jobs/#", QoS::AtLeastOnce, Vec::new()).await?;
+    match conn.next().await? {
+        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
+        other => return Err(format!("refuser: expected SUBACK, got {other:?}").into()),
+    }
+    let mut refused = 0;
+    while refused < count {
+        let mut acks = Vec::new();
+        let mut next = Some(conn.next().await?);
+        while let Some(packet) = next {
+            match packet {
+                Packet::Publish(p) => acks.push(Packet::PubAck(PubAck {
+                    packet_id: p.packet_id,
+                    reason: saguin::broker::codec::ReasonCode::UnspecifiedError,
+                    properties: Default::default(),
+                })),
+                other => return Err(format!("refuser: unexpected {other:?}").into()),
+            }
+            next = conn.try_next()?;
+        }
+        refused += acks.len();
+        conn.send_all(&acks).await?;
+    }
+    Ok((refused, began.elapsed()))
 }
 
 /// A worker that subscribes to the queue and takes at least `count` jobs,

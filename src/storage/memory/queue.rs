@@ -17,6 +17,7 @@ use crate::storage::contract::{
     StorageError, DEFAULT_MAX_ATTEMPTS, FIRST_OFFSET,
 };
 use crate::storage::kept::Kept;
+use crate::storage::offers::OfferCursor;
 
 /// Who holds an item now. Volatile.
 #[derive(Clone, Debug)]
@@ -136,6 +137,8 @@ struct QueueState {
     backoff: Vec<Duration>,
     max_attempts: u32,
     next_delivery_id: u64,
+    /// Where offers start reading.
+    offers: OfferCursor,
 }
 
 #[derive(Debug)]
@@ -180,6 +183,7 @@ impl MemoryQueue {
                 backoff: Vec::new(),
                 max_attempts: DEFAULT_MAX_ATTEMPTS,
                 next_delivery_id: 1,
+                offers: OfferCursor::default(),
             }),
             version: Version::default(),
         }
@@ -398,18 +402,25 @@ impl QueueStore for MemoryQueue {
     }
 
     fn offer(&self, max: usize, now: UnixNanos) -> Result<Vec<QueueItem>> {
-        let st = read(&self.state);
-        Ok(st
-            .items
-            .values()
-            .filter(|i| {
-                i.held().is_none()
-                    && i.not_before() <= now
-                    && !attempts_spent(i.attempts(), st.max_attempts)
-            })
-            .take(max)
-            .map(Item::to_queue_item)
-            .collect())
+        let mut st = write(&self.state);
+        let st = &mut *st;
+        let mut scan = st.offers.start(now);
+        let mut out = Vec::new();
+        for (&offset, item) in st.items.range(scan.from..) {
+            if out.len() >= max {
+                break;
+            }
+            if item.held().is_some() || item.not_before() > now {
+                scan.waiting(offset);
+                continue;
+            }
+            scan.free();
+            if !attempts_spent(item.attempts(), st.max_attempts) {
+                out.push(item.to_queue_item());
+            }
+        }
+        st.offers.finish(scan);
+        Ok(out)
     }
 
     fn lease(
@@ -517,6 +528,7 @@ impl QueueStore for MemoryQueue {
             d.held = None;
             d.not_before = not_before;
         }
+        st.offers.backoff(offset, not_before);
         Ok(Released::Retry { offset, not_before })
     }
 
@@ -614,7 +626,9 @@ mod tests {
         let stored = queue.enqueue(Record::new("jobs/1", "a")).unwrap();
         assert!(read(&queue.state).items[&stored.offset].delivered.is_none());
         let lease = queue.lease(stored.offset, "worker-1", 10, 1).unwrap();
-        let released = queue.release(lease.delivery_id, lease.epoch, 2, "nack").unwrap();
+        let released = queue
+            .release(lease.delivery_id, lease.epoch, 2, "nack")
+            .unwrap();
         assert!(matches!(released, Released::Retry { .. }));
         let st = read(&queue.state);
         let item = &st.items[&stored.offset];

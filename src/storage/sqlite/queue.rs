@@ -33,11 +33,18 @@ use crate::storage::contract::{
     self, AppendStore, ExpiredLease, Lease, LeaseRequest, QueueItem, QueueStore, Released, Removed,
     StorageError,
 };
+use crate::storage::offers::OfferCursor;
 
 const SQL_ITEMS: &str = concat!(
     "SELECT offset, ",
     record_columns!(),
     ", attempts, first_delivered, last_delivered FROM queue_items WHERE channel = ?1 ORDER BY offset"
+);
+/// The records from an offer's start ([`OfferCursor::start`]).
+const SQL_ITEMS_FROM: &str = concat!(
+    "SELECT offset, ",
+    record_columns!(),
+    ", attempts, first_delivered, last_delivered FROM queue_items WHERE channel = ?1 AND offset >= ?2 ORDER BY offset"
 );
 const SQL_INSERT: &str = concat!(
     "INSERT INTO queue_items (channel, offset, ",
@@ -61,6 +68,7 @@ const SQL_TOTALS: &str = "SELECT count(*), coalesce(sum(size), 0), coalesce(max(
 pub(crate) fn read_statements() -> Vec<String> {
     vec![
         SQL_ITEMS.to_string(),
+        SQL_ITEMS_FROM.to_string(),
         SQL_SPENT.to_string(),
         SQL_TOTALS.to_string(),
     ]
@@ -87,6 +95,8 @@ struct Volatile {
     /// Backoff: not offered before this moment. Forgotten at a restart,
     /// like every other piece of delivery state.
     not_before: HashMap<u64, UnixNanos>,
+    /// Where offers start reading.
+    offers: OfferCursor,
     next_delivery_id: u64,
     next_epoch: u64,
     backoff: Vec<Duration>,
@@ -374,26 +384,32 @@ impl QueueStore for QueueChannel {
         if max == 0 {
             return Ok(Vec::new());
         }
-        // Records out with a worker cannot be excluded by the query, so it
-        // reads on past them and they are skipped here.
+        // Records out with a worker or waiting out a backoff live in memory,
+        // not in the table: the query reads on past them and they are
+        // skipped here, under the lock (what a copy of them cost grew with
+        // every record waiting), from where the last offer found the first
+        // it could hand out.
         let max_attempts = self.max_attempts.load(Ordering::Acquire);
-        let (held, not_before): (std::collections::HashSet<u64>, HashMap<u64, UnixNanos>) = {
-            let v = self.volatile();
-            (v.held.keys().copied().collect(), v.not_before.clone())
-        };
-        self.shared.read(
+        let mut v = self.volatile();
+        let v = &mut *v;
+        let mut scan = v.offers.start(now);
+        let out = self.shared.read(
             || format!("queue {}: offering", self.name),
             |conn| {
-                let mut stmt = conn.prepare_cached(SQL_ITEMS)?;
-                let mut rows = stmt.query([&self.name])?;
+                let mut stmt = conn.prepare_cached(SQL_ITEMS_FROM)?;
+                let mut rows = stmt.query(rusqlite::params![self.name, scan.from])?;
                 let mut out = Vec::new();
                 while let Some(row) = rows.next()? {
                     let offset: u64 = row.get(0)?;
                     let attempts: u32 = row.get(14)?;
-                    if held.contains(&offset)
-                        || not_before.get(&offset).is_some_and(|&t| t > now)
-                        || contract::attempts_spent(attempts, max_attempts)
+                    if v.held.contains_key(&offset)
+                        || v.not_before.get(&offset).is_some_and(|&t| t > now)
                     {
+                        scan.waiting(offset);
+                        continue;
+                    }
+                    scan.free();
+                    if contract::attempts_spent(attempts, max_attempts) {
                         continue;
                     }
                     out.push(item_at(row)?.0);
@@ -403,7 +419,9 @@ impl QueueStore for QueueChannel {
                 }
                 Ok(out)
             },
-        )
+        );
+        v.offers.finish(scan);
+        out
     }
 
     fn lease(
@@ -619,6 +637,7 @@ impl QueueStore for QueueChannel {
         v.held.remove(&offset);
         v.by_id.remove(&delivery_id);
         v.not_before.insert(offset, not_before);
+        v.offers.backoff(offset, not_before);
         Ok(Released::Retry { offset, not_before })
     }
 
