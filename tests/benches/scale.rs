@@ -18,9 +18,10 @@
 //!   seek by time (SUBSCRIBE to first record), the retention sweep that
 //!   removes a tenth of it, and on memory the peak RSS of a
 //!   `saguin snapshot verify` of the stopped provider's directory.
-//! - `sessions`: persistent sessions with one queued QoS 1 message each, on
-//!   sqlite and in Mosquitto with persistence: restart to the first
-//!   CONNACK, RSS, and a sample of them resumed with their message.
+//! - `sessions`: persistent sessions with one queued QoS 1 message each
+//!   (`SAGUIN_BENCH_QUEUED` each), on sqlite and in Mosquitto with
+//!   persistence: restart to the first CONNACK, RSS (and its peak), and a
+//!   sample of them resumed with their first message.
 //! - `commands`: devices each subscribed to its own command topic
 //!   (`cmd/dev-<i>/#`, QoS 1), their subscriptions held by at most 1,000
 //!   connections (the open-file limit keeps each device from being a
@@ -940,11 +941,17 @@ async fn wait_sweep(metrics: SocketAddr) -> Result<(Duration, u64), Error> {
 
 async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     const SAMPLE: usize = 1_000;
-    println!("\n## Persistent sessions, one queued QoS 1 message each");
+    let queued: usize = match std::env::var("SAGUIN_BENCH_QUEUED") {
+        Ok(q) => q
+            .parse()
+            .map_err(|e| format!("SAGUIN_BENCH_QUEUED={q}: {e}"))?,
+        Err(_) => 1,
+    };
+    println!("\n## Persistent sessions, {queued} queued QoS 1 message(s) each");
     println!(
-        "| broker | sessions | restart to first CONNACK | RSS | sample resumed | graceful stop |"
+        "| broker | sessions | restart to first CONNACK | RSS | peak RSS | sample resumed | graceful stop |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     let dir = tempfile::tempdir()?;
     let baseline = bench_support::baseline()?;
     for &n in sizes {
@@ -960,14 +967,19 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let config = saguin_config(
                 &data,
                 &format!(
-                    "limits:\n  max_sessions: {}\nstorage:\n  - name: p\n    kind: sqlite\n    file_path: {}\nbroker:\n  session_storage: p\n",
+                    "limits:\n  max_sessions: {}\n  max_queued_messages: {}\nstorage:\n  - name: p\n    kind: sqlite\n    file_path: {}\nbroker:\n  session_storage: p\n",
                     n + 100,
+                    queued.max(1000),
                     data.join("saguin.db").display()
                 ),
             )?;
+            let mosquitto_extra = format!(
+                "persistence true\nmax_connections -1\nmax_queued_messages {}\n",
+                queued.max(1000)
+            );
             let which = if name == "mosquitto-persist" {
                 Which::Mosquitto {
-                    extra: "persistence true\nmax_connections -1\n",
+                    extra: &mosquitto_extra,
                 }
             } else {
                 Which::Saguin {
@@ -980,12 +992,20 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             };
             let broker = launch(&which, &data).await?;
             bench_support::make_sessions(broker.addr, n).await?;
-            publish_many(broker.addr, n, false, |s| format!("cmd/{s}/go")).await?;
+            SESSIONS.store(n, std::sync::atomic::Ordering::Relaxed);
+            publish_many(broker.addr, n * queued, false, |i| {
+                format!(
+                    "cmd/{}/go",
+                    i % SESSIONS.load(std::sync::atomic::Ordering::Relaxed)
+                )
+            })
+            .await?;
             let stopped_in = stop(broker).await?;
 
             let broker = launch(&which, &data).await?;
             let restarted_in = broker.started_in;
             let resident = rss(pid_of(&broker)?)?;
+            let peak = peak_rss(pid_of(&broker)?)?;
             let step = (n / SAMPLE).max(1);
             let mut resumed = 0;
             for s in (0..n).step_by(step) {
@@ -994,9 +1014,10 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             }
             stop(broker).await?;
             println!(
-                "| {name} | {n} | {} | {} | {resumed} of {resumed} | {} |",
+                "| {name} | {n} | {} | {} | {} | {resumed} of {resumed} | {} |",
                 ms(restarted_in),
                 mib(resident as f64),
+                mib(peak as f64),
                 ms(stopped_in)
             );
             std::fs::remove_dir_all(&data)?;
@@ -1005,7 +1026,12 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     Ok(())
 }
 
-/// Session `session-<s>` resumes (session present) and gets its one
+/// How many sessions the sessions curve's current row has: its
+/// publishers' topics go round them (a plain function pointer names each
+/// message's topic).
+static SESSIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+/// Session `session-<s>` resumes (session present) and gets its first
 /// queued message.
 async fn resume_one(addr: SocketAddr, s: usize) -> Result<(), Error> {
     let (mut conn, present) = Conn::connect(addr, &format!("session-{s}"), false).await?;

@@ -1020,7 +1020,7 @@ pub fn read_restored(
             break;
         };
         from = last.offset + 1;
-        messages.extend(chunk);
+        messages.extend(chunk.iter().map(crate::storage::kept::Kept::new));
     }
     Ok(Restored {
         // Read one at a time by `read_retained`.

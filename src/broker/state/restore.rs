@@ -27,6 +27,7 @@ use crate::storage::contract::{
     session_expired_at, HeldPublish, InflightPhase as StoredPhase, Position, ServedValue,
     SessionEntry, BROADCAST_LOG_NAME,
 };
+use crate::storage::kept::Kept;
 use crate::topic;
 use saguin_format::model::{ChannelKind, Record};
 
@@ -37,8 +38,11 @@ pub struct Restored {
     pub sessions: Vec<SessionEntry>,
     /// Each session's cursor on the broadcast log.
     pub cursors: Vec<(String, u64)>,
-    /// Every message the broadcast log holds, ascending.
-    pub log: Vec<Record>,
+    /// Every message the broadcast log holds, ascending, each kept compact
+    /// as it was read ([`Kept`]): a restart of a million queued messages
+    /// held them as records, twice what they come to in the state, beside
+    /// the state as it was built.
+    pub log: Vec<Kept>,
     pub log_next: u64,
     /// Exactly-once holds of the session provider (every channel's; only
     /// the broadcast log's are taken from here).
@@ -119,11 +123,20 @@ impl BrokerState {
             .retained
             .store(self.retained.len() as i64, Relaxed);
         self.persist.log_next = restored.log_next.max(1);
-        let log: BTreeMap<u64, (Arc<Message>, &Record)> = restored
-            .log
-            .iter()
+        // Each compact record is let go once its message is made.
+        let log: BTreeMap<u64, Logged> = std::mem::take(&mut restored.log)
+            .into_iter()
+            .map(|kept| kept.record())
             .filter(|r| !r.shared_copy)
-            .map(|r| (r.offset, (Arc::new(self.message_of(r, now)), r)))
+            .map(|r| {
+                let message = Arc::new(self.message_of(&r, now));
+                let logged = Logged {
+                    message,
+                    client_id: r.client_id.into_boxed_str(),
+                    owed_to: r.owed_to.map(String::into_boxed_str),
+                };
+                (r.offset, logged)
+            })
             .collect();
         let cursors: HashMap<&str, u64> = restored
             .cursors
@@ -201,7 +214,7 @@ impl BrokerState {
             }
             let mut in_flight = Vec::new();
             for e in &entry.inflight {
-                let Some((message, _)) = log.get(&e.log_offset) else {
+                let Some(Logged { message, .. }) = log.get(&e.log_offset) else {
                     continue;
                 };
                 let phase = match (e.phase, e.qos) {
@@ -258,14 +271,15 @@ impl BrokerState {
         // records: 25,000 sessions took 16 s to restore.)
         let mut matched = Vec::new();
         let mut candidates = Vec::new();
-        for (&offset, (message, record)) in &log {
+        for (&offset, logged) in &log {
             candidates.clear();
-            match record.owed_to.as_deref() {
+            match logged.owed_to.as_deref() {
                 Some(client_id) => candidates.extend(self.sessions.of_client(client_id)),
                 None => {
                     // Shared subscriptions are not restored from the log
                     // (their members take turns live); nobody is online.
-                    self.index.matches(&record.topic, &|_| false, &mut matched);
+                    self.index
+                        .matches(&logged.message.topic, &|_| false, &mut matched);
                     candidates.extend(matched.iter().filter(|m| !m.shared).map(|m| m.session));
                     candidates.sort_unstable();
                     candidates.dedup();
@@ -278,7 +292,7 @@ impl BrokerState {
                 if offset < owing.cursor || owing.in_flight.contains(&offset) {
                     continue;
                 }
-                let Some(q) = owed(&self.sessions.by_key[key], offset, message, record) else {
+                let Some(q) = owed(&self.sessions.by_key[key], offset, logged) else {
                     continue;
                 };
                 if owing.queued.admits(&q, self.limits.queue_bound()) {
@@ -346,25 +360,31 @@ struct Owing {
     queued: Pending,
 }
 
-fn owed(
-    session: &Session,
-    offset: u64,
-    message: &Arc<Message>,
-    record: &Record,
-) -> Option<QueuedMessage> {
+/// A broadcast log message as a restart offers it: the message, and what
+/// its record says of who published it and who it is owed to.
+struct Logged {
+    message: Arc<Message>,
+    /// For `no_local`.
+    client_id: Box<str>,
+    /// A copy kept for one session alone.
+    owed_to: Option<Box<str>>,
+}
+
+fn owed(session: &Session, offset: u64, logged: &Logged) -> Option<QueuedMessage> {
+    let message = &logged.message;
     let mut best: Option<(u8, bool)> = None;
     let mut ids = Vec::new();
     for (raw, sub) in session.subscriptions.iter() {
         if sub.is_shared() || offset < sub.log_offset {
             continue;
         }
-        if sub.options.no_local && record.client_id == *session.client_id {
+        if sub.options.no_local && *logged.client_id == *session.client_id {
             continue;
         }
-        if !topic::filter_matches(sub.filter(raw), &record.topic) {
+        if !topic::filter_matches(sub.filter(raw), &message.topic) {
             continue;
         }
-        let qos = sub.options.qos.min(record.qos);
+        let qos = sub.options.qos.min(message.qos);
         let rap = sub.options.retain_as_published;
         best = Some(match best {
             Some((q, r)) => (q.max(qos), r || rap),
@@ -378,7 +398,7 @@ fn owed(
     (qos > 0).then(|| QueuedMessage {
         message: message.clone(),
         qos,
-        retain: rap && record.retain,
+        retain: rap && message.retain,
         subscription_ids: ids,
         log_offset: Some(offset),
     })

@@ -569,7 +569,10 @@ fn a_restored_session_resends_its_inflight_with_dup_and_owes_pubrel() {
                 ],
             }],
             cursors: vec![("c".into(), 1)],
-            log: vec![record(1, 1), record(2, 2), record(3, 2)],
+            log: [record(1, 1), record(2, 2), record(3, 2)]
+                .iter()
+                .map(Kept::new)
+                .collect(),
             log_next: 4,
             held: Vec::new(),
             channels: Vec::new(),
@@ -902,7 +905,7 @@ fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
                 ("one".into(), 1),
                 ("quiet".into(), 1),
             ],
-            log: vec![
+            log: [
                 record(1, "dev/one", None),
                 record(2, "dev/two", None),
                 // A copy kept for `one` alone (a message it was owed when
@@ -910,7 +913,10 @@ fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
                 record(3, "dev/one", Some("one")),
                 record(4, "dev/three", None),
                 record(5, "dev/one", None),
-            ],
+            ]
+            .iter()
+            .map(Kept::new)
+            .collect(),
             log_next: 6,
             ..Restored::default()
         },
@@ -956,7 +962,10 @@ fn restored_sessions_are_owed_no_more_than_their_byte_bound() {
         Restored {
             sessions: vec![stored_session("c", "d/#")],
             cursors: vec![("c".into(), 1)],
-            log: vec![record(1, 5), record(2, 10), record(3, 1), record(4, 2)],
+            log: [record(1, 5), record(2, 10), record(3, 1), record(4, 2)]
+                .iter()
+                .map(Kept::new)
+                .collect(),
             log_next: 5,
             ..Restored::default()
         },
