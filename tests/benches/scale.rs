@@ -779,6 +779,32 @@ fn record_topic(i: usize) -> String {
     format!("telemetry/dev{}", i % 1000)
 }
 
+/// The build a provider row runs: the earlier one for a `*-before` row
+/// when `SAGUIN_BENCH_BASELINE` names it, else this one.
+fn provider_bin<'a>(provider: &str, baseline: &'a Option<PathBuf>) -> &'a Path {
+    match (provider.ends_with("-before"), baseline) {
+        (true, Some(before)) => before.as_path(),
+        _ => this_build(),
+    }
+}
+
+/// The `storage` list of a provider row, one provider `p` in `data`: a
+/// memory provider with a snapshot directory for the `memory*` rows, else
+/// sqlite.
+fn provider_storage(provider: &str, data: &Path) -> String {
+    if provider.starts_with("memory") {
+        format!(
+            "  - name: p\n    kind: memory\n    snapshot_dir: {}\n",
+            data.join("snapshots").display()
+        )
+    } else {
+        format!(
+            "  - name: p\n    kind: sqlite\n    file_path: {}\n",
+            data.join("saguin.db").display()
+        )
+    }
+}
+
 async fn append(sizes: &[usize]) -> Result<(), Error> {
     println!("\n## One append channel (64 B records)");
     println!(
@@ -792,23 +818,10 @@ async fn append(sizes: &[usize]) -> Result<(), Error> {
     }
     providers.push("sqlite");
     for provider in providers.into_iter().filter(|p| row_wanted(p)) {
-        let bin = match (provider, &baseline) {
-            ("memory-before", Some(before)) => before.as_path(),
-            _ => this_build(),
-        };
+        let bin = provider_bin(provider, &baseline);
         let dir = tempfile::tempdir()?;
         let data = dir.path().join(provider);
-        let storage = if provider.starts_with("memory") {
-            format!(
-                "  - name: p\n    kind: memory\n    snapshot_dir: {}\n",
-                data.join("snapshots").display()
-            )
-        } else {
-            format!(
-                "  - name: p\n    kind: sqlite\n    file_path: {}\n",
-                data.join("saguin.db").display()
-            )
-        };
+        let storage = provider_storage(provider, &data);
         let metrics: SocketAddr = format!("127.0.0.1:{}", bench_support::free_port()?).parse()?;
         let config_with = |retention: Option<u64>| {
             let retention = retention
@@ -1600,23 +1613,10 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
         providers.extend(["memory-before", "sqlite-before"]);
     }
     for provider in providers.into_iter().filter(|p| row_wanted(p)) {
-        let bin = match (provider.ends_with("-before"), &baseline) {
-            (true, Some(before)) => before.as_path(),
-            _ => this_build(),
-        };
+        let bin = provider_bin(provider, &baseline);
         let dir = tempfile::tempdir()?;
         let data = dir.path().join(provider);
-        let storage = if provider.starts_with("memory") {
-            format!(
-                "  - name: p\n    kind: memory\n    snapshot_dir: {}\n",
-                data.join("snapshots").display()
-            )
-        } else {
-            format!(
-                "  - name: p\n    kind: sqlite\n    file_path: {}\n",
-                data.join("saguin.db").display()
-            )
-        };
+        let storage = provider_storage(provider, &data);
         let metrics: SocketAddr = format!("127.0.0.1:{}", bench_support::free_port()?).parse()?;
         let config = saguin_config(
             &data,
