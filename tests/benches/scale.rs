@@ -48,6 +48,12 @@
 //!   (each acknowledged, a window at a time), the rate an MQTT 5 worker
 //!   refuses as many (PUBACK 0x80: they wait out an hour's backoff), the
 //!   rate one takes as many behind those, and the graceful stop.
+//! - `latest`: one latest channel holding a value of 64 B for each of N
+//!   devices (`devices/site-<i / 100>/d<i>`), on a memory provider with a
+//!   snapshot directory and on sqlite (a site's device twins): startup,
+//!   RSS (and the peak its startup reached), the time a new QoS 1
+//!   subscriber to one site takes to get its 100 current values and one
+//!   to `devices/#` to get all N, and the graceful stop.
 //! - `stalled`: one QoS 1 subscriber that stops reading and
 //!   [`STALLED_MESSAGES`] QoS 1 messages of 1 KiB to 256 KiB published to
 //!   it: the broker's RSS once every one is acknowledged (queued for the
@@ -158,6 +164,9 @@ async fn run() -> Result<(), Error> {
     }
     if wanted("jobs") {
         jobs(&sizes(&[10_000, 100_000, 1_000_000, 2_000_000])).await?;
+    }
+    if wanted("latest") {
+        latest(&sizes(&[10_000, 100_000, 1_000_000])).await?;
     }
     if wanted("stalled") {
         stalled(&sizes(&[1_024, 16_384, 262_144]), mosquitto).await?;
@@ -362,13 +371,24 @@ async fn publish_many(
     retain: bool,
     topic: fn(usize) -> String,
 ) -> Result<(), Error> {
+    publish_range(addr, 0..count, retain, topic).await
+}
+
+/// [`publish_many`] of messages `range`.
+async fn publish_range(
+    addr: SocketAddr,
+    range: std::ops::Range<usize>,
+    retain: bool,
+    topic: fn(usize) -> String,
+) -> Result<(), Error> {
     const PUBLISHERS: usize = 4;
     const WINDOW: usize = 500;
     let mut tasks = Vec::new();
     for p in 0..PUBLISHERS {
+        let range = range.clone();
         tasks.push(tokio::spawn(async move {
             let (mut conn, _) = Conn::connect(addr, &format!("scale-publisher-{p}"), true).await?;
-            let mine: Vec<usize> = (p..count).step_by(PUBLISHERS).collect();
+            let mine: Vec<usize> = range.skip(p).step_by(PUBLISHERS).collect();
             for chunk in mine.chunks(WINDOW) {
                 let topics = chunk.iter().map(|&i| topic(i));
                 publish_window(&mut conn, topics, retain, &format!("publisher {p}")).await?;
@@ -1734,6 +1754,84 @@ async fn take_jobs(addr: SocketAddr, count: usize) -> Result<(Duration, usize, D
         taken += acknowledge_messages(&mut conn, "worker", |_| true).await?;
     }
     Ok((first, taken, began.elapsed()))
+}
+
+// ---------------------------------------------------------------- latest
+
+fn device_topic(i: usize) -> String {
+    format!("devices/site-{}/d{i}", i / 100)
+}
+
+async fn latest(sizes: &[usize]) -> Result<(), Error> {
+    println!("\n## One latest channel (a 64 B value for each device)");
+    println!(
+        "| provider | devices | startup | RSS | peak RSS in startup | one site's 100 values | every value | graceful stop | fill rate |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let baseline = bench_support::baseline()?;
+    let mut providers = vec!["memory", "sqlite"];
+    if baseline.is_some() {
+        providers.extend(["memory-before", "sqlite-before"]);
+    }
+    for provider in providers.into_iter().filter(|p| row_wanted(p)) {
+        let bin = provider_bin(provider, &baseline);
+        let dir = tempfile::tempdir()?;
+        let data = dir.path().join(provider);
+        let storage = provider_storage(provider, &data);
+        let config = saguin_config(
+            &data,
+            &format!("storage:\n{storage}channels:\n  - name: devices\n    kind: latest\n    storage: p\n"),
+        )?;
+        let which = Which::Saguin {
+            config: &config,
+            bin,
+        };
+        let mut held = 0usize;
+        for &n in sizes {
+            let broker = launch(&which, &data).await?;
+            let began = Instant::now();
+            publish_range(broker.addr, held..n, false, device_topic).await?;
+            let fill_rate = (n - held) as f64 / began.elapsed().as_secs_f64();
+            held = n;
+            stop(broker).await?;
+
+            let broker = launch(&which, &data).await?;
+            let started_in = broker.started_in;
+            let resident = rss(pid_of(&broker)?)?;
+            let peak = peak_rss(pid_of(&broker)?)?;
+            let site = current_values(broker.addr, "devices/site-7/#", 100).await?;
+            let every = current_values(broker.addr, "devices/#", n).await?;
+            let stopped_in = stop(broker).await?;
+            println!(
+                "| {provider} | {n} | {} | {} | {} | {} | {} | {} | {:.0}/s |",
+                ms(started_in),
+                mib(resident as f64),
+                mib(peak as f64),
+                ms(site),
+                ms(every),
+                ms(stopped_in),
+                fill_rate
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A new QoS 1 subscriber to `filter`: the time from its SUBSCRIBE to its
+/// `count`th current value, each acknowledged.
+async fn current_values(addr: SocketAddr, filter: &str, count: usize) -> Result<Duration, Error> {
+    let (mut conn, _) = Conn::connect(addr, "scale-viewer", true).await?;
+    let began = Instant::now();
+    subscribe(&mut conn, filter, QoS::AtLeastOnce, Vec::new()).await?;
+    match conn.next().await? {
+        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
+        other => return Err(format!("viewer: expected SUBACK, got {other:?}").into()),
+    }
+    let mut got = 0;
+    while got < count {
+        got += acknowledge_messages(&mut conn, "viewer", |_| true).await?;
+    }
+    Ok(began.elapsed())
 }
 
 // ---------------------------------------------------------------- stalled
