@@ -54,6 +54,11 @@
 //!   RSS (and the peak its startup reached), the time a new QoS 1
 //!   subscriber to one site takes to get its 100 current values and one
 //!   to `devices/#` to get all N, and the graceful stop.
+//! - `wills`: N devices connected with a retained QoS 1 Will on their
+//!   status topic, and a backend subscribed to them all, lose their
+//!   connections at once (a switch or an uplink going down): the time
+//!   from the drop to the backend's last Will, and the broker's CPU a
+//!   Will. Capped below the open-file limit as the idle curve is.
 //! - `stalled`: one QoS 1 subscriber that stops reading and
 //!   [`STALLED_MESSAGES`] QoS 1 messages of 1 KiB to 256 KiB published to
 //!   it: the broker's RSS once every one is acknowledged (queued for the
@@ -167,6 +172,9 @@ async fn run() -> Result<(), Error> {
     }
     if wanted("latest") {
         latest(&sizes(&[10_000, 100_000, 1_000_000])).await?;
+    }
+    if wanted("wills") {
+        wills(&sizes(&[1_000, 5_000, 10_000, 50_000]), mosquitto).await?;
     }
     if wanted("stalled") {
         stalled(&sizes(&[1_024, 16_384, 262_144]), mosquitto).await?;
@@ -1832,6 +1840,98 @@ async fn current_values(addr: SocketAddr, filter: &str, count: usize) -> Result<
         got += acknowledge_messages(&mut conn, "viewer", |_| true).await?;
     }
     Ok(began.elapsed())
+}
+
+// ---------------------------------------------------------------- wills
+
+async fn wills(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
+    raise_open_file_limit();
+    // Each device is a descriptor in the broker and one here.
+    let cap = open_file_limit().saturating_sub(1_000) as usize;
+    let mut sizes: Vec<usize> = sizes.iter().map(|&n| n.min(cap)).collect();
+    sizes.dedup();
+    println!(
+        "\n## Devices lost at once (each with a retained QoS 1 Will, one backend on status/# at QoS 1){}",
+        if sizes.contains(&cap) {
+            format!("; capped at {cap} by the open-file limit")
+        } else {
+            String::new()
+        }
+    );
+    println!("| broker | devices | every Will received | broker CPU a Will |");
+    println!("| --- | ---: | ---: | ---: |");
+    let dir = tempfile::tempdir()?;
+    let mosquitto_extra = "persistence false\nset_tcp_nodelay true\nmax_queued_messages 0\n";
+    for &n in &sizes {
+        for name in rows(&None, mosquitto) {
+            let data = dir.path().join(format!("{name}-wills-{n}"));
+            let config = saguin_config(
+                &data,
+                &format!(
+                    "limits:\n  max_connections: {}\n  max_queued_messages: {}\n  max_retained: {}\n",
+                    n + 100,
+                    n + 100,
+                    n + 100
+                ),
+            )?;
+            let which = row(name, &config, &None, mosquitto_extra);
+            let broker = launch(&which, &data).await?;
+            let pid = pid_of(&broker)?;
+            let (mut backend, _) = Conn::connect(broker.addr, "wills-backend", true).await?;
+            subscribe(&mut backend, "status/#", QoS::AtLeastOnce, Vec::new()).await?;
+            match backend.next().await? {
+                Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
+                other => return Err(format!("backend: expected SUBACK, got {other:?}").into()),
+            }
+            let devices = connect_with_wills(broker.addr, n).await?;
+            let cpu_before = cpu_time(pid)?;
+            let began = Instant::now();
+            drop(devices);
+            let mut received = 0;
+            while received < n {
+                let of_a_device = |p: &Publish| p.topic.starts_with("status/dev-");
+                received += acknowledge_messages(&mut backend, "backend", of_a_device).await?;
+            }
+            let took = began.elapsed();
+            let cpu = cpu_time(pid)? - cpu_before;
+            stop(broker).await?;
+            println!(
+                "| {name} | {n} | {} | {:.1} µs |",
+                ms(took),
+                cpu.as_secs_f64() * 1e6 / n as f64
+            );
+            std::fs::remove_dir_all(&data)?;
+        }
+    }
+    Ok(())
+}
+
+/// Connects `n` devices `dev-<i>`, each with a retained QoS 1 Will
+/// `offline` on `status/dev-<i>`.
+async fn connect_with_wills(addr: SocketAddr, n: usize) -> Result<Vec<Conn>, Error> {
+    const CONNECTORS: usize = 64;
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTORS {
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            for i in (c..n).step_by(CONNECTORS) {
+                let will = codec::LastWill {
+                    topic: format!("status/dev-{i}").into(),
+                    payload: Bytes::from_static(b"offline"),
+                    qos: QoS::AtLeastOnce,
+                    retain: true,
+                    properties: Default::default(),
+                };
+                mine.push(Conn::connect_with_will(addr, &format!("dev-{i}"), will).await?);
+            }
+            Ok::<_, Error>(mine)
+        }));
+    }
+    let mut all = Vec::with_capacity(n);
+    for task in tasks {
+        all.extend(task.await??);
+    }
+    Ok(all)
 }
 
 // ---------------------------------------------------------------- stalled

@@ -42,25 +42,55 @@ impl Conn {
         keep_alive: u16,
         version: ProtocolVersion,
     ) -> Result<(Conn, bool), Error> {
+        Conn::handshake(
+            addr,
+            Connect {
+                protocol: version,
+                clean_start: clean,
+                keep_alive,
+                client_id: id.to_owned(),
+                will: None,
+                username: None,
+                password: None,
+                properties: ConnectProperties::default(),
+            },
+        )
+        .await
+    }
+
+    /// A clean MQTT 3.1.1 connection with `will`, keep alive 60 s.
+    pub async fn connect_with_will(
+        addr: SocketAddr,
+        id: &str,
+        will: codec::LastWill,
+    ) -> Result<Conn, Error> {
+        let connect = Connect {
+            protocol: V,
+            clean_start: true,
+            keep_alive: 60,
+            client_id: id.to_owned(),
+            will: Some(will),
+            username: None,
+            password: None,
+            properties: ConnectProperties::default(),
+        };
+        Ok(Conn::handshake(addr, connect).await?.0)
+    }
+
+    /// Sends `connect` on a new connection and reads its CONNACK, which
+    /// must accept it: the connection, and whether a session was present.
+    async fn handshake(addr: SocketAddr, connect: Connect) -> Result<(Conn, bool), Error> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
+        let version = connect.protocol;
+        let id = connect.client_id.clone();
         let mut conn = Conn {
             stream,
             rbuf: BytesMut::with_capacity(64 * 1024),
             decoder: FrameDecoder::client(256 * 1024 * 1024, version),
             version,
         };
-        conn.send(&Packet::Connect(Connect {
-            protocol: version,
-            clean_start: clean,
-            keep_alive,
-            client_id: id.to_owned(),
-            will: None,
-            username: None,
-            password: None,
-            properties: ConnectProperties::default(),
-        }))
-        .await?;
+        conn.send(&Packet::Connect(connect)).await?;
         match conn.next().await? {
             Packet::ConnAck(ack) if !ack.reason.is_error() => {
                 let present = ack.session_present;
