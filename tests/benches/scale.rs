@@ -47,7 +47,9 @@
 //!   the rate one worker takes [`JOBS_TAKEN`] jobs off the backlog's head
 //!   (each acknowledged, a window at a time), the rate an MQTT 5 worker
 //!   refuses as many (PUBACK 0x80: they wait out an hour's backoff), the
-//!   rate one takes as many behind those, and the graceful stop.
+//!   rate one takes as many behind those, the rate as many jobs of a
+//!   queue allowing one attempt reach its dead-letter channel when
+//!   refused, and the graceful stop.
 //! - `latest`: one latest channel holding a value of 64 B for each of N
 //!   devices (`devices/site-<i / 100>/d<i>`), on a memory provider with a
 //!   snapshot directory and on sqlite (a site's device twins): startup,
@@ -1632,9 +1634,11 @@ fn job_topic(i: usize) -> String {
 async fn jobs(sizes: &[usize]) -> Result<(), Error> {
     println!("\n## One queue channel with a backlog (64 B jobs)");
     println!(
-        "| provider | jobs waiting | startup | RSS | peak RSS in startup | first job | taken by one worker | refused by one | taken behind the refused | graceful stop | fill rate |"
+        "| provider | jobs waiting | startup | RSS | peak RSS in startup | first job | taken by one worker | refused by one | taken behind the refused | refused for the last time | graceful stop | fill rate |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     let baseline = bench_support::baseline()?;
     let mut providers = vec!["memory", "sqlite"];
     if baseline.is_some() {
@@ -1649,7 +1653,7 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
         let config = saguin_config(
             &data,
             &format!(
-                "storage:\n{storage}channels:\n  - name: jobs\n    kind: queue\n    storage: p\n    lease: 1h\n    backoff: [1h]\n    max_attempts: 100\nmetrics:\n  bind: {metrics}\n"
+                "storage:\n{storage}channels:\n  - name: jobs\n    kind: queue\n    storage: p\n    lease: 1h\n    backoff: [1h]\n    max_attempts: 100\n  - name: spent\n    kind: queue\n    storage: p\n    max_attempts: 1\nmetrics:\n  bind: {metrics}\n"
             ),
         )?;
         let which = Which::Saguin {
@@ -1678,7 +1682,7 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
             // and taken behind the refused comes from the backlog.
             let portion = JOBS_TAKEN.min(n / 4);
             let (first, taken, taking) = take_jobs(broker.addr, portion).await?;
-            let (refused, refusing) = refuse_jobs(broker.addr, portion).await?;
+            let (refused, refusing) = refuse_jobs(broker.addr, "jobs/#", portion).await?;
             let (_, taken_behind, taking_behind) = take_jobs(broker.addr, portion).await?;
             // The resolutions are committed before the depth says so.
             let want = (n - taken - taken_behind) as f64;
@@ -1692,9 +1696,10 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             waiting = want as usize;
+            let dead_lettering = dead_letter_jobs(broker.addr, metrics, portion).await?;
             let stopped_in = stop(broker).await?;
             println!(
-                "| {provider} | {n} | {} | {} | {} | {} | {:.0}/s | {:.0}/s | {:.0}/s | {} | {:.0}/s |",
+                "| {provider} | {n} | {} | {} | {} | {} | {:.0}/s | {:.0}/s | {:.0}/s | {:.0}/s | {} | {:.0}/s |",
                 ms(started_in),
                 mib(resident as f64),
                 mib(peak as f64),
@@ -1702,6 +1707,7 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
                 taken as f64 / taking.as_secs_f64(),
                 refused as f64 / refusing.as_secs_f64(),
                 taken_behind as f64 / taking_behind.as_secs_f64(),
+                portion as f64 / dead_lettering.as_secs_f64(),
                 ms(stopped_in),
                 fill_rate
             );
@@ -1714,11 +1720,15 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
 /// `count` jobs (PUBACK 0x80, what a worker whose downstream is down
 /// answers), each read's in one write: how many, and the time it took.
 /// The queue's backoff keeps them waiting at its head.
-async fn refuse_jobs(addr: SocketAddr, count: usize) -> Result<(usize, Duration), Error> {
+async fn refuse_jobs(
+    addr: SocketAddr,
+    filter: &str,
+    count: usize,
+) -> Result<(usize, Duration), Error> {
     let (mut conn, _) =
         Conn::connect_with(addr, "scale-refuser", true, 60, ProtocolVersion::V5).await?;
     let began = Instant::now();
-    subscribe(&mut conn, "jobs/#", QoS::AtLeastOnce, Vec::new()).await?;
+    subscribe(&mut conn, filter, QoS::AtLeastOnce, Vec::new()).await?;
     match conn.next().await? {
         Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
         other => return Err(format!("refuser: expected SUBACK, got {other:?}").into()),
@@ -1742,6 +1752,36 @@ async fn refuse_jobs(addr: SocketAddr, count: usize) -> Result<(usize, Duration)
         conn.send_all(&acks).await?;
     }
     Ok((refused, began.elapsed()))
+}
+
+fn spent_topic(i: usize) -> String {
+    format!("spent/job{i}")
+}
+
+/// `count` jobs put in the queue `spent`, which allows one attempt, and
+/// refused by a worker: the time from its SUBSCRIBE until every one is in
+/// the dead-letter channel (`saguin_queue_dead_lettered_total`, which the
+/// broker raises once a move has committed).
+async fn dead_letter_jobs(
+    addr: SocketAddr,
+    metrics: SocketAddr,
+    count: usize,
+) -> Result<Duration, Error> {
+    publish_range(addr, 0..count, false, spent_topic).await?;
+    let began = Instant::now();
+    refuse_jobs(addr, "spent/#", count).await?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while bench_support::scrape(metrics, "saguin_queue_dead_lettered_total")
+        .await
+        .unwrap_or(0.0)
+        < count as f64
+    {
+        if Instant::now() > deadline {
+            return Err(format!("{count} jobs were not dead-lettered in 300 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(began.elapsed())
 }
 
 /// A worker that subscribes to the queue and takes at least `count` jobs,
