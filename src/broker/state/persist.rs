@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use super::ids::{IdMap, IdSet};
 use super::intent::{Class, Intent, Parked, Role, StorageFailure, Write, Written};
-use super::records::{message_from_record, publish_props_of, user_properties_of, will_entry};
+use super::records::{publish_props_of, user_properties_of, will_entry};
 use super::session::InflightPhase;
 use super::{BrokerState, Outbound, ReasonCode};
 use crate::broker::lazy::Lazy;
@@ -816,12 +816,6 @@ impl BrokerState {
             shared_copy: false,
             owed_to: None,
         }
-    }
-
-    /// A stored record as a message again: its expiry counts from when it
-    /// was received, as far as the wall clock says.
-    pub(super) fn message_of(&self, record: &Record, now: Instant) -> Message {
-        message_from_record(record, self.received_at(record.timestamp, now))
     }
 
     /// When the broker accepted what it received at `timestamp` (Unix

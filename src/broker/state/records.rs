@@ -4,7 +4,7 @@
 //! writes or reads a record.
 
 use bytes::Bytes;
-use saguin_format::model::{PublishProps, Record, UnixNanos, UserProperty};
+use saguin_format::model::{PublishProps, UnixNanos, UserProperty};
 use tokio::time::Instant;
 
 use super::WillRequest;
@@ -90,16 +90,9 @@ pub(super) fn publish_properties_of(
     }
 }
 
-/// A stored record as a routable message received at `received_at`.
-pub(super) fn message_from_record(record: &Record, received_at: Instant) -> Message {
-    let properties = publish_properties_of(&record.props, &record.user_properties);
-    let parts = RecordParts::from(record);
-    message_with_properties(&parts, record.payload.clone(), received_at, properties)
-}
-
-/// [`message_from_record`] of a record's parts and its payload, with
-/// `properties` in place of the record's:
-/// its own, with what the broker adds to them (a consumer's offset).
+/// A stored record's parts and its payload as a routable message received
+/// at `received_at`, with `properties` in place of the record's: its own,
+/// with what the broker adds to them (a consumer's offset).
 pub(super) fn message_with_properties(
     parts: &RecordParts<'_>,
     payload: Bytes,
@@ -118,8 +111,8 @@ pub(super) fn message_with_properties(
     }
 }
 
-/// [`message_from_record`] for a value a store lent: its topic and payload
-/// copied into what the message owns.
+/// A value a store lent as a routable message received at `received_at`:
+/// its topic and payload copied into what the message owns.
 pub(super) fn message_from_served(value: &ServedValue<'_>, received_at: Instant) -> Message {
     Message {
         properties: properties_of(value.props, value.user_properties),

@@ -39,9 +39,9 @@ pub struct Restored {
     /// Each session's cursor on the broadcast log.
     pub cursors: Vec<(String, u64)>,
     /// Every message the broadcast log holds, ascending, each kept compact
-    /// as it was read ([`Kept`]): a restart of a million queued messages
-    /// held them as records, twice what they come to in the state, beside
-    /// the state as it was built.
+    /// as it was read ([`Kept`]) and lent to its message: held as records
+    /// beside the state as it was built, a million queued messages took a
+    /// restart to twice what they come to in the state.
     pub log: Vec<Kept>,
     pub log_next: u64,
     /// Exactly-once holds of the session provider (every channel's; only
@@ -123,19 +123,24 @@ impl BrokerState {
             .retained
             .store(self.retained.len() as i64, Relaxed);
         self.persist.log_next = restored.log_next.max(1);
-        // Each compact record is let go once its message is made.
+        // Each compact record is lent to its message, which copies what it
+        // keeps, and let go once it is made.
         let log: BTreeMap<u64, Logged> = std::mem::take(&mut restored.log)
             .into_iter()
-            .map(|kept| kept.record())
-            .filter(|r| !r.shared_copy)
-            .map(|r| {
-                let message = Arc::new(self.message_of(&r, now));
+            .filter_map(|kept| {
+                let parts = kept.parts();
+                if parts.shared_copy {
+                    return None;
+                }
+                let (offset, client_id, owed_to) = (parts.offset, parts.client_id, parts.owed_to);
+                let value = ServedValue::from(parts);
+                let message = message_from_served(&value, self.received_at(value.timestamp, now));
                 let logged = Logged {
-                    message,
-                    client_id: r.client_id.into_boxed_str(),
-                    owed_to: r.owed_to.map(String::into_boxed_str),
+                    message: Arc::new(message),
+                    client_id: client_id.into(),
+                    owed_to: owed_to.map(Box::from),
                 };
-                (r.offset, logged)
+                Some((offset, logged))
             })
             .collect();
         let cursors: HashMap<&str, u64> = restored
