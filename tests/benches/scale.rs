@@ -809,6 +809,18 @@ fn record_topic(i: usize) -> String {
     format!("telemetry/dev{}", i % 1000)
 }
 
+/// The provider rows of a curve: memory and sqlite, and the earlier
+/// build's of each when `SAGUIN_BENCH_BASELINE` names it; those
+/// `SAGUIN_BENCH_ROWS` asks for.
+fn provider_rows(baseline: &Option<PathBuf>) -> Vec<&'static str> {
+    let mut providers = vec!["memory", "sqlite"];
+    if baseline.is_some() {
+        providers.extend(["memory-before", "sqlite-before"]);
+    }
+    providers.retain(|p| row_wanted(p));
+    providers
+}
+
 /// The build a provider row runs: the earlier one for a `*-before` row
 /// when `SAGUIN_BENCH_BASELINE` names it, else this one.
 fn provider_bin<'a>(provider: &str, baseline: &'a Option<PathBuf>) -> &'a Path {
@@ -1640,11 +1652,7 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     let baseline = bench_support::baseline()?;
-    let mut providers = vec!["memory", "sqlite"];
-    if baseline.is_some() {
-        providers.extend(["memory-before", "sqlite-before"]);
-    }
-    for provider in providers.into_iter().filter(|p| row_wanted(p)) {
+    for provider in provider_rows(&baseline) {
         let bin = provider_bin(provider, &baseline);
         let dir = tempfile::tempdir()?;
         let data = dir.path().join(provider);
@@ -1817,11 +1825,7 @@ async fn latest(sizes: &[usize]) -> Result<(), Error> {
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
-    let mut providers = vec!["memory", "sqlite"];
-    if baseline.is_some() {
-        providers.extend(["memory-before", "sqlite-before"]);
-    }
-    for provider in providers.into_iter().filter(|p| row_wanted(p)) {
+    for provider in provider_rows(&baseline) {
         let bin = provider_bin(provider, &baseline);
         let dir = tempfile::tempdir()?;
         let data = dir.path().join(provider);
