@@ -73,12 +73,13 @@
 //! scales every size, `SAGUIN_BENCH_SIZES` (comma-separated counts)
 //! replaces the sizes of the curves picked; `SAGUIN_BENCH_ROWS`
 //! (comma-separated row names, default all) picks the brokers of the idle,
-//! retained and commands curves and the providers of the append curve;
+//! retained, commands, payloads, wills and stalled curves and the
+//! providers of the append, jobs and latest curves;
 //! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose rows
 //! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
 //! retained, `saguin-before-sqlite` sessions, `memory-before` append,
-//! `saguin-before` commands, `memory-before` and `sqlite-before` jobs) run beside this build's in the same
-//! run (the idle curve's two builds take turns going first, size by
+//! `saguin-before` commands, `memory-before` and `sqlite-before` jobs and
+//! latest) run beside this build's in the same run (the idle curve's two builds take turns going first, size by
 //! size); `SAGUIN_BENCH_IDLE_SUBSCRIBED` (set: any value) subscribes each
 //! idle connection to its own command topic; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
 //! CPU window. Idle connections are capped below the process's open-file
