@@ -79,8 +79,9 @@
 //! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
 //! retained, `saguin-before-sqlite` sessions, `memory-before` append,
 //! `saguin-before` commands, `memory-before` and `sqlite-before` jobs and
-//! latest) run beside this build's in the same run (the idle curve's two builds take turns going first, size by
-//! size); `SAGUIN_BENCH_IDLE_SUBSCRIBED` (set: any value) subscribes each
+//! latest) run beside this build's in the same run (the idle curve's two
+//! builds take turns going first, size by size);
+//! `SAGUIN_BENCH_IDLE_SUBSCRIBED` (set: any value) subscribes each
 //! idle connection to its own command topic; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
 //! CPU window. Idle connections are capped below the process's open-file
 //! limit (each connection is a descriptor in the broker and one here);
