@@ -294,7 +294,12 @@ impl BrokerState {
                 let Some(owing) = owing.get_mut(key) else {
                     continue;
                 };
-                if offset < owing.cursor || owing.in_flight.contains(&offset) {
+                // A queue full by count admits nothing more: what it would
+                // be owed is not worked out.
+                if offset < owing.cursor
+                    || owing.in_flight.contains(&offset)
+                    || owing.queued.len() >= self.limits.max_queued_messages
+                {
                     continue;
                 }
                 let Some(q) = owed(&self.sessions.by_key[key], offset, logged) else {
