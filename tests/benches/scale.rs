@@ -554,7 +554,7 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         }
         for name in brokers.into_iter().filter(|b| row_wanted(b)) {
             let data = dir.path().join(format!("{name}-idle-{n}"));
-            let metrics_port = free_port()?;
+            let metrics_port = bench_support::free_port()?;
             let config = saguin_config(
                 &data,
                 &format!(
@@ -618,12 +618,6 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
 }
 
 /// A port free on 127.0.0.1 just now, for a broker's metrics listener.
-fn free_port() -> Result<u16, Error> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// The broker's `saguin_connections_parked`; `None` when it has no such
 /// gauge (a build that parks nothing) or does not answer.
 async fn parked_count(port: u16) -> Option<u64> {
@@ -1670,9 +1664,14 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
             config: &config,
             bin,
         };
-        let mut waiting = 0usize;
         for &n in sizes {
             let broker = launch(&which, &data).await?;
+            // What the rows before left waiting, as the provider counted it
+            // when it opened: every resolution of theirs committed by their
+            // graceful stop.
+            let waiting = bench_support::scrape(metrics, "saguin_queue_depth")
+                .await
+                .ok_or("no saguin_queue_depth")? as usize;
             let began = Instant::now();
             publish_many(broker.addr, n - waiting, false, job_topic).await?;
             let fill_rate = (n - waiting) as f64 / began.elapsed().as_secs_f64();
@@ -1694,19 +1693,7 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
             let (first, taken, taking) = take_jobs(broker.addr, portion).await?;
             let (refused, refusing) = refuse_jobs(broker.addr, "jobs/#", portion).await?;
             let (_, taken_behind, taking_behind) = take_jobs(broker.addr, portion).await?;
-            // The resolutions are committed before the depth says so.
-            let want = (n - taken - taken_behind) as f64;
-            let deadline = Instant::now() + Duration::from_secs(300);
-            while bench_support::scrape(metrics, "saguin_queue_depth").await != Some(want) {
-                if Instant::now() > deadline {
-                    return Err(
-                        format!("{provider}: the queue's depth never came to {want}").into(),
-                    );
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            waiting = want as usize;
-            let dead_lettering = dead_letter_jobs(broker.addr, metrics, portion).await?;
+            let dead_lettering = dead_letter_jobs(broker.addr, portion).await?;
             let stopped_in = stop(broker).await?;
             println!(
                 "| {provider} | {n} | {} | {} | {} | {} | {:.0}/s | {:.0}/s | {:.0}/s | {:.0}/s | {} | {:.0}/s |",
@@ -1769,29 +1756,28 @@ fn spent_topic(i: usize) -> String {
 }
 
 /// `count` jobs put in the queue `spent`, which allows one attempt, and
-/// refused by a worker: the time from its SUBSCRIBE until every one is in
-/// the dead-letter channel (`saguin_queue_dead_lettered_total`, which the
-/// broker raises once a move has committed).
-async fn dead_letter_jobs(
-    addr: SocketAddr,
-    metrics: SocketAddr,
-    count: usize,
-) -> Result<Duration, Error> {
+/// refused by a worker: the time from the worker's SUBSCRIBE until a
+/// consumer of the dead-letter channel `spent.dlq` has been sent every one
+/// (a record is sent once its move has committed).
+async fn dead_letter_jobs(addr: SocketAddr, count: usize) -> Result<Duration, Error> {
+    let (mut consumer, _) = Conn::connect(addr, "scale-dead-letters", true).await?;
+    subscribe(&mut consumer, "spent.dlq/#", QoS::AtLeastOnce, Vec::new()).await?;
+    match consumer.next().await? {
+        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
+        other => return Err(format!("dead letters: expected SUBACK, got {other:?}").into()),
+    }
     publish_range(addr, 0..count, false, spent_topic).await?;
     let began = Instant::now();
-    refuse_jobs(addr, "spent/#", count).await?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while bench_support::scrape(metrics, "saguin_queue_dead_lettered_total")
-        .await
-        .unwrap_or(0.0)
-        < count as f64
-    {
-        if Instant::now() > deadline {
-            return Err(format!("{count} jobs were not dead-lettered in 300 s").into());
+    let consumed = tokio::spawn(async move {
+        let mut received = 0;
+        while received < count {
+            received += acknowledge_messages(&mut consumer, "dead letters", |_| true).await?;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(began.elapsed())
+        Ok::<Instant, Error>(Instant::now())
+    });
+    refuse_jobs(addr, "spent/#", count).await?;
+    let last = tokio::time::timeout(Duration::from_secs(300), consumed).await???;
+    Ok(last - began)
 }
 
 /// A worker that subscribes to the queue and takes at least `count` jobs,
