@@ -157,6 +157,55 @@ fn qos0_to_a_subscriber_that_falls_behind_is_dropped_and_counted_not_cut() {
     });
 }
 
+/// `limits.max_queued_bytes` bounds QoS 0 to a client that does not read,
+/// as it bounds a session's queue: a thousand 64 KiB messages are fewer
+/// packets than the writer's queue holds by count (1,064), so without the
+/// byte bound none would be dropped; with 1 MiB, those beyond what the
+/// socket buffers and 1 MiB hold are dropped and counted, and the client
+/// is not cut.
+#[test]
+fn qos0_to_a_subscriber_that_falls_behind_is_held_to_the_byte_bound() {
+    const SENT: u64 = 1_000;
+    let broker = Broker::plain(
+        "auth:\n  allow_anonymous: true\nlimits:\n  max_queued_bytes: 1MiB\nmetrics:\n  bind: 127.0.0.1:0\n",
+    );
+    runtime().block_on(async {
+        let mut s = Raw::tcp(broker.addr(), v5()).await;
+        s.connect("slow", ConnectOpts::clean()).await;
+        s.subscribe(1, "flood", 0).await;
+        s.subscribe(2, "marker", 1).await;
+        let mut p = Raw::tcp(broker.addr(), v5()).await;
+        p.connect("pub", ConnectOpts::clean()).await;
+        let payload = vec![b'x'; 64 * 1024];
+        for _ in 0..SENT {
+            p.publish("flood", &payload, 0, false, 0).await;
+        }
+        // Routed in order behind the flood: once acknowledged, every
+        // flood message was kept or dropped.
+        p.publish_acked("marker", b"end", 1, false, 1).await;
+        let dropped = metric(
+            &scrape(&broker),
+            "saguin_dropped_messages_total{reason=\"slow_consumer\"}",
+        );
+        assert!(
+            dropped > 0,
+            "64 MiB of QoS 0 held for a client that does not read"
+        );
+        let mut kept = 0;
+        loop {
+            let m = s.next_publish(true).await;
+            if &*m.topic == "marker" {
+                break;
+            }
+            kept += 1;
+        }
+        assert_eq!(kept + dropped, SENT, "every drop is counted");
+        s.send(Packet::PingReq).await;
+        assert!(matches!(s.recv().await, Some(Packet::PingResp)));
+    });
+    broker.wait_log(|l| l.contains("QoS 0 messages were dropped") && l.contains("client_id=slow"));
+}
+
 #[test]
 fn a_disconnect_the_broker_decides_is_logged_and_carries_its_reason() {
     let broker = Broker::plain(SMALL_LIMITS);

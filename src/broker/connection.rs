@@ -2325,9 +2325,7 @@ impl Outgoing {
         metrics
             .messages_sent
             .fetch_add(u64::from(self.publishes), Relaxed);
-        self.link
-            .written
-            .fetch_add(usize::from(self.taken), Relaxed);
+        self.link.written.fetch_add(u32::from(self.taken), Relaxed);
         self.taken = 0;
         self.at = 0;
         self.publishes = 0;
@@ -2634,7 +2632,7 @@ pub(super) mod tests {
         let first = poll_fn(|cx| out.poll_write(cx, &mut server)).await;
         assert_eq!(first, Written::Batch);
         assert_eq!(out.batch_written(&context), (None, false));
-        assert_eq!(link.written.load(Relaxed), WRITE_BATCH);
+        assert_eq!(link.written.load(Relaxed) as usize, WRITE_BATCH);
         assert!(
             out.buf.capacity() > WRITE_KEEP,
             "kept while one more packet waits"
@@ -2642,7 +2640,7 @@ pub(super) mod tests {
         let second = poll_fn(|cx| out.poll_write(cx, &mut server)).await;
         assert_eq!(second, Written::Batch);
         out.batch_written(&context);
-        assert_eq!(link.written.load(Relaxed), WRITE_BATCH + 1);
+        assert_eq!(link.written.load(Relaxed) as usize, WRITE_BATCH + 1);
         assert_eq!(
             out.buf.capacity(),
             0,

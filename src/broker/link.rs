@@ -30,7 +30,7 @@ use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::ops::Deref;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -43,11 +43,13 @@ pub struct ConnectionLink {
     /// Packets the connection's writer has taken from the queue so far;
     /// only the writer adds to it. What waits for the writer is what the
     /// state sent, plus `foreign`, less this: the state's hot path reads
-    /// it and writes nothing shared.
-    pub written: AtomicUsize,
+    /// it and writes nothing shared. Each count is modulo 2^32, as the
+    /// state's is: what waits is their wrapping difference (a word each,
+    /// where two took the link to the allocator's next class).
+    pub written: AtomicU32,
     /// Packets the connection itself put on the queue (re-authentication
     /// answers).
-    pub foreign: AtomicUsize,
+    pub foreign: AtomicU32,
     /// Set by the state when it waits for this connection's queue to
     /// drain; the writer then sends `Event::Drained` once it is below half.
     pub want_drained: AtomicBool,
@@ -90,6 +92,49 @@ struct Shared {
     ended: bool,
     /// The connection's outlet is gone: a send fails.
     closed: bool,
+    /// What the QoS 0 deliveries on the queue count ([`qos0_bytes`]).
+    queued_bytes: u32,
+    /// What those the writer took last count: it takes more only once it
+    /// has written all it took, so until then they wait too.
+    taken_bytes: u32,
+}
+
+/// What `packet` counts toward the QoS 0 bytes waiting for a writer: a QoS
+/// 0 delivery's topic and payload, as a session's queue counts them
+/// against `limits.max_queued_bytes`; nothing for any other packet.
+/// Modulo 2^32, as the link keeps the sum.
+pub fn qos0_bytes(packet: &Outbound) -> u32 {
+    match packet {
+        Outbound::Publish {
+            qos: 0, message, ..
+        } => message.queued_bytes() as u32,
+        _ => 0,
+    }
+}
+
+/// What [`ConnectionLink::send_within`] did with a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    Queued,
+    /// The QoS 0 deliveries waiting already count the bound: not queued.
+    Full,
+    /// The connection is gone: not queued.
+    Gone,
+}
+
+impl Shared {
+    fn push(&mut self, packet: Outbound) {
+        self.queued_bytes = self.queued_bytes.wrapping_add(qos0_bytes(&packet));
+        self.queue.push_back(packet);
+    }
+
+    /// What the QoS 0 deliveries not yet written count: those queued and
+    /// those the writer took last. Modulo 2^32, each sum exact while what
+    /// waits is below 4 GiB, which [`ConnectionLink::send_within`] keeps
+    /// it for every bound it is given.
+    fn qos0_waiting(&self) -> u32 {
+        self.queued_bytes.wrapping_add(self.taken_bytes)
+    }
 }
 
 impl ConnectionLink {
@@ -107,13 +152,45 @@ impl ConnectionLink {
             if shared.closed {
                 return Err(packet);
             }
-            shared.queue.push_back(packet);
+            shared.push(packet);
             shared.waker.take()
         };
         if let Some(waker) = waker {
             waker.wake();
         }
         Ok(())
+    }
+
+    /// [`Self::send`] of a QoS 0 delivery, unless the QoS 0 deliveries
+    /// waiting for the writer already count `bound` bytes or more
+    /// ([`qos0_bytes`]): one delivery always goes to a writer that keeps
+    /// up, and what waits stays below the bound and one delivery. `bound`
+    /// is below 2 GiB, so the sum stays exact.
+    pub fn send_within(&self, packet: Outbound, bound: u32) -> Sent {
+        debug_assert!(bound < 1 << 31);
+        let waker = {
+            let mut shared = self.lock();
+            if shared.closed {
+                return Sent::Gone;
+            }
+            if shared.qos0_waiting() >= bound {
+                drop(shared);
+                // Dropped outside the lock, as a queue let go is.
+                drop(packet);
+                return Sent::Full;
+            }
+            shared.push(packet);
+            shared.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        Sent::Queued
+    }
+
+    /// What the QoS 0 deliveries not yet written count ([`qos0_bytes`]).
+    pub fn qos0_waiting(&self) -> u32 {
+        self.lock().qos0_waiting()
     }
 
     /// [`Self::send`] of every packet of `packets`, in order, under one
@@ -126,7 +203,9 @@ impl ConnectionLink {
                 packets.clear();
                 return false;
             }
-            shared.queue.extend(packets.drain(..));
+            for packet in packets.drain(..) {
+                shared.push(packet);
+            }
             shared.waker.take()
         };
         if let Some(waker) = waker {
@@ -261,7 +340,7 @@ impl ConnectionLink {
             if shared.ended || shared.closed {
                 return false;
             }
-            shared.queue.push_back(packet);
+            shared.push(packet);
             // Counted before the lock is let go: the writer cannot have
             // taken it yet, so the state never sees it written and not
             // queued.
@@ -340,7 +419,8 @@ impl Outlet {
     }
 
     /// Move everything queued into `into` (which must be empty) in one
-    /// lock: `Ready(true)`. `Ready(false)` once the queue is empty and the
+    /// lock: `Ready(true)`. Called only once everything taken before is
+    /// written (or given up), so what that counted no longer waits. `Ready(false)` once the queue is empty and the
     /// state let go of it. Pending otherwise, the task's waker registered
     /// in the same lock as the queue was found empty, and the queue's
     /// memory (and `into`'s) given back: the task goes to sleep holding
@@ -348,6 +428,8 @@ impl Outlet {
     pub fn poll_take(&self, cx: &Context<'_>, into: &mut VecDeque<Outbound>) -> Poll<bool> {
         debug_assert!(into.is_empty());
         let mut shared = self.link.lock();
+        // The writer asks again only once it has written all it took.
+        shared.taken_bytes = std::mem::take(&mut shared.queued_bytes);
         if !shared.queue.is_empty() {
             // The writer's spent deque comes back as the queue: a busy
             // connection reuses the same two allocations.
@@ -418,6 +500,7 @@ impl Drop for Outlet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
     use std::sync::atomic::Ordering::Relaxed;
     use std::task::Wake;
 
@@ -451,6 +534,61 @@ mod tests {
                 other => panic!("unexpected {other:?}"),
             })
             .collect()
+    }
+
+    fn qos0(payload: usize) -> Outbound {
+        let message = crate::broker::message::Message {
+            topic: "t".into(),
+            payload: bytes::Bytes::from(vec![0; payload]),
+            qos: 0,
+            retain: false,
+            properties: Default::default(),
+            received_at: tokio::time::Instant::now(),
+            channel_offset: None,
+            wire: Default::default(),
+        };
+        Outbound::Publish {
+            packet_id: 0,
+            qos: 0,
+            retain: false,
+            dup: false,
+            message: Arc::new(message),
+            subscription_ids: Vec::new(),
+            expiry: None,
+            sys: false,
+        }
+    }
+
+    #[test]
+    fn qos0_deliveries_count_their_bytes_until_written() {
+        let (handle, outlet) = link();
+        let (_, waker) = counting();
+        let cx = Context::from_waker(&waker);
+        handle.send(qos0(99)).unwrap();
+        handle.send(ping(1)).unwrap();
+        assert_eq!(
+            handle.qos0_waiting(),
+            100,
+            "topic and payload; acks count none"
+        );
+        assert_eq!(handle.send_within(qos0(49), 101), Sent::Queued);
+        assert_eq!(handle.send_within(qos0(9), 150), Sent::Full);
+        let mut taken = VecDeque::new();
+        assert_eq!(outlet.poll_take(&cx, &mut taken), Poll::Ready(true));
+        assert_eq!(taken.len(), 3);
+        assert_eq!(handle.qos0_waiting(), 150, "taken, not yet written");
+        // The writer asks again once it has written them.
+        taken.clear();
+        assert_eq!(outlet.poll_take(&cx, &mut taken), Poll::Pending);
+        assert_eq!(handle.qos0_waiting(), 0);
+        assert_eq!(
+            handle.send_within(qos0(9), 1),
+            Sent::Queued,
+            "one always goes"
+        );
+        assert_eq!(handle.send_within(qos0(9), 1), Sent::Full);
+        drop(outlet);
+        assert_eq!(handle.send_within(qos0(9), 1_000), Sent::Gone);
     }
 
     #[test]

@@ -154,6 +154,12 @@ pub const OFFSET_PROPERTY: &str = "saguin-offset";
 pub type DecimalBuf = itoa::Buffer;
 
 impl Message {
+    /// What it counts against `limits.max_queued_bytes`: its topic and
+    /// payload, the bytes a queue waiting for a client holds on to.
+    pub fn queued_bytes(&self) -> u64 {
+        (self.topic.len() + self.payload.len()) as u64
+    }
+
     /// The [`OFFSET_PROPERTY`] a delivery of this message adds after the
     /// publisher's user properties, its value written into `buf`: `None`
     /// for a message that is not a channel record's (or carries its offset

@@ -362,8 +362,16 @@
 //!   sent again as a new delivery after a crash.
 //! - QoS 0 to a client whose writer has `limits.max_queued_messages +
 //!   limits.receive_maximum` (at least 1,024) packets queued is dropped and
-//!   counted; acknowledgements and QoS 1/2 deliveries are never dropped:
-//!   the client's reader is paused until its writer catches up.
+//!   counted, and so is QoS 0 to a client whose writer has not yet written
+//!   QoS 0 deliveries of `limits.max_queued_bytes` (their topics and
+//!   payloads, as a session's queue counts them), where that is set: the
+//!   byte bound an operator sets for a slow subscriber holds whatever QoS
+//!   it subscribed with, as Mosquitto's does. That bound is at least 1 MiB
+//!   (a `max_queued_bytes` of 0 keeps no session's queue, and must not
+//!   drop a burst to a client that reads) and at most 1 GiB (the link
+//!   counts it in a word); one delivery always goes to a writer with
+//!   nothing waiting. Acknowledgements and QoS 1/2 deliveries are never
+//!   dropped: the client's reader is paused until its writer catches up.
 //! - A publisher is never slowed for a subscriber's sake: its PUBACK
 //!   leaves once the message is routed (and stored, where it is kept),
 //!   however long the queues of the sessions it went to. A slow subscriber

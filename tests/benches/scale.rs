@@ -61,12 +61,16 @@
 //!   connections at once (a switch or an uplink going down): the time
 //!   from the drop to the backend's last Will, and the broker's CPU a
 //!   Will. Capped below the open-file limit as the idle curve is.
-//! - `stalled`: one QoS 1 subscriber that stops reading and
-//!   [`STALLED_MESSAGES`] QoS 1 messages of 1 KiB to 256 KiB published to
-//!   it: the broker's RSS once every one is acknowledged (queued for the
-//!   subscriber or dropped), with the queue bounded by count alone (1,000,
-//!   both brokers' default) and by [`STALLED_BYTES`] as well
+//! - `stalled`: one subscriber that stops reading and [`STALLED_MESSAGES`]
+//!   messages of 1 KiB to 256 KiB published to it, at QoS 1 and at QoS 0:
+//!   the broker's RSS once every one is routed (queued for the subscriber
+//!   or dropped), with its queue bounded by count alone (1,000, both
+//!   brokers' default) and by [`STALLED_BYTES`] as well
 //!   (`limits.max_queued_bytes`; Mosquitto's `max_queued_bytes`).
+//! - `sparse`: one offline persistent session owed one message in N of
+//!   [`SPARSE_MESSAGES`] that four publishers send pipelined (QoS 1, 64
+//!   B): the broker's RSS per message it owes. What a message kept for
+//!   later costs when the messages read beside it are not kept.
 //!
 //! `cargo bench --bench scale` (release). `SAGUIN_BENCH_ONLY` picks curves
 //! (comma-separated, default all); `SAGUIN_BENCH_SCALE` (default 1.0)
@@ -78,8 +82,8 @@
 //! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose rows
 //! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
 //! retained, `saguin-before-sqlite` sessions, `memory-before` append,
-//! `saguin-before` commands, `memory-before` and `sqlite-before` jobs and
-//! latest) run beside this build's in the same run (the idle curve's two
+//! `saguin-before` commands and stalled, `memory-before` and
+//! `sqlite-before` jobs and latest) run beside this build's in the same run (the idle curve's two
 //! builds take turns going first, size by size);
 //! `SAGUIN_BENCH_IDLE_SUBSCRIBED` (set: any value) subscribes each
 //! idle connection to its own command topic; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
@@ -182,6 +186,9 @@ async fn run() -> Result<(), Error> {
     }
     if wanted("stalled") {
         stalled(&sizes(&[1_024, 16_384, 262_144]), mosquitto).await?;
+    }
+    if wanted("sparse") {
+        sparse(&sizes(&[1, 10, 100, 1_000]), mosquitto).await?;
     }
     Ok(())
 }
@@ -1977,88 +1984,116 @@ const STALLED_BYTES: usize = 16 << 20;
 
 async fn stalled(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     println!(
-        "\n## A subscriber that stops reading ({STALLED_MESSAGES} QoS 1 messages published to \
-         one QoS 1 subscriber that reads nothing after its SUBACK)"
+        "\n## A subscriber that stops reading ({STALLED_MESSAGES} messages published to one \
+         subscriber of their QoS that reads nothing after its SUBACK)"
     );
     println!(
-        "| broker | queue bound | payload | RSS above the empty broker's | peak RSS above it |"
+        "| broker | QoS | queue bound | payload | RSS above the empty broker's | peak RSS above it |"
     );
-    println!("| --- | --- | ---: | ---: | ---: |");
+    println!("| --- | ---: | --- | ---: | ---: | ---: |");
     let dir = tempfile::tempdir()?;
-    let bounds = [None, Some(STALLED_BYTES)];
-    for &size in sizes {
-        let mut rows: Vec<(&str, Option<usize>)> = Vec::new();
-        for bound in bounds {
-            rows.push(("saguin", bound));
-            if mosquitto {
-                rows.push(("mosquitto", bound));
+    let baseline = bench_support::baseline()?;
+    let brokers = rows(&baseline, mosquitto);
+    for qos in [QoS::AtLeastOnce, QoS::AtMostOnce] {
+        for &size in sizes {
+            for bound in [None, Some(STALLED_BYTES)] {
+                for &name in &brokers {
+                    stalled_row(dir.path(), name, &baseline, qos, size, bound).await?;
+                }
             }
-        }
-        rows.retain(|(name, _)| row_wanted(name));
-        for (name, bound) in rows {
-            let data = dir.path().join(format!("{name}-stalled-{size}-{bound:?}"));
-            let config = saguin_config(
-                &data,
-                &format!(
-                    "limits:\n  max_message_size: {}\n  max_queued_bytes: {}\n",
-                    size + 1024,
-                    bound.map_or("none".to_owned(), |b| b.to_string())
-                ),
-            )?;
-            let mosquitto_extra = format!(
-                "persistence false\nset_tcp_nodelay true\nmax_queued_bytes {}\n",
-                bound.unwrap_or(0)
-            );
-            let which = row(name, &config, &None, &mosquitto_extra);
-            let broker = launch(&which, &data).await?;
-            let pid = pid_of(&broker)?;
-            let before = rss(pid)?;
-            let subscriber = publish_to_a_stalled_subscriber(broker.addr, size).await?;
-            let after = rss(pid)?;
-            let peak = peak_rss(pid)?;
-            drop(subscriber);
-            stop(broker).await?;
-            println!(
-                "| {name} | {} | {size} B | {} | {} |",
-                bound.map_or("1,000 messages".to_owned(), |b| format!(
-                    "1,000 messages, {}",
-                    self::mib(b as f64)
-                )),
-                self::mib(after.saturating_sub(before) as f64),
-                self::mib(peak.saturating_sub(before) as f64),
-            );
-            std::fs::remove_dir_all(&data)?;
         }
     }
     Ok(())
 }
 
-/// Subscribes a client that then reads nothing, and publishes
-/// [`STALLED_MESSAGES`] QoS 1 messages of `size` bytes to it, each
-/// acknowledged before the next; returns the subscriber, still connected.
-async fn publish_to_a_stalled_subscriber(addr: SocketAddr, size: usize) -> Result<Conn, Error> {
+async fn stalled_row(
+    dir: &Path,
+    name: &str,
+    baseline: &Option<PathBuf>,
+    qos: QoS,
+    size: usize,
+    bound: Option<usize>,
+) -> Result<(), Error> {
+    let data = dir.join(format!("{name}-stalled-{qos:?}-{size}-{bound:?}"));
+    let config = saguin_config(
+        &data,
+        &format!(
+            "limits:\n  max_message_size: {}\n  max_queued_bytes: {}\n",
+            size + 1024,
+            bound.map_or("none".to_owned(), |b| b.to_string())
+        ),
+    )?;
+    let mosquitto_extra = format!(
+        "persistence false\nset_tcp_nodelay true\nmax_queued_bytes {}\n",
+        bound.unwrap_or(0)
+    );
+    let which = row(name, &config, baseline, &mosquitto_extra);
+    let broker = launch(&which, &data).await?;
+    let pid = pid_of(&broker)?;
+    let before = rss(pid)?;
+    let subscriber = publish_to_a_stalled_subscriber(broker.addr, qos, size).await?;
+    let after = rss(pid)?;
+    let peak = peak_rss(pid)?;
+    drop(subscriber);
+    stop(broker).await?;
+    println!(
+        "| {name} | {} | {} | {size} B | {} | {} |",
+        qos as u8,
+        bound.map_or("1,000 messages".to_owned(), |b| format!(
+            "1,000 messages, {}",
+            self::mib(b as f64)
+        )),
+        self::mib(after.saturating_sub(before) as f64),
+        self::mib(peak.saturating_sub(before) as f64),
+    );
+    std::fs::remove_dir_all(&data)?;
+    Ok(())
+}
+
+/// Subscribes a client at `qos` that then reads nothing, and publishes
+/// [`STALLED_MESSAGES`] messages of `size` bytes to it at `qos`: at QoS 1
+/// each acknowledged before the next, at QoS 0 followed by one QoS 1
+/// message to another topic, acknowledged once the broker has routed
+/// every one before it. Returns the subscriber, still connected.
+async fn publish_to_a_stalled_subscriber(
+    addr: SocketAddr,
+    qos: QoS,
+    size: usize,
+) -> Result<Conn, Error> {
     const TOPIC: &str = "bench/stalled";
     let (mut subscriber, _) = Conn::connect(addr, "stalled-subscriber", true).await?;
-    subscribe(&mut subscriber, TOPIC, QoS::AtLeastOnce, Vec::new()).await?;
+    subscribe(&mut subscriber, TOPIC, qos, Vec::new()).await?;
     match subscriber.next().await? {
         Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
         other => return Err(format!("subscriber: expected SUBACK, got {other:?}").into()),
     }
     let payload = Bytes::from(vec![b's'; size]);
     let (mut publisher, _) = Conn::connect(addr, "stalled-publisher", true).await?;
-    for i in 0..STALLED_MESSAGES {
+    let count = match qos {
+        QoS::AtMostOnce => STALLED_MESSAGES + 1,
+        _ => STALLED_MESSAGES,
+    };
+    for i in 0..count {
         let packet_id = (i % 60_000) as u16 + 1;
+        let (qos, topic) = match qos {
+            QoS::AtMostOnce if i < STALLED_MESSAGES => (qos, TOPIC),
+            QoS::AtMostOnce => (QoS::AtLeastOnce, "bench/stalled-marker"),
+            _ => (qos, TOPIC),
+        };
         publisher
             .send(&Packet::Publish(Publish {
                 dup: false,
-                qos: QoS::AtLeastOnce,
+                qos,
                 retain: false,
-                topic: TOPIC.into(),
-                packet_id,
+                topic: topic.into(),
+                packet_id: if qos == QoS::AtMostOnce { 0 } else { packet_id },
                 properties: PublishProperties::default(),
                 payload: payload.clone(),
             }))
             .await?;
+        if qos == QoS::AtMostOnce {
+            continue;
+        }
         match publisher.next().await? {
             Packet::PubAck(ack) if ack.packet_id == packet_id && !ack.reason.is_error() => {}
             other => {
@@ -2067,4 +2102,63 @@ async fn publish_to_a_stalled_subscriber(addr: SocketAddr, size: usize) -> Resul
         }
     }
     Ok(subscriber)
+}
+
+// ---------------------------------------------------------------- sparse
+
+/// What the sparse curve's publishers send at every row.
+const SPARSE_MESSAGES: usize = 100_000;
+
+/// One in how many messages of the sparse curve's current row goes to
+/// the session (a plain function pointer names each message's topic).
+static SPARSE_EVERY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+async fn sparse(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
+    println!(
+        "\n## A session owed one message in N ({SPARSE_MESSAGES} QoS 1 messages of 64 B from \
+         four publishers, 500 in flight each; one offline persistent session subscribed to one \
+         topic)"
+    );
+    println!(
+        "| broker | one in | messages owed | RSS above the empty broker's | per message owed |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    let dir = tempfile::tempdir()?;
+    let baseline = bench_support::baseline()?;
+    for &every in sizes {
+        for name in rows(&baseline, mosquitto) {
+            let data = dir.path().join(format!("{name}-sparse-{every}"));
+            let config = saguin_config(
+                &data,
+                &format!("limits:\n  max_queued_messages: {SPARSE_MESSAGES}\n"),
+            )?;
+            let mosquitto_extra =
+                format!("persistence false\nmax_queued_messages {SPARSE_MESSAGES}\n");
+            let which = row(name, &config, &baseline, &mosquitto_extra);
+            let broker = launch(&which, &data).await?;
+            let pid = pid_of(&broker)?;
+            let before = rss(pid)?;
+            bench_support::make_sessions(broker.addr, 1).await?;
+            SPARSE_EVERY.store(every, std::sync::atomic::Ordering::Relaxed);
+            publish_many(broker.addr, SPARSE_MESSAGES, false, |i| {
+                if i % SPARSE_EVERY.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                    "cmd/0/go".to_owned()
+                } else {
+                    "cmd/elsewhere/go".to_owned()
+                }
+            })
+            .await?;
+            let after = rss(pid)?;
+            stop(broker).await?;
+            let owed = SPARSE_MESSAGES.div_ceil(every);
+            let grown = after.saturating_sub(before);
+            println!(
+                "| {name} | {every} | {owed} | {} | {:.0} B |",
+                self::mib(grown as f64),
+                grown as f64 / owed as f64,
+            );
+            std::fs::remove_dir_all(&data)?;
+        }
+    }
+    Ok(())
 }

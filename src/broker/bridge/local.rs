@@ -199,7 +199,7 @@ impl Local {
         }
         let n = self.pending.len().min(RECV_BATCH);
         let batch: Vec<Outbound> = self.pending.drain(..n).collect();
-        self.outbound.written.fetch_add(n, Relaxed);
+        self.outbound.written.fetch_add(n as u32, Relaxed);
         let left = self.pending.len() + self.outbound.queued();
         if left < self.low_water && self.outbound.want_drained.swap(false, Relaxed) {
             let _ = self

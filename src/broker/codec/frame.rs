@@ -14,7 +14,7 @@
 //! split it off and *parse* it. An incomplete frame is `Ok(None)`, never an
 //! error.
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use super::decode::{check_first_byte, decode_body, Role};
 use super::error::DecodeError;
@@ -28,6 +28,16 @@ pub const PROTOCOL_MAX_PACKET_SIZE: u32 = 1 + 4 + MAX_VARIABLE_BYTE_INTEGER;
 /// The most a decoder reserves beyond the bytes received while waiting for
 /// the rest of a frame.
 const MAX_RESERVE_AHEAD: usize = 64 * 1024;
+
+/// A PUBLISH shorter than this is copied out of the read buffer rather
+/// than split off it: its topic and payload outlive the read whenever a
+/// queue, a retained topic or a slow writer keeps the message, and as a
+/// part of the buffer they would keep all of it alive, every other
+/// packet read with them included (a session owed one message in a
+/// hundred of a publisher's stream held 4.4 KB for each 64 B message:
+/// docs/benchmarks.md, "A session owed one message in N"). A longer one
+/// is most of its own allocation: the buffer grew to hold it.
+const COPIED_BELOW: usize = 64 * 1024;
 
 /// A fixed header that has passed every check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,8 +196,15 @@ impl FrameDecoder {
             buf.reserve((frame_len - buf.len()).min(MAX_RESERVE_AHEAD));
             return Ok(None);
         }
-        let mut frame = buf.split_to(frame_len).freeze();
-        let body = frame.split_off(header.header_len);
+        let body = if header.packet_type == PacketType::Publish && frame_len < COPIED_BELOW {
+            let body = Bytes::copy_from_slice(&buf[header.header_len..frame_len]);
+            buf.advance(frame_len);
+            body
+        } else {
+            buf.split_to(frame_len)
+                .freeze()
+                .split_off(header.header_len)
+        };
         // Before CONNECT the version is unknown; only CONNECT gets here
         // then, and it reads its own version.
         let version = self.version.unwrap_or(ProtocolVersion::V5);

@@ -192,6 +192,15 @@ impl KeepAlive {
     }
 }
 
+/// The least [`Limits::qos0_byte_bound`] is: a `max_queued_bytes` of 0
+/// keeps no queue for a session, but must not drop a burst of QoS 0 to a
+/// client that reads it.
+pub const QOS0_BYTES_FLOOR: u64 = 1 << 20;
+
+/// The most [`Limits::qos0_byte_bound`] is (1 GiB): the link keeps the
+/// bytes waiting in a word, exact below 4 GiB.
+pub const QOS0_BYTES_CEILING: u64 = 1 << 30;
+
 impl Limits {
     /// What a session's queue may hold.
     pub fn queue_bound(&self) -> session::QueueBound {
@@ -199,6 +208,15 @@ impl Limits {
             messages: self.max_queued_messages,
             bytes: self.max_queued_bytes,
         }
+    }
+
+    /// The bytes of QoS 0 deliveries (topics and payloads) that may wait
+    /// for a connection's writer before more QoS 0 to it is dropped: none
+    /// without `max_queued_bytes`, else it, within [`QOS0_BYTES_FLOOR`]
+    /// and [`QOS0_BYTES_CEILING`].
+    pub fn qos0_byte_bound(&self) -> Option<u32> {
+        self.max_queued_bytes
+            .map(|b| b.clamp(QOS0_BYTES_FLOOR, QOS0_BYTES_CEILING) as u32)
     }
 }
 
@@ -537,8 +555,9 @@ struct Connection {
     answers: Lazy<VecDeque<Answer>>,
     /// QoS 0 deliveries dropped because the client was not reading.
     dropped_qos0: u64,
-    /// Packets the state put on the connection's outbound queue.
-    sent: usize,
+    /// Packets the state put on the connection's outbound queue, modulo
+    /// 2^32 as the writer's count is ([`Connection::waiting`]).
+    sent: u32,
     /// Retained messages a SUBSCRIBE still owes, sent as the writer drains.
     retained_backlog: Lazy<VecDeque<RetainedDue>>,
 }
@@ -579,7 +598,7 @@ impl Connection {
         if self.handle.send(packet).is_err() {
             return false;
         }
-        self.sent += 1;
+        self.sent = self.sent.wrapping_add(1);
         self.pause_if_behind(limit);
         true
     }
@@ -608,7 +627,15 @@ impl Connection {
     fn waiting(&self) -> usize {
         use std::sync::atomic::Ordering::Relaxed;
         let foreign = self.handle.foreign.load(Relaxed);
-        (self.sent + foreign).saturating_sub(self.handle.written.load(Relaxed))
+        let written = self.handle.written.load(Relaxed);
+        let waiting = self.sent.wrapping_add(foreign).wrapping_sub(written);
+        // Read apart, `written` may already count a foreign packet that
+        // `foreign` did not: that is none waiting, not four billion.
+        if waiting > i32::MAX as u32 {
+            0
+        } else {
+            waiting as usize
+        }
     }
 }
 
@@ -931,7 +958,7 @@ impl BrokerState {
             return;
         };
         if self.held.connection == Some(connection) {
-            conn.sent += 1;
+            conn.sent = conn.sent.wrapping_add(1);
             self.held.packets.push(packet);
             return;
         }

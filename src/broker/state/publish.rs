@@ -12,6 +12,7 @@ use super::intent::{Parked, ParkedPublish, Role, StorageFailure, Write};
 use super::session::{InflightEntry, InflightPhase, Pending, QueuedMessage};
 use super::{BrokerState, Inbound, InboundPublish, Outbound, ReasonCode};
 use crate::broker::codec::{self, ByteStr, ProtocolVersion, PublishParts, QoS};
+use crate::broker::link::Sent;
 use crate::broker::message::{DecimalBuf, Message};
 use crate::broker::metrics::{CloseReason, DropReason};
 use crate::broker::subscriptions::{merge_matches, Delivery, SessionKey};
@@ -456,10 +457,12 @@ impl BrokerState {
                 .map_or_else(|| Arc::from(client_id), |s| s.client_id.clone())
         };
         let retain_change = message.retain.then(|| !message.payload.is_empty());
-        // Topic and payload are slices of the connection's read buffer; a
-        // retained message may live for months, so it gets bytes of its own
-        // instead of pinning that buffer, made once here and shared by the
-        // stored record, the deliveries and the retained index.
+        // Topic and payload are parts of one allocation, the rest of which
+        // is the packet's other fields (a PUBLISH of 64 KiB or more: of the
+        // connection's read buffer, `codec::frame`); a retained message may
+        // live for months, so it gets bytes of its own, made once here and
+        // shared by the stored record, the deliveries and the retained
+        // index.
         let message = if retain_change == Some(true) {
             Arc::new(Message {
                 topic: ByteStr::from(&*message.topic),
@@ -942,11 +945,23 @@ impl BrokerState {
             expiry,
             sys,
         };
-        if conn.handle.send(packet).is_err() {
-            self.doomed.push((connection, CloseReason::Network, None));
-            return;
+        let sent = match self.limits.qos0_byte_bound() {
+            None => match conn.handle.send(packet) {
+                Ok(()) => Sent::Queued,
+                Err(_) => Sent::Gone,
+            },
+            Some(bound) => conn.handle.send_within(packet, bound),
+        };
+        match sent {
+            Sent::Queued => conn.sent = conn.sent.wrapping_add(1),
+            Sent::Full => {
+                // As for a count reached: `limits.max_queued_bytes` bounds
+                // what a client that does not read holds at QoS 0 too.
+                self.metrics.dropped(DropReason::SlowConsumer);
+                conn.dropped_qos0 += 1;
+            }
+            Sent::Gone => self.doomed.push((connection, CloseReason::Network, None)),
         }
-        conn.sent += 1;
     }
 
     /// Move pending messages into flight while the client's window allows,

@@ -39,10 +39,10 @@ pub struct QueuedMessage {
 }
 
 impl QueuedMessage {
-    /// What it counts against `limits.max_queued_bytes`: its topic and
-    /// payload, the bytes a session's queue holds on to.
+    /// What it counts against `limits.max_queued_bytes`
+    /// ([`Message::queued_bytes`]).
     pub fn queued_bytes(&self) -> u64 {
-        (self.message.topic.len() + self.message.payload.len()) as u64
+        self.message.queued_bytes()
     }
 }
 

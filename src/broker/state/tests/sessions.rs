@@ -79,12 +79,57 @@ fn qos0_to_a_client_that_does_not_read_is_dropped_and_counted_not_cut() {
     assert_eq!(s.metrics.dropped_count(DropReason::SlowConsumer), 8);
 }
 
+/// `limits.max_queued_bytes` bounds QoS 0 to a client that does not read
+/// too, at no less than 1 MiB (a bound of 0 keeps no session's queue but
+/// must not drop a burst to a client that reads): deliveries go while
+/// what waits for its writer counts less than the bound, then are dropped
+/// and counted, and go again once its writer has written them.
+#[test]
+fn qos0_to_a_client_that_does_not_read_is_held_to_the_byte_bound() {
+    const EACH: u32 = 300 * 1024;
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_queued_bytes: Some(0),
+        ..Limits::default()
+    });
+    let mut slow = connect(&mut s, 1, "slow", true, now);
+    packets(&mut s, 1, vec![subscribe("t", 0)], now);
+    let _ = slow.drain();
+    let _p = connect(&mut s, 2, "p", true, now);
+    // Topic and payload: 300 KiB.
+    let payload = Bytes::from(vec![b'x'; EACH as usize - 1]);
+    let large = || {
+        Inbound::Publish(InboundPublish {
+            packet_id: 0,
+            qos: 0,
+            retain: false,
+            dup: false,
+            topic: ByteStr::from("t"),
+            payload: payload.clone(),
+            properties: MessageProperties::default(),
+        })
+    };
+    packets(&mut s, 2, (0..6).map(|_| large()).collect(), now);
+    // 0, 300, 600 and 900 KiB waiting: four go; 1,200 KiB reached the bound.
+    assert_eq!(publish_ids(&slow.drain()).len(), 4);
+    assert_eq!(slow.rx.qos0_waiting(), 4 * EACH);
+    assert_eq!(s.metrics.dropped_count(DropReason::SlowConsumer), 2);
+    // Taken from the queue is not written: still held.
+    packets(&mut s, 2, vec![large()], now);
+    assert_eq!(s.metrics.dropped_count(DropReason::SlowConsumer), 3);
+    // The writer asks for more once it has written what it took.
+    assert!(slow.drain().is_empty());
+    packets(&mut s, 2, vec![large()], now);
+    assert_eq!(publish_ids(&slow.drain()).len(), 1, "written: room again");
+    assert!(!slow.rx.ended(), "a slow QoS 0 consumer is not cut");
+}
+
 /// What a writer does after writing `n` packets of `conn`.
 fn fast_written(s: &BrokerState, conn: u64, n: usize) {
     let c = &s.connections[&conn];
     c.handle
         .written
-        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        .fetch_add(n as u32, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[test]
