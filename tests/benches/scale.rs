@@ -69,8 +69,10 @@
 //!   (`limits.max_queued_bytes`; Mosquitto's `max_queued_bytes`).
 //! - `sparse`: one offline persistent session owed one message in N of
 //!   [`SPARSE_MESSAGES`] that four publishers send pipelined (QoS 1, 64
-//!   B): the broker's RSS per message it owes. What a message kept for
-//!   later costs when the messages read beside it are not kept.
+//!   B): the broker's RSS per message it owes, its sessions and
+//!   broadcast log on the built-in memory store and on sqlite. What a
+//!   message kept for later costs when the messages read beside it are
+//!   not kept.
 //!
 //! `cargo bench --bench scale` (release). `SAGUIN_BENCH_ONLY` picks curves
 //! (comma-separated, default all); `SAGUIN_BENCH_SCALE` (default 1.0)
@@ -2120,17 +2122,32 @@ async fn sparse(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
          topic)"
     );
     println!(
-        "| broker | one in | messages owed | RSS above the empty broker's | per message owed |"
+        "| broker | sessions on | one in | messages owed | RSS above the empty broker's | per message owed |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: |");
     let dir = tempfile::tempdir()?;
     let baseline = bench_support::baseline()?;
     for &every in sizes {
+        let mut brokers = Vec::new();
         for name in rows(&baseline, mosquitto) {
-            let data = dir.path().join(format!("{name}-sparse-{every}"));
+            if name == "mosquitto" {
+                brokers.push((name, "memory"));
+            } else {
+                brokers.extend([(name, "memory"), (name, "sqlite")]);
+            }
+        }
+        for (name, store) in brokers {
+            let data = dir.path().join(format!("{name}-{store}-sparse-{every}"));
+            let storage = match store {
+                "sqlite" => format!(
+                    "storage:\n{}broker:\n  session_storage: p\n",
+                    provider_storage(store, &data)
+                ),
+                _ => String::new(),
+            };
             let config = saguin_config(
                 &data,
-                &format!("limits:\n  max_queued_messages: {SPARSE_MESSAGES}\n"),
+                &format!("limits:\n  max_queued_messages: {SPARSE_MESSAGES}\n{storage}"),
             )?;
             let mosquitto_extra =
                 format!("persistence false\nmax_queued_messages {SPARSE_MESSAGES}\n");
@@ -2153,7 +2170,7 @@ async fn sparse(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let owed = SPARSE_MESSAGES.div_ceil(every);
             let grown = after.saturating_sub(before);
             println!(
-                "| {name} | {every} | {owed} | {} | {:.0} B |",
+                "| {name} | {store} | {every} | {owed} | {} | {:.0} B |",
                 self::mib(grown as f64),
                 grown as f64 / owed as f64,
             );
