@@ -119,42 +119,52 @@ fn a_publisher_that_does_not_read_its_pubacks_is_slowed_never_cut() {
     assert!(!broker.log_text().contains("disconnecting client"));
 }
 
+/// Floods a QoS 0 subscriber that reads nothing with `sent` messages of
+/// `size` bytes and a QoS 1 marker behind them (routed in order: once it
+/// is acknowledged, every message of the flood was kept or dropped), then
+/// lets it read. Returns how many it got before the marker and how many
+/// the broker counted dropped, once a ping has shown it still connected.
+async fn flood_a_subscriber_that_does_not_read(
+    broker: &Broker,
+    sent: u64,
+    size: usize,
+) -> (u64, u64) {
+    let mut s = Raw::tcp(broker.addr(), v5()).await;
+    s.connect("slow", ConnectOpts::clean()).await;
+    s.subscribe(1, "flood", 0).await;
+    s.subscribe(2, "marker", 1).await;
+    let mut p = Raw::tcp(broker.addr(), v5()).await;
+    p.connect("pub", ConnectOpts::clean()).await;
+    let payload = vec![b'x'; size];
+    for _ in 0..sent {
+        p.publish("flood", &payload, 0, false, 0).await;
+    }
+    p.publish_acked("marker", b"end", 1, false, 1).await;
+    let dropped = metric(
+        &scrape(broker),
+        "saguin_dropped_messages_total{reason=\"slow_consumer\"}",
+    );
+    let mut kept = 0;
+    loop {
+        let m = s.next_publish(true).await;
+        if &*m.topic == "marker" {
+            break;
+        }
+        kept += 1;
+    }
+    s.send(Packet::PingReq).await;
+    assert!(matches!(s.recv().await, Some(Packet::PingResp)));
+    (kept, dropped)
+}
+
 #[test]
 fn qos0_to_a_subscriber_that_falls_behind_is_dropped_and_counted_not_cut() {
     let broker = Broker::plain(SMALL_LIMITS);
-    runtime().block_on(async {
-        let mut s = Raw::tcp(broker.addr(), v5()).await;
-        s.connect("slow", ConnectOpts::clean()).await;
-        s.subscribe(1, "flood", 0).await;
-        s.subscribe(2, "marker", 1).await;
-        let mut p = Raw::tcp(broker.addr(), v5()).await;
-        p.connect("pub", ConnectOpts::clean()).await;
-        // Far more than the socket buffers hold while nobody reads.
-        let payload = vec![b'x'; 4096];
-        for _ in 0..20_000 {
-            p.publish("flood", &payload, 0, false, 0).await;
-        }
-        p.publish_acked("marker", b"end", 1, false, 1).await;
-        // Now the subscriber reads: it is still connected, gets the marker
-        // after whatever flood messages were kept.
-        let mut flood = 0;
-        loop {
-            let m = s.next_publish(true).await;
-            if &*m.topic == "marker" {
-                break;
-            }
-            flood += 1;
-        }
-        assert!(flood < 20_000, "some were dropped ({flood} kept)");
-        s.send(Packet::PingReq).await;
-        assert!(matches!(s.recv().await, Some(Packet::PingResp)));
-        let text = scrape(&broker);
-        let dropped = metric(
-            &text,
-            "saguin_dropped_messages_total{reason=\"slow_consumer\"}",
-        );
-        assert_eq!(dropped, 20_000 - flood, "every drop is counted");
-    });
+    // Far more than the socket buffers hold while nobody reads.
+    let (kept, dropped) =
+        runtime().block_on(flood_a_subscriber_that_does_not_read(&broker, 20_000, 4096));
+    assert!(kept < 20_000, "some were dropped ({kept} kept)");
+    assert_eq!(kept + dropped, 20_000, "every drop is counted");
 }
 
 /// `limits.max_queued_bytes` bounds QoS 0 to a client that does not read,
@@ -169,40 +179,16 @@ fn qos0_to_a_subscriber_that_falls_behind_is_held_to_the_byte_bound() {
     let broker = Broker::plain(
         "auth:\n  allow_anonymous: true\nlimits:\n  max_queued_bytes: 1MiB\nmetrics:\n  bind: 127.0.0.1:0\n",
     );
-    runtime().block_on(async {
-        let mut s = Raw::tcp(broker.addr(), v5()).await;
-        s.connect("slow", ConnectOpts::clean()).await;
-        s.subscribe(1, "flood", 0).await;
-        s.subscribe(2, "marker", 1).await;
-        let mut p = Raw::tcp(broker.addr(), v5()).await;
-        p.connect("pub", ConnectOpts::clean()).await;
-        let payload = vec![b'x'; 64 * 1024];
-        for _ in 0..SENT {
-            p.publish("flood", &payload, 0, false, 0).await;
-        }
-        // Routed in order behind the flood: once acknowledged, every
-        // flood message was kept or dropped.
-        p.publish_acked("marker", b"end", 1, false, 1).await;
-        let dropped = metric(
-            &scrape(&broker),
-            "saguin_dropped_messages_total{reason=\"slow_consumer\"}",
-        );
-        assert!(
-            dropped > 0,
-            "64 MiB of QoS 0 held for a client that does not read"
-        );
-        let mut kept = 0;
-        loop {
-            let m = s.next_publish(true).await;
-            if &*m.topic == "marker" {
-                break;
-            }
-            kept += 1;
-        }
-        assert_eq!(kept + dropped, SENT, "every drop is counted");
-        s.send(Packet::PingReq).await;
-        assert!(matches!(s.recv().await, Some(Packet::PingResp)));
-    });
+    let (kept, dropped) = runtime().block_on(flood_a_subscriber_that_does_not_read(
+        &broker,
+        SENT,
+        64 * 1024,
+    ));
+    assert!(
+        dropped > 0,
+        "64 MiB of QoS 0 held for a client that does not read"
+    );
+    assert_eq!(kept + dropped, SENT, "every drop is counted");
     broker.wait_log(|l| l.contains("QoS 0 messages were dropped") && l.contains("client_id=slow"));
 }
 
