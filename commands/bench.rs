@@ -282,6 +282,14 @@ fn measure(target: &Target, quick: bool, progress: &Progress) -> anyhow::Result<
     let say = |what: &str| progress.say(&format!("{name}: {what}"));
     let scratch = match &target.parent {
         Some(parent) => {
+            if !parent.exists() {
+                anyhow::bail!(
+                    "{} does not exist yet: `saguin serve` makes it at its first start; make it, \
+                     on the file system it will be on, to measure that, or measure a directory \
+                     with --dir",
+                    parent.display()
+                );
+            }
             disk::writable(parent).with_context(|| format!("write in {}", parent.display()))?;
             Some(
                 Scratch::new(parent)

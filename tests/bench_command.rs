@@ -223,3 +223,35 @@ fn an_invalid_configuration_is_refused_with_its_problems() {
     let out = saguin(&["bench".as_ref()]);
     assert_eq!(out.status.code(), Some(2), "neither --config nor --dir");
 }
+
+/// A provider whose directory a first start would make is not measured
+/// somewhere else in its place: the bench names the directory and says
+/// how to measure it, and makes nothing.
+#[test]
+fn a_directory_that_does_not_exist_yet_is_named_and_not_made() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("state");
+    let config = d.path().join("saguin.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listeners: [{{name: mqtt, bind: \"127.0.0.1:0\"}}]\nauth: {{allow_anonymous: true}}\n\
+             storage:\n  - {{name: db, kind: sqlite, file_path: {}}}\n",
+            missing.join("saguin.db").display()
+        ),
+    )
+    .unwrap();
+    let out = saguin(&[
+        "bench".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--quick".as_ref(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains(&format!("{} does not exist yet", missing.display())),
+        "{err}"
+    );
+    assert!(!missing.exists());
+}

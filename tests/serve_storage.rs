@@ -156,6 +156,38 @@ fn a_second_broker_on_a_sqlite_database_is_refused_naming_the_holder() {
     assert_eq!(again.terminate(), Some(0), "{}", again.log_text());
 }
 
+/// A first start makes a sqlite provider's database directory (0700), as
+/// it makes a snapshot directory: a unit's StateDirectory exists, a
+/// directory under it named for the database does not. A path through a
+/// file stops the start naming the directory, with no listener.
+#[test]
+fn a_first_start_makes_the_databases_directory_and_a_file_in_its_way_stops_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let data = tempfile::tempdir().expect("tempdir");
+    let dir = data.path().join("state").join("db");
+    let storage = sqlite_provider(&dir.join("saguin.db"));
+    let mut broker = Broker::start(&config(0, &storage, BOTH_ON_DB));
+    let mode = std::fs::metadata(&dir).expect("made").permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    assert!(dir.join("saguin.db").is_file());
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+
+    let file = data.path().join("a-file");
+    std::fs::write(&file, b"not a directory").expect("write");
+    let port = free_port();
+    let storage = sqlite_provider(&file.join("saguin.db"));
+    let out = serve_once(data.path(), &config(port, &storage, BOTH_ON_DB));
+    assert_refused_before_listening(
+        &out,
+        port,
+        &[
+            "storage provider db",
+            "database's directory",
+            &file.display().to_string(),
+        ],
+    );
+}
+
 #[test]
 fn a_damaged_or_truncated_snapshot_file_stops_the_start_naming_it_with_no_listener() {
     for damaged in [

@@ -98,6 +98,14 @@ pub enum StartupError {
         #[source]
         source: std::io::Error,
     },
+    /// The database's directory could not be created or is no directory.
+    #[error("storage provider {provider}: the database's directory {}: {source}", .dir.display())]
+    DatabaseDir {
+        provider: String,
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// The snapshot directory holds a file that cannot be loaded.
     #[error("storage provider {provider}: {source}")]
     Snapshot {
@@ -732,6 +740,16 @@ fn open_one(
             }
         }
         config::Provider::Sqlite(s) => {
+            // Made 0700 on a first start, as a memory provider's snapshot
+            // directory is: a unit's StateDirectory is made, a directory
+            // under it named for the database is not.
+            if let Some(dir) = s.file_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                snapshot_write::create_dir(dir).map_err(|source| StartupError::DatabaseDir {
+                    provider: name.clone(),
+                    dir: dir.to_path_buf(),
+                    source,
+                })?;
+            }
             let options = SqliteOptions {
                 name: name.clone(),
                 file_path: s.file_path.clone(),

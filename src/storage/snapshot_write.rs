@@ -724,7 +724,8 @@ fn sessions_file(sessions: &[SessionEntry], groups: &[ShareGroupEntry]) -> Sessi
     }
 }
 
-/// Creates the snapshot directory 0700 when it does not exist.
+/// Creates the snapshot directory 0700 when it does not exist (a sqlite
+/// provider's database directory too, and any directory above either).
 pub fn create_dir(dir: &Path) -> std::io::Result<()> {
     match fs::symlink_metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
