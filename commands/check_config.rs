@@ -68,6 +68,11 @@ The password file, the ACL file and every TLS certificate and key are opened \
 and parsed. The databases and snapshot directories are not opened and no \
 address is bound, so the configuration of a running broker can be checked.
 
+Warnings go to stderr and leave the exit status as it is: a listener \
+certificate that has expired or is not valid yet, and a provider in use \
+whose directory is on tmpfs or ramfs, whose files a reboot or a power cut \
+takes whatever the provider commits.
+
 Without --output, a summary goes to stdout: what each channel's durability \
 is (memory: the last successful snapshot, or not kept without a \
 snapshot_dir; sqlite: every commit, less about one flush_interval on a power \
@@ -144,7 +149,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-    let warnings = config.warnings(now);
+    let mut warnings = config.warnings(now);
+    warnings.extend(config.memory_backed_providers());
     let unserved = config.unserved();
     let verdict = if unserved.is_empty() {
         "valid"

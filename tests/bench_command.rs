@@ -90,6 +90,11 @@ fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
     // The memory provider with a directory: its disk and its snapshot rate.
     let mem = &targets[0];
     assert_eq!(mem["dir"], data.display().to_string());
+    assert_eq!(
+        mem["memory_backed"].as_str(),
+        saguin::storage::memory_backed(&data),
+        "{mem}"
+    );
     assert_eq!(mem["fsync"]["samples"], 100);
     assert!(positive(&mem["snapshot"]["bytes_per_second"]), "{mem}");
     assert!(mem["snapshot"]["accounted_bytes"].as_u64().unwrap() >= 8 << 20);

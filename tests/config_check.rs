@@ -656,3 +656,47 @@ fn check_config_names_the_key_of_each_bound() {
         assert!(stderr(&out).contains(expected), "{extra}: {}", stderr(&out));
     }
 }
+
+/// A provider whose files would be on tmpfs (an embedded image's volatile
+/// `/var`) is valid, and check-config warns of it, naming its path; one on
+/// a disk is not warned of. (`serve` logs the same warning as it starts:
+/// tests/serve_storage.rs.)
+#[test]
+fn a_provider_on_a_memory_backed_file_system_is_warned_of() {
+    let shm = Path::new("/dev/shm");
+    if saguin::storage::memory_backed(shm) != Some("tmpfs") {
+        eprintln!("SKIP a_provider_on_a_memory_backed_file_system_is_warned_of: /dev/shm is not a tmpfs here");
+        return;
+    }
+    let check_with_data_in = |data: &Path| {
+        let config = data.join("saguin.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "listeners: [{{name: mqtt, bind: \"127.0.0.1:0\"}}]\nauth: {{allow_anonymous: true}}\n\
+                 storage:\n  - {{name: db, kind: sqlite, file_path: {}}}\n\
+                 broker: {{session_storage: db}}\n",
+                data.join("state").join("saguin.db").display()
+            ),
+        )
+        .unwrap();
+        let out = saguin(&["check-config", "--config", path_str(&config)]);
+        assert_eq!(code(&out), SERVED, "{}", stderr(&out));
+        stderr(&out)
+    };
+    let volatile = tempfile::tempdir_in(shm).unwrap();
+    let err = check_with_data_in(volatile.path());
+    let named = format!(
+        "warning: storage[0].file_path: {} is on tmpfs, which lives in memory",
+        volatile.path().join("state").display()
+    );
+    assert!(
+        err.contains(&named) && err.contains("lost at a reboot or a power cut"),
+        "{err}"
+    );
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    if saguin::storage::memory_backed(disk.path()).is_none() {
+        let err = check_with_data_in(disk.path());
+        assert!(!err.contains("tmpfs"), "{err}");
+    }
+}

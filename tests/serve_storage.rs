@@ -188,6 +188,27 @@ fn a_first_start_makes_the_databases_directory_and_a_file_in_its_way_stops_it() 
     );
 }
 
+/// A provider whose files are on tmpfs is served, and the start says that
+/// a reboot or a power cut takes what it keeps.
+#[test]
+fn a_start_on_a_memory_backed_file_system_says_what_a_reboot_takes() {
+    let shm = Path::new("/dev/shm");
+    if saguin::storage::memory_backed(shm) != Some("tmpfs") {
+        eprintln!("SKIP a_start_on_a_memory_backed_file_system_says_what_a_reboot_takes: /dev/shm is not a tmpfs here");
+        return;
+    }
+    let volatile = tempfile::tempdir_in(shm).expect("tempdir in /dev/shm");
+    let snap = volatile.path().join("snap");
+    let mut broker = Broker::start(&config(0, &memory_provider(&snap, ""), BOTH_ON_MEM));
+    let line =
+        broker.wait_log(|l| l.contains("level=WARN") && l.contains("storage[0].snapshot_dir"));
+    assert!(
+        line.contains("is on tmpfs") && line.contains("lost at a reboot or a power cut"),
+        "{line}"
+    );
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+}
+
 #[test]
 fn a_damaged_or_truncated_snapshot_file_stops_the_start_naming_it_with_no_listener() {
     for damaged in [

@@ -596,6 +596,40 @@ impl Config {
         out
     }
 
+    /// Each provider in use whose files are on a memory-backed file system
+    /// (tmpfs, ramfs: an embedded image's volatile `/var`), with its YAML
+    /// path: what it keeps is lost at a reboot or a power cut, whatever
+    /// its durability says. Asks the file system (the directory, or the
+    /// nearest one above it that exists); `serve` logs these at startup,
+    /// `check-config` warns of them.
+    pub fn memory_backed_providers(&self) -> Vec<Problem> {
+        let used = self.used_providers();
+        let mut out = Vec::new();
+        for (i, provider) in self.storage.iter().enumerate() {
+            if !used.contains(provider.name()) {
+                continue;
+            }
+            let (key, dir) = match provider {
+                Provider::Sqlite(s) => ("file_path", crate::storage::parent_of(&s.file_path)),
+                Provider::Memory(m) => match &m.snapshot_dir {
+                    Some(dir) => ("snapshot_dir", dir.clone()),
+                    None => continue,
+                },
+            };
+            if let Some(kind) = crate::storage::memory_backed(&dir) {
+                out.push(Problem {
+                    path: format!("storage[{i}].{key}"),
+                    message: format!(
+                        "{} is on {kind}, which lives in memory: what provider {} keeps is lost at a reboot or a power cut, whatever its durability says",
+                        dir.display(),
+                        provider.name()
+                    ),
+                });
+            }
+        }
+        out
+    }
+
     /// Every file the configuration names and has read (password file, ACL
     /// file, certificates, keys), with the SHA-256 of its bytes as read.
     pub fn file_digests(&self) -> std::collections::BTreeMap<PathBuf, String> {

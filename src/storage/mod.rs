@@ -20,6 +20,8 @@ pub mod sqlite;
 
 use std::path::{Path, PathBuf};
 
+pub use room::memory_backed;
+
 /// The directory `path` is in (`.` for a bare name).
 pub(crate) fn parent_of(path: &Path) -> PathBuf {
     match path.parent() {

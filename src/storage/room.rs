@@ -402,6 +402,44 @@ fn statvfs(dir: &Path) -> Option<libc::statvfs> {
     Some(unsafe { stat.assume_init() })
 }
 
+/// The memory-backed file system holding `dir`, or the nearest directory
+/// above it that exists (one a first start makes is on its parent's):
+/// `tmpfs` or `ramfs`, whose files a reboot or a power cut takes with the
+/// memory they live in, whatever the provider over them commits. `None`
+/// for any other file system, or when it cannot be asked.
+pub fn memory_backed(dir: &Path) -> Option<&'static str> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut at = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    while !at.exists() {
+        at = match at.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+    }
+    let c = std::ffi::CString::new(at.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call, and
+    // `stat` is written in full by a call that returns 0.
+    if unsafe { libc::statfs(c.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statfs returned 0, so it filled `stat`.
+    let stat = unsafe { stat.assume_init() };
+    // The magic numbers are 32 bits (ramfs's is not in libc:
+    // linux/magic.h); `f_type` is as wide as the target's word, and signed
+    // on some (an ARM board's).
+    const RAMFS_MAGIC: u32 = 0x8584_58f6;
+    match stat.f_type as u32 {
+        m if m == libc::TMPFS_MAGIC as u32 => Some("tmpfs"),
+        RAMFS_MAGIC => Some("ramfs"),
+        _ => None,
+    }
+}
+
 static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
 /// Whether this process is root outside any user namespace: the root
@@ -455,6 +493,44 @@ mod tests {
         pub(super) static PREALLOCATION_HELD_NOTHING: Cell<bool> = const { Cell::new(false) };
         /// This thread's holes cannot be punched, as on vfat or exfat.
         pub(super) static PUNCHING_HOLES_UNSUPPORTED: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// The file system type /proc/mounts gives the mount `path` is under:
+    /// the longest mount point that is a prefix of it.
+    fn mounted_type(path: &Path) -> Option<String> {
+        let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+        mounts
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let (_, point, kind) = (fields.next()?, fields.next()?, fields.next()?);
+                path.starts_with(point)
+                    .then(|| (point.len(), kind.to_owned()))
+            })
+            .max_by_key(|(len, _)| *len)
+            .map(|(_, kind)| kind)
+    }
+
+    /// `statfs` agrees with /proc/mounts on where a directory is, and a
+    /// directory not made yet is on the file system of the one above it.
+    #[test]
+    fn a_memory_backed_file_system_is_found_above_a_directory_not_made_yet() {
+        let checkout = std::fs::canonicalize(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let shm = Path::new("/dev/shm");
+        let mut places = vec![checkout.clone(), checkout.join("not/made/yet")];
+        if mounted_type(shm).as_deref() == Some("tmpfs") {
+            places.extend([shm.to_path_buf(), shm.join("not/made/yet")]);
+        } else {
+            eprintln!("SKIP the tmpfs half: /dev/shm is not a tmpfs here");
+        }
+        for place in places {
+            let expected = match mounted_type(&place).as_deref() {
+                Some("tmpfs") => Some("tmpfs"),
+                Some("ramfs") => Some("ramfs"),
+                _ => None,
+            };
+            assert_eq!(memory_backed(&place), expected, "{}", place.display());
+        }
     }
 
     /// Where a database `db`'s room would be.
