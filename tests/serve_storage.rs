@@ -199,7 +199,9 @@ fn a_start_on_a_memory_backed_file_system_says_what_a_reboot_takes() {
     }
     let volatile = tempfile::tempdir_in(shm).expect("tempdir in /dev/shm");
     let snap = volatile.path().join("snap");
-    let mut broker = Broker::start(&config(0, &memory_provider(&snap, ""), BOTH_ON_MEM));
+    // No room kept: a container's /dev/shm may be 64 MiB in all.
+    let storage = memory_provider(&snap, "    snapshot_room: 0\n");
+    let mut broker = Broker::start(&config(0, &storage, BOTH_ON_MEM));
     let line =
         broker.wait_log(|l| l.contains("level=WARN") && l.contains("storage[0].snapshot_dir"));
     assert!(
