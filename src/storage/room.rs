@@ -417,7 +417,10 @@ pub fn memory_backed(dir: &Path) -> Option<&'static str> {
     while !at.exists() {
         at = match at.parent() {
             Some(parent) if !parent.as_os_str().is_empty() => parent,
-            _ => Path::new("."),
+            // A relative path's first component, or `.` itself (a working
+            // directory removed under the process): asked of `.` once.
+            _ if at != Path::new(".") => Path::new("."),
+            _ => return None,
         };
     }
     let c = std::ffi::CString::new(at.as_os_str().as_bytes()).ok()?;
