@@ -63,7 +63,8 @@ const DRAIN: Duration = Duration::from_secs(5);
 ///
 /// --json prints one document: `{"quick", "cpus", "timeout_stop_seconds",
 /// "targets": [{"provider", "kind": "memory"|"sqlite", "dir",
-/// "memory_backed": null|"tmpfs"|"ramfs", "fsync":
+/// "memory_backed": null|"tmpfs"|"ramfs", "over_network": null|"nfs"|"smb",
+/// "fsync":
 /// null|{"samples","p50_ms","p99_ms","max_ms"}, "snapshot":
 /// null|{"accounted_bytes","file_bytes","seconds","bytes_per_second"},
 /// "publish": {"payload_bytes","paced_rate","paced_count","puback_p50_ms",
@@ -453,6 +454,10 @@ fn target_json(target: &Target, m: &Measured, timeout_stop: Duration) -> Value {
         "kind": target.provider.kind_name(),
         "dir": target.parent.as_ref().map(|d| d.display().to_string()),
         "memory_backed": target.parent.as_deref().and_then(saguin::storage::memory_backed),
+        "over_network": match target.parent.as_deref().and_then(saguin::storage::unkept) {
+            Some(saguin::storage::Unkept::OverNetwork(name)) => Some(name),
+            _ => None,
+        },
         "fsync": m.fsync.as_ref().map(|f| json!({
             "samples": f.len(),
             "p50_ms": ms(f.quantile(0.5)),
@@ -536,15 +541,16 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
     for (target, m) in results {
         let means = means(target, m, timeout_stop);
         let name = target.provider.name();
-        if let Some(kind) = target
-            .parent
-            .as_deref()
-            .and_then(saguin::storage::memory_backed)
-        {
-            writeln!(
+        match target.parent.as_deref().and_then(saguin::storage::unkept) {
+            Some(saguin::storage::Unkept::InMemory(kind)) => writeln!(
                 out,
                 "{name}: its directory is on {kind}, which lives in memory: a reboot or a power cut loses everything it keeps, whatever the figures below say"
-            )?;
+            )?,
+            Some(saguin::storage::Unkept::OverNetwork(kind)) => writeln!(
+                out,
+                "{name}: its directory is on {kind}, a network file system: a sqlite database there may lose or damage what it commits, and a snapshot's fsyncs are the server's to keep; keep it on a local disk"
+            )?,
+            None => {}
         }
         match &target.provider {
             Provider::Sqlite(s) => {

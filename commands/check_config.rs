@@ -69,9 +69,10 @@ and parsed. The databases and snapshot directories are not opened and no \
 address is bound, so the configuration of a running broker can be checked.
 
 Warnings go to stderr and leave the exit status as it is: a listener \
-certificate that has expired or is not valid yet, and a provider in use \
+certificate that has expired or is not valid yet; a provider in use \
 whose directory is on tmpfs or ramfs, whose files a reboot or a power cut \
-takes whatever the provider commits.
+takes whatever the provider commits; and a sqlite provider on NFS or SMB, \
+where its write-ahead log cannot be trusted.
 
 Without --output, a summary goes to stdout: what each channel's durability \
 is (memory: the last successful snapshot, or not kept without a \
@@ -150,7 +151,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
     let mut warnings = config.warnings(now);
-    warnings.extend(config.memory_backed_providers());
+    warnings.extend(config.unkept_providers());
     let unserved = config.unserved();
     let verdict = if unserved.is_empty() {
         "valid"

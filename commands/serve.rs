@@ -283,7 +283,7 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
     for line in config.durability_summary() {
         tracing::info!(detail = %line, "durability");
     }
-    for problem in config.memory_backed_providers() {
+    for problem in config.unkept_providers() {
         tracing::warn!(path = %problem.path, "{}", problem.message);
     }
     providers.log_startup();

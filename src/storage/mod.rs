@@ -20,7 +20,7 @@ pub mod sqlite;
 
 use std::path::{Path, PathBuf};
 
-pub use room::memory_backed;
+pub use room::{memory_backed, unkept, Unkept};
 
 /// The directory `path` is in (`.` for a bare name).
 pub(crate) fn parent_of(path: &Path) -> PathBuf {

@@ -402,12 +402,52 @@ fn statvfs(dir: &Path) -> Option<libc::statvfs> {
     Some(unsafe { stat.assume_init() })
 }
 
-/// The memory-backed file system holding `dir`, or the nearest directory
-/// above it that exists (one a first start makes is on its parent's):
-/// `tmpfs` or `ramfs`, whose files a reboot or a power cut takes with the
-/// memory they live in, whatever the provider over them commits. `None`
-/// for any other file system, or when it cannot be asked.
-pub fn memory_backed(dir: &Path) -> Option<&'static str> {
+/// A file system a provider's promise does not hold on, by what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unkept {
+    /// tmpfs or ramfs: its files live in memory, and a reboot or a power
+    /// cut takes them whatever a provider commits.
+    InMemory(&'static str),
+    /// NFS, SMB or CIFS: sqlite's write-ahead log needs memory its
+    /// connections share (its `-shm` file, mapped) and locks the host
+    /// honours, which a network file system does not promise.
+    OverNetwork(&'static str),
+}
+
+impl Unkept {
+    /// The file system's usual name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unkept::InMemory(name) | Unkept::OverNetwork(name) => name,
+        }
+    }
+
+    /// What a `statfs` type (32 bits of `f_type`) is, where it is one of
+    /// these (linux/magic.h; ramfs's and the network ones are not in
+    /// libc).
+    fn of_type(f_type: u32) -> Option<Unkept> {
+        const RAMFS_MAGIC: u32 = 0x8584_58f6;
+        const NFS_SUPER_MAGIC: u32 = 0x6969;
+        const SMB_SUPER_MAGIC: u32 = 0x517b;
+        const CIFS_MAGIC_NUMBER: u32 = 0xff53_4d42;
+        const SMB2_MAGIC_NUMBER: u32 = 0xfe53_4d42;
+        match f_type {
+            t if t == libc::TMPFS_MAGIC as u32 => Some(Unkept::InMemory("tmpfs")),
+            RAMFS_MAGIC => Some(Unkept::InMemory("ramfs")),
+            NFS_SUPER_MAGIC => Some(Unkept::OverNetwork("nfs")),
+            SMB_SUPER_MAGIC | CIFS_MAGIC_NUMBER | SMB2_MAGIC_NUMBER => {
+                Some(Unkept::OverNetwork("smb"))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Whether the file system holding `dir` (or the nearest directory above
+/// it that exists: one a first start makes is on its parent's) is one a
+/// provider's promise does not hold on. `None` for any other, or when it
+/// cannot be asked.
+pub fn unkept(dir: &Path) -> Option<Unkept> {
     use std::os::unix::ffi::OsStrExt;
     let mut at = if dir.as_os_str().is_empty() {
         Path::new(".")
@@ -432,14 +472,17 @@ pub fn memory_backed(dir: &Path) -> Option<&'static str> {
     }
     // SAFETY: statfs returned 0, so it filled `stat`.
     let stat = unsafe { stat.assume_init() };
-    // The magic numbers are 32 bits (ramfs's is not in libc:
-    // linux/magic.h); `f_type` is as wide as the target's word, and signed
-    // on some (an ARM board's).
-    const RAMFS_MAGIC: u32 = 0x8584_58f6;
-    match stat.f_type as u32 {
-        m if m == libc::TMPFS_MAGIC as u32 => Some("tmpfs"),
-        RAMFS_MAGIC => Some("ramfs"),
-        _ => None,
+    // The magic numbers are 32 bits; `f_type` is as wide as the target's
+    // word, and signed on some (an ARM board's).
+    Unkept::of_type(stat.f_type as u32)
+}
+
+/// The memory-backed file system holding `dir` ([`unkept`]): `tmpfs` or
+/// `ramfs`, or `None`.
+pub fn memory_backed(dir: &Path) -> Option<&'static str> {
+    match unkept(dir)? {
+        Unkept::InMemory(name) => Some(name),
+        Unkept::OverNetwork(_) => None,
     }
 }
 
@@ -512,6 +555,31 @@ mod tests {
             })
             .max_by_key(|(len, _)| *len)
             .map(|(_, kind)| kind)
+    }
+
+    #[test]
+    fn the_file_systems_a_promise_does_not_hold_on_are_known_by_type() {
+        assert_eq!(
+            Unkept::of_type(0x0102_1994),
+            Some(Unkept::InMemory("tmpfs"))
+        );
+        assert_eq!(
+            Unkept::of_type(0x8584_58f6),
+            Some(Unkept::InMemory("ramfs"))
+        );
+        assert_eq!(Unkept::of_type(0x6969), Some(Unkept::OverNetwork("nfs")));
+        assert_eq!(
+            Unkept::of_type(0xff53_4d42),
+            Some(Unkept::OverNetwork("smb"))
+        );
+        assert_eq!(
+            Unkept::of_type(0xfe53_4d42),
+            Some(Unkept::OverNetwork("smb"))
+        );
+        // ext4, xfs, btrfs.
+        for local in [0xef53, 0x5846_5342, 0x9123_683e] {
+            assert_eq!(Unkept::of_type(local), None, "{local:x}");
+        }
     }
 
     /// `statfs` agrees with /proc/mounts on where a directory is, and a
