@@ -129,9 +129,11 @@ impl Shared {
     }
 
     /// What the QoS 0 deliveries not yet written count: those queued and
-    /// those the writer took last. Modulo 2^32, each sum exact while what
-    /// waits is below 4 GiB, which [`ConnectionLink::send_within`] keeps
-    /// it for every bound it is given.
+    /// those the writer took last. Modulo 2^32, exact while what waits is
+    /// below 4 GiB: a bounded client's live QoS 0 is refused past a bound
+    /// below 2 GiB ([`ConnectionLink::send_within`]), and what else waits
+    /// (retained messages owed, a consumer's deliveries) is bounded by the
+    /// writer's packet count.
     fn qos0_waiting(&self) -> u32 {
         self.queued_bytes.wrapping_add(self.taken_bytes)
     }
