@@ -711,21 +711,8 @@ async fn retained(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         }
         for name in brokers.into_iter().filter(|b| row_wanted(b)) {
             let data = dir.path().join(format!("{name}-{n}"));
-            let bin = match (name, &baseline) {
-                ("saguin-before-memory" | "saguin-before-sqlite", Some(before)) => before.as_path(),
-                _ => this_build(),
-            };
-            let storage = if name.ends_with("-memory") {
-                format!(
-                    "  - name: p\n    kind: memory\n    snapshot_dir: {}\n",
-                    data.join("snapshots").display()
-                )
-            } else {
-                format!(
-                    "  - name: p\n    kind: sqlite\n    file_path: {}\n",
-                    data.join("saguin.db").display()
-                )
-            };
+            let bin = provider_bin(name, &baseline);
+            let storage = provider_storage(name, &data);
             let config = saguin_config(
                 &data,
                 &format!(
@@ -826,20 +813,21 @@ fn provider_rows(baseline: &Option<PathBuf>) -> Vec<&'static str> {
     providers
 }
 
-/// The build a provider row runs: the earlier one for a `*-before` row
-/// when `SAGUIN_BENCH_BASELINE` names it, else this one.
+/// The build a provider row runs: the earlier one for a row named
+/// `*-before*` (`memory-before`, `saguin-before-sqlite`) when
+/// `SAGUIN_BENCH_BASELINE` names it, else this one.
 fn provider_bin<'a>(provider: &str, baseline: &'a Option<PathBuf>) -> &'a Path {
-    match (provider.ends_with("-before"), baseline) {
+    match (provider.contains("-before"), baseline) {
         (true, Some(before)) => before.as_path(),
         _ => this_build(),
     }
 }
 
 /// The `storage` list of a provider row, one provider `p` in `data`: a
-/// memory provider with a snapshot directory for the `memory*` rows, else
-/// sqlite.
+/// memory provider with a snapshot directory for a row naming `memory`,
+/// else sqlite.
 fn provider_storage(provider: &str, data: &Path) -> String {
-    if provider.starts_with("memory") {
+    if provider.contains("memory") {
         format!(
             "  - name: p\n    kind: memory\n    snapshot_dir: {}\n",
             data.join("snapshots").display()
@@ -1027,10 +1015,10 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let config = saguin_config(
                 &data,
                 &format!(
-                    "limits:\n  max_sessions: {}\n  max_queued_messages: {}\nstorage:\n  - name: p\n    kind: sqlite\n    file_path: {}\nbroker:\n  session_storage: p\n",
+                    "limits:\n  max_sessions: {}\n  max_queued_messages: {}\nstorage:\n{}broker:\n  session_storage: p\n",
                     n + 100,
                     queued.max(1000),
-                    data.join("saguin.db").display()
+                    provider_storage(name, &data)
                 ),
             )?;
             let mosquitto_extra = format!(
@@ -1044,10 +1032,7 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             } else {
                 Which::Saguin {
                     config: &config,
-                    bin: match (name, &baseline) {
-                        ("saguin-before-sqlite", Some(before)) => before.as_path(),
-                        _ => this_build(),
-                    },
+                    bin: provider_bin(name, &baseline),
                 }
             };
             let broker = launch(&which, &data).await?;
