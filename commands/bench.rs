@@ -453,9 +453,9 @@ fn target_json(target: &Target, m: &Measured, timeout_stop: Duration) -> Value {
         "provider": target.provider.name(),
         "kind": target.provider.kind_name(),
         "dir": target.parent.as_ref().map(|d| d.display().to_string()),
-        "memory_backed": target.parent.as_deref().and_then(saguin::storage::memory_backed),
-        "over_network": match target.parent.as_deref().and_then(saguin::storage::unkept) {
-            Some(saguin::storage::Unkept::OverNetwork(name)) => Some(name),
+        "memory_backed": target.parent.as_deref().and_then(saguin::storage::file_system::memory_backed),
+        "over_network": match target.parent.as_deref().and_then(saguin::storage::file_system::unkept) {
+            Some(saguin::storage::file_system::Unkept::OverNetwork(name)) => Some(name),
             _ => None,
         },
         "fsync": m.fsync.as_ref().map(|f| json!({
@@ -541,12 +541,12 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
     for (target, m) in results {
         let means = means(target, m, timeout_stop);
         let name = target.provider.name();
-        match target.parent.as_deref().and_then(saguin::storage::unkept) {
-            Some(saguin::storage::Unkept::InMemory(kind)) => writeln!(
+        match target.parent.as_deref().and_then(saguin::storage::file_system::unkept) {
+            Some(saguin::storage::file_system::Unkept::InMemory(kind)) => writeln!(
                 out,
                 "{name}: its directory is on {kind}, which lives in memory: a reboot or a power cut loses everything it keeps, whatever the figures below say"
             )?,
-            Some(saguin::storage::Unkept::OverNetwork(kind)) => writeln!(
+            Some(saguin::storage::file_system::Unkept::OverNetwork(kind)) => writeln!(
                 out,
                 "{name}: its directory is on {kind}, a network file system: a sqlite database there may lose or damage what it commits, and a snapshot's fsyncs are the server's to keep; keep it on a local disk"
             )?,

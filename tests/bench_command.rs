@@ -92,7 +92,7 @@ fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
     assert_eq!(mem["dir"], data.display().to_string());
     assert_eq!(
         mem["memory_backed"].as_str(),
-        saguin::storage::memory_backed(&data),
+        saguin::storage::file_system::memory_backed(&data),
         "{mem}"
     );
     assert_eq!(mem["fsync"]["samples"], 100);

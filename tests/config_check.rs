@@ -664,7 +664,7 @@ fn check_config_names_the_key_of_each_bound() {
 #[test]
 fn a_provider_on_a_memory_backed_file_system_is_warned_of() {
     let shm = Path::new("/dev/shm");
-    if saguin::storage::memory_backed(shm) != Some("tmpfs") {
+    if saguin::storage::file_system::memory_backed(shm) != Some("tmpfs") {
         eprintln!("SKIP a_provider_on_a_memory_backed_file_system_is_warned_of: /dev/shm is not a tmpfs here");
         return;
     }
@@ -695,7 +695,7 @@ fn a_provider_on_a_memory_backed_file_system_is_warned_of() {
         "{err}"
     );
     let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    if saguin::storage::memory_backed(disk.path()).is_none() {
+    if saguin::storage::file_system::memory_backed(disk.path()).is_none() {
         let err = check_with_data_in(disk.path());
         assert!(!err.contains("tmpfs"), "{err}");
     }

@@ -193,7 +193,7 @@ fn a_first_start_makes_the_databases_directory_and_a_file_in_its_way_stops_it() 
 #[test]
 fn a_start_on_a_memory_backed_file_system_says_what_a_reboot_takes() {
     let shm = Path::new("/dev/shm");
-    if saguin::storage::memory_backed(shm) != Some("tmpfs") {
+    if saguin::storage::file_system::memory_backed(shm) != Some("tmpfs") {
         eprintln!("SKIP a_start_on_a_memory_backed_file_system_says_what_a_reboot_takes: /dev/shm is not a tmpfs here");
         return;
     }

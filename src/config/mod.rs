@@ -597,7 +597,7 @@ impl Config {
     }
 
     /// Each provider in use whose files are where its promise does not
-    /// hold ([`crate::storage::Unkept`]), with its YAML path: on a
+    /// hold ([`crate::storage::file_system::Unkept`]), with its YAML path: on a
     /// memory-backed file system (tmpfs, ramfs: an embedded image's
     /// volatile `/var`), what it keeps is lost at a reboot or a power cut;
     /// a sqlite provider on a network file system (NFS, SMB) has no
@@ -605,7 +605,7 @@ impl Config {
     /// or the nearest one above it that exists); `serve` logs these at
     /// startup, `check-config` warns of them.
     pub fn unkept_providers(&self) -> Vec<Problem> {
-        use crate::storage::Unkept;
+        use crate::storage::file_system::Unkept;
         let used = self.used_providers();
         let mut out = Vec::new();
         for (i, provider) in self.storage.iter().enumerate() {
@@ -619,7 +619,7 @@ impl Config {
                     None => continue,
                 },
             };
-            let message = match (crate::storage::unkept(&dir), provider) {
+            let message = match (crate::storage::file_system::unkept(&dir), provider) {
                 (Some(Unkept::InMemory(kind)), _) => format!(
                     "{} is on {kind}, which lives in memory: what provider {} keeps is lost at a reboot or a power cut, whatever its durability says",
                     dir.display(),

@@ -5,6 +5,7 @@
 pub mod backup;
 pub mod bench;
 pub mod contract;
+pub mod file_system;
 pub mod generation;
 pub mod kept;
 pub mod lock;
@@ -19,8 +20,6 @@ pub mod snapshot_write;
 pub mod sqlite;
 
 use std::path::{Path, PathBuf};
-
-pub use room::{memory_backed, unkept, Unkept};
 
 /// The directory `path` is in (`.` for a bare name).
 pub(crate) fn parent_of(path: &Path) -> PathBuf {

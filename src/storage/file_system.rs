@@ -1,0 +1,152 @@
+//! Where a provider's files are, as far as its promise goes: a file
+//! system that lives in memory (tmpfs, ramfs) or over a network (NFS,
+//! SMB), where what the provider commits is not kept as it says. Asked of
+//! the kernel (`statfs`), once at startup and by the commands that report
+//! a provider's durability.
+
+use std::path::Path;
+
+/// A file system a provider's promise does not hold on, by what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unkept {
+    /// tmpfs or ramfs: its files live in memory, and a reboot or a power
+    /// cut takes them whatever a provider commits.
+    InMemory(&'static str),
+    /// NFS, SMB or CIFS: sqlite's write-ahead log needs memory its
+    /// connections share (its `-shm` file, mapped) and locks the host
+    /// honours, which a network file system does not promise.
+    OverNetwork(&'static str),
+}
+
+impl Unkept {
+    /// The file system's usual name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unkept::InMemory(name) | Unkept::OverNetwork(name) => name,
+        }
+    }
+
+    /// What a `statfs` type (32 bits of `f_type`) is, where it is one of
+    /// these (linux/magic.h; ramfs's and the network ones are not in
+    /// libc).
+    fn of_type(f_type: u32) -> Option<Unkept> {
+        const RAMFS_MAGIC: u32 = 0x8584_58f6;
+        const NFS_SUPER_MAGIC: u32 = 0x6969;
+        const SMB_SUPER_MAGIC: u32 = 0x517b;
+        const CIFS_MAGIC_NUMBER: u32 = 0xff53_4d42;
+        const SMB2_MAGIC_NUMBER: u32 = 0xfe53_4d42;
+        match f_type {
+            t if t == libc::TMPFS_MAGIC as u32 => Some(Unkept::InMemory("tmpfs")),
+            RAMFS_MAGIC => Some(Unkept::InMemory("ramfs")),
+            NFS_SUPER_MAGIC => Some(Unkept::OverNetwork("nfs")),
+            SMB_SUPER_MAGIC | CIFS_MAGIC_NUMBER | SMB2_MAGIC_NUMBER => {
+                Some(Unkept::OverNetwork("smb"))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Whether the file system holding `dir` (or the nearest directory above
+/// it that exists: one a first start makes is on its parent's) is one a
+/// provider's promise does not hold on. `None` for any other, or when it
+/// cannot be asked.
+pub fn unkept(dir: &Path) -> Option<Unkept> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut at = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    while !at.exists() {
+        at = match at.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            // A relative path's first component, or `.` itself (a working
+            // directory removed under the process): asked of `.` once.
+            _ if at != Path::new(".") => Path::new("."),
+            _ => return None,
+        };
+    }
+    let c = std::ffi::CString::new(at.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call, and
+    // `stat` is written in full by a call that returns 0.
+    if unsafe { libc::statfs(c.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statfs returned 0, so it filled `stat`.
+    let stat = unsafe { stat.assume_init() };
+    // The magic numbers are 32 bits; `f_type` is as wide as the target's
+    // word, and signed on some (an ARM board's).
+    Unkept::of_type(stat.f_type as u32)
+}
+
+/// The memory-backed file system holding `dir` ([`unkept`]): `tmpfs` or
+/// `ramfs`, or `None`.
+pub fn memory_backed(dir: &Path) -> Option<&'static str> {
+    match unkept(dir)? {
+        Unkept::InMemory(name) => Some(name),
+        Unkept::OverNetwork(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The file system type /proc/mounts gives the mount `path` is under:
+    /// the longest mount point that is a prefix of it.
+    fn mounted_type(path: &Path) -> Option<String> {
+        let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+        mounts
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let (_, point, kind) = (fields.next()?, fields.next()?, fields.next()?);
+                path.starts_with(point)
+                    .then(|| (point.len(), kind.to_owned()))
+            })
+            .max_by_key(|(len, _)| *len)
+            .map(|(_, kind)| kind)
+    }
+
+    #[test]
+    fn the_file_systems_a_promise_does_not_hold_on_are_known_by_type() {
+        let known = [
+            (0x0102_1994, Some(Unkept::InMemory("tmpfs"))),
+            (0x8584_58f6, Some(Unkept::InMemory("ramfs"))),
+            (0x6969, Some(Unkept::OverNetwork("nfs"))),
+            (0xff53_4d42, Some(Unkept::OverNetwork("smb"))),
+            (0xfe53_4d42, Some(Unkept::OverNetwork("smb"))),
+            // ext4, xfs, btrfs.
+            (0xef53, None),
+            (0x5846_5342, None),
+            (0x9123_683e, None),
+        ];
+        for (f_type, expected) in known {
+            assert_eq!(Unkept::of_type(f_type), expected, "{f_type:x}");
+        }
+    }
+
+    /// `statfs` agrees with /proc/mounts on where a directory is, and a
+    /// directory not made yet is on the file system of the one above it.
+    #[test]
+    fn a_memory_backed_file_system_is_found_above_a_directory_not_made_yet() {
+        let checkout = std::fs::canonicalize(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let shm = Path::new("/dev/shm");
+        let mut places = vec![checkout.clone(), checkout.join("not/made/yet")];
+        if mounted_type(shm).as_deref() == Some("tmpfs") {
+            places.extend([shm.to_path_buf(), shm.join("not/made/yet")]);
+        } else {
+            eprintln!("SKIP the tmpfs half: /dev/shm is not a tmpfs here");
+        }
+        for place in places {
+            let expected = match mounted_type(&place).as_deref() {
+                Some("tmpfs") => Some("tmpfs"),
+                Some("ramfs") => Some("ramfs"),
+                _ => None,
+            };
+            assert_eq!(memory_backed(&place), expected, "{}", place.display());
+        }
+    }
+}
