@@ -374,8 +374,6 @@ impl BrokerState {
     }
 }
 
-/// The queue entry a restored session is owed for log message `offset`,
-/// if any of its subscriptions (made at or before it) matches.
 /// What a restored session is owed from the log, gathered in one pass.
 struct Owing {
     /// The first log offset it has not been sent.
@@ -404,8 +402,8 @@ const NOBODY: u32 = u32::MAX;
 /// for) as an index here.
 #[derive(Default)]
 struct ClientIds {
-    ids: Vec<Box<str>>,
-    index: HashMap<Box<str>, u32>,
+    ids: Vec<Arc<str>>,
+    index: HashMap<Arc<str>, u32>,
 }
 
 impl ClientIds {
@@ -415,8 +413,9 @@ impl ClientIds {
         }
         // Below `NOBODY`: a log names fewer clients than it has records.
         let i = self.ids.len() as u32;
-        self.ids.push(client_id.into());
-        self.index.insert(client_id.into(), i);
+        let id: Arc<str> = client_id.into();
+        self.ids.push(id.clone());
+        self.index.insert(id, i);
         i
     }
 
@@ -429,6 +428,8 @@ impl ClientIds {
     }
 }
 
+/// The queue entry a restored session is owed for log message `offset`,
+/// if any of its subscriptions (made at or before it) matches.
 fn owed(
     session: &Session,
     offset: u64,
