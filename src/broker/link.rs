@@ -165,17 +165,17 @@ impl ConnectionLink {
 
     /// [`Self::send`] of a QoS 0 delivery, unless the QoS 0 deliveries
     /// waiting for the writer already count `bound` bytes or more
-    /// ([`qos0_bytes`]): one delivery always goes to a writer that keeps
-    /// up, and what waits stays below the bound and one delivery. `bound`
-    /// is below 2 GiB, so the sum stays exact.
-    pub fn send_within(&self, packet: Outbound, bound: u32) -> Sent {
-        debug_assert!(bound < 1 << 31);
+    /// ([`qos0_bytes`]); `None` is no bound. One delivery always goes to a
+    /// writer that keeps up, and what waits stays below the bound and one
+    /// delivery. `bound` is below 2 GiB, so the sum stays exact.
+    pub fn send_within(&self, packet: Outbound, bound: Option<u32>) -> Sent {
+        debug_assert!(bound.is_none_or(|b| b < 1 << 31));
         let waker = {
             let mut shared = self.lock();
             if shared.closed {
                 return Sent::Gone;
             }
-            if shared.qos0_waiting() >= bound {
+            if bound.is_some_and(|b| shared.qos0_waiting() >= b) {
                 drop(shared);
                 // Dropped outside the lock, as a queue let go is.
                 drop(packet);
@@ -573,8 +573,8 @@ mod tests {
             100,
             "topic and payload; acks count none"
         );
-        assert_eq!(handle.send_within(qos0(49), 101), Sent::Queued);
-        assert_eq!(handle.send_within(qos0(9), 150), Sent::Full);
+        assert_eq!(handle.send_within(qos0(49), Some(101)), Sent::Queued);
+        assert_eq!(handle.send_within(qos0(9), Some(150)), Sent::Full);
         let mut taken = VecDeque::new();
         assert_eq!(outlet.poll_take(&cx, &mut taken), Poll::Ready(true));
         assert_eq!(taken.len(), 3);
@@ -584,13 +584,13 @@ mod tests {
         assert_eq!(outlet.poll_take(&cx, &mut taken), Poll::Pending);
         assert_eq!(handle.qos0_waiting(), 0);
         assert_eq!(
-            handle.send_within(qos0(9), 1),
+            handle.send_within(qos0(9), Some(1)),
             Sent::Queued,
             "one always goes"
         );
-        assert_eq!(handle.send_within(qos0(9), 1), Sent::Full);
+        assert_eq!(handle.send_within(qos0(9), Some(1)), Sent::Full);
         drop(outlet);
-        assert_eq!(handle.send_within(qos0(9), 1_000), Sent::Gone);
+        assert_eq!(handle.send_within(qos0(9), Some(1_000)), Sent::Gone);
     }
 
     #[test]

@@ -945,14 +945,10 @@ impl BrokerState {
             expiry,
             sys,
         };
-        let sent = match self.limits.qos0_byte_bound() {
-            None => match conn.handle.send(packet) {
-                Ok(()) => Sent::Queued,
-                Err(_) => Sent::Gone,
-            },
-            Some(bound) => conn.handle.send_within(packet, bound),
-        };
-        match sent {
+        match conn
+            .handle
+            .send_within(packet, self.limits.qos0_byte_bound())
+        {
             Sent::Queued => conn.sent = conn.sent.wrapping_add(1),
             Sent::Full => {
                 // As for a count reached: `limits.max_queued_bytes` bounds
