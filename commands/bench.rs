@@ -10,6 +10,7 @@ use anyhow::Context;
 use saguin::broker::bench::{self as publish_bench, Load, PublishCosts, CHANNEL};
 use saguin::config::{self, Config, ConfigError, Provider, SnapshotSchedule};
 use saguin::storage::bench::{self as disk, Latencies, Scratch, SnapshotWrite};
+use saguin::storage::file_system::{self, Unkept};
 use saguin::storage::lock::{self, LockState};
 use saguin::storage::sqlite::{Capacity, WAL_RESTART_BYTES};
 use serde_json::{json, Value};
@@ -111,6 +112,20 @@ struct Target {
     provider: Provider,
     /// The directory the scratch directory is made in.
     parent: Option<PathBuf>,
+    /// Whether that directory is where the provider's promise does not
+    /// hold, asked once.
+    file_system: Option<Unkept>,
+}
+
+impl Target {
+    fn new(provider: Provider, parent: Option<PathBuf>) -> Target {
+        let file_system = parent.as_deref().and_then(file_system::unkept);
+        Target {
+            provider,
+            parent,
+            file_system,
+        }
+    }
 }
 
 /// What was measured of one target.
@@ -172,10 +187,7 @@ fn targets(args: &Args) -> Result<Vec<Target>, u8> {
         let mut targets = Vec::new();
         for kind in ["sqlite", "memory"] {
             match dir_provider(kind, dir) {
-                Ok(provider) => targets.push(Target {
-                    provider,
-                    parent: Some(dir.clone()),
-                }),
+                Ok(provider) => targets.push(Target::new(provider, Some(dir.clone()))),
                 Err(e) => {
                     eprintln!("saguin: bench --dir {}: {e:#}", dir.display());
                     return Err(exit::CANNOT);
@@ -217,10 +229,7 @@ fn targets(args: &Args) -> Result<Vec<Target>, u8> {
         if let Some(parent) = &parent {
             refuse_snapshot_dir(parent)?;
         }
-        targets.push(Target {
-            provider: provider.clone(),
-            parent,
-        });
+        targets.push(Target::new(provider.clone(), parent));
     }
     if targets.is_empty() {
         eprintln!(
@@ -453,11 +462,8 @@ fn target_json(target: &Target, m: &Measured, timeout_stop: Duration) -> Value {
         "provider": target.provider.name(),
         "kind": target.provider.kind_name(),
         "dir": target.parent.as_ref().map(|d| d.display().to_string()),
-        "memory_backed": target.parent.as_deref().and_then(saguin::storage::file_system::memory_backed),
-        "over_network": match target.parent.as_deref().and_then(saguin::storage::file_system::unkept) {
-            Some(saguin::storage::file_system::Unkept::OverNetwork(name)) => Some(name),
-            _ => None,
-        },
+        "memory_backed": target.file_system.and_then(Unkept::in_memory),
+        "over_network": target.file_system.and_then(Unkept::over_network),
         "fsync": m.fsync.as_ref().map(|f| json!({
             "samples": f.len(),
             "p50_ms": ms(f.quantile(0.5)),
@@ -541,12 +547,12 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
     for (target, m) in results {
         let means = means(target, m, timeout_stop);
         let name = target.provider.name();
-        match target.parent.as_deref().and_then(saguin::storage::file_system::unkept) {
-            Some(saguin::storage::file_system::Unkept::InMemory(kind)) => writeln!(
+        match target.file_system {
+            Some(Unkept::InMemory(kind)) => writeln!(
                 out,
                 "{name}: its directory is on {kind}, which lives in memory: a reboot or a power cut loses everything it keeps, whatever the figures below say"
             )?,
-            Some(saguin::storage::file_system::Unkept::OverNetwork(kind)) => writeln!(
+            Some(Unkept::OverNetwork(kind)) => writeln!(
                 out,
                 "{name}: its directory is on {kind}, a network file system: a sqlite database there may lose or damage what it commits, and a snapshot's fsyncs are the server's to keep; keep it on a local disk"
             )?,

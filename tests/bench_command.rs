@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use broker_support::Broker;
+use saguin::storage::file_system::{unkept, Unkept};
 use serde_json::Value;
 
 fn saguin(args: &[&std::ffi::OsStr]) -> Output {
@@ -92,7 +93,7 @@ fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
     assert_eq!(mem["dir"], data.display().to_string());
     assert_eq!(
         mem["memory_backed"].as_str(),
-        saguin::storage::file_system::memory_backed(&data),
+        unkept(&data).and_then(Unkept::in_memory),
         "{mem}"
     );
     assert_eq!(mem["fsync"]["samples"], 100);

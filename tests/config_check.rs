@@ -3,6 +3,7 @@
 //! `--output` that is deterministic, equal for equivalent configurations,
 //! and loads back.
 
+use saguin::storage::file_system::{unkept, Unkept};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -664,7 +665,7 @@ fn check_config_names_the_key_of_each_bound() {
 #[test]
 fn a_provider_on_a_memory_backed_file_system_is_warned_of() {
     let shm = Path::new("/dev/shm");
-    if saguin::storage::file_system::memory_backed(shm) != Some("tmpfs") {
+    if unkept(shm) != Some(Unkept::InMemory("tmpfs")) {
         eprintln!("SKIP a_provider_on_a_memory_backed_file_system_is_warned_of: /dev/shm is not a tmpfs here");
         return;
     }
@@ -695,7 +696,7 @@ fn a_provider_on_a_memory_backed_file_system_is_warned_of() {
         "{err}"
     );
     let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    if saguin::storage::file_system::memory_backed(disk.path()).is_none() {
+    if unkept(disk.path()).and_then(Unkept::in_memory).is_none() {
         let err = check_with_data_in(disk.path());
         assert!(!err.contains("tmpfs"), "{err}");
     }

@@ -12,6 +12,7 @@ use std::process::Output;
 
 use assert_cmd::Command;
 use broker_support::{Broker, WAIT};
+use saguin::storage::file_system::{unkept, Unkept};
 use serde_json::Value;
 
 const RETAINED_FILE: &str = "%24saguin%2Fretained.snapshot";
@@ -193,7 +194,7 @@ fn a_first_start_makes_the_databases_directory_and_a_file_in_its_way_stops_it() 
 #[test]
 fn a_start_on_a_memory_backed_file_system_says_what_a_reboot_takes() {
     let shm = Path::new("/dev/shm");
-    if saguin::storage::file_system::memory_backed(shm) != Some("tmpfs") {
+    if unkept(shm) != Some(Unkept::InMemory("tmpfs")) {
         eprintln!("SKIP a_start_on_a_memory_backed_file_system_says_what_a_reboot_takes: /dev/shm is not a tmpfs here");
         return;
     }

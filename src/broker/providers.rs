@@ -743,13 +743,12 @@ fn open_one(
             // Made 0700 on a first start, as a memory provider's snapshot
             // directory is: a unit's StateDirectory is made, a directory
             // under it named for the database is not.
-            if let Some(dir) = s.file_path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                snapshot_write::create_dir(dir).map_err(|source| StartupError::DatabaseDir {
-                    provider: name.clone(),
-                    dir: dir.to_path_buf(),
-                    source,
-                })?;
-            }
+            let dir = crate::storage::parent_of(&s.file_path);
+            snapshot_write::create_dir(&dir).map_err(|source| StartupError::DatabaseDir {
+                provider: name.clone(),
+                dir,
+                source,
+            })?;
             let options = SqliteOptions {
                 name: name.clone(),
                 file_path: s.file_path.clone(),

@@ -19,10 +19,19 @@ pub enum Unkept {
 }
 
 impl Unkept {
-    /// The file system's usual name.
-    pub fn name(self) -> &'static str {
+    /// The name of a memory-backed file system (`tmpfs`, `ramfs`).
+    pub fn in_memory(self) -> Option<&'static str> {
         match self {
-            Unkept::InMemory(name) | Unkept::OverNetwork(name) => name,
+            Unkept::InMemory(name) => Some(name),
+            Unkept::OverNetwork(_) => None,
+        }
+    }
+
+    /// The name of a network file system (`nfs`, `smb`).
+    pub fn over_network(self) -> Option<&'static str> {
+        match self {
+            Unkept::OverNetwork(name) => Some(name),
+            Unkept::InMemory(_) => None,
         }
     }
 
@@ -81,15 +90,6 @@ pub fn unkept(dir: &Path) -> Option<Unkept> {
     Unkept::of_type(stat.f_type as u32)
 }
 
-/// The memory-backed file system holding `dir` ([`unkept`]): `tmpfs` or
-/// `ramfs`, or `None`.
-pub fn memory_backed(dir: &Path) -> Option<&'static str> {
-    match unkept(dir)? {
-        Unkept::InMemory(name) => Some(name),
-        Unkept::OverNetwork(_) => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,7 +146,12 @@ mod tests {
                 Some("ramfs") => Some("ramfs"),
                 _ => None,
             };
-            assert_eq!(memory_backed(&place), expected, "{}", place.display());
+            assert_eq!(
+                unkept(&place).and_then(Unkept::in_memory),
+                expected,
+                "{}",
+                place.display()
+            );
         }
     }
 }
