@@ -16,9 +16,10 @@
 //!
 //! # Locking and wake-ups
 //!
-//! The queue, the task's waker and the `ended`/`closed` flags sit under one
-//! `std::sync::Mutex`, held only to push one packet or to swap the whole
-//! queue out (never across an await, never while waking). The consumer
+//! The queue, its QoS 0 bytes, the task's waker and the `ended`/`closed`
+//! flags sit under one `std::sync::Mutex`, held only to push one packet or
+//! to swap the whole queue out (never across an await, never while
+//! waking). The consumer
 //! registers its waker *under the same lock* in which it finds the queue
 //! empty (or the reader paused), and a producer takes the waker under the
 //! lock in which it pushes (or lets the reader go): whichever comes first,
@@ -421,9 +422,10 @@ impl Outlet {
     }
 
     /// Move everything queued into `into` (which must be empty) in one
-    /// lock: `Ready(true)`. Called only once everything taken before is
-    /// written (or given up), so what that counted no longer waits. `Ready(false)` once the queue is empty and the
-    /// state let go of it. Pending otherwise, the task's waker registered
+    /// lock: `Ready(true)`. `Ready(false)` once the queue is empty and the
+    /// state let go of it. Called only once everything taken before is
+    /// written (or given up), so the QoS 0 bytes that counted no longer
+    /// wait. Pending otherwise, the task's waker registered
     /// in the same lock as the queue was found empty, and the queue's
     /// memory (and `into`'s) given back: the task goes to sleep holding
     /// none.
