@@ -484,6 +484,16 @@ async fn acknowledge_messages(
     Ok(acks.len())
 }
 
+/// [`subscribe`] with no user properties, and its SUBACK read: an error
+/// naming `who` unless it granted the filter.
+async fn subscribe_acked(conn: &mut Conn, filter: &str, qos: QoS, who: &str) -> Result<(), Error> {
+    subscribe(conn, filter, qos, Vec::new()).await?;
+    match conn.next().await? {
+        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => Ok(()),
+        other => Err(format!("{who}: expected SUBACK, got {other:?}").into()),
+    }
+}
+
 async fn subscribe(
     conn: &mut Conn,
     filter: &str,
@@ -1400,17 +1410,13 @@ async fn run_telemetry(
     use std::sync::Arc;
 
     let (mut backend, _) = Conn::connect(addr, "telemetry-backend", true).await?;
-    subscribe(
+    subscribe_acked(
         &mut backend,
         "site/+/device/+/telemetry",
         QoS::AtLeastOnce,
-        Vec::new(),
+        "backend",
     )
     .await?;
-    match backend.next().await? {
-        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
-        other => return Err(format!("backend: expected SUBACK, got {other:?}").into()),
-    }
     let received = Arc::new(AtomicU64::new(0));
     let stopping = Arc::new(AtomicBool::new(false));
     // Runs until aborted: a read or write that fails ends it with the error.
@@ -1574,11 +1580,7 @@ async fn payloads(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
 async fn move_payloads(addr: SocketAddr, size: usize, count: usize) -> Result<Duration, Error> {
     const TOPIC: &str = "bench/payloads";
     let (mut subscriber, _) = Conn::connect(addr, "payload-subscriber", true).await?;
-    subscribe(&mut subscriber, TOPIC, QoS::AtLeastOnce, Vec::new()).await?;
-    match subscriber.next().await? {
-        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
-        other => return Err(format!("subscriber: expected SUBACK, got {other:?}").into()),
-    }
+    subscribe_acked(&mut subscriber, TOPIC, QoS::AtLeastOnce, "subscriber").await?;
     let receiver = tokio::spawn(async move {
         let mut received = 0;
         while received < count {
@@ -1719,11 +1721,7 @@ async fn refuse_jobs(
     let (mut conn, _) =
         Conn::connect_with(addr, "scale-refuser", true, 60, ProtocolVersion::V5).await?;
     let began = Instant::now();
-    subscribe(&mut conn, filter, QoS::AtLeastOnce, Vec::new()).await?;
-    match conn.next().await? {
-        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
-        other => return Err(format!("refuser: expected SUBACK, got {other:?}").into()),
-    }
+    subscribe_acked(&mut conn, filter, QoS::AtLeastOnce, "refuser").await?;
     let mut refused = 0;
     while refused < count {
         let mut acks = Vec::new();
@@ -1755,11 +1753,13 @@ fn spent_topic(i: usize) -> String {
 /// (a record is sent once its move has committed).
 async fn dead_letter_jobs(addr: SocketAddr, count: usize) -> Result<Duration, Error> {
     let (mut consumer, _) = Conn::connect(addr, "scale-dead-letters", true).await?;
-    subscribe(&mut consumer, "spent.dlq/#", QoS::AtLeastOnce, Vec::new()).await?;
-    match consumer.next().await? {
-        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
-        other => return Err(format!("dead letters: expected SUBACK, got {other:?}").into()),
-    }
+    subscribe_acked(
+        &mut consumer,
+        "spent.dlq/#",
+        QoS::AtLeastOnce,
+        "dead letters",
+    )
+    .await?;
     publish_range(addr, 0..count, false, spent_topic).await?;
     let began = Instant::now();
     let consumed = tokio::spawn(async move {
@@ -1781,11 +1781,7 @@ async fn dead_letter_jobs(addr: SocketAddr, count: usize) -> Result<Duration, Er
 async fn take_jobs(addr: SocketAddr, count: usize) -> Result<(Duration, usize, Duration), Error> {
     let (mut conn, _) = Conn::connect(addr, "scale-worker", true).await?;
     let began = Instant::now();
-    subscribe(&mut conn, "jobs/#", QoS::AtLeastOnce, Vec::new()).await?;
-    match conn.next().await? {
-        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
-        other => return Err(format!("worker: expected SUBACK, got {other:?}").into()),
-    }
+    subscribe_acked(&mut conn, "jobs/#", QoS::AtLeastOnce, "worker").await?;
     let mut taken = acknowledge_messages(&mut conn, "worker", |_| true).await?;
     let first = began.elapsed();
     while taken < count {
@@ -1856,11 +1852,7 @@ async fn latest(sizes: &[usize]) -> Result<(), Error> {
 async fn current_values(addr: SocketAddr, filter: &str, count: usize) -> Result<Duration, Error> {
     let (mut conn, _) = Conn::connect(addr, "scale-viewer", true).await?;
     let began = Instant::now();
-    subscribe(&mut conn, filter, QoS::AtLeastOnce, Vec::new()).await?;
-    match conn.next().await? {
-        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
-        other => return Err(format!("viewer: expected SUBACK, got {other:?}").into()),
-    }
+    subscribe_acked(&mut conn, filter, QoS::AtLeastOnce, "viewer").await?;
     let mut got = 0;
     while got < count {
         got += acknowledge_messages(&mut conn, "viewer", |_| true).await?;
@@ -1904,11 +1896,7 @@ async fn wills(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let broker = launch(&which, &data).await?;
             let pid = pid_of(&broker)?;
             let (mut backend, _) = Conn::connect(broker.addr, "wills-backend", true).await?;
-            subscribe(&mut backend, "status/#", QoS::AtLeastOnce, Vec::new()).await?;
-            match backend.next().await? {
-                Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
-                other => return Err(format!("backend: expected SUBACK, got {other:?}").into()),
-            }
+            subscribe_acked(&mut backend, "status/#", QoS::AtLeastOnce, "backend").await?;
             let devices = connect_with_wills(broker.addr, n).await?;
             let cpu_before = cpu_time(pid)?;
             let began = Instant::now();
@@ -2049,11 +2037,7 @@ async fn publish_to_a_stalled_subscriber(
 ) -> Result<Conn, Error> {
     const TOPIC: &str = "bench/stalled";
     let (mut subscriber, _) = Conn::connect(addr, "stalled-subscriber", true).await?;
-    subscribe(&mut subscriber, TOPIC, qos, Vec::new()).await?;
-    match subscriber.next().await? {
-        Packet::SubAck(ack) if !ack.reasons.iter().any(|r| r.is_error()) => {}
-        other => return Err(format!("subscriber: expected SUBACK, got {other:?}").into()),
-    }
+    subscribe_acked(&mut subscriber, TOPIC, qos, "subscriber").await?;
     let payload = Bytes::from(vec![b's'; size]);
     let (mut publisher, _) = Conn::connect(addr, "stalled-publisher", true).await?;
     let count = match qos {
