@@ -1709,6 +1709,14 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
     Ok(())
 }
 
+/// The Receive Maximum of the MQTT 5 worker that refuses jobs: the
+/// window the broker gives an MQTT 3.1.1 worker by default
+/// (`limits.receive_maximum`). With MQTT 5's default of 65,535 the broker
+/// leased it every job it had, and the jobs it held when it went away
+/// were released to wait out the hour's backoff too: a backlog of 1,000
+/// left the worker behind it nothing to take.
+const REFUSER_WINDOW: u16 = 64;
+
 /// An MQTT 5 worker that subscribes to the queue and refuses at least
 /// `count` jobs (PUBACK 0x80, what a worker whose downstream is down
 /// answers), each read's in one write: how many, and the time it took.
@@ -1718,8 +1726,7 @@ async fn refuse_jobs(
     filter: &str,
     count: usize,
 ) -> Result<(usize, Duration), Error> {
-    let (mut conn, _) =
-        Conn::connect_with(addr, "scale-refuser", true, 60, ProtocolVersion::V5).await?;
+    let mut conn = Conn::connect_v5_receiving(addr, "scale-refuser", REFUSER_WINDOW).await?;
     let began = Instant::now();
     subscribe_acked(&mut conn, filter, QoS::AtLeastOnce, "refuser").await?;
     let mut refused = 0;

@@ -58,6 +58,30 @@ impl Conn {
         .await
     }
 
+    /// A clean MQTT 5 connection, keep alive 60 s, that is sent at most
+    /// `receive_maximum` QoS 1 and 2 messages it has not acknowledged (an
+    /// MQTT 5 client that does not say is sent up to 65,535).
+    pub async fn connect_v5_receiving(
+        addr: SocketAddr,
+        id: &str,
+        receive_maximum: u16,
+    ) -> Result<Conn, Error> {
+        let connect = Connect {
+            protocol: ProtocolVersion::V5,
+            clean_start: true,
+            keep_alive: 60,
+            client_id: id.to_owned(),
+            will: None,
+            username: None,
+            password: None,
+            properties: ConnectProperties {
+                receive_maximum: Some(receive_maximum),
+                ..ConnectProperties::default()
+            },
+        };
+        Ok(Conn::handshake(addr, connect).await?.0)
+    }
+
     /// A clean MQTT 3.1.1 connection with `will`, keep alive 60 s.
     pub async fn connect_with_will(
         addr: SocketAddr,
