@@ -791,6 +791,48 @@ fn a_worker_going_away_counts_an_attempt_and_another_worker_gets_the_job() {
 }
 
 #[test]
+fn a_worker_that_names_no_receive_maximum_holds_no_more_than_the_queue_lets_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = memory_yaml(
+        dir.path(),
+        &format!("{}    max_held_per_worker: 3\n", jobs("30s", 5, "[1h]")),
+    );
+    let broker = Broker::start_in(dir, &yaml);
+    runtime().block_on(async {
+        let mut producer = Raw::tcp(broker.addr(), v5()).await;
+        producer.connect("producer", ConnectOpts::clean()).await;
+        for i in 1..=10u16 {
+            producer
+                .publish_acked(&format!("jobs/j{i}"), b"job", 1, false, i)
+                .await;
+        }
+        // MQTT 5 without a Receive Maximum: the broker may send 65,535.
+        let mut greedy = Raw::tcp(broker.addr(), v5()).await;
+        greedy.connect("greedy", ConnectOpts::clean()).await;
+        greedy.subscribe(1, "jobs/#", 1).await;
+        let held = take(&mut greedy, 3, false).await;
+        // The rest go to the next worker: the greedy one was leased no
+        // more than its three.
+        let mut other = worker_connect(broker.addr(), "other", 16).await;
+        other.subscribe(1, "jobs/#", 1).await;
+        let rest = take(&mut other, 7, true).await;
+        let mut offsets: Vec<String> = held
+            .iter()
+            .chain(&rest)
+            .map(|p| user_property(p, "saguin-offset").unwrap())
+            .collect();
+        offsets.sort();
+        offsets.dedup();
+        assert_eq!(offsets.len(), 10, "each job to one worker");
+        greedy.expect_nothing().await;
+        // An answer lets one more out: refused, it waits out the hour.
+        puback_with(&mut greedy, held[0].packet_id, ReasonCode::UnspecifiedError).await;
+        greedy.expect_nothing().await;
+    });
+    wait_metric(&broker, "saguin_queue_depth{channel=\"jobs\"}", 3);
+}
+
+#[test]
 fn a_worker_subscribing_at_qos_0_is_refused_and_told_why_and_gets_no_job() {
     let dir = tempfile::tempdir().unwrap();
     let yaml = memory_yaml(dir.path(), &jobs("30s", 5, "[100ms]"));

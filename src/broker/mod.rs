@@ -550,6 +550,15 @@
 //!   records first. It is delivered at QoS 1 whatever the subscription's
 //!   QoS, with `saguin-offset` and `saguin-attempts` (this delivery's
 //!   attempt, from 1).
+//! - A worker holds at most the queue's `max_held_per_worker` records
+//!   (64 unless set) being leased or sent and not yet answered, whatever
+//!   Receive Maximum it asked for. An MQTT 5 client that names none may
+//!   be sent 65,535 messages, and most libraries name none: without the
+//!   bound one worker was leased a whole backlog while the others waited,
+//!   and its going away counted an attempt on every job it held.
+//!   Mosquitto and EMQX bound every client's messages in flight the same
+//!   way (20 and 32 by default); the bound here is the queue's, since a
+//!   subscriber of broadcast topics loses nothing to a wide window.
 //! - Each delivery is a lease written (the attempt counted) before the
 //!   PUBLISH is sent; the lease ends `lease` after on the broker's clock,
 //!   looked at every tick (500 ms). PUBACK below 0x80 resolves the record

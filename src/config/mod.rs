@@ -279,6 +279,9 @@ pub struct QueueSettings {
     pub backoff: Vec<Duration>,
     /// Retention bound of the dead-letter channel `<name>.dlq`. `None`: unbounded.
     pub dlq_retention_bytes: Option<u64>,
+    /// Jobs one worker holds at once, whatever the Receive Maximum it
+    /// asked for. Default 64.
+    pub max_held_per_worker: u16,
 }
 
 /// `broker`.

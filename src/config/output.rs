@@ -160,6 +160,7 @@ fn channel(c: &Channel) -> Value {
                 json!(q.backoff.iter().copied().map(duration).collect::<Vec<_>>()),
             );
             map.insert("dlq_retention_bytes".into(), json!(q.dlq_retention_bytes));
+            map.insert("max_held_per_worker".into(), json!(q.max_held_per_worker));
         }
     }
     out

@@ -995,8 +995,15 @@ const CHANNEL_KEYS: &[&str] = &[
     "max_attempts",
     "backoff",
     "dlq_retention_bytes",
+    "max_held_per_worker",
 ];
-const QUEUE_ONLY: &[&str] = &["lease", "max_attempts", "backoff", "dlq_retention_bytes"];
+const QUEUE_ONLY: &[&str] = &[
+    "lease",
+    "max_attempts",
+    "backoff",
+    "dlq_retention_bytes",
+    "max_held_per_worker",
+];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum ChannelKind {
@@ -1126,6 +1133,13 @@ pub(crate) const MAX_ATTEMPTS_MAX: u64 = 1000;
 /// A queue's `lease` when the channel names none.
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+/// A queue's `max_held_per_worker` when the channel names none: what an
+/// MQTT 3.1.1 worker is sent by default (`limits.receive_maximum`). An
+/// MQTT 5 client that does not say is otherwise sent up to 65,535, so one
+/// worker would be leased a whole backlog while the others wait, and its
+/// going away would count an attempt on every job it held.
+pub(crate) const DEFAULT_MAX_HELD_PER_WORKER: u16 = 64;
+
 /// A queue's `backoff` when the channel names none: the gap before
 /// attempt 2, 3 and every later one.
 pub(crate) const DEFAULT_BACKOFF: [Duration; 3] = [
@@ -1170,11 +1184,16 @@ fn queue_settings(ctx: &mut Ctx, f: &mut Fields<'_>) -> Option<QueueSettings> {
     let dlq_retention_bytes = f
         .take("dlq_retention_bytes")
         .and_then(|(p, v)| optional_size(ctx, &p, v));
+    let max_held_per_worker = f
+        .take("max_held_per_worker")
+        .map(|(p, v)| integer(ctx, &p, v, 1, u64::from(u16::MAX)))
+        .unwrap_or(Some(u64::from(DEFAULT_MAX_HELD_PER_WORKER)));
     Some(QueueSettings {
         lease: lease?,
         max_attempts: u32::try_from(max_attempts?).unwrap_or(u32::MAX),
         backoff: backoff?,
         dlq_retention_bytes,
+        max_held_per_worker: u16::try_from(max_held_per_worker?).unwrap_or(u16::MAX),
     })
 }
 

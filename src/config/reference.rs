@@ -7,8 +7,9 @@
 
 use super::auth::MAX_PBKDF2_ITERATIONS;
 use super::parse::{
-    DEFAULT_BACKOFF, DEFAULT_LEASE, FLUSH_INTERVAL_MAX, FLUSH_INTERVAL_MIN, MAX_ATTEMPTS_MAX,
-    MIN_CONNECT_PACKET, MQTT_MAX_PACKET, PUBLISH_COMMIT_INTERVAL_MAX, READ_CONNECTIONS_MAX,
+    DEFAULT_BACKOFF, DEFAULT_LEASE, DEFAULT_MAX_HELD_PER_WORKER, FLUSH_INTERVAL_MAX,
+    FLUSH_INTERVAL_MIN, MAX_ATTEMPTS_MAX, MIN_CONNECT_PACKET, MQTT_MAX_PACKET,
+    PUBLISH_COMMIT_INTERVAL_MAX, READ_CONNECTIONS_MAX,
 };
 use super::units::{format_duration, DURATION_MAX_TEXT};
 use super::{CHANNEL_NAME_MAX_BYTES, FILE_NAME_MAX_BYTES};
@@ -106,6 +107,7 @@ pub fn keys() -> Vec<KeyDoc> {
         key("channels[].max_attempts", "integer", DEFAULT_MAX_ATTEMPTS.to_string(), format!("queue only; 1..={MAX_ATTEMPTS_MAX}"), "Deliveries before a job moves to the dead-letter channel NAME.dlq."),
         key("channels[].backoff", "list of durations", format!("[{backoff}]"), longest("queue only; each "), "The gap before attempt n+1; the last gap repeats."),
         key("channels[].dlq_retention_bytes", SIZE, "none", "queue only", "Retention bound of the dead-letter channel NAME.dlq (same provider)."),
+        key("channels[].max_held_per_worker", "integer", DEFAULT_MAX_HELD_PER_WORKER.to_string(), "queue only; 1..=65535", "Jobs one worker holds at once (sent and not yet answered): it is sent no more until it answers one. Its Receive Maximum caps it too (an MQTT 3.1.1 worker's is limits.receive_maximum); an MQTT 5 client that names none is otherwise sent up to 65,535, so one worker would hold a whole backlog while the others wait."),
         key("broker", "mapping", "", "", "Broker-wide stores and timings."),
         key("broker.retained_storage", "string", "none (memory, not kept)", "the name of a storage provider", "The provider of the retained store."),
         key("broker.session_storage", "string", "none (memory, not kept)", "the name of a storage provider", "The provider of persistent sessions and the broadcast log."),

@@ -87,6 +87,7 @@ fn defaults_are_filled_in() {
     assert_eq!(queue.max_attempts, 5);
     assert_eq!(queue.backoff, [1, 5, 30].map(Duration::from_secs).to_vec());
     assert_eq!(queue.dlq_retention_bytes, None);
+    assert_eq!(queue.max_held_per_worker, 64);
     assert_eq!(config.channels[0].dlq_name().as_deref(), Some("jobs.dlq"));
     assert_eq!(config.broker.retained_storage, None);
     assert_eq!(
@@ -566,6 +567,16 @@ fn keys_belong_to_their_channel_kind() {
         "outside 1..=1000",
     );
     one(
+        "{name: a, kind: queue, storage: db, max_held_per_worker: 0}",
+        "channels[0].max_held_per_worker",
+        "outside 1..=65535",
+    );
+    one(
+        "{name: a, kind: append, storage: db, max_held_per_worker: 8}",
+        "channels[0].max_held_per_worker",
+        "only a queue channel",
+    );
+    one(
         "{name: a, kind: queue, storage: db, lease: 0s}",
         "channels[0].lease",
         "longer than zero",
@@ -606,7 +617,7 @@ fn keys_belong_to_their_channel_kind() {
         "expected a whole number",
     );
     let config = ok(&with_base(&format!(
-        "storage:\n{}channels:\n  - {{name: a, kind: queue, storage: db, backoff: [], max_bytes: 1MB, dlq_retention_bytes: 64MiB}}\n  - {{name: b, kind: latest, storage: db, retention_age: 30d, retention_deletions: 100000}}\n  - {{name: c, kind: latest, storage: db, retention_deletions: none}}\n",
+        "storage:\n{}channels:\n  - {{name: a, kind: queue, storage: db, backoff: [], max_bytes: 1MB, dlq_retention_bytes: 64MiB, max_held_per_worker: 1000}}\n  - {{name: b, kind: latest, storage: db, retention_age: 30d, retention_deletions: 100000}}\n  - {{name: c, kind: latest, storage: db, retention_deletions: none}}\n",
         sqlite("db", "")
     )));
     assert_eq!(config.channels[1].retention_deletions, Some(100_000));
@@ -614,6 +625,7 @@ fn keys_belong_to_their_channel_kind() {
     let queue = config.channels[0].queue().expect("queue");
     assert!(queue.backoff.is_empty());
     assert_eq!(queue.dlq_retention_bytes, Some(64 << 20));
+    assert_eq!(queue.max_held_per_worker, 1000);
     assert_eq!(config.channels[0].max_bytes, Some(1_000_000));
     assert_eq!(
         config.channels[1].retention_age,

@@ -995,6 +995,7 @@ pub fn read_restored(
             let dead_letter = crate::storage::contract::dead_letter_name(&channel.name);
             QueueSetup {
                 lease: settings.lease,
+                max_held_per_worker: usize::from(settings.max_held_per_worker),
                 dead_letter: channels
                     .iter()
                     .position(|c| *c.name == *dead_letter)

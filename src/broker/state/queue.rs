@@ -111,6 +111,7 @@ impl Queues {
                 Queue {
                     name: channel.name.clone(),
                     lease: setup.lease,
+                    max_held_per_worker: setup.max_held_per_worker,
                     dead_letter: setup.dead_letter,
                     workers: Vec::new(),
                     turn: 0,
@@ -361,6 +362,9 @@ impl Queues {
 pub(super) struct Queue {
     name: Arc<str>,
     lease: Duration,
+    /// Most records one worker holds (being leased or sent, not yet
+    /// answered), below its Receive Maximum.
+    max_held_per_worker: usize,
     dead_letter: Option<u16>,
     /// Sessions subscribed to it, connected or not.
     workers: Vec<SessionKey>,
@@ -419,7 +423,8 @@ impl BrokerState {
     }
 
     /// Room worker `key` has for one more delivery: its window less what
-    /// it holds and what is on its way to it.
+    /// it holds and what is on its way to it, and no more than the
+    /// queue lets one worker hold.
     fn worker_room_of(&self, queue: &Queue, key: SessionKey) -> usize {
         let Some(session) = self.sessions.by_key.get(&key) else {
             return 0;
@@ -430,13 +435,18 @@ impl BrokerState {
         let Some(conn) = self.connections.get(&connection) else {
             return 0;
         };
-        let leasing = queue
-            .out
-            .values()
-            .filter(|d| d.worker == key && matches!(d.step, Step::Leasing))
-            .count();
-        conn.window()
-            .saturating_sub(session.inflight.len() + leasing)
+        let (leasing, sent) = queue.out.values().filter(|d| d.worker == key).fold(
+            (0, 0),
+            |(leasing, sent), d| match d.step {
+                Step::Leasing => (leasing + 1, sent),
+                Step::Held { .. } => (leasing, sent + 1),
+                Step::Resolving { .. } | Step::Releasing { .. } => (leasing, sent),
+            },
+        );
+        let window = conn
+            .window()
+            .saturating_sub(session.inflight.len() + leasing);
+        window.min(queue.max_held_per_worker.saturating_sub(leasing + sent))
     }
 
     /// Offer every queue the event made due.

@@ -70,6 +70,8 @@ pub struct RestoredChannel {
 pub struct QueueSetup {
     /// How long a worker holds a record before it counts as an attempt.
     pub lease: Duration,
+    /// Most records one worker holds at once, whatever its window.
+    pub max_held_per_worker: usize,
     /// The index of its dead-letter channel, when that is served.
     pub dead_letter: Option<u16>,
 }

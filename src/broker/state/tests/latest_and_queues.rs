@@ -5,6 +5,10 @@ use saguin_format::model::ChannelKind;
 use super::*;
 use crate::storage::contract::{ChannelStore, Provider as _};
 
+/// Most jobs one worker of a test's queue holds: above the test clients'
+/// window of 10, so only a worker that asks for more meets it.
+const QUEUE_MAX_HELD_PER_WORKER: usize = 12;
+
 /// The persisters and readers of a few real memory channels, answering the
 /// state's intents and reads as the server does, with one kind of write
 /// failed on demand.
@@ -37,6 +41,7 @@ impl MemoryChannels {
                 next: 1,
                 queue: store.as_queue().map(|_| QueueSetup {
                     lease: Duration::from_secs(30),
+                    max_held_per_worker: QUEUE_MAX_HELD_PER_WORKER,
                     dead_letter: Some(i as u16 + 1),
                 }),
                 positions: Vec::new(),
@@ -579,6 +584,55 @@ fn queue_records_go_to_one_worker_each_spread_and_bounded_by_the_window() {
     );
     assert_eq!(store.queue(0).depth(), 14);
     assert_eq!(s.queue_in_flight("jobs").len(), 14);
+}
+
+#[test]
+fn a_worker_that_asks_for_a_wide_window_holds_no_more_than_the_queue_lets_one() {
+    let now = Instant::now();
+    let (mut s, store) = queue_state(5);
+    let _producer = connect(&mut s, 1, "producer", true, now);
+    // An MQTT 5 client that names no Receive Maximum: 65,535.
+    let wide = ConnectRequest {
+        receive_maximum: u16::MAX,
+        ..request("wide", true, 0)
+    };
+    let mut wide_worker = connect_as(&mut s, 2, wide, now);
+    packets(&mut s, 2, vec![subscribe("jobs/#", 1)], now);
+    store.settle(&mut s, now);
+    wide_worker.drain();
+    enqueue(&mut s, &store, 1, 30, now);
+    let first = deliveries(&wide_worker.drain());
+    assert_eq!(
+        first.len(),
+        QUEUE_MAX_HELD_PER_WORKER,
+        "held to the queue's bound"
+    );
+    // A worker joining later gets what is left, within its own window.
+    let mut narrow = connect(&mut s, 3, "narrow", true, now);
+    packets(&mut s, 3, vec![subscribe("jobs/#", 1)], now);
+    store.settle(&mut s, now);
+    assert_eq!(deliveries(&narrow.drain()).len(), 10);
+    // Each answer lets one more out to the wide worker, never past the bound.
+    packets(
+        &mut s,
+        2,
+        vec![puback(first[0].3, ReasonCode::Success)],
+        now,
+    );
+    packets(
+        &mut s,
+        2,
+        vec![puback(first[1].3, ReasonCode::UnspecifiedError)],
+        now,
+    );
+    store.settle(&mut s, now);
+    assert_eq!(deliveries(&wide_worker.drain()).len(), 2);
+    let held_by_wide = s
+        .queue_in_flight("jobs")
+        .iter()
+        .filter(|(_, worker)| s.sessions.by_key[worker].client_id.as_ref() == "wide")
+        .count();
+    assert_eq!(held_by_wide, QUEUE_MAX_HELD_PER_WORKER);
 }
 
 #[test]
