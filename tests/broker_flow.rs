@@ -77,6 +77,45 @@ fn a_wildcard_subscriber_gets_every_retained_message_paced_by_its_window() {
 }
 
 #[test]
+fn an_mqtt5_subscriber_that_names_no_receive_maximum_is_sent_the_brokers_window() {
+    let broker =
+        Broker::plain("auth:\n  allow_anonymous: true\nlimits:\n  max_inflight_messages: 5\n");
+    runtime().block_on(async {
+        // No Receive Maximum: 65,535, as most MQTT 5 libraries ask.
+        let mut s = Raw::tcp(broker.addr(), v5()).await;
+        s.connect("sub", ConnectOpts::clean()).await;
+        s.subscribe(1, "t", 1).await;
+        let mut p = Raw::tcp(broker.addr(), v4()).await;
+        p.connect("pub", ConnectOpts::clean()).await;
+        for i in 1..=20u16 {
+            p.publish_acked("t", format!("{i}").as_bytes(), 1, false, i)
+                .await;
+        }
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            held.push(s.next_publish(false).await);
+        }
+        // Every one was routed before its PUBACK: the rest wait in the
+        // session's queue, not on the wire.
+        s.expect_nothing().await;
+        s.send(Packet::PubAck(codec::PubAck::new(held[0].packet_id)))
+            .await;
+        let next = s.next_publish(false).await;
+        assert_eq!(&next.payload[..], b"6");
+        s.expect_nothing().await;
+        // Acknowledged, the rest follow in order.
+        for m in held.iter().skip(1).chain([&next]) {
+            s.send(Packet::PubAck(codec::PubAck::new(m.packet_id)))
+                .await;
+        }
+        for i in 7..=20 {
+            let m = s.next_publish(true).await;
+            assert_eq!(m.payload, format!("{i}").into_bytes());
+        }
+    });
+}
+
+#[test]
 fn a_publisher_that_does_not_read_its_pubacks_is_slowed_never_cut() {
     let broker = Broker::plain(SMALL_LIMITS);
     runtime().block_on(async {

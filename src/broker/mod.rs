@@ -180,9 +180,14 @@
 //!   so abandoned client ids do not accumulate). MQTT 5 session expiry
 //!   intervals are capped at the same bound; a capped value is returned in
 //!   CONNACK.
-//! - The outbound inflight window of a 3.1.1 client is `limits.receive_maximum`
-//!   (what the broker asks of clients, applied in return); a 5.0 client's
-//!   own Receive Maximum is honoured. Messages beyond the window wait in the
+//! - The outbound inflight window is `limits.max_inflight_messages`, which
+//!   unless set is `limits.receive_maximum` (what the broker asks of
+//!   clients, applied in return): a 3.1.1 client's whole window, and the
+//!   most of a 5.0 client's Receive Maximum the broker uses. A 5.0 client
+//!   that names none asks for 65,535, as most libraries do; honoured, one
+//!   that read and did not acknowledge held 65,535 messages beside its
+//!   queue's bounds (EMQX takes the lesser of a client's Receive Maximum
+//!   and its own `max_inflight`, 32, the same way). Messages beyond the window wait in the
 //!   session's queue, which holds at most `limits.max_queued_messages` QoS 1/2
 //!   messages and, when set, `limits.max_queued_bytes` of their topics and
 //!   payloads (the bytes a session holds on to; Mosquitto counts payloads),
@@ -361,7 +366,7 @@
 //!   `ack_commit_interval`: an exchange started after the last write is
 //!   sent again as a new delivery after a crash.
 //! - QoS 0 to a client whose writer has `limits.max_queued_messages +
-//!   limits.receive_maximum` (at least 1,024) packets queued is dropped and
+//!   limits.max_inflight_messages` (at least 1,024) packets queued is dropped and
 //!   counted, and so is QoS 0 to a client whose writer has not yet written
 //!   QoS 0 deliveries of `limits.max_queued_bytes` (their topics and
 //!   payloads, as a session's queue counts them), where that is set: the
@@ -551,14 +556,14 @@
 //!   QoS, with `saguin-offset` and `saguin-attempts` (this delivery's
 //!   attempt, from 1).
 //! - A worker holds at most the queue's `max_held_per_worker` records
-//!   (64 unless set) being leased or sent and not yet answered, whatever
-//!   Receive Maximum it asked for. An MQTT 5 client that names none may
-//!   be sent 65,535 messages, and most libraries name none: without the
-//!   bound one worker was leased a whole backlog while the others waited,
-//!   and its going away counted an attempt on every job it held.
-//!   Mosquitto and EMQX bound every client's messages in flight the same
-//!   way (20 and 32 by default); the bound here is the queue's, since a
-//!   subscriber of broadcast topics loses nothing to a wide window.
+//!   (64 unless set) being leased or sent and not yet answered, within
+//!   its window. A worker's window wider than its share was leased a
+//!   whole backlog while the others waited, and its going away counted
+//!   an attempt on every job it held; the queue's bound is its own, so a
+//!   site that widens the broker's window for its subscribers' sake does
+//!   not widen every worker's, and a queue of long jobs can hand each
+//!   worker one (`max_held_per_worker: 1`), which an MQTT 3.1.1 worker
+//!   cannot ask for.
 //! - Each delivery is a lease written (the attempt counted) before the
 //!   PUBLISH is sent; the lease ends `lease` after on the broker's clock,
 //!   looked at every tick (500 ms). PUBACK below 0x80 resolves the record

@@ -717,6 +717,7 @@ pub fn limits_from(config: &crate::config::Config) -> super::state::Limits {
     super::state::Limits {
         max_session_expiry: u32::try_from(l.max_session_expiry.as_secs()).unwrap_or(u32::MAX),
         receive_maximum: l.receive_maximum.max(1),
+        max_inflight_messages: l.max_inflight_messages.max(1),
         max_queued_messages: l.max_queued_messages as usize,
         max_queued_bytes: l.max_queued_bytes,
         max_subscriptions_per_session: l.max_subscriptions_per_session as usize,
@@ -730,7 +731,7 @@ pub fn limits_from(config: &crate::config::Config) -> super::state::Limits {
         // Room for a full window and the largest queue of every session
         // before QoS 0 to a client that does not read is dropped.
         outbound_queue: (l.max_queued_messages as usize)
-            .saturating_add(usize::from(l.receive_maximum))
+            .saturating_add(usize::from(l.max_inflight_messages))
             .max(1024),
         max_keep_alive: l.max_keep_alive,
     }

@@ -330,6 +330,10 @@ pub struct Limits {
     pub max_connections: u32,
     /// MQTT 5 Receive Maximum the broker announces. Default 64.
     pub receive_maximum: u16,
+    /// QoS 1/2 messages sent to one client and not yet acknowledged: an
+    /// MQTT 5 client's Receive Maximum is lowered to it. Default
+    /// `receive_maximum`.
+    pub max_inflight_messages: u16,
     /// Per session, QoS 1/2 messages waiting (offline or beyond the
     /// window). Default 1000.
     pub max_queued_messages: u32,

@@ -66,6 +66,7 @@ pub(crate) fn resolved(config: &Config) -> Value {
             "max_session_expiry": duration(config.limits.max_session_expiry),
             "max_connections": config.limits.max_connections,
             "receive_maximum": config.limits.receive_maximum,
+            "max_inflight_messages": config.limits.max_inflight_messages,
             "max_queued_messages": config.limits.max_queued_messages,
             "max_queued_bytes": config.limits.max_queued_bytes,
             "max_subscriptions_per_session": config.limits.max_subscriptions_per_session,

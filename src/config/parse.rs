@@ -1268,6 +1268,7 @@ const LIMITS_KEYS: &[&str] = &[
     "max_session_expiry",
     "max_connections",
     "receive_maximum",
+    "max_inflight_messages",
     "max_queued_messages",
     "max_queued_bytes",
     "max_subscriptions_per_session",
@@ -1292,6 +1293,7 @@ fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
         max_session_expiry: Duration::from_secs(7 * 86_400),
         max_connections: 10_000,
         receive_maximum: 64,
+        max_inflight_messages: 64,
         max_queued_messages: 1000,
         max_queued_bytes: None,
         max_subscriptions_per_session: 100,
@@ -1347,6 +1349,12 @@ fn limits(ctx: &mut Ctx, section: Option<(String, &Value)>) -> Limits {
     if let Some(n) = int(ctx, "receive_maximum", 1, 65_535) {
         limits.receive_maximum = u16::try_from(n).unwrap_or(u16::MAX);
     }
+    // Unless set, the window the broker asks of clients, applied in
+    // return.
+    limits.max_inflight_messages = int(ctx, "max_inflight_messages", 1, 65_535)
+        .map_or(limits.receive_maximum, |n| {
+            u16::try_from(n).unwrap_or(u16::MAX)
+        });
     if let Some(n) = int(ctx, "max_queued_messages", 0, u64::from(u32::MAX)) {
         limits.max_queued_messages = u32::try_from(n).unwrap_or(u32::MAX);
     }

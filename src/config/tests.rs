@@ -106,6 +106,7 @@ fn defaults_are_filled_in() {
             max_session_expiry: Duration::from_secs(7 * 86_400),
             max_connections: 10_000,
             receive_maximum: 64,
+            max_inflight_messages: 64,
             max_queued_messages: 1000,
             max_queued_bytes: None,
             max_subscriptions_per_session: 100,
@@ -634,6 +635,21 @@ fn keys_belong_to_their_channel_kind() {
 }
 
 #[test]
+fn the_outbound_window_is_the_inbound_one_unless_set() {
+    let window = |limits: &str| {
+        ok(&with_base(&format!("limits: {{{limits}}}\n")))
+            .limits
+            .max_inflight_messages
+    };
+    assert_eq!(window("receive_maximum: 100"), 100);
+    assert_eq!(
+        window("receive_maximum: 100, max_inflight_messages: 20"),
+        20
+    );
+    assert_eq!(window("max_inflight_messages: 1000"), 1000);
+}
+
+#[test]
 fn limits_are_checked_against_mqtt() {
     let one = |limits: &str, path: &str, needle: &str| {
         one_problem(&with_base(&format!("limits: {{{limits}}}\n")), path, needle)
@@ -646,6 +662,11 @@ fn limits_are_checked_against_mqtt() {
     one(
         "receive_maximum: 65536",
         "limits.receive_maximum",
+        "outside 1..=65535",
+    );
+    one(
+        "max_inflight_messages: 0",
+        "limits.max_inflight_messages",
         "outside 1..=65535",
     );
     one(

@@ -1710,11 +1710,11 @@ async fn jobs(sizes: &[usize]) -> Result<(), Error> {
 }
 
 /// The Receive Maximum of the MQTT 5 worker that refuses jobs: the
-/// window the broker gives an MQTT 3.1.1 worker by default
-/// (`limits.receive_maximum`). With MQTT 5's default of 65,535 the broker
-/// leased it every job it had, and the jobs it held when it went away
-/// were released to wait out the hour's backoff too: a backlog of 1,000
-/// left the worker behind it nothing to take.
+/// window the broker gives an MQTT 3.1.1 worker by default. With MQTT 5's
+/// default of 65,535, a build that honoured it leased the worker every
+/// job it had, and the jobs it held when it went away were released to
+/// wait out the hour's backoff too: a backlog of 1,000 left the worker
+/// behind it nothing to take.
 const REFUSER_WINDOW: u16 = 64;
 
 /// An MQTT 5 worker that subscribes to the queue and refuses at least

@@ -175,9 +175,12 @@ impl BrokerState {
         };
         self.sessions.detached.remove(&key);
         let receive_maximum = if request.v5 {
-            request.receive_maximum.max(1)
+            request
+                .receive_maximum
+                .min(self.limits.max_inflight_messages)
+                .max(1)
         } else {
-            self.limits.receive_maximum.max(1)
+            self.limits.max_inflight_messages.max(1)
         };
         let was_stored = {
             let session = self.sessions.by_key.get_mut(&key).expect("inserted above");

@@ -129,8 +129,11 @@ pub struct Limits {
     /// Cap on any session's expiry interval, seconds; also the expiry of a
     /// 3.1.1 session with clean session 0.
     pub max_session_expiry: u32,
-    /// Announced to v5 clients; the outbound inflight window of 3.1.1 clients.
+    /// Announced to v5 clients: what they may send unacknowledged.
     pub receive_maximum: u16,
+    /// The outbound inflight window: all of a 3.1.1 client's, and the
+    /// most of a v5 client's Receive Maximum the broker uses.
+    pub max_inflight_messages: u16,
     /// Per session, QoS 1/2 messages waiting (offline or beyond the inflight window).
     pub max_queued_messages: usize,
     /// Per session, the bytes of their topics and payloads; None: no bound.
@@ -225,6 +228,7 @@ impl Default for Limits {
         Self {
             max_session_expiry: 7 * 24 * 3600,
             receive_maximum: 64,
+            max_inflight_messages: 64,
             max_queued_messages: 1000,
             max_queued_bytes: None,
             max_subscriptions_per_session: 100,

@@ -85,6 +85,53 @@ fn qos0_to_a_client_that_does_not_read_is_dropped_and_counted_not_cut() {
 /// what waits for its writer counts less than the bound, then are dropped
 /// and counted, and go again once its writer has written them.
 #[test]
+fn a_client_is_sent_no_more_unacknowledged_than_max_inflight_messages_whatever_it_asked() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_inflight_messages: 5,
+        ..Limits::default()
+    });
+    // MQTT 5 without a Receive Maximum (65,535), MQTT 5 asking for 3,
+    // and MQTT 3.1.1, which cannot ask.
+    let wide = ConnectRequest {
+        receive_maximum: u16::MAX,
+        ..request("wide", true, 0)
+    };
+    let narrow = ConnectRequest {
+        receive_maximum: 3,
+        ..request("narrow", true, 0)
+    };
+    let mut clients = [
+        connect_as(&mut s, 1, wide, now),
+        connect_as(&mut s, 2, narrow, now),
+        connect_with(&mut s, 3, "old", true, false, now),
+    ];
+    for conn in 1..=3 {
+        packets(&mut s, conn, vec![subscribe("t", 1)], now);
+    }
+    let _publisher = connect(&mut s, 4, "publisher", true, now);
+    for id in 1..=20 {
+        packets(&mut s, 4, vec![publish("t", 1, id)], now);
+    }
+    let sent: Vec<usize> = clients
+        .iter_mut()
+        .map(|c| publish_ids(&c.drain()).len())
+        .collect();
+    assert_eq!(sent, [5, 3, 5]);
+    // An acknowledgement lets one more out, never past the window.
+    packets(
+        &mut s,
+        1,
+        vec![Inbound::PubAck {
+            packet_id: 1,
+            reason: ReasonCode::Success,
+        }],
+        now,
+    );
+    assert_eq!(publish_ids(&clients[0].drain()).len(), 1);
+}
+
+#[test]
 fn qos0_to_a_client_that_does_not_read_is_held_to_the_byte_bound() {
     const EACH: u32 = 300 * 1024;
     let now = Instant::now();
