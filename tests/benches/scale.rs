@@ -66,7 +66,9 @@
 //!   the broker's RSS once every one is routed (queued for the subscriber
 //!   or dropped), with its queue bounded by count alone (1,000, both
 //!   brokers' default) and by [`STALLED_BYTES`] as well
-//!   (`limits.max_queued_bytes`; Mosquitto's `max_queued_bytes`).
+//!   (`limits.max_queued_bytes`; Mosquitto's `max_queued_bytes`); at QoS 1
+//!   also an MQTT 5 subscriber that names no Receive Maximum (65,535, as
+//!   most MQTT 5 libraries leave it).
 //! - `sparse`: one offline persistent session owed one message in N of
 //!   [`SPARSE_MESSAGES`] that four publishers send pipelined (QoS 1, 64
 //!   B): the broker's RSS per message it owes, its sessions and
@@ -1970,17 +1972,28 @@ async fn stalled(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
          subscriber of their QoS that reads nothing after its SUBACK)"
     );
     println!(
-        "| broker | QoS | queue bound | payload | RSS above the empty broker's | peak RSS above it |"
+        "| broker | subscriber | QoS | queue bound | payload | RSS above the empty broker's | peak RSS above it |"
     );
-    println!("| --- | ---: | --- | ---: | ---: | ---: |");
+    println!("| --- | --- | ---: | --- | ---: | ---: | ---: |");
     let dir = tempfile::tempdir()?;
     let baseline = bench_support::baseline()?;
     let brokers = rows(&baseline, mosquitto);
-    for qos in [QoS::AtLeastOnce, QoS::AtMostOnce] {
+    let subscribers = [
+        (QoS::AtLeastOnce, ProtocolVersion::V311),
+        (QoS::AtLeastOnce, ProtocolVersion::V5),
+        (QoS::AtMostOnce, ProtocolVersion::V311),
+    ];
+    for (qos, version) in subscribers {
         for &size in sizes {
             for bound in [None, Some(STALLED_BYTES)] {
                 for &name in &brokers {
-                    stalled_row(dir.path(), name, &baseline, qos, size, bound).await?;
+                    let row = StalledRow {
+                        qos,
+                        version,
+                        size,
+                        bound,
+                    };
+                    stalled_row(dir.path(), name, &baseline, row).await?;
                 }
             }
         }
@@ -1988,15 +2001,31 @@ async fn stalled(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     Ok(())
 }
 
+/// One row of the stalled curve: the subscriber's QoS and protocol, the
+/// payload's size and the queue's byte bound.
+#[derive(Clone, Copy)]
+struct StalledRow {
+    qos: QoS,
+    version: ProtocolVersion,
+    size: usize,
+    bound: Option<usize>,
+}
+
 async fn stalled_row(
     dir: &Path,
     name: &str,
     baseline: &Option<PathBuf>,
-    qos: QoS,
-    size: usize,
-    bound: Option<usize>,
+    row_of: StalledRow,
 ) -> Result<(), Error> {
-    let data = dir.join(format!("{name}-stalled-{qos:?}-{size}-{bound:?}"));
+    let StalledRow {
+        qos,
+        version,
+        size,
+        bound,
+    } = row_of;
+    let data = dir.join(format!(
+        "{name}-stalled-{qos:?}-{version:?}-{size}-{bound:?}"
+    ));
     let config = saguin_config(
         &data,
         &format!(
@@ -2013,13 +2042,17 @@ async fn stalled_row(
     let broker = launch(&which, &data).await?;
     let pid = pid_of(&broker)?;
     let before = rss(pid)?;
-    let subscriber = publish_to_a_stalled_subscriber(broker.addr, qos, size).await?;
+    let subscriber = publish_to_a_stalled_subscriber(broker.addr, qos, version, size).await?;
     let after = rss(pid)?;
     let peak = peak_rss(pid)?;
     drop(subscriber);
     stop(broker).await?;
     println!(
-        "| {name} | {} | {} | {size} B | {} | {} |",
+        "| {name} | {} | {} | {} | {size} B | {} | {} |",
+        match version {
+            ProtocolVersion::V5 => "MQTT 5, no Receive Maximum",
+            _ => "MQTT 3.1.1",
+        },
         qos as u8,
         bound.map_or("1,000 messages".to_owned(), |b| format!(
             "1,000 messages, {}",
@@ -2032,7 +2065,8 @@ async fn stalled_row(
     Ok(())
 }
 
-/// Subscribes a client at `qos` that then reads nothing, and publishes
+/// Subscribes a client of `version` at `qos` that then reads nothing (an
+/// MQTT 5 one naming no Receive Maximum), and publishes
 /// [`STALLED_MESSAGES`] messages of `size` bytes to it at `qos`: at QoS 1
 /// each acknowledged before the next, at QoS 0 followed by one QoS 1
 /// message to another topic, acknowledged once the broker has routed
@@ -2040,10 +2074,12 @@ async fn stalled_row(
 async fn publish_to_a_stalled_subscriber(
     addr: SocketAddr,
     qos: QoS,
+    version: ProtocolVersion,
     size: usize,
 ) -> Result<Conn, Error> {
     const TOPIC: &str = "bench/stalled";
-    let (mut subscriber, _) = Conn::connect(addr, "stalled-subscriber", true).await?;
+    let (mut subscriber, _) =
+        Conn::connect_with(addr, "stalled-subscriber", true, 120, version).await?;
     subscribe_acked(&mut subscriber, TOPIC, qos, "subscriber").await?;
     let payload = Bytes::from(vec![b's'; size]);
     let (mut publisher, _) = Conn::connect(addr, "stalled-publisher", true).await?;
