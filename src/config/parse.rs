@@ -1133,11 +1133,11 @@ pub(crate) const MAX_ATTEMPTS_MAX: u64 = 1000;
 /// A queue's `lease` when the channel names none.
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-/// A queue's `max_held_per_worker` when the channel names none: what an
-/// MQTT 3.1.1 worker is sent by default (`limits.receive_maximum`). An
-/// MQTT 5 client that does not say is otherwise sent up to 65,535, so one
-/// worker would be leased a whole backlog while the others wait, and its
-/// going away would count an attempt on every job it held.
+/// A queue's `max_held_per_worker` when the channel names none: the
+/// broker's default window (`limits.max_inflight_messages`). It stays
+/// when a site widens that window for its subscribers, so a worker's
+/// share of a backlog, and what its going away costs in attempts, does
+/// not widen with it.
 pub(crate) const DEFAULT_MAX_HELD_PER_WORKER: u16 = 64;
 
 /// A queue's `backoff` when the channel names none: the gap before

@@ -363,7 +363,7 @@ pub(super) struct Queue {
     name: Arc<str>,
     lease: Duration,
     /// Most records one worker holds (being leased or sent, not yet
-    /// answered), below its Receive Maximum.
+    /// answered), within its window.
     max_held_per_worker: usize,
     dead_letter: Option<u16>,
     /// Sessions subscribed to it, connected or not.
