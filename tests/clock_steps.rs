@@ -30,6 +30,8 @@ fn libfaketime() -> Option<PathBuf> {
 struct FakeClock {
     library: PathBuf,
     offset_file: PathBuf,
+    /// The brokers started on it, by process id.
+    started: std::cell::RefCell<Vec<u32>>,
 }
 
 impl FakeClock {
@@ -44,6 +46,7 @@ impl FakeClock {
         Some(FakeClock {
             library,
             offset_file: dir.join("clock-offset"),
+            started: Default::default(),
         })
     }
 
@@ -58,11 +61,18 @@ impl FakeClock {
     /// `broker` stopped (killed, if it still runs) and started again on
     /// this clock in its directory.
     fn restart(&self, broker: Broker, yaml: &str) -> Broker {
-        broker.restart_with(yaml, |command| self.run_on_it(command))
+        self.started(broker.restart_with(yaml, |command| self.run_on_it(command)))
     }
 
     fn start(&self, dir: tempfile::TempDir, yaml: &str) -> Broker {
-        Broker::start_with(dir, yaml, |command| self.run_on_it(command))
+        self.started(Broker::start_with(dir, yaml, |command| {
+            self.run_on_it(command)
+        }))
+    }
+
+    fn started(&self, broker: Broker) -> Broker {
+        self.started.borrow_mut().push(broker.child.id());
+        broker
     }
 
     /// `command` runs on this clock (and says what retention removed).
@@ -73,6 +83,23 @@ impl FakeClock {
             .env("FAKETIME_NO_CACHE", "1")
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
             .env("RUST_LOG", "info,saguin::broker::retention=debug");
+    }
+}
+
+/// libfaketime leaves a shared-memory segment and a semaphore in /dev/shm,
+/// named by the process id, after every process it was loaded into, on a
+/// clean exit as after a kill: removed once the brokers are gone (each
+/// test's broker is declared after its clock, so dropped first).
+impl Drop for FakeClock {
+    fn drop(&mut self) {
+        for pid in self.started.get_mut().iter() {
+            for name in [
+                format!("faketime_shm_{pid}"),
+                format!("sem.faketime_sem_{pid}"),
+            ] {
+                let _ = std::fs::remove_file(Path::new("/dev/shm").join(name));
+            }
+        }
     }
 }
 
