@@ -187,7 +187,9 @@
 //!   that names none asks for 65,535, as most libraries do; honoured, one
 //!   that read and did not acknowledge held 65,535 messages beside its
 //!   queue's bounds (EMQX takes the lesser of a client's Receive Maximum
-//!   and its own `max_inflight`, 32, the same way). Messages beyond the window wait in the
+//!   and its own `max_inflight`, 32, the same way). A bridge's own
+//!   connection keeps the window it asks for (its `max_inflight` and the
+//!   records read ahead of the remote's window). Messages beyond the window wait in the
 //!   session's queue, which holds at most `limits.max_queued_messages` QoS 1/2
 //!   messages and, when set, `limits.max_queued_bytes` of their topics and
 //!   payloads (the bytes a session holds on to; Mosquitto counts payloads),

@@ -174,7 +174,11 @@ impl BrokerState {
             key
         };
         self.sessions.detached.remove(&key);
-        let receive_maximum = if request.v5 {
+        let receive_maximum = if request.bridge.is_some() {
+            // The broker's own bridge: its window is its `max_inflight`
+            // and the reservoir read ahead of the remote's, not a client's.
+            request.receive_maximum.max(1)
+        } else if request.v5 {
             request
                 .receive_maximum
                 .min(self.limits.max_inflight_messages)

@@ -92,7 +92,8 @@ fn a_client_is_sent_no_more_unacknowledged_than_max_inflight_messages_whatever_i
         ..Limits::default()
     });
     // MQTT 5 without a Receive Maximum (65,535), MQTT 5 asking for 3,
-    // and MQTT 3.1.1, which cannot ask.
+    // MQTT 3.1.1, which cannot ask, and the broker's own bridge, whose
+    // window is its own.
     let wide = ConnectRequest {
         receive_maximum: u16::MAX,
         ..request("wide", true, 0)
@@ -101,23 +102,29 @@ fn a_client_is_sent_no_more_unacknowledged_than_max_inflight_messages_whatever_i
         receive_maximum: 3,
         ..request("narrow", true, 0)
     };
+    let bridge = ConnectRequest {
+        receive_maximum: 300,
+        bridge: Some("cloud".into()),
+        ..request("bridge:cloud", true, 0)
+    };
     let mut clients = [
         connect_as(&mut s, 1, wide, now),
         connect_as(&mut s, 2, narrow, now),
         connect_with(&mut s, 3, "old", true, false, now),
+        connect_as(&mut s, 4, bridge, now),
     ];
-    for conn in 1..=3 {
+    for conn in 1..=4 {
         packets(&mut s, conn, vec![subscribe("t", 1)], now);
     }
-    let _publisher = connect(&mut s, 4, "publisher", true, now);
+    let _publisher = connect(&mut s, 5, "publisher", true, now);
     for id in 1..=20 {
-        packets(&mut s, 4, vec![publish("t", 1, id)], now);
+        packets(&mut s, 5, vec![publish("t", 1, id)], now);
     }
     let sent: Vec<usize> = clients
         .iter_mut()
         .map(|c| publish_ids(&c.drain()).len())
         .collect();
-    assert_eq!(sent, [5, 3, 5]);
+    assert_eq!(sent, [5, 3, 5, 20]);
     // An acknowledgement lets one more out, never past the window.
     packets(
         &mut s,
