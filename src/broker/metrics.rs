@@ -177,7 +177,7 @@ pub struct Metrics {
     /// Each configured bridge's counters, by name (`saguin_bridge_*`).
     bridges: Mutex<BTreeMap<String, Arc<BridgeMetrics>>>,
     /// Each memory provider's snapshot generations (`saguin_snapshot_*`).
-    snapshots: Mutex<BTreeMap<String, Arc<super::snapshots::SnapshotMetrics>>>,
+    snapshots: Mutex<BTreeMap<String, Arc<SnapshotMetrics>>>,
     /// The longest an acknowledgement taken for writing (a flush of
     /// in-flight tables and cursors) waited for its commit, in
     /// microseconds (`saguin_ack_store_wait_seconds_max`).
@@ -446,11 +446,7 @@ impl Metrics {
 
     /// Registers a memory provider's snapshot metrics, rendered at every
     /// scrape.
-    pub fn register_snapshots(
-        &self,
-        provider: &str,
-        metrics: Arc<super::snapshots::SnapshotMetrics>,
-    ) {
+    pub fn register_snapshots(&self, provider: &str, metrics: Arc<SnapshotMetrics>) {
         lock(&self.snapshots).insert(provider.to_owned(), metrics);
     }
 
@@ -691,7 +687,7 @@ impl Metrics {
         }
         self.render_queues(&mut out);
         self.render_bridges(&mut out);
-        super::snapshots::render_metrics(&mut out, &lock(&self.snapshots));
+        render_snapshots(&mut out, &lock(&self.snapshots));
         self.render_retention(&mut out);
         counter(
             &mut out,
@@ -852,9 +848,156 @@ struct ProviderSample {
     checkpoint_room: Option<crate::storage::contract::CheckpointRoom>,
 }
 
+/// What the broker exports about one provider's snapshots.
+#[derive(Debug, Default)]
+pub struct SnapshotMetrics {
+    /// The generation the directory holds.
+    pub generation: AtomicU64,
+    /// Its moment, unix nanoseconds (0: none yet).
+    pub captured_at: AtomicU64,
+    /// Files written, and files that failed, since the start.
+    pub files_written: AtomicU64,
+    pub failures: AtomicU64,
+    pub bytes_written: AtomicU64,
+    /// Generations committed since the start.
+    pub generations: AtomicU64,
+    /// The last capture's and the last write's duration, nanoseconds.
+    pub last_capture_nanos: AtomicU64,
+    pub last_write_nanos: AtomicU64,
+    /// The longest capture and the longest write since the start,
+    /// nanoseconds.
+    pub max_capture_nanos: AtomicU64,
+    pub max_write_nanos: AtomicU64,
+    /// Unix nanoseconds of the oldest change no committed generation holds
+    /// (0: every change is in the current generation). Kept by the broker
+    /// task for providers written in the background.
+    pub unsaved_since: AtomicU64,
+    /// True for a provider whose generations are written in the
+    /// background: only its `saguin_snapshot_unsaved_seconds` is rendered
+    /// (one written at shutdown only holds nothing of what a crash loses).
+    pub background: AtomicBool,
+    /// What of the snapshot room is allocated, plus one (0: the provider
+    /// keeps none), as the last generation left it.
+    room_kept_plus_one: AtomicU64,
+}
+
+impl SnapshotMetrics {
+    /// What of the snapshot room is allocated now.
+    pub(super) fn set_room(&self, kept: u64) {
+        self.room_kept_plus_one
+            .store(kept.saturating_add(1), Relaxed);
+    }
+
+    /// What of the snapshot room is allocated; `None` for a provider that
+    /// keeps none.
+    fn room(&self) -> Option<u64> {
+        self.room_kept_plus_one.load(Relaxed).checked_sub(1)
+    }
+
+    pub(super) fn set_committed(&self, generation: u64, captured_at: i64) {
+        self.generation.store(generation, Relaxed);
+        self.captured_at
+            .store(u64::try_from(captured_at).unwrap_or(0), Relaxed);
+    }
+}
+
+/// The `saguin_snapshot_*` families, one series per provider.
+fn render_snapshots(out: &mut String, providers: &BTreeMap<String, Arc<SnapshotMetrics>>) {
+    let now = crate::storage::contract::now_nanos();
+    type Sample = fn(&SnapshotMetrics, i64) -> String;
+    let families: [(&str, &str, &str, Sample); 10] = [
+        ("saguin_snapshot_generation", "gauge", "The snapshot generation the provider's directory holds.",
+            |m, _| m.generation.load(Relaxed).to_string()),
+        ("saguin_snapshot_age_seconds", "gauge", "How old the state the current snapshot generation holds is; it grows while nothing changes (saguin_snapshot_unsaved_seconds is what a crash would lose). -1 with no generation yet.",
+            |m, now| match m.captured_at.load(Relaxed) {
+                0 => "-1".to_owned(),
+                at => format!("{:.3}", (now.saturating_sub(at as i64)).max(0) as f64 / 1e9),
+            }),
+        ("saguin_snapshot_generations_total", "counter", "Snapshot generations committed since the broker started.",
+            |m, _| m.generations.load(Relaxed).to_string()),
+        ("saguin_snapshot_files_written_total", "counter", "Snapshot files written since the broker started.",
+            |m, _| m.files_written.load(Relaxed).to_string()),
+        ("saguin_snapshot_bytes_written_total", "counter", "Bytes of snapshot files written since the broker started.",
+            |m, _| m.bytes_written.load(Relaxed).to_string()),
+        ("saguin_snapshot_failures_total", "counter", "Snapshot files (and manifests) that could not be written; each leaves the previous generation's file current.",
+            |m, _| m.failures.load(Relaxed).to_string()),
+        ("saguin_snapshot_capture_seconds", "gauge", "How long the broker's loop spent capturing the last generation's state.",
+            |m, _| format!("{:.6}", m.last_capture_nanos.load(Relaxed) as f64 / 1e9)),
+        ("saguin_snapshot_capture_seconds_max", "gauge", "The longest the broker's loop spent capturing a generation's state since it started.",
+            |m, _| format!("{:.6}", m.max_capture_nanos.load(Relaxed) as f64 / 1e9)),
+        ("saguin_snapshot_write_seconds", "gauge", "How long the last generation took to write, off the broker's loop.",
+            |m, _| format!("{:.6}", m.last_write_nanos.load(Relaxed) as f64 / 1e9)),
+        ("saguin_snapshot_write_seconds_max", "gauge", "The longest a generation took to write since the broker started: with snapshot_max_delay, the crash window.",
+            |m, _| format!("{:.6}", m.max_write_nanos.load(Relaxed) as f64 / 1e9)),
+    ];
+    for (name, kind, help, sample) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (provider, m) in providers {
+            let _ = writeln!(
+                out,
+                "{name}{{provider=\"{}\"}} {}",
+                escape_label(provider),
+                sample(m, now)
+            );
+        }
+    }
+    let _ = writeln!(out, "# HELP saguin_snapshot_room_bytes What of a memory provider's snapshot room is allocated: snapshot_room while whole, less while given up to a generation that found the file system full, before it is first taken (after a generation) and while it does not fit. Only for providers that keep one.\n# TYPE saguin_snapshot_room_bytes gauge");
+    for (provider, m) in providers {
+        if let Some(kept) = m.room() {
+            let _ = writeln!(
+                out,
+                "saguin_snapshot_room_bytes{{provider=\"{}\"}} {kept}",
+                escape_label(provider)
+            );
+        }
+    }
+    let _ = writeln!(out, "# HELP saguin_snapshot_unsaved_seconds How long the oldest change no committed snapshot generation holds has waited: what a crash now would lose. 0 when the current generation holds every change. Only for providers written in the background.\n# TYPE saguin_snapshot_unsaved_seconds gauge");
+    for (provider, m) in providers {
+        if !m.background.load(Relaxed) {
+            continue;
+        }
+        let seconds = match m.unsaved_since.load(Relaxed) {
+            0 => 0.0,
+            at => now.saturating_sub(at as i64).max(0) as f64 / 1e9,
+        };
+        let _ = writeln!(
+            out,
+            "saguin_snapshot_unsaved_seconds{{provider=\"{}\"}} {seconds:.3}",
+            escape_label(provider)
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshot_metrics_render_one_series_per_provider_with_its_label_escaped() {
+        let m = Arc::new(SnapshotMetrics::default());
+        m.set_committed(7, crate::storage::contract::now_nanos() - 1_500_000_000);
+        m.failures.fetch_add(2, Relaxed);
+        let mut providers = BTreeMap::new();
+        providers.insert("m\"1".to_owned(), m);
+        let mut out = String::new();
+        render_snapshots(&mut out, &providers);
+        assert!(
+            out.contains("saguin_snapshot_generation{provider=\"m\\\"1\"} 7"),
+            "{out}"
+        );
+        assert!(
+            out.contains("saguin_snapshot_failures_total{provider=\"m\\\"1\"} 2"),
+            "{out}"
+        );
+        let age: f64 = out
+            .lines()
+            .find(|l| l.starts_with("saguin_snapshot_age_seconds{"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        assert!((1.5..60.0).contains(&age), "{age}");
+        assert!(out.contains("# TYPE saguin_snapshot_capture_seconds_max gauge"));
+    }
     use crate::storage::contract::{AppendStore, ChannelStore, Provider};
     use crate::storage::memory::{MemoryConfig, MemoryProvider};
     use saguin_format::model::{ChannelKind, Record};

@@ -32,7 +32,7 @@
 //!   since the last one, nothing when nothing did.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -41,7 +41,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::metrics::Metrics;
+use super::metrics::{Metrics, SnapshotMetrics};
 use crate::config::SnapshotSchedule;
 use crate::storage::contract::{self, FaultKind};
 use crate::storage::generation::{Generations, Job, Outcome};
@@ -129,61 +129,6 @@ impl Schedule {
     /// True while a generation is being written.
     pub fn is_writing(&self) -> bool {
         self.writing
-    }
-}
-
-/// What the broker exports about one provider's snapshots.
-#[derive(Debug, Default)]
-pub struct SnapshotMetrics {
-    /// The generation the directory holds.
-    pub generation: AtomicU64,
-    /// Its moment, unix nanoseconds (0: none yet).
-    pub captured_at: AtomicU64,
-    /// Files written, and files that failed, since the start.
-    pub files_written: AtomicU64,
-    pub failures: AtomicU64,
-    pub bytes_written: AtomicU64,
-    /// Generations committed since the start.
-    pub generations: AtomicU64,
-    /// The last capture's and the last write's duration, nanoseconds.
-    pub last_capture_nanos: AtomicU64,
-    pub last_write_nanos: AtomicU64,
-    /// The longest capture and the longest write since the start,
-    /// nanoseconds.
-    pub max_capture_nanos: AtomicU64,
-    pub max_write_nanos: AtomicU64,
-    /// Unix nanoseconds of the oldest change no committed generation holds
-    /// (0: every change is in the current generation). Kept by the broker
-    /// task for providers written in the background.
-    pub unsaved_since: AtomicU64,
-    /// True for a provider whose generations are written in the
-    /// background: only its `saguin_snapshot_unsaved_seconds` is rendered
-    /// (one written at shutdown only holds nothing of what a crash loses).
-    pub background: std::sync::atomic::AtomicBool,
-    /// What of the snapshot room is allocated, plus one (0: the provider
-    /// keeps none), as the last generation left it.
-    room_kept_plus_one: AtomicU64,
-}
-
-impl SnapshotMetrics {
-    /// What of the snapshot room is allocated now.
-    fn set_room(&self, kept: u64) {
-        self.room_kept_plus_one
-            .store(kept.saturating_add(1), Ordering::Relaxed);
-    }
-
-    /// What of the snapshot room is allocated; `None` for a provider that
-    /// keeps none.
-    fn room(&self) -> Option<u64> {
-        self.room_kept_plus_one
-            .load(Ordering::Relaxed)
-            .checked_sub(1)
-    }
-
-    fn set_committed(&self, generation: u64, captured_at: i64) {
-        self.generation.store(generation, Ordering::Relaxed);
-        self.captured_at
-            .store(u64::try_from(captured_at).unwrap_or(0), Ordering::Relaxed);
     }
 }
 
@@ -628,77 +573,6 @@ impl Snapshots {
                 None => return,
             }
         }
-    }
-}
-
-/// The `saguin_snapshot_*` families, one series per provider.
-pub fn render_metrics(
-    out: &mut String,
-    providers: &std::collections::BTreeMap<String, Arc<SnapshotMetrics>>,
-) {
-    use std::fmt::Write as _;
-    let now = contract::now_nanos();
-    type Sample = fn(&SnapshotMetrics, i64) -> String;
-    let families: [(&str, &str, &str, Sample); 10] = [
-        ("saguin_snapshot_generation", "gauge", "The snapshot generation the provider's directory holds.",
-            |m, _| m.generation.load(Ordering::Relaxed).to_string()),
-        ("saguin_snapshot_age_seconds", "gauge", "How old the state the current snapshot generation holds is; it grows while nothing changes (saguin_snapshot_unsaved_seconds is what a crash would lose). -1 with no generation yet.",
-            |m, now| match m.captured_at.load(Ordering::Relaxed) {
-                0 => "-1".to_owned(),
-                at => format!("{:.3}", (now.saturating_sub(at as i64)).max(0) as f64 / 1e9),
-            }),
-        ("saguin_snapshot_generations_total", "counter", "Snapshot generations committed since the broker started.",
-            |m, _| m.generations.load(Ordering::Relaxed).to_string()),
-        ("saguin_snapshot_files_written_total", "counter", "Snapshot files written since the broker started.",
-            |m, _| m.files_written.load(Ordering::Relaxed).to_string()),
-        ("saguin_snapshot_bytes_written_total", "counter", "Bytes of snapshot files written since the broker started.",
-            |m, _| m.bytes_written.load(Ordering::Relaxed).to_string()),
-        ("saguin_snapshot_failures_total", "counter", "Snapshot files (and manifests) that could not be written; each leaves the previous generation's file current.",
-            |m, _| m.failures.load(Ordering::Relaxed).to_string()),
-        ("saguin_snapshot_capture_seconds", "gauge", "How long the broker's loop spent capturing the last generation's state.",
-            |m, _| format!("{:.6}", m.last_capture_nanos.load(Ordering::Relaxed) as f64 / 1e9)),
-        ("saguin_snapshot_capture_seconds_max", "gauge", "The longest the broker's loop spent capturing a generation's state since it started.",
-            |m, _| format!("{:.6}", m.max_capture_nanos.load(Ordering::Relaxed) as f64 / 1e9)),
-        ("saguin_snapshot_write_seconds", "gauge", "How long the last generation took to write, off the broker's loop.",
-            |m, _| format!("{:.6}", m.last_write_nanos.load(Ordering::Relaxed) as f64 / 1e9)),
-        ("saguin_snapshot_write_seconds_max", "gauge", "The longest a generation took to write since the broker started: with snapshot_max_delay, the crash window.",
-            |m, _| format!("{:.6}", m.max_write_nanos.load(Ordering::Relaxed) as f64 / 1e9)),
-    ];
-    for (name, kind, help, sample) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (provider, m) in providers {
-            let _ = writeln!(
-                out,
-                "{name}{{provider=\"{}\"}} {}",
-                super::metrics::escape_label(provider),
-                sample(m, now)
-            );
-        }
-    }
-    let _ = writeln!(out, "# HELP saguin_snapshot_room_bytes What of a memory provider's snapshot room is allocated: snapshot_room while whole, less while given up to a generation that found the file system full, before it is first taken (after a generation) and while it does not fit. Only for providers that keep one.\n# TYPE saguin_snapshot_room_bytes gauge");
-    for (provider, m) in providers {
-        if let Some(kept) = m.room() {
-            let _ = writeln!(
-                out,
-                "saguin_snapshot_room_bytes{{provider=\"{}\"}} {kept}",
-                super::metrics::escape_label(provider)
-            );
-        }
-    }
-    let _ = writeln!(out, "# HELP saguin_snapshot_unsaved_seconds How long the oldest change no committed snapshot generation holds has waited: what a crash now would lose. 0 when the current generation holds every change. Only for providers written in the background.\n# TYPE saguin_snapshot_unsaved_seconds gauge");
-    for (provider, m) in providers {
-        if !m.background.load(Ordering::Relaxed) {
-            continue;
-        }
-        let seconds = match m.unsaved_since.load(Ordering::Relaxed) {
-            0 => 0.0,
-            at => now.saturating_sub(at as i64).max(0) as f64 / 1e9,
-        };
-        let _ = writeln!(
-            out,
-            "saguin_snapshot_unsaved_seconds{{provider=\"{}\"}} {seconds:.3}",
-            super::metrics::escape_label(provider)
-        );
     }
 }
 

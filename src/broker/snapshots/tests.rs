@@ -108,33 +108,6 @@ fn without_a_debounce_only_the_maximum_delay_and_without_either_never() {
 }
 
 #[test]
-fn metrics_render_one_series_per_provider_with_its_label_escaped() {
-    let m = Arc::new(SnapshotMetrics::default());
-    m.set_committed(7, contract::now_nanos() - 1_500_000_000);
-    m.failures.fetch_add(2, Ordering::Relaxed);
-    let mut providers = std::collections::BTreeMap::new();
-    providers.insert("m\"1".to_owned(), m);
-    let mut out = String::new();
-    render_metrics(&mut out, &providers);
-    assert!(
-        out.contains("saguin_snapshot_generation{provider=\"m\\\"1\"} 7"),
-        "{out}"
-    );
-    assert!(
-        out.contains("saguin_snapshot_failures_total{provider=\"m\\\"1\"} 2"),
-        "{out}"
-    );
-    let age: f64 = out
-        .lines()
-        .find(|l| l.starts_with("saguin_snapshot_age_seconds{"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    assert!((1.5..60.0).contains(&age), "{age}");
-    assert!(out.contains("# TYPE saguin_snapshot_capture_seconds_max gauge"));
-}
-
-#[test]
 fn what_a_crash_would_lose_starts_at_the_oldest_change_no_committed_generation_holds() {
     let mut unsaved = Unsaved::default();
     assert_eq!(unsaved.since(), None);

@@ -162,6 +162,22 @@ impl HeldPublishStore for Held {
 
     fn held(&self) -> contract::Result<Vec<HeldPublish>> {
         self.shared
-            .read(|| "reading held publishes".into(), super::inspect::all_held)
+            .read(|| "reading held publishes".into(), all_held)
     }
+}
+
+/// Every held exactly-once publish, by channel, holder and packet id (the
+/// held-publish store's `held`, and `saguin sqlite dump`'s).
+pub fn all_held(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<HeldPublish>> {
+    let mut stmt = conn.prepare_cached(SQL_ALL)?;
+    let rows = stmt.query_map([], |r| {
+        Ok(HeldPublish {
+            channel: r.get(0)?,
+            client_id: r.get(1)?,
+            packet_id: r.get(2)?,
+            held_at: r.get(3)?,
+            record: record_at(r, 4, 0)?,
+        })
+    })?;
+    rows.collect()
 }

@@ -7,11 +7,11 @@
 use rusqlite::Connection;
 use saguin_format::model::{ChannelKind, Record};
 
-use super::held::SQL_ALL as SQL_ALL_HELD;
+pub use super::held::all_held;
 use super::parse_kind;
 use super::row::record_at;
 use super::schema::record_columns;
-use crate::storage::contract::{HeldPublish, BROADCAST_LOG_NAME};
+use crate::storage::contract::BROADCAST_LOG_NAME;
 
 /// A channel as the overview lists it. `bytes` is the stored counter for
 /// an append channel and the rows' sizes summed for the others (which keep
@@ -145,22 +145,6 @@ pub fn queue_summaries(conn: &Connection) -> rusqlite::Result<Vec<QueueSummary>>
             max_attempts: r.get(3)?,
             attempts: r.get(4)?,
             oldest_first_delivered: r.get(5)?,
-        })
-    })?;
-    rows.collect()
-}
-
-/// Every held exactly-once publish, by channel, holder and packet id (the
-/// held-publish store's `held` too).
-pub fn all_held(conn: &Connection) -> rusqlite::Result<Vec<HeldPublish>> {
-    let mut stmt = conn.prepare_cached(SQL_ALL_HELD)?;
-    let rows = stmt.query_map([], |r| {
-        Ok(HeldPublish {
-            channel: r.get(0)?,
-            client_id: r.get(1)?,
-            packet_id: r.get(2)?,
-            held_at: r.get(3)?,
-            record: record_at(r, 4, 0)?,
         })
     })?;
     rows.collect()
