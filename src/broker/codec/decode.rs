@@ -6,10 +6,10 @@ use bytes::Bytes;
 
 use super::error::DecodeError;
 use super::packet::{
-    Auth, ConnAck, Connect, Disconnect, LastWill, Packet, PacketType, ProtocolVersion, PubAck,
-    Publish, QoS, RetainHandling, SubAck, Subscribe, SubscribeFilter, SubscriptionOptions,
-    UnsubAck, Unsubscribe,
+    Auth, ConnAck, Connect, Disconnect, LastWill, Packet, PubAck, Publish, RetainHandling, SubAck,
+    Subscribe, SubscribeFilter, SubscriptionOptions, UnsubAck, Unsubscribe,
 };
+use super::primitives::{PacketType, ProtocolVersion, QoS};
 use super::properties::{
     AckProperties, AuthProperties, ConnAckProperties, ConnectProperties, DisconnectProperties,
     PublishProperties, SubscribeProperties, UnsubscribeProperties, WillProperties,

@@ -7,7 +7,8 @@
 use bytes::{BufMut, BytesMut};
 
 use super::error::EncodeError;
-use super::packet::{Ack, Packet, PacketType, ProtocolVersion, Publish, QoS};
+use super::packet::{Ack, Packet, Publish};
+use super::primitives::{PacketType, ProtocolVersion, QoS};
 use super::properties::id::SUBSCRIPTION_IDENTIFIER;
 use super::properties::{Measure, PublishProperties, Sink, Write};
 use super::reason::ReasonCode;

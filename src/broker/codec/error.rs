@@ -5,7 +5,7 @@
 
 use thiserror::Error;
 
-use super::packet::PacketType;
+use super::primitives::PacketType;
 use super::reason::ReasonCode;
 
 /// Why received bytes are not an acceptable MQTT packet. Always fatal to the
@@ -322,6 +322,6 @@ pub enum EncodeError {
     #[error("{packet} does not exist in {version}")]
     NotInVersion {
         packet: PacketType,
-        version: super::packet::ProtocolVersion,
+        version: super::primitives::ProtocolVersion,
     },
 }

@@ -18,7 +18,8 @@ use bytes::{Buf, Bytes, BytesMut};
 
 use super::decode::{check_first_byte, decode_body, Role};
 use super::error::DecodeError;
-use super::packet::{Ack, Packet, PacketType, ProtocolVersion};
+use super::packet::{Ack, Packet};
+use super::primitives::{PacketType, ProtocolVersion};
 use super::wire::{parse_var_int, VarInt, MAX_VARIABLE_BYTE_INTEGER};
 
 /// The largest packet the protocol can express: 1 type byte, 4 length

@@ -12,14 +12,17 @@
 //!   version, the last one honouring the peer's Maximum Packet Size.
 //!
 //! Files: `frame` (fixed header, decoder), `decode` (packet bodies),
-//! `encode`, `packet` (model), `properties`, `reason`, `topic` (name/filter
-//! syntax), `wire` (integers, strings), `error`.
+//! `encode`, `packet` (model), `primitives` (version, QoS, packet type,
+//! string: what every other file names, naming none of them),
+//! `properties`, `reason`, `topic` (name/filter syntax), `wire` (integers,
+//! strings), `error`.
 
 mod decode;
 mod encode;
 mod error;
 mod frame;
 mod packet;
+mod primitives;
 pub mod properties;
 pub mod reason;
 pub mod topic;
@@ -38,10 +41,10 @@ pub use encode::{
 pub use error::{DecodeError, EncodeError};
 pub use frame::{check_fixed_header, FixedHeader, FrameDecoder, PROTOCOL_MAX_PACKET_SIZE};
 pub use packet::{
-    Ack, Auth, ByteStr, ConnAck, Connect, Disconnect, LastWill, Packet, PacketType,
-    ProtocolVersion, PubAck, Publish, QoS, RetainHandling, SubAck, Subscribe, SubscribeFilter,
-    SubscriptionOptions, UnsubAck, Unsubscribe,
+    Ack, Auth, ConnAck, Connect, Disconnect, LastWill, Packet, PubAck, Publish, RetainHandling,
+    SubAck, Subscribe, SubscribeFilter, SubscriptionOptions, UnsubAck, Unsubscribe,
 };
+pub use primitives::{ByteStr, PacketType, ProtocolVersion, QoS};
 pub use properties::{
     AckProperties, AuthProperties, ConnAckProperties, ConnectProperties, DisconnectProperties,
     PayloadFormat, PublishProperties, SubscribeProperties, UnsubscribeProperties, UserProperties,

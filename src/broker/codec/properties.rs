@@ -12,7 +12,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::error::DecodeError;
-use super::packet::{ByteStr, PacketType, QoS};
+use super::primitives::{ByteStr, PacketType, QoS};
 use super::wire::{self, Reader, MAX_VARIABLE_BYTE_INTEGER};
 
 /// User properties: name/value pairs, ordered, names may repeat.

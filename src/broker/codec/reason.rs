@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::packet::{PacketType, QoS};
+use super::primitives::{PacketType, QoS};
 
 /// Every MQTT 5 reason code. Several names share the value 0x00 (Success,
 /// Normal disconnection, Granted QoS 0); they are one variant here with

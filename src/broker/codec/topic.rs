@@ -3,7 +3,7 @@
 //! [`crate::topic`]'s; this module says which packet error each refusal is.
 
 use super::error::DecodeError;
-use super::packet::PacketType;
+use super::primitives::PacketType;
 use crate::topic;
 
 pub use crate::topic::split_shared;

@@ -5,7 +5,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::error::{DecodeError, EncodeError};
-use super::packet::{ByteStr, PacketType};
+use super::primitives::{ByteStr, PacketType};
 
 /// The largest value a variable byte integer can hold (4 bytes of 7 bits).
 pub const MAX_VARIABLE_BYTE_INTEGER: u32 = 268_435_455;
