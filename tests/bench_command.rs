@@ -17,6 +17,24 @@ fn saguin(args: &[&std::ffi::OsStr]) -> Output {
         .expect("run saguin")
 }
 
+/// `saguin bench --config <config>` with `more` arguments.
+fn bench_config(config: &Path, more: &[&str]) -> Output {
+    let mut args: Vec<&std::ffi::OsStr> =
+        vec!["bench".as_ref(), "--config".as_ref(), config.as_os_str()];
+    args.extend(more.iter().map(|a| std::ffi::OsStr::new(*a)));
+    saguin(&args)
+}
+
+/// `saguin bench --dir <dir> --quick`.
+fn bench_dir_quick(dir: &Path) -> Output {
+    saguin(&[
+        "bench".as_ref(),
+        "--dir".as_ref(),
+        dir.as_os_str(),
+        "--quick".as_ref(),
+    ])
+}
+
 fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -45,15 +63,7 @@ fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
         ),
     )
     .unwrap();
-    let out = saguin(&[
-        "bench".as_ref(),
-        "--config".as_ref(),
-        config.as_os_str(),
-        "--quick".as_ref(),
-        "--json".as_ref(),
-        "--timeout-stop".as_ref(),
-        "60".as_ref(),
-    ]);
+    let out = bench_config(&config, &["--quick", "--json", "--timeout-stop", "60"]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -183,12 +193,7 @@ fn a_memory_providers_snapshot_directory_is_refused_naming_a_live_holder() {
          broker:\n  session_storage: mem\n",
         snap.display()
     ));
-    let out = saguin(&[
-        "bench".as_ref(),
-        "--dir".as_ref(),
-        snap.as_os_str(),
-        "--quick".as_ref(),
-    ]);
+    let out = bench_dir_quick(&snap);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(
@@ -205,12 +210,7 @@ fn a_memory_providers_snapshot_directory_is_refused_naming_a_live_holder() {
     );
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
     // Stopped, it is still the provider's directory.
-    let out = saguin(&[
-        "bench".as_ref(),
-        "--dir".as_ref(),
-        snap.as_os_str(),
-        "--quick".as_ref(),
-    ]);
+    let out = bench_dir_quick(&snap);
     assert_eq!(out.status.code(), Some(3));
 }
 
@@ -223,7 +223,7 @@ fn an_invalid_configuration_is_refused_with_its_problems() {
         "listeners: [{name: mqtt, bind: \"127.0.0.1:0\"}]\nstorage:\n  - {name: db, kind: sqlite}\n",
     )
     .unwrap();
-    let out = saguin(&["bench".as_ref(), "--config".as_ref(), config.as_os_str()]);
+    let out = bench_config(&config, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("storage[0].file_path: required"));
     let out = saguin(&["bench".as_ref()]);
@@ -247,12 +247,7 @@ fn a_directory_that_does_not_exist_yet_is_named_and_not_made() {
         ),
     )
     .unwrap();
-    let out = saguin(&[
-        "bench".as_ref(),
-        "--config".as_ref(),
-        config.as_os_str(),
-        "--quick".as_ref(),
-    ]);
+    let out = bench_config(&config, &["--quick"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(
