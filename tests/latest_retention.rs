@@ -12,8 +12,9 @@ use saguin::model::{ChannelKind, Record};
 use saguin::storage::contract::{
     now_nanos, read_changes, sweep_deletions_by_count, LatestStore, Provider, Retention,
 };
+use saguin::storage::generation::save_snapshot;
 use saguin::storage::memory::{LoadOptions, MemoryConfig, MemoryProvider};
-use saguin::storage::snapshot_write::{save_snapshot, SnapshotOptions};
+use saguin::storage::snapshot_write::SnapshotOptions;
 use saguin::storage::sqlite::{SqliteOptions, SqliteProvider};
 
 const CHURNED: usize = 100_000;

@@ -12,8 +12,9 @@ use std::process::{Command, Output};
 
 use broker_support::{append_store, field, Broker};
 use saguin::storage::contract::{Position, Provider, Reader};
+use saguin::storage::generation::save_snapshot;
 use saguin::storage::memory::{MemoryConfig, MemoryProvider};
-use saguin::storage::snapshot_write::{save_snapshot, SnapshotOptions};
+use saguin::storage::snapshot_write::SnapshotOptions;
 use saguin::storage::sqlite::{SqliteOptions, SqliteProvider};
 use saguin_format::model::{ChannelKind, Record};
 

@@ -24,8 +24,9 @@ use saguin::storage::contract::{
     now_nanos, read_changes, AppendStore, Changes, ChannelStore, HeldPublish, LatestStore,
     Position, Provider, QueueStore, Reader, StorageError,
 };
+use saguin::storage::generation::save_snapshot;
 use saguin::storage::memory::{LoadOptions, MemoryConfig, MemoryProvider};
-use saguin::storage::snapshot_write::{save_snapshot, SnapshotOptions};
+use saguin::storage::snapshot_write::SnapshotOptions;
 
 /// What the script needs from a provider under test.
 pub trait Harness {

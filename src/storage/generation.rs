@@ -21,82 +21,29 @@
 //! store is written again at the next generation; a manifest that fails
 //! leaves the previous generation current and every store to be written
 //! again.
+//!
+//! The layers, each naming only those below it: the memory provider knows
+//! nothing of files; [`super::snapshot_write`] copies its stores and
+//! encodes and writes one file a store; this module decides which files
+//! make a generation and commits them. [`write_snapshot`] writes a whole
+//! copy as the next generation and [`save_snapshot`] copies and writes,
+//! for callers that hold no broker loop.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use saguin_format::channel_name::{
-    encode_file_name, split_generation_file_name, temp_file_name, BROADCAST_FILE, MANIFEST_FILE,
-    RETAINED_FILE, ROOM_FILE, SESSIONS_FILE, SNAPSHOT_SUFFIX, TEMP_SUFFIX,
+    split_generation_file_name, temp_file_name, BROADCAST_FILE, MANIFEST_FILE, RETAINED_FILE,
+    ROOM_FILE, SESSIONS_FILE, SNAPSHOT_SUFFIX, TEMP_SUFFIX,
 };
-use saguin_format::f21::{self, FileKind, Generation, GenerationFile, SnapshotFile};
+use saguin_format::f21::{self, Generation, GenerationFile, SnapshotFile};
 use saguin_format::model::UnixNanos;
 
 use super::memory::MemoryProvider;
 use super::snapshot_write::{
-    self, copy_changed, ChannelCopy, FailedFile, ProviderCopy, SnapshotOptions, WriteObserver,
-    WriteReport, WrittenFile,
+    self, copy_changed, copy_provider, store_versions, ChannelCopy, FailedFile, ProviderCopy,
+    SnapshotOptions, Store, Unobserved, WriteObserver, WriteReport, WrittenFile,
 };
-
-/// What one file of a generation holds: a channel (a queue with its
-/// dead-letter channel), the retained store, or one of the sessions pair.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Store {
-    Channel(String),
-    Retained,
-    Sessions,
-    Broadcast,
-}
-
-impl Store {
-    pub fn kind(&self) -> FileKind {
-        match self {
-            Store::Channel(_) => FileKind::Channel,
-            Store::Retained => FileKind::Retained,
-            Store::Sessions => FileKind::Sessions,
-            Store::Broadcast => FileKind::Broadcast,
-        }
-    }
-
-    /// The fixed name of its file (`format/FORMAT.md` §3, §4).
-    pub fn base_name(&self) -> String {
-        match self {
-            Store::Channel(name) => encode_file_name(name),
-            Store::Retained => RETAINED_FILE.to_owned(),
-            Store::Sessions => SESSIONS_FILE.to_owned(),
-            Store::Broadcast => BROADCAST_FILE.to_owned(),
-        }
-    }
-
-    /// The store a manifest's entry is about.
-    pub fn of_entry(entry: &GenerationFile) -> Store {
-        match entry.kind {
-            FileKind::Retained => Store::Retained,
-            FileKind::Sessions => Store::Sessions,
-            FileKind::Broadcast => Store::Broadcast,
-            _ => Store::Channel(entry.channel.clone()),
-        }
-    }
-
-    /// The channel name a manifest's entry gives it (empty but for a
-    /// channel).
-    fn channel(&self) -> String {
-        match self {
-            Store::Channel(name) => name.clone(),
-            _ => String::new(),
-        }
-    }
-
-    /// How the operator is told about it.
-    pub fn describe(&self) -> String {
-        match self {
-            Store::Channel(name) => format!("channel {name}"),
-            Store::Retained => "the retained store".to_owned(),
-            Store::Sessions => "the sessions".to_owned(),
-            Store::Broadcast => "the broadcast log".to_owned(),
-        }
-    }
-}
 
 /// A data file's name read back: the store it holds and the generation
 /// that wrote it (0 for a fixed name, written by a build before
@@ -296,7 +243,7 @@ impl Generations {
         provider: &MemoryProvider,
     ) -> Generations {
         let mut written = HashMap::new();
-        for (store, version) in provider.store_versions(&options) {
+        for (store, version) in store_versions(provider, &options) {
             let kept = committed
                 .files
                 .get(&store)
@@ -511,11 +458,54 @@ impl Generations {
 
     /// Whether any store changed since its file was written or captured.
     pub fn has_changes(&self, provider: &MemoryProvider) -> bool {
-        provider
-            .store_versions(&self.options)
+        store_versions(provider, &self.options)
             .into_iter()
             .any(|(store, version)| self.captured.get(&store) != Some(&version))
     }
+}
+
+/// Writes `copy` into `dir` as the generation after the one the
+/// directory holds (none: the first), every store of the copy in it.
+/// Never stops at the first failure: every file that could not be written
+/// is in the report, and each leaves its store's previous file current.
+pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions) -> WriteReport {
+    write_snapshot_observed(dir, copy, options, &Unobserved)
+}
+
+/// [`write_snapshot`], telling `observer` as each file starts and ends.
+pub fn write_snapshot_observed(
+    dir: &Path,
+    copy: &ProviderCopy,
+    options: &SnapshotOptions,
+    observer: &dyn WriteObserver,
+) -> WriteReport {
+    let job = Job {
+        copy: ProviderCopy {
+            captured_at: copy.captured_at,
+            channels: copy.channels.clone(),
+            retained: copy.retained.clone(),
+            sessions: copy.sessions.clone(),
+        },
+        base: read_committed(dir),
+        parallel_files: options.parallel_files,
+    };
+    let outcome = write_generation(dir, &job, observer);
+    let mut report = outcome.report;
+    report.generation = outcome.committed.map(|c| c.generation);
+    report
+}
+
+/// Both phases back to back, for callers that hold no broker loop (tests,
+/// migration): copy everything, then write it as the directory's next
+/// generation.
+pub fn save_snapshot(
+    provider: &MemoryProvider,
+    dir: &Path,
+    options: &SnapshotOptions,
+    captured_at: UnixNanos,
+) -> WriteReport {
+    let copy = copy_provider(provider, options, captured_at);
+    write_snapshot(dir, &copy, options)
 }
 
 /// Writes `job` into `dir` as the generation after `job.base`, telling

@@ -71,8 +71,9 @@ use saguin_format::mbmqtt;
 use saguin_format::model::UnixNanos;
 
 use super::contract::{Reader, StorageError};
-use super::generation::{self, Committed, Store};
+use super::generation::{self, Committed};
 use super::read::{self, ReadError, SpecialKind, F21_DEFAULT_MAX_BYTES, MBMQTT_DEFAULT_MAX_BYTES};
+use super::snapshot_write::Store;
 
 /// How a directory (or one file) is read.
 #[derive(Clone, Debug)]

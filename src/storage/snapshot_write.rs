@@ -34,18 +34,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use saguin_format::channel_name::{
-    generation_file_name, temp_file_name, BROADCAST_FILE, RETAINED_CHANNEL, SESSIONS_FILE,
+    encode_file_name, generation_file_name, temp_file_name, BROADCAST_FILE, RETAINED_CHANNEL,
+    RETAINED_FILE, SESSIONS_FILE,
 };
 use saguin_format::f21::{
-    self, BroadcastFile, ChannelFile, DeadLetter, Position as FilePosition, SessionsFile,
-    SharedGroup, SnapshotFile,
+    self, BroadcastFile, ChannelFile, DeadLetter, FileKind, GenerationFile,
+    Position as FilePosition, SessionsFile, SharedGroup, SnapshotFile,
 };
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 use super::contract::{
     HeldPublish, Position, SessionEntry, SessionStore, ShareGroupEntry, BROADCAST_LOG_NAME,
 };
-use super::generation::{self, Job as GenerationJob, Store};
 use super::memory::{
     AppendCopy, BroadcastCopy, LatestCopy, MemChannelCopy, MemoryProvider, QueueCopy,
 };
@@ -69,6 +69,66 @@ impl Default for SnapshotOptions {
             retained: false,
             sessions: false,
             parallel_files: 4,
+        }
+    }
+}
+
+/// What one file of a generation holds: a channel (a queue with its
+/// dead-letter channel), the retained store, or one of the sessions pair.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Store {
+    Channel(String),
+    Retained,
+    Sessions,
+    Broadcast,
+}
+
+impl Store {
+    pub fn kind(&self) -> FileKind {
+        match self {
+            Store::Channel(_) => FileKind::Channel,
+            Store::Retained => FileKind::Retained,
+            Store::Sessions => FileKind::Sessions,
+            Store::Broadcast => FileKind::Broadcast,
+        }
+    }
+
+    /// The fixed name of its file (`format/FORMAT.md` §3, §4).
+    pub fn base_name(&self) -> String {
+        match self {
+            Store::Channel(name) => encode_file_name(name),
+            Store::Retained => RETAINED_FILE.to_owned(),
+            Store::Sessions => SESSIONS_FILE.to_owned(),
+            Store::Broadcast => BROADCAST_FILE.to_owned(),
+        }
+    }
+
+    /// The store a manifest's entry is about.
+    pub fn of_entry(entry: &GenerationFile) -> Store {
+        match entry.kind {
+            FileKind::Retained => Store::Retained,
+            FileKind::Sessions => Store::Sessions,
+            FileKind::Broadcast => Store::Broadcast,
+            _ => Store::Channel(entry.channel.clone()),
+        }
+    }
+
+    /// The channel name a manifest's entry gives it (empty but for a
+    /// channel).
+    pub(crate) fn channel(&self) -> String {
+        match self {
+            Store::Channel(name) => name.clone(),
+            _ => String::new(),
+        }
+    }
+
+    /// How the operator is told about it.
+    pub fn describe(&self) -> String {
+        match self {
+            Store::Channel(name) => format!("channel {name}"),
+            Store::Retained => "the retained store".to_owned(),
+            Store::Sessions => "the sessions".to_owned(),
+            Store::Broadcast => "the broadcast log".to_owned(),
         }
     }
 }
@@ -180,6 +240,26 @@ pub fn copy_provider(
     captured_at: UnixNanos,
 ) -> ProviderCopy {
     copy_changed(provider, options, captured_at, &HashMap::new(), &|_| None)
+}
+
+/// The version of every store a snapshot with `options` writes: each
+/// channel's (a queue's with its dead-letter channel's), the retained
+/// store's, and the sessions pair's under both of its files.
+pub fn store_versions(provider: &MemoryProvider, options: &SnapshotOptions) -> Vec<(Store, u64)> {
+    let mut out: Vec<(Store, u64)> = provider
+        .channel_versions()
+        .into_iter()
+        .map(|(name, version)| (Store::Channel(name), version))
+        .collect();
+    if options.retained {
+        out.push((Store::Retained, provider.retained_store().version()));
+    }
+    if options.sessions {
+        let pair = provider.broadcast().version();
+        out.push((Store::Broadcast, pair));
+        out.push((Store::Sessions, pair));
+    }
+    out
 }
 
 /// Copies every store whose version is not the one `since` gives it (a
@@ -314,50 +394,6 @@ pub struct Unobserved;
 impl WriteObserver for Unobserved {
     fn started(&self, _: &str) {}
     fn finished(&self, _: &str) {}
-}
-
-/// Writes `copy` into `dir` as the generation after the one the
-/// directory holds (none: the first), every store of the copy in it.
-/// Never stops at the first failure: every file that could not be written
-/// is in the report, and each leaves its store's previous file current.
-pub fn write_snapshot(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions) -> WriteReport {
-    write_snapshot_observed(dir, copy, options, &Unobserved)
-}
-
-/// [`write_snapshot`], telling `observer` as each file starts and ends.
-pub fn write_snapshot_observed(
-    dir: &Path,
-    copy: &ProviderCopy,
-    options: &SnapshotOptions,
-    observer: &dyn WriteObserver,
-) -> WriteReport {
-    let job = GenerationJob {
-        copy: ProviderCopy {
-            captured_at: copy.captured_at,
-            channels: copy.channels.clone(),
-            retained: copy.retained.clone(),
-            sessions: copy.sessions.clone(),
-        },
-        base: generation::read_committed(dir),
-        parallel_files: options.parallel_files,
-    };
-    let outcome = generation::write_generation(dir, &job, observer);
-    let mut report = outcome.report;
-    report.generation = outcome.committed.map(|c| c.generation);
-    report
-}
-
-/// Both phases back to back, for callers that hold no broker loop (tests,
-/// migration): copy everything, then write it as the directory's next
-/// generation.
-pub fn save_snapshot(
-    provider: &MemoryProvider,
-    dir: &Path,
-    options: &SnapshotOptions,
-    captured_at: UnixNanos,
-) -> WriteReport {
-    let copy = copy_provider(provider, options, captured_at);
-    write_snapshot(dir, &copy, options)
 }
 
 /// What became of one store's file in [`write_files`].
@@ -1147,11 +1183,9 @@ mod stream {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
 
     use super::*;
     use crate::storage::contract::Provider;
-    use saguin_format::channel_name::MANIFEST_FILE;
 
     #[test]
     fn a_file_written_across_several_writeback_steps_is_whole() {
@@ -1177,77 +1211,6 @@ mod tests {
 
     fn provider() -> Arc<MemoryProvider> {
         MemoryProvider::unbounded()
-    }
-
-    #[test]
-    fn writes_manifest_and_channel_files_with_private_modes() {
-        let p = provider();
-        let a = p.open_channel("a.b", ChannelKind::Append).unwrap();
-        a.as_append()
-            .unwrap()
-            .append(Record::new("a.b/x", "1"))
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let snap = dir.path().join("snap");
-        let report = save_snapshot(&p, &snap, &SnapshotOptions::default(), 42);
-        assert!(report.is_complete(), "{:?}", report.failed);
-        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&snap), 0o700);
-        assert_eq!(mode(&snap.join(MANIFEST_FILE)), 0o600);
-        assert_eq!(report.generation, Some(1));
-        let file = snap.join("a%2Eb.1.snapshot");
-        assert_eq!(mode(&file), 0o600);
-        let (header, decoded) = f21::decode(&fs::read(&file).unwrap()).unwrap();
-        assert_eq!(header.written_at, 42);
-        let SnapshotFile::Channel(c) = decoded else {
-            panic!("not a channel file")
-        };
-        assert_eq!((c.next, c.floor, c.records.len()), (2, 1, 1));
-        assert!(fs::read_dir(&snap).unwrap().all(|e| !e
-            .unwrap()
-            .file_name()
-            .to_string_lossy()
-            .ends_with(".tmp")));
-    }
-
-    #[test]
-    fn every_failure_is_reported_and_old_files_stand() {
-        let p = provider();
-        for name in ["one", "two", "three"] {
-            p.open_channel(name, ChannelKind::Append).unwrap();
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let report = save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 1);
-        assert!(report.is_complete());
-        let before = fs::read(dir.path().join("two.1.snapshot")).unwrap();
-        // A directory squatting on each temporary name of the second
-        // generation makes those writes fail.
-        fs::create_dir(dir.path().join("two.2.snapshot.tmp")).unwrap();
-        fs::create_dir(dir.path().join("three.2.snapshot.tmp")).unwrap();
-        let report = save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 2);
-        let mut failed: Vec<&str> = report.failed.iter().map(|f| f.name.as_str()).collect();
-        failed.sort();
-        assert_eq!(failed, ["three", "two"]);
-        assert_eq!(report.generation, Some(2));
-        assert_eq!(fs::read(dir.path().join("two.1.snapshot")).unwrap(), before);
-        assert!(report.written.iter().any(|w| w.name == "one"));
-        // The second generation lists the first's files of the two that
-        // failed, marked behind, and the new one of the third.
-        let committed = crate::storage::generation::read_committed(dir.path());
-        let names: Vec<(&str, bool)> = committed
-            .files
-            .values()
-            .map(|f| (f.file_name.as_str(), f.behind))
-            .collect();
-        assert_eq!(
-            names,
-            [
-                ("one.2.snapshot", false),
-                ("three.1.snapshot", true),
-                ("two.1.snapshot", true)
-            ]
-        );
-        assert!(!dir.path().join("one.1.snapshot").exists());
     }
 
     #[test]
@@ -1399,42 +1362,5 @@ mod tests {
         let offsets: Vec<u64> = back.records.iter().map(|r| r.offset).collect();
         assert_eq!(offsets, [2, 3, 5, 7]);
         assert_eq!(back.records, expected);
-    }
-
-    #[test]
-    fn sessions_the_loader_would_refuse_are_not_written() {
-        use crate::storage::contract::{SessionEntry, SessionStore};
-        let p = provider();
-        let options = SnapshotOptions {
-            sessions: true,
-            ..SnapshotOptions::default()
-        };
-        let session = |window| SessionEntry {
-            client_id: "c".into(),
-            principal: None,
-            expiry_interval: 60,
-            detached_at: 0,
-            subscriptions: Vec::new(),
-            will: None,
-            window,
-            inflight: Vec::new(),
-        };
-        p.session_store().save(session(10)).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        assert!(save_snapshot(&p, dir.path(), &options, 1).is_complete());
-        let first = saguin_format::channel_name::generation_file_name(SESSIONS_FILE, 1);
-        let before = fs::read(dir.path().join(&first)).unwrap();
-        p.session_store().save(session(0)).unwrap();
-        let report = save_snapshot(&p, dir.path(), &options, 2);
-        assert_eq!(report.failed.len(), 2, "{:?}", report.failed);
-        assert!(report.failed[0].to_string().contains("would not load"));
-        assert_eq!(fs::read(dir.path().join(&first)).unwrap(), before);
-        assert!(!dir
-            .path()
-            .join(saguin_format::channel_name::generation_file_name(
-                SESSIONS_FILE,
-                2
-            ))
-            .exists());
     }
 }

@@ -46,11 +46,9 @@ use std::time::{Duration, Instant};
 
 use saguin::model::{ChannelKind, Record};
 use saguin::storage::contract::{sweep_by_age, sweep_by_size, AppendStore, Provider, Retention};
-use saguin::storage::generation::{Committed, Generations};
+use saguin::storage::generation::{save_snapshot, write_snapshot, Committed, Generations};
 use saguin::storage::memory::{MemoryConfig, MemoryProvider};
-use saguin::storage::snapshot_write::{
-    copy_provider, save_snapshot, write_snapshot, SnapshotOptions, Unobserved,
-};
+use saguin::storage::snapshot_write::{copy_provider, SnapshotOptions, Unobserved};
 
 fn provider() -> Arc<MemoryProvider> {
     MemoryProvider::new(MemoryConfig {

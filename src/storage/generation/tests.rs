@@ -1,7 +1,8 @@
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
-use saguin_format::channel_name::{MANIFEST_FILE, SESSIONS_FILE};
+use saguin_format::channel_name::{encode_file_name, MANIFEST_FILE, SESSIONS_FILE};
 use saguin_format::f21::{Manifest, ManifestEntry};
 use saguin_format::model::{ChannelKind, Record};
 
@@ -448,4 +449,111 @@ fn a_changed_channel_is_copied_from_where_the_last_capture_left_and_written_whol
         "{:?}",
         outcome.report.failed
     );
+}
+
+#[test]
+fn writes_manifest_and_channel_files_with_private_modes() {
+    let p = provider();
+    let a = p.open_channel("a.b", ChannelKind::Append).unwrap();
+    a.as_append()
+        .unwrap()
+        .append(Record::new("a.b/x", "1"))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("snap");
+    let report = save_snapshot(&p, &snap, &SnapshotOptions::default(), 42);
+    assert!(report.is_complete(), "{:?}", report.failed);
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&snap), 0o700);
+    assert_eq!(mode(&snap.join(MANIFEST_FILE)), 0o600);
+    assert_eq!(report.generation, Some(1));
+    let file = snap.join("a%2Eb.1.snapshot");
+    assert_eq!(mode(&file), 0o600);
+    let (header, decoded) = f21::decode(&fs::read(&file).unwrap()).unwrap();
+    assert_eq!(header.written_at, 42);
+    let SnapshotFile::Channel(c) = decoded else {
+        panic!("not a channel file")
+    };
+    assert_eq!((c.next, c.floor, c.records.len()), (2, 1, 1));
+    assert!(fs::read_dir(&snap).unwrap().all(|e| !e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .ends_with(".tmp")));
+}
+
+#[test]
+fn every_failure_is_reported_and_old_files_stand() {
+    let p = provider();
+    for name in ["one", "two", "three"] {
+        p.open_channel(name, ChannelKind::Append).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let report = save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 1);
+    assert!(report.is_complete());
+    let before = fs::read(dir.path().join("two.1.snapshot")).unwrap();
+    // A directory squatting on each temporary name of the second
+    // generation makes those writes fail.
+    fs::create_dir(dir.path().join("two.2.snapshot.tmp")).unwrap();
+    fs::create_dir(dir.path().join("three.2.snapshot.tmp")).unwrap();
+    let report = save_snapshot(&p, dir.path(), &SnapshotOptions::default(), 2);
+    let mut failed: Vec<&str> = report.failed.iter().map(|f| f.name.as_str()).collect();
+    failed.sort();
+    assert_eq!(failed, ["three", "two"]);
+    assert_eq!(report.generation, Some(2));
+    assert_eq!(fs::read(dir.path().join("two.1.snapshot")).unwrap(), before);
+    assert!(report.written.iter().any(|w| w.name == "one"));
+    // The second generation lists the first's files of the two that
+    // failed, marked behind, and the new one of the third.
+    let committed = read_committed(dir.path());
+    let names: Vec<(&str, bool)> = committed
+        .files
+        .values()
+        .map(|f| (f.file_name.as_str(), f.behind))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("one.2.snapshot", false),
+            ("three.1.snapshot", true),
+            ("two.1.snapshot", true)
+        ]
+    );
+    assert!(!dir.path().join("one.1.snapshot").exists());
+}
+
+#[test]
+fn sessions_the_loader_would_refuse_are_not_written() {
+    let p = provider();
+    let options = SnapshotOptions {
+        sessions: true,
+        ..SnapshotOptions::default()
+    };
+    let session = |window| SessionEntry {
+        client_id: "c".into(),
+        principal: None,
+        expiry_interval: 60,
+        detached_at: 0,
+        subscriptions: Vec::new(),
+        will: None,
+        window,
+        inflight: Vec::new(),
+    };
+    p.session_store().save(session(10)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    assert!(save_snapshot(&p, dir.path(), &options, 1).is_complete());
+    let first = saguin_format::channel_name::generation_file_name(SESSIONS_FILE, 1);
+    let before = fs::read(dir.path().join(&first)).unwrap();
+    p.session_store().save(session(0)).unwrap();
+    let report = save_snapshot(&p, dir.path(), &options, 2);
+    assert_eq!(report.failed.len(), 2, "{:?}", report.failed);
+    assert!(report.failed[0].to_string().contains("would not load"));
+    assert_eq!(fs::read(dir.path().join(&first)).unwrap(), before);
+    assert!(!dir
+        .path()
+        .join(saguin_format::channel_name::generation_file_name(
+            SESSIONS_FILE,
+            2
+        ))
+        .exists());
 }

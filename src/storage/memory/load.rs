@@ -739,7 +739,8 @@ mod tests {
 
     use super::*;
     use crate::storage::contract::{now_nanos, HeldPublishStore, LatestStore, Provider};
-    use crate::storage::snapshot_write::{save_snapshot, SnapshotOptions};
+    use crate::storage::generation::save_snapshot;
+    use crate::storage::snapshot_write::SnapshotOptions;
 
     fn provider() -> Arc<MemoryProvider> {
         MemoryProvider::unbounded()
@@ -990,7 +991,8 @@ mod tests {
     /// generations wrote: every file under its fixed name, and a
     /// shutdown's manifest (kind 2) of moment `began_at`.
     fn to_legacy(dir: &Path, began_at: UnixNanos) {
-        use crate::storage::generation::{read_committed, Store};
+        use crate::storage::generation::read_committed;
+        use crate::storage::snapshot_write::Store;
         use saguin_format::f21::{Manifest, ManifestEntry};
         let committed = read_committed(dir);
         let mut manifest = Manifest {

@@ -284,28 +284,13 @@ impl MemoryProvider {
             .collect()
     }
 
-    /// The version of every store a snapshot with `options` writes: each
-    /// channel's (a queue's with its dead-letter channel's), the retained
-    /// store's, and the sessions pair's under both of its files.
-    pub fn store_versions(
-        &self,
-        options: &crate::storage::snapshot_write::SnapshotOptions,
-    ) -> Vec<(crate::storage::generation::Store, u64)> {
-        use crate::storage::generation::Store;
-        let mut out: Vec<(Store, u64)> = self
-            .mem_channels()
+    /// Each channel's version, in name order (a queue's counts its
+    /// dead-letter channel's changes).
+    pub fn channel_versions(&self) -> Vec<(String, u64)> {
+        self.mem_channels()
             .into_iter()
-            .map(|(name, c)| (Store::Channel(name), c.version()))
-            .collect();
-        if options.retained {
-            out.push((Store::Retained, self.retained.version()));
-        }
-        if options.sessions {
-            let pair = self.broadcast.version();
-            out.push((Store::Broadcast, pair));
-            out.push((Store::Sessions, pair));
-        }
-        out
+            .map(|(name, c)| (name, c.version()))
+            .collect()
     }
 
     pub(crate) fn mem_channel(&self, name: &str) -> Option<MemChannel> {

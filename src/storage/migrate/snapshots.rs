@@ -3,7 +3,7 @@
 //! what is migrated is what `serve` would load; into a database, the same
 //! scan counting each channel's records, which are then carried from its
 //! file as they are written, [`Carry::FromFiles`]) and
-//! [`snapshot_write::write_snapshot`] (the broker's writer: the units as
+//! [`generation::write_snapshot`] (the broker's writer: the units as
 //! the directory's first generation, each file to a temporary name,
 //! fsynced, renamed, the directory fsynced, the manifest last; 0700 and
 //! 0600).
@@ -20,15 +20,14 @@ use crate::storage::contract::{
     dead_letter_name, HeldPublish, Position, Reader, ShareGroupEntry, ShareGroupKey,
     BROADCAST_LOG_NAME, RETAINED_STORE_NAME,
 };
+use crate::storage::generation;
 use crate::storage::kept::Kept;
 use crate::storage::memory::{AppendCopy, BroadcastCopy, LatestCopy, QueueCopy};
 use crate::storage::sample::Sample;
 use crate::storage::snapshot_dir::{
     self, FileOutcome, FindingKind, Records, Role, ScanOptions, Severity,
 };
-use crate::storage::snapshot_write::{
-    self, ChannelCopy, ProviderCopy, SnapshotOptions, WriteReport,
-};
+use crate::storage::snapshot_write::{ChannelCopy, ProviderCopy, SnapshotOptions, WriteReport};
 use crate::storage::sqlite::units::{retained_offsets, ReadFailure};
 
 /// What a snapshot directory holds, as units, with the files that were
@@ -389,7 +388,7 @@ pub fn provider_copy(
 /// Writes the units with the shutdown's writer. The report names every file
 /// that was not written; the caller maps them back to units.
 pub fn write_dir(dir: &Path, copy: &ProviderCopy, options: &SnapshotOptions) -> WriteReport {
-    snapshot_write::write_snapshot(dir, copy, options)
+    generation::write_snapshot(dir, copy, options)
 }
 
 /// The unit name a file the writer reported belongs to.
