@@ -547,16 +547,14 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
     for (target, m) in results {
         let means = means(target, m, timeout_stop);
         let name = target.provider.name();
-        match target.file_system {
-            Some(Unkept::InMemory(kind)) => writeln!(
-                out,
-                "{name}: its directory is on {kind}, which lives in memory: a reboot or a power cut loses everything it keeps, whatever the figures below say"
-            )?,
-            Some(Unkept::OverNetwork(kind)) => writeln!(
-                out,
-                "{name}: its directory is on {kind}, a network file system: a sqlite database there may lose or damage what it commits, and a snapshot's fsyncs are the server's to keep; keep it on a local disk"
-            )?,
-            None => {}
+        let warning = target
+            .file_system
+            .zip(target.parent.as_deref())
+            .and_then(|(u, dir)| {
+                u.warning(dir, name, matches!(target.provider, Provider::Sqlite(_)))
+            });
+        if let Some(warning) = warning {
+            writeln!(out, "{name}: {warning}")?;
         }
         match &target.provider {
             Provider::Sqlite(s) => {

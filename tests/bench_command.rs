@@ -6,6 +6,7 @@ mod broker_support;
 use std::path::Path;
 use std::process::{Command, Output};
 
+use broker_support::volume::memory_backed_dir;
 use broker_support::Broker;
 use saguin::storage::file_system::{unkept, Unkept};
 use serde_json::Value;
@@ -255,4 +256,44 @@ fn a_directory_that_does_not_exist_yet_is_named_and_not_made() {
         "{err}"
     );
     assert!(!missing.exists());
+}
+
+/// Providers on a file system that lives in memory are measured, and the
+/// figures come under the warning serve and check-config give of them.
+#[test]
+fn a_provider_on_a_memory_backed_file_system_is_warned_of_above_its_figures() {
+    let Some(volatile) = memory_backed_dir(
+        "a_provider_on_a_memory_backed_file_system_is_warned_of_above_its_figures",
+    ) else {
+        return;
+    };
+    let config = volatile.path().join("saguin.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listeners: [{{name: mqtt, bind: \"127.0.0.1:0\"}}]\n\
+             auth: {{allow_anonymous: true}}\n\
+             storage:\n  - {{name: mem, kind: memory, snapshot_dir: {}, max_bytes: 1MiB, snapshot_room: 0}}\n\
+             \x20 - {{name: db, kind: sqlite, file_path: {}, checkpoint_room: 0}}\n",
+            volatile.path().join("snap").display(),
+            volatile.path().join("saguin.db").display()
+        ),
+    )
+    .unwrap();
+    let out = bench_config(&config, &["--quick"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["mem", "db"] {
+        let warning = format!(
+            "{name}: {} is on tmpfs, which lives in memory: what provider {name} keeps is lost at a reboot or a power cut",
+            volatile.path().display()
+        );
+        assert!(text.contains(&warning), "{text}");
+    }
+    assert_eq!(names(volatile.path()), ["saguin.yaml"]);
 }

@@ -3,6 +3,9 @@
 //! `--output` that is deterministic, equal for equivalent configurations,
 //! and loads back.
 
+mod broker_support;
+
+use broker_support::volume::memory_backed_dir;
 use saguin::storage::file_system::{unkept, Unkept};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -664,11 +667,11 @@ fn check_config_names_the_key_of_each_bound() {
 /// tests/serve_storage.rs.)
 #[test]
 fn a_provider_on_a_memory_backed_file_system_is_warned_of() {
-    let shm = Path::new("/dev/shm");
-    if unkept(shm) != Some(Unkept::InMemory("tmpfs")) {
-        eprintln!("SKIP a_provider_on_a_memory_backed_file_system_is_warned_of: /dev/shm is not a tmpfs here");
+    let Some(volatile) =
+        memory_backed_dir("a_provider_on_a_memory_backed_file_system_is_warned_of")
+    else {
         return;
-    }
+    };
     let check_with_data_in = |data: &Path| {
         let config = data.join("saguin.yaml");
         std::fs::write(
@@ -685,7 +688,6 @@ fn a_provider_on_a_memory_backed_file_system_is_warned_of() {
         assert_eq!(code(&out), SERVED, "{}", stderr(&out));
         stderr(&out)
     };
-    let volatile = tempfile::tempdir_in(shm).unwrap();
     let err = check_with_data_in(volatile.path());
     let named = format!(
         "warning: storage[0].file_path: {} is on tmpfs, which lives in memory",

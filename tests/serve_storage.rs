@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use assert_cmd::Command;
+use broker_support::volume::memory_backed_dir;
 use broker_support::{Broker, WAIT};
-use saguin::storage::file_system::{unkept, Unkept};
 use serde_json::Value;
 
 const RETAINED_FILE: &str = "%24saguin%2Fretained.snapshot";
@@ -193,12 +193,11 @@ fn a_first_start_makes_the_databases_directory_and_a_file_in_its_way_stops_it() 
 /// a reboot or a power cut takes what it keeps.
 #[test]
 fn a_start_on_a_memory_backed_file_system_says_what_a_reboot_takes() {
-    let shm = Path::new("/dev/shm");
-    if unkept(shm) != Some(Unkept::InMemory("tmpfs")) {
-        eprintln!("SKIP a_start_on_a_memory_backed_file_system_says_what_a_reboot_takes: /dev/shm is not a tmpfs here");
+    let Some(volatile) =
+        memory_backed_dir("a_start_on_a_memory_backed_file_system_says_what_a_reboot_takes")
+    else {
         return;
-    }
-    let volatile = tempfile::tempdir_in(shm).expect("tempdir in /dev/shm");
+    };
     let snap = volatile.path().join("snap");
     // No room kept: a container's /dev/shm may be 64 MiB in all.
     let storage = memory_provider(&snap, "    snapshot_room: 0\n");

@@ -604,15 +604,12 @@ impl Config {
     }
 
     /// Each provider in use whose files are where its promise does not
-    /// hold ([`crate::storage::file_system::Unkept`]), with its YAML path: on a
-    /// memory-backed file system (tmpfs, ramfs: an embedded image's
-    /// volatile `/var`), what it keeps is lost at a reboot or a power cut;
-    /// a sqlite provider on a network file system (NFS, SMB) has no
-    /// write-ahead log it can trust. Asks the file system (the directory,
-    /// or the nearest one above it that exists); `serve` logs these at
-    /// startup, `check-config` warns of them.
+    /// hold, with its YAML path and the warning
+    /// [`crate::storage::file_system::Unkept::warning`] words. Asks the
+    /// file system (the directory, or the nearest one above it that
+    /// exists); `serve` logs these at startup, `check-config` warns of
+    /// them.
     pub fn unkept_providers(&self) -> Vec<Problem> {
-        use crate::storage::file_system::Unkept;
         let used = self.used_providers();
         let mut out = Vec::new();
         for (i, provider) in self.storage.iter().enumerate() {
@@ -626,18 +623,11 @@ impl Config {
                     None => continue,
                 },
             };
-            let message = match (crate::storage::file_system::unkept(&dir), provider) {
-                (Some(Unkept::InMemory(kind)), _) => format!(
-                    "{} is on {kind}, which lives in memory: what provider {} keeps is lost at a reboot or a power cut, whatever its durability says",
-                    dir.display(),
-                    provider.name()
-                ),
-                (Some(Unkept::OverNetwork(kind)), Provider::Sqlite(_)) => format!(
-                    "{} is on {kind}, a network file system: sqlite's write-ahead log needs memory its connections share and locks the host honours, which it does not promise; provider {} may lose or damage what it commits: keep the database on a local disk",
-                    dir.display(),
-                    provider.name()
-                ),
-                _ => continue,
+            let sqlite = matches!(provider, Provider::Sqlite(_));
+            let Some(message) = crate::storage::file_system::unkept(&dir)
+                .and_then(|u| u.warning(&dir, provider.name(), sqlite))
+            else {
+                continue;
             };
             out.push(Problem {
                 path: format!("storage[{i}].{key}"),

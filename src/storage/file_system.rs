@@ -35,6 +35,24 @@ impl Unkept {
         }
     }
 
+    /// What it means for provider `provider` (a sqlite one when `sqlite`)
+    /// whose files are in `dir` on this file system, worded once for
+    /// `serve`, `check-config` and `saguin bench`. `None` for a memory
+    /// provider's snapshots over a network: they are as safe as the server
+    /// keeps their fsyncs, which no warning here can judge.
+    pub fn warning(self, dir: &Path, provider: &str, sqlite: bool) -> Option<String> {
+        let dir = dir.display();
+        match self {
+            Unkept::InMemory(kind) => Some(format!(
+                "{dir} is on {kind}, which lives in memory: what provider {provider} keeps is lost at a reboot or a power cut, whatever its durability says"
+            )),
+            Unkept::OverNetwork(kind) if sqlite => Some(format!(
+                "{dir} is on {kind}, a network file system: sqlite's write-ahead log needs memory its connections share and locks the host honours, which it does not promise; provider {provider} may lose or damage what it commits: keep the database on a local disk"
+            )),
+            Unkept::OverNetwork(_) => None,
+        }
+    }
+
     /// What a `statfs` type (32 bits of `f_type`) is, where it is one of
     /// these (linux/magic.h; ramfs's and the network ones are not in
     /// libc).

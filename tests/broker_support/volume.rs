@@ -8,6 +8,19 @@ use std::process::Command;
 
 use super::{say_cannot, say_skipped};
 
+/// A fresh directory on `/dev/shm` where that is a tmpfs (most Linux
+/// systems have one, and no mount is needed), or `None` (said loudly)
+/// where it is not. Removed on drop, with whatever a test left in it.
+pub fn memory_backed_dir(test: &str) -> Option<tempfile::TempDir> {
+    use saguin::storage::file_system::{unkept, Unkept};
+    let shm = Path::new("/dev/shm");
+    if unkept(shm) != Some(Unkept::InMemory("tmpfs")) {
+        say_cannot(test, "/dev/shm is not a tmpfs here");
+        return None;
+    }
+    Some(tempfile::tempdir_in(shm).expect("temp dir in /dev/shm"))
+}
+
 /// A mounted volume, unmounted (and its loop image detached) on drop.
 pub struct Volume {
     /// Where it is mounted.
