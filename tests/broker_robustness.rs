@@ -262,3 +262,46 @@ async fn unsupported_protocol_version_gets_connack_0x01() {
         .unwrap();
     assert_eq!(answer, vec![0x20, 0x02, 0x00, 0x01]);
 }
+
+/// A client that publishes into a channel, subscribes and disconnects, all
+/// in one write, is gone before its SUBACK, which waits behind the
+/// channel's write: the answer finds its session ended and is let go, and
+/// the broker carries on serving everyone else.
+#[tokio::test]
+async fn a_client_gone_before_its_suback_breaks_nothing() {
+    let broker = Broker::plain(
+        "auth:\n  allow_anonymous: true\n\
+         storage:\n  - name: mem\n    kind: memory\n\
+         channels:\n  - name: telemetry\n    kind: append\n    storage: mem\n",
+    );
+    let (mut s, mut p) = bystanders(&broker).await;
+    for round in 0..3u16 {
+        let mut c = Raw::tcp(broker.addr(), v4()).await;
+        c.connect("hasty", ConnectOpts::clean()).await;
+        let publish = Packet::Publish(saguin::broker::codec::Publish {
+            dup: false,
+            qos: qos(0),
+            retain: false,
+            topic: "telemetry/x".into(),
+            packet_id: 0,
+            properties: Default::default(),
+            payload: bytes::Bytes::from_static(b"reading"),
+        });
+        let subscribe = Packet::Subscribe(saguin::broker::codec::Subscribe {
+            packet_id: 1,
+            filters: vec![saguin::broker::codec::SubscribeFilter {
+                filter: "ok/#".to_owned(),
+                options: Default::default(),
+            }],
+            properties: Default::default(),
+        });
+        let disconnect =
+            Packet::Disconnect(saguin::broker::codec::Disconnect::new(ReasonCode::Success));
+        let mut burst = wire_bytes(&publish, v4());
+        burst.extend(wire_bytes(&subscribe, v4()));
+        burst.extend(wire_bytes(&disconnect, v4()));
+        c.send_bytes(&burst).await;
+        c.expect_close().await;
+        still_working(&mut s, &mut p, round + 1).await;
+    }
+}

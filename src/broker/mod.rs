@@ -189,7 +189,16 @@
 //!   queue's bounds (EMQX takes the lesser of a client's Receive Maximum
 //!   and its own `max_inflight`, 32, the same way). A bridge's own
 //!   connection keeps the window it asks for (its `max_inflight` and the
-//!   records read ahead of the remote's window). Messages beyond the window wait in the
+//!   records read ahead of the remote's window). Everything counts in
+//!   that window from the moment it is promised: a queue's job while its
+//!   lease is written (nothing else sent meanwhile may take its place),
+//!   and on a resumed session each unfinished exchange resent. A client
+//!   that comes back with a smaller Receive Maximum than its session's
+//!   exchanges were sent under is resent what the new window takes (MQTT
+//!   counts resent PUBLISHes and PUBRELs against it), the rest as it
+//!   answers, before anything new, as Mosquitto does; a strict client
+//!   sent more would disconnect and come back to the same resend for
+//!   ever. Messages beyond the window wait in the
 //!   session's queue, which holds at most `limits.max_queued_messages` QoS 1/2
 //!   messages and, when set, `limits.max_queued_bytes` of their topics and
 //!   payloads (the bytes a session holds on to; Mosquitto counts payloads),

@@ -301,7 +301,7 @@ impl BrokerState {
         };
         let consumer = &session.consumers[index];
         let window = self.connections.get(&connection).map_or(0, |c| c.window());
-        let window_full = session.inflight.len() >= window;
+        let window_full = session.inflight.len() + self.queues.leasing_for(key) >= window;
         // Most offers that find no room find a full window: said before
         // any filter is matched when every filter would send it inside
         // the window (a QoS 0 record, or a QoS 0 subscription, goes
@@ -447,7 +447,7 @@ impl BrokerState {
         let window = self.connections.get(&connection).map_or(0, |c| c.window());
         let wants_acks = consumer.filters.iter().any(|f| f.qos > 0);
         let room = if wants_acks {
-            window.saturating_sub(session.inflight.len())
+            window.saturating_sub(session.inflight.len() + self.queues.leasing_for(key))
         } else {
             READ_MAX
         };
@@ -456,6 +456,12 @@ impl BrokerState {
         }
         if !self.has_room(connection) {
             self.want_drained(connection);
+            return;
+        }
+        // A latest channel's changes wait for the current values still owed
+        // on the connection (`offer`): read now, they would be read again
+        // and again until then. Sending the last of them pumps it.
+        if self.channels.is_latest(channel) && !self.values_sent(connection) {
             return;
         }
         // Small records are read past the consumer's room: what it does

@@ -256,7 +256,8 @@ impl BrokerState {
         let room = if qos == 0 {
             self.has_room(connection)
         } else {
-            session.inflight.len() < window && self.has_room(connection)
+            session.inflight.len() + self.queues.leasing_for(key) < window
+                && self.has_room(connection)
         };
         if !room {
             return false;
@@ -324,8 +325,9 @@ impl BrokerState {
                 let session = self.sessions.by_key.get(k)?;
                 let connection = session.connection()?;
                 let window = self.connections.get(&connection)?.window();
-                self.has_room(connection)
-                    .then(|| window.saturating_sub(session.inflight.len()))
+                self.has_room(connection).then(|| {
+                    window.saturating_sub(session.inflight.len() + self.queues.leasing_for(*k))
+                })
             })
             .sum();
         if room == 0 && seek.is_none() {

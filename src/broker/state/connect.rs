@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::intent::{Parked, Role, StorageFailure, Write};
-use super::session::{InflightPhase, Session};
+use super::session::{InflightEntry, InflightPhase, Session};
 use super::{
     BrokerState, ConnAckExtras, ConnectRequest, Connection, ConnectionHandle, KeepAlive, Outbound,
     ReasonCode,
@@ -351,35 +351,47 @@ impl BrokerState {
         self.promote(key, now);
     }
 
-    /// Resend every unfinished exchange in its original order: PUBLISH with
-    /// DUP=1 and the same packet id, or PUBREL for those awaiting PUBCOMP.
-    /// A resent PUBLISH carries the expiry left at `now` (MQTT-3.3.2-6);
-    /// one whose lifetime ran out while in flight is still resent, as its
-    /// delivery had started (MQTT-4.4.0-1), with 0 left.
+    /// Resend the unfinished exchanges in their original order, as many
+    /// as the client's window takes now ([`Inflight::resume`]; the rest
+    /// follow as it acknowledges, before anything new): PUBLISH with DUP=1
+    /// and the same packet id, or PUBREL for those awaiting PUBCOMP.
     fn replay(&mut self, connection: u64, key: SessionKey, now: Instant) {
-        let session = &self.sessions.by_key[&key];
+        let window = self.connections.get(&connection).map_or(0, |c| c.window());
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
+            return;
+        };
+        session.inflight.resume(window);
         let packets: Vec<Outbound> = session
             .inflight
             .iter()
-            .map(|entry| match (&entry.phase, &entry.queued) {
-                (InflightPhase::AwaitPubcomp, _) | (_, None) => Outbound::PubRel {
-                    packet_id: entry.packet_id,
-                    reason: ReasonCode::Success,
-                },
-                (_, Some(q)) => Outbound::Publish {
-                    packet_id: entry.packet_id,
-                    qos: q.qos,
-                    retain: q.retain,
-                    dup: true,
-                    message: q.message.clone(),
-                    subscription_ids: q.subscription_ids.clone(),
-                    expiry: q.message.expiry_left(now).unwrap_or(Some(0)),
-                    sys: false,
-                },
-            })
+            .filter(|entry| !entry.unsent)
+            .map(|entry| resent(entry, now))
             .collect();
         for packet in packets {
             self.send(connection, packet);
         }
+    }
+}
+
+/// An unfinished exchange sent again on a new connection. A resent
+/// PUBLISH carries the expiry left at `now` (MQTT-3.3.2-6); one whose
+/// lifetime ran out while in flight is still resent, as its delivery had
+/// started (MQTT-4.4.0-1), with 0 left.
+pub(super) fn resent(entry: &InflightEntry, now: Instant) -> Outbound {
+    match (&entry.phase, &entry.queued) {
+        (InflightPhase::AwaitPubcomp, _) | (_, None) => Outbound::PubRel {
+            packet_id: entry.packet_id,
+            reason: ReasonCode::Success,
+        },
+        (_, Some(q)) => Outbound::Publish {
+            packet_id: entry.packet_id,
+            qos: q.qos,
+            retain: q.retain,
+            dup: true,
+            message: q.message.clone(),
+            subscription_ids: q.subscription_ids.clone(),
+            expiry: q.message.expiry_left(now).unwrap_or(Some(0)),
+            sys: false,
+        },
     }
 }

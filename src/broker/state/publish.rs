@@ -735,7 +735,7 @@ impl BrokerState {
         let connection = session.connection();
         let kept = session.expiry_interval > 0;
         let waiting = !session.pending.is_empty();
-        let in_flight = session.inflight.len();
+        let in_flight = session.inflight.len() + self.queues.leasing_for(key);
         if let Some(offset) = log_offset {
             self.persist.hold_log(key, offset);
         }
@@ -971,7 +971,16 @@ impl BrokerState {
                 return;
             };
             let window = self.connections.get(&connection).map_or(0, |c| c.window());
-            if session.inflight.len() >= window {
+            let unsent = session.inflight.unsent();
+            let leasing = self.queues.leasing_for(key);
+            if unsent > 0 && session.inflight.len() - unsent + leasing < window {
+                // What a resumption left unsent goes before anything new.
+                let entry = session.inflight.take_unsent().expect("counted unsent");
+                let packet = super::connect::resent(entry, now);
+                self.send(connection, packet);
+                continue;
+            }
+            if session.inflight.len() + leasing >= window {
                 return;
             }
             // Every connect comes here: a session that never queued keeps

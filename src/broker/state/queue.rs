@@ -97,9 +97,39 @@ pub(super) struct Queues {
     pub offers_out: IdMap<u64, u16>,
     /// Queue writes the current event made, each sealed on its own.
     pub writes: Vec<(u16, Write, QueueWrite)>,
+    /// Leases being written, counted by the worker each is for, across
+    /// every queue: each already takes a place in that worker's window,
+    /// which nothing else sent meanwhile (a broadcast delivery, a channel
+    /// record, another queue's job) may take ([`Queues::leasing_for`]).
+    leasing: IdMap<SessionKey, u32>,
 }
 
 impl Queues {
+    /// How many leases are being written for worker `key`: places in its
+    /// window taken by jobs not yet sent.
+    pub(super) fn leasing_for(&self, key: SessionKey) -> usize {
+        match self.leasing.is_empty() {
+            true => 0,
+            false => self.leasing.get(&key).map_or(0, |n| *n as usize),
+        }
+    }
+
+    /// A lease for `worker` is being written.
+    fn lease_started(&mut self, worker: SessionKey) {
+        *self.leasing.entry(worker).or_insert(0) += 1;
+    }
+
+    /// A lease for `worker` was written (its job is sent or given back) or
+    /// failed.
+    fn lease_ended(&mut self, worker: SessionKey) {
+        if let Some(n) = self.leasing.get_mut(&worker) {
+            *n -= 1;
+            if *n == 0 {
+                self.leasing.remove(&worker);
+            }
+        }
+    }
+
     /// The queues among the restored channels, with nobody working yet.
     pub(super) fn restore(&mut self, restored: &[RestoredChannel], metrics: &Metrics) {
         for (i, channel) in restored.iter().enumerate() {
@@ -260,8 +290,11 @@ impl Queues {
         tracing::warn!(channel = %queue.name, offset, error = %failure.message, "a queue write failed; the record stays in the queue with its attempts and is tried again");
         match write {
             QueueWrite::Lease { .. } => {
-                queue.out.remove(&offset);
+                let worker = queue.out.remove(&offset).map(|d| d.worker);
                 queue.retry_at = Some(now);
+                if let Some(worker) = worker {
+                    self.lease_ended(worker);
+                }
             }
             QueueWrite::Resolve { .. } | QueueWrite::Release { .. } => {
                 if let Some(d) = queue.out.get_mut(&offset) {
@@ -445,7 +478,7 @@ impl BrokerState {
         );
         let window = conn
             .window()
-            .saturating_sub(session.inflight.len() + leasing);
+            .saturating_sub(session.inflight.len() + self.queues.leasing_for(key));
         window.min(queue.max_held_per_worker.saturating_sub(leasing + sent))
     }
 
@@ -547,6 +580,7 @@ impl BrokerState {
                     step: Step::Leasing,
                 },
             );
+            self.queues.lease_started(worker);
             let write = Write::Lease {
                 offset: record.offset(),
                 holder,
@@ -603,6 +637,7 @@ impl BrokerState {
         let Some(worker) = queue.out.get(&lease.offset).map(|d| d.worker) else {
             return;
         };
+        self.queues.lease_ended(worker);
         let connection = self
             .sessions
             .by_key
@@ -657,6 +692,7 @@ impl BrokerState {
             log_offset: None,
             queued: Some(queued.clone()),
             channel: Some((channel, lease.offset)),
+            unsent: false,
         });
         let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
         if let Some(d) = queue.out.get_mut(&lease.offset) {

@@ -259,6 +259,7 @@ impl BrokerState {
                         log_offset: Some(e.log_offset),
                         queued,
                         channel: None,
+                        unsent: false,
                     })
                 });
                 in_flight.push(e.log_offset);

@@ -132,6 +132,11 @@ pub struct InflightEntry {
     /// the record's offset. Never stored with the session: a consumer
     /// resumes from its position, which this exchange holds back.
     pub channel: Option<(u16, u64)>,
+    /// Not yet sent again on the session's present connection: the session
+    /// resumed with more exchanges unfinished than its client's window
+    /// now takes (a client that came back with a smaller Receive Maximum),
+    /// so it is resent once the window has room ([`Inflight::resume`]).
+    pub unsent: bool,
 }
 
 impl InflightEntry {
@@ -148,6 +153,7 @@ impl InflightEntry {
             log_offset: queued.log_offset,
             queued: Some(queued),
             channel,
+            unsent: false,
         }
     }
 }
@@ -169,6 +175,8 @@ pub struct Inflight {
     next_id: u16,
     /// The last identifier handed out before they last went round to 1.
     last_before_round: u16,
+    /// How many entries are [`InflightEntry::unsent`].
+    unsent: usize,
 }
 
 /// The least range packet identifiers are handed out from.
@@ -181,6 +189,34 @@ impl Inflight {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// How many entries wait to be sent again on this connection.
+    pub fn unsent(&self) -> usize {
+        self.unsent
+    }
+
+    /// A resumed session's exchanges: the oldest `window` are sent again at
+    /// once, the rest marked unsent. MQTT 5 counts a resent PUBLISH, and a
+    /// PUBREL, against the Receive Maximum the client just gave
+    /// (MQTT-3.3.4-9), which may be smaller than the one they were sent
+    /// under.
+    pub fn resume(&mut self, window: usize) {
+        for (i, entry) in self.entries.iter_mut().enumerate() {
+            entry.unsent = i >= window;
+        }
+        self.unsent = self.entries.len().saturating_sub(window);
+    }
+
+    /// The oldest unsent entry, now marked sent.
+    pub fn take_unsent(&mut self) -> Option<&InflightEntry> {
+        if self.unsent == 0 {
+            return None;
+        }
+        let entry = self.entries.iter_mut().find(|e| e.unsent)?;
+        entry.unsent = false;
+        self.unsent -= 1;
+        Some(entry)
     }
 
     fn in_use(&self, packet_id: u16) -> bool {
@@ -281,7 +317,11 @@ impl Inflight {
         }
         self.set_used(packet_id, false);
         // The front in O(1), as acknowledgements in order take it.
-        self.entries.remove(at)
+        let entry = self.entries.remove(at)?;
+        if entry.unsent {
+            self.unsent -= 1;
+        }
+        Some(entry)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &InflightEntry> {
@@ -408,6 +448,7 @@ empty!(
         used: Vec::new(),
         next_id: 0,
         last_before_round: 0,
+        unsent: 0,
     }
 );
 empty!(Pending, Pending::new());
@@ -738,6 +779,7 @@ mod tests {
             log_offset: None,
             queued: None,
             channel: None,
+            unsent: false,
         }
     }
 

@@ -240,7 +240,13 @@ impl BrokerState {
         retained_for: Vec<(String, SubOptions)>,
         now: Instant,
     ) {
-        if retained_for.is_empty() {
+        // An answer parked behind a write is given after the write: the
+        // client may have left by then (a DISCONNECT right after its
+        // SUBSCRIBE) and a clean session ended with it.
+        if retained_for.is_empty()
+            || !self.connections.contains_key(&connection)
+            || !self.sessions.by_key.contains_key(&key)
+        {
             return;
         }
         let mut due = Vec::new();
@@ -290,6 +296,7 @@ impl BrokerState {
     /// for the writer to drain or an acknowledgement; none is dropped as an
     /// overflow.
     pub(super) fn send_retained_backlog(&mut self, connection: u64, now: Instant) {
+        let mut sent_any = false;
         loop {
             let Some(conn) = self.connections.get(&connection) else {
                 return;
@@ -297,6 +304,10 @@ impl BrokerState {
             let key = conn.session;
             let window = conn.window();
             let Some(front) = conn.retained_backlog.front() else {
+                if sent_any {
+                    // A latest channel's changes waited for these.
+                    self.pump_all(key, now);
+                }
                 return;
             };
             if front.qos == 0 {
@@ -309,7 +320,9 @@ impl BrokerState {
                 }
             } else {
                 let session = &self.sessions.by_key[&key];
-                if !session.pending.is_empty() || session.inflight.len() >= window {
+                if !session.pending.is_empty()
+                    || session.inflight.len() + self.queues.leasing_for(key) >= window
+                {
                     return;
                 }
             }
@@ -318,6 +331,7 @@ impl BrokerState {
                 .get_mut(&connection)
                 .and_then(|c| c.retained_backlog.pop_front())
                 .expect("front checked above");
+            sent_any = true;
             let queued = QueuedMessage {
                 message: due.message.into_message(now),
                 qos: due.qos,

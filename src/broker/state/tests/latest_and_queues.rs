@@ -173,24 +173,7 @@ impl MemoryChannels {
                     );
                     continue;
                 }
-                let result = match &self.stores[read.channel as usize] {
-                    ChannelStore::Append(st) => {
-                        crate::broker::reader::read_window(&**st, read.from, read.max)
-                    }
-                    ChannelStore::Latest(st) => crate::broker::reader::read_latest(
-                        &**st,
-                        read.from,
-                        &read.filters,
-                        read.max,
-                    ),
-                    ChannelStore::Queue(st) => {
-                        crate::broker::reader::read_queue(&**st, read.from, read.max)
-                    }
-                }
-                .map_err(|e| StorageFailure {
-                    full: false,
-                    message: e.to_string(),
-                });
+                let result = read_from(&self.stores[read.channel as usize], &read);
                 s.handle(
                     Event::ChannelRead {
                         ticket: read.ticket,
@@ -201,6 +184,24 @@ impl MemoryChannels {
             }
         }
     }
+}
+
+/// What `read` finds in `store`, as the server's reader answers it.
+pub(super) fn read_from(
+    store: &ChannelStore,
+    read: &ChannelRead,
+) -> Result<ReadWindow, StorageFailure> {
+    match store {
+        ChannelStore::Append(st) => crate::broker::reader::read_window(&**st, read.from, read.max),
+        ChannelStore::Latest(st) => {
+            crate::broker::reader::read_latest(&**st, read.from, &read.filters, read.max)
+        }
+        ChannelStore::Queue(st) => crate::broker::reader::read_queue(&**st, read.from, read.max),
+    }
+    .map_err(|e| StorageFailure {
+        full: false,
+        message: e.to_string(),
+    })
 }
 
 fn kinds_state(kinds: &[(&str, ChannelKind)]) -> (BrokerState, MemoryChannels) {

@@ -22,6 +22,7 @@ use crate::storage::kept::Kept;
 
 mod channels;
 mod latest_and_queues;
+mod random;
 mod sessions;
 
 struct Client {
