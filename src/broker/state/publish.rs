@@ -891,6 +891,7 @@ impl BrokerState {
             return;
         }
         let Ok(expiry) = queued.message.expiry_left(now) else {
+            self.metrics.dropped(DropReason::Expired);
             return;
         };
         self.send(

@@ -42,7 +42,7 @@ use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::restore::RestoredChannel;
 use super::session::{InflightEntry, InflightPhase, QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, StorageFailure};
-use crate::broker::metrics::Metrics;
+use crate::broker::metrics::{DropReason, Metrics};
 use crate::broker::subscriptions::SessionKey;
 use crate::storage::contract::{Lease, RecordParts, Released, HEADER_ATTEMPTS};
 use crate::topic;
@@ -683,6 +683,33 @@ impl BrokerState {
             subscription_ids,
             log_offset: None,
         };
+        if queued.message.expiry_left(now).is_err() {
+            // Its publisher's Message Expiry Interval ran out while it
+            // waited: never delivered, as no expired message is, but
+            // resolved and counted, where sent it took a place in the
+            // worker's window that nothing would ever free.
+            self.metrics.dropped(DropReason::Expired);
+            let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
+            if let Some(d) = queue.out.get_mut(&lease.offset) {
+                d.step = Step::Resolving {
+                    delivery_id: lease.delivery_id,
+                    epoch: lease.epoch,
+                    retry: false,
+                };
+            }
+            self.queues.writes.push((
+                channel,
+                Write::Resolve {
+                    delivery_id: lease.delivery_id,
+                    epoch: lease.epoch,
+                },
+                QueueWrite::Resolve {
+                    channel,
+                    offset: lease.offset,
+                },
+            ));
+            return;
+        }
         let until = now + self.queues.by_channel[&channel].lease;
         let session = self.sessions.by_key.get_mut(&worker).expect("looked up");
         session.inflight.push(InflightEntry {

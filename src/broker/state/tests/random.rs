@@ -66,7 +66,8 @@ enum Op {
         v5: bool,
         clean: bool,
         receive_maximum: u16,
-        will: bool,
+        /// A Will, with its delay in seconds.
+        will: Option<u32>,
     },
     Publish {
         client: usize,
@@ -75,6 +76,10 @@ enum Op {
         retain: bool,
         packet_id: u16,
         empty: bool,
+        /// Message Expiry Interval, seconds.
+        expiry: Option<u32>,
+        /// Sent this many times in one read, with packet ids counting up.
+        times: u16,
     },
     /// An answer as a client may send it, right or wrong.
     Answer {
@@ -91,6 +96,9 @@ enum Op {
         filter: usize,
         qos: u8,
         from: Option<usize>,
+        /// No Local, Retain As Published, Retain Handling and a
+        /// Subscription Identifier, as MQTT 5 may ask.
+        options: (bool, bool, u8, Option<u32>),
     },
     Unsubscribe {
         client: usize,
@@ -124,7 +132,14 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let client = 0..CLIENTS;
     prop_oneof![
-        1 => (client.clone(), any::<bool>(), any::<bool>(), 1..4u16, any::<bool>()).prop_map(
+        1 => (
+            client.clone(),
+            any::<bool>(),
+            any::<bool>(),
+            1..4u16,
+            proptest::option::of(0..90u32)
+        )
+            .prop_map(
             |(client, v5, clean, receive_maximum, will)| Op::Connect {
                 client,
                 v5,
@@ -134,21 +149,28 @@ fn op() -> impl Strategy<Value = Op> {
             }
         ),
         3 => (
-            client.clone(),
-            0..TOPICS.len(),
-            0..3u8,
-            any::<bool>(),
-            1..5u16,
-            proptest::bool::weighted(0.1)
+            (client.clone(), 0..TOPICS.len(), 0..3u8, any::<bool>()),
+            (
+                1..5u16,
+                proptest::bool::weighted(0.1),
+                proptest::option::weighted(0.2, 0..200u32),
+                proptest::sample::select(vec![1u16, 1, 1, 3])
+            )
         )
-            .prop_map(|(client, topic, qos, retain, packet_id, empty)| Op::Publish {
-                client,
-                topic,
-                qos,
-                retain,
-                packet_id,
-                empty
-            }),
+            .prop_map(
+                |((client, topic, qos, retain), (packet_id, empty, expiry, times))| {
+                    Op::Publish {
+                        client,
+                        topic,
+                        qos,
+                        retain,
+                        packet_id,
+                        empty,
+                        expiry,
+                        times,
+                    }
+                }
+            ),
         1 => (client.clone(), 0..4u8, 1..5u16).prop_map(|(client, kind, packet_id)| Op::Answer {
             client,
             kind,
@@ -159,13 +181,20 @@ fn op() -> impl Strategy<Value = Op> {
             client.clone(),
             0..FILTERS.len(),
             0..3u8,
-            proptest::option::weighted(0.3, 0..FROM.len())
+            proptest::option::weighted(0.3, 0..FROM.len()),
+            (
+                proptest::bool::weighted(0.2),
+                proptest::bool::weighted(0.2),
+                proptest::sample::select(vec![0u8, 0, 1, 2]),
+                proptest::option::weighted(0.2, 1..3u32)
+            )
         )
-            .prop_map(|(client, filter, qos, from)| Op::Subscribe {
+            .prop_map(|(client, filter, qos, from, options)| Op::Subscribe {
                 client,
                 filter,
                 qos,
-                from
+                from,
+                options
             }),
         1 => (client.clone(), 0..FILTERS.len())
             .prop_map(|(client, filter)| Op::Unsubscribe { client, filter }),
@@ -188,6 +217,9 @@ struct Peer {
     connection: Option<(u64, crate::broker::link::Outlet)>,
     /// Most unacknowledged deliveries its connection may be sent.
     window: usize,
+    /// Its connection speaks MQTT 5 (what only MQTT 5 carries is sent only
+    /// then, as the connection's codec would).
+    v5: bool,
     /// Deliveries of QoS 1 and 2 it was sent and has not answered, by
     /// packet id, with their QoS. Any answer naming one counts it answered
     /// here, right or not, so the window is never checked for more than
@@ -488,13 +520,14 @@ impl Run {
                     true => usize::from(receive_maximum).min(inflight),
                     false => inflight,
                 };
-                let will = will.then(|| WillRequest {
+                peer.v5 = v5;
+                let will = will.map(|delay| WillRequest {
                     topic: ByteStr::from(TOPICS[client % TOPICS.len()]),
                     payload: Bytes::from_static(b"gone"),
                     qos: 1,
                     retain: false,
                     properties: MessageProperties::default(),
-                    delay: 0,
+                    delay: if v5 { delay } else { 0 },
                 });
                 let request = ConnectRequest {
                     v5,
@@ -536,21 +569,36 @@ impl Run {
                 retain,
                 packet_id,
                 empty,
+                expiry,
+                times,
             } => {
                 let payload = match empty {
                     true => Bytes::new(),
                     false => Bytes::from_static(b"a payload of some bytes"),
                 };
-                let publish = Inbound::Publish(InboundPublish {
-                    packet_id: if qos == 0 { 0 } else { packet_id },
-                    qos,
-                    retain,
-                    dup: false,
-                    topic: ByteStr::from(TOPICS[topic]),
-                    payload,
-                    properties: MessageProperties::default(),
-                });
-                self.packets(client, vec![publish]);
+                let properties = match (self.peers[client].v5, expiry) {
+                    (true, Some(seconds)) => {
+                        MessageProperties::from(crate::broker::codec::PublishProperties {
+                            message_expiry_interval: Some(seconds),
+                            ..Default::default()
+                        })
+                    }
+                    _ => MessageProperties::default(),
+                };
+                let publishes = (0..times)
+                    .map(|i| {
+                        Inbound::Publish(InboundPublish {
+                            packet_id: if qos == 0 { 0 } else { packet_id + i },
+                            qos,
+                            retain,
+                            dup: false,
+                            topic: ByteStr::from(TOPICS[topic]),
+                            payload: payload.clone(),
+                            properties: properties.clone(),
+                        })
+                    })
+                    .collect();
+                self.packets(client, publishes);
             }
             Op::Answer {
                 client,
@@ -617,17 +665,28 @@ impl Run {
                 filter,
                 qos,
                 from,
+                options: (no_local, retain_as_published, retain_handling, subscription_id),
             } => {
                 let user_properties = from
                     .map(|f| vec![(FROM_PROPERTY.to_owned(), FROM[f].to_owned())])
                     .unwrap_or_default();
+                let options = match self.peers[client].v5 {
+                    true => SubOptions {
+                        qos,
+                        no_local,
+                        retain_as_published,
+                        retain_handling,
+                        subscription_id,
+                    },
+                    false => sub_options(qos),
+                };
                 self.packets(
                     client,
                     vec![Inbound::Subscribe {
                         packet_id: 9,
-                        subscription_id: None,
+                        subscription_id: options.subscription_id,
                         user_properties,
-                        filters: vec![(FILTERS[filter].into(), sub_options(qos))],
+                        filters: vec![(FILTERS[filter].into(), options)],
                     }],
                 );
             }
@@ -782,7 +841,7 @@ fn connect(client: usize, v5: bool, receive_maximum: u16) -> Op {
         v5,
         clean: false,
         receive_maximum,
-        will: false,
+        will: None,
     }
 }
 
@@ -794,6 +853,8 @@ fn publish(client: usize, topic: usize, qos: u8) -> Op {
         retain: false,
         packet_id: 1,
         empty: false,
+        expiry: None,
+        times: 1,
     }
 }
 
@@ -803,6 +864,7 @@ fn subscribe(client: usize, filter: usize, qos: u8) -> Op {
         filter,
         qos,
         from: None,
+        options: (false, false, 0, None),
     }
 }
 
@@ -835,6 +897,8 @@ fn a_latest_consumer_waiting_for_what_it_is_owed_reads_nothing_meanwhile() {
             retain: true,
             packet_id: 3,
             empty: false,
+            expiry: None,
+            times: 1,
         },
         publish(0, 4, 0),
         subscribe(0, 0, 1),
@@ -880,5 +944,39 @@ fn a_session_resumed_under_a_smaller_receive_maximum_is_resent_what_its_window_t
     run.apply(Op::AnswerAll { client: 0 });
     run.apply(Op::Settle);
     assert_eq!(resent(&run), first);
+    run.finish();
+}
+
+/// A job whose Message Expiry Interval ran out before its worker was sent
+/// it is resolved and counted, not left holding the worker's window.
+#[test]
+fn an_expired_job_does_not_hold_its_workers_window() {
+    let mut run = Run::new();
+    for op in [
+        connect(0, true, 1),
+        Op::Publish {
+            client: 0,
+            topic: 6,
+            qos: 0,
+            retain: false,
+            packet_id: 1,
+            empty: false,
+            expiry: Some(0),
+            times: 1,
+        },
+        connect(2, false, 1),
+        subscribe(2, 8, 1),
+        publish(0, 6, 1),
+        Op::Settle,
+    ] {
+        run.apply(op);
+    }
+    let expired = run
+        .state
+        .metrics
+        .dropped_count(crate::broker::metrics::DropReason::Expired);
+    assert_eq!(expired, 1);
+    // The job after it reaches the worker.
+    assert_eq!(run.peers[2].received.len(), 1);
     run.finish();
 }
