@@ -117,8 +117,10 @@ pub enum DropReason {
     Offline,
     /// The receiving connection was too slow and was closed.
     SlowConsumer,
-    /// An inbound QoS 2 hold not released by PUBREL within
-    /// `exactly_once.expires_after` (the message itself was routed).
+    /// An inbound QoS 2 publish its publisher did not release (PUBREL)
+    /// within `broker.exactly_once.expires_after`, or before its session ended: a
+    /// broadcast one was routed already, one into a channel never becomes
+    /// a record.
     ExactlyOnceExpired,
     /// A QoS 0 publish whose retained value or log entry could not be
     /// stored (QoS 1/2 publishers are told with a reason code instead).

@@ -248,8 +248,9 @@
 //!   until PUBREL; a duplicate gets PUBREC only; an unknown PUBREL gets
 //!   PUBCOMP (0x92 on MQTT 5). A 5.0 client with more unreleased QoS 2 ids
 //!   than the Receive Maximum is disconnected with 0x93. An id not released
-//!   within `broker.exactly_once.expires_after` is forgotten and counted
-//!   (`saguin_dropped_messages_total{reason="exactly_once_expired"}`).
+//!   within `broker.exactly_once.expires_after`, or before its session
+//!   ends (a clean session's ends with the process too), is forgotten and
+//!   counted (`saguin_dropped_messages_total{reason="exactly_once_expired"}`).
 //! - ACL: a denied publish completes its handshake (MQTT 5: PUBACK/PUBREC
 //!   0x87; 3.1.1: the normal acknowledgement) and is not routed; a denied
 //!   subscription gets 0x87 (3.1.1: 0x80); every delivery is checked again
@@ -500,8 +501,8 @@
 //!   provider before PUBREC, whatever the publisher's session, and written
 //!   at the next offset with the hold's removal in one transaction before
 //!   PUBCOMP; a hold not released within `broker.exactly_once.expires_after`
-//!   is dropped and counted, and one whose session is gone at startup is
-//!   dropped.
+//!   is dropped and counted, as is one whose session ends first or is gone
+//!   at startup (a bridge's waits for its next connection).
 //!
 //! Latest channels ([`state`]'s `latest` module, [`reader`]):
 //!

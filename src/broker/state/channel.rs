@@ -984,13 +984,19 @@ impl BrokerState {
                     None if bridge => self
                         .bridges
                         .add_hold(&hold.client_id, (hold.packet_id, i, now)),
-                    None => self.persist.stage(
-                        Role::Channel(i),
-                        Write::DropChannelHold {
-                            client_id: hold.client_id,
-                            packet_id: hold.packet_id,
-                        },
-                    ),
+                    // Its session ended with the process (a clean one), so
+                    // does the publish it never released: counted as at any
+                    // session's end.
+                    None => {
+                        self.metrics.dropped(DropReason::ExactlyOnceExpired);
+                        self.persist.stage(
+                            Role::Channel(i),
+                            Write::DropChannelHold {
+                                client_id: hold.client_id,
+                                packet_id: hold.packet_id,
+                            },
+                        )
+                    }
                 }
             }
         }

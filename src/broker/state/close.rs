@@ -170,6 +170,18 @@ impl BrokerState {
         let Some(mut session) = self.sessions.remove(key) else {
             return;
         };
+        // Its QoS 2 publishes it never released end with it, as they do
+        // when their hold expires, counted the same way; a bridge's in a
+        // channel wait for its next connection instead.
+        let unreleased = session
+            .rare
+            .inbound_qos2
+            .keys()
+            .filter(|id| session.bridge().is_none() || !session.rare.channel_holds.contains_key(id))
+            .count();
+        for _ in 0..unreleased {
+            self.metrics.dropped(DropReason::ExactlyOnceExpired);
+        }
         for channel in &mut self.channels.all {
             channel.consumers.retain(|k| *k != key);
         }

@@ -22,6 +22,7 @@ use super::session::{
 use super::BrokerState;
 use crate::broker::long_lived;
 use crate::broker::message::Message;
+use crate::broker::metrics::DropReason;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::storage::contract::{
     session_expired_at, HeldPublish, InflightPhase as StoredPhase, Position, ServedValue,
@@ -354,13 +355,16 @@ impl BrokerState {
                         summary.holds += 1;
                     }
                 }
-                None => self.persist.stage(
-                    Role::Sessions,
-                    Write::DropHold {
-                        client_id: held.client_id.clone(),
-                        packet_id: held.packet_id,
-                    },
-                ),
+                None => {
+                    self.metrics.dropped(DropReason::ExactlyOnceExpired);
+                    self.persist.stage(
+                        Role::Sessions,
+                        Write::DropHold {
+                            client_id: held.client_id.clone(),
+                            packet_id: held.packet_id,
+                        },
+                    )
+                }
             }
         }
         for &(offset, _) in &log {

@@ -127,6 +127,8 @@ enum Op {
     Trim {
         keep: u64,
     },
+    /// The broker is killed and started again.
+    Restart,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -206,6 +208,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (1..4usize).prop_map(Op::SettleSome),
         1 => (0..400u16).prop_map(|seconds| Op::Tick { seconds }),
         1 => (0..300u64).prop_map(|keep| Op::Trim { keep }),
+        1 => Just(Op::Restart),
     ]
 }
 
@@ -234,11 +237,23 @@ struct Peer {
     to_complete: Vec<u16>,
     /// Every PUBLISH it was sent: packet id and DUP.
     received: Vec<(u16, bool)>,
+    /// The topic of each QoS 1 or 2 publish it sent, by packet id and QoS
+    /// (an answer names its exchange by both), until the broker answers
+    /// it.
+    published: HashMap<(u16, u8), &'static str>,
+    /// Those of them made before its latest CONNECT: over when the broker
+    /// answers that it begins a session afresh (a client need not wait for
+    /// the CONNACK to publish).
+    before_connect: Vec<(u16, u8)>,
+    /// QoS 2 exchanges already counted as stored by their PUBREC.
+    counted: std::collections::HashSet<(u16, u8)>,
 }
 
 struct Run {
     state: BrokerState,
     persisters: Persisters,
+    provider: Arc<dyn crate::storage::contract::Provider>,
+    served: Vec<ServedChannel>,
     stores: Vec<ChannelStore>,
     /// Writes asked for and not yet answered, oldest first.
     intents: Vec<Intent>,
@@ -246,6 +261,12 @@ struct Run {
     next_connection: u64,
     now: Instant,
     limits: Limits,
+    /// Publishes into the append channel the broker acknowledged as
+    /// stored.
+    acknowledged: u64,
+    /// Unreleased QoS 2 holds let go by their expiry in states before the
+    /// last restart (counted, as the state counts them).
+    expired_before: u64,
 }
 
 impl Run {
@@ -280,22 +301,6 @@ impl Run {
                 stores.push(ChannelStore::Append(d));
             }
         }
-        let restored = stores
-            .iter()
-            .enumerate()
-            .map(|(i, store)| RestoredChannel {
-                name: store.name().into(),
-                kind: store.kind(),
-                next: 1,
-                queue: store.as_queue().map(|_| QueueSetup {
-                    lease: Duration::from_secs(30),
-                    max_held_per_worker: 2,
-                    dead_letter: Some(i as u16 + 1),
-                }),
-                positions: Vec::new(),
-                holds: Vec::new(),
-            })
-            .collect();
         let served: Vec<ServedChannel> = stores
             .iter()
             .map(|store| ServedChannel {
@@ -303,45 +308,93 @@ impl Run {
                 provider: provider.clone(),
                 store: store.clone(),
                 retention: Default::default(),
-                queue: None,
+                queue: store.as_queue().map(|_| crate::config::QueueSettings {
+                    lease: Duration::from_secs(30),
+                    max_attempts: 3,
+                    backoff: vec![Duration::from_secs(1)],
+                    dlq_retention_bytes: None,
+                    max_held_per_worker: 2,
+                }),
             })
             .collect();
         let metrics = Arc::new(Metrics::new());
         let (commits, _answers) = commit_channel();
         let persisters = Persisters::start(
             provider.clone(),
-            provider,
+            provider.clone(),
             &served,
             metrics.clone(),
             commits,
         )
         .unwrap();
         let now = Instant::now();
-        let mut state = BrokerState::new(
-            limits.clone(),
-            metrics,
-            Arc::new(AllowAll),
-            super::super::clock::ReceiptClock::new(now, 1_700_000_000_000_000_000),
-        );
-        state.restore(
-            Restored {
-                channels: restored,
-                ..Restored::default()
-            },
-            now,
-        );
+        let state = Run::start(&limits, &metrics, &*provider, &served, now);
         let mut run = Run {
             state,
             persisters,
+            provider,
+            served,
             stores,
             intents: Vec::new(),
             peers: (0..CLIENTS).map(|_| Peer::default()).collect(),
             next_connection: 1,
             now,
             limits,
+            acknowledged: 0,
+            expired_before: 0,
         };
         run.settle();
         run
+    }
+
+    /// A state rebuilt from what the provider holds, as a start builds it.
+    fn start(
+        limits: &Limits,
+        metrics: &Arc<Metrics>,
+        provider: &dyn crate::storage::contract::Provider,
+        served: &[ServedChannel],
+        now: Instant,
+    ) -> BrokerState {
+        let mut state = BrokerState::new(
+            limits.clone(),
+            metrics.clone(),
+            Arc::new(AllowAll),
+            super::super::clock::ReceiptClock::new(now, 1_700_000_000_000_000_000),
+        );
+        crate::broker::persister::read_retained(provider, &mut |value| {
+            state.restore_retained(value, now)
+        })
+        .unwrap();
+        let restored = crate::broker::persister::read_restored(provider, served).unwrap();
+        state.restore(restored, now);
+        state
+    }
+
+    /// The broker is killed and started again: what was answered is what
+    /// the provider holds, what was not is lost with the process, and every
+    /// client's connection ends with it.
+    fn restart(&mut self) {
+        self.intents.clear();
+        for peer in &mut self.peers {
+            // What its session holds survives; its connection does not.
+            let mut published = std::mem::take(&mut peer.published);
+            published.retain(|&(_, qos), _| qos == 2);
+            *peer = Peer {
+                published,
+                counted: std::mem::take(&mut peer.counted),
+                ..Peer::default()
+            };
+        }
+        self.expired_before += self.expired_holds();
+        let metrics = Arc::new(Metrics::new());
+        self.state = Run::start(
+            &self.limits,
+            &metrics,
+            &*self.provider,
+            &self.served,
+            self.now,
+        );
+        self.settle();
     }
 
     /// A memory provider's persister answers as it is handed a write.
@@ -458,10 +511,58 @@ impl Run {
                             peer.window
                         );
                     }
-                    Outbound::PubRec { packet_id, .. } => peer.to_release.push(packet_id),
+                    // A QoS 1 publish is stored by its PUBACK, a QoS 2 one
+                    // by its PUBREC: held until its release, which the hold
+                    // outlives a restart to wait for.
+                    // The exchange of a QoS 2 publish goes on to its
+                    // PUBCOMP: a publish under its packet id meanwhile is a
+                    // duplicate of it.
+                    Outbound::PubAck { packet_id, reason }
+                    | Outbound::PubRec { packet_id, reason } => {
+                        let qos = if matches!(packet, Outbound::PubAck { .. }) {
+                            1
+                        } else {
+                            2
+                        };
+                        let stored = (reason as u8) < 0x80;
+                        let exchange = (packet_id, qos);
+                        // MQTT 3.1.1 has no refusing PUBREC: a refused QoS 2
+                        // publish is released like any other.
+                        let goes_on = qos == 2 && (stored || !peer.v5);
+                        let topic = match goes_on {
+                            true => peer.published.get(&exchange).copied(),
+                            false => peer.published.remove(&exchange),
+                        };
+                        let first = stored && peer.counted.insert(exchange);
+                        if first && topic.is_some_and(|t| t.starts_with("telemetry/")) {
+                            self.acknowledged += 1;
+                        }
+                        if goes_on {
+                            peer.to_release.push(packet_id);
+                        }
+                        if qos == 1 {
+                            peer.counted.remove(&exchange);
+                        }
+                    }
+                    Outbound::PubComp { packet_id, .. } => {
+                        peer.published.remove(&(packet_id, 2));
+                        peer.counted.remove(&(packet_id, 2));
+                    }
                     Outbound::PubRel { packet_id, .. } => peer.to_complete.push(packet_id),
                     Outbound::ConnAck { reason, .. } if reason != ReasonCode::Success => {
                         ended = true
+                    }
+                    // A session begun afresh holds none of the exchanges
+                    // of an earlier one.
+                    Outbound::ConnAck {
+                        session_present, ..
+                    } => {
+                        for exchange in std::mem::take(&mut peer.before_connect) {
+                            if !session_present {
+                                peer.published.remove(&exchange);
+                                peer.counted.remove(&exchange);
+                            }
+                        }
                     }
                     Outbound::Disconnect { .. } => ended = true,
                     _ => {}
@@ -473,6 +574,26 @@ impl Run {
             if ended {
                 self.close(client, CloseReason::Protocol);
             }
+        }
+    }
+
+    fn expired_holds(&self) -> u64 {
+        self.state
+            .metrics
+            .dropped_count(crate::broker::metrics::DropReason::ExactlyOnceExpired)
+    }
+
+    /// The exchanges of a session that ended with its connection are over
+    /// unanswered.
+    fn forget_ended_exchanges(&mut self, client: usize) {
+        if self
+            .state
+            .sessions
+            .of_client(&format!("c{client}"))
+            .is_none()
+        {
+            self.peers[client].published.clear();
+            self.peers[client].counted.clear();
         }
     }
 
@@ -493,6 +614,7 @@ impl Run {
             },
             self.now,
         );
+        self.forget_ended_exchanges(client);
     }
 
     fn apply(&mut self, op: Op) {
@@ -515,6 +637,10 @@ impl Run {
                 peer.owed.clear();
                 peer.to_release.clear();
                 peer.to_complete.clear();
+                // A QoS 1 publish is answered on its connection or not at
+                // all; a QoS 2 exchange is its session's.
+                peer.published.retain(|&(_, qos), _| qos == 2);
+                peer.before_connect = peer.published.keys().copied().collect();
                 let inflight = usize::from(self.limits.max_inflight_messages);
                 peer.window = match v5 {
                     true => usize::from(receive_maximum).min(inflight),
@@ -585,10 +711,23 @@ impl Run {
                     }
                     _ => MessageProperties::default(),
                 };
-                let publishes = (0..times)
-                    .map(|i| {
+                // A packet id in an exchange not yet over is not used again
+                // (MQTT's rule for a client): such a publish is not sent.
+                let peer = &mut self.peers[client];
+                let free: Vec<u16> = (0..times)
+                    .map(|i| if qos == 0 { 0 } else { packet_id + i })
+                    .filter(|&id| id == 0 || !peer.published.keys().any(|(p, _)| *p == id))
+                    .collect();
+                if qos > 0 && peer.connection.is_some() {
+                    for &id in &free {
+                        peer.published.insert((id, qos), TOPICS[topic]);
+                    }
+                }
+                let publishes = free
+                    .into_iter()
+                    .map(|id| {
                         Inbound::Publish(InboundPublish {
-                            packet_id: if qos == 0 { 0 } else { packet_id + i },
+                            packet_id: id,
                             qos,
                             retain,
                             dup: false,
@@ -713,6 +852,7 @@ impl Run {
             Op::SettleSome(most) => {
                 self.answer(most);
             }
+            Op::Restart => self.restart(),
             Op::Trim { keep } => {
                 let ChannelStore::Append(telemetry) = &self.stores[0] else {
                     unreachable!("the first channel is an append channel")
@@ -739,8 +879,30 @@ impl Run {
     }
 
     /// What `/metrics` says of connections, sessions and subscriptions is
-    /// what the state holds.
+    /// what the state holds, and every publish into the append channel
+    /// acknowledged as stored is in it or held for its release (retention
+    /// removes records, but not the offsets they took).
     fn check_gauges(&self) {
+        let ChannelStore::Append(telemetry) = &self.stores[0] else {
+            unreachable!("the first channel is an append channel")
+        };
+        let held = self
+            .provider
+            .held_publishes()
+            .and_then(|h| h.held())
+            .expect("holds")
+            .iter()
+            .filter(|h| h.channel == telemetry.name())
+            .count() as u64;
+        // A hold its client never released expires, counted (of any
+        // topic: the check is looser by those of other topics).
+        let expired = self.expired_before + self.expired_holds();
+        assert!(
+            telemetry.next() - 1 + held + expired >= self.acknowledged,
+            "{} publishes acknowledged, {} stored, {held} held and {expired} expired",
+            self.acknowledged,
+            telemetry.next() - 1
+        );
         use std::sync::atomic::Ordering::Relaxed;
         let metrics = &self.state.metrics;
         assert_eq!(
@@ -917,9 +1079,16 @@ fn a_session_resumed_under_a_smaller_receive_maximum_is_resent_what_its_window_t
         connect(0, true, 3),
         subscribe(0, 0, 1),
         connect(1, false, 3),
-        publish(1, 0, 1),
-        publish(1, 1, 1),
-        publish(1, 0, 1),
+        Op::Publish {
+            client: 1,
+            topic: 0,
+            qos: 1,
+            retain: false,
+            packet_id: 1,
+            empty: false,
+            expiry: None,
+            times: 3,
+        },
         Op::Settle,
     ] {
         run.apply(op);
@@ -978,5 +1147,42 @@ fn an_expired_job_does_not_hold_its_workers_window() {
     assert_eq!(expired, 1);
     // The job after it reaches the worker.
     assert_eq!(run.peers[2].received.len(), 1);
+    run.finish();
+}
+
+/// A QoS 2 publish into a channel its publisher never released ends with
+/// its session, whether the session ends with its connection or with the
+/// process, and is counted as one whose hold expired.
+#[test]
+fn an_unreleased_publish_is_counted_when_its_session_ends() {
+    let held = |run: &mut Run| {
+        run.apply(Op::Connect {
+            client: 0,
+            v5: false,
+            clean: true,
+            receive_maximum: 1,
+            will: None,
+        });
+        run.apply(Op::Publish {
+            client: 0,
+            topic: 2,
+            qos: 2,
+            retain: false,
+            packet_id: 1,
+            empty: false,
+            expiry: None,
+            times: 1,
+        });
+        run.apply(Op::Settle);
+        assert_eq!(run.peers[0].to_release, [1], "held and answered PUBREC");
+    };
+    let mut run = Run::new();
+    held(&mut run);
+    run.apply(Op::Lost { client: 0 });
+    run.apply(Op::Settle);
+    assert_eq!(run.expired_holds(), 1);
+    held(&mut run);
+    run.apply(Op::Restart);
+    assert_eq!(run.expired_holds(), 1, "counted by the state started again");
     run.finish();
 }
