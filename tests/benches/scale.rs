@@ -204,6 +204,13 @@ fn rss(pid: u32) -> Result<u64, Error> {
     status_bytes(pid, "VmRSS:")
 }
 
+/// Resident memory of process `pid` that is its own (heap, stacks: not
+/// the pages of its executable and libraries, which the page cache holds
+/// once for every process mapping them), bytes.
+fn private_rss(pid: u32) -> Result<u64, Error> {
+    status_bytes(pid, "RssAnon:")
+}
+
 /// The most resident memory process `pid` has had, bytes.
 fn peak_rss(pid: u32) -> Result<u64, Error> {
     status_bytes(pid, "VmHWM:")
@@ -552,10 +559,10 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         );
     }
     println!(
-        "| broker | connections | accept all | RSS | RSS per connection | the same, served (1 s after) | parked | CPU while idle ({}s) |",
+        "| broker | connections | accept all | RSS | RSS per connection | private per connection | the same, served (1 s after) | parked | CPU while idle ({}s) |",
         window.as_secs()
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
     let dir = tempfile::tempdir()?;
     for (size, &n) in sizes.iter().enumerate() {
@@ -592,6 +599,7 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let broker = launch(&which, &data).await?;
             let pid = pid_of(&broker)?;
             let before = rss(pid)?;
+            let private_before = private_rss(pid)?;
             let began = Instant::now();
             let conns = connect_idle(broker.addr, n, subscribed).await?;
             let accepted_in = began.elapsed();
@@ -622,11 +630,13 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let cpu =
                 (cpu_time(pid)? - cpu_before).as_secs_f64() / measured_from.elapsed().as_secs_f64();
             let after = rss(pid)?;
+            let private_after = private_rss(pid)?;
             println!(
-                "| {name} | {n} | {} | {} | {:.0} B | {:.0} B | {} | {:.2}% of a core |",
+                "| {name} | {n} | {} | {} | {:.0} B | {:.0} B | {:.0} B | {} | {:.2}% of a core |",
                 ms(accepted_in),
                 mib(after as f64),
                 (after.saturating_sub(before)) as f64 / n as f64,
+                (private_after.saturating_sub(private_before)) as f64 / n as f64,
                 (served.saturating_sub(before)) as f64 / n as f64,
                 parked.map_or("-".to_owned(), |p| p.to_string()),
                 cpu * 100.0
