@@ -1,5 +1,6 @@
 //! Random runs: a few clients doing whatever a client may send, in any
-//! order, against the state over the real persisters and readers of one
+//! order, one of them denied some of each by the ACL, against the state
+//! over the real persisters and readers of one
 //! bounded memory provider (which fills, so writes also fail), with
 //! commits and reads answered late, all at once or a few at a time, and
 //! the clock moving. Each run must end without a panic, and at every step
@@ -58,6 +59,26 @@ const FILTERS: [&str; 10] = [
 
 /// Where a channel subscription asks to start (`saguin-from`).
 const FROM: [&str; 4] = ["earliest", "2", "2020-01-01T00:00:00Z", "later"];
+
+/// An ACL that denies some of everything to one client, `c1`: a
+/// publish to `a/c`, a subscription to `+/b`, a delivery from
+/// `devices/k2` and anything of the queue's.
+struct Acl;
+
+impl Authorizer for Acl {
+    fn is_active(&self) -> bool {
+        true
+    }
+    fn can_publish(&self, _: Option<&str>, client_id: &str, topic: &str) -> bool {
+        client_id != "c1" || !(topic == "a/c" || topic.starts_with("jobs/"))
+    }
+    fn can_subscribe(&self, _: Option<&str>, client_id: &str, filter: &str) -> bool {
+        client_id != "c1" || !(filter == "+/b" || filter.contains("jobs/"))
+    }
+    fn can_receive(&self, _: Option<&str>, client_id: &str, topic: &str) -> bool {
+        client_id != "c1" || topic != "devices/k2"
+    }
+}
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -358,7 +379,7 @@ impl Run {
         let mut state = BrokerState::new(
             limits.clone(),
             metrics.clone(),
-            Arc::new(AllowAll),
+            Arc::new(Acl),
             super::super::clock::ReceiptClock::new(now, 1_700_000_000_000_000_000),
         );
         crate::broker::persister::read_retained(provider, &mut |value| {
