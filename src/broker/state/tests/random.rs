@@ -1,15 +1,18 @@
 //! Random runs: a few clients doing whatever a client may send, in any
 //! order, one of them denied some of each by the ACL, against the state
-//! over the real persisters and readers of one
-//! bounded memory provider (which fills, so writes also fail), with
-//! commits and reads answered late, all at once or a few at a time, and
-//! the clock moving. Each run must end without a panic, and at every step
-//! what the state sends each connection keeps two rules of MQTT (no more
+//! over the real persisters and readers of one bounded memory provider
+//! (which fills, so writes also fail), with commits and reads answered
+//! late, all at once or a few at a time, the clock moving, retention
+//! trimming, and the broker killed and started again from what the
+//! provider holds. Each run must end without a panic. At every step what
+//! the state sends each connection keeps two rules of MQTT (no more
 //! unacknowledged deliveries than the connection's window, no packet id
-//! reused while its delivery is unacknowledged) and its gauges of
-//! connections, sessions and subscriptions say what it holds. At the end,
-//! once every client has answered everything, no connected session is
-//! owed anything more, and no read or write is asked for without end.
+//! reused while its delivery is unacknowledged), its gauges of
+//! connections, sessions and subscriptions say what it holds, and every
+//! publish acknowledged into the append channel is stored, held for its
+//! release, or counted as let go unreleased. At the end, once every client
+//! has answered everything, no connected session is owed anything more,
+//! and no read or write is asked for without end.
 //!
 //! `PROPTEST_CASES=30000 cargo test --release --lib random::` searches
 //! longer; the runs below it are what such searches found.
