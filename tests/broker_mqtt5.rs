@@ -710,3 +710,46 @@ async fn an_unknown_authentication_method_is_0x8c() {
     let ack = c.connect("other-method", opts).await;
     assert_eq!(ack.reason, ReasonCode::BadAuthenticationMethod);
 }
+
+/// A session resumed by a client that now names a smaller Receive Maximum
+/// is resent what that window takes, the rest one at a time as it
+/// acknowledges: MQTT 5 counts a resent PUBLISH against the Receive
+/// Maximum the client just gave (MQTT-3.3.4-9).
+#[tokio::test]
+async fn a_session_resumed_under_a_smaller_receive_maximum_is_resent_within_it() {
+    let broker = Broker::anonymous();
+    let connect = |receive_maximum| {
+        let mut opts = ConnectOpts::persistent(300);
+        opts.properties.receive_maximum = Some(receive_maximum);
+        opts
+    };
+    let mut sub = Raw::tcp(broker.addr(), v5()).await;
+    sub.connect("resumer", connect(3)).await;
+    sub.subscribe(1, "t/#", 1).await;
+    let mut publisher = Raw::tcp(broker.addr(), v4()).await;
+    publisher.connect("pub", ConnectOpts::clean()).await;
+    for id in 1..=3u16 {
+        publisher
+            .publish_acked("t/x", &id.to_be_bytes(), 1, false, id)
+            .await;
+    }
+    let mut first = Vec::new();
+    for _ in 0..3 {
+        first.push(sub.next_publish(false).await);
+    }
+    drop(sub);
+    let mut sub = Raw::tcp(broker.addr(), v5()).await;
+    let ack = sub.connect("resumer", connect(1)).await;
+    assert!(ack.session_present);
+    for sent in &first {
+        let again = sub.next_publish(false).await;
+        assert!(again.dup);
+        assert_eq!(
+            (again.packet_id, &again.payload),
+            (sent.packet_id, &sent.payload)
+        );
+        sub.expect_nothing().await;
+        sub.ack_publish(&again).await;
+    }
+    sub.expect_nothing().await;
+}
