@@ -1,5 +1,6 @@
 //! Random runs: a few clients doing whatever a client may send, in any
-//! order, one of them denied some of each by the ACL, against the state
+//! order (reading what they are sent or not), one of them denied some of
+//! each by the ACL, against the state
 //! over the real persisters and readers of one bounded memory provider
 //! (which fills, so writes also fail), with commits and reads answered
 //! late, all at once or a few at a time, the clock moving, retention
@@ -153,6 +154,10 @@ enum Op {
     },
     /// The broker is killed and started again.
     Restart,
+    /// The client stops reading what it is sent, or reads again.
+    Stall {
+        client: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -233,6 +238,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..400u16).prop_map(|seconds| Op::Tick { seconds }),
         1 => (0..300u64).prop_map(|keep| Op::Trim { keep }),
         1 => Just(Op::Restart),
+        1 => (0..CLIENTS).prop_map(|client| Op::Stall { client }),
     ]
 }
 
@@ -259,6 +265,8 @@ struct Peer {
     to_release: Vec<u16>,
     /// Deliveries the broker sent PUBREL for.
     to_complete: Vec<u16>,
+    /// It reads nothing of what its connection is sent.
+    stalled: bool,
     /// Every PUBLISH it was sent: packet id and DUP.
     received: Vec<(u16, bool)>,
     /// The topic of each QoS 1 or 2 publish it sent, by packet id and QoS
@@ -303,6 +311,8 @@ impl Run {
             max_retained: 4,
             max_session_expiry: 300,
             exactly_once_expires_after: Duration::from_secs(120),
+            // A client that stops reading fills its writer's queue soon.
+            outbound_queue: 4,
             ..Limits::default()
         };
         let provider: Arc<dyn crate::storage::contract::Provider> =
@@ -496,6 +506,9 @@ impl Run {
             let Some((connection, outlet)) = &peer.connection else {
                 continue;
             };
+            if peer.stalled {
+                continue;
+            }
             let connection = *connection;
             let mut taken = std::collections::VecDeque::new();
             let cx = Context::from_waker(Waker::noop());
@@ -877,6 +890,10 @@ impl Run {
                 self.answer(most);
             }
             Op::Restart => self.restart(),
+            Op::Stall { client } => {
+                let peer = &mut self.peers[client];
+                peer.stalled = !peer.stalled;
+            }
             Op::Trim { keep } => {
                 let ChannelStore::Append(telemetry) = &self.stores[0] else {
                     unreachable!("the first channel is an append channel")
@@ -956,6 +973,9 @@ impl Run {
     /// Every client answers everything and the writes settle, until
     /// nothing more happens; then the broker stops.
     fn finish(&mut self) {
+        for peer in &mut self.peers {
+            peer.stalled = false;
+        }
         for _ in 0..20 {
             self.settle();
             for client in 0..CLIENTS {
