@@ -396,7 +396,11 @@ impl Metrics {
     }
 
     pub fn dropped(&self, reason: DropReason) {
-        self.dropped[reason as usize].fetch_add(1, Relaxed);
+        self.dropped_many(reason, 1);
+    }
+
+    pub fn dropped_many(&self, reason: DropReason, count: u64) {
+        self.dropped[reason as usize].fetch_add(count, Relaxed);
     }
 
     pub fn dropped_count(&self, reason: DropReason) -> u64 {

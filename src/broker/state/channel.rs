@@ -301,7 +301,7 @@ impl BrokerState {
         };
         let consumer = &session.consumers[index];
         let window = self.connections.get(&connection).map_or(0, |c| c.window());
-        let window_full = session.inflight.len() + self.queues.leasing_for(key) >= window;
+        let window_full = self.queues.window_taken(key, &session.inflight) >= window;
         // Most offers that find no room find a full window: said before
         // any filter is matched when every filter would send it inside
         // the window (a QoS 0 record, or a QoS 0 subscription, goes
@@ -447,7 +447,7 @@ impl BrokerState {
         let window = self.connections.get(&connection).map_or(0, |c| c.window());
         let wants_acks = consumer.filters.iter().any(|f| f.qos > 0);
         let room = if wants_acks {
-            window.saturating_sub(session.inflight.len() + self.queues.leasing_for(key))
+            window.saturating_sub(self.queues.window_taken(key, &session.inflight))
         } else {
             READ_MAX
         };

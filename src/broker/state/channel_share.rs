@@ -256,8 +256,7 @@ impl BrokerState {
         let room = if qos == 0 {
             self.has_room(connection)
         } else {
-            session.inflight.len() + self.queues.leasing_for(key) < window
-                && self.has_room(connection)
+            self.queues.window_taken(key, &session.inflight) < window && self.has_room(connection)
         };
         if !room {
             return false;
@@ -325,9 +324,8 @@ impl BrokerState {
                 let session = self.sessions.by_key.get(k)?;
                 let connection = session.connection()?;
                 let window = self.connections.get(&connection)?.window();
-                self.has_room(connection).then(|| {
-                    window.saturating_sub(session.inflight.len() + self.queues.leasing_for(*k))
-                })
+                self.has_room(connection)
+                    .then(|| window.saturating_sub(self.queues.window_taken(*k, &session.inflight)))
             })
             .sum();
         if room == 0 && seek.is_none() {

@@ -179,9 +179,8 @@ impl BrokerState {
             .keys()
             .filter(|id| session.bridge().is_none() || !session.rare.channel_holds.contains_key(id))
             .count();
-        for _ in 0..unreleased {
-            self.metrics.dropped(DropReason::ExactlyOnceExpired);
-        }
+        self.metrics
+            .dropped_many(DropReason::ExactlyOnceExpired, unreleased as u64);
         for channel in &mut self.channels.all {
             channel.consumers.retain(|k| *k != key);
         }

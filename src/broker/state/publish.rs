@@ -735,7 +735,7 @@ impl BrokerState {
         let connection = session.connection();
         let kept = session.expiry_interval > 0;
         let waiting = !session.pending.is_empty();
-        let in_flight = session.inflight.len() + self.queues.leasing_for(key);
+        let in_flight = self.queues.window_taken(key, &session.inflight);
         if let Some(offset) = log_offset {
             self.persist.hold_log(key, offset);
         }
@@ -973,15 +973,17 @@ impl BrokerState {
             };
             let window = self.connections.get(&connection).map_or(0, |c| c.window());
             let unsent = session.inflight.unsent();
-            let leasing = self.queues.leasing_for(key);
-            if unsent > 0 && session.inflight.len() - unsent + leasing < window {
+            let taken = self.queues.window_taken(key, &session.inflight);
+            // What a resumption left unsent has a place counted but not
+            // yet used.
+            if unsent > 0 && taken - unsent < window {
                 // What a resumption left unsent goes before anything new.
                 let entry = session.inflight.take_unsent().expect("counted unsent");
                 let packet = super::connect::resent(entry, now);
                 self.send(connection, packet);
                 continue;
             }
-            if session.inflight.len() + leasing >= window {
+            if taken >= window {
                 return;
             }
             // Every connect comes here: a session that never queued keeps

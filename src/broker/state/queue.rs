@@ -40,7 +40,7 @@ use super::ids::IdMap;
 use super::intent::{Parked, QueueWrite, Role, Write};
 use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::restore::RestoredChannel;
-use super::session::{InflightEntry, InflightPhase, QueuedMessage, SessionSubscription};
+use super::session::{Inflight, InflightEntry, InflightPhase, QueuedMessage, SessionSubscription};
 use super::{BrokerState, ReasonCode, StorageFailure};
 use crate::broker::metrics::{DropReason, Metrics};
 use crate::broker::subscriptions::SessionKey;
@@ -100,18 +100,20 @@ pub(super) struct Queues {
     /// Leases being written, counted by the worker each is for, across
     /// every queue: each already takes a place in that worker's window,
     /// which nothing else sent meanwhile (a broadcast delivery, a channel
-    /// record, another queue's job) may take ([`Queues::leasing_for`]).
+    /// record, another queue's job) may take ([`Queues::window_taken`]).
     leasing: IdMap<SessionKey, u32>,
 }
 
 impl Queues {
-    /// How many leases are being written for worker `key`: places in its
-    /// window taken by jobs not yet sent.
-    pub(super) fn leasing_for(&self, key: SessionKey) -> usize {
-        match self.leasing.is_empty() {
+    /// The places session `key`'s window has taken: its exchanges in
+    /// flight (`inflight`) and the jobs being leased to it, not yet sent.
+    /// Every delivery that needs an acknowledgement asks this.
+    pub(super) fn window_taken(&self, key: SessionKey, inflight: &Inflight) -> usize {
+        let leasing = match self.leasing.is_empty() {
             true => 0,
             false => self.leasing.get(&key).map_or(0, |n| *n as usize),
-        }
+        };
+        inflight.len() + leasing
     }
 
     /// A lease for `worker` is being written.
@@ -478,7 +480,7 @@ impl BrokerState {
         );
         let window = conn
             .window()
-            .saturating_sub(session.inflight.len() + self.queues.leasing_for(key));
+            .saturating_sub(self.queues.window_taken(key, &session.inflight));
         window.min(queue.max_held_per_worker.saturating_sub(leasing + sent))
     }
 

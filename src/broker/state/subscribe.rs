@@ -321,7 +321,7 @@ impl BrokerState {
             } else {
                 let session = &self.sessions.by_key[&key];
                 if !session.pending.is_empty()
-                    || session.inflight.len() + self.queues.leasing_for(key) >= window
+                    || self.queues.window_taken(key, &session.inflight) >= window
                 {
                     return;
                 }
