@@ -245,7 +245,10 @@
 //!   that expired while in flight is still resent (its delivery had
 //!   started, MQTT-4.4.0-1) with 0 left.
 //! - QoS 2 inbound by method B: the first PUBLISH routes, its id is kept
-//!   until PUBREL; a duplicate gets PUBREC only; an unknown PUBREL gets
+//!   until PUBREL; a duplicate gets PUBREC only, and only once the first's
+//!   writes are answered (its hold, its routing): a client back on a new
+//!   connection while they wait is answered what they get, PUBREC 0x00 or
+//!   the refusal, as the first connection would have been; an unknown PUBREL gets
 //!   PUBCOMP (0x92 on MQTT 5). A 5.0 client with more unreleased QoS 2 ids
 //!   than the Receive Maximum is disconnected with 0x93. An id not released
 //!   within `broker.exactly_once.expires_after`, or before its session
@@ -681,7 +684,9 @@
 //!   once. The bridge publishes under the remote's packet id, so the
 //!   remote's PUBREL names the hold; a bridge's holds outlive its session
 //!   (which ends with each connection) and a restart, and the state names
-//!   each again with a PUBREC when the bridge connects. A remote that lost
+//!   each again with a PUBREC when the bridge connects (a hold still being
+//!   written when its connection ended, once the write is answered, and
+//!   not at all if it fails). A remote that lost
 //!   its session sends no PUBREL: its holds are released then. Holds of a
 //!   bridge no longer configured are dropped at startup, and logged.
 //! - A PUBACK >= 0x80 from the remote holds the position; the record is

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::bridges::BridgeHold;
 use super::consumer::{
     first_level, Consumer, ConsumerFilter, Offsets, GAP_PROPERTY, OFFSET_PROPERTY,
 };
@@ -173,6 +174,7 @@ impl BrokerState {
                 .expect("connected session");
             session.rare.inbound_qos2.insert(packet_id, now);
             session.rare.channel_holds.insert(packet_id, channel);
+            session.rare.writing.insert(packet_id, false);
             self.persist
                 .stage(Role::Channel(channel), Write::Hold(held));
         } else {
@@ -981,9 +983,15 @@ impl BrokerState {
                     }
                     // A bridge's, kept for its connection (the holds of a
                     // bridge no longer configured were dropped at open).
-                    None if bridge => self
-                        .bridges
-                        .add_hold(&hold.client_id, (hold.packet_id, i, now)),
+                    None if bridge => self.bridges.add_hold(
+                        &hold.client_id,
+                        BridgeHold {
+                            packet_id: hold.packet_id,
+                            channel: i,
+                            held_at: now,
+                            writing: false,
+                        },
+                    ),
                     // Its session ended with the process (a clean one), so
                     // does the publish it never released: counted as at any
                     // session's end.

@@ -172,19 +172,22 @@ impl BrokerState {
         };
         // Its QoS 2 publishes it never released end with it, as they do
         // when their hold expires, counted the same way; a bridge's in a
-        // channel wait for its next connection instead.
+        // channel wait for its next connection instead. One still being
+        // written was never answered PUBREC: its writes are answered as
+        // any publish's whose connection is gone.
         let unreleased = session
             .rare
             .inbound_qos2
             .keys()
             .filter(|id| session.bridge().is_none() || !session.rare.channel_holds.contains_key(id))
+            .filter(|id| !session.rare.writing.contains_key(id))
             .count();
         self.metrics
             .dropped_many(DropReason::ExactlyOnceExpired, unreleased as u64);
         for channel in &mut self.channels.all {
             channel.consumers.retain(|k| *k != key);
         }
-        self.end_consumers(&session, now);
+        self.end_consumers(key, &session, now);
         self.metrics.sessions.fetch_sub(1, Relaxed);
         self.sessions.detached.remove(&key);
         for (raw, sub) in session.subscriptions.iter() {

@@ -280,12 +280,22 @@ impl BrokerState {
             return;
         };
         holds.sort_unstable();
-        for (packet_id, channel, held_at) in &holds {
-            session.rare.inbound_qos2.insert(*packet_id, *held_at);
-            session.rare.channel_holds.insert(*packet_id, *channel);
+        for hold in &holds {
+            session
+                .rare
+                .inbound_qos2
+                .insert(hold.packet_id, hold.held_at);
+            session
+                .rare
+                .channel_holds
+                .insert(hold.packet_id, hold.channel);
+            if hold.writing {
+                // Answered as its write is.
+                session.rare.writing.insert(hold.packet_id, true);
+            }
         }
-        for (packet_id, _, _) in holds {
-            self.reply_held(connection, packet_id, now);
+        for hold in holds.into_iter().filter(|h| !h.writing) {
+            self.reply_held(connection, hold.packet_id, now);
         }
     }
 

@@ -7,6 +7,7 @@
 
 use tokio::time::Instant;
 
+use super::bridges::BridgeHold;
 use super::consumer::ConsumerStart;
 use super::intent::{Role, Write};
 use super::reads::Seek;
@@ -161,7 +162,7 @@ impl BrokerState {
     /// A session ends (already out of every channel's consumer list): its
     /// positions go, and its unreleased QoS 2 publishes into channels are
     /// let go.
-    pub(super) fn end_consumers(&mut self, session: &Session, now: Instant) {
+    pub(super) fn end_consumers(&mut self, key: SessionKey, session: &Session, now: Instant) {
         match (reader_of(session), session.bridge()) {
             // A bridge's place outlives its session (the remote went away):
             // kept, to resume from when the bridge connects again.
@@ -202,22 +203,27 @@ impl BrokerState {
             .collect();
         holds.sort_unstable();
         if session.bridge().is_some() {
-            // The remote has its PUBREC: the release may come on the
-            // bridge's next connection.
+            // The remote has its PUBREC, or has it once the hold is
+            // stored: the release may come on the bridge's next connection.
             if holds.is_empty() {
                 return;
             }
             let kept = holds
                 .into_iter()
-                .map(|(p, c)| {
-                    (
-                        p,
-                        c,
-                        session.rare.inbound_qos2.get(&p).copied().unwrap_or(now),
-                    )
+                .map(|(packet_id, channel)| BridgeHold {
+                    packet_id,
+                    channel,
+                    held_at: session
+                        .rare
+                        .inbound_qos2
+                        .get(&packet_id)
+                        .copied()
+                        .unwrap_or(now),
+                    writing: session.rare.writing.contains_key(&packet_id),
                 })
                 .collect();
-            self.bridges.keep_holds(session.client_id.clone(), kept);
+            self.bridges
+                .keep_holds(key, session.client_id.clone(), kept);
             return;
         }
         for (packet_id, channel) in holds {

@@ -311,12 +311,26 @@ impl BrokerState {
             payload,
             properties,
         } = publish;
-        let session = self.sessions.by_key.get(&key).expect("connected session");
+        let session = self
+            .sessions
+            .by_key
+            .get_mut(&key)
+            .expect("connected session");
         if qos == 2 && session.rare.inbound_qos2.contains_key(&packet_id) {
-            // Method B: already routed; a duplicate only gets PUBREC.
-            self.reply_held(connection, packet_id, now);
+            // Method B: already routed; a duplicate only gets PUBREC, once
+            // its writes are answered: the answer they get, on this
+            // connection too.
+            match session
+                .rare
+                .allocated_mut()
+                .and_then(|rare| rare.writing.get_mut(&packet_id))
+            {
+                Some(asked) => *asked = true,
+                None => self.reply_held(connection, packet_id, now),
+            }
             return;
         }
+        let session = &self.sessions.by_key[&key];
         // `$SYS/...` is the broker's own: clients are refused as by the ACL.
         let allowed = !topic.starts_with("$SYS")
             && (!self.authorizer.is_active()
@@ -379,6 +393,7 @@ impl BrokerState {
                 );
                 return;
             }
+            session.rare.writing.insert(packet_id, false);
             if stored_session {
                 // The hold is stored before PUBREC: a restart between the
                 // two must still know the id was routed.
@@ -504,6 +519,31 @@ impl BrokerState {
         }
     }
 
+    /// The writes of QoS 2 publish `p` were answered, `stored` or not: it
+    /// is no longer being written. The connection a duplicate of it came
+    /// on since, when a later one than `p`'s, is owed the same answer.
+    fn qos2_written(&mut self, p: &ParkedPublish, stored: bool) -> Option<u64> {
+        let publisher = p.publisher?;
+        let key = match self.sessions.by_key.contains_key(&publisher) {
+            true => publisher,
+            // A bridge's session that ended meanwhile: its hold waits for
+            // the bridge's next connection, or has gone to it.
+            false => {
+                let client_id = self.bridges.hold_written(publisher, p.packet_id, stored)?;
+                self.sessions.of_client(&client_id)?
+            }
+        };
+        let session = self.sessions.by_key.get_mut(&key)?;
+        let connection = session.connection();
+        let rare = session.rare.allocated_mut()?;
+        let asked = rare.writing.remove(&p.packet_id)?;
+        if !stored && key != publisher {
+            rare.inbound_qos2.remove(&p.packet_id);
+            rare.channel_holds.remove(&p.packet_id);
+        }
+        connection.filter(|c| asked && Some(*c) != p.connection)
+    }
+
     /// A publish (from a client, or a Will) whose writes were answered.
     pub(super) fn answer_publish(
         &mut self,
@@ -512,6 +552,10 @@ impl BrokerState {
         appended: Option<u64>,
         now: Instant,
     ) {
+        let later = match p.qos {
+            2 => self.qos2_written(&p, failure.is_none()),
+            _ => None,
+        };
         if let Some(failure) = failure {
             if let Some(offset) = appended {
                 self.persist.release_unheld(offset);
@@ -537,13 +581,17 @@ impl BrokerState {
                             reason: code,
                         },
                     ),
-                    2 => self.refuse_or_answer(
-                        connection,
-                        Outbound::PubRec {
-                            packet_id: p.packet_id,
-                            reason: code,
-                        },
-                    ),
+                    2 => {
+                        for connection in std::iter::once(connection).chain(later) {
+                            self.refuse_or_answer(
+                                connection,
+                                Outbound::PubRec {
+                                    packet_id: p.packet_id,
+                                    reason: code,
+                                },
+                            );
+                        }
+                    }
                     _ => self.count_storage_drop(),
                 }
             } else {
@@ -588,6 +636,17 @@ impl BrokerState {
                 ),
                 _ => {}
             }
+        }
+        if let Some(later) = later {
+            // Behind what that connection still waits for.
+            self.reply(
+                later,
+                Outbound::PubRec {
+                    packet_id: p.packet_id,
+                    reason: p.code,
+                },
+                now,
+            );
         }
     }
 

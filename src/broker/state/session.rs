@@ -439,6 +439,12 @@ pub struct SessionRare {
     /// Inbound QoS 2 publishes held in a channel until their PUBREL: the
     /// packet id and the channel's index (their times are in `inbound_qos2`).
     pub channel_holds: IdMap<u16, u16>,
+    /// Those of `inbound_qos2` whose writes (their hold, their routing)
+    /// are not yet answered, by packet id: `true` once a duplicate of one
+    /// came on a later connection, which is owed the answer the writes
+    /// get. A PUBREC says the publish is stored, so a duplicate is not
+    /// answered before it is.
+    pub writing: IdMap<u16, bool>,
 }
 
 empty!(
@@ -460,6 +466,7 @@ empty!(
         pending_will: None,
         inbound_qos2: IdMap::with_hasher(std::hash::BuildHasherDefault::new()),
         channel_holds: IdMap::with_hasher(std::hash::BuildHasherDefault::new()),
+        writing: IdMap::with_hasher(std::hash::BuildHasherDefault::new()),
     }
 );
 

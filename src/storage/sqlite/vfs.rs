@@ -140,6 +140,12 @@ impl Faults {
         self.counting.store(true, Ordering::Relaxed);
     }
 
+    /// Counts nothing again until [`Faults::start_counting`]: the calls a
+    /// test makes to look, which must not change what fails.
+    pub fn stop_counting(&self) {
+        self.counting.store(false, Ordering::Relaxed);
+    }
+
     /// Fails the `nth` call (from 1) of `op` on `role` with `errno`; with
     /// `and_after`, every call after it as well.
     pub fn fail(mut self, role: FileRole, op: Op, nth: u64, and_after: bool, errno: i32) -> Faults {
