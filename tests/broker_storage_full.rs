@@ -191,3 +191,63 @@ fn an_unwritable_provider_answers_0x83_and_keeps_what_it_acknowledged() {
         assert_eq!(topics, want);
     });
 }
+
+/// A QoS 2 publish into a full channel sent twice in one write (a client
+/// retrying before its answer came) is refused once, with 0x97: the
+/// duplicate waits for the first's hold and gets its answer, never a
+/// PUBREC 0x00 for a publish that was not stored.
+#[test]
+fn a_duplicate_of_a_refused_exactly_once_publish_is_never_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+         limits:\n  max_message_size: 1KiB\n  max_header_bytes: 1KiB\n\
+         storage:\n  - name: small\n    kind: memory\n    snapshot_dir: {}\n    max_bytes: 8KiB\n\
+         channels:\n  - name: telemetry\n    kind: append\n    storage: small\n",
+        dir.path().join("snapshots").display()
+    );
+    let broker = Broker::start_in(dir, &yaml);
+    let payload = vec![b'v'; 500];
+    runtime().block_on(async {
+        let mut c = Raw::tcp(broker.addr(), v5()).await;
+        c.connect("twice", ConnectOpts::clean()).await;
+        let mut full = false;
+        for i in 1..=40u16 {
+            c.publish("telemetry/a", &payload, 1, false, i).await;
+            match c.recv().await {
+                Some(Packet::PubAck(a)) if a.reason == ReasonCode::Success => {}
+                Some(Packet::PubAck(a)) => {
+                    assert_eq!(a.reason, ReasonCode::QuotaExceeded, "full is 0x97");
+                    full = true;
+                    break;
+                }
+                other => panic!("expected PUBACK, got {other:?}"),
+            }
+        }
+        assert!(full, "the channel never filled");
+        let publish = |dup| {
+            Packet::Publish(saguin::broker::codec::Publish {
+                dup,
+                qos: qos(2),
+                retain: false,
+                topic: "telemetry/a".into(),
+                packet_id: 100,
+                properties: Default::default(),
+                payload: payload.clone().into(),
+            })
+        };
+        let mut bytes = wire_bytes(&publish(false), v5());
+        bytes.extend(wire_bytes(&publish(true), v5()));
+        bytes.extend(wire_bytes(&Packet::PingReq, v5()));
+        c.send_bytes(&bytes).await;
+        let mut answers = Vec::new();
+        loop {
+            match c.recv().await {
+                Some(Packet::PingResp) => break,
+                Some(Packet::PubRec(r)) => answers.push(r.reason),
+                other => panic!("expected PUBREC or PINGRESP, got {other:?}"),
+            }
+        }
+        assert_eq!(answers, [ReasonCode::QuotaExceeded], "{answers:?}");
+    });
+}
