@@ -1111,45 +1111,47 @@ impl Run {
     }
 }
 
-proptest! {
-    // 128 runs unless PROPTEST_CASES asks for more (a longer search, run
-    // by hand). A failing run is shrunk to the few steps that matter.
-    #![proptest_config(ProptestConfig {
+/// How many runs a search makes: `PROPTEST_CASES` (a longer search, run
+/// by hand), or `default`. A failing run is shrunk to the few steps that
+/// matter.
+fn searched(default: u32) -> ProptestConfig {
+    ProptestConfig {
         cases: std::env::var("PROPTEST_CASES")
             .ok()
             .and_then(|n| n.parse().ok())
-            .unwrap_or(128),
+            .unwrap_or(default),
         failure_persistence: None,
         ..ProptestConfig::default()
-    })]
+    }
+}
+
+/// Runs `ops` on `run`, every client connected first when `connected`,
+/// then lets every client answer everything.
+fn drive(mut run: Run, connected: bool, ops: Vec<Op>) {
+    if connected {
+        run.connect_everyone();
+    }
+    for op in ops {
+        run.apply(op);
+    }
+    run.finish();
+}
+
+proptest! {
+    #![proptest_config(searched(128))]
 
     #[test]
     fn any_run_of_clients_keeps_each_window_and_never_reuses_an_unanswered_id(
         connected in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..80)
     ) {
-        let mut run = Run::new();
-        if connected {
-            run.connect_everyone();
-        }
-        for op in ops {
-            run.apply(op);
-        }
-        run.finish();
+        drive(Run::new(), connected, ops);
     }
 }
 
 proptest! {
-    // A sqlite file is opened at each start: fewer runs than on memory
-    // unless PROPTEST_CASES asks for more.
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(32),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    // A sqlite file is opened at each start: fewer runs than on memory.
+    #![proptest_config(searched(32))]
 
     #[test]
     fn any_run_on_a_sqlite_file_whose_disk_fails_acknowledges_only_what_it_stores(
@@ -1157,14 +1159,7 @@ proptest! {
         connected in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..80)
     ) {
-        let mut run = Run::on(Backing::sqlite(faults));
-        if connected {
-            run.connect_everyone();
-        }
-        for op in ops {
-            run.apply(op);
-        }
-        run.finish();
+        drive(Run::on(Backing::sqlite(faults)), connected, ops);
     }
 }
 
@@ -1177,11 +1172,7 @@ fn wait<T>(runtime: &tokio::runtime::Runtime, future: impl Future<Output = T>) -
 
 /// Runs `ops`, then lets every client answer everything.
 fn run(ops: Vec<Op>) {
-    let mut run = Run::new();
-    for op in ops {
-        run.apply(op);
-    }
-    run.finish();
+    drive(Run::new(), false, ops);
 }
 
 fn connect(client: usize, v5: bool, receive_maximum: u16) -> Op {
@@ -1195,12 +1186,16 @@ fn connect(client: usize, v5: bool, receive_maximum: u16) -> Op {
 }
 
 fn publish(client: usize, topic: usize, qos: u8) -> Op {
+    publish_as(client, topic, qos, 1)
+}
+
+fn publish_as(client: usize, topic: usize, qos: u8, packet_id: u16) -> Op {
     Op::Publish {
         client,
         topic,
         qos,
         retain: false,
-        packet_id: 1,
+        packet_id,
         empty: false,
         expiry: None,
         times: 1,
@@ -1383,16 +1378,7 @@ fn a_publish_sent_again_while_its_hold_is_written_is_answered_once_it_is_stored(
     for op in [
         connect(0, true, 3),
         Op::Settle,
-        Op::Publish {
-            client: 0,
-            topic: 2,
-            qos: 2,
-            retain: false,
-            packet_id: 1,
-            empty: false,
-            expiry: None,
-            times: 1,
-        },
+        publish_as(0, 2, 2, 1),
         connect(0, true, 3),
         Op::Lag,
     ] {
@@ -1417,16 +1403,7 @@ fn a_bridge_back_while_its_hold_is_written_is_answered_as_the_write_is() {
     for op in [
         connect(BRIDGE, true, 1),
         Op::Settle,
-        Op::Publish {
-            client: BRIDGE,
-            topic: 2,
-            qos: 2,
-            retain: false,
-            packet_id: 1,
-            empty: false,
-            expiry: None,
-            times: 1,
-        },
+        publish_as(BRIDGE, 2, 2, 1),
         connect(BRIDGE, true, 1),
     ] {
         run.apply(op);
@@ -1445,16 +1422,7 @@ fn a_bridge_back_while_its_hold_is_written_is_answered_once_it_is_stored() {
     run.connect_everyone();
     for op in [
         publish(BRIDGE, 0, 2),
-        Op::Publish {
-            client: BRIDGE,
-            topic: 2,
-            qos: 2,
-            retain: false,
-            packet_id: 2,
-            empty: false,
-            expiry: None,
-            times: 1,
-        },
+        publish_as(BRIDGE, 2, 2, 2),
         connect(BRIDGE, false, 1),
     ] {
         run.apply(op);
