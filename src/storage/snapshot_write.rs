@@ -31,7 +31,9 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
+
+use crate::storage::kept::Kept;
 
 use saguin_format::channel_name::{
     encode_file_name, generation_file_name, temp_file_name, BROADCAST_FILE, RETAINED_CHANNEL,
@@ -633,8 +635,8 @@ impl Job<'_> {
     }
 }
 
-fn unshare(records: &[Arc<Record>]) -> Vec<Record> {
-    records.iter().map(|r| (**r).clone()).collect()
+fn unshare(records: &[Kept]) -> Vec<Record> {
+    records.iter().map(|k| k.record()).collect()
 }
 
 fn file_positions(positions: &[Position]) -> Vec<FilePosition> {
@@ -1183,6 +1185,8 @@ mod stream {
 
 #[cfg(test)]
 mod tests {
+
+    use std::sync::Arc;
 
     use super::*;
     use crate::storage::contract::Provider;

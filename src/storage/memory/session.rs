@@ -14,6 +14,7 @@ use crate::storage::contract::{
     SessionEntry, SessionStore, ShareGroupEntry, ShareGroupKey, StorageError, BROADCAST_LOG_NAME,
     FIRST_OFFSET,
 };
+use crate::storage::kept::Kept;
 
 /// Persistent sessions in memory.
 #[derive(Debug)]
@@ -63,7 +64,7 @@ impl SessionStore for MemorySessions {
 
 #[derive(Debug)]
 struct LogState {
-    log: SlotLog<Arc<Record>>,
+    log: SlotLog<Kept>,
     next: u64,
     floor: u64,
 }
@@ -88,7 +89,7 @@ pub struct BroadcastCopy {
     pub next: u64,
     pub floor: u64,
     pub bytes: u64,
-    pub messages: Vec<Arc<Record>>,
+    pub messages: Vec<Kept>,
     /// Each session's cursor: client id, offset, and when it was saved
     /// (`0` from this store, which keeps no time for a cursor; a migration
     /// carries the time its source holds).
@@ -135,7 +136,7 @@ impl MemoryBroadcast {
         st.floor = floor;
         for m in messages {
             let size = m.accounted_size();
-            st.log.push(Arc::new(m), size);
+            st.log.push(Kept::new(&m), size);
         }
         self.shared.budget.charge_relief(st.log.bytes());
         drop(st);
@@ -177,11 +178,10 @@ impl MemoryBroadcast {
         }
         record.offset = st.next;
         st.next += 1;
-        let shared = Arc::new(record);
-        st.log.push(shared.clone(), size);
+        st.log.push(Kept::new(&record), size);
         self.touch();
         drop(st);
-        Ok(Arc::unwrap_or_clone(shared))
+        Ok(record)
     }
 }
 
@@ -201,7 +201,12 @@ impl BroadcastLog for MemoryBroadcast {
         }
         // Below the floor nothing is owed to anybody any more: the read
         // starts at what is still held.
-        Ok(st.log.read_from(offset.max(st.floor), max))
+        Ok(st
+            .log
+            .read_shared(offset.max(st.floor), max)
+            .iter()
+            .map(Kept::record_sharing)
+            .collect())
     }
 
     fn release(&self, offsets: &[u64]) -> Result<Removed> {

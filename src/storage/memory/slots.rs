@@ -9,33 +9,16 @@
 //! rather than shifted in place when its capacity has grown far past what is
 //! left, so one removal costs what went rather than what survives.
 
-use std::sync::Arc;
-
-use saguin_format::model::{Record, UnixNanos};
+use saguin_format::model::UnixNanos;
 
 use crate::storage::kept::{Kept, KeptRecord};
 
-/// A record as a log holds it: whole (the broadcast log, whose records the
-/// broker shares while it delivers them) or kept compact (an append
-/// channel's, held for as long as retention says).
+/// A record as a log holds it, kept compact (an append channel's, held for
+/// as long as retention says, and the broadcast log's).
 pub(crate) trait Logged {
     fn offset(&self) -> u64;
     fn timestamp(&self) -> UnixNanos;
     fn accounted_size(&self) -> u64;
-}
-
-impl Logged for Arc<Record> {
-    fn offset(&self) -> u64 {
-        self.offset
-    }
-
-    fn timestamp(&self) -> UnixNanos {
-        self.timestamp
-    }
-
-    fn accounted_size(&self) -> u64 {
-        Record::accounted_size(self)
-    }
 }
 
 impl Logged for Kept {
@@ -281,28 +264,18 @@ impl<T: Logged + Clone> SlotLog<T> {
     }
 }
 
-impl SlotLog<Arc<Record>> {
-    /// At most `max` records from `offset` on, cleared slots skipped.
-    pub fn read_from(&self, offset: u64, max: usize) -> Vec<Record> {
-        self.held_from(offset)
-            .filter_map(|s| s.record.as_deref())
-            .take(max)
-            .cloned()
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use saguin_format::model::Record;
 
-    fn log(n: u64) -> SlotLog<Arc<Record>> {
+    fn log(n: u64) -> SlotLog<Kept> {
         let mut l = SlotLog::new();
         for o in 1..=n {
             let mut r = Record::new("t", vec![0u8; 10]);
             r.offset = o;
             r.timestamp = o as i64;
-            l.push(Arc::new(r), 11);
+            l.push(Kept::new(&r), 11);
         }
         l
     }
@@ -318,7 +291,7 @@ mod tests {
         assert_eq!(l.slot_count(), 100, "at half: compacted");
         assert_eq!(l.first_offset(), Some(101));
         assert_eq!(
-            l.read_from(150, 2)
+            l.read_shared(150, 2)
                 .iter()
                 .map(|r| r.offset)
                 .collect::<Vec<_>>(),
@@ -339,21 +312,21 @@ mod tests {
             50,
             "holes reached half: rebuilt without them"
         );
-        let got: Vec<u64> = l.read_from(1, 3).iter().map(|r| r.offset).collect();
+        let got: Vec<u64> = l.read_shared(1, 3).iter().map(|r| r.offset).collect();
         assert_eq!(got, [1, 3, 5]);
-        assert_eq!(l.read_from(2, 1)[0].offset, 3);
+        assert_eq!(l.read_shared(2, 1)[0].offset, 3);
         l.clear_at(1);
         assert_eq!(l.first_offset(), Some(3));
     }
 
     #[test]
     fn first_at_or_after_looks_at_every_record() {
-        let mut l = SlotLog::<Arc<Record>>::new();
+        let mut l = SlotLog::<Kept>::new();
         for (o, ts) in [(1, 0), (2, 50), (3, 10), (4, 60)] {
             let mut r = Record::new("t", Vec::new());
             r.offset = o;
             r.timestamp = ts;
-            l.push(Arc::new(r), 1);
+            l.push(Kept::new(&r), 1);
         }
         assert_eq!(l.first_at_or_after(40), Some(2));
         assert_eq!(l.first_at_or_after(55), Some(4));

@@ -9,7 +9,6 @@
 //! 0600).
 
 use std::path::Path;
-use std::sync::Arc;
 
 use saguin_format::channel_name::{BROADCAST_FILE, RETAINED_CHANNEL, SESSIONS_FILE};
 use saguin_format::f21::{self, ChannelFile, FileKind, SnapshotFile};
@@ -183,8 +182,8 @@ pub fn read_dir(
 }
 
 /// Records moved behind the shared handles the writer takes, not copied.
-fn shared(records: Vec<Record>) -> Vec<Arc<Record>> {
-    records.into_iter().map(Arc::new).collect()
+fn kept(records: Vec<Record>) -> Vec<Kept> {
+    records.iter().map(Kept::new).collect()
 }
 
 fn positions(channel: &str, list: &[f21::Position]) -> Result<Vec<Position>, String> {
@@ -345,7 +344,7 @@ pub fn provider_copy(
                     next: log.next,
                     floor: log.floor,
                     bytes: log.bytes,
-                    messages: shared(log.messages),
+                    messages: kept(log.messages),
                     cursors: log
                         .cursors
                         .iter()
