@@ -308,8 +308,8 @@ struct DecodedLists {
 /// name. A record is let go once its compact form is made, so a start
 /// never holds a file's decoded records beside the store built from them
 /// (about 200 bytes a record before its strings: 2 GB for a channel of ten
-/// million). The broadcast log keeps whole records, and they stay in its
-/// decoded file.
+/// million). The broadcast log's messages are decoded whole, in its file,
+/// and made compact one by one as the log is restored.
 #[derive(Debug, Default)]
 struct StartSink {
     /// The retained store's values, once its file decoded.
