@@ -311,26 +311,23 @@ impl BrokerState {
             payload,
             properties,
         } = publish;
-        let session = self
-            .sessions
-            .by_key
-            .get_mut(&key)
-            .expect("connected session");
+        let session = self.sessions.by_key.get(&key).expect("connected session");
         if qos == 2 && session.rare.inbound_qos2.contains_key(&packet_id) {
             // Method B: already routed; a duplicate only gets PUBREC, once
             // its writes are answered: the answer they get, on this
             // connection too.
-            match session
-                .rare
-                .allocated_mut()
-                .and_then(|rare| rare.writing.get_mut(&packet_id))
-            {
+            let writing = self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .and_then(|s| s.rare.allocated_mut())
+                .and_then(|rare| rare.writing.get_mut(&packet_id));
+            match writing {
                 Some(asked) => *asked = true,
                 None => self.reply_held(connection, packet_id, now),
             }
             return;
         }
-        let session = &self.sessions.by_key[&key];
         // `$SYS/...` is the broker's own: clients are refused as by the ACL.
         let allowed = !topic.starts_with("$SYS")
             && (!self.authorizer.is_active()

@@ -252,16 +252,7 @@ impl Queues {
         }
         let code = reason as u8;
         if code < 0x80 {
-            d.step = Step::Resolving {
-                delivery_id,
-                epoch,
-                retry: false,
-            };
-            self.writes.push((
-                channel,
-                Write::Resolve { delivery_id, epoch },
-                QueueWrite::Resolve { channel, offset },
-            ));
+            self.resolve(channel, offset, delivery_id, epoch);
         } else {
             self.release_delivery(
                 channel,
@@ -271,6 +262,28 @@ impl Queues {
                 format!("the worker refused it (PUBACK reason 0x{code:02X})"),
             );
         }
+    }
+
+    /// The delivery of `offset` is done with (answered, or expired before
+    /// it was sent): its resolution is written.
+    fn resolve(&mut self, channel: u16, offset: u64, delivery_id: u64, epoch: u64) {
+        let Some(d) = self
+            .by_channel
+            .get_mut(&channel)
+            .and_then(|q| q.out.get_mut(&offset))
+        else {
+            return;
+        };
+        d.step = Step::Resolving {
+            delivery_id,
+            epoch,
+            retry: false,
+        };
+        self.writes.push((
+            channel,
+            Write::Resolve { delivery_id, epoch },
+            QueueWrite::Resolve { channel, offset },
+        ));
     }
 
     /// A queue write failed: a lease is forgotten (the record is offered
@@ -691,25 +704,8 @@ impl BrokerState {
             // resolved and counted, where sent it took a place in the
             // worker's window that nothing would ever free.
             self.metrics.dropped(DropReason::Expired);
-            let queue = self.queues.by_channel.get_mut(&channel).expect("looked up");
-            if let Some(d) = queue.out.get_mut(&lease.offset) {
-                d.step = Step::Resolving {
-                    delivery_id: lease.delivery_id,
-                    epoch: lease.epoch,
-                    retry: false,
-                };
-            }
-            self.queues.writes.push((
-                channel,
-                Write::Resolve {
-                    delivery_id: lease.delivery_id,
-                    epoch: lease.epoch,
-                },
-                QueueWrite::Resolve {
-                    channel,
-                    offset: lease.offset,
-                },
-            ));
+            self.queues
+                .resolve(channel, lease.offset, lease.delivery_id, lease.epoch);
             return;
         }
         let until = now + self.queues.by_channel[&channel].lease;

@@ -77,6 +77,12 @@ impl Backing {
         }
     }
 
+    /// Whether a restart opens the provider again (a sqlite file), rather
+    /// than going on with the one that holds everything (memory).
+    pub(super) fn reopens(&self) -> bool {
+        matches!(self, Backing::Sqlite { .. })
+    }
+
     fn file(dir: &tempfile::TempDir) -> PathBuf {
         dir.path().join("saguin.db")
     }
@@ -194,12 +200,6 @@ impl Life {
         let seen = look();
         plan.start_counting();
         seen
-    }
-
-    /// Whether a restart opens the provider again (a sqlite file), rather
-    /// than going on with the one that holds everything (memory).
-    pub(super) fn reopens(backing: &Backing) -> bool {
-        matches!(backing, Backing::Sqlite { .. })
     }
 
     /// The process ends and lets go of the file. Every write handed to a

@@ -421,7 +421,7 @@ impl Run {
         }
         self.expired_before += self.expired_holds();
         let metrics = Arc::new(Metrics::new());
-        if Life::reopens(&self.backing) {
+        if self.backing.reopens() {
             // The file is let go before it is opened again, as a process
             // that ends lets go of it.
             self.life.close();
