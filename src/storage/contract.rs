@@ -1210,6 +1210,13 @@ pub struct ShareGroupEntry {
 /// nobody owes them, so it may have gaps; no offset is reused.
 pub trait BroadcastLog: Send + Sync {
     fn append(&self, record: Record) -> Result<Record>;
+    /// [`BroadcastLog::append`], answering the offset the message took and
+    /// the log's own handle on it where it keeps one the broker may hold
+    /// instead of a copy (a memory log's; `None` for a log whose messages
+    /// live elsewhere, a database's).
+    fn append_sharing(&self, record: Record) -> Result<(u64, Option<Kept>)> {
+        self.append(record).map(|record| (record.offset, None))
+    }
     /// Appends several messages in order, sharing transactions where the
     /// provider has them; one answer per message.
     fn append_batch(&self, records: Vec<Record>) -> Vec<Result<Record>> {

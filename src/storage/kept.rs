@@ -221,6 +221,25 @@ impl Kept {
         Bytes::from_owner(PayloadOf(self.clone()))
     }
 
+    /// Its topic and payload as `Bytes` that share this allocation through
+    /// one owner between them, for a message the broker routes to be held
+    /// once with the record rather than beside it; `None` where either is
+    /// kept out of line.
+    pub(crate) fn topic_and_payload_shared(&self) -> Option<(Bytes, Bytes)> {
+        let inline = self
+            .rare
+            .as_ref()
+            .is_none_or(|rare| rare.topic.is_empty() && rare.payload.is_empty());
+        if !inline || self.topic_len == 0 {
+            return None;
+        }
+        // Slices of one owner take its count; they allocate nothing more.
+        let whole = Bytes::from_owner(BytesOf(self.clone()));
+        let topic_end = usize::from(self.topic_len);
+        let payload_from = topic_end + usize::from(self.client_len);
+        Some((whole.slice(..topic_end), whole.slice(payload_from..)))
+    }
+
     /// The handle as a thin pointer, aligned to 8: the count it held is
     /// held by the pointer until [`Kept::from_raw`] takes it back.
     pub(crate) fn into_raw(self) -> NonNull<u8> {
@@ -442,6 +461,16 @@ impl AsRef<[u8]> for PayloadOf {
     }
 }
 
+/// A kept record's topic, client id and payload, as the owner of the
+/// bytes [`Kept::topic_and_payload_shared`] lends.
+struct BytesOf(Kept);
+
+impl AsRef<[u8]> for BytesOf {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.bytes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use saguin_format::model::UserProperty;
@@ -563,6 +592,41 @@ mod tests {
         let fits = Kept::new_within(&record, 108);
         assert!(fits.rare.is_none(), "exactly at the limit: in line");
         assert_eq!(fits.record(), record);
+    }
+
+    /// A routed message's topic and payload lent from the record are its
+    /// own bytes, in the record's allocation, held by one count between
+    /// them; a record keeping either out of line lends neither.
+    #[test]
+    fn topic_and_payload_are_lent_together_from_the_record() {
+        let record = Record {
+            client_id: "dev-1".into(),
+            ..Record::new("site/1/device/7", vec![7u8; 64])
+        };
+        let kept = Kept::new(&record);
+        let (topic, payload) = kept.topic_and_payload_shared().expect("kept in line");
+        assert_eq!(&topic[..], b"site/1/device/7");
+        assert_eq!(payload, record.payload);
+        assert_eq!(Kept::count(&kept), 2, "one count for both");
+        let within = kept.bytes.as_ptr_range();
+        assert!(within.contains(&topic.as_ptr()) && within.contains(&payload.as_ptr()));
+        drop(topic);
+        assert_eq!(Kept::count(&kept), 2, "the payload still holds it");
+        drop(payload);
+        assert_eq!(Kept::count(&kept), 1);
+
+        let empty = Kept::new(&Record::new("t/e", Bytes::new()));
+        let (topic, payload) = empty.topic_and_payload_shared().expect("kept in line");
+        assert_eq!((&topic[..], payload.is_empty()), (&b"t/e"[..], true));
+
+        let out_of_line = [
+            Kept::new_within(&record, 50),
+            Kept::new(&Record::new("t/".repeat(35_000), "v")),
+        ];
+        for kept in out_of_line {
+            assert!(kept.topic_and_payload_shared().is_none());
+            assert_eq!(Kept::count(&kept), 1);
+        }
     }
 
     /// A handle counts its clones, across threads, and a pointer taken out

@@ -228,8 +228,8 @@ impl Stores {
                 .map(|()| Written::Done),
             Write::AppendLog(record) => self
                 .log()?
-                .append(record)
-                .map(|r| Written::Appended(r.offset)),
+                .append_sharing(record)
+                .map(|(offset, kept)| Written::Appended(offset, kept)),
             Write::ReleaseLog(offsets) => self.log()?.release(&offsets).map(|_| Written::Done),
             Write::SetRetained(record) => self
                 .retained()?
@@ -523,7 +523,7 @@ impl Stores {
             self.log().map(|log| {
                 log.append_batch(records)
                     .into_iter()
-                    .map(|r| r.map(|r| Written::Appended(r.offset)))
+                    .map(|r| r.map(|r| Written::Appended(r.offset, None)))
                     .collect::<Vec<_>>()
             })
         };

@@ -117,8 +117,10 @@ pub enum Write {
 #[derive(Debug, Clone)]
 pub enum Written {
     Done,
-    /// The offset an [`Write::AppendLog`] took.
-    Appended(u64),
+    /// The offset an [`Write::AppendLog`] took, and the log's own handle
+    /// on the message where it keeps one (a memory log's): the deliveries
+    /// share it rather than the publish's copy.
+    Appended(u64, Option<Kept>),
     /// The retained store's own handle on the value a
     /// [`Write::SetRetained`] set, where it keeps one (a memory store's):
     /// the retained index holds it rather than a copy.
@@ -300,6 +302,9 @@ pub(super) struct ParkedPublish {
     /// The retained store's handle on the value set, when its write
     /// answered with one ([`Written::Retained`]).
     pub retained_kept: Option<Kept>,
+    /// The broadcast log's handle on the message appended, when its write
+    /// answered with one ([`Written::Appended`]).
+    pub logged_kept: Option<Kept>,
     /// The v5 reason the publisher is answered with on success.
     pub code: ReasonCode,
 }
@@ -324,6 +329,7 @@ impl ParkedPublish {
             logged: false,
             retain_change: None,
             retained_kept: None,
+            logged_kept: None,
             code,
         }))
     }

@@ -375,12 +375,14 @@ impl BrokerState {
         };
         let mut appended = None;
         let mut retained_kept = None;
+        let mut logged_kept = None;
         let failure = match result {
             Ok(written) => {
                 for w in written {
                     match w {
-                        Written::Appended(offset) => {
+                        Written::Appended(offset, kept) => {
                             appended = Some(offset);
+                            logged_kept = kept;
                             self.persist.log_next = self.persist.log_next.max(offset + 1);
                         }
                         Written::Retained(kept) => retained_kept = Some(kept),
@@ -407,9 +409,9 @@ impl BrokerState {
         let Some(wait) = self.persist.waits.get_mut(&wait_id) else {
             return;
         };
-        if let Some(kept) = retained_kept {
-            // Handed to the publish that set it, which the index takes it
-            // from when the publish is answered.
+        if retained_kept.is_some() || logged_kept.is_some() {
+            // Handed to the publish that wrote them, which the retained
+            // index and the deliveries take them from when it is answered.
             let parked = match &mut wait.place {
                 Place::Alone(parked) => Some(parked),
                 Place::Queued { connection, answer } => self
@@ -419,7 +421,12 @@ impl BrokerState {
                     .map(|a| &mut a.parked),
             };
             if let Some(Parked::Publish(p)) = parked {
-                p.retained_kept = Some(kept);
+                if retained_kept.is_some() {
+                    p.retained_kept = retained_kept;
+                }
+                if logged_kept.is_some() {
+                    p.logged_kept = logged_kept;
+                }
             }
         }
         wait.remaining -= 1;

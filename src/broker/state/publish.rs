@@ -16,6 +16,7 @@ use crate::broker::link::Sent;
 use crate::broker::message::{DecimalBuf, Message};
 use crate::broker::metrics::{CloseReason, DropReason};
 use crate::broker::subscriptions::{merge_matches, Delivery, SessionKey};
+use crate::storage::kept::Kept;
 
 impl BrokerState {
     pub(super) fn on_packet(&mut self, connection: u64, packet: Inbound, now: Instant) {
@@ -421,6 +422,7 @@ impl BrokerState {
             logged: parts.logged,
             retain_change: parts.retain_change,
             retained_kept: None,
+            logged_kept: None,
             code: ReasonCode::Success,
         };
         if answers_pending || self.persist.has_staged() {
@@ -544,7 +546,7 @@ impl BrokerState {
     /// A publish (from a client, or a Will) whose writes were answered.
     pub(super) fn answer_publish(
         &mut self,
-        p: ParkedPublish,
+        mut p: ParkedPublish,
         failure: Option<StorageFailure>,
         appended: Option<u64>,
         now: Instant,
@@ -613,6 +615,9 @@ impl BrokerState {
         }
         if p.code == ReasonCode::Success {
             let offset = if p.logged { appended } else { None };
+            if let Some(kept) = p.logged_kept.take() {
+                share_logged(&mut p.message, &kept);
+            }
             self.fan_out(&p.message, p.deliveries, offset, now);
         }
         if let Some(connection) = p.connection {
@@ -666,6 +671,7 @@ impl BrokerState {
                 logged: false,
                 retain_change: None,
                 retained_kept: None,
+                logged_kept: None,
                 code: ReasonCode::Success,
             })));
             return;
@@ -683,6 +689,7 @@ impl BrokerState {
                 logged: parts.logged,
                 retain_change: parts.retain_change,
                 retained_kept: None,
+                logged_kept: None,
                 code: ReasonCode::Success,
             })),
             now,
@@ -1085,4 +1092,23 @@ fn delivery_len(queued: &QueuedMessage, v5: bool) -> usize {
     };
     // A packet the encoder refuses cannot be sent either.
     codec::publish_len(&parts, version).unwrap_or(usize::MAX)
+}
+
+/// Gives `message` the topic and payload of the broadcast log's record of
+/// it (`kept`, a memory log's), where nothing else holds the message yet:
+/// a message owed to persistent sessions on the memory store is then held
+/// once, not as the log's record beside the publish's own copy (its
+/// packet's allocation and the share's header, about 130 bytes for a
+/// 64-byte payload).
+fn share_logged(message: &mut Arc<Message>, kept: &Kept) {
+    let Some(message) = Arc::get_mut(message) else {
+        return;
+    };
+    let Some((topic, payload)) = kept.topic_and_payload_shared() else {
+        return;
+    };
+    if let Some(topic) = ByteStr::from_utf8(topic).filter(|t| *t == message.topic) {
+        message.topic = topic;
+        message.payload = payload;
+    }
 }

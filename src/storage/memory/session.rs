@@ -166,7 +166,7 @@ impl MemoryBroadcast {
         }
     }
 
-    pub(crate) fn append_inner(&self, mut record: Record, relief: bool) -> Result<Record> {
+    pub(crate) fn append_inner(&self, mut record: Record, relief: bool) -> Result<(Record, Kept)> {
         self.shared.check_open()?;
         check_record(BROADCAST_LOG_NAME, &record, true)?;
         let size = record.accounted_size();
@@ -178,16 +178,22 @@ impl MemoryBroadcast {
         }
         record.offset = st.next;
         st.next += 1;
-        st.log.push(Kept::new(&record), size);
+        let kept = Kept::new(&record);
+        st.log.push(kept.clone(), size);
         self.touch();
         drop(st);
-        Ok(record)
+        Ok((record, kept))
     }
 }
 
 impl BroadcastLog for MemoryBroadcast {
     fn append(&self, record: Record) -> Result<Record> {
+        self.append_inner(record, false).map(|(record, _)| record)
+    }
+
+    fn append_sharing(&self, record: Record) -> Result<(u64, Option<Kept>)> {
         self.append_inner(record, false)
+            .map(|(record, kept)| (record.offset, Some(kept)))
     }
 
     fn read_from_n(&self, offset: u64, max: usize) -> Result<Vec<Record>> {
@@ -365,7 +371,10 @@ impl MemoryHeld {
         record.offset = 0;
         if channel == BROADCAST_LOG_NAME {
             let provider = self.provider()?;
-            return provider.broadcast().append_inner(record, true);
+            return provider
+                .broadcast()
+                .append_inner(record, true)
+                .map(|(record, _)| record);
         }
         let provider = self.provider()?;
         match provider.mem_channel(channel) {

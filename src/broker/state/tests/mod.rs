@@ -54,6 +54,8 @@ struct FakeStore {
     /// When set, a retained value is answered with a handle on it, as a
     /// memory store answers: every handle handed out, in order.
     retained_handles: Option<Vec<crate::storage::kept::Kept>>,
+    /// The same for a broadcast log entry.
+    log_handles: Option<Vec<Kept>>,
 }
 
 impl FakeStore {
@@ -90,9 +92,17 @@ impl FakeStore {
             .map(|w| {
                 self.writes.push(w.clone());
                 match w {
-                    Write::AppendLog(_) => {
+                    Write::AppendLog(record) => {
                         self.next_offset += 1;
-                        Written::Appended(self.next_offset)
+                        let kept = self.log_handles.as_mut().map(|handles| {
+                            let kept = Kept::new(&saguin_format::model::Record {
+                                offset: self.next_offset,
+                                ..record.clone()
+                            });
+                            handles.push(kept.clone());
+                            kept
+                        });
+                        Written::Appended(self.next_offset, kept)
                     }
                     Write::Append(record) => self.store_in_channel(record.clone()),
                     Write::Hold(held)

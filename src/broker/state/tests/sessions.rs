@@ -439,6 +439,64 @@ fn a_failed_retained_write_answers_its_reason_and_changes_nothing() {
     assert_eq!(s.retained_count(), 0);
 }
 
+/// On a log that answers an entry with its own handle on it (a memory
+/// store's), the message a persistent session is owed shares that entry's
+/// topic and payload rather than holding the publish's copy beside it,
+/// and is delivered from them.
+#[test]
+fn a_message_owed_on_a_log_that_shares_its_entry_is_held_once() {
+    let now = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore {
+        log_handles: Some(Vec::new()),
+        ..FakeStore::default()
+    };
+    let mut sub = connect(&mut s, 1, "sub", false, now);
+    packets(&mut s, 1, vec![subscribe("t/#", 1)], now);
+    store.commit_all(&mut s, now);
+    closed(&mut s, 1, now);
+    store.commit_all(&mut s, now);
+    sub.drain();
+    let _publisher = connect(&mut s, 2, "pub", true, now);
+    packets(&mut s, 2, vec![publish("t/1", 1, 1)], now);
+    store.commit_all(&mut s, now);
+    let entry = store.log_handles.as_ref().unwrap()[0].clone();
+    assert_eq!(Kept::count(&entry), 3, "the store's, the message's, this");
+
+    let mut sub = connect(&mut s, 3, "sub", false, now);
+    store.commit_all(&mut s, now);
+    let sent = sub.drain();
+    let [Outbound::Publish {
+        message, packet_id, ..
+    }] = sent
+        .iter()
+        .filter(|o| matches!(o, Outbound::Publish { .. }))
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("{sent:?}");
+    };
+    assert_eq!((&*message.topic, &message.payload[..]), ("t/1", &b"p"[..]));
+    assert_eq!(
+        message.payload.as_ptr(),
+        entry.payload().as_ptr(),
+        "not a copy"
+    );
+    assert_eq!(message.topic.as_ptr(), entry.topic().as_ptr());
+    let packet_id = *packet_id;
+    drop(sent);
+    packets(
+        &mut s,
+        3,
+        vec![Inbound::PubAck {
+            packet_id,
+            reason: ReasonCode::Success,
+        }],
+        now,
+    );
+    store.commit_all(&mut s, now);
+    assert_eq!(Kept::count(&entry), 2, "the message let go");
+}
+
 /// On a store that answers a retained value with its own handle on it (a
 /// memory store), the index holds that handle: the message is held once.
 /// One with properties is kept whole all the same, and a replaced or
