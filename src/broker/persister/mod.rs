@@ -25,7 +25,7 @@ mod turns;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use served_batch::ServedBatch;
 use tokio::sync::mpsc;
@@ -402,7 +402,7 @@ impl Stores {
         group: Vec<Intent>,
         turns: &mut Turns,
         mut arrivals: impl FnMut(&mut Turns) -> bool,
-        elapsed: impl Fn() -> std::time::Duration,
+        elapsed: impl Fn() -> Duration,
     ) -> Vec<(u64, Result<Vec<Written>, StorageError>)> {
         if self.alone {
             return self.run_together(group);
@@ -724,6 +724,42 @@ enum Kind {
         queue: mpsc::Sender<Intent>,
         thread: Option<std::thread::JoinHandle<()>>,
     },
+    /// [`Persister::stepped`]'s.
+    #[cfg(test)]
+    Stepped {
+        stores: Stores,
+        failures: Failures,
+        turns: Turns,
+    },
+}
+
+/// The next group of what waits in `turns`, run as a persister's thread
+/// runs it: whether it is a group of publishes (whose answers go on their
+/// own queue, read first), and its answers in order. `arrivals` and
+/// `elapsed` are what a session group gives way by
+/// ([`Stores::run_session_group`]).
+fn run_next(
+    stores: &Stores,
+    turns: &mut Turns,
+    failures: &mut Failures,
+    arrivals: impl FnMut(&mut Turns) -> bool,
+    elapsed: impl Fn() -> Duration,
+) -> Option<(bool, Vec<Event>)> {
+    let group = turns.next()?;
+    let publishes = group.first().is_some_and(|i| i.class == Class::Publish);
+    let answers = if publishes {
+        stores.run_together(group)
+    } else {
+        stores.run_session_group(group, turns, arrivals, elapsed)
+    };
+    let answers = answers
+        .into_iter()
+        .map(|(ticket, result)| Event::Committed {
+            ticket,
+            result: failures.answer(result),
+        })
+        .collect();
+    Some((publishes, answers))
 }
 
 /// One role's persister.
@@ -745,14 +781,7 @@ impl Persister {
         metrics: Arc<Metrics>,
         commits: CommitSender,
     ) -> Result<Persister, StorageError> {
-        let kind = provider.kind();
-        let stores = Stores::of(provider, keeps)?;
-        metrics.register_provider(&stores.provider, ProviderView::of(&stores.handle));
-        let failures = Failures {
-            metrics,
-            provider: stores.provider.clone(),
-            streak: 0,
-        };
+        let (kind, stores, failures) = Persister::parts(provider, keeps, metrics)?;
         if kind == ProviderKind::Memory {
             return Ok(Persister {
                 kind: Kind::Inline(stores, failures),
@@ -785,36 +814,30 @@ impl Persister {
                     if intents.is_closed() && intents.is_empty() {
                         open = false;
                     }
-                    let Some(group) = turns.next() else {
+                    let started = Instant::now();
+                    let Some((publishes, answers)) = run_next(
+                        &stores,
+                        &mut turns,
+                        &mut failures,
+                        |turns| {
+                            let mut publish_arrived = false;
+                            while let Ok(arrived) = intents.try_recv() {
+                                publish_arrived |= arrived.class == Class::Publish;
+                                turns.push(arrived);
+                            }
+                            publish_arrived
+                        },
+                        || started.elapsed(),
+                    ) else {
                         continue;
                     };
-                    let publishes = group.first().is_some_and(|i| i.class == Class::Publish);
                     let answer_to = if publishes {
                         &commits.publishes
                     } else {
                         &commits.rest
                     };
-                    let answers = if publishes {
-                        stores.run_together(group)
-                    } else {
-                        let started = Instant::now();
-                        stores.run_session_group(
-                            group,
-                            &mut turns,
-                            |turns| {
-                                let mut publish_arrived = false;
-                                while let Ok(arrived) = intents.try_recv() {
-                                    publish_arrived |= arrived.class == Class::Publish;
-                                    turns.push(arrived);
-                                }
-                                publish_arrived
-                            },
-                            || started.elapsed(),
-                        )
-                    };
-                    for (ticket, result) in answers {
-                        let result = failures.answer(result);
-                        if answer_to.send(Event::Committed { ticket, result }).is_err() {
+                    for answer in answers {
+                        if answer_to.send(answer).is_err() {
                             return;
                         }
                     }
@@ -827,6 +850,64 @@ impl Persister {
                 thread: Some(thread),
             },
         })
+    }
+
+    /// A provider's stores for `keeps`, registered with `metrics`, and the
+    /// count of its failed writes.
+    fn parts(
+        provider: Arc<dyn Provider>,
+        keeps: Keeps,
+        metrics: Arc<Metrics>,
+    ) -> Result<(ProviderKind, Stores, Failures), StorageError> {
+        let kind = provider.kind();
+        let stores = Stores::of(provider, keeps)?;
+        metrics.register_provider(&stores.provider, ProviderView::of(&stores.handle));
+        let failures = Failures {
+            metrics,
+            provider: stores.provider.clone(),
+            streak: 0,
+        };
+        Ok((kind, stores, failures))
+    }
+
+    /// A persister whose thread is its caller: [`Persister::step`] runs
+    /// the next group of what it was handed, as the thread would, so a
+    /// test decides which writes share a group and when each is answered.
+    /// A memory provider's answers as it is handed a write, as always.
+    #[cfg(test)]
+    pub fn stepped(
+        provider: Arc<dyn Provider>,
+        keeps: Keeps,
+        metrics: Arc<Metrics>,
+    ) -> Result<Persister, StorageError> {
+        let (kind, stores, failures) = Persister::parts(provider, keeps, metrics)?;
+        Ok(Persister {
+            kind: match kind {
+                ProviderKind::Memory => Kind::Inline(stores, failures),
+                _ => Kind::Stepped {
+                    stores,
+                    failures,
+                    turns: Turns::default(),
+                },
+            },
+        })
+    }
+
+    /// The answers of the next group a stepped persister was handed, in
+    /// the order its thread would send them; `None` when nothing waits.
+    /// A session group does not give way: nothing arrives meanwhile and
+    /// no time passes.
+    #[cfg(test)]
+    pub fn step(&mut self) -> Option<Vec<Event>> {
+        match &mut self.kind {
+            Kind::Stepped {
+                stores,
+                failures,
+                turns,
+            } => run_next(stores, turns, failures, |_| false, || Duration::ZERO)
+                .map(|(_, answers)| answers),
+            _ => None,
+        }
     }
 
     /// Write `intent`: inline ones are answered in the returned event,
@@ -844,6 +925,11 @@ impl Persister {
                 .await
                 .map(|()| None)
                 .map_err(|_| PersisterGone(String::new())),
+            #[cfg(test)]
+            Kind::Stepped { turns, .. } => {
+                turns.push(intent);
+                Ok(None)
+            }
         }
     }
 
@@ -874,23 +960,54 @@ impl Persisters {
         metrics: Arc<Metrics>,
         commits: CommitSender,
     ) -> Result<Persisters, StorageError> {
+        Persisters::of_roles(sessions, retained, channels, |provider, keeps| {
+            Persister::start(provider, keeps, metrics.clone(), commits.clone())
+        })
+    }
+
+    /// [`Persisters::start`] with [`Persister::stepped`] persisters:
+    /// [`Persisters::step`] answers their writes.
+    #[cfg(test)]
+    pub fn stepped(
+        sessions: Arc<dyn Provider>,
+        retained: Arc<dyn Provider>,
+        channels: &[ServedChannel],
+        metrics: Arc<Metrics>,
+    ) -> Result<Persisters, StorageError> {
+        Persisters::of_roles(sessions, retained, channels, |provider, keeps| {
+            Persister::stepped(provider, keeps, metrics.clone())
+        })
+    }
+
+    /// One persister for each role, made by `persister`.
+    fn of_roles(
+        sessions: Arc<dyn Provider>,
+        retained: Arc<dyn Provider>,
+        channels: &[ServedChannel],
+        mut persister: impl FnMut(Arc<dyn Provider>, Keeps) -> Result<Persister, StorageError>,
+    ) -> Result<Persisters, StorageError> {
         let mut roles = vec![
-            Persister::start(sessions, Keeps::Sessions, metrics.clone(), commits.clone())?,
-            Persister::start(retained, Keeps::Retained, metrics.clone(), commits.clone())?,
+            persister(sessions, Keeps::Sessions)?,
+            persister(retained, Keeps::Retained)?,
         ];
         for (index, channel) in channels.iter().enumerate() {
             let index = u16::try_from(index).map_err(|_| StorageError::Invalid {
                 what: "channels".into(),
                 detail: "more than 65535 channels".into(),
             })?;
-            roles.push(Persister::start(
+            roles.push(persister(
                 channel.provider.clone(),
                 Keeps::Channel(index, channel.store.clone()),
-                metrics.clone(),
-                commits.clone(),
             )?);
         }
         Ok(Persisters { roles })
+    }
+
+    /// The answers of the next group the stepped persister of role
+    /// `index` ([`Role::index`](super::state::Role::index)) was handed.
+    #[cfg(test)]
+    pub fn step(&mut self, index: usize) -> Option<Vec<Event>> {
+        self.roles.get_mut(index)?.step()
     }
 
     pub async fn submit(&mut self, intent: Intent) -> Result<Option<Event>, PersisterGone> {
@@ -1038,7 +1155,6 @@ pub fn read_restored(
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Duration;
 
     use super::*;
     use crate::storage::contract::{ChannelStore, Position, Reader};

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use saguin_format::model::ChannelKind;
 
 use crate::broker::metrics::Metrics;
-use crate::broker::persister::{CommitSender, Persisters};
+use crate::broker::persister::Persisters;
 use crate::broker::providers::ServedChannel;
 use crate::storage::contract::{ChannelStore, Provider};
 use crate::storage::memory::{MemoryConfig, MemoryProvider};
@@ -59,10 +59,11 @@ pub(super) enum Backing {
     /// A memory provider bounded at 6 KiB, so that writes fail "full"
     /// too; what it holds survives a restart whole.
     Memory,
-    /// A sqlite file in a directory of its own. Its writes are answered by
-    /// the persisters' threads, one at a time, so that a run is the same
-    /// run every time (which call of the disk fails does not hang on how
-    /// a thread happened to gather its writes).
+    /// A sqlite file in a directory of its own. Its persisters run on the
+    /// run's own thread ([`Persisters::stepped`]), so that a run is the
+    /// same run every time: the run decides which writes share a group,
+    /// and so which call of the disk fails, not how a thread happened to
+    /// gather them.
     Sqlite {
         dir: tempfile::TempDir,
         faults: Vec<Fault>,
@@ -102,7 +103,7 @@ pub(super) struct Life {
 }
 
 impl Life {
-    pub(super) fn open(backing: &Backing, metrics: &Arc<Metrics>, commits: CommitSender) -> Life {
+    pub(super) fn open(backing: &Backing, metrics: &Arc<Metrics>) -> Life {
         let (provider, faults): (Arc<dyn Provider>, _) = match backing {
             Backing::Memory => {
                 let provider = MemoryProvider::new(MemoryConfig {
@@ -166,14 +167,9 @@ impl Life {
                 }),
             })
             .collect();
-        let persisters = Persisters::start(
-            provider.clone(),
-            provider.clone(),
-            &served,
-            metrics.clone(),
-            commits,
-        )
-        .expect("the persisters");
+        let persisters =
+            Persisters::stepped(provider.clone(), provider.clone(), &served, metrics.clone())
+                .expect("the persisters");
         Life {
             provider,
             stores,
@@ -203,8 +199,7 @@ impl Life {
     }
 
     /// The process ends and lets go of the file. Every write handed to a
-    /// persister was answered, so the file holds what a kill would leave;
-    /// the persisters' threads end with their queues.
+    /// persister was answered, so the file holds what a kill would leave.
     pub(super) fn close(&self) {
         if let Err(e) = self.provider.close() {
             tracing::debug!(error = %e, "closing the provider");

@@ -4,7 +4,8 @@
 //! real persisters and readers of a provider ([`backing`]: a bounded
 //! memory provider, which fills, or a sqlite file whose disk fails as the
 //! run plans), with commits and reads answered late, all at once or a few
-//! at a time or with one persister lagging behind the others, clients
+//! at a time, one by one or gathered into groups as a persister's thread
+//! gathers them, or with one persister lagging behind the others, clients
 //! coming back and sending again what MQTT asks them to, the clock moving, retention trimming, and the broker killed
 //! and started again from what the provider holds. Each run must end
 //! without a panic. At every step what the state sends each connection
@@ -29,7 +30,6 @@ use proptest::prelude::*;
 
 use super::latest_and_queues::read_from;
 use super::*;
-use crate::broker::persister::{commit_channel, CommitSender, Commits};
 use crate::storage::contract::ChannelStore;
 use backing::{Backing, Life};
 
@@ -168,6 +168,11 @@ enum Op {
     },
     /// Every write and read asked for answered, until none is.
     Settle,
+    /// The same, each persister handed all of its writes waiting before it
+    /// runs any: on sqlite they share groups (a group commit of publishes,
+    /// a transaction of several packets' session writes, a failed one's
+    /// second attempt) in the order its thread takes them.
+    SettleTogether,
     /// The first few writes asked for answered, the rest left waiting.
     SettleSome(usize),
     /// The persister of the oldest write waiting is slow: every write to
@@ -263,7 +268,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (client.clone(), proptest::option::of(0..600u32))
             .prop_map(|(client, expiry)| Op::Disconnect { client, expiry }),
         1 => client.prop_map(|client| Op::Lost { client }),
-        3 => Just(Op::Settle),
+        2 => Just(Op::Settle),
+        2 => Just(Op::SettleTogether),
         1 => (1..4usize).prop_map(Op::SettleSome),
         1 => Just(Op::Lag),
         1 => (0..400u16).prop_map(|seconds| Op::Tick { seconds }),
@@ -321,10 +327,7 @@ struct Run {
     state: BrokerState,
     backing: Backing,
     life: Life,
-    /// Where a sqlite provider's persisters answer, and the state's end.
-    answers: CommitSender,
-    commits: Commits,
-    /// Waits, bounded, for a persister's thread.
+    /// Hands writes to the persisters.
     runtime: tokio::runtime::Runtime,
     /// Writes asked for and not yet answered, oldest first.
     intents: Vec<Intent>,
@@ -359,16 +362,13 @@ impl Run {
             ..Limits::default()
         };
         let metrics = Arc::new(Metrics::new());
-        let (answers, commits) = commit_channel();
-        let life = Life::open(&backing, &metrics, answers.clone());
+        let life = Life::open(&backing, &metrics);
         let now = Instant::now();
         let state = Run::start(&limits, &metrics, &life, now);
         let mut run = Run {
             state,
             backing,
             life,
-            answers,
-            commits,
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .build()
@@ -425,35 +425,68 @@ impl Run {
             // The file is let go before it is opened again, as a process
             // that ends lets go of it.
             self.life.close();
-            self.life = Life::open(&self.backing, &metrics, self.answers.clone());
+            self.life = Life::open(&self.backing, &metrics);
         }
         self.state = Run::start(&self.limits, &metrics, &self.life, self.now);
         self.settle();
     }
 
-    /// Hand a write to its persister and give the state its answer: a
-    /// memory provider's persister answers as it is handed the write, a
-    /// sqlite provider's thread on the commit channel.
+    /// Hand a write to its persister and give the state its answer.
     fn commit(&mut self, intent: Intent) {
-        let answer = match wait(&self.runtime, self.life.persisters.submit(intent)) {
-            Ok(Some(answer)) => answer,
-            Ok(None) => {
-                wait(&self.runtime, self.commits.recv()).expect("a persister answers every write")
-            }
-            Err(gone) => panic!("a persister is gone: {gone:?}"),
-        };
-        self.state.handle(answer, self.now);
+        let role = intent.role.index();
+        self.hand(intent);
+        self.run_role(role);
     }
 
-    /// Answer the first `most` writes waiting, and every read.
-    fn answer(&mut self, most: usize) -> bool {
+    /// Hand a write to its persister: a memory provider's answers as it is
+    /// handed the write, a sqlite provider's once it runs it
+    /// ([`Run::run_role`]).
+    fn hand(&mut self, intent: Intent) {
+        match wait(&self.runtime, self.life.persisters.submit(intent)) {
+            Ok(Some(answer)) => self.state.handle(answer, self.now),
+            Ok(None) => {}
+            Err(gone) => panic!("a persister is gone: {gone:?}"),
+        }
+    }
+
+    /// The persister of role `index` runs every group of writes it was
+    /// handed, as its thread would take them, and the state is given each
+    /// answer.
+    fn run_role(&mut self, index: usize) {
+        while let Some(answers) = self.life.persisters.step(index) {
+            for answer in answers {
+                self.state.handle(answer, self.now);
+            }
+        }
+    }
+
+    /// Answer the first `most` writes waiting, and every read. `together`:
+    /// each persister is handed all of its writes before it runs any, so
+    /// they share groups; otherwise each is answered before the next is
+    /// handed over.
+    fn answer(&mut self, most: usize, together: bool) -> bool {
         self.state.take_intents(&mut self.intents);
         let mut reads = Vec::new();
         self.state.take_reads(&mut reads);
         let taken = self.intents.len().min(most);
         let answered = taken + reads.len();
-        for intent in self.intents.drain(..taken).collect::<Vec<_>>() {
-            self.commit(intent);
+        let intents: Vec<Intent> = self.intents.drain(..taken).collect();
+        if together {
+            let mut roles = Vec::new();
+            for intent in intents {
+                let role = intent.role.index();
+                if !roles.contains(&role) {
+                    roles.push(role);
+                }
+                self.hand(intent);
+            }
+            for role in roles {
+                self.run_role(role);
+            }
+        } else {
+            for intent in intents {
+                self.commit(intent);
+            }
         }
         for read in reads {
             let result = read_from(&self.life.stores[usize::from(read.channel)], &read);
@@ -468,12 +501,19 @@ impl Run {
         answered > 0
     }
 
-    /// Answer and deliver until the state asks for nothing more: a state
-    /// that keeps asking (a read answered, asked for again, without end)
-    /// fails the run.
+    /// Answer and deliver until the state asks for nothing more, each
+    /// write answered before the next is handed over: a state that keeps
+    /// asking (a read answered, asked for again, without end) fails the
+    /// run.
     fn settle(&mut self) {
+        self.settle_as(false);
+    }
+
+    /// [`Run::settle`], the writes handed over as [`Run::answer`]'s
+    /// `together` says.
+    fn settle_as(&mut self, together: bool) {
         let mut rounds = 0;
-        while self.answer(usize::MAX) {
+        while self.answer(usize::MAX, together) {
             self.deliver();
             rounds += 1;
             assert!(
@@ -963,6 +1003,7 @@ impl Run {
             }
             Op::Lost { client } => self.close(client, CloseReason::Network),
             Op::Settle => self.settle(),
+            Op::SettleTogether => self.settle_as(true),
             Op::Lag => {
                 self.state.take_intents(&mut self.intents);
                 let slow = self.intents.first().map(|i| i.role);
@@ -975,7 +1016,7 @@ impl Run {
                 }
             }
             Op::SettleSome(most) => {
-                self.answer(most);
+                self.answer(most, false);
             }
             Op::Restart => self.restart(),
             Op::Stall { client } => {
