@@ -33,8 +33,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::storage::kept::Kept;
-
 use saguin_format::channel_name::{
     encode_file_name, generation_file_name, temp_file_name, BROADCAST_FILE, RETAINED_CHANNEL,
     RETAINED_FILE, SESSIONS_FILE,
@@ -459,28 +457,28 @@ fn write_pair(
 ) -> Vec<StoreFile> {
     let log_name = generation_file_name(BROADCAST_FILE, generation);
     let sessions_name = generation_file_name(SESSIONS_FILE, generation);
-    let log_file = broadcast_file(log, held);
+    // The log's fields and lists but its messages, which are written from
+    // the store's own records as the file is encoded, as a channel's are:
+    // a copy of every message owed, and a buffer the size of the file,
+    // would double what the log holds at every generation. The store
+    // checked each message as it was appended.
+    let log_fields = broadcast_file_but_messages(log, held);
     let session_file = sessions_file(sessions, &log.groups);
-    let log_records = log_file.messages.len();
+    let log_records = log.messages.len();
     let session_count = session_file.sessions.len();
     // A pair the loader would refuse is not written over the last good
     // one: a broker that cannot start is worse than one that starts from
     // the previous generation's sessions, and the failure is named.
-    let loadable = f21::validate_pair(&session_file, &log_file)
+    let loadable = f21::validate_pair(&session_file, &log_fields)
         .map_err(|e| e.to_string())
         .and_then(|()| {
             f21::validate(&SnapshotFile::Sessions(session_file.clone()))
                 .map_err(|e| format!("{SESSIONS_FILE}: {e}"))
+        })
+        .and_then(|()| {
+            f21::validate(&SnapshotFile::Broadcast(log_fields))
+                .map_err(|e| format!("{BROADCAST_FILE}: {e}"))
         });
-    let log_file = SnapshotFile::Broadcast(log_file);
-    let loadable = loadable
-        .and_then(|()| f21::validate(&log_file).map_err(|e| format!("{BROADCAST_FILE}: {e}")));
-    let write = |name: &str, bytes: &[u8]| {
-        observer.started(name);
-        let written = write_durable(dir, name, bytes);
-        observer.finished(name);
-        written.map(|()| bytes.len() as u64)
-    };
     let result = loadable
         .map_err(|e| {
             std::io::Error::new(
@@ -489,13 +487,20 @@ fn write_pair(
             )
         })
         .and_then(|()| {
-            let log_bytes = f21::encode(&log_file, stamp);
+            observer.started(&log_name);
+            let log_written = write_durable_with(dir, &log_name, |out| {
+                stream::write_broadcast(out, log, held, stamp)
+            });
+            observer.finished(&log_name);
+            let log_written = log_written?;
             let session_bytes = f21::encode(&SnapshotFile::Sessions(session_file), stamp);
-            let log_len = write(&log_name, &log_bytes)?;
-            match write(&sessions_name, &session_bytes) {
-                Ok(sessions_len) => Ok((
-                    (log_len, trailer(&log_bytes)),
-                    (sessions_len, trailer(&session_bytes)),
+            observer.started(&sessions_name);
+            let sessions_written = write_durable(dir, &sessions_name, &session_bytes);
+            observer.finished(&sessions_name);
+            match sessions_written {
+                Ok(()) => Ok((
+                    log_written,
+                    (session_bytes.len() as u64, trailer(&session_bytes)),
                 )),
                 Err(e) => {
                     // Half a pair is no pair.
@@ -635,10 +640,6 @@ impl Job<'_> {
     }
 }
 
-fn unshare(records: &[Kept]) -> Vec<Record> {
-    records.iter().map(|k| k.record()).collect()
-}
-
 fn file_positions(positions: &[Position]) -> Vec<FilePosition> {
     positions
         .iter()
@@ -728,17 +729,19 @@ pub fn channel_file(c: &ChannelCopy) -> ChannelFile {
     }
 }
 
-fn broadcast_file(log: &BroadcastCopy, held: &[HeldPublish]) -> BroadcastFile {
+/// The broadcast log's file as [`stream::write_broadcast`] writes it, with
+/// no messages.
+fn broadcast_file_but_messages(log: &BroadcastCopy, held: &[HeldPublish]) -> BroadcastFile {
     BroadcastFile {
         next: log.next,
         floor: log.floor,
         bytes: log.bytes,
-        messages: unshare(&log.messages),
+        messages: Vec::new(),
         cursors: log
             .cursors
             .iter()
             .map(|(client, offset, saved_at)| FilePosition {
-                reader: format!("mqtt:{client}"),
+                reader: cursor_reader(client),
                 offset: *offset,
                 saved_at: *saved_at,
                 session_expiry: None,
@@ -746,6 +749,11 @@ fn broadcast_file(log: &BroadcastCopy, held: &[HeldPublish]) -> BroadcastFile {
             .collect(),
         held: file_held(held),
     }
+}
+
+/// The reader a session's cursor in the broadcast log is kept as.
+fn cursor_reader(client_id: &str) -> String {
+    format!("mqtt:{client_id}")
 }
 
 fn sessions_file(sessions: &[SessionEntry], groups: &[ShareGroupEntry]) -> SessionsFile {
@@ -906,9 +914,9 @@ mod stream {
     use saguin_format::f21::{self, FileKind};
     use saguin_format::model::{ChannelKind, UnixNanos};
 
-    use super::ChannelCopy;
+    use super::{cursor_reader, ChannelCopy};
     use crate::storage::contract::{HeldPublish, Position, RecordParts};
-    use crate::storage::memory::LatestCopy;
+    use crate::storage::memory::{BroadcastCopy, LatestCopy};
 
     /// Bytes gathered before each write and checksum update.
     const CHUNK: usize = 256 * 1024;
@@ -1120,6 +1128,32 @@ mod stream {
         e.finish()
     }
 
+    /// Writes the broadcast log's copy and its QoS 2 holds as a whole
+    /// format 21 broadcast file, stamped `stamp`: its messages encoded
+    /// from the store's records one at a time. Returns the file's length
+    /// and its trailing checksum.
+    pub fn write_broadcast<W: Write>(
+        out: &mut W,
+        log: &BroadcastCopy,
+        held: &[HeldPublish],
+        stamp: UnixNanos,
+    ) -> io::Result<(u64, u32)> {
+        let mut e = Encoder::begin(out, FileKind::Broadcast, stamp);
+        e.u64(log.next);
+        e.u64(log.floor);
+        e.u64(log.bytes);
+        e.records(log.messages.len(), log.messages.iter().map(|m| m.parts()))?;
+        e.len(log.cursors.len())?;
+        for (client_id, offset, saved_at) in &log.cursors {
+            e.str(&cursor_reader(client_id))?;
+            e.u64(*offset);
+            e.i64(*saved_at);
+            e.opt_u32(None);
+        }
+        e.held(held)?;
+        e.finish()
+    }
+
     /// Writes `c` as a whole format 21 channel file, stamped `stamp`.
     /// Returns the file's length and its trailing checksum.
     pub fn write_channel<W: Write>(
@@ -1313,6 +1347,67 @@ mod tests {
             );
             f21::decode(&streamed).unwrap();
         }
+    }
+
+    /// The broadcast log is streamed from the store's records, a released
+    /// message's gap, a cursor and a QoS 2 hold with them: the codec's
+    /// bytes for the whole file, which decode to it.
+    #[test]
+    fn the_broadcast_log_is_streamed_as_the_codecs_bytes() {
+        use crate::storage::contract::{BroadcastLog, HeldPublishStore};
+
+        let p = provider();
+        let log = p.broadcast();
+        for i in 0..5 {
+            let mut r = Record::new(format!("t/{i}"), format!("message {i}").into_bytes());
+            r.qos = 1;
+            r.client_id = "publisher".into();
+            if i == 3 {
+                r.owed_to = Some("c1".into());
+                r.props.message_expiry_interval = Some(60);
+            }
+            log.append(r).unwrap();
+        }
+        log.release(&[2]).unwrap();
+        log.save_cursor("c1", 4).unwrap();
+        p.held()
+            .hold(HeldPublish {
+                channel: BROADCAST_LOG_NAME.into(),
+                client_id: "c2".into(),
+                packet_id: 7,
+                held_at: 5,
+                record: Record {
+                    qos: 2,
+                    ..Record::new("t/held", "held")
+                },
+            })
+            .unwrap();
+
+        let options = SnapshotOptions {
+            sessions: true,
+            ..SnapshotOptions::default()
+        };
+        let copy = copy_provider(&p, &options, 77);
+        let (_, log_copy, held) = copy.sessions.as_ref().unwrap();
+        let mut streamed = Vec::new();
+        let (len, checksum) = stream::write_broadcast(&mut streamed, log_copy, held, 77).unwrap();
+        assert_eq!(len, streamed.len() as u64);
+        assert_eq!(checksum, trailer(&streamed));
+
+        let whole = BroadcastFile {
+            messages: log_copy.messages.iter().map(|m| m.record()).collect(),
+            ..broadcast_file_but_messages(log_copy, held)
+        };
+        assert_eq!(
+            (whole.messages.len(), whole.cursors.len(), whole.held.len()),
+            (4, 1, 1)
+        );
+        let codec = f21::encode(&SnapshotFile::Broadcast(whole.clone()), 77);
+        assert_eq!(streamed, codec);
+        let (_, SnapshotFile::Broadcast(back)) = f21::decode(&streamed).unwrap() else {
+            panic!("not a broadcast file");
+        };
+        assert_eq!(back, whole);
     }
 
     /// The retained store is written in topic order, whatever order its

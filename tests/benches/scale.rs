@@ -71,10 +71,12 @@
 //!   most MQTT 5 libraries leave it).
 //! - `sparse`: one offline persistent session owed one message in N of
 //!   [`SPARSE_MESSAGES`] that four publishers send pipelined (QoS 1, 64
-//!   B): the broker's RSS per message it owes, its sessions and
-//!   broadcast log on the built-in memory store and on sqlite. What a
-//!   message kept for later costs when the messages read beside it are
-//!   not kept.
+//!   B): the broker's RSS per message it owes and its peak, its sessions
+//!   and broadcast log on the built-in memory store, on a memory provider
+//!   with a snapshot directory (read once a generation holds every
+//!   change, so the peak counts one written with every message owed) and
+//!   on sqlite. What a message kept for later costs when the messages
+//!   read beside it are not kept.
 //!
 //! `cargo bench --bench scale` (release). `SAGUIN_BENCH_ONLY` picks curves
 //! (comma-separated, default all); `SAGUIN_BENCH_SCALE` (default 1.0)
@@ -2137,6 +2139,21 @@ const SPARSE_MESSAGES: usize = 100_000;
 /// the session (a plain function pointer names each message's topic).
 static SPARSE_EVERY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
 
+/// Waits until the provider's snapshot generation holds every change
+/// (`saguin_snapshot_unsaved_seconds` reads 0), at most two minutes.
+async fn snapshot_saved(metrics: SocketAddr) -> Result<(), Error> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if bench_support::scrape(metrics, "saguin_snapshot_unsaved_seconds").await == Some(0.0) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("no snapshot generation held every change within 2 minutes".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn sparse(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     println!(
         "\n## A session owed one message in N ({SPARSE_MESSAGES} QoS 1 messages of 64 B from \
@@ -2144,9 +2161,9 @@ async fn sparse(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
          topic)"
     );
     println!(
-        "| broker | sessions on | one in | messages owed | RSS above the empty broker's | per message owed |"
+        "| broker | sessions on | one in | messages owed | RSS above the empty broker's | per message owed | peak RSS |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | ---: |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
     let dir = tempfile::tempdir()?;
     let baseline = bench_support::baseline()?;
     for &every in sizes {
@@ -2155,21 +2172,34 @@ async fn sparse(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             if name == "mosquitto" {
                 brokers.push((name, "memory"));
             } else {
-                brokers.extend([(name, "memory"), (name, "sqlite")]);
+                brokers.extend([(name, "memory"), (name, "snapshots"), (name, "sqlite")]);
             }
         }
         for (name, store) in brokers {
             let data = dir.path().join(format!("{name}-{store}-sparse-{every}"));
+            let metrics: SocketAddr =
+                format!("127.0.0.1:{}", bench_support::free_port()?).parse()?;
+            // "snapshots": a memory provider with a snapshot directory, whose
+            // every generation writes the broadcast log and the sessions.
             let storage = match store {
-                "sqlite" => format!(
+                "sqlite" | "snapshots" => format!(
                     "storage:\n{}broker:\n  session_storage: p\n",
-                    provider_storage(store, &data)
+                    provider_storage(
+                        if store == "sqlite" {
+                            "sqlite"
+                        } else {
+                            "memory"
+                        },
+                        &data
+                    )
                 ),
                 _ => String::new(),
             };
             let config = saguin_config(
                 &data,
-                &format!("limits:\n  max_queued_messages: {SPARSE_MESSAGES}\n{storage}"),
+                &format!(
+                    "limits:\n  max_queued_messages: {SPARSE_MESSAGES}\n{storage}metrics:\n  bind: {metrics}\n"
+                ),
             )?;
             let mosquitto_extra =
                 format!("persistence false\nmax_queued_messages {SPARSE_MESSAGES}\n");
@@ -2187,14 +2217,19 @@ async fn sparse(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                 }
             })
             .await?;
+            if store == "snapshots" {
+                snapshot_saved(metrics).await?;
+            }
             let after = rss(pid)?;
+            let peak = peak_rss(pid)?;
             stop(broker).await?;
             let owed = SPARSE_MESSAGES.div_ceil(every);
             let grown = after.saturating_sub(before);
             println!(
-                "| {name} | {store} | {every} | {owed} | {} | {:.0} B |",
+                "| {name} | {store} | {every} | {owed} | {} | {:.0} B | {} |",
                 self::mib(grown as f64),
                 grown as f64 / owed as f64,
+                self::mib(peak as f64),
             );
             std::fs::remove_dir_all(&data)?;
         }
