@@ -359,8 +359,8 @@ impl BrokerState {
             message,
             qos,
             retain,
-            subscription_ids,
-            log_offset: None,
+            subscription_ids: subscription_ids.into(),
+            logged: None,
         };
         let offset = record.offset();
         let session = self.sessions.by_key.get_mut(&key).expect("looked up");

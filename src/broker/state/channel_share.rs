@@ -270,8 +270,8 @@ impl BrokerState {
             message,
             qos,
             retain: false,
-            subscription_ids,
-            log_offset: None,
+            subscription_ids: subscription_ids.into(),
+            logged: None,
         };
         if qos == 0 {
             self.transmit(connection, queued, 0, false, now);

@@ -202,7 +202,7 @@ impl BrokerState {
             .inflight
             .iter()
             .filter_map(|e| e.log_offset)
-            .chain(session.pending.iter().filter_map(|q| q.log_offset))
+            .chain(session.pending.iter().filter_map(|q| q.log_offset()))
             .collect::<Vec<_>>();
         for offset in held {
             self.persist.unhold_log(None, offset);

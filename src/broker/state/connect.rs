@@ -399,7 +399,7 @@ pub(super) fn resent(entry: &InflightEntry, now: Instant) -> Outbound {
             retain: q.retain,
             dup: true,
             message: q.message.clone(),
-            subscription_ids: q.subscription_ids.clone(),
+            subscription_ids: q.subscription_ids.to_vec(),
             expiry: q.message.expiry_left(now).unwrap_or(Some(0)),
             sys: false,
         },

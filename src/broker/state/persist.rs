@@ -666,7 +666,7 @@ impl BrokerState {
             return self.persist.log_next;
         };
         let inflight = session.inflight.iter().filter_map(|e| e.log_offset);
-        let pending = session.pending.iter().filter_map(|q| q.log_offset);
+        let pending = session.pending.iter().filter_map(|q| q.log_offset());
         inflight
             .chain(pending)
             .min()

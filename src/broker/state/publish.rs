@@ -781,8 +781,8 @@ impl BrokerState {
             message,
             qos,
             retain,
-            subscription_ids,
-            log_offset,
+            subscription_ids: subscription_ids.into(),
+            logged: QueuedMessage::logged_at(log_offset),
         };
         if qos == 0 {
             // The fan-out's hot path: no log entry, one look-up each of the
@@ -832,7 +832,7 @@ impl BrokerState {
         };
         if !session.pending.admits(&queued, self.limits.queue_bound()) {
             self.metrics.dropped(DropReason::QueueFull);
-            if let Some(offset) = queued.log_offset {
+            if let Some(offset) = queued.log_offset() {
                 self.persist.unhold_log(Some(key), offset);
             }
         } else {
@@ -897,11 +897,11 @@ impl BrokerState {
             retain: queued.retain,
             dup: false,
             message: queued.message.clone(),
-            subscription_ids: queued.subscription_ids.clone(),
+            subscription_ids: queued.subscription_ids.to_vec(),
             expiry,
             sys: false,
         };
-        let logged = queued.log_offset.is_some();
+        let logged = queued.logged.is_some();
         session
             .inflight
             .push(InflightEntry::sent(packet_id, queued, channel));
@@ -917,7 +917,7 @@ impl BrokerState {
     /// A delivery that is not sent: counted and its log entry let go.
     fn not_sent(&mut self, key: SessionKey, queued: &QueuedMessage, why: DropReason) -> bool {
         self.metrics.dropped(why);
-        if let Some(offset) = queued.log_offset {
+        if let Some(offset) = queued.log_offset() {
             self.persist.unhold_log(Some(key), offset);
         }
         false
@@ -965,7 +965,7 @@ impl BrokerState {
                 retain: queued.retain,
                 dup: false,
                 message: queued.message,
-                subscription_ids: queued.subscription_ids,
+                subscription_ids: queued.subscription_ids.into_vec(),
                 expiry,
                 sys,
             },
@@ -1005,7 +1005,7 @@ impl BrokerState {
             retain: queued.retain,
             dup: false,
             message: queued.message,
-            subscription_ids: queued.subscription_ids,
+            subscription_ids: queued.subscription_ids.into_vec(),
             expiry,
             sys,
         };

@@ -695,8 +695,8 @@ impl BrokerState {
             message: Arc::new(message),
             qos: 1,
             retain: false,
-            subscription_ids,
-            log_offset: None,
+            subscription_ids: subscription_ids.into(),
+            logged: None,
         };
         if queued.message.expiry_left(now).is_err() {
             // Its publisher's Message Expiry Interval ran out while it

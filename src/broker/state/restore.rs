@@ -249,8 +249,8 @@ impl BrokerState {
                         message: message.clone(),
                         qos: e.qos,
                         retain: false,
-                        subscription_ids: Vec::new(),
-                        log_offset: Some(e.log_offset),
+                        subscription_ids: Box::default(),
+                        logged: QueuedMessage::logged_at(Some(e.log_offset)),
                     });
                 long_lived::make(|| {
                     session.inflight.push(InflightEntry {
@@ -331,7 +331,7 @@ impl BrokerState {
         }
         for (key, mut owing) in owing {
             summary.queued += owing.queued.len();
-            let offsets: Vec<u64> = owing.queued.iter().filter_map(|q| q.log_offset).collect();
+            let offsets: Vec<u64> = owing.queued.iter().filter_map(|q| q.log_offset()).collect();
             if let Some(session) = self.sessions.by_key.get_mut(&key) {
                 session.pending.append(&mut owing.queued);
             }
@@ -471,8 +471,8 @@ fn owed(
         message: message.clone(),
         qos,
         retain: rap && message.retain,
-        subscription_ids: ids,
-        log_offset: Some(offset),
+        subscription_ids: ids.into(),
+        logged: QueuedMessage::logged_at(Some(offset)),
     })
 }
 

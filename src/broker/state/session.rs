@@ -32,13 +32,31 @@ pub struct QueuedMessage {
     pub message: Arc<Message>,
     pub qos: u8,
     pub retain: bool,
-    pub subscription_ids: Vec<u32>,
+    /// A boxed slice, not a `Vec`: a queue of many messages, most with
+    /// none, holds no spare capacity's word for each.
+    pub subscription_ids: Box<[u32]>,
     /// Its offset in the broadcast log, when a persistent session is owed
-    /// it there (the session holds one reference to that entry).
-    pub log_offset: Option<u64>,
+    /// it there (the session holds one reference to that entry). Offsets
+    /// count from 1 (FORMAT.md), so it is 8 bytes where an `Option<u64>`
+    /// is 16 ([`QueuedMessage::log_offset`] reads it).
+    pub logged: Option<NonZeroU64>,
 }
 
 impl QueuedMessage {
+    /// Its offset in the broadcast log, if a persistent session is owed it
+    /// there.
+    pub fn log_offset(&self) -> Option<u64> {
+        self.logged.map(NonZeroU64::get)
+    }
+
+    /// What [`QueuedMessage::logged`] keeps of broadcast log offset
+    /// `offset`. No offset is 0: the log's first is 1.
+    pub fn logged_at(offset: Option<u64>) -> Option<NonZeroU64> {
+        let logged = offset.and_then(NonZeroU64::new);
+        debug_assert_eq!(logged.is_some(), offset.is_some(), "log offset 0");
+        logged
+    }
+
     /// What it counts against `limits.max_queued_bytes`
     /// ([`Message::queued_bytes`]).
     pub fn queued_bytes(&self) -> u64 {
@@ -150,7 +168,7 @@ impl InflightEntry {
                 InflightPhase::AwaitPubrec
             },
             qos: queued.qos,
-            log_offset: queued.log_offset,
+            log_offset: queued.log_offset(),
             queued: Some(queued),
             channel,
             unsent: false,

@@ -336,8 +336,8 @@ impl BrokerState {
                 message: due.message.into_message(now),
                 qos: due.qos,
                 retain: true,
-                subscription_ids: due.subscription_ids,
-                log_offset: None,
+                subscription_ids: due.subscription_ids.into(),
+                logged: None,
             };
             if queued.qos == 0 {
                 self.transmit(connection, queued, 0, due.sys, now);

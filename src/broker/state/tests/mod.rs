@@ -419,6 +419,17 @@ fn the_connection_and_session_tables_entries_stay_small() {
     assert_eq!(std::mem::size_of::<Box<super::session::Session>>(), 8);
 }
 
+/// A message a session is owed is one entry of its queue, one a message
+/// for each session owed it: a million messages queued for offline
+/// devices are a million entries.
+#[test]
+fn a_queued_message_entry_stays_small() {
+    let queued = std::mem::size_of::<super::session::QueuedMessage>();
+    assert!(queued <= 40, "a queued message is {queued} bytes");
+    let logged = super::session::QueuedMessage::logged_at(Some(7));
+    assert_eq!(logged.map(std::num::NonZeroU64::get), Some(7));
+}
+
 /// An idle client, connected and acknowledged, leaves every lazy part of
 /// its connection and its session unallocated.
 #[test]

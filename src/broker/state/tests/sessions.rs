@@ -1085,7 +1085,7 @@ fn restored_sessions_are_owed_what_the_log_holds_for_them_from_their_cursors() {
         s.sessions.by_key[&key]
             .pending
             .iter()
-            .filter_map(|q| q.log_offset)
+            .filter_map(|q| q.log_offset())
             .collect()
     };
     // At most `max_queued_messages` each, the oldest first.
@@ -1130,7 +1130,7 @@ fn restored_sessions_are_owed_no_more_than_their_byte_bound() {
     );
     let key = s.sessions.of_client("c").unwrap();
     let pending = &s.sessions.by_key[&key].pending;
-    let owed: Vec<u64> = pending.iter().filter_map(|q| q.log_offset).collect();
+    let owed: Vec<u64> = pending.iter().filter_map(|q| q.log_offset()).collect();
     assert_eq!(owed, vec![1, 3, 4], "the record that would not fit is left");
     assert_eq!(pending.bytes(), 17);
     assert_eq!(summary.queued, 3);
