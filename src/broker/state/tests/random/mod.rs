@@ -170,8 +170,9 @@ enum Op {
     Settle,
     /// The same, each persister handed all of its writes waiting before it
     /// runs any: on sqlite they share groups (a group commit of publishes,
-    /// a transaction of several packets' session writes, a failed one's
-    /// second attempt) in the order its thread takes them.
+    /// a transaction of several packets' session writes; a group whose
+    /// commit fails answers each packet alone) in the order its thread
+    /// takes them.
     SettleTogether,
     /// The first few writes asked for answered, the rest left waiting.
     SettleSome(usize),
