@@ -31,7 +31,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use saguin_format::channel_name::{
     encode_file_name, generation_file_name, temp_file_name, BROADCAST_FILE, RETAINED_CHANNEL,
@@ -43,9 +43,7 @@ use saguin_format::f21::{
 };
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
-use super::contract::{
-    HeldPublish, Position, SessionEntry, SessionStore, ShareGroupEntry, BROADCAST_LOG_NAME,
-};
+use super::contract::{HeldPublish, Position, SessionEntry, ShareGroupEntry, BROADCAST_LOG_NAME};
 use super::memory::{
     AppendCopy, BroadcastCopy, LatestCopy, MemChannelCopy, MemoryProvider, QueueCopy,
 };
@@ -195,7 +193,7 @@ impl ChannelCopy {
 
 /// The sessions and the broadcast log as copied together: the sessions,
 /// the log (whose `version` is the pair's), and the log's held publishes.
-pub type SessionsCopy = (Vec<SessionEntry>, BroadcastCopy, Vec<HeldPublish>);
+pub type SessionsCopy = (Vec<Arc<SessionEntry>>, BroadcastCopy, Vec<HeldPublish>);
 
 /// Everything phase one copied: what phase two writes.
 #[derive(Clone, Debug)]
@@ -315,7 +313,7 @@ pub fn copy_changed(
         let sessions = (options.sessions && changed(Store::Sessions, pair_version)).then(|| {
             // The version first, then the sessions, then the log: the copy
             // holds at least every change the version counts.
-            let sessions = provider.session_store().sessions().unwrap_or_default();
+            let sessions = provider.session_store().shared_sessions();
             (
                 sessions,
                 log.copy_at(pair_version),
@@ -756,9 +754,9 @@ fn cursor_reader(client_id: &str) -> String {
     format!("mqtt:{client_id}")
 }
 
-fn sessions_file(sessions: &[SessionEntry], groups: &[ShareGroupEntry]) -> SessionsFile {
+fn sessions_file(sessions: &[Arc<SessionEntry>], groups: &[ShareGroupEntry]) -> SessionsFile {
     SessionsFile {
-        sessions: sessions.to_vec(),
+        sessions: sessions.iter().map(|s| SessionEntry::clone(s)).collect(),
         shared_groups: groups
             .iter()
             .map(|g| SharedGroup {

@@ -19,9 +19,11 @@
 //!   removes a tenth of it, and on memory the peak RSS of a
 //!   `saguin snapshot verify` of the stopped provider's directory.
 //! - `sessions`: persistent sessions with one queued QoS 1 message each
-//!   (`SAGUIN_BENCH_QUEUED` each), on sqlite and in Mosquitto with
-//!   persistence: restart to the first CONNACK, RSS (and its peak), and a
-//!   sample of them resumed with their first message.
+//!   (`SAGUIN_BENCH_QUEUED` each), on a memory provider with snapshots,
+//!   on sqlite and in Mosquitto with persistence: restart to the first
+//!   CONNACK, RSS (and its peak), a sample of them resumed with their
+//!   first message, and on memory the longest snapshot capture (on the
+//!   broker's loop) and write while they were made.
 //! - `commands`: devices each subscribed to its own command topic
 //!   (`cmd/dev-<i>/#`, QoS 1), their subscriptions held by at most 1,000
 //!   connections (the open-file limit keeps each device from being a
@@ -87,7 +89,8 @@
 //! providers of the append, jobs and latest curves;
 //! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose rows
 //! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
-//! retained, `saguin-before-sqlite` sessions, `memory-before` append,
+//! retained, `saguin-before-memory` and `saguin-before-sqlite` sessions,
+//! `memory-before` append,
 //! `saguin-before` commands and stalled, `memory-before` and
 //! `sqlite-before` jobs and latest) run beside this build's in the same run (the idle curve's two
 //! builds take turns going first, size by size);
@@ -1021,25 +1024,29 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     };
     println!("\n## Persistent sessions, {queued} queued QoS 1 message(s) each");
     println!(
-        "| broker | sessions | restart to first CONNACK | RSS | peak RSS | sample resumed | graceful stop |"
+        "| broker | sessions | restart to first CONNACK | RSS | peak RSS | sample resumed | graceful stop | longest snapshot capture / write |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let dir = tempfile::tempdir()?;
     let baseline = bench_support::baseline()?;
     for &n in sizes {
-        let mut brokers = vec!["saguin-sqlite"];
+        // "saguin-memory": a memory provider with a snapshot directory,
+        // whose generations write the sessions while they are made.
+        let mut brokers = vec!["saguin-memory", "saguin-sqlite"];
         if baseline.is_some() {
-            brokers.push("saguin-before-sqlite");
+            brokers.extend(["saguin-before-memory", "saguin-before-sqlite"]);
         }
         if mosquitto {
             brokers.push("mosquitto-persist");
         }
-        for name in brokers {
+        for name in brokers.into_iter().filter(|name| row_wanted(name)) {
             let data = dir.path().join(format!("{name}-{n}"));
+            let metrics: SocketAddr =
+                format!("127.0.0.1:{}", bench_support::free_port()?).parse()?;
             let config = saguin_config(
                 &data,
                 &format!(
-                    "limits:\n  max_sessions: {}\n  max_queued_messages: {}\nstorage:\n{}broker:\n  session_storage: p\n",
+                    "limits:\n  max_sessions: {}\n  max_queued_messages: {}\nstorage:\n{}broker:\n  session_storage: p\nmetrics:\n  bind: {metrics}\n",
                     n + 100,
                     queued.max(1000),
                     provider_storage(name, &data)
@@ -1069,6 +1076,21 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                 )
             })
             .await?;
+            let snapshots = if name.ends_with("-memory") {
+                snapshot_saved(metrics).await?;
+                let seconds = |metric| async move {
+                    bench_support::scrape(metrics, metric)
+                        .await
+                        .map_or("-".to_owned(), |s| format!("{:.1} ms", s * 1e3))
+                };
+                format!(
+                    "{} / {}",
+                    seconds("saguin_snapshot_capture_seconds_max").await,
+                    seconds("saguin_snapshot_write_seconds_max").await
+                )
+            } else {
+                "-".to_owned()
+            };
             let stopped_in = stop(broker).await?;
 
             let broker = launch(&which, &data).await?;
@@ -1083,7 +1105,7 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             }
             stop(broker).await?;
             println!(
-                "| {name} | {n} | {} | {} | {} | {resumed} of {resumed} | {} |",
+                "| {name} | {n} | {} | {} | {} | {resumed} of {resumed} | {} | {snapshots} |",
                 ms(restarted_in),
                 mib(resident as f64),
                 mib(peak as f64),

@@ -21,7 +21,11 @@ use crate::storage::kept::Kept;
 pub struct MemorySessions {
     shared: Arc<Shared>,
     broadcast: Arc<MemoryBroadcast>,
-    sessions: Mutex<BTreeMap<String, SessionEntry>>,
+    /// Each behind an `Arc`, replaced whole by a save: a snapshot's capture,
+    /// on the broker's loop, takes a handle on each rather than a copy of
+    /// its strings, subscriptions and in-flight table (100,000 sessions:
+    /// 65 ms of the loop a generation, copied).
+    sessions: Mutex<BTreeMap<String, Arc<SessionEntry>>>,
 }
 
 impl MemorySessions {
@@ -32,18 +36,26 @@ impl MemorySessions {
             sessions: Mutex::new(BTreeMap::new()),
         }
     }
+
+    /// Every session, in client id order, as handles on what the store
+    /// holds: what a snapshot writes.
+    pub(crate) fn shared_sessions(&self) -> Vec<Arc<SessionEntry>> {
+        lock(&self.sessions).values().cloned().collect()
+    }
 }
 
 impl SessionStore for MemorySessions {
     fn save(&self, session: SessionEntry) -> Result<()> {
         self.shared.check_open()?;
-        lock(&self.sessions).insert(session.client_id.clone(), session);
+        lock(&self.sessions).insert(session.client_id.clone(), Arc::new(session));
         self.broadcast.touch();
         Ok(())
     }
 
     fn get(&self, client_id: &str) -> Result<Option<SessionEntry>> {
-        Ok(lock(&self.sessions).get(client_id).cloned())
+        Ok(lock(&self.sessions)
+            .get(client_id)
+            .map(|s| SessionEntry::clone(s)))
     }
 
     fn remove(&self, client_id: &str) -> Result<bool> {
@@ -58,7 +70,10 @@ impl SessionStore for MemorySessions {
     }
 
     fn sessions(&self) -> Result<Vec<SessionEntry>> {
-        Ok(lock(&self.sessions).values().cloned().collect())
+        Ok(lock(&self.sessions)
+            .values()
+            .map(|s| SessionEntry::clone(s))
+            .collect())
     }
 }
 

@@ -368,7 +368,12 @@ pub fn provider_copy(
                         .collect(),
                 };
                 copy.sessions = Some((
-                    sessions.sessions.clone(),
+                    sessions
+                        .sessions
+                        .iter()
+                        .cloned()
+                        .map(std::sync::Arc::new)
+                        .collect(),
                     log_copy,
                     holds(BROADCAST_LOG_NAME, &log.held),
                 ));
