@@ -89,7 +89,10 @@ struct LogState {
 pub struct MemoryBroadcast {
     shared: Arc<Shared>,
     state: RwLock<LogState>,
-    cursors: Mutex<BTreeMap<String, u64>>,
+    /// Each session's cursor, under its client id shared with the copies a
+    /// snapshot's capture takes (one handle each on the broker's loop, not
+    /// a copy of each id).
+    cursors: Mutex<BTreeMap<Arc<str>, u64>>,
     groups: Mutex<BTreeMap<ShareGroupKey, ShareGroupEntry>>,
     /// Changes to the log, its cursors and groups, and to the sessions:
     /// the two files are written as one pair, so they share one count.
@@ -108,7 +111,7 @@ pub struct BroadcastCopy {
     /// Each session's cursor: client id, offset, and when it was saved
     /// (`0` from this store, which keeps no time for a cursor; a migration
     /// carries the time its source holds).
-    pub cursors: Vec<(String, u64, i64)>,
+    pub cursors: Vec<(Arc<str>, u64, i64)>,
     pub groups: Vec<ShareGroupEntry>,
 }
 
@@ -155,7 +158,7 @@ impl MemoryBroadcast {
         }
         self.shared.budget.charge_relief(st.log.bytes());
         drop(st);
-        lock(&self.cursors).extend(cursors);
+        lock(&self.cursors).extend(cursors.into_iter().map(|(c, o)| (Arc::from(c), o)));
         lock(&self.groups).extend(groups.into_iter().map(|g| (g.key.clone(), g)));
     }
 
@@ -175,7 +178,7 @@ impl MemoryBroadcast {
             messages: st.log.shared_records(),
             cursors: lock(&self.cursors)
                 .iter()
-                .map(|(c, o)| (c.clone(), *o, 0))
+                .map(|(c, o)| (Arc::clone(c), *o, 0))
                 .collect(),
             groups: lock(&self.groups).values().cloned().collect(),
         }
@@ -278,7 +281,13 @@ impl BroadcastLog for MemoryBroadcast {
                 detail: format!("offset {offset} is past the next offset {next}"),
             });
         }
-        let previous = lock(&self.cursors).insert(client_id.to_owned(), offset);
+        let previous = {
+            let mut cursors = lock(&self.cursors);
+            match cursors.get_mut(client_id) {
+                Some(at) => Some(std::mem::replace(at, offset)),
+                None => cursors.insert(Arc::from(client_id), offset),
+            }
+        };
         if previous != Some(offset) {
             self.touch();
         }
@@ -297,7 +306,7 @@ impl BroadcastLog for MemoryBroadcast {
     fn cursors(&self) -> Result<Vec<(String, u64)>> {
         Ok(lock(&self.cursors)
             .iter()
-            .map(|(c, o)| (c.clone(), *o))
+            .map(|(c, o)| (c.to_string(), *o))
             .collect())
     }
 

@@ -351,7 +351,7 @@ pub fn provider_copy(
                         .map(|p| {
                             let client =
                                 p.reader.strip_prefix(f21::READER_MQTT).unwrap_or(&p.reader);
-                            (client.to_owned(), p.offset, p.saved_at)
+                            (std::sync::Arc::from(client), p.offset, p.saved_at)
                         })
                         .collect(),
                     groups: sessions
