@@ -467,12 +467,10 @@ fn write_pair(
     // A pair the loader would refuse is not written over the last good
     // one: a broker that cannot start is worse than one that starts from
     // the previous generation's sessions, and the failure is named.
-    let loadable = f21::validate_pair(&session_file, &log_fields)
-        .map_err(|e| e.to_string())
-        .and_then(|()| {
-            f21::validate(&SnapshotFile::Sessions(session_file.clone()))
-                .map_err(|e| format!("{SESSIONS_FILE}: {e}"))
-        })
+    let pair = f21::validate_pair(&session_file, &log_fields).map_err(|e| e.to_string());
+    let session_file = SnapshotFile::Sessions(session_file);
+    let loadable = pair
+        .and_then(|()| f21::validate(&session_file).map_err(|e| format!("{SESSIONS_FILE}: {e}")))
         .and_then(|()| {
             f21::validate(&SnapshotFile::Broadcast(log_fields))
                 .map_err(|e| format!("{BROADCAST_FILE}: {e}"))
@@ -491,7 +489,7 @@ fn write_pair(
             });
             observer.finished(&log_name);
             let log_written = log_written?;
-            let session_bytes = f21::encode(&SnapshotFile::Sessions(session_file), stamp);
+            let session_bytes = f21::encode(&session_file, stamp);
             observer.started(&sessions_name);
             let sessions_written = write_durable(dir, &sessions_name, &session_bytes);
             observer.finished(&sessions_name);
