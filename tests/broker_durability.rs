@@ -3,7 +3,8 @@
 //! messages queued for it offline and others in flight - same packet
 //! identifiers, DUP on resend, a QoS 2 exchange past PUBREC owing its
 //! PUBREL. A memory provider with a snapshot directory keeps them across
-//! SIGTERM; a sqlite provider across kill -9.
+//! SIGTERM, and across kill -9 once a generation holds them; a sqlite
+//! provider across kill -9.
 
 mod broker_support;
 
@@ -187,6 +188,43 @@ fn a_memory_provider_keeps_sessions_and_retained_messages_across_sigterm() {
     let mut broker = Broker::start_in(dir, &yaml);
     let before = runtime().block_on(prepare(&broker));
     assert_eq!(broker.terminate(), Some(0));
+    let broker = broker.restart(&yaml);
+    runtime().block_on(check(&broker, before));
+}
+
+/// A memory provider whose generations are written in the background
+/// keeps, across kill -9, what its last generation holds: once the
+/// generation holds every change (`saguin_snapshot_unsaved_seconds` 0),
+/// the sessions, what each is owed (the broadcast log's messages, written
+/// into the file from the store's own records) and the retained messages
+/// all come back, as across SIGTERM.
+#[test]
+fn a_memory_provider_keeps_what_its_last_generation_holds_across_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "{}metrics:\n  bind: 127.0.0.1:0\n",
+        memory_config(dir.path())
+    );
+    let mut broker = Broker::start_in(dir, &yaml);
+    let before = runtime().block_on(prepare(&broker));
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let text = metrics_text(&broker);
+        let unsaved = text
+            .lines()
+            .find_map(|l| l.strip_prefix("saguin_snapshot_unsaved_seconds{provider=\"mem\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        if unsaved == Some(0.0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no generation came to hold every change: {text}"
+        );
+        std::thread::yield_now();
+    }
+    broker.child.kill().unwrap();
+    broker.child.wait().unwrap();
     let broker = broker.restart(&yaml);
     runtime().block_on(check(&broker, before));
 }
