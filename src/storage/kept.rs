@@ -1,10 +1,12 @@
 //! A record as a memory store keeps it: its fields, a count of its
 //! handles, and its topic, client id and payload in one allocation, behind
 //! a handle of one pointer (an append channel's log, a latest channel's
-//! and the retained store's values, a queue's items). The broker's retained index
-//! holds the retained store's own handle on a value rather than a copy of
-//! it (`LatestStore::set_sharing`), so a retained message on memory is
-//! held once.
+//! and the retained store's values, a queue's items, the broadcast log's
+//! messages). The broker's retained index holds the retained store's own
+//! handle on a value rather than a copy of it (`LatestStore::set_sharing`),
+//! and a message owed to persistent sessions is routed with its topic and
+//! payload lent from the broadcast log's entry
+//! (`BroadcastLog::append_sharing`), so either is held once on memory.
 
 use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 use std::fmt;
