@@ -542,6 +542,38 @@ proptest! {
         prop_assert_eq!(shared, file);
     }
 
+    /// A sessions file written from its parts as a writer holds them (each
+    /// session behind a handle) is the file's bytes, checked the same,
+    /// alone and beside a log: a second session of one client is refused
+    /// by both.
+    #[test]
+    fn a_sessions_file_from_its_parts_is_the_files_bytes(file in sessions(), written_at in any::<i64>(), next in any::<u64>()) {
+        let handles: Vec<std::sync::Arc<Session>> =
+            file.sessions.iter().cloned().map(std::sync::Arc::new).collect();
+        prop_assert_eq!(
+            encode_sessions_of(&handles, &file.shared_groups, written_at),
+            encode(&SnapshotFile::Sessions(file.clone()), written_at)
+        );
+        prop_assert!(validate_sessions_of(&handles, &file.shared_groups).is_ok());
+        let log = BroadcastFile { next, ..BroadcastFile::default() };
+        prop_assert_eq!(
+            validate_pair_of(&handles, &file.shared_groups, next).map_err(|e| e.to_string()),
+            validate_pair(&file, &log).map_err(|e| e.to_string())
+        );
+        if let Some(first) = handles.first() {
+            let twice = [first.clone(), first.clone()];
+            let whole = SnapshotFile::Sessions(SessionsFile {
+                sessions: vec![Session::clone(first), Session::clone(first)],
+                shared_groups: file.shared_groups.clone(),
+            });
+            prop_assert_eq!(
+                validate_sessions_of(&twice, &file.shared_groups).map_err(|e| e.to_string()),
+                validate(&whole).map_err(|e| e.to_string())
+            );
+            prop_assert!(validate_sessions_of(&twice, &file.shared_groups).is_err());
+        }
+    }
+
     #[test]
     fn any_single_bit_flip_is_refused(file in snapshot_file(), bit in any::<prop::sample::Index>()) {
         let mut bytes = encode(&file, 1);

@@ -39,7 +39,7 @@ use saguin_format::channel_name::{
 };
 use saguin_format::f21::{
     self, BroadcastFile, ChannelFile, DeadLetter, FileKind, GenerationFile,
-    Position as FilePosition, SessionsFile, SharedGroup, SnapshotFile,
+    Position as FilePosition, SharedGroup, SnapshotFile,
 };
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
@@ -461,16 +461,20 @@ fn write_pair(
     // would double what the log holds at every generation. The store
     // checked each message as it was appended.
     let log_fields = broadcast_file_but_messages(log, held);
-    let session_file = sessions_file(sessions, &log.groups);
+    // The sessions are checked and encoded as the store holds them, each
+    // behind its handle: no copy of every session.
+    let groups = shared_groups(&log.groups);
     let log_records = log.messages.len();
-    let session_count = session_file.sessions.len();
+    let session_count = sessions.len();
     // A pair the loader would refuse is not written over the last good
     // one: a broker that cannot start is worse than one that starts from
     // the previous generation's sessions, and the failure is named.
-    let pair = f21::validate_pair(&session_file, &log_fields).map_err(|e| e.to_string());
-    let session_file = SnapshotFile::Sessions(session_file);
-    let loadable = pair
-        .and_then(|()| f21::validate(&session_file).map_err(|e| format!("{SESSIONS_FILE}: {e}")))
+    let loadable = f21::validate_pair_of(sessions, &groups, log_fields.next)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            f21::validate_sessions_of(sessions, &groups)
+                .map_err(|e| format!("{SESSIONS_FILE}: {e}"))
+        })
         .and_then(|()| {
             f21::validate(&SnapshotFile::Broadcast(log_fields))
                 .map_err(|e| format!("{BROADCAST_FILE}: {e}"))
@@ -489,7 +493,7 @@ fn write_pair(
             });
             observer.finished(&log_name);
             let log_written = log_written?;
-            let session_bytes = f21::encode(&session_file, stamp);
+            let session_bytes = f21::encode_sessions_of(sessions, &groups, stamp);
             observer.started(&sessions_name);
             let sessions_written = write_durable(dir, &sessions_name, &session_bytes);
             observer.finished(&sessions_name);
@@ -752,18 +756,16 @@ fn cursor_reader(client_id: &str) -> String {
     format!("mqtt:{client_id}")
 }
 
-fn sessions_file(sessions: &[Arc<SessionEntry>], groups: &[ShareGroupEntry]) -> SessionsFile {
-    SessionsFile {
-        sessions: sessions.iter().map(|s| SessionEntry::clone(s)).collect(),
-        shared_groups: groups
-            .iter()
-            .map(|g| SharedGroup {
-                key: g.key.clone(),
-                cursor: g.cursor,
-                returned: g.returned.clone(),
-            })
-            .collect(),
-    }
+/// The shared subscription groups' cursors as the sessions file keeps them.
+fn shared_groups(groups: &[ShareGroupEntry]) -> Vec<SharedGroup> {
+    groups
+        .iter()
+        .map(|g| SharedGroup {
+            key: g.key.clone(),
+            cursor: g.cursor,
+            returned: g.returned.clone(),
+        })
+        .collect()
 }
 
 /// Creates the snapshot directory 0700 when it does not exist (a sqlite

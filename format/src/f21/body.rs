@@ -713,12 +713,21 @@ fn get_session<'a, I: Input<'a>>(r: &mut Reader<'a, I>) -> Result<Session, Decod
 }
 
 pub(crate) fn put_sessions(w: &mut Writer, f: &SessionsFile) {
-    w.len(f.sessions.len());
-    for s in &f.sessions {
-        put_session(w, s);
+    put_sessions_of(w, &f.sessions, &f.shared_groups);
+}
+
+/// [`put_sessions`] from a file's parts as a writer holds them.
+pub(crate) fn put_sessions_of<S: std::borrow::Borrow<Session>>(
+    w: &mut Writer,
+    sessions: &[S],
+    shared_groups: &[SharedGroup],
+) {
+    w.len(sessions.len());
+    for s in sessions {
+        put_session(w, s.borrow());
     }
-    w.len(f.shared_groups.len());
-    for g in &f.shared_groups {
+    w.len(shared_groups.len());
+    for g in shared_groups {
         put_group_key(w, &g.key);
         w.u64(g.cursor);
         w.len(g.returned.len());

@@ -34,7 +34,10 @@ pub use error::DecodeError;
 pub use sink::{Collect, RecordList, RecordSink, Tally};
 pub use types::*;
 use validate::Lists;
-pub use validate::{check_identifier, hole, validate, validate_pair, MAX_IDENTIFIER_BYTES};
+pub use validate::{
+    check_identifier, hole, validate, validate_pair, validate_pair_of, validate_sessions_of,
+    MAX_IDENTIFIER_BYTES,
+};
 
 /// Bytes 0..8 of every saguin snapshot file, whatever its version. The
 /// leading 0x89 keeps a text file from matching and shows a transfer that
@@ -538,6 +541,23 @@ pub fn header(kind: FileKind, writer: &str, written_at: i64) -> [u8; HEADER_LEN]
 /// that is loadable.
 pub fn encode(file: &SnapshotFile, written_at: i64) -> Vec<u8> {
     encode_with_writer(file, crate::REVISION, written_at)
+}
+
+/// [`encode`] of a sessions file from its parts as a writer holds them
+/// (each session behind a handle of its own): the same bytes, with no
+/// copy of every session made first.
+pub fn encode_sessions_of<S: std::borrow::Borrow<Session>>(
+    sessions: &[S],
+    shared_groups: &[SharedGroup],
+    written_at: i64,
+) -> Vec<u8> {
+    let mut w = wire::Writer::with_capacity(MIN_FILE_LEN + 4096);
+    w.buf
+        .extend_from_slice(&header(FileKind::Sessions, crate::REVISION, written_at));
+    body::put_sessions_of(&mut w, sessions, shared_groups);
+    let crc = crc32c::crc32c(&w.buf);
+    w.u32(crc);
+    w.buf
 }
 
 /// [`encode`] with an explicit writer string (cut to 24 bytes at a

@@ -4,6 +4,7 @@
 //! from a reader that stops at the first offset past what it asked for.
 //! FORMAT.md §2.9 lists every rule here.
 
+use std::borrow::Borrow;
 use std::collections::HashSet;
 
 use super::error::DecodeError;
@@ -885,8 +886,17 @@ fn validate_retained(records: ListVerdict) -> Result<(), DecodeError> {
 }
 
 fn validate_sessions(f: &SessionsFile) -> Result<(), DecodeError> {
-    let mut groups = HashSet::with_capacity(f.shared_groups.len());
-    for (i, g) in f.shared_groups.iter().enumerate() {
+    validate_sessions_of(&f.sessions, &f.shared_groups)
+}
+
+/// What [`validate`] checks of a sessions file, for its parts as a writer
+/// holds them (each session behind a handle of its own).
+pub fn validate_sessions_of<S: Borrow<Session>>(
+    sessions: &[S],
+    shared_groups: &[SharedGroup],
+) -> Result<(), DecodeError> {
+    let mut groups = HashSet::with_capacity(shared_groups.len());
+    for (i, g) in shared_groups.iter().enumerate() {
         if g.key.group.is_empty() || g.key.filter.is_empty() {
             return err(
                 format!("shared_groups[{i}]"),
@@ -913,8 +923,8 @@ fn validate_sessions(f: &SessionsFile) -> Result<(), DecodeError> {
             }
         }
     }
-    let mut clients = HashSet::with_capacity(f.sessions.len());
-    for (i, s) in f.sessions.iter().enumerate() {
+    let mut clients = HashSet::with_capacity(sessions.len());
+    for (i, s) in sessions.iter().map(Borrow::borrow).enumerate() {
         if s.client_id.is_empty() {
             return err(format!("sessions[{i}].client_id"), "is empty");
         }
@@ -1049,8 +1059,18 @@ fn validate_broadcast(f: &BroadcastFile, messages: ListVerdict) -> Result<(), De
 /// points into the log, none at or past its next offset (a cursor or
 /// subscription mark may equal it: it names the next message to come).
 pub fn validate_pair(sessions: &SessionsFile, log: &BroadcastFile) -> Result<(), DecodeError> {
-    let next = log.next;
-    for (i, s) in sessions.sessions.iter().enumerate() {
+    validate_pair_of(&sessions.sessions, &sessions.shared_groups, log.next)
+}
+
+/// [`validate_pair`] for a sessions file's parts as a writer holds them
+/// (each session behind a handle of its own), against a log whose next
+/// offset is `next`.
+pub fn validate_pair_of<S: Borrow<Session>>(
+    sessions: &[S],
+    shared_groups: &[SharedGroup],
+    next: u64,
+) -> Result<(), DecodeError> {
+    for (i, s) in sessions.iter().map(Borrow::borrow).enumerate() {
         for (j, e) in s.inflight.iter().enumerate() {
             if e.log_offset >= next {
                 return err(
@@ -1074,7 +1094,7 @@ pub fn validate_pair(sessions: &SessionsFile, log: &BroadcastFile) -> Result<(),
             }
         }
     }
-    for (i, g) in sessions.shared_groups.iter().enumerate() {
+    for (i, g) in shared_groups.iter().enumerate() {
         if g.cursor > next {
             return err(
                 format!("shared_groups[{i}].cursor"),
