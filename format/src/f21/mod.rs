@@ -551,13 +551,9 @@ pub fn encode_sessions_of<S: std::borrow::Borrow<Session>>(
     shared_groups: &[SharedGroup],
     written_at: i64,
 ) -> Vec<u8> {
-    let mut w = wire::Writer::with_capacity(MIN_FILE_LEN + 4096);
-    w.buf
-        .extend_from_slice(&header(FileKind::Sessions, crate::REVISION, written_at));
-    body::put_sessions_of(&mut w, sessions, shared_groups);
-    let crc = crc32c::crc32c(&w.buf);
-    w.u32(crc);
-    w.buf
+    framed(FileKind::Sessions, crate::REVISION, written_at, 4096, |w| {
+        body::put_sessions_of(w, sessions, shared_groups)
+    })
 }
 
 /// [`encode`] with an explicit writer string (cut to 24 bytes at a
@@ -570,17 +566,28 @@ pub fn encode_with_writer(file: &SnapshotFile, writer: &str, written_at: i64) ->
         SnapshotFile::Manifest(_) | SnapshotFile::Sessions(_) => 4096,
         SnapshotFile::Generation(g) => body::generation_size_hint(g),
     };
+    framed(file.kind(), writer, written_at, hint, |w| match file {
+        SnapshotFile::Channel(c) => body::put_channel(w, c),
+        SnapshotFile::Manifest(m) => body::put_manifest(w, m),
+        SnapshotFile::Retained(f) => body::put_retained(w, f),
+        SnapshotFile::Sessions(f) => body::put_sessions(w, f),
+        SnapshotFile::Broadcast(f) => body::put_broadcast(w, f),
+        SnapshotFile::Generation(g) => body::put_generation(w, g),
+    })
+}
+
+/// A whole file of `kind`: its header, the body `put` writes (about
+/// `hint` bytes), and the trailing checksum.
+fn framed(
+    kind: FileKind,
+    writer: &str,
+    written_at: i64,
+    hint: usize,
+    put: impl FnOnce(&mut wire::Writer),
+) -> Vec<u8> {
     let mut w = wire::Writer::with_capacity(MIN_FILE_LEN + hint);
-    w.buf
-        .extend_from_slice(&header(file.kind(), writer, written_at));
-    match file {
-        SnapshotFile::Channel(c) => body::put_channel(&mut w, c),
-        SnapshotFile::Manifest(m) => body::put_manifest(&mut w, m),
-        SnapshotFile::Retained(f) => body::put_retained(&mut w, f),
-        SnapshotFile::Sessions(f) => body::put_sessions(&mut w, f),
-        SnapshotFile::Broadcast(f) => body::put_broadcast(&mut w, f),
-        SnapshotFile::Generation(g) => body::put_generation(&mut w, g),
-    }
+    w.buf.extend_from_slice(&header(kind, writer, written_at));
+    put(&mut w);
     let crc = crc32c::crc32c(&w.buf);
     w.u32(crc);
     w.buf
