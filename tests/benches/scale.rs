@@ -108,7 +108,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use bench_support::{
-    cpu_time, first_connack, start_binary, start_mosquitto, stop, Broker, Conn, Error, V,
+    cpu_time, first_connack, start_binary, start_mosquitto, stop, Broker, Conn, Error,
+    SNAPSHOT_LOG, V,
 };
 use bytes::{Bytes, BytesMut};
 use saguin::broker::codec::{
@@ -374,7 +375,7 @@ async fn launch(which: &Which<'_>, dir: &Path) -> Result<Broker, Error> {
     match which {
         Which::Saguin { config, bin } => {
             let began = Instant::now();
-            let mut broker = start_binary(bin, config, &[]).await?;
+            let mut broker = start_binary(bin, config, &[("RUST_LOG", SNAPSHOT_LOG)]).await?;
             first_connack(broker.addr, Duration::from_secs(300)).await?;
             broker.started_in = began.elapsed();
             Ok(broker)
@@ -1066,7 +1067,7 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                     bin: provider_bin(name, &baseline),
                 }
             };
-            let broker = launch(&which, &data).await?;
+            let mut broker = launch(&which, &data).await?;
             bench_support::make_sessions(broker.addr, n).await?;
             SESSIONS.store(n, std::sync::atomic::Ordering::Relaxed);
             publish_many(broker.addr, n * queued, false, |i| {
@@ -1077,7 +1078,7 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             })
             .await?;
             let snapshots = if name.ends_with("-memory") {
-                snapshot_saved(metrics).await?;
+                snapshot_saved(&mut broker, metrics).await?;
                 let seconds = |metric| async move {
                     bench_support::scrape(metrics, metric)
                         .await
@@ -2162,17 +2163,21 @@ const SPARSE_MESSAGES: usize = 100_000;
 static SPARSE_EVERY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
 
 /// Waits until the provider's snapshot generation holds every change
-/// (`saguin_snapshot_unsaved_seconds` reads 0), at most two minutes.
-async fn snapshot_saved(metrics: SocketAddr) -> Result<(), Error> {
-    let deadline = Instant::now() + Duration::from_secs(120);
+/// (`saguin_snapshot_unsaved_seconds` reads 0), looking again at each
+/// generation the broker commits, at most two minutes. A change not yet
+/// held makes a generation come within `snapshot_max_delay`.
+async fn snapshot_saved(broker: &mut Broker, metrics: SocketAddr) -> Result<(), Error> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
+        // Seen before the look: a commit after it wakes the wait below.
+        broker.committed.borrow_and_update();
         if bench_support::scrape(metrics, "saguin_snapshot_unsaved_seconds").await == Some(0.0) {
             return Ok(());
         }
-        if Instant::now() > deadline {
-            return Err("no snapshot generation held every change within 2 minutes".into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::timeout_at(deadline, broker.committed.changed())
+            .await
+            .map_err(|_| "no snapshot generation held every change within 2 minutes")?
+            .map_err(|_| "the broker's log ended before a generation held every change")?;
     }
 }
 
@@ -2226,7 +2231,7 @@ async fn sparse(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let mosquitto_extra =
                 format!("persistence false\nmax_queued_messages {SPARSE_MESSAGES}\n");
             let which = row(name, &config, &baseline, &mosquitto_extra);
-            let broker = launch(&which, &data).await?;
+            let mut broker = launch(&which, &data).await?;
             let pid = pid_of(&broker)?;
             let before = rss(pid)?;
             bench_support::make_sessions(broker.addr, 1).await?;
@@ -2240,7 +2245,7 @@ async fn sparse(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             })
             .await?;
             if store == "snapshots" {
-                snapshot_saved(metrics).await?;
+                snapshot_saved(&mut broker, metrics).await?;
             }
             let after = rss(pid)?;
             let peak = peak_rss(pid)?;

@@ -162,7 +162,15 @@ pub struct Broker {
     pub addr: SocketAddr,
     /// Exec to the `listening` line.
     pub started_in: Duration,
+    /// How many snapshot generations saguin has logged as committed (its
+    /// `saguin::broker::snapshots` target at debug, [`SNAPSHOT_LOG`]);
+    /// never changes for Mosquitto.
+    pub committed: tokio::sync::watch::Receiver<u64>,
 }
+
+/// `RUST_LOG` for a saguin whose snapshot generations a bench waits on:
+/// the configured level, and each generation's commit logged.
+pub const SNAPSHOT_LOG: &str = "info,saguin::broker::snapshots=debug";
 
 pub async fn start(config: &Path) -> Result<Broker, Error> {
     start_with_env(config, &[]).await
@@ -229,11 +237,19 @@ pub async fn start_binary(
     })
     .await??;
     let started_in = began.elapsed();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let (commits, committed) = tokio::sync::watch::channel(0);
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("msg=\"snapshot generation committed\"") {
+                commits.send_modify(|n| *n += 1);
+            }
+        }
+    });
     Ok(Broker {
         child,
         addr,
         started_in,
+        committed,
     })
 }
 
@@ -460,6 +476,7 @@ pub async fn start_mosquitto(dir: &Path, extra: &str) -> Result<Broker, Error> {
         child,
         addr,
         started_in: began.elapsed(),
+        committed: tokio::sync::watch::channel(0).1,
     })
 }
 
