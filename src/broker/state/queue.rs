@@ -184,6 +184,13 @@ impl Queues {
         }
     }
 
+    /// The delivery of queue `channel`'s record at `offset`, while it is out.
+    fn delivery_mut(&mut self, channel: u16, offset: u64) -> Option<&mut Delivery> {
+        self.by_channel
+            .get_mut(&channel)
+            .and_then(|q| q.out.get_mut(&offset))
+    }
+
     /// Release the delivery of `offset` for `reason` (an attempt was
     /// counted when it was leased).
     fn release_delivery(
@@ -194,11 +201,7 @@ impl Queues {
         epoch: u64,
         reason: String,
     ) {
-        let Some(d) = self
-            .by_channel
-            .get_mut(&channel)
-            .and_then(|q| q.out.get_mut(&offset))
-        else {
+        let Some(d) = self.delivery_mut(channel, offset) else {
             return;
         };
         d.step = Step::Releasing {
@@ -267,11 +270,7 @@ impl Queues {
     /// The delivery of `offset` is done with (answered, or expired before
     /// it was sent): its resolution is written.
     fn resolve(&mut self, channel: u16, offset: u64, delivery_id: u64, epoch: u64) {
-        let Some(d) = self
-            .by_channel
-            .get_mut(&channel)
-            .and_then(|q| q.out.get_mut(&offset))
-        else {
+        let Some(d) = self.delivery_mut(channel, offset) else {
             return;
         };
         d.step = Step::Resolving {
