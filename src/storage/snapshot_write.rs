@@ -39,7 +39,7 @@ use saguin_format::channel_name::{
 };
 use saguin_format::f21::{
     self, BroadcastFile, ChannelFile, DeadLetter, FileKind, GenerationFile,
-    Position as FilePosition, SharedGroup, SnapshotFile,
+    Position as FilePosition, SharedGroup,
 };
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
@@ -469,15 +469,14 @@ fn write_pair(
     // A pair the loader would refuse is not written over the last good
     // one: a broker that cannot start is worse than one that starts from
     // the previous generation's sessions, and the failure is named.
-    let loadable = f21::validate_pair_of(sessions, &groups, log_fields.next)
+    let loadable = f21::validate_pair_of(sessions, &groups, log.next)
         .map_err(|e| e.to_string())
         .and_then(|()| {
             f21::validate_sessions_of(sessions, &groups)
                 .map_err(|e| format!("{SESSIONS_FILE}: {e}"))
         })
         .and_then(|()| {
-            f21::validate(&SnapshotFile::Broadcast(log_fields))
-                .map_err(|e| format!("{BROADCAST_FILE}: {e}"))
+            f21::validate_broadcast_file(&log_fields).map_err(|e| format!("{BROADCAST_FILE}: {e}"))
         });
     let result = loadable
         .map_err(|e| {
@@ -489,7 +488,7 @@ fn write_pair(
         .and_then(|()| {
             observer.started(&log_name);
             let log_written = write_durable_with(dir, &log_name, |out| {
-                stream::write_broadcast(out, log, held, stamp)
+                stream::write_broadcast(out, &log_fields, &log.messages, held, stamp)
             });
             observer.finished(&log_name);
             let log_written = log_written?;
@@ -741,7 +740,7 @@ fn broadcast_file_but_messages(log: &BroadcastCopy, held: &[HeldPublish]) -> Bro
             .cursors
             .iter()
             .map(|(client, offset, saved_at)| FilePosition {
-                reader: cursor_reader(client),
+                reader: format!("{}{client}", f21::READER_MQTT),
                 offset: *offset,
                 saved_at: *saved_at,
                 session_expiry: None,
@@ -749,11 +748,6 @@ fn broadcast_file_but_messages(log: &BroadcastCopy, held: &[HeldPublish]) -> Bro
             .collect(),
         held: file_held(held),
     }
-}
-
-/// The reader a session's cursor in the broadcast log is kept as.
-fn cursor_reader(client_id: &str) -> String {
-    format!("mqtt:{client_id}")
 }
 
 /// The shared subscription groups' cursors as the sessions file keeps them.
@@ -912,9 +906,10 @@ mod stream {
     use saguin_format::f21::{self, FileKind};
     use saguin_format::model::{ChannelKind, UnixNanos};
 
-    use super::{cursor_reader, ChannelCopy};
+    use super::ChannelCopy;
     use crate::storage::contract::{HeldPublish, Position, RecordParts};
-    use crate::storage::memory::{BroadcastCopy, LatestCopy};
+    use crate::storage::kept::Kept;
+    use crate::storage::memory::LatestCopy;
 
     /// Bytes gathered before each write and checksum update.
     const CHUNK: usize = 256 * 1024;
@@ -1126,27 +1121,29 @@ mod stream {
         e.finish()
     }
 
-    /// Writes the broadcast log's copy and its QoS 2 holds as a whole
-    /// format 21 broadcast file, stamped `stamp`: its messages encoded
-    /// from the store's records one at a time. Returns the file's length
-    /// and its trailing checksum.
+    /// Writes a whole format 21 broadcast file, stamped `stamp`: the
+    /// fields and cursors of `fields` (the file as checked, its messages
+    /// left out), then `messages` encoded from the store's records one at
+    /// a time, and its QoS 2 holds `held`. Returns the file's length and
+    /// its trailing checksum.
     pub fn write_broadcast<W: Write>(
         out: &mut W,
-        log: &BroadcastCopy,
+        fields: &f21::BroadcastFile,
+        messages: &[Kept],
         held: &[HeldPublish],
         stamp: UnixNanos,
     ) -> io::Result<(u64, u32)> {
         let mut e = Encoder::begin(out, FileKind::Broadcast, stamp);
-        e.u64(log.next);
-        e.u64(log.floor);
-        e.u64(log.bytes);
-        e.records(log.messages.len(), log.messages.iter().map(|m| m.parts()))?;
-        e.len(log.cursors.len())?;
-        for (client_id, offset, saved_at) in &log.cursors {
-            e.str(&cursor_reader(client_id))?;
-            e.u64(*offset);
-            e.i64(*saved_at);
-            e.opt_u32(None);
+        e.u64(fields.next);
+        e.u64(fields.floor);
+        e.u64(fields.bytes);
+        e.records(messages.len(), messages.iter().map(|m| m.parts()))?;
+        e.len(fields.cursors.len())?;
+        for p in &fields.cursors {
+            e.str(&p.reader)?;
+            e.u64(p.offset);
+            e.i64(p.saved_at);
+            e.opt_u32(p.session_expiry);
         }
         e.held(held)?;
         e.finish()
@@ -1222,6 +1219,7 @@ mod tests {
 
     use super::*;
     use crate::storage::contract::Provider;
+    use saguin_format::f21::SnapshotFile;
 
     #[test]
     fn a_file_written_across_several_writeback_steps_is_whole() {
@@ -1388,13 +1386,15 @@ mod tests {
         let copy = copy_provider(&p, &options, 77);
         let (_, log_copy, held) = copy.sessions.as_ref().unwrap();
         let mut streamed = Vec::new();
-        let (len, checksum) = stream::write_broadcast(&mut streamed, log_copy, held, 77).unwrap();
+        let fields = broadcast_file_but_messages(log_copy, held);
+        let (len, checksum) =
+            stream::write_broadcast(&mut streamed, &fields, &log_copy.messages, held, 77).unwrap();
         assert_eq!(len, streamed.len() as u64);
         assert_eq!(checksum, trailer(&streamed));
 
         let whole = BroadcastFile {
             messages: log_copy.messages.iter().map(|m| m.record()).collect(),
-            ..broadcast_file_but_messages(log_copy, held)
+            ..fields
         };
         assert_eq!(
             (whole.messages.len(), whole.cursors.len(), whole.held.len()),

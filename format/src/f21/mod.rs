@@ -35,8 +35,8 @@ pub use sink::{Collect, RecordList, RecordSink, Tally};
 pub use types::*;
 use validate::Lists;
 pub use validate::{
-    check_identifier, hole, validate, validate_pair, validate_pair_of, validate_sessions_of,
-    MAX_IDENTIFIER_BYTES,
+    check_identifier, hole, validate, validate_broadcast_file, validate_pair, validate_pair_of,
+    validate_sessions_of, MAX_IDENTIFIER_BYTES,
 };
 
 /// Bytes 0..8 of every saguin snapshot file, whatever its version. The

@@ -32,14 +32,18 @@ pub fn validate(file: &SnapshotFile) -> Result<(), DecodeError> {
             validate_retained(records.finish())
         }
         SnapshotFile::Sessions(s) => validate_sessions(s),
-        SnapshotFile::Broadcast(b) => {
-            let mut messages = ListCheck::new("messages", ListRules::broadcast(b.next, b.floor));
-            b.messages
-                .iter()
-                .for_each(|rec| messages.record(rec, Some(&rec.topic)));
-            validate_broadcast(b, messages.finish())
-        }
+        SnapshotFile::Broadcast(b) => validate_broadcast_file(b),
     }
+}
+
+/// [`validate`] of a broadcast log's file, which a writer that streams
+/// its messages runs on the rest of it (its messages empty).
+pub fn validate_broadcast_file(b: &BroadcastFile) -> Result<(), DecodeError> {
+    let mut messages = ListCheck::new("messages", ListRules::broadcast(b.next, b.floor));
+    b.messages
+        .iter()
+        .for_each(|rec| messages.record(rec, Some(&rec.topic)));
+    validate_broadcast(b, messages.finish())
 }
 
 /// The verdicts of a decoded file's streamed lists.
