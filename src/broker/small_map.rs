@@ -103,8 +103,17 @@ impl<K: Ord, V> SmallMap<K, V> {
         K: Borrow<Q>,
         Q: Ord + ?Sized,
     {
-        // Looked up again after an insert: this is a subscription's path,
-        // not a publish's.
+        // A new key in the B-tree is searched for twice, not three times:
+        // once to learn it is new, once by `entry`, which takes the owned
+        // key (made only when new). A restart's subscriptions are nearly
+        // all new keys at the level of the device ids.
+        if matches!(self, SmallMap::Many(many) if !many.contains_key(key)) {
+            let SmallMap::Many(many) = self else {
+                unreachable!("matched above");
+            };
+            return many.entry(own()).or_insert_with(make);
+        }
+        // Looked up again after an insert in the vector: a few entries.
         if !self.contains_key(key) {
             self.insert(own(), make());
         }

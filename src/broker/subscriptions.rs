@@ -46,9 +46,87 @@ struct SharedGroup {
     next: usize,
 }
 
+/// A level's name as its parent's key, looked up by its bytes: up to
+/// [`LevelName::INLINE`] bytes are held in the key itself, a longer name
+/// in a box. A level of a million device ids is searched at every command
+/// to one of them, and a boxed name took each of the search's comparisons
+/// to a block of its own, far from the B-tree node and rarely in cache.
+#[derive(Clone)]
+enum LevelName {
+    Inline {
+        len: u8,
+        bytes: [u8; LevelName::INLINE],
+    },
+    Boxed(Box<[u8]>),
+}
+
+impl LevelName {
+    /// As many bytes as fit beside the length in the 24 bytes the boxed
+    /// form takes with its tag.
+    const INLINE: usize = 22;
+
+    fn new(name: &str) -> LevelName {
+        let name = name.as_bytes();
+        if name.len() > Self::INLINE {
+            return LevelName::Boxed(name.into());
+        }
+        let mut bytes = [0; Self::INLINE];
+        bytes[..name.len()].copy_from_slice(name);
+        LevelName::Inline {
+            len: name.len() as u8,
+            bytes,
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            LevelName::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            LevelName::Boxed(bytes) => bytes,
+        }
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for LevelName {
+    fn borrow(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+// Ordered and compared as its bytes, as the `[u8]` it is looked up by
+// must be (and as `str` orders, so the index walks in name order).
+impl Ord for LevelName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl PartialOrd for LevelName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for LevelName {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for LevelName {}
+
+impl std::fmt::Debug for LevelName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&String::from_utf8_lossy(self.as_bytes()), f)
+    }
+}
+
+/// The wildcard levels' names, as a level is looked up.
+const HASH: &[u8] = b"#";
+const PLUS: &[u8] = b"+";
+
 #[derive(Debug, Default)]
 struct Node {
-    children: SmallMap<Box<str>, Node>,
+    children: SmallMap<LevelName, Node>,
     /// Non-shared subscribers whose filter ends here.
     subscribers: Vec<(SessionKey, SubOptions)>,
     /// Shared groups whose filter ends here: allocated for the few levels
@@ -108,9 +186,11 @@ impl SubscriptionIndex {
     ) -> bool {
         let mut node = &mut self.root;
         for level in filter.split('/') {
-            node = node
-                .children
-                .get_or_insert_with(level, || level.into(), Node::default);
+            node = node.children.get_or_insert_with(
+                level.as_bytes(),
+                || LevelName::new(level),
+                Node::default,
+            );
         }
         let list = match share_group {
             None => &mut node.subscribers,
@@ -175,12 +255,12 @@ impl SubscriptionIndex {
                 }
             },
             Some((first, rest)) => {
-                let Some(child) = node.children.get_mut(*first) else {
+                let Some(child) = node.children.get_mut(first.as_bytes()) else {
                     return false;
                 };
                 let removed = Self::remove_in(child, rest, share_group, session);
                 if child.is_empty() {
-                    node.children.remove(*first);
+                    node.children.remove(first.as_bytes());
                 }
                 removed
             }
@@ -222,19 +302,19 @@ impl SubscriptionIndex {
             None => {
                 Self::collect(node, is_online, out);
                 // `a/#` matches `a` too.
-                if let Some(hash) = node.children.get_mut("#") {
+                if let Some(hash) = node.children.get_mut(HASH) {
                     Self::collect(hash, is_online, out);
                 }
             }
             Some((level, rest)) => {
-                if let Some(child) = node.children.get_mut(level) {
+                if let Some(child) = node.children.get_mut(level.as_bytes()) {
                     Self::walk(child, rest, dollar, false, is_online, out);
                 }
                 if wildcards_allowed {
-                    if let Some(child) = node.children.get_mut("+") {
+                    if let Some(child) = node.children.get_mut(PLUS) {
                         Self::walk(child, rest, dollar, false, is_online, out);
                     }
-                    if let Some(hash) = node.children.get_mut("#") {
+                    if let Some(hash) = node.children.get_mut(HASH) {
                         Self::collect(hash, is_online, out);
                     }
                 }
@@ -343,7 +423,11 @@ mod tests {
         for device in 0..100u64 {
             index.insert(None, &format!("cmd/{device}/#"), device, opts(1));
         }
-        let ids = index.root.children.get("cmd").expect("the cmd level");
+        let ids = index
+            .root
+            .children
+            .get(b"cmd".as_slice())
+            .expect("the cmd level");
         assert!(matches!(ids.children, SmallMap::Many(_)));
         assert_eq!(ids.children.len(), 100);
         for device in ids.children.values() {
@@ -356,6 +440,52 @@ mod tests {
             assert!(!hash[0].1.shared.is_allocated());
         }
         assert_eq!(sessions(&mut index, "cmd/7/reboot"), vec![7]);
+    }
+
+    /// A level's name is held in its key up to 22 bytes and boxed past
+    /// that; either way the index finds it, and keys order as their names
+    /// do. A key is 24 bytes, a boxed name's pointer and length with a tag.
+    #[test]
+    fn level_names_in_the_key_or_boxed_are_found_and_ordered_as_names() {
+        assert_eq!(std::mem::size_of::<LevelName>(), 24);
+        let names: Vec<String> = vec![
+            String::new(),
+            "a".into(),
+            "é".into(),
+            "x".repeat(21),
+            "x".repeat(22),
+            "x".repeat(23),
+            "xy".repeat(200),
+            "dev-0042".into(),
+        ];
+        for name in &names {
+            let key = LevelName::new(name);
+            assert_eq!(key.as_bytes(), name.as_bytes());
+            assert_eq!(
+                matches!(key, LevelName::Inline { .. }),
+                name.len() <= LevelName::INLINE,
+                "{name:?}"
+            );
+        }
+        let mut keys: Vec<LevelName> = names.iter().map(|n| LevelName::new(n)).collect();
+        keys.sort();
+        let mut sorted = names.clone();
+        sorted.sort();
+        let keys: Vec<&[u8]> = keys.iter().map(LevelName::as_bytes).collect();
+        let sorted: Vec<&[u8]> = sorted.iter().map(|n| n.as_bytes()).collect();
+        assert_eq!(keys, sorted);
+
+        let mut index = SubscriptionIndex::new();
+        for (session, name) in names.iter().enumerate() {
+            index.insert(None, &format!("t/{name}/#"), session as SessionKey, opts(1));
+        }
+        for (session, name) in names.iter().enumerate() {
+            let topic = format!("t/{name}/x");
+            assert_eq!(sessions(&mut index, &topic), vec![session as SessionKey]);
+            assert!(index.remove(None, &format!("t/{name}/#"), session as SessionKey));
+            assert!(sessions(&mut index, &topic).is_empty());
+        }
+        assert!(index.root.is_empty());
     }
 
     fn sessions(index: &mut SubscriptionIndex, topic: &str) -> Vec<SessionKey> {

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::ids::IdMap;
 use super::intent::{Role, Write};
 use super::records::{message_from_served, will_request};
 use super::session::{
@@ -165,7 +166,9 @@ impl BrokerState {
             .iter()
             .map(|(c, o)| (c.as_str(), *o))
             .collect();
-        let mut owing: HashMap<SessionKey, Owing> = HashMap::new();
+        let mut owing: IdMap<SessionKey, Owing> = IdMap::default();
+        owing.reserve(restored.sessions.len());
+        self.sessions.reserve(restored.sessions.len());
         for entry in &restored.sessions {
             if self.sessions.of_client(&entry.client_id).is_some() {
                 continue;

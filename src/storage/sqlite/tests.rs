@@ -860,6 +860,49 @@ fn plain_session(client_id: &str, window: u16, inflight: usize) -> SessionEntry 
     }
 }
 
+/// Every session is read with its own in-flight entries, in their order,
+/// from one pass over the in-flight table: whatever order the sessions
+/// were saved in, with a session between two that have none, and with an
+/// entry whose session is gone (not read, as before).
+#[test]
+fn every_session_is_read_with_its_own_inflight_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let saved = [
+        plain_session("c", 4, 3),
+        plain_session("a", 2, 0),
+        plain_session("b", 2, 2),
+        plain_session("d", 1, 0),
+        plain_session("ab", 3, 1),
+    ];
+    {
+        let p = SqliteProvider::open(options(dir.path())).unwrap();
+        let sessions = p.sessions().unwrap();
+        for session in &saved {
+            sessions.save(session.clone()).unwrap();
+        }
+        p.close().unwrap();
+    }
+    let raw = Connection::open(dir.path().join("saguin.db")).unwrap();
+    raw.execute_batch(
+        "INSERT INTO session_inflight (client_id, seq, log_offset, packet_id, qos, phase)
+         VALUES ('aa', 0, 1, 9, 1, 'awaiting_ack'), ('e', 0, 1, 9, 1, 'awaiting_ack')",
+    )
+    .unwrap();
+    let mut by_client_id = saved.to_vec();
+    by_client_id.sort_by(|x, y| x.client_id.cmp(&y.client_id));
+    assert_eq!(read_sessions(&raw).unwrap(), by_client_id, "a tool's read");
+    drop(raw);
+    let p = SqliteProvider::open(options(dir.path())).unwrap();
+    let mut read = p.sessions().unwrap().sessions().unwrap();
+    read.sort_by(|x, y| x.client_id.cmp(&y.client_id));
+    assert_eq!(read, by_client_id, "the provider's read");
+    assert_eq!(
+        p.sessions().unwrap().get("b").unwrap().as_ref(),
+        Some(&saved[2]),
+        "one session's read"
+    );
+}
+
 #[test]
 fn session_writes_together_commit_as_one_transaction() {
     let dir = tempfile::tempdir().unwrap();
