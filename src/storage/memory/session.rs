@@ -44,6 +44,22 @@ impl MemorySessions {
     }
 }
 
+impl MemorySessions {
+    /// Every session a snapshot held, by client id, as the store's own.
+    pub(crate) fn restore(&self, sessions: BTreeMap<String, Arc<SessionEntry>>) -> Result<()> {
+        self.shared.check_open()?;
+        let mut held = lock(&self.sessions);
+        if held.is_empty() {
+            *held = sessions;
+        } else {
+            held.extend(sessions);
+        }
+        drop(held);
+        self.broadcast.touch();
+        Ok(())
+    }
+}
+
 impl SessionStore for MemorySessions {
     fn save(&self, session: SessionEntry) -> Result<()> {
         self.shared.check_open()?;
@@ -158,7 +174,15 @@ impl MemoryBroadcast {
         }
         self.shared.budget.charge_relief(st.log.bytes());
         drop(st);
-        lock(&self.cursors).extend(cursors.into_iter().map(|(c, o)| (Arc::from(c), o)));
+        let cursors = cursors.into_iter().map(|(c, o)| (Arc::from(c), o));
+        let mut held = lock(&self.cursors);
+        if held.is_empty() {
+            // Built whole, not searched for each of them.
+            *held = cursors.collect();
+        } else {
+            held.extend(cursors);
+        }
+        drop(held);
         lock(&self.groups).extend(groups.into_iter().map(|g| (g.key.clone(), g)));
     }
 
