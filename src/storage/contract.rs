@@ -1191,7 +1191,9 @@ pub trait SessionStore: Send + Sync {
     fn get(&self, client_id: &str) -> Result<Option<SessionEntry>>;
     /// Ends a session, taking its broadcast-log cursor with it.
     fn remove(&self, client_id: &str) -> Result<bool>;
-    /// Every session, ordered by client id.
+    /// Every session, in the order the store keeps them (by client id on
+    /// memory, as the rows lie on sqlite): a restart takes them in any
+    /// order, and what lists them for a reader orders them itself.
     fn sessions(&self) -> Result<Vec<SessionEntry>>;
 }
 
