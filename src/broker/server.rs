@@ -799,9 +799,14 @@ pub async fn prepare(
                 state.restore_retained(value, now)
             })
             .map_err(|source| (from_retained.name().to_owned(), source))?;
-            let restored = super::persister::read_restored(&*from_sessions, &from_channels)
+            let now = Instant::now();
+            let mut sessions = None;
+            let restored =
+                super::persister::read_restored(&*from_sessions, &from_channels, &mut |stored| {
+                    sessions = Some(state.restore_sessions(stored, now))
+                })
                 .map_err(|source| (from_sessions.name().to_owned(), source))?;
-            let summary = state.restore(restored, Instant::now());
+            let summary = state.restore_rest(restored, sessions.unwrap_or_default(), now);
             Ok((state, summary))
         })
         .await

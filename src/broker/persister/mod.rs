@@ -1077,41 +1077,43 @@ pub fn read_retained(
 }
 
 /// Read what the state is rebuilt from besides the retained messages
-/// ([`read_retained`]) (blocking; before listening).
+/// ([`read_retained`]) (blocking; before listening), the sessions handed
+/// to `build` as soon as they are read.
 ///
-/// The sessions and their cursors on the broadcast log are read on a
-/// thread of their own while the log and the channels are read on this
-/// one: a start takes the longer of the two rather than their sum (at
-/// 100,000 sessions on sqlite, 150-190 ms each).
+/// The broadcast log, its cursors and the channels are read on a thread
+/// of their own while the sessions are read and built into the state on
+/// this one: a start takes the longer of the two rather than their sum.
+/// At 100,000 sessions on sqlite the log's side reads for about 0.2 s and
+/// the sessions' side reads and builds for about 0.3 s, where reading
+/// everything and then building took 0.5 s.
 pub fn read_restored(
     sessions: &dyn Provider,
     channels: &[ServedChannel],
+    build: &mut dyn FnMut(Vec<crate::storage::contract::SessionEntry>),
 ) -> Result<Restored, StorageError> {
     std::thread::scope(|scope| {
         let beside = std::thread::Builder::new()
             .name("saguin-restore".into())
             .spawn_scoped(scope, || {
-                let stored = sessions.sessions()?.sessions()?;
-                let cursors = sessions.broadcast_log()?.cursors()?;
-                Ok::<_, StorageError>((stored, cursors))
+                let mut restored = read_log_and_channels(sessions, channels)?;
+                restored.cursors = sessions.broadcast_log()?.cursors()?;
+                Ok::<_, StorageError>(restored)
             })
             .map_err(|e| StorageError::Io {
-                context: "starting the thread that reads the sessions".into(),
+                context: "starting the thread that reads the broadcast log".into(),
                 source: e,
             })?;
-        let restored = read_log_and_channels(sessions, channels);
-        let (stored, cursors) = beside
+        let stored = sessions.sessions().and_then(|store| store.sessions());
+        let built = stored.map(build);
+        let restored = beside
             .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-        Ok(Restored {
-            sessions: stored,
-            cursors,
-            ..restored?
-        })
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        built?;
+        restored
     })
 }
 
-/// What [`read_restored`] reads on the calling thread: the broadcast log,
+/// What [`read_restored`] reads beside the sessions: the broadcast log,
 /// the exactly-once holds and the channels.
 fn read_log_and_channels(
     sessions: &dyn Provider,
@@ -1178,8 +1180,9 @@ fn read_log_and_channels(
     Ok(Restored {
         // Read one at a time by `read_retained`.
         retained: Vec::new(),
-        // Read beside this (`read_restored`).
+        // Handed to the state as they are read (`read_restored`).
         sessions: Vec::new(),
+        // Read after these, on the same thread (`read_restored`).
         cursors: Vec::new(),
         log_next: log.next(),
         log: messages,

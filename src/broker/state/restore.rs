@@ -26,8 +26,8 @@ use crate::broker::message::Message;
 use crate::broker::metrics::DropReason;
 use crate::broker::subscriptions::{SessionKey, SubOptions};
 use crate::storage::contract::{
-    session_expired_at, HeldPublish, InflightPhase as StoredPhase, Position, ServedValue,
-    SessionEntry, BROADCAST_LOG_NAME,
+    session_expired_at, HeldPublish, InflightEntry as StoredInflight, InflightPhase as StoredPhase,
+    Position, ServedValue, SessionEntry, BROADCAST_LOG_NAME,
 };
 use crate::storage::kept::Kept;
 use crate::topic;
@@ -78,6 +78,17 @@ pub struct QueueSetup {
     pub dead_letter: Option<u16>,
 }
 
+/// What [`BrokerState::restore_sessions`] leaves for
+/// [`BrokerState::restore_rest`]: each session it made, in the order it
+/// made them, with the in-flight entries its store held (made into the
+/// session's once the log they point into is read), and how many had
+/// expired.
+#[derive(Debug, Default)]
+pub struct RestoredSessions {
+    sessions: Vec<(SessionKey, Vec<StoredInflight>)>,
+    expired: usize,
+}
+
 /// What restoring came to, for the startup log.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RestoreSummary {
@@ -116,67 +127,35 @@ impl BrokerState {
     /// broker was down, and holds of sessions no longer held, are removed
     /// from the provider (as writes, like any other).
     pub fn restore(&mut self, mut restored: Restored, now: Instant) -> RestoreSummary {
-        let mut summary = RestoreSummary::default();
-        let unix_now = self.receipt_time(now);
-        for record in std::mem::take(&mut restored.retained) {
-            self.restore_retained(ServedValue::of(&record), now);
-        }
-        self.retained.pack();
-        summary.retained = self.retained.len();
-        self.metrics
-            .retained
-            .store(self.retained.len() as i64, Relaxed);
-        self.persist.log_next = restored.log_next.max(1);
-        // Each compact record is lent to its message, which copies what it
-        // keeps, and let go once it is made. Held in a list in the log's
-        // order, 24 bytes a record beside its message, each client id
-        // once: a map of a million records, each with its own copy of its
-        // publisher's id, took a restart 92 MiB above what it then held.
-        let mut names = ClientIds::default();
-        let mut log: Vec<(u64, Logged)> = std::mem::take(&mut restored.log)
-            .into_iter()
-            .filter_map(|kept| {
-                let parts = kept.parts();
-                if parts.shared_copy {
-                    return None;
-                }
-                let offset = parts.offset;
-                let client_id = names.intern(parts.client_id);
-                let owed_to = parts.owed_to.map(|id| names.intern(id));
-                let value = ServedValue::from(parts);
-                let message = message_from_served(&value, self.received_at(value.timestamp, now));
-                let logged = Logged {
-                    message: Arc::new(message),
-                    client_id,
-                    owed_to: owed_to.unwrap_or(NOBODY),
-                };
-                Some((offset, logged))
-            })
-            .collect();
-        if !log.is_sorted_by_key(|(offset, _)| *offset) {
-            log.sort_unstable_by_key(|(offset, _)| *offset);
-        }
-        let logged_at = |offset: u64| {
-            log.binary_search_by_key(&offset, |(o, _)| *o)
-                .ok()
-                .map(|i| &log[i].1)
+        let sessions = self.restore_sessions(std::mem::take(&mut restored.sessions), now);
+        self.restore_rest(restored, sessions, now)
+    }
+
+    /// The first half of [`Self::restore`]: the sessions themselves, their
+    /// subscriptions and Wills, made from what the session store read,
+    /// before the broadcast log is: a start reads the log on another
+    /// thread meanwhile. What the log holds for them (their in-flight
+    /// messages, what they are owed) is [`Self::restore_rest`]'s, with the
+    /// same `now`.
+    pub fn restore_sessions(
+        &mut self,
+        stored: Vec<SessionEntry>,
+        now: Instant,
+    ) -> RestoredSessions {
+        let mut restoring = RestoredSessions {
+            sessions: Vec::with_capacity(stored.len()),
+            ..RestoredSessions::default()
         };
-        let cursors: HashMap<&str, u64> = restored
-            .cursors
-            .iter()
-            .map(|(c, o)| (c.as_str(), *o))
-            .collect();
-        let mut owing: IdMap<SessionKey, Owing> = IdMap::default();
-        owing.reserve(restored.sessions.len());
-        self.sessions.reserve(restored.sessions.len());
-        for entry in &restored.sessions {
+        let unix_now = self.receipt_time(now);
+        self.sessions.reserve(stored.len());
+        for mut entry in stored {
             if self.sessions.of_client(&entry.client_id).is_some() {
                 continue;
             }
-            if session_expired_at(entry, unix_now, self.limits.max_session_expiry)
+            if session_expired_at(&entry, unix_now, self.limits.max_session_expiry)
                 || entry.expiry_interval == 0
             {
-                summary.expired_sessions += 1;
+                restoring.expired += 1;
                 self.persist.stage(
                     Role::Sessions,
                     Write::RemoveSession(entry.client_id.clone()),
@@ -237,8 +216,92 @@ impl BrokerState {
                     SessionSubscription::new(&sub.filter, options, sub.log_offset),
                 );
             }
+            self.sessions
+                .insert(key, long_lived::make(|| Box::new(session)));
+            self.sessions.detached.insert(key);
+            self.metrics.sessions.fetch_add(1, Relaxed);
+            restoring
+                .sessions
+                .push((key, std::mem::take(&mut entry.inflight)));
+        }
+        restoring
+    }
+
+    /// The rest of [`Self::restore`], after [`Self::restore_sessions`]:
+    /// the retained messages and channels `restored` holds, and what the
+    /// broadcast log holds for each restored session.
+    pub fn restore_rest(
+        &mut self,
+        mut restored: Restored,
+        restoring: RestoredSessions,
+        now: Instant,
+    ) -> RestoreSummary {
+        debug_assert!(
+            restored.sessions.is_empty(),
+            "the sessions are restore_sessions's"
+        );
+        let mut summary = RestoreSummary {
+            sessions: restoring.sessions.len(),
+            expired_sessions: restoring.expired,
+            ..RestoreSummary::default()
+        };
+        let unix_now = self.receipt_time(now);
+        for record in std::mem::take(&mut restored.retained) {
+            self.restore_retained(ServedValue::of(&record), now);
+        }
+        self.retained.pack();
+        summary.retained = self.retained.len();
+        self.metrics
+            .retained
+            .store(self.retained.len() as i64, Relaxed);
+        self.persist.log_next = restored.log_next.max(1);
+        // Each compact record is lent to its message, which copies what it
+        // keeps, and let go once it is made. Held in a list in the log's
+        // order, 24 bytes a record beside its message, each client id
+        // once: a map of a million records, each with its own copy of its
+        // publisher's id, took a restart 92 MiB above what it then held.
+        let mut names = ClientIds::default();
+        let mut log: Vec<(u64, Logged)> = std::mem::take(&mut restored.log)
+            .into_iter()
+            .filter_map(|kept| {
+                let parts = kept.parts();
+                if parts.shared_copy {
+                    return None;
+                }
+                let offset = parts.offset;
+                let client_id = names.intern(parts.client_id);
+                let owed_to = parts.owed_to.map(|id| names.intern(id));
+                let value = ServedValue::from(parts);
+                let message = message_from_served(&value, self.received_at(value.timestamp, now));
+                let logged = Logged {
+                    message: Arc::new(message),
+                    client_id,
+                    owed_to: owed_to.unwrap_or(NOBODY),
+                };
+                Some((offset, logged))
+            })
+            .collect();
+        if !log.is_sorted_by_key(|(offset, _)| *offset) {
+            log.sort_unstable_by_key(|(offset, _)| *offset);
+        }
+        let logged_at = |offset: u64| {
+            log.binary_search_by_key(&offset, |(o, _)| *o)
+                .ok()
+                .map(|i| &log[i].1)
+        };
+        let cursors: HashMap<&str, u64> = restored
+            .cursors
+            .iter()
+            .map(|(c, o)| (c.as_str(), *o))
+            .collect();
+        let mut owing: IdMap<SessionKey, Owing> = IdMap::default();
+        owing.reserve(restoring.sessions.len());
+        for (key, stored_inflight) in restoring.sessions {
+            let Some(session) = self.sessions.by_key.get_mut(&key) else {
+                continue;
+            };
             let mut in_flight = Vec::new();
-            for e in &entry.inflight {
+            for e in &stored_inflight {
                 let Some(Logged { message, .. }) = logged_at(e.log_offset) else {
                     continue;
                 };
@@ -269,15 +332,10 @@ impl BrokerState {
                 in_flight.push(e.log_offset);
             }
             let cursor = cursors
-                .get(entry.client_id.as_str())
+                .get(&*session.client_id)
                 .copied()
                 .unwrap_or(self.persist.log_next);
             summary.inflight += in_flight.len();
-            self.sessions
-                .insert(key, long_lived::make(|| Box::new(session)));
-            self.sessions.detached.insert(key);
-            self.metrics.sessions.fetch_add(1, Relaxed);
-            summary.sessions += 1;
             for &offset in &in_flight {
                 self.persist.hold_log(key, offset);
             }

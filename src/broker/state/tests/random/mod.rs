@@ -398,9 +398,14 @@ impl Run {
             state.restore_retained(value, now)
         })
         .unwrap();
+        // As the server starts: the sessions built while the log is read.
+        let mut sessions = None;
         let restored =
-            crate::broker::persister::read_restored(&*life.provider, &life.served).unwrap();
-        state.restore(restored, now);
+            crate::broker::persister::read_restored(&*life.provider, &life.served, &mut |stored| {
+                sessions = Some(state.restore_sessions(stored, now))
+            })
+            .unwrap();
+        state.restore_rest(restored, sessions.expect("the sessions were read"), now);
         life.serving();
         state
     }
