@@ -1700,4 +1700,49 @@ mod tests {
         assert!(matches!(read, Err(StorageError::Closed { .. })), "{read:?}");
         assert_eq!(handed, 0);
     }
+
+    /// A start's read hands the sessions over as they are read, and
+    /// answers the log and its cursors, read beside them; a provider that
+    /// cannot be read is the read's error, and nothing is handed over.
+    #[test]
+    fn the_sessions_are_handed_over_and_the_log_is_read_beside_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let provider =
+            SqliteProvider::open(SqliteOptions::new("db", dir.path().join("saguin.db"))).unwrap();
+        let log = provider.broadcast_log().unwrap();
+        let owed = log
+            .append(Record::new("cmd/a", bytes::Bytes::from_static(b"x")))
+            .unwrap();
+        log.save_cursor("a", owed.offset).unwrap();
+        provider
+            .sessions()
+            .unwrap()
+            .save(crate::storage::contract::SessionEntry {
+                client_id: "a".into(),
+                principal: None,
+                expiry_interval: 60,
+                detached_at: 1,
+                subscriptions: Vec::new(),
+                will: None,
+                window: 1,
+                inflight: Vec::new(),
+            })
+            .unwrap();
+        let mut handed = Vec::new();
+        let restored = read_restored(&provider, &[], &mut |stored| {
+            handed.extend(stored.into_iter().map(|s| s.client_id))
+        })
+        .unwrap();
+        assert_eq!(handed, ["a"]);
+        assert!(restored.sessions.is_empty(), "handed over, not kept");
+        assert_eq!(restored.cursors, [("a".to_string(), owed.offset)]);
+        let logged: Vec<u64> = restored.log.iter().map(|k| k.parts().offset).collect();
+        assert_eq!(logged, [owed.offset]);
+
+        provider.close().unwrap();
+        let mut handed = 0;
+        let read = read_restored(&provider, &[], &mut |_| handed += 1);
+        assert!(matches!(read, Err(StorageError::Closed { .. })), "{read:?}");
+        assert_eq!(handed, 0);
+    }
 }
