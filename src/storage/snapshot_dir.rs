@@ -1188,70 +1188,105 @@ pub fn scan_with(
         }
     };
 
-    // 4. Read the current files this provider keeps.
+    // 4. Read the current files this provider keeps. A scan that streams
+    // its files decodes the sessions file on a thread of its own while it
+    // reads the rest: it holds no records for `records`, and at 100,000
+    // sessions its decoding and checks were about a quarter of a memory
+    // provider's load (174-199 ms, 136-155 ms with it beside). A scan that
+    // keeps every record reads each file whole, one after the other.
     let manifest_generation = manifest.as_ref().map_or(0, |(_, m)| m.generation());
-    for f in found {
-        let Found {
-            name,
-            path,
-            role,
-            generation: file_generation,
-        } = f;
-        if !current.contains(&name) {
-            findings.push(match &manifest {
-                Some(_) if file_generation > manifest_generation => FindingKind::Uncommitted {
-                    file: name.clone(),
-                    generation: file_generation,
-                    manifest: manifest_generation,
-                },
-                Some(_) if file_generation == 0 => {
-                    FindingKind::NotInManifest { file: name.clone() }
-                }
-                _ => FindingKind::Superseded {
-                    file: name.clone(),
-                    generation: file_generation,
-                },
-            });
-            files.push(FileReport {
+    std::thread::scope(|scope| {
+        let mut sessions_beside = match records {
+            Records::Keep => None,
+            Records::Drop | Records::Into(_) => found
+                .iter()
+                .find(|f| {
+                    f.role == Role::Sessions && current.contains(&f.name) && opts.asks_for(&f.role)
+                })
+                .and_then(|f| {
+                    let path = f.path.clone();
+                    std::thread::Builder::new()
+                        .name("saguin-sessions".into())
+                        .spawn_scoped(scope, move || {
+                            read_f21_file_with(
+                                &path,
+                                opts,
+                                Role::Sessions.expected_kind(),
+                                Records::Drop,
+                            )
+                        })
+                        // Not started: read here, in its turn.
+                        .ok()
+                }),
+        };
+        for f in found {
+            let Found {
                 name,
                 path,
                 role,
                 generation: file_generation,
-                behind: false,
-                outcome: FileOutcome::NotCurrent,
-            });
-            continue;
-        }
-        let behind = listed.get(name.as_str()).is_some_and(|e| e.behind);
-        if !opts.asks_for(&role) {
-            findings.push(FindingKind::NotConfigured { file: name.clone() });
+            } = f;
+            if !current.contains(&name) {
+                findings.push(match &manifest {
+                    Some(_) if file_generation > manifest_generation => FindingKind::Uncommitted {
+                        file: name.clone(),
+                        generation: file_generation,
+                        manifest: manifest_generation,
+                    },
+                    Some(_) if file_generation == 0 => {
+                        FindingKind::NotInManifest { file: name.clone() }
+                    }
+                    _ => FindingKind::Superseded {
+                        file: name.clone(),
+                        generation: file_generation,
+                    },
+                });
+                files.push(FileReport {
+                    name,
+                    path,
+                    role,
+                    generation: file_generation,
+                    behind: false,
+                    outcome: FileOutcome::NotCurrent,
+                });
+                continue;
+            }
+            let behind = listed.get(name.as_str()).is_some_and(|e| e.behind);
+            if !opts.asks_for(&role) {
+                findings.push(FindingKind::NotConfigured { file: name.clone() });
+                files.push(FileReport {
+                    name,
+                    path,
+                    role,
+                    generation: file_generation,
+                    behind,
+                    outcome: FileOutcome::NotConfigured,
+                });
+                continue;
+            }
+            let read = match sessions_beside.take_if(|_| role == Role::Sessions) {
+                Some(beside) => beside
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                None => read_f21_file_with(&path, opts, role.expected_kind(), records.reborrow()),
+            };
+            let outcome = match read {
+                Ok((header, file)) => FileOutcome::Decoded { header, file },
+                Err(problem) => FileOutcome::Failed(problem),
+            };
+            if let Records::Into(sink) = &mut records {
+                sink.file_read(&name, matches!(outcome, FileOutcome::Decoded { .. }));
+            }
             files.push(FileReport {
                 name,
                 path,
                 role,
                 generation: file_generation,
                 behind,
-                outcome: FileOutcome::NotConfigured,
+                outcome,
             });
-            continue;
         }
-        let outcome =
-            match read_f21_file_with(&path, opts, role.expected_kind(), records.reborrow()) {
-                Ok((header, file)) => FileOutcome::Decoded { header, file },
-                Err(problem) => FileOutcome::Failed(problem),
-            };
-        if let Records::Into(sink) = &mut records {
-            sink.file_read(&name, matches!(outcome, FileOutcome::Decoded { .. }));
-        }
-        files.push(FileReport {
-            name,
-            path,
-            role,
-            generation: file_generation,
-            behind,
-            outcome,
-        });
-    }
+    });
 
     // Per-file findings: refusals, channel names, and whether each file a
     // generation lists is the one it wrote.
@@ -1805,6 +1840,62 @@ mod tests {
         let r = scan(d.path(), &ScanOptions::default()).unwrap();
         assert!(r.is_loadable());
         assert_eq!(codes(&r), vec!["manifest-unreadable"]);
+    }
+
+    /// A streaming scan reads the sessions file on a thread of its own; it
+    /// answers what a scan reading every file in turn does, for a whole
+    /// sessions file and for a damaged one, in the files' order.
+    #[test]
+    fn a_sessions_file_read_beside_the_others_is_judged_as_in_turn() {
+        let d = good_dir();
+        put(
+            d.path(),
+            SESSIONS_FILE,
+            &SnapshotFile::Sessions(SessionsFile {
+                sessions: vec![Session {
+                    client_id: "c".into(),
+                    principal: None,
+                    expiry_interval: 60,
+                    detached_at: T,
+                    subscriptions: vec![],
+                    will: None,
+                    window: 10,
+                    inflight: vec![],
+                }],
+                shared_groups: vec![],
+            }),
+            T,
+        );
+        let outcomes = |r: &DirReport| -> Vec<String> {
+            r.files
+                .iter()
+                .map(|f| match &f.outcome {
+                    FileOutcome::Decoded {
+                        file: SnapshotFile::Sessions(s),
+                        ..
+                    } => format!("{}: {:?}", f.name, s),
+                    FileOutcome::Decoded { .. } => format!("{}: decoded", f.name),
+                    FileOutcome::Failed(p) => format!("{}: {p}", f.name),
+                    other => format!("{}: {other:?}", f.name),
+                })
+                .collect()
+        };
+        let in_turn = scan(d.path(), &ScanOptions::default()).unwrap();
+        let beside = scan_checking(d.path(), &ScanOptions::default()).unwrap();
+        assert!(beside.is_loadable());
+        assert_eq!(outcomes(&beside), outcomes(&in_turn));
+        assert!(outcomes(&beside)
+            .iter()
+            .any(|o| o.starts_with("saguin.sessions: SessionsFile")));
+
+        let path = d.path().join(SESSIONS_FILE);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        let in_turn = scan(d.path(), &ScanOptions::default()).unwrap();
+        let beside = scan_checking(d.path(), &ScanOptions::default()).unwrap();
+        assert!(!beside.is_loadable());
+        assert_eq!(outcomes(&beside), outcomes(&in_turn));
+        assert_eq!(codes(&beside), codes(&in_turn));
     }
 
     #[test]
