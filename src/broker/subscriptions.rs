@@ -51,7 +51,6 @@ struct SharedGroup {
 /// in a box. A level of a million device ids is searched at every command
 /// to one of them, and a boxed name took each of the search's comparisons
 /// to a block of its own, far from the B-tree node and rarely in cache.
-#[derive(Clone)]
 enum LevelName {
     Inline {
         len: u8,

@@ -1747,6 +1747,24 @@ mod tests {
         d
     }
 
+    /// A sessions file of one session, client `c`, with `inflight` on the
+    /// wire.
+    fn one_session(inflight: Vec<InflightEntry>) -> SessionsFile {
+        SessionsFile {
+            sessions: vec![Session {
+                client_id: "c".into(),
+                principal: None,
+                expiry_interval: 60,
+                detached_at: T,
+                subscriptions: vec![],
+                will: None,
+                window: 10,
+                inflight,
+            }],
+            shared_groups: vec![],
+        }
+    }
+
     fn codes(r: &DirReport) -> Vec<&'static str> {
         r.findings.iter().map(FindingKind::code).collect()
     }
@@ -1851,19 +1869,7 @@ mod tests {
         put(
             d.path(),
             SESSIONS_FILE,
-            &SnapshotFile::Sessions(SessionsFile {
-                sessions: vec![Session {
-                    client_id: "c".into(),
-                    principal: None,
-                    expiry_interval: 60,
-                    detached_at: T,
-                    subscriptions: vec![],
-                    will: None,
-                    window: 10,
-                    inflight: vec![],
-                }],
-                shared_groups: vec![],
-            }),
+            &SnapshotFile::Sessions(one_session(vec![])),
             T,
         );
         let outcomes = |r: &DirReport| -> Vec<String> {
@@ -1917,25 +1923,13 @@ mod tests {
     #[test]
     fn inflight_past_the_logs_next_is_refused() {
         let d = good_dir();
-        let sessions = SessionsFile {
-            sessions: vec![Session {
-                client_id: "c".into(),
-                principal: None,
-                expiry_interval: 60,
-                detached_at: T,
-                subscriptions: vec![],
-                will: None,
-                window: 10,
-                inflight: vec![InflightEntry {
-                    log_offset: 5,
-                    packet_id: 1,
-                    qos: 1,
-                    phase: InflightPhase::AwaitingAck,
-                    shared_group: None,
-                }],
-            }],
-            shared_groups: vec![],
-        };
+        let sessions = one_session(vec![InflightEntry {
+            log_offset: 5,
+            packet_id: 1,
+            qos: 1,
+            phase: InflightPhase::AwaitingAck,
+            shared_group: None,
+        }]);
         put(
             d.path(),
             SESSIONS_FILE,

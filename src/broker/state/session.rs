@@ -629,7 +629,6 @@ impl Sessions {
         self.by_client_id.get(client_id, &self.by_key)
     }
 
-    /// Keep `session` under `key`, as the session its client id has.
     /// Room for `more` sessions: a restart knows how many it brings back,
     /// and tables grown one doubling at a time rehashed every client id at
     /// each (a tenth of restoring 100,000 sessions).
@@ -639,6 +638,7 @@ impl Sessions {
         self.by_client_id.reserve(more, &self.by_key);
     }
 
+    /// Keep `session` under `key`, as the session its client id has.
     pub(super) fn insert(&mut self, key: SessionKey, session: Box<Session>) {
         if let Some(old) = self.by_key.insert(key, session) {
             // A key is never reused; were it, its old client id goes too.
@@ -773,7 +773,6 @@ impl ClientIds {
     }
 }
 
-/// Whether a key in the table is `client_id`'s session.
 /// A stored key's hash, from its session's client id, for moving the
 /// table's entries when it grows.
 fn rehash<'a>(
@@ -789,6 +788,7 @@ fn rehash<'a>(
     }
 }
 
+/// Whether a key in the table is `client_id`'s session.
 fn is_of<'a>(
     client_id: &'a str,
     sessions: &'a IdMap<SessionKey, Box<Session>>,

@@ -696,19 +696,16 @@ impl MemoryProvider {
         drop(held);
         // An in-flight entry behind its session's cursor was acknowledged;
         // one a shared group handed over stays behind the group's cursor.
-        // Looked for only where a session has any in flight.
-        if kept.values().any(|s| !s.inflight.is_empty()) {
-            let cursor_of: HashMap<&str, u64> =
-                cursors.iter().map(|(c, o)| (c.as_str(), *o)).collect();
-            for (client, s) in kept.iter_mut() {
-                let Some(&cursor) = cursor_of.get(client.as_str()) else {
-                    continue;
-                };
-                if !s.inflight.is_empty() {
-                    Arc::make_mut(s)
-                        .inflight
-                        .retain(|e| e.shared_group.is_some() || e.log_offset >= cursor);
-                }
+        // The cursors are looked up by client id only once a session with
+        // any in flight needs one.
+        let mut cursor_of: Option<HashMap<&str, u64>> = None;
+        for (client, s) in kept.iter_mut().filter(|(_, s)| !s.inflight.is_empty()) {
+            let cursor_of = cursor_of
+                .get_or_insert_with(|| cursors.iter().map(|(c, o)| (c.as_str(), *o)).collect());
+            if let Some(&cursor) = cursor_of.get(client.as_str()) {
+                Arc::make_mut(s)
+                    .inflight
+                    .retain(|e| e.shared_group.is_some() || e.log_offset >= cursor);
             }
         }
         let groups = sessions_file

@@ -42,19 +42,13 @@ impl MemorySessions {
     pub(crate) fn shared_sessions(&self) -> Vec<Arc<SessionEntry>> {
         lock(&self.sessions).values().cloned().collect()
     }
-}
 
-impl MemorySessions {
-    /// Every session a snapshot held, by client id, as the store's own.
-    pub(crate) fn restore(&self, sessions: BTreeMap<String, Arc<SessionEntry>>) -> Result<()> {
+    /// Every session a snapshot held, by client id, as the store's own:
+    /// taken whole into an empty store, merged in one pass otherwise
+    /// (`BTreeMap::append`), never searched for one at a time.
+    pub(crate) fn restore(&self, mut sessions: BTreeMap<String, Arc<SessionEntry>>) -> Result<()> {
         self.shared.check_open()?;
-        let mut held = lock(&self.sessions);
-        if held.is_empty() {
-            *held = sessions;
-        } else {
-            held.extend(sessions);
-        }
-        drop(held);
+        lock(&self.sessions).append(&mut sessions);
         self.broadcast.touch();
         Ok(())
     }
@@ -174,15 +168,12 @@ impl MemoryBroadcast {
         }
         self.shared.budget.charge_relief(st.log.bytes());
         drop(st);
-        let cursors = cursors.into_iter().map(|(c, o)| (Arc::from(c), o));
-        let mut held = lock(&self.cursors);
-        if held.is_empty() {
-            // Built whole, not searched for each of them.
-            *held = cursors.collect();
-        } else {
-            held.extend(cursors);
-        }
-        drop(held);
+        // Built whole and merged in one pass, not searched for each.
+        let mut cursors: BTreeMap<Arc<str>, u64> = cursors
+            .into_iter()
+            .map(|(c, o)| (Arc::from(c), o))
+            .collect();
+        lock(&self.cursors).append(&mut cursors);
         lock(&self.groups).extend(groups.into_iter().map(|g| (g.key.clone(), g)));
     }
 
