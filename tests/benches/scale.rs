@@ -21,7 +21,8 @@
 //! - `sessions`: persistent sessions with one queued QoS 1 message each
 //!   (`SAGUIN_BENCH_QUEUED` each), on a memory provider with snapshots,
 //!   on sqlite and in Mosquitto with persistence: restart to the first
-//!   CONNACK, RSS (and its peak), a sample of them resumed with their
+//!   CONNACK, RSS (and its peak), the CPU the broker spends while they
+//!   wait detached and nobody connects, a sample of them resumed with their
 //!   first message, and on memory the longest snapshot capture (on the
 //!   broker's loop) and write while they were made.
 //! - `commands`: devices each subscribed to its own command topic
@@ -96,7 +97,7 @@
 //! builds take turns going first, size by size);
 //! `SAGUIN_BENCH_IDLE_SUBSCRIBED` (set: any value) subscribes each
 //! idle connection to its own command topic; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
-//! CPU window. Idle connections are capped below the process's open-file
+//! CPU window (of the idle and the sessions curves). Idle connections are capped below the process's open-file
 //! limit (each connection is a descriptor in the broker and one here);
 //! the run says so where it caps. A count that comes out short fails the
 //! run.
@@ -534,18 +535,33 @@ async fn subscribe(
 
 // ---------------------------------------------------------------- idle
 
+/// How long a broker left alone is watched for the CPU it spends
+/// (`SAGUIN_BENCH_IDLE_SECS`, 10 s).
+fn idle_window() -> Duration {
+    Duration::from_secs(
+        std::env::var("SAGUIN_BENCH_IDLE_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10),
+    )
+}
+
+/// The share of a core broker `pid` spends over the next `window` while
+/// nothing is asked of it.
+async fn idle_cpu(pid: u32, window: Duration) -> Result<f64, Error> {
+    let cpu_before = cpu_time(pid)?;
+    let measured_from = Instant::now();
+    tokio::time::sleep(window).await;
+    Ok((cpu_time(pid)? - cpu_before).as_secs_f64() / measured_from.elapsed().as_secs_f64())
+}
+
 async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     raise_open_file_limit();
     let limit = open_file_limit();
     // Each connection is a descriptor in the broker and one in this
     // process; leave room for everything else either has open.
     let cap = limit.saturating_sub(1_000) as usize;
-    let window = Duration::from_secs(
-        std::env::var("SAGUIN_BENCH_IDLE_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(10),
-    );
+    let window = idle_window();
     // Each a device listening on its own command topic, as most are.
     let subscribed = std::env::var_os("SAGUIN_BENCH_IDLE_SUBSCRIBED").is_some();
     println!(
@@ -630,11 +646,7 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
             }
-            let cpu_before = cpu_time(pid)?;
-            let measured_from = Instant::now();
-            tokio::time::sleep(window).await;
-            let cpu =
-                (cpu_time(pid)? - cpu_before).as_secs_f64() / measured_from.elapsed().as_secs_f64();
+            let cpu = idle_cpu(pid, window).await?;
             let after = rss(pid)?;
             let private_after = private_rss(pid)?;
             println!(
@@ -1025,9 +1037,12 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     };
     println!("\n## Persistent sessions, {queued} queued QoS 1 message(s) each");
     println!(
-        "| broker | sessions | restart to first CONNACK | RSS | peak RSS | sample resumed | graceful stop | longest snapshot capture / write |"
+        "| broker | sessions | restart to first CONNACK | RSS | peak RSS | CPU while idle | sample resumed | graceful stop | longest snapshot capture / write |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    // After the restart, with every session detached and none due: what
+    // keeping them costs a broker nobody speaks to.
+    let window = idle_window();
     let dir = tempfile::tempdir()?;
     let baseline = bench_support::baseline()?;
     for &n in sizes {
@@ -1098,6 +1113,7 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let restarted_in = broker.started_in;
             let resident = rss(pid_of(&broker)?)?;
             let peak = peak_rss(pid_of(&broker)?)?;
+            let idle = idle_cpu(pid_of(&broker)?, window).await?;
             let step = (n / SAMPLE).max(1);
             let mut resumed = 0;
             for s in (0..n).step_by(step) {
@@ -1106,10 +1122,11 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             }
             stop(broker).await?;
             println!(
-                "| {name} | {n} | {} | {} | {} | {resumed} of {resumed} | {} | {snapshots} |",
+                "| {name} | {n} | {} | {} | {} | {:.2}% of a core | {resumed} of {resumed} | {} | {snapshots} |",
                 ms(restarted_in),
                 mib(resident as f64),
                 mib(peak as f64),
+                idle * 100.0,
                 ms(stopped_in)
             );
             std::fs::remove_dir_all(&data)?;

@@ -117,7 +117,7 @@ impl BrokerState {
         } else {
             session.expires_at = Some(now + Duration::from_secs(u64::from(expiry)));
             let stored = session.stored;
-            self.sessions.detached.insert(key);
+            self.sessions.detach(key);
             if stored {
                 // Recorded as detached, with its Will and its place in the log.
                 self.stage_session(key, now);
@@ -189,7 +189,7 @@ impl BrokerState {
         }
         self.end_consumers(key, &session, now);
         self.metrics.sessions.fetch_sub(1, Relaxed);
-        self.sessions.detached.remove(&key);
+        self.sessions.detached.remove(key, session.next_due());
         for (raw, sub) in session.subscriptions.iter() {
             if self
                 .index
@@ -241,7 +241,7 @@ impl BrokerState {
     /// What [`tick`](Self::tick) would do for one detached session at `now`:
     /// publish its Will when the delay passed, end it when it expired.
     pub(super) fn settle_due(&mut self, key: SessionKey, now: Instant) {
-        if !self.sessions.detached.contains(&key) {
+        if !self.sessions.detached.contains(key) {
             return;
         }
         let Some(session) = self.sessions.by_key.get_mut(&key) else {
@@ -261,6 +261,8 @@ impl BrokerState {
         }
         if expired {
             self.end_session(key, now);
+        } else if self.sessions.detached.contains(key) {
+            self.sessions.detach(key);
         }
     }
 
@@ -268,7 +270,8 @@ impl BrokerState {
     pub fn tick(&mut self, now: Instant) {
         let mut wills = Vec::new();
         let mut expired = Vec::new();
-        for &key in &self.sessions.detached {
+        let due = self.sessions.detached.take_due(now);
+        for &key in &due {
             let Some(session) = self.sessions.by_key.get_mut(&key) else {
                 continue;
             };
@@ -290,6 +293,13 @@ impl BrokerState {
         expired.sort_unstable();
         for key in expired {
             self.end_session(key, now);
+        }
+        // Those still detached (a Will published before the expiry) are
+        // due again at their next moment.
+        for key in due {
+            if self.sessions.detached.contains(key) {
+                self.sessions.detach(key);
+            }
         }
         self.retry_values();
         self.pump_stalled(now);

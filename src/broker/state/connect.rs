@@ -173,7 +173,7 @@ impl BrokerState {
             self.metrics.sessions.fetch_add(1, Relaxed);
             key
         };
-        self.sessions.detached.remove(&key);
+        self.sessions.attach(key);
         let receive_maximum = if request.bridge.is_some() {
             // The broker's own bridge: its window is its `max_inflight`
             // and the reservoir read ahead of the remote's, not a client's.
@@ -195,10 +195,9 @@ impl BrokerState {
             session.window = receive_maximum;
             // A new connection before the Will delay passed cancels the Will.
             session.set_pending_will(None);
-            let was = session.stored;
-            session.stored = expiry > 0;
-            was
+            session.stored
         };
+        self.sessions.set_stored(key, expiry > 0);
         let entry = long_lived::make(|| {
             Box::new(Connection {
                 handle,
@@ -345,8 +344,8 @@ impl BrokerState {
             }
             if let Some(session) = self.sessions.by_key.get_mut(&key) {
                 session.expiry_interval = 0;
-                session.stored = false;
             }
+            self.sessions.set_stored(key, false);
             self.doomed.push((connection, CloseReason::Storage, None));
             return;
         }

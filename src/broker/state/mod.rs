@@ -71,6 +71,7 @@ pub mod clock;
 mod close;
 mod connect;
 mod consumer;
+mod detached;
 mod ids;
 mod intent;
 mod latest;
@@ -795,7 +796,7 @@ impl BrokerState {
                 // at the next flush, in this one, so that a restart does
                 // not count the step against their expiry.
                 let sessions = &mut self.sessions;
-                for &key in sessions.detached.iter() {
+                for key in sessions.detached.keys() {
                     let Some(session) = sessions.by_key.get_mut(&key) else {
                         continue;
                     };

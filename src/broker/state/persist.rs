@@ -677,7 +677,14 @@ impl BrokerState {
     /// of the log entries nobody holds (`broker.session.ack_commit_interval`,
     /// at a disconnect and before shutdown).
     pub fn flush(&mut self, now: Instant) {
-        let mut dirty: Vec<SessionKey> = self.persist.dirty.drain().collect();
+        // Taken whole, not drained: a drain clears every slot of a table
+        // that a restart or a storm once grew, at every flush after.
+        let mut dirty: Vec<SessionKey> = match self.persist.dirty.is_empty() {
+            true => Vec::new(),
+            false => std::mem::take(&mut self.persist.dirty)
+                .into_iter()
+                .collect(),
+        };
         dirty.sort_unstable();
         let mut clients = Vec::new();
         for key in dirty {

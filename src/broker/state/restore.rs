@@ -148,6 +148,7 @@ impl BrokerState {
         };
         let unix_now = self.receipt_time(now);
         self.sessions.reserve(stored.len());
+        let mut detached = Vec::with_capacity(stored.len());
         for mut entry in stored {
             if self.sessions.of_client(&entry.client_id).is_some() {
                 continue;
@@ -216,14 +217,17 @@ impl BrokerState {
                     SessionSubscription::new(&sub.filter, options, sub.log_offset),
                 );
             }
+            // Its expiry is set above: a restored session always has a
+            // moment (were it not, it would be taken now and found not due).
+            detached.push((session.next_due().unwrap_or(now), key));
             self.sessions
                 .insert(key, long_lived::make(|| Box::new(session)));
-            self.sessions.detached.insert(key);
             self.metrics.sessions.fetch_add(1, Relaxed);
             restoring
                 .sessions
                 .push((key, std::mem::take(&mut entry.inflight)));
         }
+        self.sessions.detached.insert_many(detached);
         restoring
     }
 

@@ -7,7 +7,8 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use super::consumer::ConsumerStart;
-use super::ids::{IdMap, IdSet};
+use super::detached::Detached;
+use super::ids::IdMap;
 use crate::broker::lazy::{empty, Lazy};
 use crate::broker::long_lived;
 use crate::broker::message::Message;
@@ -427,6 +428,8 @@ pub struct Session {
     pub expires_at: Option<tokio::time::Instant>,
     /// The session provider holds a record of this session (it is
     /// persistent and its first write was issued): changes are written.
+    /// Set before the session is kept, then by [`Sessions::set_stored`],
+    /// which counts them.
     pub stored: bool,
     /// Its in-flight table or cursor changed since it was last written.
     pub dirty: bool,
@@ -568,6 +571,16 @@ impl Session {
         }
     }
 
+    /// When a detached session next needs looking at: its Will's delay
+    /// or its expiry, whichever passes first.
+    pub fn next_due(&self) -> Option<tokio::time::Instant> {
+        let will = self.pending_will().map(|w| w.publish_at);
+        match (will, self.expires_at) {
+            (Some(will), Some(expiry)) => Some(will.min(expiry)),
+            (will, expiry) => will.or(expiry),
+        }
+    }
+
     /// The connection attached, if any.
     pub fn connection(&self) -> Option<u64> {
         self.attached.map(NonZeroU64::get)
@@ -603,12 +616,17 @@ pub(super) struct Sessions {
     /// Which session a client id has ([`Sessions::of_client`]); kept in
     /// step with `by_key` by [`Sessions::insert`] and [`Sessions::remove`].
     by_client_id: ClientIds,
-    /// Sessions without a connection (timers for expiry and Will delay).
-    pub detached: IdSet<SessionKey>,
+    /// Sessions without a connection, by when each is next due (its
+    /// Will's delay, its expiry).
+    pub detached: Detached,
     /// The key the next new session takes.
     pub next_key: SessionKey,
     /// Numbers the client ids the broker assigns.
     pub next_assigned_id: u64,
+    /// How many of the sessions are stored: a new persistent session is
+    /// refused at `limits.max_sessions`, and counting them at every such
+    /// CONNECT cost each one a look at every session.
+    stored: usize,
 }
 
 impl Default for Sessions {
@@ -616,9 +634,10 @@ impl Default for Sessions {
         Self {
             by_key: IdMap::default(),
             by_client_id: ClientIds::default(),
-            detached: IdSet::default(),
+            detached: Detached::default(),
             next_key: 1,
             next_assigned_id: 1,
+            stored: 0,
         }
     }
 }
@@ -640,11 +659,27 @@ impl Sessions {
 
     /// Keep `session` under `key`, as the session its client id has.
     pub(super) fn insert(&mut self, key: SessionKey, session: Box<Session>) {
+        self.stored += usize::from(session.stored);
         if let Some(old) = self.by_key.insert(key, session) {
             // A key is never reused; were it, its old client id goes too.
+            self.stored -= usize::from(old.stored);
             self.by_client_id.remove(&old.client_id, key, &self.by_key);
         }
         self.by_client_id.insert(key, &self.by_key);
+    }
+
+    /// Session `key` has no connection: it is due when its Will's delay
+    /// or its expiry passes, whichever comes first.
+    pub(super) fn detach(&mut self, key: SessionKey) {
+        let at = self.by_key.get(&key).and_then(|s| s.next_due());
+        self.detached.insert(key, at);
+    }
+
+    /// Session `key` has a connection again: no longer due. Called before
+    /// its Will or expiry is cleared, as its moment is read from them.
+    pub(super) fn attach(&mut self, key: SessionKey) {
+        let at = self.by_key.get(&key).and_then(|s| s.next_due());
+        self.detached.remove(key, at);
     }
 
     /// Take out the session under `key`, and its client id's entry when
@@ -654,7 +689,22 @@ impl Sessions {
         // Out of the client ids first: their table finds a key's client id
         // in `by_key`.
         self.by_client_id.remove(&client_id, key, &self.by_key);
-        self.by_key.remove(&key)
+        let session = self.by_key.remove(&key)?;
+        self.stored -= usize::from(session.stored);
+        Some(session)
+    }
+
+    /// Whether session `key` is stored from now.
+    pub(super) fn set_stored(&mut self, key: SessionKey, stored: bool) {
+        if let Some(session) = self.by_key.get_mut(&key) {
+            if session.stored != stored {
+                session.stored = stored;
+                match stored {
+                    true => self.stored += 1,
+                    false => self.stored -= 1,
+                }
+            }
+        }
     }
 
     /// Where session `key`'s consumer of `channel` is among its consumers.
@@ -668,7 +718,12 @@ impl Sessions {
 
     /// Persistent sessions the provider holds (or is about to).
     pub(super) fn stored_count(&self) -> usize {
-        self.by_key.values().filter(|s| s.stored).count()
+        debug_assert_eq!(
+            self.stored,
+            self.by_key.values().filter(|s| s.stored).count(),
+            "a session's `stored` was changed without Sessions::set_stored"
+        );
+        self.stored
     }
 
     /// Does a delivery to `key` need the message in the broadcast log?
@@ -914,7 +969,7 @@ mod tests {
     #[test]
     fn every_id_can_be_in_flight() {
         let mut inflight = Inflight::default();
-        let mut seen = IdSet::default();
+        let mut seen = crate::broker::state::ids::IdSet::default();
         while let Some(id) = inflight.allocate_id() {
             assert_ne!(id, 0);
             assert!(seen.insert(id), "{id} handed out twice");

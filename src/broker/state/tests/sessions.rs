@@ -810,6 +810,61 @@ fn persistent_sessions_past_the_cap_are_refused_with_0x97() {
     );
 }
 
+/// The cap counts the sessions kept as they come and go: restored ones,
+/// one that a clean start ends, one that expires.
+#[test]
+fn a_kept_session_that_ends_frees_its_place_under_the_cap() {
+    let now = Instant::now();
+    let mut s = state_with(Limits {
+        max_sessions: 2,
+        ..Limits::default()
+    });
+    let mut store = FakeStore::default();
+    let unix_now = s.receipt_time(now);
+    let mut sessions = vec![stored_session("r1", "t"), stored_session("r2", "t")];
+    // Expiry 300 s: "r2" went away 200 s before, and has 100 s left.
+    sessions[0].detached_at = unix_now;
+    sessions[1].detached_at = unix_now - 200_000_000_000;
+    s.restore(
+        Restored {
+            sessions,
+            ..Restored::default()
+        },
+        now,
+    );
+    let mut attempt = |s: &mut BrokerState, conn: u64, id: &str, clean: bool, at: Instant| {
+        let mut c = connect(s, conn, id, clean, at);
+        store.commit_all(s, at);
+        let reason = match c.drain().first() {
+            Some(Outbound::ConnAck { reason, .. }) => *reason,
+            other => panic!("expected a CONNACK, got {other:?}"),
+        };
+        closed(s, conn, at);
+        store.commit_all(s, at);
+        reason
+    };
+    assert_eq!(
+        attempt(&mut s, 1, "c", false, now),
+        ReasonCode::QuotaExceeded
+    );
+    // "r1" starts clean: its kept session ends, and the clean one with
+    // its connection.
+    assert_eq!(attempt(&mut s, 2, "r1", true, now), ReasonCode::Success);
+    assert_eq!(attempt(&mut s, 3, "c", false, now), ReasonCode::Success);
+    assert_eq!(
+        attempt(&mut s, 4, "d", false, now),
+        ReasonCode::QuotaExceeded
+    );
+    // "r2" expires: its place is free.
+    let later = now + Duration::from_secs(100);
+    s.tick(later);
+    assert_eq!(attempt(&mut s, 5, "d", false, later), ReasonCode::Success);
+    assert_eq!(
+        attempt(&mut s, 6, "e", false, later),
+        ReasonCode::QuotaExceeded
+    );
+}
+
 /// Whether the CONNACK among `out` says a session was present.
 fn session_present(out: &[Outbound]) -> bool {
     match out.iter().find(|o| matches!(o, Outbound::ConnAck { .. })) {
@@ -939,6 +994,75 @@ fn a_will_waits_for_its_delay_and_a_reconnect_cancels_it() {
         vec![],
         "the cancelled Will never comes"
     );
+}
+
+/// A detached session is looked at when it is due, not at every tick: one
+/// whose Will went at its delay is due again at its expiry, and ends then.
+#[test]
+fn a_session_whose_will_went_at_its_delay_still_ends_at_its_expiry() {
+    let t0 = Instant::now();
+    let mut s = state();
+    let mut store = FakeStore::default();
+    let mut watcher = connect(&mut s, 1, "watcher", true, t0);
+    packets(&mut s, 1, vec![subscribe("will/#", 1)], t0);
+    store.commit_all(&mut s, t0);
+    watcher.drain();
+    let mut r = request("device", false, 5);
+    r.will = Some(WillRequest {
+        topic: ByteStr::from("will/device"),
+        payload: Bytes::from_static(b"gone"),
+        qos: 1,
+        retain: false,
+        properties: MessageProperties::default(),
+        delay: 1,
+    });
+    let _device = connect_as(&mut s, 2, r, t0);
+    store.commit_all(&mut s, t0);
+    closed(&mut s, 2, t0);
+    store.commit_all(&mut s, t0);
+    assert_eq!(s.session_count(), 2);
+
+    for (at, wills, sessions) in [
+        (Duration::from_millis(999), 0, 2),
+        (Duration::from_secs(1), 1, 2),
+        (Duration::from_millis(4_999), 0, 2),
+        (Duration::from_secs(5), 0, 1),
+        (Duration::from_secs(60), 0, 1),
+    ] {
+        s.tick(t0 + at);
+        store.commit_all(&mut s, t0 + at);
+        assert_eq!(published(&watcher.drain()).len(), wills, "Wills at {at:?}");
+        assert_eq!(s.session_count(), sessions, "sessions at {at:?}");
+    }
+}
+
+/// A restored session is due at the expiry it had left when the broker
+/// stopped, counted from its `detached_at`, each at its own.
+#[test]
+fn restored_sessions_end_at_the_expiry_each_had_left() {
+    let now = Instant::now();
+    let mut s = state();
+    let unix_now = s.receipt_time(now);
+    let away_for = |secs: i64| unix_now - secs * 1_000_000_000;
+    let mut sessions = Vec::new();
+    // Expiry 300 s: away 200 s (100 s left), 100 s (200 s left), 0 s.
+    for (id, away) in [("a", 200), ("b", 100), ("c", 0)] {
+        let mut entry = stored_session(id, "t");
+        entry.detached_at = away_for(away);
+        sessions.push(entry);
+    }
+    s.restore(
+        Restored {
+            sessions,
+            ..Restored::default()
+        },
+        now,
+    );
+    for (at, left) in [(99, 3), (100, 2), (199, 2), (200, 1), (299, 1), (300, 0)] {
+        let at = now + Duration::from_secs(at);
+        s.tick(at);
+        assert_eq!(s.session_count(), left, "at {at:?}");
+    }
 }
 
 /// MQTT-3.3.2-5 / -6: a message queued for an offline session is dropped
