@@ -169,10 +169,8 @@ impl BrokerState {
             };
             let session = self
                 .sessions
-                .by_key
-                .get_mut(&key)
+                .hold_inbound(key, packet_id, now)
                 .expect("connected session");
-            session.rare.inbound_qos2.insert(packet_id, now);
             session.rare.channel_holds.insert(packet_id, channel);
             session.rare.writing.insert(packet_id, false);
             self.persist
@@ -977,8 +975,10 @@ impl BrokerState {
                     .is_ok_and(|r| r.scheme() == crate::storage::contract::ReaderScheme::Bridge);
                 match self.sessions.of_client(&hold.client_id) {
                     Some(key) => {
-                        let session = self.sessions.by_key.get_mut(&key).expect("indexed");
-                        session.rare.inbound_qos2.insert(hold.packet_id, now);
+                        let session = self
+                            .sessions
+                            .hold_inbound(key, hold.packet_id, now)
+                            .expect("indexed");
                         session.rare.channel_holds.insert(hold.packet_id, i);
                     }
                     // A bridge's, kept for its connection (the holds of a

@@ -310,7 +310,10 @@ impl BrokerState {
             self.next_exactly_once_sweep = Some(now + Duration::from_secs(60));
             if let Some(cutoff) = now.checked_sub(self.limits.exactly_once_expires_after) {
                 let mut dropped = Vec::new();
-                for session in self.sessions.by_key.values_mut() {
+                for key in self.sessions.take_holding() {
+                    let Some(session) = self.sessions.by_key.get_mut(&key) else {
+                        continue;
+                    };
                     let mut gone: Vec<u16> = session
                         .rare
                         .inbound_qos2
@@ -330,6 +333,9 @@ impl BrokerState {
                             None if session.stored => dropped.push((Role::Sessions, client_id, id)),
                             None => {}
                         }
+                    }
+                    if !session.rare.inbound_qos2.is_empty() {
+                        self.sessions.still_holding(key);
                     }
                 }
                 for (role, client_id, packet_id) in dropped {

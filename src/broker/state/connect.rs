@@ -272,7 +272,7 @@ impl BrokerState {
     /// answer it had when it was held), so the bridge knows what waits
     /// for its release.
     fn resume_bridge_holds(&mut self, connection: u64, key: SessionKey, now: Instant) {
-        let Some(session) = self.sessions.by_key.get_mut(&key) else {
+        let Some(session) = self.sessions.by_key.get(&key) else {
             return;
         };
         let Some(mut holds) = self.bridges.take_holds(&session.client_id) else {
@@ -280,10 +280,10 @@ impl BrokerState {
         };
         holds.sort_unstable();
         for hold in &holds {
-            session
-                .rare
-                .inbound_qos2
-                .insert(hold.packet_id, hold.held_at);
+            let session = self
+                .sessions
+                .hold_inbound(key, hold.packet_id, hold.held_at)
+                .expect("looked up above");
             session
                 .rare
                 .channel_holds

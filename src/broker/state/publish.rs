@@ -379,10 +379,8 @@ impl BrokerState {
             // so a duplicate gets PUBREC and PUBREL gets PUBCOMP.
             let session = self
                 .sessions
-                .by_key
-                .get_mut(&key)
+                .hold_inbound(key, packet_id, now)
                 .expect("connected session");
-            session.rare.inbound_qos2.insert(packet_id, now);
             if v5 && session.rare.inbound_qos2.len() > usize::from(self.limits.receive_maximum) {
                 self.doom(
                     connection,

@@ -415,8 +415,11 @@ impl BrokerState {
                     let at = now
                         .checked_sub(Duration::from_nanos(age as u64))
                         .unwrap_or(now);
-                    if let Some(session) = self.sessions.by_key.get_mut(&key) {
-                        session.rare.inbound_qos2.insert(held.packet_id, at);
+                    if self
+                        .sessions
+                        .hold_inbound(key, held.packet_id, at)
+                        .is_some()
+                    {
                         summary.holds += 1;
                     }
                 }

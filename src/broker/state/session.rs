@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::consumer::ConsumerStart;
 use super::detached::Detached;
-use super::ids::IdMap;
+use super::ids::{IdMap, IdSet};
 use crate::broker::lazy::{empty, Lazy};
 use crate::broker::long_lived;
 use crate::broker::message::Message;
@@ -623,6 +623,10 @@ pub(super) struct Sessions {
     pub next_key: SessionKey,
     /// Numbers the client ids the broker assigns.
     pub next_assigned_id: u64,
+    /// Sessions that took an inbound QoS 2 hold since the last look at
+    /// their age (`BrokerState::tick`): every one holding any is here,
+    /// and the look is at them, not at every session.
+    holding: IdSet<SessionKey>,
     /// How many of the sessions are stored: a new persistent session is
     /// refused at `limits.max_sessions`, and counting them at every such
     /// CONNECT cost each one a look at every session.
@@ -637,6 +641,7 @@ impl Default for Sessions {
             detached: Detached::default(),
             next_key: 1,
             next_assigned_id: 1,
+            holding: IdSet::default(),
             stored: 0,
         }
     }
@@ -692,6 +697,39 @@ impl Sessions {
         let session = self.by_key.remove(&key)?;
         self.stored -= usize::from(session.stored);
         Some(session)
+    }
+
+    /// Session `key` holds inbound QoS 2 `packet_id`, from `at`, until its
+    /// PUBREL or its hold's expiry.
+    pub(super) fn hold_inbound(
+        &mut self,
+        key: SessionKey,
+        packet_id: u16,
+        at: tokio::time::Instant,
+    ) -> Option<&mut Session> {
+        let session = self.by_key.get_mut(&key)?;
+        session.rare.inbound_qos2.insert(packet_id, at);
+        self.holding.insert(key);
+        Some(session)
+    }
+
+    /// The sessions that may hold inbound QoS 2 publishes, in key order,
+    /// taken out: whoever looks at them hands back those still holding
+    /// any ([`Sessions::still_holding`]).
+    pub(super) fn take_holding(&mut self) -> Vec<SessionKey> {
+        debug_assert!(
+            self.by_key
+                .iter()
+                .all(|(key, s)| s.rare.inbound_qos2.is_empty() || self.holding.contains(key)),
+            "an inbound QoS 2 hold was taken without Sessions::hold_inbound"
+        );
+        let mut keys: Vec<SessionKey> = std::mem::take(&mut self.holding).into_iter().collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    pub(super) fn still_holding(&mut self, key: SessionKey) {
+        self.holding.insert(key);
     }
 
     /// Whether session `key` is stored from now.
@@ -969,7 +1007,7 @@ mod tests {
     #[test]
     fn every_id_can_be_in_flight() {
         let mut inflight = Inflight::default();
-        let mut seen = crate::broker::state::ids::IdSet::default();
+        let mut seen = IdSet::default();
         while let Some(id) = inflight.allocate_id() {
             assert_ne!(id, 0);
             assert!(seen.insert(id), "{id} handed out twice");
