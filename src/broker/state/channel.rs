@@ -37,7 +37,7 @@ use super::bridges::BridgeHold;
 use super::consumer::{
     first_level, Consumer, ConsumerFilter, Offsets, GAP_PROPERTY, OFFSET_PROPERTY,
 };
-use super::ids::IdMap;
+use super::ids::{IdMap, IdSet};
 use super::intent::{Role, Write};
 use super::reads::{ChannelRead, ReadWindow, Seek};
 use super::recent::{self, Lookup, Recent};
@@ -82,6 +82,11 @@ pub(super) struct Channels {
     pub consumer_reads: IdMap<u64, ConsumerRead>,
     /// Consumers to let catch up once the current event is handled.
     pub pumps_due: Vec<(SessionKey, u16)>,
+    /// Sessions consuming a channel that may have a connection: every one
+    /// that has is here (added as it is connected or consumes while
+    /// connected), the rest are let go when looked at
+    /// ([`BrokerState::attached_consumers`]).
+    pub attached: IdSet<SessionKey>,
 }
 
 impl Channels {
@@ -119,18 +124,6 @@ impl Channels {
         if let Some(state) = self.all.iter_mut().find(|c| &*c.name == channel) {
             state.recent.remove_below(floor);
         }
-    }
-
-    /// Every session consuming a channel, each once, in key order.
-    pub(super) fn consumer_sessions(&self) -> Vec<SessionKey> {
-        let mut keys: Vec<SessionKey> = self
-            .all
-            .iter()
-            .flat_map(|c| c.consumers.iter().copied())
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        keys
     }
 }
 
@@ -774,12 +767,42 @@ impl BrokerState {
     }
 
     /// Consumers that fell behind with nothing to wake them (a failed
-    /// read) try again; called from the tick.
+    /// read) try again; called from the tick. Only a connected one can
+    /// be sent anything: a session reconnecting is pumped then.
     pub(super) fn pump_stalled(&mut self, now: Instant) {
-        let keys = self.channels.consumer_sessions();
-        for key in keys {
+        for key in self.attached_consumers() {
             self.pump_all(key, now);
         }
+    }
+
+    /// The sessions consuming a channel that have a connection. A
+    /// detached consumer is sent nothing and acknowledges nothing, and its
+    /// positions were written as it went away: a broker's turns need not
+    /// look at it (thousands of offline devices that consume a channel).
+    pub(super) fn attached_consumers(&mut self) -> Vec<SessionKey> {
+        debug_assert!(
+            self.channels
+                .all
+                .iter()
+                .flat_map(|c| &c.consumers)
+                .all(|key| {
+                    self.sessions
+                        .by_key
+                        .get(key)
+                        .is_none_or(|s| s.connection().is_none())
+                        || self.channels.attached.contains(key)
+                }),
+            "a connected consumer was left out of Channels::attached"
+        );
+        let sessions = &self.sessions.by_key;
+        self.channels.attached.retain(|key| {
+            sessions
+                .get(key)
+                .is_some_and(|s| s.connection().is_some() && !s.consumers.is_empty())
+        });
+        let mut keys: Vec<SessionKey> = self.channels.attached.iter().copied().collect();
+        keys.sort_unstable();
+        keys
     }
 
     /// A channel delivery's exchange ended: the record no longer holds the
@@ -883,6 +906,9 @@ impl BrokerState {
                     consumer.set_start(seek);
                 }
                 session.consumers.push(consumer);
+                if session.connection().is_some() {
+                    self.channels.attached.insert(key);
+                }
                 self.channels.all[channel as usize].consumers.push(key);
             }
         }

@@ -302,6 +302,7 @@ impl BrokerState {
             }
         }
         self.retry_values();
+        self.publish_consumer_lag();
         self.pump_stalled(now);
         self.run_pumps(now);
         self.tick_queues(now);

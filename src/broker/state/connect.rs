@@ -352,6 +352,9 @@ impl BrokerState {
         if let Some(session) = self.sessions.by_key.get_mut(&key) {
             session.set_connecting(None);
             session.set_connection(Some(connection));
+            if !session.consumers.is_empty() {
+                self.channels.attached.insert(key);
+            }
         }
         self.send(connection, ack);
         if replay {

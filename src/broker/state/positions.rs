@@ -96,10 +96,7 @@ impl BrokerState {
         let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
-        let Some((reader, expiry)) = position_holder(session) else {
-            return;
-        };
-        let mut writes = Vec::new();
+        let mut moved = Vec::new();
         for consumer in session.consumers.allocated_mut().into_iter().flatten() {
             if consumer.seek.is_some() || consumer.values_pending {
                 continue;
@@ -109,33 +106,49 @@ impl BrokerState {
             let offset = consumer
                 .position()
                 .min(self.channels.all[consumer.channel as usize].next);
-            if consumer.stored == Some(offset) {
-                continue;
+            if consumer.stored != Some(offset) {
+                moved.push((consumer.channel, offset));
             }
-            consumer.stored = Some(offset);
-            writes.push((
-                consumer.channel,
+        }
+        // Most sessions looked at have no consumer that moved: their
+        // reader's name is made only for one that did.
+        if moved.is_empty() {
+            return;
+        }
+        let Some((reader, expiry)) = position_holder(session) else {
+            return;
+        };
+        for consumer in session.consumers.allocated_mut().into_iter().flatten() {
+            if let Some(&(_, offset)) = moved.iter().find(|(c, _)| *c == consumer.channel) {
+                consumer.stored = Some(offset);
+            }
+        }
+        for (channel, offset) in moved {
+            self.persist.stage(
+                Role::Channel(channel),
                 Write::SavePosition(Position {
                     reader: reader.clone(),
                     offset,
                     saved_at,
                     session_expiry: expiry,
                 }),
-            ));
-        }
-        for (channel, write) in writes {
-            self.persist.stage(Role::Channel(channel), write);
+            );
         }
     }
 
-    /// Stage every changed position (the flush), and publish each channel's
-    /// largest consumer lag.
+    /// Stage every changed position (the flush): a connected consumer's.
+    /// A detached one's were written as it went away; one that a read
+    /// answered after that moved is written once it is back.
     pub(super) fn stage_all_positions(&mut self, now: Instant) {
-        let keys = self.channels.consumer_sessions();
-        for key in keys {
+        for key in self.attached_consumers() {
             self.stage_positions(key, now);
         }
         self.stage_group_positions(now);
+    }
+
+    /// Publish each channel's largest consumer lag (the tick): it looks at
+    /// every consumer, detached ones too, so not at every flush.
+    pub(super) fn publish_consumer_lag(&self) {
         for (i, channel) in self.channels.all.iter().enumerate() {
             let lag = channel
                 .consumers

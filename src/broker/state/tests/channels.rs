@@ -183,6 +183,71 @@ fn a_detached_consumers_place_is_written_again_in_a_clock_stepped_forward() {
     assert_eq!(*after.last().unwrap(), s.receipt_time(later));
 }
 
+/// A flush writes the places of the consumers connected: one that
+/// consumes from its SUBSCRIBE on, and one that comes back to a session
+/// that consumed before. A detached one's place was written as it went.
+#[test]
+fn a_flush_writes_the_places_connected_consumers_moved() {
+    let start = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let places = |store: &FakeStore| -> Vec<u64> {
+        store
+            .writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::SavePosition(p)
+                    if p.reader == crate::storage::contract::Reader::mqtt("reader").unwrap() =>
+                {
+                    Some(p.offset)
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let mut consumer = connect(&mut s, 1, "reader", false, start);
+    let mut publisher = connect(&mut s, 2, "writer", true, start);
+    packets(&mut s, 1, vec![subscribe("telemetry/#", 1)], start);
+    store.commit_all(&mut s, start);
+    consumer.drain();
+    let mut send = |s: &mut BrokerState, store: &mut FakeStore, id: u16| {
+        packets(s, 2, vec![publish("telemetry/a", 1, id)], start);
+        store.commit_all(s, start);
+        publisher.drain();
+    };
+    send(&mut s, &mut store, 1);
+    let acks = acks_of(&consumer.drain());
+    packets(&mut s, 1, acks, start);
+    s.flush(start);
+    store.commit_all(&mut s, start);
+    assert_eq!(
+        places(&store).last(),
+        Some(&2),
+        "past the record it acknowledged"
+    );
+
+    closed(&mut s, 1, start);
+    store.commit_all(&mut s, start);
+    let written = places(&store).len();
+    send(&mut s, &mut store, 2);
+    s.flush(start);
+    store.commit_all(&mut s, start);
+    assert_eq!(
+        places(&store).len(),
+        written,
+        "a detached consumer did not move"
+    );
+
+    let mut back = connect(&mut s, 3, "reader", false, start);
+    store.commit_all(&mut s, start);
+    let acks = acks_of(&back.drain());
+    assert_eq!(acks.len(), 1, "the record sent while it was away");
+    packets(&mut s, 3, acks, start);
+    s.flush(start);
+    store.commit_all(&mut s, start);
+    assert_eq!(places(&store).last(), Some(&3), "written once it is back");
+}
+
 /// `telemetry` holding records 1..=`records`, published by connection 2.
 fn channel_holding(records: u16, now: Instant) -> (BrokerState, FakeStore) {
     let mut s = channel_state(Limits::default(), 1);
