@@ -25,6 +25,8 @@
 //!   wait detached and nobody connects, a sample of them resumed with their
 //!   first message, and on memory the longest snapshot capture (on the
 //!   broker's loop) and write while they were made.
+//!   `SAGUIN_BENCH_SESSIONS_CHANNEL` (set: any value) makes each saguin
+//!   session a durable consumer of an append channel `cmd` instead.
 //! - `commands`: devices each subscribed to its own command topic
 //!   (`cmd/dev-<i>/#`, QoS 1), their subscriptions held by at most 1,000
 //!   connections (the open-file limit keeps each device from being a
@@ -1035,7 +1037,21 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             .map_err(|e| format!("SAGUIN_BENCH_QUEUED={q}: {e}"))?,
         Err(_) => 1,
     };
-    println!("\n## Persistent sessions, {queued} queued QoS 1 message(s) each");
+    // Each session a durable consumer of an append channel `cmd` (its
+    // `cmd/<n>/#` names it) rather than a broadcast subscriber.
+    let consumers = std::env::var_os("SAGUIN_BENCH_SESSIONS_CHANNEL").is_some();
+    let channel = match consumers {
+        true => "channels:\n  - name: cmd\n    kind: append\n    storage: p\n",
+        false => "",
+    };
+    println!(
+        "\n## Persistent sessions, {queued} queued QoS 1 message(s) each{}",
+        if consumers {
+            ", each consuming the append channel `cmd` (Mosquitto: subscribed)"
+        } else {
+            ""
+        }
+    );
     println!(
         "| broker | sessions | restart to first CONNACK | RSS | peak RSS | CPU while idle | sample resumed | graceful stop | longest snapshot capture / write |"
     );
@@ -1062,7 +1078,7 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let config = saguin_config(
                 &data,
                 &format!(
-                    "limits:\n  max_sessions: {}\n  max_queued_messages: {}\nstorage:\n{}broker:\n  session_storage: p\nmetrics:\n  bind: {metrics}\n",
+                    "limits:\n  max_sessions: {}\n  max_queued_messages: {}\nstorage:\n{}broker:\n  session_storage: p\n{channel}metrics:\n  bind: {metrics}\n",
                     n + 100,
                     queued.max(1000),
                     provider_storage(name, &data)

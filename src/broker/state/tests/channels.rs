@@ -139,6 +139,18 @@ fn receipt_times_follow_the_system_clock_forward_and_never_step_back() {
     }
 }
 
+/// The places written for client `client_id`'s consumers, in order.
+fn places_written<'a>(
+    store: &'a FakeStore,
+    client_id: &str,
+) -> impl Iterator<Item = &'a crate::storage::contract::Position> {
+    let reader = crate::storage::contract::Reader::mqtt(client_id).unwrap();
+    store.writes.iter().filter_map(move |w| match w {
+        Write::SavePosition(p) if p.reader == reader => Some(p),
+        _ => None,
+    })
+}
+
 /// A persistent consumer gone away keeps its place in `telemetry`; a clock
 /// stepped forward writes that place again at the next flush, in the new
 /// time, so a restart does not count the step against its expiry.
@@ -155,17 +167,8 @@ fn a_detached_consumers_place_is_written_again_in_a_clock_stepped_forward() {
     s.flush(start);
     store.commit_all(&mut s, start);
     let places = |store: &FakeStore| -> Vec<i64> {
-        store
-            .writes
-            .iter()
-            .filter_map(|w| match w {
-                Write::SavePosition(p)
-                    if p.reader == crate::storage::contract::Reader::mqtt("reader").unwrap() =>
-                {
-                    Some(p.saved_at)
-                }
-                _ => None,
-            })
+        places_written(store, "reader")
+            .map(|p| p.saved_at)
             .collect()
     };
     let before = places(&store).len();
@@ -192,18 +195,7 @@ fn a_flush_writes_the_places_connected_consumers_moved() {
     let mut s = channel_state(Limits::default(), 1);
     let mut store = FakeStore::default();
     let places = |store: &FakeStore| -> Vec<u64> {
-        store
-            .writes
-            .iter()
-            .filter_map(|w| match w {
-                Write::SavePosition(p)
-                    if p.reader == crate::storage::contract::Reader::mqtt("reader").unwrap() =>
-                {
-                    Some(p.offset)
-                }
-                _ => None,
-            })
-            .collect()
+        places_written(store, "reader").map(|p| p.offset).collect()
     };
     let mut consumer = connect(&mut s, 1, "reader", false, start);
     let mut publisher = connect(&mut s, 2, "writer", true, start);

@@ -935,6 +935,30 @@ fn a_session_ends_when_its_expiry_interval_passes_not_before() {
     assert!(!session_present(&c.drain()), "ended once it passed");
 }
 
+/// A clean client on connection 1 subscribed to every Will (`will/#`).
+fn will_watcher(s: &mut BrokerState, store: &mut FakeStore, now: Instant) -> Client {
+    let mut watcher = connect(s, 1, "watcher", true, now);
+    packets(s, 1, vec![subscribe("will/#", 1)], now);
+    store.commit_all(s, now);
+    watcher.drain();
+    watcher
+}
+
+/// A v5 CONNECT of a session that outlives its connection by `expiry`
+/// seconds, with a Will (`will/<id>`, "gone") delayed by `delay`.
+fn with_will(id: &str, expiry: u32, delay: u32) -> ConnectRequest {
+    let mut r = request(id, false, expiry);
+    r.will = Some(WillRequest {
+        topic: ByteStr::from(format!("will/{id}")),
+        payload: Bytes::from_static(b"gone"),
+        qos: 1,
+        retain: false,
+        properties: MessageProperties::default(),
+        delay,
+    });
+    r
+}
+
 /// MQTT 5 3.1.3.2.2: the Will of a session that outlives its connection
 /// is published once the Will Delay Interval has passed, not before; a
 /// reconnect within the delay cancels it.
@@ -943,24 +967,9 @@ fn a_will_waits_for_its_delay_and_a_reconnect_cancels_it() {
     let t0 = Instant::now();
     let mut s = state();
     let mut store = FakeStore::default();
-    let mut watcher = connect(&mut s, 1, "watcher", true, t0);
-    packets(&mut s, 1, vec![subscribe("will/#", 1)], t0);
-    store.commit_all(&mut s, t0);
-    watcher.drain();
-    let with_will = |id: &str, delay: u32| {
-        let mut r = request(id, false, 60);
-        r.will = Some(WillRequest {
-            topic: ByteStr::from(format!("will/{id}")),
-            payload: Bytes::from_static(b"gone"),
-            qos: 1,
-            retain: false,
-            properties: MessageProperties::default(),
-            delay,
-        });
-        r
-    };
-    let _late = connect_as(&mut s, 2, with_will("late", 1), t0);
-    let _never = connect_as(&mut s, 3, with_will("never", 2), t0);
+    let mut watcher = will_watcher(&mut s, &mut store, t0);
+    let _late = connect_as(&mut s, 2, with_will("late", 60, 1), t0);
+    let _never = connect_as(&mut s, 3, with_will("never", 60, 2), t0);
     store.commit_all(&mut s, t0);
     closed(&mut s, 2, t0);
     closed(&mut s, 3, t0);
@@ -1003,20 +1012,8 @@ fn a_session_whose_will_went_at_its_delay_still_ends_at_its_expiry() {
     let t0 = Instant::now();
     let mut s = state();
     let mut store = FakeStore::default();
-    let mut watcher = connect(&mut s, 1, "watcher", true, t0);
-    packets(&mut s, 1, vec![subscribe("will/#", 1)], t0);
-    store.commit_all(&mut s, t0);
-    watcher.drain();
-    let mut r = request("device", false, 5);
-    r.will = Some(WillRequest {
-        topic: ByteStr::from("will/device"),
-        payload: Bytes::from_static(b"gone"),
-        qos: 1,
-        retain: false,
-        properties: MessageProperties::default(),
-        delay: 1,
-    });
-    let _device = connect_as(&mut s, 2, r, t0);
+    let mut watcher = will_watcher(&mut s, &mut store, t0);
+    let _device = connect_as(&mut s, 2, with_will("device", 5, 1), t0);
     store.commit_all(&mut s, t0);
     closed(&mut s, 2, t0);
     store.commit_all(&mut s, t0);
