@@ -208,12 +208,26 @@ impl BrokerState {
                 consumers.len(),
             );
         }
-        for &key in &consumers {
+        // Only a connected consumer is sent anything; a detached one reads
+        // from its place when it is back. Where most consumers are offline
+        // devices, the connected ones are looked at, not every consumer.
+        let attached: Vec<SessionKey>;
+        let keys = if self.channels.attached.len() < consumers.len() {
+            attached = self.channels.attached.iter().copied().collect();
+            &attached
+        } else {
+            &consumers
+        };
+        for &key in keys {
             let Some(index) = self.sessions.consumer_index(key, channel) else {
                 continue;
             };
+            let session = &self.sessions.by_key[&key];
+            if session.connection().is_none() {
+                continue;
+            }
             let caught_up = {
-                let c = &self.sessions.by_key[&key].consumers[index];
+                let c = &session.consumers[index];
                 c.next == record.offset() && !c.reading && c.seek.is_none() && c.gap.is_none()
             };
             if caught_up {
