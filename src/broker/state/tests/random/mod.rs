@@ -590,7 +590,11 @@ impl Run {
                             dup || !peer.unanswered.contains_key(&packet_id),
                             "client {client}: packet id {packet_id} sent again while unanswered"
                         );
-                        if dup || !peer.answered_unread.remove(&packet_id) {
+                        // An answer it sent on this connection before it
+                        // read the delivery may answer a resent one too:
+                        // the broker resends at the CONNACK, and takes the
+                        // answer after.
+                        if !peer.answered_unread.remove(&packet_id) {
                             peer.unanswered.insert(packet_id, qos);
                         }
                         peer.owed.insert(packet_id, qos);
@@ -1476,4 +1480,33 @@ fn a_bridge_back_while_its_hold_is_written_is_answered_once_it_is_stored() {
     }
     run.finish();
     assert_eq!(run.acknowledged, 1);
+}
+
+/// A client that stopped reading connects again and, before it reads
+/// the deliveries resent at the CONNACK, answers one of them: the broker
+/// takes the answer for the resent delivery and fills the window again.
+#[test]
+fn a_resent_delivery_answered_before_it_is_read_frees_its_place_in_the_window() {
+    let mut publish_three = publish(0, 2, 1);
+    if let Op::Publish { times, .. } = &mut publish_three {
+        *times = 3;
+    }
+    drive(
+        Run::new(),
+        true,
+        vec![
+            subscribe(1, 3, 1),
+            publish_three,
+            Op::Settle,
+            Op::Stall { client: 1 },
+            connect(1, false, 1),
+            Op::Settle,
+            Op::Answer {
+                client: 1,
+                kind: 0,
+                packet_id: 1,
+            },
+            publish(0, 2, 1),
+        ],
+    );
 }
