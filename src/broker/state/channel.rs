@@ -87,6 +87,9 @@ pub(super) struct Channels {
     /// connected), the rest are let go when looked at
     /// ([`BrokerState::attached_consumers`]).
     pub attached: IdSet<SessionKey>,
+    /// When the consumer lag gauge is next worked out, where there are
+    /// too many consumers to do it at every tick.
+    pub lag_due: Option<Instant>,
 }
 
 impl Channels {

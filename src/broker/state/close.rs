@@ -302,7 +302,7 @@ impl BrokerState {
             }
         }
         self.retry_values();
-        self.publish_consumer_lag();
+        self.publish_consumer_lag(now);
         self.pump_stalled(now);
         self.run_pumps(now);
         self.tick_queues(now);

@@ -240,6 +240,54 @@ fn a_flush_writes_the_places_connected_consumers_moved() {
     assert_eq!(places(&store).last(), Some(&3), "written once it is back");
 }
 
+/// The lag gauge looks at every consumer: at every tick up to
+/// `LAG_AT_EVERY_TICK` of them, and past that once every `LAG_INTERVAL`.
+#[test]
+fn the_lag_gauge_is_worked_out_less_often_past_many_consumers() {
+    use crate::broker::state::positions::{LAG_AT_EVERY_TICK, LAG_INTERVAL};
+    let lag = |s: &BrokerState| -> String {
+        let text = s.metrics.render();
+        text.lines()
+            .find(|l| l.starts_with("saguin_consumer_lag{channel=\"telemetry\"}"))
+            .map(|l| l.rsplit(' ').next().unwrap_or("").to_owned())
+            .unwrap_or_default()
+    };
+    for consumers in [2, LAG_AT_EVERY_TICK + 1] {
+        let start = Instant::now();
+        let mut s = channel_state(Limits::default(), 1);
+        let mut store = FakeStore::default();
+        let mut publisher = connect(&mut s, 1, "writer", true, start);
+        for i in 0..consumers {
+            let conn = i as u64 + 2;
+            let _ = connect(&mut s, conn, &format!("reader-{i}"), false, start);
+            packets(&mut s, conn, vec![subscribe("telemetry/#", 1)], start);
+            store.commit_all(&mut s, start);
+            closed(&mut s, conn, start);
+        }
+        store.commit_all(&mut s, start);
+        s.tick(start);
+        assert_eq!(lag(&s), "0");
+        // The readers are away: each is one record behind.
+        packets(&mut s, 1, vec![publish("telemetry/a", 1, 1)], start);
+        store.commit_all(&mut s, start);
+        publisher.drain();
+        let soon = start + Duration::from_secs(1);
+        s.tick(soon);
+        let expected = if consumers > LAG_AT_EVERY_TICK {
+            "0"
+        } else {
+            "1"
+        };
+        assert_eq!(lag(&s), expected, "{consumers} consumers, a tick later");
+        s.tick(start + LAG_INTERVAL);
+        assert_eq!(
+            lag(&s),
+            "1",
+            "{consumers} consumers, {LAG_INTERVAL:?} later"
+        );
+    }
+}
+
 /// `telemetry` holding records 1..=`records`, published by connection 2.
 fn channel_holding(records: u16, now: Instant) -> (BrokerState, FakeStore) {
     let mut s = channel_state(Limits::default(), 1);
