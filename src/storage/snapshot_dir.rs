@@ -1252,31 +1252,27 @@ pub fn scan_with(
                 continue;
             }
             let behind = listed.get(name.as_str()).is_some_and(|e| e.behind);
-            if !opts.asks_for(&role) {
+            let outcome = if opts.asks_for(&role) {
+                let read = match sessions_beside.take_if(|_| role == Role::Sessions) {
+                    Some(beside) => beside
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                    None => {
+                        read_f21_file_with(&path, opts, role.expected_kind(), records.reborrow())
+                    }
+                };
+                let outcome = match read {
+                    Ok((header, file)) => FileOutcome::Decoded { header, file },
+                    Err(problem) => FileOutcome::Failed(problem),
+                };
+                if let Records::Into(sink) = &mut records {
+                    sink.file_read(&name, matches!(outcome, FileOutcome::Decoded { .. }));
+                }
+                outcome
+            } else {
                 findings.push(FindingKind::NotConfigured { file: name.clone() });
-                files.push(FileReport {
-                    name,
-                    path,
-                    role,
-                    generation: file_generation,
-                    behind,
-                    outcome: FileOutcome::NotConfigured,
-                });
-                continue;
-            }
-            let read = match sessions_beside.take_if(|_| role == Role::Sessions) {
-                Some(beside) => beside
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                None => read_f21_file_with(&path, opts, role.expected_kind(), records.reborrow()),
+                FileOutcome::NotConfigured
             };
-            let outcome = match read {
-                Ok((header, file)) => FileOutcome::Decoded { header, file },
-                Err(problem) => FileOutcome::Failed(problem),
-            };
-            if let Records::Into(sink) = &mut records {
-                sink.file_read(&name, matches!(outcome, FileOutcome::Decoded { .. }));
-            }
             files.push(FileReport {
                 name,
                 path,

@@ -553,6 +553,8 @@ fn idle_window() -> Duration {
 async fn idle_cpu(pid: u32, window: Duration) -> Result<f64, Error> {
     let cpu_before = cpu_time(pid)?;
     let measured_from = Instant::now();
+    // What is measured is the passing of the window itself, with nothing
+    // asked of the broker: there is no event to wait on.
     tokio::time::sleep(window).await;
     Ok((cpu_time(pid)? - cpu_before).as_secs_f64() / measured_from.elapsed().as_secs_f64())
 }

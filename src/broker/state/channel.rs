@@ -214,12 +214,16 @@ impl BrokerState {
         // Only a connected consumer is sent anything; a detached one reads
         // from its place when it is back. Where most consumers are offline
         // devices, the connected ones are looked at, not every consumer.
-        let attached: Vec<SessionKey>;
-        let keys = if self.channels.attached.len() < consumers.len() {
-            attached = self.channels.attached.iter().copied().collect();
-            &attached
+        // Taken out as `consumers` is: offering makes no consumer and
+        // connects nobody, but were one added meanwhile it is kept.
+        let attached = std::mem::take(&mut self.channels.attached);
+        let (mut among_attached, mut among_all);
+        let keys: &mut dyn Iterator<Item = &SessionKey> = if attached.len() < consumers.len() {
+            among_attached = attached.iter();
+            &mut among_attached
         } else {
-            &consumers
+            among_all = consumers.iter();
+            &mut among_all
         };
         for &key in keys {
             let Some(index) = self.sessions.consumer_index(key, channel) else {
@@ -242,6 +246,8 @@ impl BrokerState {
         // Offering adds and removes no consumer (only subscriptions and
         // sessions ending do, never from here).
         self.channels.all[channel as usize].consumers = consumers;
+        let added = std::mem::replace(&mut self.channels.attached, attached);
+        self.channels.attached.extend(added);
     }
 
     /// Ask `connection`'s writer to say when it has caught up, so a
