@@ -34,7 +34,9 @@
 //!   connections): the time to take every subscription, broker RSS per
 //!   subscription, and 100,000 QoS 1 commands to random devices: the rate
 //!   at which they reach their devices and the broker's CPU a command.
-//!   Mosquitto without persistence.
+//!   Mosquitto without persistence. `SAGUIN_BENCH_COMMANDS_CHANNEL` (set:
+//!   any value) keeps saguin's commands in an append channel `cmd` on a
+//!   memory provider, each holder a durable consumer of its devices.
 //! - `telemetry`: devices each a connection publishing a 64 B QoS 1
 //!   message a second (`SAGUIN_BENCH_TELEMETRY_EVERY` seconds) on its own
 //!   topic, one backend subscribed to them all: the broker's CPU (in all
@@ -1221,15 +1223,29 @@ async fn commands(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         "| broker | devices | subscribe all | RSS per subscription | commands/s | broker CPU a command |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    // The commands kept in an append channel `cmd` on a memory provider,
+    // each holder a durable consumer of its devices' filters, rather than
+    // sent to broadcast subscriptions.
+    let channel = std::env::var_os("SAGUIN_BENCH_COMMANDS_CHANNEL").is_some();
+    if channel {
+        println!("(saguin: `cmd` an append channel on a memory provider; Mosquitto: subscribed)");
+    }
     let baseline = bench_support::baseline()?;
     let dir = tempfile::tempdir()?;
     for &n in sizes {
         for name in rows(&baseline, mosquitto) {
             let data = dir.path().join(format!("{name}-commands-{n}"));
+            let storage = match channel {
+                true => format!(
+                    "storage:\n{}channels:\n  - name: cmd\n    kind: append\n    storage: p\n",
+                    provider_storage("memory", &data)
+                ),
+                false => String::new(),
+            };
             let config = saguin_config(
                 &data,
                 &format!(
-                    "limits:\n  max_connections: {}\n  max_subscriptions_per_session: {}\n",
+                    "limits:\n  max_connections: {}\n  max_subscriptions_per_session: {}\n{storage}",
                     HOLDERS + 100,
                     n.div_ceil(HOLDERS) + 1
                 ),

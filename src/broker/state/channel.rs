@@ -37,6 +37,7 @@ use super::bridges::BridgeHold;
 use super::consumer::{
     first_level, Consumer, ConsumerFilter, Offsets, GAP_PROPERTY, OFFSET_PROPERTY,
 };
+use super::following::Followers;
 use super::ids::{IdMap, IdSet};
 use super::intent::{Role, Write};
 use super::reads::{ChannelRead, ReadWindow, Seek};
@@ -47,7 +48,7 @@ use super::session::{InflightEntry, QueuedMessage, SessionSubscription};
 use super::BrokerState;
 use crate::broker::message::Message;
 use crate::broker::metrics::DropReason;
-use crate::broker::subscriptions::SessionKey;
+use crate::broker::subscriptions::{Match, SessionKey, SubOptions};
 use crate::storage::contract::{LentRecord, Reader, RecordParts};
 use crate::topic;
 use saguin_format::model::{ChannelKind, Record};
@@ -71,6 +72,9 @@ pub(super) struct Channel {
     /// offsets they ask for, `from..until`. A consumer whose `next` lies
     /// in one waits for it instead of reading the same records again.
     pub reads_out: Vec<(u64, u64, u64)>,
+    /// An append channel's consumers by their filters, and those that
+    /// follow its tail ([`super::following`]).
+    pub followers: Followers,
 }
 
 /// The channels served, by index (`Role::Channel`), and what their
@@ -200,17 +204,20 @@ impl BrokerState {
         if state.consumers.is_empty() {
             return;
         }
-        let consumers = std::mem::take(&mut self.channels.all[channel as usize].consumers);
         // Built once for every consumer, and kept with the record among the
         // channel's recent ones for those that take it later.
         let message = Arc::new(self.consumer_message(&record, None, now));
+        let consumers = self.channels.all[channel as usize].consumers.len();
         if self.channels.all[channel as usize].kind == ChannelKind::Append {
             self.channels.all[channel as usize].recent.append(
                 record.clone(),
                 Some(message.clone()),
-                consumers.len(),
+                consumers,
             );
+            self.offer_to_matching(channel, &record, &message, now);
+            return;
         }
+        let consumers = std::mem::take(&mut self.channels.all[channel as usize].consumers);
         // Only a connected consumer is sent anything; a detached one reads
         // from its place when it is back. Where most consumers are offline
         // devices, the connected ones are looked at, not every consumer.
@@ -229,25 +236,72 @@ impl BrokerState {
             let Some(index) = self.sessions.consumer_index(key, channel) else {
                 continue;
             };
-            let session = &self.sessions.by_key[&key];
-            if session.connection().is_none() {
-                continue;
-            }
-            let caught_up = {
-                let c = &session.consumers[index];
-                c.next == record.offset() && !c.reading && c.seek.is_none() && c.gap.is_none()
-            };
-            if caught_up {
-                self.offer(key, index, &record, Some(&message), now);
-            } else {
-                self.pump(key, index, now);
-            }
+            self.offer_committed(key, index, &record, &message, None, now);
         }
         // Offering adds and removes no consumer (only subscriptions and
         // sessions ending do, never from here).
         self.channels.all[channel as usize].consumers = consumers;
         let added = std::mem::replace(&mut self.channels.attached, attached);
         self.channels.attached.extend(added);
+    }
+
+    /// An append channel's record committed: offered to the consumers
+    /// whose filters match it; the others follow the tail without being
+    /// looked at, or catch up when they are next pumped.
+    fn offer_to_matching(
+        &mut self,
+        channel: u16,
+        record: &LentRecord,
+        message: &Arc<Message>,
+        now: Instant,
+    ) {
+        let offset = record.offset();
+        let found = self.channels.all[channel as usize]
+            .followers
+            .matching(record.topic());
+        for matched in found.chunk_by(|a, b| a.session == b.session) {
+            let key = matched[0].session;
+            let Some(index) = self.sessions.consumer_index(key, channel) else {
+                continue;
+            };
+            // Everything before the record matched none of its filters.
+            self.settle_to(key, channel, offset);
+            self.offer_committed(key, index, record, message, Some(matched), now);
+            let consumer = &self.sessions.by_key[&key].consumers[index];
+            if consumer.next > offset {
+                self.follow(key, index);
+            } else {
+                // It still needs the record: it was detached or had no
+                // room, and is pumped when it has.
+                self.channels.all[channel as usize].followers.unfollow(key);
+            }
+        }
+    }
+
+    /// Consumer `index` of `key` is told of a committed record: offered it
+    /// when it is connected and caught up, let catch up when behind.
+    fn offer_committed(
+        &mut self,
+        key: SessionKey,
+        index: usize,
+        record: &LentRecord,
+        message: &Arc<Message>,
+        matched: Option<&[Match]>,
+        now: Instant,
+    ) {
+        let session = &self.sessions.by_key[&key];
+        if session.connection().is_none() {
+            return;
+        }
+        let caught_up = {
+            let c = &session.consumers[index];
+            c.next == record.offset() && !c.reading && c.seek.is_none() && c.gap.is_none()
+        };
+        if caught_up {
+            self.offer(key, index, record, Some(message), matched, now);
+        } else {
+            self.pump(key, index, now);
+        }
     }
 
     /// Ask `connection`'s writer to say when it has caught up, so a
@@ -307,6 +361,7 @@ impl BrokerState {
         index: usize,
         record: &LentRecord,
         prepared: Option<&Arc<Message>>,
+        matched: Option<&[Match]>,
         now: Instant,
     ) -> bool {
         let Some(session) = self.sessions.by_key.get(&key) else {
@@ -316,6 +371,23 @@ impl BrokerState {
             return false;
         };
         let consumer = &session.consumers[index];
+        // The consumer's filters that match the record: as the channel's
+        // index found them, or each matched here.
+        let (mut found, mut scanned);
+        let matching: &mut dyn Iterator<Item = SubOptions> = match matched {
+            Some(matched) => {
+                found = matched.iter().map(|m| m.options);
+                &mut found
+            }
+            None => {
+                scanned = consumer
+                    .filters
+                    .iter()
+                    .filter(|f| f.whole_channel || topic::filter_matches(&f.filter, record.topic()))
+                    .map(ConsumerFilter::options);
+                &mut scanned
+            }
+        };
         let window = self.connections.get(&connection).map_or(0, |c| c.window());
         let window_full = self.queues.window_taken(key, &session.inflight) >= window;
         // Most offers that find no room find a full window: said before
@@ -323,17 +395,18 @@ impl BrokerState {
         // the window (a QoS 0 record, or a QoS 0 subscription, goes
         // outside it). Its acknowledgements make the room and pump it;
         // only a writer that is behind is asked to say when it drained.
-        if window_full && record.qos() > 0 && consumer.filters.iter().all(|f| f.qos > 0) {
+        let all_qos_above_0 = match matched {
+            Some(matched) => matched.iter().all(|m| m.options.qos > 0),
+            None => consumer.filters.iter().all(|f| f.qos > 0),
+        };
+        if window_full && record.qos() > 0 && all_qos_above_0 {
             return false;
         }
-        let mut best: Option<&ConsumerFilter> = None;
+        let mut best: Option<SubOptions> = None;
         let mut subscription_ids = Vec::new();
         // One hop: a bridge is not handed what arrived over a bridge.
         let looped = session.bridge().is_some() && record.bridge().is_some();
-        for f in &consumer.filters {
-            if !f.whole_channel && !topic::filter_matches(&f.filter, record.topic()) {
-                continue;
-            }
+        for f in matching {
             // Every matching subscription's identifier, as MQTT 5 says,
             // those of no-local ones too.
             subscription_ids.extend(f.subscription_id);
@@ -438,6 +511,16 @@ impl BrokerState {
     /// reads, then reads from its `next` when it is still behind,
     /// connected, has room and has no read out.
     fn read_for(&mut self, key: SessionKey, index: usize, now: Instant) {
+        if let Some(consumer) = self
+            .sessions
+            .by_key
+            .get(&key)
+            .and_then(|s| s.consumers.get(index))
+        {
+            let channel = consumer.channel;
+            let through = self.channels.all[channel as usize].next;
+            self.settle_to(key, channel, through);
+        }
         if !self.serve_recent(key, index, now) {
             return;
         }
@@ -500,6 +583,12 @@ impl BrokerState {
         };
         let generation = consumer.generation;
         let append = state.kind == ChannelKind::Append;
+        debug_assert!(
+            !self.channels.all[channel as usize]
+                .followers
+                .is_following(key),
+            "a consumer following the tail reads"
+        );
         // Whichever read answers it, the consumer waits for one from here.
         self.sessions
             .by_key
@@ -575,7 +664,11 @@ impl BrokerState {
             }
             let next = consumer.next;
             let state = &mut self.channels.all[channel];
-            if state.kind != ChannelKind::Append || next >= state.next {
+            if state.kind != ChannelKind::Append {
+                return true;
+            }
+            if next >= state.next {
+                self.follow(key, index);
                 return true;
             }
             let mut run = match state.recent.take_run(next) {
@@ -608,7 +701,7 @@ impl BrokerState {
                 } else {
                     entry.message.as_ref()
                 };
-                if !self.offer(key, index, &entry.record, message, now) {
+                if !self.offer(key, index, &entry.record, message, None, now) {
                     room = false;
                     break;
                 }
@@ -774,7 +867,7 @@ impl BrokerState {
             if record.offset() < next {
                 continue;
             }
-            if !self.offer(key, index, record, None, now) {
+            if !self.offer(key, index, record, None, None, now) {
                 return;
             }
         }
@@ -816,6 +909,19 @@ impl BrokerState {
                         || self.channels.attached.contains(key)
                 }),
             "a connected consumer was left out of Channels::attached"
+        );
+        debug_assert!(
+            self.channels
+                .all
+                .iter()
+                .all(|c| c.consumers.iter().all(|key| {
+                    self.sessions
+                        .by_key
+                        .get(key)
+                        .is_none_or(|s| s.connection().is_none())
+                        || c.followers.is_indexed(*key)
+                })),
+            "a connected consumer's filters were left out of its channel's index"
         );
         let sessions = &self.sessions.by_key;
         self.channels.attached.retain(|key| {
@@ -883,7 +989,18 @@ impl BrokerState {
         let next = self.channels.all[channel as usize].next;
         let generation = self.reads.number();
         let index = self.sessions.consumer_index(key, channel);
+        // Its filters change: it stops following the tail (a new filter
+        // would be owed records it was passed over for), and is pumped
+        // below, to follow it again once caught up.
+        self.leave_following(key, channel);
         let session = self.sessions.by_key.get_mut(&key).expect("known session");
+        let old = index.map(|i| std::mem::take(&mut session.consumers[i].filters));
+        self.channels.all[channel as usize].followers.refiled(
+            key,
+            old.as_deref().unwrap_or_default(),
+            &filters,
+            session.connection().is_some(),
+        );
         match index {
             Some(i) if filters.is_empty() => {
                 session.consumers.remove(i);
@@ -952,6 +1069,7 @@ impl BrokerState {
                 consumers: Vec::new(),
                 recent: Recent::default(),
                 reads_out: Vec::new(),
+                followers: Followers::default(),
             })
             .collect();
         self.queues.restore(&restored, &self.metrics);

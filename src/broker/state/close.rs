@@ -118,6 +118,7 @@ impl BrokerState {
             session.expires_at = Some(now + Duration::from_secs(u64::from(expiry)));
             let stored = session.stored;
             self.sessions.detach(key);
+            self.unindex_consumers(key);
             if stored {
                 // Recorded as detached, with its Will and its place in the log.
                 self.stage_session(key, now);
@@ -167,6 +168,7 @@ impl BrokerState {
         for raw in self.groups.joined_by(key) {
             self.leave_group(key, &raw);
         }
+        self.unindex_consumers(key);
         let Some(mut session) = self.sessions.remove(key) else {
             return;
         };

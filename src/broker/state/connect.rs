@@ -354,6 +354,7 @@ impl BrokerState {
             session.set_connection(Some(connection));
             if !session.consumers.is_empty() {
                 self.channels.attached.insert(key);
+                self.index_consumers(key);
             }
         }
         self.send(connection, ack);

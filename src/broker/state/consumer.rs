@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 
 use super::reads::Seek;
+use crate::broker::subscriptions::SubOptions;
 
 pub use crate::broker::message::OFFSET_PROPERTY;
 /// The user property telling a consumer which offsets retention removed
@@ -27,6 +28,20 @@ pub(super) struct ConsumerFilter {
     pub no_local: bool,
     pub retain_as_published: bool,
     pub subscription_id: Option<u32>,
+}
+
+impl ConsumerFilter {
+    /// What it asks of a record it matches, as the subscription index
+    /// keeps it.
+    pub(super) fn options(&self) -> SubOptions {
+        SubOptions {
+            qos: self.qos,
+            no_local: self.no_local,
+            retain_as_published: self.retain_as_published,
+            retain_handling: 0,
+            subscription_id: self.subscription_id,
+        }
+    }
 }
 
 /// A session's place in one channel.

@@ -274,6 +274,8 @@ impl BrokerState {
             owed.entry(channel).or_default().push(offset);
         }
         for (channel, offsets) in owed {
+            // Its `next` moves back to what it is owed.
+            self.leave_following(key, channel);
             let generation = self.reads.number();
             if let Some(index) = self.sessions.consumer_index(key, channel) {
                 let session = self.sessions.by_key.get_mut(&key).expect("indexed");

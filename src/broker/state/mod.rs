@@ -72,6 +72,7 @@ mod close;
 mod connect;
 mod consumer;
 mod detached;
+mod following;
 mod ids;
 mod intent;
 mod latest;

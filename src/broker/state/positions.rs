@@ -104,6 +104,7 @@ impl BrokerState {
     /// one: a position of a session ending with its connection would be
     /// dropped with it.
     pub(super) fn stage_positions(&mut self, key: SessionKey, now: Instant) {
+        self.settle(key);
         let saved_at = self.receipt_time(now).max(1);
         let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
@@ -173,9 +174,17 @@ impl BrokerState {
             let lag = channel
                 .consumers
                 .iter()
-                .filter_map(|k| self.sessions.by_key.get(k))
-                .filter_map(|s| s.consumers.iter().find(|c| c.channel == i as u16))
-                .map(|c| channel.next.saturating_sub(c.position()))
+                .filter_map(|k| Some((k, self.sessions.by_key.get(k)?)))
+                .filter_map(|(k, s)| {
+                    let c = s.consumers.iter().find(|c| c.channel == i as u16)?;
+                    // One following the tail is at its end, up to what it
+                    // has not acknowledged.
+                    Some(match channel.followers.is_following(*k) {
+                        true => c.unacked.first().unwrap_or(channel.next),
+                        false => c.position(),
+                    })
+                })
+                .map(|position| channel.next.saturating_sub(position))
                 .max()
                 .unwrap_or(0);
             self.metrics.set_consumer_lag(&channel.name, lag);

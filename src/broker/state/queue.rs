@@ -770,9 +770,13 @@ impl BrokerState {
     /// The channel of `channel` has records below `next` the state was
     /// not handed (a dead-letter move): its consumers read them.
     fn channel_advanced(&mut self, channel: u16, next: u64, now: Instant) {
-        let Some(state) = self.channels.all.get_mut(channel as usize) else {
+        if self.channels.all.get(channel as usize).is_none() {
             return;
-        };
+        }
+        // The records below `next` were not offered to those following
+        // the tail: none is moved past them.
+        self.leave_following_all(channel);
+        let state = &mut self.channels.all[channel as usize];
         state.next = state.next.max(next);
         let consumers = state.consumers.clone();
         for key in consumers {

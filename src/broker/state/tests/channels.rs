@@ -896,3 +896,148 @@ fn an_earliest_start_is_stored_as_the_first_offset_until_its_read_finds_it() {
         vec![("mqtt:durable".to_owned(), 4, Some(3600))]
     );
 }
+
+/// A state with one append channel, a publisher on connection 1, and
+/// `send(topic)` publishing a QoS 1 record there and committing it.
+fn publishing_state() -> (BrokerState, FakeStore, Client) {
+    let start = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let publisher = connect(&mut s, 1, "writer", true, start);
+    (s, FakeStore::default(), publisher)
+}
+
+fn send(s: &mut BrokerState, store: &mut FakeStore, publisher: &mut Client, topic: &str) {
+    let now = Instant::now();
+    packets(s, 1, vec![publish(topic, 1, 1)], now);
+    store.commit_all(s, now);
+    let _ = acks_of(&publisher.drain());
+}
+
+/// Records a consumer's filters do not match pass it by without moving
+/// it; one that matches while it is away is sent once it is back, and
+/// its place is written past everything it was passed over for.
+#[test]
+fn a_consumer_passed_over_is_sent_what_matched_it_while_it_was_away() {
+    let start = Instant::now();
+    let (mut s, mut store, mut publisher) = publishing_state();
+    let mut reader = connect(&mut s, 2, "reader", false, start);
+    packets(&mut s, 2, vec![subscribe("telemetry/x", 1)], start);
+    store.commit_all(&mut s, start);
+    reader.drain();
+    send(&mut s, &mut store, &mut publisher, "telemetry/y");
+    send(&mut s, &mut store, &mut publisher, "telemetry/y");
+    assert!(channel_deliveries(&reader.drain()).is_empty());
+
+    closed(&mut s, 2, start);
+    store.commit_all(&mut s, start);
+    assert_eq!(
+        places_written(&store, "reader").last().map(|p| p.offset),
+        Some(3),
+        "written past the records it was passed over for"
+    );
+    send(&mut s, &mut store, &mut publisher, "telemetry/x");
+    send(&mut s, &mut store, &mut publisher, "telemetry/y");
+
+    let mut back = connect(&mut s, 3, "reader", false, start);
+    store.commit_all(&mut s, start);
+    let out = back.drain();
+    assert_eq!(channel_deliveries(&out), vec![(3, None)]);
+    packets(&mut s, 3, acks_of(&out), start);
+    s.flush(start);
+    store.commit_all(&mut s, start);
+    assert_eq!(
+        places_written(&store, "reader").last().map(|p| p.offset),
+        Some(5)
+    );
+}
+
+/// A record matching a consumer whose window is full waits for its room,
+/// whatever came after it that the consumer does not match.
+#[test]
+fn a_record_that_found_a_full_window_is_sent_when_there_is_room() {
+    let start = Instant::now();
+    let (mut s, mut store, mut publisher) = publishing_state();
+    let mut narrow = request("reader", false, 300);
+    narrow.receive_maximum = 1;
+    let mut reader = connect_as(&mut s, 2, narrow, start);
+    packets(&mut s, 2, vec![subscribe("telemetry/x", 1)], start);
+    store.commit_all(&mut s, start);
+    reader.drain();
+    send(&mut s, &mut store, &mut publisher, "telemetry/x");
+    let first = reader.drain();
+    assert_eq!(channel_deliveries(&first), vec![(1, None)]);
+    send(&mut s, &mut store, &mut publisher, "telemetry/x");
+    send(&mut s, &mut store, &mut publisher, "telemetry/y");
+    assert!(channel_deliveries(&reader.drain()).is_empty(), "no room");
+
+    packets(&mut s, 2, acks_of(&first), start);
+    store.commit_all(&mut s, start);
+    assert_eq!(channel_deliveries(&reader.drain()), vec![(2, None)]);
+}
+
+/// A filter added to a consumer starts with the records after it, as a
+/// new consumer does: not with those the consumer was passed over for.
+#[test]
+fn a_filter_added_is_not_sent_what_came_before_it() {
+    let start = Instant::now();
+    let (mut s, mut store, mut publisher) = publishing_state();
+    let mut reader = connect(&mut s, 2, "reader", false, start);
+    packets(&mut s, 2, vec![subscribe("telemetry/x", 1)], start);
+    store.commit_all(&mut s, start);
+    send(&mut s, &mut store, &mut publisher, "telemetry/y");
+    reader.drain();
+
+    packets(&mut s, 2, vec![subscribe("telemetry/y", 1)], start);
+    store.commit_all(&mut s, start);
+    assert!(channel_deliveries(&reader.drain()).is_empty());
+    send(&mut s, &mut store, &mut publisher, "telemetry/y");
+    assert_eq!(channel_deliveries(&reader.drain()), vec![(2, None)]);
+}
+
+/// The channel's index of consumers' filters holds those of its connected
+/// consumers only: an unsubscribed filter leaves it, a detached session's
+/// leave it and come back with its connection, an ended session's go.
+#[test]
+fn the_consumers_filters_are_indexed_while_they_are_connected() {
+    let start = Instant::now();
+    let (mut s, mut store, _publisher) = publishing_state();
+    let filters = |s: &BrokerState| s.channels.all[0].followers.filter_count();
+    let _reader = connect(&mut s, 2, "reader", false, start);
+    packets(
+        &mut s,
+        2,
+        vec![
+            subscribe("telemetry/x", 1),
+            subscribe("telemetry/y", 1),
+            subscribe("a/b", 1),
+        ],
+        start,
+    );
+    store.commit_all(&mut s, start);
+    assert_eq!(filters(&s), 2);
+    packets(
+        &mut s,
+        2,
+        vec![Inbound::Unsubscribe {
+            packet_id: 2,
+            filters: vec!["telemetry/x".into()],
+        }],
+        start,
+    );
+    store.commit_all(&mut s, start);
+    assert_eq!(filters(&s), 1);
+    closed(&mut s, 2, start);
+    store.commit_all(&mut s, start);
+    assert_eq!(filters(&s), 0, "detached");
+    let _back = connect(&mut s, 3, "reader", false, start);
+    store.commit_all(&mut s, start);
+    assert_eq!(filters(&s), 1, "connected again");
+
+    let _other = connect(&mut s, 4, "other", true, start);
+    packets(&mut s, 4, vec![subscribe("telemetry/#", 1)], start);
+    store.commit_all(&mut s, start);
+    assert_eq!(filters(&s), 2);
+    closed(&mut s, 4, start);
+    store.commit_all(&mut s, start);
+    assert_eq!(filters(&s), 1, "the clean session ended");
+}

@@ -1,0 +1,258 @@
+//! Consumers of an append channel that follow its tail: a record committed
+//! is offered to the connected consumers whose filters match it, found in
+//! the channel's index of them, and the rest are not looked at. 50,000
+//! devices each consuming their own commands (`cmd/<id>/#`) cost a record
+//! one walk of the index, not 50,000 looks; offline, they cost the index
+//! nothing (a consumer's filters are in it while its session is connected).
+//!
+//! A consumer passed over keeps its `next` where it was. It is moved on
+//! when it is next looked at, to the channel's next offset ("settled"),
+//! which is right for a consumer in the channel's `following` set. The
+//! set's rule: **every record of the channel from the consumer's `next`
+//! to the channel's next offset was committed while it was in the set,
+//! and matched none of its filters.** What keeps it so:
+//! - a consumer joins only caught up (`next` at the channel's next
+//!   offset, no read out, no seek, no gap to announce), connected and so
+//!   indexed;
+//! - every record committed goes through [`BrokerState::channel_committed`],
+//!   which looks its matching consumers up in the index: one that is a
+//!   member is settled to the record's offset before it is offered the
+//!   record, and leaves the set unless the offer moved it past it (it had
+//!   no room);
+//! - whatever else moves a member's `next` back, adds to its filters or
+//!   takes them out of the index settles it and takes it out first: a new
+//!   subscription or a seek, values owed that were not sent, its session
+//!   detached or ended; records that reach a channel without a commit (a
+//!   dead letter's move) take every member out.
+//!
+//! Settling is a look-up; a member is settled where its `next` is read:
+//! before it catches up, before its position is written, in the lag gauge.
+
+use std::collections::BTreeMap;
+
+use super::consumer::ConsumerFilter;
+use super::ids::IdSet;
+use super::BrokerState;
+use crate::broker::subscriptions::{Match, SessionKey, SubOptions, SubscriptionIndex};
+use saguin_format::model::ChannelKind;
+
+/// A channel's connected consumers by their filters, and those following
+/// its tail. A detached consumer is sent nothing: its filters leave the
+/// index as it goes (and it stops following, settled), so 50,000 offline
+/// devices cost the index nothing.
+#[derive(Debug, Default)]
+pub(super) struct Followers {
+    /// The filters of every consumer in `indexed`.
+    filters: SubscriptionIndex,
+    /// Consumers whose filters are in the index: every connected one.
+    indexed: IdSet<SessionKey>,
+    /// Consumers whose `next` is the channel's next offset as far as any
+    /// record matching their filters goes (the module's rule); all indexed.
+    following: IdSet<SessionKey>,
+}
+
+impl Followers {
+    /// `key`'s filters are now `new`, in place of `old`: those that changed
+    /// leave the index or come in, with what they ask (a consumer holding
+    /// a thousand filters adds one at a time). One not indexed comes in
+    /// whole when `connected`.
+    pub fn refiled(
+        &mut self,
+        key: SessionKey,
+        old: &[ConsumerFilter],
+        new: &[ConsumerFilter],
+        connected: bool,
+    ) {
+        if !self.indexed.contains(&key) {
+            if connected {
+                self.index(key, new);
+            }
+            return;
+        }
+        fn asked(filters: &[ConsumerFilter]) -> BTreeMap<&str, SubOptions> {
+            filters
+                .iter()
+                .map(|f| (f.filter.as_str(), f.options()))
+                .collect()
+        }
+        let (before, after) = (asked(old), asked(new));
+        for (filter, options) in &before {
+            match after.get(filter) {
+                None => {
+                    self.filters.remove(None, filter, key);
+                }
+                Some(now) if now != options => {
+                    self.filters.insert(None, filter, key, *now);
+                }
+                Some(_) => {}
+            }
+        }
+        for (filter, options) in after {
+            if !before.contains_key(filter) {
+                self.filters.insert(None, filter, key, options);
+            }
+        }
+        if new.is_empty() {
+            self.indexed.remove(&key);
+            self.following.remove(&key);
+        }
+    }
+
+    /// `key` is connected: its `filters` come into the index.
+    pub fn index(&mut self, key: SessionKey, filters: &[ConsumerFilter]) {
+        if filters.is_empty() || !self.indexed.insert(key) {
+            return;
+        }
+        for f in filters {
+            self.filters.insert(None, &f.filter, key, f.options());
+        }
+    }
+
+    /// `key` is detached or gone: its `filters` leave the index, and it
+    /// stops following, its `next` left where it is (settle it first).
+    fn unindex(&mut self, key: SessionKey, filters: &[ConsumerFilter]) {
+        self.following.remove(&key);
+        if !self.indexed.remove(&key) {
+            return;
+        }
+        for f in filters {
+            self.filters.remove(None, &f.filter, key);
+        }
+    }
+
+    /// The filters matching `topic`, each consumer's together, in key order.
+    pub fn matching(&mut self, topic: &str) -> Vec<Match> {
+        let mut found = Vec::new();
+        self.filters.matches(topic, &|_| true, &mut found);
+        found.sort_by_key(|m| m.session);
+        found
+    }
+
+    pub fn is_following(&self, key: SessionKey) -> bool {
+        self.following.contains(&key)
+    }
+
+    /// `key` no longer follows the tail, its `next` left where it is.
+    pub fn unfollow(&mut self, key: SessionKey) {
+        self.following.remove(&key);
+    }
+
+    /// Filters indexed, for tests.
+    #[cfg(test)]
+    pub fn filter_count(&self) -> usize {
+        self.filters.len()
+    }
+
+    /// Is `key` indexed? For a debug build's check.
+    pub fn is_indexed(&self, key: SessionKey) -> bool {
+        self.indexed.contains(&key)
+    }
+}
+
+impl BrokerState {
+    /// Consumer `index` of `key` caught up with its channel: it follows the
+    /// tail from here, when it is connected and owes nothing a read must find.
+    pub(super) fn follow(&mut self, key: SessionKey, index: usize) {
+        let Some(session) = self.sessions.by_key.get(&key) else {
+            return;
+        };
+        let Some(consumer) = session.consumers.get(index) else {
+            return;
+        };
+        let state = &mut self.channels.all[consumer.channel as usize];
+        if session.connection().is_some()
+            && state.kind == ChannelKind::Append
+            && consumer.next >= state.next
+            && !consumer.reading
+            && consumer.seek.is_none()
+            && consumer.gap.is_none()
+        {
+            state.followers.following.insert(key);
+        }
+    }
+
+    /// A member's `next` moved to `through` (at most the channel's next
+    /// offset): every record below it matched none of its filters.
+    pub(super) fn settle_to(&mut self, key: SessionKey, channel: u16, through: u64) {
+        if !self.channels.all[channel as usize]
+            .followers
+            .is_following(key)
+        {
+            return;
+        }
+        self.move_up(key, channel, through);
+    }
+
+    /// `key`'s consumer of `channel` looks next at `through`, unless it is
+    /// past it.
+    fn move_up(&mut self, key: SessionKey, channel: u16, through: u64) {
+        if let Some(index) = self.sessions.consumer_index(key, channel) {
+            let consumer = &mut self
+                .sessions
+                .by_key
+                .get_mut(&key)
+                .expect("indexed")
+                .consumers[index];
+            consumer.next = consumer.next.max(through);
+        }
+    }
+
+    /// Every consumer of `key` that follows its channel's tail, settled.
+    pub(super) fn settle(&mut self, key: SessionKey) {
+        let Some(session) = self.sessions.by_key.get_mut(&key) else {
+            return;
+        };
+        for consumer in session.consumers.allocated_mut().into_iter().flatten() {
+            let state = &self.channels.all[consumer.channel as usize];
+            if state.followers.is_following(key) {
+                consumer.next = consumer.next.max(state.next);
+            }
+        }
+    }
+
+    /// `key` stops following `channel`'s tail, settled first: what comes
+    /// next moves its `next` some other way.
+    pub(super) fn leave_following(&mut self, key: SessionKey, channel: u16) {
+        let through = self.channels.all[channel as usize].next;
+        self.settle_to(key, channel, through);
+        self.channels.all[channel as usize].followers.unfollow(key);
+    }
+
+    /// Session `key` is connected: its consumers' filters come into their
+    /// channels' indexes.
+    pub(super) fn index_consumers(&mut self, key: SessionKey) {
+        let Some(session) = self.sessions.by_key.get(&key) else {
+            return;
+        };
+        for consumer in session.consumers.iter() {
+            self.channels.all[consumer.channel as usize]
+                .followers
+                .index(key, &consumer.filters);
+        }
+    }
+
+    /// Session `key` is detached or ends: its consumers leave the tails they
+    /// follow, settled (a detached one's place is written as it goes, a
+    /// bridge's kept at its end), and their filters leave the indexes.
+    pub(super) fn unindex_consumers(&mut self, key: SessionKey) {
+        self.settle(key);
+        let Some(session) = self.sessions.by_key.get(&key) else {
+            return;
+        };
+        for consumer in session.consumers.iter() {
+            self.channels.all[consumer.channel as usize]
+                .followers
+                .unindex(key, &consumer.filters);
+        }
+    }
+
+    /// Records reached `channel` other than by a commit: no member may be
+    /// moved past them, so every one is settled where it stands and leaves.
+    pub(super) fn leave_following_all(&mut self, channel: u16) {
+        let members = std::mem::take(&mut self.channels.all[channel as usize].followers.following);
+        let through = self.channels.all[channel as usize].next;
+        for key in members {
+            self.move_up(key, channel, through);
+        }
+    }
+}
