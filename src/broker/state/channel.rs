@@ -94,6 +94,9 @@ pub(super) struct Channels {
     /// When the consumer lag gauge is next worked out, where there are
     /// too many consumers to do it at every tick.
     pub lag_due: Option<Instant>,
+    /// When the flush next writes the places of consumers moved only over
+    /// records they do not match ([`super::positions::PASSED_OVER_INTERVAL`]).
+    pub passed_over_due: Option<Instant>,
 }
 
 impl Channels {

@@ -1041,3 +1041,40 @@ fn the_consumers_filters_are_indexed_while_they_are_connected() {
     store.commit_all(&mut s, start);
     assert_eq!(filters(&s), 1, "the clean session ended");
 }
+
+/// A connected consumer's place moved only over records it does not match
+/// is written once every `PASSED_OVER_INTERVAL`; moved by what it was sent
+/// and acknowledged, at the next flush.
+#[test]
+fn a_place_moved_only_past_records_not_matched_is_written_less_often() {
+    use crate::broker::state::positions::PASSED_OVER_INTERVAL;
+    let start = Instant::now();
+    let (mut s, mut store, mut publisher) = publishing_state();
+    let places = |store: &FakeStore| -> Vec<u64> {
+        places_written(store, "reader").map(|p| p.offset).collect()
+    };
+    let mut reader = connect(&mut s, 2, "reader", false, start);
+    packets(&mut s, 2, vec![subscribe("telemetry/x", 1)], start);
+    s.flush(start);
+    store.commit_all(&mut s, start);
+    assert_eq!(places(&store), vec![1], "its start");
+
+    send(&mut s, &mut store, &mut publisher, "telemetry/y");
+    send(&mut s, &mut store, &mut publisher, "telemetry/y");
+    let soon = start + Duration::from_secs(1);
+    s.flush(soon);
+    store.commit_all(&mut s, soon);
+    assert_eq!(places(&store), vec![1], "passed over only");
+    let later = start + PASSED_OVER_INTERVAL;
+    s.flush(later);
+    store.commit_all(&mut s, later);
+    assert_eq!(places(&store), vec![1, 3]);
+
+    send(&mut s, &mut store, &mut publisher, "telemetry/x");
+    let out = reader.drain();
+    assert_eq!(channel_deliveries(&out), vec![(3, None)]);
+    packets(&mut s, 2, acks_of(&out), later);
+    s.flush(later);
+    store.commit_all(&mut s, later);
+    assert_eq!(places(&store), vec![1, 3, 4], "past what it acknowledged");
+}
