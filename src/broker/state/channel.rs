@@ -210,13 +210,12 @@ impl BrokerState {
         // Built once for every consumer, and kept with the record among the
         // channel's recent ones for those that take it later.
         let message = Arc::new(self.consumer_message(&record, None, now));
-        let consumers = self.channels.all[channel as usize].consumers.len();
-        if self.channels.all[channel as usize].kind == ChannelKind::Append {
-            self.channels.all[channel as usize].recent.append(
-                record.clone(),
-                Some(message.clone()),
-                consumers,
-            );
+        let state = &mut self.channels.all[channel as usize];
+        if state.kind == ChannelKind::Append {
+            let consumer_count = state.consumers.len();
+            state
+                .recent
+                .append(record.clone(), Some(message.clone()), consumer_count);
             self.offer_to_matching(channel, &record, &message, now);
             return;
         }

@@ -186,13 +186,7 @@ impl BrokerState {
     /// `key`'s consumer of `channel` looks next at `through`, unless it is
     /// past it.
     fn move_up(&mut self, key: SessionKey, channel: u16, through: u64) {
-        if let Some(index) = self.sessions.consumer_index(key, channel) {
-            let consumer = &mut self
-                .sessions
-                .by_key
-                .get_mut(&key)
-                .expect("indexed")
-                .consumers[index];
+        if let Some(consumer) = self.sessions.consumer_mut(key, channel) {
             consumer.next = consumer.next.max(through);
         }
     }

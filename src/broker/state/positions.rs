@@ -122,35 +122,23 @@ impl BrokerState {
     /// the places of consumers following their channel's tail that moved
     /// only over records matching none of their filters.
     fn stage_positions_passed_over(&mut self, key: SessionKey, now: Instant, passed_over: bool) {
-        let mut unwritten = Vec::new();
-        if !passed_over {
-            if let Some(session) = self.sessions.by_key.get(&key) {
-                unwritten.extend(
-                    session
-                        .consumers
-                        .iter()
-                        .filter(|c| {
-                            self.channels.all[c.channel as usize]
-                                .followers
-                                .is_following(key)
-                                && c.stored == Some(c.position())
-                        })
-                        .map(|c| c.channel),
-                );
-            }
-        }
-        self.settle(key);
         let saved_at = self.receipt_time(now).max(1);
         let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
         let mut moved = Vec::new();
         for consumer in session.consumers.allocated_mut().into_iter().flatten() {
-            if consumer.seek.is_some()
-                || consumer.values_pending
-                || unwritten.contains(&consumer.channel)
-            {
+            if consumer.seek.is_some() || consumer.values_pending {
                 continue;
+            }
+            let state = &self.channels.all[consumer.channel as usize];
+            if state.followers.is_following(key) {
+                // Still where it was written: moved only past records it
+                // does not match, which settling it passes.
+                if !passed_over && consumer.stored == Some(consumer.position()) {
+                    continue;
+                }
+                consumer.next = consumer.next.max(state.next);
             }
             // A consumer told to start past the end waits there; what is
             // stored is never past the channel's next offset.

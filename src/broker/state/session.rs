@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
-use super::consumer::ConsumerStart;
+use super::consumer::{Consumer, ConsumerStart};
 use super::detached::Detached;
 use super::ids::{IdMap, IdSet};
 use crate::broker::lazy::{empty, Lazy};
@@ -752,6 +752,15 @@ impl Sessions {
             .consumers
             .iter()
             .position(|c| c.channel == channel)
+    }
+
+    /// Session `key`'s consumer of `channel`, if it consumes it.
+    pub(super) fn consumer_mut(&mut self, key: SessionKey, channel: u16) -> Option<&mut Consumer> {
+        self.by_key
+            .get_mut(&key)?
+            .consumers
+            .iter_mut()
+            .find(|c| c.channel == channel)
     }
 
     /// Persistent sessions the provider holds (or is about to).
