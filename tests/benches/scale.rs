@@ -43,6 +43,17 @@
 //!   and a message), RSS per device and the devices' PUBACK latency,
 //!   measured over 10 s (or ten intervals) after a warm-up as long.
 //!   Capped below the open-file limit as the idle curve is.
+//! - `following`: devices each a persistent connection consuming its own
+//!   commands (`cmd/dev-<i>/#`, QoS 1) from an append channel `cmd`, on a
+//!   memory provider with a snapshot directory and on sqlite, while a
+//!   publisher sends records to it (`SAGUIN_BENCH_FOLLOWING_RATE` a
+//!   second, 1,000 by default), one in ten to a random connected device
+//!   and the rest to devices not connected: the broker's CPU (in all and
+//!   a record) and RSS per device, measured over 10 s after a warm-up as
+//!   long; every record sent to a device must reach it. What thousands of
+//!   connected consumers cost while the records pass them over. Mosquitto
+//!   with persistent sessions subscribed, persistence on. Capped below the
+//!   open-file limit as the idle curve is.
 //! - `payloads`: one QoS 1 publisher to one QoS 1 subscriber with payloads
 //!   of 64 B to 256 KiB (the sizes are payload bytes): messages and MiB a
 //!   second, the broker's CPU a message and a MiB, and the peak RSS the
@@ -91,11 +102,12 @@
 //! replaces the sizes of the curves picked; `SAGUIN_BENCH_ROWS`
 //! (comma-separated row names, default all) picks the brokers of the idle,
 //! retained, commands, payloads, wills and stalled curves and the
-//! providers of the append, jobs and latest curves;
+//! providers of the append, following, jobs and latest curves (`mosquitto`
+//! the following curve's peer);
 //! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose rows
 //! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
 //! retained, `saguin-before-memory` and `saguin-before-sqlite` sessions,
-//! `memory-before` append,
+//! `memory-before` append and following, `sqlite-before` following,
 //! `saguin-before` commands and stalled, `memory-before` and
 //! `sqlite-before` jobs and latest) run beside this build's in the same run (the idle curve's two
 //! builds take turns going first, size by size);
@@ -186,6 +198,9 @@ async fn run() -> Result<(), Error> {
     }
     if wanted("telemetry") {
         telemetry(&sizes(&[1_000, 5_000, 10_000, 50_000]), mosquitto).await?;
+    }
+    if wanted("following") {
+        following(&sizes(&[1_000, 5_000, 10_000, 50_000]), mosquitto).await?;
     }
     if wanted("payloads") {
         payloads(&sizes(&[64, 1_024, 16_384, 262_144]), mosquitto).await?;
@@ -1593,6 +1608,294 @@ async fn run_telemetry(
         cpu,
         puback_p50: at(0.50),
         puback_p99: at(0.99),
+    })
+}
+
+// ---------------------------------------------------------------- following
+
+/// Records a second the following curve's publisher sends
+/// (`SAGUIN_BENCH_FOLLOWING_RATE`, 1,000 by default).
+fn following_rate() -> Result<u64, Error> {
+    match std::env::var("SAGUIN_BENCH_FOLLOWING_RATE") {
+        Ok(rate) => Ok(rate
+            .parse()
+            .map_err(|e| format!("SAGUIN_BENCH_FOLLOWING_RATE={rate}: {e}"))?),
+        Err(_) => Ok(1_000),
+    }
+}
+
+/// One record in this many goes to a connected device; the others to
+/// devices that are not connected (no consumer matches them).
+const FOLLOWING_TO_A_DEVICE: u64 = 10;
+
+async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
+    raise_open_file_limit();
+    let limit = open_file_limit();
+    // Each device is a descriptor in the broker and one here.
+    let cap = limit.saturating_sub(1_000) as usize;
+    let rate = following_rate()?;
+    println!(
+        "\n## Devices following a channel (each device a persistent MQTT 3.1.1 connection, keep \
+         alive 60 s, consuming cmd/dev-<i>/# of an append channel `cmd` at QoS 1; a publisher \
+         sends {rate} QoS 1 records of 64 B a second, one in {FOLLOWING_TO_A_DEVICE} to a random \
+         connected device, the others to devices not connected; measured over \
+         {TELEMETRY_WINDOW:?} after a warm-up as long. Mosquitto: persistent sessions subscribed \
+         at QoS 1, persistence on)"
+    );
+    let mut sizes: Vec<usize> = sizes.iter().map(|&n| n.min(cap)).collect();
+    sizes.dedup();
+    if sizes.contains(&cap) {
+        println!("capped at {cap}: the open-file limit is {limit}");
+    }
+    println!(
+        "| broker | devices | connect and subscribe all | RSS per device | records/s | broker CPU | broker CPU a record | delivered |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let baseline = bench_support::baseline()?;
+    let mut brokers = provider_rows(&baseline);
+    if mosquitto && row_wanted("mosquitto") {
+        brokers.push("mosquitto");
+    }
+    let dir = tempfile::tempdir()?;
+    for &n in &sizes {
+        for &name in &brokers {
+            let data = dir.path().join(format!("{name}-following-{n}"));
+            let config = saguin_config(
+                &data,
+                &format!(
+                    "limits:\n  max_connections: {}\n  max_sessions: {}\nstorage:\n{}broker:\n  \
+                     session_storage: p\nchannels:\n  - name: cmd\n    kind: append\n    storage: p\n",
+                    n + 100,
+                    n + 100,
+                    provider_storage(name, &data)
+                ),
+            )?;
+            let which = match name {
+                "mosquitto" => Which::Mosquitto {
+                    extra: "persistence true\nmax_connections -1\nset_tcp_nodelay true\n",
+                },
+                _ => Which::Saguin {
+                    config: &config,
+                    bin: provider_bin(name, &baseline),
+                },
+            };
+            let broker = launch(&which, &data).await?;
+            let pid = pid_of(&broker)?;
+            let before = rss(pid)?;
+            let began = Instant::now();
+            let devices = connect_following(broker.addr, n).await?;
+            let connected_in = began.elapsed();
+            let resident = rss(pid)?;
+            let row = run_following(broker.addr, pid, devices, rate).await?;
+            stop(broker).await?;
+            println!(
+                "| {name} | {n} | {} | {:.0} B | {:.0} | {:.1} ms a second | {:.1} µs | {} of {} |",
+                ms(connected_in),
+                resident.saturating_sub(before) as f64 / n as f64,
+                row.records as f64 / TELEMETRY_WINDOW.as_secs_f64(),
+                row.cpu.as_secs_f64() * 1e3 / TELEMETRY_WINDOW.as_secs_f64(),
+                row.cpu.as_secs_f64() * 1e6 / row.records.max(1) as f64,
+                row.delivered,
+                row.to_devices,
+            );
+            std::fs::remove_dir_all(&data)?;
+        }
+    }
+    Ok(())
+}
+
+/// `n` persistent sessions `dev-<i>` (keep alive 60 s), 64 connecting at
+/// a time, each consuming [`command_filter`]`(i)` at QoS 1 (its SUBACK
+/// read); device `i` is the `i`th.
+async fn connect_following(addr: SocketAddr, n: usize) -> Result<Vec<Conn>, Error> {
+    const CONNECTORS: usize = 64;
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTORS.min(n) {
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            for i in (c..n).step_by(CONNECTORS) {
+                let (mut conn, _) =
+                    Conn::connect_with(addr, &format!("dev-{i}"), false, 60, V).await?;
+                subscribe_acked(
+                    &mut conn,
+                    &command_filter(i),
+                    QoS::AtLeastOnce,
+                    &format!("dev-{i}"),
+                )
+                .await?;
+                mine.push((i, conn));
+            }
+            Ok::<_, Error>(mine)
+        }));
+    }
+    let mut all = Vec::with_capacity(n);
+    for task in tasks {
+        all.extend(task.await??);
+    }
+    all.sort_unstable_by_key(|(i, _)| *i);
+    Ok(all.into_iter().map(|(_, conn)| conn).collect())
+}
+
+struct FollowingRow {
+    /// Records published (and acknowledged) in the window.
+    records: u64,
+    /// The broker's CPU time in the window.
+    cpu: Duration,
+    /// Records sent to connected devices over the whole run, and how
+    /// many of them the devices received.
+    to_devices: u64,
+    delivered: u64,
+}
+
+/// Has each of `devices` acknowledge what it is sent while a publisher
+/// sends `rate` records a second (paced every 10 ms), and measures the
+/// broker `pid`'s CPU over [`TELEMETRY_WINDOW`] after a warm-up as long.
+/// Every record sent to a device must reach it: a short count fails.
+async fn run_following(
+    addr: SocketAddr,
+    pid: u32,
+    devices: Vec<Conn>,
+    rate: u64,
+) -> Result<FollowingRow, Error> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let n = devices.len();
+    let delivered = Arc::new(AtomicU64::new(0));
+    let mut readers = Vec::with_capacity(n);
+    for (i, mut device) in devices.into_iter().enumerate() {
+        let delivered = delivered.clone();
+        let topic = format!("cmd/dev-{i}/");
+        let reader: tokio::task::JoinHandle<Result<(), Error>> = tokio::spawn(async move {
+            let who = format!("dev-{i}");
+            loop {
+                let got = acknowledge_messages(&mut device, &who, |p| {
+                    p.topic.starts_with(topic.as_str())
+                })
+                .await?;
+                delivered.fetch_add(got as u64, Ordering::Relaxed);
+            }
+        });
+        readers.push(reader);
+    }
+
+    let (publisher, _) = Conn::connect(addr, "following-publisher", true).await?;
+    let (mut acks, mut out) = publisher.into_split();
+    let acked = Arc::new(AtomicU64::new(0));
+    let ack_reader: tokio::task::JoinHandle<Result<(), Error>> = {
+        let acked = acked.clone();
+        tokio::spawn(async move {
+            loop {
+                match acks.next().await? {
+                    Packet::PubAck(ack) if !ack.reason.is_error() => {
+                        acked.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => {
+                        return Err(format!("publisher: expected PUBACK, got {other:?}").into())
+                    }
+                }
+            }
+        })
+    };
+    let stopping = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    // Gives its write half back: dropped, it would end the connection
+    // before every acknowledgement is read.
+    let writer: tokio::task::JoinHandle<Result<_, Error>> = {
+        let (stopping, sent) = (stopping.clone(), sent.clone());
+        tokio::spawn(async move {
+            let targets = std::iter::repeat_with({
+                let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+                move || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state
+                }
+            });
+            let mut targets = targets.map(|r| (r % n as u64) as usize);
+            let began = tokio::time::Instant::now();
+            let mut ticks = tokio::time::interval(Duration::from_millis(10));
+            let (mut written, mut to_devices) = (0u64, 0u64);
+            while !stopping.load(Ordering::Relaxed) {
+                ticks.tick().await;
+                let due = (began.elapsed().as_secs_f64() * rate as f64) as u64;
+                let mut buf = BytesMut::new();
+                while written < due {
+                    let topic = if written % FOLLOWING_TO_A_DEVICE == 0 {
+                        to_devices += 1;
+                        command_topic(targets.next().unwrap_or(0))
+                    } else {
+                        format!("cmd/away-{}/set", written % 1_000)
+                    };
+                    codec::encode(
+                        &Packet::Publish(Publish {
+                            dup: false,
+                            qos: QoS::AtLeastOnce,
+                            retain: false,
+                            topic: topic.into(),
+                            packet_id: (written % u64::from(u16::MAX)) as u16 + 1,
+                            properties: PublishProperties::default(),
+                            payload: Bytes::from_static(&PAYLOAD),
+                        }),
+                        V,
+                        &mut buf,
+                    )?;
+                    written += 1;
+                }
+                out.write_all(&buf).await?;
+                sent.store(written, Ordering::Relaxed);
+            }
+            Ok((to_devices, out))
+        })
+    };
+
+    let measure_from = tokio::time::Instant::now() + TELEMETRY_WINDOW;
+    tokio::time::sleep_until(measure_from).await;
+    let cpu_before = cpu_time(pid)?;
+    let acked_before = acked.load(Ordering::Relaxed);
+    tokio::time::sleep_until(measure_from + TELEMETRY_WINDOW).await;
+    let cpu = cpu_time(pid)? - cpu_before;
+    let records = acked.load(Ordering::Relaxed) - acked_before;
+    stopping.store(true, Ordering::Relaxed);
+    let (to_devices, _publishing) =
+        tokio::time::timeout(Duration::from_secs(60), writer).await???;
+    let total = sent.load(Ordering::Relaxed);
+
+    // Everything sent is acknowledged, and every record sent to a device
+    // reaches it, within a minute; polled, as the counts are the only
+    // word of either.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acked.load(Ordering::Relaxed) < total || delivered.load(Ordering::Relaxed) < to_devices {
+        if let Some(i) = readers.iter().position(|r| r.is_finished()) {
+            return Err(format!("dev-{i}: {:?}", readers.swap_remove(i).await?).into());
+        }
+        if ack_reader.is_finished() {
+            return Err(format!("publisher: {:?}", ack_reader.await?).into());
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let delivered = delivered.load(Ordering::Relaxed);
+    for reader in readers {
+        reader.abort();
+    }
+    ack_reader.abort();
+    let acked = acked.load(Ordering::Relaxed);
+    if acked < total || delivered < to_devices {
+        return Err(format!(
+            "after a minute {acked} of {total} records acknowledged, {delivered} of the \
+             {to_devices} sent to devices delivered"
+        )
+        .into());
+    }
+    Ok(FollowingRow {
+        records,
+        cpu,
+        to_devices,
+        delivered,
     })
 }
 

@@ -519,9 +519,17 @@ impl BrokerState {
             .get(&key)
             .and_then(|s| s.consumers.get(index))
         {
-            let channel = consumer.channel;
-            let through = self.channels.all[channel as usize].next;
-            self.settle_to(key, channel, through);
+            // One following its channel's tail has nothing to read: every
+            // record from its `next` on matched none of its filters. Left
+            // unsettled, its place is written with the others passed over
+            // (the tick pumps every connected consumer: settled here, each
+            // would be written at every flush after a tick).
+            if self.channels.all[consumer.channel as usize]
+                .followers
+                .is_following(key)
+            {
+                return;
+            }
         }
         if !self.serve_recent(key, index, now) {
             return;
