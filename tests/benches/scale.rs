@@ -49,11 +49,14 @@
 //!   publisher sends records to it (`SAGUIN_BENCH_FOLLOWING_RATE` a
 //!   second, 1,000 by default), one in ten to a random connected device
 //!   and the rest to devices not connected: the broker's CPU (in all and
-//!   a record) and RSS per device, measured over 10 s after a warm-up as
-//!   long; every record sent to a device must reach it. What thousands of
-//!   connected consumers cost while the records pass them over. Mosquitto
-//!   with persistent sessions subscribed, persistence on. Capped below the
-//!   open-file limit as the idle curve is.
+//!   a record), measured over 10 s after a warm-up as long, and RSS per
+//!   device once connected and once saguin has parked them all; every
+//!   record sent to a device must reach it. What thousands of connected
+//!   consumers cost while the records pass them over. Mosquitto with
+//!   persistent sessions subscribed, persistence on.
+//!   `SAGUIN_BENCH_FOLLOWING_BROADCAST` (set: any value) has saguin's
+//!   sessions subscribe with no channel, as Mosquitto's do. Capped below
+//!   the open-file limit as the idle curve is.
 //! - `payloads`: one QoS 1 publisher to one QoS 1 subscriber with payloads
 //!   of 64 B to 256 KiB (the sizes are payload bytes): messages and MiB a
 //!   second, the broker's CPU a message and a MiB, and the peak RSS the
@@ -652,21 +655,10 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             // saguin parks a quiet client's connection after 10 s (half
             // its keep alive, at most 10 s): the row is measured once all
             // are. A build without the gauge parks nothing.
-            let mut parked = None;
-            if matches!(which, Which::Saguin { .. }) {
-                let deadline = Instant::now() + Duration::from_secs(120);
-                loop {
-                    parked = parked_count(metrics_port).await;
-                    if parked.is_none_or(|p| p >= n as u64) || Instant::now() > deadline {
-                        break;
-                    }
-                    // The gauge is the only word of a park the broker
-                    // gives (it logs none and pushes nothing): asked
-                    // four times a second, far below the idle CPU the
-                    // row measures after.
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-            }
+            let parked = match which {
+                Which::Saguin { .. } => all_parked(metrics_port, n).await,
+                Which::Mosquitto { .. } => None,
+            };
             let cpu = idle_cpu(pid, window).await?;
             let after = rss(pid)?;
             let private_after = private_rss(pid)?;
@@ -704,6 +696,25 @@ async fn parked_count(port: u16) -> Option<u64> {
     body.lines()
         .find_map(|l| l.strip_prefix("saguin_connections_parked "))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// Waits (at most two minutes) until saguin, whose metrics listen on
+/// `port`, has parked `n` connections: a quiet client's connection is
+/// parked after 10 s (half its keep alive, at most 10 s). Returns the
+/// last count read; `None` for a build without the gauge (it parks
+/// nothing).
+async fn all_parked(port: u16, n: usize) -> Option<u64> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let parked = parked_count(port).await;
+        if parked.is_none_or(|p| p >= n as u64) || Instant::now() > deadline {
+            return parked;
+        }
+        // The gauge is the only word of a park the broker gives (it logs
+        // none and pushes nothing): asked four times a second, far below
+        // the CPU a row measures after.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// `n` connections, 64 connecting at a time; all still open, each
@@ -1648,9 +1659,18 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         println!("capped at {cap}: the open-file limit is {limit}");
     }
     println!(
-        "| broker | devices | connect and subscribe all | RSS per device | records/s | broker CPU | broker CPU a record | delivered |"
+        "| broker | devices | connect and subscribe all | RSS per device, served | parked | RSS per device, parked | records/s | broker CPU | broker CPU a record | delivered |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    // The devices' sessions subscribed to broadcast topics rather than
+    // consuming a channel: what the channel adds to each.
+    let channel = match std::env::var_os("SAGUIN_BENCH_FOLLOWING_BROADCAST") {
+        Some(_) => {
+            println!("(saguin: no channel, the records broadcast to persistent sessions)");
+            ""
+        }
+        None => "channels:\n  - name: cmd\n    kind: append\n    storage: p\n",
+    };
     let baseline = bench_support::baseline()?;
     let mut brokers = provider_rows(&baseline);
     if mosquitto && row_wanted("mosquitto") {
@@ -1660,14 +1680,16 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     for &n in &sizes {
         for &name in &brokers {
             let data = dir.path().join(format!("{name}-following-{n}"));
+            let metrics_port = bench_support::free_port()?;
             let config = saguin_config(
                 &data,
                 &format!(
                     "limits:\n  max_connections: {}\n  max_sessions: {}\nstorage:\n{}broker:\n  \
-                     session_storage: p\nchannels:\n  - name: cmd\n    kind: append\n    storage: p\n",
+                     session_storage: p\nmetrics:\n  bind: 127.0.0.1:{metrics_port}\n{}",
                     n + 100,
                     n + 100,
-                    provider_storage(name, &data)
+                    provider_storage(name, &data),
+                    channel
                 ),
             )?;
             let which = match name {
@@ -1685,12 +1707,21 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             let began = Instant::now();
             let devices = connect_following(broker.addr, n).await?;
             let connected_in = began.elapsed();
+            let served = rss(pid)?;
+            // A site's devices are quiet most of the time: each is
+            // measured once saguin has parked them all.
+            let parked = match which {
+                Which::Saguin { .. } => all_parked(metrics_port, n).await,
+                Which::Mosquitto { .. } => None,
+            };
             let resident = rss(pid)?;
             let row = run_following(broker.addr, pid, devices, rate).await?;
             stop(broker).await?;
             println!(
-                "| {name} | {n} | {} | {:.0} B | {:.0} | {:.1} ms a second | {:.1} µs | {} of {} |",
+                "| {name} | {n} | {} | {:.0} B | {} | {:.0} B | {:.0} | {:.1} ms a second | {:.1} µs | {} of {} |",
                 ms(connected_in),
+                served.saturating_sub(before) as f64 / n as f64,
+                parked.map_or("-".to_owned(), |p| p.to_string()),
                 resident.saturating_sub(before) as f64 / n as f64,
                 row.records as f64 / TELEMETRY_WINDOW.as_secs_f64(),
                 row.cpu.as_secs_f64() * 1e3 / TELEMETRY_WINDOW.as_secs_f64(),
