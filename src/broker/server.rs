@@ -788,6 +788,7 @@ pub async fn prepare(
     // How far the clock starts ahead of the system clock, in the metrics
     // from the first scrape.
     state.follow_wall_clock(now, wall);
+    state.name_channels(channels.iter().map(|c| c.name.clone()));
     // Read and rebuilt off the runtime's threads, the retained messages
     // one at a time into the state.
     let (state, summary) = {

@@ -399,7 +399,11 @@ async fn launch(which: &Which<'_>, dir: &Path) -> Result<Broker, Error> {
         Which::Saguin { config, bin } => {
             let began = Instant::now();
             let mut broker = start_binary(bin, config, &[("RUST_LOG", SNAPSHOT_LOG)]).await?;
-            first_connack(broker.addr, Duration::from_secs(300)).await?;
+            if let Err(e) = first_connack(broker.addr, Duration::from_secs(300)).await {
+                // Whether it went away after naming its listener, and how.
+                let exited = broker.child.try_wait()?;
+                return Err(format!("{e} (the broker's process: {exited:?})").into());
+            }
             broker.started_in = began.elapsed();
             Ok(broker)
         }

@@ -82,6 +82,10 @@ pub(super) struct Channel {
 #[derive(Debug, Default)]
 pub(super) struct Channels {
     pub all: Vec<Channel>,
+    /// The channels' names, by index: known before they are restored, so
+    /// that a restored session's subscriptions within a channel are told
+    /// from broadcast ones ([`BrokerState::name_channels`]).
+    pub names: Vec<Arc<str>>,
     /// Consumers' reads out, by ticket.
     pub consumer_reads: IdMap<u64, ConsumerRead>,
     /// Consumers to let catch up once the current event is handled.
@@ -103,13 +107,13 @@ impl Channels {
     /// The append channel `topic` (a name or filter) belongs to: its first
     /// level names one.
     pub(super) fn of_topic(&self, topic: &str) -> Option<u16> {
-        if self.all.is_empty() {
+        if self.names.is_empty() {
             return None;
         }
         let first = topic.split('/').next().unwrap_or(topic);
-        self.all
+        self.names
             .iter()
-            .position(|c| &*c.name == first)
+            .position(|name| &**name == first)
             .map(|i| i as u16)
     }
 
@@ -1067,9 +1071,22 @@ impl BrokerState {
         }
     }
 
+    /// The channels served, by index, named before anything is restored:
+    /// a filter within one is matched by its consumers, never by the
+    /// broadcast index, and the sessions restored first are told so.
+    pub fn name_channels(&mut self, names: impl IntoIterator<Item = Arc<str>>) {
+        self.channels.names = names.into_iter().collect();
+    }
+
     /// Restore channels and the consumers of restored sessions; positions
     /// and holds nobody owns any more are dropped.
     pub(super) fn restore_channels(&mut self, restored: Vec<RestoredChannel>, now: Instant) {
+        let names: Vec<Arc<str>> = restored.iter().map(|c| c.name.clone()).collect();
+        debug_assert!(
+            self.channels.names.is_empty() || self.channels.names == names,
+            "the channels named before the restore are those restored"
+        );
+        self.channels.names = names;
         self.channels.all = restored
             .iter()
             .map(|c| Channel {

@@ -193,12 +193,8 @@ impl BrokerState {
         self.metrics.sessions.fetch_sub(1, Relaxed);
         self.sessions.detached.remove(key, session.next_due());
         for (raw, sub) in session.subscriptions.iter() {
-            if self
-                .index
-                .remove(sub.share_group(raw), sub.filter(raw), key)
-            {
-                self.metrics.subscriptions.fetch_sub(1, Relaxed);
-            }
+            self.metrics.subscriptions.fetch_sub(1, Relaxed);
+            self.unindex_subscription(key, raw, sub);
         }
         let held = session
             .inflight

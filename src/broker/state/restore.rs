@@ -127,6 +127,7 @@ impl BrokerState {
     /// broker was down, and holds of sessions no longer held, are removed
     /// from the provider (as writes, like any other).
     pub fn restore(&mut self, mut restored: Restored, now: Instant) -> RestoreSummary {
+        self.name_channels(restored.channels.iter().map(|c| c.name.clone()));
         let sessions = self.restore_sessions(std::mem::take(&mut restored.sessions), now);
         self.restore_rest(restored, sessions, now)
     }
@@ -206,16 +207,17 @@ impl BrokerState {
                     retain_handling: sub.retain_handling,
                     subscription_id: sub.subscription_id,
                 };
-                if !self
-                    .index
-                    .insert(parsed.share_group, parsed.filter, key, options)
-                {
-                    self.metrics.subscriptions.fetch_add(1, Relaxed);
+                if self.channels.of_topic(parsed.filter).is_none() {
+                    self.index
+                        .insert(parsed.share_group, parsed.filter, key, options);
                 }
-                session.subscribe(
+                let previous = session.subscribe(
                     &sub.filter,
                     SessionSubscription::new(&sub.filter, options, sub.log_offset),
                 );
+                if previous.is_none() {
+                    self.metrics.subscriptions.fetch_add(1, Relaxed);
+                }
             }
             // Its expiry is set above: a restored session always has a
             // moment (were it not, it would be taken now and found not due).

@@ -106,12 +106,16 @@ impl BrokerState {
             }
             let previous =
                 session.subscribe(&raw, SessionSubscription::new(&raw, options, log_next));
-            undo.push((raw.clone(), previous));
-            let replaced = self
-                .index
-                .insert(parsed.share_group, parsed.filter, key, options);
-            if !replaced {
+            if previous.is_none() {
                 self.metrics.subscriptions.fetch_add(1, Relaxed);
+            }
+            undo.push((raw.clone(), previous));
+            // A channel's records reach its consumers through the channel
+            // (`following.rs`), never through the broadcast index: a
+            // filter within one is not kept there too.
+            if channel.is_none() {
+                self.index
+                    .insert(parsed.share_group, parsed.filter, key, options);
             }
             reasons.push(ReasonCode::from_u8(options.qos).unwrap_or(ReasonCode::UnspecifiedError));
             let wants_retained = match options.retain_handling {
@@ -194,13 +198,23 @@ impl BrokerState {
     fn unsubscribe(&mut self, key: SessionKey, raw: &str) -> Option<SessionSubscription> {
         let session = self.sessions.by_key.get_mut(&key)?;
         let sub = session.subscriptions.remove(raw)?;
-        if self
-            .index
-            .remove(sub.share_group(raw), sub.filter(raw), key)
-        {
-            self.metrics.subscriptions.fetch_sub(1, Relaxed);
-        }
+        self.metrics.subscriptions.fetch_sub(1, Relaxed);
+        self.unindex_subscription(key, raw, &sub);
         Some(sub)
+    }
+
+    /// Subscription `raw` of `key` leaves the broadcast index, where it is
+    /// unless it is within a channel.
+    pub(super) fn unindex_subscription(
+        &mut self,
+        key: SessionKey,
+        raw: &str,
+        sub: &SessionSubscription,
+    ) {
+        if self.channels.of_topic(sub.filter(raw)).is_none() {
+            self.index
+                .remove(sub.share_group(raw), sub.filter(raw), key);
+        }
     }
 
     /// Put subscription `raw` back as it was before a write that failed.
@@ -208,13 +222,13 @@ impl BrokerState {
         let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
-        if !self
-            .index
-            .insert(sub.share_group(&raw), sub.filter(&raw), key, sub.options)
-        {
+        if self.channels.of_topic(sub.filter(&raw)).is_none() {
+            self.index
+                .insert(sub.share_group(&raw), sub.filter(&raw), key, sub.options);
+        }
+        if session.subscribe(&raw, sub).is_none() {
             self.metrics.subscriptions.fetch_add(1, Relaxed);
         }
-        session.subscribe(&raw, sub);
     }
 
     /// Undo a SUBSCRIBE whose write failed: each filter as it was before.

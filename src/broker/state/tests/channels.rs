@@ -1081,3 +1081,64 @@ fn a_place_moved_only_past_records_not_matched_is_written_less_often() {
     store.commit_all(&mut s, later);
     assert_eq!(places(&store), vec![1, 3, 4], "past what it acknowledged");
 }
+
+/// A subscription within a channel is matched by the channel's consumers,
+/// never by a broadcast message: it is not kept in the broadcast index,
+/// made live or restored, and the subscriptions gauge counts it all the
+/// same.
+#[test]
+fn a_channel_subscription_is_not_kept_in_the_broadcast_index() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let _reader = connect(&mut s, 1, "reader", false, now);
+    packets(
+        &mut s,
+        1,
+        vec![subscribe("telemetry/#", 1), subscribe("news/#", 1)],
+        now,
+    );
+    store.commit_all(&mut s, now);
+    assert_eq!(s.index.len(), 1, "news/# alone");
+    assert_eq!(s.metrics.subscriptions.load(Relaxed), 2);
+    packets(
+        &mut s,
+        1,
+        vec![Inbound::Unsubscribe {
+            packet_id: 2,
+            filters: vec!["telemetry/#".into(), "news/#".into()],
+        }],
+        now,
+    );
+    store.commit_all(&mut s, now);
+    assert_eq!(s.index.len(), 0);
+    assert_eq!(s.metrics.subscriptions.load(Relaxed), 0);
+
+    let mut s = state();
+    s.restore(
+        Restored {
+            sessions: vec![
+                super::sessions::stored_session("device", "telemetry/device/#"),
+                super::sessions::stored_session("dashboard", "news/#"),
+            ],
+            channels: vec![RestoredChannel {
+                name: "telemetry".into(),
+                kind: saguin_format::model::ChannelKind::Append,
+                queue: None,
+                next: 1,
+                positions: Vec::new(),
+                holds: Vec::new(),
+            }],
+            ..Restored::default()
+        },
+        now,
+    );
+    assert_eq!(s.index.len(), 1, "news/# alone, restored");
+    assert_eq!(s.metrics.subscriptions.load(Relaxed), 2);
+    // The device's session ends (a clean connection takes it over).
+    let _device = connect(&mut s, 1, "device", true, now);
+    store.commit_all(&mut s, now);
+    assert_eq!(s.metrics.subscriptions.load(Relaxed), 1);
+    assert_eq!(s.index.len(), 1);
+}

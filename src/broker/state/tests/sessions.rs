@@ -1132,7 +1132,10 @@ fn a_resent_message_carries_the_expiry_left() {
 
 /// A persistent session as storage holds it, detached, with one QoS 1
 /// subscription to `filter` sent everything before log offset 1.
-fn stored_session(client_id: &str, filter: &str) -> crate::storage::contract::SessionEntry {
+pub(super) fn stored_session(
+    client_id: &str,
+    filter: &str,
+) -> crate::storage::contract::SessionEntry {
     use crate::storage::contract::{SessionEntry, SubscriptionEntry};
     SessionEntry {
         client_id: client_id.into(),
