@@ -23,8 +23,9 @@
 //!   on sqlite and in Mosquitto with persistence: restart to the first
 //!   CONNACK, RSS (and its peak), the CPU the broker spends while they
 //!   wait detached and nobody connects, a sample of them resumed with their
-//!   first message, and on memory the longest snapshot capture (on the
-//!   broker's loop) and write while they were made.
+//!   first message, on memory the longest snapshot capture (on the
+//!   broker's loop) and write while they were made, and the time to end
+//!   every one (each client comes back clean and goes).
 //!   `SAGUIN_BENCH_SESSIONS_CHANNEL` (set: any value) makes each saguin
 //!   session a durable consumer of an append channel `cmd` instead.
 //! - `commands`: devices each subscribed to its own command topic
@@ -52,7 +53,8 @@
 //!   a record), measured over 10 s after a warm-up as long, and RSS per
 //!   device once connected and once saguin has parked them all; every
 //!   record sent to a device must reach it. What thousands of connected
-//!   consumers cost while the records pass them over. Mosquitto with
+//!   consumers cost while the records pass them over. Then every device,
+//!   gone, comes back clean and goes: the time to end every session. Mosquitto with
 //!   persistent sessions subscribed, persistence on.
 //!   `SAGUIN_BENCH_FOLLOWING_BROADCAST` (set: any value) has saguin's
 //!   sessions subscribe with no channel, as Mosquitto's do. Capped below
@@ -133,8 +135,8 @@ use bench_support::{
 };
 use bytes::{Bytes, BytesMut};
 use saguin::broker::codec::{
-    self, Packet, ProtocolVersion, PubAck, Publish, PublishProperties, QoS, Subscribe,
-    SubscribeFilter, SubscribeProperties, SubscriptionOptions,
+    self, Disconnect, Packet, ProtocolVersion, PubAck, Publish, PublishProperties, QoS, ReasonCode,
+    Subscribe, SubscribeFilter, SubscribeProperties, SubscriptionOptions,
 };
 use tokio::io::AsyncWriteExt;
 
@@ -1087,9 +1089,9 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         }
     );
     println!(
-        "| broker | sessions | restart to first CONNACK | RSS | peak RSS | CPU while idle | sample resumed | graceful stop | longest snapshot capture / write |"
+        "| broker | sessions | restart to first CONNACK | RSS | peak RSS | CPU while idle | sample resumed | graceful stop | longest snapshot capture / write | end every session |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     // After the restart, with every session detached and none due: what
     // keeping them costs a broker nobody speaks to.
     let window = idle_window();
@@ -1170,14 +1172,16 @@ async fn sessions(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                 resume_one(broker.addr, s).await?;
                 resumed += 1;
             }
+            let ended_in = end_sessions(broker.addr, "session-", n).await?;
             stop(broker).await?;
             println!(
-                "| {name} | {n} | {} | {} | {} | {:.2}% of a core | {resumed} of {resumed} | {} | {snapshots} |",
+                "| {name} | {n} | {} | {} | {} | {:.2}% of a core | {resumed} of {resumed} | {} | {snapshots} | {} |",
                 ms(restarted_in),
                 mib(resident as f64),
                 mib(peak as f64),
                 idle * 100.0,
-                ms(stopped_in)
+                ms(stopped_in),
+                ms(ended_in)
             );
             std::fs::remove_dir_all(&data)?;
         }
@@ -1663,9 +1667,9 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         println!("capped at {cap}: the open-file limit is {limit}");
     }
     println!(
-        "| broker | devices | connect and subscribe all | RSS per device, served | parked | RSS per device, parked | records/s | broker CPU | broker CPU a record | delivered |"
+        "| broker | devices | connect and subscribe all | RSS per device, served | parked | RSS per device, parked | records/s | broker CPU | broker CPU a record | delivered | end every session |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     // The devices' sessions subscribed to broadcast topics rather than
     // consuming a channel: what the channel adds to each.
     let channel = match std::env::var_os("SAGUIN_BENCH_FOLLOWING_BROADCAST") {
@@ -1720,9 +1724,10 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             };
             let resident = rss(pid)?;
             let row = run_following(broker.addr, pid, devices, rate).await?;
+            let ended_in = end_sessions(broker.addr, "dev-", n).await?;
             stop(broker).await?;
             println!(
-                "| {name} | {n} | {} | {:.0} B | {} | {:.0} B | {:.0} | {:.1} ms a second | {:.1} µs | {} of {} |",
+                "| {name} | {n} | {} | {:.0} B | {} | {:.0} B | {:.0} | {:.1} ms a second | {:.1} µs | {} of {} | {} |",
                 ms(connected_in),
                 served.saturating_sub(before) as f64 / n as f64,
                 parked.map_or("-".to_owned(), |p| p.to_string()),
@@ -1732,11 +1737,37 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                 row.cpu.as_secs_f64() * 1e6 / row.records.max(1) as f64,
                 row.delivered,
                 row.to_devices,
+                ms(ended_in),
             );
             std::fs::remove_dir_all(&data)?;
         }
     }
     Ok(())
+}
+
+/// Every client `<prefix><i>` below `n`, gone, comes back clean, 64 at a
+/// time, which ends its session (and its consumers of channels), and
+/// goes: the time to the last CONNACK.
+async fn end_sessions(addr: SocketAddr, prefix: &'static str, n: usize) -> Result<Duration, Error> {
+    const CONNECTORS: usize = 64;
+    let began = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTORS.min(n) {
+        tasks.push(tokio::spawn(async move {
+            for i in (c..n).step_by(CONNECTORS) {
+                let (mut conn, _) = Conn::connect(addr, &format!("{prefix}{i}"), true).await?;
+                conn.send(&Packet::Disconnect(Disconnect::new(
+                    ReasonCode::NORMAL_DISCONNECTION,
+                )))
+                .await?;
+            }
+            Ok::<(), Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(began.elapsed())
 }
 
 /// `n` persistent sessions `dev-<i>` (keep alive 60 s), 64 connecting at

@@ -64,8 +64,10 @@ pub(super) struct Channel {
     pub kind: ChannelKind,
     /// The offset the next record takes, as far as commits have told.
     pub next: u64,
-    /// Sessions consuming it, connected or not.
-    pub consumers: Vec<SessionKey>,
+    /// Sessions consuming it, connected or not: a set, which a session
+    /// ending leaves at once where a list was searched through every
+    /// consumer for it (a hundred thousand sessions expiring together).
+    pub consumers: IdSet<SessionKey>,
     /// An append channel's records read lately, shared by its consumers.
     pub recent: Recent,
     /// Reads out from an offset of an append channel: their ticket and the
@@ -1018,9 +1020,7 @@ impl BrokerState {
         match index {
             Some(i) if filters.is_empty() => {
                 session.consumers.remove(i);
-                self.channels.all[channel as usize]
-                    .consumers
-                    .retain(|k| *k != key);
+                self.channels.all[channel as usize].consumers.remove(&key);
                 self.drop_position(key, channel);
                 return;
             }
@@ -1063,7 +1063,7 @@ impl BrokerState {
                 if session.connection().is_some() {
                     self.channels.attached.insert(key);
                 }
-                self.channels.all[channel as usize].consumers.push(key);
+                self.channels.all[channel as usize].consumers.insert(key);
             }
         }
         if let Some(i) = self.sessions.consumer_index(key, channel) {
@@ -1093,7 +1093,7 @@ impl BrokerState {
                 name: c.name.clone(),
                 kind: c.kind,
                 next: c.next.max(1),
-                consumers: Vec::new(),
+                consumers: IdSet::default(),
                 recent: Recent::default(),
                 reads_out: Vec::new(),
                 followers: Followers::default(),

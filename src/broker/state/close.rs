@@ -187,7 +187,7 @@ impl BrokerState {
         self.metrics
             .dropped_many(DropReason::ExactlyOnceExpired, unreleased as u64);
         for channel in &mut self.channels.all {
-            channel.consumers.retain(|k| *k != key);
+            channel.consumers.remove(&key);
         }
         self.end_consumers(key, &session, now);
         self.metrics.sessions.fetch_sub(1, Relaxed);
