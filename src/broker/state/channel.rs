@@ -966,7 +966,7 @@ impl BrokerState {
     /// records against them.
     pub(super) fn filters_on(&self, key: SessionKey, channel: u16) -> Vec<ConsumerFilter> {
         let name = &self.channels.all[channel as usize].name;
-        self.sessions.by_key[&key]
+        let mut filters: Vec<ConsumerFilter> = self.sessions.by_key[&key]
             .subscriptions
             .iter()
             .filter(|(raw, s)| !s.is_shared() && first_level(s.filter(raw)) == &**name)
@@ -981,7 +981,11 @@ impl BrokerState {
                 retain_as_published: s.options.retain_as_published,
                 subscription_id: s.options.subscription_id,
             })
-            .collect()
+            .collect();
+        // Kept by the consumer as long as it lives: a device's one filter
+        // holds room for one, not the four a first push makes.
+        filters.shrink_to_fit();
+        filters
     }
 
     /// Make (or refresh) session `key`'s consumer of `channel` after its
@@ -1059,6 +1063,9 @@ impl BrokerState {
                 if let (None, Some(seek)) = (start, seek) {
                     consumer.set_start(seek);
                 }
+                // Most sessions consume one channel: room for one, not the
+                // four a first push makes (a consumer is some 150 bytes).
+                session.consumers.reserve_exact(1);
                 session.consumers.push(consumer);
                 if session.connection().is_some() {
                     self.channels.attached.insert(key);

@@ -467,6 +467,12 @@ impl BrokerState {
                 return;
             };
             if conn.answers.front().is_none_or(|a| a.wait.is_some()) {
+                if conn.answers.is_empty() {
+                    // A persistent client's CONNACK waits on a write: the
+                    // queue it took is given back, not kept by a device
+                    // quiet for hours (room for four answers, 800 bytes).
+                    conn.answers.take();
+                }
                 if conn.answers.len() < super::ANSWERS_PAUSE / 2 && self.has_room(connection) {
                     self.connections[&connection].handle.set_paused(false);
                 }

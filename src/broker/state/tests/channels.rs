@@ -1142,3 +1142,25 @@ fn a_channel_subscription_is_not_kept_in_the_broadcast_index() {
     assert_eq!(s.metrics.subscriptions.load(Relaxed), 1);
     assert_eq!(s.index.len(), 1);
 }
+
+/// A device consuming its commands holds room for its one consumer and
+/// that consumer's one filter, and gives back the queue its CONNACK and
+/// SUBACK waited in once they are answered: thousands of such devices
+/// stay connected and quiet for hours.
+#[test]
+fn a_consuming_device_holds_room_for_what_it_has() {
+    let now = Instant::now();
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut device = connect(&mut s, 1, "device-7", false, now);
+    store.commit_all(&mut s, now);
+    packets(&mut s, 1, vec![subscribe("telemetry/device-7/#", 1)], now);
+    store.commit_all(&mut s, now);
+    assert!(suback_sent(&device.drain()));
+    assert!(!s.connections[&1].answers.is_allocated());
+    let key = s.connections[&1].session;
+    let consumers = &s.sessions.by_key[&key].consumers;
+    assert_eq!((consumers.len(), consumers.capacity()), (1, 1));
+    let filters = &consumers[0].filters;
+    assert_eq!((filters.len(), filters.capacity()), (1, 1));
+}
