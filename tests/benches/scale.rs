@@ -726,28 +726,32 @@ async fn all_parked(port: u16, n: usize) -> Option<u64> {
 /// `n` connections, 64 connecting at a time; all still open, each
 /// subscribed to its command topic when `subscribed` (its SUBACK read).
 async fn connect_idle(addr: SocketAddr, n: usize, subscribed: bool) -> Result<Vec<Conn>, Error> {
+    connect_many(n, move |i| async move {
+        let id = format!("idle-{i}");
+        let (mut conn, _) = Conn::connect_with(addr, &id, true, 60, V).await?;
+        if subscribed {
+            subscribe_acked(&mut conn, &format!("cmd/{id}/#"), QoS::AtLeastOnce, &id).await?;
+        }
+        Ok(conn)
+    })
+    .await
+}
+
+/// `n` connections, 64 connecting at a time, connection `i` made by
+/// `make(i)`; in that order.
+async fn connect_many<F, Made>(n: usize, make: F) -> Result<Vec<Conn>, Error>
+where
+    F: Fn(usize) -> Made + Clone + Send + 'static,
+    Made: std::future::Future<Output = Result<Conn, Error>> + Send,
+{
     const CONNECTORS: usize = 64;
     let mut tasks = Vec::new();
-    for c in 0..CONNECTORS {
+    for c in 0..CONNECTORS.min(n) {
+        let make = make.clone();
         tasks.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             for i in (c..n).step_by(CONNECTORS) {
-                let id = format!("idle-{i}");
-                let (mut conn, _) = Conn::connect_with(addr, &id, true, 60, V).await?;
-                if subscribed {
-                    subscribe(
-                        &mut conn,
-                        &format!("cmd/{id}/#"),
-                        QoS::AtLeastOnce,
-                        Vec::new(),
-                    )
-                    .await?;
-                    match conn.next().await? {
-                        Packet::SubAck(_) => {}
-                        other => return Err(format!("expected SUBACK, got {other:?}").into()),
-                    }
-                }
-                mine.push(conn);
+                mine.push((i, make(i).await?));
             }
             Ok::<_, Error>(mine)
         }));
@@ -756,7 +760,8 @@ async fn connect_idle(addr: SocketAddr, n: usize, subscribed: bool) -> Result<Ve
     for task in tasks {
         all.extend(task.await??);
     }
-    Ok(all)
+    all.sort_unstable_by_key(|(i, _)| *i);
+    Ok(all.into_iter().map(|(_, conn)| conn).collect())
 }
 
 // ---------------------------------------------------------------- retained
@@ -1325,24 +1330,10 @@ async fn commands(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
 /// `count` connections to hold the devices' subscriptions, 64 connecting
 /// at a time; holder `h` is `holders[h]`.
 async fn connect_holders(addr: SocketAddr, count: usize) -> Result<Vec<Conn>, Error> {
-    const CONNECTORS: usize = 64;
-    let mut tasks = Vec::new();
-    for c in 0..CONNECTORS.min(count) {
-        tasks.push(tokio::spawn(async move {
-            let mut mine = Vec::new();
-            for h in (c..count).step_by(CONNECTORS) {
-                let (conn, _) = Conn::connect(addr, &format!("holder-{h}"), true).await?;
-                mine.push((h, conn));
-            }
-            Ok::<_, Error>(mine)
-        }));
-    }
-    let mut all = Vec::with_capacity(count);
-    for task in tasks {
-        all.extend(task.await??);
-    }
-    all.sort_unstable_by_key(|(h, _)| *h);
-    Ok(all.into_iter().map(|(_, conn)| conn).collect())
+    connect_many(count, move |h| async move {
+        Ok(Conn::connect(addr, &format!("holder-{h}"), true).await?.0)
+    })
+    .await
 }
 
 /// Subscribes device `i`'s filter on holder `i % holders.len()` for every
@@ -1774,32 +1765,13 @@ async fn end_sessions(addr: SocketAddr, prefix: &'static str, n: usize) -> Resul
 /// a time, each consuming [`command_filter`]`(i)` at QoS 1 (its SUBACK
 /// read); device `i` is the `i`th.
 async fn connect_following(addr: SocketAddr, n: usize) -> Result<Vec<Conn>, Error> {
-    const CONNECTORS: usize = 64;
-    let mut tasks = Vec::new();
-    for c in 0..CONNECTORS.min(n) {
-        tasks.push(tokio::spawn(async move {
-            let mut mine = Vec::new();
-            for i in (c..n).step_by(CONNECTORS) {
-                let (mut conn, _) =
-                    Conn::connect_with(addr, &format!("dev-{i}"), false, 60, V).await?;
-                subscribe_acked(
-                    &mut conn,
-                    &command_filter(i),
-                    QoS::AtLeastOnce,
-                    &format!("dev-{i}"),
-                )
-                .await?;
-                mine.push((i, conn));
-            }
-            Ok::<_, Error>(mine)
-        }));
-    }
-    let mut all = Vec::with_capacity(n);
-    for task in tasks {
-        all.extend(task.await??);
-    }
-    all.sort_unstable_by_key(|(i, _)| *i);
-    Ok(all.into_iter().map(|(_, conn)| conn).collect())
+    connect_many(n, move |i| async move {
+        let id = format!("dev-{i}");
+        let (mut conn, _) = Conn::connect_with(addr, &id, false, 60, V).await?;
+        subscribe_acked(&mut conn, &command_filter(i), QoS::AtLeastOnce, &id).await?;
+        Ok(conn)
+    })
+    .await
 }
 
 struct FollowingRow {
