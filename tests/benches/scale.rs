@@ -402,9 +402,13 @@ async fn launch(which: &Which<'_>, dir: &Path) -> Result<Broker, Error> {
             let began = Instant::now();
             let mut broker = start_binary(bin, config, &[("RUST_LOG", SNAPSHOT_LOG)]).await?;
             if let Err(e) = first_connack(broker.addr, Duration::from_secs(300)).await {
-                // Whether it went away after naming its listener, and how.
+                // Whether it went away after naming its listener, and why.
                 let exited = broker.child.try_wait()?;
-                return Err(format!("{e} (the broker's process: {exited:?})").into());
+                let logged = broker.last_error.borrow().clone();
+                return Err(format!(
+                    "{e} (the broker's process: {exited:?}; its last error: {logged:?})"
+                )
+                .into());
             }
             broker.started_in = began.elapsed();
             Ok(broker)

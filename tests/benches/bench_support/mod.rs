@@ -166,6 +166,10 @@ pub struct Broker {
     /// `saguin::broker::snapshots` target at debug, [`SNAPSHOT_LOG`]);
     /// never changes for Mosquitto.
     pub committed: tokio::sync::watch::Receiver<u64>,
+    /// The last ERROR line saguin logged after its `listening` line (a
+    /// listener bound after the MQTT one that failed: it exits); never
+    /// set for Mosquitto.
+    pub last_error: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 /// `RUST_LOG` for a saguin whose snapshot generations a bench waits on:
@@ -238,10 +242,14 @@ pub async fn start_binary(
     .await??;
     let started_in = began.elapsed();
     let (commits, committed) = tokio::sync::watch::channel(0);
+    let (errors, last_error) = tokio::sync::watch::channel(None);
     tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
             if line.contains("msg=\"snapshot generation committed\"") {
                 commits.send_modify(|n| *n += 1);
+            }
+            if line.contains("level=ERROR") {
+                errors.send_replace(Some(line));
             }
         }
     });
@@ -250,6 +258,7 @@ pub async fn start_binary(
         addr,
         started_in,
         committed,
+        last_error,
     })
 }
 
@@ -477,6 +486,7 @@ pub async fn start_mosquitto(dir: &Path, extra: &str) -> Result<Broker, Error> {
         addr,
         started_in: began.elapsed(),
         committed: tokio::sync::watch::channel(0).1,
+        last_error: tokio::sync::watch::channel(None).1,
     })
 }
 
