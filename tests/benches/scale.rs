@@ -1803,19 +1803,24 @@ async fn run_following(
     use std::sync::Arc;
 
     let n = devices.len();
+    // Told of every delivery, acknowledgement and failure below.
+    let progress = Arc::new(tokio::sync::Notify::new());
     let delivered = Arc::new(AtomicU64::new(0));
     let mut readers = Vec::with_capacity(n);
     for (i, mut device) in devices.into_iter().enumerate() {
         let delivered = delivered.clone();
         let topic = format!("cmd/dev-{i}/");
+        let progress = progress.clone();
         let reader: tokio::task::JoinHandle<Result<(), Error>> = tokio::spawn(async move {
             let who = format!("dev-{i}");
             loop {
                 let got = acknowledge_messages(&mut device, &who, |p| {
                     p.topic.starts_with(topic.as_str())
                 })
-                .await?;
-                delivered.fetch_add(got as u64, Ordering::Relaxed);
+                .await;
+                // Whatever happened, the wait at the end looks again.
+                progress.notify_one();
+                delivered.fetch_add(got? as u64, Ordering::Relaxed);
             }
         });
         readers.push(reader);
@@ -1825,10 +1830,12 @@ async fn run_following(
     let (mut acks, mut out) = publisher.into_split();
     let acked = Arc::new(AtomicU64::new(0));
     let ack_reader: tokio::task::JoinHandle<Result<(), Error>> = {
-        let acked = acked.clone();
+        let (acked, progress) = (acked.clone(), progress.clone());
         tokio::spawn(async move {
             loop {
-                match acks.next().await? {
+                let packet = acks.next().await;
+                progress.notify_one();
+                match packet? {
                     Packet::PubAck(ack) if !ack.reason.is_error() => {
                         acked.fetch_add(1, Ordering::Relaxed);
                     }
@@ -1905,9 +1912,9 @@ async fn run_following(
     let total = sent.load(Ordering::Relaxed);
 
     // Everything sent is acknowledged, and every record sent to a device
-    // reaches it, within a minute; polled, as the counts are the only
-    // word of either.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // reaches it, within a minute: looked at again whenever a device or
+    // the publisher is sent something or fails.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while acked.load(Ordering::Relaxed) < total || delivered.load(Ordering::Relaxed) < to_devices {
         if let Some(i) = readers.iter().position(|r| r.is_finished()) {
             return Err(format!("dev-{i}: {:?}", readers.swap_remove(i).await?).into());
@@ -1915,10 +1922,12 @@ async fn run_following(
         if ack_reader.is_finished() {
             return Err(format!("publisher: {:?}", ack_reader.await?).into());
         }
-        if Instant::now() > deadline {
+        if tokio::time::timeout_at(deadline, progress.notified())
+            .await
+            .is_err()
+        {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let delivered = delivered.load(Ordering::Relaxed);
     for reader in readers {
