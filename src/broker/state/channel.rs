@@ -962,14 +962,32 @@ impl BrokerState {
         }
     }
 
+    /// The session's own (not shared) subscriptions on `channel`, by their
+    /// raw filters.
+    fn subscriptions_on(
+        &self,
+        key: SessionKey,
+        channel: u16,
+    ) -> impl Iterator<Item = (&String, &SessionSubscription)> {
+        let name = &self.channels.all[channel as usize].name;
+        self.sessions.by_key[&key]
+            .subscriptions
+            .iter()
+            .filter(move |(raw, s)| !s.is_shared() && first_level(s.filter(raw)) == &**name)
+    }
+
+    /// Whether the session consumes `channel`: it holds a subscription
+    /// there of its own (asked without making its filters).
+    pub(super) fn consumes(&self, key: SessionKey, channel: u16) -> bool {
+        self.subscriptions_on(key, channel).next().is_some()
+    }
+
     /// The session's subscriptions on `channel`, as its consumer matches
     /// records against them.
     pub(super) fn filters_on(&self, key: SessionKey, channel: u16) -> Vec<ConsumerFilter> {
         let name = &self.channels.all[channel as usize].name;
-        let mut filters: Vec<ConsumerFilter> = self.sessions.by_key[&key]
-            .subscriptions
-            .iter()
-            .filter(|(raw, s)| !s.is_shared() && first_level(s.filter(raw)) == &**name)
+        let mut filters: Vec<ConsumerFilter> = self
+            .subscriptions_on(key, channel)
             .map(|(raw, s): (&String, &SessionSubscription)| ConsumerFilter {
                 filter: s.filter(raw).to_owned(),
                 whole_channel: s
@@ -1111,7 +1129,7 @@ impl BrokerState {
             let i = i as u16;
             for position in channel.positions {
                 let key = self.sessions.of_client(position.reader.id());
-                let owned = key.is_some_and(|k| !self.filters_on(k, i).is_empty())
+                let owned = key.is_some_and(|k| self.consumes(k, i))
                     && position.reader.scheme() == crate::storage::contract::ReaderScheme::Mqtt;
                 match key {
                     Some(key) if owned => {
@@ -1144,9 +1162,7 @@ impl BrokerState {
             // start at its next offset.
             let keys: Vec<SessionKey> = self.sessions.by_key.keys().copied().collect();
             for key in keys {
-                if self.sessions.consumer_index(key, i).is_none()
-                    && !self.filters_on(key, i).is_empty()
-                {
+                if self.sessions.consumer_index(key, i).is_none() && self.consumes(key, i) {
                     self.refresh_consumer(key, i, None, None, now);
                 }
             }

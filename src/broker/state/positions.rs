@@ -64,7 +64,7 @@ impl BrokerState {
             || (latest && start.seek.is_some())
             || self.channels.is_queue(channel)
             || self.sessions.consumer_index(key, channel).is_some()
-            || self.filters_on(key, channel).is_empty()
+            || !self.consumes(key, channel)
         {
             return;
         }
