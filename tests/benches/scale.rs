@@ -57,8 +57,10 @@
 //!   gone, comes back clean and goes: the time to end every session. Mosquitto with
 //!   persistent sessions subscribed, persistence on.
 //!   `SAGUIN_BENCH_FOLLOWING_BROADCAST` (set: any value) has saguin's
-//!   sessions subscribe with no channel, as Mosquitto's do. Capped below
-//!   the open-file limit as the idle curve is.
+//!   sessions subscribe with no channel, as Mosquitto's do;
+//!   `SAGUIN_BENCH_FOLLOWING_KIND=latest` makes `cmd` a latest channel
+//!   (each device's desired settings, its current value sent as it
+//!   subscribes). Capped below the open-file limit as the idle curve is.
 //! - `payloads`: one QoS 1 publisher to one QoS 1 subscriber with payloads
 //!   of 64 B to 256 KiB (the sizes are payload bytes): messages and MiB a
 //!   second, the broker's CPU a message and a MiB, and the peak RSS the
@@ -1627,6 +1629,16 @@ async fn run_telemetry(
 
 // ---------------------------------------------------------------- following
 
+/// The kind of the following curve's channel
+/// (`SAGUIN_BENCH_FOLLOWING_KIND`: `append`, the default, or `latest`).
+fn following_kind() -> Result<String, Error> {
+    match std::env::var("SAGUIN_BENCH_FOLLOWING_KIND") {
+        Ok(kind) if kind == "append" || kind == "latest" => Ok(kind),
+        Ok(kind) => Err(format!("SAGUIN_BENCH_FOLLOWING_KIND={kind}: append or latest").into()),
+        Err(_) => Ok("append".to_owned()),
+    }
+}
+
 /// Records a second the following curve's publisher sends
 /// (`SAGUIN_BENCH_FOLLOWING_RATE`, 1,000 by default).
 fn following_rate() -> Result<u64, Error> {
@@ -1667,12 +1679,18 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     // The devices' sessions subscribed to broadcast topics rather than
     // consuming a channel: what the channel adds to each.
+    let kind = following_kind()?;
     let channel = match std::env::var_os("SAGUIN_BENCH_FOLLOWING_BROADCAST") {
         Some(_) => {
             println!("(saguin: no channel, the records broadcast to persistent sessions)");
-            ""
+            String::new()
         }
-        None => "channels:\n  - name: cmd\n    kind: append\n    storage: p\n",
+        None => {
+            if kind != "append" {
+                println!("(saguin: `cmd` a {kind} channel)");
+            }
+            format!("channels:\n  - name: cmd\n    kind: {kind}\n    storage: p\n")
+        }
     };
     let baseline = bench_support::baseline()?;
     let mut brokers = provider_rows(&baseline);

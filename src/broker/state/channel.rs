@@ -103,6 +103,9 @@ pub(super) struct Channels {
     /// When the flush next writes the places of consumers moved only over
     /// records they do not match ([`super::positions::PASSED_OVER_INTERVAL`]).
     pub passed_over_due: Option<Instant>,
+    /// Sessions whose consumers' places may have moved since they were
+    /// written: the flush looks at these ([`BrokerState::place_moved`]).
+    pub moved: IdSet<SessionKey>,
 }
 
 impl Channels {
@@ -222,40 +225,13 @@ impl BrokerState {
             state
                 .recent
                 .append(record.clone(), Some(message.clone()), consumer_count);
-            self.offer_to_matching(channel, &record, &message, now);
-            return;
         }
-        let consumers = std::mem::take(&mut self.channels.all[channel as usize].consumers);
-        // Only a connected consumer is sent anything; a detached one reads
-        // from its place when it is back. Where most consumers are offline
-        // devices, the connected ones are looked at, not every consumer.
-        // Taken out as `consumers` is: offering makes no consumer and
-        // connects nobody, but were one added meanwhile it is kept.
-        let attached = std::mem::take(&mut self.channels.attached);
-        let (mut among_attached, mut among_all);
-        let keys: &mut dyn Iterator<Item = &SessionKey> = if attached.len() < consumers.len() {
-            among_attached = attached.iter();
-            &mut among_attached
-        } else {
-            among_all = consumers.iter();
-            &mut among_all
-        };
-        for &key in keys {
-            let Some(index) = self.sessions.consumer_index(key, channel) else {
-                continue;
-            };
-            self.offer_committed(key, index, &record, &message, None, now);
-        }
-        // Offering adds and removes no consumer (only subscriptions and
-        // sessions ending do, never from here).
-        self.channels.all[channel as usize].consumers = consumers;
-        let added = std::mem::replace(&mut self.channels.attached, attached);
-        self.channels.attached.extend(added);
+        self.offer_to_matching(channel, &record, &message, now);
     }
 
-    /// An append channel's record committed: offered to the consumers
-    /// whose filters match it; the others follow the tail without being
-    /// looked at, or catch up when they are next pumped.
+    /// An append or latest channel's record committed: offered to the
+    /// consumers whose filters match it; the others follow the tail
+    /// without being looked at, or catch up when they are next pumped.
     fn offer_to_matching(
         &mut self,
         channel: u16,
@@ -372,6 +348,7 @@ impl BrokerState {
         matched: Option<&[Match]>,
         now: Instant,
     ) -> bool {
+        self.place_moved(key);
         let Some(session) = self.sessions.by_key.get(&key) else {
             return false;
         };
@@ -557,6 +534,9 @@ impl BrokerState {
             || consumer.gap.is_some()
             || consumer.next < self.channels.all[channel as usize].next;
         if !behind {
+            // A latest channel's consumer catches up here (its reads are
+            // not kept among recent ones): it follows the tail from now.
+            self.follow(key, index);
             return;
         }
         let window = self.connections.get(&connection).map_or(0, |c| c.window());
@@ -665,6 +645,7 @@ impl BrokerState {
     /// A span's records are handed out as a run: looked up once, each
     /// record and its message lent to [`BrokerState::offer`] in turn.
     fn serve_recent(&mut self, key: SessionKey, index: usize, now: Instant) -> bool {
+        self.place_moved(key);
         loop {
             let Some(consumer) = self
                 .sessions
@@ -801,6 +782,7 @@ impl BrokerState {
             }
             consumer.reading = false;
             readers.push((key, index));
+            self.place_moved(key);
         }
         if readers.is_empty() {
             return;
@@ -878,6 +860,7 @@ impl BrokerState {
     /// A latest channel's window, offered in order as far as the room
     /// allows; one offered whole moves the consumer to where it ends.
     fn offer_window(&mut self, key: SessionKey, index: usize, window: &ReadWindow, now: Instant) {
+        self.place_moved(key);
         for record in &window.records {
             let next = self.sessions.by_key[&key].consumers[index].next;
             if record.offset() < next {
@@ -900,9 +883,19 @@ impl BrokerState {
 
     /// Consumers that fell behind with nothing to wake them (a failed
     /// read) try again; called from the tick. Only a connected one can
-    /// be sent anything: a session reconnecting is pumped then.
+    /// be sent anything (a session reconnecting is pumped then), and one
+    /// following its channel's tail has nothing to read: those left are
+    /// the channels' connected consumers behind it.
     pub(super) fn pump_stalled(&mut self, now: Instant) {
-        for key in self.attached_consumers() {
+        let mut keys: Vec<SessionKey> = self
+            .channels
+            .all
+            .iter()
+            .flat_map(|c| c.followers.behind())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        for key in keys {
             self.pump_all(key, now);
         }
     }
@@ -953,6 +946,7 @@ impl BrokerState {
     /// A channel delivery's exchange ended: the record no longer holds the
     /// consumer's position back.
     pub(super) fn channel_acknowledged(&mut self, key: SessionKey, channel: u16, offset: u64) {
+        self.place_moved(key);
         if self.groups.acknowledged(key, channel, offset) {
             return;
         }
@@ -1023,6 +1017,7 @@ impl BrokerState {
             self.refresh_worker(key, channel, now);
             return;
         }
+        self.place_moved(key);
         let filters = self.filters_on(key, channel);
         let next = self.channels.all[channel as usize].next;
         let generation = self.reads.number();

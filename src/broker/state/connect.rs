@@ -355,6 +355,8 @@ impl BrokerState {
             if !session.consumers.is_empty() {
                 self.channels.attached.insert(key);
                 self.index_consumers(key);
+                // Moved by a read answered while it was away, perhaps.
+                self.place_moved(key);
             }
         }
         self.send(connection, ack);

@@ -1,4 +1,5 @@
-//! Consumers of an append channel that follow its tail: a record committed
+//! Consumers of an append or a latest channel that follow its tail (a
+//! latest channel's consumer follows its changes): a record committed
 //! is offered to the connected consumers whose filters match it, found in
 //! the channel's index of them, and the rest are not looked at. 50,000
 //! devices each consuming their own commands (`cmd/<id>/#`) cost a record
@@ -12,7 +13,8 @@
 //! to the channel's next offset was committed while it was in the set,
 //! and matched none of its filters.** What keeps it so:
 //! - a consumer joins only caught up (`next` at the channel's next
-//!   offset, no read out, no seek, no gap to announce), connected and so
+//!   offset, no read out - a latest channel's current values being read
+//!   count as one - no seek, no gap to announce), connected and so
 //!   indexed;
 //! - every record committed goes through [`BrokerState::channel_committed`],
 //!   which looks its matching consumers up in the index: one that is a
@@ -49,6 +51,10 @@ pub(super) struct Followers {
     /// Consumers whose `next` is the channel's next offset as far as any
     /// record matching their filters goes (the module's rule); all indexed.
     following: IdSet<SessionKey>,
+    /// The indexed consumers not following: those the tick lets catch up
+    /// (a failed read wakes nothing else). Thousands of devices following
+    /// their commands are not looked at by it.
+    behind: IdSet<SessionKey>,
 }
 
 impl Followers {
@@ -95,6 +101,7 @@ impl Followers {
         if new.is_empty() {
             self.indexed.remove(&key);
             self.following.remove(&key);
+            self.behind.remove(&key);
         }
     }
 
@@ -103,6 +110,7 @@ impl Followers {
         if filters.is_empty() || !self.indexed.insert(key) {
             return;
         }
+        self.behind.insert(key);
         for f in filters {
             self.filters.insert(None, &f.filter, key, f.options());
         }
@@ -112,6 +120,7 @@ impl Followers {
     /// stops following, its `next` left where it is (settle it first).
     fn unindex(&mut self, key: SessionKey, filters: &[ConsumerFilter]) {
         self.following.remove(&key);
+        self.behind.remove(&key);
         if !self.indexed.remove(&key) {
             return;
         }
@@ -132,15 +141,47 @@ impl Followers {
         self.following.contains(&key)
     }
 
+    /// `key`, indexed, follows the tail from here.
+    fn join(&mut self, key: SessionKey) {
+        debug_assert!(
+            self.indexed.contains(&key),
+            "a consumer not indexed follows"
+        );
+        self.following.insert(key);
+        self.behind.remove(&key);
+    }
+
     /// `key` no longer follows the tail, its `next` left where it is.
     pub fn unfollow(&mut self, key: SessionKey) {
-        self.following.remove(&key);
+        if self.following.remove(&key) {
+            self.behind.insert(key);
+        }
+    }
+
+    /// Every member stops following: those that were, in key order.
+    fn leave_all(&mut self) -> Vec<SessionKey> {
+        let mut members: Vec<SessionKey> =
+            std::mem::take(&mut self.following).into_iter().collect();
+        members.sort_unstable();
+        self.behind.extend(members.iter().copied());
+        members
+    }
+
+    /// The connected consumers not following the tail.
+    pub fn behind(&self) -> impl Iterator<Item = SessionKey> + '_ {
+        self.behind.iter().copied()
     }
 
     /// Filters indexed, for tests.
     #[cfg(test)]
     pub fn filter_count(&self) -> usize {
         self.filters.len()
+    }
+
+    /// Consumers following the tail, for tests.
+    #[cfg(test)]
+    pub fn following_count(&self) -> usize {
+        self.following.len()
     }
 
     /// Is `key` indexed? For a debug build's check.
@@ -161,13 +202,13 @@ impl BrokerState {
         };
         let state = &mut self.channels.all[consumer.channel as usize];
         if session.connection().is_some()
-            && state.kind == ChannelKind::Append
+            && state.kind != ChannelKind::Queue
             && consumer.next >= state.next
             && !consumer.reading
             && consumer.seek.is_none()
             && consumer.gap.is_none()
         {
-            state.followers.following.insert(key);
+            state.followers.join(key);
         }
     }
 
@@ -186,6 +227,7 @@ impl BrokerState {
     /// `key`'s consumer of `channel` looks next at `through`, unless it is
     /// past it.
     fn move_up(&mut self, key: SessionKey, channel: u16, through: u64) {
+        self.place_moved(key);
         if let Some(consumer) = self.sessions.consumer_mut(key, channel) {
             consumer.next = consumer.next.max(through);
         }
@@ -193,6 +235,7 @@ impl BrokerState {
 
     /// Every consumer of `key` that follows its channel's tail, settled.
     pub(super) fn settle(&mut self, key: SessionKey) {
+        self.place_moved(key);
         let Some(session) = self.sessions.by_key.get_mut(&key) else {
             return;
         };
@@ -243,7 +286,7 @@ impl BrokerState {
     /// Records reached `channel` other than by a commit: no member may be
     /// moved past them, so every one is settled where it stands and leaves.
     pub(super) fn leave_following_all(&mut self, channel: u16) {
-        let members = std::mem::take(&mut self.channels.all[channel as usize].followers.following);
+        let members = self.channels.all[channel as usize].followers.leave_all();
         let through = self.channels.all[channel as usize].next;
         for key in members {
             self.move_up(key, channel, through);

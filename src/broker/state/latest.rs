@@ -243,6 +243,7 @@ impl BrokerState {
         for (_, offset) in due.iter().filter_map(|d| d.channel) {
             consumer.owe(offset);
         }
+        self.place_moved(read.key);
         let connection = self.sessions.by_key[&read.key]
             .connection()
             .filter(|c| self.connections.contains_key(c));
@@ -269,6 +270,7 @@ impl BrokerState {
         key: SessionKey,
         due: impl IntoIterator<Item = RetainedDue>,
     ) {
+        self.place_moved(key);
         let mut owed: std::collections::BTreeMap<u16, Vec<u64>> = Default::default();
         for (channel, offset) in due.into_iter().filter_map(|d| d.channel) {
             owed.entry(channel).or_default().push(offset);

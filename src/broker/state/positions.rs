@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::bridges::BridgeHold;
-use super::consumer::ConsumerStart;
+use super::consumer::{Consumer, ConsumerStart};
 use super::intent::{Role, Write};
 use super::reads::Seek;
 use super::session::Session;
@@ -23,7 +23,7 @@ use crate::storage::contract::{Position, Reader};
 /// (twice a second); past it, once every [`LAG_INTERVAL`]: it looks at
 /// each consumer, and 50,000 offline devices consuming a channel cost an
 /// idle broker a hundredth of a core at every tick.
-pub(super) const LAG_AT_EVERY_TICK: usize = 10_000;
+pub(super) const LAG_AT_EVERY_TICK: usize = 1_000;
 
 /// How often the lag gauge is worked out past [`LAG_AT_EVERY_TICK`]
 /// consumers: fresher than a scrape needs.
@@ -128,26 +128,15 @@ impl BrokerState {
         };
         let mut moved = Vec::new();
         for consumer in session.consumers.allocated_mut().into_iter().flatten() {
-            if consumer.seek.is_some() || consumer.values_pending {
-                continue;
-            }
             let state = &self.channels.all[consumer.channel as usize];
-            if state.followers.is_following(key) {
-                // Still where it was written: moved only past records it
-                // does not match, which settling it passes.
-                if !passed_over && consumer.stored == Some(consumer.position()) {
-                    continue;
-                }
+            let following = state.followers.is_following(key);
+            let Some(offset) = unwritten_place(consumer, state.next, following, passed_over) else {
+                continue;
+            };
+            if following {
                 consumer.next = consumer.next.max(state.next);
             }
-            // A consumer told to start past the end waits there; what is
-            // stored is never past the channel's next offset.
-            let offset = consumer
-                .position()
-                .min(self.channels.all[consumer.channel as usize].next);
-            if consumer.stored != Some(offset) {
-                moved.push((consumer.channel, offset));
-            }
+            moved.push((consumer.channel, offset));
         }
         // Most sessions looked at have no consumer that moved: their
         // reader's name is made only for one that did.
@@ -175,21 +164,72 @@ impl BrokerState {
         }
     }
 
+    /// A consumer of session `key` was sent, skipped, acknowledged, moved
+    /// or made: the next flush looks at its place.
+    pub(super) fn place_moved(&mut self, key: SessionKey) {
+        self.channels.moved.insert(key);
+    }
+
     /// Stage every changed position (the flush): a connected consumer's,
     /// one moved only over records it does not match once every
     /// [`PASSED_OVER_INTERVAL`]. A detached one's were written as it went
     /// away; one that a read answered after that moved is written once it
-    /// is back.
+    /// is back. Between the walks of every connected consumer that the
+    /// interval brings, only the sessions marked by [`Self::place_moved`]
+    /// are looked at: thousands of devices following a channel's tail cost
+    /// a flush nothing.
     pub(super) fn stage_all_positions(&mut self, now: Instant) {
         let passed_over =
             self.shutting_down || self.channels.passed_over_due.is_none_or(|due| now >= due);
+        let marked = std::mem::take(&mut self.channels.moved);
         if passed_over {
             self.channels.passed_over_due = Some(now + PASSED_OVER_INTERVAL);
-        }
-        for key in self.attached_consumers() {
-            self.stage_positions_passed_over(key, now, passed_over);
+            for key in self.attached_consumers() {
+                self.stage_positions_passed_over(key, now, true);
+            }
+        } else {
+            #[cfg(debug_assertions)]
+            self.check_moved_marked(&marked);
+            let mut keys: Vec<SessionKey> = marked.into_iter().collect();
+            keys.sort_unstable();
+            for key in keys {
+                // A detached one's place was written as it went.
+                if self
+                    .sessions
+                    .by_key
+                    .get(&key)
+                    .is_some_and(|s| s.connection().is_some())
+                {
+                    self.stage_positions_passed_over(key, now, false);
+                }
+            }
         }
         self.stage_group_positions(now);
+    }
+
+    /// A debug build's check that every connected consumer whose place
+    /// this flush would write was marked moved.
+    #[cfg(debug_assertions)]
+    fn check_moved_marked(&mut self, marked: &super::ids::IdSet<SessionKey>) {
+        for key in self.attached_consumers() {
+            if marked.contains(&key) {
+                continue;
+            }
+            let session = &self.sessions.by_key[&key];
+            if position_holder(session).is_none() {
+                continue;
+            }
+            for consumer in session.consumers.iter() {
+                let state = &self.channels.all[consumer.channel as usize];
+                let following = state.followers.is_following(key);
+                assert_eq!(
+                    unwritten_place(consumer, state.next, following, false),
+                    None,
+                    "the place of {key:?} in channel {} moved unmarked: {consumer:?}",
+                    consumer.channel
+                );
+            }
+        }
     }
 
     /// Publish each channel's largest consumer lag (the tick): it looks at
@@ -316,6 +356,32 @@ impl BrokerState {
 /// The reader a session's positions are stored under and their session
 /// expiry, for a session that keeps them: one outliving its connection, or
 /// a bridge (whose position has no session and never expires).
+/// Where `consumer`'s place is written next, when it moved since it was:
+/// settled to its channel's `channel_next` when it is `following`, and
+/// then, unless `passed_over`, only if it moved by more than records it
+/// does not match. None while a read is to find its start or its values.
+fn unwritten_place(
+    consumer: &Consumer,
+    channel_next: u64,
+    following: bool,
+    passed_over: bool,
+) -> Option<u64> {
+    if consumer.seek.is_some() || consumer.values_pending {
+        return None;
+    }
+    let next = match following {
+        // Still where it was written: moved only past records it does not
+        // match, which settling it passes.
+        true if !passed_over && consumer.stored == Some(consumer.position()) => return None,
+        true => consumer.next.max(channel_next),
+        false => consumer.next,
+    };
+    // A consumer told to start past the end waits there; what is stored is
+    // never past the channel's next offset.
+    let offset = consumer.unacked.first().unwrap_or(next).min(channel_next);
+    (consumer.stored != Some(offset)).then_some(offset)
+}
+
 fn position_holder(session: &Session) -> Option<(Reader, Option<u32>)> {
     let expiry = match session.bridge() {
         Some(_) => None,

@@ -358,10 +358,12 @@ impl BrokerState {
                 if let Some((channel, offset)) = due.channel {
                     // Sent (or dropped and counted): no longer owed.
                     self.sessions.value_done(key, channel, offset);
+                    self.place_moved(key);
                 }
             } else if !self.start_exchange(key, connection, queued, due.channel, now) {
                 if let Some((channel, offset)) = due.channel {
                     self.sessions.value_done(key, channel, offset);
+                    self.place_moved(key);
                 }
             }
             if self.doomed.iter().any(|(c, _, _)| *c == connection) {

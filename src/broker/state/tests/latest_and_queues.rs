@@ -454,6 +454,85 @@ fn a_durable_latest_consumers_start_is_written_with_its_subscribe_as_the_first_o
     assert_eq!(latest_position(&store, "durable"), Some(4));
 }
 
+/// A latest channel's consumers, caught up, follow its changes: a change
+/// is offered to those whose filters match it, and the others are passed
+/// over without being looked at (thousands of devices each consuming its
+/// own settings), their places written with the others passed over.
+#[test]
+fn a_caught_up_latest_consumer_is_passed_over_by_changes_it_does_not_match() {
+    use crate::broker::state::positions::PASSED_OVER_INTERVAL;
+    let now = Instant::now();
+    let (mut s, store) = kinds_state(&[("devices", ChannelKind::Latest)]);
+    let following = |s: &BrokerState| s.channels.all[0].followers.following_count();
+    let mut publisher = connect(&mut s, 1, "writer", true, now);
+    packets(
+        &mut s,
+        1,
+        vec![
+            publish_payload("devices/a", b"1", 1),
+            publish_payload("devices/b", b"1", 2),
+        ],
+        now,
+    );
+    store.settle(&mut s, now);
+    publisher.drain();
+    let mut a = connect(&mut s, 2, "a", false, now);
+    let mut b = connect(&mut s, 3, "b", false, now);
+    packets(&mut s, 2, vec![subscribe_with("devices/a", 1, 0)], now);
+    packets(&mut s, 3, vec![subscribe_with("devices/b", 1, 0)], now);
+    store.settle(&mut s, now);
+    for (reader, conn) in [(&mut a, 2), (&mut b, 3)] {
+        let values = deliveries(&reader.drain());
+        assert_eq!(values.len(), 1, "its current value");
+        packets(
+            &mut s,
+            conn,
+            vec![puback(values[0].3, ReasonCode::Success)],
+            now,
+        );
+    }
+    store.settle(&mut s, now);
+    assert_eq!(following(&s), 2, "both caught up");
+
+    let changes = (10..13)
+        .map(|id| publish_payload("devices/b", b"2", id))
+        .collect();
+    packets(&mut s, 1, changes, now);
+    store.settle(&mut s, now);
+    assert_eq!(puback_ids(&publisher.drain()), vec![10, 11, 12]);
+    assert!(deliveries(&a.drain()).is_empty());
+    let to_b = deliveries(&b.drain());
+    assert_eq!(to_b.len(), 3);
+    for (_, _, _, id) in &to_b {
+        packets(&mut s, 3, vec![puback(*id, ReasonCode::Success)], now);
+    }
+    // The tick pumps every connected consumer: one following has nothing
+    // to read.
+    s.tick(now + Duration::from_secs(1));
+    let mut reads = Vec::new();
+    s.take_reads(&mut reads);
+    assert!(reads.is_empty(), "{reads:?}");
+    assert_eq!(following(&s), 2, "a passed over, b sent what it matched");
+
+    let later = now + PASSED_OVER_INTERVAL;
+    s.flush(later);
+    store.settle(&mut s, later);
+    assert_eq!(latest_position(&store, "a"), Some(6), "past the changes");
+    assert_eq!(latest_position(&store, "b"), Some(6));
+    packets(
+        &mut s,
+        1,
+        vec![publish_payload("devices/a", b"2", 13)],
+        later,
+    );
+    store.settle(&mut s, later);
+    assert_eq!(
+        deliveries(&a.drain()),
+        vec![("devices/a".into(), Bytes::from_static(b"2"), false, 2)],
+        "its next change, in turn"
+    );
+}
+
 #[test]
 fn current_values_whose_read_failed_are_read_again_at_the_tick_and_no_position_passes_them() {
     let now = Instant::now();
