@@ -60,7 +60,11 @@
 //!   sessions subscribe with no channel, as Mosquitto's do;
 //!   `SAGUIN_BENCH_FOLLOWING_KIND=latest` makes `cmd` a latest channel
 //!   (each device's desired settings, its current value sent as it
-//!   subscribes). Capped below the open-file limit as the idle curve is.
+//!   subscribes). `SAGUIN_BENCH_FOLLOWING_CRASH` (set: any value) kills
+//!   saguin with `SIGKILL` while every device is connected, restarts it
+//!   and has every device come back: the time and the CPU until every
+//!   consumer has caught up with the channel (a power cut at a site).
+//!   Capped below the open-file limit as the idle curve is.
 //! - `payloads`: one QoS 1 publisher to one QoS 1 subscriber with payloads
 //!   of 64 B to 256 KiB (the sizes are payload bytes): messages and MiB a
 //!   second, the broker's CPU a message and a MiB, and the peak RSS the
@@ -1680,6 +1684,7 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     // The devices' sessions subscribed to broadcast topics rather than
     // consuming a channel: what the channel adds to each.
     let kind = following_kind()?;
+    let crash = std::env::var_os("SAGUIN_BENCH_FOLLOWING_CRASH").is_some();
     let channel = match std::env::var_os("SAGUIN_BENCH_FOLLOWING_BROADCAST") {
         Some(_) => {
             println!("(saguin: no channel, the records broadcast to persistent sessions)");
@@ -1736,7 +1741,27 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                 Which::Mosquitto { .. } => None,
             };
             let resident = rss(pid)?;
-            let row = run_following(broker.addr, pid, devices, rate).await?;
+            // Mosquitto keeps no consumer lag to wait on.
+            let crash = crash && matches!(which, Which::Saguin { .. });
+            let row = run_following(broker.addr, pid, devices, rate, crash).await?;
+            let broker = match crash {
+                false => broker,
+                true => {
+                    let mut killed = broker;
+                    killed.child.wait().await?;
+                    let broker = launch(&which, &data).await?;
+                    let after = catch_up(broker.addr, pid_of(&broker)?, metrics_port, n).await?;
+                    println!(
+                        "| {name} | {n} | after kill -9: started in {}, every device back in {}, \
+                         every consumer caught up in {}, broker CPU {} |",
+                        ms(broker.started_in),
+                        ms(after.reconnected),
+                        ms(after.caught_up),
+                        ms(after.cpu)
+                    );
+                    broker
+                }
+            };
             let ended_in = end_sessions(broker.addr, "dev-", n).await?;
             stop(broker).await?;
             println!(
@@ -1756,6 +1781,70 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+struct CaughtUp {
+    /// From the first device's CONNECT to the last one's CONNACK.
+    reconnected: Duration,
+    /// From the first CONNECT to a consumer lag gauge of 0.
+    caught_up: Duration,
+    /// The broker's CPU time over the same.
+    cpu: Duration,
+}
+
+/// After a crash: every device `dev-<i>` comes back to its session,
+/// acknowledging whatever it is sent, until the broker's consumer lag
+/// gauge reads 0 (every consumer at its channel's end). The gauge is the
+/// broker's only word on that (it logs nothing of it), so it is polled;
+/// past 1,000 consumers the broker works it out every 5 s, which bounds
+/// the time's precision.
+async fn catch_up(
+    addr: SocketAddr,
+    pid: u32,
+    metrics_port: u16,
+    n: usize,
+) -> Result<CaughtUp, Error> {
+    let cpu_before = cpu_time(pid)?;
+    let began = Instant::now();
+    let devices = connect_many(n, move |i| async move {
+        let (conn, _) = Conn::connect_with(addr, &format!("dev-{i}"), false, 60, V).await?;
+        Ok(conn)
+    })
+    .await?;
+    let reconnected = began.elapsed();
+    let readers: Vec<tokio::task::JoinHandle<Result<(), Error>>> = devices
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut device)| {
+            tokio::spawn(async move {
+                let who = format!("dev-{i}");
+                loop {
+                    acknowledge_messages(&mut device, &who, |_| true).await?;
+                }
+            })
+        })
+        .collect();
+    let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while bench_support::scrape(metrics, "saguin_consumer_lag").await != Some(0.0) {
+        if let Some(i) = readers.iter().position(|r| r.is_finished()) {
+            return Err(format!("dev-{i} after the restart: went away").into());
+        }
+        if Instant::now() > deadline {
+            return Err("consumers not caught up ten minutes after the restart".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let caught_up = began.elapsed();
+    let cpu = cpu_time(pid)? - cpu_before;
+    for reader in readers {
+        reader.abort();
+    }
+    Ok(CaughtUp {
+        reconnected,
+        caught_up,
+        cpu,
+    })
 }
 
 /// Every client `<prefix><i>` below `n`, gone, comes back clean, 64 at a
@@ -1816,6 +1905,7 @@ async fn run_following(
     pid: u32,
     devices: Vec<Conn>,
     rate: u64,
+    crash: bool,
 ) -> Result<FollowingRow, Error> {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
@@ -1948,6 +2038,14 @@ async fn run_following(
         }
     }
     let delivered = delivered.load(Ordering::Relaxed);
+    if crash {
+        // Killed with every device connected: its place is what the
+        // broker last wrote of it, not what it writes as a device goes.
+        // SAFETY: kill(2) on our own child.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+    }
     for reader in readers {
         reader.abort();
     }

@@ -339,7 +339,7 @@ impl BrokerState {
     /// Offer `record` (at the consumer's `next`) to consumer `index` of
     /// `key`: sent when a filter matches and there is room, skipped when
     /// none matches. False when there was no room (it stays at `next`).
-    fn offer(
+    pub(super) fn offer(
         &mut self,
         key: SessionKey,
         index: usize,
@@ -644,7 +644,7 @@ impl BrokerState {
     ///
     /// A span's records are handed out as a run: looked up once, each
     /// record and its message lent to [`BrokerState::offer`] in turn.
-    fn serve_recent(&mut self, key: SessionKey, index: usize, now: Instant) -> bool {
+    pub(super) fn serve_recent(&mut self, key: SessionKey, index: usize, now: Instant) -> bool {
         self.place_moved(key);
         loop {
             let Some(consumer) = self
@@ -839,9 +839,7 @@ impl BrokerState {
             state
                 .recent
                 .insert(window.start, window.records, state.consumers.len());
-            for &(key, index) in &readers {
-                self.serve_recent(key, index, now);
-            }
+            self.serve_recent_all(channel, &readers, now);
         } else {
             for &(key, index) in &readers {
                 self.offer_window(key, index, &window, now);

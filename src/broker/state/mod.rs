@@ -65,6 +65,7 @@
 //! client's entries are 192 and 104 bytes.
 
 mod bridges;
+mod catch_up;
 mod channel;
 mod channel_share;
 pub mod clock;

@@ -304,7 +304,12 @@ fn channel_holding(records: u16, now: Instant) -> (BrokerState, FakeStore) {
 
 /// A SUBSCRIBE of `telemetry/#` at QoS 1 with `saguin-from: from`.
 fn subscribe_from(from: &str) -> Inbound {
-    let mut packet = subscribe("telemetry/#", 1);
+    subscribe_to_from("telemetry/#", from)
+}
+
+/// A SUBSCRIBE of `filter` at QoS 1 with `saguin-from: from`.
+fn subscribe_to_from(filter: &str, from: &str) -> Inbound {
+    let mut packet = subscribe(filter, 1);
     if let Inbound::Subscribe {
         user_properties, ..
     } = &mut packet
@@ -389,6 +394,86 @@ fn a_consumer_behind_the_tail_reads_from_the_store_one_window_at_a_time() {
     // The first read asks for the room's worth; once the records' size is
     // known a read asks for more, and the last window needs none.
     assert_eq!(reads, vec![1, 1, 0]);
+}
+
+/// Devices back at an old place at once (after a crash) join one read,
+/// which is handed out to them together: each is sent exactly the records
+/// it matches, in order, one whose room runs out the rest once it
+/// acknowledges, and each place ends past every record.
+#[test]
+fn consumers_catching_up_together_are_each_sent_what_they_match_in_order() {
+    use crate::broker::state::catch_up::TOGETHER_AT_LEAST;
+    let now = Instant::now();
+    let devices = TOGETHER_AT_LEAST + 2;
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    // Device 0 is sent more than twice its window of 10 first; then every
+    // device in turn, and records no device matches between.
+    let mut topics: Vec<String> = (0..25).map(|_| "telemetry/d0".to_owned()).collect();
+    for round in 0..4 {
+        for d in 0..devices {
+            topics.push(format!("telemetry/d{d}"));
+            topics.push(format!("telemetry/away-{round}"));
+        }
+    }
+    let burst = topics
+        .iter()
+        .zip(1..)
+        .map(|(topic, id)| publish(topic, 1, id))
+        .collect();
+    packets(&mut s, 2, burst, now);
+    store.commit_all(&mut s, now);
+    publisher.drain();
+    let expected: Vec<Vec<u64>> = (0..devices)
+        .map(|d| {
+            let mine = format!("telemetry/d{d}");
+            (1..)
+                .zip(&topics)
+                .filter(|(_, t)| **t == mine)
+                .map(|(o, _)| o)
+                .collect()
+        })
+        .collect();
+    let mut clients: Vec<(u64, Client)> = (0..devices)
+        .map(|d| {
+            let conn = 3 + d as u64;
+            let mut client = connect(&mut s, conn, &format!("dev-{d}"), false, now);
+            let filter = format!("telemetry/d{d}");
+            packets(&mut s, conn, vec![subscribe_to_from(&filter, "1")], now);
+            store.commit_all(&mut s, now);
+            client.drain();
+            (conn, client)
+        })
+        .collect();
+    let mut reads = Vec::new();
+    s.take_reads(&mut reads);
+    assert_eq!(
+        reads.len(),
+        1,
+        "one read, joined by every device: {reads:?}"
+    );
+    s.reads.waiting = reads;
+
+    let mut got: Vec<Vec<u64>> = vec![Vec::new(); devices];
+    for _ in 0..10 {
+        store.answer_reads(&mut s, 1, now);
+        for (d, (conn, client)) in clients.iter_mut().enumerate() {
+            let out = client.drain();
+            got[d].extend(offsets_of(&out));
+            packets(&mut s, *conn, acks_of(&out), now);
+        }
+    }
+    assert_eq!(got, expected);
+    s.flush(now);
+    store.commit_all(&mut s, now);
+    let end = topics.len() as u64 + 1;
+    for d in 0..devices {
+        let place = places_written(&store, &format!("dev-{d}"))
+            .last()
+            .map(|p| p.offset);
+        assert_eq!(place, Some(end), "dev-{d}");
+    }
 }
 
 /// A run of records handed to a consumer whose writer is gone closes its
