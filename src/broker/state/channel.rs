@@ -273,6 +273,7 @@ impl BrokerState {
         matched: Option<&[Match]>,
         now: Instant,
     ) {
+        self.place_moved(key);
         let session = &self.sessions.by_key[&key];
         if session.connection().is_none() {
             return;
@@ -339,6 +340,7 @@ impl BrokerState {
     /// Offer `record` (at the consumer's `next`) to consumer `index` of
     /// `key`: sent when a filter matches and there is room, skipped when
     /// none matches. False when there was no room (it stays at `next`).
+    /// Its callers mark the place moved, once for a run of records.
     pub(super) fn offer(
         &mut self,
         key: SessionKey,
@@ -348,7 +350,6 @@ impl BrokerState {
         matched: Option<&[Match]>,
         now: Instant,
     ) -> bool {
-        self.place_moved(key);
         let Some(session) = self.sessions.by_key.get(&key) else {
             return false;
         };
