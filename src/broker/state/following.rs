@@ -30,12 +30,10 @@
 //! Settling is a look-up; a member is settled where its `next` is read:
 //! before it catches up, before its position is written, in the lag gauge.
 
-use std::collections::BTreeMap;
-
 use super::consumer::ConsumerFilter;
 use super::ids::IdSet;
 use super::BrokerState;
-use crate::broker::subscriptions::{Match, SessionKey, SubOptions, SubscriptionIndex};
+use crate::broker::subscriptions::{Match, SessionKey, SubscriptionIndex};
 use saguin_format::model::ChannelKind;
 
 /// A channel's connected consumers by their filters, and those following
@@ -61,7 +59,9 @@ impl Followers {
     /// `key`'s filters are now `new`, in place of `old`: those that changed
     /// leave the index or come in, with what they ask (a consumer holding
     /// a thousand filters adds one at a time). One not indexed comes in
-    /// whole when `connected`.
+    /// whole when `connected`. Both lists are in filter order, as
+    /// `BrokerState::filters_on` makes them: walked side by side, a
+    /// holder's SUBSCRIBE costs one look at each of its filters.
     pub fn refiled(
         &mut self,
         key: SessionKey,
@@ -75,27 +75,34 @@ impl Followers {
             }
             return;
         }
-        fn asked(filters: &[ConsumerFilter]) -> BTreeMap<&str, SubOptions> {
-            filters
-                .iter()
-                .map(|f| (f.filter.as_str(), f.options()))
-                .collect()
-        }
-        let (before, after) = (asked(old), asked(new));
-        for (filter, options) in &before {
-            match after.get(filter) {
-                None => {
-                    self.filters.remove(None, filter, key);
+        debug_assert!(
+            old.is_sorted_by(|a, b| a.filter < b.filter)
+                && new.is_sorted_by(|a, b| a.filter < b.filter),
+            "a consumer's filters out of order"
+        );
+        let (mut before, mut after) = (old.iter().peekable(), new.iter().peekable());
+        loop {
+            match (before.peek(), after.peek()) {
+                (None, None) => break,
+                (Some(was), Some(now)) if was.filter == now.filter => {
+                    if was.options() != now.options() {
+                        self.filters.insert(None, &now.filter, key, now.options());
+                    }
+                    before.next();
+                    after.next();
                 }
-                Some(now) if now != options => {
-                    self.filters.insert(None, filter, key, *now);
+                (Some(was), Some(now)) if was.filter > now.filter => {
+                    self.filters.insert(None, &now.filter, key, now.options());
+                    after.next();
                 }
-                Some(_) => {}
-            }
-        }
-        for (filter, options) in after {
-            if !before.contains_key(filter) {
-                self.filters.insert(None, filter, key, options);
+                (None, Some(now)) => {
+                    self.filters.insert(None, &now.filter, key, now.options());
+                    after.next();
+                }
+                (Some(was), _) => {
+                    self.filters.remove(None, &was.filter, key);
+                    before.next();
+                }
             }
         }
         if new.is_empty() {
@@ -290,6 +297,85 @@ impl BrokerState {
         let through = self.channels.all[channel as usize].next;
         for key in members {
             self.move_up(key, channel, through);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(name: &str, qos: u8) -> ConsumerFilter {
+        ConsumerFilter {
+            filter: name.to_owned(),
+            whole_channel: false,
+            qos,
+            no_local: false,
+            retain_as_published: false,
+            subscription_id: None,
+        }
+    }
+
+    /// What the index asks of `key` for each topic of `topics`.
+    fn asked(followers: &mut Followers, key: SessionKey, topics: &[&str]) -> Vec<Option<u8>> {
+        topics
+            .iter()
+            .map(|t| {
+                let found = followers.matching(t);
+                found
+                    .iter()
+                    .find(|m| m.session == key)
+                    .map(|m| m.options.qos)
+            })
+            .collect()
+    }
+
+    /// Refiling walks the old and the new filters side by side: whatever
+    /// they share, interleave or leave, the index ends holding exactly the
+    /// new ones, with what they ask, and another consumer's are untouched.
+    #[test]
+    fn refiling_leaves_the_index_holding_exactly_the_new_filters() {
+        let topics = ["c/a", "c/b", "c/c", "c/d", "c/e"];
+        // Each case's old and new filters, with the QoS each asks.
+        type Filters<'a> = &'a [(&'a str, u8)];
+        let cases: &[(Filters, Filters)] = &[
+            (&[], &[("c/b", 1)]),
+            (&[("c/b", 1)], &[]),
+            (&[("c/a", 1), ("c/c", 1)], &[("c/b", 1), ("c/d", 0)]),
+            (
+                &[("c/a", 1), ("c/b", 0), ("c/e", 1)],
+                &[("c/b", 1), ("c/c", 1)],
+            ),
+            (
+                &[("c/b", 1), ("c/d", 1)],
+                &[("c/a", 0), ("c/b", 1), ("c/d", 0), ("c/e", 1)],
+            ),
+            (&[("c/a", 1), ("c/b", 1), ("c/c", 1)], &[("c/c", 1)]),
+        ];
+        for (old, new) in cases {
+            let old: Vec<ConsumerFilter> = old.iter().map(|(f, q)| filter(f, *q)).collect();
+            let new: Vec<ConsumerFilter> = new.iter().map(|(f, q)| filter(f, *q)).collect();
+            let mut followers = Followers::default();
+            let other = [filter("c/c", 2)];
+            followers.refiled(9, &[], &other, true);
+            followers.refiled(1, &[], &old, true);
+            followers.refiled(1, &old, &new, true);
+            let expected: Vec<Option<u8>> = topics
+                .iter()
+                .map(|t| new.iter().find(|f| f.filter == *t).map(|f| f.qos))
+                .collect();
+            assert_eq!(
+                asked(&mut followers, 1, &topics),
+                expected,
+                "{old:?} -> {new:?}"
+            );
+            assert_eq!(
+                asked(&mut followers, 9, &topics),
+                vec![None, None, Some(2), None, None],
+                "the other consumer"
+            );
+            assert_eq!(followers.filter_count(), new.len() + 1);
+            assert_eq!(followers.is_indexed(1), !new.is_empty());
         }
     }
 }
