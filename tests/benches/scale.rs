@@ -62,8 +62,9 @@
 //!   (each device's desired settings, its current value sent as it
 //!   subscribes). `SAGUIN_BENCH_FOLLOWING_CRASH` (set: any value) kills
 //!   saguin with `SIGKILL` while every device is connected, restarts it
-//!   and has every device come back: the time and the CPU until every
-//!   consumer has caught up with the channel (a power cut at a site).
+//!   and has every device come back, then sends each one record: the
+//!   time and the CPU until every device has that record, so has caught
+//!   up with the channel (a power cut at a site).
 //!   Capped below the open-file limit as the idle curve is.
 //! - `payloads`: one QoS 1 publisher to one QoS 1 subscriber with payloads
 //!   of 64 B to 256 KiB (the sizes are payload bytes): messages and MiB a
@@ -1741,7 +1742,7 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                 Which::Mosquitto { .. } => None,
             };
             let resident = rss(pid)?;
-            // Mosquitto keeps no consumer lag to wait on.
+            // Mosquitto's restart is not what the row measures.
             let crash = crash && matches!(which, Which::Saguin { .. });
             let row = run_following(broker.addr, pid, devices, rate, crash).await?;
             let broker = match crash {
@@ -1750,10 +1751,10 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
                     let mut killed = broker;
                     killed.child.wait().await?;
                     let broker = launch(&which, &data).await?;
-                    let after = catch_up(broker.addr, pid_of(&broker)?, metrics_port, n).await?;
+                    let after = catch_up(broker.addr, pid_of(&broker)?, n).await?;
                     println!(
                         "| {name} | {n} | after kill -9: started in {}, every device back in {}, \
-                         every consumer caught up in {}, broker CPU {} |",
+                         every device caught up in {}, broker CPU {} |",
                         ms(broker.started_in),
                         ms(after.reconnected),
                         ms(after.caught_up),
@@ -1786,24 +1787,27 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
 struct CaughtUp {
     /// From the first device's CONNECT to the last one's CONNACK.
     reconnected: Duration,
-    /// From the first CONNECT to a consumer lag gauge of 0.
+    /// From the first CONNECT to the last device's marker received.
     caught_up: Duration,
     /// The broker's CPU time over the same.
     cpu: Duration,
 }
 
+/// The topic of the record that tells device `i` it has caught up: sent
+/// after every device is back, it reaches the device only once the device
+/// has passed every record before it.
+fn marker_topic(i: usize) -> String {
+    format!("cmd/dev-{i}/caught-up")
+}
+
 /// After a crash: every device `dev-<i>` comes back to its session,
-/// acknowledging whatever it is sent, until the broker's consumer lag
-/// gauge reads 0 (every consumer at its channel's end). The gauge is the
-/// broker's only word on that (it logs nothing of it), so it is polled;
-/// past 1,000 consumers the broker works it out every 5 s, which bounds
-/// the time's precision.
-async fn catch_up(
-    addr: SocketAddr,
-    pid: u32,
-    metrics_port: u16,
-    n: usize,
-) -> Result<CaughtUp, Error> {
+/// acknowledging whatever it is sent; once all are back, one record
+/// ([`marker_topic`]) is published to each, and the wait ends when every
+/// device has received its own (so has passed everything before it).
+async fn catch_up(addr: SocketAddr, pid: u32, n: usize) -> Result<CaughtUp, Error> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
     let cpu_before = cpu_time(pid)?;
     let began = Instant::now();
     let devices = connect_many(n, move |i| async move {
@@ -1812,28 +1816,51 @@ async fn catch_up(
     })
     .await?;
     let reconnected = began.elapsed();
+    // Told of every device's marker and of every failure.
+    let progress = Arc::new(tokio::sync::Notify::new());
+    let marked = Arc::new(AtomicUsize::new(0));
     let readers: Vec<tokio::task::JoinHandle<Result<(), Error>>> = devices
         .into_iter()
         .enumerate()
         .map(|(i, mut device)| {
+            let (progress, marked) = (progress.clone(), marked.clone());
             tokio::spawn(async move {
                 let who = format!("dev-{i}");
+                let marker = marker_topic(i);
                 loop {
-                    acknowledge_messages(&mut device, &who, |_| true).await?;
+                    let seen = std::sync::atomic::AtomicBool::new(false);
+                    let got = acknowledge_messages(&mut device, &who, |p| {
+                        if *p.topic == *marker {
+                            seen.store(true, Ordering::Relaxed);
+                        }
+                        true
+                    })
+                    .await;
+                    if seen.load(Ordering::Relaxed) {
+                        marked.fetch_add(1, Ordering::Relaxed);
+                    }
+                    progress.notify_one();
+                    got?;
                 }
             })
         })
         .collect();
-    let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while bench_support::scrape(metrics, "saguin_consumer_lag").await != Some(0.0) {
+    publish_range(addr, 0..n, false, marker_topic).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    while marked.load(Ordering::Relaxed) < n {
         if let Some(i) = readers.iter().position(|r| r.is_finished()) {
             return Err(format!("dev-{i} after the restart: went away").into());
         }
-        if Instant::now() > deadline {
-            return Err("consumers not caught up ten minutes after the restart".into());
+        if tokio::time::timeout_at(deadline, progress.notified())
+            .await
+            .is_err()
+        {
+            return Err(format!(
+                "{} of {n} devices caught up ten minutes after the restart",
+                marked.load(Ordering::Relaxed)
+            )
+            .into());
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let caught_up = began.elapsed();
     let cpu = cpu_time(pid)? - cpu_before;
