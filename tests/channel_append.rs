@@ -359,18 +359,24 @@ async fn steady_publisher(
     while !stop.load(Relaxed) && acked.len() < 3000 {
         packet_id = packet_id % u16::MAX + 1;
         let payload = format!("p{i}-{}", acked.len());
-        p.publish(&topic, payload.as_bytes(), 1, false, packet_id)
-            .await;
-        match p.recv().await {
-            Some(Packet::PubAck(a)) if a.packet_id == packet_id => {
-                assert_eq!(a.reason, ReasonCode::Success, "{payload}: {a:?}")
-            }
-            other => panic!("{payload}: expected PUBACK {packet_id}, got {other:?}"),
-        }
+        publish_acked(&mut p, &topic, &payload, packet_id).await;
         acked.push(payload);
     }
     p.disconnect().await;
     acked
+}
+
+/// One QoS 1 publish of `payload` to `topic`, and its PUBACK, which must
+/// be a success.
+async fn publish_acked(p: &mut Raw<TcpStream>, topic: &str, payload: &str, packet_id: u16) {
+    p.publish(topic, payload.as_bytes(), 1, false, packet_id)
+        .await;
+    match p.recv().await {
+        Some(Packet::PubAck(a)) if a.packet_id == packet_id => {
+            assert_eq!(a.reason, ReasonCode::Success, "{payload}: {a:?}")
+        }
+        other => panic!("{payload}: expected PUBACK {packet_id}, got {other:?}"),
+    }
 }
 
 /// What a consumer was given: each offset's payload (the same every time
@@ -511,32 +517,15 @@ fn devices_back_after_a_kill_9_are_sent_each_its_own_commands_in_order() {
         rt.block_on(async {
             let mut p = client(broker, "publisher", ConnectOpts::clean()).await;
             let mut packet_id = 0u16;
-            let mut send = async |p: &mut Raw<TcpStream>, topic: String, payload: String| {
-                packet_id += 1;
-                p.publish(&topic, payload.as_bytes(), 1, false, packet_id)
-                    .await;
-                match p.recv().await {
-                    Some(Packet::PubAck(a)) if a.packet_id == packet_id => {
-                        assert_eq!(a.reason, ReasonCode::Success, "{payload}")
-                    }
-                    other => panic!("{payload}: expected PUBACK {packet_id}, got {other:?}"),
-                }
-            };
             for k in 0..50 {
-                send(
-                    &mut p,
-                    format!("telemetry/away-{k}"),
-                    format!("away-{round}-{k}"),
-                )
-                .await;
+                packet_id += 1;
+                let (topic, payload) = (format!("telemetry/away-{k}"), format!("away-{round}-{k}"));
+                publish_acked(&mut p, &topic, &payload, packet_id).await;
             }
             for d in 0..DEVICES {
-                send(
-                    &mut p,
-                    format!("telemetry/{}", device(d)),
-                    command(d, round),
-                )
-                .await;
+                packet_id += 1;
+                let topic = format!("telemetry/{}", device(d));
+                publish_acked(&mut p, &topic, &command(d, round), packet_id).await;
             }
             p.disconnect().await;
         })

@@ -945,10 +945,10 @@ impl BrokerState {
     /// A channel delivery's exchange ended: the record no longer holds the
     /// consumer's position back.
     pub(super) fn channel_acknowledged(&mut self, key: SessionKey, channel: u16, offset: u64) {
-        self.place_moved(key);
         if self.groups.acknowledged(key, channel, offset) {
             return;
         }
+        self.place_moved(key);
         if let Some(index) = self.sessions.consumer_index(key, channel) {
             let session = self.sessions.by_key.get_mut(&key).expect("indexed");
             session.consumers[index].unacked.remove(offset);

@@ -286,6 +286,13 @@ impl BrokerState {
         }
     }
 
+    /// The value at `offset` of `channel` owed to `key` was sent or
+    /// dropped: its place no longer waits for it.
+    pub(super) fn value_done(&mut self, key: SessionKey, channel: u16, offset: u64) {
+        self.sessions.value_done(key, channel, offset);
+        self.place_moved(key);
+    }
+
     /// Have the current values owed on `connection` all been sent? A latest
     /// consumer's changes wait until they have.
     pub(super) fn values_sent(&self, connection: u64) -> bool {

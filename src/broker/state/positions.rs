@@ -353,9 +353,6 @@ impl BrokerState {
     }
 }
 
-/// The reader a session's positions are stored under and their session
-/// expiry, for a session that keeps them: one outliving its connection, or
-/// a bridge (whose position has no session and never expires).
 /// Where `consumer`'s place is written next, when it moved since it was:
 /// settled to its channel's `channel_next` when it is `following`, and
 /// then, unless `passed_over`, only if it moved by more than records it
@@ -382,6 +379,9 @@ fn unwritten_place(
     (consumer.stored != Some(offset)).then_some(offset)
 }
 
+/// The reader a session's positions are stored under and their session
+/// expiry, for a session that keeps them: one outliving its connection, or
+/// a bridge (whose position has no session and never expires).
 fn position_holder(session: &Session) -> Option<(Reader, Option<u32>)> {
     let expiry = match session.bridge() {
         Some(_) => None,

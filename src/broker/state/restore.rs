@@ -207,10 +207,7 @@ impl BrokerState {
                     retain_handling: sub.retain_handling,
                     subscription_id: sub.subscription_id,
                 };
-                if self.channels.of_topic(parsed.filter).is_none() {
-                    self.index
-                        .insert(parsed.share_group, parsed.filter, key, options);
-                }
+                self.index_subscription(key, parsed.share_group, parsed.filter, options);
                 let previous = session.subscribe(
                     &sub.filter,
                     SessionSubscription::new(&sub.filter, options, sub.log_offset),

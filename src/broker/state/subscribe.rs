@@ -110,13 +110,7 @@ impl BrokerState {
                 self.metrics.subscriptions.fetch_add(1, Relaxed);
             }
             undo.push((raw.clone(), previous));
-            // A channel's records reach its consumers through the channel
-            // (`following.rs`), never through the broadcast index: a
-            // filter within one is not kept there too.
-            if channel.is_none() {
-                self.index
-                    .insert(parsed.share_group, parsed.filter, key, options);
-            }
+            self.index_subscription(key, parsed.share_group, parsed.filter, options);
             reasons.push(ReasonCode::from_u8(options.qos).unwrap_or(ReasonCode::UnspecifiedError));
             let wants_retained = match options.retain_handling {
                 0 => true,
@@ -203,8 +197,24 @@ impl BrokerState {
         Some(sub)
     }
 
+    /// A subscription of `key` joins the broadcast index, unless its
+    /// filter is within a channel: a channel's records reach its consumers
+    /// through the channel (`following.rs`), never through the broadcast
+    /// index, so such a filter is not kept there too.
+    pub(super) fn index_subscription(
+        &mut self,
+        key: SessionKey,
+        share_group: Option<&str>,
+        filter: &str,
+        options: SubOptions,
+    ) {
+        if self.channels.of_topic(filter).is_none() {
+            self.index.insert(share_group, filter, key, options);
+        }
+    }
+
     /// Subscription `raw` of `key` leaves the broadcast index, where it is
-    /// unless it is within a channel.
+    /// unless it is within a channel ([`Self::index_subscription`]).
     pub(super) fn unindex_subscription(
         &mut self,
         key: SessionKey,
@@ -219,13 +229,11 @@ impl BrokerState {
 
     /// Put subscription `raw` back as it was before a write that failed.
     pub(super) fn resubscribe(&mut self, key: SessionKey, raw: String, sub: SessionSubscription) {
-        let Some(session) = self.sessions.by_key.get_mut(&key) else {
+        if !self.sessions.by_key.contains_key(&key) {
             return;
-        };
-        if self.channels.of_topic(sub.filter(&raw)).is_none() {
-            self.index
-                .insert(sub.share_group(&raw), sub.filter(&raw), key, sub.options);
         }
+        self.index_subscription(key, sub.share_group(&raw), sub.filter(&raw), sub.options);
+        let session = self.sessions.by_key.get_mut(&key).expect("looked up");
         if session.subscribe(&raw, sub).is_none() {
             self.metrics.subscriptions.fetch_add(1, Relaxed);
         }
@@ -357,13 +365,11 @@ impl BrokerState {
                 self.transmit(connection, queued, 0, due.sys, now);
                 if let Some((channel, offset)) = due.channel {
                     // Sent (or dropped and counted): no longer owed.
-                    self.sessions.value_done(key, channel, offset);
-                    self.place_moved(key);
+                    self.value_done(key, channel, offset);
                 }
             } else if !self.start_exchange(key, connection, queued, due.channel, now) {
                 if let Some((channel, offset)) = due.channel {
-                    self.sessions.value_done(key, channel, offset);
-                    self.place_moved(key);
+                    self.value_done(key, channel, offset);
                 }
             }
             if self.doomed.iter().any(|(c, _, _)| *c == connection) {
