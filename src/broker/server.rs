@@ -323,6 +323,7 @@ async fn broker_task(
     let mut flush = tokio::time::interval(flush_interval.max(Duration::from_millis(1)));
     flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut batch = Vec::with_capacity(2 * EVENT_BATCH);
+    let mut answers = Vec::with_capacity(EVENT_BATCH + 1);
     let mut watermark = read_order::Watermark::default();
     let mut intents = Vec::new();
     let mut reads = Vec::new();
@@ -343,7 +344,14 @@ async fn broker_task(
             biased;
             _ = shutdown.recv() => break,
             // Answers first: they release acknowledgements clients wait on.
-            Some(committed) = commits.recv() => state.handle(committed, Instant::now()),
+            // Those ready are handled in one turn: a thousand devices
+            // back after a crash are let go on together once their
+            // sessions are written (`BrokerState::handle_all`).
+            Some(committed) = commits.recv() => {
+                answers.push(committed);
+                commits.take_ready(&mut answers, EVENT_BATCH);
+                state.handle_all(answers.drain(..), Instant::now());
+            }
             // Before client events: a broker kept busy must still capture
             // its snapshot generations on time (the crash window).
             _ = &mut snapshot_due, if armed.is_some() => {

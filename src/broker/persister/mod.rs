@@ -88,6 +88,17 @@ impl Commits {
             },
         }
     }
+
+    /// Up to `most` more answers already queued, publish groups' first,
+    /// appended to `out`: answers handled in one turn.
+    pub fn take_ready(&mut self, out: &mut Vec<Event>, most: usize) {
+        for _ in 0..most {
+            match self.publishes.try_recv().or_else(|_| self.rest.try_recv()) {
+                Ok(answer) => out.push(answer),
+                Err(_) => return,
+            }
+        }
+    }
 }
 
 /// The two answer queues, and the broker task's end of them.

@@ -20,6 +20,9 @@
 //! to announce: the others, and fewer than [`TOGETHER_AT_LEAST`]
 //! consumers, are handed the records one by one.
 
+use std::collections::BTreeMap;
+
+use saguin_format::model::ChannelKind;
 use tokio::time::Instant;
 
 use super::ids::IdMap;
@@ -43,12 +46,57 @@ impl BrokerState {
         readers: &[(SessionKey, usize)],
         now: Instant,
     ) {
+        self.pass_if_together(channel, readers, now);
+        for &(key, index) in readers {
+            self.serve_recent(key, index, now);
+        }
+    }
+
+    /// The consumers a turn pumped (`due`) of the sessions that came back
+    /// in it (`back`; both sorted), those of each append channel handed
+    /// what its recent reads hold together when enough can be: devices
+    /// back after a crash at places the recent reads hold, each passing
+    /// the same records alone. What is left to each, and its read, is its
+    /// pump's. Consumers pumped for room an acknowledgement made are not
+    /// among them: each is near its last place and takes a window's worth
+    /// there, where a pass would look at every record the reads hold.
+    pub(super) fn catch_up_back(
+        &mut self,
+        due: &[(SessionKey, u16)],
+        back: &[SessionKey],
+        now: Instant,
+    ) {
+        let mut by_channel: BTreeMap<u16, Vec<(SessionKey, usize)>> = BTreeMap::new();
+        for &(key, channel) in due {
+            if back.binary_search(&key).is_err()
+                || self.channels.all[channel as usize].kind != ChannelKind::Append
+            {
+                continue;
+            }
+            if let Some(index) = self.sessions.consumer_index(key, channel) {
+                by_channel.entry(channel).or_default().push((key, index));
+            }
+        }
+        for (channel, readers) in by_channel {
+            self.pass_if_together(channel, &readers, now);
+        }
+    }
+
+    /// Those of `readers` (consumer `index` of each session, all of
+    /// `channel`) that can be passed the records together, in one pass
+    /// when there are enough of them.
+    fn pass_if_together(&mut self, channel: u16, readers: &[(SessionKey, usize)], now: Instant) {
+        if readers.len() < TOGETHER_AT_LEAST {
+            return;
+        }
         let state = &self.channels.all[channel as usize];
         let members: IdMap<SessionKey, usize> = readers
             .iter()
             .copied()
             .filter(|&(key, index)| {
+                // One following the tail has nothing to pass.
                 state.followers.is_indexed(key)
+                    && !state.followers.is_following(key)
                     && self
                         .sessions
                         .by_key
@@ -65,9 +113,6 @@ impl BrokerState {
         if members.len() >= TOGETHER_AT_LEAST {
             self.pass_together(channel, members, now);
         }
-        for &(key, index) in readers {
-            self.serve_recent(key, index, now);
-        }
     }
 
     /// One pass over the recent reads of `channel` for `members`, from the
@@ -76,6 +121,10 @@ impl BrokerState {
         let next_of = |s: &Self, key: &SessionKey, index: usize| -> u64 {
             s.sessions.by_key[key].consumers[index].next
         };
+        #[cfg(test)]
+        {
+            self.channels.passes_together += 1;
+        }
         for &key in members.keys() {
             self.place_moved(key);
         }

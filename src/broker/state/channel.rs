@@ -50,7 +50,6 @@ use crate::broker::message::Message;
 use crate::broker::metrics::DropReason;
 use crate::broker::subscriptions::{Match, SessionKey, SubOptions};
 use crate::storage::contract::{LentRecord, Reader, RecordParts};
-use crate::topic;
 use saguin_format::model::{ChannelKind, Record};
 
 /// Most records one read asks for.
@@ -92,6 +91,16 @@ pub(super) struct Channels {
     pub consumer_reads: IdMap<u64, ConsumerRead>,
     /// Consumers to let catch up once the current event is handled.
     pub pumps_due: Vec<(SessionKey, u16)>,
+    /// Set while a turn's events are handled together: the pumps wait for
+    /// the last of them (`BrokerState::handle_all`).
+    pub hold_pumps: bool,
+    /// Sessions with consumers connected again since the pumps last ran:
+    /// those that may catch up together (`catch_up`).
+    pub back: Vec<SessionKey>,
+    /// Passes made over recent records for consumers together
+    /// (`catch_up`), counted for the tests.
+    #[cfg(test)]
+    pub passes_together: u64,
     /// Sessions consuming a channel that may have a connection: every one
     /// that has is here (added as it is connected or consumes while
     /// connected), the rest are let go when looked at
@@ -369,7 +378,7 @@ impl BrokerState {
                 scanned = consumer
                     .filters
                     .iter()
-                    .filter(|f| f.whole_channel || topic::filter_matches(&f.filter, record.topic()))
+                    .filter(|f| f.matches(record.topic()))
                     .map(ConsumerFilter::options);
                 &mut scanned
             }
@@ -404,12 +413,7 @@ impl BrokerState {
             }
         }
         let Some(filter) = best else {
-            self.sessions
-                .by_key
-                .get_mut(&key)
-                .expect("looked up")
-                .consumers[index]
-                .next = record.offset() + 1;
+            self.sessions.consumer_at(key, index).next = record.offset() + 1;
             return true;
         };
         let qos = filter.qos.min(record.qos());
@@ -480,12 +484,20 @@ impl BrokerState {
     /// The reads the event just handled made due.
     pub(super) fn run_pumps(&mut self, now: Instant) {
         self.run_group_reads();
+        if self.channels.hold_pumps {
+            return;
+        }
+        let mut back = std::mem::take(&mut self.channels.back);
         if self.channels.pumps_due.is_empty() {
             return;
         }
         let mut due = std::mem::take(&mut self.channels.pumps_due);
         due.sort_unstable();
         due.dedup();
+        if back.len() >= super::catch_up::TOGETHER_AT_LEAST {
+            back.sort_unstable();
+            self.catch_up_back(&due, &back, now);
+        }
         for (key, channel) in due {
             if let Some(index) = self.sessions.consumer_index(key, channel) {
                 self.read_for(key, index, now);
@@ -587,12 +599,7 @@ impl BrokerState {
             "a consumer following the tail reads"
         );
         // Whichever read answers it, the consumer waits for one from here.
-        self.sessions
-            .by_key
-            .get_mut(&key)
-            .expect("looked up")
-            .consumers[index]
-            .reading = true;
+        self.sessions.consumer_at(key, index).reading = true;
         // Consumers at the same place read once: one whose next a read
         // out already asks for waits for its answer.
         let state = &self.channels.all[channel as usize];
@@ -671,12 +678,7 @@ impl BrokerState {
             }
             let mut run = match state.recent.take_run(next) {
                 Err(Lookup::Empty { end }) => {
-                    self.sessions
-                        .by_key
-                        .get_mut(&key)
-                        .expect("looked up")
-                        .consumers[index]
-                        .next = end;
+                    self.sessions.consumer_at(key, index).next = end;
                     continue;
                 }
                 Err(_) => return true,
@@ -688,7 +690,24 @@ impl BrokerState {
                 self.hold_sends(connection);
             }
             for at in run.from..run.entries.len() {
-                let has_gap = self.sessions.by_key[&key].consumers[index].gap.is_some();
+                let consumer = &self.sessions.by_key[&key].consumers[index];
+                let topic = run.entries[at].record.topic();
+                // A record it does not match is passed here, before a
+                // message is made for it or its session looked at: a
+                // device back after a crash passes thousands of other
+                // devices' records for each of its own.
+                if !consumer.filters.iter().any(|f| f.matches(topic)) {
+                    continue;
+                }
+                let has_gap = consumer.gap.is_some();
+                let offset = run.entries[at].record.offset();
+                // Everything before the record matched none of its filters.
+                let consumer = self.sessions.consumer_at(key, index);
+                debug_assert!(
+                    consumer.next <= offset,
+                    "a run starts at its reader's place"
+                );
+                consumer.next = offset;
                 let entry = &mut run.entries[at];
                 // A gap's announcement makes a message of its own.
                 if entry.message.is_none() && !has_gap {
@@ -711,12 +730,7 @@ impl BrokerState {
                 return false;
             }
             // The span holds nothing more up to its end.
-            let consumer = &mut self
-                .sessions
-                .by_key
-                .get_mut(&key)
-                .expect("looked up")
-                .consumers[index];
+            let consumer = self.sessions.consumer_at(key, index);
             consumer.next = consumer.next.max(end);
         }
     }

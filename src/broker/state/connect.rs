@@ -354,6 +354,7 @@ impl BrokerState {
             session.set_connection(Some(connection));
             if !session.consumers.is_empty() {
                 self.channels.attached.insert(key);
+                self.channels.back.push(key);
                 self.index_consumers(key);
                 // Moved by a read answered while it was away, perhaps.
                 self.place_moved(key);

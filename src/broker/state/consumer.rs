@@ -31,6 +31,11 @@ pub(super) struct ConsumerFilter {
 }
 
 impl ConsumerFilter {
+    /// Does a record on `topic` match it?
+    pub(super) fn matches(&self, topic: &str) -> bool {
+        self.whole_channel || crate::topic::filter_matches(&self.filter, topic)
+    }
+
     /// What it asks of a record it matches, as the subscription index
     /// keeps it.
     pub(super) fn options(&self) -> SubOptions {

@@ -763,6 +763,11 @@ impl Sessions {
             .find(|c| c.channel == channel)
     }
 
+    /// Consumer `index` of session `key`, looked up before by the caller.
+    pub(super) fn consumer_at(&mut self, key: SessionKey, index: usize) -> &mut Consumer {
+        &mut self.by_key.get_mut(&key).expect("looked up").consumers[index]
+    }
+
     /// Persistent sessions the provider holds (or is about to).
     pub(super) fn stored_count(&self) -> usize {
         debug_assert_eq!(

@@ -396,6 +396,33 @@ fn a_consumer_behind_the_tail_reads_from_the_store_one_window_at_a_time() {
     assert_eq!(reads, vec![1, 1, 0]);
 }
 
+/// A record on each of `topics` in turn, from connection 2, committed:
+/// offsets 1, 2, ... when the channel starts at 1.
+fn publish_each(s: &mut BrokerState, store: &mut FakeStore, topics: &[String], now: Instant) {
+    let burst = topics
+        .iter()
+        .zip(1..)
+        .map(|(topic, id)| publish(topic, 1, id))
+        .collect();
+    packets(s, 2, burst, now);
+    store.commit_all(s, now);
+}
+
+/// The offsets of the records on `telemetry/d<d>` among `topics` (as
+/// [`publish_each`] numbers them), for each device `d` of `devices`.
+fn offsets_of_each_device(topics: &[String], devices: usize) -> Vec<Vec<u64>> {
+    (0..devices)
+        .map(|d| {
+            let mine = format!("telemetry/d{d}");
+            (1..)
+                .zip(topics)
+                .filter(|(_, t)| **t == mine)
+                .map(|(o, _)| o)
+                .collect()
+        })
+        .collect()
+}
+
 /// Devices back at an old place at once (after a crash) join one read,
 /// which is handed out to them together: each is sent exactly the records
 /// it matches, in order, one whose room runs out the rest once it
@@ -417,24 +444,9 @@ fn consumers_catching_up_together_are_each_sent_what_they_match_in_order() {
             topics.push(format!("telemetry/away-{round}"));
         }
     }
-    let burst = topics
-        .iter()
-        .zip(1..)
-        .map(|(topic, id)| publish(topic, 1, id))
-        .collect();
-    packets(&mut s, 2, burst, now);
-    store.commit_all(&mut s, now);
+    publish_each(&mut s, &mut store, &topics, now);
     publisher.drain();
-    let expected: Vec<Vec<u64>> = (0..devices)
-        .map(|d| {
-            let mine = format!("telemetry/d{d}");
-            (1..)
-                .zip(&topics)
-                .filter(|(_, t)| **t == mine)
-                .map(|(o, _)| o)
-                .collect()
-        })
-        .collect();
+    let expected = offsets_of_each_device(&topics, devices);
     let mut clients: Vec<(u64, Client)> = (0..devices)
         .map(|d| {
             let conn = 3 + d as u64;
@@ -463,6 +475,98 @@ fn consumers_catching_up_together_are_each_sent_what_they_match_in_order() {
             got[d].extend(offsets_of(&out));
             packets(&mut s, *conn, acks_of(&out), now);
         }
+    }
+    assert_eq!(got, expected);
+    s.flush(now);
+    store.commit_all(&mut s, now);
+    let end = topics.len() as u64 + 1;
+    for d in 0..devices {
+        let place = places_written(&store, &format!("dev-{d}"))
+            .last()
+            .map(|p| p.offset);
+        assert_eq!(place, Some(end), "dev-{d}");
+    }
+}
+
+/// Devices back in one turn at a place the channel's recent records still
+/// hold (each reconnection handled as it comes, the writes of their
+/// sessions answered together, as the server hands the state a turn's
+/// storage answers) pass those records together, once, rather than each
+/// alone: each is sent exactly the records it matches, in order, and each
+/// place ends past every record.
+#[test]
+fn devices_back_in_one_turn_pass_the_recent_records_together() {
+    use crate::broker::state::catch_up::TOGETHER_AT_LEAST;
+    let now = Instant::now();
+    let devices = TOGETHER_AT_LEAST + 2;
+    let mut s = channel_state(Limits::default(), 1);
+    let mut store = FakeStore::default();
+    let mut publisher = connect(&mut s, 2, "writer", true, now);
+    for d in 0..devices {
+        let conn = 3 + d as u64;
+        let mut client = connect(&mut s, conn, &format!("dev-{d}"), false, now);
+        let filter = format!("telemetry/d{d}");
+        packets(&mut s, conn, vec![subscribe(&filter, 1)], now);
+        store.commit_all(&mut s, now);
+        client.drain();
+        closed(&mut s, conn, now);
+        store.commit_all(&mut s, now);
+    }
+    // While they are away: each device's records, and records none of
+    // them matches between.
+    let mut topics = Vec::new();
+    for round in 0..3 {
+        for d in 0..devices {
+            topics.push(format!("telemetry/d{d}"));
+            topics.push(format!("telemetry/away-{round}"));
+        }
+    }
+    publish_each(&mut s, &mut store, &topics, now);
+    publisher.drain();
+    let expected = offsets_of_each_device(&topics, devices);
+
+    let passes = s.channels.passes_together;
+    let mut clients: Vec<(u64, Client)> = (0..devices)
+        .map(|d| {
+            let conn = 100 + d as u64;
+            (conn, connect(&mut s, conn, &format!("dev-{d}"), false, now))
+        })
+        .collect();
+    loop {
+        let mut intents = Vec::new();
+        s.take_intents(&mut intents);
+        if intents.is_empty() {
+            break;
+        }
+        let answers: Vec<Event> = intents
+            .iter()
+            .map(|intent| Event::Committed {
+                ticket: intent.ticket,
+                result: Ok(store.apply(intent)),
+            })
+            .collect();
+        s.handle_all(answers, now);
+    }
+    assert_eq!(
+        s.channels.passes_together,
+        passes + 1,
+        "the devices passed the records in one pass"
+    );
+    let mut reads = Vec::new();
+    s.take_reads(&mut reads);
+    assert!(
+        reads.is_empty(),
+        "the recent records served them: {reads:?}"
+    );
+
+    let mut got: Vec<Vec<u64>> = vec![Vec::new(); devices];
+    for _ in 0..3 {
+        for (d, (conn, client)) in clients.iter_mut().enumerate() {
+            let out = client.drain();
+            got[d].extend(offsets_of(&out));
+            packets(&mut s, *conn, acks_of(&out), now);
+        }
+        store.commit_all(&mut s, now);
     }
     assert_eq!(got, expected);
     s.flush(now);
