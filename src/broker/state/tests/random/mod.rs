@@ -457,12 +457,10 @@ impl Run {
 
     /// The persister of role `index` runs every group of writes it was
     /// handed, as its thread would take them, and the state is given each
-    /// answer.
+    /// group's answers in one turn, as the broker task takes those ready.
     fn run_role(&mut self, index: usize) {
         while let Some(answers) = self.life.persisters.step(index) {
-            for answer in answers {
-                self.state.handle(answer, self.now);
-            }
+            self.state.handle_all(answers, self.now);
         }
     }
 
