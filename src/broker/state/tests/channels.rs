@@ -396,6 +396,19 @@ fn a_consumer_behind_the_tail_reads_from_the_store_one_window_at_a_time() {
     assert_eq!(reads, vec![1, 1, 0]);
 }
 
+/// `rounds` rounds of a record for each device `telemetry/d<d>` in
+/// turn, each followed by one no device matches.
+fn rounds_of_devices(rounds: usize, devices: usize) -> Vec<String> {
+    let mut topics = Vec::new();
+    for round in 0..rounds {
+        for d in 0..devices {
+            topics.push(format!("telemetry/d{d}"));
+            topics.push(format!("telemetry/away-{round}"));
+        }
+    }
+    topics
+}
+
 /// A record on each of `topics` in turn, from connection 2, committed:
 /// offsets 1, 2, ... when the channel starts at 1.
 fn publish_each(s: &mut BrokerState, store: &mut FakeStore, topics: &[String], now: Instant) {
@@ -438,12 +451,7 @@ fn consumers_catching_up_together_are_each_sent_what_they_match_in_order() {
     // Device 0 is sent more than twice its window of 10 first; then every
     // device in turn, and records no device matches between.
     let mut topics: Vec<String> = (0..25).map(|_| "telemetry/d0".to_owned()).collect();
-    for round in 0..4 {
-        for d in 0..devices {
-            topics.push(format!("telemetry/d{d}"));
-            topics.push(format!("telemetry/away-{round}"));
-        }
-    }
+    topics.extend(rounds_of_devices(4, devices));
     publish_each(&mut s, &mut store, &topics, now);
     publisher.drain();
     let expected = offsets_of_each_device(&topics, devices);
@@ -514,13 +522,7 @@ fn devices_back_in_one_turn_pass_the_recent_records_together() {
     }
     // While they are away: each device's records, and records none of
     // them matches between.
-    let mut topics = Vec::new();
-    for round in 0..3 {
-        for d in 0..devices {
-            topics.push(format!("telemetry/d{d}"));
-            topics.push(format!("telemetry/away-{round}"));
-        }
-    }
+    let topics = rounds_of_devices(3, devices);
     publish_each(&mut s, &mut store, &topics, now);
     publisher.drain();
     let expected = offsets_of_each_device(&topics, devices);
