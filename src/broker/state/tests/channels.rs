@@ -409,6 +409,25 @@ fn rounds_of_devices(rounds: usize, devices: usize) -> Vec<String> {
     topics
 }
 
+/// After a flush, the last place written for each device `dev-<d>` of
+/// `devices` is `end`: each passed every record.
+fn places_written_at_the_end(
+    s: &mut BrokerState,
+    store: &mut FakeStore,
+    devices: usize,
+    end: u64,
+    now: Instant,
+) {
+    s.flush(now);
+    store.commit_all(s, now);
+    for d in 0..devices {
+        let place = places_written(store, &format!("dev-{d}"))
+            .last()
+            .map(|p| p.offset);
+        assert_eq!(place, Some(end), "dev-{d}");
+    }
+}
+
 /// A record on each of `topics` in turn, from connection 2, committed:
 /// offsets 1, 2, ... when the channel starts at 1.
 fn publish_each(s: &mut BrokerState, store: &mut FakeStore, topics: &[String], now: Instant) {
@@ -485,15 +504,7 @@ fn consumers_catching_up_together_are_each_sent_what_they_match_in_order() {
         }
     }
     assert_eq!(got, expected);
-    s.flush(now);
-    store.commit_all(&mut s, now);
-    let end = topics.len() as u64 + 1;
-    for d in 0..devices {
-        let place = places_written(&store, &format!("dev-{d}"))
-            .last()
-            .map(|p| p.offset);
-        assert_eq!(place, Some(end), "dev-{d}");
-    }
+    places_written_at_the_end(&mut s, &mut store, devices, topics.len() as u64 + 1, now);
 }
 
 /// Devices back in one turn at a place the channel's recent records still
@@ -571,15 +582,7 @@ fn devices_back_in_one_turn_pass_the_recent_records_together() {
         store.commit_all(&mut s, now);
     }
     assert_eq!(got, expected);
-    s.flush(now);
-    store.commit_all(&mut s, now);
-    let end = topics.len() as u64 + 1;
-    for d in 0..devices {
-        let place = places_written(&store, &format!("dev-{d}"))
-            .last()
-            .map(|p| p.offset);
-        assert_eq!(place, Some(end), "dev-{d}");
-    }
+    places_written_at_the_end(&mut s, &mut store, devices, topics.len() as u64 + 1, now);
 }
 
 /// A run of records handed to a consumer whose writer is gone closes its
