@@ -167,12 +167,7 @@ impl BrokerState {
                     }
                     // Everything before the record matched none of its
                     // filters.
-                    self.sessions
-                        .by_key
-                        .get_mut(&key)
-                        .expect("a member")
-                        .consumers[index]
-                        .next = offset;
+                    self.sessions.consumer_at(key, index).next = offset;
                     let entry = &run.entries[at];
                     if !self.offer(
                         key,
@@ -195,13 +190,8 @@ impl BrokerState {
 
     /// Every one of `members` passed the records below `end`.
     fn pass_to(&mut self, members: &IdMap<SessionKey, usize>, end: u64) {
-        for (key, &index) in members {
-            let consumer = &mut self
-                .sessions
-                .by_key
-                .get_mut(key)
-                .expect("a member")
-                .consumers[index];
+        for (&key, &index) in members {
+            let consumer = self.sessions.consumer_at(key, index);
             consumer.next = consumer.next.max(end);
         }
     }
