@@ -212,6 +212,33 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     Ok(exit::NO)
 }
 
+/// `names` joined by commas, a new line begun before one would pass
+/// [`NAMES_LINE_WIDTH`]: the table lays a cell out in time that grows with
+/// the square of its longest line, and a provider of ten thousand channels
+/// on one line took most of a second.
+fn names_in_lines(names: &[&str]) -> String {
+    let mut out = String::new();
+    let mut line = 0;
+    for (i, name) in names.iter().enumerate() {
+        if i > 0 {
+            // Room for the comma that ends the line if the next breaks it.
+            if line + 2 + name.len() + 1 > NAMES_LINE_WIDTH {
+                out.push_str(",\n");
+                line = 0;
+            } else {
+                out.push_str(", ");
+                line += 2;
+            }
+        }
+        out.push_str(name);
+        line += name.len();
+    }
+    out
+}
+
+/// The widest line of channel names in the providers table, in bytes.
+const NAMES_LINE_WIDTH: usize = 72;
+
 fn providers_table(config: &Config) -> Table {
     let mut table = Table::new();
     table.load_preset(UTF8_BORDERS_ONLY);
@@ -245,7 +272,7 @@ fn providers_table(config: &Config) -> Table {
         } else if channels.is_empty() {
             "-".to_string()
         } else {
-            channels.join(", ")
+            names_in_lines(channels)
         };
         let (max, reserve, stop) = match provider.bound(reserve) {
             None => ("none".to_string(), "-".to_string(), "-".to_string()),
@@ -276,4 +303,32 @@ fn providers_table(config: &Config) -> Table {
         ]);
     }
     table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_names_are_laid_in_lines_no_wider_than_the_table_takes() {
+        assert_eq!(names_in_lines(&[]), "");
+        assert_eq!(names_in_lines(&["a", "b", "c"]), "a, b, c");
+        let names: Vec<String> = (0..10_000).map(|i| format!("channel-{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let laid = names_in_lines(&names);
+        assert!(laid.lines().all(|line| line.len() <= NAMES_LINE_WIDTH));
+        assert!(laid.lines().count() > 10_000 * 12 / NAMES_LINE_WIDTH);
+        let again: Vec<&str> = laid
+            .lines()
+            .flat_map(|line| line.split(", "))
+            .map(|name| name.trim_end_matches(','))
+            .collect();
+        assert_eq!(again, names);
+        // A name wider than a line has a line of its own.
+        let wide = "w".repeat(NAMES_LINE_WIDTH + 5);
+        assert_eq!(
+            names_in_lines(&["a", &wide, "b"]),
+            format!("a,\n{wide},\nb")
+        );
+    }
 }

@@ -51,6 +51,7 @@ use std::time::Duration;
 pub use auth::{AclFile, PasswordFile};
 pub use names::{
     channel_file_name, check_channel_name, CHANNEL_NAME_MAX_BYTES, FILE_NAME_MAX_BYTES,
+    MAX_SERVED_CHANNELS,
 };
 pub use secret::Secret;
 pub use tls::TlsMaterial;

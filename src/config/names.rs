@@ -4,6 +4,11 @@
 /// Longest channel name, in bytes.
 pub const CHANNEL_NAME_MAX_BYTES: usize = 128;
 
+/// Most channels one broker serves: those configured and a dead-letter
+/// channel for each queue. The broker numbers them in 16 bits, and this is
+/// the most measured served (docs/benchmarks.md, "Channels in one broker").
+pub const MAX_SERVED_CHANNELS: usize = 10_000;
+
 /// Longest file name the snapshot directory may be asked to hold (the
 /// common `NAME_MAX` of Linux file systems).
 pub const FILE_NAME_MAX_BYTES: usize = saguin_format::channel_name::MAX_FILE_NAME_LEN;

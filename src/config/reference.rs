@@ -12,7 +12,7 @@ use super::parse::{
     PUBLISH_COMMIT_INTERVAL_MAX, READ_CONNECTIONS_MAX,
 };
 use super::units::{format_duration, DURATION_MAX_TEXT};
-use super::{CHANNEL_NAME_MAX_BYTES, FILE_NAME_MAX_BYTES};
+use super::{CHANNEL_NAME_MAX_BYTES, FILE_NAME_MAX_BYTES, MAX_SERVED_CHANNELS};
 use crate::storage::contract::DEFAULT_MAX_ATTEMPTS;
 
 /// One configuration key.
@@ -95,7 +95,7 @@ pub fn keys() -> Vec<KeyDoc> {
         key("storage[].publish_commit_max_records", "integer", "256", "1..=4294967295", "sqlite: most records in one publish transaction."),
         key("storage[].checkpoint_room", SIZE, "64MiB", "sqlite only; at most 1GiB; 0 keeps none", "Room kept allocated on the database's file system, in <file_path>-room, for the checkpoint (or the open) that finds the file system full: it is given up so the write-ahead log can be copied (or the database opened), the provider then keeps at most what it holds (publishes beyond refused with 0x83, removals making room for them) until the file system has this much free again (docs/operations.md, Disk faults). While another process's reader keeps the write-ahead log from being copied (a backup), the room grows with what the log adds beyond the database, and publishes beyond what it covers are refused with 0x83 where it cannot grow. With 0, a write-ahead log that took the last of the file system stops every write until room is made beside the provider. A file system that holds no block allocated ahead of writes (ZFS keeping zeros compressed) cannot keep it: the broker says so once; keep the room with a dataset reservation there and set 0."),
         key("storage[].read_connections", "integer", "4", format!("0..={READ_CONNECTIONS_MAX}"), "sqlite: read-only connections beside the writer; 0 puts every read on the writer."),
-        key("channels", "list", "none", "", "Durable channels; a topic whose first level is a channel's name belongs to it."),
+        key("channels", "list", "none", format!("at most {MAX_SERVED_CHANNELS}, counting a dead-letter channel for each queue"), "Durable channels; a topic whose first level is a channel's name belongs to it."),
         key("channels[].name", "string", "required", format!("one topic level, at most {CHANNEL_NAME_MAX_BYTES} bytes, and at most {encoded_max} once percent-encoded for its file name, where every byte outside A-Z a-z 0-9 _ - takes three (so at most {} bytes of others: a name of {CHANNEL_NAME_MAX_BYTES} bytes of multi-byte characters is refused); not . or .., no / + # or NUL, not starting with $; unique; not another queue's NAME.dlq", encoded_max / 3), "The channel's name: the first level of its topics."),
         key("channels[].kind", "append | latest | queue", "required", "", "A log, one value per topic, or work handed to one worker (docs/channels.md)."),
         key("channels[].storage", "string", "required", "the name of a storage provider", "The provider that keeps the channel."),

@@ -270,6 +270,34 @@ fn listener_rules() {
 }
 
 #[test]
+fn the_channels_served_are_capped_dead_letter_channels_counted() {
+    let channels = |append: usize, queues: usize| {
+        let mut yaml = format!("storage:\n{}channels:\n", sqlite("db", ""));
+        for i in 0..append {
+            yaml.push_str(&format!("  - {{name: a{i}, kind: append, storage: db}}\n"));
+        }
+        for i in 0..queues {
+            yaml.push_str(&format!("  - {{name: q{i}, kind: queue, storage: db}}\n"));
+        }
+        with_base(&yaml)
+    };
+    let config = ok(&channels(MAX_SERVED_CHANNELS, 0));
+    assert_eq!(config.channels.len(), MAX_SERVED_CHANNELS);
+    one_problem(
+        &channels(MAX_SERVED_CHANNELS + 1, 0),
+        "channels",
+        &format!("make 10001 to serve; the limit is {MAX_SERVED_CHANNELS}"),
+    );
+    // Each queue brings its dead-letter channel.
+    ok(&channels(MAX_SERVED_CHANNELS - 2, 1));
+    one_problem(
+        &channels(MAX_SERVED_CHANNELS - 1, 1),
+        "channels",
+        "10000 channels configured and a dead-letter channel for each of 1 queues make 10001",
+    );
+}
+
+#[test]
 fn a_channel_must_name_an_existing_provider() {
     one_problem(
         &with_base(&format!(

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Component, Path, PathBuf};
 
-use super::names::{check_channel_name, CHANNEL_NAME_MAX_BYTES};
+use super::names::{check_channel_name, CHANNEL_NAME_MAX_BYTES, MAX_SERVED_CHANNELS};
 use super::parse::{join, Ctx};
 use super::*;
 
@@ -454,6 +454,22 @@ fn channels(ctx: &mut Ctx, parsed: &Parsed) {
                 );
             }
         }
+    }
+    let served = parsed.channels.len()
+        + parsed
+            .channels
+            .iter()
+            .filter(|(_, c)| c.dlq_name().is_some())
+            .count();
+    if served > MAX_SERVED_CHANNELS {
+        ctx.problem(
+            "channels",
+            format!(
+                "{} channels configured and a dead-letter channel for each of {} queues make {served} to serve; the limit is {MAX_SERVED_CHANNELS} (a channel is a topic's first level; the levels below it are free)",
+                parsed.channels.len(),
+                served - parsed.channels.len()
+            ),
+        );
     }
     // Dead-letter channels: `<queue>.dlq` lives in the queue's provider and
     // file, so a configured channel of that name would put it elsewhere (or

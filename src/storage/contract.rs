@@ -1373,6 +1373,18 @@ pub trait Provider: Send + Sync {
     /// Exactly-once publishes held for their release.
     fn held_publishes(&self) -> Result<Arc<dyn HeldPublishStore>>;
 
+    /// Publishes to several of this provider's channels, each run's
+    /// records in order and each answered as its store's own batch would
+    /// answer it (a latest channel's as [`LatestStore::set`] does), in as
+    /// few transactions as the provider can share among them. A provider
+    /// that commits each store on its own writes each run in turn.
+    fn publish_together(
+        &self,
+        runs: Vec<(&ChannelStore, Vec<Record>)>,
+    ) -> Vec<Vec<Result<Record>>> {
+        publish_each(runs)
+    }
+
     /// Runs `body` - session writes only (sessions saved or removed,
     /// broadcast-log cursors, exactly-once holds made or dropped: writes
     /// that move no counter) - in one transaction where the provider has
@@ -1404,6 +1416,18 @@ pub trait Provider: Send + Sync {
     /// Stops accepting writes and releases what the provider holds open.
     /// Writes after close are [`StorageError::Closed`].
     fn close(&self) -> Result<()>;
+}
+
+/// Publishes to several channels, each run written by its own store in
+/// turn ([`Provider::publish_together`] where nothing is shared).
+pub fn publish_each(runs: Vec<(&ChannelStore, Vec<Record>)>) -> Vec<Vec<Result<Record>>> {
+    runs.into_iter()
+        .map(|(store, records)| match store {
+            ChannelStore::Append(s) => s.append_batch(records),
+            ChannelStore::Queue(s) => s.enqueue_many(records),
+            ChannelStore::Latest(s) => records.into_iter().map(|r| s.set(r)).collect(),
+        })
+        .collect()
 }
 
 /// A provider's checkpoint's room, as a scrape reads it.

@@ -107,6 +107,12 @@
 //!   change, so the peak counts one written with every message owed) and
 //!   on sqlite. What a message kept for later costs when the messages
 //!   read beside it are not kept.
+//! - `channels`: N append channels on one provider (memory with a
+//!   snapshot directory, sqlite): the first start, the threads, the RSS
+//!   and what each channel adds to it (against the row's first size), the
+//!   broker's CPU a QoS 1 publish to one channel and spread over all of
+//!   them, and the restart. Mosquitto (no persistence) publishes to the
+//!   same topics. What one channel for each site or tenant costs.
 //!
 //! `cargo bench --bench scale` (release). `SAGUIN_BENCH_ONLY` picks curves
 //! (comma-separated, default all); `SAGUIN_BENCH_SCALE` (default 1.0)
@@ -114,14 +120,14 @@
 //! replaces the sizes of the curves picked; `SAGUIN_BENCH_ROWS`
 //! (comma-separated row names, default all) picks the brokers of the idle,
 //! retained, commands, payloads, wills and stalled curves and the
-//! providers of the append, following, jobs and latest curves (`mosquitto`
-//! the following curve's peer);
+//! providers of the append, following, jobs, latest and channels curves
+//! (`mosquitto` the following and channels curves' peer);
 //! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose rows
 //! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
 //! retained, `saguin-before-memory` and `saguin-before-sqlite` sessions,
 //! `memory-before` append and following, `sqlite-before` following,
 //! `saguin-before` commands and stalled, `memory-before` and
-//! `sqlite-before` jobs and latest) run beside this build's in the same run (the idle curve's two
+//! `sqlite-before` jobs, latest and channels) run beside this build's in the same run (the idle curve's two
 //! builds take turns going first, size by size);
 //! `SAGUIN_BENCH_IDLE_SUBSCRIBED` (set: any value) subscribes each
 //! idle connection to its own command topic; `SAGUIN_BENCH_IDLE_SECS` (default 10) is the idle
@@ -231,6 +237,9 @@ async fn run() -> Result<(), Error> {
     }
     if wanted("sparse") {
         sparse(&sizes(&[1, 10, 100, 1_000]), mosquitto).await?;
+    }
+    if wanted("channels") {
+        channels(&sizes(&[10, 100, 1_000, 10_000]), mosquitto, scale).await?;
     }
     Ok(())
 }
@@ -445,7 +454,7 @@ async fn publish_many(
     addr: SocketAddr,
     count: usize,
     retain: bool,
-    topic: fn(usize) -> String,
+    topic: impl Fn(usize) -> String + Copy + Send + Sync + 'static,
 ) -> Result<(), Error> {
     publish_range(addr, 0..count, retain, topic).await
 }
@@ -455,7 +464,7 @@ async fn publish_range(
     addr: SocketAddr,
     range: std::ops::Range<usize>,
     retain: bool,
-    topic: fn(usize) -> String,
+    topic: impl Fn(usize) -> String + Copy + Send + Sync + 'static,
 ) -> Result<(), Error> {
     const PUBLISHERS: usize = 4;
     const WINDOW: usize = 500;
@@ -887,6 +896,109 @@ async fn receive_all_retained(addr: SocketAddr, n: usize) -> Result<Duration, Er
         }
     }
     Ok(began.elapsed())
+}
+
+// ---------------------------------------------------------------- channels
+
+/// QoS 1 publishes of each phase of the channels curve at scale 1.
+const CHANNELS_PUBLISHES: f64 = 100_000.0;
+
+/// Threads of process `pid`.
+fn threads(pid: u32) -> Result<u64, Error> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok(status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .ok_or_else(|| format!("no Threads in /proc/{pid}/status"))?
+        .trim()
+        .parse()?)
+}
+
+/// The broker's CPU time over `publishes` QoS 1 publishes to `topic(i)`,
+/// a publish, in microseconds.
+async fn cpu_a_publish(
+    broker: &Broker,
+    publishes: usize,
+    topic: impl Fn(usize) -> String + Copy + Send + Sync + 'static,
+) -> Result<f64, Error> {
+    let pid = pid_of(broker)?;
+    let before = cpu_time(pid)?;
+    publish_many(broker.addr, publishes, false, topic).await?;
+    Ok((cpu_time(pid)? - before).as_secs_f64() * 1e6 / publishes as f64)
+}
+
+async fn channels(sizes: &[usize], mosquitto: bool, scale: f64) -> Result<(), Error> {
+    let publishes = ((CHANNELS_PUBLISHES * scale) as usize).max(1);
+    println!(
+        "\n## Channels in one broker (append channels c0..cN on one provider; {publishes} QoS 1 publishes of 64 B to one of them, then as many spread over all)"
+    );
+    println!(
+        "| broker | channels | first start | threads | RSS | RSS a channel | broker CPU a publish, one channel | spread over all | restart | RSS after |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let baseline = bench_support::baseline()?;
+    let mut names = provider_rows(&baseline);
+    if mosquitto && row_wanted("mosquitto") {
+        names.push("mosquitto");
+    }
+    let dir = tempfile::tempdir()?;
+    // Each row's first size and RSS: what a channel adds is read against it.
+    let mut first: std::collections::HashMap<&str, (usize, u64)> = Default::default();
+    for &n in sizes {
+        for &name in &names {
+            let data = dir.path().join(format!("{name}-{n}"));
+            if name == "mosquitto" {
+                let which = Which::Mosquitto {
+                    extra: "persistence false\nset_tcp_nodelay true\n",
+                };
+                let broker = launch(&which, &data).await?;
+                let one = cpu_a_publish(&broker, publishes, |_| "c0/d".to_string()).await?;
+                let spread =
+                    cpu_a_publish(&broker, publishes, move |i| format!("c{}/d", i % n)).await?;
+                stop(broker).await?;
+                println!("| {name} | {n} | - | - | - | - | {one:.1} µs | {spread:.1} µs | - | - |");
+                continue;
+            }
+            let storage = provider_storage(name, &data);
+            let mut body = format!("storage:\n{storage}channels:\n");
+            for c in 0..n {
+                body.push_str(&format!("  - {{name: c{c}, kind: append, storage: p}}\n"));
+            }
+            let config = saguin_config(&data, &body)?;
+            let which = Which::Saguin {
+                config: &config,
+                bin: provider_bin(name, &baseline),
+            };
+            let broker = launch(&which, &data).await?;
+            let first_start = broker.started_in;
+            let pid = pid_of(&broker)?;
+            let threads = threads(pid)?;
+            let resident = rss(pid)?;
+            let (n0, rss0) = *first.entry(name).or_insert((n, resident));
+            let a_channel = if n > n0 {
+                format!("{:.0} B", (resident as f64 - rss0 as f64) / (n - n0) as f64)
+            } else {
+                "-".to_string()
+            };
+            let one = cpu_a_publish(&broker, publishes, |_| "c0/d".to_string()).await?;
+            let spread =
+                cpu_a_publish(&broker, publishes, move |i| format!("c{}/d", i % n)).await?;
+            stop(broker).await?;
+            let broker = launch(&which, &data).await?;
+            let restart = broker.started_in;
+            let after = rss(pid_of(&broker)?)?;
+            stop(broker).await?;
+            println!(
+                "| {name} | {n} | {} | {threads} | {} | {a_channel} | {one:.1} µs | {spread:.1} µs | {} | {} |",
+                ms(first_start),
+                mib(resident as f64),
+                ms(restart),
+                mib(after as f64),
+            );
+            std::fs::remove_dir_all(&data)?;
+        }
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------- append

@@ -6,13 +6,15 @@
 //! A memory provider's writes cost a lock and a copy, so they run inline in
 //! the broker task and are answered before it reads the next event. A
 //! sqlite provider's writes are transactions with disk I/O behind them, so
-//! they run on a dedicated thread fed by a bounded queue, answered as
-//! [`Event::Committed`]. When that queue is full the broker task waits for
-//! room before it reads another client event: clients stop being read
-//! rather than their writes being buffered without bound. The thread takes
-//! whatever has queued up each time it wakes and serves it in turns
-//! (`turns`): publishes group-committed, session writes of several packets
-//! in one transaction, the writes a client waits on first.
+//! they run on a thread of the provider's, serving every role it keeps,
+//! fed by a bounded queue, answered as [`Event::Committed`]. When that
+//! queue is full the broker task waits for room before it reads another
+//! client event: clients stop being read rather than their writes being
+//! buffered without bound. The thread takes whatever has queued up each
+//! time it wakes and serves each role in turns (`turns`): publishes
+//! group-committed (those of all the provider's channels together),
+//! session writes of several packets in one transaction, the writes a
+//! client waits on first.
 //!
 //! A failed write is counted in `saguin_storage_errors_total{provider,kind}`;
 //! the state answers the client the write was for. A fault of the disk
@@ -325,6 +327,18 @@ impl Stores {
                     .map(|released| Written::Released(index, delivery_id, released))
             }
         }
+    }
+
+    /// Whether every write of `group` is a publish to this role's channel:
+    /// such groups of several channels are stored together
+    /// ([`publish_together`]); anything else runs as
+    /// [`Stores::run_together`] runs it.
+    fn publishes_to_its_channel(&self, group: &[Intent]) -> bool {
+        !self.alone
+            && self.channel.is_some()
+            && group
+                .iter()
+                .all(|i| i.writes.iter().all(|w| matches!(w, Write::Append(_))))
     }
 
     /// Every write of `intent` in order; the first failure answers it.
@@ -697,6 +711,17 @@ struct Failures {
 }
 
 impl Failures {
+    /// A group's answers as the broker task is handed them.
+    fn answered(&mut self, answers: GroupAnswers) -> Vec<Event> {
+        answers
+            .into_iter()
+            .map(|(ticket, result)| Event::Committed {
+                ticket,
+                result: self.answer(result),
+            })
+            .collect()
+    }
+
     fn answer(
         &mut self,
         result: Result<Vec<Written>, StorageError>,
@@ -731,10 +756,8 @@ impl Failures {
 
 enum Kind {
     Inline(Stores, Failures),
-    Thread {
-        queue: mpsc::Sender<Intent>,
-        thread: Option<std::thread::JoinHandle<()>>,
-    },
+    /// Its provider's thread's queue ([`serve_provider`]).
+    Thread(mpsc::Sender<Intent>),
     /// [`Persister::stepped`]'s.
     #[cfg(test)]
     Stepped {
@@ -749,6 +772,7 @@ enum Kind {
 /// own queue, read first), and its answers in order. `arrivals` and
 /// `elapsed` are what a session group gives way by
 /// ([`Stores::run_session_group`]).
+#[cfg(test)]
 fn run_next(
     stores: &Stores,
     turns: &mut Turns,
@@ -763,14 +787,192 @@ fn run_next(
     } else {
         stores.run_session_group(group, turns, arrivals, elapsed)
     };
-    let answers = answers
-        .into_iter()
-        .map(|(ticket, result)| Event::Committed {
-            ticket,
-            result: failures.answer(result),
-        })
+    Some((publishes, failures.answered(answers)))
+}
+
+/// A group's answers: each intent's ticket and what it wrote.
+type GroupAnswers = Vec<(u64, Result<Vec<Written>, StorageError>)>;
+
+/// One role a provider's thread serves: its stores, its failures and its
+/// queue of what it was handed.
+struct OnThread {
+    stores: Stores,
+    failures: Failures,
+    turns: Turns,
+}
+
+/// A provider's thread: every role it keeps (`roles`, each with its
+/// index), in rounds. Each round takes whatever has queued up, then each
+/// role with something waiting runs its next group as a thread of its own
+/// ran it; the publish groups of channels in one round are stored in one
+/// call ([`Provider::publish_together`]), so publishes spread over many
+/// channels share transactions as those to one channel do. Each role's
+/// writes keep their order: they come on one queue and each role's
+/// groups run in turn.
+fn serve_provider(
+    mut roles: Vec<(usize, OnThread)>,
+    mut intents: mpsc::Receiver<Intent>,
+    commits: &CommitSender,
+) {
+    let place_of: std::collections::HashMap<usize, usize> = roles
+        .iter()
+        .enumerate()
+        .map(|(place, (index, _))| (*index, place))
         .collect();
-    Some((publishes, answers))
+    let push = |roles: &mut Vec<(usize, OnThread)>, intent: Intent| {
+        match place_of.get(&intent.role.index()) {
+            Some(&place) => roles[place].1.turns.push(intent),
+            // Routed here by its role, so never; dropped, its client would
+            // wait for an answer that never comes.
+            None => debug_assert!(false, "an intent for a role this thread does not serve"),
+        }
+    };
+    let mut open = true;
+    loop {
+        if roles.iter().all(|(_, r)| r.turns.is_empty()) {
+            if !open {
+                return;
+            }
+            match intents.blocking_recv() {
+                Some(intent) => push(&mut roles, intent),
+                None => return,
+            }
+        }
+        while let Ok(intent) = intents.try_recv() {
+            push(&mut roles, intent);
+        }
+        if intents.is_closed() && intents.is_empty() {
+            open = false;
+        }
+        let mut together: Vec<(usize, Vec<Intent>)> = Vec::new();
+        for place in 0..roles.len() {
+            let role = &mut roles[place].1;
+            let Some(group) = role.turns.next() else {
+                continue;
+            };
+            let publishes = group.first().is_some_and(|i| i.class == Class::Publish);
+            if publishes && role.stores.publishes_to_its_channel(&group) {
+                together.push((place, group));
+                continue;
+            }
+            let answers = if publishes {
+                role.stores.run_together(group)
+            } else {
+                // Arrivals for the other roles wait beside, in order.
+                let mut beside = Vec::new();
+                let started = Instant::now();
+                let answers = role.stores.run_session_group(
+                    group,
+                    &mut role.turns,
+                    |turns| {
+                        let mut publish_arrived = false;
+                        while let Ok(arrived) = intents.try_recv() {
+                            publish_arrived |= arrived.class == Class::Publish;
+                            if place_of.get(&arrived.role.index()) == Some(&place) {
+                                turns.push(arrived);
+                            } else {
+                                beside.push(arrived);
+                            }
+                        }
+                        publish_arrived
+                    },
+                    || started.elapsed(),
+                );
+                for arrived in beside {
+                    push(&mut roles, arrived);
+                }
+                answers
+            };
+            let answers = roles[place].1.failures.answered(answers);
+            if !send_answers(commits, publishes, answers) {
+                return;
+            }
+        }
+        if together.is_empty() {
+            continue;
+        }
+        for (place, answers) in publish_together(&roles, together) {
+            let answers = roles[place].1.failures.answered(answers);
+            if !send_answers(commits, true, answers) {
+                return;
+            }
+        }
+    }
+}
+
+/// Hand `answers` to the broker task, a publish group's on their own
+/// queue; false once the broker task is gone.
+fn send_answers(commits: &CommitSender, publishes: bool, answers: Vec<Event>) -> bool {
+    let answer_to = if publishes {
+        &commits.publishes
+    } else {
+        &commits.rest
+    };
+    answers
+        .into_iter()
+        .all(|answer| answer_to.send(answer).is_ok())
+}
+
+/// The publish groups of several channels' roles (each `place` in
+/// `roles`, each group only appends to its role's channel:
+/// [`Stores::publishes_to_its_channel`]), their records stored in one
+/// call to the provider; each role's answers, each intent answered with
+/// its records as stored or the first refusal among them.
+fn publish_together(
+    roles: &[(usize, OnThread)],
+    groups: Vec<(usize, Vec<Intent>)>,
+) -> Vec<(usize, GroupAnswers)> {
+    let Some(&(first, _)) = groups.first() else {
+        return Vec::new();
+    };
+    let provider = roles[first].1.stores.handle.clone();
+    // Each group's place, channel index, and intents' tickets and counts
+    // of records.
+    type Shape = (usize, u16, Vec<(u64, usize)>);
+    let mut shapes: Vec<Shape> = Vec::with_capacity(groups.len());
+    let mut runs: Vec<(&ChannelStore, Vec<Record>)> = Vec::with_capacity(groups.len());
+    for (place, group) in groups {
+        let Some((index, store)) = roles[place].1.stores.channel.as_ref() else {
+            continue;
+        };
+        let mut records = Vec::new();
+        let mut intents = Vec::with_capacity(group.len());
+        for intent in group {
+            let count = intent.writes.len();
+            records.extend(intent.writes.into_iter().filter_map(|w| match w {
+                Write::Append(record) => Some(record),
+                _ => None,
+            }));
+            intents.push((intent.ticket, count));
+        }
+        shapes.push((place, *index, intents));
+        runs.push((store, records));
+    }
+    let stored = provider.publish_together(runs);
+    shapes
+        .into_iter()
+        .zip(stored)
+        .map(|((place, index, intents), stored)| {
+            let mut stored = stored.into_iter();
+            let answers = intents
+                .into_iter()
+                .map(|(ticket, count)| {
+                    let mut written = Vec::with_capacity(count);
+                    let mut failed = None;
+                    for answer in stored.by_ref().take(count) {
+                        match answer {
+                            Ok(record) => written.push(Written::Stored(index, Arc::new(record))),
+                            Err(e) => {
+                                failed.get_or_insert(e);
+                            }
+                        }
+                    }
+                    (ticket, failed.map_or(Ok(written), Err))
+                })
+                .collect();
+            (place, answers)
+        })
+        .collect()
 }
 
 /// One role's persister.
@@ -785,84 +987,6 @@ pub struct Persister {
 pub struct PersisterGone(pub String);
 
 impl Persister {
-    /// A persister for `provider`, answering on `commits`.
-    pub fn start(
-        provider: Arc<dyn Provider>,
-        keeps: Keeps,
-        metrics: Arc<Metrics>,
-        commits: CommitSender,
-    ) -> Result<Persister, StorageError> {
-        let (kind, stores, failures) = Persister::parts(provider, keeps, metrics)?;
-        if kind == ProviderKind::Memory {
-            return Ok(Persister {
-                kind: Kind::Inline(stores, failures),
-            });
-        }
-        let (queue, mut intents) = mpsc::channel::<Intent>(QUEUE);
-        let name = match &stores.channel {
-            Some((_, channel)) => format!("saguin-persist-{}", channel.name()),
-            None => format!("saguin-persist-{}", stores.provider),
-        };
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || {
-                let mut failures = failures;
-                let mut turns = Turns::default();
-                let mut open = true;
-                loop {
-                    if turns.is_empty() {
-                        if !open {
-                            return;
-                        }
-                        match intents.blocking_recv() {
-                            Some(intent) => turns.push(intent),
-                            None => return,
-                        }
-                    }
-                    while let Ok(intent) = intents.try_recv() {
-                        turns.push(intent);
-                    }
-                    if intents.is_closed() && intents.is_empty() {
-                        open = false;
-                    }
-                    let started = Instant::now();
-                    let Some((publishes, answers)) = run_next(
-                        &stores,
-                        &mut turns,
-                        &mut failures,
-                        |turns| {
-                            let mut publish_arrived = false;
-                            while let Ok(arrived) = intents.try_recv() {
-                                publish_arrived |= arrived.class == Class::Publish;
-                                turns.push(arrived);
-                            }
-                            publish_arrived
-                        },
-                        || started.elapsed(),
-                    ) else {
-                        continue;
-                    };
-                    let answer_to = if publishes {
-                        &commits.publishes
-                    } else {
-                        &commits.rest
-                    };
-                    for answer in answers {
-                        if answer_to.send(answer).is_err() {
-                            return;
-                        }
-                    }
-                }
-            })
-            .map_err(|e| StorageError::io("starting the persister thread", e))?;
-        Ok(Persister {
-            kind: Kind::Thread {
-                queue,
-                thread: Some(thread),
-            },
-        })
-    }
-
     /// A provider's stores for `keeps`, registered with `metrics`, and the
     /// count of its failed writes.
     fn parts(
@@ -931,7 +1055,7 @@ impl Persister {
                 let result = failures.answer(stores.run(intent));
                 Ok(Some(Event::Committed { ticket, result }))
             }
-            Kind::Thread { queue, .. } => queue
+            Kind::Thread(queue) => queue
                 .send(intent)
                 .await
                 .map(|()| None)
@@ -943,17 +1067,6 @@ impl Persister {
             }
         }
     }
-
-    /// Stop taking intents and wait for the thread to finish what it has.
-    pub fn stop(mut self) {
-        if let Kind::Thread { queue, thread } = &mut self.kind {
-            let (closed, _) = mpsc::channel(1);
-            drop(std::mem::replace(queue, closed));
-            if let Some(thread) = thread.take() {
-                let _ = thread.join();
-            }
-        }
-    }
 }
 
 /// One persister per role (two roles naming one provider share a provider,
@@ -961,9 +1074,18 @@ impl Persister {
 /// per append channel, by [`Role::index`](super::state::Role::index).
 pub struct Persisters {
     roles: Vec<Persister>,
+    /// One for each sqlite provider, serving every role it keeps.
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Persisters {
+    /// The persisters of every role: a memory provider's inline, and one
+    /// thread for each other provider, serving every role it keeps
+    /// ([`serve_provider`]). A thread of each role's own cost a sqlite
+    /// channel a thread and 40 KB, and publishes spread over a hundred
+    /// channels twice the broker's CPU of the same publishes to one: each
+    /// woke a thread of its own (docs/benchmarks.md, "Channels in one
+    /// broker").
     pub fn start(
         sessions: Arc<dyn Provider>,
         retained: Arc<dyn Provider>,
@@ -971,9 +1093,48 @@ impl Persisters {
         metrics: Arc<Metrics>,
         commits: CommitSender,
     ) -> Result<Persisters, StorageError> {
-        Persisters::of_roles(sessions, retained, channels, |provider, keeps| {
-            Persister::start(provider, keeps, metrics.clone(), commits.clone())
-        })
+        let mut threaded: Vec<(String, Vec<(usize, OnThread)>)> = Vec::new();
+        // `of_roles` makes the roles in the order of their indices.
+        let mut role = 0;
+        let mut persisters =
+            Persisters::of_roles(sessions, retained, channels, |provider, keeps| {
+                let index = role;
+                role += 1;
+                let (kind, stores, failures) = Persister::parts(provider, keeps, metrics.clone())?;
+                if kind == ProviderKind::Memory {
+                    return Ok(Persister {
+                        kind: Kind::Inline(stores, failures),
+                    });
+                }
+                let provider = stores.provider.clone();
+                let on = OnThread {
+                    stores,
+                    failures,
+                    turns: Turns::default(),
+                };
+                match threaded.iter_mut().find(|(name, _)| *name == provider) {
+                    Some((_, roles)) => roles.push((index, on)),
+                    None => threaded.push((provider, vec![(index, on)])),
+                }
+                // Its provider's queue once every role of it is known, below.
+                let (unset, _) = mpsc::channel(1);
+                Ok(Persister {
+                    kind: Kind::Thread(unset),
+                })
+            })?;
+        for (provider, roles) in threaded {
+            let (queue, intents) = mpsc::channel::<Intent>(QUEUE);
+            for (index, _) in &roles {
+                persisters.roles[*index].kind = Kind::Thread(queue.clone());
+            }
+            let commits = commits.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("saguin-persist-{provider}"))
+                .spawn(move || serve_provider(roles, intents, &commits))
+                .map_err(|e| StorageError::io("starting the persister thread", e))?;
+            persisters.threads.push(thread);
+        }
+        Ok(persisters)
     }
 
     /// [`Persisters::start`] with [`Persister::stepped`] persisters:
@@ -1011,7 +1172,10 @@ impl Persisters {
                 Keeps::Channel(index, channel.store.clone()),
             )?);
         }
-        Ok(Persisters { roles })
+        Ok(Persisters {
+            roles,
+            threads: Vec::new(),
+        })
     }
 
     /// The answers of the next group the stepped persister of role
@@ -1029,9 +1193,11 @@ impl Persisters {
         }
     }
 
+    /// Stop taking intents and wait for each thread to finish what it has.
     pub fn stop(self) {
-        for persister in self.roles {
-            persister.stop();
+        drop(self.roles);
+        for thread in self.threads {
+            let _ = thread.join();
         }
     }
 }
@@ -1207,6 +1373,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use crate::broker::state::Role;
     use crate::storage::contract::{ChannelStore, Position, Reader};
     use crate::storage::sqlite::{SqliteOptions, SqliteProvider};
     use saguin_format::model::ChannelKind;
@@ -1256,6 +1423,8 @@ mod tests {
     struct Counting {
         inner: Arc<SqliteProvider>,
         shared: AtomicUsize,
+        /// Calls of `publish_together`.
+        together: AtomicUsize,
         refusing: std::sync::atomic::AtomicBool,
     }
 
@@ -1297,6 +1466,13 @@ mod tests {
         fn held_publishes(&self) -> Result<Arc<dyn HeldPublishStore>, StorageError> {
             self.inner.held_publishes()
         }
+        fn publish_together(
+            &self,
+            runs: Vec<(&ChannelStore, Vec<Record>)>,
+        ) -> Vec<Vec<Result<Record, StorageError>>> {
+            self.together.fetch_add(1, Ordering::Relaxed);
+            self.inner.publish_together(runs)
+        }
         fn session_writes_together(
             &self,
             body: &mut dyn FnMut() -> bool,
@@ -1313,6 +1489,114 @@ mod tests {
         fn close(&self) -> Result<(), StorageError> {
             self.inner.close()
         }
+    }
+
+    #[tokio::test]
+    async fn one_thread_serves_every_role_of_a_provider_and_stores_channels_publishes_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let provider = Arc::new(Counting {
+            inner: Arc::new(
+                SqliteProvider::open(SqliteOptions::new("db", dir.path().join("saguin.db")))
+                    .unwrap(),
+            ),
+            shared: AtomicUsize::new(0),
+            together: AtomicUsize::new(0),
+            refusing: std::sync::atomic::AtomicBool::new(false),
+        });
+        let kinds = [
+            ("a", ChannelKind::Append),
+            ("b", ChannelKind::Append),
+            ("l", ChannelKind::Latest),
+            ("q", ChannelKind::Queue),
+        ];
+        let served: Vec<ServedChannel> = kinds
+            .iter()
+            .map(|&(name, kind)| ServedChannel {
+                name: name.into(),
+                provider: provider.clone(),
+                store: provider.open_channel(name, kind).unwrap(),
+                retention: Default::default(),
+                queue: None,
+            })
+            .collect();
+        let (commits, mut answers) = commit_channel();
+        let mut persisters = Persisters::start(
+            provider.clone(),
+            provider.clone(),
+            &served,
+            Arc::new(Metrics::new()),
+            commits,
+        )
+        .unwrap();
+        assert_eq!(persisters.threads.len(), 1, "one thread for the provider");
+        // Forty publishes over the four channels; the 13th is refused (QoS
+        // 3), and the latest channel's first deletes a topic that held
+        // nothing.
+        let mut expected = Vec::new();
+        for ticket in 0..40u64 {
+            let channel = (ticket % 4) as u16;
+            let (name, kind) = kinds[usize::from(channel)];
+            let mut record = Record::new(
+                format!("{name}/t{}", ticket % 3),
+                if ticket == 2 {
+                    bytes::Bytes::new()
+                } else {
+                    bytes::Bytes::from(ticket.to_string())
+                },
+            );
+            if ticket == 13 {
+                record.qos = 3;
+            }
+            expected.push((channel, kind, ticket));
+            persisters
+                .submit(Intent {
+                    ticket,
+                    role: Role::Channel(channel),
+                    class: Class::Publish,
+                    writes: vec![Write::Append(record)],
+                })
+                .await
+                .unwrap();
+        }
+        let mut next_offset = [1u64; 4];
+        let mut got = std::collections::BTreeMap::new();
+        while got.len() < expected.len() {
+            match answers.recv().await {
+                Some(Event::Committed { ticket, result }) => {
+                    got.insert(ticket, result);
+                }
+                other => panic!("not an answer: {other:?}"),
+            }
+        }
+        for (channel, kind, ticket) in expected {
+            let result = &got[&ticket];
+            if ticket == 13 {
+                assert!(result.is_err(), "the refused one alone");
+                continue;
+            }
+            let written = result.as_ref().unwrap();
+            let [Written::Stored(index, record)] = written.as_slice() else {
+                panic!("ticket {ticket}: {written:?}");
+            };
+            assert_eq!(*index, channel);
+            if ticket == 2 {
+                assert_eq!(record.offset, 0, "a deletion of nothing takes no offset");
+                continue;
+            }
+            assert_eq!(record.payload, bytes::Bytes::from(ticket.to_string()));
+            // Each channel's offsets in the order its publishes came.
+            let slot = &mut next_offset[usize::from(channel)];
+            assert_eq!(
+                record.offset, *slot,
+                "ticket {ticket} on a {kind:?} channel"
+            );
+            *slot += 1;
+        }
+        assert!(provider.together.load(Ordering::Relaxed) >= 1);
+        persisters.stop();
+        let a = served[0].store.as_append().unwrap();
+        let offsets: Vec<u64> = a.read_from(1).unwrap().iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, (1..=10).collect::<Vec<_>>());
     }
 
     /// A channel persister's stores on a fresh sqlite database, with one
@@ -1333,6 +1617,7 @@ mod tests {
         let counting = Arc::new(Counting {
             inner,
             shared: AtomicUsize::new(0),
+            together: AtomicUsize::new(0),
             refusing: std::sync::atomic::AtomicBool::new(false),
         });
         let mut stores = Stores::of(

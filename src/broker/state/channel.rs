@@ -27,6 +27,7 @@
 //! are announced on its next delivery as `saguin-gap: FROM-TO` and counted
 //! (invariant 1).
 
+use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
@@ -78,15 +79,46 @@ pub(super) struct Channel {
     pub followers: Followers,
 }
 
+/// The channels' names, in index order and looked up by name: every
+/// publish and every filter asks which channel its first level names, and
+/// with thousands of channels a search through the list was most of a
+/// publish's cost.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct ChannelNames {
+    by_index: Vec<Arc<str>>,
+    by_name: HashMap<Arc<str>, u16>,
+}
+
+impl ChannelNames {
+    fn new(names: Vec<Arc<str>>) -> ChannelNames {
+        let by_name = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let index = u16::try_from(i).expect("the configuration caps the channels served");
+                (name.clone(), index)
+            })
+            .collect();
+        ChannelNames {
+            by_index: names,
+            by_name,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_index.is_empty()
+    }
+}
+
 /// The channels served, by index (`Role::Channel`), and what their
 /// consumers have asked of them.
 #[derive(Debug, Default)]
 pub(super) struct Channels {
     pub all: Vec<Channel>,
-    /// The channels' names, by index: known before they are restored, so
-    /// that a restored session's subscriptions within a channel are told
-    /// from broadcast ones ([`BrokerState::name_channels`]).
-    pub names: Vec<Arc<str>>,
+    /// The channels' names: known before they are restored, so that a
+    /// restored session's subscriptions within a channel are told from
+    /// broadcast ones ([`BrokerState::name_channels`]).
+    pub names: ChannelNames,
     /// Consumers' reads out, by ticket.
     pub consumer_reads: IdMap<u64, ConsumerRead>,
     /// Consumers to let catch up once the current event is handled.
@@ -121,14 +153,11 @@ impl Channels {
     /// The append channel `topic` (a name or filter) belongs to: its first
     /// level names one.
     pub(super) fn of_topic(&self, topic: &str) -> Option<u16> {
-        if self.names.is_empty() {
+        if self.names.by_name.is_empty() {
             return None;
         }
         let first = topic.split('/').next().unwrap_or(topic);
-        self.names
-            .iter()
-            .position(|name| &**name == first)
-            .map(|i| i as u16)
+        self.names.by_name.get(first).copied()
     }
 
     /// Is channel index `channel` a latest channel?
@@ -1108,13 +1137,13 @@ impl BrokerState {
     /// a filter within one is matched by its consumers, never by the
     /// broadcast index, and the sessions restored first are told so.
     pub fn name_channels(&mut self, names: impl IntoIterator<Item = Arc<str>>) {
-        self.channels.names = names.into_iter().collect();
+        self.channels.names = ChannelNames::new(names.into_iter().collect());
     }
 
     /// Restore channels and the consumers of restored sessions; positions
     /// and holds nobody owns any more are dropped.
     pub(super) fn restore_channels(&mut self, restored: Vec<RestoredChannel>, now: Instant) {
-        let names: Vec<Arc<str>> = restored.iter().map(|c| c.name.clone()).collect();
+        let names = ChannelNames::new(restored.iter().map(|c| c.name.clone()).collect());
         debug_assert!(
             self.channels.names.is_empty() || self.channels.names == names,
             "the channels named before the restore are those restored"

@@ -13,7 +13,7 @@ use std::sync::{Arc, Weak};
 use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 use super::batch::Job;
-use super::channel::{ChannelCounters, Positions, RowPerRecord, Target};
+use super::channel::{target_of, ChannelCounters, Positions, RowPerRecord, Target};
 use super::row::record_at;
 use super::schema::record_columns;
 use super::Shared;
@@ -119,12 +119,7 @@ impl AppendChannel {
     }
 
     pub(crate) fn target(&self) -> contract::Result<Target> {
-        self.me
-            .upgrade()
-            .map(|me| me as Target)
-            .ok_or_else(|| StorageError::Closed {
-                provider: self.shared.name.clone(),
-            })
+        target_of(&self.me, &self.shared.name)
     }
 
     /// Rows from `offset` on, at most `max`, in one read transaction with

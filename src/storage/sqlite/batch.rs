@@ -44,6 +44,17 @@ pub(crate) struct Job {
 /// deletion of a topic that held nothing (no offset taken).
 pub(crate) type Outcome = contract::Result<Option<Record>>;
 
+/// One channel's part of [`Batcher::submit_runs`]: its store, and how
+/// that store checks and answers a publish.
+pub(crate) struct Run {
+    pub target: Target,
+    pub name: String,
+    /// An append channel that keeps no record count checks none.
+    pub gapped: bool,
+    /// A latest channel: an empty payload deletes its topic.
+    pub latest: bool,
+}
+
 /// What a waiting publisher is told: lead the next batch, or its answer.
 #[allow(clippy::large_enum_variant)] // one per publish, never boxed: the answer moves out once.
 enum Turn {
@@ -233,6 +244,62 @@ impl Batcher {
                     Some(Ok(None)) | None => Err(nothing()),
                     Some(Err(e)) => Err(e),
                 },
+            })
+            .collect()
+    }
+
+    /// Publishes to several channels of this provider, each run's records
+    /// in order: each checked as its store checks it, a refused one
+    /// answered alone, the rest sharing transactions
+    /// ([`Batcher::submit_many`]). A latest channel's deletion of a topic
+    /// that held nothing is answered with an empty record, as
+    /// `LatestStore::set` answers it.
+    pub fn submit_runs(
+        &self,
+        shared: &Shared,
+        runs: Vec<(Run, Vec<Record>)>,
+    ) -> Vec<Vec<contract::Result<Record>>> {
+        let mut jobs = Vec::new();
+        let mut kept = Vec::with_capacity(runs.len());
+        for (run, records) in runs {
+            let mut answers = Vec::with_capacity(records.len());
+            for record in records {
+                match contract::check_record(&run.name, &record, run.gapped) {
+                    Ok(()) => {
+                        // What an empty answer means, kept beside the job.
+                        answers
+                            .push(Ok((run.latest && record.payload.is_empty())
+                                .then(|| record.topic.clone())));
+                        jobs.push(Job {
+                            target: Arc::clone(&run.target),
+                            record,
+                        });
+                    }
+                    Err(e) => answers.push(Err(e)),
+                }
+            }
+            kept.push((run.name, answers));
+        }
+        let mut stored = self.submit_many(shared, jobs).into_iter();
+        kept.into_iter()
+            .map(|(name, answers)| {
+                answers
+                    .into_iter()
+                    .map(|answer| {
+                        let deletes = answer?;
+                        match (stored.next(), deletes) {
+                            (Some(Ok(Some(record))), _) => Ok(record),
+                            (Some(Ok(None)), Some(topic)) => {
+                                Ok(Record::new(topic, bytes::Bytes::new()))
+                            }
+                            (Some(Err(e)), _) => Err(e),
+                            (Some(Ok(None)), None) | (None, _) => Err(StorageError::Write {
+                                context: format!("channel {name}"),
+                                detail: "the publish stored nothing".into(),
+                            }),
+                        }
+                    })
+                    .collect()
             })
             .collect()
     }

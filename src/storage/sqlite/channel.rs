@@ -73,6 +73,19 @@ impl<T: RowPerRecord> Staged for T {
 /// Where a publish goes.
 pub(crate) type Target = Arc<dyn Staged>;
 
+/// The target of the store `me` names, or `Closed` once its provider let
+/// it go.
+pub(crate) fn target_of<T: Staged + 'static>(
+    me: &std::sync::Weak<T>,
+    provider: &str,
+) -> contract::Result<Target> {
+    me.upgrade()
+        .map(|me| me as Target)
+        .ok_or_else(|| contract::StorageError::Closed {
+            provider: provider.to_owned(),
+        })
+}
+
 /// What the writer knows of a keyed (latest) channel's row without reading it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct LatestEntry {

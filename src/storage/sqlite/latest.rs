@@ -19,7 +19,9 @@ use rusqlite::{Connection, OptionalExtension};
 use saguin_format::model::{ChannelKind, Record};
 
 use super::batch::Job;
-use super::channel::{ChannelCounters, Deletion, LatestEntry, Pending, Positions, Staged, Target};
+use super::channel::{
+    target_of, ChannelCounters, Deletion, LatestEntry, Pending, Positions, Staged, Target,
+};
 use super::row::{record_at, with_served_at, Encoded};
 use super::schema::{record_columns, served_columns};
 use super::Shared;
@@ -340,13 +342,8 @@ impl LatestChannel {
         }
     }
 
-    fn target(&self) -> contract::Result<Target> {
-        self.me
-            .upgrade()
-            .map(|me| me as Target)
-            .ok_or_else(|| StorageError::Closed {
-                provider: self.shared.name.clone(),
-            })
+    pub(crate) fn target(&self) -> contract::Result<Target> {
+        target_of(&self.me, &self.shared.name)
     }
 }
 

@@ -58,7 +58,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, OpenFlags};
-use saguin_format::model::ChannelKind;
+use saguin_format::model::{ChannelKind, Record};
 
 use super::contract::{
     self, BroadcastLog, ChannelStore, FaultKind, Health, HeldPublishStore, LatestStore, Position,
@@ -2337,6 +2337,51 @@ impl Provider for SqliteProvider {
             ChannelKind::Latest => ChannelStore::Latest(self.latest_locked(&mut registry, name)?),
             ChannelKind::Queue => ChannelStore::Queue(self.queue_locked(&mut registry, name)?),
         })
+    }
+
+    fn publish_together(
+        &self,
+        runs: Vec<(&ChannelStore, Vec<Record>)>,
+    ) -> Vec<Vec<contract::Result<Record>>> {
+        // Each run's store as this provider made it; one it did not make,
+        // or one closed, is written by its own store, which says why.
+        let staged: Option<Vec<batch::Run>> = {
+            let registry = self
+                .shared
+                .registry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            runs.iter()
+                .map(|(store, _)| {
+                    let name = store.name();
+                    let (target, gapped) = match store.kind() {
+                        ChannelKind::Append => {
+                            let c = registry.appends.get(name)?;
+                            (c.target().ok()?, c.is_gapped())
+                        }
+                        ChannelKind::Latest => (registry.latests.get(name)?.target().ok()?, false),
+                        ChannelKind::Queue => (registry.queues.get(name)?.target().ok()?, false),
+                    };
+                    Some(batch::Run {
+                        target,
+                        name: name.to_owned(),
+                        gapped,
+                        latest: store.kind() == ChannelKind::Latest,
+                    })
+                })
+                .collect()
+        };
+        match staged {
+            Some(staged) => self.shared.batcher.submit_runs(
+                &self.shared,
+                staged
+                    .into_iter()
+                    .zip(runs)
+                    .map(|(run, (_, records))| (run, records))
+                    .collect(),
+            ),
+            None => contract::publish_each(runs),
+        }
     }
 
     fn channels(&self) -> Vec<(String, ChannelKind)> {

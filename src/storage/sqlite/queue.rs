@@ -24,7 +24,7 @@ use saguin_format::model::{ChannelKind, Record, UnixNanos};
 use super::append::AppendChannel;
 use super::batch::Job;
 use super::channel::{
-    publish_counters, write_counter_rows, ChannelCounters, Pending, RowPerRecord, Target,
+    publish_counters, target_of, write_counter_rows, ChannelCounters, Pending, RowPerRecord, Target,
 };
 use super::row::{record_at, size_at};
 use super::schema::record_columns;
@@ -300,6 +300,12 @@ fn delete_item(conn: &Connection, channel: &str, offset: u64) -> rusqlite::Resul
         .execute(rusqlite::params![channel, offset])
 }
 
+impl QueueChannel {
+    pub(crate) fn target(&self) -> contract::Result<Target> {
+        target_of(&self.me, &self.shared.name)
+    }
+}
+
 impl QueueStore for QueueChannel {
     fn name(&self) -> &str {
         &self.name
@@ -307,13 +313,7 @@ impl QueueStore for QueueChannel {
 
     fn enqueue(&self, record: Record) -> contract::Result<Record> {
         contract::check_record(&self.name, &record, false)?;
-        let target =
-            self.me
-                .upgrade()
-                .map(|me| me as Target)
-                .ok_or_else(|| StorageError::Closed {
-                    provider: self.shared.name.clone(),
-                })?;
+        let target = self.target()?;
         match self
             .shared
             .batcher
@@ -328,7 +328,7 @@ impl QueueStore for QueueChannel {
     }
 
     fn enqueue_many(&self, records: Vec<Record>) -> Vec<contract::Result<Record>> {
-        let Some(target) = self.me.upgrade().map(|me| me as Target) else {
+        let Ok(target) = self.target() else {
             return records
                 .iter()
                 .map(|_| {
