@@ -76,6 +76,10 @@ pub(super) struct Persistence {
     next_wait: u64,
     /// By [`Role::index`].
     staged: Vec<Vec<Write>>,
+    /// The indices of `staged` that hold writes: a seal looks at these,
+    /// not at every role (a role for each of up to 10,000 channels, where
+    /// a publish stages for one).
+    staged_roles: Vec<usize>,
     intents: Vec<Intent>,
     tickets: IdMap<u64, u64>,
     waits: IdMap<u64, Wait>,
@@ -99,6 +103,7 @@ impl Default for Persistence {
             next_ticket: 1,
             next_wait: 1,
             staged: vec![Vec::new(), Vec::new()],
+            staged_roles: Vec::new(),
             intents: Vec::new(),
             tickets: IdMap::default(),
             waits: IdMap::default(),
@@ -123,6 +128,9 @@ impl Persistence {
             self.staged.resize_with(index + 1, Vec::new);
         }
         let staged = &mut self.staged[index];
+        if staged.is_empty() {
+            self.staged_roles.push(index);
+        }
         // Most seals hold one write, and the vector goes with the intent:
         // room for one `Write` (352 bytes), not the four a first push
         // makes room for.
@@ -133,7 +141,7 @@ impl Persistence {
     }
 
     pub(super) fn has_staged(&self) -> bool {
-        self.staged.iter().any(|w| !w.is_empty())
+        !self.staged_roles.is_empty()
     }
 
     /// Turn what was staged into intents answered at `place`. Returns the
@@ -154,9 +162,12 @@ impl Persistence {
         let mut remaining = 0;
         // Retained first, then sessions, then channels: the order a
         // packet's writes are issued in.
-        let mut order: Vec<usize> = (0..self.staged.len()).collect();
-        let last = order.len() - 1;
-        order.swap(0, last.min(1));
+        let mut order = std::mem::take(&mut self.staged_roles);
+        order.sort_unstable_by_key(|&index| match index {
+            0 => 1,
+            1 => 0,
+            channel => channel,
+        });
         for index in order {
             let role = Role::of_index(index);
             let writes = std::mem::take(&mut self.staged[index]);
