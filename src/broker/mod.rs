@@ -9,8 +9,9 @@
 //!                                    │  ▲
 //!                         intents    ▼  │ Committed{ticket}
 //!                 persister::Persisters - one per role: inline for a memory
-//!                 provider, a thread for sqlite - writing through the
-//!                 providers' stores (storage::contract)
+//!                 provider, one thread per sqlite provider for all its
+//!                 roles - writing through the providers' stores
+//!                 (storage::contract)
 //! ```
 //!
 //! - [`providers`]: every provider the broker names is locked, opened and
@@ -129,7 +130,15 @@
 //! - [`persister`]: writes the state's intents, answers with
 //!   `Event::Committed`, counts and logs failures. A publish group's answers
 //!   travel a queue of their own that the broker task reads before the
-//!   others', so a PUBACK does not wait behind a storm's CONNACKs.
+//!   others', so a PUBACK does not wait behind a storm's CONNACKs. A sqlite
+//!   provider's roles share one thread, and the publishes of all its
+//!   channels share transactions: a thread for each channel cost 42 KB and
+//!   a wake-up for each publish to another channel than the last.
+//! - At most 10,000 channels are served (`config::MAX_SERVED_CHANNELS`,
+//!   a dead-letter channel counted for each queue): the state numbers
+//!   them in 16 bits, and 10,000 is the most measured
+//!   (docs/benchmarks.md, "Channels in one broker"). A channel is a
+//!   topic's first level; finer divisions are the levels below it.
 //! - [`views`]: what the metrics, `/readyz`, the bridges and the restore
 //!   see of a store - counters, positions, health - read-only; the
 //!   components that hold live store handles, and why, are listed there.
