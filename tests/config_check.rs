@@ -506,6 +506,48 @@ fn check_config_of_a_large_configuration_is_linear() {
     }
 }
 
+#[test]
+fn the_channels_served_are_capped_and_a_providers_many_are_tabled_in_short_lines() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = |channels: usize| {
+        let mut text = format!(
+            "auth:\n  allow_anonymous: true\nlisteners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nstorage:\n  - name: db\n    kind: sqlite\n    file_path: {}\nchannels:\n",
+            dir.path().join("saguin.db").display()
+        );
+        for i in 0..channels {
+            text.push_str(&format!("  - {{name: c{i}, kind: append, storage: db}}\n"));
+        }
+        let yaml = dir.path().join(format!("{channels}.yaml"));
+        std::fs::write(&yaml, text).expect("write");
+        yaml
+    };
+    let most = saguin::config::MAX_SERVED_CHANNELS;
+    let out = saguin(&["check-config", "--config", path_str(&config(most))]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // The providers table names every channel, in lines the width of a
+    // terminal: one line of them all took the table's layout most of a
+    // second.
+    let table = stdout(&out);
+    assert!(table.contains(&format!(" c{},", most - 2)));
+    assert!(table.contains(&format!(" c{} ", most - 1)));
+    assert!(
+        table.lines().all(|l| l.chars().count() < 300),
+        "a line of {} characters",
+        table.lines().map(|l| l.chars().count()).max().unwrap_or(0)
+    );
+    let out = saguin(&["check-config", "--config", path_str(&config(most + 1))]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!(
+            ": channels: {} channels configured and a dead-letter channel for each of 0 queues make {} to serve; the limit is {most}",
+            most + 1,
+            most + 1
+        )),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// The configuration reference is a generated man page listing
 /// every key, and the commented example it shows is a configuration the
 /// loader accepts.
