@@ -197,8 +197,18 @@ async fn wait_metrics<T>(broker: &Broker, what: &str, ready: impl Fn(&str) -> Op
     }
 }
 
-/// Keeps 256 QoS 1 publishes in flight into `telemetry`, payload = the
-/// next sequence number, until the broker has PUBACKed `kill_after` of
+/// The channels the chaos publisher spreads its records over, one
+/// provider's: its persister stores the publishes of all of them in
+/// shared transactions.
+const CHAOS_CHANNELS: [&str; 3] = ["telemetry", "east", "west"];
+
+/// Where the chaos publisher sends sequence number `seq`.
+fn chaos_topic(seq: u64) -> String {
+    format!("{}/chaos", CHAOS_CHANNELS[(seq % 3) as usize])
+}
+
+/// Keeps 256 QoS 1 publishes in flight over [`CHAOS_CHANNELS`], payload =
+/// the next sequence number, until the broker has PUBACKed `kill_after` of
 /// them; then SIGKILLs it and reads what it had sent before dying. Every
 /// PUBACKed sequence number goes into `acked`.
 async fn publish_until_killed(
@@ -228,7 +238,7 @@ async fn publish_until_killed(
             );
             *seq += 1;
             p.publish(
-                "telemetry/chaos",
+                &chaos_topic(*seq),
                 seq.to_string().as_bytes(),
                 1,
                 false,
@@ -264,16 +274,21 @@ async fn publish_until_killed(
     }
 }
 
-/// FireMQ's chaos test on a sqlite channel: SIGKILL at a random moment
-/// under 256 publishes in flight, four times; every PUBACKed record is
-/// there afterwards, once, in offset order.
+/// FireMQ's chaos test on sqlite channels: SIGKILL at a random moment
+/// under 256 publishes in flight over three channels of one provider,
+/// four times; every PUBACKed record is there afterwards, once, in its
+/// channel, in offset order.
 #[test]
 fn kill_9_four_times_under_load_loses_no_acknowledged_record() {
     let mut rng = Rng::seeded();
     let dir = tempfile::tempdir().unwrap();
+    let others: String = CHAOS_CHANNELS[1..]
+        .iter()
+        .map(|name| format!("  - name: {name}\n    kind: append\n    storage: db\n"))
+        .collect();
     let yaml = format!(
         "{}limits:\n  receive_maximum: 256\n",
-        sqlite_config(dir.path(), "")
+        sqlite_config(dir.path(), &others)
     );
     let mut broker = Broker::start_in(dir, &yaml);
     let rt = runtime();
@@ -293,35 +308,51 @@ fn kill_9_four_times_under_load_loses_no_acknowledged_record() {
     }
     rt.block_on(async {
         let mut p = client(&broker, "closer", ConnectOpts::clean()).await;
-        p.publish_acked("telemetry/end", b"end", 1, false, 1).await;
-        let mut c = consumer(&broker, "auditor", 1, Some("earliest")).await;
+        for (i, channel) in CHAOS_CHANNELS.iter().enumerate() {
+            let packet_id = u16::try_from(i + 1).unwrap();
+            p.publish_acked(&format!("{channel}/end"), b"end", 1, false, packet_id)
+                .await;
+        }
         let mut stored = HashSet::new();
-        let mut last = 0;
-        loop {
-            let m = match c.recv_within(WAIT).await {
-                Ok(Some(Packet::Publish(m))) => m,
-                Ok(Some(other)) => panic!("expected PUBLISH, got {other:?}"),
-                Ok(None) => panic!("the broker closed the auditor after offset {last}"),
-                Err(()) => panic!(
-                    "the auditor stalled after offset {last} ({} records read) before the end marker",
-                    stored.len()
-                ),
-            };
-            c.ack_publish(&m).await;
-            let offset = offset_of(&m);
-            assert!(
-                offset > last,
-                "offset {offset} delivered after {last}: offsets must rise"
-            );
-            last = offset;
-            if &*m.topic == "telemetry/end" {
-                break;
+        for channel in CHAOS_CHANNELS {
+            let mut c = client(&broker, &format!("auditor-{channel}"), ConnectOpts::clean()).await;
+            let reasons = c
+                .subscribe_with_user_properties(
+                    1,
+                    &format!("{channel}/#"),
+                    1,
+                    &[("saguin-from", "earliest")],
+                )
+                .await;
+            assert_eq!(reasons, vec![ReasonCode::GrantedQoS1], "{channel}");
+            let mut last = 0;
+            loop {
+                let m = match c.recv_within(WAIT).await {
+                    Ok(Some(Packet::Publish(m))) => m,
+                    Ok(Some(other)) => panic!("expected PUBLISH, got {other:?}"),
+                    Ok(None) => panic!("the broker closed the auditor after {channel} {last}"),
+                    Err(()) => panic!(
+                        "the auditor stalled after {channel} {last} ({} records read) before the end marker",
+                        stored.len()
+                    ),
+                };
+                c.ack_publish(&m).await;
+                let offset = offset_of(&m);
+                assert!(
+                    offset > last,
+                    "{channel}: offset {offset} delivered after {last}: offsets must rise"
+                );
+                last = offset;
+                if *m.topic == format!("{channel}/end") {
+                    break;
+                }
+                let n: u64 = text(&m.payload).parse().expect("a sequence number");
+                assert_eq!(*m.topic, chaos_topic(n), "record {n} in its channel");
+                assert!(
+                    stored.insert(n),
+                    "record {n} stored twice (again at {channel} {offset})"
+                );
             }
-            let n: u64 = text(&m.payload).parse().expect("a sequence number");
-            assert!(
-                stored.insert(n),
-                "record {n} stored twice (again at offset {offset})"
-            );
         }
         let missing: Vec<u64> = acked
             .iter()
@@ -336,9 +367,10 @@ fn kill_9_four_times_under_load_loses_no_acknowledged_record() {
             &missing[..missing.len().min(20)]
         );
         eprintln!(
-            "{} PUBACKed, {} stored of {seq} sent, last offset {last}",
+            "{} PUBACKed, {} stored of {seq} sent over {} channels",
             acked.len(),
-            stored.len()
+            stored.len(),
+            CHAOS_CHANNELS.len()
         );
     });
 }
