@@ -931,8 +931,17 @@ fn publish_together(
     type Shape = (usize, u16, Vec<(u64, usize)>);
     let mut shapes: Vec<Shape> = Vec::with_capacity(groups.len());
     let mut runs: Vec<(&ChannelStore, Vec<Record>)> = Vec::with_capacity(groups.len());
+    let mut answered: Vec<(usize, GroupAnswers)> = Vec::new();
     for (place, group) in groups {
-        let Some((index, store)) = roles[place].1.stores.channel.as_ref() else {
+        let stores = &roles[place].1.stores;
+        let Some((index, store)) = stores.channel.as_ref() else {
+            // Never so (the groups are of roles that keep a channel), but
+            // an intent dropped would leave its client waiting.
+            let refused = group
+                .into_iter()
+                .map(|i| (i.ticket, Err(stores.missing("a channel"))))
+                .collect();
+            answered.push((place, refused));
             continue;
         };
         let mut records = Vec::new();
@@ -948,31 +957,34 @@ fn publish_together(
         shapes.push((place, *index, intents));
         runs.push((store, records));
     }
-    let stored = provider.publish_together(runs);
-    shapes
-        .into_iter()
-        .zip(stored)
-        .map(|((place, index, intents), stored)| {
-            let mut stored = stored.into_iter();
-            let answers = intents
-                .into_iter()
-                .map(|(ticket, count)| {
-                    let mut written = Vec::with_capacity(count);
-                    let mut failed = None;
-                    for answer in stored.by_ref().take(count) {
-                        match answer {
-                            Ok(record) => written.push(Written::Stored(index, Arc::new(record))),
-                            Err(e) => {
-                                failed.get_or_insert(e);
-                            }
+    let mut stored = provider.publish_together(runs).into_iter();
+    for (place, index, intents) in shapes {
+        let mut stored = stored.next().unwrap_or_default().into_iter();
+        let answers = intents
+            .into_iter()
+            .map(|(ticket, count)| {
+                let mut written = Vec::with_capacity(count);
+                let mut failed = None;
+                for answer in stored.by_ref().take(count) {
+                    match answer {
+                        Ok(record) => written.push(Written::Stored(index, Arc::new(record))),
+                        Err(e) => {
+                            failed.get_or_insert(e);
                         }
                     }
-                    (ticket, failed.map_or(Ok(written), Err))
-                })
-                .collect();
-            (place, answers)
-        })
-        .collect()
+                }
+                if failed.is_none() && written.len() < count {
+                    failed = Some(StorageError::Write {
+                        context: format!("provider {}", provider.name()),
+                        detail: "it answered fewer publishes than it was handed".into(),
+                    });
+                }
+                (ticket, failed.map_or(Ok(written), Err))
+            })
+            .collect();
+        answered.push((place, answers));
+    }
+    answered
 }
 
 /// One role's persister.
