@@ -760,11 +760,7 @@ enum Kind {
     Thread(mpsc::Sender<Intent>),
     /// [`Persister::stepped`]'s.
     #[cfg(test)]
-    Stepped {
-        stores: Stores,
-        failures: Failures,
-        turns: Turns,
-    },
+    Stepped(OnThread),
 }
 
 /// The next group of what waits in `turns`, run as a persister's thread
@@ -891,7 +887,11 @@ fn serve_provider(
         if together.is_empty() {
             continue;
         }
-        for (place, answers) in publish_together(&roles, together) {
+        let groups = together
+            .into_iter()
+            .map(|(place, group)| (place, &roles[place].1, group))
+            .collect();
+        for (place, answers) in publish_together(groups) {
             let answers = roles[place].1.failures.answered(answers);
             if !send_answers(commits, true, answers) {
                 return;
@@ -913,27 +913,24 @@ fn send_answers(commits: &CommitSender, publishes: bool, answers: Vec<Event>) ->
         .all(|answer| answer_to.send(answer).is_ok())
 }
 
-/// The publish groups of several channels' roles (each `place` in
-/// `roles`, each group only appends to its role's channel:
-/// [`Stores::publishes_to_its_channel`]), their records stored in one
-/// call to the provider; each role's answers, each intent answered with
-/// its records as stored or the first refusal among them.
-fn publish_together(
-    roles: &[(usize, OnThread)],
-    groups: Vec<(usize, Vec<Intent>)>,
-) -> Vec<(usize, GroupAnswers)> {
-    let Some(&(first, _)) = groups.first() else {
+/// The publish groups of several channels' roles of one provider (each
+/// with the caller's `place` for it, and only appending to its role's
+/// channel: [`Stores::publishes_to_its_channel`]), their records stored
+/// in one call to the provider; each place's answers, each intent
+/// answered with its records as stored or the first refusal among them.
+fn publish_together(groups: Vec<(usize, &OnThread, Vec<Intent>)>) -> Vec<(usize, GroupAnswers)> {
+    let Some((_, first, _)) = groups.first() else {
         return Vec::new();
     };
-    let provider = roles[first].1.stores.handle.clone();
+    let provider = first.stores.handle.clone();
     // Each group's place, channel index, and intents' tickets and counts
     // of records.
     type Shape = (usize, u16, Vec<(u64, usize)>);
     let mut shapes: Vec<Shape> = Vec::with_capacity(groups.len());
     let mut runs: Vec<(&ChannelStore, Vec<Record>)> = Vec::with_capacity(groups.len());
     let mut answered: Vec<(usize, GroupAnswers)> = Vec::new();
-    for (place, group) in groups {
-        let stores = &roles[place].1.stores;
+    for (place, role, group) in groups {
+        let stores = &role.stores;
         let Some((index, store)) = stores.channel.as_ref() else {
             // Never so (the groups are of roles that keep a channel), but
             // an intent dropped would leave its client waiting.
@@ -1031,11 +1028,11 @@ impl Persister {
         Ok(Persister {
             kind: match kind {
                 ProviderKind::Memory => Kind::Inline(stores, failures),
-                _ => Kind::Stepped {
+                _ => Kind::Stepped(OnThread {
                     stores,
                     failures,
                     turns: Turns::default(),
-                },
+                }),
             },
         })
     }
@@ -1047,12 +1044,14 @@ impl Persister {
     #[cfg(test)]
     pub fn step(&mut self) -> Option<Vec<Event>> {
         match &mut self.kind {
-            Kind::Stepped {
-                stores,
-                failures,
-                turns,
-            } => run_next(stores, turns, failures, |_| false, || Duration::ZERO)
-                .map(|(_, answers)| answers),
+            Kind::Stepped(role) => run_next(
+                &role.stores,
+                &mut role.turns,
+                &mut role.failures,
+                |_| false,
+                || Duration::ZERO,
+            )
+            .map(|(_, answers)| answers),
             _ => None,
         }
     }
@@ -1073,8 +1072,8 @@ impl Persister {
                 .map(|()| None)
                 .map_err(|_| PersisterGone(String::new())),
             #[cfg(test)]
-            Kind::Stepped { turns, .. } => {
-                turns.push(intent);
+            Kind::Stepped(role) => {
+                role.turns.push(intent);
                 Ok(None)
             }
         }
@@ -1195,6 +1194,66 @@ impl Persisters {
     #[cfg(test)]
     pub fn step(&mut self, index: usize) -> Option<Vec<Event>> {
         self.roles.get_mut(index)?.step()
+    }
+
+    /// One round of every stepped persister, as a provider's thread runs
+    /// one ([`serve_provider`]): each role's next group, the publish
+    /// groups of each provider's channels stored together; each group's
+    /// answers, `None` when nothing waits. A session group does not give
+    /// way: nothing arrives meanwhile.
+    #[cfg(test)]
+    pub fn step_round(&mut self) -> Option<Vec<Vec<Event>>> {
+        // Groups of intents, each with its role's index.
+        type Groups = Vec<(usize, Vec<Intent>)>;
+        let mut answers = Vec::new();
+        let mut together: Groups = Vec::new();
+        for (index, persister) in self.roles.iter_mut().enumerate() {
+            let Kind::Stepped(role) = &mut persister.kind else {
+                continue;
+            };
+            let Some(group) = role.turns.next() else {
+                continue;
+            };
+            let publishes = group.first().is_some_and(|i| i.class == Class::Publish);
+            if publishes && role.stores.publishes_to_its_channel(&group) {
+                together.push((index, group));
+                continue;
+            }
+            let ran = if publishes {
+                role.stores.run_together(group)
+            } else {
+                role.stores
+                    .run_session_group(group, &mut role.turns, |_| false, || Duration::ZERO)
+            };
+            answers.push(role.failures.answered(ran));
+        }
+        // Each provider's channels' groups in one call.
+        let mut by_provider: Vec<(String, Groups)> = Vec::new();
+        for (index, group) in together {
+            let Kind::Stepped(role) = &self.roles[index].kind else {
+                continue;
+            };
+            let provider = role.stores.provider.clone();
+            match by_provider.iter_mut().find(|(name, _)| *name == provider) {
+                Some((_, groups)) => groups.push((index, group)),
+                None => by_provider.push((provider, vec![(index, group)])),
+            }
+        }
+        for (_, groups) in by_provider {
+            let groups = groups
+                .into_iter()
+                .filter_map(|(index, group)| match &self.roles[index].kind {
+                    Kind::Stepped(role) => Some((index, role, group)),
+                    _ => None,
+                })
+                .collect();
+            for (index, ran) in publish_together(groups) {
+                if let Kind::Stepped(role) = &mut self.roles[index].kind {
+                    answers.push(role.failures.answered(ran));
+                }
+            }
+        }
+        (!answers.is_empty()).then_some(answers)
     }
 
     pub async fn submit(&mut self, intent: Intent) -> Result<Option<Event>, PersisterGone> {

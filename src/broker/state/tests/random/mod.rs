@@ -476,16 +476,15 @@ impl Run {
         let answered = taken + reads.len();
         let intents: Vec<Intent> = self.intents.drain(..taken).collect();
         if together {
-            let mut roles = Vec::new();
             for intent in intents {
-                let role = intent.role.index();
-                if !roles.contains(&role) {
-                    roles.push(role);
-                }
                 self.hand(intent);
             }
-            for role in roles {
-                self.run_role(role);
+            // Rounds as a provider's thread runs them: each role's next
+            // group, the channels' publish groups stored together.
+            while let Some(rounds) = self.life.persisters.step_round() {
+                for answers in rounds {
+                    self.state.handle_all(answers, self.now);
+                }
             }
         } else {
             for intent in intents {
