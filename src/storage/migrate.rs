@@ -753,8 +753,13 @@ fn create_database(db: &Path) -> Result<Connection, MigrateError> {
     // still all or nothing, and pages new to the file are written once
     // rather than to a write-ahead log and again at the checkpoint. It is
     // put in WAL mode, as the provider keeps it, once every unit is in.
+    // Nothing is synced while it is filled: the file is under its staging
+    // name until it is counted, synced and linked into place, and a crash
+    // before that leaves nothing at the destination. A sync at each unit's
+    // commit (three, with the rollback journal) made a directory of 10,000
+    // channels take 9.9 s, 30,000 fsyncs.
     conn.execute_batch(&format!(
-        "PRAGMA page_size = {PAGE_SIZE}; PRAGMA journal_mode = DELETE; PRAGMA synchronous = NORMAL; PRAGMA cache_size = -65536;"
+        "PRAGMA page_size = {PAGE_SIZE}; PRAGMA journal_mode = DELETE; PRAGMA synchronous = OFF; PRAGMA cache_size = -65536;"
     ))
     .map_err(|e| sql("setting up the new database", e))?;
     sqlite::schema::apply_or_check(&mut conn, db, WRITER_REVISION, now_nanos())?;
