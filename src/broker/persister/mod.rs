@@ -25,7 +25,7 @@
 mod served_batch;
 mod turns;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -810,44 +810,40 @@ fn serve_provider(
     mut intents: mpsc::Receiver<Intent>,
     commits: &CommitSender,
 ) {
-    let place_of: std::collections::HashMap<usize, usize> = roles
+    let place_of: HashMap<usize, usize> = roles
         .iter()
         .enumerate()
         .map(|(place, (index, _))| (*index, place))
         .collect();
-    let push = |roles: &mut Vec<(usize, OnThread)>, intent: Intent| {
-        match place_of.get(&intent.role.index()) {
-            Some(&place) => roles[place].1.turns.push(intent),
-            // Routed here by its role, so never; dropped, its client would
-            // wait for an answer that never comes.
-            None => debug_assert!(false, "an intent for a role this thread does not serve"),
-        }
-    };
+    let mut waiting = Waiting::new(roles.len());
     let mut open = true;
     loop {
-        if roles.iter().all(|(_, r)| r.turns.is_empty()) {
+        if waiting.is_empty() {
             if !open {
                 return;
             }
             match intents.blocking_recv() {
-                Some(intent) => push(&mut roles, intent),
+                Some(intent) => queue_for(&mut roles, &place_of, &mut waiting, intent),
                 None => return,
             }
         }
         while let Ok(intent) = intents.try_recv() {
-            push(&mut roles, intent);
+            queue_for(&mut roles, &place_of, &mut waiting, intent);
         }
         if intents.is_closed() && intents.is_empty() {
             open = false;
         }
         let mut together: Vec<(usize, Vec<Intent>)> = Vec::new();
-        for place in 0..roles.len() {
+        for place in waiting.take() {
             let role = &mut roles[place].1;
             let Some(group) = role.turns.next() else {
                 continue;
             };
             let publishes = group.first().is_some_and(|i| i.class == Class::Publish);
             if publishes && role.stores.publishes_to_its_channel(&group) {
+                if !role.turns.is_empty() {
+                    waiting.mark(place);
+                }
                 together.push((place, group));
                 continue;
             }
@@ -875,11 +871,15 @@ fn serve_provider(
                     || started.elapsed(),
                 );
                 for arrived in beside {
-                    push(&mut roles, arrived);
+                    queue_for(&mut roles, &place_of, &mut waiting, arrived);
                 }
                 answers
             };
-            let answers = roles[place].1.failures.answered(answers);
+            let role = &mut roles[place].1;
+            if !role.turns.is_empty() {
+                waiting.mark(place);
+            }
+            let answers = role.failures.answered(answers);
             if !send_answers(commits, publishes, answers) {
                 return;
             }
@@ -897,6 +897,61 @@ fn serve_provider(
                 return;
             }
         }
+    }
+}
+
+/// The roles of a provider's thread with something queued, by place, in
+/// the order they were handed it: a round looks at these, not at every
+/// role (a role for each of up to 10,000 channels, where a lone publish
+/// is for one).
+struct Waiting {
+    places: Vec<usize>,
+    marked: Vec<bool>,
+}
+
+impl Waiting {
+    fn new(roles: usize) -> Waiting {
+        Waiting {
+            places: Vec::new(),
+            marked: vec![false; roles],
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.places.is_empty()
+    }
+
+    fn mark(&mut self, place: usize) {
+        if !std::mem::replace(&mut self.marked[place], true) {
+            self.places.push(place);
+        }
+    }
+
+    /// This round's roles; those marked from now on wait for the next.
+    fn take(&mut self) -> Vec<usize> {
+        let places = std::mem::take(&mut self.places);
+        for &place in &places {
+            self.marked[place] = false;
+        }
+        places
+    }
+}
+
+/// Queue `intent` behind those of its role, which then waits for a round.
+fn queue_for(
+    roles: &mut [(usize, OnThread)],
+    place_of: &HashMap<usize, usize>,
+    waiting: &mut Waiting,
+    intent: Intent,
+) {
+    match place_of.get(&intent.role.index()) {
+        Some(&place) => {
+            roles[place].1.turns.push(intent);
+            waiting.mark(place);
+        }
+        // Routed here by its role, so never; dropped, its client would
+        // wait for an answer that never comes.
+        None => debug_assert!(false, "an intent for a role this thread does not serve"),
     }
 }
 
