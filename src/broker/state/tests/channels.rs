@@ -440,6 +440,23 @@ fn publish_each(s: &mut BrokerState, store: &mut FakeStore, topics: &[String], n
     store.commit_all(s, now);
 }
 
+/// Device `d` (`dev-<d>`, persistent) connected on `conn` and subscribed
+/// with `subscription`, its writes committed and what it was sent taken.
+fn device_subscribed(
+    s: &mut BrokerState,
+    store: &mut FakeStore,
+    d: usize,
+    conn: u64,
+    subscription: Inbound,
+    now: Instant,
+) -> Client {
+    let mut client = connect(s, conn, &format!("dev-{d}"), false, now);
+    packets(s, conn, vec![subscription], now);
+    store.commit_all(s, now);
+    client.drain();
+    client
+}
+
 /// The offsets of the records on `telemetry/d<d>` among `topics` (as
 /// [`publish_each`] numbers them), for each device `d` of `devices`.
 fn offsets_of_each_device(topics: &[String], devices: usize) -> Vec<Vec<u64>> {
@@ -477,11 +494,8 @@ fn consumers_catching_up_together_are_each_sent_what_they_match_in_order() {
     let mut clients: Vec<(u64, Client)> = (0..devices)
         .map(|d| {
             let conn = 3 + d as u64;
-            let mut client = connect(&mut s, conn, &format!("dev-{d}"), false, now);
-            let filter = format!("telemetry/d{d}");
-            packets(&mut s, conn, vec![subscribe_to_from(&filter, "1")], now);
-            store.commit_all(&mut s, now);
-            client.drain();
+            let subscription = subscribe_to_from(&format!("telemetry/d{d}"), "1");
+            let client = device_subscribed(&mut s, &mut store, d, conn, subscription, now);
             (conn, client)
         })
         .collect();
@@ -523,11 +537,8 @@ fn devices_back_in_one_turn_pass_the_recent_records_together() {
     let mut publisher = connect(&mut s, 2, "writer", true, now);
     for d in 0..devices {
         let conn = 3 + d as u64;
-        let mut client = connect(&mut s, conn, &format!("dev-{d}"), false, now);
-        let filter = format!("telemetry/d{d}");
-        packets(&mut s, conn, vec![subscribe(&filter, 1)], now);
-        store.commit_all(&mut s, now);
-        client.drain();
+        let subscription = subscribe(&format!("telemetry/d{d}"), 1);
+        device_subscribed(&mut s, &mut store, d, conn, subscription, now);
         closed(&mut s, conn, now);
         store.commit_all(&mut s, now);
     }
