@@ -763,29 +763,6 @@ enum Kind {
     Stepped(OnThread),
 }
 
-/// The next group of what waits in `turns`, run as a persister's thread
-/// runs it: whether it is a group of publishes (whose answers go on their
-/// own queue, read first), and its answers in order. `arrivals` and
-/// `elapsed` are what a session group gives way by
-/// ([`Stores::run_session_group`]).
-#[cfg(test)]
-fn run_next(
-    stores: &Stores,
-    turns: &mut Turns,
-    failures: &mut Failures,
-    arrivals: impl FnMut(&mut Turns) -> bool,
-    elapsed: impl Fn() -> Duration,
-) -> Option<(bool, Vec<Event>)> {
-    let group = turns.next()?;
-    let publishes = group.first().is_some_and(|i| i.class == Class::Publish);
-    let answers = if publishes {
-        stores.run_together(group)
-    } else {
-        stores.run_session_group(group, turns, arrivals, elapsed)
-    };
-    Some((publishes, failures.answered(answers)))
-}
-
 /// A group's answers: each intent's ticket and what it wrote.
 type GroupAnswers = Vec<(u64, Result<Vec<Written>, StorageError>)>;
 
@@ -795,6 +772,44 @@ struct OnThread {
     stores: Stores,
     failures: Failures,
     turns: Turns,
+}
+
+/// What a round made of a role's next group.
+enum Next {
+    /// A channel's publishes, to be stored with the round's others
+    /// ([`publish_together`]).
+    Together(Vec<Intent>),
+    /// Run as the role's own thread ran it: whether it was a group of
+    /// publishes (whose answers go on their own queue, read first), and
+    /// its answers.
+    Ran {
+        publishes: bool,
+        answers: GroupAnswers,
+    },
+}
+
+impl OnThread {
+    /// The next group of what waits in this role's turns; `None` when
+    /// nothing does. `arrivals` and `elapsed` are what a session group
+    /// gives way by ([`Stores::run_session_group`]).
+    fn run_next(
+        &mut self,
+        arrivals: impl FnMut(&mut Turns) -> bool,
+        elapsed: impl Fn() -> Duration,
+    ) -> Option<Next> {
+        let group = self.turns.next()?;
+        let publishes = group.first().is_some_and(|i| i.class == Class::Publish);
+        if publishes && self.stores.publishes_to_its_channel(&group) {
+            return Some(Next::Together(group));
+        }
+        let answers = if publishes {
+            self.stores.run_together(group)
+        } else {
+            self.stores
+                .run_session_group(group, &mut self.turns, arrivals, elapsed)
+        };
+        Some(Next::Ran { publishes, answers })
+    }
 }
 
 /// A provider's thread: every role it keeps (`roles`, each with its
@@ -835,53 +850,41 @@ fn serve_provider(
         }
         let mut together: Vec<(usize, Vec<Intent>)> = Vec::new();
         for place in waiting.take() {
-            let role = &mut roles[place].1;
-            let Some(group) = role.turns.next() else {
-                continue;
-            };
-            let publishes = group.first().is_some_and(|i| i.class == Class::Publish);
-            if publishes && role.stores.publishes_to_its_channel(&group) {
-                if !role.turns.is_empty() {
-                    waiting.mark(place);
-                }
-                together.push((place, group));
-                continue;
-            }
-            let answers = if publishes {
-                role.stores.run_together(group)
-            } else {
-                // Arrivals for the other roles wait beside, in order.
-                let mut beside = Vec::new();
-                let started = Instant::now();
-                let answers = role.stores.run_session_group(
-                    group,
-                    &mut role.turns,
-                    |turns| {
-                        let mut publish_arrived = false;
-                        while let Ok(arrived) = intents.try_recv() {
-                            publish_arrived |= arrived.class == Class::Publish;
-                            if place_of.get(&arrived.role.index()) == Some(&place) {
-                                turns.push(arrived);
-                            } else {
-                                beside.push(arrived);
-                            }
+            // Arrivals for the other roles during a session group wait
+            // beside, in order.
+            let mut beside = Vec::new();
+            let started = Instant::now();
+            let next = roles[place].1.run_next(
+                |turns| {
+                    let mut publish_arrived = false;
+                    while let Ok(arrived) = intents.try_recv() {
+                        publish_arrived |= arrived.class == Class::Publish;
+                        if place_of.get(&arrived.role.index()) == Some(&place) {
+                            turns.push(arrived);
+                        } else {
+                            beside.push(arrived);
                         }
-                        publish_arrived
-                    },
-                    || started.elapsed(),
-                );
-                for arrived in beside {
-                    queue_for(&mut roles, &place_of, &mut waiting, arrived);
-                }
-                answers
-            };
+                    }
+                    publish_arrived
+                },
+                || started.elapsed(),
+            );
+            for arrived in beside {
+                queue_for(&mut roles, &place_of, &mut waiting, arrived);
+            }
             let role = &mut roles[place].1;
             if !role.turns.is_empty() {
                 waiting.mark(place);
             }
-            let answers = role.failures.answered(answers);
-            if !send_answers(commits, publishes, answers) {
-                return;
+            match next {
+                None => {}
+                Some(Next::Together(group)) => together.push((place, group)),
+                Some(Next::Ran { publishes, answers }) => {
+                    let answers = role.failures.answered(answers);
+                    if !send_answers(commits, publishes, answers) {
+                        return;
+                    }
+                }
             }
         }
         if together.is_empty() {
@@ -1099,14 +1102,13 @@ impl Persister {
     #[cfg(test)]
     pub fn step(&mut self) -> Option<Vec<Event>> {
         match &mut self.kind {
-            Kind::Stepped(role) => run_next(
-                &role.stores,
-                &mut role.turns,
-                &mut role.failures,
-                |_| false,
-                || Duration::ZERO,
-            )
-            .map(|(_, answers)| answers),
+            Kind::Stepped(role) => {
+                let answers = match role.run_next(|_| false, || Duration::ZERO)? {
+                    Next::Together(group) => role.stores.run_together(group),
+                    Next::Ran { answers, .. } => answers,
+                };
+                Some(role.failures.answered(answers))
+            }
             _ => None,
         }
     }
@@ -1266,21 +1268,13 @@ impl Persisters {
             let Kind::Stepped(role) = &mut persister.kind else {
                 continue;
             };
-            let Some(group) = role.turns.next() else {
-                continue;
-            };
-            let publishes = group.first().is_some_and(|i| i.class == Class::Publish);
-            if publishes && role.stores.publishes_to_its_channel(&group) {
-                together.push((index, group));
-                continue;
+            match role.run_next(|_| false, || Duration::ZERO) {
+                None => {}
+                Some(Next::Together(group)) => together.push((index, group)),
+                Some(Next::Ran { answers: ran, .. }) => {
+                    answers.push(role.failures.answered(ran));
+                }
             }
-            let ran = if publishes {
-                role.stores.run_together(group)
-            } else {
-                role.stores
-                    .run_session_group(group, &mut role.turns, |_| false, || Duration::ZERO)
-            };
-            answers.push(role.failures.answered(ran));
         }
         // Each provider's channels' groups in one call.
         let mut by_provider: Vec<(String, Groups)> = Vec::new();

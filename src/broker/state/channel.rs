@@ -79,34 +79,30 @@ pub(super) struct Channel {
     pub followers: Followers,
 }
 
-/// The channels' names, in index order and looked up by name: every
-/// publish and every filter asks which channel its first level names, and
-/// with thousands of channels a search through the list was most of a
-/// publish's cost.
+/// The channels' indices by their names: every publish and every filter
+/// asks which channel its first level names, and with thousands of
+/// channels a search through a list of them was most of a publish's cost.
 #[derive(Debug, Default, PartialEq)]
 pub(super) struct ChannelNames {
-    by_index: Vec<Arc<str>>,
     by_name: HashMap<Arc<str>, u16>,
 }
 
 impl ChannelNames {
-    fn new(names: Vec<Arc<str>>) -> ChannelNames {
+    /// `names` in index order.
+    fn new(names: impl IntoIterator<Item = Arc<str>>) -> ChannelNames {
         let by_name = names
-            .iter()
+            .into_iter()
             .enumerate()
             .map(|(i, name)| {
                 let index = u16::try_from(i).expect("the configuration caps the channels served");
-                (name.clone(), index)
+                (name, index)
             })
             .collect();
-        ChannelNames {
-            by_index: names,
-            by_name,
-        }
+        ChannelNames { by_name }
     }
 
     fn is_empty(&self) -> bool {
-        self.by_index.is_empty()
+        self.by_name.is_empty()
     }
 }
 
@@ -153,7 +149,7 @@ impl Channels {
     /// The append channel `topic` (a name or filter) belongs to: its first
     /// level names one.
     pub(super) fn of_topic(&self, topic: &str) -> Option<u16> {
-        if self.names.by_name.is_empty() {
+        if self.names.is_empty() {
             return None;
         }
         let first = topic.split('/').next().unwrap_or(topic);
@@ -1137,13 +1133,13 @@ impl BrokerState {
     /// a filter within one is matched by its consumers, never by the
     /// broadcast index, and the sessions restored first are told so.
     pub fn name_channels(&mut self, names: impl IntoIterator<Item = Arc<str>>) {
-        self.channels.names = ChannelNames::new(names.into_iter().collect());
+        self.channels.names = ChannelNames::new(names);
     }
 
     /// Restore channels and the consumers of restored sessions; positions
     /// and holds nobody owns any more are dropped.
     pub(super) fn restore_channels(&mut self, restored: Vec<RestoredChannel>, now: Instant) {
-        let names = ChannelNames::new(restored.iter().map(|c| c.name.clone()).collect());
+        let names = ChannelNames::new(restored.iter().map(|c| c.name.clone()));
         debug_assert!(
             self.channels.names.is_empty() || self.channels.names == names,
             "the channels named before the restore are those restored"
