@@ -1161,7 +1161,14 @@ impl Persisters {
         metrics: Arc<Metrics>,
         commits: CommitSender,
     ) -> Result<Persisters, StorageError> {
-        let mut threaded: Vec<(String, Vec<(usize, OnThread)>)> = Vec::new();
+        // Each provider's queue and the roles its thread will serve.
+        struct Threaded {
+            provider: String,
+            queue: mpsc::Sender<Intent>,
+            intents: mpsc::Receiver<Intent>,
+            roles: Vec<(usize, OnThread)>,
+        }
+        let mut threaded: Vec<Threaded> = Vec::new();
         // `of_roles` makes the roles in the order of their indices.
         let mut role = 0;
         let mut persisters =
@@ -1174,27 +1181,41 @@ impl Persisters {
                         kind: Kind::Inline(stores, failures),
                     });
                 }
-                let provider = stores.provider.clone();
-                let on = OnThread {
-                    stores,
-                    failures,
-                    turns: Turns::default(),
+                let at = match threaded.iter().position(|t| t.provider == stores.provider) {
+                    Some(at) => at,
+                    None => {
+                        let (queue, intents) = mpsc::channel::<Intent>(QUEUE);
+                        threaded.push(Threaded {
+                            provider: stores.provider.clone(),
+                            queue,
+                            intents,
+                            roles: Vec::new(),
+                        });
+                        threaded.len() - 1
+                    }
                 };
-                match threaded.iter_mut().find(|(name, _)| *name == provider) {
-                    Some((_, roles)) => roles.push((index, on)),
-                    None => threaded.push((provider, vec![(index, on)])),
-                }
-                // Its provider's queue once every role of it is known, below.
-                let (unset, _) = mpsc::channel(1);
+                let thread = &mut threaded[at];
+                thread.roles.push((
+                    index,
+                    OnThread {
+                        stores,
+                        failures,
+                        turns: Turns::default(),
+                    },
+                ));
                 Ok(Persister {
-                    kind: Kind::Thread(unset),
+                    kind: Kind::Thread(thread.queue.clone()),
                 })
             })?;
-        for (provider, roles) in threaded {
-            let (queue, intents) = mpsc::channel::<Intent>(QUEUE);
-            for (index, _) in &roles {
-                persisters.roles[*index].kind = Kind::Thread(queue.clone());
-            }
+        for Threaded {
+            provider,
+            queue,
+            intents,
+            roles,
+        } in threaded
+        {
+            // The roles hold the queue's senders; this one goes.
+            drop(queue);
             let commits = commits.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("saguin-persist-{provider}"))
