@@ -46,9 +46,9 @@ pub(crate) type Outcome = contract::Result<Option<Record>>;
 
 /// One channel's part of [`Batcher::submit_runs`]: its store, and how
 /// that store checks and answers a publish.
-pub(crate) struct Run {
+pub(crate) struct Run<'a> {
     pub target: Target,
-    pub name: String,
+    pub name: &'a str,
     /// An append channel that keeps no record count checks none.
     pub gapped: bool,
     /// A latest channel: an empty payload deletes its topic.
@@ -257,14 +257,14 @@ impl Batcher {
     pub fn submit_runs(
         &self,
         shared: &Shared,
-        runs: Vec<(Run, Vec<Record>)>,
+        runs: Vec<(Run<'_>, Vec<Record>)>,
     ) -> Vec<Vec<contract::Result<Record>>> {
         let mut jobs = Vec::new();
         let mut kept = Vec::with_capacity(runs.len());
         for (run, records) in runs {
             let mut answers = Vec::with_capacity(records.len());
             for record in records {
-                match contract::check_record(&run.name, &record, run.gapped) {
+                match contract::check_record(run.name, &record, run.gapped) {
                     Ok(()) => {
                         // What an empty answer means, kept beside the job.
                         answers

@@ -2364,7 +2364,7 @@ impl Provider for SqliteProvider {
                     };
                     Some(batch::Run {
                         target,
-                        name: name.to_owned(),
+                        name,
                         gapped,
                         latest: store.kind() == ChannelKind::Latest,
                     })
