@@ -163,10 +163,10 @@ impl Persistence {
         // Retained first, then sessions, then channels: the order a
         // packet's writes are issued in.
         let mut order = std::mem::take(&mut self.staged_roles);
-        order.sort_unstable_by_key(|&index| match index {
-            0 => 1,
-            1 => 0,
-            channel => channel,
+        order.sort_unstable_by_key(|&index| match Role::of_index(index) {
+            Role::Retained => 0,
+            Role::Sessions => 1,
+            Role::Channel(channel) => 2 + usize::from(channel),
         });
         for index in order {
             let role = Role::of_index(index);
