@@ -459,7 +459,7 @@ fn channels(ctx: &mut Ctx, parsed: &Parsed) {
         + parsed
             .channels
             .iter()
-            .filter(|(_, c)| c.dlq_name().is_some())
+            .filter(|(_, c)| c.queue().is_some())
             .count();
     if served > MAX_SERVED_CHANNELS {
         ctx.problem(
