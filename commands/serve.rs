@@ -280,8 +280,12 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
     if !config.keeps_anything() {
         tracing::warn!("nothing is kept: channels, retained messages, sessions and queued messages live in memory only and are lost when the broker stops");
     }
-    for line in config.durability_summary() {
+    let (stated, each_channel) = config.durability_at_start();
+    for line in stated {
         tracing::info!(detail = %line, "durability");
+    }
+    for line in each_channel {
+        tracing::debug!(detail = %line, "durability");
     }
     for problem in config.unkept_providers() {
         tracing::warn!(path = %problem.path, "{}", problem.message);

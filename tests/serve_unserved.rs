@@ -154,6 +154,74 @@ fn channels_of_every_kind_are_served_and_stated_once_at_startup() {
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
 }
 
+/// Past 100 channels the start states them a provider at a time: one
+/// durability sentence and one line of totals for each provider, each
+/// channel's own lines at the debug level, so ten thousand channels do not
+/// log twenty thousand lines at every start.
+#[test]
+fn many_channels_are_stated_a_provider_at_a_time_and_each_at_debug() {
+    const CHANNELS: usize = 101;
+    let channels: String = (0..CHANNELS)
+        .map(|i| {
+            if i == 0 {
+                "  - {name: c0, kind: queue, storage: db}\n".to_owned()
+            } else {
+                format!("  - {{name: c{i}, kind: append, storage: db}}\n")
+            }
+        })
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = sqlite_config(dir.path(), &channels);
+    let mut broker = Broker::start_in(dir, &yaml);
+    let lines = startup_log(&broker);
+    let durability: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("msg=\"durability\""))
+        .collect();
+    assert!(
+        durability.iter().any(|l| l.contains(
+            "101 channels (1 queue, each with its dead-letter channel, 100 append) on provider db (sqlite): every commit is kept"
+        )),
+        "{durability:#?}"
+    );
+    assert!(
+        !durability.iter().any(|l| l.contains("channel c1 ")),
+        "{durability:#?}"
+    );
+    assert!(line(&lines, "channel", "c1").is_none(), "{lines:#?}");
+    // The queue's dead-letter channel is served and counted beside it.
+    let totals = lines
+        .iter()
+        .find(|l| l.contains("msg=\"channels (each channel's line is at the debug level)\""))
+        .unwrap_or_else(|| panic!("no provider totals: {lines:#?}"));
+    assert_eq!(field(totals, "provider").as_deref(), Some("db"), "{totals}");
+    assert_eq!(field(totals, "channels").as_deref(), Some("102"), "{totals}");
+    let provider = lines
+        .iter()
+        .find(|l| l.contains("msg=\"storage provider\"") && field(l, "provider").as_deref() == Some("db"))
+        .expect("the provider's line");
+    assert!(
+        provider.contains("channels c0, c1, c2 and 98 more"),
+        "{provider}"
+    );
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+
+    // At the debug level each channel has its lines again.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!("{}log:\n  level: debug\n", sqlite_config(dir.path(), &channels));
+    let mut broker = Broker::start_in(dir, &yaml);
+    let lines = startup_log(&broker);
+    let (_, c1) = line(&lines, "channel", "c1").expect("c1's line at debug");
+    assert!(c1.contains("level=DEBUG"), "{c1}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("level=DEBUG") && l.contains("channel c100 (append) on provider db")),
+        "{lines:#?}"
+    );
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+}
+
 /// Check-config calls a configuration valid only when serve serves it; one
 /// function decides for both, and it refuses nothing this build accepts.
 #[test]
@@ -433,7 +501,7 @@ fn a_memory_provider_with_no_snapshot_dir_holding_channels_says_it_keeps_nothing
     );
     assert_eq!(
         field(&warning, "channels").as_deref(),
-        Some("telemetry,logs"),
+        Some("telemetry, logs"),
         "{warning}"
     );
     let channel = broker.wait_log(|l| l.contains("msg=\"channel\"") && l.contains("channel=logs"));

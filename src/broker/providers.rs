@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use saguin_format::model::{ChannelKind, UnixNanos};
 
-use crate::config::{self, units::format_duration, ChannelKindConfig, Config};
+use crate::config::{self, units::format_duration, ChannelKindConfig, ChannelLines, Config};
 use crate::storage::contract::{self, OffsetStore, Provider, SessionStore, StorageError};
 use crate::storage::generation::{self, Generations};
 use crate::storage::lock::{self, LockError, LockGuard};
@@ -170,7 +170,7 @@ impl Roles {
         match self.channels.as_slice() {
             [] => {}
             [one] => parts.push(format!("channel {one}")),
-            many => parts.push(format!("channels {}", many.join(", "))),
+            many => parts.push(format!("channels {}", named_briefly(many))),
         }
         if parts.is_empty() {
             "nothing".to_owned()
@@ -178,6 +178,17 @@ impl Roles {
             parts.join("; ")
         }
     }
+}
+
+/// Names in a log line: every one up to
+/// [`config::CHANNELS_STATED_ONE_BY_ONE`], past it the first few and how
+/// many more.
+fn named_briefly(names: &[Arc<str>]) -> String {
+    const FIRST: usize = 3;
+    if names.len() <= config::CHANNELS_STATED_ONE_BY_ONE {
+        return names.join(", ");
+    }
+    format!("{} and {} more", names[..FIRST].join(", "), names.len() - FIRST)
 }
 
 /// A memory provider's snapshot directory while the provider is open.
@@ -336,6 +347,63 @@ pub fn drop_removed_bridge_positions(
         }
     }
     Ok(dropped)
+}
+
+/// A served channel's line at the start: what it holds, its durability
+/// (its provider's), its bound and retention, at the level `$level` (the
+/// one `tracing` macro of that name).
+macro_rules! log_channel {
+    ($level:ident, $channel:expr, $opened:expr) => {{
+        let channel: &ServedChannel = $channel;
+        let o: &Opened = $opened;
+        match &channel.store {
+            contract::ChannelStore::Append(store) => tracing::$level!(
+                channel = %channel.name,
+                kind = "append",
+                provider = %o.name,
+                durability = %o.durability(),
+                records = store.record_count(),
+                next = store.next(),
+                floor = store.floor(),
+                bytes = store.bytes(),
+                max_bytes = %or_none(store.max_bytes()),
+                retention_bytes = %or_none(channel.retention.bytes),
+                retention_age = %channel.retention.age.map(format_duration).unwrap_or_else(|| "none".to_owned()),
+                "channel"
+            ),
+            contract::ChannelStore::Latest(store) => tracing::$level!(
+                channel = %channel.name,
+                kind = "latest",
+                provider = %o.name,
+                durability = %o.durability(),
+                topics = store.record_count(),
+                deletions = store.deletions(),
+                next = store.next(),
+                floor = store.floor(),
+                bytes = store.bytes(),
+                retention_deletions = %or_none(channel.retention.deletions),
+                retention_age = %channel.retention.age.map(format_duration).unwrap_or_else(|| "none".to_owned()),
+                "channel"
+            ),
+            contract::ChannelStore::Queue(store) => {
+                let settings = channel.queue.as_ref();
+                tracing::$level!(
+                    channel = %channel.name,
+                    kind = "queue",
+                    provider = %o.name,
+                    durability = %o.durability(),
+                    depth = store.depth(),
+                    next = store.next(),
+                    bytes = store.bytes(),
+                    max_bytes = %or_none(store.max_bytes()),
+                    lease = %settings.map(|q| format_duration(q.lease)).unwrap_or_default(),
+                    max_attempts = settings.map_or(0, |q| q.max_attempts),
+                    dead_letter = %store.dead_letter().name(),
+                    "channel"
+                )
+            }
+        }
+    }};
 }
 
 /// Every storage provider the broker uses, opened, locked and recovered.
@@ -528,7 +596,7 @@ impl Providers {
                     tracing::info!(provider = %o.name, kind = "memory", keeps = %keeps, durability = %durability,
                         bound = %bound, held_bytes = provider.bytes(), "storage provider");
                     if o.keeps_nothing() && !o.roles.channels.is_empty() {
-                        tracing::warn!(provider = %o.name, channels = %o.roles.channels.join(","),
+                        tracing::warn!(provider = %o.name, channels = %named_briefly(&o.roles.channels),
                             "keeps nothing: a memory provider with no snapshot_dir; its channels' records and positions are lost when the broker stops");
                     }
                 }
@@ -551,6 +619,10 @@ impl Providers {
                 }
             }
         }
+        let each = ChannelLines::at_start(self.channels.len()) == ChannelLines::Each;
+        // A provider's channels, records and bytes, when its channels are
+        // stated together.
+        let mut totals: Vec<(&str, u64, u64, u64)> = Vec::new();
         for channel in &self.channels {
             let Some(o) = self
                 .opened
@@ -559,53 +631,28 @@ impl Providers {
             else {
                 continue;
             };
-            match &channel.store {
-                contract::ChannelStore::Append(store) => tracing::info!(
-                    channel = %channel.name,
-                    kind = "append",
-                    provider = %o.name,
-                    durability = %o.durability(),
-                    records = store.record_count(),
-                    next = store.next(),
-                    floor = store.floor(),
-                    bytes = store.bytes(),
-                    max_bytes = %or_none(store.max_bytes()),
-                    retention_bytes = %or_none(channel.retention.bytes),
-                    retention_age = %channel.retention.age.map(format_duration).unwrap_or_else(|| "none".to_owned()),
-                    "channel"
-                ),
-                contract::ChannelStore::Latest(store) => tracing::info!(
-                    channel = %channel.name,
-                    kind = "latest",
-                    provider = %o.name,
-                    durability = %o.durability(),
-                    topics = store.record_count(),
-                    deletions = store.deletions(),
-                    next = store.next(),
-                    floor = store.floor(),
-                    bytes = store.bytes(),
-                    retention_deletions = %or_none(channel.retention.deletions),
-                    retention_age = %channel.retention.age.map(format_duration).unwrap_or_else(|| "none".to_owned()),
-                    "channel"
-                ),
-                contract::ChannelStore::Queue(store) => {
-                    let settings = channel.queue.as_ref();
-                    tracing::info!(
-                        channel = %channel.name,
-                        kind = "queue",
-                        provider = %o.name,
-                        durability = %o.durability(),
-                        depth = store.depth(),
-                        next = store.next(),
-                        bytes = store.bytes(),
-                        max_bytes = %or_none(store.max_bytes()),
-                        lease = %settings.map(|q| format_duration(q.lease)).unwrap_or_default(),
-                        max_attempts = settings.map_or(0, |q| q.max_attempts),
-                        dead_letter = %store.dead_letter().name(),
-                        "channel"
-                    )
-                }
+            if each {
+                log_channel!(info, channel, o);
+                continue;
             }
+            log_channel!(debug, channel, o);
+            let (records, bytes) = match &channel.store {
+                contract::ChannelStore::Append(store) => (store.record_count(), store.bytes()),
+                contract::ChannelStore::Latest(store) => (store.record_count(), store.bytes()),
+                contract::ChannelStore::Queue(store) => (store.depth(), store.bytes()),
+            };
+            match totals.iter_mut().find(|(name, ..)| *name == o.name) {
+                Some((_, channels, r, b)) => {
+                    *channels += 1;
+                    *r += records;
+                    *b += bytes;
+                }
+                None => totals.push((&o.name, 1, records, bytes)),
+            }
+        }
+        for (provider, channels, records, bytes) in totals {
+            tracing::info!(provider = %provider, channels, records, bytes,
+                "channels (each channel's line is at the debug level)");
         }
     }
 

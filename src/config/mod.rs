@@ -54,6 +54,7 @@ pub use names::{
     MAX_SERVED_CHANNELS,
 };
 pub use secret::Secret;
+pub use summary::{ChannelLines, CHANNELS_STATED_ONE_BY_ONE};
 pub use tls::TlsMaterial;
 pub use unserved::Unserved;
 
@@ -561,7 +562,27 @@ impl Config {
     /// one sentence a line (invariant 14). The broker states
     /// these once at startup; check-config prints them.
     pub fn durability_summary(&self) -> Vec<String> {
-        summary::durability_summary(self)
+        summary::durability_summary(self, ChannelLines::Each)
+    }
+
+    /// The channels a broker serves: each configured, and a dead-letter
+    /// channel for each queue.
+    pub fn served_channels(&self) -> usize {
+        self.channels.len() + self.channels.iter().filter(|c| c.queue().is_some()).count()
+    }
+
+    /// The durability summary as a broker's start states it: past
+    /// [`CHANNELS_STATED_ONE_BY_ONE`] channels served, a provider's channels in
+    /// one sentence ([`ChannelLines::at_start`]); then each channel's own
+    /// sentence where those were left out, for the debug level.
+    pub fn durability_at_start(&self) -> (Vec<String>, Vec<String>) {
+        match ChannelLines::at_start(self.served_channels()) {
+            ChannelLines::Each => (summary::durability_summary(self, ChannelLines::Each), Vec::new()),
+            ChannelLines::ByProvider => (
+                summary::durability_summary(self, ChannelLines::ByProvider),
+                summary::channel_durability(self),
+            ),
+        }
     }
 
     /// The fully resolved configuration as one document: every default

@@ -81,16 +81,18 @@ fn channel_bounds(channel: &Channel) -> String {
     }
 }
 
-pub(crate) fn durability_summary(config: &Config) -> Vec<String> {
-    let mut lines = Vec::new();
-    if !config.keeps_anything() {
-        lines.push(
-            "this configuration keeps nothing: every channel, retained message and session is lost at every restart".to_string(),
-        );
-    }
+/// How many channels a broker's start states one by one. Past it, each
+/// provider's channels are stated in one line, and each channel's own lines
+/// go to the debug level: ten thousand lines at every start bury the rest
+/// of the log, and journald's default rate limit (10,000 messages in 30 s)
+/// would drop what follows them, `listening` included.
+pub const CHANNELS_STATED_ONE_BY_ONE: usize = 100;
+
+/// Each channel's durability, one sentence a channel.
+pub(crate) fn channel_durability(config: &Config) -> Vec<String> {
     let providers: std::collections::HashMap<&str, &Provider> =
         config.storage.iter().map(|p| (p.name(), p)).collect();
-    let used = config.used_providers();
+    let mut lines = Vec::with_capacity(config.channels.len());
     for channel in &config.channels {
         let Some(provider) = providers.get(channel.storage.as_str()) else {
             continue;
@@ -109,6 +111,84 @@ pub(crate) fn durability_summary(config: &Config) -> Vec<String> {
             channel_bounds(channel)
         ));
     }
+    lines
+}
+
+/// The channels' durability a provider at a time: how many of each kind
+/// it keeps, its promise, and how many have bounds of their own.
+fn channel_durability_by_provider(config: &Config) -> Vec<String> {
+    let mut lines = Vec::new();
+    for provider in &config.storage {
+        let mut kinds: Vec<(&str, usize)> = Vec::new();
+        let mut channels = 0;
+        let mut bounded = 0;
+        for channel in config
+            .channels
+            .iter()
+            .filter(|c| c.storage == provider.name())
+        {
+            channels += 1;
+            bounded += usize::from(!channel_bounds(channel).is_empty());
+            let kind = channel.kind_name();
+            match kinds.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, n)) => *n += 1,
+                None => kinds.push((kind, 1)),
+            }
+        }
+        if channels == 0 {
+            continue;
+        }
+        let kinds: Vec<String> = kinds
+            .iter()
+            .map(|(kind, n)| match *kind {
+                "queue" => format!("{n} queue, each with its dead-letter channel"),
+                _ => format!("{n} {kind}"),
+            })
+            .collect();
+        lines.push(format!(
+            "{channels} channel{} ({}) on provider {} ({}): {}; {bounded} of them with bounds of their own (each channel's line is at the debug level)",
+            if channels == 1 { "" } else { "s" },
+            kinds.join(", "),
+            provider.name(),
+            provider.kind_name(),
+            promise(provider),
+        ));
+    }
+    lines
+}
+
+/// How a summary states the channels' durability.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChannelLines {
+    /// A sentence for each channel.
+    Each,
+    /// A sentence for each provider's channels.
+    ByProvider,
+}
+
+impl ChannelLines {
+    /// How a broker's start states `channels` channels.
+    pub fn at_start(channels: usize) -> ChannelLines {
+        if channels > CHANNELS_STATED_ONE_BY_ONE {
+            ChannelLines::ByProvider
+        } else {
+            ChannelLines::Each
+        }
+    }
+}
+
+pub(crate) fn durability_summary(config: &Config, channel_lines: ChannelLines) -> Vec<String> {
+    let mut lines = Vec::new();
+    if !config.keeps_anything() {
+        lines.push(
+            "this configuration keeps nothing: every channel, retained message and session is lost at every restart".to_string(),
+        );
+    }
+    let used = config.used_providers();
+    lines.extend(match channel_lines {
+        ChannelLines::Each => channel_durability(config),
+        ChannelLines::ByProvider => channel_durability_by_provider(config),
+    });
     lines.push(store_line(
         config,
         "retained messages",

@@ -283,13 +283,17 @@ fn the_channels_served_are_capped_dead_letter_channels_counted() {
     };
     let config = ok(&channels(MAX_SERVED_CHANNELS, 0));
     assert_eq!(config.channels.len(), MAX_SERVED_CHANNELS);
+    assert_eq!(config.served_channels(), MAX_SERVED_CHANNELS);
     one_problem(
         &channels(MAX_SERVED_CHANNELS + 1, 0),
         "channels",
         &format!("make 10001 to serve; the limit is {MAX_SERVED_CHANNELS}"),
     );
     // Each queue brings its dead-letter channel.
-    ok(&channels(MAX_SERVED_CHANNELS - 2, 1));
+    assert_eq!(
+        ok(&channels(MAX_SERVED_CHANNELS - 2, 1)).served_channels(),
+        MAX_SERVED_CHANNELS
+    );
     one_problem(
         &channels(MAX_SERVED_CHANNELS - 1, 1),
         "channels",
@@ -856,6 +860,55 @@ fn durability_is_stated_per_channel_and_inert_providers_are_named() {
         sqlite("db", "")
     )));
     assert!(config.keeps_anything());
+}
+
+/// A start states each channel up to 100 served (a queue's dead-letter
+/// channel counted), past that a sentence for each provider's channels and
+/// each channel's own sentence kept for the debug level.
+#[test]
+fn a_start_states_many_channels_a_provider_at_a_time() {
+    let channels = |append: usize, queues: usize| {
+        let mut yaml = format!(
+            "storage:\n{}  - {{name: mem, kind: memory}}\nchannels:\n  - {{name: m, kind: latest, storage: mem, retention_deletions: 5}}\n",
+            sqlite("db", "")
+        );
+        for i in 0..append {
+            yaml.push_str(&format!("  - {{name: a{i}, kind: append, storage: db}}\n"));
+        }
+        for i in 0..queues {
+            yaml.push_str(&format!("  - {{name: q{i}, kind: queue, storage: db}}\n"));
+        }
+        ok(&with_base(&yaml))
+    };
+    // 1 + 49 + 2 × 25 = 100 served: each stated, nothing left for debug.
+    let config = channels(49, 25);
+    assert_eq!(config.served_channels(), CHANNELS_STATED_ONE_BY_ONE);
+    let (stated, each) = config.durability_at_start();
+    assert_eq!(stated, config.durability_summary());
+    assert!(each.is_empty());
+
+    // One more append channel: a sentence for each provider.
+    let config = channels(50, 25);
+    let (stated, each) = config.durability_at_start();
+    let text = stated.join("\n");
+    assert!(!text.contains("channel a0"), "{text}");
+    assert!(text.contains("75 channels (50 append, 25 queue, each with its dead-letter channel) on provider db (sqlite): every commit is kept"), "{text}");
+    assert!(text.contains("0 of them with bounds of their own"), "{text}");
+    assert!(text.contains("1 channel (1 latest) on provider mem (memory): not kept"), "{text}");
+    assert!(text.contains("1 of them with bounds of their own"), "{text}");
+    assert!(text.contains("provider db (sqlite): no max_bytes"), "{text}");
+    assert!(text.contains("retained messages: memory, not kept"), "{text}");
+    assert_eq!(each.len(), 76);
+    assert!(each.iter().any(|l| l.starts_with("channel q24 (queue, with its dead-letter channel q24.dlq) on provider db")), "{each:?}");
+    // check-config still states every channel.
+    assert_eq!(
+        config
+            .durability_summary()
+            .iter()
+            .filter(|l| l.starts_with("channel "))
+            .count(),
+        76
+    );
 }
 
 #[test]
