@@ -220,6 +220,28 @@ fn many_channels_are_stated_a_provider_at_a_time_and_each_at_debug() {
         "{lines:#?}"
     );
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+
+    // A memory provider's stop writes a file for each channel: past as
+    // many, each file's line is at debug, the stop's summary at info.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\n\
+         auth:\n  allow_anonymous: true\n\
+         storage:\n  - name: mem\n    kind: memory\n    snapshot_dir: {}\n\
+         channels:\n{}",
+        dir.path().join("snap").display(),
+        channels.replace("storage: db", "storage: mem")
+    );
+    let mut broker = Broker::start_in(dir, &yaml);
+    startup_log(&broker);
+    assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
+    let summary = broker.wait_log(|l| l.contains("msg=\"snapshot written\""));
+    assert_eq!(field(&summary, "files").as_deref(), Some("102"), "{summary}");
+    assert!(
+        !broker.log_text().contains("msg=\"snapshot file written\""),
+        "{}",
+        broker.log_text()
+    );
 }
 
 /// Check-config calls a configuration valid only when serve serves it; one

@@ -1049,9 +1049,17 @@ fn write_memory(
     }
     drop(generations);
     let written = &outcome.report;
+    // Past as many files as the start states channels one by one, each
+    // file's line is at the debug level: the stop's own lines last.
+    let each = written.written.len() <= config::CHANNELS_STATED_ONE_BY_ONE;
     for w in &written.written {
-        tracing::info!(provider = %name, dir = %dir.display(), file = %w.file_name, bytes = w.bytes,
-            records = w.records, "snapshot file written");
+        if each {
+            tracing::info!(provider = %name, dir = %dir.display(), file = %w.file_name, bytes = w.bytes,
+                records = w.records, "snapshot file written");
+        } else {
+            tracing::debug!(provider = %name, dir = %dir.display(), file = %w.file_name, bytes = w.bytes,
+                records = w.records, "snapshot file written");
+        }
     }
     for f in &written.failed {
         writer.count_failure();
