@@ -139,6 +139,12 @@
 //!   them in 16 bits, and 10,000 is the most measured
 //!   (docs/benchmarks.md, "Channels in one broker"). A channel is a
 //!   topic's first level; finer divisions are the levels below it.
+//! - Past 100 channels served (`config::CHANNELS_STATED_ONE_BY_ONE`), the
+//!   start states channels a provider at a time and a memory provider's
+//!   stop sums up its files: each channel's and each file's line goes to
+//!   the debug level. Ten thousand channels logged twenty thousand lines
+//!   at a start and ten thousand at a stop, more than journald's default
+//!   rate limit lets through in 30 s, which then drops what follows.
 //! - [`views`]: what the metrics, `/readyz`, the bridges and the restore
 //!   see of a store - counters, positions, health - read-only; the
 //!   components that hold live store handles, and why, are listed there.
