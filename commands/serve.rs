@@ -12,7 +12,7 @@ use saguin::broker::logfmt::Logfmt;
 use saguin::broker::notify::{Notifier, Watchdog};
 use saguin::broker::providers::{Providers, ShutdownStatus};
 use saguin::broker::{retention, server};
-use saguin::config::{Config, ConfigError, LogFormat, LogLevel};
+use saguin::config::{ChannelLines, Config, ConfigError, LogFormat, LogLevel};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::exit;
@@ -203,6 +203,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         },
     };
     init_logging(&config);
+    // Reading the configuration held every event of its YAML at once:
+    // about 26 MB of pages touched for 10,000 channels, all freed by now.
+    // Given back before the start builds its stores among them, where
+    // the broker then held 3-5 MB more for as long as it ran.
+    crate::release_free_memory();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("saguin")
@@ -280,12 +285,16 @@ async fn serve(config: Config) -> anyhow::Result<u8> {
     if !config.keeps_anything() {
         tracing::warn!("nothing is kept: channels, retained messages, sessions and queued messages live in memory only and are lost when the broker stops");
     }
-    let (stated, each_channel) = config.durability_at_start();
+    let (stated, channel_lines) = config.durability_at_start();
     for line in stated {
         tracing::info!(detail = %line, "durability");
     }
-    for line in each_channel {
-        tracing::debug!(detail = %line, "durability");
+    // Made only when logged: ten thousand sentences left in the allocator
+    // as the broker starts serving are MiBs of its resident set.
+    if channel_lines == ChannelLines::ByProvider && tracing::enabled!(tracing::Level::DEBUG) {
+        for line in config.channel_durability() {
+            tracing::debug!(detail = %line, "durability");
+        }
     }
     for problem in config.unkept_providers() {
         tracing::warn!(path = %problem.path, "{}", problem.message);

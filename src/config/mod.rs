@@ -572,17 +572,18 @@ impl Config {
     }
 
     /// The durability summary as a broker's start states it: past
-    /// [`CHANNELS_STATED_ONE_BY_ONE`] channels served, a provider's channels in
-    /// one sentence ([`ChannelLines::at_start`]); then each channel's own
-    /// sentence where those were left out, for the debug level.
-    pub fn durability_at_start(&self) -> (Vec<String>, Vec<String>) {
-        match ChannelLines::at_start(self.served_channels()) {
-            ChannelLines::Each => (summary::durability_summary(self, ChannelLines::Each), Vec::new()),
-            ChannelLines::ByProvider => (
-                summary::durability_summary(self, ChannelLines::ByProvider),
-                summary::channel_durability(self),
-            ),
-        }
+    /// [`CHANNELS_STATED_ONE_BY_ONE`] channels served, a provider's
+    /// channels in one sentence ([`ChannelLines::at_start`]), each
+    /// channel's own then left to [`Config::channel_durability`].
+    pub fn durability_at_start(&self) -> (Vec<String>, ChannelLines) {
+        let lines = ChannelLines::at_start(self.served_channels());
+        (summary::durability_summary(self, lines), lines)
+    }
+
+    /// Each channel's durability, a sentence a channel, as
+    /// [`Config::durability_summary`] states it.
+    pub fn channel_durability(&self) -> Vec<String> {
+        summary::channel_durability(self)
     }
 
     /// The fully resolved configuration as one document: every default

@@ -883,13 +883,15 @@ fn a_start_states_many_channels_a_provider_at_a_time() {
     // 1 + 49 + 2 × 25 = 100 served: each stated, nothing left for debug.
     let config = channels(49, 25);
     assert_eq!(config.served_channels(), CHANNELS_STATED_ONE_BY_ONE);
-    let (stated, each) = config.durability_at_start();
+    let (stated, lines) = config.durability_at_start();
     assert_eq!(stated, config.durability_summary());
-    assert!(each.is_empty());
+    assert_eq!(lines, ChannelLines::Each);
 
     // One more append channel: a sentence for each provider.
     let config = channels(50, 25);
-    let (stated, each) = config.durability_at_start();
+    let (stated, lines) = config.durability_at_start();
+    assert_eq!(lines, ChannelLines::ByProvider);
+    let each = config.channel_durability();
     let text = stated.join("\n");
     assert!(!text.contains("channel a0"), "{text}");
     assert!(text.contains("75 channels (50 append, 25 queue, each with its dead-letter channel) on provider db (sqlite): every commit is kept"), "{text}");
