@@ -195,10 +195,16 @@ fn many_channels_are_stated_a_provider_at_a_time_and_each_at_debug() {
         .find(|l| l.contains("msg=\"channels (each channel's line is at the debug level)\""))
         .unwrap_or_else(|| panic!("no provider totals: {lines:#?}"));
     assert_eq!(field(totals, "provider").as_deref(), Some("db"), "{totals}");
-    assert_eq!(field(totals, "channels").as_deref(), Some("102"), "{totals}");
+    assert_eq!(
+        field(totals, "channels").as_deref(),
+        Some("102"),
+        "{totals}"
+    );
     let provider = lines
         .iter()
-        .find(|l| l.contains("msg=\"storage provider\"") && field(l, "provider").as_deref() == Some("db"))
+        .find(|l| {
+            l.contains("msg=\"storage provider\"") && field(l, "provider").as_deref() == Some("db")
+        })
         .expect("the provider's line");
     assert!(
         provider.contains("channels c0, c1, c2 and 98 more"),
@@ -208,15 +214,18 @@ fn many_channels_are_stated_a_provider_at_a_time_and_each_at_debug() {
 
     // At the debug level each channel has its lines again.
     let dir = tempfile::tempdir().expect("tempdir");
-    let yaml = format!("{}log:\n  level: debug\n", sqlite_config(dir.path(), &channels));
+    let yaml = format!(
+        "{}log:\n  level: debug\n",
+        sqlite_config(dir.path(), &channels)
+    );
     let mut broker = Broker::start_in(dir, &yaml);
     let lines = startup_log(&broker);
     let (_, c1) = line(&lines, "channel", "c1").expect("c1's line at debug");
     assert!(c1.contains("level=DEBUG"), "{c1}");
     assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("level=DEBUG") && l.contains("channel c100 (append) on provider db")),
+        lines.iter().any(
+            |l| l.contains("level=DEBUG") && l.contains("channel c100 (append) on provider db")
+        ),
         "{lines:#?}"
     );
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
@@ -236,7 +245,11 @@ fn many_channels_are_stated_a_provider_at_a_time_and_each_at_debug() {
     startup_log(&broker);
     assert_eq!(broker.terminate(), Some(0), "{}", broker.log_text());
     let summary = broker.wait_log(|l| l.contains("msg=\"snapshot written\""));
-    assert_eq!(field(&summary, "files").as_deref(), Some("102"), "{summary}");
+    assert_eq!(
+        field(&summary, "files").as_deref(),
+        Some("102"),
+        "{summary}"
+    );
     assert!(
         !broker.log_text().contains("msg=\"snapshot file written\""),
         "{}",

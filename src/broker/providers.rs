@@ -188,7 +188,11 @@ fn named_briefly(names: &[Arc<str>]) -> String {
     if names.len() <= config::CHANNELS_STATED_ONE_BY_ONE {
         return names.join(", ");
     }
-    format!("{} and {} more", names[..FIRST].join(", "), names.len() - FIRST)
+    format!(
+        "{} and {} more",
+        names[..FIRST].join(", "),
+        names.len() - FIRST
+    )
 }
 
 /// A memory provider's snapshot directory while the provider is open.

@@ -895,13 +895,33 @@ fn a_start_states_many_channels_a_provider_at_a_time() {
     let text = stated.join("\n");
     assert!(!text.contains("channel a0"), "{text}");
     assert!(text.contains("75 channels (50 append, 25 queue, each with its dead-letter channel) on provider db (sqlite): every commit is kept"), "{text}");
-    assert!(text.contains("0 of them with bounds of their own"), "{text}");
-    assert!(text.contains("1 channel (1 latest) on provider mem (memory): not kept"), "{text}");
-    assert!(text.contains("1 of them with bounds of their own"), "{text}");
-    assert!(text.contains("provider db (sqlite): no max_bytes"), "{text}");
-    assert!(text.contains("retained messages: memory, not kept"), "{text}");
+    assert!(
+        text.contains("0 of them with bounds of their own"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 channel (1 latest) on provider mem (memory): not kept"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 of them with bounds of their own"),
+        "{text}"
+    );
+    assert!(
+        text.contains("provider db (sqlite): no max_bytes"),
+        "{text}"
+    );
+    assert!(
+        text.contains("retained messages: memory, not kept"),
+        "{text}"
+    );
     assert_eq!(each.len(), 76);
-    assert!(each.iter().any(|l| l.starts_with("channel q24 (queue, with its dead-letter channel q24.dlq) on provider db")), "{each:?}");
+    assert!(
+        each.iter().any(|l| l.starts_with(
+            "channel q24 (queue, with its dead-letter channel q24.dlq) on provider db"
+        )),
+        "{each:?}"
+    );
     // check-config still states every channel.
     assert_eq!(
         config
