@@ -11,8 +11,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn password_line(user: &str, password: &str) -> String {
+    password_line_of(user, password, 101)
+}
+
+fn password_line_of(user: &str, password: &str, iterations: u32) -> String {
     let salt = b"saguin-test-salt";
-    let iterations = 101;
     let mut hash = [0u8; 64];
     pbkdf2::pbkdf2_hmac::<sha2::Sha512>(password.as_bytes(), salt, iterations, &mut hash);
     let b64 = base64::engine::general_purpose::STANDARD;
@@ -74,6 +77,57 @@ async fn passwords_accept_and_refuse() {
     assert!(
         !log.contains("wonderland") && !log.contains("guess") && !log.contains("$7$"),
         "secrets in the log:\n{log}"
+    );
+}
+
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the broker's threads")
+        .count()
+}
+
+/// A burst of CONNECTs with passwords is checked on a thread for each
+/// CPU: the broker grows by those threads, where the runtime's pool of
+/// blocking threads (which keeps a thread ten seconds after its last
+/// task) grew by one for each check waiting.
+#[tokio::test]
+async fn a_burst_of_password_checks_runs_a_cpu_at_a_time() {
+    const DEVICES: usize = 32;
+    // The same salt and password for every user: one line's hash, made
+    // once, costly enough (a few ms a check) that the checks overlap.
+    let line = password_line_of("device", "secret", 4_000);
+    let hash = line.split_once(':').expect("user:hash").1;
+    let passwords: String = (0..DEVICES).map(|i| format!("d{i}:{hash}")).collect();
+    let dir = tempfile::tempdir().unwrap();
+    write_file(dir.path(), "passwords", passwords.as_bytes());
+    let broker = Broker::start_in(
+        dir,
+        "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: false\n  password_file: passwords\n",
+    );
+    let before = threads_of(broker.child.id());
+    let addr = broker.addr();
+    let connects: Vec<_> = (0..DEVICES)
+        .map(|i| {
+            tokio::spawn(async move {
+                let mut c = Raw::tcp(addr, v4()).await;
+                let ack = c
+                    .connect(&format!("d{i}"), user(&format!("d{i}"), "secret"))
+                    .await;
+                (ack.reason, c)
+            })
+        })
+        .collect();
+    let mut clients = Vec::new();
+    for connect in connects {
+        let (reason, client) = connect.await.expect("connect");
+        assert_eq!(reason, ReasonCode::Success);
+        clients.push(client);
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let grown = threads_of(broker.child.id()).saturating_sub(before);
+    assert!(
+        grown <= cpus + 1,
+        "{grown} threads more after {DEVICES} password checks, with {cpus} CPUs"
     );
 }
 

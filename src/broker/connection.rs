@@ -36,7 +36,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 
 use super::alias::{AliasUse, OutboundAliases};
-use super::auth::scram;
+use super::auth::{scram, PasswordChecks};
 use super::auth_files::Reloadable;
 use super::codec::{
     self, AckProperties, ByteStr, ConnAck, ConnAckProperties, Connect, DecodeError, Disconnect,
@@ -69,6 +69,8 @@ pub struct ConnectionContext {
     pub allow_anonymous: bool,
     /// The password file in force (a reload may replace it).
     pub passwords: Option<Arc<Reloadable<PasswordFile>>>,
+    /// Where passwords are checked.
+    pub password_checks: Arc<PasswordChecks>,
     pub metrics: Arc<Metrics>,
     /// Packets a connection's writer may have queued before the state
     /// pauses its reader and drops QoS 0 to it.
@@ -1686,15 +1688,23 @@ async fn authenticate(
         }
         Some(user) => match &context.passwords {
             Some(passwords) => {
-                // PBKDF2 costs what the file's iteration count says: keep it
-                // off the runtime's worker threads.
-                let passwords = passwords.current();
-                let (name, password) = (user.clone(), connect.password.clone().unwrap_or_default());
-                let ok = tokio::task::spawn_blocking(move || {
-                    super::auth::check_password(&passwords, &name, &password)
-                })
-                .await
-                .unwrap_or(false);
+                // PBKDF2 costs what the file's iteration count says: off the
+                // runtime's workers, on threads of its own.
+                let checked = context
+                    .password_checks
+                    .check(
+                        passwords.current(),
+                        user.clone(),
+                        connect.password.clone().unwrap_or_default(),
+                    )
+                    .await;
+                let ok = match checked {
+                    Ok(ok) => ok,
+                    Err(error) => {
+                        tracing::error!(error = %error, "a password could not be checked");
+                        return Err(ReasonCode::ServerUnavailable);
+                    }
+                };
                 if ok {
                     Ok(Some(user.as_str().into()))
                 } else {
@@ -2790,6 +2800,7 @@ pub(super) mod tests {
             topic_alias_maximum: 0,
             allow_anonymous: true,
             passwords: None,
+            password_checks: Arc::new(PasswordChecks::one_a_cpu()),
             metrics: Arc::new(Metrics::new()),
             outbound_queue: 16,
             max_keep_alive: 0,
