@@ -59,8 +59,11 @@ async fn leave(c: &mut Raw<tokio::net::TcpStream>) {
 }
 
 /// A new persistent session's CONNACK comes after its own write commits,
-/// and the session provider commits in order: every session write queued
-/// before it is stored once this returns.
+/// and a client's CONNACK waits on the writes queued before it that
+/// clients wait on: every publish and every such session write is stored
+/// once this returns. A departed client's write is one nobody waits on,
+/// which a sqlite provider serves after those (the persister's turns), so
+/// this is no fence for it: [`wait_in_db`] waits for that write itself.
 async fn fence(broker: &Broker) {
     let mut f = Raw::tcp(broker.addr(), v5()).await;
     let id = format!("fence-{}", std::process::id());
@@ -242,6 +245,20 @@ fn inflight_rows(db: &Path, client: &str) -> i64 {
     .unwrap_or(0)
 }
 
+/// Waits until `settled` holds of the database `db`, for at most 30 s
+/// (a write nobody waits on has no answer to wait for: see [`fence`]).
+fn wait_in_db(db: &Path, what: &str, settled: impl Fn(&Path) -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !settled(db) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} was not stored in {} within 30 s",
+            db.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Whether `client`'s session is recorded as gone away.
 fn detached_in_db(db: &Path, client: &str) -> bool {
     let conn =
@@ -265,6 +282,7 @@ fn a_sqlite_provider_keeps_sessions_and_retained_messages_across_kill_9() {
     // in-flight table is written when it goes, and `prepare` ends with a
     // fence behind that write.
     let before = runtime().block_on(prepare(&broker));
+    wait_in_db(&db, "sub's departure", |db| detached_in_db(db, "sub"));
     assert_eq!(inflight_rows(&db, "sub"), 3);
     broker.child.kill().unwrap();
     broker.child.wait().unwrap();
@@ -350,7 +368,9 @@ fn a_qos2_hold_survives_kill_9_on_sqlite() {
     let db = dir.path().join("saguin.db");
     let mut broker = Broker::start_in(dir, &yaml);
     runtime().block_on(qos2_publisher_before(&broker));
-    assert!(detached_in_db(&db, "watcher"));
+    wait_in_db(&db, "watcher's departure", |db| {
+        detached_in_db(db, "watcher")
+    });
     broker.child.kill().unwrap();
     broker.child.wait().unwrap();
     let broker = broker.restart(&yaml);
