@@ -27,7 +27,8 @@ struct Check {
 
 /// The threads checking passwords, started with the first check.
 pub struct PasswordChecks {
-    threads: usize,
+    /// How many; `None`: one for each CPU, counted as they start.
+    threads: Option<usize>,
     queue: OnceLock<Result<mpsc::Sender<Check>, String>>,
 }
 
@@ -44,14 +45,17 @@ impl PasswordChecks {
     /// Checks on `threads` threads (at least one).
     pub fn new(threads: usize) -> PasswordChecks {
         PasswordChecks {
-            threads: threads.max(1),
+            threads: Some(threads.max(1)),
             queue: OnceLock::new(),
         }
     }
 
     /// Checks on as many threads as the machine has CPUs.
     pub fn one_a_cpu() -> PasswordChecks {
-        PasswordChecks::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
+        PasswordChecks {
+            threads: None,
+            queue: OnceLock::new(),
+        }
     }
 
     /// Whether `password` is `user`'s in `passwords`; `Err` when no thread
@@ -78,11 +82,14 @@ impl PasswordChecks {
     }
 
     fn start(&self) -> Result<mpsc::Sender<Check>, String> {
+        let threads = self
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let (queue, checks) = mpsc::channel::<Check>();
         let checks = Arc::new(Mutex::new(checks));
         let mut started = 0;
         let mut failed = None;
-        for i in 0..self.threads {
+        for i in 0..threads {
             let checks = Arc::clone(&checks);
             match std::thread::Builder::new()
                 .name(format!("saguin-passwords-{i}"))
@@ -95,7 +102,7 @@ impl PasswordChecks {
         match (started, failed) {
             (0, Some(e)) => Err(format!("no password check thread could start: {e}")),
             (_, Some(e)) => {
-                tracing::warn!(started, wanted = self.threads, error = %e,
+                tracing::warn!(started, wanted = threads, error = %e,
                     "password checks run on fewer threads than CPUs");
                 Ok(queue)
             }
