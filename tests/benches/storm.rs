@@ -11,9 +11,14 @@
 //! (`saguin_dropped_messages_total`: a subscriber whose queue overflows
 //! sheds). The publishers and the subscriber run on a thread and runtime
 //! of their own, apart from the 10,000 reconnecting clients.
-//! The run is made twice: with the persister's shared transactions, and
+//! The run is made three times: with the persister's shared transactions,
 //! with each session write in a transaction of its own
-//! (`SAGUIN_SESSION_WRITES_ALONE`), to show what the grouping buys.
+//! (`SAGUIN_SESSION_WRITES_ALONE`), to show what the grouping buys, and
+//! with shared transactions and every session's client connecting with a
+//! user name and password (a password file of one line a session, PBKDF2
+//! at mosquitto_passwd's 101 iterations), as devices after a power cut
+//! come back. Each row also reads the broker's threads and resident set at
+//! the last CONNACK.
 //! `SAGUIN_BENCH_SCALE` scales the session count.
 
 mod bench_support;
@@ -24,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bench_support::{make_sessions, stop, Conn, Error, V};
+use bench_support::{make_sessions_as, stop, Conn, Error, V};
 use bytes::{Bytes, BytesMut};
 use saguin::broker::codec::{
     self, Packet, PubAck, Publish, PublishProperties, QoS, Subscribe, SubscribeFilter,
@@ -36,14 +41,32 @@ use tokio::sync::{mpsc, watch, Notify};
 const PUBLISHERS: usize = 10;
 const RATE_PER_PUBLISHER: u64 = 200;
 
-/// The broker's configuration, and the address of its metrics listener.
-fn config(dir: &Path) -> Result<(PathBuf, SocketAddr), Error> {
+/// The password of every session's user in the run with passwords.
+const PASSWORD: &str = "storm";
+
+/// The broker's configuration, and the address of its metrics listener;
+/// with a password file naming each of the `sessions` clients as a user
+/// when `passwords` (the publishers and the subscriber stay anonymous).
+fn config(dir: &Path, sessions: usize, passwords: bool) -> Result<(PathBuf, SocketAddr), Error> {
     let path = dir.join("saguin.yaml");
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let password_file = if passwords {
+        // One hash for every user: the check costs the same, the file
+        // takes no time to make.
+        let hash = saguin::broker::auth::hash_password(PASSWORD.as_bytes(), 101)?;
+        let file = dir.join("passwords");
+        let lines: String = (0..sessions)
+            .map(|s| format!("session-{s}:{hash}\n"))
+            .collect();
+        std::fs::write(&file, lines)?;
+        format!("  password_file: {}\n", file.display())
+    } else {
+        String::new()
+    };
     std::fs::write(
         &path,
         format!(
-            "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n\
+            "listeners:\n  - name: mqtt\n    bind: 127.0.0.1:0\nauth:\n  allow_anonymous: true\n{password_file}\
              limits:\n  max_connections: 20000\n  max_sessions: 1000000\nlog:\n  level: info\n\
              metrics:\n  bind: {metrics}\n\
              storage:\n  - name: db\n    kind: sqlite\n    file_path: {}\n\
@@ -175,18 +198,37 @@ struct Storm {
     shed: u64,
     published: usize,
     received: u64,
+    /// The broker's threads at the last CONNACK.
+    threads: usize,
+    /// The broker's resident set at the last CONNACK, in KiB.
+    rss_kib: u64,
 }
 
-async fn storm(sessions: usize, alone: bool) -> Result<Storm, Error> {
+/// The broker's threads and resident set (KiB), from `/proc`.
+fn threads_and_rss(pid: u32) -> (usize, u64) {
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0);
+    (threads, rss)
+}
+
+async fn storm(sessions: usize, alone: bool, passwords: bool) -> Result<Storm, Error> {
     let dir = tempfile::tempdir()?;
-    let (path, metrics) = config(dir.path())?;
+    let (path, metrics) = config(dir.path(), sessions, passwords)?;
+    let password = passwords.then_some(PASSWORD);
     let broker = if alone {
         bench_support::start_with_env(&path, &[("SAGUIN_SESSION_WRITES_ALONE", "1")]).await?
     } else {
         bench_support::start_with_env(&path, &[]).await?
     };
     let addr = broker.addr;
-    make_sessions(addr, sessions).await?;
+    make_sessions_as(addr, sessions, password).await?;
     let (received, mut counted) = watch::channel(0u64);
     let done = Arc::new(Notify::new());
     let epoch = Instant::now();
@@ -254,7 +296,7 @@ async fn storm(sessions: usize, alone: bool) -> Result<Storm, Error> {
     for s in 0..sessions {
         connects.push(tokio::spawn(async move {
             let t = Instant::now();
-            let (conn, present) = Conn::connect(addr, &format!("session-{s}"), false)
+            let (conn, present) = Conn::connect_as(addr, &format!("session-{s}"), false, password)
                 .await
                 .map_err(|e| format!("session-{s} connecting: {e}"))?;
             if !present {
@@ -273,6 +315,7 @@ async fn storm(sessions: usize, alone: bool) -> Result<Storm, Error> {
         held.push(conn);
     }
     let total = last - begun;
+    let (threads, rss_kib) = broker.child.id().map_or((0, 0), threads_and_rss);
     stop_publishing.store(true, Ordering::Release);
     let latencies = latencies_rx
         .await
@@ -319,6 +362,8 @@ async fn storm(sessions: usize, alone: bool) -> Result<Storm, Error> {
         puback_p99: pick(0.99),
         published,
         received,
+        threads,
+        rss_kib,
     })
 }
 
@@ -350,13 +395,16 @@ async fn main() {
         "longest ack wait",
         "received / published",
         "shed",
+        "broker threads",
+        "broker RSS",
     ]);
     let mut failed = false;
-    for (name, alone) in [
-        ("shared transactions", false),
-        ("one transaction each", true),
+    for (name, alone, passwords) in [
+        ("shared transactions", false, false),
+        ("one transaction each", true, false),
+        ("shared transactions, passwords", false, true),
     ] {
-        match storm(sessions, alone).await {
+        match storm(sessions, alone, passwords).await {
             Ok(s) => {
                 table.add_row([
                     name.to_string(),
@@ -367,6 +415,8 @@ async fn main() {
                     format!("{:.2} ms", s.longest_ack_wait.as_secs_f64() * 1000.0),
                     format!("{} / {}", s.received, s.published),
                     s.shed.to_string(),
+                    s.threads.to_string(),
+                    format!("{:.1} MiB", s.rss_kib as f64 / 1024.0),
                 ]);
                 if s.received < s.published as u64 || s.shed > 0 {
                     failed = true;

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use saguin::broker::codec::{
     self, Connect, ConnectProperties, FrameDecoder, Packet, ProtocolVersion, QoS, Subscribe,
     SubscribeFilter, SubscribeProperties, SubscriptionOptions,
@@ -31,7 +31,31 @@ impl Conn {
     /// An MQTT 3.1.1 connection, keep alive 120 s. Returns whether the
     /// broker had a session for `id`.
     pub async fn connect(addr: SocketAddr, id: &str, clean: bool) -> Result<(Conn, bool), Error> {
-        Conn::connect_with(addr, id, clean, 120, V).await
+        Conn::connect_as(addr, id, clean, None).await
+    }
+
+    /// [`Conn::connect`] with a user name (the client id) and `password`
+    /// when one is given.
+    pub async fn connect_as(
+        addr: SocketAddr,
+        id: &str,
+        clean: bool,
+        password: Option<&str>,
+    ) -> Result<(Conn, bool), Error> {
+        Conn::handshake(
+            addr,
+            Connect {
+                protocol: V,
+                clean_start: clean,
+                keep_alive: 120,
+                client_id: id.to_owned(),
+                will: None,
+                username: password.map(|_| id.to_owned()),
+                password: password.map(|p| Bytes::copy_from_slice(p.as_bytes())),
+                properties: ConnectProperties::default(),
+            },
+        )
+        .await
     }
 
     /// [`Conn::connect`] in `version`, asking for `keep_alive` seconds.
@@ -304,12 +328,23 @@ pub async fn stop(mut broker: Broker) -> Result<Duration, Error> {
 /// `sessions` persistent sessions `session-N`, each subscribed to
 /// `cmd/N/#` at QoS 1, then disconnected; 16 connections at a time.
 pub async fn make_sessions(addr: SocketAddr, sessions: usize) -> Result<(), Error> {
+    make_sessions_as(addr, sessions, None).await
+}
+
+/// [`make_sessions`], each client `session-<i>` connecting as the user of
+/// its id with `password` when one is given.
+pub async fn make_sessions_as(
+    addr: SocketAddr,
+    sessions: usize,
+    password: Option<&'static str>,
+) -> Result<(), Error> {
     const CONNECTORS: usize = 16;
     let mut tasks = Vec::new();
     for c in 0..CONNECTORS {
         tasks.push(tokio::spawn(async move {
             for s in (0..sessions).filter(|s| s % CONNECTORS == c) {
-                let (mut conn, _) = Conn::connect(addr, &format!("session-{s}"), false).await?;
+                let (mut conn, _) =
+                    Conn::connect_as(addr, &format!("session-{s}"), false, password).await?;
                 conn.send(&Packet::Subscribe(Subscribe {
                     packet_id: 1,
                     filters: vec![SubscribeFilter {
