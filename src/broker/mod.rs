@@ -760,3 +760,4 @@ pub mod state;
 pub mod status;
 pub mod subscriptions;
 pub mod views;
+pub mod workers;
