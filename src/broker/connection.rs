@@ -70,7 +70,7 @@ pub struct ConnectionContext {
     /// The password file in force (a reload may replace it).
     pub passwords: Option<Arc<Reloadable<PasswordFile>>>,
     /// Where passwords are checked.
-    pub password_checks: Arc<PasswordChecks>,
+    pub password_checks: PasswordChecks,
     pub metrics: Arc<Metrics>,
     /// Packets a connection's writer may have queued before the state
     /// pauses its reader and drops QoS 0 to it.
@@ -2800,7 +2800,7 @@ pub(super) mod tests {
             topic_alias_maximum: 0,
             allow_anonymous: true,
             passwords: None,
-            password_checks: Arc::new(PasswordChecks::one_a_cpu()),
+            password_checks: PasswordChecks::one_a_cpu(),
             metrics: Arc::new(Metrics::new()),
             outbound_queue: 16,
             max_keep_alive: 0,

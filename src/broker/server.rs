@@ -900,7 +900,7 @@ pub async fn prepare(
         topic_alias_maximum: limits.topic_alias_maximum,
         allow_anonymous: config.auth.allow_anonymous,
         passwords: auth.passwords.as_ref().map(|f| f.served.clone()),
-        password_checks: Arc::new(super::auth::PasswordChecks::one_a_cpu()),
+        password_checks: super::auth::PasswordChecks::one_a_cpu(),
         metrics: metrics.clone(),
         outbound_queue: limits.outbound_queue,
         max_keep_alive: limits.max_keep_alive,
