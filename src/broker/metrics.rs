@@ -176,6 +176,9 @@ pub struct Metrics {
     channel_info: Mutex<BTreeMap<String, ChannelInfo>>,
     /// The queue channels' series, by channel name.
     queues: Mutex<BTreeMap<String, QueueSeries>>,
+    /// Reads of each channel's store for its consumers, by channel name
+    /// (`saguin_channel_reads_total`).
+    reads: Mutex<BTreeMap<String, u64>>,
     /// Each configured bridge's counters, by name (`saguin_bridge_*`).
     bridges: Mutex<BTreeMap<String, Arc<BridgeMetrics>>>,
     /// Each memory provider's snapshot generations (`saguin_snapshot_*`).
@@ -338,6 +341,7 @@ impl Metrics {
             dropped: Default::default(),
             disconnects: Default::default(),
             providers: Default::default(),
+            reads: Default::default(),
             snapshots: Default::default(),
             channels: Default::default(),
             queues: Default::default(),
@@ -525,6 +529,22 @@ impl Metrics {
             .gaps += 1;
     }
 
+    /// `channel` is read from (`saguin_channel_reads_total`): a series
+    /// from the start, so a rate has one before the first read.
+    pub fn register_reads(&self, channel: &str) {
+        lock(&self.reads).entry(channel.to_owned()).or_default();
+    }
+
+    /// A read of `channel`'s store was made for its consumers.
+    pub fn channel_read(&self, channel: &str) {
+        *lock(&self.reads).entry(channel.to_owned()).or_default() += 1;
+    }
+
+    /// Reads of `channel` made so far.
+    pub fn channel_read_count(&self, channel: &str) -> u64 {
+        lock(&self.reads).get(channel).copied().unwrap_or(0)
+    }
+
     /// Gaps consumers of `channel` were told of so far.
     pub fn consumer_gap_count(&self, channel: &str) -> u64 {
         lock(&self.channels).get(channel).map_or(0, |c| c.gaps)
@@ -676,6 +696,17 @@ impl Metrics {
                 out,
                 "saguin_consumer_lag{{channel=\"{}\"}} {}",
                 c.name, c.lag
+            );
+        }
+        let reads: Vec<(String, u64)> = lock(&self.reads)
+            .iter()
+            .map(|(name, n)| (escape_label(name), *n))
+            .collect();
+        let _ = writeln!(out, "# HELP saguin_channel_reads_total Reads of a channel's store for its consumers: a window of records each, one for every consumer at the same place (a memory channel's are lookups in memory, a sqlite channel's are read transactions).\n# TYPE saguin_channel_reads_total counter");
+        for (channel, n) in &reads {
+            let _ = writeln!(
+                out,
+                "saguin_channel_reads_total{{channel=\"{channel}\"}} {n}"
             );
         }
         let info: Vec<(String, ChannelInfo)> = lock(&self.channel_info)

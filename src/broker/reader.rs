@@ -225,6 +225,8 @@ fn read_any(store: &ChannelStore, read: &ChannelRead) -> Result<ReadWindow, Stor
 }
 
 struct Source {
+    /// The channel's name, as its metrics name it.
+    name: String,
     store: ChannelStore,
     provider: String,
     inline: bool,
@@ -243,10 +245,14 @@ impl Readers {
         metrics: Arc<Metrics>,
         answers: mpsc::UnboundedSender<Event>,
     ) -> Readers {
+        for c in channels {
+            metrics.register_reads(&c.name);
+        }
         Readers {
             sources: channels
                 .iter()
                 .map(|c| Source {
+                    name: c.name.to_string(),
                     store: c.store.clone(),
                     provider: c.provider.name().to_owned(),
                     inline: c.provider.kind() == ProviderKind::Memory,
@@ -276,6 +282,7 @@ impl Readers {
                 }),
             });
         };
+        self.metrics.channel_read(&source.name);
         if source.inline {
             let result = read_any(&source.store, &read);
             return Some(Event::ChannelRead {
@@ -338,6 +345,47 @@ mod tests {
         let mut r = Record::new("telemetry/a", vec![1u8; 8]);
         r.timestamp = at;
         r
+    }
+
+    /// Every read made for a channel's consumers is counted against the
+    /// channel, each served channel's series there before its first.
+    #[test]
+    fn reads_are_counted_by_channel() {
+        let provider = MemoryProvider::unbounded();
+        let served = |name: &str| ServedChannel {
+            name: Arc::from(name),
+            provider: provider.clone(),
+            store: provider.open_channel(name, ChannelKind::Append).unwrap(),
+            retention: contract::Retention::default(),
+            queue: None,
+        };
+        let metrics = Arc::new(Metrics::new());
+        let readers = Readers::new(
+            &[served("telemetry"), served("audit")],
+            metrics.clone(),
+            mpsc::unbounded_channel().0,
+        );
+        assert!(metrics
+            .render()
+            .contains("saguin_channel_reads_total{channel=\"audit\"} 0\n"));
+        for ticket in 1..=3 {
+            let read = ChannelRead {
+                ticket,
+                channel: 0,
+                from: Seek::Earliest,
+                max: 16,
+                filters: Vec::new(),
+            };
+            assert!(matches!(
+                readers.submit(read),
+                Some(Event::ChannelRead { result: Ok(_), .. })
+            ));
+        }
+        assert_eq!(metrics.channel_read_count("telemetry"), 3);
+        assert_eq!(metrics.channel_read_count("audit"), 0);
+        assert!(metrics
+            .render()
+            .contains("saguin_channel_reads_total{channel=\"telemetry\"} 3\n"));
     }
 
     /// A record keeps its topic when it is on the channel's topics, and is
