@@ -245,18 +245,57 @@ fn inflight_rows(db: &Path, client: &str) -> i64 {
     .unwrap_or(0)
 }
 
-/// Waits until `settled` holds of the database `db`, for at most 30 s
-/// (a write nobody waits on has no answer to wait for: see [`fence`]).
+/// Waits until `settled` holds of the database `db`, looking again each
+/// time a file of its directory is written (inotify), for at most 30 s: a
+/// write nobody waits on has no answer to wait for (see [`fence`]), but its
+/// commit writes the database's log.
 fn wait_in_db(db: &Path, what: &str, settled: impl Fn(&Path) -> bool) {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = std::ffi::CString::new(db.parent().expect("a directory").as_os_str().as_bytes())
+        .expect("a path without NUL");
+    // SAFETY: plain system calls on a descriptor this function owns and
+    // closes; the path is NUL-terminated.
+    let watch = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+    assert!(
+        watch >= 0,
+        "inotify_init1: {}",
+        std::io::Error::last_os_error()
+    );
+    let added = unsafe {
+        libc::inotify_add_watch(
+            watch,
+            dir.as_ptr(),
+            libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_CLOSE_WRITE,
+        )
+    };
+    assert!(
+        added >= 0,
+        "inotify_add_watch: {}",
+        std::io::Error::last_os_error()
+    );
+    // Watched before the first look: no write between a look and the wait
+    // goes unseen.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !settled(db) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
         assert!(
-            std::time::Instant::now() < deadline,
+            !left.is_zero(),
             "{what} was not stored in {} within 30 s",
             db.display()
         );
-        std::thread::sleep(std::time::Duration::from_millis(10));
+        let mut ready = libc::pollfd {
+            fd: watch,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let timeout = i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1);
+        if unsafe { libc::poll(&mut ready, 1, timeout) } > 0 {
+            // The events themselves say nothing more than "look again".
+            let mut events = [0u8; 4096];
+            while unsafe { libc::read(watch, events.as_mut_ptr().cast(), events.len()) } > 0 {}
+        }
     }
+    unsafe { libc::close(watch) };
 }
 
 /// Whether `client`'s session is recorded as gone away.
