@@ -568,7 +568,7 @@ impl Config {
     /// The channels a broker serves: each configured, and a dead-letter
     /// channel for each queue.
     pub fn served_channels(&self) -> usize {
-        self.channels.len() + self.channels.iter().filter(|c| c.queue().is_some()).count()
+        names::served_channels(&self.channels)
     }
 
     /// The durability summary as a broker's start states it: past

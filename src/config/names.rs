@@ -9,6 +9,15 @@ pub const CHANNEL_NAME_MAX_BYTES: usize = 128;
 /// the most measured served (docs/benchmarks.md, "Channels in one broker").
 pub const MAX_SERVED_CHANNELS: usize = 10_000;
 
+/// The channels a broker serves for `channels` configured: each, and a
+/// dead-letter channel for each queue among them.
+pub(crate) fn served_channels<'a>(channels: impl IntoIterator<Item = &'a super::Channel>) -> usize {
+    channels
+        .into_iter()
+        .map(|c| 1 + usize::from(c.queue().is_some()))
+        .sum()
+}
+
 /// Longest file name the snapshot directory may be asked to hold (the
 /// common `NAME_MAX` of Linux file systems).
 pub const FILE_NAME_MAX_BYTES: usize = saguin_format::channel_name::MAX_FILE_NAME_LEN;

@@ -4,7 +4,9 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Component, Path, PathBuf};
 
-use super::names::{check_channel_name, CHANNEL_NAME_MAX_BYTES, MAX_SERVED_CHANNELS};
+use super::names::{
+    check_channel_name, served_channels, CHANNEL_NAME_MAX_BYTES, MAX_SERVED_CHANNELS,
+};
 use super::parse::{join, Ctx};
 use super::*;
 
@@ -455,12 +457,7 @@ fn channels(ctx: &mut Ctx, parsed: &Parsed) {
             }
         }
     }
-    let served = parsed.channels.len()
-        + parsed
-            .channels
-            .iter()
-            .filter(|(_, c)| c.queue().is_some())
-            .count();
+    let served = served_channels(parsed.channels.iter().map(|(_, c)| c));
     if served > MAX_SERVED_CHANNELS {
         ctx.problem(
             "channels",
