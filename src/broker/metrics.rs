@@ -177,8 +177,8 @@ pub struct Metrics {
     /// The queue channels' series, by channel name.
     queues: Mutex<BTreeMap<String, QueueSeries>>,
     /// Reads of each channel's store for its consumers, by channel name
-    /// (`saguin_channel_reads_total`).
-    reads: Mutex<BTreeMap<String, u64>>,
+    /// (`saguin_channel_reads_total`): each its reader's to count.
+    reads: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
     /// Each configured bridge's counters, by name (`saguin_bridge_*`).
     bridges: Mutex<BTreeMap<String, Arc<BridgeMetrics>>>,
     /// Each memory provider's snapshot generations (`saguin_snapshot_*`).
@@ -529,20 +529,22 @@ impl Metrics {
             .gaps += 1;
     }
 
-    /// `channel` is read from (`saguin_channel_reads_total`): a series
-    /// from the start, so a rate has one before the first read.
-    pub fn register_reads(&self, channel: &str) {
-        lock(&self.reads).entry(channel.to_owned()).or_default();
-    }
-
-    /// A read of `channel`'s store was made for its consumers.
-    pub fn channel_read(&self, channel: &str) {
-        *lock(&self.reads).entry(channel.to_owned()).or_default() += 1;
+    /// The count of reads of `channel` made for its consumers
+    /// (`saguin_channel_reads_total`), for its reader to add to without a
+    /// lock or a look-up: a series from the start, so a rate has one
+    /// before the first read.
+    pub fn channel_reads(&self, channel: &str) -> Arc<AtomicU64> {
+        lock(&self.reads)
+            .entry(channel.to_owned())
+            .or_default()
+            .clone()
     }
 
     /// Reads of `channel` made so far.
     pub fn channel_read_count(&self, channel: &str) -> u64 {
-        lock(&self.reads).get(channel).copied().unwrap_or(0)
+        lock(&self.reads)
+            .get(channel)
+            .map_or(0, |n| n.load(Relaxed))
     }
 
     /// Gaps consumers of `channel` were told of so far.
@@ -700,7 +702,7 @@ impl Metrics {
         }
         let reads: Vec<(String, u64)> = lock(&self.reads)
             .iter()
-            .map(|(name, n)| (escape_label(name), *n))
+            .map(|(name, n)| (escape_label(name), n.load(Relaxed)))
             .collect();
         let _ = writeln!(out, "# HELP saguin_channel_reads_total Reads of a channel's store for its consumers: a window of records each, one for every consumer at the same place (a memory channel's are lookups in memory, a sqlite channel's are read transactions).\n# TYPE saguin_channel_reads_total counter");
         for (channel, n) in &reads {

@@ -19,6 +19,7 @@
 //! available at the state's moment ([`Seek::Time`]): a read only, the
 //! lease that follows is a write.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use saguin_format::model::Record;
@@ -225,8 +226,8 @@ fn read_any(store: &ChannelStore, read: &ChannelRead) -> Result<ReadWindow, Stor
 }
 
 struct Source {
-    /// The channel's name, as its metrics name it.
-    name: String,
+    /// Reads made of the channel (`saguin_channel_reads_total`).
+    reads: Arc<AtomicU64>,
     store: ChannelStore,
     provider: String,
     inline: bool,
@@ -245,14 +246,11 @@ impl Readers {
         metrics: Arc<Metrics>,
         answers: mpsc::UnboundedSender<Event>,
     ) -> Readers {
-        for c in channels {
-            metrics.register_reads(&c.name);
-        }
         Readers {
             sources: channels
                 .iter()
                 .map(|c| Source {
-                    name: c.name.to_string(),
+                    reads: metrics.channel_reads(&c.name),
                     store: c.store.clone(),
                     provider: c.provider.name().to_owned(),
                     inline: c.provider.kind() == ProviderKind::Memory,
@@ -282,7 +280,7 @@ impl Readers {
                 }),
             });
         };
-        self.metrics.channel_read(&source.name);
+        source.reads.fetch_add(1, Relaxed);
         if source.inline {
             let result = read_any(&source.store, &read);
             return Some(Event::ChannelRead {
