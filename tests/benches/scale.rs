@@ -113,6 +113,15 @@
 //!   broker's CPU a QoS 1 publish to one channel and spread over all of
 //!   them, and the restart. Mosquitto (no persistence) publishes to the
 //!   same topics. What one channel for each site or tenant costs.
+//! - `churn`: one broker left running through N rounds of devices coming
+//!   and going (a pool of [`CHURN_POOL`], [`CHURN_DEVICES`] a round:
+//!   persistent and clean, leaving with and without a DISCONNECT, each
+//!   publishing to an append channel, a latest channel, a retained topic
+//!   and a queue, some sent a command), a backend, a worker and a
+//!   retained reader after each round; the sizes are the rounds where
+//!   its RSS and CPU are read, on memory (a snapshot directory), sqlite
+//!   and Mosquitto (persistence on). Whether what a site does every day
+//!   leaves memory behind.
 //!
 //! `cargo bench --bench scale` (release). `SAGUIN_BENCH_ONLY` picks curves
 //! (comma-separated, default all); `SAGUIN_BENCH_SCALE` (default 1.0)
@@ -120,8 +129,8 @@
 //! replaces the sizes of the curves picked; `SAGUIN_BENCH_ROWS`
 //! (comma-separated row names, default all) picks the brokers of the idle,
 //! retained, commands, payloads, wills and stalled curves and the
-//! providers of the append, following, jobs, latest and channels curves
-//! (`mosquitto` the following and channels curves' peer);
+//! providers of the append, following, jobs, latest, channels and churn
+//! curves (`mosquitto` the following, channels and churn curves' peer);
 //! `SAGUIN_BENCH_BASELINE` names an earlier saguin build whose rows
 //! (`saguin-before` idle, `saguin-before-memory` and `saguin-before-sqlite`
 //! retained, `saguin-before-memory` and `saguin-before-sqlite` sessions,
@@ -240,6 +249,9 @@ async fn run() -> Result<(), Error> {
     }
     if wanted("channels") {
         channels(&sizes(&[10, 100, 1_000, 10_000]), mosquitto, scale).await?;
+    }
+    if wanted("churn") {
+        churn(&sizes(&[50, 100, 250, 500]), mosquitto).await?;
     }
     Ok(())
 }
@@ -795,7 +807,7 @@ async fn retained(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     println!(
         "| broker | retained | RSS after restart | RSS per message | target | peak RSS in startup | startup | `#` receives all | fill | graceful stop | `snapshot verify` peak RSS |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
     let dir = tempfile::tempdir()?;
     for &n in sizes {
@@ -1051,7 +1063,7 @@ async fn append(sizes: &[usize]) -> Result<(), Error> {
     println!(
         "| provider | records | startup | RSS | peak RSS in startup | seek by time | sweep of a tenth | removed | graceful stop | fill rate | `snapshot verify` peak RSS |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
     let mut providers = vec!["memory"];
     if baseline.is_some() {
@@ -1793,7 +1805,7 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     println!(
         "| broker | devices | connect and subscribe all | RSS per device, served | parked | RSS per device, parked | records/s | broker CPU | broker CPU a record | delivered | end every session |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     // The devices' sessions subscribed to broadcast topics rather than
     // consuming a channel: what the channel adds to each.
     let kind = following_kind()?;
@@ -2921,5 +2933,300 @@ async fn sparse(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
             std::fs::remove_dir_all(&data)?;
         }
     }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- churn
+
+/// Devices a round of the churn curve connects, from a pool of
+/// [`CHURN_POOL`] taken in turn: each device is back every fifth round.
+const CHURN_DEVICES: usize = 200;
+const CHURN_POOL: usize = 1_000;
+
+/// One broker's life of rounds: each size of `sizes` is a point on it,
+/// where its memory is read.
+async fn churn(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
+    println!(
+        "\n## A broker left running (rounds of {CHURN_DEVICES} devices of {CHURN_POOL}, each \
+         back every fifth round: every third persistent, every seventh subscribed to its \
+         command topic and sent a command, every eleventh gone without a DISCONNECT; each \
+         publishes QoS 1 to an append channel, a latest channel and a retained topic, every \
+         fifth a job to a queue; then a persistent backend takes the round's records, a \
+         persistent worker its jobs and a reader a fiftieth of the retained messages)"
+    );
+    println!(
+        "| broker | rounds | connections | sessions | retained | append records | latest values | jobs waiting | RSS | private RSS | private RSS since the row before | private RSS once idle | broker CPU a round |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let rounds = sizes.iter().copied().max().unwrap_or(0);
+    let dir = tempfile::tempdir()?;
+    let mut brokers = vec!["memory", "sqlite"];
+    if mosquitto {
+        brokers.push("mosquitto");
+    }
+    brokers.retain(|b| row_wanted(b));
+    for name in brokers {
+        let data = dir.path().join(format!("churn-{name}"));
+        let metrics: SocketAddr = format!("127.0.0.1:{}", bench_support::free_port()?).parse()?;
+        let config = saguin_config(
+            &data,
+            &format!(
+                "metrics:\n  bind: {metrics}\nstorage:\n{}channels:\n  - name: tele\n    kind: append\n    storage: p\n    \
+                 retention_bytes: 256KiB\n  - name: twin\n    kind: latest\n    storage: p\n  \
+                 - name: jobs\n    kind: queue\n    storage: p\nbroker:\n  retained_storage: p\n  \
+                 session_storage: p\n",
+                provider_storage(name, &data)
+            ),
+        )?;
+        let which = row(
+            name,
+            &config,
+            &None,
+            "persistence true\nmax_connections -1\nset_tcp_nodelay true\n",
+        );
+        let broker = launch(&which, &data).await?;
+        let pid = pid_of(&broker)?;
+        // The backend and the worker subscribe before the first round, so
+        // each round's records and jobs are theirs to take.
+        for (id, filter) in [("churn-backend", "tele/#"), ("churn-worker", "jobs/#")] {
+            let (mut conn, _) = Conn::connect(broker.addr, id, false).await?;
+            subscribe_acked(&mut conn, filter, QoS::AtLeastOnce, id).await?;
+            disconnect(conn).await?;
+        }
+        let mut connections = 2;
+        let mut private_before = private_rss(pid)?;
+        let mut cpu_before = cpu_time(pid)?;
+        let mut round_before = 0;
+        for round in 1..=rounds {
+            connections += churn_round(broker.addr, round).await?;
+            if sizes.contains(&round) {
+                let private = private_rss(pid)?;
+                let cpu = cpu_time(pid)?;
+                let mut held = String::new();
+                for series in [
+                    "saguin_sessions",
+                    "saguin_retained_messages",
+                    "saguin_channel_records{channel=\"tele\"}",
+                    "saguin_channel_records{channel=\"twin\"}",
+                    "saguin_queue_depth{channel=\"jobs\"}",
+                ] {
+                    match scrape_series(metrics, series).await {
+                        Some(n) if name != "mosquitto" => held += &format!(" {n} |"),
+                        _ => held += " - |",
+                    }
+                }
+                let busy = rss(pid)?;
+                let idle = settled_private_rss(pid).await?;
+                println!(
+                    "| {name} | {round} | {connections} |{held} {} | {} | {:+.1} KiB | {} | {:.1} ms |",
+                    mib(busy as f64),
+                    mib(private as f64),
+                    (private as f64 - private_before as f64) / 1024.0,
+                    mib(idle as f64),
+                    (cpu - cpu_before).as_secs_f64() * 1e3 / (round - round_before) as f64
+                );
+                // The next row's growth is from what the broker held once
+                // idle, and its CPU leaves out the idle wait.
+                (private_before, cpu_before, round_before) = (idle, cpu_time(pid)?, round);
+            }
+        }
+        stop(broker).await?;
+        std::fs::remove_dir_all(&data)?;
+    }
+    Ok(())
+}
+
+/// The value of one series (`name{label="value"}`) of the metrics at
+/// `metrics`.
+async fn scrape_series(metrics: SocketAddr, series: &str) -> Option<f64> {
+    let mut stream = tokio::net::TcpStream::connect(metrics).await.ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut body)
+        .await
+        .ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The private RSS of broker `pid` once it has given back what it freed
+/// while busy: read every 500 ms until it has not fallen for 24
+/// readings in a row (12 s: an idle thread of the runtime's blocking
+/// pool ends after 10 s, and what it had allocated goes with it), for at
+/// most 60 s.
+async fn settled_private_rss(pid: u32) -> Result<u64, Error> {
+    let mut lowest = private_rss(pid)?;
+    let mut steady = 0;
+    for _ in 0..120 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = private_rss(pid)?;
+        if now < lowest {
+            (lowest, steady) = (now, 0);
+        } else {
+            steady += 1;
+            if steady == 24 {
+                break;
+            }
+        }
+    }
+    Ok(lowest)
+}
+
+/// Round `round` of the churn curve; returns the connections it made.
+async fn churn_round(addr: SocketAddr, round: usize) -> Result<usize, Error> {
+    let first = (round - 1) * CHURN_DEVICES % CHURN_POOL;
+    let mut tasks = Vec::new();
+    for device in first..first + CHURN_DEVICES {
+        tasks.push(tokio::spawn(churn_device(addr, device, round)));
+    }
+    for (device, task) in (first..).zip(tasks) {
+        task.await?
+            .map_err(|e| format!("round {round}, device dev{device}: {e}"))?;
+    }
+    let this_round = churn_payload(round);
+    let records = CHURN_DEVICES;
+    take_all(addr, "churn-backend", records, &this_round, |p| {
+        p.topic.starts_with("tele/")
+    })
+    .await
+    .map_err(|e| format!("round {round}, the backend: {e}"))?;
+    let jobs = CHURN_DEVICES / 5;
+    take_all(addr, "churn-worker", jobs, &this_round, |p| {
+        p.topic.starts_with("jobs/")
+    })
+    .await
+    .map_err(|e| format!("round {round}, the worker: {e}"))?;
+    // Every device below this round's last has published its retained
+    // message; a fiftieth of them are under one `site/<k>/`.
+    let seen = (round * CHURN_DEVICES).min(CHURN_POOL);
+    let (mut reader, _) = Conn::connect(addr, "churn-retained", true).await?;
+    let site = round % 50;
+    subscribe_acked(
+        &mut reader,
+        &format!("site/{site}/#"),
+        QoS::AtMostOnce,
+        "reader",
+    )
+    .await?;
+    let mut retained = 0;
+    while retained < seen / 50 {
+        match reader.next().await? {
+            Packet::Publish(p) if p.retain && p.topic.starts_with(&format!("site/{site}/")) => {
+                retained += 1
+            }
+            other => return Err(format!("retained reader: unexpected {other:?}").into()),
+        }
+    }
+    disconnect(reader).await?;
+    Ok(CHURN_DEVICES + 3)
+}
+
+/// What each message of round `round` carries: its number in 64 B.
+fn churn_payload(round: usize) -> Bytes {
+    Bytes::from(format!("{round:064}"))
+}
+
+/// Device `device` in round `round`: its publishes, its command when it
+/// has a command topic, and its leaving.
+async fn churn_device(addr: SocketAddr, device: usize, round: usize) -> Result<(), Error> {
+    let who = format!("dev{device}");
+    let (mut conn, _) = Conn::connect(addr, &who, device % 3 != 0).await?;
+    let commanded = device % 7 == 0;
+    let command = format!("cmd/{who}/reboot");
+    let mut publishes = vec![
+        (format!("tele/{who}"), false),
+        (format!("twin/{who}"), false),
+        (format!("site/{}/{who}", device % 50), true),
+    ];
+    if device % 5 == 0 {
+        publishes.push((format!("jobs/{who}"), false));
+    }
+    if commanded {
+        subscribe_acked(&mut conn, &format!("cmd/{who}/#"), QoS::AtLeastOnce, &who).await?;
+        publishes.push((command.clone(), false));
+    }
+    let this_round = churn_payload(round);
+    let mut buf = BytesMut::new();
+    for (k, (topic, retain)) in publishes.iter().enumerate() {
+        codec::encode(
+            &Packet::Publish(Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: *retain,
+                topic: topic.as_str().into(),
+                packet_id: (k + 1) as u16,
+                properties: PublishProperties::default(),
+                payload: this_round.clone(),
+            }),
+            V,
+            &mut buf,
+        )?;
+    }
+    conn.stream.write_all(&buf).await?;
+    // Every PUBACK, and this round's command; a command of a round
+    // before, sent again because its device left before acknowledging
+    // it, is acknowledged too.
+    let (mut acks, mut commands) = (0, 0);
+    while acks < publishes.len() || (commanded && commands == 0) {
+        match conn.next().await? {
+            Packet::PubAck(ack) if !ack.reason.is_error() => acks += 1,
+            Packet::Publish(p) if *p.topic == *command => {
+                conn.send(&Packet::PubAck(PubAck::new(p.packet_id))).await?;
+                commands += usize::from(p.payload == this_round);
+            }
+            other => return Err(format!("{who}: unexpected {other:?}").into()),
+        }
+    }
+    if device % 11 != 0 {
+        disconnect(conn).await?;
+    }
+    Ok(())
+}
+
+/// Connects persistent client `id` and takes QoS 1 messages `expected`
+/// accepts, acknowledging each, until it has `count` topics' messages of
+/// `this_round` (their payload); then leaves.
+async fn take_all(
+    addr: SocketAddr,
+    id: &str,
+    count: usize,
+    this_round: &Bytes,
+    expected: impl Fn(&Publish) -> bool,
+) -> Result<(), Error> {
+    let (mut conn, _) = Conn::connect(addr, id, false).await?;
+    // A message of a round before is taken again when the last connection
+    // left before its acknowledgement was read, or when the broker had not
+    // yet read that connection's DISCONNECT as the round's first messages
+    // came: sent to the connection going away, it is sent again, as MQTT
+    // allows. Each of this round's topics is counted once.
+    let mut taken = std::collections::HashSet::new();
+    while taken.len() < count {
+        match conn.next().await? {
+            Packet::Publish(p) if p.qos == QoS::AtLeastOnce && expected(&p) => {
+                conn.send(&Packet::PubAck(PubAck::new(p.packet_id))).await?;
+                if p.payload == this_round {
+                    taken.insert(p.topic.to_string());
+                }
+            }
+            other => return Err(format!("{id}: unexpected {other:?}").into()),
+        }
+    }
+    disconnect(conn).await
+}
+
+/// Sends a normal DISCONNECT and waits for the broker to close the
+/// connection: the next round's messages for this client id are not
+/// sent to a connection going away. What comes before the close (a
+/// message sent before the DISCONNECT was read) is left unacknowledged,
+/// for the client id's next connection.
+async fn disconnect(mut conn: Conn) -> Result<(), Error> {
+    conn.send(&Packet::Disconnect(Disconnect::new(
+        ReasonCode::NORMAL_DISCONNECTION,
+    )))
+    .await?;
+    while conn.next().await.is_ok() {}
     Ok(())
 }
