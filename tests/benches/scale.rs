@@ -3039,16 +3039,9 @@ async fn churn(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
 /// The value of one series (`name{label="value"}`) of the metrics at
 /// `metrics`.
 async fn scrape_series(metrics: SocketAddr, series: &str) -> Option<f64> {
-    let mut stream = tokio::net::TcpStream::connect(metrics).await.ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
-        .await
-        .ok()?;
-    let mut body = String::new();
-    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut body)
-        .await
-        .ok()?;
-    body.lines()
+    bench_support::metrics_text(metrics)
+        .await?
+        .lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 

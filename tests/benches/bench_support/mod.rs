@@ -286,9 +286,9 @@ pub async fn start_binary(
     })
 }
 
-/// The sum of the samples of metric `name` (every label set) the broker
-/// serves at `metrics`, or `None` when it cannot be read.
-pub async fn scrape(metrics: SocketAddr, name: &str) -> Option<f64> {
+/// The text the broker's metrics endpoint at `metrics` answers (its
+/// headers too), within 10 s.
+pub async fn metrics_text(metrics: SocketAddr) -> Option<String> {
     let mut s = TcpStream::connect(metrics).await.ok()?;
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
         .await
@@ -298,6 +298,13 @@ pub async fn scrape(metrics: SocketAddr, name: &str) -> Option<f64> {
         .await
         .ok()?
         .ok()?;
+    Some(body)
+}
+
+/// The sum of the samples of metric `name` (every label set) the broker
+/// serves at `metrics`, or `None` when it cannot be read.
+pub async fn scrape(metrics: SocketAddr, name: &str) -> Option<f64> {
+    let body = metrics_text(metrics).await?;
     let samples: Vec<f64> = body
         .lines()
         .filter(|l| !l.starts_with('#'))
