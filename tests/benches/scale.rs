@@ -3047,9 +3047,8 @@ async fn scrape_series(metrics: SocketAddr, series: &str) -> Option<f64> {
 
 /// The private RSS of broker `pid` once it has given back what it freed
 /// while busy: read every 500 ms until it has not fallen for 24
-/// readings in a row (12 s: an idle thread of the runtime's blocking
-/// pool ends after 10 s, and what it had allocated goes with it), for at
-/// most 60 s.
+/// readings in a row (12 s: a broker churned by this curve was seen to
+/// give most of it back 5-10 s after the last round), for at most 60 s.
 async fn settled_private_rss(pid: u32) -> Result<u64, Error> {
     let mut lowest = private_rss(pid)?;
     let mut steady = 0;
