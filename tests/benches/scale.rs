@@ -152,8 +152,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use bench_support::{
-    cpu_time, first_connack, start_binary, start_mosquitto, stop, Broker, Conn, Error,
-    SNAPSHOT_LOG, V,
+    cpu_time, first_connack, rss, start_binary, start_mosquitto, status_bytes, stop, threads,
+    Broker, Conn, Error, SNAPSHOT_LOG, V,
 };
 use bytes::{Bytes, BytesMut};
 use saguin::broker::codec::{
@@ -258,11 +258,6 @@ async fn run() -> Result<(), Error> {
 
 // ---------------------------------------------------------------- process
 
-/// Resident memory of process `pid`, bytes.
-fn rss(pid: u32) -> Result<u64, Error> {
-    status_bytes(pid, "VmRSS:")
-}
-
 /// Resident memory of process `pid` that is its own (heap, stacks: not
 /// the pages of its executable and libraries, which the page cache holds
 /// once for every process mapping them), bytes.
@@ -306,18 +301,6 @@ fn verify_peak_rss(bin: &Path, dir: &Path) -> Result<Option<u64>, Error> {
         .trim()
         .parse()?;
     Ok(Some(kib * 1024))
-}
-
-/// A size in kB that `/proc/<pid>/status` reports under `field`, bytes.
-fn status_bytes(pid: u32, field: &str) -> Result<u64, Error> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
-        .ok_or_else(|| format!("no {field} in /proc/{pid}/status"))?
-        .parse()?;
-    Ok(kib * 1024)
 }
 
 fn pid_of(broker: &Broker) -> Result<u32, Error> {
@@ -914,17 +897,6 @@ async fn receive_all_retained(addr: SocketAddr, n: usize) -> Result<Duration, Er
 
 /// QoS 1 publishes of each phase of the channels curve at scale 1.
 const CHANNELS_PUBLISHES: f64 = 100_000.0;
-
-/// Threads of process `pid`.
-fn threads(pid: u32) -> Result<u64, Error> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    Ok(status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .ok_or_else(|| format!("no Threads in /proc/{pid}/status"))?
-        .trim()
-        .parse()?)
-}
 
 /// The broker's CPU time over `publishes` QoS 1 publishes to `topic(i)`,
 /// a publish, in microseconds.

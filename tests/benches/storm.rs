@@ -199,23 +199,9 @@ struct Storm {
     published: usize,
     received: u64,
     /// The broker's threads at the last CONNACK.
-    threads: usize,
-    /// The broker's resident set at the last CONNACK, in KiB.
-    rss_kib: u64,
-}
-
-/// The broker's threads and resident set (KiB), from `/proc`.
-fn threads_and_rss(pid: u32) -> (usize, u64) {
-    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
-    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0);
-    (threads, rss)
+    threads: u64,
+    /// The broker's resident set at the last CONNACK, bytes.
+    rss: u64,
 }
 
 async fn storm(sessions: usize, alone: bool, passwords: bool) -> Result<Storm, Error> {
@@ -315,7 +301,8 @@ async fn storm(sessions: usize, alone: bool, passwords: bool) -> Result<Storm, E
         held.push(conn);
     }
     let total = last - begun;
-    let (threads, rss_kib) = broker.child.id().map_or((0, 0), threads_and_rss);
+    let pid = broker.child.id().ok_or("the broker exited")?;
+    let (threads, rss) = (bench_support::threads(pid)?, bench_support::rss(pid)?);
     stop_publishing.store(true, Ordering::Release);
     let latencies = latencies_rx
         .await
@@ -363,7 +350,7 @@ async fn storm(sessions: usize, alone: bool, passwords: bool) -> Result<Storm, E
         published,
         received,
         threads,
-        rss_kib,
+        rss,
     })
 }
 
@@ -416,7 +403,7 @@ async fn main() {
                     format!("{} / {}", s.received, s.published),
                     s.shed.to_string(),
                     s.threads.to_string(),
-                    format!("{:.1} MiB", s.rss_kib as f64 / 1024.0),
+                    format!("{:.1} MiB", s.rss as f64 / (1024.0 * 1024.0)),
                 ]);
                 if s.received < s.published as u64 || s.shed > 0 {
                     failed = true;

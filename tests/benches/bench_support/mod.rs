@@ -286,6 +286,34 @@ pub async fn start_binary(
     })
 }
 
+/// A size in kB that `/proc/<pid>/status` reports under `field`, bytes.
+pub fn status_bytes(pid: u32, field: &str) -> Result<u64, Error> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .ok_or_else(|| format!("no {field} in /proc/{pid}/status"))?
+        .parse()?;
+    Ok(kib * 1024)
+}
+
+/// Resident memory of process `pid`, bytes.
+pub fn rss(pid: u32) -> Result<u64, Error> {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// Threads of process `pid`.
+pub fn threads(pid: u32) -> Result<u64, Error> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok(status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .ok_or_else(|| format!("no Threads in /proc/{pid}/status"))?
+        .trim()
+        .parse()?)
+}
+
 /// The text the broker's metrics endpoint at `metrics` answers (its
 /// headers too), within 10 s.
 pub async fn metrics_text(metrics: SocketAddr) -> Option<String> {
