@@ -16,7 +16,7 @@ use saguin::storage::sqlite::{Capacity, WAL_RESTART_BYTES};
 use serde_json::{json, Value};
 
 use crate::exit;
-use crate::output::table;
+use crate::output::{grouped, table};
 
 /// What `--dir` is measured as: a sqlite provider with the defaults, and a
 /// memory provider of this bound.
@@ -24,57 +24,73 @@ const DIR_MAX_BYTES: u64 = 256 << 20;
 /// The most a full run writes for the snapshot rate (a quick one 16 MiB).
 const SNAPSHOT_SAMPLE: u64 = 256 << 20;
 const SNAPSHOT_SAMPLE_QUICK: u64 = 16 << 20;
+/// The fewest channel files a generation is sampled with for what a file
+/// costs apart from its bytes (more when the provider holds more
+/// channels).
+const FILES_SAMPLE: usize = 1_000;
 /// What a graceful stop waits for connections before it writes.
 const DRAIN: Duration = Duration::from_secs(5);
 
-/// Measure what this machine and disk cost the configured providers.
-///
-/// For each storage provider of --config (or, with --dir, for that
-/// directory as a sqlite provider with the defaults and a memory provider
-/// of 256 MiB), in a scratch directory made beside its data on the same
-/// file system and removed after - never inside a memory provider's
-/// snapshot directory, and never touching a provider's own files:
-///
-/// - fsync: 4 KiB written and fdatasync'ed, again and again: p50, p99, max.
-/// - snapshot (memory with a snapshot_dir): a provider of up to 256 MiB
-///   (16 MiB with --quick) written as one snapshot generation: bytes a
-///   second.
-/// - publish: a broker started in this process on the provider's settings
-///   (flush_interval, publish_commit_interval, ..., the snapshot schedule),
-///   one append channel, MQTT 3.1.1 clients over 127.0.0.1: one publisher
-///   paced to 5,000 QoS 1 publishes a second for 5 s (1,000 for 1 s with
-///   --quick), each publish's time to its PUBACK; then 4 publishers (2) with
-///   64 publishes in flight each for 5 s (1 s): publishes acknowledged a
-///   second.
-///
-/// Then what that means: a sqlite provider's power-cut loss (its
-/// flush_interval and an fsync), a memory provider's crash loss (its
-/// snapshot_max_delay and the write of a full provider) and how long its
-/// stop takes when full (max_bytes at the measured rate, after the 5 s
-/// connection drain) against the supervisor's stop timeout
-/// (--timeout-stop), and each provider's sustained publish rate.
-///
-/// --quick takes under 10 s for a configuration of two providers on a
-/// local disk. A progress line shows on a terminal, nothing when piped.
-///
-/// Exit 0 when measured (whatever it found), 1 when the configuration is
-/// invalid, 3 when a directory is a memory provider's snapshot directory
-/// (a live broker's is named with its holder), cannot be written, or a
-/// measurement failed.
-///
-/// --json prints one document: `{"quick", "cpus", "timeout_stop_seconds",
-/// "targets": [{"provider", "kind": "memory"|"sqlite", "dir",
-/// "memory_backed": null|"tmpfs"|"ramfs", "over_network": null|"nfs"|"smb",
-/// "fsync":
-/// null|{"samples","p50_ms","p99_ms","max_ms"}, "snapshot":
-/// null|{"accounted_bytes","file_bytes","seconds","bytes_per_second"},
-/// "publish": {"payload_bytes","paced_rate","paced_count","puback_p50_ms",
-/// "puback_p99_ms","puback_max_ms","sustained_per_second"}, "means":
-/// {"power_cut_loss_ms": null|n, "crash_loss_ms": null|n,
-/// "full_shutdown_seconds": null|n, "shutdown_fits": null|bool,
-/// "file_system": null|{"free_bytes","held_bytes","needs_bytes","fits"},
-/// "sustained_per_second"}}]}`. Readers must ignore fields they do not
-/// know.
+/// What `saguin bench --help` and its man page say of it.
+pub const LONG_ABOUT: &str = "\
+Measure what this machine and disk cost the configured providers.
+
+For each storage provider of --config (or, with --dir, for that directory \
+as a sqlite provider with the defaults and a memory provider of 256 MiB), \
+in a scratch directory made beside its data on the same file system and \
+removed after - never inside a memory provider's snapshot directory, and \
+never touching a provider's own files:
+
+- fsync: 4 KiB written and fdatasync'ed, again and again: p50, p99, max.
+
+- snapshot (memory with a snapshot_dir): a provider of up to 256 MiB (16 \
+MiB with --quick) written as one snapshot generation: bytes a second; then \
+a generation of as many channels as the provider holds (at least 1,000), \
+one small record each: what each file costs apart from its bytes (its \
+write, its fsync and its rename).
+
+- publish: a broker started in this process on the provider's settings \
+(flush_interval, publish_commit_interval, ..., the snapshot schedule), one \
+append channel, MQTT 3.1.1 clients over 127.0.0.1: one publisher paced to \
+5,000 QoS 1 publishes a second for 5 s (1,000 for 1 s with --quick), each \
+publish's time to its PUBACK; then 4 publishers (2) with 64 publishes in \
+flight each for 5 s (1 s): publishes acknowledged a second.
+
+Then what that means: a sqlite provider's power-cut loss (its \
+flush_interval and an fsync), a memory provider's crash loss (its \
+snapshot_max_delay and the write of a full provider: max_bytes at the \
+measured rate and a file for each of its channels) and how long its stop \
+takes when full (that write, after the 5 s connection drain) against the \
+supervisor's stop timeout (--timeout-stop), and each provider's sustained \
+publish rate.
+
+--quick takes under 10 s for a configuration of two providers on a local \
+disk. A progress line shows on a terminal, nothing when piped.
+
+Exit 0 when measured (whatever it found), 1 when the configuration is \
+invalid, 3 when a directory is a memory provider's snapshot directory (a \
+live broker's is named with its holder), cannot be written, or a \
+measurement failed.
+
+--json prints one document: `{\"quick\", \"cpus\", \
+\"timeout_stop_seconds\", \"targets\": [{\"provider\", \"kind\": \
+\"memory\"|\"sqlite\", \"dir\", \"memory_backed\": \
+null|\"tmpfs\"|\"ramfs\", \"over_network\": null|\"nfs\"|\"smb\", \
+\"fsync\": null|{\"samples\",\"p50_ms\",\"p99_ms\",\"max_ms\"}, \
+\"snapshot\": \
+null|{\"accounted_bytes\",\"file_bytes\",\"seconds\",\"bytes_per_second\"}, \
+\"channel_files\": n, \"snapshot_files\": \
+null|{\"files\",\"seconds\",\"per_file_ms\"}, \"publish\": \
+{\"payload_bytes\",\"paced_rate\",\"paced_count\",\"puback_p50_ms\", \
+\"puback_p99_ms\",\"puback_max_ms\",\"sustained_per_second\"}, \"means\": \
+{\"power_cut_loss_ms\": null|n, \"crash_loss_ms\": null|n, \
+\"full_shutdown_seconds\": null|n, \"shutdown_fits\": null|bool, \
+\"file_system\": \
+null|{\"free_bytes\",\"held_bytes\",\"needs_bytes\",\"fits\"}, \
+\"sustained_per_second\"}}]}`. Readers must ignore fields they do not \
+know.";
+
+/// `saguin bench`'s arguments.
 #[derive(clap::Args, Debug)]
 #[command(after_help = EXAMPLES)]
 pub struct Args {
@@ -115,15 +131,19 @@ struct Target {
     /// Whether that directory is where the provider's promise does not
     /// hold, asked once.
     file_system: Option<Unkept>,
+    /// The channels the configuration puts on the provider: a memory
+    /// provider's generation writes a file for each that changed.
+    channel_files: usize,
 }
 
 impl Target {
-    fn new(provider: Provider, parent: Option<PathBuf>) -> Target {
+    fn new(provider: Provider, parent: Option<PathBuf>, channel_files: usize) -> Target {
         let file_system = parent.as_deref().and_then(file_system::unkept);
         Target {
             provider,
             parent,
             file_system,
+            channel_files,
         }
     }
 }
@@ -132,6 +152,8 @@ impl Target {
 struct Measured {
     fsync: Option<Latencies>,
     snapshot: Option<SnapshotWrite>,
+    /// A generation of many channel files of one record each.
+    snapshot_files: Option<SnapshotWrite>,
     publish: PublishCosts,
     load: Load,
 }
@@ -187,7 +209,7 @@ fn targets(args: &Args) -> Result<Vec<Target>, u8> {
         let mut targets = Vec::new();
         for kind in ["sqlite", "memory"] {
             match dir_provider(kind, dir) {
-                Ok(provider) => targets.push(Target::new(provider, Some(dir.clone()))),
+                Ok(provider) => targets.push(Target::new(provider, Some(dir.clone()), 0)),
                 Err(e) => {
                     eprintln!("saguin: bench --dir {}: {e:#}", dir.display());
                     return Err(exit::CANNOT);
@@ -229,7 +251,8 @@ fn targets(args: &Args) -> Result<Vec<Target>, u8> {
         if let Some(parent) = &parent {
             refuse_snapshot_dir(parent)?;
         }
-        targets.push(Target::new(provider.clone(), parent));
+        let channel_files = config.channels_of(provider.name()).count();
+        targets.push(Target::new(provider.clone(), parent, channel_files));
     }
     if targets.is_empty() {
         eprintln!(
@@ -331,6 +354,17 @@ fn measure(target: &Target, quick: bool, progress: &Progress) -> anyhow::Result<
         }
         _ => None,
     };
+    let snapshot_files = match &snapshot {
+        Some(_) => {
+            let Some(s) = &scratch else {
+                unreachable!("a snapshot is written only in a scratch directory")
+            };
+            let files = target.channel_files.max(FILES_SAMPLE);
+            say(&format!("a snapshot generation of {files} channel files"));
+            Some(disk::snapshot_files(&s.path().join("files"), files)?)
+        }
+        None => None,
+    };
     let load = if quick {
         Load {
             paced_rate: 1_000.0,
@@ -355,6 +389,7 @@ fn measure(target: &Target, quick: bool, progress: &Progress) -> anyhow::Result<
     Ok(Measured {
         fsync,
         snapshot,
+        snapshot_files,
         publish,
         load,
     })
@@ -436,9 +471,14 @@ fn means(target: &Target, m: &Measured, timeout_stop: Duration) -> Means {
         },
         Provider::Memory(mem) => {
             let bound = mem.max_bytes.unwrap_or(DIR_MAX_BYTES);
+            // Its bytes at the measured rate, and its channels' files at
+            // what each cost apart from its bytes.
+            let files = m.snapshot_files.map_or(Duration::ZERO, |f| {
+                f.per_file() * u32::try_from(target.channel_files).unwrap_or(u32::MAX)
+            });
             let full_write = m
                 .snapshot
-                .map(|w| Duration::from_secs_f64(bound as f64 / w.rate()));
+                .map(|w| Duration::from_secs_f64(bound as f64 / w.rate()) + files);
             let crash_loss = match (mem.snapshot_dir.is_some(), mem.snapshots.max_delay) {
                 (true, Some(max_delay)) => full_write.map(|w| max_delay + w),
                 _ => None,
@@ -475,6 +515,12 @@ fn target_json(target: &Target, m: &Measured, timeout_stop: Duration) -> Value {
             "file_bytes": w.file_bytes,
             "seconds": w.elapsed.as_secs_f64(),
             "bytes_per_second": w.rate().round(),
+        })),
+        "channel_files": target.channel_files,
+        "snapshot_files": m.snapshot_files.map(|f| json!({
+            "files": f.files,
+            "seconds": f.elapsed.as_secs_f64(),
+            "per_file_ms": ms(f.per_file()),
         })),
         "publish": {
             "payload_bytes": m.load.payload,
@@ -532,7 +578,12 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
             ),
             m.snapshot.map_or_else(
                 || "-".to_owned(),
-                |w| format!("{:.0} MiB/s", w.rate() / (1 << 20) as f64),
+                |w| {
+                    let per_file = m.snapshot_files.map_or_else(String::new, |f| {
+                        format!(", {:.2} ms a file", ms(f.per_file()))
+                    });
+                    format!("{:.0} MiB/s{per_file}", w.rate() / (1 << 20) as f64)
+                },
             ),
             format!(
                 "{:.2} / {:.2} ms at {:.0}/s",
@@ -540,13 +591,14 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
                 ms(p.paced.quantile(0.99)),
                 m.load.paced_rate
             ),
-            format!("{:.0} publishes/s", p.sustained),
+            format!("{} publishes/s", grouped(p.sustained.round() as u64)),
         ]);
     }
     writeln!(out, "{t}")?;
     for (target, m) in results {
         let means = means(target, m, timeout_stop);
         let name = target.provider.name();
+        let sustained = grouped(m.publish.sustained.round() as u64);
         let warning = target
             .file_system
             .zip(target.parent.as_deref())
@@ -560,10 +612,10 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
             Provider::Sqlite(s) => {
                 writeln!(
                     out,
-                    "{name}: a crash loses nothing acknowledged; a power cut loses up to about {:.0} ms of commits (flush_interval {} and an fsync at p99); {:.0} QoS 1 publishes a second sustained",
+                    "{name}: a crash loses nothing acknowledged; a power cut loses up to about {:.0} ms of commits (flush_interval {} and an fsync at p99); {} QoS 1 publishes a second sustained",
                     means.power_cut_loss.map_or(0.0, ms),
                     config::units::format_duration(s.flush_interval),
-                    m.publish.sustained
+                    sustained
                 )?;
                 if let Some(c) = means.file_system {
                     let mib = |b: u64| b as f64 / f64::from(1 << 20);
@@ -586,33 +638,47 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
             }
             Provider::Memory(mem) if mem.snapshot_dir.is_none() => writeln!(
                 out,
-                "{name}: keeps nothing (no snapshot_dir): everything is lost at every stop; {:.0} QoS 1 publishes a second sustained",
-                m.publish.sustained
+                "{name}: keeps nothing (no snapshot_dir): everything is lost at every stop; {sustained} QoS 1 publishes a second sustained",
             )?,
             Provider::Memory(mem) => {
                 let bound = mem.max_bytes.unwrap_or(DIR_MAX_BYTES);
+                let full = match target.channel_files {
+                    0 => format!("{} MiB", bound >> 20),
+                    1 => format!("{} MiB and its channel's file", bound >> 20),
+                    n => format!("{} MiB and its {} channels' files", bound >> 20, grouped(n as u64)),
+                };
                 match means.crash_loss {
                     Some(loss) => writeln!(
                         out,
-                        "{name}: a crash or power cut loses up to {:.1} s (snapshot_max_delay and the write of a full provider of {} MiB)",
+                        "{name}: a crash or power cut loses up to {:.1} s (snapshot_max_delay and the write of a full provider: {full})",
                         loss.as_secs_f64(),
-                        bound >> 20
                     )?,
                     None => writeln!(
                         out,
                         "{name}: written only at a graceful stop: a crash or power cut loses everything since the last one"
                     )?,
                 }
+                if let Some(f) = m.snapshot_files {
+                    // What a planner adds channels by: a generation writes
+                    // a file for each that changed, however small.
+                    let channels = target.channel_files.max(FILES_SAMPLE);
+                    writeln!(
+                        out,
+                        "{name}: each channel adds about {:.2} ms to a generation that changes it ({} channels: {:.1} s)",
+                        ms(f.per_file()),
+                        grouped(channels as u64),
+                        (f.per_file() * u32::try_from(channels).unwrap_or(u32::MAX)).as_secs_f64()
+                    )?;
+                }
                 if let (Some(stop), Some(fits)) = (means.full_shutdown, means.shutdown_fits) {
                     writeln!(
                         out,
-                        "{name}: a graceful stop of a full provider takes about {:.1} s (the 5 s drain and {} MiB written), {} the stop timeout of {} s{}; {:.0} QoS 1 publishes a second sustained",
+                        "{name}: a graceful stop of a full provider takes about {:.1} s (the 5 s drain and {full} written), {} the stop timeout of {} s{}; {} QoS 1 publishes a second sustained",
                         stop.as_secs_f64(),
-                        bound >> 20,
                         if fits { "within" } else { "PAST" },
                         timeout_stop.as_secs(),
                         if fits { "" } else { ": raise TimeoutStopSec or lower max_bytes, or the supervisor kills it mid-write" },
-                        m.publish.sustained
+                        sustained
                     )?;
                 }
             }

@@ -92,10 +92,13 @@ pub enum Commands {
     #[command(subcommand)]
     Lock(lock::Command),
     /// Add, change or delete a user in a password file (mosquitto_passwd's format).
+    #[command(long_about = passwd::LONG_ABOUT)]
     Passwd(passwd::Args),
     /// Ask a running broker how it is, over its metrics listener.
+    #[command(long_about = status::LONG_ABOUT)]
     Status(status::Args),
     /// Measure what this machine and its disk cost the configured providers.
+    #[command(long_about = bench::LONG_ABOUT)]
     Bench(bench::Args),
     /// Write the man pages and shell completions (for building the project).
     #[command(hide = true)]
@@ -186,5 +189,36 @@ mod tests {
         );
         let plain = anyhow::Error::new(std::io::Error::other("gone")).context("open x");
         assert_eq!(error_line(&plain), "open x: gone");
+    }
+
+    /// Each command's `--help` and man page say more than its line in the
+    /// list of commands: a long description set on its arguments would be
+    /// replaced by the one-line doc of the variant that names them, so it
+    /// is set on the variant.
+    #[test]
+    fn every_command_says_more_than_its_one_line() {
+        use clap::CommandFactory;
+        fn leaves(cmd: &clap::Command, path: String, out: &mut Vec<(String, clap::Command)>) {
+            for sub in cmd.get_subcommands() {
+                leaves(sub, format!("{path} {}", sub.get_name()), out);
+            }
+            if cmd.get_subcommands().next().is_none() {
+                out.push((path, cmd.clone()));
+            }
+        }
+        let mut all = Vec::new();
+        leaves(&Cli::command(), "saguin".into(), &mut all);
+        let terse: Vec<&str> = all
+            .iter()
+            .filter(|(path, cmd)| {
+                path != "saguin generate-docs"
+                    && path != "saguin help"
+                    && !path.starts_with("saguin help ")
+                    && cmd.get_long_about().is_none()
+                    && cmd.get_after_long_help().is_none()
+            })
+            .map(|(path, _)| path.as_str())
+            .collect();
+        assert!(terse.is_empty(), "{terse:?}");
     }
 }

@@ -18,6 +18,20 @@ pub fn table() -> Table {
     t
 }
 
+/// A count with its thousands set apart, as the docs write them:
+/// `182,406`.
+pub fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
 /// A Unix-nanosecond time as RFC 3339, `-` when unset (0).
 pub fn time_text(nanos: i64) -> String {
     if nanos == 0 {
@@ -311,6 +325,19 @@ pub fn cell(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_count_has_its_thousands_set_apart() {
+        for (n, text) in [
+            (0, "0"),
+            (999, "999"),
+            (1_000, "1,000"),
+            (182_406, "182,406"),
+            (1_234_567, "1,234,567"),
+        ] {
+            assert_eq!(grouped(n), text);
+        }
+    }
 
     /// RECORD has the keys its documentation lists, a latest row adds
     /// `deleted` and a queue item its deliveries, and nothing else.

@@ -21,7 +21,7 @@ const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Add, change or delete a user in a password file, or hash a plain-text one.
 #[derive(clap::Args, Debug)]
-#[command(long_about = LONG_ABOUT, after_help = EXAMPLES)]
+#[command(after_help = EXAMPLES)]
 pub struct Args {
     /// Batch: take PASSWORD from the command line instead of asking. The
     /// password is then visible to other users in the process list; piping
@@ -49,7 +49,8 @@ pub struct Args {
     pub password: Option<String>,
 }
 
-const LONG_ABOUT: &str = "\
+/// What `saguin passwd --help` and its man page say of it.
+pub const LONG_ABOUT: &str = "\
 Add, change or delete a user in a password file, or hash a plain-text one, \
 writing mosquitto_passwd's format: one `user:$7$iterations$salt$hash` line \
 per user (PBKDF2-HMAC-SHA512, a 12-byte random salt, base64), which \

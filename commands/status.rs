@@ -13,7 +13,7 @@ use crate::output::table;
 /// Ask a running broker how it is: live, ready, its providers, channels and
 /// connections.
 #[derive(clap::Args, Debug)]
-#[command(long_about = STATUS_ABOUT, after_help = STATUS_EXAMPLES)]
+#[command(after_help = STATUS_EXAMPLES)]
 #[command(group(clap::ArgGroup::new("endpoint").required(true).args(["metrics", "config"])))]
 pub struct Args {
     /// The broker's metrics listener, HOST:PORT (its metrics.bind).
@@ -28,7 +28,8 @@ pub struct Args {
     pub json: bool,
 }
 
-const STATUS_ABOUT: &str = "\
+/// What `saguin status --help` and its man page say of it.
+pub const LONG_ABOUT: &str = "\
 Ask a running broker how it is, over its metrics listener (metrics.bind): \
 GET /healthz, /readyz and /metrics, read into one summary. Nothing is sent \
 over MQTT and nothing is opened on disk: it is safe at any time, and needs \

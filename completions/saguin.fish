@@ -126,19 +126,19 @@ complete -c saguin -n "__fish_saguin_using_subcommand passwd" -s I -l iterations
 complete -c saguin -n "__fish_saguin_using_subcommand passwd" -s b -d 'Batch: take PASSWORD from the command line instead of asking. The password is then visible to other users in the process list; piping it on stdin avoids that'
 complete -c saguin -n "__fish_saguin_using_subcommand passwd" -s D -d 'Delete USER from FILE'
 complete -c saguin -n "__fish_saguin_using_subcommand passwd" -s U -d 'Upgrade FILE in place: hash every plain-text `user:password` line, keeping lines that are hashed already'
-complete -c saguin -n "__fish_saguin_using_subcommand passwd" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand passwd" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand passwd" -s V -l version -d 'Print version'
 complete -c saguin -n "__fish_saguin_using_subcommand status" -l metrics -d 'The broker\'s metrics listener, HOST:PORT (its metrics.bind)' -r
 complete -c saguin -n "__fish_saguin_using_subcommand status" -l config -d 'Read the listener\'s address from this configuration\'s metrics.bind (only that key is read; check-config validates the rest)' -r -F
 complete -c saguin -n "__fish_saguin_using_subcommand status" -l json -d 'One JSON document on stdout'
-complete -c saguin -n "__fish_saguin_using_subcommand status" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand status" -s V -l version -d 'Print version'
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -l config -d 'The configuration whose providers are measured' -r -F
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -l dir -d 'Measure this directory\'s disk instead (it must not be a memory provider\'s snapshot directory)' -r -F
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -l timeout-stop -d 'The supervisor\'s stop timeout the shutdown is held to, in seconds (systemd\'s TimeoutStopSec; 90 is its default)' -r
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -l quick -d 'A run under 10 seconds: fewer samples, shorter publishing'
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -l json -d 'One JSON document on stdout'
-complete -c saguin -n "__fish_saguin_using_subcommand bench" -s h -l help -d 'Print help'
+complete -c saguin -n "__fish_saguin_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -s V -l version -d 'Print version'
 complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "serve" -d 'Serve MQTT'
 complete -c saguin -n "__fish_saguin_using_subcommand help; and not __fish_seen_subcommand_from serve check-config snapshot sqlite migrate lock passwd status bench help" -f -a "check-config" -d 'Validate a configuration, and print it fully resolved'

@@ -180,7 +180,75 @@ fn a_directory_is_measured_for_both_providers_on_their_default_settings() {
     assert_eq!(targets[0]["means"]["crash_loss_ms"], 0.0);
     assert!(targets[1]["means"]["power_cut_loss_ms"].as_f64() >= Some(2000.0));
     assert!(targets[1]["snapshot"]["accounted_bytes"].as_u64() > Some(0));
+    // No configuration, no channel: what a file costs is sampled all the
+    // same, for the planner.
+    assert_eq!(targets[1]["channel_files"], 0);
+    assert!(targets[1]["snapshot_files"]["files"].as_u64() > Some(1_000));
+    assert!(targets[0]["snapshot_files"].is_null());
     assert!(names(d.path()).is_empty(), "{:?}", names(d.path()));
+}
+
+/// A memory provider's generation writes a file for each channel that
+/// changed: the crash window and the stop count its channels' files, not
+/// only its bytes.
+#[test]
+fn a_memory_providers_channels_each_add_their_file_to_its_crash_window() {
+    let d = tempfile::tempdir().unwrap();
+    let data = d.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let config = d.path().join("saguin.yaml");
+    let channels: String = (0..1_500)
+        .map(|i| format!("  - {{name: c{i}, kind: append, storage: mem}}\n"))
+        .collect();
+    std::fs::write(
+        &config,
+        format!(
+            "listeners: [{{name: mqtt, bind: \"127.0.0.1:0\"}}]\n\
+             auth: {{allow_anonymous: true}}\n\
+             storage:\n  - {{name: mem, kind: memory, snapshot_dir: {}, max_bytes: 1MiB, snapshot_room: 0}}\n\
+             channels:\n{channels}",
+            data.join("snapshots").display(),
+        ),
+    )
+    .unwrap();
+    let out = bench_config(&config, &["--quick", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mem = &doc["targets"][0];
+    assert_eq!(mem["channel_files"], 1_500, "{mem}");
+    // Sampled with a file for each channel, the provider's own and the
+    // manifest.
+    let files = &mem["snapshot_files"];
+    assert!(files["files"].as_u64() > Some(1_500), "{mem}");
+    let per_file = files["per_file_ms"].as_f64().unwrap();
+    assert!(per_file > 0.0, "{mem}");
+    // snapshot_max_delay (2 s), the bytes, and 1,500 files.
+    let crash = mem["means"]["crash_loss_ms"].as_f64().unwrap();
+    assert!(crash >= 2_000.0 + 1_500.0 * per_file - 1.0, "{mem}");
+    let stop = mem["means"]["full_shutdown_seconds"].as_f64().unwrap();
+    assert!(
+        stop * 1_000.0 >= 5_000.0 + 1_500.0 * per_file - 1.0,
+        "{mem}"
+    );
+
+    let out = bench_config(&config, &["--quick"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("the write of a full provider: 1 MiB and its 1,500 channels' files)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mem: each channel adds about ")
+            && text.contains("to a generation that changes it (1,500 channels: "),
+        "{text}"
+    );
+    assert!(names(&data).is_empty(), "{:?}", names(&data));
 }
 
 #[test]

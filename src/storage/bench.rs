@@ -7,11 +7,12 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use saguin_format::model::{ChannelKind, Record};
+use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
-use super::contract::Provider;
+use super::contract::{AppendStore, Provider};
 use super::generation::{Committed, Generations};
 use super::memory::{MemoryConfig, MemoryProvider};
 use super::snapshot_write::{SnapshotOptions, Unobserved};
@@ -86,6 +87,9 @@ pub struct SnapshotWrite {
     pub accounted_bytes: u64,
     /// The files' bytes on the disk.
     pub file_bytes: u64,
+    /// The files written: one a channel, the provider's own and the
+    /// manifest.
+    pub files: usize,
     pub elapsed: Duration,
 }
 
@@ -95,51 +99,91 @@ impl SnapshotWrite {
     pub fn rate(&self) -> f64 {
         self.accounted_bytes as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
+
+    /// The time a file took, bytes and all.
+    pub fn per_file(&self) -> Duration {
+        self.elapsed / u32::try_from(self.files.max(1)).unwrap_or(u32::MAX)
+    }
 }
 
-/// Fills a memory provider with about `bytes` of 1 KiB records over
-/// `channels` append channels and writes it to `dir` as one generation, the
-/// way a broker's stop writes a full provider: every file to a temporary
-/// name, fsynced, renamed, the manifest last.
-pub fn snapshot_write(dir: &Path, bytes: u64, channels: usize) -> std::io::Result<SnapshotWrite> {
-    let provider = MemoryProvider::new(MemoryConfig {
-        name: "bench".into(),
-        max_bytes: None,
-        reserve: 0,
-    })
-    .map_err(std::io::Error::other)?;
-    let payload = bytes::Bytes::from(vec![0xa5u8; 1024]);
-    let channels = channels.max(1);
-    let per_channel = bytes / channels as u64;
-    for c in 0..channels {
-        let store = provider
-            .open_channel(&format!("bench{c}"), ChannelKind::Append)
-            .map_err(std::io::Error::other)?;
-        let store = store
-            .as_append()
-            .ok_or_else(|| std::io::Error::other("not an append channel"))?;
-        let mut held = 0;
-        let mut i: u64 = 0;
-        while held < per_channel {
-            let mut r = Record::new(format!("bench{c}/device/{}", i % 64), payload.clone());
-            r.client_id = "bench".into();
-            r.timestamp = 1;
-            r.qos = 1;
-            held += r.accounted_size();
-            store.append(r).map_err(std::io::Error::other)?;
-            i += 1;
-        }
+/// A memory provider filled for a sample generation.
+struct Sample {
+    provider: Arc<MemoryProvider>,
+    /// Its append channels, `bench0`, `bench1`, ...
+    stores: Vec<Arc<dyn AppendStore>>,
+}
+
+impl Sample {
+    /// A memory provider of `channels` append channels (one at least).
+    fn of(channels: usize) -> std::io::Result<Sample> {
+        let provider = MemoryProvider::new(MemoryConfig {
+            name: "bench".into(),
+            max_bytes: None,
+            reserve: 0,
+        })
+        .map_err(std::io::Error::other)?;
+        let stores = (0..channels.max(1))
+            .map(|c| {
+                let store = provider
+                    .open_channel(&format!("bench{c}"), ChannelKind::Append)
+                    .map_err(std::io::Error::other)?;
+                store
+                    .as_append()
+                    .cloned()
+                    .ok_or_else(|| std::io::Error::other("not an append channel"))
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(Sample { provider, stores })
     }
+
+    /// Records of about `bytes` more in each channel (one at least).
+    fn fill(&self, bytes: u64) -> std::io::Result<()> {
+        for (c, store) in self.stores.iter().enumerate() {
+            fill(store.as_ref(), c, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// The generations of its snapshot directory `dir`.
+    fn generations(&self, dir: &Path) -> Generations {
+        Generations::new(
+            dir,
+            SnapshotOptions::default(),
+            Committed::default(),
+            &self.provider,
+        )
+    }
+}
+
+/// Appends 1 KiB records to `store` until they count for `bytes` (one at
+/// least).
+fn fill(store: &dyn AppendStore, channel: usize, bytes: u64) -> std::io::Result<()> {
+    let payload = bytes::Bytes::from(vec![0xa5u8; 1024]);
+    let mut held = 0;
+    let mut i: u64 = 0;
+    while held < bytes.max(1) {
+        let mut r = Record::new(format!("bench{channel}/device/{}", i % 64), payload.clone());
+        r.client_id = "bench".into();
+        r.timestamp = 1;
+        r.qos = 1;
+        held += r.accounted_size();
+        store.append(r).map_err(std::io::Error::other)?;
+        i += 1;
+    }
+    Ok(())
+}
+
+/// Writes what changed in `provider` as its next generation, captured at
+/// `captured_at`, timed.
+fn timed_generation(
+    generations: &mut Generations,
+    provider: &MemoryProvider,
+    captured_at: UnixNanos,
+) -> std::io::Result<SnapshotWrite> {
     let accounted_bytes = provider.bytes();
-    let mut generations = Generations::new(
-        dir,
-        SnapshotOptions::default(),
-        Committed::default(),
-        &provider,
-    );
     let start = Instant::now();
     let job = generations
-        .capture(&provider, 1)
+        .capture(provider, captured_at)
         .ok_or_else(|| std::io::Error::other("nothing to write"))?;
     let outcome = generations.write(job, &Unobserved);
     let elapsed = start.elapsed();
@@ -153,8 +197,33 @@ pub fn snapshot_write(dir: &Path, bytes: u64, channels: usize) -> std::io::Resul
     Ok(SnapshotWrite {
         accounted_bytes,
         file_bytes,
+        files: outcome.report.written.len(),
         elapsed,
     })
+}
+
+/// Fills a memory provider with about `bytes` of 1 KiB records over
+/// `channels` append channels and writes it to `dir` as one generation, the
+/// way a broker's stop writes a full provider: every file to a temporary
+/// name, fsynced, renamed, the manifest last.
+pub fn snapshot_write(dir: &Path, bytes: u64, channels: usize) -> std::io::Result<SnapshotWrite> {
+    let sample = Sample::of(channels)?;
+    sample.fill(bytes / sample.stores.len() as u64)?;
+    timed_generation(&mut sample.generations(dir), &sample.provider, 1)
+}
+
+/// What a generation's files cost apart from their bytes: `channels`
+/// channels of one 1 KiB record each, written as a generation, then a
+/// record more in each and the generation that follows timed, as a
+/// running broker's is when every channel changed: a file each written
+/// and synced, and the earlier generation's files removed.
+pub fn snapshot_files(dir: &Path, channels: usize) -> std::io::Result<SnapshotWrite> {
+    let sample = Sample::of(channels)?;
+    let mut generations = sample.generations(dir);
+    sample.fill(1)?;
+    timed_generation(&mut generations, &sample.provider, 1)?;
+    sample.fill(1)?;
+    timed_generation(&mut generations, &sample.provider, 2)
 }
 
 /// True when `dir` is a memory provider's snapshot directory (it holds the
@@ -231,5 +300,30 @@ mod tests {
         .unwrap();
         assert!(report.findings.is_empty(), "{:?}", report.findings);
         assert_eq!(report.committed.generation, 1);
+    }
+
+    #[test]
+    fn a_files_sample_writes_a_file_for_each_channel_of_one_record() {
+        let d = tempfile::tempdir().unwrap();
+        let w = snapshot_files(d.path(), 50).unwrap();
+        let channel_files = std::fs::read_dir(d.path())
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().starts_with("bench")
+            })
+            .count();
+        assert_eq!(channel_files, 50);
+        assert!(
+            w.files > 50,
+            "the manifest and the provider's files too: {w:?}"
+        );
+        // Two records of 1 KiB and their topics a channel, the second
+        // generation's.
+        assert!(
+            w.accounted_bytes >= 100 * 1024 && w.accounted_bytes < 100 * 1200,
+            "{w:?}"
+        );
+        assert!(w.per_file() <= w.elapsed);
     }
 }
