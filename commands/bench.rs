@@ -58,8 +58,9 @@ flight each for 5 s (1 s): publishes acknowledged a second.
 
 Then what that means: a sqlite provider's power-cut loss (its \
 flush_interval and an fsync), a memory provider's crash loss (its \
-snapshot_max_delay and the write of a full provider: max_bytes at the \
-measured rate and a file for each of its channels) and how long its stop \
+snapshot_max_delay and the write of a full provider: a file for each of \
+its channels and max_bytes at the measured rate, 256 MiB where it has \
+none) and how long its stop \
 takes when full (that write, after the 5 s connection drain) against the \
 supervisor's stop timeout (--timeout-stop), and each provider's sustained \
 publish rate.
@@ -85,6 +86,7 @@ null|{\"files\",\"seconds\",\"per_file_ms\"}, \"publish\": \
 \"puback_p99_ms\",\"puback_max_ms\",\"sustained_per_second\"}, \"means\": \
 {\"power_cut_loss_ms\": null|n, \"crash_loss_ms\": null|n, \
 \"full_shutdown_seconds\": null|n, \"shutdown_fits\": null|bool, \
+\"full_bytes\": null|n, \
 \"file_system\": \
 null|{\"free_bytes\",\"held_bytes\",\"needs_bytes\",\"fits\"}, \
 \"sustained_per_second\"}}]}`. Readers must ignore fields they do not \
@@ -444,6 +446,9 @@ struct Means {
     crash_loss: Option<Duration>,
     full_shutdown: Option<Duration>,
     shutdown_fits: Option<bool>,
+    /// The bytes a full memory provider is figured with: its max_bytes,
+    /// or 256 MiB where it has none.
+    full_bytes: Option<u64>,
     /// A sqlite provider's file system against what it may take.
     file_system: Option<Capacity>,
 }
@@ -462,6 +467,7 @@ fn means(target: &Target, m: &Measured, timeout_stop: Duration) -> Means {
             crash_loss: Some(Duration::ZERO),
             full_shutdown: None,
             shutdown_fits: None,
+            full_bytes: None,
             file_system: Capacity::of(
                 &s.file_path,
                 s.max_bytes,
@@ -489,6 +495,7 @@ fn means(target: &Target, m: &Measured, timeout_stop: Duration) -> Means {
                 crash_loss,
                 full_shutdown,
                 shutdown_fits: full_shutdown.map(|s| s <= timeout_stop),
+                full_bytes: full_write.map(|_| bound),
                 file_system: None,
             }
         }
@@ -536,6 +543,7 @@ fn target_json(target: &Target, m: &Measured, timeout_stop: Duration) -> Value {
             "crash_loss_ms": means.crash_loss.map(ms),
             "full_shutdown_seconds": means.full_shutdown.map(|d| d.as_secs_f64()),
             "shutdown_fits": means.shutdown_fits,
+            "full_bytes": means.full_bytes,
             "file_system": means.file_system.map(|c| json!({
                 "free_bytes": c.free_bytes,
                 "held_bytes": c.held_bytes,
@@ -642,10 +650,14 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
             )?,
             Provider::Memory(mem) => {
                 let bound = mem.max_bytes.unwrap_or(DIR_MAX_BYTES);
+                let bytes = match mem.max_bytes {
+                    Some(_) => format!("{} MiB", bound >> 20),
+                    None => format!("{} MiB, as it has no max_bytes", bound >> 20),
+                };
                 let full = match target.channel_files {
-                    0 => format!("{} MiB", bound >> 20),
-                    1 => format!("{} MiB and its channel's file", bound >> 20),
-                    n => format!("{} MiB and its {} channels' files", bound >> 20, grouped(n as u64)),
+                    0 => bytes,
+                    1 => format!("its channel's file and {bytes}"),
+                    n => format!("its {} channels' files and {bytes}", grouped(n as u64)),
                 };
                 match means.crash_loss {
                     Some(loss) => writeln!(
@@ -673,7 +685,7 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
                 if let (Some(stop), Some(fits)) = (means.full_shutdown, means.shutdown_fits) {
                     writeln!(
                         out,
-                        "{name}: a graceful stop of a full provider takes about {:.1} s (the 5 s drain and {full} written), {} the stop timeout of {} s{}; {} QoS 1 publishes a second sustained",
+                        "{name}: a graceful stop of a full provider takes about {:.1} s (the 5 s drain, then the write of {full}), {} the stop timeout of {} s{}; {} QoS 1 publishes a second sustained",
                         stop.as_secs_f64(),
                         if fits { "within" } else { "PAST" },
                         timeout_stop.as_secs(),

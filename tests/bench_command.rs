@@ -112,6 +112,7 @@ fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
     assert!(mem["snapshot"]["accounted_bytes"].as_u64().unwrap() >= 8 << 20);
     assert!(positive(&mem["means"]["crash_loss_ms"]), "{mem}");
     assert!(mem["means"]["shutdown_fits"].is_boolean(), "{mem}");
+    assert_eq!(mem["means"]["full_bytes"], 8 << 20, "{mem}");
     assert!(mem["means"]["power_cut_loss_ms"].as_f64() >= Some(2000.0));
     // sqlite: a power cut's loss is its flush interval and an fsync.
     let db = &targets[1];
@@ -183,6 +184,8 @@ fn a_directory_is_measured_for_both_providers_on_their_default_settings() {
     // No configuration, no channel: what a file costs is sampled all the
     // same, for the planner.
     assert_eq!(targets[1]["channel_files"], 0);
+    assert_eq!(targets[1]["means"]["full_bytes"], 256 << 20);
+    assert!(targets[0]["means"]["full_bytes"].is_null());
     assert!(targets[1]["snapshot_files"]["files"].as_u64() > Some(1_000));
     assert!(targets[0]["snapshot_files"].is_null());
     assert!(names(d.path()).is_empty(), "{:?}", names(d.path()));
@@ -205,7 +208,7 @@ fn a_memory_providers_channels_each_add_their_file_to_its_crash_window() {
         format!(
             "listeners: [{{name: mqtt, bind: \"127.0.0.1:0\"}}]\n\
              auth: {{allow_anonymous: true}}\n\
-             storage:\n  - {{name: mem, kind: memory, snapshot_dir: {}, max_bytes: 1MiB, snapshot_room: 0}}\n\
+             storage:\n  - {{name: mem, kind: memory, snapshot_dir: {}, snapshot_room: 0}}\n\
              channels:\n{channels}",
             data.join("snapshots").display(),
         ),
@@ -227,6 +230,8 @@ fn a_memory_providers_channels_each_add_their_file_to_its_crash_window() {
     assert!(files["files"].as_u64() > Some(1_500), "{mem}");
     let per_file = files["per_file_ms"].as_f64().unwrap();
     assert!(per_file > 0.0, "{mem}");
+    // No max_bytes: figured at 256 MiB.
+    assert_eq!(mem["means"]["full_bytes"], 256 << 20, "{mem}");
     // snapshot_max_delay (2 s), the bytes, and 1,500 files.
     let crash = mem["means"]["crash_loss_ms"].as_f64().unwrap();
     assert!(crash >= 2_000.0 + 1_500.0 * per_file - 1.0, "{mem}");
@@ -240,7 +245,9 @@ fn a_memory_providers_channels_each_add_their_file_to_its_crash_window() {
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("the write of a full provider: 1 MiB and its 1,500 channels' files)"),
+        text.contains(
+            "the write of a full provider: its 1,500 channels' files and 256 MiB, as it has no max_bytes)"
+        ),
         "{text}"
     );
     assert!(
