@@ -282,10 +282,16 @@ pub fn copy_changed(
                 .cloned()
                 .collect()
         };
+        // One key, its name replaced for each channel: no allocation for
+        // each of the channels that did not change.
+        let mut key = Store::Channel(String::new());
         let channels = provider
             .copy_channels_where(|name, version| {
-                changed(Store::Channel(name.to_owned()), version)
-                    .then(|| held_from(name).unwrap_or(0))
+                if let Store::Channel(k) = &mut key {
+                    k.clear();
+                    k.push_str(name);
+                }
+                (since.get(&key) != Some(&version)).then(|| held_from(name).unwrap_or(0))
             })
             .into_iter()
             .map(|c| match c {

@@ -77,6 +77,10 @@ pub(super) struct Channel {
     /// An append channel's consumers by their filters, and those that
     /// follow its tail ([`super::following`]).
     pub followers: Followers,
+    /// The consumer lag last given to the metrics: a tick gives only a
+    /// lag that moved, where giving every channel's twice a second took an
+    /// idle broker's loop 0.35 µs a channel.
+    pub lag_told: Option<u64>,
 }
 
 /// The channels' indices by their names: every publish and every filter
@@ -925,6 +929,19 @@ impl BrokerState {
     /// following its channel's tail has nothing to read: those left are
     /// the channels' connected consumers behind it.
     pub(super) fn pump_stalled(&mut self, now: Instant) {
+        // Those behind are connected, so attached: with none attached
+        // there is no channel to look at (an idle broker's 10,000
+        // channels took its loop 1-2 ms at every tick).
+        if self.channels.attached.is_empty() {
+            debug_assert!(
+                self.channels
+                    .all
+                    .iter()
+                    .all(|c| c.followers.behind().next().is_none()),
+                "a consumer behind is not attached"
+            );
+            return;
+        }
         let mut keys: Vec<SessionKey> = self
             .channels
             .all
@@ -1155,6 +1172,7 @@ impl BrokerState {
                 recent: Recent::default(),
                 reads_out: Vec::new(),
                 followers: Followers::default(),
+                lag_told: None,
             })
             .collect();
         self.queues.restore(&restored, &self.metrics);

@@ -19,14 +19,15 @@ use super::BrokerState;
 use crate::broker::subscriptions::SessionKey;
 use crate::storage::contract::{Position, Reader};
 
-/// Up to this many consumers the lag gauge is worked out at every tick
-/// (twice a second); past it, once every [`LAG_INTERVAL`]: it looks at
-/// each consumer, and 50,000 offline devices consuming a channel cost an
-/// idle broker a hundredth of a core at every tick.
+/// Up to this many consumers and this many channels the lag gauge is
+/// worked out at every tick (twice a second); past either, once every
+/// [`LAG_INTERVAL`]: it looks at each consumer of each channel, and 50,000
+/// offline devices consuming a channel cost an idle broker a hundredth of
+/// a core at every tick, 10,000 channels with no consumer 0.2 ms.
 pub(super) const LAG_AT_EVERY_TICK: usize = 1_000;
 
 /// How often the lag gauge is worked out past [`LAG_AT_EVERY_TICK`]
-/// consumers: fresher than a scrape needs.
+/// consumers or channels: fresher than a scrape needs.
 pub(super) const LAG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// A place moved only over records that matched none of its consumer's
@@ -234,20 +235,24 @@ impl BrokerState {
 
     /// Publish each channel's largest consumer lag (the tick): it looks at
     /// every consumer, detached ones too, so not at every flush, and past
-    /// [`LAG_AT_EVERY_TICK`] consumers once every [`LAG_INTERVAL`].
+    /// [`LAG_AT_EVERY_TICK`] consumers or channels once every
+    /// [`LAG_INTERVAL`]. Only a lag that moved is given to the metrics.
     pub(super) fn publish_consumer_lag(&mut self, now: Instant) {
-        let consumers: usize = self.channels.all.iter().map(|c| c.consumers.len()).sum();
-        if consumers > LAG_AT_EVERY_TICK {
-            if self.channels.lag_due.is_some_and(|due| now < due) {
-                return;
-            }
-            self.channels.lag_due = Some(now + LAG_INTERVAL);
+        // Before anything is counted: counting the consumers looks at
+        // every channel.
+        if self.channels.lag_due.is_some_and(|due| now < due) {
+            return;
         }
-        for (i, channel) in self.channels.all.iter().enumerate() {
+        let consumers: usize = self.channels.all.iter().map(|c| c.consumers.len()).sum();
+        self.channels.lag_due = (consumers > LAG_AT_EVERY_TICK
+            || self.channels.all.len() > LAG_AT_EVERY_TICK)
+            .then_some(now + LAG_INTERVAL);
+        let sessions = &self.sessions;
+        for (i, channel) in self.channels.all.iter_mut().enumerate() {
             let lag = channel
                 .consumers
                 .iter()
-                .filter_map(|k| Some((k, self.sessions.by_key.get(k)?)))
+                .filter_map(|k| Some((k, sessions.by_key.get(k)?)))
                 .filter_map(|(k, s)| {
                     let c = s.consumers.iter().find(|c| c.channel == i as u16)?;
                     // One following the tail is at its end, up to what it
@@ -260,7 +265,10 @@ impl BrokerState {
                 .map(|position| channel.next.saturating_sub(position))
                 .max()
                 .unwrap_or(0);
-            self.metrics.set_consumer_lag(&channel.name, lag);
+            if channel.lag_told != Some(lag) {
+                self.metrics.set_consumer_lag(&channel.name, lag);
+                channel.lag_told = Some(lag);
+            }
         }
     }
 

@@ -269,9 +269,15 @@ impl MemoryProvider {
         &self,
         mut wanted: impl FnMut(&str, u64) -> Option<u64>,
     ) -> Vec<MemChannelCopy> {
-        self.mem_channels()
+        // Asked under the map's lock, each name borrowed: a generation
+        // looks at every channel, and copies the few that changed.
+        let chosen: Vec<(u64, MemChannel)> = read(&self.channels)
+            .iter()
+            .filter(|(_, c)| !matches!(c, MemChannel::Append(a) if a.is_dead_letter()))
+            .filter_map(|(name, c)| wanted(name, c.version()).map(|from| (from, c.clone())))
+            .collect();
+        chosen
             .into_iter()
-            .filter_map(|(name, c)| wanted(&name, c.version()).map(|from| (from, c)))
             .map(|(from, c)| match c {
                 MemChannel::Append(a) if from > 0 => MemChannelCopy::Append(a.copy_since(from)),
                 MemChannel::Append(a) => MemChannelCopy::Append(a.copy_state()),

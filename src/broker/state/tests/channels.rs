@@ -26,6 +26,34 @@ fn channel_state(limits: Limits, next: u64) -> BrokerState {
     s
 }
 
+/// `telemetry` and `count - 1` more append channels, all empty.
+fn channels_state(count: usize) -> BrokerState {
+    let mut s = state_with(Limits::default());
+    let channels = (0..count)
+        .map(|i| RestoredChannel {
+            name: match i {
+                0 => "telemetry".into(),
+                i => format!("more{i}").into(),
+            },
+            kind: saguin_format::model::ChannelKind::Append,
+            queue: None,
+            next: 1,
+            positions: Vec::new(),
+            holds: Vec::new(),
+        })
+        .collect();
+    s.restore(
+        Restored {
+            channels,
+            ..Restored::default()
+        },
+        Instant::now(),
+    );
+    let mut none = Vec::new();
+    s.take_intents(&mut none);
+    s
+}
+
 #[test]
 fn a_channel_publish_is_answered_after_its_commit_and_handed_to_a_caught_up_consumer() {
     let now = Instant::now();
@@ -240,10 +268,11 @@ fn a_flush_writes_the_places_connected_consumers_moved() {
     assert_eq!(places(&store).last(), Some(&3), "written once it is back");
 }
 
-/// The lag gauge looks at every consumer: at every tick up to
-/// `LAG_AT_EVERY_TICK` of them, and past that once every `LAG_INTERVAL`.
+/// The lag gauge looks at every consumer of every channel: at every tick
+/// up to `LAG_AT_EVERY_TICK` of either, and past that once every
+/// `LAG_INTERVAL`.
 #[test]
-fn the_lag_gauge_is_worked_out_less_often_past_many_consumers() {
+fn the_lag_gauge_is_worked_out_less_often_past_many_consumers_or_channels() {
     use crate::broker::state::positions::{LAG_AT_EVERY_TICK, LAG_INTERVAL};
     let lag = |s: &BrokerState| -> String {
         let text = s.metrics.render();
@@ -252,9 +281,13 @@ fn the_lag_gauge_is_worked_out_less_often_past_many_consumers() {
             .map(|l| l.rsplit(' ').next().unwrap_or("").to_owned())
             .unwrap_or_default()
     };
-    for consumers in [2, LAG_AT_EVERY_TICK + 1] {
+    for (channels, consumers) in [
+        (1, 2),
+        (1, LAG_AT_EVERY_TICK + 1),
+        (LAG_AT_EVERY_TICK + 1, 2),
+    ] {
         let start = Instant::now();
-        let mut s = channel_state(Limits::default(), 1);
+        let mut s = channels_state(channels);
         let mut store = FakeStore::default();
         let mut publisher = connect(&mut s, 1, "writer", true, start);
         for i in 0..consumers {
@@ -273,17 +306,21 @@ fn the_lag_gauge_is_worked_out_less_often_past_many_consumers() {
         publisher.drain();
         let soon = start + Duration::from_secs(1);
         s.tick(soon);
-        let expected = if consumers > LAG_AT_EVERY_TICK {
+        let expected = if consumers.max(channels) > LAG_AT_EVERY_TICK {
             "0"
         } else {
             "1"
         };
-        assert_eq!(lag(&s), expected, "{consumers} consumers, a tick later");
+        assert_eq!(
+            lag(&s),
+            expected,
+            "{consumers} consumers of {channels} channels, a tick later"
+        );
         s.tick(start + LAG_INTERVAL);
         assert_eq!(
             lag(&s),
             "1",
-            "{consumers} consumers, {LAG_INTERVAL:?} later"
+            "{consumers} consumers of {channels} channels, {LAG_INTERVAL:?} later"
         );
     }
 }
