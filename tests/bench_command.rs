@@ -26,6 +26,20 @@ fn bench_config(config: &Path, more: &[&str]) -> Output {
     saguin(&args)
 }
 
+/// `saguin bench --config <config> --json` with `more` arguments, which
+/// must measure (exit 0): its document.
+fn bench_json(config: &Path, more: &[&str]) -> Value {
+    let args: Vec<&str> = ["--json"].iter().chain(more).copied().collect();
+    let out = bench_config(config, &args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// `saguin bench --dir <dir> --quick`.
 fn bench_dir_quick(dir: &Path) -> Output {
     saguin(&[
@@ -64,14 +78,7 @@ fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
         ),
     )
     .unwrap();
-    let out = bench_config(&config, &["--quick", "--json", "--timeout-stop", "60"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let doc = bench_json(&config, &["--quick", "--timeout-stop", "60"]);
     assert_eq!(doc["quick"], true);
     assert_eq!(doc["timeout_stop_seconds"], 60);
     assert!(doc["cpus"].as_u64().unwrap() >= 1);
@@ -214,14 +221,7 @@ fn a_memory_providers_channels_each_add_their_file_to_its_crash_window() {
         ),
     )
     .unwrap();
-    let out = bench_config(&config, &["--quick", "--json"]);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let doc = bench_json(&config, &["--quick"]);
     let mem = &doc["targets"][0];
     assert_eq!(mem["channel_files"], 1_500, "{mem}");
     // Sampled with a file for each channel, the provider's own and the
