@@ -913,13 +913,15 @@ async fn cpu_a_publish(
 
 async fn channels(sizes: &[usize], mosquitto: bool, scale: f64) -> Result<(), Error> {
     let publishes = ((CHANNELS_PUBLISHES * scale) as usize).max(1);
+    let window = idle_window();
     println!(
-        "\n## Channels in one broker (append channels c0..cN on one provider; {publishes} QoS 1 publishes of 64 B to one of them, then as many spread over all)"
+        "\n## Channels in one broker (append channels c0..cN on one provider; {publishes} QoS 1 publishes of 64 B to one of them, then as many spread over all; CPU while idle over {} s after the restart, no client)",
+        window.as_secs()
     );
     println!(
-        "| broker | channels | first start | threads | RSS | RSS a channel | broker CPU a publish, one channel | spread over all | restart | RSS after |"
+        "| broker | channels | first start | threads | RSS | RSS a channel | broker CPU a publish, one channel | spread over all | restart | RSS after | CPU while idle |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
     let mut names = provider_rows(&baseline);
     if mosquitto && row_wanted("mosquitto") {
@@ -940,7 +942,9 @@ async fn channels(sizes: &[usize], mosquitto: bool, scale: f64) -> Result<(), Er
                 let spread =
                     cpu_a_publish(&broker, publishes, move |i| format!("c{}/d", i % n)).await?;
                 stop(broker).await?;
-                println!("| {name} | {n} | - | - | - | - | {one:.1} µs | {spread:.1} µs | - | - |");
+                println!(
+                    "| {name} | {n} | - | - | - | - | {one:.1} µs | {spread:.1} µs | - | - | - |"
+                );
                 continue;
             }
             let storage = provider_storage(name, &data);
@@ -970,14 +974,19 @@ async fn channels(sizes: &[usize], mosquitto: bool, scale: f64) -> Result<(), Er
             stop(broker).await?;
             let broker = launch(&which, &data).await?;
             let restart = broker.started_in;
-            let after = rss(pid_of(&broker)?)?;
+            let restarted = pid_of(&broker)?;
+            let after = rss(restarted)?;
+            // Everything was written at the stop: nothing is due after the
+            // restart, and no client is connected.
+            let idle = idle_cpu(restarted, window).await?;
             stop(broker).await?;
             println!(
-                "| {name} | {n} | {} | {threads} | {} | {a_channel} | {one:.1} µs | {spread:.1} µs | {} | {} |",
+                "| {name} | {n} | {} | {threads} | {} | {a_channel} | {one:.1} µs | {spread:.1} µs | {} | {} | {:.2}% |",
                 ms(first_start),
                 mib(resident as f64),
                 ms(restart),
                 mib(after as f64),
+                idle * 100.0,
             );
             std::fs::remove_dir_all(&data)?;
         }
