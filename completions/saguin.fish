@@ -136,7 +136,7 @@ complete -c saguin -n "__fish_saguin_using_subcommand status" -s V -l version -d
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -l config -d 'The configuration whose providers are measured' -r -F
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -l dir -d 'Measure this directory\'s disk instead (it must not be a memory provider\'s snapshot directory)' -r -F
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -l timeout-stop -d 'The supervisor\'s stop timeout the shutdown is held to, in seconds (systemd\'s TimeoutStopSec; 90 is its default)' -r
-complete -c saguin -n "__fish_saguin_using_subcommand bench" -l quick -d 'A run under 10 seconds: fewer samples, shorter publishing'
+complete -c saguin -n "__fish_saguin_using_subcommand bench" -l quick -d 'A run under 10 seconds: fewer samples, shorter publishing (a provider of thousands of channels takes longer)'
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -l json -d 'One JSON document on stdout'
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c saguin -n "__fish_saguin_using_subcommand bench" -s V -l version -d 'Print version'
