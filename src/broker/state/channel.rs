@@ -78,8 +78,10 @@ pub(super) struct Channel {
     /// follow its tail ([`super::following`]).
     pub followers: Followers,
     /// The consumer lag last given to the metrics: a tick gives only a
-    /// lag that moved, where giving every channel's twice a second took an
-    /// idle broker's loop 0.35 µs a channel.
+    /// lag that moved. Giving every channel's twice a second, a lock and
+    /// a name copied for each, was most of what an idle broker of 10,000
+    /// channels spent (0.6% of a core, where one of 10 channels spends
+    /// 0.1%).
     pub lag_told: Option<u64>,
 }
 
@@ -930,8 +932,8 @@ impl BrokerState {
     /// the channels' connected consumers behind it.
     pub(super) fn pump_stalled(&mut self, now: Instant) {
         // Those behind are connected, so attached: with none attached
-        // there is no channel to look at (an idle broker's 10,000
-        // channels took its loop 1-2 ms at every tick).
+        // there is no channel to look at, where an idle broker looked at
+        // each of its channels at every tick.
         if self.channels.attached.is_empty() {
             debug_assert!(
                 self.channels
