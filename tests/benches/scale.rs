@@ -700,34 +700,18 @@ async fn idle(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     Ok(())
 }
 
-/// A port free on 127.0.0.1 just now, for a broker's metrics listener.
-/// The broker's `saguin_connections_parked`; `None` when it has no such
-/// gauge (a build that parks nothing) or does not answer.
-async fn parked_count(port: u16) -> Option<u64> {
-    use tokio::io::AsyncReadExt;
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix("saguin_connections_parked "))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// Waits (at most two minutes) until saguin, whose metrics listen on
 /// `port`, has parked `n` connections: a quiet client's connection is
 /// parked after 10 s (half its keep alive, at most 10 s). Returns the
 /// last count read; `None` for a build without the gauge (it parks
 /// nothing).
 async fn all_parked(port: u16, n: usize) -> Option<u64> {
+    let metrics = SocketAddr::from(([127, 0, 0, 1], port));
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let parked = parked_count(port).await;
+        let parked = bench_support::scrape(metrics, "saguin_connections_parked")
+            .await
+            .map(|p| p as u64);
         if parked.is_none_or(|p| p >= n as u64) || Instant::now() > deadline {
             return parked;
         }
@@ -790,7 +774,7 @@ async fn retained(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     println!(
         "| broker | retained | RSS after restart | RSS per message | target | peak RSS in startup | startup | `#` receives all | fill | graceful stop | `snapshot verify` peak RSS |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
     let dir = tempfile::tempdir()?;
     for &n in sizes {
@@ -1044,7 +1028,7 @@ async fn append(sizes: &[usize]) -> Result<(), Error> {
     println!(
         "| provider | records | startup | RSS | peak RSS in startup | seek by time | sweep of a tenth | removed | graceful stop | fill rate | `snapshot verify` peak RSS |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let baseline = bench_support::baseline()?;
     let mut providers = vec!["memory"];
     if baseline.is_some() {
@@ -1786,7 +1770,7 @@ async fn following(sizes: &[usize], mosquitto: bool) -> Result<(), Error> {
     println!(
         "| broker | devices | connect and subscribe all | RSS per device, served | parked | RSS per device, parked | records/s | broker CPU | broker CPU a record | delivered | end every session |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     // The devices' sessions subscribed to broadcast topics rather than
     // consuming a channel: what the channel adds to each.
     let kind = following_kind()?;

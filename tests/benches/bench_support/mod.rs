@@ -286,14 +286,23 @@ pub async fn start_binary(
     })
 }
 
-/// A size in kB that `/proc/<pid>/status` reports under `field`, bytes.
-pub fn status_bytes(pid: u32, field: &str) -> Result<u64, Error> {
+/// What `/proc/<pid>/status` reports under `field` (`VmRSS:`), trimmed.
+fn status_field(pid: u32, field: &str) -> Result<String, Error> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: u64 = status
+    Ok(status
         .lines()
         .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
         .ok_or_else(|| format!("no {field} in /proc/{pid}/status"))?
+        .trim()
+        .to_owned())
+}
+
+/// A size in kB that `/proc/<pid>/status` reports under `field`, bytes.
+pub fn status_bytes(pid: u32, field: &str) -> Result<u64, Error> {
+    let kib: u64 = status_field(pid, field)?
+        .split_whitespace()
+        .next()
+        .ok_or_else(|| format!("no size under {field} in /proc/{pid}/status"))?
         .parse()?;
     Ok(kib * 1024)
 }
@@ -305,13 +314,7 @@ pub fn rss(pid: u32) -> Result<u64, Error> {
 
 /// Threads of process `pid`.
 pub fn threads(pid: u32) -> Result<u64, Error> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    Ok(status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .ok_or_else(|| format!("no Threads in /proc/{pid}/status"))?
-        .trim()
-        .parse()?)
+    Ok(status_field(pid, "Threads:")?.parse()?)
 }
 
 /// The text the broker's metrics endpoint at `metrics` answers (its
