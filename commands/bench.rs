@@ -359,16 +359,13 @@ fn measure(target: &Target, quick: bool, progress: &Progress) -> anyhow::Result<
         }
         _ => None,
     };
-    let snapshot_files = match &snapshot {
-        Some(_) => {
-            let Some(s) = &scratch else {
-                unreachable!("a snapshot is written only in a scratch directory")
-            };
+    let snapshot_files = match (&snapshot, &scratch) {
+        (Some(_), Some(s)) => {
             let files = target.channel_files.max(FILES_SAMPLE);
             say(&format!("a snapshot generation of {files} channel files"));
             Some(disk::snapshot_files(&s.path().join("files"), files)?)
         }
-        None => None,
+        _ => None,
     };
     let load = if quick {
         Load {
@@ -482,9 +479,9 @@ fn means(target: &Target, m: &Measured, timeout_stop: Duration) -> Means {
             let bound = mem.max_bytes.unwrap_or(DIR_MAX_BYTES);
             // Its bytes at the measured rate, and its channels' files at
             // what each cost apart from its bytes.
-            let files = m.snapshot_files.map_or(Duration::ZERO, |f| {
-                f.per_file() * u32::try_from(target.channel_files).unwrap_or(u32::MAX)
-            });
+            let files = m
+                .snapshot_files
+                .map_or(Duration::ZERO, |f| f.files_take(target.channel_files));
             let full_write = m
                 .snapshot
                 .map(|w| Duration::from_secs_f64(bound as f64 / w.rate()) + files);
@@ -682,7 +679,7 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
                         "{name}: each channel adds about {:.2} ms to a generation that changes it ({} channels: {:.1} s)",
                         ms(f.per_file()),
                         grouped(channels as u64),
-                        (f.per_file() * u32::try_from(channels).unwrap_or(u32::MAX)).as_secs_f64()
+                        f.files_take(channels).as_secs_f64()
                     )?;
                 }
                 if let (Some(stop), Some(fits)) = (means.full_shutdown, means.shutdown_fits) {
