@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use saguin::broker::bench::{self as publish_bench, Load, PublishCosts, CHANNEL};
+use saguin::broker::bench::{self as publish_bench, channel_name, Load, PublishCosts};
 use saguin::config::{self, Config, ConfigError, Provider, SnapshotSchedule};
 use saguin::storage::bench::{self as disk, Latencies, Scratch, SnapshotWrite};
 use saguin::storage::file_system::{self, Unkept};
@@ -50,11 +50,14 @@ one small record each: what each file costs apart from its bytes (its \
 write, its fsync and its rename).
 
 - publish: a broker started in this process on the provider's settings \
-(flush_interval, publish_commit_interval, ..., the snapshot schedule), one \
-append channel, MQTT 3.1.1 clients over 127.0.0.1: one publisher paced to \
-5,000 QoS 1 publishes a second for 5 s (1,000 for 1 s with --quick), each \
-publish's time to its PUBACK; then 4 publishers (2) with 64 publishes in \
-flight each for 5 s (1 s): publishes acknowledged a second.
+(flush_interval, publish_commit_interval, ..., the snapshot schedule), as \
+many append channels as the configuration puts on the provider (one with \
+--dir), MQTT 3.1.1 clients over 127.0.0.1, each publish to the next \
+channel in turn (a sqlite provider's publishes spread over 10,000 channels \
+cost about twice its publishes to one): one publisher paced to 5,000 QoS 1 \
+publishes a second for 5 s (1,000 for 1 s with --quick), each publish's \
+time to its PUBACK; then 4 publishers (2) with 64 publishes in flight each \
+for 5 s (1 s): publishes acknowledged a second.
 
 Then what that means: a sqlite provider's power-cut loss (its \
 flush_interval and an fsync), a memory provider's crash loss (its \
@@ -67,8 +70,9 @@ publish rate.
 
 --quick takes under 10 s for a configuration of two providers on a local \
 disk; a memory provider of many channels adds the three generations of \
-its channels' files (6-7 s at 10,000 channels on a virtio disk). A \
-progress line shows on a terminal, nothing when piped.
+its channels' files and the scratch broker's stop, which writes a file \
+for each channel published to (8-9 s at 10,000 channels on a virtio \
+disk). A progress line shows on a terminal, nothing when piped.
 
 Exit 0 when measured (whatever it found), 1 when the configuration is \
 invalid, 3 when a directory is a memory provider's snapshot directory (a \
@@ -84,7 +88,7 @@ null|\"tmpfs\"|\"ramfs\", \"over_network\": null|\"nfs\"|\"smb\", \
 null|{\"accounted_bytes\",\"file_bytes\",\"seconds\",\"bytes_per_second\"}, \
 \"channel_files\": n, \"snapshot_files\": \
 null|{\"files\",\"seconds\",\"per_file_ms\"}, \"publish\": \
-{\"payload_bytes\",\"paced_rate\",\"paced_count\",\"puback_p50_ms\", \
+{\"payload_bytes\",\"channels\",\"paced_rate\",\"paced_count\",\"puback_p50_ms\", \
 \"puback_p99_ms\",\"puback_max_ms\",\"sustained_per_second\"}, \"means\": \
 {\"power_cut_loss_ms\": null|n, \"crash_loss_ms\": null|n, \
 \"full_shutdown_seconds\": null|n, \"shutdown_fits\": null|bool, \
@@ -374,6 +378,7 @@ fn measure(target: &Target, quick: bool, progress: &Progress) -> anyhow::Result<
             fast_publishers: 2,
             fast_for: Duration::from_secs(1),
             payload: 128,
+            channels: target.channel_files.max(1),
         }
     } else {
         Load {
@@ -382,9 +387,14 @@ fn measure(target: &Target, quick: bool, progress: &Progress) -> anyhow::Result<
             fast_publishers: 4,
             fast_for: Duration::from_secs(5),
             payload: 128,
+            channels: target.channel_files.max(1),
         }
     };
-    let config = scratch_config(&target.provider, scratch.as_ref().map(Scratch::path))?;
+    let config = scratch_config(
+        &target.provider,
+        scratch.as_ref().map(Scratch::path),
+        load.channels,
+    )?;
     let publish = publish_bench::publish_costs(&config, load, &|what| say(what)).map_err(|e| {
         anyhow::anyhow!("publishing through a broker on the provider's settings: {e}")
     })?;
@@ -398,8 +408,13 @@ fn measure(target: &Target, quick: bool, progress: &Progress) -> anyhow::Result<
 }
 
 /// A broker on the provider's own settings in `scratch`: one listener on
-/// 127.0.0.1 port 0, anonymous, one append channel on the provider.
-fn scratch_config(provider: &Provider, scratch: Option<&Path>) -> anyhow::Result<Config> {
+/// 127.0.0.1 port 0, anonymous, `channels` append channels on the
+/// provider.
+fn scratch_config(
+    provider: &Provider,
+    scratch: Option<&Path>,
+    channels: usize,
+) -> anyhow::Result<Config> {
     let duration = |d: Duration| config::units::format_duration(d);
     let storage = match (provider, scratch) {
         (Provider::Sqlite(s), Some(dir)) => format!(
@@ -423,14 +438,19 @@ fn scratch_config(provider: &Provider, scratch: Option<&Path>) -> anyhow::Result
         }
         _ => "kind: memory".to_owned(),
     };
-    let yaml = format!(
+    let name = provider.name();
+    let mut yaml = format!(
         "listeners:\n  - {{name: bench, bind: \"127.0.0.1:0\"}}\n\
          auth: {{allow_anonymous: true}}\n\
-         storage:\n  - {{name: {}, {storage}}}\n\
-         channels:\n  - {{name: {CHANNEL}, kind: append, storage: {}}}\n",
-        provider.name(),
-        provider.name()
+         storage:\n  - {{name: {name}, {storage}}}\n\
+         channels:\n"
     );
+    for i in 0..channels.max(1) {
+        yaml.push_str(&format!(
+            "  - {{name: {}, kind: append, storage: {name}}}\n",
+            channel_name(i)
+        ));
+    }
     let origin = scratch.map_or_else(|| PathBuf::from("bench.yaml"), |d| d.join("bench.yaml"));
     Config::from_yaml_str(&yaml, &origin)
         .map_err(|e| anyhow::anyhow!("the scratch configuration: {e}"))
@@ -531,6 +551,7 @@ fn target_json(target: &Target, m: &Measured, timeout_stop: Duration) -> Value {
         })),
         "publish": {
             "payload_bytes": m.load.payload,
+            "channels": m.load.channels,
             "paced_rate": m.load.paced_rate,
             "paced_count": p.paced.len(),
             "puback_p50_ms": ms(p.paced.quantile(0.5)),
@@ -599,7 +620,14 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
                 ms(p.paced.quantile(0.99)),
                 m.load.paced_rate
             ),
-            format!("{} publishes/s", grouped(p.sustained.round() as u64)),
+            format!(
+                "{} publishes/s{}",
+                grouped(p.sustained.round() as u64),
+                match m.load.channels {
+                    1 => String::new(),
+                    n => format!(" over {} channels", grouped(n as u64)),
+                }
+            ),
         ]);
     }
     writeln!(out, "{t}")?;

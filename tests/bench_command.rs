@@ -100,6 +100,8 @@ fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
         let publish = &t["publish"];
         assert!(positive(&publish["sustained_per_second"]), "{t}");
         assert_eq!(publish["paced_count"], 1000, "{t}");
+        // No channel configured on it: one.
+        assert_eq!(publish["channels"], 1, "{t}");
         assert!(positive(&publish["puback_p99_ms"]), "{t}");
         assert!(
             publish["puback_p50_ms"].as_f64() <= publish["puback_p99_ms"].as_f64(),
@@ -224,6 +226,8 @@ fn a_memory_providers_channels_each_add_their_file_to_its_crash_window() {
     let doc = bench_json(&config, &["--quick"]);
     let mem = &doc["targets"][0];
     assert_eq!(mem["channel_files"], 1_500, "{mem}");
+    // Published to as many channels as it holds, each in turn.
+    assert_eq!(mem["publish"]["channels"], 1_500, "{mem}");
     // Sampled with a file for each channel, the provider's own and the
     // manifest.
     let files = &mem["snapshot_files"];
@@ -250,6 +254,7 @@ fn a_memory_providers_channels_each_add_their_file_to_its_crash_window() {
         ),
         "{text}"
     );
+    assert!(text.contains(" publishes/s over 1,500 channels"), "{text}");
     assert!(
         text.contains("mem: each channel adds about ")
             && text.contains("to a generation that changes it (1,500 channels: "),

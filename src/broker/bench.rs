@@ -1,11 +1,18 @@
 //! What a publisher costs on a provider, measured through a real broker
 //! (`saguin bench`): the broker is started in this process on a scratch
-//! configuration (one append channel on the provider under test, a
-//! listener on 127.0.0.1 port 0), and MQTT 3.1.1 clients on the project's
-//! codec publish to it over the loopback. Two runs: one publisher paced to
-//! a rate, each publish's time to its PUBACK; then publishers as fast as a
-//! window of 64 unacknowledged publishes each allows, the publishes
-//! acknowledged a second.
+//! configuration (as many append channels on the provider under test as
+//! the operator's configuration puts on it, a listener on 127.0.0.1 port
+//! 0), and MQTT 3.1.1 clients on the project's codec publish to it over
+//! the loopback, each publish to the next channel in turn. Two runs: one
+//! publisher paced to a rate, each publish's time to its PUBACK; then
+//! publishers as fast as a window of 64 unacknowledged publishes each
+//! allows, the publishes acknowledged a second.
+//!
+//! Spread, not to one channel: a sqlite transaction writes a row of
+//! counters for every channel it holds a record of, and the pages of
+//! records of many channels, so a provider's publishes spread over 10,000
+//! channels cost about twice its publishes to one (docs/benchmarks.md,
+//! "Channels in one broker").
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -27,8 +34,11 @@ use super::snapshots::Snapshots;
 use crate::config::Config;
 use crate::storage::bench::Latencies;
 
-/// The channel the runs publish to.
-pub const CHANNEL: &str = "bench";
+/// The name of the scratch configuration's channel `index`; a publish
+/// to it goes to `<name>/device`.
+pub fn channel_name(index: usize) -> String {
+    format!("bench{index}")
+}
 const VERSION: ProtocolVersion = ProtocolVersion::V311;
 /// Publishes each fast publisher keeps unacknowledged.
 const WINDOW: usize = 64;
@@ -46,6 +56,9 @@ pub struct Load {
     pub fast_publishers: usize,
     pub fast_for: Duration,
     pub payload: usize,
+    /// The append channels the publishes are spread over, named by
+    /// [`channel_name`] (at least one).
+    pub channels: usize,
 }
 
 /// What the runs measured.
@@ -57,8 +70,9 @@ pub struct PublishCosts {
     pub sustained: f64,
 }
 
-/// Runs `load` against a broker serving `config` (which must name one
-/// append channel [`CHANNEL`] and listen on 127.0.0.1 port 0), then stops
+/// Runs `load` against a broker serving `config` (which must name the
+/// append channels `load.channels` counts and listen on 127.0.0.1 port 0),
+/// then stops
 /// it gracefully, its providers closed. Blocking; it makes a runtime of its
 /// own.
 pub fn publish_costs(
@@ -109,18 +123,19 @@ async fn measure(
     load: Load,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<PublishCosts, Error> {
+    let topics = Topics::new(load.channels);
     progress(&format!(
         "one publisher paced to {:.0} publishes a second",
         load.paced_rate
     ));
-    let paced = paced(addr, load).await?;
+    let paced = paced(addr, load, topics.clone()).await?;
     progress(&format!(
         "{} publishers as fast as {WINDOW} in flight each allow",
         load.fast_publishers
     ));
     let mut runs = Vec::with_capacity(load.fast_publishers);
     for i in 0..load.fast_publishers {
-        runs.push(tokio::spawn(fast(addr, i, load)));
+        runs.push(tokio::spawn(fast(addr, i, load, topics.clone())));
     }
     let mut acknowledged = 0u64;
     for run in runs {
@@ -135,7 +150,7 @@ async fn measure(
 /// One publisher at `load.paced_rate`, each publish's write to its PUBACK
 /// timed, a reader beside the writer so a slow answer does not slow the
 /// pace.
-async fn paced(addr: SocketAddr, load: Load) -> Result<Latencies, Error> {
+async fn paced(addr: SocketAddr, load: Load, topics: Topics) -> Result<Latencies, Error> {
     let conn = Client::connect(addr, "bench-paced").await?;
     let (mut reader, mut writer) = conn.split();
     let sent: Arc<Mutex<HashMap<u16, Instant>>> = Arc::default();
@@ -152,7 +167,9 @@ async fn paced(addr: SocketAddr, load: Load) -> Result<Latencies, Error> {
                 sent.lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(packet_id, Instant::now());
-                writer.publish(packet_id, payload.clone()).await?;
+                writer
+                    .publish(packet_id, topics.at(i as usize), payload.clone())
+                    .await?;
             }
             Ok::<_, Error>(writer)
         })
@@ -178,14 +195,18 @@ async fn paced(addr: SocketAddr, load: Load) -> Result<Latencies, Error> {
 
 /// One publisher keeping [`WINDOW`] publishes unacknowledged for
 /// `load.fast_for`; how many were acknowledged in that time.
-async fn fast(addr: SocketAddr, index: usize, load: Load) -> Result<u64, Error> {
+async fn fast(addr: SocketAddr, index: usize, load: Load, topics: Topics) -> Result<u64, Error> {
     let mut conn = Client::connect(addr, &format!("bench-fast-{index}")).await?;
     let payload = Bytes::from(vec![b'f'; load.payload]);
     let mut next_id: u64 = 0;
+    // Each publisher starts at its own share of the channels, so they do
+    // not all write the same channel at once.
+    let first = index * topics.len() / load.fast_publishers.max(1);
     let mut send = || {
         let packet_id = (next_id % 60_000 + 1) as u16;
+        let topic = topics.at(first + next_id as usize);
         next_id += 1;
-        publish_packet(packet_id, payload.clone())
+        publish_packet(packet_id, topic, payload.clone())
     };
     let mut batch = BytesMut::new();
     for _ in 0..WINDOW {
@@ -212,13 +233,37 @@ async fn fast(addr: SocketAddr, index: usize, load: Load) -> Result<u64, Error> 
     Ok(acknowledged)
 }
 
-/// A QoS 1 publish to the bench channel.
-fn publish_packet(packet_id: u16, payload: Bytes) -> Packet {
+/// The topic of each scratch channel, made once and shared by the
+/// publishers.
+#[derive(Clone)]
+struct Topics(Arc<[ByteStr]>);
+
+impl Topics {
+    fn new(channels: usize) -> Topics {
+        Topics(
+            (0..channels.max(1))
+                .map(|i| ByteStr::from(format!("{}/device", channel_name(i)).as_str()))
+                .collect(),
+        )
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The topic of the `n`th publish, the channels taken in turn.
+    fn at(&self, n: usize) -> ByteStr {
+        self.0[n % self.0.len()].clone()
+    }
+}
+
+/// A QoS 1 publish to `topic`.
+fn publish_packet(packet_id: u16, topic: ByteStr, payload: Bytes) -> Packet {
     Packet::Publish(Publish {
         dup: false,
         qos: QoS::AtLeastOnce,
         retain: false,
-        topic: ByteStr::from(format!("{CHANNEL}/device").as_str()),
+        topic,
         packet_id,
         properties: PublishProperties::default(),
         payload,
@@ -316,10 +361,91 @@ struct Writer {
 }
 
 impl Writer {
-    async fn publish(&mut self, packet_id: u16, payload: Bytes) -> Result<(), Error> {
+    async fn publish(
+        &mut self,
+        packet_id: u16,
+        topic: ByteStr,
+        payload: Bytes,
+    ) -> Result<(), Error> {
         let mut buf = BytesMut::new();
-        codec::encode(&publish_packet(packet_id, payload), VERSION, &mut buf)?;
+        codec::encode(
+            &publish_packet(packet_id, topic, payload),
+            VERSION,
+            &mut buf,
+        )?;
         self.wr.write_all(&buf).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_channels_are_taken_in_turn() {
+        let topics = Topics::new(3);
+        let names: Vec<String> = (0..7).map(|n| topics.at(n).to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "bench0/device",
+                "bench1/device",
+                "bench2/device",
+                "bench0/device",
+                "bench1/device",
+                "bench2/device",
+                "bench0/device"
+            ]
+        );
+        // None asked for is one.
+        assert_eq!(Topics::new(0).len(), 1);
+    }
+
+    #[test]
+    fn every_channel_is_published_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("bench.db");
+        let channels: String = (0..3)
+            .map(|i| {
+                format!(
+                    "  - {{name: {}, kind: append, storage: db}}\n",
+                    channel_name(i)
+                )
+            })
+            .collect();
+        let config = Config::from_yaml_str(
+            &format!(
+                "listeners: [{{name: bench, bind: \"127.0.0.1:0\"}}]\n\
+                 auth: {{allow_anonymous: true}}\n\
+                 storage:\n  - {{name: db, kind: sqlite, file_path: {}}}\n\
+                 channels:\n{channels}",
+                db.display()
+            ),
+            &dir.path().join("bench.yaml"),
+        )
+        .unwrap();
+        let load = Load {
+            paced_rate: 200.0,
+            paced_for: Duration::from_millis(50),
+            fast_publishers: 2,
+            fast_for: Duration::from_millis(100),
+            payload: 16,
+            channels: 3,
+        };
+        let costs = publish_costs(&config, load, &|_| {}).unwrap();
+        assert_eq!(costs.paced.len(), 10);
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        let mut counts: Vec<(String, u64)> = conn
+            .prepare("SELECT channel, count(*) FROM records GROUP BY channel ORDER BY channel")
+            .unwrap()
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        // The paced publisher's ten alone give each channel three or more.
+        assert_eq!(counts.len(), 3, "{counts:?}");
+        counts.retain(|(_, n)| *n < 3);
+        assert!(counts.is_empty(), "{counts:?}");
     }
 }
