@@ -6,7 +6,10 @@
 //! the loopback, each publish to the next channel in turn. Two runs: one
 //! publisher paced to a rate, each publish's time to its PUBACK; then
 //! publishers as fast as a window of 64 unacknowledged publishes each
-//! allows, the publishes acknowledged a second.
+//! allows, the publishes acknowledged a second, for a set time or until
+//! they have made a set number of publishes in all: the scratch provider
+//! has no bound, and a memory provider's records are RAM and a sqlite
+//! provider's the disk of the machine a live broker may be running on.
 //!
 //! Spread, not to one channel: a sqlite transaction writes a row of
 //! counters for every channel it holds a record of, and the pages of
@@ -16,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,7 +58,10 @@ pub struct Load {
     pub paced_rate: f64,
     pub paced_for: Duration,
     pub fast_publishers: usize,
+    /// The fast publishers stop at this time or at `fast_max` publishes in
+    /// all, whichever comes first.
     pub fast_for: Duration,
+    pub fast_max: u64,
     pub payload: usize,
     /// The append channels the publishes are spread over, named by
     /// [`channel_name`] (at least one).
@@ -68,6 +75,9 @@ pub struct PublishCosts {
     pub paced: Latencies,
     /// Publishes acknowledged a second by the fast publishers.
     pub sustained: f64,
+    /// How many the fast publishers had acknowledged, and in how long.
+    pub fast_acknowledged: u64,
+    pub fast_elapsed: Duration,
 }
 
 /// Runs `load` against a broker serving `config` (which must name the
@@ -133,18 +143,58 @@ async fn measure(
         "{} publishers as fast as {WINDOW} in flight each allow",
         load.fast_publishers
     ));
-    let mut runs = Vec::with_capacity(load.fast_publishers);
+    // Every publisher connected before any starts: the run times
+    // publishing, not connecting.
+    let mut conns = Vec::with_capacity(load.fast_publishers);
     for i in 0..load.fast_publishers {
-        runs.push(tokio::spawn(fast(addr, i, load, topics.clone())));
+        conns.push(Client::connect(addr, &format!("bench-fast-{i}")).await?);
     }
+    let start = Instant::now();
+    let run = Arc::new(FastRun {
+        until: start + load.fast_for,
+        left: AtomicU64::new(load.fast_max),
+    });
+    let runs: Vec<_> = conns
+        .into_iter()
+        .enumerate()
+        .map(|(i, conn)| tokio::spawn(fast(conn, i, load, topics.clone(), run.clone())))
+        .collect();
     let mut acknowledged = 0u64;
+    let mut last = start;
     for run in runs {
-        acknowledged += run.await??;
+        let (count, at) = run.await??;
+        acknowledged += count;
+        last = last.max(at);
     }
+    let elapsed = last - start;
     Ok(PublishCosts {
         paced,
-        sustained: acknowledged as f64 / load.fast_for.as_secs_f64(),
+        sustained: if elapsed.is_zero() {
+            0.0
+        } else {
+            acknowledged as f64 / elapsed.as_secs_f64()
+        },
+        fast_acknowledged: acknowledged,
+        fast_elapsed: elapsed,
     })
+}
+
+/// What the fast publishers share: when they stop, and how many more
+/// publishes they may make.
+struct FastRun {
+    until: Instant,
+    left: AtomicU64,
+}
+
+impl FastRun {
+    /// One more publish, if the run has not ended.
+    fn take(&self) -> bool {
+        Instant::now() < self.until
+            && self
+                .left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+    }
 }
 
 /// One publisher at `load.paced_rate`, each publish's write to its PUBACK
@@ -193,10 +243,16 @@ async fn paced(addr: SocketAddr, load: Load, topics: Topics) -> Result<Latencies
     Ok(Latencies::new(times))
 }
 
-/// One publisher keeping [`WINDOW`] publishes unacknowledged for
-/// `load.fast_for`; how many were acknowledged in that time.
-async fn fast(addr: SocketAddr, index: usize, load: Load, topics: Topics) -> Result<u64, Error> {
-    let mut conn = Client::connect(addr, &format!("bench-fast-{index}")).await?;
+/// One publisher keeping [`WINDOW`] publishes unacknowledged while `run`
+/// lasts: how many were acknowledged before it ended, and when the last
+/// of them was.
+async fn fast(
+    mut conn: Client,
+    index: usize,
+    load: Load,
+    topics: Topics,
+    run: Arc<FastRun>,
+) -> Result<(u64, Instant), Error> {
     let payload = Bytes::from(vec![b'f'; load.payload]);
     let mut next_id: u64 = 0;
     // Each publisher starts at its own share of the channels, so they do
@@ -209,19 +265,26 @@ async fn fast(addr: SocketAddr, index: usize, load: Load, topics: Topics) -> Res
         publish_packet(packet_id, topic, payload.clone())
     };
     let mut batch = BytesMut::new();
-    for _ in 0..WINDOW {
+    let mut in_flight = 0;
+    while in_flight < WINDOW && run.take() {
         codec::encode(&send(), VERSION, &mut batch)?;
+        in_flight += 1;
     }
     conn.stream.write_all(&batch).await?;
-    let until = Instant::now() + load.fast_for;
     let mut acknowledged = 0u64;
-    let mut in_flight = WINDOW;
+    let mut last = Instant::now();
     while in_flight > 0 {
         match tokio::time::timeout(STALL, conn.next()).await?? {
             Packet::PubAck(_) => {
                 in_flight -= 1;
-                if Instant::now() < until {
+                let now = Instant::now();
+                // What is acknowledged after the time is up is not counted,
+                // nor is the time it took.
+                if now < run.until {
                     acknowledged += 1;
+                    last = now;
+                }
+                if run.take() {
                     let packet = send();
                     conn.write(&packet).await?;
                     in_flight += 1;
@@ -230,7 +293,7 @@ async fn fast(addr: SocketAddr, index: usize, load: Load, topics: Topics) -> Res
             other => return Err(format!("expected a PUBACK, got {other:?}").into()),
         }
     }
-    Ok(acknowledged)
+    Ok((acknowledged, last))
 }
 
 /// The topic of each scratch channel, made once and shared by the
@@ -402,11 +465,11 @@ mod tests {
         assert_eq!(Topics::new(0).len(), 1);
     }
 
-    #[test]
-    fn every_channel_is_published_to() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("bench.db");
-        let channels: String = (0..3)
+    /// A broker of `channels` append channels on a sqlite provider in
+    /// `dir`, as `saguin bench` makes one, and the file it keeps them in.
+    fn scratch(dir: &std::path::Path, channels: usize) -> (Config, std::path::PathBuf) {
+        let db = dir.join("bench.db");
+        let channels: String = (0..channels)
             .map(|i| {
                 format!(
                     "  - {{name: {}, kind: append, storage: db}}\n",
@@ -422,30 +485,67 @@ mod tests {
                  channels:\n{channels}",
                 db.display()
             ),
-            &dir.path().join("bench.yaml"),
+            &dir.join("bench.yaml"),
         )
         .unwrap();
+        (config, db)
+    }
+
+    /// The records the scratch file holds, by channel.
+    fn records_by_channel(db: &std::path::Path) -> Vec<(String, u64)> {
+        let conn = rusqlite::Connection::open(db).unwrap();
+        let mut statement = conn
+            .prepare("SELECT channel, count(*) FROM records GROUP BY channel ORDER BY channel")
+            .unwrap();
+        statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    #[test]
+    fn every_channel_is_published_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let (config, db) = scratch(dir.path(), 3);
         let load = Load {
             paced_rate: 200.0,
             paced_for: Duration::from_millis(50),
             fast_publishers: 2,
             fast_for: Duration::from_millis(100),
+            fast_max: u64::MAX,
             payload: 16,
             channels: 3,
         };
         let costs = publish_costs(&config, load, &|_| {}).unwrap();
         assert_eq!(costs.paced.len(), 10);
-        let conn = rusqlite::Connection::open(&db).unwrap();
-        let mut counts: Vec<(String, u64)> = conn
-            .prepare("SELECT channel, count(*) FROM records GROUP BY channel ORDER BY channel")
-            .unwrap()
-            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        let mut counts = records_by_channel(&db);
         // The paced publisher's ten alone give each channel three or more.
         assert_eq!(counts.len(), 3, "{counts:?}");
         counts.retain(|(_, n)| *n < 3);
         assert!(counts.is_empty(), "{counts:?}");
+    }
+
+    #[test]
+    fn the_fast_publishers_stop_at_their_most_publishes_in_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let (config, db) = scratch(dir.path(), 2);
+        // Far longer than the run takes: the count ends it.
+        let load = Load {
+            paced_rate: 100.0,
+            paced_for: Duration::from_millis(50),
+            fast_publishers: 3,
+            fast_for: Duration::from_secs(120),
+            fast_max: 500,
+            payload: 16,
+            channels: 2,
+        };
+        let costs = publish_costs(&config, load, &|_| {}).unwrap();
+        assert_eq!(costs.paced.len(), 5);
+        assert_eq!(costs.fast_acknowledged, 500);
+        assert!(costs.sustained > 0.0);
+        // Every publish made was stored, and no more were made.
+        let stored: u64 = records_by_channel(&db).iter().map(|(_, n)| n).sum();
+        assert_eq!(stored, 5 + 500);
     }
 }
