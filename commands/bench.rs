@@ -50,7 +50,8 @@ never touching a provider's own files:
 - fsync: 4 KiB written and fdatasync'ed, again and again: p50, p99, max.
 
 - snapshot (memory with a snapshot_dir): a provider of up to 256 MiB (16 \
-MiB with --quick) written as one snapshot generation: bytes a second; then \
+MiB with --quick), held in this process's RAM, written as one snapshot \
+generation: bytes a second; then \
 a generation of as many channels as the provider holds (at least 1,000), \
 one small record each: what each file costs apart from its bytes (its \
 write, its fsync and its rename).
