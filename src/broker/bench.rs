@@ -11,11 +11,12 @@
 //! has no bound, and a memory provider's records are RAM and a sqlite
 //! provider's the disk of the machine a live broker may be running on.
 //!
-//! Spread, not to one channel: a sqlite transaction writes a row of
-//! counters for every channel it holds a record of, and the pages of
-//! records of many channels, so a provider's publishes spread over 10,000
-//! channels cost about twice its publishes to one (docs/benchmarks.md,
-//! "Channels in one broker").
+//! Spread, not to one channel: a sqlite transaction writes a page of the
+//! records' index and a counter row for each channel it holds a record
+//! of, and a memory provider's generation a file for each channel that
+//! changed, so a provider sustains about half as many publishes spread
+//! over 10,000 channels as to one (docs/benchmarks.md, "`saguin bench`'s
+//! publishes spread over the provider's channels").
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -82,9 +83,8 @@ pub struct PublishCosts {
 
 /// Runs `load` against a broker serving `config` (which must name the
 /// append channels `load.channels` counts and listen on 127.0.0.1 port 0),
-/// then stops
-/// it gracefully, its providers closed. Blocking; it makes a runtime of its
-/// own.
+/// then stops it gracefully, its providers closed. Blocking; it makes a
+/// runtime of its own.
 pub fn publish_costs(
     config: &Config,
     load: Load,
