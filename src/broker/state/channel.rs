@@ -180,7 +180,15 @@ impl Channels {
     /// is handed on from the recent reads, so a consumer still behind them
     /// reads, finds the floor and is told the gap.
     pub(super) fn floor_raised(&mut self, channel: &str, floor: u64) {
-        if let Some(state) = self.all.iter_mut().find(|c| &*c.name == channel) {
+        // By its name's index, not a search of the list: a sweep of
+        // thousands of channels at their bound raises a floor for each.
+        let found = self
+            .names
+            .by_name
+            .get(channel)
+            .and_then(|&index| self.all.get_mut(usize::from(index)));
+        if let Some(state) = found {
+            debug_assert_eq!(&*state.name, channel, "a channel's name and its index");
             state.recent.remove_below(floor);
         }
     }

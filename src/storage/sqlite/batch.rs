@@ -388,17 +388,15 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
     // Property 3: a channel's own bound refuses one record, before the
     // transaction, counting what this batch already accepted for it.
     let mut touched: Vec<(Target, Pending)> = Vec::new();
-    let mut accepted: Vec<(u64, Job, u64)> = Vec::with_capacity(batch.len());
+    // Each job accepted, with its channel's place in `touched`.
+    let mut accepted: Vec<(u64, Job, u64, usize)> = Vec::with_capacity(batch.len());
+    let mut places = Places::default();
     for (ticket, job) in (0u64..).zip(batch) {
         let name = job.target.name();
-        // A batch touches few channels: a scan beats hashing every name.
-        let idx = match touched.iter().position(|(t, _)| t.name() == name) {
-            Some(idx) => idx,
-            None => {
-                touched.push((Arc::clone(&job.target), Pending::of(&*job.target)));
-                touched.len() - 1
-            }
-        };
+        let idx = places.of(name, || {
+            touched.push((Arc::clone(&job.target), Pending::of(&*job.target)));
+            touched.len() - 1
+        });
         let size = job.record.accounted_size();
         let max_bytes = job.target.counters().max_bytes();
         if let Err(full) = contract::check_room(name, touched[idx].1.bytes, max_bytes, size) {
@@ -409,7 +407,7 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
             // Reserve the room for the rest of this pre-check.
             touched[idx].1.bytes += size;
         }
-        accepted.push((ticket, job, size));
+        accepted.push((ticket, job, size, idx));
     }
     if accepted.is_empty() {
         return in_order(outcomes);
@@ -421,12 +419,9 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
     }
     let result = writer.txn(false, |conn| {
         let mut stored = Vec::with_capacity(accepted.len());
-        for (_, job, _) in &accepted {
+        for (_, job, _, idx) in &accepted {
             // Every accepted job's channel was entered in `touched`.
-            let (t, pending) = touched
-                .iter_mut()
-                .find(|(t, _)| t.name() == job.target.name())
-                .ok_or(rusqlite::Error::InvalidQuery)?;
+            let (t, pending) = touched.get_mut(*idx).ok_or(rusqlite::Error::InvalidQuery)?;
             stored.push(t.stage(conn, pending, &job.record)?);
         }
         write_counter_rows(conn, &touched)?;
@@ -446,7 +441,7 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
             shared.set_publishes_full(false);
             shared.room_again();
             drop(writer);
-            for ((ticket, job, _), offset) in accepted.into_iter().zip(stored) {
+            for ((ticket, job, _, _), offset) in accepted.into_iter().zip(stored) {
                 let answer = offset.map(|offset| {
                     let mut record = job.record;
                     record.offset = offset;
@@ -464,7 +459,7 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
                 shared.set_publishes_full(true);
             }
             let conn = writer.conn();
-            for (ticket, job, size) in accepted {
+            for (ticket, job, size, _) in accepted {
                 let context = job.target.describe(&job.record);
                 outcomes.push((
                     ticket,
@@ -476,8 +471,82 @@ fn run_batch(shared: &Shared, batch: Vec<Job>) -> Vec<Outcome> {
     in_order(outcomes)
 }
 
+/// Where each channel a batch touches is in its list: by a scan while they
+/// are few (most batches are one channel's), by its name's hash past
+/// [`Places::SCANNED`]. A batch of publishes spread over many channels
+/// touched a channel for nearly every publish, and the scan of every one
+/// before it made the batch cost the square of its length.
+#[derive(Default)]
+struct Places {
+    names: Vec<String>,
+    hashed: std::collections::HashMap<String, usize>,
+}
+
+impl Places {
+    const SCANNED: usize = 8;
+
+    /// The place of channel `name`, given the next one by `add` when it is
+    /// new (places are handed out 0, 1, 2, ...).
+    fn of(&mut self, name: &str, add: impl FnOnce() -> usize) -> usize {
+        if self.hashed.is_empty() {
+            if let Some(idx) = self.names.iter().position(|n| n == name) {
+                return idx;
+            }
+            let idx = add();
+            self.names.push(name.to_owned());
+            if self.names.len() > Self::SCANNED {
+                self.hashed = std::mem::take(&mut self.names)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(idx, name)| (name, idx))
+                    .collect();
+            }
+            return idx;
+        }
+        match self.hashed.get(name) {
+            Some(&idx) => idx,
+            None => {
+                let idx = add();
+                self.hashed.insert(name.to_owned(), idx);
+                idx
+            }
+        }
+    }
+}
+
 /// The answers in the order the publishes came in the batch.
 fn in_order(mut outcomes: Vec<(u64, Outcome)>) -> Vec<Outcome> {
     outcomes.sort_by_key(|(index, _)| *index);
     outcomes.into_iter().map(|(_, outcome)| outcome).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch's channels as `run_batch` enters them: each new name the
+    /// next place, each name seen before its own, before and after the
+    /// list is hashed.
+    #[test]
+    fn a_channel_keeps_its_place_however_many_a_batch_touches() {
+        let mut places = Places::default();
+        let mut list: Vec<String> = Vec::new();
+        let mut enter = |places: &mut Places, name: &str| {
+            places.of(name, || {
+                list.push(name.to_owned());
+                list.len() - 1
+            })
+        };
+        let names: Vec<String> = (0..40).map(|i| format!("c{i}")).collect();
+        for (i, name) in names.iter().enumerate() {
+            assert_eq!(enter(&mut places, name), i);
+            // Every channel entered so far is found where it was put.
+            for (j, earlier) in names[..=i].iter().enumerate() {
+                assert_eq!(enter(&mut places, earlier), j, "{earlier} after {name}");
+            }
+        }
+        assert!(!places.hashed.is_empty() && places.names.is_empty());
+        drop(enter);
+        assert_eq!(list, names);
+    }
 }
