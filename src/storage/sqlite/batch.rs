@@ -529,24 +529,27 @@ mod tests {
     /// list is hashed.
     #[test]
     fn a_channel_keeps_its_place_however_many_a_batch_touches() {
-        let mut places = Places::default();
-        let mut list: Vec<String> = Vec::new();
-        let mut enter = |places: &mut Places, name: &str| {
+        fn enter(places: &mut Places, list: &mut Vec<String>, name: &str) -> usize {
             places.of(name, || {
                 list.push(name.to_owned());
                 list.len() - 1
             })
-        };
+        }
+        let mut places = Places::default();
+        let mut list: Vec<String> = Vec::new();
         let names: Vec<String> = (0..40).map(|i| format!("c{i}")).collect();
         for (i, name) in names.iter().enumerate() {
-            assert_eq!(enter(&mut places, name), i);
+            assert_eq!(enter(&mut places, &mut list, name), i);
             // Every channel entered so far is found where it was put.
             for (j, earlier) in names[..=i].iter().enumerate() {
-                assert_eq!(enter(&mut places, earlier), j, "{earlier} after {name}");
+                assert_eq!(
+                    enter(&mut places, &mut list, earlier),
+                    j,
+                    "{earlier} after {name}"
+                );
             }
         }
         assert!(!places.hashed.is_empty() && places.names.is_empty());
-        drop(enter);
         assert_eq!(list, names);
     }
 }
