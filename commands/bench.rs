@@ -54,7 +54,7 @@ MiB with --quick), held in this process's RAM, written as one snapshot \
 generation: bytes a second; then \
 a generation of as many channels as the provider holds (at least 1,000), \
 one small record each: what each file costs apart from its bytes (its \
-write, its fsync and its rename).
+write, its fsync and its rename), in time and in CPU.
 
 - publish: a broker started in this process on the provider's settings \
 (flush_interval, publish_commit_interval, ..., the snapshot schedule), as \
@@ -96,7 +96,7 @@ null|\"tmpfs\"|\"ramfs\", \"over_network\": null|\"nfs\"|\"smb\", \
 \"snapshot\": \
 null|{\"accounted_bytes\",\"file_bytes\",\"seconds\",\"bytes_per_second\"}, \
 \"channel_files\": n, \"snapshot_files\": \
-null|{\"files\",\"seconds\",\"per_file_ms\"}, \"publish\": \
+null|{\"files\",\"seconds\",\"per_file_ms\",\"cpu_per_file_ms\"}, \"publish\": \
 {\"payload_bytes\",\"channels\",\"paced_rate\",\"paced_count\",\"puback_p50_ms\", \
 \"puback_p99_ms\",\"puback_max_ms\",\"fast_acknowledged\",\"fast_seconds\", \
 \"sustained_per_second\"}, \"means\": \
@@ -560,6 +560,7 @@ fn target_json(target: &Target, m: &Measured, timeout_stop: Duration) -> Value {
             "files": f.files,
             "seconds": f.elapsed.as_secs_f64(),
             "per_file_ms": ms(f.per_file()),
+            "cpu_per_file_ms": ms(f.cpu_per_file()),
         })),
         "publish": {
             "payload_bytes": m.load.payload,
@@ -716,12 +717,17 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
                     // What a planner adds channels by: a generation writes
                     // a file for each that changed, however small.
                     let channels = target.channel_files.max(FILES_SAMPLE);
+                    // And what of that is a CPU's: on ext4 without a
+                    // journal, nearly all of it.
+                    let cpu = f.cpu_per_file() * u32::try_from(channels).unwrap_or(u32::MAX);
                     writeln!(
                         out,
-                        "{name}: each channel adds about {:.2} ms to a generation that changes it ({} channels: {:.1} s)",
+                        "{name}: each channel adds about {:.2} ms to a generation that changes it, {:.2} ms of it CPU ({} channels: {:.1} s, {:.1} s of CPU)",
                         ms(f.per_file()),
+                        ms(f.cpu_per_file()),
                         grouped(channels as u64),
-                        f.files_take(channels).as_secs_f64()
+                        f.files_take(channels).as_secs_f64(),
+                        cpu.as_secs_f64()
                     )?;
                 }
                 if let (Some(stop), Some(fits)) = (means.full_shutdown, means.shutdown_fits) {

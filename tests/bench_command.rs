@@ -234,6 +234,7 @@ fn a_memory_providers_channels_each_add_their_file_to_its_crash_window() {
     assert!(files["files"].as_u64() > Some(1_500), "{mem}");
     let per_file = files["per_file_ms"].as_f64().unwrap();
     assert!(per_file > 0.0, "{mem}");
+    assert!(files["cpu_per_file_ms"].as_f64() > Some(0.0), "{mem}");
     // No max_bytes: figured at 256 MiB.
     assert_eq!(mem["means"]["full_bytes"], 256 << 20, "{mem}");
     // snapshot_max_delay (2 s), the bytes, and 1,500 files.
@@ -257,7 +258,8 @@ fn a_memory_providers_channels_each_add_their_file_to_its_crash_window() {
     assert!(text.contains(" publishes/s over 1,500 channels"), "{text}");
     assert!(
         text.contains("mem: each channel adds about ")
-            && text.contains("to a generation that changes it (1,500 channels: "),
+            && text.contains("to a generation that changes it, ")
+            && text.contains(" ms of it CPU (1,500 channels: "),
         "{text}"
     );
     assert!(names(&data).is_empty(), "{:?}", names(&data));
