@@ -57,7 +57,9 @@ one small record each: what each file costs apart from its bytes (its \
 write, its fsync and its rename), in time and in CPU.
 
 - publish: a broker started in this process on the provider's settings \
-(flush_interval, publish_commit_interval, ..., the snapshot schedule), as \
+(flush_interval, publish_commit_interval, ..., the snapshot schedule; but \
+no checkpoint_room or snapshot_room, which would take that much more of \
+the file system), as \
 many append channels as the configuration puts on the provider (one with \
 --dir), MQTT 3.1.1 clients over 127.0.0.1, each publish to the next \
 channel in turn (a sqlite provider's publishes spread over 10,000 channels \
@@ -421,7 +423,9 @@ fn measure(target: &Target, quick: bool, progress: &Progress) -> anyhow::Result<
 
 /// A broker on the provider's own settings in `scratch`: one listener on
 /// 127.0.0.1 port 0, anonymous, `channels` append channels on the
-/// provider.
+/// provider. It keeps no room (`checkpoint_room`, `snapshot_room`): the
+/// room is for a file system found full, which nothing here measures, and
+/// it would take up to 64 MiB more of the live data's file system.
 fn scratch_config(
     provider: &Provider,
     scratch: Option<&Path>,
@@ -430,19 +434,18 @@ fn scratch_config(
     let duration = |d: Duration| config::units::format_duration(d);
     let storage = match (provider, scratch) {
         (Provider::Sqlite(s), Some(dir)) => format!(
-            "kind: sqlite, file_path: {}, flush_interval: {}, publish_commit_interval: {}, publish_commit_max_records: {}, read_connections: {}, checkpoint_room: {}",
+            "kind: sqlite, file_path: {}, flush_interval: {}, publish_commit_interval: {}, publish_commit_max_records: {}, read_connections: {}, checkpoint_room: 0",
             dir.join("bench.db").display(),
             duration(s.flush_interval),
             s.publish_commit_interval.map_or_else(|| "none".to_owned(), duration),
             s.publish_commit_max_records,
             s.read_connections,
-            s.checkpoint_room,
         ),
         (Provider::Memory(m), Some(dir)) if m.snapshot_dir.is_some() => {
             let SnapshotSchedule { debounce, max_delay } = m.snapshots;
             let or_none = |d: Option<Duration>| d.map_or_else(|| "none".to_owned(), duration);
             format!(
-                "kind: memory, snapshot_dir: {}, snapshot_debounce: {}, snapshot_max_delay: {}",
+                "kind: memory, snapshot_dir: {}, snapshot_debounce: {}, snapshot_max_delay: {}, snapshot_room: 0",
                 dir.join("snapshots").display(),
                 or_none(debounce),
                 or_none(max_delay)
@@ -778,6 +781,42 @@ impl Progress {
     fn finish(&self) {
         if let Some(b) = &self.0 {
             b.finish_and_clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scratch broker runs on the provider's settings, but keeps no
+    /// room on the live data's file system, and serves the channels asked.
+    #[test]
+    fn a_scratch_configuration_keeps_the_providers_settings_and_no_room() {
+        let d = tempfile::tempdir().unwrap();
+        let yaml = format!(
+            "listeners: [{{name: mqtt, bind: \"127.0.0.1:0\"}}]\n\
+             auth: {{allow_anonymous: true}}\n\
+             storage:\n  - {{name: db, kind: sqlite, file_path: {}, flush_interval: 40ms, checkpoint_room: 128MiB}}\n\
+             \x20 - {{name: mem, kind: memory, snapshot_dir: {}, snapshot_max_delay: 3s, snapshot_room: 32MiB}}\n",
+            d.path().join("saguin.db").display(),
+            d.path().join("snapshots").display()
+        );
+        let config = Config::from_yaml_str(&yaml, &d.path().join("saguin.yaml")).unwrap();
+        for provider in &config.storage {
+            let scratch = scratch_config(provider, Some(d.path()), 3).unwrap();
+            assert_eq!(scratch.channels.len(), 3);
+            match (&scratch.storage[..], provider) {
+                ([Provider::Sqlite(s)], Provider::Sqlite(_)) => {
+                    assert_eq!(s.flush_interval, Duration::from_millis(40));
+                    assert_eq!(s.checkpoint_room, 0);
+                }
+                ([Provider::Memory(m)], Provider::Memory(_)) => {
+                    assert_eq!(m.snapshots.max_delay, Some(Duration::from_secs(3)));
+                    assert_eq!(m.snapshot_room, 0);
+                }
+                (other, _) => panic!("the scratch of {} is {other:?}", provider.name()),
+            }
         }
     }
 }
