@@ -97,7 +97,7 @@ null|\"tmpfs\"|\"ramfs\", \"over_network\": null|\"nfs\"|\"smb\", \
 \"fsync\": null|{\"samples\",\"p50_ms\",\"p99_ms\",\"max_ms\"}, \
 \"snapshot\": \
 null|{\"accounted_bytes\",\"file_bytes\",\"seconds\",\"bytes_per_second\"}, \
-\"channel_files\": n, \"snapshot_files\": \
+\"channel_files\": n, \"ext4_without_journal\": null|bool, \"snapshot_files\": \
 null|{\"files\",\"seconds\",\"per_file_ms\",\"cpu_per_file_ms\"}, \"publish\": \
 {\"payload_bytes\",\"channels\",\"paced_rate\",\"paced_count\",\"puback_p50_ms\", \
 \"puback_p99_ms\",\"puback_max_ms\",\"fast_acknowledged\",\"fast_seconds\", \
@@ -155,16 +155,27 @@ struct Target {
     /// The channels the configuration puts on the provider: a memory
     /// provider's generation writes a file for each that changed.
     channel_files: usize,
+    /// Whether a memory provider's snapshot directory is on ext4 without
+    /// a journal, where each file a generation makes costs a CPU; `None`
+    /// for any other provider, or when it cannot be told.
+    without_journal: Option<bool>,
 }
 
 impl Target {
     fn new(provider: Provider, parent: Option<PathBuf>, channel_files: usize) -> Target {
         let file_system = parent.as_deref().and_then(file_system::unkept);
+        let without_journal = match &provider {
+            Provider::Memory(m) if m.snapshot_dir.is_some() => {
+                parent.as_deref().and_then(disk::without_journal)
+            }
+            _ => None,
+        };
         Target {
             provider,
             parent,
             file_system,
             channel_files,
+            without_journal,
         }
     }
 }
@@ -559,6 +570,7 @@ fn target_json(target: &Target, m: &Measured, timeout_stop: Duration) -> Value {
             "bytes_per_second": w.rate().round(),
         })),
         "channel_files": target.channel_files,
+        "ext4_without_journal": target.without_journal,
         "snapshot_files": m.snapshot_files.map(|f| json!({
             "files": f.files,
             "seconds": f.elapsed.as_secs_f64(),
@@ -732,6 +744,12 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
                         f.files_take(channels).as_secs_f64(),
                         cpu.as_secs_f64()
                     )?;
+                    if target.without_journal == Some(true) {
+                        writeln!(
+                            out,
+                            "{name}: its snapshot directory is on ext4 without a journal, where making a file passes over every inode removed in the last minute: a generation of many changed channels keeps a CPU busy while it writes (a journal, or sqlite, spares it)"
+                        )?;
+                    }
                 }
                 if let (Some(stop), Some(fits)) = (means.full_shutdown, means.shutdown_fits) {
                     writeln!(

@@ -143,9 +143,15 @@ fn a_quick_run_measures_each_provider_in_a_scratch_directory_it_removes() {
     assert!(fs["free_bytes"].as_u64().unwrap() > 0, "{db}");
     assert!(fs["fits"].is_boolean(), "{db}");
     assert!(mem["means"]["file_system"].is_null(), "{mem}");
+    // Asked only of a memory provider's snapshot directory, where it is
+    // told wherever the kernel lists its journals.
+    let journal = &mem["ext4_without_journal"];
+    assert!(journal.is_boolean() || journal.is_null(), "{mem}");
+    assert!(db["ext4_without_journal"].is_null(), "{db}");
     // No directory, no disk to measure.
     let scratchpad = &targets[2];
     assert!(scratchpad["fsync"].is_null() && scratchpad["dir"].is_null());
+    assert!(scratchpad["ext4_without_journal"].is_null());
     // Nothing left behind, and no provider file made.
     assert!(names(&data).is_empty(), "{:?}", names(&data));
 }

@@ -264,6 +264,62 @@ pub fn snapshot_files(dir: &Path, channels: usize) -> std::io::Result<SnapshotWr
     timed_generation(&mut generations, &sample.provider, 3)
 }
 
+/// Whether `dir` is on ext2, ext3 or ext4 mounted without a journal:
+/// there, making a file passes over every inode removed in the last
+/// minute, and a generation removes a file for each it makes, so a
+/// generation of many channels keeps a CPU busy for as long as it writes
+/// (docs/benchmarks.md, "What a generation of many small files costs the
+/// CPU"). Told by the journals the kernel lists (`/proc/fs/jbd2`, an
+/// entry `<device>-<inode>` for each); `None` when it cannot be told.
+pub fn without_journal(dir: &Path) -> Option<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated path that outlives the call, and
+    // `stat` is written in full by a call that returns 0.
+    if unsafe { libc::statfs(path.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statfs returned 0, so it filled `stat`.
+    let stat = unsafe { stat.assume_init() };
+    // The magic is 32 bits; `f_type` is as wide as the target's word.
+    if stat.f_type as u32 != libc::EXT4_SUPER_MAGIC as u32 {
+        return Some(false);
+    }
+    let dev = std::fs::metadata(dir).ok()?.dev();
+    let device = std::fs::read_link(format!(
+        "/sys/dev/block/{}:{}",
+        libc::major(dev),
+        libc::minor(dev)
+    ))
+    .ok()?;
+    let device = device.file_name()?.to_str()?;
+    // No journal mounted anywhere, no directory for them; no /proc/fs,
+    // nothing to tell by.
+    std::fs::metadata("/proc/fs").ok()?;
+    let journals: Vec<String> = match std::fs::read_dir("/proc/fs/jbd2") {
+        Ok(entries) => entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(_) => return None,
+    };
+    Some(!has_journal(device, &journals))
+}
+
+/// Whether `journals` (the names under `/proc/fs/jbd2`) hold one of block
+/// device `device`: `<device>-<its inode>`, as `vda1-8` or `dm-0-8`.
+fn has_journal(device: &str, journals: &[String]) -> bool {
+    journals.iter().any(|journal| {
+        journal
+            .strip_prefix(device)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|inode| !inode.is_empty() && inode.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
 /// True when `dir` is a memory provider's snapshot directory (it holds the
 /// provider's lock file or a manifest): a scratch directory is never made
 /// inside one, whether its broker runs or not.
@@ -369,6 +425,27 @@ mod tests {
         // Making, writing and syncing fifty files is the kernel's work at
         // the least, and is counted.
         assert!(w.cpu > Duration::ZERO && w.cpu_per_file() <= w.cpu, "{w:?}");
+    }
+
+    #[test]
+    fn a_journal_is_told_by_its_device_and_inode() {
+        let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(has_journal("vda1", &names(&["vda1-8"])));
+        assert!(has_journal("dm-0", &names(&["sda2-8", "dm-0-8"])));
+        // Another device's, or one whose name only begins the same.
+        assert!(!has_journal("vda1", &names(&["vda10-8", "vdb1-8"])));
+        assert!(!has_journal("dm-0", &names(&["dm-0", "dm-0-"])));
+        assert!(!has_journal("loop0", &[]));
+    }
+
+    #[test]
+    fn a_file_system_that_is_not_ext4_is_not_one_without_a_journal() {
+        // /dev/shm is tmpfs wherever this runs; /proc is procfs.
+        for dir in ["/dev/shm", "/proc"] {
+            if Path::new(dir).exists() {
+                assert_eq!(without_journal(Path::new(dir)), Some(false), "{dir}");
+            }
+        }
     }
 
     #[test]
