@@ -270,7 +270,9 @@ pub fn snapshot_files(dir: &Path, channels: usize) -> std::io::Result<SnapshotWr
 /// generation of many channels keeps a CPU busy for as long as it writes
 /// (docs/benchmarks.md, "What a generation of many small files costs the
 /// CPU"). Told by the journals the kernel lists (`/proc/fs/jbd2`, an
-/// entry `<device>-<inode>` for each); `None` when it cannot be told.
+/// entry `<device>-<inode>` for each; a journal kept on another device is
+/// listed under that device, and is taken for none); `None` when it
+/// cannot be told.
 pub fn without_journal(dir: &Path) -> Option<bool> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
