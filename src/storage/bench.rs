@@ -274,19 +274,8 @@ pub fn snapshot_files(dir: &Path, channels: usize) -> std::io::Result<SnapshotWr
 /// listed under that device, and is taken for none); `None` when it
 /// cannot be told.
 pub fn without_journal(dir: &Path) -> Option<bool> {
-    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: `path` is a NUL-terminated path that outlives the call, and
-    // `stat` is written in full by a call that returns 0.
-    if unsafe { libc::statfs(path.as_ptr(), stat.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: statfs returned 0, so it filled `stat`.
-    let stat = unsafe { stat.assume_init() };
-    // The magic is 32 bits; `f_type` is as wide as the target's word.
-    if stat.f_type as u32 != libc::EXT4_SUPER_MAGIC as u32 {
+    if super::file_system::type_of(dir)? != libc::EXT4_SUPER_MAGIC as u32 {
         return Some(false);
     }
     let dev = std::fs::metadata(dir).ok()?.dev();

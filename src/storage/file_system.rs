@@ -79,7 +79,6 @@ impl Unkept {
 /// provider's promise does not hold on. `None` for any other, or when it
 /// cannot be asked.
 pub fn unkept(dir: &Path) -> Option<Unkept> {
-    use std::os::unix::ffi::OsStrExt;
     let mut at = if dir.as_os_str().is_empty() {
         Path::new(".")
     } else {
@@ -94,6 +93,13 @@ pub fn unkept(dir: &Path) -> Option<Unkept> {
             _ => return None,
         };
     }
+    Unkept::of_type(type_of(at)?)
+}
+
+/// The type of the file system holding `at`, as `statfs` gives it (the
+/// magic numbers of linux/magic.h); `None` when it cannot be asked.
+pub fn type_of(at: &Path) -> Option<u32> {
+    use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(at.as_os_str().as_bytes()).ok()?;
     let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: `c` is a NUL-terminated path that outlives the call, and
@@ -105,7 +111,7 @@ pub fn unkept(dir: &Path) -> Option<Unkept> {
     let stat = unsafe { stat.assume_init() };
     // The magic numbers are 32 bits; `f_type` is as wide as the target's
     // word, and signed on some (an ARM board's).
-    Unkept::of_type(stat.f_type as u32)
+    Some(stat.f_type as u32)
 }
 
 #[cfg(test)]
