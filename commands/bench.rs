@@ -730,11 +730,10 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
                 }
                 if let Some(f) = m.snapshot_files {
                     // What a planner adds channels by: a generation writes
-                    // a file for each that changed, however small.
+                    // a file for each that changed, however small; and what
+                    // of that is a CPU's (on ext4 without a journal, nearly
+                    // all of it).
                     let channels = target.channel_files.max(FILES_SAMPLE);
-                    // And what of that is a CPU's: on ext4 without a
-                    // journal, nearly all of it.
-                    let cpu = f.cpu_per_file() * u32::try_from(channels).unwrap_or(u32::MAX);
                     writeln!(
                         out,
                         "{name}: each channel adds about {:.2} ms to a generation that changes it, {:.2} ms of it CPU ({} channels: {:.1} s, {:.1} s of CPU)",
@@ -742,7 +741,7 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
                         ms(f.cpu_per_file()),
                         grouped(channels as u64),
                         f.files_take(channels).as_secs_f64(),
-                        cpu.as_secs_f64()
+                        f.files_cpu(channels).as_secs_f64()
                     )?;
                     if target.without_journal == Some(true) {
                         writeln!(

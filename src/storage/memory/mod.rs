@@ -69,6 +69,12 @@ pub(crate) enum MemChannel {
 }
 
 impl MemChannel {
+    /// Whether it is a store of its own: a queue's dead-letter channel is
+    /// copied and written with its queue.
+    fn stored_alone(&self) -> bool {
+        !matches!(self, MemChannel::Append(a) if a.is_dead_letter())
+    }
+
     fn kind(&self) -> ChannelKind {
         match self {
             MemChannel::Append(_) => ChannelKind::Append,
@@ -248,7 +254,7 @@ impl MemoryProvider {
     pub(crate) fn mem_channels(&self) -> Vec<(String, MemChannel)> {
         read(&self.channels)
             .iter()
-            .filter(|(_, c)| !matches!(c, MemChannel::Append(a) if a.is_dead_letter()))
+            .filter(|(_, c)| c.stored_alone())
             .map(|(n, c)| (n.clone(), c.clone()))
             .collect()
     }
@@ -273,7 +279,7 @@ impl MemoryProvider {
         // looks at every channel, and copies the few that changed.
         let chosen: Vec<(u64, MemChannel)> = read(&self.channels)
             .iter()
-            .filter(|(_, c)| !matches!(c, MemChannel::Append(a) if a.is_dead_letter()))
+            .filter(|(_, c)| c.stored_alone())
             .filter_map(|(name, c)| wanted(name, c.version()).map(|from| (from, c.clone())))
             .collect();
         chosen
