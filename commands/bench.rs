@@ -54,7 +54,8 @@ MiB with --quick), held in this process's RAM, written as one snapshot \
 generation: bytes a second; then \
 a generation of as many channels as the provider holds (at least 1,000), \
 one small record each: what each file costs apart from its bytes (its \
-write, its fsync and its rename), in time and in CPU.
+write, its share of the generation's sync and its rename), in time and in \
+CPU.
 
 - publish: a broker started in this process on the provider's settings \
 (flush_interval, publish_commit_interval, ..., the snapshot schedule; but \
@@ -156,8 +157,9 @@ struct Target {
     /// provider's generation writes a file for each that changed.
     channel_files: usize,
     /// Whether a memory provider's snapshot directory is on ext4 without
-    /// a journal, where each file a generation makes costs a CPU; `None`
-    /// for any other provider, or when it cannot be told.
+    /// a journal, where a generation makes its files from the ones it
+    /// replaced (spares); `None` for any other provider, or when it cannot
+    /// be told.
     without_journal: Option<bool>,
 }
 
@@ -166,7 +168,7 @@ impl Target {
         let file_system = parent.as_deref().and_then(file_system::unkept);
         let without_journal = match &provider {
             Provider::Memory(m) if m.snapshot_dir.is_some() => {
-                parent.as_deref().and_then(disk::without_journal)
+                parent.as_deref().and_then(file_system::without_journal)
             }
             _ => None,
         };
@@ -731,8 +733,7 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
                 if let Some(f) = m.snapshot_files {
                     // What a planner adds channels by: a generation writes
                     // a file for each that changed, however small; and what
-                    // of that is a CPU's (on ext4 without a journal, nearly
-                    // all of it).
+                    // of that is a CPU's.
                     let channels = target.channel_files.max(FILES_SAMPLE);
                     writeln!(
                         out,
@@ -746,7 +747,7 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
                     if target.without_journal == Some(true) {
                         writeln!(
                             out,
-                            "{name}: its snapshot directory is on ext4 without a journal, where making a file passes over every inode removed in the last minute: a generation of many changed channels keeps a CPU busy while it writes (a journal, or sqlite, spares it)"
+                            "{name}: its snapshot directory is on ext4 without a journal, where making a file passes over every inode removed in the last minute: generations there keep the files they replace, emptied, as spares (saguin.<n>.spare) and make their files from them"
                         )?;
                     }
                 }

@@ -164,8 +164,8 @@ Move a sqlite database into a new snapshot directory, with the broker stopped.
 
 The database is read in one read transaction, so every channel is the same \
 moment. The directory is written with the writer a broker uses at shutdown: \
-the manifest first, each file to a temporary name, fsynced, renamed, the \
-directory fsynced; the directory 0700 and every file 0600. It is then read \
+each file to a temporary name, all of them made durable together, each \
+renamed, the directory fsynced, the manifest last; the directory 0700 and every file 0600. It is then read \
 back with the loader for the counts out.
 
 A database of another schema version is refused by name: there is no in-place \

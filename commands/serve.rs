@@ -143,8 +143,8 @@ naming the file; copy again. A file-system snapshot needs no check.
 Stopping: at SIGTERM or SIGINT the broker stops accepting and retention \
 stops, then finishes the snapshot generation being written and writes each \
 memory provider's last one (whatever changed since the one before: each \
-file to a temporary name, fsynced and renamed; the directory fsynced; a \
-few files at a time; the manifest last), checkpoints and closes each \
+file to a temporary name, a few at a time; all of them made durable \
+together, then renamed; the directory fsynced; the manifest last), checkpoints and closes each \
 sqlite provider, and lets every lock go, logging each file written and \
 each failure by name and the total time. A further signal meanwhile logs \
 what is still being written.

@@ -21,6 +21,10 @@ pub const LOCK_FILE: &str = "saguin.lock";
 /// The room a memory provider keeps allocated for the generation that finds
 /// the file system full (not a snapshot file).
 pub const ROOM_FILE: &str = "saguin.room";
+/// What a spare file's name ends with (not a snapshot file): a file a
+/// generation replaced, emptied and kept for a later one to make its file
+/// from, on ext4 without a journal (`FORMAT.md` §4).
+pub const SPARE_SUFFIX: &str = ".spare";
 /// Appended to a file's final name while it is being written; a leftover
 /// one is a write that never finished.
 pub const TEMP_SUFFIX: &str = ".tmp";
@@ -36,6 +40,20 @@ pub const MAX_FILE_NAME_LEN: usize = 255;
 /// The most a generation adds to a fixed name: a dot and the 20 digits of
 /// the largest `u64`.
 pub const MAX_GENERATION_INFIX_LEN: usize = 21;
+
+/// Spare file number `n`'s name, `saguin.<n>.spare`.
+pub fn spare_file_name(n: u64) -> String {
+    format!("saguin.{n}{SPARE_SUFFIX}")
+}
+
+/// The number of spare file `name`, or `None` when it is not one.
+pub fn spare_number(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("saguin.")?.strip_suffix(SPARE_SUFFIX)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
 
 fn is_safe(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
@@ -157,6 +175,23 @@ pub fn encoded_len(channel: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spare_file_is_told_by_its_whole_name() {
+        assert_eq!(spare_file_name(7), "saguin.7.spare");
+        assert_eq!(spare_number(&spare_file_name(7)), Some(7));
+        assert_eq!(spare_number(&spare_file_name(u64::MAX)), Some(u64::MAX));
+        for other in [
+            "saguin..spare",
+            "saguin.x.spare",
+            "saguin.7.spare.tmp",
+            "telemetry.7.spare",
+            "saguin.99999999999999999999.spare",
+            "saguin.7.snapshot",
+        ] {
+            assert_eq!(spare_number(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn encodes_the_rfc_examples() {

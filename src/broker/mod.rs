@@ -360,7 +360,15 @@
 //!   one write). A failed generation is tried again no sooner than
 //!   `snapshot_max_delay`, at least a second later, so a full disk is not
 //!   hammered; only what changed is written, at the granularity of a
-//!   channel file (a changed channel is rewritten whole).
+//!   channel file (a changed channel is rewritten whole). A generation's
+//!   files are synced together, by one sync of their file system, rather
+//!   than one by one: a generation of 10,000 small files is one flush of
+//!   the disk instead of 10,000, and a site's crash window stops growing
+//!   with its channels by seconds (format/FORMAT.md §4). The price is that
+//!   a failed write-back the sync reports fails the whole generation (it
+//!   cannot say whose it was), and that the sync writes back whatever else
+//!   waits on that file system; a kernel that cannot report such a
+//!   failure through the sync (before Linux 5.8) syncs each file.
 //! - Packets of several connections are taken in the order their
 //!   sockets became readable ([`read_order`]), as a broker with one event
 //!   loop takes them: a SUBSCRIBE read before another client's PUBLISH

@@ -254,7 +254,7 @@ fn process_cpu() -> std::io::Result<Duration> {
 /// Fills a memory provider with about `bytes` of 1 KiB records over
 /// `channels` append channels and writes it to `dir` as one generation, the
 /// way a broker's stop writes a full provider: every file to a temporary
-/// name, fsynced, renamed, the manifest last.
+/// name, made durable, renamed, the manifest last.
 pub fn snapshot_write(dir: &Path, bytes: u64, channels: usize) -> std::io::Result<SnapshotWrite> {
     let sample = Sample::of(channels)?;
     sample.fill(bytes / sample.stores.len() as u64)?;
@@ -277,53 +277,6 @@ pub fn snapshot_files(dir: &Path, channels: usize) -> std::io::Result<SnapshotWr
     }
     sample.fill(1)?;
     timed_generation(&mut generations, &sample.provider, 3)
-}
-
-/// Whether `dir` is on ext2, ext3 or ext4 mounted without a journal:
-/// there, making a file passes over every inode removed in the last
-/// minute, and a generation removes a file for each it makes, so a
-/// generation of many channels keeps a CPU busy for as long as it writes
-/// (docs/benchmarks.md, "What a generation of many small files costs the
-/// CPU"). Told by the journals the kernel lists (`/proc/fs/jbd2`, an
-/// entry `<device>-<inode>` for each; a journal kept on another device is
-/// listed under that device, and is taken for none); `None` when it
-/// cannot be told.
-pub fn without_journal(dir: &Path) -> Option<bool> {
-    use std::os::unix::fs::MetadataExt;
-    if super::file_system::type_of(dir)? != libc::EXT4_SUPER_MAGIC as u32 {
-        return Some(false);
-    }
-    let dev = std::fs::metadata(dir).ok()?.dev();
-    let device = std::fs::read_link(format!(
-        "/sys/dev/block/{}:{}",
-        libc::major(dev),
-        libc::minor(dev)
-    ))
-    .ok()?;
-    let device = device.file_name()?.to_str()?;
-    // No journal mounted anywhere, no directory for them; no /proc/fs,
-    // nothing to tell by.
-    std::fs::metadata("/proc/fs").ok()?;
-    let journals: Vec<String> = match std::fs::read_dir("/proc/fs/jbd2") {
-        Ok(entries) => entries
-            .flatten()
-            .filter_map(|e| e.file_name().into_string().ok())
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(_) => return None,
-    };
-    Some(!has_journal(device, &journals))
-}
-
-/// Whether `journals` (the names under `/proc/fs/jbd2`) hold one of block
-/// device `device`: `<device>-<its inode>`, as `vda1-8` or `dm-0-8`.
-fn has_journal(device: &str, journals: &[String]) -> bool {
-    journals.iter().any(|journal| {
-        journal
-            .strip_prefix(device)
-            .and_then(|rest| rest.strip_prefix('-'))
-            .is_some_and(|inode| !inode.is_empty() && inode.bytes().all(|b| b.is_ascii_digit()))
-    })
 }
 
 /// True when `dir` is a memory provider's snapshot directory (it holds the
@@ -437,27 +390,6 @@ mod tests {
             cpu_left_over < Duration::from_nanos(w.files as u64),
             "{w:?}"
         );
-    }
-
-    #[test]
-    fn a_journal_is_told_by_its_device_and_inode() {
-        let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert!(has_journal("vda1", &names(&["vda1-8"])));
-        assert!(has_journal("dm-0", &names(&["sda2-8", "dm-0-8"])));
-        // Another device's, or one whose name only begins the same.
-        assert!(!has_journal("vda1", &names(&["vda10-8", "vdb1-8"])));
-        assert!(!has_journal("dm-0", &names(&["dm-0", "dm-0-"])));
-        assert!(!has_journal("loop0", &[]));
-    }
-
-    #[test]
-    fn a_file_system_that_is_not_ext4_is_not_one_without_a_journal() {
-        // /dev/shm is tmpfs wherever this runs; /proc is procfs.
-        for dir in ["/dev/shm", "/proc"] {
-            if Path::new(dir).exists() {
-                assert_eq!(without_journal(Path::new(dir)), Some(false), "{dir}");
-            }
-        }
     }
 
     #[test]

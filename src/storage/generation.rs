@@ -15,7 +15,7 @@
 //! This module keeps what the writer knows of the directory ([`Committed`]),
 //! which stores changed since their files were written ([`Generations`]),
 //! and writes one generation ([`write_generation`]): the changed files a few
-//! at a time, the directory synced, the manifest, the directory synced
+//! at a time and made durable together, the directory synced, the manifest, the directory synced
 //! again, then the files it no longer lists removed. A file that fails
 //! keeps its store's previous file in the manifest, marked `behind`, and the
 //! store is written again at the next generation; a manifest that fails
@@ -44,6 +44,7 @@ use super::snapshot_write::{
     self, copy_changed, copy_provider, store_versions, ChannelCopy, FailedFile, ProviderCopy,
     SnapshotOptions, Store, Unobserved, WriteObserver, WriteReport, WrittenFile,
 };
+use super::spares::Spares;
 
 /// A data file's name read back: the store it holds and the generation
 /// that wrote it (0 for a fixed name, written by a build before
@@ -182,6 +183,8 @@ pub struct Generations {
     room: Option<super::room::Room>,
     /// The name the room is held under in the log.
     name: String,
+    /// The files replaced generations keep to make later ones' from.
+    spares: Spares,
 }
 
 /// An append channel's records as a capture held them.
@@ -220,7 +223,8 @@ pub struct Outcome {
     pub written: Vec<(Store, u64)>,
     /// Files written and files that failed, by name.
     pub report: WriteReport,
-    /// How many files no manifest lists any more were removed.
+    /// How many files no manifest lists any more went: removed, or kept
+    /// as spares.
     pub removed: usize,
     /// What of the room is allocated after it; `None` keeps none.
     pub room_kept: Option<u64>,
@@ -261,7 +265,15 @@ impl Generations {
             held: HashMap::new(),
             room: None,
             name: String::new(),
+            spares: Spares::by_file_system(),
         }
+    }
+
+    /// These generations keeping the files they replace as spares, or
+    /// not, whatever the directory's file system.
+    pub fn keeping_spares(mut self, keep: bool) -> Generations {
+        self.spares = Spares::kept(keep);
+        self
     }
 
     /// Keeps `bytes` of room in the directory, in [`ROOM_FILE`], for the
@@ -343,7 +355,7 @@ impl Generations {
     /// broker's loop: this runs on the writer's thread).
     pub fn write(&mut self, mut job: Job, observer: &dyn WriteObserver) -> Outcome {
         self.complete(&mut job);
-        let mut outcome = write_generation(&self.dir, &job, observer);
+        let mut outcome = write_generation(&self.dir, &job, &self.spares, observer);
         self.settle(&outcome);
         outcome.room_given = self.room_after(&outcome);
         outcome.room_kept = self.room_kept();
@@ -489,7 +501,7 @@ pub fn write_snapshot_observed(
         base: read_committed(dir),
         parallel_files: options.parallel_files,
     };
-    let outcome = write_generation(dir, &job, observer);
+    let outcome = write_generation(dir, &job, &Spares::none(), observer);
     let mut report = outcome.report;
     report.generation = outcome.committed.map(|c| c.generation);
     report
@@ -512,7 +524,12 @@ pub fn save_snapshot(
 /// `observer` as each file starts and ends. Never stops at the first
 /// failure: every file that could not be written is in the report, and
 /// each leaves its store's previous file current.
-pub fn write_generation(dir: &Path, job: &Job, observer: &dyn WriteObserver) -> Outcome {
+pub fn write_generation(
+    dir: &Path,
+    job: &Job,
+    spares: &Spares,
+    observer: &dyn WriteObserver,
+) -> Outcome {
     let generation = job.base.next_generation();
     let stamp = job.copy.captured_at;
     let mut report = WriteReport::default();
@@ -535,9 +552,17 @@ pub fn write_generation(dir: &Path, job: &Job, observer: &dyn WriteObserver) -> 
         return outcome;
     }
 
+    spares.decide(dir);
+
     // 1. The changed stores' files, each under this generation's name.
-    let files =
-        snapshot_write::write_files(dir, &job.copy, generation, job.parallel_files, observer);
+    let files = snapshot_write::write_files(
+        dir,
+        &job.copy,
+        generation,
+        job.parallel_files,
+        spares,
+        observer,
+    );
     let mut entries = job.base.files.clone();
     let mut fresh: Vec<String> = Vec::new();
     for file in files {
@@ -602,12 +627,13 @@ pub fn write_generation(dir: &Path, job: &Job, observer: &dyn WriteObserver) -> 
                 checksum: 0,
             });
             // 4. Files no manifest lists any more: the ones the new files
-            // replaced.
+            // replaced, removed or kept as spares.
             let listed: std::collections::HashSet<&str> =
                 entries.values().map(|e| e.file_name.as_str()).collect();
             for old in job.base.files.values() {
                 if !listed.contains(old.file_name.as_str())
-                    && std::fs::remove_file(dir.join(&old.file_name)).is_ok()
+                    && (spares.keep(dir, &old.file_name)
+                        || std::fs::remove_file(dir.join(&old.file_name)).is_ok())
                 {
                     outcome.removed += 1;
                 }

@@ -17,9 +17,21 @@ pub(crate) mod room;
 pub mod sample;
 pub mod snapshot_dir;
 pub mod snapshot_write;
+pub mod spares;
 pub mod sqlite;
 
 use std::path::{Path, PathBuf};
+
+/// The names in `dir`, sorted: what a test of a directory's files asks.
+#[cfg(test)]
+pub(crate) fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
 
 /// The directory `path` is in (`.` for a bare name).
 pub(crate) fn parent_of(path: &Path) -> PathBuf {

@@ -26,6 +26,7 @@
 //! | `saguin.N.sessions`, `saguin.N.broadcast` | persistent sessions and the broadcast log, a pair |
 //! | `*.tmp` | a write that never finished: reported, never read |
 //! | `saguin.lock` (and its `-journal`, `-wal`, `-shm`) | the provider's lock and the sidecars SQLite leaves beside it: not snapshots, ignored |
+//! | `saguin.room`, `saguin.<n>.spare` | room kept for a generation on a full file system, and emptied files a generation keeps to make later ones from: not snapshots, ignored |
 //!
 //! Over 1,500 lines with its tests, because the scan, its findings and
 //! their verdicts are one reading of a directory that `snapshot verify`,
@@ -60,8 +61,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use saguin_format::channel_name::{
-    encode_file_name, BROADCAST_FILE, LOCK_FILE, MANIFEST_FILE, RETAINED_FILE, ROOM_FILE,
-    SESSIONS_FILE, TEMP_SUFFIX,
+    encode_file_name, spare_number, BROADCAST_FILE, LOCK_FILE, MANIFEST_FILE, RETAINED_FILE,
+    ROOM_FILE, SESSIONS_FILE, TEMP_SUFFIX,
 };
 use saguin_format::f21::{
     self, time::format_unix_nanos, BroadcastFile, ChannelFile, FileKind, Generation,
@@ -1092,7 +1093,7 @@ pub fn scan_with(
             findings.push(FindingKind::LeftoverTemp { file: name });
             continue;
         }
-        if is_lock_file(&name) || name == ROOM_FILE {
+        if is_lock_file(&name) || name == ROOM_FILE || spare_number(&name).is_some() {
             continue;
         }
         match Role::of(&name) {
@@ -1289,10 +1290,21 @@ pub fn scan_with(
     for f in &files {
         match (&f.role, &f.outcome) {
             (Role::Manifest, _) => {}
-            (_, FileOutcome::Failed(p)) => findings.push(FindingKind::FileRefused {
-                file: f.name.clone(),
-                problem: p.to_string(),
-            }),
+            (_, FileOutcome::Failed(p)) => findings.push(
+                match listed
+                    .get(f.name.as_str())
+                    .and_then(|entry| reused_mismatch(entry, &f.path))
+                {
+                    Some(problem) => FindingKind::NotTheListedFile {
+                        file: f.name.clone(),
+                        problem,
+                    },
+                    None => FindingKind::FileRefused {
+                        file: f.name.clone(),
+                        problem: p.to_string(),
+                    },
+                },
+            ),
             (role, FileOutcome::Decoded { header, file }) => {
                 if let SnapshotFile::Channel(c) = file {
                     let expected_base = encode_file_name(&c.name);
@@ -1424,17 +1436,61 @@ fn listed_mismatch(entry: &GenerationFile, header: &Header, path: &Path) -> Opti
             format_unix_nanos(entry.written_at)
         ));
     }
-    match generation::file_identity(path) {
-        Ok((length, _, _)) if length != entry.length => {
-            Some(format!("{length} bytes, listed as {} bytes", entry.length))
-        }
-        Ok((_, _, checksum)) if checksum != entry.checksum => Some(format!(
-            "checksum {checksum:08x}, listed as {:08x}",
-            entry.checksum
-        )),
-        Ok(_) => None,
+    match length_and_checksum(path) {
+        Ok((length, checksum)) => tail_mismatch(entry, length, checksum),
         Err(e) => Some(format!("its length and checksum cannot be read: {e}")),
     }
+}
+
+/// Why a listed file that cannot be read is not the file listed rather
+/// than that file damaged: it holds nothing a header fits in (emptied),
+/// or its header is another generation's, as a file holds that a copy
+/// read while the broker reused it (where generations keep spares, FORMAT.md
+/// §4). `None` for a file that starts as the listed one did: damaged.
+fn reused_mismatch(entry: &GenerationFile, path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut header = Vec::with_capacity(f21::HEADER_LEN);
+    std::fs::File::open(path)
+        .ok()?
+        .take(f21::HEADER_LEN as u64)
+        .read_to_end(&mut header)
+        .ok()?;
+    if header.len() < f21::HEADER_LEN {
+        let length = std::fs::metadata(path).ok()?.len();
+        return Some(format!("{length} bytes, listed as {} bytes", entry.length));
+    }
+    let written_at = f21::read_header(&header).ok()?.written_at;
+    (written_at != entry.written_at).then(|| {
+        format!(
+            "written at {}, listed as written at {}",
+            format_unix_nanos(written_at),
+            format_unix_nanos(entry.written_at)
+        )
+    })
+}
+
+/// Why a file of `length` bytes ending in `checksum` is not the one
+/// `entry` lists, or `None` when both are the listed ones.
+fn tail_mismatch(entry: &GenerationFile, length: u64, checksum: u32) -> Option<String> {
+    if length != entry.length {
+        return Some(format!("{length} bytes, listed as {} bytes", entry.length));
+    }
+    (checksum != entry.checksum)
+        .then(|| format!("checksum {checksum:08x}, listed as {:08x}", entry.checksum))
+}
+
+/// A file's length and its last four bytes as its trailing checksum (0
+/// for a file shorter than that), read without decoding it.
+fn length_and_checksum(path: &Path) -> std::io::Result<(u64, u32)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path)?;
+    let length = file.metadata()?.len();
+    let mut trailer = [0u8; f21::TRAILER_LEN];
+    if length >= f21::TRAILER_LEN as u64 {
+        file.seek(SeekFrom::End(-(f21::TRAILER_LEN as i64)))?;
+        file.read_exact(&mut trailer)?;
+    }
+    Ok((length, u32::from_le_bytes(trailer)))
 }
 
 /// What a generation manifest says of the files: each listed one missing,

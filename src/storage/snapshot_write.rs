@@ -10,17 +10,21 @@
 //! in format 21 and writes it.
 //!
 //! Each file is written to `<name>.tmp` in the same directory (a rename is
-//! atomic only within one filesystem), fsynced before the rename (so a
-//! power cut cannot leave the new name over bytes still in the page
+//! atomic only within one filesystem), made durable before the rename (so
+//! a power cut cannot leave the new name over bytes still in the page
 //! cache), and renamed to its generation's name, which no earlier
 //! generation used: no file another generation lists is ever written over.
-//! The broadcast log and the sessions are one pair: both are written or
-//! neither is.
+//! A generation's channels and retained store are made durable together,
+//! by one sync of their file system where the kernel reports a failed
+//! write-back through it ([`Durability`]): one flush of the disk rather
+//! than one a file, which is what a generation of thousands of small
+//! files spent its time on. The broadcast log and the sessions are one
+//! pair: both are written or neither is.
 //!
 //! Every file of one generation is stamped with the generation's moment as
 //! its written-at time, the same value its manifest holds. Files are
 //! written a few at a time ([`SnapshotOptions::parallel_files`], 4 by
-//! default) so fifteen channels are not fifteen concurrent fsyncs on an
+//! default) so fifteen channels are not fifteen concurrent writes on an
 //! edge box, and every failure is reported, not only the first. The
 //! directory is created 0700 and every file 0600: they hold whatever the
 //! applications published.
@@ -47,6 +51,7 @@ use super::contract::{HeldPublish, Position, SessionEntry, ShareGroupEntry, BROA
 use super::memory::{
     AppendCopy, BroadcastCopy, LatestCopy, MemChannelCopy, MemoryProvider, QueueCopy,
 };
+use super::spares::Spares;
 
 /// What a snapshot writes besides the channels, and how.
 #[derive(Clone, Debug)]
@@ -409,15 +414,126 @@ pub struct StoreFile {
     pub result: Result<WrittenFile, FailedFile>,
 }
 
+/// How the files of a generation are made durable before each is renamed
+/// to its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Every file written, then one sync of their file system (`syncfs`
+    /// through the directory, opened before the first file was written):
+    /// one flush of the disk for the generation rather than one for each
+    /// file. Only where the kernel reports through it a write-back that
+    /// failed since that opening (Linux 5.8 and later); a failure it
+    /// reports cannot be told apart from another file's, so it fails every
+    /// file of the generation, each leaving its store's previous file.
+    FileSystem,
+    /// Each file fsynced before it is renamed: one flush of the disk for
+    /// each, and each failure its own file's.
+    EachFile,
+}
+
+impl Durability {
+    /// The one this kernel supports: [`Durability::FileSystem`] where a
+    /// `syncfs` reports write-back failures.
+    pub fn of_this_kernel() -> Durability {
+        static KERNEL: std::sync::OnceLock<Durability> = std::sync::OnceLock::new();
+        *KERNEL.get_or_init(|| {
+            let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+            if cfg!(target_os = "linux") && syncfs_reports_failures(&release) {
+                Durability::FileSystem
+            } else {
+                Durability::EachFile
+            }
+        })
+    }
+}
+
+/// Whether a Linux kernel of `release` (`6.1.0-13-amd64`) reports a failed
+/// write-back through `syncfs`: from 5.8.
+fn syncfs_reports_failures(release: &str) -> bool {
+    let mut numbers = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::parse::<u32>);
+    match (numbers.next(), numbers.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= (5, 8),
+        _ => false,
+    }
+}
+
+/// What [`write_files`] tells its observer while the generation's files
+/// are made durable together.
+pub fn to_the_disk(files: usize) -> String {
+    format!("{files} files to the disk")
+}
+
+impl StoreFile {
+    /// A file written unsynced, renamed to its name now that it is
+    /// durable; a failed file as it is.
+    fn put_in_place(self, dir: &Path) -> StoreFile {
+        let Ok(written) = &self.result else {
+            return self;
+        };
+        match put_in_place(dir, &written.file_name) {
+            Ok(()) => self,
+            Err(e) => self.failed(dir, e),
+        }
+    }
+
+    /// A file written unsynced that will not be put in place: its
+    /// temporary file removed, `error` its failure. A failed file as it
+    /// is.
+    fn failed(self, dir: &Path, error: std::io::Error) -> StoreFile {
+        let Ok(written) = self.result else {
+            return self;
+        };
+        let _ = fs::remove_file(dir.join(temp_file_name(&written.file_name)));
+        StoreFile {
+            result: Err(FailedFile {
+                path: dir.join(&written.file_name),
+                file_name: written.file_name,
+                name: written.name,
+                error,
+            }),
+            ..self
+        }
+    }
+}
+
 /// Writes every store of `copy` under generation `generation`'s names,
 /// `parallel` files at a time (the channels and the retained store), then
 /// the broadcast log and the sessions as one pair: both, or neither (a
-/// pair the loader would refuse is not written at all).
+/// pair the loader would refuse is not written at all). The channels and
+/// the retained store are made durable as this kernel can
+/// ([`Durability::of_this_kernel`]).
 pub fn write_files(
     dir: &Path,
     copy: &ProviderCopy,
     generation: u64,
     parallel: usize,
+    spares: &Spares,
+    observer: &dyn WriteObserver,
+) -> Vec<StoreFile> {
+    write_files_with(
+        dir,
+        copy,
+        generation,
+        parallel,
+        Durability::of_this_kernel(),
+        spares,
+        observer,
+    )
+}
+
+/// [`write_files`] making the files durable by `durability`, each of the
+/// channels' and the retained store's made from one of `spares` while
+/// there are any.
+pub fn write_files_with(
+    dir: &Path,
+    copy: &ProviderCopy,
+    generation: u64,
+    parallel: usize,
+    durability: Durability,
+    spares: &Spares,
     observer: &dyn WriteObserver,
 ) -> Vec<StoreFile> {
     let stamp = copy.captured_at;
@@ -427,27 +543,89 @@ pub fn write_files(
         .map(Job::Channel)
         .chain(copy.retained.as_ref().map(Job::Retained))
         .collect();
-    let results = Mutex::new(Vec::with_capacity(jobs.len() + 2));
-    let cursor = AtomicUsize::new(0);
-    let workers = parallel.clamp(1, jobs.len().max(1));
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = cursor.fetch_add(1, Ordering::Relaxed);
-                let Some(job) = jobs.get(i) else { break };
-                let file_name = job.file_name(generation);
-                observer.started(&file_name);
-                let outcome = job.write(dir, generation, stamp);
-                observer.finished(&file_name);
-                super::memory::lock(&results).push(outcome);
-            });
-        }
+    // Opened before any file is written: its sync reports every write-back
+    // that failed from now on.
+    let file_system = match durability {
+        Durability::FileSystem if !jobs.is_empty() => Some(File::open(dir)),
+        _ => None,
+    };
+    let sync_each = file_system.is_none();
+    let mut results = in_parallel(&jobs, parallel, |job| {
+        let file_name = job.file_name(generation);
+        observer.started(&file_name);
+        let outcome = job.write(dir, generation, stamp, sync_each, spares);
+        observer.finished(&file_name);
+        outcome
     });
-    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Some(file_system) = file_system {
+        let waiting = results.iter().filter(|r| r.result.is_ok()).count();
+        let label = to_the_disk(waiting);
+        observer.started(&label);
+        let synced = file_system.and_then(|d| sync_file_system(&d));
+        observer.finished(&label);
+        results = results
+            .into_iter()
+            .map(|file| match &synced {
+                Ok(()) => file.put_in_place(dir),
+                Err(e) => file.failed(
+                    dir,
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("the sync of the generation's files failed: {e}"),
+                    ),
+                ),
+            })
+            .collect();
+    }
     if let Some(pair) = &copy.sessions {
         results.extend(write_pair(dir, pair, generation, stamp, observer));
     }
     results
+}
+
+/// `each` of `items`, `parallel` at a time on threads of their own, the
+/// answers in the items' order.
+fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    parallel: usize,
+    each: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let answers = Mutex::new(Vec::with_capacity(items.len()));
+    let cursor = AtomicUsize::new(0);
+    let workers = parallel.clamp(1, items.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = cursor.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let answer = each(item);
+                super::memory::lock(&answers).push((i, answer));
+            });
+        }
+    });
+    let mut answers = answers.into_inner().unwrap_or_else(|e| e.into_inner());
+    answers.sort_unstable_by_key(|(i, _)| *i);
+    answers.into_iter().map(|(_, answer)| answer).collect()
+}
+
+/// Syncs the file system `dir` is on: every file written to it made
+/// durable, and a write-back that failed since `dir` was opened reported.
+fn sync_file_system(dir: &File) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the descriptor is `dir`'s own and open; the call touches
+        // no memory of ours.
+        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dir;
+        Err(std::io::Error::other("no syncfs on this system"))
+    }
 }
 
 /// The broadcast log and the sessions that point into it, both or
@@ -594,7 +772,17 @@ impl Job<'_> {
         generation_file_name(&self.store().base_name(), generation)
     }
 
-    fn write(&self, dir: &Path, generation: u64, stamp: UnixNanos) -> StoreFile {
+    /// Writes the store's file: under its name, synced, when `sync`;
+    /// otherwise left unsynced under its temporary name, for
+    /// [`StoreFile::put_in_place`] once the file system is synced.
+    fn write(
+        &self,
+        dir: &Path,
+        generation: u64,
+        stamp: UnixNanos,
+        sync: bool,
+        spares: &Spares,
+    ) -> StoreFile {
         let store = self.store();
         let file_name = self.file_name(generation);
         let (name, records, version) = match self {
@@ -615,12 +803,12 @@ impl Job<'_> {
             // what its store keeps): no copy of every record, no buffer
             // the size of the file, and the kernel writes back the first
             // pages while the last are still being encoded.
-            Job::Channel(c) => {
-                write_durable_with(dir, &file_name, |out| stream::write_channel(out, c, stamp))
-            }
-            Job::Retained(r) => {
-                write_durable_with(dir, &file_name, |out| stream::write_retained(out, r, stamp))
-            }
+            Job::Channel(c) => write_file_with(dir, &file_name, sync, Some(spares), |out| {
+                stream::write_channel(out, c, stamp)
+            }),
+            Job::Retained(r) => write_file_with(dir, &file_name, sync, Some(spares), |out| {
+                stream::write_retained(out, r, stamp)
+            }),
         };
         let result = match outcome {
             Ok((bytes, checksum)) => Ok(WrittenFile {
@@ -804,7 +992,23 @@ pub fn write_durable_with<T>(
     name: &str,
     fill: impl FnOnce(&mut WritebackFile) -> std::io::Result<T>,
 ) -> std::io::Result<T> {
+    write_file_with(dir, name, true, None, fill)
+}
+
+/// Writes `dir/name`'s temporary file with `fill`, made from one of
+/// `spares` if there is one; when `sync`, fsyncs it and renames it to
+/// `name` too. On failure the temporary file is removed.
+fn write_file_with<T>(
+    dir: &Path,
+    name: &str,
+    sync: bool,
+    spares: Option<&Spares>,
+    fill: impl FnOnce(&mut WritebackFile) -> std::io::Result<T>,
+) -> std::io::Result<T> {
     let tmp = dir.join(temp_file_name(name));
+    if let Some(spares) = spares {
+        spares.take(dir, &tmp);
+    }
     let result = (|| {
         let f = OpenOptions::new()
             .write(true)
@@ -814,16 +1018,28 @@ pub fn write_durable_with<T>(
             .open(&tmp)?;
         let mut out = WritebackFile::new(f);
         let written = fill(&mut out)?;
-        let f = out.into_inner();
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, dir.join(name))?;
+        if sync {
+            out.into_inner().sync_all()?;
+        }
         Ok(written)
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    match result {
+        Ok(written) if sync => put_in_place(dir, name).map(|()| written),
+        Ok(written) => Ok(written),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    result
+}
+
+/// Renames `dir/name`'s temporary file, durable, to `name`; on failure it
+/// is removed.
+fn put_in_place(dir: &Path, name: &str) -> std::io::Result<()> {
+    let tmp = dir.join(temp_file_name(name));
+    fs::rename(&tmp, dir.join(name)).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })
 }
 
 /// How much is written before the kernel is asked to start writing it back.
@@ -1226,6 +1442,152 @@ mod tests {
     use super::*;
     use crate::storage::contract::Provider;
     use saguin_format::f21::SnapshotFile;
+
+    #[test]
+    fn syncfs_reports_failures_from_linux_5_8() {
+        for (release, reports) in [
+            ("6.18.44-fc-v1300", true),
+            ("5.8.0", true),
+            ("5.10.0-28-arm64", true),
+            ("5.7.19", false),
+            ("4.19.0-rpi", false),
+            ("5", false),
+            ("", false),
+            ("linux", false),
+        ] {
+            assert_eq!(syncfs_reports_failures(release), reports, "{release}");
+        }
+    }
+
+    /// Tells which files started and finished, in order.
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<String>>);
+
+    impl WriteObserver for Recorded {
+        fn started(&self, file_name: &str) {
+            lock(&self.0).push(format!("started {file_name}"));
+        }
+        fn finished(&self, file_name: &str) {
+            lock(&self.0).push(format!("finished {file_name}"));
+        }
+    }
+
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A directory's files and their bytes.
+    fn contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut files: Vec<(String, Vec<u8>)> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().into_string().unwrap(),
+                    fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        files.sort();
+        files
+    }
+
+    #[test]
+    fn a_generation_synced_at_once_writes_the_files_each_synced_does() {
+        let p = MemoryProvider::unbounded();
+        for c in 0..12 {
+            let store = p
+                .open_channel(&format!("c{c}"), ChannelKind::Append)
+                .unwrap();
+            for i in 0..=c {
+                store
+                    .as_append()
+                    .unwrap()
+                    .append(Record::new(format!("t/{c}"), format!("{i}")))
+                    .unwrap();
+            }
+        }
+        let options = SnapshotOptions {
+            retained: true,
+            ..SnapshotOptions::default()
+        };
+        let copy = copy_provider(&p, &options, 77);
+        let at_once = tempfile::tempdir().unwrap();
+        let each = tempfile::tempdir().unwrap();
+        let observer = Recorded::default();
+        let written = write_files_with(
+            at_once.path(),
+            &copy,
+            3,
+            4,
+            Durability::FileSystem,
+            &Spares::none(),
+            &observer,
+        );
+        let written_each = write_files_with(
+            each.path(),
+            &copy,
+            3,
+            4,
+            Durability::EachFile,
+            &Spares::none(),
+            &Unobserved,
+        );
+        assert_eq!(written.len(), 13, "twelve channels and the retained store");
+        assert!(written
+            .iter()
+            .chain(&written_each)
+            .all(|f| f.result.is_ok()));
+        let (a, b) = (contents(at_once.path()), contents(each.path()));
+        assert_eq!(a.len(), 13);
+        assert!(a.iter().all(|(name, _)| !name.ends_with(".tmp")), "{a:?}");
+        assert_eq!(a, b, "the same files, byte for byte");
+        // Each file is told as it is written, and the sync after them all.
+        let told = lock(&observer.0).clone();
+        let label = to_the_disk(13);
+        assert_eq!(told.len(), 2 * 13 + 2);
+        assert_eq!(
+            told[told.len() - 2..],
+            [format!("started {label}"), format!("finished {label}")]
+        );
+    }
+
+    #[test]
+    fn a_file_left_unsynced_is_put_in_place_or_removed_with_its_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let unsynced = |name: &str| {
+            write_file_with(dir.path(), name, false, None, |out| out.write_all(b"bytes")).unwrap();
+            assert!(dir.path().join(temp_file_name(name)).exists());
+            StoreFile {
+                store: Store::Channel(name.into()),
+                version: 1,
+                result: Ok(WrittenFile {
+                    file_name: name.into(),
+                    name: name.into(),
+                    bytes: 5,
+                    records: 1,
+                    checksum: 0,
+                }),
+            }
+        };
+        let placed = unsynced("a.1.snapshot").put_in_place(dir.path());
+        assert!(placed.result.is_ok());
+        assert_eq!(fs::read(dir.path().join("a.1.snapshot")).unwrap(), b"bytes");
+
+        let failed = unsynced("b.1.snapshot").failed(dir.path(), std::io::Error::other("EIO"));
+        let error = failed.result.unwrap_err();
+        assert_eq!(
+            (error.name.as_str(), error.error.to_string().as_str()),
+            ("b.1.snapshot", "EIO")
+        );
+        assert!(!dir.path().join("b.1.snapshot").exists());
+
+        // A temporary file gone before its rename fails its file.
+        let lost = unsynced("c.1.snapshot");
+        fs::remove_file(dir.path().join(temp_file_name("c.1.snapshot"))).unwrap();
+        assert!(lost.put_in_place(dir.path()).result.is_err());
+        assert_eq!(contents(dir.path()).len(), 1, "a.1.snapshot alone");
+    }
 
     #[test]
     fn a_file_written_across_several_writeback_steps_is_whole() {

@@ -20,14 +20,17 @@
 //! | 1,000,000 | 32.6ms                | 615ms  | 196ms     | 219,000,104 | 306ms       | 2.01x |
 //!
 //! The small rows are four syncs (manifest, directory, channel file,
-//! directory) against one. A whole shutdown, 8 records a channel:
+//! directory) against one. A whole shutdown, 8 records a channel, its
+//! files synced together (on a 2-vCPU Intel Xeon guest, TMPDIR on an ext4
+//! image with a journal; docs/benchmarks.md, "Storage providers", has
+//! them beside each file synced on its own):
 //!
 //! | channels | shutdown | per channel |
 //! |----------|----------|-------------|
-//! | 10       | 51.5ms   | 5.2ms       |
-//! | 100      | 205ms    | 2.1ms       |
-//! | 1,000    | 988ms    | 0.99ms      |
-//! | 10,000   | 6.75s    | 0.67ms      |
+//! | 10       | 3.0-4.3ms | 0.3-0.4ms  |
+//! | 100      | 5.8-6.8ms | 58-68us    |
+//! | 1,000    | 39-43ms   | 39-43us    |
+//! | 10,000   | 391-431ms | 39-43us    |
 //!
 //! One record trimmed from the front of a long channel (amortised over
 //! batches, compaction of the dead prefix included): 10,000 records 192ns,
@@ -208,7 +211,7 @@ fn main() {
     }
 
     // --- many small channels: a whole graceful shutdown ---
-    println!("\nshutdown snapshot across channels, 8 records each (manifest, 4 files at a time, 2 directory syncs)");
+    println!("\nshutdown snapshot across channels, 8 records each (4 files at a time, one sync of the file system, 2 directory syncs, the manifest)");
     println!(
         "{:>10} | {:>12} | {:>12}",
         "channels", "shutdown", "per channel"

@@ -8,6 +8,7 @@ use saguin_format::model::{ChannelKind, Record};
 
 use super::*;
 use crate::storage::contract::{Provider, SessionEntry, SessionStore};
+use crate::storage::names_in as names;
 use crate::storage::snapshot_dir::{self, FindingKind, ScanOptions};
 use crate::storage::snapshot_write::Unobserved;
 
@@ -22,15 +23,6 @@ fn append(p: &MemoryProvider, channel: &str, payload: &str) {
         .unwrap()
         .append(Record::new(channel, payload.to_owned()))
         .unwrap();
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    names
 }
 
 /// Captures and writes the next generation, as the broker does.
@@ -59,7 +51,8 @@ fn a_generation_writes_only_the_stores_that_changed_and_lists_the_rest() {
         SnapshotOptions::default(),
         Committed::default(),
         &p,
-    );
+    )
+    .keeping_spares(false);
     let first = generation(&mut g, &p, 10).expect("two new stores");
     assert_eq!(first.committed.as_ref().unwrap().generation, 1);
     assert_eq!(
@@ -109,7 +102,8 @@ fn a_manifest_that_cannot_be_written_leaves_the_previous_generation_whole() {
         SnapshotOptions::default(),
         Committed::default(),
         &p,
-    );
+    )
+    .keeping_spares(false);
     generation(&mut g, &p, 10).unwrap();
     let before = names(d.path());
     append(&p, "a", "2");
@@ -150,7 +144,8 @@ fn a_copy_that_mixes_two_generations_is_refused_naming_the_file() {
         SnapshotOptions::default(),
         Committed::default(),
         &p,
-    );
+    )
+    .keeping_spares(false);
     generation(&mut g, &p, 10).unwrap();
     let first = tempfile::tempdir().unwrap();
     for name in names(d.path()) {
@@ -189,10 +184,11 @@ fn a_copy_that_mixes_two_generations_is_refused_naming_the_file() {
         SnapshotOptions::default(),
         Committed::default(),
         &other,
-    );
+    )
+    .keeping_spares(false);
     generation(&mut og, &other, 15).unwrap();
     append(&other, "a", "third");
-    generation(&mut og, &other, 20).unwrap();
+    generation(&mut og, &other, 25).unwrap();
     fs::copy(
         foreign.path().join("a.2.snapshot"),
         mixed.path().join("a.2.snapshot"),
@@ -209,6 +205,38 @@ fn a_copy_that_mixes_two_generations_is_refused_naming_the_file() {
         "{failures:?}"
     );
     assert!(!report.is_loadable());
+
+    // So is a listed file emptied, or holding another generation's bytes
+    // cut short, under the copy (a file replaced and reused as a spare
+    // while it was read), though it cannot be read at all.
+    let listed = fs::read(d.path().join("a.2.snapshot")).unwrap();
+    let reused = fs::read(foreign.path().join("a.2.snapshot")).unwrap();
+    let failure = |bytes: &[u8]| {
+        fs::write(mixed.path().join("a.2.snapshot"), bytes).unwrap();
+        let report = snapshot_dir::scan_checking(mixed.path(), &ScanOptions::default()).unwrap();
+        let failures: Vec<String> = report
+            .verification_failures()
+            .map(|f| f.to_string())
+            .collect();
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        failures[0].clone()
+    };
+    for torn in [&listed[..0], &reused[..reused.len() / 2]] {
+        let said = failure(torn);
+        assert!(
+            said.starts_with("a.2.snapshot: not the file the manifest's generation lists"),
+            "{said}"
+        );
+    }
+    // The listed file cut short, or of the listed length and checksum
+    // and unreadable, is damaged, and said to be.
+    let said = failure(&listed[..listed.len() / 2]);
+    assert!(!said.contains("not the file the manifest"), "{said}");
+    let mut damaged = listed.clone();
+    damaged[listed.len() / 2] ^= 0xff;
+    let said = failure(&damaged);
+    assert!(said.contains("checksum mismatch"), "{said}");
+    assert!(!said.contains("not the file the manifest"), "{said}");
 }
 
 #[test]
@@ -221,7 +249,8 @@ fn tidying_removes_only_what_no_generation_will_read() {
         SnapshotOptions::default(),
         Committed::default(),
         &p,
-    );
+    )
+    .keeping_spares(false);
     generation(&mut g, &p, 10).unwrap();
     for leftover in [
         "a.2.snapshot",        // a generation that never committed
@@ -284,7 +313,8 @@ fn a_directory_a_build_before_generations_wrote_is_carried_on_store_by_store() {
         ..SnapshotOptions::default()
     };
     // Fixed names and a shutdown's manifest (kind 2).
-    let mut g = Generations::new(d.path(), options.clone(), Committed::default(), &p);
+    let mut g =
+        Generations::new(d.path(), options.clone(), Committed::default(), &p).keeping_spares(false);
     generation(&mut g, &p, 10).unwrap();
     let committed = read_committed(d.path());
     for (store, file) in &committed.files {
@@ -321,7 +351,7 @@ fn a_directory_a_build_before_generations_wrote_is_carried_on_store_by_store() {
     assert_eq!(adopted.generation, 0);
     assert!(adopted.files.values().all(|f| f.generation == 0));
     let loaded = provider();
-    let mut g = Generations::new(d.path(), options, adopted, &loaded);
+    let mut g = Generations::new(d.path(), options, adopted, &loaded).keeping_spares(false);
     // Stores the provider holds nothing of are not "changed": the
     // provider here loaded nothing, so write one store of its own.
     append(&loaded, "a", "fresh");
@@ -365,20 +395,23 @@ fn a_store_with_no_file_or_one_left_behind_is_a_change_from_the_start() {
         SnapshotOptions::default(),
         Committed::default(),
         &p,
-    );
+    )
+    .keeping_spares(false);
     assert!(g.has_changes(&p), "a has no file yet");
 
     let mut g = g;
     generation(&mut g, &p, 10).unwrap();
     let mut committed = read_committed(d.path());
-    let g = Generations::new(d.path(), SnapshotOptions::default(), committed.clone(), &p);
+    let g = Generations::new(d.path(), SnapshotOptions::default(), committed.clone(), &p)
+        .keeping_spares(false);
     assert!(!g.has_changes(&p), "a's file is its state");
     committed
         .files
         .get_mut(&Store::Channel("a".into()))
         .unwrap()
         .behind = true;
-    let g = Generations::new(d.path(), SnapshotOptions::default(), committed.clone(), &p);
+    let g = Generations::new(d.path(), SnapshotOptions::default(), committed.clone(), &p)
+        .keeping_spares(false);
     assert!(g.has_changes(&p), "a's file is behind its state");
     committed
         .files
@@ -386,7 +419,8 @@ fn a_store_with_no_file_or_one_left_behind_is_a_change_from_the_start() {
         .unwrap()
         .behind = false;
     fs::remove_file(d.path().join("a.1.snapshot")).unwrap();
-    let g = Generations::new(d.path(), SnapshotOptions::default(), committed, &p);
+    let g =
+        Generations::new(d.path(), SnapshotOptions::default(), committed, &p).keeping_spares(false);
     assert!(g.has_changes(&p), "a's listed file is gone");
 }
 
@@ -402,7 +436,8 @@ fn a_changed_channel_is_copied_from_where_the_last_capture_left_and_written_whol
         SnapshotOptions::default(),
         Committed::default(),
         &p,
-    );
+    )
+    .keeping_spares(false);
     generation(&mut g, &p, 10).unwrap();
     for i in 1_000..1_010 {
         append(&p, "a", &i.to_string());
@@ -440,7 +475,7 @@ fn a_changed_channel_is_copied_from_where_the_last_capture_left_and_written_whol
     // before it: it is refused, not written.
     append(&p, "a", "late");
     let job = g.capture(&p, 30).unwrap();
-    let outcome = write_generation(g.dir(), &job, &Unobserved);
+    let outcome = write_generation(g.dir(), &job, &Spares::none(), &Unobserved);
     assert!(
         outcome.report.failed[0]
             .error
@@ -556,4 +591,61 @@ fn sessions_the_loader_would_refuse_are_not_written() {
             2
         ))
         .exists());
+}
+
+#[test]
+fn a_directory_keeping_spares_makes_files_from_the_ones_generations_replaced() {
+    use std::os::unix::fs::MetadataExt;
+    let d = tempfile::tempdir().unwrap();
+    let p = provider();
+    append(&p, "a", "1");
+    append(&p, "b", "1");
+    let mut g = Generations::new(
+        d.path(),
+        SnapshotOptions::default(),
+        Committed::default(),
+        &p,
+    )
+    .keeping_spares(true);
+    generation(&mut g, &p, 10).unwrap();
+    append(&p, "a", "2");
+    generation(&mut g, &p, 20).unwrap();
+    // a's first file is kept, emptied, as a spare.
+    assert_eq!(
+        names(d.path()),
+        [
+            "a.2.snapshot",
+            "b.1.snapshot",
+            "saguin.1.spare",
+            MANIFEST_FILE
+        ]
+    );
+    let spare = fs::metadata(d.path().join("saguin.1.spare")).unwrap();
+    assert_eq!(spare.len(), 0);
+
+    append(&p, "a", "3");
+    append(&p, "b", "2");
+    generation(&mut g, &p, 30).unwrap();
+    assert_eq!(
+        names(d.path()),
+        [
+            "a.3.snapshot",
+            "b.3.snapshot",
+            "saguin.2.spare",
+            "saguin.3.spare",
+            MANIFEST_FILE
+        ]
+    );
+    // One of the new files is the spare, renamed and written.
+    let made: Vec<u64> = ["a.3.snapshot", "b.3.snapshot"]
+        .iter()
+        .map(|name| fs::metadata(d.path().join(name)).unwrap().ino())
+        .collect();
+    assert!(made.contains(&spare.ino()), "{made:?} {}", spare.ino());
+    // A scan and a restart pass over the spares, and tidying keeps them.
+    assert!(codes(d.path()).is_empty(), "{:?}", codes(d.path()));
+    let loaded = snapshot_dir::load(d.path(), &ScanOptions::default()).unwrap();
+    assert_eq!(loaded.channels["a"].file.records.len(), 3);
+    assert_eq!(loaded.channels["b"].file.records.len(), 2);
+    assert!(tidy(d.path(), g.committed()).is_empty());
 }

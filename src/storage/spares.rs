@@ -1,0 +1,228 @@
+//! Spare files of a snapshot directory on ext4 without a journal
+//! (`format/FORMAT.md` §4).
+//!
+//! There, making a file passes over every inode removed in the last
+//! minute (the file system will not hand one out again that soon without
+//! a journal, and reads each to see), and a generation removes a file for
+//! every one it makes: a generation of 10,000 small files kept a CPU busy
+//! for 3-4 s, nearly all of it the kernel's. So there a generation keeps
+//! each file it replaced, emptied, under a spare name
+//! (`saguin.<n>.spare`), and a later generation makes its files by
+//! renaming spares: no inode removed, none made. Elsewhere the replaced
+//! files are removed, which costs less than keeping them: with a journal
+//! the spares' two renames and the emptying cost more CPU than a removal
+//! and a new file (docs/benchmarks.md, "What a generation of many small
+//! files costs the CPU").
+//!
+//! A spare is never listed by a manifest and never read. What a crash
+//! leaves is as harmless: a spare, a replaced file under its old name
+//! (removed at startup as one no generation lists), or a spare renamed to
+//! a temporary name (removed at startup as a write that never finished).
+
+use std::fs::{self, OpenOptions};
+use std::path::Path;
+use std::sync::{Mutex, OnceLock};
+
+use saguin_format::channel_name::{spare_file_name, spare_number};
+
+/// A directory's spare files, and whether it keeps any.
+#[derive(Debug, Default)]
+pub struct Spares {
+    /// Whether replaced files are kept as spares: decided by the file
+    /// system at the first generation written.
+    keep: OnceLock<bool>,
+    pool: Mutex<Pool>,
+}
+
+#[derive(Debug, Default)]
+struct Pool {
+    /// The spares in the directory, by name.
+    names: Vec<String>,
+    /// The number the next spare is named with.
+    next: u64,
+    /// Whether the directory was looked in for spares left before.
+    looked: bool,
+}
+
+impl Spares {
+    /// Spares decided by the directory's file system when it is first
+    /// written to.
+    pub fn by_file_system() -> Spares {
+        Spares::default()
+    }
+
+    /// Spares that are never kept: each replaced file is removed.
+    pub fn none() -> Spares {
+        Spares::kept(false)
+    }
+
+    /// Spares kept, or not, whatever the file system.
+    pub fn kept(keep: bool) -> Spares {
+        let spares = Spares::default();
+        let _ = spares.keep.set(keep);
+        spares
+    }
+
+    /// Decides, once, whether `dir` keeps spares (ext4 without a journal),
+    /// and takes in the spares an earlier run left there, or removes them
+    /// when it keeps none. Called as each generation starts, `dir` made.
+    pub fn decide(&self, dir: &Path) {
+        let keep = *self
+            .keep
+            .get_or_init(|| super::file_system::without_journal(dir) == Some(true));
+        let mut pool = self.lock();
+        if pool.looked {
+            return;
+        }
+        pool.looked = true;
+        pool.next = 1;
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let Some(n) = spare_number(&name) else {
+                continue;
+            };
+            if keep {
+                pool.names.push(name);
+                pool.next = pool.next.max(n.saturating_add(1));
+            } else {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+
+    /// Makes `dir/path`'s file from a spare, by renaming one to it: true
+    /// when one was there to take (the file is then at `path`, empty).
+    pub fn take(&self, dir: &Path, path: &Path) -> bool {
+        loop {
+            let Some(name) = self.lock().names.pop() else {
+                return false;
+            };
+            if fs::rename(dir.join(&name), path).is_ok() {
+                return true;
+            }
+            // Gone from under us (an operator's tidying): the next.
+        }
+    }
+
+    /// Keeps `dir/name`, a file no generation lists any more, as a spare
+    /// when the directory keeps them: renamed, then emptied. Renamed
+    /// first, so that a copy of the directory taken meanwhile finds the
+    /// file whole under its name or not at all, as it would a removed one
+    /// (never an empty file under a name a manifest lists). False when it
+    /// is not kept; the caller removes it.
+    pub fn keep(&self, dir: &Path, name: &str) -> bool {
+        if self.keep.get() != Some(&true) {
+            return false;
+        }
+        let mut pool = self.lock();
+        let spare = spare_file_name(pool.next);
+        if fs::rename(dir.join(name), dir.join(&spare)).is_err() {
+            return false;
+        }
+        pool.next += 1;
+        // Emptied now so that its bytes are free while it waits; should
+        // that fail, the file made from it is emptied as it is opened.
+        let _ = OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(dir.join(&spare));
+        pool.names.push(spare);
+        true
+    }
+
+    /// How many spares the directory holds.
+    pub fn len(&self) -> usize {
+        self.lock().names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::names_in as names;
+
+    #[test]
+    fn a_replaced_file_is_kept_empty_and_taken_by_a_rename() {
+        let d = tempfile::tempdir().unwrap();
+        let spares = Spares::kept(true);
+        spares.decide(d.path());
+        fs::write(d.path().join("a.1.snapshot"), b"records").unwrap();
+        assert!(spares.keep(d.path(), "a.1.snapshot"));
+        assert_eq!(names(d.path()), ["saguin.1.spare"]);
+        assert_eq!(
+            fs::metadata(d.path().join("saguin.1.spare")).unwrap().len(),
+            0
+        );
+
+        use std::os::unix::fs::MetadataExt;
+        let inode = fs::metadata(d.path().join("saguin.1.spare")).unwrap().ino();
+        let made = d.path().join("a.2.snapshot.tmp");
+        assert!(spares.take(d.path(), &made));
+        assert_eq!(fs::metadata(&made).unwrap().ino(), inode, "the same file");
+        assert!(spares.is_empty());
+        assert!(!spares.take(d.path(), &d.path().join("b.2.snapshot.tmp")));
+    }
+
+    #[test]
+    fn a_directory_that_keeps_none_removes_what_it_replaced_and_spares_left_before() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("saguin.4.spare"), b"").unwrap();
+        fs::write(d.path().join("a.1.snapshot"), b"records").unwrap();
+        let spares = Spares::kept(false);
+        spares.decide(d.path());
+        assert_eq!(
+            names(d.path()),
+            ["a.1.snapshot"],
+            "the spare left before is gone"
+        );
+        assert!(!spares.keep(d.path(), "a.1.snapshot"));
+        assert!(!spares.take(d.path(), &d.path().join("a.2.snapshot.tmp")));
+    }
+
+    #[test]
+    fn spares_an_earlier_run_left_are_taken_and_new_ones_numbered_past_them() {
+        let d = tempfile::tempdir().unwrap();
+        for n in [3, 9] {
+            fs::write(d.path().join(spare_file_name(n)), b"").unwrap();
+        }
+        fs::write(d.path().join("saguin.x.spare"), b"").unwrap();
+        fs::write(d.path().join("a.1.snapshot"), b"records").unwrap();
+        let spares = Spares::kept(true);
+        spares.decide(d.path());
+        assert_eq!(spares.len(), 2);
+        assert!(spares.keep(d.path(), "a.1.snapshot"));
+        assert!(d.path().join("saguin.10.spare").exists());
+        // Deciding again finds nothing new.
+        spares.decide(d.path());
+        assert_eq!(spares.len(), 3);
+    }
+
+    #[test]
+    fn a_spare_gone_from_under_the_pool_is_passed_over() {
+        let d = tempfile::tempdir().unwrap();
+        let spares = Spares::kept(true);
+        spares.decide(d.path());
+        for name in ["a.1.snapshot", "b.1.snapshot"] {
+            fs::write(d.path().join(name), b"x").unwrap();
+            assert!(spares.keep(d.path(), name));
+        }
+        fs::remove_file(d.path().join("saguin.2.spare")).unwrap();
+        let made = d.path().join("c.2.snapshot.tmp");
+        assert!(spares.take(d.path(), &made));
+        assert!(made.exists());
+        assert!(!spares.take(d.path(), &d.path().join("d.2.snapshot.tmp")));
+    }
+}
