@@ -353,9 +353,9 @@ fn bodies(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 fn current(dir: &Path, base: &str) -> PathBuf {
     saguin::storage::generation::read_committed(dir)
         .files
-        .into_iter()
+        .iter()
         .find(|(store, _)| store.base_name() == base)
-        .map_or_else(|| dir.join(base), |(_, f)| dir.join(f.file_name))
+        .map_or_else(|| dir.join(base), |(_, f)| dir.join(&f.file_name))
 }
 
 fn decoded(dir: &Path, name: &str) -> SnapshotFile {

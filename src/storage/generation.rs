@@ -31,6 +31,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use saguin_format::channel_name::{
     split_generation_file_name, temp_file_name, BROADCAST_FILE, MANIFEST_FILE, RETAINED_FILE,
@@ -79,8 +80,10 @@ pub struct Committed {
     pub generation: u64,
     /// The moment of the state the current generation holds; 0 with none.
     pub captured_at: UnixNanos,
-    /// The file of each store, as a manifest lists it.
-    pub files: BTreeMap<Store, GenerationFile>,
+    /// The file of each store, as a manifest lists it. Shared: a capture
+    /// on the broker's loop takes the current generation as its base,
+    /// and copying 10,000 entries there was most of a capture's time.
+    pub files: Arc<BTreeMap<Store, GenerationFile>>,
     /// The highest generation any file in the directory is numbered with,
     /// committed or not: a new generation is numbered above it, so it never
     /// writes under the name of a file a crashed one left behind.
@@ -130,11 +133,12 @@ pub fn read_committed(dir: &Path) -> Committed {
         if let Ok((_, SnapshotFile::Generation(g))) = f21::decode(&bytes) {
             committed.generation = g.generation;
             committed.captured_at = g.captured_at;
-            committed.files = g
-                .files
-                .into_iter()
-                .map(|f| (Store::of_entry(&f), f))
-                .collect();
+            committed.files = Arc::new(
+                g.files
+                    .into_iter()
+                    .map(|f| (Store::of_entry(&f), f))
+                    .collect(),
+            );
         }
     }
     committed.highest = highest_generation(dir);
@@ -563,7 +567,7 @@ pub fn write_generation(
         spares,
         observer,
     );
-    let mut entries = job.base.files.clone();
+    let mut entries = (*job.base.files).clone();
     let mut fresh: Vec<String> = Vec::new();
     for file in files {
         match file.result {
@@ -641,7 +645,7 @@ pub fn write_generation(
             outcome.committed = Some(Committed {
                 generation,
                 captured_at: stamp,
-                files: entries,
+                files: Arc::new(entries),
                 highest: job.base.highest.max(generation),
             });
         }

@@ -1525,11 +1525,12 @@ fn committed_of(
         return Committed {
             generation: g.generation,
             captured_at: g.captured_at,
-            files: g
-                .files
-                .iter()
-                .map(|f| (Store::of_entry(f), f.clone()))
-                .collect(),
+            files: std::sync::Arc::new(
+                g.files
+                    .iter()
+                    .map(|f| (Store::of_entry(f), f.clone()))
+                    .collect(),
+            ),
             highest,
         };
     }
@@ -1550,7 +1551,7 @@ fn committed_of(
         let Ok((length, written_at, checksum)) = generation::file_identity(&f.path) else {
             continue;
         };
-        committed.files.insert(
+        std::sync::Arc::make_mut(&mut committed.files).insert(
             store.clone(),
             GenerationFile {
                 kind: store.kind(),

@@ -317,7 +317,7 @@ fn a_directory_a_build_before_generations_wrote_is_carried_on_store_by_store() {
         Generations::new(d.path(), options.clone(), Committed::default(), &p).keeping_spares(false);
     generation(&mut g, &p, 10).unwrap();
     let committed = read_committed(d.path());
-    for (store, file) in &committed.files {
+    for (store, file) in committed.files.iter() {
         fs::rename(
             d.path().join(&file.file_name),
             d.path().join(store.base_name()),
@@ -405,16 +405,14 @@ fn a_store_with_no_file_or_one_left_behind_is_a_change_from_the_start() {
     let g = Generations::new(d.path(), SnapshotOptions::default(), committed.clone(), &p)
         .keeping_spares(false);
     assert!(!g.has_changes(&p), "a's file is its state");
-    committed
-        .files
+    Arc::make_mut(&mut committed.files)
         .get_mut(&Store::Channel("a".into()))
         .unwrap()
         .behind = true;
     let g = Generations::new(d.path(), SnapshotOptions::default(), committed.clone(), &p)
         .keeping_spares(false);
     assert!(g.has_changes(&p), "a's file is behind its state");
-    committed
-        .files
+    Arc::make_mut(&mut committed.files)
         .get_mut(&Store::Channel("a".into()))
         .unwrap()
         .behind = false;

@@ -1013,7 +1013,7 @@ mod tests {
             sessions: false,
             broadcast: false,
         };
-        for (store, file) in &committed.files {
+        for (store, file) in committed.files.iter() {
             fs::rename(dir.join(&file.file_name), dir.join(store.base_name())).unwrap();
             match store {
                 Store::Channel(name) => manifest.channels.push(ManifestEntry {
