@@ -83,7 +83,7 @@ publish rate.
 --quick takes under 10 s for a configuration of two providers on a local \
 disk; a memory provider of many channels adds the three generations of \
 its channels' files and the scratch broker's stop, which writes a file \
-for each channel published to (8-10 s at 10,000 channels on a virtio \
+for each channel published to (4-8 s at 10,000 channels on a virtio \
 disk). A progress line shows on a terminal, nothing when piped.
 
 Exit 0 when measured (whatever it found), 1 when the configuration is \

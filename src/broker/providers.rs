@@ -42,8 +42,8 @@
 //! writer is stopped (the generation it was writing finished) and its last
 //! generation written - every store that changed since the one before,
 //! with positions and exactly-once holds (each file to a temporary name,
-//! fsynced, renamed; the directory fsynced; a few files at a time; the
-//! manifest last) - each sqlite provider checkpointed (TRUNCATE) and
+//! a few at a time; all of them synced together, then renamed; the
+//! directory fsynced; the manifest last) - each sqlite provider checkpointed (TRUNCATE) and
 //! closed, and every lock let go. Every file written and every failure is
 //! logged by name, and the [`ShutdownStatus`] says what is being written
 //! while it is.

@@ -96,7 +96,8 @@ impl Spares {
     }
 
     /// Makes `dir/path`'s file from a spare, by renaming one to it: true
-    /// when one was there to take (the file is then at `path`, empty).
+    /// when one was there to take (the file is then at `path`, for its
+    /// writer to empty as it opens it).
     pub fn take(&self, dir: &Path, path: &Path) -> bool {
         loop {
             let Some(name) = self.lock().names.pop() else {

@@ -4,9 +4,9 @@
 //! scan counting each channel's records, which are then carried from its
 //! file as they are written, [`Carry::FromFiles`]) and
 //! [`generation::write_snapshot`] (the broker's writer: the units as
-//! the directory's first generation, each file to a temporary name,
-//! fsynced, renamed, the directory fsynced, the manifest last; 0700 and
-//! 0600).
+//! the directory's first generation, each file to a temporary name, all
+//! of them synced together, each renamed, the directory fsynced, the
+//! manifest last; 0700 and 0600).
 
 use std::path::Path;
 
