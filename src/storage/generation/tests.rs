@@ -25,6 +25,13 @@ fn append(p: &MemoryProvider, channel: &str, payload: &str) {
         .unwrap();
 }
 
+/// The generations of a directory with none yet, keeping spares or not
+/// whatever its file system.
+fn fresh(dir: &Path, p: &MemoryProvider, spares: bool) -> Generations {
+    Generations::new(dir, SnapshotOptions::default(), Committed::default(), p)
+        .keeping_spares(spares)
+}
+
 /// Captures and writes the next generation, as the broker does.
 fn generation(g: &mut Generations, p: &MemoryProvider, at: i64) -> Option<Outcome> {
     let job = g.capture(p, at)?;
@@ -46,13 +53,7 @@ fn a_generation_writes_only_the_stores_that_changed_and_lists_the_rest() {
     let p = provider();
     append(&p, "a", "1");
     append(&p, "b", "1");
-    let mut g = Generations::new(
-        d.path(),
-        SnapshotOptions::default(),
-        Committed::default(),
-        &p,
-    )
-    .keeping_spares(false);
+    let mut g = fresh(d.path(), &p, false);
     let first = generation(&mut g, &p, 10).expect("two new stores");
     assert_eq!(first.committed.as_ref().unwrap().generation, 1);
     assert_eq!(
@@ -97,13 +98,7 @@ fn a_manifest_that_cannot_be_written_leaves_the_previous_generation_whole() {
     let d = tempfile::tempdir().unwrap();
     let p = provider();
     append(&p, "a", "1");
-    let mut g = Generations::new(
-        d.path(),
-        SnapshotOptions::default(),
-        Committed::default(),
-        &p,
-    )
-    .keeping_spares(false);
+    let mut g = fresh(d.path(), &p, false);
     generation(&mut g, &p, 10).unwrap();
     let before = names(d.path());
     append(&p, "a", "2");
@@ -139,13 +134,7 @@ fn a_copy_that_mixes_two_generations_is_refused_naming_the_file() {
     let p = provider();
     append(&p, "a", "1");
     append(&p, "b", "1");
-    let mut g = Generations::new(
-        d.path(),
-        SnapshotOptions::default(),
-        Committed::default(),
-        &p,
-    )
-    .keeping_spares(false);
+    let mut g = fresh(d.path(), &p, false);
     generation(&mut g, &p, 10).unwrap();
     let first = tempfile::tempdir().unwrap();
     for name in names(d.path()) {
@@ -179,13 +168,7 @@ fn a_copy_that_mixes_two_generations_is_refused_naming_the_file() {
     append(&other, "a", "elsewhere");
     append(&other, "a", "and again");
     let foreign = tempfile::tempdir().unwrap();
-    let mut og = Generations::new(
-        foreign.path(),
-        SnapshotOptions::default(),
-        Committed::default(),
-        &other,
-    )
-    .keeping_spares(false);
+    let mut og = fresh(foreign.path(), &other, false);
     generation(&mut og, &other, 15).unwrap();
     append(&other, "a", "third");
     generation(&mut og, &other, 25).unwrap();
@@ -244,13 +227,7 @@ fn tidying_removes_only_what_no_generation_will_read() {
     let d = tempfile::tempdir().unwrap();
     let p = provider();
     append(&p, "a", "1");
-    let mut g = Generations::new(
-        d.path(),
-        SnapshotOptions::default(),
-        Committed::default(),
-        &p,
-    )
-    .keeping_spares(false);
+    let mut g = fresh(d.path(), &p, false);
     generation(&mut g, &p, 10).unwrap();
     for leftover in [
         "a.2.snapshot",        // a generation that never committed
@@ -390,13 +367,7 @@ fn a_store_with_no_file_or_one_left_behind_is_a_change_from_the_start() {
     let d = tempfile::tempdir().unwrap();
     let p = provider();
     append(&p, "a", "1");
-    let g = Generations::new(
-        d.path(),
-        SnapshotOptions::default(),
-        Committed::default(),
-        &p,
-    )
-    .keeping_spares(false);
+    let g = fresh(d.path(), &p, false);
     assert!(g.has_changes(&p), "a has no file yet");
 
     let mut g = g;
@@ -429,13 +400,7 @@ fn a_changed_channel_is_copied_from_where_the_last_capture_left_and_written_whol
     for i in 0..1_000 {
         append(&p, "a", &i.to_string());
     }
-    let mut g = Generations::new(
-        d.path(),
-        SnapshotOptions::default(),
-        Committed::default(),
-        &p,
-    )
-    .keeping_spares(false);
+    let mut g = fresh(d.path(), &p, false);
     generation(&mut g, &p, 10).unwrap();
     for i in 1_000..1_010 {
         append(&p, "a", &i.to_string());
@@ -598,13 +563,7 @@ fn a_directory_keeping_spares_makes_files_from_the_ones_generations_replaced() {
     let p = provider();
     append(&p, "a", "1");
     append(&p, "b", "1");
-    let mut g = Generations::new(
-        d.path(),
-        SnapshotOptions::default(),
-        Committed::default(),
-        &p,
-    )
-    .keeping_spares(true);
+    let mut g = fresh(d.path(), &p, true);
     generation(&mut g, &p, 10).unwrap();
     append(&p, "a", "2");
     generation(&mut g, &p, 20).unwrap();
