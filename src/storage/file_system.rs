@@ -117,10 +117,10 @@ pub fn type_of(at: &Path) -> Option<u32> {
 /// Whether `dir` is on ext2, ext3 or ext4 mounted without a journal:
 /// there, making a file passes over every inode removed in the last
 /// minute, so a snapshot generation keeps the files it replaces as spares
-/// (`super::spares`) and `saguin bench` says so. Told by the journals the kernel lists (`/proc/fs/jbd2`, an
-/// entry `<device>-<inode>` for each; a journal kept on another device is
-/// listed under that device, and is taken for none); `None` when it
-/// cannot be told.
+/// (`super::spares`) and `saguin bench` says so. Told by the journals the
+/// kernel lists (`/proc/fs/jbd2`, an entry `<device>-<inode>` for each; a
+/// journal kept on another device is listed under that device, and is
+/// taken for none); `None` when it cannot be told.
 pub fn without_journal(dir: &Path) -> Option<bool> {
     use std::os::unix::fs::MetadataExt;
     if type_of(dir)? != libc::EXT4_SUPER_MAGIC as u32 {

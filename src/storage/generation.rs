@@ -15,8 +15,9 @@
 //! This module keeps what the writer knows of the directory ([`Committed`]),
 //! which stores changed since their files were written ([`Generations`]),
 //! and writes one generation ([`write_generation`]): the changed files a few
-//! at a time and made durable together, the directory synced, the manifest, the directory synced
-//! again, then the files it no longer lists removed. A file that fails
+//! at a time and made durable together, the directory synced, the
+//! manifest, the directory synced again, then the files it no longer lists
+//! removed (or kept as spares, [`super::spares`]). A file that fails
 //! keeps its store's previous file in the manifest, marked `behind`, and the
 //! store is written again at the next generation; a manifest that fails
 //! leaves the previous generation current and every store to be written

@@ -1436,8 +1436,15 @@ fn listed_mismatch(entry: &GenerationFile, header: &Header, path: &Path) -> Opti
             format_unix_nanos(entry.written_at)
         ));
     }
-    match length_and_checksum(path) {
-        Ok((length, checksum)) => tail_mismatch(entry, length, checksum),
+    match generation::file_identity(path) {
+        Ok((length, _, _)) if length != entry.length => {
+            Some(format!("{length} bytes, listed as {} bytes", entry.length))
+        }
+        Ok((_, _, checksum)) if checksum != entry.checksum => Some(format!(
+            "checksum {checksum:08x}, listed as {:08x}",
+            entry.checksum
+        )),
+        Ok(_) => None,
         Err(e) => Some(format!("its length and checksum cannot be read: {e}")),
     }
 }
@@ -1445,18 +1452,18 @@ fn listed_mismatch(entry: &GenerationFile, header: &Header, path: &Path) -> Opti
 /// Why a listed file that cannot be read is not the file listed rather
 /// than that file damaged: it holds nothing a header fits in (emptied),
 /// or its header is another generation's, as a file holds that a copy
-/// read while the broker reused it (where generations keep spares, FORMAT.md
-/// §4). `None` for a file that starts as the listed one did: damaged.
+/// read while the broker reused it (where generations keep spares,
+/// FORMAT.md §4). `None` for a file that starts as the listed one did:
+/// damaged.
 fn reused_mismatch(entry: &GenerationFile, path: &Path) -> Option<String> {
     use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    let length = file.metadata().ok()?.len();
     let mut header = Vec::with_capacity(f21::HEADER_LEN);
-    std::fs::File::open(path)
-        .ok()?
-        .take(f21::HEADER_LEN as u64)
+    file.take(f21::HEADER_LEN as u64)
         .read_to_end(&mut header)
         .ok()?;
     if header.len() < f21::HEADER_LEN {
-        let length = std::fs::metadata(path).ok()?.len();
         return Some(format!("{length} bytes, listed as {} bytes", entry.length));
     }
     let written_at = f21::read_header(&header).ok()?.written_at;
@@ -1467,30 +1474,6 @@ fn reused_mismatch(entry: &GenerationFile, path: &Path) -> Option<String> {
             format_unix_nanos(entry.written_at)
         )
     })
-}
-
-/// Why a file of `length` bytes ending in `checksum` is not the one
-/// `entry` lists, or `None` when both are the listed ones.
-fn tail_mismatch(entry: &GenerationFile, length: u64, checksum: u32) -> Option<String> {
-    if length != entry.length {
-        return Some(format!("{length} bytes, listed as {} bytes", entry.length));
-    }
-    (checksum != entry.checksum)
-        .then(|| format!("checksum {checksum:08x}, listed as {:08x}", entry.checksum))
-}
-
-/// A file's length and its last four bytes as its trailing checksum (0
-/// for a file shorter than that), read without decoding it.
-fn length_and_checksum(path: &Path) -> std::io::Result<(u64, u32)> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = std::fs::File::open(path)?;
-    let length = file.metadata()?.len();
-    let mut trailer = [0u8; f21::TRAILER_LEN];
-    if length >= f21::TRAILER_LEN as u64 {
-        file.seek(SeekFrom::End(-(f21::TRAILER_LEN as i64)))?;
-        file.read_exact(&mut trailer)?;
-    }
-    Ok((length, u32::from_le_bytes(trailer)))
 }
 
 /// What a generation manifest says of the files: each listed one missing,

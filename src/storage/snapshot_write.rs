@@ -803,10 +803,10 @@ impl Job<'_> {
             // what its store keeps): no copy of every record, no buffer
             // the size of the file, and the kernel writes back the first
             // pages while the last are still being encoded.
-            Job::Channel(c) => write_file_with(dir, &file_name, sync, Some(spares), |out| {
+            Job::Channel(c) => write_file_with(dir, &file_name, sync, spares, |out| {
                 stream::write_channel(out, c, stamp)
             }),
-            Job::Retained(r) => write_file_with(dir, &file_name, sync, Some(spares), |out| {
+            Job::Retained(r) => write_file_with(dir, &file_name, sync, spares, |out| {
                 stream::write_retained(out, r, stamp)
             }),
         };
@@ -992,7 +992,7 @@ pub fn write_durable_with<T>(
     name: &str,
     fill: impl FnOnce(&mut WritebackFile) -> std::io::Result<T>,
 ) -> std::io::Result<T> {
-    write_file_with(dir, name, true, None, fill)
+    write_file_with(dir, name, true, &Spares::none(), fill)
 }
 
 /// Writes `dir/name`'s temporary file with `fill`, made from one of
@@ -1002,13 +1002,11 @@ fn write_file_with<T>(
     dir: &Path,
     name: &str,
     sync: bool,
-    spares: Option<&Spares>,
+    spares: &Spares,
     fill: impl FnOnce(&mut WritebackFile) -> std::io::Result<T>,
 ) -> std::io::Result<T> {
     let tmp = dir.join(temp_file_name(name));
-    if let Some(spares) = spares {
-        spares.take(dir, &tmp);
-    }
+    spares.take(dir, &tmp);
     let result = (|| {
         let f = OpenOptions::new()
             .write(true)
@@ -1441,6 +1439,7 @@ mod tests {
 
     use super::*;
     use crate::storage::contract::Provider;
+    use crate::storage::memory::lock;
     use saguin_format::f21::SnapshotFile;
 
     #[test]
@@ -1470,10 +1469,6 @@ mod tests {
         fn finished(&self, file_name: &str) {
             lock(&self.0).push(format!("finished {file_name}"));
         }
-    }
-
-    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-        m.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A directory's files and their bytes.
@@ -1556,7 +1551,10 @@ mod tests {
     fn a_file_left_unsynced_is_put_in_place_or_removed_with_its_failure() {
         let dir = tempfile::tempdir().unwrap();
         let unsynced = |name: &str| {
-            write_file_with(dir.path(), name, false, None, |out| out.write_all(b"bytes")).unwrap();
+            write_file_with(dir.path(), name, false, &Spares::none(), |out| {
+                out.write_all(b"bytes")
+            })
+            .unwrap();
             assert!(dir.path().join(temp_file_name(name)).exists());
             StoreFile {
                 store: Store::Channel(name.into()),
