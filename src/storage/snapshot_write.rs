@@ -49,7 +49,7 @@ use saguin_format::model::{ChannelKind, Record, UnixNanos};
 
 use super::contract::{HeldPublish, Position, SessionEntry, ShareGroupEntry, BROADCAST_LOG_NAME};
 use super::memory::{
-    AppendCopy, BroadcastCopy, LatestCopy, MemChannelCopy, MemoryProvider, QueueCopy,
+    AppendCopy, BroadcastCopy, LatestCopy, MemChannelCopy, MemoryProvider, MetChannel, QueueCopy,
 };
 use super::spares::Spares;
 
@@ -218,13 +218,11 @@ impl ProviderCopy {
         self.channels.is_empty() && self.retained.is_none() && self.sessions.is_none()
     }
 
-    /// Each store copied, with the version it was copied at.
-    pub fn versions(&self) -> Vec<(Store, u64)> {
-        let mut out: Vec<(Store, u64)> = self
-            .channels
-            .iter()
-            .map(|c| (Store::Channel(c.name().to_owned()), c.version()))
-            .collect();
+    /// The retained store and the sessions pair's files, where copied,
+    /// with the version each was copied at (a channel's is its copy's,
+    /// [`ChannelCopy::version`]).
+    pub fn fixed_versions(&self) -> Vec<(Store, u64)> {
+        let mut out = Vec::new();
         if let Some(r) = &self.retained {
             out.push((Store::Retained, r.version));
         }
@@ -242,18 +240,20 @@ pub fn copy_provider(
     options: &SnapshotOptions,
     captured_at: UnixNanos,
 ) -> ProviderCopy {
-    copy_changed(provider, options, captured_at, &HashMap::new(), &|_| None)
+    copy_changed(provider, options, captured_at, &HashMap::new(), &mut |_| {
+        Some(0)
+    })
 }
 
-/// The version of every store a snapshot with `options` writes: each
-/// channel's (a queue's with its dead-letter channel's), the retained
-/// store's, and the sessions pair's under both of its files.
-pub fn store_versions(provider: &MemoryProvider, options: &SnapshotOptions) -> Vec<(Store, u64)> {
-    let mut out: Vec<(Store, u64)> = provider
-        .channel_versions()
-        .into_iter()
-        .map(|(name, version)| (Store::Channel(name), version))
-        .collect();
+/// The versions of the stores of `provider` other than its channels that
+/// a snapshot with `options` writes: the retained store's, and the
+/// sessions pair's under both of its files. (A channel's is met walking
+/// the provider's channels, [`MemoryProvider::meet_channels`].)
+pub fn fixed_store_versions(
+    provider: &MemoryProvider,
+    options: &SnapshotOptions,
+) -> Vec<(Store, u64)> {
+    let mut out = Vec::new();
     if options.retained {
         out.push((Store::Retained, provider.retained_store().version()));
     }
@@ -265,18 +265,21 @@ pub fn store_versions(provider: &MemoryProvider, options: &SnapshotOptions) -> V
     out
 }
 
-/// Copies every store whose version is not the one `since` gives it (a
-/// store `since` does not name is copied). Cheap - shared record handles,
-/// counters and positions - and made under the holds' lock, so no release
-/// moves a record between a hold and its channel while the two are copied.
-/// An append channel `held_from` gives an offset for is copied from that
-/// offset only: the caller holds its earlier records from a copy before.
+/// Copies every channel `channel_from` chooses as the walk over the
+/// provider's channels meets it, and the retained store and the sessions
+/// pair where their version is not the one `since` gives them (or `since`
+/// names them not). Cheap (shared record handles, counters and
+/// positions), and made under the holds' lock, so no release moves a
+/// record between a hold and its channel while the two are copied. An
+/// append channel `channel_from` answers `Some(from)` for is copied from
+/// offset `from` only (0: whole): the caller holds its earlier records
+/// from a copy before.
 pub fn copy_changed(
     provider: &MemoryProvider,
     options: &SnapshotOptions,
     captured_at: UnixNanos,
     since: &HashMap<Store, u64>,
-    held_from: &dyn Fn(&str) -> Option<u64>,
+    channel_from: &mut dyn FnMut(MetChannel<'_>) -> Option<u64>,
 ) -> ProviderCopy {
     let changed = |store: Store, version: u64| since.get(&store) != Some(&version);
     provider.held().with_holds(|holds| {
@@ -287,17 +290,8 @@ pub fn copy_changed(
                 .cloned()
                 .collect()
         };
-        // One key, its name replaced for each channel: no allocation for
-        // each of the channels that did not change.
-        let mut key = Store::Channel(String::new());
         let channels = provider
-            .copy_channels_where(|name, version| {
-                if let Store::Channel(k) = &mut key {
-                    k.clear();
-                    k.push_str(name);
-                }
-                (since.get(&key) != Some(&version)).then(|| held_from(name).unwrap_or(0))
-            })
+            .copy_channels_where(channel_from)
             .into_iter()
             .map(|c| match c {
                 MemChannelCopy::Append(copy) => ChannelCopy::Append {

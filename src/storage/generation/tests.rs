@@ -393,6 +393,82 @@ fn a_store_with_no_file_or_one_left_behind_is_a_change_from_the_start() {
     assert!(g.has_changes(&p), "a's listed file is gone");
 }
 
+/// The channels a capture copied, by name.
+fn captured_names(job: &Job) -> Vec<&str> {
+    job.copy.channels.iter().map(ChannelCopy::name).collect()
+}
+
+#[test]
+fn a_channel_opened_between_captures_is_captured_and_known_by_the_captures_after() {
+    let d = tempfile::tempdir().unwrap();
+    let p = provider();
+    append(&p, "a", "1");
+    append(&p, "c", "1");
+    let mut g = fresh(d.path(), &p, false);
+    generation(&mut g, &p, 10).unwrap();
+    assert!(!g.has_changes(&p));
+
+    // Opened after the generations were made, between the two in name
+    // order, and one after both.
+    append(&p, "b", "1");
+    append(&p, "d", "1");
+    assert!(g.has_changes(&p), "b and d have no file yet");
+    let job = g.capture(&p, 20).expect("b and d are new");
+    assert_eq!(captured_names(&job), ["b", "d"]);
+    let outcome = g.write(job, &Unobserved);
+    assert!(outcome.report.is_complete(), "{:?}", outcome.report.failed);
+    assert!(!g.has_changes(&p));
+
+    // Each is known again by the next capture, and copied only from where
+    // the last capture left: the one record appended since.
+    append(&p, "b", "2");
+    append(&p, "c", "2");
+    let job = g.capture(&p, 30).expect("b and c changed");
+    assert_eq!(captured_names(&job), ["b", "c"]);
+    for channel in &job.copy.channels {
+        let ChannelCopy::Append { copy, .. } = channel else {
+            panic!("an append channel")
+        };
+        // Offsets start at 1: the one record before was 1.
+        assert_eq!((copy.from, copy.records.len()), (2, 1), "{}", copy.name);
+    }
+    g.write(job, &Unobserved);
+    assert!(g.capture(&p, 40).is_none(), "nothing changed since");
+    let loaded = snapshot_dir::load(d.path(), &ScanOptions::default()).unwrap();
+    let counts: Vec<(&str, usize)> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|name| (*name, loaded.channels[*name].file.records.len()))
+        .collect();
+    assert_eq!(counts, [("a", 1), ("b", 2), ("c", 2), ("d", 1)]);
+}
+
+#[test]
+fn a_capture_that_was_not_written_is_captured_again() {
+    let d = tempfile::tempdir().unwrap();
+    let p = provider();
+    append(&p, "a", "1");
+    append(&p, "b", "1");
+    let mut g = fresh(d.path(), &p, false);
+    generation(&mut g, &p, 10).unwrap();
+    append(&p, "b", "2");
+    let lost = g.capture(&p, 20).expect("b changed");
+    assert_eq!(captured_names(&lost), ["b"]);
+    // The generation is given up unwritten (a failed manifest settles
+    // the same way): what it captured is changed again.
+    drop(lost);
+    g.settle(&Outcome {
+        committed: None,
+        written: Vec::new(),
+        report: WriteReport::default(),
+        removed: 0,
+        room_kept: None,
+        room_given: false,
+    });
+    assert!(g.has_changes(&p));
+    let again = g.capture(&p, 30).expect("b is captured again");
+    assert_eq!(captured_names(&again), ["b"]);
+}
+
 #[test]
 fn a_changed_channel_is_copied_from_where_the_last_capture_left_and_written_whole() {
     let d = tempfile::tempdir().unwrap();

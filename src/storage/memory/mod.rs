@@ -20,6 +20,7 @@ mod session;
 mod slots;
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -98,6 +99,50 @@ impl MemChannel {
             MemChannel::Latest(s) => ChannelStore::Latest(s.clone()),
             MemChannel::Queue(s) => ChannelStore::Queue(s.clone()),
         }
+    }
+}
+
+/// A channel as a walk over the provider's channels meets it, in name
+/// order (a queue's dead-letter channel is met with its queue).
+pub struct MetChannel<'a> {
+    pub name: &'a str,
+    channel: &'a MemChannel,
+}
+
+impl MetChannel<'_> {
+    /// How many times what its file holds has changed (a queue's counts
+    /// its dead-letter channel's changes).
+    pub fn version(&self) -> u64 {
+        self.channel.version()
+    }
+
+    /// Whether it is the channel `known` holds: one comparison of
+    /// pointers, where its name is a string in memory a walk over 10,000
+    /// channels would touch for each.
+    pub fn is(&self, known: &KnownChannel) -> bool {
+        match (self.channel, &known.0) {
+            (MemChannel::Append(a), MemChannel::Append(b)) => Arc::ptr_eq(a, b),
+            (MemChannel::Latest(a), MemChannel::Latest(b)) => Arc::ptr_eq(a, b),
+            (MemChannel::Queue(a), MemChannel::Queue(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// It, held to be known again by a later walk.
+    pub fn known(&self) -> KnownChannel {
+        KnownChannel(self.channel.clone())
+    }
+}
+
+/// A channel held to be known again ([`MetChannel::is`]). Held, its
+/// store is never freed and another made in its place; and the provider
+/// removes no channel, so the one it holds is the one its name names.
+#[derive(Clone)]
+pub struct KnownChannel(MemChannel);
+
+impl fmt::Debug for KnownChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("KnownChannel").field(&self.0.kind()).finish()
     }
 }
 
@@ -249,38 +294,30 @@ impl MemoryProvider {
         }
     }
 
-    /// The memory stores, by name, in name order (dead-letter channels are
-    /// reached through their queue).
-    pub(crate) fn mem_channels(&self) -> Vec<(String, MemChannel)> {
-        read(&self.channels)
-            .iter()
-            .filter(|(_, c)| c.stored_alone())
-            .map(|(n, c)| (n.clone(), c.clone()))
-            .collect()
-    }
-
     /// Copies every channel's state, in name order, each under its own
     /// lock: counters, positions and shared record handles, no record
     /// copied (the first phase of a snapshot).
     pub fn copy_channels(&self) -> Vec<MemChannelCopy> {
-        self.copy_channels_where(|_, _| Some(0))
+        self.copy_channels_where(|_| Some(0))
     }
 
     /// [`Self::copy_channels`] for the channels `wanted` says yes to, asked
-    /// with each channel's name and version (a queue's counts its
-    /// dead-letter channel's changes): `Some(from)` copies an append
-    /// channel's records from offset `from` only (0: all of them; the
-    /// other kinds are copied whole), `None` leaves the channel out.
+    /// of each channel as the walk in name order meets it: `Some(from)`
+    /// copies an append channel's records from offset `from` only (0: all
+    /// of them; the other kinds are copied whole), `None` leaves the
+    /// channel out. The copies are in the order `wanted` chose them.
     pub fn copy_channels_where(
         &self,
-        mut wanted: impl FnMut(&str, u64) -> Option<u64>,
+        mut wanted: impl FnMut(MetChannel<'_>) -> Option<u64>,
     ) -> Vec<MemChannelCopy> {
         // Asked under the map's lock, each name borrowed: a generation
         // looks at every channel, and copies the few that changed.
         let chosen: Vec<(u64, MemChannel)> = read(&self.channels)
             .iter()
             .filter(|(_, c)| c.stored_alone())
-            .filter_map(|(name, c)| wanted(name, c.version()).map(|from| (from, c.clone())))
+            .filter_map(|(name, channel)| {
+                wanted(MetChannel { name, channel }).map(|from| (from, channel.clone()))
+            })
             .collect();
         chosen
             .into_iter()
@@ -296,13 +333,13 @@ impl MemoryProvider {
             .collect()
     }
 
-    /// Each channel's version, in name order (a queue's counts its
-    /// dead-letter channel's changes).
-    pub fn channel_versions(&self) -> Vec<(String, u64)> {
-        self.mem_channels()
-            .into_iter()
-            .map(|(name, c)| (name, c.version()))
-            .collect()
+    /// Meets every channel, in name order, under the map's lock.
+    pub fn meet_channels(&self, mut met: impl FnMut(MetChannel<'_>)) {
+        for (name, channel) in read(&self.channels).iter() {
+            if channel.stored_alone() {
+                met(MetChannel { name, channel });
+            }
+        }
     }
 
     pub(crate) fn mem_channel(&self, name: &str) -> Option<MemChannel> {
