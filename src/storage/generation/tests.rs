@@ -443,33 +443,6 @@ fn a_channel_opened_between_captures_is_captured_and_known_by_the_captures_after
 }
 
 #[test]
-fn a_capture_that_was_not_written_is_captured_again() {
-    let d = tempfile::tempdir().unwrap();
-    let p = provider();
-    append(&p, "a", "1");
-    append(&p, "b", "1");
-    let mut g = fresh(d.path(), &p, false);
-    generation(&mut g, &p, 10).unwrap();
-    append(&p, "b", "2");
-    let lost = g.capture(&p, 20).expect("b changed");
-    assert_eq!(captured_names(&lost), ["b"]);
-    // The generation is given up unwritten (a failed manifest settles
-    // the same way): what it captured is changed again.
-    drop(lost);
-    g.settle(&Outcome {
-        committed: None,
-        written: Vec::new(),
-        report: WriteReport::default(),
-        removed: 0,
-        room_kept: None,
-        room_given: false,
-    });
-    assert!(g.has_changes(&p));
-    let again = g.capture(&p, 30).expect("b is captured again");
-    assert_eq!(captured_names(&again), ["b"]);
-}
-
-#[test]
 fn a_changed_channel_is_copied_from_where_the_last_capture_left_and_written_whole() {
     let d = tempfile::tempdir().unwrap();
     let p = provider();
