@@ -778,6 +778,7 @@ pub fn write_generation(
                     outcome.removed += 1;
                 }
             }
+            spares.keep_at_most(dir, entries.len());
             outcome.committed = Some(Committed {
                 generation,
                 captured_at: stamp,

@@ -136,6 +136,20 @@ impl Spares {
         true
     }
 
+    /// Removes the spares beyond `most`. A generation replaces at most
+    /// every file the one before listed, so a directory never needs more
+    /// spares than its manifest lists files; more are left by a
+    /// configuration with fewer channels than the one before, and kept
+    /// they would hold that many inodes for good.
+    pub fn keep_at_most(&self, dir: &Path, most: usize) {
+        let mut pool = self.lock();
+        while pool.names.len() > most {
+            if let Some(name) = pool.names.pop() {
+                let _ = fs::remove_file(dir.join(name));
+            }
+        }
+    }
+
     /// How many spares the directory holds.
     pub fn len(&self) -> usize {
         self.lock().names.len()
@@ -175,6 +189,25 @@ mod tests {
         assert_eq!(fs::metadata(&made).unwrap().ino(), inode, "the same file");
         assert!(spares.is_empty());
         assert!(!spares.take(d.path(), &d.path().join("b.2.snapshot.tmp")));
+    }
+
+    #[test]
+    fn spares_beyond_those_a_generation_could_take_are_removed() {
+        let d = tempfile::tempdir().unwrap();
+        for n in 1..=5 {
+            fs::write(d.path().join(spare_file_name(n)), b"").unwrap();
+        }
+        let spares = Spares::kept(true);
+        spares.decide(d.path());
+        assert_eq!(spares.len(), 5);
+        spares.keep_at_most(d.path(), 2);
+        assert_eq!(spares.len(), 2);
+        assert_eq!(names(d.path()).len(), 2, "{:?}", names(d.path()));
+        // The two kept are the ones the pool still names.
+        assert!(spares.take(d.path(), &d.path().join("a.tmp")));
+        assert!(spares.take(d.path(), &d.path().join("b.tmp")));
+        assert!(!spares.take(d.path(), &d.path().join("c.tmp")));
+        assert_eq!(names(d.path()), ["a.tmp", "b.tmp"]);
     }
 
     #[test]

@@ -2,7 +2,9 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
-use saguin_format::channel_name::{encode_file_name, MANIFEST_FILE, SESSIONS_FILE};
+use saguin_format::channel_name::{
+    encode_file_name, spare_file_name, MANIFEST_FILE, SESSIONS_FILE,
+};
 use saguin_format::f21::{Manifest, ManifestEntry};
 use saguin_format::model::{ChannelKind, Record};
 
@@ -603,6 +605,32 @@ fn sessions_the_loader_would_refuse_are_not_written() {
             2
         ))
         .exists());
+}
+
+#[test]
+fn a_directory_keeps_no_more_spares_than_its_manifest_lists_files() {
+    let d = tempfile::tempdir().unwrap();
+    // Spares a run with many more channels left.
+    for n in 1..=20 {
+        fs::write(d.path().join(spare_file_name(n)), b"").unwrap();
+    }
+    let p = provider();
+    append(&p, "a", "1");
+    let mut g = fresh(d.path(), &p, true);
+    let first = generation(&mut g, &p, 10).unwrap();
+    let listed = first.committed.expect("committed").files.len();
+    let spares = || {
+        names(d.path())
+            .iter()
+            .filter(|n| n.ends_with(".spare"))
+            .count()
+    };
+    assert_eq!(spares(), listed, "{:?}", names(d.path()));
+    // A generation replacing a file keeps it, within the bound.
+    append(&p, "a", "2");
+    let second = generation(&mut g, &p, 20).unwrap();
+    assert_eq!(spares(), second.committed.expect("committed").files.len());
+    assert!(codes(d.path()).is_empty(), "{:?}", codes(d.path()));
 }
 
 #[test]
