@@ -37,7 +37,7 @@
 //!
 //! A generation after one record appended to each of 10,000 channels:
 //! its capture, what the broker's loop spends, 3.8-3.9ms after the first
-//! (8.9-12.7ms, every channel copied whole).
+//! (8.9-12.7ms, every channel copied whole), on the AMD EPYC guest.
 //!
 //! One record trimmed from the front of a long channel (amortised over
 //! batches, compaction of the dead prefix included): 10,000 records 192ns,
