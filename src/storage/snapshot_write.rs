@@ -990,8 +990,9 @@ pub fn write_durable_with<T>(
 }
 
 /// Writes `dir/name`'s temporary file with `fill`, made from one of
-/// `spares` if there is one; when `sync`, fsyncs it and renames it to
-/// `name` too. On failure the temporary file is removed.
+/// `spares` if there is one (written over and cut to its own length);
+/// when `sync`, fsyncs it and renames it to `name` too. On failure the
+/// temporary file is removed.
 fn write_file_with<T>(
     dir: &Path,
     name: &str,
@@ -1000,16 +1001,20 @@ fn write_file_with<T>(
     fill: impl FnOnce(&mut WritebackFile) -> std::io::Result<T>,
 ) -> std::io::Result<T> {
     let tmp = dir.join(temp_file_name(name));
-    spares.take(dir, &tmp);
+    let spare = spares.take(dir, &tmp);
     let result = (|| {
         let f = OpenOptions::new()
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(!spare)
             .mode(0o600)
             .open(&tmp)?;
         let mut out = WritebackFile::new(f);
         let written = fill(&mut out)?;
+        if spare {
+            // What is left of the file the spare was, past this one's end.
+            out.file.set_len(out.written)?;
+        }
         if sync {
             out.into_inner().sync_all()?;
         }

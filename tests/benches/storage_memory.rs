@@ -435,8 +435,8 @@ fn main() {
         "\na snapshot generation after one record appended to each of many channels, 8 records each before (the capture is what the broker's loop spends)"
     );
         println!(
-            "{:>10} | {:>14} | {:>14} | {:>12}",
-            "channels", "first: capture", "after: capture", "after: write"
+            "{:>10} | {:>14} | {:>14} | {:>12} | {:>16}",
+            "channels", "first: capture", "after: capture", "after: write", "after: write CPU"
         );
         let spread: &[usize] = if quick { &[1_000] } else { &[1_000, 10_000] };
         for &channels in spread {
@@ -455,6 +455,7 @@ fn main() {
                 Generations::new(&dir, SnapshotOptions::default(), Committed::default(), &p);
             let mut captures = Vec::new();
             let mut writes = Vec::new();
+            let mut write_cpu = Vec::new();
             for round in 0..6u64 {
                 if round > 0 {
                     for log in &logs {
@@ -467,21 +468,26 @@ fn main() {
                     .expect("every channel changed");
                 captures.push(start.elapsed());
                 assert_eq!(job.stores(), channels);
+                let cpu = cpu_now();
                 let start = Instant::now();
                 let outcome = generations.write(job, &Unobserved);
                 writes.push(start.elapsed());
+                write_cpu.push(cpu_now().saturating_sub(cpu));
                 assert!(outcome.report.is_complete(), "{:?}", outcome.report.failed);
             }
             let first = captures.remove(0);
             writes.remove(0);
+            write_cpu.remove(0);
             captures.sort();
             writes.sort();
+            write_cpu.sort();
             println!(
-                "{:>10} | {:>14} | {:>14} | {:>12}",
+                "{:>10} | {:>14} | {:>14} | {:>12} | {:>16}",
                 channels,
                 fmt(first),
                 fmt(captures[captures.len() / 2]),
-                fmt(writes[writes.len() / 2])
+                fmt(writes[writes.len() / 2]),
+                fmt(write_cpu[write_cpu.len() / 2])
             );
             drop(generations);
             drop(logs);

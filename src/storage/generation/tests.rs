@@ -608,6 +608,35 @@ fn sessions_the_loader_would_refuse_are_not_written() {
 }
 
 #[test]
+fn a_file_written_over_a_longer_spare_is_cut_to_its_own_length() {
+    let d = tempfile::tempdir().unwrap();
+    // A spare an earlier run left, holding a block of what it was.
+    fs::write(d.path().join(spare_file_name(1)), [0xa5u8; 4000]).unwrap();
+    let p = provider();
+    append(&p, "a", "1");
+    let mut g = fresh(d.path(), &p, true);
+    let outcome = generation(&mut g, &p, 10).unwrap();
+    assert!(outcome.report.is_complete(), "{:?}", outcome.report.failed);
+    let written = outcome
+        .report
+        .written
+        .iter()
+        .find(|w| w.name == "a")
+        .expect("a written");
+    assert!(written.bytes < 4000, "{} bytes", written.bytes);
+    assert_eq!(
+        fs::metadata(d.path().join(&written.file_name))
+            .unwrap()
+            .len(),
+        written.bytes
+    );
+    assert!(!names(d.path()).contains(&spare_file_name(1)), "taken");
+    assert!(codes(d.path()).is_empty(), "{:?}", codes(d.path()));
+    let loaded = snapshot_dir::load(d.path(), &ScanOptions::default()).unwrap();
+    assert_eq!(loaded.channels["a"].file.records.len(), 1);
+}
+
+#[test]
 fn a_directory_keeps_no_more_spares_than_its_manifest_lists_files() {
     let d = tempfile::tempdir().unwrap();
     // Spares a run with many more channels left.
@@ -642,9 +671,10 @@ fn a_directory_keeping_spares_makes_files_from_the_ones_generations_replaced() {
     append(&p, "b", "1");
     let mut g = fresh(d.path(), &p, true);
     generation(&mut g, &p, 10).unwrap();
+    let first = fs::metadata(d.path().join("a.1.snapshot")).unwrap().len();
     append(&p, "a", "2");
     generation(&mut g, &p, 20).unwrap();
-    // a's first file is kept, emptied, as a spare.
+    // a's first file is kept as a spare, its one block with it.
     assert_eq!(
         names(d.path()),
         [
@@ -655,7 +685,7 @@ fn a_directory_keeping_spares_makes_files_from_the_ones_generations_replaced() {
         ]
     );
     let spare = fs::metadata(d.path().join("saguin.1.spare")).unwrap();
-    assert_eq!(spare.len(), 0);
+    assert_eq!(spare.len(), first);
 
     append(&p, "a", "3");
     append(&p, "b", "2");
