@@ -763,8 +763,33 @@ fn on_ext4_without_a_journal_generations_make_their_files_from_the_ones_they_rep
 
     // A restart takes the spares the last run left.
     let before = inodes(&snap);
-    let broker = broker.restart(&yaml);
+    let mut broker = broker.restart(&yaml);
     round(&broker, 3);
     let after = inodes(&snap);
     no_new_file(&before, &after);
+
+    // Killed (SIGKILL) with a round acknowledged and its generation
+    // perhaps under way, its files made over spares that kept the block of
+    // the file each was: the directory holds the last generation whole,
+    // each channel's records a run from the first, and a restart loads it.
+    for c in channels {
+        publish_one(broker.addr(), &format!("{c}/x"), 4);
+    }
+    broker.child.kill().unwrap();
+    broker.child.wait().unwrap();
+    let doc = inspect(&snap);
+    assert_eq!(doc["valid"], true, "{doc}");
+    for c in channels {
+        let payloads: Vec<String> = records(channel(&doc, c))
+            .into_iter()
+            .map(|(_, payload)| payload)
+            .collect();
+        let run = payloads
+            .iter()
+            .enumerate()
+            .all(|(i, payload)| *payload == i.to_string());
+        assert!(payloads.len() >= 4 && run, "{c}: {payloads:?}");
+    }
+    let broker = broker.restart(&yaml);
+    round(&broker, 5);
 }
