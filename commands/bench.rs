@@ -747,7 +747,7 @@ fn print_human(results: &[(&Target, Measured)], timeout_stop: Duration) -> anyho
                     if target.without_journal == Some(true) {
                         writeln!(
                             out,
-                            "{name}: its snapshot directory is on ext4 without a journal, where making a file passes over every inode removed in the last minute: generations there keep the files they replace, emptied, as spares (saguin.<n>.spare) and make their files from them"
+                            "{name}: its snapshot directory is on ext4 without a journal, where making a file passes over every inode removed in the last minute: generations there keep the files they replace as spares (saguin.<n>.spare, emptied when over 4 KiB) and make their files from them"
                         )?;
                     }
                 }

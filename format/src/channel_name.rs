@@ -22,8 +22,8 @@ pub const LOCK_FILE: &str = "saguin.lock";
 /// the file system full (not a snapshot file).
 pub const ROOM_FILE: &str = "saguin.room";
 /// What a spare file's name ends with (not a snapshot file): a file a
-/// generation replaced, emptied and kept for a later one to make its file
-/// from, on ext4 without a journal (`FORMAT.md` §4).
+/// generation replaced, kept (emptied when over one block) for a later
+/// one to make its file from, on ext4 without a journal (`FORMAT.md` §4).
 pub const SPARE_SUFFIX: &str = ".spare";
 /// Appended to a file's final name while it is being written; a leftover
 /// one is a write that never finished.

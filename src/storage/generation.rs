@@ -284,6 +284,8 @@ impl Generations {
                 written.insert(store, version);
             }
         }
+        // Met first, and each file looked for after: no file system call
+        // under the provider's lock.
         let mut met = Vec::new();
         provider.meet_channels(|channel| {
             met.push((channel.name.to_owned(), channel.known(), channel.version()));
@@ -772,7 +774,7 @@ pub fn write_generation(
                 entries.values().map(|e| e.file_name.as_str()).collect();
             for old in job.base.files.values() {
                 if !listed.contains(old.file_name.as_str())
-                    && (spares.keep(dir, &old.file_name)
+                    && (spares.keep(dir, &old.file_name, old.length)
                         || std::fs::remove_file(dir.join(&old.file_name)).is_ok())
                 {
                     outcome.removed += 1;

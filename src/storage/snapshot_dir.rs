@@ -26,7 +26,7 @@
 //! | `saguin.N.sessions`, `saguin.N.broadcast` | persistent sessions and the broadcast log, a pair |
 //! | `*.tmp` | a write that never finished: reported, never read |
 //! | `saguin.lock` (and its `-journal`, `-wal`, `-shm`) | the provider's lock and the sidecars SQLite leaves beside it: not snapshots, ignored |
-//! | `saguin.room`, `saguin.<n>.spare` | room kept for a generation on a full file system, and emptied files a generation keeps to make later ones from: not snapshots, ignored |
+//! | `saguin.room`, `saguin.<n>.spare` | room kept for a generation on a full file system, and replaced files a generation keeps (emptied when over one block) to make later ones from: not snapshots, ignored |
 //!
 //! Over 1,500 lines with its tests, because the scan, its findings and
 //! their verdicts are one reading of a directory that `snapshot verify`,

@@ -456,7 +456,7 @@ fn syncfs_reports_failures(release: &str) -> bool {
 
 /// What [`write_files`] tells its observer while the generation's files
 /// are made durable together.
-pub fn to_the_disk(files: usize) -> String {
+fn to_the_disk(files: usize) -> String {
     format!("{files} files to the disk")
 }
 

@@ -118,13 +118,14 @@ impl Spares {
         }
     }
 
-    /// Keeps `dir/name`, a file no generation lists any more, as a spare
-    /// when the directory keeps them: renamed, then emptied. Renamed
-    /// first, so that a copy of the directory taken meanwhile finds the
-    /// file whole under its name or not at all, as it would a removed one
-    /// (never an empty file under a name a manifest lists). False when it
-    /// is not kept; the caller removes it.
-    pub fn keep(&self, dir: &Path, name: &str) -> bool {
+    /// Keeps `dir/name`, a file of `length` bytes no generation lists any
+    /// more, as a spare when the directory keeps them: renamed, then
+    /// emptied if it is longer than [`KEPT_BYTES`]. Renamed first, so that
+    /// a copy of the directory taken meanwhile finds the file whole under
+    /// its name or not at all, as it would a removed one (never an emptied
+    /// file under a name a manifest lists). False when it is not kept; the
+    /// caller removes it.
+    pub fn keep(&self, dir: &Path, name: &str, length: u64) -> bool {
         if self.keep.get() != Some(&true) {
             return false;
         }
@@ -142,9 +143,11 @@ impl Spares {
         // larger one is emptied now so that its bytes are free while it
         // waits; should that fail, the file made from it is cut to its
         // length all the same.
-        let path = dir.join(&spare);
-        if fs::metadata(&path).map_or(true, |m| m.len() > KEPT_BYTES) {
-            let _ = OpenOptions::new().write(true).truncate(true).open(&path);
+        if length > KEPT_BYTES {
+            let _ = OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(dir.join(&spare));
         }
         pool.names.push(spare);
         true
@@ -190,9 +193,9 @@ mod tests {
         spares.decide(d.path());
         let large = vec![7u8; KEPT_BYTES as usize + 1];
         fs::write(d.path().join("b.1.snapshot"), &large).unwrap();
-        assert!(spares.keep(d.path(), "b.1.snapshot"));
+        assert!(spares.keep(d.path(), "b.1.snapshot", large.len() as u64));
         fs::write(d.path().join("a.1.snapshot"), b"records").unwrap();
-        assert!(spares.keep(d.path(), "a.1.snapshot"));
+        assert!(spares.keep(d.path(), "a.1.snapshot", 7));
         assert_eq!(names(d.path()), ["saguin.1.spare", "saguin.2.spare"]);
         let len = |name: &str| fs::metadata(d.path().join(name)).unwrap().len();
         assert_eq!(len("saguin.1.spare"), 0, "over a block: emptied");
@@ -239,7 +242,7 @@ mod tests {
             ["a.1.snapshot"],
             "the spare left before is gone"
         );
-        assert!(!spares.keep(d.path(), "a.1.snapshot"));
+        assert!(!spares.keep(d.path(), "a.1.snapshot", 7));
         assert!(!spares.take(d.path(), &d.path().join("a.2.snapshot.tmp")));
     }
 
@@ -254,7 +257,7 @@ mod tests {
         let spares = Spares::kept(true);
         spares.decide(d.path());
         assert_eq!(spares.len(), 2);
-        assert!(spares.keep(d.path(), "a.1.snapshot"));
+        assert!(spares.keep(d.path(), "a.1.snapshot", 7));
         assert!(d.path().join("saguin.10.spare").exists());
         // Deciding again finds nothing new.
         spares.decide(d.path());
@@ -268,7 +271,7 @@ mod tests {
         spares.decide(d.path());
         for name in ["a.1.snapshot", "b.1.snapshot"] {
             fs::write(d.path().join(name), b"x").unwrap();
-            assert!(spares.keep(d.path(), name));
+            assert!(spares.keep(d.path(), name, 1));
         }
         fs::remove_file(d.path().join("saguin.2.spare")).unwrap();
         let made = d.path().join("c.2.snapshot.tmp");

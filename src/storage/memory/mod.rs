@@ -294,18 +294,13 @@ impl MemoryProvider {
         }
     }
 
-    /// Copies every channel's state, in name order, each under its own
-    /// lock: counters, positions and shared record handles, no record
-    /// copied (the first phase of a snapshot).
-    pub fn copy_channels(&self) -> Vec<MemChannelCopy> {
-        self.copy_channels_where(|_| Some(0))
-    }
-
-    /// [`Self::copy_channels`] for the channels `wanted` says yes to, asked
-    /// of each channel as the walk in name order meets it: `Some(from)`
-    /// copies an append channel's records from offset `from` only (0: all
-    /// of them; the other kinds are copied whole), `None` leaves the
-    /// channel out. The copies are in the order `wanted` chose them.
+    /// Copies the channels `wanted` says yes to, asked of each as the walk
+    /// over them in name order meets it, each under its own lock
+    /// (counters, positions and shared record handles, no record copied:
+    /// the first phase of a snapshot): `Some(from)` copies an append
+    /// channel's records from offset `from` only (0: all of them; the
+    /// other kinds are copied whole), `None` leaves the channel out. The
+    /// copies are in the order `wanted` chose them.
     pub fn copy_channels_where(
         &self,
         mut wanted: impl FnMut(MetChannel<'_>) -> Option<u64>,
